@@ -1,0 +1,198 @@
+"""perf_event_open(2) through ctypes: the attr struct, opening events, ioctls.
+
+The layout follows include/uapi/linux/perf_event.h (PERF_ATTR_SIZE_VER8).
+Flags are one u64 bitfield in the kernel; we compose it from named bits so
+the struct needs no ctypes bitfields."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+from typing import Optional
+
+from ..model import UstackError
+
+NR_PERF_EVENT_OPEN = 298          # x86-64
+PERF_FLAG_FD_CLOEXEC = 1 << 3
+
+# perf_type_id
+TYPE_HARDWARE, TYPE_SOFTWARE, TYPE_TRACEPOINT = 0, 1, 2
+SW_CPU_CLOCK, SW_DUMMY = 0, 9
+
+# perf_event_sample_format
+SAMPLE_IP = 1 << 0
+SAMPLE_TID = 1 << 1
+SAMPLE_TIME = 1 << 2
+SAMPLE_ADDR = 1 << 3
+SAMPLE_READ = 1 << 4
+SAMPLE_CALLCHAIN = 1 << 5
+SAMPLE_ID = 1 << 6
+SAMPLE_CPU = 1 << 7
+SAMPLE_PERIOD = 1 << 8
+SAMPLE_STREAM_ID = 1 << 9
+SAMPLE_RAW = 1 << 10
+SAMPLE_REGS_USER = 1 << 12
+SAMPLE_STACK_USER = 1 << 13
+SAMPLE_IDENTIFIER = 1 << 16
+
+# attr.flags bits, in the kernel's declaration order
+FLAG_BITS = {
+    "disabled": 0, "inherit": 1, "pinned": 2, "exclusive": 3,
+    "exclude_user": 4, "exclude_kernel": 5, "exclude_hv": 6,
+    "exclude_idle": 7, "mmap": 8, "comm": 9, "freq": 10,
+    "inherit_stat": 11, "enable_on_exec": 12, "task": 13, "watermark": 14,
+    "mmap_data": 17, "sample_id_all": 18, "exclude_host": 19,
+    "exclude_guest": 20, "exclude_callchain_kernel": 21,
+    "exclude_callchain_user": 22, "mmap2": 23, "comm_exec": 24,
+    "use_clockid": 25, "context_switch": 26,
+}
+
+# ioctls (_IO('$', n) etc.)
+IOC_ENABLE = 0x2400
+IOC_DISABLE = 0x2401
+IOC_SET_OUTPUT = 0x2405
+IOC_ID = 0x80082407
+IOC_SET_BPF = 0x40042408
+
+# x86-64 perf_regs order (arch/x86/include/uapi/asm/perf_regs.h)
+X86_REGS = ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "ip", "flags",
+            "cs", "ss", "ds", "es", "fs", "gs",
+            "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
+
+
+class PerfEventAttr(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),   # or sample_freq when freq=1
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),   # or wakeup_watermark
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),         # uprobe: pointer to path
+        ("config2", ctypes.c_uint64),         # uprobe: file offset
+        ("branch_sample_type", ctypes.c_uint64),
+        ("sample_regs_user", ctypes.c_uint64),
+        ("sample_stack_user", ctypes.c_uint32),
+        ("clockid", ctypes.c_int32),
+        ("sample_regs_intr", ctypes.c_uint64),
+        ("aux_watermark", ctypes.c_uint32),
+        ("sample_max_stack", ctypes.c_uint16),
+        ("reserved_2", ctypes.c_uint16),
+        ("aux_sample_size", ctypes.c_uint32),
+        ("reserved_3", ctypes.c_uint32),
+        ("sig_data", ctypes.c_uint64),
+        ("config3", ctypes.c_uint64),
+    ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def make_attr(type_: int, config: int = 0, *, sample_type: int = 0,
+              period: int = 1, freq: int = 0, flags=(), config1: int = 0,
+              config2: int = 0, regs_user: int = 0, stack_user: int = 0,
+              wakeup_watermark: int = 0, max_stack: int = 0) -> PerfEventAttr:
+    attr = PerfEventAttr()
+    attr.type = type_
+    attr.size = ctypes.sizeof(PerfEventAttr)
+    attr.config = config
+    attr.sample_period = freq if freq else period
+    attr.sample_type = sample_type
+    bits = 0
+    for name in flags:
+        bits |= 1 << FLAG_BITS[name]
+    if freq:
+        bits |= 1 << FLAG_BITS["freq"]
+    if wakeup_watermark:
+        bits |= 1 << FLAG_BITS["watermark"]
+        attr.wakeup_events = wakeup_watermark
+    attr.flags = bits
+    attr.config1 = config1
+    attr.config2 = config2
+    attr.sample_regs_user = regs_user
+    attr.sample_stack_user = stack_user
+    attr.sample_max_stack = max_stack
+    return attr
+
+
+def open_event(attr: PerfEventAttr, pid: int, cpu: int, group_fd: int = -1,
+               what: str = "event") -> int:
+    """Open one event; turn the errno into a message a person can act on."""
+    fd = _libc.syscall(NR_PERF_EVENT_OPEN, ctypes.byref(attr), pid, cpu,
+                       group_fd, PERF_FLAG_FD_CLOEXEC)
+    if fd >= 0:
+        return fd
+    err = ctypes.get_errno()
+    raise PerfOpenError(err, pid, what)
+
+
+class PerfOpenError(UstackError):
+    def __init__(self, err: int, pid: int, what: str):
+        self.errno = err
+        self.pid = pid
+        if err == errno.ESRCH:
+            msg = f"no such process: {pid}"
+        elif err in (errno.EACCES, errno.EPERM):
+            msg = f"permission denied opening {what}: run ustack as root"
+        elif err == errno.EMFILE:
+            msg = (f"too many open files opening {what}: raise `ulimit -n` "
+                   "or trace fewer events")
+        elif err == errno.ENOENT and what.startswith("uprobe"):
+            msg = f"cannot place {what}: the kernel has no uprobe support"
+        else:
+            msg = f"perf_event_open failed for {what}: {os.strerror(err)}"
+        super().__init__(msg)
+
+
+def ioctl(fd: int, request: int, arg: int = 0) -> int:
+    return fcntl.ioctl(fd, request, arg)
+
+
+def event_id(fd: int) -> int:
+    buf = bytearray(8)
+    fcntl.ioctl(fd, IOC_ID, buf, True)
+    return int.from_bytes(buf, "little")
+
+
+def set_output(fd: int, target_fd: int) -> None:
+    fcntl.ioctl(fd, IOC_SET_OUTPUT, target_fd)
+
+
+def enable(fd: int) -> None:
+    fcntl.ioctl(fd, IOC_ENABLE, 0)
+
+
+def disable(fd: int) -> None:
+    fcntl.ioctl(fd, IOC_DISABLE, 0)
+
+
+def pmu_type(name: str) -> Optional[int]:
+    """The dynamic PMU type number (e.g. 'uprobe'), or None if absent."""
+    try:
+        with open(f"/sys/bus/event_source/devices/{name}/type") as f:
+            return int(f.read())
+    except OSError:
+        return None
+
+
+def pmu_format_bit(pmu: str, field: str) -> int:
+    """Bit of `config` a PMU format field uses, e.g. uprobe retprobe -> 0."""
+    with open(f"/sys/bus/event_source/devices/{pmu}/format/{field}") as f:
+        spec = f.read().strip()          # "config:0"
+    return int(spec.split(":")[1].split("-")[0])
+
+
+def cpus_online() -> list:
+    """CPU numbers from /sys/devices/system/cpu/online ("0-1,4")."""
+    with open("/sys/devices/system/cpu/online") as f:
+        text = f.read().strip()
+    cpus = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus

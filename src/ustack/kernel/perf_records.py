@@ -1,0 +1,192 @@
+"""Decode the records of a perf ring buffer into model events.
+
+Every event ustack opens uses the same leading sample fields
+(IDENTIFIER | TID | TIME | CPU | CALLCHAIN), so one fixed struct reads the
+head of any sample and the IDENTIFIER tells which probe it came from.
+Uprobe events may add STACK_USER (a few words at sp, to recover the return
+address at a function entry) or REGS_USER + STACK_USER (DWARF unwinding)."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..model import (CommEvent, ExitEvent, ForkEvent, LostEvent, Mapping,
+                     MmapEvent, Sample)
+from . import perf_event as pe
+
+RECORD_LOST, RECORD_COMM, RECORD_EXIT = 2, 3, 4
+RECORD_THROTTLE, RECORD_FORK, RECORD_SAMPLE = 5, 7, 9
+RECORD_MMAP2, RECORD_LOST_SAMPLES = 10, 13
+MISC_COMM_EXEC = 1 << 13
+PROT_EXEC = 4
+
+BASE_SAMPLE_TYPE = (pe.SAMPLE_IDENTIFIER | pe.SAMPLE_TID | pe.SAMPLE_TIME
+                    | pe.SAMPLE_CPU | pe.SAMPLE_CALLCHAIN)
+
+_HEADER = struct.Struct("<IHH")
+# identifier, pid, tid, time, cpu, reserved, callchain nr
+_SAMPLE_HEAD = struct.Struct("<QIIQIIQ")
+_SAMPLE_HEAD_END = 8 + _SAMPLE_HEAD.size
+_U64 = struct.Struct("<Q")
+_MMAP2 = struct.Struct("<IIQQQIIQQII")
+_PID_TID = struct.Struct("<II")
+_FORK = struct.Struct("<IIII")
+_LOST = struct.Struct("<QQ")
+_CONTEXT_MARKER = 0xFFFFFFFFFFFFF000    # PERF_CONTEXT_* values are above this
+_IPS_CACHE: dict = {}
+
+
+def _ips_struct(n: int) -> struct.Struct:
+    s = _IPS_CACHE.get(n)
+    if s is None:
+        s = _IPS_CACHE[n] = struct.Struct(f"<{n}Q")
+    return s
+
+
+@dataclass(frozen=True)
+class EventLayout:
+    """What the reader must know about one opened event (by its id)."""
+    label: str
+    stack_size: int = 0                 # STACK_USER bytes requested (0 = none)
+    regs_mask: int = 0                  # REGS_USER mask (0 = none)
+    return_address_slot: Optional[int] = None
+
+
+def _cstring(buf: bytes, start: int, end: int) -> str:
+    nul = buf.find(b"\0", start, end)
+    return buf[start:nul if nul >= 0 else end].decode("utf-8", "replace")
+
+
+class RecordReader:
+    def __init__(self, layouts: dict):
+        self.layouts = layouts          # event id -> EventLayout
+        self.lost = 0
+        self.throttled = 0
+
+    # -- metadata records -------------------------------------------------
+    def _meta(self, typ: int, misc: int, chunk: bytes, off: int, size: int):
+        body = off + 8
+        if typ == RECORD_MMAP2:
+            (pid, tid, addr, length, pgoff, _maj, _min, _ino, _gen, prot,
+             _flags) = _MMAP2.unpack_from(chunk, body)
+            if not prot & PROT_EXEC:
+                return None
+            path = _cstring(chunk, body + _MMAP2.size, off + size)
+            return MmapEvent(pid, tid, Mapping(addr, addr + length, pgoff, path))
+        if typ == RECORD_COMM:
+            pid, tid = _PID_TID.unpack_from(chunk, body)
+            comm = _cstring(chunk, body + 8, off + size)
+            return CommEvent(pid, tid, comm, bool(misc & MISC_COMM_EXEC))
+        if typ == RECORD_FORK:
+            return ForkEvent(*_FORK.unpack_from(chunk, body))
+        if typ == RECORD_EXIT:
+            pid, _ppid, tid, _ptid = _FORK.unpack_from(chunk, body)
+            return ExitEvent(pid, tid)
+        if typ == RECORD_LOST:
+            _id, lost = _LOST.unpack_from(chunk, body)
+            self.lost += lost
+            return LostEvent(lost)
+        if typ == RECORD_LOST_SAMPLES:
+            lost = _U64.unpack_from(chunk, body)[0]
+            self.lost += lost
+            return LostEvent(lost)
+        if typ == RECORD_THROTTLE:
+            self.throttled += 1
+        return None
+
+    # -- samples ------------------------------------------------------------
+    def _user_stack(self, chunk: bytes, pos: int, layout: EventLayout):
+        """Returns (regs dict or None, stack bytes or None)."""
+        regs = None
+        if layout.regs_mask:
+            abi = _U64.unpack_from(chunk, pos)[0]
+            pos += 8
+            if abi:
+                names = [r for i, r in enumerate(pe.X86_REGS)
+                         if layout.regs_mask >> i & 1]
+                values = _ips_struct(len(names)).unpack_from(chunk, pos)
+                regs = dict(zip(names, values))
+                pos += 8 * len(names)
+        stack = None
+        if layout.stack_size:
+            size = _U64.unpack_from(chunk, pos)[0]
+            pos += 8
+            if size:
+                dyn = _U64.unpack_from(chunk, pos + size)[0]
+                stack = chunk[pos:pos + dyn]
+        return regs, stack
+
+    def parse(self, chunk: bytes, on_meta: Callable, on_sample: Callable):
+        """Decode every record of `chunk`, in order."""
+        off, n = 0, len(chunk)
+        layouts = self.layouts
+        while off < n:
+            typ, misc, size = _HEADER.unpack_from(chunk, off)
+            if size == 0:
+                break                   # corrupt; never loop forever
+            if typ == RECORD_SAMPLE:
+                ident, pid, tid, t, cpu, _r, nr = _SAMPLE_HEAD.unpack_from(chunk, off + 8)
+                pos = off + _SAMPLE_HEAD_END
+                raw = _ips_struct(nr).unpack_from(chunk, pos)
+                ips = tuple(ip for ip in raw if ip < _CONTEXT_MARKER)
+                layout = layouts.get(ident)
+                if layout is not None:
+                    regs = stack = None
+                    if layout.stack_size or layout.regs_mask:
+                        regs, stack = self._user_stack(chunk, pos + 8 * nr, layout)
+                    on_sample(Sample(layout.label, t, pid, tid, cpu, ips,
+                                     stack, regs, (),
+                                     layout.return_address_slot))
+            else:
+                event = self._meta(typ, misc, chunk, off, size)
+                if event is not None:
+                    on_meta(event)
+            off += size
+
+    def raw_samples(self, chunk: bytes, on_meta: Callable, out: list,
+                    start: int = 0, budget: int = 1 << 62) -> int:
+        """Append samples to `out` without decoding their stacks, as tuples
+        (ident, pid, tid, time, cpu, chain_bytes, extra), where `extra` is
+        the STACK_USER words of entry probes; metadata goes to on_meta.
+        Callers key caches and counts on the raw bytes and decode each
+        unique stack once (`decode`): the fast path for trace and count.
+        Stops after about `budget` bytes; returns the offset reached."""
+        off, n = start, len(chunk)
+        stop_at = min(n, start + budget)
+        layouts = self.layouts
+        head = _SAMPLE_HEAD.unpack_from
+        header = _HEADER.unpack_from
+        append = out.append
+        while off < stop_at:
+            typ, misc, size = header(chunk, off)
+            if size == 0:
+                return n                # corrupt; never loop forever
+            if typ == RECORD_SAMPLE:
+                ident, pid, tid, t, cpu, _r, nr = head(chunk, off + 8)
+                pos = off + _SAMPLE_HEAD_END
+                end = pos + 8 * nr
+                layout = layouts.get(ident)
+                extra = b""
+                if layout is not None and layout.stack_size:
+                    # size u64, then the words copied from sp, then dyn_size
+                    extra = chunk[end + 8:end + 8 + layout.stack_size]
+                append((ident, pid, tid, t, cpu, chunk[pos:end], extra))
+            else:
+                event = self._meta(typ, misc, chunk, off, size)
+                if event is not None:
+                    on_meta(event)
+            off += size
+        return off
+
+    def label(self, ident: int) -> str:
+        layout = self.layouts.get(ident)
+        return layout.label if layout else "?"
+
+    def decode(self, ident: int, pid: int, tid: int, chain: bytes,
+               extra: bytes, time_ns: int = 0, cpu: int = -1) -> Sample:
+        raw = _ips_struct(len(chain) // 8).unpack_from(chain)
+        layout = self.layouts.get(ident) or EventLayout("?")
+        return Sample(layout.label, time_ns, pid, tid, cpu,
+                      tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
+                      extra or None, None, (), layout.return_address_slot)

@@ -1,0 +1,49 @@
+"""The perf mmap ring buffer: one metadata page followed by 2^n data pages.
+
+The kernel advances data_head as it writes; we copy [tail, head) out in one
+or two slices (one if it does not wrap), then publish data_tail so the
+kernel may reuse the space. Records never straddle `head`, so a chunk always
+holds whole records. x86 does not reorder loads with loads, so reading
+data_head before the data needs no explicit barrier here."""
+from __future__ import annotations
+
+import mmap
+import struct
+
+PAGE = mmap.PAGESIZE
+_U64 = struct.Struct("<Q")
+_HEAD, _TAIL, _DATA_OFFSET, _DATA_SIZE = 1024, 1032, 1040, 1048
+
+
+class RingBuffer:
+    def __init__(self, fd: int, data_pages: int):
+        if data_pages & (data_pages - 1):
+            raise ValueError("ring buffer pages must be a power of two")
+        self.fd = fd
+        self.map = mmap.mmap(fd, PAGE * (1 + data_pages), mmap.MAP_SHARED,
+                             mmap.PROT_READ | mmap.PROT_WRITE)
+        self.offset = _U64.unpack_from(self.map, _DATA_OFFSET)[0] or PAGE
+        self.size = _U64.unpack_from(self.map, _DATA_SIZE)[0] or PAGE * data_pages
+        self.tail = _U64.unpack_from(self.map, _TAIL)[0]
+
+    def read(self) -> bytes:
+        """Everything written since the last read, as one bytes object."""
+        head = _U64.unpack_from(self.map, _HEAD)[0]
+        tail = self.tail
+        if head == tail:
+            return b""
+        size, base = self.size, self.offset
+        start, end = tail % size, head % size
+        if start < end:
+            chunk = self.map[base + start:base + end]
+        else:
+            chunk = self.map[base + start:base + size] + self.map[base:base + end]
+        self.tail = head
+        _U64.pack_into(self.map, _TAIL, head)
+        return chunk
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except (BufferError, ValueError):
+            pass

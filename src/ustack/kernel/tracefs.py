@@ -1,0 +1,37 @@
+"""tracefs: where it is (mounting it if needed) and tracepoint ids."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from ..model import UstackError
+
+TRACEFS = "/sys/kernel/tracing"
+
+
+def tracefs_root() -> str:
+    """The tracefs mount point, mounting it at /sys/kernel/tracing if needed."""
+    if os.path.isdir(os.path.join(TRACEFS, "events")):
+        return TRACEFS
+    if os.path.isdir("/sys/kernel/debug/tracing/events"):
+        return "/sys/kernel/debug/tracing"
+    try:
+        subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS],
+                       check=True, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UstackError("tracefs is not mounted and `mount` is missing")
+    except subprocess.CalledProcessError as e:
+        why = (e.stderr or "").strip().splitlines()[-1:] or ["mount failed"]
+        raise UstackError(f"tracefs is not available: {why[0]}")
+    if not os.path.isdir(os.path.join(TRACEFS, "events")):
+        raise UstackError("tracefs is not available: no events directory")
+    return TRACEFS
+
+
+def tracepoint_id(group: str, name: str) -> int:
+    path = os.path.join(tracefs_root(), "events", group, name, "id")
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except OSError:
+        raise UstackError(f"no such tracepoint: {group}:{name}")
