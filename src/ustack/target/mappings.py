@@ -1,0 +1,128 @@
+"""The mapping tracker (SystemTap's "vma tracker"): which file is mapped where
+in each process, kept current from MMAP2/FORK/COMM-exec records and seeded
+from /proc/PID/maps. Mappings are never forgotten when a process exits, so
+its stacks can still be symbolized afterwards. An exec starts a new
+generation of a pid, so stacks counted before the exec keep their maps."""
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Optional
+
+from ..kernel import procfs
+from ..model import CommEvent, ExitEvent, ForkEvent, Mapping, MmapEvent
+
+
+class ProcessMaps:
+    __slots__ = ("starts", "maps")
+
+    def __init__(self, maps=()):
+        self.maps = sorted(maps, key=lambda m: m.start)
+        self.starts = [m.start for m in self.maps]
+
+    def add(self, new: Mapping) -> None:
+        # a new mapping replaces whatever it overlaps (mmap MAP_FIXED semantics)
+        keep = [m for m in self.maps if m.end <= new.start or m.start >= new.end]
+        keep.append(new)
+        self.maps = sorted(keep, key=lambda m: m.start)
+        self.starts = [m.start for m in self.maps]
+
+    def find(self, addr: int) -> Optional[Mapping]:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0 and addr < self.maps[i].end:
+            return self.maps[i]
+        return None
+
+
+class MappingTracker:
+    def __init__(self):
+        self.generations: dict = {}     # pid -> current generation
+        self.procs: dict = {}           # (pid, generation) -> ProcessMaps
+        self.comms: dict = {}           # tid -> comm
+        self.pids_of: dict = {}         # tid -> pid
+        self.last_seed: dict = {}       # pid -> monotonic time of last /proc read
+
+    # -- feeding ----------------------------------------------------------
+    def _maps(self, pid: int) -> ProcessMaps:
+        key = (pid, self.generations.get(pid, 0))
+        pm = self.procs.get(key)
+        if pm is None:
+            pm = self.procs[key] = ProcessMaps()
+        return pm
+
+    def seed_from_proc(self, pid: int) -> bool:
+        maps = procfs.executable_mappings(pid)
+        if not maps:
+            return False
+        pm = self._maps(pid)
+        for m in maps:
+            if pm.find(m.start) is None:
+                pm.add(m)
+        if pid not in self.comms:
+            self.comms[pid] = procfs.comm(pid)
+        return True
+
+    def apply(self, event) -> None:
+        if isinstance(event, MmapEvent):
+            m = event.mapping
+            if m.path and not m.host_path:
+                m = Mapping(m.start, m.end, m.pgoff, m.path,
+                            procfs.host_path(event.pid, m.path))
+            self._maps(event.pid).add(m)
+        elif isinstance(event, CommEvent):
+            if event.exec and event.pid == event.tid:
+                self.generations[event.pid] = self.generations.get(event.pid, 0) + 1
+            self.comms[event.tid] = event.comm
+            self.pids_of[event.tid] = event.pid
+        elif isinstance(event, ForkEvent):
+            self.pids_of[event.tid] = event.pid
+            parent_comm = self.comms.get(event.ptid) or self.comms.get(event.ppid)
+            if parent_comm and event.tid not in self.comms:
+                self.comms[event.tid] = parent_comm
+            if event.pid != event.ppid:     # a new process: copies the maps
+                parent = self._maps(event.ppid)
+                self.procs[(event.pid, self.generations.get(event.pid, 0))] = \
+                    ProcessMaps(parent.maps)
+        elif isinstance(event, ExitEvent):
+            pass                            # keep everything: late symbolization
+
+    # -- querying ---------------------------------------------------------
+    def generation(self, pid: int) -> int:
+        return self.generations.get(pid, 0)
+
+    def find(self, pid: int, addr: int, generation: Optional[int] = None
+             ) -> Optional[Mapping]:
+        current = self.generations.get(pid, 0)
+        gen = current if generation is None else generation
+        pm = self.procs.get((pid, gen))
+        m = pm.find(addr) if pm is not None else None
+        if m is None and gen == current:
+            # a sample can arrive before its MMAP2 record (another CPU's
+            # buffer): re-read the live process's maps, at most 4 times/s
+            now = time.monotonic()
+            if now - self.last_seed.get(pid, -1.0) > 0.25:
+                self.last_seed[pid] = now
+                if self.seed_from_proc(pid):
+                    m = self._maps(pid).find(addr)
+        return m
+
+    def comm(self, pid: int, tid: int) -> str:
+        c = self.comms.get(tid) or self.comms.get(pid)
+        if not c:
+            c = procfs.comm(pid, tid) or procfs.comm(pid)
+            if c:
+                self.comms[tid] = c
+        return c or "?"
+
+
+
+class PinnedView:
+    """`find(pid, addr)` for the symbolizer, pinned to the generation (exec)
+    a counted stack was seen in; set `generation` before each lookup."""
+
+    def __init__(self, tracker: MappingTracker):
+        self.tracker = tracker
+        self.generation: Optional[int] = None
+
+    def find(self, pid: int, addr: int) -> Optional[Mapping]:
+        return self.tracker.find(pid, addr, self.generation)

@@ -1,0 +1,111 @@
+"""What to trace: an existing process (-p), a command we start (-c), or every
+process (neither). A command is forked and held before execve until the
+capture backend has opened its events, so it is traced from its first
+instruction (the events are armed with enable_on_exec)."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..kernel import procfs
+from ..model import UstackError
+
+
+@dataclass
+class Target:
+    mode: str                         # 'pid' | 'command' | 'system'
+    pid: Optional[int] = None
+    argv: list = field(default_factory=list)
+    _go_fd: int = -1                  # write end of the child's start pipe
+    exit_status: Optional[int] = None
+
+    @property
+    def description(self) -> str:
+        if self.mode == "pid":
+            return f"PID {self.pid}"
+        if self.mode == "command":
+            return f"'{shlex.join(self.argv)}' (PID {self.pid})"
+        return "all processes"
+
+    # -- command targets ------------------------------------------------
+    def release(self) -> None:
+        """Let a held command run its execve."""
+        if self._go_fd >= 0:
+            os.write(self._go_fd, b"g")
+            os.close(self._go_fd)
+            self._go_fd = -1
+
+    def abort(self) -> None:
+        """Make a held command exit without running (on setup errors)."""
+        if self.mode != "command" or self.pid is None:
+            return
+        if self._go_fd >= 0:
+            os.close(self._go_fd)   # the child reads EOF and exits
+            self._go_fd = -1
+        self.wait(block=True)
+
+    def wait(self, block: bool = False) -> bool:
+        """True when the command (or the -p process) has exited."""
+        if self.exit_status is not None:
+            return True
+        if self.mode == "pid":
+            return not procfs.process_exists(self.pid)
+        if self.mode != "command":
+            return False
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            self.exit_status = -1
+            return True
+        if pid == 0:
+            return False
+        self.exit_status = os.waitstatus_to_exitcode(status)
+        return True
+
+    def interrupt(self) -> None:
+        if self.mode == "command" and self.exit_status is None:
+            try:
+                os.kill(self.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+
+def attach(pid: int) -> Target:
+    if pid <= 0 or not procfs.process_exists(pid):
+        raise UstackError(f"no such process: {pid}")
+    return Target("pid", pid)
+
+
+def everything() -> Target:
+    return Target("system")
+
+
+def launch(command: str) -> Target:
+    """Fork the command, held before execve until Target.release()."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise UstackError(f"cannot parse command {command!r}: {e}")
+    if not argv:
+        raise UstackError("empty command")
+    exe = shutil.which(argv[0])
+    if exe is None:
+        raise UstackError(f"no such command: {argv[0]}")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:                          # child
+        try:
+            os.close(write_fd)
+            if os.read(read_fd, 1) != b"g":
+                os._exit(127)
+            os.close(read_fd)
+            os.execv(exe, argv)
+        except BaseException:
+            pass
+        os._exit(127)
+    os.close(read_fd)
+    return Target("command", pid, argv, write_fd)
