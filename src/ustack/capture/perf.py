@@ -1,0 +1,190 @@
+"""The default capture backend: perf_event_open with user callchains.
+
+One event per (probe, thread, CPU) for -p (inherit=1 follows threads and
+children created later: the kernel refuses to mmap an inherited event with
+cpu=-1, hence per CPU), per (probe, CPU) for -c (armed with enable_on_exec)
+and for system-wide tracing. All events of a CPU write into one ring buffer
+(PERF_EVENT_IOC_SET_OUTPUT); the IDENTIFIER field says which probe fired."""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import select
+from typing import Optional
+
+from ..kernel import perf_event as pe
+from ..kernel import procfs
+from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
+from ..kernel.ring import PAGE, RingBuffer
+from ..kernel.tracefs import tracepoint_id
+from ..model import (ProfileTarget, TracepointTarget, UprobeTarget,
+                     UstackError)
+from ..target.process import Target
+
+DEFAULT_BUFFER_PAGES = 1024               # 4 MiB per CPU
+TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task")
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class PerfCapture:
+    """Opens the events, owns the fds and ring buffers, hands out chunks."""
+
+    def __init__(self, probes: list, target: Target,
+                 buffer_pages: int = DEFAULT_BUFFER_PAGES):
+        self.probes = probes
+        self.target = target
+        self.buffer_pages = buffer_pages
+        self.fds: list = []
+        self.buffers: dict = {}           # cpu -> RingBuffer
+        self.layouts: dict = {}           # event id -> EventLayout
+        self.traced_tids: set = set()
+        self._paths: list = []            # keep uprobe path buffers alive
+        self.reader = RecordReader(self.layouts)
+        self._poll = select.poll()
+        self._uprobe_type: Optional[int] = None
+
+    # -- attributes per probe kind ---------------------------------------
+    def _attr(self, probe, tracking: bool):
+        flags = ["exclude_callchain_kernel", "sample_id_all"]
+        mode = self.target.mode
+        if mode in ("pid", "command"):
+            flags.append("inherit")
+        if mode == "command":
+            flags += ["disabled", "enable_on_exec"]
+        if tracking:
+            flags += TRACKING_FLAGS
+        common = dict(sample_type=BASE_SAMPLE_TYPE, flags=flags,
+                      wakeup_watermark=self.buffer_pages * PAGE // 4,
+                      max_stack=_max_stack())
+        if isinstance(probe, UprobeTarget):
+            if self._uprobe_type is None:
+                self._uprobe_type = pe.pmu_type("uprobe")
+                if self._uprobe_type is None:
+                    raise UstackError("this kernel has no uprobe support "
+                                      "(/sys/bus/event_source/devices/uprobe)")
+            config = 0
+            if probe.spec.kind == "uretprobe":
+                config = 1 << pe.pmu_format_bit("uprobe", "retprobe")
+            path = ctypes.create_string_buffer(probe.path.encode())
+            self._paths.append(path)
+            stack = 0
+            if probe.return_address_slot is not None and probe.spec.kind == "uprobe":
+                stack = 8 * (probe.return_address_slot + 1)
+                common["sample_type"] |= pe.SAMPLE_STACK_USER
+            return pe.make_attr(self._uprobe_type, config,
+                                config1=ctypes.addressof(path),
+                                config2=probe.file_offset, stack_user=stack,
+                                **common), stack
+        if isinstance(probe, TracepointTarget):
+            return pe.make_attr(pe.TYPE_TRACEPOINT,
+                                tracepoint_id(probe.group, probe.name),
+                                **common), 0
+        if isinstance(probe, ProfileTarget):
+            return pe.make_attr(pe.TYPE_SOFTWARE, pe.SW_CPU_CLOCK,
+                                freq=probe.hz, **common), 0
+        raise TypeError(probe)
+
+    def _open_one(self, probe, pid: int, cpu: int, tracking: bool) -> None:
+        attr, stack = self._attr(probe, tracking)
+        what = getattr(probe, "label", "event")
+        fd = pe.open_event(attr, pid, cpu, what=what)
+        self.fds.append(fd)
+        slot = getattr(probe, "return_address_slot", None)
+        if getattr(probe.spec, "kind", "") != "uprobe":
+            slot = None
+        self.layouts[pe.event_id(fd)] = EventLayout(probe.label, stack, 0, slot)
+        ring = self.buffers.get(cpu)
+        if ring is None:
+            try:
+                ring = RingBuffer(fd, self.buffer_pages)
+            except OSError as e:
+                raise UstackError(f"cannot map a {self.buffer_pages}-page perf "
+                                  f"buffer: {e.strerror}; try --buffer-pages 256")
+            self.buffers[cpu] = ring
+            self._poll.register(fd, select.POLLIN)
+        else:
+            pe.set_output(fd, ring.fd)
+
+    def _open_for(self, pid: int) -> None:
+        for cpu in pe.cpus_online():
+            for i, probe in enumerate(self.probes):
+                self._open_one(probe, pid, cpu, tracking=(i == 0))
+
+    def open(self) -> None:
+        _raise_fd_limit()
+        try:
+            mode = self.target.mode
+            if mode == "system":
+                self._open_for(-1)
+            elif mode == "command":
+                self._open_for(self.target.pid)
+            else:
+                # every existing thread; rescan until no thread is new, since
+                # a thread cloned by a not-yet-covered thread has no event
+                while True:
+                    tids = set(procfs.threads(self.target.pid)) - self.traced_tids
+                    if not tids:
+                        break
+                    for tid in sorted(tids):
+                        try:
+                            self._open_for(tid)
+                        except pe.PerfOpenError as e:
+                            if e.errno != 3:        # ESRCH: thread just exited
+                                raise
+                        self.traced_tids.add(tid)
+                if not self.traced_tids:
+                    raise UstackError(f"no such process: {self.target.pid}")
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self) -> None:
+        if self.target.mode == "command":
+            self.target.release()       # execve enables the events
+
+    def read_chunks(self, timeout_ms: int) -> list:
+        """Wait up to timeout_ms for data, then drain every buffer."""
+        try:
+            for fd, ev in self._poll.poll(timeout_ms):
+                if ev & (select.POLLHUP | select.POLLERR):
+                    self._poll.unregister(fd)   # its task exited; keep reading
+        except InterruptedError:
+            pass
+        chunks = []
+        for ring in self.buffers.values():
+            chunk = ring.read()
+            if chunk:
+                chunks.append(chunk)
+        return chunks
+
+    def stop(self) -> None:
+        for fd in self.fds:
+            try:
+                pe.disable(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for ring in self.buffers.values():
+            ring.close()
+        self.buffers.clear()
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds.clear()
+
+
+def _max_stack() -> int:
+    try:
+        with open("/proc/sys/kernel/perf_event_max_stack") as f:
+            return min(int(f.read()), 0xFFFF)
+    except (OSError, ValueError):
+        return 127
