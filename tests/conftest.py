@@ -1,0 +1,160 @@
+"""pytest setup: kernel-feature skips and the "leave no trace" check.
+
+- Mark tests that attach probes with @pytest.mark.kernel (or request the
+  `kernel` fixture): they skip, with the reason printed in the summary, when
+  not root or when the kernel has no uprobe PMU.
+- After every test, `no_leftovers` (autouse) fails the test if it left
+  behind a ustack uprobe/dynamic event, a ustack tracefs instance, changed
+  trace_options, or a live process it started. Leaked processes are killed
+  and trace_options restored so that one failure does not cascade.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers`
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+TRACEFS = Path("/sys/kernel/tracing")
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
+# Every process a test starts inherits this variable (value unique per test);
+# it is how leaked processes are found, even after they are re-parented.
+TEST_TAG = "USTACK_TEST_TAG"
+
+
+@pytest.hookimpl(tryfirst=True)  # before the terminal reporter reads reportchars
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kernel: needs root and the uprobe PMU")
+    # Always list skip reasons in the summary: a skip is never silent.
+    if "s" not in config.option.reportchars and "a" not in config.option.reportchars:
+        config.option.reportchars += "s"
+    if os.geteuid() == 0 and not (TRACEFS / "trace_options").exists():
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)],
+                       capture_output=True)
+
+
+def kernel_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (perf_event_open on uprobes, tracefs)"
+    if not UPROBE_PMU.exists():
+        return f"kernel has no uprobe PMU ({UPROBE_PMU} missing)"
+    if not (TRACEFS / "uprobe_events").exists():
+        return f"tracefs with uprobe_events not available at {TRACEFS}"
+    return None
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("kernel") and (reason := kernel_skip_reason()):
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def kernel():
+    """Request this fixture (or use @pytest.mark.kernel) to require root + uprobes."""
+    if reason := kernel_skip_reason():
+        pytest.skip(reason)
+
+
+# --- leak check -------------------------------------------------------------
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # not root, or file absent on this kernel
+        return ""
+
+
+def _tracefs_state() -> dict[str, set[str]]:
+    events = {line for f in ("uprobe_events", "dynamic_events")
+              for line in _read(TRACEFS / f).splitlines() if "ustack" in line}
+    try:
+        instances = {p.name for p in (TRACEFS / "instances").iterdir()
+                     if p.name.startswith("ustack")}
+    except OSError:
+        instances = set()
+    return {"events": events, "instances": instances,
+            "trace_options": set(_read(TRACEFS / "trace_options").split())}
+
+
+def _test_processes(tag: str, old_children: set[int]) -> dict[int, str]:
+    """Live (non-zombie) processes the test started: those whose environment
+    carries our tag, and new direct children (in case a test cleared env)."""
+    found = {}
+    needle = f"{TEST_TAG}={tag}".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            child = int(ppid) == os.getpid() and int(d.name) not in old_children
+            if not child and needle not in (d / "environ").read_bytes().split(b"\0"):
+                continue
+            if state == "Z":
+                continue  # exited, only waiting to be reaped: holds nothing
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found[int(d.name)] = cmd.strip()
+        except OSError:  # exited meanwhile, or a kernel thread
+            continue
+    return found
+
+
+def _children() -> set[int]:
+    """Direct children of this pytest process (any thread's)."""
+    me, pids = str(os.getpid()), set()
+    for d in Path("/proc").glob("[0-9]*"):
+        if _read(d / "stat").rsplit(")", 1)[-1].split()[1:2] == [me]:
+            pids.add(int(d.name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(monkeypatch):
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TEST_TAG, tag)
+    before = _tracefs_state()
+    old_children = _children()
+    yield
+    # ustack may be in its last milliseconds of cleanup: give it a moment.
+    deadline = time.monotonic() + 2
+    while True:
+        procs = _test_processes(tag, old_children)
+        after = _tracefs_state()
+        new_events = after["events"] - before["events"]
+        new_instances = after["instances"] - before["instances"]
+        options_changed = after["trace_options"] != before["trace_options"]
+        if not (procs or new_events or new_instances or options_changed) \
+                or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+
+    problems = []
+    if procs:
+        problems.append("processes still running: " +
+                        "; ".join(f"{pid}: {cmd}" for pid, cmd in procs.items()))
+        for pid in procs:  # only processes this test started (tagged)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if new_events:
+        problems.append(f"probe events left: {sorted(new_events)}")
+    if new_instances:
+        problems.append(f"tracefs instances left: {sorted(new_instances)}")
+    if options_changed:
+        added = after["trace_options"] - before["trace_options"]
+        problems.append(f"trace_options changed: {sorted(added)}")
+        for opt in added:  # each line is "name" or "noname": write back the old one
+            old = opt[2:] if opt.startswith("no") else "no" + opt
+            try:
+                (TRACEFS / "trace_options").write_text(old)
+            except OSError:
+                pass
+    assert not problems, "test left traces behind:\n  " + "\n  ".join(problems)

@@ -1,0 +1,148 @@
+"""Shared test helpers: build the target programs, run ustack, ask gdb.
+
+Target programs live in tests/programs/ as sources and are compiled on demand
+into a content-addressed cache (/tmp/ustack-test-bin/<hash>/, or
+$USTACK_TEST_BIN), so repeated runs and variants cost nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROGRAMS = REPO / "tests" / "programs"
+CACHE = Path(os.environ.get("USTACK_TEST_BIN", "/tmp/ustack-test-bin"))
+
+# Compiler flag sets. The default keeps frame pointers; O2_NOFP is the case
+# only DWARF CFI can unwind.
+FP = ("-O0", "-g", "-fno-omit-frame-pointer")
+O2_FP = ("-O2", "-g", "-fno-omit-frame-pointer")
+O2_NOFP = ("-O2", "-g", "-fomit-frame-pointer")
+
+# Named C variants, for parametrizing: name -> keyword arguments of build().
+VARIANTS = {
+    "fp": dict(flags=FP),
+    "fp-nopie": dict(flags=FP, pie=False),
+    "o2-fp": dict(flags=O2_FP),
+    "o2-nofp": dict(flags=O2_NOFP),
+}
+
+# Extra link arguments some programs need.
+_LIBS = {"threads": ["-pthread"], "dlopen_main": ["-ldl"]}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (needed to build/run test programs)")
+    return path
+
+
+def _cached(key: str, filename: str) -> tuple[Path, Path]:
+    """(final output path, temporary path in the same directory)."""
+    out_dir = CACHE / hashlib.sha256(key.encode()).hexdigest()[:16]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir / filename, out_dir / f".{filename}.{os.getpid()}.tmp"
+
+
+def _run_build(cmd: list[str], tmp: Path, out: Path, **kw) -> Path:
+    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if res.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"build failed: {' '.join(cmd)}\n{res.stderr}")
+    tmp.replace(out)  # atomic: concurrent sessions never see a half-written file
+    return out
+
+
+def build(name: str, flags=FP, kind: str = "exe", pie: bool = True) -> Path:
+    """Compile tests/programs/<name>.c with gcc and return the output path.
+
+    kind='exe' builds an executable (PIE unless pie=False); kind='shared'
+    builds <name>.so with -fPIC -shared. The output is cached by source text,
+    flags and kind.
+    """
+    gcc = _tool("gcc")
+    if kind not in ("exe", "shared"):
+        raise ValueError(f"kind must be 'exe' or 'shared', not {kind!r}")
+    src = PROGRAMS / f"{name}.c"
+    args = list(flags)
+    if kind == "shared":
+        args += ["-fPIC", "-shared"]
+        filename = f"{name}.so"
+    else:
+        args += ["-fPIE", "-pie"] if pie else ["-fno-pie", "-no-pie"]
+        filename = name
+    args += _LIBS.get(name, [])
+    key = "\0".join([src.read_text(), gcc, *args])
+    out, tmp = _cached(key, filename)
+    if out.exists():
+        return out
+    return _run_build([gcc, *args, "-o", str(tmp), str(src)], tmp, out)
+
+
+def build_go(name: str = "gochain", strip: bool = False) -> Path:
+    """`go build` tests/programs/<name>/ and return the executable's path.
+
+    strip=True adds -ldflags='-s -w' (no .symtab, no DWARF; .gopclntab
+    stays). Module mode, no network, caches under the build cache dir.
+    """
+    go = _tool("go")
+    src = PROGRAMS / name
+    args = ["-buildvcs=false"]  # the repo is git without commits: VCS stamping fails
+    if strip:
+        args.append("-ldflags=-s -w")
+    version = subprocess.run([go, "version"], capture_output=True, text=True).stdout
+    sources = "".join(p.read_text() for p in sorted(src.iterdir()) if p.is_file())
+    out, tmp = _cached("\0".join([sources, version, *args]), name)
+    if out.exists():
+        return out
+    env = dict(os.environ, GO111MODULE="on", GOFLAGS="-mod=mod", GOPROXY="off",
+               GOCACHE=str(CACHE / "go-cache"), GOPATH=str(CACHE / "go-path"))
+    return _run_build([go, "build", *args, "-o", str(tmp), "."], tmp, out,
+                      cwd=src, env=env)
+
+
+def ustack_env() -> dict[str, str]:
+    """The environment for `python -m ustack`: the repo's src/ first on the path."""
+    path = os.environ.get("PYTHONPATH")
+    src = str(REPO / "src")
+    return dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{path}" if path else src)
+
+
+def run_ustack(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    """Run `python -m ustack ARGS…` and wait; text stdout/stderr are captured.
+
+    On timeout the ustack process is killed (SIGKILL) and TimeoutExpired is
+    raised; the leak check in conftest.py then reports any target left behind.
+    """
+    return subprocess.run([sys.executable, "-m", "ustack", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=kw.pop("env", ustack_env()), **kw)
+
+
+# "#1  0x000055555555518d in c (n=1) at chain.c:20" or "#0  d () at chain.c:9"
+_GDB_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(.+?) \(")
+
+
+def gdb_backtrace(prog, args=(), breakpoint: str = "d", timeout: float = 60) -> list[str]:
+    """Function names, innermost first, that gdb shows at the first hit of
+    `breakpoint` (empty if it is never hit). gdb unwinds with DWARF CFI, so
+    this is the oracle for complete stacks. Go names look like main.(*T).c.
+    """
+    gdb = _tool("gdb")
+    cmd = [gdb, "-batch", "-nx",
+           "-iex", "set debuginfod enabled off",
+           "-ex", "set breakpoint pending on",  # plugin functions exist only after dlopen
+           "-ex", f"break {breakpoint}", "-ex", "run", "-ex", "bt",
+           "--args", str(prog), *map(str, args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                         stdin=subprocess.DEVNULL)
+    return [m.group(1) for line in res.stdout.splitlines()
+            if (m := _GDB_FRAME.match(line))]

@@ -1,0 +1,35 @@
+/* busy [SECONDS]: main -> work -> spin_here, spinning for SECONDS (default 2,
+ * fractions allowed) so that a CPU profile attributes most samples to
+ * spin_here. The clock is read only every SPIN_CHUNK iterations so that time
+ * spent in clock_gettime (vDSO) stays negligible. Exit status 0. */
+#include <stdlib.h>
+#include <time.h>
+
+#define KEEP __attribute__((noinline, noipa, used))
+#define SPIN_CHUNK 200000
+
+volatile unsigned long spins;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+KEEP void spin_here(double seconds)
+{
+	double end = now() + seconds;
+	do {
+		for (int i = 0; i < SPIN_CHUNK; i++)
+			spins++;
+	} while (now() < end);
+}
+
+KEEP void work(double seconds) { spin_here(seconds); asm volatile(""); }
+
+int main(int argc, char **argv)
+{
+	work(argc > 1 ? strtod(argv[1], NULL) : 2.0);
+	return 0;
+}

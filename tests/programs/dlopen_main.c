@@ -1,0 +1,47 @@
+/* dlopen_main [SLEEP_MS] [PLUGIN] [N]: sleeps SLEEP_MS (default 500) so a
+ * tracer can attach, then dlopen()s PLUGIN (default: plugin.so beside this
+ * executable) and calls main -> run_plugin -> plugin_entry -> plugin_leaf,
+ * plugin_leaf N times (default 3). Exit status 0; 2 if the plugin fails. */
+#include <dlfcn.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KEEP __attribute__((noinline, noipa, used))
+
+KEEP long run_plugin(const char *path, long n)
+{
+	void *h = dlopen(path, RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "dlopen: %s\n", dlerror());
+		return -1;
+	}
+	long (*entry)(long) = (long (*)(long))dlsym(h, "plugin_entry");
+	if (!entry) {
+		fprintf(stderr, "dlsym: %s\n", dlerror());
+		return -1;
+	}
+	long r = entry(n);
+	asm volatile("");
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	long ms = argc > 1 ? atol(argv[1]) : 500;
+	long n = argc > 3 ? atol(argv[3]) : 3;
+	char path[PATH_MAX];
+	if (argc > 2) {
+		snprintf(path, sizeof path, "%s", argv[2]);
+	} else {
+		char self[PATH_MAX];
+		snprintf(self, sizeof self, "%s", argv[0]);
+		snprintf(path, sizeof path, "%s/plugin.so", dirname(self));
+	}
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+	return run_plugin(path, n) == n ? 0 : 2;
+}
