@@ -4,20 +4,20 @@ One event per (probe, thread, CPU) for -p (inherit=1 follows threads and
 children created later: the kernel refuses to mmap an inherited event with
 cpu=-1, hence per CPU), per (probe, CPU) for -c (armed with enable_on_exec)
 and for system-wide tracing. All events of a CPU write into one ring buffer
-(PERF_EVENT_IOC_SET_OUTPUT); the IDENTIFIER field says which probe fired."""
+(PERF_EVENT_IOC_SET_OUTPUT); the IDENTIFIER field says which probe fired.
+Uprobes are tracefs-defined probe events (see kernel/uprobe_events.py for
+why not the uprobe PMU)."""
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import select
-from typing import Optional
-
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
 from ..kernel.ring import PAGE, RingBuffer
 from ..kernel.tracefs import tracepoint_id
+from ..kernel.uprobe_events import UprobeEvents, remove_stale
 from ..model import (ProfileTarget, TracepointTarget, UprobeTarget,
                      UstackError)
 from ..target.process import Target
@@ -44,10 +44,10 @@ class PerfCapture:
         self.buffers: dict = {}           # cpu -> RingBuffer
         self.layouts: dict = {}           # event id -> EventLayout
         self.traced_tids: set = set()
-        self._paths: list = []            # keep uprobe path buffers alive
+        self.uprobes = UprobeEvents()
+        self._uprobe_ids: dict = {}       # (path, offset, kind) -> tracepoint id
         self.reader = RecordReader(self.layouts)
         self._poll = select.poll()
-        self._uprobe_type: Optional[int] = None
 
     # -- attributes per probe kind ---------------------------------------
     def _attr(self, probe, tracking: bool):
@@ -63,24 +63,12 @@ class PerfCapture:
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
                       max_stack=_max_stack())
         if isinstance(probe, UprobeTarget):
-            if self._uprobe_type is None:
-                self._uprobe_type = pe.pmu_type("uprobe")
-                if self._uprobe_type is None:
-                    raise UstackError("this kernel has no uprobe support "
-                                      "(/sys/bus/event_source/devices/uprobe)")
-            config = 0
-            if probe.spec.kind == "uretprobe":
-                config = 1 << pe.pmu_format_bit("uprobe", "retprobe")
-            path = ctypes.create_string_buffer(probe.path.encode())
-            self._paths.append(path)
             stack = 0
             if probe.return_address_slot is not None and probe.spec.kind == "uprobe":
                 stack = 8 * (probe.return_address_slot + 1)
                 common["sample_type"] |= pe.SAMPLE_STACK_USER
-            return pe.make_attr(self._uprobe_type, config,
-                                config1=ctypes.addressof(path),
-                                config2=probe.file_offset, stack_user=stack,
-                                **common), stack
+            return pe.make_attr(pe.TYPE_TRACEPOINT, self._uprobe_id(probe),
+                                stack_user=stack, **common), stack
         if isinstance(probe, TracepointTarget):
             return pe.make_attr(pe.TYPE_TRACEPOINT,
                                 tracepoint_id(probe.group, probe.name),
@@ -89,6 +77,15 @@ class PerfCapture:
             return pe.make_attr(pe.TYPE_SOFTWARE, pe.SW_CPU_CLOCK,
                                 freq=probe.hz, **common), 0
         raise TypeError(probe)
+
+    def _uprobe_id(self, probe: UprobeTarget) -> int:
+        """Tracepoint id of the tracefs uprobe for `probe`, made on first use."""
+        key = (probe.path, probe.file_offset, probe.spec.kind)
+        if key not in self._uprobe_ids:
+            self._uprobe_ids[key] = self.uprobes.add(
+                probe.path, probe.file_offset, probe.spec.kind == "uretprobe",
+                probe.symbol or "addr")
+        return self._uprobe_ids[key]
 
     def _open_one(self, probe, pid: int, cpu: int, tracking: bool) -> None:
         attr, stack = self._attr(probe, tracking)
@@ -118,6 +115,7 @@ class PerfCapture:
 
     def open(self) -> None:
         _raise_fd_limit()
+        remove_stale()
         try:
             mode = self.target.mode
             if mode == "system":
@@ -180,6 +178,7 @@ class PerfCapture:
             except OSError:
                 pass
         self.fds.clear()
+        self.uprobes.close()            # only after the events are closed
 
 
 def _max_stack() -> int:
