@@ -1,0 +1,107 @@
+"""The `ustack` command: parses arguments and hands them to the stages."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .model import UstackError
+
+EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
+              "uretprobe:PATH:FUNC  tracepoint:GROUP:NAME  profile:hz:N")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):             # one line, not usage + message
+        raise UstackError(f"{message} (see `{self.prog} --help`)")
+
+
+def _target_args(p: argparse.ArgumentParser) -> None:
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("-p", "--pid", type=int, help="trace this process (all its threads)")
+    who.add_argument("-c", "--command", metavar="CMD",
+                     help="start CMD and trace it (and its children) until it exits")
+    p.add_argument("-d", "--duration", type=float, metavar="SECONDS",
+                   help="stop after SECONDS (default: until Ctrl-C or the target exits)")
+    p.add_argument("--buffer-pages", type=int, default=1024, metavar="N",
+                   help="perf ring buffer pages per CPU, a power of two (default 1024)")
+
+
+def _count_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--format", choices=("text", "folded"), default="text",
+                   help="text: stacks least to most frequent; folded: "
+                        "comm;outer;…;inner COUNT for flame graphs")
+    p.add_argument("-P", "--per-pid", action="store_true",
+                   help="count each process separately")
+    p.add_argument("--offsets", action="store_true",
+                   help="tell call sites apart: frames as func+0xOFF/0xSIZE")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ustack",
+                     description="User-space call stacks of Linux processes.")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("trace", help="print a stack for every event",
+                       description=f"EVENT: {EVENT_HELP}")
+    p.add_argument("events", nargs="+", metavar="EVENT")
+    _target_args(p)
+
+    p = sub.add_parser("count", help="count stacks by frequency",
+                       description=f"EVENT: {EVENT_HELP}")
+    p.add_argument("events", nargs="+", metavar="EVENT")
+    _target_args(p)
+    _count_args(p)
+
+    p = sub.add_parser("profile", help="sample on-CPU stacks at a frequency")
+    p.add_argument("-F", "--frequency", type=int, default=49, metavar="HZ",
+                   help="samples per second per CPU (default 49)")
+    _target_args(p)
+    _count_args(p)
+
+    p = sub.add_parser("list", help="list traceable functions of a binary")
+    p.add_argument("binary")
+    p.add_argument("pattern", nargs="?", help="glob, e.g. 'mem*'")
+    return parser
+
+
+def _run(args) -> int:
+    if args.cmd == "list":
+        from .probes.listing import format_listing, list_functions
+        sys.stdout.write(format_listing(list_functions(args.binary, args.pattern)))
+        return 0
+    from .session import Options, run
+    if args.buffer_pages <= 0 or args.buffer_pages & (args.buffer_pages - 1):
+        raise UstackError("--buffer-pages must be a power of two")
+    if args.duration is not None and args.duration <= 0:
+        raise UstackError("--duration must be positive")
+    opts = Options(mode=args.cmd, pid=args.pid, command=args.command,
+                   duration=args.duration, buffer_pages=args.buffer_pages)
+    if args.cmd == "profile":
+        if args.frequency <= 0:
+            raise UstackError("-F must be a positive frequency")
+        opts.events = [f"profile:hz:{args.frequency}"]
+    else:
+        opts.events = args.events
+    if args.cmd in ("count", "profile"):
+        opts.output_format = args.format
+        opts.per_pid = args.per_pid
+        opts.offsets = args.offsets
+    return run(opts)
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return _run(args)
+    except UstackError as e:
+        print(f"ustack: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

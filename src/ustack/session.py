@@ -1,0 +1,270 @@
+"""Wires the stages for one run: parse and resolve probes, set up the
+target, capture, then unwind, symbolize and report. The only module that
+imports every stage (it sits rightmost in DESIGN.md's flow)."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional, TextIO
+
+from .capture.perf import DEFAULT_BUFFER_PAGES, PerfCapture
+from .model import (CommEvent, ProfileTarget, Sample, Stack, StackCount, UstackError)
+from .probes.resolve import resolve_uprobes, tracepoint_targets
+from .probes.spec import parse_event
+from .report.counts import format_counts, format_folded
+from .report.text import format_stack, header_parts
+from .symbols.symbolizer import Symbolizer
+from .target import process
+from .target.mappings import MappingTracker, PinnedView
+from .unwind.fp import frame_pointer_stack
+
+POLL_MS = 100
+SLICE_S = 0.01                     # decoding time between two buffer drains
+PIECE = 64 << 10                   # bytes of a chunk decoded in one step
+BACKLOG_LIMIT = 256 << 20          # bytes of undecoded records held in memory
+DEFAULT_PROFILE_HZ = 49
+
+
+@dataclass
+class Options:
+    mode: str                              # trace | count | profile
+    events: list = field(default_factory=list)
+    pid: Optional[int] = None
+    command: Optional[str] = None
+    duration: Optional[float] = None
+    output_format: str = "text"            # text | folded
+    per_pid: bool = False
+    offsets: bool = False                  # count: keep call sites apart
+    buffer_pages: int = DEFAULT_BUFFER_PAGES
+    hz: int = DEFAULT_PROFILE_HZ
+
+
+def resolve_probes(specs: list, pid: Optional[int]) -> list:
+    probes = []
+    for spec in specs:
+        if spec.kind in ("uprobe", "uretprobe"):
+            probes.extend(resolve_uprobes(spec, pid))
+        elif spec.kind in ("syscall", "tracepoint"):
+            probes.extend(tracepoint_targets(spec))
+        elif spec.kind == "profile":
+            probes.append(ProfileTarget(spec, spec.hz, f"profile:hz:{spec.hz}"))
+        else:
+            raise UstackError(f"unsupported event kind: {spec.kind}")
+    return probes
+
+
+class _Stop:
+    """Ctrl-C and SIGTERM end the run cleanly: stop reading, report."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Run:
+    def __init__(self, opts: Options, out: TextIO, err: TextIO):
+        self.opts, self.out, self.err = opts, out, err
+        self.tracker = MappingTracker()
+        self.counts: dict = {}
+        self.events_seen = 0
+        self.pending: list = []            # text waiting to be written
+        self.headers: dict = {}            # (tid, cpu, event id) -> header parts
+
+    # -- helpers ------------------------------------------------------------
+    def _is_code(self, pid: int):
+        return lambda addr: self.tracker.find(pid, addr) is not None
+
+    def _stack(self, sample: Sample, symbolizer: Symbolizer) -> Stack:
+        addrs = frame_pointer_stack(sample, self._is_code(sample.pid))
+        return Stack(symbolizer.frames(sample.pid, addrs))
+
+    # -- the run --------------------------------------------------------------
+    def execute(self) -> int:
+        opts = self.opts
+        specs = [parse_event(e) for e in opts.events]
+        if opts.pid is not None and opts.command:
+            raise UstackError("use either -p PID or -c CMD, not both")
+        if os.geteuid() != 0:
+            raise UstackError("ustack needs root to open perf events and uprobes "
+                              "(run it with sudo)")
+        if opts.pid is not None:
+            target = process.attach(opts.pid)
+        probes = resolve_probes(specs, opts.pid)
+        if opts.pid is None:
+            target = process.launch(opts.command) if opts.command else process.everything()
+        capture = PerfCapture(probes, target, opts.buffer_pages)
+        try:
+            capture.open()
+        except BaseException:
+            target.abort()
+            raise
+        try:
+            return self._loop(capture, target, probes)
+        finally:
+            capture.close()
+            if target.mode == "command" and target.exit_status is None:
+                target.interrupt()
+                target.wait(block=True)
+
+    def _loop(self, capture: PerfCapture, target, probes) -> int:
+        opts = self.opts
+        if target.mode == "pid":
+            self.tracker.seed_from_proc(target.pid)
+        labels = ", ".join(p.label for p in probes[:3])
+        if len(probes) > 3:
+            labels += f", … ({len(probes)} events)"
+        print(f"Tracing {labels} in {target.description} "
+              "[backend perf, unwind fp]"
+              + ("" if opts.duration else "... Hit Ctrl-C to end."),
+              file=self.err, flush=True)
+        symbolizer = Symbolizer(self.tracker)
+        reader = capture.reader
+        on_raw = (self._tracer(reader, symbolizer) if opts.mode == "trace"
+                  else self._counter())
+
+        def process(batch: list, offsets: list) -> bool:
+            """Decode up to PIECE bytes of each chunk of a batch; True when
+            the batch is done. Every chunk's metadata comes before any sample
+            of the piece: a sample may sit in another CPU's buffer ahead of
+            the MMAP2 record that explains it."""
+            raws: list = []
+            done = True
+            for i, chunk in enumerate(batch):
+                offsets[i] = reader.raw_samples(chunk, self._on_meta, raws,
+                                                offsets[i], PIECE)
+                done = done and offsets[i] >= len(chunk)
+            for r in raws:
+                on_raw(*r)
+            self.events_seen += len(raws)
+            return done
+
+        # Draining the kernel buffers comes first, decoding second: chunks
+        # wait in a bounded backlog and are decoded a piece at a time, so a
+        # burst does not overflow the kernel buffers while Python works.
+        backlog: deque = deque()          # [batch, offsets, bytes]
+        backlog_bytes = 0
+        deadline = time.monotonic() + opts.duration if opts.duration else None
+        stopping = False
+        with _Stop() as stop:
+            capture.start()
+            while True:
+                if not stopping:
+                    if backlog_bytes < BACKLOG_LIMIT:
+                        batch = capture.read_chunks(0 if backlog else POLL_MS)
+                        if batch:
+                            size = sum(map(len, batch))
+                            backlog.append([batch, [0] * len(batch), size])
+                            backlog_bytes += size
+                    if (stop.requested or target.wait() or
+                            (deadline is not None and time.monotonic() >= deadline)):
+                        stopping = True
+                        capture.stop()
+                        while True:             # what is still in the buffers
+                            batch = capture.read_chunks(0)
+                            if not batch:
+                                break
+                            backlog.append([batch, [0] * len(batch), 0])
+                if not backlog:
+                    if stopping:
+                        break
+                    continue
+                slice_end = time.monotonic() + SLICE_S
+                while backlog and (stopping or time.monotonic() < slice_end):
+                    entry = backlog[0]
+                    if process(entry[0], entry[1]):
+                        backlog.popleft()
+                        backlog_bytes -= entry[2]
+                self.out.write("".join(self.pending))
+                self.pending.clear()
+        if opts.mode != "trace":
+            self._report_counts(reader, symbolizer)
+        self.out.flush()
+        if reader.lost:
+            print(f"Lost {reader.lost} events: the perf buffer was full "
+                  f"(try --buffer-pages {capture.buffer_pages * 4})",
+                  file=self.err)
+        if target.mode == "command" and target.exit_status not in (None, 0):
+            print(f"{target.argv[0]} exited with status {target.exit_status}",
+                  file=self.err)
+        return 0
+
+    def _on_meta(self, event) -> None:
+        self.tracker.apply(event)
+        if isinstance(event, CommEvent):
+            self.headers.clear()            # a thread was renamed (or exec'd)
+
+    def _tracer(self, reader, symbolizer: Symbolizer):
+        """on_raw for `trace`: one text record per event. The frame lines of
+        each distinct raw stack are symbolized and formatted once, and so is
+        the header's text around the timestamp for each thread, CPU and event."""
+        blocks: dict = {}
+        heads = self.headers
+        generations = self.tracker.generations
+        pending = self.pending
+
+        def on_raw(ident, pid, tid, t, cpu, chain, extra):
+            key = (pid, generations.get(pid, 0), chain, extra)
+            block = blocks.get(key)
+            if block is None:
+                if len(blocks) > 100_000:
+                    blocks.clear()
+                sample = reader.decode(ident, pid, tid, chain, extra)
+                block = blocks[key] = format_stack(self._stack(sample, symbolizer))
+            hkey = (tid, cpu, ident)
+            head = heads.get(hkey)
+            if head is None:
+                comm = self.tracker.comm(pid, tid)
+                head = heads[hkey] = header_parts(comm, pid, tid, cpu,
+                                                  reader.label(ident))
+            secs, ns = divmod(t, 1_000_000_000)
+            pending.append(f"{head[0]}{secs}.{ns // 1000:06d}{head[1]}{block}")
+        return on_raw
+
+    def _counter(self):
+        """on_raw for `count`/`profile`: count raw stacks, decode at the end."""
+        counts = self.counts
+        generations = self.tracker.generations
+
+        def on_raw(ident, pid, tid, t, cpu, chain, extra):
+            key = (ident, pid, tid, generations.get(pid, 0), chain, extra)
+            counts[key] = counts.get(key, 0) + 1
+        return on_raw
+
+    def _report_counts(self, reader, symbolizer: Symbolizer) -> None:
+        view = PinnedView(self.tracker)
+        pinned = Symbolizer(view)
+        counted = []
+        for key, n in self.counts.items():
+            ident, pid, tid, generation, chain, extra = key
+            sample = reader.decode(ident, pid, tid, chain, extra)
+            view.generation = generation
+            addrs = frame_pointer_stack(
+                sample, lambda a, pid=sample.pid: view.find(pid, a) is not None)
+            stack = Stack(pinned.frames(sample.pid, addrs))
+            comm = self.tracker.comm(sample.pid, sample.tid)
+            counted.append(StackCount(comm, sample.pid, stack, n, sample.event))
+        if self.opts.output_format == "folded":
+            self.out.write(format_folded(counted, self.opts.per_pid))
+        else:
+            self.out.write(format_counts(counted, self.opts.per_pid,
+                                         self.opts.offsets))
+
+
+def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    return Run(opts, out, err).execute()
