@@ -1,0 +1,297 @@
+"""ProbeSpec -> where the kernel puts the probe: uprobe file offsets (on an
+instruction boundary, with the return-address slot the unwinder needs) and
+tracepoint names expanded from globs."""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+import shutil
+import subprocess
+from typing import Optional
+
+import capstone
+
+from ustack.kernel.procfs import executable_mappings
+from ustack.kernel.tracefs import tracefs_root
+from ustack.model import ProbeSpec, TracepointTarget, UprobeTarget, UstackError
+from ustack.symbols.elf import ElfImage, Symbol
+
+_GLOB_CHARS = "*?["
+
+
+def is_glob(text: str) -> bool:
+    return any(c in text for c in _GLOB_CHARS)
+
+
+# --- finding the binary ---------------------------------------------------
+
+def locate_binary(path: str, pid: Optional[int] = None) -> tuple:
+    """(path to open on this host, path to show the user) for a file path or
+    a bare library/program name such as libc, c, libc.so.6 or bash."""
+    if pid is not None and not os.path.isdir(f"/proc/{pid}"):
+        raise UstackError(f"no such process: {pid}")
+    if "/" in path:
+        if pid is not None and path.startswith("/"):
+            return _in_process_root(path, pid)
+        if os.path.isfile(path):
+            real = os.path.realpath(path)
+            return real, real
+    elif pid is not None:
+        for m in executable_mappings(pid):
+            if m.path.startswith("/") and _names_library(os.path.basename(m.path), path):
+                return m.open_path, m.path
+    else:
+        found = _ldconfig_lookup(path) or shutil.which(path)
+        if found:
+            real = os.path.realpath(found)
+            return real, real
+    raise UstackError(f"no such binary or library: {path}")
+
+
+def _names_library(basename: str, name: str) -> bool:
+    return (basename == name or basename.startswith(name + ".so")
+            or basename.startswith("lib" + name + ".so"))
+
+
+def _ldconfig_lookup(name: str) -> Optional[str]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
+                             check=False).stdout
+    except OSError:
+        return None
+    matches = []
+    for line in out.splitlines():
+        # "\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6"
+        left, arrow, target = line.strip().partition(" => ")
+        lib, _, flags = left.partition(" ")
+        if arrow and "x86-64" in flags and _names_library(lib, name):
+            matches.append((lib != name, target))
+    return min(matches, key=lambda m: m[0])[1] if matches else None
+
+
+def _in_process_root(path: str, pid: int) -> tuple:
+    """A path as process `pid` sees it, which may be in another mount
+    namespace: symlinks are followed inside that root, not ours."""
+    root = f"/proc/{pid}/root"
+    try:
+        same_root = os.path.samestat(os.stat(root), os.stat("/"))
+    except OSError:
+        raise UstackError(f"no such process: {pid}") from None
+    inner = os.path.realpath(path) if same_root else _resolve_in_root(root, path)
+    host = inner if same_root else root + inner
+    if not os.path.isfile(host):
+        raise UstackError(f"no such binary or library: {path}")
+    return host, inner
+
+
+def _resolve_in_root(root: str, path: str) -> str:
+    todo = [p for p in path.split("/") if p]
+    done: list = []
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in (".", ".."):
+            if part == ".." and done:
+                done.pop()
+            continue
+        try:
+            target = os.readlink(root + "/" + "/".join(done + [part]))
+        except OSError:  # not a symlink (or missing: the caller checks)
+            done.append(part)
+            continue
+        hops += 1
+        if hops > 40:
+            raise UstackError(f"{path}: too many levels of symbolic links")
+        if target.startswith("/"):
+            done = []
+        todo = [p for p in target.split("/") if p] + todo
+    return "/" + "/".join(done)
+
+
+# --- uprobes ---------------------------------------------------------------
+
+def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None) -> list:
+    if spec.kind not in ("uprobe", "uretprobe"):
+        raise ValueError(f"not a uprobe spec: {spec.kind}")
+    host, shown = locate_binary(spec.path, pid)
+    image = ElfImage.open(host)
+    if spec.address is not None:
+        sym = image.lookup(spec.address)
+        places = [(sym, spec.address)]
+    else:
+        places = [(s, s.address + spec.offset)
+                  for s in _functions(image, spec.function, shown)]
+    targets = []
+    for sym, vaddr in places:
+        if spec.kind == "uretprobe" and image.is_go:
+            name = sym.name if sym else f"0x{vaddr:x}"
+            raise UstackError(
+                f"uretprobe on Go function {name} would crash the program (Go moves "
+                f"stacks and checks return addresses); use uprobe on {name} instead")
+        if spec.kind == "uretprobe" and sym is not None and vaddr != sym.address:
+            # the kernel would overwrite [sp], which is no return address here
+            raise UstackError(f"a uretprobe must be on a function's entry, and "
+                              f"0x{vaddr:x} is {sym.name}+0x{vaddr - sym.address:x}")
+        targets.append(_target(spec, image, host, shown, sym, vaddr))
+    return targets
+
+
+def _functions(image: ElfImage, func: str, shown: str) -> list:
+    """The functions FUNC names, one per address (aliases share one probe)."""
+    syms = image.match(func)
+    if not syms:
+        raise no_function_error(image, func, shown)
+    by_addr: dict = {}
+    for s in syms:
+        best = image.lookup(s.address)
+        if s.address not in by_addr or (best is not None and s.name == best.name):
+            by_addr[s.address] = s
+    return [by_addr[a] for a in sorted(by_addr)]
+
+
+def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
+    if is_glob(func) and func not in (s.name for s in image.functions):
+        return UstackError(f"no function matches '{func}' in {shown}")
+    msg = f"no function '{func}' in {shown}"
+    if not image.functions:
+        return UstackError(f"{msg} ({shown} has no symbol table)")
+    near = difflib.get_close_matches(func, sorted({s.name for s in image.functions}), n=5)
+    return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
+
+
+def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> UprobeTarget:
+    where = f"{sym.name}+0x{vaddr - sym.address:x}" if sym else f"0x{vaddr:x}"
+    off = image.file_offset(vaddr)
+    if off is None or not image.executable(vaddr):
+        raise UstackError(f"{where} is not in the code of {shown}")
+    slot = None
+    if sym is not None:
+        if vaddr >= sym.address + sym.size and vaddr != sym.address:
+            raise UstackError(f"{where} is beyond the end of {sym.name} "
+                              f"(size 0x{sym.size:x}) in {shown}")
+        slot = _check_and_find_slot(image, sym, vaddr, where, shown)
+    if sym is None:
+        name = where
+    elif vaddr == sym.address:
+        name = sym.name
+    else:
+        name = f"{sym.name}+0x{vaddr - sym.address:x}"
+    return UprobeTarget(spec=spec, path=host, file_offset=off, address=vaddr,
+                        symbol=sym.name if sym else None,
+                        symbol_offset=vaddr - sym.address if sym else 0,
+                        return_address_slot=slot,
+                        label=f"{spec.kind}:{shown}:{name}")
+
+
+# --- disassembly: instruction boundary and the return-address slot ----------
+
+_md_lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+_md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+_md.detail = True
+_RSP = capstone.x86.X86_REG_RSP
+
+
+def _check_and_find_slot(image, sym: Symbol, vaddr: int, where: str, shown: str):
+    if vaddr == sym.address:
+        return 0  # nothing pushed yet: the return address is at [sp]
+    code = image.read(sym.address, sym.size)
+    prefix = []
+    for insn in _md.disasm(code[: vaddr - sym.address + 15], sym.address):
+        if insn.address >= vaddr:
+            break
+        if vaddr < insn.address + insn.size:
+            raise UstackError(
+                f"{where} in {shown} is not on an instruction boundary (inside "
+                f"'{insn.mnemonic} {insn.op_str}' at {sym.name}+0x{insn.address - sym.address:x})")
+        prefix.append(insn)
+    if not prefix or prefix[-1].address + prefix[-1].size != vaddr:
+        raise UstackError(f"cannot decode {sym.name} up to {where} in {shown}; "
+                          "refusing a probe that may not be on an instruction boundary")
+    return _slot(prefix, _branch_targets(code, sym.address), sym.address, vaddr)
+
+
+def _branch_targets(code: bytes, start: int) -> set:
+    out = set()
+    for _addr, _size, mnem, ops in _md_lite.disasm_lite(code, start):
+        if mnem.startswith(("j", "loop")):
+            try:
+                out.add(int(ops, 0))
+            except ValueError:
+                pass  # indirect: unknown target
+    return out
+
+
+def _slot(prefix, targets: set, start: int, vaddr: int) -> Optional[int]:
+    """Words between sp and the return address at vaddr, following the
+    straight-line path from the entry; None once rbp holds a frame (the
+    kernel's frame-pointer walk then finds the caller) or when unsure."""
+    if any(start < t <= vaddr for t in targets):
+        return None  # vaddr is also reached by a jump: depth unknown
+    depth = 0
+    for insn in prefix:
+        mnem, ops = insn.mnemonic, insn.op_str
+        if mnem == "mov" and ops == "rbp, rsp":
+            return None
+        if mnem == "lea" and ops.startswith("rbp, [rsp"):
+            return None  # Go: sub rsp,N; mov [rsp+X],rbp; lea rbp,[rsp+X]
+        if mnem in ("ret", "jmp") or mnem.startswith(("leave", "enter")):
+            return None
+        if _RSP not in insn.regs_access()[1]:
+            continue
+        if mnem in ("push", "pushfq"):
+            depth += 1
+        elif mnem in ("pop", "popfq"):
+            depth -= 1
+        elif mnem in ("sub", "add") and ops.startswith("rsp, "):
+            try:
+                n = int(ops[5:], 0)
+            except ValueError:
+                return None
+            if n % 8:
+                return None
+            depth += n // 8 if mnem == "sub" else -(n // 8)
+        elif mnem != "call":  # a call returns with rsp unchanged
+            return None
+    return depth if depth >= 0 else None
+
+
+# --- tracepoints -------------------------------------------------------------
+
+def tracepoint_targets(spec: ProbeSpec) -> list:
+    if spec.kind not in ("syscall", "tracepoint"):
+        raise ValueError(f"not a tracepoint spec: {spec.kind}")
+    events = os.path.join(tracefs_root(), "events")
+    if spec.kind == "syscall":
+        entries = _subdirs(os.path.join(events, "syscalls"))
+        if not entries:
+            raise UstackError("this kernel has no syscall tracepoints "
+                              f"({events}/syscalls is missing)")
+        names = [e[len("sys_enter_"):] for e in entries if e.startswith("sys_enter_")]
+        found = _pick(names, spec.name, "syscall")
+        return [TracepointTarget(spec, "syscalls", "sys_enter_" + n, f"syscall:{n}")
+                for n in found]
+    pairs = [f"{g}:{n}" for g in _subdirs(events)
+             for n in _subdirs(os.path.join(events, g))]
+    found = _pick(pairs, f"{spec.group}:{spec.name}", "tracepoint")
+    return [TracepointTarget(spec, *p.split(":"), label=f"tracepoint:{p}")
+            for p in found]
+
+
+def _subdirs(path: str) -> list:
+    try:
+        return sorted(e.name for e in os.scandir(path) if e.is_dir())
+    except OSError:
+        return []
+
+
+def _pick(names: list, pattern: str, what: str) -> list:
+    found = sorted(fnmatch.filter(names, pattern))
+    if found:
+        return found
+    msg = f"no {what} matches '{pattern}'"
+    if not is_glob(pattern):
+        near = difflib.get_close_matches(pattern, names, n=5)
+        if near:
+            msg += f"; did you mean: {', '.join(near)}?"
+    raise UstackError(msg)

@@ -1,0 +1,81 @@
+"""EVENT text -> ProbeSpec, in bpftrace's spellings. Nothing is resolved here."""
+from __future__ import annotations
+
+import re
+
+from ustack.model import ProbeSpec, UstackError
+
+_EXAMPLES = "expected e.g. syscall:write, uprobe:/bin/ls:main, profile:hz:99"
+_KINDS = {
+    "syscall": "syscall",
+    "tracepoint": "tracepoint", "t": "tracepoint",
+    "uprobe": "uprobe", "u": "uprobe",
+    "uretprobe": "uretprobe", "ur": "uretprobe",
+    "profile": "profile", "p": "profile",
+}
+# Tracepoint and syscall names: identifiers, possibly with glob characters.
+_TP_NAME = re.compile(r"[A-Za-z0-9_*?\[\]!-]+")
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
+
+
+def parse_event(text: str) -> ProbeSpec:
+    text = text.strip()
+    kind_word, sep, rest = text.partition(":")
+    kind = _KINDS.get(kind_word)
+    if kind is None:
+        _fail(text, f"unknown probe type '{kind_word}'" if sep else "no probe type")
+    return _PARSERS[kind](text, kind, rest)
+
+
+def _fail(text: str, why: str):
+    raise UstackError(f"malformed event '{text}': {why}; {_EXAMPLES}")
+
+
+def _number(s: str):
+    return int(s, 0) if _NUMBER.fullmatch(s) else None
+
+
+def _syscall(text, kind, rest):
+    if not _TP_NAME.fullmatch(rest):
+        _fail(text, "missing or invalid syscall name")
+    return ProbeSpec(kind="syscall", text=text, group="syscalls", name=rest)
+
+
+def _tracepoint(text, kind, rest):
+    parts = rest.split(":")
+    if len(parts) != 2 or not all(_TP_NAME.fullmatch(p) for p in parts):
+        _fail(text, "need GROUP:NAME after the probe type")
+    return ProbeSpec(kind="tracepoint", text=text, group=parts[0], name=parts[1])
+
+
+def _uprobe(text, kind, rest):
+    # PATH ends at the first ':'; the rest is FUNC (C++ names contain '::').
+    path, sep, func = rest.partition(":")
+    if not sep or not path or not func:
+        _fail(text, f"need {kind}:PATH:FUNCTION")
+    offset = 0
+    base, plus, tail = func.rpartition("+")
+    if plus and _number(tail) is not None:  # 'operator+' keeps its '+'
+        if not base:
+            _fail(text, "missing function name before '+'")
+        func, offset = base, _number(tail)
+        if kind == "uretprobe" and offset:
+            _fail(text, "a uretprobe takes no +OFFSET")
+    address = _number(func)
+    if address is not None:
+        return ProbeSpec(kind=kind, text=text, path=path, address=address + offset)
+    return ProbeSpec(kind=kind, text=text, path=path, function=func, offset=offset)
+
+
+def _profile(text, kind, rest):
+    unit, sep, value = rest.rpartition(":")
+    if sep and unit != "hz":
+        _fail(text, f"unknown profile unit '{unit}' (only hz)")
+    hz = int(value) if re.fullmatch(r"[0-9]+", value) else 0
+    if hz <= 0:
+        _fail(text, "the frequency must be a positive number of Hz")
+    return ProbeSpec(kind="profile", text=text, hz=hz)
+
+
+_PARSERS = {"syscall": _syscall, "tracepoint": _tracepoint, "uprobe": _uprobe,
+            "uretprobe": _uprobe, "profile": _profile}

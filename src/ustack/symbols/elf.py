@@ -1,0 +1,242 @@
+"""One ELF file as ustack needs it: function symbols, address lookup, and the
+vaddr <-> file offset translation through PT_LOAD segments.
+
+Everything is read once at open() (pyelftools is slow, so the results are
+kept in plain lists) and cached per file identity for the whole process."""
+from __future__ import annotations
+
+import bisect
+import fnmatch
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from elftools.elf.elffile import ELFFile
+
+from ustack.model import UstackError
+
+_FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC")
+# Which alias names a shared address in lookup(): exported names read best
+# (glibc's public names are often weak: getpid over __getpid).
+_BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 0, "STB_GNU_UNIQUE": 0, "STB_LOCAL": 1}
+_GO_SECTIONS = (".go.buildinfo", ".gopclntab")
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    address: int
+    size: int
+
+
+@dataclass(frozen=True)
+class _Load:
+    vaddr: int
+    offset: int
+    filesz: int
+    flags: int
+
+
+class ElfImage:
+    """Read-only facts about one ELF file. Use ElfImage.open(path)."""
+
+    _cache: dict = {}
+
+    @classmethod
+    def open(cls, path: str) -> "ElfImage":
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise UstackError(f"no such binary: {path}") from None
+        except OSError as e:
+            raise UstackError(f"{path}: {e.strerror}") from None
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        image = cls._cache.get(key)
+        if image is None:
+            image = cls(path)
+            cls._cache[key] = image
+        return image
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                if f.read(4) != b"\x7fELF":
+                    raise UstackError(f"{path}: not an ELF file")
+                f.seek(0)
+                self._parse(ELFFile(f))
+        except UstackError:
+            raise
+        except OSError as e:
+            raise UstackError(f"{path}: {e.strerror}") from None
+        except Exception as e:  # pyelftools raises many types on bad input
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UstackError(f"{path}: corrupt ELF: {why}") from None
+
+    # --- parsing ---------------------------------------------------------
+
+    def _parse(self, elf: ELFFile) -> None:
+        self.e_type = elf.header.e_type
+        self.is_pie = self.e_type == "ET_DYN"  # PIE executable or shared library
+        self.machine = elf.header.e_machine
+        self._loads = [
+            _Load(s["p_vaddr"], s["p_offset"], s["p_filesz"], s["p_flags"])
+            for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        sections = list(elf.iter_sections())
+        self.section_names = frozenset(s.name for s in sections)
+        self.build_id = self._build_id(elf, sections)
+        raw = self._raw_functions(sections)
+        self.has_symtab = any(s["sh_type"] == "SHT_SYMTAB" for s in sections)
+        self.functions = self._fill_sizes(raw, sections)
+        self.is_go = (bool(self.section_names & set(_GO_SECTIONS))
+                      or any(s.name == "runtime.main" for s in self.functions))
+        self._build_indexes(raw)
+
+    @staticmethod
+    def _build_id(elf, sections) -> Optional[str]:
+        # Sections when present; PT_NOTE for stripped-of-sections files.
+        containers = [s for s in sections if s["sh_type"] == "SHT_NOTE"]
+        if not containers:
+            containers = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"]
+        for c in containers:
+            for note in c.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+        return None
+
+    @staticmethod
+    def _raw_functions(sections) -> dict:
+        """(address, name) -> (size, binding, section index) over both tables."""
+        found = {}
+        for sec in sections:
+            if sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                continue
+            for sym in sec.iter_symbols():
+                info = sym["st_info"]
+                if info["type"] not in _FUNC_TYPES:
+                    continue
+                addr, shndx = sym["st_value"], sym["st_shndx"]
+                if addr == 0 or shndx == "SHN_UNDEF" or not sym.name:
+                    continue
+                key = (addr, sym.name)
+                old = found.get(key)
+                # .symtab and .dynsym repeat each other; keep the sized one.
+                if old is None or (old[0] == 0 and sym["st_size"]):
+                    found[key] = (sym["st_size"], info["bind"], shndx)
+        return found
+
+    @staticmethod
+    def _fill_sizes(raw: dict, sections) -> list:
+        """Sorted Symbols; zero sizes extended to the next function start,
+        capped at the end of the symbol's section (assembly often omits .size)."""
+        starts = sorted({addr for addr, _ in raw})
+        out = []
+        for (addr, name), (size, _bind, shndx) in sorted(raw.items()):
+            if size == 0:
+                i = bisect.bisect_right(starts, addr)
+                end = starts[i] if i < len(starts) else None
+                if isinstance(shndx, int) and 0 < shndx < len(sections):
+                    sh = sections[shndx]
+                    sec_end = sh["sh_addr"] + sh["sh_size"]
+                    if sh["sh_addr"] <= addr < sec_end:
+                        end = sec_end if end is None else min(end, sec_end)
+                size = end - addr if end is not None else 0
+            out.append(Symbol(name, addr, size))
+        return out
+
+    def _build_indexes(self, raw: dict) -> None:
+        by_name: dict = {}
+        for sym in self.functions:
+            by_name.setdefault(sym.name, []).append(sym)
+        self._by_name = by_name
+        # One preferred symbol per start address ...
+        best: dict = {}
+        for sym in self.functions:
+            size0, bind, _ = raw[(sym.address, sym.name)]
+            underscores = len(sym.name) - len(sym.name.lstrip("_"))
+            rank = (size0 == 0, _BIND_RANK.get(bind, 2), underscores, sym.name)
+            if sym.address not in best or rank < best[sym.address][0]:
+                best[sym.address] = (rank, sym)
+        # ... then flattened into non-overlapping ranges, innermost symbol
+        # winning, so lookup() is a single bisect.
+        self._starts, self._owners = _flatten([best[a][1] for a in sorted(best)])
+
+    # --- queries ---------------------------------------------------------
+
+    def lookup(self, vaddr: int) -> Optional[Symbol]:
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        return self._owners[i] if i >= 0 else None
+
+    def find(self, name: str) -> list:
+        return list(self._by_name.get(name, ()))
+
+    def match(self, pattern: str) -> list:
+        # Go names contain glob characters: a literal name wins.
+        if pattern in self._by_name:
+            return self.find(pattern)
+        names = set(fnmatch.filter(self._by_name, pattern))
+        return [s for s in self.functions if s.name in names]
+
+    def file_offset(self, vaddr: int) -> Optional[int]:
+        for seg in self._loads:
+            if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
+                return vaddr - seg.vaddr + seg.offset
+        return None
+
+    def executable(self, vaddr: int) -> bool:
+        """Whether vaddr lies in a PT_LOAD segment mapped executable (PF_X)."""
+        return any(seg.vaddr <= vaddr < seg.vaddr + seg.filesz and seg.flags & 1
+                   for seg in self._loads)
+
+    def vaddr_of_file_offset(self, off: int) -> Optional[int]:
+        for seg in self._loads:
+            if seg.offset <= off < seg.offset + seg.filesz:
+                return off - seg.offset + seg.vaddr
+        return None
+
+    def read(self, vaddr: int, size: int) -> bytes:
+        """File bytes at vaddr, cut short at the end of its segment."""
+        for seg in self._loads:
+            if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
+                size = min(size, seg.vaddr + seg.filesz - vaddr)
+                try:
+                    with open(self.path, "rb") as f:
+                        return os.pread(f.fileno(), size, vaddr - seg.vaddr + seg.offset)
+                except OSError as e:
+                    raise UstackError(f"{self.path}: {e.strerror}") from None
+        return b""
+
+    def __repr__(self) -> str:
+        return f"ElfImage({self.path!r}, {len(self.functions)} functions)"
+
+
+def _flatten(syms: list):
+    """Sorted, possibly nested/overlapping ranges -> boundaries and owners.
+    Each boundary starts a range owned by one Symbol (or None: a gap)."""
+    starts: list = []
+    owners: list = []
+
+    def emit(pos, owner):
+        if starts and starts[-1] == pos:
+            owners[-1] = owner
+        elif not owners or owners[-1] is not owner:
+            starts.append(pos)
+            owners.append(owner)
+
+    open_: list = []  # enclosing symbols, innermost last
+
+    def close_until(pos):
+        while open_ and open_[-1].address + open_[-1].size <= pos:
+            end = open_[-1].address + open_[-1].size
+            while open_ and open_[-1].address + open_[-1].size <= end:
+                open_.pop()
+            emit(end, open_[-1] if open_ else None)
+
+    for sym in syms:
+        if sym.size <= 0:
+            continue
+        close_until(sym.address)
+        emit(sym.address, sym)
+        open_.append(sym)
+    close_until(float("inf"))
+    return starts, owners

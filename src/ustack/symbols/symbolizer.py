@@ -1,0 +1,61 @@
+"""Runtime addresses -> Frames through the process's mappings and ELF symbols."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ustack.model import Frame, Mapping, UstackError
+from ustack.symbols.elf import ElfImage
+
+
+class Symbolizer:
+    """`mappings` is anything with find(pid, addr) -> Mapping | None."""
+
+    def __init__(self, mappings):
+        self.mappings = mappings
+        self._images: dict = {}   # open_path -> ElfImage | None (failed)
+        self._symbols: dict = {}  # (open_path, file offset) -> (vaddr, Symbol | None)
+
+    def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
+        out = []
+        for i, addr in enumerate(addrs):
+            # Return addresses point after the call; addr-1 is still inside
+            # the calling function even when the call is its last instruction.
+            back = 0 if (i == 0 and leaf_is_exact) else 1
+            out.append(self.frame(pid, addr, back))
+        return tuple(out)
+
+    def frame(self, pid: int, addr: int, back: int = 0) -> Frame:
+        q = addr - back
+        m = self.mappings.find(pid, q)
+        if m is None:
+            return Frame(addr=addr, module="")
+        if not m.path.startswith("/"):  # [vdso], [heap], anonymous
+            return Frame(addr=addr, module=m.path, path=m.path)
+        module = os.path.basename(m.path)
+        vaddr, sym = self._resolve(m, q - m.start + m.pgoff)
+        if sym is None:
+            return Frame(addr=addr, module=module, path=m.path)
+        return Frame(addr=addr, module=module, function=sym.name,
+                     offset=vaddr + back - sym.address, size=sym.size, path=m.path)
+
+    def _resolve(self, m: Mapping, file_off: int):
+        key = (m.open_path, file_off)
+        hit = self._symbols.get(key)
+        if hit is None:
+            hit = (None, None)
+            image = self._image(m.open_path)
+            if image is not None:
+                vaddr = image.vaddr_of_file_offset(file_off)
+                if vaddr is not None:
+                    hit = (vaddr, image.lookup(vaddr))
+            self._symbols[key] = hit
+        return hit
+
+    def _image(self, path: str) -> Optional[ElfImage]:
+        if path not in self._images:
+            try:
+                self._images[path] = ElfImage.open(path)
+            except UstackError:
+                self._images[path] = None  # unnamed frames, not a failed run
+        return self._images[path]

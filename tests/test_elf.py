@@ -1,0 +1,472 @@
+"""ElfImage and Symbolizer against real gcc/go output, with readelf as the oracle."""
+import os
+import random
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from ustack.model import Mapping, UstackError
+from ustack.symbols.elf import ElfImage, Symbol
+from ustack.symbols.symbolizer import Symbolizer
+
+SRC = r"""
+#include <stdlib.h>
+int counter = 7;                 /* .data: RW segment, vaddr != file offset */
+static char big[1 << 16];        /* .bss: no bytes in the file */
+__attribute__((noinline)) static int local_impl(int x) { return x * 3 + counter; }
+int global_alias(int x) __attribute__((alias("local_impl")));
+/* like glibc: __getpid global, getpid a weak alias */
+__attribute__((noinline)) int __impl2(int x) { return x - counter; }
+int pub2(int x) __attribute__((weak, alias("__impl2")));
+__attribute__((noinline)) int leaf(int x) {
+    int s = 0;
+    for (int i = 0; i < x; i++) s += counter * i + big[i & 1023];
+    return s;
+}
+__attribute__((noinline)) void fatal(void) { abort(); }
+asm(".text\n"
+    /* a call that is the last instruction: its return address is `other` */
+    ".globl tailcaller\n.type tailcaller,@function\ntailcaller: call other\n"
+    ".size tailcaller,.-tailcaller\n"
+    ".globl other\n.type other,@function\nother: ret\n.size other,.-other\n"
+    /* names that are also globs */
+    ".globl \"a*b\"\n.type \"a*b\",@function\n\"a*b\": ret\n.size \"a*b\",1\n"
+    ".globl aXb\n.type aXb,@function\naXb: ret\n.size aXb,1\n"
+    /* no .size, alone in its section: sized up to the section end */
+    ".section zzsec,\"ax\",@progbits\n"
+    ".globl nosize\n.type nosize,@function\nnosize: nop\nnop\nret\n.text\n");
+int main(int argc, char **argv) {
+    big[argc] = 1;
+    if (argc > 50) fatal();
+    return leaf(argc) + global_alias(argc) + pub2(argc);
+}
+"""
+
+PIE_BASE = 0x555555554000
+
+
+# --- helpers: compile, and read the oracle (binutils) ------------------------
+
+def run(*cmd):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def cc(tmp_path, name, src, *flags):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    c = tmp_path / f"{name}.c"
+    c.write_text(src)
+    out = tmp_path / name
+    run("gcc", *flags, "-o", str(out), str(c))
+    return str(out)
+
+
+def readelf_functions(path, table="-s"):
+    """{(name, address, size)} of defined FUNC/IFUNC symbols."""
+    out = set()
+    for line in run("readelf", "-W", table, path).splitlines():
+        f = line.split()
+        if (len(f) >= 8 and f[0].endswith(":") and f[3] in ("FUNC", "IFUNC")
+                and f[6] != "UND" and int(f[1], 16)):
+            out.add((f[7].split("@")[0], int(f[1], 16), int(f[2], 0)))
+    return out
+
+
+def readelf_symbol(path, name):
+    for n, addr, size in readelf_functions(path):
+        if n == name:
+            return addr, size
+    raise KeyError(name)
+
+
+def nm_address(path, name):
+    for line in run("nm", "--defined-only", path).splitlines():
+        addr, _kind, n = line.split(" ", 2)
+        if n == name:
+            return int(addr, 16)
+    raise KeyError(name)
+
+
+def readelf_loads(path):
+    """[(offset, vaddr, filesz, memsz, flags)] of PT_LOAD headers."""
+    out = []
+    for line in run("readelf", "-lW", path).splitlines():
+        f = line.split()
+        if f and f[0] == "LOAD":
+            out.append((int(f[1], 16), int(f[2], 16), int(f[4], 16), int(f[5], 16),
+                        " ".join(f[6:-1])))
+    return out
+
+
+def readelf_section(path, name):
+    """(addr, offset, size) of a section."""
+    for line in run("readelf", "-SW", path).splitlines():
+        m = re.search(r"\]\s+(\S+)\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)\s+([0-9a-f]+)", line)
+        if m and m.group(1) == name:
+            return tuple(int(m.group(i), 16) for i in (2, 3, 4))
+    raise KeyError(name)
+
+
+@pytest.fixture(scope="module")
+def bins(tmp_path_factory):
+    d = tmp_path_factory.mktemp("elf")
+    return {
+        "pie": cc(d, "pie", SRC, "-O1", "-fPIE", "-pie"),
+        "nopie": cc(d, "nopie", SRC, "-O1", "-no-pie"),
+        "so": cc(d, "lib.so", SRC, "-O1", "-shared", "-fPIC"),
+    }
+
+
+# --- symbols ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["pie", "nopie", "so"])
+def test_functions_match_readelf(bins, kind):
+    img = ElfImage.open(bins[kind])
+    expected = {s for s in readelf_functions(bins[kind]) if s[2] > 0}
+    got = {(s.name, s.address, s.size) for s in img.functions}
+    assert expected <= got
+    # every extra one is a zero-size symbol we gave a size to
+    zero = {(n, a) for n, a, s in readelf_functions(bins[kind]) if s == 0}
+    assert {(n, a) for n, a, _ in got - expected} <= zero
+    # no duplicates although .symtab and .dynsym repeat each other (.so)
+    keys = [(s.name, s.address) for s in img.functions]
+    assert len(keys) == len(set(keys))
+    assert [s.address for s in img.functions] == sorted(s.address for s in img.functions)
+    assert all(isinstance(s, Symbol) for s in img.functions)
+
+
+def test_dynsym_only_after_strip(bins, tmp_path):
+    stripped = str(tmp_path / "stripped.so")
+    run("strip", "--strip-all", "-o", stripped, bins["so"])
+    img = ElfImage.open(stripped)
+    names = {s.name for s in img.functions}
+    assert {"leaf", "global_alias", "main", "tailcaller"} <= names
+    assert "local_impl" not in names  # static: only in .symtab
+    assert not img.has_symtab
+    assert names == {n for n, _a, _s in readelf_functions(stripped, "--dyn-syms")}
+
+
+def test_zero_size_symbol_capped_at_section_end(bins):
+    img = ElfImage.open(bins["pie"])
+    addr, size = readelf_symbol(bins["pie"], "nosize")
+    assert size == 0
+    sec_addr, _off, sec_size = readelf_section(bins["pie"], "zzsec")
+    assert sec_addr == addr
+    (sym,) = img.find("nosize")
+    assert sym == Symbol("nosize", addr, sec_size) and sec_size == 3
+    assert img.lookup(addr + 2) == sym
+    assert img.lookup(addr + 3) != sym
+
+
+@pytest.mark.parametrize("kind", ["pie", "nopie", "so"])
+def test_lookup_every_function(bins, kind):
+    img = ElfImage.open(bins[kind])
+    for name, addr, size in readelf_functions(bins[kind]):
+        if size == 0 or name == "local_impl":
+            continue
+        for a in (addr, addr + size // 2, addr + size - 1):
+            assert img.lookup(a).address == addr, (name, hex(a))
+        after = img.lookup(addr + size)
+        assert after is None or after.address == addr + size
+
+
+def test_lookup_prefers_global_alias(bins):
+    img = ElfImage.open(bins["pie"])
+    addr = nm_address(bins["pie"], "local_impl")
+    assert nm_address(bins["pie"], "global_alias") == addr
+    assert {s.name for s in img.functions if s.address == addr} == {"local_impl", "global_alias"}
+    assert img.lookup(addr).name == "global_alias"
+    assert img.lookup(addr + 1).name == "global_alias"
+    addr = nm_address(bins["pie"], "__impl2")
+    assert nm_address(bins["pie"], "pub2") == addr
+    assert img.lookup(addr).name == "pub2"
+
+
+def test_flatten_nested_and_overlapping_ranges():
+    # glibc's assembly has symbols inside and across others
+    from ustack.symbols.elf import _flatten
+    outer, inner = Symbol("outer", 0x100, 0x100), Symbol("inner", 0x150, 0x10)
+    cross, after = Symbol("cross", 0x1F0, 0x20), Symbol("after", 0x300, 0x8)
+    starts, owners = _flatten([outer, inner, cross, after])
+    import bisect
+
+    def at(a):
+        i = bisect.bisect_right(starts, a) - 1
+        return owners[i].name if i >= 0 and owners[i] else None
+
+    assert [at(a) for a in (0xFF, 0x100, 0x14F, 0x150, 0x15F, 0x160, 0x1EF, 0x1F0,
+                            0x20F, 0x210, 0x300, 0x308)] == [
+        None, "outer", "outer", "inner", "inner", "outer", "outer", "cross",
+        "cross", None, "after", None]
+
+
+def test_lookup_outside_functions(bins):
+    img = ElfImage.open(bins["pie"])
+    assert img.lookup(0) is None
+    assert img.lookup(nm_address(bins["pie"], "counter")) is None
+    assert img.lookup(1 << 60) is None
+
+
+def test_find_and_match(bins):
+    img = ElfImage.open(bins["pie"])
+    assert [s.name for s in img.find("leaf")] == ["leaf"]
+    assert img.find("lea") == []
+    assert {s.name for s in img.match("l*")} == {"leaf", "local_impl"}
+    # a literal name wins over its reading as a glob
+    assert [s.name for s in img.match("a*b")] == ["a*b"]
+    assert {s.name for s in img.match("a?b")} == {"a*b", "aXb"}
+    assert img.match("zz*") == []
+
+
+# --- addresses, file offsets, bytes ------------------------------------------
+
+@pytest.mark.parametrize("kind", ["pie", "nopie", "so"])
+def test_file_offsets_from_program_headers(bins, kind):
+    path = bins[kind]
+    img = ElfImage.open(path)
+    loads = readelf_loads(path)
+    for name in ("main", "leaf", "counter"):
+        vaddr = nm_address(path, name)
+        (off, seg_vaddr, *_rest) = [l for l in loads if l[1] <= vaddr < l[1] + l[2]][0]
+        assert img.file_offset(vaddr) == vaddr - seg_vaddr + off
+        assert img.vaddr_of_file_offset(vaddr - seg_vaddr + off) == vaddr
+    # .data is where vaddr and offset differ even in a PIE
+    data = nm_address(path, "counter")
+    assert img.file_offset(data) != data - (0x400000 if kind == "nopie" else 0)
+    # .bss has no file bytes; far addresses are in no segment
+    bss_end = max(l[1] + l[3] for l in loads)
+    assert img.file_offset(bss_end - 1) is None
+    assert img.file_offset(1 << 50) is None
+    assert img.vaddr_of_file_offset(os.path.getsize(path) + 10) is None
+
+
+def test_nopie_text_is_not_at_its_file_offset(bins):
+    img = ElfImage.open(bins["nopie"])
+    main = nm_address(bins["nopie"], "main")
+    assert main > 0x400000 and img.file_offset(main) == main - 0x400000
+    assert img.executable(main) and not img.executable(nm_address(bins["nopie"], "counter"))
+
+
+def test_read_matches_objcopy(bins, tmp_path):
+    path = bins["nopie"]
+    text = tmp_path / "text.bin"
+    run("objcopy", "-O", "binary", "--only-section=.text", path, str(text))
+    text_addr = readelf_section(path, ".text")[0]
+    addr, size = readelf_symbol(path, "leaf")
+    raw = text.read_bytes()
+    assert ElfImage.open(path).read(addr, size) == raw[addr - text_addr: addr - text_addr + size]
+    assert ElfImage.open(path).read(1 << 50, 4) == b""
+
+
+def test_header_facts(bins, tmp_path):
+    pie, nopie, so = (ElfImage.open(bins[k]) for k in ("pie", "nopie", "so"))
+    assert (pie.e_type, pie.is_pie, pie.machine) == ("ET_DYN", True, "EM_X86_64")
+    assert (nopie.e_type, nopie.is_pie) == ("ET_EXEC", False)
+    assert so.e_type == "ET_DYN" and not pie.is_go
+    note = run("readelf", "-n", bins["pie"])
+    assert pie.build_id == re.search(r"Build ID: ([0-9a-f]+)", note).group(1)
+    assert pie.path == bins["pie"]
+    noid = cc(tmp_path, "noid", SRC, "-Wl,--build-id=none")
+    assert ElfImage.open(noid).build_id is None
+
+
+def test_build_id_without_section_headers(bins, tmp_path):
+    # drop the section header table: the build-id must come from PT_NOTE
+    data = bytearray(open(bins["pie"], "rb").read())
+    data[0x28:0x30] = bytes(8)   # e_shoff
+    data[0x3C:0x40] = bytes(4)   # e_shnum, e_shstrndx
+    p = tmp_path / "nosections"
+    p.write_bytes(bytes(data))
+    img = ElfImage.open(str(p))
+    assert img.build_id == ElfImage.open(bins["pie"]).build_id
+    assert img.functions == []
+
+
+def test_open_is_cached_per_file_identity(bins, tmp_path):
+    p = tmp_path / "copy"
+    shutil.copy(bins["pie"], p)
+    a = ElfImage.open(str(p))
+    assert ElfImage.open(str(p)) is a
+    os.utime(p, ns=(1, 1))
+    assert ElfImage.open(str(p)) is not a
+
+
+# --- errors ----------------------------------------------------------------
+
+def test_open_errors(bins, tmp_path):
+    with pytest.raises(UstackError, match=r"^no such binary: /nonexistent/x$"):
+        ElfImage.open("/nonexistent/x")
+    text = tmp_path / "text"
+    text.write_text("#!/bin/sh\necho hi\n")
+    with pytest.raises(UstackError, match=rf"^{text}: not an ELF file$"):
+        ElfImage.open(str(text))
+    full = open(bins["pie"], "rb").read()
+    for n in (20, 100, 3000):
+        t = tmp_path / f"trunc{n}"
+        t.write_bytes(full[:n])
+        with pytest.raises(UstackError, match=rf"^{t}: corrupt ELF: \S"):
+            ElfImage.open(str(t))
+    bad = bytearray(full)
+    bad[0x28:0x30] = (0xFFFFFFF).to_bytes(8, "little")  # e_shoff past EOF
+    b = tmp_path / "badshoff"
+    b.write_bytes(bytes(bad))
+    with pytest.raises(UstackError, match=rf"^{b}: corrupt ELF: .*\n?$"):
+        ElfImage.open(str(b))
+
+
+def test_corrupt_files_only_raise_ustack_errors(bins, tmp_path):
+    full = open(bins["so"], "rb").read()
+    shoff = int.from_bytes(full[0x28:0x30], "little")
+    rng = random.Random(1234)
+    outcomes = set()
+    for i in range(150):
+        data = bytearray(full)
+        for _ in range(rng.randint(1, 8)):
+            region = rng.choice([(0, 0x40), (0x40, 0x400), (shoff, len(full))])
+            data[rng.randrange(*region)] = rng.randrange(256)
+        if i % 5 == 0:
+            data = data[: rng.randrange(len(data))]
+        p = tmp_path / f"m{i}"
+        p.write_bytes(bytes(data))
+        try:
+            img = ElfImage.open(str(p))
+            img.lookup(0x1100), img.file_offset(0x1100), img.match("*a*")
+            outcomes.add("ok")
+        except UstackError as e:
+            assert str(e).startswith(str(p)) and "\n" not in str(e)
+            outcomes.add("error")
+    assert outcomes == {"ok", "error"}
+
+
+# --- Go --------------------------------------------------------------------
+
+GO_SRC = """package main
+
+import "os"
+
+type T struct{ n int }
+
+//go:noinline
+func (t *T) Method(x int) int { return t.n*x + len(os.Args) }
+
+func main() { os.Exit((&T{3}).Method(2) & 0) }
+"""
+
+
+@pytest.fixture(scope="module")
+def gobin(tmp_path_factory):
+    if shutil.which("go") is None:
+        pytest.skip("go is not installed")
+    d = tmp_path_factory.mktemp("go")
+    (d / "main.go").write_text(GO_SRC)
+    (d / "go.mod").write_text("module example.com/t\n\ngo 1.19\n")
+    subprocess.run(["go", "build", "-o", "prog", "."], cwd=d, check=True,
+                   capture_output=True, env={**os.environ, "CGO_ENABLED": "0"})
+    subprocess.run(["go", "build", "-ldflags=-s -w", "-o", "stripped", "."], cwd=d,
+                   check=True, capture_output=True, env={**os.environ, "CGO_ENABLED": "0"})
+    return str(d / "prog"), str(d / "stripped")
+
+
+def test_go_names(gobin):
+    prog, stripped = gobin
+    img = ElfImage.open(prog)
+    assert img.is_go and ElfImage.open(stripped).is_go
+    addr, size = readelf_symbol(prog, "main.(*T).Method")
+    assert img.match("main.(*T).Method") == [Symbol("main.(*T).Method", addr, size)]
+    assert img.lookup(addr + size - 1).name == "main.(*T).Method"
+    assert {"main.main", "main.(*T).Method"} <= {s.name for s in img.match("main.*")}
+    assert ElfImage.open(stripped).functions == []
+
+
+# --- Symbolizer ------------------------------------------------------------
+
+class FakeMaps:
+    def __init__(self, by_pid):
+        self.by_pid = by_pid
+
+    def find(self, pid, addr):
+        for m in self.by_pid.get(pid, ()):
+            if m.contains(addr):
+                return m
+        return None
+
+
+def text_mapping(path, base, page=0x1000):
+    """The executable mapping of `path` loaded at `base`, as in /proc/PID/maps."""
+    (off, vaddr, filesz, _m, _f) = [l for l in readelf_loads(path) if "E" in l[4]][0]
+    start = base + (vaddr & ~(page - 1))
+    end = (base + vaddr + filesz + page - 1) & ~(page - 1)
+    return Mapping(start, end, off & ~(page - 1), path)
+
+
+def test_symbolizer_pie_slid(bins):
+    path = bins["pie"]
+    m = text_mapping(path, PIE_BASE)
+    sym = Symbolizer(FakeMaps({7: [m]}))
+    leaf, leaf_size = readelf_symbol(path, "leaf")
+    tail, tail_size = readelf_symbol(path, "tailcaller")
+    other = nm_address(path, "other")
+    assert tail_size == 5 and other == tail + 5
+    ret = PIE_BASE + other  # return address of the call ending `tailcaller`
+    frames = sym.frames(7, [PIE_BASE + leaf + 2, ret, ret])
+    assert [(f.function, f.offset) for f in frames] == [
+        ("leaf", 2), ("tailcaller", 5), ("tailcaller", 5)]
+    f = frames[0]
+    assert (f.addr, f.module, f.path, f.size) == (PIE_BASE + leaf + 2, "pie", path, leaf_size)
+    # gcc ends `fatal` with `call abort`: its return address starts `main`
+    fatal, fatal_size = readelf_symbol(path, "fatal")
+    if nm_address(path, "main") == fatal + fatal_size:
+        f = sym.frames(7, [PIE_BASE + leaf, PIE_BASE + fatal + fatal_size])[1]
+        assert (f.function, f.offset) == ("fatal", fatal_size)
+    # the innermost frame is exact unless told otherwise
+    assert sym.frames(7, [ret])[0].function == "other"
+    assert sym.frames(7, [ret], leaf_is_exact=False)[0].function == "tailcaller"
+    # cached answers still give each address its own offset
+    assert sym.frames(7, [PIE_BASE + leaf + 1])[0].offset == 1
+
+
+def test_symbolizer_two_processes_and_nopie(bins):
+    pie, nopie = bins["pie"], bins["nopie"]
+    base2 = 0x7F0000000000
+    maps = FakeMaps({1: [text_mapping(pie, PIE_BASE)],
+                     2: [text_mapping(pie, base2), text_mapping(nopie, 0)]})
+    sym = Symbolizer(maps)
+    leaf = nm_address(pie, "leaf")
+    assert sym.frames(1, [PIE_BASE + leaf + 3])[0].offset == 3
+    f = sym.frames(2, [base2 + leaf + 4])[0]
+    assert (f.function, f.offset) == ("leaf", 4)
+    main = nm_address(nopie, "main")
+    f = sym.frames(2, [main])[0]
+    assert (f.function, f.offset, f.module) == ("main", 0, "nopie")
+
+
+def test_symbolizer_shared_library(bins):
+    so = bins["so"]
+    base = 0x7F1234560000
+    sym = Symbolizer(FakeMaps({3: [text_mapping(so, base)]}))
+    addr, size = readelf_symbol(so, "leaf")
+    f = sym.frames(3, [base + addr + size - 1])[0]
+    assert (f.function, f.offset, f.module, f.size) == ("leaf", size - 1, "lib.so", size)
+
+
+def test_symbolizer_unknowns(bins, tmp_path):
+    pie = bins["pie"]
+    gone = str(tmp_path / "deleted-binary")
+    maps = FakeMaps({5: [
+        Mapping(0x1000, 0x2000, 0, "[vdso]"),
+        Mapping(0x3000, 0x4000, 0, gone),
+        Mapping(0x5000, 0x6000, 0, "/not/elf", host_path=__file__),
+        text_mapping(pie, PIE_BASE),
+    ]})
+    sym = Symbolizer(maps)
+    frames = sym.frames(5, [0x1010, 0x3010, 0x5010, 0x9999])
+    assert [(f.module, f.function, f.path) for f in frames] == [
+        ("[vdso]", None, "[vdso]"), ("deleted-binary", None, gone),
+        ("elf", None, "/not/elf"), ("", None, "")]
+    assert frames[3].name == "0x9999"
+    # in the mapped code but in no function (the PLT has no symbols)
+    plt = readelf_section(pie, ".plt")[0]
+    f = sym.frames(5, [PIE_BASE + plt + 2])[0]
+    assert (f.function, f.module, f.offset) == (None, "pie", 0)
