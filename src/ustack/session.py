@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from .target.mappings import MappingTracker, PinnedView
 from .unwind.fp import frame_pointer_stack
 
 POLL_MS = 100
-SLICE_S = 0.01                     # decoding time between two buffer drains
+SLICE_S = 0.05                     # decoding time between two writes of output
+DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
 PIECE = 64 << 10                   # bytes of a chunk decoded in one step
 BACKLOG_LIMIT = 256 << 20          # bytes of undecoded records held in memory
 DEFAULT_PROFILE_HZ = 49
@@ -75,6 +77,63 @@ class _Stop:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+class _Drainer(threading.Thread):
+    """Empties the kernel ring buffers into a bounded in-memory backlog, on
+    its own thread: decoding on the main thread (an ELF parsed on first
+    use, a burst of new stacks) then cannot stall the draining long enough
+    for the kernel buffers to overflow. poll() releases the GIL, and Python
+    hands the GIL over every few ms, so this thread keeps up."""
+
+    def __init__(self, capture: PerfCapture):
+        super().__init__(name="ustack-drain", daemon=True)
+        self.capture = capture
+        self.queue: deque = deque()        # [batch, offsets]
+        self.bytes = 0
+        self.ready = threading.Event()
+        self._stop_flag = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self._stop_flag.is_set():
+            if self.bytes >= BACKLOG_LIMIT:
+                time.sleep(0.005)          # let the kernel count what is lost
+                continue
+            batch = self.capture.read_chunks(DRAIN_POLL_MS)
+            if batch:
+                with self._lock:
+                    self.bytes += sum(map(len, batch))
+                self.queue.append([batch, [0] * len(batch)])
+                self.ready.set()
+
+    def next_batch(self, timeout: float):
+        """The oldest batch (possibly partly decoded), or None after timeout."""
+        if not self.queue:
+            self.ready.clear()
+            if not self.queue:
+                self.ready.wait(timeout)
+        return self.queue[0] if self.queue else None
+
+    def done(self, entry) -> None:
+        self.queue.popleft()
+        with self._lock:
+            self.bytes -= sum(map(len, entry[0]))
+
+    def finish(self) -> None:
+        self._stop_flag.set()
+        self.join()
+
+    def rest(self):
+        """After finish(): the queued batches, then whatever the buffers hold."""
+        while self.queue:
+            batch, offsets = self.queue.popleft()
+            yield [c[o:] for c, o in zip(batch, offsets)]
+        while True:
+            batch = self.capture.read_chunks(0)
+            if not batch:
+                return
+            yield batch
 
 
 class Run:
@@ -154,44 +213,33 @@ class Run:
             self.events_seen += len(raws)
             return done
 
-        # Draining the kernel buffers comes first, decoding second: chunks
-        # wait in a bounded backlog and are decoded a piece at a time, so a
-        # burst does not overflow the kernel buffers while Python works.
-        backlog: deque = deque()          # [batch, offsets, bytes]
-        backlog_bytes = 0
         deadline = time.monotonic() + opts.duration if opts.duration else None
-        stopping = False
+        drainer = _Drainer(capture)
         with _Stop() as stop:
             capture.start()
+            drainer.start()
             while True:
-                if not stopping:
-                    if backlog_bytes < BACKLOG_LIMIT:
-                        batch = capture.read_chunks(0 if backlog else POLL_MS)
-                        if batch:
-                            size = sum(map(len, batch))
-                            backlog.append([batch, [0] * len(batch), size])
-                            backlog_bytes += size
-                    if (stop.requested or target.wait() or
-                            (deadline is not None and time.monotonic() >= deadline)):
-                        stopping = True
-                        capture.stop()
-                        while True:             # what is still in the buffers
-                            batch = capture.read_chunks(0)
-                            if not batch:
-                                break
-                            backlog.append([batch, [0] * len(batch), 0])
-                if not backlog:
-                    if stopping:
-                        break
-                    continue
-                slice_end = time.monotonic() + SLICE_S
-                while backlog and (stopping or time.monotonic() < slice_end):
-                    entry = backlog[0]
-                    if process(entry[0], entry[1]):
-                        backlog.popleft()
-                        backlog_bytes -= entry[2]
-                self.out.write("".join(self.pending))
-                self.pending.clear()
+                entry = drainer.next_batch(POLL_MS / 1000)
+                if entry is not None:
+                    slice_end = time.monotonic() + SLICE_S
+                    while not process(entry[0], entry[1]):
+                        if time.monotonic() > slice_end:
+                            break
+                    else:
+                        drainer.done(entry)
+                    self.out.write("".join(self.pending))
+                    self.pending.clear()
+                if (stop.requested or target.wait() or
+                        (deadline is not None and time.monotonic() >= deadline)):
+                    break
+            drainer.finish()
+            capture.stop()
+            for batch in drainer.rest():   # all that is still queued or in the buffers
+                offsets = [0] * len(batch)
+                while not process(batch, offsets):
+                    pass
+            self.out.write("".join(self.pending))
+            self.pending.clear()
         if opts.mode != "trace":
             self._report_counts(reader, symbolizer)
         self.out.flush()

@@ -161,27 +161,23 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
 
 
 def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> UprobeTarget:
-    where = f"{sym.name}+0x{vaddr - sym.address:x}" if sym else f"0x{vaddr:x}"
+    sym_off = vaddr - sym.address if sym else 0
+    if sym is None:
+        where = f"0x{vaddr:x}"
+    else:
+        where = f"{sym.name}+0x{sym_off:x}" if sym_off else sym.name
     off = image.file_offset(vaddr)
     if off is None or not image.executable(vaddr):
         raise UstackError(f"{where} is not in the code of {shown}")
     slot = None
     if sym is not None:
-        if vaddr >= sym.address + sym.size and vaddr != sym.address:
+        if sym_off and sym_off >= sym.size:
             raise UstackError(f"{where} is beyond the end of {sym.name} "
                               f"(size 0x{sym.size:x}) in {shown}")
         slot = _check_and_find_slot(image, sym, vaddr, where, shown)
-    if sym is None:
-        name = where
-    elif vaddr == sym.address:
-        name = sym.name
-    else:
-        name = f"{sym.name}+0x{vaddr - sym.address:x}"
     return UprobeTarget(spec=spec, path=host, file_offset=off, address=vaddr,
-                        symbol=sym.name if sym else None,
-                        symbol_offset=vaddr - sym.address if sym else 0,
-                        return_address_slot=slot,
-                        label=f"{spec.kind}:{shown}:{name}")
+                        symbol=sym.name if sym else None, symbol_offset=sym_off,
+                        return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}")
 
 
 # --- disassembly: instruction boundary and the return-address slot ----------

@@ -100,7 +100,7 @@ class ElfImage:
             containers = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"]
         for c in containers:
             for note in c.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                     return note["n_desc"]
         return None
 

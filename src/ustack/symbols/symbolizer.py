@@ -8,6 +8,9 @@ from ustack.model import Frame, Mapping, UstackError
 from ustack.symbols.elf import ElfImage
 
 
+_MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
+
+
 class Symbolizer:
     """`mappings` is anything with find(pid, addr) -> Mapping | None."""
 
@@ -49,6 +52,8 @@ class Symbolizer:
                 vaddr = image.vaddr_of_file_offset(file_off)
                 if vaddr is not None:
                     hit = (vaddr, image.lookup(vaddr))
+            if len(self._symbols) >= _MAX_CACHED:
+                self._symbols.clear()
             self._symbols[key] = hit
         return hit
 
