@@ -13,7 +13,7 @@ from ..model import Sample
 def frame_pointer_stack(sample: Sample,
                         is_code: Optional[Callable[[int], bool]] = None) -> tuple:
     """Return addresses of `sample`, innermost first."""
-    ips = sample.ips
+    ips = _until_garbage(sample.ips)
     slot = sample.return_address_slot
     stack = sample.stack
     if slot is None or not stack or len(stack) < 8 * (slot + 1) or not ips:
@@ -24,3 +24,13 @@ def frame_pointer_stack(sample: Sample,
     if is_code is not None and not is_code(ret):
         return ips                       # not a return address: leave as walked
     return ips[:1] + (ret,) + ips[1:]
+
+
+def _until_garbage(ips: tuple) -> tuple:
+    """Cut the walk at the first impossible return address: a frame pointer
+    chain through code that does not keep rbp ends in 0 or a small number
+    (never mapped: the first page is reserved)."""
+    for i, ip in enumerate(ips):
+        if ip < 0x1000:
+            return ips[:i]
+    return ips
