@@ -1,0 +1,682 @@
+"""DWARF call frame information compiled into a compact unwind table.
+
+An object's CFI (.eh_frame, .debug_frame, and the separate debug file's
+.debug_frame when the object has gaps) is interpreted once into rows that
+say, per address range, how to find the caller: CFA = rsp|rbp + off, return
+address at CFA + off, rbp unchanged / at CFA + off / lost. Only what an
+x86-64 unwinder needs is kept, as parallel arrays: lookup() is one bisect
+and the table is one file on disk, cached by build-id, because interpreting
+libc's CFI costs far more than reading the result back.
+
+The parser is our own, not pyelftools' CFI decoder: that one is several
+times slower (its entries are rich objects) and raises on
+DW_CFA_GNU_args_size, which every C++ object with exceptions contains.
+pyelftools still reads sections (and inflates SHF_COMPRESSED ones)."""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import struct
+import zlib
+from array import array
+from typing import Optional
+
+from elftools.elf.elffile import ELFFile
+
+from ..symbols.elf import ElfImage
+
+# Row kinds (low nibble of a row's kind byte).
+NONE = 0      # no CFI here: the unwinder falls back (frame pointer)
+CFA_SP = 1    # CFA = rsp + cfa_off
+CFA_BP = 2    # CFA = rbp + cfa_off
+CFA_PLT = 3   # lazy-binding PLT: CFA = rsp + cfa_off + (8 if (rip & 15) >= aux)
+UNKNOWN = 4   # CFI exists but uses rules we do not evaluate
+END = 5       # return address undefined: the outermost frame (_start, clone3)
+CFA_SP_DEREF = 6  # CFA = [rsp + cfa_off] + aux (OpenSSL's assembly)
+CFA_BP_DEREF = 7  # CFA = [rbp + cfa_off] + aux (gcc's realigned stack, DRAP)
+# rbp rule (high nibble).
+BP_SAME = 0   # rbp keeps its value in the caller
+BP_AT = 1     # caller's rbp saved at CFA + bp_off
+BP_LOST = 2   # undefined, or a rule we do not evaluate
+BP_AT_BP = 3  # caller's rbp saved at rbp + bp_off (DRAP: DW_OP_breg6 expression)
+
+DEBUG_ROOTS = ("/usr/lib/debug",)  # where separate debug files live, by build-id
+_RSP, _RBP = 7, 6                 # DWARF register numbers on x86-64
+_R_SAME, _R_OFF, _R_UNDEF, _R_OTHER, _R_AT_BP = 0, 1, 2, 3, 4  # rules while parsing
+_MAGIC = b"USTKCFI\x02"
+_ROW_BYTES = 8 + 1 + 4 * 4
+_HEADER = struct.Struct("<8sIII")  # magic, rows, len(signature), crc32
+_U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
+_S16, _S32, _S64 = struct.Struct("<h"), struct.Struct("<i"), struct.Struct("<q")
+# DWARF expression opcodes that CFA expressions seen in practice use.
+_OP_BREG6, _OP_BREG7, _OP_BREG16 = 0x76, 0x77, 0x80
+_OP_DEREF, _OP_PLUS_UCONST = 0x06, 0x23
+# The PLT's CFA expression (binutils): breg7 N; breg16 0; lit15; and; litK;
+# ge; lit3; shl; plus. N and K are read from the bytes.
+_PLT_MID = b"\x80\x00\x3f\x1a"              # breg16 0; lit15; and
+_PLT_END = b"\x2a\x33\x24\x22"              # ge; lit3; shl; plus
+
+
+class UnwindTable:
+    """Unwind rows of one ELF object, addressed by ELF virtual address."""
+
+    parse_count = 0          # objects whose CFI this process has interpreted
+    _memo: dict = {}         # (dev, ino, mtime) -> UnwindTable
+
+    __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "from_cache")
+
+    def __init__(self, path: str, starts: array, kinds: bytes, cfa: array,
+                 ra: array, bp: array, aux: array, from_cache: bool = False):
+        self.path = path
+        self.starts = starts      # array('Q'): row start addresses, sorted
+        self.kinds = kinds        # kind | bp_rule << 4, one byte per row
+        self.cfa = cfa            # array('i'): CFA offset
+        self.ra = ra              # array('i'): return address at CFA + ra
+        self.bp = bp              # array('i'): rbp's offset (see the BP_ rules)
+        self.aux = aux            # array('i'): PLT threshold, or added after a deref
+        self.from_cache = from_cache
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def lookup(self, vaddr: int) -> Optional[tuple]:
+        """(kind, cfa_off, ra_off, bp_rule, bp_off, aux) at vaddr, None without CFI."""
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        if i < 0:
+            return None
+        k = self.kinds[i]
+        if k & 15 == NONE:
+            return None
+        return (k & 15, self.cfa[i], self.ra[i], k >> 4, self.bp[i], self.aux[i])
+
+    # --- building and caching -----------------------------------------------
+
+    @classmethod
+    def for_path(cls, path: str, build_id: Optional[str] = None) -> "UnwindTable":
+        """The table of the ELF file at path, from memory, the disk cache, or
+        built (and cached). build_id saves reading the notes if known."""
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        table = cls._memo.get(key)
+        if table is not None:
+            return table
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            sections = list(elf.iter_sections())
+            if build_id is None:
+                build_id = ElfImage._build_id(elf, sections)
+            debug = _debug_file(build_id)
+            signature = _signature(sections, debug)
+            cache = _cache_file(path, st, build_id)
+            table = _load(cache, path, signature) if cache else None
+            if table is None:
+                cls.parse_count += 1
+                table = _build(path, sections, debug, build_id)
+                if cache:
+                    _store(cache, table, signature)
+        cls._memo[key] = table
+        return table
+
+    def to_bytes(self, signature: bytes = b"") -> bytes:
+        body = b"".join((signature, self.starts.tobytes(), self.kinds, self.cfa.tobytes(),
+                         self.ra.tobytes(), self.bp.tobytes(), self.aux.tobytes()))
+        return _HEADER.pack(_MAGIC, len(self.starts), len(signature),
+                            zlib.crc32(body)) + body
+
+    @classmethod
+    def from_bytes(cls, path: str, blob: bytes, signature: bytes = b""
+                   ) -> Optional["UnwindTable"]:
+        """None if blob is not a well-formed table for this debug state."""
+        if len(blob) < _HEADER.size:
+            return None
+        magic, n, siglen, crc = _HEADER.unpack_from(blob)
+        body = memoryview(blob)[_HEADER.size:]
+        if magic != _MAGIC or len(body) != siglen + _ROW_BYTES * n or zlib.crc32(body) != crc:
+            return None
+        if bytes(body[:siglen]) != signature:
+            return None   # built from other sections or another debug file
+        p = siglen
+        arrays = []
+        for code, width in (("Q", 8), ("B", 1), ("i", 4), ("i", 4), ("i", 4), ("i", 4)):
+            a = array(code)
+            a.frombytes(body[p:p + width * n])
+            arrays.append(a)
+            p += width * n
+        starts, kinds, cfa, ra, bp, aux = arrays
+        return cls(path, starts, bytes(kinds), cfa, ra, bp, aux, from_cache=True)
+
+
+# --- cache files ---------------------------------------------------------------
+
+def cache_dir() -> str:
+    root = os.environ.get("USTACK_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ustack")
+    return os.path.join(root, "cfi")
+
+
+def _cache_file(path: str, st: os.stat_result, build_id: Optional[str]) -> Optional[str]:
+    if build_id:
+        name = build_id
+    else:  # no build-id: the file's identity stands in for its content
+        ident = f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
+        name = "path-" + hashlib.sha1(ident.encode()).hexdigest()
+    return os.path.join(cache_dir(), name + ".v1")
+
+
+def _load(cache: str, path: str, signature: bytes) -> Optional[UnwindTable]:
+    try:
+        with open(cache, "rb") as f:
+            blob = f.read()
+    except OSError:
+        return None
+    return UnwindTable.from_bytes(path, blob, signature)  # corrupt: None, rebuilt
+
+
+def _store(cache: str, table: UnwindTable, signature: bytes) -> None:
+    tmp = f"{cache}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(table.to_bytes(signature))
+        os.replace(tmp, cache)  # atomic: readers see the old file or the new
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass  # caching is an optimization: an unwritable cache is not an error
+
+
+def _debug_file(build_id: Optional[str]) -> Optional[str]:
+    if not build_id or len(build_id) < 3:
+        return None
+    for root in DEBUG_ROOTS:
+        p = f"{root}/.build-id/{build_id[:2]}/{build_id[2:]}.debug"
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def _signature(sections, debug: Optional[str]) -> bytes:
+    """What the table depends on besides the build-id: a stripped copy and
+    the original share a build-id but not their .debug_frame, and a debug
+    file may be installed later."""
+    parts = [f"{s.name}:{s['sh_size']}" for s in sections
+             if s.name in (".eh_frame", ".debug_frame") and s["sh_type"] != "SHT_NOBITS"]
+    if debug is not None:
+        st = os.stat(debug)
+        parts.append(f"{debug}:{st.st_size}:{st.st_mtime_ns}")
+    return ";".join(parts).encode()
+
+
+# --- building ------------------------------------------------------------------
+
+def _cfi_sections(sections) -> list:
+    """(data, vaddr, is_eh) of the CFI sections that have content,
+    .eh_frame first: it is what the compiler meant for unwinding."""
+    out = []
+    for s in sections:
+        if s.name in (".eh_frame", ".debug_frame") and s["sh_type"] != "SHT_NOBITS":
+            data = s.data()
+            if data:
+                out.append((data, s["sh_addr"], s.name == ".eh_frame"))
+    return sorted(out, key=lambda sec: not sec[2])
+
+
+def _build(path: str, sections, debug: Optional[str], build_id) -> UnwindTable:
+    fdes: list = []
+    for data, vaddr, eh in _cfi_sections(sections):
+        more: list = []
+        _parse(data, vaddr, eh, more)
+        fdes = _fill_gaps(fdes, more)
+    if debug is not None:
+        fdes = _fill_gaps(fdes, _debug_fdes(debug, build_id))
+    return _flatten(path, fdes)
+
+
+def _debug_fdes(debug: str, build_id: str) -> list:
+    """The FDEs of the separate debug file, if it belongs to this build."""
+    out: list = []
+    try:
+        with open(debug, "rb") as f:
+            elf = ELFFile(f)
+            sections = list(elf.iter_sections())
+            if ElfImage._build_id(elf, sections) != build_id:
+                return []              # a stale debug file for another build
+            for data, vaddr, eh in _cfi_sections(sections):
+                _parse(data, vaddr, eh, out)
+    except Exception:  # pyelftools raises many types; a bad debug file is no CFI
+        return []
+    return out
+
+
+def _fill_gaps(fdes: list, extra: list) -> list:
+    """fdes plus those of extra that overlap none of them."""
+    if not fdes or not extra:
+        return fdes + extra
+    fdes.sort(key=lambda f: f[0])
+    starts = [f[0] for f in fdes]
+    keep = []
+    for fde in extra:
+        s, e = fde[0], fde[1]
+        i = bisect.bisect_right(starts, s) - 1
+        if (i >= 0 and fdes[i][1] > s) or (i + 1 < len(fdes) and fdes[i + 1][0] < e):
+            continue
+        keep.append(fde)
+    return fdes + keep
+
+
+def _flatten(path: str, fdes: list) -> UnwindTable:
+    """FDE row lists -> one sorted, gap-marked, deduplicated table."""
+    fdes.sort(key=lambda f: f[0])
+    starts, kinds = array("Q"), bytearray()
+    cfa, ra, bp, aux = array("i"), array("i"), array("i"), array("i")
+    last = None
+    none = (NONE, 0, 0, 0, 0)
+
+    def emit(addr, row):
+        nonlocal last
+        if row == last:
+            return
+        if starts and starts[-1] == addr:   # an empty range: replace it
+            kinds[-1], cfa[-1], ra[-1], bp[-1], aux[-1] = row
+        else:
+            starts.append(addr)
+            kinds.append(row[0])
+            cfa.append(row[1])
+            ra.append(row[2])
+            bp.append(row[3])
+            aux.append(row[4])
+        last = row
+
+    for i, (lo, hi, rows) in enumerate(fdes):
+        nxt = fdes[i + 1][0] if i + 1 < len(fdes) else None
+        if nxt is not None and nxt < hi:
+            hi = nxt                          # overlapping FDEs: the later wins
+        for addr, row in rows:
+            if addr >= hi:
+                break
+            emit(addr, row)
+        if nxt is None or nxt > hi:
+            emit(hi, none)
+    return UnwindTable(path, starts, bytes(kinds), cfa, ra, bp, aux)
+
+
+# --- the CFI parser --------------------------------------------------------------
+
+class _Cie:
+    __slots__ = ("code_align", "data_align", "ra_reg", "fde_enc", "has_z",
+                 "addr_size", "init", "ok", "base")
+
+
+def _uleb(data: bytes, i: int):
+    result = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        result |= (b & 0x7f) << shift
+        if b < 0x80:
+            return result, i
+        shift += 7
+
+
+def _sleb(data: bytes, i: int):
+    result = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        result |= (b & 0x7f) << shift
+        shift += 7
+        if b < 0x80:
+            if b & 0x40:
+                result -= 1 << shift
+            return result, i
+
+
+def _pointer(data: bytes, i: int, enc: int, base: int):
+    """An encoded pointer (DW_EH_PE_*) at data[i]; base = vaddr of data[0]."""
+    fmt = enc & 0x0f
+    if fmt == 0x00 or fmt == 0x04:
+        v, j = _U64.unpack_from(data, i)[0], i + 8
+    elif fmt == 0x0b:
+        v, j = _S32.unpack_from(data, i)[0], i + 4
+    elif fmt == 0x03:
+        v, j = _U32.unpack_from(data, i)[0], i + 4
+    elif fmt == 0x0c:
+        v, j = _S64.unpack_from(data, i)[0], i + 8
+    elif fmt == 0x02:
+        v, j = _U16.unpack_from(data, i)[0], i + 2
+    elif fmt == 0x0a:
+        v, j = _S16.unpack_from(data, i)[0], i + 2
+    elif fmt == 0x01:
+        v, j = _uleb(data, i)
+    elif fmt == 0x09:
+        v, j = _sleb(data, i)
+    else:
+        raise ValueError(f"pointer encoding {enc:#x}")
+    if enc & 0x70 == 0x10:          # pcrel: relative to the field itself
+        v += base + i
+    return v & 0xffffffffffffffff, j
+
+
+def _parse(data: bytes, base: int, eh: bool, out: list) -> None:
+    """Append (start, end, [(addr, row), ...]) for each FDE of one section.
+    A malformed entry ends the section (what came before is kept)."""
+    cies: dict = {}
+    n = len(data)
+    pos = 0
+    try:
+        while pos + 4 <= n:
+            hdr = pos
+            length = _U32.unpack_from(data, pos)[0]
+            pos += 4
+            if length == 0:             # .eh_frame terminator / padding
+                continue
+            wide = length == 0xffffffff
+            if wide:
+                length = _U64.unpack_from(data, pos)[0]
+                pos += 8
+            end = pos + length
+            if end > n:
+                return
+            id_pos = pos
+            if wide:
+                cie_id, pos = _U64.unpack_from(data, pos)[0], pos + 8
+            else:
+                cie_id, pos = _U32.unpack_from(data, pos)[0], pos + 4
+            if eh:
+                is_cie = cie_id == 0
+            else:
+                is_cie = cie_id == (0xffffffffffffffff if wide else 0xffffffff)
+            if is_cie:
+                if hdr not in cies:
+                    cies[hdr] = _parse_cie(data, pos, end, eh, base)
+            else:
+                cie_at = id_pos - cie_id if eh else cie_id
+                cie = cies.get(cie_at)
+                if cie is None:
+                    cie = cies[cie_at] = _parse_cie_at(data, cie_at, eh, base)
+                if cie is not None and cie.ok:
+                    fde = _parse_fde(data, pos, end, cie, base)
+                    if fde is not None:
+                        out.append(fde)
+            pos = end
+    except (IndexError, struct.error, ValueError):
+        return
+
+
+def _parse_cie_at(data: bytes, hdr: int, eh: bool, base: int) -> Optional[_Cie]:
+    """A CIE that an FDE names before the parser reached it (.debug_frame)."""
+    if hdr < 0 or hdr + 4 > len(data):
+        return None
+    length = _U32.unpack_from(data, hdr)[0]
+    pos = hdr + 4
+    if length == 0xffffffff:
+        length = _U64.unpack_from(data, pos)[0]
+        pos += 8
+        return _parse_cie(data, pos + 8, pos + length, eh, base)
+    return _parse_cie(data, pos + 4, pos + length, eh, base)
+
+
+def _parse_cie(data: bytes, pos: int, end: int, eh: bool, base: int) -> _Cie:
+    cie = _Cie()
+    cie.ok = False
+    cie.base = base
+    version = data[pos]
+    pos += 1
+    z = data.index(b"\0", pos)
+    aug = data[pos:z].decode("latin-1")
+    pos = z + 1
+    cie.addr_size = 8
+    if version >= 4:
+        cie.addr_size = data[pos]
+        pos += 2                       # address_size, segment_selector_size
+    cie.code_align, pos = _uleb(data, pos)
+    cie.data_align, pos = _sleb(data, pos)
+    if version == 1:
+        cie.ra_reg, pos = data[pos], pos + 1
+    else:
+        cie.ra_reg, pos = _uleb(data, pos)
+    cie.fde_enc = 0x00
+    cie.has_z = aug.startswith("z")
+    if cie.has_z:
+        alen, pos = _uleb(data, pos)
+        p, aend = pos, pos + alen
+        for ch in aug[1:]:
+            if ch == "R":
+                cie.fde_enc, p = data[p], p + 1
+            elif ch == "P":
+                enc = data[p]
+                _, p = _pointer(data, p + 1, enc & 0x7f, base)
+            elif ch == "L":
+                p += 1
+            elif ch in "SBG":
+                pass                   # signal frame, AArch64 keys, MTE: no data
+            else:
+                break                  # unknown: the length still lets us skip
+        pos = aend
+    elif aug:
+        return cie                     # unknown augmentation without 'z': unusable
+    init = (_RSP, 8, None, _R_SAME, 0, _R_SAME, 0)
+    cie.init = init
+    cie.init = _run(data, pos, end, init, cie, 0, None)[0]
+    cie.ok = True
+    return cie
+
+
+def _parse_fde(data: bytes, pos: int, end: int, cie: _Cie, base: int):
+    if cie.has_z or cie.fde_enc:
+        start, pos = _pointer(data, pos, cie.fde_enc, base)
+        size, pos = _pointer(data, pos, cie.fde_enc & 0x0f, base)
+    else:                              # .debug_frame: plain target addresses
+        if cie.addr_size == 4:
+            start, size = _U32.unpack_from(data, pos)[0], _U32.unpack_from(data, pos + 4)[0]
+        else:
+            start, size = _U64.unpack_from(data, pos)[0], _U64.unpack_from(data, pos + 8)[0]
+        pos += 2 * cie.addr_size
+    if cie.has_z:
+        alen, pos = _uleb(data, pos)
+        pos += alen
+    if size == 0 or start == 0:        # empty, or code the linker discarded
+        return None
+    rows: list = []
+    _run(data, pos, end, cie.init, cie, start, rows)
+    return (start, start + size, rows)
+
+
+def _row(state) -> tuple:
+    """A parser state -> (kind byte, cfa_off, ra_off, bp_off, aux) for the table."""
+    cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o = state
+    if ra_k == _R_UNDEF:
+        return (END, 0, 0, 0, 0)
+    if ra_k != _R_OFF:
+        return (UNKNOWN, 0, 0, 0, 0)
+    aux = 0
+    if expr is not None:
+        rule = _cfa_expression(expr)
+        if rule is None:
+            return (UNKNOWN, 0, 0, 0, 0)
+        kind, cfa_off, aux = rule
+    elif cfa_reg == _RSP:
+        kind = CFA_SP
+    elif cfa_reg == _RBP:
+        kind = CFA_BP
+    else:
+        return (UNKNOWN, 0, 0, 0, 0)
+    if bp_k == _R_SAME:
+        return (kind | BP_SAME << 4, cfa_off, ra_o, 0, aux)
+    if bp_k == _R_OFF:
+        return (kind | BP_AT << 4, cfa_off, ra_o, bp_o, aux)
+    if bp_k == _R_AT_BP:
+        return (kind | BP_AT_BP << 4, cfa_off, ra_o, bp_o, aux)
+    return (kind | BP_LOST << 4, cfa_off, ra_o, 0, aux)
+
+
+def _cfa_expression(expr: bytes) -> Optional[tuple]:
+    """(kind, cfa_off, aux) for the CFA expressions compilers emit:
+    the PLT's, and `bregN off; deref [; plus_uconst k]`. None otherwise."""
+    if len(expr) < 3 or expr[0] not in (_OP_BREG6, _OP_BREG7):
+        return None
+    off, i = _sleb(expr, 1)
+    rest = expr[i:]
+    if expr[0] == _OP_BREG7 and len(rest) == 9 and rest[:4] == _PLT_MID \
+            and 0x30 <= rest[4] <= 0x4f and rest[5:] == _PLT_END:
+        return CFA_PLT, off, rest[4] - 0x30
+    if rest[:1] != bytes((_OP_DEREF,)):
+        return None
+    kind = CFA_SP_DEREF if expr[0] == _OP_BREG7 else CFA_BP_DEREF
+    if len(rest) == 1:
+        return kind, off, 0
+    if rest[1] == _OP_PLUS_UCONST:
+        add, j = _uleb(rest, 2)
+        if j == len(rest):
+            return kind, off, add
+    return None
+
+
+def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
+         rows: Optional[list]):
+    """Interpret CFA instructions from state; append (addr, row) to rows at
+    each location change. Returns (final state, loc). Only the CFA, the
+    return address and rbp are tracked; other registers' rules are skipped."""
+    cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o = state
+    init = cie.init
+    ra_reg = cie.ra_reg
+    caf, daf = cie.code_align, cie.data_align
+    stack: list = []
+    last_row = None
+
+    while i < end:
+        op = data[i]
+        i += 1
+        hi = op & 0xc0
+        adv = 0
+        if hi == 0x40:                                   # advance_loc
+            adv = (op & 0x3f) * caf
+        elif hi == 0x80:                                 # offset
+            reg = op & 0x3f
+            v, i = _uleb(data, i)
+            if reg == ra_reg:
+                ra_k, ra_o = _R_OFF, v * daf
+            elif reg == _RBP:
+                bp_k, bp_o = _R_OFF, v * daf
+            continue
+        elif hi == 0xc0:                                 # restore
+            reg = op & 0x3f
+            if reg == ra_reg:
+                ra_k, ra_o = init[3], init[4]
+            elif reg == _RBP:
+                bp_k, bp_o = init[5], init[6]
+            continue
+        elif op == 0x0e:                                 # def_cfa_offset
+            cfa_off, i = _uleb(data, i)
+            expr = None if cfa_reg is not None else expr
+            continue
+        elif op == 0x00:                                 # nop
+            continue
+        elif op == 0x0a:                                 # remember_state
+            stack.append((cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o))
+            continue
+        elif op == 0x0b:                                 # restore_state
+            if stack:
+                cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o = stack.pop()
+            continue
+        elif op == 0x02:                                 # advance_loc1
+            adv = data[i] * caf
+            i += 1
+        elif op == 0x03:                                 # advance_loc2
+            adv = _U16.unpack_from(data, i)[0] * caf
+            i += 2
+        elif op == 0x04:                                 # advance_loc4
+            adv = _U32.unpack_from(data, i)[0] * caf
+            i += 4
+        elif op == 0x0c:                                 # def_cfa
+            cfa_reg, i = _uleb(data, i)
+            cfa_off, i = _uleb(data, i)
+            expr = None
+            continue
+        elif op == 0x0d:                                 # def_cfa_register
+            cfa_reg, i = _uleb(data, i)
+            expr = None
+            continue
+        elif op == 0x12 or op == 0x13:                   # def_cfa_sf / def_cfa_offset_sf
+            if op == 0x12:
+                cfa_reg, i = _uleb(data, i)
+            v, i = _sleb(data, i)
+            cfa_off, expr = v * daf, None
+            continue
+        elif op == 0x0f:                                 # def_cfa_expression
+            n, i = _uleb(data, i)
+            expr, cfa_reg = bytes(data[i:i + n]), None
+            i += n
+            continue
+        elif op in (0x05, 0x11, 0x14, 0x15, 0x2f):       # offset_extended(_sf),
+            # val_offset(_sf), GNU_negative_offset_extended
+            reg, i = _uleb(data, i)
+            if op in (0x05, 0x14, 0x2f):
+                v, i = _uleb(data, i)
+            else:
+                v, i = _sleb(data, i)
+            v = -v * daf if op == 0x2f else v * daf
+            k = _R_OFF if op in (0x05, 0x11, 0x2f) else _R_OTHER
+            if reg == ra_reg:
+                ra_k, ra_o = k, v
+            elif reg == _RBP:
+                bp_k, bp_o = k, v
+            continue
+        elif op in (0x06, 0x07, 0x08):                   # restore_extended, undefined, same_value
+            reg, i = _uleb(data, i)
+            if op == 0x06:
+                k, v = (init[3], init[4]) if reg == ra_reg else (init[5], init[6])
+            else:
+                k, v = (_R_UNDEF if op == 0x07 else _R_SAME), 0
+            if reg == ra_reg:
+                ra_k, ra_o = k, v
+            elif reg == _RBP:
+                bp_k, bp_o = k, v
+            continue
+        elif op == 0x09:                                 # register
+            reg, i = _uleb(data, i)
+            _, i = _uleb(data, i)
+            if reg == ra_reg:
+                ra_k = _R_OTHER
+            elif reg == _RBP:
+                bp_k = _R_OTHER
+            continue
+        elif op == 0x10 or op == 0x16:                   # expression, val_expression
+            reg, i = _uleb(data, i)
+            n, i = _uleb(data, i)
+            if reg == ra_reg:
+                ra_k = _R_OTHER
+            elif reg == _RBP:
+                bp_k = _R_OTHER
+                # DRAP: rbp saved at rbp + k (DW_OP_breg6 k), the one form kept
+                if op == 0x10 and n >= 2 and data[i] == _OP_BREG6:
+                    k, j = _sleb(data, i + 1)
+                    if j == i + n:
+                        bp_k, bp_o = _R_AT_BP, k
+            i += n
+            continue
+        elif op == 0x2e:                                 # GNU_args_size: not needed
+            _, i = _uleb(data, i)
+            continue
+        elif op == 0x2d:                                 # GNU_window_save (SPARC)
+            continue
+        elif op == 0x01:                                 # set_loc
+            new, i = _pointer(data, i, cie.fde_enc, cie.base)
+            adv = new - loc
+        else:
+            break                                        # unknown opcode: stop here
+        # A location change: the state so far covers [row start, loc + adv).
+        if rows is not None and adv:
+            row = _row((cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o))
+            if row != last_row:
+                rows.append((loc, row))
+                last_row = row
+        loc += adv
+    state = (cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o)
+    if rows is not None:
+        row = _row(state)
+        if row != last_row:
+            rows.append((loc, row))
+    return state, loc

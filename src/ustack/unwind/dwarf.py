@@ -1,0 +1,352 @@
+"""DWARF unwinding of a copied user stack (perf's --call-graph dwarf): from
+the sampled registers and the bytes above sp, step from frame to caller with
+the CFI rules of cfi.py, falling back to the frame pointer where an object
+has no CFI, and crossing signal frames.
+
+Speed is the point of the shape of unwind(): every (mapping, pc) is resolved
+once into a small tuple and kept, so a frame costs a dict lookup and one or
+two struct reads; mapping lookups are skipped while frames stay inside the
+mapping of the previous frame."""
+from __future__ import annotations
+
+import os
+import struct
+from typing import Callable, Optional
+
+from ..model import Mapping, UstackError
+from ..symbols.elf import ElfImage
+from . import cfi
+from .cfi import UnwindTable
+
+MAX_FRAMES = 128
+# Rule kinds of the per-pc cache, a tuple (kind, cfa_off, ra_off, bp_rule,
+# bp_off, aux, note): CFA = rsp|rbp + cfa_off, or [rsp|rbp + cfa_off] + aux
+# for the _DEREF kinds; the return address at CFA + ra_off; rbp per
+# cfi.BP_*; note is what to tell the user, or None.
+_SP, _BP, _SP_DEREF, _BP_DEREF, _END, _SIGNAL, _STOP = range(1, 8)
+_FP_RULE = (16, -8, cfi.BP_AT, -16, 0)   # CFA = rbp + 16, ra [rbp + 8], rbp [rbp]
+# glibc's __restore_rt: mov $15,%rax (rt_sigreturn); syscall.
+RESTORE_RT = bytes.fromhex("48c7c00f0000000f05")
+# The rt_sigframe's ucontext_t sits at sp once the handler has returned into
+# __restore_rt; uc_mcontext.gregs starts 40 bytes in, in the order R8..R15,
+# RDI, RSI, RBP, RBX, RDX, RAX, RCX, RSP, RIP.
+_GREGS = 40
+_UC_RBP, _UC_RSP, _UC_RIP = _GREGS + 8 * 10, _GREGS + 8 * 15, _GREGS + 8 * 16
+_TRUNC_LIMIT = 64 << 20  # reads further above the copy are garbage, not a short copy
+_MAX_PCS = 1 << 17       # cached pcs per mapping before the cache is dropped
+_MAX_MAPPINGS = 1 << 12
+_Q = struct.Struct("<Q")
+_PROLOGUE_SCAN = 256     # bytes of a function disassembled to place a leaf pc
+
+
+def truncation_note(size: int) -> str:
+    return (f"stack copy too small ({size} bytes): the stack was cut short; "
+            "raise --stack-size")
+
+
+class _MapState:
+    """What unwinding needs about one mapping, and its per-pc rule cache."""
+    __slots__ = ("mapping", "start", "end", "module", "image", "table",
+                 "why", "exact", "ret")
+
+    def __init__(self, m: Mapping):
+        self.mapping = m
+        self.start, self.end = m.start, m.end
+        self.module = os.path.basename(m.path) if m.path.startswith("/") else (m.path or "[anon]")
+        self.image: Optional[ElfImage] = None
+        self.table: Optional[UnwindTable] = None
+        self.why = "no CFI"             # why frames here use the frame pointer
+        self.exact: dict = {}           # pc -> rule, pc exact (leaf, interrupted)
+        self.ret: dict = {}             # pc -> rule, pc a return address
+
+
+class DwarfUnwinder:
+    """Unwinds copied user stacks; holds the caches, so keep one per run."""
+
+    def __init__(self, max_frames: int = MAX_FRAMES):
+        self.max_frames = max_frames
+        self._states: dict = {}         # id(Mapping) -> _MapState (holds the Mapping)
+
+    def unwind(self, regs: dict, stack: bytes,
+               find_mapping: Callable[[int], Optional[Mapping]]) -> tuple:
+        """(addresses innermost first, notes). addrs[0] is regs['ip'];
+        the others are return addresses, except a pc interrupted by a
+        signal, which is exact."""
+        ip = regs["ip"]
+        sp = sp0 = regs["sp"]
+        bp = regs.get("bp")
+        top = len(stack) - 8
+        addrs = [ip]
+        notes: list = []
+        states = self._states
+        unpack = _Q.unpack_from
+        st = None
+        lo = hi = 0
+        exact = True
+        for _ in range(self.max_frames - 1):
+            q = ip if exact else ip - 1          # return addresses point past the call
+            if not lo <= q < hi:
+                m = find_mapping(q)
+                if m is None:
+                    st, lo, hi = None, 0, 0
+                else:
+                    st = states.get(id(m))
+                    if st is None or st.mapping is not m:
+                        st = self._state(m)
+                    lo, hi = st.start, st.end
+            if st is None:
+                rule = _NO_MAPPING_LEAF if exact else _NO_MAPPING
+            else:
+                rule = (st.exact if exact else st.ret).get(ip)
+                if rule is None:
+                    rule = self._rule(st, ip, exact)
+            kind, cfa_off, ra_off, bp_rule, bp_off, aux, note = rule
+            if note is not None and note not in notes:
+                notes.append(note)
+            if kind == _SP:
+                cfa = sp + cfa_off
+            elif kind == _BP:
+                if bp is None:
+                    break
+                cfa = bp + cfa_off
+            elif kind == _SP_DEREF or kind == _BP_DEREF:
+                base = sp if kind == _SP_DEREF else bp
+                if base is None:
+                    break
+                o = base + cfa_off - sp0
+                if o < 0 or o > top:
+                    _short(notes, len(stack), o, top)
+                    break
+                cfa = unpack(stack, o)[0] + aux
+            elif kind == _SIGNAL:
+                o = sp - sp0
+                if o < 0 or o + _UC_RIP > top:
+                    _short(notes, len(stack), o + _UC_RIP, top)
+                    break
+                bp = unpack(stack, o + _UC_RBP)[0]
+                sp = unpack(stack, o + _UC_RSP)[0]
+                ip = unpack(stack, o + _UC_RIP)[0]
+                if ip < 0x1000:
+                    break
+                addrs.append(ip)
+                exact = True                      # the interrupted pc itself
+                continue
+            else:                                 # _END: the outermost frame; _STOP
+                break
+            o = cfa + ra_off - sp0
+            if o < 0 or o > top:
+                _short(notes, len(stack), o, top)
+                break
+            ra = unpack(stack, o)[0]
+            if bp_rule:
+                if bp_rule == cfi.BP_AT:
+                    o = cfa + bp_off - sp0
+                    bp = unpack(stack, o)[0] if 0 <= o <= top else None
+                elif bp_rule == cfi.BP_AT_BP and bp is not None:
+                    o = bp + bp_off - sp0
+                    bp = unpack(stack, o)[0] if 0 <= o <= top else None
+                else:
+                    bp = None
+            if ra < 0x1000 or cfa <= sp:          # end of chain, or no progress
+                break
+            sp = cfa
+            ip = ra
+            exact = False
+            addrs.append(ra)
+        return tuple(addrs), tuple(notes)
+
+    # --- resolving a pc (cache misses) -------------------------------------------
+
+    def _state(self, m: Mapping) -> _MapState:
+        if len(self._states) >= _MAX_MAPPINGS:
+            self._states.clear()
+        st = _MapState(m)
+        path = _vdso_file() if m.path == "[vdso]" else m.open_path
+        if path and path.startswith("/"):
+            try:
+                st.image = ElfImage.open(path)
+            except UstackError as e:
+                st.why = f"cannot read it ({e})"
+            else:
+                try:
+                    st.table = UnwindTable.for_path(path, st.image.build_id)
+                except Exception:  # pyelftools raises many types on damaged files
+                    st.why = "unreadable CFI"
+        self._states[id(m)] = st
+        return st
+
+    def _rule(self, st: _MapState, pc: int, exact: bool) -> tuple:
+        cache = st.exact if exact else st.ret
+        if len(cache) >= _MAX_PCS:
+            cache.clear()
+        try:
+            rule = self._compute(st, pc, exact)
+        except UstackError:                       # the file went away meanwhile
+            rule = (_BP,) + _FP_RULE + (f"frame pointer used for {st.module}: unreadable",)
+        cache[pc] = rule
+        return rule
+
+    def _compute(self, st: _MapState, pc: int, exact: bool) -> tuple:
+        m = st.mapping
+        image = st.image
+        q = pc if exact else pc - 1
+        vaddr = image.vaddr_of_file_offset(q - m.start + m.pgoff) if image else None
+        row = st.table.lookup(vaddr) if st.table is not None and vaddr is not None else None
+        if row is not None:
+            kind, cfa_off, ra_off, bp_rule, bp_off, aux = row
+            if kind in _DIRECT:
+                return (_DIRECT[kind], cfa_off, ra_off, bp_rule, bp_off, aux, None)
+            if kind == cfi.END:
+                return (_END, 0, 0, 0, 0, 0, None)
+            if kind == cfi.CFA_PLT:               # depends on pc: resolved here
+                extra = 8 if (pc & 15) >= aux else 0
+                return (_SP, cfa_off + extra, ra_off, bp_rule, bp_off, 0, None)
+        # No usable CFI: a signal trampoline, or the frame pointer.
+        if image is not None and vaddr is not None:
+            here = vaddr if exact else vaddr + 1
+            if image.read(here, len(RESTORE_RT)) == RESTORE_RT:
+                return (_SIGNAL, 0, 0, 0, 0, 0, None)
+        why = "unsupported CFI" if row is not None else st.why
+        note = f"frame pointer used for {st.module}: {why}"
+        if exact and image is not None and vaddr is not None:
+            leaf = _leaf_rule(image, vaddr)
+            if leaf is not None:
+                return leaf + (note,)
+        return (_BP,) + _FP_RULE + (note,)
+
+
+_DIRECT = {cfi.CFA_SP: _SP, cfi.CFA_BP: _BP, cfi.CFA_SP_DEREF: _SP_DEREF,
+           cfi.CFA_BP_DEREF: _BP_DEREF}
+# A pc outside every known mapping: a leaf (JIT code, say) may still have a
+# frame pointer; a return address there means the walk already went wrong.
+_NO_MAPPING_LEAF = (_BP,) + _FP_RULE + ("frame pointer used for [unknown]: no mapping",)
+_NO_MAPPING = (_STOP, 0, 0, 0, 0, 0, None)
+
+
+def _short(notes: list, size: int, offset: int, top: int) -> None:
+    """A read at stack offset `offset` failed: above the copy (but not wildly)
+    means the copy was too small; anything else is a garbage pointer."""
+    if top < offset < _TRUNC_LIMIT or (top < 0 and offset >= 0):
+        note = truncation_note(size)
+        if note not in notes:
+            notes.append(note)
+
+
+def _leaf_rule(image: ElfImage, vaddr: int) -> Optional[tuple]:
+    """Where the return address of a leaf without CFI is, from the code
+    between its function's start and pc: before the frame pointer is set up
+    (`mov %rsp,%rbp`, Go's `lea N(%rsp),%rbp`) rbp is still the caller's, so
+    follow the pushes and `sub $N,%rsp` instead. None: use rbp."""
+    code = image.read(vaddr, 3)
+    if code[:1] in (b"\xc3", b"\xc2") or code[:2] == b"\xf3\xc3":
+        return (_SP, 8, -8, cfi.BP_SAME, 0, 0)      # at a ret: [sp] is the return address
+    start = _function_start(image, vaddr)
+    if start is None:
+        return None
+    code = image.read(start, vaddr - start)
+    depth = 0                                    # bytes below the return address
+    bp_off = None                                # where the caller's rbp was saved
+    at = start
+    for at, size, mnem, ops in _disasm(code, start):
+        if mnem == "push":
+            if ops == "rbp" and bp_off is None:
+                bp_off = -16 - depth
+            depth += 8
+        elif mnem == "pop":
+            depth -= 8
+            if ops == "rbp":
+                bp_off = None
+        elif (mnem == "sub" or mnem == "add") and ops.startswith("rsp, "):
+            try:
+                n = int(ops[5:], 0)
+            except ValueError:
+                return None
+            depth += n if mnem == "sub" else -n
+        elif ((mnem == "mov" and ops == "rbp, rsp")
+              or (mnem == "lea" and ops.startswith("rbp, [rsp"))):
+            return None                          # frame pointer set up: rbp is right
+        elif mnem == "mov" and ops.startswith("qword ptr [rsp") and ops.endswith("], rbp"):
+            if bp_off is None:
+                inner = ops[len("qword ptr [rsp"):-len("], rbp")].replace(" ", "")
+                try:
+                    bp_off = (int(inner, 0) if inner else 0) - 8 - depth
+                except ValueError:
+                    return None
+        elif mnem in _ENDS_LINEAR or (ops.startswith("rsp") and mnem not in ("cmp", "test")):
+            return None                          # past an exit, or rsp changed oddly
+        at += size
+    if at != vaddr or depth < 0:
+        return None                              # pc is not on an instruction boundary
+    if bp_off is None:
+        return (_SP, depth + 8, -8, cfi.BP_SAME, 0, 0)
+    return (_SP, depth + 8, -8, cfi.BP_AT, bp_off, 0)
+
+
+_ENDS_LINEAR = frozenset(("ret", "leave", "jmp", "enter", "iretq", "ud2", "int3", "hlt"))
+# Go's stack-bound check opens every function that can grow its stack:
+# cmp 0x10(%r14),%rsp (small frames) or cmp 0x10(%r14),%r12 after a lea.
+_GO_CHECK = (b"\x49\x3b\x66\x10", b"\x4d\x3b\x66\x10")
+
+
+def _function_start(image: ElfImage, vaddr: int) -> Optional[int]:
+    sym = image.lookup(vaddr)
+    if sym is not None and sym.address <= vaddr < sym.address + max(sym.size, 1):
+        return sym.address if vaddr - sym.address <= _PROLOGUE_SCAN else None
+    if image.is_go:                              # stripped Go: find the stack check
+        lo = max(vaddr - 24, 0)
+        before = image.read(lo, vaddr - lo + 4)
+        for pat, back in ((_GO_CHECK[0], 0), (_GO_CHECK[1], 8)):
+            i = before.rfind(pat)
+            if i >= 0 and lo + i - back >= 0:
+                start = lo + i - back
+                if back == 0 or image.read(start, 4) == b"\x4c\x8d\xa4\x24":
+                    return start
+    return None
+
+
+_capstone = None
+
+
+def _disasm(code: bytes, addr: int):
+    global _capstone
+    if _capstone is None:
+        import capstone  # only needed for leaves without CFI: load lazily
+        _capstone = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    return _capstone.disasm_lite(code, addr)
+
+
+_vdso_path: Optional[str] = None
+
+
+def _vdso_file() -> Optional[str]:
+    """A file holding the vDSO image. Every 64-bit process on this kernel
+    maps the same one, so ours is copied once from our own memory."""
+    global _vdso_path
+    if _vdso_path is not None:
+        return _vdso_path or None
+    _vdso_path = ""
+    try:
+        with open("/proc/self/maps") as f:
+            line = next((ln for ln in f if ln.rstrip().endswith("[vdso]")), None)
+        if line is None:
+            return None
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        with open("/proc/self/mem", "rb") as f:
+            f.seek(lo)
+            image = f.read(hi - lo)
+        out = os.path.join(cfi.cache_dir(), f"vdso-{os.uname().release}.so")
+        try:
+            with open(out, "rb") as f:
+                same = f.read() == image
+        except OSError:
+            same = False
+        if not same:
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            tmp = f"{out}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(image)
+            os.replace(tmp, out)
+        _vdso_path = out
+    except (OSError, ValueError):
+        return None
+    return _vdso_path

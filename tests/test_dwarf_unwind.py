@@ -1,0 +1,406 @@
+"""DWARF unwinding against gdb: gdb stops a test program at a breakpoint and
+hands us what perf would (registers, the stack copied from sp up, the
+mappings) plus its own backtrace, which is the oracle. The unwinder must
+find the same pcs, frame by frame, down to _start; the symbolizer must name
+the program's own frames as gdb does."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import O2_NOFP, PROGRAMS, REPO, _cached, _run_build, build, build_go
+from ustack.model import Mapping
+from ustack.symbols.elf import ElfImage
+from ustack.symbols.symbolizer import Symbolizer
+from ustack.unwind import cfi
+from ustack.unwind.cfi import UnwindTable
+from ustack.unwind.dwarf import DwarfUnwinder, truncation_note
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+STACK_LIMIT = 64 << 10          # bytes of stack taken, like a large --stack-size
+GDB_REGS = {"rax": "ax", "rbx": "bx", "rcx": "cx", "rdx": "dx", "rsi": "si",
+            "rdi": "di", "rbp": "bp", "rsp": "sp", "rip": "ip", "eflags": "flags",
+            **{f"r{i}": f"r{i}" for i in range(8, 16)}}
+NO_CFI = ("-O0", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables",
+          "-fno-unwind-tables")
+
+# Runs inside gdb: stop at BREAK, write registers, stack, maps and gdb's
+# frames (pc, name) as JSON. A signal frame's name is None. Frames gdb
+# infers from debug info but that have no stack frame of their own are left
+# out: inlined calls and tail calls (qsort jumps to qsort_r).
+_GDB_SCRIPT = """
+import gdb, json
+gdb.execute("set pagination off")
+gdb.execute("set confirm off")
+gdb.execute("set backtrace past-main on")
+gdb.execute("handle SIGALRM nostop noprint pass")
+# BREAK may name several stops, ";"-separated: symbols that exist only once
+# the program runs (the vDSO's) are set at the previous stop.
+for i, where in enumerate(BREAK.split(";")):
+    gdb.execute("break " + where)
+    gdb.execute("run" if i == 0 else "continue")
+inf = gdb.selected_inferior()
+regs = {n: int(gdb.parse_and_eval("$" + n)) & (2**64 - 1) for n in REGS}
+maps = open("/proc/%d/maps" % inf.pid).read()
+sp = regs["rsp"]
+end = sp
+for line in maps.splitlines():
+    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+    if lo <= sp < hi:
+        end = min(hi, sp + LIMIT)
+stack = inf.read_memory(sp, end - sp).tobytes()
+frames = []
+f = gdb.newest_frame()
+while f is not None and len(frames) < 64:
+    if f.type() not in (gdb.INLINE_FRAME, gdb.TAILCALL_FRAME):
+        frames.append([f.pc(), f.name()])
+    f = f.older()
+json.dump({"pid": inf.pid, "regs": regs, "maps": maps, "stack": stack.hex(),
+           "frames": frames}, open(OUT, "w"))
+gdb.execute("kill")
+"""
+
+
+@pytest.fixture(autouse=True)
+def cfi_cache(tmp_path_factory, monkeypatch):
+    """Unwind tables of these tests go to a scratch cache, not ~/.cache."""
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+class Capture:
+    """One stop of a program under gdb."""
+
+    def __init__(self, data: dict, prog: Path):
+        self.prog = prog
+        self.pid = data["pid"]
+        self.regs = {GDB_REGS[k]: v for k, v in data["regs"].items()}
+        self.stack = bytes.fromhex(data["stack"])
+        self.maps = parse_maps(data["maps"])
+        self.gdb_pcs = [pc for pc, _ in data["frames"]]
+        self.gdb_names = [name for _, name in data["frames"]]
+
+    def find(self, pid: int, addr: int):        # the symbolizer's interface
+        return next((m for m in self.maps if m.start <= addr < m.end), None)
+
+    def find_mapping(self, addr: int):
+        return self.find(self.pid, addr)
+
+    def open_instead(self, path: Path, other: Path) -> None:
+        """Let the unwinder read `other` where the process mapped `path`
+        (Mapping.host_path), e.g. a stripped copy with the same code."""
+        self.maps = [Mapping(m.start, m.end, m.pgoff, m.path, str(other))
+                     if m.path == str(path) else m for m in self.maps]
+
+
+def parse_maps(text: str) -> list:
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if "x" not in parts[1]:
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        out.append(Mapping(lo, hi, int(parts[2], 16), parts[5].strip() if len(parts) == 6 else ""))
+    return out
+
+
+def gdb_capture(prog: Path, args, brk: str, tmp_path: Path) -> Capture:
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        pytest.skip("gdb is not installed (the oracle of these tests)")
+    out = tmp_path / "capture.json"
+    script = tmp_path / "capture.py"
+    script.write_text(f"BREAK = {brk!r}\nOUT = {str(out)!r}\nLIMIT = {STACK_LIMIT}\n"
+                      f"REGS = {list(GDB_REGS)!r}\n" + _GDB_SCRIPT)
+    res = subprocess.run([gdb, "-batch", "-nx", "-iex", "set debuginfod enabled off",
+                          "-x", str(script), "--args", str(prog), *map(str, args)],
+                         capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL)
+    if not out.exists():
+        pytest.fail(f"gdb did not stop at {brk}:\n{res.stdout}\n{res.stderr}")
+    return Capture(json.loads(out.read_text()), prog)
+
+
+def unwind(cap: Capture, stack: bytes = None, unwinder: DwarfUnwinder = None):
+    unwinder = unwinder or DwarfUnwinder()
+    return unwinder.unwind(cap.regs, cap.stack if stack is None else stack,
+                           cap.find_mapping)
+
+
+def assert_like_gdb(cap: Capture, addrs, notes, until: str = None):
+    """Same pcs as gdb down to its last frame (or `until`); the program's
+    own frames named as gdb names them."""
+    gdb_pcs, gdb_names = cap.gdb_pcs, cap.gdb_names
+    if until is not None:
+        n = gdb_names.index(until) + 1
+        gdb_pcs, gdb_names = gdb_pcs[:n], gdb_names[:n]
+        addrs = addrs[:n]
+    frames = Symbolizer(cap).frames(cap.pid, addrs)
+    ours = [f.name for f in frames]
+    assert [hex(a) for a in addrs] == [hex(p) for p in gdb_pcs], \
+        f"\nours: {ours}\ngdb:  {gdb_names}\nnotes: {notes}"
+    for frame, gname in zip(frames, gdb_names):
+        if frame.module == cap.prog.name:
+            assert _demangle(frame.function) == gname, (ours, gdb_names)
+        elif frame.function and gname:       # libc: symtab vs DWARF alias names
+            assert frame.function.strip("_") in gname, (ours, gdb_names)
+
+
+def _demangle(name):
+    """gdb shows C++ names demangled, without parameters; ELF has _Z names."""
+    if not name or not name.startswith("_Z") or shutil.which("c++filt") is None:
+        return name
+    return subprocess.run(["c++filt", "-p", name], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def readelf_frames(prog: Path) -> str:
+    """readelf's decoding of the CFI: what the test programs are meant to contain."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is not installed (binutils)")
+    return subprocess.run([readelf, "--debug-dump=frames", str(prog)],
+                          capture_output=True, text=True).stdout
+
+
+def build_cxx(name: str, flags) -> Path:
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not installed (needed for the C++ test program)")
+    src = PROGRAMS / f"{name}.cpp"
+    args = [*flags, "-fPIE", "-pie"]
+    out, tmp = _cached("\0".join([src.read_text(), gxx, *args]), name)
+    if out.exists():
+        return out
+    return _run_build([gxx, *args, "-o", str(tmp), str(src)], tmp, out)
+
+
+# --- stacks against gdb -------------------------------------------------------------
+
+@pytest.mark.parametrize("brk", ["d", "*d"], ids=["body", "entry"])
+def test_chain_without_frame_pointers(tmp_path, brk):
+    prog = build("chain", flags=O2_NOFP)
+    cap = gdb_capture(prog, [1], brk, tmp_path)
+    addrs, notes = unwind(cap)
+    assert cap.gdb_names[:5] == ["d", "c", "b", "a", "main"]
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()                    # ends at _start by its END rule, cleanly
+
+
+def test_chain_in_libc_write(tmp_path):
+    prog = build("chain", flags=O2_NOFP)
+    cap = gdb_capture(prog, [1, "write"], "write", tmp_path)
+    addrs, notes = unwind(cap)
+    assert cap.gdb_names[1:6] == ["d", "c", "b", "a", "main"]
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
+
+
+def test_qsort_callback(tmp_path):
+    prog = build("qsort_cb", flags=O2_NOFP)
+    cap = gdb_capture(prog, [64], "cmp", tmp_path)
+    addrs, notes = unwind(cap)
+    assert cap.gdb_names[0] == "cmp" and "sort_things" in cap.gdb_names
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
+
+
+def test_signal_handler(tmp_path):
+    prog = build("sighandler", flags=O2_NOFP)
+    cap = gdb_capture(prog, [1], "handler_leaf", tmp_path)
+    addrs, notes = unwind(cap)
+    assert cap.gdb_names[:2] == ["handler_leaf", "handler"]
+    assert "spin" in cap.gdb_names          # gdb crossed the signal frame
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
+
+
+def test_realigned_stack_drap(tmp_path):
+    """CFA and rbp given by DWARF expressions (gcc's DRAP realignment)."""
+    prog = build("drap", flags=O2_NOFP)
+    frames = readelf_frames(prog)
+    if "DW_CFA_def_cfa_expression (DW_OP_breg6 (rbp)" not in frames:
+        pytest.skip("this gcc did not realign mid's stack through DRAP")
+    cap = gdb_capture(prog, [1], "leaf", tmp_path)
+    addrs, notes = unwind(cap)
+    assert cap.gdb_names[:3] == ["leaf", "mid", "main"]
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
+
+
+@pytest.mark.parametrize("brk", ["__vdso_clock_gettime", "*__vdso_clock_gettime"],
+                         ids=["body", "entry"])
+def test_vdso(tmp_path, brk):
+    """A leaf in the vDSO: its CFI is read from a copy of our own vDSO."""
+    prog = build("busy", flags=O2_NOFP)
+    cap = gdb_capture(prog, [0.05], "main;" + brk, tmp_path)  # vDSO symbols: after start
+    addrs, notes = unwind(cap)
+    assert "spin_here" in cap.gdb_names
+    assert cap.find_mapping(addrs[0]).path == "[vdso]"
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
+
+
+def test_cxx_with_args_size(tmp_path):
+    prog = build_cxx("cxx_throw", ("-O2", "-g", "-fomit-frame-pointer"))
+    frames = readelf_frames(prog)
+    assert "DW_CFA_GNU_args_size" in frames
+    cap = gdb_capture(prog, [1], "leaf", tmp_path)
+    addrs, notes = unwind(cap)
+    assert cap.gdb_names[:4] == ["leaf", "f2", "f1", "main"]
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
+
+
+@pytest.mark.parametrize("brk", ["d", "*d"], ids=["body", "entry"])
+def test_frame_pointer_fallback_without_cfi(tmp_path, brk):
+    """No CFI in the program's own code: its frames use rbp (at the entry of
+    d, before `push %rbp`, the return address is at [sp])."""
+    prog = build("chain", flags=NO_CFI)
+    cap = gdb_capture(prog, [1], brk, tmp_path)
+    addrs, notes = unwind(cap)
+    assert_like_gdb(cap, addrs, notes, until="main")
+    assert notes == ("frame pointer used for chain: no CFI",)
+
+
+def test_go_compressed_debug_frame(tmp_path):
+    prog = build_go("gochain")
+    cap = gdb_capture(prog, [3], "main.d", tmp_path)
+    addrs, notes = unwind(cap)
+    assert cap.gdb_names[:5] == ["main.d", "main.(*T).c", "main.b", "main.a", "main.main"]
+    assert_like_gdb(cap, addrs, notes, until="main.main")
+    assert notes == ()
+
+
+@pytest.mark.parametrize("brk", ["main.d", "*'main.d'"], ids=["body", "entry"])
+def test_go_without_cfi_or_symbols(tmp_path, brk):
+    """A Go binary with neither CFI nor .symtab (objcopy --strip-all keeps
+    the code byte for byte): frames use rbp; at main.d's entry the leaf's
+    return address is found at [sp] through Go's stack-check prologue."""
+    objcopy = shutil.which("objcopy")
+    if objcopy is None:
+        pytest.skip("objcopy is not installed")
+    full = build_go("gochain")
+    stripped = tmp_path / "gochain"
+    subprocess.run([objcopy, "--strip-all", str(full), str(stripped)], check=True)
+    if _text(full) != _text(stripped):
+        pytest.skip("objcopy changed the code; cannot swap the files")
+    cap = gdb_capture(full, [3], brk, tmp_path)
+    cap.open_instead(full, stripped)
+    addrs, notes = unwind(cap)
+    n = cap.gdb_names.index("main.main") + 1
+    assert [hex(a) for a in addrs[:n]] == [hex(p) for p in cap.gdb_pcs[:n]]
+    assert notes == ("frame pointer used for gochain: no CFI",)
+
+
+def _text(path: Path) -> tuple:
+    """Where .text is and what it holds: all the unwinder reads from a file
+    without CFI (the process itself runs the unstripped copy)."""
+    from elftools.elf.elffile import ELFFile
+    with open(path, "rb") as f:
+        sec = ELFFile(f).get_section_by_name(".text")
+        return sec["sh_addr"], sec["sh_offset"], sec.data()
+
+
+def test_separate_debug_file(tmp_path, monkeypatch):
+    """CFI only in the debug file found by build-id (.debug_frame there,
+    none in the stripped program): the table takes it from there."""
+    objcopy = shutil.which("objcopy")
+    if objcopy is None:
+        pytest.skip("objcopy is not installed")
+    flags = ("-O2", "-g", "-fomit-frame-pointer", "-fno-asynchronous-unwind-tables")
+    prog = build("chain", flags=flags)
+    build_id = ElfImage.open(str(prog)).build_id
+    root = tmp_path / "debug"
+    debug = root / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+    debug.parent.mkdir(parents=True)
+    subprocess.run([objcopy, "--only-keep-debug", str(prog), str(debug)], check=True)
+    stripped = tmp_path / "chain"
+    subprocess.run([objcopy, "--strip-debug", str(prog), str(stripped)], check=True)
+    d = ElfImage.open(str(stripped)).find("d")[0].address
+
+    assert UnwindTable.for_path(str(stripped)).lookup(d) is None   # no debug root yet
+    UnwindTable._memo.clear()
+    monkeypatch.setattr(cfi, "DEBUG_ROOTS", (str(root),))
+    assert UnwindTable.for_path(str(stripped)).lookup(d) is not None
+
+    cap = gdb_capture(prog, [1], "d", tmp_path)
+    cap.open_instead(prog, stripped)
+    addrs, notes = unwind(cap)
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
+
+
+# --- notes, PLT, cache -----------------------------------------------------------------
+
+def test_truncated_stack_note(tmp_path):
+    prog = build("chain", flags=O2_NOFP)
+    cap = gdb_capture(prog, [1], "d", tmp_path)
+    full, _ = unwind(cap)
+    cut = cap.stack[:48]
+    addrs, notes = unwind(cap, cut)
+    assert notes == (truncation_note(48),)
+    assert notes[0] == ("stack copy too small (48 bytes): the stack was cut short; "
+                        "raise --stack-size")
+    assert 1 <= len(addrs) < len(full) and addrs == full[:len(addrs)]
+    assert unwind(cap, b"")[1] == (truncation_note(0),)
+
+
+def test_plt_rule():
+    """The .plt's CFA expression: rsp+8 before the entry's push, rsp+16 after."""
+    prog = build("chain", flags=O2_NOFP)
+    from elftools.elf.elffile import ELFFile
+    with open(prog, "rb") as f:
+        plt = ELFFile(f).get_section_by_name(".plt")
+    if plt is None or plt["sh_size"] < 32:
+        pytest.skip("chain has no lazy-binding .plt (linked with -z now?)")
+    table = UnwindTable.for_path(str(prog))
+    entry = plt["sh_addr"] + 16                       # first entry after PLT0
+    assert table.lookup(entry)[0] == cfi.CFA_PLT
+    base = 0x555555554000
+    mapping = Mapping(base, base + 0x100000, 0, str(prog))
+    ret = base + entry - 0x100                        # any address: never followed
+    for off, slot in ((0, 0), (11, 1)):               # jmp *GOT / jmp PLT0 after push
+        stack = bytearray(64)
+        stack[8 * slot:8 * slot + 8] = ret.to_bytes(8, "little")
+        regs = {"ip": base + entry + off, "sp": 0x7ffd0000, "bp": 0}
+        addrs, _ = DwarfUnwinder().unwind(regs, bytes(stack), lambda a: mapping)
+        assert addrs[:2] == (regs["ip"], ret)
+
+
+def _table_in_subprocess(cache: Path, path: str) -> dict:
+    code = textwrap.dedent(f"""
+        import json, time
+        from ustack.unwind.cfi import UnwindTable
+        t = time.perf_counter()
+        tab = UnwindTable.for_path({path!r})
+        print(json.dumps(dict(parses=UnwindTable.parse_count, cached=tab.from_cache,
+                              rows=len(tab), s=time.perf_counter() - t)))
+    """)
+    env = dict(os.environ, USTACK_CACHE_DIR=str(cache),
+               PYTHONPATH=str(REPO / "src"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_cache_is_read_by_a_fresh_process(tmp_path):
+    first = _table_in_subprocess(tmp_path, LIBC)
+    assert first["parses"] == 1 and not first["cached"] and first["rows"] > 1000
+    files = list((tmp_path / "cfi").glob("*.v[0-9]*"))
+    assert len(files) == 1
+    second = _table_in_subprocess(tmp_path, LIBC)
+    assert second["parses"] == 0 and second["cached"] and second["rows"] == first["rows"]
+    print(f"libc table: build {first['s']:.3f} s, load from cache {second['s']:.3f} s")
+    # A corrupt cache file is ignored, rebuilt and replaced.
+    files[0].write_bytes(files[0].read_bytes()[:100])
+    third = _table_in_subprocess(tmp_path, LIBC)
+    assert third["parses"] == 1 and third["rows"] == first["rows"]
+    assert _table_in_subprocess(tmp_path, LIBC)["parses"] == 0
