@@ -22,8 +22,16 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                      help="start CMD and trace it (and its children) until it exits")
     p.add_argument("-d", "--duration", type=float, metavar="SECONDS",
                    help="stop after SECONDS (default: until Ctrl-C or the target exits)")
-    p.add_argument("--buffer-pages", type=int, default=1024, metavar="N",
-                   help="perf ring buffer pages per CPU, a power of two (default 1024)")
+    p.add_argument("--buffer-pages", type=int, metavar="N",
+                   help="perf ring buffer pages per CPU, a power of two (default "
+                        "1024, or 8192 when stacks are copied for DWARF)")
+    p.add_argument("--unwind", choices=("auto", "fp", "dwarf"), default="auto",
+                   help="fp: the kernel walks frame pointers; dwarf: copy the "
+                        "stack and unwind with the binaries' CFI; auto (default): "
+                        "frame pointers where the code keeps them, DWARF elsewhere")
+    p.add_argument("--stack-size", type=int, default=8192, metavar="BYTES",
+                   help="user stack bytes copied per event for DWARF unwinding "
+                        "(default 8192, at most 65528)")
 
 
 def _count_args(p: argparse.ArgumentParser) -> None:
@@ -71,12 +79,16 @@ def _run(args) -> int:
         sys.stdout.write(format_listing(list_functions(args.binary, args.pattern)))
         return 0
     from .session import Options, run
-    if args.buffer_pages <= 0 or args.buffer_pages & (args.buffer_pages - 1):
+    if args.buffer_pages is not None and (
+            args.buffer_pages <= 0 or args.buffer_pages & (args.buffer_pages - 1)):
         raise UstackError("--buffer-pages must be a power of two")
     if args.duration is not None and args.duration <= 0:
         raise UstackError("--duration must be positive")
+    if not 8 <= args.stack_size <= 65528:
+        raise UstackError("--stack-size must be between 8 and 65528 bytes")
     opts = Options(mode=args.cmd, pid=args.pid, command=args.command,
-                   duration=args.duration, buffer_pages=args.buffer_pages)
+                   duration=args.duration, buffer_pages=args.buffer_pages,
+                   unwind=args.unwind, stack_size=args.stack_size // 8 * 8)
     if args.cmd == "profile":
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")

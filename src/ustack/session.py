@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, TextIO
 
-from .capture.perf import DEFAULT_BUFFER_PAGES, PerfCapture
+from .capture.perf import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE, PerfCapture
 from .model import (CommEvent, ProfileTarget, Sample, Stack, StackCount, UstackError)
 from .probes.resolve import resolve_uprobes, tracepoint_targets
 from .probes.spec import parse_event
@@ -21,9 +21,14 @@ from .report.text import format_stack, header_parts
 from .symbols.symbolizer import Symbolizer
 from .target import process
 from .target.mappings import MappingTracker, PinnedView
+from .unwind import policy
+from .unwind.dwarf import DwarfUnwinder
 from .unwind.fp import frame_pointer_stack
 
 POLL_MS = 100
+# A stack copy per sample (8 KiB by default) fills buffers 100x faster than
+# a callchain: 32 MiB per CPU holds a burst of ~4000 samples.
+DWARF_BUFFER_PAGES = 8192
 SLICE_S = 0.05                     # decoding time between two writes of output
 DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
 PIECE = 64 << 10                   # bytes of a chunk decoded in one step
@@ -41,7 +46,9 @@ class Options:
     output_format: str = "text"            # text | folded
     per_pid: bool = False
     offsets: bool = False                  # count: keep call sites apart
-    buffer_pages: int = DEFAULT_BUFFER_PAGES
+    buffer_pages: Optional[int] = None     # None: sized for the unwinder
+    unwind: str = "auto"                   # auto | fp | dwarf
+    stack_size: int = DEFAULT_STACK_SIZE
     hz: int = DEFAULT_PROFILE_HZ
 
 
@@ -142,6 +149,7 @@ class Run:
         self.tracker = MappingTracker()
         self.counts: dict = {}
         self.events_seen = 0
+        self.dwarf = DwarfUnwinder()
         self.pending: list = []            # text waiting to be written
         self.headers: dict = {}            # (tid, cpu, event id) -> header parts
 
@@ -149,9 +157,21 @@ class Run:
     def _is_code(self, pid: int):
         return lambda addr: self.tracker.find(pid, addr) is not None
 
+    def _addresses(self, sample: Sample, find=None) -> tuple:
+        """(return addresses innermost first, notes) for one sample."""
+        pid = sample.pid
+        if find is None:
+            find = self.tracker.find
+        if sample.regs is not None:
+            return self.dwarf.unwind(sample.regs, sample.stack or b"",
+                                     lambda addr: find(pid, addr))
+        addrs = frame_pointer_stack(sample,
+                                    lambda addr: find(pid, addr) is not None)
+        return addrs, ()
+
     def _stack(self, sample: Sample, symbolizer: Symbolizer) -> Stack:
-        addrs = frame_pointer_stack(sample, self._is_code(sample.pid))
-        return Stack(symbolizer.frames(sample.pid, addrs))
+        addrs, notes = self._addresses(sample)
+        return Stack(symbolizer.frames(sample.pid, addrs), notes)
 
     # -- the run --------------------------------------------------------------
     def execute(self) -> int:
@@ -167,7 +187,15 @@ class Run:
         probes = resolve_probes(specs, opts.pid)
         if opts.pid is None:
             target = process.launch(opts.command) if opts.command else process.everything()
-        capture = PerfCapture(probes, target, opts.buffer_pages)
+        main_binary = (f"/proc/{target.pid}/exe" if target.mode == "pid" else
+                       process.executable(target.argv) if target.mode == "command"
+                       else None)
+        modes = {p.label: policy.choose(p, opts.unwind, main_binary) for p in probes}
+        self.unwind_summary = "/".join(sorted(set(modes.values())))
+        dwarf_labels = frozenset(l for l, m in modes.items() if m == "dwarf")
+        pages = opts.buffer_pages or (DWARF_BUFFER_PAGES if dwarf_labels
+                                      else DEFAULT_BUFFER_PAGES)
+        capture = PerfCapture(probes, target, pages, dwarf_labels, opts.stack_size)
         try:
             capture.open()
         except BaseException:
@@ -189,13 +217,13 @@ class Run:
         if len(probes) > 3:
             labels += f", … ({len(probes)} events)"
         print(f"Tracing {labels} in {target.description} "
-              "[backend perf, unwind fp]"
+              f"[backend perf, unwind {self.unwind_summary}]"
               + ("" if opts.duration else "... Hit Ctrl-C to end."),
               file=self.err, flush=True)
         symbolizer = Symbolizer(self.tracker)
         reader = capture.reader
         on_raw = (self._tracer(reader, symbolizer) if opts.mode == "trace"
-                  else self._counter())
+                  else self._counter(reader))
 
         def process(batch: list, offsets: list) -> bool:
             """Decode up to PIECE bytes of each chunk of a batch; True when
@@ -284,12 +312,18 @@ class Run:
             pending.append(f"{head[0]}{secs}.{ns // 1000:06d}{head[1]}{block}")
         return on_raw
 
-    def _counter(self):
-        """on_raw for `count`/`profile`: count raw stacks, decode at the end."""
+    def _counter(self, reader):
+        """on_raw for `count`/`profile`: count raw frame-pointer stacks and
+        decode them at the end; DWARF samples (a stack copy each) are
+        unwound at once and counted by their addresses."""
         counts = self.counts
         generations = self.tracker.generations
+        is_dwarf = reader.is_dwarf
 
         def on_raw(ident, pid, tid, t, cpu, chain, extra):
+            if is_dwarf(ident):
+                sample = reader.decode(ident, pid, tid, chain, extra)
+                chain, extra = self._addresses(sample)   # (addrs, notes)
             key = (ident, pid, tid, generations.get(pid, 0), chain, extra)
             counts[key] = counts.get(key, 0) + 1
         return on_raw
@@ -300,13 +334,15 @@ class Run:
         counted = []
         for key, n in self.counts.items():
             ident, pid, tid, generation, chain, extra = key
-            sample = reader.decode(ident, pid, tid, chain, extra)
             view.generation = generation
-            addrs = frame_pointer_stack(
-                sample, lambda a, pid=sample.pid: view.find(pid, a) is not None)
-            stack = Stack(pinned.frames(sample.pid, addrs))
-            comm = self.tracker.comm(sample.pid, sample.tid)
-            counted.append(StackCount(comm, sample.pid, stack, n, sample.event))
+            if isinstance(chain, tuple):        # unwound at ingest (DWARF)
+                addrs, notes = chain, extra
+            else:
+                sample = reader.decode(ident, pid, tid, chain, extra)
+                addrs, notes = self._addresses(sample, view.find)
+            stack = Stack(pinned.frames(pid, addrs), notes)
+            comm = self.tracker.comm(pid, tid)
+            counted.append(StackCount(comm, pid, stack, n, reader.label(ident)))
         if self.opts.output_format == "folded":
             self.out.write(format_folded(counted, self.opts.per_pid))
         else:

@@ -23,6 +23,10 @@ from ..model import (ProfileTarget, TracepointTarget, UprobeTarget,
 from ..target.process import Target
 
 DEFAULT_BUFFER_PAGES = 1024               # 4 MiB per CPU
+DEFAULT_STACK_SIZE = 8192                 # user stack bytes copied per sample
+MAX_STACK_SIZE = 65528                    # the kernel's limit (u16 record size)
+# ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
+DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
 TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task")
 
 
@@ -36,8 +40,12 @@ class PerfCapture:
     """Opens the events, owns the fds and ring buffers, hands out chunks."""
 
     def __init__(self, probes: list, target: Target,
-                 buffer_pages: int = DEFAULT_BUFFER_PAGES):
+                 buffer_pages: int = DEFAULT_BUFFER_PAGES,
+                 dwarf_labels: frozenset = frozenset(),
+                 stack_size: int = DEFAULT_STACK_SIZE):
         self.probes = probes
+        self.dwarf_labels = dwarf_labels  # probes whose samples carry regs+stack
+        self.stack_size = stack_size
         self.target = target
         self.buffer_pages = buffer_pages
         self.fds: list = []
@@ -51,6 +59,7 @@ class PerfCapture:
 
     # -- attributes per probe kind ---------------------------------------
     def _attr(self, probe, tracking: bool):
+        """The perf_event_attr for one probe, and the layout of its samples."""
         flags = ["exclude_callchain_kernel", "sample_id_all"]
         mode = self.target.mode
         if mode in ("pid", "command"):
@@ -59,23 +68,34 @@ class PerfCapture:
             flags += ["disabled", "enable_on_exec"]
         if tracking:
             flags += TRACKING_FLAGS
-        common = dict(sample_type=BASE_SAMPLE_TYPE, flags=flags,
+        sample_type = BASE_SAMPLE_TYPE
+        stack = regs = 0
+        slot = None
+        if probe.label in self.dwarf_labels:
+            # registers + a copy of the stack for the DWARF unwinder; the
+            # kernel's frame-pointer walk would be wasted work
+            sample_type |= pe.SAMPLE_REGS_USER | pe.SAMPLE_STACK_USER
+            regs, stack = DWARF_REGS_MASK, self.stack_size
+            flags.append("exclude_callchain_user")
+        elif (isinstance(probe, UprobeTarget) and probe.spec.kind == "uprobe"
+              and probe.return_address_slot is not None):
+            slot = probe.return_address_slot
+            stack = 8 * (slot + 1)
+            sample_type |= pe.SAMPLE_STACK_USER
+        common = dict(sample_type=sample_type, flags=flags,
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
-                      max_stack=_max_stack())
+                      max_stack=_max_stack(), regs_user=regs, stack_user=stack)
+        layout = EventLayout(probe.label, stack, regs, slot)
         if isinstance(probe, UprobeTarget):
-            stack = 0
-            if probe.return_address_slot is not None and probe.spec.kind == "uprobe":
-                stack = 8 * (probe.return_address_slot + 1)
-                common["sample_type"] |= pe.SAMPLE_STACK_USER
             return pe.make_attr(pe.TYPE_TRACEPOINT, self._uprobe_id(probe),
-                                stack_user=stack, **common), stack
+                                **common), layout
         if isinstance(probe, TracepointTarget):
             return pe.make_attr(pe.TYPE_TRACEPOINT,
                                 tracepoint_id(probe.group, probe.name),
-                                **common), 0
+                                **common), layout
         if isinstance(probe, ProfileTarget):
             return pe.make_attr(pe.TYPE_SOFTWARE, pe.SW_CPU_CLOCK,
-                                freq=probe.hz, **common), 0
+                                freq=probe.hz, **common), layout
         raise TypeError(probe)
 
     def _uprobe_id(self, probe: UprobeTarget) -> int:
@@ -88,14 +108,10 @@ class PerfCapture:
         return self._uprobe_ids[key]
 
     def _open_one(self, probe, pid: int, cpu: int, tracking: bool) -> None:
-        attr, stack = self._attr(probe, tracking)
-        what = getattr(probe, "label", "event")
-        fd = pe.open_event(attr, pid, cpu, what=what)
+        attr, layout = self._attr(probe, tracking)
+        fd = pe.open_event(attr, pid, cpu, what=probe.label)
         self.fds.append(fd)
-        slot = getattr(probe, "return_address_slot", None)
-        if getattr(probe.spec, "kind", "") != "uprobe":
-            slot = None
-        self.layouts[pe.event_id(fd)] = EventLayout(probe.label, stack, 0, slot)
+        self.layouts[pe.event_id(fd)] = layout
         ring = self.buffers.get(cpu)
         if ring is None:
             try:

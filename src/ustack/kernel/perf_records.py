@@ -117,33 +117,6 @@ class RecordReader:
                 stack = chunk[pos:pos + dyn]
         return regs, stack
 
-    def parse(self, chunk: bytes, on_meta: Callable, on_sample: Callable):
-        """Decode every record of `chunk`, in order."""
-        off, n = 0, len(chunk)
-        layouts = self.layouts
-        while off < n:
-            typ, misc, size = _HEADER.unpack_from(chunk, off)
-            if size == 0:
-                break                   # corrupt; never loop forever
-            if typ == RECORD_SAMPLE:
-                ident, pid, tid, t, cpu, _r, nr = _SAMPLE_HEAD.unpack_from(chunk, off + 8)
-                pos = off + _SAMPLE_HEAD_END
-                raw = _ips_struct(nr).unpack_from(chunk, pos)
-                ips = tuple(ip for ip in raw if ip < _CONTEXT_MARKER)
-                layout = layouts.get(ident)
-                if layout is not None:
-                    regs = stack = None
-                    if layout.stack_size or layout.regs_mask:
-                        regs, stack = self._user_stack(chunk, pos + 8 * nr, layout)
-                    on_sample(Sample(layout.label, t, pid, tid, cpu, ips,
-                                     stack, regs, (),
-                                     layout.return_address_slot))
-            else:
-                event = self._meta(typ, misc, chunk, off, size)
-                if event is not None:
-                    on_meta(event)
-            off += size
-
     def raw_samples(self, chunk: bytes, on_meta: Callable, out: list,
                     start: int = 0, budget: int = 1 << 62) -> int:
         """Append samples to `out` without decoding their stacks, as tuples
@@ -167,10 +140,9 @@ class RecordReader:
                 pos = off + _SAMPLE_HEAD_END
                 end = pos + 8 * nr
                 layout = layouts.get(ident)
-                extra = b""
-                if layout is not None and layout.stack_size:
-                    # size u64, then the words copied from sp, then dyn_size
-                    extra = chunk[end + 8:end + 8 + layout.stack_size]
+                # REGS_USER / STACK_USER as the kernel wrote them, if any
+                extra = chunk[end:off + size] if layout is not None and (
+                    layout.stack_size or layout.regs_mask) else b""
                 append((ident, pid, tid, t, cpu, chunk[pos:end], extra))
             else:
                 event = self._meta(typ, misc, chunk, off, size)
@@ -187,6 +159,13 @@ class RecordReader:
                extra: bytes, time_ns: int = 0, cpu: int = -1) -> Sample:
         raw = _ips_struct(len(chain) // 8).unpack_from(chain)
         layout = self.layouts.get(ident) or EventLayout("?")
+        regs = stack = None
+        if extra:
+            regs, stack = self._user_stack(extra, 0, layout)
         return Sample(layout.label, time_ns, pid, tid, cpu,
                       tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
-                      extra or None, None, (), layout.return_address_slot)
+                      stack, regs, (), layout.return_address_slot)
+
+    def is_dwarf(self, ident: int) -> bool:
+        layout = self.layouts.get(ident)
+        return layout is not None and bool(layout.regs_mask)

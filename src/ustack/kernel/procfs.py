@@ -7,7 +7,15 @@ from ..model import Mapping
 
 
 def process_exists(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}/stat")
+    """True while the process runs; a zombie (exited, not yet reaped by its
+    parent) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # the state follows the parenthesised comm, which may itself hold ')'
+    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] not in ("Z", "X")
 
 
 def threads(pid: int) -> list:

@@ -74,6 +74,11 @@ class Target:
                 pass
 
 
+def executable(argv: list) -> Optional[str]:
+    """The file a command line runs, as launch() finds it."""
+    return shutil.which(argv[0]) if argv else None
+
+
 def attach(pid: int) -> Target:
     if pid <= 0 or not procfs.process_exists(pid):
         raise UstackError(f"no such process: {pid}")
@@ -92,7 +97,7 @@ def launch(command: str) -> Target:
         raise UstackError(f"cannot parse command {command!r}: {e}")
     if not argv:
         raise UstackError("empty command")
-    exe = shutil.which(argv[0])
+    exe = executable(argv)
     if exe is None:
         raise UstackError(f"no such command: {argv[0]}")
     read_fd, write_fd = os.pipe()
