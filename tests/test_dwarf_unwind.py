@@ -17,7 +17,7 @@ import pytest
 
 from helpers import O2_NOFP, PROGRAMS, REPO, _cached, _run_build, build, build_go
 from ustack.model import Mapping
-from ustack.symbols.elf import ElfImage
+from ustack.objfile.elf import ElfImage
 from ustack.symbols.symbolizer import Symbolizer
 from ustack.unwind import cfi
 from ustack.unwind.cfi import UnwindTable

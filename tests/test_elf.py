@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from ustack.model import Mapping, UstackError
-from ustack.symbols.elf import ElfImage, Symbol
+from ustack.objfile.elf import ElfImage, Symbol
 from ustack.symbols.symbolizer import Symbolizer
 
 SRC = r"""
@@ -186,7 +186,7 @@ def test_lookup_prefers_global_alias(bins):
 
 def test_flatten_nested_and_overlapping_ranges():
     # glibc's assembly has symbols inside and across others
-    from ustack.symbols.elf import _flatten
+    from ustack.objfile.elf import _flatten
     outer, inner = Symbol("outer", 0x100, 0x100), Symbol("inner", 0x150, 0x10)
     cross, after = Symbol("cross", 0x1F0, 0x20), Symbol("after", 0x300, 0x8)
     starts, owners = _flatten([outer, inner, cross, after])

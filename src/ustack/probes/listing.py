@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from ustack.probes.resolve import locate_binary, no_function_error
-from ustack.symbols.elf import ElfImage
+from ustack.objfile.elf import ElfImage
 
 
 class FunctionRow(NamedTuple):

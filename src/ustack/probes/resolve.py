@@ -15,7 +15,7 @@ import capstone
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import tracefs_root
 from ustack.model import ProbeSpec, TracepointTarget, UprobeTarget, UstackError
-from ustack.symbols.elf import ElfImage, Symbol
+from ustack.objfile.elf import ElfImage, Symbol
 
 _GLOB_CHARS = "*?["
 

@@ -5,7 +5,7 @@ import os
 from typing import Optional
 
 from ustack.model import Frame, Mapping, UstackError
-from ustack.symbols.elf import ElfImage
+from ustack.objfile.elf import ElfImage
 
 
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory

@@ -24,7 +24,7 @@ from typing import Optional
 
 from elftools.elf.elffile import ELFFile
 
-from ..symbols.elf import ElfImage
+from ..objfile.elf import ElfImage
 
 # Row kinds (low nibble of a row's kind byte).
 NONE = 0      # no CFI here: the unwinder falls back (frame pointer)

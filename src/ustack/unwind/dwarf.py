@@ -14,7 +14,7 @@ import struct
 from typing import Callable, Optional
 
 from ..model import Mapping, UstackError
-from ..symbols.elf import ElfImage
+from ..objfile.elf import ElfImage
 from . import cfi
 from .cfi import UnwindTable
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..model import UprobeTarget, UstackError
-from ..symbols.elf import ElfImage
+from ..objfile.elf import ElfImage
 
 PUSH_RBP_MOV_RSP_RBP = b"\x55\x48\x89\xe5"
 PROLOGUE_BYTES = 32
