@@ -118,7 +118,8 @@ class ElfImage:
                 addr, shndx = sym["st_value"], sym["st_shndx"]
                 if addr == 0 or shndx == "SHN_UNDEF" or not sym.name:
                     continue
-                key = (addr, sym.name)
+                # a debug file's .symtab spells versions in: memcpy@@GLIBC_2.14
+                key = (addr, sym.name.split("@", 1)[0])
                 old = found.get(key)
                 # .symtab and .dynsym repeat each other; keep the sized one.
                 if old is None or (old[0] == 0 and sym["st_size"]):

@@ -5,6 +5,7 @@ import os
 from typing import Optional
 
 from ustack.model import Frame, Mapping, UstackError
+from ustack.objfile.debuginfo import debug_image
 from ustack.objfile.elf import ElfImage
 
 
@@ -18,6 +19,7 @@ class Symbolizer:
         self.mappings = mappings
         self._images: dict = {}   # open_path -> ElfImage | None (failed)
         self._symbols: dict = {}  # (open_path, file offset) -> (vaddr, Symbol | None)
+        self._debug_images: dict = {}  # image path -> debug ElfImage | None
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
@@ -51,11 +53,23 @@ class Symbolizer:
             if image is not None:
                 vaddr = image.vaddr_of_file_offset(file_off)
                 if vaddr is not None:
-                    hit = (vaddr, image.lookup(vaddr))
+                    sym = None
+                    debug = self._debug(image)
+                    if debug is not None:       # full symtab, local functions too
+                        sym = debug.lookup(vaddr)
+                    hit = (vaddr, sym or image.lookup(vaddr))
             if len(self._symbols) >= _MAX_CACHED:
                 self._symbols.clear()
             self._symbols[key] = hit
         return hit
+
+    def _debug(self, image: ElfImage) -> Optional[ElfImage]:
+        """The separate debug file of a stripped object (e.g. libc6-dbg)."""
+        if image.has_symtab:
+            return None
+        if image.path not in self._debug_images:
+            self._debug_images[image.path] = debug_image(image)
+        return self._debug_images[image.path]
 
     def _image(self, path: str) -> Optional[ElfImage]:
         if path not in self._images:

@@ -24,6 +24,7 @@ from typing import Optional
 
 from elftools.elf.elffile import ELFFile
 
+from ..objfile.debuginfo import build_id_path
 from ..objfile.elf import ElfImage
 
 # Row kinds (low nibble of a row's kind byte).
@@ -41,7 +42,6 @@ BP_AT = 1     # caller's rbp saved at CFA + bp_off
 BP_LOST = 2   # undefined, or a rule we do not evaluate
 BP_AT_BP = 3  # caller's rbp saved at rbp + bp_off (DRAP: DW_OP_breg6 expression)
 
-DEBUG_ROOTS = ("/usr/lib/debug",)  # where separate debug files live, by build-id
 _RSP, _RBP = 7, 6                 # DWARF register numbers on x86-64
 _R_SAME, _R_OFF, _R_UNDEF, _R_OTHER, _R_AT_BP = 0, 1, 2, 3, 4  # rules while parsing
 _MAGIC = b"USTKCFI\x02"
@@ -106,7 +106,7 @@ class UnwindTable:
             sections = list(elf.iter_sections())
             if build_id is None:
                 build_id = ElfImage._build_id(elf, sections)
-            debug = _debug_file(build_id)
+            debug = build_id_path(build_id)
             signature = _signature(sections, debug)
             cache = _cache_file(path, st, build_id)
             table = _load(cache, path, signature) if cache else None
@@ -185,16 +185,6 @@ def _store(cache: str, table: UnwindTable, signature: bytes) -> None:
             os.unlink(tmp)
         except OSError:
             pass  # caching is an optimization: an unwritable cache is not an error
-
-
-def _debug_file(build_id: Optional[str]) -> Optional[str]:
-    if not build_id or len(build_id) < 3:
-        return None
-    for root in DEBUG_ROOTS:
-        p = f"{root}/.build-id/{build_id[:2]}/{build_id[2:]}.debug"
-        if os.path.exists(p):
-            return p
-    return None
 
 
 def _signature(sections, debug: Optional[str]) -> bytes:
