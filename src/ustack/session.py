@@ -129,18 +129,23 @@ class _Drainer(threading.Thread):
 
     def finish(self) -> None:
         self._stop_flag.set()
-        self.join()
+        if self.is_alive():
+            self.join()
 
     def rest(self):
-        """After finish(): the queued batches, then whatever the buffers hold."""
+        """After finish(): the queued batches, then whatever the buffers
+        hold, then the losses the kernel was still holding back."""
         while self.queue:
             batch, offsets = self.queue.popleft()
             yield [c[o:] for c, o in zip(batch, offsets)]
-        while True:
-            batch = self.capture.read_chunks(0)
-            if not batch:
-                return
-            yield batch
+        for flushed in (False, True):
+            if flushed:
+                self.capture.flush_lost()
+            while True:
+                batch = self.capture.read_chunks(0)
+                if not batch:
+                    break
+                yield batch
 
 
 class Run:
@@ -182,6 +187,13 @@ class Run:
         if os.geteuid() != 0:
             raise UstackError("ustack needs root to open perf events and uprobes "
                               "(run it with sudo)")
+        # Ctrl-C or SIGTERM from here on ends the run cleanly (report, remove
+        # probes), even when it arrives while the probes are being set up
+        with _Stop() as stop:
+            return self._setup_and_loop(specs, stop)
+
+    def _setup_and_loop(self, specs: list, stop) -> int:
+        opts = self.opts
         if opts.pid is not None:
             target = process.attach(opts.pid)
         probes = resolve_probes(specs, opts.pid)
@@ -202,14 +214,14 @@ class Run:
             target.abort()
             raise
         try:
-            return self._loop(capture, target, probes)
+            return self._loop(capture, target, probes, stop)
         finally:
             capture.close()
             if target.mode == "command" and target.exit_status is None:
                 target.interrupt()
                 target.wait(block=True)
 
-    def _loop(self, capture: PerfCapture, target, probes) -> int:
+    def _loop(self, capture: PerfCapture, target, probes, stop) -> int:
         opts = self.opts
         if target.mode == "pid":
             self.tracker.seed_from_proc(target.pid)
@@ -231,11 +243,17 @@ class Run:
             of the piece: a sample may sit in another CPU's buffer ahead of
             the MMAP2 record that explains it."""
             raws: list = []
+            metas: list = []
             done = True
             for i, chunk in enumerate(batch):
-                offsets[i] = reader.raw_samples(chunk, self._on_meta, raws,
-                                                offsets[i], PIECE)
+                offsets[i] = reader.raw_samples(
+                    chunk, lambda t, e: metas.append((t, len(metas), e)), raws,
+                    offsets[i], PIECE)
                 done = done and offsets[i] >= len(chunk)
+            # in time order across CPUs: an exec's COMM on one CPU must come
+            # before the MMAP2s it caused on another
+            for _t, _seq, event in sorted(metas, key=lambda m: m[:2]):
+                self._on_meta(event)
             for r in raws:
                 on_raw(*r)
             self.events_seen += len(raws)
@@ -243,31 +261,19 @@ class Run:
 
         deadline = time.monotonic() + opts.duration if opts.duration else None
         drainer = _Drainer(capture)
-        with _Stop() as stop:
-            capture.start()
-            drainer.start()
-            while True:
-                entry = drainer.next_batch(POLL_MS / 1000)
-                if entry is not None:
-                    slice_end = time.monotonic() + SLICE_S
-                    while not process(entry[0], entry[1]):
-                        if time.monotonic() > slice_end:
-                            break
-                    else:
-                        drainer.done(entry)
-                    self.out.write("".join(self.pending))
-                    self.pending.clear()
-                if (stop.requested or target.wait() or
-                        (deadline is not None and time.monotonic() >= deadline)):
-                    break
-            drainer.finish()
-            capture.stop()
-            for batch in drainer.rest():   # all that is still queued or in the buffers
-                offsets = [0] * len(batch)
-                while not process(batch, offsets):
-                    pass
-            self.out.write("".join(self.pending))
-            self.pending.clear()
+        capture.start()
+        drainer.start()
+        try:
+            self._follow(drainer, process, target, stop, deadline)
+        finally:
+            drainer.finish()            # before the buffers are unmapped
+        capture.stop()
+        for batch in drainer.rest():   # all that is still queued or in the buffers
+            offsets = [0] * len(batch)
+            while not process(batch, offsets):
+                pass
+        self.out.write("".join(self.pending))
+        self.pending.clear()
         if opts.mode != "trace":
             self._report_counts(reader, symbolizer)
         self.out.flush()
@@ -279,6 +285,24 @@ class Run:
             print(f"{target.argv[0]} exited with status {target.exit_status}",
                   file=self.err)
         return 0
+
+    def _follow(self, drainer, process, target, stop, deadline) -> None:
+        """Decode batches as the drain thread queues them, writing output
+        every SLICE_S, until Ctrl-C, the deadline or the target's exit."""
+        while True:
+            entry = drainer.next_batch(POLL_MS / 1000)
+            if entry is not None:
+                slice_end = time.monotonic() + SLICE_S
+                while not process(entry[0], entry[1]):
+                    if time.monotonic() > slice_end:
+                        break
+                else:
+                    drainer.done(entry)
+                self.out.write("".join(self.pending))
+                self.pending.clear()
+            if (stop.requested or target.wait() or
+                    (deadline is not None and time.monotonic() >= deadline)):
+                return
 
     def _on_meta(self, event) -> None:
         self.tracker.apply(event)
@@ -293,15 +317,27 @@ class Run:
         heads = self.headers
         generations = self.tracker.generations
         pending = self.pending
+        is_dwarf = reader.is_dwarf
 
         def on_raw(ident, pid, tid, t, cpu, chain, extra):
-            key = (pid, generations.get(pid, 0), chain, extra)
-            block = blocks.get(key)
-            if block is None:
+            if is_dwarf(ident):
+                # a stack copy is nearly always unique: key on the unwound stack
+                addrs, notes = self._addresses(
+                    reader.decode(ident, pid, tid, chain, extra))
+                key = (pid, generations.get(pid, 0), addrs, notes)
+                block = blocks.get(key)
+                if block is None:
+                    block = Stack(symbolizer.frames(pid, addrs), notes)
+            else:
+                key = (pid, generations.get(pid, 0), chain, extra)
+                block = blocks.get(key)
+                if block is None:
+                    block = self._stack(reader.decode(ident, pid, tid, chain, extra),
+                                        symbolizer)
+            if not isinstance(block, str):
                 if len(blocks) > 100_000:
                     blocks.clear()
-                sample = reader.decode(ident, pid, tid, chain, extra)
-                block = blocks[key] = format_stack(self._stack(sample, symbolizer))
+                block = blocks[key] = format_stack(block)
             hkey = (tid, cpu, ident)
             head = heads.get(hkey)
             if head is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import select
+import time
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
@@ -176,6 +177,32 @@ class PerfCapture:
             if chunk:
                 chunks.append(chunk)
         return chunks
+
+    def flush_lost(self) -> None:
+        """Make the kernel report losses it is still holding back.
+
+        The kernel writes a LOST record only when the next record fits in the
+        buffer; after a target exits nothing more comes, so the last loss
+        would stay silent. A short-lived cpu-clock event per CPU, writing
+        into each drained buffer (its samples have an id no layout knows,
+        so they are skipped), makes the kernel emit that LOST record."""
+        fds = []
+        try:
+            for cpu, ring in self.buffers.items():
+                attr = pe.make_attr(pe.TYPE_SOFTWARE, pe.SW_CPU_CLOCK,
+                                    sample_type=BASE_SAMPLE_TYPE, period=100_000,
+                                    flags=("sample_id_all",
+                                           "exclude_callchain_kernel",
+                                           "exclude_callchain_user"))
+                fd = pe.open_event(attr, -1, cpu, what="cpu-clock")
+                fds.append(fd)
+                pe.set_output(fd, ring.fd)
+            time.sleep(0.005)             # a few 0.1 ms ticks on every CPU
+        except (OSError, UstackError):
+            pass                          # best effort: losses so far are counted
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def stop(self) -> None:
         for fd in self.fds:

@@ -121,7 +121,7 @@ class RecordReader:
                     start: int = 0, budget: int = 1 << 62) -> int:
         """Append samples to `out` without decoding their stacks, as tuples
         (ident, pid, tid, time, cpu, chain_bytes, extra), where `extra` is
-        the STACK_USER words of entry probes; metadata goes to on_meta.
+        the REGS_USER/STACK_USER part; metadata goes to on_meta(time, event).
         Callers key caches and counts on the raw bytes and decode each
         unique stack once (`decode`): the fast path for trace and count.
         Stops after about `budget` bytes; returns the offset reached."""
@@ -140,14 +140,18 @@ class RecordReader:
                 pos = off + _SAMPLE_HEAD_END
                 end = pos + 8 * nr
                 layout = layouts.get(ident)
+                if layout is None:          # not ours (a flush event)
+                    off += size
+                    continue
                 # REGS_USER / STACK_USER as the kernel wrote them, if any
-                extra = chunk[end:off + size] if layout is not None and (
-                    layout.stack_size or layout.regs_mask) else b""
+                extra = (chunk[end:off + size]
+                         if layout.stack_size or layout.regs_mask else b"")
                 append((ident, pid, tid, t, cpu, chunk[pos:end], extra))
             else:
                 event = self._meta(typ, misc, chunk, off, size)
                 if event is not None:
-                    on_meta(event)
+                    # sample_id_all trailer: pid/tid, TIME, cpu, identifier
+                    on_meta(_U64.unpack_from(chunk, off + size - 24)[0], event)
             off += size
         return off
 

@@ -1,0 +1,251 @@
+"""End to end on the other target programs: a CPU profile (busy), threads,
+a dlopen()ed plugin, Go, a library named by its short name, and system-wide
+counting. Parsers and process helpers come from test_e2e_core.py."""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from helpers import build, build_go, gdb_backtrace, run_ustack
+from test_e2e_core import (finish, funcs, ok, parse_counts, parse_folded, parse_trace,
+                           private_copy, spawn, start_ustack, stop, wait_tracing)
+
+CHAIN = ["d", "c", "b", "a", "main"]
+GO_CHAIN = ["main.d", "main.(*T).c", "main.b", "main.a", "main.main", "runtime.main"]
+
+
+# --- 3. profile -------------------------------------------------------------------
+
+@pytest.mark.kernel
+def test_profile_busy():
+    busy = build("busy")
+    res = ok(run_ustack("profile", "-F", "199", "-c", f"{busy} 1"))
+    stacks = parse_counts(res.stdout)
+    assert stacks, res.stdout
+    total = sum(s["count"] for s in stacks)
+    top = stacks[-1]                        # least to most frequent
+    assert top["count"] == max(s["count"] for s in stacks), "not sorted by count"
+    assert [s["count"] for s in stacks] == sorted(s["count"] for s in stacks)
+    assert top["frames"][:3] == [("spin_here", "busy"), ("work", "busy"), ("main", "busy")]
+    assert top["count"] > 0.8 * total, f"{top['count']} of {total} samples"
+
+
+# --- 4. threads --------------------------------------------------------------------
+
+def _thread_stack_ok(res, n):
+    stacks = parse_counts(res.stdout)
+    assert len(stacks) == 1, res.stdout
+    assert stacks[0]["frames"][:3] == [("thread_d", "threads"), ("thread_a", "threads"),
+                                       ("worker", "threads")], res.stdout
+    assert stacks[0]["count"] == n, res.stderr
+
+
+@pytest.mark.kernel
+def test_threads_command():
+    prog = build("threads")
+    res = ok(run_ustack("count", f"uprobe:{prog}:thread_d", "-c", f"{prog} 300 5"))
+    _thread_stack_ok(res, 10)                       # 2 threads x 5 calls
+    assert funcs(parse_counts(res.stdout)[0]["frames"])[:3] == \
+        gdb_backtrace(prog, [0, 5], "thread_d")[:3]
+
+
+@pytest.mark.kernel
+def test_threads_pid():
+    prog = build("threads")
+    target = spawn(prog, 800, 5)
+    try:
+        time.sleep(0.2)
+        res = ok(run_ustack("count", f"uprobe:{prog}:thread_d", "-p", target.pid,
+                            timeout=30))
+        _thread_stack_ok(res, 10)
+        assert target.wait(timeout=10) == 0, "the target failed under tracing"
+    finally:
+        stop(target)
+
+
+@pytest.mark.kernel
+def test_pid_target_exit_seen_while_unreaped():
+    """-p ends when the process exits, even if its parent has not reaped it
+    yet (a zombie keeps /proc/PID; its perf events hang up all the same)."""
+    prog = build("threads")
+    target = subprocess.Popen([str(prog), "500", "5"])       # nobody reaps it
+    try:
+        time.sleep(0.2)
+        us = start_ustack("count", f"uprobe:{prog}:thread_d", "-p", target.pid,
+                          stdout=subprocess.PIPE)
+        try:
+            wait_tracing(us)
+            out, err = finish(us, timeout=15)
+        finally:
+            stop(us)
+        assert us.returncode == 0, err
+        assert [(s["frames"][:1], s["count"]) for s in parse_counts(out)] == \
+            [([("thread_d", "threads")], 10)], out
+        assert target.wait(timeout=5) == 0
+    finally:
+        stop(target)
+
+
+# --- 5. dlopen ------------------------------------------------------------------------
+
+PLUGIN_CHAIN = [("plugin_leaf", "plugin.so"), ("plugin_entry", "plugin.so"),
+                ("run_plugin", "dlopen_main"), ("main", "dlopen_main")]
+
+
+@pytest.mark.kernel
+def test_dlopen_command():
+    prog, plugin = build("dlopen_main"), build("plugin", kind="shared")
+    res = ok(run_ustack("count", f"uprobe:{plugin}:plugin_leaf",
+                        "-c", f"{prog} 300 {plugin} 3"))
+    stacks = parse_counts(res.stdout)
+    assert [(s["frames"][:4], s["count"]) for s in stacks] == [(PLUGIN_CHAIN, 3)], res.stdout
+    assert funcs(stacks[0]["frames"])[:4] == gdb_backtrace(prog, [0, plugin, 3], "plugin_leaf")
+
+
+@pytest.mark.kernel
+def test_dlopen_pid_probe_before_load():
+    """The probe is placed on plugin.so before the process dlopen()s it."""
+    prog, plugin = build("dlopen_main"), build("plugin", kind="shared")
+    target = spawn(prog, 800, plugin, 3)
+    try:
+        time.sleep(0.2)
+        maps = open(f"/proc/{target.pid}/maps").read()
+        assert str(plugin) not in maps, "the plugin is loaded already: too late"
+        res = ok(run_ustack("count", f"uprobe:{plugin}:plugin_leaf", "-p", target.pid,
+                            timeout=30))
+        stacks = parse_counts(res.stdout)
+        assert [(s["frames"][:4], s["count"]) for s in stacks] == [(PLUGIN_CHAIN, 3)], \
+            res.stdout
+        assert target.wait(timeout=10) == 0
+    finally:
+        stop(target)
+
+
+# --- 6. Go ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gochain():
+    return build_go("gochain")
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("func", ["main.(*T).c", "main.d"])
+def test_go_uprobe(gochain, func):
+    n = 3
+    res = ok(run_ustack("count", f"uprobe:{gochain}:{func}", "-c", f"{gochain} {n}"))
+    assert "exited with status" not in res.stderr, "ustack harmed the Go program"
+    stacks = parse_counts(res.stdout)
+    want = GO_CHAIN[GO_CHAIN.index(func):]
+    count = 1 if func == "main.(*T).c" else n
+    assert len(stacks) == 1, res.stdout
+    assert stacks[0]["frames"][:len(want)] == [(f, "gochain") for f in want], res.stdout
+    assert stacks[0]["count"] == count
+    oracle = gdb_backtrace(gochain, [n], func)
+    assert oracle and funcs(stacks[0]["frames"])[:len(oracle)] == oracle
+
+
+@pytest.mark.kernel
+def test_go_trace_exit_status(gochain):
+    """A traced Go program still runs to completion with status 0 (it exits
+    3 if main.d ran a wrong number of times)."""
+    res = ok(run_ustack("trace", f"uprobe:{gochain}:main.d", "-c", f"{gochain} 4"))
+    assert "exited with status" not in res.stderr, res.stderr
+    records = parse_trace(res.stdout)
+    assert len(records) == 4
+    for rec in records:
+        assert funcs(rec["frames"])[:6] == GO_CHAIN, rec
+        assert rec["frames"][0]["off"] == 0
+    # and run by -p: the process must exit 0 on its own
+    target = spawn("sh", "-c", f"sleep 0.6; exec {gochain} 5")
+    try:
+        time.sleep(0.2)
+        res = ok(run_ustack("count", f"uprobe:{gochain}:main.d", "-p", target.pid,
+                            timeout=30))
+        assert target.wait(timeout=10) == 0
+    finally:
+        stop(target)
+    stacks = parse_counts(res.stdout)
+    assert [(funcs(s["frames"])[:6], s["count"]) for s in stacks] == [(GO_CHAIN, 5)], res.stdout
+
+
+@pytest.mark.kernel
+def test_go_syscall_write(gochain):
+    n = 3
+    # the Go program writes to fd 1: send it to /dev/null, not into ustack's output
+    res = ok(run_ustack("count", "syscall:write",
+                        "-c", f"sh -c 'exec {gochain} {n} write >/dev/null'"))
+    stacks = parse_counts(res.stdout)
+    assert sum(s["count"] for s in stacks) == n, res.stdout
+    for s in stacks:
+        names = funcs(s["frames"])
+        assert "main.d" in names, names
+        assert names[names.index("main.d"):][:6] == GO_CHAIN, names
+        assert all(mod == "gochain" for _, mod in s["frames"])
+    oracle = gdb_backtrace(gochain, [1], "main.d")
+    names = funcs(stacks[0]["frames"])
+    assert names[names.index("main.d"):][:len(oracle)] == oracle
+
+
+# --- 8. a library by its short name -----------------------------------------------------
+
+@pytest.mark.kernel
+def test_libc_short_name():
+    prog, plugin = build("dlopen_main"), build("plugin", kind="shared")
+    res = ok(run_ustack("count", "uprobe:libc:malloc", "-c", f"{prog} 0 {plugin} 3"))
+    assert "libc.so.6:malloc" in res.stderr.splitlines()[0], res.stderr
+    stacks = parse_counts(res.stdout)
+    assert sum(s["count"] for s in stacks) >= 1, res.stdout
+    for s in stacks:
+        assert s["frames"][0] == ("malloc", "libc.so.6"), s
+
+
+# --- 9. system-wide ------------------------------------------------------------------------
+
+def _system_wide(prog, *extra) -> str:
+    """count uprobe:PROG:d for 2 s with no target while PROG 7 runs twice."""
+    us = start_ustack("count", f"uprobe:{prog}:d", "-d", "2", *extra,
+                      stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        for _ in range(2):
+            assert subprocess.run([str(prog), "7"], timeout=10).returncode == 0
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    assert "Traceback" not in err
+    return out
+
+
+@pytest.mark.kernel
+def test_system_wide_count(tmp_path):
+    prog = private_copy(build("chain"), tmp_path)
+    out = _system_wide(prog)
+    stacks = parse_counts(out)
+    assert [(funcs(s["frames"])[:5], s["count"]) for s in stacks] == [(CHAIN, 14)], out
+
+
+@pytest.mark.kernel
+def test_system_wide_per_pid(tmp_path):
+    prog = private_copy(build("chain"), tmp_path)
+    out = _system_wide(prog, "-P")
+    stacks = parse_counts(out)
+    assert [(funcs(s["frames"])[:5], s["count"], s["comm"]) for s in stacks] == \
+        [(CHAIN, 7, "chain")] * 2, out
+    assert stacks[0]["pid"] != stacks[1]["pid"]
+
+
+@pytest.mark.kernel
+def test_system_wide_folded_per_pid(tmp_path):
+    prog = private_copy(build("chain"), tmp_path)
+    out = _system_wide(prog, "-P", "-f", "folded")
+    rows = parse_folded(out)
+    assert len(rows) == 2, out
+    for stack, n in rows:
+        assert n == 7
+        assert stack[-5:] == CHAIN[::-1], stack
+        assert re.fullmatch(r"chain-\d+", stack[0]), stack    # comm-pid with -P
+    assert rows[0][0][0] != rows[1][0][0]
