@@ -18,7 +18,9 @@ from ..objfile.elf import ElfImage
 from . import cfi
 from .cfi import UnwindTable
 
-MAX_FRAMES = 128
+# Far beyond the kernel's perf_event_max_stack (127), so deep recursion is
+# not cut; a stack copy of 64 KiB holds at most ~4000 minimal frames anyway.
+MAX_FRAMES = 1024
 # Rule kinds of the per-pc cache, a tuple (kind, cfa_off, ra_off, bp_rule,
 # bp_off, aux, note): CFA = rsp|rbp + cfa_off, or [rsp|rbp + cfa_off] + aux
 # for the _DEREF kinds; the return address at CFA + ra_off; rbp per
@@ -153,6 +155,8 @@ class DwarfUnwinder:
             ip = ra
             exact = False
             addrs.append(ra)
+        else:
+            notes.append(f"stopped after {self.max_frames} frames")
         return tuple(addrs), tuple(notes)
 
     # --- resolving a pc (cache misses) -------------------------------------------
