@@ -146,3 +146,19 @@ def gdb_backtrace(prog, args=(), breakpoint: str = "d", timeout: float = 60) -> 
                          stdin=subprocess.DEVNULL)
     return [m.group(1) for line in res.stdout.splitlines()
             if (m := _GDB_FRAME.match(line))]
+
+
+def build_go_source(directory, source: str, name: str = "prog",
+                    ldflags: str = "") -> str:
+    """Build a one-file Go program (module example.com/t) in `directory`;
+    skips the test when go is missing. Returns the binary's path."""
+    if shutil.which("go") is None:
+        pytest.skip("go is not installed")
+    d = Path(directory)
+    (d / "main.go").write_text(source)
+    (d / "go.mod").write_text("module example.com/t\n\ngo 1.19\n")
+    flags = [f"-ldflags={ldflags}"] if ldflags else []
+    subprocess.run(["go", "build", "-buildvcs=false", *flags, "-o", name, "."],
+                   cwd=d, check=True, capture_output=True,
+                   env={**os.environ, "CGO_ENABLED": "0"})
+    return str(d / name)

@@ -7,6 +7,8 @@ import subprocess
 
 import pytest
 
+from helpers import build_go_source
+
 from ustack.model import Mapping, UstackError
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.symbols.symbolizer import Symbolizer
@@ -357,16 +359,9 @@ func main() { os.Exit((&T{3}).Method(2) & 0) }
 
 @pytest.fixture(scope="module")
 def gobin(tmp_path_factory):
-    if shutil.which("go") is None:
-        pytest.skip("go is not installed")
     d = tmp_path_factory.mktemp("go")
-    (d / "main.go").write_text(GO_SRC)
-    (d / "go.mod").write_text("module example.com/t\n\ngo 1.19\n")
-    subprocess.run(["go", "build", "-o", "prog", "."], cwd=d, check=True,
-                   capture_output=True, env={**os.environ, "CGO_ENABLED": "0"})
-    subprocess.run(["go", "build", "-ldflags=-s -w", "-o", "stripped", "."], cwd=d,
-                   check=True, capture_output=True, env={**os.environ, "CGO_ENABLED": "0"})
-    return str(d / "prog"), str(d / "stripped")
+    return (build_go_source(d, GO_SRC),
+            build_go_source(d, GO_SRC, "stripped", ldflags="-s -w"))
 
 
 def test_go_names(gobin):

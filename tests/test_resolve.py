@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from helpers import build_go_source
+
 from ustack.model import UstackError
 from ustack.probes import resolve
 from ustack.probes.listing import format_listing, list_functions
@@ -258,13 +260,7 @@ func main() { fmt.Println(work(10)) }
 
 @pytest.fixture(scope="module")
 def gobin(tmp_path_factory):
-    if shutil.which("go") is None:
-        pytest.skip("go is not installed")
-    d = tmp_path_factory.mktemp("go")
-    (d / "main.go").write_text(GO_SRC)
-    (d / "go.mod").write_text("module example.com/t\n\ngo 1.19\n")
-    run("go", "build", "-o", "prog", ".", cwd=d, env={**os.environ, "CGO_ENABLED": "0"})
-    return str(d / "prog")
+    return build_go_source(tmp_path_factory.mktemp("go"), GO_SRC)
 
 
 def test_slot_go(gobin):

@@ -91,7 +91,7 @@ class Sample:
     tid: int
     cpu: int
     ips: tuple = ()
-    stack: Optional[bytes] = None  # user stack bytes copied from sp upward
+    stack: Optional[bytes] = None  # user stack copied from sp upward (bytes-like)
     regs: Optional[dict] = None    # user registers by name ('ip', 'sp', 'bp', ...)
     kernel_ips: tuple = ()
     return_address_slot: Optional[int] = None  # see UprobeTarget

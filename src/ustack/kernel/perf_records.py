@@ -53,6 +53,18 @@ class EventLayout:
     return_address_slot: Optional[int] = None
 
 
+_REG_NAMES: dict = {}
+
+
+def _reg_names(mask: int) -> tuple:
+    """The REGS_USER register names a mask selects, in the kernel's order."""
+    names = _REG_NAMES.get(mask)
+    if names is None:
+        names = _REG_NAMES[mask] = tuple(r for i, r in enumerate(pe.X86_REGS)
+                                         if mask >> i & 1)
+    return names
+
+
 def _cstring(buf: bytes, start: int, end: int) -> str:
     nul = buf.find(b"\0", start, end)
     return buf[start:nul if nul >= 0 else end].decode("utf-8", "replace")
@@ -103,10 +115,8 @@ class RecordReader:
             abi = _U64.unpack_from(chunk, pos)[0]
             pos += 8
             if abi:
-                names = [r for i, r in enumerate(pe.X86_REGS)
-                         if layout.regs_mask >> i & 1]
-                values = _ips_struct(len(names)).unpack_from(chunk, pos)
-                regs = dict(zip(names, values))
+                names = _reg_names(layout.regs_mask)
+                regs = dict(zip(names, _ips_struct(len(names)).unpack_from(chunk, pos)))
                 pos += 8 * len(names)
         stack = None
         if layout.stack_size:
@@ -114,7 +124,7 @@ class RecordReader:
             pos += 8
             if size:
                 dyn = _U64.unpack_from(chunk, pos + size)[0]
-                stack = chunk[pos:pos + dyn]
+                stack = memoryview(chunk)[pos:pos + dyn]    # no copy
         return regs, stack
 
     def raw_samples(self, chunk: bytes, on_meta: Callable, out: list,
