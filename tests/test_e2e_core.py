@@ -607,4 +607,6 @@ def test_lost_events_reported(tmp_path):
             if _HEADER.match(line):
                 records += 1
     assert lost > 0
-    assert records + lost == n, f"{records} records + {lost} lost != {n}"
+    # Nothing dropped silently. The kernel's LOST count covers every record
+    # type, so a lost EXIT/MMAP2/COMM record of the target may add a few.
+    assert n <= records + lost <= n + 8, f"{records} records + {lost} lost vs {n}"
