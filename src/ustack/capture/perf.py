@@ -197,7 +197,7 @@ class PerfCapture:
                 fd = pe.open_event(attr, -1, cpu, what="cpu-clock")
                 fds.append(fd)
                 pe.set_output(fd, ring.fd)
-            time.sleep(0.005)             # a few 0.1 ms ticks on every CPU
+            time.sleep(0.02)              # many 0.1 ms ticks on every CPU
         except (OSError, UstackError):
             pass                          # best effort: losses so far are counted
         finally:
