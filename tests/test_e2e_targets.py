@@ -16,6 +16,11 @@ from test_e2e_core import (finish, funcs, ok, parse_counts, parse_folded, parse_
 CHAIN = ["d", "c", "b", "a", "main"]
 GO_CHAIN = ["main.d", "main.(*T).c", "main.b", "main.a", "main.main", "runtime.main"]
 
+# How long a -p target waits before the calls under test: ustack must be
+# attached by then (Python start-up and probe set-up, slower on a cold CI
+# machine than the ~0.5 s it takes warm).
+ATTACH_MS = 2000
+
 
 # --- 3. profile -------------------------------------------------------------------
 
@@ -55,7 +60,7 @@ def test_threads_command():
 @pytest.mark.kernel
 def test_threads_pid():
     prog = build("threads")
-    target = spawn(prog, 800, 5)
+    target = spawn(prog, ATTACH_MS, 5)
     try:
         time.sleep(0.2)
         res = ok(run_ustack("count", f"uprobe:{prog}:thread_d", "-p", target.pid,
@@ -71,7 +76,7 @@ def test_pid_target_exit_seen_while_unreaped():
     """-p ends when the process exits, even if its parent has not reaped it
     yet (a zombie keeps /proc/PID; its perf events hang up all the same)."""
     prog = build("threads")
-    target = subprocess.Popen([str(prog), "500", "5"])       # nobody reaps it
+    target = subprocess.Popen([str(prog), str(ATTACH_MS), "5"])  # nobody reaps it
     try:
         time.sleep(0.2)
         us = start_ustack("count", f"uprobe:{prog}:thread_d", "-p", target.pid,
@@ -109,7 +114,7 @@ def test_dlopen_command():
 def test_dlopen_pid_probe_before_load():
     """The probe is placed on plugin.so before the process dlopen()s it."""
     prog, plugin = build("dlopen_main"), build("plugin", kind="shared")
-    target = spawn(prog, 800, plugin, 3)
+    target = spawn(prog, ATTACH_MS, plugin, 3)
     try:
         time.sleep(0.2)
         maps = open(f"/proc/{target.pid}/maps").read()
@@ -159,7 +164,7 @@ def test_go_trace_exit_status(gochain):
         assert funcs(rec["frames"])[:6] == GO_CHAIN, rec
         assert rec["frames"][0]["off"] == 0
     # and run by -p: the process must exit 0 on its own
-    target = spawn("sh", "-c", f"sleep 0.6; exec {gochain} 5")
+    target = spawn("sh", "-c", f"sleep {ATTACH_MS / 1000}; exec {gochain} 5")
     try:
         time.sleep(0.2)
         res = ok(run_ustack("count", f"uprobe:{gochain}:main.d", "-p", target.pid,
