@@ -465,3 +465,46 @@ def test_symbolizer_unknowns(bins, tmp_path):
     plt = readelf_section(pie, ".plt")[0]
     f = sym.frames(5, [PIE_BASE + plt + 2])[0]
     assert (f.function, f.module, f.offset) == (None, "pie", 0)
+
+
+# --- the symbol cache (by build-id) --------------------------------------------
+
+def test_symbols_come_back_from_the_cache(bins, tmp_path, monkeypatch):
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    copy = str(tmp_path / "lib.so")
+    shutil.copy(bins["so"], copy)
+    first = ElfImage.open(copy).functions
+    assert len(list((tmp_path / "cache" / "symbols").glob("*.json"))) == 1
+    ElfImage._cache.clear()
+
+    def no_parsing(sections):
+        raise AssertionError("symbols parsed again despite the cache")
+    monkeypatch.setattr(ElfImage, "_raw_functions", staticmethod(no_parsing))
+    assert ElfImage.open(copy).functions == first
+
+
+def test_stripped_copy_does_not_reuse_the_full_symbols(bins, tmp_path, monkeypatch):
+    """Same build-id, other symbol tables: each gets its own cache entry."""
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    ElfImage._cache.clear()
+    stripped = str(tmp_path / "stripped.so")
+    run("strip", "--strip-all", "-o", stripped, bins["so"])
+    full = {s.name for s in ElfImage.open(bins["so"]).functions}
+    ElfImage._cache.clear()
+    img = ElfImage.open(stripped)
+    assert img.build_id == ElfImage.open(bins["so"]).build_id
+    names = {s.name for s in img.functions}
+    assert names == {n for n, _a, _s in readelf_functions(stripped, "--dyn-syms")}
+    assert names < full
+    assert len(list((tmp_path / "cache" / "symbols").glob("*.json"))) == 2
+
+
+def test_corrupt_symbol_cache_is_rebuilt(bins, tmp_path, monkeypatch):
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    ElfImage._cache.clear()
+    want = ElfImage.open(bins["so"]).functions
+    ElfImage._cache.clear()
+    entries = list((tmp_path / "cache" / "symbols").glob("*.json"))
+    assert len(entries) == 1
+    entries[0].write_bytes(b"{not json")
+    assert ElfImage.open(bins["so"]).functions == want

@@ -15,7 +15,6 @@ pyelftools still reads sections (and inflates SHF_COMPRESSED ones)."""
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
 import struct
 import zlib
@@ -24,6 +23,7 @@ from typing import Optional
 
 from elftools.elf.elffile import ELFFile
 
+from ..objfile import cache as objcache
 from ..objfile.debuginfo import build_id_path
 from ..objfile.elf import ElfImage
 
@@ -108,13 +108,14 @@ class UnwindTable:
                 build_id = ElfImage._build_id(elf, sections)
             debug = build_id_path(build_id)
             signature = _signature(sections, debug)
-            cache = _cache_file(path, st, build_id)
-            table = _load(cache, path, signature) if cache else None
+            cache = objcache.cache_file("cfi", path, st, build_id, "v1")
+            blob = objcache.read(cache)
+            # a corrupt or stale file gives None and is rebuilt
+            table = cls.from_bytes(path, blob, signature) if blob else None
             if table is None:
                 cls.parse_count += 1
                 table = _build(path, sections, debug, build_id)
-                if cache:
-                    _store(cache, table, signature)
+                objcache.write(cache, table.to_bytes(signature))
         cls._memo[key] = table
         return table
 
@@ -150,41 +151,7 @@ class UnwindTable:
 # --- cache files ---------------------------------------------------------------
 
 def cache_dir() -> str:
-    root = os.environ.get("USTACK_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ustack")
-    return os.path.join(root, "cfi")
-
-
-def _cache_file(path: str, st: os.stat_result, build_id: Optional[str]) -> Optional[str]:
-    if build_id:
-        name = build_id
-    else:  # no build-id: the file's identity stands in for its content
-        ident = f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
-        name = "path-" + hashlib.sha1(ident.encode()).hexdigest()
-    return os.path.join(cache_dir(), name + ".v1")
-
-
-def _load(cache: str, path: str, signature: bytes) -> Optional[UnwindTable]:
-    try:
-        with open(cache, "rb") as f:
-            blob = f.read()
-    except OSError:
-        return None
-    return UnwindTable.from_bytes(path, blob, signature)  # corrupt: None, rebuilt
-
-
-def _store(cache: str, table: UnwindTable, signature: bytes) -> None:
-    tmp = f"{cache}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(cache), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(table.to_bytes(signature))
-        os.replace(tmp, cache)  # atomic: readers see the old file or the new
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass  # caching is an optimization: an unwritable cache is not an error
+    return os.path.join(objcache.cache_root(), "cfi")
 
 
 def _signature(sections, debug: Optional[str]) -> bytes:
