@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .capture.perf import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
+                           DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from .model import UstackError
 
 EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
@@ -24,14 +26,15 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                    help="stop after SECONDS (default: until Ctrl-C or the target exits)")
     p.add_argument("--buffer-pages", type=int, metavar="N",
                    help="perf ring buffer pages per CPU, a power of two (default "
-                        "1024, or 8192 when stacks are copied for DWARF)")
+                        f"{DEFAULT_BUFFER_PAGES}, or {DWARF_BUFFER_PAGES} when "
+                        "stacks are copied for DWARF)")
     p.add_argument("--unwind", choices=("auto", "fp", "dwarf"), default="auto",
                    help="fp: the kernel walks frame pointers; dwarf: copy the "
                         "stack and unwind with the binaries' CFI; auto (default): "
                         "frame pointers where the code keeps them, DWARF elsewhere")
-    p.add_argument("--stack-size", type=int, default=8192, metavar="BYTES",
+    p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
-                        "(default 8192, at most 65528)")
+                        f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")
 
 
 def _count_args(p: argparse.ArgumentParser) -> None:
@@ -84,8 +87,8 @@ def _run(args) -> int:
         raise UstackError("--buffer-pages must be a power of two")
     if args.duration is not None and args.duration <= 0:
         raise UstackError("--duration must be positive")
-    if not 8 <= args.stack_size <= 65528:
-        raise UstackError("--stack-size must be between 8 and 65528 bytes")
+    if not 8 <= args.stack_size <= MAX_STACK_SIZE:
+        raise UstackError(f"--stack-size must be between 8 and {MAX_STACK_SIZE} bytes")
     opts = Options(mode=args.cmd, pid=args.pid, command=args.command,
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8)

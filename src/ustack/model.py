@@ -2,7 +2,7 @@
 capture -> unwind -> symbolize -> report). No stage logic lives here."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 
@@ -93,9 +93,7 @@ class Sample:
     ips: tuple = ()
     stack: Optional[bytes] = None  # user stack copied from sp upward (bytes-like)
     regs: Optional[dict] = None    # user registers by name ('ip', 'sp', 'bp', ...)
-    kernel_ips: tuple = ()
     return_address_slot: Optional[int] = None  # see UprobeTarget
-    comm: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,15 +119,6 @@ class ForkEvent:
     ptid: int
 
 
-@dataclass(frozen=True)
-class ExitEvent:
-    pid: int
-    tid: int
-
-
-@dataclass(frozen=True)
-class LostEvent:
-    count: int
 
 
 # --- unwind / symbolize ---------------------------------------------------

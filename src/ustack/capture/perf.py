@@ -24,6 +24,9 @@ from ..model import (ProfileTarget, TracepointTarget, UprobeTarget,
 from ..target.process import Target
 
 DEFAULT_BUFFER_PAGES = 1024               # 4 MiB per CPU
+# A stack copy per sample (8 KiB by default) fills buffers 100x faster than
+# a callchain: 32 MiB per CPU holds a burst of ~4000 samples.
+DWARF_BUFFER_PAGES = 8192
 DEFAULT_STACK_SIZE = 8192                 # user stack bytes copied per sample
 MAX_STACK_SIZE = 65528                    # the kernel's limit (u16 record size)
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)

@@ -9,7 +9,6 @@ import ctypes
 import errno
 import fcntl
 import os
-from typing import Optional
 
 from ..model import UstackError
 
@@ -49,11 +48,9 @@ FLAG_BITS = {
 }
 
 # ioctls (_IO('$', n) etc.)
-IOC_ENABLE = 0x2400
 IOC_DISABLE = 0x2401
 IOC_SET_OUTPUT = 0x2405
 IOC_ID = 0x80082407
-IOC_SET_BPF = 0x40042408
 
 # x86-64 perf_regs order (arch/x86/include/uapi/asm/perf_regs.h)
 X86_REGS = ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "ip", "flags",
@@ -94,8 +91,8 @@ _libc.syscall.restype = ctypes.c_long
 
 
 def make_attr(type_: int, config: int = 0, *, sample_type: int = 0,
-              period: int = 1, freq: int = 0, flags=(), config1: int = 0,
-              config2: int = 0, regs_user: int = 0, stack_user: int = 0,
+              period: int = 1, freq: int = 0, flags=(),
+              regs_user: int = 0, stack_user: int = 0,
               wakeup_watermark: int = 0, max_stack: int = 0) -> PerfEventAttr:
     attr = PerfEventAttr()
     attr.type = type_
@@ -112,8 +109,6 @@ def make_attr(type_: int, config: int = 0, *, sample_type: int = 0,
         bits |= 1 << FLAG_BITS["watermark"]
         attr.wakeup_events = wakeup_watermark
     attr.flags = bits
-    attr.config1 = config1
-    attr.config2 = config2
     attr.sample_regs_user = regs_user
     attr.sample_stack_user = stack_user
     attr.sample_max_stack = max_stack
@@ -142,15 +137,9 @@ class PerfOpenError(UstackError):
         elif err == errno.EMFILE:
             msg = (f"too many open files opening {what}: raise `ulimit -n` "
                    "or trace fewer events")
-        elif err == errno.ENOENT and what.startswith("uprobe"):
-            msg = f"cannot place {what}: the kernel has no uprobe support"
         else:
             msg = f"perf_event_open failed for {what}: {os.strerror(err)}"
         super().__init__(msg)
-
-
-def ioctl(fd: int, request: int, arg: int = 0) -> int:
-    return fcntl.ioctl(fd, request, arg)
 
 
 def event_id(fd: int) -> int:
@@ -163,28 +152,8 @@ def set_output(fd: int, target_fd: int) -> None:
     fcntl.ioctl(fd, IOC_SET_OUTPUT, target_fd)
 
 
-def enable(fd: int) -> None:
-    fcntl.ioctl(fd, IOC_ENABLE, 0)
-
-
 def disable(fd: int) -> None:
     fcntl.ioctl(fd, IOC_DISABLE, 0)
-
-
-def pmu_type(name: str) -> Optional[int]:
-    """The dynamic PMU type number (e.g. 'uprobe'), or None if absent."""
-    try:
-        with open(f"/sys/bus/event_source/devices/{name}/type") as f:
-            return int(f.read())
-    except OSError:
-        return None
-
-
-def pmu_format_bit(pmu: str, field: str) -> int:
-    """Bit of `config` a PMU format field uses, e.g. uprobe retprobe -> 0."""
-    with open(f"/sys/bus/event_source/devices/{pmu}/format/{field}") as f:
-        spec = f.read().strip()          # "config:0"
-    return int(spec.split(":")[1].split("-")[0])
 
 
 def cpus_online() -> list:

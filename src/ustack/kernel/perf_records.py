@@ -11,11 +11,11 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..model import (CommEvent, ExitEvent, ForkEvent, LostEvent, Mapping,
+from ..model import (CommEvent, ForkEvent, Mapping,
                      MmapEvent, Sample)
 from . import perf_event as pe
 
-RECORD_LOST, RECORD_COMM, RECORD_EXIT = 2, 3, 4
+RECORD_LOST, RECORD_COMM = 2, 3
 RECORD_THROTTLE, RECORD_FORK, RECORD_SAMPLE = 5, 7, 9
 RECORD_MMAP2, RECORD_LOST_SAMPLES = 10, 13
 MISC_COMM_EXEC = 1 << 13
@@ -92,19 +92,13 @@ class RecordReader:
             return CommEvent(pid, tid, comm, bool(misc & MISC_COMM_EXEC))
         if typ == RECORD_FORK:
             return ForkEvent(*_FORK.unpack_from(chunk, body))
-        if typ == RECORD_EXIT:
-            pid, _ppid, tid, _ptid = _FORK.unpack_from(chunk, body)
-            return ExitEvent(pid, tid)
+        # losses are totals for the end of the run, not events to apply
         if typ == RECORD_LOST:
-            _id, lost = _LOST.unpack_from(chunk, body)
-            self.lost += lost
-            return LostEvent(lost)
-        if typ == RECORD_LOST_SAMPLES:
-            lost = _U64.unpack_from(chunk, body)[0]
-            self.lost += lost
-            return LostEvent(lost)
-        if typ == RECORD_THROTTLE:
-            self.throttled += 1
+            self.lost += _LOST.unpack_from(chunk, body)[1]
+        elif typ == RECORD_LOST_SAMPLES:
+            self.lost += _U64.unpack_from(chunk, body)[0]
+        elif typ == RECORD_THROTTLE:
+            self.throttled += 1         # samples dropped with no count
         return None
 
     # -- samples ------------------------------------------------------------
@@ -170,15 +164,17 @@ class RecordReader:
         return layout.label if layout else "?"
 
     def decode(self, ident: int, pid: int, tid: int, chain: bytes,
-               extra: bytes, time_ns: int = 0, cpu: int = -1) -> Sample:
+               extra: bytes) -> Sample:
+        """The Sample of one raw_samples() tuple, for unwinding (its time and
+        CPU stay with the caller)."""
         raw = _ips_struct(len(chain) // 8).unpack_from(chain)
         layout = self.layouts.get(ident) or EventLayout("?")
         regs = stack = None
         if extra:
             regs, stack = self._user_stack(extra, 0, layout)
-        return Sample(layout.label, time_ns, pid, tid, cpu,
+        return Sample(layout.label, 0, pid, tid, -1,
                       tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
-                      stack, regs, (), layout.return_address_slot)
+                      stack, regs, layout.return_address_slot)
 
     def is_dwarf(self, ident: int) -> bool:
         layout = self.layouts.get(ident)

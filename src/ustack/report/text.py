@@ -30,12 +30,6 @@ def format_time(time_ns: int) -> str:
     return f"{secs}.{ns // 1000:06d}"
 
 
-def format_header(comm: str, pid: int, tid: int, cpu: int, time_ns: int,
-                  event: str) -> str:
-    before, after = header_parts(comm, pid, tid, cpu, event)
-    return before + format_time(time_ns) + after
-
-
 def format_stack(stack: Stack) -> str:
     """The frame lines of one event, ending with the blank separator line."""
     lines = [frame_line(f) for f in stack.frames]

@@ -10,7 +10,7 @@ import time
 from typing import Optional
 
 from ..kernel import procfs
-from ..model import CommEvent, ExitEvent, ForkEvent, Mapping, MmapEvent
+from ..model import CommEvent, ForkEvent, Mapping, MmapEvent
 
 
 class ProcessMaps:
@@ -39,7 +39,6 @@ class MappingTracker:
         self.generations: dict = {}     # pid -> current generation
         self.procs: dict = {}           # (pid, generation) -> ProcessMaps
         self.comms: dict = {}           # tid -> comm
-        self.pids_of: dict = {}         # tid -> pid
         self.last_seed: dict = {}       # pid -> monotonic time of last /proc read
 
     # -- feeding ----------------------------------------------------------
@@ -73,9 +72,7 @@ class MappingTracker:
             if event.exec and event.pid == event.tid:
                 self.generations[event.pid] = self.generations.get(event.pid, 0) + 1
             self.comms[event.tid] = event.comm
-            self.pids_of[event.tid] = event.pid
         elif isinstance(event, ForkEvent):
-            self.pids_of[event.tid] = event.pid
             parent_comm = self.comms.get(event.ptid) or self.comms.get(event.ppid)
             if parent_comm and event.tid not in self.comms:
                 self.comms[event.tid] = parent_comm
@@ -83,8 +80,6 @@ class MappingTracker:
                 parent = self._maps(event.ppid)
                 self.procs[(event.pid, self.generations.get(event.pid, 0))] = \
                     ProcessMaps(parent.maps)
-        elif isinstance(event, ExitEvent):
-            pass                            # keep everything: late symbolization
 
     # -- querying ---------------------------------------------------------
     def generation(self, pid: int) -> int:
