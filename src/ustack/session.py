@@ -12,12 +12,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, TextIO
 
-from .capture.perf import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE, PerfCapture
+from .capture.perf import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
+                           DWARF_BUFFER_PAGES, PerfCapture)
 from .model import (CommEvent, ProfileTarget, Sample, Stack, StackCount, UstackError)
 from .probes.resolve import resolve_uprobes, tracepoint_targets
 from .probes.spec import parse_event
 from .report.counts import format_counts, format_folded
-from .report.text import format_stack, header_parts
+from .report.text import format_stack, format_time, header_parts
 from .symbols.symbolizer import Symbolizer
 from .target import process
 from .target.mappings import MappingTracker, PinnedView
@@ -26,14 +27,10 @@ from .unwind.dwarf import DwarfUnwinder
 from .unwind.fp import frame_pointer_stack
 
 POLL_MS = 100
-# A stack copy per sample (8 KiB by default) fills buffers 100x faster than
-# a callchain: 32 MiB per CPU holds a burst of ~4000 samples.
-DWARF_BUFFER_PAGES = 8192
 SLICE_S = 0.05                     # decoding time between two writes of output
 DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
 PIECE = 64 << 10                   # bytes of a chunk decoded in one step
 BACKLOG_LIMIT = 256 << 20          # bytes of undecoded records held in memory
-DEFAULT_PROFILE_HZ = 49
 
 
 @dataclass
@@ -49,7 +46,6 @@ class Options:
     buffer_pages: Optional[int] = None     # None: sized for the unwinder
     unwind: str = "auto"                   # auto | fp | dwarf
     stack_size: int = DEFAULT_STACK_SIZE
-    hz: int = DEFAULT_PROFILE_HZ
 
 
 def resolve_probes(specs: list, pid: Optional[int]) -> list:
@@ -153,15 +149,11 @@ class Run:
         self.opts, self.out, self.err = opts, out, err
         self.tracker = MappingTracker()
         self.counts: dict = {}
-        self.events_seen = 0
         self.dwarf = DwarfUnwinder()
         self.pending: list = []            # text waiting to be written
         self.headers: dict = {}            # (tid, cpu, event id) -> header parts
 
     # -- helpers ------------------------------------------------------------
-    def _is_code(self, pid: int):
-        return lambda addr: self.tracker.find(pid, addr) is not None
-
     def _addresses(self, sample: Sample, find=None) -> tuple:
         """(return addresses innermost first, notes) for one sample."""
         pid = sample.pid
@@ -174,9 +166,21 @@ class Run:
                                     lambda addr: find(pid, addr) is not None)
         return addrs, ()
 
-    def _stack(self, sample: Sample, symbolizer: Symbolizer) -> Stack:
-        addrs, notes = self._addresses(sample)
-        return Stack(symbolizer.frames(sample.pid, addrs), notes)
+    def _stack_key(self, reader, ident, pid, tid, chain, extra) -> tuple:
+        """What tells raw stacks apart before symbolization, as a pair: the
+        callchain bytes (and entry words) of a frame-pointer sample, decoded
+        later, once per distinct stack; or the (addresses, notes) of a DWARF
+        sample, unwound now, since its stack copy is nearly always unique."""
+        if reader.is_dwarf(ident):
+            return self._addresses(reader.decode(ident, pid, tid, chain, extra))
+        return chain, extra
+
+    def _unwound(self, reader, ident, pid, tid, key, find=None) -> tuple:
+        """(addresses, notes) of a _stack_key."""
+        first, second = key
+        if isinstance(first, tuple):
+            return first, second
+        return self._addresses(reader.decode(ident, pid, tid, first, second), find)
 
     # -- the run --------------------------------------------------------------
     def execute(self) -> int:
@@ -232,7 +236,10 @@ class Run:
               f"[backend perf, unwind {self.unwind_summary}]"
               + ("" if opts.duration else "... Hit Ctrl-C to end."),
               file=self.err, flush=True)
-        symbolizer = Symbolizer(self.tracker)
+        # one symbolizer (one cache) for the run; counted stacks pin the view
+        # to the exec generation they were seen in
+        view = PinnedView(self.tracker)
+        symbolizer = Symbolizer(view)
         reader = capture.reader
         on_raw = (self._tracer(reader, symbolizer) if opts.mode == "trace"
                   else self._counter(reader))
@@ -256,7 +263,6 @@ class Run:
                 self._on_meta(event)
             for r in raws:
                 on_raw(*r)
-            self.events_seen += len(raws)
             return done
 
         deadline = time.monotonic() + opts.duration if opts.duration else None
@@ -275,12 +281,16 @@ class Run:
         self.out.write("".join(self.pending))
         self.pending.clear()
         if opts.mode != "trace":
-            self._report_counts(reader, symbolizer)
+            self._report_counts(reader, symbolizer, view)
         self.out.flush()
         if reader.lost:
             print(f"Lost {reader.lost} events: the perf buffer was full "
                   f"(try --buffer-pages {capture.buffer_pages * 4})",
                   file=self.err)
+        if reader.throttled:
+            print(f"The kernel throttled sampling {reader.throttled} times: samples "
+                  "were dropped uncounted (see kernel.perf_event_max_sample_rate; "
+                  "lower -F)", file=self.err)
         if target.mode == "command" and target.exit_status not in (None, 0):
             print(f"{target.argv[0]} exited with status {target.exit_status}",
                   file=self.err)
@@ -317,35 +327,25 @@ class Run:
         heads = self.headers
         generations = self.tracker.generations
         pending = self.pending
-        is_dwarf = reader.is_dwarf
+        stack_key = self._stack_key
 
         def on_raw(ident, pid, tid, t, cpu, chain, extra):
-            if is_dwarf(ident):
-                # a stack copy is nearly always unique: key on the unwound stack
-                addrs, notes = self._addresses(
-                    reader.decode(ident, pid, tid, chain, extra))
-                key = (pid, generations.get(pid, 0), addrs, notes)
-                block = blocks.get(key)
-                if block is None:
-                    block = Stack(symbolizer.frames(pid, addrs), notes)
-            else:
-                key = (pid, generations.get(pid, 0), chain, extra)
-                block = blocks.get(key)
-                if block is None:
-                    block = self._stack(reader.decode(ident, pid, tid, chain, extra),
-                                        symbolizer)
-            if not isinstance(block, str):
+            skey = stack_key(reader, ident, pid, tid, chain, extra)
+            key = (pid, generations.get(pid, 0)) + skey
+            block = blocks.get(key)
+            if block is None:
+                addrs, notes = self._unwound(reader, ident, pid, tid, skey)
                 if len(blocks) > 100_000:
                     blocks.clear()
-                block = blocks[key] = format_stack(block)
+                block = blocks[key] = format_stack(
+                    Stack(symbolizer.frames(pid, addrs), notes))
             hkey = (tid, cpu, ident)
             head = heads.get(hkey)
             if head is None:
                 comm = self.tracker.comm(pid, tid)
                 head = heads[hkey] = header_parts(comm, pid, tid, cpu,
                                                   reader.label(ident))
-            secs, ns = divmod(t, 1_000_000_000)
-            pending.append(f"{head[0]}{secs}.{ns // 1000:06d}{head[1]}{block}")
+            pending.append(f"{head[0]}{format_time(t)}{head[1]}{block}")
         return on_raw
 
     def _counter(self, reader):
@@ -354,29 +354,21 @@ class Run:
         unwound at once and counted by their addresses."""
         counts = self.counts
         generations = self.tracker.generations
-        is_dwarf = reader.is_dwarf
+        stack_key = self._stack_key
 
         def on_raw(ident, pid, tid, t, cpu, chain, extra):
-            if is_dwarf(ident):
-                sample = reader.decode(ident, pid, tid, chain, extra)
-                chain, extra = self._addresses(sample)   # (addrs, notes)
-            key = (ident, pid, tid, generations.get(pid, 0), chain, extra)
+            key = (ident, pid, tid, generations.get(pid, 0)) + stack_key(
+                reader, ident, pid, tid, chain, extra)
             counts[key] = counts.get(key, 0) + 1
         return on_raw
 
-    def _report_counts(self, reader, symbolizer: Symbolizer) -> None:
-        view = PinnedView(self.tracker)
-        pinned = Symbolizer(view)
+    def _report_counts(self, reader, symbolizer: Symbolizer, view: PinnedView) -> None:
         counted = []
         for key, n in self.counts.items():
-            ident, pid, tid, generation, chain, extra = key
+            ident, pid, tid, generation = key[:4]
             view.generation = generation
-            if isinstance(chain, tuple):        # unwound at ingest (DWARF)
-                addrs, notes = chain, extra
-            else:
-                sample = reader.decode(ident, pid, tid, chain, extra)
-                addrs, notes = self._addresses(sample, view.find)
-            stack = Stack(pinned.frames(pid, addrs), notes)
+            addrs, notes = self._unwound(reader, ident, pid, tid, key[4:], view.find)
+            stack = Stack(symbolizer.frames(pid, addrs), notes)
             comm = self.tracker.comm(pid, tid)
             counted.append(StackCount(comm, pid, stack, n, reader.label(ident)))
         if self.opts.output_format == "folded":
