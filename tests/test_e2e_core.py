@@ -42,7 +42,8 @@ _COUNT_N = re.compile(r"^    (?P<n>\d+)$")
 
 def parse_trace(out: str) -> list[dict]:
     """`ustack trace` stdout -> records {comm, pid, tid, cpu, time, label,
-    frames: [{addr, func, off, size, module}]}; every line must parse."""
+    frames: [{addr, func, off, size, module}], notes: [str]}; every line
+    must parse (notes are ` (…)` lines after the frames)."""
     records, cur = [], None
     for line in out.splitlines():
         if not line:
@@ -53,9 +54,14 @@ def parse_trace(out: str) -> list[dict]:
             assert m, f"bad trace header line: {line!r}"
             cur = dict(comm=m["comm"], pid=int(m["pid"]), tid=int(m["tid"]),
                        cpu=int(m["cpu"]), label=m["label"],
-                       time=int(m["secs"]) + int(m["usecs"]) / 1e6, frames=[])
+                       time=int(m["secs"]) + int(m["usecs"]) / 1e6, frames=[],
+                       notes=[])
             records.append(cur)
             continue
+        if line.startswith(" (") and line.endswith(")"):
+            cur["notes"].append(line[2:-1])
+            continue
+        assert not cur["notes"], f"frame line after a note: {line!r}"
         m = _TRACE_FRAME.match(line)
         assert m, f"bad trace frame line: {line!r}"
         cur["frames"].append(dict(
@@ -536,9 +542,11 @@ def test_error_not_root(monkeypatch, capsys):
 # --- 11. leave no trace -----------------------------------------------------------------
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 @pytest.mark.parametrize("delay", [0, 1])
-def test_sigint_cleans_up_and_target_survives(chain, delay):
-    """Ctrl-C right after `Tracing …` (as it invites) or a second later."""
+def test_sigint_cleans_up_and_target_survives(chain, delay, sig):
+    """Ctrl-C (or a service manager's SIGTERM) right after `Tracing …` (as
+    it invites) or a second later."""
     target = spawn(chain, 10 ** 12)
     try:
         time.sleep(0.1)
@@ -547,11 +555,11 @@ def test_sigint_cleans_up_and_target_survives(chain, delay):
             wait_tracing(us)
             assert ustack_lines(us.pid), "the probe is not in uprobe_events while tracing"
             time.sleep(delay)
-            us.send_signal(signal.SIGINT)
+            us.send_signal(sig)
             try:
                 err = us.communicate(timeout=15)[1]
             except subprocess.TimeoutExpired:
-                pytest.fail("ustack did not exit within 15 s of SIGINT")
+                pytest.fail(f"ustack did not exit within 15 s of {sig.name}")
             assert us.returncode == 0, err
             assert "Traceback" not in err, err
             assert ustack_lines(us.pid) == []

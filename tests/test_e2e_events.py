@@ -1,0 +1,73 @@
+"""The event spellings the README lists beyond uprobe and syscall:write,
+end to end: uretprobe, tracepoint:GROUP:NAME, syscall:* globs, uprobe globs
+naming several functions, and profile:hz:N as an EVENT of count."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import build, run_ustack
+from test_e2e_core import CHAIN, funcs, ok, parse_counts, parse_trace
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return build("chain")
+
+
+@pytest.mark.kernel
+def test_uretprobe_fires_in_the_caller(chain):
+    """At a return probe d has returned: the stack starts in c, at the
+    instruction after the call (as bpftrace's uretprobe ustack does)."""
+    n = 5
+    res = ok(run_ustack("trace", f"uretprobe:{chain}:d", "-c", f"{chain} {n}"))
+    records = parse_trace(res.stdout)
+    assert len(records) == n, res.stdout
+    for rec in records:
+        assert rec["label"] == f"uretprobe:{chain}:d"
+        assert funcs(rec["frames"])[:4] == CHAIN[1:], rec
+        assert rec["frames"][0]["off"] > 0         # inside c, past the call
+
+
+@pytest.mark.kernel
+def test_tracepoint_spelling_counts_like_syscall(chain):
+    n = 4
+    via_tp = ok(run_ustack("count", "tracepoint:syscalls:sys_enter_write",
+                           "-c", f"{chain} {n} rawwrite"))
+    via_sc = ok(run_ustack("count", "syscall:write", "-c", f"{chain} {n} rawwrite"))
+    for res in (via_tp, via_sc):
+        stacks = parse_counts(res.stdout)
+        assert [(funcs(s["frames"])[:5], s["count"]) for s in stacks] == [(CHAIN, n)], \
+            res.stdout
+
+
+@pytest.mark.kernel
+def test_syscall_glob_includes_every_write(chain):
+    """syscall:* opens one event per syscall; the n writes from d are among
+    what it counts, each with the full chain (rawwrite: the syscall is in d)."""
+    n = 3
+    res = ok(run_ustack("trace", "syscall:*", "-c", f"{chain} {n} rawwrite"))
+    records = parse_trace(res.stdout)
+    writes = [r for r in records if r["label"] == "syscall:write"]
+    assert len(writes) == n, [r["label"] for r in records]
+    for rec in writes:
+        assert funcs(rec["frames"])[:5] == CHAIN, rec
+    assert {r["label"] for r in records} > {"syscall:write"}   # execve's mmaps etc.
+
+
+@pytest.mark.kernel
+def test_uprobe_glob_places_one_probe_per_function(chain):
+    n = 2
+    res = ok(run_ustack("trace", f"uprobe:{chain}:[bd]", "-c", f"{chain} {n}"))
+    labels = [r["label"] for r in parse_trace(res.stdout)]
+    assert labels == [f"uprobe:{chain}:b"] + [f"uprobe:{chain}:d"] * n, labels
+
+
+@pytest.mark.kernel
+def test_profile_event_in_count():
+    busy = build("busy")
+    res = ok(run_ustack("count", "profile:hz:199", "-c", f"{busy} 1"))
+    stacks = parse_counts(res.stdout)
+    total = sum(s["count"] for s in stacks)
+    assert total >= 100, res.stdout
+    assert funcs(stacks[-1]["frames"])[:3] == ["spin_here", "work", "main"], res.stdout
+    assert stacks[-1]["count"] >= 0.8 * total, res.stdout
