@@ -42,7 +42,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(BENCH))
 from helpers import O2_NOFP, build, ustack_env  # noqa: E402  (one build recipe)
-from uprobe_rate import Failed, fmt, lost_count, timed  # noqa: E402
+from uprobe_rate import Failed, fmt, lost_count, timed, write_report  # noqa: E402
 
 GNU_TIME = "/usr/bin/time"
 USTACK = [sys.executable, "-m", "ustack"]
@@ -400,11 +400,7 @@ How to read these:
 - (b) *user CPU lost*: busy spins for a fixed wall time, so the sampling cost shows as user CPU the target did not get: 1 − target user s / uninstrumented user s.
 - The machine is shared and has 2 CPUs: compare rows of one run, not runs.
 """
-    print(md)
-    out_md.parent.mkdir(parents=True, exist_ok=True)
-    out_md.write_text(md)
-    print(f"written to {out_md.relative_to(REPO) if out_md.is_relative_to(REPO) else out_md}",
-          file=sys.stderr)
+    write_report(md, out_md)
 
 
 if __name__ == "__main__":

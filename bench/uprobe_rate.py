@@ -217,6 +217,11 @@ def main():
           + table(results, n) + "\n\n"
           "perf's events can exceed N: perf 6.1 sometimes writes a sample twice "
           "(same timestamp in `perf script`).\n")
+    write_report(md, out)
+
+
+def write_report(md: str, out: Path) -> None:
+    """Print a results table and keep it under bench/results/."""
     print(md)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)
