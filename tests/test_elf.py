@@ -222,6 +222,32 @@ def test_find_and_match(bins):
     assert img.match("zz*") == []
 
 
+def objdump_plt_stubs(path):
+    """{address: 'name@plt'} as objdump labels the PLT sections' stubs."""
+    out = {}
+    for line in run("objdump", "-d", "-j", ".plt", "-j", ".plt.sec", "-j", ".plt.got",
+                    path).splitlines():
+        m = re.match(r"([0-9a-f]+) <([^>+]+@plt)>:", line)
+        if m:
+            out[int(m.group(1), 16)] = m.group(2)
+    return out
+
+
+@pytest.mark.parametrize("flags", [(), ("-fcf-protection=full",), ("-Wl,-z,now",)],
+                         ids=["lazy", "ibt", "now"])
+def test_plt_stubs_named_like_objdump(tmp_path, flags):
+    path = cc(tmp_path, "plt", SRC, "-O1", *flags)
+    want = objdump_plt_stubs(path)
+    assert "abort@plt" in want.values(), want
+    img = ElfImage.open(path)
+    for addr, name in want.items():
+        assert img.lookup(addr).name == name
+        assert img.lookup(addr + 5).name == name     # inside the stub too
+    # stubs name addresses; they are neither probe targets nor list rows
+    assert not [s for s in img.functions if s.name.endswith("@plt")]
+    assert img.find("abort@plt") == []
+
+
 # --- addresses, file offsets, bytes ------------------------------------------
 
 @pytest.mark.parametrize("kind", ["pie", "nopie", "so"])

@@ -24,6 +24,8 @@ _FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC")
 # (glibc's public names are often weak: getpid over __getpid).
 _BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 0, "STB_GNU_UNIQUE": 0, "STB_LOCAL": 1}
 _GO_SECTIONS = (".go.buildinfo", ".gopclntab")
+_PLT_SECTIONS = (".plt", ".plt.sec", ".plt.got")
+_JMP_RIP = b"\xff\x25"   # jmp *disp32(%rip): how every x86-64 PLT stub leaves
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,12 @@ class ElfImage:
         self.build_id = self._build_id(elf, sections)
         raw = self._cached_raw_functions(sections)
         self.has_symtab = any(s["sh_type"] == "SHT_SYMTAB" for s in sections)
-        self.functions = self._fill_sizes(raw, sections)
+        named = self._fill_sizes(raw, sections)
+        # PLT stubs name addresses but are not probe targets or list rows
+        self.functions = [s for s in named if not s.name.endswith("@plt")]
         self.is_go = (bool(self.section_names & set(_GO_SECTIONS))
                       or any(s.name == "runtime.main" for s in self.functions))
-        self._build_indexes(raw)
+        self._build_indexes(raw, named)
 
     @staticmethod
     def _build_id(elf, sections) -> Optional[str]:
@@ -114,7 +118,8 @@ class ElfImage:
         An object and its debug file (or a stripped copy) share the
         build-id, not the symbol tables: the tables' sizes name the entry."""
         signature = ";".join(f"{s.name}:{s['sh_size']}" for s in sections
-                             if s["sh_type"] in ("SHT_SYMTAB", "SHT_DYNSYM"))
+                             if s["sh_type"] in ("SHT_SYMTAB", "SHT_DYNSYM")
+                             or s.name in _PLT_SECTIONS)
         try:
             tables = hashlib.sha1(signature.encode()).hexdigest()[:16]
             cache = objcache.cache_file("symbols", self.path, os.stat(self.path),
@@ -138,8 +143,9 @@ class ElfImage:
 
     @staticmethod
     def _raw_functions(sections) -> dict:
-        """(address, name) -> (size, binding, section index) over both tables."""
-        found = {}
+        """(address, name) -> (size, binding, section index) over both tables
+        and the PLT stubs (a sample can stop in one: perf names it foo@plt)."""
+        found = _plt_functions(sections)
         for sec in sections:
             if sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
                 continue
@@ -177,14 +183,14 @@ class ElfImage:
             out.append(Symbol(name, addr, size))
         return out
 
-    def _build_indexes(self, raw: dict) -> None:
+    def _build_indexes(self, raw: dict, named: list) -> None:
         by_name: dict = {}
         for sym in self.functions:
             by_name.setdefault(sym.name, []).append(sym)
         self._by_name = by_name
         # One preferred symbol per start address ...
         best: dict = {}
-        for sym in self.functions:
+        for sym in named:
             size0, bind, _ = raw[(sym.address, sym.name)]
             underscores = len(sym.name) - len(sym.name.lstrip("_"))
             rank = (size0 == 0, _BIND_RANK.get(bind, 2), underscores, sym.name)
@@ -241,6 +247,41 @@ class ElfImage:
 
     def __repr__(self) -> str:
         return f"ElfImage({self.path!r}, {len(self.functions)} functions)"
+
+
+def _plt_functions(sections) -> dict:
+    """`name@plt` for each PLT stub, found the way objdump does: the stub's
+    `jmp *GOT(%rip)` names a GOT slot, and the slot's relocation names the
+    symbol. Lazy-binding .plt, IBT's .plt.sec and .plt.got all work so;
+    the resolver stub PLT0 jumps through no relocated slot and stays unnamed."""
+    by_index = {i: s for i, s in enumerate(sections)}
+    slots = {}
+    for sec in sections:
+        if sec["sh_type"] != "SHT_RELA" or not sec["sh_link"]:
+            continue
+        symtab = by_index.get(sec["sh_link"])
+        if symtab is None or symtab["sh_type"] not in ("SHT_DYNSYM", "SHT_SYMTAB"):
+            continue
+        for rel in sec.iter_relocations():
+            if rel["r_info_sym"]:
+                name = symtab.get_symbol(rel["r_info_sym"]).name.split("@", 1)[0]
+                if name:
+                    slots[rel["r_offset"]] = name
+    found = {}
+    for index, sec in enumerate(sections):
+        if sec.name not in _PLT_SECTIONS or sec["sh_type"] != "SHT_PROGBITS":
+            continue
+        step = sec["sh_entsize"] or 16
+        data, base = sec.data(), sec["sh_addr"]
+        for start in range(0, len(data) - step + 1, step):
+            at = data.find(_JMP_RIP, start, start + step)
+            if at < 0 or at + 6 > len(data):
+                continue
+            disp = int.from_bytes(data[at + 2:at + 6], "little", signed=True)
+            name = slots.get(base + at + 6 + disp)
+            if name:
+                found[(base + start, f"{name}@plt")] = (step, "STB_LOCAL", index)
+    return found
 
 
 def _flatten(syms: list):
