@@ -4,13 +4,15 @@
   `kernel` fixture): they skip, with the reason printed in the summary, when
   not root or when the kernel has no uprobe PMU.
 - After every test, `no_leftovers` (autouse) fails the test if it left
-  behind a ustack uprobe/dynamic event, a ustack tracefs instance, changed
+  behind a uprobe/dynamic event or tracefs instance of a ustack process
+  that has exited (live runs are someone else's), changed
   trace_options, or a live process it started. Leaked processes are killed
   and trace_options restored so that one failure does not cascade.
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,12 +74,21 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _orphaned(name: str) -> bool:
+    """Whether a ustack_<pid> name belongs to a ustack process that is gone.
+    A live owner is another ustack run (a helper's, a user's): not ours to
+    judge, so concurrent runs do not fail each other's tests."""
+    m = re.search(r"ustack_(\d+)", name)
+    return m is None or not Path(f"/proc/{m.group(1)}").exists()
+
+
 def _tracefs_state() -> dict[str, set[str]]:
     events = {line for f in ("uprobe_events", "dynamic_events")
-              for line in _read(TRACEFS / f).splitlines() if "ustack" in line}
+              for line in _read(TRACEFS / f).splitlines()
+              if "ustack" in line and _orphaned(line)}
     try:
         instances = {p.name for p in (TRACEFS / "instances").iterdir()
-                     if p.name.startswith("ustack")}
+                     if p.name.startswith("ustack") and _orphaned(p.name)}
     except OSError:
         instances = set()
     return {"events": events, "instances": instances,
