@@ -126,13 +126,18 @@ class ForkEvent:
 @dataclass(frozen=True)
 class Frame:
     """One symbolized frame. `offset` is addr - function start, as perf and
-    SystemTap print it; `size` is the function's size (0 if unknown)."""
+    SystemTap print it; `size` is the function's size (0 if unknown). An
+    inlined frame shares `addr` with the frame it was inlined into, which
+    follows it in the stack."""
     addr: int
     module: str                    # basename of the mapped file, '' if unknown
     function: Optional[str] = None
     offset: int = 0
     size: int = 0
     path: str = ""
+    file: str = ""                 # source file, when lines were asked for
+    line: int = 0                  # 0: unknown
+    inlined: bool = False          # a call inlined into the frame that follows
 
     @property
     def name(self) -> str:

@@ -6,12 +6,17 @@ from ..model import Frame, Stack
 
 
 def frame_label(f: Frame) -> str:
-    """`func+0x15/0x90 [module]` — the part of a frame line after the address."""
+    """`func+0x15/0x90 [module]` — the part of a frame line after the
+    address; `func (inlined) [module]` for an inlined call; then ` file:line`
+    when the frame has one."""
     module = f" [{f.module}]" if f.module else ""
+    where = f" {f.file}:{f.line}" if f.line else ""
     if f.function is None:
-        return f"[unknown]{module}"
+        return f"[unknown]{module}{where}"
+    if f.inlined:
+        return f"{f.function} (inlined){module}{where}"
     size = f"/0x{f.size:x}" if f.size else ""
-    return f"{f.function}+0x{f.offset:x}{size}{module}"
+    return f"{f.function}+0x{f.offset:x}{size}{module}{where}"
 
 
 def frame_line(f: Frame) -> str:
