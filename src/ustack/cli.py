@@ -35,6 +35,25 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")
+    _symbol_args(p)
+
+
+def _symbol_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lines", action="store_true",
+                   help="add the source file:line of each frame")
+    p.add_argument("--inlines", action="store_true",
+                   help="show inlined calls as frames of their own (marked inlined)")
+    p.add_argument("--no-demangle", action="store_true",
+                   help="print C++ and Rust names as they are in the binary")
+    p.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
+                   help="also look for separate debug files in DIR (repeatable)")
+
+
+def _symbol_options(args):
+    from .symbols.symbolizer import SymbolOptions
+    return SymbolOptions(lines=args.lines, inlines=args.inlines,
+                         demangle=not args.no_demangle,
+                         debug_dirs=tuple(args.debug_dir))
 
 
 def _count_args(p: argparse.ArgumentParser) -> None:
@@ -91,7 +110,8 @@ def _run(args) -> int:
         raise UstackError(f"--stack-size must be between 8 and {MAX_STACK_SIZE} bytes")
     opts = Options(mode=args.cmd, pid=args.pid, command=args.command,
                    duration=args.duration, buffer_pages=args.buffer_pages,
-                   unwind=args.unwind, stack_size=args.stack_size // 8 * 8)
+                   unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
+                   symbols=_symbol_options(args))
     if args.cmd == "profile":
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")

@@ -19,7 +19,7 @@ from .probes.resolve import resolve_uprobes, tracepoint_targets
 from .probes.spec import parse_event
 from .report.counts import format_counts, format_folded
 from .report.text import format_stack, format_time, header_parts
-from .symbols.symbolizer import Symbolizer
+from .symbols.symbolizer import SymbolOptions, Symbolizer
 from .target import process
 from .target.mappings import MappingTracker, PinnedView
 from .unwind import policy
@@ -46,6 +46,7 @@ class Options:
     buffer_pages: Optional[int] = None     # None: sized for the unwinder
     unwind: str = "auto"                   # auto | fp | dwarf
     stack_size: int = DEFAULT_STACK_SIZE
+    symbols: SymbolOptions = SymbolOptions()
 
 
 def resolve_probes(specs: list, pid: Optional[int]) -> list:
@@ -239,7 +240,7 @@ class Run:
         # one symbolizer (one cache) for the run; counted stacks pin the view
         # to the exec generation they were seen in
         view = PinnedView(self.tracker)
-        symbolizer = Symbolizer(view)
+        symbolizer = Symbolizer(view, opts.symbols)
         reader = capture.reader
         on_raw = (self._tracer(reader, symbolizer) if opts.mode == "trace"
                   else self._counter(reader))

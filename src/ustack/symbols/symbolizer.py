@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 from ustack.model import Frame, Mapping, UstackError
@@ -12,11 +13,21 @@ from ustack.objfile.elf import ElfImage
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
 
 
+@dataclass(frozen=True)
+class SymbolOptions:
+    """What the user asked of names (the CLI's symbol flags)."""
+    lines: bool = False            # --lines: file:line of each frame
+    inlines: bool = False          # --inlines: inlined calls as frames of their own
+    demangle: bool = True          # --no-demangle turns it off
+    debug_dirs: tuple = ()         # --debug-dir: more places for debug files
+
+
 class Symbolizer:
     """`mappings` is anything with find(pid, addr) -> Mapping | None."""
 
-    def __init__(self, mappings):
+    def __init__(self, mappings, options: SymbolOptions = SymbolOptions()):
         self.mappings = mappings
+        self.options = options
         self._images: dict = {}   # open_path -> ElfImage | None (failed)
         self._symbols: dict = {}  # (open_path, file offset) -> (vaddr, Symbol | None)
         self._debug_images: dict = {}  # image path -> debug ElfImage | None
