@@ -203,6 +203,17 @@ def test_syscall_write_count(chain, unwind):
     assert frames[-1] == ("_start", chain.name) and stacks[0]["notes"] == []
 
 
+def test_dynamic_loader_startup_ends_cleanly():
+    """ld.so's own _start has no CFI and rbp 0: its syscalls' stacks end
+    there without a "frame pointer used" note (nothing was guessed)."""
+    res = dwarf_ok(run_ustack("count", "--unwind", "dwarf", "syscall:mmap", "-c", "true"))
+    stacks = count_stacks(res.stdout)
+    loader = [s for s in stacks if s["frames"][-1][1].startswith("ld-linux")]
+    assert loader, res.stdout
+    assert all(s["notes"] == [] for s in loader), res.stdout
+    assert {s["frames"][-1][0] for s in loader} == {"_start"}, res.stdout
+
+
 @pytest.mark.parametrize("unwind", UNWINDS)
 def test_syscall_write_trace_pcs(chain, unwind, tmp_path):
     n = 3

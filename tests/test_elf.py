@@ -248,6 +248,30 @@ def test_plt_stubs_named_like_objdump(tmp_path, flags):
     assert img.find("abort@plt") == []
 
 
+LABELS_SRC = r"""
+asm(".text\n"
+    /* an untyped entry point in no function (like ld.so's _start) */
+    ".globl entry_label\nentry_label: nop\nnop\n"
+    /* a typed function with a label inside it: the label must not rename it */
+    ".globl sized\n.type sized,@function\nsized: nop\ninner_label: nop\nret\n"
+    ".size sized,.-sized\n");
+int main(void) { return 0; }
+"""
+
+
+def test_code_labels_name_only_gaps(tmp_path):
+    path = cc(tmp_path, "labels", LABELS_SRC, "-O1")
+    img = ElfImage.open(path)
+    entry, inner, sized = (nm_address(path, n)
+                           for n in ("entry_label", "inner_label", "sized"))
+    assert img.lookup(entry).name == "entry_label"
+    assert img.lookup(entry + 1).name == "entry_label"
+    assert img.lookup(inner).name == "sized"
+    assert img.lookup(sized + 2).name == "sized"
+    # labels name addresses; they are neither probe targets nor list rows
+    assert img.find("entry_label") == [] and img.find("sized")
+
+
 # --- addresses, file offsets, bytes ------------------------------------------
 
 @pytest.mark.parametrize("kind", ["pie", "nopie", "so"])

@@ -23,6 +23,9 @@ _FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC")
 # Which alias names a shared address in lookup(): exported names read best
 # (glibc's public names are often weak: getpid over __getpid).
 _BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 0, "STB_GNU_UNIQUE": 0, "STB_LOCAL": 1}
+_LABEL = "LABEL"        # the binding recorded for untyped symbols in code
+_LABEL_RANK = 3
+_BIND_RANK[_LABEL] = _LABEL_RANK
 _GO_SECTIONS = (".go.buildinfo", ".gopclntab")
 _PLT_SECTIONS = (".plt", ".plt.sec", ".plt.got")
 _JMP_RIP = b"\xff\x25"   # jmp *disp32(%rip): how every x86-64 PLT stub leaves
@@ -94,8 +97,10 @@ class ElfImage:
         raw = self._cached_raw_functions(sections)
         self.has_symtab = any(s["sh_type"] == "SHT_SYMTAB" for s in sections)
         named = self._fill_sizes(raw, sections)
-        # PLT stubs name addresses but are not probe targets or list rows
-        self.functions = [s for s in named if not s.name.endswith("@plt")]
+        # PLT stubs and code labels name addresses but are not probe
+        # targets or list rows
+        self.functions = [s for s in named if not s.name.endswith("@plt")
+                          and raw[(s.address, s.name)][1] != _LABEL]
         self.is_go = (bool(self.section_names & set(_GO_SECTIONS))
                       or any(s.name == "runtime.main" for s in self.functions))
         self._build_indexes(raw, named)
@@ -123,7 +128,7 @@ class ElfImage:
         try:
             tables = hashlib.sha1(signature.encode()).hexdigest()[:16]
             cache = objcache.cache_file("symbols", self.path, os.stat(self.path),
-                                        self.build_id, f"{tables}.json")
+                                        self.build_id, f"{tables}.v2.json")
         except OSError:
             return self._raw_functions(sections)
         blob = objcache.read(cache)
@@ -151,17 +156,20 @@ class ElfImage:
                 continue
             for sym in sec.iter_symbols():
                 info = sym["st_info"]
-                if info["type"] not in _FUNC_TYPES:
-                    continue
                 addr, shndx = sym["st_value"], sym["st_shndx"]
                 if addr == 0 or shndx == "SHN_UNDEF" or not sym.name:
+                    continue
+                bind = info["bind"]
+                if info["type"] == "STT_NOTYPE" and _in_code(sections, shndx):
+                    bind = _LABEL           # assembly entry points: ld.so's _start
+                elif info["type"] not in _FUNC_TYPES:
                     continue
                 # a debug file's .symtab spells versions in: memcpy@@GLIBC_2.14
                 key = (addr, sym.name.split("@", 1)[0])
                 old = found.get(key)
                 # .symtab and .dynsym repeat each other; keep the sized one.
                 if old is None or (old[0] == 0 and sym["st_size"]):
-                    found[key] = (sym["st_size"], info["bind"], shndx)
+                    found[key] = (sym["st_size"], bind, shndx)
         return found
 
     @staticmethod
@@ -198,7 +206,17 @@ class ElfImage:
                 best[sym.address] = (rank, sym)
         # ... then flattened into non-overlapping ranges, innermost symbol
         # winning, so lookup() is a single bisect.
-        self._starts, self._owners = _flatten([best[a][1] for a in sorted(best)])
+        ranked = [best[a] for a in sorted(best)]
+        self._starts, self._owners = _flatten(
+            [sym for rank, sym in ranked if rank[1] < _LABEL_RANK])
+        # code labels only where no function claims the address: inside a
+        # function a label would rename the rest of it
+        labels = [sym for rank, sym in ranked
+                  if rank[1] == _LABEL_RANK and self.lookup(sym.address) is None]
+        if labels:
+            self._starts, self._owners = _flatten(sorted(
+                [sym for rank, sym in ranked if rank[1] < _LABEL_RANK] + labels,
+                key=lambda sym: sym.address))
 
     # --- queries ---------------------------------------------------------
 
@@ -247,6 +265,11 @@ class ElfImage:
 
     def __repr__(self) -> str:
         return f"ElfImage({self.path!r}, {len(self.functions)} functions)"
+
+
+def _in_code(sections, shndx) -> bool:
+    return (isinstance(shndx, int) and 0 < shndx < len(sections)
+            and bool(sections[shndx]["sh_flags"] & 0x4))      # SHF_EXECINSTR
 
 
 def _plt_functions(sections) -> dict:

@@ -103,8 +103,6 @@ class DwarfUnwinder:
                 if rule is None:
                     rule = self._rule(st, ip, exact)
             kind, cfa_off, ra_off, bp_rule, bp_off, aux, note = rule
-            if note is not None and note not in notes:
-                notes.append(note)
             if kind == _SP:
                 cfa = sp + cfa_off
             elif kind == _BP:
@@ -155,6 +153,10 @@ class DwarfUnwinder:
             ip = ra
             exact = False
             addrs.append(ra)
+            # noted only when the fallback gave a frame: at the outermost
+            # frame (ld.so's _start, rbp 0) it just ends the walk
+            if note is not None and note not in notes:
+                notes.append(note)
         else:
             notes.append(f"stopped after {self.max_frames} frames")
         return tuple(addrs), tuple(notes)
