@@ -346,7 +346,9 @@ class Run:
                 comm = self.tracker.comm(pid, tid)
                 head = heads[hkey] = header_parts(comm, pid, tid, cpu,
                                                   reader.label(ident))
-            pending.append(f"{head[0]}{format_time(t)}{head[1]}{block}")
+            args = reader.args_text(ident, extra)      # fetch-args, ' a=1 …'
+            pending.append(f"{head[0]}{format_time(t)}{head[1]}{block}" if not args
+                           else f"{head[0]}{format_time(t)}{head[1][:-1]}{args}\n{block}")
         return on_raw
 
     def _counter(self, reader):
