@@ -75,7 +75,7 @@ def _new_error(before: list) -> str:
             cmd, caret = new[i + 1], new[i + 2]
             at = caret.find("^")
             if 0 <= at < len(cmd):
-                word = cmd[at:].split(" ")[0]
+                word = cmd[cmd.rfind(" ", 0, at) + 1:].split(" ")[0]
                 if word:
                     why += f" (at '{word}')"
         return why
