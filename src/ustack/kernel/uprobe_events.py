@@ -76,6 +76,7 @@ def _new_error(before: list) -> str:
             at = caret.find("^")
             if 0 <= at < len(cmd):
                 word = cmd[cmd.rfind(" ", 0, at) + 1:].split(" ")[0]
+                word = re.sub(r"^[A-Za-z_]\w*=", "", word)   # names are checked before
                 if word:
                     why += f" (at '{word}')"
         return why
