@@ -7,14 +7,17 @@ Oracles: the perf backend (same program, same event), gdb's backtrace
 passes (d(i) for i = 0…N-1; c returns the sum + 1)."""
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import FP, O2_NOFP, build, build_go, gdb_backtrace, run_ustack
+from helpers import (FP, O2_NOFP, build, build_go, gdb_backtrace, run_ustack,
+                     ustack_env)
 from test_e2e_core import (fail_one_line, finish, funcs, ok, parse_counts,
                            parse_trace, program_frames, spawn, start_ustack,
                            stop, traced_pid, ustack_lines, wait_tracing)
@@ -241,3 +244,24 @@ def test_signal_cleans_up_pid_target(chain, sig):
             stop(us)
     finally:
         stop(target)
+
+
+def test_lost_events_counted_exactly(tmp_path):
+    """A 1-page buffer overruns: printed + reported lost = every event
+    (the instance's overrun stats, two entries per event)."""
+    prog = build("chain")
+    n = 100_000
+    out = tmp_path / "trace.txt"
+    with open(out, "w") as f:
+        res = subprocess.run([sys.executable, "-m", "ustack", "trace", "--backend",
+                              "tracefs", "--unwind", "fp", f"uprobe:{prog}:d",
+                              "-c", f"{prog} {n}", "--buffer-pages", "1"],
+                             stdout=f, stderr=subprocess.PIPE, text=True,
+                             timeout=120, env=ustack_env())
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"^Lost (\d+) events: the tracefs buffer was full", res.stderr, re.M)
+    if not m:
+        pytest.skip(f"no events were lost with a 1-page buffer and {n} events")
+    printed = sum(1 for line in out.read_text().splitlines()
+                  if line.startswith("chain "))
+    assert printed + int(m.group(1)) == n

@@ -360,7 +360,9 @@ class TracefsCapture:
         return chunks
 
     def flush_lost(self) -> None:
-        self.reader.lost = self.instance.lost()
+        # the stats count ring-buffer entries, and userstacktrace writes two
+        # per event (the event, then its user_stack entry)
+        self.reader.lost = (self.instance.lost() + 1) // 2
         self._final = True
 
     def stop(self) -> None:
