@@ -33,7 +33,8 @@ def parse_event(text: str) -> ProbeSpec:
     if not words:
         return spec
     if kind not in ("uprobe", "uretprobe"):
-        _PARSERS[kind](text, kind, text.partition(":")[2])  # its own complaint first
+        if not any(w[:1] in "%$+-@" or "=" in w for w in words):
+            _PARSERS[kind](text, kind, text.partition(":")[2])  # a stray space
         _fail(text, "only uprobe and uretprobe take fetch-args")
     return dataclasses.replace(spec, text=text,
                                args=parse_fetch_args(words, kind, text))
