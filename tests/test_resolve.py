@@ -282,7 +282,9 @@ def test_go_uretprobe_refused(gobin):
         resolve_uprobes(parse_event(f"uretprobe:{gobin}:main.work"))
     assert str(e.value) == (
         "uretprobe on Go function main.work would crash the program (Go moves stacks "
-        "and checks return addresses); use uprobe on main.work instead")
+        "and checks return addresses); use uprobe on main.work instead (a uprobe on "
+        "each of its RET instructions would be the safe return probe; ustack does not "
+        "place those yet)")
 
 
 # --- errors ---------------------------------------------------------------------

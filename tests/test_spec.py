@@ -71,3 +71,36 @@ def test_malformed(text, why):
     with pytest.raises(UstackError) as e:
         parse_event(text)
     assert str(e.value) == f"malformed event '{text.strip()}': {why}; {EXPECTED}"
+
+
+# --- fetch-args ------------------------------------------------------------------
+
+def test_fetch_args_parsed():
+    s = parse_event("uprobe:/bin/x:f %di %si:u32 +0(%si):string $stack0 $comm len=%si:u64")
+    assert s.function == "f" and s.path == "/bin/x"
+    assert s.args == (("arg1", "%di", ""), ("arg2", "%si", "u32"),
+                      ("arg3", "+0(%si)", "string"), ("arg4", "$stack0", ""),
+                      ("arg5", "$comm", ""), ("len", "%si", "u64"))
+    assert parse_event("uretprobe:/bin/x:f $retval").args == (("arg1", "$retval", ""),)
+
+
+def test_fetch_args_go_and_c_registers():
+    from ustack.probes.fetchargs import kernel_fetch_args
+    args = parse_event("uprobe:/bin/x:f $arg1 n=+8($arg2):u32").args
+    assert kernel_fetch_args(args, True, "e") == ("arg1=%ax", "n=+8(%bx):u32")
+    assert kernel_fetch_args(args, False, "e") == ("arg1=%di", "n=+8(%si):u32")
+
+
+@pytest.mark.parametrize("text, why", [
+    ("uprobe:/bin/x:f %di:u7", "unknown type 'u7' (u8…u64, s8…s64, x8…x64, string, "
+                               "char, TYPE[N], bN@O/S)"),
+    ("uprobe:/bin/x:f 1x=%di", "'1x' is not a valid argument name"),
+    ("uprobe:/bin/x:f a=%di a=%si", "the name 'a' is used twice"),
+    ("uprobe:/bin/x:f ustk_ip=%ip", "the name 'ustk_ip' is reserved"),
+    ("uprobe:/bin/x:f $arg10", "$arg10: arguments are $arg1…$arg9"),
+])
+def test_fetch_args_errors(text, why):
+    with pytest.raises(UstackError) as e:
+        parse_event(text)
+    word = text.split()[-1]
+    assert str(e.value) == f"bad fetch-arg '{word}' in '{text}': {why}"

@@ -38,6 +38,12 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     _symbol_args(p)
 
 
+def _backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("perf", "tracefs"), default="perf",
+                   help="perf (default): perf events; tracefs: ftrace alone, "
+                        "in a private instance (no perf events or BPF needed)")
+
+
 def _symbol_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lines", action="store_true",
                    help="add the source file:line of each frame")
@@ -76,11 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
     _target_args(p)
+    _backend_arg(p)
 
     p = sub.add_parser("count", help="count stacks by frequency",
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
     _target_args(p)
+    _backend_arg(p)
     _count_args(p)
 
     p = sub.add_parser("profile", help="sample on-CPU stacks at a frequency")
@@ -111,7 +119,8 @@ def _run(args) -> int:
     opts = Options(mode=args.cmd, pid=args.pid, command=args.command,
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
-                   symbols=_symbol_options(args))
+                   symbols=_symbol_options(args),
+                   backend=getattr(args, "backend", "perf"))
     if args.cmd == "profile":
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")

@@ -24,6 +24,7 @@ class ProbeSpec:
     group: Optional[str] = None    # tracepoint group (syscalls for syscall:)
     name: Optional[str] = None     # tracepoint / syscall name, may be a glob
     hz: Optional[int] = None       # profile frequency
+    args: tuple = ()               # uprobe fetch-args: (name, fetch, type) triples
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class UprobeTarget:
     # (function entry, before `mov %rsp,%rbp`). None: the chain is complete.
     return_address_slot: Optional[int]
     label: str                     # event name shown to the user
+    fetch_args: tuple = ()         # 'name=fetch[:type]' words for uprobe_events
 
 
 @dataclass(frozen=True)

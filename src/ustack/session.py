@@ -21,6 +21,7 @@ from .report.counts import format_counts, format_folded
 from .report.text import format_stack, format_time, header_parts
 from .symbols.symbolizer import SymbolOptions, Symbolizer
 from .target import process
+from .target.traced_command import launch_traced
 from .target.mappings import MappingTracker, PinnedView
 from .unwind import policy
 from .unwind.dwarf import DwarfUnwinder
@@ -47,6 +48,7 @@ class Options:
     unwind: str = "auto"                   # auto | fp | dwarf
     stack_size: int = DEFAULT_STACK_SIZE
     symbols: SymbolOptions = SymbolOptions()
+    backend: str = "perf"                  # perf | tracefs
 
 
 def resolve_probes(specs: list, pid: Optional[int]) -> list:
@@ -202,17 +204,25 @@ class Run:
         if opts.pid is not None:
             target = process.attach(opts.pid)
         probes = resolve_probes(specs, opts.pid)
+        tracefs = opts.backend == "tracefs"
+        if tracefs:
+            from .capture import tracefs as ftrace
+            modes = ftrace.unwind_modes(probes, opts.unwind)
         if opts.pid is None:
-            target = process.launch(opts.command) if opts.command else process.everything()
+            launch = launch_traced if tracefs else process.launch
+            target = launch(opts.command) if opts.command else process.everything()
         main_binary = (f"/proc/{target.pid}/exe" if target.mode == "pid" else
                        process.executable(target.argv) if target.mode == "command"
                        else None)
-        modes = {p.label: policy.choose(p, opts.unwind, main_binary) for p in probes}
+        if not tracefs:
+            modes = {p.label: policy.choose(p, opts.unwind, main_binary) for p in probes}
         self.unwind_summary = "/".join(sorted(set(modes.values())))
         dwarf_labels = frozenset(l for l, m in modes.items() if m == "dwarf")
         pages = opts.buffer_pages or (DWARF_BUFFER_PAGES if dwarf_labels
                                       else DEFAULT_BUFFER_PAGES)
-        capture = PerfCapture(probes, target, pages, dwarf_labels, opts.stack_size)
+        capture = (ftrace.TracefsCapture(probes, target, opts.buffer_pages, dwarf_labels,
+                                         opts.stack_size) if tracefs else
+                   PerfCapture(probes, target, pages, dwarf_labels, opts.stack_size))
         try:
             capture.open()
         except BaseException:
@@ -234,7 +244,8 @@ class Run:
         if len(probes) > 3:
             labels += f", … ({len(probes)} events)"
         print(f"Tracing {labels} in {target.description} "
-              f"[backend perf, unwind {self.unwind_summary}]"
+              f"[backend {getattr(capture, 'backend', 'perf')}, unwind "
+              f"{self.unwind_summary}{_note(getattr(capture, 'unwind_note', ''))}]"
               + ("" if opts.duration else "... Hit Ctrl-C to end."),
               file=self.err, flush=True)
         # one symbolizer (one cache) for the run; counted stacks pin the view
@@ -285,7 +296,8 @@ class Run:
             self._report_counts(reader, symbolizer, view)
         self.out.flush()
         if reader.lost:
-            print(f"Lost {reader.lost} events: the perf buffer was full "
+            print(f"Lost {reader.lost} events: the {getattr(capture, 'backend', 'perf')} "
+                  "buffer was full "
                   f"(try --buffer-pages {capture.buffer_pages * 4})",
                   file=self.err)
         if reader.throttled:
@@ -346,7 +358,9 @@ class Run:
                 comm = self.tracker.comm(pid, tid)
                 head = heads[hkey] = header_parts(comm, pid, tid, cpu,
                                                   reader.label(ident))
-            pending.append(f"{head[0]}{format_time(t)}{head[1]}{block}")
+            args = reader.args_text(ident, extra)      # fetch-args, ' a=1 …'
+            pending.append(f"{head[0]}{format_time(t)}{head[1]}{block}" if not args
+                           else f"{head[0]}{format_time(t)}{head[1][:-1]}{args}\n{block}")
         return on_raw
 
     def _counter(self, reader):
@@ -377,6 +391,10 @@ class Run:
         else:
             self.out.write(format_counts(counted, self.opts.per_pid,
                                          self.opts.offsets))
+
+
+def _note(text: str) -> str:
+    return f"; {text}" if text else ""
 
 
 def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -18,9 +18,11 @@ from ..kernel import procfs
 from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
 from ..kernel.ring import PAGE, RingBuffer
 from ..kernel.tracefs import tracepoint_id
-from ..kernel.uprobe_events import UprobeEvents, remove_stale
+from ..kernel import trace_format as tf
+from ..kernel.uprobe_events import UprobeEvents, event_format, remove_stale
 from ..model import (ProfileTarget, TracepointTarget, UprobeTarget,
                      UstackError)
+from ..probes.fetchargs import display_kinds
 from ..target.process import Target
 
 DEFAULT_BUFFER_PAGES = 1024               # 4 MiB per CPU
@@ -57,7 +59,8 @@ class PerfCapture:
         self.layouts: dict = {}           # event id -> EventLayout
         self.traced_tids: set = set()
         self.uprobes = UprobeEvents()
-        self._uprobe_ids: dict = {}       # (path, offset, kind) -> tracepoint id
+        self._uprobe_ids: dict = {}       # (path, offset, kind, args) -> tracepoint id
+        self._args: dict = {}             # tracepoint id -> ArgsDecoder
         self.reader = RecordReader(self.layouts)
         self._poll = select.poll()
 
@@ -91,8 +94,12 @@ class PerfCapture:
                       max_stack=_max_stack(), regs_user=regs, stack_user=stack)
         layout = EventLayout(probe.label, stack, regs, slot)
         if isinstance(probe, UprobeTarget):
-            return pe.make_attr(pe.TYPE_TRACEPOINT, self._uprobe_id(probe),
-                                **common), layout
+            ident = self._uprobe_id(probe)
+            if probe.fetch_args:         # the values come in the RAW record
+                common["sample_type"] |= pe.SAMPLE_RAW
+                layout = EventLayout(probe.label, stack, regs, slot,
+                                     self._args[ident])
+            return pe.make_attr(pe.TYPE_TRACEPOINT, ident, **common), layout
         if isinstance(probe, TracepointTarget):
             return pe.make_attr(pe.TYPE_TRACEPOINT,
                                 tracepoint_id(probe.group, probe.name),
@@ -104,11 +111,15 @@ class PerfCapture:
 
     def _uprobe_id(self, probe: UprobeTarget) -> int:
         """Tracepoint id of the tracefs uprobe for `probe`, made on first use."""
-        key = (probe.path, probe.file_offset, probe.spec.kind)
+        key = (probe.path, probe.file_offset, probe.spec.kind, probe.fetch_args)
         if key not in self._uprobe_ids:
-            self._uprobe_ids[key] = self.uprobes.add(
+            event = self.uprobes.define(
                 probe.path, probe.file_offset, probe.spec.kind == "uretprobe",
-                probe.symbol or "addr")
+                probe.symbol or "addr", probe.fetch_args, probe.label)
+            fmt = event_format(event)
+            ident = self._uprobe_ids[key] = tf.event_id(fmt)
+            self._args[ident] = tf.ArgsDecoder(tf.parse_format(fmt),
+                                               display_kinds(probe.spec.args))
         return self._uprobe_ids[key]
 
     def _open_one(self, probe, pid: int, cpu: int, tracking: bool) -> None:

@@ -29,6 +29,7 @@ _HEADER = struct.Struct("<IHH")
 _SAMPLE_HEAD = struct.Struct("<QIIQIIQ")
 _SAMPLE_HEAD_END = 8 + _SAMPLE_HEAD.size
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 _MMAP2 = struct.Struct("<IIQQQIIQQII")
 _PID_TID = struct.Struct("<II")
 _FORK = struct.Struct("<IIII")
@@ -51,6 +52,7 @@ class EventLayout:
     stack_size: int = 0                 # STACK_USER bytes requested (0 = none)
     regs_mask: int = 0                  # REGS_USER mask (0 = none)
     return_address_slot: Optional[int] = None
+    args: Optional[object] = None       # trace_format.ArgsDecoder: RAW fetch-args
 
 
 _REG_NAMES: dict = {}
@@ -149,7 +151,8 @@ class RecordReader:
                     continue
                 # REGS_USER / STACK_USER as the kernel wrote them, if any
                 extra = (chunk[end:off + size]
-                         if layout.stack_size or layout.regs_mask else b"")
+                         if layout.stack_size or layout.regs_mask or layout.args
+                         else b"")
                 append((ident, pid, tid, t, cpu, chunk[pos:end], extra))
             else:
                 event = self._meta(typ, misc, chunk, off, size)
@@ -171,10 +174,20 @@ class RecordReader:
         layout = self.layouts.get(ident) or EventLayout("?")
         regs = stack = None
         if extra:
-            regs, stack = self._user_stack(extra, 0, layout)
+            # RAW (u32 size + record, 8-byte aligned) comes before the regs
+            pos = 4 + _U32.unpack_from(extra, 0)[0] if layout.args else 0
+            regs, stack = self._user_stack(extra, pos, layout)
         return Sample(layout.label, 0, pid, tid, -1,
                       tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
                       stack, regs, layout.return_address_slot)
+
+    def args_text(self, ident: int, extra) -> str:
+        """' name=value …' of a sample's fetch-args ('' for none)."""
+        layout = self.layouts.get(ident)
+        if layout is None or layout.args is None or len(extra) < 4:
+            return ""
+        size = _U32.unpack_from(extra, 0)[0]
+        return layout.args.text(memoryview(extra)[4:4 + size])
 
     def is_dwarf(self, ident: int) -> bool:
         layout = self.layouts.get(ident)

@@ -39,6 +39,50 @@ def _write(line: str) -> None:
         raise
 
 
+def _read_event_file(event: str, what: str) -> str:
+    """A file of events/GROUP/NAME/ (id, format)."""
+    try:
+        with open(os.path.join(tracefs_root(), "events", event, what)) as f:
+            return f.read()
+    except OSError as e:
+        raise UstackError(f"uprobe {event} has no {what}: {e.strerror}")
+
+
+def event_format(event: str) -> str:
+    return _read_event_file(event, "format")
+
+
+def _error_log() -> list:
+    try:
+        with open(os.path.join(tracefs_root(), "error_log")) as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def _new_error(before: list) -> str:
+    """The kernel's reason for the last refusal, from tracefs error_log
+    ("trace_uprobe: error: Invalid register name", then the command and a
+    caret under the offending word): 'Invalid register name (at '%zz')'."""
+    lines = _error_log()
+    new = lines[len(before):] if lines[:len(before)] == before else lines[-3:]
+    for i in range(len(new) - 1, -1, -1):
+        _, sep, why = new[i].partition(" error: ")
+        if not sep:
+            continue
+        why = why.strip()
+        if i + 2 < len(new) and "Command: " in new[i + 1]:
+            cmd, caret = new[i + 1], new[i + 2]
+            at = caret.find("^")
+            if 0 <= at < len(cmd):
+                word = cmd[cmd.rfind(" ", 0, at) + 1:].split(" ")[0]
+                word = re.sub(r"^[A-Za-z_]\w*=", "", word)   # names are checked before
+                if word:
+                    why += f" (at '{word}')"
+        return why
+    return ""
+
+
 def _defined() -> list:
     try:
         with open(os.path.join(tracefs_root(), "uprobe_events")) as f:
@@ -68,26 +112,31 @@ class UprobeEvents:
         self.group = f"{GROUP_PREFIX}{os.getpid()}"
         self.names: list = []
 
-    def add(self, path: str, file_offset: int, ret: bool, hint: str) -> int:
-        """Define a probe and return its tracepoint id."""
+    def add(self, path: str, file_offset: int, ret: bool, hint: str,
+            args: tuple = (), what: str = "") -> int:
+        """Define a probe with fetch-args `args` ('name=fetch:type' words)
+        and return its tracepoint id; `what` names it in error messages."""
+        return int(_read_event_file(self.define(path, file_offset, ret, hint,
+                                                args, what), "id"))
+
+    def define(self, path: str, file_offset: int, ret: bool, hint: str,
+               args: tuple = (), what: str = "") -> str:
+        """Define a probe; return its 'group/name'."""
         if any(c.isspace() for c in path):
             raise UstackError(f"cannot probe {path!r}: uprobe_events cannot "
                               "take a path with spaces")
         base = re.sub(r"[^A-Za-z0-9_]", "_", hint)[:40] or "probe"
         name = f"{'r' if ret else 'p'}{len(self.names)}_{base}"
+        log_before = _error_log()
         try:
             _write(f"{'r' if ret else 'p'}:{self.group}/{name} "
-                   f"{path}:0x{file_offset:x}")
+                   f"{path}:0x{file_offset:x}" + "".join(" " + a for a in args))
         except OSError as e:
-            raise UstackError(f"the kernel refused a uprobe at {path}:"
-                              f"0x{file_offset:x}: {os.strerror(e.errno)}")
+            why = _new_error(log_before) or os.strerror(e.errno)
+            raise UstackError(f"the kernel refused "
+                              f"{what or f'a uprobe at {path}:0x{file_offset:x}'}: {why}")
         self.names.append(name)
-        try:
-            with open(os.path.join(tracefs_root(), "events", self.group,
-                                   name, "id")) as f:
-                return int(f.read())
-        except OSError as e:
-            raise UstackError(f"uprobe {self.group}/{name} has no id: {e.strerror}")
+        return f"{self.group}/{name}"
 
     def close(self) -> None:
         """Remove our probes (after their perf events are closed: EBUSY before)."""

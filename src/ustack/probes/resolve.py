@@ -16,6 +16,7 @@ from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import tracefs_root
 from ustack.model import ProbeSpec, TracepointTarget, UprobeTarget, UstackError
 from ustack.objfile.elf import ElfImage, Symbol
+from ustack.probes.fetchargs import kernel_fetch_args
 
 _GLOB_CHARS = "*?["
 
@@ -128,7 +129,9 @@ def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None) -> list:
             name = sym.name if sym else f"0x{vaddr:x}"
             raise UstackError(
                 f"uretprobe on Go function {name} would crash the program (Go moves "
-                f"stacks and checks return addresses); use uprobe on {name} instead")
+                f"stacks and checks return addresses); use uprobe on {name} instead "
+                "(a uprobe on each of its RET instructions would be the safe return "
+                "probe; ustack does not place those yet)")
         if spec.kind == "uretprobe" and sym is not None and vaddr != sym.address:
             # the kernel would overwrite [sp], which is no return address here
             raise UstackError(f"a uretprobe must be on a function's entry, and "
@@ -177,7 +180,8 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
         slot = _check_and_find_slot(image, sym, vaddr, where, shown)
     return UprobeTarget(spec=spec, path=host, file_offset=off, address=vaddr,
                         symbol=sym.name if sym else None, symbol_offset=sym_off,
-                        return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}")
+                        return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}",
+                        fetch_args=kernel_fetch_args(spec.args, image.is_go, spec.text))
 
 
 # --- disassembly: instruction boundary and the return-address slot ----------

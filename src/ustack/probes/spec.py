@@ -1,9 +1,11 @@
 """EVENT text -> ProbeSpec, in bpftrace's spellings. Nothing is resolved here."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from ustack.model import ProbeSpec, UstackError
+from ustack.probes.fetchargs import parse_fetch_args
 
 _EXAMPLES = "expected e.g. syscall:write, uprobe:/bin/ls:main, profile:hz:99"
 _KINDS = {
@@ -19,12 +21,23 @@ _NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
 
 
 def parse_event(text: str) -> ProbeSpec:
+    """One EVENT; a uprobe may be followed, in the same argument, by
+    fetch-args: 'uprobe:/bin/x:f %di len=%si:u32'."""
     text = text.strip()
-    kind_word, sep, rest = text.partition(":")
+    head, *words = text.split() or [""]
+    kind_word, sep, rest = head.partition(":")
     kind = _KINDS.get(kind_word)
     if kind is None:
         _fail(text, f"unknown probe type '{kind_word}'" if sep else "no probe type")
-    return _PARSERS[kind](text, kind, rest)
+    spec = _PARSERS[kind](head, kind, rest)
+    if not words:
+        return spec
+    if kind not in ("uprobe", "uretprobe"):
+        if not any(w[:1] in "%$+-@" or "=" in w for w in words):
+            _PARSERS[kind](text, kind, text.partition(":")[2])  # a stray space
+        _fail(text, "only uprobe and uretprobe take fetch-args")
+    return dataclasses.replace(spec, text=text,
+                               args=parse_fetch_args(words, kind, text))
 
 
 def _fail(text: str, why: str):

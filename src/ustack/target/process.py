@@ -89,8 +89,9 @@ def everything() -> Target:
     return Target("system")
 
 
-def launch(command: str) -> Target:
-    """Fork the command, held before execve until Target.release()."""
+def launch(command: str, before_exec=None, cls=Target) -> Target:
+    """Fork the command, held before execve until Target.release();
+    the child calls `before_exec()` (if given) just before execve."""
     try:
         argv = shlex.split(command)
     except ValueError as e:
@@ -108,9 +109,11 @@ def launch(command: str) -> Target:
             if os.read(read_fd, 1) != b"g":
                 os._exit(127)
             os.close(read_fd)
+            if before_exec is not None:
+                before_exec()
             os.execv(exe, argv)
         except BaseException:
             pass
         os._exit(127)
     os.close(read_fd)
-    return Target("command", pid, argv, write_fd)
+    return cls("command", pid, argv, write_fd)

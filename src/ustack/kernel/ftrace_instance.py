@@ -1,0 +1,127 @@
+"""A private ftrace instance (tracefs instances/ustack_<pid>): its own ring
+buffer, options, pid filter and event switches, so the global buffer,
+trace_options and other users' tracing are never touched. Removing the
+directory removes all of it; a later run removes the instances of ustack
+runs whose process is gone (killed with SIGKILL)."""
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+from ..model import UstackError
+from .tracefs import tracefs_root
+from .uprobe_events import GROUP_PREFIX
+
+_INSTANCE_RE = re.compile("^" + GROUP_PREFIX + r"(\d+)$")
+_STAT_RE = re.compile(r"^(overrun|dropped events|entries|commit overrun):\s*(\d+)", re.M)
+
+
+def _instances_dir() -> str:
+    return os.path.join(tracefs_root(), "instances")
+
+
+def remove_stale_instances() -> int:
+    """rmdir the instances of ustack runs that no longer exist."""
+    removed = 0
+    try:
+        names = os.listdir(_instances_dir())
+    except OSError:
+        return 0
+    for name in names:
+        m = _INSTANCE_RE.match(name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            if _remove(os.path.join(_instances_dir(), name)):
+                removed += 1
+    return removed
+
+
+def _remove(path: str) -> bool:
+    """rmdir an instance; the kernel refuses (EBUSY) while enabled events
+    or open files hold it, so switch its events off first."""
+    _try_write(os.path.join(path, "events", "enable"), "0")
+    _try_write(os.path.join(path, "tracing_on"), "0")
+    try:
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def _try_write(path: str, value: str) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+        return True
+    except OSError:
+        return False
+
+
+class FtraceInstance:
+    """instances/ustack_<our pid>; close() removes it."""
+
+    def __init__(self):
+        self.name = f"{GROUP_PREFIX}{os.getpid()}"
+        self.path = os.path.join(_instances_dir(), self.name)
+        self.created = False
+        self.fds: dict = {}             # cpu -> trace_pipe_raw fd
+
+    def create(self) -> None:
+        try:
+            os.mkdir(self.path)
+        except FileExistsError:          # our pid reused after a SIGKILL
+            if not _remove(self.path):
+                raise UstackError(f"tracefs instance {self.path} exists and is busy")
+            os.mkdir(self.path)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise UstackError("this kernel's tracefs has no instances directory")
+            raise UstackError(f"cannot create tracefs instance {self.path}: {e.strerror}")
+        self.created = True
+
+    def write(self, rel: str, value: str, what: str = "") -> None:
+        try:
+            with open(os.path.join(self.path, rel), "w") as f:
+                f.write(value)
+        except OSError as e:
+            raise UstackError(f"cannot set {what or rel} of tracefs instance "
+                              f"{self.name}: {e.strerror}")
+
+    def option(self, name: str, on: bool) -> None:
+        self.write(f"options/{name}", "1" if on else "0", f"option {name}")
+
+    def enable(self, group: str, name: str) -> None:
+        self.write(f"events/{group}/{name}/enable", "1", f"event {group}:{name}")
+
+    def open_pipes(self, cpus: list) -> dict:
+        for cpu in cpus:
+            path = os.path.join(self.path, "per_cpu", f"cpu{cpu}", "trace_pipe_raw")
+            try:
+                self.fds[cpu] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as e:
+                raise UstackError(f"cannot open {path}: {e.strerror}")
+        return self.fds
+
+    def lost(self) -> int:
+        """Events the buffer had no room for (overwritten or dropped), from
+        per_cpu/cpuN/stats, summed over CPUs."""
+        total = 0
+        for cpu in self.fds:
+            try:
+                with open(os.path.join(self.path, "per_cpu", f"cpu{cpu}", "stats")) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            stats = dict(_STAT_RE.findall(text))
+            total += int(stats.get("overrun", 0)) + int(stats.get("dropped events", 0))
+        return total
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds.clear()
+        if self.created:
+            self.created = not _remove(self.path)

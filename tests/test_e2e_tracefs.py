@@ -1,0 +1,267 @@
+"""End to end: `--backend tracefs` (seeds 000 and 001 automated) against the
+perf backend and gdb, fetch-args on both backends, isolation of concurrent
+runs, and cleanup of a killed run's instance and probes.
+
+Oracles: the perf backend (same program, same event), gdb's backtrace
+(DWARF CFI) for -O2 -fomit-frame-pointer, the values the chain program
+passes (d(i) for i = 0…N-1; c returns the sum + 1)."""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import (FP, O2_NOFP, build, build_go, gdb_backtrace, run_ustack,
+                     ustack_env)
+from test_e2e_core import (fail_one_line, finish, funcs, ok, parse_counts,
+                           parse_trace, program_frames, spawn, start_ustack,
+                           stop, traced_pid, ustack_lines, wait_tracing)
+
+TRACEFS = Path("/sys/kernel/tracing")
+pytestmark = pytest.mark.kernel
+
+
+def trace(backend: str, *args) -> list[dict]:
+    res = ok(run_ustack("trace", "--backend", backend, *args))
+    return parse_trace(res.stdout)
+
+
+def named(rec) -> list[tuple]:
+    return [(f["func"], f["module"]) for f in rec["frames"]]
+
+
+@pytest.fixture(scope="module")
+def chain() -> Path:
+    return build("chain", flags=FP)
+
+
+# --- stacks: the same frames as the perf backend ---------------------------------
+
+@pytest.mark.parametrize("unwind", ["fp", "dwarf"])
+def test_uprobe_chain_same_as_perf(chain, unwind):
+    n = 3
+    got = {b: trace(b, "--unwind", unwind, f"uprobe:{chain}:d", "-c", f"{chain} {n}")
+           for b in ("tracefs", "perf")}
+    assert len(got["tracefs"]) == len(got["perf"]) == n
+    for t, p in zip(got["tracefs"], got["perf"]):
+        assert named(t) == named(p)
+        assert t["label"] == p["label"] == f"uprobe:{chain}:d"
+    # and the frames are the chain itself, not merely equal
+    rec = got["tracefs"][0]
+    names = funcs(rec["frames"])
+    mods = [f["module"] for f in rec["frames"]]
+    assert program_frames(names, mods) == ["d", "c", "b", "a", "main"]
+
+
+def test_syscall_write_same_as_perf(chain):
+    """rawwrite: the syscall instruction is inside d. ftrace's
+    userstacktrace keeps at most 8 frames (on the 6.18 VM it recorded only
+    the first): tracefs must give the leading frames perf gives."""
+    n = 2
+    t = trace("tracefs", "syscall:write", "-c", f"{chain} {n} rawwrite")
+    p = trace("perf", "--unwind", "fp", "syscall:write", "-c", f"{chain} {n} rawwrite")
+    assert len(t) == len(p) == n
+    for a, b in zip(t, p):
+        assert 1 <= len(a["frames"]) <= 8
+        assert named(a) == named(b)[:len(a["frames"])]
+        assert a["frames"][0]["func"] == "d"
+
+
+def test_header_says_8_frames(chain):
+    res = ok(run_ustack("trace", "--backend", "tracefs", "syscall:write",
+                        "-c", f"{chain} 1 rawwrite"))
+    assert ("[backend tracefs, unwind fp; ftrace userstacktrace: frame pointers, "
+            "at most 8 frames]") in res.stderr.splitlines()[0]
+
+
+def test_nofp_uprobe_complete_with_dwarf():
+    """-O2 -fomit-frame-pointer: frame pointers give nothing; the stack
+    words fetched at the uprobe, unwound with CFI, give gdb's stack."""
+    prog = build("chain", flags=O2_NOFP)
+    want = gdb_backtrace(prog, ["2"], "d")
+    assert want[:5] == ["d", "c", "b", "a", "main"]
+    recs = trace("tracefs", f"uprobe:{prog}:d", "-c", f"{prog} 2")
+    assert len(recs) == 2
+    for rec in recs:
+        names = funcs(rec["frames"])
+        assert names[:len(want)] == want, (names, want)
+        assert not rec["notes"], rec["notes"]
+
+
+def test_count_same_as_perf(chain):
+    n = 200
+    counts = {}
+    for b in ("tracefs", "perf"):
+        res = ok(run_ustack("count", "--backend", b, "--unwind", "dwarf",
+                            f"uprobe:{chain}:d", "-c", f"{chain} {n}"))
+        counts[b] = [(s["frames"], s["count"]) for s in parse_counts(res.stdout)]
+    assert counts["tracefs"] == counts["perf"]
+    assert [c for _f, c in counts["tracefs"]] == [n]
+
+
+# --- fetch-args --------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["tracefs", "perf"])
+def test_fetch_args_exact(chain, backend):
+    recs = trace(backend, f"uprobe:{chain}:d %di n=%di:u64 low=%di:u8 c=$comm",
+                 f"uretprobe:{chain}:c $retval:u64", "-c", f"{chain} 3")
+    heads = [r["label"] for r in recs]
+    want = [f'uprobe:{chain}:d arg1=0x{i:x} n={i} low={i} c="chain"' for i in range(3)]
+    assert heads == want + [f"uretprobe:{chain}:c arg1=4"]     # 0+1+2, plus 1
+    assert funcs(recs[0]["frames"])[:2] == ["d", "c"]
+
+
+def test_fetch_args_negative_and_stack(chain):
+    """s32 prints signed; $stack0 is the word at sp: at d's entry, the
+    return address into c (which is also the stack's second frame)."""
+    recs = trace("tracefs", f"uprobe:{chain}:d m=%di:s32 $stack0", "-c", f"{chain} 1")
+    assert len(recs) == 1
+    ret = recs[0]["frames"][1]
+    assert ret["func"] == "c"
+    assert recs[0]["label"] == f"uprobe:{chain}:d m=0 arg2=0x{ret['addr']:x}"
+
+
+@pytest.mark.parametrize("backend", ["tracefs", "perf"])
+def test_bad_fetch_arg_kernel_reason(chain, backend):
+    msg = fail_one_line(run_ustack("trace", "--backend", backend,
+                                   f"uprobe:{chain}:d %zz", "-c", f"{chain} 1"))
+    assert msg == (f"ustack: the kernel refused uprobe:{chain}:d: "
+                   "Invalid register name (at '%zz')")
+
+
+def test_bad_fetch_arg_local_checks(chain):
+    assert fail_one_line(run_ustack("trace", f"uprobe:{chain}:d $retval", "-c",
+                                    f"{chain} 1")) == (
+        f"ustack: bad fetch-arg '$retval' in 'uprobe:{chain}:d $retval': "
+        "$retval exists only for uretprobe")
+    assert fail_one_line(run_ustack("trace", "syscall:write %di")) == (
+        "ustack: malformed event 'syscall:write %di': only uprobe and uretprobe "
+        "take fetch-args; expected e.g. syscall:write, uprobe:/bin/ls:main, profile:hz:99")
+
+
+def test_go_args_registers():
+    """Go's register ABI: $arg1 of main.d is the loop index (in AX)."""
+    prog = build_go("gochain")
+    recs = trace("tracefs", f"uprobe:{prog}:main.d $arg1:u64", "-c", f"{prog} 3")
+    assert [r["label"] for r in recs] == [f"uprobe:{prog}:main.d arg1={i}"
+                                           for i in range(3)]
+    assert funcs(recs[0]["frames"])[:5] == ["main.d", "main.(*T).c", "main.b",
+                                            "main.a", "main.main"]
+
+
+# --- seed 000: a Go program's syscalls ---------------------------------------------------
+
+def quiet(prog, *args) -> str:
+    """A -c command whose stdout goes to /dev/null (gochain writes 'x's)."""
+    return f"sh -c 'exec {prog} {' '.join(map(str, args))} >/dev/null'"
+
+
+def test_go_syscall_write_full_names():
+    prog = build_go("gochain")
+    res = ok(run_ustack("trace", "--backend", "tracefs", "syscall:write",
+                        "-c", quiet(prog, 3, "write")))
+    recs = parse_trace(res.stdout)
+    assert len(recs) == 3 and {r["pid"] for r in recs} == {traced_pid(res.stderr)}
+    perf = parse_trace(ok(run_ustack("trace", "--unwind", "fp", "syscall:write",
+                                     "-c", quiet(prog, 3, "write"))).stdout)
+    assert len(perf) == 3
+    for rec, want in zip(recs, perf):
+        names = funcs(rec["frames"])
+        assert names and all("." in n for n in names), names   # package.function
+        assert names == funcs(want["frames"])[:len(names)]
+
+
+# --- isolation and cleanup ------------------------------------------------------------
+
+def test_two_runs_do_not_see_each_other(chain):
+    prog = build_go("gochain")
+    a = start_ustack("trace", "--backend", "tracefs", "syscall:write",
+                     "-c", f"{chain} 40 rawwrite", stdout=subprocess.PIPE)
+    b = start_ustack("trace", "--backend", "tracefs", "syscall:write",
+                     "-c", quiet(prog, 30, "write"), stdout=subprocess.PIPE)
+    out_a, err_a = finish(a)
+    out_b, err_b = finish(b)
+    assert a.returncode == b.returncode == 0, err_a + err_b
+    ra, rb = parse_trace(out_a), parse_trace(out_b)
+    assert {r["pid"] for r in ra} == {traced_pid(err_a)} and len(ra) == 40
+    assert {r["pid"] for r in rb} == {traced_pid(err_b)} and len(rb) == 30
+
+
+def test_sigkill_leftovers_removed_and_options_untouched(chain):
+    options = (TRACEFS / "trace_options").read_text()
+    target = spawn(chain, 10 ** 12)
+    try:
+        time.sleep(0.1)
+        us = start_ustack("trace", "--backend", "tracefs", f"uprobe:{chain}:d",
+                          "syscall:write", "-p", target.pid)
+        try:
+            wait_tracing(us)
+            instance = TRACEFS / "instances" / f"ustack_{us.pid}"
+            assert instance.is_dir()
+            assert (instance / "options" / "userstacktrace").read_text().strip() == "1"
+            assert (TRACEFS / "trace_options").read_text() == options
+            us.send_signal(signal.SIGKILL)
+            us.wait()
+        finally:
+            stop(us)
+        assert ustack_lines(us.pid) and instance.is_dir(), \
+            "SIGKILL left nothing behind: the test proves nothing"
+    finally:
+        stop(target)
+    res = ok(run_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:d",
+                        "-c", f"{chain} 2"))
+    assert not instance.exists(), "the next run did not remove the killed run's instance"
+    assert ustack_lines(us.pid) == [], "the next run did not remove its probes"
+    assert [s["count"] for s in parse_counts(res.stdout)] == [2]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_signal_cleans_up_pid_target(chain, sig):
+    target = spawn(chain, 10 ** 12)
+    try:
+        time.sleep(0.1)
+        us = start_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:d",
+                          "-p", target.pid, stdout=subprocess.PIPE)
+        try:
+            wait_tracing(us)
+            time.sleep(0.5)
+            us.send_signal(sig)
+            out, err = us.communicate(timeout=20)
+            assert us.returncode == 0, err
+            counts = parse_counts(out)
+            assert len(counts) == 1 and counts[0]["count"] > 0
+            names = [f for f, _m in counts[0]["frames"]]
+            assert names[:5] == ["d", "c", "b", "a", "main"]
+            assert not (TRACEFS / "instances" / f"ustack_{us.pid}").exists()
+            assert ustack_lines(us.pid) == []
+            assert target.poll() is None, "the target died"
+        finally:
+            stop(us)
+    finally:
+        stop(target)
+
+
+def test_lost_events_counted_exactly(tmp_path):
+    """A 1-page buffer overruns: printed + reported lost = every event
+    (the instance's overrun stats, two entries per event)."""
+    prog = build("chain")
+    n = 100_000
+    out = tmp_path / "trace.txt"
+    with open(out, "w") as f:
+        res = subprocess.run([sys.executable, "-m", "ustack", "trace", "--backend",
+                              "tracefs", "--unwind", "fp", f"uprobe:{prog}:d",
+                              "-c", f"{prog} {n}", "--buffer-pages", "1"],
+                             stdout=f, stderr=subprocess.PIPE, text=True,
+                             timeout=120, env=ustack_env())
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"^Lost (\d+) events: the tracefs buffer was full", res.stderr, re.M)
+    if not m:
+        pytest.skip(f"no events were lost with a 1-page buffer and {n} events")
+    printed = sum(1 for line in out.read_text().splitlines()
+                  if line.startswith("chain "))
+    assert printed + int(m.group(1)) == n
