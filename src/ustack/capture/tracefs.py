@@ -85,10 +85,13 @@ class TracefsReader:
     def __init__(self, layouts: dict, user_stack_id: int):
         self.layouts = layouts
         self.user_stack_id = user_stack_id
-        self.lost = 0
+        self.lost_entries = 0            # ring-buffer entries the kernel lost
         self.throttled = 0
         self.metas: deque = deque()      # MmapEvents read from /proc for us
         self._pending: dict = {}         # cpu -> event waiting for its user stack
+        # entries whose partner the ring buffer overwrote, for exact losses
+        self.orphan_stacks = 0           # user stacks whose event is gone
+        self.stackless = 0               # events whose user stack is gone
         self._tgids: dict = {}
 
     def _tgid(self, tid: int) -> int:
@@ -119,6 +122,7 @@ class TracefsReader:
             on_meta(0, self.metas.popleft())
         if not chunk:
             for cpu in sorted(self._pending):
+                self.stackless += 1
                 self._emit(out, self._pending.pop(cpu), None, b"")
             return 0
         cpu = _CPU.unpack_from(chunk, 0)[0]
@@ -137,16 +141,30 @@ class TracefsReader:
                     while n < FTRACE_STACK_ENTRIES and _Q.unpack_from(callers, 8 * n)[0]:
                         n += 1
                     self._emit(out, ev, tgid, bytes(callers[:8 * n]))
+                else:
+                    self.orphan_stacks += 1
                 continue
             layout = layouts.get(typ)
             if layout is None:
                 continue
             ev = pending.pop(cpu, None)
             if ev is not None:               # it got no user stack (kernel task)
+                self.stackless += 1
                 self._emit(out, ev, None, b"")
             extra = bytes(chunk[off:off + length]) if layout.keep else b""
             pending[cpu] = [typ, tid, t, cpu, extra]
         return len(chunk)
+
+    @property
+    def lost(self) -> int:
+        """Events lost. The stats count ring-buffer entries, and
+        userstacktrace writes two per event (the event, then its user
+        stack): lost entries = 2 per event lost whole + 1 per event whose
+        entry alone was lost (its stack was read as an orphan) + 1 per event
+        read without its stack. Kernel threads (system-wide) write no stack
+        entry: there this undercounts."""
+        entries = self.lost_entries + self.orphan_stacks - self.stackless
+        return max(0, entries) // 2
 
     def label(self, ident: int) -> str:
         layout = self.layouts.get(ident)
@@ -360,9 +378,7 @@ class TracefsCapture:
         return chunks
 
     def flush_lost(self) -> None:
-        # the stats count ring-buffer entries, and userstacktrace writes two
-        # per event (the event, then its user_stack entry)
-        self.reader.lost = (self.instance.lost() + 1) // 2
+        self.reader.lost_entries = self.instance.lost()
         self._final = True
 
     def stop(self) -> None:
