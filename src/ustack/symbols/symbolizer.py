@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ustack.model import Frame, Mapping, UstackError
-from ustack.objfile.debuginfo import debug_image
+from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage
 
 
@@ -31,6 +31,7 @@ class Symbolizer:
         self._images: dict = {}   # open_path -> ElfImage | None (failed)
         self._symbols: dict = {}  # (open_path, file offset) -> (vaddr, Symbol | None)
         self._debug_images: dict = {}  # image path -> debug ElfImage | None
+        self.warnings: list = []  # debug files refused, for the user
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
@@ -78,8 +79,13 @@ class Symbolizer:
         """The separate debug file of a stripped object (e.g. libc6-dbg)."""
         if image.has_symtab:
             return None
+        return self._debug_file(image)
+
+    def _debug_file(self, image: ElfImage) -> Optional[ElfImage]:
         if image.path not in self._debug_images:
-            self._debug_images[image.path] = debug_image(image)
+            debug, found = debug_lookup(image, self.options.debug_dirs)
+            self._debug_images[image.path] = debug
+            self.warnings.extend(found.refused)
         return self._debug_images[image.path]
 
     def _image(self, path: str) -> Optional[ElfImage]:
