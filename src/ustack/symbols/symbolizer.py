@@ -60,7 +60,11 @@ class Symbolizer:
         table = self._line_table(m.open_path) if vaddr is not None else None
         if table is None:
             return [f]
-        return expand(f, table.locate(vaddr), self.options.lines, self.options.inlines)
+        locs = table.locate(vaddr)
+        if table.errors:                        # corrupt DWARF: said once
+            self.warnings.extend(table.errors)
+            table.errors.clear()
+        return expand(f, locs, self.options.lines, self.options.inlines)
 
     def frame(self, pid: int, addr: int, back: int = 0) -> Frame:
         q = addr - back
@@ -117,11 +121,7 @@ class Symbolizer:
                 source = image if has_dwarf(image) else self._debug_file(image)
                 table = LineTable.for_image(source) if source is not None else None
             self._line_tables[path] = table
-        table = self._line_tables[path]
-        if table is not None and table.errors:   # corrupt DWARF: said once
-            self.warnings.extend(table.errors)
-            table.errors.clear()
-        return table
+        return self._line_tables[path]
 
     def _image(self, path: str) -> Optional[ElfImage]:
         if path not in self._images:
