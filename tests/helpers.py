@@ -162,3 +162,31 @@ def build_go_source(directory, source: str, name: str = "prog",
                    cwd=d, check=True, capture_output=True,
                    env={**os.environ, "CGO_ENABLED": "0"})
     return str(d / name)
+
+
+_A2L_LOC = re.compile(r"^(.*?):(\d+|\?)(?::\d+)?(?: \(discriminator \d+\))?$")
+
+
+def addr2line_chains(tool: str, binary, addrs) -> dict:
+    """{addr: [(function, file, line), …]} as `TOOL -a -i -f -e BINARY`
+    lists them (eu-addr2line or binutils addr2line): innermost inlined call
+    first, the real function last at the line of the call it inlined.
+    Locations the tool does not know (??:0) are left out."""
+    path = _tool(tool)
+    out = subprocess.run([path, "-a", "-i", "-f", "-e", str(binary),
+                          *(hex(a) for a in addrs)],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    chains: dict = {}
+    current = None
+    i = 0
+    while i < len(out):
+        if re.fullmatch(r"0x[0-9a-f]+", out[i]):
+            current = chains.setdefault(int(out[i], 16), [])
+            i += 1
+            continue
+        function = out[i].split(" inlined at ")[0]
+        m = _A2L_LOC.match(out[i + 1])
+        i += 2
+        if m and m.group(1) != "??" and m.group(2) not in ("0", "?"):
+            current.append((function, m.group(1), int(m.group(2))))
+    return chains

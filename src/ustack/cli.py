@@ -97,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(p)
     _count_args(p)
 
+    p = sub.add_parser("symbolize", help="name the user frames of saved ftrace "
+                       "output (userstacktrace)",
+                       description="Print TRACE_FILE (ftrace's `trace` text with the "
+                       "userstacktrace option) with each user frame named.")
+    p.add_argument("trace_file", metavar="TRACE_FILE", help="saved trace ('-': stdin)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--pid", type=int, help="the traced process, still running")
+    src.add_argument("--maps", metavar="MAPS_FILE",
+                     help="a saved copy of the traced process's /proc/PID/maps")
+    src.add_argument("--binary", metavar="PATH",
+                     help="addresses are PATH's own (a non-PIE executable)")
+    _symbol_args(p)
+
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
     p.add_argument("pattern", nargs="?", help="glob, e.g. 'mem*'")
@@ -108,6 +121,10 @@ def _run(args) -> int:
         from .probes.listing import format_listing, list_functions
         sys.stdout.write(format_listing(list_functions(args.binary, args.pattern)))
         return 0
+    if args.cmd == "symbolize":
+        from .symbolize_trace import symbolize_trace
+        return symbolize_trace(args.trace_file, pid=args.pid, maps_file=args.maps,
+                               binary=args.binary, options=_symbol_options(args))
     from .session import Options, run
     if args.buffer_pages is not None and (
             args.buffer_pages <= 0 or args.buffer_pages & (args.buffer_pages - 1)):

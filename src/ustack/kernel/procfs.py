@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from ..model import Mapping
 
@@ -48,22 +49,36 @@ def host_path(pid: int, path: str) -> str:
     return ""
 
 
+_MAPS_LINE = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ([r-][w-][x-][sp]) ([0-9a-f]+) "
+                        r"[0-9a-f]+:[0-9a-f]+ \d+ *(.*)")
+
+
 def executable_mappings(pid: int) -> list:
     """The executable mappings of /proc/PID/maps ([] if it is gone)."""
     try:
         with open(f"/proc/{pid}/maps") as f:
-            lines = f.readlines()
+            text = f.read()
     except OSError:
         return []
+    return [Mapping(m.start, m.end, m.pgoff, m.path, host_path(pid, m.path))
+            for m in parse_maps(text, strict=False)]
+
+
+def parse_maps(text: str, strict: bool = True) -> list:
+    """The executable mappings in the text of a /proc/PID/maps file (a live
+    one, or a copy saved for later). strict: ValueError naming the first
+    line that is not a maps line; else such lines are skipped."""
     out = []
-    for line in lines:
-        parts = line.split(None, 5)
-        if len(parts) < 5 or "x" not in parts[1]:
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _MAPS_LINE.fullmatch(line.rstrip())
+        if m is None:
+            if strict and line.strip():
+                raise ValueError(f"line {n} is not a /proc/PID/maps line: {line[:60]!r}")
             continue
-        lo, hi = parts[0].split("-")
-        path = parts[5].strip() if len(parts) == 6 else ""
+        if "x" not in m.group(3):
+            continue
+        path = m.group(5)
         if path.endswith(" (deleted)"):
             path = path[: -len(" (deleted)")]
-        out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), path,
-                           host_path(pid, path)))
+        out.append(Mapping(int(m.group(1), 16), int(m.group(2), 16), int(m.group(4), 16), path))
     return out

@@ -1,36 +1,205 @@
-"""Separate debug files, found the way gdb finds them by build-id:
-/usr/lib/debug/.build-id/xx/yyyy.debug. A file whose build-id differs from
-the object's is refused: a wrong debug file gives wrong names."""
+"""Separate debug files, found the way gdb finds them:
+
+1. by build-id: ROOT/.build-id/xx/yyyy.debug for each debug root;
+2. by .gnu_debuglink (a file name and the CRC32 of that file): next to the
+   object, in its .debug/ subdirectory, and ROOT/<object's directory>/NAME;
+3. MiniDebugInfo: an xz-compressed ELF with a .symtab in the object's own
+   .gnu_debugdata section (Fedora ships local function names that way).
+
+The debug roots are the caller's extra directories (--debug-dir) first,
+then /usr/lib/debug. A candidate whose build-id (or debuglink CRC) does not
+match the object is refused and the refusal is reported, never used: a
+wrong debug file gives wrong names."""
 from __future__ import annotations
 
+import lzma
 import os
+import struct
+import zlib
+from dataclasses import dataclass, field
 from typing import Optional
 
+from elftools.elf.elffile import ELFFile
+
 from ..model import UstackError
+from . import cache as objcache
 from .elf import ElfImage
 
 DEBUG_ROOTS = ["/usr/lib/debug"]
+_MAX_MINIDEBUGINFO = 256 << 20   # bytes an .gnu_debugdata may expand to
 
 
-def build_id_path(build_id: Optional[str]) -> Optional[str]:
-    """The debug file for a build-id under DEBUG_ROOTS, if one is installed."""
-    if not build_id or len(build_id) < 3:
-        return None
-    for root in DEBUG_ROOTS:
-        path = os.path.join(root, ".build-id", build_id[:2], build_id[2:] + ".debug")
+@dataclass
+class DebugLookup:
+    """What the search found: the debug file (or None) and why candidates
+    were refused, one sentence each."""
+    path: Optional[str] = None
+    how: str = ""                  # build-id | debuglink | minidebuginfo
+    refused: list = field(default_factory=list)
+
+
+def debug_roots(extra_dirs=()) -> list:
+    return [*extra_dirs, *DEBUG_ROOTS]
+
+
+def build_id_path(build_id: Optional[str], extra_dirs=()) -> Optional[str]:
+    """The debug file for a build-id under the debug roots, if one exists."""
+    for path in _build_id_candidates(build_id, extra_dirs):
         if os.path.exists(path):
             return path
     return None
 
 
-def debug_image(image: ElfImage) -> Optional[ElfImage]:
-    """The opened debug file of `image`, or None (none installed, unreadable,
-    or its build-id does not match)."""
-    path = build_id_path(image.build_id)
-    if path is None:
-        return None
+def _build_id_candidates(build_id: Optional[str], extra_dirs) -> list:
+    if not build_id or len(build_id) < 3:
+        return []
+    return [os.path.join(root, ".build-id", build_id[:2], build_id[2:] + ".debug")
+            for root in debug_roots(extra_dirs)]
+
+
+def _object_sections(path: str) -> tuple:
+    """(debuglink name, CRC) or None, and the .gnu_debugdata bytes or None."""
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        link = data = None
+        sec = elf.get_section_by_name(".gnu_debuglink")
+        if sec is not None and sec["sh_type"] != "SHT_NOBITS":
+            raw = sec.data()
+            name, _, _ = raw.partition(b"\0")
+            # the CRC is the last 4 bytes, after the name padded to 4 bytes
+            if name and len(raw) >= 4 and len(raw) % 4 == 0:
+                link = (os.fsdecode(name), struct.unpack_from(
+                    "<I" if elf.little_endian else ">I", raw, len(raw) - 4)[0])
+        sec = elf.get_section_by_name(".gnu_debugdata")
+        if sec is not None and sec["sh_type"] != "SHT_NOBITS":
+            data = sec.data()
+        return link, data
+
+
+def debuglink_candidates(object_path: str, name: str, extra_dirs=()) -> list:
+    """Where gdb looks for a .gnu_debuglink NAME of the object at object_path."""
+    if os.path.basename(name) != name:     # a name, not a path (no ../ tricks)
+        return []
+    d = os.path.dirname(os.path.realpath(object_path))
+    out = [os.path.join(d, name), os.path.join(d, ".debug", name)]
+    out += [os.path.join(root, d.lstrip("/"), name) for root in debug_roots(extra_dirs)]
+    return out
+
+
+def file_crc32(path: str) -> int:
+    """The CRC .gnu_debuglink records: zlib's CRC-32 of the whole file."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def find_debug_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
+    """The separate debug file of `image` (build-id first, then debuglink)."""
+    found = DebugLookup()
+    for path in _build_id_candidates(image.build_id, extra_dirs):
+        if os.path.exists(path) and _accept(image, path, None, found):
+            found.path, found.how = path, "build-id"
+            return found
+    try:
+        link, _ = _object_sections(image.path)
+    except Exception:   # unreadable or corrupt: ElfImage already opened it, so rare
+        link = None
+    if link is not None:
+        name, crc = link
+        for path in debuglink_candidates(image.path, name, extra_dirs):
+            if (os.path.isfile(path) and not _same_file(path, image.path)
+                    and _accept(image, path, crc, found)):
+                found.path, found.how = path, "debuglink"
+                return found
+    return found
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _accept(image: ElfImage, path: str, crc: Optional[int], found: DebugLookup) -> bool:
+    """Whether the candidate debug file belongs to `image`; records why not."""
     try:
         debug = ElfImage.open(path)
-    except UstackError:
+    except UstackError as e:
+        found.refused.append(f"{e}; not used as debug file of {image.path}")
+        return False
+    if image.build_id and debug.build_id and debug.build_id != image.build_id:
+        found.refused.append(f"{path}: build-id {debug.build_id} does not match "
+                             f"{image.path} ({image.build_id}); not used")
+        return False
+    if crc is not None:
+        try:
+            actual = file_crc32(path)
+        except OSError as e:
+            found.refused.append(f"{path}: {e.strerror}; not used")
+            return False
+        if actual != crc:
+            found.refused.append(f"{path}: CRC {actual:08x} does not match the "
+                                 f".gnu_debuglink of {image.path} ({crc:08x}); not used")
+            return False
+    elif not (image.build_id and debug.build_id):
+        found.refused.append(f"{path}: has no build-id to match {image.path}; not used")
+        return False
+    return True
+
+
+def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> Optional[str]:
+    """The ELF inside the object's .gnu_debugdata, decompressed into the
+    cache (so the symbol cache can key it by file identity), or None."""
+    try:
+        _, data = _object_sections(image.path)
+    except Exception:
         return None
-    return debug if debug.build_id == image.build_id else None
+    if not data:
+        return None
+    try:
+        st = os.stat(image.path)
+        out = objcache.cache_file("minidebuginfo", image.path, st, image.build_id, "elf")
+    except OSError:
+        return None
+    if os.path.exists(out):
+        return out
+    try:
+        dec = lzma.LZMADecompressor()
+        elf = dec.decompress(data, max_length=_MAX_MINIDEBUGINFO)
+    except lzma.LZMAError as e:
+        found.refused.append(f"{image.path}: corrupt .gnu_debugdata ({e}); not used")
+        return None
+    if not elf.startswith(b"\x7fELF"):
+        found.refused.append(f"{image.path}: .gnu_debugdata holds no ELF file; not used")
+        return None
+    objcache.write(out, elf)
+    if os.path.exists(out):
+        return out
+    found.refused.append(f"{image.path}: cannot write {out}; MiniDebugInfo not used")
+    return None
+
+
+def debug_lookup(image: ElfImage, extra_dirs=()) -> tuple:
+    """(debug ElfImage or None, DebugLookup): a separate debug file when one
+    matches, else the MiniDebugInfo, else None."""
+    found = find_debug_file(image, extra_dirs)
+    if found.path is None:
+        mini = minidebuginfo_path(image, found)
+        if mini is not None:
+            found.path, found.how = mini, "minidebuginfo"
+    if found.path is None:
+        return None, found
+    try:
+        return ElfImage.open(found.path), found
+    except UstackError as e:
+        found.refused.append(f"{e}; not used as debug file of {image.path}")
+        found.path = None
+        return None, found
+
+
+def debug_image(image: ElfImage, extra_dirs=()) -> Optional[ElfImage]:
+    """The opened debug file of `image`, or None (none found, or refused)."""
+    return debug_lookup(image, extra_dirs)[0]

@@ -245,6 +245,10 @@ class ElfImage:
         return any(seg.vaddr <= vaddr < seg.vaddr + seg.filesz and seg.flags & 1
                    for seg in self._loads)
 
+    def executable_segments(self) -> list:
+        """(vaddr, file offset, filesz) of each PT_LOAD mapped executable."""
+        return [(s.vaddr, s.offset, s.filesz) for s in self._loads if s.flags & 1]
+
     def vaddr_of_file_offset(self, off: int) -> Optional[int]:
         for seg in self._loads:
             if seg.offset <= off < seg.offset + seg.filesz:

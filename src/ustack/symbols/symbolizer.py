@@ -6,8 +6,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ustack.model import Frame, Mapping, UstackError
-from ustack.objfile.debuginfo import debug_image
+from ustack.objfile.debuginfo import debug_lookup
+from ustack.objfile.dwarf_lines import LineTable, has_dwarf
 from ustack.objfile.elf import ElfImage
+
+from .lines import expand
 
 
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
@@ -31,6 +34,8 @@ class Symbolizer:
         self._images: dict = {}   # open_path -> ElfImage | None (failed)
         self._symbols: dict = {}  # (open_path, file offset) -> (vaddr, Symbol | None)
         self._debug_images: dict = {}  # image path -> debug ElfImage | None
+        self._line_tables: dict = {}  # image path -> LineTable | None
+        self.warnings: list = []  # debug files refused, for the user
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
@@ -38,8 +43,28 @@ class Symbolizer:
             # Return addresses point after the call; addr-1 is still inside
             # the calling function even when the call is its last instruction.
             back = 0 if (i == 0 and leaf_is_exact) else 1
-            out.append(self.frame(pid, addr, back))
+            if self.options.lines or self.options.inlines:
+                out.extend(self.source_frames(pid, addr, back))
+            else:
+                out.append(self.frame(pid, addr, back))
         return tuple(out)
+
+    def source_frames(self, pid: int, addr: int, back: int = 0) -> list:
+        """frame() with its file:line (--lines), after the calls inlined at
+        that point as frames of their own (--inlines)."""
+        f = self.frame(pid, addr, back)
+        m = self.mappings.find(pid, addr - back)
+        if m is None or not m.path.startswith("/"):
+            return [f]
+        vaddr, _sym = self._resolve(m, addr - back - m.start + m.pgoff)
+        table = self._line_table(m.open_path) if vaddr is not None else None
+        if table is None:
+            return [f]
+        locs = table.locate(vaddr)
+        if table.errors:                        # corrupt DWARF: said once
+            self.warnings.extend(table.errors)
+            table.errors.clear()
+        return expand(f, locs, self.options.lines, self.options.inlines)
 
     def frame(self, pid: int, addr: int, back: int = 0) -> Frame:
         q = addr - back
@@ -78,9 +103,25 @@ class Symbolizer:
         """The separate debug file of a stripped object (e.g. libc6-dbg)."""
         if image.has_symtab:
             return None
+        return self._debug_file(image)
+
+    def _debug_file(self, image: ElfImage) -> Optional[ElfImage]:
         if image.path not in self._debug_images:
-            self._debug_images[image.path] = debug_image(image)
+            debug, found = debug_lookup(image, self.options.debug_dirs)
+            self._debug_images[image.path] = debug
+            self.warnings.extend(found.refused)
         return self._debug_images[image.path]
+
+    def _line_table(self, path: str) -> Optional[LineTable]:
+        """DWARF lines of the object itself, else of its debug file."""
+        if path not in self._line_tables:
+            table = None
+            image = self._image(path)
+            if image is not None:
+                source = image if has_dwarf(image) else self._debug_file(image)
+                table = LineTable.for_image(source) if source is not None else None
+            self._line_tables[path] = table
+        return self._line_tables[path]
 
     def _image(self, path: str) -> Optional[ElfImage]:
         if path not in self._images:

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""--lines/--inlines in libc's debug file: ustack vs eu-addr2line and
+binutils addr2line on the same addresses, one run.
+
+    python3 bench/lines.py [--quick]
+
+N addresses inside libc's functions (random, fixed seed) are named with
+file:line and inlined calls by each tool, each in a fresh process:
+
+  ustack names         function names only (symbol table of the debug file)
+  ustack cold          --lines --inlines, empty cache: the units holding the
+                       addresses are parsed from DWARF (pyelftools)
+  ustack warm          the same again: unit tables read back from the cache
+  eu-addr2line -i -f   one process for all addresses
+  addr2line -i -f      one process for all addresses (binutils)
+
+`first` is the time to the first address's answer (ustack only: the tools
+answer all at once), `total` the wall time for all N, `addr/s` = N / total,
+`peak RSS` the process's. Needs libc6-dbg. Writes bench/results/lines.md
+(lines_quick.md with --quick).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(REPO / "src"))
+from uprobe_rate import write_report  # noqa: E402  (one report writer for all benchmarks)
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+def worker(mode: str, addr_file: str) -> None:
+    """Runs in a fresh process: symbolize the addresses, print timings."""
+    start = time.perf_counter()
+    from ustack.model import Mapping
+    from ustack.objfile.elf import ElfImage
+    from ustack.symbols.symbolizer import SymbolOptions, Symbolizer
+
+    class WholeFile:            # libc mapped at 0 with file offset 0
+        def find(self, pid, addr):
+            return Mapping(0, 1 << 48, 0, LIBC)
+
+    vaddrs = json.loads(Path(addr_file).read_text())
+    image = ElfImage.open(LIBC)
+    offsets = [image.file_offset(v) for v in vaddrs]
+    lines = mode != "names"
+    sym = Symbolizer(WholeFile(), SymbolOptions(lines=lines, inlines=lines))
+    frames = list(sym.frames(0, offsets[:1]))
+    first = time.perf_counter() - start
+    for off in offsets[1:]:
+        frames.extend(sym.frames(0, [off]))
+    total = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"first": first, "total": total, "rss_kb": rss,
+                      "frames": len(frames), "lines": sum(1 for f in frames if f.line)}))
+
+
+def run_worker(mode: str, addr_file: str, cache: str) -> dict:
+    env = dict(os.environ, USTACK_CACHE_DIR=cache)
+    out = subprocess.run([sys.executable, __file__, "--worker", mode, addr_file],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    return json.loads(out)
+
+
+def run_tool(cmd: list) -> dict:
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _pid, _status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return {"first": None, "total": time.perf_counter() - start, "rss_kb": usage.ru_maxrss}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer addresses, one repetition")
+    ap.add_argument("--worker", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
+    ap.add_argument("-n", type=int, help="addresses (default 2000, quick 200)")
+    ap.add_argument("--reps", type=int, help="repetitions, median kept (default 3, quick 1)")
+    args = ap.parse_args()
+    if args.worker:
+        worker(*args.worker)
+        return
+    from ustack.objfile.debuginfo import build_id_path
+    from ustack.objfile.elf import ElfImage
+    debug = build_id_path(ElfImage.open(LIBC).build_id)
+    if debug is None:
+        sys.exit("libc6-dbg is not installed for this libc")
+    n = args.n or (200 if args.quick else 2000)
+    reps = args.reps or (1 if args.quick else 3)
+    funcs = [s for s in ElfImage.open(debug).functions if s.size > 16]
+    rnd = random.Random(1)
+    vaddrs = [s.address + rnd.randrange(s.size) for s in rnd.choices(funcs, k=n)]
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        addr_file = os.path.join(tmp, "addrs.json")
+        Path(addr_file).write_text(json.dumps(vaddrs))
+        hexes = [hex(v) for v in vaddrs]
+        for _ in range(reps):
+            cache = tempfile.mkdtemp(dir=tmp)
+            runs = {
+                "ustack names": lambda: run_worker("names", addr_file, cache),
+                "ustack --lines --inlines, cold": lambda: run_worker("lines", addr_file, cache),
+                "ustack --lines --inlines, warm": lambda: run_worker("lines", addr_file, cache),
+                "eu-addr2line -i -f": lambda: run_tool(["eu-addr2line", "-i", "-f", "-e", LIBC, *hexes]),
+                "addr2line -i -f": lambda: run_tool(["addr2line", "-i", "-f", "-e", LIBC, *hexes]),
+            }
+            for name, fn in runs.items():       # names first: it fills the symbol cache
+                results.setdefault(name, []).append(fn())
+
+    def med(rows, key):
+        vals = [r[key] for r in rows if r[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    md = [f"## --lines/--inlines in libc's debug file ({n} addresses, median of {reps})",
+          "", f"{platform.node()}, {platform.release()}, {os.cpu_count()} CPUs", "",
+          "| tool | first (s) | total (s) | addr/s | peak RSS (MB) |",
+          "|---|---:|---:|---:|---:|"]
+    for name, rows in results.items():
+        first, total = med(rows, "first"), med(rows, "total")
+        md.append(f"| {name} | {'' if first is None else f'{first:.3f}'} | {total:.3f} | "
+                  f"{n / total:,.0f} | {med(rows, 'rss_kb') / 1024:.0f} |")
+    md.append("")
+    out = BENCH / "results" / ("lines_quick.md" if args.quick else "lines.md")
+    write_report("\n".join(md) + "\n", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""--lines and --inlines against eu-addr2line -i and binutils addr2line -i:
+tests/programs/inline.c at -O2 -g (middle and inner always inlined into
+outer), and libc through libc6-dbg's debug file."""
+import os
+import random
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from helpers import O2_FP, addr2line_chains, build, run_ustack
+from test_elf import FakeMaps, run, text_mapping
+
+from ustack.objfile import debuginfo
+from ustack.objfile.dwarf_lines import LineTable
+from ustack.objfile.elf import ElfImage
+from ustack.symbols.symbolizer import SymbolOptions, Symbolizer
+
+BASE = 0x555555554000
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    LineTable._memo.clear()
+    ElfImage._cache.clear()
+
+
+@pytest.fixture
+def prog():
+    return build("inline", flags=O2_FP)
+
+
+def instructions(path, functions):
+    """Every instruction address of the named functions (objdump -d), the
+    alignment padding after them left out."""
+    image = ElfImage.open(str(path))
+    inside = [(s.address, s.address + s.size) for f in functions for s in image.find(f)]
+    out = []
+    for line in run("objdump", "-d", "--no-show-raw-insn", str(path)).splitlines():
+        if m := re.match(r"^\s+([0-9a-f]+):", line):
+            a = int(m.group(1), 16)
+            if any(lo <= a < hi for lo, hi in inside):
+                out.append(a)
+    return out
+
+
+def ours(path, addrs):
+    table = LineTable.for_image(ElfImage.open(str(path)))
+    return {a: [(l.function, l.file, l.line) for l in table.locate(a)] for a in addrs}
+
+
+def call_returns(path, function, callee):
+    """Return addresses of the calls to `callee` inside `function`."""
+    out, current, prev = [], None, None
+    for line in run("objdump", "-d", "--no-show-raw-insn", str(path)).splitlines():
+        if m := re.match(r"^[0-9a-f]+ <(.+)>:$", line):
+            current = m.group(1)
+            continue
+        m = re.match(r"^\s+([0-9a-f]+):\s+(.*)$", line)
+        if m and current == function:
+            if prev is not None:
+                out.append(int(m.group(1), 16))
+                prev = None
+            if re.search(rf"call\s+[0-9a-f]+ <{callee}>", m.group(2)):
+                prev = m.group(1)
+    return out
+
+
+@pytest.mark.parametrize("tool", ["eu-addr2line", "addr2line"])
+def test_every_instruction_agrees_with_addr2line(prog, tool):
+    addrs = instructions(prog, {"outer", "main", "sink"})
+    assert len(addrs) > 30
+    want = addr2line_chains(tool, prog, addrs)
+    got = ours(prog, addrs)
+    assert {a: got[a] for a in addrs} == {a: want[a] for a in addrs}
+    # the test set does exercise inlining, two levels deep
+    assert max(len(c) for c in got.values()) == 3
+
+
+def test_inlined_calls_become_frames(prog):
+    """The stack at sink: the return address in outer is inside inner, inlined
+    into middle, inlined into outer."""
+    rets = call_returns(prog, "outer", "sink")
+    assert len(rets) == 2                                  # inner inlined twice
+    main_ret = call_returns(prog, "main", "outer")[0]
+    sink = next(s.address for s in ElfImage.open(str(prog)).find("sink"))
+    sym = Symbolizer(FakeMaps({1: [text_mapping(str(prog), BASE)]}),
+                     SymbolOptions(lines=True, inlines=True))
+    for ret in rets:
+        frames = sym.frames(1, [BASE + sink, BASE + ret, BASE + main_ret])
+        oracle = addr2line_chains("eu-addr2line", prog, [sink, ret - 1, main_ret - 1])
+        want = [c for a in (sink, ret - 1, main_ret - 1) for c in oracle[a]]
+        assert [(f.function, f.file, f.line) for f in frames] == want
+        assert [(f.function, f.inlined) for f in frames] == [
+            ("sink", False), ("inner", True), ("middle", True), ("outer", False),
+            ("main", False)]
+        assert {f.addr for f in frames[1:4]} == {BASE + ret}
+        assert frames[3].offset == ret - next(
+            s.address for s in ElfImage.open(str(prog)).find("outer"))
+    # the two inlined copies of inner are called from different lines of middle
+    lines = [sym.frames(1, [BASE + r], leaf_is_exact=False)[1].line for r in rets]
+    assert lines[0] != lines[1]
+
+
+def test_lines_without_inlines_keep_the_real_functions_line(prog):
+    ret = call_returns(prog, "outer", "sink")[0]
+    oracle = addr2line_chains("addr2line", prog, [ret - 1])[ret - 1]
+    sym = Symbolizer(FakeMaps({1: [text_mapping(str(prog), BASE)]}),
+                     SymbolOptions(lines=True))
+    (f,) = sym.frames(1, [BASE + ret], leaf_is_exact=False)
+    assert (f.function, f.file, f.line, f.inlined) == ("outer", *oracle[-1][1:], False)
+    # --inlines alone: the frames, no lines
+    sym = Symbolizer(FakeMaps({1: [text_mapping(str(prog), BASE)]}),
+                     SymbolOptions(inlines=True))
+    frames = sym.frames(1, [BASE + ret], leaf_is_exact=False)
+    assert [(f.function, f.line) for f in frames] == [
+        ("inner", 0), ("middle", 0), ("outer", 0)]
+
+
+def test_lines_found_in_the_debug_file(prog, tmp_path, monkeypatch):
+    """A stripped program: lines and inlines come from its debug file."""
+    if shutil.which("objcopy") is None:
+        pytest.skip("objcopy is not installed")
+    monkeypatch.setattr(debuginfo, "DEBUG_ROOTS", [str(tmp_path / "none")])
+    stripped = tmp_path / "inline"
+    subprocess.run(["objcopy", "--only-keep-debug", str(prog), str(tmp_path / "inline.debug")],
+                   check=True)
+    subprocess.run(["objcopy", "--strip-all", f"--add-gnu-debuglink={tmp_path}/inline.debug",
+                    str(prog), str(stripped)], check=True)
+    ret = call_returns(prog, "outer", "sink")[1]
+    sym = Symbolizer(FakeMaps({1: [text_mapping(str(stripped), BASE)]}),
+                     SymbolOptions(lines=True, inlines=True))
+    frames = sym.frames(1, [BASE + ret], leaf_is_exact=False)
+    want = addr2line_chains("eu-addr2line", prog, [ret - 1])[ret - 1]
+    assert [(f.function, f.file, f.line) for f in frames] == want
+
+
+def test_units_parsed_lazily_and_cached(prog, tmp_path):
+    ret = call_returns(prog, "outer", "sink")[0]
+    before = LineTable.parsed_units
+    first = ours(prog, [ret - 1])
+    assert LineTable.parsed_units == before + 1
+    cached = sorted(p.name for p in (tmp_path / "cache" / "lines").iterdir())
+    build_id = ElfImage.open(str(prog)).build_id
+    assert cached[-1] == f"{build_id}.v1.units.json" and len(cached) == 2
+    LineTable._memo.clear()
+    assert ours(prog, [ret - 1]) == first                # from the cache, nothing parsed
+    assert LineTable.parsed_units == before + 1
+
+
+def test_corrupt_dwarf_gives_no_lines_and_a_message(prog, tmp_path):
+    """.debug_line overwritten with garbage: no traceback, no wrong line."""
+    bad = tmp_path / "bad"
+    data = bytearray(prog.read_bytes())
+    out = run("readelf", "-SW", str(prog))
+    for name in (".debug_line", ".debug_info"):
+        m = re.search(rf"\] {re.escape(name)}\s+\S+\s+[0-9a-f]+\s+([0-9a-f]+)\s+([0-9a-f]+)", out)
+        off, size = int(m.group(1), 16), int(m.group(2), 16)
+        data[off:off + size] = bytes([0xFF]) * size
+    bad.write_bytes(bytes(data))
+    ret = call_returns(prog, "outer", "sink")[0]
+    sym = Symbolizer(FakeMaps({1: [text_mapping(str(bad), BASE)]}),
+                     SymbolOptions(lines=True, inlines=True))
+    (f,) = sym.frames(1, [BASE + ret], leaf_is_exact=False)
+    assert (f.function, f.line, f.inlined) == ("outer", 0, False)
+    assert len(sym.warnings) == 1 and sym.warnings[0].startswith(f"{bad}: corrupt DWARF")
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/lib/debug/.build-id"),
+                    reason="libc6-dbg is not installed (no /usr/lib/debug/.build-id)")
+def test_libc_lines_agree_with_eu_addr2line():
+    """file:line (and inlined calls) of libc addresses through libc6-dbg.
+    binutils 2.40 picks wrong file names in parts of libc's DWARF 5, so
+    eu-addr2line is the oracle here."""
+    debug = debuginfo.build_id_path(ElfImage.open(LIBC).build_id)
+    if debug is None:
+        pytest.skip("libc6-dbg does not match this libc (no debug file by build-id)")
+    funcs = [s for s in ElfImage.open(debug).functions if s.size > 16]
+    rnd = random.Random(4)
+    addrs = sorted(s.address + rnd.randrange(s.size) for s in rnd.sample(funcs, 60))
+    before = LineTable.parsed_units
+    first = ours(debug, addrs[:1])[addrs[0]]
+    assert LineTable.parsed_units == before + 1          # one unit, not all of libc
+    want = addr2line_chains("eu-addr2line", LIBC, addrs)
+    got = ours(debug, addrs)
+    assert got[addrs[0]] == first
+    assert [(a, [c[1:] for c in got[a]]) for a in addrs] == \
+        [(a, [c[1:] for c in want[a]]) for a in addrs]
+    assert sum(len(got[a]) > 1 for a in addrs) > 0       # some inlined calls
+
+
+@pytest.mark.kernel
+def test_trace_with_lines_and_inlines(prog):
+    """End to end: a uprobe on sink, every frame with its line; the inlined
+    frames as eu-addr2line lists them."""
+    res = run_ustack("trace", f"uprobe:{prog}:sink", "-c", f"{prog} 1",
+                     "--lines", "--inlines")
+    assert res.returncode == 0, res.stderr
+    frames = [l for l in res.stdout.splitlines() if l.startswith(" 0x")]
+    rets = call_returns(prog, "outer", "sink")
+    main_ret = call_returns(prog, "main", "outer")[0]
+    sink = next(s.address for s in ElfImage.open(str(prog)).find("sink"))
+    oracle = addr2line_chains("eu-addr2line", prog, [sink, rets[0] - 1, main_ret - 1])
+    want = []
+    for a, kinds in ((sink, ["sink+0x0/"]), (rets[0] - 1, ["inner (inlined)", "middle (inlined)", "outer+"]),
+                     (main_ret - 1, ["main+"])):
+        for (fn, file, line), kind in zip(oracle[a], kinds):
+            want.append((kind, f"{file}:{line}"))
+    got = [(l.split(" : ", 1)[1], l.rsplit(" ", 1)[1]) for l in frames[:5]]
+    assert [(label[:len(kind)], where) for (label, where), (kind, _w) in zip(got, want)] \
+        == want
+    assert res.stdout.count(" (inlined) [inline] ") == 4     # two stacks, two each
