@@ -79,16 +79,16 @@ def _orphaned(name: str) -> bool:
     A live owner is another ustack run (a helper's, a user's): not ours to
     judge, so concurrent runs do not fail each other's tests."""
     m = re.search(r"ustack_(\d+)", name)
-    return m is None or not Path(f"/proc/{m.group(1)}").exists()
+    return m is not None and not Path(f"/proc/{m.group(1)}").exists()
 
 
 def _tracefs_state() -> dict[str, set[str]]:
     events = {line for f in ("uprobe_events", "dynamic_events")
               for line in _read(TRACEFS / f).splitlines()
-              if "ustack" in line and _orphaned(line)}
+              if _orphaned(line.split()[0] if line.split() else "")}
     try:
         instances = {p.name for p in (TRACEFS / "instances").iterdir()
-                     if p.name.startswith("ustack") and _orphaned(p.name)}
+                     if _orphaned(p.name)}
     except OSError:
         instances = set()
     return {"events": events, "instances": instances,
