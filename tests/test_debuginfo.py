@@ -208,3 +208,37 @@ def test_libc_local_functions_named_from_libc6_dbg(monkeypatch):
     sym = Symbolizer(FakeMaps({1: [text_mapping(libc, 0x7F0000000000)]}))
     f = sym.frames(1, [0x7F0000000000 + want + 3])[0]
     assert (f.function, f.offset, f.module) == ("new_do_write", 3, "libc.so.6")
+
+
+@pytest.mark.kernel
+def test_run_uses_debug_dir_and_reports_refusals(chain, tmp_path):
+    """End to end: `count --debug-dir` names a stripped program's frames
+    through the debug file; a mismatched one gives no names and one line
+    on stderr saying why."""
+    from helpers import run_ustack
+    from test_e2e_core import ok, parse_counts
+    full, debug, stripped = chain
+    build_id = ElfImage.open(str(full)).build_id
+    mine = tmp_path / "mine"
+    by_id = mine / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+    by_id.parent.mkdir(parents=True)
+
+    def run_count():
+        res = ok(run_ustack("count", "syscall:write", "--debug-dir", mine,
+                            "-c", f"{stripped} 3 write"))
+        (stack,) = parse_counts(res.stdout)
+        assert stack["count"] == 3, res.stdout
+        return [f for f, m in stack["frames"] if m == "chain"], res.stderr
+
+    shutil.copy(debug, by_id)
+    got, err = run_count()
+    assert got[:5] == list(CHAIN), got
+    assert "ustack:" not in err, err
+
+    shutil.copy(other_debug_file(tmp_path), by_id)
+    got, err = run_count()
+    assert got[:5] == ["[unknown]"] * 5, got
+    other_id = ElfImage.open(str(by_id)).build_id
+    refusal = (f"ustack: {by_id}: build-id {other_id} does not match "
+               f"{stripped} ({build_id}); not used")
+    assert err.splitlines().count(refusal) == 1, err

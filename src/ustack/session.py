@@ -295,6 +295,8 @@ class Run:
         if opts.mode != "trace":
             self._report_counts(reader, symbolizer, view)
         self.out.flush()
+        for warning in dict.fromkeys(symbolizer.warnings):   # once each
+            print(f"ustack: {warning}", file=self.err)
         if reader.lost:
             print(f"Lost {reader.lost} events: the {getattr(capture, 'backend', 'perf')} "
                   "buffer was full "
