@@ -64,6 +64,14 @@ def _count_args(p: argparse.ArgumentParser) -> None:
                    help="count each process separately")
     p.add_argument("--offsets", action="store_true",
                    help="tell call sites apart: frames as func+0xOFF/0xSIZE")
+    p.add_argument("--backend", choices=("auto", "perf", "bpf"), default="auto",
+                   help="bpf: count stacks in the kernel (frame pointers only); "
+                        "perf: copy every stack out; auto (default): bpf where "
+                        "it works and frame pointers suffice")
+    p.add_argument("--kernel", action="store_true",
+                   help="add kernel stacks (bpf), above the user frames after `--`")
+    p.add_argument("--stack-storage-size", type=int, default=16384, metavar="N",
+                   help="distinct stacks the kernel can keep (bpf, default 16384)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per second per CPU (default 49)")
     _target_args(p)
     _count_args(p)
+
+    p = sub.add_parser("funccount", help="count calls of functions, in the kernel",
+                       description="PATTERN: PATH:GLOB (bcc funccount), e.g. "
+                                   "'libc:mem*' or '/bin/prog:do_*'")
+    p.add_argument("pattern", metavar="PATH:GLOB")
+    p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
+                   help="print and reset the counts every SECONDS")
+    _target_args(p)
 
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
@@ -116,13 +132,31 @@ def _run(args) -> int:
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")
         opts.events = [f"profile:hz:{args.frequency}"]
+    elif args.cmd == "funccount":
+        _funccount_options(args, opts)
     else:
         opts.events = args.events
     if args.cmd in ("count", "profile"):
         opts.output_format = args.format
         opts.per_pid = args.per_pid
         opts.offsets = args.offsets
+        opts.backend = args.backend
+        opts.kernel_stacks = args.kernel
+        if args.stack_storage_size <= 0:
+            raise UstackError("--stack-storage-size must be positive")
+        opts.stack_storage = args.stack_storage_size
     return run(opts)
+
+
+def _funccount_options(args, opts) -> None:
+    pattern = args.pattern
+    if not pattern.startswith(("uprobe:", "u:")):
+        pattern = "uprobe:" + pattern
+    opts.events = [pattern]
+    if args.interval is not None and args.interval <= 0:
+        raise UstackError("-i must be a positive number of seconds")
+    opts.interval = args.interval
+    opts.backend = "bpf"
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,11 @@ class Options:
     unwind: str = "auto"                   # auto | fp | dwarf
     stack_size: int = DEFAULT_STACK_SIZE
     symbols: SymbolOptions = SymbolOptions()
+    # in-kernel counting (bpf_session.py)
+    backend: str = "auto"                  # auto | perf | bpf
+    kernel_stacks: bool = False            # --kernel (bpf only)
+    stack_storage: int = 16384             # --stack-storage-size
+    interval: Optional[float] = None       # funccount -i
 
 
 def resolve_probes(specs: list, pid: Optional[int]) -> list:
@@ -146,6 +151,8 @@ class _Drainer(threading.Thread):
 
 
 class Run:
+    backend = "perf"                   # printed in the header line
+
     def __init__(self, opts: Options, out: TextIO, err: TextIO):
         self.opts, self.out, self.err = opts, out, err
         self.tracker = MappingTracker()
@@ -208,7 +215,11 @@ class Run:
                        process.executable(target.argv) if target.mode == "command"
                        else None)
         modes = {p.label: policy.choose(p, opts.unwind, main_binary) for p in probes}
-        self.unwind_summary = "/".join(sorted(set(modes.values())))
+        return self._capture_and_loop(probes, target, modes, stop)
+
+    def _open_capture(self, probes, target, modes: dict) -> PerfCapture:
+        """Open the events (a held -c command is told to exit on failure)."""
+        opts = self.opts
         dwarf_labels = frozenset(l for l, m in modes.items() if m == "dwarf")
         pages = opts.buffer_pages or (DWARF_BUFFER_PAGES if dwarf_labels
                                       else DEFAULT_BUFFER_PAGES)
@@ -218,6 +229,11 @@ class Run:
         except BaseException:
             target.abort()
             raise
+        return capture
+
+    def _capture_and_loop(self, probes, target, modes: dict, stop) -> int:
+        self.unwind_summary = "/".join(sorted(set(modes.values())))
+        capture = self._open_capture(probes, target, modes)
         try:
             return self._loop(capture, target, probes, stop)
         finally:
@@ -234,7 +250,7 @@ class Run:
         if len(probes) > 3:
             labels += f", … ({len(probes)} events)"
         print(f"Tracing {labels} in {target.description} "
-              f"[backend perf, unwind {self.unwind_summary}]"
+              f"[backend {self.backend}, unwind {self.unwind_summary}]"
               + ("" if opts.duration else "... Hit Ctrl-C to end."),
               file=self.err, flush=True)
         # one symbolizer (one cache) for the run; counted stacks pin the view
@@ -311,9 +327,13 @@ class Run:
                     drainer.done(entry)
                 self.out.write("".join(self.pending))
                 self.pending.clear()
+            self._on_tick()
             if (stop.requested or target.wait() or
                     (deadline is not None and time.monotonic() >= deadline)):
                 return
+
+    def _on_tick(self) -> None:
+        """Called about every POLL_MS while the run follows the target."""
 
     def _on_meta(self, event) -> None:
         self.tracker.apply(event)
@@ -380,4 +400,8 @@ class Run:
 
 
 def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    if opts.mode == "funccount" or (opts.mode in ("count", "profile")
+                                    and opts.backend != "perf"):
+        from .bpf_session import BpfRun
+        return BpfRun(opts, out, err).execute()
     return Run(opts, out, err).execute()
