@@ -67,8 +67,7 @@ class BpfRun(Run):
                                   "backend), which walks frame pointers only")
             if reason:
                 print(f"note: {reason}", file=self.err)
-            self.backend = "perf"
-            self._report_counts = super()._report_counts
+            self.backend = "perf"           # Run's own capture and report
             return super()._capture_and_loop(probes, target, modes, stop)
         no_stacks = self.opts.mode == "funccount"
         modes = {label: "none" if no_stacks else "fp" for label in modes}
@@ -79,6 +78,8 @@ class BpfRun(Run):
                 self.counter.close()        # after the events (closed above)
 
     def _open_capture(self, probes, target, modes: dict) -> PerfCapture:
+        if self.backend != "bpf":
+            return super()._open_capture(probes, target, modes)
         opts = self.opts
         capture = PerfCapture(probes, target, opts.buffer_pages or BPF_BUFFER_PAGES,
                               with_stacks=False)
@@ -88,6 +89,8 @@ class BpfRun(Run):
                 filter_tgid=target.pid if target.mode != "system" else None,
                 calls_only=opts.mode == "funccount")
             capture.open()
+            if target.mode == "command":
+                self.counter.arm_on_exec(target.pid)
             self.counter.attach(capture.opened)
         except BaseException:
             capture.close()
@@ -114,6 +117,8 @@ class BpfRun(Run):
 
     # -- the report ----------------------------------------------------------
     def _report_counts(self, reader, symbolizer, view) -> None:
+        if self.backend != "bpf":
+            return super()._report_counts(reader, symbolizer, view)
         if self.opts.mode == "funccount":
             self.out.write(self._calls_table(reset=False))
             return

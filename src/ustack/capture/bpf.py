@@ -25,6 +25,8 @@ import struct
 from dataclasses import dataclass
 
 from ..kernel import bpf
+from ..kernel import perf_event as pe
+from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
@@ -91,18 +93,50 @@ def _stack_id(a: Asm, stacks: bpf.Map, errors: bpf.Map, flags: int,
     a.emit(stx(10, _KEY_AT + key_off, 0))
 
 
+def _unless_armed(a: Asm, armed: bpf.Map) -> None:
+    """Leave the program while armed[0] is 0 (see exec_program)."""
+    a.emit(st_imm(10, _SCRATCH, 0, size=4),
+           ld_map_fd(1, armed.fd), mov(2, 10), alu_imm(ADD, 2, _SCRATCH),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    a.emit(ldx(1, 0, 0))
+    a.jump(jmp_imm, JEQ, 1, 0, to="out")
+
+
+def exec_program(tgid: int, armed: bpf.Map) -> bytes:
+    """armed[0] = 1 when process `tgid` has exec'd (sched:sched_process_exec).
+    A -c command is forked from ustack and held before its execve: its
+    events wait for the exec (enable_on_exec), but programs on trace events
+    run at once, and would count the few syscalls (and libc calls) the
+    forked Python makes on its way to execve."""
+    a = Asm()
+    a.emit(call(bpf.GET_CURRENT_PID_TGID), alu_imm(RSH, 0, 32))
+    a.jump(jmp_imm, JNE, 0, tgid, to="out")
+    a.emit(st_imm(10, -4, 0, size=4),
+           ld_map_fd(1, armed.fd), mov(2, 10), alu_imm(ADD, 2, -4),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    a.emit(st_imm(0, 0, 1))
+    a.label("out")
+    a.emit(mov_imm(0, 0), exit_())
+    return a.assemble()
+
+
 def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
-                        errors: bpf.Map, *, tgid=None, entry_slot=None,
+                        errors: bpf.Map, *, tgid=None, armed=None, entry_slot=None,
                         kernel: bool = False) -> bytes:
     """counts[(pid_tgid, probe, user stack, kernel stack, entry word)] += 1.
-    `tgid`: count only this process (tracepoints); `entry_slot`: read the
-    word at sp + 8*slot (the ctx must be pt_regs: a uprobe)."""
+    `tgid`: count only this process (tracepoints); `armed`: count only once
+    armed[0] is set (exec_program); `entry_slot`: read the word at
+    sp + 8*slot (the ctx must be pt_regs: a uprobe)."""
     a = Asm()
     a.emit(mov(6, 1),                               # r6 = ctx, kept across calls
            call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
     if tgid is not None:
         a.emit(mov(1, 0), alu_imm(RSH, 1, 32))
         a.jump(jmp_imm, JNE, 1, tgid, to="out")
+    if armed is not None:
+        _unless_armed(a, armed)
     a.emit(stx(10, _KEY_AT, 7),
            st_imm(10, _KEY_AT + 8, probe_index),
            st_imm(10, _KEY_AT + 24, NO_STACK),
@@ -138,9 +172,11 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
     return a.assemble()
 
 
-def call_count_program(probe_index: int, counts: bpf.Map) -> bytes:
+def call_count_program(probe_index: int, counts: bpf.Map, armed=None) -> bytes:
     """counts[probe_index] += 1 (an ARRAY map): funccount."""
     a = Asm()
+    if armed is not None:
+        _unless_armed(a, armed)
     a.emit(st_imm(10, -4, probe_index, size=4),
            ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, -4),
            call(bpf.MAP_LOOKUP))
@@ -172,6 +208,8 @@ class BpfCounter:
         self.calls_only = calls_only        # funccount: no stacks
         self.maps: list = []
         self.prog_fds: list = []
+        self.event_fds: list = []
+        self.armed = None                   # set by arm_on_exec()
         self.max_depth = _max_stack()
         try:
             if calls_only:
@@ -195,17 +233,32 @@ class BpfCounter:
 
     def _program(self, index: int, probe) -> int:
         if self.calls_only:
-            code = call_count_program(index, self.counts)
+            code = call_count_program(index, self.counts, self.armed)
         else:
             slot = (probe.return_address_slot
                     if isinstance(probe, UprobeTarget) and probe.spec.kind == "uprobe"
                     else None)
             tgid = self.filter_tgid if isinstance(probe, TracepointTarget) else None
             code = stack_count_program(index, self.counts, self.stacks, self.errors,
-                                       tgid=tgid, entry_slot=slot, kernel=self.kernel)
+                                       tgid=tgid, entry_slot=slot, kernel=self.kernel,
+                                       armed=None if isinstance(probe, ProfileTarget)
+                                       else self.armed)
         fd = bpf.load_program(_prog_type(probe), code, f"ustack_{index}")
         self.prog_fds.append(fd)
         return fd
+
+    def arm_on_exec(self, pid: int) -> None:
+        """Count trace events only after the held command `pid` exec'd;
+        call before attach()."""
+        self.armed = self._map(bpf.MAP_ARRAY, 4, 8, 1, "ustack_armed")
+        attr = pe.make_attr(pe.TYPE_TRACEPOINT,
+                            tracepoint_id("sched", "sched_process_exec"))
+        fd = pe.open_event(attr, pid, -1, what="sched:sched_process_exec")
+        self.event_fds.append(fd)
+        prog = bpf.load_program(bpf.PROG_TRACEPOINT, exec_program(pid, self.armed),
+                                "ustack_exec")
+        self.prog_fds.append(prog)
+        bpf.attach(fd, prog)
 
     def attach(self, opened: list) -> None:
         """Attach a program per probe to the (probe, fd) pairs a PerfCapture
@@ -257,9 +310,10 @@ class BpfCounter:
                 for i in range(ERR_SLOTS)]
 
     def close(self) -> None:
-        for fd in self.prog_fds:
+        for fd in self.event_fds + self.prog_fds:
             os.close(fd)
         self.prog_fds.clear()
+        self.event_fds.clear()
         for m in self.maps:
             m.close()
         self.maps.clear()
