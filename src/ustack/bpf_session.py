@@ -65,10 +65,11 @@ class BpfRun(Run):
                 target.abort()
                 raise UstackError("--kernel needs in-kernel counting (the bpf "
                                   "backend), which walks frame pointers only")
-            if reason:
-                print(f"note: {reason}", file=self.err)
             self.backend = "perf"           # Run's own capture and report
-            return super()._capture_and_loop(probes, target, modes, stop)
+            status = super()._capture_and_loop(probes, target, modes, stop)
+            if reason:                      # after the header and the report
+                print(f"note: {reason}", file=self.err)
+            return status
         no_stacks = self.opts.mode == "funccount"
         modes = {label: "none" if no_stacks else "fp" for label in modes}
         try:
@@ -91,7 +92,7 @@ class BpfRun(Run):
             capture.open()
             if target.mode == "command":
                 self.counter.arm_on_exec(target.pid)
-            self.counter.attach(capture.opened)
+            self.counter.attach(capture)
         except BaseException:
             capture.close()
             target.abort()

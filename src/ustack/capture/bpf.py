@@ -260,17 +260,37 @@ class BpfCounter:
         self.prog_fds.append(prog)
         bpf.attach(fd, prog)
 
-    def attach(self, opened: list) -> None:
-        """Attach a program per probe to the (probe, fd) pairs a PerfCapture
-        opened: to one event per trace event, to every sampling event."""
+    def attach(self, capture) -> None:
+        """Attach a program per probe: to every sampling event a PerfCapture
+        opened, and to one event of its own per trace event. Not to one of
+        the capture's events there: those are inherited by the target's
+        children, the copies share the program, and when a child exits its
+        copy takes the program off the trace event for everyone."""
         progs: dict = {}
-        for probe, fd in opened:
+        for probe, fd in list(capture.opened):
             index = self.probes.index(probe)
-            if index in progs and not isinstance(probe, ProfileTarget):
-                continue
             if index not in progs:
                 progs[index] = self._program(index, probe)
-            bpf.attach(fd, progs[index])
+                if not isinstance(probe, ProfileTarget):
+                    bpf.attach(self._anchor(capture, probe), progs[index])
+            if isinstance(probe, ProfileTarget):
+                bpf.attach(fd, progs[index])
+
+    @staticmethod
+    def _anchor(capture, probe) -> int:
+        """A non-inherited event on the probe's trace event, scoped like the
+        run (so a uprobe stays limited to the traced processes); the capture
+        owns and closes it, before it removes its uprobes."""
+        if isinstance(probe, UprobeTarget):
+            config = capture._uprobe_id(probe)
+        else:
+            config = tracepoint_id(probe.group, probe.name)
+        target = capture.target
+        pid, cpu = (-1, 0) if target.mode == "system" else (target.pid, -1)
+        fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT, config), pid, cpu,
+                           what=probe.label)
+        capture.fds.append(fd)
+        return fd
 
     # -- reading the maps ---------------------------------------------------
     def counted(self, reset: bool = False) -> list:
