@@ -205,3 +205,20 @@ def test_assembler_resolves_jumps():
     assert len(code) == 5 * 8
     assert code[2:4] == (3).to_bytes(2, "little")        # skip 16 + 8 bytes
     assert code[8] == 0x18 and code[9] == 0x12 and code[12] == 7
+
+
+def test_profile_running_process():
+    """-p: the events follow an existing process; counted in the kernel."""
+    import subprocess
+    busy = build("busy", flags=O2_FP)
+    proc = subprocess.Popen([str(busy), "3"])
+    try:
+        res = ok(run_ustack("profile", "-F", "99", "-p", proc.pid, "-d", "1",
+                            "-P", "--backend", "bpf"))
+    finally:
+        proc.kill()
+        proc.wait()
+    stacks = parse_counts(res.stdout)
+    top = stacks[-1]
+    assert funcs(top["frames"])[:3] == ["spin_here", "work", "main"]
+    assert (top["comm"], top["pid"]) == ("busy", proc.pid)

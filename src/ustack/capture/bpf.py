@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from ..kernel import bpf
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
+from .perf import _max_stack
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
-from ..model import ProfileTarget, TracepointTarget, UprobeTarget, UstackError
+from ..model import ProfileTarget, TracepointTarget, UprobeTarget
 
 DEFAULT_STACK_STORAGE = 16384         # stack map entries, bcc's default
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -210,7 +211,8 @@ class BpfCounter:
         self.prog_fds: list = []
         self.event_fds: list = []
         self.armed = None                   # set by arm_on_exec()
-        self.max_depth = _max_stack()
+        # frames kept per stack: the kernel's limit, at most bcc's 127
+        self.max_depth = max(1, min(_max_stack(), 127))
         try:
             if calls_only:
                 self.counts = self._map(bpf.MAP_ARRAY, 4, 8, max(1, len(probes)),
@@ -337,18 +339,4 @@ class BpfCounter:
         for m in self.maps:
             m.close()
         self.maps.clear()
-
-
-def _max_stack() -> int:
-    try:
-        with open("/proc/sys/kernel/perf_event_max_stack") as f:
-            return max(1, min(int(f.read()), 127))
-    except (OSError, ValueError):
-        return 127
-
-
-def check_available() -> None:
-    if not bpf.available():
-        raise UstackError("BPF is not available here (bpf(2) map creation failed); "
-                          "use --backend perf")
 
