@@ -38,10 +38,19 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     _symbol_args(p)
 
 
-def _backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=("perf", "tracefs"), default="perf",
-                   help="perf (default): perf events; tracefs: ftrace alone, "
-                        "in a private instance (no perf events or BPF needed)")
+_BACKEND_HELP = {
+    "auto": "auto (default): bpf where it works and frame pointers suffice "
+            "(count, profile), else perf",
+    "perf": "perf: perf events, every stack copied out",
+    "bpf": "bpf: count stacks in the kernel (frame pointers only)",
+    "tracefs": "tracefs: ftrace alone, in a private instance (no perf events "
+               "or BPF needed)",
+}
+
+
+def _backend_arg(p: argparse.ArgumentParser, *choices: str) -> None:
+    p.add_argument("--backend", choices=("auto",) + choices, default="auto",
+                   help="; ".join(_BACKEND_HELP[c] for c in ("auto",) + choices))
 
 
 def _symbol_args(p: argparse.ArgumentParser) -> None:
@@ -70,6 +79,10 @@ def _count_args(p: argparse.ArgumentParser) -> None:
                    help="count each process separately")
     p.add_argument("--offsets", action="store_true",
                    help="tell call sites apart: frames as func+0xOFF/0xSIZE")
+    p.add_argument("--kernel", action="store_true",
+                   help="add kernel stacks (bpf), above the user frames after `--`")
+    p.add_argument("--stack-storage-size", type=int, default=16384, metavar="N",
+                   help="distinct stacks the kernel can keep (bpf, default 16384)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,19 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
     _target_args(p)
-    _backend_arg(p)
+    _backend_arg(p, "perf", "tracefs")
 
     p = sub.add_parser("count", help="count stacks by frequency",
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
     _target_args(p)
-    _backend_arg(p)
+    _backend_arg(p, "perf", "bpf", "tracefs")
     _count_args(p)
 
     p = sub.add_parser("profile", help="sample on-CPU stacks at a frequency")
     p.add_argument("-F", "--frequency", type=int, default=49, metavar="HZ",
                    help="samples per second per CPU (default 49)")
     _target_args(p)
+    _backend_arg(p, "perf", "bpf")
     _count_args(p)
 
     p = sub.add_parser("symbolize", help="name the user frames of saved ftrace "
@@ -109,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--binary", metavar="PATH",
                      help="addresses are PATH's own (a non-PIE executable)")
     _symbol_args(p)
+
+    p = sub.add_parser("funccount", help="count calls of functions, in the kernel",
+                       description="PATTERN: PATH:GLOB (bcc funccount), e.g. "
+                                   "'libc:mem*' or '/bin/prog:do_*'")
+    p.add_argument("pattern", metavar="PATH:GLOB")
+    p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
+                   help="print and reset the counts every SECONDS")
+    _target_args(p)
 
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
@@ -137,18 +159,35 @@ def _run(args) -> int:
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
                    symbols=_symbol_options(args),
-                   backend=getattr(args, "backend", "perf"))
+                   backend=getattr(args, "backend", "auto"))
     if args.cmd == "profile":
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")
         opts.events = [f"profile:hz:{args.frequency}"]
+    elif args.cmd == "funccount":
+        _funccount_options(args, opts)
     else:
         opts.events = args.events
     if args.cmd in ("count", "profile"):
         opts.output_format = args.format
         opts.per_pid = args.per_pid
         opts.offsets = args.offsets
+        opts.kernel_stacks = args.kernel
+        if args.stack_storage_size <= 0:
+            raise UstackError("--stack-storage-size must be positive")
+        opts.stack_storage = args.stack_storage_size
     return run(opts)
+
+
+def _funccount_options(args, opts) -> None:
+    pattern = args.pattern
+    if not pattern.startswith(("uprobe:", "u:")):
+        pattern = "uprobe:" + pattern
+    opts.events = [pattern]
+    if args.interval is not None and args.interval <= 0:
+        raise UstackError("-i must be a positive number of seconds")
+    opts.interval = args.interval
+    opts.backend = "bpf"
 
 
 def main(argv=None) -> int:

@@ -48,7 +48,12 @@ class Options:
     unwind: str = "auto"                   # auto | fp | dwarf
     stack_size: int = DEFAULT_STACK_SIZE
     symbols: SymbolOptions = SymbolOptions()
-    backend: str = "perf"                  # perf | tracefs
+    # which kernel facility captures: auto | perf | bpf | tracefs
+    backend: str = "auto"
+    # in-kernel counting (bpf_session.py)
+    kernel_stacks: bool = False            # --kernel (bpf only)
+    stack_storage: int = 16384             # --stack-storage-size
+    interval: Optional[float] = None       # funccount -i
 
 
 def resolve_probes(specs: list, pid: Optional[int]) -> list:
@@ -148,6 +153,8 @@ class _Drainer(threading.Thread):
 
 
 class Run:
+    backend = "perf"                   # printed in the header line
+
     def __init__(self, opts: Options, out: TextIO, err: TextIO):
         self.opts, self.out, self.err = opts, out, err
         self.tracker = MappingTracker()
@@ -206,8 +213,9 @@ class Run:
         probes = resolve_probes(specs, opts.pid)
         tracefs = opts.backend == "tracefs"
         if tracefs:
-            from .capture import tracefs as ftrace
-            modes = ftrace.unwind_modes(probes, opts.unwind)
+            from .capture.tracefs import unwind_modes
+            self.backend = "tracefs"
+            modes = unwind_modes(probes, opts.unwind)
         if opts.pid is None:
             launch = launch_traced if tracefs else process.launch
             target = launch(opts.command) if opts.command else process.everything()
@@ -216,18 +224,30 @@ class Run:
                        else None)
         if not tracefs:
             modes = {p.label: policy.choose(p, opts.unwind, main_binary) for p in probes}
-        self.unwind_summary = "/".join(sorted(set(modes.values())))
+        return self._capture_and_loop(probes, target, modes, stop)
+
+    def _open_capture(self, probes, target, modes: dict):
+        """Open the events (a held -c command is told to exit on failure)."""
+        opts = self.opts
         dwarf_labels = frozenset(l for l, m in modes.items() if m == "dwarf")
         pages = opts.buffer_pages or (DWARF_BUFFER_PAGES if dwarf_labels
                                       else DEFAULT_BUFFER_PAGES)
-        capture = (ftrace.TracefsCapture(probes, target, opts.buffer_pages, dwarf_labels,
-                                         opts.stack_size) if tracefs else
-                   PerfCapture(probes, target, pages, dwarf_labels, opts.stack_size))
+        if self.backend == "tracefs":
+            from .capture.tracefs import TracefsCapture
+            capture = TracefsCapture(probes, target, opts.buffer_pages, dwarf_labels,
+                                     opts.stack_size)
+        else:
+            capture = PerfCapture(probes, target, pages, dwarf_labels, opts.stack_size)
         try:
             capture.open()
         except BaseException:
             target.abort()
             raise
+        return capture
+
+    def _capture_and_loop(self, probes, target, modes: dict, stop) -> int:
+        self.unwind_summary = "/".join(sorted(set(modes.values())))
+        capture = self._open_capture(probes, target, modes)
         try:
             return self._loop(capture, target, probes, stop)
         finally:
@@ -244,7 +264,7 @@ class Run:
         if len(probes) > 3:
             labels += f", … ({len(probes)} events)"
         print(f"Tracing {labels} in {target.description} "
-              f"[backend {getattr(capture, 'backend', 'perf')}, unwind "
+              f"[backend {self.backend}, unwind "
               f"{self.unwind_summary}{_note(getattr(capture, 'unwind_note', ''))}]"
               + ("" if opts.duration else "... Hit Ctrl-C to end."),
               file=self.err, flush=True)
@@ -298,7 +318,7 @@ class Run:
         for warning in dict.fromkeys(symbolizer.warnings):   # once each
             print(f"ustack: {warning}", file=self.err)
         if reader.lost:
-            print(f"Lost {reader.lost} events: the {getattr(capture, 'backend', 'perf')} "
+            print(f"Lost {reader.lost} events: the {self.backend} "
                   "buffer was full "
                   f"(try --buffer-pages {capture.buffer_pages * 4})",
                   file=self.err)
@@ -325,9 +345,13 @@ class Run:
                     drainer.done(entry)
                 self.out.write("".join(self.pending))
                 self.pending.clear()
+            self._on_tick()
             if (stop.requested or target.wait() or
                     (deadline is not None and time.monotonic() >= deadline)):
                 return
+
+    def _on_tick(self) -> None:
+        """Called about every POLL_MS while the run follows the target."""
 
     def _on_meta(self, event) -> None:
         self.tracker.apply(event)
@@ -400,4 +424,8 @@ def _note(text: str) -> str:
 
 
 def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    if opts.mode == "funccount" or (opts.mode in ("count", "profile")
+                                    and opts.backend in ("auto", "bpf")):
+        from .bpf_session import BpfRun
+        return BpfRun(opts, out, err).execute()
     return Run(opts, out, err).execute()

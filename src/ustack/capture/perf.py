@@ -48,8 +48,11 @@ class PerfCapture:
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
                  dwarf_labels: frozenset = frozenset(),
-                 stack_size: int = DEFAULT_STACK_SIZE):
+                 stack_size: int = DEFAULT_STACK_SIZE, with_stacks: bool = True):
         self.probes = probes
+        # False: a BPF program counts the stacks (capture/bpf.py) and no
+        # sample is written; the buffers carry only the tracking records
+        self.with_stacks = with_stacks
         self.dwarf_labels = dwarf_labels  # probes whose samples carry regs+stack
         self.stack_size = stack_size
         self.target = target
@@ -58,6 +61,7 @@ class PerfCapture:
         self.buffers: dict = {}           # cpu -> RingBuffer
         self.layouts: dict = {}           # event id -> EventLayout
         self.traced_tids: set = set()
+        self.opened: list = []            # (probe, fd) of every event, in order
         self.uprobes = UprobeEvents()
         self._uprobe_ids: dict = {}       # (path, offset, kind, args) -> tracepoint id
         self._args: dict = {}             # tracepoint id -> ArgsDecoder
@@ -78,7 +82,9 @@ class PerfCapture:
         sample_type = BASE_SAMPLE_TYPE
         stack = regs = 0
         slot = None
-        if probe.label in self.dwarf_labels:
+        if not self.with_stacks:
+            sample_type &= ~pe.SAMPLE_CALLCHAIN
+        elif probe.label in self.dwarf_labels:
             # registers + a copy of the stack for the DWARF unwinder; the
             # kernel's frame-pointer walk would be wasted work
             sample_type |= pe.SAMPLE_REGS_USER | pe.SAMPLE_STACK_USER
@@ -126,6 +132,7 @@ class PerfCapture:
         attr, layout = self._attr(probe, tracking)
         fd = pe.open_event(attr, pid, cpu, what=probe.label)
         self.fds.append(fd)
+        self.opened.append((probe, fd))
         self.layouts[pe.event_id(fd)] = layout
         ring = self.buffers.get(cpu)
         if ring is None:

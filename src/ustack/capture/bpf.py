@@ -1,0 +1,342 @@
+"""The BPF capture backend: stacks counted in the kernel.
+
+The perf events are opened exactly as for the perf backend (capture/perf.py:
+per probe, thread and CPU, inherited, enable_on_exec for -c), so the kernel
+scopes them the same way and the tracking records (MMAP2/COMM/FORK) still
+reach the MappingTracker through the ring buffers. A program attached to the
+events counts each hit in a hash map keyed by (pid/tid, probe, user stack id,
+kernel stack id, entry word) and returns 0, which tells the kernel to write
+no sample: only metadata records travel through the buffers.
+
+Where a program runs:
+- uprobe and tracepoint events (tracefs): the kernel keeps ONE program list
+  per trace event, run for every hit whatever perf event is scoped where; so
+  the program is attached to one perf event per probe (more would count each
+  hit more than once). Uprobe hits are already limited to the traced
+  processes (the kernel installs the breakpoint only in their mm);
+  tracepoints fire for every task, so the program compares the tgid.
+- cpu-clock sampling (profile): the program is the event's overflow handler,
+  per event, inherited like the event; attached to every event."""
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from dataclasses import dataclass
+
+from ..kernel import bpf
+from ..kernel import perf_event as pe
+from ..kernel.tracefs import tracepoint_id
+from .perf import _max_stack
+from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
+                          call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
+                          st_imm, stx)
+from ..model import ProfileTarget, TracepointTarget, UprobeTarget
+
+DEFAULT_STACK_STORAGE = 16384         # stack map entries, bcc's default
+MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
+
+# the count key: pid_tgid, probe index, user stack id, kernel stack id,
+# the word at [sp] of an entry uprobe (its caller's return address)
+KEY = struct.Struct("<QqqqQ")
+KEY_SIZE = KEY.size
+NO_STACK = -1                         # the stack id stored when there is none
+_U64 = struct.Struct("<Q")
+
+# slots of the error array: why an event was not counted
+ERR_COLLISION, ERR_STACKS_FULL, ERR_COUNTS_FULL = 0, 1, 2
+ERR_SLOTS = 3
+
+# r10 frame offsets of the program's locals
+_KEY_AT = -KEY_SIZE                   # the key (40 bytes)
+_SCRATCH = _KEY_AT - 8                # the value 1, or an error slot index
+
+
+@dataclass
+class Counted:
+    """One entry of the count map, decoded."""
+    pid: int
+    tid: int
+    probe: int                        # index into the probe list
+    user_stack: int                   # stack id, NO_STACK for none
+    kernel_stack: int
+    entry_word: int
+    count: int
+
+
+def _error_increment(a: Asm, errors: bpf.Map, slot: int) -> None:
+    """errors[slot] += 1, then leave the program."""
+    a.emit(st_imm(10, _SCRATCH, slot, size=4),
+           ld_map_fd(1, errors.fd), mov(2, 10), alu_imm(ADD, 2, _SCRATCH),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
+    a.jump(bpf.ja, to="out")
+
+
+def _stack_id(a: Asm, stacks: bpf.Map, errors: bpf.Map, flags: int,
+              key_off: int, tag: str) -> None:
+    """key[key_off] = bpf_get_stackid(ctx, stacks, flags): a missing stack
+    (-EFAULT: a kernel thread has no user stack) is stored as NO_STACK; a
+    collision or a full map is counted in `errors` and the event dropped."""
+    a.emit(mov(1, 6), ld_map_fd(2, stacks.fd), mov_imm(3, flags),
+           call(bpf.GET_STACKID))
+    a.jump(jmp_imm, JSGE, 0, 0, to=f"{tag}_ok")
+    a.jump(jmp_imm, JNE, 0, -errno.EFAULT, to=f"{tag}_err")
+    a.emit(mov_imm(0, NO_STACK))
+    a.jump(bpf.ja, to=f"{tag}_ok")
+    a.label(f"{tag}_err")
+    a.jump(jmp_imm, JEQ, 0, -errno.EEXIST, to=f"{tag}_collision")
+    _error_increment(a, errors, ERR_STACKS_FULL)
+    a.label(f"{tag}_collision")
+    _error_increment(a, errors, ERR_COLLISION)
+    a.label(f"{tag}_ok")
+    a.emit(stx(10, _KEY_AT + key_off, 0))
+
+
+def _unless_armed(a: Asm, armed: bpf.Map) -> None:
+    """Leave the program while armed[0] is 0 (see exec_program)."""
+    a.emit(st_imm(10, _SCRATCH, 0, size=4),
+           ld_map_fd(1, armed.fd), mov(2, 10), alu_imm(ADD, 2, _SCRATCH),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    a.emit(ldx(1, 0, 0))
+    a.jump(jmp_imm, JEQ, 1, 0, to="out")
+
+
+def exec_program(tgid: int, armed: bpf.Map) -> bytes:
+    """armed[0] = 1 when process `tgid` has exec'd (sched:sched_process_exec).
+    A -c command is forked from ustack and held before its execve: its
+    events wait for the exec (enable_on_exec), but programs on trace events
+    run at once, and would count the few syscalls (and libc calls) the
+    forked Python makes on its way to execve."""
+    a = Asm()
+    a.emit(call(bpf.GET_CURRENT_PID_TGID), alu_imm(RSH, 0, 32))
+    a.jump(jmp_imm, JNE, 0, tgid, to="out")
+    a.emit(st_imm(10, -4, 0, size=4),
+           ld_map_fd(1, armed.fd), mov(2, 10), alu_imm(ADD, 2, -4),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    a.emit(st_imm(0, 0, 1))
+    a.label("out")
+    a.emit(mov_imm(0, 0), exit_())
+    return a.assemble()
+
+
+def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
+                        errors: bpf.Map, *, tgid=None, armed=None, entry_slot=None,
+                        kernel: bool = False) -> bytes:
+    """counts[(pid_tgid, probe, user stack, kernel stack, entry word)] += 1.
+    `tgid`: count only this process (tracepoints); `armed`: count only once
+    armed[0] is set (exec_program); `entry_slot`: read the word at
+    sp + 8*slot (the ctx must be pt_regs: a uprobe)."""
+    a = Asm()
+    a.emit(mov(6, 1),                               # r6 = ctx, kept across calls
+           call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
+    if tgid is not None:
+        a.emit(mov(1, 0), alu_imm(RSH, 1, 32))
+        a.jump(jmp_imm, JNE, 1, tgid, to="out")
+    if armed is not None:
+        _unless_armed(a, armed)
+    a.emit(stx(10, _KEY_AT, 7),
+           st_imm(10, _KEY_AT + 8, probe_index),
+           st_imm(10, _KEY_AT + 24, NO_STACK),
+           st_imm(10, _KEY_AT + 32, 0))
+    _stack_id(a, stacks, errors, bpf.F_USER_STACK, 16, "user")
+    if kernel:
+        _stack_id(a, stacks, errors, 0, 24, "kernel")
+    if entry_slot is not None:
+        # the caller's return address, which the kernel's FP walk may skip
+        a.emit(ldx(3, 6, bpf.PT_REGS["sp"]), alu_imm(ADD, 3, 8 * entry_slot),
+               mov(1, 10), alu_imm(ADD, 1, _KEY_AT + 32), mov_imm(2, 8),
+               call(bpf.PROBE_READ_USER))
+    # counts[key] += 1, creating the entry at 1 when it is new
+    a.emit(ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JNE, 0, 0, to="add")
+    a.emit(st_imm(10, _SCRATCH, 1),
+           ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
+           mov(3, 10), alu_imm(ADD, 3, _SCRATCH), mov_imm(4, bpf.NOEXIST),
+           call(bpf.MAP_UPDATE))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
+    # another CPU created it first: add to theirs
+    a.emit(ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JNE, 0, 0, to="add")
+    a.label("full")
+    _error_increment(a, errors, ERR_COUNTS_FULL)
+    a.label("add")
+    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
+    a.label("out")
+    a.emit(mov_imm(0, 0), exit_())                  # 0: write no perf sample
+    return a.assemble()
+
+
+def call_count_program(probe_index: int, counts: bpf.Map, armed=None) -> bytes:
+    """counts[probe_index] += 1 (an ARRAY map): funccount."""
+    a = Asm()
+    if armed is not None:
+        _unless_armed(a, armed)
+    a.emit(st_imm(10, -4, probe_index, size=4),
+           ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, -4),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
+    a.label("out")
+    a.emit(mov_imm(0, 0), exit_())
+    return a.assemble()
+
+
+def _prog_type(probe) -> int:
+    if isinstance(probe, UprobeTarget):
+        return bpf.PROG_KPROBE
+    if isinstance(probe, TracepointTarget):
+        return bpf.PROG_TRACEPOINT
+    if isinstance(probe, ProfileTarget):
+        return bpf.PROG_PERF_EVENT
+    raise TypeError(probe)
+
+
+class BpfCounter:
+    """The maps and programs of one run, attached to a PerfCapture's events."""
+
+    def __init__(self, probes: list, *, stack_storage: int = DEFAULT_STACK_STORAGE,
+                 kernel: bool = False, filter_tgid=None, calls_only: bool = False):
+        self.probes = probes
+        self.kernel = kernel
+        self.filter_tgid = filter_tgid      # for tracepoints under -p/-c
+        self.calls_only = calls_only        # funccount: no stacks
+        self.maps: list = []
+        self.prog_fds: list = []
+        self.event_fds: list = []
+        self.armed = None                   # set by arm_on_exec()
+        # frames kept per stack: the kernel's limit, at most bcc's 127
+        self.max_depth = max(1, min(_max_stack(), 127))
+        try:
+            if calls_only:
+                self.counts = self._map(bpf.MAP_ARRAY, 4, 8, max(1, len(probes)),
+                                        "ustack_calls")
+            else:
+                self.stacks = self._map(bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth,
+                                        stack_storage, "ustack_stacks")
+                self.counts = self._map(bpf.MAP_HASH, KEY_SIZE, 8,
+                                        max(MIN_COUNT_ENTRIES, 2 * stack_storage),
+                                        "ustack_counts")
+                self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_errors")
+        except BaseException:
+            self.close()
+            raise
+
+    def _map(self, *args) -> bpf.Map:
+        m = bpf.Map(*args)
+        self.maps.append(m)
+        return m
+
+    def _program(self, index: int, probe) -> int:
+        if self.calls_only:
+            code = call_count_program(index, self.counts, self.armed)
+        else:
+            slot = (probe.return_address_slot
+                    if isinstance(probe, UprobeTarget) and probe.spec.kind == "uprobe"
+                    else None)
+            tgid = self.filter_tgid if isinstance(probe, TracepointTarget) else None
+            code = stack_count_program(index, self.counts, self.stacks, self.errors,
+                                       tgid=tgid, entry_slot=slot, kernel=self.kernel,
+                                       armed=None if isinstance(probe, ProfileTarget)
+                                       else self.armed)
+        fd = bpf.load_program(_prog_type(probe), code, f"ustack_{index}")
+        self.prog_fds.append(fd)
+        return fd
+
+    def arm_on_exec(self, pid: int) -> None:
+        """Count trace events only after the held command `pid` exec'd;
+        call before attach()."""
+        self.armed = self._map(bpf.MAP_ARRAY, 4, 8, 1, "ustack_armed")
+        attr = pe.make_attr(pe.TYPE_TRACEPOINT,
+                            tracepoint_id("sched", "sched_process_exec"))
+        fd = pe.open_event(attr, pid, -1, what="sched:sched_process_exec")
+        self.event_fds.append(fd)
+        prog = bpf.load_program(bpf.PROG_TRACEPOINT, exec_program(pid, self.armed),
+                                "ustack_exec")
+        self.prog_fds.append(prog)
+        bpf.attach(fd, prog)
+
+    def attach(self, capture) -> None:
+        """Attach a program per probe: to every sampling event a PerfCapture
+        opened, and to one event of its own per trace event. Not to one of
+        the capture's events there: those are inherited by the target's
+        children, the copies share the program, and when a child exits its
+        copy takes the program off the trace event for everyone."""
+        progs: dict = {}
+        for probe, fd in list(capture.opened):
+            index = self.probes.index(probe)
+            if index not in progs:
+                progs[index] = self._program(index, probe)
+                if not isinstance(probe, ProfileTarget):
+                    bpf.attach(self._anchor(capture, probe), progs[index])
+            if isinstance(probe, ProfileTarget):
+                bpf.attach(fd, progs[index])
+
+    @staticmethod
+    def _anchor(capture, probe) -> int:
+        """A non-inherited event on the probe's trace event, scoped like the
+        run (so a uprobe stays limited to the traced processes); the capture
+        owns and closes it, before it removes its uprobes."""
+        if isinstance(probe, UprobeTarget):
+            config = capture._uprobe_id(probe)
+        else:
+            config = tracepoint_id(probe.group, probe.name)
+        target = capture.target
+        pid, cpu = (-1, 0) if target.mode == "system" else (target.pid, -1)
+        fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT, config), pid, cpu,
+                           what=probe.label)
+        capture.fds.append(fd)
+        return fd
+
+    # -- reading the maps ---------------------------------------------------
+    def counted(self, reset: bool = False) -> list:
+        """The count map's entries (stack counting)."""
+        out = []
+        for k, v in self.counts.items():
+            pid_tgid, probe, ustack, kstack, word = KEY.unpack(k)
+            out.append(Counted(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, probe,
+                               ustack, kstack, word, _U64.unpack(v)[0]))
+            if reset:
+                self.counts.delete(k)
+        return out
+
+    def calls(self, reset: bool = False) -> list:
+        """Calls per probe (funccount), in probe order."""
+        out = []
+        for i in range(len(self.probes)):
+            key = i.to_bytes(4, "little")
+            out.append(_U64.unpack(self.counts.lookup(key))[0])
+            if reset:
+                self.counts.update(key, bytes(8))
+        return out
+
+    def stack(self, stack_id: int) -> tuple:
+        """Addresses of a stack id, innermost first (() for none or gone)."""
+        if stack_id < 0:
+            return ()
+        raw = self.stacks.lookup(stack_id.to_bytes(4, "little"))
+        if raw is None:
+            return ()
+        ips = struct.unpack(f"<{self.max_depth}Q", raw)
+        n = next((i for i, ip in enumerate(ips) if ip == 0), len(ips))
+        return ips[:n]
+
+    def errors_seen(self) -> list:
+        return [_U64.unpack(self.errors.lookup(i.to_bytes(4, "little")))[0]
+                for i in range(ERR_SLOTS)]
+
+    def close(self) -> None:
+        for fd in self.event_fds + self.prog_fds:
+            os.close(fd)
+        self.prog_fds.clear()
+        self.event_fds.clear()
+        for m in self.maps:
+            m.close()
+        self.maps.clear()
+

@@ -1,0 +1,327 @@
+"""bpf(2) through ctypes: maps, program loading, and eBPF instruction builders.
+
+There is no clang, libbpf or bcc at run time: the few programs ustack needs
+are assembled here from readable builders (one function per instruction
+kind) and loaded with BPF_PROG_LOAD. Layouts follow include/uapi/linux/bpf.h;
+the attr structs are prefixes of `union bpf_attr` (the kernel zero-fills
+the fields a shorter struct leaves out)."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import struct
+
+from ..model import UstackError
+
+NR_BPF = 321                      # x86-64
+
+# commands
+MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM = 0, 1, 2, 3
+MAP_GET_NEXT_KEY, PROG_LOAD = 4, 5
+
+# map types
+MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE = 1, 2, 6, 7
+# program types (and what their context is)
+PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
+PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs
+PROG_PERF_EVENT = 7               # bpf_perf_event_data: pt_regs first
+
+# helpers (enum bpf_func_id)
+MAP_LOOKUP, MAP_UPDATE = 1, 2
+GET_CURRENT_PID_TGID = 14
+GET_CURRENT_COMM = 16
+GET_STACKID = 27
+PROBE_READ_USER = 112
+
+F_USER_STACK = 1 << 8             # bpf_get_stackid: the user stack
+NOEXIST = 1                       # map_update_elem: only create
+
+PERF_EVENT_IOC_SET_BPF = 0x40042408
+
+# x86-64 struct pt_regs offsets (arch/x86/include/asm/ptrace.h)
+PT_REGS = {"r15": 0, "r14": 8, "r13": 16, "r12": 24, "bp": 32, "bx": 40,
+           "r11": 48, "r10": 56, "r9": 64, "r8": 72, "ax": 80, "cx": 88,
+           "dx": 96, "si": 104, "di": 112, "orig_ax": 120, "ip": 128,
+           "cs": 136, "flags": 144, "sp": 152, "ss": 160}
+
+# --- instructions --------------------------------------------------------------
+# struct bpf_insn { u8 code; u8 dst:4, src:4; s16 off; s32 imm; }
+_INSN = struct.Struct("<BBhi")
+
+# classes, sizes, modes, sources, operations
+LD, LDX, ST, STX, ALU, JMP, JMP32, ALU64 = range(8)
+W, H, B, DW = 0x00, 0x08, 0x10, 0x18
+IMM, MEM, ATOMIC = 0x00, 0x60, 0xC0
+K, X = 0x00, 0x08
+ADD, SUB, MUL, OR, AND, LSH, RSH, MOV = 0x00, 0x10, 0x20, 0x40, 0x50, 0x60, 0x70, 0xB0
+JA, JEQ, JGT, JGE, JNE, JSGT, JSGE, CALL, EXIT = (0x00, 0x10, 0x20, 0x30, 0x50,
+                                                 0x60, 0x70, 0x80, 0x90)
+JSLT = 0xC0
+PSEUDO_MAP_FD = 1
+_SIZES = {8: DW, 4: W, 2: H, 1: B}
+
+
+def insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return _INSN.pack(code, (src << 4) | dst, off, imm)
+
+
+def mov(dst: int, src_or_imm: int, *, reg: bool = True) -> bytes:
+    """dst = src register (reg=True) or an immediate (reg=False), 64 bits."""
+    if reg:
+        return insn(ALU64 | MOV | X, dst, src_or_imm)
+    return insn(ALU64 | MOV | K, dst, imm=src_or_imm)
+
+
+def mov_imm(dst: int, imm: int) -> bytes:
+    return mov(dst, imm, reg=False)
+
+
+def alu_imm(op: int, dst: int, imm: int) -> bytes:
+    """dst op= imm (64 bits): ADD, SUB, RSH, AND, …"""
+    return insn(ALU64 | op | K, dst, imm=imm)
+
+
+def ldx(dst: int, src: int, off: int, size: int = 8) -> bytes:
+    """dst = *(size *)(src + off)"""
+    return insn(LDX | MEM | _SIZES[size], dst, src, off)
+
+
+def stx(dst: int, off: int, src: int, size: int = 8) -> bytes:
+    """*(size *)(dst + off) = src"""
+    return insn(STX | MEM | _SIZES[size], dst, src, off)
+
+
+def st_imm(dst: int, off: int, imm: int, size: int = 8) -> bytes:
+    """*(size *)(dst + off) = imm"""
+    return insn(ST | MEM | _SIZES[size], dst, 0, off, imm)
+
+
+def atomic_add(dst: int, off: int, src: int) -> bytes:
+    """lock *(u64 *)(dst + off) += src"""
+    return insn(STX | ATOMIC | DW, dst, src, off, ADD)
+
+
+def jmp_imm(op: int, dst: int, imm: int, off: int) -> bytes:
+    """if dst op imm: skip `off` instructions (JEQ, JNE, JSLT, …)."""
+    return insn(JMP | op | K, dst, 0, off, imm)
+
+
+def jmp_reg(op: int, dst: int, src: int, off: int) -> bytes:
+    return insn(JMP | op | X, dst, src, off)
+
+
+def ja(off: int) -> bytes:
+    return insn(JMP | JA, off=off)
+
+
+def call(helper: int) -> bytes:
+    return insn(JMP | CALL, imm=helper)
+
+
+def exit_() -> bytes:
+    return insn(JMP | EXIT)
+
+
+def ld_map_fd(dst: int, fd: int) -> bytes:
+    """dst = the map with this fd: a 64-bit load, so TWO instruction slots."""
+    return insn(LD | DW | IMM, dst, PSEUDO_MAP_FD, imm=fd) + insn(0)
+
+
+class Asm:
+    """A program as a list of instructions with named forward jumps, so the
+    builders above need no hand-counted offsets:
+        a.jump(jmp_imm, JEQ, 0, 0, to="out") … a.label("out")"""
+
+    def __init__(self):
+        self.code: list = []            # bytes of 8 or 16 (ld_imm64)
+        self._fixups: list = []         # (index, label, make)
+        self._labels: dict = {}
+
+    def __len__(self) -> int:
+        return sum(len(c) // 8 for c in self.code)
+
+    def emit(self, *insns: bytes) -> "Asm":
+        self.code.extend(insns)
+        return self
+
+    def jump(self, make, *args, to: str) -> "Asm":
+        """Emit make(*args, off) with off resolved once `to` is placed."""
+        self._fixups.append((len(self), to, make, args))
+        self.code.append(make(*args, 0))
+        return self
+
+    def label(self, name: str) -> "Asm":
+        self._labels[name] = len(self)
+        return self
+
+    def assemble(self) -> bytes:
+        raw = bytearray(b"".join(self.code))
+        for at, to, make, args in self._fixups:
+            raw[8 * at:8 * at + 8] = make(*args, self._labels[to] - at - 1)
+        return bytes(raw)
+
+
+# --- the syscall -----------------------------------------------------------------
+
+class _MapCreate(ctypes.Structure):
+    _fields_ = [("map_type", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
+                ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32),
+                ("map_flags", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
+                ("numa_node", ctypes.c_uint32), ("map_name", ctypes.c_char * 16)]
+
+
+class _MapElem(ctypes.Structure):
+    _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
+                ("flags", ctypes.c_uint64)]
+
+
+class _ProgLoad(ctypes.Structure):
+    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
+                ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
+                ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
+                ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_LICENSE = ctypes.create_string_buffer(b"GPL")   # get_stackid is GPL-only
+LOG_SIZE = 1 << 20
+LOG_LINES = 6                                     # shown on a load failure
+
+
+def _bpf(cmd: int, attr) -> int:
+    ret = _libc.syscall(NR_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def available() -> bool:
+    """Whether this process may create BPF maps (root, a kernel with bpf(2))."""
+    try:
+        m = Map(MAP_ARRAY, 4, 8, 1, "ustack_probe")
+    except UstackError:
+        return False
+    m.close()
+    return True
+
+
+class Map:
+    """One BPF map; keys and values are bytes of the sizes it was made with."""
+
+    def __init__(self, map_type: int, key_size: int, value_size: int,
+                 max_entries: int, name: str = ""):
+        attr = _MapCreate(map_type, key_size, value_size, max_entries, 0, 0, 0,
+                          name.encode()[:15])
+        try:
+            self.fd = _bpf(MAP_CREATE, attr)
+        except OSError as e:
+            if e.errno == errno.EPERM:
+                raise UstackError("permission denied creating a BPF map: run "
+                                  "ustack as root")
+            raise UstackError(f"cannot create a BPF map ({name}, {max_entries} "
+                              f"entries): {e.strerror}")
+        self.key_size, self.value_size = key_size, value_size
+        self.max_entries = max_entries
+
+    def _elem(self, cmd: int, key: bytes, value=None, flags: int = 0) -> int:
+        kbuf = ctypes.create_string_buffer(key, self.key_size)
+        attr = _MapElem(self.fd, 0, ctypes.addressof(kbuf),
+                        ctypes.addressof(value) if value is not None else 0, flags)
+        return _bpf(cmd, attr)
+
+    def lookup(self, key: bytes):
+        """The value of `key` as bytes, or None if absent."""
+        vbuf = ctypes.create_string_buffer(self.value_size)
+        try:
+            self._elem(MAP_LOOKUP_ELEM, key, vbuf)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+        return vbuf.raw
+
+    def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
+        self._elem(MAP_UPDATE_ELEM, key,
+                   ctypes.create_string_buffer(value, self.value_size), flags)
+
+    def delete(self, key: bytes) -> None:
+        try:
+            self._elem(MAP_DELETE_ELEM, key)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                raise
+
+    def keys(self) -> list:
+        """Every key, from a snapshot walk with GET_NEXT_KEY."""
+        out = []
+        nbuf = ctypes.create_string_buffer(self.key_size)
+        attr = _MapElem(self.fd, 0, 0, ctypes.addressof(nbuf), 0)
+        kbuf = ctypes.create_string_buffer(self.key_size)
+        while True:
+            try:
+                _bpf(MAP_GET_NEXT_KEY, attr)
+            except OSError as e:
+                if e.errno == errno.ENOENT:
+                    return out
+                raise
+            out.append(nbuf.raw)
+            ctypes.memmove(kbuf, nbuf, self.key_size)
+            attr.key = ctypes.addressof(kbuf)
+
+    def items(self) -> list:
+        """(key, value) pairs; keys deleted meanwhile are left out."""
+        out = []
+        for k in self.keys():
+            v = self.lookup(k)
+            if v is not None:
+                out.append((k, v))
+        return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class LoadError(UstackError):
+    """The verifier refused a program; the message ends with its log."""
+
+
+def load_program(prog_type: int, code: bytes, name: str = "ustack") -> int:
+    """Load a program and return its fd; on refusal raise LoadError with the
+    verifier's last lines (the log is asked for only after a failure, so a
+    good program loads without the cost of logging)."""
+    buf = ctypes.create_string_buffer(code)
+    attr = _ProgLoad(prog_type, len(code) // 8, ctypes.addressof(buf),
+                     ctypes.addressof(_LICENSE), 0, 0, 0, 0, 0,
+                     name.encode()[:15])
+    try:
+        return _bpf(PROG_LOAD, attr)
+    except OSError as first:
+        if first.errno == errno.EPERM:
+            raise LoadError("permission denied loading a BPF program: run "
+                            "ustack as root")
+        log = ctypes.create_string_buffer(LOG_SIZE)
+        attr.log_level, attr.log_size = 1, LOG_SIZE
+        attr.log_buf = ctypes.addressof(log)
+        try:
+            return _bpf(PROG_LOAD, attr)       # loads after all (a transient error)
+        except OSError as e:
+            lines = log.value.decode("utf-8", "replace").strip().splitlines()
+            tail = "\n".join(lines[-LOG_LINES:])
+            raise LoadError(f"the kernel refused BPF program {name}: "
+                            f"{e.strerror}" + (f"\n{tail}" if tail else ""))
+
+
+def attach(perf_fd: int, prog_fd: int) -> None:
+    """Run the program at each hit of a perf event (PERF_EVENT_IOC_SET_BPF)."""
+    try:
+        fcntl.ioctl(perf_fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
+    except OSError as e:
+        raise UstackError(f"cannot attach a BPF program to a perf event: {e.strerror}")
