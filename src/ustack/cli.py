@@ -173,6 +173,9 @@ def _run(args) -> int:
         opts.per_pid = args.per_pid
         opts.offsets = args.offsets
         opts.kernel_stacks = args.kernel
+        if args.kernel and args.backend not in ("auto", "bpf"):
+            raise UstackError(f"--kernel needs in-kernel counting (--backend bpf), "
+                              f"not --backend {args.backend}")
         if args.stack_storage_size <= 0:
             raise UstackError("--stack-storage-size must be positive")
         opts.stack_storage = args.stack_storage_size
