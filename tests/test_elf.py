@@ -491,7 +491,7 @@ def test_symbolizer_unknowns(bins, tmp_path):
     sym = Symbolizer(maps)
     frames = sym.frames(5, [0x1010, 0x3010, 0x5010, 0x9999])
     assert [(f.module, f.function, f.path) for f in frames] == [
-        ("[vdso]", None, "[vdso]"), ("deleted-binary", None, gone),
+        ("vdso", None, "[vdso]"), ("deleted-binary", None, gone),
         ("elf", None, "/not/elf"), ("", None, "")]
     assert frames[3].name == "0x9999"
     # in the mapped code but in no function (the PLT has no symbols)

@@ -10,9 +10,9 @@ from ustack.objfile.debuginfo import debug_image
 from ustack.objfile.demangle import demangle
 from ustack.objfile.elf import ElfImage
 from ustack.objfile.gopclntab import PclntabError, go_table
+from ustack.objfile.vdso import vdso_file
 
 from .perfmap import PerfMap, perf_map_path
-from .vdso import vdso_image
 
 
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
@@ -75,18 +75,19 @@ class Symbolizer:
         return demangle(name) if self.options.demangle else name
 
     def _special(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
-        """[vdso] from the kernel's vDSO image; anonymous memory from the
+        """[vdso] from (our copy of) the kernel's vDSO; anonymous memory from the
         JIT's /tmp/perf-PID.map; other [heap]-like mappings stay unnamed."""
         q = addr - back
-        sym = None
         if m.path == "[vdso]":
-            image = vdso_image(pid, m.start, m.end)
+            path = vdso_file()   # every 64-bit process maps this same image
+            same = path and os.path.getsize(path) == m.end - m.start
+            image = self._image(path) if same else None
             vaddr = image.vaddr_of_file_offset(q - m.start) if image else None
             sym = image.lookup(vaddr) if vaddr is not None else None
-            if sym is not None:
-                return Frame(addr=addr, module=m.path, function=sym.name,
-                             offset=vaddr + back - sym.address, size=sym.size,
-                             path=m.path)
+            if sym is None:
+                return Frame(addr=addr, module="vdso", path=m.path)
+            return Frame(addr=addr, module="vdso", function=sym.name,
+                         offset=vaddr + back - sym.address, size=sym.size, path=m.path)
         elif m.path in ("", "//anon") or m.path.startswith("[anon"):
             perf_map = self._perf_maps.get(pid)
             if perf_map is None:
