@@ -248,6 +248,10 @@ class ElfImage:
         names.update(s.name for n in fnmatch.filter(full, pattern) for s in full[n])
         return [s for s in self.functions if s.name in names]
 
+    def overloads(self, name: str) -> list:
+        """The demangled names sharing the plain name `name` (C++ overloads)."""
+        return sorted({demangle(s.name) for s in self._demangled_index()[1].get(name, ())})
+
     def _demangled_index(self) -> tuple:
         """(demangled name -> Symbols, plain name -> Symbols) of the
         mangled C++/Rust functions; built on first use."""

@@ -154,6 +154,10 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     if is_glob(func) and func not in (s.name for s in image.functions):
         return UstackError(f"no function matches '{func}' in {shown}")
     msg = f"no function '{func}' in {shown}"
+    overloads = image.overloads(func)
+    if len(overloads) > 1:
+        return UstackError(f"'{func}' is ambiguous in {shown}: {', '.join(overloads)}; "
+                           "probe one by its full name")
     if not image.functions:
         why = f"; {image.go_error}" if image.go_error else ""
         return UstackError(f"{msg} ({shown} has no symbol table{why})")
