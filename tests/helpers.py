@@ -100,7 +100,8 @@ def build_go(name: str = "gochain", strip: bool = False) -> Path:
         args.append("-ldflags=-s -w")
     version = subprocess.run([go, "version"], capture_output=True, text=True).stdout
     sources = "".join(p.read_text() for p in sorted(src.iterdir()) if p.is_file())
-    out, tmp = _cached("\0".join([sources, version, *args]), name)
+    # go embeds the source directory's path in the binary's file names
+    out, tmp = _cached("\0".join([sources, version, str(src), *args]), name)
     if out.exists():
         return out
     env = dict(os.environ, GO111MODULE="on", GOFLAGS="-mod=mod", GOPROXY="off",

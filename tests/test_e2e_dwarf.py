@@ -110,21 +110,26 @@ def program_names(frames, prog: Path) -> list[str]:
 
 
 def demangle(names: list[str]) -> list[str]:
-    """C++ names as gdb shows them (no parameters); others unchanged. ustack
-    prints ELF symbols (_Z4leafl): it does not demangle yet."""
+    """C++ names as c++filt prints them (what ustack shows: `leaf(long)`);
+    others unchanged."""
     if not any(n.startswith("_Z") for n in names):
         return list(names)
     if shutil.which("c++filt") is None:
         pytest.skip("c++filt is not installed (binutils)")
-    out = subprocess.run(["c++filt", "-p"], input="\n".join(names) + "\n",
+    out = subprocess.run(["c++filt"], input="\n".join(names) + "\n",
                          capture_output=True, text=True, check=True).stdout
     return out.split("\n")[:len(names)]
+
+
+def gdb_name(name: str) -> str:
+    """A demangled name as gdb's `bt` shows it: without the parameters."""
+    return name.split("(", 1)[0] if name.endswith(")") else name
 
 
 def gdb_program_names(prog: Path, args, brk: str) -> list[str]:
     """gdb's `bt` (helpers.gdb_backtrace), keeping the program's own
     functions: what ustack must show as [prog] frames, in this order."""
-    own = set(demangle(list(nm_symbols(prog))))
+    own = {gdb_name(n) for n in demangle(list(nm_symbols(prog)))}
     return [n for n in gdb_backtrace(prog, args, brk) if n in own]
 
 
@@ -150,9 +155,9 @@ def assert_pcs_like_gdb(rec: dict, cap, prog: Path, skip=()) -> None:
         base_gdb.setdefault(mod, pc)
         assert f["addr"] - base_ours[mod] == pc - base_gdb[mod], \
             f"frame {i} ({names[i]}) is not at gdb's pc{diag}"
-    for f, own, gname in zip(ours, demangle(names), cap.gdb_names):
+    for f, gname in zip(ours, cap.gdb_names):
         if f["module"] == prog.name:
-            assert own == gname, diag
+            assert gdb_name(f["func"]) == gname, diag
         elif f["func"] != "[unknown]" and gname:
             # symtab vs DWARF alias names (qsort_r: __GI___qsort_r), and
             # gcc's clones (msort_with_tmp.part.0: DWARF's msort_with_tmp)
@@ -341,18 +346,24 @@ def test_signal_handler(unwind, tmp_path):
 def test_cxx(unwind, tmp_path):
     prog = build_cxx("cxx_throw", ("-O2", "-g", "-fomit-frame-pointer"))
     n = 6                                   # leaf throws 3 times: the unwinder survives it
-    # ustack resolves ELF names only: the probe names leaf by its mangled symbol
-    res = dwarf_ok(run_ustack("count", "--unwind", unwind, f"uprobe:{prog}:_Z4leafl",
+    # the probe names leaf as a person does; names print demangled (c++filt)
+    res = dwarf_ok(run_ustack("count", "--unwind", unwind, f"uprobe:{prog}:leaf",
                               "-c", f"{prog} {n}"))
     stacks = count_stacks(res.stdout)
     assert len(stacks) == 1 and stacks[0]["count"] == n, res.stdout
     frames = stacks[0]["frames"]
     names = program_names(frames, prog)
-    assert names == ["_Z4leafl", "_Z2f2l", "_Z2f1l", "main"], frames
-    assert demangle(names) == gdb_program_names(prog, [1], "leaf") == \
+    assert names == demangle(["_Z4leafl", "_Z2f2l", "_Z2f1l", "main"]) == \
+        ["leaf(long)", "f2(long)", "f1(long)", "main"], frames
+    assert [gdb_name(n) for n in names] == gdb_program_names(prog, [1], "leaf") == \
         ["leaf", "f2", "f1", "main"]
     assert frames[-1] == ("_start", prog.name) and stacks[0]["notes"] == []
-    res = dwarf_ok(run_ustack("trace", "--unwind", unwind, f"uprobe:{prog}:_Z4leafl",
+    # --no-demangle: the linker's names, and the probe by its mangled name
+    res = dwarf_ok(run_ustack("count", "--no-demangle", "--unwind", unwind,
+                              f"uprobe:{prog}:_Z4leafl", "-c", f"{prog} 2"))
+    (stack,) = count_stacks(res.stdout)
+    assert program_names(stack["frames"], prog) == ["_Z4leafl", "_Z2f2l", "_Z2f1l", "main"]
+    res = dwarf_ok(run_ustack("trace", "--unwind", unwind, f"uprobe:{prog}:leaf(long)",
                               "-c", f"{prog} 1"))
     (rec,) = trace_records(res.stdout)
     assert_pcs_like_gdb(rec, gdb_capture(prog, [1], "*leaf", tmp_path), prog)

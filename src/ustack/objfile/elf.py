@@ -18,6 +18,8 @@ from elftools.elf.elffile import ELFFile
 from ustack.model import UstackError
 
 from . import cache as objcache
+from .demangle import demangle, is_mangled, plain_name
+from .gopclntab import PclntabError, go_table
 
 _FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC")
 # Which alias names a shared address in lookup(): exported names read best
@@ -93,6 +95,9 @@ class ElfImage:
             for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
         sections = list(elf.iter_sections())
         self.section_names = frozenset(s.name for s in sections)
+        # name -> (address, file offset, size) of sections with file bytes
+        self.sections = {s.name: (s["sh_addr"], s["sh_offset"], s["sh_size"])
+                         for s in sections if s["sh_type"] != "SHT_NOBITS"}
         self.build_id = self._build_id(elf, sections)
         raw = self._cached_raw_functions(sections)
         self.has_symtab = any(s["sh_type"] == "SHT_SYMTAB" for s in sections)
@@ -103,7 +108,23 @@ class ElfImage:
                           and raw[(s.address, s.name)][1] != _LABEL]
         self.is_go = (bool(self.section_names & set(_GO_SECTIONS))
                       or any(s.name == "runtime.main" for s in self.functions))
+        self.go_error = None            # why a Go binary's .gopclntab is unusable
+        if self.is_go and not self.has_symtab:
+            raw = dict(raw)
+            raw.update(self._go_functions())
+            named = self._fill_sizes(raw, sections)
+            self.functions = [s for s in named if not s.name.endswith("@plt")]
         self._build_indexes(raw, named)
+
+    def _go_functions(self) -> dict:
+        """A stripped Go binary's functions, from .gopclntab (which -s -w keeps)."""
+        try:
+            table = go_table(self)
+        except PclntabError as e:
+            self.go_error = str(e)
+            return {}
+        return {(entry, name): (end - entry, "STB_GLOBAL", None)
+                for name, entry, end in table.functions()} if table else {}
 
     @staticmethod
     def _build_id(elf, sections) -> Optional[str]:
@@ -196,6 +217,7 @@ class ElfImage:
         for sym in self.functions:
             by_name.setdefault(sym.name, []).append(sym)
         self._by_name = by_name
+        self._demangled = None
         # One preferred symbol per start address ...
         best: dict = {}
         for sym in named:
@@ -225,14 +247,44 @@ class ElfImage:
         return self._owners[i] if i >= 0 else None
 
     def find(self, name: str) -> list:
-        return list(self._by_name.get(name, ()))
+        """Functions by linker name, else by demangled name (`leaf(long)`),
+        else by plain name (`leaf`, `ns::f`) when only one function has it."""
+        found = self._by_name.get(name)
+        if found is None:
+            demangled = self._demangled_index()
+            found = demangled[0].get(name) or demangled[1].get(name, ())
+            if len({s.address for s in found}) > 1 and name not in demangled[0]:
+                found = ()              # an overloaded plain name: ambiguous
+        return list(found)
 
     def match(self, pattern: str) -> list:
         # Go names contain glob characters: a literal name wins.
-        if pattern in self._by_name:
+        if self.find(pattern):
             return self.find(pattern)
         names = set(fnmatch.filter(self._by_name, pattern))
+        full = self._demangled_index()[0]
+        names.update(s.name for n in fnmatch.filter(full, pattern) for s in full[n])
         return [s for s in self.functions if s.name in names]
+
+    def overloads(self, name: str) -> list:
+        """The demangled names sharing the plain name `name` (C++ overloads)."""
+        return sorted({demangle(s.name) for s in self._demangled_index()[1].get(name, ())})
+
+    def _demangled_index(self) -> tuple:
+        """(demangled name -> Symbols, plain name -> Symbols) of the
+        mangled C++/Rust functions; built on first use."""
+        if self._demangled is None:
+            full: dict = {}
+            plain: dict = {}
+            for sym in self.functions:
+                if is_mangled(sym.name):
+                    d = demangle(sym.name)
+                    full.setdefault(d, []).append(sym)
+                    p = plain_name(d)
+                    if p != d:
+                        plain.setdefault(p, []).append(sym)
+            self._demangled = (full, plain)
+        return self._demangled
 
     def file_offset(self, vaddr: int) -> Optional[int]:
         for seg in self._loads:
@@ -254,6 +306,10 @@ class ElfImage:
             if seg.offset <= off < seg.offset + seg.filesz:
                 return off - seg.offset + seg.vaddr
         return None
+
+    def segments(self) -> list:
+        """(vaddr, file offset, file size, writable) of each PT_LOAD."""
+        return [(s.vaddr, s.offset, s.filesz, bool(s.flags & 2)) for s in self._loads]
 
     def read(self, vaddr: int, size: int) -> bytes:
         """File bytes at vaddr, cut short at the end of its segment."""

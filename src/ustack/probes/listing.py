@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from ustack.probes.resolve import locate_binary, no_function_error
+from ustack.objfile.demangle import demangle
 from ustack.objfile.elf import ElfImage
 
 
@@ -20,7 +21,7 @@ def list_functions(path: str, glob: Optional[str] = None) -> list:
     syms = image.functions if glob is None else image.match(glob)
     if glob is not None and not syms:
         raise no_function_error(image, glob, shown)
-    return [FunctionRow(s.name, s.address, image.file_offset(s.address), s.size)
+    return [FunctionRow(demangle(s.name), s.address, image.file_offset(s.address), s.size)
             for s in syms]
 
 

@@ -157,8 +157,13 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     if is_glob(func) and func not in (s.name for s in image.functions):
         return UstackError(f"no function matches '{func}' in {shown}")
     msg = f"no function '{func}' in {shown}"
+    overloads = image.overloads(func)
+    if len(overloads) > 1:
+        return UstackError(f"'{func}' is ambiguous in {shown}: {', '.join(overloads)}; "
+                           "probe one by its full name")
     if not image.functions:
-        return UstackError(f"{msg} ({shown} has no symbol table)")
+        why = f"; {image.go_error}" if image.go_error else ""
+        return UstackError(f"{msg} ({shown} has no symbol table{why})")
     near = difflib.get_close_matches(func, sorted({s.name for s in image.functions}), n=5)
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
 

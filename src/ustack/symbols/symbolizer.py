@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ustack.model import Frame, Mapping, UstackError
 from ustack.objfile.debuginfo import debug_lookup
+from ustack.objfile.demangle import demangle
 from ustack.objfile.dwarf_lines import LineTable, has_dwarf
 from ustack.objfile.elf import ElfImage
+from ustack.objfile.gopclntab import PclntabError, go_table
+from ustack.objfile.vdso import vdso_file
+
+from .perfmap import PerfMap, perf_map_path
 
 from .lines import expand
 
@@ -35,6 +40,7 @@ class Symbolizer:
         self._symbols: dict = {}  # (open_path, file offset) -> (vaddr, Symbol | None)
         self._debug_images: dict = {}  # image path -> debug ElfImage | None
         self._line_tables: dict = {}  # image path -> LineTable | None
+        self._perf_maps: dict = {}     # pid -> PerfMap (JIT code)
         self.warnings: list = []  # debug files refused, for the user
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
@@ -43,42 +49,110 @@ class Symbolizer:
             # Return addresses point after the call; addr-1 is still inside
             # the calling function even when the call is its last instruction.
             back = 0 if (i == 0 and leaf_is_exact) else 1
-            if self.options.lines or self.options.inlines:
-                out.extend(self.source_frames(pid, addr, back))
-            else:
-                out.append(self.frame(pid, addr, back))
+            out.extend(self.frames_at(pid, addr, back))
         return tuple(out)
 
-    def source_frames(self, pid: int, addr: int, back: int = 0) -> list:
-        """frame() with its file:line (--lines), after the calls inlined at
+    def frame(self, pid: int, addr: int, back: int = 0) -> Frame:
+        return self.frames_at(pid, addr, back)[-1]
+
+    def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
+        """The frame of the function holding addr, preceded (with
+        --inlines) by the calls inlined there, innermost first."""
+        q = addr - back
+        m = self.mappings.find(pid, q)
+        if m is None:
+            return [Frame(addr=addr, module="")]
+        if not m.path.startswith("/") or m.path == "//anon":
+            return [self._special(pid, m, addr, back)]
+        module = os.path.basename(m.path)
+        vaddr, sym = self._resolve(m, q - m.start + m.pgoff)
+        opts = self.options
+        if vaddr is not None and (sym is None or opts.lines or opts.inlines):
+            go = self._go(m.open_path)
+            if go is not None:
+                return self._go_frames(go, m, module, addr, vaddr, back)
+        if sym is None:
+            f = Frame(addr=addr, module=module, path=m.path)
+        else:
+            f = Frame(addr=addr, module=module, function=self._name(sym.name),
+                      offset=vaddr + back - sym.address, size=sym.size, path=m.path)
+        if vaddr is not None and (opts.lines or opts.inlines):
+            return self._source_frames(f, m, vaddr)
+        return [f]
+
+    def _source_frames(self, f: Frame, m: Mapping, vaddr: int) -> list:
+        """f with its DWARF file:line (--lines), after the calls inlined at
         that point as frames of their own (--inlines)."""
-        f = self.frame(pid, addr, back)
-        m = self.mappings.find(pid, addr - back)
-        if m is None or not m.path.startswith("/"):
-            return [f]
-        vaddr, _sym = self._resolve(m, addr - back - m.start + m.pgoff)
-        table = self._line_table(m.open_path) if vaddr is not None else None
+        table = self._line_table(m.open_path)
         if table is None:
             return [f]
         locs = table.locate(vaddr)
         if table.errors:                        # corrupt DWARF: said once
             self.warnings.extend(table.errors)
             table.errors.clear()
-        return expand(f, locs, self.options.lines, self.options.inlines)
+        out = expand(f, locs, self.options.lines, self.options.inlines)
+        for i, g in enumerate(out[:-1]):        # inlined names are linkage names
+            if g.function:
+                out[i] = replace(g, function=self._name(g.function))
+        return out
 
-    def frame(self, pid: int, addr: int, back: int = 0) -> Frame:
+    def _name(self, name: str) -> str:
+        return demangle(name) if self.options.demangle else name
+
+    def _special(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
+        """[vdso] from (our copy of) the kernel's vDSO; anonymous memory from the
+        JIT's /tmp/perf-PID.map; other [heap]-like mappings stay unnamed."""
         q = addr - back
-        m = self.mappings.find(pid, q)
-        if m is None:
-            return Frame(addr=addr, module="")
-        if not m.path.startswith("/"):  # [vdso], [heap], anonymous
-            return Frame(addr=addr, module=m.path, path=m.path)
-        module = os.path.basename(m.path)
-        vaddr, sym = self._resolve(m, q - m.start + m.pgoff)
-        if sym is None:
-            return Frame(addr=addr, module=module, path=m.path)
-        return Frame(addr=addr, module=module, function=sym.name,
-                     offset=vaddr + back - sym.address, size=sym.size, path=m.path)
+        if m.path == "[vdso]":
+            path = vdso_file()   # every 64-bit process maps this same image
+            same = path and os.path.getsize(path) == m.end - m.start
+            image = self._image(path) if same else None
+            vaddr = image.vaddr_of_file_offset(q - m.start) if image else None
+            sym = image.lookup(vaddr) if vaddr is not None else None
+            if sym is None:
+                return Frame(addr=addr, module="vdso", path=m.path)
+            return Frame(addr=addr, module="vdso", function=sym.name,
+                         offset=vaddr + back - sym.address, size=sym.size, path=m.path)
+        elif m.path in ("", "//anon") or m.path.startswith("[anon"):
+            perf_map = self._perf_maps.get(pid)
+            if perf_map is None:
+                perf_map = self._perf_maps[pid] = PerfMap(perf_map_path(pid))
+            sym = perf_map.lookup(q)
+            if sym is not None:
+                return Frame(addr=addr, module="JIT", function=self._name(sym.name),
+                             offset=addr - sym.address, size=sym.size)
+        return Frame(addr=addr, module=m.path, path=m.path)
+
+    # --- Go: names, lines and inlined calls from .gopclntab -----------------
+
+    def _go(self, path: str):
+        image = self._image(path)
+        if image is None or not image.is_go:
+            return None
+        try:
+            return go_table(image)
+        except PclntabError:
+            return None                 # corrupt: ELF symbols only, no wrong names
+
+    def _go_frames(self, go, m: Mapping, module: str, addr: int, vaddr: int,
+                   back: int) -> list:
+        func = go.find(vaddr)
+        if func is None:
+            return [Frame(addr=addr, module=module, path=m.path)]
+        lines, inlines = self.options.lines, self.options.inlines
+        # the last GoFrame is func itself, at the call site of what was
+        # inlined into it: its file:line lies inside the function it names
+        found = go.frames(vaddr) if (lines or inlines) else []
+        out = [Frame(addr=addr, module=module, function=g.function, path=m.path,
+                     file=g.file if lines else "", line=g.line if lines else 0,
+                     inlined=True)
+               for g in (found[:-1] if inlines else ())]
+        own = found[-1] if lines and found else None
+        out.append(Frame(addr=addr, module=module, function=func.name,
+                         offset=vaddr + back - func.entry, size=func.end - func.entry,
+                         path=m.path, file=own.file if own else "",
+                         line=own.line if own else 0))
+        return out
 
     def _resolve(self, m: Mapping, file_off: int):
         key = (m.open_path, file_off)

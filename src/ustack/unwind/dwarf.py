@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from ..model import Mapping, UstackError
 from ..objfile.elf import ElfImage
+from ..objfile.vdso import vdso_file
 from . import cfi
 from .cfi import UnwindTable
 
@@ -167,7 +168,7 @@ class DwarfUnwinder:
         if len(self._states) >= _MAX_MAPPINGS:
             self._states.clear()
         st = _MapState(m)
-        path = _vdso_file() if m.path == "[vdso]" else m.open_path
+        path = vdso_file() if m.path == "[vdso]" else m.open_path
         if path and path.startswith("/"):
             try:
                 st.image = ElfImage.open(path)
@@ -321,38 +322,3 @@ def _disasm(code: bytes, addr: int):
     return _capstone.disasm_lite(code, addr)
 
 
-_vdso_path: Optional[str] = None
-
-
-def _vdso_file() -> Optional[str]:
-    """A file holding the vDSO image. Every 64-bit process on this kernel
-    maps the same one, so ours is copied once from our own memory."""
-    global _vdso_path
-    if _vdso_path is not None:
-        return _vdso_path or None
-    _vdso_path = ""
-    try:
-        with open("/proc/self/maps") as f:
-            line = next((ln for ln in f if ln.rstrip().endswith("[vdso]")), None)
-        if line is None:
-            return None
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-        with open("/proc/self/mem", "rb") as f:
-            f.seek(lo)
-            image = f.read(hi - lo)
-        out = os.path.join(cfi.cache_dir(), f"vdso-{os.uname().release}.so")
-        try:
-            with open(out, "rb") as f:
-                same = f.read() == image
-        except OSError:
-            same = False
-        if not same:
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            tmp = f"{out}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(image)
-            os.replace(tmp, out)
-        _vdso_path = out
-    except (OSError, ValueError):
-        return None
-    return _vdso_path

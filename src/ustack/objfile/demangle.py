@@ -1,0 +1,78 @@
+"""Mangled linker names -> the names people write: C++ (Itanium ABI, through
+libstdc++'s __cxa_demangle via cxxfilt), Rust legacy (`_ZN…17h<hash>E`) and
+Rust v0 (`_R…`) through rustc-demangle (pyderust), which drops the hash the
+way Rust's own backtraces do. A name neither understands stays as it is.
+
+Each name is demangled once (cache): a profile repeats the same few."""
+from __future__ import annotations
+
+import re
+
+try:
+    import cxxfilt
+except ImportError:  # pragma: no cover - a dependency; raw names without it
+    cxxfilt = None
+try:
+    import pyderust
+except ImportError:  # pragma: no cover
+    pyderust = None
+
+# rustc ends every legacy name with a 16-hex-digit hash component; C++
+# names never look like that, so this is what tells the two _ZN apart.
+_RUST_LEGACY = re.compile(r"^_ZN.*17h[0-9a-f]{16}E(\.\S*)?$")
+_MAX_CACHED = 1 << 18
+
+_cache: dict = {}
+
+
+def demangle(name: str) -> str:
+    if not name.startswith(("_Z", "_R")):
+        return name
+    out = _cache.get(name)
+    if out is None:
+        out = _demangle(name)
+        if len(_cache) >= _MAX_CACHED:
+            _cache.clear()
+        _cache[name] = out
+    return out
+
+
+def is_mangled(name: str) -> bool:
+    return name.startswith(("_Z", "_R"))
+
+
+def _demangle(name: str) -> str:
+    if name.startswith("_R") or _RUST_LEGACY.match(name):
+        if pyderust is not None:
+            try:
+                return pyderust.demangle(name)
+            except (ValueError, RuntimeError):
+                pass
+        if name.startswith("_R"):
+            return name
+    if cxxfilt is not None and name.startswith("_Z"):
+        try:
+            return cxxfilt.demangle(name)
+        except (cxxfilt.Error, UnicodeDecodeError):
+            pass
+    return name
+
+
+def plain_name(name: str) -> str:
+    """A demangled name without its parameter list and qualifiers, as a
+    user types it in a probe: `ns::f(long) const` -> `ns::f`. Template
+    arguments stay (`max<int>`)."""
+    if not name.endswith((")", " const", " volatile", "&", "]")) or "(" not in name:
+        return name
+    if name.endswith("]"):     # " [clone .cold]": a part, not a function to probe
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        c = name[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            depth -= 1
+            if depth == 0:
+                return name[:i]
+    return name

@@ -1,0 +1,60 @@
+/* jit [N]: what a JIT does, in small. Copies a tiny trampoline (push %rbp;
+ * mov %rsp,%rbp; call *%rdi; pop %rbp; ret) into fresh anonymous executable
+ * memory, names it in /tmp/perf-PID.map the way perf's JIT interface asks
+ * ("START SIZE name", hex), and calls target() through it N times (default
+ * 1). Then it maps a second copy, appends its line to the map, and calls
+ * through that one N times: a reader must notice the file changed. The map
+ * file is left behind, as JITs leave theirs. Exit status 0. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define KEEP __attribute__((noinline, noipa, used))
+
+volatile long counter;
+
+KEEP void target(void) { counter++; }
+
+static const unsigned char trampoline[] = {
+	0x55,			/* push %rbp */
+	0x48, 0x89, 0xe5,	/* mov %rsp,%rbp */
+	0xff, 0xd7,		/* call *%rdi */
+	0x5d,			/* pop %rbp */
+	0xc3,			/* ret */
+};
+
+typedef void (*jitted)(void (*)(void));
+
+static jitted jit(const char *name)
+{
+	unsigned char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+				MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		exit(2);
+	memcpy(p, trampoline, sizeof trampoline);
+	if (mprotect(p, 4096, PROT_READ | PROT_EXEC))
+		exit(2);
+	char path[64];
+	snprintf(path, sizeof path, "/tmp/perf-%d.map", getpid());
+	FILE *f = fopen(path, "a");
+	if (!f)
+		exit(2);
+	fprintf(f, "%lx %zx %s\n", (unsigned long)p, sizeof trampoline, name);
+	fclose(f);
+	return (jitted)p;
+}
+
+int main(int argc, char **argv)
+{
+	long n = argc > 1 ? atol(argv[1]) : 1;
+	jitted first = jit("jitted_first");
+	for (long i = 0; i < n; i++)
+		first(target);
+	jitted second = jit("Lua:jitted second trace");
+	for (long i = 0; i < n; i++)
+		second(target);
+	return counter == 2 * n ? 0 : 3;
+}

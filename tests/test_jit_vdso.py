@@ -1,0 +1,111 @@
+"""Frames outside any file: JIT code named from /tmp/perf-PID.map (jit.c
+writes its map the way JITs do, and appends to it while running), and the
+vDSO named from the kernel's image (vdso_loop.c spins in clock_gettime).
+Oracles: the map lines the program wrote; the vDSO's own dynamic symbols
+read by readelf from the copy ustack made."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import build, run_ustack
+from test_e2e_core import ok, parse_counts, parse_trace, traced_pid
+
+from ustack.model import Mapping
+from ustack.objfile.vdso import vdso_file
+from ustack.symbols.perfmap import PerfMap
+from ustack.symbols.symbolizer import Symbolizer
+
+from test_elf import FakeMaps
+
+
+def test_perf_map_reread_when_it_changes(tmp_path):
+    path = tmp_path / "perf-1.map"
+    path.write_text("1000 10 first\ngarbage line\n2000 zz bad size\n")
+    pm = PerfMap(str(path))
+    assert pm.lookup(0x1008).name == "first"
+    assert pm.lookup(0x1010) is None and pm.lookup(0x2000) is None
+    with open(path, "a") as f:                   # the JIT compiles more code
+        f.write("2000 20 LuaJIT trace #2 [x.lua:3]\n1000 8 replaced\n")
+    assert pm.lookup(0x2004).name == "LuaJIT trace #2 [x.lua:3]"
+    assert (pm.lookup(0x1004).name, pm.lookup(0x1009)) == ("replaced", None)
+    path.unlink()
+    assert pm.lookup(0x2004) is None
+
+
+def test_symbolizer_names_anonymous_code(tmp_path, monkeypatch):
+    monkeypatch.setattr("ustack.symbols.symbolizer.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    (tmp_path / "perf-9.map").write_text("7f0000001000 40 _ZN2js3jit4Code3runEv\n")
+    maps = FakeMaps({9: [Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon"),
+                         Mapping(0x7F0000020000, 0x7F0000030000, 0, "[heap]")]})
+    f = Symbolizer(maps).frames(9, [0x7F0000001010, 0x7F0000020010])
+    assert [(x.function, x.offset, x.size, x.module) for x in f] == [
+        ("js::jit::Code::run()", 0x10, 0x40, "JIT"), (None, 0, 0, "[heap]")]
+
+
+@pytest.mark.kernel
+def test_trace_through_jit_code():
+    prog = build("jit")
+    res = ok(run_ustack("trace", f"uprobe:{prog}:target", "-c", f"{prog} 2"))
+    pid = traced_pid(res.stderr)
+    mapfile = Path(f"/tmp/perf-{pid}.map")
+    try:
+        starts = [int(line.split()[0], 16) for line in mapfile.read_text().splitlines()]
+    finally:
+        mapfile.unlink(missing_ok=True)
+    records = parse_trace(res.stdout)
+    assert len(records) == 4, res.stdout
+    want = [("jitted_first", starts[0]), ("jitted_first", starts[0]),
+            ("Lua:jitted second trace", starts[1]), ("Lua:jitted second trace", starts[1])]
+    for rec, (name, start) in zip(records, want):
+        frames = rec["frames"]
+        assert [(f["func"], f["module"]) for f in frames[:3]] == [
+            ("target", "jit"), (name, "JIT"), ("main", "jit")], res.stdout
+        # the return address after `call *%rdi`, 6 bytes into the trampoline
+        assert (frames[1]["addr"] - start, frames[1]["off"], frames[1]["size"]) == (6, 6, 8)
+
+
+def vdso_symbols() -> dict:
+    """address -> names, from readelf on ustack's copy of the vDSO."""
+    path = vdso_file()
+    assert path, "no copy of the vDSO could be made"
+    out = subprocess.run(["readelf", "-W", "--dyn-syms", path], capture_output=True,
+                         text=True, check=True).stdout
+    syms: dict = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 8 and parts[3] == "FUNC":
+            syms.setdefault(int(parts[1], 16), set()).add(parts[7].split("@")[0])
+    return syms
+
+
+def test_vdso_copy_is_our_own_image():
+    path = vdso_file()
+    lo = hi = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip().endswith("[vdso]"):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+    assert os.path.getsize(path) == hi - lo
+    assert any("clock_gettime" in names for names in vdso_symbols().values())
+
+
+@pytest.mark.kernel
+def test_profile_names_vdso_frames():
+    prog = build("vdso_loop")
+    res = ok(run_ustack("profile", "-F", "499", "-c", f"{prog} 1"))
+    stacks = parse_counts(res.stdout)
+    in_vdso = [s for s in stacks if s["frames"] and s["frames"][0][1] == "vdso"]
+    total = sum(s["count"] for s in stacks)
+    hits = sum(s["count"] for s in in_vdso)
+    assert hits * 2 > total, res.stdout     # the loop lives in clock_gettime
+    aliases = set().union(*(n for n in vdso_symbols().values() if "clock_gettime" in n))
+    for s in in_vdso:
+        assert s["frames"][0][0] in aliases, res.stdout
+    # below the vDSO: libc's wrapper, then the program's loop
+    assert any([f for f, _ in s["frames"][1:4]] == ["clock_gettime", "clock_loop", "main"]
+               for s in in_vdso), res.stdout
