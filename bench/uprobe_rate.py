@@ -84,8 +84,10 @@ def baseline(prog, n, tmp, timeout):
 
 
 def ustack_count(prog, n, tmp, timeout):
-    wall, out, err = timed([sys.executable, "-m", "ustack", "count", f"uprobe:{prog}:d",
-                            "-c", f"{prog} {n}"], timeout, env=ustack_env())
+    # the perf path: bench/bpf_count.py measures in-kernel counting
+    wall, out, err = timed([sys.executable, "-m", "ustack", "count", "--backend", "perf",
+                            f"uprobe:{prog}:d", "-c", f"{prog} {n}"],
+                           timeout, env=ustack_env())
     # A count stands alone on its line ("   1000000") or closes a bpftrace-style
     # key ("]: 1000000"); the CLI is young, so accept both.
     counts = re.findall(r"^\s*(?:\]:\s*)?(\d+)\s*$", out, re.M)
@@ -181,7 +183,7 @@ def main():
 
     prog = str(build("chain", flags=O2_FP))
     tools = {"uninstrumented": baseline,
-             "ustack count": ustack_count,
+             "ustack count --backend perf": ustack_count,
              "ustack trace (stdout → /dev/null)": ustack_trace,
              "perf record -g": perf_record,
              "bpftrace @[ustack]=count()": bpftrace}
