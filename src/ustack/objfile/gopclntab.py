@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..model import UstackError
+from .leb128 import uleb128
 
 GO116, GO118, GO120 = 0xFFFFFFFA, 0xFFFFFFF0, 0xFFFFFFF1
 _MAGICS = {GO116: "1.16", GO118: "1.18", GO120: "1.20"}
@@ -187,12 +188,12 @@ class Pclntab:
         p, i, n = self.pctab, table_off, len(self.pctab)
         val, cur, first = -1, entry, True
         while i < n:
-            uv, i = _varint(p, i)
+            uv, i = uleb128(p, i)
             if uv == 0 and not first:
                 return None
             first = False
             val += -((uv >> 1) + 1) if uv & 1 else uv >> 1
-            delta, i = _varint(p, i)
+            delta, i = uleb128(p, i)
             cur += delta * self.quantum
             if pc < cur:
                 return val
@@ -323,19 +324,6 @@ class Pclntab:
                 self._gofunc = w[words]
                 return self._gofunc
         return None
-
-
-def _varint(p, i: int) -> tuple:
-    v = shift = 0
-    while True:
-        b = p[i]
-        i += 1
-        v |= (b & 0x7F) << shift
-        if b < 0x80:
-            return v, i
-        shift += 7
-        if shift > 35:
-            raise ValueError("varint too long")
 
 
 def _cstring(buf, off: int) -> Optional[str]:

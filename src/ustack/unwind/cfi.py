@@ -24,6 +24,7 @@ from typing import Optional
 from elftools.elf.elffile import ELFFile
 
 from ..objfile import cache as objcache
+from ..objfile.leb128 import sleb128, uleb128
 from ..objfile.debuginfo import build_id_path
 from ..objfile.elf import ElfImage
 
@@ -266,28 +267,7 @@ class _Cie:
                  "addr_size", "init", "ok", "base")
 
 
-def _uleb(data: bytes, i: int):
-    result = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        result |= (b & 0x7f) << shift
-        if b < 0x80:
-            return result, i
-        shift += 7
-
-
-def _sleb(data: bytes, i: int):
-    result = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        result |= (b & 0x7f) << shift
-        shift += 7
-        if b < 0x80:
-            if b & 0x40:
-                result -= 1 << shift
-            return result, i
+_uleb, _sleb = uleb128, sleb128   # short names: the parser calls them everywhere
 
 
 def _pointer(data: bytes, i: int, enc: int, base: int):
