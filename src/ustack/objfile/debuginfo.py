@@ -198,8 +198,3 @@ def debug_lookup(image: ElfImage, extra_dirs=()) -> tuple:
         found.refused.append(f"{e}; not used as debug file of {image.path}")
         found.path = None
         return None, found
-
-
-def debug_image(image: ElfImage, extra_dirs=()) -> Optional[ElfImage]:
-    """The opened debug file of `image`, or None (none found, or refused)."""
-    return debug_lookup(image, extra_dirs)[0]

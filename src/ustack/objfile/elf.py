@@ -101,19 +101,17 @@ class ElfImage:
         self.build_id = self._build_id(elf, sections)
         raw = self._cached_raw_functions(sections)
         self.has_symtab = any(s["sh_type"] == "SHT_SYMTAB" for s in sections)
+        self.is_go = (bool(self.section_names & set(_GO_SECTIONS))
+                      or any(n == "runtime.main" for _a, n in raw))
+        self.go_error = None            # why a Go binary's .gopclntab is unusable
+        if self.is_go and not self.has_symtab:
+            raw = dict(raw)
+            raw.update(self._go_functions())
         named = self._fill_sizes(raw, sections)
         # PLT stubs and code labels name addresses but are not probe
         # targets or list rows
         self.functions = [s for s in named if not s.name.endswith("@plt")
                           and raw[(s.address, s.name)][1] != _LABEL]
-        self.is_go = (bool(self.section_names & set(_GO_SECTIONS))
-                      or any(s.name == "runtime.main" for s in self.functions))
-        self.go_error = None            # why a Go binary's .gopclntab is unusable
-        if self.is_go and not self.has_symtab:
-            raw = dict(raw)
-            raw.update(self._go_functions())
-            named = self._fill_sizes(raw, sections)
-            self.functions = [s for s in named if not s.name.endswith("@plt")]
         self._build_indexes(raw, named)
 
     def _go_functions(self) -> dict:

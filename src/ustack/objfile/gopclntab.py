@@ -123,7 +123,6 @@ class Pclntab:
         # 4-byte fields; startLine (1.20+) shifts the bytes at the end
         self._field0 = 4 if magic != GO116 else self.ptrsize
         self._func_size = self._field0 + (9 if magic == GO120 else 8) * 4 + 4
-        self._funcid_at = self._field0 + (9 if magic == GO120 else 8) * 4
 
     @property
     def text_range(self) -> tuple:
@@ -233,7 +232,7 @@ class Pclntab:
             return "", 0
         return file, line
 
-    def frames(self, pc: int, inlines: bool = True) -> list:
+    def frames(self, pc: int) -> list:
         """GoFrames at pc, innermost first: the calls inlined at pc (each
         with the position inside it), then the function that holds pc."""
         f = self.find(pc)
@@ -241,7 +240,7 @@ class Pclntab:
             return []
         off = self._func(f.index)
         out = []
-        tree = self._inline_tree(off) if inlines else None
+        tree = self._inline_tree(off)
         for _ in range(_MAX_INLINE_DEPTH if tree is not None else 0):
             ix = self._pcdata(off, _PCDATA_INL_TREE_INDEX, f.entry, pc)
             call = tree(ix) if ix is not None and ix >= 0 else None
@@ -250,7 +249,7 @@ class Pclntab:
             name, parent_pc = call
             out.append(GoFrame(name, *self._source(off, f.entry, pc), inlined=True))
             if not f.entry + parent_pc < f.end:
-                return out[:0] + [GoFrame(f.name, *self._source(off, f.entry, pc))]
+                return [GoFrame(f.name, *self._source(off, f.entry, pc))]  # corrupt tree
             pc = f.entry + parent_pc
         out.append(GoFrame(f.name, *self._source(off, f.entry, pc)))
         return out
@@ -329,9 +328,7 @@ class Pclntab:
 def _cstring(buf, off: int) -> Optional[str]:
     if off < 0 or off >= len(buf):
         return None
-    end = off
-    n = len(buf)
-    chunk = bytes(buf[off:min(n, off + 4096)])
+    chunk = bytes(buf[off:min(len(buf), off + 4096)])
     end = chunk.find(b"\0")
     if end < 0:
         return None

@@ -52,9 +52,6 @@ class Symbolizer:
             out.extend(self.frames_at(pid, addr, back))
         return tuple(out)
 
-    def frame(self, pid: int, addr: int, back: int = 0) -> Frame:
-        return self.frames_at(pid, addr, back)[-1]
-
     def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
         """The frame of the function holding addr, preceded (with
         --inlines) by the calls inlined there, innermost first."""

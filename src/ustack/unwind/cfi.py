@@ -151,10 +151,6 @@ class UnwindTable:
 
 # --- cache files ---------------------------------------------------------------
 
-def cache_dir() -> str:
-    return os.path.join(objcache.cache_root(), "cfi")
-
-
 def _signature(sections, debug: Optional[str]) -> bytes:
     """What the table depends on besides the build-id: a stripped copy and
     the original share a build-id but not their .debug_frame, and a debug
