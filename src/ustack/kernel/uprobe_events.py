@@ -10,7 +10,6 @@ Every probe lives in a group named after the ustack process that made it
 groups of runs that no longer exist (killed with SIGKILL)."""
 from __future__ import annotations
 
-import errno
 import os
 import re
 
@@ -22,21 +21,21 @@ _GROUP_RE = re.compile(r"^[pr]:" + GROUP_PREFIX + r"(\d+)/(\S+)")
 
 
 def _write(line: str) -> None:
+    """Append one command to uprobe_events. Only a missing uprobe_events
+    means no uprobe support: a write's ENOENT is the kernel refusing the
+    command (a file it cannot find, a probe that is not there), left to
+    the caller as the OSError it is."""
     path = os.path.join(tracefs_root(), "uprobe_events")
     try:
         # O_APPEND without O_TRUNC (which would delete every uprobe); not
         # Python's "a" mode, whose lseek tracefs rejects with EINVAL
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
     except FileNotFoundError:
         raise UstackError("this kernel has no uprobe support (no uprobe_events)")
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise UstackError("this kernel has no uprobe support")
-        raise
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _read_event_file(event: str, what: str) -> str:
