@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from helpers import build, run_ustack
-from test_e2e_core import CHAIN, funcs, ok, parse_counts, parse_trace
+from test_e2e_core import (CHAIN, disassembly, funcs, ok, parse_counts, parse_trace,
+                           return_offset)
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +23,11 @@ def test_uretprobe_fires_in_the_caller(chain):
     res = ok(run_ustack("trace", f"uretprobe:{chain}:d", "-c", f"{chain} {n}"))
     records = parse_trace(res.stdout)
     assert len(records) == n, res.stdout
+    after_call = return_offset(disassembly(chain), "c", "d")
     for rec in records:
         assert rec["label"] == f"uretprobe:{chain}:d"
         assert funcs(rec["frames"])[:4] == CHAIN[1:], rec
-        assert rec["frames"][0]["off"] > 0         # inside c, past the call
+        assert rec["frames"][0]["off"] == after_call, rec   # in c, just past the call
 
 
 @pytest.mark.kernel

@@ -101,6 +101,11 @@ def test_count_same_as_perf(chain):
         counts[b] = [(s["frames"], s["count"]) for s in parse_counts(res.stdout)]
     assert counts["tracefs"] == counts["perf"]
     assert [c for _f, c in counts["tracefs"]] == [n]
+    # both unwind with ustack's own DWARF code: check the chain itself too
+    (frames, _n), = counts["tracefs"]
+    assert program_frames([f for f, _m in frames], [m for _f, m in frames]) == \
+        ["d", "c", "b", "a", "main"], frames
+    assert frames[-1] == ("_start", "chain"), frames
 
 
 # --- fetch-args --------------------------------------------------------------------
@@ -172,7 +177,8 @@ def test_go_syscall_write_full_names():
     for rec, want in zip(recs, perf):
         names = funcs(rec["frames"])
         assert names and all("." in n for n in names), names   # package.function
-        assert names == funcs(want["frames"])[:len(names)]
+        # userstacktrace walks the same frame pointers as perf, up to 8 frames
+        assert names == funcs(want["frames"])[:8]
 
 
 # --- isolation and cleanup ------------------------------------------------------------
@@ -259,8 +265,7 @@ def test_lost_events_counted_exactly(tmp_path):
                              timeout=120, env=ustack_env())
     assert res.returncode == 0, res.stderr
     m = re.search(r"^Lost (\d+) events: the tracefs buffer was full", res.stderr, re.M)
-    if not m:
-        pytest.skip(f"no events were lost with a 1-page buffer and {n} events")
+    assert m, f"a 1-page buffer and {n} events lost nothing?\n{res.stderr}"
     printed = sum(1 for line in out.read_text().splitlines()
                   if line.startswith("chain "))
     assert printed + int(m.group(1)) == n
