@@ -182,6 +182,8 @@ def test_uretprobe_on_c(bins):
     t = one(f"uretprobe:{p}:leaf")
     assert t.spec.kind == "uretprobe" and t.label == f"uretprobe:{p}:leaf"
     assert one(f"uretprobe:{p}:0x{t.address:x}").symbol == "leaf"
+    # it fires after the return: no entry-slot word to recover
+    assert t.return_address_slot is None
     second = insns(p, "leaf")[1][0]
     with pytest.raises(UstackError) as e:
         one(f"uretprobe:{p}:0x{t.address + second:x}")

@@ -237,9 +237,7 @@ class BpfCounter:
         if self.calls_only:
             code = call_count_program(index, self.counts, self.armed)
         else:
-            slot = (probe.return_address_slot
-                    if isinstance(probe, UprobeTarget) and probe.spec.kind == "uprobe"
-                    else None)
+            slot = getattr(probe, "return_address_slot", None)
             tgid = self.filter_tgid if isinstance(probe, TracepointTarget) else None
             code = stack_count_program(index, self.counts, self.stacks, self.errors,
                                        tgid=tgid, entry_slot=slot, kernel=self.kernel,

@@ -90,8 +90,7 @@ class PerfCapture:
             sample_type |= pe.SAMPLE_REGS_USER | pe.SAMPLE_STACK_USER
             regs, stack = DWARF_REGS_MASK, self.stack_size
             flags.append("exclude_callchain_user")
-        elif (isinstance(probe, UprobeTarget) and probe.spec.kind == "uprobe"
-              and probe.return_address_slot is not None):
+        elif getattr(probe, "return_address_slot", None) is not None:
             slot = probe.return_address_slot
             stack = 8 * (slot + 1)
             sample_type |= pe.SAMPLE_STACK_USER

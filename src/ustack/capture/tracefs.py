@@ -237,7 +237,7 @@ class TracefsCapture:
                    f"{RESERVED_PREFIX}bp=%bp"]
             own += [f"{RESERVED_PREFIX}s{i}=+{i * STACK_ARRAY_WORDS * 8}(%sp)"
                     f":x64[{STACK_ARRAY_WORDS}]" for i in range(arrays)]
-        elif probe.spec.kind == "uprobe" and probe.return_address_slot is not None:
+        elif probe.return_address_slot is not None:
             own = [f"{RESERVED_PREFIX}ra=+{8 * probe.return_address_slot}(%sp):x64"]
         event = self.uprobes.define(probe.path, probe.file_offset,
                                     probe.spec.kind == "uretprobe",

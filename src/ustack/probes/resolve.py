@@ -183,6 +183,10 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
             raise UstackError(f"{where} is beyond the end of {sym.name} "
                               f"(size 0x{sym.size:x}) in {shown}")
         slot = _check_and_find_slot(image, sym, vaddr, where, shown)
+        if spec.kind != "uprobe":
+            # a uretprobe fires after the return: its caller's frame is the
+            # top of the walk and no word on the stack is missing from it
+            slot = None
     return UprobeTarget(spec=spec, path=host, file_offset=off, address=vaddr,
                         symbol=sym.name if sym else None, symbol_offset=sym_off,
                         return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}",
