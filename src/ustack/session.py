@@ -265,7 +265,7 @@ class Run:
             labels += f", … ({len(probes)} events)"
         print(f"Tracing {labels} in {target.description} "
               f"[backend {self.backend}, unwind "
-              f"{self.unwind_summary}{_note(getattr(capture, 'unwind_note', ''))}]"
+              f"{self.unwind_summary}{_note(capture.unwind_note)}]"
               + ("" if opts.duration else "... Hit Ctrl-C to end."),
               file=self.err, flush=True)
         # one symbolizer (one cache) for the run; counted stacks pin the view

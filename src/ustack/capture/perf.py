@@ -44,6 +44,7 @@ def _raise_fd_limit() -> None:
 
 class PerfCapture:
     """Opens the events, owns the fds and ring buffers, hands out chunks."""
+    unwind_note = ""       # nothing to add to the header (TracefsCapture has)
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,

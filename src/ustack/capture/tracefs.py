@@ -196,7 +196,6 @@ class TracefsReader:
 
 class TracefsCapture:
     """PerfCapture's interface on a private ftrace instance."""
-    backend = "tracefs"
 
     def __init__(self, probes: list, target, buffer_pages=None,
                  dwarf_labels: frozenset = frozenset(), stack_size: int = MAX_STACK_BYTES):
