@@ -11,7 +11,8 @@ import os
 import pytest
 
 from helpers import FP, O2_FP, build, run_ustack
-from test_e2e_core import CHAIN, funcs, ok, parse_counts, parse_folded
+from test_e2e_core import (CHAIN, fail_one_line, funcs, ok, parse_counts, parse_folded,
+                           spawn, stop)
 
 pytestmark = pytest.mark.kernel
 
@@ -222,3 +223,40 @@ def test_profile_running_process():
     top = stacks[-1]
     assert funcs(top["frames"])[:3] == ["spin_here", "work", "main"]
     assert (top["comm"], top["pid"]) == ("busy", proc.pid)
+
+
+@pytest.mark.parametrize("how", [("--backend", "perf"), ("--unwind", "dwarf")],
+                         ids=["perf", "dwarf"])
+def test_kernel_stacks_need_in_kernel_counting(chain, how):
+    res = run_ustack("count", "--kernel", *how, "syscall:write", "-c", f"{chain} 1")
+    msg = fail_one_line(res)
+    if how[0] == "--backend":
+        assert msg == ("ustack: --kernel needs in-kernel counting (--backend bpf), "
+                       "not --backend perf")
+    else:
+        assert msg == ("ustack: --kernel needs in-kernel counting (the bpf backend), "
+                       "which walks frame pointers only")
+
+
+def test_funccount_running_process_for_a_duration(chain):
+    """-p and -d: calls of a process that was already running, counted for
+    one second, and the process is left running."""
+    proc = spawn(chain, 10 ** 12)
+    try:
+        res = ok(run_ustack("funccount", f"{chain}:d", "-p", proc.pid, "-d", "1"))
+        (head, row) = res.stdout.splitlines()
+        assert head.split() == ["FUNC", "COUNT"]
+        assert row.split()[0] == "d" and int(row.split()[1]) > 0, res.stdout
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+
+
+def test_profile_folded_through_bpf():
+    busy = build("busy", flags=O2_FP)
+    res = ok(run_ustack("profile", "-F", "99", "-f", "folded", "-c", f"{busy} 1",
+                        "--backend", "bpf"))
+    rows = parse_folded(res.stdout)
+    stack, n = max(rows, key=lambda r: r[1])
+    assert stack[0] == "busy" and stack[-3:] == ["main", "work", "spin_here"], rows
+    assert n >= sum(c for _s, c in rows) // 2, rows
