@@ -633,3 +633,20 @@ def test_lost_events_reported(tmp_path):
     # run of this test alone, loaded or not); until that is found, require
     # the report to account for 95 % of the events.
     assert 0.95 * n <= records + lost <= n + 8, f"{records} records + {lost} lost vs {n}"
+
+
+@pytest.mark.kernel
+def test_trace_duration_ends_the_run(chain):
+    """-d SECONDS on a process that keeps running: the run ends by itself,
+    prints the events it saw, says nothing of Ctrl-C, and leaves it running."""
+    proc = spawn(chain, 10 ** 12, "rawwrite")
+    try:
+        res = ok(run_ustack("trace", "syscall:write", "-p", proc.pid, "-d", "0.5",
+                            timeout=30))
+        assert "Hit Ctrl-C" not in res.stderr.splitlines()[0]
+        records = parse_trace(res.stdout)
+        assert records and {r["pid"] for r in records} == {proc.pid}
+        assert funcs(records[0]["frames"])[:5] == CHAIN, records[0]
+        assert proc.poll() is None
+    finally:
+        stop(proc)

@@ -120,6 +120,26 @@ def test_fetch_args_exact(chain, backend):
     assert funcs(recs[0]["frames"])[:2] == ["d", "c"]
 
 
+@pytest.mark.parametrize("backend", ["tracefs", "perf"])
+def test_fetch_arg_string_from_user_memory(chain, backend):
+    """+0(%si):string: write(2)'s buffer, read in the probe (seed 001)."""
+    recs = trace(backend, "uprobe:libc:write s=+0(%si):string len=%dx:u64",
+                 "-c", f"{chain} 2 write")
+    # the label names the library as resolved in the target's mappings
+    assert len(recs) == 2 and all(
+        re.fullmatch(r'uprobe:/\S*/libc\.so\.6:write s="x" len=1', r["label"])
+        for r in recs), [r["label"] for r in recs]
+    assert [funcs(r["frames"])[:2] for r in recs] == [["write", "d"]] * 2
+
+
+def test_count_syscall_through_tracefs(chain):
+    res = ok(run_ustack("count", "--backend", "tracefs", "syscall:write",
+                        "-c", f"{chain} 50 rawwrite"))
+    assert [(program_frames(funcs(s["frames"]), [m for _f, m in s["frames"]]),
+             s["count"]) for s in parse_counts(res.stdout)] == \
+        [(["d", "c", "b", "a", "main"], 50)]
+
+
 def test_fetch_args_negative_and_stack(chain):
     """s32 prints signed; $stack0 is the word at sp: at d's entry, the
     return address into c (which is also the stack's second frame)."""
