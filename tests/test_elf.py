@@ -312,6 +312,36 @@ def test_read_matches_objcopy(bins, tmp_path):
     assert ElfImage.open(path).read(1 << 50, 4) == b""
 
 
+def test_reads_share_one_descriptor(bins):
+    """read() keeps one descriptor per image instead of opening per call."""
+    img = ElfImage.open(bins["pie"])
+    leaf = img.find("leaf")[0].address
+
+    def open_on_it():
+        return [fd for fd in os.listdir("/proc/self/fd") if os.path.realpath(
+            f"/proc/self/fd/{fd}") == os.path.realpath(bins["pie"])]
+    img.read(leaf, 4)
+    held = open_on_it()
+    assert len(held) == 1
+    for _ in range(50):
+        img.read(leaf, 4)
+    assert open_on_it() == held
+
+
+def test_section_bytes_match_pyelftools(tmp_path):
+    """section_bytes() gives what pyelftools' data() does, compressed
+    (gcc -gz: SHF_COMPRESSED zlib) debug sections inflated."""
+    from elftools.elf.elffile import ELFFile
+    path = cc(tmp_path, "gz", SRC, "-O1", "-g", "-gz=zlib")
+    img = ElfImage.open(path)
+    with open(path, "rb") as f:
+        want = {s.name: s.data() for s in ELFFile(f).iter_sections()
+                if s["sh_type"] != "SHT_NOBITS" and s.name}
+    assert any(name.startswith(".debug_") for name in img._compressed), "gcc -gz compressed nothing"
+    assert {name: img.section_bytes(name) for name in want} == want
+    assert img.section_bytes(".no_such_section") is None
+
+
 def test_header_facts(bins, tmp_path):
     pie, nopie, so = (ElfImage.open(bins[k]) for k in ("pie", "nopie", "so"))
     assert (pie.e_type, pie.is_pie, pie.machine) == ("ET_DYN", True, "EM_X86_64")

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from ..kernel import bpf
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
-from .perf import _max_stack
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
@@ -212,7 +211,7 @@ class BpfCounter:
         self.event_fds: list = []
         self.armed = None                   # set by arm_on_exec()
         # frames kept per stack: the kernel's limit, at most bcc's 127
-        self.max_depth = max(1, min(_max_stack(), 127))
+        self.max_depth = max(1, min(pe.max_stack(), 127))
         try:
             if calls_only:
                 self.counts = self._map(bpf.MAP_ARRAY, 4, 8, max(1, len(probes)),

@@ -66,6 +66,7 @@ class PerfCapture:
         self.uprobes = UprobeEvents()
         self._uprobe_ids: dict = {}       # (path, offset, kind, args) -> tracepoint id
         self._args: dict = {}             # tracepoint id -> ArgsDecoder
+        self._attrs: dict = {}            # probe index -> (attr, layout)
         self.reader = RecordReader(self.layouts)
         self._poll = select.poll()
 
@@ -97,7 +98,7 @@ class PerfCapture:
             sample_type |= pe.SAMPLE_STACK_USER
         common = dict(sample_type=sample_type, flags=flags,
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
-                      max_stack=_max_stack(), regs_user=regs, stack_user=stack)
+                      max_stack=pe.max_stack(), regs_user=regs, stack_user=stack)
         layout = EventLayout(probe.label, stack, regs, slot)
         if isinstance(probe, UprobeTarget):
             ident = self._uprobe_id(probe)
@@ -128,8 +129,13 @@ class PerfCapture:
                                                display_kinds(probe.spec.args))
         return self._uprobe_ids[key]
 
-    def _open_one(self, probe, pid: int, cpu: int, tracking: bool) -> None:
-        attr, layout = self._attr(probe, tracking)
+    def _open_one(self, index: int, pid: int, cpu: int) -> None:
+        probe = self.probes[index]
+        made = self._attrs.get(index)
+        if made is None:
+            # the first probe's events also carry the tracking records
+            made = self._attrs[index] = self._attr(probe, tracking=(index == 0))
+        attr, layout = made
         fd = pe.open_event(attr, pid, cpu, what=probe.label)
         self.fds.append(fd)
         self.opened.append((probe, fd))
@@ -146,20 +152,21 @@ class PerfCapture:
         else:
             pe.set_output(fd, ring.fd)
 
-    def _open_for(self, pid: int) -> None:
-        for cpu in pe.cpus_online():
-            for i, probe in enumerate(self.probes):
-                self._open_one(probe, pid, cpu, tracking=(i == 0))
+    def _open_for(self, pid: int, cpus: list) -> None:
+        for cpu in cpus:
+            for index in range(len(self.probes)):
+                self._open_one(index, pid, cpu)
 
     def open(self) -> None:
         _raise_fd_limit()
         remove_stale()
         try:
             mode = self.target.mode
+            cpus = pe.cpus_online()
             if mode == "system":
-                self._open_for(-1)
+                self._open_for(-1, cpus)
             elif mode == "command":
-                self._open_for(self.target.pid)
+                self._open_for(self.target.pid, cpus)
             else:
                 # every existing thread; rescan until no thread is new, since
                 # a thread cloned by a not-yet-covered thread has no event
@@ -169,7 +176,7 @@ class PerfCapture:
                         break
                     for tid in sorted(tids):
                         try:
-                            self._open_for(tid)
+                            self._open_for(tid, cpus)
                         except pe.PerfOpenError as e:
                             if e.errno != 3:        # ESRCH: thread just exited
                                 raise
@@ -244,10 +251,3 @@ class PerfCapture:
         self.fds.clear()
         self.uprobes.close()            # only after the events are closed
 
-
-def _max_stack() -> int:
-    try:
-        with open("/proc/sys/kernel/perf_event_max_stack") as f:
-            return min(int(f.read()), 0xFFFF)
-    except (OSError, ValueError):
-        return 127

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import os
 
 from ..model import UstackError
@@ -154,6 +155,17 @@ def set_output(fd: int, target_fd: int) -> None:
 
 def disable(fd: int) -> None:
     fcntl.ioctl(fd, IOC_DISABLE, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def max_stack() -> int:
+    """kernel.perf_event_max_stack: the most frames a callchain (or a BPF
+    stack) may have; read once, it fits attr.sample_max_stack (u16)."""
+    try:
+        with open("/proc/sys/kernel/perf_event_max_stack") as f:
+            return min(int(f.read()), 0xFFFF)
+    except (OSError, ValueError):
+        return 127
 
 
 def cpus_online() -> list:

@@ -19,8 +19,6 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
-from elftools.elf.elffile import ELFFile
-
 from ..model import UstackError
 from . import cache as objcache
 from .elf import ElfImage
@@ -57,23 +55,17 @@ def _build_id_candidates(build_id: Optional[str], extra_dirs) -> list:
             for root in debug_roots(extra_dirs)]
 
 
-def _object_sections(path: str) -> tuple:
-    """(debuglink name, CRC) or None, and the .gnu_debugdata bytes or None."""
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        link = data = None
-        sec = elf.get_section_by_name(".gnu_debuglink")
-        if sec is not None and sec["sh_type"] != "SHT_NOBITS":
-            raw = sec.data()
-            name, _, _ = raw.partition(b"\0")
-            # the CRC is the last 4 bytes, after the name padded to 4 bytes
-            if name and len(raw) >= 4 and len(raw) % 4 == 0:
-                link = (os.fsdecode(name), struct.unpack_from(
-                    "<I" if elf.little_endian else ">I", raw, len(raw) - 4)[0])
-        sec = elf.get_section_by_name(".gnu_debugdata")
-        if sec is not None and sec["sh_type"] != "SHT_NOBITS":
-            data = sec.data()
-        return link, data
+def _debuglink(image: ElfImage) -> Optional[tuple]:
+    """(file name, CRC) from the object's .gnu_debuglink, or None."""
+    raw = image.section_bytes(".gnu_debuglink")
+    if not raw:
+        return None
+    name, _, _ = raw.partition(b"\0")
+    # the CRC is the last 4 bytes, after the name padded to 4 bytes
+    if not name or len(raw) < 4 or len(raw) % 4:
+        return None
+    return os.fsdecode(name), struct.unpack_from(
+        "<I" if image.little_endian else ">I", raw, len(raw) - 4)[0]
 
 
 def debuglink_candidates(object_path: str, name: str, extra_dirs=()) -> list:
@@ -103,8 +95,8 @@ def find_debug_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
             found.path, found.how = path, "build-id"
             return found
     try:
-        link, _ = _object_sections(image.path)
-    except Exception:   # unreadable or corrupt: ElfImage already opened it, so rare
+        link = _debuglink(image)
+    except UstackError:   # unreadable: ElfImage already opened it, so rare
         link = None
     if link is not None:
         name, crc = link
@@ -153,11 +145,7 @@ def _accept(image: ElfImage, path: str, crc: Optional[int], found: DebugLookup) 
 def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> Optional[str]:
     """The ELF inside the object's .gnu_debugdata, decompressed into the
     cache (so the symbol cache can key it by file identity), or None."""
-    try:
-        _, data = _object_sections(image.path)
-    except Exception:
-        return None
-    if not data:
+    if not image.sections.get(".gnu_debugdata", (0, 0, 0))[2]:
         return None
     try:
         st = os.stat(image.path)
@@ -165,7 +153,11 @@ def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> Optional[str]:
     except OSError:
         return None
     if os.path.exists(out):
-        return out
+        return out                  # decompressed before: the bytes are not read
+    try:
+        data = image.section_bytes(".gnu_debugdata")
+    except UstackError:
+        return None
     try:
         dec = lzma.LZMADecompressor()
         elf = dec.decompress(data, max_length=_MAX_MINIDEBUGINFO)

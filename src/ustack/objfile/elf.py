@@ -10,6 +10,9 @@ import fnmatch
 import hashlib
 import json
 import os
+import struct
+import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,6 +34,12 @@ _BIND_RANK[_LABEL] = _LABEL_RANK
 _GO_SECTIONS = (".go.buildinfo", ".gopclntab")
 _PLT_SECTIONS = (".plt", ".plt.sec", ".plt.got")
 _JMP_RIP = b"\xff\x25"   # jmp *disp32(%rip): how every x86-64 PLT stub leaves
+_SHF_COMPRESSED = 0x800
+_ELFCOMPRESS_ZLIB = 1
+# Images that keep a file descriptor open for read(): bounded, so a
+# system-wide profile touching hundreds of objects stays far from the fd limit.
+_MAX_OPEN_FDS = 64
+_open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ class ElfImage:
 
     def __init__(self, path: str):
         self.path = path
+        self._fd: Optional[int] = None   # opened by the first read, see _pread
         try:
             with open(path, "rb") as f:
                 if f.read(4) != b"\x7fELF":
@@ -98,6 +108,10 @@ class ElfImage:
         # name -> (address, file offset, size) of sections with file bytes
         self.sections = {s.name: (s["sh_addr"], s["sh_offset"], s["sh_size"])
                          for s in sections if s["sh_type"] != "SHT_NOBITS"}
+        self._compressed = frozenset(s.name for s in sections
+                                     if s["sh_flags"] & _SHF_COMPRESSED)
+        self.little_endian = elf.little_endian
+        self._elfclass = elf.elfclass
         self.build_id = self._build_id(elf, sections)
         raw = self._cached_raw_functions(sections)
         self.has_symtab = any(s["sh_type"] == "SHT_SYMTAB" for s in sections)
@@ -314,12 +328,51 @@ class ElfImage:
         for seg in self._loads:
             if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
                 size = min(size, seg.vaddr + seg.filesz - vaddr)
-                try:
-                    with open(self.path, "rb") as f:
-                        return os.pread(f.fileno(), size, vaddr - seg.vaddr + seg.offset)
-                except OSError as e:
-                    raise UstackError(f"{self.path}: {e.strerror}") from None
+                return self._pread(size, vaddr - seg.vaddr + seg.offset)
         return b""
+
+    def section_bytes(self, name: str) -> Optional[bytes]:
+        """The contents of section `name` (inflated if SHF_COMPRESSED), or
+        None when the file has no such section with file bytes."""
+        sec = self.sections.get(name)
+        if sec is None:
+            return None
+        _addr, offset, size = sec
+        data = self._pread(size, offset)
+        if name not in self._compressed:
+            return data
+        # Elf64_Chdr: ch_type, reserved, ch_size, ch_addralign (Elf32: 3 words)
+        end = "<" if self.little_endian else ">"
+        hdr = struct.Struct(end + ("IIQQ" if self._elfclass == 64 else "III"))
+        if len(data) < hdr.size:
+            raise UstackError(f"{self.path}: corrupt compressed section {name}")
+        fields = hdr.unpack_from(data)
+        ch_type, ch_size = fields[0], fields[-2]
+        if ch_type != _ELFCOMPRESS_ZLIB:
+            raise UstackError(f"{self.path}: section {name} uses compression "
+                              f"type {ch_type}, which ustack cannot read")
+        try:
+            return zlib.decompressobj().decompress(data[hdr.size:], ch_size)
+        except zlib.error as e:
+            raise UstackError(f"{self.path}: corrupt compressed section {name}: {e}") from None
+
+    def _pread(self, size: int, offset: int) -> bytes:
+        """Bytes of the file, through one descriptor kept open per image
+        (the least recently used ones are closed beyond _MAX_OPEN_FDS)."""
+        fd = self._fd
+        try:
+            if fd is None:
+                fd = self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                _open_fds[self] = fd
+                if len(_open_fds) > _MAX_OPEN_FDS:
+                    old, old_fd = _open_fds.popitem(last=False)
+                    old._fd = None
+                    os.close(old_fd)
+            elif _open_fds and next(reversed(_open_fds)) is not self:
+                _open_fds.move_to_end(self)
+            return os.pread(fd, size, offset)
+        except OSError as e:
+            raise UstackError(f"{self.path}: {e.strerror}") from None
 
     def __repr__(self) -> str:
         return f"ElfImage({self.path!r}, {len(self.functions)} functions)"

@@ -393,8 +393,11 @@ def _load(image):
     text_start = text[0] if text else None
     sec = image.sections.get(".gopclntab")
     if sec is not None:
-        addr, off, size = sec
-        return Pclntab(_file_bytes(image.path, off, size), addr, read, text_start)
+        try:
+            data = image.section_bytes(".gopclntab")
+        except UstackError as e:
+            raise PclntabError(str(e)) from None
+        return Pclntab(data, sec[0], read, text_start)
     # PIE and externally linked binaries keep the table inside .data.rel.ro
     # (runtime.pclntab): look for a header in the read-only data
     for vaddr, _off, size, _w in image.segments():
@@ -414,13 +417,4 @@ def _load(image):
                         pass
                 at = data.find(head, at + 1)
     raise PclntabError(f"{image.path}: Go binary without a readable .gopclntab")
-
-
-def _file_bytes(path: str, off: int, size: int) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            f.seek(off)
-            return f.read(size)
-    except OSError as e:
-        raise PclntabError(f"{path}: {e.strerror}") from None
 
