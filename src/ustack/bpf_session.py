@@ -15,7 +15,6 @@ from .report.counts import format_counts, format_folded
 from .report.funccount import format_calls
 from .session import Run
 from .symbols.kallsyms import KernelSymbols
-from .unwind.fp import frame_pointer_stack
 
 # Only tracking records (MMAP2, COMM, FORK) travel through the buffers.
 BPF_BUFFER_PAGES = 256
@@ -133,8 +132,7 @@ class BpfRun(Run):
             sample = Sample(probe.label, 0, c.pid, c.tid, -1, counter.stack(c.user_stack),
                             c.entry_word.to_bytes(8, "little") if slot is not None
                             else None, None, 0 if slot is not None else None)
-            addrs = frame_pointer_stack(
-                sample, lambda addr, pid=c.pid: view.find(pid, addr) is not None)
+            addrs, _notes = self._addresses(sample, view.find)
             frames = symbolizer.frames(c.pid, addrs)
             if ksyms is not None:
                 kernel = tuple(ksyms.frame(a) for a in counter.stack(c.kernel_stack))
