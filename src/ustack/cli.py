@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .capture.bpf import DEFAULT_STACK_STORAGE
 from .capture.perf import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
                            DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from .model import UstackError
@@ -81,8 +82,9 @@ def _count_args(p: argparse.ArgumentParser) -> None:
                    help="tell call sites apart: frames as func+0xOFF/0xSIZE")
     p.add_argument("--kernel", action="store_true",
                    help="add kernel stacks (bpf), above the user frames after `--`")
-    p.add_argument("--stack-storage-size", type=int, default=16384, metavar="N",
-                   help="distinct stacks the kernel can keep (bpf, default 16384)")
+    p.add_argument("--stack-storage-size", type=int, default=DEFAULT_STACK_STORAGE,
+                   metavar="N", help="distinct stacks the kernel can keep (bpf, "
+                                     f"default {DEFAULT_STACK_STORAGE})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
                    help="print and reset the counts every SECONDS")
     _target_args(p)
+    p.set_defaults(backend="bpf")         # counts in the kernel, nothing else
 
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
@@ -159,7 +162,7 @@ def _run(args) -> int:
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
                    symbols=_symbol_options(args),
-                   backend=getattr(args, "backend", "auto"))
+                   backend=args.backend)
     if args.cmd == "profile":
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")
@@ -190,7 +193,6 @@ def _funccount_options(args, opts) -> None:
     if args.interval is not None and args.interval <= 0:
         raise UstackError("-i must be a positive number of seconds")
     opts.interval = args.interval
-    opts.backend = "bpf"
 
 
 def main(argv=None) -> int:
