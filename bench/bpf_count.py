@@ -19,7 +19,6 @@ Prints Markdown and writes it to bench/results/.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import re
@@ -32,8 +31,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from uprobe_rate import (PERF_EVENT, REPO, Failed, Run, baseline, bpftrace,  # noqa: E402
-                         lost_count, perf_probe, perf_record, table, timed,
+from uprobe_rate import (PERF_EVENT, Failed, Run, baseline, bpftrace,  # noqa: E402
+                         lost_count, perf_probe, perf_record, run_options, table, timed,
                          write_report)
 from helpers import O2_FP, build, ustack_env  # noqa: E402  (path set by uprobe_rate)
 
@@ -88,19 +87,7 @@ def startup_ms(cmd: list[str], timeout: float) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="N=100000, 1 repetition")
-    ap.add_argument("-n", type=int, help="uprobe hits per run (default 1000000)")
-    ap.add_argument("--reps", type=int, help="repetitions per tool (default 3)")
-    ap.add_argument("--timeout", type=float, default=120, help="seconds per run")
-    ap.add_argument("-o", "--out", type=Path, help="Markdown file to write")
-    args = ap.parse_args()
-    n = args.n or (100_000 if args.quick else 1_000_000)
-    reps = args.reps or (1 if args.quick else 3)
-    out = args.out or REPO / "bench" / "results" / \
-        ("bpf_count_quick.md" if args.quick else "bpf_count.md")
-    if os.geteuid() != 0:
-        sys.exit("bpf_count: run as root (uprobes, BPF and perf need it)")
+    args, n, reps, out = run_options(__doc__, "bpf_count")
 
     prog = str(build("chain", flags=O2_FP))
     tools = {"uninstrumented": baseline,

@@ -166,8 +166,10 @@ def table(results: dict, n: int) -> str:
     return "\n".join(rows)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_options(doc: str, name: str):
+    """The command line every uprobe-rate benchmark takes: (args, N,
+    repetitions, report path); exits unless root."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="N=100000, 1 repetition")
     ap.add_argument("-n", type=int, help="uprobe hits per run (default 1000000)")
     ap.add_argument("--reps", type=int, help="repetitions per tool (default 3)")
@@ -177,9 +179,14 @@ def main():
     n = args.n or (100_000 if args.quick else 1_000_000)
     reps = args.reps or (1 if args.quick else 3)
     out = args.out or REPO / "bench" / "results" / \
-        ("uprobe_rate_quick.md" if args.quick else "uprobe_rate.md")
+        (f"{name}_quick.md" if args.quick else f"{name}.md")
     if os.geteuid() != 0:
-        sys.exit("uprobe_rate: run as root (uprobes and perf need it)")
+        sys.exit(f"{name}: run as root (uprobes, BPF and perf need it)")
+    return args, n, reps, out
+
+
+def main():
+    args, n, reps, out = run_options(__doc__, "uprobe_rate")
 
     prog = str(build("chain", flags=O2_FP))
     tools = {"uninstrumented": baseline,
