@@ -337,6 +337,54 @@ def test_separate_debug_file(tmp_path, monkeypatch):
     assert notes == ()
 
 
+def test_debug_file_found_like_the_symbolizer_finds_it(tmp_path, monkeypatch):
+    """The unwinder's debug file comes from objfile/debuginfo: under the
+    user's --debug-dir (DwarfUnwinder(debug_dirs=...)), by .gnu_debuglink,
+    and a debug file of another build is refused and reported. Tables
+    built with and without the debug file are told apart in memory and on disk."""
+    objcopy = shutil.which("objcopy")
+    if objcopy is None:
+        pytest.skip("objcopy is not installed")
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(debuginfo, "DEBUG_ROOTS", [str(tmp_path / "none")])
+    flags = ("-O2", "-g", "-fomit-frame-pointer", "-fno-asynchronous-unwind-tables")
+    prog = build("chain", flags=flags)
+    build_id = ElfImage.open(str(prog)).build_id
+    stripped = tmp_path / "chain"
+    subprocess.run([objcopy, "--strip-debug", str(prog), str(stripped)], check=True)
+    d = ElfImage.open(str(stripped)).find("d")[0].address
+    mapping = Mapping(0x555555554000, 0x555555654000, 0, str(stripped))
+
+    def by_build_id(root, source):
+        debug = root / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+        debug.parent.mkdir(parents=True)
+        subprocess.run([objcopy, "--only-keep-debug", str(source), str(debug)], check=True)
+        return str(root)
+
+    mine = by_build_id(tmp_path / "mine", prog)
+    assert UnwindTable.for_path(str(stripped)).lookup(d) is None
+    unwinder = DwarfUnwinder(debug_dirs=[mine])
+    assert unwinder._state(mapping).table.lookup(d) is not None
+    assert unwinder.warnings == []
+    assert UnwindTable.for_path(str(stripped)).lookup(d) is None      # memo: per debug dirs
+    UnwindTable._memo.clear()
+    assert UnwindTable.for_path(str(stripped)).lookup(d) is None      # disk: per debug file
+    assert UnwindTable.for_path(str(stripped), (mine,)).lookup(d) is not None
+
+    other = by_build_id(tmp_path / "other", build("chain", flags=O2_NOFP))
+    unwinder = DwarfUnwinder(debug_dirs=[other])
+    assert unwinder._state(mapping).table.lookup(d) is None
+    assert len(unwinder.warnings) == 1 and "does not match" in unwinder.warnings[0]
+
+    linked = tmp_path / "linked" / "chain"
+    linked.parent.mkdir()
+    subprocess.run([objcopy, "--only-keep-debug", str(prog), str(linked) + ".debug"],
+                   check=True)
+    subprocess.run([objcopy, "--strip-debug", f"--add-gnu-debuglink={linked}.debug",
+                    str(prog), str(linked)], check=True)
+    assert UnwindTable.for_path(str(linked)).lookup(d) is not None
+
+
 # --- notes, PLT, cache -----------------------------------------------------------------
 
 def test_truncated_stack_note(tmp_path):

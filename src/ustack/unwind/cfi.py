@@ -11,7 +11,9 @@ libc's CFI costs far more than reading the result back.
 The parser is our own, not pyelftools' CFI decoder: that one is several
 times slower (its entries are rich objects) and raises on
 DW_CFA_GNU_args_size, which every C++ object with exceptions contains.
-pyelftools still reads sections (and inflates SHF_COMPRESSED ones)."""
+Section bytes come from ElfImage (which inflates SHF_COMPRESSED ones); the
+debug file is the one objfile/debuginfo finds (build-id, .gnu_debuglink,
+the user's --debug-dir), already checked to belong to the object."""
 from __future__ import annotations
 
 import bisect
@@ -21,12 +23,11 @@ import zlib
 from array import array
 from typing import Optional
 
-from elftools.elf.elffile import ELFFile
-
+from ..model import UstackError
 from ..objfile import cache as objcache
-from ..objfile.leb128 import sleb128, uleb128
-from ..objfile.debuginfo import build_id_path
+from ..objfile.debuginfo import DebugLookup, find_debug_file
 from ..objfile.elf import ElfImage
+from ..objfile.leb128 import sleb128, uleb128
 
 # Row kinds (low nibble of a row's kind byte).
 NONE = 0      # no CFI here: the unwinder falls back (frame pointer)
@@ -46,6 +47,7 @@ BP_AT_BP = 3  # caller's rbp saved at rbp + bp_off (DRAP: DW_OP_breg6 expression
 _RSP, _RBP = 7, 6                 # DWARF register numbers on x86-64
 _R_SAME, _R_OFF, _R_UNDEF, _R_OTHER, _R_AT_BP = 0, 1, 2, 3, 4  # rules while parsing
 _MAGIC = b"USTKCFI\x02"
+_CFI_SECTIONS = (".eh_frame", ".debug_frame")
 _ROW_BYTES = 8 + 1 + 4 * 4
 _HEADER = struct.Struct("<8sIII")  # magic, rows, len(signature), crc32
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
@@ -63,7 +65,7 @@ class UnwindTable:
     """Unwind rows of one ELF object, addressed by ELF virtual address."""
 
     parse_count = 0          # objects whose CFI this process has interpreted
-    _memo: dict = {}         # (dev, ino, mtime) -> UnwindTable
+    _memo: dict = {}         # (dev, ino, mtime, debug dirs) -> (UnwindTable, DebugLookup)
 
     __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "from_cache")
 
@@ -94,31 +96,34 @@ class UnwindTable:
     # --- building and caching -----------------------------------------------
 
     @classmethod
-    def for_path(cls, path: str, build_id: Optional[str] = None) -> "UnwindTable":
-        """The table of the ELF file at path, from memory, the disk cache, or
-        built (and cached). build_id saves reading the notes if known."""
-        st = os.stat(path)
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
-        table = cls._memo.get(key)
-        if table is not None:
-            return table
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            sections = list(elf.iter_sections())
-            if build_id is None:
-                build_id = ElfImage._build_id(elf, sections)
-            debug = build_id_path(build_id)
-            signature = _signature(sections, debug)
-            cache = objcache.cache_file("cfi", path, st, build_id, "v1")
-            blob = objcache.read(cache)
-            # a corrupt or stale file gives None and is rebuilt
-            table = cls.from_bytes(path, blob, signature) if blob else None
-            if table is None:
-                cls.parse_count += 1
-                table = _build(path, sections, debug, build_id)
-                objcache.write(cache, table.to_bytes(signature))
-        cls._memo[key] = table
-        return table
+    def for_path(cls, path: str, debug_dirs=()) -> "UnwindTable":
+        """The table of the ELF file at path (see for_image)."""
+        return cls.for_image(ElfImage.open(path), debug_dirs)[0]
+
+    @classmethod
+    def for_image(cls, image: ElfImage, debug_dirs=()) -> tuple:
+        """(UnwindTable, DebugLookup) of an ELF object, from memory, the disk
+        cache, or built (and cached). The object's CFI gaps are filled from
+        its separate debug file under debug_dirs and the default roots; the
+        DebugLookup says which file that was and which candidates were
+        refused. A warm cache hit reads no section."""
+        st = os.stat(image.path)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, tuple(debug_dirs))
+        hit = cls._memo.get(key)
+        if hit is not None:
+            return hit
+        found = find_debug_file(image, debug_dirs)
+        signature = _signature(image, found.path)
+        cache = objcache.cache_file("cfi", image.path, st, image.build_id, "v1")
+        blob = objcache.read(cache)
+        # a corrupt or stale file gives None and is rebuilt
+        table = cls.from_bytes(image.path, blob, signature) if blob else None
+        if table is None:
+            cls.parse_count += 1
+            table = _build(image, found)
+            objcache.write(cache, table.to_bytes(signature))
+        cls._memo[key] = (table, found)
+        return table, found
 
     def to_bytes(self, signature: bytes = b"") -> bytes:
         body = b"".join((signature, self.starts.tobytes(), self.kinds, self.cfa.tobytes(),
@@ -151,12 +156,12 @@ class UnwindTable:
 
 # --- cache files ---------------------------------------------------------------
 
-def _signature(sections, debug: Optional[str]) -> bytes:
+def _signature(image: ElfImage, debug: Optional[str]) -> bytes:
     """What the table depends on besides the build-id: a stripped copy and
     the original share a build-id but not their .debug_frame, and a debug
-    file may be installed later."""
-    parts = [f"{s.name}:{s['sh_size']}" for s in sections
-             if s.name in (".eh_frame", ".debug_frame") and s["sh_type"] != "SHT_NOBITS"]
+    file may be installed later (or be found only with --debug-dir)."""
+    parts = [f"{name}:{image.sections[name][2]}" for name in _CFI_SECTIONS
+             if name in image.sections]
     if debug is not None:
         st = os.stat(debug)
         parts.append(f"{debug}:{st.st_size}:{st.st_mtime_ns}")
@@ -165,41 +170,37 @@ def _signature(sections, debug: Optional[str]) -> bytes:
 
 # --- building ------------------------------------------------------------------
 
-def _cfi_sections(sections) -> list:
+def _cfi_sections(image: ElfImage) -> list:
     """(data, vaddr, is_eh) of the CFI sections that have content,
     .eh_frame first: it is what the compiler meant for unwinding."""
     out = []
-    for s in sections:
-        if s.name in (".eh_frame", ".debug_frame") and s["sh_type"] != "SHT_NOBITS":
-            data = s.data()
-            if data:
-                out.append((data, s["sh_addr"], s.name == ".eh_frame"))
-    return sorted(out, key=lambda sec: not sec[2])
+    for name in _CFI_SECTIONS:
+        data = image.section_bytes(name)
+        if data:
+            out.append((data, image.sections[name][0], name == ".eh_frame"))
+    return out
 
 
-def _build(path: str, sections, debug: Optional[str], build_id) -> UnwindTable:
+def _build(image: ElfImage, found: DebugLookup) -> UnwindTable:
     fdes: list = []
-    for data, vaddr, eh in _cfi_sections(sections):
+    for data, vaddr, eh in _cfi_sections(image):
         more: list = []
         _parse(data, vaddr, eh, more)
         fdes = _fill_gaps(fdes, more)
-    if debug is not None:
-        fdes = _fill_gaps(fdes, _debug_fdes(debug, build_id))
-    return _flatten(path, fdes)
+    if found.path is not None:
+        fdes = _fill_gaps(fdes, _debug_fdes(found))
+    return _flatten(image.path, fdes)
 
 
-def _debug_fdes(debug: str, build_id: str) -> list:
-    """The FDEs of the separate debug file, if it belongs to this build."""
+def _debug_fdes(found: DebugLookup) -> list:
+    """The FDEs of the separate debug file (debuginfo checked that it
+    belongs to the object); a damaged one gives none, and says so."""
     out: list = []
     try:
-        with open(debug, "rb") as f:
-            elf = ELFFile(f)
-            sections = list(elf.iter_sections())
-            if ElfImage._build_id(elf, sections) != build_id:
-                return []              # a stale debug file for another build
-            for data, vaddr, eh in _cfi_sections(sections):
-                _parse(data, vaddr, eh, out)
-    except Exception:  # pyelftools raises many types; a bad debug file is no CFI
+        for data, vaddr, eh in _cfi_sections(ElfImage.open(found.path)):
+            _parse(data, vaddr, eh, out)
+    except UstackError as e:
+        found.refused.append(f"{e}; its CFI is not used")
         return []
     return out
 

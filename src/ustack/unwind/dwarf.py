@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from ..model import Mapping, UstackError
 from ..objfile.elf import ElfImage
-from ..objfile.vdso import vdso_file
+from ..objfile.vdso import vdso_path
 from . import cfi
 from .cfi import UnwindTable
 
@@ -64,11 +64,16 @@ class _MapState:
 
 
 class DwarfUnwinder:
-    """Unwinds copied user stacks; holds the caches, so keep one per run."""
+    """Unwinds copied user stacks; holds the caches, so keep one per run.
+    debug_dirs: where else to look for separate debug files (--debug-dir),
+    whose .debug_frame fills an object's CFI gaps. `warnings` collects the
+    debug files refused (wrong build-id or CRC, unreadable), one sentence each."""
 
-    def __init__(self, max_frames: int = MAX_FRAMES):
+    def __init__(self, max_frames: int = MAX_FRAMES, debug_dirs=()):
         self.max_frames = max_frames
+        self.debug_dirs = tuple(debug_dirs)
         self._states: dict = {}         # id(Mapping) -> _MapState (holds the Mapping)
+        self.warnings: list = []
 
     def unwind(self, regs: dict, stack: bytes,
                find_mapping: Callable[[int], Optional[Mapping]]) -> tuple:
@@ -168,7 +173,7 @@ class DwarfUnwinder:
         if len(self._states) >= _MAX_MAPPINGS:
             self._states.clear()
         st = _MapState(m)
-        path = vdso_file() if m.path == "[vdso]" else m.open_path
+        path = vdso_path(m) if m.path == "[vdso]" else m.open_path
         if path and path.startswith("/"):
             try:
                 st.image = ElfImage.open(path)
@@ -176,9 +181,13 @@ class DwarfUnwinder:
                 st.why = f"cannot read it ({e})"
             else:
                 try:
-                    st.table = UnwindTable.for_path(path, st.image.build_id)
-                except Exception:  # pyelftools raises many types on damaged files
+                    st.table, found = UnwindTable.for_image(st.image, self.debug_dirs)
+                except Exception:  # a damaged file: frame pointers, not a failed run
                     st.why = "unreadable CFI"
+                else:
+                    for refusal in found.refused:
+                        if refusal not in self.warnings:
+                            self.warnings.append(refusal)
         self._states[id(m)] = st
         return st
 
