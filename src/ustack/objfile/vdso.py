@@ -5,35 +5,47 @@ The vDSO is an ELF image the kernel maps into every process, and every
 64-bit process on one kernel maps the same image. So ustack copies its own
 (/proc/self/mem at its own [vdso] mapping: no ptrace rights needed, and the
 target may be gone by the time a count is symbolized) once into the cache
-directory, named by its content."""
+directory, named by its content. A [vdso] mapping of another size (a 32-bit
+process, another kernel's recorded maps) is not that image: no copy for it."""
 from __future__ import annotations
 
 import hashlib
 import os
 from typing import Optional
 
+from ..kernel.procfs import parse_maps
+from ..model import Mapping
 from . import cache as objcache
 
-_path: Optional[str] = None
+_copy: Optional[tuple] = None     # (path, size) of the copy, or () if none
 
 
 def vdso_file() -> Optional[str]:
     """The path of a copy of this kernel's 64-bit vDSO, or None."""
-    global _path
-    if _path is None:
-        _path = _copy_own() or ""
-    return _path or None
+    global _copy
+    if _copy is None:
+        _copy = _copy_own() or ()
+    return _copy[0] if _copy else None
 
 
-def _copy_own() -> Optional[str]:
+def vdso_path(m: Mapping) -> Optional[str]:
+    """The copy of the vDSO to read for the [vdso] mapping m, or None when
+    m is no vDSO or its size is not that of the copy."""
+    if m.path != "[vdso]" or vdso_file() is None:
+        return None
+    path, size = _copy
+    return path if m.end - m.start == size else None
+
+
+def _copy_own() -> Optional[tuple]:
     try:
         with open("/proc/self/maps") as f:
-            line = next((ln for ln in f if ln.rstrip().endswith("[vdso]")), None)
-        if line is None:
+            maps = parse_maps(f.read(), strict=False)
+        own = next((m for m in maps if m.path == "[vdso]"), None)
+        if own is None:
             return None
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
         with open("/proc/self/mem", "rb") as f:
-            image = os.pread(f.fileno(), hi - lo, lo)
+            image = os.pread(f.fileno(), own.end - own.start, own.start)
     except (OSError, ValueError, OverflowError):
         return None
     if not image.startswith(b"\x7fELF"):
@@ -44,4 +56,4 @@ def _copy_own() -> Optional[str]:
         objcache.write(path, image)
         if objcache.read(path) != image:
             return None                 # cache directory not writable
-    return path
+    return path, len(image)
