@@ -31,6 +31,7 @@ _PCDATA_INL_TREE_INDEX = 2
 _FUNCDATA_INL_TREE = 3
 _NO_DATA = 0xFFFFFFFF
 _MAX_INLINE_DEPTH = 64     # a loop in a corrupt tree must end
+_MAX_CACHED_PCS = 1 << 16  # frames() results kept per table; bounds memory
 
 
 class PclntabError(UstackError):
@@ -66,6 +67,7 @@ class Pclntab:
         self._read = read
         self._names: dict = {}
         self._strings: dict = {}
+        self._frames: dict = {}        # pc -> tuple of GoFrames (frames() cache)
         try:
             self._parse_header(text_start)
         except (struct.error, IndexError, ValueError) as e:
@@ -234,7 +236,17 @@ class Pclntab:
 
     def frames(self, pc: int) -> list:
         """GoFrames at pc, innermost first: the calls inlined at pc (each
-        with the position inside it), then the function that holds pc."""
+        with the position inside it), then the function that holds pc.
+        Kept per pc: decoding the pc-value tables is most of a Go frame's
+        cost with --lines/--inlines, and stacks repeat their pcs."""
+        hit = self._frames.get(pc)
+        if hit is None:
+            if len(self._frames) >= _MAX_CACHED_PCS:
+                self._frames.clear()
+            hit = self._frames[pc] = tuple(self._decode_frames(pc))
+        return list(hit)
+
+    def _decode_frames(self, pc: int) -> list:
         f = self.find(pc)
         if f is None:
             return []
