@@ -139,7 +139,11 @@ class PerfCapture:
         fd = pe.open_event(attr, pid, cpu, what=probe.label)
         self.fds.append(fd)
         self.opened.append((probe, fd))
-        self.layouts[pe.event_id(fd)] = layout
+        if self.with_stacks:
+            self.layouts[pe.event_id(fd)] = layout
+        # else no layout: a sample written before the BPF program is
+        # attached (an event of -p is live at once) has no callchain and
+        # is skipped as not ours; the program counts every later hit
         ring = self.buffers.get(cpu)
         if ring is None:
             try:

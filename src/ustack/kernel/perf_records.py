@@ -142,6 +142,9 @@ class RecordReader:
             if size == 0:
                 return n                # corrupt; never loop forever
             if typ == RECORD_SAMPLE:
+                if size < _SAMPLE_HEAD_END:
+                    off += size             # no callchain: not one of our layouts
+                    continue
                 ident, pid, tid, t, cpu, _r, nr = head(chunk, off + 8)
                 pos = off + _SAMPLE_HEAD_END
                 end = pos + 8 * nr
