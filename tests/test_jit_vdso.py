@@ -94,6 +94,26 @@ def test_vdso_copy_is_our_own_image():
     assert any("clock_gettime" in names for names in vdso_symbols().values())
 
 
+def test_symbolizer_names_vdso_frames_from_the_copy():
+    """A [vdso] mapping of the copy's size is read from the copy (names as
+    readelf gives them, through the cached path; --lines finds none and
+    does no harm); one of another size is no image we have: unnamed."""
+    from ustack.symbols.symbolizer import SymbolOptions
+    size = os.path.getsize(vdso_file())
+    (addr, names), = [(a, n) for a, n in vdso_symbols().items() if "clock_gettime" in n]
+    base = 0x7FFF00000000
+    for opts in (SymbolOptions(), SymbolOptions(lines=True, inlines=True)):
+        maps = FakeMaps({1: [Mapping(base, base + size, 0, "[vdso]")],
+                         2: [Mapping(base, base + size + 0x1000, 0, "[vdso]")]})
+        sym = Symbolizer(maps, opts)
+        for _ in range(2):                       # the second time from the cache
+            (f,) = sym.frames(1, [base + addr + 1])
+            assert (f.function, f.offset, f.module, f.path) == (
+                "clock_gettime", 1, "vdso", "[vdso]")
+        (g,) = sym.frames(2, [base + addr + 1])
+        assert (g.function, g.module) == (None, "vdso")
+
+
 @pytest.mark.kernel
 def test_profile_names_vdso_frames():
     prog = build("vdso_loop")

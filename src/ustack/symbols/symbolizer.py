@@ -11,7 +11,7 @@ from ustack.objfile.demangle import demangle
 from ustack.objfile.dwarf_lines import LineTable, has_dwarf
 from ustack.objfile.elf import ElfImage
 from ustack.objfile.gopclntab import PclntabError, go_table
-from ustack.objfile.vdso import vdso_file
+from ustack.objfile.vdso import vdso_path
 
 from .perfmap import PerfMap, perf_map_path
 
@@ -59,13 +59,19 @@ class Symbolizer:
         m = self.mappings.find(pid, q)
         if m is None:
             return [Frame(addr=addr, module="")]
-        if not m.path.startswith("/") or m.path == "//anon":
+        if m.path == "[vdso]":
+            # every 64-bit process maps the same image: read our copy of it
+            open_path, module = vdso_path(m), "vdso"
+            if open_path is None:
+                return [Frame(addr=addr, module=module, path=m.path)]
+        elif not m.path.startswith("/") or m.path == "//anon":
             return [self._special(pid, m, addr, back)]
-        module = os.path.basename(m.path)
-        vaddr, sym = self._resolve(m, q - m.start + m.pgoff)
+        else:
+            open_path, module = m.open_path, os.path.basename(m.path)
+        vaddr, sym = self._resolve(open_path, q - m.start + m.pgoff)
         opts = self.options
         if vaddr is not None and (sym is None or opts.lines or opts.inlines):
-            go = self._go(m.open_path)
+            go = self._go(open_path)
             if go is not None:
                 return self._go_frames(go, m, module, addr, vaddr, back)
         if sym is None:
@@ -74,13 +80,13 @@ class Symbolizer:
             f = Frame(addr=addr, module=module, function=self._name(sym.name),
                       offset=vaddr + back - sym.address, size=sym.size, path=m.path)
         if vaddr is not None and (opts.lines or opts.inlines):
-            return self._source_frames(f, m, vaddr)
+            return self._source_frames(f, open_path, vaddr)
         return [f]
 
-    def _source_frames(self, f: Frame, m: Mapping, vaddr: int) -> list:
+    def _source_frames(self, f: Frame, open_path: str, vaddr: int) -> list:
         """f with its DWARF file:line (--lines), after the calls inlined at
         that point as frames of their own (--inlines)."""
-        table = self._line_table(m.open_path)
+        table = self._line_table(open_path)
         if table is None:
             return [f]
         locs = table.locate(vaddr)
@@ -97,24 +103,13 @@ class Symbolizer:
         return demangle(name) if self.options.demangle else name
 
     def _special(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
-        """[vdso] from (our copy of) the kernel's vDSO; anonymous memory from the
-        JIT's /tmp/perf-PID.map; other [heap]-like mappings stay unnamed."""
-        q = addr - back
-        if m.path == "[vdso]":
-            path = vdso_file()   # every 64-bit process maps this same image
-            same = path and os.path.getsize(path) == m.end - m.start
-            image = self._image(path) if same else None
-            vaddr = image.vaddr_of_file_offset(q - m.start) if image else None
-            sym = image.lookup(vaddr) if vaddr is not None else None
-            if sym is None:
-                return Frame(addr=addr, module="vdso", path=m.path)
-            return Frame(addr=addr, module="vdso", function=sym.name,
-                         offset=vaddr + back - sym.address, size=sym.size, path=m.path)
-        elif m.path in ("", "//anon") or m.path.startswith("[anon"):
+        """Anonymous memory from the JIT's /tmp/perf-PID.map; other
+        [heap]-like mappings stay unnamed."""
+        if m.path in ("", "//anon") or m.path.startswith("[anon"):
             perf_map = self._perf_maps.get(pid)
             if perf_map is None:
                 perf_map = self._perf_maps[pid] = PerfMap(perf_map_path(pid))
-            sym = perf_map.lookup(q)
+            sym = perf_map.lookup(addr - back)
             if sym is not None:
                 return Frame(addr=addr, module="JIT", function=self._name(sym.name),
                              offset=addr - sym.address, size=sym.size)
@@ -151,12 +146,12 @@ class Symbolizer:
                          line=own.line if own else 0))
         return out
 
-    def _resolve(self, m: Mapping, file_off: int):
-        key = (m.open_path, file_off)
+    def _resolve(self, open_path: str, file_off: int):
+        key = (open_path, file_off)
         hit = self._symbols.get(key)
         if hit is None:
             hit = (None, None)
-            image = self._image(m.open_path)
+            image = self._image(open_path)
             if image is not None:
                 vaddr = image.vaddr_of_file_offset(file_off)
                 if vaddr is not None:
