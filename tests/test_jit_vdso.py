@@ -130,3 +130,18 @@ def test_profile_names_vdso_frames():
     # below the vDSO: libc's wrapper, then the program's loop
     assert any([f for f, _ in s["frames"][1:4]] == ["clock_gettime", "clock_loop", "main"]
                for s in in_vdso), res.stdout
+
+
+def test_perf_map_half_written_line_waits(tmp_path):
+    """A line the JIT is still writing is not read as a (cut) name; it is
+    once complete. A map rewritten from scratch replaces the old entries."""
+    path = tmp_path / "perf-2.map"
+    path.write_text("1000 10 first\n3000 10 thi")
+    pm = PerfMap(str(path))
+    assert pm.lookup(0x1004).name == "first" and pm.lookup(0x3004) is None
+    with open(path, "a") as f:
+        f.write("rd\n")
+    assert pm.lookup(0x3004).name == "third"
+    path.write_text("5000 10 fifth\n")
+    assert pm.lookup(0x5004).name == "fifth"
+    assert pm.lookup(0x1004) is None and pm.lookup(0x3004) is None

@@ -2,8 +2,11 @@
 the JVM with perf-map-agent, LuaJIT, .NET, Python 3.12 -X perf) write for
 perf: one `START SIZE name` line per function, START and SIZE in hex.
 
-The file grows while the program runs: it is re-read when its size or
-mtime changes. Later lines win for the same start (code was replaced)."""
+The file grows while the program runs. It is kept open: a lookup checks it
+with one fstat (still linked, same size and mtime) instead of a stat by
+path, and reads only the lines appended since (a half-written last line is
+left for later). A miss, or a file that was replaced or removed, checks the
+path again. Later lines win for the same start (code was replaced)."""
 from __future__ import annotations
 
 import bisect
@@ -16,12 +19,22 @@ from ..objfile.elf import Symbol
 class PerfMap:
     def __init__(self, path: str):
         self.path = path
-        self._stamp = None
+        self._fd: Optional[int] = None
+        self._stamp = None               # (ino, size, mtime) when last read
+        self._done = 0                   # bytes consumed: complete lines only
+        self._by_start: dict = {}
         self._starts: list = []
         self._syms: list = []
 
     def lookup(self, addr: int) -> Optional[Symbol]:
+        if self._fd is not None and self._current():
+            sym = self._find(addr)
+            if sym is not None:
+                return sym
         self._refresh()
+        return self._find(addr)
+
+    def _find(self, addr: int) -> Optional[Symbol]:
         i = bisect.bisect_right(self._starts, addr) - 1
         if i >= 0:
             sym = self._syms[i]
@@ -29,34 +42,86 @@ class PerfMap:
                 return sym
         return None
 
+    def _current(self) -> bool:
+        """Whether the open file is still the map and unchanged since read."""
+        try:
+            st = os.fstat(self._fd)
+        except OSError:
+            return False
+        return st.st_nlink > 0 and (st.st_ino, st.st_size, st.st_mtime_ns) == self._stamp
+
     def _refresh(self) -> None:
         try:
             st = os.stat(self.path)
         except OSError:
-            self._stamp, self._starts, self._syms = None, [], []
+            self._close()
             return
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if stamp == self._stamp:
+        if self._fd is not None and stamp == self._stamp:
             return
-        self._stamp = stamp
-        by_start: dict = {}
         try:
-            with open(self.path, errors="replace") as f:
-                for line in f:
-                    parts = line.rstrip("\n").split(" ", 2)
-                    if len(parts) != 3:
-                        continue                # garbage or a half-written line
-                    try:
-                        start, size = int(parts[0], 16), int(parts[1], 16)
-                    except ValueError:
-                        continue
-                    if size > 0 and parts[2]:
-                        by_start[start] = Symbol(parts[2], start, size)
+            if self._fd is None or self._stamp is None or stamp[0] != self._stamp[0]:
+                self._close()
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                st = os.fstat(self._fd)     # the file opened, if it changed again
+                stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            elif stamp[1] <= self._stamp[1]:
+                self._forget()              # not grown, yet changed: rewritten
+            self._stamp = stamp
+            self._read_tail(stamp[1])
         except OSError:
-            pass
+            self._close()
+
+    def _read_tail(self, size: int) -> None:
+        """Parse the complete lines between what was read and size."""
+        chunks = []
+        at = self._done
+        while at < size:
+            chunk = os.pread(self._fd, min(size - at, 1 << 20), at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
+        data = b"".join(chunks)
+        end = data.rfind(b"\n") + 1           # a half-written last line waits
+        if end == 0:
+            return
+        self._done += end
+        by_start = self._by_start
+        for line in data[:end].decode(errors="replace").splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) != 3:
+                continue                        # garbage
+            try:
+                start, size_ = int(parts[0], 16), int(parts[1], 16)
+            except ValueError:
+                continue
+            if size_ > 0 and parts[2]:
+                by_start[start] = Symbol(parts[2], start, size_)
         syms = sorted(by_start.values(), key=lambda s: s.address)
         self._syms = syms
         self._starts = [s.address for s in syms]
+
+    def _forget(self) -> None:
+        self._done = 0
+        self._by_start = {}
+        self._starts, self._syms = [], []
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd, self._stamp = None, None
+        self._forget()
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
 
 
 def perf_map_path(pid: int) -> str:
