@@ -178,19 +178,20 @@ class Run:
 
     def _stack_key(self, reader, ident, pid, tid, chain, extra) -> tuple:
         """What tells raw stacks apart before symbolization, as a pair: the
-        callchain bytes (and entry words) of a frame-pointer sample, decoded
-        later, once per distinct stack; or the (addresses, notes) of a DWARF
-        sample, unwound now, since its stack copy is nearly always unique."""
+        callchain bytes and entry word of a frame-pointer sample (not its
+        fetch-arg values), decoded later, once per distinct stack; or the
+        (addresses, notes) of a DWARF sample, unwound now, since its stack
+        copy is nearly always unique."""
         if reader.is_dwarf(ident):
             return self._addresses(reader.decode(ident, pid, tid, chain, extra))
-        return chain, extra
+        return chain, reader.entry_word(ident, extra) if extra else b""
 
     def _unwound(self, reader, ident, pid, tid, key, find=None) -> tuple:
         """(addresses, notes) of a _stack_key."""
         first, second = key
         if isinstance(first, tuple):
             return first, second
-        return self._addresses(reader.decode(ident, pid, tid, first, second), find)
+        return self._addresses(reader.fp_sample(ident, pid, tid, first, second), find)
 
     # -- the run --------------------------------------------------------------
     def execute(self) -> int:

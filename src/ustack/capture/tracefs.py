@@ -180,6 +180,20 @@ class TracefsReader:
             return ""
         return layout.args.text(extra)
 
+    def entry_word(self, ident: int, extra) -> bytes:
+        """RecordReader.entry_word: the `ra` fetch-arg of an entry uprobe."""
+        layout = self.layouts.get(ident)
+        if layout is None or layout.ra is None or not extra:
+            return b""
+        return bytes(extra[layout.ra:layout.ra + 8])
+
+    def fp_sample(self, ident: int, pid: int, tid: int, chain: bytes,
+                  word: bytes) -> Sample:
+        layout = self.layouts.get(ident) or _Layout("?")
+        return Sample(layout.label, 0, pid, tid, -1,
+                      struct.unpack(f"<{len(chain) // 8}Q", chain),
+                      word or None, None, 0 if word else None)
+
     def decode(self, ident: int, pid: int, tid: int, chain: bytes, extra) -> Sample:
         layout = self.layouts.get(ident) or _Layout("?")
         ips = struct.unpack(f"<{len(chain) // 8}Q", chain)

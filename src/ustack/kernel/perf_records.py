@@ -184,6 +184,31 @@ class RecordReader:
                       tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
                       stack, regs, layout.return_address_slot)
 
+    def entry_word(self, ident: int, extra) -> bytes:
+        """All a frame-pointer sample's stack depends on besides its
+        callchain: the return-address word at its entry slot (b"" for
+        none). Keys of caches and counts use it instead of `extra`, whose
+        fetch-arg values and stack copy vary from call to call."""
+        layout = self.layouts.get(ident)
+        if layout is None or layout.return_address_slot is None or not extra:
+            return b""
+        pos = 4 + _U32.unpack_from(extra, 0)[0] if layout.args else 0
+        size = _U64.unpack_from(extra, pos)[0]          # STACK_USER size
+        at = 8 * layout.return_address_slot
+        if not size or _U64.unpack_from(extra, pos + 8 + size)[0] < at + 8:
+            return b""                                  # not copied (dyn_size)
+        return bytes(extra[pos + 8 + at:pos + 16 + at])
+
+    def fp_sample(self, ident: int, pid: int, tid: int, chain: bytes,
+                  word: bytes) -> Sample:
+        """The Sample of a callchain and its entry_word(), for the
+        frame-pointer unwinder."""
+        raw = _ips_struct(len(chain) // 8).unpack_from(chain)
+        layout = self.layouts.get(ident) or EventLayout("?")
+        return Sample(layout.label, 0, pid, tid, -1,
+                      tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
+                      word or None, None, 0 if word else None)
+
     def args_text(self, ident: int, extra) -> str:
         """' name=value …' of a sample's fetch-args ('' for none)."""
         layout = self.layouts.get(ident)
