@@ -36,6 +36,20 @@ DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
 TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task")
 
 
+def define_uprobe(uprobes: UprobeEvents, probe: UprobeTarget, own: tuple = ()):
+    """Define `probe` in tracefs with the fetch-args `own` (ustack's) before
+    the user's; return ('group/name', its tracepoint id, its record's fields
+    by name, an ArgsDecoder of the user's fetch-args or None for none)."""
+    event = uprobes.define(probe.path, probe.file_offset,
+                           probe.spec.kind == "uretprobe", probe.symbol or "addr",
+                           own + probe.fetch_args, probe.label)
+    fmt = event_format(event)
+    fields = tf.parse_format(fmt)
+    args = (tf.ArgsDecoder(fields, display_kinds(probe.spec.args))
+            if probe.fetch_args else None)
+    return event, tf.event_id(fmt), fields, args
+
+
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -120,13 +134,10 @@ class PerfCapture:
         """Tracepoint id of the tracefs uprobe for `probe`, made on first use."""
         key = (probe.path, probe.file_offset, probe.spec.kind, probe.fetch_args)
         if key not in self._uprobe_ids:
-            event = self.uprobes.define(
-                probe.path, probe.file_offset, probe.spec.kind == "uretprobe",
-                probe.symbol or "addr", probe.fetch_args, probe.label)
-            fmt = event_format(event)
-            ident = self._uprobe_ids[key] = tf.event_id(fmt)
-            self._args[ident] = tf.ArgsDecoder(tf.parse_format(fmt),
-                                               display_kinds(probe.spec.args))
+            _event, ident, _fields, args = define_uprobe(self.uprobes, probe)
+            self._uprobe_ids[key] = ident
+            if args is not None:
+                self._args[ident] = args
         return self._uprobe_ids[key]
 
     def _open_one(self, index: int, pid: int, cpu: int) -> None:

@@ -28,11 +28,12 @@ from ..kernel.ftrace_instance import FtraceInstance, remove_stale_instances
 from ..kernel.ftrace_ring import records
 from ..kernel.perf_event import cpus_online
 from ..kernel.tracefs import tracefs_root
-from ..kernel.uprobe_events import UprobeEvents, event_format, remove_stale
+from ..kernel.uprobe_events import UprobeEvents, remove_stale
 from ..model import (MmapEvent, ProfileTarget, Sample, TracepointTarget,
                      UprobeTarget, UstackError)
-from ..probes.fetchargs import RESERVED_PREFIX, display_kinds
+from ..probes.fetchargs import RESERVED_PREFIX
 from ..target.traced_command import TracedCommand
+from .perf import define_uprobe
 
 FTRACE_STACK_ENTRIES = 8
 STACK_ARRAY_WORDS = 64               # the kernel's MAX_ARRAY_LEN per fetch-arg
@@ -252,15 +253,9 @@ class TracefsCapture:
                     f":x64[{STACK_ARRAY_WORDS}]" for i in range(arrays)]
         elif probe.return_address_slot is not None:
             own = [f"{RESERVED_PREFIX}ra=+{8 * probe.return_address_slot}(%sp):x64"]
-        event = self.uprobes.define(probe.path, probe.file_offset,
-                                    probe.spec.kind == "uretprobe",
-                                    probe.symbol or "addr",
-                                    tuple(own) + probe.fetch_args, probe.label)
-        fmt = event_format(event)
-        fields = tf.parse_format(fmt)
+        event, ident, fields, args = define_uprobe(self.uprobes, probe, tuple(own))
         layout = _Layout(probe.label)
-        if probe.fetch_args:
-            layout.args = tf.ArgsDecoder(fields, display_kinds(probe.spec.args))
+        layout.args = args
         if dwarf:
             layout.dwarf = True
             layout.ip = fields[f"{RESERVED_PREFIX}ip"].offset
@@ -271,7 +266,7 @@ class TracefsCapture:
         elif own:
             layout.ra = fields[f"{RESERVED_PREFIX}ra"].offset
         layout.keep = bool(own or probe.fetch_args)
-        self.layouts[tf.event_id(fmt)] = layout
+        self.layouts[ident] = layout
         self._enable.append(tuple(event.split("/")))
 
     def _tracepoint(self, probe: TracepointTarget) -> None:

@@ -38,17 +38,13 @@ def _write(line: str) -> None:
         os.close(fd)
 
 
-def _read_event_file(event: str, what: str) -> str:
-    """A file of events/GROUP/NAME/ (id, format)."""
+def event_format(event: str) -> str:
+    """The format file of events/GROUP/NAME/ (its id and record fields)."""
     try:
-        with open(os.path.join(tracefs_root(), "events", event, what)) as f:
+        with open(os.path.join(tracefs_root(), "events", event, "format")) as f:
             return f.read()
     except OSError as e:
-        raise UstackError(f"uprobe {event} has no {what}: {e.strerror}")
-
-
-def event_format(event: str) -> str:
-    return _read_event_file(event, "format")
+        raise UstackError(f"uprobe {event} has no format: {e.strerror}")
 
 
 def _error_log() -> list:
@@ -111,16 +107,10 @@ class UprobeEvents:
         self.group = f"{GROUP_PREFIX}{os.getpid()}"
         self.names: list = []
 
-    def add(self, path: str, file_offset: int, ret: bool, hint: str,
-            args: tuple = (), what: str = "") -> int:
-        """Define a probe with fetch-args `args` ('name=fetch:type' words)
-        and return its tracepoint id; `what` names it in error messages."""
-        return int(_read_event_file(self.define(path, file_offset, ret, hint,
-                                                args, what), "id"))
-
     def define(self, path: str, file_offset: int, ret: bool, hint: str,
                args: tuple = (), what: str = "") -> str:
-        """Define a probe; return its 'group/name'."""
+        """Define a probe with fetch-args `args` ('name=fetch:type' words);
+        return its 'group/name'. `what` names it in error messages."""
         if any(c.isspace() for c in path):
             raise UstackError(f"cannot probe {path!r}: uprobe_events cannot "
                               "take a path with spaces")
