@@ -27,7 +27,7 @@ from ..kernel import trace_format as tf
 from ..kernel.ftrace_instance import FtraceInstance, remove_stale_instances
 from ..kernel.ftrace_ring import records
 from ..kernel.perf_event import cpus_online
-from ..kernel.tracefs import tracefs_root
+from ..kernel.tracefs import tracefs_root, tracepoint_id
 from ..kernel.uprobe_events import UprobeEvents, remove_stale
 from ..model import (MmapEvent, ProfileTarget, Sample, TracepointTarget,
                      UprobeTarget, UstackError)
@@ -43,8 +43,10 @@ MAX_EVENT_FIELDS_BYTES = 3072
 MAX_STACK_BYTES = 5 * STACK_ARRAY_WORDS * 8
 DEFAULT_BUFFER_PAGES = 1024          # 4 MiB per CPU, as for perf
 PAGES_PER_READ = 256                 # per CPU per drain pass
+TGID_CACHE = 65536                   # threads whose tgid the reader remembers
 _CPU = struct.Struct("<I4x")         # chunk prefix: which CPU the page is from
 _Q = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 _COMMON = struct.Struct("<HBBi")     # common_type, flags, preempt_count, pid
 
 
@@ -86,6 +88,10 @@ class TracefsReader:
     def __init__(self, layouts: dict, user_stack_id: int):
         self.layouts = layouts
         self.user_stack_id = user_stack_id
+        # where a user_stack record keeps the tgid and its return addresses
+        # (set_user_stack reads them from the event's format)
+        self.tgid_at, self.callers_at = 8, 16
+        self.stack_entries = FTRACE_STACK_ENTRIES
         self.lost_entries = 0            # ring-buffer entries the kernel lost
         self.throttled = 0
         self.metas: deque = deque()      # MmapEvents read from /proc for us
@@ -95,19 +101,25 @@ class TracefsReader:
         self.stackless = 0               # events whose user stack is gone
         self._tgids: dict = {}
 
+    def set_user_stack(self, fmt: str) -> None:
+        """The ftrace/user_stack event's id and layout, from its format
+        (an ftrace-internal event: it has a format file but no id file)."""
+        fields = tf.parse_format(fmt)
+        try:
+            tgid, callers = fields["tgid"], fields["caller"]
+        except KeyError as e:
+            raise UstackError(f"this kernel's ftrace/user_stack has no {e} field")
+        self.user_stack_id = tf.event_id(fmt)
+        self.tgid_at, self.callers_at = tgid.offset, callers.offset
+        self.stack_entries = callers.count
+
     def _tgid(self, tid: int) -> int:
+        """For an event without its user stack record (which says the tgid)."""
         pid = self._tgids.get(tid)
         if pid is None:
-            pid = tid
-            try:
-                with open(f"/proc/{tid}/status") as f:
-                    for line in f:
-                        if line.startswith("Tgid:"):
-                            pid = int(line.split()[1])
-                            break
-            except (OSError, ValueError):
-                pass
-            self._tgids[tid] = pid
+            if len(self._tgids) >= TGID_CACHE:
+                self._tgids.clear()
+            pid = self._tgids[tid] = procfs.tgid(tid)
         return pid
 
     def _emit(self, out: list, ev: list, pid, chain: bytes) -> None:
@@ -130,16 +142,18 @@ class TracefsReader:
         pending = self._pending
         layouts = self.layouts
         ustack_id = self.user_stack_id
+        tgid_at, callers_at = self.tgid_at, self.callers_at
+        entries = self.stack_entries
         common = _COMMON.unpack_from
         for t, off, length in records(chunk, _CPU.size):
             typ, _flags, _pc, tid = common(chunk, off)
             if typ == ustack_id:
                 ev = pending.pop(cpu, None)
                 if ev is not None:
-                    tgid = struct.unpack_from("<I", chunk, off + 8)[0]
-                    callers = chunk[off + 16:off + 16 + 8 * FTRACE_STACK_ENTRIES]
+                    tgid = _U32.unpack_from(chunk, off + tgid_at)[0]
+                    callers = chunk[off + callers_at:off + callers_at + 8 * entries]
                     n = 0
-                    while n < FTRACE_STACK_ENTRIES and _Q.unpack_from(callers, 8 * n)[0]:
+                    while n < entries and _Q.unpack_from(callers, 8 * n)[0]:
                         n += 1
                     self._emit(out, ev, tgid, bytes(callers[:8 * n]))
                 else:
@@ -235,7 +249,7 @@ class TracefsCapture:
             notes.append(f"uprobes: DWARF on {self.stack_bytes} stack bytes per event")
         if any(p.label not in self.dwarf_labels for p in self.probes):
             notes.append(f"ftrace userstacktrace: frame pointers, at most "
-                         f"{FTRACE_STACK_ENTRIES} frames")
+                         f"{self.reader.stack_entries} frames")
         return "; ".join(notes)
 
     # -- setting up ------------------------------------------------------------
@@ -270,13 +284,7 @@ class TracefsCapture:
         self._enable.append(tuple(event.split("/")))
 
     def _tracepoint(self, probe: TracepointTarget) -> None:
-        path = os.path.join(tracefs_root(), "events", probe.group, probe.name, "format")
-        try:
-            with open(path) as f:
-                ident = tf.event_id(f.read())
-        except OSError:
-            raise UstackError(f"no such tracepoint: {probe.group}:{probe.name}")
-        self.layouts[ident] = _Layout(probe.label)
+        self.layouts[tracepoint_id(probe.group, probe.name)] = _Layout(probe.label)
         self._enable.append((probe.group, probe.name))
 
     def _filter_pids(self) -> None:
@@ -312,7 +320,7 @@ class TracefsCapture:
         try:
             with open(os.path.join(tracefs_root(), "events", "ftrace",
                                    "user_stack", "format")) as f:
-                self.reader.user_stack_id = tf.event_id(f.read())
+                self.reader.set_user_stack(f.read())
         except OSError:
             raise UstackError("this kernel's tracefs has no ftrace/user_stack event")
         try:

@@ -26,6 +26,18 @@ def threads(pid: int) -> list:
         return []
 
 
+def tgid(tid: int) -> int:
+    """The process a thread belongs to (its own id if it is gone)."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
+
+
 def comm(pid: int, tid: int = 0) -> str:
     path = f"/proc/{pid}/task/{tid}/comm" if tid else f"/proc/{pid}/comm"
     try:
