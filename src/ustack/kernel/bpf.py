@@ -22,7 +22,7 @@ MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM = 0, 1, 2, 3
 MAP_GET_NEXT_KEY, PROG_LOAD = 4, 5
 
 # map types
-MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE = 1, 2, 6, 7
+MAP_HASH, MAP_ARRAY, MAP_STACK_TRACE = 1, 2, 7
 # program types (and what their context is)
 PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
 PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs
@@ -31,7 +31,6 @@ PROG_PERF_EVENT = 7               # bpf_perf_event_data: pt_regs first
 # helpers (enum bpf_func_id)
 MAP_LOOKUP, MAP_UPDATE = 1, 2
 GET_CURRENT_PID_TGID = 14
-GET_CURRENT_COMM = 16
 GET_STACKID = 27
 PROBE_READ_USER = 112
 
@@ -106,10 +105,6 @@ def atomic_add(dst: int, off: int, src: int) -> bytes:
 def jmp_imm(op: int, dst: int, imm: int, off: int) -> bytes:
     """if dst op imm: skip `off` instructions (JEQ, JNE, JSLT, …)."""
     return insn(JMP | op | K, dst, 0, off, imm)
-
-
-def jmp_reg(op: int, dst: int, src: int, off: int) -> bytes:
-    return insn(JMP | op | X, dst, src, off)
 
 
 def ja(off: int) -> bytes:

@@ -93,14 +93,14 @@ class FtraceInstance:
     def enable(self, group: str, name: str) -> None:
         self.write(f"events/{group}/{name}/enable", "1", f"event {group}:{name}")
 
-    def open_pipes(self, cpus: list) -> dict:
+    def open_pipes(self, cpus: list) -> None:
+        """Open every CPU's trace_pipe_raw (non-blocking) into self.fds."""
         for cpu in cpus:
             path = os.path.join(self.path, "per_cpu", f"cpu{cpu}", "trace_pipe_raw")
             try:
                 self.fds[cpu] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             except OSError as e:
                 raise UstackError(f"cannot open {path}: {e.strerror}")
-        return self.fds
 
     def lost(self) -> int:
         """Events the buffer had no room for (overwritten or dropped), from

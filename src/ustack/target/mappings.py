@@ -82,9 +82,6 @@ class MappingTracker:
                     ProcessMaps(parent.maps)
 
     # -- querying ---------------------------------------------------------
-    def generation(self, pid: int) -> int:
-        return self.generations.get(pid, 0)
-
     def find(self, pid: int, addr: int, generation: Optional[int] = None
              ) -> Optional[Mapping]:
         current = self.generations.get(pid, 0)
