@@ -48,7 +48,7 @@ ERR_SLOTS = 3
 
 # r10 frame offsets of the program's locals
 _KEY_AT = -KEY_SIZE                   # the key (40 bytes)
-_SCRATCH = _KEY_AT - 8                # the value 1, or an error slot index
+_SCRATCH = _KEY_AT - 8                # the value 1, or a u32 key (_lookup_u32)
 
 
 @dataclass
@@ -63,11 +63,21 @@ class Counted:
     count: int
 
 
+def _lookup(a: Asm, m: bpf.Map, key_at: int) -> None:
+    """r0 = m[the key at r10 + key_at] (a pointer to the value, or 0)."""
+    a.emit(ld_map_fd(1, m.fd), mov(2, 10), alu_imm(ADD, 2, key_at),
+           call(bpf.MAP_LOOKUP))
+
+
+def _lookup_u32(a: Asm, m: bpf.Map, key: int) -> None:
+    """r0 = m[key] for a u32 key (an ARRAY map's index), stored at _SCRATCH."""
+    a.emit(st_imm(10, _SCRATCH, key, size=4))
+    _lookup(a, m, _SCRATCH)
+
+
 def _error_increment(a: Asm, errors: bpf.Map, slot: int) -> None:
     """errors[slot] += 1, then leave the program."""
-    a.emit(st_imm(10, _SCRATCH, slot, size=4),
-           ld_map_fd(1, errors.fd), mov(2, 10), alu_imm(ADD, 2, _SCRATCH),
-           call(bpf.MAP_LOOKUP))
+    _lookup_u32(a, errors, slot)
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
     a.jump(bpf.ja, to="out")
@@ -95,9 +105,7 @@ def _stack_id(a: Asm, stacks: bpf.Map, errors: bpf.Map, flags: int,
 
 def _unless_armed(a: Asm, armed: bpf.Map) -> None:
     """Leave the program while armed[0] is 0 (see exec_program)."""
-    a.emit(st_imm(10, _SCRATCH, 0, size=4),
-           ld_map_fd(1, armed.fd), mov(2, 10), alu_imm(ADD, 2, _SCRATCH),
-           call(bpf.MAP_LOOKUP))
+    _lookup_u32(a, armed, 0)
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(ldx(1, 0, 0))
     a.jump(jmp_imm, JEQ, 1, 0, to="out")
@@ -112,9 +120,7 @@ def exec_program(tgid: int, armed: bpf.Map) -> bytes:
     a = Asm()
     a.emit(call(bpf.GET_CURRENT_PID_TGID), alu_imm(RSH, 0, 32))
     a.jump(jmp_imm, JNE, 0, tgid, to="out")
-    a.emit(st_imm(10, -4, 0, size=4),
-           ld_map_fd(1, armed.fd), mov(2, 10), alu_imm(ADD, 2, -4),
-           call(bpf.MAP_LOOKUP))
+    _lookup_u32(a, armed, 0)
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(st_imm(0, 0, 1))
     a.label("out")
@@ -150,8 +156,7 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
                mov(1, 10), alu_imm(ADD, 1, _KEY_AT + 32), mov_imm(2, 8),
                call(bpf.PROBE_READ_USER))
     # counts[key] += 1, creating the entry at 1 when it is new
-    a.emit(ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
-           call(bpf.MAP_LOOKUP))
+    _lookup(a, counts, _KEY_AT)
     a.jump(jmp_imm, JNE, 0, 0, to="add")
     a.emit(st_imm(10, _SCRATCH, 1),
            ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
@@ -160,8 +165,7 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
     # another CPU created it first: add to theirs
-    a.emit(ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
-           call(bpf.MAP_LOOKUP))
+    _lookup(a, counts, _KEY_AT)
     a.jump(jmp_imm, JNE, 0, 0, to="add")
     a.label("full")
     _error_increment(a, errors, ERR_COUNTS_FULL)
@@ -177,9 +181,7 @@ def call_count_program(probe_index: int, counts: bpf.Map, armed=None) -> bytes:
     a = Asm()
     if armed is not None:
         _unless_armed(a, armed)
-    a.emit(st_imm(10, -4, probe_index, size=4),
-           ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, -4),
-           call(bpf.MAP_LOOKUP))
+    _lookup_u32(a, counts, probe_index)
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
     a.label("out")
