@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, TextIO
 
+from .capture.bpf import DEFAULT_STACK_STORAGE
 from .capture.perf import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
                            DWARF_BUFFER_PAGES, PerfCapture)
 from .model import (CommEvent, ProfileTarget, Sample, Stack, StackCount, UstackError)
@@ -52,7 +53,7 @@ class Options:
     backend: str = "auto"
     # in-kernel counting (bpf_session.py)
     kernel_stacks: bool = False            # --kernel (bpf only)
-    stack_storage: int = 16384             # --stack-storage-size
+    stack_storage: int = DEFAULT_STACK_STORAGE   # --stack-storage-size
     interval: Optional[float] = None       # funccount -i
 
 

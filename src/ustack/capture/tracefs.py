@@ -33,7 +33,7 @@ from ..model import (MmapEvent, ProfileTarget, Sample, TracepointTarget,
                      UprobeTarget, UstackError)
 from ..probes.fetchargs import RESERVED_PREFIX
 from ..target.traced_command import TracedCommand
-from .perf import define_uprobe
+from .perf import DEFAULT_BUFFER_PAGES, define_uprobe   # pages per CPU, as for perf
 
 FTRACE_STACK_ENTRIES = 8
 STACK_ARRAY_WORDS = 64               # the kernel's MAX_ARRAY_LEN per fetch-arg
@@ -41,7 +41,6 @@ STACK_ARRAY_WORDS = 64               # the kernel's MAX_ARRAY_LEN per fetch-arg
 # (MAX_PROBE_EVENT_SIZE): 5 arrays of stack words, regs and the user's args
 MAX_EVENT_FIELDS_BYTES = 3072
 MAX_STACK_BYTES = 5 * STACK_ARRAY_WORDS * 8
-DEFAULT_BUFFER_PAGES = 1024          # 4 MiB per CPU, as for perf
 PAGES_PER_READ = 256                 # per CPU per drain pass
 TGID_CACHE = 65536                   # threads whose tgid the reader remembers
 _CPU = struct.Struct("<I4x")         # chunk prefix: which CPU the page is from
