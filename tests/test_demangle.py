@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CACHE, _cached, _run_build, run_ustack
+from helpers import _cached, _run_build, run_ustack
 from test_dwarf_unwind import build_cxx
 from test_e2e_core import fail_one_line, ok, parse_trace
 

@@ -440,7 +440,7 @@ _CLI_WITH_STATS = textwrap.dedent("""
     from ustack.unwind.cfi import UnwindTable
     rc = cli.main(sys.argv[1:])
     sys.stdout.flush()
-    tables = {t.path: t.from_cache for t in UnwindTable._memo.values()}
+    tables = {t.path: t.from_cache for t, _found in UnwindTable._memo.values()}
     print("STATS " + json.dumps(dict(rc=rc, parses=UnwindTable.parse_count,
                                      tables=tables)), file=sys.stderr)
 """)

@@ -11,7 +11,6 @@ from .capture import bpf as bpfcap
 from .capture.perf import PerfCapture
 from .kernel import bpf
 from .model import Frame, Sample, Stack, StackCount, UstackError
-from .report.counts import format_counts, format_folded
 from .report.funccount import format_calls
 from .session import Run
 from .symbols.kallsyms import KernelSymbols
@@ -140,10 +139,7 @@ class BpfRun(Run):
                     frames = kernel + (SEPARATOR,) + frames
             counted.append(StackCount(self.tracker.comm(c.pid, c.tid), c.pid,
                                       Stack(frames), c.count, probe.label))
-        if self.opts.output_format == "folded":
-            self.out.write(format_folded(counted, self.opts.per_pid))
-        else:
-            self.out.write(format_counts(counted, self.opts.per_pid, self.opts.offsets))
+        self._write_counts(counted)
         self._report_errors()
 
     def _report_errors(self) -> None:

@@ -160,7 +160,7 @@ class Run:
         self.opts, self.out, self.err = opts, out, err
         self.tracker = MappingTracker()
         self.counts: dict = {}
-        self.dwarf = DwarfUnwinder()
+        self.dwarf = DwarfUnwinder(debug_dirs=opts.symbols.debug_dirs)
         self.pending: list = []            # text waiting to be written
         self.headers: dict = {}            # (tid, cpu, event id) -> header parts
 
@@ -317,7 +317,8 @@ class Run:
         if opts.mode != "trace":
             self._report_counts(reader, symbolizer, view)
         self.out.flush()
-        for warning in dict.fromkeys(symbolizer.warnings):   # once each
+        # debug files refused by the symbolizer or the unwinder, once each
+        for warning in dict.fromkeys(symbolizer.warnings + self.dwarf.warnings):
             print(f"ustack: {warning}", file=self.err)
         if reader.lost:
             print(f"Lost {reader.lost} events: the {self.backend} "
@@ -414,11 +415,14 @@ class Run:
             stack = Stack(symbolizer.frames(pid, addrs), notes)
             comm = self.tracker.comm(pid, tid)
             counted.append(StackCount(comm, pid, stack, n, reader.label(ident)))
-        if self.opts.output_format == "folded":
-            self.out.write(format_folded(counted, self.opts.per_pid))
+        self._write_counts(counted)
+
+    def _write_counts(self, counted: list) -> None:
+        opts = self.opts
+        if opts.output_format == "folded":
+            self.out.write(format_folded(counted, opts.per_pid))
         else:
-            self.out.write(format_counts(counted, self.opts.per_pid,
-                                         self.opts.offsets))
+            self.out.write(format_counts(counted, opts.per_pid, opts.offsets))
 
 
 def _note(text: str) -> str:
