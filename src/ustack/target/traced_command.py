@@ -6,28 +6,19 @@ mappings its stacks need can be read from /proc after it is gone.
 Signals sent to it (Ctrl-C) are passed on unchanged."""
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 from typing import Callable, Optional
 
+from ..kernel import ptrace
 from .process import Target, launch
 
-PTRACE_TRACEME, PTRACE_CONT, PTRACE_SETOPTIONS = 0, 7, 0x4200
-PTRACE_O_TRACEEXIT = 0x40
-PTRACE_EVENT_EXIT = 6
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
-_libc.ptrace.restype = ctypes.c_long
-
-
-def _ptrace(req: int, pid: int, data: int = 0) -> None:
-    _libc.ptrace(req, pid, None, ctypes.c_void_p(data))
-
-
-def _traceme() -> None:
-    _ptrace(PTRACE_TRACEME, 0)
+def _cont(pid: int, sig: int = 0) -> None:
+    try:
+        ptrace.cont(pid, sig)
+    except ProcessLookupError:
+        pass        # killed meanwhile (SIGKILL): the next waitpid reports it
 
 
 class TracedCommand(Target):
@@ -41,11 +32,14 @@ class TracedCommand(Target):
         if not os.WIFSTOPPED(status):      # execve failed: the child exited
             self.exit_status = os.waitstatus_to_exitcode(status)
             return
-        _ptrace(PTRACE_SETOPTIONS, self.pid, PTRACE_O_TRACEEXIT)
+        try:
+            ptrace.trace_exit(self.pid)
+        except ProcessLookupError:
+            pass    # killed meanwhile: wait() reports it
 
     def resume(self) -> None:
         if self.exit_status is None:
-            _ptrace(PTRACE_CONT, self.pid, 0)
+            _cont(self.pid)
 
     def wait(self, block: bool = False) -> bool:
         while self.exit_status is None:
@@ -60,15 +54,13 @@ class TracedCommand(Target):
                 self.exit_status = os.waitstatus_to_exitcode(status)
                 break
             sig = os.WSTOPSIG(status)
-            if sig == signal.SIGTRAP and status >> 16 == PTRACE_EVENT_EXIT:
-                if self.on_exit is not None:
-                    self.on_exit(self.pid)
+            if ptrace.is_exit_stop(status) and self.on_exit is not None:
+                self.on_exit(self.pid)
+            if sig == signal.SIGTRAP:   # exec or exit stop: ours, not its
                 sig = 0
-            elif sig == signal.SIGTRAP:
-                sig = 0
-            _ptrace(PTRACE_CONT, self.pid, sig)
+            _cont(self.pid, sig)
         return True
 
 
 def launch_traced(command: str) -> TracedCommand:
-    return launch(command, before_exec=_traceme, cls=TracedCommand)
+    return launch(command, before_exec=ptrace.traceme, cls=TracedCommand)

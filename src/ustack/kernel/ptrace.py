@@ -1,0 +1,44 @@
+"""ptrace(2) through ctypes (os has no ptrace): the few requests a traced
+command needs. Each raises OSError with the kernel's errno on failure."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+PTRACE_TRACEME, PTRACE_CONT, PTRACE_SETOPTIONS = 0, 7, 0x4200
+PTRACE_O_TRACEEXIT = 0x40
+PTRACE_EVENT_EXIT = 6           # status >> 16 at the stop before an exit
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p)
+_libc.ptrace.restype = ctypes.c_long
+
+
+def _ptrace(request: int, pid: int, data: int = 0) -> None:
+    if _libc.ptrace(request, pid, None, ctypes.c_void_p(data)) == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def traceme() -> None:
+    """Called by a child before execve: its parent becomes its tracer (and
+    the execve stops it with SIGTRAP)."""
+    _ptrace(PTRACE_TRACEME, 0)
+
+
+def trace_exit(pid: int) -> None:
+    """Stop the stopped tracee again just before it exits (a
+    PTRACE_EVENT_EXIT stop), while its memory map still exists."""
+    _ptrace(PTRACE_SETOPTIONS, pid, PTRACE_O_TRACEEXIT)
+
+
+def cont(pid: int, sig: int = 0) -> None:
+    """Resume a stopped tracee, delivering signal `sig` (0: none)."""
+    _ptrace(PTRACE_CONT, pid, sig)
+
+
+def is_exit_stop(status: int) -> bool:
+    """Whether a waitpid status is the stop trace_exit() asked for."""
+    return (os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGTRAP
+            and status >> 16 == PTRACE_EVENT_EXIT)

@@ -1,0 +1,31 @@
+"""kernel.ptrace through a traced command (-c under the tracefs backend):
+held at its first instruction, stopped again at its exit while its maps
+still exist, and its exit status passed on."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from ustack.kernel import ptrace
+from ustack.kernel.procfs import executable_mappings
+from ustack.target.traced_command import launch_traced
+
+
+def test_traced_command_stops_at_exit_with_its_maps():
+    seen = {}
+    target = launch_traced("sh -c 'exit 3'")
+    target.on_exit = lambda pid: seen.setdefault(pid, executable_mappings(pid))
+    target.release()
+    # stands at its first instruction: already the shell, not yet running
+    assert os.readlink(f"/proc/{target.pid}/exe") == os.path.realpath(shutil.which("sh"))
+    target.resume()
+    target.wait(block=True)
+    assert target.exit_status == 3
+    assert seen[target.pid]                                   # maps at the exit stop
+
+
+def test_ptrace_errors_carry_the_errno():
+    with pytest.raises(ProcessLookupError):
+        ptrace.cont(os.getpid())          # not our tracee: ESRCH
