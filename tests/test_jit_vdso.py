@@ -14,6 +14,7 @@ import pytest
 from helpers import build, run_ustack
 from test_e2e_core import ok, parse_counts, parse_trace, traced_pid
 
+from ustack.kernel.procfs import own_vdso
 from ustack.model import Mapping
 from ustack.objfile.vdso import vdso_file
 from ustack.symbols.perfmap import PerfMap
@@ -92,6 +93,9 @@ def test_vdso_copy_is_our_own_image():
                 lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
     assert os.path.getsize(path) == hi - lo
     assert any("clock_gettime" in names for names in vdso_symbols().values())
+    mapping, image = own_vdso()            # kernel/: the bytes the copy holds
+    assert (mapping.start, mapping.end) == (lo, hi)
+    assert Path(path).read_bytes() == image
 
 
 def test_symbolizer_names_vdso_frames_from_the_copy():

@@ -1,8 +1,10 @@
-"""Reading /proc: a process's threads, executable mappings and comm."""
+"""Reading /proc: a process's threads, executable mappings and comm, and
+our own vDSO image."""
 from __future__ import annotations
 
 import os
 import re
+from typing import Optional
 
 from ..model import Mapping
 
@@ -94,3 +96,19 @@ def parse_maps(text: str, strict: bool = True) -> list:
             path = path[: -len(" (deleted)")]
         out.append(Mapping(int(m.group(1), 16), int(m.group(2), 16), int(m.group(4), 16), path))
     return out
+
+
+def own_vdso() -> Optional[tuple]:
+    """(mapping, image bytes) of this process's own [vdso], read from
+    /proc/self/mem (no ptrace rights needed), or None when there is none
+    or it cannot be read."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = parse_maps(f.read(), strict=False)
+        own = next((m for m in maps if m.path == "[vdso]"), None)
+        if own is None:
+            return None
+        with open("/proc/self/mem", "rb") as f:
+            return own, os.pread(f.fileno(), own.end - own.start, own.start)
+    except (OSError, ValueError, OverflowError):
+        return None

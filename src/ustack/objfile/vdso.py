@@ -13,7 +13,7 @@ import hashlib
 import os
 from typing import Optional
 
-from ..kernel.procfs import parse_maps
+from ..kernel.procfs import own_vdso
 from ..model import Mapping
 from . import cache as objcache
 
@@ -38,16 +38,10 @@ def vdso_path(m: Mapping) -> Optional[str]:
 
 
 def _copy_own() -> Optional[tuple]:
-    try:
-        with open("/proc/self/maps") as f:
-            maps = parse_maps(f.read(), strict=False)
-        own = next((m for m in maps if m.path == "[vdso]"), None)
-        if own is None:
-            return None
-        with open("/proc/self/mem", "rb") as f:
-            image = os.pread(f.fileno(), own.end - own.start, own.start)
-    except (OSError, ValueError, OverflowError):
+    own = own_vdso()
+    if own is None:
         return None
+    _, image = own
     if not image.startswith(b"\x7fELF"):
         return None
     path = os.path.join(objcache.cache_root(), "vdso",
