@@ -10,6 +10,7 @@ import pytest
 
 from helpers import build_go_source
 
+from ustack.kernel.tracefs import tracepoint_groups, tracepoint_names
 from ustack.model import UstackError
 from ustack.probes import resolve
 from ustack.probes.listing import format_listing, list_functions
@@ -454,6 +455,17 @@ def test_tracepoint_targets(events):
         ("syscalls", "sys_enter_write", "tracepoint:syscalls:sys_enter_write")]
     if os.path.isdir(os.path.join(events, "sched", "sched_switch")):
         assert ("sched", "sched_switch", "tracepoint:sched:sched_switch") in tp("t:sched:sched_s*")
+
+
+def test_tracefs_lists_groups_and_names(events):
+    """kernel.tracefs lists events/GROUP/NAME directories, not its files."""
+    groups = tracepoint_groups()
+    assert "syscalls" in groups and "enable" not in groups and groups == sorted(groups)
+    names = tracepoint_names("syscalls")
+    assert "sys_enter_write" in names and "enable" not in names
+    assert names == sorted(e.name for e in os.scandir(os.path.join(events, "syscalls"))
+                           if e.is_dir())
+    assert tracepoint_names("no_such_group") == []
 
 
 def test_tracepoint_errors(events):

@@ -1,4 +1,5 @@
-"""tracefs: where it is (mounting it if needed) and tracepoint ids."""
+"""tracefs: where it is (mounting it if needed), the tracepoints it has
+(events/GROUP/NAME) and their ids."""
 from __future__ import annotations
 
 import os
@@ -28,8 +29,29 @@ def tracefs_root() -> str:
     return TRACEFS
 
 
+def events_dir() -> str:
+    return os.path.join(tracefs_root(), "events")
+
+
+def tracepoint_groups() -> list:
+    """The tracepoint groups (syscalls, sched, …), sorted."""
+    return _subdirs(events_dir())
+
+
+def tracepoint_names(group: str) -> list:
+    """The tracepoints of one group, sorted; [] for no such group."""
+    return _subdirs(os.path.join(events_dir(), group))
+
+
+def _subdirs(path: str) -> list:
+    try:
+        return sorted(e.name for e in os.scandir(path) if e.is_dir())
+    except OSError:
+        return []
+
+
 def tracepoint_id(group: str, name: str) -> int:
-    path = os.path.join(tracefs_root(), "events", group, name, "id")
+    path = os.path.join(events_dir(), group, name, "id")
     try:
         with open(path) as f:
             return int(f.read())

@@ -13,7 +13,7 @@ from typing import Optional
 import capstone
 
 from ustack.kernel.procfs import executable_mappings
-from ustack.kernel.tracefs import tracefs_root
+from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
 from ustack.model import ProbeSpec, TracepointTarget, UprobeTarget, UstackError
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes.fetchargs import kernel_fetch_args
@@ -270,28 +270,19 @@ def _slot(prefix, targets: set, start: int, vaddr: int) -> Optional[int]:
 def tracepoint_targets(spec: ProbeSpec) -> list:
     if spec.kind not in ("syscall", "tracepoint"):
         raise ValueError(f"not a tracepoint spec: {spec.kind}")
-    events = os.path.join(tracefs_root(), "events")
     if spec.kind == "syscall":
-        entries = _subdirs(os.path.join(events, "syscalls"))
+        entries = tracepoint_names("syscalls")
         if not entries:
             raise UstackError("this kernel has no syscall tracepoints "
-                              f"({events}/syscalls is missing)")
+                              f"({events_dir()}/syscalls is missing)")
         names = [e[len("sys_enter_"):] for e in entries if e.startswith("sys_enter_")]
         found = _pick(names, spec.name, "syscall")
         return [TracepointTarget(spec, "syscalls", "sys_enter_" + n, f"syscall:{n}")
                 for n in found]
-    pairs = [f"{g}:{n}" for g in _subdirs(events)
-             for n in _subdirs(os.path.join(events, g))]
+    pairs = [f"{g}:{n}" for g in tracepoint_groups() for n in tracepoint_names(g)]
     found = _pick(pairs, f"{spec.group}:{spec.name}", "tracepoint")
     return [TracepointTarget(spec, *p.split(":"), label=f"tracepoint:{p}")
             for p in found]
-
-
-def _subdirs(path: str) -> list:
-    try:
-        return sorted(e.name for e in os.scandir(path) if e.is_dir())
-    except OSError:
-        return []
 
 
 def _pick(names: list, pattern: str, what: str) -> list:
