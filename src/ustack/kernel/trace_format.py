@@ -1,5 +1,6 @@
 """ftrace event `format` files: where each field of an event's binary record
-is, and the fetch-arg values of a uprobe record as text.
+is, and the fetch-arg values of a uprobe record (report.fetchargs shows
+them as text).
 
 The same record bytes reach ustack two ways: PERF_SAMPLE_RAW (perf backend)
 and the ftrace ring buffer (tracefs backend); both start with the common
@@ -67,9 +68,10 @@ _INT = {(1, False): "B", (2, False): "H", (4, False): "I", (8, False): "Q",
 
 
 class ArgsDecoder:
-    """Formats the fetch-args of one uprobe event's record:
-    ` name=value name="text" …`, values as the kernel's print fmt shows
-    them (hex by default, decimal for u/s types, quoted strings)."""
+    """Decodes the fetch-args of one uprobe event's record: decode() gives
+    the raw values, report.fetchargs.format_args shows them as the kernel's
+    print fmt does. `kinds` maps each arg name to how it is shown (hex, u/s
+    decimal, char, string); hex values are read unsigned."""
 
     def __init__(self, fields: dict, kinds: dict):
         self.items = []
@@ -85,6 +87,26 @@ class ArgsDecoder:
                                 _INT.get((elem, f.signed and kind != "hex"), "Q"))
             self.items.append((name, kind, f.offset, fmt))
 
+    def decode(self, data) -> tuple:
+        """(name, kind, value) per arg, in order. value: an int; a tuple of
+        ints for an array; bytes up to the first NUL for a string; None
+        when the record is too short to hold it."""
+        out = []
+        for name, kind, off, fmt in self.items:
+            try:
+                if fmt is None:
+                    loc = struct.unpack_from("<I", data, off)[0]
+                    start, length = loc & 0xFFFF, loc >> 16
+                    value = bytes(data[start:start + length]).split(b"\0", 1)[0]
+                else:
+                    vals = fmt.unpack_from(data, off)
+                    value = vals[0] if len(vals) == 1 else vals
+            except struct.error:
+                value = None
+            out.append((name, kind, value))
+        return tuple(out)
+
+    # to be removed when callers use decode()+report.fetchargs.format_args
     def text(self, data) -> str:
         out = []
         for name, kind, off, fmt in self.items:

@@ -1,0 +1,36 @@
+"""A uprobe's fetch-arg values as text, after the event name:
+` name=0x2a n=42 c='A' s="text" arr={0x1,0x2} bad=?`, as the kernel's
+print fmt shows them (hex by default, decimal for u/s types, quoted
+strings), so the output reads like the kernel's own trace."""
+from __future__ import annotations
+
+
+def format_args(values) -> str:
+    """' name=value …' of ArgsDecoder.decode()'s (name, kind, value)
+    triples; '' for none (the text follows the event without a gap)."""
+    out = [f"{name}={_shown(value, kind)}" for name, kind, value in values]
+    return (" " + " ".join(out)) if out else ""
+
+
+def _shown(value, kind: str) -> str:
+    if value is None:                   # the record was too short to hold it
+        return "?"
+    if isinstance(value, bytes):
+        return f'"{_escape(value)}"'
+    if isinstance(value, tuple):
+        return "{" + ",".join(_number(v, kind) for v in value) + "}"
+    return _number(value, kind)
+
+
+def _number(v: int, kind: str) -> str:
+    if kind == "hex":
+        return f"0x{v:x}"
+    if kind == "char":
+        return repr(chr(v & 0xFF))
+    return str(v)
+
+
+def _escape(raw: bytes) -> str:
+    """A string's bytes inside double quotes, on one line."""
+    s = raw.decode("utf-8", "backslashreplace")
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

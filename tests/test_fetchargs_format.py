@@ -1,0 +1,88 @@
+"""kernel.trace_format.ArgsDecoder.decode() + report.fetchargs.format_args
+show a uprobe's fetch-args exactly as ArgsDecoder.text() does, on the
+format files the kernel writes for real probes of every fetch type."""
+from __future__ import annotations
+
+import os
+import random
+import struct
+
+import pytest
+
+from ustack.kernel import trace_format as tf
+from ustack.kernel.uprobe_events import UprobeEvents, event_format
+from ustack.probes.fetchargs import display_kinds, kernel_fetch_args, parse_fetch_args
+from ustack.report.fetchargs import format_args
+
+pytestmark = pytest.mark.kernel
+
+# every type the kernel formats differently, arrays, a bitfield and strings
+ARGS = ["plain=%di", "u8=%si:u8", "s16=%dx:s16", "s32=%cx:s32", "s64=%r8:s64",
+        "x32=%r9:x32", "c=%di:char", "arr=+0(%sp):x16[3]", "sarr=+8(%sp):s32[2]",
+        "bits=%di:b4@2/8", "comm=$comm", "str=+0(%si):string",
+        "ustr=+0(%dx):ustring", "ip=%ip:x64"]
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    """The ArgsDecoder and record size of a real probe with ARGS."""
+    event_text = "uprobe:/bin/true:0 " + " ".join(ARGS)
+    triples = parse_fetch_args(ARGS, "uprobe", event_text)
+    events = UprobeEvents()
+    try:
+        event = events.define(os.path.realpath("/bin/true"), 0, False, "fmt",
+                              kernel_fetch_args(triples, False, event_text))
+        fmt = event_format(event)
+    finally:
+        events.close()
+    fields = tf.parse_format(fmt)
+    size = max(f.offset + f.size for f in fields.values())
+    return tf.ArgsDecoder(fields, display_kinds(triples)), fields, size
+
+
+def _record(fields: dict, size: int, values: dict, strings: dict) -> bytes:
+    """A record of `size` bytes (strings after it, as __data_loc puts them)."""
+    data = bytearray(size)
+    tail = bytearray()
+    for name, f in fields.items():
+        if f.data_loc:
+            text = strings.get(name, b"") + b"\0"
+            struct.pack_into("<I", data, f.offset, len(text) << 16 | (size + len(tail)))
+            tail += text
+        elif name in values:
+            data[f.offset:f.offset + f.size] = values[name][:f.size].ljust(f.size, b"\0")
+    return bytes(data + tail)
+
+
+def test_decode_then_format_is_text(decoder):
+    dec, fields, size = decoder
+    ones = {name: b"\xff" * 8 for name in fields}          # -1 / max values
+    small = {name: bytes([0x41, 0x02, 0x03, 0x04, 5, 6, 7, 8]) for name in fields}
+    strings = {"comm": b"true", "str": b'a "quoted"\\ line\nand \xff bytes',
+               "ustr": b"cut\0here"}
+    for values in (ones, small, {}):
+        data = _record(fields, size, values, strings)
+        assert format_args(dec.decode(data)) == dec.text(data)
+        assert format_args(dec.decode(memoryview(data))) == dec.text(memoryview(data))
+
+
+def test_decode_then_format_is_text_on_random_and_short_records(decoder):
+    dec, fields, size = decoder
+    rng = random.Random(9)
+    for n in range(300):
+        data = bytes(rng.randrange(256) for _ in range(rng.randrange(size + 64)))
+        assert format_args(dec.decode(data)) == dec.text(data), n
+
+
+def test_decode_gives_raw_values(decoder):
+    dec, fields, size = decoder
+    data = _record(fields, size, {"u8": b"\xfe", "s16": b"\xff\xff", "arr": b"\x01\0\x02\0"},
+                   {"str": b"hi"})
+    values = {name: (kind, value) for name, kind, value in dec.decode(data)}
+    assert list(values) == [a.split("=")[0] for a in ARGS]
+    assert values["u8"] == ("dec", 0xFE)
+    assert values["s16"] == ("dec", -1)
+    assert values["arr"] == ("hex", (1, 2, 0))
+    assert values["str"] == ("str", b"hi")
+    assert format_args(()) == tf.ArgsDecoder({}, {}).text(b"") == ""
+    assert all(value is None for _n, _k, value in dec.decode(b"\0" * 8))
