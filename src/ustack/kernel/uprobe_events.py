@@ -7,7 +7,7 @@ and Go crash under -p/-c. Tracepoint events inherit cleanly.
 
 Every probe lives in a group named after the ustack process that made it
 (`ustack_<pid>`), is removed when the run ends, and a later run removes the
-groups of runs that no longer exist (killed with SIGKILL)."""
+groups of runs that no longer exist (killed with SIGKILL; see leftovers)."""
 from __future__ import annotations
 
 import os
@@ -17,7 +17,6 @@ from ..model import UstackError
 from .tracefs import tracefs_root
 
 GROUP_PREFIX = "ustack_"
-_GROUP_RE = re.compile(r"^[pr]:" + GROUP_PREFIX + r"(\d+)/(\S+)")
 
 
 def _write(line: str) -> None:
@@ -78,26 +77,28 @@ def _new_error(before: list) -> str:
     return ""
 
 
-def _defined() -> list:
+def defined_events() -> list:
+    """'group/name' of every uprobe defined now, ours and others'."""
     try:
         with open(os.path.join(tracefs_root(), "uprobe_events")) as f:
-            return f.read().splitlines()
+            lines = f.read().splitlines()
     except OSError:
         return []
+    # "p:group/name /path:0x… args" (r: for a uretprobe)
+    return [line.split()[0].partition(":")[2] for line in lines if line.strip()]
+
+
+def remove_event(event: str) -> None:
+    """Remove the uprobe 'group/name'; OSError if the kernel refuses (EBUSY
+    while a perf event or enabled instance uses it, ENOENT if it is gone)."""
+    _write(f"-:{event}")
 
 
 def remove_stale() -> int:
-    """Remove the probes of ustack runs whose process is gone; return how many."""
-    removed = 0
-    for line in _defined():
-        m = _GROUP_RE.match(line)
-        if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            try:
-                _write(f"-:{GROUP_PREFIX}{m.group(1)}/{m.group(2)}")
-                removed += 1
-            except OSError:
-                pass                    # still in use; next run will retry
-    return removed
+    """Old name of leftovers.remove_stale_tracing() (stale instances and
+    probes both), kept until capture/ calls that instead."""
+    from .leftovers import remove_stale_tracing   # leftovers imports this module
+    return remove_stale_tracing()
 
 
 class UprobeEvents:
@@ -131,7 +132,7 @@ class UprobeEvents:
         """Remove our probes (after their perf events are closed: EBUSY before)."""
         for name in reversed(self.names):
             try:
-                _write(f"-:{self.group}/{name}")
+                remove_event(f"{self.group}/{name}")
             except OSError:
                 pass
         self.names.clear()
