@@ -144,7 +144,7 @@ def assert_like_gdb(cap: Capture, addrs, notes, until: str = None):
         gdb_pcs, gdb_names = gdb_pcs[:n], gdb_names[:n]
         addrs = addrs[:n]
     frames = Symbolizer(cap).frames(cap.pid, addrs)
-    ours = [f.name for f in frames]
+    ours = [f.function or hex(f.addr) for f in frames]
     assert [hex(a) for a in addrs] == [hex(p) for p in gdb_pcs], \
         f"\nours: {ours}\ngdb:  {gdb_names}\nnotes: {notes}"
     for frame, gname in zip(frames, gdb_names):

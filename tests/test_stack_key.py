@@ -1,115 +1,133 @@
-"""session.Run keys frame-pointer stacks on what they depend on: the
-callchain and the return-address word at an entry uprobe's slot, never the
-fetch-arg values or the rest of the record, so a probe with fetch-args
-still formats each distinct stack once (trace) and counts one entry per
-stack (count). Records are built as each reader receives them."""
+"""Frame-pointer stacks are keyed on what they depend on: the callchain and
+the return address read at an entry uprobe's slot, never the fetch-arg
+values or the rest of the record. So a probe with fetch-args still
+symbolizes and formats each distinct stack once (trace) and counts one
+entry per stack (count). Records are built as each capture receives them
+(perf ring-buffer records, ftrace ring-buffer pages) and decoded through
+the public readers into RawSamples."""
 from __future__ import annotations
 
 import io
 import struct
 
-from ustack.capture.tracefs import TracefsReader, _Layout
+from ustack.kernel.ftrace_records import CPU_PREFIX, EventLayout as FtraceLayout
+from ustack.kernel.ftrace_records import TracefsRecords
 from ustack.kernel.perf_records import EventLayout, RecordReader
 from ustack.kernel.trace_format import ArgsDecoder, Field
-from ustack.model import Frame
-from ustack.session import Options, Run
+from ustack.model import Mapping, MmapEvent
+from ustack.report.trace import TraceReport
+from ustack.symbols.stacks import StackResolver
+from ustack.target.mappings import MappingTracker
 
-IDENT = 7
-CHAIN = struct.pack("<3Q", 0x401010, 0x402020, 0x403030)
+IDENT = 7                            # perf event id / ftrace event type
+USER_STACK = 12                      # ftrace user_stack event type
+PID, TID = 1234, 1235
+CHAIN = (0x401010, 0x402020, 0x403030)
 RET = 0x401555                       # the caller's return address at [sp]
 FIELDS = {"n": Field("n", 8, 8, False, False, 1)}   # after the 8 common bytes
+PERF_CONTEXT_USER = 0xFFFFFFFFFFFFFE00
 
 
 def _decoder():
     return ArgsDecoder(FIELDS, {"n": "dec"})
 
 
-def _perf_extra(n: int, slot: int, sp_words: tuple) -> bytes:
-    """RAW (u32 size, record, padded to 8) then STACK_USER (u64 size,
-    the words, u64 dyn_size), as PERF_SAMPLE_RAW | STACK_USER write them."""
-    record = struct.pack("<HBBiQ", IDENT, 0, 0, 1234, n)
-    raw = struct.pack("<I", 20) + record + bytes(4)
+def _perf_record(n: int, slot: int, sp_words: tuple, dyn: int = -1) -> bytes:
+    """A PERF_RECORD_SAMPLE: IDENTIFIER|TID|TIME|CPU|CALLCHAIN, then RAW
+    (u32 size, the tracepoint record, padded to 8), then STACK_USER (u64
+    size, the words, u64 dyn_size)."""
+    chain = (PERF_CONTEXT_USER,) + CHAIN
+    body = struct.pack("<QIIQII", IDENT, PID, TID, 1000 + n, 0, 0)
+    body += struct.pack(f"<Q{len(chain)}Q", len(chain), *chain)
+    record = struct.pack("<HBBiQ", IDENT, 0, 0, TID, n)
+    body += struct.pack("<I", 20) + record + bytes(4)
     copy = struct.pack(f"<{slot + 1}Q", *sp_words)
-    return raw + struct.pack("<Q", len(copy)) + copy + struct.pack("<Q", len(copy))
+    body += struct.pack("<Q", len(copy)) + copy
+    body += struct.pack("<Q", len(copy) if dyn < 0 else dyn)
+    return struct.pack("<IHH", 9, 0, 8 + len(body)) + body
 
 
-def _tracefs_record(n: int) -> bytes:
-    """A uprobe record with the user's `n` and the reserved `ra` word."""
-    return struct.pack("<HBBiQQ", IDENT, 0, 0, 1234, n, RET)
+def _perf_samples(slot: int = 1) -> list:
+    reader = RecordReader({IDENT: EventLayout(0, 8 * (slot + 1), 0, slot, _decoder())})
+    # the word below the return address changes too: not part of the key
+    chunk = b"".join(_perf_record(n, slot, (0x1000 + n, RET)) for n in range(5))
+    samples: list = []
+    assert reader.read(chunk, [], samples) == len(chunk)
+    return samples
 
 
-class _Symbolizer:
-    def __init__(self):
-        self.calls = 0
-
-    def frames(self, pid, addrs):
-        self.calls += 1
-        return tuple(Frame(addr=a, module="m", function=f"f{a:x}") for a in addrs)
+def _ftrace_entry(record: bytes) -> bytes:
+    """A ring-buffer event: type_len = length / 4 (records up to 112 bytes)."""
+    record += bytes(-len(record) % 4)
+    return struct.pack("<I", len(record) // 4) + record
 
 
-def _perf_reader(slot=1):
-    return RecordReader({IDENT: EventLayout("uprobe:m:d", 8 * (slot + 1), 0,
-                                            slot, _decoder())})
+def _tracefs_samples() -> list:
+    layout = FtraceLayout(0)
+    layout.args, layout.return_address, layout.keep = _decoder(), 16, True
+    records = TracefsRecords({IDENT: layout})
+    records.user_stack_id = USER_STACK
+    data = b""
+    for n in range(5):
+        data += _ftrace_entry(struct.pack("<HBBiQQ", IDENT, 0, 0, TID, n, RET))
+        callers = struct.pack(f"<{len(CHAIN)}Q", *CHAIN) + bytes(8 * 5)
+        data += _ftrace_entry(struct.pack("<HBBiII", USER_STACK, 0, 0, TID, PID, 0)
+                              + callers)
+    page = CPU_PREFIX.pack(0) + struct.pack("<QQ", 0, len(data)) + data
+    samples: list = []
+    records.read(page, [], samples)
+    return samples
 
 
-def _tracefs_reader():
-    layout = _Layout("uprobe:m:d")
-    layout.args, layout.ra, layout.keep = _decoder(), 16, True
-    return TracefsReader({IDENT: layout}, -1)
+def _both():
+    return {"perf": _perf_samples(), "tracefs": _tracefs_samples()}
 
 
-def _events(reader):
-    if isinstance(reader, RecordReader):
-        # the word below the return address changes too: not part of the key
-        return [(n, _perf_extra(n, 1, (0x1000 + n, RET))) for n in range(5)]
-    return [(n, _tracefs_record(n)) for n in range(5)]
+def _resolver():
+    tracker = MappingTracker()
+    tracker.apply(MmapEvent(PID, PID, Mapping(0x400000, 0x500000, 0, "/nonexistent/m")))
+    return StackResolver(tracker)
 
 
-def _run(mode):
-    return Run(Options(mode=mode), io.StringIO(), io.StringIO())
+def test_samples_carry_the_return_address_and_args():
+    for backend, samples in _both().items():
+        assert len(samples) == 5, backend
+        for n, s in enumerate(samples):
+            assert (s.pid, s.tid, s.probe) == (PID, TID, 0), backend
+            assert s.return_address == struct.pack("<Q", RET), backend
+            assert s.args == (("n", "dec", n),), backend
+            assert struct.unpack(f"<{len(CHAIN)}Q", s.callchain) == CHAIN, backend
 
 
-def test_entry_word_is_the_return_address_only():
-    for reader in (_perf_reader(), _tracefs_reader()):
-        words = {reader.entry_word(IDENT, extra) for _n, extra in _events(reader)}
-        assert words == {struct.pack("<Q", RET)}
-        assert reader.entry_word(IDENT, b"") == b""
-        sample = reader.fp_sample(IDENT, 1, 2, CHAIN, struct.pack("<Q", RET))
-        assert (sample.stack, sample.return_address_slot) == (struct.pack("<Q", RET), 0)
+def test_perf_return_address_not_copied():
+    """dyn_size shorter than the slot (the stack ended): no return address."""
+    reader = RecordReader({IDENT: EventLayout(0, 16, 0, 1, _decoder())})
+    samples: list = []
+    reader.read(_perf_record(3, 1, (1, RET), dyn=8), [], samples)
+    assert samples[0].return_address == b""
 
 
-def test_perf_entry_word_not_copied():
-    """dyn_size shorter than the slot (the stack ended): no word."""
-    extra = bytearray(_perf_extra(3, 1, (1, RET)))
-    extra[-8:] = struct.pack("<Q", 8)
-    assert _perf_reader().entry_word(IDENT, bytes(extra)) == b""
+def test_one_key_per_stack_whatever_the_args():
+    for backend, samples in _both().items():
+        resolver = _resolver()
+        keys = {resolver.key(s) for s in samples}
+        assert len(keys) == 1, backend
+        stacks = {id(resolver.stack(s)) for s in samples}
+        assert len(stacks) == 1, backend          # symbolized once
+        # the return address is the caller, inserted after the probed ip
+        assert [f.addr for f in resolver.stack(samples[0]).frames] == \
+            [CHAIN[0], RET, CHAIN[1], CHAIN[2]], backend
 
 
-def test_count_one_entry_per_stack_whatever_the_args():
-    for reader in (_perf_reader(), _tracefs_reader()):
-        run = _run("count")
-        on_raw = run._counter(reader)
-        for n, extra in _events(reader):
-            on_raw(IDENT, 1, 2, n, 0, CHAIN, extra)
-        assert list(run.counts.values()) == [5]
-        (key,) = run.counts
-        addrs, _notes = run._unwound(reader, IDENT, 1, 2, key[4:],
-                                     lambda pid, addr: object())
-        # the entry word is the caller, inserted after the probed ip
-        assert addrs == (0x401010, RET, 0x402020, 0x403030)
-
-
-def test_trace_formats_each_stack_once_and_prints_every_value():
-    for reader in (_perf_reader(), _tracefs_reader()):
-        run = _run("trace")
-        run.tracker.comm = lambda pid, tid: "prog"
-        run.tracker.find = lambda pid, addr: object()
-        symbolizer = _Symbolizer()
-        on_raw = run._tracer(reader, symbolizer)
-        for n, extra in _events(reader):
-            on_raw(IDENT, 1, 2, n, 0, CHAIN, extra)
-        assert symbolizer.calls == 1
-        text = "".join(run.pending)
+def test_trace_prints_every_value_of_one_stack():
+    for backend, samples in _both().items():
+        resolver = _resolver()
+        out = io.StringIO()
+        report = TraceReport(out, ["uprobe:m:d"])
+        for s in samples:
+            report.add(s, resolver.stack(s), "prog")
+        report.flush()
+        text = out.getvalue()
         assert [line.split(": ", 1)[1] for line in text.splitlines()
-                if line.startswith("prog ")] == [f"uprobe:m:d n={n}" for n in range(5)]
-        assert text.count(f"f{RET:x}") == 5
+                if line.startswith("prog ")] == [f"uprobe:m:d n={n}" for n in range(5)], backend
+        assert text.count(f" 0x{RET:016x} : [unknown] [m]") == 5, backend

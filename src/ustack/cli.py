@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .capture.bpf import DEFAULT_STACK_STORAGE
-from .capture.perf import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
-                           DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
+from .defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
+                       DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from .model import UstackError
+from .report.formats import FORMATS
 
 EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
               "uretprobe:PATH:FUNC  tracepoint:GROUP:NAME  profile:hz:N")
@@ -73,7 +73,7 @@ def _symbol_options(args):
 
 
 def _count_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-f", "--format", choices=("text", "folded"), default="text",
+    p.add_argument("-f", "--format", choices=tuple(FORMATS), default="text",
                    help="text: stacks least to most frequent; folded: "
                         "comm;outer;…;inner COUNT for flame graphs")
     p.add_argument("-P", "--per-pid", action="store_true",
@@ -150,7 +150,8 @@ def _run(args) -> int:
         from .symbolize_trace import symbolize_trace
         return symbolize_trace(args.trace_file, pid=args.pid, maps_file=args.maps,
                                binary=args.binary, options=_symbol_options(args))
-    from .session import Options, run
+    from .commands import run
+    from .options import Options
     if args.buffer_pages is not None and (
             args.buffer_pages <= 0 or args.buffer_pages & (args.buffer_pages - 1)):
         raise UstackError("--buffer-pages must be a power of two")
@@ -158,7 +159,7 @@ def _run(args) -> int:
         raise UstackError("--duration must be positive")
     if not 8 <= args.stack_size <= MAX_STACK_SIZE:
         raise UstackError(f"--stack-size must be between 8 and {MAX_STACK_SIZE} bytes")
-    opts = Options(mode=args.cmd, pid=args.pid, command=args.command,
+    opts = Options(command=args.cmd, pid=args.pid, cmdline=args.command,
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
                    symbols=_symbol_options(args),

@@ -3,7 +3,7 @@ capture -> unwind -> symbolize -> report). No stage logic lives here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 
 class UstackError(Exception):
@@ -80,22 +80,44 @@ class Mapping:
 
 # --- capture --------------------------------------------------------------
 
-@dataclass
-class Sample:
-    """One event as captured: where it happened and the raw user stack.
+class RawSample(NamedTuple):
+    """One event as a capture yields it, before unwinding: self-contained,
+    so any consumer (the unwinder, a record file, a test) reads it without
+    asking the capture that made it. A tuple, since millions are made.
 
-    Frame-pointer capture fills `ips` (innermost first, as the kernel walked
-    them). DWARF capture fills `regs` and `stack` instead; the unwind stage
-    turns either into addresses."""
-    event: str
-    time_ns: int
+    A frame-pointer sample carries `callchain`, the return addresses the
+    kernel walked (u64 little-endian, innermost first, the probed ip first)
+    and, at a function-entry uprobe, `return_address`: the 8 bytes at the
+    probe's return_address_slot, the caller the walk cannot see yet. A DWARF
+    sample carries `regs` (ip, sp, bp) and `stack`, the bytes copied from sp
+    upward, for the DWARF unwinder instead."""
+    probe: int                     # index of the probe in the run's list
     pid: int
     tid: int
+    time_ns: int                   # CLOCK_MONOTONIC, as perf and ftrace stamp it
     cpu: int
-    ips: tuple = ()
-    stack: Optional[bytes] = None  # user stack copied from sp upward (bytes-like)
-    regs: Optional[dict] = None    # user registers by name ('ip', 'sp', 'bp', ...)
-    return_address_slot: Optional[int] = None  # see UprobeTarget
+    callchain: bytes = b""
+    return_address: bytes = b""
+    regs: Optional[dict] = None    # {'ip', 'sp', 'bp'}
+    stack: Optional[bytes] = None  # bytes-like (a memoryview of the record)
+    args: tuple = ()               # fetch-arg values: (name, kind, int | bytes)
+    kernel: bytes = b""            # kernel frames (u64s, innermost first), --kernel
+
+
+class Piece(NamedTuple):
+    """A step of the stream: the records that explain samples (mappings,
+    comm, fork, exit) in time order, then the samples they explain."""
+    metas: list
+    samples: list
+
+
+@dataclass(frozen=True)
+class Losses:
+    """What a capture could not deliver, for the run's summary."""
+    lost: int = 0                  # events the kernel buffers dropped
+    throttled: int = 0             # times the kernel throttled sampling
+    # events an in-kernel counter saw but could not count: (why, n) pairs
+    uncounted: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +143,13 @@ class ForkEvent:
     ptid: int
 
 
+@dataclass(frozen=True)
+class ExitEvent:
+    """A thread exited (the process too when pid == tid)."""
+    pid: int
+    ppid: int
+    tid: int
+    ptid: int
 
 
 # --- unwind / symbolize ---------------------------------------------------
@@ -140,10 +169,6 @@ class Frame:
     file: str = ""                 # source file, when lines were asked for
     line: int = 0                  # 0: unknown
     inlined: bool = False          # a call inlined into the frame that follows
-
-    @property
-    def name(self) -> str:
-        return self.function if self.function else f"0x{self.addr:x}"
 
 
 @dataclass(frozen=True)

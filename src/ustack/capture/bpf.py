@@ -24,15 +24,17 @@ import os
 import struct
 from dataclasses import dataclass
 
+from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
 from ..kernel import bpf
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
-from ..model import ProfileTarget, TracepointTarget, UprobeTarget
+from ..model import (Losses, ProfileTarget, RawSample, TracepointTarget,
+                     UprobeTarget)
+from .perf import PerfCapture
 
-DEFAULT_STACK_STORAGE = 16384         # stack map entries, bcc's default
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
 
 # the count key: pid_tgid, probe index, user stack id, kernel stack id,
@@ -283,7 +285,7 @@ class BpfCounter:
         run (so a uprobe stays limited to the traced processes); the capture
         owns and closes it, before it removes its uprobes."""
         if isinstance(probe, UprobeTarget):
-            config = capture._uprobe_id(probe)
+            config = capture.uprobe_id(probe)
         else:
             config = tracepoint_id(probe.group, probe.name)
         target = capture.target
@@ -315,16 +317,18 @@ class BpfCounter:
                 self.counts.update(key, bytes(8))
         return out
 
-    def stack(self, stack_id: int) -> tuple:
-        """Addresses of a stack id, innermost first (() for none or gone)."""
+    def stack_bytes(self, stack_id: int) -> bytes:
+        """The addresses of a stack id as u64s, innermost first, up to the
+        first 0 (b"" for none or gone)."""
         if stack_id < 0:
-            return ()
+            return b""
         raw = self.stacks.lookup(stack_id.to_bytes(4, "little"))
         if raw is None:
-            return ()
-        ips = struct.unpack(f"<{self.max_depth}Q", raw)
-        n = next((i for i, ip in enumerate(ips) if ip == 0), len(ips))
-        return ips[:n]
+            return b""
+        for i in range(0, len(raw), 8):
+            if not any(raw[i:i + 8]):
+                return bytes(raw[:i])
+        return bytes(raw)
 
     def errors_seen(self) -> list:
         return [_U64.unpack(self.errors.lookup(i.to_bytes(4, "little")))[0]
@@ -339,3 +343,81 @@ class BpfCounter:
             m.close()
         self.maps.clear()
 
+
+
+class BpfCapture:
+    """The capture that counts in the kernel: PerfCapture's events (so the
+    same scoping and tracking records) with a BpfCounter attached. Its
+    stream carries only metadata; `counted()` gives the stacks at the end,
+    `calls()` funccount's totals."""
+    unwind_note = ""
+
+    def __init__(self, probes: list, target, buffer_pages=None, *,
+                 stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
+                 calls_only: bool = False):
+        self.probes = probes
+        self.target = target
+        self.stack_storage = stack_storage
+        self.kernel = kernel
+        self.calls_only = calls_only
+        self.events = PerfCapture(probes, target, buffer_pages or BPF_BUFFER_PAGES,
+                                  with_stacks=False)
+        self.buffer_pages = self.events.buffer_pages
+        self.decode = self.events.decode
+        self.read_chunks = self.events.read_chunks
+        self.flush_lost = self.events.flush_lost
+        self.stop = self.events.stop
+        self.counter = None
+
+    def open(self) -> None:
+        target = self.target
+        try:
+            self.counter = BpfCounter(
+                self.probes, stack_storage=self.stack_storage, kernel=self.kernel,
+                filter_tgid=target.pid if target.mode != "system" else None,
+                calls_only=self.calls_only)
+            self.events.open()
+            if target.mode == "command":
+                self.counter.arm_on_exec(target.pid)
+            self.counter.attach(self.events)
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self) -> None:
+        self.events.start()
+
+    def close(self) -> None:
+        self.events.close()
+        if self.counter is not None:
+            self.counter.close()        # after the events
+            self.counter = None
+
+    def losses(self) -> Losses:
+        events = self.events.losses()
+        uncounted = ()
+        if self.counter is not None and not self.calls_only:
+            collided, stacks_full, counts_full = self.counter.errors_seen()
+            uncounted = tuple((why, n) for why, n in (
+                ("had a stack id collision", collided),
+                ("found the stack map full", stacks_full),
+                ("found the count map full", counts_full)) if n)
+        return Losses(events.lost, events.throttled, uncounted)
+
+    def counted(self, reset: bool = False) -> list:
+        """(RawSample, count) of every stack counted so far; a sample's time
+        and CPU are 0 and -1 (the kernel kept neither)."""
+        counter = self.counter
+        out = []
+        for c in counter.counted(reset):
+            slot = getattr(self.probes[c.probe], "return_address_slot", None)
+            sample = RawSample(
+                c.probe, c.pid, c.tid, 0, -1, counter.stack_bytes(c.user_stack),
+                c.entry_word.to_bytes(8, "little") if slot is not None else b"",
+                kernel=counter.stack_bytes(c.kernel_stack) if self.kernel else b"")
+            out.append((sample, c.count))
+        return out
+
+    def calls(self, reset: bool = False) -> list:
+        """Calls per probe (funccount), in probe order."""
+        return self.counter.calls(reset)

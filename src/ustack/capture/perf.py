@@ -13,24 +13,21 @@ import os
 import resource
 import select
 import time
+
+from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
 from ..kernel.ring import PAGE, RingBuffer
 from ..kernel.tracefs import tracepoint_id
 from ..kernel import trace_format as tf
-from ..kernel.uprobe_events import UprobeEvents, event_format, remove_stale
-from ..model import (ProfileTarget, TracepointTarget, UprobeTarget,
+from ..kernel.leftovers import remove_stale_tracing
+from ..kernel.uprobe_events import UprobeEvents, event_format
+from ..model import (Losses, ProfileTarget, TracepointTarget, UprobeTarget,
                      UstackError)
 from ..probes.fetchargs import display_kinds
 from ..target.process import Target
 
-DEFAULT_BUFFER_PAGES = 1024               # 4 MiB per CPU
-# A stack copy per sample (8 KiB by default) fills buffers 100x faster than
-# a callchain: 32 MiB per CPU holds a burst of ~4000 samples.
-DWARF_BUFFER_PAGES = 8192
-DEFAULT_STACK_SIZE = 8192                 # user stack bytes copied per sample
-MAX_STACK_SIZE = 65528                    # the kernel's limit (u16 record size)
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
 DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
 TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task")
@@ -57,36 +54,42 @@ def _raise_fd_limit() -> None:
 
 
 class PerfCapture:
-    """Opens the events, owns the fds and ring buffers, hands out chunks."""
+    """Opens the events, owns the fds and ring buffers, hands out chunks
+    and decodes them into the run's stream (RawSamples and metadata)."""
     unwind_note = ""       # nothing to add to the header (TracefsCapture has)
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
-                 dwarf_labels: frozenset = frozenset(),
-                 stack_size: int = DEFAULT_STACK_SIZE, with_stacks: bool = True):
+                 modes: tuple = (), stack_size: int = DEFAULT_STACK_SIZE,
+                 with_stacks: bool = True):
         self.probes = probes
         # False: a BPF program counts the stacks (capture/bpf.py) and no
         # sample is written; the buffers carry only the tracking records
         self.with_stacks = with_stacks
-        self.dwarf_labels = dwarf_labels  # probes whose samples carry regs+stack
+        # per probe: 'dwarf' samples carry registers and a stack copy
+        self.modes = tuple(modes) or ("fp",) * len(probes)
         self.stack_size = stack_size
         self.target = target
         self.buffer_pages = buffer_pages
         self.fds: list = []
         self.buffers: dict = {}           # cpu -> RingBuffer
         self.layouts: dict = {}           # event id -> EventLayout
-        self.traced_tids: set = set()
         self.opened: list = []            # (probe, fd) of every event, in order
         self.uprobes = UprobeEvents()
         self._uprobe_ids: dict = {}       # (path, offset, kind, args) -> tracepoint id
         self._args: dict = {}             # tracepoint id -> ArgsDecoder
         self._attrs: dict = {}            # probe index -> (attr, layout)
-        self.reader = RecordReader(self.layouts)
+        self._reader = RecordReader(self.layouts)
+        self.decode = self._reader.read   # see RecordReader.read
         self._poll = select.poll()
 
+    def losses(self) -> Losses:
+        return Losses(lost=self._reader.lost, throttled=self._reader.throttled)
+
     # -- attributes per probe kind ---------------------------------------
-    def _attr(self, probe, tracking: bool):
+    def _attr(self, index: int, tracking: bool):
         """The perf_event_attr for one probe, and the layout of its samples."""
+        probe = self.probes[index]
         flags = ["exclude_callchain_kernel", "sample_id_all"]
         mode = self.target.mode
         if mode in ("pid", "command"):
@@ -100,7 +103,7 @@ class PerfCapture:
         slot = None
         if not self.with_stacks:
             sample_type &= ~pe.SAMPLE_CALLCHAIN
-        elif probe.label in self.dwarf_labels:
+        elif self.modes[index] == "dwarf":
             # registers + a copy of the stack for the DWARF unwinder; the
             # kernel's frame-pointer walk would be wasted work
             sample_type |= pe.SAMPLE_REGS_USER | pe.SAMPLE_STACK_USER
@@ -113,13 +116,12 @@ class PerfCapture:
         common = dict(sample_type=sample_type, flags=flags,
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
                       max_stack=pe.max_stack(), regs_user=regs, stack_user=stack)
-        layout = EventLayout(probe.label, stack, regs, slot)
+        layout = EventLayout(index, stack, regs, slot)
         if isinstance(probe, UprobeTarget):
-            ident = self._uprobe_id(probe)
+            ident = self.uprobe_id(probe)
             if probe.fetch_args:         # the values come in the RAW record
                 common["sample_type"] |= pe.SAMPLE_RAW
-                layout = EventLayout(probe.label, stack, regs, slot,
-                                     self._args[ident])
+                layout = EventLayout(index, stack, regs, slot, self._args[ident])
             return pe.make_attr(pe.TYPE_TRACEPOINT, ident, **common), layout
         if isinstance(probe, TracepointTarget):
             return pe.make_attr(pe.TYPE_TRACEPOINT,
@@ -130,7 +132,7 @@ class PerfCapture:
                                 freq=probe.hz, **common), layout
         raise TypeError(probe)
 
-    def _uprobe_id(self, probe: UprobeTarget) -> int:
+    def uprobe_id(self, probe: UprobeTarget) -> int:
         """Tracepoint id of the tracefs uprobe for `probe`, made on first use."""
         key = (probe.path, probe.file_offset, probe.spec.kind, probe.fetch_args)
         if key not in self._uprobe_ids:
@@ -145,7 +147,7 @@ class PerfCapture:
         made = self._attrs.get(index)
         if made is None:
             # the first probe's events also carry the tracking records
-            made = self._attrs[index] = self._attr(probe, tracking=(index == 0))
+            made = self._attrs[index] = self._attr(index, tracking=(index == 0))
         attr, layout = made
         fd = pe.open_event(attr, pid, cpu, what=probe.label)
         self.fds.append(fd)
@@ -174,7 +176,7 @@ class PerfCapture:
 
     def open(self) -> None:
         _raise_fd_limit()
-        remove_stale()
+        remove_stale_tracing()            # what a killed run left behind
         try:
             mode = self.target.mode
             cpus = pe.cpus_online()
@@ -183,20 +185,16 @@ class PerfCapture:
             elif mode == "command":
                 self._open_for(self.target.pid, cpus)
             else:
-                # every existing thread; rescan until no thread is new, since
-                # a thread cloned by a not-yet-covered thread has no event
-                while True:
-                    tids = set(procfs.threads(self.target.pid)) - self.traced_tids
-                    if not tids:
-                        break
+                traced = 0                  # every thread, inherited by new ones
+                for tids in procfs.thread_batches(self.target.pid):
                     for tid in sorted(tids):
                         try:
                             self._open_for(tid, cpus)
                         except pe.PerfOpenError as e:
                             if e.errno != 3:        # ESRCH: thread just exited
                                 raise
-                        self.traced_tids.add(tid)
-                if not self.traced_tids:
+                        traced += 1
+                if not traced:
                     raise UstackError(f"no such process: {self.target.pid}")
         except BaseException:
             self.close()

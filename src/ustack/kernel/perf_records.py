@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
-from ..model import (CommEvent, ForkEvent, Mapping,
-                     MmapEvent, Sample)
+from ..model import (CommEvent, ExitEvent, ForkEvent, Mapping, MmapEvent,
+                     RawSample)
 from . import perf_event as pe
 
-RECORD_LOST, RECORD_COMM = 2, 3
+RECORD_LOST, RECORD_COMM, RECORD_EXIT = 2, 3, 4
 RECORD_THROTTLE, RECORD_FORK, RECORD_SAMPLE = 5, 7, 9
 RECORD_MMAP2, RECORD_LOST_SAMPLES = 10, 13
 MISC_COMM_EXEC = 1 << 13
@@ -48,9 +48,10 @@ def _ips_struct(n: int) -> struct.Struct:
 @dataclass(frozen=True)
 class EventLayout:
     """What the reader must know about one opened event (by its id)."""
-    label: str
+    probe: int                          # index of the probe in the run's list
     stack_size: int = 0                 # STACK_USER bytes requested (0 = none)
     regs_mask: int = 0                  # REGS_USER mask (0 = none)
+    # STACK_USER holds just the word at sp + 8 * slot: see RawSample
     return_address_slot: Optional[int] = None
     args: Optional[object] = None       # trace_format.ArgsDecoder: RAW fetch-args
 
@@ -73,6 +74,9 @@ def _cstring(buf: bytes, start: int, end: int) -> str:
 
 
 class RecordReader:
+    """Turns ring-buffer bytes into RawSamples and metadata events, and
+    keeps the loss totals the kernel reports on the way."""
+
     def __init__(self, layouts: dict):
         self.layouts = layouts          # event id -> EventLayout
         self.lost = 0
@@ -94,6 +98,8 @@ class RecordReader:
             return CommEvent(pid, tid, comm, bool(misc & MISC_COMM_EXEC))
         if typ == RECORD_FORK:
             return ForkEvent(*_FORK.unpack_from(chunk, body))
+        if typ == RECORD_EXIT:
+            return ExitEvent(*_FORK.unpack_from(chunk, body))
         # losses are totals for the end of the run, not events to apply
         if typ == RECORD_LOST:
             self.lost += _LOST.unpack_from(chunk, body)[1]
@@ -104,8 +110,17 @@ class RecordReader:
         return None
 
     # -- samples ------------------------------------------------------------
-    def _user_stack(self, chunk: bytes, pos: int, layout: EventLayout):
-        """Returns (regs dict or None, stack bytes or None)."""
+    def _sample(self, chunk, pos: int, layout: EventLayout, head: tuple,
+                chain: bytes) -> RawSample:
+        """The RawSample of a record whose fixed head and callchain are
+        decoded; at pos follow RAW, REGS_USER, STACK_USER, those the layout
+        asked for, in that order."""
+        _ident, pid, tid, t, cpu, _r, _nr = head
+        args = ()
+        if layout.args is not None:     # u32 size + the record, 8-aligned
+            size = _U32.unpack_from(chunk, pos)[0]
+            args = layout.args.decode(memoryview(chunk)[pos + 4:pos + 4 + size])
+            pos += 4 + size
         regs = None
         if layout.regs_mask:
             abi = _U64.unpack_from(chunk, pos)[0]
@@ -115,28 +130,32 @@ class RecordReader:
                 regs = dict(zip(names, _ips_struct(len(names)).unpack_from(chunk, pos)))
                 pos += 8 * len(names)
         stack = None
+        ret = b""
         if layout.stack_size:
             size = _U64.unpack_from(chunk, pos)[0]
             pos += 8
             if size:
                 dyn = _U64.unpack_from(chunk, pos + size)[0]
-                stack = memoryview(chunk)[pos:pos + dyn]    # no copy
-        return regs, stack
+                slot = layout.return_address_slot
+                if slot is None:
+                    stack = memoryview(chunk)[pos:pos + dyn]    # no copy
+                elif dyn >= 8 * slot + 8:
+                    ret = bytes(chunk[pos + 8 * slot:pos + 8 * slot + 8])
+        return RawSample(layout.probe, pid, tid, t, cpu, chain, ret,
+                         regs, stack, args)
 
-    def raw_samples(self, chunk: bytes, on_meta: Callable, out: list,
-                    start: int = 0, budget: int = 1 << 62) -> int:
-        """Append samples to `out` without decoding their stacks, as tuples
-        (ident, pid, tid, time, cpu, chain_bytes, extra), where `extra` is
-        the REGS_USER/STACK_USER part; metadata goes to on_meta(time, event).
-        Callers key caches and counts on the raw bytes and decode each
-        unique stack once (`decode`): the fast path for trace and count.
-        Stops after about `budget` bytes; returns the offset reached."""
+    def read(self, chunk: bytes, metas: list, samples: list,
+             start: int = 0, budget: int = 1 << 62) -> int:
+        """Decode records from `start` for about `budget` bytes: samples go
+        to `samples` (RawSample), metadata to `metas` as (time, event).
+        Returns the offset reached."""
         off, n = start, len(chunk)
         stop_at = min(n, start + budget)
         layouts = self.layouts
         head = _SAMPLE_HEAD.unpack_from
         header = _HEADER.unpack_from
-        append = out.append
+        u64 = _U64.unpack_from
+        append = samples.append
         while off < stop_at:
             typ, misc, size = header(chunk, off)
             if size == 0:
@@ -145,78 +164,25 @@ class RecordReader:
                 if size < _SAMPLE_HEAD_END:
                     off += size             # no callchain: not one of our layouts
                     continue
-                ident, pid, tid, t, cpu, _r, nr = head(chunk, off + 8)
-                pos = off + _SAMPLE_HEAD_END
-                end = pos + 8 * nr
-                layout = layouts.get(ident)
+                h = head(chunk, off + 8)
+                layout = layouts.get(h[0])
                 if layout is None:          # not ours (a flush event)
                     off += size
                     continue
-                # REGS_USER / STACK_USER as the kernel wrote them, if any
-                extra = (chunk[end:off + size]
-                         if layout.stack_size or layout.regs_mask or layout.args
-                         else b"")
-                append((ident, pid, tid, t, cpu, chunk[pos:end], extra))
+                pos = off + _SAMPLE_HEAD_END
+                end = pos + 8 * h[6]
+                # a user callchain starts with the PERF_CONTEXT_USER marker
+                if end > pos and u64(chunk, pos)[0] >= _CONTEXT_MARKER:
+                    pos += 8
+                if layout.stack_size or layout.regs_mask or layout.args:
+                    append(self._sample(chunk, end, layout, h, chunk[pos:end]))
+                else:
+                    append(RawSample(layout.probe, h[1], h[2], h[3], h[4],
+                                     chunk[pos:end]))
             else:
                 event = self._meta(typ, misc, chunk, off, size)
                 if event is not None:
                     # sample_id_all trailer: pid/tid, TIME, cpu, identifier
-                    on_meta(_U64.unpack_from(chunk, off + size - 24)[0], event)
+                    metas.append((u64(chunk, off + size - 24)[0], event))
             off += size
         return off
-
-    def label(self, ident: int) -> str:
-        layout = self.layouts.get(ident)
-        return layout.label if layout else "?"
-
-    def decode(self, ident: int, pid: int, tid: int, chain: bytes,
-               extra: bytes) -> Sample:
-        """The Sample of one raw_samples() tuple, for unwinding (its time and
-        CPU stay with the caller)."""
-        raw = _ips_struct(len(chain) // 8).unpack_from(chain)
-        layout = self.layouts.get(ident) or EventLayout("?")
-        regs = stack = None
-        if extra:
-            # RAW (u32 size + record, 8-byte aligned) comes before the regs
-            pos = 4 + _U32.unpack_from(extra, 0)[0] if layout.args else 0
-            regs, stack = self._user_stack(extra, pos, layout)
-        return Sample(layout.label, 0, pid, tid, -1,
-                      tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
-                      stack, regs, layout.return_address_slot)
-
-    def entry_word(self, ident: int, extra) -> bytes:
-        """All a frame-pointer sample's stack depends on besides its
-        callchain: the return-address word at its entry slot (b"" for
-        none). Keys of caches and counts use it instead of `extra`, whose
-        fetch-arg values and stack copy vary from call to call."""
-        layout = self.layouts.get(ident)
-        if layout is None or layout.return_address_slot is None or not extra:
-            return b""
-        pos = 4 + _U32.unpack_from(extra, 0)[0] if layout.args else 0
-        size = _U64.unpack_from(extra, pos)[0]          # STACK_USER size
-        at = 8 * layout.return_address_slot
-        if not size or _U64.unpack_from(extra, pos + 8 + size)[0] < at + 8:
-            return b""                                  # not copied (dyn_size)
-        return bytes(extra[pos + 8 + at:pos + 16 + at])
-
-    def fp_sample(self, ident: int, pid: int, tid: int, chain: bytes,
-                  word: bytes) -> Sample:
-        """The Sample of a callchain and its entry_word(), for the
-        frame-pointer unwinder."""
-        raw = _ips_struct(len(chain) // 8).unpack_from(chain)
-        layout = self.layouts.get(ident) or EventLayout("?")
-        return Sample(layout.label, 0, pid, tid, -1,
-                      tuple(ip for ip in raw if ip < _CONTEXT_MARKER),
-                      word or None, None, 0 if word else None)
-
-    def args_text(self, ident: int, extra) -> str:
-        """' name=value …' of a sample's fetch-args ('' for none)."""
-        layout = self.layouts.get(ident)
-        if layout is None or layout.args is None or len(extra) < 4:
-            return ""
-        size = _U32.unpack_from(extra, 0)[0]
-        return layout.args.text(memoryview(extra)[4:4 + size])
-
-    def is_dwarf(self, ident: int) -> bool:
-        layout = self.layouts.get(ident)
-        return layout is not None and bool(layout.regs_mask)

@@ -28,6 +28,19 @@ def threads(pid: int) -> list:
         return []
 
 
+def thread_batches(pid: int):
+    """Yield sets of pid's thread ids not yielded before, until a rescan
+    finds none new: a thread cloned by a thread not yet covered by the
+    caller shows up only on the next scan."""
+    seen: set = set()
+    while True:
+        new = set(threads(pid)) - seen
+        if not new:
+            return
+        yield new
+        seen |= new
+
+
 def tgid(tid: int) -> int:
     """The process a thread belongs to (its own id if it is gone)."""
     try:

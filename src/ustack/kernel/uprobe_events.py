@@ -94,13 +94,6 @@ def remove_event(event: str) -> None:
     _write(f"-:{event}")
 
 
-def remove_stale() -> int:
-    """Old name of leftovers.remove_stale_tracing() (stale instances and
-    probes both), kept until capture/ calls that instead."""
-    from .leftovers import remove_stale_tracing   # leftovers imports this module
-    return remove_stale_tracing()
-
-
 class UprobeEvents:
     """The probes of one run; `close()` removes every one it created."""
 

@@ -14,7 +14,8 @@ import capstone
 
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
-from ustack.model import ProbeSpec, TracepointTarget, UprobeTarget, UstackError
+from ustack.model import (ProbeSpec, ProfileTarget, TracepointTarget, UprobeTarget,
+                          UstackError)
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes.fetchargs import kernel_fetch_args
 
@@ -295,3 +296,18 @@ def _pick(names: list, pattern: str, what: str) -> list:
         if near:
             msg += f"; did you mean: {', '.join(near)}?"
     raise UstackError(msg)
+
+
+def resolve_probes(specs: list, pid: Optional[int] = None) -> list:
+    """Every probe the parsed EVENTs stand for (a glob may give many)."""
+    probes = []
+    for spec in specs:
+        if spec.kind in ("uprobe", "uretprobe"):
+            probes.extend(resolve_uprobes(spec, pid))
+        elif spec.kind in ("syscall", "tracepoint"):
+            probes.extend(tracepoint_targets(spec))
+        elif spec.kind == "profile":
+            probes.append(ProfileTarget(spec, spec.hz, f"profile:hz:{spec.hz}"))
+        else:
+            raise UstackError(f"unsupported event kind: {spec.kind}")
+    return probes

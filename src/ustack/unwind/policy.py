@@ -1,4 +1,5 @@
-"""Which unwinder a probe's samples need: `--unwind auto` decides per probe.
+"""How a run captures and unwinds (`plan`): the backend, and the unwinder
+each probe's samples need, which `--unwind auto` decides per probe.
 
 Frame pointers are cheap (the kernel walks them, nothing is copied) but only
 right when every frame keeps rbp; DWARF needs registers plus a stack copy
@@ -9,9 +10,11 @@ tracepoints (Debian's libc has no frame pointers), timed samples, and
 binaries built without them."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from ..model import UprobeTarget, UstackError
+from ..kernel import bpf
+from ..model import ProfileTarget, UprobeTarget, UstackError
 from ..objfile.elf import ElfImage
 
 PUSH_RBP_MOV_RSP_RBP = b"\x55\x48\x89\xe5"
@@ -56,3 +59,74 @@ def choose(probe, requested: str, main_binary: Optional[str] = None) -> str:
         except UstackError:
             pass
     return "dwarf"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a run captures and unwinds, decided once (by `plan`)."""
+    backend: str                   # perf | bpf | tracefs
+    modes: tuple                   # per probe: fp | dwarf | none
+    note: str = ""                 # why another backend than asked, for the user
+
+    @property
+    def unwind(self) -> str:
+        """What the header says: the modes in use."""
+        return "/".join(sorted(set(self.modes)))
+
+
+def plan(command: str, backend: str, unwind: str, probes: list,
+         main_binary: Optional[str] = None, kernel_stacks: bool = False) -> Plan:
+    """The backend and per-probe unwind mode of a run of `command` (trace,
+    count, profile, funccount) as the user asked (`backend`: auto | perf |
+    bpf | tracefs; `unwind`: auto | fp | dwarf), or a UstackError saying why
+    it cannot be done. The one place these choices are made."""
+    if backend == "tracefs":
+        return Plan("tracefs", tuple(_tracefs_mode(p, unwind) for p in probes))
+    modes = tuple(choose(p, unwind, main_binary) for p in probes)
+    counting = command == "funccount" or (command in ("count", "profile")
+                                          and backend in ("auto", "bpf"))
+    if not counting:
+        return Plan("perf", modes)
+    why_not = _why_not_bpf(command, backend, unwind, modes, kernel_stacks)
+    if why_not is None:
+        return Plan("bpf", ("none" if command == "funccount" else "fp",) * len(probes))
+    if kernel_stacks:
+        raise UstackError("--kernel needs in-kernel counting (the bpf backend), "
+                          "which walks frame pointers only")
+    return Plan("perf", modes, why_not)
+
+
+def _why_not_bpf(command: str, backend: str, unwind: str, modes: tuple,
+                 kernel_stacks: bool) -> Optional[str]:
+    """Why a counting run must use the perf backend ('' to say nothing),
+    or None for BPF."""
+    if command == "funccount":
+        if not bpf.available():
+            raise UstackError("funccount counts in the kernel and BPF is not "
+                              "available here (bpf(2) failed)")
+        return None
+    if unwind == "dwarf":
+        return ("in-kernel counting walks frame pointers only; "
+                "--unwind dwarf uses the perf backend")
+    if backend == "auto" and "dwarf" in modes and not kernel_stacks:
+        return ""                       # auto: the unwinder decides, quietly
+    if not bpf.available():
+        if backend == "bpf" or kernel_stacks:
+            raise UstackError("BPF is not available here (bpf(2) failed); "
+                              "use --backend perf")
+        return ""
+    return None
+
+
+def _tracefs_mode(probe, requested: str) -> str:
+    """What ftrace alone can do: DWARF only where a uprobe fetches the stack."""
+    if isinstance(probe, ProfileTarget):
+        raise UstackError("profile events need perf events; the tracefs "
+                          "backend has no timed samples")
+    if isinstance(probe, UprobeTarget):
+        return "fp" if requested == "fp" else "dwarf"
+    if requested == "dwarf":
+        raise UstackError(
+            f"--backend tracefs cannot copy the stack at {probe.label} (only "
+            "uprobes can, through fetch-args); use --unwind fp or auto")
+    return "fp"

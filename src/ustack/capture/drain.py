@@ -1,0 +1,134 @@
+"""The run's stream of Pieces from any capture: a drain thread empties the
+kernel buffers into a bounded backlog while the caller decodes, a piece at
+a time, into RawSamples and the metadata that explains them."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from ..model import Piece
+
+DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
+PIECE = 64 << 10                   # bytes of a chunk decoded in one step
+BACKLOG_LIMIT = 256 << 20          # bytes of undecoded records held in memory
+
+
+class _Drainer(threading.Thread):
+    """Empties the kernel ring buffers into a bounded in-memory backlog, on
+    its own thread: decoding on the main thread (an ELF parsed on first
+    use, a burst of new stacks) then cannot stall the draining long enough
+    for the kernel buffers to overflow. poll() releases the GIL, and Python
+    hands the GIL over every few ms, so this thread keeps up."""
+
+    def __init__(self, capture):
+        super().__init__(name="ustack-drain", daemon=True)
+        self.capture = capture
+        self.queue: deque = deque()        # [batch, offsets]
+        self.bytes = 0
+        self.ready = threading.Event()
+        self._stop_flag = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self._stop_flag.is_set():
+            if self.bytes >= BACKLOG_LIMIT:
+                time.sleep(0.005)          # let the kernel count what is lost
+                continue
+            batch = self.capture.read_chunks(DRAIN_POLL_MS)
+            if batch:
+                with self._lock:
+                    self.bytes += sum(map(len, batch))
+                self.queue.append([batch, [0] * len(batch)])
+                self.ready.set()
+
+    def next_batch(self, timeout: float):
+        """The oldest batch (possibly partly decoded), or None after timeout."""
+        if not self.queue:
+            self.ready.clear()
+            if not self.queue:
+                self.ready.wait(timeout)
+        return self.queue[0] if self.queue else None
+
+    def done(self, entry) -> None:
+        self.queue.popleft()
+        with self._lock:
+            self.bytes -= sum(map(len, entry[0]))
+
+    def finish(self) -> None:
+        self._stop_flag.set()
+        if self.is_alive():
+            self.join()
+
+
+class Stream:
+    """Pieces of one capture: `follow` while the run lasts, then `rest`."""
+
+    def __init__(self, capture):
+        self.capture = capture
+        self._drainer = _Drainer(capture)
+
+    def start(self) -> None:
+        self.capture.start()
+        self._drainer.start()
+
+    def _piece(self, batch: list, offsets: list):
+        """Decode up to PIECE bytes of each chunk of a batch: (Piece, done).
+        Every chunk's metadata comes before any sample of the piece, in time
+        order across CPUs: a sample may sit in another CPU's buffer ahead of
+        the MMAP2 record that explains it, and an exec's COMM on one CPU must
+        come before the MMAP2s it caused on another."""
+        metas: list = []
+        samples: list = []
+        decode = self.capture.decode
+        done = True
+        for i, chunk in enumerate(batch):
+            offsets[i] = decode(chunk, metas, samples, offsets[i], PIECE)
+            done = done and offsets[i] >= len(chunk)
+        metas.sort(key=lambda m: m[0])      # stable: a CPU's own order stays
+        return Piece([event for _t, event in metas], samples), done
+
+    def follow(self, timeout: float, budget: float):
+        """Pieces of the oldest queued batch for about `budget` seconds,
+        after waiting up to `timeout` for one (none if nothing came)."""
+        entry = self._drainer.next_batch(timeout)
+        if entry is None:
+            return
+        slice_end = time.monotonic() + budget
+        while True:
+            piece, done = self._piece(entry[0], entry[1])
+            yield piece
+            if done:
+                self._drainer.done(entry)
+                return
+            if time.monotonic() > slice_end:
+                return
+
+    def rest(self):
+        """After the run: stop the events and the drain thread, then the
+        pieces of what is queued, what the buffers still hold and the
+        losses the kernel was still holding back."""
+        self._drainer.finish()          # before the buffers are unmapped
+        self.capture.stop()
+        queue = self._drainer.queue
+        while queue:
+            batch, offsets = queue.popleft()
+            yield from self._pieces(batch, offsets)
+        for flushed in (False, True):
+            if flushed:
+                self.capture.flush_lost()
+            while True:
+                batch = self.capture.read_chunks(0)
+                if not batch:
+                    break
+                yield from self._pieces(batch, [0] * len(batch))
+
+    def _pieces(self, batch: list, offsets: list):
+        while True:
+            piece, done = self._piece(batch, offsets)
+            yield piece
+            if done:
+                return
+
+    def close(self) -> None:
+        self._drainer.finish()

@@ -1,0 +1,160 @@
+"""Decode a private ftrace instance's trace_pipe_raw pages into RawSamples.
+
+Two kinds of records make one sample:
+- syscalls and tracepoints (and uprobes under --unwind fp) are followed on
+  the same CPU by a `user_stack` record (the `userstacktrace` option): a
+  frame-pointer walk of at most 8 return addresses, and the tgid;
+- a uprobe whose fetch-args copied %ip, %sp, %bp and stack words carries
+  what a DWARF unwinder needs in its own record, laid out by its format.
+Losses are counted exactly from the ring buffer's overrun totals and the
+pairs broken by an overwrite (see TracefsRecords.lost)."""
+from __future__ import annotations
+
+import struct
+from collections import deque
+
+from ..model import RawSample, UstackError
+from . import procfs
+from . import trace_format as tf
+from .ftrace_ring import records
+
+FTRACE_STACK_ENTRIES = 8
+TGID_CACHE = 65536                   # threads whose tgid the reader remembers
+CPU_PREFIX = struct.Struct("<I4x")   # chunk prefix: which CPU the page is from
+_Q = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_COMMON = struct.Struct("<HBBi")     # common_type, flags, preempt_count, pid
+
+
+class EventLayout:
+    """What the reader needs about one event id: where the fields ustack
+    fetched for itself sit in its record (None: not fetched)."""
+    __slots__ = ("probe", "args", "keep", "ip", "sp", "bp", "stack",
+                 "stack_len", "return_address")
+
+    def __init__(self, probe: int):
+        self.probe = probe               # index of the probe in the run's list
+        self.args = None                 # ArgsDecoder of the user's fetch-args
+        self.keep = False                # the record is needed after parsing
+        self.ip = self.sp = self.bp = self.stack = None
+        self.return_address = None
+        self.stack_len = 0
+
+    @property
+    def dwarf(self) -> bool:
+        return self.stack is not None
+
+
+class TracefsRecords:
+    """Pages in, RawSamples and metadata out."""
+
+    def __init__(self, layouts: dict):
+        self.layouts = layouts           # event id -> EventLayout
+        self.user_stack_id = -1
+        # where a user_stack record keeps the tgid and its return addresses
+        # (set_user_stack reads them from the event's format)
+        self.tgid_at, self.callers_at = 8, 16
+        self.stack_entries = FTRACE_STACK_ENTRIES
+        self.lost_entries = 0            # ring-buffer entries the kernel lost
+        self.metas: deque = deque()      # events read from /proc for us
+        self._pending: dict = {}         # cpu -> event waiting for its user stack
+        # entries whose partner the ring buffer overwrote, for exact losses
+        self.orphan_stacks = 0           # user stacks whose event is gone
+        self.stackless = 0               # events whose user stack is gone
+        self._tgids: dict = {}
+
+    def set_user_stack(self, fmt: str) -> None:
+        """The ftrace/user_stack event's id and layout, from its format
+        (an ftrace-internal event: it has a format file but no id file)."""
+        fields = tf.parse_format(fmt)
+        try:
+            tgid, callers = fields["tgid"], fields["caller"]
+        except KeyError as e:
+            raise UstackError(f"this kernel's ftrace/user_stack has no {e} field")
+        self.user_stack_id = tf.event_id(fmt)
+        self.tgid_at, self.callers_at = tgid.offset, callers.offset
+        self.stack_entries = callers.count
+
+    def _tgid(self, tid: int) -> int:
+        """For an event without its user stack record (which says the tgid)."""
+        pid = self._tgids.get(tid)
+        if pid is None:
+            if len(self._tgids) >= TGID_CACHE:
+                self._tgids.clear()
+            pid = self._tgids[tid] = procfs.tgid(tid)
+        return pid
+
+    def _emit(self, out: list, ev: list, pid, chain: bytes) -> None:
+        layout, tid, t, cpu, extra = ev
+        if pid is None:
+            pid = self._tgid(tid)
+        regs = stack = None
+        ret = b""
+        args = ()
+        if extra:
+            q = _Q.unpack_from
+            if layout.stack is not None:
+                regs = {"ip": q(extra, layout.ip)[0], "sp": q(extra, layout.sp)[0],
+                        "bp": q(extra, layout.bp)[0]}
+                stack = memoryview(extra)[layout.stack:layout.stack + layout.stack_len]
+            elif layout.return_address is not None:
+                ret = extra[layout.return_address:layout.return_address + 8]
+            if layout.args is not None:
+                args = layout.args.decode(extra)
+        out.append(RawSample(layout.probe, pid, tid, t, cpu, chain, ret,
+                             regs, stack, args))
+
+    def read(self, chunk, metas: list, samples: list, start: int = 0,
+             budget: int = 1 << 62) -> int:
+        """Parse one chunk (a CPU's page) whole, as RecordReader.read does a
+        perf chunk; an empty chunk means the end of the run: events still
+        waiting for a user stack go out."""
+        while self.metas:
+            metas.append((0, self.metas.popleft()))
+        if not chunk:
+            for cpu in sorted(self._pending):
+                self.stackless += 1
+                self._emit(samples, self._pending.pop(cpu), None, b"")
+            return 0
+        cpu = CPU_PREFIX.unpack_from(chunk, 0)[0]
+        pending = self._pending
+        layouts = self.layouts
+        ustack_id = self.user_stack_id
+        tgid_at, callers_at = self.tgid_at, self.callers_at
+        entries = self.stack_entries
+        common = _COMMON.unpack_from
+        for t, off, length in records(chunk, CPU_PREFIX.size):
+            typ, _flags, _pc, tid = common(chunk, off)
+            if typ == ustack_id:
+                ev = pending.pop(cpu, None)
+                if ev is not None:
+                    tgid = _U32.unpack_from(chunk, off + tgid_at)[0]
+                    callers = chunk[off + callers_at:off + callers_at + 8 * entries]
+                    n = 0
+                    while n < entries and _Q.unpack_from(callers, 8 * n)[0]:
+                        n += 1
+                    self._emit(samples, ev, tgid, bytes(callers[:8 * n]))
+                else:
+                    self.orphan_stacks += 1
+                continue
+            layout = layouts.get(typ)
+            if layout is None:
+                continue
+            ev = pending.pop(cpu, None)
+            if ev is not None:               # it got no user stack (kernel task)
+                self.stackless += 1
+                self._emit(samples, ev, None, b"")
+            extra = bytes(chunk[off:off + length]) if layout.keep else b""
+            pending[cpu] = [layout, tid, t, cpu, extra]
+        return len(chunk)
+
+    @property
+    def lost(self) -> int:
+        """Events lost. The stats count ring-buffer entries, and
+        userstacktrace writes two per event (the event, then its user
+        stack): lost entries = 2 per event lost whole + 1 per event whose
+        entry alone was lost (its stack was read as an orphan) + 1 per event
+        read without its stack. Kernel threads (system-wide) write no stack
+        entry: there this undercounts."""
+        entries = self.lost_entries + self.orphan_stacks - self.stackless
+        return max(0, entries) // 2

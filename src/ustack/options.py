@@ -1,0 +1,28 @@
+"""What a run was asked to do: the CLI fills it in, a script may too."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .defaults import DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
+from .symbols.symbolizer import SymbolOptions
+
+
+@dataclass
+class Options:
+    command: str = "trace"                 # trace | count | profile | funccount
+    events: list = field(default_factory=list)   # EVENT specs, as typed
+    pid: Optional[int] = None              # -p: scope is that process
+    cmdline: Optional[str] = None          # -c: scope is that command, started by us
+    duration: Optional[float] = None       # -d: seconds, else until Ctrl-C or exit
+    output_format: str = "text"            # count/profile: a report.formats name
+    per_pid: bool = False
+    offsets: bool = False                  # count: keep call sites apart
+    buffer_pages: Optional[int] = None     # None: sized for the unwinder
+    unwind: str = "auto"                   # auto | fp | dwarf
+    stack_size: int = DEFAULT_STACK_SIZE
+    symbols: SymbolOptions = SymbolOptions()
+    backend: str = "auto"                  # auto | perf | bpf | tracefs
+    kernel_stacks: bool = False            # --kernel (bpf only)
+    stack_storage: int = DEFAULT_STACK_STORAGE   # --stack-storage-size
+    interval: Optional[float] = None       # funccount -i

@@ -1,0 +1,38 @@
+"""`-f folded`: `comm;outermost;…;innermost COUNT` lines, as FlameGraph's
+stackcollapse scripts and bcc `profile -f` write them."""
+from __future__ import annotations
+
+from typing import TextIO
+
+from ..model import StackCount
+
+
+def folded_name(f) -> str:
+    if f.function:
+        return f.function.replace(";", ":").replace(" ", "_")
+    return f"[{f.module}]" if f.module else "[unknown]"
+
+
+def format_folded(counts, per_pid: bool = False) -> str:
+    lines: dict = {}
+    for sc in counts:
+        names = [folded_name(f) for f in reversed(sc.stack.frames)]
+        head = f"{sc.comm}-{sc.pid}" if per_pid else sc.comm
+        line = ";".join([head.replace(" ", "_")] + names)
+        lines[line] = lines.get(line, 0) + sc.count
+    return "".join(f"{line} {n}\n" for line, n in
+                   sorted(lines.items(), key=lambda kv: (kv[1], kv[0])))
+
+
+class FoldedReport:
+    """Stacks by frequency as folded lines (per_pid: `comm-PID` first)."""
+
+    def __init__(self, per_pid: bool = False, offsets: bool = False):
+        self.per_pid = per_pid            # offsets: folded lines name functions only
+        self.counted: list = []
+
+    def add(self, counted: StackCount) -> None:
+        self.counted.append(counted)
+
+    def finish(self, out: TextIO) -> None:
+        out.write(format_folded(self.counted, self.per_pid))

@@ -1,0 +1,49 @@
+"""`trace`: a perf-script-like header per event, then its frames (text.py's
+format). Formatting is cached: the frame lines once per distinct Stack the
+resolver hands out, the header's text around the timestamp once per thread,
+CPU and probe, so a hot event costs a few dict lookups and a string join."""
+from __future__ import annotations
+
+from typing import TextIO
+
+from ..model import RawSample, Stack
+from .fetchargs import format_args
+from .text import format_stack, format_time, header_parts
+
+MAX_CACHED = 100_000               # formatted stacks kept; bounds memory
+
+
+class TraceReport:
+    def __init__(self, out: TextIO, labels: list):
+        self.out = out
+        self.labels = labels             # probe index -> event name
+        self.pending: list = []          # text waiting to be written
+        self._blocks: dict = {}          # id(Stack) -> (Stack, frame lines)
+        self._heads: dict = {}           # (tid, cpu, probe) -> header parts
+
+    def add(self, sample: RawSample, stack: Stack, comm: str) -> None:
+        """One event of thread `comm`."""
+        entry = self._blocks.get(id(stack))
+        if entry is None or entry[0] is not stack:
+            if len(self._blocks) > MAX_CACHED:
+                self._blocks.clear()
+            entry = self._blocks[id(stack)] = (stack, format_stack(stack))
+        hkey = (sample.tid, sample.cpu, sample.probe)
+        head = self._heads.get(hkey)
+        if head is None:
+            head = self._heads[hkey] = header_parts(
+                comm, sample.pid, sample.tid, sample.cpu, self.labels[sample.probe])
+        if sample.args:                  # fetch-args: ' a=1 …' after the name
+            self.pending.append(f"{head[0]}{format_time(sample.time_ns)}"
+                                f"{head[1][:-1]}{format_args(sample.args)}\n{entry[1]}")
+        else:
+            self.pending.append(f"{head[0]}{format_time(sample.time_ns)}"
+                                f"{head[1]}{entry[1]}")
+
+    def renamed(self) -> None:
+        """A thread changed its name (or exec'd): headers are made anew."""
+        self._heads.clear()
+
+    def flush(self) -> None:
+        self.out.write("".join(self.pending))
+        self.pending.clear()

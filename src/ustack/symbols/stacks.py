@@ -1,0 +1,67 @@
+"""RawSamples to symbolized Stacks: unwind (the unwind stage) and symbolize
+each distinct raw stack once. A key says what tells raw stacks apart
+(Unwinder.stack_key, within the process and exec generation that gives its
+addresses meaning); stacks of the same key share one Stack object."""
+from __future__ import annotations
+
+from ..model import Frame, RawSample, Stack
+from ..target.mappings import PinnedView
+from ..unwind.fp import callchain_addresses
+from ..unwind.unwinder import Unwinder
+from .kallsyms import KernelSymbols
+from .symbolizer import SymbolOptions, Symbolizer
+
+MAX_CACHED = 100_000               # distinct stacks kept; bounds memory
+# Printed between the kernel frames and the user frames of a stack (bcc's
+# separator); kernel frames come first: a stack reads innermost first.
+SEPARATOR = Frame(addr=0, module="", function="--")
+
+
+class StackResolver:
+    """`tracker` is the run's MappingTracker: mappings by pid and exec
+    generation; `options` what the user asked of names."""
+
+    def __init__(self, tracker, options: SymbolOptions = SymbolOptions()):
+        self.tracker = tracker
+        self.unwinder = Unwinder(debug_dirs=options.debug_dirs)
+        # one symbolizer (one cache) for the run, its view pinned to the
+        # exec generation of the stack being named
+        self._view = PinnedView(tracker)
+        self.symbolizer = Symbolizer(self._view, options)
+        self._stacks: dict = {}
+        self._kernel = None
+
+    @property
+    def warnings(self) -> list:
+        """Debug files refused by the symbolizer or the unwinder."""
+        return self.symbolizer.warnings + self.unwinder.warnings
+
+    def key(self, sample: RawSample) -> tuple:
+        """(pid, exec generation, probe-independent stack key)."""
+        pid = sample.pid
+        return (pid, self.tracker.generations.get(pid, 0),
+                self.unwinder.stack_key(sample, self.tracker.find), sample.kernel)
+
+    def stack(self, sample: RawSample) -> Stack:
+        """The symbolized stack of a sample, as it is now."""
+        key = self.key(sample)
+        stack = self._stacks.get(key)
+        if stack is None:
+            if len(self._stacks) > MAX_CACHED:
+                self._stacks.clear()
+            stack = self._stacks[key] = self.stack_of(key)
+        return stack
+
+    def stack_of(self, key: tuple) -> Stack:
+        """The Stack of a key(), with the mappings of its exec generation
+        (None: the latest), also after the process exited or exec'd."""
+        pid, generation, skey, kernel = key
+        self._view.generation = generation
+        addrs, notes = self.unwinder.unwind_key(pid, skey, self._view.find)
+        frames = self.symbolizer.frames(pid, addrs)
+        if kernel:
+            if self._kernel is None:
+                self._kernel = KernelSymbols()
+            named = tuple(self._kernel.frame(a) for a in callchain_addresses(kernel))
+            frames = named + (SEPARATOR,) + frames
+        return Stack(frames, notes)

@@ -1,0 +1,53 @@
+"""The unwind stage's one entry: a RawSample to return addresses, by the
+frame-pointer repair (fp.py) or the DWARF unwinder (dwarf.py), whichever the
+sample's content calls for (the capture copied a stack, or the kernel
+walked the frame pointers). Also says what tells two raw stacks apart, so
+callers unwind and symbolize each distinct stack once."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..model import Mapping, RawSample
+from .dwarf import DwarfUnwinder
+from .fp import frame_pointer_stack
+
+FindMapping = Callable[[int, int], Optional[Mapping]]     # (pid, addr)
+
+
+class Unwinder:
+    """Keep one per run: the DWARF unwinder's caches live here."""
+
+    def __init__(self, debug_dirs=()):
+        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs)
+
+    @property
+    def warnings(self) -> list:
+        """Debug files refused while looking for CFI, one sentence each."""
+        return self.dwarf.warnings
+
+    def unwind(self, sample: RawSample, find: FindMapping) -> tuple:
+        """(return addresses innermost first, notes) of one sample."""
+        pid = sample.pid
+        if sample.regs is not None:
+            return self.dwarf.unwind(sample.regs, sample.stack or b"",
+                                     lambda addr: find(pid, addr))
+        return frame_pointer_stack(sample.callchain, sample.return_address,
+                                   lambda addr: find(pid, addr) is not None), ()
+
+    def stack_key(self, sample: RawSample, find: FindMapping) -> tuple:
+        """What tells raw stacks apart before symbolization, as a pair: the
+        callchain and return address of a frame-pointer sample (never its
+        fetch-arg values), unwound later, once per distinct stack; or the
+        (addresses, notes) of a DWARF sample, unwound now, since its stack
+        copy is nearly always unique."""
+        if sample.regs is not None:
+            return self.unwind(sample, find)
+        return sample.callchain, sample.return_address
+
+    def unwind_key(self, pid: int, key: tuple, find: FindMapping) -> tuple:
+        """(addresses, notes) of a stack_key()."""
+        first, second = key
+        if isinstance(first, tuple):
+            return key
+        return frame_pointer_stack(first, second,
+                                   lambda addr: find(pid, addr) is not None), ()
