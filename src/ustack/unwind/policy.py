@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..model import UprobeTarget, UstackError
+from ..objfile import prologue
 from ..objfile.elf import ElfImage
 
 PUSH_RBP_MOV_RSP_RBP = b"\x55\x48\x89\xe5"
@@ -36,9 +37,7 @@ def keeps_frame_pointers(path: str) -> bool:
              ][:SAMPLE_FUNCTIONS]
     if not funcs:
         return False
-    # -O2 shrink-wraps: the frame may be set up after an early-exit test
-    framed = sum(PUSH_RBP_MOV_RSP_RBP in (image.read(f.address, PROLOGUE_BYTES) or b"")
-                 for f in funcs)
+    framed = sum(prologue.sets_up_frame_pointer(image, f) for f in funcs)
     return framed >= 0.8 * len(funcs)
 
 
