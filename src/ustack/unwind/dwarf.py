@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from ..model import Mapping, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
-from ..objfile.vdso import vdso_path
+from ..objfile.mapped import file_offset, object_path
 from . import cfi
 from .cfi import UnwindTable
 
@@ -173,8 +173,8 @@ class DwarfUnwinder:
         if len(self._states) >= _MAX_MAPPINGS:
             self._states.clear()
         st = _MapState(m)
-        path = vdso_path(m) if m.path == "[vdso]" else m.open_path
-        if path and path.startswith("/"):
+        path = object_path(m)
+        if path is not None:
             try:
                 st.image = ElfImage.open(path)
             except UstackError as e:
@@ -206,7 +206,7 @@ class DwarfUnwinder:
         m = st.mapping
         image = st.image
         q = pc if exact else pc - 1
-        vaddr = image.vaddr_of_file_offset(q - m.start + m.pgoff) if image else None
+        vaddr = image.vaddr_of_file_offset(file_offset(m, q)) if image else None
         row = st.table.lookup(vaddr) if st.table is not None and vaddr is not None else None
         if row is not None:
             kind, cfa_off, ra_off, bp_rule, bp_off, aux = row
