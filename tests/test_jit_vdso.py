@@ -38,7 +38,7 @@ def test_perf_map_reread_when_it_changes(tmp_path):
 
 
 def test_symbolizer_names_anonymous_code(tmp_path, monkeypatch):
-    monkeypatch.setattr("ustack.symbols.symbolizer.perf_map_path",
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
                         lambda pid: str(tmp_path / f"perf-{pid}.map"))
     (tmp_path / "perf-9.map").write_text("7f0000001000 40 _ZN2js3jit4Code3runEv\n")
     maps = FakeMaps({9: [Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon"),

@@ -16,6 +16,12 @@ def cache_root() -> str:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ustack")
 
 
+def memo_key(st: os.stat_result) -> tuple:
+    """The in-memory memo key of what is derived from one file: a file
+    replaced or rewritten in place (new inode or mtime) gets a new key."""
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
 def cache_file(kind: str, path: str, st: os.stat_result,
                build_id: Optional[str], suffix: str) -> str:
     """Where the cached KIND of the object at `path` lives."""

@@ -63,7 +63,7 @@ class LineTable:
             st = os.stat(image.path)
         except OSError:
             return None
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        key = objcache.memo_key(st)
         table = cls._memo.get(key)
         if table is None:
             table = cls._memo[key] = cls(image.path, st, image.build_id)

@@ -70,7 +70,7 @@ class ElfImage:
             raise UstackError(f"no such binary: {path}") from None
         except OSError as e:
             raise UstackError(f"{path}: {e.strerror}") from None
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        key = objcache.memo_key(st)
         image = cls._cache.get(key)
         if image is None:
             image = cls(path)

@@ -10,12 +10,11 @@ import shutil
 import subprocess
 from typing import Optional
 
-import capstone
-
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
 from ustack.model import (ProbeSpec, ProfileTarget, TracepointTarget, UprobeTarget,
                           UstackError)
+from ustack.objfile import prologue
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes.fetchargs import kernel_fetch_args
 
@@ -196,18 +195,12 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
 
 # --- disassembly: instruction boundary and the return-address slot ----------
 
-_md_lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-_md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-_md.detail = True
-_RSP = capstone.x86.X86_REG_RSP
-
-
 def _check_and_find_slot(image, sym: Symbol, vaddr: int, where: str, shown: str):
     if vaddr == sym.address:
         return 0  # nothing pushed yet: the return address is at [sp]
     code = image.read(sym.address, sym.size)
     prefix = []
-    for insn in _md.disasm(code[: vaddr - sym.address + 15], sym.address):
+    for insn in prologue.instructions(code[: vaddr - sym.address + 15], sym.address):
         if insn.address >= vaddr:
             break
         if vaddr < insn.address + insn.size:
@@ -218,52 +211,7 @@ def _check_and_find_slot(image, sym: Symbol, vaddr: int, where: str, shown: str)
     if not prefix or prefix[-1].address + prefix[-1].size != vaddr:
         raise UstackError(f"cannot decode {sym.name} up to {where} in {shown}; "
                           "refusing a probe that may not be on an instruction boundary")
-    return _slot(prefix, _branch_targets(code, sym.address), sym.address, vaddr)
-
-
-def _branch_targets(code: bytes, start: int) -> set:
-    out = set()
-    for _addr, _size, mnem, ops in _md_lite.disasm_lite(code, start):
-        if mnem.startswith(("j", "loop")):
-            try:
-                out.add(int(ops, 0))
-            except ValueError:
-                pass  # indirect: unknown target
-    return out
-
-
-def _slot(prefix, targets: set, start: int, vaddr: int) -> Optional[int]:
-    """Words between sp and the return address at vaddr, following the
-    straight-line path from the entry; None once rbp holds a frame (the
-    kernel's frame-pointer walk then finds the caller) or when unsure."""
-    if any(start < t <= vaddr for t in targets):
-        return None  # vaddr is also reached by a jump: depth unknown
-    depth = 0
-    for insn in prefix:
-        mnem, ops = insn.mnemonic, insn.op_str
-        if mnem == "mov" and ops == "rbp, rsp":
-            return None
-        if mnem == "lea" and ops.startswith("rbp, [rsp"):
-            return None  # Go: sub rsp,N; mov [rsp+X],rbp; lea rbp,[rsp+X]
-        if mnem in ("ret", "jmp") or mnem.startswith(("leave", "enter")):
-            return None
-        if _RSP not in insn.regs_access()[1]:
-            continue
-        if mnem in ("push", "pushfq"):
-            depth += 1
-        elif mnem in ("pop", "popfq"):
-            depth -= 1
-        elif mnem in ("sub", "add") and ops.startswith("rsp, "):
-            try:
-                n = int(ops[5:], 0)
-            except ValueError:
-                return None
-            if n % 8:
-                return None
-            depth += n // 8 if mnem == "sub" else -(n // 8)
-        elif mnem != "call":  # a call returns with rsp unchanged
-            return None
-    return depth if depth >= 0 else None
+    return prologue.return_address_slot(prefix, code, sym.address, vaddr)
 
 
 # --- tracepoints -------------------------------------------------------------

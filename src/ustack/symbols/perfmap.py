@@ -11,9 +11,31 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Optional
+from typing import Callable, Optional
 
+from ..model import Frame, Mapping
 from ..objfile.elf import Symbol
+
+
+class JitSymbols:
+    """Frames in anonymous memory, named from each process's perf map;
+    `name` turns a map's name into the one shown (demangled or not)."""
+
+    def __init__(self, name: Callable[[str], str]):
+        self._name = name
+        self._maps: dict = {}           # pid -> PerfMap
+
+    def frame(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
+        """Other memory without a file ([heap], [stack]) stays unnamed."""
+        if m.path in ("", "//anon") or m.path.startswith("[anon"):
+            perf_map = self._maps.get(pid)
+            if perf_map is None:
+                perf_map = self._maps[pid] = PerfMap(perf_map_path(pid))
+            sym = perf_map.lookup(addr - back)
+            if sym is not None:
+                return Frame(addr=addr, module="JIT", function=self._name(sym.name),
+                             offset=addr - sym.address, size=sym.size)
+        return Frame(addr=addr, module=m.path, path=m.path)
 
 
 class PerfMap:

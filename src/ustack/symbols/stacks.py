@@ -8,7 +8,6 @@ from ..model import Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
-from .kallsyms import KernelSymbols
 from .symbolizer import SymbolOptions, Symbolizer
 
 MAX_CACHED = 100_000               # distinct stacks kept; bounds memory
@@ -29,7 +28,6 @@ class StackResolver:
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options)
         self._stacks: dict = {}
-        self._kernel = None
 
     @property
     def warnings(self) -> list:
@@ -60,8 +58,6 @@ class StackResolver:
         addrs, notes = self.unwinder.unwind_key(pid, skey, self._view.find)
         frames = self.symbolizer.frames(pid, addrs)
         if kernel:
-            if self._kernel is None:
-                self._kernel = KernelSymbols()
-            named = tuple(self._kernel.frame(a) for a in callchain_addresses(kernel))
-            frames = named + (SEPARATOR,) + frames
+            frames = (self.symbolizer.kernel_frames(callchain_addresses(kernel))
+                      + (SEPARATOR,) + frames)
         return Stack(frames, notes)

@@ -1,24 +1,23 @@
-"""Runtime addresses -> Frames through the process's mappings and ELF symbols."""
+"""Runtime addresses -> Frames: each address is normalized to (mapping,
+object file, file offset), then named by its source: ELF symbols and debug
+files (elf.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
+vDSO (vdso.py); kernel addresses by kallsyms (kernel.py)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
-from ustack.model import Frame, Mapping, UstackError
-from ustack.objfile.debuginfo import debug_lookup
-from ustack.objfile.demangle import demangle
-from ustack.objfile.dwarf_lines import LineTable, has_dwarf
-from ustack.objfile.elf import ElfImage
-from ustack.objfile.gopclntab import PclntabError, go_table
-from ustack.objfile.vdso import vdso_path
+from ..model import Frame
+from ..objfile.demangle import demangle
+from .elf import ElfSymbols
+from .go import GoSymbols
+from .kernel import KernelSymbols
+from .normalize import normalize
+from .perfmap import JitSymbols
+from .vdso import VDSO_MODULE, is_vdso, unnamed_frame
 
-from .perfmap import PerfMap, perf_map_path
-
-from .lines import expand
-
-
-_MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
+_MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
 @dataclass(frozen=True)
@@ -31,17 +30,21 @@ class SymbolOptions:
 
 
 class Symbolizer:
-    """`mappings` is anything with find(pid, addr) -> Mapping | None."""
+    """`mappings` is anything with find(pid, addr) -> Mapping | None.
+    `warnings` collects what the user should hear once (debug files
+    refused, corrupt DWARF), one sentence each."""
 
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions()):
         self.mappings = mappings
         self.options = options
-        self._images: dict = {}   # open_path -> ElfImage | None (failed)
-        self._symbols: dict = {}  # (open_path, file offset) -> (vaddr, Symbol | None)
-        self._debug_images: dict = {}  # image path -> debug ElfImage | None
-        self._line_tables: dict = {}  # image path -> LineTable | None
-        self._perf_maps: dict = {}     # pid -> PerfMap (JIT code)
-        self.warnings: list = []  # debug files refused, for the user
+        self.warnings: list = []
+        name = demangle if options.demangle else _as_is
+        self._elf = ElfSymbols(options, name, self.warnings)
+        self._go = GoSymbols(options, self._elf.image)
+        self._jit = JitSymbols(name)
+        self._kernel: Optional[KernelSymbols] = None   # read on first use
+        self._source_wanted = options.lines or options.inlines
+        self._modules: dict = {}          # mapping path -> module name shown
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
@@ -55,144 +58,39 @@ class Symbolizer:
     def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
         """The frame of the function holding addr, preceded (with
         --inlines) by the calls inlined there, innermost first."""
-        q = addr - back
-        m = self.mappings.find(pid, q)
-        if m is None:
+        at = normalize(self.mappings, pid, addr - back)
+        if at is None:
             return [Frame(addr=addr, module="")]
-        if m.path == "[vdso]":
-            # every 64-bit process maps the same image: read our copy of it
-            open_path, module = vdso_path(m), "vdso"
-            if open_path is None:
-                return [Frame(addr=addr, module=module, path=m.path)]
-        elif not m.path.startswith("/") or m.path == "//anon":
-            return [self._special(pid, m, addr, back)]
-        else:
-            open_path, module = m.open_path, os.path.basename(m.path)
-        vaddr, sym = self._resolve(open_path, q - m.start + m.pgoff)
-        opts = self.options
-        if vaddr is not None and (sym is None or opts.lines or opts.inlines):
-            go = self._go(open_path)
+        m, path, file_off = at
+        if path is None:                          # memory without a file
+            if is_vdso(m):
+                return [unnamed_frame(m, addr)]
+            return [self._jit.frame(pid, m, addr, back)]
+        module = self._modules.get(m.path)
+        if module is None:
+            module = self._module(m)
+        vaddr, sym = self._elf.resolve(path, file_off)
+        if vaddr is not None and (sym is None or self._source_wanted):
+            go = self._go.table(path)             # Go names even when stripped
             if go is not None:
-                return self._go_frames(go, m, module, addr, vaddr, back)
-        if sym is None:
-            f = Frame(addr=addr, module=module, path=m.path)
-        else:
-            f = Frame(addr=addr, module=module, function=self._name(sym.name),
-                      offset=vaddr + back - sym.address, size=sym.size, path=m.path)
-        if vaddr is not None and (opts.lines or opts.inlines):
-            return self._source_frames(f, open_path, vaddr)
-        return [f]
+                return self._go.frames(go, m, module, addr, vaddr, back)
+        return self._elf.frames(m, path, module, addr, back, vaddr, sym)
 
-    def _source_frames(self, f: Frame, open_path: str, vaddr: int) -> list:
-        """f with its DWARF file:line (--lines), after the calls inlined at
-        that point as frames of their own (--inlines)."""
-        table = self._line_table(open_path)
-        if table is None:
-            return [f]
-        locs = table.locate(vaddr)
-        if table.errors:                        # corrupt DWARF: said once
-            self.warnings.extend(table.errors)
-            table.errors.clear()
-        out = expand(f, locs, self.options.lines, self.options.inlines)
-        for i, g in enumerate(out[:-1]):        # inlined names are linkage names
-            if g.function:
-                out[i] = replace(g, function=self._name(g.function))
-        return out
+    def _module(self, m) -> str:
+        """The name frames show for m's object, memoized: basename() costs
+        more than the rest of a cached frame."""
+        if len(self._modules) >= _MAX_MODULES:
+            self._modules.clear()
+        module = VDSO_MODULE if is_vdso(m) else os.path.basename(m.path)
+        self._modules[m.path] = module
+        return module
 
-    def _name(self, name: str) -> str:
-        return demangle(name) if self.options.demangle else name
+    def kernel_frames(self, addrs) -> tuple:
+        """Frames of kernel addresses (a kernel stack), innermost first."""
+        if self._kernel is None:
+            self._kernel = KernelSymbols()
+        return tuple(self._kernel.frame(a) for a in addrs)
 
-    def _special(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
-        """Anonymous memory from the JIT's /tmp/perf-PID.map; other
-        [heap]-like mappings stay unnamed."""
-        if m.path in ("", "//anon") or m.path.startswith("[anon"):
-            perf_map = self._perf_maps.get(pid)
-            if perf_map is None:
-                perf_map = self._perf_maps[pid] = PerfMap(perf_map_path(pid))
-            sym = perf_map.lookup(addr - back)
-            if sym is not None:
-                return Frame(addr=addr, module="JIT", function=self._name(sym.name),
-                             offset=addr - sym.address, size=sym.size)
-        return Frame(addr=addr, module=m.path, path=m.path)
 
-    # --- Go: names, lines and inlined calls from .gopclntab -----------------
-
-    def _go(self, path: str):
-        image = self._image(path)
-        if image is None or not image.is_go:
-            return None
-        try:
-            return go_table(image)
-        except PclntabError:
-            return None                 # corrupt: ELF symbols only, no wrong names
-
-    def _go_frames(self, go, m: Mapping, module: str, addr: int, vaddr: int,
-                   back: int) -> list:
-        func = go.find(vaddr)
-        if func is None:
-            return [Frame(addr=addr, module=module, path=m.path)]
-        lines, inlines = self.options.lines, self.options.inlines
-        # the last GoFrame is func itself, at the call site of what was
-        # inlined into it: its file:line lies inside the function it names
-        found = go.frames(vaddr) if (lines or inlines) else []
-        out = [Frame(addr=addr, module=module, function=g.function, path=m.path,
-                     file=g.file if lines else "", line=g.line if lines else 0,
-                     inlined=True)
-               for g in (found[:-1] if inlines else ())]
-        own = found[-1] if lines and found else None
-        out.append(Frame(addr=addr, module=module, function=func.name,
-                         offset=vaddr + back - func.entry, size=func.end - func.entry,
-                         path=m.path, file=own.file if own else "",
-                         line=own.line if own else 0))
-        return out
-
-    def _resolve(self, open_path: str, file_off: int):
-        key = (open_path, file_off)
-        hit = self._symbols.get(key)
-        if hit is None:
-            hit = (None, None)
-            image = self._image(open_path)
-            if image is not None:
-                vaddr = image.vaddr_of_file_offset(file_off)
-                if vaddr is not None:
-                    sym = None
-                    debug = self._debug(image)
-                    if debug is not None:       # full symtab, local functions too
-                        sym = debug.lookup(vaddr)
-                    hit = (vaddr, sym or image.lookup(vaddr))
-            if len(self._symbols) >= _MAX_CACHED:
-                self._symbols.clear()
-            self._symbols[key] = hit
-        return hit
-
-    def _debug(self, image: ElfImage) -> Optional[ElfImage]:
-        """The separate debug file of a stripped object (e.g. libc6-dbg)."""
-        if image.has_symtab:
-            return None
-        return self._debug_file(image)
-
-    def _debug_file(self, image: ElfImage) -> Optional[ElfImage]:
-        if image.path not in self._debug_images:
-            debug, found = debug_lookup(image, self.options.debug_dirs)
-            self._debug_images[image.path] = debug
-            self.warnings.extend(found.refused)
-        return self._debug_images[image.path]
-
-    def _line_table(self, path: str) -> Optional[LineTable]:
-        """DWARF lines of the object itself, else of its debug file."""
-        if path not in self._line_tables:
-            table = None
-            image = self._image(path)
-            if image is not None:
-                source = image if has_dwarf(image) else self._debug_file(image)
-                table = LineTable.for_image(source) if source is not None else None
-            self._line_tables[path] = table
-        return self._line_tables[path]
-
-    def _image(self, path: str) -> Optional[ElfImage]:
-        if path not in self._images:
-            try:
-                self._images[path] = ElfImage.open(path)
-            except UstackError:
-                self._images[path] = None  # unnamed frames, not a failed run
-        return self._images[path]
+def _as_is(name: str) -> str:
+    return name

@@ -108,7 +108,7 @@ class UnwindTable:
         DebugLookup says which file that was and which candidates were
         refused. A warm cache hit reads no section."""
         st = os.stat(image.path)
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns, tuple(debug_dirs))
+        key = objcache.memo_key(st) + (tuple(debug_dirs),)
         hit = cls._memo.get(key)
         if hit is not None:
             return hit

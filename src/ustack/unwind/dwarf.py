@@ -14,8 +14,9 @@ import struct
 from typing import Callable, Optional
 
 from ..model import Mapping, UstackError
+from ..objfile import prologue
 from ..objfile.elf import ElfImage
-from ..objfile.vdso import vdso_path
+from ..objfile.mapped import file_offset, object_path
 from . import cfi
 from .cfi import UnwindTable
 
@@ -39,7 +40,6 @@ _TRUNC_LIMIT = 64 << 20  # reads further above the copy are garbage, not a short
 _MAX_PCS = 1 << 17       # cached pcs per mapping before the cache is dropped
 _MAX_MAPPINGS = 1 << 12
 _Q = struct.Struct("<Q")
-_PROLOGUE_SCAN = 256     # bytes of a function disassembled to place a leaf pc
 
 
 def truncation_note(size: int) -> str:
@@ -173,8 +173,8 @@ class DwarfUnwinder:
         if len(self._states) >= _MAX_MAPPINGS:
             self._states.clear()
         st = _MapState(m)
-        path = vdso_path(m) if m.path == "[vdso]" else m.open_path
-        if path and path.startswith("/"):
+        path = object_path(m)
+        if path is not None:
             try:
                 st.image = ElfImage.open(path)
             except UstackError as e:
@@ -206,7 +206,7 @@ class DwarfUnwinder:
         m = st.mapping
         image = st.image
         q = pc if exact else pc - 1
-        vaddr = image.vaddr_of_file_offset(q - m.start + m.pgoff) if image else None
+        vaddr = image.vaddr_of_file_offset(file_offset(m, q)) if image else None
         row = st.table.lookup(vaddr) if st.table is not None and vaddr is not None else None
         if row is not None:
             kind, cfa_off, ra_off, bp_rule, bp_off, aux = row
@@ -249,85 +249,11 @@ def _short(notes: list, size: int, offset: int, top: int) -> None:
 
 
 def _leaf_rule(image: ElfImage, vaddr: int) -> Optional[tuple]:
-    """Where the return address of a leaf without CFI is, from the code
-    between its function's start and pc: before the frame pointer is set up
-    (`mov %rsp,%rbp`, Go's `lea N(%rsp),%rbp`) rbp is still the caller's, so
-    follow the pushes and `sub $N,%rsp` instead. None: use rbp."""
-    code = image.read(vaddr, 3)
-    if code[:1] in (b"\xc3", b"\xc2") or code[:2] == b"\xf3\xc3":
-        return (_SP, 8, -8, cfi.BP_SAME, 0, 0)      # at a ret: [sp] is the return address
-    start = _function_start(image, vaddr)
-    if start is None:
+    """The CFA rule of a leaf without CFI, from its prologue; None: use rbp."""
+    found = prologue.leaf_frame(image, vaddr)
+    if found is None:
         return None
-    code = image.read(start, vaddr - start)
-    depth = 0                                    # bytes below the return address
-    bp_off = None                                # where the caller's rbp was saved
-    at = start
-    for at, size, mnem, ops in _disasm(code, start):
-        if mnem == "push":
-            if ops == "rbp" and bp_off is None:
-                bp_off = -16 - depth
-            depth += 8
-        elif mnem == "pop":
-            depth -= 8
-            if ops == "rbp":
-                bp_off = None
-        elif (mnem == "sub" or mnem == "add") and ops.startswith("rsp, "):
-            try:
-                n = int(ops[5:], 0)
-            except ValueError:
-                return None
-            depth += n if mnem == "sub" else -n
-        elif ((mnem == "mov" and ops == "rbp, rsp")
-              or (mnem == "lea" and ops.startswith("rbp, [rsp"))):
-            return None                          # frame pointer set up: rbp is right
-        elif mnem == "mov" and ops.startswith("qword ptr [rsp") and ops.endswith("], rbp"):
-            if bp_off is None:
-                inner = ops[len("qword ptr [rsp"):-len("], rbp")].replace(" ", "")
-                try:
-                    bp_off = (int(inner, 0) if inner else 0) - 8 - depth
-                except ValueError:
-                    return None
-        elif mnem in _ENDS_LINEAR or (ops.startswith("rsp") and mnem not in ("cmp", "test")):
-            return None                          # past an exit, or rsp changed oddly
-        at += size
-    if at != vaddr or depth < 0:
-        return None                              # pc is not on an instruction boundary
+    depth, bp_off = found
     if bp_off is None:
         return (_SP, depth + 8, -8, cfi.BP_SAME, 0, 0)
     return (_SP, depth + 8, -8, cfi.BP_AT, bp_off, 0)
-
-
-_ENDS_LINEAR = frozenset(("ret", "leave", "jmp", "enter", "iretq", "ud2", "int3", "hlt"))
-# Go's stack-bound check opens every function that can grow its stack:
-# cmp 0x10(%r14),%rsp (small frames) or cmp 0x10(%r14),%r12 after a lea.
-_GO_CHECK = (b"\x49\x3b\x66\x10", b"\x4d\x3b\x66\x10")
-
-
-def _function_start(image: ElfImage, vaddr: int) -> Optional[int]:
-    sym = image.lookup(vaddr)
-    if sym is not None and sym.address <= vaddr < sym.address + max(sym.size, 1):
-        return sym.address if vaddr - sym.address <= _PROLOGUE_SCAN else None
-    if image.is_go:                              # stripped Go: find the stack check
-        lo = max(vaddr - 24, 0)
-        before = image.read(lo, vaddr - lo + 4)
-        for pat, back in ((_GO_CHECK[0], 0), (_GO_CHECK[1], 8)):
-            i = before.rfind(pat)
-            if i >= 0 and lo + i - back >= 0:
-                start = lo + i - back
-                if back == 0 or image.read(start, 4) == b"\x4c\x8d\xa4\x24":
-                    return start
-    return None
-
-
-_capstone = None
-
-
-def _disasm(code: bytes, addr: int):
-    global _capstone
-    if _capstone is None:
-        import capstone  # only needed for leaves without CFI: load lazily
-        _capstone = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    return _capstone.disasm_lite(code, addr)
-
-

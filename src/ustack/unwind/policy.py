@@ -15,10 +15,9 @@ from typing import Optional
 
 from ..kernel import bpf
 from ..model import ProfileTarget, UprobeTarget, UstackError
+from ..objfile import prologue
 from ..objfile.elf import ElfImage
 
-PUSH_RBP_MOV_RSP_RBP = b"\x55\x48\x89\xe5"
-PROLOGUE_BYTES = 32
 SAMPLE_FUNCTIONS = 64
 # Start-up code the toolchain links into every program, built its own way:
 # it says nothing about how the program itself was compiled.
@@ -39,9 +38,7 @@ def keeps_frame_pointers(path: str) -> bool:
              ][:SAMPLE_FUNCTIONS]
     if not funcs:
         return False
-    # -O2 shrink-wraps: the frame may be set up after an early-exit test
-    framed = sum(PUSH_RBP_MOV_RSP_RBP in (image.read(f.address, PROLOGUE_BYTES) or b"")
-                 for f in funcs)
+    framed = sum(prologue.sets_up_frame_pointer(image, f) for f in funcs)
     return framed >= 0.8 * len(funcs)
 
 

@@ -1,28 +1,19 @@
-"""Kernel addresses -> Frames through /proc/kallsyms (text symbols only)."""
+"""Kernel frames: kernel addresses named from /proc/kallsyms (read by
+kernel/kallsyms.py), shown as module `kernel`."""
 from __future__ import annotations
 
 import bisect
 
+from ..kernel.kallsyms import KALLSYMS, text_symbols
 from ..model import Frame
 
-KALLSYMS = "/proc/kallsyms"
 KERNEL_MODULE = "kernel"          # the [module] shown for kernel frames
 
 
 class KernelSymbols:
     def __init__(self, path: str = KALLSYMS):
-        syms = []
-        try:
-            with open(path) as f:
-                for line in f:
-                    addr, kind, name = line.split()[:3]
-                    if kind in "tTwW":
-                        syms.append((int(addr, 16), name))
-        except OSError:
-            pass
-        syms.sort()
-        # addresses are all 0 when kptr_restrict hides them: no names then
-        self.starts = [a for a, _ in syms] if syms and syms[-1][0] else []
+        syms = text_symbols(path)
+        self.starts = [a for a, _ in syms]
         self.names = [n for _, n in syms]
 
     def frame(self, addr: int) -> Frame:

@@ -1,0 +1,112 @@
+"""Names from ELF objects: the object's symbol table, else its separate
+debug file's (a stripped libc with libc6-dbg installed); with --lines and
+--inlines, the DWARF file:line and inlined calls of the object or its debug
+file. Also the opened images, for the Go source."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Optional
+
+from ..model import Frame, Mapping, UstackError
+from ..objfile.debuginfo import debug_lookup
+from ..objfile.dwarf_lines import LineTable, has_dwarf
+from ..objfile.elf import ElfImage
+from .lines import expand
+
+_MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
+
+
+class ElfSymbols:
+    """`name` turns a linkage name into the one shown (demangled or not);
+    debug files refused are appended to `warnings`, one sentence each."""
+
+    def __init__(self, options, name: Callable[[str], str], warnings: list):
+        self.options = options
+        self._name = name
+        self._warnings = warnings
+        self._images: dict = {}        # path -> ElfImage | None (failed)
+        self._symbols: dict = {}       # (path, file offset) -> (vaddr, Symbol | None)
+        self._debug_images: dict = {}  # image path -> debug ElfImage | None
+        self._line_tables: dict = {}   # image path -> LineTable | None
+
+    def resolve(self, path: str, file_off: int) -> tuple:
+        """(vaddr, Symbol) at file_off in the object at path; either may be
+        None (not in a loaded segment, no symbol there)."""
+        key = (path, file_off)
+        hit = self._symbols.get(key)
+        if hit is None:
+            hit = (None, None)
+            image = self.image(path)
+            if image is not None:
+                vaddr = image.vaddr_of_file_offset(file_off)
+                if vaddr is not None:
+                    sym = None
+                    debug = self._debug(image)
+                    if debug is not None:       # full symtab, local functions too
+                        sym = debug.lookup(vaddr)
+                    hit = (vaddr, sym or image.lookup(vaddr))
+            if len(self._symbols) >= _MAX_CACHED:
+                self._symbols.clear()
+            self._symbols[key] = hit
+        return hit
+
+    def frames(self, m: Mapping, path: str, module: str, addr: int, back: int,
+               vaddr: Optional[int], sym) -> list:
+        """The frame of (vaddr, sym) from resolve(), with its source
+        location and inlined calls as asked."""
+        if sym is None:
+            f = Frame(addr=addr, module=module, path=m.path)
+        else:
+            f = Frame(addr=addr, module=module, function=self._name(sym.name),
+                      offset=vaddr + back - sym.address, size=sym.size, path=m.path)
+        if vaddr is not None and (self.options.lines or self.options.inlines):
+            return self._source_frames(f, path, vaddr)
+        return [f]
+
+    def image(self, path: str) -> Optional[ElfImage]:
+        if path not in self._images:
+            try:
+                self._images[path] = ElfImage.open(path)
+            except UstackError:
+                self._images[path] = None  # unnamed frames, not a failed run
+        return self._images[path]
+
+    def _source_frames(self, f: Frame, path: str, vaddr: int) -> list:
+        """f with its DWARF file:line (--lines), after the calls inlined at
+        that point as frames of their own (--inlines)."""
+        table = self._line_table(path)
+        if table is None:
+            return [f]
+        locs = table.locate(vaddr)
+        if table.errors:                        # corrupt DWARF: said once
+            self._warnings.extend(table.errors)
+            table.errors.clear()
+        out = expand(f, locs, self.options.lines, self.options.inlines)
+        for i, g in enumerate(out[:-1]):        # inlined names are linkage names
+            if g.function:
+                out[i] = replace(g, function=self._name(g.function))
+        return out
+
+    def _debug(self, image: ElfImage) -> Optional[ElfImage]:
+        """The separate debug file of a stripped object (e.g. libc6-dbg)."""
+        if image.has_symtab:
+            return None
+        return self._debug_file(image)
+
+    def _debug_file(self, image: ElfImage) -> Optional[ElfImage]:
+        if image.path not in self._debug_images:
+            debug, found = debug_lookup(image, self.options.debug_dirs)
+            self._debug_images[image.path] = debug
+            self._warnings.extend(found.refused)
+        return self._debug_images[image.path]
+
+    def _line_table(self, path: str) -> Optional[LineTable]:
+        """DWARF lines of the object itself, else of its debug file."""
+        if path not in self._line_tables:
+            table = None
+            image = self.image(path)
+            if image is not None:
+                source = image if has_dwarf(image) else self._debug_file(image)
+                table = LineTable.for_image(source) if source is not None else None
+            self._line_tables[path] = table
+        return self._line_tables[path]
