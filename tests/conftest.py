@@ -4,9 +4,11 @@
   `kernel` fixture): they skip, with the reason printed in the summary, when
   not root or when the kernel has no uprobe PMU.
 - After every test, `no_leftovers` (autouse) fails the test if it left
-  behind a uprobe/dynamic event or tracefs instance of a ustack process
-  that has exited (live runs are someone else's), changed
-  trace_options, or a live process it started. Leaked processes are killed
+  behind a uprobe/dynamic event or tracefs instance of a ustack run it
+  started (named ustack_<pid>: the pids helpers.popen_ustack recorded, and
+  pytest's own for in-process runs; other sessions' runs, even killed
+  ones, are not this test's), changed trace_options, or a live process it
+  started. Leaked processes are killed
   and trace_options restored so that one failure does not cascade.
 """
 from __future__ import annotations
@@ -24,6 +26,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers`
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+import helpers  # noqa: E402  (after the path is set)
 
 TRACEFS = Path("/sys/kernel/tracing")
 UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
@@ -74,21 +78,25 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _orphaned(name: str) -> bool:
-    """Whether a ustack_<pid> name belongs to a ustack process that is gone.
-    A live owner is another ustack run (a helper's, a user's): not ours to
-    judge, so concurrent runs do not fail each other's tests."""
-    m = re.search(r"ustack_(\d+)", name)
-    return m is not None and not Path(f"/proc/{m.group(1)}").exists()
+_OWNER = re.compile(r"\bustack_(\d+)(?!\d)")
 
 
-def _tracefs_state() -> dict[str, set[str]]:
+def _owned(name: str, pids: set[int]) -> bool:
+    """Whether a ustack_<pid> name (a probe group or instance) belongs to
+    one of `pids`."""
+    m = _OWNER.search(name)
+    return m is not None and int(m.group(1)) in pids
+
+
+def _tracefs_state(pids: set[int]) -> dict[str, set[str]]:
+    """The probe events and instances of the ustack runs `pids`, and the
+    global trace_options."""
     events = {line for f in ("uprobe_events", "dynamic_events")
               for line in _read(TRACEFS / f).splitlines()
-              if _orphaned(line.split()[0] if line.split() else "")}
+              if _owned(line.split()[0] if line.split() else "", pids)}
     try:
         instances = {p.name for p in (TRACEFS / "instances").iterdir()
-                     if _orphaned(p.name)}
+                     if _owned(p.name, pids)}
     except OSError:
         instances = set()
     return {"events": events, "instances": instances,
@@ -130,14 +138,17 @@ def _children() -> set[int]:
 def no_leftovers(monkeypatch):
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TEST_TAG, tag)
-    before = _tracefs_state()
+    helpers.USTACK_PIDS.clear()
+    # what in-process runs (pytest's pid) had before: an earlier test's to judge
+    before = _tracefs_state({os.getpid()})
     old_children = _children()
     yield
+    ours = {os.getpid(), *helpers.USTACK_PIDS}
     # ustack may be in its last milliseconds of cleanup: give it a moment.
     deadline = time.monotonic() + 2
     while True:
         procs = _test_processes(tag, old_children)
-        after = _tracefs_state()
+        after = _tracefs_state(ours)
         new_events = after["events"] - before["events"]
         new_instances = after["instances"] - before["instances"]
         options_changed = after["trace_options"] != before["trace_options"]

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,15 +118,51 @@ def ustack_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{path}" if path else src)
 
 
-def run_ustack(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    """Run `python -m ustack ARGS…` and wait; text stdout/stderr are captured.
+# The pids of the ustack processes the running test started (reset by
+# conftest.py before each test): the leak check judges the probes and
+# tracefs instances of these runs only (they are named ustack_<pid>), so
+# another session's killed run cannot fail this test.
+USTACK_PIDS: list[int] = []
+
+USTACK = (sys.executable, "-m", "ustack")
+
+
+def popen_ustack(*args, cmd=USTACK, **kw) -> subprocess.Popen:
+    """Start `python -m ustack ARGS…` (or CMD ARGS…, a command that runs
+    ustack) with the repo's src/ first on the path, and record its pid for
+    the leak check. Every ustack process a test starts goes through here."""
+    proc = subprocess.Popen([*map(str, cmd), *map(str, args)],
+                            env=kw.pop("env", None) or ustack_env(), **kw)
+    USTACK_PIDS.append(proc.pid)
+    return proc
+
+
+def run_ustack(*args, timeout: float = 60, cmd=USTACK, text: bool = True,
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+               **kw) -> subprocess.CompletedProcess:
+    """Run `python -m ustack ARGS…` and wait; stdout/stderr are captured
+    (text unless text=False; pass stdout=FILE to send it elsewhere).
 
     On timeout the ustack process is killed (SIGKILL) and TimeoutExpired is
     raised; the leak check in conftest.py then reports any target left behind.
     """
-    return subprocess.run([sys.executable, "-m", "ustack", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout,
-                          env=kw.pop("env", ustack_env()), **kw)
+    proc = popen_ustack(*args, cmd=cmd, text=text, stdout=stdout, stderr=stderr, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_until(condition, timeout: float = 10, what: str = "the condition") -> None:
+    """Poll `condition()` until it is true; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
+        time.sleep(0.02)
 
 
 # "#1  0x000055555555518d in c (n=1) at chain.c:20" or "#0  d () at chain.c:9"

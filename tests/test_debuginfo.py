@@ -41,7 +41,7 @@ def chain(tmp_path, monkeypatch):
     and the default debug root are the test's own."""
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(debuginfo, "DEBUG_ROOTS", [str(tmp_path / "usr-lib-debug")])
-    ElfImage._cache.clear()
+    ElfImage.clear_cache()
     full = build("chain", flags=O2_FP)
     bindir = tmp_path / "bin"
     bindir.mkdir()

@@ -326,7 +326,7 @@ def test_separate_debug_file(tmp_path, monkeypatch):
     d = ElfImage.open(str(stripped)).find("d")[0].address
 
     assert UnwindTable.for_path(str(stripped)).lookup(d) is None   # no debug root yet
-    UnwindTable._memo.clear()
+    UnwindTable.clear_cache()
     monkeypatch.setattr(debuginfo, "DEBUG_ROOTS", [str(root)])
     assert UnwindTable.for_path(str(stripped)).lookup(d) is not None
 
@@ -353,7 +353,8 @@ def test_debug_file_found_like_the_symbolizer_finds_it(tmp_path, monkeypatch):
     stripped = tmp_path / "chain"
     subprocess.run([objcopy, "--strip-debug", str(prog), str(stripped)], check=True)
     d = ElfImage.open(str(stripped)).find("d")[0].address
-    mapping = Mapping(0x555555554000, 0x555555654000, 0, str(stripped))
+    cap = gdb_capture(prog, [1], "d", tmp_path)     # a stack in d, unwound from
+    cap.open_instead(prog, stripped)                # the stripped copy
 
     def by_build_id(root, source):
         debug = root / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
@@ -364,16 +365,19 @@ def test_debug_file_found_like_the_symbolizer_finds_it(tmp_path, monkeypatch):
     mine = by_build_id(tmp_path / "mine", prog)
     assert UnwindTable.for_path(str(stripped)).lookup(d) is None
     unwinder = DwarfUnwinder(debug_dirs=[mine])
-    assert unwinder._state(mapping).table.lookup(d) is not None
+    addrs, notes = unwind(cap, unwinder=unwinder)   # d's CFI from the debug file
+    assert_like_gdb(cap, addrs, notes)
+    assert notes == ()
     assert unwinder.warnings == []
     assert UnwindTable.for_path(str(stripped)).lookup(d) is None      # memo: per debug dirs
-    UnwindTable._memo.clear()
+    UnwindTable.clear_cache()
     assert UnwindTable.for_path(str(stripped)).lookup(d) is None      # disk: per debug file
     assert UnwindTable.for_path(str(stripped), (mine,)).lookup(d) is not None
 
     other = by_build_id(tmp_path / "other", build("chain", flags=O2_NOFP))
     unwinder = DwarfUnwinder(debug_dirs=[other])
-    assert unwinder._state(mapping).table.lookup(d) is None
+    addrs, notes = unwind(cap, unwinder=unwinder)   # refused: no CFI for d
+    assert notes == ("frame pointer used for chain: no CFI",)
     assert len(unwinder.warnings) == 1 and "does not match" in unwinder.warnings[0]
 
     linked = tmp_path / "linked" / "chain"

@@ -212,7 +212,8 @@ def test_profile_running_process():
     """-p: the events follow an existing process; counted in the kernel."""
     import subprocess
     busy = build("busy", flags=O2_FP)
-    proc = subprocess.Popen([str(busy), "3"])
+    # spins far longer than ustack takes to start; -d ends the run, we the process
+    proc = subprocess.Popen([str(busy), "600"])
     try:
         res = ok(run_ustack("profile", "-F", "99", "-p", proc.pid, "-d", "1",
                             "-P", "--backend", "bpf"))

@@ -13,14 +13,12 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import FP, build, gdb_backtrace, run_ustack, ustack_env
+from helpers import FP, build, gdb_backtrace, popen_ustack, run_ustack, wait_until
 
 TRACEFS = Path("/sys/kernel/tracing")
 CHAIN = ["d", "c", "b", "a", "main"]
@@ -220,9 +218,7 @@ def listing(path, glob=None) -> dict[str, tuple[int, int, int]]:
 # --- process helpers ----------------------------------------------------------
 
 def start_ustack(*args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ustack", *map(str, args)],
-                            stdout=stdout, stderr=subprocess.PIPE, text=True,
-                            env=ustack_env())
+    return popen_ustack(*args, stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
 def wait_tracing(proc: subprocess.Popen, timeout: float = 20) -> str:
@@ -240,13 +236,43 @@ def wait_tracing(proc: subprocess.Popen, timeout: float = 20) -> str:
     return line
 
 
-def spawn(*argv) -> subprocess.Popen:
+def spawn(*argv, stdin=None) -> subprocess.Popen:
     """Start a target the way a shell does: a thread reaps it the moment it
     exits (an unreaped zombie still has /proc/PID; see
     test_pid_target_exit_seen_while_unreaped for that case)."""
-    proc = subprocess.Popen([str(a) for a in argv])
+    proc = subprocess.Popen([str(a) for a in argv], stdin=stdin)
     threading.Thread(target=proc.wait, daemon=True).start()
     return proc
+
+
+def release(target: subprocess.Popen) -> None:
+    """Let a target that waits for a line on stdin (the programs' "-"
+    argument, a shell's `read`) go on."""
+    target.stdin.write(b"go\n")
+    target.stdin.close()
+
+
+def run_attached(target: subprocess.Popen, *args, timeout: float = 30
+                 ) -> subprocess.CompletedProcess:
+    """Run `ustack ARGS… -p TARGET` on a target that waits for a line on
+    stdin: the target is released only once ustack says it is tracing (its
+    probes are live), so no call under test can happen before."""
+    us = start_ustack(*args, "-p", target.pid, stdout=subprocess.PIPE)
+    try:
+        header = wait_tracing(us)
+        release(target)
+        out, err = finish(us, timeout=timeout)
+    finally:
+        stop(us)
+    return subprocess.CompletedProcess(us.args, us.returncode, out, header + err)
+
+
+def uprobe_hits(path) -> int:
+    """How often the uprobes on the file PATH have fired (tracefs
+    uprobe_profile: "PATH EVENT HITS"). On a private copy of a program
+    only this test's runs count."""
+    return sum(int(f[-1]) for line in (TRACEFS / "uprobe_profile").read_text().splitlines()
+               if (f := line.split()) and f[0] == str(path))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[str, str]:
@@ -556,18 +582,20 @@ def test_error_not_root(monkeypatch, capsys):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
-@pytest.mark.parametrize("delay", [0, 1])
-def test_sigint_cleans_up_and_target_survives(chain, delay, sig):
+@pytest.mark.parametrize("when", ["at-once", "after-hits"])
+def test_sigint_cleans_up_and_target_survives(chain, when, sig, tmp_path):
     """Ctrl-C (or a service manager's SIGTERM) right after `Tracing …` (as
-    it invites) or a second later."""
-    target = spawn(chain, 10 ** 12)
+    it invites) or once the probe has fired and stacks are flowing."""
+    prog = private_copy(chain, tmp_path)     # its uprobe hits are this test's
+    target = spawn(prog, 10 ** 12)
     try:
-        time.sleep(0.1)
-        us = start_ustack("trace", f"uprobe:{chain}:d", "-p", target.pid)
+        us = start_ustack("trace", f"uprobe:{prog}:d", "-p", target.pid)
         try:
             wait_tracing(us)
             assert ustack_lines(us.pid), "the probe is not in uprobe_events while tracing"
-            time.sleep(delay)
+            if when == "after-hits":
+                wait_until(lambda: uprobe_hits(prog) >= 1000, timeout=20,
+                           what="1000 hits of the probe on d")
             us.send_signal(sig)
             try:
                 err = us.communicate(timeout=15)[1]
@@ -587,7 +615,6 @@ def test_sigint_cleans_up_and_target_survives(chain, delay, sig):
 def test_sigkill_leftovers_removed_by_next_run(chain):
     target = spawn(chain, 10 ** 12)
     try:
-        time.sleep(0.1)
         us = start_ustack("count", f"uprobe:{chain}:d", "-p", target.pid)
         try:
             wait_tracing(us)
@@ -612,10 +639,8 @@ def test_lost_events_reported(tmp_path):
     n = 200_000
     out = tmp_path / "trace.txt"
     with open(out, "w") as f:
-        res = subprocess.run([sys.executable, "-m", "ustack", "trace", f"uprobe:{chain}:d",
-                              "-c", f"{chain} {n}", "--buffer-pages", "1"],
-                             stdout=f, stderr=subprocess.PIPE, text=True, timeout=120,
-                             env=ustack_env())
+        res = run_ustack("trace", f"uprobe:{chain}:d", "-c", f"{chain} {n}",
+                         "--buffer-pages", "1", stdout=f, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     m = re.search(r"^Lost (\d+) events", res.stderr, re.M)

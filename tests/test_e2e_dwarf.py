@@ -440,7 +440,7 @@ _CLI_WITH_STATS = textwrap.dedent("""
     from ustack.unwind.cfi import UnwindTable
     rc = cli.main(sys.argv[1:])
     sys.stdout.flush()
-    tables = {t.path: t.from_cache for t, _found in UnwindTable._memo.values()}
+    tables = {t.path: t.from_cache for t in UnwindTable.loaded()}
     print("STATS " + json.dumps(dict(rc=rc, parses=UnwindTable.parse_count,
                                      tables=tables)), file=sys.stderr)
 """)
@@ -450,8 +450,7 @@ def _cli_run(cache: Path, *args) -> tuple[str, dict]:
     """The real CLI (cli.main) in a fresh process; then what its unwinder
     parsed and loaded."""
     env = dict(ustack_env(), USTACK_CACHE_DIR=str(cache))
-    res = subprocess.run([sys.executable, "-c", _CLI_WITH_STATS, *map(str, args)],
-                         capture_output=True, text=True, timeout=60, env=env)
+    res = run_ustack(*args, cmd=(sys.executable, "-c", _CLI_WITH_STATS), env=env)
     head, _, stats = res.stderr.rpartition("STATS ")
     assert stats, res.stderr
     dwarf_ok(subprocess.CompletedProcess(res.args, res.returncode, res.stdout, head))

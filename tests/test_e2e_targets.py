@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 
 import pytest
 
 from helpers import build, build_go, gdb_backtrace, run_ustack
 from test_e2e_core import (finish, funcs, ok, parse_counts, parse_folded, parse_trace,
-                           private_copy, spawn, start_ustack, stop, wait_tracing)
+                           private_copy, release, run_attached, spawn, start_ustack,
+                           stop, wait_tracing)
 
 CHAIN = ["d", "c", "b", "a", "main"]
 GO_CHAIN = ["main.d", "main.(*T).c", "main.b", "main.a", "main.main", "runtime.main"]
 
-# How long a -p target waits before the calls under test: ustack must be
-# attached by then (Python start-up and probe set-up, slower on a cold CI
-# machine than the ~0.5 s it takes warm).
-ATTACH_MS = 2000
+# A -p target is started with "-" (threads, dlopen_main) or behind a shell's
+# `read`: it waits for a line on stdin, written once ustack is tracing.
+WAIT = "-"
 
 
 # --- 3. profile -------------------------------------------------------------------
@@ -60,11 +59,9 @@ def test_threads_command():
 @pytest.mark.kernel
 def test_threads_pid():
     prog = build("threads")
-    target = spawn(prog, ATTACH_MS, 5)
+    target = spawn(prog, WAIT, 5, stdin=subprocess.PIPE)
     try:
-        time.sleep(0.2)
-        res = ok(run_ustack("count", f"uprobe:{prog}:thread_d", "-p", target.pid,
-                            timeout=30))
+        res = ok(run_attached(target, "count", f"uprobe:{prog}:thread_d"))
         _thread_stack_ok(res, 10)
         assert target.wait(timeout=10) == 0, "the target failed under tracing"
     finally:
@@ -76,13 +73,14 @@ def test_pid_target_exit_seen_while_unreaped():
     """-p ends when the process exits, even if its parent has not reaped it
     yet (a zombie keeps /proc/PID; its perf events hang up all the same)."""
     prog = build("threads")
-    target = subprocess.Popen([str(prog), str(ATTACH_MS), "5"])  # nobody reaps it
+    target = subprocess.Popen([str(prog), WAIT, "5"],  # nobody reaps it
+                              stdin=subprocess.PIPE)
     try:
-        time.sleep(0.2)
         us = start_ustack("count", f"uprobe:{prog}:thread_d", "-p", target.pid,
                           stdout=subprocess.PIPE)
         try:
             wait_tracing(us)
+            release(target)
             out, err = finish(us, timeout=15)
         finally:
             stop(us)
@@ -114,13 +112,11 @@ def test_dlopen_command():
 def test_dlopen_pid_probe_before_load():
     """The probe is placed on plugin.so before the process dlopen()s it."""
     prog, plugin = build("dlopen_main"), build("plugin", kind="shared")
-    target = spawn(prog, ATTACH_MS, plugin, 3)
+    target = spawn(prog, WAIT, plugin, 3, stdin=subprocess.PIPE)
     try:
-        time.sleep(0.2)
         maps = open(f"/proc/{target.pid}/maps").read()
         assert str(plugin) not in maps, "the plugin is loaded already: too late"
-        res = ok(run_ustack("count", f"uprobe:{plugin}:plugin_leaf", "-p", target.pid,
-                            timeout=30))
+        res = ok(run_attached(target, "count", f"uprobe:{plugin}:plugin_leaf"))
         stacks = parse_counts(res.stdout)
         assert [(s["frames"][:4], s["count"]) for s in stacks] == [(PLUGIN_CHAIN, 3)], \
             res.stdout
@@ -164,11 +160,9 @@ def test_go_trace_exit_status(gochain):
         assert funcs(rec["frames"])[:6] == GO_CHAIN, rec
         assert rec["frames"][0]["off"] == 0
     # and run by -p: the process must exit 0 on its own
-    target = spawn("sh", "-c", f"sleep {ATTACH_MS / 1000}; exec {gochain} 5")
+    target = spawn("sh", "-c", f"read line && exec {gochain} 5", stdin=subprocess.PIPE)
     try:
-        time.sleep(0.2)
-        res = ok(run_ustack("count", f"uprobe:{gochain}:main.d", "-p", target.pid,
-                            timeout=30))
+        res = ok(run_attached(target, "count", f"uprobe:{gochain}:main.d"))
         assert target.wait(timeout=10) == 0
     finally:
         stop(target)

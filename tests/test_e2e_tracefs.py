@@ -10,17 +10,16 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from helpers import (FP, O2_NOFP, build, build_go, gdb_backtrace, run_ustack,
-                     ustack_env)
+                     wait_until)
 from test_e2e_core import (fail_one_line, finish, funcs, ok, parse_counts,
-                           parse_trace, program_frames, spawn, start_ustack,
-                           stop, traced_pid, ustack_lines, wait_tracing)
+                           parse_trace, private_copy, program_frames, spawn,
+                           start_ustack, stop, traced_pid, uprobe_hits,
+                           ustack_lines, wait_tracing)
 
 TRACEFS = Path("/sys/kernel/tracing")
 pytestmark = pytest.mark.kernel
@@ -221,7 +220,6 @@ def test_sigkill_leftovers_removed_and_options_untouched(chain):
     options = (TRACEFS / "trace_options").read_text()
     target = spawn(chain, 10 ** 12)
     try:
-        time.sleep(0.1)
         us = start_ustack("trace", "--backend", "tracefs", f"uprobe:{chain}:d",
                           "syscall:write", "-p", target.pid)
         try:
@@ -246,15 +244,17 @@ def test_sigkill_leftovers_removed_and_options_untouched(chain):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
-def test_signal_cleans_up_pid_target(chain, sig):
-    target = spawn(chain, 10 ** 12)
+def test_signal_cleans_up_pid_target(chain, sig, tmp_path):
+    prog = private_copy(chain, tmp_path)     # its uprobe hits are this test's
+    target = spawn(prog, 10 ** 12)
     try:
-        time.sleep(0.1)
-        us = start_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:d",
+        us = start_ustack("count", "--backend", "tracefs", f"uprobe:{prog}:d",
                           "-p", target.pid, stdout=subprocess.PIPE)
         try:
             wait_tracing(us)
-            time.sleep(0.5)
+            # the signal comes once calls of d have been recorded
+            wait_until(lambda: uprobe_hits(prog) >= 1000, timeout=20,
+                       what="1000 hits of the probe on d")
             us.send_signal(sig)
             out, err = us.communicate(timeout=20)
             assert us.returncode == 0, err
@@ -278,11 +278,9 @@ def test_lost_events_counted_exactly(tmp_path):
     n = 100_000
     out = tmp_path / "trace.txt"
     with open(out, "w") as f:
-        res = subprocess.run([sys.executable, "-m", "ustack", "trace", "--backend",
-                              "tracefs", "--unwind", "fp", f"uprobe:{prog}:d",
-                              "-c", f"{prog} {n}", "--buffer-pages", "1"],
-                             stdout=f, stderr=subprocess.PIPE, text=True,
-                             timeout=120, env=ustack_env())
+        res = run_ustack("trace", "--backend", "tracefs", "--unwind", "fp",
+                         f"uprobe:{prog}:d", "-c", f"{prog} {n}", "--buffer-pages", "1",
+                         stdout=f, timeout=120)
     assert res.returncode == 0, res.stderr
     m = re.search(r"^Lost (\d+) events: the tracefs buffer was full", res.stderr, re.M)
     assert m, f"a 1-page buffer and {n} events lost nothing?\n{res.stderr}"

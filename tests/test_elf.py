@@ -188,10 +188,10 @@ def test_lookup_prefers_global_alias(bins):
 
 def test_flatten_nested_and_overlapping_ranges():
     # glibc's assembly has symbols inside and across others
-    from ustack.objfile.elf import _flatten
+    from ustack.objfile.elf import flatten_ranges
     outer, inner = Symbol("outer", 0x100, 0x100), Symbol("inner", 0x150, 0x10)
     cross, after = Symbol("cross", 0x1F0, 0x20), Symbol("after", 0x300, 0x8)
-    starts, owners = _flatten([outer, inner, cross, after])
+    starts, owners = flatten_ranges([outer, inner, cross, after])
     import bisect
 
     def at(a):
@@ -335,9 +335,12 @@ def test_section_bytes_match_pyelftools(tmp_path):
     path = cc(tmp_path, "gz", SRC, "-O1", "-g", "-gz=zlib")
     img = ElfImage.open(path)
     with open(path, "rb") as f:
-        want = {s.name: s.data() for s in ELFFile(f).iter_sections()
+        sections = list(ELFFile(f).iter_sections())
+        want = {s.name: s.data() for s in sections
                 if s["sh_type"] != "SHT_NOBITS" and s.name}
-    assert any(name.startswith(".debug_") for name in img._compressed), "gcc -gz compressed nothing"
+    SHF_COMPRESSED = 0x800
+    assert any(s.name.startswith(".debug_") and s["sh_flags"] & SHF_COMPRESSED
+               for s in sections), "gcc -gz compressed nothing"
     assert {name: img.section_bytes(name) for name in want} == want
     assert img.section_bytes(".no_such_section") is None
 
@@ -562,7 +565,7 @@ def test_symbols_come_back_from_the_cache(bins, tmp_path, monkeypatch):
     shutil.copy(bins["so"], copy)
     first = ElfImage.open(copy).functions
     assert len(list((tmp_path / "cache" / "symbols").glob("*.json"))) == 1
-    ElfImage._cache.clear()
+    ElfImage.clear_cache()
 
     def no_parsing(sections):
         raise AssertionError("symbols parsed again despite the cache")
@@ -573,11 +576,11 @@ def test_symbols_come_back_from_the_cache(bins, tmp_path, monkeypatch):
 def test_stripped_copy_does_not_reuse_the_full_symbols(bins, tmp_path, monkeypatch):
     """Same build-id, other symbol tables: each gets its own cache entry."""
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
-    ElfImage._cache.clear()
+    ElfImage.clear_cache()
     stripped = str(tmp_path / "stripped.so")
     run("strip", "--strip-all", "-o", stripped, bins["so"])
     full = {s.name for s in ElfImage.open(bins["so"]).functions}
-    ElfImage._cache.clear()
+    ElfImage.clear_cache()
     img = ElfImage.open(stripped)
     assert img.build_id == ElfImage.open(bins["so"]).build_id
     names = {s.name for s in img.functions}
@@ -588,9 +591,9 @@ def test_stripped_copy_does_not_reuse_the_full_symbols(bins, tmp_path, monkeypat
 
 def test_corrupt_symbol_cache_is_rebuilt(bins, tmp_path, monkeypatch):
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
-    ElfImage._cache.clear()
+    ElfImage.clear_cache()
     want = ElfImage.open(bins["so"]).functions
-    ElfImage._cache.clear()
+    ElfImage.clear_cache()
     entries = list((tmp_path / "cache" / "symbols").glob("*.json"))
     assert len(entries) == 1
     entries[0].write_bytes(b"{not json")

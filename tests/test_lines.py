@@ -24,8 +24,8 @@ LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
-    LineTable._memo.clear()
-    ElfImage._cache.clear()
+    LineTable.clear_cache()
+    ElfImage.clear_cache()
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_units_parsed_lazily_and_cached(prog, tmp_path):
     cached = sorted(p.name for p in (tmp_path / "cache" / "lines").iterdir())
     build_id = ElfImage.open(str(prog)).build_id
     assert cached[-1] == f"{build_id}.v1.units.json" and len(cached) == 2
-    LineTable._memo.clear()
+    LineTable.clear_cache()
     assert ours(prog, [ret - 1]) == first                # from the cache, nothing parsed
     assert LineTable.parsed_units == before + 1
 

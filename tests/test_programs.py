@@ -74,3 +74,17 @@ def test_gochain_runs(strip, mode):
 def test_gochain_stack():
     stack = gdb_backtrace(build_go("gochain"), [3], "main.d")
     assert stack == ["main.d", "main.(*T).c", "main.b", "main.a", "main.main"]
+
+
+@pytest.mark.parametrize("name", ["threads", "dlopen_main"])
+def test_wait_for_a_line_on_stdin(name):
+    """With "-" the program works only once a line arrives on stdin (how -p
+    tests release a target after ustack is attached); at EOF it exits 4."""
+    prog = build(name)
+    args = [prog, "-", *([build("plugin", kind="shared"), 3] if name == "dlopen_main"
+                         else [5])]
+    res = subprocess.run([str(a) for a in args], input="go\n", capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert subprocess.run([str(a) for a in args], stdin=subprocess.DEVNULL,
+                          timeout=30).returncode == 4

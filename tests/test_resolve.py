@@ -4,11 +4,10 @@ import os
 import re
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from helpers import build_go_source
+from helpers import build_go_source, wait_until
 
 from ustack.kernel.tracefs import tracepoint_groups, tracepoint_names
 from ustack.model import UstackError
@@ -352,12 +351,10 @@ def test_bare_library_names():
 def test_library_of_a_process():
     proc = subprocess.Popen(["sleep", "30"])
     try:
-        maps = ""
-        for _ in range(100):
-            maps = open(f"/proc/{proc.pid}/maps").read()
-            if "libc.so" in maps:
-                break
-            time.sleep(0.05)
+        # the dynamic loader maps libc just after exec: wait for it
+        wait_until(lambda: "/libc.so" in open(f"/proc/{proc.pid}/maps").read(),
+                   what="libc in the maps of `sleep 30`")
+        maps = open(f"/proc/{proc.pid}/maps").read()
         libc = next(l.split()[-1] for l in maps.splitlines() if "/libc.so" in l)
         t = one("uprobe:libc:getpid", pid=proc.pid)
         assert t.path == libc and t.label == f"uprobe:{libc}:getpid"
@@ -384,8 +381,8 @@ def test_symlinks_resolve_inside_another_root(tmp_path):
     (root / "lib").symlink_to("usr/lib")
     (root / "usr/lib/libx.so").symlink_to("/usr/lib/real.so")  # absolute: inside root
     (root / "usr/lib/up").symlink_to("../../../../..")
-    assert resolve._resolve_in_root(str(root), "/lib/libx.so") == "/usr/lib/real.so"
-    assert resolve._resolve_in_root(str(root), "/usr/lib/up/lib/./libx.so") == "/usr/lib/real.so"
+    assert resolve.realpath_in_root(str(root), "/lib/libx.so") == "/usr/lib/real.so"
+    assert resolve.realpath_in_root(str(root), "/usr/lib/up/lib/./libx.so") == "/usr/lib/real.so"
 
 
 def test_process_in_another_root(tmp_path):
@@ -403,10 +400,9 @@ def test_process_in_another_root(tmp_path):
     (root / "bin").symlink_to("/usr/bin")  # absolute: means ROOT/usr/bin in there
     proc = subprocess.Popen(["chroot", str(root), "/bin/st"])
     try:
-        for _ in range(100):
-            if os.readlink(f"/proc/{proc.pid}/exe").endswith("/st"):
-                break
-            time.sleep(0.05)
+        # chroot execs st: wait until it has
+        wait_until(lambda: os.readlink(f"/proc/{proc.pid}/exe").endswith("/st"),
+                   what="chroot's exec of /bin/st")
         t = one("uprobe:/bin/st:main", pid=proc.pid)
         assert t.path == f"/proc/{proc.pid}/root/usr/bin/st"
         assert t.label == "uprobe:/usr/bin/st:main"

@@ -6,13 +6,11 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import O2_FP, addr2line_chains, build, run_ustack, ustack_env
+from helpers import O2_FP, addr2line_chains, build, run_ustack, wait_until
 
 from ustack.objfile.elf import ElfImage
 
@@ -42,7 +40,9 @@ def traced_chain(prog, sym_userobj: bool):
             write(inst / "options" / "userstacktrace", "1")
             write(inst / "options" / "sym-userobj", "1" if sym_userobj else "0")
             write(inst / "events" / "syscalls" / "sys_enter_write" / "enable", "1")
-            time.sleep(0.3)
+            # check_chain wants 5 complete stacks: wait for 10 recorded
+            wait_until(lambda: (inst / "trace").read_text().count("<user stack trace>") >= 10,
+                       what="10 user stacks in the instance's trace")
             write(inst / "tracing_on", "0")
             maps = Path(f"/proc/{proc.pid}/maps").read_text()
             trace = (inst / "trace").read_text()
@@ -194,9 +194,7 @@ GARBAGE = (b"\x00\xff\xfe garbage \xc3(\n"
 
 def test_garbage_passes_through(prog, tmp_path):
     (tmp_path / "trace").write_bytes(GARBAGE)
-    res = subprocess.run([sys.executable, "-m", "ustack", "symbolize",
-                          str(tmp_path / "trace"), "--binary", str(prog)],
-                         capture_output=True, env=ustack_env())
+    res = run_ustack("symbolize", tmp_path / "trace", "--binary", prog, text=False)
     assert res.returncode == 0, res.stderr
     assert b"Traceback" not in res.stderr
     out = res.stdout.split(b"\n")

@@ -1,7 +1,9 @@
-/* dlopen_main [SLEEP_MS] [PLUGIN] [N]: sleeps SLEEP_MS (default 500) so a
- * tracer can attach, then dlopen()s PLUGIN (default: plugin.so beside this
+/* dlopen_main [SLEEP_MS|-] [PLUGIN] [N]: waits so that a tracer can attach:
+ * SLEEP_MS ms (default 500), or with "-" until a line arrives on stdin
+ * (written once the tracer is attached: no race); then dlopen()s PLUGIN (default: plugin.so beside this
  * executable) and calls main -> run_plugin -> plugin_entry -> plugin_leaf,
- * plugin_leaf N times (default 3). Exit status 0; 2 if the plugin fails. */
+ * plugin_leaf N times (default 3). Exit status 0; 2 if the plugin fails,
+ * 4 if stdin ends before the line. */
 #include <dlfcn.h>
 #include <libgen.h>
 #include <limits.h>
@@ -31,7 +33,6 @@ KEEP long run_plugin(const char *path, long n)
 
 int main(int argc, char **argv)
 {
-	long ms = argc > 1 ? atol(argv[1]) : 500;
 	long n = argc > 3 ? atol(argv[3]) : 3;
 	char path[PATH_MAX];
 	if (argc > 2) {
@@ -41,7 +42,14 @@ int main(int argc, char **argv)
 		snprintf(self, sizeof self, "%s", argv[0]);
 		snprintf(path, sizeof path, "%s/plugin.so", dirname(self));
 	}
-	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-	nanosleep(&ts, NULL);
+	if (argc > 1 && strcmp(argv[1], "-") == 0) {
+		char line[64];
+		if (!fgets(line, sizeof line, stdin))
+			return 4;
+	} else {
+		long ms = argc > 1 ? atol(argv[1]) : 500;
+		struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+	}
 	return run_plugin(path, n) == n ? 0 : 2;
 }

@@ -1,8 +1,13 @@
-/* threads [SLEEP_MS] [N]: sleeps SLEEP_MS (default 500) so a tracer can
- * attach, then starts 2 pthreads, each running worker -> thread_a -> thread_d
- * with thread_d called N times (default 5) per thread; joins; exit status 0. */
+/* threads [SLEEP_MS|-] [N]: waits so that a tracer can attach: SLEEP_MS ms
+ * (default 500), or with "-" until a line arrives on stdin (written once the
+ * tracer is attached: no race); then starts 2 pthreads, each running
+ * worker -> thread_a -> thread_d with thread_d called N times (default 5)
+ * per thread; joins. Exit status 0; 3 if thread_d ran a wrong number of
+ * times, 4 if stdin ends before the line. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define KEEP __attribute__((noinline, noipa, used))
@@ -36,11 +41,17 @@ KEEP void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-	long ms = argc > 1 ? atol(argv[1]) : 500;
 	if (argc > 2)
 		per_thread = atol(argv[2]);
-	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-	nanosleep(&ts, NULL);
+	if (argc > 1 && strcmp(argv[1], "-") == 0) {
+		char line[64];
+		if (!fgets(line, sizeof line, stdin))
+			return 4;
+	} else {
+		long ms = argc > 1 ? atol(argv[1]) : 500;
+		struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+		nanosleep(&ts, NULL);
+	}
 
 	pthread_t t[NTHREADS];
 	for (int i = 0; i < NTHREADS; i++)

@@ -69,6 +69,12 @@ class LineTable:
             table = cls._memo[key] = cls(image.path, st, image.build_id)
         return table
 
+    @classmethod
+    def clear_cache(cls) -> None:
+        """Forget the tables held in memory; the disk cache stays, so the
+        next for_image() reads the units from it (or parses them again)."""
+        cls._memo.clear()
+
     def __init__(self, path: str, st: os.stat_result, build_id: Optional[str]):
         self.path = path
         self._st = st

@@ -77,6 +77,12 @@ class ElfImage:
             cls._cache[key] = image
         return image
 
+    @classmethod
+    def clear_cache(cls) -> None:
+        """Forget every image opened so far: the next open() of a path
+        reads the file (and the on-disk symbol cache) again."""
+        cls._cache.clear()
+
     def __init__(self, path: str):
         self.path = path
         self._fd: Optional[int] = None   # opened by the first read, see _pread
@@ -241,14 +247,14 @@ class ElfImage:
         # ... then flattened into non-overlapping ranges, innermost symbol
         # winning, so lookup() is a single bisect.
         ranked = [best[a] for a in sorted(best)]
-        self._starts, self._owners = _flatten(
+        self._starts, self._owners = flatten_ranges(
             [sym for rank, sym in ranked if rank[1] < _LABEL_RANK])
         # code labels only where no function claims the address: inside a
         # function a label would rename the rest of it
         labels = [sym for rank, sym in ranked
                   if rank[1] == _LABEL_RANK and self.lookup(sym.address) is None]
         if labels:
-            self._starts, self._owners = _flatten(sorted(
+            self._starts, self._owners = flatten_ranges(sorted(
                 [sym for rank, sym in ranked if rank[1] < _LABEL_RANK] + labels,
                 key=lambda sym: sym.address))
 
@@ -418,9 +424,10 @@ def _plt_functions(sections) -> dict:
     return found
 
 
-def _flatten(syms: list):
+def flatten_ranges(syms: list):
     """Sorted, possibly nested/overlapping ranges -> boundaries and owners.
-    Each boundary starts a range owned by one Symbol (or None: a gap)."""
+    Each boundary starts a range owned by one Symbol (or None: a gap); the
+    innermost symbol owns an address (how ElfImage.lookup answers)."""
     starts: list = []
     owners: list = []
 

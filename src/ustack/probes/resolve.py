@@ -79,14 +79,17 @@ def _in_process_root(path: str, pid: int) -> tuple:
         same_root = os.path.samestat(os.stat(root), os.stat("/"))
     except OSError:
         raise UstackError(f"no such process: {pid}") from None
-    inner = os.path.realpath(path) if same_root else _resolve_in_root(root, path)
+    inner = os.path.realpath(path) if same_root else realpath_in_root(root, path)
     host = inner if same_root else root + inner
     if not os.path.isfile(host):
         raise UstackError(f"no such binary or library: {path}")
     return host, inner
 
 
-def _resolve_in_root(root: str, path: str) -> str:
+def realpath_in_root(root: str, path: str) -> str:
+    """os.path.realpath of `path` as a process whose root directory is
+    `root` sees it: symlinks (absolute ones too) are followed inside
+    `root`, and `..` never climbs above it. Returns the path inside root."""
     todo = [p for p in path.split("/") if p]
     done: list = []
     hops = 0

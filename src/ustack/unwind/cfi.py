@@ -96,6 +96,18 @@ class UnwindTable:
     # --- building and caching -----------------------------------------------
 
     @classmethod
+    def loaded(cls) -> list:
+        """The tables this process holds in memory (built or read from the
+        disk cache: see from_cache), one per object and debug dirs."""
+        return [table for table, _found in cls._memo.values()]
+
+    @classmethod
+    def clear_cache(cls) -> None:
+        """Forget the tables held in memory; the disk cache stays, so the
+        next for_image() reads it (or builds the table again)."""
+        cls._memo.clear()
+
+    @classmethod
     def for_path(cls, path: str, debug_dirs=()) -> "UnwindTable":
         """The table of the ELF file at path (see for_image)."""
         return cls.for_image(ElfImage.open(path), debug_dirs)[0]
