@@ -7,6 +7,7 @@ call chain of chain.c (d called exactly N times from main→a→b→c), and
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -261,3 +262,19 @@ def test_profile_folded_through_bpf():
     stack, n = max(rows, key=lambda r: r[1])
     assert stack[0] == "busy" and stack[-3:] == ["main", "work", "spin_here"], rows
     assert n >= sum(c for _s, c in rows) // 2, rows
+
+
+def test_counting_in_the_kernel_blinds_no_other_tool(chain):
+    """A trace event has one BPF program list, run for every perf event on
+    it: a program returning 0 would drop the hit for every other perf user
+    too (another ustack, perf record). While a system-wide bpf run counts
+    write(2), a perf-backend trace of write(2) still sees all of its own."""
+    from test_e2e_core import finish, start_ustack, wait_tracing
+    counter = start_ustack("count", "syscall:write", "-d", "60", "--backend", "bpf")
+    try:
+        wait_tracing(counter)
+        res = ok(run_ustack("trace", "syscall:write", "-c", f"{chain} 3 write"))
+        assert res.stdout.count(": syscall:write\n") == 3
+    finally:
+        counter.send_signal(signal.SIGINT)      # ends cleanly: removes its probes
+        finish(counter)

@@ -16,7 +16,13 @@ Where a program runs:
   processes (the kernel installs the breakpoint only in their mm);
   tracepoints fire for every task, so the program compares the tgid.
 - cpu-clock sampling (profile): the program is the event's overflow handler,
-  per event, inherited like the event; attached to every event."""
+  per event, inherited like the event; attached to every event.
+
+What a program returns: on a trace event, 0 would make the kernel drop the
+hit for EVERY perf event on it, another tool's (a perf record, another
+ustack) as well, so those programs return 1 (PASS_ON) and the capture's own
+events on them never sample (capture/perf.py: NEVER_SAMPLE). On a sampling
+event, 0 only keeps that event's own sample out of our buffer."""
 from __future__ import annotations
 
 import errno
@@ -33,7 +39,7 @@ from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           st_imm, stx)
 from ..model import (Losses, ProfileTarget, RawSample, TracepointTarget,
                      UprobeTarget)
-from .perf import PerfCapture
+from .perf import NEVER_SAMPLE, PerfCapture
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
 
@@ -43,6 +49,9 @@ KEY = struct.Struct("<QqqqQ")
 KEY_SIZE = KEY.size
 NO_STACK = -1                         # the stack id stored when there is none
 _U64 = struct.Struct("<Q")
+
+# what a program returns: 0 drops the perf sample, 1 lets perf go on with it
+DROP_SAMPLE, PASS_ON = 0, 1
 
 # slots of the error array: why an event was not counted
 ERR_COLLISION, ERR_STACKS_FULL, ERR_COUNTS_FULL = 0, 1, 2
@@ -126,17 +135,18 @@ def exec_program(tgid: int, armed: bpf.Map) -> bytes:
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(st_imm(0, 0, 1))
     a.label("out")
-    a.emit(mov_imm(0, 0), exit_())
+    a.emit(mov_imm(0, PASS_ON), exit_())            # a shared trace event
     return a.assemble()
 
 
 def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
                         errors: bpf.Map, *, tgid=None, armed=None, entry_slot=None,
-                        kernel: bool = False) -> bytes:
+                        kernel: bool = False, result: int = PASS_ON) -> bytes:
     """counts[(pid_tgid, probe, user stack, kernel stack, entry word)] += 1.
     `tgid`: count only this process (tracepoints); `armed`: count only once
     armed[0] is set (exec_program); `entry_slot`: read the word at
-    sp + 8*slot (the ctx must be pt_regs: a uprobe)."""
+    sp + 8*slot (the ctx must be pt_regs: a uprobe); `result`: what the
+    program returns (see the module's docstring)."""
     a = Asm()
     a.emit(mov(6, 1),                               # r6 = ctx, kept across calls
            call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
@@ -174,11 +184,12 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
     a.label("add")
     a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
     a.label("out")
-    a.emit(mov_imm(0, 0), exit_())                  # 0: write no perf sample
+    a.emit(mov_imm(0, result), exit_())
     return a.assemble()
 
 
-def call_count_program(probe_index: int, counts: bpf.Map, armed=None) -> bytes:
+def call_count_program(probe_index: int, counts: bpf.Map, armed=None,
+                       result: int = PASS_ON) -> bytes:
     """counts[probe_index] += 1 (an ARRAY map): funccount."""
     a = Asm()
     if armed is not None:
@@ -187,7 +198,7 @@ def call_count_program(probe_index: int, counts: bpf.Map, armed=None) -> bytes:
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
     a.label("out")
-    a.emit(mov_imm(0, 0), exit_())
+    a.emit(mov_imm(0, result), exit_())
     return a.assemble()
 
 
@@ -237,15 +248,16 @@ class BpfCounter:
         return m
 
     def _program(self, index: int, probe) -> int:
+        result = DROP_SAMPLE if isinstance(probe, ProfileTarget) else PASS_ON
         if self.calls_only:
-            code = call_count_program(index, self.counts, self.armed)
+            code = call_count_program(index, self.counts, self.armed, result)
         else:
             slot = getattr(probe, "return_address_slot", None)
             tgid = self.filter_tgid if isinstance(probe, TracepointTarget) else None
             code = stack_count_program(index, self.counts, self.stacks, self.errors,
                                        tgid=tgid, entry_slot=slot, kernel=self.kernel,
                                        armed=None if isinstance(probe, ProfileTarget)
-                                       else self.armed)
+                                       else self.armed, result=result)
         fd = bpf.load_program(_prog_type(probe), code, f"ustack_{index}")
         self.prog_fds.append(fd)
         return fd
@@ -290,7 +302,8 @@ class BpfCounter:
             config = tracepoint_id(probe.group, probe.name)
         target = capture.target
         pid, cpu = (-1, 0) if target.mode == "system" else (target.pid, -1)
-        fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT, config), pid, cpu,
+        fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT, config,
+                                        period=NEVER_SAMPLE), pid, cpu,
                            what=probe.label)
         capture.fds.append(fd)
         return fd

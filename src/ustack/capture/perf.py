@@ -31,6 +31,9 @@ from ..target.process import Target
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
 DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
 TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task")
+# The period of an event that must count (and carry BPF or tracking
+# records) but never write a sample: in-kernel counting on trace events.
+NEVER_SAMPLE = 1 << 62
 
 
 def define_uprobe(uprobes: UprobeEvents, probe: UprobeTarget, own: tuple = ()):
@@ -113,7 +116,9 @@ class PerfCapture:
             slot = probe.return_address_slot
             stack = 8 * (slot + 1)
             sample_type |= pe.SAMPLE_STACK_USER
-        common = dict(sample_type=sample_type, flags=flags,
+        # (a profile's frequency overrides the period)
+        period = 1 if self.with_stacks else NEVER_SAMPLE
+        common = dict(sample_type=sample_type, flags=flags, period=period,
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
                       max_stack=pe.max_stack(), regs_user=regs, stack_user=stack)
         layout = EventLayout(index, stack, regs, slot)
@@ -154,8 +159,8 @@ class PerfCapture:
         self.opened.append((probe, fd))
         if self.with_stacks:
             self.layouts[pe.event_id(fd)] = layout
-        # else no layout: a sample written before the BPF program is
-        # attached (an event of -p is live at once) has no callchain and
+        # else no layout: a profile sample written before the BPF program
+        # is attached (an event of -p is live at once) has no callchain and
         # is skipped as not ours; the program counts every later hit
         ring = self.buffers.get(cpu)
         if ring is None:
