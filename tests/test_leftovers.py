@@ -76,12 +76,11 @@ def test_a_crashed_runs_instance_and_probes_are_removed():
     assert any(_one_call_clears(remove_stale_tracing) for _ in range(3))
 
 
-def test_a_live_runs_probes_stay_and_the_old_names_delegate():
+def test_a_live_runs_probes_stay():
     events = UprobeEvents()
     event = events.define(os.path.realpath("/bin/true"), 0, False, "live")
     try:
-        for old_name in (uprobe_events.remove_stale, ftrace_instance.remove_stale_instances):
-            assert any(_one_call_clears(old_name) for _ in range(3)), old_name.__name__
+        assert any(_one_call_clears(remove_stale_tracing) for _ in range(3))
         assert event in defined_events()
     finally:
         events.close()

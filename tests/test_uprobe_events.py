@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ustack.kernel.tracefs import tracefs_root
+from ustack.kernel import uprobe_events
 from ustack.kernel.uprobe_events import UprobeEvents
 from ustack.model import UstackError
 

@@ -34,13 +34,6 @@ def remove_instance(name: str) -> bool:
     return _remove(os.path.join(_instances_dir(), name))
 
 
-def remove_stale_instances() -> int:
-    """Old name of leftovers.remove_stale_tracing() (stale instances and
-    probes both), kept until capture/ calls that instead."""
-    from .leftovers import remove_stale_tracing   # leftovers imports this module
-    return remove_stale_tracing()
-
-
 def _remove(path: str) -> bool:
     """rmdir an instance; the kernel refuses (EBUSY) while enabled events
     or open files hold it, so switch its events off first."""

@@ -105,36 +105,3 @@ class ArgsDecoder:
                 value = None
             out.append((name, kind, value))
         return tuple(out)
-
-    # to be removed when callers use decode()+report.fetchargs.format_args
-    def text(self, data) -> str:
-        out = []
-        for name, kind, off, fmt in self.items:
-            try:
-                if fmt is None:
-                    loc = struct.unpack_from("<I", data, off)[0]
-                    start, length = loc & 0xFFFF, loc >> 16
-                    raw = bytes(data[start:start + length]).split(b"\0", 1)[0]
-                    out.append(f'{name}="{_escape(raw)}"')
-                    continue
-                vals = fmt.unpack_from(data, off)
-            except struct.error:
-                out.append(f"{name}=?")
-                continue
-            shown = [_value(v, kind) for v in vals]
-            out.append(f"{name}={shown[0]}" if len(shown) == 1
-                       else f"{name}={{{','.join(shown)}}}")
-        return (" " + " ".join(out)) if out else ""
-
-
-def _value(v: int, kind: str) -> str:
-    if kind == "hex":
-        return f"0x{v:x}"
-    if kind == "char":
-        return repr(chr(v & 0xFF))
-    return str(v)
-
-
-def _escape(raw: bytes) -> str:
-    s = raw.decode("utf-8", "backslashreplace")
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
