@@ -68,7 +68,7 @@ def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
                   backend=session.plan.backend,
                   buffer_pages=session.capture.buffer_pages,
                   stack_storage=opts.stack_storage,
-                  command=target.argv[0] if target.mode == "command" else "",
+                  command=target.argv[0] if target.scope == "command" else "",
                   exit_status=target.exit_status)
     if session.plan.note:
         print(f"note: {session.plan.note}", file=err)

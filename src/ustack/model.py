@@ -28,7 +28,7 @@ class ProbeSpec:
 
 
 @dataclass(frozen=True)
-class UprobeTarget:
+class UprobeProbe:
     """A resolved uprobe: where the kernel puts the breakpoint."""
     spec: ProbeSpec
     path: str                      # real file on this host
@@ -45,7 +45,7 @@ class UprobeTarget:
 
 
 @dataclass(frozen=True)
-class TracepointTarget:
+class TracepointProbe:
     spec: ProbeSpec
     group: str
     name: str
@@ -53,7 +53,7 @@ class TracepointTarget:
 
 
 @dataclass(frozen=True)
-class ProfileTarget:
+class ProfileProbe:
     spec: ProbeSpec
     hz: int
     label: str

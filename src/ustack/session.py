@@ -79,14 +79,14 @@ class Session:
         except BaseException:
             self.target.abort()            # a held -c command exits unrun
             raise
-        if self.target.mode == "pid":
+        if self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
 
     def _main_binary(self) -> Optional[str]:
         target = self.target
-        if target.mode == "pid":
+        if target.scope == "pid":
             return f"/proc/{target.pid}/exe"
-        return process.executable(target.argv) if target.mode == "command" else None
+        return process.executable(target.argv) if target.scope == "command" else None
 
     def _new_capture(self):
         opts, plan = self.opts, self.plan
@@ -114,7 +114,7 @@ class Session:
         if self.capture is not None:
             self.capture.close()
         target = self.target
-        if target is not None and target.mode == "command" and target.exit_status is None:
+        if target is not None and target.scope == "command" and target.exit_status is None:
             target.interrupt()
             target.wait(block=True)
 

@@ -5,8 +5,8 @@ per probe, thread and CPU, inherited, enable_on_exec for -c), so the kernel
 scopes them the same way and the tracking records (MMAP2/COMM/FORK) still
 reach the MappingTracker through the ring buffers. A program attached to the
 events counts each hit in a hash map keyed by (pid/tid, probe, user stack id,
-kernel stack id, entry word) and returns 0, which tells the kernel to write
-no sample: only metadata records travel through the buffers.
+kernel stack id, return address at the entry slot); the events themselves
+never sample: only metadata records travel through the buffers.
 
 Where a program runs:
 - uprobe and tracepoint events (tracefs): the kernel keeps ONE program list
@@ -37,8 +37,8 @@ from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
-from ..model import (Losses, ProfileTarget, RawSample, TracepointTarget,
-                     UprobeTarget)
+from ..model import (Losses, ProfileProbe, RawSample, TracepointProbe,
+                     UprobeProbe)
 from .perf import NEVER_SAMPLE, PerfCapture
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -70,7 +70,7 @@ class Counted:
     probe: int                        # index into the probe list
     user_stack: int                   # stack id, NO_STACK for none
     kernel_stack: int
-    entry_word: int
+    return_address: int
     count: int
 
 
@@ -140,11 +140,12 @@ def exec_program(tgid: int, armed: bpf.Map) -> bytes:
 
 
 def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
-                        errors: bpf.Map, *, tgid=None, armed=None, entry_slot=None,
+                        errors: bpf.Map, *, tgid=None, armed=None,
+                        return_address_slot=None,
                         kernel: bool = False, result: int = PASS_ON) -> bytes:
-    """counts[(pid_tgid, probe, user stack, kernel stack, entry word)] += 1.
+    """counts[(pid_tgid, probe, user stack, kernel stack, return address)] += 1.
     `tgid`: count only this process (tracepoints); `armed`: count only once
-    armed[0] is set (exec_program); `entry_slot`: read the word at
+    armed[0] is set (exec_program); `return_address_slot`: read the word at
     sp + 8*slot (the ctx must be pt_regs: a uprobe); `result`: what the
     program returns (see the module's docstring)."""
     a = Asm()
@@ -162,9 +163,9 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
     _stack_id(a, stacks, errors, bpf.F_USER_STACK, 16, "user")
     if kernel:
         _stack_id(a, stacks, errors, 0, 24, "kernel")
-    if entry_slot is not None:
+    if return_address_slot is not None:
         # the caller's return address, which the kernel's FP walk may skip
-        a.emit(ldx(3, 6, bpf.PT_REGS["sp"]), alu_imm(ADD, 3, 8 * entry_slot),
+        a.emit(ldx(3, 6, bpf.PT_REGS["sp"]), alu_imm(ADD, 3, 8 * return_address_slot),
                mov(1, 10), alu_imm(ADD, 1, _KEY_AT + 32), mov_imm(2, 8),
                call(bpf.PROBE_READ_USER))
     # counts[key] += 1, creating the entry at 1 when it is new
@@ -203,11 +204,11 @@ def call_count_program(probe_index: int, counts: bpf.Map, armed=None,
 
 
 def _prog_type(probe) -> int:
-    if isinstance(probe, UprobeTarget):
+    if isinstance(probe, UprobeProbe):
         return bpf.PROG_KPROBE
-    if isinstance(probe, TracepointTarget):
+    if isinstance(probe, TracepointProbe):
         return bpf.PROG_TRACEPOINT
-    if isinstance(probe, ProfileTarget):
+    if isinstance(probe, ProfileProbe):
         return bpf.PROG_PERF_EVENT
     raise TypeError(probe)
 
@@ -248,15 +249,16 @@ class BpfCounter:
         return m
 
     def _program(self, index: int, probe) -> int:
-        result = DROP_SAMPLE if isinstance(probe, ProfileTarget) else PASS_ON
+        result = DROP_SAMPLE if isinstance(probe, ProfileProbe) else PASS_ON
         if self.calls_only:
             code = call_count_program(index, self.counts, self.armed, result)
         else:
             slot = getattr(probe, "return_address_slot", None)
-            tgid = self.filter_tgid if isinstance(probe, TracepointTarget) else None
+            tgid = self.filter_tgid if isinstance(probe, TracepointProbe) else None
             code = stack_count_program(index, self.counts, self.stacks, self.errors,
-                                       tgid=tgid, entry_slot=slot, kernel=self.kernel,
-                                       armed=None if isinstance(probe, ProfileTarget)
+                                       tgid=tgid, return_address_slot=slot,
+                                       kernel=self.kernel,
+                                       armed=None if isinstance(probe, ProfileProbe)
                                        else self.armed, result=result)
         fd = bpf.load_program(_prog_type(probe), code, f"ustack_{index}")
         self.prog_fds.append(fd)
@@ -286,9 +288,9 @@ class BpfCounter:
             index = self.probes.index(probe)
             if index not in progs:
                 progs[index] = self._program(index, probe)
-                if not isinstance(probe, ProfileTarget):
+                if not isinstance(probe, ProfileProbe):
                     bpf.attach(self._anchor(capture, probe), progs[index])
-            if isinstance(probe, ProfileTarget):
+            if isinstance(probe, ProfileProbe):
                 bpf.attach(fd, progs[index])
 
     @staticmethod
@@ -296,12 +298,12 @@ class BpfCounter:
         """A non-inherited event on the probe's trace event, scoped like the
         run (so a uprobe stays limited to the traced processes); the capture
         owns and closes it, before it removes its uprobes."""
-        if isinstance(probe, UprobeTarget):
+        if isinstance(probe, UprobeProbe):
             config = capture.uprobe_id(probe)
         else:
             config = tracepoint_id(probe.group, probe.name)
         target = capture.target
-        pid, cpu = (-1, 0) if target.mode == "system" else (target.pid, -1)
+        pid, cpu = (-1, 0) if target.scope == "system" else (target.pid, -1)
         fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT, config,
                                         period=NEVER_SAMPLE), pid, cpu,
                            what=probe.label)
@@ -387,10 +389,10 @@ class BpfCapture:
         try:
             self.counter = BpfCounter(
                 self.probes, stack_storage=self.stack_storage, kernel=self.kernel,
-                filter_tgid=target.pid if target.mode != "system" else None,
+                filter_tgid=target.pid if target.scope != "system" else None,
                 calls_only=self.calls_only)
             self.events.open()
-            if target.mode == "command":
+            if target.scope == "command":
                 self.counter.arm_on_exec(target.pid)
             self.counter.attach(self.events)
         except BaseException:
@@ -426,7 +428,7 @@ class BpfCapture:
             slot = getattr(self.probes[c.probe], "return_address_slot", None)
             sample = RawSample(
                 c.probe, c.pid, c.tid, 0, -1, counter.stack_bytes(c.user_stack),
-                c.entry_word.to_bytes(8, "little") if slot is not None else b"",
+                c.return_address.to_bytes(8, "little") if slot is not None else b"",
                 kernel=counter.stack_bytes(c.kernel_stack) if self.kernel else b"")
             out.append((sample, c.count))
         return out

@@ -23,7 +23,7 @@ from ..kernel.tracefs import tracepoint_id
 from ..kernel import trace_format as tf
 from ..kernel.leftovers import remove_stale_tracing
 from ..kernel.uprobe_events import UprobeEvents, event_format
-from ..model import (Losses, ProfileTarget, TracepointTarget, UprobeTarget,
+from ..model import (Losses, ProfileProbe, TracepointProbe, UprobeProbe,
                      UstackError)
 from ..probes.fetchargs import display_kinds
 from ..target.process import Target
@@ -36,7 +36,7 @@ TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task")
 NEVER_SAMPLE = 1 << 62
 
 
-def define_uprobe(uprobes: UprobeEvents, probe: UprobeTarget, own: tuple = ()):
+def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
     """Define `probe` in tracefs with the fetch-args `own` (ustack's) before
     the user's; return ('group/name', its tracepoint id, its record's fields
     by name, an ArgsDecoder of the user's fetch-args or None for none)."""
@@ -94,10 +94,10 @@ class PerfCapture:
         """The perf_event_attr for one probe, and the layout of its samples."""
         probe = self.probes[index]
         flags = ["exclude_callchain_kernel", "sample_id_all"]
-        mode = self.target.mode
-        if mode in ("pid", "command"):
+        scope = self.target.scope
+        if scope in ("pid", "command"):
             flags.append("inherit")
-        if mode == "command":
+        if scope == "command":
             flags += ["disabled", "enable_on_exec"]
         if tracking:
             flags += TRACKING_FLAGS
@@ -122,22 +122,22 @@ class PerfCapture:
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
                       max_stack=pe.max_stack(), regs_user=regs, stack_user=stack)
         layout = EventLayout(index, stack, regs, slot)
-        if isinstance(probe, UprobeTarget):
+        if isinstance(probe, UprobeProbe):
             ident = self.uprobe_id(probe)
             if probe.fetch_args:         # the values come in the RAW record
                 common["sample_type"] |= pe.SAMPLE_RAW
                 layout = EventLayout(index, stack, regs, slot, self._args[ident])
             return pe.make_attr(pe.TYPE_TRACEPOINT, ident, **common), layout
-        if isinstance(probe, TracepointTarget):
+        if isinstance(probe, TracepointProbe):
             return pe.make_attr(pe.TYPE_TRACEPOINT,
                                 tracepoint_id(probe.group, probe.name),
                                 **common), layout
-        if isinstance(probe, ProfileTarget):
+        if isinstance(probe, ProfileProbe):
             return pe.make_attr(pe.TYPE_SOFTWARE, pe.SW_CPU_CLOCK,
                                 freq=probe.hz, **common), layout
         raise TypeError(probe)
 
-    def uprobe_id(self, probe: UprobeTarget) -> int:
+    def uprobe_id(self, probe: UprobeProbe) -> int:
         """Tracepoint id of the tracefs uprobe for `probe`, made on first use."""
         key = (probe.path, probe.file_offset, probe.spec.kind, probe.fetch_args)
         if key not in self._uprobe_ids:
@@ -183,11 +183,11 @@ class PerfCapture:
         _raise_fd_limit()
         remove_stale_tracing()            # what a killed run left behind
         try:
-            mode = self.target.mode
+            scope = self.target.scope
             cpus = pe.cpus_online()
-            if mode == "system":
+            if scope == "system":
                 self._open_for(-1, cpus)
-            elif mode == "command":
+            elif scope == "command":
                 self._open_for(self.target.pid, cpus)
             else:
                 traced = 0                  # every thread, inherited by new ones
@@ -206,7 +206,7 @@ class PerfCapture:
             raise
 
     def start(self) -> None:
-        if self.target.mode == "command":
+        if self.target.scope == "command":
             self.target.release()       # execve enables the events
 
     def read_chunks(self, timeout_ms: int) -> list:

@@ -29,7 +29,7 @@ from ..kernel.perf_event import cpus_online
 from ..kernel.tracefs import tracefs_root, tracepoint_id
 from ..kernel.leftovers import remove_stale_tracing
 from ..kernel.uprobe_events import UprobeEvents
-from ..model import Losses, MmapEvent, TracepointTarget, UprobeTarget, UstackError
+from ..model import Losses, MmapEvent, TracepointProbe, UprobeProbe, UstackError
 from ..probes.fetchargs import RESERVED_PREFIX
 from ..target.traced_command import TracedCommand
 from .perf import define_uprobe
@@ -76,7 +76,7 @@ class TracefsCapture:
         return Losses(lost=self._records.lost)
 
     # -- setting up ------------------------------------------------------------
-    def _uprobe(self, index: int, probe: UprobeTarget) -> None:
+    def _uprobe(self, index: int, probe: UprobeProbe) -> None:
         dwarf = self.modes[index] == "dwarf"
         own = []
         if dwarf:
@@ -89,7 +89,7 @@ class TracefsCapture:
             own += [f"{RESERVED_PREFIX}s{i}=+{i * STACK_ARRAY_WORDS * 8}(%sp)"
                     f":x64[{STACK_ARRAY_WORDS}]" for i in range(arrays)]
         elif probe.return_address_slot is not None:
-            own = [f"{RESERVED_PREFIX}ra=+{8 * probe.return_address_slot}(%sp):x64"]
+            own = [f"{RESERVED_PREFIX}return_address=+{8 * probe.return_address_slot}(%sp):x64"]
         event, ident, fields, args = define_uprobe(self.uprobes, probe, tuple(own))
         layout = EventLayout(index)
         layout.args = args
@@ -100,23 +100,23 @@ class TracefsCapture:
             layout.stack = fields[f"{RESERVED_PREFIX}s0"].offset
             layout.stack_len = self.stack_bytes
         elif own:
-            layout.return_address = fields[f"{RESERVED_PREFIX}ra"].offset
+            layout.return_address = fields[f"{RESERVED_PREFIX}return_address"].offset
         layout.keep = bool(own or probe.fetch_args)
         self.layouts[ident] = layout
         self._enable.append(tuple(event.split("/")))
 
-    def _tracepoint(self, index: int, probe: TracepointTarget) -> None:
+    def _tracepoint(self, index: int, probe: TracepointProbe) -> None:
         self.layouts[tracepoint_id(probe.group, probe.name)] = EventLayout(index)
         self._enable.append((probe.group, probe.name))
 
     def _filter_pids(self) -> None:
         """set_event_pid: the target's threads (-p) or the command (-c);
         event-fork adds every thread and child they create from now on."""
-        mode = self.target.mode
-        if mode == "system":
+        scope = self.target.scope
+        if scope == "system":
             return
         self.instance.option("event-fork", True)
-        if mode == "command":
+        if scope == "command":
             self.instance.write("set_event_pid", str(self.target.pid))
             return
         done = 0
@@ -153,7 +153,7 @@ class TracefsCapture:
                 pass
             self.instance.option("userstacktrace", True)
             for index, probe in enumerate(self.probes):
-                if isinstance(probe, UprobeTarget):
+                if isinstance(probe, UprobeProbe):
                     self._uprobe(index, probe)
                 else:
                     self._tracepoint(index, probe)
@@ -178,7 +178,7 @@ class TracefsCapture:
             self._records.metas.append(MmapEvent(pid, pid, m))
 
     def start(self) -> None:
-        if self.target.mode != "command":
+        if self.target.scope != "command":
             return
         self.target.release()             # now at its first instruction
         if isinstance(self.target, TracedCommand):

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
-from ustack.model import (ProbeSpec, ProfileTarget, TracepointTarget, UprobeTarget,
+from ustack.model import (ProbeSpec, ProfileProbe, TracepointProbe, UprobeProbe,
                           UstackError)
 from ustack.objfile import prologue
 from ustack.objfile.elf import ElfImage, Symbol
@@ -171,7 +171,7 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
 
 
-def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> UprobeTarget:
+def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> UprobeProbe:
     sym_off = vaddr - sym.address if sym else 0
     if sym is None:
         where = f"0x{vaddr:x}"
@@ -190,7 +190,7 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
             # a uretprobe fires after the return: its caller's frame is the
             # top of the walk and no word on the stack is missing from it
             slot = None
-    return UprobeTarget(spec=spec, path=host, file_offset=off, address=vaddr,
+    return UprobeProbe(spec=spec, path=host, file_offset=off, address=vaddr,
                         symbol=sym.name if sym else None, symbol_offset=sym_off,
                         return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}",
                         fetch_args=kernel_fetch_args(spec.args, image.is_go, spec.text))
@@ -219,7 +219,7 @@ def _check_and_find_slot(image, sym: Symbol, vaddr: int, where: str, shown: str)
 
 # --- tracepoints -------------------------------------------------------------
 
-def tracepoint_targets(spec: ProbeSpec) -> list:
+def tracepoint_probes(spec: ProbeSpec) -> list:
     if spec.kind not in ("syscall", "tracepoint"):
         raise ValueError(f"not a tracepoint spec: {spec.kind}")
     if spec.kind == "syscall":
@@ -229,11 +229,11 @@ def tracepoint_targets(spec: ProbeSpec) -> list:
                               f"({events_dir()}/syscalls is missing)")
         names = [e[len("sys_enter_"):] for e in entries if e.startswith("sys_enter_")]
         found = _pick(names, spec.name, "syscall")
-        return [TracepointTarget(spec, "syscalls", "sys_enter_" + n, f"syscall:{n}")
+        return [TracepointProbe(spec, "syscalls", "sys_enter_" + n, f"syscall:{n}")
                 for n in found]
     pairs = [f"{g}:{n}" for g in tracepoint_groups() for n in tracepoint_names(g)]
     found = _pick(pairs, f"{spec.group}:{spec.name}", "tracepoint")
-    return [TracepointTarget(spec, *p.split(":"), label=f"tracepoint:{p}")
+    return [TracepointProbe(spec, *p.split(":"), label=f"tracepoint:{p}")
             for p in found]
 
 
@@ -256,9 +256,9 @@ def resolve_probes(specs: list, pid: Optional[int] = None) -> list:
         if spec.kind in ("uprobe", "uretprobe"):
             probes.extend(resolve_uprobes(spec, pid))
         elif spec.kind in ("syscall", "tracepoint"):
-            probes.extend(tracepoint_targets(spec))
+            probes.extend(tracepoint_probes(spec))
         elif spec.kind == "profile":
-            probes.append(ProfileTarget(spec, spec.hz, f"profile:hz:{spec.hz}"))
+            probes.append(ProfileProbe(spec, spec.hz, f"profile:hz:{spec.hz}"))
         else:
             raise UstackError(f"unsupported event kind: {spec.kind}")
     return probes

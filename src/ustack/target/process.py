@@ -17,7 +17,7 @@ from ..model import UstackError
 
 @dataclass
 class Target:
-    mode: str                         # 'pid' | 'command' | 'system'
+    scope: str                        # 'pid' | 'command' | 'system'
     pid: Optional[int] = None
     argv: list = field(default_factory=list)
     _go_fd: int = -1                  # write end of the child's start pipe
@@ -25,9 +25,9 @@ class Target:
 
     @property
     def description(self) -> str:
-        if self.mode == "pid":
+        if self.scope == "pid":
             return f"PID {self.pid}"
-        if self.mode == "command":
+        if self.scope == "command":
             return f"'{shlex.join(self.argv)}' (PID {self.pid})"
         return "all processes"
 
@@ -41,7 +41,7 @@ class Target:
 
     def abort(self) -> None:
         """Make a held command exit without running (on setup errors)."""
-        if self.mode != "command" or self.pid is None:
+        if self.scope != "command" or self.pid is None:
             return
         if self._go_fd >= 0:
             os.close(self._go_fd)   # the child reads EOF and exits
@@ -52,9 +52,9 @@ class Target:
         """True when the command (or the -p process) has exited."""
         if self.exit_status is not None:
             return True
-        if self.mode == "pid":
+        if self.scope == "pid":
             return not procfs.process_exists(self.pid)
-        if self.mode != "command":
+        if self.scope != "command":
             return False
         try:
             pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
@@ -67,7 +67,7 @@ class Target:
         return True
 
     def interrupt(self) -> None:
-        if self.mode == "command" and self.exit_status is None:
+        if self.scope == "command" and self.exit_status is None:
             try:
                 os.kill(self.pid, signal.SIGINT)
             except ProcessLookupError:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernel import bpf
-from ..model import ProfileTarget, UprobeTarget, UstackError
+from ..model import ProfileProbe, UprobeProbe, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
 
@@ -47,7 +47,7 @@ def choose(probe, requested: str, main_binary: Optional[str] = None) -> str:
     program when known (-p/-c), which decides for syscalls and samples."""
     if requested in ("fp", "dwarf"):
         return requested
-    if isinstance(probe, UprobeTarget):
+    if isinstance(probe, UprobeProbe):
         return "fp" if keeps_frame_pointers(probe.path) else "dwarf"
     if main_binary is not None:
         try:
@@ -117,10 +117,10 @@ def _why_not_bpf(command: str, backend: str, unwind: str, modes: tuple,
 
 def _tracefs_mode(probe, requested: str) -> str:
     """What ftrace alone can do: DWARF only where a uprobe fetches the stack."""
-    if isinstance(probe, ProfileTarget):
+    if isinstance(probe, ProfileProbe):
         raise UstackError("profile events need perf events; the tracefs "
                           "backend has no timed samples")
-    if isinstance(probe, UprobeTarget):
+    if isinstance(probe, UprobeProbe):
         return "fp" if requested == "fp" else "dwarf"
     if requested == "dwarf":
         raise UstackError(
