@@ -135,6 +135,11 @@ def unwind(cap: Capture, stack: bytes = None, unwinder: DwarfUnwinder = None):
                            cap.find_mapping)
 
 
+def table_of(path: str, debug_dirs=()) -> UnwindTable:
+    """The unwind table the unwinder uses for the ELF file at path."""
+    return UnwindTable.for_image(ElfImage.open(path), debug_dirs)[0]
+
+
 def assert_like_gdb(cap: Capture, addrs, notes, until: str = None):
     """Same pcs as gdb down to its last frame (or `until`); the program's
     own frames named as gdb names them."""
@@ -325,10 +330,10 @@ def test_separate_debug_file(tmp_path, monkeypatch):
     subprocess.run([objcopy, "--strip-debug", str(prog), str(stripped)], check=True)
     d = ElfImage.open(str(stripped)).find("d")[0].address
 
-    assert UnwindTable.for_path(str(stripped)).lookup(d) is None   # no debug root yet
+    assert table_of(str(stripped)).lookup(d) is None   # no debug root yet
     UnwindTable.clear_cache()
     monkeypatch.setattr(debuginfo, "DEBUG_ROOTS", [str(root)])
-    assert UnwindTable.for_path(str(stripped)).lookup(d) is not None
+    assert table_of(str(stripped)).lookup(d) is not None
 
     cap = gdb_capture(prog, [1], "d", tmp_path)
     cap.open_instead(prog, stripped)
@@ -363,16 +368,16 @@ def test_debug_file_found_like_the_symbolizer_finds_it(tmp_path, monkeypatch):
         return str(root)
 
     mine = by_build_id(tmp_path / "mine", prog)
-    assert UnwindTable.for_path(str(stripped)).lookup(d) is None
+    assert table_of(str(stripped)).lookup(d) is None
     unwinder = DwarfUnwinder(debug_dirs=[mine])
     addrs, notes = unwind(cap, unwinder=unwinder)   # d's CFI from the debug file
     assert_like_gdb(cap, addrs, notes)
     assert notes == ()
     assert unwinder.warnings == []
-    assert UnwindTable.for_path(str(stripped)).lookup(d) is None      # memo: per debug dirs
+    assert table_of(str(stripped)).lookup(d) is None      # memo: per debug dirs
     UnwindTable.clear_cache()
-    assert UnwindTable.for_path(str(stripped)).lookup(d) is None      # disk: per debug file
-    assert UnwindTable.for_path(str(stripped), (mine,)).lookup(d) is not None
+    assert table_of(str(stripped)).lookup(d) is None      # disk: per debug file
+    assert table_of(str(stripped), (mine,)).lookup(d) is not None
 
     other = by_build_id(tmp_path / "other", build("chain", flags=O2_NOFP))
     unwinder = DwarfUnwinder(debug_dirs=[other])
@@ -386,7 +391,7 @@ def test_debug_file_found_like_the_symbolizer_finds_it(tmp_path, monkeypatch):
                    check=True)
     subprocess.run([objcopy, "--strip-debug", f"--add-gnu-debuglink={linked}.debug",
                     str(prog), str(linked)], check=True)
-    assert UnwindTable.for_path(str(linked)).lookup(d) is not None
+    assert table_of(str(linked)).lookup(d) is not None
 
 
 # --- notes, PLT, cache -----------------------------------------------------------------
@@ -412,7 +417,7 @@ def test_plt_rule():
         plt = ELFFile(f).get_section_by_name(".plt")
     if plt is None or plt["sh_size"] < 32:
         pytest.skip("chain has no lazy-binding .plt (linked with -z now?)")
-    table = UnwindTable.for_path(str(prog))
+    table = table_of(str(prog))
     entry = plt["sh_addr"] + 16                       # first entry after PLT0
     assert table.lookup(entry)[0] == cfi.CFA_PLT
     base = 0x555555554000
@@ -429,9 +434,10 @@ def test_plt_rule():
 def _table_in_subprocess(cache: Path, path: str) -> dict:
     code = textwrap.dedent(f"""
         import json, time
+        from ustack.objfile.elf import ElfImage
         from ustack.unwind.cfi import UnwindTable
         t = time.perf_counter()
-        tab = UnwindTable.for_path({path!r})
+        tab = UnwindTable.for_image(ElfImage.open({path!r}))[0]
         print(json.dumps(dict(parses=UnwindTable.parse_count, cached=tab.from_cache,
                               rows=len(tab), s=time.perf_counter() - t)))
     """)

@@ -1,4 +1,4 @@
-"""resolve_uprobes / tracepoint_targets / listing on real binaries; objdump,
+"""resolve_uprobes / tracepoint_probes / listing on real binaries; objdump,
 readelf and nm are the oracles for instructions, addresses and offsets."""
 import os
 import re
@@ -13,7 +13,7 @@ from ustack.kernel.tracefs import tracepoint_groups, tracepoint_names
 from ustack.model import UstackError
 from ustack.probes import resolve
 from ustack.probes.listing import format_listing, list_functions
-from ustack.probes.resolve import resolve_uprobes, tracepoint_targets
+from ustack.probes.resolve import resolve_uprobes, tracepoint_probes
 from ustack.probes.spec import parse_event
 
 SRC = r"""
@@ -433,7 +433,7 @@ def events():
 
 
 def tp(text):
-    return [(t.group, t.name, t.label) for t in tracepoint_targets(parse_event(text))]
+    return [(t.group, t.name, t.label) for t in tracepoint_probes(parse_event(text))]
 
 
 def test_syscall_targets(events):
@@ -467,7 +467,7 @@ def test_tracefs_lists_groups_and_names(events):
 def test_tracepoint_errors(events):
     def error(text):
         with pytest.raises(UstackError) as e:
-            tracepoint_targets(parse_event(text))
+            tracepoint_probes(parse_event(text))
         return str(e.value)
 
     assert error("syscall:wrte").startswith("no syscall matches 'wrte'; did you mean: write")
@@ -476,7 +476,7 @@ def test_tracepoint_errors(events):
         "no tracepoint matches 'syscalls:sys_enter_wrte'; did you mean: syscalls:sys_enter_write")
     assert error("tracepoint:nogroup*:x") == "no tracepoint matches 'nogroup*:x'"
     with pytest.raises(ValueError):
-        tracepoint_targets(parse_event("profile:hz:99"))
+        tracepoint_probes(parse_event("profile:hz:99"))
 
 
 # --- listing --------------------------------------------------------------------

@@ -26,7 +26,8 @@ from ..kernel import procfs
 from ..kernel.ftrace_instance import FtraceInstance
 from ..kernel.ftrace_records import CPU_PREFIX, EventLayout, TracefsRecords
 from ..kernel.perf_event import cpus_online
-from ..kernel.tracefs import tracefs_root, tracepoint_id
+from ..kernel import tracefs
+from ..kernel.tracefs import tracepoint_id
 from ..kernel.leftovers import remove_stale_tracing
 from ..kernel.uprobe_events import UprobeEvents
 from ..model import Losses, MmapEvent, TracepointProbe, UprobeProbe, UstackError
@@ -135,12 +136,7 @@ class TracefsCapture:
 
     def open(self) -> None:
         remove_stale_tracing()            # what a killed run left behind
-        try:
-            with open(os.path.join(tracefs_root(), "events", "ftrace",
-                                   "user_stack", "format")) as f:
-                self._records.set_user_stack(f.read())
-        except OSError:
-            raise UstackError("this kernel's tracefs has no ftrace/user_stack event")
+        self._records.set_user_stack(tracefs.event_format("ftrace", "user_stack"))
         try:
             self.instance.create()
             self.instance.write("tracing_on", "0")

@@ -70,8 +70,8 @@ class PerfEventAttr(ctypes.Structure):
         ("flags", ctypes.c_uint64),
         ("wakeup_events", ctypes.c_uint32),   # or wakeup_watermark
         ("bp_type", ctypes.c_uint32),
-        ("config1", ctypes.c_uint64),         # uprobe: pointer to path
-        ("config2", ctypes.c_uint64),         # uprobe: file offset
+        ("config1", ctypes.c_uint64),
+        ("config2", ctypes.c_uint64),
         ("branch_sample_type", ctypes.c_uint64),
         ("sample_regs_user", ctypes.c_uint64),
         ("sample_stack_user", ctypes.c_uint32),

@@ -57,3 +57,13 @@ def tracepoint_id(group: str, name: str) -> int:
             return int(f.read())
     except OSError:
         raise UstackError(f"no such tracepoint: {group}:{name}")
+
+
+def event_format(group: str, name: str) -> str:
+    """The `format` file of events/GROUP/NAME (ftrace-internal events such
+    as ftrace/user_stack have one, but no id file)."""
+    try:
+        with open(os.path.join(events_dir(), group, name, "format")) as f:
+            return f.read()
+    except OSError:
+        raise UstackError(f"this kernel's tracefs has no {group}/{name} event")

@@ -40,14 +40,6 @@ def debug_roots(extra_dirs=()) -> list:
     return [*extra_dirs, *DEBUG_ROOTS]
 
 
-def build_id_path(build_id: Optional[str], extra_dirs=()) -> Optional[str]:
-    """The debug file for a build-id under the debug roots, if one exists."""
-    for path in _build_id_candidates(build_id, extra_dirs):
-        if os.path.exists(path):
-            return path
-    return None
-
-
 def _build_id_candidates(build_id: Optional[str], extra_dirs) -> list:
     if not build_id or len(build_id) < 3:
         return []

@@ -108,11 +108,6 @@ class UnwindTable:
         cls._memo.clear()
 
     @classmethod
-    def for_path(cls, path: str, debug_dirs=()) -> "UnwindTable":
-        """The table of the ELF file at path (see for_image)."""
-        return cls.for_image(ElfImage.open(path), debug_dirs)[0]
-
-    @classmethod
     def for_image(cls, image: ElfImage, debug_dirs=()) -> tuple:
         """(UnwindTable, DebugLookup) of an ELF object, from memory, the disk
         cache, or built (and cached). The object's CFI gaps are filled from
