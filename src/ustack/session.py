@@ -9,8 +9,8 @@ import os
 import time
 from typing import NamedTuple, Optional
 
+from .capture.backends import new_capture
 from .capture.drain import Stream
-from .defaults import DEFAULT_BUFFER_PAGES, DWARF_BUFFER_PAGES
 from .model import Piece, RawSample, Stack, StackCount, UstackError
 from .options import Options
 from .probes.resolve import resolve_probes
@@ -73,7 +73,8 @@ class Session:
         try:
             self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                     self.probes, self._main_binary(), opts.kernel_stacks)
-            capture = self._new_capture()
+            capture = new_capture(self.plan.backend, self.probes, self.target,
+                                  self.plan.modes, opts)
             capture.open()                  # closes what it opened if it fails
             self.capture = capture
         except BaseException:
@@ -87,22 +88,6 @@ class Session:
         if target.scope == "pid":
             return f"/proc/{target.pid}/exe"
         return process.executable(target.argv) if target.scope == "command" else None
-
-    def _new_capture(self):
-        opts, plan = self.opts, self.plan
-        if plan.backend == "bpf":
-            from .capture.bpf import BpfCapture
-            return BpfCapture(self.probes, self.target, opts.buffer_pages,
-                              stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
-                              calls_only=opts.command == "funccount")
-        if plan.backend == "tracefs":
-            from .capture.tracefs import TracefsCapture
-            return TracefsCapture(self.probes, self.target, opts.buffer_pages,
-                                  plan.modes, opts.stack_size)
-        from .capture.perf import PerfCapture
-        pages = opts.buffer_pages or (DWARF_BUFFER_PAGES if "dwarf" in plan.modes
-                                      else DEFAULT_BUFFER_PAGES)
-        return PerfCapture(self.probes, self.target, pages, plan.modes, opts.stack_size)
 
     def stop(self) -> None:
         """End the run at the next check (safe from a signal handler)."""

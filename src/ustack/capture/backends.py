@@ -1,0 +1,24 @@
+"""The captures by backend name (what unwind/policy.plan returns): a new
+backend is a new module and a line here."""
+from __future__ import annotations
+
+from ..defaults import DEFAULT_BUFFER_PAGES, DWARF_BUFFER_PAGES
+
+
+def new_capture(backend: str, probes: list, target, modes: tuple, opts):
+    """An unopened capture of `probes` in `target`; `opts` is the run's
+    Options (buffer pages, stack size and storage, --kernel, command)."""
+    if backend == "bpf":
+        from .bpf import BpfCapture
+        return BpfCapture(probes, target, opts.buffer_pages,
+                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
+                          calls_only=opts.command == "funccount")
+    if backend == "tracefs":
+        from .tracefs import TracefsCapture
+        return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)
+    if backend == "perf":
+        from .perf import PerfCapture
+        pages = opts.buffer_pages or (DWARF_BUFFER_PAGES if "dwarf" in modes
+                                      else DEFAULT_BUFFER_PAGES)
+        return PerfCapture(probes, target, pages, modes, opts.stack_size)
+    raise ValueError(f"no such backend: {backend}")
