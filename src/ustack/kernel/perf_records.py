@@ -34,7 +34,6 @@ _MMAP2 = struct.Struct("<IIQQQIIQQII")
 _PID_TID = struct.Struct("<II")
 _FORK = struct.Struct("<IIII")
 _LOST = struct.Struct("<QQ")
-_CONTEXT_MARKER = 0xFFFFFFFFFFFFF000    # PERF_CONTEXT_* values are above this
 _IPS_CACHE: dict = {}
 
 
@@ -73,6 +72,20 @@ def _cstring(buf: bytes, start: int, end: int) -> str:
     return buf[start:nul if nul >= 0 else end].decode("utf-8", "replace")
 
 
+_GENERAL = -1                           # not a fast path: see RecordReader._sample
+
+
+def _fast_slot(layout: EventLayout):
+    """How read() decodes an event's samples: None for a callchain alone,
+    the return-address slot for a callchain + that word, else _GENERAL."""
+    if layout.regs_mask or layout.args is not None:
+        return _GENERAL
+    if not layout.stack_size:
+        return None
+    slot = layout.return_address_slot
+    return slot if slot is not None else _GENERAL
+
+
 class RecordReader:
     """Turns ring-buffer bytes into RawSamples and metadata events, and
     keeps the loss totals the kernel reports on the way."""
@@ -81,6 +94,7 @@ class RecordReader:
         self.layouts = layouts          # event id -> EventLayout
         self.lost = 0
         self.throttled = 0
+        self._slots: dict = {}          # event id -> (_fast_slot(), probe)
 
     # -- metadata records -------------------------------------------------
     def _meta(self, typ: int, misc: int, chunk: bytes, off: int, size: int):
@@ -156,6 +170,8 @@ class RecordReader:
         header = _HEADER.unpack_from
         u64 = _U64.unpack_from
         append = samples.append
+        make = tuple.__new__              # RawSample without its Python __new__
+        slots = self._slots
         while off < stop_at:
             typ, misc, size = header(chunk, off)
             if size == 0:
@@ -164,21 +180,39 @@ class RecordReader:
                 if size < _SAMPLE_HEAD_END:
                     off += size             # no callchain: not one of our layouts
                     continue
-                h = head(chunk, off + 8)
-                layout = layouts.get(h[0])
-                if layout is None:          # not ours (a flush event)
-                    off += size
-                    continue
+                ident, pid, tid, t, cpu, _r, nr = head(chunk, off + 8)
+                fast = slots.get(ident)
+                if fast is None:
+                    layout = layouts.get(ident)
+                    if layout is None:      # not ours (a flush event)
+                        off += size
+                        continue
+                    fast = slots[ident] = (_fast_slot(layout), layout.probe)
+                slot, probe = fast
                 pos = off + _SAMPLE_HEAD_END
-                end = pos + 8 * h[6]
+                end = pos + 8 * nr
                 # a user callchain starts with the PERF_CONTEXT_USER marker
-                if end > pos and u64(chunk, pos)[0] >= _CONTEXT_MARKER:
+                # (0xffff…fe00: its top byte, last in little-endian, is 0xff)
+                if end > pos and chunk[pos + 7] == 0xFF:
                     pos += 8
-                if layout.stack_size or layout.regs_mask or layout.args:
-                    append(self._sample(chunk, end, layout, h, chunk[pos:end]))
-                else:
-                    append(RawSample(layout.probe, h[1], h[2], h[3], h[4],
-                                     chunk[pos:end]))
+                if slot is None:            # callchain only
+                    append(make(RawSample, (probe, pid, tid, t,
+                                            cpu, chunk[pos:end], b"", None, None, (),
+                                            b"")))
+                elif slot is _GENERAL:
+                    append(self._sample(chunk, end, layouts[ident],
+                                        (ident, pid, tid, t, cpu, _r, nr),
+                                        chunk[pos:end]))
+                else:                       # callchain + the word at the slot
+                    # STACK_USER: u64 size, size bytes (the slot's word last),
+                    # u64 dyn_size; just the u64 size when nothing was copied
+                    ret = b""
+                    at = end + 8 + 8 * slot
+                    if off + size > end + 8 and u64(chunk, at + 8)[0] >= 8 * slot + 8:
+                        ret = chunk[at:at + 8]
+                    append(make(RawSample, (probe, pid, tid, t,
+                                            cpu, chunk[pos:end], ret, None, None, (),
+                                            b"")))
             else:
                 event = self._meta(typ, misc, chunk, off, size)
                 if event is not None:
