@@ -203,10 +203,11 @@ class RecordedCapture:
                 continue
             if not build_id or found == build_id:
                 return candidate
+            which = (f"{path} here is not the recorded file" if candidate == path
+                     else f"{candidate} is not the file recorded as {path}")
             self.warnings.append(
-                f"{candidate} is not the file recorded as {path} (build-id "
-                f"{found or 'none'}, recorded {build_id}): rebuilt or another "
-                "version; its frames stay unnamed")
+                f"{which} (build-id {found or 'none'}, recorded {build_id}): "
+                "rebuilt or another version; its frames stay unnamed")
             return REFUSED
         self.warnings.append(f"{path} (build-id {build_id or 'unknown'}) is not "
                              "here: its frames stay unnamed (give the directory "
