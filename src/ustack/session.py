@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional
 
 from .capture.backends import new_capture
 from .capture.drain import Stream
+from .capture.recorded import RecordedCapture
 from .model import Piece, RawSample, Stack, StackCount, UstackError
 from .options import Options
 from .probes.resolve import resolve_probes
@@ -82,6 +83,14 @@ class Session:
             raise
         if self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
+
+    @classmethod
+    def replay(cls, path: str, opts: Optional[Options] = None, objects=()) -> "Session":
+        """A Session over a recording (report/record.py wrote it) instead of
+        a live run: no root, no probes, no target. `objects`: directories
+        holding copies of the recorded binaries, found by build-id or name
+        (else at their recorded paths, if the build-id is the same)."""
+        return _Replay(path, opts or Options(), objects)
 
     def _main_binary(self) -> Optional[str]:
         target = self.target
@@ -157,3 +166,20 @@ class Session:
         return [StackCount(comm(rkey[0], tid), rkey[0], stack_of(rkey), n,
                            self.labels[probe])
                 for (probe, tid, rkey), n in counted.items()]
+
+
+class _Replay(Session):
+    """Session.replay: open() reads a recording's header, not the kernel."""
+
+    def __init__(self, path: str, opts: Options, objects):
+        super().__init__(opts)
+        self.tracker.live = False       # recorded pids are not this host's processes
+        self._recording = RecordedCapture(path, objects)
+
+    def open(self) -> None:
+        capture = self._recording
+        capture.open()
+        self.capture = capture
+        self.labels = list(capture.labels)
+        self.plan = policy.Plan("recording", capture.modes)
+        self.target = process.recording(capture.path)

@@ -35,7 +35,12 @@ class ProcessMaps:
 
 
 class MappingTracker:
-    def __init__(self):
+    """`live`: the processes run on this host, so /proc fills what the
+    stream has not said yet; False for a recording, whose pids may be
+    unrelated processes here."""
+
+    def __init__(self, live: bool = True):
+        self.live = live
         self.generations: dict = {}     # pid -> current generation
         self.procs: dict = {}           # (pid, generation) -> ProcessMaps
         self.comms: dict = {}           # tid -> comm
@@ -64,7 +69,7 @@ class MappingTracker:
     def apply(self, event) -> None:
         if isinstance(event, MmapEvent):
             m = event.mapping
-            if m.path and not m.host_path:
+            if m.path and not m.host_path and self.live:
                 m = Mapping(m.start, m.end, m.pgoff, m.path,
                             procfs.host_path(event.pid, m.path))
             self._maps(event.pid).add(m)
@@ -88,7 +93,7 @@ class MappingTracker:
         gen = current if generation is None else generation
         pm = self.procs.get((pid, gen))
         m = pm.find(addr) if pm is not None else None
-        if m is None and gen == current:
+        if m is None and gen == current and self.live:
             # a sample can arrive before its MMAP2 record (another CPU's
             # buffer): re-read the live process's maps, at most 4 times/s
             now = time.monotonic()
@@ -100,7 +105,7 @@ class MappingTracker:
 
     def comm(self, pid: int, tid: int) -> str:
         c = self.comms.get(tid) or self.comms.get(pid)
-        if not c:
+        if not c and self.live:
             c = procfs.comm(pid, tid) or procfs.comm(pid)
             if c:
                 self.comms[tid] = c

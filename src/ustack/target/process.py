@@ -17,7 +17,7 @@ from ..model import UstackError
 
 @dataclass
 class Target:
-    scope: str                        # 'pid' | 'command' | 'system'
+    scope: str                        # 'pid' | 'command' | 'system' | 'recording'
     pid: Optional[int] = None
     argv: list = field(default_factory=list)
     _go_fd: int = -1                  # write end of the child's start pipe
@@ -29,6 +29,8 @@ class Target:
             return f"PID {self.pid}"
         if self.scope == "command":
             return f"'{shlex.join(self.argv)}' (PID {self.pid})"
+        if self.scope == "recording":
+            return f"the recording {self.argv[0]}"
         return "all processes"
 
     # -- command targets ------------------------------------------------
@@ -54,6 +56,8 @@ class Target:
             return True
         if self.scope == "pid":
             return not procfs.process_exists(self.pid)
+        if self.scope == "recording":
+            return True                   # its processes ran when it was made
         if self.scope != "command":
             return False
         try:
@@ -87,6 +91,11 @@ def attach(pid: int) -> Target:
 
 def everything() -> Target:
     return Target("system")
+
+
+def recording(path: str) -> Target:
+    """The processes of a recording, replayed: nothing runs, nothing to wait for."""
+    return Target("recording", argv=[path])
 
 
 def launch(command: str, before_exec=None, cls=Target) -> Target:

@@ -1,0 +1,182 @@
+"""The bytes of a recording (`ustack record`, test fixtures): one run's
+stream, so it can be unwound, symbolized and reported later, elsewhere.
+
+A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
+(little-endian), in stream order:
+
+  H  header (JSON): format version, probe labels, unwind modes, backend
+  M  a mapping: pid, tid, start, end, pgoff, path, build-id of the file
+  C  comm: pid, tid, exec flag, comm      F / X  fork / exit: pid ppid tid ptid
+  S  a RawSample (binary: a DWARF sample carries up to 8 KiB of stack)
+  L  the losses (JSON); the last record: a file without it was cut short
+
+Samples are binary and the rest is small, so the file is about as large
+as the stacks the kernel copied, compressed. Both directions live here:
+the writer (report/record.py) and the reader (recorded.py) share them."""
+from __future__ import annotations
+
+import json
+import struct
+
+from ..model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
+                     MmapEvent, RawSample, UstackError)
+
+MAGIC = b"ustack-recording\n"
+VERSION = 1                        # bumped when a reader of the old one would misread
+RECORD = struct.Struct("<IB")      # payload length, kind
+HEADER, MMAP, COMM, FORK, EXIT, SAMPLE, LOSSES = b"HMCFXSL"
+# not in files: what the reader puts in a chunk where the file went wrong,
+# so the error is raised by decode, on the caller's thread, in stream order
+FAILURE = ord("!")
+
+_MMAP = struct.Struct("<iiQQQH")   # pid tid start end pgoff, path length
+_COMM = struct.Struct("<iiB")
+_FORK = struct.Struct("<iiii")
+# probe pid tid time cpu, which optional parts follow, callchain length
+_SAMPLE = struct.Struct("<IiiQiBI")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_HAS_REGS, _HAS_STACK, _HAS_ARGS, _HAS_KERNEL = 1, 2, 4, 8
+
+
+def record(kind: int, payload: bytes) -> bytes:
+    return RECORD.pack(len(payload), kind) + payload
+
+
+# -- writing ------------------------------------------------------------------
+
+def header_record(labels, modes, backend: str, extra: dict) -> bytes:
+    header = dict(extra, version=VERSION, labels=list(labels),
+                  modes=list(modes), backend=backend)
+    return record(HEADER, json.dumps(header).encode())
+
+
+def losses_record(losses: Losses) -> bytes:
+    return record(LOSSES, json.dumps({
+        "lost": losses.lost, "throttled": losses.throttled,
+        "uncounted": [list(u) for u in losses.uncounted]}).encode())
+
+
+def meta_record(event, build_id: str = "") -> bytes:
+    """The record of a metadata event; `build_id` (hex) of a mapped file."""
+    if isinstance(event, MmapEvent):
+        m = event.mapping
+        path = m.path.encode("utf-8", "surrogateescape")
+        bid = build_id.encode()
+        return record(MMAP, _MMAP.pack(event.pid, event.tid, m.start, m.end,
+                                       m.pgoff, len(path))
+                      + path + bytes([len(bid)]) + bid)
+    if isinstance(event, CommEvent):
+        return record(COMM, _COMM.pack(event.pid, event.tid, event.exec)
+                      + event.comm.encode("utf-8", "surrogateescape"))
+    kind = FORK if isinstance(event, ForkEvent) else EXIT
+    return record(kind, _FORK.pack(event.pid, event.ppid, event.tid, event.ptid))
+
+
+def sample_record(s: RawSample) -> bytes:
+    flags = ((_HAS_REGS if s.regs is not None else 0)
+             | (_HAS_STACK if s.stack is not None else 0)
+             | (_HAS_ARGS if s.args else 0) | (_HAS_KERNEL if s.kernel else 0))
+    parts = [_SAMPLE.pack(s.probe, s.pid, s.tid, s.time_ns, s.cpu, flags,
+                          len(s.callchain)),
+             s.callchain, bytes([len(s.return_address)]), s.return_address]
+    if s.regs is not None:
+        parts.append(bytes([len(s.regs)]))
+        for name, value in s.regs.items():
+            parts += [bytes([len(name)]), name.encode(), _U64.pack(value)]
+    for flag, blob in ((_HAS_STACK, s.stack), (_HAS_ARGS, s.args and _args_json(s.args)),
+                       (_HAS_KERNEL, s.kernel)):
+        if flags & flag:
+            parts += [_U32.pack(len(blob)), blob]
+    return record(SAMPLE, b"".join(parts))
+
+
+def _args_json(args: tuple) -> bytes:
+    # rare (fetch-args only) and small: JSON, bytes values as {"hex": ...}
+    def value(v):
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return {"hex": bytes(v).hex()}
+        return list(v) if isinstance(v, tuple) else v
+    return json.dumps([[n, k, value(v)] for n, k, v in args]).encode()
+
+
+# -- reading ------------------------------------------------------------------
+
+def parse_json(payload) -> dict:
+    value = json.loads(bytes(payload))
+    if not isinstance(value, dict):
+        raise ValueError("a JSON record is not an object")
+    return value
+
+
+def parse_losses(payload) -> Losses:
+    d = parse_json(payload)
+    return Losses(d["lost"], d["throttled"], tuple(tuple(u) for u in d["uncounted"]))
+
+
+def parse_mmap(payload) -> tuple:
+    """(MmapEvent with no host_path, build-id hex or '')."""
+    pid, tid, start, end, pgoff, n = _MMAP.unpack_from(payload)
+    at = _MMAP.size
+    path = bytes(payload[at:at + n]).decode("utf-8", "surrogateescape")
+    at += n
+    bid = bytes(payload[at + 1:at + 1 + payload[at]]).decode()
+    return MmapEvent(pid, tid, Mapping(start, end, pgoff, path)), bid
+
+
+def parse_meta(kind: int, payload):
+    if kind == COMM:
+        pid, tid, exec_ = _COMM.unpack_from(payload)
+        return CommEvent(pid, tid, bytes(payload[_COMM.size:]).decode(
+            "utf-8", "surrogateescape"), bool(exec_))
+    cls = ForkEvent if kind == FORK else ExitEvent
+    return cls(*_FORK.unpack_from(payload))
+
+
+def parse_sample(payload) -> RawSample:
+    probe, pid, tid, t, cpu, flags, n = _SAMPLE.unpack_from(payload)
+    at = _SAMPLE.size
+    chain = bytes(payload[at:at + n])
+    at += n
+    ret = bytes(payload[at + 1:at + 1 + payload[at]])
+    at += 1 + payload[at]
+    regs = None
+    if flags & _HAS_REGS:
+        regs = {}
+        count, at = payload[at], at + 1
+        for _ in range(count):
+            name_len = payload[at]
+            name = bytes(payload[at + 1:at + 1 + name_len]).decode()
+            at += 1 + name_len
+            regs[name] = _U64.unpack_from(payload, at)[0]
+            at += 8
+    blobs = {}
+    for flag in (_HAS_STACK, _HAS_ARGS, _HAS_KERNEL):
+        if flags & flag:
+            size = _U32.unpack_from(payload, at)[0]
+            blob = bytes(payload[at + 4:at + 4 + size])
+            if len(blob) != size:
+                raise ValueError("a sample ends early")
+            blobs[flag] = blob
+            at += 4 + size
+    if at != len(payload) or len(chain) != n:
+        raise ValueError("a sample's parts do not add up to its length")
+    args = _args_of(blobs[_HAS_ARGS]) if _HAS_ARGS in blobs else ()
+    return RawSample(probe, pid, tid, t, cpu, chain, ret, regs,
+                     blobs.get(_HAS_STACK), args, blobs.get(_HAS_KERNEL, b""))
+
+
+def _args_of(blob: bytes) -> tuple:
+    def value(v):
+        if isinstance(v, dict):
+            return bytes.fromhex(v["hex"])
+        return tuple(v) if isinstance(v, list) else v
+    return tuple((n, k, value(v)) for n, k, v in json.loads(blob))
+
+
+def failure(message: str) -> bytes:
+    return record(FAILURE, message.encode())
+
+
+def raise_failure(payload) -> None:
+    raise UstackError(bytes(payload).decode())

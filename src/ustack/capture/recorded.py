@@ -1,0 +1,241 @@
+"""A recording (record_format.py) as a capture: the same Stream and Session
+machinery replays it with no kernel, no root and no target.
+
+Mapped files are looked up where they are now: first in `objects`
+(directories holding copies of the recorded binaries, matched by build-id,
+then by name), then at their recorded path. A file whose build-id is not
+the recorded one (rebuilt, another distribution's libc) is refused: its
+frames stay unnamed and `warnings` says why, once per file."""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from typing import Optional
+
+from ..model import Losses, UstackError
+from ..objfile.elf import ElfImage
+from . import record_format as rf
+
+READ_SIZE = 1 << 20                # decompressed bytes read per chunk
+# Where a refused file's mapping points instead: never an ELF file, so the
+# symbolizer and the unwinder read nothing from it (unnamed frames).
+REFUSED = os.devnull
+
+
+class RecordedCapture:
+    """`RecordedCapture(path, objects=())`; open() reads the header:
+    `labels`, `modes` (per probe: fp | dwarf) and `backend` of the run."""
+    buffer_pages = 0
+
+    def __init__(self, path: str, objects=()):
+        self.path = path
+        self.objects = tuple(objects)
+        self.header: dict = {}
+        self.labels: tuple = ()
+        self.modes: tuple = ()
+        self.backend = ""
+        self.warnings: list = []           # files refused or missing, one sentence each
+        self._file = None
+        self._pending = b""                # the start of a record not yet read whole
+        self._ended = False                # the LOSSES record was seen
+        self._losses = Losses()
+        self._located: dict = {}           # (path, build-id) -> host path
+        self._by_build_id: Optional[dict] = None   # build-id -> file in objects
+        self._by_name: dict = {}           # basename -> file in objects
+
+    @property
+    def unwind_note(self) -> str:
+        return f"recorded with backend {self.backend}"
+
+    def _fail(self, why: str) -> UstackError:
+        return UstackError(f"{self.path}: {why}")
+
+    # -- the capture interface ---------------------------------------------------
+    def open(self) -> None:
+        try:
+            self._file = gzip.open(self.path, "rb")
+            magic = self._file.read(len(rf.MAGIC))
+            head = self._file.read(rf.RECORD.size)
+        except FileNotFoundError:
+            raise self._fail("no such recording") from None
+        except (OSError, EOFError, zlib.error) as e:
+            raise self._fail(f"not a ustack recording ({e})") from None
+        if magic != rf.MAGIC or len(head) < rf.RECORD.size:
+            raise self._fail("not a ustack recording")
+        size, kind = rf.RECORD.unpack(head)
+        try:
+            payload = self._file.read(size)
+            if kind != rf.HEADER or len(payload) != size:
+                raise ValueError("no header")
+            header = rf.parse_json(payload)
+            version = header["version"]
+            if version > rf.VERSION:
+                raise self._fail(f"recording format version {version} is newer "
+                                 f"than this ustack reads ({rf.VERSION})")
+            self.labels = tuple(header["labels"])
+            self.modes = tuple(header["modes"])
+            self.backend = header["backend"]
+        except UstackError:
+            raise
+        except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as e:
+            raise self._fail(f"corrupt recording header ({e})") from None
+        self.header = header
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def flush_lost(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def losses(self) -> Losses:
+        return self._losses
+
+    def read_chunks(self, timeout_ms: int) -> list:
+        """The next whole records of the file, as one chunk ([] at the end).
+        A damaged or cut file ends with a FAILURE record: decode raises it
+        on the caller's thread (this may run on the drain thread)."""
+        if self._file is None:
+            return []
+        try:
+            data = self._file.read(READ_SIZE)
+        except (OSError, EOFError, zlib.error) as e:
+            return self._end([rf.failure(f"{self.path}: corrupt or truncated "
+                                         f"recording ({e})")])
+        if not data:
+            if self._pending or not self._ended:
+                return self._end([rf.failure(
+                    f"{self.path}: truncated recording (it ends before the "
+                    "run's last record)")])
+            return self._end([])
+        data = self._pending + data
+        whole, failure = self._whole_records(data)
+        self._pending = data[whole:]
+        if failure:
+            return self._end([data[:whole] + rf.failure(f"{self.path}: {failure}")])
+        return [data[:whole]] if whole else self.read_chunks(timeout_ms)
+
+    def _end(self, chunks: list) -> list:
+        self.close()
+        return chunks
+
+    def _whole_records(self, data: bytes) -> tuple:
+        """(length of the whole records at the start of data, why the file
+        is corrupt or '')."""
+        at, n = 0, len(data)
+        while at + rf.RECORD.size <= n:
+            size, kind = rf.RECORD.unpack_from(data, at)
+            if kind not in b"MCFXSL" or self._ended:
+                return at, "corrupt recording (a record of unknown kind)"
+            end = at + rf.RECORD.size + size
+            if end > n:
+                break
+            self._ended = kind == rf.LOSSES
+            at = end
+        return at, ""
+
+    def decode(self, chunk, metas: list, samples: list, start: int = 0,
+               budget: int = 1 << 62) -> int:
+        """Records from `start` for about `budget` bytes into metas (as
+        (0, event): the file's order is the stream's) and samples; stops
+        before metadata that follows a sample, so each piece's metadata
+        explains its samples and no earlier ones. Returns the offset reached."""
+        at, n = start, len(chunk)
+        stop_at = min(n, start + budget)
+        while at < stop_at:
+            size, kind = rf.RECORD.unpack_from(chunk, at)
+            body = at + rf.RECORD.size
+            payload = memoryview(chunk)[body:body + size]
+            if kind == rf.FAILURE:
+                rf.raise_failure(payload)
+            if kind not in (rf.SAMPLE, rf.LOSSES) and samples:
+                return at                  # the next piece starts here
+            try:
+                if kind == rf.SAMPLE:
+                    samples.append(rf.parse_sample(payload))
+                elif kind == rf.MMAP:
+                    metas.append((0, self._located_event(*rf.parse_mmap(payload))))
+                elif kind == rf.LOSSES:
+                    self._losses = rf.parse_losses(payload)
+                else:
+                    metas.append((0, rf.parse_meta(kind, payload)))
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                raise self._fail(f"corrupt recording ({e or type(e).__name__})") from None
+            except struct.error as e:
+                raise self._fail(f"corrupt recording ({e})") from None
+            at = body + size
+        return at
+
+    # -- where the recorded files are now -------------------------------------------
+    def _located_event(self, event, build_id: str):
+        m = event.mapping
+        if not m.path.startswith("/"):
+            return event                   # [vdso], [anon:…]: no file to find
+        key = (m.path, build_id)
+        host = self._located.get(key)
+        if host is None:
+            host = self._located[key] = self._locate(m.path, build_id)
+        if host == m.path:
+            return event
+        return type(event)(event.pid, event.tid,
+                           type(m)(m.start, m.end, m.pgoff, m.path, host))
+
+    def _locate(self, path: str, build_id: str) -> str:
+        """The file to open for a recorded mapping of `path`, or REFUSED."""
+        by_build_id = self._objects_by_build_id()
+        if build_id in by_build_id:
+            return by_build_id[build_id]
+        name = os.path.basename(path)
+        candidates = [self._by_name[name]] if name in self._by_name else []
+        candidates.append(path)
+        for candidate in candidates:
+            found = _build_id(candidate)
+            if found is None and not os.path.exists(candidate):
+                continue
+            if not build_id or found == build_id:
+                return candidate
+            which = (f"{path} here is not the recorded file" if candidate == path
+                     else f"{candidate} is not the file recorded as {path}")
+            self.warnings.append(
+                f"{which} (build-id {found or 'none'}, recorded {build_id}): "
+                "rebuilt or another version; its frames stay unnamed")
+            return REFUSED
+        self.warnings.append(f"{path} (build-id {build_id or 'unknown'}) is not "
+                             "here: its frames stay unnamed (give the directory "
+                             "holding a copy as an objects directory)")
+        return REFUSED
+
+    def _objects_by_build_id(self) -> dict:
+        """Every ELF file in the objects directories by build-id (read once)."""
+        if self._by_build_id is None:
+            self._by_build_id = {}
+            for directory in self.objects:
+                try:
+                    entries = sorted(os.scandir(directory), key=lambda e: e.name)
+                except OSError as e:
+                    self.warnings.append(f"objects directory {directory}: {e.strerror}")
+                    continue
+                for entry in entries:
+                    if not entry.is_file():
+                        continue
+                    self._by_name.setdefault(entry.name, entry.path)
+                    found = _build_id(entry.path)
+                    if found:
+                        self._by_build_id.setdefault(found, entry.path)
+        return self._by_build_id
+
+
+def _build_id(path: str) -> Optional[str]:
+    try:
+        return ElfImage.open(path).build_id
+    except UstackError:
+        return None

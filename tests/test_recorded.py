@@ -1,0 +1,273 @@
+"""Unwinding and symbolization replayed from recordings of real runs
+(tests/fixtures/, made by make_recordings.py): no root, no kernel, no
+probes. chain.c built -O2 -fomit-frame-pointer, so only DWARF CFI gives the
+full stack main -> a -> b -> c -> d.
+
+libc is the system's: its frames are named only when this machine's libc
+has the recorded build-id (the same Debian 12 image); elsewhere the libc
+part is skipped with the reason, and the frames inside chain still count."""
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ustack.capture.drain import Stream
+from ustack.capture.recorded import RecordedCapture
+from ustack.model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
+                          MmapEvent, Piece, RawSample, UstackError)
+from ustack.objfile.elf import ElfImage
+from ustack.report.record import RecordWriter
+from ustack.session import Session
+from ustack.symbols.stacks import StackResolver
+from ustack.target.mappings import MappingTracker
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+CALLS = 24                           # make_recordings.CALLS: d's calls in each run
+CHAIN = ["d", "c", "b", "a", "main"]
+LIBC_START = ["__libc_start_call_main", "__libc_start_main"]
+
+
+def replay(name: str, objects=(FIXTURES,)):
+    return Session.replay(FIXTURES / name, objects=objects)
+
+
+def functions(stack) -> list:
+    return [f.function for f in stack.frames]
+
+
+def skip_unless_libc_matches(session) -> None:
+    """Skip (saying why) when this machine's libc is not the recorded one."""
+    refused = [w for w in session.capture.warnings if "libc.so" in w]
+    if refused:
+        pytest.skip(f"system libc differs from the recording's: {refused[0]}")
+
+
+# -- DWARF samples of a binary without frame pointers ----------------------------
+
+def test_trace_names_the_chain_inside_the_binary():
+    with replay("trace-d-dwarf.ustack") as session:
+        events = list(session.events())
+    assert len(events) == CALLS
+    for event in events:
+        assert event.label.startswith("uprobe:") and event.label.endswith("/chain:d")
+        assert event.comm == "chain"
+        chain = event.stack.frames[:5]
+        assert [f.function for f in chain] == CHAIN
+        assert {f.module for f in chain} == {"chain"}
+        assert event.stack.notes == ()
+
+
+def test_trace_names_libc_frames_when_libc_is_the_recorded_one():
+    with replay("trace-d-dwarf.ustack") as session:
+        events = list(session.events())
+        skip_unless_libc_matches(session)
+    for event in events:
+        assert functions(event.stack) == CHAIN + LIBC_START + ["_start"]
+        assert [f.module for f in event.stack.frames[5:]] == \
+            ["libc.so.6", "libc.so.6", "chain"]
+
+
+def test_count_of_write_through_libc():
+    with replay("count-write-dwarf.ustack") as session:
+        counts = session.counts()
+        skip_unless_libc_matches(session)
+    assert len(counts) == 1
+    (counted,) = counts
+    assert counted.count == CALLS
+    assert counted.event == "syscall:write"
+    assert counted.comm == "chain"
+    assert functions(counted.stack) == ["write"] + CHAIN + LIBC_START + ["_start"]
+    assert session.capture.losses() == Losses()
+
+
+# -- frame pointers ----------------------------------------------------------------
+
+def test_count_of_frame_pointer_stacks():
+    """The kernel's frame-pointer walk ends in libc (no frame pointers
+    there): the same in the replay as in the run."""
+    with replay("count-d-fp.ustack") as session:
+        counts = session.counts()
+    assert [c.count for c in counts] == [CALLS]
+    names = functions(counts[0].stack)
+    assert names[:5] == CHAIN
+    assert [f.module for f in counts[0].stack.frames[:5]] == ["chain"] * 5
+    assert len(names) == 6                   # + the caller of main, in libc
+    assert counts[0].stack.frames[5].module == "libc.so.6"
+    skip_unless_libc_matches(session)
+    assert names[5] == LIBC_START[0]
+
+
+# -- the stream itself, without a Session ------------------------------------------------
+
+def test_stream_and_stack_resolver_over_a_recorded_capture():
+    capture = RecordedCapture(FIXTURES / "trace-d-dwarf.ustack", objects=[FIXTURES])
+    capture.open()
+    assert capture.modes == ("dwarf",)
+    tracker = MappingTracker(live=False)
+    resolver = StackResolver(tracker)
+    stream = Stream(capture)
+    stream.start()
+    stacks = []
+    for piece in stream.rest():
+        for event in piece.metas:
+            tracker.apply(event)
+        stacks += [functions(resolver.stack(s))[:5] for s in piece.samples]
+    capture.close()
+    assert stacks == [CHAIN] * CALLS
+
+
+# -- what is refused ---------------------------------------------------------------
+
+def rebuilt_copy(binary: Path, directory: Path) -> Path:
+    """A copy of binary, named as it was recorded, with another build-id."""
+    build_id = bytes.fromhex(ElfImage.open(str(binary)).build_id)
+    data = binary.read_bytes()
+    assert data.count(build_id) == 1
+    copy = directory / "chain"
+    copy.write_bytes(data.replace(build_id, bytes(b ^ 0xFF for b in build_id)))
+    return copy
+
+
+def test_a_rebuilt_binary_is_refused(tmp_path):
+    copy = rebuilt_copy(FIXTURES / "chain-o2-nofp", tmp_path)
+    with replay("trace-d-dwarf.ustack", objects=[tmp_path]) as session:
+        events = list(session.events())
+    refusals = [w for w in session.capture.warnings if str(copy) in w]
+    assert len(refusals) == 1
+    assert "is not the file recorded as" in refusals[0]
+    assert "rebuilt" in refusals[0]
+    assert len(events) == CALLS
+    for event in events:
+        leaf = event.stack.frames[0]
+        assert (leaf.module, leaf.function) == ("chain", None)
+
+
+def test_a_missing_binary_is_named_in_a_warning(tmp_path):
+    binary = tmp_path / "chain"
+    shutil.copy(FIXTURES / "chain-o2-nofp", binary)
+    path = tmp_path / "run.ustack"
+    with RecordWriter(path, ["e"], ["fp"], "perf") as writer:
+        writer.add_piece(one_process_piece(str(binary)))
+    binary.unlink()
+    with Session.replay(path) as session:
+        events = list(session.events())
+    assert session.capture.warnings == [
+        f"{binary} (build-id {ElfImage.open(str(FIXTURES / 'chain-o2-nofp')).build_id})"
+        " is not here: its frames stay unnamed (give the directory holding a "
+        "copy as an objects directory)"]
+    assert [(f.module, f.function) for f in events[0].stack.frames] == [("chain", None)] * 3
+
+
+def cut(src: Path, dst: Path, keep: float) -> Path:
+    """dst: a valid gzip file of the first `keep` of src's content."""
+    data = gzip.decompress(src.read_bytes())
+    dst.write_bytes(gzip.compress(data[:int(len(data) * keep)]))
+    return dst
+
+
+@pytest.mark.parametrize("damage", ["content cut", "file cut", "not gzip",
+                                    "bytes flipped", "empty"])
+def test_a_damaged_recording_is_one_line_error(tmp_path, damage):
+    src = FIXTURES / "trace-d-dwarf.ustack"
+    bad = tmp_path / "bad.ustack"
+    if damage == "content cut":
+        cut(src, bad, 0.6)
+    elif damage == "file cut":
+        bad.write_bytes(src.read_bytes()[:len(src.read_bytes()) // 2])
+    elif damage == "not gzip":
+        bad.write_text("hello\n")
+    elif damage == "bytes flipped":
+        data = bytearray(src.read_bytes())
+        for i in range(len(data) // 2, len(data) // 2 + 8):
+            data[i] ^= 0xFF
+        bad.write_bytes(bytes(data))
+    else:
+        bad.write_bytes(b"")
+    with pytest.raises(UstackError) as caught:
+        with Session.replay(bad, objects=[FIXTURES]) as session:
+            for _ in session.events():
+                pass
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{bad}: ")
+    assert any(w in message for w in ("truncated", "corrupt", "not a ustack recording"))
+
+
+def test_a_missing_recording():
+    with pytest.raises(UstackError, match="no such recording"):
+        Session.replay("/nonexistent/run.ustack").open()
+
+
+# -- writing and reading back ------------------------------------------------------------
+
+MAP_START = 0x5555_0000_0000
+
+
+def one_process_piece(binary: str) -> Piece:
+    """chain mapped, and a frame-pointer sample of three frames in it."""
+    mapping = Mapping(MAP_START, MAP_START + 0x2000, 0x1000, binary)
+    return Piece([CommEvent(100, 100, "chain", True), MmapEvent(100, 100, mapping)],
+                 [RawSample(0, 100, 100, 1, 0,
+                            callchain=(MAP_START + 0x100).to_bytes(8, "little") * 3)])
+
+
+def stream_pieces() -> list:
+    binary = str(FIXTURES / "chain-o2-nofp")
+    mapping = Mapping(MAP_START, MAP_START + 0x2000, 0x1000, binary)
+    stack = bytes(range(256)) * 32
+    fp = RawSample(0, 100, 101, 123_456_789, 1,
+                   callchain=(0x5555_0000_1100).to_bytes(8, "little") * 3,
+                   return_address=(0x5555_0000_1200).to_bytes(8, "little"))
+    dwarf = RawSample(1, 100, 100, 123_456_999, 0,
+                      regs={"bp": 1, "sp": 0x7ffc_0000_0000, "ip": 0x5555_0000_1100},
+                      stack=memoryview(stack)[8:],
+                      args=(("n", "s64", -3), ("buf", "hex", (1, 2, 2**64 - 1)),
+                            ("s", "string", b"hi\xff"), ("gone", "u32", None)),
+                      kernel=(0xffff_ffff_8100_0000).to_bytes(8, "little"))
+    return [
+        Piece([CommEvent(100, 100, "chain", True), MmapEvent(100, 100, mapping),
+               MmapEvent(100, 100, Mapping(0x7fff_0000, 0x7fff_2000, 0, "[vdso]"))],
+              [fp, dwarf]),
+        Piece([ForkEvent(102, 100, 102, 100), CommEvent(102, 103, "wörker\udcff", False)],
+              [fp._replace(pid=102, tid=103)]),
+        Piece([ExitEvent(102, 100, 102, 100)], []),
+    ]
+
+
+def read_back(path: Path) -> tuple:
+    capture = RecordedCapture(path)
+    capture.open()
+    stream = Stream(capture)
+    stream.start()
+    pieces = [p for p in stream.rest() if p.metas or p.samples]
+    capture.close()
+    return capture, pieces
+
+
+def test_round_trip(tmp_path):
+    pieces = stream_pieces()
+    losses = Losses(lost=3, throttled=1, uncounted=(("no stack", 2),))
+    path = tmp_path / "run.ustack"
+    writer = RecordWriter(path, ["uprobe:x:d", "syscall:write"], ["fp", "dwarf"],
+                          "perf", {"command": "trace"})
+    for piece in pieces:
+        writer.add_piece(piece)
+    writer.close(losses)
+    capture, back = read_back(path)
+    assert capture.labels == ("uprobe:x:d", "syscall:write")
+    assert capture.modes == ("fp", "dwarf")
+    assert capture.header["command"] == "trace"
+    assert back == pieces
+    assert capture.losses() == losses
+    assert capture.warnings == []
+
+
+def test_round_trip_into_an_open_file(tmp_path):
+    path = tmp_path / "run.ustack"
+    with open(path, "wb") as f, RecordWriter(f, ["e"], ["fp"], "perf") as writer:
+        writer.add_piece(stream_pieces()[0])
+    _capture, back = read_back(path)
+    assert back == stream_pieces()[:1]
