@@ -13,12 +13,13 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from helpers import FP, build, gdb_backtrace, popen_ustack, run_ustack, wait_until
+from helpers import USTACK, FP, build, gdb_backtrace, popen_ustack, run_ustack, wait_until
 
 TRACEFS = Path("/sys/kernel/tracing")
 CHAIN = ["d", "c", "b", "a", "main"]
@@ -633,14 +634,23 @@ def test_sigkill_leftovers_removed_by_next_run(chain):
 
 # --- 12. lost events ----------------------------------------------------------------------
 
+# ustack with flush_lost() made a no-op: the last PERF_RECORD_LOST of a run
+# is then never written, as happened in CI (issue 9)
+_NO_FLUSH = ("import sys; from ustack.capture import perf; "
+             "perf.PerfCapture.flush_lost = lambda self: None; "
+             "from ustack.cli import main; sys.exit(main())")
+
+
 @pytest.mark.kernel
-def test_lost_events_reported(tmp_path):
+@pytest.mark.parametrize("flush", [True, False], ids=["flush", "no-flush"])
+def test_lost_events_reported(tmp_path, flush):
     chain = build("chain")
     n = 200_000
     out = tmp_path / "trace.txt"
+    how = USTACK if flush else (sys.executable, "-c", _NO_FLUSH)
     with open(out, "w") as f:
         res = run_ustack("trace", f"uprobe:{chain}:d", "-c", f"{chain} {n}",
-                         "--buffer-pages", "1", stdout=f, timeout=120)
+                         "--buffer-pages", "1", stdout=f, timeout=120, cmd=how)
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     m = re.search(r"^Lost (\d+) events", res.stderr, re.M)
@@ -652,12 +662,12 @@ def test_lost_events_reported(tmp_path):
             if _HEADER.match(line):
                 records += 1
     assert lost > 0
-    # The kernel's LOST count covers every record type, so a lost EXIT/MMAP2
-    # record may add a few. KNOWN GAP: in full CI runs 842 and 2,849 of
-    # 200,000 events were neither printed nor counted lost (exact in every
-    # run of this test alone, loaded or not); until that is found, require
-    # the report to account for 95 % of the events.
-    assert 0.95 * n <= records + lost <= n + 8, f"{records} records + {lost} lost vs {n}"
+    # Nothing dropped silently. The kernel's lost count covers every record
+    # type, so a lost EXIT/MMAP2 record of the target may add a few (a lost
+    # EXIT, +1, in about one run in seven). Issue 9 (842 and 2,849 of
+    # 200,000 missing in CI): the count came only from PERF_RECORD_LOST,
+    # whose last one the kernel holds back until a later record fits.
+    assert n <= records + lost <= n + 8, f"{records} records + {lost} lost vs {n}"
 
 
 @pytest.mark.kernel

@@ -9,10 +9,12 @@ Uprobes are tracefs-defined probe events (see kernel/uprobe_events.py for
 why not the uprobe PMU)."""
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import select
 import time
+from typing import Optional
 
 from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
 from ..kernel import perf_event as pe
@@ -85,9 +87,17 @@ class PerfCapture:
         self._reader = RecordReader(self.layouts)
         self.decode = self._reader.read   # see RecordReader.read
         self._poll = select.poll()
+        # the kernel's count of records our events could not write (read at
+        # stop()); None where it cannot say (before Linux 6.0)
+        self._count_lost = True
+        self.kernel_lost: Optional[int] = None
 
     def losses(self) -> Losses:
-        return Losses(lost=self._reader.lost, throttled=self._reader.throttled)
+        """The kernel's per-event lost counters where it has them (exact
+        even when the last PERF_RECORD_LOST was never written), else the
+        LOST records read."""
+        lost = self.kernel_lost if self.kernel_lost is not None else self._reader.lost
+        return Losses(lost=lost, throttled=self._reader.throttled)
 
     # -- attributes per probe kind ---------------------------------------
     def _attr(self, index: int, tracking: bool):
@@ -119,6 +129,7 @@ class PerfCapture:
         # (a profile's frequency overrides the period)
         period = 1 if self.with_stacks else NEVER_SAMPLE
         common = dict(sample_type=sample_type, flags=flags, period=period,
+                      read_format=pe.FORMAT_LOST if self._count_lost else 0,
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
                       max_stack=pe.max_stack(), regs_user=regs, stack_user=stack)
         layout = EventLayout(index, stack, regs, slot)
@@ -154,7 +165,16 @@ class PerfCapture:
             # the first probe's events also carry the tracking records
             made = self._attrs[index] = self._attr(index, tracking=(index == 0))
         attr, layout = made
-        fd = pe.open_event(attr, pid, cpu, what=probe.label)
+        try:
+            fd = pe.open_event(attr, pid, cpu, what=probe.label)
+        except pe.PerfOpenError as e:
+            if e.errno != errno.EINVAL or not attr.read_format:
+                raise
+            # a kernel before 6.0 has no FORMAT_LOST: count LOST records only
+            self._count_lost = False
+            for other, _layout in self._attrs.values():
+                other.read_format = 0
+            fd = pe.open_event(attr, pid, cpu, what=probe.label)
         self.fds.append(fd)
         self.opened.append((probe, fd))
         if self.with_stacks:
@@ -251,6 +271,15 @@ class PerfCapture:
                 os.close(fd)
 
     def stop(self) -> None:
+        # What was lost, from the kernel's per-event counters: exact whether
+        # or not the last PERF_RECORD_LOST was ever written (the kernel
+        # writes one only in front of a later record that fits, which
+        # flush_lost() has to provoke) and read (see issue 9).
+        if self._count_lost and self.fds:
+            try:
+                self.kernel_lost = sum(pe.read_lost(fd) for fd in self.fds)
+            except OSError:
+                self.kernel_lost = None
         for fd in self.fds:
             try:
                 pe.disable(fd)

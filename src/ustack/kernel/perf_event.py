@@ -10,6 +10,7 @@ import errno
 import fcntl
 import functools
 import os
+import struct
 
 from ..model import UstackError
 
@@ -35,6 +36,9 @@ SAMPLE_RAW = 1 << 10
 SAMPLE_REGS_USER = 1 << 12
 SAMPLE_STACK_USER = 1 << 13
 SAMPLE_IDENTIFIER = 1 << 16
+
+# perf_event_read_format
+FORMAT_LOST = 1 << 4              # Linux 6.0+: records the event failed to write
 
 # attr.flags bits, in the kernel's declaration order
 FLAG_BITS = {
@@ -94,13 +98,15 @@ _libc.syscall.restype = ctypes.c_long
 def make_attr(type_: int, config: int = 0, *, sample_type: int = 0,
               period: int = 1, freq: int = 0, flags=(),
               regs_user: int = 0, stack_user: int = 0,
-              wakeup_watermark: int = 0, max_stack: int = 0) -> PerfEventAttr:
+              wakeup_watermark: int = 0, max_stack: int = 0,
+              read_format: int = 0) -> PerfEventAttr:
     attr = PerfEventAttr()
     attr.type = type_
     attr.size = ctypes.sizeof(PerfEventAttr)
     attr.config = config
     attr.sample_period = freq if freq else period
     attr.sample_type = sample_type
+    attr.read_format = read_format
     bits = 0
     for name in flags:
         bits |= 1 << FLAG_BITS[name]
@@ -147,6 +153,17 @@ def event_id(fd: int) -> int:
     buf = bytearray(8)
     fcntl.ioctl(fd, IOC_ID, buf, True)
     return int.from_bytes(buf, "little")
+
+
+def read_lost(fd: int) -> int:
+    """How many records the event (with its inherited copies) could not
+    write because its ring buffer was full: the kernel's own count, bumped
+    in the same place as the PERF_RECORD_LOST total (needs FORMAT_LOST
+    alone in read_format)."""
+    buf = os.read(fd, 16)
+    if len(buf) != 16:
+        raise OSError(f"perf event read returned {len(buf)} bytes, not 16")
+    return struct.unpack("<QQ", buf)[1]
 
 
 def set_output(fd: int, target_fd: int) -> None:
