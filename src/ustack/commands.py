@@ -89,11 +89,13 @@ def _header(session: Session, err: TextIO) -> None:
 
 def _trace(session: Session, out: TextIO) -> None:
     report = TraceReport(out, session.labels)
+    # the hot loop: Session.events_of() without an Event per sample
+    add, stack, comm_of = report.add, session.resolver.stack, session.tracker.comm
     for piece in session.pieces():
         if any(isinstance(m, CommEvent) for m in piece.metas):
             report.renamed()             # a thread was renamed (or exec'd)
-        for event in session.events_of(piece):
-            report.add(event.sample, event.stack, event.comm)
+        for sample in piece.samples:
+            add(sample, stack(sample), comm_of)
         report.flush()
 
 

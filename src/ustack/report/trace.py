@@ -21,8 +21,9 @@ class TraceReport:
         self._blocks: dict = {}          # id(Stack) -> (Stack, frame lines)
         self._heads: dict = {}           # (tid, cpu, probe) -> header parts
 
-    def add(self, sample: RawSample, stack: Stack, comm: str) -> None:
-        """One event of thread `comm`."""
+    def add(self, sample: RawSample, stack: Stack, comm_of) -> None:
+        """One event; `comm_of(pid, tid)` names its thread, asked only when
+        the header of that thread, CPU and probe is not cached."""
         entry = self._blocks.get(id(stack))
         if entry is None or entry[0] is not stack:
             if len(self._blocks) > MAX_CACHED:
@@ -32,7 +33,8 @@ class TraceReport:
         head = self._heads.get(hkey)
         if head is None:
             head = self._heads[hkey] = header_parts(
-                comm, sample.pid, sample.tid, sample.cpu, self.labels[sample.probe])
+                comm_of(sample.pid, sample.tid), sample.pid, sample.tid,
+                sample.cpu, self.labels[sample.probe])
         if sample.args:                  # fetch-args: ' a=1 …' after the name
             self.pending.append(f"{head[0]}{format_time(sample.time_ns)}"
                                 f"{head[1][:-1]}{format_args(sample.args)}\n{entry[1]}")
