@@ -24,7 +24,7 @@ from .unwind import policy
 
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
-_TICK = Piece([], [])              # a step with nothing in it: time passed
+_TICK = Piece((), ())              # a step with nothing in it: time passed
 
 
 class Event(NamedTuple):
@@ -150,22 +150,26 @@ class Session:
         """Run to the end; the StackCounts of every distinct stack."""
         counted: dict = {}                  # (probe, tid, resolver key) -> count
         key = self.resolver.key
-        if self.plan.backend == "bpf":
-            for _piece in self.pieces():    # only metadata: maps and comms
-                pass
-            for s, n in self.capture.counted():
-                k = (s.probe, s.tid, key(s))
-                counted[k] = counted.get(k, 0) + n
-        else:
-            # frame-pointer stacks are counted raw, unwound once at the end
-            for piece in self.pieces():
-                for s in piece.samples:
-                    k = (s.probe, s.tid, key(s))
-                    counted[k] = counted.get(k, 0) + 1
+        for s, n in self._counted_samples():
+            k = (s.probe, s.tid, key(s))
+            counted[k] = counted.get(k, 0) + n
         stack_of, comm = self.resolver.stack_of, self.tracker.comm
         return [StackCount(comm(rkey[0], tid), rkey[0], stack_of(rkey), n,
                            self.labels[probe])
                 for (probe, tid, rkey), n in counted.items()]
+
+    def _counted_samples(self):
+        """(sample, count): from the kernel's maps when it counted (its
+        stream carries only metadata), else each sample once; frame-pointer
+        stacks are keyed raw and unwound once per key at the end."""
+        if self.plan.backend == "bpf":
+            for _piece in self.pieces():
+                pass
+            yield from self.capture.counted()
+            return
+        for piece in self.pieces():
+            for s in piece.samples:
+                yield s, 1
 
 
 class _Replay(Session):

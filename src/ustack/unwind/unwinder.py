@@ -27,12 +27,7 @@ class Unwinder:
 
     def unwind(self, sample: RawSample, find: FindMapping) -> tuple:
         """(return addresses innermost first, notes) of one sample."""
-        pid = sample.pid
-        if sample.regs is not None:
-            return self.dwarf.unwind(sample.regs, sample.stack or b"",
-                                     lambda addr: find(pid, addr))
-        return frame_pointer_stack(sample.callchain, sample.return_address,
-                                   lambda addr: find(pid, addr) is not None), ()
+        return self.unwind_key(sample.pid, self.stack_key(sample, find), find)
 
     def stack_key(self, sample: RawSample, find: FindMapping) -> tuple:
         """What tells raw stacks apart before symbolization, as a pair: the
@@ -41,13 +36,15 @@ class Unwinder:
         (addresses, notes) of a DWARF sample, unwound now, since its stack
         copy is nearly always unique."""
         if sample.regs is not None:
-            return self.unwind(sample, find)
+            pid = sample.pid
+            return self.dwarf.unwind(sample.regs, sample.stack or b"",
+                                     lambda addr: find(pid, addr))
         return sample.callchain, sample.return_address
 
     def unwind_key(self, pid: int, key: tuple, find: FindMapping) -> tuple:
         """(addresses, notes) of a stack_key()."""
         first, second = key
         if isinstance(first, tuple):
-            return key
+            return key                      # a DWARF sample: already unwound
         return frame_pointer_stack(first, second,
                                    lambda addr: find(pid, addr) is not None), ()
