@@ -81,7 +81,8 @@ def build(name: str, flags=FP, kind: str = "exe", pie: bool = True) -> Path:
         args += ["-fPIE", "-pie"] if pie else ["-fno-pie", "-no-pie"]
         filename = name
     args += _LIBS.get(name, [])
-    key = "\0".join([src.read_text(), gcc, *args])
+    headers = "".join(h.read_text() for h in sorted(PROGRAMS.glob("*.h")))
+    key = "\0".join([src.read_text(), headers, gcc, *args])
     out, tmp = _cached(key, filename)
     if out.exists():
         return out

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "wait_start.h"
+
 #define KEEP __attribute__((noinline, noipa, used))
 
 KEEP long run_plugin(const char *path, long n)
@@ -42,14 +44,8 @@ int main(int argc, char **argv)
 		snprintf(self, sizeof self, "%s", argv[0]);
 		snprintf(path, sizeof path, "%s/plugin.so", dirname(self));
 	}
-	if (argc > 1 && strcmp(argv[1], "-") == 0) {
-		char line[64];
-		if (!fgets(line, sizeof line, stdin))
-			return 4;
-	} else {
-		long ms = argc > 1 ? atol(argv[1]) : 500;
-		struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-		nanosleep(&ts, NULL);
-	}
+	int waited = wait_start(argc > 1 ? argv[1] : NULL);
+	if (waited)
+		return waited;
 	return run_plugin(path, n) == n ? 0 : 2;
 }

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "wait_start.h"
+
 #define KEEP __attribute__((noinline, noipa, used))
 #define NTHREADS 2
 
@@ -43,15 +45,9 @@ int main(int argc, char **argv)
 {
 	if (argc > 2)
 		per_thread = atol(argv[2]);
-	if (argc > 1 && strcmp(argv[1], "-") == 0) {
-		char line[64];
-		if (!fgets(line, sizeof line, stdin))
-			return 4;
-	} else {
-		long ms = argc > 1 ? atol(argv[1]) : 500;
-		struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-		nanosleep(&ts, NULL);
-	}
+	int waited = wait_start(argc > 1 ? argv[1] : NULL);
+	if (waited)
+		return waited;
 
 	pthread_t t[NTHREADS];
 	for (int i = 0; i < NTHREADS; i++)
