@@ -72,7 +72,7 @@ def _cstring(buf: bytes, start: int, end: int) -> str:
     return buf[start:nul if nul >= 0 else end].decode("utf-8", "replace")
 
 
-_GENERAL = -1                           # not a fast path: see RecordReader._sample
+_GENERAL = object()                     # not a fast path: see RecordReader._sample
 
 
 def _fast_slot(layout: EventLayout):
@@ -124,12 +124,11 @@ class RecordReader:
         return None
 
     # -- samples ------------------------------------------------------------
-    def _sample(self, chunk, pos: int, layout: EventLayout, head: tuple,
-                chain: bytes) -> RawSample:
+    def _sample(self, chunk, pos: int, layout: EventLayout, pid: int, tid: int,
+                t: int, cpu: int, chain: bytes) -> RawSample:
         """The RawSample of a record whose fixed head and callchain are
         decoded; at pos follow RAW, REGS_USER, STACK_USER, those the layout
         asked for, in that order."""
-        _ident, pid, tid, t, cpu, _r, _nr = head
         args = ()
         if layout.args is not None:     # u32 size + the record, 8-aligned
             size = _U32.unpack_from(chunk, pos)[0]
@@ -200,9 +199,8 @@ class RecordReader:
                                             cpu, chunk[pos:end], b"", None, None, (),
                                             b"")))
                 elif slot is _GENERAL:
-                    append(self._sample(chunk, end, layouts[ident],
-                                        (ident, pid, tid, t, cpu, _r, nr),
-                                        chunk[pos:end]))
+                    append(self._sample(chunk, end, layouts[ident], pid, tid, t,
+                                        cpu, chunk[pos:end]))
                 else:                       # callchain + the word at the slot
                     # STACK_USER: u64 size, size bytes (the slot's word last),
                     # u64 dyn_size; just the u64 size when nothing was copied
