@@ -31,7 +31,7 @@ def format_counts(counts, per_pid: bool = False, offsets: bool = False) -> str:
 class CountsReport:
     """Stacks by frequency as text."""
 
-    def __init__(self, per_pid: bool = False, offsets: bool = False):
+    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
         self.per_pid, self.offsets = per_pid, offsets
         self.counted: list = []
 

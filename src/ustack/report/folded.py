@@ -27,7 +27,7 @@ def format_folded(counts, per_pid: bool = False) -> str:
 class FoldedReport:
     """Stacks by frequency as folded lines (per_pid: `comm-PID` first)."""
 
-    def __init__(self, per_pid: bool = False, offsets: bool = False):
+    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
         self.per_pid = per_pid            # offsets: folded lines name functions only
         self.counted: list = []
 

@@ -1,18 +1,64 @@
-"""The output formats of counted stacks (`-f`), one module each behind one
-interface: `add(StackCount)` for every stack with its count, then
-`finish(out)` writes the whole report. A new format is a new module and a
-line here."""
+"""The output formats, one module each, behind two interfaces.
+
+Counted stacks (`count`, `profile`, `report`): `Format(per_pid=, offsets=,
+context=)`, then `add(StackCount)` for every stack with its count, then
+`finish(out)` writes the whole report; `out` is a text stream, or a binary
+one when the class says `binary = True`.
+
+Events (`trace`, `report` of a trace recording): `Format(out, labels)`,
+then `add(sample, stack, comm_of)` per event, `renamed()` when a thread's
+name changed and `flush()` when the stream pauses (see trace.py).
+
+A new format is a new module and a line here; `-o FILE` picks one by the
+file's name (EXTENSIONS) when -f is not given."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
+from ..model import UstackError
 from .counts import CountsReport
 from .folded import FoldedReport
+from .trace import TraceReport
 
-FORMATS = {
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What a format may want to say about the run beside its stacks."""
+    command: str = "count"             # count | profile | report | …
+    events: tuple = ()                 # the events, as the header shows them
+    frequency: Optional[int] = None    # profile: samples/s, so a count is a time
+    title: str = ""                    # the command line, for a page's title
+
+
+FORMATS = {                            # counted stacks
     "text": CountsReport,
     "folded": FoldedReport,
 }
 
+EVENT_FORMATS = {                      # a stack per event
+    "text": TraceReport,
+}
 
-def stack_report(name: str, per_pid: bool = False, offsets: bool = False):
-    """A new report of format `name` (one of FORMATS)."""
-    return FORMATS[name](per_pid=per_pid, offsets=offsets)
+# the file name's ending -> format, longest endings first when looked up
+EXTENSIONS = {
+    ".txt": "text",
+    ".folded": "folded",
+}
+
+
+def format_for_path(path: str, table: dict) -> Optional[str]:
+    """The format `-o path` implies, among `table`'s; None if none."""
+    for ending in sorted(EXTENSIONS, key=len, reverse=True):
+        if path.endswith(ending) and EXTENSIONS[ending] in table:
+            return EXTENSIONS[ending]
+    return None
+
+
+def stack_report(name: str, per_pid: bool = False, offsets: bool = False,
+                 context: ReportContext = ReportContext()):
+    """A new report of counted stacks in format `name` (one of FORMATS)."""
+    if name not in FORMATS:
+        raise UstackError(f"unknown format {name!r} for counted stacks "
+                          f"(one of {', '.join(FORMATS)})")
+    return FORMATS[name](per_pid=per_pid, offsets=offsets, context=context)
