@@ -1,0 +1,63 @@
+"""Where a report goes: `-o FILE` or standard output, in the format asked
+for (`-f`) or implied by the file's name."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Optional
+
+from ..model import UstackError
+from .formats import format_for_path
+
+
+def choose_format(asked: Optional[str], path: Optional[str], table: dict,
+                  default: str = "text") -> str:
+    """-f wins; else the ending of -o's file name; else `default`."""
+    if asked:
+        if asked not in table:
+            raise UstackError(f"format {asked!r} is not available here "
+                              f"(one of {', '.join(table)})")
+        return asked
+    if path:
+        implied = format_for_path(path, table)
+        if implied:
+            return implied
+    return default
+
+
+@contextlib.contextmanager
+def open_output(path: Optional[str], binary: bool = False, whole: bool = True):
+    """A stream for the report: the file at `path`, else stdout. `whole`:
+    the file appears when the report is finished (a temporary name until
+    then), never half-written; a stream of events (trace) is written as it
+    comes instead. A binary format is refused on a terminal."""
+    if path is None or path == "-":
+        if binary:
+            if sys.stdout.isatty():
+                raise UstackError("this format is binary: write it to a file "
+                                  "with -o FILE (or redirect stdout)")
+            yield sys.stdout.buffer
+            sys.stdout.buffer.flush()
+        else:
+            yield sys.stdout
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UstackError(f"-o {path}: no such directory {directory}")
+    partial = f"{path}.partial-{os.getpid()}" if whole else path
+    try:
+        stream = open(partial, "wb" if binary else "w",
+                      **({} if binary else {"encoding": "utf-8", "newline": ""}))
+    except OSError as e:
+        raise UstackError(f"-o {path}: {e.strerror}") from None
+    try:
+        with stream:
+            yield stream
+        if whole:
+            os.replace(partial, path)
+    except BaseException:
+        if whole:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+        raise
