@@ -7,7 +7,7 @@ import sys
 from .defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
                        DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from .model import UstackError
-from .report.formats import FORMATS
+from .report.formats import EVENT_FORMATS, EXTENSIONS, FORMATS
 
 EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
               "uretprobe:PATH:FUNC  tracepoint:GROUP:NAME  profile:hz:N")
@@ -72,10 +72,18 @@ def _symbol_options(args):
                          debug_dirs=tuple(args.debug_dir))
 
 
+def _output_args(p: argparse.ArgumentParser, table: dict) -> None:
+    endings = ", ".join(f"{e} {n}" for e, n in EXTENSIONS.items() if n in table)
+    p.add_argument("-f", "--format", choices=tuple(table), metavar="FORMAT",
+                   help=f"one of {', '.join(table)} (default: from -o's file name "
+                        f"({endings}), else text)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the results to FILE, not stdout (a traced "
+                        "command's own output stays on the terminal)")
+
+
 def _count_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-f", "--format", choices=tuple(FORMATS), default="text",
-                   help="text: stacks least to most frequent; folded: "
-                        "comm;outer;…;inner COUNT for flame graphs")
+    _output_args(p, FORMATS)
     p.add_argument("-P", "--per-pid", action="store_true",
                    help="count each process separately")
     p.add_argument("--offsets", action="store_true",
@@ -98,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("events", nargs="+", metavar="EVENT")
     _target_args(p)
     _backend_arg(p, "perf", "tracefs")
+    _output_args(p, EVENT_FORMATS)
 
     p = sub.add_parser("count", help="count stacks by frequency",
                        description=f"EVENT: {EVENT_HELP}")
@@ -133,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
                    help="print and reset the counts every SECONDS")
     _target_args(p)
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the counts to FILE, not stdout")
     p.set_defaults(backend="bpf")         # counts in the kernel, nothing else
 
     p = sub.add_parser("list", help="list traceable functions of a binary")
@@ -163,7 +174,8 @@ def _run(args) -> int:
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
                    symbols=_symbol_options(args),
-                   backend=args.backend)
+                   backend=args.backend, output_path=args.output,
+                   output_format=getattr(args, "format", None))
     if args.cmd == "profile":
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")
@@ -173,7 +185,6 @@ def _run(args) -> int:
     else:
         opts.events = args.events
     if args.cmd in ("count", "profile"):
-        opts.output_format = args.format
         opts.per_pid = args.per_pid
         opts.offsets = args.offsets
         opts.kernel_stacks = args.kernel

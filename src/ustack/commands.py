@@ -3,17 +3,19 @@ header line, Ctrl-C, the report, the summary. The CLI's runner, and the
 first user of the Session API."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
-from typing import TextIO
+from typing import Optional, TextIO
 
-from .model import CommEvent
+from .model import CommEvent, UstackError
 from .options import Options
-from .report.formats import stack_report
+from .report.formats import EVENT_FORMATS, FORMATS, ReportContext, stack_report
 from .report.funccount import format_calls
+from .report.output import choose_format, open_output
+from .report.progress import Progress
 from .report.summary import write_summary
-from .report.trace import TraceReport
 from .session import Session
 
 
@@ -41,7 +43,9 @@ class _Signals:
             signal.signal(sig, old)
 
 
-def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -> int:
+    """Run `opts`; results to `out`, else to -o's file, else stdout."""
+    fmt = _output_format(opts)
     session = Session(opts)
     with _Signals() as signals:
         try:
@@ -50,16 +54,18 @@ def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
             if signals.requested:
                 session.stop()
             _header(session, err)
-            if opts.command == "trace":
-                _trace(session, out)
-            elif opts.command == "funccount":
-                _funccount(session, out)
-            else:
-                report = stack_report(opts.output_format, opts.per_pid, opts.offsets)
-                for counted in session.counts():
-                    report.add(counted)
-                report.finish(out)
-            out.flush()
+            progress = _progress(session, err)
+            session.on_piece = progress.piece
+            with _output(opts, fmt, out) as stream:
+                if opts.command == "trace":
+                    _trace(session, stream, EVENT_FORMATS[fmt])
+                    events = progress.seen
+                elif opts.command == "funccount":
+                    _funccount(session, stream)
+                    events = None
+                else:
+                    events = _count(session, stream, fmt)
+            progress.finish()
             losses = session.capture.losses()
         finally:
             session.close()
@@ -69,10 +75,73 @@ def run(opts: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> in
                   buffer_pages=session.capture.buffer_pages,
                   stack_storage=opts.stack_storage,
                   command=target.argv[0] if target.scope == "command" else "",
-                  exit_status=target.exit_status)
+                  exit_status=target.exit_status, events=events)
     if session.plan.note:
         print(f"note: {session.plan.note}", file=err)
     return 0
+
+
+def _output_format(opts: Options) -> str:
+    """The format asked for, checked (with -o's directory) before anything
+    is started or attached."""
+    if opts.command == "funccount":
+        fmt = "text"
+    else:
+        table = EVENT_FORMATS if opts.command == "trace" else FORMATS
+        fmt = choose_format(opts.output_format, opts.output_path, table)
+    path = opts.output_path
+    if path and path != "-":
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            raise UstackError(f"-o {path}: no such directory {directory}")
+    return fmt
+
+
+def _output(opts: Options, fmt: str, out: Optional[TextIO]):
+    if out is not None:
+        return _given(out)
+    binary = getattr(FORMATS.get(fmt), "binary", False) and opts.command != "trace"
+    return open_output(opts.output_path, binary=binary,
+                       whole=opts.command != "trace")   # trace: written as it comes
+
+
+class _given:
+    """A stream the caller gave: used, not closed."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _progress(session: Session, err: TextIO) -> Progress:
+    """The live status line: on a terminal, for runs whose results do not
+    scroll on that terminal themselves (counts, or -o)."""
+    opts = session.opts
+    live = (err.isatty() and opts.command != "funccount" and
+            (opts.command != "trace" or opts.output_path not in (None, "-")))
+    return Progress(err, live, session.capture.losses,
+                    counted_in_kernel=session.plan.backend == "bpf")
+
+
+def _count(session: Session, out, fmt: str) -> int:
+    """Counted stacks in format `fmt`; returns the number of events."""
+    opts = session.opts
+    context = ReportContext(command=opts.command, events=tuple(session.labels),
+                            frequency=session.probes[0].hz
+                            if opts.command == "profile" else None,
+                            title=" ".join(["ustack", opts.command, *opts.events]))
+    report = stack_report(fmt, opts.per_pid, opts.offsets, context)
+    events = 0
+    for counted in session.counts():
+        report.add(counted)
+        events += counted.count
+    report.finish(out)
+    return events
 
 
 def _header(session: Session, err: TextIO) -> None:
@@ -87,8 +156,8 @@ def _header(session: Session, err: TextIO) -> None:
           file=err, flush=True)
 
 
-def _trace(session: Session, out: TextIO) -> None:
-    report = TraceReport(out, session.labels)
+def _trace(session: Session, out: TextIO, report_class) -> None:
+    report = report_class(out, session.labels)
     # the hot loop: Session.events_of() without an Event per sample
     add, stack, comm_of = report.add, session.resolver.stack, session.tracker.comm
     for piece in session.pieces():

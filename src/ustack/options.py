@@ -15,7 +15,8 @@ class Options:
     pid: Optional[int] = None              # -p: scope is that process
     cmdline: Optional[str] = None          # -c: scope is that command, started by us
     duration: Optional[float] = None       # -d: seconds, else until Ctrl-C or exit
-    output_format: str = "text"            # count/profile: a report.formats name
+    output_format: Optional[str] = None    # a report.formats name; None: by -o's name, else text
+    output_path: Optional[str] = None      # -o: results there, not on stdout
     per_pid: bool = False
     offsets: bool = False                  # count: keep call sites apart
     buffer_pages: Optional[int] = None     # None: sized for the unwinder

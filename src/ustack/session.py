@@ -47,6 +47,7 @@ class Session:
         self.target = self.plan = self.capture = None
         self._stream: Optional[Stream] = None
         self._stop_requested = False
+        self.on_piece = None           # called with each piece (e.g. a status line)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -123,7 +124,7 @@ class Session:
         while True:
             for piece in stream.follow(POLL_S, SLICE_S):
                 yield self._applied(piece)
-            yield _TICK
+            yield self._applied(_TICK)
             if (self._stop_requested or self.target.wait() or
                     (deadline is not None and time.monotonic() >= deadline)):
                 break
@@ -133,6 +134,8 @@ class Session:
     def _applied(self, piece: Piece) -> Piece:
         for event in piece.metas:
             self.tracker.apply(event)
+        if self.on_piece is not None:
+            self.on_piece(piece)
         return piece
 
     def events_of(self, piece: Piece):

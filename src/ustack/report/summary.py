@@ -2,14 +2,15 @@
 with the option that helps, and the traced command's exit status."""
 from __future__ import annotations
 
-from typing import TextIO
+from typing import Optional, TextIO
 
 from ..model import Losses
 
 
 def write_summary(err: TextIO, *, warnings=(), losses: Losses = Losses(),
                   backend: str = "", buffer_pages: int = 0, stack_storage: int = 0,
-                  command: str = "", exit_status=None) -> None:
+                  command: str = "", exit_status=None,
+                  events: Optional[int] = None) -> None:
     if losses.uncounted:
         total = sum(n for _why, n in losses.uncounted)
         why = ", ".join(f"{n} {reason}" for reason, n in losses.uncounted)
@@ -24,5 +25,8 @@ def write_summary(err: TextIO, *, warnings=(), losses: Losses = Losses(),
         print(f"The kernel throttled sampling {losses.throttled} times: samples "
               "were dropped uncounted (see kernel.perf_event_max_sample_rate; "
               "lower -F)", file=err)
+    if events == 0 and not losses.lost:
+        print("ustack: no events were seen: the probes never fired in this run",
+              file=err)
     if command and exit_status not in (None, 0):
         print(f"{command} exited with status {exit_status}", file=err)
