@@ -14,6 +14,10 @@ EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xA
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kw):
+        # no abbreviations: `--comm` must not be taken for `--command`
+        super().__init__(*args, allow_abbrev=False, **kw)
+
     def error(self, message):             # one line, not usage + message
         raise UstackError(f"{message} (see `{self.prog} --help`)")
 
@@ -98,6 +102,8 @@ def _count_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ustack",
                      description="User-space call stacks of Linux processes.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"ustack {__version__}")
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -166,8 +172,8 @@ def _run(args) -> int:
     if args.buffer_pages is not None and (
             args.buffer_pages <= 0 or args.buffer_pages & (args.buffer_pages - 1)):
         raise UstackError("--buffer-pages must be a power of two")
-    if args.duration is not None and args.duration <= 0:
-        raise UstackError("--duration must be positive")
+    if args.duration is not None and not 0 < args.duration < float("inf"):
+        raise UstackError("--duration must be a positive number of seconds")
     if not 8 <= args.stack_size <= MAX_STACK_SIZE:
         raise UstackError(f"--stack-size must be between 8 and {MAX_STACK_SIZE} bytes")
     opts = Options(command=args.cmd, pid=args.pid, cmdline=args.command,

@@ -75,10 +75,20 @@ def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -
                   buffer_pages=session.capture.buffer_pages,
                   stack_storage=opts.stack_storage,
                   command=target.argv[0] if target.scope == "command" else "",
-                  exit_status=target.exit_status, events=events)
+                  exit_status=None if target.interrupted else target.exit_status,
+                  events=events)
     if session.plan.note:
         print(f"note: {session.plan.note}", file=err)
-    return 0
+    return _exit_status(target)
+
+
+def _exit_status(target) -> int:
+    """A -c command's own status when it failed on its own (as `time` and
+    `perf stat` return it; 128+N for a signal), else 0."""
+    status = target.exit_status if target.scope == "command" else None
+    if not status or target.interrupted:
+        return 0
+    return status if status > 0 else 128 - status
 
 
 def _output_format(opts: Options) -> str:

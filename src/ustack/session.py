@@ -60,8 +60,11 @@ class Session:
     def open(self) -> None:
         opts = self.opts
         specs = [parse_event(e) for e in opts.events]
-        if opts.pid is not None and opts.cmdline:
+        if opts.pid is not None and opts.cmdline is not None:
             raise UstackError("use either -p PID or -c CMD, not both")
+        if opts.cmdline is not None and not opts.cmdline.strip():
+            raise UstackError("-c needs a command (an empty one would trace "
+                              "the whole system)")
         if os.geteuid() != 0:
             raise UstackError("ustack needs root to open perf events and uprobes "
                               "(run it with sudo)")
@@ -71,7 +74,8 @@ class Session:
         self.labels = [p.label for p in self.probes]
         if opts.pid is None:
             launch = launch_traced if opts.backend == "tracefs" else process.launch
-            self.target = launch(opts.cmdline) if opts.cmdline else process.everything()
+            self.target = (launch(opts.cmdline) if opts.cmdline is not None
+                           else process.everything())
         try:
             self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                     self.probes, self._main_binary(), opts.kernel_stacks)

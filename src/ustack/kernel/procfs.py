@@ -21,6 +21,19 @@ def process_exists(pid: int) -> bool:
     return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] not in ("Z", "X")
 
 
+PF_KTHREAD = 0x00200000            # include/linux/sched.h
+
+
+def is_kernel_thread(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    flags = stat[stat.rfind(")") + 2:].split()[6]     # field 9 of stat(5)
+    return bool(int(flags) & PF_KTHREAD)
+
+
 def threads(pid: int) -> list:
     try:
         return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))

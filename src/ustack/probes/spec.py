@@ -45,7 +45,12 @@ def _fail(text: str, why: str):
 
 
 def _number(s: str):
-    return int(s, 0) if _NUMBER.fullmatch(s) else None
+    if not _NUMBER.fullmatch(s):
+        return None
+    if len(s) > 1 and s[0] == "0" and s[1] not in "xX":
+        raise UstackError(f"ambiguous number {s!r}: write 0x{s.lstrip('0') or '0'} "
+                          f"for hex or {int(s, 10)} for decimal")
+    return int(s, 0)
 
 
 def _syscall(text, kind, rest):

@@ -11,7 +11,8 @@ def stack_identity(sc: StackCount, per_pid: bool, offsets: bool) -> tuple:
     function, as bcc's stackcount and profile do; by call site (function and
     offset) when `offsets` is asked for."""
     frames = tuple((f.module, f.function,
-                    f.offset if offsets and f.function else 0)
+                    f.offset if offsets and f.function else 0,
+                    f.file, f.line, f.inlined)    # lines, when asked for, split
                    for f in sc.stack.frames)    # unnamed: by module (ASLR)
     return (sc.pid if per_pid else 0, sc.comm if per_pid else "", frames,
             sc.stack.notes)

@@ -10,9 +10,12 @@ from .text import frame_label
 
 
 def function_label(f) -> str:
-    """`func [module]`: a frame without the call site's offset."""
+    """`func [module]`: a frame without the call site's offset (then
+    ` file:line` when lines were asked for)."""
     module = f" [{f.module}]" if f.module else ""
-    return f"{f.function or '[unknown]'}{module}"
+    where = f" {f.file}:{f.line}" if f.line else ""
+    inlined = " (inlined)" if f.inlined else ""
+    return f"{f.function or '[unknown]'}{inlined}{module}{where}"
 
 
 def format_counts(counts, per_pid: bool = False, offsets: bool = False) -> str:

@@ -22,13 +22,14 @@ class Target:
     argv: list = field(default_factory=list)
     _go_fd: int = -1                  # write end of the child's start pipe
     exit_status: Optional[int] = None
+    interrupted: bool = False         # ustack ended the command, it did not fail
 
     @property
     def description(self) -> str:
         if self.scope == "pid":
             return f"PID {self.pid}"
         if self.scope == "command":
-            return f"'{shlex.join(self.argv)}' (PID {self.pid})"
+            return f"{_quoted(shlex.join(self.argv))} (PID {self.pid})"
         if self.scope == "recording":
             return f"the recording {self.argv[0]}"
         return "all processes"
@@ -71,11 +72,23 @@ class Target:
         return True
 
     def interrupt(self) -> None:
+        """End the command at the end of the run (-d, Ctrl-C)."""
         if self.scope == "command" and self.exit_status is None:
+            self.interrupted = True
             try:
                 os.kill(self.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
+
+
+def _quoted(command: str) -> str:
+    """The command line in quotes a shell would take back: 'echo hi',
+    "sh -c 'exit 3'"."""
+    if "'" not in command:
+        return f"'{command}'"
+    if not any(c in command for c in '"$`\\'):
+        return f'"{command}"'
+    return shlex.quote(command)
 
 
 def executable(argv: list) -> Optional[str]:
@@ -86,6 +99,8 @@ def executable(argv: list) -> Optional[str]:
 def attach(pid: int) -> Target:
     if pid <= 0 or not procfs.process_exists(pid):
         raise UstackError(f"no such process: {pid}")
+    if procfs.is_kernel_thread(pid):
+        raise UstackError(f"PID {pid} is a kernel thread: it has no user stack")
     return Target("pid", pid)
 
 

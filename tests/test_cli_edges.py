@@ -1,0 +1,85 @@
+"""Command-line behaviour the audit of issue 14 found surprising, each as a
+user meets it: exit statuses, quoting, ambiguous input, abbreviations."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import FP, build, run_ustack
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return build("chain", flags=FP)
+
+
+def one_line_error(res, text: str) -> None:
+    assert res.returncode == 1, res.stderr
+    assert res.stderr == f"ustack: {text}\n"
+    assert res.stdout == ""
+
+
+@pytest.mark.kernel
+def test_a_failing_command_gives_ustack_its_exit_status_and_a_quoted_header():
+    res = run_ustack("count", "syscall:exit_group", "-c", "sh -c 'exit 3'")
+    assert res.returncode == 3, res.stderr
+    assert "in \"sh -c 'exit 3'\" (PID " in res.stderr
+    assert "sh exited with status 3" in res.stderr
+
+
+@pytest.mark.kernel
+def test_a_command_ended_by_the_duration_is_not_a_failure():
+    res = run_ustack("count", "syscall:clock_nanosleep", "-d", "1", "-c", "sleep 30")
+    assert res.returncode == 0, res.stderr
+    assert "exited with status" not in res.stderr
+
+
+@pytest.mark.kernel
+def test_count_with_lines_shows_them(chain):
+    res = run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 2", "--lines")
+    assert res.returncode == 0, res.stderr
+    frames = [l.strip() for l in res.stdout.splitlines() if l.startswith("  ")]
+    d, c = frames[0], frames[1]
+    assert d.startswith("d [chain] ") and "chain.c:" in d, res.stdout
+    assert c.startswith("c [chain] ") and "chain.c:" in c, res.stdout
+
+
+def test_empty_command_is_refused_not_system_wide():
+    one_line_error(run_ustack("count", "syscall:write", "-c", ""),
+                   "-c needs a command (an empty one would trace the whole system)")
+
+
+@pytest.mark.kernel
+def test_a_kernel_thread_is_refused():
+    kthreadd = 2                                   # always a kernel thread
+    with open(f"/proc/{kthreadd}/comm") as f:
+        assert f.read().strip() == "kthreadd"
+    one_line_error(run_ustack("count", "syscall:write", "-p", str(kthreadd)),
+                   "PID 2 is a kernel thread: it has no user stack")
+
+
+@pytest.mark.parametrize("spec, number", [("uprobe:/bin/true:01230", "01230"),
+                                          ("uprobe:/bin/true:main+010", "010")])
+def test_a_number_with_a_leading_zero_is_ambiguous(spec, number):
+    digits = number.lstrip("0")
+    one_line_error(run_ustack("trace", spec, "-c", "true"),
+                   f"ambiguous number '{number}': write 0x{digits} for hex or "
+                   f"{int(digits)} for decimal")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_duration_must_be_a_finite_positive_number(value):
+    one_line_error(run_ustack("count", "syscall:write", "-d", value, "-c", "true"),
+                   "--duration must be a positive number of seconds")
+
+
+def test_options_are_not_abbreviated():
+    res = run_ustack("profile", "--comm", "ls")        # not --command
+    assert res.returncode == 1
+    assert "unrecognized arguments: --comm ls" in res.stderr
+
+
+def test_version():
+    res = run_ustack("--version")
+    assert res.returncode == 0
+    assert res.stdout.startswith("ustack ") and res.stdout.strip() != "ustack"
+
