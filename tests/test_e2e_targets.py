@@ -4,6 +4,7 @@ counting. Parsers and process helpers come from test_e2e_core.py."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -248,3 +249,43 @@ def test_system_wide_folded_per_pid(tmp_path):
         assert stack[-5:] == CHAIN[::-1], stack
         assert re.fullmatch(r"chain-\d+", stack[0]), stack    # comm-pid with -P
     assert rows[0][0][0] != rows[1][0][0]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["perf", "tracefs"])
+def test_system_wide_trace_leaves_out_ustack_itself(tmp_path, backend):
+    """Tracing every write on the machine must not trace ustack's own
+    writes of what it traced (a feedback loop)."""
+    prog = tmp_path / "selfwrite"          # a name no other test's process has
+    shutil.copy2(build("chain"), prog)
+    us = start_ustack("trace", "syscall:write", "-d", "2", "--backend", backend,
+                      stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        assert subprocess.run([str(prog), "3", "write"], timeout=10).returncode == 0
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    events = parse_trace(out)
+    assert not [e for e in events if e["pid"] == us.pid], "ustack traced itself"
+    assert sum(e["comm"] == "selfwrite" for e in events) == 3, out
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["perf", "bpf"])
+def test_system_wide_profile_leaves_out_idle_and_ustack(tmp_path, backend):
+    busy = tmp_path / "selfbusy"
+    shutil.copy2(build("busy"), busy)
+    us = start_ustack("profile", "-F", "199", "-d", "2", "-P", "-f", "folded",
+                      "--backend", backend, stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        assert subprocess.run([str(busy), "0.3"], timeout=10).returncode == 0
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    pids = {int(stack[0].rpartition("-")[2]) for stack, _n in parse_folded(out)}
+    assert 0 not in pids and us.pid not in pids, out
+    assert any(stack[0].startswith("selfbusy-") for stack, _n in parse_folded(out)), out

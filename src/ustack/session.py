@@ -121,7 +121,7 @@ class Session:
     def pieces(self):
         """Pieces of the stream, their metadata already applied; an empty
         one at least every POLL_S, so a caller can write or print."""
-        stream = self._stream = Stream(self.capture)
+        stream = self._stream = Stream(self.capture, self._excluded_pids())
         deadline = (time.monotonic() + self.opts.duration if self.opts.duration
                     else None)
         stream.start()
@@ -134,6 +134,14 @@ class Session:
                 break
         for piece in stream.rest():
             yield self._applied(piece)
+
+    def _excluded_pids(self) -> frozenset:
+        """A system-wide run leaves out ustack itself (tracing its own
+        writes would feed back into itself) and the idle task (pid 0: no
+        user stack)."""
+        if self.target.scope != "system":
+            return frozenset()
+        return frozenset((os.getpid(), 0))
 
     def _applied(self, piece: Piece) -> Piece:
         for event in piece.metas:
@@ -172,7 +180,10 @@ class Session:
         if self.plan.backend == "bpf":
             for _piece in self.pieces():
                 pass
-            yield from self.capture.counted()
+            exclude = self._excluded_pids()
+            for s, n in self.capture.counted():
+                if s.pid not in exclude:
+                    yield s, n
             return
         for piece in self.pieces():
             for s in piece.samples:

@@ -62,10 +62,12 @@ class _Drainer(threading.Thread):
 
 
 class Stream:
-    """Pieces of one capture: `follow` while the run lasts, then `rest`."""
+    """Pieces of one capture: `follow` while the run lasts, then `rest`.
+    Samples of the processes in `exclude_pids` are left out."""
 
-    def __init__(self, capture):
+    def __init__(self, capture, exclude_pids=frozenset()):
         self.capture = capture
+        self.exclude_pids = frozenset(exclude_pids)
         self._drainer = _Drainer(capture)
 
     def start(self) -> None:
@@ -86,6 +88,9 @@ class Stream:
             offsets[i] = decode(chunk, metas, samples, offsets[i], PIECE)
             done = done and offsets[i] >= len(chunk)
         metas.sort(key=lambda m: m[0])      # stable: a CPU's own order stays
+        if self.exclude_pids and samples:
+            exclude = self.exclude_pids
+            samples = [s for s in samples if s.pid not in exclude]
         return Piece([event for _t, event in metas], samples), done
 
     def follow(self, timeout: float, budget: float):
