@@ -4,20 +4,25 @@ binutils addr2line on the same addresses, one run.
 
     python3 bench/lines.py [--quick]
 
-N addresses inside libc's functions (random, fixed seed) are named with
-file:line and inlined calls by each tool, each in a fresh process:
+200 and 2,000 addresses inside libc's functions (random, fixed seed) are
+named with file:line and inlined calls by each tool, each in a fresh process:
 
   ustack names         function names only (symbol table of the debug file)
-  ustack cold          --lines --inlines, empty cache: the units holding the
-                       addresses are parsed from DWARF (pyelftools)
-  ustack warm          the same again: unit tables read back from the cache
+  ustack cold          --lines --inlines, empty cache: the SymCache of the
+                       whole debug file is built (symbolic)
+  ustack warm          the same again: the SymCache read back from the cache
+  ustack pyelftools    --lines --inlines, empty cache, without symbolic: the
+                       units holding the addresses parsed by pyelftools (the
+                       fallback; 200 addresses only, it is slow)
   eu-addr2line -i -f   one process for all addresses
   addr2line -i -f      one process for all addresses (binutils)
 
 `first` is the time to the first address's answer (ustack only: the tools
-answer all at once), `total` the wall time for all N, `addr/s` = N / total,
-`peak RSS` the process's. Needs libc6-dbg. Writes bench/results/lines.md
-(lines_quick.md with --quick).
+answer all at once), `total` the wall time for all N measured inside the
+process (ustack: from before its imports), `wall` the whole process from
+fork to exit, `peak RSS` the process's. Needs libc6-dbg. Writes
+bench/results/lines.md (lines_quick.md with --quick: 200 addresses, one
+repetition).
 """
 from __future__ import annotations
 
@@ -55,6 +60,12 @@ def worker(mode: str, addr_file: str) -> None:
             return Mapping(0, 1 << 48, 0, LIBC)
 
     vaddrs = json.loads(Path(addr_file).read_text())
+    if mode == "pyelftools":
+        from ustack.objfile import symcache
+
+        def unavailable(path):
+            raise symcache.SymCacheError("left out by the benchmark")
+        symcache.build = unavailable
     image = ElfImage.open(LIBC)
     offsets = [image.file_offset(v) for v in vaddrs]
     lines = mode != "names"
@@ -71,9 +82,14 @@ def worker(mode: str, addr_file: str) -> None:
 
 def run_worker(mode: str, addr_file: str, cache: str) -> dict:
     env = dict(os.environ, USTACK_CACHE_DIR=cache)
-    out = subprocess.run([sys.executable, __file__, "--worker", mode, addr_file],
-                         capture_output=True, text=True, check=True, env=env).stdout
-    return json.loads(out)
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--worker", mode, addr_file],
+                            stdout=subprocess.PIPE, env=env)
+    out = proc.communicate()[0]
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"worker {mode} failed")
+    return dict(json.loads(out), wall=wall)
 
 
 def run_tool(cmd: list) -> dict:
@@ -81,58 +97,65 @@ def run_tool(cmd: list) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _pid, _status, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0
-    return {"first": None, "total": time.perf_counter() - start, "rss_kb": usage.ru_maxrss}
+    wall = time.perf_counter() - start
+    return {"first": None, "total": wall, "wall": wall, "rss_kb": usage.ru_maxrss}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer addresses, one repetition")
     ap.add_argument("--worker", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
-    ap.add_argument("-n", type=int, help="addresses (default 2000, quick 200)")
+    ap.add_argument("-n", type=int, help="addresses (default 200 and 2000, quick 200)")
     ap.add_argument("--reps", type=int, help="repetitions, median kept (default 3, quick 1)")
     args = ap.parse_args()
     if args.worker:
         worker(*args.worker)
         return
-    from ustack.objfile.debuginfo import build_id_path
+    from ustack.objfile.debuginfo import find_debug_file
     from ustack.objfile.elf import ElfImage
-    debug = build_id_path(ElfImage.open(LIBC).build_id)
-    if debug is None:
+    found = find_debug_file(ElfImage.open(LIBC))
+    if found.how != "build-id":
         sys.exit("libc6-dbg is not installed for this libc")
-    n = args.n or (200 if args.quick else 2000)
+    sizes = [args.n] if args.n else ([200] if args.quick else [200, 2000])
     reps = args.reps or (1 if args.quick else 3)
-    funcs = [s for s in ElfImage.open(debug).functions if s.size > 16]
-    rnd = random.Random(1)
-    vaddrs = [s.address + rnd.randrange(s.size) for s in rnd.choices(funcs, k=n)]
-    results: dict = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        addr_file = os.path.join(tmp, "addrs.json")
-        Path(addr_file).write_text(json.dumps(vaddrs))
-        hexes = [hex(v) for v in vaddrs]
-        for _ in range(reps):
-            cache = tempfile.mkdtemp(dir=tmp)
-            runs = {
-                "ustack names": lambda: run_worker("names", addr_file, cache),
-                "ustack --lines --inlines, cold": lambda: run_worker("lines", addr_file, cache),
-                "ustack --lines --inlines, warm": lambda: run_worker("lines", addr_file, cache),
-                "eu-addr2line -i -f": lambda: run_tool(["eu-addr2line", "-i", "-f", "-e", LIBC, *hexes]),
-                "addr2line -i -f": lambda: run_tool(["addr2line", "-i", "-f", "-e", LIBC, *hexes]),
-            }
-            for name, fn in runs.items():       # names first: it fills the symbol cache
-                results.setdefault(name, []).append(fn())
+    funcs = [s for s in ElfImage.open(found.path).functions if s.size > 16]
+    md = [f"## --lines/--inlines in libc's debug file (median of {reps})", "",
+          f"{platform.node()}, {platform.release()}, {os.cpu_count()} CPUs", "",
+          "| addresses | tool | first (s) | total (s) | wall (s) | addr/s | peak RSS (MB) |",
+          "|---:|---|---:|---:|---:|---:|---:|"]
+    for n in sizes:
+        rnd = random.Random(1)
+        vaddrs = [s.address + rnd.randrange(s.size) for s in rnd.choices(funcs, k=n)]
+        results: dict = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            addr_file = os.path.join(tmp, "addrs.json")
+            Path(addr_file).write_text(json.dumps(vaddrs))
+            hexes = [hex(v) for v in vaddrs]
+            for _ in range(reps):
+                cache = tempfile.mkdtemp(dir=tmp)
+                slow = tempfile.mkdtemp(dir=tmp)
+                runs = {
+                    "ustack names": lambda: run_worker("names", addr_file, cache),
+                    "ustack --lines --inlines, cold": lambda: run_worker("lines", addr_file, cache),
+                    "ustack --lines --inlines, warm": lambda: run_worker("lines", addr_file, cache),
+                    "eu-addr2line -i -f": lambda: run_tool(["eu-addr2line", "-i", "-f", "-e", LIBC, *hexes]),
+                    "addr2line -i -f": lambda: run_tool(["addr2line", "-i", "-f", "-e", LIBC, *hexes]),
+                }
+                if n <= 200:
+                    runs["ustack --lines --inlines, pyelftools only, cold"] = \
+                        lambda: run_worker("pyelftools", addr_file, slow)
+                for name, fn in runs.items():   # names first: it fills the symbol cache
+                    results.setdefault(name, []).append(fn())
 
-    def med(rows, key):
-        vals = [r[key] for r in rows if r[key] is not None]
-        return statistics.median(vals) if vals else None
+        def med(rows, key):
+            vals = [r[key] for r in rows if r[key] is not None]
+            return statistics.median(vals) if vals else None
 
-    md = [f"## --lines/--inlines in libc's debug file ({n} addresses, median of {reps})",
-          "", f"{platform.node()}, {platform.release()}, {os.cpu_count()} CPUs", "",
-          "| tool | first (s) | total (s) | addr/s | peak RSS (MB) |",
-          "|---|---:|---:|---:|---:|"]
-    for name, rows in results.items():
-        first, total = med(rows, "first"), med(rows, "total")
-        md.append(f"| {name} | {'' if first is None else f'{first:.3f}'} | {total:.3f} | "
-                  f"{n / total:,.0f} | {med(rows, 'rss_kb') / 1024:.0f} |")
+        for name, rows in results.items():
+            first, total = med(rows, "first"), med(rows, "total")
+            md.append(f"| {n:,} | {name} | {'' if first is None else f'{first:.3f}'} | "
+                      f"{total:.3f} | {med(rows, 'wall'):.3f} | {n / total:,.0f} | "
+                      f"{med(rows, 'rss_kb') / 1024:.0f} |")
     md.append("")
     out = BENCH / "results" / ("lines_quick.md" if args.quick else "lines.md")
     write_report("\n".join(md) + "\n", out)

@@ -6,6 +6,10 @@
 3. MiniDebugInfo: an xz-compressed ELF with a .symtab in the object's own
    .gnu_debugdata section (Fedora ships local function names that way).
 
+A debug file compressed by `dwz -m` (Fedora, RHEL) keeps the DWARF it
+shares with other files in one alt file, named with its build-id in the
+.gnu_debugaltlink section: find_alt_file() finds it.
+
 The debug roots are the caller's extra directories (--debug-dir) first,
 then /usr/lib/debug. A candidate whose build-id (or debuglink CRC) does not
 match the object is refused and the refusal is reported, never used: a
@@ -32,7 +36,7 @@ class DebugLookup:
     """What the search found: the debug file (or None) and why candidates
     were refused, one sentence each."""
     path: Optional[str] = None
-    how: str = ""                  # build-id | debuglink | minidebuginfo
+    how: str = ""                  # build-id | debuglink | minidebuginfo | altlink
     refused: list = field(default_factory=list)
 
 
@@ -132,6 +136,56 @@ def _accept(image: ElfImage, path: str, crc: Optional[int], found: DebugLookup) 
         found.refused.append(f"{path}: has no build-id to match {image.path}; not used")
         return False
     return True
+
+
+def _altlink(image: ElfImage) -> Optional[tuple]:
+    """(path, build-id hex) from .gnu_debugaltlink, or None."""
+    raw = image.section_bytes(".gnu_debugaltlink")
+    if not raw:
+        return None
+    name, nul, build_id = raw.partition(b"\0")
+    if not name or not nul or not build_id:
+        return None
+    return os.fsdecode(name), build_id.hex()
+
+
+def find_alt_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
+    """The dwz alt file of a debug file, the way gdb finds it: the path in
+    .gnu_debugaltlink (a relative one from the debug file's directory,
+    as named and as resolved), else by its build-id under the debug roots.
+    found.path stays None when the file has no link, or no candidate has
+    the build-id the link names (those are listed in found.refused)."""
+    found = DebugLookup()
+    try:
+        link = _altlink(image)
+    except UstackError:
+        link = None
+    if link is None:
+        return found
+    name, build_id = link
+    if os.path.isabs(name):
+        candidates = [name]
+    else:
+        candidates = [os.path.join(os.path.dirname(image.path), name),
+                      os.path.join(os.path.dirname(os.path.realpath(image.path)), name)]
+    candidates += _build_id_candidates(build_id, extra_dirs)
+    for path in dict.fromkeys(candidates):
+        if not os.path.isfile(path):
+            continue
+        try:
+            alt = ElfImage.open(path)
+        except UstackError as e:
+            found.refused.append(f"{e}; not used as dwz alt file of {image.path}")
+            continue
+        if alt.build_id != build_id:
+            found.refused.append(f"{path}: build-id {alt.build_id} is not the one "
+                                 f"{image.path} links to ({build_id}); not used")
+            continue
+        found.path, found.how = path, "altlink"
+        return found
+    found.refused.append(f"{image.path}: dwz alt file {name} (build-id {build_id}) "
+                         "not found; names it holds are missing")
+    return found
 
 
 def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> Optional[str]:

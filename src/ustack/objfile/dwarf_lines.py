@@ -18,6 +18,7 @@ from typing import Optional
 
 from . import cache as objcache
 from . import symcache
+from .debuginfo import find_alt_file
 from .dwarf_units import DwarfUnits, SourceLoc
 from .elf import ElfImage
 
@@ -63,12 +64,19 @@ class LineTable:
         self.path = image.path
         self._st = st
         self._build_id = image.build_id
-        # dwz: names and DIEs live partly in another file symbolic does not open
-        self._symcache_tried = ".gnu_debugaltlink" in image.section_names
-        self._symcache: Optional[symcache.SymCache] = None
-        self._units: Optional[DwarfUnits] = None
         self._answers: dict = {}      # vaddr -> tuple of SourceLoc
         self.errors: list = []        # why some addresses gave nothing (corrupt DWARF)
+        self._alt_path = None
+        self._alt_missing = False
+        # dwz: names and DIEs live partly in an alt file symbolic does not open
+        self._symcache_tried = ".gnu_debugaltlink" in image.section_names
+        if self._symcache_tried:
+            found = find_alt_file(image)
+            self._alt_path = found.path
+            self._alt_missing = found.path is None
+            self.errors.extend(found.refused)
+        self._symcache: Optional[symcache.SymCache] = None
+        self._units: Optional[DwarfUnits] = None
 
     def locate(self, vaddr: int) -> tuple:
         """SourceLocs at vaddr, innermost inlined call first and the real
@@ -96,7 +104,8 @@ class LineTable:
 
     def _dwarf_units(self) -> DwarfUnits:
         if self._units is None:
-            self._units = DwarfUnits(self.path, self._st, self._build_id)
+            self._units = DwarfUnits(self.path, self._st, self._build_id, self._alt_path,
+                                     store=not self._alt_missing)
         return self._units
 
     def _table(self) -> Optional[symcache.SymCache]:

@@ -46,8 +46,15 @@ class DwarfUnits:
 
     parsed_units = 0     # units read from DWARF in this process (tests, bench)
 
-    def __init__(self, path: str, st: os.stat_result, build_id: Optional[str]):
+    def __init__(self, path: str, st: os.stat_result, build_id: Optional[str],
+                 alt_path: Optional[str] = None, store: bool = True):
+        """`alt_path`: the dwz alt file the DWARF borrows names and DIEs from
+        (objfile.debuginfo.find_alt_file), when it has one. `store`: keep the
+        tables in the disk cache (not when they lack the names of a missing
+        alt file: once it is installed, they would be wrong)."""
         self.path = path
+        self._alt_path = alt_path
+        self._store = store
         self._st = st
         self._build_id = build_id
         self._dwarf = None            # opened on the first cache miss
@@ -99,7 +106,8 @@ class DwarfUnits:
             rows = sorted(self._unit_ranges())
         except Exception as e:          # pyelftools raises many types on bad DWARF
             self.errors.append(f"{self.path}: corrupt DWARF: {_why(e)}")
-        objcache.write(cache, json.dumps(rows).encode())
+        if self._store:
+            objcache.write(cache, json.dumps(rows).encode())
         return ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
     def _unit_ranges(self) -> list:
@@ -133,7 +141,8 @@ class DwarfUnits:
         except Exception as e:
             self.errors.append(f"{self.path}: corrupt DWARF in unit 0x{offset:x}: {_why(e)}")
             return _Unit([], [], [], [], [])
-        objcache.write(cache, json.dumps(unit.to_json()).encode())
+        if self._store:
+            objcache.write(cache, json.dumps(unit.to_json()).encode())
         return unit
 
     def _open(self):
@@ -141,6 +150,11 @@ class DwarfUnits:
             self._file = open(self.path, "rb")
             # no stream loader: pyelftools must not follow debuglinks itself
             self._dwarf = ELFFile(self._file).get_dwarf_info(follow_links=False)
+            if self._alt_path is not None:
+                # pyelftools resolves DW_FORM_GNU_strp_alt/ref_alt through this
+                self._alt_file = open(self._alt_path, "rb")
+                self._dwarf.supplementary_dwarfinfo = ELFFile(
+                    self._alt_file).get_dwarf_info(follow_links=False)
         return self._dwarf
 
 
@@ -269,7 +283,10 @@ def _scope_name(die) -> str:
                     if r in a), None)
         if ref is None:
             break
-        die = die.get_DIE_from_attribute(ref)
+        try:
+            die = die.get_DIE_from_attribute(ref)
+        except NotImplementedError:     # into a dwz alt file that is missing
+            break
     return name
 
 
@@ -307,7 +324,11 @@ def _str(value) -> str:
 
 
 def _text(attr) -> str:
-    return _str(attr.value) if attr is not None else ""
+    """A string attribute's text; '' when it cannot be had (a dwz alt
+    string without its alt file is left as a bare offset by pyelftools)."""
+    if attr is None or not isinstance(attr.value, (str, bytes)):
+        return ""
+    return _str(attr.value)
 
 
 def _why(e: Exception) -> str:
