@@ -43,7 +43,6 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO / "src"))
-from uprobe_rate import write_report  # noqa: E402  (one report writer for all benchmarks)
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -158,6 +157,7 @@ def main() -> None:
                       f"{med(rows, 'rss_kb') / 1024:.0f} |")
     md.append("")
     out = BENCH / "results" / ("lines_quick.md" if args.quick else "lines.md")
+    from uprobe_rate import write_report  # one report writer for all benchmarks (not in the workers)
     write_report("\n".join(md) + "\n", out)
 
 

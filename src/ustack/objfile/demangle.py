@@ -6,16 +6,26 @@ way Rust's own backtraces do. A name neither understands stays as it is.
 Each name is demangled once (cache): a profile repeats the same few."""
 from __future__ import annotations
 
+import importlib
 import re
 
-try:
-    import cxxfilt
-except ImportError:  # pragma: no cover - a dependency; raw names without it
-    cxxfilt = None
-try:
-    import pyderust
-except ImportError:  # pragma: no cover
-    pyderust = None
+
+def _library(name: str):
+    """A demangling library, imported on the first name that needs it:
+    cxxfilt's import costs ~13 ms (it looks for libstdc++ through
+    ctypes.util), paid by every C-only run otherwise. None when missing
+    (a dependency: raw names without it)."""
+    lib = _libraries.get(name)
+    if lib is None:
+        try:
+            lib = importlib.import_module(name)
+        except ImportError:  # pragma: no cover
+            lib = False
+        _libraries[name] = lib
+    return lib or None
+
+
+_libraries: dict = {}
 
 # rustc ends every legacy name with a 16-hex-digit hash component; C++
 # names never look like that, so this is what tells the two _ZN apart.
@@ -43,6 +53,7 @@ def is_mangled(name: str) -> bool:
 
 def _demangle(name: str) -> str:
     if name.startswith("_R") or _RUST_LEGACY.match(name):
+        pyderust = _library("pyderust")
         if pyderust is not None:
             try:
                 return pyderust.demangle(name)
@@ -50,7 +61,8 @@ def _demangle(name: str) -> str:
                 pass
         if name.startswith("_R"):
             return name
-    if cxxfilt is not None and name.startswith("_Z"):
+    cxxfilt = _library("cxxfilt") if name.startswith("_Z") else None
+    if cxxfilt is not None:
         try:
             return cxxfilt.demangle(name)
         except (cxxfilt.Error, UnicodeDecodeError):
