@@ -89,7 +89,20 @@
     var l = st[2] + (v - 0.5) * 12 + (inlined(i) ? 14 : 0);
     return hsl(st[0] + (v - 0.5) * 16, inlined(i) ? st[1] * 0.6 : st[1], l);
   }
-  function moduleHue(m) { return hash(m) * 360; }
+  /* modules ranked by their widest frame (in the run drawn first), hues
+     spread by the golden angle so the big modules never look alike */
+  var moduleRank = (function () {
+    var widest = {}, rank = {};
+    for (var i = 0; i < N; i++) {
+      var m = module(i);
+      if (m) widest[m] = Math.max(widest[m] || 0, after[i] || before[i]);
+    }
+    Object.keys(widest).sort(function (a, b) {
+      return widest[b] - widest[a] || (a < b ? -1 : 1);
+    }).forEach(function (m, k) { rank[m] = k; });
+    return rank;
+  })();
+  function moduleHue(m) { return (20 + moduleRank[m] * 137.508) % 360; }
   function moduleColour(i) {
     var m = module(i);
     if (!m) return kindColour(i);
@@ -140,12 +153,18 @@
 
   function viewRange() { return [x0[zoomed], x0[zoomed] + width[zoomed]]; }
 
+  var drawMs = 0;                          /* how long the last draw took */
   function draw() {
+    var began = performance.now();
+    drawFrames();
+    drawMs = performance.now() - began;
+  }
+  function drawFrames() {
     var ratio = window.devicePixelRatio || 1;
-    cssWidth = canvas.parentNode.clientWidth - 20;
-    if (cssWidth < 100) cssWidth = 100;
     cssHeight = (maxDepth + 1) * FRAME_H + 2;
     canvas.style.height = cssHeight + "px";
+    /* measured after the height is set: a tall graph brings a scrollbar */
+    cssWidth = Math.max(canvas.clientWidth, 100);
     canvas.width = Math.round(cssWidth * ratio);
     canvas.height = Math.round(cssHeight * ratio);
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
@@ -257,18 +276,9 @@
                ["rgb(60,60,255)", "share shrank"],
                ["rgb(235,235,235)", "unchanged"]];
     } else if (colourMode === "module") {
-      var selfOf = {};      /* samples in each module's own frames: a frame's
-                               width, less its children's */
-      for (var i = 0; i < N; i++) {
-        var own = width[i], m = module(i);
-        selfOf[m] = (selfOf[m] || 0) + own;
-        if (parent[i] >= 0) {
-          var pm = module(parent[i]);
-          selfOf[pm] = (selfOf[pm] || 0) - own;
-        }
-      }
-      var mods = Object.keys(selfOf).filter(function (m) { return m && selfOf[m] > 0; });
-      mods.sort(function (a, b) { return selfOf[b] - selfOf[a]; });
+      var mods = Object.keys(moduleRank).sort(function (a, b) {
+        return moduleRank[a] - moduleRank[b];
+      });
       items = mods.slice(0, 12).map(function (m) { return [hsl(moduleHue(m), 60, 60), m]; });
       if (mods.length > 12) items.push(["transparent", "… " + (mods.length - 12) + " more"]);
     } else {
@@ -376,7 +386,7 @@
       return { zoomed: N ? name(zoomed) : null, total: N ? width[0] : 0,
                canvasWidth: cssWidth, canvasHeight: cssHeight, search: searchBox.value,
                matchedSamples: share.samples, matchedPercent: share.percent,
-               colours: colourMode, widthsFrom: widthsFrom, diff: diff };
+               colours: colourMode, widthsFrom: widthsFrom, diff: diff, drawMs: drawMs };
     }
   };
 
