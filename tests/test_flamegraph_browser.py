@@ -304,6 +304,36 @@ def test_svg_opens_in_the_browser(chromium, tmp_path):
     keep_screenshot(chromium, "flamegraph_svg")
 
 
+def test_svg_zoom_and_search_as_flamegraph_pl(chromium, tmp_path):
+    """Click `right`: it and its callers span the width, `left` is hidden;
+    Reset Zoom; Search asks for a regex, paints matches and gives the share."""
+    from selenium.webdriver.common.by import By
+    path = tmp_path / "fg.svg"
+    write(stack_report("svg"), path, BRANCHES)
+    chromium.get(f"file://{path}")
+    chromium.find_element(By.CSS_SELECTOR, 'g.frame[data-name="right"]').click()
+    rects = svg_rects(chromium)
+    assert rects["right (100 events, 25.00%) [prog]"] == pytest.approx(1180, abs=1)
+    assert rects["main (400 events, 100.00%) [prog]"] == pytest.approx(1180, abs=1)
+    assert rects["left (300 events, 75.00%) [prog]"] == 0          # display: none
+    chromium.find_element(By.ID, "unzoom").click()
+    rects = svg_rects(chromium)
+    assert rects["left (300 events, 75.00%) [prog]"] == pytest.approx(885, abs=1)
+    chromium.find_element(By.ID, "search").click()
+    prompt = chromium.switch_to.alert
+    prompt.send_keys("^le")
+    prompt.accept()
+    assert chromium.find_element(By.ID, "matched").text == "Matched: 100.0%"
+    painted = chromium.execute_script(
+        "return [...document.querySelectorAll('g.frame')].filter("
+        "g => g.querySelector('rect').getAttribute('fill') === arguments[0])"
+        ".map(g => g.getAttribute('data-name'))", "rgb(230,0,230)")
+    assert painted == ["left", "leaf", "leaf"]
+    keep_screenshot(chromium, "flamegraph_svg_search")
+    chromium.find_element(By.ID, "search").click()             # Reset Search
+    assert chromium.find_element(By.ID, "matched").text == ""
+
+
 # --- from a real run ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

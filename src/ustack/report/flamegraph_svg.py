@@ -1,7 +1,9 @@
-"""`-f svg`: a static SVG flame graph in flamegraph.pl's look (1200 px
-wide, 16 px frames, the warm palette on a pale yellow background, the root
-at the bottom), each frame with a `<title>` tooltip `name (N samples, P%)`
-as flamegraph.pl writes it. Opens in any browser or image viewer."""
+"""`-f svg`: an SVG flame graph in flamegraph.pl's look (1200 px wide,
+16 px frames, the warm palette on a pale yellow background, the root at
+the bottom), each frame with a `<title>` tooltip `name (N samples, P%)` as
+flamegraph.pl writes it. In a browser its inline script (assets/
+flamegraph-svg.js) adds flamegraph.pl's click to zoom, "Reset Zoom" and
+"Search"; image viewers show it static."""
 from __future__ import annotations
 
 import zlib
@@ -9,7 +11,7 @@ from typing import TextIO
 from xml.sax.saxutils import escape, quoteattr
 
 from ..model import StackCount
-from .flamegraph_html import amount, graph_title, unit_of
+from .flamegraph_html import amount, asset, graph_title, unit_of
 from .flametree import build_tree, placed
 
 WIDTH = 1200                  # flamegraph.pl's defaults
@@ -69,10 +71,15 @@ def render_svg(root, title: str, subtitle: str, unit: str) -> str:
         '<style type="text/css">text { font-family: Verdana, "DejaVu Sans", sans-serif; '
         f'font-size: {FONT_SIZE}px; fill: rgb(0,0,0); }} '
         '#title { text-anchor: middle; font-size: 17px; } '
-        '#subtitle { text-anchor: middle; fill: rgb(90,90,90); }</style>',
+        '#subtitle { text-anchor: middle; fill: rgb(90,90,90); } '
+        '#unzoom, #search { cursor: pointer; } g.frame { cursor: pointer; }</style>',
         f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="url(#background)"/>',
         f'<text id="title" x="{WIDTH / 2:.1f}" y="{FONT_SIZE * 2}">{escape(title)}</text>',
         f'<text id="subtitle" x="{WIDTH / 2:.1f}" y="{FONT_SIZE * 4}">{escape(subtitle)}</text>',
+        f'<text id="unzoom" x="{XPAD}" y="{FONT_SIZE * 2}" style="opacity: 0">Reset Zoom</text>',
+        f'<text id="search" x="{WIDTH - XPAD - 100}" y="{FONT_SIZE * 2}">Search</text>',
+        f'<text id="details" x="{XPAD}" y="{height - YPAD_BOTTOM / 2:.0f}"> </text>',
+        f'<text id="matched" x="{WIDTH - XPAD - 100}" y="{height - YPAD_BOTTOM / 2:.0f}"></text>',
         '<g id="frames">',
     ]
     for depth, start, node in frames:
@@ -84,15 +91,16 @@ def render_svg(root, title: str, subtitle: str, unit: str) -> str:
         info = f"{node.name} ({node.value:,} {unit}, {100 * node.value / total:.2f}%)"
         if node.module:
             info += f" [{node.module}]"
-        label = _label(node.name, width)
         out.append(
-            f'<g class="frame"><title>{escape(info)}</title>'
+            f'<g class="frame" data-name={quoteattr(node.name)} data-depth="{depth}">'
+            f'<title>{escape(info)}</title>'
             f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{FRAME_H - 1}" '
             f'fill={quoteattr(frame_colour(node.name, node.kind, node.inlined))} rx="2" ry="2"/>'
-            + (f'<text x="{x + 3:.1f}" y="{y + FRAME_H / 2 + 4:.1f}">{escape(label)}</text>'
-               if label else "")
-            + "</g>")
+            f'<text x="{x + 3:.1f}" y="{y + FRAME_H / 2 + 4:.1f}">'
+            f'{escape(_label(node.name, width))}</text></g>')
     out.append("</g>")
+    # last: it runs as it is parsed, and finds the frames above it
+    out.append(f'<script type="text/ecmascript"><![CDATA[\n{asset("flamegraph-svg.js")}]]></script>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
