@@ -8,7 +8,6 @@ Known counts from a real run: tests/programs/branches.c calls leaf 300
 times through main -> left and 100 times through main -> right."""
 from __future__ import annotations
 
-import io
 import re
 import time
 
@@ -165,12 +164,12 @@ def test_click_zooms_into_a_frame(chromium, tmp_path):
 
 
 def test_escape_zooms_out(chromium, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
     open_page(chromium, write(stack_report("html"), tmp_path / "fg.html", BRANCHES))
     point_at(chromium, one(chromium, "left"), click=True)
     assert state(chromium)["zoomed"] == "left"
     element(chromium, "title").click()
-    from selenium.webdriver.common.action_chains import ActionChains
     ActionChains(chromium).send_keys(Keys.ESCAPE).perform()
     assert state(chromium)["zoomed"] == "all"
 

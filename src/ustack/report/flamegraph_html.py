@@ -11,7 +11,7 @@ from importlib import resources
 from typing import TextIO
 
 from ..model import StackCount
-from .flametree import build_tree, flat_json
+from .flametree import TreeReport, flat_json
 
 
 @lru_cache(maxsize=None)
@@ -63,20 +63,12 @@ def _payload(root, context, diff: bool) -> dict:
             "frequency": context.frequency if context is not None else None}
 
 
-class FlameGraphReport:
+class FlameGraphReport(TreeReport):
     """Counted stacks as an interactive HTML flame graph."""
 
-    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
-        self.per_pid, self.offsets, self.context = per_pid, offsets, context
-        self.counted: list = []
-
-    def add(self, counted: StackCount) -> None:
-        self.counted.append(counted)
-
     def finish(self, out: TextIO) -> None:
-        root = build_tree(self.counted, self.per_pid, self.offsets)
-        command = self.context.command if self.context is not None else "count"
-        subtitle = f"{command} · {amount(root.value, self.context)}"
+        root = self.tree()
+        subtitle = f"{self.command()} · {amount(root.value, self.context)}"
         out.write(render_page(graph_title(self.context), subtitle,
                               _payload(root, self.context, diff=False)))
 
@@ -99,8 +91,7 @@ class DiffFlameGraphReport(FlameGraphReport):
         self.baseline.append(counted)
 
     def finish(self, out: TextIO) -> None:
-        root = build_tree(self.counted, self.per_pid, self.offsets,
-                          before=self.baseline)
+        root = self.tree(before=self.baseline)
         subtitle = (f"A: {amount(root.before, self.context)} · "
                     f"B: {amount(root.value, self.context)} · widths from B, "
                     "red: share grew, blue: share shrank")

@@ -10,9 +10,8 @@ import zlib
 from typing import TextIO
 from xml.sax.saxutils import escape, quoteattr
 
-from ..model import StackCount
 from .flamegraph_html import amount, asset, graph_title, unit_of
-from .flametree import build_tree, placed
+from .flametree import TreeReport, placed
 
 WIDTH = 1200                  # flamegraph.pl's defaults
 FRAME_H = 16
@@ -105,19 +104,11 @@ def render_svg(root, title: str, subtitle: str, unit: str) -> str:
     return "\n".join(out) + "\n"
 
 
-class SvgFlameGraphReport:
-    """Counted stacks as a static SVG flame graph."""
-
-    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
-        self.per_pid, self.offsets, self.context = per_pid, offsets, context
-        self.counted: list = []
-
-    def add(self, counted: StackCount) -> None:
-        self.counted.append(counted)
+class SvgFlameGraphReport(TreeReport):
+    """Counted stacks as an SVG flame graph."""
 
     def finish(self, out: TextIO) -> None:
-        root = build_tree(self.counted, self.per_pid, self.offsets)
-        command = self.context.command if self.context is not None else "count"
+        root = self.tree()
         out.write(render_svg(root, graph_title(self.context, "Flame Graph"),
-                             f"{command} · {amount(root.value, self.context)}",
+                             f"{self.command()} · {amount(root.value, self.context)}",
                              unit_of(self.context)))

@@ -171,3 +171,23 @@ def build_tree(counts, per_pid: bool = False, offsets: bool = False,
     if before is not None:
         tree.add_all(before, before=True)
     return tree.root
+
+
+class TreeReport:
+    """The counted-stacks interface (formats.py) of the formats that draw
+    the merged tree: add() keeps the stacks, a subclass's finish() draws
+    tree()."""
+
+    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
+        self.per_pid, self.offsets, self.context = per_pid, offsets, context
+        self.counted: list = []
+
+    def add(self, counted: StackCount) -> None:
+        self.counted.append(counted)
+
+    def tree(self, before: Optional[list] = None) -> Node:
+        return build_tree(self.counted, self.per_pid, self.offsets, before)
+
+    def command(self) -> str:
+        """The command the stacks came from, for a subtitle."""
+        return self.context.command if self.context is not None else "count"
