@@ -14,7 +14,7 @@ import time
 import pytest
 from browser import chromium, keep_screenshot, network_requests  # noqa: F401 (fixture)
 
-from helpers import FP, build, run_ustack
+from helpers import FP, build, build_go, run_ustack
 from ustack.model import Frame, Stack, StackCount
 from ustack.report.flamegraph_html import DiffFlameGraphReport
 from ustack.report.formats import ReportContext, stack_report
@@ -340,12 +340,24 @@ def branches():
     return build("branches", flags=FP)
 
 
-def count_to_file(branches, fmt: str, path):
+def count_to_file(path, *args):
+    """`ustack count -f FORMAT ARGS…` with its stdout in `path` (the
+    traced programs print nothing)."""
     with open(path, "w") as out:
-        res = run_ustack("count", "-f", fmt, f"uprobe:{branches}:leaf",
-                         "-c", f"{branches} 300 100", stdout=out)
+        res = run_ustack("count", *args, stdout=out)
     assert res.returncode == 0, res.stderr
     return path
+
+
+def count_branches(branches, fmt: str, path):
+    return count_to_file(path, "-f", fmt, f"uprobe:{branches}:leaf",
+                         "-c", f"{branches} 300 100")
+
+
+def column(driver) -> list:
+    """(name, kind) of the leftmost column of frames, root first."""
+    return [(f["name"], f["kind"]) for f in sorted(frames(driver), key=lambda f: -f["y"])
+            if f["x"] == 0]
 
 
 @pytest.mark.kernel
@@ -353,12 +365,11 @@ def test_real_run_html(chromium, branches, tmp_path):
     """`ustack count -f html` of branches: the known chain main -> left ->
     leaf (300) and main -> right -> leaf (100) with the right widths, zoom
     and search work, nothing is fetched."""
-    open_page(chromium, count_to_file(branches, "html", tmp_path / "branches.html"))
+    open_page(chromium, count_branches(branches, "html", tmp_path / "branches.html"))
     check_branches(chromium, "branches")
-    column = [f["name"] for f in sorted(frames(chromium), key=lambda f: -f["y"])
-              if f["x"] == 0]                          # the leftmost column, root first
-    assert column[:2] == ["all", "branches"]
-    assert column[-3:] == ["main", "left", "leaf"]
+    names = [name for name, _ in column(chromium)]
+    assert names[:2] == ["all", "branches"]
+    assert names[-3:] == ["main", "left", "leaf"]
     keep_screenshot(chromium, "flamegraph_branches")
     check_zoom(chromium)
     check_search(chromium)
@@ -367,7 +378,7 @@ def test_real_run_html(chromium, branches, tmp_path):
 
 @pytest.mark.kernel
 def test_real_run_svg(chromium, branches, tmp_path):
-    path = count_to_file(branches, "svg", tmp_path / "branches.svg")
+    path = count_branches(branches, "svg", tmp_path / "branches.svg")
     text = path.read_text()
     assert "<title>leaf (300 events, 75.00%) [branches]</title>" in text
     assert "<title>leaf (100 events, 25.00%) [branches]</title>" in text
@@ -376,3 +387,34 @@ def test_real_run_svg(chromium, branches, tmp_path):
     assert (rects["left (300 events, 75.00%) [branches]"]
             / rects["right (100 events, 25.00%) [branches]"]) == pytest.approx(3, rel=0.01)
     keep_screenshot(chromium, "flamegraph_branches_svg")
+
+
+@pytest.mark.kernel
+def test_real_run_kernel_frames(chromium, tmp_path):
+    """`--kernel`: the kernel's frames stand above the `--` separator, in
+    the kernel's colour; libc's write below it in the libraries'."""
+    chain = build("chain", flags=FP)
+    open_page(chromium, count_to_file(tmp_path / "kernel.html", "-f", "html", "--kernel",
+                                      "syscall:write", "-c", f"{chain} 100 write"))
+    col = column(chromium)
+    cut = col.index(("--", "separator"))
+    assert col[cut - 1] == ("write", "lib")
+    assert one(chromium, "write")["module"] == "libc.so.6"
+    assert [kind for _, kind in col[cut + 1:]] == ["kernel"] * (len(col) - cut - 1)
+    assert len(col) - cut - 1 >= 2
+    assert ("main", "user") in col and one(chromium, "--")["samples"] == 100
+    keep_screenshot(chromium, "flamegraph_kernel")
+
+
+@pytest.mark.kernel
+def test_real_run_go_runtime(chromium, tmp_path):
+    """A Go program: runtime.* frames are the Go runtime's kind, main.*
+    the user's code."""
+    gochain = build_go("gochain")
+    open_page(chromium, count_to_file(tmp_path / "go.html", "-f", "html",
+                                      f"uprobe:{gochain}:main.d", "-c", f"{gochain} 50"))
+    assert column(chromium) == [
+        ("all", "root"), ("gochain", "process"), ("runtime.goexit.abi0", "go"),
+        ("runtime.main", "go"), ("main.main", "user"), ("main.a", "user"),
+        ("main.b", "user"), ("main.(*T).c", "user"), ("main.d", "user")]
+    assert one(chromium, "main.d")["samples"] == 50
