@@ -245,6 +245,17 @@ def test_many_frames_stay_fast(chromium, tmp_path):
     keep_screenshot(chromium, "flamegraph_many_frames")
 
 
+def test_a_thousand_frames_deep(chromium, tmp_path):
+    """Deep recursion: every frame a row, the innermost on top, clickable."""
+    open_page(chromium, write(stack_report("html"), tmp_path / "deep.html",
+                              [counted(*["main"] + ["recurse"] * 1000 + ["leaf"], count=3)]))
+    rows = sorted(frames(chromium), key=lambda f: f["y"])
+    assert len(rows) == 1004 and rows[0]["name"] == "leaf" and rows[0]["y"] >= 0
+    assert state(chromium)["canvasHeight"] == 1004 * 16 + 2
+    point_at(chromium, rows[0], click=True)
+    assert state(chromium)["zoomed"] == "leaf"
+
+
 # --- the differential graph ---------------------------------------------------------
 
 def test_diff_colours_growth_red_and_shrinkage_blue(chromium, tmp_path):
@@ -263,6 +274,7 @@ def test_diff_colours_growth_red_and_shrinkage_blue(chromium, tmp_path):
     assert red[0] == 255 and red[1] < 200 and red[1] == red[2]
     assert blue[2] == 255 and blue[0] < 200 and blue[0] == blue[1]
     assert drawn(chromium, "gone") == []
+    assert "1 frame only in A, not drawn" in element(chromium, "legend").text
     point_at(chromium, right)
     assert element(chromium, "tooltip").text.splitlines()[1:] == [
         "module: prog (user code)", "A (before): 100 events, 22.22%",
@@ -418,3 +430,23 @@ def test_real_run_go_runtime(chromium, tmp_path):
         ("runtime.main", "go"), ("main.main", "user"), ("main.a", "user"),
         ("main.b", "user"), ("main.(*T).c", "user"), ("main.d", "user")]
     assert one(chromium, "main.d")["samples"] == 50
+
+
+@pytest.mark.kernel
+def test_real_runs_diff(chromium, branches, tmp_path):
+    """Two runs through the Python API: A calls leaf 300 times via left and
+    100 via right, B the other way round; B's widths, right red, left blue."""
+    import ustack
+    runs = []
+    for n, m in ((300, 100), (100, 300)):
+        opts = ustack.Options(command="count", events=[f"uprobe:{branches}:leaf"],
+                              cmdline=f"{branches} {n} {m}")
+        with ustack.Session(opts) as run:
+            runs.append(run.counts())
+    open_page(chromium, write(DiffFlameGraphReport(), tmp_path / "diff.html", runs[1], runs[0]))
+    left, right = one(chromium, "left"), one(chromium, "right")
+    assert (left["before"], left["after"], right["before"], right["after"]) == (300, 100, 100, 300)
+    assert right["width"] / left["width"] == pytest.approx(3, rel=0.01)
+    assert rgb(right["colour"])[0] == 255 and rgb(left["colour"])[2] == 255
+    assert rgb(one(chromium, "main")["colour"]) == (235, 235, 235)     # 100% in both
+    keep_screenshot(chromium, "flamegraph_branches_diff")

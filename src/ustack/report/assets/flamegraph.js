@@ -275,6 +275,12 @@
       items = [["rgb(255,60,60)", "share grew from A to B"],
                ["rgb(60,60,255)", "share shrank"],
                ["rgb(235,235,235)", "unchanged"]];
+      /* what vanished has no width in B: say so, and where to see it */
+      var gone = 0;
+      for (var j = 1; j < N; j++) if (!after[j] && before[j] && after[parent[j]]) gone++;
+      if (gone && widthsFrom === "after")
+        items.push(["transparent", gone + (gone === 1 ? " frame" : " frames") +
+                    " only in A, not drawn: Widths \u201cfrom A\u201d shows them"]);
     } else if (colourMode === "module") {
       var mods = Object.keys(moduleRank).sort(function (a, b) {
         return moduleRank[a] - moduleRank[b];
@@ -291,8 +297,9 @@
       if (anyInlined) items.push([hsl(8, 47, 74), "inlined (lighter, \"(inlined)\")"]);
     }
     box.innerHTML = items.map(function (it) {
-      return '<span class="item"><span class="swatch" style="background:' + it[0] + '"></span>' +
-        escapeHtml(it[1]) + "</span>";
+      var swatch = it[0] === "transparent" ? ""    /* a remark, not a colour */
+        : '<span class="swatch" style="background:' + it[0] + '"></span>';
+      return '<span class="item">' + swatch + escapeHtml(it[1]) + "</span>";
     }).join("");
   }
 
@@ -362,6 +369,7 @@
   document.getElementById("widths").addEventListener("change", function (e) {
     widthsFrom = e.target.value;
     layout();
+    legend();
     if (!width[zoomed]) zoomed = 0;
     zoom(zoomed);
     search();
