@@ -13,14 +13,14 @@ import re
 from typing import Optional
 
 from ..model import Frame, StackCount
+from ..symbols.kernel import KERNEL_MODULE
+from ..symbols.stacks import SEPARATOR
 from .aggregate import merge
 
-# Kinds of frames, for colours and the legend. "kernel" frames come after
-# the `--` separator (symbols/stacks.py SEPARATOR) in root-first order.
+# Kinds of frames, for colours and the legend. Kernel frames come after the
+# `--` SEPARATOR in root-first order.
 KINDS = ("user", "lib", "kernel", "go", "unknown", "separator", "note",
          "process", "root")
-KERNEL_MODULE = "kernel"          # symbols/kernel.py's module of kernel frames
-SEPARATOR_NAME = "--"             # symbols/stacks.py SEPARATOR's function
 _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$|^\[")   # libc.so.6, ld-linux…so.2, [vdso]
 
 
@@ -36,7 +36,7 @@ def frame_name(f: Frame, offsets: bool = False) -> str:
 
 
 def frame_kind(f: Frame) -> str:
-    if f.function == SEPARATOR_NAME and not f.module:
+    if (f.function, f.module) == (SEPARATOR.function, SEPARATOR.module):
         return "separator"
     if f.module == KERNEL_MODULE:
         return "kernel"
@@ -73,7 +73,6 @@ class Node:
         return sorted(self.children.values(), key=lambda n: (n.name, n.module))
 
 
-
 def walk(root: Node):
     """(depth, node) of every node, root first, children in drawing order;
     iterative: a stack may be a thousand frames deep."""
@@ -87,19 +86,15 @@ def walk(root: Node):
 def placed(root: Node):
     """(depth, start, node) of every node in walk() order: `start` is the
     samples left of the node on its row, as a flame graph's x."""
-    next_start = {id(root): 0}
-    starts = {id(root): 0}
-    parents: list = []
+    open_rows: list = []        # per depth above: [its start, its children's samples so far]
     for depth, node in walk(root):
-        del parents[depth:]
+        del open_rows[depth:]
         start = 0
-        if parents:
-            up = parents[-1]
-            start = starts[id(up)] + next_start[id(up)]
-            next_start[id(up)] += node.value
-        starts[id(node)] = start
-        next_start[id(node)] = 0
-        parents.append(node)
+        if open_rows:
+            parent = open_rows[-1]
+            start = parent[0] + parent[1]
+            parent[1] += node.value
+        open_rows.append([start, 0])
         yield depth, start, node
 
 
