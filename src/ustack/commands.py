@@ -141,10 +141,12 @@ def _progress(session: Session, err: TextIO) -> Progress:
 def _count(session: Session, out, fmt: str) -> int:
     """Counted stacks in format `fmt`; returns the number of events."""
     opts = session.opts
+    frequency = session.probes[0].hz if opts.command == "profile" else None
+    what = f"at {frequency} Hz" if frequency else ", ".join(session.labels)
     context = ReportContext(command=opts.command, events=tuple(session.labels),
-                            frequency=session.probes[0].hz
-                            if opts.command == "profile" else None,
-                            title=" ".join(["ustack", opts.command, *opts.events]))
+                            frequency=frequency,
+                            title=f"ustack {opts.command} {what} in "
+                                  f"{session.target.description}")
     report = stack_report(fmt, opts.per_pid, opts.offsets, context)
     events = 0
     for counted in session.counts():

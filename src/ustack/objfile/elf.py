@@ -5,6 +5,7 @@ Everything is read once at open() (pyelftools is slow, so the results are
 kept in plain lists) and cached per file identity for the whole process."""
 from __future__ import annotations
 
+import array
 import bisect
 import fnmatch
 import hashlib
@@ -24,7 +25,14 @@ from . import cache as objcache
 from .demangle import demangle, is_mangled, plain_name
 from .gopclntab import PclntabError, go_table
 
-_FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC")
+# pyelftools calls STT_GNU_IFUNC (10) by its range name STT_LOOS: without
+# it libc's strlen, memcpy@@GLIBC_2.14 and the like are invisible
+_FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS")
+_IFUNC_TYPES = ("STT_GNU_IFUNC", "STT_LOOS")
+# flags of a raw function entry
+IFUNC = 1          # the address is a resolver; calls go to what it returns
+COMPAT = 2         # an old, non-default symbol version (memcpy@GLIBC_2.2.5)
+_VERSYM_HIDDEN = 0x8000
 # Which alias names a shared address in lookup(): exported names read best
 # (glibc's public names are often weak: getpid over __getpid).
 _BIND_RANK = {"STB_GLOBAL": 0, "STB_WEAK": 0, "STB_GNU_UNIQUE": 0, "STB_LOCAL": 1}
@@ -133,6 +141,15 @@ class ElfImage:
         self.functions = [s for s in named if not s.name.endswith("@plt")
                           and raw[(s.address, s.name)][1] != _LABEL]
         self._build_indexes(raw, named)
+        self._flags = {key: v[3] for key, v in raw.items() if v[3]}
+
+    def is_ifunc(self, sym: Symbol) -> bool:
+        """An IFUNC: `sym` is the resolver, calls run what it returns."""
+        return bool(self._flags.get((sym.address, sym.name), 0) & IFUNC)
+
+    def is_compat(self, sym: Symbol) -> bool:
+        """An old symbol version only (memcpy@GLIBC_2.2.5), not the default."""
+        return bool(self._flags.get((sym.address, sym.name), 0) & COMPAT)
 
     def _go_functions(self) -> dict:
         """A stripped Go binary's functions, from .gopclntab (which -s -w keeps)."""
@@ -141,7 +158,7 @@ class ElfImage:
         except PclntabError as e:
             self.go_error = str(e)
             return {}
-        return {(entry, name): (end - entry, "STB_GLOBAL", None)
+        return {(entry, name): (end - entry, "STB_GLOBAL", None, 0)
                 for name, entry, end in table.functions()} if table else {}
 
     @staticmethod
@@ -167,7 +184,7 @@ class ElfImage:
         try:
             tables = hashlib.sha1(signature.encode()).hexdigest()[:16]
             cache = objcache.cache_file("symbols", self.path, os.stat(self.path),
-                                        self.build_id, f"{tables}.v2.json")
+                                        self.build_id, f"{tables}.v3.json")
         except OSError:
             return self._raw_functions(sections)
         blob = objcache.read(cache)
@@ -175,8 +192,8 @@ class ElfImage:
             try:
                 entry = json.loads(blob)
                 if entry["signature"] == signature:
-                    return {(a, n): (size, bind, shndx)
-                            for a, n, size, bind, shndx in entry["functions"]}
+                    return {(a, n): (size, bind, shndx, flags)
+                            for a, n, size, bind, shndx, flags in entry["functions"]}
             except (ValueError, KeyError, TypeError):
                 pass                    # corrupt: rebuilt below
         raw = self._raw_functions(sections)
@@ -187,13 +204,15 @@ class ElfImage:
 
     @staticmethod
     def _raw_functions(sections) -> dict:
-        """(address, name) -> (size, binding, section index) over both tables
-        and the PLT stubs (a sample can stop in one: perf names it foo@plt)."""
+        """(address, name) -> (size, binding, section index, flags) over both
+        tables and the PLT stubs (a sample can stop in one: perf names it
+        foo@plt); flags: IFUNC, COMPAT."""
         found = _plt_functions(sections)
         for sec in sections:
             if sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
                 continue
-            for sym in sec.iter_symbols():
+            hidden = _hidden_versions(sections, sec)
+            for index, sym in enumerate(sec.iter_symbols()):
                 info = sym["st_info"]
                 addr, shndx = sym["st_value"], sym["st_shndx"]
                 if addr == 0 or shndx == "SHN_UNDEF" or not sym.name:
@@ -204,11 +223,15 @@ class ElfImage:
                 elif info["type"] not in _FUNC_TYPES:
                     continue
                 # a debug file's .symtab spells versions in: memcpy@@GLIBC_2.14
-                key = (addr, sym.name.split("@", 1)[0])
+                name, at, version = sym.name.partition("@")
+                flags = IFUNC if info["type"] in _IFUNC_TYPES else 0
+                if index in hidden or (at and not version.startswith("@")):
+                    flags |= COMPAT
+                key = (addr, name)
                 old = found.get(key)
                 # .symtab and .dynsym repeat each other; keep the sized one.
                 if old is None or (old[0] == 0 and sym["st_size"]):
-                    found[key] = (sym["st_size"], bind, shndx)
+                    found[key] = (sym["st_size"], bind, shndx, flags)
         return found
 
     @staticmethod
@@ -217,7 +240,7 @@ class ElfImage:
         capped at the end of the symbol's section (assembly often omits .size)."""
         starts = sorted({addr for addr, _ in raw})
         out = []
-        for (addr, name), (size, _bind, shndx) in sorted(raw.items()):
+        for (addr, name), (size, _bind, shndx, _flags) in sorted(raw.items()):
             if size == 0:
                 i = bisect.bisect_right(starts, addr)
                 end = starts[i] if i < len(starts) else None
@@ -239,7 +262,7 @@ class ElfImage:
         # One preferred symbol per start address ...
         best: dict = {}
         for sym in named:
-            size0, bind, _ = raw[(sym.address, sym.name)]
+            size0, bind, _, _ = raw[(sym.address, sym.name)]
             underscores = len(sym.name) - len(sym.name.lstrip("_"))
             rank = (size0 == 0, _BIND_RANK.get(bind, 2), underscores, sym.name)
             if sym.address not in best or rank < best[sym.address][0]:
@@ -389,6 +412,18 @@ def _in_code(sections, shndx) -> bool:
             and bool(sections[shndx]["sh_flags"] & 0x4))      # SHF_EXECINSTR
 
 
+def _hidden_versions(sections, symtab) -> frozenset:
+    """Indexes of `symtab`'s symbols whose version is hidden: `name@VER`, an
+    old version kept for old binaries, which new links never bind to."""
+    if symtab["sh_type"] != "SHT_DYNSYM":
+        return frozenset()
+    for sec in sections:
+        if sec["sh_type"] == "SHT_GNU_versym":
+            words = array.array("H", sec.data())      # x86-64: little-endian
+            return frozenset(i for i, v in enumerate(words) if v & _VERSYM_HIDDEN)
+    return frozenset()
+
+
 def _plt_functions(sections) -> dict:
     """`name@plt` for each PLT stub, found the way objdump does: the stub's
     `jmp *GOT(%rip)` names a GOT slot, and the slot's relocation names the
@@ -420,7 +455,7 @@ def _plt_functions(sections) -> dict:
             disp = int.from_bytes(data[at + 2:at + 6], "little", signed=True)
             name = slots.get(base + at + 6 + disp)
             if name:
-                found[(base + start, f"{name}@plt")] = (step, "STB_LOCAL", index)
+                found[(base + start, f"{name}@plt")] = (step, "STB_LOCAL", index, 0)
     return found
 
 

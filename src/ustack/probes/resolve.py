@@ -15,7 +15,9 @@ from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_name
 from ustack.model import (ProbeSpec, ProfileProbe, TracepointProbe, UprobeProbe,
                           UstackError)
 from ustack.objfile import prologue
+from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage, Symbol
+from ustack.probes import ifunc
 from ustack.probes.fetchargs import kernel_fetch_args
 
 _GLOB_CHARS = "*?["
@@ -125,7 +127,7 @@ def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None) -> list:
         places = [(sym, spec.address)]
     else:
         places = [(s, s.address + spec.offset)
-                  for s in _functions(image, spec.function, shown)]
+                  for s in _functions(image, spec.function, shown, spec.offset)]
     targets = []
     for sym, vaddr in places:
         if spec.kind == "uretprobe" and image.is_go:
@@ -143,17 +145,51 @@ def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None) -> list:
     return targets
 
 
-def _functions(image: ElfImage, func: str, shown: str) -> list:
-    """The functions FUNC names, one per address (aliases share one probe)."""
-    syms = image.match(func)
-    if not syms:
+def _functions(image: ElfImage, func: str, shown: str, offset: int = 0) -> list:
+    """The functions FUNC names, one per address (aliases share one probe):
+    also those only a separate debug file names (a stripped libc's
+    new_do_write); a symbol's default version over old ones (memcpy@@
+    GLIBC_2.14, not the compat memcpy@GLIBC_2.2.5); an IFUNC as the
+    implementation it resolves to here (strlen: __strlen_avx2)."""
+    debug = None if image.has_symtab else debug_lookup(image)[0]
+    found = [(s, image) for s in image.match(func)]
+    if debug is not None:
+        found += [(s, debug) for s in debug.match(func)]
+    if not found:
         raise no_function_error(image, func, shown)
+    defaults = {s.name for s, where in found if not where.is_compat(s)}
     by_addr: dict = {}
-    for s in syms:
-        best = image.lookup(s.address)
+    for s, where in found:
+        if where.is_compat(s) and s.name in defaults:
+            continue
+        if where.is_ifunc(s):
+            s = _ifunc_implementation(image, debug, s, shown, offset)
+        best = image.lookup(s.address) or (debug.lookup(s.address) if debug else None)
         if s.address not in by_addr or (best is not None and s.name == best.name):
             by_addr[s.address] = s
     return [by_addr[a] for a in sorted(by_addr)]
+
+
+def _ifunc_implementation(image: ElfImage, debug, sym: Symbol, shown: str,
+                          offset: int) -> Symbol:
+    """The function an IFUNC resolves to on this machine (see ifunc.py)."""
+    candidates = sorted({s.name for s in (debug or image).functions
+                         if sym.name in s.name and s.name != sym.name})[:6]
+    hint = f"; its implementations: {', '.join(candidates)}" if candidates else ""
+    if offset:
+        raise UstackError(f"{sym.name} in {shown} is an IFUNC (the code it runs is "
+                          f"chosen at load time): probe an implementation by name"
+                          f" with +0x{offset:x}{hint}")
+    vaddr = ifunc.implementation(image, sym.name)
+    if vaddr is None:
+        raise UstackError(f"{sym.name} in {shown} is an IFUNC (the code it runs is "
+                          "chosen at load time) and ustack resolves those only in "
+                          "libraries it has loaded itself: probe an implementation "
+                          f"by name{hint}")
+    named = (debug.lookup(vaddr) if debug else None) or image.lookup(vaddr)
+    if named is not None and named.address == vaddr:
+        return named
+    return Symbol(f"{sym.name}@0x{vaddr:x}", vaddr, 0)
 
 
 def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:

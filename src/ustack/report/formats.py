@@ -18,6 +18,8 @@ from typing import Optional
 
 from ..model import UstackError
 from .counts import CountsReport
+from .flamegraph_html import FlameGraphReport
+from .flamegraph_svg import SvgFlameGraphReport
 from .folded import FoldedReport
 from .trace import TraceReport
 
@@ -34,6 +36,8 @@ class ReportContext:
 FORMATS = {                            # counted stacks
     "text": CountsReport,
     "folded": FoldedReport,
+    "html": FlameGraphReport,
+    "svg": SvgFlameGraphReport,
 }
 
 EVENT_FORMATS = {                      # a stack per event
@@ -44,6 +48,9 @@ EVENT_FORMATS = {                      # a stack per event
 EXTENSIONS = {
     ".txt": "text",
     ".folded": "folded",
+    ".html": "html",
+    ".htm": "html",
+    ".svg": "svg",
 }
 
 

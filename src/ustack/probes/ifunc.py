@@ -1,0 +1,50 @@
+"""Which implementation an IFUNC symbol (libc's strlen, memcpy, …) runs on
+this machine. The symbol's address is only its resolver, which the dynamic
+linker calls once: a probe there never fires for the calls themselves.
+
+The resolver's choice depends on the CPU (and GLIBC_TUNABLES), so it is
+asked where it is safe to ask: in ustack's own process, for a library that
+is already loaded here (dlopen with RTLD_NOLOAD runs no constructor), by
+dlsym, which returns what the resolver returns. A library ustack has not
+loaded itself is never loaded just to ask."""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional
+
+from ..kernel import procfs
+
+
+def implementation(image, name: str) -> Optional[int]:
+    """The virtual address, in `image`'s file, of the code IFUNC `name`
+    resolves to here; None when `image` is not loaded in this process."""
+    mapping = _own_mapping(image.path)
+    if mapping is None:
+        return None
+    mapped_vaddr = image.vaddr_of_file_offset(mapping.pgoff)
+    try:
+        library = ctypes.CDLL(image.path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    if address is None or mapped_vaddr is None:
+        return None
+    vaddr = address - (mapping.start - mapped_vaddr)
+    return vaddr if image.executable(vaddr) else None
+
+
+def _own_mapping(path: str):
+    """An executable mapping of the file at `path` in this process, if any."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    for m in procfs.executable_mappings(os.getpid()):
+        try:
+            mst = os.stat(m.path)
+        except OSError:
+            continue
+        if (mst.st_dev, mst.st_ino) == (st.st_dev, st.st_ino):
+            return m
+    return None
