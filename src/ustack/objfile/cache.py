@@ -41,6 +41,16 @@ def cache_file(kind: str, path: str, st: os.stat_result,
     return os.path.join(cache_root(), kind, f"{name}.{suffix}")
 
 
+def identity_file(kind: str, path: str, st: os.stat_result, suffix: str) -> str:
+    """Where the cached KIND of exactly this file lives, found without
+    reading it: keyed by its path and inode, size, mtime and ctime (ctime
+    cannot be set back, so a file rewritten in place gets a new name)."""
+    ident = (f"{os.path.realpath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
+             f"{st.st_mtime_ns}\0{st.st_ctime_ns}")
+    return os.path.join(cache_root(), kind,
+                        f"{hashlib.sha1(ident.encode()).hexdigest()}.{suffix}")
+
+
 def _trusted(st: os.stat_result) -> bool:
     return st.st_uid in (os.geteuid(), 0) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 

@@ -17,8 +17,6 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from elftools.elf.elffile import ELFFile
-
 from . import cache as objcache
 
 _VERSION = "v1"          # of the cached table layout
@@ -147,6 +145,8 @@ class DwarfUnits:
 
     def _open(self):
         if self._dwarf is None:
+            # imported here: most runs never come this way (~25 ms)
+            from elftools.elf.elffile import ELFFile
             self._file = open(self.path, "rb")
             # no stream loader: pyelftools must not follow debuglinks itself
             self._dwarf = ELFFile(self._file).get_dwarf_info(follow_links=False)

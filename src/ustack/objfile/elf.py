@@ -2,7 +2,9 @@
 vaddr <-> file offset translation through PT_LOAD segments.
 
 Everything is read once at open() (pyelftools is slow, so the results are
-kept in plain lists) and cached per file identity for the whole process."""
+kept in plain lists) and cached per file identity for the whole process,
+and on disk: a file seen before is not parsed again (nor pyelftools
+imported, ~25 ms), its facts are read back from the cache."""
 from __future__ import annotations
 
 import array
@@ -16,8 +18,6 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
-
-from elftools.elf.elffile import ELFFile
 
 from ustack.model import UstackError
 
@@ -47,6 +47,7 @@ _ELFCOMPRESS_ZLIB = 1
 # Images that keep a file descriptor open for read(): bounded, so a
 # system-wide profile touching hundreds of objects stays far from the fd limit.
 _MAX_OPEN_FDS = 64
+_STATE_VERSION = "v1"    # of the cached image layout (_state/_restore)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
@@ -69,6 +70,7 @@ class ElfImage:
     """Read-only facts about one ELF file. Use ElfImage.open(path)."""
 
     _cache: dict = {}
+    parsed_files = 0      # files parsed (not read back from the disk cache) in this process
 
     @classmethod
     def open(cls, path: str) -> "ElfImage":
@@ -98,8 +100,15 @@ class ElfImage:
             with open(path, "rb") as f:
                 if f.read(4) != b"\x7fELF":
                     raise UstackError(f"{path}: not an ELF file")
+                # the key of what this very file (fstat: not a replaced one) parsed to
+                cache = objcache.identity_file("images", path, os.fstat(f.fileno()),
+                                               f"{_STATE_VERSION}.json")
+                if self._restore(objcache.read(cache)):
+                    return
+                from elftools.elf.elffile import ELFFile
                 f.seek(0)
                 self._parse(ELFFile(f))
+            objcache.write(cache, self._state())
         except UstackError:
             raise
         except OSError as e:
@@ -110,7 +119,59 @@ class ElfImage:
 
     # --- parsing ---------------------------------------------------------
 
-    def _parse(self, elf: ELFFile) -> None:
+    def _state(self) -> bytes:
+        """What _parse found, for _restore (JSON: the cache holds data only)."""
+        index = {id(sym): i for i, sym in enumerate(self._named)}
+        return json.dumps({
+            "e_type": self.e_type, "machine": self.machine,
+            "loads": [[l.vaddr, l.offset, l.filesz, l.flags] for l in self._loads],
+            "section_names": sorted(self.section_names),
+            "sections": self.sections, "compressed": sorted(self._compressed),
+            "little_endian": self.little_endian, "elfclass": self._elfclass,
+            "build_id": self.build_id, "has_symtab": self.has_symtab,
+            "is_go": self.is_go, "go_error": self.go_error,
+            "named": [[s.name, s.address, s.size] for s in self._named],
+            "functions": [index[id(s)] for s in self.functions],
+            "starts": self._starts,
+            "owners": [-1 if o is None else index[id(o)] for o in self._owners],
+            "flags": [[a, n, f] for (a, n), f in self._flags.items()],
+        }).encode()
+
+    def _restore(self, blob: Optional[bytes]) -> bool:
+        """The facts of _state() back; False when there are none to trust."""
+        if not blob:
+            return False
+        try:
+            d = json.loads(blob)
+            named = [Symbol(n, a, s) for n, a, s in d["named"]]
+            self.e_type = d["e_type"]
+            self.is_pie = self.e_type == "ET_DYN"
+            self.machine = d["machine"]
+            self._loads = [_Load(*l) for l in d["loads"]]
+            self.section_names = frozenset(d["section_names"])
+            self.sections = {k: tuple(v) for k, v in d["sections"].items()}
+            self._compressed = frozenset(d["compressed"])
+            self.little_endian = bool(d["little_endian"])
+            self._elfclass = d["elfclass"]
+            self.build_id = d["build_id"]
+            self.has_symtab = bool(d["has_symtab"])
+            self.is_go = bool(d["is_go"])
+            self.go_error = d["go_error"]
+            self._named = named
+            self.functions = [named[i] for i in d["functions"]]
+            self._starts = d["starts"]
+            self._owners = [None if i < 0 else named[i] for i in d["owners"]]
+            self._flags = {(a, n): f for a, n, f in d["flags"]}
+            if len(self._starts) != len(self._owners):
+                return False
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return False                # corrupt or of another layout: parsed again
+        self._index_names()
+        return True
+
+    def _parse(self, elf) -> None:
+        """Everything from the file through pyelftools (an ELFFile)."""
+        ElfImage.parsed_files += 1
         self.e_type = elf.header.e_type
         self.is_pie = self.e_type == "ET_DYN"  # PIE executable or shared library
         self.machine = elf.header.e_machine
@@ -253,12 +314,16 @@ class ElfImage:
             out.append(Symbol(name, addr, size))
         return out
 
-    def _build_indexes(self, raw: dict, named: list) -> None:
+    def _index_names(self) -> None:
         by_name: dict = {}
         for sym in self.functions:
             by_name.setdefault(sym.name, []).append(sym)
         self._by_name = by_name
         self._demangled = None
+
+    def _build_indexes(self, raw: dict, named: list) -> None:
+        self._named = named
+        self._index_names()
         # One preferred symbol per start address ...
         best: dict = {}
         for sym in named:

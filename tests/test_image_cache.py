@@ -1,0 +1,77 @@
+"""ElfImage facts are kept on disk by file identity: a file seen before is
+read back (no pyelftools), a rewritten file is parsed again, and a cache
+file that someone else could have written is not believed."""
+import os
+import shutil
+
+import pytest
+
+from helpers import FP, build
+
+from ustack.objfile.elf import ElfImage
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    ElfImage.clear_cache()
+
+
+def facts(image):
+    return (image.build_id, image.e_type, image.sections, image.segments(),
+            image.functions, [image.lookup(s.address + 1) for s in image.functions],
+            [image.is_ifunc(s) for s in image.functions],
+            [image.is_compat(s) for s in image.functions])
+
+
+def test_second_open_reads_the_cache(tmp_path):
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    parsed = ElfImage.parsed_files
+    first = facts(ElfImage.open(str(prog)))
+    assert ElfImage.parsed_files == parsed + 1
+    ElfImage.clear_cache()
+    assert facts(ElfImage.open(str(prog))) == first
+    assert ElfImage.parsed_files == parsed + 1
+
+
+def test_libc_read_back_the_same(tmp_path):
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+    first = facts(ElfImage.open(libc))
+    ElfImage.clear_cache()
+    parsed = ElfImage.parsed_files
+    again = ElfImage.open(libc)
+    assert ElfImage.parsed_files == parsed
+    assert facts(again) == first
+    assert [s.name for s in again.find("strlen")] == ["strlen"]
+    assert again.is_ifunc(again.find("strlen")[0])
+
+
+def test_rewritten_file_is_parsed_again(tmp_path):
+    prog = tmp_path / "prog"
+    shutil.copy(build("chain", flags=FP), prog)
+    ElfImage.open(str(prog))
+    st = prog.stat()
+    # another program at the same path, its mtime set back to the old one
+    shutil.copy(build("recurse", flags=FP), prog)
+    os.utime(prog, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ElfImage.clear_cache()
+    parsed = ElfImage.parsed_files
+    image = ElfImage.open(str(prog))
+    assert ElfImage.parsed_files == parsed + 1
+    assert image.find("d") == [] and image.find("main")
+
+
+def test_cache_writable_by_others_is_not_read(tmp_path):
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    ElfImage.open(str(prog))
+    (cached,) = (tmp_path / "cache" / "images").iterdir()
+    assert oct(cached.stat().st_mode & 0o777) == "0o600"
+    cached.write_text(cached.read_text().replace('"main"', '"forged"'))
+    cached.chmod(0o666)
+    ElfImage.clear_cache()
+    parsed = ElfImage.parsed_files
+    image = ElfImage.open(str(prog))
+    assert ElfImage.parsed_files == parsed + 1
+    assert image.find("main") and not image.find("forged")
