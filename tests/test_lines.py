@@ -81,6 +81,22 @@ def test_every_instruction_agrees_with_addr2line(prog, tool):
     assert max(len(c) for c in got.values()) == 3
 
 
+def test_cxx_lines_agree_with_eu_addr2line():
+    """C++ at -O2: inlined frames by their DWARF linkage names (demangled
+    later, like every name), files and lines as eu-addr2line gives them."""
+    from test_dwarf_unwind import build_cxx
+    cxx = build_cxx("cxx_throw", ("-O2", "-g", "-fno-omit-frame-pointer"))
+    image = ElfImage.open(str(cxx))
+    own = {s.name for s in image.functions if s.name.startswith("_Z") or s.name == "main"}
+    addrs = instructions(cxx, own)
+    assert len(addrs) > 50
+    want = addr2line_chains("eu-addr2line", cxx, addrs)
+    got = ours(cxx, addrs)
+    assert [(a, got[a][:-1], got[a][-1][1:]) for a in addrs] == \
+        [(a, want[a][:-1], want[a][-1][1:]) for a in addrs]
+    assert any(len(c) > 1 for c in got.values())           # inlined calls checked
+
+
 def test_inlined_calls_become_frames(prog):
     """The stack at sink: the return address in outer is inside inner, inlined
     into middle, inlined into outer."""

@@ -116,7 +116,11 @@ class SymCache:
             file, line, function, index = locations[index * 4:index * 4 + 4]
             if file == _NONE and function == _NONE:
                 break                # the explicit "nothing here" after a function's end
-            chain.append((self._function(function), self._path(file), 0 if line == _NONE else line))
+            line = 0 if line == _NONE else line
+            # a line-table row of line 0 ("no line") names no file either, as
+            # eu-addr2line's ??:0; a call site (DW_AT_call_file) keeps its file
+            path = self._path(file) if line or chain else ""
+            chain.append((self._function(function), path, line))
         if not chain:
             return ()
         if not any(line for _f, _p, line in chain):
