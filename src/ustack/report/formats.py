@@ -19,6 +19,11 @@ from typing import Optional
 from ..model import UstackError
 from .counts import CountsReport
 from .folded import FoldedReport
+from .json_events import JsonEventsReport
+from .json_stacks import JsonReport
+from .perf_script import PerfScriptReport
+from .pprof import PprofReport
+from .speedscope import SpeedscopeReport
 from .trace import TraceReport
 
 
@@ -34,16 +39,26 @@ class ReportContext:
 FORMATS = {                            # counted stacks
     "text": CountsReport,
     "folded": FoldedReport,
+    "pprof": PprofReport,
+    "speedscope": SpeedscopeReport,
+    "json": JsonReport,
 }
 
 EVENT_FORMATS = {                      # a stack per event
     "text": TraceReport,
+    "perf-script": PerfScriptReport,
+    "json": JsonEventsReport,
 }
 
 # the file name's ending -> format, longest endings first when looked up
 EXTENSIONS = {
     ".txt": "text",
     ".folded": "folded",
+    ".pb.gz": "pprof",
+    ".pprof": "pprof",
+    ".speedscope.json": "speedscope",
+    ".json": "json",
+    ".perf-script": "perf-script",
 }
 
 
