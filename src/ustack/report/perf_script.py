@@ -14,8 +14,9 @@ The period is 1 (one event); fetch-args follow the event name as perf puts
 a tracepoint's fields. An unnamed frame is `[unknown]`, a frame outside
 any file `([unknown])`, kernel frames (--kernel) `([kernel.kallsyms])`
 before the user frames, an inlined call `name (inlined)` as perf writes
-it. Addresses are the process's: perf itself prints an address inside the
-object for frames it found the object of. Unwinder notes are left out
+it. A frame's address is, as perf prints it, the address inside its
+object (what addr2line -e OBJECT takes) when the object's load bias is
+known (pprof_objects.py), else the process's. Unwinder notes are left out
 (they are not perf's); the time is CLOCK_MONOTONIC, perf's clock."""
 from __future__ import annotations
 
@@ -24,29 +25,39 @@ from typing import TextIO
 from ..model import Frame, RawSample, Stack
 from ..symbols.stacks import SEPARATOR
 from .fetchargs import format_args
+from .pprof_objects import ObjectFacts
 
 MAX_CACHED = 100_000               # formatted stacks kept; bounds memory
 KERNEL_DSO = "[kernel.kallsyms]"
 
 
-def perf_frame_line(f: Frame, kernel: bool = False) -> str:
+def perf_frame_line(f: Frame, addr: int, kernel: bool = False) -> str:
     """`\\t{addr:16x} sym+0xoff (dso)`: one callchain line of perf script."""
     if f.inlined and f.function:
-        return f"\t{f.addr:16x} {f.function} (inlined)\n"
+        return f"\t{addr:16x} {f.function} (inlined)\n"
     sym = f"{f.function}+0x{f.offset:x}" if f.function else "[unknown]"
     dso = KERNEL_DSO if kernel else (f.path or "[unknown]")
-    return f"\t{f.addr:16x} {sym} ({dso})\n"
+    return f"\t{addr:16x} {sym} ({dso})\n"
 
 
-def perf_frame_lines(stack: Stack) -> str:
-    """The callchain lines of a stack and the blank line that ends it."""
+def perf_frame_lines(stack: Stack, pid: int, objects: ObjectFacts) -> str:
+    """The callchain lines of a stack of process pid and the blank line
+    that ends it."""
     kernel = SEPARATOR in stack.frames
+    if kernel:
+        user = stack.frames[stack.frames.index(SEPARATOR) + 1:]
+    else:
+        user = stack.frames
+    for f in user:                       # any named frame tells its object's bias
+        if f.path:
+            objects.learn(pid, f)
     out = []
     for f in stack.frames:
         if f == SEPARATOR:
             kernel = False
             continue
-        out.append(perf_frame_line(f, kernel))
+        inside = None if kernel or not f.path else objects.object_address(pid, f)
+        out.append(perf_frame_line(f, f.addr if inside is None else inside, kernel))
     out.append("\n")
     return "".join(out)
 
@@ -69,13 +80,15 @@ class PerfScriptReport:
         self.pending: list = []
         self._blocks: dict = {}          # id(Stack) -> (Stack, frame lines)
         self._comms: dict = {}           # (pid, tid) -> comm
+        self._objects = ObjectFacts()
 
     def add(self, sample: RawSample, stack: Stack, comm_of) -> None:
         entry = self._blocks.get(id(stack))
         if entry is None or entry[0] is not stack:
             if len(self._blocks) > MAX_CACHED:
                 self._blocks.clear()
-            entry = self._blocks[id(stack)] = (stack, perf_frame_lines(stack))
+            entry = self._blocks[id(stack)] = (stack, perf_frame_lines(
+                stack, sample.pid, self._objects))
         ids = (sample.pid, sample.tid)
         comm = self._comms.get(ids)
         if comm is None:

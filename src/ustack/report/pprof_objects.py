@@ -1,7 +1,8 @@
 """What pprof's Mappings say about the objects behind the frames: each
 object's GNU build-id, its mangled function names, and where its code sat
 in each process (memory start, limit and file offset of the executable
-segment), as far as the frames tell.
+segment), as far as the frames tell. perf_script.py asks it too: perf
+prints a frame's address inside its object.
 
 A Frame carries its runtime address, its object's path and, when named,
 its function and offset. The symbol's address in the ELF file plus that
@@ -84,6 +85,12 @@ class ObjectFacts:
         biases = {b for b in biases if b % PAGE == 0}
         if len(biases) == 1:                     # several: a name that is not unique
             self._bias[(pid, f.path)] = biases.pop()
+
+    def object_address(self, pid: int, f: Frame) -> Optional[int]:
+        """f's address in its object's own (ELF) addresses, what addr2line
+        takes; None when its object's bias is not known."""
+        bias = self._bias.get((pid, f.path))
+        return None if bias is None else f.addr - bias
 
     def segment(self, pid: int, f: Frame) -> Optional[tuple]:
         """(memory start, memory limit, file offset) of the executable
