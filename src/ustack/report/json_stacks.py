@@ -30,7 +30,7 @@ import json
 from typing import TextIO
 
 from ..model import StackCount
-from ..symbols.stacks import SEPARATOR
+from .pprof_objects import split_kernel
 
 FORMAT_NAME = "ustack-stacks"
 FORMAT_VERSION = 1
@@ -45,14 +45,8 @@ def frame_dict(f, kernel: bool = False) -> dict:
 
 def frame_dicts(frames) -> list:
     """Frames as FRAMEs, the kernel's (before the separator) marked."""
-    kernel = SEPARATOR in frames
-    out = []
-    for f in frames:
-        if f == SEPARATOR:
-            kernel = False
-            continue
-        out.append(frame_dict(f, kernel))
-    return out
+    kernel, user = split_kernel(frames)
+    return [frame_dict(f, True) for f in kernel] + [frame_dict(f) for f in user]
 
 
 class JsonReport:

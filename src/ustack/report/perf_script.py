@@ -23,9 +23,8 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..model import Frame, RawSample, Stack
-from ..symbols.stacks import SEPARATOR
 from .fetchargs import format_args
-from .pprof_objects import ObjectFacts
+from .pprof_objects import ObjectFacts, split_kernel
 
 MAX_CACHED = 100_000               # formatted stacks kept; bounds memory
 KERNEL_DSO = "[kernel.kallsyms]"
@@ -43,21 +42,14 @@ def perf_frame_line(f: Frame, addr: int, kernel: bool = False) -> str:
 def perf_frame_lines(stack: Stack, pid: int, objects: ObjectFacts) -> str:
     """The callchain lines of a stack of process pid and the blank line
     that ends it."""
-    kernel = SEPARATOR in stack.frames
-    if kernel:
-        user = stack.frames[stack.frames.index(SEPARATOR) + 1:]
-    else:
-        user = stack.frames
+    kernel, user = split_kernel(stack.frames)
     for f in user:                       # any named frame tells its object's bias
         if f.path:
             objects.learn(pid, f)
-    out = []
-    for f in stack.frames:
-        if f == SEPARATOR:
-            kernel = False
-            continue
-        inside = None if kernel or not f.path else objects.object_address(pid, f)
-        out.append(perf_frame_line(f, f.addr if inside is None else inside, kernel))
+    out = [perf_frame_line(f, f.addr, kernel=True) for f in kernel]
+    for f in user:
+        inside = objects.object_address(pid, f) if f.path else None
+        out.append(perf_frame_line(f, f.addr if inside is None else inside))
     out.append("\n")
     return "".join(out)
 

@@ -27,8 +27,7 @@ import os
 from typing import BinaryIO
 
 from ..model import StackCount
-from ..symbols.stacks import SEPARATOR
-from .pprof_objects import ObjectFacts
+from .pprof_objects import ObjectFacts, split_kernel
 
 KERNEL_MAPPING = "[kernel.kallsyms]"     # perf's and pprof's name for it
 
@@ -54,17 +53,11 @@ class PprofReport:
         return _Builder(Profile(), self.context).build(self.counted)
 
 
-def split_kernel(frames: tuple) -> tuple:
-    """(kernel frames, user frames) of a stack's frames."""
-    if SEPARATOR in frames:
-        i = frames.index(SEPARATOR)
-        return frames[:i], frames[i + 1:]
-    return (), frames
-
-
 def location_groups(frames) -> list:
     """Frames grouped by Location: the inlined calls at an address with the
     frame they were inlined into, which follows them."""
+    if not any(f.inlined for f in frames):
+        return [(f,) for f in frames]
     groups, pending = [], []
     for f in frames:
         pending.append(f)
@@ -85,10 +78,10 @@ class _Builder:
         self.title = getattr(context, "title", "")
         self.objects = ObjectFacts()
         self.strings: dict = {}
-        self.functions: dict = {}        # (name, system name, file) -> id
-        self.locations: dict = {}        # (mapping key, addr, lines) -> id
-        self.mapping_ids: dict = {}      # mapping key -> id
-        self.mapping_msgs: dict = {}     # id -> Mapping message
+        self.functions: dict = {}        # (name, object path, source file) -> id
+        self.locations: dict = {}        # (pid or None for the kernel, frame…) -> id
+        self.placed: list = []           # (Location message, mapping key)
+        self.mappings: dict = {}         # mapping key -> [is the program's, Frames seen]
         self.kernel_span = None          # (lowest, highest) kernel address seen
         self.s("")                       # string_table[0] must be ""
 
@@ -105,16 +98,14 @@ class _Builder:
             for f in user:
                 if f.path:
                     self.objects.learn(sc.pid, f)
-        self._mappings(stacks)
         events = self.events or tuple(dict.fromkeys(sc.event for sc in counted))
         many_events = len(events) > 1
         self._sample_types(events)
         period = self._period()
         samples: dict = {}
         for sc, kernel, user in stacks:
-            ids = [self._location(("kernel",), g) for g in location_groups(kernel)]
-            ids += [self._location(self._mapping_key(sc.pid, g[-1]), g)
-                    for g in location_groups(user)]
+            ids = [self._location(sc, g, True) for g in location_groups(kernel)]
+            ids += [self._location(sc, g) for g in location_groups(user)]
             key = (tuple(ids), sc.pid, sc.comm, sc.event if many_events else "",
                    sc.stack.notes)
             samples[key] = samples.get(key, 0) + sc.count
@@ -127,9 +118,7 @@ class _Builder:
                 sample.label.add(key=self.s("event"), str=self.s(event))
             if notes:
                 sample.label.add(key=self.s("note"), str=self.s("; ".join(notes)))
-        if self.kernel_span:
-            m = self.mapping_msgs[self.mapping_ids[("kernel",)]]
-            m.memory_start, m.memory_limit = self.kernel_span[0], self.kernel_span[1] + 1
+        self._mappings()
         if self.title:
             self.p.comment.append(self.s(self.title))
         return self.p
@@ -153,72 +142,73 @@ class _Builder:
             name = events[0] if len(events) == 1 and events[0] else "events"
             self.p.sample_type.add(type=self.s(name), unit=self.s("count"))
 
-    # -- mappings -----------------------------------------------------------
-    def _mapping_key(self, pid: int, f) -> tuple:
-        """What one Mapping stands for: an object's executable segment in a
-        process; the object in that process when the segment is unknown;
-        none for a frame outside any file."""
-        if not f.path:
-            return ()
-        return (pid, f.path, self.objects.segment(pid, f))
-
-    def _mappings(self, stacks: list) -> None:
-        """Number the mappings, the traced program's first, then as seen."""
-        keys: dict = {}                               # key -> is the program's
-        for sc, kernel, user in stacks:
-            for f in user:
-                key = self._mapping_key(sc.pid, f)
-                if key and key not in keys:
-                    keys[key] = os.path.basename(f.path).startswith(sc.comm[:15])
-            if kernel:
-                keys.setdefault(("kernel",), False)
-        ordered = sorted(keys, key=lambda k: not keys[k])     # stable
-        for i, key in enumerate(ordered, 1):
-            self.mapping_ids[key] = i
-            m = self.mapping_msgs[i] = self.p.mapping.add(id=i)
-            if key == ("kernel",):
-                m.filename = self.s(KERNEL_MAPPING)
-                continue
-            _pid, path, segment = key
-            if segment:
-                m.memory_start, m.memory_limit, m.file_offset = segment
-            m.filename = self.s(path)
-            m.build_id = self.s(self.objects.build_id(path))
-
     # -- locations ----------------------------------------------------------
-    def _location(self, mapping_key: tuple, group: list) -> int:
-        addr = group[-1].addr
-        lines = tuple((self._function(f), f.line) for f in group if f.function)
-        key = (mapping_key, addr, lines)
+    def _location(self, sc: StackCount, group: list, kernel: bool = False) -> int:
+        """The id of the Location of a group of frames (location_groups)."""
+        f = group[-1]
+        # what tells locations apart, in fields quick to hash (a Frame's
+        # hash is computed anew each time)
+        key = (None if kernel else sc.pid, f.addr, f.path, f.function, f.line,
+               tuple((g.function, g.line) for g in group[:-1]) if len(group) > 1 else ())
         i = self.locations.get(key)
-        if i is None:
-            i = self.locations[key] = len(self.locations) + 1
-            mapping_id = self.mapping_ids.get(mapping_key, 0)
-            loc = self.p.location.add(id=i, mapping_id=mapping_id, address=addr)
-            for function_id, line in lines:
-                loc.line.add(function_id=function_id, line=line)
-            if mapping_id:
-                self._resolution(self.mapping_msgs[mapping_id], group)
-            if mapping_key == ("kernel",):
-                lo, hi = self.kernel_span or (addr, addr)
-                self.kernel_span = (min(lo, addr), max(hi, addr))
+        if i is not None:
+            return i
+        i = self.locations[key] = len(self.locations) + 1
+        loc = self.p.location.add(id=i, address=f.addr)
+        for g in group:
+            if g.function:
+                loc.line.add(function_id=self._function(g), line=g.line)
+        if kernel:
+            mapping_key = ("kernel",)
+            lo, hi = self.kernel_span or (f.addr, f.addr)
+            self.kernel_span = (min(lo, f.addr), max(hi, f.addr))
+        elif f.path:
+            # an object's executable segment in a process; the object in that
+            # process when the segment is unknown
+            mapping_key = (sc.pid, f.path, self.objects.segment(sc.pid, f))
+        else:
+            return i                                 # outside any file: no mapping
+        self.placed.append((loc, mapping_key))
+        seen = self.mappings.get(mapping_key)
+        if seen is None:
+            program = not kernel and os.path.basename(f.path).startswith(sc.comm[:15])
+            seen = self.mappings[mapping_key] = [program, []]
+        seen[1].extend(group)
         return i
 
-    @staticmethod
-    def _resolution(m, group: list) -> None:
-        """The Mapping's has_* flags: what its frames were resolved to."""
-        named = [f for f in group if f.function]
-        m.has_functions |= bool(named)
-        m.has_filenames |= any(f.file for f in named)
-        m.has_line_numbers |= any(f.line for f in named)
-        m.has_inline_frames |= len(named) > 1
-
     def _function(self, f) -> int:
-        system = self.objects.system_name(f) if f.path else f.function
-        key = (f.function, system, f.file)
+        key = (f.function, f.path, f.file)
         i = self.functions.get(key)
         if i is None:
             i = self.functions[key] = len(self.functions) + 1
+            system = self.objects.system_name(f) if f.path else f.function
             self.p.function.add(id=i, name=self.s(f.function),
                                 system_name=self.s(system), filename=self.s(f.file))
         return i
+
+    # -- mappings -----------------------------------------------------------
+    def _mappings(self) -> None:
+        """The Mappings, the traced program's first (pprof's main binary),
+        then as seen; each Location given its mapping's id."""
+        ordered = sorted(self.mappings, key=lambda k: not self.mappings[k][0])  # stable
+        ids = {key: i for i, key in enumerate(ordered, 1)}
+        for key in ordered:
+            m = self.p.mapping.add(id=ids[key])
+            if key == ("kernel",):
+                m.filename = self.s(KERNEL_MAPPING)
+                m.memory_start = self.kernel_span[0]
+                m.memory_limit = self.kernel_span[1] + 1
+            else:
+                _pid, path, segment = key
+                if segment:
+                    m.memory_start, m.memory_limit, m.file_offset = segment
+                m.filename = self.s(path)
+                m.build_id = self.s(self.objects.build_id(path))
+            # what the frames of this mapping were resolved to
+            named = [f for f in self.mappings[key][1] if f.function]
+            m.has_functions = bool(named)
+            m.has_filenames = any(f.file for f in named)
+            m.has_line_numbers = any(f.line for f in named)
+            m.has_inline_frames = any(f.inlined for f in named)
+        for loc, key in self.placed:
+            loc.mapping_id = ids[key]

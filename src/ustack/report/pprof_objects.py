@@ -9,7 +9,8 @@ its function and offset. The symbol's address in the ELF file plus that
 offset is where the frame lies in the file's own addresses; the difference
 to the runtime address is the object's load bias in that process (0 for a
 non-PIE executable). One named frame per (process, object) is enough; the
-other frames of that object, named or not, share its bias."""
+other frames of that object, named or not, share its bias. Kernel frames
+(--kernel) come first in a stack, before the separator: split_kernel."""
 from __future__ import annotations
 
 import os
@@ -18,8 +19,21 @@ from typing import Optional
 from ..model import Frame, UstackError
 from ..objfile.debuginfo import debug_lookup
 from ..objfile.elf import ElfImage
+from ..symbols.kernel import KERNEL_MODULE
+from ..symbols.stacks import SEPARATOR
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def split_kernel(frames: tuple) -> tuple:
+    """(kernel frames, user frames) of a stack's frames; quick for the
+    usual stack without kernel frames (no frame-by-frame comparison)."""
+    if not frames or frames[0].module != KERNEL_MODULE:
+        return (), frames
+    for i, f in enumerate(frames):
+        if f == SEPARATOR:
+            return frames[:i], frames[i + 1:]
+    return (), frames
 
 
 class ObjectFacts:
@@ -30,6 +44,7 @@ class ObjectFacts:
         self._images: dict = {}      # path -> (ElfImage, debug ElfImage | None) | None
         self._symbols: dict = {}     # (path, function) -> [Symbol]
         self._bias: dict = {}        # (pid, path) -> bias, once one frame told it
+        self._segments: dict = {}    # (pid, path) -> [(start, limit, file offset)]
 
     def _image(self, path: str) -> Optional[tuple]:
         if path not in self._images:
@@ -96,13 +111,16 @@ class ObjectFacts:
         """(memory start, memory limit, file offset) of the executable
         segment holding f in process pid, page-aligned as the kernel maps
         it; None when its object's bias is not known."""
-        bias = self._bias.get((pid, f.path))
-        if bias is None:
-            return None
-        vaddr = f.addr - bias
-        for seg_vaddr, offset, size in self._image(f.path)[0].executable_segments():
-            if seg_vaddr <= vaddr < seg_vaddr + size:
-                start = seg_vaddr - seg_vaddr % PAGE
-                end = -(-(seg_vaddr + size) // PAGE) * PAGE
-                return bias + start, bias + end, offset - offset % PAGE
+        segments = self._segments.get((pid, f.path))
+        if segments is None:
+            bias = self._bias.get((pid, f.path))
+            if bias is None:
+                return None
+            segments = self._segments[(pid, f.path)] = [
+                (bias + vaddr - vaddr % PAGE, bias + -(-(vaddr + size) // PAGE) * PAGE,
+                 offset - offset % PAGE)
+                for vaddr, offset, size in self._image(f.path)[0].executable_segments()]
+        for segment in segments:
+            if segment[0] <= f.addr < segment[1]:
+                return segment
         return None

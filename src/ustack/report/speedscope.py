@@ -16,7 +16,7 @@ import json
 from typing import TextIO
 
 from ..model import StackCount
-from ..symbols.stacks import SEPARATOR
+from .pprof_objects import split_kernel
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
@@ -62,8 +62,8 @@ class SpeedscopeReport:
 
         for sc in self.counted:
             key = (sc.event, sc.pid, sc.comm) if self.per_pid else (sc.event,)
-            stack = tuple(index(frame_record(f)) for f in reversed(sc.stack.frames)
-                          if f != SEPARATOR)
+            kernel, user = split_kernel(sc.stack.frames)
+            stack = tuple(index(frame_record(f)) for f in reversed(kernel + user))
             samples = profiles.setdefault(key, {})
             comm_key = (sc.comm, stack)
             samples[comm_key] = samples.get(comm_key, 0) + sc.count
