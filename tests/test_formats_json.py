@@ -10,13 +10,11 @@ import pytest
 
 from helpers import FP, build
 from test_e2e_core import CHAIN, disassembly, return_offset
-from test_formats_pprof import run_counts, write_report
+from test_formats_pprof import run_counts, trace_report, write_report
 
-import ustack
+from ustack.model import Frame, RawSample, Stack
 from ustack.report.formats import EVENT_FORMATS, ReportContext
 from ustack.symbols.symbolizer import SymbolOptions
-
-pytestmark = pytest.mark.kernel
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +29,7 @@ def expected_offsets(chain) -> list:
                   for callee, caller in zip(CHAIN, CHAIN[1:])]
 
 
+@pytest.mark.kernel
 def test_counted_chain(chain, tmp_path):
     n = 23
     counted, labels = run_counts("count", [f"uprobe:{chain}:d", f"uprobe:{chain}:c"],
@@ -55,18 +54,12 @@ def test_counted_chain(chain, tmp_path):
     assert doc["stacks"][1]["frames"][0]["function"] == "c"
 
 
+@pytest.mark.kernel
 def test_events_json_lines(chain):
     """trace -f json: one object a line per event, through the events
     interface as trace drives it."""
-    opts = ustack.Options(command="trace", events=[f"uprobe:{chain}:d"],
-                          cmdline=f"{chain} 3")
-    out = io.StringIO()
-    with ustack.Session(opts) as run:
-        report = EVENT_FORMATS["json"](out, run.labels)
-        for event in run.events():
-            report.add(event.sample, event.stack, lambda pid, tid, c=event.comm: c)
-        report.flush()
-    lines = out.getvalue().splitlines()
+    text, run = trace_report("json", [f"uprobe:{chain}:d"], f"{chain} 3")
+    lines = text.splitlines()
     assert len(lines) == 3
     records = [json.loads(line) for line in lines]
     times = [r["time_ns"] for r in records]
@@ -77,3 +70,20 @@ def test_events_json_lines(chain):
         assert r["args"] == {} and r["time"] == pytest.approx(r["time_ns"] / 1e9)
         assert [f["function"] for f in r["frames"]][:len(CHAIN)] == CHAIN
         assert [f["offset"] for f in r["frames"]][:len(CHAIN)] == expected_offsets(chain)
+
+
+def test_events_json_args():
+    """fetch-arg values as JSON: numbers, text (bytes not UTF-8 escaped),
+    arrays as lists, null for a value the record was too short to hold."""
+    out = io.StringIO()
+    report = EVENT_FORMATS["json"](out, ["uprobe:/bin/x:f"])
+    sample = RawSample(probe=0, pid=7, tid=8, time_ns=1_500_000_000, cpu=1,
+                       args=(("n", "s64", -3), ("s", "string", b"hi\xff"),
+                             ("a", "hex", (1, 2)), ("gone", "u32", None)))
+    stack = Stack((Frame(addr=0x401000, module="x", function="f", path="/bin/x"),))
+    report.add(sample, stack, lambda pid, tid: "x y")
+    report.flush()
+    [record] = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert record["args"] == {"n": -3, "s": "hi\\xff", "a": [1, 2], "gone": None}
+    assert (record["comm"], record["pid"], record["tid"], record["cpu"]) == ("x y", 7, 8, 1)
+    assert record["time"] == 1.5 and record["frames"][0]["address"] == "0x401000"

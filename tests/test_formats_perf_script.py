@@ -19,13 +19,14 @@ import pytest
 from browser import chromium, keep_screenshot  # noqa: F401 (fixture)
 from helpers import FP, build
 from test_e2e_core import CHAIN
+from test_formats_pprof import trace_report
 from test_formats_speedscope import open_in_speedscope, sandwich_rows
 
-import ustack
+from ustack.model import Frame, RawSample, Stack
 from ustack.report.formats import EVENT_FORMATS
 from ustack.report.perf_script import perf_header
-
-pytestmark = pytest.mark.kernel
+from ustack.symbols.kernel import KERNEL_MODULE
+from ustack.symbols.stacks import SEPARATOR
 
 # the fields ustack's layout follows (perf script -F …)
 PERF_FIELDS = "comm,pid,tid,cpu,time,period,event,ip,sym,symoff,dso"
@@ -56,15 +57,8 @@ def events_of(text: str) -> list:
 def ustack_perf_script(chain, args: str) -> str:
     """`ustack trace -f perf-script syscall:write -c 'chain ARGS'`, through
     the events interface as trace drives it."""
-    opts = ustack.Options(command="trace", events=["syscall:write"],
-                          cmdline=f"{chain} {args}", unwind="fp")
-    out = io.StringIO()
-    with ustack.Session(opts) as run:
-        report = EVENT_FORMATS["perf-script"](out, run.labels)
-        for event in run.events():
-            report.add(event.sample, event.stack, lambda pid, tid, c=event.comm: c)
-        report.flush()
-    return out.getvalue()
+    return trace_report("perf-script", ["syscall:write"], f"{chain} {args}",
+                        unwind="fp")[0]
 
 
 def real_perf_script(chain, args: str, tmp_path) -> str:
@@ -79,6 +73,7 @@ def real_perf_script(chain, args: str, tmp_path) -> str:
                           check=True, capture_output=True, text=True, timeout=60).stdout
 
 
+@pytest.mark.kernel
 def test_same_layout_as_perf_script(chain, tmp_path):
     ours = events_of(ustack_perf_script(chain, "3 rawwrite"))
     theirs = events_of(real_perf_script(chain, "3 rawwrite", tmp_path))
@@ -94,6 +89,7 @@ def test_same_layout_as_perf_script(chain, tmp_path):
         assert (ours_m["comm"], ours_m["period"], ours_m["event"]) == ("chain", "1", "syscall:write")
 
 
+@pytest.mark.kernel
 def test_read_by_speedscope(chain, tmp_path, chromium):  # noqa: F811 (fixture)
     path = tmp_path / "chain.perf-script"
     path.write_text(ustack_perf_script(chain, "4 rawwrite"))
@@ -102,3 +98,33 @@ def test_read_by_speedscope(chain, tmp_path, chromium):  # noqa: F811 (fixture)
     keep_screenshot(chromium, "speedscope-perf-script-sandwich")
     names = rows[2::3]                           # (total, self, name) a function
     assert names[0] == "d" and set(CHAIN) <= set(names)   # d: all the self time
+
+
+def test_every_kind_of_frame():
+    """Kernel frames first as ([kernel.kallsyms]), an inlined call as perf
+    writes it, an unnamed frame, a frame outside any file; fetch-args after
+    the event name; a command name with a space; addresses of objects that
+    cannot be read stay the process's; unwinder notes left out."""
+    out = io.StringIO()
+    report = EVENT_FORMATS["perf-script"](out, ["uprobe:/gone/x:f"])
+    stack = Stack((
+        Frame(addr=0xffffffff81000130, module=KERNEL_MODULE, function="entry_SYSCALL_64",
+              offset=0x30),
+        SEPARATOR,
+        Frame(addr=0x5000, module="x", function="inner", path="/gone/x", inlined=True),
+        Frame(addr=0x5000, module="x", function="f", offset=0x10, path="/gone/x"),
+        Frame(addr=0x6000, module="x", path="/gone/x"),
+        Frame(addr=0x7000, module=""),
+    ), notes=("not perf's",))
+    sample = RawSample(probe=0, pid=12, tid=345678, time_ns=5_000_123_456, cpu=3,
+                       args=(("n", "u64", 42),))
+    report.add(sample, stack, lambda pid, tid: "V8 Worker")
+    report.flush()
+    assert out.getvalue() == (
+        "V8 Worker    12/345678 [003]     5.000123:          1 uprobe:/gone/x:f: n=42\n"
+        "\tffffffff81000130 entry_SYSCALL_64+0x30 ([kernel.kallsyms])\n"
+        "\t            5000 inner (inlined)\n"
+        "\t            5000 f+0x10 (/gone/x)\n"
+        "\t            6000 [unknown] (/gone/x)\n"
+        "\t            7000 [unknown] ([unknown])\n"
+        "\n")

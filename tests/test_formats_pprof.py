@@ -8,6 +8,7 @@ The runs go through the Python API (Session.counts) and the report
 classes, as `ustack count -f pprof -o FILE` does."""
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import subprocess
@@ -19,10 +20,9 @@ from helpers import FP, O2_FP, addr2line_chains, build
 from test_e2e_core import CHAIN, load_segments
 
 import ustack
-from ustack.report.formats import ReportContext, stack_report
+from ustack.model import Frame, Stack, StackCount
+from ustack.report.formats import EVENT_FORMATS, ReportContext, stack_report
 from ustack.symbols.symbolizer import SymbolOptions
-
-pytestmark = pytest.mark.kernel
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -36,6 +36,19 @@ def run_counts(command: str, events: list, cmdline: str, **options) -> tuple:
         counted = run.counts()
         assert run.capture.losses().lost == 0
     return counted, list(run.labels)
+
+
+def trace_report(name: str, events: list, cmdline: str, **options) -> tuple:
+    """(the text `trace -f name` writes, the finished Session): a run's
+    events through the events interface as trace drives it."""
+    opts = ustack.Options(command="trace", events=events, cmdline=cmdline, **options)
+    out = io.StringIO()
+    with ustack.Session(opts) as run:
+        report = EVENT_FORMATS[name](out, run.labels)
+        for event in run.events():
+            report.add(event.sample, event.stack, lambda pid, tid, c=event.comm: c)
+        report.flush()
+    return out.getvalue(), run
 
 
 def write_report(name: str, counted: list, path: Path, context: ReportContext,
@@ -94,7 +107,7 @@ def traces(path) -> list:
     return out
 
 
-_RAW_LOC = re.compile(r"^\s+(\d+): 0x([0-9a-f]+) M=(\d+) (.*) s=\d+$")
+_RAW_LOC = re.compile(r"^\s+(\d+): 0x([0-9a-f]+) M=(\d+) ?(?:(.*) s=\d+)?$")
 _RAW_LINE = re.compile(r"^\s+(.*) s=\d+$")
 _RAW_MAP = re.compile(r"^(\d+): 0x([0-9a-f]+)/0x([0-9a-f]+)/0x([0-9a-f]+) (\S+) ?(\S*)")
 
@@ -116,7 +129,7 @@ def raw(path) -> dict:
     for line in locs_text.splitlines():
         m = _RAW_LOC.match(line)
         if m:
-            last = locations[int(m[1])] = (int(m[2], 16), int(m[3]), [m[4]])
+            last = locations[int(m[1])] = (int(m[2], 16), int(m[3]), [m[4]] if m[4] else [])
         elif (m := _RAW_LINE.match(line)) and last is not None:
             last[2].append(m[1])
     mappings = {}
@@ -157,6 +170,7 @@ def count_context(labels) -> ReportContext:
     return ReportContext(command="count", events=tuple(labels), title="ustack count")
 
 
+@pytest.mark.kernel
 def test_chain_counts_and_traces(chain, tmp_path):
     n = 37
     counted, labels = run_counts("count", [f"uprobe:{chain}:d"], f"{chain} {n}")
@@ -173,6 +187,7 @@ def test_chain_counts_and_traces(chain, tmp_path):
     assert r["sample_types"] == [f"uprobe:{chain}:d/count"]      # named after the event
 
 
+@pytest.mark.kernel
 def test_lines_and_mappings(chain, tmp_path):
     """--lines: every location of the program's mapping has the file:line
     binutils addr2line gives at the ELF address that the mapping's start
@@ -205,6 +220,7 @@ def test_lines_and_mappings(chain, tmp_path):
         assert start <= addr < limit
 
 
+@pytest.mark.kernel
 def test_inlined_calls_are_lines_of_one_location(tmp_path):
     """inline.c at -O2 with --inlines: the call to sink returns into outer
     inside inner inlined into middle: one location, three lines, innermost
@@ -228,6 +244,7 @@ def test_inlined_calls_are_lines_of_one_location(tmp_path):
         assert lines == [f"{f} {file}:{line}" for f, file, line in expected[a]]
 
 
+@pytest.mark.kernel
 def test_profile_samples_and_cpu_time(tmp_path):
     """A profile run: samples/count and cpu/nanoseconds = samples × 1e9/Hz,
     period cpu/nanoseconds; the busy function is where the time went."""
@@ -246,6 +263,7 @@ def test_profile_samples_and_cpu_time(tmp_path):
     assert next(iter(rows)) == "spin_here"           # -top: the most flat time first
 
 
+@pytest.mark.kernel
 def test_kernel_frames(chain, tmp_path):
     """--kernel (bpf): the kernel's frames, leaf first, in one
     [kernel.kallsyms] mapping spanning them, then the user frames."""
@@ -265,3 +283,26 @@ def test_kernel_frames(chain, tmp_path):
     assert user[:len(CHAIN)] == CHAIN
     start, limit = r["mappings"][kernel[0]][:2]
     assert all(start <= loc[0] < limit for loc in locs if loc[1] == kernel[0])
+
+
+def test_what_the_frames_do_not_tell(tmp_path):
+    """An object that cannot be read: its mapping has no range and no
+    build-id, an unnamed frame is a location without lines; the unwinder's
+    notes become a `note` label; several events an `event` label each."""
+    gone = "/gone/prog"
+    stack = Stack((Frame(addr=0x401234, module="prog", function="f", offset=4, path=gone),
+                   Frame(addr=0x405678, module="prog", path=gone)),
+                  notes=("stopped: no CFI",))
+    counted = [StackCount("prog", 42, stack, 5, "syscall:read"),
+               StackCount("prog", 42, stack, 2, "syscall:write")]
+    context = ReportContext(command="count", events=("syscall:read", "syscall:write"))
+    path = write_report("pprof", counted, tmp_path / "gone.pb.gz", context)
+    r = raw(path)
+    assert r["sample_types"] == ["events/count"]
+    assert sorted(v for v, _ids in r["samples"]) == [[2], [5]]
+    assert r["mappings"] == {1: (0, 0, 0, gone, "")}
+    named, unnamed = (r["locations"][i] for i in r["samples"][0][1])
+    assert named[2] == ["f :0"] and unnamed[2] == []
+    labels = {tuple(sorted(lb.items())) for _v, _f, lb in traces(path)}
+    assert labels == {(("comm", "prog"), ("event", e), ("note", "stopped: no CFI"),
+                       ("pid", "42")) for e in ("syscall:read", "syscall:write")}

@@ -19,11 +19,15 @@
   the GNU build-id in hex. Kernel frames (--kernel) belong to one
   `[kernel.kallsyms]` mapping spanning the kernel addresses seen.
   The first mapping is the traced program's (pprof calls it the main
-  binary): the object named like the process."""
+  binary): the object named like the process.
+- time_nanos: when the report was made ready to take stacks, i.e. the
+  run's start when the report is made first (Parca files a profile under
+  this time); the command line as a comment."""
 from __future__ import annotations
 
 import gzip
 import os
+import time
 from typing import BinaryIO
 
 from ..model import StackCount
@@ -39,18 +43,21 @@ class PprofReport:
         # samples carry a pid label always; offsets: locations are addresses anyway
         self.context = context
         self.counted: list = []
+        self.time_ns = time.time_ns()
 
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
     def finish(self, out: BinaryIO) -> None:
-        out.write(gzip.compress(self.profile().SerializeToString(), mtime=0))
+        data = self.profile().SerializeToString()
+        out.write(gzip.compress(data, compresslevel=6, mtime=0))   # 4x faster than 9
 
     def profile(self):
         """The Profile message (pprof_proto.Profile) of the stacks added."""
         # imported here: protobuf costs ~30 ms, paid only by runs that write pprof
         from .pprof_proto import Profile
-        return _Builder(Profile(), self.context).build(self.counted)
+        profile = Profile(time_nanos=self.time_ns)
+        return _Builder(profile, self.context).build(self.counted)
 
 
 def location_groups(frames) -> list:
