@@ -8,6 +8,7 @@ The runs go through the Python API (Session.counts) and the report
 classes, as `ustack count -f pprof -o FILE` does."""
 from __future__ import annotations
 
+import gzip
 import io
 import re
 import shutil
@@ -17,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from helpers import FP, O2_FP, addr2line_chains, build
-from test_e2e_core import CHAIN, load_segments
+from test_dwarf_unwind import build_cxx
+from test_e2e_core import CHAIN, load_segments, nm_symbols
 
 import ustack
 from ustack.model import Frame, Stack, StackCount
 from ustack.report.formats import EVENT_FORMATS, ReportContext, stack_report
+from ustack.report.pprof_proto import Profile
 from ustack.symbols.symbolizer import SymbolOptions
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
@@ -306,3 +309,21 @@ def test_what_the_frames_do_not_tell(tmp_path):
     labels = {tuple(sorted(lb.items())) for _v, _f, lb in traces(path)}
     assert labels == {(("comm", "prog"), ("event", e), ("note", "stopped: no CFI"),
                        ("pid", "42")) for e in ("syscall:read", "syscall:write")}
+
+
+@pytest.mark.kernel
+def test_cxx_system_names(tmp_path):
+    """C++: functions are named demangled, their system_name is the
+    linker's (mangled) name as `nm` lists it."""
+    prog = build_cxx("cxx_throw", FP)
+    counted, labels = run_counts("count", [f"uprobe:{prog}:leaf(long)"], f"{prog} 2")
+    path = write_report("pprof", counted, tmp_path / "cxx.pb.gz", count_context(labels))
+    [(value, frames, _labels)] = traces(path)
+    assert value == "2" and frames[:4] == ["leaf(long)", "f2(long)", "f1(long)", "main"]
+    profile = Profile.FromString(gzip.decompress(path.read_bytes()))
+    names = {profile.string_table[f.name]: profile.string_table[f.system_name]
+             for f in profile.function}
+    mangled = nm_symbols(prog)
+    for name in ("leaf(long)", "f2(long)", "f1(long)"):
+        assert names[name] in mangled and names[name].startswith("_Z"), names[name]
+    assert names["main"] == "main"
