@@ -21,6 +21,11 @@ from .counts import CountsReport
 from .flamegraph_html import FlameGraphReport
 from .flamegraph_svg import SvgFlameGraphReport
 from .folded import FoldedReport
+from .json_events import JsonEventsReport
+from .json_stacks import JsonReport
+from .perf_script import PerfScriptReport
+from .pprof import PprofReport
+from .speedscope import SpeedscopeReport
 from .trace import TraceReport
 
 
@@ -38,10 +43,15 @@ FORMATS = {                            # counted stacks
     "folded": FoldedReport,
     "html": FlameGraphReport,
     "svg": SvgFlameGraphReport,
+    "pprof": PprofReport,
+    "speedscope": SpeedscopeReport,
+    "json": JsonReport,
 }
 
 EVENT_FORMATS = {                      # a stack per event
     "text": TraceReport,
+    "perf-script": PerfScriptReport,
+    "json": JsonEventsReport,
 }
 
 # the file name's ending -> format, longest endings first when looked up
@@ -51,13 +61,18 @@ EXTENSIONS = {
     ".html": "html",
     ".htm": "html",
     ".svg": "svg",
+    ".pb.gz": "pprof",
+    ".pprof": "pprof",
+    ".speedscope.json": "speedscope",
+    ".json": "json",
+    ".perf-script": "perf-script",
 }
 
 
-def format_for_path(path: str, table: dict) -> Optional[str]:
-    """The format `-o path` implies, among `table`'s; None if none."""
+def format_for_path(path: str) -> Optional[str]:
+    """The format `-o path`'s name implies (its longest known ending), if any."""
     for ending in sorted(EXTENSIONS, key=len, reverse=True):
-        if path.endswith(ending) and EXTENSIONS[ending] in table:
+        if path.endswith(ending):
             return EXTENSIONS[ending]
     return None
 
