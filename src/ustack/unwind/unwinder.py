@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..model import Mapping, RawSample
+from ..model import Mapping, RawSample, UnwoundSample
 from .dwarf import DwarfUnwinder
 from .fp import frame_pointer_stack
 
@@ -39,6 +39,8 @@ class Unwinder:
             pid = sample.pid
             return self.dwarf.unwind(sample.regs, sample.stack or b"",
                                      lambda addr: find(pid, addr))
+        if type(sample) is UnwoundSample:      # unwound when it was recorded
+            return sample.unwound
         return sample.callchain, sample.return_address
 
     def unwind_key(self, pid: int, key: tuple, find: FindMapping) -> tuple:
