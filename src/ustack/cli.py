@@ -250,6 +250,10 @@ def _record_parsers(sub) -> None:
                         "recorded command printed)")
     p.add_argument("-o", "--output", metavar="OUT",
                    help="write the report to OUT (its format from its name)")
+    p.add_argument("--as", dest="render_as", choices=("count", "trace"),
+                   help="count: stacks by frequency, as count/profile print "
+                        "them; trace: a stack per event (default: as the "
+                        "recorded command did)")
     p.add_argument("--objects", action="append", default=[], metavar="DIR",
                    help="directory holding copies of the recorded binaries, "
                         "found by build-id (repeatable)")
@@ -315,7 +319,7 @@ def _run_report(args) -> int:
         recording, args.format, args.output, tuple(args.objects),
         rc.SampleFilter(_id_list(args.pid, "pid"), _id_list(args.tid, "tid"),
                         frozenset(c for c in (args.comm or "").split(",") if c)),
-        args.per_pid, args.offsets)
+        args.per_pid, args.offsets, args.render_as)
     opts = Options(symbols=_symbol_options(args))
     if args.diff:
         if args.recording:

@@ -106,6 +106,7 @@ class ReportRequest:
     only: SampleFilter = SampleFilter()
     per_pid: bool = False
     offsets: bool = False
+    render_as: Optional[str] = None     # --as count | trace; else as recorded
 
 
 def replay_options(request: ReportRequest, opts: Options) -> tuple:
@@ -162,9 +163,11 @@ def report(request: ReportRequest, opts: Options, out_err: TextIO = sys.stderr) 
 
 def _report_format(header: dict, request: ReportRequest) -> tuple:
     """(FORMATS or EVENT_FORMATS, name): -f, else -o's ending, else what
-    the recorded command showed; a name in both tables means the table of
-    the recorded command."""
-    primary, other = ((FORMATS, EVENT_FORMATS) if counted_by_default(header)
+    the recorded command showed; a name in both tables (text) means the
+    table of --as, else of the recorded command."""
+    counted = (request.render_as == "count" if request.render_as
+               else counted_by_default(header))
+    primary, other = ((FORMATS, EVENT_FORMATS) if counted
                       else (EVENT_FORMATS, FORMATS))
     name = choose_format(request.format, request.output, {**other, **primary})
     table = primary if name in primary else other
