@@ -235,15 +235,20 @@ def parse_stack(payload) -> tuple:
     return stack_id, template
 
 
-def parse_event(payload, stacks: dict) -> RawSample:
-    probe, pid, tid, t, cpu, stack_id, has_args = _EVENT.unpack_from(payload)
+def parse_event(buf, at: int, size: int, stacks: dict) -> RawSample:
+    """The event whose payload is buf[at:at + size] (read in place: the hot
+    path of `report`), its stack from `stacks`, the K records read so far."""
+    probe, pid, tid, t, cpu, stack_id, has_args = _EVENT.unpack_from(buf, at)
     stack = stacks[stack_id]
-    args = _args_of(bytes(payload[_EVENT.size:])) if has_args else ()
-    sample = stack._replace(probe=probe, pid=pid, tid=tid, time_ns=t, cpu=cpu,
-                            args=args)
-    if isinstance(stack, UnwoundSample):
+    args = (_args_of(bytes(buf[at + _EVENT.size:at + size])) if has_args else ())
+    sample = _new_tuple(type(stack), (probe, pid, tid, t, cpu, stack[5], stack[6],
+                                      None, None, args, stack[10]))
+    if type(stack) is UnwoundSample:
         sample.unwound = stack.unwound
     return sample
+
+
+_new_tuple = tuple.__new__          # a RawSample without its Python __new__
 
 
 def parse_counted(payload, stacks: dict) -> tuple:

@@ -159,18 +159,27 @@ class RecordedCapture:
         explains its samples and no earlier ones. Returns the offset reached."""
         at, n = start, len(chunk)
         stop_at = min(n, start + budget)
+        unpack, head, event, stacks = rf.RECORD.unpack_from, rf.RECORD.size, rf.EVENT, self._stacks
         while at < stop_at:
-            size, kind = rf.RECORD.unpack_from(chunk, at)
-            body = at + rf.RECORD.size
+            size, kind = unpack(chunk, at)
+            body = at + head
+            if kind == event:                  # the common record, read in place
+                try:
+                    samples.append(rf.parse_event(chunk, body, size, stacks))
+                except KeyError as e:
+                    raise self._fail(f"corrupt recording (an event of stack {e}, "
+                                     "never defined)") from None
+                except (ValueError, struct.error) as e:
+                    raise self._fail(f"corrupt recording ({e})") from None
+                at = body + size
+                continue
             payload = memoryview(chunk)[body:body + size]
             if kind == rf.FAILURE:
                 rf.raise_failure(payload)
             if kind in _METAS and samples:
                 return at                  # the next piece starts here
             try:
-                if kind == rf.EVENT:
-                    samples.append(rf.parse_event(payload, self._stacks))
-                elif kind == rf.STACK:
+                if kind == rf.STACK:
                     stack_id, template = rf.parse_stack(payload)
                     self._stacks[stack_id] = template
                 elif kind == rf.COUNTED:
