@@ -16,7 +16,7 @@ from .model import Piece, RawSample, Stack, StackCount, UstackError
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
-from .report.record import Recorder
+from .report.record import Recorder, check_destination
 from .symbols.stacks import StackResolver
 from .target import process
 from .target.mappings import MappingTracker
@@ -62,6 +62,8 @@ class Session:
     def open(self) -> None:
         opts = self.opts
         specs = [parse_event(e) for e in opts.events]
+        if opts.record:
+            check_destination(opts.record)
         if opts.pid is not None and opts.cmdline:
             raise UstackError("use either -p PID or -c CMD, not both")
         if os.geteuid() != 0:

@@ -119,6 +119,15 @@ class RecordWriter:
         return found
 
 
+def check_destination(path: str) -> None:
+    """Refuse a recording's path before a run starts, not after it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UstackError(f"{path}: no such directory {directory}")
+    if os.path.isdir(path):
+        raise UstackError(f"{path} is a directory, not a recording")
+
+
 class Recorder:
     """Saves a live run as it passes (a Session with Options.record): the
     pieces of the stream, and also what the run's mapping tracker learned
@@ -134,9 +143,7 @@ class Recorder:
 
     def __init__(self, path: str, tracker: MappingTracker, unwinder, labels,
                  modes, backend: str, extra: dict, raw_stacks: bool = False):
-        directory = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(directory):
-            raise UstackError(f"{path}: no such directory {directory}")
+        check_destination(path)
         self.path = path
         self._partial = f"{path}.partial-{os.getpid()}"
         self.tracker = tracker

@@ -34,7 +34,8 @@ class Unwinder:
         callchain and return address of a frame-pointer sample (never its
         fetch-arg values), unwound later, once per distinct stack; or the
         (addresses, notes) of a DWARF sample, unwound now, since its stack
-        copy is nearly always unique."""
+        copy is nearly always unique, or that of a sample unwound already
+        (UnwoundSample: a DWARF sample unwound while it was recorded)."""
         if sample.regs is not None:
             pid = sample.pid
             return self.dwarf.unwind(sample.regs, sample.stack or b"",
