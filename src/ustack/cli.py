@@ -7,7 +7,7 @@ import sys
 from .defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
                        DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from .model import UstackError
-from .report.formats import FORMATS
+from .report.formats import EVENT_FORMATS, FORMATS
 
 EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
               "uretprobe:PATH:FUNC  tracepoint:GROUP:NAME  profile:hz:N")
@@ -246,7 +246,7 @@ def _record_parsers(sub) -> None:
                    help=f"the recording (default {DEFAULT_RECORDING})")
     p.add_argument("-f", "--format", metavar="FORMAT",
                    help=f"counted stacks: {', '.join(FORMATS)}; a stack per "
-                        "event: the formats of trace (default: what the "
+                        f"event: {', '.join(EVENT_FORMATS)} (default: what the "
                         "recorded command printed)")
     p.add_argument("-o", "--output", metavar="OUT",
                    help="write the report to OUT (its format from its name)")
@@ -310,11 +310,7 @@ def _run_report(args) -> int:
     from .options import Options
     recording = args.recording or DEFAULT_RECORDING
     if args.cmd == "archive":
-        made = rc.make_archive(recording, args.output)
-        for warning in made.warnings:
-            print(f"ustack: {warning}", file=sys.stderr)
-        print(f"Archived {len(made.files)} files in {made.directory}", file=sys.stderr)
-        return 0
+        return rc.archive_command(recording, args.output)
     request = rc.ReportRequest(
         recording, args.format, args.output, tuple(args.objects),
         rc.SampleFilter(_id_list(args.pid, "pid"), _id_list(args.tid, "tid"),

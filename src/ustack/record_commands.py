@@ -61,11 +61,19 @@ def record(opts: Options, archive: bool = False, err: TextIO = sys.stderr) -> in
     print(f"Recorded {writer.events} {what} ({writer.stacks} distinct stacks) "
           f"in {opts.record}, {_size(os.path.getsize(opts.record))}", file=err)
     if archive:
-        made = make_archive(opts.record)
-        for warning in made.warnings:
-            print(f"ustack: {warning}", file=err)
-        print(f"Archived {len(made.files)} files for {opts.record} in "
-              f"{made.directory}, {_size(made.size)}", file=err)
+        return archive_command(opts.record, err=err)
+    return 0
+
+
+def archive_command(path: str, directory: Optional[str] = None,
+                    err: TextIO = sys.stderr) -> int:
+    """`ustack archive` and `record --archive`: make the archive, say what
+    it holds."""
+    made = make_archive(path, directory)
+    for warning in made.warnings:
+        print(f"ustack: {warning}", file=err)
+    print(f"Archived {len(made.files)} files for {path} in {made.directory}, "
+          f"{_size(made.size)}", file=err)
     return 0
 
 
