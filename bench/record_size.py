@@ -151,20 +151,25 @@ def table(results: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10,000 hits, 1 repetition")
+    ap.add_argument("--hits", type=int, help="hits of d (default 100,000)")
+    ap.add_argument("--only", choices=tuple(TOOLS), help="one section only")
     args = ap.parse_args()
     n, reps = (10_000, 1) if args.quick else (100_000, 3)
+    n = args.hits or n
     started = time.monotonic()
     progs = {"dwarf": build("chain", flags=O2_NOFP), "fp": build("chain", flags=O2_FP)}
     sections = []
     for kind, title in (("dwarf", "(a) DWARF: chain built -O2 -fomit-frame-pointer"),
                         ("fp", "(b) frame pointers: chain built -O2 -fno-omit-frame-pointer")):
+        if args.only and kind != args.only:
+            continue
         results = measure(kind, progs[kind], n, reps, timeout=600)
         sections.append(f"### {title}, `chain {n:,}`\n\n{table(results)}\n")
     md = (f"## Recordings: `ustack record` vs `perf record`\n\n"
           f"{time.strftime('%Y-%m-%d')}, kernel {platform.release()}, "
           f"{len(__import__('os').sched_getaffinity(0))} CPUs; medians of {reps} run(s), "
           f"round-robin; bench took {(time.monotonic() - started) / 60:.1f} min. "
-          f"Command: `sudo python3 bench/record_size.py{' --quick' if args.quick else ''}`.\n\n"
+          f"Command: `sudo python3 bench/record_size.py {' '.join(sys.argv[1:])}`.\n\n"
           + "\n".join(sections) + """
 How to read these:
 - *events*: events in the file (perf: SAMPLE in `perf report --stats`; ustack: what `record` says it wrote); *lost*: events the kernel buffers dropped while recording.
@@ -172,8 +177,9 @@ How to read these:
 - *events/s, stack per event*: events / wall seconds of `perf script` or `ustack report` (a stack per event, text), output to /dev/null; *counted*: of `perf report --stdio` or `ustack report --as count`. Both include the tool's start-up (Python's ~0.3 s, perf's less) and symbolizing.
 - ustack unwinds DWARF samples while recording (the binaries are surely the ones that ran there) and saves each distinct stack once, each event as ~30 bytes before gzip; `--raw-stacks` saves the 8 KiB stack copies as perf does (re-unwindable later, e.g. with other debug files).
 """)
-    write_report(md, BENCH / "results" / ("record_size_quick.md" if args.quick
-                                          else "record_size.md"))
+    name = "record_size" + ("_quick" if args.quick else "") + (
+        f"_{args.only}_{n}" if args.only or args.hits else "")
+    write_report(md, BENCH / "results" / f"{name}.md")
 
 
 if __name__ == "__main__":

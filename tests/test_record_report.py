@@ -319,7 +319,7 @@ def test_diff_rows_of_two_recordings():
 
 def test_diff_needs_the_flame_graph_class_or_says_so(tmp_path):
     try:
-        import ustack.report.flamegraph as flamegraph
+        import ustack.report.flamegraph_html as flamegraph
         have = hasattr(flamegraph, "DiffFlameGraphReport")
     except ImportError:
         have = False

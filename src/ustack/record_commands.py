@@ -37,7 +37,6 @@ def record(opts: Options, archive: bool = False, err: TextIO = sys.stderr) -> in
     """Run like trace (or like count when the kernel counts), saving the
     stream unsymbolized to opts.record; nothing on stdout."""
     session = Session(opts)
-    writer = None
     with _Signals() as signals:
         try:
             session.open()
@@ -218,11 +217,12 @@ class DiffRow(NamedTuple):
 
 
 def replay_counts(path: str, opts: Options, objects=(), keep=None) -> tuple:
-    """(StackCounts, warnings) of one recording."""
+    """(StackCounts, warnings, ReportContext) of one recording."""
     with Session.replay(path, opts, objects, keep=keep) as session:
         counts = session.counts()
         warnings = session.capture.warnings + session.resolver.warnings
-    return counts, warnings
+        context = report_context(session.capture.header, session.labels)
+    return counts, warnings, context
 
 
 def diff_rows(before, after, per_pid: bool = False, offsets: bool = False) -> list:
@@ -242,10 +242,10 @@ def diff_rows(before, after, per_pid: bool = False, offsets: bool = False) -> li
 def diff_report_class():
     """The differential flame graph's class, or why there is none."""
     try:
-        from .report.flamegraph import DiffFlameGraphReport
+        from .report.flamegraph_html import DiffFlameGraphReport
     except ImportError:
-        raise UstackError("differential flame graphs need the flame graph "
-                          "module (report/flamegraph.py: DiffFlameGraphReport), "
+        raise UstackError("differential flame graphs need the HTML flame graph "
+                          "(report/flamegraph_html.py: DiffFlameGraphReport), "
                           "which this ustack does not have") from None
     return DiffFlameGraphReport
 
@@ -258,12 +258,13 @@ def report_diff(request: ReportRequest, before_path: str, opts: Options,
     for path in (before_path, request.path):
         side_request = ReportRequest(path, objects=request.objects)
         replay_opts, objects = replay_options(side_request, opts)
-        counts, said = replay_counts(path, replay_opts, objects, request.only or None)
+        counts, said, context = replay_counts(path, replay_opts, objects,
+                                              request.only or None)
         sides.append(counts)
         warnings += said
     rows = diff_rows(sides[0], sides[1], request.per_pid, request.offsets)
     fmt = report_class(per_pid=request.per_pid, offsets=request.offsets,
-                       context=ReportContext(command="report"))
+                       context=context)          # the second run's (B's widths)
     with open_output(request.output, binary=getattr(report_class, "binary", False)) as out:
         for row in rows:
             if row.before:
