@@ -195,6 +195,29 @@ def test_pid_run_and_tid_filter(tmp_path):
 
 
 @pytest.mark.kernel
+def test_system_wide_run_of_a_process_started_before(tmp_path):
+    """No -p: a process that ran before the recording started is known
+    from /proc only; its mappings and name are written at its first event,
+    so it is named after it exited. (A process that exits before its first
+    event is decoded stays unnamed, live or recorded: it is gone from /proc.)"""
+    busy = private_program(tmp_path, "busy", as_name="busyrec")
+    data = tmp_path / "run.data"
+    target = spawn(busy, 3)
+    try:
+        ok(run_ustack("record", "-F", "99", "--unwind", "fp", "-d", "1", "-o", data))
+        assert target.wait(timeout=10) == 0
+    finally:
+        stop(target)
+    res = done(run_ustack("report", data, "--as", "count", "-P", "--pid", target.pid))
+    stacks = parse_counts(res.stdout)
+    top = stacks[-1]
+    assert top["frames"][:3] == [("spin_here", "busyrec"), ("work", "busyrec"),
+                                 ("main", "busyrec")]
+    assert (top["comm"], top["pid"]) == ("busyrec", target.pid)
+    assert top["count"] > 0.8 * sum(s["count"] for s in stacks)
+
+
+@pytest.mark.kernel
 def test_comm_and_pid_filters_of_two_processes(tmp_path):
     """Two programs under one -c shell, each writing a known number of times."""
     one = private_program(tmp_path, as_name="one")

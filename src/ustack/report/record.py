@@ -154,6 +154,7 @@ class Recorder:
         self._written = MappingTracker(live=False)   # what the file says so far
         self._seeds = dict(tracker.last_seed)
         self._checked: set = set()                   # (pid, generation) seen
+        self._asked: set = set()                     # tids whose name /proc was asked
         self.write_known(set(pid for pid, _gen in tracker.procs))
 
     def add_piece(self, piece: Piece) -> Piece:
@@ -205,7 +206,8 @@ class Recorder:
         comms, generations, procs = tracker.comms, tracker.generations, tracker.procs
         for s in samples:
             pid = s.pid
-            if s.tid not in comms and pid not in comms:
+            if s.tid not in comms and pid not in comms and s.tid not in self._asked:
+                self._asked.add(s.tid)         # once: a thread gone stays unnamed
                 tracker.comm(pid, s.tid)
             key = (pid, generations.get(pid, 0))
             if key not in checked:
