@@ -382,3 +382,15 @@ def test_report_of_a_version_1_fixture_without_root():
                           "--objects", FIXTURES))
     stacks = parse_counts(res.stdout)
     assert [(funcs(s["frames"])[:5], s["count"]) for s in stacks] == [(CHAIN, 24)]
+
+
+@pytest.mark.kernel
+def test_a_failed_record_leaves_no_file(tmp_path):
+    prog = build("chain")
+    data = tmp_path / "run.data"
+    assert "no function 'nope'" in one_line_error(
+        run_ustack("record", f"uprobe:{prog}:nope", "-c", f"{prog} 3", "-o", data))
+    assert "no such directory" in one_line_error(
+        run_ustack("record", f"uprobe:{prog}:d", "-c", f"{prog} 3",
+                   "-o", tmp_path / "missing" / "run.data"))
+    assert list(tmp_path.iterdir()) == []
