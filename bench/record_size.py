@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import platform
 import re
-import shlex
 import statistics
 import subprocess
 import sys

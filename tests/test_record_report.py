@@ -142,6 +142,8 @@ def test_bpf_counts_are_recorded(tmp_path):
     assert "Recorded 11 hits counted" in rec.stderr
     stacks = parse_counts(done(run_ustack("report", data)).stdout)
     assert [(funcs(s["frames"])[:5], s["count"]) for s in stacks] == [(CHAIN, 11)]
+    assert "holds stacks counted in the kernel" in one_line_error(
+        run_ustack("report", data, "--as", "trace"))
 
 
 @pytest.mark.kernel
