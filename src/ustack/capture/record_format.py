@@ -4,7 +4,10 @@ stream, so it can be unwound, symbolized and reported later, elsewhere.
 A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
 (little-endian), in stream order:
 
-  H  header (JSON): format version, probe labels, unwind modes, backend
+  H  header (JSON): format version, probe labels, unwind modes, backend;
+     from `record`: the command that decides report's default (trace |
+     count | profile), the events as typed, buffer pages, stack storage,
+     and `unwound` (DWARF samples unwound while recording)
   M  a mapping: pid, tid, start, end, pgoff, path, build-id of the file
   C  comm: pid, tid, exec flag, comm      F / X  fork / exit: pid ppid tid ptid
   K  a distinct stack, defined once (version 2): id, the callchain and
