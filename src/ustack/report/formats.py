@@ -36,6 +36,15 @@ class ReportContext:
     events: tuple = ()                 # the events, as the header shows them
     frequency: Optional[int] = None    # profile: samples/s, so a count is a time
     title: str = ""                    # the command line, for a page's title
+    start_ns: Optional[int] = None     # wall-clock time the run began (ns since 1970)
+
+
+def run_context(command: str, labels, frequency: Optional[int] = None,
+                start_ns: Optional[int] = None) -> ReportContext:
+    """The context of a run's report, the same live and from its recording."""
+    what = f"at {frequency} Hz" if frequency else ", ".join(labels)
+    return ReportContext(command=command, events=tuple(labels), frequency=frequency,
+                         title=f"ustack {command} {what}", start_ns=start_ns)
 
 
 FORMATS = {                            # counted stacks

@@ -43,7 +43,8 @@ class PprofReport:
         # samples carry a pid label always; offsets: locations are addresses anyway
         self.context = context
         self.counted: list = []
-        self.time_ns = time.time_ns()
+        # the run's start (Parca files a profile under it), else now
+        self.time_ns = getattr(context, "start_ns", None) or time.time_ns()
 
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
