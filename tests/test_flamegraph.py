@@ -153,9 +153,9 @@ def test_tree_of_a_very_deep_stack():
 
 def test_formats_and_file_endings():
     assert FORMATS["html"] is FlameGraphReport and FORMATS["svg"] is SvgFlameGraphReport
-    assert format_for_path("out/profile.html", FORMATS) == "html"
-    assert format_for_path("page.htm", FORMATS) == "html"
-    assert format_for_path("flame.svg", FORMATS) == "svg"
+    assert format_for_path("out/profile.html") == "html"
+    assert format_for_path("page.htm") == "html"
+    assert format_for_path("flame.svg") == "svg"
     assert EXTENSIONS[".svg"] == "svg"
     assert "diff" not in FORMATS      # two inputs: `ustack report --diff A B`
 

@@ -149,3 +149,39 @@ def test_perf_map_half_written_line_waits(tmp_path):
     path.write_text("5000 10 fifth\n")
     assert pm.lookup(0x5004).name == "fifth"
     assert pm.lookup(0x1004) is None and pm.lookup(0x3004) is None
+
+
+def test_perf_map_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "perf-1.map"
+    os.mkfifo(path)                               # open() would block for ever
+    said = []
+    pm = PerfMap(str(path), warn=said.append)
+    assert pm.lookup(0x1000) is None
+    assert said == [f"{path} is not a regular file: its JIT names are not used"]
+
+
+def test_perf_map_symlink_and_foreign_owner_are_refused(tmp_path):
+    real = tmp_path / "secret"
+    real.write_text("1000 10 leaked\n")
+    link = tmp_path / "perf-1.map"
+    link.symlink_to(real)
+    said = []
+    assert PerfMap(str(link), warn=said.append).lookup(0x1004) is None
+    assert said == [f"{link} is a symbolic link: its JIT names are not used"]
+    os.chown(real, 4242, 4242)                    # another user wrote it
+    said.clear()
+    assert PerfMap(str(real), owners=frozenset((0, 1000)),
+                   warn=said.append).lookup(0x1004) is None
+    assert said == [f"{real} is owned by uid 4242, not by the process's user or root: "
+                    "its JIT names are not used"]
+
+
+def test_perf_map_reads_a_bounded_start_of_a_huge_sparse_file(tmp_path, monkeypatch):
+    monkeypatch.setattr("ustack.symbols.perfmap.MAX_MAP_BYTES", 1 << 20)
+    path = tmp_path / "perf-1.map"
+    with open(path, "w") as f:
+        f.write("1000 10 first\n")
+        f.truncate(1 << 30)                       # a 1 GB hole after it
+    said = []
+    assert PerfMap(str(path), warn=said.append).lookup(0x1004).name == "first"
+    assert f"{path} is larger than 1 MiB: only its start is used" in said

@@ -119,3 +119,20 @@ def test_a_terminal_shows_a_status_line_that_is_cleared_at_the_end(chain, backen
 def test_no_status_line_when_stderr_is_not_a_terminal(chain):
     res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 5"))
     assert "[ustack]" not in res.stderr and "\x1b" not in res.stderr
+
+
+def test_a_file_name_of_another_commands_format_is_refused(chain, tmp_path):
+    res = run_ustack("trace", f"uprobe:{chain}:d", "-c", f"{chain} 1",
+                     "-o", tmp_path / "x.speedscope.json")
+    assert res.returncode == 1
+    assert res.stderr == (f"ustack: -o {tmp_path}/x.speedscope.json: speedscope is "
+                          "not a format of this command (one of text, perf-script, "
+                          "json; or say which with -f)\n")
+    assert not list(tmp_path.iterdir())
+
+
+def test_pprof_by_the_files_name(chain, tmp_path):
+    out = tmp_path / "run.pb.gz"
+    ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3", "-o", out))
+    from test_formats_pprof import top                # go tool pprof -top
+    assert top(out)["d"] == ("3", "3")

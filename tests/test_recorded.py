@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from ustack.capture import record_format as rf
 from ustack.capture.drain import Stream
 from ustack.capture.recorded import RecordedCapture
 from ustack.model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
-                          MmapEvent, Piece, RawSample, UstackError)
+                          MmapEvent, Piece, RawSample, UnwoundSample, UstackError,
+                          unwound_sample)
 from ustack.objfile.elf import ElfImage
 from ustack.report.record import RecordWriter
 from ustack.session import Session
@@ -271,3 +273,40 @@ def test_round_trip_into_an_open_file(tmp_path):
         writer.add_piece(stream_pieces()[0])
     _capture, back = read_back(path)
     assert back == stream_pieces()[:1]
+
+
+# -- version 2: stacks written once, events, in-kernel counts, unwound samples -----
+
+def test_round_trip_of_stacks_events_and_counts(tmp_path):
+    """A frame-pointer event, a DWARF sample unwound while recording (its
+    addresses and notes), and stacks counted in the kernel: each distinct
+    stack written once, read back as the same samples and counts."""
+    fp = stream_pieces()[0].samples[0]
+    dwarf = unwound_sample(stream_pieces()[0].samples[1],
+                           (0x5555_0000_1100, 0x5555_0000_1200),
+                           ("stack copy too small", "frame pointer used for x: no CFI"))
+    again = dwarf._replace(time_ns=5)
+    again = unwound_sample(again, *dwarf.unwound)
+    path = tmp_path / "run.ustack"
+    writer = RecordWriter(path, ["uprobe:x:d", "syscall:write"], ["fp", "dwarf"], "perf")
+    writer.add_piece(Piece(stream_pieces()[0].metas, [fp, dwarf, again, fp]))
+    writer.add_counted([(fp._replace(time_ns=0, cpu=-1), 7)])
+    writer.close()
+    assert (writer.events, writer.stacks) == (4 + 7, 2)
+    capture, back = read_back(path)
+    samples = [s for piece in back for s in piece.samples]
+    assert samples == [fp, dwarf, again, fp]
+    assert [type(s) for s in samples] == [RawSample, UnwoundSample, UnwoundSample, RawSample]
+    assert samples[1].unwound == samples[2].unwound == dwarf.unwound
+    assert capture.counted() == [(fp._replace(time_ns=0, cpu=-1), 7)]
+
+
+def test_an_event_of_an_undefined_stack_is_one_line_error(tmp_path):
+    path = tmp_path / "bad.ustack"
+    fp = stream_pieces()[0].samples[0]
+    with gzip.open(path, "wb") as f:
+        f.write(rf.MAGIC + rf.header_record(["e"], ["fp"], "perf", {})
+                + rf.event_record(fp, 3) + rf.losses_record(Losses()))
+    with pytest.raises(UstackError, match="an event of stack 3, never defined"):
+        with Session.replay(path) as session:
+            list(session.events())

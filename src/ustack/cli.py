@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE,
+from .defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
                        DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from .model import UstackError
 from .report.formats import EVENT_FORMATS, EXTENSIONS, FORMATS
@@ -155,10 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
     p.add_argument("pattern", nargs="?", help="glob, e.g. 'mem*'")
+    _record_parsers(sub)
     return parser
 
 
 def _run(args) -> int:
+    if args.cmd in ("report", "archive"):
+        return _run_report(args)
     if args.cmd == "list":
         from .probes.listing import format_listing, list_functions
         sys.stdout.write(format_listing(list_functions(args.binary, args.pattern)))
@@ -188,6 +191,8 @@ def _run(args) -> int:
         opts.events = [f"profile:hz:{args.frequency}"]
     elif args.cmd == "funccount":
         _funccount_options(args, opts)
+    elif args.cmd == "record":
+        _record_options(args, opts)
     else:
         opts.events = args.events
     if args.cmd in ("count", "profile"):
@@ -200,6 +205,10 @@ def _run(args) -> int:
         if args.stack_storage_size <= 0:
             raise UstackError("--stack-storage-size must be positive")
         opts.stack_storage = args.stack_storage_size
+        opts.record = args.record
+    if args.cmd == "record":
+        from .record_commands import record
+        return record(opts, archive=args.archive)
     return run(opts)
 
 
@@ -211,6 +220,130 @@ def _funccount_options(args, opts) -> None:
     if args.interval is not None and args.interval <= 0:
         raise UstackError("-i must be a positive number of seconds")
     opts.interval = args.interval
+
+
+# -- record, report, archive (record_commands.py) ---------------------------------
+
+def _record_parsers(sub) -> None:
+    for name in ("count", "profile"):
+        sub.choices[name].add_argument(
+            "--record", metavar="FILE",
+            help="also save the run to FILE, for `ustack report` later")
+
+    p = sub.add_parser("record", help="save a run's stacks unsymbolized, for "
+                       "`ustack report` later (here or elsewhere)",
+                       description=f"EVENT: {EVENT_HELP}")
+    p.add_argument("events", nargs="*", metavar="EVENT")
+    p.add_argument("-o", "--output", default=DEFAULT_RECORDING, metavar="FILE",
+                   help=f"the recording (default {DEFAULT_RECORDING})")
+    p.add_argument("-F", "--frequency", type=int, metavar="HZ",
+                   help="also sample on-CPU stacks HZ times a second per CPU "
+                        "(the event profile:hz:HZ)")
+    _target_args(p)
+    _backend_arg(p, "perf", "bpf", "tracefs")
+    p.add_argument("--kernel", action="store_true",
+                   help="add kernel stacks (bpf)")
+    p.add_argument("--stack-storage-size", type=int, default=DEFAULT_STACK_STORAGE,
+                   metavar="N", help="distinct stacks the kernel can keep (bpf, "
+                                     f"default {DEFAULT_STACK_STORAGE})")
+    p.add_argument("--raw-stacks", action="store_true",
+                   help="DWARF: save each stack copy (like perf.data, ~100x "
+                        "larger) instead of unwinding it while recording")
+    p.add_argument("--archive", action="store_true",
+                   help="also copy the objects the stacks touch (and their "
+                        "debug files) to FILE.objects/, so FILE can be "
+                        "reported on another machine")
+
+    p = sub.add_parser("report", help="render a recording in any format",
+                       description="Render FILE (made by `ustack record` or "
+                       "--record) as the recorded command would have, or "
+                       "in another format; FILE.objects/ (record --archive) "
+                       "is used when present.")
+    p.add_argument("recording", nargs="?", metavar="FILE",
+                   help=f"the recording (default {DEFAULT_RECORDING})")
+    p.add_argument("-f", "--format", metavar="FORMAT",
+                   help=f"counted stacks: {', '.join(FORMATS)}; a stack per "
+                        f"event: {', '.join(EVENT_FORMATS)} (default: what the "
+                        "recorded command printed)")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="write the report to OUT (its format from its name)")
+    p.add_argument("--as", dest="render_as", choices=("count", "trace"),
+                   help="count: stacks by frequency, as count/profile print "
+                        "them; trace: a stack per event (default: as the "
+                        "recorded command did)")
+    p.add_argument("--objects", action="append", default=[], metavar="DIR",
+                   help="directory holding copies of the recorded binaries, "
+                        "found by build-id (repeatable)")
+    p.add_argument("--pid", metavar="PID,…", help="only these processes")
+    p.add_argument("--tid", metavar="TID,…", help="only these threads")
+    p.add_argument("--comm", metavar="NAME,…", help="only threads of these names")
+    p.add_argument("-P", "--per-pid", action="store_true",
+                   help="count each process separately")
+    p.add_argument("--offsets", action="store_true",
+                   help="tell call sites apart: frames as func+0xOFF/0xSIZE")
+    p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="a differential flame graph of two recordings")
+    _symbol_args(p)
+
+    p = sub.add_parser("archive", help="copy the objects a recording's stacks "
+                       "touch, to report it elsewhere (like perf archive)")
+    p.add_argument("recording", nargs="?", metavar="FILE",
+                   help=f"the recording (default {DEFAULT_RECORDING})")
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="where to copy them (default FILE.objects/)")
+
+
+def _record_options(args, opts) -> None:
+    events = list(args.events)
+    if args.frequency is not None:
+        if args.frequency <= 0:
+            raise UstackError("-F must be a positive frequency")
+        events.append(f"profile:hz:{args.frequency}")
+    if not events:
+        raise UstackError("record needs an EVENT or -F HZ (see `ustack record --help`)")
+    opts.events = events
+    # the kernel counts (bpf): the recording holds counts, as count's run does
+    opts.command = "count" if args.backend == "bpf" else "trace"
+    opts.record = args.output
+    opts.output_path = None              # -o is the recording, not a report
+    opts.raw_stacks = args.raw_stacks
+    opts.kernel_stacks = args.kernel
+    if args.stack_storage_size <= 0:
+        raise UstackError("--stack-storage-size must be positive")
+    opts.stack_storage = args.stack_storage_size
+
+
+def _id_list(text, what: str) -> frozenset:
+    if not text:
+        return frozenset()
+    try:
+        return frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UstackError(f"--{what} takes numbers separated by commas, "
+                          f"not {text!r}") from None
+
+
+def _run_report(args) -> int:
+    from . import record_commands as rc
+    from .options import Options
+    recording = args.recording or DEFAULT_RECORDING
+    if args.cmd == "archive":
+        return rc.archive_command(recording, args.output)
+    request = rc.ReportRequest(
+        recording, args.format, args.output, tuple(args.objects),
+        rc.SampleFilter(_id_list(args.pid, "pid"), _id_list(args.tid, "tid"),
+                        frozenset(c for c in (args.comm or "").split(",") if c)),
+        args.per_pid, args.offsets, args.render_as)
+    opts = Options(symbols=_symbol_options(args))
+    if args.diff:
+        if args.recording:
+            raise UstackError("--diff takes the two recordings; give no FILE beside it")
+        before, after = args.diff
+        return rc.report_diff(rc.ReportRequest(after, args.format, args.output,
+                                               request.objects, request.only,
+                                               args.per_pid, args.offsets),
+                              before, opts)
+    return rc.report(request, opts)
 
 
 def main(argv=None) -> int:

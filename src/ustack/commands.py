@@ -11,7 +11,7 @@ from typing import Optional, TextIO
 
 from .model import CommEvent, UstackError
 from .options import Options
-from .report.formats import EVENT_FORMATS, FORMATS, ReportContext, stack_report
+from .report.formats import EVENT_FORMATS, FORMATS, run_context, stack_report
 from .report.funccount import format_calls
 from .report.output import choose_format, open_output
 from .report.progress import Progress
@@ -46,6 +46,24 @@ class _Signals:
 def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -> int:
     """Run `opts`; results to `out`, else to -o's file, else stdout."""
     fmt = _output_format(opts)
+
+    def report(session: Session, progress: Progress) -> Optional[int]:
+        with _output(opts, fmt, out) as stream:
+            if opts.command == "trace":
+                _trace(session, stream, EVENT_FORMATS[fmt])
+                return progress.seen
+            if opts.command == "funccount":
+                _funccount(session, stream)
+                return None
+            return _count(session, stream, fmt)
+
+    return run_session(opts, report, err)[0]
+
+
+def run_session(opts: Options, body, err: TextIO = sys.stderr) -> tuple:
+    """A run's frame: open, header, Ctrl-C, `body(session, progress)` (which
+    returns the number of events, or None), close, summary. Returns (exit
+    status, the closed Session)."""
     session = Session(opts)
     with _Signals() as signals:
         try:
@@ -56,15 +74,7 @@ def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -
             _header(session, err)
             progress = _progress(session, err)
             session.on_piece = progress.piece
-            with _output(opts, fmt, out) as stream:
-                if opts.command == "trace":
-                    _trace(session, stream, EVENT_FORMATS[fmt])
-                    events = progress.seen
-                elif opts.command == "funccount":
-                    _funccount(session, stream)
-                    events = None
-                else:
-                    events = _count(session, stream, fmt)
+            events = body(session, progress)
             progress.finish()
             losses = session.capture.losses()
         finally:
@@ -79,7 +89,7 @@ def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -
                   events=events)
     if session.plan.note:
         print(f"note: {session.plan.note}", file=err)
-    return _exit_status(target)
+    return _exit_status(target), session
 
 
 def _exit_status(target) -> int:
@@ -142,11 +152,7 @@ def _count(session: Session, out, fmt: str) -> int:
     """Counted stacks in format `fmt`; returns the number of events."""
     opts = session.opts
     frequency = session.probes[0].hz if opts.command == "profile" else None
-    what = f"at {frequency} Hz" if frequency else ", ".join(session.labels)
-    context = ReportContext(command=opts.command, events=tuple(session.labels),
-                            frequency=frequency,
-                            title=f"ustack {opts.command} {what} in "
-                                  f"{session.target.description}")
+    context = run_context(opts.command, session.labels, frequency, session.started_ns)
     report = stack_report(fmt, opts.per_pid, opts.offsets, context)
     events = 0
     for counted in session.counts():

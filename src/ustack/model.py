@@ -104,6 +104,24 @@ class RawSample(NamedTuple):
     kernel: bytes = b""            # kernel frames (u64s, innermost first), --kernel
 
 
+class UnwoundSample(RawSample):
+    """A RawSample whose stack was unwound already: a DWARF sample unwound
+    while it was recorded, so the recording keeps a few addresses instead
+    of 8 KiB of stack. `unwound` is (return addresses innermost first,
+    notes), what the DWARF unwinder gave; `callchain` holds the same
+    addresses; `regs` and `stack` are None. Make it with `unwound_sample`
+    (_replace loses `unwound`)."""
+    unwound: tuple = ((), ())
+
+
+def unwound_sample(sample: RawSample, addrs: tuple, notes: tuple) -> UnwoundSample:
+    s = UnwoundSample(sample.probe, sample.pid, sample.tid, sample.time_ns,
+                      sample.cpu, b"".join(a.to_bytes(8, "little") for a in addrs),
+                      b"", None, None, sample.args, sample.kernel)
+    s.unwound = (addrs, notes)
+    return s
+
+
 class Piece(NamedTuple):
     """A step of the stream: the records that explain samples (mappings,
     comm, fork, exit) in time order, then the samples they explain."""

@@ -27,3 +27,5 @@ class Options:
     kernel_stacks: bool = False            # --kernel (bpf only)
     stack_storage: int = DEFAULT_STACK_STORAGE   # --stack-storage-size
     interval: Optional[float] = None       # funccount -i
+    record: Optional[str] = None           # record, count/profile --record: save to FILE
+    raw_stacks: bool = False               # record --raw-stacks: DWARF stacks as copied

@@ -16,6 +16,7 @@ from .model import Piece, RawSample, Stack, StackCount, UstackError
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
+from .report.record import Recorder, check_destination
 from .symbols.stacks import StackResolver
 from .target import process
 from .target.mappings import MappingTracker
@@ -48,6 +49,9 @@ class Session:
         self._stream: Optional[Stream] = None
         self._stop_requested = False
         self.on_piece = None           # called with each piece (e.g. a status line)
+        self.started_ns: Optional[int] = None     # wall clock at open()
+        self.recorder: Optional[Recorder] = None    # opts.record: saves the run
+        self._whole = False                # the stream ran to its end
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -59,7 +63,10 @@ class Session:
 
     def open(self) -> None:
         opts = self.opts
+        self.started_ns = time.time_ns()
         specs = [parse_event(e) for e in opts.events]
+        if opts.record:
+            check_destination(opts.record)
         if opts.pid is not None and opts.cmdline is not None:
             raise UstackError("use either -p PID or -c CMD, not both")
         if opts.cmdline is not None and not opts.cmdline.strip():
@@ -88,14 +95,25 @@ class Session:
             raise
         if self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
+        if opts.record:
+            self.recorder = Recorder(
+                opts.record, self.tracker, self.resolver.unwinder, self.labels,
+                self.plan.modes, self.plan.backend,
+                {"command": opts.command, "events": list(opts.events),
+                 "start_ns": self.started_ns,
+                 "buffer_pages": self.capture.buffer_pages,
+                 "stack_storage": opts.stack_storage},
+                raw_stacks=opts.raw_stacks)
 
     @classmethod
-    def replay(cls, path: str, opts: Optional[Options] = None, objects=()) -> "Session":
+    def replay(cls, path: str, opts: Optional[Options] = None, objects=(),
+               keep=None) -> "Session":
         """A Session over a recording (report/record.py wrote it) instead of
         a live run: no root, no probes, no target. `objects`: directories
         holding copies of the recorded binaries, found by build-id or name
-        (else at their recorded paths, if the build-id is the same)."""
-        return _Replay(path, opts or Options(), objects)
+        (else at their recorded paths, if the build-id is the same).
+        `keep(sample, comm)`: which samples to see (all when None)."""
+        return _Replay(path, opts or Options(), objects, keep)
 
     def _main_binary(self) -> Optional[str]:
         target = self.target
@@ -110,6 +128,9 @@ class Session:
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()
+        if self.recorder is not None:
+            self.recorder.close(self.capture.losses(), whole=self._whole)
+            self.recorder = None
         if self.capture is not None:
             self.capture.close()
         target = self.target
@@ -134,6 +155,7 @@ class Session:
                 break
         for piece in stream.rest():
             yield self._applied(piece)
+        self._whole = self.plan.backend != "bpf"    # else: once counted() is read
 
     def _excluded_pids(self) -> frozenset:
         """A system-wide run leaves out ustack itself (tracing its own
@@ -148,6 +170,8 @@ class Session:
             self.tracker.apply(event)
         if self.on_piece is not None:
             self.on_piece(piece)
+        if self.recorder is not None and piece is not _TICK:
+            return self.recorder.add_piece(piece)
         return piece
 
     def events_of(self, piece: Piece):
@@ -181,22 +205,32 @@ class Session:
             for _piece in self.pieces():
                 pass
             exclude = self._excluded_pids()
-            for s, n in self.capture.counted():
-                if s.pid not in exclude:
-                    yield s, n
+            counted = [(s, n) for s, n in self.capture.counted()
+                       if s.pid not in exclude]
+            if self.recorder is not None:
+                self.recorder.add_counted(counted)
+            self._whole = True
+            yield from counted
             return
         for piece in self.pieces():
             for s in piece.samples:
                 yield s, 1
 
+    def drain(self) -> None:
+        """Run to the end naming nothing: what `ustack record` does (the
+        Recorder saves the stream as it passes)."""
+        for _counted in self._counted_samples():
+            pass
+
 
 class _Replay(Session):
     """Session.replay: open() reads a recording's header, not the kernel."""
 
-    def __init__(self, path: str, opts: Options, objects):
+    def __init__(self, path: str, opts: Options, objects, keep=None):
         super().__init__(opts)
         self.tracker.live = False       # recorded pids are not this host's processes
         self._recording = RecordedCapture(path, objects)
+        self.keep = keep
 
     def open(self) -> None:
         capture = self._recording
@@ -205,3 +239,20 @@ class _Replay(Session):
         self.labels = list(capture.labels)
         self.plan = policy.Plan("recording", capture.modes)
         self.target = process.recording(capture.path)
+
+    def _applied(self, piece: Piece) -> Piece:
+        piece = super()._applied(piece)
+        if self.keep is None or not piece.samples:
+            return piece
+        keep, comm = self.keep, self.tracker.comm
+        return Piece(piece.metas, [s for s in piece.samples
+                                   if keep(s, comm(s.pid, s.tid))])
+
+    def _counted_samples(self):
+        """The recording's events once each, then what the recorded run
+        counted in the kernel."""
+        yield from super()._counted_samples()
+        keep, comm = self.keep, self.tracker.comm
+        for s, n in self.capture.counted():
+            if keep is None or keep(s, comm(s.pid, s.tid)):
+                yield s, n

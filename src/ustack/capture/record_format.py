@@ -4,27 +4,41 @@ stream, so it can be unwound, symbolized and reported later, elsewhere.
 A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
 (little-endian), in stream order:
 
-  H  header (JSON): format version, probe labels, unwind modes, backend
+  H  header (JSON): format version, probe labels, unwind modes, backend;
+     from `record`: the command that decides report's default (trace |
+     count | profile), the events as typed, buffer pages, stack storage,
+     and `unwound` (DWARF samples unwound while recording)
   M  a mapping: pid, tid, start, end, pgoff, path, build-id of the file
   C  comm: pid, tid, exec flag, comm      F / X  fork / exit: pid ppid tid ptid
-  S  a RawSample (binary: a DWARF sample carries up to 8 KiB of stack)
+  K  a distinct stack, defined once (version 2): id, the callchain and
+     return address of a frame-pointer sample, or the addresses and notes
+     of a DWARF sample unwound while recording; kernel frames
+  E  an event (version 2): probe pid tid time cpu, the id of its stack,
+     fetch-arg values (JSON) if any
+  N  a stack counted in the kernel (version 2): probe pid tid, stack id, count
+  S  a whole RawSample (version 1, and `record --raw-stacks`: a DWARF
+     sample carries its registers and up to 64 KiB of stack copy)
   L  the losses (JSON); the last record: a file without it was cut short
 
-Samples are binary and the rest is small, so the file is about as large
-as the stacks the kernel copied, compressed. Both directions live here:
-the writer (report/record.py) and the reader (recorded.py) share them."""
+An event costs ~30 bytes before compression and its stack is stored once,
+so a file holds what perf.data holds in a few bytes per event. Both
+directions live here: the writer (report/record.py) and the reader
+(recorded.py) share them; version 1 files (S samples only) still read."""
 from __future__ import annotations
 
 import json
 import struct
 
 from ..model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
-                     MmapEvent, RawSample, UstackError)
+                     MmapEvent, RawSample, UnwoundSample, UstackError,
+                     unwound_sample)
 
 MAGIC = b"ustack-recording\n"
-VERSION = 1                        # bumped when a reader of the old one would misread
+VERSION = 2                        # bumped when a reader of the old one would misread
 RECORD = struct.Struct("<IB")      # payload length, kind
 HEADER, MMAP, COMM, FORK, EXIT, SAMPLE, LOSSES = b"HMCFXSL"
+STACK, EVENT, COUNTED = b"KEN"
+KINDS = b"MCFXSLKEN"                # every kind after the header
 # not in files: what the reader puts in a chunk where the file went wrong,
 # so the error is raised by decode, on the caller's thread, in stream order
 FAILURE = ord("!")
@@ -34,6 +48,10 @@ _COMM = struct.Struct("<iiB")
 _FORK = struct.Struct("<iiii")
 # probe pid tid time cpu, which optional parts follow, callchain length
 _SAMPLE = struct.Struct("<IiiQiBI")
+# id, unwound?, callchain words, return address bytes, kernel words
+_STACK = struct.Struct("<IBHBH")
+_EVENT = struct.Struct("<IiiQiIB")  # probe pid tid time cpu, stack id, has args
+_COUNTED = struct.Struct("<IiiIQ")  # probe pid tid, stack id, count
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HAS_REGS, _HAS_STACK, _HAS_ARGS, _HAS_KERNEL = 1, 2, 4, 8
@@ -89,6 +107,38 @@ def sample_record(s: RawSample) -> bytes:
         if flags & flag:
             parts += [_U32.pack(len(blob)), blob]
     return record(SAMPLE, b"".join(parts))
+
+
+def stack_record(stack_id: int, sample: RawSample) -> bytes:
+    """The K record of a sample's stack (its stack_key() part and kernel)."""
+    notes = ()
+    if isinstance(sample, UnwoundSample):
+        notes = sample.unwound[1]
+    return record(STACK, _STACK.pack(
+        stack_id, isinstance(sample, UnwoundSample), len(sample.callchain) // 8,
+        len(sample.return_address), len(sample.kernel) // 8)
+        + sample.callchain + sample.return_address + sample.kernel
+        + "\0".join(notes).encode("utf-8", "surrogateescape"))
+
+
+def stack_content(sample: RawSample) -> tuple:
+    """What makes two stacks the same K record (the writer's table key)."""
+    if isinstance(sample, UnwoundSample):
+        return sample.unwound, sample.kernel
+    return sample.callchain, sample.return_address, sample.kernel
+
+
+def event_record(sample: RawSample, stack_id: int) -> bytes:
+    body = _EVENT.pack(sample.probe, sample.pid, sample.tid, sample.time_ns,
+                       sample.cpu, stack_id, bool(sample.args))
+    if sample.args:
+        body += _args_json(sample.args)
+    return record(EVENT, body)
+
+
+def counted_record(sample: RawSample, stack_id: int, count: int) -> bytes:
+    return record(COUNTED, _COUNTED.pack(sample.probe, sample.pid, sample.tid,
+                                         stack_id, count))
 
 
 def _args_json(args: tuple) -> bytes:
@@ -164,6 +214,54 @@ def parse_sample(payload) -> RawSample:
     args = _args_of(blobs[_HAS_ARGS]) if _HAS_ARGS in blobs else ()
     return RawSample(probe, pid, tid, t, cpu, chain, ret, regs,
                      blobs.get(_HAS_STACK), args, blobs.get(_HAS_KERNEL, b""))
+
+
+def parse_stack(payload) -> tuple:
+    """(stack id, a RawSample template holding the stack: probe, pid, tid,
+    time and cpu 0, to be filled by each event of it)."""
+    stack_id, unwound, n, ret_len, kn = _STACK.unpack_from(payload)
+    at = _STACK.size
+    chain = bytes(payload[at:at + 8 * n])
+    at += 8 * n
+    ret = bytes(payload[at:at + ret_len])
+    at += ret_len
+    kernel = bytes(payload[at:at + 8 * kn])
+    at += 8 * kn
+    if len(chain) != 8 * n or len(ret) != ret_len or len(kernel) != 8 * kn:
+        raise ValueError("a stack ends early")
+    template = RawSample(0, 0, 0, 0, 0, chain, ret, None, None, (), kernel)
+    if unwound:
+        rest = bytes(payload[at:]).decode("utf-8", "surrogateescape")
+        notes = tuple(rest.split("\0")) if rest else ()
+        addrs = struct.unpack(f"<{n}Q", chain)
+        template = unwound_sample(template, addrs, notes)
+    return stack_id, template
+
+
+def parse_event(buf, at: int, size: int, stacks: dict) -> RawSample:
+    """The event whose payload is buf[at:at + size] (read in place: the hot
+    path of `report`), its stack from `stacks`, the K records read so far."""
+    probe, pid, tid, t, cpu, stack_id, has_args = _EVENT.unpack_from(buf, at)
+    stack = stacks[stack_id]
+    args = (_args_of(bytes(buf[at + _EVENT.size:at + size])) if has_args else ())
+    sample = _new_tuple(type(stack), (probe, pid, tid, t, cpu, stack[5], stack[6],
+                                      None, None, args, stack[10]))
+    if type(stack) is UnwoundSample:
+        sample.unwound = stack.unwound
+    return sample
+
+
+_new_tuple = tuple.__new__          # a RawSample without its Python __new__
+
+
+def parse_counted(payload, stacks: dict) -> tuple:
+    """(RawSample, count): time 0 and cpu -1, as the kernel's counts have."""
+    probe, pid, tid, stack_id, count = _COUNTED.unpack_from(payload)
+    stack = stacks[stack_id]
+    sample = stack._replace(probe=probe, pid=pid, tid=tid, time_ns=0, cpu=-1)
+    if isinstance(stack, UnwoundSample):
+        sample.unwound = stack.unwound
+    return sample, count
 
 
 def _args_of(blob: bytes) -> tuple:

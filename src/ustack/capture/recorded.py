@@ -19,6 +19,7 @@ from ..objfile.elf import ElfImage
 from . import record_format as rf
 
 READ_SIZE = 1 << 20                # decompressed bytes read per chunk
+_METAS = (rf.MMAP, rf.COMM, rf.FORK, rf.EXIT)
 # Where a refused file's mapping points instead: never an ELF file, so the
 # symbolizer and the unwinder read nothing from it (unnamed frames).
 REFUSED = os.devnull
@@ -44,6 +45,8 @@ class RecordedCapture:
         self._located: dict = {}           # (path, build-id) -> host path
         self._by_build_id: Optional[dict] = None   # build-id -> file in objects
         self._by_name: dict = {}           # basename -> file in objects
+        self._stacks: dict = {}            # K records: stack id -> sample template
+        self._counted: list = []           # N records: (RawSample, count)
 
     @property
     def unwind_note(self) -> str:
@@ -100,6 +103,11 @@ class RecordedCapture:
     def losses(self) -> Losses:
         return self._losses
 
+    def counted(self) -> list:
+        """(RawSample, count) of the stacks the recorded run counted in the
+        kernel (its samples came as metadata only), once the stream is read."""
+        return self._counted
+
     def read_chunks(self, timeout_ms: int) -> list:
         """The next whole records of the file, as one chunk ([] at the end).
         A damaged or cut file ends with a FAILURE record: decode raises it
@@ -134,7 +142,7 @@ class RecordedCapture:
         at, n = 0, len(data)
         while at + rf.RECORD.size <= n:
             size, kind = rf.RECORD.unpack_from(data, at)
-            if kind not in b"MCFXSL" or self._ended:
+            if kind not in rf.KINDS or self._ended:
                 return at, "corrupt recording (a record of unknown kind)"
             end = at + rf.RECORD.size + size
             if end > n:
@@ -151,16 +159,32 @@ class RecordedCapture:
         explains its samples and no earlier ones. Returns the offset reached."""
         at, n = start, len(chunk)
         stop_at = min(n, start + budget)
+        unpack, head, event, stacks = rf.RECORD.unpack_from, rf.RECORD.size, rf.EVENT, self._stacks
         while at < stop_at:
-            size, kind = rf.RECORD.unpack_from(chunk, at)
-            body = at + rf.RECORD.size
+            size, kind = unpack(chunk, at)
+            body = at + head
+            if kind == event:                  # the common record, read in place
+                try:
+                    samples.append(rf.parse_event(chunk, body, size, stacks))
+                except KeyError as e:
+                    raise self._fail(f"corrupt recording (an event of stack {e}, "
+                                     "never defined)") from None
+                except (ValueError, struct.error) as e:
+                    raise self._fail(f"corrupt recording ({e})") from None
+                at = body + size
+                continue
             payload = memoryview(chunk)[body:body + size]
             if kind == rf.FAILURE:
                 rf.raise_failure(payload)
-            if kind not in (rf.SAMPLE, rf.LOSSES) and samples:
+            if kind in _METAS and samples:
                 return at                  # the next piece starts here
             try:
-                if kind == rf.SAMPLE:
+                if kind == rf.STACK:
+                    stack_id, template = rf.parse_stack(payload)
+                    self._stacks[stack_id] = template
+                elif kind == rf.COUNTED:
+                    self._counted.append(rf.parse_counted(payload, self._stacks))
+                elif kind == rf.SAMPLE:
                     samples.append(rf.parse_sample(payload))
                 elif kind == rf.MMAP:
                     metas.append((0, self._located_event(*rf.parse_mmap(payload))))

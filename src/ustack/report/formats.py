@@ -21,6 +21,11 @@ from .counts import CountsReport
 from .flamegraph_html import FlameGraphReport
 from .flamegraph_svg import SvgFlameGraphReport
 from .folded import FoldedReport
+from .json_events import JsonEventsReport
+from .json_stacks import JsonReport
+from .perf_script import PerfScriptReport
+from .pprof import PprofReport
+from .speedscope import SpeedscopeReport
 from .trace import TraceReport
 
 
@@ -31,6 +36,15 @@ class ReportContext:
     events: tuple = ()                 # the events, as the header shows them
     frequency: Optional[int] = None    # profile: samples/s, so a count is a time
     title: str = ""                    # the command line, for a page's title
+    start_ns: Optional[int] = None     # wall-clock time the run began (ns since 1970)
+
+
+def run_context(command: str, labels, frequency: Optional[int] = None,
+                start_ns: Optional[int] = None) -> ReportContext:
+    """The context of a run's report, the same live and from its recording."""
+    what = f"at {frequency} Hz" if frequency else ", ".join(labels)
+    return ReportContext(command=command, events=tuple(labels), frequency=frequency,
+                         title=f"ustack {command} {what}", start_ns=start_ns)
 
 
 FORMATS = {                            # counted stacks
@@ -38,10 +52,15 @@ FORMATS = {                            # counted stacks
     "folded": FoldedReport,
     "html": FlameGraphReport,
     "svg": SvgFlameGraphReport,
+    "pprof": PprofReport,
+    "speedscope": SpeedscopeReport,
+    "json": JsonReport,
 }
 
 EVENT_FORMATS = {                      # a stack per event
     "text": TraceReport,
+    "perf-script": PerfScriptReport,
+    "json": JsonEventsReport,
 }
 
 # the file name's ending -> format, longest endings first when looked up
@@ -51,13 +70,18 @@ EXTENSIONS = {
     ".html": "html",
     ".htm": "html",
     ".svg": "svg",
+    ".pb.gz": "pprof",
+    ".pprof": "pprof",
+    ".speedscope.json": "speedscope",
+    ".json": "json",
+    ".perf-script": "perf-script",
 }
 
 
-def format_for_path(path: str, table: dict) -> Optional[str]:
-    """The format `-o path` implies, among `table`'s; None if none."""
+def format_for_path(path: str) -> Optional[str]:
+    """The format `-o path`'s name implies (its longest known ending), if any."""
     for ending in sorted(EXTENSIONS, key=len, reverse=True):
-        if path.endswith(ending) and EXTENSIONS[ending] in table:
+        if path.endswith(ending):
             return EXTENSIONS[ending]
     return None
 

@@ -19,11 +19,13 @@ def choose_format(asked: Optional[str], path: Optional[str], table: dict,
             raise UstackError(f"format {asked!r} is not available here "
                               f"(one of {', '.join(table)})")
         return asked
-    if path:
-        implied = format_for_path(path, table)
-        if implied:
-            return implied
-    return default
+    implied = format_for_path(path) if path else None
+    if implied is None:
+        return default
+    if implied not in table:
+        raise UstackError(f"-o {path}: {implied} is not a format of this command "
+                          f"(one of {', '.join(table)}; or say which with -f)")
+    return implied
 
 
 @contextlib.contextmanager

@@ -1,34 +1,49 @@
 """Writes a run's stream to a recording (capture/record_format.py) that
-capture/recorded.py replays later: `ustack record`, and the test fixtures.
+capture/recorded.py replays later: `ustack record`, `count --record`, and
+the test fixtures.
 
 Each mapping carries the build-id of its file, read now (the file may be
 rebuilt or gone by the time the recording is read): the reader refuses a
-file that is not the recorded one instead of naming frames wrongly."""
+file that is not the recorded one instead of naming frames wrongly. Each
+distinct stack is written once (a K record) and events refer to it."""
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
 from typing import Optional
 
 from ..capture import record_format as rf
 from ..kernel import procfs
-from ..model import Losses, MmapEvent, Piece, UstackError
+from ..model import (CommEvent, Losses, MmapEvent, Piece, UstackError,
+                     unwound_sample)
 from ..objfile.elf import ElfImage
+from ..target.mappings import MappingTracker
 
 COMPRESS_LEVEL = 6                 # gzip's default: 9 costs twice the time for ~2% less
+MAX_STACKS = 1 << 20               # distinct stacks remembered; then ids start over
 
 
 class RecordWriter:
     """`RecordWriter(path_or_file, labels, modes, backend)`, then
-    add_piece() for each piece of the stream and close(losses) at the end.
-    `extra`: more header fields (the command line, the date)."""
+    add_piece() for each piece of the stream, add_counted() for stacks
+    counted in the kernel, and close(losses) at the end. `extra`: more
+    header fields (the command, its events). A sample with a stack copy
+    (DWARF, not unwound) is written whole (an S record); the others as an
+    event and its stack, or whole too when `raw`."""
 
     def __init__(self, path_or_file, labels, modes, backend: str,
-                 extra: Optional[dict] = None):
+                 extra: Optional[dict] = None, raw: bool = False):
         try:
             self._out = gzip.open(path_or_file, "wb", compresslevel=COMPRESS_LEVEL)
         except OSError as e:
             raise UstackError(f"{path_or_file}: {e.strerror}") from None
+        self.raw = raw
         self._build_ids: dict = {}        # path opened -> build-id hex or ''
+        self._stack_ids: dict = {}        # rf.stack_content -> id
+        self._next_id = 0
+        self.events = 0                   # samples written, or counted hits
+        self.stacks = 0                   # K records written
         self._write(rf.MAGIC + rf.header_record(labels, modes, backend, extra or {}))
 
     def __enter__(self) -> "RecordWriter":
@@ -39,13 +54,22 @@ class RecordWriter:
             self.close(Losses())
 
     def add_piece(self, piece: Piece) -> None:
-        out = []
-        for event in piece.metas:
-            build_id = ""
-            if isinstance(event, MmapEvent):
-                build_id = self._build_id(event)
-            out.append(rf.meta_record(event, build_id))
-        out.extend(rf.sample_record(s) for s in piece.samples)
+        out = [self._meta(event) for event in piece.metas]
+        stack_id, raw = self._stack_id, self.raw
+        self.events += len(piece.samples)
+        for s in piece.samples:
+            if raw or s.regs is not None:      # a stack copy: the sample whole
+                out.append(rf.sample_record(s))
+            else:
+                out.append(rf.event_record(s, stack_id(s, out)))
+        self._write(b"".join(out))
+
+    def add_counted(self, counted) -> None:
+        """(RawSample, count) pairs: the stacks a kernel map counted."""
+        out: list = []
+        for sample, n in counted:
+            self.events += n
+            out.append(rf.counted_record(sample, self._stack_id(sample, out), n))
         self._write(b"".join(out))
 
     def close(self, losses: Losses = Losses()) -> None:
@@ -54,6 +78,25 @@ class RecordWriter:
         self._write(rf.losses_record(losses))
         self._out.close()
         self._out = None
+
+    def _stack_id(self, sample, out: list) -> int:
+        """The id of the sample's stack; its K record goes to `out` first
+        when the stack is new."""
+        content = rf.stack_content(sample)
+        found = self._stack_ids.get(content)
+        if found is None:
+            if self._next_id >= MAX_STACKS:
+                self._stack_ids.clear()   # bounded memory: ids are redefined
+                self._next_id = 0
+            found = self._stack_ids[content] = self._next_id
+            self._next_id += 1
+            self.stacks += 1
+            out.append(rf.stack_record(found, sample))
+        return found
+
+    def _meta(self, event) -> bytes:
+        build_id = self._build_id(event) if isinstance(event, MmapEvent) else ""
+        return rf.meta_record(event, build_id)
 
     def _write(self, data: bytes) -> None:
         try:
@@ -74,3 +117,137 @@ class RecordWriter:
                 found = ""                 # gone already, or not ELF: unchecked
             self._build_ids[path] = found
         return found
+
+
+def check_destination(path: str) -> None:
+    """Refuse a recording's path before a run starts, not after it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UstackError(f"{path}: no such directory {directory}")
+    if os.path.isdir(path):
+        raise UstackError(f"{path} is a directory, not a recording")
+
+
+class Recorder:
+    """Saves a live run as it passes (a Session with Options.record): the
+    pieces of the stream, and also what the run's mapping tracker learned
+    from /proc rather than from the stream (a -p target's mappings, a
+    process found running by a system-wide run, thread names), written
+    before the samples that needed it, so the recording alone explains
+    every stack. DWARF samples are unwound here, where the binaries are
+    surely the ones that ran, and saved as their addresses (a few words,
+    not 8 KiB of stack); `raw_stacks` keeps the stack copies instead.
+
+    The file is written under a temporary name and appears at `path` only
+    when the run ended whole (close(…, whole=True))."""
+
+    def __init__(self, path: str, tracker: MappingTracker, unwinder, labels,
+                 modes, backend: str, extra: dict, raw_stacks: bool = False):
+        check_destination(path)
+        self.path = path
+        self._partial = f"{path}.partial-{os.getpid()}"
+        self.tracker = tracker
+        self.unwinder = unwinder
+        self.raw_stacks = raw_stacks
+        self.writer = RecordWriter(self._partial, labels, modes, backend,
+                                   dict(extra, unwound=not raw_stacks), raw=raw_stacks)
+        self._written = MappingTracker(live=False)   # what the file says so far
+        self._seeds = dict(tracker.last_seed)
+        self._checked: set = set()                   # (pid, generation) seen
+        self._asked: set = set()                     # tids whose name /proc was asked
+        self.write_known(set(pid for pid, _gen in tracker.procs))
+
+    def add_piece(self, piece: Piece) -> Piece:
+        """Write a piece (its metadata already applied to the tracker);
+        the piece the run goes on with: DWARF samples unwound."""
+        samples = piece.samples
+        if samples:
+            pids = self._explain(samples)
+            if not self.raw_stacks and any(s.regs is not None for s in samples):
+                samples = self._unwound(samples)
+            pids.update(self._seeded())
+        else:
+            pids = self._seeded()
+        for event in piece.metas:
+            self._written.apply(event)
+        self.writer.add_piece(Piece(piece.metas + self._learned(pids), samples))
+        return Piece(piece.metas, samples) if samples is not piece.samples else piece
+
+    def add_counted(self, counted: list) -> None:
+        """Stacks counted in the kernel, (RawSample, count) pairs."""
+        pids = self._explain([s for s, _n in counted])
+        pids.update(self._seeded())
+        self.writer.add_piece(Piece(self._learned(pids), []))
+        self.writer.add_counted(counted)
+
+    def write_known(self, pids) -> None:
+        """Write what the tracker knows of `pids` that the file does not."""
+        self.writer.add_piece(Piece(self._learned(set(pids)), []))
+
+    def close(self, losses: Losses, whole: bool) -> None:
+        """Finish the file (whole: the run ended normally) or remove it."""
+        try:
+            if whole:
+                self.write_known(self._seeded())   # read from /proc while naming
+            self.writer.close(losses)
+            if whole:
+                os.replace(self._partial, self.path)
+        finally:
+            if not whole or os.path.exists(self._partial):
+                with contextlib.suppress(OSError):
+                    os.unlink(self._partial)
+
+    # -- what the stream did not say -------------------------------------------
+    def _explain(self, samples) -> set:
+        """Make the tracker know each sample's process and thread name now,
+        while the process still runs (a live run would read /proc later,
+        maybe too late); the pids seeded."""
+        tracker, checked, seeded = self.tracker, self._checked, set()
+        comms, generations, procs = tracker.comms, tracker.generations, tracker.procs
+        for s in samples:
+            pid = s.pid
+            if s.tid not in comms and pid not in comms and s.tid not in self._asked:
+                self._asked.add(s.tid)         # once: a thread gone stays unnamed
+                tracker.comm(pid, s.tid)
+            key = (pid, generations.get(pid, 0))
+            if key not in checked:
+                checked.add(key)
+                if key not in procs and tracker.live:
+                    tracker.seed_from_proc(pid)
+                seeded.add(pid)
+        return seeded
+
+    def _seeded(self) -> set:
+        """Pids the tracker re-read from /proc since the last look."""
+        seeds = self.tracker.last_seed
+        if seeds == self._seeds:
+            return set()
+        changed = {pid for pid, t in seeds.items() if self._seeds.get(pid) != t}
+        self._seeds = dict(seeds)
+        return changed
+
+    def _learned(self, pids: set) -> list:
+        """Metadata events for what the tracker knows and the file does not:
+        mappings of `pids`, and every thread name."""
+        tracker, written, out = self.tracker, self._written, []
+        for pid in sorted(pids):
+            have = tracker.procs.get((pid, tracker.generations.get(pid, 0)))
+            if have is None:
+                continue
+            told = written.procs.get((pid, written.generations.get(pid, 0)))
+            told_maps = {(m.start, m.end, m.pgoff, m.path)
+                         for m in (told.maps if told else ())}
+            out.extend(MmapEvent(pid, pid, m) for m in have.maps
+                       if (m.start, m.end, m.pgoff, m.path) not in told_maps)
+        if len(tracker.comms) != len(written.comms):
+            out.extend(CommEvent(tid, tid, comm, False)
+                       for tid, comm in tracker.comms.items()
+                       if written.comms.get(tid) != comm)
+        for event in out:
+            written.apply(event)
+        return out
+
+    def _unwound(self, samples: list) -> list:
+        key, find = self.unwinder.stack_key, self.tracker.find
+        return [unwound_sample(s, *key(s, find)) if s.regs is not None else s
+                for s in samples]

@@ -6,23 +6,34 @@ The file grows while the program runs. It is kept open: a lookup checks it
 with one fstat (still linked, same size and mtime) instead of a stat by
 path, and reads only the lines appended since (a half-written last line is
 left for later). A miss, or a file that was replaced or removed, checks the
-path again. Later lines win for the same start (code was replaced)."""
+path again. Later lines win for the same start (code was replaced).
+
+ustack runs as root and the file is in a world-writable /tmp, so it is read
+only when it is a regular file (not a FIFO that would block, not a
+symlink) owned by the process's user or root, and only its first
+MAX_MAP_BYTES; malformed lines are skipped and counted. What was refused
+or skipped is said once, in the run's warnings."""
 from __future__ import annotations
 
 import bisect
 import os
+import stat
 from typing import Callable, Optional
 
 from ..model import Frame, Mapping
 from ..objfile.elf import Symbol
+
+MAX_MAP_BYTES = 64 << 20           # a JIT's map is a few MB; a sparse 1 GB file is not one
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
 
 class JitSymbols:
     """Frames in anonymous memory, named from each process's perf map;
     `name` turns a map's name into the one shown (demangled or not)."""
 
-    def __init__(self, name: Callable[[str], str]):
+    def __init__(self, name: Callable[[str], str], warnings: Optional[list] = None):
         self._name = name
+        self._warnings = warnings if warnings is not None else []
         self._maps: dict = {}           # pid -> PerfMap
 
     def frame(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
@@ -30,7 +41,8 @@ class JitSymbols:
         if m.path in ("", "//anon") or m.path.startswith("[anon"):
             perf_map = self._maps.get(pid)
             if perf_map is None:
-                perf_map = self._maps[pid] = PerfMap(perf_map_path(pid))
+                perf_map = self._maps[pid] = PerfMap(
+                    perf_map_path(pid), owners=_owners(pid), warn=self._warnings.append)
             sym = perf_map.lookup(addr - back)
             if sym is not None:
                 return Frame(addr=addr, module="JIT", function=self._name(sym.name),
@@ -38,9 +50,25 @@ class JitSymbols:
         return Frame(addr=addr, module=m.path, path=m.path)
 
 
+def _owners(pid: int) -> frozenset:
+    """Who may have written process `pid`'s map: its user, or root."""
+    try:
+        return frozenset((0, os.stat(f"/proc/{pid}").st_uid))
+    except OSError:
+        return frozenset((0,))
+
+
 class PerfMap:
-    def __init__(self, path: str):
+    """`owners`: uids allowed to own the file (None: any); `warn(text)`
+    hears, once each, why the file or some of its lines were not used."""
+
+    def __init__(self, path: str, owners: Optional[frozenset] = None,
+                 warn: Optional[Callable[[str], None]] = None):
         self.path = path
+        self.owners = owners
+        self._warn = warn or (lambda text: None)
+        self._said: set = set()          # warnings given already
+        self._skipped = 0                # malformed lines seen
         self._fd: Optional[int] = None
         self._stamp = None               # (ino, size, mtime) when last read
         self._done = 0                   # bytes consumed: complete lines only
@@ -72,11 +100,31 @@ class PerfMap:
             return False
         return st.st_nlink > 0 and (st.st_ino, st.st_size, st.st_mtime_ns) == self._stamp
 
+    def _say(self, text: str) -> None:
+        if text not in self._said:
+            self._said.add(text)
+            self._warn(text)
+
+    def _refused(self, st) -> Optional[str]:
+        """Why a file with this stat must not be read, or None."""
+        if stat.S_ISLNK(st.st_mode):
+            return "is a symbolic link"
+        if not stat.S_ISREG(st.st_mode):
+            return "is not a regular file"
+        if self.owners is not None and st.st_uid not in self.owners:
+            return f"is owned by uid {st.st_uid}, not by the process's user or root"
+        return None
+
     def _refresh(self) -> None:
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except OSError:
             self._close()
+            return
+        why = self._refused(st)
+        if why:
+            self._close()
+            self._say(f"{self.path} {why}: its JIT names are not used")
             return
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         if self._fd is not None and stamp == self._stamp:
@@ -84,8 +132,11 @@ class PerfMap:
         try:
             if self._fd is None or self._stamp is None or stamp[0] != self._stamp[0]:
                 self._close()
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._fd = os.open(self.path, _OPEN_FLAGS)
                 st = os.fstat(self._fd)     # the file opened, if it changed again
+                if self._refused(st):       # swapped since the lstat
+                    self._close()
+                    return
                 stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
             elif stamp[1] <= self._stamp[1]:
                 self._forget()              # not grown, yet changed: rewritten
@@ -96,6 +147,10 @@ class PerfMap:
 
     def _read_tail(self, size: int) -> None:
         """Parse the complete lines between what was read and size."""
+        if size > MAX_MAP_BYTES:
+            self._say(f"{self.path} is larger than {MAX_MAP_BYTES >> 20} MiB: "
+                      "only its start is used")
+            size = MAX_MAP_BYTES
         chunks = []
         at = self._done
         while at < size:
@@ -110,16 +165,21 @@ class PerfMap:
             return
         self._done += end
         by_start = self._by_start
+        skipped = 0
         for line in data[:end].decode(errors="replace").splitlines():
             parts = line.split(" ", 2)
-            if len(parts) != 3:
-                continue                        # garbage
             try:
                 start, size_ = int(parts[0], 16), int(parts[1], 16)
-            except ValueError:
+            except (ValueError, IndexError):
+                skipped += 1
                 continue
-            if size_ > 0 and parts[2]:
+            if len(parts) == 3 and size_ > 0 and parts[2]:
                 by_start[start] = Symbol(parts[2], start, size_)
+            else:
+                skipped += 1
+        if skipped:
+            self._skipped += skipped
+            self._say(f"{self.path}: malformed lines skipped")
         syms = sorted(by_start.values(), key=lambda s: s.address)
         self._syms = syms
         self._starts = [s.address for s in syms]

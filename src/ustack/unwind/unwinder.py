@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..model import Mapping, RawSample
+from ..model import Mapping, RawSample, UnwoundSample
 from .dwarf import DwarfUnwinder
 from .fp import frame_pointer_stack
 
@@ -34,11 +34,14 @@ class Unwinder:
         callchain and return address of a frame-pointer sample (never its
         fetch-arg values), unwound later, once per distinct stack; or the
         (addresses, notes) of a DWARF sample, unwound now, since its stack
-        copy is nearly always unique."""
+        copy is nearly always unique, or that of a sample unwound already
+        (UnwoundSample: a DWARF sample unwound while it was recorded)."""
         if sample.regs is not None:
             pid = sample.pid
             return self.dwarf.unwind(sample.regs, sample.stack or b"",
                                      lambda addr: find(pid, addr))
+        if type(sample) is UnwoundSample:      # unwound when it was recorded
+            return sample.unwound
         return sample.callchain, sample.return_address
 
     def unwind_key(self, pid: int, key: tuple, find: FindMapping) -> tuple:

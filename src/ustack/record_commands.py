@@ -1,0 +1,338 @@
+"""What `ustack record`, `report` and `archive` do: save a run now, render
+it later (after the process exited, the binary was rebuilt, or on another
+machine), the way `perf record` / `perf report` / `perf archive` do.
+`count --record` and `profile --record` are commands.run with
+Options.record set: the Session saves while it counts."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, TextIO
+
+from .commands import run_session
+from .model import CommEvent, StackCount, UstackError
+from .objfile.debuginfo import find_debug_file
+from .objfile.elf import ElfImage
+from .options import Options
+from .report.aggregate import stack_identity
+from .report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
+from .report.output import choose_format, open_output
+from .report.summary import write_summary
+from .session import Session
+
+ARCHIVE_SUFFIX = ".objects"          # record --archive: FILE.objects/ beside FILE
+
+
+def archive_dir(recording: str) -> str:
+    """Where `record --archive` puts the objects of `recording`, and where
+    `report` looks for them without being told."""
+    return recording + ARCHIVE_SUFFIX
+
+
+# -- record ------------------------------------------------------------------------
+
+def record(opts: Options, archive: bool = False, err: TextIO = sys.stderr) -> int:
+    """Run like trace (or like count when the kernel counts), saving the
+    stream unsymbolized to opts.record; nothing on stdout."""
+
+    writers = []
+
+    def drain(session: Session, progress) -> int:
+        writers.append(session.recorder.writer)
+        session.drain()
+        return session.recorder.writer.events
+
+    status, session = run_session(opts, drain, err)
+    writer = writers[0]
+    what = "hits counted" if session.plan.backend == "bpf" else "events"
+    print(f"Recorded {writer.events} {what} ({writer.stacks} distinct stacks) "
+          f"in {opts.record}, {_size(os.path.getsize(opts.record))}", file=err)
+    if archive:
+        archive_command(opts.record, err=err)
+    return status
+
+
+def archive_command(path: str, directory: Optional[str] = None,
+                    err: TextIO = sys.stderr) -> int:
+    """`ustack archive` and `record --archive`: make the archive, say what
+    it holds."""
+    made = make_archive(path, directory)
+    for warning in made.warnings:
+        print(f"ustack: {warning}", file=err)
+    print(f"Archived {len(made.files)} files for {path} in {made.directory}, "
+          f"{_size(made.size)}", file=err)
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+# -- report ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SampleFilter:
+    """perf report's --pid, --tid and --comm: keep a sample when it matches
+    every list given (an empty list matches all)."""
+    pids: frozenset = frozenset()
+    tids: frozenset = frozenset()
+    comms: frozenset = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.pids or self.tids or self.comms)
+
+    def __call__(self, sample, comm: str) -> bool:
+        return ((not self.pids or sample.pid in self.pids)
+                and (not self.tids or sample.tid in self.tids)
+                and (not self.comms or comm in self.comms))
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """What `ustack report` was asked: the CLI fills it in."""
+    path: str
+    format: Optional[str] = None        # -f; else from -o's name, else the recorded command's
+    output: Optional[str] = None        # -o
+    objects: tuple = ()                 # --objects DIR…
+    only: SampleFilter = SampleFilter()
+    per_pid: bool = False
+    offsets: bool = False
+    render_as: Optional[str] = None     # --as count | trace; else as recorded
+
+
+def replay_options(request: ReportRequest, opts: Options) -> tuple:
+    """(Options, objects directories) of a replay: the recording's archive
+    (FILE.objects/, when there) serves as objects and debug directory."""
+    objects, debug_dirs = list(request.objects), list(opts.symbols.debug_dirs)
+    archived = archive_dir(request.path)
+    if os.path.isdir(archived):
+        objects.append(archived)
+        debug_dirs.append(archived)
+    symbols = type(opts.symbols)(opts.symbols.lines, opts.symbols.inlines,
+                                 opts.symbols.demangle, tuple(debug_dirs))
+    return Options(symbols=symbols), tuple(objects)
+
+
+def counted_by_default(header: dict) -> bool:
+    """A recording of count/profile (or of timed samples only) reads as
+    counted stacks; one of `record`/trace as a stack per event."""
+    if header.get("command") in ("count", "profile"):
+        return True
+    labels = header.get("labels") or []
+    return bool(labels) and all(label.startswith("profile:") for label in labels)
+
+
+def report(request: ReportRequest, opts: Options, out_err: TextIO = sys.stderr) -> int:
+    replay_opts, objects = replay_options(request, opts)
+    session = Session.replay(request.path, replay_opts, objects,
+                             keep=request.only or None)
+    try:
+        session.open()
+        header = session.capture.header
+        table, name = _report_format(header, request)
+        if table is FORMATS:
+            report_class = FORMATS[name]
+            binary = getattr(report_class, "binary", False)
+            with open_output(request.output, binary=binary) as out:
+                fmt = report_class(per_pid=request.per_pid, offsets=request.offsets,
+                                   context=report_context(header, session.labels))
+                for counted in session.counts():
+                    fmt.add(counted)
+                fmt.finish(out)
+        else:
+            with open_output(request.output, whole=False) as out:
+                _events(session, EVENT_FORMATS[name](out, session.labels))
+        losses = session.capture.losses()
+    finally:
+        session.close()
+    write_summary(out_err, warnings=session.capture.warnings + session.resolver.warnings,
+                  losses=losses, backend=header.get("backend", ""),
+                  buffer_pages=header.get("buffer_pages", 0),
+                  stack_storage=header.get("stack_storage", 0))
+    return 0
+
+
+def _report_format(header: dict, request: ReportRequest) -> tuple:
+    """(FORMATS or EVENT_FORMATS, name): -f, else -o's ending, else what
+    the recorded command showed; a name in both tables (text) means the
+    table of --as, else of the recorded command."""
+    counted = (request.render_as == "count" if request.render_as
+               else counted_by_default(header))
+    primary, other = ((FORMATS, EVENT_FORMATS) if counted
+                      else (EVENT_FORMATS, FORMATS))
+    name = choose_format(request.format, request.output, {**other, **primary})
+    table = primary if name in primary else other
+    if table is EVENT_FORMATS and header.get("backend") == "bpf":
+        raise UstackError(f"{request.path} holds stacks counted in the kernel "
+                          "(--backend bpf), not events: use a counted format "
+                          f"({', '.join(FORMATS)})")
+    return table, name
+
+
+def report_context(header: dict, labels) -> ReportContext:
+    """What the live run's formats were told, from the recording's header."""
+    freqs = {int(label.split(":")[-1]) for label in labels
+             if label.startswith("profile:hz:") and label.split(":")[-1].isdigit()}
+    return run_context(header.get("command", "count"), labels,
+                       freqs.pop() if len(freqs) == 1 else None, header.get("start_ns"))
+
+
+def _events(session: Session, fmt) -> None:
+    """A stack per event, as `trace` writes them (commands._trace's loop)."""
+    add, stack, comm_of = fmt.add, session.resolver.stack, session.tracker.comm
+    for piece in session.pieces():
+        if any(isinstance(m, CommEvent) for m in piece.metas):
+            fmt.renamed()
+        for sample in piece.samples:
+            add(sample, stack(sample), comm_of)
+        fmt.flush()
+
+
+# -- report --diff -----------------------------------------------------------------
+
+class DiffRow(NamedTuple):
+    """One stack (as the formats merge stacks: named frames) and its counts
+    in the first recording (before) and the second (after)."""
+    stack: StackCount                   # comm, pid, stack and event of either run
+    before: int
+    after: int
+
+
+def replay_counts(path: str, opts: Options, objects=(), keep=None) -> tuple:
+    """(StackCounts, warnings, ReportContext) of one recording."""
+    with Session.replay(path, opts, objects, keep=keep) as session:
+        counts = session.counts()
+        warnings = session.capture.warnings + session.resolver.warnings
+        context = report_context(session.capture.header, session.labels)
+    return counts, warnings, context
+
+
+def diff_rows(before, after, per_pid: bool = False, offsets: bool = False) -> list:
+    """The StackCounts of two runs paired by identity (report/aggregate's
+    stack_identity): a row per stack seen in either, with both counts."""
+    rows: dict = {}
+    for side, counts in ((0, before), (1, after)):
+        for sc in counts:
+            key = stack_identity(sc, per_pid, offsets)
+            have = rows.get(key)
+            if have is None:
+                have = rows[key] = [sc, 0, 0]
+            have[1 + side] += sc.count
+    return [DiffRow(sc, a, b) for sc, a, b in rows.values()]
+
+
+def diff_report_class():
+    """The differential flame graph's class, or why there is none."""
+    try:
+        from .report.flamegraph_html import DiffFlameGraphReport
+    except ImportError:
+        raise UstackError("differential flame graphs need the HTML flame graph "
+                          "(report/flamegraph_html.py: DiffFlameGraphReport), "
+                          "which this ustack does not have") from None
+    return DiffFlameGraphReport
+
+
+def report_diff(request: ReportRequest, before_path: str, opts: Options,
+                err: TextIO = sys.stderr) -> int:
+    report_class = diff_report_class()
+    sides = []
+    warnings: list = []
+    for path in (before_path, request.path):
+        side_request = ReportRequest(path, objects=request.objects)
+        replay_opts, objects = replay_options(side_request, opts)
+        counts, said, context = replay_counts(path, replay_opts, objects,
+                                              request.only or None)
+        sides.append(counts)
+        warnings += said
+    rows = diff_rows(sides[0], sides[1], request.per_pid, request.offsets)
+    fmt = report_class(per_pid=request.per_pid, offsets=request.offsets,
+                       context=context)          # the second run's (B's widths)
+    with open_output(request.output, binary=getattr(report_class, "binary", False)) as out:
+        for row in rows:
+            if row.before:
+                fmt.add_before(_with_count(row.stack, row.before))
+        for row in rows:
+            if row.after:
+                fmt.add(_with_count(row.stack, row.after))
+        fmt.finish(out)
+    write_summary(err, warnings=warnings)
+    return 0
+
+
+def _with_count(sc: StackCount, n: int) -> StackCount:
+    return StackCount(sc.comm, sc.pid, sc.stack, n, sc.event)
+
+
+# -- archive -----------------------------------------------------------------------
+
+class Archive(NamedTuple):
+    directory: str
+    files: list                         # paths written
+    size: int                           # bytes
+    warnings: list
+
+
+def touched_objects(path: str) -> tuple:
+    """(the files the recording's stacks have frames in, as {recorded path:
+    file to copy}, warnings): every stack unwound (not named) and its
+    addresses looked up in the recorded mappings."""
+    files: dict = {}
+    with Session.replay(path) as session:
+        keys: set = set()
+        key = session.resolver.key
+        for piece in session.pieces():
+            keys.update(key(s) for s in piece.samples)
+        keys.update(key(s) for s, _n in session.capture.counted())
+        tracker, unwind_key = session.tracker, session.resolver.unwinder.unwind_key
+        for pid, generation, skey, _kernel in keys:
+            def find(p, addr, gen=generation):
+                return tracker.find(p, addr, gen)
+            addrs, _notes = unwind_key(pid, skey, find)
+            for addr in addrs:
+                m = tracker.find(pid, addr, generation)
+                if m is not None and m.path.startswith("/") and m.open_path != os.devnull:
+                    files.setdefault(m.path, m.open_path)
+        warnings = list(session.capture.warnings)
+    return files, warnings
+
+
+def make_archive(path: str, directory: Optional[str] = None) -> Archive:
+    """Copy what `report` needs to name the stacks of recording `path`
+    elsewhere into `directory` (default FILE.objects/): each object its
+    stacks touch, and its separate debug file when this host has one
+    (in .build-id/xx/…debug, so the directory serves as --debug-dir too).
+    Objects are found again by build-id, so names never clash badly."""
+    directory = directory or archive_dir(path)
+    files, warnings = touched_objects(path)
+    os.makedirs(directory, exist_ok=True)
+    written: list = []
+    for recorded, source in sorted(files.items()):
+        name = os.path.basename(recorded)
+        build_id = _build_id(source)
+        dest = os.path.join(directory, name)
+        if os.path.exists(dest) and _build_id(dest) != build_id:
+            dest = os.path.join(directory, f"{name}.{build_id or 'no-build-id'}")
+        shutil.copyfile(source, dest)
+        written.append(dest)
+        debug = find_debug_file(ElfImage.open(source)).path if build_id else None
+        if debug:
+            dest = os.path.join(directory, ".build-id", build_id[:2],
+                                build_id[2:] + ".debug")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(debug, dest)
+            written.append(dest)
+    return Archive(directory, written, sum(os.path.getsize(f) for f in written),
+                   warnings)
+
+
+def _build_id(path: str) -> str:
+    try:
+        return ElfImage.open(path).build_id or ""
+    except UstackError:
+        return ""

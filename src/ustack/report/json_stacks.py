@@ -1,0 +1,91 @@
+"""`-f json` of count and profile (`.json`): the counted stacks as plain
+JSON, for scripts.
+
+    {"format": "ustack-stacks", "version": 1,
+     "command": "count" | "profile" | …,
+     "events": ["uprobe:/tmp/chain:d", …],
+     "frequency": 49 | null,          # profile: samples per second
+     "unit": "count" | "nanoseconds", # of "value" below
+     "stacks": [                      # most frequent first
+       {"event": "uprobe:/tmp/chain:d", "comm": "chain", "pid": 4242,
+        "count": 100,                 # events (or samples) with this stack
+        "value": 100,                 # count, or count × 1e9/frequency ns
+        "frames": [FRAME, …],         # innermost first
+        "notes": ["…"]}]}             # what stopped the unwinder, if anything
+
+    FRAME = {"function": "d" | null,  # null: no symbol
+             "module": "chain",       # basename of the object, "" if none
+             "path": "/tmp/chain",    # the object as the process saw it
+             "offset": 0,             # address - function start
+             "address": "0x55d0…",    # runtime address, hex (> 2**53)
+             "file": "chain.c" | null, "line": 36 | null,   # with --lines
+             "inlined": false,        # a call inlined into the next frame
+             "kernel": false}         # a kernel frame (--kernel)
+
+Stacks of the same event, process and frames are one entry whatever the
+thread; ties in count keep a fixed order (event, pid, comm, names)."""
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from ..model import StackCount
+from .pprof_objects import split_kernel
+
+FORMAT_NAME = "ustack-stacks"
+FORMAT_VERSION = 1
+
+
+def frame_dict(f, kernel: bool = False) -> dict:
+    return {"function": f.function, "module": f.module, "path": f.path,
+            "offset": f.offset, "address": f"0x{f.addr:x}",
+            "file": f.file or None, "line": f.line or None,
+            "inlined": f.inlined, "kernel": kernel}
+
+
+def frame_dicts(frames) -> list:
+    """Frames as FRAMEs, the kernel's (before the separator) marked."""
+    kernel, user = split_kernel(frames)
+    return [frame_dict(f, True) for f in kernel] + [frame_dict(f) for f in user]
+
+
+class JsonReport:
+    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
+        # entries are per process and keep addresses: per_pid/offsets change nothing
+        self.context = context
+        self.counted: list = []
+
+    def add(self, counted: StackCount) -> None:
+        self.counted.append(counted)
+
+    def finish(self, out: TextIO) -> None:
+        """The document with one stack a line: greppable, small."""
+        doc = self.document()
+        stacks = doc.pop("stacks")
+        out.write(json.dumps(doc)[:-1] + ', "stacks": [')
+        out.write(",".join(f"\n {json.dumps(s)}" for s in stacks))
+        out.write("\n]}\n")
+
+    def document(self) -> dict:
+        context = self.context
+        command = getattr(context, "command", "count")
+        frequency = getattr(context, "frequency", None) if command == "profile" else None
+        ns = 1_000_000_000 // frequency if frequency else 0
+        merged: dict = {}
+        for sc in self.counted:
+            key = (sc.event, sc.pid, sc.comm, sc.stack)
+            merged[key] = merged.get(key, 0) + sc.count
+        order = sorted(merged.items(), key=lambda kv: (
+            -kv[1], kv[0][0], kv[0][1], kv[0][2],
+            tuple(f.function or "" for f in kv[0][3].frames)))
+        events = (tuple(getattr(context, "events", ()))
+                  or tuple(dict.fromkeys(sc.event for sc in self.counted)))
+        return {
+            "format": FORMAT_NAME, "version": FORMAT_VERSION,
+            "command": command, "events": list(events), "frequency": frequency,
+            "unit": "nanoseconds" if ns else "count",
+            "stacks": [{"event": event, "comm": comm, "pid": pid, "count": n,
+                        "value": n * ns if ns else n,
+                        "frames": frame_dicts(stack.frames),
+                        "notes": list(stack.notes)}
+                       for (event, pid, comm, stack), n in order]}

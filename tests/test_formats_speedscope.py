@@ -1,0 +1,120 @@
+"""-f speedscope: the file is valid against the schema speedscope's npm
+package ships, holds the known chain with exact weights, and speedscope's
+own web app (from the same package) opens it in headless Chromium: its
+Sandwich view lists the chain's functions with their counts (DOM text;
+the flame views are canvas), a screenshot of each view is kept."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from browser import chromium, keep_screenshot, network_requests  # noqa: F401 (fixture)
+from helpers import FP, REPO, build
+from test_e2e_core import CHAIN
+from test_formats_pprof import run_counts, write_report
+
+from ustack.report.formats import ReportContext
+
+pytestmark = pytest.mark.kernel
+
+SPEEDSCOPE = REPO / "tests" / ".node" / "node_modules" / "speedscope" / "dist" / "release"
+NOT_INSTALLED = ("speedscope's npm package is not installed (.ci/run: npm install "
+                 "--prefix tests/.node speedscope@1.25.0)")
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return build("chain", flags=FP)
+
+
+def validate(document: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[test]'")
+    schema_path = SPEEDSCOPE / "file-format-schema.json"
+    if not schema_path.exists():
+        pytest.skip(NOT_INSTALLED)
+    jsonschema.validate(document, json.loads(schema_path.read_text()))
+
+
+def frame_names(document: dict, sample: list) -> list:
+    return [document["shared"]["frames"][i]["name"] for i in sample]
+
+
+def test_chain_valid_and_exact(chain, tmp_path):
+    """Two events, two profiles, each the chain (outermost first) with the
+    exact count of calls as its weight: c once, d 9 times."""
+    counted, labels = run_counts("count", [f"uprobe:{chain}:d", f"uprobe:{chain}:c"],
+                                 f"{chain} 9")
+    path = write_report("speedscope", counted, tmp_path / "chain.speedscope.json",
+                        ReportContext(command="count", events=tuple(labels)))
+    document = json.loads(path.read_text())
+    validate(document)
+    profiles = {p["name"]: p for p in document["profiles"]}
+    assert set(profiles) == set(labels)
+    for label, leaf, n in zip(labels, ("d", "c"), (9, 1)):
+        p = profiles[label]
+        assert p["unit"] == "none" and p["weights"] == [n] and p["endValue"] == n
+        [sample] = p["samples"]
+        names = frame_names(document, sample)
+        inner = CHAIN[CHAIN.index(leaf):]
+        assert names[-len(inner):] == inner[::-1]
+    files = {f["name"]: f.get("file") for f in document["shared"]["frames"]}
+    assert files["d"] == str(chain)
+
+
+def test_profile_weights_are_time(tmp_path):
+    busy = build("busy", flags=FP)
+    hz = 199
+    counted, labels = run_counts("profile", [f"profile:hz:{hz}"], f"{busy} 0.5")
+    context = ReportContext(command="profile", events=tuple(labels), frequency=hz)
+    path = write_report("speedscope", counted, tmp_path / "busy.speedscope.json", context)
+    document = json.loads(path.read_text())
+    validate(document)
+    [p] = document["profiles"]
+    assert p["unit"] == "nanoseconds"
+    assert sum(p["weights"]) == sum(sc.count for sc in counted) * (1_000_000_000 // hz)
+
+
+def open_in_speedscope(driver, path: Path) -> None:
+    """Open a file in speedscope's page through its file input (the
+    Browse button): a file:// page may not fetch a #profileURL."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    page = SPEEDSCOPE / "index.html"
+    if not page.exists():
+        pytest.skip(NOT_INSTALLED)
+    driver.get(page.as_uri())
+    WebDriverWait(driver, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "input[type=file]"))
+    driver.find_element(By.CSS_SELECTOR, "input[type=file]").send_keys(str(path))
+    WebDriverWait(driver, 20).until(
+        lambda d: d.find_elements(By.XPATH, "//*[text()='Sandwich']"))
+
+
+def sandwich_rows(driver) -> list:
+    """The Sandwich view's table as lines of text: total, self, name."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver.find_element(By.XPATH, "//*[text()='Sandwich']").click()
+    WebDriverWait(driver, 20).until(
+        lambda d: "Symbol Name" in d.find_element(By.TAG_NAME, "body").text)
+    text = driver.find_element(By.TAG_NAME, "body").text
+    return text.split("Symbol Name", 1)[1].strip().splitlines()
+
+
+def test_opened_by_speedscope(chain, tmp_path, chromium):  # noqa: F811 (fixture)
+    counted, labels = run_counts("count", [f"uprobe:{chain}:d"], f"{chain} 7")
+    path = write_report("speedscope", counted, tmp_path / "chain.speedscope.json",
+                        ReportContext(command="count", events=tuple(labels)))
+    open_in_speedscope(chromium, path)
+    keep_screenshot(chromium, "speedscope-chain-time-order")
+    rows = sandwich_rows(chromium)
+    keep_screenshot(chromium, "speedscope-chain-sandwich")
+    # three lines a function: total, self, name; d has all 7 as self time
+    by_name = {rows[i + 2]: (rows[i], rows[i + 1]) for i in range(0, len(rows), 3)}
+    assert set(CHAIN) <= set(by_name)
+    assert by_name["d"] == ("7 (100%)", "7 (100%)")
+    for name in CHAIN[1:]:
+        assert by_name[name][0] == "7 (100%)"
+    assert all(url.startswith("file://") for url in network_requests(chromium))
