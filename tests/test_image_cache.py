@@ -75,3 +75,18 @@ def test_cache_writable_by_others_is_not_read(tmp_path):
     image = ElfImage.open(str(prog))
     assert ElfImage.parsed_files == parsed + 1
     assert image.find("main") and not image.find("forged")
+
+
+def test_same_file_by_another_path_reads_the_cache(tmp_path):
+    """A file seen through a link (or /proc/PID/root/…) is the same file:
+    one cache entry, not one per path."""
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    first = facts(ElfImage.open(str(prog)))
+    link = tmp_path / "link"
+    link.symlink_to(prog)
+    parsed = ElfImage.parsed_files
+    ElfImage.clear_cache()
+    assert facts(ElfImage.open(str(link))) == first
+    assert ElfImage.parsed_files == parsed
+    assert len(list((tmp_path / "cache" / "images").iterdir())) == 1

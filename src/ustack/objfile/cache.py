@@ -41,12 +41,12 @@ def cache_file(kind: str, path: str, st: os.stat_result,
     return os.path.join(cache_root(), kind, f"{name}.{suffix}")
 
 
-def identity_file(kind: str, path: str, st: os.stat_result, suffix: str) -> str:
+def identity_file(kind: str, st: os.stat_result, suffix: str) -> str:
     """Where the cached KIND of exactly this file lives, found without
-    reading it: keyed by its path and inode, size, mtime and ctime (ctime
-    cannot be set back, so a file rewritten in place gets a new name)."""
-    ident = (f"{os.path.realpath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0"
-             f"{st.st_mtime_ns}\0{st.st_ctime_ns}")
+    reading it: keyed by device, inode, size, mtime and ctime (ctime cannot
+    be set back, so a file rewritten in place gets a new name), not by
+    path: the same file seen through /proc/PID/root/… or a link is one."""
+    ident = f"{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
     return os.path.join(cache_root(), kind,
                         f"{hashlib.sha1(ident.encode()).hexdigest()}.{suffix}")
 

@@ -101,7 +101,7 @@ class ElfImage:
                 if f.read(4) != b"\x7fELF":
                     raise UstackError(f"{path}: not an ELF file")
                 # the key of what this very file (fstat: not a replaced one) parsed to
-                cache = objcache.identity_file("images", path, os.fstat(f.fileno()),
+                cache = objcache.identity_file("images", os.fstat(f.fileno()),
                                                f"{_STATE_VERSION}.json")
                 if self._restore(objcache.read(cache)):
                     return
