@@ -29,3 +29,14 @@ def test_traced_command_stops_at_exit_with_its_maps():
 def test_ptrace_errors_carry_the_errno():
     with pytest.raises(ProcessLookupError):
         ptrace.cont(os.getpid())          # not our tracee: ESRCH
+
+
+@pytest.mark.kernel
+def test_a_command_held_at_its_exec_stop_is_ended_not_waited_for():
+    """Set-up failing after the command was released to its exec stop
+    (tracefs refusing an event) must not leave ustack in waitpid for ever."""
+    from ustack.target.traced_command import launch_traced
+    target = launch_traced("sleep 30")
+    target.release()                      # now stopped at its first instruction
+    target.finish(grace=5)                # what Session.close does
+    assert target.exit_status == -9 and target.interrupted

@@ -80,7 +80,7 @@ def run_session(opts: Options, body, err: TextIO = sys.stderr) -> tuple:
         finally:
             session.close()
     target = session.target
-    write_summary(err, warnings=session.resolver.warnings, losses=losses,
+    write_summary(err, warnings=session.warnings, losses=losses,
                   backend=session.plan.backend,
                   buffer_pages=session.capture.buffer_pages,
                   stack_storage=opts.stack_storage,

@@ -49,6 +49,7 @@ class Session:
         self._stream: Optional[Stream] = None
         self._stop_requested = False
         self.on_piece = None           # called with each piece (e.g. a status line)
+        self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.started_ns: Optional[int] = None     # wall clock at open()
         self.recorder: Optional[Recorder] = None    # opts.record: saves the run
         self._whole = False                # the stream ran to its end
@@ -77,7 +78,7 @@ class Session:
                               "(run it with sudo)")
         if opts.pid is not None:
             self.target = process.attach(opts.pid)
-        self.probes = resolve_probes(specs, opts.pid)
+        self.probes = resolve_probes(specs, opts.pid, self.notes)
         self.labels = [p.label for p in self.probes]
         if opts.pid is None:
             launch = launch_traced if opts.backend == "tracefs" else process.launch
@@ -104,6 +105,11 @@ class Session:
                  "buffer_pages": self.capture.buffer_pages,
                  "stack_storage": opts.stack_storage},
                 raw_stacks=opts.raw_stacks)
+
+    @property
+    def warnings(self) -> list:
+        """What the user should hear at the end, one sentence each."""
+        return self.notes + self.resolver.warnings
 
     @classmethod
     def replay(cls, path: str, opts: Optional[Options] = None, objects=(),
@@ -135,8 +141,7 @@ class Session:
             self.capture.close()
         target = self.target
         if target is not None and target.scope == "command" and target.exit_status is None:
-            target.interrupt()
-            target.wait(block=True)
+            target.finish()
 
     # -- the stream ---------------------------------------------------------------
     def pieces(self):

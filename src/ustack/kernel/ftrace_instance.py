@@ -13,6 +13,8 @@ from ..model import UstackError
 from .tracefs import tracefs_root
 from .uprobe_events import GROUP_PREFIX
 
+ENOTSUPP = 524                    # the kernel's internal 'not supported' (no libc name)
+
 _STAT_RE = re.compile(r"^(overrun|dropped events|entries|commit overrun):\s*(\d+)", re.M)
 
 
@@ -82,8 +84,12 @@ class FtraceInstance:
             with open(os.path.join(self.path, rel), "w") as f:
                 f.write(value)
         except OSError as e:
+            why = e.strerror
+            if e.errno == ENOTSUPP:
+                why = ("the kernel refused it (error 524, ENOTSUPP: for a uprobe, "
+                       "an instruction it cannot single-step or emulate)")
             raise UstackError(f"cannot set {what or rel} of tracefs instance "
-                              f"{self.name}: {e.strerror}")
+                              f"{self.name}: {why}")
 
     def option(self, name: str, on: bool) -> None:
         self.write(f"options/{name}", "1" if on else "0", f"option {name}")

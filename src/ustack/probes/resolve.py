@@ -117,7 +117,14 @@ def realpath_in_root(root: str, path: str) -> str:
 
 # --- uprobes ---------------------------------------------------------------
 
-def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None) -> list:
+class Unprobeable(UstackError):
+    """The kernel would refuse a uprobe on this instruction."""
+
+
+def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None,
+                    notes: Optional[list] = None) -> list:
+    """The probes `spec` stands for. A glob skips the functions whose first
+    instruction the kernel would refuse, saying so in `notes`."""
     if spec.kind not in ("uprobe", "uretprobe"):
         raise ValueError(f"not a uprobe spec: {spec.kind}")
     host, shown = locate_binary(spec.path, pid)
@@ -141,7 +148,16 @@ def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None) -> list:
             # the kernel would overwrite [sp], which is no return address here
             raise UstackError(f"a uretprobe must be on a function's entry, and "
                               f"0x{vaddr:x} is {sym.name}+0x{vaddr - sym.address:x}")
-        targets.append(_target(spec, image, host, shown, sym, vaddr))
+        try:
+            targets.append(_target(spec, image, host, shown, sym, vaddr))
+        except Unprobeable as e:
+            if not is_glob(spec.function or ""):
+                raise
+            if notes is not None:
+                notes.append(f"skipped: {e}")
+    if not targets:
+        raise UstackError(f"no function matching '{spec.function}' in {shown} "
+                          "can be probed")
     return targets
 
 
@@ -222,10 +238,11 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
             raise UstackError(f"{where} is beyond the end of {sym.name} "
                               f"(size 0x{sym.size:x}) in {shown}")
         slot = _check_and_find_slot(image, sym, vaddr, where, shown)
-        if spec.kind != "uprobe":
-            # a uretprobe fires after the return: its caller's frame is the
-            # top of the walk and no word on the stack is missing from it
-            slot = None
+    _refuse_unprobeable(image, vaddr, where, shown, sym)
+    if spec.kind != "uprobe":
+        # a uretprobe fires after the return: its caller's frame is the
+        # top of the walk and no word on the stack is missing from it
+        slot = None
     return UprobeProbe(spec=spec, path=host, file_offset=off, address=vaddr,
                         symbol=sym.name if sym else None, symbol_offset=sym_off,
                         return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}",
@@ -233,6 +250,33 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
 
 
 # --- disassembly: instruction boundary and the return-address slot ----------
+
+# Legacy prefixes the kernel's x86 uprobes refuse (is_prefix_bad() in
+# arch/x86/kernel/uprobes.c): lock and the ES/CS/DS/SS segment overrides
+# (0x3e is also `notrack`). With -c the refusal happens silently at exec,
+# with -p as error 524 (ENOTSUPP), so it is checked here, before any run.
+_LEGACY_PREFIXES = frozenset(b"\xf0\xf2\xf3\x2e\x36\x3e\x26\x64\x65\x66\x67")
+_REFUSED_PREFIXES = {0xF0: "lock", 0x26: "segment (es)", 0x2E: "segment (cs)",
+                     0x36: "segment (ss)", 0x3E: "segment (ds) or notrack"}
+
+
+def _refuse_unprobeable(image, vaddr: int, where: str, shown: str, sym) -> None:
+    code = image.read(vaddr, 15)
+    for byte in code:
+        if byte not in _LEGACY_PREFIXES:
+            return
+        if byte in _REFUSED_PREFIXES:
+            break
+    else:
+        return
+    insn = next(iter(prologue.instructions(code, vaddr)), None)
+    text = f"'{insn.mnemonic} {insn.op_str}'" if insn else "its instruction"
+    hint = ""
+    if insn is not None and sym is not None:
+        hint = f"; probe the next instruction, {sym.name}+0x{vaddr + insn.size - sym.address:x}"
+    raise Unprobeable(f"the kernel cannot place a uprobe at {where} in {shown}: "
+                      f"{text} has a {_REFUSED_PREFIXES[byte]} prefix, which x86 "
+                      f"uprobes refuse{hint}")
 
 def _check_and_find_slot(image, sym: Symbol, vaddr: int, where: str, shown: str):
     if vaddr == sym.address:
@@ -285,12 +329,13 @@ def _pick(names: list, pattern: str, what: str) -> list:
     raise UstackError(msg)
 
 
-def resolve_probes(specs: list, pid: Optional[int] = None) -> list:
+def resolve_probes(specs: list, pid: Optional[int] = None,
+                   notes: Optional[list] = None) -> list:
     """Every probe the parsed EVENTs stand for (a glob may give many)."""
     probes = []
     for spec in specs:
         if spec.kind in ("uprobe", "uretprobe"):
-            probes.extend(resolve_uprobes(spec, pid))
+            probes.extend(resolve_uprobes(spec, pid, notes))
         elif spec.kind in ("syscall", "tracepoint"):
             probes.extend(tracepoint_probes(spec))
         elif spec.kind == "profile":

@@ -8,11 +8,15 @@ import os
 import shlex
 import shutil
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..kernel import procfs
 from ..model import UstackError
+
+# how long a -c command has to exit after the run's SIGINT before SIGKILL
+FINISH_GRACE_S = 2.0
 
 
 @dataclass
@@ -70,6 +74,21 @@ class Target:
             return False
         self.exit_status = os.waitstatus_to_exitcode(status)
         return True
+
+    def finish(self, grace: float = FINISH_GRACE_S) -> None:
+        """End the command at the end of the run and reap it: SIGINT, as
+        Ctrl-C would, then SIGKILL if it is still there after `grace` s."""
+        self.interrupt()
+        deadline = time.monotonic() + grace
+        while not self.wait():
+            if time.monotonic() >= deadline:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.wait(block=True)
+                return
+            time.sleep(0.02)
 
     def interrupt(self) -> None:
         """End the command at the end of the run (-d, Ctrl-C)."""

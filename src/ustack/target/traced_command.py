@@ -23,6 +23,7 @@ def _cont(pid: int, sig: int = 0) -> None:
 
 class TracedCommand(Target):
     on_exit: Optional[Callable[[int], None]] = None   # called at the exit stop
+    resumed: bool = False          # it has run past its exec stop
 
     def release(self) -> None:
         """Let the command execve and wait until it stands at its first
@@ -39,7 +40,21 @@ class TracedCommand(Target):
 
     def resume(self) -> None:
         if self.exit_status is None:
+            self.resumed = True
             _cont(self.pid)
+
+    def interrupt(self) -> None:
+        """Held at its exec stop (set-up failed after release), it never
+        ran an instruction and a signal would stay pending for ever: end
+        it with SIGKILL, the one signal a ptrace stop does not hold."""
+        if self.exit_status is None and not self.resumed:
+            self.interrupted = True
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        super().interrupt()
 
     def wait(self, block: bool = False) -> bool:
         while self.exit_status is None:
