@@ -1,0 +1,150 @@
+"""Unwind rows packed for the in-kernel unwinder (capture/bpf_unwind.py).
+
+The BPF program cannot run the CFI interpreter, so each object's rules are
+flattened here into fixed-size rows sorted by address, which the program
+binary-searches: the CFI table of cfi.py (already interpreted and cached on
+disk by build-id), reduced to the rules the program evaluates, plus a row
+for the signal trampoline (glibc's __restore_rt) that cfi.py leaves to the
+Python unwinder's byte check.
+
+A row is 16 bytes (ROW): the ELF virtual address where it starts (u32: the
+program keys rows by vaddr = address - bias), the kind, the rbp rule, a
+small auxiliary value (the PLT threshold), the CFA offset and rbp's offset.
+The return address is always at CFA - 8 (x86-64); rows whose CFI says
+otherwise, or uses a rule the program does not evaluate, become UNSUPPORTED
+and end the stack with a note, never a guess."""
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+from typing import Optional
+
+from ..objfile.elf import ElfImage
+from . import cfi
+from .cfi import UnwindTable
+from .dwarf import RESTORE_RT
+
+# Row kinds as the BPF program reads them.
+GAP = 0           # no CFI covers the address
+SP = 1            # CFA = rsp + cfa
+BP = 2            # CFA = rbp + cfa
+PLT = 3           # CFA = rsp + cfa + (8 if (pc & 15) >= aux else 0)
+END = 4           # the outermost frame: the stack ends here, complete
+SIGNAL = 5        # a sigreturn trampoline: continue from the saved ucontext
+UNSUPPORTED = 6   # CFI the program does not evaluate
+KIND_NAMES = {GAP: "gap", SP: "sp", BP: "bp", PLT: "plt", END: "end",
+              SIGNAL: "signal", UNSUPPORTED: "unsupported"}
+# rbp rules: cfi.BP_SAME, BP_AT (at CFA + bp), BP_LOST, BP_AT_BP (at rbp + bp)
+
+ROW = struct.Struct("<IBBhii")    # pc, kind, bp rule, aux, cfa, bp
+ROW_SIZE = ROW.size
+MAX_VADDR = 1 << 32               # rows key addresses as u32
+_S32 = (-(1 << 31), (1 << 31) - 1)
+_DIRECT = {cfi.CFA_SP: SP, cfi.CFA_BP: BP}
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """One object's rows, as the BPF map holds them (ROW each)."""
+    path: str
+    data: bytes
+    from_cache: bool = False      # the CFI came from ustack's disk cache
+
+    def __len__(self) -> int:
+        return len(self.data) // ROW_SIZE
+
+    def row(self, i: int) -> tuple:
+        return ROW.unpack_from(self.data, i * ROW_SIZE)
+
+    def lookup(self, vaddr: int) -> Optional[tuple]:
+        """(kind, bp rule, aux, cfa, bp) of the row covering vaddr, found
+        as the program finds it (the last row starting at or below it);
+        None below the first row."""
+        lo, hi = 0, len(self)
+        while lo < hi:                  # the program's search, step for step
+            mid = (lo + hi) // 2
+            if self.row(mid)[0] <= vaddr:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return None
+        return self.row(lo - 1)[1:]
+
+
+def pack_row(kind: int, cfa_off: int, ra_off: int, bp_rule: int, bp_off: int,
+             aux: int) -> tuple:
+    """A cfi.UnwindTable row -> (kind, bp rule, aux, cfa, bp) of ours."""
+    if kind == cfi.NONE:
+        return (GAP, 0, 0, 0, 0)
+    if kind == cfi.END:
+        return (END, 0, 0, 0, 0)
+    ours = _DIRECT.get(kind, PLT if kind == cfi.CFA_PLT else None)
+    fits = all(_S32[0] <= v <= _S32[1] for v in (cfa_off, bp_off)) and -32768 <= aux < 32768
+    if ours is None or ra_off != -8 or not fits:
+        return (UNSUPPORTED, 0, 0, 0, 0)
+    return (ours, bp_rule, aux if ours == PLT else 0, cfa_off, bp_off)
+
+
+def rows_of_table(table: UnwindTable) -> list:
+    """(vaddr, (kind, bp rule, aux, cfa, bp)) of a CFI table, merged where
+    neighbours pack the same."""
+    out: list = []
+    for i, start in enumerate(table.starts):
+        k = table.kinds[i]
+        row = pack_row(k & 15, table.cfa[i], table.ra[i], k >> 4, table.bp[i],
+                       table.aux[i])
+        if out and out[-1][1] == row:
+            continue
+        out.append((start, row))
+    return out
+
+
+def signal_trampolines(image: ElfImage) -> list:
+    """The vaddrs of glibc's __restore_rt code (mov $15,%rax; syscall) in the
+    object's executable segments."""
+    found = []
+    for vaddr, _off, size in image.executable_segments():
+        data = image.read(vaddr, size)
+        at = data.find(RESTORE_RT)
+        while at >= 0:
+            found.append(vaddr + at)
+            at = data.find(RESTORE_RT, at + 1)
+    return found
+
+
+def with_ranges(rows: list, ranges: list) -> list:
+    """rows with each (start, end, row) of `ranges` laid over them: inside
+    the range the new row, after it whatever row covered `end` before."""
+    for start, end, row in ranges:
+        starts = [r[0] for r in rows]
+        before = rows[bisect.bisect_right(starts, end) - 1][1] \
+            if bisect.bisect_right(starts, end) else (GAP, 0, 0, 0, 0)
+        rows = ([r for r in rows if r[0] < start] + [(start, row), (end, before)]
+                + [r for r in rows if r[0] > end])
+    return rows
+
+
+def pack(path: str, rows: list, from_cache: bool = False) -> Optional[PackedRows]:
+    """PackedRows of (vaddr, row) pairs; None if an address does not fit
+    the program's u32 keys."""
+    if rows and rows[-1][0] >= MAX_VADDR:
+        return None
+    return PackedRows(path, b"".join(ROW.pack(vaddr, *row) for vaddr, row in rows),
+                      from_cache)
+
+
+def for_image(image: ElfImage, debug_dirs=()) -> Optional[PackedRows]:
+    """The packed rows of an ELF object with CFI (its .eh_frame, .debug_frame
+    and separate debug file, as the Python unwinder uses them), or None when
+    it has none the program could use."""
+    table, _found = UnwindTable.for_image(image, debug_dirs)
+    rows = rows_of_table(table)
+    # the return address into __restore_rt is looked up at pc - 1: one byte before
+    signals = [(at - 1, at + len(RESTORE_RT), (SIGNAL, 0, 0, 0, 0))
+               for at in signal_trampolines(image)]
+    rows = with_ranges(rows, signals)
+    if not any(row[0] not in (GAP, UNSUPPORTED) for _v, row in rows):
+        return None
+    return pack(image.path, rows, table.from_cache)
