@@ -37,7 +37,7 @@ from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
-from ..model import (Losses, ProfileProbe, RawSample, TracepointProbe,
+from ..model import (Losses, MmapEvent, ProfileProbe, RawSample, TracepointProbe,
                      UprobeProbe)
 from .perf import NEVER_SAMPLE, PerfCapture
 
@@ -203,7 +203,7 @@ def call_count_program(probe_index: int, counts: bpf.Map, armed=None,
     return a.assemble()
 
 
-def _prog_type(probe) -> int:
+def prog_type_of(probe) -> int:
     if isinstance(probe, UprobeProbe):
         return bpf.PROG_KPROBE
     if isinstance(probe, TracepointProbe):
@@ -260,7 +260,7 @@ class BpfCounter:
                                        kernel=self.kernel,
                                        armed=None if isinstance(probe, ProfileProbe)
                                        else self.armed, result=result)
-        fd = bpf.load_program(_prog_type(probe), code, f"ustack_{index}")
+        fd = bpf.load_program(prog_type_of(probe), code, f"ustack_{index}")
         self.prog_fds.append(fd)
         return fd
 
@@ -369,8 +369,12 @@ class BpfCapture:
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 calls_only: bool = False):
+                 calls_only: bool = False, unwind_tables=None):
         self.probes = probes
+        # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
+        # an object, from unwind/tables.for_image (None: frame pointers)
+        self.unwind_tables = unwind_tables
+        self.unwind_note = "unwound in the kernel" if unwind_tables else ""
         self.target = target
         self.stack_storage = stack_storage
         self.kernel = kernel
@@ -378,7 +382,7 @@ class BpfCapture:
         self.events = PerfCapture(probes, target, buffer_pages or BPF_BUFFER_PAGES,
                                   with_stacks=False)
         self.buffer_pages = self.events.buffer_pages
-        self.decode = self.events.decode
+        self.decode = self._decode if unwind_tables else self.events.decode
         self.read_chunks = self.events.read_chunks
         self.flush_lost = self.events.flush_lost
         self.stop = self.events.stop
@@ -387,10 +391,18 @@ class BpfCapture:
     def open(self) -> None:
         target = self.target
         try:
-            self.counter = BpfCounter(
-                self.probes, stack_storage=self.stack_storage, kernel=self.kernel,
-                filter_tgid=target.pid if target.scope != "system" else None,
-                calls_only=self.calls_only)
+            tgid = target.pid if target.scope != "system" else None
+            if self.unwind_tables is not None:
+                from .bpf_unwind import UnwindCounter, objects_of_target
+                self.counter = UnwindCounter(
+                    self.probes, self.unwind_tables, stack_storage=self.stack_storage,
+                    kernel=self.kernel, filter_tgid=tgid)
+                for path in objects_of_target(target, self.probes):
+                    self.counter.objects.add_path(path)
+            else:
+                self.counter = BpfCounter(
+                    self.probes, stack_storage=self.stack_storage, kernel=self.kernel,
+                    filter_tgid=tgid, calls_only=self.calls_only)
             self.events.open()
             if target.scope == "command":
                 self.counter.arm_on_exec(target.pid)
@@ -411,7 +423,12 @@ class BpfCapture:
     def losses(self) -> Losses:
         events = self.events.losses()
         uncounted = ()
-        if self.counter is not None and not self.calls_only:
+        if self.counter is not None and self.unwind_tables is not None:
+            stacks_full, counts_full = self.counter.errors_seen()
+            uncounted = tuple((why, n) for why, n in (
+                ("found the stack map full", stacks_full),
+                ("found the count map full", counts_full)) if n)
+        elif self.counter is not None and not self.calls_only:
             collided, stacks_full, counts_full = self.counter.errors_seen()
             uncounted = tuple((why, n) for why, n in (
                 ("had a stack id collision", collided),
@@ -424,6 +441,12 @@ class BpfCapture:
         and CPU are 0 and -1 (the kernel kept neither)."""
         counter = self.counter
         out = []
+        if self.unwind_tables is not None:
+            for pid, tid, probe, chain, kstack, n in counter.stacks(reset):
+                kernel = counter.stack_bytes(kstack) if self.kernel else b""
+                out.append((RawSample(probe, pid, tid, 0, -1, chain, b"",
+                                      kernel=kernel), n))
+            return out
         for c in counter.counted(reset):
             slot = getattr(self.probes[c.probe], "return_address_slot", None)
             sample = RawSample(
@@ -436,3 +459,14 @@ class BpfCapture:
     def calls(self, reset: bool = False) -> list:
         """Calls per probe (funccount), in probe order."""
         return self.counter.calls(reset)
+
+    def _decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
+        """The stream's decoder, loading the rows of each newly mapped
+        object (dlopen, a new process) as its MMAP2 record passes."""
+        before = len(metas)
+        offset = self.events.decode(chunk, metas, samples, offset, limit)
+        if self.counter is not None:
+            for _time, event in metas[before:]:
+                if isinstance(event, MmapEvent):
+                    self.counter.objects.add_mapping(event.mapping, event.pid)
+        return offset

@@ -11,12 +11,13 @@ binaries built without them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..kernel import bpf
 from ..model import ProfileProbe, UprobeProbe, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
+from . import tables
 
 SAMPLE_FUNCTIONS = 64
 # Start-up code the toolchain links into every program, built its own way:
@@ -64,6 +65,8 @@ class Plan:
     backend: str                   # perf | bpf | tracefs
     modes: tuple                   # per probe: fp | dwarf | none
     note: str = ""                 # why another backend than asked, for the user
+    # DWARF unwinding in the kernel (bpf backend): an object's unwind rows
+    kernel_tables: Optional[Callable] = None
 
     @property
     def unwind(self) -> str:
@@ -84,6 +87,11 @@ def plan(command: str, backend: str, unwind: str, probes: list,
                                           and backend in ("auto", "bpf"))
     if not counting:
         return Plan("perf", modes)
+    if backend == "bpf" and unwind == "dwarf" and command in ("count", "profile"):
+        if not bpf.available():
+            raise UstackError("BPF is not available here (bpf(2) failed); "
+                              "use --backend perf")
+        return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
     why_not = _why_not_bpf(command, backend, unwind, modes, kernel_stacks)
     if why_not is None:
         return Plan("bpf", ("none" if command == "funccount" else "fp",) * len(probes))

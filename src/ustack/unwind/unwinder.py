@@ -5,9 +5,10 @@ walked the frame pointers). Also says what tells two raw stacks apart, so
 callers unwind and symbolize each distinct stack once."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
-from ..model import Mapping, RawSample
+from ..model import KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Mapping, RawSample
 from .dwarf import DwarfUnwinder
 from .fp import frame_pointer_stack
 
@@ -46,5 +47,16 @@ class Unwinder:
         first, second = key
         if isinstance(first, tuple):
             return key                      # a DWARF sample: already unwound
-        return frame_pointer_stack(first, second,
-                                   lambda addr: find(pid, addr) is not None), ()
+        addrs = frame_pointer_stack(first, second,
+                                    lambda addr: find(pid, addr) is not None)
+        if addrs and addrs[-1] & ~0xFF == KERNEL_UNWIND_STOP:
+            return addrs[:-1], (_stop_note(addrs[:-1], addrs[-1], pid, find),)
+        return addrs, ()
+
+
+def _stop_note(addrs: tuple, marker: int, pid: int, find: FindMapping) -> str:
+    """Why the kernel's DWARF walk stopped after addrs, for the stack."""
+    why = KERNEL_UNWIND_REASONS.get(marker & 0xFF, f"reason {marker & 0xFF}")
+    m = find(pid, addrs[-1] - (1 if len(addrs) > 1 else 0)) if addrs else None
+    where = os.path.basename(m.path) if m is not None and m.path else "[unknown]"
+    return f"stack cut at {where}: {why}"
