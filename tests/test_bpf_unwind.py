@@ -32,8 +32,10 @@ def chain() -> Path:
 
 def counted(backend: str, *args) -> list[dict]:
     """`ustack count --offsets` with DWARF unwinding on `backend` (bpf:
-    in the kernel; perf: the copy path): its stacks, with notes apart."""
-    res = ok(run_ustack("count", "--offsets", "--unwind", "dwarf",
+    in the kernel; perf: the copy path), or `ustack profile` when args
+    start with "profile": its stacks, with notes apart."""
+    command, args = (args[0], args[1:]) if args[0] == "profile" else ("count", args)
+    res = ok(run_ustack(command, "--offsets", "--unwind", "dwarf",
                         "--backend", backend, *args))
     header = res.stderr.splitlines()[0]
     assert (IN_KERNEL if backend == "bpf" else COPIED) in header, header
@@ -130,3 +132,219 @@ def _same_frame(perfs: tuple, ours: tuple, prog: Path) -> bool:
         return perfs == ours
     return sym.rpartition("+")[2] == our_sym.rpartition("+")[2] and \
         module in (our_module, "inlined")
+
+
+# --- 3. profiles, libc callbacks, signals, C++, dlopen, Go ----------------------
+
+WARMING = "the process's memory map was locked"   # see test_profile_*
+
+
+def complete(stacks: list[dict]) -> list[dict]:
+    """The stacks without notes; the others may only be the few samples
+    cut while the kernel's VMA cache warms up: in a sample's interrupt,
+    bpf_find_vma answers once, so a sample may meet one new mapping."""
+    cut = [s for s in stacks if s["notes"]]
+    for s in cut:
+        assert len(s["notes"]) == 1 and s["notes"][0].endswith(WARMING), s
+    assert sum(s["count"] for s in cut) <= 3, cut
+    return [s for s in stacks if not s["notes"]]
+
+
+def test_profile_user_mode_samples():
+    busy = build("busy", flags=O2_NOFP)
+    stacks = complete(counted("bpf", "profile", "-F", "199", "-c", f"{busy} 1"))
+    top = max(stacks, key=lambda s: s["count"])
+    assert names(top["frames"]) == ["spin_here", "work", "main", "__libc_start_call_main",
+                                    "__libc_start_main", "_start"], top
+    total = sum(s["count"] for s in stacks)
+    for s in stacks:                 # in spin_here, or the vDSO clock it reads
+        assert names(s["frames"])[-6:] == names(top["frames"]), s
+    assert total >= 50
+
+
+def test_profile_kernel_mode_samples(chain):
+    """Samples that interrupt the kernel (inside write(2)) take the task's
+    user registers: the stack is write's, down to _start."""
+    stacks = complete(counted("bpf", "profile", "-F", "999",
+                              "-c", f"{chain} 300000 write"))
+    in_write = [s for s in stacks if names(s["frames"])[:2] == ["write", "d"]]
+    assert in_write, stacks
+    for s in in_write:
+        assert names(s["frames"]) == ["write"] + CHAIN + [
+            "__libc_start_call_main", "__libc_start_main", "_start"], s
+
+
+def test_qsort_comparator_called_from_libc():
+    prog = build("qsort_cb", flags=O2_NOFP)
+    stacks = same_as_copy_path(f"uprobe:{prog}:cmp", "-c", f"{prog} 64")
+    for s in stacks:
+        own = [n for n, (_f, m) in zip(names(s["frames"]), s["frames"]) if m == prog.name]
+        assert own == ["cmp", "sort_things", "main", "_start"], s
+        assert s["frames"][1][1] == "libc.so.6"
+
+
+def test_signal_handler_continues_into_interrupted_code():
+    prog = build("sighandler", flags=O2_NOFP)
+    stacks = counted("bpf", f"uprobe:{prog}:handler_leaf", "-c", f"{prog} 0.2")
+    assert sum(s["count"] for s in stacks) == 20
+    for s in stacks:
+        assert s["notes"] == [], s
+        # the signal frame (__restore_rt, no symbol) between handler and spin
+        assert names(s["frames"]) == ["handler_leaf", "handler", "[unknown]", "spin",
+                                      "main", "__libc_start_call_main",
+                                      "__libc_start_main", "_start"], s
+        assert s["frames"][2][1] == "libc.so.6"
+
+
+def test_cxx_with_exceptions():
+    from test_dwarf_unwind import build_cxx
+    prog = build_cxx("cxx_throw", O2_NOFP)
+    (stack,) = same_as_copy_path(f"uprobe:{prog}:leaf", "-c", f"{prog} 4")
+    assert names(stack["frames"])[:4] == ["leaf(long)", "f2(long)", "f1(long)", "main"]
+
+
+def test_library_dlopened_after_attach():
+    from test_e2e_core import run_attached, spawn, stop
+    prog, plugin = build("dlopen_main", flags=O2_NOFP), build(
+        "plugin", kind="shared", flags=O2_NOFP)
+    target = spawn(prog, "-", plugin, 3, stdin=subprocess.PIPE)
+    try:
+        assert str(plugin) not in open(f"/proc/{target.pid}/maps").read()
+        res = ok(run_attached(target, "count", "--backend", "bpf", "--unwind", "dwarf",
+                              f"uprobe:{plugin}:plugin_leaf"))
+        assert IN_KERNEL in res.stderr.splitlines()[0]
+        (stack,) = parse_counts(res.stdout)
+        assert stack["count"] == 3
+        assert stack["frames"][:4] == [("plugin_leaf", "plugin.so"),
+                                       ("plugin_entry", "plugin.so"),
+                                       ("run_plugin", "dlopen_main"),
+                                       ("main", "dlopen_main")], stack
+        assert target.wait(timeout=10) == 0
+    finally:
+        stop(target)
+
+
+GO_CHAIN = ["main.d", "main.(*T).c", "main.b", "main.a", "main.main", "runtime.main",
+            "runtime.goexit.abi0"]
+
+
+GO_WRITER = """package main
+
+import (
+	"bufio"
+	"os"
+	"syscall"
+)
+
+var buf = []byte("x")
+var fd int
+
+//go:noinline
+func d() { syscall.Write(fd, buf) }
+
+//go:noinline
+func c(n int) {
+	for i := 0; i < n; i++ {
+		d()
+	}
+}
+
+//go:noinline
+func b(n int) { c(n) }
+
+//go:noinline
+func a(n int) { b(n) }
+
+func main() {
+	fd, _ = syscall.Open("/dev/null", syscall.O_WRONLY, 0)
+	bufio.NewReader(os.Stdin).ReadString('\\n')
+	a(3)
+}
+"""
+
+
+def test_go_uprobe():
+    """Go has no .eh_frame: the rows come from .gopclntab's pcsp."""
+    from helpers import build_go
+    prog = build_go("gochain")
+    (stack,) = same_as_copy_path(f"uprobe:{prog}:main.d", "-c", f"{prog} 3")
+    assert names(stack["frames"]) == GO_CHAIN and stack["count"] == 3
+
+
+def _attached(backend: str, argv: list, *args) -> list[dict]:
+    """counted() on a target started first, waiting for a line on stdin."""
+    from test_e2e_core import run_attached, spawn, stop
+    target = spawn(*argv, stdin=subprocess.PIPE)
+    try:
+        res = ok(run_attached(target, "count", "--offsets", "--unwind", "dwarf",
+                              "--backend", backend, *args))
+        assert target.wait(timeout=10) == 0
+    finally:
+        stop(target)
+    stacks = parse_counts(res.stdout)
+    for s in stacks:
+        s["notes"] = [f[1:-1] for f, m in s["frames"] if m is None and f.startswith("(")]
+        s["frames"] = [(f, m) for f, m in s["frames"] if not (m is None and f.startswith("("))]
+    return stacks
+
+
+def test_go_syscall_frameless_assembly(tmp_path):
+    """At the write syscall the frameless assembly syscall.RawSyscall6 is
+    on the stack (a frame-pointer walk skips it)."""
+    from helpers import build_go_source
+    prog = build_go_source(tmp_path, GO_WRITER)
+    kernel = _attached("bpf", [prog], "syscall:write")
+    copied = _attached("perf", [prog], "syscall:write")
+    (stack,) = kernel
+    assert [(s["frames"], s["count"]) for s in copied] == [(stack["frames"], 3)]
+    assert stack["notes"] == []
+    assert names(stack["frames"]) == [
+        "runtime/internal/syscall.Syscall6", "syscall.RawSyscall6", "syscall.Syscall",
+        "syscall.write", "main.d", "main.c", "main.b", "main.a",
+        "main.main", "runtime.main", "runtime.goexit.abi0"], stack
+
+
+GO_LEAF = """package main
+
+import (
+	"os"
+	"strconv"
+	"time"
+)
+
+var sink int
+
+//go:noinline
+func leaf(x int) int {
+	for j := 0; j < 50; j++ {
+		x = x*3 + j
+	}
+	return x
+}
+
+//go:noinline
+func work(until time.Time) {
+	for time.Now().Before(until) {
+		for i := 0; i < 10000; i++ {
+			sink = leaf(sink)
+		}
+	}
+}
+
+func main() {
+	ms, _ := strconv.Atoi(os.Args[1])
+	work(time.Now().Add(time.Duration(ms) * time.Millisecond))
+}
+"""
+
+
+def test_go_profile_frameless_leaf(tmp_path):
+    """main.leaf keeps no frame: its samples still show main.work."""
+    from helpers import build_go_source
+    prog = build_go_source(tmp_path, GO_LEAF)
+    stacks = complete(counted("bpf", "profile", "-F", "499", "-c", f"{prog} 600"))
+    in_leaf = [s for s in stacks if names(s["frames"])[0] == "main.leaf"]
+    assert sum(s["count"] for s in in_leaf) > 20, stacks
+    for s in in_leaf:
+        assert names(s["frames"]) == ["main.leaf", "main.work", "main.main",
+                                      "runtime.main", "runtime.goexit.abi0"], s

@@ -83,7 +83,7 @@ class Mapping:
 # A callchain the kernel unwound with DWARF rules (capture/bpf_unwind.py)
 # that stops short ends with the word KERNEL_UNWIND_STOP + reason, never a
 # guessed frame; the unwind stage turns it into a note on the stack.
-KERNEL_UNWIND_STOP = 0xFFFFFFFFFFFFFE00
+KERNEL_UNWIND_STOP = 0xFFFFFFFFFFFE0000   # below PERF_CONTEXT_* (0x...F000 up)
 KERNEL_UNWIND_REASONS = {
     1: "the address is in no mapping",
     2: "code without a file (JIT?) has no unwind table",

@@ -49,6 +49,7 @@ from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..target import process
 from ..objfile.mapped import object_path
+from ..objfile.vdso import vdso_file
 from .bpf import MIN_COUNT_ENTRIES, BpfCounter, prog_type_of
 
 BPF_LOOP = 181
@@ -61,6 +62,9 @@ OBJ_VALUE = struct.Struct("<IIq")  # first row, rows, vaddr - file offset
 STACK_HEAD = struct.Struct("<II")  # frames, status
 COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
+VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
+VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm, address >> 21)
+VMA_VALUE = 40                   # vm_start, vm_end, vm_pgoff, dev, inode
 SEARCH_STEPS = 22                # binary search steps: 4 M rows
 PAGE = 4096
 
@@ -112,6 +116,9 @@ class Offsets:
         self.i_ino = b.offset("inode", "i_ino")
         self.i_sb = b.offset("inode", "i_sb")
         self.s_dev = b.offset("super_block", "s_dev")
+        self.task_mm = b.offset("task_struct", "mm")
+        self.vm_mm = b.offset("vm_area_struct", "vm_mm")
+        self.mm_vdso = b.offset("mm_struct", "context.vdso")
 
 
 # --- the program ---------------------------------------------------------------
@@ -383,17 +390,38 @@ class UnwindProgram:
         a.emit(mov_imm(0, 0), exit_())
 
     def _find_mapping(self, a: Asm) -> None:
-        """S_MSTART/S_MEND/S_FIRST/S_NROWS/S_ADJ for the mapping of S_Q, or stop."""
+        """S_MSTART/S_MEND/S_FIRST/S_NROWS/S_ADJ for the mapping of S_Q, or
+        stop. The VMA comes from VMAS, a cache keyed by (mm, 2 MiB region),
+        else from bpf_find_vma, which in interrupt context (a profile's
+        sample) works once per interrupt: the cache lets later samples
+        through mappings the earlier ones met."""
+        vmas = self.maps.vmas
+        a.emit(call(bpf.GET_CURRENT_TASK_BTF), ldx(1, 0, self.off.task_mm),
+               stx(10, -64, 1), ldx(1, 6, S_Q), alu_imm(RSH, 1, VMA_REGION_SHIFT),
+               stx(10, -56, 1), ld_map_fd(1, vmas.fd), mov(2, 10),
+               alu_imm(ADD, 2, -64), call(bpf.MAP_LOOKUP))
+        a.jump(jmp_imm, JEQ, 0, 0, to="s_vma_miss")
+        a.emit(ldx(1, 6, S_Q), ldx(2, 0, 0))
+        a.jump(jmp_reg, JLT, 1, 2, to="s_vma_miss")
+        a.emit(ldx(2, 0, 8))
+        a.jump(jmp_reg, JGE, 1, 2, to="s_vma_miss")
+        for at in range(0, 40, 8):
+            a.emit(ldx(1, 0, at), stx(10, -48 + at, 1))
+        a.jump(bpf.ja, to="s_vma")
+        a.label("s_vma_miss")
         a.emit(st_imm(10, -48, 0), st_imm(10, -40, 0), st_imm(10, -32, 0),
                st_imm(10, -24, 0), st_imm(10, -16, 0),
                call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), ldx(2, 6, S_Q))
         a.jump(ld_func, 3, to="vma")
         a.emit(mov(4, 10), alu_imm(ADD, 4, -48), mov_imm(5, 0), call(bpf.FIND_VMA))
-        a.jump(jmp_imm, JEQ, 0, 0, to="s_vma")
+        a.jump(jmp_imm, JEQ, 0, 0, to="s_vma_found")
         a.jump(jmp_imm, JNE, 0, -errno.EBUSY, to="s_no_mapping")
         self._stop(a, VMA_BUSY)
         a.label("s_no_mapping")
         self._stop(a, NO_MAPPING)
+        a.label("s_vma_found")
+        a.emit(ld_map_fd(1, vmas.fd), mov(2, 10), alu_imm(ADD, 2, -64), mov(3, 10),
+               alu_imm(ADD, 3, -48), mov_imm(4, 0), call(bpf.MAP_UPDATE))
         a.label("s_vma")
         a.emit(ldx(1, 10, -16))
         a.jump(jmp_imm, JNE, 1, 0, to="s_file")
@@ -421,7 +449,15 @@ class UnwindProgram:
         o = self.off
         a.emit(ldx(1, 2, o.vm_start), stx(3, 0, 1), ldx(1, 2, o.vm_end), stx(3, 8, 1),
                ldx(1, 2, o.vm_pgoff), stx(3, 16, 1), ldx(1, 2, o.vm_file))
-        a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
+        a.jump(jmp_imm, JNE, 1, 0, to="v_file")
+        # no file: the vDSO (its start is mm->context.vdso), or anonymous code
+        a.emit(ldx(4, 2, o.vm_mm))
+        a.jump(jmp_imm, JEQ, 4, 0, to="v_out")
+        a.emit(ldx(4, 4, o.mm_vdso), ldx(5, 3, 0))
+        a.jump(jmp_reg, JNE, 4, 5, to="v_out")
+        a.emit(st_imm(3, 32, VDSO_KEY[1]))
+        a.jump(bpf.ja, to="v_out")
+        a.label("v_file")
         a.emit(ldx(1, 1, o.f_inode))
         a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
         a.emit(ldx(4, 1, o.i_ino), stx(3, 32, 4), ldx(1, 1, o.i_sb))
@@ -448,12 +484,13 @@ class UnwindMaps:
     together (16 bytes each), `stacks` the distinct stacks."""
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
-                 objects: int = 4096):
+                 objects: int = 4096, vmas: int = 16384):
         self.all: list = []
         try:
             self.rows = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity, "ustack_rows")
             self.objects = self._map(bpf.MAP_HASH, OBJ_KEY.size, OBJ_VALUE.size,
                                      objects, "ustack_objs")
+            self.vmas = self._map(bpf.MAP_LRU_HASH, 16, VMA_VALUE, vmas, "ustack_vmas")
             self.scratch = self._map(bpf.MAP_PERCPU_ARRAY, 4, SCRATCH_SIZE, 1,
                                      "ustack_uwscr")
             self.stacks = self._map(bpf.MAP_HASH, 8, STACK_VALUE, stacks, "ustack_uwstk")
@@ -491,13 +528,21 @@ class UnwindObjects:
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
         self.refused: list = []         # sentences for the summary
 
-    def add_path(self, path: str) -> None:
-        """Load the rows of the object at `path` (a host path), if new."""
-        try:
-            st = os.stat(path)
-        except OSError:
-            return
-        key = (kernel_dev(st.st_dev), st.st_ino)
+    def add_vdso(self) -> None:
+        """Load the rows of this kernel's vDSO (ustack's copy of it)."""
+        path = vdso_file()
+        if path is not None:
+            self.add_path(path, VDSO_KEY)
+
+    def add_path(self, path: str, key: Optional[tuple] = None) -> None:
+        """Load the rows of the object at `path` (a host path), if new;
+        `key`: its OBJECTS key, else its (dev, inode)."""
+        if key is None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return
+            key = (kernel_dev(st.st_dev), st.st_ino)
         if key in self.loaded:
             return
         first, n, adjust = 0, 0, 0
@@ -595,6 +640,7 @@ class UnwindCounter(BpfCounter):
                 self.kstacks = self._map(bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth,
                                          stack_storage, "ustack_kstacks")
             self.objects = UnwindObjects(self.unwind_maps, tables)
+            self.objects.add_vdso()
             self.program = UnwindProgram(self.unwind_maps, Offsets())
         except BaseException:
             self.close()

@@ -24,7 +24,7 @@ MAP_GET_NEXT_KEY, PROG_LOAD = 4, 5
 OBJ_GET_INFO_BY_FD = 15
 
 # map types
-MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE = 1, 2, 6, 7
+MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE, MAP_LRU_HASH = 1, 2, 6, 7, 9
 # program types (and what their context is)
 PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
 PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs

@@ -63,26 +63,34 @@ class Btf:
             type_id = self.kinds[type_id][2]
         return type_id
 
-    def _find(self, type_id: int, field: str) -> Optional[int]:
-        """The bit offset of `field` in the struct, looking inside its
-        anonymous structs and unions."""
+    def _find(self, type_id: int, field: str) -> Optional[tuple]:
+        """(bit offset, type id) of `field` in the struct, looking inside
+        its anonymous structs and unions."""
         for name_off, m_type, bits in self.kinds[type_id][3]:
             if name_off and self._str(name_off) == field:
-                return bits
+                return bits, m_type
             if not name_off:
                 inner = self._resolve(m_type)
                 if self.kinds[inner][0] in (_STRUCT, _UNION):
                     found = self._find(inner, field)
                     if found is not None:
-                        return bits + found
+                        return bits + found[0], found[1]
         return None
 
     def offset(self, struct_name: str, field: str) -> int:
-        """The byte offset of struct_name.field; UstackError if absent."""
-        tid = self.by_name.get(struct_name)
-        bits = self._find(tid, field) if tid is not None else None
-        if bits is None or bits % 8:
-            raise UstackError(f"kernel BTF has no {struct_name}.{field}")
+        """The byte offset of struct_name.field (a dotted path goes into
+        nested structs: "context.vdso"); UstackError if absent."""
+        tid, bits = self.by_name.get(struct_name), 0
+        for part in field.split("."):
+            found = None
+            if tid is not None and self.kinds[tid][0] in (_STRUCT, _UNION):
+                found = self._find(tid, part)
+            if found is None:
+                raise UstackError(f"kernel BTF has no {struct_name}.{field}")
+            bits += found[0]
+            tid = self._resolve(found[1])
+        if bits % 8:
+            raise UstackError(f"kernel BTF: {struct_name}.{field} is a bit field")
         return bits // 8
 
 

@@ -16,11 +16,14 @@ and end the stack with a note, never a guess."""
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 from dataclasses import dataclass
 from typing import Optional
 
+from ..objfile import cache as objcache
 from ..objfile.elf import ElfImage
+from ..objfile.gopclntab import PclntabError, go_table
 from . import cfi
 from .cfi import UnwindTable
 from .dwarf import RESTORE_RT
@@ -135,10 +138,43 @@ def pack(path: str, rows: list, from_cache: bool = False) -> Optional[PackedRows
                       from_cache)
 
 
+# Where Go's stacks end: the first frame of every goroutine, of every thread
+# (g0) and of the process.
+GO_OUTERMOST = {"runtime.goexit", "runtime.mstart", "runtime.rt0_go"}
+
+
+def go_rows(table) -> list:
+    """(vaddr, row) of a Go binary from its .gopclntab: pcsp gives the SP
+    delta at every pc, so CFA = rsp + delta + 8 (frameless leaves and
+    assembly included); rbp is saved at CFA - 16 once the frame exists
+    (Go keeps frame pointers), which only C frames (cgo) would read."""
+    rows: list = []
+    for i, (name, entry, end) in enumerate(table.functions()):
+        if name.removesuffix(".abi0") in GO_OUTERMOST:
+            rows.append((entry, (END, 0, 0, 0, 0)))
+        else:
+            for pc, delta in table.sp_deltas(i):
+                if delta < 0 or delta >= _S32[1]:
+                    row = (UNSUPPORTED, 0, 0, 0, 0)
+                elif delta == 0:
+                    row = (SP, cfi.BP_SAME, 0, 8, 0)
+                else:
+                    row = (SP, cfi.BP_AT, 0, delta + 8, -16)
+                if rows and rows[-1][0] == pc:
+                    rows[-1] = (pc, row)
+                elif not rows or rows[-1][1] != row:
+                    rows.append((pc, row))
+        rows.append((end, (GAP, 0, 0, 0, 0)))
+    return rows
+
+
 def for_image(image: ElfImage, debug_dirs=()) -> Optional[PackedRows]:
-    """The packed rows of an ELF object with CFI (its .eh_frame, .debug_frame
-    and separate debug file, as the Python unwinder uses them), or None when
-    it has none the program could use."""
+    """The packed rows of an ELF object: a Go binary's from its
+    .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
+    separate debug file, as the Python unwinder uses them). None when it
+    has none the program could use."""
+    if image.is_go:
+        return _go_packed(image)
     table, _found = UnwindTable.for_image(image, debug_dirs)
     rows = rows_of_table(table)
     # the return address into __restore_rt is looked up at pc - 1: one byte before
@@ -148,3 +184,31 @@ def for_image(image: ElfImage, debug_dirs=()) -> Optional[PackedRows]:
     if not any(row[0] not in (GAP, UNSUPPORTED) for _v, row in rows):
         return None
     return pack(image.path, rows, table.from_cache)
+
+
+def _go_packed(image: ElfImage) -> Optional[PackedRows]:
+    """A Go binary's rows, cached on disk by build-id (decoding every
+    function's pcsp costs seconds on large binaries)."""
+    st = os.stat(image.path)
+    cache = objcache.cache_file("bpfrows", image.path, st, image.build_id, "go1")
+    blob = objcache.read(cache)
+    if blob and len(blob) % ROW_SIZE == 0:
+        return PackedRows(image.path, blob, from_cache=True)
+    try:
+        table = go_table(image)
+    except PclntabError:
+        return None
+    if table is None:
+        return None
+    packed = pack(image.path, sorted_rows(go_rows(table)))
+    if packed is not None:
+        objcache.write(cache, packed.data)
+    return packed
+
+
+def sorted_rows(rows: list) -> list:
+    """Rows in address order, the later of two at one address kept."""
+    out: dict = {}
+    for vaddr, row in rows:
+        out[vaddr] = row
+    return sorted(out.items())
