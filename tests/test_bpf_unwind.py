@@ -348,3 +348,64 @@ def test_go_profile_frameless_leaf(tmp_path):
     for s in in_leaf:
         assert names(s["frames"]) == ["main.leaf", "main.work", "main.main",
                                       "runtime.main", "runtime.goexit.abi0"], s
+
+
+# --- 4. what the user is told ---------------------------------------------------
+
+def test_jit_code_cuts_the_stack_with_a_note_and_a_summary():
+    """Code in anonymous memory has no unwind rows: the stack ends there,
+    with a note on the stack and a count in the summary, never a guess."""
+    prog = build("jit", flags=O2_NOFP)
+    res = ok(run_ustack("count", "--backend", "bpf", "--unwind", "dwarf",
+                        f"uprobe:{prog}:target", "-c", f"{prog} 2"))
+    stacks = parse_counts(res.stdout)
+    note = "(stack cut at anonymous memory: code without a file (JIT?) has no unwind table)"
+    assert len(stacks) == 2 and all(s["count"] == 2 for s in stacks), res.stdout
+    for s in stacks:
+        assert s["frames"][0] == ("target", "jit") and s["frames"][-1] == (note, None), s
+    assert ("4 events' stacks were cut short by the in-kernel unwinder (4: code "
+            "without a file (JIT?) has no unwind table); each such stack ends with "
+            "a note") in res.stderr
+
+
+def test_auto_unwinds_in_the_kernel_where_frame_pointers_are_not_enough(chain):
+    res = ok(run_ustack("profile", "-F", "99", "-c", f"{chain} 1"))
+    assert IN_KERNEL in res.stderr.splitlines()[0]
+    res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 1"))
+    assert IN_KERNEL in res.stderr.splitlines()[0]
+    fp = build("chain")                      # frame pointers kept: the kernel walks them
+    res = ok(run_ustack("count", f"uprobe:{fp}:d", "-c", f"{fp} 1"))
+    assert "[backend bpf, unwind fp]" in res.stderr.splitlines()[0]
+
+
+def test_refused_program_falls_back_to_the_copy_path_and_says_why(chain, monkeypatch):
+    """Where the kernel refuses the unwinder, the copy path runs, and the
+    note carries the verifier's words."""
+    from ustack.capture import bpf_unwind
+    from ustack.probes.resolve import resolve_probes
+    from ustack.probes.spec import parse_event
+    from ustack.unwind import policy
+    refusal = ("the kernel refused BPF program ustack_uwtry: Invalid argument\n"
+               "R1 type=scalar expected=fp")
+    monkeypatch.setattr(bpf_unwind, "why_unavailable", lambda probes: refusal)
+    probes = resolve_probes([parse_event("syscall:write")], None)
+    plan = policy.plan("count", "auto", "dwarf", probes, str(chain))
+    assert (plan.backend, plan.modes, plan.kernel_tables) == ("perf", ("dwarf",), None)
+    assert plan.note == ("in-kernel DWARF unwinding failed to load: " + refusal +
+                         "; stacks are copied and unwound by ustack")
+    auto = policy.plan("count", "auto", "auto", probes, str(chain))
+    assert auto.backend == "perf" and auto.note == plan.note
+
+
+def test_kernel_frames_above_the_dwarf_stack(chain):
+    """--kernel: the kernel's frames (bpf_get_stackid), then the user stack
+    the program unwound, through libc's write."""
+    res = ok(run_ustack("count", "--kernel", "--unwind", "dwarf", "syscall:write",
+                        "-c", f"{chain} 4 write"))
+    assert IN_KERNEL in res.stderr.splitlines()[0]
+    (stack,) = parse_counts(res.stdout)
+    mods = [m for _f, m in stack["frames"]]
+    sep = mods.index(None)
+    assert stack["frames"][sep][0] == "--" and set(mods[:sep]) == {"kernel"}
+    assert [f for f, _m in stack["frames"][sep + 1:sep + 7]] == ["write"] + CHAIN
+    assert stack["count"] == 4

@@ -135,6 +135,9 @@ class Losses:
     throttled: int = 0             # times the kernel throttled sampling
     # events an in-kernel counter saw but could not count: (why, n) pairs
     uncounted: tuple = ()
+    # events whose stack the in-kernel unwinder cut short: (why, n) pairs
+    # (each such stack ends with a note saying where and why)
+    cut_short: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
-from ..model import (Losses, MmapEvent, ProfileProbe, RawSample, TracepointProbe,
-                     UprobeProbe)
+from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Losses, MmapEvent,
+                     ProfileProbe, RawSample, TracepointProbe, UprobeProbe)
 from .perf import NEVER_SAMPLE, PerfCapture
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -360,6 +360,15 @@ class BpfCounter:
 
 
 
+def cut_reason(chain: bytes):
+    """Why the in-kernel unwinder cut this callchain short, or None."""
+    if len(chain) >= 8:
+        last = _U64.unpack_from(chain, len(chain) - 8)[0]
+        if last & ~0xFF == KERNEL_UNWIND_STOP:
+            return KERNEL_UNWIND_REASONS.get(last & 0xFF, f"reason {last & 0xFF}")
+    return None
+
+
 class BpfCapture:
     """The capture that counts in the kernel: PerfCapture's events (so the
     same scoping and tracking records) with a BpfCounter attached. Its
@@ -375,6 +384,7 @@ class BpfCapture:
         # an object, from unwind/tables.for_image (None: frame pointers)
         self.unwind_tables = unwind_tables
         self.unwind_note = "unwound in the kernel" if unwind_tables else ""
+        self.cut: dict = {}                 # why -> events whose stack was cut short
         self.target = target
         self.stack_storage = stack_storage
         self.kernel = kernel
@@ -428,6 +438,8 @@ class BpfCapture:
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)
+            return Losses(events.lost, events.throttled, uncounted,
+                          tuple(self.cut.items()))
         elif self.counter is not None and not self.calls_only:
             collided, stacks_full, counts_full = self.counter.errors_seen()
             uncounted = tuple((why, n) for why, n in (
@@ -442,10 +454,13 @@ class BpfCapture:
         counter = self.counter
         out = []
         if self.unwind_tables is not None:
-            for pid, tid, probe, chain, kstack, n in counter.stacks(reset):
+            for pid, tid, probe, chain, kstack, n in counter.unwound(reset):
                 kernel = counter.stack_bytes(kstack) if self.kernel else b""
                 out.append((RawSample(probe, pid, tid, 0, -1, chain, b"",
                                       kernel=kernel), n))
+                why = cut_reason(chain)
+                if why is not None:
+                    self.cut[why] = self.cut.get(why, 0) + n
             return out
         for c in counter.counted(reset):
             slot = getattr(self.probes[c.probe], "return_address_slot", None)

@@ -33,18 +33,20 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
+import shutil
 import struct
 from typing import Callable, Optional
 
 from ..kernel import bpf, btf
 from ..kernel import perf_event as pe
-from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLE, JLT, JNE, JSGE, LSH,
+from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, LSH,
                           MUL, RSH, SUB, XOR, Asm, alu_imm, alu_reg, atomic_add,
                           call, exit_, jmp_imm, jmp_reg, ld_func, ld_imm64,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel import procfs
 from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, TracepointProbe,
-                     UprobeProbe)
+                     UprobeProbe, UstackError)
 from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..target import process
@@ -595,8 +597,7 @@ def objects_of_target(target, probes: list) -> list:
     (system-wide); plus the probed binaries."""
     paths: list = [p.path for p in probes if isinstance(p, UprobeProbe)]
     if target.scope == "command":
-        exe = process.executable(target.argv)
-        if exe:
+        for exe in _programs_named(target.argv):
             paths += needed.load_closure(exe)
     pids = [target.pid] if target.scope == "pid" else (
         [int(d) for d in os.listdir("/proc") if d.isdigit()]
@@ -607,6 +608,33 @@ def objects_of_target(target, probes: list) -> list:
             if path is not None:
                 paths.append(path)
     return list(dict.fromkeys(paths))
+
+
+def _programs_named(argv: list) -> list:
+    """The command's executable, and the ELF programs its words name (the
+    X of `sh -c 'exec X …'`): a program exec'd later than the run's start
+    is unwound through only once its rows are loaded, which the MMAP2
+    record does too late for its first events."""
+    found = [process.executable(argv)]
+    for arg in argv[1:]:
+        try:
+            words = shlex.split(arg)
+        except ValueError:
+            continue
+        for word in words:
+            path = word if word.startswith("/") else (
+                shutil.which(word) if "/" not in word and word.isidentifier() else None)
+            if path and os.path.isfile(path) and _is_elf(path):
+                found.append(path)
+    return [p for p in dict.fromkeys(found) if p]
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 # --- the counter: BpfCounter's events and attachment, this program -------------
@@ -635,10 +663,11 @@ class UnwindCounter(BpfCounter):
                                           max(MIN_COUNT_ENTRIES, 2 * stack_storage))
             self.maps.extend(self.unwind_maps.all)
             self.kstacks = None
-            if kernel:
+            if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
                 self.max_depth = max(1, min(pe.max_stack(), 127))
-                self.kstacks = self._map(bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth,
-                                         stack_storage, "ustack_kstacks")
+                self.kstacks = self.stacks = self._map(
+                    bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
+                    "ustack_kstacks")
             self.objects = UnwindObjects(self.unwind_maps, tables)
             self.objects.add_vdso()
             self.program = UnwindProgram(self.unwind_maps, Offsets())
@@ -661,7 +690,7 @@ class UnwindCounter(BpfCounter):
             pass
         return fd
 
-    def stacks(self, reset: bool = False) -> list:
+    def unwound(self, reset: bool = False) -> list:
         """(pid, tid, probe, callchain bytes, kernel stack id, count) of every
         stack counted; a stack cut short ends with its reason's marker."""
         found: dict = {}
@@ -691,3 +720,35 @@ class UnwindCounter(BpfCounter):
     def errors_seen(self) -> list:
         return [_U64.unpack(self.unwind_maps.errors.lookup(i.to_bytes(4, "little")))[0]
                 for i in range(ERR_SLOTS)]
+
+
+_support: dict = {}                  # probe kind -> None | why not (per process)
+
+
+def why_unavailable(probes: list) -> Optional[str]:
+    """None if this kernel loads the unwinder for every kind of probe in
+    `probes`, else why not (the verifier's words, or what is missing):
+    tried once per kind with small maps, so a refusal is known before the
+    run commits to this path."""
+    for probe in probes:
+        kind = type(probe)
+        if kind not in _support:
+            _support[kind] = _try_load(probe)
+        if _support[kind] is not None:
+            return _support[kind]
+    return None
+
+
+def _try_load(probe) -> Optional[str]:
+    maps = None
+    try:
+        maps = UnwindMaps(16, 16, 16, objects=16, vmas=16)
+        code, functions = UnwindProgram(maps, Offsets()).code(0, probe)
+        os.close(bpf.load_program(prog_type_of(probe), code, "ustack_uwtry",
+                                  functions=functions))
+    except UstackError as e:
+        return str(e)
+    finally:
+        if maps is not None:
+            maps.close()
+    return None

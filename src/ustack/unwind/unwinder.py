@@ -58,5 +58,10 @@ def _stop_note(addrs: tuple, marker: int, pid: int, find: FindMapping) -> str:
     """Why the kernel's DWARF walk stopped after addrs, for the stack."""
     why = KERNEL_UNWIND_REASONS.get(marker & 0xFF, f"reason {marker & 0xFF}")
     m = find(pid, addrs[-1] - (1 if len(addrs) > 1 else 0)) if addrs else None
-    where = os.path.basename(m.path) if m is not None and m.path else "[unknown]"
+    if m is None:
+        where = "[unknown]"
+    elif m.path.startswith("/") and m.path != "//anon":
+        where = os.path.basename(m.path)
+    else:
+        where = "anonymous memory" if m.path in ("", "//anon") else m.path
     return f"stack cut at {where}: {why}"
