@@ -70,3 +70,16 @@ def test_chain_rows_cover_its_functions_with_sp_rules():
     for name in ("a", "b", "c", "d", "main"):
         (sym,) = image.find(name)
         assert packed.lookup(sym.address) == (tables.SP, 0, 0, 8, 0)
+
+
+@pytest.mark.parametrize("which", ["libc", "chain-o2-nofp"])
+def test_page_index_finds_the_same_rows(which):
+    """The program searches only the rows of a pc's 4 KiB page."""
+    path = LIBC if which == "libc" else str(build("chain", flags=O2_NOFP))
+    image = ElfImage.open(path)
+    table, _ = UnwindTable.for_image(image)
+    packed = tables.for_image(image)
+    pages = packed.pages()
+    assert len(pages) // 4 == (packed.row(len(packed) - 1)[0] >> 12) - packed.first_page + 2
+    for pc in _sample_pcs(table):
+        assert packed.lookup(pc, pages) == packed.lookup(pc), hex(pc)

@@ -32,10 +32,13 @@ the frames, so the count key stays 24 bytes however deep the stack."""
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 import shlex
 import shutil
 import struct
+from array import array
 from typing import Callable, Optional
 
 from ..kernel import bpf, btf
@@ -47,6 +50,7 @@ from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, LSH,
 from ..kernel import procfs
 from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, TracepointProbe,
                      UprobeProbe, UstackError)
+from ..objfile import cache as objcache
 from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..target import process
@@ -60,13 +64,15 @@ MAX_FRAMES = 128                 # a power of two: the frame index is masked
 ROW = struct.Struct("<IBBhii")   # unwind/tables.py's row
 ROW_SIZE = ROW.size
 OBJ_KEY = struct.Struct("<QQ")   # dev (kernel encoding), inode
-OBJ_VALUE = struct.Struct("<IIq")  # first row, rows, vaddr - file offset
+# first row, rows, vaddr - file offset; page index: first slot, first page, pages
+OBJ_VALUE = struct.Struct("<IIqIII4x")
 STACK_HEAD = struct.Struct("<II")  # frames, status
 COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
 VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm, address >> 21)
 VMA_VALUE = 40                   # vm_start, vm_end, vm_pgoff, dev, inode
+PAGE_SHIFT = 12                  # unwind/tables.py's page index granule
 SEARCH_STEPS = 22                # binary search steps: 4 M rows
 PAGE = 4096
 
@@ -86,10 +92,12 @@ _UC_RBP, _UC_RSP, _UC_RIP = _GREGS + 8 * 10, _GREGS + 8 * 15, _GREGS + 8 * 16
 # the per-CPU scratch value
 S_PC, S_SP, S_BP, S_EXACT, S_BPOK, S_HASH, S_CFA, S_Q = range(0, 64, 8)
 S_MSTART, S_MEND, S_FIRST, S_NROWS, S_ADJ, S_LO, S_HI, S_VADDR = range(64, 128, 8)
-S_TMP, S_ROW = 128, 136
-S_STACK = 144                    # STACK_HEAD, then the frames
+S_TMP, S_ROW, S_PSLOT, S_PBASE, S_NPAGES, S_WIN = range(128, 176, 8)
+S_STACK = 176                    # STACK_HEAD, then the frames
 S_FRAMES = S_STACK + STACK_HEAD.size
-SCRATCH_SIZE = S_FRAMES + 8 * MAX_FRAMES
+WINDOW = 512                     # bytes of stack copied at a time (_read_user)
+S_WINBUF = S_FRAMES + 8 * MAX_FRAMES
+SCRATCH_SIZE = S_WINBUF + WINDOW
 STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
 
 _FNV_PRIME = 0x100000001B3
@@ -107,6 +115,36 @@ def kernel_dev(st_dev: int) -> int:
 
 class Offsets:
     """Where the fields the program reads lie on this kernel (BTF)."""
+
+    FIELDS = ("vm_start", "vm_end", "vm_pgoff", "vm_file", "f_inode", "i_ino", "i_sb",
+              "s_dev", "task_mm", "vm_mm", "mm_vdso")
+
+    @classmethod
+    def of_this_kernel(cls) -> "Offsets":
+        """The offsets, from ustack's cache when this kernel's BTF was
+        parsed before (that takes ~0.3 s)."""
+        try:
+            st = os.stat(btf.VMLINUX)
+        except OSError:
+            st = None
+        key = f"{os.uname().release}\0{os.uname().version}\0{st and st.st_size}"
+        cache = objcache.cache_file("btf", btf.VMLINUX, None,
+                                    hashlib.sha1(key.encode()).hexdigest(), "offsets1")
+        blob = objcache.read(cache)
+        if blob:
+            try:
+                values = json.loads(blob)
+                if values.get("key") == key:
+                    o = cls.__new__(cls)
+                    for name in cls.FIELDS:
+                        setattr(o, name, int(values[name]))
+                    return o
+            except (ValueError, KeyError, TypeError):
+                pass
+        o = cls()
+        objcache.write(cache, json.dumps(
+            {"key": key, **{name: getattr(o, name) for name in cls.FIELDS}}).encode())
+        return o
 
     def __init__(self):
         b = btf.vmlinux()
@@ -141,6 +179,7 @@ class UnwindProgram:
     def __init__(self, maps: "UnwindMaps", offsets: Offsets):
         self.maps = maps
         self.off = offsets
+        self._reads = 0                  # labels of _read_user's call sites
 
     def code(self, probe_index: int, probe, *, tgid=None, armed=None,
              kernel_stacks=None, result: int = PASS_ON) -> tuple:
@@ -165,7 +204,7 @@ class UnwindProgram:
         self._registers(a, probe)
         a.emit(mov_imm(1, 1), stx(8, S_EXACT, 1), stx(8, S_BPOK, 1),
                ld_imm64(1, _FNV_BASIS), stx(8, S_HASH, 1),
-               st_imm(8, S_MEND, 0), st_imm(8, S_MSTART, 0),
+               st_imm(8, S_MEND, 0), st_imm(8, S_MSTART, 0), st_imm(8, S_WIN, 0),
                ldx(1, 8, S_PC), stx(8, S_FRAMES, 1),
                st_imm(8, S_STACK, 1, size=4), st_imm(8, S_STACK + 4, _RUNNING, size=4))
         a.emit(ldx(1, 8, S_PC))
@@ -277,7 +316,28 @@ class UnwindProgram:
         # vaddr = q + adj; the last row at or below it
         a.emit(ldx(1, 6, S_Q), ldx(2, 6, S_ADJ), alu_reg(ADD, 1, 2),
                stx(6, S_VADDR, 1), st_imm(6, S_LO, 0), ldx(1, 6, S_NROWS),
-               stx(6, S_HI, 1), mov_imm(7, SEARCH_STEPS))
+               stx(6, S_HI, 1))
+        # narrowed to the rows of vaddr's page by the page index, if it has one
+        a.emit(ldx(1, 6, S_VADDR), alu_imm(RSH, 1, PAGE_SHIFT), ldx(2, 6, S_PBASE),
+               alu_reg(SUB, 1, 2), ldx(2, 6, S_NPAGES))
+        a.jump(jmp_imm, JEQ, 2, 0, to="s_whole")
+        a.emit(alu_imm(SUB, 2, 1))
+        a.jump(jmp_reg, JGE, 1, 2, to="s_whole")
+        a.emit(ldx(2, 6, S_PSLOT), alu_reg(ADD, 2, 1), stx(10, -8, 2, size=4),
+               alu_imm(ADD, 2, 1), stx(10, -12, 2, size=4),
+               ld_map_fd(1, m.pages.fd), mov(2, 10), alu_imm(ADD, 2, -8),
+               call(bpf.MAP_LOOKUP))
+        a.jump(jmp_imm, JEQ, 0, 0, to="s_whole")
+        a.emit(ldx(1, 0, 0, size=4), stx(6, S_LO, 1),
+               ld_map_fd(1, m.pages.fd), mov(2, 10), alu_imm(ADD, 2, -12),
+               call(bpf.MAP_LOOKUP))
+        a.jump(jmp_imm, JEQ, 0, 0, to="s_whole_reset")
+        a.emit(ldx(1, 0, 0, size=4), alu_imm(ADD, 1, 1), stx(6, S_HI, 1))
+        a.jump(bpf.ja, to="s_whole")
+        a.label("s_whole_reset")
+        a.emit(st_imm(6, S_LO, 0))
+        a.label("s_whole")
+        a.emit(mov_imm(7, SEARCH_STEPS))
         a.label("s_search")
         a.emit(ldx(1, 6, S_LO), ldx(2, 6, S_HI))
         a.jump(jmp_reg, JGE, 1, 2, to="s_searched")
@@ -435,6 +495,8 @@ class UnwindProgram:
         self._stop(a, NO_TABLE)
         a.label("s_object")
         # adj = (vaddr - file offset) + pgoff * PAGE - start
+        a.emit(ldx(1, 0, 16, size=4), stx(6, S_PSLOT, 1), ldx(1, 0, 20, size=4),
+               stx(6, S_PBASE, 1), ldx(1, 0, 24, size=4), stx(6, S_NPAGES, 1))
         a.emit(ldx(1, 0, 0, size=4), stx(6, S_FIRST, 1), ldx(1, 0, 4, size=4),
                stx(6, S_NROWS, 1), ldx(1, 0, 8), ldx(2, 10, -32),
                alu_imm(LSH, 2, 12), alu_reg(ADD, 1, 2), ldx(2, 10, -48),
@@ -468,11 +530,29 @@ class UnwindProgram:
         a.label("v_out")
         a.emit(mov_imm(0, 0), exit_())
 
-    @staticmethod
-    def _read_user(a: Asm, into: int) -> None:
-        """r0 = bpf_probe_read_user(scratch + into, 8, r3)."""
-        a.emit(mov(1, 6), alu_imm(ADD, 1, into), mov_imm(2, 8),
+    def _read_user(self, a: Asm, into: int) -> None:
+        """scratch[into] = the user word at r3; r0 = 0 on success. Served
+        from a copy of the stack window at S_WIN when it holds the word:
+        a copy from user memory costs the same for 8 bytes as for
+        WINDOW (its checks dominate), and a walk reads nearby words."""
+        self._reads += 1
+        hit, miss, done = (f"r{self._reads}_{w}" for w in ("hit", "miss", "done"))
+        a.emit(mov(1, 3), ldx(2, 6, S_WIN), alu_reg(SUB, 1, 2))
+        a.jump(jmp_imm, JGT, 1, WINDOW - 8, to=miss)
+        a.label(hit)
+        a.emit(mov(2, 6), alu_reg(ADD, 2, 1), ldx(1, 2, S_WINBUF), stx(6, into, 1),
+               mov_imm(0, 0))
+        a.jump(bpf.ja, to=done)
+        a.label(miss)                       # refill the window from r3
+        a.emit(stx(10, -24, 3), mov(1, 6), alu_imm(ADD, 1, S_WINBUF),
+               mov_imm(2, WINDOW), call(bpf.PROBE_READ_USER), ldx(3, 10, -24))
+        a.jump(jmp_imm, JNE, 0, 0, to=f"{miss}_one")
+        a.emit(stx(6, S_WIN, 3), mov_imm(1, 0))
+        a.jump(bpf.ja, to=hit)
+        a.label(f"{miss}_one")              # near the stack's end: one word
+        a.emit(st_imm(6, S_WIN, 0), mov(1, 6), alu_imm(ADD, 1, into), mov_imm(2, 8),
                call(bpf.PROBE_READ_USER))
+        a.label(done)
 
     @staticmethod
     def _stop(a: Asm, status: int) -> None:
@@ -486,10 +566,11 @@ class UnwindMaps:
     together (16 bytes each), `stacks` the distinct stacks."""
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
-                 objects: int = 4096, vmas: int = 16384):
+                 objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18):
         self.all: list = []
         try:
             self.rows = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity, "ustack_rows")
+            self.pages = self._map(bpf.MAP_ARRAY, 4, 4, pages_capacity, "ustack_pages")
             self.objects = self._map(bpf.MAP_HASH, OBJ_KEY.size, OBJ_VALUE.size,
                                      objects, "ustack_objs")
             self.vmas = self._map(bpf.MAP_LRU_HASH, 16, VMA_VALUE, vmas, "ustack_vmas")
@@ -527,6 +608,7 @@ class UnwindObjects:
         self.maps = maps
         self.tables = tables
         self.next_row = 0
+        self.next_page = 0
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
         self.refused: list = []         # sentences for the summary
 
@@ -547,7 +629,7 @@ class UnwindObjects:
             key = (kernel_dev(st.st_dev), st.st_ino)
         if key in self.loaded:
             return
-        first, n, adjust = 0, 0, 0
+        first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         try:
             image = ElfImage.open(path)
             packed = self.tables(image)
@@ -567,14 +649,20 @@ class UnwindObjects:
                 first = self.next_row
                 self._write_rows(first, packed.data, n)
                 self.next_row += n
+                pages = packed.pages()
+                if self.next_page + len(pages) // 4 <= self.maps.pages.max_entries:
+                    page_slot, first_page = self.next_page, packed.first_page
+                    npages = len(pages) // 4
+                    self.maps.pages.update_batch(
+                        array("I", range(page_slot, page_slot + npages)).tobytes(), pages)
+                    self.next_page += npages      # else: whole-object searches
         self.loaded[key] = (path, n)
-        self.maps.objects.update(OBJ_KEY.pack(*key), OBJ_VALUE.pack(first, n, adjust))
+        self.maps.objects.update(OBJ_KEY.pack(*key), OBJ_VALUE.pack(
+            first, n, adjust, page_slot, first_page, npages))
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
-        rows = self.maps.rows
-        for i in range(n):
-            rows.update((first + i).to_bytes(4, "little"),
-                        data[i * ROW_SIZE:(i + 1) * ROW_SIZE])
+        keys = array("I", range(first, first + n)).tobytes()
+        self.maps.rows.update_batch(keys, data[:n * ROW_SIZE])
 
     def add_mapping(self, mapping, pid: int) -> None:
         """Load the object of a mapping an MMAP2 record announced."""
@@ -670,7 +758,7 @@ class UnwindCounter(BpfCounter):
                     "ustack_kstacks")
             self.objects = UnwindObjects(self.unwind_maps, tables)
             self.objects.add_vdso()
-            self.program = UnwindProgram(self.unwind_maps, Offsets())
+            self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
         except BaseException:
             self.close()
             raise
@@ -742,8 +830,8 @@ def why_unavailable(probes: list) -> Optional[str]:
 def _try_load(probe) -> Optional[str]:
     maps = None
     try:
-        maps = UnwindMaps(16, 16, 16, objects=16, vmas=16)
-        code, functions = UnwindProgram(maps, Offsets()).code(0, probe)
+        maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
+        code, functions = UnwindProgram(maps, Offsets.of_this_kernel()).code(0, probe)
         os.close(bpf.load_program(prog_type_of(probe), code, "ustack_uwtry",
                                   functions=functions))
     except UstackError as e:

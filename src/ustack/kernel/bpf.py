@@ -20,6 +20,7 @@ NR_BPF = 321                      # x86-64
 # commands
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM = 0, 1, 2, 3
 MAP_GET_NEXT_KEY, PROG_LOAD = 4, 5
+MAP_UPDATE_BATCH = 26
 
 OBJ_GET_INFO_BY_FD = 15
 
@@ -206,6 +207,13 @@ class _MapElem(ctypes.Structure):
                 ("flags", ctypes.c_uint64)]
 
 
+class _Batch(ctypes.Structure):
+    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
+                ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
+                ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
+                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
 class _ProgLoad(ctypes.Structure):
     _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
                 ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
@@ -293,6 +301,24 @@ class Map:
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
         self._elem(MAP_UPDATE_ELEM, key,
                    ctypes.create_string_buffer(value, self.value_size), flags)
+
+    def update_batch(self, keys: bytes, values: bytes) -> None:
+        """Many updates in one call (BPF_MAP_UPDATE_BATCH): `keys` and
+        `values` are the keys and values laid end to end."""
+        count = len(keys) // self.key_size
+        kbuf = ctypes.create_string_buffer(keys, len(keys))
+        vbuf = ctypes.create_string_buffer(values, len(values))
+        done = 0
+        while done < count:           # the kernel may stop early (-EINTR …)
+            attr = _Batch(0, 0, ctypes.addressof(kbuf) + done * self.key_size,
+                          ctypes.addressof(vbuf) + done * self.value_size,
+                          count - done, self.fd, 0, 0)
+            try:
+                _bpf(MAP_UPDATE_BATCH, attr)
+            except OSError as e:
+                if e.errno != errno.EINTR or attr.count == 0:
+                    raise UstackError(f"cannot fill a BPF map: {e.strerror}")
+            done += attr.count
 
     def delete(self, key: bytes) -> None:
         try:

@@ -47,9 +47,16 @@ _S32 = (-(1 << 31), (1 << 31) - 1)
 _DIRECT = {cfi.CFA_SP: SP, cfi.CFA_BP: BP}
 
 
+PAGE_SHIFT = 12                   # the page index's granule: 4 KiB of code
+_U32 = struct.Struct("<I")
+
+
 @dataclass(frozen=True)
 class PackedRows:
-    """One object's rows, as the BPF map holds them (ROW each)."""
+    """One object's rows, as the BPF map holds them (ROW each), and their
+    page index: for each 4 KiB page from `first_page` on, the row that
+    covers the page's first byte (u32), so the program's binary search runs
+    over one page's rows instead of the whole object's."""
     path: str
     data: bytes
     from_cache: bool = False      # the CFI came from ustack's disk cache
@@ -60,11 +67,35 @@ class PackedRows:
     def row(self, i: int) -> tuple:
         return ROW.unpack_from(self.data, i * ROW_SIZE)
 
-    def lookup(self, vaddr: int) -> Optional[tuple]:
+    @property
+    def first_page(self) -> int:
+        return self.row(0)[0] >> PAGE_SHIFT if len(self) else 0
+
+    def pages(self) -> bytes:
+        """The page index: u32 row numbers, one per page from first_page
+        through the page of the last row, plus one past it."""
+        n = len(self)
+        starts = [ROW.unpack_from(self.data, i * ROW_SIZE)[0] for i in range(n)]
+        if not starts:
+            return b""
+        out = bytearray()
+        i = 0
+        for page in range(self.first_page, (starts[-1] >> PAGE_SHIFT) + 2):
+            at = page << PAGE_SHIFT
+            while i + 1 < n and starts[i + 1] <= at:
+                i += 1
+            out += _U32.pack(i)
+        return bytes(out)
+
+    def lookup(self, vaddr: int, pages: Optional[bytes] = None) -> Optional[tuple]:
         """(kind, bp rule, aux, cfa, bp) of the row covering vaddr, found
-        as the program finds it (the last row starting at or below it);
-        None below the first row."""
+        as the program finds it (the last row starting at or below it),
+        through the page index when given; None below the first row."""
         lo, hi = 0, len(self)
+        p = (vaddr >> PAGE_SHIFT) - self.first_page
+        if pages is not None and 0 <= p < len(pages) // 4 - 1:
+            lo = _U32.unpack_from(pages, 4 * p)[0]
+            hi = _U32.unpack_from(pages, 4 * p + 4)[0] + 1
         while lo < hi:                  # the program's search, step for step
             mid = (lo + hi) // 2
             if self.row(mid)[0] <= vaddr:
