@@ -95,6 +95,7 @@ KERNEL_UNWIND_REASONS = {
     8: "the stack could not be read",
     10: "stopped at the in-kernel frame limit",
     11: "the process's memory map was locked",
+    12: "the in-kernel unwind table was full when this object was loaded",
 }
 
 class RawSample(NamedTuple):

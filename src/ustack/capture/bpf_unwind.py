@@ -82,7 +82,8 @@ BP_SAME, BP_AT, BP_LOST, BP_AT_BP = range(4)
 
 # why a walk stopped; 0 is a complete stack
 (COMPLETE, NO_MAPPING, NO_FILE, NO_TABLE, NO_CFI, GAP, UNSUPPORTED, NO_BP,
- READ_FAILED, NO_PROGRESS, TRUNCATED, VMA_BUSY) = range(12)
+ READ_FAILED, NO_PROGRESS, TRUNCATED, VMA_BUSY, TABLE_FULL) = range(13)
+TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
 _RUNNING = 0xFF
 
 # ucontext of a signal frame, at sp when the handler returned into __restore_rt
@@ -504,7 +505,10 @@ class UnwindProgram:
                ldx(1, 10, -48), stx(6, S_MSTART, 1),
                ldx(1, 10, -40), stx(6, S_MEND, 1), ldx(1, 6, S_NROWS))
         a.jump(jmp_imm, JNE, 1, 0, to="s_mapped")
-        a.emit(st_imm(6, S_MEND, 0))          # not cached: each frame says why
+        a.emit(st_imm(6, S_MEND, 0), ldx(1, 6, S_FIRST))   # not cached: each frame says why
+        a.jump(jmp_imm, JNE, 1, TABLE_FULL_MARK, to="s_no_cfi")
+        self._stop(a, TABLE_FULL)
+        a.label("s_no_cfi")
         self._stop(a, NO_CFI)
 
     def _vma_callback(self, a: Asm) -> None:
@@ -601,8 +605,9 @@ TableSource = Callable[[ElfImage], Optional[object]]   # -> PackedRows (data, le
 class UnwindObjects:
     """Loads objects' rows into the maps, once per (dev, inode): a library
     shared by many processes is loaded once. `tables(image)` builds the
-    rows (unwind/tables.for_image); `bytes_loaded`/`refused` report the
-    table memory and the objects that did not fit."""
+    rows (unwind/tables.for_image); `bytes_loaded` reports the table
+    memory. An object whose rows do not fit is entered with no rows and
+    TABLE_FULL_MARK, so the stacks through it end saying so."""
 
     def __init__(self, maps: UnwindMaps, tables: TableSource):
         self.maps = maps
@@ -610,7 +615,6 @@ class UnwindObjects:
         self.next_row = 0
         self.next_page = 0
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
-        self.refused: list = []         # sentences for the summary
 
     def add_vdso(self) -> None:
         """Load the rows of this kernel's vDSO (ustack's copy of it)."""
@@ -641,10 +645,7 @@ class UnwindObjects:
             adjust = vaddr - offset
             n = len(packed)
             if self.next_row + n > self.maps.rows.max_entries:
-                self.refused.append(
-                    f"unwind rows of {path} ({n}) do not fit the in-kernel table "
-                    f"({self.maps.rows.max_entries} rows): its frames end the stack")
-                n = 0
+                first, n = TABLE_FULL_MARK, 0     # its frames' stacks say so
             else:
                 first = self.next_row
                 self._write_rows(first, packed.data, n)
