@@ -16,7 +16,7 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         return BpfCapture(probes, target, opts.buffer_pages,
                           stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
                           calls_only=opts.command == "funccount",
-                          unwind_tables=kernel_tables)
+                          unwind_tables=kernel_tables, stream=opts.command == "trace")
     if backend == "tracefs":
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)

@@ -42,6 +42,7 @@ from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Losses, MmapEven
 from .perf import NEVER_SAMPLE, PerfCapture
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
+RING_BYTES = 16 << 20                 # trace's ring of unwound stacks (bpf_unwind)
 
 # the count key: pid_tgid, probe index, user stack id, kernel stack id,
 # the word at [sp] of an entry uprobe (its caller's return address)
@@ -360,6 +361,13 @@ class BpfCounter:
 
 
 
+def ring_bytes(buffer_pages: int) -> int:
+    """trace's ring of unwound stacks: RING_BYTES, more as --buffer-pages
+    grows (the advice a full ring prints), a power of two."""
+    want = max(RING_BYTES, buffer_pages * 4096 * 16)
+    return 1 << (want - 1).bit_length()
+
+
 def cut_reason(chain: bytes):
     """Why the in-kernel unwinder cut this callchain short, or None."""
     if len(chain) >= 8:
@@ -378,12 +386,14 @@ class BpfCapture:
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 calls_only: bool = False, unwind_tables=None):
+                 calls_only: bool = False, unwind_tables=None, stream: bool = False):
         self.probes = probes
         # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
         # an object, from unwind/tables.for_image (None: frame pointers)
         self.unwind_tables = unwind_tables
         self.unwind_note = "unwound in the kernel" if unwind_tables else ""
+        # trace: a record per event through a BPF ring buffer (with unwind_tables)
+        self.stream = stream and unwind_tables is not None
         self.cut: dict = {}                 # why -> events whose stack was cut short
         self.target = target
         self.stack_storage = stack_storage
@@ -393,7 +403,7 @@ class BpfCapture:
                                   with_stacks=False)
         self.buffer_pages = self.events.buffer_pages
         self.decode = self._decode if unwind_tables else self.events.decode
-        self.read_chunks = self.events.read_chunks
+        self.read_chunks = self._read_chunks if self.stream else self.events.read_chunks
         self.flush_lost = self.events.flush_lost
         self.stop = self.events.stop
         self.counter = None
@@ -406,7 +416,8 @@ class BpfCapture:
                 from .bpf_unwind import UnwindCounter, objects_of_target
                 self.counter = UnwindCounter(
                     self.probes, self.unwind_tables, stack_storage=self.stack_storage,
-                    kernel=self.kernel, filter_tgid=tgid)
+                    kernel=self.kernel, filter_tgid=tgid,
+                    ring_bytes=ring_bytes(self.buffer_pages) if self.stream else 0)
                 for path in objects_of_target(target, self.probes):
                     self.counter.objects.add_path(path)
             else:
@@ -433,8 +444,12 @@ class BpfCapture:
     def losses(self) -> Losses:
         events = self.events.losses()
         uncounted = ()
+        if self.counter is not None and self.stream:
+            ring_full = self.counter.errors_seen()[2]
+            return Losses(events.lost + ring_full, events.throttled, (),
+                          tuple(self.cut.items()))
         if self.counter is not None and self.unwind_tables is not None:
-            stacks_full, counts_full = self.counter.errors_seen()
+            stacks_full, counts_full, _ring = self.counter.errors_seen()
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)
@@ -475,9 +490,29 @@ class BpfCapture:
         """Calls per probe (funccount), in probe order."""
         return self.counter.calls(reset)
 
+    def _read_chunks(self, timeout_ms: int) -> list:
+        """The perf buffers' chunks, then what the unwinder's ring holds."""
+        chunks = self.events.read_chunks(timeout_ms)
+        if self.counter is not None and self.counter.ring is not None:
+            records = self.counter.ring.read()
+            if records:
+                from .bpf_unwind import RingChunk
+                chunks.append(RingChunk(records))
+        return chunks
+
     def _decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """The stream's decoder, loading the rows of each newly mapped
-        object (dlopen, a new process) as its MMAP2 record passes."""
+        object (dlopen, a new process) as its MMAP2 record passes; the
+        unwinder's records (trace) become RawSamples."""
+        if self.stream and type(chunk).__name__ == "RingChunk":
+            from .bpf_unwind import ring_samples
+            before = len(samples)
+            offset = ring_samples(chunk, samples, offset, limit)
+            for s in samples[before:]:
+                why = cut_reason(s.callchain)
+                if why is not None:
+                    self.cut[why] = self.cut.get(why, 0) + 1
+            return offset
         before = len(metas)
         offset = self.events.decode(chunk, metas, samples, offset, limit)
         if self.counter is not None:

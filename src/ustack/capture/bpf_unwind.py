@@ -43,13 +43,13 @@ from typing import Callable, Optional
 
 from ..kernel import bpf, btf
 from ..kernel import perf_event as pe
-from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, LSH,
+from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLE, JLT, JNE, JSGE, LSH,
                           MUL, RSH, SUB, XOR, Asm, alu_imm, alu_reg, atomic_add,
                           call, exit_, jmp_imm, jmp_reg, ld_func, ld_imm64,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel import procfs
-from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, TracepointProbe,
-                     UprobeProbe, UstackError)
+from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample,
+                     TracepointProbe, UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
 from ..objfile.elf import ElfImage
@@ -67,6 +67,8 @@ OBJ_KEY = struct.Struct("<QQ")   # dev (kernel encoding), inode
 # first row, rows, vaddr - file offset; page index: first slot, first page, pages
 OBJ_VALUE = struct.Struct("<IIqIII4x")
 STACK_HEAD = struct.Struct("<II")  # frames, status
+REC_HEAD = struct.Struct("<QQII")  # time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu
+RECORD = struct.Struct("<QQIIII")  # REC_HEAD + STACK_HEAD
 COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
@@ -94,7 +96,8 @@ _UC_RBP, _UC_RSP, _UC_RIP = _GREGS + 8 * 10, _GREGS + 8 * 15, _GREGS + 8 * 16
 S_PC, S_SP, S_BP, S_EXACT, S_BPOK, S_HASH, S_CFA, S_Q = range(0, 64, 8)
 S_MSTART, S_MEND, S_FIRST, S_NROWS, S_ADJ, S_LO, S_HI, S_VADDR = range(64, 128, 8)
 S_TMP, S_ROW, S_PSLOT, S_PBASE, S_NPAGES, S_WIN = range(128, 176, 8)
-S_STACK = 176                    # STACK_HEAD, then the frames
+S_REC = 176                      # a trace record: REC_HEAD, STACK_HEAD, frames
+S_STACK = 200                    # STACK_HEAD, then the frames
 S_FRAMES = S_STACK + STACK_HEAD.size
 WINDOW = 512                     # bytes of stack copied at a time (_read_user)
 S_WINBUF = S_FRAMES + 8 * MAX_FRAMES
@@ -104,8 +107,8 @@ STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
 _FNV_PRIME = 0x100000001B3
 _FNV_BASIS = 0xCBF29CE484222325
 DROP_SAMPLE, PASS_ON = 0, 1
-ERR_STACKS_FULL, ERR_COUNTS_FULL = 0, 1
-ERR_SLOTS = 2
+ERR_STACKS_FULL, ERR_COUNTS_FULL, ERR_RING_FULL = 0, 1, 2
+ERR_SLOTS = 3
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -183,8 +186,9 @@ class UnwindProgram:
         self._reads = 0                  # labels of _read_user's call sites
 
     def code(self, probe_index: int, probe, *, tgid=None, armed=None,
-             kernel_stacks=None, result: int = PASS_ON) -> tuple:
-        """(bytes, function offsets) of the program for one probe."""
+             kernel_stacks=None, result: int = PASS_ON, ring=None) -> tuple:
+        """(bytes, function offsets) of the program for one probe; `ring`:
+        write each event's record there (trace) instead of counting."""
         m = self.maps
         a = Asm()
         a.emit(mov(6, 1), call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
@@ -225,6 +229,9 @@ class UnwindProgram:
         a.jump(jmp_imm, JNE, 1, _RUNNING, to="ended")
         a.emit(st_imm(8, S_STACK + 4, TRUNCATED, size=4))
         a.label("ended")
+        if ring is not None:
+            self._output(a, ring, probe_index)
+            return self._functions(a, result)
         # the stack's hash also covers its status: a cut stack is another stack
         a.emit(ldx(1, 8, S_STACK + 4, size=4))
         self._mix(a, 1)
@@ -255,6 +262,10 @@ class UnwindProgram:
         self._error(a, ERR_COUNTS_FULL)
         a.label("add")
         a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
+        return self._functions(a, result)
+
+    def _functions(self, a: Asm, result: int) -> tuple:
+        """The program's exit, then its callbacks: (bytes, their offsets)."""
         a.label("out")
         a.emit(mov_imm(0, result), exit_())
         step = len(a)
@@ -264,6 +275,21 @@ class UnwindProgram:
         a.label("vma")
         self._vma_callback(a)
         return a.assemble(), (step, vma)
+
+    def _output(self, a: Asm, ring, probe_index: int) -> None:
+        """The event's record (RECORD, then its frames) into the ring."""
+        a.emit(call(bpf.KTIME_GET_NS), stx(8, S_REC, 0), stx(8, S_REC + 8, 7),
+               st_imm(8, S_REC + 16, probe_index, size=4),
+               call(bpf.GET_SMP_PROCESSOR_ID), stx(8, S_REC + 20, 0, size=4),
+               ldx(3, 8, S_STACK, size=4))
+        a.jump(jmp_imm, JLE, 3, MAX_FRAMES, to="rec_n")
+        a.emit(mov_imm(3, MAX_FRAMES))
+        a.label("rec_n")
+        a.emit(alu_imm(LSH, 3, 3), alu_imm(ADD, 3, RECORD.size),
+               ld_map_fd(1, ring.fd), mov(2, 8), alu_imm(ADD, 2, S_REC),
+               mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
+        a.jump(jmp_imm, JEQ, 0, 0, to="out")
+        self._error(a, ERR_RING_FULL)
 
     def _error(self, a: Asm, slot: int) -> None:
         a.emit(st_imm(10, -32, slot, size=4), ld_map_fd(1, self.maps.errors.fd),
@@ -737,7 +763,7 @@ class UnwindCounter(BpfCounter):
 
     def __init__(self, probes: list, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None,
-                 rows: int = DEFAULT_ROWS):
+                 rows: int = DEFAULT_ROWS, ring_bytes: int = 0):
         self.probes = probes
         self.kernel = kernel
         self.filter_tgid = filter_tgid
@@ -757,6 +783,9 @@ class UnwindCounter(BpfCounter):
                 self.kstacks = self.stacks = self._map(
                     bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
                     "ustack_kstacks")
+            self.ring = None
+            if ring_bytes:              # trace: a record per event
+                self.ring = bpf.RingBuf(ring_bytes, "ustack_uwring")
             self.objects = UnwindObjects(self.unwind_maps, tables)
             self.objects.add_vdso()
             self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
@@ -769,7 +798,8 @@ class UnwindCounter(BpfCounter):
         tgid = self.filter_tgid if isinstance(probe, TracepointProbe) else None
         code, functions = self.program.code(
             index, probe, tgid=tgid, kernel_stacks=self.kstacks, result=result,
-            armed=None if isinstance(probe, ProfileProbe) else self.armed)
+            armed=None if isinstance(probe, ProfileProbe) else self.armed,
+            ring=self.ring)
         fd = bpf.load_program(prog_type_of(probe), code, f"ustack_uw{index}",
                               functions=functions)
         self.prog_fds.append(fd)
@@ -809,6 +839,35 @@ class UnwindCounter(BpfCounter):
     def errors_seen(self) -> list:
         return [_U64.unpack(self.unwind_maps.errors.lookup(i.to_bytes(4, "little")))[0]
                 for i in range(ERR_SLOTS)]
+
+    def close(self) -> None:
+        super().close()
+        if getattr(self, "ring", None) is not None:
+            self.ring.close()
+            self.ring = None
+
+
+class RingChunk(bytes):
+    """Records read from the unwinder's ring (RingBuf.read), told apart
+    from the perf buffers' chunks in the capture's stream."""
+
+
+def ring_samples(chunk: bytes, samples: list, offset: int, limit: int) -> int:
+    """Append a RawSample per record of a RingChunk from `offset`, for
+    about `limit` bytes; returns the offset reached."""
+    end = min(len(chunk), offset + limit)
+    while offset < end:
+        n = struct.unpack_from("<I", chunk, offset)[0]
+        rec = offset + 4
+        t, pid_tgid, probe, cpu, nframes, status = RECORD.unpack_from(chunk, rec)
+        nframes = min(nframes, MAX_FRAMES)
+        chain = chunk[rec + RECORD.size:rec + RECORD.size + 8 * nframes]
+        if status not in (COMPLETE, NO_PROGRESS):
+            chain += _U64.pack(KERNEL_UNWIND_STOP + status)
+        samples.append(RawSample(probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
+                                 bytes(chain)))
+        offset = rec + n
+    return offset
 
 
 _support: dict = {}                  # probe kind -> None | why not (per process)

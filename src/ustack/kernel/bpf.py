@@ -461,3 +461,66 @@ def attach(perf_fd: int, prog_fd: int) -> None:
         fcntl.ioctl(perf_fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
     except OSError as e:
         raise UstackError(f"cannot attach a BPF program to a perf event: {e.strerror}")
+
+
+# --- BPF ring buffers --------------------------------------------------------------
+
+MAP_RINGBUF = 27
+RINGBUF_OUTPUT = 130              # (ringbuf, data, size, flags)
+KTIME_GET_NS = 5                  # CLOCK_MONOTONIC, as perf stamps samples
+GET_SMP_PROCESSOR_ID = 8
+_RB_BUSY, _RB_DISCARD = 1 << 31, 1 << 30
+_RB_HDR = 8
+
+
+class RingBuf:
+    """A BPF_MAP_TYPE_RINGBUF and its consumer side, mmap'd: records a
+    program wrote with bpf_ringbuf_output, read in order (one buffer for
+    all CPUs). `size`: bytes, a power of two and a multiple of the page."""
+
+    def __init__(self, size: int, name: str = "ustack_ring"):
+        import mmap
+        self.map = Map(MAP_RINGBUF, 0, 0, size, name)
+        self.fd, self.size = self.map.fd, size
+        page = mmap.PAGESIZE
+        try:
+            self._cons = mmap.mmap(self.fd, page, mmap.MAP_SHARED,
+                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+            # the data pages are mapped twice in a row: a record never wraps
+            self._prod = mmap.mmap(self.fd, page + 2 * size, mmap.MAP_SHARED,
+                                   mmap.PROT_READ, offset=page)
+        except OSError as e:
+            self.map.close()
+            raise UstackError(f"cannot map a BPF ring buffer: {e.strerror}")
+        self._page = page
+        self._u64 = struct.Struct("<Q")
+        self._hdr = struct.Struct("<II")
+
+    def read(self) -> bytes:
+        """The records written since the last read, each as its u32 length
+        and its bytes (the ring's header without its flags), end to end;
+        b"" when there are none. Discarded records are skipped."""
+        cons = self._u64.unpack_from(self._cons, 0)[0]
+        prod = self._u64.unpack_from(self._prod, 0)[0]   # acquire: x86 keeps order
+        if cons >= prod:
+            return b""
+        out = bytearray()
+        mask, base = self.size - 1, self._page
+        data = self._prod
+        while cons < prod:
+            length, _pg = self._hdr.unpack_from(data, base + (cons & mask))
+            if length & _RB_BUSY:
+                break                        # still being written
+            n = length & ~(_RB_BUSY | _RB_DISCARD)
+            if not length & _RB_DISCARD:
+                at = base + (cons & mask) + _RB_HDR
+                out += struct.pack("<I", n) + data[at:at + n]
+            cons += (n + _RB_HDR + 7) & ~7
+        self._u64.pack_into(self._cons, 0, cons)
+        return bytes(out)
+
+    def close(self) -> None:
+        for m in (getattr(self, "_cons", None), getattr(self, "_prod", None)):
+            if m is not None:
+                m.close()
+        self.map.close()

@@ -88,6 +88,8 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     modes = tuple(choose(p, unwind, main_binary) for p in probes)
     counting = command == "funccount" or (command in ("count", "profile")
                                           and backend in ("auto", "bpf"))
+    if command == "trace" and backend == "bpf":
+        return _bpf_trace(probes, unwind)
     if not counting:
         return Plan("perf", modes)
     if command != "funccount" and unwind != "fp" and _wants_dwarf(probes, modes,
@@ -105,6 +107,21 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         raise UstackError("--kernel needs in-kernel counting (the bpf backend), "
                           "which walks frame pointers only")
     return Plan("perf", modes, why_not)
+
+
+def _bpf_trace(probes: list, unwind: str) -> Plan:
+    """trace --backend bpf: stacks unwound in the kernel, a record per event
+    through a BPF ring buffer; what it cannot do is refused, not changed."""
+    if unwind == "fp":
+        raise UstackError("trace --backend bpf unwinds with DWARF in the kernel; "
+                          "for frame pointers use --backend perf")
+    if any(getattr(p, "fetch_args", ()) for p in probes):
+        raise UstackError("trace --backend bpf does not fetch arguments; "
+                          "use --backend perf")
+    why = _why_no_kernel_dwarf(probes)
+    if why is not None:
+        raise UstackError(f"trace --backend bpf: {why}")
+    return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
 
 
 def _wants_dwarf(probes: list, modes: tuple, main_binary: Optional[str]) -> bool:
