@@ -409,3 +409,12 @@ def test_kernel_frames_above_the_dwarf_stack(chain):
     assert stack["frames"][sep][0] == "--" and set(mods[:sep]) == {"kernel"}
     assert [f for f, _m in stack["frames"][sep + 1:sep + 7]] == ["write"] + CHAIN
     assert stack["count"] == 4
+
+
+def test_dynamic_loader_startup_ends_cleanly():
+    """ld.so's _start has no CFI and rbp 0 (the ABI's outermost mark): the
+    stacks of its syscalls end there complete, with no note, as the copy
+    path's do."""
+    stacks = same_as_copy_path("syscall:mmap", "-c", "true")
+    loader = [s for s in stacks if s["frames"][-1][1].startswith("ld-linux")]
+    assert loader and {names(s["frames"])[-1] for s in loader} == {"_start"}

@@ -221,6 +221,13 @@ class UnwindProgram:
             a.emit(mov_imm(0, -1))
             a.label("kstack")
             a.emit(stx(10, -12, 0, size=4))
+        # a kernel thread (no mm) has no user stack: an empty one
+        a.emit(call(bpf.GET_CURRENT_TASK_BTF), ldx(1, 0, self.off.task_mm))
+        a.jump(jmp_imm, JNE, 1, 0, to="walk")
+        a.emit(st_imm(8, S_STACK, 0, size=4), st_imm(8, S_STACK + 4, COMPLETE, size=4),
+               ld_imm64(1, _FNV_BASIS), stx(8, S_HASH, 1))
+        a.jump(bpf.ja, to="ended")
+        a.label("walk")
         # the walk: one bpf_loop step per frame
         a.emit(mov_imm(1, MAX_FRAMES - 1))
         a.jump(ld_func, 2, to="step")
@@ -398,6 +405,13 @@ class UnwindProgram:
         a.jump(jmp_imm, JEQ, 1, K_SIGNAL, to="s_signal")
         a.jump(jmp_imm, JEQ, 1, K_UNSUPPORTED, to="s_unsupported")
         a.label("s_gap")
+        # no CFI, and rbp 0: the outermost frame (the ABI's mark, set by
+        # _start), where the stack ends complete, as the copy path ends it
+        a.emit(ldx(1, 6, S_BPOK))
+        a.jump(jmp_imm, JEQ, 1, 0, to="s_gap_note")
+        a.emit(ldx(1, 6, S_BP))
+        a.jump(jmp_imm, JEQ, 1, 0, to="s_end")
+        a.label("s_gap_note")
         self._stop(a, GAP)
         a.label("s_unsupported")
         self._stop(a, UNSUPPORTED)
