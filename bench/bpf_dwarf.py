@@ -312,6 +312,37 @@ def table_rows(prog: str) -> str:
                               f"(memlock of the maps, stack/count maps at 16 entries here).")
 
 
+def system_rows() -> str:
+    """What a system-wide run loads before it starts: every object mapped
+    executable by a process now, built cold (empty disk cache) and warm."""
+    from ustack.capture.bpf_unwind import UnwindMaps, UnwindObjects, objects_of_target
+    from ustack.objfile.elf import ElfImage
+    from ustack.target import process
+    from ustack.unwind import tables
+    from ustack.unwind.cfi import UnwindTable
+    paths = objects_of_target(process.everything(), [])
+    out = []
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["USTACK_CACHE_DIR"] = cache
+        for label in ("cold", "warm"):
+            ElfImage.clear_cache()
+            UnwindTable.clear_cache()
+            maps = UnwindMaps(1 << 20, 16, 16)
+            try:
+                loader = UnwindObjects(maps, tables.for_image)
+                t0 = time.perf_counter()
+                for path in paths:
+                    loader.add_path(path)
+                took = time.perf_counter() - t0
+            finally:
+                maps.close()
+            out.append(f"| {label} | {len(loader.loaded)} | {loader.next_row:,} "
+                       f"| {loader.bytes_loaded / 2**20:.1f} | {took:.2f} "
+                       f"| {took / max(1, len(loader.loaded)) * 1e3:.0f} |")
+    return ("| disk cache | objects | rows | rows MiB | load s | ms/object |\n"
+            "|---|---:|---:|---:|---:|---:|\n" + "\n".join(out))
+
+
 def _memlock(fd: int) -> int:
     with open(f"/proc/self/fdinfo/{fd}") as f:
         m = re.search(r"memlock:\s+(\d+)", f.read())
@@ -355,6 +386,8 @@ def main():
         prof = profile_rows(prog, reps, args.timeout)
         print("tables …", file=sys.stderr, flush=True)
         tabs = table_rows(prog)
+        print("system-wide …", file=sys.stderr, flush=True)
+        system = system_rows()
     perf_notes = [getattr(r, "note", "") for r in results["perf record --call-graph dwarf"]] \
         if isinstance(results["perf record --call-graph dwarf"], list) else []
     md = (f"## Complete stacks at in-kernel cost: DWARF unwinding inside BPF\n\n"
@@ -370,7 +403,10 @@ def main():
           + uprobe_table(results, n) + "\n\n"
           + (f"perf record: {perf_notes[-1]}.\n\n" if perf_notes else "")
           + "### 2. 999 Hz profile of the same program (no probe), its own run time\n\n"
-          + prof + "\n\n### 3. Unwind tables per object\n\n" + tabs + "\n")
+          + prof + "\n\n### 3. Unwind tables per object\n\n" + tabs + "\n\n"
+          "### 4. System-wide: the objects every process maps now\n\n"
+          "What `ustack profile` with no -p/-c loads before it starts.\n\n"
+          + system + "\n")
     write_report(md, out)
 
 
