@@ -205,6 +205,17 @@ def uprobe_table(results: dict, n: int) -> str:
     return "\n".join(rows)
 
 
+def alone_table(alone: dict) -> str:
+    """µs per event without the tools' start-up and exit."""
+    ref = alone.get("bpftrace @[ustack]=count() (frame pointers)")
+    rows = ["| tool | wall s, 1 hit | µs/event without start-up/exit | ÷ bpftrace |",
+            "|---|---:|---:|---:|"]
+    for name, (us, one) in alone.items():
+        ratio = f"{us / ref[0]:.2f}" if ref else "-"
+        rows.append(f"| {name} | {one:.3f} | {us:.2f} | {ratio} |")
+    return "\n".join(rows)
+
+
 # --- 2. profile slowdown ------------------------------------------------------
 
 def self_timed(cmd: list, timeout: float, env=None) -> float:
@@ -382,6 +393,16 @@ def main():
                     results[name] = f"failed (timeout {args.timeout:.0f} s)"
                 except Failed as e:
                     results[name] = f"failed ({e})"
+        # the cost of one event alone: (wall(N) - wall(1 hit)) / (N - 1)
+        alone = {}
+        for name in ("ustack count --backend bpf --unwind dwarf",
+                     "ustack count --backend bpf --unwind fp",
+                     "bpftrace @[ustack]=count() (frame pointers)"):
+            if isinstance(results[name], list) and results[name]:
+                one = [tools[name](prog, 1, Path(tmp), args.timeout).wall
+                       for _ in range(reps)]
+                alone[name] = (statistics.median(r.wall for r in results[name])
+                               - statistics.median(one)) / (n - 1) * 1e6, statistics.median(one)
         print("profile …", file=sys.stderr, flush=True)
         prof = profile_rows(prog, reps, args.timeout)
         print("tables …", file=sys.stderr, flush=True)
@@ -401,6 +422,7 @@ def main():
           "relative to bpftrace's frame-pointer `ustack` (ustack --unwind fp when "
           "bpftrace is absent), which walks the same site but gets wrong stacks.\n\n"
           + uprobe_table(results, n) + "\n\n"
+          + alone_table(alone) + "\n\n"
           + (f"perf record: {perf_notes[-1]}.\n\n" if perf_notes else "")
           + "### 2. 999 Hz profile of the same program (no probe), its own run time\n\n"
           + prof + "\n\n### 3. Unwind tables per object\n\n" + tabs + "\n\n"

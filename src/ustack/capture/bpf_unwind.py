@@ -1,34 +1,39 @@
 """The in-kernel DWARF unwinder: a BPF program that walks a user stack with
-per-object unwind rows (unwind/tables.py) and counts each distinct stack,
-so nothing but frame addresses leaves the kernel.
+per-object unwind rows (unwind/tables.py) and counts each distinct stack
+(count, profile) or writes it to a ring buffer (trace), so nothing but
+frame addresses leaves the kernel.
 
-How the program finds its way, per frame:
+How the program finds its way, per frame (one bpf_loop step each: the
+verifier checks the body once, not once per frame):
 - the mapping of the pc: bpf_find_vma (the task's own VMA tree, so no
-  per-process list has to be kept in step with mmap; a process that maps a
-  library after the run started is unwound through it as soon as the
-  library's rows are loaded), which gives the file's (dev, inode), the
-  mapping's start and page offset; consecutive frames in the same mapping
-  skip the search;
-- the object's rows: OBJECTS[(dev, inode)] = (first row, row count, vaddr -
-  file offset of its code), loaded by UnwindObjects from user space; a
-  bounded binary search over ROWS finds the row of the pc's ELF address;
+  per-process list has to be kept in step with mmap), which gives the
+  file's (dev, inode), the mapping's start and page offset. Its answers are
+  kept in VMAS, keyed by (mm, 2 MiB region): in a sample's interrupt
+  find_vma answers once, then says the mm is busy until the interrupt
+  ends. Consecutive frames in one mapping skip both;
+- the object's rows: OBJECTS[(dev, inode)] = (first row, rows, vaddr -
+  file offset of its code, its page index), loaded by UnwindObjects from
+  user space, once per object whichever processes map it; a binary search
+  over the rows of the pc's 4 KiB page (PAGES) finds the row;
 - the rule: CFA = rsp|rbp + N (or the PLT's), return address at CFA - 8,
   rbp restored per the row; a sigreturn trampoline continues from the
-  ucontext the kernel saved on the stack.
-The frame loop runs in bpf_loop (the verifier checks its body once, not
-once per frame). Where the walk cannot go on (no rows for an object yet,
-code without a file, a rule the rows do not encode, an unreadable stack)
-it stops and says why in the stack's status: the capture turns that into
-a marker word at the end of the callchain (model.KERNEL_UNWIND_STOP), the
-unwind stage into a note on the stack. Never a guessed frame.
+  ucontext the kernel saved on the stack. Stack words come from a 512-byte
+  window copied at once (a user copy's checks cost as much as its bytes).
+Where the walk cannot go on (no rows for an object yet, code without a
+file, a rule the rows do not encode, an unreadable stack) it stops and
+says why in the stack's status: the capture turns that into a marker word
+at the end of the callchain (model.KERNEL_UNWIND_STOP), the unwind stage
+into a note on the stack. Never a guessed frame. A kernel thread (no mm)
+has an empty user stack.
 
 Registers: a uprobe's context is the user pt_regs; a sample's context holds
 them when it interrupted user mode; otherwise (syscalls, tracepoints, a
 sample in the kernel) bpf_task_pt_regs(current) gives them.
 
 Output: STACKS[hash] = (frame count, status, frames) and COUNTS[(pid_tgid,
-probe, kernel stack id, hash)] += 1. The hash is a 64-bit FNV-style mix of
-the frames, so the count key stays 24 bytes however deep the stack."""
+probe, kernel stack id, hash)] += 1; the hash is a 64-bit FNV-style mix of
+the frames and status, so the count key stays 24 bytes however deep the
+stack. For trace, RECORD + frames per event into a BPF ring buffer."""
 from __future__ import annotations
 
 import errno
@@ -53,9 +58,9 @@ from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample,
 from ..objfile import cache as objcache
 from ..objfile import needed
 from ..objfile.elf import ElfImage
-from ..target import process
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
+from ..target import process
 from .bpf import MIN_COUNT_ENTRIES, BpfCounter, prog_type_of
 
 BPF_LOOP = 181
@@ -67,8 +72,8 @@ OBJ_KEY = struct.Struct("<QQ")   # dev (kernel encoding), inode
 # first row, rows, vaddr - file offset; page index: first slot, first page, pages
 OBJ_VALUE = struct.Struct("<IIqIII4x")
 STACK_HEAD = struct.Struct("<II")  # frames, status
-REC_HEAD = struct.Struct("<QQII")  # time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu
-RECORD = struct.Struct("<QQIIII")  # REC_HEAD + STACK_HEAD
+# a trace record: time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu, then STACK_HEAD
+RECORD = struct.Struct("<QQIIII")
 COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
@@ -76,7 +81,6 @@ VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm, address >> 21)
 VMA_VALUE = 40                   # vm_start, vm_end, vm_pgoff, dev, inode
 PAGE_SHIFT = 12                  # unwind/tables.py's page index granule
 SEARCH_STEPS = 22                # binary search steps: 4 M rows
-PAGE = 4096
 
 # row kinds (unwind/tables.py)
 K_GAP, K_SP, K_BP, K_PLT, K_END, K_SIGNAL, K_UNSUPPORTED = range(7)
@@ -96,7 +100,7 @@ _UC_RBP, _UC_RSP, _UC_RIP = _GREGS + 8 * 10, _GREGS + 8 * 15, _GREGS + 8 * 16
 S_PC, S_SP, S_BP, S_EXACT, S_BPOK, S_HASH, S_CFA, S_Q = range(0, 64, 8)
 S_MSTART, S_MEND, S_FIRST, S_NROWS, S_ADJ, S_LO, S_HI, S_VADDR = range(64, 128, 8)
 S_TMP, S_ROW, S_PSLOT, S_PBASE, S_NPAGES, S_WIN = range(128, 176, 8)
-S_REC = 176                      # a trace record: REC_HEAD, STACK_HEAD, frames
+S_REC = 176                      # a trace record: RECORD, then the frames
 S_STACK = 200                    # STACK_HEAD, then the frames
 S_FRAMES = S_STACK + STACK_HEAD.size
 WINDOW = 512                     # bytes of stack copied at a time (_read_user)
