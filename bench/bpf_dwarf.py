@@ -227,7 +227,7 @@ def self_timed(cmd: list, timeout: float, env=None) -> float:
 
 
 def profile_rows(prog: str, reps: int, timeout: float) -> str:
-    argv = [prog, "1000", "300000"]
+    argv = [prog, "1000", "3000000"]     # ~4 s: long enough to see 1 %
     tools = {
         "unprofiled": lambda: (self_timed(argv, timeout), ""),
         "ustack profile -F 999 (DWARF in the kernel)": lambda: _profiled("dwarf", argv, timeout),
@@ -424,7 +424,7 @@ def main():
           + uprobe_table(results, n) + "\n\n"
           + alone_table(alone) + "\n\n"
           + (f"perf record: {perf_notes[-1]}.\n\n" if perf_notes else "")
-          + "### 2. 999 Hz profile of the same program (no probe), its own run time\n\n"
+          + "### 2. 999 Hz profile of the same program (no probe, ~4 s), its own run time\n\n"
           + prof + "\n\n### 3. Unwind tables per object\n\n" + tabs + "\n\n"
           "### 4. System-wide: the objects every process maps now\n\n"
           "What `ustack profile` with no -p/-c loads before it starts.\n\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..capture import bpf_unwind
 from ..kernel import bpf
 from ..model import ProfileProbe, UprobeProbe, UstackError
 from ..objfile import prologue
@@ -146,8 +147,7 @@ def _why_no_kernel_dwarf(probes: list) -> Optional[str]:
     bpf_unwind.py) for these probes, else why not, in the kernel's words."""
     if not bpf.available():
         return "BPF is not available here (bpf(2) failed)"
-    from ..capture.bpf_unwind import why_unavailable
-    why = why_unavailable(probes)
+    why = bpf_unwind.why_unavailable(probes)
     return None if why is None else f"in-kernel DWARF unwinding failed to load: {why}"
 
 
