@@ -98,6 +98,7 @@ KERNEL_UNWIND_REASONS = {
     12: "the in-kernel unwind table was full when this object was loaded",
 }
 
+
 class RawSample(NamedTuple):
     """One event as a capture yields it, before unwinding: self-contained,
     so any consumer (the unwinder, a record file, a test) reads it without
