@@ -504,8 +504,9 @@ class BpfCapture:
         """The stream's decoder, loading the rows of each newly mapped
         object (dlopen, a new process) as its MMAP2 record passes; the
         unwinder's records (trace) become RawSamples."""
-        if self.stream and type(chunk).__name__ == "RingChunk":
-            from .bpf_unwind import ring_samples
+        if self.stream:
+            from .bpf_unwind import RingChunk, ring_samples   # (it imports this module)
+        if self.stream and isinstance(chunk, RingChunk):
             before = len(samples)
             offset = ring_samples(chunk, samples, offset, limit)
             for s in samples[before:]:
