@@ -29,7 +29,7 @@ def chain(request):
 
 def both(*args):
     """The same run through the bpf and the perf backends (fp unwinding)."""
-    bpf = ok(run_ustack(*args, "--backend", "bpf"))
+    bpf = ok(run_ustack(*args, "--backend", "bpf", "--unwind", "fp"))
     perf = ok(run_ustack(*args, "--backend", "perf", "--unwind", "fp"))
     assert "[backend bpf, unwind fp]" in header(bpf)
     assert "[backend perf, unwind fp]" in header(perf)
@@ -51,17 +51,18 @@ def test_count_exact_and_identical_to_perf(chain, where):
 def test_auto_prefers_bpf_for_frame_pointers(chain):
     res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3"))
     assert "[backend bpf, unwind fp]" in header(res)
-    # a syscall through libc (no frame pointers) needs DWARF: perf
+    # a syscall through libc (no frame pointers) needs DWARF: in the kernel
     res = ok(run_ustack("count", "syscall:write", "-c", f"{chain} 3 write"))
-    assert "[backend perf, unwind dwarf]" in header(res)
+    assert "[backend bpf, unwind dwarf; unwound in the kernel]" in header(res)
 
 
-def test_dwarf_request_uses_perf_with_a_note(chain):
+def test_dwarf_request_unwinds_in_the_kernel(chain):
+    """--backend bpf --unwind dwarf: DWARF rules walked by the BPF program
+    (tests/test_bpf_unwind.py compares its stacks with perf's)."""
     res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3",
                         "--backend", "bpf", "--unwind", "dwarf"))
-    assert "[backend perf, unwind dwarf]" in header(res)
-    assert ("note: in-kernel counting walks frame pointers only; --unwind dwarf "
-            "uses the perf backend") in res.stderr
+    assert "[backend bpf, unwind dwarf; unwound in the kernel]" in header(res)
+    assert "note:" not in res.stderr
     assert [s["count"] for s in parse_counts(res.stdout)] == [3]
 
 
@@ -129,7 +130,8 @@ def test_kernel_stacks(chain):
 
 def test_profile_through_bpf():
     busy = build("busy", flags=O2_FP)
-    res = ok(run_ustack("profile", "-F", "99", "-c", f"{busy} 1", "--backend", "bpf"))
+    res = ok(run_ustack("profile", "-F", "99", "-c", f"{busy} 1", "--backend", "bpf",
+                        "--unwind", "fp"))
     assert "[backend bpf, unwind fp]" in header(res)
     stacks = parse_counts(res.stdout)
     top = stacks[-1]                       # most frequent last
@@ -227,17 +229,11 @@ def test_profile_running_process():
     assert (top["comm"], top["pid"]) == ("busy", proc.pid)
 
 
-@pytest.mark.parametrize("how", [("--backend", "perf"), ("--unwind", "dwarf")],
-                         ids=["perf", "dwarf"])
-def test_kernel_stacks_need_in_kernel_counting(chain, how):
-    res = run_ustack("count", "--kernel", *how, "syscall:write", "-c", f"{chain} 1")
-    msg = fail_one_line(res)
-    if how[0] == "--backend":
-        assert msg == ("ustack: --kernel needs in-kernel counting (--backend bpf), "
-                       "not --backend perf")
-    else:
-        assert msg == ("ustack: --kernel needs in-kernel counting (the bpf backend), "
-                       "which walks frame pointers only")
+def test_kernel_stacks_need_in_kernel_counting(chain):
+    res = run_ustack("count", "--kernel", "--backend", "perf", "syscall:write",
+                     "-c", f"{chain} 1")
+    assert fail_one_line(res) == ("ustack: --kernel needs in-kernel counting "
+                                  "(--backend bpf), not --backend perf")
 
 
 def test_funccount_running_process_for_a_duration(chain):

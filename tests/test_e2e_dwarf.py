@@ -169,7 +169,7 @@ def assert_pcs_like_gdb(rec: dict, cap, prog: Path, skip=()) -> None:
 @pytest.mark.parametrize("unwind", UNWINDS)
 def test_uprobe_count_chain(chain, unwind):
     n = 1000
-    res = dwarf_ok(run_ustack("count", "--unwind", unwind, f"uprobe:{chain}:d",
+    res = dwarf_ok(run_ustack("count", "--backend", "perf", "--unwind", unwind, f"uprobe:{chain}:d",
                               "-c", f"{chain} {n}"))
     stacks = count_stacks(res.stdout)
     assert [(program_names(s["frames"], chain), s["count"], s["notes"]) for s in stacks] \
@@ -197,7 +197,7 @@ def test_uprobe_trace_chain_pcs(chain, unwind, tmp_path):
 @pytest.mark.parametrize("unwind", UNWINDS)
 def test_syscall_write_count(chain, unwind):
     n = 500
-    res = dwarf_ok(run_ustack("count", "--unwind", unwind, "syscall:write",
+    res = dwarf_ok(run_ustack("count", "--backend", "perf", "--unwind", unwind, "syscall:write",
                               "-c", f"{chain} {n} write"))
     stacks = count_stacks(res.stdout)
     assert len(stacks) == 1 and stacks[0]["count"] == n, res.stdout
@@ -211,7 +211,7 @@ def test_syscall_write_count(chain, unwind):
 def test_dynamic_loader_startup_ends_cleanly():
     """ld.so's own _start has no CFI and rbp 0: its syscalls' stacks end
     there without a "frame pointer used" note (nothing was guessed)."""
-    res = dwarf_ok(run_ustack("count", "--unwind", "dwarf", "syscall:mmap", "-c", "true"))
+    res = dwarf_ok(run_ustack("count", "--backend", "perf", "--unwind", "dwarf", "syscall:mmap", "-c", "true"))
     stacks = count_stacks(res.stdout)
     loader = [s for s in stacks if s["frames"][-1][1].startswith("ld-linux")]
     assert loader, res.stdout
@@ -313,7 +313,7 @@ def test_qsort_callback(tmp_path):
     assert_pcs_like_gdb(records[0], cap, prog)
     for r in records:                                  # every comparison gets there
         assert program_names(r["frames"], prog) == ["cmp", "sort_things", "main"], r
-    res = dwarf_ok(run_ustack("count", "--unwind", "dwarf", f"uprobe:{prog}:cmp",
+    res = dwarf_ok(run_ustack("count", "--backend", "perf", "--unwind", "dwarf", f"uprobe:{prog}:cmp",
                               "-c", f"{prog} 64"))
     assert sum(s["count"] for s in count_stacks(res.stdout)) == compares
 
@@ -347,7 +347,7 @@ def test_cxx(unwind, tmp_path):
     prog = build_cxx("cxx_throw", ("-O2", "-g", "-fomit-frame-pointer"))
     n = 6                                   # leaf throws 3 times: the unwinder survives it
     # the probe names leaf as a person does; names print demangled (c++filt)
-    res = dwarf_ok(run_ustack("count", "--unwind", unwind, f"uprobe:{prog}:leaf",
+    res = dwarf_ok(run_ustack("count", "--backend", "perf", "--unwind", unwind, f"uprobe:{prog}:leaf",
                               "-c", f"{prog} {n}"))
     stacks = count_stacks(res.stdout)
     assert len(stacks) == 1 and stacks[0]["count"] == n, res.stdout
@@ -359,7 +359,7 @@ def test_cxx(unwind, tmp_path):
         ["leaf", "f2", "f1", "main"]
     assert frames[-1] == ("_start", prog.name) and stacks[0]["notes"] == []
     # --no-demangle: the linker's names, and the probe by its mangled name
-    res = dwarf_ok(run_ustack("count", "--no-demangle", "--unwind", unwind,
+    res = dwarf_ok(run_ustack("count", "--backend", "perf", "--no-demangle", "--unwind", unwind,
                               f"uprobe:{prog}:_Z4leafl", "-c", f"{prog} 2"))
     (stack,) = count_stacks(res.stdout)
     assert program_names(stack["frames"], prog) == ["_Z4leafl", "_Z2f2l", "_Z2f1l", "main"]
@@ -376,7 +376,7 @@ def test_profile_without_frame_pointers(unwind):
     busy = build("busy", flags=O2_NOFP)
     want = gdb_program_names(busy, [0.1], "spin_here")
     assert want == ["spin_here", "work", "main"]
-    res = dwarf_ok(run_ustack("profile", "-F", "999", "--unwind", unwind,
+    res = dwarf_ok(run_ustack("profile", "--backend", "perf", "-F", "999", "--unwind", unwind,
                               "-c", f"{busy} 1"))
     stacks = count_stacks(res.stdout)
     total = sum(s["count"] for s in stacks)
@@ -459,7 +459,7 @@ def _cli_run(cache: Path, *args) -> tuple[str, dict]:
 
 def test_cfi_cache_across_runs(chain, tmp_path):
     cache = tmp_path / "cache"
-    args = ("count", "--unwind", "dwarf", "syscall:write", "-c", f"{chain} 20 write")
+    args = ("count", "--backend", "perf", "--unwind", "dwarf", "syscall:write", "-c", f"{chain} 20 write")
     out1, first = _cli_run(cache, *args)
     tables = first["tables"]
     assert str(chain) in tables and any(p.endswith("/libc.so.6") for p in tables), tables

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
     _target_args(p)
-    _backend_arg(p, "perf", "tracefs")
+    _backend_arg(p, "perf", "bpf", "tracefs")
     _output_args(p, EVENT_FORMATS)
 
     p = sub.add_parser("count", help="count stacks by frequency",

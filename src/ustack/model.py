@@ -80,6 +80,25 @@ class Mapping:
 
 # --- capture --------------------------------------------------------------
 
+# A callchain the kernel unwound with DWARF rules (capture/bpf_unwind.py)
+# that stops short ends with the word KERNEL_UNWIND_STOP + reason, never a
+# guessed frame; the unwind stage turns it into a note on the stack.
+KERNEL_UNWIND_STOP = 0xFFFFFFFFFFFE0000   # below PERF_CONTEXT_* (0x...F000 up)
+KERNEL_UNWIND_REASONS = {
+    1: "the address is in no mapping",
+    2: "code without a file (JIT?) has no unwind table",
+    3: "no unwind table loaded yet for this object",
+    4: "the object has no usable CFI",
+    5: "no CFI covers this address",
+    6: "its CFI uses a rule the in-kernel unwinder does not evaluate",
+    7: "rbp was lost in an earlier frame",
+    8: "the stack could not be read",
+    10: "stopped at the in-kernel frame limit",
+    11: "the process's memory map was locked",
+    12: "the in-kernel unwind table was full when this object was loaded",
+}
+
+
 class RawSample(NamedTuple):
     """One event as a capture yields it, before unwinding: self-contained,
     so any consumer (the unwinder, a record file, a test) reads it without
@@ -136,6 +155,9 @@ class Losses:
     throttled: int = 0             # times the kernel throttled sampling
     # events an in-kernel counter saw but could not count: (why, n) pairs
     uncounted: tuple = ()
+    # events whose stack the in-kernel unwinder cut short: (why, n) pairs
+    # (each such stack ends with a note saying where and why)
+    cut_short: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ class Session:
             self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                     self.probes, self._main_binary(), opts.kernel_stacks)
             capture = new_capture(self.plan.backend, self.probes, self.target,
-                                  self.plan.modes, opts)
+                                  self.plan.modes, opts, self.plan.kernel_tables)
             capture.open()                  # closes what it opened if it fails
             self.capture = capture
         except BaseException:

@@ -5,14 +5,18 @@ from __future__ import annotations
 from ..defaults import DEFAULT_BUFFER_PAGES, DWARF_BUFFER_PAGES
 
 
-def new_capture(backend: str, probes: list, target, modes: tuple, opts):
+def new_capture(backend: str, probes: list, target, modes: tuple, opts,
+                kernel_tables=None):
     """An unopened capture of `probes` in `target`; `opts` is the run's
-    Options (buffer pages, stack size and storage, --kernel, command)."""
+    Options (buffer pages, stack size and storage, --kernel, command);
+    `kernel_tables`: for DWARF unwinding in the kernel, the unwind rows of
+    an object (Plan.kernel_tables)."""
     if backend == "bpf":
         from .bpf import BpfCapture
         return BpfCapture(probes, target, opts.buffer_pages,
                           stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
-                          calls_only=opts.command == "funccount")
+                          calls_only=opts.command == "funccount",
+                          unwind_tables=kernel_tables, stream=opts.command == "trace")
     if backend == "tracefs":
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)

@@ -37,11 +37,12 @@ from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
-from ..model import (Losses, ProfileProbe, RawSample, TracepointProbe,
-                     UprobeProbe)
+from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Losses, MmapEvent,
+                     ProfileProbe, RawSample, TracepointProbe, UprobeProbe)
 from .perf import NEVER_SAMPLE, PerfCapture
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
+RING_BYTES = 16 << 20                 # trace's ring of unwound stacks (bpf_unwind)
 
 # the count key: pid_tgid, probe index, user stack id, kernel stack id,
 # the word at [sp] of an entry uprobe (its caller's return address)
@@ -203,7 +204,7 @@ def call_count_program(probe_index: int, counts: bpf.Map, armed=None,
     return a.assemble()
 
 
-def _prog_type(probe) -> int:
+def prog_type_of(probe) -> int:
     if isinstance(probe, UprobeProbe):
         return bpf.PROG_KPROBE
     if isinstance(probe, TracepointProbe):
@@ -260,7 +261,7 @@ class BpfCounter:
                                        kernel=self.kernel,
                                        armed=None if isinstance(probe, ProfileProbe)
                                        else self.armed, result=result)
-        fd = bpf.load_program(_prog_type(probe), code, f"ustack_{index}")
+        fd = bpf.load_program(prog_type_of(probe), code, f"ustack_{index}")
         self.prog_fds.append(fd)
         return fd
 
@@ -360,6 +361,22 @@ class BpfCounter:
 
 
 
+def ring_bytes(buffer_pages: int) -> int:
+    """trace's ring of unwound stacks: RING_BYTES, more as --buffer-pages
+    grows (the advice a full ring prints), a power of two."""
+    want = max(RING_BYTES, buffer_pages * 4096 * 16)
+    return 1 << (want - 1).bit_length()
+
+
+def cut_reason(chain: bytes):
+    """Why the in-kernel unwinder cut this callchain short, or None."""
+    if len(chain) >= 8:
+        last = _U64.unpack_from(chain, len(chain) - 8)[0]
+        if last & ~0xFF == KERNEL_UNWIND_STOP:
+            return KERNEL_UNWIND_REASONS.get(last & 0xFF, f"reason {last & 0xFF}")
+    return None
+
+
 class BpfCapture:
     """The capture that counts in the kernel: PerfCapture's events (so the
     same scoping and tracking records) with a BpfCounter attached. Its
@@ -369,8 +386,15 @@ class BpfCapture:
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 calls_only: bool = False):
+                 calls_only: bool = False, unwind_tables=None, stream: bool = False):
         self.probes = probes
+        # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
+        # an object, from unwind/tables.for_image (None: frame pointers)
+        self.unwind_tables = unwind_tables
+        self.unwind_note = "unwound in the kernel" if unwind_tables else ""
+        # trace: a record per event through a BPF ring buffer (with unwind_tables)
+        self.stream = stream and unwind_tables is not None
+        self.cut: dict = {}                 # why -> events whose stack was cut short
         self.target = target
         self.stack_storage = stack_storage
         self.kernel = kernel
@@ -378,8 +402,8 @@ class BpfCapture:
         self.events = PerfCapture(probes, target, buffer_pages or BPF_BUFFER_PAGES,
                                   with_stacks=False)
         self.buffer_pages = self.events.buffer_pages
-        self.decode = self.events.decode
-        self.read_chunks = self.events.read_chunks
+        self.decode = self._decode if unwind_tables else self.events.decode
+        self.read_chunks = self._read_chunks if self.stream else self.events.read_chunks
         self.flush_lost = self.events.flush_lost
         self.stop = self.events.stop
         self.counter = None
@@ -387,10 +411,19 @@ class BpfCapture:
     def open(self) -> None:
         target = self.target
         try:
-            self.counter = BpfCounter(
-                self.probes, stack_storage=self.stack_storage, kernel=self.kernel,
-                filter_tgid=target.pid if target.scope != "system" else None,
-                calls_only=self.calls_only)
+            tgid = target.pid if target.scope != "system" else None
+            if self.unwind_tables is not None:
+                from .bpf_unwind import UnwindCounter, objects_of_target
+                self.counter = UnwindCounter(
+                    self.probes, self.unwind_tables, stack_storage=self.stack_storage,
+                    kernel=self.kernel, filter_tgid=tgid,
+                    ring_bytes=ring_bytes(self.buffer_pages) if self.stream else 0)
+                for path in objects_of_target(target, self.probes):
+                    self.counter.objects.add_path(path)
+            else:
+                self.counter = BpfCounter(
+                    self.probes, stack_storage=self.stack_storage, kernel=self.kernel,
+                    filter_tgid=tgid, calls_only=self.calls_only)
             self.events.open()
             if target.scope == "command":
                 self.counter.arm_on_exec(target.pid)
@@ -411,7 +444,18 @@ class BpfCapture:
     def losses(self) -> Losses:
         events = self.events.losses()
         uncounted = ()
-        if self.counter is not None and not self.calls_only:
+        if self.counter is not None and self.stream:
+            ring_full = self.counter.errors_seen()[2]
+            return Losses(events.lost + ring_full, events.throttled, (),
+                          tuple(self.cut.items()))
+        if self.counter is not None and self.unwind_tables is not None:
+            stacks_full, counts_full, _ring = self.counter.errors_seen()
+            uncounted = tuple((why, n) for why, n in (
+                ("found the stack map full", stacks_full),
+                ("found the count map full", counts_full)) if n)
+            return Losses(events.lost, events.throttled, uncounted,
+                          tuple(self.cut.items()))
+        elif self.counter is not None and not self.calls_only:
             collided, stacks_full, counts_full = self.counter.errors_seen()
             uncounted = tuple((why, n) for why, n in (
                 ("had a stack id collision", collided),
@@ -424,6 +468,15 @@ class BpfCapture:
         and CPU are 0 and -1 (the kernel kept neither)."""
         counter = self.counter
         out = []
+        if self.unwind_tables is not None:
+            for pid, tid, probe, chain, kstack, n in counter.unwound(reset):
+                kernel = counter.stack_bytes(kstack) if self.kernel else b""
+                out.append((RawSample(probe, pid, tid, 0, -1, chain, b"",
+                                      kernel=kernel), n))
+                why = cut_reason(chain)
+                if why is not None:
+                    self.cut[why] = self.cut.get(why, 0) + n
+            return out
         for c in counter.counted(reset):
             slot = getattr(self.probes[c.probe], "return_address_slot", None)
             sample = RawSample(
@@ -436,3 +489,35 @@ class BpfCapture:
     def calls(self, reset: bool = False) -> list:
         """Calls per probe (funccount), in probe order."""
         return self.counter.calls(reset)
+
+    def _read_chunks(self, timeout_ms: int) -> list:
+        """The perf buffers' chunks, then what the unwinder's ring holds."""
+        chunks = self.events.read_chunks(timeout_ms)
+        if self.counter is not None and self.counter.ring is not None:
+            records = self.counter.ring.read()
+            if records:
+                from .bpf_unwind import RingChunk
+                chunks.append(RingChunk(records))
+        return chunks
+
+    def _decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
+        """The stream's decoder, loading the rows of each newly mapped
+        object (dlopen, a new process) as its MMAP2 record passes; the
+        unwinder's records (trace) become RawSamples."""
+        if self.stream:
+            from .bpf_unwind import RingChunk, ring_samples   # (it imports this module)
+        if self.stream and isinstance(chunk, RingChunk):
+            before = len(samples)
+            offset = ring_samples(chunk, samples, offset, limit)
+            for s in samples[before:]:
+                why = cut_reason(s.callchain)
+                if why is not None:
+                    self.cut[why] = self.cut.get(why, 0) + 1
+            return offset
+        before = len(metas)
+        offset = self.events.decode(chunk, metas, samples, offset, limit)
+        if self.counter is not None:
+            for _time, event in metas[before:]:
+                if isinstance(event, MmapEvent):
+                    self.counter.objects.add_mapping(event.mapping, event.pid)
+        return offset

@@ -20,9 +20,12 @@ NR_BPF = 321                      # x86-64
 # commands
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM = 0, 1, 2, 3
 MAP_GET_NEXT_KEY, PROG_LOAD = 4, 5
+MAP_UPDATE_BATCH = 26
+
+OBJ_GET_INFO_BY_FD = 15
 
 # map types
-MAP_HASH, MAP_ARRAY, MAP_STACK_TRACE = 1, 2, 7
+MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE, MAP_LRU_HASH = 1, 2, 6, 7, 9
 # program types (and what their context is)
 PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
 PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs
@@ -32,7 +35,10 @@ PROG_PERF_EVENT = 7               # bpf_perf_event_data: pt_regs first
 MAP_LOOKUP, MAP_UPDATE = 1, 2
 GET_CURRENT_PID_TGID = 14
 GET_STACKID = 27
-PROBE_READ_USER = 112
+PROBE_READ_USER, PROBE_READ_KERNEL = 112, 113
+GET_CURRENT_TASK_BTF = 158        # the current task_struct, as a BTF pointer
+TASK_PT_REGS = 175                # a task's user pt_regs (BTF pointer)
+FIND_VMA = 180                    # (task, addr, callback, ctx, flags)
 
 F_USER_STACK = 1 << 8             # bpf_get_stackid: the user stack
 NOEXIST = 1                       # map_update_elem: only create
@@ -57,8 +63,11 @@ K, X = 0x00, 0x08
 ADD, SUB, MUL, OR, AND, LSH, RSH, MOV = 0x00, 0x10, 0x20, 0x40, 0x50, 0x60, 0x70, 0xB0
 JA, JEQ, JGT, JGE, JNE, JSGT, JSGE, CALL, EXIT = (0x00, 0x10, 0x20, 0x30, 0x50,
                                                  0x60, 0x70, 0x80, 0x90)
-JSLT = 0xC0
+JSLT, JLT, JLE = 0xC0, 0xA0, 0xB0
+XOR, NEG = 0xA0, 0x80
 PSEUDO_MAP_FD = 1
+PSEUDO_CALL = 1                   # a call's src: a BPF function, imm = relative insn
+PSEUDO_FUNC = 4                   # ld_imm64's src: a BPF function's address
 _SIZES = {8: DW, 4: W, 2: H, 1: B}
 
 
@@ -105,6 +114,30 @@ def atomic_add(dst: int, off: int, src: int) -> bytes:
 def jmp_imm(op: int, dst: int, imm: int, off: int) -> bytes:
     """if dst op imm: skip `off` instructions (JEQ, JNE, JSLT, …)."""
     return insn(JMP | op | K, dst, 0, off, imm)
+
+
+def jmp_reg(op: int, dst: int, src: int, off: int) -> bytes:
+    """if dst op src (registers, unsigned for JGT/JGE/JLT/JLE): skip `off`."""
+    return insn(JMP | op | X, dst, src, off)
+
+
+def alu_reg(op: int, dst: int, src: int) -> bytes:
+    """dst op= src (64 bits)."""
+    return insn(ALU64 | op | X, dst, src)
+
+
+def ld_imm64(dst: int, value: int) -> bytes:
+    """dst = a 64-bit constant: TWO instruction slots."""
+    value &= (1 << 64) - 1
+    lo, hi = value & 0xFFFFFFFF, value >> 32
+    return (insn(LD | DW | IMM, dst, imm=lo - (1 << 32) if lo >> 31 else lo)
+            + insn(0, imm=hi - (1 << 32) if hi >> 31 else hi))
+
+
+def ld_func(dst: int, off: int) -> bytes:
+    """dst = the address of the BPF function `off` instructions after the
+    next one (a callback for bpf_loop, bpf_find_vma): TWO slots."""
+    return insn(LD | DW | IMM, dst, PSEUDO_FUNC, imm=off) + insn(0)
 
 
 def ja(off: int) -> bytes:
@@ -154,7 +187,8 @@ class Asm:
     def assemble(self) -> bytes:
         raw = bytearray(b"".join(self.code))
         for at, to, make, args in self._fixups:
-            raw[8 * at:8 * at + 8] = make(*args, self._labels[to] - at - 1)
+            code = make(*args, self._labels[to] - at - 1)   # ld_func: 16 bytes
+            raw[8 * at:8 * at + len(code)] = code
         return bytes(raw)
 
 
@@ -173,12 +207,35 @@ class _MapElem(ctypes.Structure):
                 ("flags", ctypes.c_uint64)]
 
 
+class _Batch(ctypes.Structure):
+    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
+                ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
+                ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
+                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
 class _ProgLoad(ctypes.Structure):
     _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
                 ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
                 ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
                 ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
-                ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16)]
+                ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
+                ("prog_ifindex", ctypes.c_uint32),
+                ("expected_attach_type", ctypes.c_uint32),
+                ("prog_btf_fd", ctypes.c_uint32),
+                ("func_info_rec_size", ctypes.c_uint32),
+                ("func_info", ctypes.c_uint64), ("func_info_cnt", ctypes.c_uint32)]
+
+
+class _BtfLoad(ctypes.Structure):
+    _fields_ = [("btf", ctypes.c_uint64), ("btf_log_buf", ctypes.c_uint64),
+                ("btf_size", ctypes.c_uint32), ("btf_log_size", ctypes.c_uint32),
+                ("btf_log_level", ctypes.c_uint32)]
+
+
+class _ObjInfo(ctypes.Structure):
+    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32),
+                ("info", ctypes.c_uint64)]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -245,6 +302,24 @@ class Map:
         self._elem(MAP_UPDATE_ELEM, key,
                    ctypes.create_string_buffer(value, self.value_size), flags)
 
+    def update_batch(self, keys: bytes, values: bytes) -> None:
+        """Many updates in one call (BPF_MAP_UPDATE_BATCH): `keys` and
+        `values` are the keys and values laid end to end."""
+        count = len(keys) // self.key_size
+        kbuf = ctypes.create_string_buffer(keys, len(keys))
+        vbuf = ctypes.create_string_buffer(values, len(values))
+        done = 0
+        while done < count:           # the kernel may stop early (-EINTR …)
+            attr = _Batch(0, 0, ctypes.addressof(kbuf) + done * self.key_size,
+                          ctypes.addressof(vbuf) + done * self.value_size,
+                          count - done, self.fd, 0, 0)
+            try:
+                _bpf(MAP_UPDATE_BATCH, attr)
+            except OSError as e:
+                if e.errno != errno.EINTR or attr.count == 0:
+                    raise UstackError(f"cannot fill a BPF map: {e.strerror}")
+            done += attr.count
+
     def delete(self, key: bytes) -> None:
         try:
             self._elem(MAP_DELETE_ELEM, key)
@@ -288,14 +363,80 @@ class LoadError(UstackError):
     """The verifier refused a program; the message ends with its log."""
 
 
-def load_program(prog_type: int, code: bytes, name: str = "ustack") -> int:
+BTF_LOAD = 18
+_BTF_HDR = struct.Struct("<HBBIIIII")
+_BTF_TYPE = struct.Struct("<III")
+_FUNC_INFO = struct.Struct("<II")     # insn_off, type_id
+
+
+def functions_btf(names: list) -> bytes:
+    """A minimal BTF blob that declares each of `names` a static function
+    `int f(void)`: the kernel wants BTF func_info for any program with
+    BPF-to-BPF functions (callbacks of bpf_find_vma, bpf_loop), and it
+    checks no more than this for static ones. Type ids: 1 int, 2 the
+    prototype, 3 + i the function names[i]."""
+    strings = b"\0int\0" + b"".join(n.encode() + b"\0" for n in names)
+    types = (_BTF_TYPE.pack(1, 1 << 24, 4) + struct.pack("<I", (1 << 24) | 32)
+             + _BTF_TYPE.pack(0, 13 << 24, 1))
+    off = 5
+    for n in names:
+        types += _BTF_TYPE.pack(off, 12 << 24, 2)
+        off += len(n) + 1
+    return _BTF_HDR.pack(0xEB9F, 1, 0, _BTF_HDR.size, 0, len(types), len(types),
+                         len(strings)) + types + strings
+
+
+def load_btf(blob: bytes) -> int:
+    buf = ctypes.create_string_buffer(blob, len(blob))
+    log = ctypes.create_string_buffer(1 << 16)
+    attr = _BtfLoad(ctypes.addressof(buf), 0, len(blob), 0, 0)
+    try:
+        return _bpf(BTF_LOAD, attr)
+    except OSError:
+        attr.btf_log_buf, attr.btf_log_size, attr.btf_log_level = \
+            ctypes.addressof(log), len(log), 1
+        try:
+            return _bpf(BTF_LOAD, attr)
+        except OSError as e:
+            raise LoadError(f"the kernel refused BTF for a BPF program: {e.strerror}: "
+                            + log.value.decode("utf-8", "replace").strip())
+
+
+def verified_insns(prog_fd: int) -> int:
+    """How many instructions the verifier processed (bpf_prog_info)."""
+    info = ctypes.create_string_buffer(256)
+    attr = _ObjInfo(prog_fd, 256, ctypes.addressof(info))
+    _bpf(OBJ_GET_INFO_BY_FD, attr)
+    return struct.unpack_from("<I", info.raw, 216)[0]     # verified_insns
+
+
+def load_program(prog_type: int, code: bytes, name: str = "ustack",
+                 functions: tuple = ()) -> int:
     """Load a program and return its fd; on refusal raise LoadError with the
     verifier's last lines (the log is asked for only after a failure, so a
-    good program loads without the cost of logging)."""
+    good program loads without the cost of logging). `functions`: the
+    instruction offsets of its BPF-to-BPF functions (callbacks), after the
+    main one at 0."""
     buf = ctypes.create_string_buffer(code)
     attr = _ProgLoad(prog_type, len(code) // 8, ctypes.addressof(buf),
                      ctypes.addressof(_LICENSE), 0, 0, 0, 0, 0,
                      name.encode()[:15])
+    btf_fd = -1
+    if functions:
+        starts = (0,) + tuple(functions)
+        btf_fd = load_btf(functions_btf([f"f{i}" for i in range(len(starts))]))
+        infos = b"".join(_FUNC_INFO.pack(at, 3 + i) for i, at in enumerate(starts))
+        info_buf = ctypes.create_string_buffer(infos, len(infos))
+        attr.prog_btf_fd, attr.func_info_rec_size = btf_fd, _FUNC_INFO.size
+        attr.func_info, attr.func_info_cnt = ctypes.addressof(info_buf), len(starts)
+    try:
+        return _load(attr, name)
+    finally:
+        if btf_fd >= 0:
+            os.close(btf_fd)
+
+
+def _load(attr, name: str) -> int:
     try:
         return _bpf(PROG_LOAD, attr)
     except OSError as first:
@@ -320,3 +461,66 @@ def attach(perf_fd: int, prog_fd: int) -> None:
         fcntl.ioctl(perf_fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
     except OSError as e:
         raise UstackError(f"cannot attach a BPF program to a perf event: {e.strerror}")
+
+
+# --- BPF ring buffers --------------------------------------------------------------
+
+MAP_RINGBUF = 27
+RINGBUF_OUTPUT = 130              # (ringbuf, data, size, flags)
+KTIME_GET_NS = 5                  # CLOCK_MONOTONIC, as perf stamps samples
+GET_SMP_PROCESSOR_ID = 8
+_RB_BUSY, _RB_DISCARD = 1 << 31, 1 << 30
+_RB_HDR = 8
+
+
+class RingBuf:
+    """A BPF_MAP_TYPE_RINGBUF and its consumer side, mmap'd: records a
+    program wrote with bpf_ringbuf_output, read in order (one buffer for
+    all CPUs). `size`: bytes, a power of two and a multiple of the page."""
+
+    def __init__(self, size: int, name: str = "ustack_ring"):
+        import mmap
+        self.map = Map(MAP_RINGBUF, 0, 0, size, name)
+        self.fd, self.size = self.map.fd, size
+        page = mmap.PAGESIZE
+        try:
+            self._cons = mmap.mmap(self.fd, page, mmap.MAP_SHARED,
+                                   mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+            # the data pages are mapped twice in a row: a record never wraps
+            self._prod = mmap.mmap(self.fd, page + 2 * size, mmap.MAP_SHARED,
+                                   mmap.PROT_READ, offset=page)
+        except OSError as e:
+            self.map.close()
+            raise UstackError(f"cannot map a BPF ring buffer: {e.strerror}")
+        self._page = page
+        self._u64 = struct.Struct("<Q")
+        self._hdr = struct.Struct("<II")
+
+    def read(self) -> bytes:
+        """The records written since the last read, each as its u32 length
+        and its bytes (the ring's header without its flags), end to end;
+        b"" when there are none. Discarded records are skipped."""
+        cons = self._u64.unpack_from(self._cons, 0)[0]
+        prod = self._u64.unpack_from(self._prod, 0)[0]   # acquire: x86 keeps order
+        if cons >= prod:
+            return b""
+        out = bytearray()
+        mask, base = self.size - 1, self._page
+        data = self._prod
+        while cons < prod:
+            length, _pg = self._hdr.unpack_from(data, base + (cons & mask))
+            if length & _RB_BUSY:
+                break                        # still being written
+            n = length & ~(_RB_BUSY | _RB_DISCARD)
+            if not length & _RB_DISCARD:
+                at = base + (cons & mask) + _RB_HDR
+                out += struct.pack("<I", n) + data[at:at + n]
+            cons += (n + _RB_HDR + 7) & ~7
+        self._u64.pack_into(self._cons, 0, cons)
+        return bytes(out)
+
+    def close(self) -> None:
+        for m in (getattr(self, "_cons", None), getattr(self, "_prod", None)):
+            if m is not None:
+                m.close()
+        self.map.close()

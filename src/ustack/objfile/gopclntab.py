@@ -181,6 +181,32 @@ class Pclntab:
             self._names[nameoff] = name
         return name or None
 
+    def sp_deltas(self, i: int) -> list:
+        """(pc, SP delta) runs of function i, from its pcsp table: how far
+        SP is below its value at the function's entry, from pc up to the
+        next run's pc (or the function's end); [] when unreadable."""
+        off = self._func(i)
+        if off is None:
+            return []
+        table_off = self._field(off, 4)
+        if table_off == 0 or table_off >= len(self.pctab):
+            return []
+        p, j, n = self.pctab, table_off, len(self.pctab)
+        val, cur, end = -1, self._entries[i], self._entries[i + 1]
+        out: list = []
+        try:
+            while j < n and cur < end:
+                uv, j = uleb128(p, j)
+                if uv == 0 and out:
+                    break
+                val += -((uv >> 1) + 1) if uv & 1 else uv >> 1
+                delta, j = uleb128(p, j)
+                out.append((cur, val))
+                cur += delta * self.quantum
+        except IndexError:
+            return []
+        return out
+
     def _pcvalue(self, table_off: int, entry: int, pc: int) -> Optional[int]:
         """The value a pc-value table holds at pc: pairs of zig-zag varint
         value deltas and pc deltas (in quanta), starting at value -1."""

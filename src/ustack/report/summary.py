@@ -16,6 +16,11 @@ def write_summary(err: TextIO, *, warnings=(), losses: Losses = Losses(),
         why = ", ".join(f"{n} {reason}" for reason, n in losses.uncounted)
         print(f"{total} events were not counted ({why}): try "
               f"--stack-storage-size {stack_storage * 4}", file=err)
+    if losses.cut_short:
+        total = sum(n for _why, n in losses.cut_short)
+        why = ", ".join(f"{n}: {reason}" for reason, n in losses.cut_short)
+        print(f"{total} events' stacks were cut short by the in-kernel unwinder "
+              f"({why}); each such stack ends with a note", file=err)
     for warning in dict.fromkeys(warnings):          # each once, in order
         print(f"ustack: {warning}", file=err)
     if losses.lost:

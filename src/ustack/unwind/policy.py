@@ -2,21 +2,26 @@
 each probe's samples need, which `--unwind auto` decides per probe.
 
 Frame pointers are cheap (the kernel walks them, nothing is copied) but only
-right when every frame keeps rbp; DWARF needs registers plus a stack copy
-per sample. auto takes frame pointers where the code on the stack is known to
-keep them (a uprobe in a binary built with them, or any Go program), and
+right when every frame keeps rbp. DWARF is right everywhere; counted runs
+(count, profile) walk it in the kernel (capture/bpf_unwind.py) wherever the
+kernel loads that program, else the capture copies registers plus stack per
+sample for ustack to unwind. auto takes frame pointers where the code on the
+stack is known to keep them (a uprobe in a C binary built with them), and
 DWARF where the stack passes through code that does not: syscalls and
-tracepoints (Debian's libc has no frame pointers), timed samples, and
-binaries built without them."""
+tracepoints (Debian's libc has no frame pointers), timed samples, binaries
+built without them, and Go in counted runs (frameless leaves and assembly;
+a stream of Go stacks still walks its frame pointers, cheaply)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
+from ..capture import bpf_unwind
 from ..kernel import bpf
 from ..model import ProfileProbe, UprobeProbe, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
+from . import tables
 
 SAMPLE_FUNCTIONS = 64
 # Start-up code the toolchain links into every program, built its own way:
@@ -64,6 +69,8 @@ class Plan:
     backend: str                   # perf | bpf | tracefs
     modes: tuple                   # per probe: fp | dwarf | none
     note: str = ""                 # why another backend than asked, for the user
+    # DWARF unwinding in the kernel (bpf backend): an object's unwind rows
+    kernel_tables: Optional[Callable] = None
 
     @property
     def unwind(self) -> str:
@@ -82,8 +89,18 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     modes = tuple(choose(p, unwind, main_binary) for p in probes)
     counting = command == "funccount" or (command in ("count", "profile")
                                           and backend in ("auto", "bpf"))
+    if command == "trace" and backend == "bpf":
+        return _bpf_trace(probes, unwind)
     if not counting:
         return Plan("perf", modes)
+    if command != "funccount" and unwind != "fp" and _wants_dwarf(probes, modes,
+                                                                 main_binary):
+        why = _why_no_kernel_dwarf(probes)
+        if why is None:
+            return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
+        if not kernel_stacks:       # --kernel: frame pointers in the kernel, below
+            # the copy path: complete stacks at a higher cost, and the user is told why
+            return Plan("perf", modes, f"{why}; stacks are copied and unwound by ustack")
     why_not = _why_not_bpf(command, backend, unwind, modes, kernel_stacks)
     if why_not is None:
         return Plan("bpf", ("none" if command == "funccount" else "fp",) * len(probes))
@@ -91,6 +108,47 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         raise UstackError("--kernel needs in-kernel counting (the bpf backend), "
                           "which walks frame pointers only")
     return Plan("perf", modes, why_not)
+
+
+def _bpf_trace(probes: list, unwind: str) -> Plan:
+    """trace --backend bpf: stacks unwound in the kernel, a record per event
+    through a BPF ring buffer; what it cannot do is refused, not changed."""
+    if unwind == "fp":
+        raise UstackError("trace --backend bpf unwinds with DWARF in the kernel; "
+                          "for frame pointers use --backend perf")
+    if any(getattr(p, "fetch_args", ()) for p in probes):
+        raise UstackError("trace --backend bpf does not fetch arguments; "
+                          "use --backend perf")
+    why = _why_no_kernel_dwarf(probes)
+    if why is not None:
+        raise UstackError(f"trace --backend bpf: {why}")
+    return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
+
+
+def _wants_dwarf(probes: list, modes: tuple, main_binary: Optional[str]) -> bool:
+    """Whether frame pointers are not enough for a counting run: a probe
+    needs DWARF, or Go is on the stack (frameless leaves and assembly)."""
+    if "dwarf" in modes:
+        return True
+    paths = [p.path for p in probes if isinstance(p, UprobeProbe)]
+    if main_binary is not None and len(paths) < len(probes):
+        paths.append(main_binary)
+    for path in paths:
+        try:
+            if ElfImage.open(path).is_go:
+                return True
+        except UstackError:
+            pass
+    return False
+
+
+def _why_no_kernel_dwarf(probes: list) -> Optional[str]:
+    """None where the kernel runs ustack's DWARF unwinder (capture/
+    bpf_unwind.py) for these probes, else why not, in the kernel's words."""
+    if not bpf.available():
+        return "BPF is not available here (bpf(2) failed)"
+    why = bpf_unwind.why_unavailable(probes)
+    return None if why is None else f"in-kernel DWARF unwinding failed to load: {why}"
 
 
 def _why_not_bpf(command: str, backend: str, unwind: str, modes: tuple,
@@ -102,11 +160,6 @@ def _why_not_bpf(command: str, backend: str, unwind: str, modes: tuple,
             raise UstackError("funccount counts in the kernel and BPF is not "
                               "available here (bpf(2) failed)")
         return None
-    if unwind == "dwarf":
-        return ("in-kernel counting walks frame pointers only; "
-                "--unwind dwarf uses the perf backend")
-    if backend == "auto" and "dwarf" in modes and not kernel_stacks:
-        return ""                       # auto: the unwinder decides, quietly
     if not bpf.available():
         if backend == "bpf" or kernel_stacks:
             raise UstackError("BPF is not available here (bpf(2) failed); "

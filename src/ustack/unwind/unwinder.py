@@ -5,9 +5,11 @@ walked the frame pointers). Also says what tells two raw stacks apart, so
 callers unwind and symbolize each distinct stack once."""
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
-from ..model import Mapping, RawSample, UnwoundSample
+from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Mapping, RawSample,
+                     UnwoundSample)
 from .dwarf import DwarfUnwinder
 from .fp import frame_pointer_stack
 
@@ -49,5 +51,21 @@ class Unwinder:
         first, second = key
         if isinstance(first, tuple):
             return key                      # a DWARF sample: already unwound
-        return frame_pointer_stack(first, second,
-                                   lambda addr: find(pid, addr) is not None), ()
+        addrs = frame_pointer_stack(first, second,
+                                    lambda addr: find(pid, addr) is not None)
+        if addrs and addrs[-1] & ~0xFF == KERNEL_UNWIND_STOP:
+            return addrs[:-1], (_stop_note(addrs[:-1], addrs[-1], pid, find),)
+        return addrs, ()
+
+
+def _stop_note(addrs: tuple, marker: int, pid: int, find: FindMapping) -> str:
+    """Why the kernel's DWARF walk stopped after addrs, for the stack."""
+    why = KERNEL_UNWIND_REASONS.get(marker & 0xFF, f"reason {marker & 0xFF}")
+    m = find(pid, addrs[-1] - (1 if len(addrs) > 1 else 0)) if addrs else None
+    if m is None:
+        where = "[unknown]"
+    elif m.path.startswith("/") and m.path != "//anon":
+        where = os.path.basename(m.path)
+    else:
+        where = "anonymous memory" if m.path in ("", "//anon") else m.path
+    return f"stack cut at {where}: {why}"

@@ -1,0 +1,107 @@
+"""Field offsets of kernel structs from the kernel's own BTF
+(/sys/kernel/btf/vmlinux), for BPF programs that read kernel memory with
+bpf_probe_read_kernel: the layout of vm_area_struct or inode changes from
+build to build, BTF says where each field is on the running kernel.
+
+Only what offsets need is decoded: the type records are walked once and
+the struct/union members kept (include/uapi/linux/btf.h)."""
+from __future__ import annotations
+
+import struct
+from typing import Optional
+
+from ..model import UstackError
+
+VMLINUX = "/sys/kernel/btf/vmlinux"
+_MAGIC = 0xEB9F
+_HDR = struct.Struct("<HBBIIIII")     # magic, version, flags, hdr_len, type/str off/len
+_TYPE = struct.Struct("<III")         # name_off, info, size_or_type
+_MEMBER = struct.Struct("<III")       # name_off, type, offset
+# bytes after a type record, per kind: fixed, and per vlen item
+_FIXED = {1: 4, 3: 12, 14: 4, 17: 4}
+_PER_ITEM = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
+_STRUCT, _UNION = 4, 5
+_MODIFIERS = {8, 9, 10, 11, 18}       # typedef, volatile, const, restrict, type_tag
+
+_cache: dict = {}
+
+
+class Btf:
+    """The structs and unions of one BTF blob, by type id."""
+
+    def __init__(self, blob: bytes):
+        magic, _v, _f, hdr_len, type_off, type_len, str_off, str_len = _HDR.unpack_from(blob)
+        if magic != _MAGIC:
+            raise UstackError("kernel BTF has an unknown format")
+        types = hdr_len + type_off
+        self._strings = blob[hdr_len + str_off:hdr_len + str_off + str_len]
+        self.kinds: list = [None]           # type id -> (kind, name_off, type, members)
+        self.by_name: dict = {}             # struct name -> type id
+        pos, end = types, types + type_len
+        while pos < end:
+            name_off, info, size_or_type = _TYPE.unpack_from(blob, pos)
+            pos += _TYPE.size
+            kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+            members = None
+            if kind in (_STRUCT, _UNION):
+                bitfields = info >> 31
+                members = []
+                for i in range(vlen):
+                    m_name, m_type, m_off = _MEMBER.unpack_from(blob, pos + 12 * i)
+                    members.append((m_name, m_type,
+                                    (m_off & 0xFFFFFF) if bitfields else m_off))
+                if name_off:
+                    self.by_name.setdefault(self._str(name_off), len(self.kinds))
+            self.kinds.append((kind, name_off, size_or_type, members))
+            pos += _FIXED.get(kind, 0) + _PER_ITEM.get(kind, 0) * vlen
+
+    def _str(self, off: int) -> str:
+        return self._strings[off:self._strings.index(b"\0", off)].decode()
+
+    def _resolve(self, type_id: int) -> int:
+        while self.kinds[type_id][0] in _MODIFIERS:
+            type_id = self.kinds[type_id][2]
+        return type_id
+
+    def _find(self, type_id: int, field: str) -> Optional[tuple]:
+        """(bit offset, type id) of `field` in the struct, looking inside
+        its anonymous structs and unions."""
+        for name_off, m_type, bits in self.kinds[type_id][3]:
+            if name_off and self._str(name_off) == field:
+                return bits, m_type
+            if not name_off:
+                inner = self._resolve(m_type)
+                if self.kinds[inner][0] in (_STRUCT, _UNION):
+                    found = self._find(inner, field)
+                    if found is not None:
+                        return bits + found[0], found[1]
+        return None
+
+    def offset(self, struct_name: str, field: str) -> int:
+        """The byte offset of struct_name.field (a dotted path goes into
+        nested structs: "context.vdso"); UstackError if absent."""
+        tid, bits = self.by_name.get(struct_name), 0
+        for part in field.split("."):
+            found = None
+            if tid is not None and self.kinds[tid][0] in (_STRUCT, _UNION):
+                found = self._find(tid, part)
+            if found is None:
+                raise UstackError(f"kernel BTF has no {struct_name}.{field}")
+            bits += found[0]
+            tid = self._resolve(found[1])
+        if bits % 8:
+            raise UstackError(f"kernel BTF: {struct_name}.{field} is a bit field")
+        return bits // 8
+
+
+def vmlinux() -> Btf:
+    """The running kernel's BTF (parsed once per process)."""
+    btf = _cache.get(VMLINUX)
+    if btf is None:
+        try:
+            with open(VMLINUX, "rb") as f:
+                blob = f.read()
+        except OSError as e:
+            raise UstackError(f"cannot read the kernel's BTF ({VMLINUX}): {e.strerror}")
+        btf = _cache[VMLINUX] = Btf(blob)
+    return btf

@@ -1,0 +1,245 @@
+"""Unwind rows packed for the in-kernel unwinder (capture/bpf_unwind.py).
+
+The BPF program cannot run the CFI interpreter, so each object's rules are
+flattened here into fixed-size rows sorted by address, which the program
+binary-searches: the CFI table of cfi.py (already interpreted and cached on
+disk by build-id), reduced to the rules the program evaluates, plus a row
+for the signal trampoline (glibc's __restore_rt) that cfi.py leaves to the
+Python unwinder's byte check.
+
+A row is 16 bytes (ROW): the ELF virtual address where it starts (u32: the
+program keys rows by vaddr = address - bias), the kind, the rbp rule, a
+small auxiliary value (the PLT threshold), the CFA offset and rbp's offset.
+The return address is always at CFA - 8 (x86-64); rows whose CFI says
+otherwise, or uses a rule the program does not evaluate, become UNSUPPORTED
+and end the stack with a note, never a guess."""
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from dataclasses import dataclass
+from typing import Optional
+
+from ..objfile import cache as objcache
+from ..objfile.elf import ElfImage
+from ..objfile.gopclntab import PclntabError, go_table
+from . import cfi
+from .cfi import UnwindTable
+from .dwarf import RESTORE_RT
+
+# Row kinds as the BPF program reads them.
+GAP = 0           # no CFI covers the address
+SP = 1            # CFA = rsp + cfa
+BP = 2            # CFA = rbp + cfa
+PLT = 3           # CFA = rsp + cfa + (8 if (pc & 15) >= aux else 0)
+END = 4           # the outermost frame: the stack ends here, complete
+SIGNAL = 5        # a sigreturn trampoline: continue from the saved ucontext
+UNSUPPORTED = 6   # CFI the program does not evaluate
+KIND_NAMES = {GAP: "gap", SP: "sp", BP: "bp", PLT: "plt", END: "end",
+              SIGNAL: "signal", UNSUPPORTED: "unsupported"}
+# rbp rules: cfi.BP_SAME, BP_AT (at CFA + bp), BP_LOST, BP_AT_BP (at rbp + bp)
+
+ROW = struct.Struct("<IBBhii")    # pc, kind, bp rule, aux, cfa, bp
+ROW_SIZE = ROW.size
+MAX_VADDR = 1 << 32               # rows key addresses as u32
+_S32 = (-(1 << 31), (1 << 31) - 1)
+_DIRECT = {cfi.CFA_SP: SP, cfi.CFA_BP: BP}
+
+
+PAGE_SHIFT = 12                   # the page index's granule: 4 KiB of code
+_U32 = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """One object's rows, as the BPF map holds them (ROW each), and their
+    page index: for each 4 KiB page from `first_page` on, the row that
+    covers the page's first byte (u32), so the program's binary search runs
+    over one page's rows instead of the whole object's."""
+    path: str
+    data: bytes
+    from_cache: bool = False      # the CFI came from ustack's disk cache
+
+    def __len__(self) -> int:
+        return len(self.data) // ROW_SIZE
+
+    def row(self, i: int) -> tuple:
+        return ROW.unpack_from(self.data, i * ROW_SIZE)
+
+    @property
+    def first_page(self) -> int:
+        return self.row(0)[0] >> PAGE_SHIFT if len(self) else 0
+
+    def pages(self) -> bytes:
+        """The page index: u32 row numbers, one per page from first_page
+        through the page of the last row, plus one past it."""
+        n = len(self)
+        starts = [ROW.unpack_from(self.data, i * ROW_SIZE)[0] for i in range(n)]
+        if not starts:
+            return b""
+        out = bytearray()
+        i = 0
+        for page in range(self.first_page, (starts[-1] >> PAGE_SHIFT) + 2):
+            at = page << PAGE_SHIFT
+            while i + 1 < n and starts[i + 1] <= at:
+                i += 1
+            out += _U32.pack(i)
+        return bytes(out)
+
+    def lookup(self, vaddr: int, pages: Optional[bytes] = None) -> Optional[tuple]:
+        """(kind, bp rule, aux, cfa, bp) of the row covering vaddr, found
+        as the program finds it (the last row starting at or below it),
+        through the page index when given; None below the first row."""
+        lo, hi = 0, len(self)
+        p = (vaddr >> PAGE_SHIFT) - self.first_page
+        if pages is not None and 0 <= p < len(pages) // 4 - 1:
+            lo = _U32.unpack_from(pages, 4 * p)[0]
+            hi = _U32.unpack_from(pages, 4 * p + 4)[0] + 1
+        while lo < hi:                  # the program's search, step for step
+            mid = (lo + hi) // 2
+            if self.row(mid)[0] <= vaddr:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return None
+        return self.row(lo - 1)[1:]
+
+
+def pack_row(kind: int, cfa_off: int, ra_off: int, bp_rule: int, bp_off: int,
+             aux: int) -> tuple:
+    """A cfi.UnwindTable row -> (kind, bp rule, aux, cfa, bp) of ours."""
+    if kind == cfi.NONE:
+        return (GAP, 0, 0, 0, 0)
+    if kind == cfi.END:
+        return (END, 0, 0, 0, 0)
+    ours = _DIRECT.get(kind, PLT if kind == cfi.CFA_PLT else None)
+    fits = all(_S32[0] <= v <= _S32[1] for v in (cfa_off, bp_off)) and -32768 <= aux < 32768
+    if ours is None or ra_off != -8 or not fits:
+        return (UNSUPPORTED, 0, 0, 0, 0)
+    return (ours, bp_rule, aux if ours == PLT else 0, cfa_off, bp_off)
+
+
+def rows_of_table(table: UnwindTable) -> list:
+    """(vaddr, (kind, bp rule, aux, cfa, bp)) of a CFI table, merged where
+    neighbours pack the same."""
+    out: list = []
+    for i, start in enumerate(table.starts):
+        k = table.kinds[i]
+        row = pack_row(k & 15, table.cfa[i], table.ra[i], k >> 4, table.bp[i],
+                       table.aux[i])
+        if out and out[-1][1] == row:
+            continue
+        out.append((start, row))
+    return out
+
+
+def signal_trampolines(image: ElfImage) -> list:
+    """The vaddrs of glibc's __restore_rt code (mov $15,%rax; syscall) in the
+    object's executable segments."""
+    found = []
+    for vaddr, _off, size in image.executable_segments():
+        data = image.read(vaddr, size)
+        at = data.find(RESTORE_RT)
+        while at >= 0:
+            found.append(vaddr + at)
+            at = data.find(RESTORE_RT, at + 1)
+    return found
+
+
+def with_ranges(rows: list, ranges: list) -> list:
+    """rows with each (start, end, row) of `ranges` laid over them: inside
+    the range the new row, after it whatever row covered `end` before."""
+    for start, end, row in ranges:
+        starts = [r[0] for r in rows]
+        before = rows[bisect.bisect_right(starts, end) - 1][1] \
+            if bisect.bisect_right(starts, end) else (GAP, 0, 0, 0, 0)
+        rows = ([r for r in rows if r[0] < start] + [(start, row), (end, before)]
+                + [r for r in rows if r[0] > end])
+    return rows
+
+
+def pack(path: str, rows: list, from_cache: bool = False) -> Optional[PackedRows]:
+    """PackedRows of (vaddr, row) pairs; None if an address does not fit
+    the program's u32 keys."""
+    if rows and rows[-1][0] >= MAX_VADDR:
+        return None
+    return PackedRows(path, b"".join(ROW.pack(vaddr, *row) for vaddr, row in rows),
+                      from_cache)
+
+
+# Where Go's stacks end: the first frame of every goroutine, of every thread
+# (g0) and of the process.
+GO_OUTERMOST = {"runtime.goexit", "runtime.mstart", "runtime.rt0_go"}
+
+
+def go_rows(table) -> list:
+    """(vaddr, row) of a Go binary from its .gopclntab: pcsp gives the SP
+    delta at every pc, so CFA = rsp + delta + 8 (frameless leaves and
+    assembly included); rbp is saved at CFA - 16 once the frame exists
+    (Go keeps frame pointers), which only C frames (cgo) would read."""
+    rows: list = []
+    for i, (name, entry, end) in enumerate(table.functions()):
+        if name.removesuffix(".abi0") in GO_OUTERMOST:
+            rows.append((entry, (END, 0, 0, 0, 0)))
+        else:
+            for pc, delta in table.sp_deltas(i):
+                if delta < 0 or delta >= _S32[1]:
+                    row = (UNSUPPORTED, 0, 0, 0, 0)
+                elif delta == 0:
+                    row = (SP, cfi.BP_SAME, 0, 8, 0)
+                else:
+                    row = (SP, cfi.BP_AT, 0, delta + 8, -16)
+                if rows and rows[-1][0] == pc:
+                    rows[-1] = (pc, row)
+                elif not rows or rows[-1][1] != row:
+                    rows.append((pc, row))
+        rows.append((end, (GAP, 0, 0, 0, 0)))
+    return rows
+
+
+def for_image(image: ElfImage, debug_dirs=()) -> Optional[PackedRows]:
+    """The packed rows of an ELF object: a Go binary's from its
+    .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
+    separate debug file, as the Python unwinder uses them). None when it
+    has none the program could use."""
+    if image.is_go:
+        return _go_packed(image)
+    table, _found = UnwindTable.for_image(image, debug_dirs)
+    rows = rows_of_table(table)
+    # the return address into __restore_rt is looked up at pc - 1: one byte before
+    signals = [(at - 1, at + len(RESTORE_RT), (SIGNAL, 0, 0, 0, 0))
+               for at in signal_trampolines(image)]
+    rows = with_ranges(rows, signals)
+    if not any(row[0] not in (GAP, UNSUPPORTED) for _v, row in rows):
+        return None
+    return pack(image.path, rows, table.from_cache)
+
+
+def _go_packed(image: ElfImage) -> Optional[PackedRows]:
+    """A Go binary's rows, cached on disk by build-id (decoding every
+    function's pcsp costs seconds on large binaries)."""
+    st = os.stat(image.path)
+    cache = objcache.cache_file("bpfrows", image.path, st, image.build_id, "go1")
+    blob = objcache.read(cache)
+    if blob and len(blob) % ROW_SIZE == 0:
+        return PackedRows(image.path, blob, from_cache=True)
+    try:
+        table = go_table(image)
+    except PclntabError:
+        return None
+    if table is None:
+        return None
+    packed = pack(image.path, sorted_rows(go_rows(table)))
+    if packed is not None:
+        objcache.write(cache, packed.data)
+    return packed
+
+
+def sorted_rows(rows: list) -> list:
+    """Rows in address order, the later of two at one address kept."""
+    out: dict = {}
+    for vaddr, row in rows:
+        out[vaddr] = row
+    return sorted(out.items())

@@ -1,0 +1,60 @@
+"""trace --backend bpf: a stack per event, unwound in the kernel with
+DWARF rules and written to a BPF ring buffer (nothing else leaves the
+kernel): the same events, frames and offsets as the copy path's trace."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import O2_NOFP, build, run_ustack
+from test_e2e_core import ok, parse_trace
+
+pytestmark = pytest.mark.kernel
+
+IN_KERNEL = "[backend bpf, unwind dwarf; unwound in the kernel]"
+CHAIN = ["d", "c", "b", "a", "main"]
+
+
+@pytest.fixture(scope="module")
+def chain() -> Path:
+    return build("chain", flags=O2_NOFP)
+
+
+def traced(backend: str, *args) -> list[dict]:
+    res = ok(run_ustack("trace", "--unwind", "dwarf", "--backend", backend, *args))
+    assert (IN_KERNEL if backend == "bpf" else "[backend perf, unwind dwarf]") in \
+        res.stderr.splitlines()[0]
+    assert "Lost" not in res.stderr and "cut short" not in res.stderr, res.stderr
+    return parse_trace(res.stdout)
+
+
+def frames(record: dict) -> list[tuple]:
+    return [(f["func"], f["off"], f["module"]) for f in record["frames"]]
+
+
+@pytest.mark.parametrize("event", ["uprobe", "syscall"])
+def test_trace_same_stacks_as_the_copy_path(chain, event):
+    n = 5
+    if event == "uprobe":
+        args = (f"uprobe:{chain}:d", "-c", f"{chain} {n}")
+    else:
+        args = ("syscall:write", "-c", f"{chain} {n} write")
+    kernel = traced("bpf", *args)
+    copied = traced("perf", *args)
+    assert len(kernel) == len(copied) == n
+    for k, c in zip(kernel, copied):
+        assert frames(k) == frames(c), (k, c)
+    names = [f[0] for f in frames(kernel[0])]
+    assert names[names.index("d"):names.index("d") + 5] == CHAIN
+    times = [r["time"] for r in kernel]
+    assert times == sorted(times) and times[0] > 0     # CLOCK_MONOTONIC, as perf
+    assert {r["pid"] for r in kernel} == {kernel[0]["pid"]}
+
+
+def test_trace_refuses_what_the_ring_cannot_carry(chain):
+    res = run_ustack("trace", "--backend", "bpf", f"uprobe:{chain}:d n=%di",
+                     "-c", f"{chain} 1")
+    assert res.returncode != 0
+    assert res.stderr.strip() == ("ustack: trace --backend bpf does not fetch "
+                                  "arguments; use --backend perf")
