@@ -405,7 +405,7 @@ class BpfCapture:
         self.decode = self._decode if unwind_tables else self.events.decode
         self.read_chunks = self._read_chunks if self.stream else self.events.read_chunks
         self.flush_lost = self.events.flush_lost
-        self.stop = self.events.stop
+        self.stop = self._stop if self.stream else self.events.stop
         self.counter = None
 
     def open(self) -> None:
@@ -489,6 +489,12 @@ class BpfCapture:
     def calls(self, reset: bool = False) -> list:
         """Calls per probe (funccount), in probe order."""
         return self.counter.calls(reset)
+
+    def _stop(self) -> None:
+        """trace: the events and the ring both end here."""
+        self.events.stop()
+        if self.counter is not None and self.counter.ring is not None:
+            self.counter.ring.freeze()
 
     def _read_chunks(self, timeout_ms: int) -> list:
         """The perf buffers' chunks, then what the unwinder's ring holds."""

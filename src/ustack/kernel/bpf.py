@@ -495,6 +495,14 @@ class RingBuf:
         self._page = page
         self._u64 = struct.Struct("<Q")
         self._hdr = struct.Struct("<II")
+        self._end: Optional[int] = None    # freeze(): read no further than this
+
+    def freeze(self) -> None:
+        """Read only what was written until now: the programs feeding the
+        ring keep running after their perf events are disabled (a program
+        on a trace event runs whatever the event's state), so a busy target
+        would otherwise keep the last read from ever ending."""
+        self._end = self._u64.unpack_from(self._prod, 0)[0]
 
     def read(self) -> bytes:
         """The records written since the last read, each as its u32 length
@@ -502,6 +510,8 @@ class RingBuf:
         b"" when there are none. Discarded records are skipped."""
         cons = self._u64.unpack_from(self._cons, 0)[0]
         prod = self._u64.unpack_from(self._prod, 0)[0]   # acquire: x86 keeps order
+        if self._end is not None:
+            prod = min(prod, self._end)
         if cons >= prod:
             return b""
         out = bytearray()

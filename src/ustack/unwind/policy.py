@@ -5,7 +5,9 @@ Frame pointers are cheap (the kernel walks them, nothing is copied) but only
 right when every frame keeps rbp. DWARF is right everywhere; counted runs
 (count, profile) walk it in the kernel (capture/bpf_unwind.py) wherever the
 kernel loads that program, else the capture copies registers plus stack per
-sample for ustack to unwind. auto takes frame pointers where the code on the
+sample for ustack to unwind; so does trace, whose events' frames come
+through a ring buffer (unless it fetches arguments, which only the copy
+path does). auto takes frame pointers where the code on the
 stack is known to keep them (a uprobe in a C binary built with them), and
 DWARF where the stack passes through code that does not: syscalls and
 tracepoints (Debian's libc has no frame pointers), timed samples, binaries
@@ -91,6 +93,13 @@ def plan(command: str, backend: str, unwind: str, probes: list,
                                           and backend in ("auto", "bpf"))
     if command == "trace" and backend == "bpf":
         return _bpf_trace(probes, unwind)
+    if (command == "trace" and backend == "auto" and unwind != "fp"
+            and "dwarf" in modes and not kernel_stacks
+            and not any(getattr(p, "fetch_args", ()) for p in probes)):
+        why = _why_no_kernel_dwarf(probes)
+        if why is None:           # each event's frames through a ring buffer
+            return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
+        return Plan("perf", modes, f"{why}; stacks are copied and unwound by ustack")
     if not counting:
         return Plan("perf", modes)
     if command != "funccount" and unwind != "fp" and _wants_dwarf(probes, modes,
