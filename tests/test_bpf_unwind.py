@@ -388,7 +388,7 @@ def test_refused_program_falls_back_to_the_copy_path_and_says_why(chain, monkeyp
     refusal = ("the kernel refused BPF program ustack_uwtry: Invalid argument\n"
                "R1 type=scalar expected=fp")
     monkeypatch.setattr(bpf_unwind, "why_unavailable", lambda probes: refusal)
-    probes = resolve_probes([parse_event("syscall:write")], None)
+    probes = resolve_probes([parse_event(f"uprobe:{chain}:d")], None)
     plan = policy.plan("count", "auto", "dwarf", probes, str(chain))
     assert (plan.backend, plan.modes, plan.kernel_tables) == ("perf", ("dwarf",), None)
     assert plan.note == ("in-kernel DWARF unwinding failed to load: " + refusal +

@@ -58,3 +58,27 @@ def test_trace_refuses_what_the_ring_cannot_carry(chain):
     assert res.returncode != 0
     assert res.stderr.strip() == ("ustack: trace --backend bpf does not fetch "
                                   "arguments; use --backend perf")
+
+
+def test_auto_traces_through_the_kernel_unless_arguments_are_fetched(chain):
+    """--unwind auto picks the in-kernel path for a stream too, wherever
+    frame pointers are not enough; fetch-args need the copy path's perf
+    records, so a trace that asks for them stays there."""
+    res = ok(run_ustack("trace", f"uprobe:{chain}:d", "-c", f"{chain} 2"))
+    assert IN_KERNEL in res.stderr.splitlines()[0]
+    names = [f[0] for f in frames(parse_trace(res.stdout)[0])]
+    assert names[:5] == CHAIN
+    res = ok(run_ustack("trace", f"uprobe:{chain}:d n=%di:s64", "-c", f"{chain} 2"))
+    assert "[backend perf, unwind dwarf]" in res.stderr.splitlines()[0]
+    records = parse_trace(res.stdout)
+    assert len(records) == 2 and all(" n=" in r["label"] for r in records), res.stdout
+
+
+def test_auto_traces_a_commands_syscalls_through_the_copy_path():
+    """A -c command's syscalls: the in-kernel programs see the command's own
+    process only, perf's events follow its children: auto takes those."""
+    chain = build("chain", flags=O2_NOFP)
+    res = ok(run_ustack("trace", "syscall:write", "-c",
+                        f"sh -c '{chain} 2 write; {chain} 1 write'"))
+    assert "[backend perf, unwind dwarf]" in res.stderr.splitlines()[0]
+    assert sum(r["comm"] == "chain" for r in parse_trace(res.stdout)) == 3

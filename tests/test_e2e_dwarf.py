@@ -181,7 +181,7 @@ def test_uprobe_count_chain(chain, unwind):
 @pytest.mark.parametrize("unwind", UNWINDS)
 def test_uprobe_trace_chain_pcs(chain, unwind, tmp_path):
     n = 3
-    res = dwarf_ok(run_ustack("trace", "--unwind", unwind, f"uprobe:{chain}:d",
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", unwind, f"uprobe:{chain}:d",
                               "-c", f"{chain} {n}"))
     records = trace_records(res.stdout)
     assert len(records) == n, res.stdout
@@ -222,7 +222,7 @@ def test_dynamic_loader_startup_ends_cleanly():
 @pytest.mark.parametrize("unwind", UNWINDS)
 def test_syscall_write_trace_pcs(chain, unwind, tmp_path):
     n = 3
-    res = dwarf_ok(run_ustack("trace", "--unwind", unwind, "syscall:write",
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", unwind, "syscall:write",
                               "-c", f"{chain} {n} write"))
     records = trace_records(res.stdout)
     assert len(records) == n, res.stdout
@@ -279,7 +279,7 @@ def test_same_stack_as_perf_dwarf(chain, tmp_path):
     theirs = perf_script_samples(script.stdout)
     assert len(theirs) == n, script.stdout
 
-    res = dwarf_ok(run_ustack("trace", "--unwind", "dwarf", f"uprobe:{prog}:d",
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", "dwarf", f"uprobe:{prog}:d",
                               "-c", f"{prog} {n}"))
     ours = trace_records(res.stdout)
     assert len(ours) == n
@@ -298,7 +298,7 @@ def test_same_stack_as_perf_dwarf(chain, tmp_path):
 
 def test_qsort_callback(tmp_path):
     prog = build("qsort_cb", flags=O2_NOFP)
-    res = dwarf_ok(run_ustack("trace", "--unwind", "dwarf", f"uprobe:{prog}:cmp",
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", "dwarf", f"uprobe:{prog}:cmp",
                               "-c", f"{prog} 64"))
     records = trace_records(res.stdout)
     compares = len(records)
@@ -323,7 +323,7 @@ def test_qsort_callback(tmp_path):
 @pytest.mark.parametrize("unwind", UNWINDS)
 def test_signal_handler(unwind, tmp_path):
     prog = build("sighandler", flags=O2_NOFP)
-    res = dwarf_ok(run_ustack("trace", "--unwind", unwind, f"uprobe:{prog}:handler",
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", unwind, f"uprobe:{prog}:handler",
                               "-c", f"{prog} 0.2"))
     records = trace_records(res.stdout)
     assert len(records) == 20, res.stdout     # 0.2 s of 10 ms ticks; spin waits for 20
@@ -363,7 +363,7 @@ def test_cxx(unwind, tmp_path):
                               f"uprobe:{prog}:_Z4leafl", "-c", f"{prog} 2"))
     (stack,) = count_stacks(res.stdout)
     assert program_names(stack["frames"], prog) == ["_Z4leafl", "_Z2f2l", "_Z2f1l", "main"]
-    res = dwarf_ok(run_ustack("trace", "--unwind", unwind, f"uprobe:{prog}:leaf(long)",
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", unwind, f"uprobe:{prog}:leaf(long)",
                               "-c", f"{prog} 1"))
     (rec,) = trace_records(res.stdout)
     assert_pcs_like_gdb(rec, gdb_capture(prog, [1], "*leaf", tmp_path), prog)
@@ -402,7 +402,7 @@ def test_recursion_deeper_than_kernel_limit(recurse):
     assert DEPTH + 1 > max_stack, "recurse.c no longer out-recurses the kernel limit"
     want = ["leaf"] + ["rec"] * DEPTH + ["main"]
     assert gdb_backtrace(recurse, [], "leaf") == want
-    res = dwarf_ok(run_ustack("trace", "--unwind", "dwarf", "--stack-size", MAX_STACK,
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", "dwarf", "--stack-size", MAX_STACK,
                               f"uprobe:{recurse}:leaf", "-c", str(recurse)))
     (rec,) = trace_records(res.stdout)
     got = program_names(rec["frames"], recurse)
@@ -424,7 +424,7 @@ def _rec_frame_bytes(prog: Path) -> int:
 def test_recursion_stack_copy_too_small(recurse, size):
     """The copy holds leaf's return address at offset 0, then one every
     frame: leaf + (size - 8) // frame + 1 rec frames, then the note."""
-    res = dwarf_ok(run_ustack("trace", "--unwind", "dwarf", "--stack-size", size,
+    res = dwarf_ok(run_ustack("trace", "--backend", "perf", "--unwind", "dwarf", "--stack-size", size,
                               f"uprobe:{recurse}:leaf", "-c", str(recurse)))
     (rec,) = trace_records(res.stdout)
     assert rec["notes"] == [truncation_note(size)], res.stdout

@@ -46,7 +46,8 @@ def record(opts: Options, archive: bool = False, err: TextIO = sys.stderr) -> in
 
     status, session = run_session(opts, drain, err)
     writer = writers[0]
-    what = "hits counted" if session.plan.backend == "bpf" else "events"
+    what = ("hits counted" if session.plan.backend == "bpf" and opts.command != "trace"
+            else "events")
     print(f"Recorded {writer.events} {what} ({writer.stacks} distinct stacks) "
           f"in {opts.record}, {_size(os.path.getsize(opts.record))}", file=err)
     if archive:
@@ -168,7 +169,8 @@ def _report_format(header: dict, request: ReportRequest) -> tuple:
                       else (EVENT_FORMATS, FORMATS))
     name = choose_format(request.format, request.output, {**other, **primary})
     table = primary if name in primary else other
-    if table is EVENT_FORMATS and header.get("backend") == "bpf":
+    if (table is EVENT_FORMATS and header.get("backend") == "bpf"
+            and header.get("command") != "trace"):     # trace's ring: events
         raise UstackError(f"{request.path} holds stacks counted in the kernel "
                           "(--backend bpf), not events: use a counted format "
                           f"({', '.join(FORMATS)})")
