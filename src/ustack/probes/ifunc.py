@@ -9,11 +9,11 @@ dlsym, which returns what the resolver returns. A library ustack has not
 loaded itself is never loaded just to ask."""
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import Optional
 
 from ..kernel import procfs
+from ..kernel.dynlink import resolved_address
 
 
 def implementation(image, name: str) -> Optional[int]:
@@ -23,11 +23,7 @@ def implementation(image, name: str) -> Optional[int]:
     if mapping is None:
         return None
     mapped_vaddr = image.vaddr_of_file_offset(mapping.pgoff)
-    try:
-        library = ctypes.CDLL(image.path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        address = ctypes.cast(getattr(library, name), ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return None
+    address = resolved_address(image.path, name)
     if address is None or mapped_vaddr is None:
         return None
     vaddr = address - (mapping.start - mapped_vaddr)
