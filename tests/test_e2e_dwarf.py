@@ -386,13 +386,14 @@ def test_profile_without_frame_pointers(unwind):
     assert top["frames"][0] == ("spin_here", busy.name)
     assert top["frames"][-1] == ("_start", busy.name), top["frames"]
     assert top["count"] >= 0.9 * total, res.stdout
-    for s in stacks:          # no sample is cut short; in spin_here, always the chain
-        assert s["notes"] == [], s
+    for s in stacks:          # in spin_here, always the whole chain, never cut
         names = program_names(s["frames"], busy)
         if names and names[0] == "clock_gettime@plt":   # on its way to the vDSO
             names = names[1:]
         if "spin_here" in names:
-            assert names == want, s
+            assert names == want and s["notes"] == [], s
+        else:                 # e.g. the exit path through crt code without CFI
+            assert all(n.startswith("frame pointer used for ") for n in s["notes"]), s
 
 
 # --- 8. deeper than the kernel's callchain limit -------------------------------------
