@@ -347,17 +347,17 @@ def test_go_profile_frameless_leaf(tmp_path):
     from helpers import build_go_source
     prog = build_go_source(tmp_path, GO_LEAF)
     stacks = counted("bpf", "profile", "-F", "499", "-c", f"{prog} 600")
-    # a sample in the scheduler, on the system stack that runtime.mcall
-    # switched to, ends where that stack began, with a note (known limit)
-    on_system_stack = [s for s in stacks if s["notes"] and
-                       names(s["frames"])[0].startswith("runtime.") and
-                       "runtime.mcall" in names(s["frames"])]
-    stacks = complete([s for s in stacks if s not in on_system_stack])
+    # Go's runtime also samples on its system stack (the scheduler after
+    # runtime.mcall, timers): those may end with a note where the stack
+    # switched (a known limit); they must stay rare, and main.leaf's whole
+    total = sum(s["count"] for s in stacks)
+    cut = sum(s["count"] for s in stacks if s["notes"])
+    assert cut <= max(3, total // 50), [s for s in stacks if s["notes"]]
     in_leaf = [s for s in stacks if names(s["frames"])[0] == "main.leaf"]
     assert sum(s["count"] for s in in_leaf) > 20, stacks
     for s in in_leaf:
-        assert names(s["frames"]) == ["main.leaf", "main.work", "main.main",
-                                      "runtime.main", "runtime.goexit.abi0"], s
+        assert not s["notes"] and names(s["frames"]) == [
+            "main.leaf", "main.work", "main.main", "runtime.main", "runtime.goexit.abi0"], s
 
 
 # --- 4. what the user is told ---------------------------------------------------
