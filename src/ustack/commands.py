@@ -3,17 +3,16 @@ header line, Ctrl-C, the report, the summary. The CLI's runner, and the
 first user of the Session API."""
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
 from typing import Optional, TextIO
 
-from .model import CommEvent, UstackError
+from .model import CommEvent
 from .options import Options
 from .report.formats import EVENT_FORMATS, FORMATS, run_context, stack_report
 from .report.funccount import format_calls
-from .report.output import choose_format, open_output
+from .report.output import check_destination, choose_format, open_output
 from .report.progress import Progress
 from .report.summary import write_summary
 from .session import Session
@@ -111,9 +110,7 @@ def _output_format(opts: Options) -> str:
         fmt = choose_format(opts.output_format, opts.output_path, table)
     path = opts.output_path
     if path and path != "-":
-        directory = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(directory):
-            raise UstackError(f"-o {path}: no such directory {directory}")
+        check_destination(path, f"-o {path}")
     return fmt
 
 

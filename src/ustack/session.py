@@ -16,7 +16,8 @@ from .model import Piece, RawSample, Stack, StackCount, UstackError
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
-from .report.record import Recorder, check_destination
+from .report.output import check_destination
+from .report.record import Recorder
 from .symbols.stacks import StackResolver
 from .target import process
 from .target.mappings import MappingTracker
@@ -67,7 +68,7 @@ class Session:
         self.started_ns = time.time_ns()
         specs = [parse_event(e) for e in opts.events]
         if opts.record:
-            check_destination(opts.record)
+            check_destination(opts.record, what="a recording")
         if opts.pid is not None and opts.cmdline is not None:
             raise UstackError("use either -p PID or -c CMD, not both")
         if opts.cmdline is not None and not opts.cmdline.strip():

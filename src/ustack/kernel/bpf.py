@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import struct
+from typing import Optional
 
 from ..model import UstackError
 

@@ -28,6 +28,18 @@ def choose_format(asked: Optional[str], path: Optional[str], table: dict,
     return implied
 
 
+def check_destination(path: str, label: str = "", what: str = "a file") -> None:
+    """Refuse a path ustack will write before the run starts, not after:
+    its directory must exist and it must not be one. `label` starts the
+    message (default: the path)."""
+    label = label or path
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UstackError(f"{label}: no such directory {directory}")
+    if os.path.isdir(path):
+        raise UstackError(f"{label} is a directory, not {what}")
+
+
 @contextlib.contextmanager
 def open_output(path: Optional[str], binary: bool = False, whole: bool = True):
     """A stream for the report: the file at `path`, else stdout. `whole`:
@@ -44,9 +56,7 @@ def open_output(path: Optional[str], binary: bool = False, whole: bool = True):
         else:
             yield sys.stdout
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UstackError(f"-o {path}: no such directory {directory}")
+    check_destination(path, f"-o {path}")
     partial = f"{path}.partial-{os.getpid()}" if whole else path
     try:
         stream = open(partial, "wb" if binary else "w",

@@ -18,6 +18,7 @@ from ..kernel import procfs
 from ..model import (CommEvent, Losses, MmapEvent, Piece, UstackError,
                      unwound_sample)
 from ..objfile.elf import ElfImage
+from .output import check_destination
 from ..target.mappings import MappingTracker
 
 COMPRESS_LEVEL = 6                 # gzip's default: 9 costs twice the time for ~2% less
@@ -119,15 +120,6 @@ class RecordWriter:
         return found
 
 
-def check_destination(path: str) -> None:
-    """Refuse a recording's path before a run starts, not after it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UstackError(f"{path}: no such directory {directory}")
-    if os.path.isdir(path):
-        raise UstackError(f"{path} is a directory, not a recording")
-
-
 class Recorder:
     """Saves a live run as it passes (a Session with Options.record): the
     pieces of the stream, and also what the run's mapping tracker learned
@@ -143,7 +135,7 @@ class Recorder:
 
     def __init__(self, path: str, tracker: MappingTracker, unwinder, labels,
                  modes, backend: str, extra: dict, raw_stacks: bool = False):
-        check_destination(path)
+        check_destination(path, what="a recording")
         self.path = path
         self._partial = f"{path}.partial-{os.getpid()}"
         self.tracker = tracker

@@ -11,7 +11,7 @@ path again. Later lines win for the same start (code was replaced).
 ustack runs as root and the file is in a world-writable /tmp, so it is read
 only when it is a regular file (not a FIFO that would block, not a
 symlink) owned by the process's user or root, and only its first
-MAX_MAP_BYTES; malformed lines are skipped and counted. What was refused
+MAX_MAP_BYTES; malformed lines are skipped. What was refused
 or skipped is said once, in the run's warnings."""
 from __future__ import annotations
 
@@ -68,7 +68,6 @@ class PerfMap:
         self.owners = owners
         self._warn = warn or (lambda text: None)
         self._said: set = set()          # warnings given already
-        self._skipped = 0                # malformed lines seen
         self._fd: Optional[int] = None
         self._stamp = None               # (ino, size, mtime) when last read
         self._done = 0                   # bytes consumed: complete lines only
@@ -178,7 +177,6 @@ class PerfMap:
             else:
                 skipped += 1
         if skipped:
-            self._skipped += skipped
             self._say(f"{self.path}: malformed lines skipped")
         syms = sorted(by_start.values(), key=lambda s: s.address)
         self._syms = syms
