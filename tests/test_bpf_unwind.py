@@ -150,7 +150,8 @@ def complete(stacks: list[dict]) -> list[dict]:
     cut = [s for s in stacks if s["notes"]]
     for s in cut:
         assert len(s["notes"]) == 1 and s["notes"][0].endswith((WARMING, NO_CFI)), s
-    assert sum(s["count"] for s in cut) <= 3, cut
+    total = sum(s["count"] for s in stacks)
+    assert sum(s["count"] for s in cut) <= max(3, total // 50), cut    # rare: ≤ 2 %
     return [s for s in stacks if not s["notes"]]
 
 
