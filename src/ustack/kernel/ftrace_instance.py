@@ -107,7 +107,8 @@ class FtraceInstance:
                 raise UstackError(f"cannot open {path}: {e.strerror}")
 
     def lost(self) -> int:
-        """Events the buffer had no room for (overwritten or dropped), from
+        """Entries the buffer had no room for (overwritten, dropped, or
+        refused while a small buffer wrapped onto its commit page), from
         per_cpu/cpuN/stats, summed over CPUs."""
         total = 0
         for cpu in self.fds:
@@ -117,7 +118,8 @@ class FtraceInstance:
             except OSError:
                 continue
             stats = dict(_STAT_RE.findall(text))
-            total += int(stats.get("overrun", 0)) + int(stats.get("dropped events", 0))
+            total += sum(int(stats.get(name, 0))
+                         for name in ("overrun", "dropped events", "commit overrun"))
         return total
 
     def close(self) -> None:
