@@ -89,17 +89,24 @@ def build(name: str, flags=FP, kind: str = "exe", pie: bool = True) -> Path:
     return _run_build([gcc, *args, "-o", str(tmp), str(src)], tmp, out)
 
 
-def build_go(name: str = "gochain", strip: bool = False) -> Path:
+def build_go(name: str = "gochain", strip: bool = False, pie: str = "") -> Path:
     """`go build` tests/programs/<name>/ and return the executable's path.
 
     strip=True adds -ldflags='-s -w' (no .symtab, no DWARF; .gopclntab
-    stays). Module mode, no network, caches under the build cache dir.
+    stays). pie="internal" builds a PIE with Go's own linker, pie="external"
+    one linked by gcc (as cgo programs are: .text starts with C start-up
+    code, pointers are left to the loader's relocations). Module mode, no
+    network, caches under the build cache dir.
     """
     go = _tool("go")
     src = PROGRAMS / name
     args = ["-buildvcs=false"]  # the repo is git without commits: VCS stamping fails
-    if strip:
-        args.append("-ldflags=-s -w")
+    ldflags = ["-s", "-w"] if strip else []
+    if pie:
+        args.append("-buildmode=pie")
+        ldflags.append(f"-linkmode={pie}")
+    if ldflags:
+        args.append("-ldflags=" + " ".join(ldflags))
     version = subprocess.run([go, "version"], capture_output=True, text=True).stdout
     sources = "".join(p.read_text() for p in sorted(src.iterdir()) if p.is_file())
     # go embeds the source directory's path in the binary's file names

@@ -283,15 +283,33 @@ def test_trace_stripped_go_names(gochain):
             assert {f["module"] for f in rec["frames"]} == {"gochain"}
 
 
+@pytest.mark.parametrize("pie", ["internal", "external"])
+def test_pie_functions_match_the_symbol_table(pie):
+    """A PIE linked by gcc (as every cgo program is) starts .text with C
+    start-up code and leaves its pointers to the loader: the table's
+    functions must still sit at their .symtab addresses, stripped or not."""
+    full = build_go("goinline", pie=pie)
+    stripped = build_go("goinline", strip=True, pie=pie)
+    symtab = {s.name: s.address for s in ElfImage.open(full).functions
+              if s.name.startswith("main.")}
+    assert {"main.top", "main.leaf", "main.main"} <= set(symtab)
+    for image in (ElfImage.open(full), ElfImage.open(stripped)):
+        entries = {n: e for n, e, _ in go_table(image).functions() if n in symtab}
+        assert entries == symtab
+
+
 @pytest.mark.kernel
-def test_trace_stripped_go_lines_and_inlines(goinline):
-    full, stripped = goinline
+@pytest.mark.parametrize("pie", ["", "internal", "external"])
+def test_trace_stripped_go_lines_and_inlines(pie):
+    full = build_go("goinline", pie=pie)
+    stripped = build_go("goinline", strip=True, pie=pie)
     res = ok(run_ustack("trace", "--lines", "--inlines", f"uprobe:{stripped}:main.leaf",
                         "-c", f"{stripped} 1"))
     rows = trace_lines(res.stdout)
     src = str(INLINE_SRC.resolve())
-    leaf_entry = ElfImage.open(full).find("main.leaf")[0].address
-    leaf_line = int(go_addr2line(full, [leaf_entry])[0][1].rsplit(":", 1)[1])
+    plain = build_go("goinline")          # the oracle reads a non-PIE binary
+    leaf_entry = ElfImage.open(plain).find("main.leaf")[0].address
+    leaf_line = int(go_addr2line(plain, [leaf_entry])[0][1].rsplit(":", 1)[1])
     assert [(f, i, Path(file or "").name == "main.go" and ln)
             for _, f, i, file, ln in rows[:5]] == [
         ("main.leaf", False, leaf_line),
@@ -302,9 +320,9 @@ def test_trace_stripped_go_lines_and_inlines(goinline):
     assert rows[0][3] == src
     # inlined frames share the pc of the frame they were inlined into
     assert rows[1][0] == rows[2][0] == rows[3][0]
-    # go tool addr2line on the unstripped copy: outermost name, innermost line
-    func, where = go_addr2line(full, [rows[3][0] - 1])[0]
-    assert (func, where) == ("main.top", f"{src}:{marked_line('CALL-LEAF')}")
+    if not pie:  # go tool addr2line on the unstripped copy: outermost name, innermost line
+        func, where = go_addr2line(full, [rows[3][0] - 1])[0]
+        assert (func, where) == ("main.top", f"{src}:{marked_line('CALL-LEAF')}")
     # without --inlines: the function that holds the pc, at its own line
     res = ok(run_ustack("trace", "--lines", f"uprobe:{stripped}:main.leaf",
                         "-c", f"{stripped} 1"))

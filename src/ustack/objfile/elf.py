@@ -47,7 +47,7 @@ _ELFCOMPRESS_ZLIB = 1
 # Images that keep a file descriptor open for read(): bounded, so a
 # system-wide profile touching hundreds of objects stays far from the fd limit.
 _MAX_OPEN_FDS = 64
-_STATE_VERSION = "v1"    # of the cached image layout (_state/_restore)
+_STATE_VERSION = "v2"    # of the cached image layout (_state/_restore)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 

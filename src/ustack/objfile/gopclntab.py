@@ -382,21 +382,68 @@ _HEADS = [struct.pack("<I", m) + b"\0\0\x01\x08" for m in _MAGICS]
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # image -> table
 
 
+_R_X86_64_RELATIVE = 8
+_RELA = struct.Struct("<QQq")            # Elf64_Rela: offset, info, addend
+_TEXT_START_AT = 24                      # pcHeader: magic, pad, minLC, ptrSize, nfunc, nfiles
+
+
 class _ImageReader:
     """Reads an ElfImage's bytes by virtual address, and finds the places
-    in its writable segments that hold a given pointer (moduledata)."""
+    in its writable segments that hold a given pointer (moduledata).
+
+    Pointers in a PIE are relocated at load time: Go's own linker writes
+    their link-time value into the file as well, but an external link (GNU
+    ld, cgo) leaves 0 there and only the R_X86_64_RELATIVE relocation's
+    addend says it. Reads see the addends, as the loaded process would
+    (less its load bias)."""
 
     def __init__(self, image):
         self.image = image
+        self._relocs: Optional[dict] = None   # vaddr -> addend, read when needed
+        self._reloc_at: list = []             # its keys, sorted
 
     def __call__(self, vaddr: int, size: int) -> bytes:
         try:
-            return self.image.read(vaddr, size)
+            data = self.image.read(vaddr, size)
         except UstackError:
             return b""
+        at = self._reloc_at
+        i = bisect.bisect_left(at, vaddr)
+        if i == len(at) or at[i] >= vaddr + len(data):
+            return data
+        patched = bytearray(data)
+        while i < len(at) and at[i] + 8 <= vaddr + len(data):
+            struct.pack_into("<q", patched, at[i] - vaddr, self._relocs[at[i]])
+            i += 1
+        return bytes(patched)
+
+    def _relative_relocations(self) -> dict:
+        if self._relocs is None:
+            self._relocs = {}
+            for name in self.image.sections:
+                if not name.startswith(".rela") or name == ".rela.plt":
+                    continue
+                try:
+                    data = self.image.section_bytes(name) or b""
+                except UstackError:
+                    continue
+                for offset, info, addend in _RELA.iter_unpack(
+                        data[:len(data) - len(data) % _RELA.size]):
+                    if info & 0xFFFFFFFF == _R_X86_64_RELATIVE:
+                        self._relocs[offset] = addend
+            self._reloc_at = sorted(self._relocs)
+        return self._relocs
+
+    def text_start(self, table: int) -> Optional[int]:
+        """The pcHeader's textStart as the loader relocates it, when a
+        relocation says it: an external link's .text begins with C start-up
+        code, so runtime.text (what the table's offsets count from) lies
+        after the .text section's start."""
+        return self._relative_relocations().get(table + _TEXT_START_AT)
 
     def find_pointer(self, value: int):
         needle = struct.pack("<Q", value)
+        self._relative_relocations()          # from now on reads see them
         for vaddr, _off, size, writable in self.image.segments():
             if not writable:
                 continue
@@ -428,14 +475,14 @@ def _load(image):
         return False
     read = _ImageReader(image)
     text = image.sections.get(".text")
-    text_start = text[0] if text else None
+    section_text = text[0] if text else None
     sec = image.sections.get(".gopclntab")
     if sec is not None:
         try:
             data = image.section_bytes(".gopclntab")
         except UstackError as e:
             raise PclntabError(str(e)) from None
-        return Pclntab(data, sec[0], read, text_start)
+        return Pclntab(data, sec[0], read, read.text_start(sec[0]) or section_text)
     # PIE and externally linked binaries keep the table inside .data.rel.ro
     # (runtime.pclntab): look for a header in the read-only data
     for vaddr, _off, size, _w in image.segments():
@@ -446,6 +493,7 @@ def _load(image):
             at = data.find(head)
             while at >= 0:
                 if at % 8 == 0:
+                    text_start = read.text_start(vaddr + at) or section_text
                     try:
                         table = Pclntab(data[at:], vaddr + at, read, text_start)
                         lo, hi = table.text_range
