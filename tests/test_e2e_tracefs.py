@@ -287,3 +287,17 @@ def test_lost_events_counted_exactly(tmp_path):
     printed = sum(1 for line in out.read_text().splitlines()
                   if line.startswith("chain "))
     assert printed + int(m.group(1)) == n
+
+
+def test_name_of_an_exited_process_from_ftrace():
+    """A process already gone from /proc when its stacks are named keeps its
+    name: ftrace saved it (saved_cmdlines) when it recorded its event."""
+    from ustack.target.mappings import MappingTracker
+    prog = build("chain")
+    res = ok(run_ustack("trace", "--backend", "tracefs", "--unwind", "fp",
+                        f"uprobe:{prog}:d", "-c", f"{prog} 1"))
+    (record,) = parse_trace(res.stdout)
+    pid = record["pid"]
+    assert record["comm"] == "chain"
+    assert not Path(f"/proc/{pid}").exists()     # ustack reaped it
+    assert MappingTracker().comm(pid, pid) == "chain"

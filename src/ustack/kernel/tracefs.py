@@ -67,3 +67,21 @@ def event_format(group: str, name: str) -> str:
             return f.read()
     except OSError:
         raise UstackError(f"this kernel's tracefs has no {group}/{name} event")
+
+
+def saved_comm(pid: int) -> str:
+    """The name ftrace saved for a task when it recorded one of its events
+    (saved_cmdlines, shared by every instance): what /proc no longer says
+    once a short-lived process has exited. "" when unknown."""
+    for root in (TRACEFS, "/sys/kernel/debug/tracing"):
+        try:
+            with open(os.path.join(root, "saved_cmdlines")) as f:
+                text = f.read()
+        except OSError:
+            continue
+        prefix = f"{pid} "
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                return line[len(prefix):]
+        return ""
+    return ""

@@ -9,7 +9,7 @@ import bisect
 import time
 from typing import Optional
 
-from ..kernel import procfs
+from ..kernel import procfs, tracefs
 from ..model import CommEvent, ForkEvent, Mapping, MmapEvent
 
 
@@ -106,9 +106,10 @@ class MappingTracker:
     def comm(self, pid: int, tid: int) -> str:
         c = self.comms.get(tid) or self.comms.get(pid)
         if not c and self.live:
-            c = procfs.comm(pid, tid) or procfs.comm(pid)
-            if c:
-                self.comms[tid] = c
+            # gone from /proc: ftrace may have saved its name (tracefs)
+            c = (procfs.comm(pid, tid) or procfs.comm(pid)
+                 or tracefs.saved_comm(tid) or "?")
+            self.comms[tid] = c
         return c or "?"
 
 
