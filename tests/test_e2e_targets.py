@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -289,3 +290,30 @@ def test_system_wide_profile_leaves_out_idle_and_ustack(tmp_path, backend):
     pids = {int(stack[0].rpartition("-")[2]) for stack, _n in parse_folded(out)}
     assert 0 not in pids and us.pid not in pids, out
     assert any(stack[0].startswith("selfbusy-") for stack, _n in parse_folded(out)), out
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["perf", "bpf"])
+def test_system_wide_names_a_process_gone_before_the_end(tmp_path, backend):
+    """A process that was running before a system-wide run and exits during
+    it: the kernel never reports its mappings (they predate the run) and
+    /proc has forgotten it by the time the counts are named."""
+    prog = private_copy(build("branches"), tmp_path)
+    target = spawn(prog, 3, 2, "-", stdin=subprocess.PIPE)
+    us = start_ustack("count", "-P", "--backend", backend, f"uprobe:{prog}:leaf",
+                      stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        release(target)
+        assert target.wait(timeout=10) == 0
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us)
+    finally:
+        stop(us)
+        stop(target)
+    assert us.returncode == 0, err
+    stacks = parse_counts(out)
+    assert sorted((s["comm"], s["pid"], funcs(s["frames"])[:3], s["count"])
+                  for s in stacks) == [
+        ("branches", target.pid, ["leaf", "left", "main"], 3),
+        ("branches", target.pid, ["leaf", "right", "main"], 2)], out

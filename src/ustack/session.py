@@ -97,6 +97,8 @@ class Session:
             raise
         if self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
+        elif self.target.scope == "system":
+            self.tracker.seed_everything()
         if opts.record:
             self.recorder = Recorder(
                 opts.record, self.tracker, self.resolver.unwinder, self.labels,

@@ -733,8 +733,7 @@ def objects_of_target(target, probes: list) -> list:
         for exe in _programs_named(target.argv):
             paths += needed.load_closure(exe)
     pids = [target.pid] if target.scope == "pid" else (
-        [int(d) for d in os.listdir("/proc") if d.isdigit()]
-        if target.scope == "system" else [])
+        procfs.pids() if target.scope == "system" else [])
     for pid in pids:
         for m in procfs.executable_mappings(pid):
             path = object_path(m)

@@ -93,6 +93,11 @@ _MAPS_LINE = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ([r-][w-][x-][sp]) ([0-9a-f]+)
                         r"[0-9a-f]+:[0-9a-f]+ \d+ *(.*)")
 
 
+def pids() -> list:
+    """Every process now running (kernel threads included)."""
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
 def executable_mappings(pid: int) -> list:
     """The executable mappings of /proc/PID/maps ([] if it is gone)."""
     try:

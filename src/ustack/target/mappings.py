@@ -66,6 +66,13 @@ class MappingTracker:
             self.comms[pid] = procfs.comm(pid)
         return True
 
+    def seed_everything(self) -> None:
+        """Every process's mappings as the run starts (system-wide): the
+        kernel reports only mappings made from now on, and a process that
+        exits before its stacks are named could no longer be read."""
+        for pid in procfs.pids():
+            self.seed_from_proc(pid)
+
     def apply(self, event) -> None:
         if isinstance(event, MmapEvent):
             m = event.mapping
