@@ -13,20 +13,39 @@ A new format is a new module and a line here; `-o FILE` picks one by the
 file's name (EXTENSIONS) when -f is not given."""
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
 from ..model import UstackError
-from .counts import CountsReport
-from .flamegraph_html import FlameGraphReport
-from .flamegraph_svg import SvgFlameGraphReport
-from .folded import FoldedReport
-from .json_events import JsonEventsReport
-from .json_stacks import JsonReport
-from .perf_script import PerfScriptReport
-from .pprof import PprofReport
-from .speedscope import SpeedscopeReport
-from .trace import TraceReport
+
+
+class _Registry(Mapping):
+    """Format name -> its class, imported when first asked for: a run
+    imports only the format it writes (all of them cost ~50 ms of start-up,
+    before the traced command may run)."""
+
+    def __init__(self, specs: dict):
+        self._specs = specs            # name -> "module:Class" (relative to report/)
+        self._classes: dict = {}
+
+    def __getitem__(self, name: str):
+        found = self._classes.get(name)
+        if found is None:
+            module, _, attr = self._specs[name].partition(":")
+            found = getattr(importlib.import_module(f".{module}", __package__), attr)
+            self._classes[name] = found
+        return found
+
+    def __contains__(self, name) -> bool:     # (Mapping's would import it)
+        return name in self._specs
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
 
 
 @dataclass(frozen=True)
@@ -47,21 +66,21 @@ def run_context(command: str, labels, frequency: Optional[int] = None,
                          title=f"ustack {command} {what}", start_ns=start_ns)
 
 
-FORMATS = {                            # counted stacks
-    "text": CountsReport,
-    "folded": FoldedReport,
-    "html": FlameGraphReport,
-    "svg": SvgFlameGraphReport,
-    "pprof": PprofReport,
-    "speedscope": SpeedscopeReport,
-    "json": JsonReport,
-}
+FORMATS = _Registry({                 # counted stacks
+    "text": "counts:CountsReport",
+    "folded": "folded:FoldedReport",
+    "html": "flamegraph_html:FlameGraphReport",
+    "svg": "flamegraph_svg:SvgFlameGraphReport",
+    "pprof": "pprof:PprofReport",
+    "speedscope": "speedscope:SpeedscopeReport",
+    "json": "json_stacks:JsonReport",
+})
 
-EVENT_FORMATS = {                      # a stack per event
-    "text": TraceReport,
-    "perf-script": PerfScriptReport,
-    "json": JsonEventsReport,
-}
+EVENT_FORMATS = _Registry({            # a stack per event
+    "text": "trace:TraceReport",
+    "perf-script": "perf_script:PerfScriptReport",
+    "json": "json_events:JsonEventsReport",
+})
 
 # the file name's ending -> format, longest endings first when looked up
 EXTENSIONS = {
