@@ -74,11 +74,17 @@ def test_auto_traces_through_the_kernel_unless_arguments_are_fetched(chain):
     assert len(records) == 2 and all(" n=" in r["label"] for r in records), res.stdout
 
 
-def test_auto_traces_a_commands_syscalls_through_the_copy_path():
-    """A -c command's syscalls: the in-kernel programs see the command's own
-    process only, perf's events follow its children: auto takes those."""
+def test_auto_traces_a_commands_children_in_the_kernel():
+    """A -c command's syscalls, its children's included: the in-kernel
+    programs follow every process the command forks (task_newtask), as the
+    copy path's inherited perf events do; each stack whole, through libc."""
     chain = build("chain", flags=O2_NOFP)
     res = ok(run_ustack("trace", "syscall:write", "-c",
                         f"sh -c '{chain} 2 write; {chain} 1 write'"))
-    assert "[backend perf, unwind dwarf]" in res.stderr.splitlines()[0]
-    assert sum(r["comm"] == "chain" for r in parse_trace(res.stdout)) == 3
+    assert IN_KERNEL in res.stderr.splitlines()[0]
+    records = [r for r in parse_trace(res.stdout) if r["comm"] == "chain"]
+    assert len(records) == 3, res.stdout
+    assert len({r["pid"] for r in records}) == 2
+    for r in records:
+        names = [f[0] for f in frames(r)]
+        assert names[:6] == ["write"] + CHAIN, names

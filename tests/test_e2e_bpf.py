@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 import pytest
 
 from helpers import FP, O2_FP, build, run_ustack
-from test_e2e_core import (CHAIN, fail_one_line, funcs, ok, parse_counts, parse_folded,
-                           spawn, stop)
+from test_e2e_core import (CHAIN, fail_one_line, finish, funcs, ok, parse_counts,
+                           parse_folded, release, spawn, start_ustack, stop,
+                           wait_tracing)
 
 pytestmark = pytest.mark.kernel
 
@@ -51,10 +53,40 @@ def test_count_exact_and_identical_to_perf(chain, where):
 def test_auto_prefers_bpf_for_frame_pointers(chain):
     res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3"))
     assert "[backend bpf, unwind fp]" in header(res)
-    # a syscall through libc (no frame pointers) needs DWARF; a -c command's
-    # syscalls go through the copy path, whose perf events follow its children
+    # a syscall through libc (no frame pointers) needs DWARF: unwound in the
+    # kernel, whose programs follow the command's children
     res = ok(run_ustack("count", "syscall:write", "-c", f"{chain} 3 write"))
-    assert "[backend perf, unwind dwarf]" in header(res)
+    assert "[backend bpf, unwind dwarf; unwound in the kernel]" in header(res)
+
+
+def test_count_follows_the_children_of_a_command_and_of_a_pid(chain):
+    """Syscalls of the processes a -c command or a -p process forks after
+    the start are counted, by the in-kernel programs as by perf's inherited
+    events; other processes' are not (the same program runs elsewhere)."""
+    script = f"{chain} 2 write; {chain} 1 write"
+    res = ok(run_ustack("count", "-P", "syscall:write", "-c", f"sh -c '{script}'"))
+    assert "unwound in the kernel" in header(res)
+    mine = [s for s in parse_counts(res.stdout) if s["comm"] == "chain"]
+    assert sorted(s["count"] for s in mine) == [1, 2], res.stdout
+    for s in mine:
+        assert funcs(s["frames"])[:6] == ["write"] + CHAIN
+    target = spawn("sh", "-c", f"read line; {script}", stdin=subprocess.PIPE)
+    bystander = spawn("sh", "-c", f"read line; {chain} 4 write", stdin=subprocess.PIPE)
+    us = start_ustack("count", "-P", "syscall:write", "-p", str(target.pid),
+                      stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        release(bystander)
+        release(target)
+        assert target.wait(timeout=10) == 0 and bystander.wait(timeout=10) == 0
+        out, err = finish(us)
+    finally:
+        stop(us)
+        stop(target)
+        stop(bystander)
+    assert us.returncode == 0, err
+    mine = [s for s in parse_counts(out) if s["comm"] == "chain"]
+    assert sorted(s["count"] for s in mine) == [1, 2], out
 
 
 def test_dwarf_request_unwinds_in_the_kernel(chain):

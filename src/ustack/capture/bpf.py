@@ -14,7 +14,10 @@ Where a program runs:
   the program is attached to one perf event per probe (more would count each
   hit more than once). Uprobe hits are already limited to the traced
   processes (the kernel installs the breakpoint only in their mm);
-  tracepoints fire for every task, so the program compares the tgid.
+  tracepoints fire for every task, so the program looks the tgid up in a
+  set of the traced processes, which a program on task:task_newtask
+  extends with each child they fork (as perf's inherited events follow
+  them).
 - cpu-clock sampling (profile): the program is the event's overflow handler,
   per event, inherited like the event; attached to every event.
 
@@ -33,12 +36,14 @@ from dataclasses import dataclass
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
 from ..kernel import bpf
 from ..kernel import perf_event as pe
-from ..kernel.tracefs import tracepoint_id
-from ..kernel.bpf import (ADD, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
+from ..kernel import trace_format as tf
+from ..kernel.tracefs import event_format, tracepoint_id
+from ..kernel.bpf import (ADD, AND, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
 from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Losses, MmapEvent,
-                     ProfileProbe, RawSample, TracepointProbe, UprobeProbe)
+                     ProfileProbe, RawSample, TracepointProbe, UprobeProbe,
+                     UstackError)
 from .perf import NEVER_SAMPLE, PerfCapture
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -123,6 +128,73 @@ def _unless_armed(a: Asm, armed: bpf.Map) -> None:
     a.jump(jmp_imm, JEQ, 1, 0, to="out")
 
 
+def unless_traced(a: Asm, tgids: bpf.Map, pid_tgid_reg: int, slot: int) -> None:
+    """Leave the program unless the current process (the upper half of the
+    pid_tgid in `pid_tgid_reg`) is in `tgids`; r10+slot: 4 free bytes."""
+    a.emit(mov(1, pid_tgid_reg), alu_imm(RSH, 1, 32), stx(10, slot, 1, size=4),
+           ld_map_fd(1, tgids.fd), mov(2, 10), alu_imm(ADD, 2, slot),
+           call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+
+
+CLONE_THREAD = 0x10000
+TRACED_PROCESSES = 1 << 16            # the set's size: the target and its children
+
+
+def traced_set(first_tgid: int) -> bpf.Map:
+    """The set of traced processes (tgid -> 1), holding `first_tgid`."""
+    tgids = bpf.Map(bpf.MAP_HASH, 4, 4, TRACED_PROCESSES, "ustack_tgids")
+    tgids.update(first_tgid.to_bytes(4, "little"), (1).to_bytes(4, "little"))
+    return tgids
+
+
+def follow_children_program(tgids: bpf.Map, pid_at: int, flags_at: int) -> bytes:
+    """tgids[child] = 1 when a process in tgids forks one, from
+    task:task_newtask (which runs in the parent; its `pid` field is the
+    child's, `clone_flags` say whether it is a thread, whose process is
+    already in the set)."""
+    a = Asm()
+    a.emit(mov(6, 1), ldx(1, 6, flags_at), alu_imm(AND, 1, CLONE_THREAD))
+    a.jump(jmp_imm, JNE, 1, 0, to="out")
+    a.emit(call(bpf.GET_CURRENT_PID_TGID))
+    unless_traced(a, tgids, 0, -8)
+    a.emit(ldx(1, 6, pid_at, size=4), stx(10, -8, 1, size=4), st_imm(10, -16, 1, size=4),
+           ld_map_fd(1, tgids.fd), mov(2, 10), alu_imm(ADD, 2, -8), mov(3, 10),
+           alu_imm(ADD, 3, -16), mov_imm(4, 0), call(bpf.MAP_UPDATE))
+    a.label("out")
+    a.emit(mov_imm(0, PASS_ON), exit_())            # a shared trace event
+    return a.assemble()
+
+
+def follow_children(tgids: bpf.Map) -> tuple:
+    """(event fd, program fd) of follow_children_program on task_newtask.
+    The event is system-wide on one CPU: a trace event runs its programs
+    on every hit, and an event scoped to the target would end with it."""
+    fields = tf.parse_format(event_format("task", "task_newtask"))
+    try:
+        pid_at, flags_at = fields["pid"].offset, fields["clone_flags"].offset
+    except KeyError as e:
+        raise UstackError(f"this kernel's task:task_newtask has no {e} field")
+    prog = bpf.load_program(bpf.PROG_TRACEPOINT,
+                            follow_children_program(tgids, pid_at, flags_at),
+                            "ustack_children")
+    try:
+        fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT,
+                                        tracepoint_id("task", "task_newtask"),
+                                        period=NEVER_SAMPLE), -1, 0,
+                           what="task:task_newtask")
+    except BaseException:
+        os.close(prog)
+        raise
+    try:
+        bpf.attach(fd, prog)
+    except BaseException:
+        os.close(fd)
+        os.close(prog)
+        raise
+    return fd, prog
+
+
 def exec_program(tgid: int, armed: bpf.Map) -> bytes:
     """armed[0] = 1 when process `tgid` has exec'd (sched:sched_process_exec).
     A -c command is forked from ustack and held before its execve: its
@@ -141,20 +213,19 @@ def exec_program(tgid: int, armed: bpf.Map) -> bytes:
 
 
 def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
-                        errors: bpf.Map, *, tgid=None, armed=None,
+                        errors: bpf.Map, *, tgids=None, armed=None,
                         return_address_slot=None,
                         kernel: bool = False, result: int = PASS_ON) -> bytes:
     """counts[(pid_tgid, probe, user stack, kernel stack, return address)] += 1.
-    `tgid`: count only this process (tracepoints); `armed`: count only once
+    `tgids`: count only these processes (tracepoints); `armed`: count only once
     armed[0] is set (exec_program); `return_address_slot`: read the word at
     sp + 8*slot (the ctx must be pt_regs: a uprobe); `result`: what the
     program returns (see the module's docstring)."""
     a = Asm()
     a.emit(mov(6, 1),                               # r6 = ctx, kept across calls
            call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
-    if tgid is not None:
-        a.emit(mov(1, 0), alu_imm(RSH, 1, 32))
-        a.jump(jmp_imm, JNE, 1, tgid, to="out")
+    if tgids is not None:
+        unless_traced(a, tgids, 7, _SCRATCH)
     if armed is not None:
         _unless_armed(a, armed)
     a.emit(stx(10, _KEY_AT, 7),
@@ -221,12 +292,12 @@ class BpfCounter:
                  kernel: bool = False, filter_tgid=None, calls_only: bool = False):
         self.probes = probes
         self.kernel = kernel
-        self.filter_tgid = filter_tgid      # for tracepoints under -p/-c
         self.calls_only = calls_only        # funccount: no stacks
         self.maps: list = []
         self.prog_fds: list = []
         self.event_fds: list = []
         self.armed = None                   # set by arm_on_exec()
+        self.tgids = None                   # for tracepoints under -p/-c: see follow()
         # frames kept per stack: the kernel's limit, at most bcc's 127
         self.max_depth = max(1, min(pe.max_stack(), 127))
         try:
@@ -240,6 +311,9 @@ class BpfCounter:
                                         max(MIN_COUNT_ENTRIES, 2 * stack_storage),
                                         "ustack_counts")
                 self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_errors")
+            if filter_tgid is not None and any(isinstance(p, TracepointProbe)
+                                               for p in probes):
+                self.follow(filter_tgid)
         except BaseException:
             self.close()
             raise
@@ -255,15 +329,27 @@ class BpfCounter:
             code = call_count_program(index, self.counts, self.armed, result)
         else:
             slot = getattr(probe, "return_address_slot", None)
-            tgid = self.filter_tgid if isinstance(probe, TracepointProbe) else None
+            tgids = self.tgids if isinstance(probe, TracepointProbe) else None
             code = stack_count_program(index, self.counts, self.stacks, self.errors,
-                                       tgid=tgid, return_address_slot=slot,
+                                       tgids=tgids, return_address_slot=slot,
                                        kernel=self.kernel,
                                        armed=None if isinstance(probe, ProfileProbe)
                                        else self.armed, result=result)
         fd = bpf.load_program(prog_type_of(probe), code, f"ustack_{index}")
         self.prog_fds.append(fd)
         return fd
+
+    def follow(self, tgid: int) -> None:
+        """Tracepoints count process `tgid` and every child it forks from
+        now on (and theirs), as the perf backend's inherited events do."""
+        self.tgids = self._map_made(traced_set(tgid))
+        fd, prog = follow_children(self.tgids)
+        self.event_fds.append(fd)
+        self.prog_fds.append(prog)
+
+    def _map_made(self, m: bpf.Map) -> bpf.Map:
+        self.maps.append(m)
+        return m
 
     def arm_on_exec(self, pid: int) -> None:
         """Count trace events only after the held command `pid` exec'd;

@@ -61,7 +61,7 @@ from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
 from ..target import process
-from .bpf import MIN_COUNT_ENTRIES, BpfCounter, prog_type_of
+from .bpf import MIN_COUNT_ENTRIES, BpfCounter, unless_traced, prog_type_of
 
 BPF_LOOP = 181
 ARSH = 0xC0
@@ -189,16 +189,15 @@ class UnwindProgram:
         self.off = offsets
         self._reads = 0                  # labels of _read_user's call sites
 
-    def code(self, probe_index: int, probe, *, tgid=None, armed=None,
+    def code(self, probe_index: int, probe, *, tgids=None, armed=None,
              kernel_stacks=None, result: int = PASS_ON, ring=None) -> tuple:
         """(bytes, function offsets) of the program for one probe; `ring`:
         write each event's record there (trace) instead of counting."""
         m = self.maps
         a = Asm()
         a.emit(mov(6, 1), call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
-        if tgid is not None:
-            a.emit(mov(1, 0), alu_imm(RSH, 1, 32))
-            a.jump(jmp_imm, JNE, 1, tgid, to="out")
+        if tgids is not None:
+            unless_traced(a, tgids, 7, -32)
         if armed is not None:
             a.emit(st_imm(10, -32, 0, size=4), ld_map_fd(1, armed.fd), mov(2, 10),
                    alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
@@ -783,12 +782,12 @@ class UnwindCounter(BpfCounter):
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0):
         self.probes = probes
         self.kernel = kernel
-        self.filter_tgid = filter_tgid
         self.calls_only = False
         self.maps: list = []
         self.prog_fds: list = []
         self.event_fds: list = []
         self.armed = None
+        self.tgids = None
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         try:
             self.unwind_maps = UnwindMaps(rows, stack_storage,
@@ -806,15 +805,18 @@ class UnwindCounter(BpfCounter):
             self.objects = UnwindObjects(self.unwind_maps, tables)
             self.objects.add_vdso()
             self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
+            if filter_tgid is not None and any(isinstance(p, TracepointProbe)
+                                               for p in probes):
+                self.follow(filter_tgid)
         except BaseException:
             self.close()
             raise
 
     def _program(self, index: int, probe) -> int:
         result = DROP_SAMPLE if isinstance(probe, ProfileProbe) else PASS_ON
-        tgid = self.filter_tgid if isinstance(probe, TracepointProbe) else None
+        tgids = self.tgids if isinstance(probe, TracepointProbe) else None
         code, functions = self.program.code(
-            index, probe, tgid=tgid, kernel_stacks=self.kstacks, result=result,
+            index, probe, tgids=tgids, kernel_stacks=self.kstacks, result=result,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             ring=self.ring)
         fd = bpf.load_program(prog_type_of(probe), code, f"ustack_uw{index}",

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 from ..capture import bpf_unwind
 from ..kernel import bpf
-from ..model import ProfileProbe, TracepointProbe, UprobeProbe, UstackError
+from ..model import ProfileProbe, UprobeProbe, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
 from . import tables
@@ -95,7 +95,6 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         return _bpf_trace(probes, unwind)
     if (command == "trace" and backend == "auto" and unwind != "fp"
             and "dwarf" in modes and not kernel_stacks
-            and not _children_missed(probes, main_binary)
             and not any(getattr(p, "fetch_args", ()) for p in probes)):
         why = _why_no_kernel_dwarf(probes)
         if why is None:           # each event's frames through a ring buffer
@@ -105,8 +104,6 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         return Plan("perf", modes)
     if command != "funccount" and unwind != "fp" and _wants_dwarf(probes, modes,
                                                                  main_binary):
-        if backend == "auto" and not kernel_stacks and _children_missed(probes, main_binary):
-            return Plan("perf", modes)
         why = _why_no_kernel_dwarf(probes)
         if why is None:
             return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
@@ -135,14 +132,6 @@ def _bpf_trace(probes: list, unwind: str) -> Plan:
     if why is not None:
         raise UstackError(f"trace --backend bpf: {why}")
     return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
-
-
-def _children_missed(probes: list, main_binary: Optional[str]) -> bool:
-    """Whether the in-kernel path would miss events auto must not miss: its
-    syscall and tracepoint programs filter on the target's own process
-    (-p/-c), not its children, which the copy path's perf events follow."""
-    return main_binary is not None and any(
-        isinstance(p, TracepointProbe) for p in probes)
 
 
 def _wants_dwarf(probes: list, modes: tuple, main_binary: Optional[str]) -> bool:
