@@ -3,6 +3,7 @@ a dlopen()ed plugin, Go, a library named by its short name, and system-wide
 counting. Parsers and process helpers come from test_e2e_core.py."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -317,3 +318,25 @@ def test_system_wide_names_a_process_gone_before_the_end(tmp_path, backend):
                   for s in stacks) == [
         ("branches", target.pid, ["leaf", "left", "main"], 3),
         ("branches", target.pid, ["leaf", "right", "main"], 2)], out
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["perf", "bpf"])
+def test_events_before_an_exec_are_named_from_the_program_before(backend):
+    """`sh -c 'exec PROG > /dev/null'`: the shell's own start-up and its
+    open of /dev/null happen in the process that then execs PROG, and are
+    read in the same batch as the exec: each event is named from the
+    program that ran when it fired, by its time."""
+    chain = build("chain")
+    shell = os.path.basename(os.path.realpath("/bin/sh"))
+    res = ok(run_ustack("trace", "--backend", backend, "syscall:openat", "-c",
+                        f"sh -c 'exec {chain} 1 write > /dev/null'"))
+    events = parse_trace(res.stdout)
+    for e in events:
+        modules = {f["module"] for f in e["frames"]}
+        assert "[unknown]" not in modules, e     # an address in no mapping
+    tops = [e["frames"][-1]["module"] for e in events if e["frames"]]
+    assert "ld-linux-x86-64.so.2" in tops and "chain" in tops, tops
+    # the redirection: libc's open called from the shell
+    assert any(e["frames"][0]["func"] in ("open", "open64", "__libc_open64")
+               and e["frames"][-1]["module"] == shell for e in events), res.stdout

@@ -173,6 +173,7 @@ class CommEvent:
     tid: int
     comm: str
     exec: bool                     # True when the comm changed through execve
+    time_ns: int = 0               # when (the samples' clock), 0 if unknown
 
 
 @dataclass(frozen=True)

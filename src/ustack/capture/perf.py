@@ -131,7 +131,9 @@ class PerfCapture:
         common = dict(sample_type=sample_type, flags=flags, period=period,
                       read_format=pe.FORMAT_LOST if self._count_lost else 0,
                       wakeup_watermark=self.buffer_pages * PAGE // 4,
-                      max_stack=pe.max_stack(), regs_user=regs, stack_user=stack)
+                      max_stack=pe.max_stack(), regs_user=regs, stack_user=stack,
+                      # the clock of the in-kernel unwinder's ring records too
+                      clock_monotonic=True)
         layout = EventLayout(index, stack, regs, slot)
         if isinstance(probe, UprobeProbe):
             ident = self.uprobe_id(probe)

@@ -95,11 +95,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
+CLOCK_MONOTONIC = 1
+
+
 def make_attr(type_: int, config: int = 0, *, sample_type: int = 0,
               period: int = 1, freq: int = 0, flags=(),
               regs_user: int = 0, stack_user: int = 0,
               wakeup_watermark: int = 0, max_stack: int = 0,
-              read_format: int = 0) -> PerfEventAttr:
+              read_format: int = 0, clock_monotonic: bool = False) -> PerfEventAttr:
+    """`clock_monotonic`: times in CLOCK_MONOTONIC ns (what BPF's
+    bpf_ktime_get_ns gives) instead of perf's own clock."""
     attr = PerfEventAttr()
     attr.type = type_
     attr.size = ctypes.sizeof(PerfEventAttr)
@@ -115,6 +120,9 @@ def make_attr(type_: int, config: int = 0, *, sample_type: int = 0,
     if wakeup_watermark:
         bits |= 1 << FLAG_BITS["watermark"]
         attr.wakeup_events = wakeup_watermark
+    if clock_monotonic:
+        bits |= 1 << FLAG_BITS["use_clockid"]
+        attr.clockid = CLOCK_MONOTONIC
     attr.flags = bits
     attr.sample_regs_user = regs_user
     attr.sample_stack_user = stack_user

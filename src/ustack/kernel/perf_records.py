@@ -109,7 +109,9 @@ class RecordReader:
         if typ == RECORD_COMM:
             pid, tid = _PID_TID.unpack_from(chunk, body)
             comm = _cstring(chunk, body + 8, off + size)
-            return CommEvent(pid, tid, comm, bool(misc & MISC_COMM_EXEC))
+            # sample_id_all trailer: pid/tid, TIME, cpu, identifier
+            return CommEvent(pid, tid, comm, bool(misc & MISC_COMM_EXEC),
+                             _U64.unpack_from(chunk, off + size - 24)[0])
         if typ == RECORD_FORK:
             return ForkEvent(*_FORK.unpack_from(chunk, body))
         if typ == RECORD_EXIT:

@@ -37,8 +37,12 @@ class StackResolver:
     def key(self, sample: RawSample) -> tuple:
         """(pid, exec generation, probe-independent stack key)."""
         pid = sample.pid
-        return (pid, self.tracker.generations.get(pid, 0),
-                self.unwinder.stack_key(sample, self.tracker.find), sample.kernel)
+        tracker = self.tracker
+        generation = tracker.generation_at(pid, sample.time_ns)
+        return (pid, generation,
+                self.unwinder.stack_key(
+                    sample, lambda p, addr: tracker.find(p, addr, generation)),
+                sample.kernel)
 
     def stack(self, sample: RawSample) -> Stack:
         """The symbolized stack of a sample, as it is now."""

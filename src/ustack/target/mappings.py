@@ -42,6 +42,7 @@ class MappingTracker:
     def __init__(self, live: bool = True):
         self.live = live
         self.generations: dict = {}     # pid -> current generation
+        self.exec_times: dict = {}      # pid -> times of its execs (those known)
         self.procs: dict = {}           # (pid, generation) -> ProcessMaps
         self.comms: dict = {}           # tid -> comm
         self.last_seed: dict = {}       # pid -> monotonic time of last /proc read
@@ -83,6 +84,8 @@ class MappingTracker:
         elif isinstance(event, CommEvent):
             if event.exec and event.pid == event.tid:
                 self.generations[event.pid] = self.generations.get(event.pid, 0) + 1
+                if event.time_ns:
+                    self.exec_times.setdefault(event.pid, []).append(event.time_ns)
             self.comms[event.tid] = event.comm
         elif isinstance(event, ForkEvent):
             parent_comm = self.comms.get(event.ptid) or self.comms.get(event.ppid)
@@ -94,6 +97,17 @@ class MappingTracker:
                     ProcessMaps(parent.maps)
 
     # -- querying ---------------------------------------------------------
+    def generation_at(self, pid: int, time_ns: int) -> int:
+        """The exec generation process `pid` was in at `time_ns`: a sample
+        taken before an exec can be read after it (the exec's COMM record
+        is applied with the rest of its batch, or came through another
+        buffer first), and must be named from the program it ran in."""
+        current = self.generations.get(pid, 0)
+        times = self.exec_times.get(pid)
+        if not times or not time_ns or time_ns >= times[-1]:
+            return current
+        return current - (len(times) - bisect.bisect_right(times, time_ns))
+
     def find(self, pid: int, addr: int, generation: Optional[int] = None
              ) -> Optional[Mapping]:
         current = self.generations.get(pid, 0)
