@@ -310,3 +310,17 @@ def test_an_event_of_an_undefined_stack_is_one_line_error(tmp_path):
     with pytest.raises(UstackError, match="an event of stack 3, never defined"):
         with Session.replay(path) as session:
             list(session.events())
+
+
+def test_an_exec_keeps_its_time_and_version_2_files_read_without_it():
+    """Version 3 stores an exec's time (so a stack recorded just before an
+    exec is named from the program before it); version 2's COMM has none."""
+    event = CommEvent(7, 7, "chain", True, 123_456_789)
+    payload = rf.meta_record(event)[rf.RECORD.size:]
+    assert rf.parse_meta(rf.COMM, payload) == event
+    old = (7).to_bytes(4, "little") * 2 + b"\x01chain"     # pid, tid, exec, comm
+    assert rf.parse_meta(rf.COMM, old, version=2) == CommEvent(7, 7, "chain", True, 0)
+    tracker = MappingTracker(live=False)
+    for e in (CommEvent(7, 7, "sh", True, 100), CommEvent(7, 7, "chain", True, 200)):
+        tracker.apply(e)
+    assert [tracker.generation_at(7, t) for t in (50, 150, 250, 0)] == [0, 1, 2, 2]

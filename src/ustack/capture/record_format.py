@@ -9,7 +9,8 @@ A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
      count | profile), the events as typed, buffer pages, stack storage,
      and `unwound` (DWARF samples unwound while recording)
   M  a mapping: pid, tid, start, end, pgoff, path, build-id of the file
-  C  comm: pid, tid, exec flag, comm      F / X  fork / exit: pid ppid tid ptid
+  C  comm: pid, tid, exec flag, (version 3) its time, comm
+  F / X  fork / exit: pid ppid tid ptid
   K  a distinct stack, defined once (version 2): id, the callchain and
      return address of a frame-pointer sample, or the addresses and notes
      of a DWARF sample unwound while recording; kernel frames
@@ -34,7 +35,7 @@ from ..model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
                      unwound_sample)
 
 MAGIC = b"ustack-recording\n"
-VERSION = 2                        # bumped when a reader of the old one would misread
+VERSION = 3                        # bumped when a reader of the old one would misread
 RECORD = struct.Struct("<IB")      # payload length, kind
 HEADER, MMAP, COMM, FORK, EXIT, SAMPLE, LOSSES = b"HMCFXSL"
 STACK, EVENT, COUNTED = b"KEN"
@@ -44,7 +45,8 @@ KINDS = b"MCFXSLKEN"                # every kind after the header
 FAILURE = ord("!")
 
 _MMAP = struct.Struct("<iiQQQH")   # pid tid start end pgoff, path length
-_COMM = struct.Struct("<iiB")
+_COMM = struct.Struct("<iiBQ")     # version 3: an exec's time, for its generation
+_COMM_V2 = struct.Struct("<iiB")
 _FORK = struct.Struct("<iiii")
 # probe pid tid time cpu, which optional parts follow, callchain length
 _SAMPLE = struct.Struct("<IiiQiBI")
@@ -85,7 +87,7 @@ def meta_record(event, build_id: str = "") -> bytes:
                                        m.pgoff, len(path))
                       + path + bytes([len(bid)]) + bid)
     if isinstance(event, CommEvent):
-        return record(COMM, _COMM.pack(event.pid, event.tid, event.exec)
+        return record(COMM, _COMM.pack(event.pid, event.tid, event.exec, event.time_ns)
                       + event.comm.encode("utf-8", "surrogateescape"))
     kind = FORK if isinstance(event, ForkEvent) else EXIT
     return record(kind, _FORK.pack(event.pid, event.ppid, event.tid, event.ptid))
@@ -174,11 +176,15 @@ def parse_mmap(payload) -> tuple:
     return MmapEvent(pid, tid, Mapping(start, end, pgoff, path)), bid
 
 
-def parse_meta(kind: int, payload):
+def parse_meta(kind: int, payload, version: int = VERSION):
     if kind == COMM:
-        pid, tid, exec_ = _COMM.unpack_from(payload)
-        return CommEvent(pid, tid, bytes(payload[_COMM.size:]).decode(
-            "utf-8", "surrogateescape"), bool(exec_))
+        if version >= 3:
+            pid, tid, exec_, time_ns = _COMM.unpack_from(payload)
+        else:
+            (pid, tid, exec_), time_ns = _COMM_V2.unpack_from(payload), 0
+        size = _COMM.size if version >= 3 else _COMM_V2.size
+        return CommEvent(pid, tid, bytes(payload[size:]).decode(
+            "utf-8", "surrogateescape"), bool(exec_), time_ns)
     cls = ForkEvent if kind == FORK else ExitEvent
     return cls(*_FORK.unpack_from(payload))
 

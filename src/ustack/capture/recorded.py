@@ -191,7 +191,7 @@ class RecordedCapture:
                 elif kind == rf.LOSSES:
                     self._losses = rf.parse_losses(payload)
                 else:
-                    metas.append((0, rf.parse_meta(kind, payload)))
+                    metas.append((0, rf.parse_meta(kind, payload, self.header["version"])))
             except (ValueError, KeyError, TypeError, IndexError) as e:
                 raise self._fail(f"corrupt recording ({e or type(e).__name__})") from None
             except struct.error as e:
