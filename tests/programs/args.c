@@ -6,6 +6,7 @@
  *       short (negative), unsigned char, _Bool, char, then two stack-passed
  *       args (long, a pointer), the 7th and 8th+ integer arguments;
  *   diff(a, b) returns a - b: -3 for each call (a typed $retval);
+ *   color_name(c) returns "blue" (a char * $retval), is_odd(i) a _Bool;
  *   by_value(p, x) takes a struct by value (refused by name) and a double.
  * Waits for a line on stdin first with "-" (wait_start.h). Prints nothing.
  * KEEP (noipa): no inlining or cloning, the ABI's registers at entry. */
@@ -34,6 +35,16 @@ KEEP int diff(int a, int b)
 	return a - b;
 }
 
+KEEP const char *color_name(enum color c)
+{
+	return c == BLUE ? "blue" : "other";
+}
+
+KEEP _Bool is_odd(int i)
+{
+	return i & 1;
+}
+
 KEEP double by_value(struct pair p, double x)
 {
 	return p.a + p.b + x;
@@ -50,6 +61,7 @@ int main(int argc, char **argv)
 		    -1000000000000L, &last);
 		sink += diff(i, i + 3);
 		sink += (long)by_value(last, 0.5);
+		sink += color_name(BLUE)[0] + is_odd(i);
 	}
 	return 0;
 }

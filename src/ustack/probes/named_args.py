@@ -53,6 +53,10 @@ def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: i
     typed_ret = [a for a in args if a[1] == "$retval"]
     if not named and not typed_ret:
         return args, tuple(kinds.items())
+    if named and kind == "uretprobe":
+        raise NamedArgError(f"cannot fetch {named[0][1]} at the return of {func}: its "
+                            "parameters are gone by then; fetch them with a uprobe on "
+                            "its entry (a uretprobe has $retval)")
     info = _function(image, vaddr)
     if named and info is None:
         regs = GO_ARGS if image.is_go else SYSV_ARGS
