@@ -19,7 +19,10 @@ import subprocess
 import pytest
 
 from helpers import O2_NOFP, build, build_go, run_ustack
+from test_dwz import split_and_dwz
 from ustack.model import UstackError
+from ustack.objfile import debuginfo
+from ustack.probes.listing import format_params
 from ustack.probes.resolve import resolve_uprobes
 from ustack.probes.spec import parse_event
 from test_dwarf_unwind import build_cxx
@@ -332,3 +335,19 @@ def test_no_dwarf_suggests_registers(tmp_path):
     assert msg == (f"ustack: cannot fetch i: {prog} has no DWARF for mix (build it with -g "
                    "or install its debug file); fetch by register instead: $arg1…$arg6 "
                    "in the C ABI")
+
+
+def test_list_v_through_a_dwz_debug_file(tmp_path, monkeypatch):
+    """A stripped program whose debug file, found by its debuglink, was
+    compressed by `dwz -m`: types and names partly in the alt file; the
+    same parameters as the unstripped program's."""
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(debuginfo, "DEBUG_ROOTS", [str(tmp_path / "no-debug-root")])
+    progs = [build("args", flags=O2_NOFP), build("chain", flags=O2_NOFP)]
+    prog, stripped, debug = split_and_dwz(tmp_path, progs, "common.dwz")["args"]
+    info = subprocess.run(["readelf", "--debug-dump=info", str(debug)], capture_output=True,
+                          text=True, check=True).stdout
+    assert "<alt 0x" in info                 # DIEs did move to the alt file
+    want = format_params(str(prog), "mix").replace(str(prog), "PROG")
+    assert format_params(str(stripped), "mix").replace(str(stripped), "PROG") == want
+    assert "    const char* buf\n" in want
