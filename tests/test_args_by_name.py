@@ -26,7 +26,7 @@ from ustack.probes.listing import format_params
 from ustack.probes.resolve import resolve_uprobes
 from ustack.probes.spec import parse_event
 from test_dwarf_unwind import build_cxx
-from test_e2e_core import (fail_one_line, nm_symbols, ok, parse_trace, run_attached,
+from test_e2e_core import (disassembly, fail_one_line, nm_symbols, ok, parse_trace, run_attached,
                            spawn)
 
 N = 3                                  # calls of each function per run
@@ -190,6 +190,35 @@ def test_names_become_the_abis_fetch_args(args_c):
     assert probe.fetch_args == ("count=%si:u64",)
 
 
+@pytest.mark.kernel
+def test_past_the_entry_from_location_lists(args_c):
+    """At each instruction of mix (objdump's) where DWARF still has i, len
+    and buf in a register or slot, probing there by name gives the values
+    the program passes, also where -O2 code has moved them to another
+    register (the location list's entry at that address); where it has
+    not, resolution refuses (tested below), it never guesses."""
+    entry, size = nm_symbols(args_c)["mix"]
+    events, moved = [], False
+    for addr, _text in disassembly(args_c)["mix"][1:]:
+        if addr >= entry + size:          # the padding after the ret
+            break
+        event = f"uprobe:{args_c}:mix+{addr - entry:#x} i len buf"
+        try:
+            [probe] = resolve_uprobes(parse_event(event))
+        except UstackError as e:
+            assert "cannot fetch" in str(e), e
+            continue
+        events.append(event)
+        moved |= probe.fetch_args != ("i=%di:s32", "len=%si:u64", "buf=+0(%dx):string")
+    assert moved, "no offset where a parameter lives elsewhere than at the entry"
+    recs = parse_trace(ok(run_ustack("trace", *events, "-c", f"{args_c} 0 {N}")).stdout)
+    assert len(recs) == len(events) * N
+    for r in recs:
+        values = label_values(r["label"])
+        i = int(values["i"])
+        assert values == dict(i=str(i), len=str(12 + i), buf='"hello"'), r["label"]
+
+
 # --- $retval typed ---------------------------------------------------------------
 
 @pytest.mark.kernel
@@ -351,3 +380,12 @@ def test_list_v_through_a_dwz_debug_file(tmp_path, monkeypatch):
     want = format_params(str(prog), "mix").replace(str(prog), "PROG")
     assert format_params(str(stripped), "mix").replace(str(stripped), "PROG") == want
     assert "    const char* buf\n" in want
+
+
+def test_stripped_go_suggests_its_register_abi():
+    prog = build_go("goargs", strip=True)
+    with pytest.raises(UstackError) as e:
+        resolve_uprobes(parse_event(f"uprobe:{prog}:main.work i"))
+    assert str(e.value) == (f"cannot fetch i: {prog} has no DWARF for main.work (go build "
+                            "leaves it out with -ldflags=-s or -w); fetch by register "
+                            "instead: $arg1…$arg9 in Go's register ABI")

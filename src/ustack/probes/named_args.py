@@ -19,6 +19,7 @@ import re
 from typing import Optional
 
 from ..model import UstackError
+from ..objfile.demangle import demangle
 from ..objfile.dwarf_params import CType, DwarfParams, FunctionInfo
 from .fetchargs import GO_ARGS, SYSV_ARGS, display_kinds
 
@@ -53,6 +54,7 @@ def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: i
     typed_ret = [a for a in args if a[1] == "$retval"]
     if not named and not typed_ret:
         return args, tuple(kinds.items())
+    func = demangle(func)                 # messages name C++ functions as people do
     if named and kind == "uretprobe":
         raise NamedArgError(f"cannot fetch {named[0][1]} at the return of {func}: its "
                             "parameters are gone by then; fetch them with a uprobe on "
@@ -61,10 +63,11 @@ def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: i
     if named and info is None:
         regs = GO_ARGS if image.is_go else SYSV_ARGS
         abi = "Go's register ABI" if image.is_go else "the C ABI"
+        how = ("go build leaves it out with -ldflags=-s or -w" if image.is_go
+               else "build it with -g or install its debug file")
         raise NamedArgError(
-            f"cannot fetch {named[0][1]}: {shown} has no DWARF for {func} (build it with "
-            f"-g or install its debug file); fetch by register instead: $arg1…"
-            f"$arg{len(regs)} in {abi}")
+            f"cannot fetch {named[0][1]}: {shown} has no DWARF for {func} ({how}); "
+            f"fetch by register instead: $arg1…$arg{len(regs)} in {abi}")
     out = []
     for name, fetch, typ in args:
         if is_name(fetch):

@@ -241,7 +241,7 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
         slot = _check_and_find_slot(image, sym, vaddr, where, shown)
     _refuse_unprobeable(image, vaddr, where, shown, sym)
     args, kinds = resolve_args(spec.args, image, shown, sym.name if sym else where, where,
-                               vaddr, spec.kind, slot if sym is not None else None)
+                               vaddr, spec.kind, slot)
     if spec.kind != "uprobe":
         # a uretprobe fires after the return: its caller's frame is the
         # top of the walk and no word on the stack is missing from it
