@@ -8,7 +8,9 @@ Rows (median of REPS runs, tools round-robin):
   resolve   in a fresh ustack process, the time of resolve_uprobes() for
             `uprobe:libc:write` with fetch-args by register (%di %si %dx),
             then by name (fd buf nbytes: DWARF of libc's debug file), and
-            for tests/programs/args.c's mix (ten parameters, own DWARF)
+            for tests/programs/args.c's mix (ten parameters, own DWARF);
+            with ustack's on-disk cache warm, and empty ("cold cache": the
+            ELF tables are read again too)
   list -v   wall time of the whole command, ustack (and its `list` without
             -v: the start-up and symbol table part) and its peers, for one
             libc function, for libc's `str*` (~80 functions) and for every
@@ -24,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,8 +41,9 @@ _RESOLVE = ("import sys, time; from ustack.probes.spec import parse_event; "
             "resolve_uprobes(spec); print(time.perf_counter() - t)")
 
 
-def resolve_time(event: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _RESOLVE, event], env=ustack_env(),
+def resolve_time(event: str, cache_dir: str) -> float:
+    env = dict(ustack_env(), USTACK_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, "-c", _RESOLVE, event], env=env,
                          capture_output=True, text=True, check=True).stdout
     return float(out)
 
@@ -60,9 +64,12 @@ def main() -> None:
     resolve_rows = [
         ("resolve libc write", "by register", f"uprobe:{LIBC}:write %di %si %dx"),
         ("resolve libc write", "by name", f"uprobe:{LIBC}:write fd buf nbytes"),
+        ("resolve libc write", "by name, cold cache", f"uprobe:{LIBC}:write fd buf nbytes"),
         ("resolve args mix", "by register", f"uprobe:{prog}:mix %di %si %dx %cx %r8 %r9 "
                                             "+8(%sp) +16(%sp) +24(%sp) +32(%sp)"),
         ("resolve args mix", "by name", f"uprobe:{prog}:mix i len buf c neg flag ok ch big last"),
+        ("resolve args mix", "by name, cold cache",
+         f"uprobe:{prog}:mix i len buf c neg flag ok ch big last"),
     ]
     list_rows = [("libc write", [
         ("ustack list -v", ustack + [LIBC, "write"]),
@@ -78,13 +85,20 @@ def main() -> None:
             ("ustack list (names only)", names + [prog]),
             ("bpftrace -lv", ["bpftrace", "-lv", f"uprobe:{prog}:*"])])]
     times: dict = {}
+    warm = tempfile.mkdtemp(prefix="ustack-bench-cache-")
+    for what, how, event in resolve_rows:
+        resolve_time(event, warm)                      # fills the warm cache
     for _ in range(reps):
         for what, how, event in resolve_rows:
-            times.setdefault((what, how), []).append(resolve_time(event))
+            cold = tempfile.mkdtemp(prefix="ustack-bench-cache-")
+            times.setdefault((what, how), []).append(
+                resolve_time(event, cold if "cold" in how else warm))
+            shutil.rmtree(cold)
         for what, tools in list_rows:
             for tool, cmd in tools:
                 if shutil.which(cmd[0]) or cmd[0] == sys.executable:
                     times.setdefault((what, tool), []).append(wall(cmd))
+    shutil.rmtree(warm)
     lines = [f"## Arguments by name: resolution and list -v (median of {reps})", "",
              f"{platform.node()}, {platform.release()}, "
              f"{len(__import__('os').sched_getaffinity(0))} CPUs", "",

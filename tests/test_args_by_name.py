@@ -22,6 +22,8 @@ from helpers import O2_NOFP, build, build_go, run_ustack
 from test_dwz import split_and_dwz
 from ustack.model import UstackError
 from ustack.objfile import debuginfo
+from ustack.objfile.dwarf_params import DwarfParams
+from ustack.objfile.elf import ElfImage
 from ustack.probes.listing import format_params
 from ustack.probes.resolve import resolve_uprobes
 from ustack.probes.spec import parse_event
@@ -389,3 +391,21 @@ def test_stripped_go_suggests_its_register_abi():
     assert str(e.value) == (f"cannot fetch i: {prog} has no DWARF for main.work (go build "
                             "leaves it out with -ldflags=-s or -w); fetch by register "
                             "instead: $arg1…$arg9 in Go's register ABI")
+
+
+def test_bare_words_are_parameter_names():
+    assert parse_event("uprobe:/bin/x:f n len=n buf:string %di").args == (
+        ("n", "n", ""), ("len", "n", ""), ("buf", "buf", "string"), ("arg4", "%di", ""))
+
+
+def test_answers_kept_on_disk_are_the_dwarfs(args_c, args_cxx, tmp_path, monkeypatch):
+    """A second process reads each function's parameters from the cache
+    (by build-id and address) and gets exactly what the DWARF gave."""
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    for prog, func in ((args_c, "mix"), (args_c, "by_value"), (args_cxx, "_ZN4shop7Counter3addEiPKc")):
+        image = ElfImage.open(str(prog))
+        addr = nm_symbols(prog)[func][0]
+        cold = DwarfParams(image).function_at(addr)
+        assert list((tmp_path / "cache" / "params").iterdir())
+        assert DwarfParams(image).function_at(addr) == cold
+        assert cold.params and cold.params[0].locations

@@ -9,18 +9,24 @@ says which, else each unit's top DIE), and in it only the top-level DIEs
 and the one function's children: pyelftools is slow on big files.
 
 Location expressions are kept as plain (operation name, operands) tuples;
-what a probe can make of them is probes.named_args's business."""
+what a probe can make of them is probes.named_args's business. Each answer
+is kept in the on-disk cache by build-id and address: a warm lookup does
+not open the DWARF (libc's write: ~0.4 s cold, mostly pyelftools reading
+.debug_aranges and decompressing sections)."""
 from __future__ import annotations
 
 import bisect
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
+from . import cache as objcache
 from .debuginfo import debug_lookup, find_alt_file
 from .dwarf_units import die_ranges, low_pc
 from .elf import ElfImage
 
+_VERSION = "v1"          # of the cached answers' layout
 _CONTAINERS = ("DW_TAG_namespace", "DW_TAG_class_type", "DW_TAG_structure_type",
                "DW_TAG_union_type", "DW_TAG_module")
 # qualifiers and aliases a value's meaning does not depend on
@@ -83,7 +89,10 @@ class DwarfParams:
     def for_image(cls, image: ElfImage) -> Optional["DwarfParams"]:
         """For `image` (its own DWARF, else its separate debug file's);
         None when neither has .debug_info."""
-        key = image.path
+        try:
+            key = objcache.memo_key(os.stat(image.path))   # a rebuilt file is new
+        except OSError:
+            return None
         if key not in cls._memo:
             source = image if _has_info(image) else None
             if source is None:
@@ -100,12 +109,35 @@ class DwarfParams:
         self._index: Optional[tuple] = None      # (starts, ends, unit offsets)
         self._functions: dict = {}               # unit offset -> [(lo, hi, DIE)]
         self._answers: dict = {}                 # vaddr -> FunctionInfo or None
+        self._alt_path = None
+        # answers that lack the names of a missing dwz alt file are not kept
+        self._store = ".gnu_debugaltlink" not in image.section_names
+        if not self._store:
+            self._alt_path = find_alt_file(image).path
+            self._store = self._alt_path is not None
 
     def function_at(self, vaddr: int) -> Optional[FunctionInfo]:
         """The out-of-line function whose code holds vaddr, or None."""
         if vaddr not in self._answers:
-            self._answers[vaddr] = self._function_at(vaddr)
+            self._answers[vaddr] = self._cached(vaddr)
         return self._answers[vaddr]
+
+    def _cached(self, vaddr: int) -> Optional[FunctionInfo]:
+        try:
+            cache = objcache.cache_file("params", self.path, os.stat(self.path),
+                                        self._image.build_id, f"{_VERSION}.{vaddr:x}.json")
+        except OSError:
+            return self._function_at(vaddr)
+        blob = objcache.read(cache)
+        if blob:
+            try:
+                return _from_json(json.loads(blob))
+            except (ValueError, TypeError, KeyError, IndexError):
+                pass                              # damaged: found again
+        info = self._function_at(vaddr)
+        if self._store:
+            objcache.write(cache, json.dumps(asdict(info) if info else None).encode())
+        return info
 
     # --- finding the DIE ------------------------------------------------------
 
@@ -146,13 +178,25 @@ class DwarfParams:
             from elftools.elf.elffile import ELFFile   # loaded on first use
             self._files.append(open(self.path, "rb"))
             self._dwarf = ELFFile(self._files[0]).get_dwarf_info(follow_links=False)
-            if ".gnu_debugaltlink" in self._image.section_names:
-                alt = find_alt_file(self._image).path
-                if alt is not None:
-                    self._files.append(open(alt, "rb"))
-                    self._dwarf.supplementary_dwarfinfo = ELFFile(
-                        self._files[-1]).get_dwarf_info(follow_links=False)
+            if self._alt_path is not None:
+                self._files.append(open(self._alt_path, "rb"))
+                self._dwarf.supplementary_dwarfinfo = ELFFile(
+                    self._files[-1]).get_dwarf_info(follow_links=False)
         return self._dwarf
+
+
+def _from_json(d) -> Optional[FunctionInfo]:
+    """A FunctionInfo as json.dumps(asdict(…)) wrote it (lists back to tuples)."""
+    if d is None:
+        return None
+
+    def tup(x):
+        return tuple(tup(i) for i in x) if isinstance(x, list) else x
+    params = tuple(Param(p["name"], CType(**p["type"]), tup(p["locations"]),
+                         p["artificial"], p["output"]) for p in d["params"])
+    return FunctionInfo(d["name"], d["low"], d["high"],
+                        CType(**d["returns"]) if d["returns"] else None, params,
+                        tup(d["frame_base"]))
 
 
 def _has_info(image: ElfImage) -> bool:
