@@ -14,7 +14,8 @@ Rows (median of REPS runs, tools round-robin):
   list -v   wall time of the whole command, ustack (and its `list` without
             -v: the start-up and symbol table part) and its peers, for one
             libc function, for libc's `str*` (~80 functions) and for every
-            function of the args program
+            function of the args program (ustack's cache as the user has it:
+            warm after the first run)
 
 Prints Markdown and writes it to bench/results/args_by_name.md.
 """
