@@ -287,6 +287,7 @@ def test_list_v_go_matches_bpftrace():
         ("int64", "~r0")]}
 
 
+@pytest.mark.kernel
 def test_list_v_cxx_matches_perf_probe(args_cxx):
     """bpftrace 0.17 lists no C++ parameters; perf probe -V does (it drops
     const and namespaces: compared without them)."""
