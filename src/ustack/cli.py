@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
     p.add_argument("pattern", nargs="?", help="glob, e.g. 'mem*'")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="each function's parameters and types (DWARF), as bpftrace -lv")
     _record_parsers(sub)
     return parser
 
@@ -163,8 +165,9 @@ def _run(args) -> int:
     if args.cmd in ("report", "archive"):
         return _run_report(args)
     if args.cmd == "list":
-        from .probes.listing import format_listing, list_functions
-        sys.stdout.write(format_listing(list_functions(args.binary, args.pattern)))
+        from .probes.listing import format_listing, format_params, list_functions
+        sys.stdout.write(format_params(args.binary, args.pattern) if args.verbose
+                         else format_listing(list_functions(args.binary, args.pattern)))
         return 0
     if args.cmd == "symbolize":
         from .symbolize_trace import symbolize_trace

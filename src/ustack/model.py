@@ -42,6 +42,7 @@ class UprobeProbe:
     return_address_slot: Optional[int]
     label: str                     # event name shown to the user
     fetch_args: tuple = ()         # 'name=fetch[:type]' words for uprobe_events
+    arg_kinds: tuple = ()          # (name, how it prints: dec|hex|str|char|bool) per arg
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
                            own + probe.fetch_args, probe.label)
     fmt = event_format(event)
     fields = tf.parse_format(fmt)
-    args = (tf.ArgsDecoder(fields, display_kinds(probe.spec.args))
-            if probe.fetch_args else None)
+    kinds = dict(probe.arg_kinds) or display_kinds(probe.spec.args)
+    args = tf.ArgsDecoder(fields, kinds) if probe.fetch_args else None
     return event, tf.event_id(fmt), fields, args
 
 

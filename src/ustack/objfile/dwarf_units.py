@@ -121,7 +121,7 @@ class DwarfUnits:
         rows = []
         for cu in dwarf.iter_CUs():
             top = cu.get_top_DIE()
-            for lo, hi in _ranges(top, dwarf, cu, _low_pc(top)):
+            for lo, hi in die_ranges(top, dwarf, cu, low_pc(top)):
                 rows.append((lo, hi, cu.cu_offset))
         return rows
 
@@ -242,7 +242,7 @@ class _Unit:
             rows = [[r[2], r[3]] for r in seq]
         scopes, names = [], []
         name_index: dict = {}
-        _collect(dwarf, cu, top, _low_pc(top), 0, shift, scopes, names, name_index)
+        _collect(dwarf, cu, top, low_pc(top), 0, shift, scopes, names, name_index)
         return cls(files, addrs, rows, scopes, names)
 
 
@@ -251,7 +251,7 @@ def _collect(dwarf, cu, die, base, depth, shift, scopes, names, name_index) -> N
     for child in die.iter_children():
         tag = child.tag
         if tag in _SCOPES:
-            ranges = _ranges(child, dwarf, cu, base)
+            ranges = die_ranges(child, dwarf, cu, base)
             if not ranges:
                 continue        # a declaration or abstract instance: no code
             name = _scope_name(child)
@@ -290,12 +290,12 @@ def _scope_name(die) -> str:
     return name
 
 
-def _low_pc(die) -> int:
+def low_pc(die) -> int:
     attr = die.attributes.get("DW_AT_low_pc")
     return attr.value if attr is not None else 0
 
 
-def _ranges(die, dwarf, cu, base) -> list:
+def die_ranges(die, dwarf, cu, base) -> list:
     """[(lo, hi)] of a DIE's code: low_pc/high_pc or DW_AT_ranges."""
     a = die.attributes
     if "DW_AT_low_pc" in a and "DW_AT_high_pc" in a:

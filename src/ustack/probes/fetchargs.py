@@ -2,7 +2,8 @@
 Documentation/trace/uprobetracer.rst): `%di`, `%si:u32`, `+0(%si):string`,
 `$stack0`, `$comm`, `len=%si:u64`, `$retval` (uretprobe only), and
 `$argN`, which ustack maps to the N-th argument register of the binary's
-ABI (SysV for C, Go's register ABI for Go).
+ABI (SysV for C, Go's register ABI for Go), and parameters by name (`n`,
+`len=n`, `buf:string`), which probes.named_args finds in DWARF.
 
 Parsed here into (name, fetch, type) triples; the kernel checks the rest
 (register names, nesting) and its error_log says why it refuses one."""
@@ -37,6 +38,9 @@ def parse_fetch_args(words: list, kind: str, event: str) -> tuple:
         name, eq, rest = word.partition("=")
         if not eq:
             name, rest = f"arg{i}", word      # the kernel's default name
+            bare = rest.rpartition(":")[0] if ":" in rest else rest
+            if _NAME.fullmatch(bare):
+                name = bare                   # a parameter by name (named_args.py)
         elif not _NAME.fullmatch(name):
             _bad(word, event, f"'{name}' is not a valid argument name")
         if name.startswith(RESERVED_PREFIX) or name.startswith("common_") \

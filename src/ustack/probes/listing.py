@@ -1,10 +1,13 @@
-"""`ustack list BINARY [PATTERN]`: the functions a uprobe can be put on."""
+"""`ustack list BINARY [PATTERN] [-v]`: the functions a uprobe can be put
+on; with -v each one's parameters and types from DWARF, as `bpftrace -lv`
+prints them (and the type of `$retval`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
 from ustack.probes.resolve import locate_binary, no_function_error
 from ustack.objfile.demangle import demangle
+from ustack.objfile.dwarf_params import DwarfParams
 from ustack.objfile.elf import ElfImage
 
 
@@ -17,7 +20,10 @@ class FunctionRow(NamedTuple):
 
 def list_functions(path: str, glob: Optional[str] = None) -> list:
     host, shown = locate_binary(path)
-    image = ElfImage.open(host)
+    return _rows(ElfImage.open(host), glob, shown)
+
+
+def _rows(image: ElfImage, glob: Optional[str], shown: str) -> list:
     syms = image.functions if glob is None else image.match(glob)
     if glob is not None and not syms:
         raise no_function_error(image, glob, shown)
@@ -36,3 +42,22 @@ def format_listing(rows) -> str:
 
     return "\n".join([line(header, "FUNCTION")]
                      + [line(c, r.name) for c, r in zip(cells, rows)]) + "\n"
+
+
+def format_params(path: str, glob: Optional[str] = None) -> str:
+    """`uprobe:PATH:FUNC` and, indented, each parameter as `TYPE NAME`
+    (bpftrace -lv's layout), then `TYPE $retval` when it returns a value;
+    functions DWARF does not describe get the first line only."""
+    host, shown = locate_binary(path)
+    image = ElfImage.open(host)
+    params = DwarfParams.for_image(image)
+    out = []
+    for row in _rows(image, glob, shown):
+        out.append(f"uprobe:{shown}:{row.name}\n")
+        info = params.function_at(row.address) if params is not None else None
+        if info is None:
+            continue
+        out += [f"    {p.type.name} {p.name}\n".replace("  \n", "\n") for p in info.params]
+        if info.returns is not None and not image.is_go:   # Go lists its ~r0
+            out.append(f"    {info.returns.name} $retval\n")
+    return "".join(out)

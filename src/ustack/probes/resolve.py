@@ -19,6 +19,7 @@ from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes import ifunc
 from ustack.probes.fetchargs import kernel_fetch_args
+from ustack.probes.named_args import NamedArgError, resolve_args
 
 _GLOB_CHARS = "*?["
 
@@ -150,7 +151,7 @@ def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None,
                               f"0x{vaddr:x} is {sym.name}+0x{vaddr - sym.address:x}")
         try:
             targets.append(_target(spec, image, host, shown, sym, vaddr))
-        except Unprobeable as e:
+        except (Unprobeable, NamedArgError) as e:
             if not is_glob(spec.function or ""):
                 raise
             if notes is not None:
@@ -239,6 +240,8 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
                               f"(size 0x{sym.size:x}) in {shown}")
         slot = _check_and_find_slot(image, sym, vaddr, where, shown)
     _refuse_unprobeable(image, vaddr, where, shown, sym)
+    args, kinds = resolve_args(spec.args, image, shown, sym.name if sym else where, where,
+                               vaddr, spec.kind, slot)
     if spec.kind != "uprobe":
         # a uretprobe fires after the return: its caller's frame is the
         # top of the walk and no word on the stack is missing from it
@@ -246,7 +249,8 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
     return UprobeProbe(spec=spec, path=host, file_offset=off, address=vaddr,
                         symbol=sym.name if sym else None, symbol_offset=sym_off,
                         return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}",
-                        fetch_args=kernel_fetch_args(spec.args, image.is_go, spec.text))
+                        fetch_args=kernel_fetch_args(args, image.is_go, spec.text),
+                        arg_kinds=kinds)
 
 
 # --- disassembly: instruction boundary and the return-address slot ----------

@@ -27,6 +27,8 @@ def _number(v: int, kind: str) -> str:
         return f"0x{v:x}"
     if kind == "char":
         return repr(chr(v & 0xFF))
+    if kind == "bool":
+        return "true" if v else "false"
     return str(v)
 
 

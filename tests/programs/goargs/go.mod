@@ -1,0 +1,3 @@
+module goargs
+
+go 1.19
