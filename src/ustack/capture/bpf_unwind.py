@@ -900,10 +900,29 @@ def why_unavailable(probes: list) -> Optional[str]:
     for probe in probes:
         kind = type(probe)
         if kind not in _support:
-            _support[kind] = _try_load(probe)
+            _support[kind] = None if _accepted_before(kind) else _try_load(probe)
         if _support[kind] is not None:
             return _support[kind]
     return None
+
+
+def _verdict_file(kind) -> str:
+    """Where this kernel's acceptance of this very program is remembered:
+    keyed by the kernel (release, build) and this module's source, so a new
+    kernel or a changed program is tried again (~50 ms before a run starts)."""
+    with open(__file__, "rb") as f:
+        source = hashlib.sha1(f.read()).hexdigest()
+    key = f"{os.uname().release}\0{os.uname().version}\0{kind.__name__}\0{source}"
+    return objcache.cache_file("btf", btf.VMLINUX, None,
+                               hashlib.sha1(key.encode()).hexdigest(), "accepted1")
+
+
+def _accepted_before(kind) -> bool:
+    """Whether the verifier took this program on this kernel before."""
+    try:
+        return objcache.read(_verdict_file(kind)) == b"ok"
+    except OSError:
+        return False
 
 
 def _try_load(probe) -> Optional[str]:
@@ -918,4 +937,8 @@ def _try_load(probe) -> Optional[str]:
     finally:
         if maps is not None:
             maps.close()
+    try:
+        objcache.write(_verdict_file(type(probe)), b"ok")
+    except OSError:
+        pass
     return None
