@@ -55,7 +55,7 @@ def commands(kind: str, traced: str) -> dict:
             "ustack": ustack + ["count", f"uprobe:{chain}:d", "-c", traced],
             "bpftrace": ["bpftrace", "-e", f"uprobe:{chain}:d {{ @[ustack] = count(); }}",
                          "-c", traced],
-            "perf record -g": ["perf", "record", "-q", "-g", "-e", f"{PERF_PROBE}:d",
+            "perf record -g": ["perf", "record", "-q", "-g", "-e", f"{PERF_PROBE}:oneshot_d",
                                "-o", "/dev/null", "--", traced],
         }
     if kind == "syscall":
@@ -104,9 +104,10 @@ def main() -> None:
                     str(BENCH / "programs" / "oneshot.c")], check=True)
     chain = traced
     have = {"bpftrace": shutil.which("bpftrace"), "perf record -g": shutil.which("perf")}
-    if have["perf record -g"]:
-        subprocess.run(["perf", "probe", "-q", "-x", chain, "-a", f"{PERF_PROBE}:d=d"],
-                       capture_output=True)
+    if have["perf record -g"]:     # (one a killed run of this left goes first)
+        subprocess.run(["perf", "probe", "-q", "-d", f"{PERF_PROBE}:oneshot_d"], capture_output=True)
+        subprocess.run(["perf", "probe", "-q", "-x", chain, "-a", f"{PERF_PROBE}:oneshot_d=d"],
+                       capture_output=True, check=True)
     rows = ["| event | tool | launch → live ms | whole run ms | ÷ bpftrace (live, whole) |",
             "|---|---|---:|---:|---:|"]
     try:
@@ -128,7 +129,7 @@ def main() -> None:
                 rows.append(f"| {kind} | {name} | {live:.0f} | {whole:.0f} | {ratio} |")
     finally:
         if have["perf record -g"]:
-            subprocess.run(["perf", "probe", "-q", "-d", f"{PERF_PROBE}:d"],
+            subprocess.run(["perf", "probe", "-q", "-d", f"{PERF_PROBE}:oneshot_d"],
                            capture_output=True)
         shutil.rmtree(os.path.dirname(traced))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -78,7 +78,7 @@ def test_syscall_write_through_libc(chain):
 
 def _perf_record(perf: str, event: str, argv: list, tmp_path: Path) -> list:
     data = tmp_path / "perf.data"
-    rec = subprocess.run([perf, "record", "-q", "-e", event, "--call-graph", "dwarf",
+    rec = subprocess.run([perf, "record", "-q", "-B", "-e", event, "--call-graph", "dwarf",
                           "-o", str(data), "--", *argv],
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 0, rec.stderr

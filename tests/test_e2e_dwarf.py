@@ -267,7 +267,7 @@ def test_same_stack_as_perf_dwarf(chain, tmp_path):
         pytest.skip(f"perf probe cannot create a uprobe: {add.stderr.strip()}")
     try:
         data = tmp_path / "perf.data"
-        rec = subprocess.run([perf, "record", "-q", "-e", event, "--call-graph", "dwarf",
+        rec = subprocess.run([perf, "record", "-q", "-B", "-e", event, "--call-graph", "dwarf",
                               "-o", str(data), "--", str(prog), str(n)],
                              capture_output=True, text=True, timeout=60)
         assert rec.returncode == 0, rec.stderr

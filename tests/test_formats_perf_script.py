@@ -66,7 +66,7 @@ def real_perf_script(chain, args: str, tmp_path) -> str:
     if perf is None:
         pytest.skip("perf is not installed (the oracle of perf script's layout)")
     data = tmp_path / "perf.data"
-    subprocess.run([perf, "record", "-q", "-e", "syscalls:sys_enter_write",
+    subprocess.run([perf, "record", "-q", "-B", "-e", "syscalls:sys_enter_write",
                     "--call-graph", "fp", "-o", str(data), "--", str(chain), *args.split()],
                    check=True, capture_output=True, timeout=60)
     return subprocess.run([perf, "script", "-i", str(data), "-F", PERF_FIELDS],
