@@ -179,7 +179,7 @@ def _offcpu_parser(sub) -> None:
                         "Z, P, I (default: all)")
     p.add_argument("--wakers", action="store_true",
                    help="add the stack of the thread that woke each one, above "
-                        "a `--` frame (offwaketime)")
+                        "a `[woken by]` frame (offwaketime)")
     p.set_defaults(backend="bpf")         # sums in the kernel, nothing else
 
 

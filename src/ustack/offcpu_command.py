@@ -1,7 +1,7 @@
 """`ustack offcpu`: where threads wait. Stacks at the moment a thread left
 the CPU, weighted by the time it stayed off it, summed in the kernel
 (capture/bpf_offcpu.py); with --wakers, the stack of the thread that woke
-it above a `--` frame, as bcc's offwaketime draws it. Every counted-stack
+it above a `[woken by]` frame, as bcc's offwaketime draws it. Every counted-stack
 format shows the weights as time (ReportContext.value_unit)."""
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ from .model import Frame, Stack, StackCount, UstackError
 from .options import Options
 from .report.formats import FORMATS, run_context, stack_report
 from .report.output import check_destination, choose_format, open_output
+from .symbols.stacks import SEPARATOR
 
 SWITCH = "tracepoint:sched:sched_switch"
 WAKING = "tracepoint:sched:sched_waking"
 EVENT_LABEL = "offcpu"
-# Between the blocked thread's stack and its waker's (bcc's offwaketime)
-WAKER_SEPARATOR = Frame(addr=0, module="", function="--")
+# Between the blocked thread's stack and its waker's (bcc's offwaketime
+# writes `--`, which here already parts kernel from user frames)
+WAKER_SEPARATOR = Frame(addr=0, module="", function="[woken by]")
+# The waker's name when no thread woke it (a timer, a device)
+INTERRUPT = "[interrupt]"
 
 
 def offcpu_filter(min_us: Optional[float], max_us: Optional[float], states,
@@ -84,16 +88,23 @@ def run_offcpu(opts: Options, err: TextIO = sys.stderr) -> int:
 def blocked_stacks(session) -> list:
     """StackCounts of the run's blocked stacks, `count` in nanoseconds;
     with a waker, its stack (outermost first, its thread's name on top)
-    then WAKER_SEPARATOR above the blocked one, as folded lines show it."""
+    then WAKER_SEPARATOR above the blocked one: in folded lines, the
+    blocked stack from its root, the separator, the waker's from its leaf
+    to its root, then the waker's name."""
     resolver, tracker = session.resolver, session.tracker
     out = []
     for sample, waker, ns in session.capture.blocked():
         stack = resolver.stack(sample)
         if waker is not None:
             woke = resolver.stack(waker)
-            name = tracker.comm(waker.pid, waker.tid)
+            frames = woke.frames
+            if waker.pid == 0:                # an interrupt, or the idle task
+                name = INTERRUPT
+                frames = tuple(f for f in frames if f != SEPARATOR)
+            else:
+                name = tracker.comm(waker.pid, waker.tid)
             stack = Stack((Frame(addr=0, module="", function=name),)
-                          + tuple(reversed(woke.frames)) + (WAKER_SEPARATOR,)
+                          + tuple(reversed(frames)) + (WAKER_SEPARATOR,)
                           + stack.frames,
                           stack.notes + tuple(f"waker: {n}" for n in woke.notes))
         out.append(StackCount(tracker.comm(sample.pid, sample.tid), sample.pid, stack,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, JEQ, JGT, JLT, JNE, RSH, SUB, AND, Asm, alu_imm,
+from ..kernel.bpf import (ADD, JEQ, JGE, JGT, JLT, JNE, JSGE, RSH, SUB, AND, Asm, alu_imm,
                           alu_reg, atomic_add, call, jmp_imm, jmp_reg, ld_imm64,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel.trace_format import parse_format
@@ -40,6 +40,10 @@ from .bpf import BpfCapture, _error_increment
 from .bpf_unwind import PASS_ON, UnwindCounter
 
 MAP_DELETE = 3                      # helper bpf_map_delete_elem
+# a task's kernel stack is THREAD_SIZE bytes (16 KiB on x86-64, 32 KiB with
+# KASAN): a frame farther from task->stack is on an interrupt stack
+THREAD_STACK_SPAN = 32 << 10
+INTERRUPT_HASH = 1                  # WAKERS' hash of a wakeup from an interrupt
 START_ENTRIES = 16384               # threads off the CPU at once (bcc: 10240)
 
 # START's value: when, pid_tgid, stack hash, kernel stack id
@@ -97,6 +101,7 @@ class Blocked:
     waker_chain: bytes
     waker_kernel_stack: int
     ns: int
+    woken_by_interrupt: bool = False
 
 
 class _Fields:
@@ -263,9 +268,11 @@ class OffcpuCounter(UnwindCounter):
                ld_map_fd(1, self.start.fd), mov(2, 10), alu_imm(ADD, 2, _TID),
                call(bpf.MAP_LOOKUP))
         a.jump(jmp_imm, JEQ, 0, 0, to="out")             # not a thread we follow
+        a.emit(st_imm(10, -12, -1, size=4))
+        self._in_interrupt(a, to="irq")
         a.emit(call(bpf.GET_CURRENT_PID_TGID), mov(7, 0), mov(1, 0), alu_imm(RSH, 1, 32))
-        a.jump(jmp_imm, JEQ, 1, 0, to="out")             # the idle task, in an interrupt
-        a.emit(stx(10, -24, 7), st_imm(10, -16, 1, size=4), st_imm(10, -12, -1, size=4))
+        a.jump(jmp_imm, JEQ, 1, 0, to="irq")             # the idle task
+        a.emit(stx(10, -24, 7), st_imm(10, -16, 1, size=4))
         self.program.walk(a, probe, self.kstacks)
         self.program.store_stack(a, then="stored")
         a.label("stored")
@@ -276,7 +283,40 @@ class OffcpuCounter(UnwindCounter):
                mov(3, 10), alu_imm(ADD, 3, _VALUE), mov_imm(4, 0), call(bpf.MAP_UPDATE))
         a.jump(jmp_imm, JEQ, 0, 0, to="out")
         _error_increment(a, self.off_errors, ERR_WAKERS_FULL)
+        # an interrupt's wakeup (a timer, a device): no thread woke it; the
+        # kernel stack says what did
+        a.label("irq")
+        if self.kstacks is not None:
+            a.emit(mov(1, 6), ld_map_fd(2, self.kstacks.fd), mov_imm(3, 0),
+                   call(bpf.GET_STACKID))
+            a.jump(jmp_imm, JSGE, 0, 0, to="irq_kstack")
+            a.emit(mov_imm(0, -1))
+            a.label("irq_kstack")
+            a.emit(stx(10, -12, 0, size=4))
+        a.emit(st_imm(10, _VALUE, 0), st_imm(10, _VALUE + 8, INTERRUPT_HASH),
+               ldx(1, 10, -12, size=4), stx(10, _VALUE + 16, 1, size=4),
+               st_imm(10, _VALUE + 20, 0, size=4),
+               ld_map_fd(1, self.wakers.fd), mov(2, 10), alu_imm(ADD, 2, _TID),
+               mov(3, 10), alu_imm(ADD, 3, _VALUE), mov_imm(4, 0), call(bpf.MAP_UPDATE))
         return self.program.finish(a, PASS_ON)
+
+    def _in_interrupt(self, a: Asm, to: str) -> None:
+        """Jump to `to` when the tracepoint fired on an interrupt stack,
+        not on current's own kernel stack (x86-64 runs hard and soft
+        interrupts from an interrupt on a per-CPU stack). The stack
+        pointer is the one perf saved in the pt_regs that the record's
+        first word points to (r10 would not do: the JIT may give the
+        program a private per-CPU stack); it is compared with
+        task->stack."""
+        a.emit(mov(1, 10), alu_imm(ADD, 1, -40), mov_imm(2, 8), mov(3, 6),
+               call(bpf.PROBE_READ_KERNEL))
+        a.jump(jmp_imm, JNE, 0, 0, to="out")
+        a.emit(ldx(3, 10, -40), alu_imm(ADD, 3, bpf.PT_REGS["sp"]), mov(1, 10),
+               alu_imm(ADD, 1, -48), mov_imm(2, 8), call(bpf.PROBE_READ_KERNEL))
+        a.jump(jmp_imm, JNE, 0, 0, to="out")
+        a.emit(call(bpf.GET_CURRENT_TASK_BTF), ldx(2, 0, self.program.off.task_stack),
+               ldx(1, 10, -48), alu_reg(SUB, 1, 2))
+        a.jump(jmp_imm, JGE, 1, THREAD_STACK_SPAN, to=to)
 
     # -- reading ------------------------------------------------------------------
     def blocked(self) -> list:
@@ -291,11 +331,12 @@ class OffcpuCounter(UnwindCounter):
         out = []
         for k, v in self.offcpu.items():
             pid_tgid, kstack, h, wpid_tgid, wkstack, wh = OFF_KEY.unpack(k)
-            waker = bool(wpid_tgid or wh)
+            interrupt = not wpid_tgid and wh == INTERRUPT_HASH
+            waker = bool(wpid_tgid or wh) and not interrupt
             out.append(Blocked(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, chain(h), kstack,
                                wpid_tgid >> 32, wpid_tgid & 0xFFFFFFFF,
                                chain(wh) if waker else b"", wkstack,
-                               _U64.unpack(v)[0]))
+                               _U64.unpack(v)[0], interrupt))
         return out
 
     def off_errors_seen(self) -> list:
@@ -336,14 +377,15 @@ class OffcpuCapture(BpfCapture):
 
     def blocked(self) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,
-        nanoseconds) per OFFCPU entry; the cut stacks counted by reason."""
+        nanoseconds) per OFFCPU entry; the cut stacks counted by reason. A
+        wakeup from an interrupt has a waker of pid 0 and no user stack."""
         counter = self.counter
         out = []
         for b in counter.blocked():
             kernel = counter.stack_bytes(b.kernel_stack) if self.kernel else b""
             sample = RawSample(0, b.pid, b.tid, 0, -1, b.chain, b"", kernel=kernel)
             waker = None
-            if b.waker_pid or b.waker_chain:
+            if b.waker_pid or b.waker_chain or b.woken_by_interrupt:
                 waker = RawSample(1, b.waker_pid, b.waker_tid, 0, -1, b.waker_chain,
                                   b"", kernel=counter.stack_bytes(b.waker_kernel_stack)
                                   if self.kernel else b"")

@@ -125,7 +125,7 @@ class Offsets:
     """Where the fields the program reads lie on this kernel (BTF)."""
 
     FIELDS = ("vm_start", "vm_end", "vm_pgoff", "vm_file", "f_inode", "i_ino", "i_sb",
-              "s_dev", "task_mm", "vm_mm", "mm_vdso")
+              "s_dev", "task_mm", "vm_mm", "mm_vdso", "task_stack")
 
     @classmethod
     def of_this_kernel(cls) -> "Offsets":
@@ -137,7 +137,7 @@ class Offsets:
             st = None
         key = f"{os.uname().release}\0{os.uname().version}\0{st and st.st_size}"
         cache = objcache.cache_file("btf", btf.VMLINUX, None,
-                                    hashlib.sha1(key.encode()).hexdigest(), "offsets1")
+                                    hashlib.sha1(key.encode()).hexdigest(), "offsets2")
         blob = objcache.read(cache)
         if blob:
             try:
@@ -167,6 +167,7 @@ class Offsets:
         self.task_mm = b.offset("task_struct", "mm")
         self.vm_mm = b.offset("vm_area_struct", "vm_mm")
         self.mm_vdso = b.offset("mm_struct", "context.vdso")
+        self.task_stack = b.offset("task_struct", "stack")
 
 
 # --- the program ---------------------------------------------------------------
