@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, JEQ, JGE, JGT, JLT, JNE, JSGE, RSH, SUB, AND, Asm, alu_imm,
+from ..kernel.bpf import (ADD, JEQ, JGE, JGT, JLT, JNE, JSGE, JSLT, RSH, SUB, AND, Asm, alu_imm,
                           alu_reg, atomic_add, call, jmp_imm, jmp_reg, ld_imm64,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel.trace_format import parse_format
@@ -301,13 +301,18 @@ class OffcpuCounter(UnwindCounter):
         return self.program.finish(a, PASS_ON)
 
     def _in_interrupt(self, a: Asm, to: str) -> None:
-        """Jump to `to` when the tracepoint fired on an interrupt stack,
-        not on current's own kernel stack (x86-64 runs hard and soft
-        interrupts from an interrupt on a per-CPU stack). The stack
-        pointer is the one perf saved in the pt_regs that the record's
-        first word points to (r10 would not do: the JIT may give the
-        program a private per-CPU stack); it is compared with
-        task->stack."""
+        """Jump to `to` when the wakeup comes from an interrupt, not from
+        what current does: x86-64 runs an interrupt of kernel code on a
+        per-CPU stack, so the tracepoint's stack pointer lies outside
+        current's own kernel stack (it is the one perf saved in the
+        pt_regs the record's first word points to; r10 would not do: the
+        JIT may give the program a private per-CPU stack); an interrupt
+        of user code runs on current's stack, but current then entered
+        the kernel by that interrupt, whose saved user registers say so
+        (orig_ax -1, where a system call keeps its number)."""
+        a.emit(call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), call(bpf.TASK_PT_REGS),
+               ldx(1, 0, bpf.PT_REGS["orig_ax"]))
+        a.jump(jmp_imm, JSLT, 1, 0, to=to)
         a.emit(mov(1, 10), alu_imm(ADD, 1, -40), mov_imm(2, 8), mov(3, 6),
                call(bpf.PROBE_READ_KERNEL))
         a.jump(jmp_imm, JNE, 0, 0, to="out")
