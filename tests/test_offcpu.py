@@ -10,14 +10,19 @@ agree within 5 %."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
+from browser import chromium  # noqa: F401 (fixture)
 
 from helpers import O2_NOFP, build, popen_ustack, run_ustack
 from test_e2e_core import fail_one_line, finish, ok, release, start_ustack, stop, \
     wait_tracing
+from test_flamegraph_browser import counted as fg_counted, element, one, open_page, \
+    point_at, write
 from test_formats_pprof import raw, top
+from ustack.report.formats import ReportContext, stack_report
 
 pytestmark = pytest.mark.kernel
 
@@ -139,9 +144,15 @@ def test_pprof_has_a_time_sample_type(prog, tmp_path):
     profile = raw(path)
     assert profile["sample_types"] == ["offcpu/nanoseconds"], profile["sample_types"]
     rows = top(path)
-    cum = rows["sleeper_fn"][1]
-    assert cum.endswith("ms"), rows["sleeper_fn"]
-    assert abs(float(cum[:-2]) - times["sleep"]) <= 0.05 * times["sleep"], (cum, times)
+    cum = pprof_ms(rows["sleeper_fn"][1])
+    assert abs(cum - times["sleep"]) <= 0.05 * times["sleep"], (rows["sleeper_fn"], times)
+
+
+def pprof_ms(text: str) -> float:
+    """A time as `go tool pprof -top` prints it (`200.53ms`, `0.21s`), in ms."""
+    m = re.fullmatch(r"([\d.]+)(ns|us|µs|ms|s)", text)
+    assert m, text
+    return float(m[1]) * {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1, "s": 1e3}[m[2]]
 
 
 def test_system_wide_leaves_out_ustack_and_idle():
@@ -166,3 +177,46 @@ def test_system_wide_leaves_out_ustack_and_idle():
 def test_bad_input_one_line(args, message, prog):
     res = run_ustack("offcpu", *args, "-c", f"{prog} 1")
     assert fail_one_line(res).startswith(f"ustack: {message}")
+
+
+# --- the formats show time (no kernel needed) ---------------------------------------
+
+OFFCPU = ReportContext(command="offcpu", events=("offcpu",), title="ustack offcpu",
+                       value_unit="nanoseconds")
+TIMED = [fg_counted("main", "left", "leaf", count=300_000_000),
+         fg_counted("main", "right", "leaf", count=100_000_000)]
+
+
+def rendered(fmt: str, tmp_path):
+    report = stack_report(fmt, context=OFFCPU)
+    for sc in TIMED:
+        report.add(sc)
+    path = tmp_path / f"off.{fmt}"
+    with open(path, "wb" if getattr(report, "binary", False) else "w") as out:
+        report.finish(out)
+    return path
+
+
+def test_counted_formats_show_time(tmp_path):
+    assert rendered("text", tmp_path).read_text().split("\n\n")[0].splitlines() == \
+        ["  leaf [prog]", "  right [prog]", "  main [prog]", "    100.000 ms"]
+    assert rendered("folded", tmp_path).read_text() == \
+        "prog;main;right;leaf 100000\nprog;main;left;leaf 300000\n"     # µs, as bcc's
+    svg = rendered("svg", tmp_path).read_text()
+    assert "<title>left (300.000 ms, 75.00%) [prog]</title>" in svg, svg
+    speed = json.loads(rendered("speedscope", tmp_path).read_text())
+    (profile,) = speed["profiles"]
+    assert profile["unit"] == "nanoseconds" and sorted(profile["weights"]) == \
+        [100_000_000, 300_000_000], profile
+    doc = json.loads(rendered("json", tmp_path).read_text())
+    assert doc["unit"] == "nanoseconds" and [s["value"] for s in doc["stacks"]] == \
+        [300_000_000, 100_000_000], doc
+    rows = top(rendered("pprof", tmp_path))
+    assert rows["leaf"] == ("400ms", "400ms") and rows["left"][1] == "300ms", rows
+
+
+def test_html_tooltip_shows_time(chromium, tmp_path):
+    open_page(chromium, write(stack_report("html", context=OFFCPU), tmp_path / "off.html",
+                              TIMED))
+    point_at(chromium, one(chromium, "left"))
+    assert element(chromium, "tooltip").text.splitlines()[-1] == "300.000 ms, 75.00%"
