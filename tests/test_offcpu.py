@@ -220,3 +220,17 @@ def test_html_tooltip_shows_time(chromium, tmp_path):
                               TIMED))
     point_at(chromium, one(chromium, "left"))
     assert element(chromium, "tooltip").text.splitlines()[-1] == "300.000 ms, 75.00%"
+
+
+def test_python_api_counts_are_nanoseconds(prog):
+    """Session.counts() of an offcpu run: StackCounts whose counts are the
+    nanoseconds each stack spent off the CPU."""
+    from ustack import Options, Session
+    from ustack.offcpu_command import offcpu_filter, offcpu_options
+    opts = offcpu_options(Options(cmdline=f"{prog} 1 2 30"),
+                          offcpu_filter(1000, None, ["S"], False))
+    with Session(opts) as run:
+        counts = run.counts()
+    sleeps = [c for c in counts if any(f.function == "sleeper_fn" for f in c.stack.frames)]
+    assert sleeps and all(c.event == "tracepoint:sched:sched_switch" for c in sleeps)
+    assert 2 * 30e6 <= sum(c.count for c in sleeps) < 2 * 30e6 * 1.5, sleeps

@@ -212,6 +212,9 @@ def _run(args) -> int:
     if args.cmd == "offcpu":
         from .offcpu_command import offcpu_filter, offcpu_options, run_offcpu
         flt = offcpu_filter(args.min_block, args.max_block, args.state, args.wakers)
+        if args.unwind == "fp":
+            raise UstackError("offcpu unwinds with DWARF in the kernel; --unwind fp "
+                              "is not an option here")
         if args.stack_storage_size <= 0:
             raise UstackError("--stack-storage-size must be positive")
         opts.per_pid, opts.offsets = args.per_pid, args.offsets

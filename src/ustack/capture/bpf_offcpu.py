@@ -398,6 +398,11 @@ class OffcpuCapture(BpfCapture):
             self._note_cut(b.chain, 1)
         return out
 
+    def counted(self, reset: bool = False) -> list:
+        """(RawSample, nanoseconds) per blocked stack, wakers left out: what
+        Session.counts() reads (its StackCounts' counts are then times)."""
+        return [(sample, ns) for sample, _waker, ns in self.blocked()]
+
     def _note_cut(self, chain: bytes, n: int) -> None:
         from .bpf import cut_reason
         why = cut_reason(chain)
