@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from uprobe_rate import REPO, Failed, run_options, timed, write_report  # noqa: E402
+from uprobe_rate import Failed, run_options, timed, write_report  # noqa: E402
 from helpers import O2_NOFP, build, ustack_env  # noqa: E402  (path set by uprobe_rate)
 
 BPFTRACE = """tracepoint:sched:sched_switch {

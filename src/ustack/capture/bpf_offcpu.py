@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, JEQ, JGE, JGT, JLT, JNE, JSGE, JSLT, RSH, SUB, AND, Asm, alu_imm,
-                          alu_reg, atomic_add, call, jmp_imm, jmp_reg, ld_imm64,
-                          ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
+from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, JSLT, RSH, SUB,
+                          Asm, alu_imm, alu_reg, atomic_add, call, jmp_imm, jmp_reg,
+                          ld_imm64, ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel.trace_format import parse_format
 from ..kernel.tracefs import event_format
-from ..model import RawSample
-from .bpf import BpfCapture, _error_increment
+from ..model import Losses, RawSample
+from .bpf import BpfCapture, _error_increment, cut_reason
 from .bpf_unwind import PASS_ON, UnwindCounter
 
 MAP_DELETE = 3                      # helper bpf_map_delete_elem
@@ -140,14 +140,7 @@ class OffcpuCounter(UnwindCounter):
     def _program(self, index: int, probe) -> int:
         code, functions = (self._switch_code(probe) if index == 0
                            else self._waking_code(probe))
-        fd = bpf.load_program(bpf.PROG_TRACEPOINT, code, f"ustack_off{index}",
-                              functions=functions)
-        self.prog_fds.append(fd)
-        try:
-            self.verified[index] = bpf.verified_insns(fd)
-        except OSError:
-            pass
-        return fd
+        return self.load(index, bpf.PROG_TRACEPOINT, code, functions, f"ustack_off{index}")
 
     # -- sched_switch ---------------------------------------------------------
     def _switch_code(self, probe) -> tuple:
@@ -360,25 +353,12 @@ class OffcpuCapture(BpfCapture):
                          unwind_tables=unwind_tables)
         self.filter = opts.offcpu or OffcpuFilter()
 
-    def open(self) -> None:
-        from .bpf_unwind import objects_of_target
-        target = self.target
-        try:
-            system = target.scope == "system"
-            self.counter = OffcpuCounter(
-                self.probes, self.unwind_tables, filter_=self.filter,
-                stack_storage=self.stack_storage, kernel=self.kernel,
-                filter_tgid=None if system else target.pid,
-                exclude_tgid=os.getpid() if system else None)
-            for path in objects_of_target(target, self.probes):
-                self.counter.objects.add_path(path)
-            self.events.open()
-            if target.scope == "command":
-                self.counter.arm_on_exec(target.pid)
-            self.counter.attach(self.events)
-        except BaseException:
-            self.close()
-            raise
+    def _new_counter(self) -> OffcpuCounter:
+        system = self.target.scope == "system"
+        return OffcpuCounter(self.probes, self.unwind_tables, filter_=self.filter,
+                             stack_storage=self.stack_storage, kernel=self.kernel,
+                             filter_tgid=None if system else self.target.pid,
+                             exclude_tgid=os.getpid() if system else None)
 
     def blocked(self) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,
@@ -404,13 +384,11 @@ class OffcpuCapture(BpfCapture):
         return [(sample, ns) for sample, _waker, ns in self.blocked()]
 
     def _note_cut(self, chain: bytes, n: int) -> None:
-        from .bpf import cut_reason
         why = cut_reason(chain)
         if why is not None:
             self.cut[why] = self.cut.get(why, 0) + n
 
-    def losses(self):
-        from ..model import Losses
+    def losses(self) -> Losses:
         events = self.events.losses()
         if self.counter is None:
             return events

@@ -833,8 +833,12 @@ class UnwindCounter(BpfCounter):
             index, probe, tgid=tgid, kernel_stacks=self.kstacks, result=result,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             ring=self.ring)
-        fd = bpf.load_program(prog_type_of(probe), code, f"ustack_uw{index}",
-                              functions=functions)
+        return self.load(index, prog_type_of(probe), code, functions, f"ustack_uw{index}")
+
+    def load(self, index: int, prog_type: int, code: bytes, functions: tuple,
+             name: str) -> int:
+        """Load probe `index`'s program (kept, closed with the counter)."""
+        fd = bpf.load_program(prog_type, code, name, functions=functions)
         self.prog_fds.append(fd)
         try:
             self.verified[index] = bpf.verified_insns(fd)
