@@ -20,7 +20,7 @@ static double t_sleep, t_pipe, t_cond, t_mutex;
 static int pipefd[2];
 static pthread_mutex_t cv_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static int ready;
+static int ready;		/* signals not yet taken: none is lost under load */
 static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
 static sem_t holding, taken;
 
@@ -79,7 +79,7 @@ __attribute__((noinline)) void pipe_reader_fn(void)
 __attribute__((noinline)) void cond_signal_fn(void)
 {
 	pthread_mutex_lock(&cv_lock);
-	ready = 1;
+	ready++;
 	pthread_cond_signal(&cv);
 	pthread_mutex_unlock(&cv_lock);
 }
@@ -101,7 +101,7 @@ __attribute__((noinline)) void cond_waiter_fn(void)
 	while (!ready)
 		pthread_cond_wait(&cv, &cv_lock);
 	t_cond += now_ms() - t0;
-	ready = 0;
+	ready--;
 	pthread_mutex_unlock(&cv_lock);
 }
 
