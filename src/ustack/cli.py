@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_arg(p, "perf", "bpf")
     _count_args(p)
 
+    _offcpu_parser(sub)
+
     p = sub.add_parser("symbolize", help="name the user frames of saved ftrace "
                        "output (userstacktrace)",
                        description="Print TRACE_FILE (ftrace's `trace` text with the "
@@ -161,6 +163,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _offcpu_parser(sub) -> None:
+    p = sub.add_parser("offcpu", help="stacks where threads block, weighted by the "
+                       "time off the CPU (bcc offcputime/offwaketime)",
+                       description="Stacks at the moment a thread left the CPU, "
+                       "weighted by how long it stayed off it, summed in the kernel "
+                       "(sched:sched_switch; DWARF unwinding in the kernel).")
+    _target_args(p)
+    _count_args(p)
+    p.add_argument("--min-block", type=float, metavar="US",
+                   help="count only blocks of at least US microseconds (default 1)")
+    p.add_argument("--max-block", type=float, metavar="US",
+                   help="count only blocks of at most US microseconds")
+    p.add_argument("--state", nargs="+", metavar="STATE",
+                   help="count only threads leaving the CPU in these states: R "
+                        "(preempted), S (sleeping), D (uninterruptible), T, t, X, "
+                        "Z, P, I (default: all)")
+    p.add_argument("--wakers", action="store_true",
+                   help="add the stack of the thread that woke each one, above "
+                        "a `[woken by]` frame (offwaketime)")
+    p.set_defaults(backend="bpf")         # sums in the kernel, nothing else
+
+
 def _run(args) -> int:
     if args.cmd in ("report", "archive"):
         return _run_report(args)
@@ -188,6 +212,17 @@ def _run(args) -> int:
                    symbols=_symbol_options(args),
                    backend=args.backend, output_path=args.output,
                    output_format=getattr(args, "format", None))
+    if args.cmd == "offcpu":
+        from .offcpu_command import offcpu_filter, offcpu_options, run_offcpu
+        flt = offcpu_filter(args.min_block, args.max_block, args.state, args.wakers)
+        if args.unwind == "fp":
+            raise UstackError("offcpu unwinds with DWARF in the kernel; --unwind fp "
+                              "is not an option here")
+        if args.stack_storage_size <= 0:
+            raise UstackError("--stack-storage-size must be positive")
+        opts.per_pid, opts.offsets = args.per_pid, args.offsets
+        opts.kernel_stacks, opts.stack_storage = args.kernel, args.stack_storage_size
+        return run_offcpu(offcpu_options(opts, flt))
     if args.cmd == "profile":
         if args.frequency <= 0:
             raise UstackError("-F must be a positive frequency")

@@ -29,3 +29,4 @@ class Options:
     interval: Optional[float] = None       # funccount -i
     record: Optional[str] = None           # record, count/profile --record: save to FILE
     raw_stacks: bool = False               # record --raw-stacks: DWARF stacks as copied
+    offcpu: Optional[object] = None        # offcpu: capture.bpf_offcpu.OffcpuFilter

@@ -11,6 +11,9 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
     Options (buffer pages, stack size and storage, --kernel, command);
     `kernel_tables`: for DWARF unwinding in the kernel, the unwind rows of
     an object (Plan.kernel_tables)."""
+    if backend == "bpf" and opts.command == "offcpu":
+        from .bpf_offcpu import OffcpuCapture
+        return OffcpuCapture(probes, target, opts, kernel_tables)
     if backend == "bpf":
         from .bpf import BpfCapture
         return BpfCapture(probes, target, opts.buffer_pages,

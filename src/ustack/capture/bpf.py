@@ -497,19 +497,11 @@ class BpfCapture:
     def open(self) -> None:
         target = self.target
         try:
-            tgid = target.pid if target.scope != "system" else None
+            self.counter = self._new_counter()
             if self.unwind_tables is not None:
-                from .bpf_unwind import UnwindCounter, objects_of_target
-                self.counter = UnwindCounter(
-                    self.probes, self.unwind_tables, stack_storage=self.stack_storage,
-                    kernel=self.kernel, filter_tgid=tgid,
-                    ring_bytes=ring_bytes(self.buffer_pages) if self.stream else 0)
+                from .bpf_unwind import objects_of_target
                 for path in objects_of_target(target, self.probes):
                     self.counter.objects.add_path(path)
-            else:
-                self.counter = BpfCounter(
-                    self.probes, stack_storage=self.stack_storage, kernel=self.kernel,
-                    filter_tgid=tgid, calls_only=self.calls_only)
             self.events.open()
             if target.scope == "command":
                 self.counter.arm_on_exec(target.pid)
@@ -517,6 +509,20 @@ class BpfCapture:
         except BaseException:
             self.close()
             raise
+
+    def _new_counter(self):
+        """The maps and programs that count (a subclass may count otherwise)."""
+        target = self.target
+        tgid = target.pid if target.scope != "system" else None
+        if self.unwind_tables is not None:
+            from .bpf_unwind import UnwindCounter
+            return UnwindCounter(
+                self.probes, self.unwind_tables, stack_storage=self.stack_storage,
+                kernel=self.kernel, filter_tgid=tgid,
+                ring_bytes=ring_bytes(self.buffer_pages) if self.stream else 0)
+        return BpfCounter(self.probes, stack_storage=self.stack_storage,
+                          kernel=self.kernel, filter_tgid=tgid,
+                          calls_only=self.calls_only)
 
     def start(self) -> None:
         self.events.start()

@@ -125,7 +125,7 @@ class Offsets:
     """Where the fields the program reads lie on this kernel (BTF)."""
 
     FIELDS = ("vm_start", "vm_end", "vm_pgoff", "vm_file", "f_inode", "i_ino", "i_sb",
-              "s_dev", "task_mm", "vm_mm", "mm_vdso")
+              "s_dev", "task_mm", "vm_mm", "mm_vdso", "task_stack")
 
     @classmethod
     def of_this_kernel(cls) -> "Offsets":
@@ -137,7 +137,7 @@ class Offsets:
             st = None
         key = f"{os.uname().release}\0{os.uname().version}\0{st and st.st_size}"
         cache = objcache.cache_file("btf", btf.VMLINUX, None,
-                                    hashlib.sha1(key.encode()).hexdigest(), "offsets1")
+                                    hashlib.sha1(key.encode()).hexdigest(), "offsets2")
         blob = objcache.read(cache)
         if blob:
             try:
@@ -167,6 +167,7 @@ class Offsets:
         self.task_mm = b.offset("task_struct", "mm")
         self.vm_mm = b.offset("vm_area_struct", "vm_mm")
         self.mm_vdso = b.offset("mm_struct", "context.vdso")
+        self.task_stack = b.offset("task_struct", "stack")
 
 
 # --- the program ---------------------------------------------------------------
@@ -207,6 +208,35 @@ class UnwindProgram:
         # the count key at r10-24: pid_tgid, probe, kernel stack id, hash
         a.emit(stx(10, -24, 7), st_imm(10, -16, probe_index, size=4),
                st_imm(10, -12, -1, size=4))
+        self.walk(a, probe, kernel_stacks)
+        if ring is not None:
+            self._output(a, ring, probe_index)
+            return self.finish(a, result)
+        self.store_stack(a, then="count")
+        a.label("count")
+        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
+               call(bpf.MAP_LOOKUP))
+        a.jump(jmp_imm, JNE, 0, 0, to="add")
+        a.emit(st_imm(10, -32, 1), ld_map_fd(1, m.counts.fd), mov(2, 10),
+               alu_imm(ADD, 2, -24), mov(3, 10), alu_imm(ADD, 3, -32),
+               mov_imm(4, bpf.NOEXIST), call(bpf.MAP_UPDATE))
+        a.jump(jmp_imm, JEQ, 0, 0, to="out")
+        a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
+        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
+               call(bpf.MAP_LOOKUP))
+        a.jump(jmp_imm, JNE, 0, 0, to="add")
+        a.label("full")
+        self._error(a, ERR_COUNTS_FULL)
+        a.label("add")
+        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
+        return self.finish(a, result)
+
+    def walk(self, a: Asm, probe, kernel_stacks=None) -> None:
+        """The current task's user stack into the scratch value (r8 = it;
+        r6 = ctx): its frames, status and running hash; the kernel stack's
+        id at r10-12 (the count key at r10-24 must be laid out). Jumps to
+        "out" where it cannot start; the code after it runs at "ended"."""
+        m = self.maps
         _lookup0(a, m.scratch, 8, -32)
         a.jump(jmp_imm, JEQ, 8, 0, to="out")
         self._registers(a, probe)
@@ -239,42 +269,27 @@ class UnwindProgram:
         a.jump(jmp_imm, JNE, 1, _RUNNING, to="ended")
         a.emit(st_imm(8, S_STACK + 4, TRUNCATED, size=4))
         a.label("ended")
-        if ring is not None:
-            self._output(a, ring, probe_index)
-            return self._functions(a, result)
-        # the stack's hash also covers its status: a cut stack is another stack
+
+    def store_stack(self, a: Asm, then: str) -> None:
+        """The walked stack's final hash at r10-8 (its status mixed in: a
+        cut stack is another stack), its frames in STACKS unless there;
+        goes on at label `then` (or "out" with the error counted)."""
+        m = self.maps
         a.emit(ldx(1, 8, S_STACK + 4, size=4))
         self._mix(a, 1)
         a.emit(ldx(1, 8, S_HASH), stx(10, -8, 1))
         # STACKS[hash] = the frames, unless there already
         a.emit(ld_map_fd(1, m.stacks.fd), mov(2, 10), alu_imm(ADD, 2, -8),
                call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="count")
+        a.jump(jmp_imm, JNE, 0, 0, to=then)
         a.emit(ld_map_fd(1, m.stacks.fd), mov(2, 10), alu_imm(ADD, 2, -8),
                mov(3, 8), alu_imm(ADD, 3, S_STACK), mov_imm(4, bpf.NOEXIST),
                call(bpf.MAP_UPDATE))
-        a.jump(jmp_imm, JEQ, 0, 0, to="count")
-        a.jump(jmp_imm, JEQ, 0, -errno.EEXIST, to="count")
+        a.jump(jmp_imm, JEQ, 0, 0, to=then)
+        a.jump(jmp_imm, JEQ, 0, -errno.EEXIST, to=then)
         self._error(a, ERR_STACKS_FULL)
-        a.label("count")
-        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="add")
-        a.emit(st_imm(10, -32, 1), ld_map_fd(1, m.counts.fd), mov(2, 10),
-               alu_imm(ADD, 2, -24), mov(3, 10), alu_imm(ADD, 3, -32),
-               mov_imm(4, bpf.NOEXIST), call(bpf.MAP_UPDATE))
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
-        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="add")
-        a.label("full")
-        self._error(a, ERR_COUNTS_FULL)
-        a.label("add")
-        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        return self._functions(a, result)
 
-    def _functions(self, a: Asm, result: int) -> tuple:
+    def finish(self, a: Asm, result: int) -> tuple:
         """The program's exit, then its callbacks: (bytes, their offsets)."""
         a.label("out")
         a.emit(mov_imm(0, result), exit_())
@@ -819,8 +834,12 @@ class UnwindCounter(BpfCounter):
             index, probe, tgids=tgids, kernel_stacks=self.kstacks, result=result,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             ring=self.ring)
-        fd = bpf.load_program(prog_type_of(probe), code, f"ustack_uw{index}",
-                              functions=functions)
+        return self.load(index, prog_type_of(probe), code, functions, f"ustack_uw{index}")
+
+    def load(self, index: int, prog_type: int, code: bytes, functions: tuple,
+             name: str) -> int:
+        """Load probe `index`'s program (kept, closed with the counter)."""
+        fd = bpf.load_program(prog_type, code, name, functions=functions)
         self.prog_fds.append(fd)
         try:
             self.verified[index] = bpf.verified_insns(fd)

@@ -6,7 +6,7 @@ from typing import TextIO
 
 from ..model import StackCount
 from .aggregate import merge
-from .text import frame_label
+from .text import format_duration, frame_label, is_timed
 
 
 def function_label(f) -> str:
@@ -18,7 +18,9 @@ def function_label(f) -> str:
     return f"{f.function or '[unknown]'}{inlined}{module}{where}"
 
 
-def format_counts(counts, per_pid: bool = False, offsets: bool = False) -> str:
+def format_counts(counts, per_pid: bool = False, offsets: bool = False,
+                  timed: bool = False) -> str:
+    """`timed`: counts are nanoseconds, shown as a time."""
     label = frame_label if offsets else function_label
     out = []
     for sc in merge(counts, per_pid, offsets):
@@ -26,7 +28,7 @@ def format_counts(counts, per_pid: bool = False, offsets: bool = False) -> str:
         out.extend(f"  ({note})" for note in sc.stack.notes)
         if per_pid:
             out.append(f"    {sc.comm} [{sc.pid}]")
-        out.append(f"    {sc.count}")
+        out.append(f"    {format_duration(sc.count) if timed else sc.count}")
         out.append("")
     return "\n".join(out) + ("\n" if out else "")
 
@@ -36,10 +38,11 @@ class CountsReport:
 
     def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
         self.per_pid, self.offsets = per_pid, offsets
+        self.timed = is_timed(context)
         self.counted: list = []
 
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
     def finish(self, out: TextIO) -> None:
-        out.write(format_counts(self.counted, self.per_pid, self.offsets))
+        out.write(format_counts(self.counted, self.per_pid, self.offsets, self.timed))

@@ -12,6 +12,7 @@ from typing import TextIO
 
 from ..model import StackCount
 from .flametree import TreeReport, flat_json
+from .text import format_duration, is_timed
 
 
 @lru_cache(maxsize=None)
@@ -29,11 +30,16 @@ def graph_title(context, default: str = "Flame graph") -> str:
 
 
 def unit_of(context) -> str:
-    """Timed samples are `samples` (and a time); anything else `events`."""
+    """Timed samples are `samples` (and a time); times (offcpu)
+    `nanoseconds`; anything else `events`."""
+    if is_timed(context):
+        return "nanoseconds"
     return "samples" if context is not None and context.frequency else "events"
 
 
 def amount(n: int, context) -> str:
+    if is_timed(context):
+        return format_duration(n)
     text = f"{n:,} {unit_of(context)}"
     if context is not None and context.frequency:
         text += f" ({n / context.frequency:.3f} s at {context.frequency} Hz)"

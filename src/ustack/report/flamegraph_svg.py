@@ -12,6 +12,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from .flamegraph_html import amount, asset, graph_title, unit_of
 from .flametree import TreeReport, placed
+from .text import format_duration
 
 WIDTH = 1200                  # flamegraph.pl's defaults
 FRAME_H = 16
@@ -87,7 +88,9 @@ def render_svg(root, title: str, subtitle: str, unit: str) -> str:
             continue
         x = XPAD + start * per_sample
         y = height - YPAD_BOTTOM - (depth + 1) * FRAME_H + 1
-        info = f"{node.name} ({node.value:,} {unit}, {100 * node.value / total:.2f}%)"
+        value = (format_duration(node.value) if unit == "nanoseconds"
+                 else f"{node.value:,} {unit}")
+        info = f"{node.name} ({value}, {100 * node.value / total:.2f}%)"
         if node.module:
             info += f" [{node.module}]"
         out.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..model import StackCount
+from .text import is_timed
 
 
 def folded_name(f) -> str:
@@ -13,13 +14,17 @@ def folded_name(f) -> str:
     return f"[{f.module}]" if f.module else "[unknown]"
 
 
-def format_folded(counts, per_pid: bool = False) -> str:
+def format_folded(counts, per_pid: bool = False, timed: bool = False) -> str:
+    """`timed`: counts are nanoseconds, written in microseconds (bcc
+    offcputime -f's unit)."""
     lines: dict = {}
     for sc in counts:
         names = [folded_name(f) for f in reversed(sc.stack.frames)]
         head = f"{sc.comm}-{sc.pid}" if per_pid else sc.comm
         line = ";".join([head.replace(" ", "_")] + names)
         lines[line] = lines.get(line, 0) + sc.count
+    if timed:
+        lines = {line: n // 1000 for line, n in lines.items()}
     return "".join(f"{line} {n}\n" for line, n in
                    sorted(lines.items(), key=lambda kv: (kv[1], kv[0])))
 
@@ -29,10 +34,11 @@ class FoldedReport:
 
     def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
         self.per_pid = per_pid            # offsets: folded lines name functions only
+        self.timed = is_timed(context)
         self.counted: list = []
 
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
     def finish(self, out: TextIO) -> None:
-        out.write(format_folded(self.counted, self.per_pid))
+        out.write(format_folded(self.counted, self.per_pid, self.timed))

@@ -56,14 +56,24 @@ class ReportContext:
     frequency: Optional[int] = None    # profile: samples/s, so a count is a time
     title: str = ""                    # the command line, for a page's title
     start_ns: Optional[int] = None     # wall-clock time the run began (ns since 1970)
+    # what a StackCount's `count` is: None for events (or samples of a
+    # profile), "nanoseconds" when it is a time (offcpu)
+    value_unit: Optional[str] = None
+
+    @property
+    def timed(self) -> bool:
+        """Whether counts are nanoseconds (show them as time)."""
+        return self.value_unit == "nanoseconds"
 
 
 def run_context(command: str, labels, frequency: Optional[int] = None,
-                start_ns: Optional[int] = None) -> ReportContext:
+                start_ns: Optional[int] = None,
+                value_unit: Optional[str] = None) -> ReportContext:
     """The context of a run's report, the same live and from its recording."""
     what = f"at {frequency} Hz" if frequency else ", ".join(labels)
     return ReportContext(command=command, events=tuple(labels), frequency=frequency,
-                         title=f"ustack {command} {what}", start_ns=start_ns)
+                         title=f"ustack {command} {what}", start_ns=start_ns,
+                         value_unit=value_unit)
 
 
 FORMATS = _Registry({                 # counted stacks

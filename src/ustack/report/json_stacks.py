@@ -8,7 +8,8 @@ JSON, for scripts.
      "unit": "count" | "nanoseconds", # of "value" below
      "stacks": [                      # most frequent first
        {"event": "uprobe:/tmp/chain:d", "comm": "chain", "pid": 4242,
-        "count": 100,                 # events (or samples) with this stack
+        "count": 100,                 # events (or samples) with this stack;
+                                      # offcpu: nanoseconds, as value
         "value": 100,                 # count, or count × 1e9/frequency ns
         "frames": [FRAME, …],         # innermost first
         "notes": ["…"]}]}             # what stopped the unwinder, if anything
@@ -31,6 +32,7 @@ from typing import TextIO
 
 from ..model import StackCount
 from .pprof_objects import split_kernel
+from .text import is_timed
 
 FORMAT_NAME = "ustack-stacks"
 FORMAT_VERSION = 1
@@ -71,6 +73,8 @@ class JsonReport:
         command = getattr(context, "command", "count")
         frequency = getattr(context, "frequency", None) if command == "profile" else None
         ns = 1_000_000_000 // frequency if frequency else 0
+        if is_timed(context):
+            ns = 1                        # the counts are nanoseconds already
         merged: dict = {}
         for sc in self.counted:
             key = (sc.event, sc.pid, sc.comm, sc.stack)

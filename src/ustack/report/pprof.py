@@ -1,7 +1,8 @@
 """`-f pprof`: a gzip-compressed profile.proto (`.pb.gz`, `.pprof`), what
 `go tool pprof`, Pyroscope, Parca and Grafana read.
 
-- Sample types: a `profile` run has `samples/count` and `cpu/nanoseconds`
+- Sample types: an `offcpu` run has `offcpu/nanoseconds` (the time off
+  the CPU); a `profile` run has `samples/count` and `cpu/nanoseconds`
   (count × 1e9/Hz; period_type cpu/nanoseconds, period 1e9/Hz); a `count`
   run has `<event>/count` for one event, else `events/count` with an
   `event` label on each sample.
@@ -32,6 +33,7 @@ from typing import BinaryIO
 
 from ..model import StackCount
 from .pprof_objects import ObjectFacts, split_kernel
+from .text import is_timed
 
 KERNEL_MAPPING = "[kernel.kallsyms]"     # perf's and pprof's name for it
 
@@ -84,6 +86,7 @@ class _Builder:
         self.frequency = getattr(context, "frequency", None)
         self.events = tuple(getattr(context, "events", ()))
         self.title = getattr(context, "title", "")
+        self.timed = is_timed(context)
         self.objects = ObjectFacts()
         self.strings: dict = {}
         self.functions: dict = {}        # (name, object path, source file) -> id
@@ -134,13 +137,17 @@ class _Builder:
     # -- header -------------------------------------------------------------
     def _period(self) -> int:
         """Nanoseconds per sample of a profile run; 0 for counted events."""
+        if self.timed:
+            return 0
         if self.command == "profile" and self.frequency:
             return 1_000_000_000 // self.frequency
         return 0
 
     def _sample_types(self, events: tuple) -> None:
         period = self._period()
-        if period:
+        if self.timed:                   # offcpu: one value, the time off the CPU
+            self.p.sample_type.add(type=self.s("offcpu"), unit=self.s("nanoseconds"))
+        elif period:
             self.p.sample_type.add(type=self.s("samples"), unit=self.s("count"))
             self.p.sample_type.add(type=self.s("cpu"), unit=self.s("nanoseconds"))
             self.p.period_type.type = self.s("cpu")

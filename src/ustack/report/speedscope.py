@@ -17,6 +17,7 @@ from typing import TextIO
 
 from ..model import StackCount
 from .pprof_objects import split_kernel
+from .text import is_timed
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
@@ -91,6 +92,8 @@ class SpeedscopeReport:
     def _ns_per_sample(self) -> int:
         """A profile run's samples are time; counted events are not."""
         context = self.context
+        if is_timed(context):
+            return 1                      # the counts are nanoseconds already
         if getattr(context, "command", "") == "profile" and context.frequency:
             return 1_000_000_000 // context.frequency
         return 0

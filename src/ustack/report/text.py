@@ -30,6 +30,18 @@ def header_parts(comm: str, pid: int, tid: int, cpu: int, event: str) -> tuple:
     return f"{comm} {pid}/{tid} [{cpu:03d}] ", f": {event}\n"
 
 
+def format_duration(ns: int) -> str:
+    """A time as people read it: `12.345 ms` (`1.234567 s` from a second)."""
+    if ns >= 1_000_000_000:
+        return f"{ns / 1e9:.6f} s"
+    return f"{ns / 1e6:.3f} ms"
+
+
+def is_timed(context) -> bool:
+    """Whether a report's counts are nanoseconds (ReportContext.timed)."""
+    return getattr(context, "value_unit", None) == "nanoseconds"
+
+
 def format_time(time_ns: int) -> str:
     secs, ns = divmod(time_ns, 1_000_000_000)
     return f"{secs}.{ns // 1000:06d}"

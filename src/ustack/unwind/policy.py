@@ -88,6 +88,11 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     it cannot be done. The one place these choices are made."""
     if backend == "tracefs":
         return Plan("tracefs", tuple(_tracefs_mode(p, unwind) for p in probes))
+    if command == "offcpu":          # sched tracepoints, DWARF in the kernel only
+        why = _why_no_kernel_dwarf(probes)
+        if why is not None:
+            raise UstackError(f"offcpu cannot run: {why}")
+        return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
     modes = tuple(choose(p, unwind, main_binary) for p in probes)
     counting = command == "funccount" or (command in ("count", "profile")
                                           and backend in ("auto", "bpf"))

@@ -133,6 +133,8 @@
   var unit = data.unit || "samples";
   function pct(part, whole) { return whole ? (100 * part / whole).toFixed(2) + "%" : "0%"; }
   function amount(n) {
+    if (unit === "nanoseconds")        /* a time (offcpu) */
+      return n >= 1e9 ? (n / 1e9).toFixed(6) + " s" : (n / 1e6).toFixed(3) + " ms";
     var text = n.toLocaleString("en-US") + " " + (n === 1 ? unit.replace(/s$/, "") : unit);
     if (data.frequency) text += " (" + (n / data.frequency).toFixed(3) + " s)";
     return text;

@@ -1,0 +1,112 @@
+"""`ustack offcpu`: where threads wait. Stacks at the moment a thread left
+the CPU, weighted by the time it stayed off it, summed in the kernel
+(capture/bpf_offcpu.py); with --wakers, the stack of the thread that woke
+it above a `[woken by]` frame, as bcc's offwaketime draws it. Every counted-stack
+format shows the weights as time (ReportContext.value_unit)."""
+from __future__ import annotations
+
+import sys
+from typing import Optional, TextIO
+
+from .capture.bpf_offcpu import ALL_STATES, OffcpuFilter
+from .commands import run_session
+from .model import Frame, Stack, StackCount, UstackError
+from .options import Options
+from .report.formats import FORMATS, run_context, stack_report
+from .report.output import check_destination, choose_format, open_output
+from .symbols.stacks import SEPARATOR
+
+SWITCH = "tracepoint:sched:sched_switch"
+WAKING = "tracepoint:sched:sched_waking"
+EVENT_LABEL = "offcpu"
+# Between the blocked thread's stack and its waker's (bcc's offwaketime
+# writes `--`, which here already parts kernel from user frames)
+WAKER_SEPARATOR = Frame(addr=0, module="", function="[woken by]")
+# The waker's name when no thread woke it (a timer, a device)
+INTERRUPT = "[interrupt]"
+
+
+def offcpu_filter(min_us: Optional[float], max_us: Optional[float], states,
+                  wakers: bool) -> OffcpuFilter:
+    """The checked filter of the command line's --min-block, --max-block
+    (microseconds, as bcc's) and --state letters."""
+    min_ns = 1000 if min_us is None else int(min_us * 1000)
+    max_ns = None if max_us is None else int(max_us * 1000)
+    if min_ns < 0:
+        raise UstackError("--min-block must be 0 or more microseconds")
+    if max_ns is not None and max_ns <= 0:
+        raise UstackError("--max-block must be a positive number of microseconds")
+    if max_ns is not None and min_ns > max_ns:
+        raise UstackError(f"--min-block {min_us:g} is above --max-block {max_us:g}: "
+                          "no block could count")
+    chosen = []
+    for word in states or ALL_STATES:
+        for letter in word.replace(",", " ").split():
+            if letter not in ALL_STATES:
+                raise UstackError(f"unknown --state {letter!r} (one of "
+                                  f"{' '.join(ALL_STATES)}: R running/preempted, "
+                                  "S sleeping, D uninterruptible, …)")
+            chosen.append(letter)
+    if not chosen:
+        raise UstackError("--state needs at least one state letter")
+    return OffcpuFilter(min_ns, max_ns, tuple(dict.fromkeys(chosen)), wakers)
+
+
+def offcpu_options(opts: Options, flt: OffcpuFilter) -> Options:
+    """`opts` (target, output, symbols) made an offcpu run."""
+    opts.command = "offcpu"
+    opts.events = [SWITCH] + ([WAKING] if flt.wakers else [])
+    opts.offcpu = flt
+    opts.backend = "bpf"
+    return opts
+
+
+def run_offcpu(opts: Options, err: TextIO = sys.stderr) -> int:
+    """The command: run until the target exits, -d or Ctrl-C, then the
+    report of the blocked stacks in opts' format."""
+    fmt = choose_format(opts.output_format, opts.output_path, FORMATS)
+    if opts.output_path and opts.output_path != "-":
+        check_destination(opts.output_path, f"-o {opts.output_path}")
+
+    def body(session, progress) -> int:
+        for _piece in session.pieces():
+            pass
+        context = run_context("offcpu", [EVENT_LABEL], start_ns=session.started_ns,
+                              value_unit="nanoseconds")
+        report = stack_report(fmt, opts.per_pid, opts.offsets, context)
+        counted = blocked_stacks(session)
+        for sc in counted:
+            report.add(sc)
+        binary = getattr(FORMATS[fmt], "binary", False)
+        with open_output(opts.output_path, binary=binary, whole=True) as out:
+            report.finish(out)
+        return len(counted)
+
+    return run_session(opts, body, err)[0]
+
+
+def blocked_stacks(session) -> list:
+    """StackCounts of the run's blocked stacks, `count` in nanoseconds;
+    with a waker, its stack (outermost first, its thread's name on top)
+    then WAKER_SEPARATOR above the blocked one: in folded lines, the
+    blocked stack from its root, the separator, the waker's from its leaf
+    to its root, then the waker's name."""
+    resolver, tracker = session.resolver, session.tracker
+    out = []
+    for sample, waker, ns in session.capture.blocked():
+        stack = resolver.stack(sample)
+        if waker is not None:
+            woke = resolver.stack(waker)
+            frames = woke.frames
+            if waker.pid == 0:                # an interrupt, or the idle task
+                name = INTERRUPT
+                frames = tuple(f for f in frames if f != SEPARATOR)
+            else:
+                name = tracker.comm(waker.pid, waker.tid)
+            stack = Stack((Frame(addr=0, module="", function=name),)
+                          + tuple(reversed(frames)) + (WAKER_SEPARATOR,)
+                          + stack.frames,
+                          stack.notes + tuple(f"waker: {n}" for n in woke.notes))
+        out.append(StackCount(tracker.comm(sample.pid, sample.tid), sample.pid, stack,
+                              ns, EVENT_LABEL))
+    return out
