@@ -87,6 +87,20 @@ def test_blocked_time_per_stack_through_libc(prog):
     assert functions(sleep) == ["clock_nanosleep", "nanosleep", "sleeper_fn"] + START
 
 
+def test_a_commands_children_are_followed(prog, tmp_path):
+    """-c 'sh -c PROG': the blocks are the shell's child's, which the
+    in-kernel programs follow (a set of the traced processes that grows
+    at each fork), as perf's inherited events would."""
+    out = tmp_path / "offcpu.json"
+    res = ok(run_ustack("offcpu", "-o", str(out), "-c",
+                        f"sh -c '{prog} 0 {ROUNDS} {BLOCK_MS}'"))
+    times = {k: float(v) for k, v in (line.split() for line in res.stdout.splitlines())}
+    stacks = json.loads(out.read_text())["stacks"]
+    for kind, (function, _call) in KINDS.items():
+        total_ms = sum(s["value"] for s in stacks if function in functions(s)) / 1e6
+        assert abs(total_ms - times[kind]) <= 0.05 * times[kind], (kind, total_ms, times)
+
+
 def test_text_shows_times(prog):
     res, times = run_on_target(prog, "--min-block", 20000)
     blocks = res.stdout.rstrip().split("\n\n")
@@ -130,7 +144,8 @@ def test_wakers_pipe_and_condition_variable(prog):
                           "start_thread", "clone3", "cond_signal"], cond
     assert cond[best] >= 0.9 * times["cond"] * 1000, (cond, times)
     # the blocked part reads as without --wakers: from the root to the call
-    sample = next(names for names, _us in folded if "pipe_reader_fn" in names)
+    sample = next(names for names, _us in folded
+                  if "pipe_reader_fn" in names and "[woken_by]" in names)
     assert sample[:sample.index("[woken_by]")] == \
         ["offcpu"] + START[::-1] + ["pipe_reader_fn", "read"], sample
     # a timer's wakeup is no thread's doing

@@ -92,7 +92,7 @@ def _lookup_u32(a: Asm, m: bpf.Map, key: int) -> None:
     _lookup(a, m, _SCRATCH)
 
 
-def _error_increment(a: Asm, errors: bpf.Map, slot: int) -> None:
+def error_increment(a: Asm, errors: bpf.Map, slot: int) -> None:
     """errors[slot] += 1, then leave the program."""
     _lookup_u32(a, errors, slot)
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
@@ -113,9 +113,9 @@ def _stack_id(a: Asm, stacks: bpf.Map, errors: bpf.Map, flags: int,
     a.jump(bpf.ja, to=f"{tag}_ok")
     a.label(f"{tag}_err")
     a.jump(jmp_imm, JEQ, 0, -errno.EEXIST, to=f"{tag}_collision")
-    _error_increment(a, errors, ERR_STACKS_FULL)
+    error_increment(a, errors, ERR_STACKS_FULL)
     a.label(f"{tag}_collision")
-    _error_increment(a, errors, ERR_COLLISION)
+    error_increment(a, errors, ERR_COLLISION)
     a.label(f"{tag}_ok")
     a.emit(stx(10, _KEY_AT + key_off, 0))
 
@@ -253,7 +253,7 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
     _lookup(a, counts, _KEY_AT)
     a.jump(jmp_imm, JNE, 0, 0, to="add")
     a.label("full")
-    _error_increment(a, errors, ERR_COUNTS_FULL)
+    error_increment(a, errors, ERR_COUNTS_FULL)
     a.label("add")
     a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
     a.label("out")

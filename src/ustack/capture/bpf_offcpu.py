@@ -36,7 +36,7 @@ from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, JSLT, RSH, SU
 from ..kernel.trace_format import parse_format
 from ..kernel.tracefs import event_format
 from ..model import Losses, RawSample
-from .bpf import BpfCapture, _error_increment, cut_reason
+from .bpf import BpfCapture, cut_reason, error_increment, unless_traced
 from .bpf_unwind import PASS_ON, UnwindCounter
 
 MAP_DELETE = 3                      # helper bpf_map_delete_elem
@@ -165,7 +165,7 @@ class OffcpuCounter(UnwindCounter):
                ld_map_fd(1, self.start.fd), mov(2, 10), alu_imm(ADD, 2, _TID),
                mov(3, 10), alu_imm(ADD, 3, _VALUE), mov_imm(4, 0), call(bpf.MAP_UPDATE))
         a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        _error_increment(a, self.off_errors, ERR_START_FULL)
+        error_increment(a, self.off_errors, ERR_START_FULL)
         return self.program.finish(a, PASS_ON)
 
     def _switch_in(self, a: Asm, f: _Fields) -> None:
@@ -236,11 +236,11 @@ class OffcpuCounter(UnwindCounter):
 
     def _thread_filter(self, a: Asm) -> None:
         """Leave unless current (r7 = its pid_tgid) is a thread of interest:
-        the target's (once it exec'd, for -c), else not ustack's; a kernel
-        thread only when kernel stacks are asked for."""
+        the target's or its children's (once it exec'd, for -c), else not
+        ustack's; a kernel thread only when kernel stacks are asked for."""
+        if self.tgids is not None:
+            unless_traced(a, self.tgids, 7, -32)
         a.emit(mov(1, 7), alu_imm(RSH, 1, 32))
-        if self.filter_tgid is not None:
-            a.jump(jmp_imm, JNE, 1, self.filter_tgid, to="out")
         if self.exclude_tgid is not None:
             a.jump(jmp_imm, JEQ, 1, self.exclude_tgid, to="out")
         if self.armed is not None:
@@ -275,7 +275,7 @@ class OffcpuCounter(UnwindCounter):
                ld_map_fd(1, self.wakers.fd), mov(2, 10), alu_imm(ADD, 2, _TID),
                mov(3, 10), alu_imm(ADD, 3, _VALUE), mov_imm(4, 0), call(bpf.MAP_UPDATE))
         a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        _error_increment(a, self.off_errors, ERR_WAKERS_FULL)
+        error_increment(a, self.off_errors, ERR_WAKERS_FULL)
         # an interrupt's wakeup (a timer, a device): no thread woke it; the
         # kernel stack says what did
         a.label("irq")
