@@ -227,3 +227,6 @@ class StackCount:
     stack: Stack
     count: int
     event: str = ""
+    tid: int = 0                   # counted per thread (-T); else 0
+    ns_pid: int = 0                # pid and tid in the process's own pid
+    ns_tid: int = 0                # namespace (a container's), 0: as ours

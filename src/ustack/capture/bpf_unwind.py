@@ -713,7 +713,8 @@ class UnwindObjects:
         """Load the object of a mapping an MMAP2 record announced."""
         if mapping.path.startswith("/") and not mapping.host_path:
             mapping = Mapping(mapping.start, mapping.end, mapping.pgoff, mapping.path,
-                              procfs.host_path(pid, mapping.path))
+                              procfs.host_path(pid, mapping.path, mapping.start,
+                                               mapping.end))
         path = object_path(mapping)
         if path is not None:
             self.add_path(path)

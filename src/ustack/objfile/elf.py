@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
+from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
 
 from . import cache as objcache
@@ -94,7 +95,7 @@ class ElfImage:
         cls._cache.clear()
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = path = lasting_path(path)     # /proc/PID/exe outlives PID
         self._fd: Optional[int] = None   # opened by the first read, see _pread
         try:
             with open(path, "rb") as f:

@@ -6,10 +6,12 @@ generation of a pid, so stacks counted before the exec keep their maps."""
 from __future__ import annotations
 
 import bisect
+import os
 import time
 from typing import Optional
 
 from ..kernel import procfs
+from ..kernel.proc_root import ns_pids
 from ..model import CommEvent, ForkEvent, Mapping, MmapEvent
 
 
@@ -45,6 +47,8 @@ class MappingTracker:
         self.procs: dict = {}           # (pid, generation) -> ProcessMaps
         self.comms: dict = {}           # tid -> comm
         self.last_seed: dict = {}       # pid -> monotonic time of last /proc read
+        self.kernel_threads: dict = {}  # pid -> bool, asked of /proc once
+        self.ns_ids: dict = {}          # tid -> its id in its own pid namespace
 
     # -- feeding ----------------------------------------------------------
     def _maps(self, pid: int) -> ProcessMaps:
@@ -66,12 +70,20 @@ class MappingTracker:
             self.comms[pid] = procfs.comm(pid)
         return True
 
+    def seed_all(self, skip: int) -> None:
+        """Every running process's mappings and name (but `skip`'s), for a
+        system-wide run: a process that exits before its first sample is
+        decoded is still named."""
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != skip:
+                self.seed_from_proc(int(entry))
+
     def apply(self, event) -> None:
         if isinstance(event, MmapEvent):
             m = event.mapping
             if m.path and not m.host_path and self.live:
                 m = Mapping(m.start, m.end, m.pgoff, m.path,
-                            procfs.host_path(event.pid, m.path))
+                            procfs.host_path(event.pid, m.path, m.start, m.end))
             self._maps(event.pid).add(m)
         elif isinstance(event, CommEvent):
             if event.exec and event.pid == event.tid:
@@ -109,7 +121,25 @@ class MappingTracker:
             c = procfs.comm(pid, tid) or procfs.comm(pid)
             if c:
                 self.comms[tid] = c
-        return c or "?"
+        return c or ("swapper" if pid == 0 else "?")      # the idle task, as perf names it
+
+    def is_kernel_thread(self, pid: int) -> bool:
+        """A kernel thread (no user stack); pid 0, the idle task, is not."""
+        known = self.kernel_threads.get(pid)
+        if known is None:
+            known = self.kernel_threads[pid] = (
+                self.live and pid > 0 and procfs.is_kernel_thread(pid))
+        return known
+
+    def ns_id(self, tid: int) -> int:
+        """The id of process or thread `tid` in its own pid namespace (a
+        container's 7 for our 4321); `tid` itself outside containers and
+        when not known (gone before it was asked, a recording)."""
+        known = self.ns_ids.get(tid)
+        if known is None:
+            ids = ns_pids(tid) if self.live and tid > 0 else ()
+            known = self.ns_ids[tid] = ids[-1] if ids else tid
+        return known
 
 
 
