@@ -69,6 +69,7 @@ class Mapping:
     pgoff: int                     # file offset of `start`
     path: str                      # path as the process sees it
     host_path: str = ""            # where this tool can open it ("" = path)
+    build_id: str = ""             # hex, when the kernel said (MMAP2 records)
 
     def contains(self, addr: int) -> bool:
         return self.start <= addr < self.end

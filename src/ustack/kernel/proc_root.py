@@ -102,6 +102,47 @@ class _Pins:
 
 
 _PINS = _Pins()
+_BACKING: dict = {}                 # overlayfs st_dev -> its layers' st_devs
+
+
+def backing_devices(st_dev: int) -> tuple:
+    """The devices of the layers of the overlayfs (a container's root)
+    with device st_dev, learnt when one of its files was found; () for
+    other filesystems. The kernel's vma of a file mapped from an overlay
+    holds the layer's file: its inode number, the layer's device."""
+    return _BACKING.get(st_dev, ())
+
+
+def _learn_backing(pid: int, st_dev: int) -> None:
+    """Read the layers of the overlay with device st_dev from the mount
+    table of process `pid` (its mount namespace has the overlay)."""
+    if st_dev in _BACKING:
+        return
+    want = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    devs: set = set()
+    try:
+        with open(f"/proc/{pid}/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 10 or fields[2] != want or "-" not in fields:
+            continue
+        rest = fields[fields.index("-") + 1:]
+        if len(rest) < 3 or rest[0] != "overlay":
+            continue
+        for option in rest[2].split(","):
+            name, _, value = option.partition("=")
+            if name in ("lowerdir", "upperdir"):
+                for layer in value.split(":"):
+                    try:
+                        devs.add(os.stat(layer).st_dev)
+                    except OSError:
+                        pass
+        break
+    devs.discard(st_dev)
+    _BACKING[st_dev] = tuple(devs)
 
 
 def mapped_file(pid: int, path: str, start: Optional[int] = None,
@@ -120,6 +161,7 @@ def mapped_file(pid: int, path: str, start: Optional[int] = None,
         if mapped is not None:
             if mapped == here:
                 return ""
+            _learn_backing(pid, mapped[0])
             return _PINS.get(mapped) or _pin(exact, mapped)
     root = foreign_root(pid)
     if root is None:
@@ -129,6 +171,8 @@ def mapped_file(pid: int, path: str, start: Optional[int] = None,
     except OSError:
         return ""
     ident = _identity(fd)
+    if ident is not None and ident != here:
+        _learn_backing(pid, ident[0])
     if ident is None or ident == here or _PINS.get(ident):
         os.close(fd)
         return "" if ident is None or ident == here else _PINS.get(ident)

@@ -12,7 +12,29 @@ from typing import Optional
 
 from ..kernel import procfs
 from ..kernel.proc_root import ns_pids
-from ..model import CommEvent, ForkEvent, Mapping, MmapEvent
+from ..model import CommEvent, ForkEvent, Mapping, MmapEvent, UstackError
+from ..objfile.elf import ElfImage
+
+
+# Where a mapping whose file is not here points instead: never an ELF file,
+# so its frames stay unnamed rather than named from another file.
+NOT_HERE = os.devnull
+
+
+def _checked(pid: int, host: str, path: str, build_id: str) -> str:
+    """`host` (where the file process `pid` maps at `path` opens here, ""
+    for `path` itself), or NOT_HERE when the kernel named the mapped file's
+    build-id and that file has another. Checked only once the process is
+    gone: while it lives, /proc/PID/map_files gave the very file; after,
+    only a path was left to guess from (a container gone with it, whose
+    library the host has at the same path in another build)."""
+    if not build_id or procfs.process_exists(pid):
+        return host
+    try:
+        found = ElfImage.open(host or path).build_id
+    except UstackError:
+        return host                    # unreadable or not ELF: nothing named anyway
+    return host if found in (None, build_id) else NOT_HERE
 
 
 class ProcessMaps:
@@ -83,7 +105,9 @@ class MappingTracker:
             m = event.mapping
             if m.path and not m.host_path and self.live:
                 m = Mapping(m.start, m.end, m.pgoff, m.path,
-                            procfs.host_path(event.pid, m.path, m.start, m.end))
+                            _checked(event.pid, procfs.host_path(
+                                event.pid, m.path, m.start, m.end), m.path, m.build_id),
+                            m.build_id)
             self._maps(event.pid).add(m)
         elif isinstance(event, CommEvent):
             if event.exec and event.pid == event.tid:
