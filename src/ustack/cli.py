@@ -209,6 +209,9 @@ def _run(args) -> int:
             raise UstackError("-F must be a positive frequency")
         opts.events = [f"profile:hz:{args.frequency}"]
     elif args.cmd == "funccount":
+        if len(pids) > 1 or args.tid or args.comm:
+            raise UstackError("funccount counts calls in the kernel per function: "
+                              "it takes one -p PID, not --tid, --comm or a list")
         _funccount_options(args, opts)
     elif args.cmd == "record":
         _record_options(args, opts)
