@@ -95,10 +95,10 @@ class ElfImage:
         cls._cache.clear()
 
     def __init__(self, path: str):
-        self.path = path = lasting_path(path)     # /proc/PID/exe outlives PID
+        self.path = lasting_path(path)     # /proc/PID/exe outlives PID
         self._fd: Optional[int] = None   # opened by the first read, see _pread
         try:
-            with open(path, "rb") as f:
+            with open(self.path, "rb") as f:
                 if f.read(4) != b"\x7fELF":
                     raise UstackError(f"{path}: not an ELF file")
                 # the key of what this very file (fstat: not a replaced one) parsed to

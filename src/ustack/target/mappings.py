@@ -90,6 +90,7 @@ class MappingTracker:
                 pm.add(m)
         if pid not in self.comms:
             self.comms[pid] = procfs.comm(pid)
+        self.ns_id(pid)                 # while it lives: -P shows it at the end
         return True
 
     def seed_all(self, skip: int) -> None:
@@ -109,6 +110,8 @@ class MappingTracker:
                                 event.pid, m.path, m.start, m.end), m.path, m.build_id),
                             m.build_id)
             self._maps(event.pid).add(m)
+            if event.pid not in self.ns_ids:
+                self.ns_id(event.pid)
         elif isinstance(event, CommEvent):
             if event.exec and event.pid == event.tid:
                 self.generations[event.pid] = self.generations.get(event.pid, 0) + 1
