@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from container import APP_PATH, Rootfs, Runtime
-from test_e2e_core import (finish, funcs, parse_counts, parse_folded, parse_trace,
+from test_e2e_core import (finish, funcs, parse_counts, parse_trace,
                            start_ustack, stop, wait_tracing)
 
 pytestmark = pytest.mark.kernel
@@ -68,7 +68,7 @@ def _wait_until_seen(us) -> None:
     fd = us.stdout.fileno()
     os.set_blocking(fd, False)
     deadline_polls = 600
-    while buf.count(b"app_work") < CALLS and deadline_polls:
+    while buf.count(b"ct_lib_entry") < CALLS and deadline_polls:
         select.select([fd], [], [], 0.1)
         try:
             chunk = os.read(fd, 1 << 16)

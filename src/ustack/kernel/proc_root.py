@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import stat
 from typing import Optional
 
 NR_OPENAT2 = 437                    # x86_64
@@ -71,6 +72,17 @@ def ns_pids(pid: int) -> tuple:
     except (OSError, ValueError):
         pass
     return ()
+
+
+# a container may have put a FIFO where its file was: never block on it
+_PEEK = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _regular(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _identity(path_or_fd) -> Optional[tuple]:
@@ -167,10 +179,10 @@ def mapped_file(pid: int, path: str, start: Optional[int] = None,
     if root is None:
         return ""
     try:
-        fd = open_in_root(root, path)
+        fd = open_in_root(root, path, _PEEK)
     except OSError:
         return ""
-    ident = _identity(fd)
+    ident = _identity(fd) if _regular(fd) else None
     if ident is not None and ident != here:
         _learn_backing(pid, ident[0])
     if ident is None or ident == here or _PINS.get(ident):
@@ -186,13 +198,13 @@ def lasting_path(path: str) -> str:
     """`path`, or when it lives under /proc/PID/ (exe, root/…, map_files/…)
     and so dies with the process, a pinned /proc/self/fd/N of its file: an
     object first opened that way stays readable after the process exits."""
-    if not _PER_PROCESS.match(path):
+    if not _PER_PROCESS.match(os.fspath(path)):
         return path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, _PEEK)
     except OSError:
         return path
-    ident = _identity(fd)
+    ident = _identity(fd) if _regular(fd) else None
     known = _PINS.get(ident) if ident else None
     if known or ident is None:
         os.close(fd)
@@ -202,7 +214,7 @@ def lasting_path(path: str) -> str:
 
 def _pin(exact: str, ident: tuple) -> str:
     try:
-        fd = os.open(exact, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(exact, _PEEK)
     except OSError:
         return ""
     if _identity(fd) != ident:          # the mapping changed meanwhile
