@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from helpers import build
-from test_e2e_core import finish, parse_folded, start_ustack, stop, wait_tracing
+from test_e2e_core import (finish, funcs, parse_counts, parse_folded, start_ustack,
+                           stop, wait_tracing)
 from ustack.model import RawSample
 from ustack.symbols.stacks import IDLE, KERNEL_THREAD, StackResolver
 from ustack.target.mappings import MappingTracker
@@ -52,3 +53,29 @@ def test_system_wide_profile_with_idle(tmp_path, backend):
     assert all(stack == ["swapper-0", "[idle]"] for stack in idle), out
     assert any(stack[0].startswith("idlebusy-") and "spin_here" in stack
                for stack, _n in rows), out
+
+
+@pytest.mark.kernel
+def test_system_wide_count_of_writes_leaves_out_ustack(tmp_path):
+    """`count -P syscall:write` over the whole machine: ustack writes (its
+    status, its report) yet none of its writes is counted; the workload's
+    3 writes are, with their whole stack."""
+    writer = tmp_path / "cwriter"
+    writer.write_bytes(build("chain").read_bytes())
+    writer.chmod(0o755)
+    us = start_ustack("count", "-P", "syscall:write", "-d", "2", "--backend", "perf",
+                      stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us, timeout=60)
+        proc = subprocess.Popen([str(writer), "3", "write"], stdout=subprocess.DEVNULL)
+        assert proc.wait(timeout=30) == 0
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = parse_counts(out)
+    assert not [s for s in stacks if s["pid"] == us.pid], out
+    mine = [s for s in stacks if s["pid"] == proc.pid]
+    assert all(funcs(s["frames"])[:5] == ["write", "d", "c", "b", "a"] for s in mine), out
+    # other sessions' writes may overflow the buffers: then some are lost
+    assert sum(s["count"] for s in mine) == 3 or "Lost" in err, out + err
