@@ -73,9 +73,9 @@ def test_duration_must_be_a_finite_positive_number(value):
 
 
 def test_options_are_not_abbreviated():
-    res = run_ustack("profile", "--comm", "ls")        # not --command
+    res = run_ustack("profile", "--comman", "ls")      # not --command
     assert res.returncode == 1
-    assert "unrecognized arguments: --comm ls" in res.stderr
+    assert "unrecognized arguments: --comman ls" in res.stderr
 
 
 def test_version():

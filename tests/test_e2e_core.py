@@ -27,7 +27,8 @@ CHAIN = ["d", "c", "b", "a", "main"]
 # --- output parsers -----------------------------------------------------------
 
 # "chain 21832/21832 [000] 821.150252: uprobe:/path/chain:d"
-_HEADER = re.compile(r"^(?P<comm>.+?) (?P<pid>\d+)/(?P<tid>\d+) \[(?P<cpu>\d+)\] "
+_HEADER = re.compile(r"^(?P<comm>.+?) (?P<pid>\d+)/(?P<tid>\d+)"
+                     r"(?: \[ns (?P<nspid>\d+)/(?P<nstid>\d+)\])? \[(?P<cpu>\d+)\] "
                      r"(?P<secs>\d+)\.(?P<usecs>\d{6}): (?P<label>.+)$")
 # " 0x000055abdf073221 : c+0x2a/0x47 [chain]" or " 0x… : [unknown] [libc.so.6]"
 _TRACE_FRAME = re.compile(r"^ 0x(?P<addr>[0-9a-f]{16}) : (?:(?P<func>.+?)\+0x(?P<off>[0-9a-f]+)"
@@ -35,7 +36,8 @@ _TRACE_FRAME = re.compile(r"^ 0x(?P<addr>[0-9a-f]{16}) : (?:(?P<func>.+?)\+0x(?P
                           r"(?: \[(?P<module>[^\]]*)\])?$")
 # "  func [module]" / "  func+0xOFF/0xSIZE [module]" / "  [unknown]"
 _COUNT_FRAME = re.compile(r"^  (?P<func>\S.*?)(?: \[(?P<module>[^\]]*)\])?$")
-_COUNT_PID = re.compile(r"^    (?P<comm>.+) \[(?P<pid>\d+)\]$")
+_COUNT_PID = re.compile(r"^    (?P<comm>.+) \[(?P<pid>\d+)(?:/(?P<nspid>\d+))?\]"
+                        r"(?: tid (?P<tid>\d+)(?:/\d+)?)?$")
 _COUNT_N = re.compile(r"^    (?P<n>\d+)$")
 
 
@@ -52,6 +54,7 @@ def parse_trace(out: str) -> list[dict]:
             m = _HEADER.match(line)
             assert m, f"bad trace header line: {line!r}"
             cur = dict(comm=m["comm"], pid=int(m["pid"]), tid=int(m["tid"]),
+                       nspid=int(m["nspid"] or m["pid"]),
                        cpu=int(m["cpu"]), label=m["label"],
                        time=int(m["secs"]) + int(m["usecs"]) / 1e6, frames=[],
                        notes=[])
@@ -81,10 +84,12 @@ def parse_counts(out: str) -> list[dict]:
             continue
         if (m := _COUNT_N.match(line)):
             stacks.append(dict(frames=frames, count=int(m["n"]),
-                               comm=who and who[0], pid=who and who[1]))
+                               comm=who and who[0], pid=who and who[1],
+                               nspid=who and who[2], tid=who and who[3]))
             frames, who = [], None
         elif (m := _COUNT_PID.match(line)):
-            who = (m["comm"], int(m["pid"]))
+            who = (m["comm"], int(m["pid"]), int(m["nspid"] or m["pid"]),
+                   int(m["tid"] or 0))
         else:
             m = _COUNT_FRAME.match(line)
             assert m, f"bad count line: {line!r}"

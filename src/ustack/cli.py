@@ -24,9 +24,21 @@ class _Parser(argparse.ArgumentParser):
 
 def _target_args(p: argparse.ArgumentParser) -> None:
     who = p.add_mutually_exclusive_group()
-    who.add_argument("-p", "--pid", type=int, help="trace this process (all its threads)")
+    who.add_argument("-p", "--pid", type=_pid_list, metavar="PID[,PID…]",
+                     help="trace this process (all its threads); several: "
+                          "their events among all processes'")
     who.add_argument("-c", "--command", metavar="CMD",
                      help="start CMD and trace it (and its children) until it exits")
+    p.add_argument("--tid", type=_pid_list, metavar="TID[,TID…]",
+                   help="keep only these threads' events")
+    p.add_argument("--comm", metavar="NAME[,NAME…]",
+                   help="keep only the events of threads of these names")
+    p.add_argument("--container-pid", type=int, metavar="PID",
+                   help="uprobe paths are as process PID sees them (its "
+                        "container's root); without -p every process that "
+                        "maps the file is traced")
+    p.add_argument("--include-idle", action="store_true",
+                   help="system-wide: keep the idle task's samples, as [idle]")
     p.add_argument("-d", "--duration", type=float, metavar="SECONDS",
                    help="stop after SECONDS (default: until Ctrl-C or the target exits)")
     p.add_argument("--buffer-pages", type=int, metavar="N",
@@ -90,6 +102,8 @@ def _count_args(p: argparse.ArgumentParser) -> None:
     _output_args(p, FORMATS)
     p.add_argument("-P", "--per-pid", action="store_true",
                    help="count each process separately")
+    p.add_argument("-T", "--per-thread", action="store_true",
+                   help="count each thread separately (implies -P)")
     p.add_argument("--offsets", action="store_true",
                    help="tell call sites apart: frames as func+0xOFF/0xSIZE")
     p.add_argument("--kernel", action="store_true",
@@ -206,7 +220,12 @@ def _run(args) -> int:
         raise UstackError("--duration must be a positive number of seconds")
     if not 8 <= args.stack_size <= MAX_STACK_SIZE:
         raise UstackError(f"--stack-size must be between 8 and {MAX_STACK_SIZE} bytes")
-    opts = Options(command=args.cmd, pid=args.pid, cmdline=args.command,
+    pids = args.pid or ()
+    opts = Options(command=args.cmd, pid=pids[0] if len(pids) == 1 else None,
+                   pids=pids if len(pids) > 1 else (), cmdline=args.command,
+                   tids=frozenset(args.tid or ()), container_pid=args.container_pid,
+                   comms=frozenset(c for c in (args.comm or "").split(",") if c),
+                   include_idle=args.include_idle,
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
                    symbols=_symbol_options(args),
@@ -228,13 +247,17 @@ def _run(args) -> int:
             raise UstackError("-F must be a positive frequency")
         opts.events = [f"profile:hz:{args.frequency}"]
     elif args.cmd == "funccount":
+        if len(pids) > 1 or args.tid or args.comm:
+            raise UstackError("funccount counts calls in the kernel per function: "
+                              "it takes one -p PID, not --tid, --comm or a list")
         _funccount_options(args, opts)
     elif args.cmd == "record":
         _record_options(args, opts)
     else:
         opts.events = args.events
     if args.cmd in ("count", "profile"):
-        opts.per_pid = args.per_pid
+        opts.per_pid = args.per_pid or args.per_thread
+        opts.per_thread = args.per_thread
         opts.offsets = args.offsets
         opts.kernel_stacks = args.kernel
         if args.kernel and args.backend not in ("auto", "bpf"):
@@ -351,6 +374,17 @@ def _record_options(args, opts) -> None:
     if args.stack_storage_size <= 0:
         raise UstackError("--stack-storage-size must be positive")
     opts.stack_storage = args.stack_storage_size
+
+
+def _pid_list(text: str) -> tuple:
+    """-p 1,2,3 and --tid: ids separated by commas, as perf takes them."""
+    try:
+        ids = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of ids: {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("no id given")
+    return ids
 
 
 def _id_list(text, what: str) -> frozenset:

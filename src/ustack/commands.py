@@ -173,6 +173,8 @@ def _header(session: Session, err: TextIO) -> None:
 
 def _trace(session: Session, out: TextIO, report_class) -> None:
     report = report_class(out, session.labels)
+    if hasattr(report, "ns_of"):         # text: a container's own pids too
+        report.ns_of = session.tracker.ns_id
     # the hot loop: Session.events_of() without an Event per sample
     add, stack, comm_of = report.add, session.resolver.stack, session.tracker.comm
     for piece in session.pieces():

@@ -70,6 +70,7 @@ class Mapping:
     pgoff: int                     # file offset of `start`
     path: str                      # path as the process sees it
     host_path: str = ""            # where this tool can open it ("" = path)
+    build_id: str = ""             # hex, when the kernel said (MMAP2 records)
 
     def contains(self, addr: int) -> bool:
         return self.start <= addr < self.end
@@ -229,3 +230,6 @@ class StackCount:
     stack: Stack
     count: int
     event: str = ""
+    tid: int = 0                   # counted per thread (-T); else 0
+    ns_pid: int = 0                # pid and tid in the process's own pid
+    ns_tid: int = 0                # namespace (a container's), 0: as ours

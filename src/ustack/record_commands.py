@@ -21,6 +21,7 @@ from .report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
 from .report.output import choose_format, open_output
 from .report.summary import write_summary
 from .session import Session
+from .target.sample_filter import SampleFilter
 
 ARCHIVE_SUFFIX = ".objects"          # record --archive: FILE.objects/ beside FILE
 
@@ -76,23 +77,6 @@ def _size(n: int) -> str:
 
 
 # -- report ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SampleFilter:
-    """perf report's --pid, --tid and --comm: keep a sample when it matches
-    every list given (an empty list matches all)."""
-    pids: frozenset = frozenset()
-    tids: frozenset = frozenset()
-    comms: frozenset = frozenset()
-
-    def __bool__(self) -> bool:
-        return bool(self.pids or self.tids or self.comms)
-
-    def __call__(self, sample, comm: str) -> bool:
-        return ((not self.pids or sample.pid in self.pids)
-                and (not self.tids or sample.tid in self.tids)
-                and (not self.comms or comm in self.comms))
-
 
 @dataclass(frozen=True)
 class ReportRequest:

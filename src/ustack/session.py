@@ -21,6 +21,7 @@ from .report.record import Recorder
 from .symbols.stacks import StackResolver
 from .target import process
 from .target.mappings import MappingTracker
+from .target.sample_filter import SampleFilter
 from .target.traced_command import launch_traced
 from .unwind import policy
 
@@ -54,6 +55,9 @@ class Session:
         self.started_ns: Optional[int] = None     # wall clock at open()
         self.recorder: Optional[Recorder] = None    # opts.record: saves the run
         self._whole = False                # the stream ran to its end
+        # which samples to keep (sample, comm) -> bool; None: all
+        self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
+                                 frozenset(opts.comms)) or None
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -79,12 +83,15 @@ class Session:
                               "(run it with sudo)")
         if opts.pid is not None:
             self.target = process.attach(opts.pid)
-        self.probes = resolve_probes(specs, opts.pid, self.notes)
+        if opts.container_pid is not None:
+            process.attach(opts.container_pid)
+        root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
+        self.probes = resolve_probes(specs, root_pid, self.notes)
         self.labels = [p.label for p in self.probes]
         if opts.pid is None:
             launch = launch_traced if opts.backend == "tracefs" else process.launch
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
-                           else process.everything())
+                           else process.everything(opts.pids))
         try:
             self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                     self.probes, self._main_binary(), opts.kernel_stacks)
@@ -95,10 +102,10 @@ class Session:
         except BaseException:
             self.target.abort()            # a held -c command exits unrun
             raise
-        if self.target.scope == "pid":
+        if self.target.scope == "system":
+            self.tracker.seed_all(skip=os.getpid())
+        elif self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
-        elif self.target.scope == "system":
-            self.tracker.seed_everything()
         if opts.record:
             self.recorder = Recorder(
                 opts.record, self.tracker, self.resolver.unwinder, self.labels,
@@ -171,11 +178,15 @@ class Session:
         user stack)."""
         if self.target.scope != "system":
             return frozenset()
-        return frozenset((os.getpid(), 0))
+        return frozenset((os.getpid(),) if self.opts.include_idle else (os.getpid(), 0))
 
     def _applied(self, piece: Piece) -> Piece:
         for event in piece.metas:
             self.tracker.apply(event)
+        if self.keep is not None and piece.samples:
+            keep, comm = self.keep, self.tracker.comm
+            piece = Piece(piece.metas, [s for s in piece.samples
+                                        if keep(s, comm(s.pid, s.tid))])
         if self.on_piece is not None:
             self.on_piece(piece)
         if self.recorder is not None and piece is not _TICK:
@@ -200,9 +211,11 @@ class Session:
         for s, n in self._counted_samples():
             k = (s.probe, s.tid, key(s))
             counted[k] = counted.get(k, 0) + n
-        stack_of, comm = self.resolver.stack_of, self.tracker.comm
+        stack_of, comm, ns_id = self.resolver.stack_of, self.tracker.comm, self.tracker.ns_id
+        per_thread = self.opts.per_thread
         return [StackCount(comm(rkey[0], tid), rkey[0], stack_of(rkey), n,
-                           self.labels[probe])
+                           self.labels[probe], tid if per_thread else 0,
+                           ns_id(rkey[0]), ns_id(tid) if per_thread else 0)
                 for (probe, tid, rkey), n in counted.items()]
 
     def _counted_samples(self):
@@ -212,9 +225,10 @@ class Session:
         if self.plan.backend == "bpf":
             for _piece in self.pieces():
                 pass
-            exclude = self._excluded_pids()
+            exclude, keep, comm = self._excluded_pids(), self.keep, self.tracker.comm
             counted = [(s, n) for s, n in self.capture.counted()
-                       if s.pid not in exclude]
+                       if s.pid not in exclude
+                       and (keep is None or keep(s, comm(s.pid, s.tid)))]
             if self.recorder is not None:
                 self.recorder.add_counted(counted)
             self._whole = True
@@ -238,7 +252,7 @@ class _Replay(Session):
         super().__init__(opts)
         self.tracker.live = False       # recorded pids are not this host's processes
         self._recording = RecordedCapture(path, objects)
-        self.keep = keep
+        self.keep = keep or None
 
     def open(self) -> None:
         capture = self._recording
@@ -247,14 +261,6 @@ class _Replay(Session):
         self.labels = list(capture.labels)
         self.plan = policy.Plan("recording", capture.modes)
         self.target = process.recording(capture.path)
-
-    def _applied(self, piece: Piece) -> Piece:
-        piece = super()._applied(piece)
-        if self.keep is None or not piece.samples:
-            return piece
-        keep, comm = self.keep, self.tracker.comm
-        return Piece(piece.metas, [s for s in piece.samples
-                                   if keep(s, comm(s.pid, s.tid))])
 
     def _counted_samples(self):
         """The recording's events once each, then what the recorded run

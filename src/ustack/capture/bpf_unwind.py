@@ -53,6 +53,7 @@ from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLE, JLT, JNE, JSGE, LSH,
                           call, exit_, jmp_imm, jmp_reg, ld_func, ld_imm64,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel import procfs
+from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample,
                      TracepointProbe, UprobeProbe, UstackError)
 from ..objfile import cache as objcache
@@ -683,12 +684,16 @@ class UnwindObjects:
     def add_path(self, path: str, key: Optional[tuple] = None) -> None:
         """Load the rows of the object at `path` (a host path), if new;
         `key`: its OBJECTS key, else its (dev, inode)."""
+        also = ()
         if key is None:
             try:
                 st = os.stat(path)
             except OSError:
                 return
             key = (kernel_dev(st.st_dev), st.st_ino)
+            # a file on a container's overlayfs: the kernel's vma holds the
+            # backing file (its device), stat() the overlay's
+            also = [(kernel_dev(d), st.st_ino) for d in backing_devices(st.st_dev)]
         if key in self.loaded:
             return
         first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
@@ -716,8 +721,9 @@ class UnwindObjects:
                         array("I", range(page_slot, page_slot + npages)).tobytes(), pages)
                     self.next_page += npages      # else: whole-object searches
         self.loaded[key] = (path, n)
-        self.maps.objects.update(OBJ_KEY.pack(*key), OBJ_VALUE.pack(
-            first, n, adjust, page_slot, first_page, npages))
+        for k in (key, *also):
+            self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
+                first, n, adjust, page_slot, first_page, npages))
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         keys = array("I", range(first, first + n)).tobytes()
@@ -727,7 +733,8 @@ class UnwindObjects:
         """Load the object of a mapping an MMAP2 record announced."""
         if mapping.path.startswith("/") and not mapping.host_path:
             mapping = Mapping(mapping.start, mapping.end, mapping.pgoff, mapping.path,
-                              procfs.host_path(pid, mapping.path))
+                              procfs.host_path(pid, mapping.path, mapping.start,
+                                               mapping.end))
         path = object_path(mapping)
         if path is not None:
             self.add_path(path)

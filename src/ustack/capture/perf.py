@@ -32,7 +32,9 @@ from ..target.process import Target
 
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
 DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
-TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task")
+# build_id: each MMAP2 names the build-id of the file mapped, so a file is
+# checked to be that one even after its process (and container) is gone
+TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task", "build_id")
 # The period of an event that must count (and carry BPF or tracking
 # records) but never write a sample: in-kernel counting on trace events.
 NEVER_SAMPLE = 1 << 62

@@ -50,6 +50,7 @@ FLAG_BITS = {
     "exclude_guest": 20, "exclude_callchain_kernel": 21,
     "exclude_callchain_user": 22, "mmap2": 23, "comm_exec": 24,
     "use_clockid": 25, "context_switch": 26,
+    "build_id": 34,               # MMAP2 carries the build-id (Linux 5.12+)
 }
 
 # ioctls (_IO('$', n) etc.)

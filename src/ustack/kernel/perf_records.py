@@ -19,6 +19,7 @@ RECORD_LOST, RECORD_COMM, RECORD_EXIT = 2, 3, 4
 RECORD_THROTTLE, RECORD_FORK, RECORD_SAMPLE = 5, 7, 9
 RECORD_MMAP2, RECORD_LOST_SAMPLES = 10, 13
 MISC_COMM_EXEC = 1 << 13
+MISC_MMAP_BUILD_ID = 1 << 14       # MMAP2: build-id in place of maj/min/ino
 PROT_EXEC = 4
 
 BASE_SAMPLE_TYPE = (pe.SAMPLE_IDENTIFIER | pe.SAMPLE_TID | pe.SAMPLE_TIME
@@ -31,6 +32,7 @@ _SAMPLE_HEAD_END = 8 + _SAMPLE_HEAD.size
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _MMAP2 = struct.Struct("<IIQQQIIQQII")
+_MMAP2_BUILD_ID = struct.Struct("<IIQQQB3x20sII")
 _PID_TID = struct.Struct("<II")
 _FORK = struct.Struct("<IIII")
 _LOST = struct.Struct("<QQ")
@@ -105,7 +107,12 @@ class RecordReader:
             if not prot & PROT_EXEC:
                 return None
             path = _cstring(chunk, body + _MMAP2.size, off + size)
-            return MmapEvent(pid, tid, Mapping(addr, addr + length, pgoff, path))
+            build_id = ""
+            if misc & MISC_MMAP_BUILD_ID:
+                n, raw = _MMAP2_BUILD_ID.unpack_from(chunk, body)[5:7]
+                build_id = raw[:min(n, 20)].hex()
+            return MmapEvent(pid, tid, Mapping(addr, addr + length, pgoff, path,
+                                               build_id=build_id))
         if typ == RECORD_COMM:
             pid, tid = _PID_TID.unpack_from(chunk, body)
             comm = _cstring(chunk, body + 8, off + size)

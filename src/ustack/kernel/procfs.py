@@ -7,6 +7,7 @@ import re
 from typing import Optional
 
 from ..model import Mapping
+from .proc_root import mapped_file
 
 
 def process_exists(pid: int) -> bool:
@@ -75,18 +76,13 @@ def comm(pid: int, tid: int = 0) -> str:
         return ""
 
 
-def host_path(pid: int, path: str) -> str:
-    """Where this tool can open a file the process sees at `path` (the
-    process may be in another mount namespace, e.g. a container)."""
-    if not path.startswith("/"):
-        return ""
-    via_root = f"/proc/{pid}/root{path}"
-    try:
-        if os.stat(via_root).st_ino != os.stat(path).st_ino:
-            return via_root
-    except OSError:
-        return via_root if os.path.exists(via_root) else ""
-    return ""
+def host_path(pid: int, path: str, start: Optional[int] = None,
+              end: Optional[int] = None) -> str:
+    """Where this tool can open a file the process sees at `path` (mapped
+    at start-end, when known): "" when `path` itself is that file here;
+    the process may be in another mount namespace, e.g. a container (see
+    proc_root.mapped_file)."""
+    return mapped_file(pid, path, start, end)
 
 
 _MAPS_LINE = re.compile(r"([0-9a-f]+)-([0-9a-f]+) ([r-][w-][x-][sp]) ([0-9a-f]+) "
@@ -105,7 +101,8 @@ def executable_mappings(pid: int) -> list:
             text = f.read()
     except OSError:
         return []
-    return [Mapping(m.start, m.end, m.pgoff, m.path, host_path(pid, m.path))
+    return [Mapping(m.start, m.end, m.pgoff, m.path,
+                    host_path(pid, m.path, m.start, m.end))
             for m in parse_maps(text, strict=False)]
 
 

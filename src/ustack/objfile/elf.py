@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
+from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
 
 from . import cache as objcache
@@ -94,10 +95,10 @@ class ElfImage:
         cls._cache.clear()
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = lasting_path(path)     # /proc/PID/exe outlives PID
         self._fd: Optional[int] = None   # opened by the first read, see _pread
         try:
-            with open(path, "rb") as f:
+            with open(self.path, "rb") as f:
                 if f.read(4) != b"\x7fELF":
                     raise UstackError(f"{path}: not an ELF file")
                 # the key of what this very file (fstat: not a replaced one) parsed to

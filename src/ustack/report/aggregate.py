@@ -2,6 +2,8 @@
 (counts, folded, and those to come) starts from."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..model import StackCount
 
 
@@ -14,8 +16,8 @@ def stack_identity(sc: StackCount, per_pid: bool, offsets: bool) -> tuple:
                     f.offset if offsets and f.function else 0,
                     f.file, f.line, f.inlined)    # lines, when asked for, split
                    for f in sc.stack.frames)    # unnamed: by module (ASLR)
-    return (sc.pid if per_pid else 0, sc.comm if per_pid else "", frames,
-            sc.stack.notes)
+    return (sc.pid if per_pid else 0, sc.tid if per_pid else 0,
+            sc.comm if per_pid else "", frames, sc.stack.notes)
 
 
 def merge(counts, per_pid: bool = False, offsets: bool = False) -> list:
@@ -25,7 +27,7 @@ def merge(counts, per_pid: bool = False, offsets: bool = False) -> list:
         key = stack_identity(sc, per_pid, offsets)
         have = merged.get(key)
         if have is None:
-            merged[key] = StackCount(sc.comm, sc.pid, sc.stack, sc.count, sc.event)
+            merged[key] = replace(sc)
         else:
             have.count += sc.count
     return sorted(merged.values(), key=lambda s: s.count)

@@ -18,6 +18,12 @@ def function_label(f) -> str:
     return f"{f.function or '[unknown]'}{inlined}{module}{where}"
 
 
+def ids(host: int, inner: int) -> str:
+    """A pid as ours/its own, `4321/7`, when its pid namespace (a
+    container's) numbers it differently; else just ours."""
+    return f"{host}/{inner}" if inner and inner != host else str(host)
+
+
 def format_counts(counts, per_pid: bool = False, offsets: bool = False,
                   timed: bool = False) -> str:
     """`timed`: counts are nanoseconds, shown as a time."""
@@ -27,7 +33,8 @@ def format_counts(counts, per_pid: bool = False, offsets: bool = False,
         out.extend(f"  {label(f)}" for f in sc.stack.frames)
         out.extend(f"  ({note})" for note in sc.stack.notes)
         if per_pid:
-            out.append(f"    {sc.comm} [{sc.pid}]")
+            out.append(f"    {sc.comm} [{ids(sc.pid, sc.ns_pid)}]"
+                       + (f" tid {ids(sc.tid, sc.ns_tid)}" if sc.tid else ""))
         out.append(f"    {format_duration(sc.count) if timed else sc.count}")
         out.append("")
     return "\n".join(out) + ("\n" if out else "")

@@ -21,6 +21,8 @@ def format_folded(counts, per_pid: bool = False, timed: bool = False) -> str:
     for sc in counts:
         names = [folded_name(f) for f in reversed(sc.stack.frames)]
         head = f"{sc.comm}-{sc.pid}" if per_pid else sc.comm
+        if per_pid and sc.tid:                   # -T: comm-pid/tid
+            head += f"/{sc.tid}"
         line = ";".join([head.replace(" ", "_")] + names)
         lines[line] = lines.get(line, 0) + sc.count
     if timed:

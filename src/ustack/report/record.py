@@ -109,7 +109,9 @@ class RecordWriter:
         m = event.mapping
         if not m.path.startswith("/"):
             return ""
-        path = m.host_path or procfs.host_path(event.pid, m.path) or m.path
+        if m.build_id:                     # the kernel read it from the very file
+            return m.build_id
+        path = m.host_path or procfs.host_path(event.pid, m.path, m.start, m.end) or m.path
         found = self._build_ids.get(path)
         if found is None:
             try:

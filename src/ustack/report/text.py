@@ -23,11 +23,15 @@ def frame_line(f: Frame) -> str:
     return f" 0x{f.addr:016x} : {frame_label(f)}"
 
 
-def header_parts(comm: str, pid: int, tid: int, cpu: int, event: str) -> tuple:
+def header_parts(comm: str, pid: int, tid: int, cpu: int, event: str,
+                 ns: tuple = ()) -> tuple:
     """The text before and after the timestamp of an event header
     `comm pid/tid [cpu] seconds: event` (how `perf script` starts a sample);
-    split so a fast loop can reuse it for every event of a thread."""
-    return f"{comm} {pid}/{tid} [{cpu:03d}] ", f": {event}\n"
+    split so a fast loop can reuse it for every event of a thread. `ns`:
+    (pid, tid) in the process's own pid namespace, shown as `[ns 7/7]`
+    after ours when they differ (a container's process)."""
+    inner = f" [ns {ns[0]}/{ns[1]}]" if ns and tuple(ns) != (pid, tid) else ""
+    return f"{comm} {pid}/{tid}{inner} [{cpu:03d}] ", f": {event}\n"
 
 
 def format_duration(ns: int) -> str:

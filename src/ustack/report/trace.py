@@ -20,6 +20,7 @@ class TraceReport:
         self.pending: list = []          # text waiting to be written
         self._blocks: dict = {}          # id(Stack) -> (Stack, frame lines)
         self._heads: dict = {}           # (tid, cpu, probe) -> header parts
+        self.ns_of = None                # id -> its id in its own pid namespace
 
     def add(self, sample: RawSample, stack: Stack, comm_of) -> None:
         """One event; `comm_of(pid, tid)` names its thread, asked only when
@@ -32,9 +33,11 @@ class TraceReport:
         hkey = (sample.tid, sample.cpu, sample.probe)
         head = self._heads.get(hkey)
         if head is None:
+            ns = ((self.ns_of(sample.pid), self.ns_of(sample.tid))
+                  if self.ns_of is not None else ())
             head = self._heads[hkey] = header_parts(
                 comm_of(sample.pid, sample.tid), sample.pid, sample.tid,
-                sample.cpu, self.labels[sample.probe])
+                sample.cpu, self.labels[sample.probe], ns)
         if sample.args:                  # fetch-args: ' a=1 …' after the name
             self.pending.append(f"{head[0]}{format_time(sample.time_ns)}"
                                 f"{head[1][:-1]}{format_args(sample.args)}\n{entry[1]}")

@@ -8,9 +8,11 @@ path, and reads only the lines appended since (a half-written last line is
 left for later). A miss, or a file that was replaced or removed, checks the
 path again. Later lines win for the same start (code was replaced).
 
-ustack runs as root and the file is in a world-writable /tmp, so it is read
-only when it is a regular file (not a FIFO that would block, not a
-symlink) owned by the process's user or root, and only its first
+A containerised process's map is read from inside its root (its /tmp,
+its pid), never through a symlink out of that root. ustack runs as root
+and the file is in a world-writable /tmp, so it is read only when it is
+a regular file (not a FIFO that would block, not a symlink) owned by the
+process's user or root, and only its first
 MAX_MAP_BYTES; malformed lines are skipped. What was refused
 or skipped is said once, in the run's warnings."""
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import stat
 from typing import Callable, Optional
 
+from ..kernel.proc_root import foreign_root, ns_pids, open_in_root
 from ..model import Frame, Mapping
 from ..objfile.elf import Symbol
 
@@ -42,7 +45,8 @@ class JitSymbols:
             perf_map = self._maps.get(pid)
             if perf_map is None:
                 perf_map = self._maps[pid] = PerfMap(
-                    perf_map_path(pid), owners=_owners(pid), warn=self._warnings.append)
+                    perf_map_path(pid), owners=_owners(pid), warn=self._warnings.append,
+                    root=foreign_root(pid))
             sym = perf_map.lookup(addr - back)
             if sym is not None:
                 return Frame(addr=addr, module="JIT", function=self._name(sym.name),
@@ -60,11 +64,16 @@ def _owners(pid: int) -> frozenset:
 
 class PerfMap:
     """`owners`: uids allowed to own the file (None: any); `warn(text)`
-    hears, once each, why the file or some of its lines were not used."""
+    hears, once each, why the file or some of its lines were not used.
+    `root`: the directory `path` is in, as a container's process sees it
+    (/proc/PID/root): nothing is followed out of it (no symlink, no `..`)."""
 
     def __init__(self, path: str, owners: Optional[frozenset] = None,
-                 warn: Optional[Callable[[str], None]] = None):
+                 warn: Optional[Callable[[str], None]] = None,
+                 root: Optional[str] = None):
         self.path = path
+        self.root = root
+        self.shown = path if root is None else root + path
         self.owners = owners
         self._warn = warn or (lambda text: None)
         self._said: set = set()          # warnings given already
@@ -114,16 +123,32 @@ class PerfMap:
             return f"is owned by uid {st.st_uid}, not by the process's user or root"
         return None
 
+    def _open(self, flags: int) -> int:
+        if self.root is None:
+            return os.open(self.path, flags)
+        return open_in_root(self.root, self.path, flags)
+
+    def _lstat(self) -> os.stat_result:
+        """The file's own stat (a symlink's, not its target's), its path
+        resolved inside `root` when there is one."""
+        if self.root is None:
+            return os.lstat(self.path)
+        fd = self._open(os.O_PATH | os.O_NOFOLLOW)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
     def _refresh(self) -> None:
         try:
-            st = os.lstat(self.path)
+            st = self._lstat()
         except OSError:
             self._close()
             return
         why = self._refused(st)
         if why:
             self._close()
-            self._say(f"{self.path} {why}: its JIT names are not used")
+            self._say(f"{self.shown} {why}: its JIT names are not used")
             return
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         if self._fd is not None and stamp == self._stamp:
@@ -131,7 +156,7 @@ class PerfMap:
         try:
             if self._fd is None or self._stamp is None or stamp[0] != self._stamp[0]:
                 self._close()
-                self._fd = os.open(self.path, _OPEN_FLAGS)
+                self._fd = self._open(_OPEN_FLAGS)
                 st = os.fstat(self._fd)     # the file opened, if it changed again
                 if self._refused(st):       # swapped since the lstat
                     self._close()
@@ -147,7 +172,7 @@ class PerfMap:
     def _read_tail(self, size: int) -> None:
         """Parse the complete lines between what was read and size."""
         if size > MAX_MAP_BYTES:
-            self._say(f"{self.path} is larger than {MAX_MAP_BYTES >> 20} MiB: "
+            self._say(f"{self.shown} is larger than {MAX_MAP_BYTES >> 20} MiB: "
                       "only its start is used")
             size = MAX_MAP_BYTES
         chunks = []
@@ -177,7 +202,7 @@ class PerfMap:
             else:
                 skipped += 1
         if skipped:
-            self._say(f"{self.path}: malformed lines skipped")
+            self._say(f"{self.shown}: malformed lines skipped")
         syms = sorted(by_start.values(), key=lambda s: s.address)
         self._syms = syms
         self._starts = [s.address for s in syms]
@@ -205,7 +230,8 @@ class PerfMap:
 
 
 def perf_map_path(pid: int) -> str:
-    """Where the JIT of process `pid` writes its map. A process in another
-    mount namespace writes into its own /tmp, under its own pid; this
-    reads the host's /tmp/perf-PID.map (perf's convention)."""
-    return f"/tmp/perf-{pid}.map"
+    """Where the JIT of process `pid` writes its map, as it sees it: in its
+    own /tmp (its root's: see foreign_root), named by its pid in its own
+    pid namespace (a container's process writes /tmp/perf-7.map)."""
+    inner = ns_pids(pid)
+    return f"/tmp/perf-{inner[-1] if inner else pid}.map"

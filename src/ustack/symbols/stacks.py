@@ -14,6 +14,10 @@ MAX_CACHED = 100_000               # distinct stacks kept; bounds memory
 # Printed between the kernel frames and the user frames of a stack (bcc's
 # separator); kernel frames come first: a stack reads innermost first.
 SEPARATOR = Frame(addr=0, module="", function="--")
+# What a stack without user frames shows: the idle task (pid 0) and kernel
+# threads have no user stack (bcc and perf label them the same way).
+IDLE = Frame(addr=0, module="", function="[idle]")
+KERNEL_THREAD = Frame(addr=0, module="", function="[kernel]")
 
 
 class StackResolver:
@@ -61,6 +65,11 @@ class StackResolver:
         self._view.generation = generation
         addrs, notes = self.unwinder.unwind_key(pid, skey, self._view.find)
         frames = self.symbolizer.frames(pid, addrs)
+        if not frames and not kernel:
+            if pid == 0:
+                frames = (IDLE,)
+            elif self.tracker.is_kernel_thread(pid):
+                frames = (KERNEL_THREAD,)
         if kernel:
             frames = (self.symbolizer.kernel_frames(callchain_addresses(kernel))
                       + (SEPARATOR,) + frames)

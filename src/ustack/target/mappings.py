@@ -6,11 +6,35 @@ generation of a pid, so stacks counted before the exec keep their maps."""
 from __future__ import annotations
 
 import bisect
+import os
 import time
 from typing import Optional
 
 from ..kernel import procfs, tracefs
-from ..model import CommEvent, ForkEvent, Mapping, MmapEvent
+from ..kernel.proc_root import ns_pids
+from ..model import CommEvent, ForkEvent, Mapping, MmapEvent, UstackError
+from ..objfile.elf import ElfImage
+
+
+# Where a mapping whose file is not here points instead: never an ELF file,
+# so its frames stay unnamed rather than named from another file.
+NOT_HERE = os.devnull
+
+
+def _checked(pid: int, host: str, path: str, build_id: str) -> str:
+    """`host` (where the file process `pid` maps at `path` opens here, ""
+    for `path` itself), or NOT_HERE when the kernel named the mapped file's
+    build-id and that file has another. Checked only once the process is
+    gone: while it lives, /proc/PID/map_files gave the very file; after,
+    only a path was left to guess from (a container gone with it, whose
+    library the host has at the same path in another build)."""
+    if not build_id or procfs.process_exists(pid):
+        return host
+    try:
+        found = ElfImage.open(host or path).build_id
+    except UstackError:
+        return host                    # unreadable or not ELF: nothing named anyway
+    return host if found in (None, build_id) else NOT_HERE
 
 
 class ProcessMaps:
@@ -46,6 +70,8 @@ class MappingTracker:
         self.procs: dict = {}           # (pid, generation) -> ProcessMaps
         self.comms: dict = {}           # tid -> comm
         self.last_seed: dict = {}       # pid -> monotonic time of last /proc read
+        self.kernel_threads: dict = {}  # pid -> bool, asked of /proc once
+        self.ns_ids: dict = {}          # tid -> its id in its own pid namespace
 
     # -- feeding ----------------------------------------------------------
     def _maps(self, pid: int) -> ProcessMaps:
@@ -65,22 +91,28 @@ class MappingTracker:
                 pm.add(m)
         if pid not in self.comms:
             self.comms[pid] = procfs.comm(pid)
+        self.ns_id(pid)                 # while it lives: -P shows it at the end
         return True
 
-    def seed_everything(self) -> None:
-        """Every process's mappings as the run starts (system-wide): the
-        kernel reports only mappings made from now on, and a process that
-        exits before its stacks are named could no longer be read."""
-        for pid in procfs.pids():
-            self.seed_from_proc(pid)
+    def seed_all(self, skip: int) -> None:
+        """Every running process's mappings and name (but `skip`'s), for a
+        system-wide run: a process that exits before its first sample is
+        decoded is still named."""
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != skip:
+                self.seed_from_proc(int(entry))
 
     def apply(self, event) -> None:
         if isinstance(event, MmapEvent):
             m = event.mapping
             if m.path and not m.host_path and self.live:
                 m = Mapping(m.start, m.end, m.pgoff, m.path,
-                            procfs.host_path(event.pid, m.path))
+                            _checked(event.pid, procfs.host_path(
+                                event.pid, m.path, m.start, m.end), m.path, m.build_id),
+                            m.build_id)
             self._maps(event.pid).add(m)
+            if event.pid not in self.ns_ids:
+                self.ns_id(event.pid)
         elif isinstance(event, CommEvent):
             if event.exec and event.pid == event.tid:
                 self.generations[event.pid] = self.generations.get(event.pid, 0) + 1
@@ -129,9 +161,28 @@ class MappingTracker:
         if not c and self.live:
             # gone from /proc: ftrace may have saved its name (tracefs)
             c = (procfs.comm(pid, tid) or procfs.comm(pid)
-                 or tracefs.saved_comm(tid) or "?")
-            self.comms[tid] = c
-        return c or "?"
+                 or (tracefs.saved_comm(tid) if pid > 0 else ""))
+            if c or pid > 0:
+                self.comms[tid] = c or "?"      # once: a task gone stays unnamed
+        return c or ("swapper" if pid == 0 else "?")      # the idle task, as perf names it
+
+    def is_kernel_thread(self, pid: int) -> bool:
+        """A kernel thread (no user stack); pid 0, the idle task, is not."""
+        known = self.kernel_threads.get(pid)
+        if known is None:
+            known = self.kernel_threads[pid] = (
+                self.live and pid > 0 and procfs.is_kernel_thread(pid))
+        return known
+
+    def ns_id(self, tid: int) -> int:
+        """The id of process or thread `tid` in its own pid namespace (a
+        container's 7 for our 4321); `tid` itself outside containers and
+        when not known (gone before it was asked, a recording)."""
+        known = self.ns_ids.get(tid)
+        if known is None:
+            ids = ns_pids(tid) if self.live and tid > 0 else ()
+            known = self.ns_ids[tid] = ids[-1] if ids else tid
+        return known
 
 
 

@@ -27,6 +27,7 @@ class Target:
     _go_fd: int = -1                  # write end of the child's start pipe
     exit_status: Optional[int] = None
     interrupted: bool = False         # ustack ended the command, it did not fail
+    pids: tuple = ()                  # system scope kept to these (-p 1,2,3)
 
     @property
     def description(self) -> str:
@@ -36,6 +37,8 @@ class Target:
             return f"{_quoted(shlex.join(self.argv))} (PID {self.pid})"
         if self.scope == "recording":
             return f"the recording {self.argv[0]}"
+        if self.pids:
+            return f"PIDs {', '.join(map(str, self.pids))}"
         return "all processes"
 
     # -- command targets ------------------------------------------------
@@ -63,6 +66,8 @@ class Target:
             return not procfs.process_exists(self.pid)
         if self.scope == "recording":
             return True                   # its processes ran when it was made
+        if self.scope == "system" and self.pids:
+            return not any(procfs.process_exists(p) for p in self.pids)
         if self.scope != "command":
             return False
         try:
@@ -123,8 +128,12 @@ def attach(pid: int) -> Target:
     return Target("pid", pid)
 
 
-def everything() -> Target:
-    return Target("system")
+def everything(pids: tuple = ()) -> Target:
+    """Every process, or (`pids`: -p 1,2,3) every process's events kept
+    to these: the run ends when they have all exited."""
+    for pid in pids:
+        attach(pid)                    # each must exist and have a user stack
+    return Target("system", pids=tuple(pids))
 
 
 def recording(path: str) -> Target:
