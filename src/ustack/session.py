@@ -10,6 +10,7 @@ import time
 from typing import NamedTuple, Optional
 
 from .capture.backends import new_capture
+from .kernel import procfs
 from .capture.drain import Stream
 from .capture.recorded import RecordedCapture
 from .model import Piece, RawSample, Stack, StackCount, UstackError
@@ -93,8 +94,11 @@ class Session:
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
                            else process.everything(opts.pids))
         try:
+            runs_jit = (self.target.scope == "pid"
+                        and procfs.runs_code_without_a_file(self.target.pid))
             self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
-                                    self.probes, self._main_binary(), opts.kernel_stacks)
+                                    self.probes, self._main_binary(), opts.kernel_stacks,
+                                    runs_jit)
             capture = new_capture(self.plan.backend, self.probes, self.target,
                                   self.plan.modes, opts, self.plan.kernel_tables)
             capture.open()                  # closes what it opened if it fails

@@ -80,12 +80,19 @@ class Plan:
         return "/".join(sorted(set(self.modes)))
 
 
+_JIT = ("the target runs code without a file (a JIT's), which the in-kernel "
+        "unwinder cannot walk; stacks are copied and unwound by ustack")
+
+
 def plan(command: str, backend: str, unwind: str, probes: list,
-         main_binary: Optional[str] = None, kernel_stacks: bool = False) -> Plan:
+         main_binary: Optional[str] = None, kernel_stacks: bool = False,
+         runs_jit: bool = False) -> Plan:
     """The backend and per-probe unwind mode of a run of `command` (trace,
     count, profile, funccount) as the user asked (`backend`: auto | perf |
     bpf | tracefs; `unwind`: auto | fp | dwarf), or a UstackError saying why
-    it cannot be done. The one place these choices are made."""
+    it cannot be done. The one place these choices are made. `runs_jit`:
+    the -p target runs JIT code, through which only the copy path goes (on
+    its frame pointers)."""
     if backend == "tracefs":
         return Plan("tracefs", tuple(_tracefs_mode(p, unwind) for p in probes))
     if command == "offcpu":          # sched tracepoints, DWARF in the kernel only
@@ -101,7 +108,7 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     if (command == "trace" and backend == "auto" and unwind != "fp"
             and "dwarf" in modes and not kernel_stacks
             and not any(getattr(p, "fetch_args", ()) for p in probes)):
-        why = _why_no_kernel_dwarf(probes)
+        why = _JIT if runs_jit else _why_no_kernel_dwarf(probes)
         if why is None:           # each event's frames through a ring buffer
             return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
         return Plan("perf", modes, f"{why}; stacks are copied and unwound by ustack")
@@ -109,7 +116,8 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         return Plan("perf", modes)
     if command != "funccount" and unwind != "fp" and _wants_dwarf(probes, modes,
                                                                  main_binary):
-        why = _why_no_kernel_dwarf(probes)
+        why = (_JIT if runs_jit and backend == "auto" and not kernel_stacks
+               else _why_no_kernel_dwarf(probes))
         if why is None:
             return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
         if not kernel_stacks:       # --kernel: frame pointers in the kernel, below
