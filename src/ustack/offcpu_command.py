@@ -14,7 +14,7 @@ from .model import Frame, Stack, StackCount, UstackError
 from .options import Options
 from .report.formats import FORMATS, run_context, stack_report
 from .report.output import check_destination, choose_format, open_output
-from .symbols.stacks import SEPARATOR
+from .symbols.stacks import IDLE, SEPARATOR
 
 SWITCH = "tracepoint:sched:sched_switch"
 WAKING = "tracepoint:sched:sched_waking"
@@ -100,7 +100,7 @@ def blocked_stacks(session) -> list:
             frames = woke.frames
             if waker.pid == 0:                # an interrupt, or the idle task
                 name = INTERRUPT
-                frames = tuple(f for f in frames if f != SEPARATOR)
+                frames = tuple(f for f in frames if f not in (SEPARATOR, IDLE))
             else:
                 name = tracker.comm(waker.pid, waker.tid)
             stack = Stack((Frame(addr=0, module="", function=name),)
