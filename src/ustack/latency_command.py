@@ -200,6 +200,10 @@ def run_latency(opts: Options, request: LatencyRequest, out: Optional[TextIO] = 
                 if n:
                     session.notes.append(f"{n} calls of {session.labels[i]} left "
                                          "through a tail call and were not timed")
+            running = session.capture.in_flight()
+            if running:
+                session.notes.append(f"{running} calls had not returned when the run "
+                                     "ended (not timed)")
             if request.slower_ms is None:
                 w.write(_histograms(session, hists, unit, unit_ns))
         return calls

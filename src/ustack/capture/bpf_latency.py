@@ -406,6 +406,11 @@ class LatencyCounter(BpfCounter):
         return [struct.unpack("<Q", self.lat.tails.lookup(i.to_bytes(4, "little")))[0]
                 for i in range(n)]
 
+    def in_flight(self) -> int:
+        """Calls entered whose return was not seen (yet): still running at
+        the end of the run, or left by a longjmp, a panic, an exit."""
+        return sum(struct.unpack_from("<Q", v)[0] for _k, v in self.lat.entries.items())
+
     def latency_errors(self) -> list:
         return [struct.unpack("<Q", self.lat.errors.lookup(i.to_bytes(4, "little")))[0]
                 for i in range(ERR_SLOTS)]
@@ -496,6 +501,9 @@ class LatencyCapture(BpfCapture):
 
     def tail_exits(self) -> list:
         return self.counter.tail_exits()
+
+    def in_flight(self) -> int:
+        return self.counter.in_flight()
 
     def losses(self) -> Losses:
         events = self.events.losses()
