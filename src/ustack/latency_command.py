@@ -5,7 +5,8 @@ function and calling stack (--by-stack); or each call slower than a
 threshold with its stack (--slower, bcc's funcslower).
 
 Returns: a uretprobe on C, C++ and Rust; on Go (where a uretprobe crashes
-the program) and with --ret-sites, a uprobe on each RET instruction of the
+the program), with --ret-sites, and with stacks (a uretprobe's trampoline
+replaces return addresses the stacks walk through), a uprobe on each RET instruction of the
 function (probes/return_sites.py), the Go entry probe after the stack-growth
 check, and calls paired per goroutine. A tail call's jmp out of the
 function ends its call untimed (said at the end)."""
@@ -124,7 +125,12 @@ class LatencySession(Session):
         from .capture.bpf_latency import LatencyCapture
         from .unwind import policy
         request = self.request
-        probes, sites = latency_probes(self.probes, request.ret_sites, self.setup_notes)
+        # a uretprobe puts its trampoline in place of the caller's return
+        # address: stacks walked through a timed call (nesting, recursion)
+        # would end there, so runs that want stacks take returns at RETs
+        probes, sites = latency_probes(self.probes,
+                                       request.ret_sites or request.wants_stacks,
+                                       self.setup_notes)
         tables = None
         if request.wants_stacks:
             tables = _kernel_tables(self.probes)
