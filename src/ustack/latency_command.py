@@ -195,7 +195,7 @@ def run_latency(opts: Options, request: LatencyRequest, out: Optional[TextIO] = 
             for piece in session.pieces():
                 for s in piece.samples:        # --slower: a slow call
                     w.write(format_slow_call(
-                        session.tracker.comm(s.pid, s.tid), s.pid, s.tid, s.time_ns,
+                        session.tracker.comm(s.pid, s.tid), s.pid, s.tid, s.cpu, s.time_ns,
                         session.labels[s.probe], s.args[0][2], unit, unit_ns,
                         session.resolver.stack(s)))
                 if piece.samples:

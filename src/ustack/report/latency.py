@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..model import Stack
 from .counts import function_label
-from .text import format_stack, format_time
+from .text import format_stack, format_time, header_parts
 
 BAR = 52                             # bpftrace's bar width
 
@@ -43,9 +43,11 @@ def format_histogram(title: str, count: int, total_ns: int, min_ns: int, max_ns:
     return "\n".join(lines) + "\n\n"
 
 
-def format_slow_call(comm: str, pid: int, tid: int, time_ns: int, label: str,
+def format_slow_call(comm: str, pid: int, tid: int, cpu: int, time_ns: int, label: str,
                      duration_ns: int, unit: str, unit_ns: int, stack: Stack) -> str:
-    """One slow call: `comm pid/tid seconds: event took 12.3ms`, then the
-    stack at its entry in trace's frame lines."""
-    return (f"{comm} {pid}/{tid} {format_time(time_ns)}: {label} took "
-            f"{format_duration(duration_ns, unit, unit_ns)}\n" + format_stack(stack))
+    """One slow call as trace prints an event (`comm pid/tid [cpu] seconds:
+    event took 12.3ms`; the time and CPU of its return), then the stack at
+    its entry."""
+    head, tail = header_parts(comm, pid, tid, cpu,
+                              f"{label} took {format_duration(duration_ns, unit, unit_ns)}")
+    return head + format_time(time_ns) + tail + format_stack(stack)

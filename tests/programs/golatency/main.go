@@ -5,7 +5,7 @@
 // stack is copied again, several times) and sleeps (the goroutine parks and
 // may resume on another thread) for 2.5 ms or 11 ms, alternately: every
 // call moves its stack, and may change threads, between entry and return.
-// The program times each call itself and writes to OUT, in ustack
+// Each call times itself and the program writes to OUT, in ustack
 // latency's bucket labels (log2 of milliseconds):
 //   calls C
 //   [2ms, 4ms) N1
@@ -34,13 +34,19 @@ func grow(n int) int {
 	return grow(n-1) + int(buf[n%96]&1)
 }
 
+// work times itself from its first statement to its last: inside the
+// window a latency probe sees (entry to RET), so only a few instructions
+// at either end are not measured by both.
 //go:noinline
-func work(i int) int {
+func work(i int, took *time.Duration) int {
+	start := time.Now()
 	var pad [12 << 10]byte // more than a new goroutine's 8 KiB stack
 	pad[i%len(pad)] = 1
 	r := grow(2000) // ~250 KiB of frames: the stack is copied on the way
 	time.Sleep(sleeps[i%len(sleeps)])
-	return r + int(pad[i%len(pad)])
+	r += int(pad[i%len(pad)])
+	*took = time.Since(start)
+	return r
 }
 
 func label(d time.Duration) string {
@@ -69,9 +75,7 @@ func main() {
 				var took time.Duration
 				var r int
 				go func(i int) {
-					start := time.Now()
-					r = work(i)
-					took = time.Since(start)
+					r = work(i, &took)
 					close(done)
 				}(w + i)
 				<-done
