@@ -14,6 +14,9 @@ REPS times (default 1); medians are reported:
                    without the tool's fixed start-up and exit
   calls            what the tool's histogram counted
   ÷ bpftrace       µs/call net over bpftrace's
+The "bare uprobe" rows count hits of a uprobe at d's entry (`push %rbp`,
+which the kernel emulates) and at its RET (which it single-steps) with
+`perf stat`: what a return probe costs before any program runs.
 
 Prints Markdown and writes it to bench/results/latency.md.
 """
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this ustack
 from uprobe_rate import (Failed, Run, baseline, lost_count, run_options,  # noqa: E402
                          timed, write_report)
 from helpers import O2_FP, build, ustack_env  # noqa: E402  (path set by uprobe_rate)
@@ -58,11 +62,41 @@ def bpftrace(prog, n, tmp, timeout):
     return Run(wall, sum(map(int, counts)) if counts else None, lost_count(out + err))
 
 
+def _bare(where: str):
+    """`perf stat` of a perf-probe uprobe at d+`where` (no program, no stack)."""
+    def tool(prog, n, tmp, timeout):
+        event = f"latbench_{where.replace('+', '_')}"
+        subprocess.run(["perf", "probe", "-q", "-d", f"probe_chain:{event}"],
+                       capture_output=True)
+        subprocess.run(["perf", "probe", "-q", "-x", prog, "-a", f"{event}={where}"],
+                       check=True, capture_output=True)
+        try:
+            wall, _, err = timed(["perf", "stat", "-x,", "-e", f"probe_chain:{event}",
+                                  "--", prog, str(n)], timeout)
+        finally:
+            subprocess.run(["perf", "probe", "-q", "-d", f"probe_chain:{event}"],
+                           capture_output=True)
+        hits = re.search(r"^(\d+),", err, re.M)
+        return Run(wall, int(hits.group(1)) if hits else None, 0)
+    return tool
+
+
+def _ret_offset(prog: str) -> str:
+    """d+OFF of d's RET on the path chain takes (the first one)."""
+    from ustack.objfile.elf import ElfImage
+    from ustack.probes.return_sites import return_sites
+    image = ElfImage.open(prog)
+    (d,) = image.find("d")
+    return f"d+{return_sites(image, d).rets[0] - d.address}"
+
+
 def main():
     args, n, _reps, out = run_options(__doc__, "latency")
     reps = args.reps or 1
     prog = str(build("chain", flags=O2_FP))
     tools = {"uninstrumented": baseline,
+             "bare uprobe at entry (perf stat, emulated push)": _bare("d"),
+             "bare uprobe at RET (perf stat, single-stepped)": _bare(_ret_offset(prog)),
              "ustack latency (uretprobe)": _ustack(),
              "ustack latency --ret-sites (uprobe on each RET)": _ustack("--ret-sites"),
              "ustack latency --by-stack (entry stacks, DWARF in the kernel)":
@@ -70,6 +104,10 @@ def main():
              BPFTRACE: bpftrace}
     results: dict = {name: [] for name in tools}
     fixed: dict = {name: [] for name in tools}
+    if not shutil.which("perf"):
+        for name in tools:
+            if name.startswith("bare"):
+                results[name] = "absent (perf not installed)"
     if not shutil.which("bpftrace"):
         results[BPFTRACE] = "absent (bpftrace not installed)"
     if not (shutil.which("funclatency-bpfcc") or shutil.which("funclatency")):

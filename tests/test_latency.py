@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import O2_NOFP, build, build_go, gdb_backtrace, run_ustack
-from test_e2e_core import ok, parse_trace, run_attached, spawn, stop
+from test_e2e_core import disassembly, ok, parse_trace, run_attached, spawn, stop
 
 pytestmark = pytest.mark.kernel
 
@@ -195,3 +195,25 @@ def test_errors(prog, args, error):
     assert res.returncode == 1
     assert res.stderr == f"ustack: {error.format(prog=prog)}\n"
     assert res.stdout == ""
+
+
+def test_tail_calls(prog, tmp_path):
+    """tail_nap leaves long naps through `jmp nap`: a uretprobe still sees
+    those calls end (nap's RET returns to tail_nap's caller); RET uprobes
+    cannot, so those calls end at the jmp untimed, and the run says so."""
+    rounds, out = 2, tmp_path / "measured"
+    res = latency(f"uprobe:{prog}:tail_nap", "-c", f"{prog} go tail {rounds} {out}")
+    (hist,) = parse_histograms(res.stdout)
+    assert hist["count"] == 2 * rounds and hist["buckets"] == measured(out)
+    res = latency(f"uprobe:{prog}:tail_nap", "--ret-sites",
+                  "-c", f"{prog} go tail {rounds} {out}")
+    (hist,) = parse_histograms(res.stdout)
+    assert hist["count"] == rounds
+    insns = disassembly(prog)["tail_nap"]
+    jmp = next(a for a, text in insns if text.startswith("jmp")) - insns[0][0]
+    notes = [line for line in res.stderr.splitlines() if line.startswith("ustack:")]
+    assert notes == [
+        f"ustack: tail_nap leaves through a tail call at +0x{jmp:x}: such calls end "
+        "there untimed (the callee returns for it)",
+        f"ustack: {rounds} calls of uprobe:{prog}:tail_nap left through a tail call "
+        "and were not timed"]

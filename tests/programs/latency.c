@@ -9,6 +9,8 @@
  *         sleeps with one nanosleep (libc: clock_nanosleep(2)).
  *   rec   rec_nap(3): a recursion whose levels last 10.4, 5.2, 2.6 and
  *         1.3 ms (outermost first): each level sleeps, then calls the next.
+ *   tail  tail_nap(1.3 ms) returns through its RET, tail_nap(10.4 ms)
+ *         leaves through a tail call (jmp nap): a RET probe never sees it.
  * OUT: the file where the program writes how long the calls of nap (naps)
  * or rec_nap (rec) took by its own clock, as `ustack latency --units ms`
  * buckets them: "[1ms, 2ms) 3" lines (a loaded machine may wake a sleeper
@@ -49,6 +51,17 @@ KEEP void nap(long us)
 KEEP void short_naps(void) { TIMED(nap(1300)); TIMED(nap(2600)); asm volatile(""); }
 KEEP void long_naps(void) { TIMED(nap(5200)); TIMED(nap(10400)); asm volatile(""); }
 
+/* a sibling call for long naps: `jmp nap`, nap's RET returns for it */
+KEEP void tail_nap(long us)
+{
+	if (us > 5000) {
+		nap(us);
+		return;
+	}
+	nap(us);
+	asm volatile("");
+}
+
 /* level `depth` lasts 1.3 ms * 2^depth: it sleeps what its callee does not */
 KEEP long rec_nap(long depth)
 {
@@ -67,10 +80,13 @@ int main(int argc, char **argv)
 	if (strcmp(argv[1], "go") != 0 && wait_start(argv[1]))
 		return 4;
 	long n = atol(argv[3]);
-	int rec = strcmp(argv[2], "rec") == 0;
+	int rec = strcmp(argv[2], "rec") == 0, tail = strcmp(argv[2], "tail") == 0;
 	for (long i = 0; i < n; i++) {
 		if (rec) {
 			TIMED(rec_nap(3));
+		} else if (tail) {
+			TIMED(tail_nap(1300));
+			TIMED(tail_nap(10400));
 		} else {
 			short_naps();
 			long_naps();
