@@ -2,10 +2,12 @@
 function and per calling stack; --slower's calls with their stacks; Go
 functions timed through their RET instructions, paired per goroutine.
 
-The target programs time their own calls and write how many fell in each
-log2-millisecond bucket: a loaded machine may wake a sleeper late, and
-both clocks see that delay; the durations (1.3/2.6/5.2/10.4 ms, 2.5/11 ms
-in Go) sit well inside their buckets otherwise."""
+The durations (1.3/2.6/5.2/10.4 ms, 2.5/11 ms in Go) sit well inside
+their log2-millisecond buckets, and the targets run SCHED_FIFO (`chrt -f
+1`): on a loaded machine a normal task may wake late from a sleep, or be
+preempted between its own clock and a probe; a real-time one is not. The
+programs also time their calls themselves and write how many fell in
+each bucket, which ustack's histograms must match."""
 from __future__ import annotations
 
 import re
@@ -23,6 +25,12 @@ TITLE = re.compile(r"^(\S+): count (\d+), min \S+, avg \S+, max \S+$")
 BUCKET = re.compile(r"^(\[[^)]*\))\s+(\d+) \|[@ ]*\|$")
 FRAME = re.compile(r"^  (\S+) \[(\S+)\]$")
 LIBC_TAIL = ["main", "__libc_start_call_main", "__libc_start_main", "_start"]
+NAPS = {"[1ms, 2ms)": 1, "[2ms, 4ms)": 1, "[4ms, 8ms)": 1, "[8ms, 16ms)": 1}
+FIFO = "chrt -f 1"
+
+
+def rounds_of(buckets: dict, rounds: int) -> dict:
+    return {label: n * rounds for label, n in buckets.items()}
 
 
 def parse_histograms(out: str) -> list[dict]:
@@ -67,15 +75,14 @@ def latency(*args) -> subprocess.CompletedProcess:
 def test_function_histogram_exact(prog, tmp_path, returns):
     rounds, out = 3, tmp_path / "measured"
     extra = ("--ret-sites",) if returns == "ret-sites" else ()
-    res = latency(f"uprobe:{prog}:nap", *extra, "-c", f"{prog} go naps {rounds} {out}")
+    res = latency(f"uprobe:{prog}:nap", *extra, "-c", f"{FIFO} {prog} go naps {rounds} {out}")
     header = res.stderr.splitlines()[0]
     assert "[backend bpf, unwind none; returns: " in header
     assert ("uretprobe]" if returns == "uretprobe" else "uprobes on 1 RET instruction]") \
         in header
     (hist,) = parse_histograms(res.stdout)
     assert hist["event"] == f"uprobe:{prog}:nap" and hist["count"] == 4 * rounds
-    assert hist["buckets"] == measured(out)
-    assert sum(hist["buckets"].values()) == 4 * rounds
+    assert hist["buckets"] == measured(out) == rounds_of(NAPS, rounds)
 
 
 def test_recursion_pairs_each_return_with_its_entry(prog, tmp_path):
@@ -84,25 +91,25 @@ def test_recursion_pairs_each_return_with_its_entry(prog, tmp_path):
     rounds, out = 3, tmp_path / "measured"
     for extra in ((), ("--ret-sites",)):
         res = latency(f"uprobe:{prog}:rec_nap", *extra,
-                      "-c", f"{prog} go rec {rounds} {out}")
+                      "-c", f"{FIFO} {prog} go rec {rounds} {out}")
         (hist,) = parse_histograms(res.stdout)
         assert hist["count"] == 4 * rounds
-        assert hist["buckets"] == measured(out), res.stdout
+        assert hist["buckets"] == measured(out) == rounds_of(NAPS, rounds), res.stdout
 
 
 def test_syscall_latency_of_nanosleep(prog, tmp_path):
     """nap's one nanosleep is libc's clock_nanosleep(2): sys_enter to sys_exit."""
     rounds, out = 2, tmp_path / "measured"
-    res = latency("syscall:clock_nanosleep", "-c", f"{prog} go naps {rounds} {out}")
+    res = latency("syscall:clock_nanosleep", "-c", f"{FIFO} {prog} go naps {rounds} {out}")
     (hist,) = parse_histograms(res.stdout)
     assert hist["event"] == "syscall:clock_nanosleep" and hist["count"] == 4 * rounds
-    assert hist["buckets"] == measured(out)
+    assert hist["buckets"] == measured(out) == rounds_of(NAPS, rounds)
 
 
 def test_by_stack_splits_by_caller(prog, tmp_path):
     rounds, out = 2, tmp_path / "measured"
     res = latency(f"uprobe:{prog}:nap", "--by-stack",
-                  "-c", f"{prog} go naps {rounds} {out}")
+                  "-c", f"{FIFO} {prog} go naps {rounds} {out}")
     assert "entry stacks unwound in the kernel" in res.stderr.splitlines()[0]
     hists = parse_histograms(res.stdout)
     callers = {}
@@ -115,17 +122,17 @@ def test_by_stack_splits_by_caller(prog, tmp_path):
     for h in hists:
         for label, n in h["buckets"].items():
             merged[label] = merged.get(label, 0) + n
-    assert merged == measured(out)
+    assert merged == measured(out) == rounds_of(NAPS, rounds)
 
 
 def test_slower_lists_exactly_the_slow_calls_with_their_stacks(prog, tmp_path):
     rounds, out = 2, tmp_path / "measured"
     res = latency(f"uprobe:{prog}:nap", "--slower", "4",
-                  "-c", f"{prog} go naps {rounds} {out}")
+                  "-c", f"{FIFO} {prog} go naps {rounds} {out}")
     calls = parse_trace(res.stdout)
     slow = sum(n for label, n in measured(out).items()
                if int(label.split(",")[0].strip("[ms")) >= 4)
-    assert len(calls) == slow >= 2 * rounds         # the 5.2 and 10.4 ms naps, at least
+    assert len(calls) == slow == 2 * rounds         # the 5.2 and 10.4 ms naps
     for call in calls:
         assert re.fullmatch(rf"uprobe:{re.escape(str(prog))}:nap took [\d.]+ms",
                             call["label"]), call["label"]
@@ -139,14 +146,15 @@ def test_slower_lists_exactly_the_slow_calls_with_their_stacks(prog, tmp_path):
 def test_attached_by_pid(prog, tmp_path):
     """-p: the target waits on stdin until ustack's probes are live."""
     out = tmp_path / "measured"
-    target = spawn(prog, "-", "naps", 2, out, stdin=subprocess.PIPE)
+    target = spawn(*FIFO.split(), prog, "-", "naps", 2, out, stdin=subprocess.PIPE)
     try:
         res = ok(run_attached(target, "latency", "--units", "ms", f"uprobe:{prog}:nap"))
         assert target.wait(timeout=10) == 0
     finally:
         stop(target)
     (hist,) = parse_histograms(res.stdout)
-    assert hist["count"] == 8 and hist["buckets"] == measured(out)
+    assert hist["count"] == 8
+    assert hist["buckets"] == measured(out) == rounds_of(NAPS, 2)
 
 
 def test_go_goroutines_whose_stacks_move(tmp_path):
@@ -159,19 +167,21 @@ def test_go_goroutines_whose_stacks_move(tmp_path):
     gobin, out = build_go("golatency"), tmp_path / "measured"
     goroutines, calls = 4, 6
     res = latency(f"uprobe:{gobin}:main.work",
-                  "-c", f"{gobin} {out} {goroutines} {calls}")
+                  "-c", f"{FIFO} {gobin} {out} {goroutines} {calls}")
     assert "exited with status" not in res.stderr, res.stderr
     assert "returns: uprobes on 1 RET instruction, paired per goroutine]" in \
         res.stderr.splitlines()[0]
     assert out.read_text().splitlines().count(f"calls {goroutines * calls}") == 1
     (hist,) = parse_histograms(res.stdout)
     assert hist["count"] == goroutines * calls
-    assert hist["buckets"] == measured(out)
+    half = goroutines * calls // 2                  # 2.5 ms and 11 ms, alternately
+    assert hist["buckets"] == measured(out) == {"[2ms, 4ms)": half, "[8ms, 16ms)": half}
 
 
 def test_go_by_stack(tmp_path):
     gobin, out = build_go("golatency"), tmp_path / "measured"
-    res = latency(f"uprobe:{gobin}:main.work", "--by-stack", "-c", f"{gobin} {out} 2 2")
+    res = latency(f"uprobe:{gobin}:main.work", "--by-stack", "-c",
+                  f"{FIFO} {gobin} {out} 2 2")
     (hist,) = parse_histograms(res.stdout)
     assert hist["count"] == 4
     oracle = gdb_backtrace(gobin, [out, 1, 1], "main.work")     # gdb's, to goexit
@@ -202,11 +212,11 @@ def test_tail_calls(prog, tmp_path):
     those calls end (nap's RET returns to tail_nap's caller); RET uprobes
     cannot, so those calls end at the jmp untimed, and the run says so."""
     rounds, out = 2, tmp_path / "measured"
-    res = latency(f"uprobe:{prog}:tail_nap", "-c", f"{prog} go tail {rounds} {out}")
+    res = latency(f"uprobe:{prog}:tail_nap", "-c", f"{FIFO} {prog} go tail {rounds} {out}")
     (hist,) = parse_histograms(res.stdout)
     assert hist["count"] == 2 * rounds and hist["buckets"] == measured(out)
     res = latency(f"uprobe:{prog}:tail_nap", "--ret-sites",
-                  "-c", f"{prog} go tail {rounds} {out}")
+                  "-c", f"{FIFO} {prog} go tail {rounds} {out}")
     (hist,) = parse_histograms(res.stdout)
     assert hist["count"] == rounds
     insns = disassembly(prog)["tail_nap"]
