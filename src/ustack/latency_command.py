@@ -131,35 +131,40 @@ class LatencySession(Session):
         probes, sites = latency_probes(self.probes,
                                        request.ret_sites or request.wants_stacks,
                                        self.setup_notes)
-        tables = None
+        tables, fp, why = None, False, ""
         if request.wants_stacks:
-            tables = _kernel_tables(self.probes)
-        self.plan = policy.Plan("bpf", ("dwarf" if tables else "none",) * len(self.probes),
-                                kernel_tables=tables)
+            tables, why = _kernel_tables(self.probes, self.opts.unwind)
+            fp = tables is None
+            if why:
+                self.setup_notes.append(f"{why}; entry stacks walk frame pointers")
+        mode = "dwarf" if tables else "fp" if fp else "none"
+        self.plan = policy.Plan("bpf", (mode,) * len(self.probes), kernel_tables=tables)
         capture = LatencyCapture(
             probes, sites, self.target, self.opts.buffer_pages,
             unit_ns=request.unit_ns, by_stack=request.by_stack,
             slower_ns=(None if request.slower_ms is None
                        else int(request.slower_ms * 1_000_000)),
-            unwind_tables=tables, stack_storage=self.opts.stack_storage)
+            unwind_tables=tables, fp_stacks=fp, stack_storage=self.opts.stack_storage)
         capture.open()
         capture.unwind_note = _returns_note(probes, sites, tables is not None)
         return capture
 
 
-def _kernel_tables(entries: list):
-    """The in-kernel DWARF unwinder's rows, for the entries' stacks."""
+def _kernel_tables(entries: list, unwind: str) -> tuple:
+    """(the in-kernel DWARF unwinder's rows, for the entries' stacks, or
+    None for frame pointers; why not DWARF, to tell the user, or "")."""
     from .capture import bpf_unwind
     from .kernel import bpf
     from .unwind import tables
     if not bpf.available():
         raise UstackError("latency counts in the kernel and BPF is not available "
                           "here (bpf(2) failed)")
+    if unwind == "fp":
+        return None, ""
     why = bpf_unwind.why_unavailable(entries)
     if why is not None:
-        raise UstackError(f"--by-stack and --slower need the in-kernel unwinder, "
-                          f"which failed to load: {why}")
-    return tables.for_image
+        return None, f"in-kernel DWARF unwinding failed to load: {why}"
+    return tables.for_image, ""
 
 
 def _returns_note(probes: list, sites: list, stacks: bool) -> str:
@@ -218,17 +223,30 @@ def run_latency(opts: Options, request: LatencyRequest, out: Optional[TextIO] = 
 
 
 def _histograms(session: LatencySession, hists: list, unit: str, unit_ns: int) -> str:
+    """The histograms in the order of the events, each function's by count;
+    by stack, those whose stacks print the same (call sites within one
+    function differ only by offset) merged into one."""
     from .model import RawSample
-    order = {label: i for i, label in enumerate(session.labels)}
-    text = []
-    for h in sorted(hists, key=lambda h: (order.get(session.labels[h.function], 0),
-                                          h.count)):
+    from .report.counts import function_label
+    merged: dict = {}                    # (function, printed stack) -> [Histogram, Stack]
+    for h in hists:
         stack = None
         if session.request.by_stack:
             stack = session.resolver.stack(RawSample(h.function, h.pid, h.pid, 0, -1,
-                                                     h.chain))
+                                                     h.chain, h.return_address))
+        key = (h.function, stack and (tuple(map(function_label, stack.frames)),
+                                      stack.notes))
+        if key not in merged:
+            merged[key] = [h, stack]
+            continue
+        m = merged[key][0]
+        merged[key][0] = dataclasses.replace(
+            m, count=m.count + h.count, total_ns=m.total_ns + h.total_ns,
+            min_ns=min(m.min_ns, h.min_ns), max_ns=max(m.max_ns, h.max_ns),
+            buckets=[a + b for a, b in zip(m.buckets, h.buckets)])
+    text = []
+    for h, stack in sorted(merged.values(), key=lambda hs: (hs[0].function, hs[0].count)):
         text.append(format_histogram(session.labels[h.function], h.count, h.total_ns,
                                      h.min_ns, h.max_ns, h.buckets, unit, unit_ns,
                                      stack))
     return "".join(text)
-

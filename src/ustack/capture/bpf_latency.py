@@ -21,20 +21,22 @@ Maps:
   duration, stack hash) per call at least that slow.
 The entry's stack (--by-stack, --slower) is walked by the in-kernel DWARF
 unwinder (capture/bpf_unwind.py) and stored once per distinct stack in its
-STACKS map; the entry keeps only the stack's hash."""
+STACKS map; the entry keeps only the stack's hash. Where that program is
+refused (or with --unwind fp) the kernel walks frame pointers instead
+(bpf_get_stackid), and FP_STACKS[hash] = (stack id, the return address at
+[sp], which that walk skips at a function's entry)."""
 from __future__ import annotations
 
-import errno
 import struct
 from dataclasses import dataclass
 from typing import Optional
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, RSH, SUB, Asm,
-                          alu_imm, alu_reg, atomic_add, call, exit_, jmp_imm,
+from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, MUL, RSH, SUB, XOR,
+                          Asm, alu_imm, alu_reg, atomic_add, call, exit_, jmp_imm,
                           jmp_reg, ld_imm64, ld_map_fd, ldx, mov, mov_imm, st_imm,
                           stx)
-from ..model import Losses, MmapEvent, RawSample, TracepointProbe, UprobeProbe
+from ..model import Losses, MmapEvent, RawSample, TracepointProbe
 from .bpf import BpfCapture, BpfCounter, prog_type_of
 
 MAX_DEPTH = 16                       # a power of two: the level is masked
@@ -45,6 +47,8 @@ HIST_KEY = struct.Struct("<IIQ")     # function, tgid, stack hash
 HIST_HEAD = struct.Struct("<QQQQ")   # count, sum, min, max (ns)
 HIST_VALUE = HIST_HEAD.size + 8 * BUCKETS
 SLOW = struct.Struct("<QQIIQQ")      # end time, pid_tgid, function, cpu, duration, hash
+FP_STACK = struct.Struct("<iIQ")     # stack id, 0, the return address at [sp]
+_FNV_PRIME = 0x100000001B3
 ERR_TOO_DEEP, ERR_HISTS_FULL, ERR_ENTRIES_FULL, ERR_RING_FULL = range(4)
 ERR_SLOTS = 4
 PASS_ON = 1                          # programs on trace events pass hits on
@@ -56,6 +60,7 @@ _DELTA = -96
 _HKEY = -112                         # HISTS key
 _U32 = -116                          # an array map's u32 key
 _SLOW = -160                         # a SLOW record
+_FP = -176                           # an FP_STACK
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,30 @@ def entry_program(site: Site, maps: LatencyMaps, tgid=None, armed=None) -> bytes
     return a.assemble()
 
 
+def fp_entry_program(site: Site, maps: LatencyMaps, stacks: bpf.Map, fp_stacks: bpf.Map,
+                     tgid=None, armed=None) -> bytes:
+    """An entry with its frame-pointer stack: the kernel's walk and the
+    word at [sp] (the caller, which that walk skips at a function's entry)
+    stored in FP_STACKS under their hash."""
+    a = Asm()
+    _head(a, tgid, armed)
+    _now(a)
+    a.emit(mov(1, 6), ld_map_fd(2, stacks.fd), mov_imm(3, bpf.F_USER_STACK),
+           call(bpf.GET_STACKID), stx(10, _FP, 0, size=4),
+           st_imm(10, _FP + 4, 0, size=4), st_imm(10, _FP + 8, 0),
+           mov(1, 10), alu_imm(ADD, 1, _FP + 8), mov_imm(2, 8),
+           ldx(3, 6, bpf.PT_REGS["sp"]), call(bpf.PROBE_READ_USER),
+           ldx(1, 10, _FP), ld_imm64(3, _FNV_PRIME), alu_reg(MUL, 1, 3),
+           ldx(2, 10, _FP + 8), alu_reg(XOR, 1, 2), alu_reg(MUL, 1, 3),
+           stx(10, -8, 1),
+           ld_map_fd(1, fp_stacks.fd), mov(2, 10), alu_imm(ADD, 2, -8), mov(3, 10),
+           alu_imm(ADD, 3, _FP), mov_imm(4, 0), call(bpf.MAP_UPDATE))
+    entry_body(a, site, maps, with_stack=True)
+    a.label("out")
+    a.emit(mov_imm(0, PASS_ON), exit_())
+    return a.assemble()
+
+
 def _log2_bucket(a: Asm, unit_ns: int) -> None:
     """r3 = the bucket of the duration in r1: 0 for < 1 unit, else
     1 + floor(log2(duration in units)). Clobbers r1, r4."""
@@ -290,6 +319,7 @@ class Histogram:
     function: int
     pid: int                         # 0 unless split by stack
     chain: bytes                     # the entry's callchain (by stack), else b""
+    return_address: bytes            # frame pointers: the word at [sp] at the entry
     count: int
     total_ns: int
     min_ns: int
@@ -302,11 +332,11 @@ class LatencyCounter(BpfCounter):
     events like BpfCounter's (one program per trace event, never on the
     capture's inherited events). `sites[i]` says what probe i is;
     `tables`: the in-kernel unwinder's rows of an object, when the entry's
-    stack is wanted."""
+    stack is wanted with DWARF; `fp_stacks`: wanted with frame pointers."""
 
     def __init__(self, probes: list, sites: list, *, unit_ns: int, by_stack: bool,
-                 slower_ns: Optional[int], tables=None, filter_tgid=None,
-                 stack_storage: int = 1024, ring_bytes: int = 0):
+                 slower_ns: Optional[int], tables=None, fp_stacks: bool = False,
+                 filter_tgid=None, stack_storage: int = 1024, ring_bytes: int = 0):
         self.probes, self.sites = probes, sites
         self.kernel, self.calls_only = False, False
         self.filter_tgid = filter_tgid
@@ -316,6 +346,7 @@ class LatencyCounter(BpfCounter):
         self.event_fds: list = []
         self.armed = None
         self.objects = self.program = self.unwind_maps = None
+        self.stacks = self.fp_stacks = None
         functions = 1 + max(s.function for s in sites)
         self.lat = None
         try:
@@ -330,6 +361,13 @@ class LatencyCounter(BpfCounter):
                 self.objects = UnwindObjects(self.unwind_maps, tables)
                 self.objects.add_vdso()
                 self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
+            elif fp_stacks:
+                from ..kernel import perf_event as pe
+                self.max_depth = max(1, min(pe.max_stack(), 127))
+                self.stacks = self._map(bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth,
+                                        stack_storage, "ustack_latstk")
+                self.fp_stacks = self._map(bpf.MAP_HASH, 8, FP_STACK.size,
+                                           stack_storage, "ustack_latfp")
         except BaseException:
             self.close()
             raise
@@ -342,6 +380,9 @@ class LatencyCounter(BpfCounter):
             code, functions = self.program.code(
                 index, probe, tgid=tgid, armed=self.armed, prelude=_now,
                 then=lambda a: entry_body(a, site, self.lat, with_stack=True))
+        elif site.role == "entry" and self.fp_stacks is not None:
+            code = fp_entry_program(site, self.lat, self.stacks, self.fp_stacks, tgid,
+                                    self.armed)
         elif site.role == "entry":
             code = entry_program(site, self.lat, tgid, self.armed)
         else:
@@ -391,14 +432,22 @@ class LatencyCounter(BpfCounter):
                     buckets[i] += b
             if not count:
                 continue
-            chain = self.chain(h) if self.by_stack else b""
-            out.append(Histogram(function, tgid, chain, count, total, low or 0, high,
-                                 buckets))
+            chain, ret = self.stack_of(h) if self.by_stack else (b"", b"")
+            out.append(Histogram(function, tgid, chain, ret, count, total, low or 0,
+                                 high, buckets))
         return out
 
-    def chain(self, h: int) -> bytes:
-        from .bpf_unwind import stack_chain
-        return stack_chain(self.unwind_maps, h) if self.unwind_maps else b""
+    def stack_of(self, h: int) -> tuple:
+        """(callchain, return address) of the entry stack with hash `h`."""
+        if self.unwind_maps is not None:
+            from .bpf_unwind import stack_chain
+            return stack_chain(self.unwind_maps, h), b""
+        if self.fp_stacks is not None:
+            raw = self.fp_stacks.lookup(h.to_bytes(8, "little"))
+            if raw is not None:
+                stack_id, _zero, ret = FP_STACK.unpack(raw)
+                return self.stack_bytes(stack_id), ret.to_bytes(8, "little")
+        return b"", b""
 
     def tail_exits(self) -> list:
         """Calls per function that left through a tail call (not timed)."""
@@ -435,10 +484,11 @@ class LatencyCapture(BpfCapture):
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unit_ns: int, by_stack: bool, slower_ns: Optional[int],
-                 unwind_tables=None, stack_storage: int = 1024):
+                 unwind_tables=None, fp_stacks: bool = False, stack_storage: int = 1024):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
                          unwind_tables=unwind_tables)
         self.sites = sites
+        self.fp_stacks = fp_stacks
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
         self.decode = self._decode_latency
         if slower_ns is not None:
@@ -452,6 +502,7 @@ class LatencyCapture(BpfCapture):
             self.counter = LatencyCounter(
                 self.probes, self.sites, unit_ns=self.unit_ns, by_stack=self.by_stack,
                 slower_ns=self.slower_ns, tables=self.unwind_tables,
+                fp_stacks=self.fp_stacks,
                 filter_tgid=target.pid if target.scope != "system" else None,
                 stack_storage=self.stack_storage,
                 ring_bytes=ring_bytes(self.buffer_pages))
@@ -482,9 +533,9 @@ class LatencyCapture(BpfCapture):
             while offset < end:
                 n = struct.unpack_from("<I", chunk, offset)[0]
                 t, pid_tgid, function, cpu, ns, h = SLOW.unpack_from(chunk, offset + 4)
+                chain, ret = self.counter.stack_of(h)
                 samples.append(RawSample(function, pid_tgid >> 32,
-                                         pid_tgid & 0xFFFFFFFF, t, cpu,
-                                         self.counter.chain(h),
+                                         pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
                                          args=(("duration_ns", "u64", ns),)))
                 offset += 4 + n
             return offset
