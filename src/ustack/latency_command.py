@@ -123,8 +123,12 @@ class LatencySession(Session):
 
     def _open_capture(self):
         from .capture.bpf_latency import LatencyCapture
+        from .kernel import bpf
         from .unwind import policy
         request = self.request
+        if not bpf.available():
+            raise UstackError("latency counts in the kernel and BPF is not available "
+                              "here (bpf(2) failed)")
         # a uretprobe puts its trampoline in place of the caller's return
         # address: stacks walked through a timed call (nesting, recursion)
         # would end there, so runs that want stacks take returns at RETs
@@ -154,11 +158,7 @@ def _kernel_tables(entries: list, unwind: str) -> tuple:
     """(the in-kernel DWARF unwinder's rows, for the entries' stacks, or
     None for frame pointers; why not DWARF, to tell the user, or "")."""
     from .capture import bpf_unwind
-    from .kernel import bpf
     from .unwind import tables
-    if not bpf.available():
-        raise UstackError("latency counts in the kernel and BPF is not available "
-                          "here (bpf(2) failed)")
     if unwind == "fp":
         return None, ""
     why = bpf_unwind.why_unavailable(entries)
