@@ -279,14 +279,18 @@ def test_slot_go(gobin):
     assert t.symbol == "main.(*T).Method" and t.label == f"uprobe:{gobin}:main.(*T).Method"
 
 
-def test_go_uretprobe_refused(gobin):
-    with pytest.raises(UstackError) as e:
-        resolve_uprobes(parse_event(f"uretprobe:{gobin}:main.work"))
-    assert str(e.value) == (
-        "uretprobe on Go function main.work would crash the program (Go moves stacks "
-        "and checks return addresses); use uprobe on main.work instead (a uprobe on "
-        "each of its RET instructions would be the safe return probe; ustack does not "
-        "place those yet)")
+def test_go_uretprobe_is_a_uprobe_on_each_ret(gobin):
+    """A uretprobe would crash Go: a uretprobe on a Go function becomes a
+    plain uprobe on each of its RET instructions (objdump's), named as the
+    uretprobe, with the return address at [sp]; $retval is rax there."""
+    probes = resolve_uprobes(parse_event(f"uretprobe:{gobin}:main.work r=$retval"))
+    rets = [o for o, t in insns(gobin, "main.work") if t == "ret"]
+    assert rets and [p.symbol_offset for p in probes] == rets
+    start = nm(gobin)["main.work"]
+    for p in probes:
+        assert p.spec.kind == "uprobe" and p.label == f"uretprobe:{gobin}:main.work"
+        assert p.address == start + p.symbol_offset and p.return_address_slot == 0
+        assert p.fetch_args == ("r=%ax",)
 
 
 # --- errors ---------------------------------------------------------------------

@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the counts to FILE, not stdout")
     p.set_defaults(backend="bpf")         # counts in the kernel, nothing else
 
+    _latency_parser(sub)
+
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
     p.add_argument("pattern", nargs="?", help="glob, e.g. 'mem*'")
@@ -255,6 +257,8 @@ def _run(args) -> int:
         _record_options(args, opts)
     else:
         opts.events = args.events
+    if args.cmd == "latency":
+        opts.stack_storage = args.stack_storage_size
     if args.cmd in ("count", "profile"):
         opts.per_pid = args.per_pid or args.per_thread
         opts.per_thread = args.per_thread
@@ -270,7 +274,36 @@ def _run(args) -> int:
     if args.cmd == "record":
         from .record_commands import record
         return record(opts, archive=args.archive)
+    if args.cmd == "latency":
+        from .latency_command import LatencyRequest, run_latency
+        return run_latency(opts, LatencyRequest(args.by_stack, args.slower, args.units,
+                                                args.ret_sites))
     return run(opts)
+
+
+def _latency_parser(sub) -> None:
+    p = sub.add_parser("latency", help="histograms of the time from entry to "
+                       "return of functions and syscalls, counted in the kernel",
+                       description="EVENT: uprobe:PATH:FUNC (a glob: one histogram "
+                       "per function) or syscall:NAME")
+    p.add_argument("events", nargs="+", metavar="EVENT")
+    _target_args(p)
+    p.add_argument("--by-stack", action="store_true",
+                   help="a histogram per calling stack (unwound in the kernel)")
+    p.add_argument("--slower", type=float, metavar="MS",
+                   help="print each call that took at least MS milliseconds, "
+                        "with its stack, instead of histograms (funcslower)")
+    p.add_argument("--units", choices=("ns", "us", "ms"), default="us",
+                   help="the histograms' unit (default us)")
+    p.add_argument("--ret-sites", action="store_true",
+                   help="catch returns with a uprobe on each RET instruction "
+                        "(always on Go), not a uretprobe")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the results to FILE, not stdout")
+    p.add_argument("--stack-storage-size", type=int, default=DEFAULT_STACK_STORAGE,
+                   metavar="N", help="distinct entry stacks the kernel can keep "
+                                     f"(default {DEFAULT_STACK_STORAGE})")
+    p.set_defaults(backend="bpf")
 
 
 def _funccount_options(args, opts) -> None:

@@ -59,11 +59,13 @@ def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -
     return run_session(opts, report, err)[0]
 
 
-def run_session(opts: Options, body, err: TextIO = sys.stderr) -> tuple:
+def run_session(opts: Options, body, err: TextIO = sys.stderr,
+                session: Optional[Session] = None) -> tuple:
     """A run's frame: open, header, Ctrl-C, `body(session, progress)` (which
     returns the number of events, or None), close, summary. Returns (exit
-    status, the closed Session)."""
-    session = Session(opts)
+    status, the closed Session). `session`: an unopened one of a Session
+    subclass (latency's), else a Session of `opts`."""
+    session = session or Session(opts)
     with _Signals() as signals:
         try:
             session.open()

@@ -94,15 +94,7 @@ class Session:
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
                            else process.everything(opts.pids))
         try:
-            runs_jit = (self.target.scope == "pid"
-                        and procfs.runs_code_without_a_file(self.target.pid))
-            self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
-                                    self.probes, self._main_binary(), opts.kernel_stacks,
-                                    runs_jit)
-            capture = new_capture(self.plan.backend, self.probes, self.target,
-                                  self.plan.modes, opts, self.plan.kernel_tables)
-            capture.open()                  # closes what it opened if it fails
-            self.capture = capture
+            self.capture = self._open_capture()
         except BaseException:
             self.target.abort()            # a held -c command exits unrun
             raise
@@ -119,6 +111,20 @@ class Session:
                  "buffer_pages": self.capture.buffer_pages,
                  "stack_storage": opts.stack_storage},
                 raw_stacks=opts.raw_stacks)
+
+    def _open_capture(self):
+        """Plan the run and open its capture (a command with captures of
+        its own, as latency, overrides this)."""
+        opts = self.opts
+        runs_jit = (self.target.scope == "pid"
+                    and procfs.runs_code_without_a_file(self.target.pid))
+        self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
+                                self.probes, self._main_binary(), opts.kernel_stacks,
+                                runs_jit)
+        capture = new_capture(self.plan.backend, self.probes, self.target,
+                              self.plan.modes, opts, self.plan.kernel_tables)
+        capture.open()                      # closes what it opened if it fails
+        return capture
 
     @property
     def warnings(self) -> list:

@@ -192,9 +192,14 @@ class UnwindProgram:
         self._reads = 0                  # labels of _read_user's call sites
 
     def code(self, probe_index: int, probe, *, tgids=None, armed=None,
-             kernel_stacks=None, result: int = PASS_ON, ring=None) -> tuple:
+             kernel_stacks=None, result: int = PASS_ON, ring=None,
+             prelude=None, then=None) -> tuple:
         """(bytes, function offsets) of the program for one probe; `ring`:
-        write each event's record there (trace) instead of counting."""
+        write each event's record there (trace) instead of counting.
+        `then(asm)`: emit what to do with the stack once it is stored in
+        STACKS, its hash at r10-8 (r6 ctx, r7 pid_tgid; the stack below
+        r10-64 is free), instead of counting it; `prelude(asm)` is emitted
+        before the walk (capture/bpf_latency.py: the entry's time)."""
         m = self.maps
         a = Asm()
         a.emit(mov(6, 1), call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
@@ -206,6 +211,8 @@ class UnwindProgram:
             a.jump(jmp_imm, JEQ, 0, 0, to="out")
             a.emit(ldx(1, 0, 0))
             a.jump(jmp_imm, JEQ, 1, 0, to="out")
+        if prelude is not None:
+            prelude(a)
         # the count key at r10-24: pid_tgid, probe, kernel stack id, hash
         a.emit(stx(10, -24, 7), st_imm(10, -16, probe_index, size=4),
                st_imm(10, -12, -1, size=4))
@@ -215,6 +222,9 @@ class UnwindProgram:
             return self.finish(a, result)
         self.store_stack(a, then="count")
         a.label("count")
+        if then is not None:
+            then(a)
+            return self.finish(a, result)
         a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
                call(bpf.MAP_LOOKUP))
         a.jump(jmp_imm, JNE, 0, 0, to="add")
@@ -658,6 +668,20 @@ class UnwindMaps:
         self.all.clear()
 
 
+def stack_chain(maps: UnwindMaps, h: int) -> bytes:
+    """The callchain (u64 frames, a cut stack's marker last) stored in
+    STACKS under hash `h`."""
+    raw = maps.stacks.lookup(_U64.pack(h))
+    if raw is None:
+        return _U64.pack(KERNEL_UNWIND_STOP + READ_FAILED)
+    n, status = STACK_HEAD.unpack_from(raw)
+    n = min(n, MAX_FRAMES)
+    chain = bytes(raw[STACK_HEAD.size:STACK_HEAD.size + 8 * n])
+    if status not in (COMPLETE, NO_PROGRESS):
+        chain += _U64.pack(KERNEL_UNWIND_STOP + status)
+    return chain
+
+
 TableSource = Callable[[ElfImage], Optional[object]]   # -> PackedRows (data, len)
 
 
@@ -871,15 +895,7 @@ class UnwindCounter(BpfCounter):
         return out
 
     def _chain(self, h: int) -> bytes:
-        raw = self.unwind_maps.stacks.lookup(_U64.pack(h))
-        if raw is None:
-            return _U64.pack(KERNEL_UNWIND_STOP + READ_FAILED)
-        n, status = STACK_HEAD.unpack_from(raw)
-        n = min(n, MAX_FRAMES)
-        chain = bytes(raw[STACK_HEAD.size:STACK_HEAD.size + 8 * n])
-        if status not in (COMPLETE, NO_PROGRESS):
-            chain += _U64.pack(KERNEL_UNWIND_STOP + status)
-        return chain
+        return stack_chain(self.unwind_maps, h)
 
     def errors_seen(self) -> list:
         return [_U64.unpack(self.unwind_maps.errors.lookup(i.to_bytes(4, "little")))[0]

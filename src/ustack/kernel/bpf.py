@@ -27,6 +27,7 @@ OBJ_GET_INFO_BY_FD = 15
 
 # map types
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE, MAP_LRU_HASH = 1, 2, 6, 7, 9
+MAP_PERCPU_HASH = 5
 # program types (and what their context is)
 PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
 PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs
@@ -66,6 +67,8 @@ JA, JEQ, JGT, JGE, JNE, JSGT, JSGE, CALL, EXIT = (0x00, 0x10, 0x20, 0x30, 0x50,
                                                  0x60, 0x70, 0x80, 0x90)
 JSLT, JLT, JLE = 0xC0, 0xA0, 0xB0
 XOR, NEG = 0xA0, 0x80
+DIV = 0x30                        # unsigned
+DELETE_ELEM = 3                   # the helper bpf_map_delete_elem
 PSEUDO_MAP_FD = 1
 PSEUDO_CALL = 1                   # a call's src: a BPF function, imm = relative insn
 PSEUDO_FUNC = 4                   # ld_imm64's src: a BPF function's address
@@ -299,6 +302,20 @@ class Map:
             raise
         return vbuf.raw
 
+    def lookup_percpu(self, key: bytes) -> Optional[list]:
+        """A per-CPU map's values of `key`, one bytes per possible CPU, or
+        None if absent."""
+        step = (self.value_size + 7) & ~7
+        vbuf = ctypes.create_string_buffer(step * possible_cpus())
+        try:
+            self._elem(MAP_LOOKUP_ELEM, key, vbuf)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+        raw = vbuf.raw
+        return [raw[i:i + self.value_size] for i in range(0, len(raw), step)]
+
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
         self._elem(MAP_UPDATE_ELEM, key,
                    ctypes.create_string_buffer(value, self.value_size), flags)
@@ -358,6 +375,13 @@ class Map:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def possible_cpus() -> int:
+    """How many CPUs per-CPU maps hold values for (/sys/devices/system/cpu/possible)."""
+    with open("/sys/devices/system/cpu/possible") as f:
+        text = f.read().strip()
+    return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
 
 
 class LoadError(UstackError):

@@ -39,6 +39,9 @@ def _lite(code: bytes, addr: int):
     return _decoder(False).disasm_lite(code, addr)
 
 
+decode = _lite    # for the other stages (probes/return_sites.py)
+
+
 def _sets_up_frame(mnem: str, ops: str) -> bool:
     """rbp now holds this function's frame: `mov %rsp,%rbp`, or Go's
     `lea N(%rsp),%rbp` after `sub $N,%rsp; mov %rbp,X(%rsp)`."""

@@ -3,6 +3,7 @@ instruction boundary, with the return-address slot the unwinder needs) and
 tracepoint names expanded from globs."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import os
@@ -20,6 +21,7 @@ from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes import ifunc
 from ustack.probes.fetchargs import kernel_fetch_args
 from ustack.probes.named_args import NamedArgError, resolve_args
+from ustack.probes.return_sites import return_probes
 
 _GLOB_CHARS = "*?["
 
@@ -138,19 +140,15 @@ def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None,
                   for s in _functions(image, spec.function, shown, spec.offset)]
     targets = []
     for sym, vaddr in places:
-        if spec.kind == "uretprobe" and image.is_go:
-            name = sym.name if sym else f"0x{vaddr:x}"
-            raise UstackError(
-                f"uretprobe on Go function {name} would crash the program (Go moves "
-                f"stacks and checks return addresses); use uprobe on {name} instead "
-                "(a uprobe on each of its RET instructions would be the safe return "
-                "probe; ustack does not place those yet)")
         if spec.kind == "uretprobe" and sym is not None and vaddr != sym.address:
             # the kernel would overwrite [sp], which is no return address here
             raise UstackError(f"a uretprobe must be on a function's entry, and "
                               f"0x{vaddr:x} is {sym.name}+0x{vaddr - sym.address:x}")
         try:
-            targets.append(_target(spec, image, host, shown, sym, vaddr))
+            if spec.kind == "uretprobe" and image.is_go:
+                targets.extend(_go_returns(spec, image, host, shown, sym, vaddr, notes))
+            else:
+                targets.append(_target(spec, image, host, shown, sym, vaddr))
         except (Unprobeable, NamedArgError) as e:
             if not is_glob(spec.function or ""):
                 raise
@@ -160,6 +158,26 @@ def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None,
         raise UstackError(f"no function matching '{spec.function}' in {shown} "
                           "can be probed")
     return targets
+
+
+def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
+    """A uretprobe on a Go function, made safe: a uprobe on each of its RET
+    instructions (a uretprobe's trampoline crashes Go, which moves stacks
+    and checks the return addresses on them), named as the uretprobe;
+    `$retval` is rax there (Go's first result register)."""
+    if sym is None:
+        raise UstackError(f"uretprobe on Go code at 0x{vaddr:x} needs a function: "
+                          "its return instructions are found from its bounds")
+    entry = _target(dataclasses.replace(spec, kind="uprobe", args=()), image, host,
+                    shown, sym, vaddr)
+    rets, tails = return_probes(entry, image, label=f"uretprobe:{shown}:{sym.name}")
+    args = tuple(w.replace("$retval", "%ax") for w in
+                 kernel_fetch_args(spec.args, image.is_go, spec.text))
+    if tails and notes is not None:
+        notes.append(f"{sym.name} leaves through tail calls too; the returns of "
+                     "those calls are not seen")
+    spec = dataclasses.replace(spec, kind="uprobe")     # for the kernel: plain uprobes
+    return [dataclasses.replace(p, spec=spec, fetch_args=args) for p in rets]
 
 
 def _functions(image: ElfImage, func: str, shown: str, offset: int = 0) -> list:

@@ -1,0 +1,252 @@
+"""`ustack latency EVENT…`: how long functions (uprobe:PATH:FUNC) and
+syscalls (syscall:NAME) take, from entry to return, as log2 histograms
+counted in the kernel (capture/bpf_latency.py), per function or per
+function and calling stack (--by-stack); or each call slower than a
+threshold with its stack (--slower, bcc's funcslower).
+
+Returns: a uretprobe on C, C++ and Rust; on Go (where a uretprobe crashes
+the program), with --ret-sites, and with stacks (a uretprobe's trampoline
+replaces return addresses the stacks walk through), a uprobe on each RET instruction of the
+function (probes/return_sites.py), the Go entry probe after the stack-growth
+check, and calls paired per goroutine. A tail call's jmp out of the
+function ends its call untimed (said at the end)."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from typing import Optional, TextIO
+
+from .commands import _given, run_session
+from .model import TracepointProbe, UprobeProbe, UstackError
+from .objfile.elf import ElfImage
+from .options import Options
+from .probes.return_sites import entry_site, return_probes, site_probe
+from .probes.spec import parse_event
+from .report.latency import format_histogram, format_slow_call
+from .report.output import check_destination, open_output
+from .session import Session
+
+UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000}
+
+
+@dataclass
+class LatencyRequest:
+    """What latency adds to a run's Options."""
+    by_stack: bool = False
+    slower_ms: Optional[float] = None    # --slower: report calls at least this slow
+    units: str = "us"
+    ret_sites: bool = False              # returns by RET uprobes also outside Go
+
+    @property
+    def unit_ns(self) -> int:
+        return UNITS[self.units]
+
+    @property
+    def wants_stacks(self) -> bool:
+        return self.by_stack or self.slower_ms is not None
+
+
+def check_request(opts: Options, request: LatencyRequest) -> None:
+    """Refuse what latency cannot do, before anything is attached."""
+    if request.units not in UNITS:
+        raise UstackError(f"--units must be one of {', '.join(UNITS)}")
+    if request.slower_ms is not None and not 0 <= request.slower_ms < float("inf"):
+        raise UstackError("--slower takes a duration in milliseconds, 0 or more")
+    for text in opts.events:
+        spec = parse_event(text)
+        if spec.kind not in ("uprobe", "syscall"):
+            raise UstackError(f"latency measures functions (uprobe:PATH:FUNC) and "
+                              f"syscalls (syscall:NAME), not {spec.kind} events: {text}")
+        if spec.args:
+            raise UstackError(f"latency takes no fetch-args: {text}")
+        if spec.offset:
+            raise UstackError(f"latency times whole calls: give the function "
+                              f"without +0x{spec.offset:x}: {text}")
+
+
+def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
+    """(the probes to place, what each is to the programs: Site) for the
+    resolved entry probes: each function's entry (moved past Go's
+    stack-growth check) first, then its returns."""
+    from .capture.bpf_latency import Site
+    probes, sites = [], []
+    returns = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, TracepointProbe):
+            name = entry.name[len("sys_enter_"):]
+            probes.append(entry)
+            sites.append(Site(i, "entry"))
+            returns.append((TracepointProbe(entry.spec, "syscalls", f"sys_exit_{name}",
+                                            f"syscall:{name} (exit)"), Site(i, "return")))
+            continue
+        image = ElfImage.open(entry.path)
+        if entry.symbol is None or entry.symbol_offset:
+            raise UstackError(f"{entry.label} is not the start of a function")
+        if not (image.is_go or ret_sites):
+            probes.append(entry)
+            sites.append(Site(i, "entry"))
+            ret = dataclasses.replace(
+                entry, spec=dataclasses.replace(entry.spec, kind="uretprobe"),
+                return_address_slot=None,
+                label=entry.label.replace("uprobe:", "uretprobe:", 1))
+            returns.append((ret, Site(i, "return")))
+            continue
+        go = image.is_go
+        sym = image.lookup(entry.address)
+        start = entry_site(image, sym)
+        probes.append(site_probe(entry, image, start, entry.label)
+                      if start != entry.address else entry)
+        sites.append(Site(i, "entry", goroutine=go))
+        rets, tails = return_probes(entry, image)
+        returns += [(p, Site(i, "return", goroutine=go)) for p in rets]
+        returns += [(p, Site(i, "tail", goroutine=go)) for p in tails]
+        if tails:
+            notes.append(f"{entry.symbol} leaves through a tail call at "
+                         + ", ".join(f"+0x{p.symbol_offset:x}" for p in tails)
+                         + ": such calls end there untimed (the callee returns "
+                           "for it)")
+    for probe, site in returns:
+        probes.append(probe)
+        sites.append(site)
+    return probes, sites
+
+
+class LatencySession(Session):
+    """A Session whose capture is latency's: the resolved probes are the
+    functions' entries; their returns are added here."""
+
+    def __init__(self, opts: Options, request: LatencyRequest):
+        super().__init__(opts)
+        self.request = request
+        self.setup_notes: list = []
+
+    def _open_capture(self):
+        from .capture.bpf_latency import LatencyCapture
+        from .kernel import bpf
+        from .unwind import policy
+        request = self.request
+        if not bpf.available():
+            raise UstackError("latency counts in the kernel and BPF is not available "
+                              "here (bpf(2) failed)")
+        # a uretprobe puts its trampoline in place of the caller's return
+        # address: stacks walked through a timed call (nesting, recursion)
+        # would end there, so runs that want stacks take returns at RETs
+        probes, sites = latency_probes(self.probes,
+                                       request.ret_sites or request.wants_stacks,
+                                       self.setup_notes)
+        tables, fp, why = None, False, ""
+        if request.wants_stacks:
+            tables, why = _kernel_tables(self.probes, self.opts.unwind)
+            fp = tables is None
+            if why:
+                self.setup_notes.append(f"{why}; entry stacks walk frame pointers")
+        mode = "dwarf" if tables else "fp" if fp else "none"
+        self.plan = policy.Plan("bpf", (mode,) * len(self.probes), kernel_tables=tables)
+        capture = LatencyCapture(
+            probes, sites, self.target, self.opts.buffer_pages,
+            unit_ns=request.unit_ns, by_stack=request.by_stack,
+            slower_ns=(None if request.slower_ms is None
+                       else int(request.slower_ms * 1_000_000)),
+            unwind_tables=tables, fp_stacks=fp, stack_storage=self.opts.stack_storage)
+        capture.open()
+        capture.unwind_note = _returns_note(probes, sites, tables is not None)
+        return capture
+
+
+def _kernel_tables(entries: list, unwind: str) -> tuple:
+    """(the in-kernel DWARF unwinder's rows, for the entries' stacks, or
+    None for frame pointers; why not DWARF, to tell the user, or "")."""
+    from .capture import bpf_unwind
+    from .unwind import tables
+    if unwind == "fp":
+        return None, ""
+    why = bpf_unwind.why_unavailable(entries)
+    if why is not None:
+        return None, f"in-kernel DWARF unwinding failed to load: {why}"
+    return tables.for_image, ""
+
+
+def _returns_note(probes: list, sites: list, stacks: bool) -> str:
+    rets = sum(s.role == "return" and isinstance(p, UprobeProbe)
+               and p.spec.kind == "uprobe" for p, s in zip(probes, sites))
+    kinds = []
+    if any(p.spec.kind == "uretprobe" for p in probes if isinstance(p, UprobeProbe)):
+        kinds.append("uretprobe")
+    if rets:
+        kinds.append(f"uprobes on {rets} RET instruction{'s' * (rets != 1)}")
+    if any(s.goroutine for s in sites):
+        kinds.append("paired per goroutine")
+    note = "returns: " + ", ".join(kinds) if kinds else ""
+    if stacks:
+        note = "entry stacks unwound in the kernel" + ("; " + note if note else "")
+    return note
+
+
+def run_latency(opts: Options, request: LatencyRequest, out: Optional[TextIO] = None,
+                err: TextIO = sys.stderr) -> int:
+    check_request(opts, request)
+    opts.command = "latency"
+    if opts.output_path and opts.output_path != "-":
+        check_destination(opts.output_path, f"-o {opts.output_path}")
+    session = LatencySession(opts, request)
+    unit, unit_ns = request.units, request.unit_ns
+
+    def body(session: LatencySession, progress) -> int:
+        session.notes.extend(session.setup_notes)
+        stream = _given(out) if out is not None else open_output(
+            opts.output_path, whole=request.slower_ms is None)
+        with stream as w:
+            for piece in session.pieces():
+                for s in piece.samples:        # --slower: a slow call
+                    w.write(format_slow_call(
+                        session.tracker.comm(s.pid, s.tid), s.pid, s.tid, s.cpu, s.time_ns,
+                        session.labels[s.probe], s.args[0][2], unit, unit_ns,
+                        session.resolver.stack(s)))
+                if piece.samples:
+                    w.flush()
+            hists = session.capture.histograms()
+            calls = sum(h.count for h in hists)
+            for i, n in enumerate(session.capture.tail_exits()):
+                if n:
+                    session.notes.append(f"{n} calls of {session.labels[i]} left "
+                                         "through a tail call and were not timed")
+            running = session.capture.in_flight()
+            if running:
+                session.notes.append(f"{running} calls had not returned when the run "
+                                     "ended (not timed)")
+            if request.slower_ms is None:
+                w.write(_histograms(session, hists, unit, unit_ns))
+        return calls
+
+    return run_session(opts, body, err, session)[0]
+
+
+def _histograms(session: LatencySession, hists: list, unit: str, unit_ns: int) -> str:
+    """The histograms in the order of the events, each function's by count;
+    by stack, those whose stacks print the same (call sites within one
+    function differ only by offset) merged into one."""
+    from .model import RawSample
+    from .report.counts import function_label
+    merged: dict = {}                    # (function, printed stack) -> [Histogram, Stack]
+    for h in hists:
+        stack = None
+        if session.request.by_stack:
+            stack = session.resolver.stack(RawSample(h.function, h.pid, h.pid, 0, -1,
+                                                     h.chain, h.return_address))
+        key = (h.function, stack and (tuple(map(function_label, stack.frames)),
+                                      stack.notes))
+        if key not in merged:
+            merged[key] = [h, stack]
+            continue
+        m = merged[key][0]
+        merged[key][0] = dataclasses.replace(
+            m, count=m.count + h.count, total_ns=m.total_ns + h.total_ns,
+            min_ns=min(m.min_ns, h.min_ns), max_ns=max(m.max_ns, h.max_ns),
+            buckets=[a + b for a, b in zip(m.buckets, h.buckets)])
+    text = []
+    for h, stack in sorted(merged.values(), key=lambda hs: (hs[0].function, hs[0].count)):
+        text.append(format_histogram(session.labels[h.function], h.count, h.total_ns,
+                                     h.min_ns, h.max_ns, h.buckets, unit, unit_ns,
+                                     stack))
+    return "".join(text)

@@ -1,0 +1,3 @@
+module golatency
+
+go 1.19
