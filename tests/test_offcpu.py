@@ -242,10 +242,12 @@ def test_python_api_counts_are_nanoseconds(prog):
     nanoseconds each stack spent off the CPU."""
     from ustack import Options, Session
     from ustack.offcpu_command import offcpu_filter, offcpu_options
-    opts = offcpu_options(Options(cmdline=f"{prog} 1 2 30"),
+    # 3 sleeps of 30 ms; the first may be cut above sleeper_fn while the
+    # unwinder's VMA cache warms (a -c target gets no warm-up)
+    opts = offcpu_options(Options(cmdline=f"{prog} 1 3 30"),
                           offcpu_filter(1000, None, ["S"], False))
     with Session(opts) as run:
         counts = run.counts()
     sleeps = [c for c in counts if any(f.function == "sleeper_fn" for f in c.stack.frames)]
     assert sleeps and all(c.event == "tracepoint:sched:sched_switch" for c in sleeps)
-    assert 2 * 30e6 <= sum(c.count for c in sleeps) < 2 * 30e6 * 1.5, sleeps
+    assert 2 * 30e6 <= sum(c.count for c in sleeps) < 3 * 30e6 * 1.5, sleeps
