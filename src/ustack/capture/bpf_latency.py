@@ -498,28 +498,16 @@ class LatencyCapture(BpfCapture):
             self.read_chunks = self._read_chunks
             self.stop = self._stop
 
-    def open(self) -> None:
+    def _new_counter(self) -> LatencyCounter:
+        from .bpf import ring_bytes
         target = self.target
-        try:
-            from .bpf import ring_bytes
-            self.counter = LatencyCounter(
-                self.probes, self.sites, unit_ns=self.unit_ns, by_stack=self.by_stack,
-                slower_ns=self.slower_ns, tables=self.unwind_tables,
-                fp_stacks=self.fp_stacks,
-                filter_tgid=target.pid if target.scope != "system" else None,
-                stack_storage=self.stack_storage,
-                ring_bytes=ring_bytes(self.buffer_pages))
-            if self.unwind_tables is not None:
-                from .bpf_unwind import objects_of_target
-                for path in objects_of_target(target, self.probes):
-                    self.counter.objects.add_path(path)
-            self.events.open()
-            if target.scope == "command":
-                self.counter.arm_on_exec(target.pid)
-            self.counter.attach(self.events)
-        except BaseException:
-            self.close()
-            raise
+        return LatencyCounter(
+            self.probes, self.sites, unit_ns=self.unit_ns, by_stack=self.by_stack,
+            slower_ns=self.slower_ns, tables=self.unwind_tables,
+            fp_stacks=self.fp_stacks,
+            filter_tgid=target.pid if target.scope != "system" else None,
+            stack_storage=self.stack_storage,
+            ring_bytes=ring_bytes(self.buffer_pages))
 
     def _read_chunks(self, timeout_ms: int) -> list:
         chunks = self.events.read_chunks(timeout_ms)
