@@ -80,6 +80,8 @@ class ElfImage:
             raise UstackError(f"no such binary: {path}") from None
         except OSError as e:
             raise UstackError(f"{path}: {e.strerror}") from None
+        except ValueError:              # a NUL byte (read from a trace file)
+            raise UstackError(f"no such binary: {path!r}") from None
         key = objcache.memo_key(st)
         image = cls._cache.get(key)
         if image is None:
