@@ -607,3 +607,20 @@ def test_a_nul_byte_in_a_trace_files_path(chain, tmp_path):
     status, out, _err = run_main(["symbolize", trace, "--binary", chain])
     assert status == 0
     assert out == " => /tmp/a\0b[+0x10] : [unknown] [a\0b]\n"
+
+
+def test_a_section_larger_than_the_file(tmp_path):
+    """A section header whose sh_size is 2**62: the section's bytes were
+    read into a buffer of that size (MemoryError)."""
+    from elftools.elf.elffile import ELFFile
+    binary = build("chain", flags=("-O2", "-g", "-fomit-frame-pointer"))
+    data = bytearray(binary.read_bytes())
+    with open(binary, "rb") as f:
+        elf = ELFFile(f)
+        index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == ".eh_frame")
+        header = elf.header.e_shoff + index * elf.header.e_shentsize
+    data[header + 32:header + 40] = (1 << 62).to_bytes(8, "little")    # sh_size
+    copy = write_copy(tmp_path, "huge", bytes(data))
+    table, _found = UnwindTable.for_image(ElfImage.open(str(copy)))
+    main = ElfImage.open(str(binary)).find("main")[0].address
+    assert table.lookup(main) is not None      # the section's bytes, up to the end
