@@ -81,6 +81,8 @@ class ElfImage:
             raise UstackError(f"no such binary: {path}") from None
         except OSError as e:
             raise UstackError(f"{path}: {e.strerror}") from None
+        except ValueError:              # a NUL byte (read from a trace file)
+            raise UstackError(f"no such binary: {path!r}") from None
         key = objcache.memo_key(st)
         image = cls._cache.get(key)
         if image is None:
@@ -465,7 +467,12 @@ class ElfImage:
                     os.close(old_fd)
             elif _open_fds and next(reversed(_open_fds)) is not self:
                 _open_fds.move_to_end(self)
-            return os.pread(fd, size, offset)
+            # a corrupt header's size or offset may lie far past the end
+            # (a buffer of its size would not fit in memory)
+            end = os.fstat(fd).st_size
+            if not 0 <= offset < end:
+                return b""
+            return os.pread(fd, max(0, min(size, end - offset)), offset)
         except OSError as e:
             raise UstackError(f"{self.path}: {e.strerror}") from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 from typing import Optional
 
@@ -51,12 +52,16 @@ def open_output(path: Optional[str], binary: bool = False, whole: bool = True):
             if sys.stdout.isatty():
                 raise UstackError("this format is binary: write it to a file "
                                   "with -o FILE (or redirect stdout)")
-            yield sys.stdout.buffer
-            sys.stdout.buffer.flush()
+            out = _Checked(sys.stdout.buffer, "stdout")
         else:
-            yield sys.stdout
+            out = _Checked(sys.stdout, "stdout")
+        yield out
+        out.flush()
         return
     check_destination(path, f"-o {path}")
+    # a device or FIFO (-o /dev/null) is written in place: renaming a
+    # finished file over it would replace the device node itself
+    whole = whole and not _special(path)
     partial = f"{path}.partial-{os.getpid()}" if whole else path
     try:
         stream = open(partial, "wb" if binary else "w",
@@ -64,12 +69,56 @@ def open_output(path: Optional[str], binary: bool = False, whole: bool = True):
     except OSError as e:
         raise UstackError(f"-o {path}: {e.strerror}") from None
     try:
-        with stream:
-            yield stream
+        out = _Checked(stream, f"-o {path}")
+        try:
+            yield out
+            out.flush()                 # its error said here, not at close
+        finally:
+            with contextlib.suppress(OSError):   # a failed flush is said already
+                stream.close()
         if whole:
-            os.replace(partial, path)
+            try:
+                os.replace(partial, path)
+            except OSError as e:
+                raise UstackError(f"-o {path}: {e.strerror}") from None
     except BaseException:
         if whole:
             with contextlib.suppress(OSError):
                 os.unlink(partial)
         raise
+
+
+def _special(path: str) -> bool:
+    """Whether `path` exists and is not a regular file."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+class _Checked:
+    """A report stream whose write errors (a full disk, -o /dev/full) end
+    the run with a one-line error, not a traceback."""
+
+    def __init__(self, stream, label: str):
+        self._stream = stream
+        self._label = label
+
+    def write(self, data):
+        try:
+            return self._stream.write(data)
+        except BrokenPipeError:
+            raise                        # the reader left (| head): not an error
+        except OSError as e:
+            raise UstackError(f"{self._label}: {e.strerror}") from None
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise UstackError(f"{self._label}: {e.strerror}") from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)

@@ -228,9 +228,22 @@ def _fill_gaps(fdes: list, extra: list) -> list:
     return fdes + keep
 
 
+_INT32 = range(-1 << 31, 1 << 31)
+_ADDRESSES = range(1 << 64)
+
+
+def _fits(fde) -> bool:
+    """Whether an FDE's addresses and rows fit the table's arrays (a
+    corrupt one's may not: it is left out, as if it had no CFI)."""
+    lo, hi, rows = fde
+    return lo in _ADDRESSES and hi in _ADDRESSES and all(
+        addr in _ADDRESSES and 0 <= row[0] < 256 and all(v in _INT32 for v in row[1:])
+        for addr, row in rows)
+
+
 def _flatten(path: str, fdes: list) -> UnwindTable:
     """FDE row lists -> one sorted, gap-marked, deduplicated table."""
-    fdes.sort(key=lambda f: f[0])
+    fdes = sorted(filter(_fits, fdes), key=lambda f: f[0])
     starts, kinds = array("Q"), bytearray()
     cfa, ra, bp, aux = array("i"), array("i"), array("i"), array("i")
     last = None
