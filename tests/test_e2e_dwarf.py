@@ -474,3 +474,18 @@ def test_cfi_cache_across_runs(chain, tmp_path):
     assert sorted((cache / "cfi").glob("*.v1")) == files
     stacks = count_stacks(out2)
     assert [(program_names(s["frames"], chain), s["count"]) for s in stacks] == [(CHAIN, 20)]
+
+
+def test_losses_of_copied_stacks_do_not_advise_a_larger_buffer(chain):
+    """Copied stacks are lost because decoding falls behind, which a larger
+    buffer only delays: the advice says so instead of --buffer-pages N*4
+    (which sent users round a loop to 1.3 GB). One page for 8 KiB copies:
+    most events of a tight loop are lost."""
+    res = run_ustack("count", "--backend", "perf", "--unwind", "dwarf",
+                     "--buffer-pages", "1", f"uprobe:{chain}:d", "-c", f"{chain} 20000",
+                     timeout=120)
+    assert res.returncode == 0, res.stderr
+    lost = [line for line in res.stderr.splitlines() if line.startswith("Lost ")]
+    assert len(lost) == 1, res.stderr
+    assert "a larger --buffer-pages only delays the losses" in lost[0]
+    assert "--backend bpf" in lost[0] and "try --buffer-pages" not in lost[0]

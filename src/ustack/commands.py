@@ -87,7 +87,9 @@ def run_session(opts: Options, body, err: TextIO = sys.stderr,
                   stack_storage=opts.stack_storage,
                   command=target.argv[0] if target.scope == "command" else "",
                   exit_status=None if target.interrupted else target.exit_status,
-                  events=events)
+                  events=events,
+                  copied_stacks=(session.plan.backend == "perf"
+                                 and "dwarf" in session.plan.modes))
     if session.plan.note:
         print(f"note: {session.plan.note}", file=err)
     return _exit_status(target), session

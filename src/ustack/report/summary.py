@@ -6,11 +6,15 @@ from typing import Optional, TextIO
 
 from ..model import Losses
 
+MAX_ADVISED_PAGES = 8192        # 32 MiB per CPU: more only delays a slow reader
+
 
 def write_summary(err: TextIO, *, warnings=(), losses: Losses = Losses(),
                   backend: str = "", buffer_pages: int = 0, stack_storage: int = 0,
                   command: str = "", exit_status=None,
-                  events: Optional[int] = None) -> None:
+                  events: Optional[int] = None, copied_stacks: bool = False) -> None:
+    """`copied_stacks`: the run copied stacks out for ustack to unwind, whose
+    losses a larger buffer only delays (decoding is what falls behind)."""
     if losses.uncounted:
         total = sum(n for _why, n in losses.uncounted)
         why = ", ".join(f"{n} {reason}" for reason, n in losses.uncounted)
@@ -23,7 +27,17 @@ def write_summary(err: TextIO, *, warnings=(), losses: Losses = Losses(),
               f"({why}); each such stack ends with a note", file=err)
     for warning in dict.fromkeys(warnings):          # each once, in order
         print(f"ustack: {warning}", file=err)
-    if losses.lost:
+    if losses.lost and copied_stacks:
+        print(f"Lost {losses.lost} events: the {backend} buffer was full; copied "
+              f"stacks are unwound at tens of thousands of events/s, and a "
+              f"larger --buffer-pages only delays the losses: fewer events (a "
+              f"narrower probe, a lower -F) or in-kernel unwinding (--backend "
+              f"bpf) keep up", file=err)
+    elif losses.lost and buffer_pages >= MAX_ADVISED_PAGES:
+        print(f"Lost {losses.lost} events: the {backend} buffer was full even "
+              f"at {buffer_pages} pages per CPU: the events come faster than "
+              f"they are read; fewer events keep up", file=err)
+    elif losses.lost:
         print(f"Lost {losses.lost} events: the {backend} buffer was full "
               f"(try --buffer-pages {buffer_pages * 4})", file=err)
     if losses.throttled:
