@@ -3,13 +3,15 @@
 // goroutine's stack (its entry grows the stack through runtime.morestack,
 // which runs the function's start again), then it recurses deeply (the
 // stack is copied again, several times) and sleeps (the goroutine parks and
-// may resume on another thread) for 2.5 ms or 11 ms, alternately: every
+// may resume on another thread) for 4.2 ms or 17 ms, alternately (near the
+// bottom of a log2 bucket: a Go call may be descheduled between its own
+// clock and its RET for a ms or more on a loaded machine): every
 // call moves its stack, and may change threads, between entry and return.
 // Each call times itself and the program writes to OUT, in ustack
 // latency's bucket labels (log2 of milliseconds):
 //   calls C
-//   [2ms, 4ms) N1
-//   [8ms, 16ms) N2
+//   [4ms, 8ms) N1
+//   [16ms, 32ms) N2
 // Exit status 0; 3 if a call returned a wrong value.
 package main
 
@@ -22,7 +24,7 @@ import (
 	"time"
 )
 
-var sleeps = []time.Duration{2500 * time.Microsecond, 11 * time.Millisecond}
+var sleeps = []time.Duration{4200 * time.Microsecond, 17 * time.Millisecond}
 
 //go:noinline
 func grow(n int) int {
