@@ -116,11 +116,15 @@ class Session:
         """Plan the run and open its capture (a command with captures of
         its own, as latency, overrides this)."""
         opts = self.opts
-        runs_jit = (self.target.scope == "pid"
-                    and procfs.runs_code_without_a_file(self.target.pid))
+        copy_reason = None
+        if opts.raw_stacks:
+            copy_reason = policy.KEEPS_COPIES
+        elif (self.target.scope == "pid"
+              and procfs.runs_code_without_a_file(self.target.pid)):
+            copy_reason = policy.RUNS_JIT
         self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                 self.probes, self._main_binary(), opts.kernel_stacks,
-                                runs_jit)
+                                copy_reason)
         capture = new_capture(self.plan.backend, self.probes, self.target,
                               self.plan.modes, opts, self.plan.kernel_tables)
         capture.open()                      # closes what it opened if it fails

@@ -80,19 +80,23 @@ class Plan:
         return "/".join(sorted(set(self.modes)))
 
 
-_JIT = ("the target runs code without a file (a JIT's), which the in-kernel "
-        "unwinder cannot walk; stacks are copied and unwound by ustack")
+# why auto copies stacks although the kernel could unwind them (the
+# caller says which applies): the note the run ends with
+RUNS_JIT = ("the target runs code without a file (a JIT's), which the in-kernel "
+            "unwinder cannot walk")
+KEEPS_COPIES = "the recording keeps the stacks as copied (--raw-stacks)"
 
 
 def plan(command: str, backend: str, unwind: str, probes: list,
          main_binary: Optional[str] = None, kernel_stacks: bool = False,
-         runs_jit: bool = False) -> Plan:
+         copy_reason: Optional[str] = None) -> Plan:
     """The backend and per-probe unwind mode of a run of `command` (trace,
     count, profile, funccount) as the user asked (`backend`: auto | perf |
     bpf | tracefs; `unwind`: auto | fp | dwarf), or a UstackError saying why
-    it cannot be done. The one place these choices are made. `runs_jit`:
-    the -p target runs JIT code, through which only the copy path goes (on
-    its frame pointers)."""
+    it cannot be done. The one place these choices are made.
+    `copy_reason`: why auto must copy stacks rather than unwind them in the
+    kernel (RUNS_JIT: only the copy path goes on through JIT code, on its
+    frame pointers; KEEPS_COPIES), or None."""
     if backend == "tracefs":
         return Plan("tracefs", tuple(_tracefs_mode(p, unwind) for p in probes))
     if command == "offcpu":          # sched tracepoints, DWARF in the kernel only
@@ -108,21 +112,21 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     if (command == "trace" and backend == "auto" and unwind != "fp"
             and "dwarf" in modes and not kernel_stacks
             and not any(getattr(p, "fetch_args", ()) for p in probes)):
-        why = _JIT if runs_jit else _why_no_kernel_dwarf(probes)
+        why = copy_reason or _why_no_kernel_dwarf(probes)
         if why is None:           # each event's frames through a ring buffer
             return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
-        return Plan("perf", modes, f"{why}; stacks are copied and unwound by ustack")
+        return Plan("perf", modes, _copied(why))
     if not counting:
         return Plan("perf", modes)
     if command != "funccount" and unwind != "fp" and _wants_dwarf(probes, modes,
                                                                  main_binary):
-        why = (_JIT if runs_jit and backend == "auto" and not kernel_stacks
+        why = (copy_reason if copy_reason and backend == "auto" and not kernel_stacks
                else _why_no_kernel_dwarf(probes))
         if why is None:
             return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
         if not kernel_stacks:       # --kernel: frame pointers in the kernel, below
             # the copy path: complete stacks at a higher cost, and the user is told why
-            return Plan("perf", modes, f"{why}; stacks are copied and unwound by ustack")
+            return Plan("perf", modes, _copied(why))
     why_not = _why_not_bpf(command, backend, unwind, modes, kernel_stacks)
     if why_not is None:
         return Plan("bpf", ("none" if command == "funccount" else "fp",) * len(probes))
@@ -130,6 +134,12 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         raise UstackError("--kernel needs in-kernel counting (the bpf backend), "
                           "which walks frame pointers only")
     return Plan("perf", modes, why_not)
+
+
+def _copied(why: str) -> Optional[str]:
+    """The note of a run that copies stacks because of `why` (none when
+    the user asked for the copies)."""
+    return None if why == KEEPS_COPIES else f"{why}; stacks are copied and unwound by ustack"
 
 
 def _bpf_trace(probes: list, unwind: str) -> Plan:
