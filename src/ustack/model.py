@@ -99,6 +99,10 @@ KERNEL_UNWIND_REASONS = {
     11: "the process's memory map was locked",
     12: "the in-kernel unwind table was full when this object was loaded",
 }
+# not a cut: the whole stack, through code without a file (JIT) on its
+# frame pointer, as the copy path's unwinder goes (it says so too)
+KERNEL_UNWIND_THROUGH_JIT = 13
+JIT_NOTE = "frame pointer used for code without a file (JIT?)"
 
 
 class RawSample(NamedTuple):

@@ -10,7 +10,6 @@ import time
 from typing import NamedTuple, Optional
 
 from .capture.backends import new_capture
-from .kernel import procfs
 from .capture.drain import Stream
 from .capture.recorded import RecordedCapture
 from .model import Piece, RawSample, Stack, StackCount, UstackError
@@ -116,12 +115,7 @@ class Session:
         """Plan the run and open its capture (a command with captures of
         its own, as latency, overrides this)."""
         opts = self.opts
-        copy_reason = None
-        if opts.raw_stacks:
-            copy_reason = policy.KEEPS_COPIES
-        elif (self.target.scope == "pid"
-              and procfs.runs_code_without_a_file(self.target.pid)):
-            copy_reason = policy.RUNS_JIT
+        copy_reason = policy.KEEPS_COPIES if opts.raw_stacks else None
         self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                 self.probes, self._main_binary(), opts.kernel_stacks,
                                 copy_reason)

@@ -41,7 +41,8 @@ from ..kernel.tracefs import event_format, tracepoint_id
 from ..kernel.bpf import (ADD, AND, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
-from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Losses, MmapEvent,
+from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT,
+                     Losses, MmapEvent,
                      ProfileProbe, RawSample, TracepointProbe, UprobeProbe,
                      UstackError)
 from .perf import NEVER_SAMPLE, PerfCapture
@@ -458,7 +459,7 @@ def cut_reason(chain: bytes):
     """Why the in-kernel unwinder cut this callchain short, or None."""
     if len(chain) >= 8:
         last = _U64.unpack_from(chain, len(chain) - 8)[0]
-        if last & ~0xFF == KERNEL_UNWIND_STOP:
+        if last & ~0xFF == KERNEL_UNWIND_STOP and last & 0xFF != KERNEL_UNWIND_THROUGH_JIT:
             return KERNEL_UNWIND_REASONS.get(last & 0xFF, f"reason {last & 0xFF}")
     return None
 

@@ -54,7 +54,7 @@ from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLE, JLT, JNE, JSGE, LSH,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel import procfs
 from ..kernel.proc_root import backing_devices
-from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample,
+from ..model import (KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT, Mapping, ProfileProbe, RawSample,
                      TracepointProbe, UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
@@ -90,6 +90,7 @@ BP_SAME, BP_AT, BP_LOST, BP_AT_BP = range(4)
 # why a walk stopped; 0 is a complete stack
 (COMPLETE, NO_MAPPING, NO_FILE, NO_TABLE, NO_CFI, GAP, UNSUPPORTED, NO_BP,
  READ_FAILED, NO_PROGRESS, TRUNCATED, VMA_BUSY, TABLE_FULL) = range(13)
+THROUGH_JIT = KERNEL_UNWIND_THROUGH_JIT   # complete, a JIT frame on its frame pointer
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
 _RUNNING = 0xFF
 
@@ -106,7 +107,8 @@ S_STACK = 200                    # STACK_HEAD, then the frames
 S_FRAMES = S_STACK + STACK_HEAD.size
 WINDOW = 512                     # bytes of stack copied at a time (_read_user)
 S_WINBUF = S_FRAMES + 8 * MAX_FRAMES
-SCRATCH_SIZE = S_WINBUF + WINDOW
+S_FP_USED = S_WINBUF + WINDOW    # 1 once a frame without a file was walked on rbp
+SCRATCH_SIZE = S_FP_USED + 8
 STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
 
 _FNV_PRIME = 0x100000001B3
@@ -254,6 +256,7 @@ class UnwindProgram:
         a.emit(mov_imm(1, 1), stx(8, S_EXACT, 1), stx(8, S_BPOK, 1),
                ld_imm64(1, _FNV_BASIS), stx(8, S_HASH, 1),
                st_imm(8, S_MEND, 0), st_imm(8, S_MSTART, 0), st_imm(8, S_WIN, 0),
+               st_imm(8, S_FP_USED, 0),
                ldx(1, 8, S_PC), stx(8, S_FRAMES, 1),
                st_imm(8, S_STACK, 1, size=4), st_imm(8, S_STACK + 4, _RUNNING, size=4))
         a.emit(ldx(1, 8, S_PC))
@@ -425,6 +428,7 @@ class UnwindProgram:
                alu_imm(ADD, 2, -8), call(bpf.MAP_LOOKUP), mov(7, 0))
         a.jump(jmp_imm, JEQ, 7, 0, to="s_gap")
         # r7 = the row; the CFA by its kind
+        a.label("s_row")
         a.emit(ldx(1, 7, 4, size=1), ldx(2, 7, 8, size=4))
         _sext32(a, 2)
         a.jump(jmp_imm, JEQ, 1, K_SP, to="s_sp")
@@ -445,7 +449,7 @@ class UnwindProgram:
         a.label("s_unsupported")
         self._stop(a, UNSUPPORTED)
         a.label("s_end")
-        self._stop(a, COMPLETE)
+        self._complete(a, "s_end")
         a.label("s_plt")
         a.emit(ldx(1, 6, S_PC), alu_imm(AND, 1, 15), ldx(3, 7, 6, size=2))
         a.jump(jmp_reg, JLT, 1, 3, to="s_sp")
@@ -492,7 +496,7 @@ class UnwindProgram:
         # move up would loop
         a.emit(ldx(1, 6, S_TMP))
         a.jump(jmp_imm, JGE, 1, 0x1000, to="s_ra_ok")
-        self._stop(a, COMPLETE)
+        self._complete(a, "s_null_ra")
         a.label("s_ra_ok")
         a.emit(ldx(2, 6, S_CFA), ldx(3, 6, S_SP))
         a.jump(jmp_reg, JGT, 2, 3, to="s_up")
@@ -557,6 +561,16 @@ class UnwindProgram:
         a.label("s_vma")
         a.emit(ldx(1, 10, -16))
         a.jump(jmp_imm, JNE, 1, 0, to="s_file")
+        # code without a file (a JIT's): no rows to find, its frame pointer
+        # is followed (FP_ROW), as the copy path's unwinder does; nothing
+        # of this mapping is cached, each such frame comes here again
+        a.emit(st_imm(6, S_MSTART, 0), st_imm(6, S_MEND, 0), st_imm(10, -8, 0, size=4),
+               ld_map_fd(1, self.maps.fp_row.fd), mov(2, 10), alu_imm(ADD, 2, -8),
+               call(bpf.MAP_LOOKUP), mov(7, 0))
+        a.jump(jmp_imm, JEQ, 7, 0, to="s_no_fp_row")
+        a.emit(st_imm(6, S_FP_USED, 1))
+        a.jump(bpf.ja, to="s_row")
+        a.label("s_no_fp_row")
         self._stop(a, NO_FILE)
         a.label("s_file")
         a.emit(ld_map_fd(1, self.maps.objects.fd), mov(2, 10), alu_imm(ADD, 2, -24),
@@ -631,6 +645,15 @@ class UnwindProgram:
     def _stop(a: Asm, status: int) -> None:
         a.emit(st_imm(6, S_STACK + 4, status, size=4), mov_imm(0, 1), exit_())
 
+    def _complete(self, a: Asm, tag: str) -> None:
+        """The walk reached the stack's end: COMPLETE, or THROUGH_JIT when
+        a frame without a file was walked on its frame pointer (its note)."""
+        a.emit(ldx(1, 6, S_FP_USED))
+        a.jump(jmp_imm, JNE, 1, 0, to=f"{tag}_jit")
+        self._stop(a, COMPLETE)
+        a.label(f"{tag}_jit")
+        self._stop(a, THROUGH_JIT)
+
 
 # --- the maps, and the objects loaded into them --------------------------------
 
@@ -653,6 +676,10 @@ class UnwindMaps:
             self.counts = self._map(bpf.MAP_HASH, COUNT_KEY.size, 8, counts,
                                     "ustack_uwcnt")
             self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_uwerr")
+            # the rule for code without a file: CFA = rbp + 16, the return
+            # address below it, rbp saved at CFA - 16 (push %rbp; mov %rsp,%rbp)
+            self.fp_row = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, 1, "ustack_fprow")
+            self.fp_row.update(bytes(4), ROW.pack(0, K_BP, BP_AT, 0, 16, -16))
         except BaseException:
             self.close()
             raise

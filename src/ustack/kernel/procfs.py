@@ -106,13 +106,6 @@ def executable_mappings(pid: int) -> list:
             for m in parse_maps(text, strict=False)]
 
 
-def runs_code_without_a_file(pid: int) -> bool:
-    """Whether the process has executable memory no file backs (a JIT's
-    code), besides the kernel's own vDSO/vsyscall/uprobes pages."""
-    return any(not m.path or (m.path.startswith("[anon") and m.path.endswith("]"))
-               for m in executable_mappings(pid))
-
-
 def parse_maps(text: str, strict: bool = True) -> list:
     """The executable mappings in the text of a /proc/PID/maps file (a live
     one, or a copy saved for later). strict: ValueError naming the first

@@ -80,10 +80,7 @@ class Plan:
         return "/".join(sorted(set(self.modes)))
 
 
-# why auto copies stacks although the kernel could unwind them (the
-# caller says which applies): the note the run ends with
-RUNS_JIT = ("the target runs code without a file (a JIT's), which the in-kernel "
-            "unwinder cannot walk")
+# why auto copies stacks although the kernel could unwind them
 KEEPS_COPIES = "the recording keeps the stacks as copied (--raw-stacks)"
 
 
@@ -95,8 +92,7 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     bpf | tracefs; `unwind`: auto | fp | dwarf), or a UstackError saying why
     it cannot be done. The one place these choices are made.
     `copy_reason`: why auto must copy stacks rather than unwind them in the
-    kernel (RUNS_JIT: only the copy path goes on through JIT code, on its
-    frame pointers; KEEPS_COPIES), or None."""
+    kernel (KEEPS_COPIES), or None."""
     if backend == "tracefs":
         return Plan("tracefs", tuple(_tracefs_mode(p, unwind) for p in probes))
     if command == "offcpu":          # sched tracepoints, DWARF in the kernel only

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
-from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, Mapping, RawSample,
+from ..model import (JIT_NOTE, KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
+                     KERNEL_UNWIND_THROUGH_JIT, Mapping, RawSample,
                      UnwoundSample)
 from .dwarf import DwarfUnwinder
 from .fp import frame_pointer_stack
@@ -54,6 +55,8 @@ class Unwinder:
         addrs = frame_pointer_stack(first, second,
                                     lambda addr: find(pid, addr) is not None)
         if addrs and addrs[-1] & ~0xFF == KERNEL_UNWIND_STOP:
+            if addrs[-1] & 0xFF == KERNEL_UNWIND_THROUGH_JIT:
+                return addrs[:-1], (JIT_NOTE,)
             return addrs[:-1], (_stop_note(addrs[:-1], addrs[-1], pid, find),)
         return addrs, ()
 
