@@ -106,6 +106,18 @@ def test_syscall_latency_of_nanosleep(prog, tmp_path):
     assert hist["buckets"] == measured(out) == rounds_of(NAPS, rounds)
 
 
+def test_syscall_latency_follows_a_commands_children(prog, tmp_path):
+    """-c 'sh -c …': the calls are the shell's two children's, which the
+    in-kernel programs follow (the traced set grows at each fork)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    res = latency("syscall:clock_nanosleep", "-c",
+                  f"sh -c '{FIFO} {prog} go naps 1 {one}; {FIFO} {prog} go naps 1 {two}'")
+    (hist,) = parse_histograms(res.stdout)
+    assert hist["count"] == 8
+    assert measured(one) == measured(two) == NAPS
+    assert hist["buckets"] == rounds_of(NAPS, 2)
+
+
 def test_by_stack_splits_by_caller(prog, tmp_path):
     rounds, out = 2, tmp_path / "measured"
     res = latency(f"uprobe:{prog}:nap", "--by-stack",
