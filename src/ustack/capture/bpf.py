@@ -343,14 +343,11 @@ class BpfCounter:
     def follow(self, tgid: int) -> None:
         """Tracepoints count process `tgid` and every child it forks from
         now on (and theirs), as the perf backend's inherited events do."""
-        self.tgids = self._map_made(traced_set(tgid))
+        self.tgids = traced_set(tgid)
+        self.maps.append(self.tgids)
         fd, prog = follow_children(self.tgids)
         self.event_fds.append(fd)
         self.prog_fds.append(prog)
-
-    def _map_made(self, m: bpf.Map) -> bpf.Map:
-        self.maps.append(m)
-        return m
 
     def arm_on_exec(self, pid: int) -> None:
         """Count trace events only after the held command `pid` exec'd;

@@ -71,9 +71,9 @@ class Site:
     goroutine: bool = False          # key on the goroutine (r14), not the thread
 
 
-class LatencyMaps:
+class LatencyMaps(bpf.MapSet):
     def __init__(self, functions: int, entries: int, hists: int, ring_bytes: int = 0):
-        self.all: list = []
+        super().__init__()
         self.ring = None
         try:
             self.entries = self._map(bpf.MAP_LRU_HASH, ENTRY_KEY.size, ENTRY_VALUE,
@@ -92,18 +92,11 @@ class LatencyMaps:
             self.close()
             raise
 
-    def _map(self, *args) -> bpf.Map:
-        m = bpf.Map(*args)
-        self.all.append(m)
-        return m
-
     def close(self) -> None:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
-        for m in self.all:
-            m.close()
-        self.all.clear()
+        super().close()
 
 
 # --- the programs ----------------------------------------------------------------

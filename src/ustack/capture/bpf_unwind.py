@@ -657,13 +657,13 @@ class UnwindProgram:
 
 # --- the maps, and the objects loaded into them --------------------------------
 
-class UnwindMaps:
+class UnwindMaps(bpf.MapSet):
     """The unwinder's maps; `rows_capacity` bounds the rows of every object
     together (16 bytes each), `stacks` the distinct stacks."""
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18):
-        self.all: list = []
+        super().__init__()
         try:
             self.rows = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity, "ustack_rows")
             self.pages = self._map(bpf.MAP_ARRAY, 4, 4, pages_capacity, "ustack_pages")
@@ -683,17 +683,6 @@ class UnwindMaps:
         except BaseException:
             self.close()
             raise
-
-    def _map(self, *args) -> bpf.Map:
-        m = bpf.Map(*args)
-        self.all.append(m)
-        return m
-
-    def close(self) -> None:
-        for m in self.all:
-            m.close()
-        self.all.clear()
-
 
 def stack_chain(maps: UnwindMaps, h: int) -> bytes:
     """The callchain (u64 frames, a cut stack's marker last) stored in

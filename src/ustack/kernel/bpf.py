@@ -384,6 +384,24 @@ def possible_cpus() -> int:
     return max(int(part.split("-")[-1]) for part in text.split(",")) + 1
 
 
+class MapSet:
+    """Maps made together and closed together (an unwinder's, a latency
+    run's): `_map` makes one and keeps it for close()."""
+
+    def __init__(self):
+        self.all: list = []
+
+    def _map(self, *args) -> Map:
+        m = Map(*args)
+        self.all.append(m)
+        return m
+
+    def close(self) -> None:
+        for m in self.all:
+            m.close()
+        self.all.clear()
+
+
 class LoadError(UstackError):
     """The verifier refused a program; the message ends with its log."""
 

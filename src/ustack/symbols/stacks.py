@@ -43,10 +43,11 @@ class StackResolver:
         pid = sample.pid
         tracker = self.tracker
         generation = tracker.generation_at(pid, sample.time_ns)
-        return (pid, generation,
-                self.unwinder.stack_key(
-                    sample, lambda p, addr: tracker.find(p, addr, generation)),
-                sample.kernel)
+        find = tracker.find            # the current generation's maps …
+        if sample.regs is not None and generation != tracker.generations.get(pid, 0):
+            # … unless a DWARF sample is unwound now in an earlier one
+            find = lambda p, addr: tracker.find(p, addr, generation)   # noqa: E731
+        return (pid, generation, self.unwinder.stack_key(sample, find), sample.kernel)
 
     def stack(self, sample: RawSample) -> Stack:
         """The symbolized stack of a sample, as it is now."""
