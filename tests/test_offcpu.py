@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 
 import pytest
 from browser import chromium  # noqa: F401 (fixture)
 
-from helpers import O2_NOFP, build, popen_ustack, run_ustack
+from helpers import O2_NOFP, build, run_ustack
 from test_e2e_core import fail_one_line, finish, ok, release, start_ustack, stop, \
     wait_tracing
 from test_flamegraph_browser import counted as fg_counted, element, one, open_page, \
@@ -170,16 +171,27 @@ def pprof_ms(text: str) -> float:
     return float(m[1]) * {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1, "s": 1e3}[m[2]]
 
 
-def test_system_wide_leaves_out_ustack_and_idle():
-    us = popen_ustack("offcpu", "-d", "1", "-f", "json", stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE, text=True)
+def test_system_wide_leaves_out_ustack_and_idle(prog):
+    """A whole-machine run counts a program that blocks while it runs (the
+    target below; a quiet machine may have no other thread that blocks and
+    wakes within the run) and never ustack itself or the idle task."""
+    target = subprocess.Popen([str(prog), "-", "2", "10"],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
-        out, err = us.communicate(timeout=120)
+        us = start_ustack("offcpu", "-f", "json", stdout=subprocess.PIPE)
+        try:
+            header = wait_tracing(us)
+            release(target)
+            assert target.wait(timeout=30) == 0
+            us.send_signal(signal.SIGINT)
+            out, err = finish(us, timeout=60)
+        finally:
+            stop(us)
     finally:
-        stop(us)
-    res = ok(subprocess.CompletedProcess(us.args, us.returncode, out, err))
+        stop(target)
+    res = ok(subprocess.CompletedProcess(us.args, us.returncode, out, header + err))
     pids = {s["pid"] for s in json.loads(res.stdout)["stacks"]}
-    assert pids, res.stderr                   # this machine's threads block too
+    assert target.pid in pids, (target.pid, pids, res.stderr)
     assert 0 not in pids and us.pid not in pids, pids
 
 
