@@ -36,15 +36,14 @@ from dataclasses import dataclass
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
 from ..kernel import bpf
 from ..kernel import perf_event as pe
-from ..kernel import trace_format as tf
-from ..kernel.tracefs import event_format, tracepoint_id
+from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, AND, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
 from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT,
                      Losses, MmapEvent,
-                     ProfileProbe, RawSample, TracepointProbe, UprobeProbe,
-                     UstackError)
+                     ProfileProbe, RawSample, TracepointProbe, UprobeProbe)
+from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, PerfCapture
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -149,59 +148,48 @@ def traced_set(first_tgid: int) -> bpf.Map:
     return tgids
 
 
-def follow_children_program(tgids: bpf.Map, pid_at: int, flags_at: int) -> bytes:
-    """tgids[child] = 1 when a process in tgids forks one, from
-    task:task_newtask (which runs in the parent; its `pid` field is the
-    child's, `clone_flags` say whether it is a thread, whose process is
-    already in the set)."""
+def follow_children_program(tgids: bpf.Map, task_pid_at: int) -> bytes:
+    """tgids[child] = 1 when a process in tgids forks one, at the raw
+    tracepoint task_newtask(task, clone_flags), which runs in the parent:
+    the child's pid is task->pid; a thread (CLONE_THREAD) is skipped, its
+    process is in the set already."""
     a = Asm()
-    a.emit(mov(6, 1), ldx(1, 6, flags_at), alu_imm(AND, 1, CLONE_THREAD))
+    a.emit(mov(6, 1), ldx(1, 6, 8), alu_imm(AND, 1, CLONE_THREAD))
     a.jump(jmp_imm, JNE, 1, 0, to="out")
     a.emit(call(bpf.GET_CURRENT_PID_TGID))
     unless_traced(a, tgids, 0, -8)
-    a.emit(ldx(1, 6, pid_at, size=4), stx(10, -8, 1, size=4), st_imm(10, -16, 1, size=4),
+    a.emit(mov(1, 10), alu_imm(ADD, 1, -8), mov_imm(2, 4), ldx(3, 6, 0),
+           alu_imm(ADD, 3, task_pid_at), call(bpf.PROBE_READ_KERNEL))
+    a.jump(jmp_imm, JNE, 0, 0, to="out")
+    a.emit(st_imm(10, -16, 1, size=4),
            ld_map_fd(1, tgids.fd), mov(2, 10), alu_imm(ADD, 2, -8), mov(3, 10),
            alu_imm(ADD, 3, -16), mov_imm(4, 0), call(bpf.MAP_UPDATE))
     a.label("out")
-    a.emit(mov_imm(0, PASS_ON), exit_())            # a shared trace event
+    a.emit(mov_imm(0, 0), exit_())
     return a.assemble()
 
 
 def follow_children(tgids: bpf.Map) -> tuple:
-    """(event fd, program fd) of follow_children_program on task_newtask.
-    The event is system-wide on one CPU: a trace event runs its programs
-    on every hit, and an event scoped to the target would end with it."""
-    fields = tf.parse_format(event_format("task", "task_newtask"))
-    try:
-        pid_at, flags_at = fields["pid"].offset, fields["clone_flags"].offset
-    except KeyError as e:
-        raise UstackError(f"this kernel's task:task_newtask has no {e} field")
-    prog = bpf.load_program(bpf.PROG_TRACEPOINT,
-                            follow_children_program(tgids, pid_at, flags_at),
+    """(link fd, program fd) of follow_children_program, system-wide (the
+    program filters on the set)."""
+    prog = bpf.load_program(bpf.PROG_RAW_TRACEPOINT,
+                            follow_children_program(tgids,
+                                                    Offsets.of_this_kernel().task_pid),
                             "ustack_children")
     try:
-        fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT,
-                                        tracepoint_id("task", "task_newtask"),
-                                        period=NEVER_SAMPLE), -1, 0,
-                           what="task:task_newtask")
+        return bpf.attach_raw_tracepoint("task_newtask", prog), prog
     except BaseException:
         os.close(prog)
         raise
-    try:
-        bpf.attach(fd, prog)
-    except BaseException:
-        os.close(fd)
-        os.close(prog)
-        raise
-    return fd, prog
 
 
 def exec_program(tgid: int, armed: bpf.Map) -> bytes:
-    """armed[0] = 1 when process `tgid` has exec'd (sched:sched_process_exec).
-    A -c command is forked from ustack and held before its execve: its
-    events wait for the exec (enable_on_exec), but programs on trace events
-    run at once, and would count the few syscalls (and libc calls) the
-    forked Python makes on its way to execve."""
+    """armed[0] = 1 when process `tgid` has exec'd (raw tracepoint
+    sched_process_exec, which runs in the process). A -c command is forked
+    from ustack and held before its execve: its events wait for the exec
+    (enable_on_exec), but programs on trace events run at once, and would
+    count the few syscalls (and libc calls) the forked Python makes on its
+    way to execve."""
     a = Asm()
     a.emit(call(bpf.GET_CURRENT_PID_TGID), alu_imm(RSH, 0, 32))
     a.jump(jmp_imm, JNE, 0, tgid, to="out")
@@ -209,7 +197,7 @@ def exec_program(tgid: int, armed: bpf.Map) -> bytes:
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(st_imm(0, 0, 1))
     a.label("out")
-    a.emit(mov_imm(0, PASS_ON), exit_())            # a shared trace event
+    a.emit(mov_imm(0, 0), exit_())
     return a.assemble()
 
 
@@ -353,14 +341,10 @@ class BpfCounter:
         """Count trace events only after the held command `pid` exec'd;
         call before attach()."""
         self.armed = self._map(bpf.MAP_ARRAY, 4, 8, 1, "ustack_armed")
-        attr = pe.make_attr(pe.TYPE_TRACEPOINT,
-                            tracepoint_id("sched", "sched_process_exec"))
-        fd = pe.open_event(attr, pid, -1, what="sched:sched_process_exec")
-        self.event_fds.append(fd)
-        prog = bpf.load_program(bpf.PROG_TRACEPOINT, exec_program(pid, self.armed),
+        prog = bpf.load_program(bpf.PROG_RAW_TRACEPOINT, exec_program(pid, self.armed),
                                 "ustack_exec")
         self.prog_fds.append(prog)
-        bpf.attach(fd, prog)
+        self.event_fds.append(bpf.attach_raw_tracepoint("sched_process_exec", prog))
 
     def attach(self, capture) -> None:
         """Attach a program per probe: to every sampling event a PerfCapture

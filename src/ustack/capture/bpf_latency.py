@@ -347,8 +347,9 @@ class LatencyCounter(BpfCounter):
                                    ring_bytes if slower_ns is not None else 0)
             self.ring = self.lat.ring
             if tables is not None:
-                from .bpf_unwind import (DEFAULT_ROWS, Offsets, UnwindMaps,
+                from .bpf_unwind import (DEFAULT_ROWS, UnwindMaps,
                                          UnwindObjects, UnwindProgram)
+                from .kernel_offsets import Offsets
                 self.unwind_maps = UnwindMaps(DEFAULT_ROWS, stack_storage, 16)
                 self.maps.extend(self.unwind_maps.all)
                 self.objects = UnwindObjects(self.unwind_maps, tables)

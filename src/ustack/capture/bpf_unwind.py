@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -57,6 +56,7 @@ from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT, Mapping, ProfileProbe, RawSample,
                      TracepointProbe, UprobeProbe, UstackError)
 from ..objfile import cache as objcache
+from .kernel_offsets import Offsets
 from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
@@ -122,55 +122,6 @@ def kernel_dev(st_dev: int) -> int:
     """A stat() st_dev in the kernel's own encoding (MAJOR << 20 | MINOR),
     as inode->i_sb->s_dev holds it."""
     return (os.major(st_dev) << 20) | os.minor(st_dev)
-
-
-class Offsets:
-    """Where the fields the program reads lie on this kernel (BTF)."""
-
-    FIELDS = ("vm_start", "vm_end", "vm_pgoff", "vm_file", "f_inode", "i_ino", "i_sb",
-              "s_dev", "task_mm", "vm_mm", "mm_vdso", "task_stack")
-
-    @classmethod
-    def of_this_kernel(cls) -> "Offsets":
-        """The offsets, from ustack's cache when this kernel's BTF was
-        parsed before (that takes ~0.3 s)."""
-        try:
-            st = os.stat(btf.VMLINUX)
-        except OSError:
-            st = None
-        key = f"{os.uname().release}\0{os.uname().version}\0{st and st.st_size}"
-        cache = objcache.cache_file("btf", btf.VMLINUX, None,
-                                    hashlib.sha1(key.encode()).hexdigest(), "offsets2")
-        blob = objcache.read(cache)
-        if blob:
-            try:
-                values = json.loads(blob)
-                if values.get("key") == key:
-                    o = cls.__new__(cls)
-                    for name in cls.FIELDS:
-                        setattr(o, name, int(values[name]))
-                    return o
-            except (ValueError, KeyError, TypeError):
-                pass
-        o = cls()
-        objcache.write(cache, json.dumps(
-            {"key": key, **{name: getattr(o, name) for name in cls.FIELDS}}).encode())
-        return o
-
-    def __init__(self):
-        b = btf.vmlinux()
-        self.vm_start = b.offset("vm_area_struct", "vm_start")
-        self.vm_end = b.offset("vm_area_struct", "vm_end")
-        self.vm_pgoff = b.offset("vm_area_struct", "vm_pgoff")
-        self.vm_file = b.offset("vm_area_struct", "vm_file")
-        self.f_inode = b.offset("file", "f_inode")
-        self.i_ino = b.offset("inode", "i_ino")
-        self.i_sb = b.offset("inode", "i_sb")
-        self.s_dev = b.offset("super_block", "s_dev")
-        self.task_mm = b.offset("task_struct", "mm")
-        self.vm_mm = b.offset("vm_area_struct", "vm_mm")
-        self.mm_vdso = b.offset("mm_struct", "context.vdso")
-        self.task_stack = b.offset("task_struct", "stack")
 
 
 # --- the program ---------------------------------------------------------------
