@@ -82,7 +82,7 @@ def _symbol_args(p: argparse.ArgumentParser) -> None:
 
 
 def _symbol_options(args):
-    from .symbols.symbolizer import SymbolOptions
+    from .model import SymbolOptions
     return SymbolOptions(lines=args.lines, inlines=args.inlines,
                          demangle=not args.no_demangle,
                          debug_dirs=tuple(args.debug_dir))

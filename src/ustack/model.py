@@ -10,6 +10,17 @@ class UstackError(Exception):
     """An error the user can act on: printed as one line, exit status 1."""
 
 
+# --- names -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SymbolOptions:
+    """What the user asked of names (the CLI's symbol flags)."""
+    lines: bool = False            # --lines: file:line of each frame
+    inlines: bool = False          # --inlines: inlined calls as frames of their own
+    demangle: bool = True          # --no-demangle turns it off
+    debug_dirs: tuple = ()         # --debug-dir: more places for debug files
+
+
 # --- probes ---------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .defaults import DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
-from .symbols.symbolizer import SymbolOptions
+from .model import SymbolOptions
 
 
 @dataclass

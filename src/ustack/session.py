@@ -5,20 +5,18 @@ target exits, the duration ends or stop() is called; then clean up. Also
 the public entry for scripts (see README, "Python API")."""
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import NamedTuple, Optional
 
 from .capture.backends import new_capture
 from .capture.drain import Stream
-from .capture.recorded import RecordedCapture
 from .model import Piece, RawSample, Stack, StackCount, UstackError
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
 from .report.output import check_destination
-from .report.record import Recorder
-from .symbols.stacks import StackResolver
 from .target import process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
@@ -44,7 +42,6 @@ class Session:
     def __init__(self, opts: Options):
         self.opts = opts
         self.tracker = MappingTracker()
-        self.resolver = StackResolver(self.tracker, opts.symbols)
         self.probes: list = []
         self.labels: list = []
         self.target = self.plan = self.capture = None
@@ -53,11 +50,18 @@ class Session:
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.started_ns: Optional[int] = None     # wall clock at open()
-        self.recorder: Optional[Recorder] = None    # opts.record: saves the run
+        self.recorder = None               # opts.record: a report.record.Recorder
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
                                  frozenset(opts.comms)) or None
+
+    @functools.cached_property
+    def resolver(self):
+        """Stacks from samples (unwinding, names): built at first use, so
+        symbolization's imports (~20 ms) come after the probes are live."""
+        from .symbols.stacks import StackResolver
+        return StackResolver(self.tracker, self.opts.symbols)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -102,6 +106,7 @@ class Session:
         elif self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
         if opts.record:
+            from .report.record import Recorder
             self.recorder = Recorder(
                 opts.record, self.tracker, self.resolver.unwinder, self.labels,
                 self.plan.modes, self.plan.backend,
@@ -259,6 +264,7 @@ class _Replay(Session):
     def __init__(self, path: str, opts: Options, objects, keep=None):
         super().__init__(opts)
         self.tracker.live = False       # recorded pids are not this host's processes
+        from .capture.recorded import RecordedCapture
         self._recording = RecordedCapture(path, objects)
         self.keep = keep or None
 

@@ -104,3 +104,8 @@ def display_kinds(args: tuple) -> dict:
 
 def _bad(word: str, event: str, why: str):
     raise UstackError(f"bad fetch-arg '{word}' in '{event}': {why}")
+
+
+class NamedArgError(UstackError):
+    """An argument by name this probe cannot fetch (a glob skips the
+    function, one named function fails with this message)."""

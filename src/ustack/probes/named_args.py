@@ -18,10 +18,9 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..model import UstackError
 from ..objfile.demangle import demangle
 from ..objfile.dwarf_params import CType, DwarfParams, FunctionInfo
-from .fetchargs import GO_ARGS, SYSV_ARGS, display_kinds
+from .fetchargs import GO_ARGS, SYSV_ARGS, NamedArgError, display_kinds  # noqa: F401
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # DWARF register numbers of x86-64 (System V psABI, figure 3.36) -> the
@@ -30,11 +29,6 @@ _REGS = ("ax", "dx", "cx", "bx", "si", "di", "bp", "sp",
          "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "ip")
 _XMM = range(17, 33)
 _SIZES = (1, 2, 4, 8)
-
-
-class NamedArgError(UstackError):
-    """An argument by name this probe cannot fetch (a glob skips the
-    function, one named function fails with this message)."""
 
 
 def is_name(fetch: str) -> bool:

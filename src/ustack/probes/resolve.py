@@ -19,9 +19,7 @@ from ustack.objfile import prologue
 from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes import ifunc
-from ustack.probes.fetchargs import kernel_fetch_args
-from ustack.probes.named_args import NamedArgError, resolve_args
-from ustack.probes.return_sites import return_probes
+from ustack.probes.fetchargs import NamedArgError, kernel_fetch_args
 
 _GLOB_CHARS = "*?["
 
@@ -170,6 +168,7 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
                           "its return instructions are found from its bounds")
     entry = _target(dataclasses.replace(spec, kind="uprobe", args=()), image, host,
                     shown, sym, vaddr)
+    from ustack.probes.return_sites import return_probes    # Go returns only
     rets, tails = return_probes(entry, image, label=f"uretprobe:{shown}:{sym.name}")
     args = tuple(w.replace("$retval", "%ax") for w in
                  kernel_fetch_args(spec.args, image.is_go, spec.text))
@@ -258,8 +257,11 @@ def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> Upro
                               f"(size 0x{sym.size:x}) in {shown}")
         slot = _check_and_find_slot(image, sym, vaddr, where, shown)
     _refuse_unprobeable(image, vaddr, where, shown, sym)
-    args, kinds = resolve_args(spec.args, image, shown, sym.name if sym else where, where,
-                               vaddr, spec.kind, slot)
+    args, kinds = (), ()
+    if spec.args:
+        from ustack.probes.named_args import resolve_args       # DWARF: only for args
+        args, kinds = resolve_args(spec.args, image, shown, sym.name if sym else where,
+                                   where, vaddr, spec.kind, slot)
     if spec.kind != "uprobe":
         # a uretprobe fires after the return: its caller's frame is the
         # top of the walk and no word on the stack is missing from it

@@ -5,10 +5,9 @@ vDSO (vdso.py); kernel addresses by kallsyms (kernel.py)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Optional
 
-from ..model import Frame
+from ..model import Frame, SymbolOptions  # noqa: F401 (SymbolOptions: its old home)
 from ..objfile.demangle import demangle
 from .elf import ElfSymbols
 from .go import GoSymbols
@@ -18,15 +17,6 @@ from .perfmap import JitSymbols
 from .vdso import VDSO_MODULE, is_vdso, unnamed_frame
 
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
-
-
-@dataclass(frozen=True)
-class SymbolOptions:
-    """What the user asked of names (the CLI's symbol flags)."""
-    lines: bool = False            # --lines: file:line of each frame
-    inlines: bool = False          # --inlines: inlined calls as frames of their own
-    demangle: bool = True          # --no-demangle turns it off
-    debug_dirs: tuple = ()         # --debug-dir: more places for debug files
 
 
 class Symbolizer:
