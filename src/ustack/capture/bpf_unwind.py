@@ -616,7 +616,8 @@ class UnwindMaps(bpf.MapSet):
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18):
         super().__init__()
         try:
-            self.rows = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity, "ustack_rows")
+            self.rows = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity, "ustack_rows",
+                                  flags=bpf.F_MMAPABLE)     # filled by a copy
             self.pages = self._map(bpf.MAP_ARRAY, 4, 4, pages_capacity, "ustack_pages")
             self.objects = self._map(bpf.MAP_HASH, OBJ_KEY.size, OBJ_VALUE.size,
                                      objects, "ustack_objs")
@@ -717,8 +718,8 @@ class UnwindObjects:
                 first, n, adjust, page_slot, first_page, npages))
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
-        keys = array("I", range(first, first + n)).tobytes()
-        self.maps.rows.update_batch(keys, data[:n * ROW_SIZE])
+        with self.maps.rows.values_view() as rows:
+            rows[first * ROW_SIZE:(first + n) * ROW_SIZE] = data[:n * ROW_SIZE]
 
     def add_mapping(self, mapping, pid: int) -> None:
         """Load the object of a mapping an MMAP2 record announced."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import struct
 from typing import Optional
@@ -45,6 +46,7 @@ FIND_VMA = 180                    # (task, addr, callback, ctx, flags)
 
 F_USER_STACK = 1 << 8             # bpf_get_stackid: the user stack
 NOEXIST = 1                       # map_update_elem: only create
+F_MMAPABLE = 1 << 10              # map_create: an ARRAY map user space can mmap
 
 PERF_EVENT_IOC_SET_BPF = 0x40042408
 
@@ -169,21 +171,22 @@ class Asm:
 
     def __init__(self):
         self.code: list = []            # bytes of 8 or 16 (ld_imm64)
+        self._slots = 0                 # instruction slots in code (kept: jumps ask often)
         self._fixups: list = []         # (index, label, make)
         self._labels: dict = {}
 
     def __len__(self) -> int:
-        return sum(len(c) // 8 for c in self.code)
+        return self._slots
 
     def emit(self, *insns: bytes) -> "Asm":
         self.code.extend(insns)
+        self._slots += sum(map(len, insns)) // 8
         return self
 
     def jump(self, make, *args, to: str) -> "Asm":
         """Emit make(*args, off) with off resolved once `to` is placed."""
         self._fixups.append((len(self), to, make, args))
-        self.code.append(make(*args, 0))
-        return self
+        return self.emit(make(*args, 0))
 
     def label(self, name: str) -> "Asm":
         self._labels[name] = len(self)
@@ -272,8 +275,8 @@ class Map:
     """One BPF map; keys and values are bytes of the sizes it was made with."""
 
     def __init__(self, map_type: int, key_size: int, value_size: int,
-                 max_entries: int, name: str = ""):
-        attr = _MapCreate(map_type, key_size, value_size, max_entries, 0, 0, 0,
+                 max_entries: int, name: str = "", flags: int = 0):
+        attr = _MapCreate(map_type, key_size, value_size, max_entries, flags, 0, 0,
                           name.encode()[:15])
         try:
             self.fd = _bpf(MAP_CREATE, attr)
@@ -285,6 +288,18 @@ class Map:
                               f"entries): {e.strerror}")
         self.key_size, self.value_size = key_size, value_size
         self.max_entries = max_entries
+        self._mapped: Optional[mmap.mmap] = None
+
+    def values_view(self) -> memoryview:
+        """The values of an ARRAY map made with F_MMAPABLE, as writable
+        memory (value i at i * its size rounded up to 8): filling it costs
+        a copy, where BPF_MAP_UPDATE_BATCH costs ~0.2 µs per element."""
+        if self._mapped is None:
+            size = ((self.value_size + 7) & ~7) * self.max_entries
+            size = (size + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
+            self._mapped = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
+                                     mmap.PROT_READ | mmap.PROT_WRITE)
+        return memoryview(self._mapped)
 
     def _elem(self, cmd: int, key: bytes, value=None, flags: int = 0) -> int:
         kbuf = ctypes.create_string_buffer(key, self.key_size)
@@ -373,6 +388,12 @@ class Map:
         return out
 
     def close(self) -> None:
+        if self._mapped is not None:
+            try:
+                self._mapped.close()
+            except BufferError:          # a view still exported: unmapped when freed
+                pass
+            self._mapped = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -392,8 +413,8 @@ class MapSet:
     def __init__(self):
         self.all: list = []
 
-    def _map(self, *args) -> Map:
-        m = Map(*args)
+    def _map(self, *args, **kwargs) -> Map:
+        m = Map(*args, **kwargs)
         self.all.append(m)
         return m
 
