@@ -90,3 +90,20 @@ def test_same_file_by_another_path_reads_the_cache(tmp_path):
     assert facts(ElfImage.open(str(link))) == first
     assert ElfImage.parsed_files == parsed
     assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
+
+
+def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
+    """The cache's symbol half is decoded only when symbols are asked for;
+    damaged, the file is parsed again then, and the answers are the same."""
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    first = facts(ElfImage.open(str(prog)))
+    [cached] = [p for p in (tmp_path / "cache").rglob("*.json") if "images" in p.parts]
+    layout, _, _symbols = cached.read_bytes().partition(b"\n")
+    cached.write_bytes(layout + b"\n{\"named\": [[")
+    ElfImage.clear_cache()
+    parsed = ElfImage.parsed_files
+    image = ElfImage.open(str(prog))
+    assert ElfImage.parsed_files == parsed          # the layout half was believed
+    assert facts(image) == first
+    assert ElfImage.parsed_files == parsed + 1      # the symbols were parsed again

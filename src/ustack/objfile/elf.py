@@ -48,7 +48,7 @@ _ELFCOMPRESS_ZLIB = 1
 # Images that keep a file descriptor open for read(): bounded, so a
 # system-wide profile touching hundreds of objects stays far from the fd limit.
 _MAX_OPEN_FDS = 64
-_STATE_VERSION = "v2"    # of the cached image layout (_state/_restore)
+_STATE_VERSION = "v3"    # of the cached image layout (_state/_restore)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
@@ -123,9 +123,11 @@ class ElfImage:
     # --- parsing ---------------------------------------------------------
 
     def _state(self) -> bytes:
-        """What _parse found, for _restore (JSON: the cache holds data only)."""
+        """What _parse found, for _restore: two JSON documents (the cache
+        holds data only), the file's layout on the first line and its
+        symbols after it, which _restore leaves undecoded until asked."""
         index = {id(sym): i for i, sym in enumerate(self._named)}
-        return json.dumps({
+        layout = json.dumps({
             "e_type": self.e_type, "machine": self.machine,
             "loads": [[l.vaddr, l.offset, l.filesz, l.flags] for l in self._loads],
             "section_names": sorted(self.section_names),
@@ -133,20 +135,24 @@ class ElfImage:
             "little_endian": self.little_endian, "elfclass": self._elfclass,
             "build_id": self.build_id, "has_symtab": self.has_symtab,
             "is_go": self.is_go, "go_error": self.go_error,
+        })
+        symbols = json.dumps({
             "named": [[s.name, s.address, s.size] for s in self._named],
             "functions": [index[id(s)] for s in self.functions],
             "starts": self._starts,
             "owners": [-1 if o is None else index[id(o)] for o in self._owners],
             "flags": [[a, n, f] for (a, n), f in self._flags.items()],
-        }).encode()
+        })
+        return f"{layout}\n{symbols}".encode()
 
     def _restore(self, blob: Optional[bytes]) -> bool:
-        """The facts of _state() back; False when there are none to trust."""
+        """The layout facts of _state() back, the symbols kept for
+        _restore_symbols; False when there are none to trust."""
         if not blob:
             return False
+        layout, _, symbols = blob.partition(b"\n")
         try:
-            d = json.loads(blob)
-            named = [Symbol(n, a, s) for n, a, s in d["named"]]
+            d = json.loads(layout)
             self.e_type = d["e_type"]
             self.is_pie = self.e_type == "ET_DYN"
             self.machine = d["machine"]
@@ -160,6 +166,32 @@ class ElfImage:
             self.has_symtab = bool(d["has_symtab"])
             self.is_go = bool(d["is_go"])
             self.go_error = d["go_error"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return False                # corrupt or of another layout: parsed again
+        if not symbols:
+            return False
+        self._saved_symbols = symbols
+        return True
+
+    # Decoding the symbols costs ~4 ms for libc: an object opened only for
+    # its layout (build-id, segments: loading unwind rows before a run
+    # starts) never pays it.
+    _SYMBOL_FACTS = frozenset({"_named", "functions", "_starts", "_owners", "_flags",
+                               "_by_name", "_demangled"})
+
+    def __getattr__(self, name: str):
+        saved = self.__dict__.get("_saved_symbols")
+        if name not in self._SYMBOL_FACTS or saved is None:
+            raise AttributeError(name)
+        self._saved_symbols = None
+        if not self._restore_symbols(saved):
+            self._reparse_symbols()
+        return getattr(self, name)
+
+    def _restore_symbols(self, blob: bytes) -> bool:
+        try:
+            d = json.loads(blob)
+            named = [Symbol(n, a, s) for n, a, s in d["named"]]
             self._named = named
             self.functions = [named[i] for i in d["functions"]]
             self._starts = d["starts"]
@@ -168,9 +200,19 @@ class ElfImage:
             if len(self._starts) != len(self._owners):
                 return False
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            return False                # corrupt or of another layout: parsed again
+            return False
         self._index_names()
         return True
+
+    def _reparse_symbols(self) -> None:
+        """A cache whose symbol half is corrupt: the file parsed anew."""
+        from elftools.elf.elffile import ELFFile
+        try:
+            with open(self.path, "rb") as f:
+                self._parse(ELFFile(f))
+        except Exception as e:          # as __init__: pyelftools raises many types
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UstackError(f"{self.path}: corrupt ELF: {why}") from None
 
     def _parse(self, elf) -> None:
         """Everything from the file through pyelftools (an ELFFile)."""
