@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from uprobe_rate import (PERF_EVENT, Failed, Run, baseline, bpftrace,  # noqa: E402
-                         lost_count, perf_probe, perf_record, run_options, table, timed,
+                         lost_count, perf_probe, perf_record, run_options, run_rounds,
+                         table, timed,
                          write_report)
 from helpers import O2_FP, build, ustack_env  # noqa: E402  (path set by uprobe_rate)
 
@@ -109,22 +110,13 @@ def main():
         try:
             if shutil.which("perf"):
                 perf_probe(prog, add=True)
-            for rep in range(reps):
-                for name, tool in tools.items():
-                    if isinstance(results[name], str):
-                        continue
-                    print(f"[{rep + 1}/{reps}] {name} …", file=sys.stderr, flush=True)
-                    try:
-                        results[name].append(tool(prog, n, Path(tmp), args.timeout))
-                        # the same tool on one hit: its fixed cost, to subtract
-                        fixed[name].append(tool(prog, 1, Path(tmp), args.timeout).wall)
-                        if name in startup:
-                            startup[name].append(startup_ms(_startup_cmd(name, prog),
-                                                            args.timeout))
-                    except subprocess.TimeoutExpired:
-                        results[name] = f"failed (timeout {args.timeout:.0f} s)"
-                    except Failed as e:
-                        results[name] = f"failed ({e})"
+            def measure(name, tool):
+                results[name].append(tool(prog, n, Path(tmp), args.timeout))
+                # the same tool on one hit: its fixed cost, to subtract
+                fixed[name].append(tool(prog, 1, Path(tmp), args.timeout).wall)
+                if name in startup:
+                    startup[name].append(startup_ms(_startup_cmd(name, prog), args.timeout))
+            run_rounds(tools, results, reps, measure)
         finally:
             if shutil.which("perf"):
                 perf_probe(prog, add=False)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from uprobe_rate import (Failed, Run, REPO, lost_count, run_options,  # noqa: E402
+from uprobe_rate import (Failed, Run, REPO, lost_count, run_options, run_rounds,  # noqa: E402
                          timed, write_report)
 from helpers import ustack_env  # noqa: E402  (path set by uprobe_rate)
 
@@ -382,17 +382,8 @@ def main():
         results: dict = {k: [] for k in tools}
         if not shutil.which("bpftrace"):
             results["bpftrace @[ustack]=count() (frame pointers)"] = "absent (not installed)"
-        for rep in range(reps):
-            for name, tool in tools.items():
-                if isinstance(results[name], str):
-                    continue
-                print(f"[{rep + 1}/{reps}] {name} …", file=sys.stderr, flush=True)
-                try:
-                    results[name].append(tool(prog, n, Path(tmp), args.timeout))
-                except subprocess.TimeoutExpired:
-                    results[name] = f"failed (timeout {args.timeout:.0f} s)"
-                except Failed as e:
-                    results[name] = f"failed ({e})"
+        run_rounds(tools, results, reps, lambda name, tool: results[name].append(
+            tool(prog, n, Path(tmp), args.timeout)))
         # the cost of one event alone: (wall(N) - wall(1 hit)) / (N - 1)
         alone = {}
         for name in ("ustack count --backend bpf --unwind dwarf",

@@ -42,7 +42,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(BENCH))
 from helpers import O2_NOFP, build, ustack_env  # noqa: E402  (one build recipe)
-from uprobe_rate import Failed, fmt, lost_count, timed, write_report  # noqa: E402
+from uprobe_rate import fmt, lost_count, run_rounds, timed, write_report  # noqa: E402
 
 GNU_TIME = "/usr/bin/time"
 USTACK = [sys.executable, "-m", "ustack"]
@@ -289,24 +289,14 @@ def _mb(kb):
 # --- main -------------------------------------------------------------------------------
 
 def run_round_robin(tools: dict, results: dict, reps: int, tag: str) -> None:
-    for rep in range(reps):
-        for name, fn in tools.items():
-            if isinstance(results[name], str):
-                continue                     # failed or absent
-            print(f"[{tag} {rep + 1}/{reps}] {name} …", file=sys.stderr, flush=True)
-            try:
-                out = fn()
-            except subprocess.TimeoutExpired as e:
-                results[name] = f"failed (timeout {e.timeout:.0f} s)"
-                continue
-            except Failed as e:
-                results[name] = f"failed ({e})"
-                continue
-            if isinstance(out, tuple):       # perf: record and script
-                results[name].append(out[0])
-                results["perf script > /dev/null"].append(out[1])
-            else:
-                results[name].append(out)
+    def measure(name, fn):
+        out = fn()
+        if isinstance(out, tuple):           # perf: record and script
+            results[name].append(out[0])
+            results["perf script > /dev/null"].append(out[1])
+        else:
+            results[name].append(out)
+    run_rounds(tools, results, reps, measure, tag=f"{tag} ")
 
 
 def main():

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))  # this ustack
-from uprobe_rate import (Failed, Run, baseline, lost_count, run_options,  # noqa: E402
+from uprobe_rate import (Run, baseline, lost_count, run_options, run_rounds,  # noqa: E402
                          timed, write_report)
 from helpers import O2_FP, build, ustack_env  # noqa: E402  (path set by uprobe_rate)
 
@@ -114,18 +114,10 @@ def main():
         results[FUNCLATENCY] = "absent (bcc's tools are not installed)"
 
     with tempfile.TemporaryDirectory(prefix="latency.") as tmp:
-        for rep in range(reps):
-            for name, tool in tools.items():
-                if isinstance(results[name], str):
-                    continue
-                print(f"[{rep + 1}/{reps}] {name} …", file=sys.stderr, flush=True)
-                try:
-                    results[name].append(tool(prog, n, Path(tmp), args.timeout))
-                    fixed[name].append(tool(prog, 1, Path(tmp), args.timeout).wall)
-                except subprocess.TimeoutExpired:
-                    results[name] = f"failed (timeout {args.timeout:.0f} s)"
-                except Failed as e:
-                    results[name] = f"failed ({e})"
+        def measure(name, tool):
+            results[name].append(tool(prog, n, Path(tmp), args.timeout))
+            fixed[name].append(tool(prog, 1, Path(tmp), args.timeout).wall)
+        run_rounds(tools, results, reps, measure)
 
     base = statistics.median(r.wall for r in results["uninstrumented"])
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from uprobe_rate import Failed, run_options, timed, write_report  # noqa: E402
+from uprobe_rate import Failed, run_options, run_rounds, timed, write_report  # noqa: E402
 from helpers import O2_NOFP, build, ustack_env  # noqa: E402  (path set by uprobe_rate)
 
 BPFTRACE = """tracepoint:sched:sched_switch {
@@ -237,17 +237,8 @@ def main():
     stats_was = Path(BPF_STATS).read_text().strip()
     Path(BPF_STATS).write_text("1")
     with tempfile.TemporaryDirectory(prefix="offcpu.") as tmp:
-        for rep in range(reps):
-            for name, tool in tools.items():
-                if isinstance(results[name], str):
-                    continue
-                print(f"[{rep + 1}/{reps}] {name} …", file=sys.stderr, flush=True)
-                try:
-                    results[name].append(tool(prog, n, Path(tmp), args.timeout))
-                except subprocess.TimeoutExpired:
-                    results[name] = f"failed (timeout {args.timeout:.0f} s)"
-                except Failed as e:
-                    results[name] = f"failed ({e})"
+        run_rounds(tools, results, reps, lambda name, tool: results[name].append(
+            tool(prog, n, Path(tmp), args.timeout)))
     Path(BPF_STATS).write_text(stats_was)
     md = (f"## offcpu: off-CPU stacks of ping-pong threads\n\n"
           f"`pingpong {n}` (two threads, {n:,} passes through pipes, "

@@ -44,6 +44,25 @@ class Failed(Exception):
     pass
 
 
+def run_rounds(tools: dict, results: dict, reps: int, measure, tag: str = "") -> None:
+    """REPS rounds, each tool once a round (tools alternate, so a slow
+    moment of the machine hits them alike). measure(name, tool) runs one
+    and keeps what it measured; a tool that times out or fails has its
+    results[name] replaced by why (a string), as absent tools already
+    have, and is skipped from then on."""
+    for rep in range(reps):
+        for name, tool in tools.items():
+            if isinstance(results[name], str):
+                continue                     # failed or absent
+            print(f"[{tag}{rep + 1}/{reps}] {name} …", file=sys.stderr, flush=True)
+            try:
+                measure(name, tool)
+            except subprocess.TimeoutExpired as e:
+                results[name] = f"failed (timeout {e.timeout:.0f} s)"
+            except Failed as e:
+                results[name] = f"failed ({e})"
+
+
 @dataclass
 class Run:
     wall: float
@@ -203,17 +222,8 @@ def main():
         try:
             if isinstance(results["perf record -g"], list):
                 perf_probe(prog, add=True)
-            for rep in range(reps):
-                for name, tool in tools.items():
-                    if isinstance(results[name], str):
-                        continue  # failed or absent
-                    print(f"[{rep + 1}/{reps}] {name} …", file=sys.stderr, flush=True)
-                    try:
-                        results[name].append(tool(prog, n, Path(tmp), args.timeout))
-                    except subprocess.TimeoutExpired:
-                        results[name] = f"failed (timeout {args.timeout:.0f} s)"
-                    except Failed as e:
-                        results[name] = f"failed ({e})"
+            run_rounds(tools, results, reps, lambda name, tool: results[name].append(
+                tool(prog, n, Path(tmp), args.timeout)))
         finally:
             if shutil.which("perf"):
                 perf_probe(prog, add=False)
