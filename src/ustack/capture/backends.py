@@ -14,6 +14,10 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
     if backend == "bpf" and opts.command == "offcpu":
         from .bpf_offcpu import OffcpuCapture
         return OffcpuCapture(probes, target, opts, kernel_tables)
+    if backend == "bpf" and opts.command == "funccount":
+        from .bpf_funccount import FuncCountCapture, uprobe_multi_supported
+        if uprobe_multi_supported():
+            return FuncCountCapture(probes, target)
     if backend == "bpf":
         from .bpf import BpfCapture
         return BpfCapture(probes, target, opts.buffer_pages,

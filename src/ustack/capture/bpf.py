@@ -80,7 +80,7 @@ class Counted:
     count: int
 
 
-def _lookup(a: Asm, m: bpf.Map, key_at: int) -> None:
+def lookup(a: Asm, m: bpf.Map, key_at: int) -> None:
     """r0 = m[the key at r10 + key_at] (a pointer to the value, or 0)."""
     a.emit(ld_map_fd(1, m.fd), mov(2, 10), alu_imm(ADD, 2, key_at),
            call(bpf.MAP_LOOKUP))
@@ -89,7 +89,7 @@ def _lookup(a: Asm, m: bpf.Map, key_at: int) -> None:
 def _lookup_u32(a: Asm, m: bpf.Map, key: int) -> None:
     """r0 = m[key] for a u32 key (an ARRAY map's index), stored at _SCRATCH."""
     a.emit(st_imm(10, _SCRATCH, key, size=4))
-    _lookup(a, m, _SCRATCH)
+    lookup(a, m, _SCRATCH)
 
 
 def error_increment(a: Asm, errors: bpf.Map, slot: int) -> None:
@@ -120,7 +120,7 @@ def _stack_id(a: Asm, stacks: bpf.Map, errors: bpf.Map, flags: int,
     a.emit(stx(10, _KEY_AT + key_off, 0))
 
 
-def _unless_armed(a: Asm, armed: bpf.Map) -> None:
+def unless_armed(a: Asm, armed: bpf.Map) -> None:
     """Leave the program while armed[0] is 0 (see exec_program)."""
     _lookup_u32(a, armed, 0)
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
@@ -216,7 +216,7 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
     if tgids is not None:
         unless_traced(a, tgids, 7, _SCRATCH)
     if armed is not None:
-        _unless_armed(a, armed)
+        unless_armed(a, armed)
     a.emit(stx(10, _KEY_AT, 7),
            st_imm(10, _KEY_AT + 8, probe_index),
            st_imm(10, _KEY_AT + 24, NO_STACK),
@@ -230,7 +230,7 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
                mov(1, 10), alu_imm(ADD, 1, _KEY_AT + 32), mov_imm(2, 8),
                call(bpf.PROBE_READ_USER))
     # counts[key] += 1, creating the entry at 1 when it is new
-    _lookup(a, counts, _KEY_AT)
+    lookup(a, counts, _KEY_AT)
     a.jump(jmp_imm, JNE, 0, 0, to="add")
     a.emit(st_imm(10, _SCRATCH, 1),
            ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
@@ -239,7 +239,7 @@ def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
     # another CPU created it first: add to theirs
-    _lookup(a, counts, _KEY_AT)
+    lookup(a, counts, _KEY_AT)
     a.jump(jmp_imm, JNE, 0, 0, to="add")
     a.label("full")
     error_increment(a, errors, ERR_COUNTS_FULL)
@@ -255,7 +255,7 @@ def call_count_program(probe_index: int, counts: bpf.Map, armed=None,
     """counts[probe_index] += 1 (an ARRAY map): funccount."""
     a = Asm()
     if armed is not None:
-        _unless_armed(a, armed)
+        unless_armed(a, armed)
     _lookup_u32(a, counts, probe_index)
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
