@@ -284,14 +284,32 @@ _REFUSED_PREFIXES = {0xF0: "lock", 0x26: "segment (es)", 0x2E: "segment (cs)",
                      0x36: "segment (ss)", 0x3E: "segment (ds) or notrack"}
 
 
+# In 64-bit mode a first byte 0xC4/0xC5 starts a VEX (AVX) prefix, 0x62 an
+# EVEX (AVX-512) one. The kernel's uprobes judge such an instruction by the
+# opcode byte after the prefix as if it had none: it refuses some (with -c
+# silently: 0 hits) and runs others as that other instruction (EVEX
+# vpbroadcastb's 0x7a is taken for a jp: libc's memset then wrote zeros,
+# under perf and bpftrace alike).
+_VECTOR_PREFIXES = {0xC4: "VEX-encoded (AVX)", 0xC5: "VEX-encoded (AVX)",
+                    0x62: "EVEX-encoded (AVX-512)"}
+
+
 def _refuse_unprobeable(image, vaddr: int, where: str, shown: str, sym) -> None:
+    """Refuse a probe site the kernel refuses (lock and segment prefixes)
+    or would mistake for another instruction (VEX, EVEX), with the next
+    instruction suggested."""
     code = image.read(vaddr, 15)
+    why = None
     for byte in code:
-        if byte not in _LEGACY_PREFIXES:
-            return
         if byte in _REFUSED_PREFIXES:
+            why = f"has a {_REFUSED_PREFIXES[byte]} prefix, which x86 uprobes refuse"
             break
-    else:
+        if byte not in _LEGACY_PREFIXES:
+            if byte in _VECTOR_PREFIXES:
+                why = (f"is {_VECTOR_PREFIXES[byte]}, which x86 uprobes take for "
+                       "another instruction (refused, or stepped wrongly)")
+            break
+    if why is None:
         return
     insn = next(iter(prologue.instructions(code, vaddr)), None)
     text = f"'{insn.mnemonic} {insn.op_str}'" if insn else "its instruction"
@@ -299,8 +317,8 @@ def _refuse_unprobeable(image, vaddr: int, where: str, shown: str, sym) -> None:
     if insn is not None and sym is not None:
         hint = f"; probe the next instruction, {sym.name}+0x{vaddr + insn.size - sym.address:x}"
     raise Unprobeable(f"the kernel cannot place a uprobe at {where} in {shown}: "
-                      f"{text} has a {_REFUSED_PREFIXES[byte]} prefix, which x86 "
-                      f"uprobes refuse{hint}")
+                      f"{text} {why}{hint}")
+
 
 def _check_and_find_slot(image, sym: Symbol, vaddr: int, where: str, shown: str):
     if vaddr == sym.address:
