@@ -226,6 +226,27 @@ def test_libdw_answers_are_kept_for_the_next_run(prog, tmp_path):
     assert not symcache_path(tmp_path, prog).exists()
 
 
+@pytest.mark.parametrize("plant", ["others-writable", "other-owner", "damaged"])
+def test_untrusted_or_damaged_libdw_answers_are_not_read(prog, tmp_path, plant):
+    """Kept answers someone else could have written, or that do not parse,
+    are not believed: libdw is asked again and gives the right ones."""
+    require_libdw()
+    rets = call_returns(prog, "outer", "sink")
+    want = cold_and_warm(prog, rets, "libdw")
+    memo = symcache_path(tmp_path, prog).with_suffix(".memo1.json")
+    forged = memo.read_text().replace('"inner"', '"forged"').replace('"middle"', '"forged"')
+    assert forged != memo.read_text()
+    memo.write_text(forged if plant != "damaged" else forged[:len(forged) // 2])
+    if plant == "others-writable":
+        memo.chmod(0o666)
+    elif plant == "other-owner":
+        os.chown(memo, 65534, 65534)
+    LineTable.clear_cache()
+    asked = LineTable.libdw_lookups
+    assert ours(prog, rets) == want
+    assert LineTable.libdw_lookups == asked + len(rets)
+
+
 def test_symcache_built_after_many_libdw_answers(prog, tmp_path, monkeypatch):
     """A run that asks libdw for BUILD_AFTER addresses of one file builds its
     SymCache: the rest of the run and later runs answer from it, the same."""

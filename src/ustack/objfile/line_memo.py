@@ -64,9 +64,10 @@ class LineMemo:
             return {}                    # damaged: answered again
 
     def save(self) -> None:
-        _unsaved.discard(self)
-        if not self._answers:
+        """Write the answers when this run added some."""
+        if self not in _unsaved:
             return
+        _unsaved.discard(self)
         strings: dict = {}
         rows = []
         for vaddr, chain in self._answers.items():
