@@ -248,13 +248,16 @@ def test_untrusted_or_damaged_libdw_answers_are_not_read(prog, tmp_path, plant):
 
 
 def test_symcache_built_after_many_libdw_answers(prog, tmp_path, monkeypatch):
-    """A run that asks libdw for BUILD_AFTER addresses of one file builds its
-    SymCache: the rest of the run and later runs answer from it, the same."""
+    """Once libdw has answered BUILD_AFTER addresses of a file (kept ones
+    count), the next one it is asked builds the file's SymCache: the rest of
+    that run and later runs answer from it, the same."""
     require_libdw()
     monkeypatch.setattr(dwarf_lines, "BUILD_AFTER", 5)
     addrs = instructions(prog, {"outer", "main", "sink"})
     want = addr2line_chains("eu-addr2line", prog, addrs)
     built, asked = LineTable.built_symcaches, LineTable.libdw_lookups
+    assert ours(prog, addrs[:3]) == {a: want[a] for a in addrs[:3]}
+    LineTable.clear_cache()
     assert ours(prog, addrs) == {a: want[a] for a in addrs}
     assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built + 1, asked + 5)
     assert symcache_path(tmp_path, prog).exists()

@@ -7,9 +7,10 @@ Sources, in this order:
 2. libdw (objfile.libdw), elfutils' library, which reads only the unit
    holding an address: a cold run as fast as eu-addr2line. Its answers are
    kept (objfile.line_memo), so a run asking them again does not open the
-   DWARF. Once one process has asked libdw for BUILD_AFTER addresses of a
-   file, the whole file's SymCache is built: it pays within that run, and
-   later runs are warm for every address;
+   DWARF. Once libdw has answered BUILD_AFTER addresses of a file (in this
+   run and kept from earlier ones), the next address it is asked builds the
+   whole file's SymCache: a file symbolized that much pays for it, within
+   the run and in every later run, for every address;
 3. the SymCache built at once, when libdw cannot be used: not installed,
    or no .debug_aranges to find a unit by (clang's output);
 4. pyelftools, one compilation unit at a time (objfile.dwarf_units), for
@@ -32,8 +33,8 @@ from .source_loc import SourceLoc
 __all__ = ["LineTable", "SourceLoc", "has_dwarf"]
 
 _MAX_ANSWERS = 1 << 18   # per-address answers kept in memory
-# libdw answers of one file in one process after which its SymCache is
-# built: libdw costs ~0.07 ms an address, building libc's ~0.25 s
+# libdw answers of one file (this run's and kept ones) after which its
+# SymCache is built: libdw costs ~0.06 ms an address, building libc's ~0.25 s
 BUILD_AFTER = 2048
 
 
@@ -96,7 +97,6 @@ class LineTable:
         self._libdw_usable = bool({".debug_aranges", ".zdebug_aranges"} & names) \
             and libdw.available()
         self._libdw: Optional[libdw.Libdw] = None
-        self._libdw_answers = 0
         self._line_memo = LineMemo(self._cache(f"memo{MEMO_VERSION}.json"),
                                    store=not self._alt_missing)
         self._units = None            # DwarfUnits, made on first use
@@ -157,8 +157,7 @@ class LineTable:
             return None                  # this unit is unreadable
         LineTable.libdw_lookups += 1
         self._line_memo.put(vaddr, chain)
-        self._libdw_answers += 1
-        if self._libdw_answers >= BUILD_AFTER and not self._dwz:
+        if len(self._line_memo) >= BUILD_AFTER and not self._dwz:
             self._build_now()
         return chain
 

@@ -34,6 +34,11 @@ class LineMemo:
             self._answers = self._load()
         return self._answers.get(vaddr)
 
+    def __len__(self) -> int:
+        if self._answers is None:
+            self._answers = self._load()
+        return len(self._answers)
+
     def put(self, vaddr: int, chain: tuple) -> None:
         if self._answers is None:
             self._answers = self._load()
