@@ -89,7 +89,9 @@ class LibdwError(Exception):
 
 
 class Libdw:
-    """The DWARF of one ELF file, open through libdw until close()."""
+    """The DWARF of one ELF file, open through libdw until close(). One
+    thread at a time: lookups share ctypes buffers, and libdw 0.188 reads
+    units lazily without locks."""
 
     def __init__(self, path: str, alt_path: Optional[str] = None):
         """`alt_path`: the dwz alt file the DWARF borrows names and DIEs
