@@ -266,6 +266,22 @@ def test_symcache_built_after_many_libdw_answers(prog, tmp_path, monkeypatch):
     assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built + 1, asked + 5)
 
 
+def test_without_aranges_the_symcache_answers(prog, tmp_path):
+    """No .debug_aranges (clang's default): libdw could find no unit, so the
+    file's SymCache is built and gives what the file with them gives."""
+    if shutil.which("objcopy") is None:
+        pytest.skip("objcopy is not installed")
+    bare = tmp_path / "inline-no-aranges"
+    subprocess.run(["objcopy", "--remove-section=.debug_aranges", str(prog), str(bare)],
+                   check=True)
+    assert ".debug_aranges" not in ElfImage.open(str(bare)).section_names
+    addrs = instructions(prog, {"outer", "main", "sink"})
+    want = ours(prog, addrs)
+    built, asked = LineTable.built_symcaches, LineTable.libdw_lookups
+    assert ours(bare, addrs) == want
+    assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built + 1, asked)
+
+
 def test_pyelftools_answers_when_symbolic_cannot(prog, monkeypatch):
     """libdw and symbolic missing, or refusing the file: the same answers,
     unit by unit."""
