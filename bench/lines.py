@@ -7,35 +7,35 @@ binutils addr2line on the same addresses, one run.
 200 and 2,000 addresses inside libc's functions (random, fixed seed) are
 named with file:line and inlined calls by each tool, each in a fresh process:
 
+  python start-up      `python3 -c 'import ustack.symbols.symbolizer'`: the
+                       floor of any ustack run that names frames
   ustack names         function names only (symbol table of the debug file)
-  ustack cold          --lines --inlines, empty cache: the SymCache of the
-                       whole debug file is built (symbolic)
-  ustack warm          the same again: the SymCache read back from the cache
-  ustack pyelftools    --lines --inlines, empty cache, without symbolic: the
-                       units holding the addresses parsed by pyelftools (the
-                       fallback; 200 addresses only, it is slow)
+  ustack cold          --lines --inlines, empty cache: libdw reads the units
+                       holding the addresses (objfile.libdw)
+  ustack warm          the same again: libdw's answers read back
+  ustack symcache      --lines --inlines, empty cache, without libdw: the
+                       SymCache of the whole debug file is built (symbolic);
+                       then warm, read back (as after a run that asked libdw
+                       for 2,048 addresses)
+  ustack pyelftools    --lines --inlines, empty cache, without libdw and
+                       symbolic: the units holding the addresses parsed by
+                       pyelftools (the last fallback; 200 addresses only)
   eu-addr2line -i -f   one process for all addresses
   addr2line -i -f      one process for all addresses (binutils)
 
 `first` is the time to the first address's answer (ustack only: the tools
 answer all at once), `total` the wall time for all N measured inside the
 process (ustack: from before its imports), `wall` the whole process from
-fork to exit, `peak RSS` the process's. Needs libc6-dbg. Writes
-bench/results/lines.md (lines_quick.md with --quick: 200 addresses, one
-repetition).
+fork to exit, `peak RSS` the process's. ustack's workers run with their
+bytecode compiled beforehand (a private PYTHONPYCACHEPREFIX), as an
+installed ustack has it. Needs libc6-dbg. Writes bench/results/lines.md
+(lines_quick.md with --quick: 200 addresses, one repetition).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
-import random
-import resource
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +59,9 @@ def worker(mode: str, addr_file: str) -> None:
             return Mapping(0, 1 << 48, 0, LIBC)
 
     vaddrs = json.loads(Path(addr_file).read_text())
+    if mode in ("symcache", "pyelftools"):
+        from ustack.objfile import libdw
+        libdw.available = lambda: False
     if mode == "pyelftools":
         from ustack.objfile import symcache
 
@@ -74,13 +77,21 @@ def worker(mode: str, addr_file: str) -> None:
     for off in offsets[1:]:
         frames.extend(sym.frames(0, [off]))
     total = time.perf_counter() - start
+    import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"first": first, "total": total, "rss_kb": rss,
                       "frames": len(frames), "lines": sum(1 for f in frames if f.line)}))
 
 
-def run_worker(mode: str, addr_file: str, cache: str) -> dict:
-    env = dict(os.environ, USTACK_CACHE_DIR=cache)
+def worker_env(cache: str, pycache: str) -> dict:
+    env = dict(os.environ, USTACK_CACHE_DIR=cache, PYTHONPYCACHEPREFIX=pycache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def run_worker(mode: str, addr_file: str, cache: str, pycache: str) -> dict:
+    import subprocess
+    env = worker_env(cache, pycache)
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--worker", mode, addr_file],
                             stdout=subprocess.PIPE, env=env)
@@ -91,9 +102,10 @@ def run_worker(mode: str, addr_file: str, cache: str) -> dict:
     return dict(json.loads(out), wall=wall)
 
 
-def run_tool(cmd: list) -> dict:
+def run_tool(cmd: list, env=None) -> dict:
+    import subprocess
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _pid, _status, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0
     wall = time.perf_counter() - start
@@ -101,15 +113,17 @@ def run_tool(cmd: list) -> dict:
 
 
 def main() -> None:
+    import argparse
+    import platform
+    import random
+    import statistics
+    import tempfile
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer addresses, one repetition")
     ap.add_argument("--worker", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
     ap.add_argument("-n", type=int, help="addresses (default 200 and 2000, quick 200)")
     ap.add_argument("--reps", type=int, help="repetitions, median kept (default 3, quick 1)")
     args = ap.parse_args()
-    if args.worker:
-        worker(*args.worker)
-        return
     from ustack.objfile.debuginfo import find_debug_file
     from ustack.objfile.elf import ElfImage
     found = find_debug_file(ElfImage.open(LIBC))
@@ -130,19 +144,33 @@ def main() -> None:
             addr_file = os.path.join(tmp, "addrs.json")
             Path(addr_file).write_text(json.dumps(vaddrs))
             hexes = [hex(v) for v in vaddrs]
+            pycache = os.path.join(tmp, "pycache")
+            run_worker("names", addr_file, tempfile.mkdtemp(dir=tmp), pycache)  # compiles
             for _ in range(reps):
                 cache = tempfile.mkdtemp(dir=tmp)
+                whole = tempfile.mkdtemp(dir=tmp)
                 slow = tempfile.mkdtemp(dir=tmp)
+                for other in (whole, slow):     # their symbol tables cached, untimed
+                    run_worker("names", addr_file, other, pycache)
+                floor = [sys.executable, "-c", "import ustack.symbols.symbolizer"]
                 runs = {
-                    "ustack names": lambda: run_worker("names", addr_file, cache),
-                    "ustack --lines --inlines, cold": lambda: run_worker("lines", addr_file, cache),
-                    "ustack --lines --inlines, warm": lambda: run_worker("lines", addr_file, cache),
+                    "python start-up + ustack's symbolizer imports": lambda: run_tool(
+                        floor, dict(worker_env(cache, pycache), PYTHONPATH=str(REPO / "src"))),
+                    "ustack names": lambda: run_worker("names", addr_file, cache, pycache),
+                    "ustack --lines --inlines, cold (libdw)":
+                        lambda: run_worker("lines", addr_file, cache, pycache),
+                    "ustack --lines --inlines, warm (libdw's answers kept)":
+                        lambda: run_worker("lines", addr_file, cache, pycache),
+                    "ustack --lines --inlines, cold without libdw (SymCache built)":
+                        lambda: run_worker("symcache", addr_file, whole, pycache),
+                    "ustack --lines --inlines, warm from the SymCache":
+                        lambda: run_worker("symcache", addr_file, whole, pycache),
                     "eu-addr2line -i -f": lambda: run_tool(["eu-addr2line", "-i", "-f", "-e", LIBC, *hexes]),
                     "addr2line -i -f": lambda: run_tool(["addr2line", "-i", "-f", "-e", LIBC, *hexes]),
                 }
                 if n <= 200:
                     runs["ustack --lines --inlines, pyelftools only, cold"] = \
-                        lambda: run_worker("pyelftools", addr_file, slow)
+                        lambda: run_worker("pyelftools", addr_file, slow, pycache)
                 for name, fn in runs.items():   # names first: it fills the symbol cache
                     results.setdefault(name, []).append(fn())
 
@@ -162,4 +190,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--worker"]:     # a worker imports no more than ustack does
+        worker(*sys.argv[2:4])
+    else:
+        main()

@@ -9,9 +9,9 @@ import pytest
 
 from helpers import O2_FP, addr2line_chains, build, run_ustack
 from test_elf import FakeMaps, run, text_mapping
-from test_lines import BASE, call_returns, instructions, ours
+from test_lines import BASE, call_returns, instructions, ours, require_libdw
 
-from ustack.objfile import debuginfo
+from ustack.objfile import debuginfo, libdw
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.elf import ElfImage
 from ustack.symbols.symbolizer import SymbolOptions, Symbolizer
@@ -53,8 +53,14 @@ def programs():
     return [build("inline", flags=O2_FP), build("chain", flags=O2_FP)]
 
 
+@pytest.mark.parametrize("reader", ["libdw", "pyelftools"])
 @pytest.mark.parametrize("altlink", ["common.dwz", "absolute"])
-def test_dwz_debug_file_gives_the_lines_of_the_uncompressed_one(tmp_path, altlink):
+def test_dwz_debug_file_gives_the_lines_of_the_uncompressed_one(tmp_path, altlink, reader,
+                                                                 monkeypatch):
+    if reader == "libdw":
+        require_libdw()
+    else:
+        monkeypatch.setattr(libdw, "available", lambda: False)
     link = str(tmp_path / "common.dwz") if altlink == "absolute" else altlink
     prog, _stripped, debug = split_and_dwz(tmp_path, programs(), link)["inline"]
     # the test is of what it claims: names and DIEs did move to the alt file

@@ -12,7 +12,7 @@ import pytest
 from helpers import O2_FP, addr2line_chains, build, run_ustack
 from test_elf import FakeMaps, run, text_mapping
 
-from ustack.objfile import debuginfo, symcache
+from ustack.objfile import debuginfo, dwarf_lines, libdw, symcache
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.dwarf_units import DwarfUnits
 from ustack.objfile.elf import ElfImage
@@ -34,6 +34,22 @@ def prog():
     return build("inline", flags=O2_FP)
 
 
+@pytest.fixture(params=["libdw", "symcache"])
+def source(request, monkeypatch):
+    """What answers a cold run: libdw, unit by unit; or, libdw missing, the
+    SymCache symbolic builds of the whole file."""
+    if request.param == "symcache":
+        monkeypatch.setattr(libdw, "available", lambda: False)
+    else:
+        require_libdw()
+    return request.param
+
+
+def require_libdw():
+    if not libdw.available():
+        pytest.skip("libdw.so.1 is not installed (apt-get install libdw1)")
+
+
 def instructions(path, functions):
     """Every instruction address of the named functions (objdump -d), the
     alignment padding after them left out."""
@@ -51,6 +67,23 @@ def instructions(path, functions):
 def ours(path, addrs):
     table = LineTable.for_image(ElfImage.open(str(path)))
     return {a: [(l.function, l.file, l.line) for l in table.locate(a)] for a in addrs}
+
+
+def cold_and_warm(path, addrs, source):
+    """ours() of a cold cache (libdw answers, or the SymCache is built),
+    checked against a warm run as a new process makes it: the same answers,
+    read back from the disk cache without libdw or a new SymCache."""
+    built, asked = LineTable.built_symcaches, LineTable.libdw_lookups
+    cold = ours(path, addrs)
+    if source == "libdw":
+        assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built, asked + len(addrs))
+    else:
+        assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built + 1, asked)
+    LineTable.clear_cache()
+    assert ours(path, addrs) == cold
+    assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (
+        built + (source == "symcache"), asked + len(addrs) * (source == "libdw"))
+    return cold
 
 
 def call_returns(path, function, callee):
@@ -71,17 +104,17 @@ def call_returns(path, function, callee):
 
 
 @pytest.mark.parametrize("tool", ["eu-addr2line", "addr2line"])
-def test_every_instruction_agrees_with_addr2line(prog, tool):
+def test_every_instruction_agrees_with_addr2line(prog, tool, source):
     addrs = instructions(prog, {"outer", "main", "sink"})
     assert len(addrs) > 30
     want = addr2line_chains(tool, prog, addrs)
-    got = ours(prog, addrs)
+    got = cold_and_warm(prog, addrs, source)
     assert {a: got[a] for a in addrs} == {a: want[a] for a in addrs}
     # the test set does exercise inlining, two levels deep
     assert max(len(c) for c in got.values()) == 3
 
 
-def test_cxx_lines_agree_with_eu_addr2line():
+def test_cxx_lines_agree_with_eu_addr2line(source):
     """C++ at -O2: inlined frames by their DWARF linkage names (demangled
     later, like every name), files and lines as eu-addr2line gives them."""
     from test_dwarf_unwind import build_cxx
@@ -91,7 +124,7 @@ def test_cxx_lines_agree_with_eu_addr2line():
     addrs = instructions(cxx, own)
     assert len(addrs) > 50
     want = addr2line_chains("eu-addr2line", cxx, addrs)
-    got = ours(cxx, addrs)
+    got = cold_and_warm(cxx, addrs, source)
     assert [(a, got[a][:-1], got[a][-1][1:]) for a in addrs] == \
         [(a, want[a][:-1], want[a][-1][1:]) for a in addrs]
     assert any(len(c) > 1 for c in got.values())           # inlined calls checked
@@ -159,9 +192,11 @@ def symcache_path(tmp_path, binary):
     return tmp_path / "cache" / "lines" / f"{ElfImage.open(str(binary)).build_id}.symcache9"
 
 
-def test_symcache_built_once_and_read_back(prog, tmp_path):
-    """The first lookup builds the file's SymCache (no DWARF unit parsed by
-    pyelftools) and stores it, private; a new table reads it back."""
+def test_symcache_built_once_and_read_back(prog, tmp_path, monkeypatch):
+    """Without libdw the first lookup builds the file's SymCache (no DWARF
+    unit parsed by pyelftools) and stores it, private; a new table reads it
+    back."""
+    monkeypatch.setattr(libdw, "available", lambda: False)
     ret = call_returns(prog, "outer", "sink")[0]
     built, parsed = LineTable.built_symcaches, DwarfUnits.parsed_units
     first = ours(prog, [ret - 1])
@@ -174,11 +209,86 @@ def test_symcache_built_once_and_read_back(prog, tmp_path):
     assert (LineTable.built_symcaches, DwarfUnits.parsed_units) == (built + 1, parsed)
 
 
+def test_libdw_answers_are_kept_for_the_next_run(prog, tmp_path):
+    """A cold lookup asks libdw alone (no SymCache, no pyelftools); its
+    answers are stored, private, and a new table answers the same addresses
+    from them: libdw is not asked again. A new address is."""
+    require_libdw()
+    rets = call_returns(prog, "outer", "sink")
+    built, parsed = LineTable.built_symcaches, DwarfUnits.parsed_units
+    first = cold_and_warm(prog, rets[:1], "libdw")
+    assert (LineTable.built_symcaches, DwarfUnits.parsed_units) == (built, parsed)
+    memo = symcache_path(tmp_path, prog).with_suffix(".memo1.json")
+    assert oct(memo.stat().st_mode & 0o777) == "0o600"
+    asked = LineTable.libdw_lookups
+    assert ours(prog, rets[:2])[rets[0]] == first[rets[0]]
+    assert LineTable.libdw_lookups == asked + 1
+    assert not symcache_path(tmp_path, prog).exists()
+
+
+@pytest.mark.parametrize("plant", ["others-writable", "other-owner", "damaged"])
+def test_untrusted_or_damaged_libdw_answers_are_not_read(prog, tmp_path, plant):
+    """Kept answers someone else could have written, or that do not parse,
+    are not believed: libdw is asked again and gives the right ones."""
+    require_libdw()
+    rets = call_returns(prog, "outer", "sink")
+    want = cold_and_warm(prog, rets, "libdw")
+    memo = symcache_path(tmp_path, prog).with_suffix(".memo1.json")
+    forged = memo.read_text().replace('"inner"', '"forged"').replace('"middle"', '"forged"')
+    assert forged != memo.read_text()
+    memo.write_text(forged if plant != "damaged" else forged[:len(forged) // 2])
+    if plant == "others-writable":
+        memo.chmod(0o666)
+    elif plant == "other-owner":
+        os.chown(memo, 65534, 65534)
+    LineTable.clear_cache()
+    asked = LineTable.libdw_lookups
+    assert ours(prog, rets) == want
+    assert LineTable.libdw_lookups == asked + len(rets)
+
+
+def test_symcache_built_after_many_libdw_answers(prog, tmp_path, monkeypatch):
+    """Once libdw has answered BUILD_AFTER addresses of a file (kept ones
+    count), the next one it is asked builds the file's SymCache: the rest of
+    that run and later runs answer from it, the same."""
+    require_libdw()
+    monkeypatch.setattr(dwarf_lines, "BUILD_AFTER", 5)
+    addrs = instructions(prog, {"outer", "main", "sink"})
+    want = addr2line_chains("eu-addr2line", prog, addrs)
+    built, asked = LineTable.built_symcaches, LineTable.libdw_lookups
+    assert ours(prog, addrs[:3]) == {a: want[a] for a in addrs[:3]}
+    LineTable.clear_cache()
+    assert ours(prog, addrs) == {a: want[a] for a in addrs}
+    assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built + 1, asked + 5)
+    assert symcache_path(tmp_path, prog).exists()
+    LineTable.clear_cache()
+    assert ours(prog, addrs) == {a: want[a] for a in addrs}
+    assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built + 1, asked + 5)
+
+
+def test_without_aranges_the_symcache_answers(prog, tmp_path):
+    """No .debug_aranges (clang's default): libdw could find no unit, so the
+    file's SymCache is built and gives what the file with them gives."""
+    if shutil.which("objcopy") is None:
+        pytest.skip("objcopy is not installed")
+    bare = tmp_path / "inline-no-aranges"
+    subprocess.run(["objcopy", "--remove-section=.debug_aranges", str(prog), str(bare)],
+                   check=True)
+    assert ".debug_aranges" not in ElfImage.open(str(bare)).section_names
+    addrs = instructions(prog, {"outer", "main", "sink"})
+    want = ours(prog, addrs)
+    built, asked = LineTable.built_symcaches, LineTable.libdw_lookups
+    assert ours(bare, addrs) == want
+    assert (LineTable.built_symcaches, LineTable.libdw_lookups) == (built + 1, asked)
+
+
 def test_pyelftools_answers_when_symbolic_cannot(prog, monkeypatch):
-    """symbolic missing or refusing the file: the same answers, unit by unit."""
+    """libdw and symbolic missing, or refusing the file: the same answers,
+    unit by unit."""
     def refuse(path):
         raise symcache.SymCacheError("symbolic is not installed")
     monkeypatch.setattr(symcache, "build", refuse)
+    monkeypatch.setattr(libdw, "available", lambda: False)
     addrs = instructions(prog, {"outer"})
     parsed = DwarfUnits.parsed_units
     assert ours(prog, addrs) == {a: c for a, c in
@@ -187,9 +297,10 @@ def test_pyelftools_answers_when_symbolic_cannot(prog, monkeypatch):
 
 
 @pytest.mark.parametrize("plant", ["others-writable", "other-owner", "symlink"])
-def test_untrusted_symcache_is_not_read(prog, tmp_path, plant):
+def test_untrusted_symcache_is_not_read(prog, tmp_path, plant, monkeypatch):
     """A cache file someone else could have written is ignored and replaced;
     a planted symlink is replaced, its target untouched."""
+    monkeypatch.setattr(libdw, "available", lambda: False)    # the SymCache is built
     ret = call_returns(prog, "outer", "sink")[0]
     want = ours(prog, [ret - 1])
     cached = symcache_path(tmp_path, prog)
@@ -218,7 +329,7 @@ def test_untrusted_symcache_is_not_read(prog, tmp_path, plant):
     assert victim.read_bytes() == b"root's file"
 
 
-def test_corrupt_dwarf_gives_no_lines_and_a_message(prog, tmp_path):
+def test_corrupt_dwarf_gives_no_lines_and_a_message(prog, tmp_path, source):
     """.debug_line overwritten with garbage: no traceback, no wrong line."""
     bad = tmp_path / "bad"
     data = bytearray(prog.read_bytes())
@@ -264,28 +375,28 @@ def eu_chains(binary, addrs) -> dict:
     return chains
 
 
-def test_libc_lines_agree_with_eu_addr2line():
+def test_libc_lines_agree_with_eu_addr2line(source):
     """file:line and inlined calls (with their names) of 600 libc addresses
-    through libc6-dbg, all from one SymCache. binutils 2.40 picks wrong
-    file names in parts of libc's DWARF 5, so eu-addr2line is the oracle
-    here. The real function's own name is the symbol table's (both tools
-    name it from there, with different aliases), so it is left out."""
+    through libc6-dbg, cold (libdw, or the SymCache built) and warm (read
+    back). binutils 2.40 picks wrong file names in parts of libc's DWARF 5,
+    so eu-addr2line is the oracle here. The real function's own name is the
+    symbol table's (both tools name it from there, with different aliases),
+    so it is left out."""
     debug = libc_debug_file()
     funcs = [s for s in ElfImage.open(debug).functions if s.size > 16]
     rnd = random.Random(4)
     addrs = sorted({s.address + rnd.randrange(s.size) for s in rnd.choices(funcs, k=600)})
-    built = LineTable.built_symcaches
     want = eu_chains(LIBC, addrs)
-    got = ours(debug, addrs)
-    assert LineTable.built_symcaches == built + 1
+    got = cold_and_warm(debug, addrs, source)
     assert [(a, got[a][:-1], got[a][-1][1:]) for a in addrs if got[a]] == \
         [(a, want[a][:-1], want[a][-1][1:]) for a in addrs if want[a]]
     assert sum(len(got[a]) > 1 for a in addrs) > 20      # inlined calls checked
 
 
-def test_libc_lines_outside_dwarf_functions():
-    """xdr_uint32_t has line rows but no DWARF function: the SymCache knows
-    only its symbol, pyelftools gives the line eu-addr2line gives."""
+def test_libc_lines_outside_dwarf_functions(source):
+    """xdr_uint32_t has line rows but no DWARF function: libdw gives its
+    line as eu-addr2line does; the SymCache knows only its symbol, and
+    pyelftools gives the line."""
     debug = libc_debug_file()
     syms = ElfImage.open(debug).find("xdr_uint32_t")
     if not syms:
@@ -295,7 +406,7 @@ def test_libc_lines_outside_dwarf_functions():
     want = eu_chains(LIBC, addrs)
     got = ours(debug, addrs)
     assert [got[a][-1][1:] for a in addrs] == [want[a][-1][1:] for a in addrs]
-    assert DwarfUnits.parsed_units == parsed + 1
+    assert DwarfUnits.parsed_units == parsed + (source == "symcache")
 
 
 @pytest.mark.kernel

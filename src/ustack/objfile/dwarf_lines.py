@@ -1,30 +1,41 @@
 """file:line and inlined calls at an address of an ELF file with DWARF, as
 `eu-addr2line -i -f` gives them: the one door symbols/ uses.
 
-Two sources, in this order:
-1. a SymCache of the whole file (objfile.symcache): built once by symbolic
-   (~0.2 s for libc's debug file), kept on disk by build-id, then read in
-   place — a warm lookup is a binary search;
-2. pyelftools, one compilation unit at a time (objfile.dwarf_units), for
-   what the SymCache cannot answer: symbolic missing or unable to read the
-   file, files that borrow from a dwz alt file (.gnu_debugaltlink: symbolic
-   does not read those), code above 4 GiB, and addresses where the
-   SymCache knows only a symbol (line rows outside any DWARF function,
-   e.g. libc's xdr_uint32_t)."""
+Sources, in this order:
+1. a SymCache of the whole file on disk (objfile.symcache), built by
+   symbolic and read in place: a warm lookup is a binary search;
+2. libdw (objfile.libdw), elfutils' library, which reads only the unit
+   holding an address: a cold run as fast as eu-addr2line. Its answers are
+   kept (objfile.line_memo), so a run asking them again does not open the
+   DWARF. Once libdw has answered BUILD_AFTER addresses of a file (in this
+   run and kept from earlier ones), the next address it is asked builds the
+   whole file's SymCache: a file symbolized that much pays for it, within
+   the run and in every later run, for every address;
+3. the SymCache built at once, when libdw cannot be used: not installed,
+   or no .debug_aranges to find a unit by (clang's output);
+4. pyelftools, one compilation unit at a time (objfile.dwarf_units), for
+   what neither answers: symbolic missing or unable to read the file, dwz
+   files (.gnu_debugaltlink: symbolic does not read those), code above
+   4 GiB, addresses where the SymCache knows only a symbol (line rows
+   outside any DWARF function, e.g. libc's xdr_uint32_t), corrupt units."""
 from __future__ import annotations
 
 import os
 from typing import Optional
 
 from . import cache as objcache
-from . import symcache
+from . import libdw, symcache
 from .debuginfo import find_alt_file
-from .dwarf_units import DwarfUnits, SourceLoc
 from .elf import ElfImage
+from .line_memo import VERSION as MEMO_VERSION, LineMemo
+from .source_loc import SourceLoc
 
 __all__ = ["LineTable", "SourceLoc", "has_dwarf"]
 
 _MAX_ANSWERS = 1 << 18   # per-address answers kept in memory
+# libdw answers of one file (this run's and kept ones) after which its
+# SymCache is built: libdw costs ~0.06 ms an address, building libc's ~0.25 s
+BUILD_AFTER = 2048
 
 
 def has_dwarf(image: ElfImage) -> bool:
@@ -38,6 +49,7 @@ class LineTable:
 
     _memo: dict = {}
     built_symcaches = 0   # SymCaches built (not read back) in this process (tests, bench)
+    libdw_lookups = 0     # addresses libdw was asked in this process (tests, bench)
 
     @classmethod
     def for_image(cls, image: ElfImage) -> Optional["LineTable"]:
@@ -56,8 +68,10 @@ class LineTable:
 
     @classmethod
     def clear_cache(cls) -> None:
-        """Forget the tables held in memory; the disk cache stays, so the
-        next for_image() reads them back from it."""
+        """Forget the tables held in memory, as a new process would; what
+        they learnt is kept on disk, so the next for_image() reads it back."""
+        for table in cls._memo.values():
+            table.close()
         cls._memo.clear()
 
     def __init__(self, image: ElfImage, st: os.stat_result):
@@ -68,15 +82,31 @@ class LineTable:
         self.errors: list = []        # why some addresses gave nothing (corrupt DWARF)
         self._alt_path = None
         self._alt_missing = False
+        names = image.section_names
         # dwz: names and DIEs live partly in an alt file symbolic does not open
-        self._symcache_tried = ".gnu_debugaltlink" in image.section_names
-        if self._symcache_tried:
+        self._dwz = ".gnu_debugaltlink" in names
+        if self._dwz:
             found = find_alt_file(image)
             self._alt_path = found.path
             self._alt_missing = found.path is None
             self.errors.extend(found.refused)
         self._symcache: Optional[symcache.SymCache] = None
-        self._units: Optional[DwarfUnits] = None
+        self._symcache_read = False   # the disk cache was looked at
+        self._symcache_built = self._dwz   # one try per process
+        # without .debug_aranges libdw finds no unit (eu-addr2line neither)
+        self._libdw_usable = bool({".debug_aranges", ".zdebug_aranges"} & names) \
+            and libdw.available()
+        self._libdw: Optional[libdw.Libdw] = None
+        self._line_memo = LineMemo(self._cache(f"memo{MEMO_VERSION}.json"),
+                                   store=not self._alt_missing)
+        self._units = None            # DwarfUnits, made on first use
+
+    def close(self) -> None:
+        """Save what libdw answered, free libdw's copy of the DWARF."""
+        self._line_memo.save()
+        if self._libdw is not None:
+            self._libdw.close()
+            self._libdw = None
 
     def locate(self, vaddr: int) -> tuple:
         """SourceLocs at vaddr, innermost inlined call first and the real
@@ -90,11 +120,16 @@ class LineTable:
         return hit
 
     def _locate(self, vaddr: int) -> tuple:
-        table = self._table()
+        table = self._disk_symcache()
+        if table is None:
+            chain = self._from_libdw(vaddr)
+            if chain is not None:
+                return tuple(map(SourceLoc._make, chain))
+            table = self._built_symcache()
         if table is not None:
             chain = table.locate(vaddr)
             if chain is not None:
-                return tuple(SourceLoc(*c) for c in chain)
+                return tuple(map(SourceLoc._make, chain))
         units = self._dwarf_units()
         found = units.locate(vaddr)
         if units.errors:
@@ -102,31 +137,71 @@ class LineTable:
             units.errors.clear()
         return found
 
-    def _dwarf_units(self) -> DwarfUnits:
+    def _from_libdw(self, vaddr: int) -> Optional[tuple]:
+        """libdw's answer (or the memo of one), None when libdw cannot give
+        one: then the SymCache or pyelftools answers, or says what is wrong."""
+        if not self._libdw_usable:
+            return None
+        chain = self._line_memo.get(vaddr)
+        if chain is not None:
+            return chain
+        if self._libdw is None:
+            try:
+                self._libdw = libdw.Libdw(self.path, self._alt_path)
+            except libdw.LibdwError:
+                self._libdw_usable = False
+                return None
+        try:
+            chain = self._libdw.locate(vaddr)
+        except libdw.LibdwError:
+            return None                  # this unit is unreadable
+        LineTable.libdw_lookups += 1
+        self._line_memo.put(vaddr, chain)
+        if len(self._line_memo) >= BUILD_AFTER and not self._dwz:
+            self._build_now()
+        return chain
+
+    def _build_now(self) -> None:
+        """Many addresses asked: the SymCache answers the rest of them."""
+        if self._built_symcache() is not None:
+            self._line_memo.forget()
+            self.close()
+            self._libdw_usable = False
+
+    def _dwarf_units(self):
         if self._units is None:
+            from .dwarf_units import DwarfUnits   # pyelftools: most runs never come here
             self._units = DwarfUnits(self.path, self._st, self._build_id, self._alt_path,
                                      store=not self._alt_missing)
         return self._units
 
-    def _table(self) -> Optional[symcache.SymCache]:
-        """The file's SymCache: from the disk cache, else built and stored;
-        None when it cannot be had (then pyelftools answers)."""
-        if not self._symcache_tried:
-            self._symcache_tried = True         # one try per process
-            cache = objcache.cache_file("lines", self.path, self._st, self._build_id,
-                                        f"symcache{symcache.FORMAT_VERSION}")
-            data = objcache.read_mapped(cache)
+    def _cache(self, suffix: str) -> str:
+        return objcache.cache_file("lines", self.path, self._st, self._build_id, suffix)
+
+    def _disk_symcache(self) -> Optional[symcache.SymCache]:
+        """The file's SymCache when a run before built it, else None."""
+        if not self._symcache_read:
+            self._symcache_read = True
+            data = None if self._dwz else objcache.read_mapped(
+                self._cache(f"symcache{symcache.FORMAT_VERSION}"))
             if data is not None:
                 try:
                     self._symcache = symcache.SymCache(data)
                 except symcache.SymCacheError:
-                    data = None                 # stale or damaged: built again
-            if data is None:
-                try:
-                    blob = symcache.build(self.path)
-                    self._symcache = symcache.SymCache(blob)
-                except symcache.SymCacheError:
-                    return None                 # pyelftools says what is wrong, if anything
-                LineTable.built_symcaches += 1
-                objcache.write(cache, blob)
+                    pass                        # stale or damaged: built again
         return self._symcache
+
+    def _built_symcache(self) -> Optional[symcache.SymCache]:
+        """The file's SymCache, built now and stored; None when it cannot
+        be had (then pyelftools answers)."""
+        if self._symcache is None and not self._symcache_built:
+            self._symcache_built = True         # one try per process
+            try:
+                blob = symcache.build(self.path)
+                self._symcache = symcache.SymCache(blob)
+            except symcache.SymCacheError:
+                return None                     # pyelftools says what is wrong, if anything
+            LineTable.built_symcaches += 1
+            objcache.write(self._cache(f"symcache{symcache.FORMAT_VERSION}"), blob)
+        return self._symcache
+

@@ -14,10 +14,10 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from dataclasses import dataclass
 from typing import Optional
 
 from . import cache as objcache
+from .source_loc import SourceLoc
 
 _VERSION = "v1"          # of the cached table layout
 _MAX_UNITS = 512         # unit tables kept in memory
@@ -27,16 +27,6 @@ _CONTAINERS = ("DW_TAG_lexical_block", "DW_TAG_namespace", "DW_TAG_class_type",
 _SCOPES = ("DW_TAG_subprogram", "DW_TAG_inlined_subroutine")
 _ADDR_FORMS = ("DW_FORM_addr", "DW_FORM_addrx", "DW_FORM_addrx1", "DW_FORM_addrx2",
                "DW_FORM_addrx3", "DW_FORM_addrx4")
-
-
-@dataclass(frozen=True)
-class SourceLoc:
-    """One scope at an address: the function (a real or an inlined one) and
-    where in its source the address is — for an enclosing scope, the line
-    that made the inlined call."""
-    function: str      # linkage name when DWARF has one, else DW_AT_name; '' unknown
-    file: str
-    line: int
 
 
 class DwarfUnits:

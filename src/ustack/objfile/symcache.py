@@ -97,6 +97,7 @@ class SymCache:
         self._strings = view[offset:offset + n_strings]
         self._first_range_location = n_locations - n_ranges
         self._paths: dict = {}       # file index -> joined path
+        self._names: dict = {}       # function index -> name
 
     def locate(self, vaddr: int) -> Optional[tuple]:
         """[(function, file, line)] at vaddr, innermost inlined call first and
@@ -128,9 +129,13 @@ class SymCache:
         return tuple(chain)
 
     def _function(self, index: int) -> str:
-        if index == _NONE or index * 4 >= len(self._functions):
-            return ""
-        return self._string(self._functions[index * 4]) or ""
+        name = self._names.get(index)
+        if name is None:
+            name = ""
+            if index != _NONE and index * 4 < len(self._functions):
+                name = self._string(self._functions[index * 4]) or ""
+            self._names[index] = name
+        return name
 
     def _path(self, index: int) -> str:
         """comp_dir/directory/name joined as eu-addr2line joins them: a

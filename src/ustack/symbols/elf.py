@@ -4,14 +4,13 @@ debug file's (a stripped libc with libc6-dbg installed); with --lines and
 file. Also the opened images, for the Go source."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable, Optional
 
 from ..model import Frame, Mapping, UstackError
 from ..objfile.debuginfo import debug_lookup
 from ..objfile.dwarf_lines import LineTable, has_dwarf
 from ..objfile.elf import ElfImage
-from .lines import expand
+from .lines import inlined_frames, real_line
 
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
 
@@ -54,13 +53,18 @@ class ElfSymbols:
                vaddr: Optional[int], sym) -> list:
         """The frame of (vaddr, sym) from resolve(), with its source
         location and inlined calls as asked."""
+        locs = ()
+        if vaddr is not None and (self.options.lines or self.options.inlines):
+            locs = self._source_locs(path, vaddr)
+        file, line = real_line(locs, self.options.lines)
         if sym is None:
-            f = Frame(addr=addr, module=module, path=m.path)
+            f = Frame(addr=addr, module=module, path=m.path, file=file, line=line)
         else:
             f = Frame(addr=addr, module=module, function=self._name(sym.name),
-                      offset=vaddr + back - sym.address, size=sym.size, path=m.path)
-        if vaddr is not None and (self.options.lines or self.options.inlines):
-            return self._source_frames(f, path, vaddr)
+                      offset=vaddr + back - sym.address, size=sym.size, path=m.path,
+                      file=file, line=line)
+        if self.options.inlines and len(locs) > 1:
+            return inlined_frames(f, locs, self.options.lines, self._name) + [f]
         return [f]
 
     def image(self, path: str) -> Optional[ElfImage]:
@@ -71,21 +75,17 @@ class ElfSymbols:
                 self._images[path] = None  # unnamed frames, not a failed run
         return self._images[path]
 
-    def _source_frames(self, f: Frame, path: str, vaddr: int) -> list:
-        """f with its DWARF file:line (--lines), after the calls inlined at
-        that point as frames of their own (--inlines)."""
+    def _source_locs(self, path: str, vaddr: int) -> tuple:
+        """The DWARF SourceLocs at vaddr (objfile.dwarf_lines), innermost
+        inlined call first; () without DWARF."""
         table = self._line_table(path)
         if table is None:
-            return [f]
+            return ()
         locs = table.locate(vaddr)
         if table.errors:                        # corrupt DWARF: said once
             self._warnings.extend(table.errors)
             table.errors.clear()
-        out = expand(f, locs, self.options.lines, self.options.inlines)
-        for i, g in enumerate(out[:-1]):        # inlined names are linkage names
-            if g.function:
-                out[i] = replace(g, function=self._name(g.function))
-        return out
+        return locs
 
     def _debug(self, image: ElfImage) -> Optional[ElfImage]:
         """The separate debug file of a stripped object (e.g. libc6-dbg)."""

@@ -5,24 +5,26 @@ marked inlined), then the real function at the line of the outermost
 inlined call."""
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import Callable
 
 from ..model import Frame
 
 
-def expand(frame: Frame, locs: tuple, lines: bool, inlines: bool) -> list:
-    """`locs`: SourceLocs at the frame's address, innermost first (see
-    objfile.dwarf_lines). Without --inlines the frame keeps its own
-    function's line: the call site of what was inlined into it, so that
-    name and line agree."""
-    if not locs:
-        return [frame]
-    outer = locs[-1]
-    real = replace(frame, file=outer.file, line=outer.line) if lines else frame
-    if not inlines:
-        return [real]
-    inlined = [Frame(addr=frame.addr, module=frame.module, function=loc.function or None,
-                     path=frame.path, inlined=True,
-                     file=loc.file if lines else "", line=loc.line if lines else 0)
-               for loc in locs[:-1]]
-    return inlined + [real]
+def real_line(locs: tuple, lines: bool) -> tuple:
+    """(file, line) the real function's frame shows. `locs`: SourceLocs at
+    the frame's address, innermost first (see objfile.dwarf_lines). The
+    frame keeps its own function's line: the call site of what was inlined
+    into it, so that name and line agree."""
+    if not (lines and locs):
+        return "", 0
+    return locs[-1].file, locs[-1].line
+
+
+def inlined_frames(frame: Frame, locs: tuple, lines: bool, name: Callable[[str], str]) -> list:
+    """The frames of the calls inlined at `frame`'s address (--inlines),
+    innermost first; `name` turns DWARF's linkage names into the ones shown."""
+    return [Frame(addr=frame.addr, module=frame.module,
+                  function=name(loc.function) if loc.function else None,
+                  path=frame.path, inlined=True,
+                  file=loc.file if lines else "", line=loc.line if lines else 0)
+            for loc in locs[:-1]]
