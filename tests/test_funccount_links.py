@@ -54,6 +54,30 @@ def test_only_the_process_asked_for_is_counted(tmp_path):
     assert table(out) == {"leaf": 4, "left": 1, "right": 1}, out
 
 
+def test_a_list_of_processes_is_counted(tmp_path):
+    """-p A,B: both listed processes' calls, none of a third running the
+    same binary; the run ends when A and B have exited."""
+    prog = private_copy(build("branches"), tmp_path)
+    a, b, other = waiting(prog, 3, 1), waiting(prog, 5, 2), waiting(prog, 7, 7)
+    try:
+        us = start_ustack("funccount", f"{prog}:[lr]*", "-p", f"{a.pid},{b.pid}",
+                          stdout=subprocess.PIPE)
+        try:
+            header = wait_tracing(us)
+            for proc in (a, b, other):
+                release(proc)
+            for proc in (a, b, other):
+                assert proc.wait(timeout=30) == 0
+            out, err = finish(us)
+        finally:
+            stop(us)
+    finally:
+        for proc in (a, b, other):
+            stop(proc)
+    assert us.returncode == 0, header + err
+    assert table(out) == {"leaf": 3 + 1 + 5 + 2, "left": 2, "right": 2}, out
+
+
 def test_a_command_is_counted_from_its_exec(tmp_path):
     """-c: the calls of the command itself, counted exactly from its exec
     (register_tm_clones: the C start-up code's, once, before main)."""

@@ -249,9 +249,11 @@ def _run(args) -> int:
             raise UstackError("-F must be a positive frequency")
         opts.events = [f"profile:hz:{args.frequency}"]
     elif args.cmd == "funccount":
-        if len(pids) > 1 or args.tid or args.comm:
+        from .capture.bpf_funccount import uprobe_multi_supported
+        if args.tid or args.comm or (len(pids) > 1 and not uprobe_multi_supported()):
             raise UstackError("funccount counts calls in the kernel per function: "
-                              "it takes one -p PID, not --tid, --comm or a list")
+                              "it takes -p PID (a list from Linux 6.6 on), not --tid "
+                              "or --comm")
         _funccount_options(args, opts)
     elif args.cmd == "record":
         _record_options(args, opts)

@@ -82,18 +82,20 @@ class FuncCountCapture:
                                      os.getpid() if scope == "system" else 0),
                 "ustack_calls", attach_type=bpf.TRACE_UPROBE_MULTI)
             self.fds.append(prog)
-            pid = 0 if scope == "system" else self.target.pid
+            # -p 1,2,3: a link per process (each costs one wait at close)
+            pids = (self.target.pid,) if scope != "system" else self.target.pids or (0,)
             sites: dict = defaultdict(list)       # path -> [(file offset, index)]
             for index, probe in enumerate(self.probes):
                 sites[probe.path].append((probe.file_offset, index))
             for path, where in sites.items():
-                try:
-                    link = bpf.attach_uprobe_multi(prog, path, [o for o, _i in where],
-                                                   [i for _o, i in where], pid)
-                except OSError as e:
-                    raise UstackError(f"cannot put {len(where)} uprobe(s) on {path}: "
-                                      f"{e.strerror}")
-                self.fds.insert(0, link)
+                for pid in pids:
+                    try:
+                        link = bpf.attach_uprobe_multi(
+                            prog, path, [o for o, _i in where], [i for _o, i in where], pid)
+                    except OSError as e:
+                        raise UstackError(f"cannot put {len(where)} uprobe(s) on {path}: "
+                                          f"{e.strerror}")
+                    self.fds.insert(0, link)
         except BaseException:
             self.close()
             raise
