@@ -1,0 +1,100 @@
+"""A program exec'd after a run unwinding in the kernel started
+(`--backend bpf --unwind dwarf`): the kernel has no unwind rows for it until
+ustack reads its MMAP2 record, so the walk hands those events' registers and
+stack to ustack (capture/bpf_unwind.py, deferred records), which unwinds
+them itself: a short program's stacks are complete, none cut with "no
+unwind table loaded yet". Each program is a fresh copy (a new inode no
+run has loaded), started once ustack traces."""
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from helpers import O2_NOFP, build, run_ustack
+from test_e2e_core import (finish, ok, parse_counts, parse_trace, private_copy,
+                           start_ustack, stop, wait_tracing)
+
+pytestmark = pytest.mark.kernel
+
+IN_KERNEL = "[backend bpf, unwind dwarf; unwound in the kernel]"
+CUT = "cut short"
+
+
+def whole_write_stack(prog: str) -> list:
+    """(function, module) of chain's write(2), innermost first, to _start."""
+    return ([("write", "libc.so.6")] + [(f, prog) for f in ("d", "c", "b", "a", "main")]
+            + [("__libc_start_call_main", "libc.so.6"), ("__libc_start_main", "libc.so.6"),
+               ("_start", prog)])
+
+
+@pytest.fixture
+def fresh_chain(tmp_path):
+    return private_copy(build("chain", flags=O2_NOFP), tmp_path)
+
+
+def system_wide(*args, program: list) -> tuple:
+    """Run ustack over the whole machine, start `program` once it traces,
+    end the run (SIGINT) once the program exited: (stdout, stderr, pid)."""
+    us = start_ustack(*args, "--backend", "bpf", "--unwind", "dwarf",
+                      stdout=subprocess.PIPE)
+    try:
+        header = wait_tracing(us, timeout=60)
+        assert IN_KERNEL in header, header
+        proc = subprocess.Popen([str(a) for a in program], stdout=subprocess.DEVNULL)
+        assert proc.wait(timeout=30) == 0
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    return out, err, proc.pid
+
+
+def test_count_whole_machine_program_started_during_the_run(fresh_chain):
+    out, err, pid = system_wide("count", "-P", "syscall:write",
+                                program=[fresh_chain, 3, "write"])
+    mine = [s for s in parse_counts(out) if s["pid"] == pid]
+    assert [(s["frames"], s["count"]) for s in mine] == \
+        [(whole_write_stack(fresh_chain.name), 3)], out
+
+
+def test_trace_whole_machine_program_started_during_the_run(fresh_chain):
+    out, err, pid = system_wide("trace", "syscall:write",
+                                program=[fresh_chain, 3, "write"])
+    mine = [e for e in parse_trace(out) if e["pid"] == pid]
+    assert len(mine) == 3, out
+    for e in mine:
+        assert [(f["func"], f["module"]) for f in e["frames"]] == \
+            whole_write_stack(fresh_chain.name), e
+        assert e["notes"] == [], e
+
+
+def test_command_execs_a_program_its_words_do_not_name(fresh_chain):
+    """`sh -c 'P=…; exec $P'`: the program is not among the command's
+    words, so its rows are not loaded before the run starts."""
+    res = ok(run_ustack("count", "syscall:write", "--backend", "bpf", "--unwind", "dwarf",
+                        "-c", f"sh -c 'P={fresh_chain}; exec $P 3 write'"))
+    assert IN_KERNEL in res.stderr.splitlines()[0], res.stderr
+    stacks = parse_counts(res.stdout)
+    assert [(s["frames"], s["count"]) for s in stacks] == \
+        [(whole_write_stack(fresh_chain.name), 3)], res.stdout
+    assert CUT not in res.stderr, res.stderr
+
+
+def test_profile_whole_machine_program_started_during_the_run(tmp_path):
+    """Samples of a program exec'd during a profile, its first ones
+    included, are unwound to _start; none is cut short (before, the first
+    ones said "no unwind table loaded yet" or "the process's memory map
+    was locked"). Samples of the process before its exec (Python's) are
+    complete too, and end elsewhere."""
+    busy = private_copy(build("busy", flags=O2_NOFP), tmp_path)
+    out, err, pid = system_wide("profile", "-F", "199", "-P", program=[busy, "0.3"])
+    mine = [s for s in parse_counts(out) if s["pid"] == pid]
+    assert any(("spin_here", busy.name) in s["frames"] for s in mine), out
+    for s in mine:
+        notes = [f for f, m in s["frames"] if m is None and f.startswith("(")]
+        assert notes == [], s
+        if any(m == busy.name for _f, m in s["frames"]):
+            assert s["frames"][-1] == ("_start", busy.name), s
