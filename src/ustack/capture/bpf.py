@@ -525,12 +525,11 @@ class BpfCapture:
             return Losses(events.lost + ring_full, events.throttled, (),
                           tuple(self.cut.items()))
         if self.counter is not None and self.unwind_tables is not None:
-            stacks_full, counts_full, ring_full = self.counter.errors_seen()
+            stacks_full, counts_full = self.counter.errors_seen()[:2]
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)
-            # a stack deferred to a full ring is an event lost
-            return Losses(events.lost + ring_full, events.throttled, uncounted,
+            return Losses(events.lost, events.throttled, uncounted,
                           tuple(self.cut.items()))
         elif self.counter is not None and not self.calls_only:
             collided, stacks_full, counts_full = self.counter.errors_seen()

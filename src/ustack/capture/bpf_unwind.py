@@ -136,7 +136,8 @@ _FNV_PRIME = 0x100000001B3
 _FNV_BASIS = 0xCBF29CE484222325
 DROP_SAMPLE, PASS_ON = 0, 1
 ERR_STACKS_FULL, ERR_COUNTS_FULL, ERR_RING_FULL = 0, 1, 2
-ERR_SLOTS = 3
+ERR_UNDEFERRED = 3               # the ring had no room: the stack ended cut instead
+ERR_SLOTS = 4
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -172,7 +173,8 @@ class UnwindProgram:
         write each event's record there (trace) instead of counting;
         `defer`: a ring where a walk that ended DEFERRABLE leaves the
         event's registers and stack for user space to unwind (_defer),
-        instead of counting or writing a cut stack.
+        instead of counting or writing a cut stack (which it does when
+        that ring is full).
         `then(asm)`: emit what to do with the stack once it is stored in
         STACKS, its hash at r10-8 (r6 ctx, r7 pid_tgid; the stack below
         r10-64 is free), instead of counting it; `prelude(asm)` is emitted
@@ -198,6 +200,7 @@ class UnwindProgram:
             a.emit(ldx(1, 8, S_STACK + 4, size=4))
             for status in DEFERRABLE:
                 a.jump(jmp_imm, JEQ, 1, status, to="defer")
+            a.label("undeferred")
         if ring is not None:
             self._output(a, ring, probe_index)
             return self._finish(a, result, defer, probe, probe_index)
@@ -330,7 +333,12 @@ class UnwindProgram:
         a.emit(ld_map_fd(1, ring.fd), mov_imm(2, DEFER_RECORD), mov_imm(3, 0),
                call(RINGBUF_RESERVE), mov(9, 0))
         a.jump(jmp_imm, JNE, 9, 0, to="d_reserved")
-        self._error(a, ERR_RING_FULL)
+        # no room: the stack is counted (written) cut, as it was walked
+        a.emit(st_imm(10, -32, ERR_UNDEFERRED, size=4), ld_map_fd(1, self.maps.errors.fd),
+               mov(2, 10), alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
+        a.jump(jmp_imm, JEQ, 0, 0, to="undeferred")
+        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
+        a.jump(bpf.ja, to="undeferred")
         a.label("d_reserved")
         h, at = RECORD.size, RECORD.size + DEFER.size
         a.emit(call(bpf.KTIME_GET_NS), stx(9, 0, 0), stx(9, 8, 7),
