@@ -26,6 +26,15 @@ at the end of the callchain (model.KERNEL_UNWIND_STOP), the unwind stage
 into a note on the stack. Never a guessed frame. A kernel thread (no mm)
 has an empty user stack.
 
+Deferred stacks: an object mapped during the run has no rows until user
+space reads its MMAP2 record (5-20 ms later; a short program's every
+event), and a sample's interrupt may find the memory map locked. Such a
+walk (DEFERRABLE) is not counted cut: given a ring, the program writes the
+event's registers and stack there (_defer, a DEFERRED record) and ustack
+unwinds it as the copy path's samples (ring_samples makes it a DWARF
+RawSample), once the MMAP2 records told it the mappings. Only where the
+ring is full does the stack end cut, as walked.
+
 Registers: a uprobe's context is the user pt_regs; a sample's context holds
 them when it interrupted user mode; otherwise (syscalls, tracepoints, a
 sample in the kernel) bpf_task_pt_regs(current) gives them.
@@ -33,7 +42,9 @@ sample in the kernel) bpf_task_pt_regs(current) gives them.
 Output: STACKS[hash] = (frame count, status, frames) and COUNTS[(pid_tgid,
 probe, kernel stack id, hash)] += 1; the hash is a 64-bit FNV-style mix of
 the frames and status, so the count key stays 24 bytes however deep the
-stack. For trace, RECORD + frames per event into a BPF ring buffer."""
+stack. For trace, RECORD + frames per event into a BPF ring buffer; a
+deferred record is RECORD (no frames, status DEFERRED) + DEFER + the
+stack, in trace's ring or count/profile's own."""
 from __future__ import annotations
 
 import errno
