@@ -83,6 +83,19 @@ def test_command_execs_a_program_its_words_do_not_name(fresh_chain):
     assert CUT not in res.stderr, res.stderr
 
 
+def test_kernel_frames_above_a_deferred_stack(fresh_chain):
+    """--kernel: a deferred stack keeps the kernel's frames of its event."""
+    res = ok(run_ustack("count", "--kernel", "syscall:write", "--backend", "bpf",
+                        "--unwind", "dwarf",
+                        "-c", f"sh -c 'P={fresh_chain}; exec $P 3 write'"))
+    (stack,) = parse_counts(res.stdout)
+    mods = [m for _f, m in stack["frames"]]
+    sep = mods.index(None)
+    assert stack["frames"][sep][0] == "--" and set(mods[:sep]) == {"kernel"}, stack
+    assert stack["frames"][sep + 1:] == whole_write_stack(fresh_chain.name), stack
+    assert stack["count"] == 3
+
+
 def test_profile_whole_machine_program_started_during_the_run(tmp_path):
     """Samples of a program exec'd during a profile, its first ones
     included, are unwound to _start; none is cut short (before, the first

@@ -12,7 +12,8 @@ from typing import NamedTuple, Optional
 
 from .capture.backends import new_capture
 from .capture.drain import Stream
-from .model import Piece, RawSample, Stack, StackCount, UstackError, unwound_sample
+from .model import (Piece, RawSample, Stack, StackCount, UnwoundSample, UstackError,
+                    unwound_sample)
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
@@ -257,6 +258,8 @@ class Session:
         an object mapped before its rows were loaded), unwound now while
         its mappings are at hand; complete, as the callchain the kernel
         would have counted, so that equal stacks count under one key."""
+        if s.regs is None and not isinstance(s, UnwoundSample):
+            return s                    # walked in the kernel (trace's records)
         pid, generation, (addrs, notes), kernel = self.resolver.key(s)
         unwound = unwound_sample(s, addrs, notes)
         if notes or generation != self.tracker.generations.get(pid, 0):

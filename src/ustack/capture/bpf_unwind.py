@@ -94,13 +94,6 @@ DEFER = struct.Struct("<QQQiI")
 DEFER_STACK = 8192               # two pages: see _defer
 DEFER_RECORD = RECORD.size + DEFER.size + DEFER_STACK
 DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
-
-
-def deferral_ring_bytes(buffer_pages: int) -> int:
-    """count/profile's ring of deferred stacks: DEFER_RING_BYTES, more as
-    --buffer-pages grows (the advice a full ring prints), a power of two."""
-    want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4)
-    return 1 << (want - 1).bit_length()
 COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
@@ -155,6 +148,13 @@ def kernel_dev(st_dev: int) -> int:
     """A stat() st_dev in the kernel's own encoding (MAJOR << 20 | MINOR),
     as inode->i_sb->s_dev holds it."""
     return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+def deferral_ring_bytes(buffer_pages: int) -> int:
+    """count/profile's ring of deferred stacks: DEFER_RING_BYTES, more as
+    --buffer-pages grows, a power of two."""
+    want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4)
+    return 1 << (want - 1).bit_length()
 
 
 # --- the program ---------------------------------------------------------------
