@@ -12,7 +12,9 @@ import subprocess
 
 import pytest
 
+import ustack
 from helpers import O2_NOFP, build, run_ustack
+from ustack.capture import bpf_unwind
 from test_e2e_core import (finish, ok, parse_counts, parse_trace, private_copy,
                            start_ustack, stop, wait_tracing)
 
@@ -111,3 +113,23 @@ def test_profile_whole_machine_program_started_during_the_run(tmp_path):
         assert notes == [], s
         if any(m == busy.name for _f, m in s["frames"]):
             assert s["frames"][-1] == ("_start", busy.name), s
+
+
+def test_a_full_ring_counts_the_stack_cut_as_walked(fresh_chain, monkeypatch):
+    """With a ring that holds one deferred stack, most of 20,000 writes
+    before the program's rows are loaded find it full: each event is
+    counted all the same, complete (unwound by ustack, or in the kernel
+    once the rows are in) or cut where the walk stopped, saying why."""
+    monkeypatch.setattr(bpf_unwind, "DEFER_RING_BYTES", 16 << 10)
+    opts = ustack.Options(command="count", events=["syscall:write"], backend="bpf",
+                          unwind="dwarf",
+                          cmdline=f"sh -c 'P={fresh_chain}; exec $P 20000 write'")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+        assert run.capture.losses().lost == 0
+    whole = [f for f, _m in whole_write_stack(fresh_chain.name)]
+    cut = (f"stack cut at {fresh_chain.name}: no unwind table loaded yet for this object",)
+    for c in counted:
+        frames = [f.function for f in c.stack.frames]
+        assert (frames, c.stack.notes) in ((whole, ()), (whole[:2], cut)), c
+    assert sum(c.count for c in counted) == 20000

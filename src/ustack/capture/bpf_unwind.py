@@ -1051,15 +1051,20 @@ def _accepted_before(kind) -> bool:
 
 
 def _try_load(probe) -> Optional[str]:
-    maps = None
+    """The program as count/profile load it (deferring to a ring)."""
+    maps = ring = None
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
-        code, functions = UnwindProgram(maps, Offsets.of_this_kernel()).code(0, probe)
+        ring = bpf.RingBuf(1 << 14, "ustack_uwtry")
+        code, functions = UnwindProgram(maps, Offsets.of_this_kernel()).code(
+            0, probe, defer=ring)
         os.close(bpf.load_program(prog_type_of(probe), code, "ustack_uwtry",
                                   functions=functions))
     except UstackError as e:
         return str(e)
     finally:
+        if ring is not None:
+            ring.close()
         if maps is not None:
             maps.close()
     try:
