@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 import ustack
-from helpers import O2_NOFP, build, run_ustack
+from helpers import O2_FP, O2_NOFP, build, run_ustack
 from ustack.capture import bpf_unwind
 from test_e2e_core import (finish, ok, parse_counts, parse_trace, private_copy,
                            start_ustack, stop, wait_tracing)
@@ -133,3 +133,36 @@ def test_a_full_ring_counts_the_stack_cut_as_walked(fresh_chain, monkeypatch):
         frames = [f.function for f in c.stack.frames]
         assert (frames, c.stack.notes) in ((whole, ()), (whole[:2], cut)), c
     assert sum(c.count for c in counted) == 20000
+
+
+def test_programs_exec_d_one_after_another_on_a_reused_mm(tmp_path):
+    """Two non-PIE programs with their code at the same addresses but laid
+    out differently, run in turns: each exec's mm_struct is often the one
+    the previous program freed, and the unwinder's cache of VMAs must not
+    give one program the other's file (its stacks then ended early, at d,
+    without a note)."""
+    fp = tmp_path / "fpchain"
+    nofp = tmp_path / "nofpchain"
+    fp.write_bytes(build("chain", flags=O2_FP, pie=False).read_bytes())
+    nofp.write_bytes(build("chain", flags=O2_NOFP, pie=False).read_bytes())
+    for p in (fp, nofp):
+        p.chmod(0o755)
+    us = start_ustack("count", "-P", f"uprobe:{fp}:d", f"uprobe:{nofp}:d",
+                      "--backend", "bpf", "--unwind", "dwarf", stdout=subprocess.PIPE)
+    pids = {}
+    try:
+        assert IN_KERNEL in wait_tracing(us, timeout=60)
+        for prog in (fp, nofp, nofp, fp) * 2:
+            proc = subprocess.Popen([str(prog), "1"])
+            assert proc.wait(timeout=30) == 0
+            pids[proc.pid] = prog.name
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    mine = [s for s in parse_counts(out) if s["pid"] in pids]
+    assert len(mine) == len(pids), out
+    for s in mine:
+        prog = pids[s["pid"]]
+        assert s["frames"] == whole_write_stack(prog)[1:] and s["count"] == 1, s

@@ -8,7 +8,7 @@ verifier checks the body once, not once per frame):
 - the mapping of the pc: bpf_find_vma (the task's own VMA tree, so no
   per-process list has to be kept in step with mmap), which gives the
   file's (dev, inode), the mapping's start and page offset. Its answers are
-  kept in VMAS, keyed by (mm, 2 MiB region): in a sample's interrupt
+  kept in VMAS, keyed by (mm ctx_id, 2 MiB region): in a sample's interrupt
   find_vma answers once, then says the mm is busy until the interrupt
   ends. Consecutive frames in one mapping skip both;
 - the object's rows: OBJECTS[(dev, inode)] = (first row, rows, vaddr -
@@ -97,7 +97,7 @@ DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~50
 COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
-VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm, address >> 21)
+VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm ctx_id, address >> 21)
 VMA_VALUE = 40                   # vm_start, vm_end, vm_pgoff, dev, inode
 PAGE_SHIFT = 12                  # unwind/tables.py's page index granule
 SEARCH_STEPS = 22                # binary search steps: 4 M rows
@@ -576,12 +576,16 @@ class UnwindProgram:
 
     def _find_mapping(self, a: Asm) -> None:
         """S_MSTART/S_MEND/S_FIRST/S_NROWS/S_ADJ for the mapping of S_Q, or
-        stop. The VMA comes from VMAS, a cache keyed by (mm, 2 MiB region),
-        else from bpf_find_vma, which in interrupt context (a profile's
-        sample) works once per interrupt: the cache lets later samples
-        through mappings the earlier ones met."""
+        stop. The VMA comes from VMAS, a cache keyed by (mm ctx_id, 2 MiB
+        region), else from bpf_find_vma, which in interrupt context (a
+        profile's sample) works once per interrupt: the cache lets later
+        samples through mappings the earlier ones met."""
         vmas = self.maps.vmas
+        # keyed by the mm's ctx_id, not its address: a freed mm_struct is
+        # soon another process's (the next exec's, often), and the cached
+        # VMAs of the old one would name its files for the new one's code
         a.emit(call(bpf.GET_CURRENT_TASK_BTF), ldx(1, 0, self.off.task_mm),
+               ldx(1, 1, self.off.mm_ctx_id),
                stx(10, -64, 1), ldx(1, 6, S_Q), alu_imm(RSH, 1, VMA_REGION_SHIFT),
                stx(10, -56, 1), ld_map_fd(1, vmas.fd), mov(2, 10),
                alu_imm(ADD, 2, -64), call(bpf.MAP_LOOKUP))
