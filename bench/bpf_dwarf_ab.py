@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Has the in-kernel DWARF unwinder's cost changed? bench/bpf_dwarf.py's
-uprobe run (`ustack count --backend bpf --unwind dwarf`, N hits of an
-emulated `push %rbp` site, every object loaded before the run) with this
-checkout's src/ and another checkout's, interleaved A B A B … so both see
-the same machine load; medians.
+uprobe run (`count --backend bpf --unwind dwarf`, N hits of an emulated
+`push %rbp` site, every object loaded before the run) with this checkout's
+src/ and another checkout's, interleaved A B A B … so both see the same
+machine load; medians of the whole run's wall time and of the program's
+own time per hit (the kernel's BPF run-time statistics, on only while the
+run lasts: BPF_ENABLE_STATS).
 
     sudo python3 bench/bpf_dwarf_ab.py OTHER_CHECKOUT [-n N] [--reps R]
 
@@ -13,26 +15,47 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bpf_dwarf  # noqa: E402
 from uprobe_rate import REPO  # noqa: E402
 
+# one run, in the checkout's own code: prints "hits ns_per_hit"
+RUN = r"""
+import ctypes, struct, sys
+from ustack import Options, Session
+from ustack.kernel import bpf
+prog, n = sys.argv[1], int(sys.argv[2])
+stats = bpf._bpf(32, (ctypes.c_uint32 * 1)(0))       # BPF_ENABLE_STATS, run time
+opts = Options(command="count", events=[f"uprobe:{prog}:d"], cmdline=f"{prog} {n}",
+               backend="bpf", unwind="dwarf")
+with Session(opts) as run:
+    hits = sum(c.count for c in run.counts())
+    ns = cnt = 0
+    for fd in run.capture.counter.prog_fds:
+        info = ctypes.create_string_buffer(256)
+        bpf._bpf(bpf.OBJ_GET_INFO_BY_FD, bpf._ObjInfo(fd, 256, ctypes.addressof(info)))
+        t, c = struct.unpack_from("<QQ", info.raw, 192)     # run_time_ns, run_cnt
+        ns, cnt = ns + t, cnt + c
+print(hits, ns / max(cnt, 1))
+"""
 
-def run(src: Path, prog: str, n: int, tmp: Path, timeout: float):
-    """One run of bench/bpf_dwarf.py's in-kernel DWARF tool on `src`."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(src)      # ustack_env() puts REPO/src after it
-    try:
-        return bpf_dwarf.ustack("bpf", "dwarf")(prog, n, tmp, timeout)
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
+
+def run(src: Path, prog: str, n: int, timeout: float) -> tuple:
+    """(wall s, the program's ns per hit) of one run on `src`."""
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", RUN, prog, str(n)], text=True,
+                         env=dict(os.environ, PYTHONPATH=str(src)), capture_output=True,
+                         timeout=timeout, check=True).stdout
+    wall = time.monotonic() - start
+    hits, ns = out.split()
+    assert int(hits) == n, (src, out)
+    return wall, float(ns)
 
 
 def main() -> None:
@@ -42,24 +65,29 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=120)
     args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bpf_dwarf_ab: run as root")
     sides = {"this": REPO / "src", "other": args.other.resolve() / "src"}
-    walls: dict = {k: [] for k in sides}
+    for src in sides.values():                 # each side runs its own code
+        where = subprocess.run([sys.executable, "-c", "import ustack; print(ustack.__file__)"],
+                               env=dict(os.environ, PYTHONPATH=str(src)), text=True,
+                               capture_output=True, check=True).stdout
+        assert where.startswith(str(src)), (src, where)
+    runs: dict = {k: [] for k in sides}
     with tempfile.TemporaryDirectory(prefix="bpf_dwarf_ab.") as tmp:
         prog = bpf_dwarf.build(Path(tmp))
-        base = statistics.median(bpf_dwarf.baseline(prog, args.n, Path(tmp), args.timeout).wall
-                                 for _ in range(3))
         for _ in range(args.reps):
             for side, src in sides.items():
-                r = run(src, prog, args.n, Path(tmp), args.timeout)
-                assert r.events == args.n and r.frames == 8, (side, r)
-                walls[side].append(r.wall)
-    print(f"{args.n:,} hits, {args.reps} runs each, interleaved; uninstrumented {base:.3f} s\n")
-    print("| src | wall s (median) | µs/event | runs |")
-    print("|---|---:|---:|---|")
-    for side, w in walls.items():
-        m = statistics.median(w)
-        print(f"| {side} ({sides[side].parent.name}) | {m:.3f} | {(m - base) / args.n * 1e6:.2f} "
-              f"| {' '.join(f'{x:.2f}' for x in w)} |")
+                runs[side].append(run(src, prog, args.n, args.timeout))
+    print(f"{args.n:,} hits, {args.reps} runs each, interleaved; load average "
+          f"{os.getloadavg()[0]:.1f} at the end\n")
+    print("| src | wall s (median) | program ns/hit (median) | walls | ns/hit |")
+    print("|---|---:|---:|---|---|")
+    for side, r in runs.items():
+        walls, ns = [w for w, _ in r], [x for _, x in r]
+        print(f"| {side} ({sides[side].parent.name}) | {statistics.median(walls):.3f} "
+              f"| {statistics.median(ns):.0f} | {' '.join(f'{w:.2f}' for w in walls)} "
+              f"| {' '.join(f'{x:.0f}' for x in ns)} |")
 
 
 if __name__ == "__main__":
