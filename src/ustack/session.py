@@ -12,7 +12,8 @@ from typing import NamedTuple, Optional
 
 from .capture.backends import new_capture
 from .capture.drain import Stream
-from .model import Piece, RawSample, Stack, StackCount, UstackError
+from .model import (Piece, RawSample, Stack, StackCount, UnwoundSample, UstackError,
+                    unwound_sample)
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
@@ -236,8 +237,9 @@ class Session:
         stream carries only metadata), else each sample once; frame-pointer
         stacks are keyed raw and unwound once per key at the end."""
         if self.plan.backend == "bpf":
-            for _piece in self.pieces():
-                pass
+            for piece in self.pieces():
+                for s in piece.samples:     # stacks the kernel's walk left to us
+                    yield self._deferred(s), 1
             exclude, keep, comm = self._excluded_pids(), self.keep, self.tracker.comm
             counted = [(s, n) for s, n in self.capture.counted()
                        if s.pid not in exclude
@@ -250,6 +252,19 @@ class Session:
         for piece in self.pieces():
             for s in piece.samples:
                 yield s, 1
+
+    def _deferred(self, s: RawSample) -> RawSample:
+        """A stack the in-kernel unwinder deferred (capture/bpf_unwind.py:
+        an object mapped before its rows were loaded), unwound now while
+        its mappings are at hand; complete, as the callchain the kernel
+        would have counted, so that equal stacks count under one key."""
+        if s.regs is None and not isinstance(s, UnwoundSample):
+            return s                    # walked in the kernel (trace's records)
+        pid, generation, (addrs, notes), kernel = self.resolver.key(s)
+        unwound = unwound_sample(s, addrs, notes)
+        if notes or generation != self.tracker.generations.get(pid, 0):
+            return unwound
+        return RawSample(s.probe, pid, s.tid, 0, -1, unwound.callchain, kernel=kernel)
 
     def drain(self) -> None:
         """Run to the end naming nothing: what `ustack record` does (the

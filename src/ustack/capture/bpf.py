@@ -471,9 +471,10 @@ class BpfCapture:
                                   with_stacks=False)
         self.buffer_pages = self.events.buffer_pages
         self.decode = self._decode if unwind_tables else self.events.decode
-        self.read_chunks = self._read_chunks if self.stream else self.events.read_chunks
+        # the unwinder's ring: trace's records, the stacks it deferred to us
+        self.read_chunks = self._read_chunks if unwind_tables else self.events.read_chunks
         self.flush_lost = self.events.flush_lost
-        self.stop = self._stop if self.stream else self.events.stop
+        self.stop = self._stop if unwind_tables else self.events.stop
         self.counter = None
 
     def open(self) -> None:
@@ -497,11 +498,12 @@ class BpfCapture:
         target = self.target
         tgid = target.pid if target.scope != "system" else None
         if self.unwind_tables is not None:
-            from .bpf_unwind import UnwindCounter
+            from .bpf_unwind import UnwindCounter, deferral_ring_bytes
             return UnwindCounter(
                 self.probes, self.unwind_tables, stack_storage=self.stack_storage,
-                kernel=self.kernel, filter_tgid=tgid,
-                ring_bytes=ring_bytes(self.buffer_pages) if self.stream else 0)
+                kernel=self.kernel, filter_tgid=tgid, trace=self.stream,
+                ring_bytes=(ring_bytes if self.stream else deferral_ring_bytes)(
+                    self.buffer_pages))
         return BpfCounter(self.probes, stack_storage=self.stack_storage,
                           kernel=self.kernel, filter_tgid=tgid,
                           calls_only=self.calls_only)
@@ -523,7 +525,7 @@ class BpfCapture:
             return Losses(events.lost + ring_full, events.throttled, (),
                           tuple(self.cut.items()))
         if self.counter is not None and self.unwind_tables is not None:
-            stacks_full, counts_full, _ring = self.counter.errors_seen()
+            stacks_full, counts_full = self.counter.errors_seen()[:2]
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)
@@ -565,7 +567,7 @@ class BpfCapture:
         return self.counter.calls(reset)
 
     def _stop(self) -> None:
-        """trace: the events and the ring both end here."""
+        """The events and the unwinder's ring both end here."""
         self.events.stop()
         if self.counter is not None and self.counter.ring is not None:
             self.counter.ring.freeze()
@@ -583,12 +585,12 @@ class BpfCapture:
     def _decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """The stream's decoder, loading the rows of each newly mapped
         object (dlopen, a new process) as its MMAP2 record passes; the
-        unwinder's records (trace) become RawSamples."""
-        if self.stream:
-            from .bpf_unwind import RingChunk, ring_samples   # (it imports this module)
-        if self.stream and isinstance(chunk, RingChunk):
+        unwinder's records (trace's, and the stacks it deferred to us)
+        become RawSamples."""
+        from .bpf_unwind import RingChunk, ring_samples   # (it imports this module)
+        if isinstance(chunk, RingChunk):
             before = len(samples)
-            offset = ring_samples(chunk, samples, offset, limit)
+            offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes)
             for s in samples[before:]:
                 why = cut_reason(s.callchain)
                 if why is not None:

@@ -8,7 +8,7 @@ verifier checks the body once, not once per frame):
 - the mapping of the pc: bpf_find_vma (the task's own VMA tree, so no
   per-process list has to be kept in step with mmap), which gives the
   file's (dev, inode), the mapping's start and page offset. Its answers are
-  kept in VMAS, keyed by (mm, 2 MiB region): in a sample's interrupt
+  kept in VMAS, keyed by (mm ctx_id, 2 MiB region): in a sample's interrupt
   find_vma answers once, then says the mm is busy until the interrupt
   ends. Consecutive frames in one mapping skip both;
 - the object's rows: OBJECTS[(dev, inode)] = (first row, rows, vaddr -
@@ -26,6 +26,15 @@ at the end of the callchain (model.KERNEL_UNWIND_STOP), the unwind stage
 into a note on the stack. Never a guessed frame. A kernel thread (no mm)
 has an empty user stack.
 
+Deferred stacks: an object mapped during the run has no rows until user
+space reads its MMAP2 record (5-20 ms later; a short program's every
+event), and a sample's interrupt may find the memory map locked. Such a
+walk (DEFERRABLE) is not counted cut: given a ring, the program writes the
+event's registers and stack there (_defer, a DEFERRED record) and ustack
+unwinds it as the copy path's samples (ring_samples makes it a DWARF
+RawSample), once the MMAP2 records told it the mappings. Only where the
+ring is full does the stack end cut, as walked.
+
 Registers: a uprobe's context is the user pt_regs; a sample's context holds
 them when it interrupted user mode; otherwise (syscalls, tracepoints, a
 sample in the kernel) bpf_task_pt_regs(current) gives them.
@@ -33,7 +42,9 @@ sample in the kernel) bpf_task_pt_regs(current) gives them.
 Output: STACKS[hash] = (frame count, status, frames) and COUNTS[(pid_tgid,
 probe, kernel stack id, hash)] += 1; the hash is a 64-bit FNV-style mix of
 the frames and status, so the count key stays 24 bytes however deep the
-stack. For trace, RECORD + frames per event into a BPF ring buffer."""
+stack. For trace, RECORD + frames per event into a BPF ring buffer; a
+deferred record is RECORD (no frames, status DEFERRED) + DEFER + the
+stack, in trace's ring or count/profile's own."""
 from __future__ import annotations
 
 import errno
@@ -65,6 +76,7 @@ from ..target import process
 from .bpf import MIN_COUNT_ENTRIES, BpfCounter, unless_traced, prog_type_of
 
 BPF_LOOP = 181
+RINGBUF_RESERVE, RINGBUF_SUBMIT = 131, 132
 ARSH = 0xC0
 MAX_FRAMES = 128                 # a power of two: the frame index is masked
 ROW = struct.Struct("<IBBhii")   # unwind/tables.py's row
@@ -75,10 +87,17 @@ OBJ_VALUE = struct.Struct("<IIqIII4x")
 STACK_HEAD = struct.Struct("<II")  # frames, status
 # a trace record: time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu, then STACK_HEAD
 RECORD = struct.Struct("<QQIIII")
+# a deferred record (RECORD with no frames, status DEFERRED), then the
+# event's ip, sp, bp, kernel stack id, bytes of stack copied, then
+# DEFER_STACK bytes from sp (the copied ones first)
+DEFER = struct.Struct("<QQQiI")
+DEFER_STACK = 8192               # two pages: see _defer
+DEFER_RECORD = RECORD.size + DEFER.size + DEFER_STACK
+DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
 COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
-VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm, address >> 21)
+VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm ctx_id, address >> 21)
 VMA_VALUE = 40                   # vm_start, vm_end, vm_pgoff, dev, inode
 PAGE_SHIFT = 12                  # unwind/tables.py's page index granule
 SEARCH_STEPS = 22                # binary search steps: 4 M rows
@@ -91,6 +110,12 @@ BP_SAME, BP_AT, BP_LOST, BP_AT_BP = range(4)
 (COMPLETE, NO_MAPPING, NO_FILE, NO_TABLE, NO_CFI, GAP, UNSUPPORTED, NO_BP,
  READ_FAILED, NO_PROGRESS, TRUNCATED, VMA_BUSY, TABLE_FULL) = range(13)
 THROUGH_JIT = KERNEL_UNWIND_THROUGH_JIT   # complete, a JIT frame on its frame pointer
+# a deferred record's status: the stack goes to user space to be unwound
+DEFERRED = 14
+# walks that end so are deferred (where the program has a ring for it): an
+# object mapped before its rows could be loaded (a program exec'd during
+# the run), a memory map locked while a sample's interrupt asked for a VMA
+DEFERRABLE = (NO_TABLE, VMA_BUSY)
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
 _RUNNING = 0xFF
 
@@ -115,13 +140,21 @@ _FNV_PRIME = 0x100000001B3
 _FNV_BASIS = 0xCBF29CE484222325
 DROP_SAMPLE, PASS_ON = 0, 1
 ERR_STACKS_FULL, ERR_COUNTS_FULL, ERR_RING_FULL = 0, 1, 2
-ERR_SLOTS = 3
+ERR_UNDEFERRED = 3               # the ring had no room: the stack ended cut instead
+ERR_SLOTS = 4
 
 
 def kernel_dev(st_dev: int) -> int:
     """A stat() st_dev in the kernel's own encoding (MAJOR << 20 | MINOR),
     as inode->i_sb->s_dev holds it."""
     return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+def deferral_ring_bytes(buffer_pages: int) -> int:
+    """count/profile's ring of deferred stacks: DEFER_RING_BYTES, more as
+    --buffer-pages grows, a power of two."""
+    want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4)
+    return 1 << (want - 1).bit_length()
 
 
 # --- the program ---------------------------------------------------------------
@@ -145,10 +178,14 @@ class UnwindProgram:
         self._reads = 0                  # labels of _read_user's call sites
 
     def code(self, probe_index: int, probe, *, tgids=None, armed=None,
-             kernel_stacks=None, result: int = PASS_ON, ring=None,
+             kernel_stacks=None, result: int = PASS_ON, ring=None, defer=None,
              prelude=None, then=None) -> tuple:
         """(bytes, function offsets) of the program for one probe; `ring`:
-        write each event's record there (trace) instead of counting.
+        write each event's record there (trace) instead of counting;
+        `defer`: a ring where a walk that ended DEFERRABLE leaves the
+        event's registers and stack for user space to unwind (_defer),
+        instead of counting or writing a cut stack (which it does when
+        that ring is full).
         `then(asm)`: emit what to do with the stack once it is stored in
         STACKS, its hash at r10-8 (r6 ctx, r7 pid_tgid; the stack below
         r10-64 is free), instead of counting it; `prelude(asm)` is emitted
@@ -170,14 +207,19 @@ class UnwindProgram:
         a.emit(stx(10, -24, 7), st_imm(10, -16, probe_index, size=4),
                st_imm(10, -12, -1, size=4))
         self.walk(a, probe, kernel_stacks)
+        if defer is not None:
+            a.emit(ldx(1, 8, S_STACK + 4, size=4))
+            for status in DEFERRABLE:
+                a.jump(jmp_imm, JEQ, 1, status, to="defer")
+            a.label("undeferred")
         if ring is not None:
             self._output(a, ring, probe_index)
-            return self.finish(a, result)
+            return self._finish(a, result, defer, probe, probe_index)
         self.store_stack(a, then="count")
         a.label("count")
         if then is not None:
             then(a)
-            return self.finish(a, result)
+            return self._finish(a, result, defer, probe, probe_index)
         a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
                call(bpf.MAP_LOOKUP))
         a.jump(jmp_imm, JNE, 0, 0, to="add")
@@ -193,7 +235,12 @@ class UnwindProgram:
         self._error(a, ERR_COUNTS_FULL)
         a.label("add")
         a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        return self.finish(a, result)
+        return self._finish(a, result, defer, probe, probe_index)
+
+    def _finish(self, a: Asm, result: int, defer, probe, probe_index: int) -> tuple:
+        if defer is None:
+            return self.finish(a, result)
+        return self.finish(a, result, lambda a: self._defer(a, defer, probe, probe_index))
 
     def walk(self, a: Asm, probe, kernel_stacks=None) -> None:
         """The current task's user stack into the scratch value (r8 = it;
@@ -254,10 +301,14 @@ class UnwindProgram:
         a.jump(jmp_imm, JEQ, 0, -errno.EEXIST, to=then)
         self._error(a, ERR_STACKS_FULL)
 
-    def finish(self, a: Asm, result: int) -> tuple:
-        """The program's exit, then its callbacks: (bytes, their offsets)."""
+    def finish(self, a: Asm, result: int, tail=None) -> tuple:
+        """The program's exit, then `tail(asm)` (code reached only by a
+        jump, which jumps back to "out"), then the callbacks: (bytes, their
+        offsets)."""
         a.label("out")
         a.emit(mov_imm(0, result), exit_())
+        if tail is not None:
+            tail(a)
         step = len(a)
         a.label("step")
         self._step(a)
@@ -281,6 +332,52 @@ class UnwindProgram:
         a.jump(jmp_imm, JEQ, 0, 0, to="out")
         self._error(a, ERR_RING_FULL)
 
+    def _defer(self, a: Asm, ring, probe, probe_index: int) -> None:
+        """At label "defer": a deferred record into `ring` (RECORD with
+        status DEFERRED, DEFER, the stack), for user space to unwind once
+        it has loaded what the walk missed. The stack: DEFER_STACK bytes
+        from sp at once; where that fails the stack ends within them, and
+        as it ends at a page boundary (the end of its mapping) it ends
+        after sp's page or the next: those are copied one at a time."""
+        a.label("defer")
+        self._registers(a, probe, tag="d_")     # the walk moved them: the event's own
+        a.emit(ld_map_fd(1, ring.fd), mov_imm(2, DEFER_RECORD), mov_imm(3, 0),
+               call(RINGBUF_RESERVE), mov(9, 0))
+        a.jump(jmp_imm, JNE, 9, 0, to="d_reserved")
+        # no room: the stack is counted (written) cut, as it was walked
+        a.emit(st_imm(10, -32, ERR_UNDEFERRED, size=4), ld_map_fd(1, self.maps.errors.fd),
+               mov(2, 10), alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
+        a.jump(jmp_imm, JEQ, 0, 0, to="undeferred")
+        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
+        a.jump(bpf.ja, to="undeferred")
+        a.label("d_reserved")
+        h, at = RECORD.size, RECORD.size + DEFER.size
+        a.emit(call(bpf.KTIME_GET_NS), stx(9, 0, 0), stx(9, 8, 7),
+               st_imm(9, 16, probe_index, size=4),
+               call(bpf.GET_SMP_PROCESSOR_ID), stx(9, 20, 0, size=4),
+               st_imm(9, 24, 0, size=4), st_imm(9, 28, DEFERRED, size=4))
+        for i, reg in enumerate((S_PC, S_SP, S_BP)):
+            a.emit(ldx(1, 8, reg), stx(9, h + 8 * i, 1))
+        a.emit(ldx(1, 10, -12, size=4), stx(9, h + 24, 1, size=4))
+        a.emit(mov(1, 9), alu_imm(ADD, 1, at), mov_imm(2, DEFER_STACK), ldx(3, 8, S_SP),
+               call(bpf.PROBE_READ_USER), mov_imm(1, DEFER_STACK))
+        a.jump(jmp_imm, JEQ, 0, 0, to="d_copied")
+        # sp's page, from sp to its end: 1..4096 bytes
+        a.emit(ldx(2, 8, S_SP), alu_imm(AND, 2, 4095), mov_imm(1, 4096),
+               alu_reg(SUB, 1, 2), stx(10, -32, 1),
+               mov(2, 1), mov(1, 9), alu_imm(ADD, 1, at), ldx(3, 8, S_SP),
+               call(bpf.PROBE_READ_USER), mov_imm(1, 0))
+        a.jump(jmp_imm, JNE, 0, 0, to="d_copied")
+        # the next page
+        a.emit(ldx(2, 10, -32), mov(1, 9), alu_imm(ADD, 1, at), alu_reg(ADD, 1, 2),
+               ldx(3, 8, S_SP), alu_reg(ADD, 3, 2), mov_imm(2, 4096),
+               call(bpf.PROBE_READ_USER), ldx(1, 10, -32))
+        a.jump(jmp_imm, JNE, 0, 0, to="d_copied")
+        a.emit(alu_imm(ADD, 1, 4096))
+        a.label("d_copied")
+        a.emit(stx(9, h + 28, 1, size=4), mov(1, 9), mov_imm(2, 0), call(RINGBUF_SUBMIT))
+        a.jump(bpf.ja, to="out")
+
     def _error(self, a: Asm, slot: int) -> None:
         a.emit(st_imm(10, -32, slot, size=4), ld_map_fd(1, self.maps.errors.fd),
                mov(2, 10), alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
@@ -295,23 +392,24 @@ class UnwindProgram:
                alu_reg(MUL, 2, 3), mov(3, 2), alu_imm(RSH, 3, 29),
                alu_reg(XOR, 2, 3), stx(8, S_HASH, 2))
 
-    def _registers(self, a: Asm, probe) -> None:
-        """S_PC, S_SP, S_BP = the user registers (r6 = ctx, r8 = scratch)."""
+    def _registers(self, a: Asm, probe, tag: str = "") -> None:
+        """S_PC, S_SP, S_BP = the user registers (r6 = ctx, r8 = scratch);
+        `tag` keeps the labels of a second copy apart."""
         regs = bpf.PT_REGS
         if isinstance(probe, ProfileProbe):
             a.emit(ldx(1, 6, regs["cs"]), alu_imm(AND, 1, 3))
-            a.jump(jmp_imm, JEQ, 1, 0, to="task_regs")
+            a.jump(jmp_imm, JEQ, 1, 0, to=f"{tag}task_regs")
         if isinstance(probe, (UprobeProbe, ProfileProbe)):
             for name, at in (("ip", S_PC), ("sp", S_SP), ("bp", S_BP)):
                 a.emit(ldx(1, 6, regs[name]), stx(8, at, 1))
             if isinstance(probe, UprobeProbe):
                 return
-            a.jump(bpf.ja, to="have_regs")
-        a.label("task_regs")
+            a.jump(bpf.ja, to=f"{tag}have_regs")
+        a.label(f"{tag}task_regs")
         a.emit(call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), call(bpf.TASK_PT_REGS))
         for name, at in (("ip", S_PC), ("sp", S_SP), ("bp", S_BP)):
             a.emit(ldx(1, 0, regs[name]), stx(8, at, 1))
-        a.label("have_regs")
+        a.label(f"{tag}have_regs")
 
     # -- one frame: bpf_loop's callback (index, ctx) -> 0 go on, 1 stop --------
     def _step(self, a: Asm) -> None:
@@ -478,12 +576,16 @@ class UnwindProgram:
 
     def _find_mapping(self, a: Asm) -> None:
         """S_MSTART/S_MEND/S_FIRST/S_NROWS/S_ADJ for the mapping of S_Q, or
-        stop. The VMA comes from VMAS, a cache keyed by (mm, 2 MiB region),
-        else from bpf_find_vma, which in interrupt context (a profile's
-        sample) works once per interrupt: the cache lets later samples
-        through mappings the earlier ones met."""
+        stop. The VMA comes from VMAS, a cache keyed by (mm ctx_id, 2 MiB
+        region), else from bpf_find_vma, which in interrupt context (a
+        profile's sample) works once per interrupt: the cache lets later
+        samples through mappings the earlier ones met."""
         vmas = self.maps.vmas
+        # keyed by the mm's ctx_id, not its address: a freed mm_struct is
+        # soon another process's (the next exec's, often), and the cached
+        # VMAs of the old one would name its files for the new one's code
         a.emit(call(bpf.GET_CURRENT_TASK_BTF), ldx(1, 0, self.off.task_mm),
+               ldx(1, 1, self.off.mm_ctx_id),
                stx(10, -64, 1), ldx(1, 6, S_Q), alu_imm(RSH, 1, VMA_REGION_SHIFT),
                stx(10, -56, 1), ld_map_fd(1, vmas.fd), mov(2, 10),
                alu_imm(ADD, 2, -64), call(bpf.MAP_LOOKUP))
@@ -789,11 +891,14 @@ DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
 
 class UnwindCounter(BpfCounter):
     """Counts stacks unwound in the kernel; attaches like BpfCounter (one
-    program per trace event, one per sampling event)."""
+    program per trace event, one per sampling event). `ring_bytes`: a ring
+    of that size, where the programs defer the stacks they cannot unwind
+    yet (_defer); with `trace`, where they write every event's record
+    instead of counting it."""
 
     def __init__(self, probes: list, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None,
-                 rows: int = DEFAULT_ROWS, ring_bytes: int = 0):
+                 rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False):
         self.probes = probes
         self.kernel = kernel
         self.calls_only = False
@@ -814,7 +919,8 @@ class UnwindCounter(BpfCounter):
                     bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
                     "ustack_kstacks")
             self.ring = None
-            if ring_bytes:              # trace: a record per event
+            self.trace = trace and bool(ring_bytes)
+            if ring_bytes:
                 self.ring = bpf.RingBuf(ring_bytes, "ustack_uwring")
             self.objects = UnwindObjects(self.unwind_maps, tables)
             self.objects.add_vdso()
@@ -832,7 +938,7 @@ class UnwindCounter(BpfCounter):
         code, functions = self.program.code(
             index, probe, tgids=tgids, kernel_stacks=self.kstacks, result=result,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
-            ring=self.ring)
+            ring=self.ring if self.trace else None, defer=self.ring)
         return self.load(index, prog_type_of(probe), code, functions, f"ustack_uw{index}")
 
     def load(self, index: int, prog_type: int, code: bytes, functions: tuple,
@@ -881,14 +987,27 @@ class RingChunk(bytes):
     from the perf buffers' chunks in the capture's stream."""
 
 
-def ring_samples(chunk: bytes, samples: list, offset: int, limit: int) -> int:
+def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
+                 kernel_stack: Callable[[int], bytes] = lambda _id: b"") -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
-    about `limit` bytes; returns the offset reached."""
+    about `limit` bytes; returns the offset reached. A deferred record
+    becomes a DWARF sample (regs and stack, as the copy path's), its
+    kernel frames from `kernel_stack(id)`."""
     end = min(len(chunk), offset + limit)
     while offset < end:
         n = struct.unpack_from("<I", chunk, offset)[0]
         rec = offset + 4
         t, pid_tgid, probe, cpu, nframes, status = RECORD.unpack_from(chunk, rec)
+        if status == DEFERRED:
+            ip, sp, bp, kstack, size = DEFER.unpack_from(chunk, rec + RECORD.size)
+            at = rec + RECORD.size + DEFER.size
+            samples.append(RawSample(
+                probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
+                regs={"ip": ip, "sp": sp, "bp": bp},
+                stack=chunk[at:at + min(size, DEFER_STACK)],
+                kernel=kernel_stack(kstack) if kstack >= 0 else b""))
+            offset = rec + n
+            continue
         nframes = min(nframes, MAX_FRAMES)
         chain = chunk[rec + RECORD.size:rec + RECORD.size + 8 * nframes]
         if status not in (COMPLETE, NO_PROGRESS):
@@ -936,15 +1055,20 @@ def _accepted_before(kind) -> bool:
 
 
 def _try_load(probe) -> Optional[str]:
-    maps = None
+    """The program as count/profile load it (deferring to a ring)."""
+    maps = ring = None
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
-        code, functions = UnwindProgram(maps, Offsets.of_this_kernel()).code(0, probe)
+        ring = bpf.RingBuf(1 << 14, "ustack_uwtry")
+        code, functions = UnwindProgram(maps, Offsets.of_this_kernel()).code(
+            0, probe, defer=ring)
         os.close(bpf.load_program(prog_type_of(probe), code, "ustack_uwtry",
                                   functions=functions))
     except UstackError as e:
         return str(e)
     finally:
+        if ring is not None:
+            ring.close()
         if maps is not None:
             maps.close()
     try:
