@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest

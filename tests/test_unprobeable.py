@@ -6,7 +6,6 @@ its exec stop when set-up fails is ended, not waited for for ever."""
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
@@ -33,7 +32,6 @@ def debian_libc():
 @pytest.mark.parametrize("backend", ["perf", "bpf", "tracefs"])
 def test_a_lock_prefixed_entry_is_refused_before_the_run(backend):
     command = "trace" if backend != "bpf" else "count"
-    start = time.monotonic()
     res = run_ustack(command, "uprobe:libc:pthread_spin_lock", "-c", "true",
                      "--backend", backend, timeout=60)
     assert res.returncode == 1
