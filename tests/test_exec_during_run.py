@@ -131,13 +131,16 @@ def test_a_full_ring_counts_the_stack_cut_as_walked(fresh_chain, monkeypatch):
                           cmdline=f"sh -c 'P={fresh_chain}; exec $P 20000 write'")
     with ustack.Session(opts) as run:
         counted = run.counts()
-        assert run.capture.losses().lost == 0
+        losses = run.capture.losses()
+        assert losses.lost == 0
     whole = [f for f, _m in whole_write_stack(fresh_chain.name)]
     cut = (f"stack cut at {fresh_chain.name}: no unwind table loaded yet for this object",)
     for c in counted:
         frames = [f.function for f in c.stack.frames]
         assert (frames, c.stack.notes) in ((whole, ()), (whole[:2], cut)), c
     assert sum(c.count for c in counted) == 20000
+    # every cut one found the ring full, and the run's summary says so
+    assert sum(c.count for c in counted if c.stack.notes) == losses.deferral_full
 
 
 def test_programs_exec_d_one_after_another_on_a_reused_mm(tmp_path):
@@ -171,3 +174,20 @@ def test_programs_exec_d_one_after_another_on_a_reused_mm(tmp_path):
     for s in mine:
         prog = pids[s["pid"]]
         assert s["frames"] == whole_write_stack(prog)[1:] and s["count"] == 1, s
+
+
+def test_the_summary_says_the_ring_was_full():
+    """What a user reads after such a run (no kernel needed)."""
+    import io
+    from ustack.model import Losses
+    from ustack.report.summary import write_summary
+    err = io.StringIO()
+    write_summary(err, losses=Losses(cut_short=(
+        ("no unwind table loaded yet for this object", 7),), deferral_full=5),
+        buffer_pages=64)
+    assert err.getvalue().splitlines() == [
+        "7 events' stacks were cut short by the in-kernel unwinder (7: no unwind "
+        "table loaded yet for this object); each such stack ends with a note",
+        "5 of them could have been finished by ustack but its ring for them was full "
+        "(a program started during the run, before its unwind table was loaded): "
+        "try --buffer-pages 1024"]

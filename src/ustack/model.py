@@ -175,6 +175,9 @@ class Losses:
     # events whose stack the in-kernel unwinder cut short: (why, n) pairs
     # (each such stack ends with a note saying where and why)
     cut_short: tuple = ()
+    # of those, the ones cut because the ring of stacks to finish in Python
+    # (an object's rows not loaded yet) was full
+    deferral_full: int = 0
 
 
 @dataclass(frozen=True)

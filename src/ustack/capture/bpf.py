@@ -521,16 +521,16 @@ class BpfCapture:
         events = self.events.losses()
         uncounted = ()
         if self.counter is not None and self.stream:
-            ring_full = self.counter.errors_seen()[2]
-            return Losses(events.lost + ring_full, events.throttled, (),
-                          tuple(self.cut.items()))
+            errors = self.counter.errors_seen()
+            return Losses(events.lost + errors[2], events.throttled, (),
+                          tuple(self.cut.items()), deferral_full=errors[3])
         if self.counter is not None and self.unwind_tables is not None:
-            stacks_full, counts_full = self.counter.errors_seen()[:2]
+            stacks_full, counts_full, _ring, deferral_full = self.counter.errors_seen()[:4]
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)
             return Losses(events.lost, events.throttled, uncounted,
-                          tuple(self.cut.items()))
+                          tuple(self.cut.items()), deferral_full=deferral_full)
         elif self.counter is not None and not self.calls_only:
             collided, stacks_full, counts_full = self.counter.errors_seen()
             uncounted = tuple((why, n) for why, n in (

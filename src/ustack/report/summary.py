@@ -25,6 +25,11 @@ def write_summary(err: TextIO, *, warnings=(), losses: Losses = Losses(),
         why = ", ".join(f"{n}: {reason}" for reason, n in losses.cut_short)
         print(f"{total} events' stacks were cut short by the in-kernel unwinder "
               f"({why}); each such stack ends with a note", file=err)
+    if losses.deferral_full:
+        print(f"{losses.deferral_full} of them could have been finished by ustack but "
+              f"its ring for them was full (a program started during the run, "
+              f"before its unwind table was loaded): try --buffer-pages "
+              f"{max(4 * buffer_pages, 1024)}", file=err)
     for warning in dict.fromkeys(warnings):          # each once, in order
         print(f"ustack: {warning}", file=err)
     if losses.lost and copied_stacks:
