@@ -264,6 +264,18 @@ def call_count_program(probe_index: int, counts: bpf.Map, armed=None,
     return a.assemble()
 
 
+def read_calls(counts: bpf.Map, n: int, reset: bool = False) -> list:
+    """funccount's ARRAY of calls per probe index, in index order; `reset`
+    zeroes each after reading it (funccount -i)."""
+    out = []
+    for i in range(n):
+        key = i.to_bytes(4, "little")
+        out.append(_U64.unpack(counts.lookup(key))[0])
+        if reset:
+            counts.update(key, bytes(8))
+    return out
+
+
 def prog_type_of(probe) -> int:
     if isinstance(probe, UprobeProbe):
         return bpf.PROG_KPROBE
@@ -393,13 +405,7 @@ class BpfCounter:
 
     def calls(self, reset: bool = False) -> list:
         """Calls per probe (funccount), in probe order."""
-        out = []
-        for i in range(len(self.probes)):
-            key = i.to_bytes(4, "little")
-            out.append(_U64.unpack(self.counts.lookup(key))[0])
-            if reset:
-                self.counts.update(key, bytes(8))
-        return out
+        return read_calls(self.counts, len(self.probes), reset)
 
     def stack_bytes(self, stack_id: int) -> bytes:
         """The addresses of a stack id as u64s, innermost first, up to the

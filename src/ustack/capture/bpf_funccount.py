@@ -13,7 +13,6 @@ forks; a system-wide run counts every process but ustack itself."""
 from __future__ import annotations
 
 import os
-import struct
 import time
 from collections import defaultdict
 
@@ -21,9 +20,8 @@ from ..kernel import bpf
 from ..kernel.bpf import (JEQ, RSH, Asm, alu_imm, atomic_add, call, exit_, jmp_imm,
                           mov, mov_imm, stx)
 from ..model import Losses, UstackError
-from .bpf import exec_program, lookup, unless_armed
+from .bpf import exec_program, lookup, read_calls, unless_armed
 
-_U64 = struct.Struct("<Q")
 _KEY_AT = -8                          # the stack slot of the count map's key
 
 
@@ -122,13 +120,7 @@ class FuncCountCapture:
 
     def calls(self, reset: bool = False) -> list:
         """Calls per probe, in probe order."""
-        out = []
-        for i in range(len(self.probes)):
-            key = i.to_bytes(4, "little")
-            out.append(_U64.unpack(self.counts.lookup(key))[0])
-            if reset:
-                self.counts.update(key, bytes(8))
-        return out
+        return read_calls(self.counts, len(self.probes), reset)
 
     def close(self) -> None:
         for fd in self.fds:               # links first: nothing runs the programs
