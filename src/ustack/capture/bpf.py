@@ -276,6 +276,18 @@ def read_calls(counts: bpf.Map, n: int, reset: bool = False) -> list:
     return out
 
 
+def with_ring_records(chunks: list, counter, chunk_type) -> list:
+    """`chunks` (the perf buffers'), then what the counter's BPF ring holds
+    as one chunk_type chunk, if it has a ring and anything is in it: read
+    after the perf buffers, so the MMAP2 records that explain the ring's
+    records come first."""
+    if counter is not None and counter.ring is not None:
+        records = counter.ring.read()
+        if records:
+            chunks.append(chunk_type(records))
+    return chunks
+
+
 def prog_type_of(probe) -> int:
     if isinstance(probe, UprobeProbe):
         return bpf.PROG_KPROBE
@@ -580,13 +592,9 @@ class BpfCapture:
 
     def _read_chunks(self, timeout_ms: int) -> list:
         """The perf buffers' chunks, then what the unwinder's ring holds."""
-        chunks = self.events.read_chunks(timeout_ms)
-        if self.counter is not None and self.counter.ring is not None:
-            records = self.counter.ring.read()
-            if records:
-                from .bpf_unwind import RingChunk
-                chunks.append(RingChunk(records))
-        return chunks
+        from .bpf_unwind import RingChunk                 # (it imports this module)
+        return with_ring_records(self.events.read_chunks(timeout_ms), self.counter,
+                                 RingChunk)
 
     def _decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """The stream's decoder, loading the rows of each newly mapped

@@ -37,7 +37,7 @@ from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, MUL, RSH, SUB,
                           jmp_reg, ld_imm64, ld_map_fd, ldx, mov, mov_imm, st_imm,
                           stx)
 from ..model import Losses, MmapEvent, RawSample, TracepointProbe
-from .bpf import BpfCapture, BpfCounter, prog_type_of, unless_traced
+from .bpf import BpfCapture, BpfCounter, prog_type_of, unless_traced, with_ring_records
 
 MAX_DEPTH = 16                       # a power of two: the level is masked
 ENTRY_KEY = struct.Struct("<QI4x")   # who, function
@@ -504,12 +504,8 @@ class LatencyCapture(BpfCapture):
             ring_bytes=ring_bytes(self.buffer_pages))
 
     def _read_chunks(self, timeout_ms: int) -> list:
-        chunks = self.events.read_chunks(timeout_ms)
-        if self.counter is not None and self.counter.ring is not None:
-            records = self.counter.ring.read()
-            if records:
-                chunks.append(SlowChunk(records))
-        return chunks
+        return with_ring_records(self.events.read_chunks(timeout_ms), self.counter,
+                                 SlowChunk)
 
     def _decode_latency(self, chunk, metas: list, samples: list, offset: int,
                         limit: int) -> int:

@@ -307,9 +307,9 @@ class Map:
                         ctypes.addressof(value) if value is not None else 0, flags)
         return _bpf(cmd, attr)
 
-    def lookup(self, key: bytes):
-        """The value of `key` as bytes, or None if absent."""
-        vbuf = ctypes.create_string_buffer(self.value_size)
+    def _lookup_into(self, key: bytes, size: int) -> Optional[bytes]:
+        """The `size` bytes the kernel gives for `key`, or None if absent."""
+        vbuf = ctypes.create_string_buffer(size)
         try:
             self._elem(MAP_LOOKUP_ELEM, key, vbuf)
         except OSError as e:
@@ -318,18 +318,17 @@ class Map:
             raise
         return vbuf.raw
 
+    def lookup(self, key: bytes):
+        """The value of `key` as bytes, or None if absent."""
+        return self._lookup_into(key, self.value_size)
+
     def lookup_percpu(self, key: bytes) -> Optional[list]:
         """A per-CPU map's values of `key`, one bytes per possible CPU, or
         None if absent."""
         step = (self.value_size + 7) & ~7
-        vbuf = ctypes.create_string_buffer(step * possible_cpus())
-        try:
-            self._elem(MAP_LOOKUP_ELEM, key, vbuf)
-        except OSError as e:
-            if e.errno == errno.ENOENT:
-                return None
-            raise
-        raw = vbuf.raw
+        raw = self._lookup_into(key, step * possible_cpus())
+        if raw is None:
+            return None
         return [raw[i:i + self.value_size] for i in range(0, len(raw), step)]
 
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
