@@ -2,9 +2,14 @@
 in-kernel DWARF unwinder of bpf_unwind.py): where threads block, weighted
 by how long they stay off the CPU.
 
-Two programs on classic tracepoints (their records' field offsets come
-from the format files):
-- sched:sched_switch. Current is `prev`, the thread leaving the CPU. First
+Two programs:
+- sched_switch, on the raw tracepoint (its arguments: preempt, prev, next,
+  prev's state; the pids read from the tasks at BTF's offsets). Not the
+  classic tracepoint: a program there is skipped while any BPF program or
+  bpf(2) map call holds the CPU's bpf_prog_active — ustack's own map
+  updates when a new program maps its libraries, preempted by that program
+  going to sleep, lost its first block (a raw tracepoint's program guards
+  only against itself). Current is `prev`, the thread leaving the CPU. First
   the thread coming in (`next`): if it was seen leaving, its time off the
   CPU (now - then) is added to OFFCPU[(its pid_tgid, kernel stack, user
   stack hash, waker's pid_tgid, kernel stack, user stack hash)] when it
@@ -14,7 +19,8 @@ from the format files):
   for: its user stack is unwound (UnwindProgram.walk: bpf_task_pt_regs
   gives the registers it will return to user space with), stored in
   STACKS, and START[tid] = (now, pid_tgid, stack hash, kernel stack id).
-- sched:sched_waking (--wakers). It runs in the waker's context (unlike
+- sched:sched_waking (--wakers), on the classic tracepoint (its record's
+  field offsets from the format file). It runs in the waker's context (unlike
   sched_wakeup, which may run on the wakee's CPU): for a wakee in START,
   the waker's stack is unwound and WAKERS[wakee tid] = (waker's
   pid_tgid, stack hash, kernel stack id), taken at the wakee's switch-in.
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, JSLT, RSH, SUB,
+from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, JSLT, OR, RSH, SUB,
                           Asm, alu_imm, alu_reg, atomic_add, call, jmp_imm, jmp_reg,
                           ld_imm64, ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel.trace_format import parse_format
@@ -70,6 +76,12 @@ _TID = -72                          # u32: START's and WAKERS' key
 _VALUE = -104                       # START or WAKERS value (32 bytes)
 _OKEY = -160                        # OFFCPU's key (48 bytes)
 _DELTA = -168                       # the time off the CPU
+_FIELD = -176                       # a task's field read with probe_read_kernel
+
+# sched_switch's raw arguments (u64 each): preempt, prev, next, prev's state
+_PREEMPT, _PREV, _NEXT, _STATE = 0, 1, 2, 3
+TASK_IDLE = 0x402                   # TASK_UNINTERRUPTIBLE | TASK_NOLOAD
+TASK_REPORT = 0x7F                  # the state bits the tracepoint reports
 
 
 @dataclass(frozen=True)
@@ -138,20 +150,38 @@ class OffcpuCounter(UnwindCounter):
             raise
 
     def _program(self, index: int, probe) -> int:
-        code, functions = (self._switch_code(probe) if index == 0
-                           else self._waking_code(probe))
+        if index == 0:
+            code, functions = self._switch_code(probe)
+            return self.load(index, bpf.PROG_RAW_TRACEPOINT, code, functions, "ustack_off0")
+        code, functions = self._waking_code(probe)
         return self.load(index, bpf.PROG_TRACEPOINT, code, functions, f"ustack_off{index}")
+
+    def attach(self, capture) -> None:
+        """sched_switch's program on the raw tracepoint; sched_waking's on an
+        event of its own, as BpfCounter attaches trace events."""
+        for index, probe in enumerate(self.probes):
+            fd = self._program(index, probe)
+            if index == 0:
+                self.event_fds.append(bpf.attach_raw_tracepoint("sched_switch", fd))
+            else:
+                bpf.attach(self._anchor(capture, probe), fd)
+
+    def _task_field(self, a: Asm, arg: int, offset: int, size: int) -> None:
+        """r1 = the field at `offset` of the task in raw argument `arg`
+        (r6 = the arguments), 0 if it cannot be read."""
+        a.emit(st_imm(10, _FIELD, 0), mov(1, 10), alu_imm(ADD, 1, _FIELD),
+               mov_imm(2, size), ldx(3, 6, 8 * arg), alu_imm(ADD, 3, offset),
+               call(bpf.PROBE_READ_KERNEL), ldx(1, 10, _FIELD, size=size))
 
     # -- sched_switch ---------------------------------------------------------
     def _switch_code(self, probe) -> tuple:
-        f = _Fields("sched", "sched_switch")
         a = Asm()
         a.emit(mov(6, 1))
-        self._switch_in(a, f)
+        self._switch_in(a)
         a.label("switch_out")
-        a.emit(ldx(1, 6, f["prev_pid"], size=4))
+        self._task_field(a, _PREV, self.program.off.task_pid, 4)
         a.jump(jmp_imm, JEQ, 1, 0, to="out")              # the idle task
-        self._state_filter(a, f)
+        self._state_filter(a)
         a.emit(call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
         self._thread_filter(a)
         a.emit(stx(10, -24, 7), st_imm(10, -16, 0, size=4), st_imm(10, -12, -1, size=4))
@@ -168,10 +198,10 @@ class OffcpuCounter(UnwindCounter):
         error_increment(a, self.off_errors, ERR_START_FULL)
         return self.program.finish(a, PASS_ON)
 
-    def _switch_in(self, a: Asm, f: _Fields) -> None:
+    def _switch_in(self, a: Asm) -> None:
         """`next`'s time off the CPU into OFFCPU, if it was seen leaving."""
         flt = self.filter
-        a.emit(ldx(1, 6, f["next_pid"], size=4))
+        self._task_field(a, _NEXT, self.program.off.task_pid, 4)
         a.jump(jmp_imm, JEQ, 1, 0, to="switch_out")
         a.emit(stx(10, _TID, 1, size=4), ld_map_fd(1, self.start.fd), mov(2, 10),
                alu_imm(ADD, 2, _TID), call(bpf.MAP_LOOKUP))
@@ -221,17 +251,29 @@ class OffcpuCounter(UnwindCounter):
         a.label("in_add")
         a.emit(ldx(1, 10, _DELTA), atomic_add(0, 0, 1))
 
-    def _state_filter(self, a: Asm, f: _Fields) -> None:
-        """Leave unless prev's state is one asked for."""
+    def _state_filter(self, a: Asm) -> None:
+        """Leave unless prev's state is one asked for, as the classic
+        tracepoint reports it: running when preempted or TASK_RUNNING, I for
+        TASK_IDLE, else its state and exit state's low bits (TASK_REPORT)."""
         running, bits = state_mask(self.filter.states)
         if running and bits == sum(STATES.values()):
             return
-        a.emit(ldx(1, 6, f["prev_state"]), mov(2, 1), alu_imm(AND, 2, 0xFF))
-        a.jump(jmp_imm, JNE, 2, 0, to="st_blocked")
-        a.jump(bpf.ja, to="st_ok" if running else "out")
-        a.label("st_blocked")
+        a.emit(ldx(1, 6, 8 * _PREEMPT))
+        a.jump(jmp_imm, JNE, 1, 0, to="st_running")
+        a.emit(ldx(7, 6, 8 * _STATE))                    # an unsigned int, widened
+        a.jump(jmp_imm, JEQ, 7, 0, to="st_running")
+        a.jump(jmp_imm, JNE, 7, TASK_IDLE, to="st_other")
+        a.emit(mov_imm(2, STATES["I"]))
+        a.jump(bpf.ja, to="st_check")
+        a.label("st_other")
+        self._task_field(a, _PREV, self.program.off.task_exit_state, 4)
+        a.emit(mov(2, 7), alu_reg(OR, 2, 1), alu_imm(AND, 2, TASK_REPORT))
+        a.label("st_check")
         a.emit(alu_imm(AND, 2, bits))
         a.jump(jmp_imm, JEQ, 2, 0, to="out")
+        a.jump(bpf.ja, to="st_ok")
+        a.label("st_running")
+        a.jump(bpf.ja, to="st_ok" if running else "out")
         a.label("st_ok")
 
     def _thread_filter(self, a: Asm) -> None:

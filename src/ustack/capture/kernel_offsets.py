@@ -23,11 +23,12 @@ FIELDS = {
     "task_mm": ("task_struct", "mm"),
     "vm_mm": ("vm_area_struct", "vm_mm"),
     "mm_vdso": ("mm_struct", "context.vdso"),
-    "mm_ctx_id": ("mm_struct", "context.ctx_id"),    # x86: never reused, unlike the mm
+    "mm_ctx_id": ("mm_struct", "context.ctx_id"),
+    "task_exit_state": ("task_struct", "exit_state"),    # x86: never reused, unlike the mm
     "task_stack": ("task_struct", "stack"),
     "task_pid": ("task_struct", "pid"),
 }
-_CACHE_LAYOUT = "offsets4"
+_CACHE_LAYOUT = "offsets5"
 
 
 class Offsets:
