@@ -11,7 +11,7 @@ named with file:line and inlined calls by each tool, each in a fresh process:
                        floor of any ustack run that names frames
   ustack names         function names only (symbol table of the debug file)
   ustack cold          --lines --inlines, empty cache: libdw reads the units
-                       holding the addresses (objfile.libdw)
+                       holding the addresses (kernel.libdw)
   ustack warm          the same again: libdw's answers read back
   ustack symcache      --lines --inlines, empty cache, without libdw: the
                        SymCache of the whole debug file is built (symbolic);
@@ -60,7 +60,7 @@ def worker(mode: str, addr_file: str) -> None:
 
     vaddrs = json.loads(Path(addr_file).read_text())
     if mode in ("symcache", "pyelftools"):
-        from ustack.objfile import libdw
+        from ustack.kernel import libdw
         libdw.available = lambda: False
     if mode == "pyelftools":
         from ustack.objfile import symcache

@@ -4,7 +4,7 @@
 Sources, in this order:
 1. a SymCache of the whole file on disk (objfile.symcache), built by
    symbolic and read in place: a warm lookup is a binary search;
-2. libdw (objfile.libdw), elfutils' library, which reads only the unit
+2. libdw (kernel.libdw), elfutils' library, which reads only the unit
    holding an address: a cold run as fast as eu-addr2line. Its answers are
    kept (objfile.line_memo), so a run asking them again does not open the
    DWARF. Once libdw has answered BUILD_AFTER addresses of a file (in this
@@ -24,7 +24,8 @@ import os
 from typing import Optional
 
 from . import cache as objcache
-from . import libdw, symcache
+from ..kernel import libdw
+from . import symcache
 from .debuginfo import find_alt_file
 from .elf import ElfImage
 from .line_memo import VERSION as MEMO_VERSION, LineMemo

@@ -11,7 +11,9 @@ one, else its name; the innermost at the line table's row, each enclosing
 one at the DW_AT_call_file/DW_AT_call_line of the call it inlined.
 
 libdw is found as libdw.so.1 (Debian's libdw1, which elfutils depends on);
-without it, available() is False and callers use another source."""
+without it, available() is False and callers use another source. It lives
+in kernel/, the layer that holds every foreign call (as dynlink.py does),
+so the rest of ustack stays plain Python."""
 from __future__ import annotations
 
 import ctypes
