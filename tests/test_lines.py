@@ -12,7 +12,8 @@ import pytest
 from helpers import O2_FP, addr2line_chains, build, run_ustack
 from test_elf import FakeMaps, run, text_mapping
 
-from ustack.objfile import debuginfo, dwarf_lines, libdw, symcache
+from ustack.kernel import libdw
+from ustack.objfile import debuginfo, dwarf_lines, symcache
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.dwarf_units import DwarfUnits
 from ustack.objfile.elf import ElfImage
