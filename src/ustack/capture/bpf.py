@@ -324,9 +324,7 @@ class BpfCounter:
                                         max(MIN_COUNT_ENTRIES, 2 * stack_storage),
                                         "ustack_counts")
                 self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_errors")
-            if filter_tgid is not None and any(isinstance(p, TracepointProbe)
-                                               for p in probes):
-                self.follow(filter_tgid)
+            self.follow_if_traced(filter_tgid)
         except BaseException:
             self.close()
             raise
@@ -351,6 +349,13 @@ class BpfCounter:
         fd = bpf.load_program(prog_type_of(probe), code, f"ustack_{index}")
         self.prog_fds.append(fd)
         return fd
+
+    def follow_if_traced(self, tgid) -> None:
+        """follow(tgid) when a -p/-c run (tgid) has trace events, whose
+        programs see every process and filter on the set; uprobe and
+        profile events are scoped to the target by the kernel."""
+        if tgid is not None and any(isinstance(p, TracepointProbe) for p in self.probes):
+            self.follow(tgid)
 
     def follow(self, tgid: int) -> None:
         """Tracepoints count process `tgid` and every child it forks from

@@ -362,9 +362,7 @@ class LatencyCounter(BpfCounter):
                                         stack_storage, "ustack_latstk")
                 self.fp_stacks = self._map(bpf.MAP_HASH, 8, FP_STACK.size,
                                            stack_storage, "ustack_latfp")
-            if filter_tgid is not None and any(isinstance(p, TracepointProbe)
-                                               for p in probes):
-                self.follow(filter_tgid)
+            self.follow_if_traced(filter_tgid)
         except BaseException:
             self.close()
             raise

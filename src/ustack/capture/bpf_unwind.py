@@ -925,9 +925,7 @@ class UnwindCounter(BpfCounter):
             self.objects = UnwindObjects(self.unwind_maps, tables)
             self.objects.add_vdso()
             self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
-            if filter_tgid is not None and any(isinstance(p, TracepointProbe)
-                                               for p in probes):
-                self.follow(filter_tgid)
+            self.follow_if_traced(filter_tgid)
         except BaseException:
             self.close()
             raise
