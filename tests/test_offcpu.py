@@ -269,3 +269,19 @@ def test_python_api_counts_are_nanoseconds(prog):
     sleeps = [c for c in counts if any(f.function == "sleeper_fn" for f in c.stack.frames)]
     assert sleeps and all(c.event == "tracepoint:sched:sched_switch" for c in sleeps)
     assert 2 * 30e6 <= sum(c.count for c in sleeps) < 3 * 30e6 * 1.5, sleeps
+
+
+def test_state_filter_keeps_only_the_states_asked_for(prog):
+    """--state as the tracepoint reports it, read from the raw one: the
+    target's nanosleeps, pipe reads and condition waits are S (sleeping),
+    so `--state D` leaves them all out and `--state S` keeps them."""
+    def stacks_with(states: str) -> set:
+        res = run_ustack("offcpu", "--state", states, "-f", "json", "-c", f"{prog} 0 2 20")
+        names = set()
+        # the target's four lines of times come first on the shared stdout
+        for s in json.loads(ok(res).stdout.split("\n", 4)[-1])["stacks"]:
+            names.update(functions(s))
+        return names
+    asleep = {"sleeper_fn", "pipe_reader_fn", "cond_waiter_fn"}
+    assert asleep <= stacks_with("S")
+    assert not asleep & stacks_with("D")

@@ -67,13 +67,13 @@ from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT, Mapping, ProfileProbe, RawSample,
                      TracepointProbe, UprobeProbe, UstackError)
 from ..objfile import cache as objcache
-from .kernel_offsets import Offsets
 from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
 from ..target import process
 from .bpf import MIN_COUNT_ENTRIES, BpfCounter, unless_traced, prog_type_of
+from .kernel_offsets import Offsets
 
 BPF_LOOP = 181
 RINGBUF_RESERVE, RINGBUF_SUBMIT = 131, 132
