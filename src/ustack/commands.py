@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from typing import Optional, TextIO
+from io import TextIOBase
 
 from .model import CommEvent
 from .options import Options
@@ -42,11 +42,11 @@ class _Signals:
             signal.signal(sig, old)
 
 
-def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -> int:
+def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stderr) -> int:
     """Run `opts`; results to `out`, else to -o's file, else stdout."""
     fmt = _output_format(opts)
 
-    def report(session: Session, progress: Progress) -> Optional[int]:
+    def report(session: Session, progress: Progress) -> int | None:
         with _output(opts, fmt, out) as stream:
             if opts.command == "trace":
                 _trace(session, stream, EVENT_FORMATS[fmt])
@@ -59,8 +59,8 @@ def run(opts: Options, out: Optional[TextIO] = None, err: TextIO = sys.stderr) -
     return run_session(opts, report, err)[0]
 
 
-def run_session(opts: Options, body, err: TextIO = sys.stderr,
-                session: Optional[Session] = None) -> tuple:
+def run_session(opts: Options, body, err: TextIOBase = sys.stderr,
+                session: Session | None = None) -> tuple:
     """A run's frame: open, header, Ctrl-C, `body(session, progress)` (which
     returns the number of events, or None), close, summary. Returns (exit
     status, the closed Session). `session`: an unopened one of a Session
@@ -118,7 +118,7 @@ def _output_format(opts: Options) -> str:
     return fmt
 
 
-def _output(opts: Options, fmt: str, out: Optional[TextIO]):
+def _output(opts: Options, fmt: str, out: TextIOBase | None):
     if out is not None:
         return _given(out)
     binary = getattr(FORMATS.get(fmt), "binary", False) and opts.command != "trace"
@@ -139,7 +139,7 @@ class _given:
         return False
 
 
-def _progress(session: Session, err: TextIO) -> Progress:
+def _progress(session: Session, err: TextIOBase) -> Progress:
     """The live status line: on a terminal, for runs whose results do not
     scroll on that terminal themselves (counts, or -o)."""
     opts = session.opts
@@ -163,7 +163,7 @@ def _count(session: Session, out, fmt: str) -> int:
     return events
 
 
-def _header(session: Session, err: TextIO) -> None:
+def _header(session: Session, err: TextIOBase) -> None:
     labels = ", ".join(session.labels[:3])
     if len(session.labels) > 3:
         labels += f", … ({len(session.labels)} events)"
@@ -175,7 +175,7 @@ def _header(session: Session, err: TextIO) -> None:
           file=err, flush=True)
 
 
-def _trace(session: Session, out: TextIO, report_class) -> None:
+def _trace(session: Session, out: TextIOBase, report_class) -> None:
     report = report_class(out, session.labels)
     if hasattr(report, "ns_of"):         # text: a container's own pids too
         report.ns_of = session.tracker.ns_id
@@ -189,7 +189,7 @@ def _trace(session: Session, out: TextIO, report_class) -> None:
         report.flush()
 
 
-def _funccount(session: Session, out: TextIO) -> None:
+def _funccount(session: Session, out: TextIOBase) -> None:
     interval = session.opts.interval
     next_print = time.monotonic() + interval if interval else None
     for _piece in session.pieces():

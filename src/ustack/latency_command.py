@@ -12,10 +12,8 @@ check, and calls paired per goroutine. A tail call's jmp out of the
 function ends its call untimed (said at the end)."""
 from __future__ import annotations
 
-import dataclasses
 import sys
-from dataclasses import dataclass
-from typing import Optional, TextIO
+from io import TextIOBase
 
 from .commands import _given, run_session
 from .model import TracepointProbe, UprobeProbe, UstackError
@@ -26,15 +24,16 @@ from .probes.spec import parse_event
 from .report.latency import format_histogram, format_slow_call
 from .report.output import check_destination, open_output
 from .session import Session
+from .values import replace, value
 
 UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000}
 
 
-@dataclass
+@value(frozen=False)
 class LatencyRequest:
     """What latency adds to a run's Options."""
     by_stack: bool = False
-    slower_ms: Optional[float] = None    # --slower: report calls at least this slow
+    slower_ms: float | None = None    # --slower: report calls at least this slow
     units: str = "us"
     ret_sites: bool = False              # returns by RET uprobes also outside Go
 
@@ -86,8 +85,8 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
         if not (image.is_go or ret_sites):
             probes.append(entry)
             sites.append(Site(i, "entry"))
-            ret = dataclasses.replace(
-                entry, spec=dataclasses.replace(entry.spec, kind="uretprobe"),
+            ret = replace(
+                entry, spec=replace(entry.spec, kind="uretprobe"),
                 return_address_slot=None,
                 label=entry.label.replace("uprobe:", "uretprobe:", 1))
             returns.append((ret, Site(i, "return")))
@@ -183,8 +182,8 @@ def _returns_note(probes: list, sites: list, stacks: bool) -> str:
     return note
 
 
-def run_latency(opts: Options, request: LatencyRequest, out: Optional[TextIO] = None,
-                err: TextIO = sys.stderr) -> int:
+def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None = None,
+                err: TextIOBase = sys.stderr) -> int:
     check_request(opts, request)
     opts.command = "latency"
     if opts.output_path and opts.output_path != "-":
@@ -240,7 +239,7 @@ def _histograms(session: LatencySession, hists: list, unit: str, unit_ns: int) -
             merged[key] = [h, stack]
             continue
         m = merged[key][0]
-        merged[key][0] = dataclasses.replace(
+        merged[key][0] = replace(
             m, count=m.count + h.count, total_ns=m.total_ns + h.total_ns,
             min_ns=min(m.min_ns, h.min_ns), max_ns=max(m.max_ns, h.max_ns),
             buckets=[a + b for a, b in zip(m.buckets, h.buckets)])

@@ -2,8 +2,8 @@
 capture -> unwind -> symbolize -> report). No stage logic lives here."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from collections import namedtuple
+from .values import value
 
 
 class UstackError(Exception):
@@ -12,7 +12,7 @@ class UstackError(Exception):
 
 # --- names -----------------------------------------------------------------
 
-@dataclass(frozen=True)
+@value
 class SymbolOptions:
     """What the user asked of names (the CLI's symbol flags)."""
     lines: bool = False            # --lines: file:line of each frame
@@ -23,40 +23,40 @@ class SymbolOptions:
 
 # --- probes ---------------------------------------------------------------
 
-@dataclass(frozen=True)
+@value
 class ProbeSpec:
     """One EVENT as the user spelled it, parsed but not yet resolved."""
     kind: str                      # uprobe | uretprobe | syscall | tracepoint | profile
     text: str                      # the original spelling, for messages
-    path: Optional[str] = None     # uprobe: binary path or library name
-    function: Optional[str] = None  # uprobe: symbol name or glob
+    path: str | None = None     # uprobe: binary path or library name
+    function: str | None = None  # uprobe: symbol name or glob
     offset: int = 0                # uprobe: +0xOFF after the function
-    address: Optional[int] = None  # uprobe: PATH:0xADDR (ELF virtual address)
-    group: Optional[str] = None    # tracepoint group (syscalls for syscall:)
-    name: Optional[str] = None     # tracepoint / syscall name, may be a glob
-    hz: Optional[int] = None       # profile frequency
+    address: int | None = None  # uprobe: PATH:0xADDR (ELF virtual address)
+    group: str | None = None    # tracepoint group (syscalls for syscall:)
+    name: str | None = None     # tracepoint / syscall name, may be a glob
+    hz: int | None = None       # profile frequency
     args: tuple = ()               # uprobe fetch-args: (name, fetch, type) triples
 
 
-@dataclass(frozen=True)
+@value
 class UprobeProbe:
     """A resolved uprobe: where the kernel puts the breakpoint."""
     spec: ProbeSpec
     path: str                      # real file on this host
     file_offset: int               # what uprobe_events / the uprobe PMU take
     address: int                   # ELF virtual address of the probed instruction
-    symbol: Optional[str]          # enclosing function, if known
+    symbol: str | None          # enclosing function, if known
     symbol_offset: int             # address - symbol start
     # Where the return address sits at the probed instruction, as a word
     # index from sp, when the frame pointer chain does not yet include it
     # (function entry, before `mov %rsp,%rbp`). None: the chain is complete.
-    return_address_slot: Optional[int]
+    return_address_slot: int | None
     label: str                     # event name shown to the user
     fetch_args: tuple = ()         # 'name=fetch[:type]' words for uprobe_events
     arg_kinds: tuple = ()          # (name, how it prints: dec|hex|str|char|bool) per arg
 
 
-@dataclass(frozen=True)
+@value
 class TracepointProbe:
     spec: ProbeSpec
     group: str
@@ -64,7 +64,7 @@ class TracepointProbe:
     label: str
 
 
-@dataclass(frozen=True)
+@value
 class ProfileProbe:
     spec: ProbeSpec
     hz: int
@@ -73,7 +73,7 @@ class ProfileProbe:
 
 # --- target ---------------------------------------------------------------
 
-@dataclass(frozen=True)
+@value
 class Mapping:
     """One executable mapping of a process, as in /proc/PID/maps or MMAP2."""
     start: int
@@ -116,7 +116,9 @@ KERNEL_UNWIND_THROUGH_JIT = 13
 JIT_NOTE = "frame pointer used for code without a file (JIT?)"
 
 
-class RawSample(NamedTuple):
+class RawSample(namedtuple(
+        "RawSample", "probe pid tid time_ns cpu callchain return_address regs stack args kernel",
+        defaults=(b"", b"", None, None, (), b""))):
     """One event as a capture yields it, before unwinding: self-contained,
     so any consumer (the unwinder, a record file, a test) reads it without
     asking the capture that made it. A tuple, since millions are made.
@@ -126,18 +128,15 @@ class RawSample(NamedTuple):
     and, at a function-entry uprobe, `return_address`: the 8 bytes at the
     probe's return_address_slot, the caller the walk cannot see yet. A DWARF
     sample carries `regs` (ip, sp, bp) and `stack`, the bytes copied from sp
-    upward, for the DWARF unwinder instead."""
-    probe: int                     # index of the probe in the run's list
-    pid: int
-    tid: int
-    time_ns: int                   # CLOCK_MONOTONIC, as perf and ftrace stamp it
-    cpu: int
-    callchain: bytes = b""
-    return_address: bytes = b""
-    regs: Optional[dict] = None    # {'ip', 'sp', 'bp'}
-    stack: Optional[bytes] = None  # bytes-like (a memoryview of the record)
-    args: tuple = ()               # fetch-arg values: (name, kind, int | bytes)
-    kernel: bytes = b""            # kernel frames (u64s, innermost first), --kernel
+    upward, for the DWARF unwinder instead.
+
+    probe: index of the probe in the run's list; time_ns: CLOCK_MONOTONIC,
+    as perf and ftrace stamp it; regs: {'ip', 'sp', 'bp'} or None; stack:
+    bytes-like (a memoryview of the record) or None; args: fetch-arg values,
+    (name, kind, int | bytes); kernel: kernel frames (u64s, innermost
+    first) with --kernel. (collections.namedtuple, not typing's: importing
+    typing cost ~4 ms of the start-up issue 15 counts.)"""
+    __slots__ = ()
 
 
 class UnwoundSample(RawSample):
@@ -158,14 +157,14 @@ def unwound_sample(sample: RawSample, addrs: tuple, notes: tuple) -> UnwoundSamp
     return s
 
 
-class Piece(NamedTuple):
+class Piece(namedtuple("Piece", "metas samples")):
     """A step of the stream: the records that explain samples (mappings,
-    comm, fork, exit) in time order, then the samples they explain."""
-    metas: list
-    samples: list
+    comm, fork, exit) in time order (`metas`), then the samples they
+    explain (`samples`), two lists."""
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
+@value
 class Losses:
     """What a capture could not deliver, for the run's summary."""
     lost: int = 0                  # events the kernel buffers dropped
@@ -180,14 +179,14 @@ class Losses:
     deferral_full: int = 0
 
 
-@dataclass(frozen=True)
+@value
 class MmapEvent:
     pid: int
     tid: int
     mapping: Mapping
 
 
-@dataclass(frozen=True)
+@value
 class CommEvent:
     pid: int
     tid: int
@@ -196,7 +195,7 @@ class CommEvent:
     time_ns: int = 0               # when (the samples' clock), 0 if unknown
 
 
-@dataclass(frozen=True)
+@value
 class ForkEvent:
     pid: int
     ppid: int
@@ -204,7 +203,7 @@ class ForkEvent:
     ptid: int
 
 
-@dataclass(frozen=True)
+@value
 class ExitEvent:
     """A thread exited (the process too when pid == tid)."""
     pid: int
@@ -215,7 +214,7 @@ class ExitEvent:
 
 # --- unwind / symbolize ---------------------------------------------------
 
-@dataclass(frozen=True)
+@value
 class Frame:
     """One symbolized frame. `offset` is addr - function start, as perf and
     SystemTap print it; `size` is the function's size (0 if unknown). An
@@ -223,7 +222,7 @@ class Frame:
     follows it in the stack."""
     addr: int
     module: str                    # basename of the mapped file, '' if unknown
-    function: Optional[str] = None
+    function: str | None = None
     offset: int = 0
     size: int = 0
     path: str = ""
@@ -232,14 +231,14 @@ class Frame:
     inlined: bool = False          # a call inlined into the frame that follows
 
 
-@dataclass(frozen=True)
+@value
 class Stack:
     """A symbolized user stack, innermost frame first."""
     frames: tuple
     notes: tuple = ()              # what went wrong while unwinding, for the user
 
 
-@dataclass
+@value(frozen=False)
 class StackCount:
     """What the report stage aggregates: a stack seen `count` times. A BPF
     backend produces these directly; the perf backend counts samples."""

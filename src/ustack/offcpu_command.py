@@ -6,7 +6,7 @@ format shows the weights as time (ReportContext.value_unit)."""
 from __future__ import annotations
 
 import sys
-from typing import Optional, TextIO
+from io import TextIOBase
 
 from .capture.bpf_offcpu import ALL_STATES, OffcpuFilter
 from .commands import run_session
@@ -26,7 +26,7 @@ WAKER_SEPARATOR = Frame(addr=0, module="", function="[woken by]")
 INTERRUPT = "[interrupt]"
 
 
-def offcpu_filter(min_us: Optional[float], max_us: Optional[float], states,
+def offcpu_filter(min_us: float | None, max_us: float | None, states,
                   wakers: bool) -> OffcpuFilter:
     """The checked filter of the command line's --min-block, --max-block
     (microseconds, as bcc's) and --state letters."""
@@ -61,7 +61,7 @@ def offcpu_options(opts: Options, flt: OffcpuFilter) -> Options:
     return opts
 
 
-def run_offcpu(opts: Options, err: TextIO = sys.stderr) -> int:
+def run_offcpu(opts: Options, err: TextIOBase = sys.stderr) -> int:
     """The command: run until the target exits, -d or Ctrl-C, then the
     report of the blocked stacks in opts' format."""
     fmt = choose_format(opts.output_format, opts.output_path, FORMATS)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass
-from typing import NamedTuple, Optional, TextIO
+from typing import NamedTuple
+from io import TextIOBase
 
 from .commands import run_session
 from .model import CommEvent, StackCount, UstackError
@@ -22,6 +22,7 @@ from .report.output import choose_format, open_output
 from .report.summary import write_summary
 from .session import Session
 from .target.sample_filter import SampleFilter
+from .values import value
 
 ARCHIVE_SUFFIX = ".objects"          # record --archive: FILE.objects/ beside FILE
 
@@ -34,7 +35,7 @@ def archive_dir(recording: str) -> str:
 
 # -- record ------------------------------------------------------------------------
 
-def record(opts: Options, archive: bool = False, err: TextIO = sys.stderr) -> int:
+def record(opts: Options, archive: bool = False, err: TextIOBase = sys.stderr) -> int:
     """Run like trace (or like count when the kernel counts), saving the
     stream unsymbolized to opts.record; nothing on stdout."""
 
@@ -56,8 +57,8 @@ def record(opts: Options, archive: bool = False, err: TextIO = sys.stderr) -> in
     return status
 
 
-def archive_command(path: str, directory: Optional[str] = None,
-                    err: TextIO = sys.stderr) -> int:
+def archive_command(path: str, directory: str | None = None,
+                    err: TextIOBase = sys.stderr) -> int:
     """`ustack archive` and `record --archive`: make the archive, say what
     it holds."""
     made = make_archive(path, directory)
@@ -78,17 +79,17 @@ def _size(n: int) -> str:
 
 # -- report ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@value
 class ReportRequest:
     """What `ustack report` was asked: the CLI fills it in."""
     path: str
-    format: Optional[str] = None        # -f; else from -o's name, else the recorded command's
-    output: Optional[str] = None        # -o
+    format: str | None = None        # -f; else from -o's name, else the recorded command's
+    output: str | None = None        # -o
     objects: tuple = ()                 # --objects DIR…
     only: SampleFilter = SampleFilter()
     per_pid: bool = False
     offsets: bool = False
-    render_as: Optional[str] = None     # --as count | trace; else as recorded
+    render_as: str | None = None     # --as count | trace; else as recorded
 
 
 def replay_options(request: ReportRequest, opts: Options) -> tuple:
@@ -113,7 +114,7 @@ def counted_by_default(header: dict) -> bool:
     return bool(labels) and all(label.startswith("profile:") for label in labels)
 
 
-def report(request: ReportRequest, opts: Options, out_err: TextIO = sys.stderr) -> int:
+def report(request: ReportRequest, opts: Options, out_err: TextIOBase = sys.stderr) -> int:
     replay_opts, objects = replay_options(request, opts)
     session = Session.replay(request.path, replay_opts, objects,
                              keep=request.only or None)
@@ -225,7 +226,7 @@ def diff_report_class():
 
 
 def report_diff(request: ReportRequest, before_path: str, opts: Options,
-                err: TextIO = sys.stderr) -> int:
+                err: TextIOBase = sys.stderr) -> int:
     report_class = diff_report_class()
     sides = []
     warnings: list = []
@@ -288,7 +289,7 @@ def touched_objects(path: str) -> tuple:
     return files, warnings
 
 
-def make_archive(path: str, directory: Optional[str] = None) -> Archive:
+def make_archive(path: str, directory: str | None = None) -> Archive:
     """Copy what `report` needs to name the stacks of recording `path`
     elsewhere into `directory` (default FILE.objects/): each object its
     stacks touch, and its separate debug file when this host has one

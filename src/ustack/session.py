@@ -8,11 +8,11 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import NamedTuple, Optional
+from collections import namedtuple
 
 from .capture.backends import new_capture
 from .capture.drain import Stream
-from .model import (Piece, RawSample, Stack, StackCount, UnwoundSample, UstackError,
+from .model import (Piece, RawSample, StackCount, UnwoundSample, UstackError,
                     unwound_sample)
 from .options import Options
 from .probes.resolve import resolve_probes
@@ -29,12 +29,11 @@ SLICE_S = 0.05                     # decoding time between two pieces' checks
 _TICK = Piece((), ())              # a step with nothing in it: time passed
 
 
-class Event(NamedTuple):
-    """A sample with its names: what `Session.events()` yields."""
-    sample: RawSample
-    label: str                     # the event, as the header shows it
-    comm: str
-    stack: Stack
+class Event(namedtuple("Event", "sample label comm stack")):
+    """A sample with its names: what `Session.events()` yields: the
+    RawSample, the event's label as the header shows it, the comm, the
+    symbolized Stack."""
+    __slots__ = ()
 
 
 class Session:
@@ -46,11 +45,11 @@ class Session:
         self.probes: list = []
         self.labels: list = []
         self.target = self.plan = self.capture = None
-        self._stream: Optional[Stream] = None
+        self._stream: Stream | None = None
         self._stop_requested = False
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
-        self.started_ns: Optional[int] = None     # wall clock at open()
+        self.started_ns: int | None = None     # wall clock at open()
         self.recorder = None               # opts.record: a report.record.Recorder
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
@@ -136,7 +135,7 @@ class Session:
         return self.notes + self.resolver.warnings
 
     @classmethod
-    def replay(cls, path: str, opts: Optional[Options] = None, objects=(),
+    def replay(cls, path: str, opts: Options | None = None, objects=(),
                keep=None) -> "Session":
         """A Session over a recording (report/record.py wrote it) instead of
         a live run: no root, no probes, no target. `objects`: directories
@@ -145,7 +144,7 @@ class Session:
         `keep(sample, comm)`: which samples to see (all when None)."""
         return _Replay(path, opts or Options(), objects, keep)
 
-    def _main_binary(self) -> Optional[str]:
+    def _main_binary(self) -> str | None:
         target = self.target
         if target.scope == "pid":
             return f"/proc/{target.pid}/exe"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
 
 from .capture.ftrace_text import UserFrame, UserStackLines
 from .kernel import procfs
@@ -40,12 +39,12 @@ class _TraceMaps:
         self.by_file: dict = {}         # path -> (key, Mapping) | None
         self.keys: dict = {}            # key -> Mapping
 
-    def find(self, key: int, addr: int) -> Optional[Mapping]:
+    def find(self, key: int, addr: int) -> Mapping | None:
         if key == 0:
             return self.process.find(addr)
         return self.keys.get(key)
 
-    def place(self, frame: UserFrame) -> Optional[tuple]:
+    def place(self, frame: UserFrame) -> tuple | None:
         """(key, address) of a FILE[+0xOFF] frame."""
         for m in self.process.maps:     # the exact mapping when the maps are known
             if m.path == frame.path and frame.offset < m.end - m.start:
@@ -55,7 +54,7 @@ class _TraceMaps:
         placed = self.by_file[frame.path]
         return (placed[0], frame.offset) if placed else None
 
-    def _assumed_mapping(self, path: str) -> Optional[tuple]:
+    def _assumed_mapping(self, path: str) -> tuple | None:
         try:
             segments = ElfImage.open(path).executable_segments()
         except UstackError:
@@ -67,7 +66,7 @@ class _TraceMaps:
         return key, self.keys[key]
 
 
-def _mappings(pid: Optional[int], maps_file: Optional[str], binary: Optional[str]) -> list:
+def _mappings(pid: int | None, maps_file: str | None, binary: str | None) -> list:
     if pid is not None:
         found = procfs.executable_mappings(pid)
         if not found:
@@ -96,8 +95,8 @@ def _mappings(pid: Optional[int], maps_file: Optional[str], binary: Optional[str
             for v, off, size in image.executable_segments()]
 
 
-def symbolize_trace(trace_file: str, pid: Optional[int] = None,
-                    maps_file: Optional[str] = None, binary: Optional[str] = None,
+def symbolize_trace(trace_file: str, pid: int | None = None,
+                    maps_file: str | None = None, binary: str | None = None,
                     options: SymbolOptions = SymbolOptions(),
                     out=None, err=None) -> int:
     out = out if out is not None else sys.stdout.buffer

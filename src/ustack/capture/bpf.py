@@ -31,7 +31,6 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from dataclasses import dataclass
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
 from ..kernel import bpf
@@ -45,6 +44,7 @@ from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_TH
                      ProfileProbe, RawSample, TracepointProbe, UprobeProbe)
 from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, PerfCapture
+from ..values import value
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
 RING_BYTES = 16 << 20                 # trace's ring of unwound stacks (bpf_unwind)
@@ -68,7 +68,7 @@ _KEY_AT = -KEY_SIZE                   # the key (40 bytes)
 _SCRATCH = _KEY_AT - 8                # the value 1, or a u32 key (_lookup_u32)
 
 
-@dataclass
+@value(frozen=False)
 class Counted:
     """One entry of the count map, decoded."""
     pid: int

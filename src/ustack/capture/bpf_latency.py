@@ -28,8 +28,6 @@ refused (or with --unwind fp) the kernel walks frame pointers instead
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Optional
 
 from ..kernel import bpf
 from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, MUL, RSH, SUB, XOR,
@@ -38,6 +36,7 @@ from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, MUL, RSH, SUB,
                           stx)
 from ..model import Losses, MmapEvent, RawSample, TracepointProbe
 from .bpf import BpfCapture, BpfCounter, prog_type_of, unless_traced, with_ring_records
+from ..values import value
 
 MAX_DEPTH = 16                       # a power of two: the level is masked
 ENTRY_KEY = struct.Struct("<QI4x")   # who, function
@@ -63,7 +62,7 @@ _SLOW = -160                         # a SLOW record
 _FP = -176                           # an FP_STACK
 
 
-@dataclass(frozen=True)
+@value
 class Site:
     """What one probe of a latency run is to the program on it."""
     function: int                    # index of the function (its histogram)
@@ -230,7 +229,7 @@ def _log2_bucket(a: Asm, unit_ns: int) -> None:
 
 
 def return_program(site: Site, maps: LatencyMaps, *, unit_ns: int, by_stack: bool,
-                   slower_ns: Optional[int], tgids=None, armed=None) -> bytes:
+                   slower_ns: int | None, tgids=None, armed=None) -> bytes:
     """Pop the call's entry; a return adds its duration to its histogram
     (and reports it to the ring when slower than slower_ns), a tail call's
     jump counts in TAILS."""
@@ -306,7 +305,7 @@ ENTRY_SLOTS = 16384                  # (thread or goroutine, function) pairs in 
 HIST_SLOTS = 10240                   # histograms: functions x stacks
 
 
-@dataclass
+@value(frozen=False)
 class Histogram:
     """One histogram the kernel kept: durations in ns, buckets in the run's unit."""
     function: int
@@ -328,7 +327,7 @@ class LatencyCounter(BpfCounter):
     stack is wanted with DWARF; `fp_stacks`: wanted with frame pointers."""
 
     def __init__(self, probes: list, sites: list, *, unit_ns: int, by_stack: bool,
-                 slower_ns: Optional[int], tables=None, fp_stacks: bool = False,
+                 slower_ns: int | None, tables=None, fp_stacks: bool = False,
                  filter_tgid=None, stack_storage: int = 1024, ring_bytes: int = 0):
         self.probes, self.sites = probes, sites
         self.kernel, self.calls_only = False, False
@@ -478,7 +477,7 @@ class LatencyCapture(BpfCapture):
     (("duration_ns", "u64", ns),), its callchain the entry's stack)."""
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
-                 unit_ns: int, by_stack: bool, slower_ns: Optional[int],
+                 unit_ns: int, by_stack: bool, slower_ns: int | None,
                  unwind_tables=None, fp_stacks: bool = False, stack_storage: int = 1024):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
                          unwind_tables=unwind_tables)

@@ -32,8 +32,6 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from dataclasses import dataclass
-from typing import Optional
 
 from ..kernel import bpf
 from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, JSLT, OR, RSH, SUB,
@@ -44,6 +42,7 @@ from ..kernel.tracefs import event_format
 from ..model import Losses, RawSample
 from .bpf import BpfCapture, cut_reason, error_increment, unless_traced
 from .bpf_unwind import PASS_ON, UnwindCounter
+from ..values import value
 
 MAP_DELETE = 3                      # helper bpf_map_delete_elem
 # a task's kernel stack is THREAD_SIZE bytes (16 KiB on x86-64, 32 KiB with
@@ -84,13 +83,13 @@ TASK_IDLE = 0x402                   # TASK_UNINTERRUPTIBLE | TASK_NOLOAD
 TASK_REPORT = 0x7F                  # the state bits the tracepoint reports
 
 
-@dataclass(frozen=True)
+@value
 class OffcpuFilter:
     """What blocks count: their time off the CPU within [min_ns, max_ns]
     (None: no upper bound), the blocking thread's state one of `states`
     (STATES' letters), and whether to record who woke it."""
     min_ns: int = 1000
-    max_ns: Optional[int] = None
+    max_ns: int | None = None
     states: tuple = ALL_STATES
     wakers: bool = False
 
@@ -100,7 +99,7 @@ def state_mask(states) -> tuple:
     return "R" in states, sum(STATES[s] for s in states if s != "R")
 
 
-@dataclass(frozen=True)
+@value
 class Blocked:
     """One OFFCPU entry: a thread's blocking stack (and its waker's) with
     the nanoseconds it spent off the CPU there."""
@@ -132,7 +131,7 @@ class OffcpuCounter(UnwindCounter):
 
     def __init__(self, probes: list, tables, *, filter_: OffcpuFilter,
                  stack_storage: int, kernel: bool = False, filter_tgid=None,
-                 exclude_tgid: Optional[int] = None):
+                 exclude_tgid: int | None = None):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
         super().__init__(probes, tables, stack_storage=stack_storage, kernel=kernel,

@@ -54,7 +54,7 @@ import shlex
 import shutil
 import struct
 from array import array
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..kernel import bpf, btf
 from ..kernel import perf_event as pe
@@ -752,7 +752,7 @@ def stack_chain(maps: UnwindMaps, h: int) -> bytes:
     return chain
 
 
-TableSource = Callable[[ElfImage], Optional[object]]   # -> PackedRows (data, len)
+TableSource = Callable[[ElfImage], object | None]   # -> PackedRows (data, len)
 
 
 class UnwindObjects:
@@ -775,7 +775,7 @@ class UnwindObjects:
         if path is not None:
             self.add_path(path, VDSO_KEY)
 
-    def add_path(self, path: str, key: Optional[tuple] = None) -> None:
+    def add_path(self, path: str, key: tuple | None = None) -> None:
         """Load the rows of the object at `path` (a host path), if new;
         `key`: its OBJECTS key, else its (dev, inode)."""
         also = ()
@@ -1019,7 +1019,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
 _support: dict = {}                  # probe kind -> None | why not (per process)
 
 
-def why_unavailable(probes: list) -> Optional[str]:
+def why_unavailable(probes: list) -> str | None:
     """None if this kernel loads the unwinder for every kind of probe in
     `probes`, else why not (the verifier's words, or what is missing):
     tried once per kind with small maps, so a refusal is known before the
@@ -1052,7 +1052,7 @@ def _accepted_before(kind) -> bool:
         return False
 
 
-def _try_load(probe) -> Optional[str]:
+def _try_load(probe) -> str | None:
     """The program as count/profile load it (deferring to a ring)."""
     maps = ring = None
     try:

@@ -13,8 +13,7 @@ symbols; they are not user frames."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Optional
+from ..values import value
 
 USER_HEADER = "<user stack trace>"
 KERNEL_HEADER = "<stack trace>"
@@ -24,13 +23,13 @@ _ADDRESS = re.compile(r"\s*=>\s+<([0-9a-fA-F]+)>\s*")
 _OBJECT = re.compile(r"\s*=>\s+(\S.*?)\[\+0x([0-9a-fA-F]+)\](?:\s+<([0-9a-fA-F]+)>)?\s*")
 
 
-@dataclass(frozen=True)
+@value
 class UserFrame:
     """One user frame line: an absolute address, or a file and the offset
     from the start of the mapping it was in (then maybe the address too)."""
     index: int                     # 0: where the thread was; then return addresses
-    addr: Optional[int] = None
-    path: Optional[str] = None
+    addr: int | None = None
+    path: str | None = None
     offset: int = 0
 
 
@@ -43,7 +42,7 @@ class UserStackLines:
         self.state = None            # "user" | "kernel" | None
         self.index = 0
 
-    def frame(self, line: str) -> Optional[UserFrame]:
+    def frame(self, line: str) -> UserFrame | None:
         if "=>" not in line[:8]:
             self.state = ("user" if USER_HEADER in line
                           else "kernel" if KERNEL_HEADER in line else None)
@@ -57,7 +56,7 @@ class UserStackLines:
         return frame
 
 
-def _parse(line: str, index: int) -> Optional[UserFrame]:
+def _parse(line: str, index: int) -> UserFrame | None:
     m = _ADDRESS.fullmatch(line)
     if m:
         addr = int(m.group(1), 16)

@@ -14,7 +14,6 @@ import os
 import resource
 import select
 import time
-from typing import Optional
 
 from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
 from ..kernel import perf_event as pe
@@ -92,7 +91,7 @@ class PerfCapture:
         # the kernel's count of records our events could not write (read at
         # stop()); None where it cannot say (before Linux 6.0)
         self._count_lost = True
-        self.kernel_lost: Optional[int] = None
+        self.kernel_lost: int | None = None
 
     def losses(self) -> Losses:
         """The kernel's per-event lost counters where it has them (exact

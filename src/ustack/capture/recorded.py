@@ -12,7 +12,6 @@ import gzip
 import os
 import struct
 import zlib
-from typing import Optional
 
 from ..model import Losses, UstackError
 from ..objfile.elf import ElfImage
@@ -43,7 +42,7 @@ class RecordedCapture:
         self._ended = False                # the LOSSES record was seen
         self._losses = Losses()
         self._located: dict = {}           # (path, build-id) -> host path
-        self._by_build_id: Optional[dict] = None   # build-id -> file in objects
+        self._by_build_id: dict | None = None   # build-id -> file in objects
         self._by_name: dict = {}           # basename -> file in objects
         self._stacks: dict = {}            # K records: stack id -> sample template
         self._counted: list = []           # N records: (RawSample, count)
@@ -258,7 +257,7 @@ class RecordedCapture:
         return self._by_build_id
 
 
-def _build_id(path: str) -> Optional[str]:
+def _build_id(path: str) -> str | None:
     try:
         return ElfImage.open(path).build_id
     except UstackError:

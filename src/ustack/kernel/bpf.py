@@ -13,7 +13,6 @@ import fcntl
 import mmap
 import os
 import struct
-from typing import Optional
 
 from ..model import UstackError
 
@@ -288,7 +287,7 @@ class Map:
                               f"entries): {e.strerror}")
         self.key_size, self.value_size = key_size, value_size
         self.max_entries = max_entries
-        self._mapped: Optional[mmap.mmap] = None
+        self._mapped: mmap.mmap | None = None
 
     def values_view(self) -> memoryview:
         """The values of an ARRAY map made with F_MMAPABLE, as writable
@@ -307,7 +306,7 @@ class Map:
                         ctypes.addressof(value) if value is not None else 0, flags)
         return _bpf(cmd, attr)
 
-    def _lookup_into(self, key: bytes, size: int) -> Optional[bytes]:
+    def _lookup_into(self, key: bytes, size: int) -> bytes | None:
         """The `size` bytes the kernel gives for `key`, or None if absent."""
         vbuf = ctypes.create_string_buffer(size)
         try:
@@ -322,7 +321,7 @@ class Map:
         """The value of `key` as bytes, or None if absent."""
         return self._lookup_into(key, self.value_size)
 
-    def lookup_percpu(self, key: bytes) -> Optional[list]:
+    def lookup_percpu(self, key: bytes) -> list | None:
         """A per-CPU map's values of `key`, one bytes per possible CPU, or
         None if absent."""
         step = (self.value_size + 7) & ~7
@@ -612,7 +611,7 @@ class RingBuf:
         self._page = page
         self._u64 = struct.Struct("<Q")
         self._hdr = struct.Struct("<II")
-        self._end: Optional[int] = None    # freeze(): read no further than this
+        self._end: int | None = None    # freeze(): read no further than this
 
     def freeze(self) -> None:
         """Read only what was written until now: the programs feeding the

@@ -8,7 +8,6 @@ the struct/union members kept (include/uapi/linux/btf.h)."""
 from __future__ import annotations
 
 import struct
-from typing import Optional
 
 from ..model import UstackError
 
@@ -63,7 +62,7 @@ class Btf:
             type_id = self.kinds[type_id][2]
         return type_id
 
-    def _find(self, type_id: int, field: str) -> Optional[tuple]:
+    def _find(self, type_id: int, field: str) -> tuple | None:
         """(bit offset, type id) of `field` in the struct, looking inside
         its anonymous structs and unions."""
         for name_off, m_type, bits in self.kinds[type_id][3]:

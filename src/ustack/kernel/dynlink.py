@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Optional
 
 
-def resolved_address(path: str, name: str) -> Optional[int]:
+def resolved_address(path: str, name: str) -> int | None:
     """dlsym(name) in the library at `path` if this process has it loaded
     (RTLD_NOLOAD: nothing is loaded, no constructor runs); for an IFUNC,
     what its resolver returns. None when not loaded or not found."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Optional
 
 _TAG_ENTRY_POINT, _TAG_INLINED, _TAG_SUBPROGRAM = 0x03, 0x1D, 0x2E
 _AT_LINKAGE_NAME, _AT_MIPS_LINKAGE_NAME = 0x6E, 0x2007
@@ -95,7 +94,7 @@ class Libdw:
     thread at a time: lookups share ctypes buffers, and libdw 0.188 reads
     units lazily without locks."""
 
-    def __init__(self, path: str, alt_path: Optional[str] = None):
+    def __init__(self, path: str, alt_path: str | None = None):
         """`alt_path`: the dwz alt file the DWARF borrows names and DIEs
         from (objfile.debuginfo.find_alt_file), when it has one."""
         lib = _load()
@@ -192,7 +191,7 @@ class Libdw:
                 lib.free(outer)
         return tuple(chain)
 
-    def _comp_dir(self, cu: _Die) -> Optional[bytes]:
+    def _comp_dir(self, cu: _Die) -> bytes | None:
         attr = ctypes.byref(self._attr)
         if not self._lib.dwarf_attr(ctypes.byref(cu), _AT_COMP_DIR, attr):
             return None
@@ -211,7 +210,7 @@ class Libdw:
         name = lib.dwarf_diename(ref)
         return os.fsdecode(name) if name is not None else ""
 
-    def _udata(self, die: _Die, code: int) -> Optional[int]:
+    def _udata(self, die: _Die, code: int) -> int | None:
         lib, attr, word = self._lib, ctypes.byref(self._attr), self._word
         if not lib.dwarf_attr(ctypes.byref(die), code, attr):
             return None
@@ -219,7 +218,7 @@ class Libdw:
             return None
         return word.value
 
-    def _call_site(self, cu: _Die, comp_dir: Optional[bytes], die: _Die) -> tuple:
+    def _call_site(self, cu: _Die, comp_dir: bytes | None, die: _Die) -> tuple:
         """(file, line) of an inlined call, '' and 0 when unknown."""
         line = self._udata(die, _AT_CALL_LINE) or 0
         index = self._udata(die, _AT_CALL_FILE)
@@ -237,7 +236,7 @@ class Libdw:
         return (_joined(comp_dir, src) if src is not None else ""), line
 
 
-def _joined(comp_dir: Optional[bytes], src: bytes) -> str:
+def _joined(comp_dir: bytes | None, src: bytes) -> str:
     """A relative source path under the unit's DW_AT_comp_dir, joined as
     eu-addr2line joins them (its default --absolute): nothing cleaned."""
     if comp_dir is not None and not src.startswith(b"/"):

@@ -8,12 +8,11 @@ address at a function entry) or REGS_USER + STACK_USER (DWARF unwinding)."""
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Optional
 
 from ..model import (CommEvent, ExitEvent, ForkEvent, Mapping, MmapEvent,
                      RawSample)
 from . import perf_event as pe
+from ..values import value
 
 RECORD_LOST, RECORD_COMM, RECORD_EXIT = 2, 3, 4
 RECORD_THROTTLE, RECORD_FORK, RECORD_SAMPLE = 5, 7, 9
@@ -46,15 +45,15 @@ def _ips_struct(n: int) -> struct.Struct:
     return s
 
 
-@dataclass(frozen=True)
+@value
 class EventLayout:
     """What the reader must know about one opened event (by its id)."""
     probe: int                          # index of the probe in the run's list
     stack_size: int = 0                 # STACK_USER bytes requested (0 = none)
     regs_mask: int = 0                  # REGS_USER mask (0 = none)
     # STACK_USER holds just the word at sp + 8 * slot: see RawSample
-    return_address_slot: Optional[int] = None
-    args: Optional[object] = None       # trace_format.ArgsDecoder: RAW fetch-args
+    return_address_slot: int | None = None
+    args: object | None = None       # trace_format.ArgsDecoder: RAW fetch-args
 
 
 _REG_NAMES: dict = {}

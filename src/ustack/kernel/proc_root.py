@@ -18,7 +18,6 @@ import ctypes
 import os
 import re
 import stat
-from typing import Optional
 
 NR_OPENAT2 = 437                    # x86_64
 RESOLVE_NO_MAGICLINKS = 0x02        # include/uapi/linux/openat2.h
@@ -51,7 +50,7 @@ def open_in_root(root: str, path: str, flags: int = os.O_RDONLY) -> int:
         os.close(dirfd)
 
 
-def foreign_root(pid: int) -> Optional[str]:
+def foreign_root(pid: int) -> str | None:
     """/proc/PID/root when the process's root directory is not ours (a
     container, a chroot); None when it is ours or the process is gone."""
     root = f"/proc/{pid}/root"
@@ -85,7 +84,7 @@ def _regular(fd: int) -> bool:
         return False
 
 
-def _identity(path_or_fd) -> Optional[tuple]:
+def _identity(path_or_fd) -> tuple | None:
     try:
         st = os.stat(path_or_fd)
     except (OSError, ValueError):
@@ -100,7 +99,7 @@ class _Pins:
     def __init__(self):
         self.paths: dict = {}           # (dev, ino) -> /proc/self/fd/N
 
-    def get(self, ident: tuple) -> Optional[str]:
+    def get(self, ident: tuple) -> str | None:
         return self.paths.get(ident)
 
     def add(self, ident: tuple, fd: int) -> str:
@@ -157,8 +156,8 @@ def _learn_backing(pid: int, st_dev: int) -> None:
     _BACKING[st_dev] = tuple(devs)
 
 
-def mapped_file(pid: int, path: str, start: Optional[int] = None,
-                end: Optional[int] = None) -> str:
+def mapped_file(pid: int, path: str, start: int | None = None,
+                end: int | None = None) -> str:
     """Where this tool opens the file process `pid` maps at `path` (in the
     mapping start-end when known): "" when `path` itself is that file here,
     else a pinned /proc/self/fd/N, else "" when nothing better is known

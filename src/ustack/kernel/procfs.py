@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
 
 from ..model import Mapping
 from .proc_root import mapped_file
@@ -76,8 +75,8 @@ def comm(pid: int, tid: int = 0) -> str:
         return ""
 
 
-def host_path(pid: int, path: str, start: Optional[int] = None,
-              end: Optional[int] = None) -> str:
+def host_path(pid: int, path: str, start: int | None = None,
+              end: int | None = None) -> str:
     """Where this tool can open a file the process sees at `path` (mapped
     at start-end, when known): "" when `path` itself is that file here;
     the process may be in another mount namespace, e.g. a container (see
@@ -126,7 +125,7 @@ def parse_maps(text: str, strict: bool = True) -> list:
     return out
 
 
-def own_vdso() -> Optional[tuple]:
+def own_vdso() -> tuple | None:
     """(mapping, image bytes) of this process's own [vdso], read from
     /proc/self/mem (no ptrace rights needed), or None when there is none
     or it cannot be read."""

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
+from ..values import value
 
 _FIELD = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<off>\d+);\s*"
                     r"size:(?P<size>\d+);\s*signed:(?P<signed>\d+);")
 
 
-@dataclass(frozen=True)
+@value
 class Field:
     name: str
     offset: int

@@ -16,7 +16,6 @@ import hashlib
 import mmap
 import os
 import stat
-from typing import Optional
 
 
 def cache_root() -> str:
@@ -31,7 +30,7 @@ def memo_key(st: os.stat_result) -> tuple:
 
 
 def cache_file(kind: str, path: str, st: os.stat_result,
-               build_id: Optional[str], suffix: str) -> str:
+               build_id: str | None, suffix: str) -> str:
     """Where the cached KIND of the object at `path` lives."""
     if build_id:
         name = build_id
@@ -63,7 +62,7 @@ def _trusted_dir(directory: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and _trusted(st)
 
 
-def _open_trusted(cache: str) -> Optional[int]:
+def _open_trusted(cache: str) -> int | None:
     """A read-only descriptor of the cache file, or None when it is missing
     or not to be trusted (a link, not a regular file, writable by others)."""
     if not _trusted_dir(os.path.dirname(cache)):
@@ -82,7 +81,7 @@ def _open_trusted(cache: str) -> Optional[int]:
     return fd
 
 
-def read(cache: str) -> Optional[bytes]:
+def read(cache: str) -> bytes | None:
     fd = _open_trusted(cache)
     if fd is None:
         return None

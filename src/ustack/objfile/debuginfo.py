@@ -20,38 +20,37 @@ import lzma
 import os
 import struct
 import zlib
-from dataclasses import dataclass, field
-from typing import Optional
 
 from ..model import UstackError
 from . import cache as objcache
 from .elf import ElfImage
+from ..values import factory, value
 
 DEBUG_ROOTS = ["/usr/lib/debug"]
 _MAX_MINIDEBUGINFO = 256 << 20   # bytes an .gnu_debugdata may expand to
 
 
-@dataclass
+@value(frozen=False)
 class DebugLookup:
     """What the search found: the debug file (or None) and why candidates
     were refused, one sentence each."""
-    path: Optional[str] = None
+    path: str | None = None
     how: str = ""                  # build-id | debuglink | minidebuginfo | altlink
-    refused: list = field(default_factory=list)
+    refused: list = factory(list)
 
 
 def debug_roots(extra_dirs=()) -> list:
     return [*extra_dirs, *DEBUG_ROOTS]
 
 
-def _build_id_candidates(build_id: Optional[str], extra_dirs) -> list:
+def _build_id_candidates(build_id: str | None, extra_dirs) -> list:
     if not build_id or len(build_id) < 3:
         return []
     return [os.path.join(root, ".build-id", build_id[:2], build_id[2:] + ".debug")
             for root in debug_roots(extra_dirs)]
 
 
-def _debuglink(image: ElfImage) -> Optional[tuple]:
+def _debuglink(image: ElfImage) -> tuple | None:
     """(file name, CRC) from the object's .gnu_debuglink, or None."""
     raw = image.section_bytes(".gnu_debuglink")
     if not raw:
@@ -111,7 +110,7 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _accept(image: ElfImage, path: str, crc: Optional[int], found: DebugLookup) -> bool:
+def _accept(image: ElfImage, path: str, crc: int | None, found: DebugLookup) -> bool:
     """Whether the candidate debug file belongs to `image`; records why not."""
     try:
         debug = ElfImage.open(path)
@@ -138,7 +137,7 @@ def _accept(image: ElfImage, path: str, crc: Optional[int], found: DebugLookup) 
     return True
 
 
-def _altlink(image: ElfImage) -> Optional[tuple]:
+def _altlink(image: ElfImage) -> tuple | None:
     """(path, build-id hex) from .gnu_debugaltlink, or None."""
     raw = image.section_bytes(".gnu_debugaltlink")
     if not raw:
@@ -188,7 +187,7 @@ def find_alt_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
     return found
 
 
-def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> Optional[str]:
+def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> str | None:
     """The ELF inside the object's .gnu_debugdata, decompressed into the
     cache (so the symbol cache can key it by file identity), or None."""
     if not image.sections.get(".gnu_debugdata", (0, 0, 0))[2]:

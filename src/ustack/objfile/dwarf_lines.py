@@ -21,7 +21,6 @@ Sources, in this order:
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from . import cache as objcache
 from ..kernel import libdw
@@ -53,7 +52,7 @@ class LineTable:
     libdw_lookups = 0     # addresses libdw was asked in this process (tests, bench)
 
     @classmethod
-    def for_image(cls, image: ElfImage) -> Optional["LineTable"]:
+    def for_image(cls, image: ElfImage) -> "LineTable" | None:
         """None when the file has no line information."""
         if not has_dwarf(image):
             return None
@@ -91,13 +90,13 @@ class LineTable:
             self._alt_path = found.path
             self._alt_missing = found.path is None
             self.errors.extend(found.refused)
-        self._symcache: Optional[symcache.SymCache] = None
+        self._symcache: symcache.SymCache | None = None
         self._symcache_read = False   # the disk cache was looked at
         self._symcache_built = self._dwz   # one try per process
         # without .debug_aranges libdw finds no unit (eu-addr2line neither)
         self._libdw_usable = bool({".debug_aranges", ".zdebug_aranges"} & names) \
             and libdw.available()
-        self._libdw: Optional[libdw.Libdw] = None
+        self._libdw: libdw.Libdw | None = None
         self._line_memo = LineMemo(self._cache(f"memo{MEMO_VERSION}.json"),
                                    store=not self._alt_missing)
         self._units = None            # DwarfUnits, made on first use
@@ -138,7 +137,7 @@ class LineTable:
             units.errors.clear()
         return found
 
-    def _from_libdw(self, vaddr: int) -> Optional[tuple]:
+    def _from_libdw(self, vaddr: int) -> tuple | None:
         """libdw's answer (or the memo of one), None when libdw cannot give
         one: then the SymCache or pyelftools answers, or says what is wrong."""
         if not self._libdw_usable:
@@ -179,7 +178,7 @@ class LineTable:
     def _cache(self, suffix: str) -> str:
         return objcache.cache_file("lines", self.path, self._st, self._build_id, suffix)
 
-    def _disk_symcache(self) -> Optional[symcache.SymCache]:
+    def _disk_symcache(self) -> symcache.SymCache | None:
         """The file's SymCache when a run before built it, else None."""
         if not self._symcache_read:
             self._symcache_read = True
@@ -192,7 +191,7 @@ class LineTable:
                     pass                        # stale or damaged: built again
         return self._symcache
 
-    def _built_symcache(self) -> Optional[symcache.SymCache]:
+    def _built_symcache(self) -> symcache.SymCache | None:
         """The file's SymCache, built now and stored; None when it cannot
         be had (then pyelftools answers)."""
         if self._symcache is None and not self._symcache_built:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from dataclasses import asdict, dataclass
-from typing import Optional
 
 from . import cache as objcache
 from .debuginfo import debug_lookup, find_alt_file
 from .dwarf_units import die_ranges, low_pc
 from .elf import ElfImage
+from ..values import as_dict, value
 
 _VERSION = "v1"          # of the cached answers' layout
 _CONTAINERS = ("DW_TAG_namespace", "DW_TAG_class_type", "DW_TAG_structure_type",
@@ -39,7 +38,7 @@ _ATE_KINDS = {0x2: "bool", 0x4: "float", 0x5: "signed", 0x6: "char", 0x7: "unsig
               0x8: "unsigned", 0x10: "unsigned", 0x3: "float", 0x9: "float", 0xF: "float"}
 
 
-@dataclass(frozen=True)
+@value
 class CType:
     """A parameter's type: `name` as bpftrace -lv spells it ('const char*',
     'struct pair*', 'short int'); `kind` what its value is once typedefs and
@@ -52,7 +51,7 @@ class CType:
     pointee: str = ""
 
 
-@dataclass(frozen=True)
+@value
 class Param:
     """One formal parameter. `locations`: ((lo, hi, ops), …), the operations
     valid for lo <= pc < hi (lo None: everywhere); () when DWARF gives none."""
@@ -62,7 +61,7 @@ class Param:
     artificial: bool = False   # C++'s implicit `this`
     output: bool = False       # Go's result parameters (~r0, …)
 
-    def ops_at(self, vaddr: int) -> Optional[tuple]:
+    def ops_at(self, vaddr: int) -> tuple | None:
         """The location expression at vaddr, or None (optimized out there)."""
         for lo, hi, ops in self.locations:
             if lo is None or lo <= vaddr < hi:
@@ -70,12 +69,12 @@ class Param:
         return None
 
 
-@dataclass(frozen=True)
+@value
 class FunctionInfo:
     name: str
     low: int
     high: int
-    returns: Optional[CType]   # None: void, or DWARF does not say
+    returns: CType | None   # None: void, or DWARF does not say
     params: tuple              # of Param, in declaration order
     frame_base: tuple          # ops of DW_AT_frame_base (() when absent)
 
@@ -86,7 +85,7 @@ class DwarfParams:
     _memo: dict = {}
 
     @classmethod
-    def for_image(cls, image: ElfImage) -> Optional["DwarfParams"]:
+    def for_image(cls, image: ElfImage) -> "DwarfParams" | None:
         """For `image` (its own DWARF, else its separate debug file's);
         None when neither has .debug_info."""
         try:
@@ -106,7 +105,7 @@ class DwarfParams:
         self._image = image
         self._dwarf = None
         self._files: list = []
-        self._index: Optional[tuple] = None      # (starts, ends, unit offsets)
+        self._index: tuple | None = None      # (starts, ends, unit offsets)
         self._functions: dict = {}               # unit offset -> [(lo, hi, DIE)]
         self._answers: dict = {}                 # vaddr -> FunctionInfo or None
         self._alt_path = None
@@ -116,13 +115,13 @@ class DwarfParams:
             self._alt_path = find_alt_file(image).path
             self._store = self._alt_path is not None
 
-    def function_at(self, vaddr: int) -> Optional[FunctionInfo]:
+    def function_at(self, vaddr: int) -> FunctionInfo | None:
         """The out-of-line function whose code holds vaddr, or None."""
         if vaddr not in self._answers:
             self._answers[vaddr] = self._cached(vaddr)
         return self._answers[vaddr]
 
-    def _cached(self, vaddr: int) -> Optional[FunctionInfo]:
+    def _cached(self, vaddr: int) -> FunctionInfo | None:
         try:
             cache = objcache.cache_file("params", self.path, os.stat(self.path),
                                         self._image.build_id, f"{_VERSION}.{vaddr:x}.json")
@@ -136,12 +135,12 @@ class DwarfParams:
                 pass                              # damaged: found again
         info = self._function_at(vaddr)
         if self._store:
-            objcache.write(cache, json.dumps(asdict(info) if info else None).encode())
+            objcache.write(cache, json.dumps(as_dict(info) if info else None).encode())
         return info
 
     # --- finding the DIE ------------------------------------------------------
 
-    def _function_at(self, vaddr: int) -> Optional[FunctionInfo]:
+    def _function_at(self, vaddr: int) -> FunctionInfo | None:
         dwarf = self._open()
         if self._index is None:
             self._index = self._unit_index(dwarf)
@@ -185,8 +184,8 @@ class DwarfParams:
         return self._dwarf
 
 
-def _from_json(d) -> Optional[FunctionInfo]:
-    """A FunctionInfo as json.dumps(asdict(…)) wrote it (lists back to tuples)."""
+def _from_json(d) -> FunctionInfo | None:
+    """A FunctionInfo as json.dumps(as_dict(…)) wrote it (lists back to tuples)."""
     if d is None:
         return None
 

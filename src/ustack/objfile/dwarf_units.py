@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from typing import Optional
 
 from . import cache as objcache
 from .source_loc import SourceLoc
@@ -34,8 +33,8 @@ class DwarfUnits:
 
     parsed_units = 0     # units read from DWARF in this process (tests, bench)
 
-    def __init__(self, path: str, st: os.stat_result, build_id: Optional[str],
-                 alt_path: Optional[str] = None, store: bool = True):
+    def __init__(self, path: str, st: os.stat_result, build_id: str | None,
+                 alt_path: str | None = None, store: bool = True):
         """`alt_path`: the dwz alt file the DWARF borrows names and DIEs from
         (objfile.debuginfo.find_alt_file), when it has one. `store`: keep the
         tables in the disk cache (not when they lack the names of a missing
@@ -47,7 +46,7 @@ class DwarfUnits:
         self._build_id = build_id
         self._dwarf = None            # opened on the first cache miss
         self._file = None
-        self._index: Optional[tuple] = None   # (starts, ends, unit offsets)
+        self._index: tuple | None = None   # (starts, ends, unit offsets)
         self._units: dict = {}        # unit offset -> _Unit
         self.errors: list = []        # why some units gave nothing (corrupt DWARF)
 

@@ -16,8 +16,6 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Optional
 
 from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
@@ -25,6 +23,7 @@ from ustack.model import UstackError
 from . import cache as objcache
 from .demangle import demangle, is_mangled, plain_name
 from .gopclntab import PclntabError, go_table
+from ..values import value
 
 # pyelftools calls STT_GNU_IFUNC (10) by its range name STT_LOOS: without
 # it libc's strlen, memcpy@@GLIBC_2.14 and the like are invisible
@@ -52,14 +51,14 @@ _STATE_VERSION = "v3"    # of the cached image layout (_state/_restore)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
-@dataclass(frozen=True)
+@value
 class Symbol:
     name: str
     address: int
     size: int
 
 
-@dataclass(frozen=True)
+@value
 class _Load:
     vaddr: int
     offset: int
@@ -98,7 +97,7 @@ class ElfImage:
 
     def __init__(self, path: str):
         self.path = lasting_path(path)     # /proc/PID/exe outlives PID
-        self._fd: Optional[int] = None   # opened by the first read, see _pread
+        self._fd: int | None = None   # opened by the first read, see _pread
         try:
             with open(self.path, "rb") as f:
                 if f.read(4) != b"\x7fELF":
@@ -145,7 +144,7 @@ class ElfImage:
         })
         return f"{layout}\n{symbols}".encode()
 
-    def _restore(self, blob: Optional[bytes]) -> bool:
+    def _restore(self, blob: bytes | None) -> bool:
         """The layout facts of _state() back, the symbols kept for
         _restore_symbols; False when there are none to trust."""
         if not blob:
@@ -268,7 +267,7 @@ class ElfImage:
                 for name, entry, end in table.functions()} if table else {}
 
     @staticmethod
-    def _build_id(elf, sections) -> Optional[str]:
+    def _build_id(elf, sections) -> str | None:
         # Sections when present; PT_NOTE for stripped-of-sections files.
         containers = [s for s in sections if s["sh_type"] == "SHT_NOTE"]
         if not containers:
@@ -393,7 +392,7 @@ class ElfImage:
 
     # --- queries ---------------------------------------------------------
 
-    def lookup(self, vaddr: int) -> Optional[Symbol]:
+    def lookup(self, vaddr: int) -> Symbol | None:
         i = bisect.bisect_right(self._starts, vaddr) - 1
         return self._owners[i] if i >= 0 else None
 
@@ -437,7 +436,7 @@ class ElfImage:
             self._demangled = (full, plain)
         return self._demangled
 
-    def file_offset(self, vaddr: int) -> Optional[int]:
+    def file_offset(self, vaddr: int) -> int | None:
         for seg in self._loads:
             if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
                 return vaddr - seg.vaddr + seg.offset
@@ -452,7 +451,7 @@ class ElfImage:
         """(vaddr, file offset, filesz) of each PT_LOAD mapped executable."""
         return [(s.vaddr, s.offset, s.filesz) for s in self._loads if s.flags & 1]
 
-    def vaddr_of_file_offset(self, off: int) -> Optional[int]:
+    def vaddr_of_file_offset(self, off: int) -> int | None:
         for seg in self._loads:
             if seg.offset <= off < seg.offset + seg.filesz:
                 return off - seg.offset + seg.vaddr
@@ -470,7 +469,7 @@ class ElfImage:
                 return self._pread(size, vaddr - seg.vaddr + seg.offset)
         return b""
 
-    def section_bytes(self, name: str) -> Optional[bytes]:
+    def section_bytes(self, name: str) -> bytes | None:
         """The contents of section `name` (inflated if SHF_COMPRESSED), or
         None when the file has no such section with file bytes."""
         sec = self.sections.get(name)

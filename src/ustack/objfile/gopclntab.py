@@ -19,11 +19,10 @@ import bisect
 import struct
 import weakref
 from array import array
-from dataclasses import dataclass
-from typing import Optional
 
 from ..model import UstackError
 from .leb128 import uleb128
+from ..values import value
 
 GO116, GO118, GO120 = 0xFFFFFFFA, 0xFFFFFFF0, 0xFFFFFFF1
 _MAGICS = {GO116: "1.16", GO118: "1.18", GO120: "1.20"}
@@ -38,7 +37,7 @@ class PclntabError(UstackError):
     """The table is missing, of an unknown version, or corrupt."""
 
 
-@dataclass(frozen=True)
+@value
 class GoFrame:
     """One frame at a pc: the function, its source position, and whether it
     is a call inlined into the frame after it."""
@@ -48,7 +47,7 @@ class GoFrame:
     inlined: bool = False
 
 
-@dataclass(frozen=True)
+@value
 class GoFunc:
     name: str
     entry: int
@@ -61,7 +60,7 @@ class Pclntab:
     virtual address they are loaded at; `read(vaddr, size)` reads other
     parts of the image (for moduledata and the inline tree), may be None."""
 
-    def __init__(self, data: bytes, addr: int, read=None, text_start: Optional[int] = None):
+    def __init__(self, data: bytes, addr: int, read=None, text_start: int | None = None):
         self.data = memoryview(data)
         self.addr = addr
         self._read = read
@@ -72,7 +71,7 @@ class Pclntab:
             self._parse_header(text_start)
         except (struct.error, IndexError, ValueError) as e:
             raise PclntabError(f"corrupt .gopclntab: {e}") from None
-        self._gofunc: Optional[int] = None
+        self._gofunc: int | None = None
         self._gofunc_done = False
 
     # --- header and function table ----------------------------------------
@@ -140,7 +139,7 @@ class Pclntab:
             if name:
                 yield name, self._entries[i], self._entries[i + 1]
 
-    def find(self, pc: int) -> Optional[GoFunc]:
+    def find(self, pc: int) -> GoFunc | None:
         i = bisect.bisect_right(self._entries, pc) - 1
         if i < 0 or i >= self.nfunc or pc >= self._entries[i + 1]:
             return None
@@ -151,7 +150,7 @@ class Pclntab:
 
     # --- per-function data ------------------------------------------------
 
-    def _func(self, i: int) -> Optional[int]:
+    def _func(self, i: int) -> int | None:
         """Offset of function i's _func in pclntable, if it is consistent
         with the function table (a corrupt table must not name wrongly)."""
         off = self._funcoffs[i]
@@ -168,13 +167,13 @@ class Pclntab:
         """The nth 4-byte field after the entry (1 = nameoff ... 8 = cuOffset)."""
         return struct.unpack_from("<I", self.pclntable, off + self._field0 + (n - 1) * 4)[0]
 
-    def _func_name(self, i: int) -> Optional[str]:
+    def _func_name(self, i: int) -> str | None:
         off = self._func(i)
         if off is None:
             return None
         return self._name(self._field(off, 1))
 
-    def _name(self, nameoff: int) -> Optional[str]:
+    def _name(self, nameoff: int) -> str | None:
         name = self._names.get(nameoff)
         if name is None:
             name = _cstring(self.funcnametab, nameoff)
@@ -207,7 +206,7 @@ class Pclntab:
             return []
         return out
 
-    def _pcvalue(self, table_off: int, entry: int, pc: int) -> Optional[int]:
+    def _pcvalue(self, table_off: int, entry: int, pc: int) -> int | None:
         """The value a pc-value table holds at pc: pairs of zig-zag varint
         value deltas and pc deltas (in quanta), starting at value -1."""
         if table_off == 0 or table_off >= len(self.pctab):
@@ -226,7 +225,7 @@ class Pclntab:
                 return val
         return None
 
-    def _file(self, off: int, fno: int) -> Optional[str]:
+    def _file(self, off: int, fno: int) -> str | None:
         if fno < 0:
             return None
         cu = self._field(off, 8)
@@ -299,7 +298,7 @@ class Pclntab:
         nfuncdata = self.pclntable[off + self._func_size - 1]
         return npcdata, nfuncdata
 
-    def _pcdata(self, off: int, table: int, entry: int, pc: int) -> Optional[int]:
+    def _pcdata(self, off: int, table: int, entry: int, pc: int) -> int | None:
         npcdata, _ = self._counts(off)
         if table >= npcdata:
             return None
@@ -341,7 +340,7 @@ class Pclntab:
             return (name, parent_pc) if name else None
         return call
 
-    def _go_func(self) -> Optional[int]:
+    def _go_func(self) -> int | None:
         """moduledata.gofunc: runtime.firstmoduledata is the word that points
         at this table and whose text field equals its textStart."""
         if self._gofunc_done:
@@ -363,7 +362,7 @@ class Pclntab:
         return None
 
 
-def _cstring(buf, off: int) -> Optional[str]:
+def _cstring(buf, off: int) -> str | None:
     if off < 0 or off >= len(buf):
         return None
     chunk = bytes(buf[off:min(len(buf), off + 4096)])
@@ -399,7 +398,7 @@ class _ImageReader:
 
     def __init__(self, image):
         self.image = image
-        self._relocs: Optional[dict] = None   # vaddr -> addend, read when needed
+        self._relocs: dict | None = None   # vaddr -> addend, read when needed
         self._reloc_at: list = []             # its keys, sorted
 
     def __call__(self, vaddr: int, size: int) -> bytes:
@@ -434,7 +433,7 @@ class _ImageReader:
             self._reloc_at = sorted(self._relocs)
         return self._relocs
 
-    def text_start(self, table: int) -> Optional[int]:
+    def text_start(self, table: int) -> int | None:
         """The pcHeader's textStart as the loader relocates it, when a
         relocation says it: an external link's .text begins with C start-up
         code, so runtime.text (what the table's offsets count from) lies
@@ -455,7 +454,7 @@ class _ImageReader:
                 at = data.find(needle, at + 1)
 
 
-def go_table(image) -> Optional[Pclntab]:
+def go_table(image) -> Pclntab | None:
     """The parsed .gopclntab of an ElfImage (cached), or None when it is not
     a Go binary. Raises PclntabError when the table is there but corrupt."""
     hit = _tables.get(image)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import json
-from typing import Optional
 
 from . import cache as objcache
 
@@ -27,9 +26,9 @@ class LineMemo:
         only (they lack names a missing dwz alt file holds)."""
         self.path = path
         self._store = store
-        self._answers: Optional[dict] = None    # read on first use
+        self._answers: dict | None = None    # read on first use
 
-    def get(self, vaddr: int) -> Optional[tuple]:
+    def get(self, vaddr: int) -> tuple | None:
         if self._answers is None:
             self._answers = self._load()
         return self._answers.get(vaddr)

@@ -5,13 +5,12 @@ read and the address's offset in it; ElfImage.vaddr_of_file_offset turns
 that into the object's own address."""
 from __future__ import annotations
 
-from typing import Optional
 
 from ..model import Mapping
 from .vdso import vdso_path
 
 
-def object_path(m: Mapping) -> Optional[str]:
+def object_path(m: Mapping) -> str | None:
     """The file to read for mapping m: the mapped file as this host opens
     it, or ustack's copy of the vDSO. None for memory without one ([heap],
     [anon:…], perf's //anon for JIT code, a vDSO unlike ours)."""

@@ -6,7 +6,6 @@ binary keep frame pointers)."""
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 from .elf import ElfImage, Symbol
 
@@ -68,7 +67,7 @@ def sets_up_frame_pointer(image: ElfImage, func: Symbol) -> bool:
 
 # --- probes: the return-address slot at a probed instruction --------------------
 
-def return_address_slot(prefix: list, code: bytes, start: int, vaddr: int) -> Optional[int]:
+def return_address_slot(prefix: list, code: bytes, start: int, vaddr: int) -> int | None:
     """Words between sp and the return address at vaddr, following the
     straight-line path of `prefix` (the instructions from the function's
     start, `code`, up to vaddr); None once rbp holds a frame (the kernel's
@@ -115,7 +114,7 @@ def _branch_targets(code: bytes, start: int) -> set:
 
 # --- unwinding: a leaf pc in code without CFI ------------------------------------
 
-def leaf_frame(image: ElfImage, vaddr: int) -> Optional[tuple]:
+def leaf_frame(image: ElfImage, vaddr: int) -> tuple | None:
     """(depth, bp_off) of a leaf stopped at vaddr, before it has set up its
     frame pointer: the return address is `depth` bytes above sp, the
     caller's rbp saved at CFA + bp_off (CFA = sp + depth + 8), or bp_off is
@@ -164,7 +163,7 @@ def leaf_frame(image: ElfImage, vaddr: int) -> Optional[tuple]:
     return depth, bp_off
 
 
-def _function_start(image: ElfImage, vaddr: int) -> Optional[int]:
+def _function_start(image: ElfImage, vaddr: int) -> int | None:
     sym = image.lookup(vaddr)
     if sym is not None and sym.address <= vaddr < sym.address + max(sym.size, 1):
         return sym.address if vaddr - sym.address <= LEAF_SCAN else None

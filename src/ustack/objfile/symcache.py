@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-from typing import Optional
 
 from .leb128 import uleb128
 
@@ -99,7 +98,7 @@ class SymCache:
         self._paths: dict = {}       # file index -> joined path
         self._names: dict = {}       # function index -> name
 
-    def locate(self, vaddr: int) -> Optional[tuple]:
+    def locate(self, vaddr: int) -> tuple | None:
         """[(function, file, line)] at vaddr, innermost inlined call first and
         the real function last; () when no function covers vaddr; None when
         only a symbol (no line) does: the table cannot tell more, DWARF may."""
@@ -152,7 +151,7 @@ class SymCache:
             self._paths[index] = path
         return path
 
-    def _string(self, offset: int) -> Optional[str]:
+    def _string(self, offset: int) -> str | None:
         if offset == _NONE or offset >= len(self._strings):
             return None
         try:

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Optional
 
 from ..kernel.procfs import own_vdso
 from ..model import Mapping
 from . import cache as objcache
 
-_copy: Optional[tuple] = None     # (path, size) of the copy, or () if none
+_copy: tuple | None = None     # (path, size) of the copy, or () if none
 
 
-def vdso_file() -> Optional[str]:
+def vdso_file() -> str | None:
     """The path of a copy of this kernel's 64-bit vDSO, or None."""
     global _copy
     if _copy is None:
@@ -28,7 +27,7 @@ def vdso_file() -> Optional[str]:
     return _copy[0] if _copy else None
 
 
-def vdso_path(m: Mapping) -> Optional[str]:
+def vdso_path(m: Mapping) -> str | None:
     """The copy of the vDSO to read for the [vdso] mapping m, or None when
     m is no vDSO or its size is not that of the copy."""
     if m.path != "[vdso]" or vdso_file() is None:
@@ -37,7 +36,7 @@ def vdso_path(m: Mapping) -> Optional[str]:
     return path if m.end - m.start == size else None
 
 
-def _copy_own() -> Optional[tuple]:
+def _copy_own() -> tuple | None:
     own = own_vdso()
     if own is None:
         return None

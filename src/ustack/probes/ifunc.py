@@ -10,13 +10,12 @@ loaded itself is never loaded just to ask."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from ..kernel import procfs
 from ..kernel.dynlink import resolved_address
 
 
-def implementation(image, name: str) -> Optional[int]:
+def implementation(image, name: str) -> int | None:
     """The virtual address, in `image`'s file, of the code IFUNC `name`
     resolves to here; None when `image` is not loaded in this process."""
     mapping = _own_mapping(image.path)

@@ -3,7 +3,7 @@ on; with -v each one's parameters and types from DWARF, as `bpftrace -lv`
 prints them (and the type of `$retval`)."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from ustack.probes.resolve import locate_binary, no_function_error
 from ustack.objfile.demangle import demangle
@@ -14,16 +14,16 @@ from ustack.objfile.elf import ElfImage
 class FunctionRow(NamedTuple):
     name: str
     address: int
-    file_offset: Optional[int]
+    file_offset: int | None
     size: int
 
 
-def list_functions(path: str, glob: Optional[str] = None) -> list:
+def list_functions(path: str, glob: str | None = None) -> list:
     host, shown = locate_binary(path)
     return _rows(ElfImage.open(host), glob, shown)
 
 
-def _rows(image: ElfImage, glob: Optional[str], shown: str) -> list:
+def _rows(image: ElfImage, glob: str | None, shown: str) -> list:
     syms = image.functions if glob is None else image.match(glob)
     if glob is not None and not syms:
         raise no_function_error(image, glob, shown)
@@ -44,7 +44,7 @@ def format_listing(rows) -> str:
                      + [line(c, r.name) for c, r in zip(cells, rows)]) + "\n"
 
 
-def format_params(path: str, glob: Optional[str] = None) -> str:
+def format_params(path: str, glob: str | None = None) -> str:
     """`uprobe:PATH:FUNC` and, indented, each parameter as `TYPE NAME`
     (bpftrace -lv's layout), then `TYPE $retval` when it returns a value;
     functions DWARF does not describe get the first line only."""

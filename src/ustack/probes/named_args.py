@@ -16,7 +16,6 @@ refused with the reason: a probe must show what gdb would, or nothing."""
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from ..objfile.demangle import demangle
 from ..objfile.dwarf_params import CType, DwarfParams, FunctionInfo
@@ -38,7 +37,7 @@ def is_name(fetch: str) -> bool:
 
 
 def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: int,
-                 kind: str, ra_slot: Optional[int]) -> tuple:
+                 kind: str, ra_slot: int | None) -> tuple:
     """(args in the kernel's syntax, ((name, display kind), …)) for the
     user's (name, fetch, type) triples at vaddr in `func` (shown as
     `where`). ra_slot: the return address's word index from %sp at vaddr
@@ -73,7 +72,7 @@ def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: i
     return tuple(out), tuple(kinds.items())
 
 
-def _function(image, vaddr: int) -> Optional[FunctionInfo]:
+def _function(image, vaddr: int) -> FunctionInfo | None:
     params = DwarfParams.for_image(image)
     return params.function_at(vaddr) if params is not None else None
 
@@ -88,7 +87,7 @@ def _param(info: FunctionInfo, name: str, func: str):
 
 
 def _param_fetch(param, typ: str, info: FunctionInfo, vaddr: int, where: str,
-                 ra_slot: Optional[int]) -> tuple:
+                 ra_slot: int | None) -> tuple:
     """(fetch, kernel type, display kind) of one parameter at vaddr."""
     def cannot(why):
         raise NamedArgError(f"cannot fetch {param.name} at {where}: {why}")
@@ -163,7 +162,7 @@ def _frame_base(frame_base: tuple, at_entry: bool, ra_slot, cannot) -> tuple:
     cannot("the function's frame base is not one ustack can place")
 
 
-def _register(op: str, args: tuple, prefix: str, extended: str) -> Optional[int]:
+def _register(op: str, args: tuple, prefix: str, extended: str) -> int | None:
     if op == extended:
         return args[0]
     tail = op[len(prefix):]
@@ -180,7 +179,7 @@ def _reg_name(reg: int, cannot) -> str:
     return "%" + _REGS[reg]
 
 
-def _constant(op) -> Optional[int]:
+def _constant(op) -> int | None:
     name, args = op
     if name.startswith("DW_OP_lit") and name[9:].isdigit():
         return int(name[9:])
@@ -215,7 +214,7 @@ def _kernel_type(ctype: CType, cannot) -> tuple:
     return f"x{bits}", "hex"
 
 
-def _retval_fetch(info: Optional[FunctionInfo], typ: str, func: str, kind: str) -> tuple:
+def _retval_fetch(info: FunctionInfo | None, typ: str, func: str, kind: str) -> tuple:
     """$retval typed from the function's return type when the user gave no
     type; `$retval:string` reads the string the returned pointer points to."""
     if typ in ("string", "ustring"):

@@ -3,13 +3,11 @@ instruction boundary, with the return-address slot the unwinder needs) and
 tracepoint names expanded from globs."""
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import fnmatch
 import os
 import shutil
 import subprocess
-from typing import Optional
 
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
@@ -20,6 +18,7 @@ from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes import ifunc
 from ustack.probes.fetchargs import NamedArgError, kernel_fetch_args
+from ..values import replace
 
 _GLOB_CHARS = "*?["
 
@@ -30,7 +29,7 @@ def is_glob(text: str) -> bool:
 
 # --- finding the binary ---------------------------------------------------
 
-def locate_binary(path: str, pid: Optional[int] = None) -> tuple:
+def locate_binary(path: str, pid: int | None = None) -> tuple:
     """(path to open on this host, path to show the user) for a file path or
     a bare library/program name such as libc, c, libc.so.6 or bash."""
     if pid is not None and not os.path.isdir(f"/proc/{pid}"):
@@ -58,7 +57,7 @@ def _names_library(basename: str, name: str) -> bool:
             or basename.startswith("lib" + name + ".so"))
 
 
-def _ldconfig_lookup(name: str) -> Optional[str]:
+def _ldconfig_lookup(name: str) -> str | None:
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
                              check=False).stdout
@@ -122,8 +121,8 @@ class Unprobeable(UstackError):
     """The kernel would refuse a uprobe on this instruction."""
 
 
-def resolve_uprobes(spec: ProbeSpec, pid: Optional[int] = None,
-                    notes: Optional[list] = None) -> list:
+def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
+                    notes: list | None = None) -> list:
     """The probes `spec` stands for. A glob skips the functions whose first
     instruction the kernel would refuse, saying so in `notes`."""
     if spec.kind not in ("uprobe", "uretprobe"):
@@ -166,7 +165,7 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
     if sym is None:
         raise UstackError(f"uretprobe on Go code at 0x{vaddr:x} needs a function: "
                           "its return instructions are found from its bounds")
-    entry = _target(dataclasses.replace(spec, kind="uprobe", args=()), image, host,
+    entry = _target(replace(spec, kind="uprobe", args=()), image, host,
                     shown, sym, vaddr)
     from ustack.probes.return_sites import return_probes    # Go returns only
     rets, tails = return_probes(entry, image, label=f"uretprobe:{shown}:{sym.name}")
@@ -175,8 +174,8 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
     if tails and notes is not None:
         notes.append(f"{sym.name} leaves through tail calls too; the returns of "
                      "those calls are not seen")
-    spec = dataclasses.replace(spec, kind="uprobe")     # for the kernel: plain uprobes
-    return [dataclasses.replace(p, spec=spec, fetch_args=args) for p in rets]
+    spec = replace(spec, kind="uprobe")     # for the kernel: plain uprobes
+    return [replace(p, spec=spec, fetch_args=args) for p in rets]
 
 
 def _functions(image: ElfImage, func: str, shown: str, offset: int = 0) -> list:
@@ -241,7 +240,7 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
 
 
-def _target(spec, image, host, shown, sym: Optional[Symbol], vaddr: int) -> UprobeProbe:
+def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int) -> UprobeProbe:
     sym_off = vaddr - sym.address if sym else 0
     if sym is None:
         where = f"0x{vaddr:x}"
@@ -371,8 +370,8 @@ def _pick(names: list, pattern: str, what: str) -> list:
     raise UstackError(msg)
 
 
-def resolve_probes(specs: list, pid: Optional[int] = None,
-                   notes: Optional[list] = None) -> list:
+def resolve_probes(specs: list, pid: int | None = None,
+                   notes: list | None = None) -> list:
     """Every probe the parsed EVENTs stand for (a glob may give many)."""
     probes = []
     for spec in specs:

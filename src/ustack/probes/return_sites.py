@@ -18,17 +18,16 @@ a probe there fires twice for one call whose stack grew. `entry_site`
 gives the first instruction after that check instead."""
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 
 from ..model import UprobeProbe, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage, Symbol
+from ..values import replace, value
 
 _GO_CHECK_SCAN = 32          # bytes in which Go's stack check ends
 
 
-@dataclass(frozen=True)
+@value
 class ReturnSites:
     """Where a function's calls end, as ELF virtual addresses."""
     rets: tuple              # RET instructions
@@ -103,8 +102,8 @@ def site_probe(entry: UprobeProbe, image: ElfImage, at: int, label: str) -> Upro
     """A plain uprobe at `at`, in the function of `entry`, named `label`:
     at a RET (or a tail call's jmp) [sp] holds the return address, so the
     frame-pointer walk's missing caller is the word at slot 0."""
-    return dataclasses.replace(
-        entry, spec=dataclasses.replace(entry.spec, kind="uprobe", offset=0),
+    return replace(
+        entry, spec=replace(entry.spec, kind="uprobe", offset=0),
         file_offset=image.file_offset(at), address=at,
         symbol_offset=at - (entry.address - entry.symbol_offset),
         return_address_slot=0, label=label)

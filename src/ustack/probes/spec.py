@@ -1,11 +1,11 @@
 """EVENT text -> ProbeSpec, in bpftrace's spellings. Nothing is resolved here."""
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from ustack.model import ProbeSpec, UstackError
 from ustack.probes.fetchargs import parse_fetch_args
+from ..values import replace
 
 _EXAMPLES = "expected e.g. syscall:write, uprobe:/bin/ls:main, profile:hz:99"
 _KINDS = {
@@ -36,7 +36,7 @@ def parse_event(text: str) -> ProbeSpec:
         if not any(w[:1] in "%$+-@" or "=" in w for w in words):
             _PARSERS[kind](text, kind, text.partition(":")[2])  # a stray space
         _fail(text, "only uprobe and uretprobe take fetch-args")
-    return dataclasses.replace(spec, text=text,
+    return replace(spec, text=text,
                                args=parse_fetch_args(words, kind, text))
 
 

@@ -2,9 +2,9 @@
 (counts, folded, and those to come) starts from."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 from ..model import StackCount
+from ..values import replace
 
 
 def stack_identity(sc: StackCount, per_pid: bool, offsets: bool) -> tuple:

@@ -2,7 +2,7 @@
 first, then the count; least to most frequent."""
 from __future__ import annotations
 
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import StackCount
 from .aggregate import merge
@@ -51,5 +51,5 @@ class CountsReport:
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
-    def finish(self, out: TextIO) -> None:
+    def finish(self, out: TextIOBase) -> None:
         out.write(format_counts(self.counted, self.per_pid, self.offsets, self.timed))

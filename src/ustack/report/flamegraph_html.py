@@ -8,7 +8,7 @@ import html
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import StackCount
 from .flametree import TreeReport, flat_json
@@ -72,7 +72,7 @@ def _payload(root, context, diff: bool) -> dict:
 class FlameGraphReport(TreeReport):
     """Counted stacks as an interactive HTML flame graph."""
 
-    def finish(self, out: TextIO) -> None:
+    def finish(self, out: TextIOBase) -> None:
         root = self.tree()
         subtitle = f"{self.command()} · {amount(root.value, self.context)}"
         out.write(render_page(graph_title(self.context), subtitle,
@@ -96,7 +96,7 @@ class DiffFlameGraphReport(FlameGraphReport):
     def add_before(self, counted: StackCount) -> None:
         self.baseline.append(counted)
 
-    def finish(self, out: TextIO) -> None:
+    def finish(self, out: TextIOBase) -> None:
         root = self.tree(before=self.baseline)
         subtitle = (f"A: {amount(root.before, self.context)} · "
                     f"B: {amount(root.value, self.context)} · widths from B, "

@@ -7,7 +7,7 @@ flamegraph-svg.js) adds flamegraph.pl's click to zoom, "Reset Zoom" and
 from __future__ import annotations
 
 import zlib
-from typing import TextIO
+from io import TextIOBase
 from xml.sax.saxutils import escape, quoteattr
 
 from .flamegraph_html import amount, asset, graph_title, unit_of
@@ -110,7 +110,7 @@ def render_svg(root, title: str, subtitle: str, unit: str) -> str:
 class SvgFlameGraphReport(TreeReport):
     """Counted stacks as an SVG flame graph."""
 
-    def finish(self, out: TextIO) -> None:
+    def finish(self, out: TextIOBase) -> None:
         root = self.tree()
         out.write(render_svg(root, graph_title(self.context, "Flame Graph"),
                              f"{self.command()} · {amount(root.value, self.context)}",

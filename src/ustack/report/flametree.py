@@ -10,7 +10,6 @@ with `offsets`), and a frame inlined into its caller stays its own node."""
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from ..model import Frame, StackCount
 from ..symbols.kernel import KERNEL_MODULE
@@ -159,7 +158,7 @@ def _bump(node: Node, slot: str, count: int) -> None:
 
 
 def build_tree(counts, per_pid: bool = False, offsets: bool = False,
-               before: Optional[list] = None) -> Node:
+               before: list | None = None) -> Node:
     """The merged tree of `counts` (and of a baseline run's `before`)."""
     tree = FlameTree(per_pid, offsets)
     tree.add_all(counts)
@@ -180,7 +179,7 @@ class TreeReport:
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
-    def tree(self, before: Optional[list] = None) -> Node:
+    def tree(self, before: list | None = None) -> Node:
         return build_tree(self.counted, self.per_pid, self.offsets, before)
 
     def command(self) -> str:

@@ -2,7 +2,7 @@
 stackcollapse scripts and bcc `profile -f` write them."""
 from __future__ import annotations
 
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import StackCount
 from .text import is_timed
@@ -42,5 +42,5 @@ class FoldedReport:
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
-    def finish(self, out: TextIO) -> None:
+    def finish(self, out: TextIOBase) -> None:
         out.write(format_folded(self.counted, self.per_pid, self.timed))

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Optional
 
 from ..model import UstackError
+from ..values import value
 
 
 class _Registry(Mapping):
@@ -48,17 +47,17 @@ class _Registry(Mapping):
         return len(self._specs)
 
 
-@dataclass(frozen=True)
+@value
 class ReportContext:
     """What a format may want to say about the run beside its stacks."""
     command: str = "count"             # count | profile | report | …
     events: tuple = ()                 # the events, as the header shows them
-    frequency: Optional[int] = None    # profile: samples/s, so a count is a time
+    frequency: int | None = None    # profile: samples/s, so a count is a time
     title: str = ""                    # the command line, for a page's title
-    start_ns: Optional[int] = None     # wall-clock time the run began (ns since 1970)
+    start_ns: int | None = None     # wall-clock time the run began (ns since 1970)
     # what a StackCount's `count` is: None for events (or samples of a
     # profile), "nanoseconds" when it is a time (offcpu)
-    value_unit: Optional[str] = None
+    value_unit: str | None = None
 
     @property
     def timed(self) -> bool:
@@ -66,9 +65,9 @@ class ReportContext:
         return self.value_unit == "nanoseconds"
 
 
-def run_context(command: str, labels, frequency: Optional[int] = None,
-                start_ns: Optional[int] = None,
-                value_unit: Optional[str] = None) -> ReportContext:
+def run_context(command: str, labels, frequency: int | None = None,
+                start_ns: int | None = None,
+                value_unit: str | None = None) -> ReportContext:
     """The context of a run's report, the same live and from its recording."""
     what = f"at {frequency} Hz" if frequency else ", ".join(labels)
     return ReportContext(command=command, events=tuple(labels), frequency=frequency,
@@ -107,7 +106,7 @@ EXTENSIONS = {
 }
 
 
-def format_for_path(path: str) -> Optional[str]:
+def format_for_path(path: str) -> str | None:
     """The format `-o path`'s name implies (its longest known ending), if any."""
     for ending in sorted(EXTENSIONS, key=len, reverse=True):
         if path.endswith(ending):

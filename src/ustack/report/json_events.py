@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import RawSample, Stack
 from .json_stacks import frame_dicts
@@ -32,7 +32,7 @@ def arg_value(value):
 class JsonEventsReport:
     """The events interface (see formats.py): add(), renamed(), flush()."""
 
-    def __init__(self, out: TextIO, labels: list):
+    def __init__(self, out: TextIOBase, labels: list):
         self.out = out
         self.labels = labels
         self.pending: list = []

@@ -28,7 +28,7 @@ thread; ties in count keep a fixed order (event, pid, comm, names)."""
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import StackCount
 from .pprof_objects import split_kernel
@@ -60,7 +60,7 @@ class JsonReport:
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
-    def finish(self, out: TextIO) -> None:
+    def finish(self, out: TextIOBase) -> None:
         """The document with one stack a line: greppable, small."""
         doc = self.document()
         stacks = doc.pop("stacks")

@@ -6,13 +6,12 @@ import contextlib
 import os
 import stat
 import sys
-from typing import Optional
 
 from ..model import UstackError
 from .formats import format_for_path
 
 
-def choose_format(asked: Optional[str], path: Optional[str], table: dict,
+def choose_format(asked: str | None, path: str | None, table: dict,
                   default: str = "text") -> str:
     """-f wins; else the ending of -o's file name; else `default`."""
     if asked:
@@ -42,7 +41,7 @@ def check_destination(path: str, label: str = "", what: str = "a file") -> None:
 
 
 @contextlib.contextmanager
-def open_output(path: Optional[str], binary: bool = False, whole: bool = True):
+def open_output(path: str | None, binary: bool = False, whole: bool = True):
     """A stream for the report: the file at `path`, else stdout. `whole`:
     the file appears when the report is finished (a temporary name until
     then), never half-written; a stream of events (trace) is written as it

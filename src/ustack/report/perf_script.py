@@ -20,7 +20,7 @@ known (pprof_objects.py), else the process's. Unwinder notes are left out
 (they are not perf's); the time is CLOCK_MONOTONIC, perf's clock."""
 from __future__ import annotations
 
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import Frame, RawSample, Stack
 from .fetchargs import format_args
@@ -66,7 +66,7 @@ def perf_header(comm: str, pid: int, tid: int, cpu: int, time_ns: int,
 class PerfScriptReport:
     """The events interface (see formats.py): add(), renamed(), flush()."""
 
-    def __init__(self, out: TextIO, labels: list):
+    def __init__(self, out: TextIOBase, labels: list):
         self.out = out
         self.labels = labels             # probe index -> event name
         self.pending: list = []

@@ -29,7 +29,7 @@ from __future__ import annotations
 import gzip
 import os
 import time
-from typing import BinaryIO
+from io import BufferedIOBase
 
 from ..model import StackCount
 from .pprof_objects import ObjectFacts, split_kernel
@@ -51,7 +51,7 @@ class PprofReport:
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
-    def finish(self, out: BinaryIO) -> None:
+    def finish(self, out: BufferedIOBase) -> None:
         data = self.profile().SerializeToString()
         out.write(gzip.compress(data, compresslevel=6, mtime=0))   # 4x faster than 9
 

@@ -14,7 +14,6 @@ other frames of that object, named or not, share its bias. Kernel frames
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from ..model import Frame, UstackError
 from ..objfile.debuginfo import debug_lookup
@@ -46,7 +45,7 @@ class ObjectFacts:
         self._bias: dict = {}        # (pid, path) -> bias, once one frame told it
         self._segments: dict = {}    # (pid, path) -> [(start, limit, file offset)]
 
-    def _image(self, path: str) -> Optional[tuple]:
+    def _image(self, path: str) -> tuple | None:
         if path not in self._images:
             found = None
             if path.startswith("/"):             # not [vdso], //anon, …
@@ -101,13 +100,13 @@ class ObjectFacts:
         if len(biases) == 1:                     # several: a name that is not unique
             self._bias[(pid, f.path)] = biases.pop()
 
-    def object_address(self, pid: int, f: Frame) -> Optional[int]:
+    def object_address(self, pid: int, f: Frame) -> int | None:
         """f's address in its object's own (ELF) addresses, what addr2line
         takes; None when its object's bias is not known."""
         bias = self._bias.get((pid, f.path))
         return None if bias is None else f.addr - bias
 
-    def segment(self, pid: int, f: Frame) -> Optional[tuple]:
+    def segment(self, pid: int, f: Frame) -> tuple | None:
         """(memory start, memory limit, file offset) of the executable
         segment holding f in process pid, page-aligned as the kernel maps
         it; None when its object's bias is not known."""

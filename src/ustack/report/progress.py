@@ -4,7 +4,8 @@ second; and the count of events seen, so a run that saw none can say so."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, TextIO
+from collections.abc import Callable
+from io import TextIOBase
 
 REDRAW_S = 1.0
 
@@ -13,8 +14,8 @@ class Progress:
     """`piece(p)` for each piece of the stream; `finish()` clears the line.
     `losses`: a function giving the run's Losses so far (cheap to call)."""
 
-    def __init__(self, err: TextIO, live: bool,
-                 losses: Optional[Callable] = None, counted_in_kernel: bool = False):
+    def __init__(self, err: TextIOBase, live: bool,
+                 losses: Callable | None = None, counted_in_kernel: bool = False):
         self.err = err
         self.live = live
         self.losses = losses

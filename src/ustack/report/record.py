@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-from typing import Optional
 
 from ..capture import record_format as rf
 from ..kernel import procfs
@@ -34,7 +33,7 @@ class RecordWriter:
     event and its stack, or whole too when `raw`."""
 
     def __init__(self, path_or_file, labels, modes, backend: str,
-                 extra: Optional[dict] = None, raw: bool = False):
+                 extra: dict | None = None, raw: bool = False):
         try:
             self._out = gzip.open(path_or_file, "wb", compresslevel=COMPRESS_LEVEL)
         except OSError as e:

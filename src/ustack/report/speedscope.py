@@ -13,7 +13,7 @@ frames (--kernel) come first, below the user frames, as in the stack."""
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import StackCount
 from .pprof_objects import split_kernel
@@ -47,7 +47,7 @@ class SpeedscopeReport:
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
-    def finish(self, out: TextIO) -> None:
+    def finish(self, out: TextIOBase) -> None:
         json.dump(self.document(), out, separators=(",", ":"))
         out.write("\n")
 

@@ -2,17 +2,17 @@
 with the option that helps, and the traced command's exit status."""
 from __future__ import annotations
 
-from typing import Optional, TextIO
+from io import TextIOBase
 
 from ..model import Losses
 
 MAX_ADVISED_PAGES = 8192        # 32 MiB per CPU: more only delays a slow reader
 
 
-def write_summary(err: TextIO, *, warnings=(), losses: Losses = Losses(),
+def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
                   backend: str = "", buffer_pages: int = 0, stack_storage: int = 0,
                   command: str = "", exit_status=None,
-                  events: Optional[int] = None, copied_stacks: bool = False) -> None:
+                  events: int | None = None, copied_stacks: bool = False) -> None:
     """`copied_stacks`: the run copied stacks out for ustack to unwind, whose
     losses a larger buffer only delays (decoding is what falls behind)."""
     if losses.uncounted:

@@ -4,7 +4,7 @@ resolver hands out, the header's text around the timestamp once per thread,
 CPU and probe, so a hot event costs a few dict lookups and a string join."""
 from __future__ import annotations
 
-from typing import TextIO
+from io import TextIOBase
 
 from ..model import RawSample, Stack
 from .fetchargs import format_args
@@ -14,7 +14,7 @@ MAX_CACHED = 100_000               # formatted stacks kept; bounds memory
 
 
 class TraceReport:
-    def __init__(self, out: TextIO, labels: list):
+    def __init__(self, out: TextIOBase, labels: list):
         self.out = out
         self.labels = labels             # probe index -> event name
         self.pending: list = []          # text waiting to be written

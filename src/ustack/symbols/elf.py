@@ -4,7 +4,7 @@ debug file's (a stripped libc with libc6-dbg installed); with --lines and
 file. Also the opened images, for the Go source."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..model import Frame, Mapping, UstackError
 from ..objfile.debuginfo import debug_lookup
@@ -50,7 +50,7 @@ class ElfSymbols:
         return hit
 
     def frames(self, m: Mapping, path: str, module: str, addr: int, back: int,
-               vaddr: Optional[int], sym) -> list:
+               vaddr: int | None, sym) -> list:
         """The frame of (vaddr, sym) from resolve(), with its source
         location and inlined calls as asked."""
         locs = ()
@@ -67,7 +67,7 @@ class ElfSymbols:
             return inlined_frames(f, locs, self.options.lines, self._name) + [f]
         return [f]
 
-    def image(self, path: str) -> Optional[ElfImage]:
+    def image(self, path: str) -> ElfImage | None:
         if path not in self._images:
             try:
                 self._images[path] = ElfImage.open(path)
@@ -87,20 +87,20 @@ class ElfSymbols:
             table.errors.clear()
         return locs
 
-    def _debug(self, image: ElfImage) -> Optional[ElfImage]:
+    def _debug(self, image: ElfImage) -> ElfImage | None:
         """The separate debug file of a stripped object (e.g. libc6-dbg)."""
         if image.has_symtab:
             return None
         return self._debug_file(image)
 
-    def _debug_file(self, image: ElfImage) -> Optional[ElfImage]:
+    def _debug_file(self, image: ElfImage) -> ElfImage | None:
         if image.path not in self._debug_images:
             debug, found = debug_lookup(image, self.options.debug_dirs)
             self._debug_images[image.path] = debug
             self._warnings.extend(found.refused)
         return self._debug_images[image.path]
 
-    def _line_table(self, path: str) -> Optional[LineTable]:
+    def _line_table(self, path: str) -> LineTable | None:
         """DWARF lines of the object itself, else of its debug file."""
         if path not in self._line_tables:
             table = None

@@ -2,7 +2,7 @@
 and with --lines/--inlines file:line and the calls inlined at a pc."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..model import Frame, Mapping
 from ..objfile.elf import ElfImage
@@ -13,7 +13,7 @@ class GoSymbols:
     """`image` opens an object by path (None: unreadable), shared with the
     ELF source so that each file is opened once."""
 
-    def __init__(self, options, image: Callable[[str], Optional[ElfImage]]):
+    def __init__(self, options, image: Callable[[str], ElfImage | None]):
         self.options = options
         self._image = image
 

@@ -5,7 +5,7 @@ marked inlined), then the real function at the line of the outermost
 inlined call."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..model import Frame
 

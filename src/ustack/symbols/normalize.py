@@ -4,12 +4,11 @@ offset in that file. The build-id is not known here without opening the
 file; ElfImage (memoized by file identity) has it once opened."""
 from __future__ import annotations
 
-from typing import Optional
 
 from ..objfile.mapped import file_offset, object_path
 
 
-def normalize(mappings, pid: int, addr: int) -> Optional[tuple]:
+def normalize(mappings, pid: int, addr: int) -> tuple | None:
     """(mapping, object path or None, file offset), or None when no mapping
     of pid holds addr. A plain tuple: this runs once per frame.
     `mappings` is anything with find(pid, addr) -> Mapping | None."""

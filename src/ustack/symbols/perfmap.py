@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import os
 import stat
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..kernel.proc_root import foreign_root, ns_pids, open_in_root
 from ..model import Frame, Mapping
@@ -34,7 +34,7 @@ class JitSymbols:
     """Frames in anonymous memory, named from each process's perf map;
     `name` turns a map's name into the one shown (demangled or not)."""
 
-    def __init__(self, name: Callable[[str], str], warnings: Optional[list] = None):
+    def __init__(self, name: Callable[[str], str], warnings: list | None = None):
         self._name = name
         self._warnings = warnings if warnings is not None else []
         self._maps: dict = {}           # pid -> PerfMap
@@ -68,23 +68,23 @@ class PerfMap:
     `root`: the directory `path` is in, as a container's process sees it
     (/proc/PID/root): nothing is followed out of it (no symlink, no `..`)."""
 
-    def __init__(self, path: str, owners: Optional[frozenset] = None,
-                 warn: Optional[Callable[[str], None]] = None,
-                 root: Optional[str] = None):
+    def __init__(self, path: str, owners: frozenset | None = None,
+                 warn: Callable[[str], None] | None = None,
+                 root: str | None = None):
         self.path = path
         self.root = root
         self.shown = path if root is None else root + path
         self.owners = owners
         self._warn = warn or (lambda text: None)
         self._said: set = set()          # warnings given already
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
         self._stamp = None               # (ino, size, mtime) when last read
         self._done = 0                   # bytes consumed: complete lines only
         self._by_start: dict = {}
         self._starts: list = []
         self._syms: list = []
 
-    def lookup(self, addr: int) -> Optional[Symbol]:
+    def lookup(self, addr: int) -> Symbol | None:
         if self._fd is not None and self._current():
             sym = self._find(addr)
             if sym is not None:
@@ -92,7 +92,7 @@ class PerfMap:
         self._refresh()
         return self._find(addr)
 
-    def _find(self, addr: int) -> Optional[Symbol]:
+    def _find(self, addr: int) -> Symbol | None:
         i = bisect.bisect_right(self._starts, addr) - 1
         if i >= 0:
             sym = self._syms[i]
@@ -113,7 +113,7 @@ class PerfMap:
             self._said.add(text)
             self._warn(text)
 
-    def _refused(self, st) -> Optional[str]:
+    def _refused(self, st) -> str | None:
         """Why a file with this stat must not be read, or None."""
         if stat.S_ISLNK(st.st_mode):
             return "is a symbolic link"

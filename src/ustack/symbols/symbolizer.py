@@ -5,7 +5,6 @@ vDSO (vdso.py); kernel addresses by kallsyms (kernel.py)."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from ..model import Frame, SymbolOptions  # noqa: F401 (SymbolOptions: its old home)
 from ..objfile.demangle import demangle
@@ -32,7 +31,7 @@ class Symbolizer:
         self._elf = ElfSymbols(options, name, self.warnings)
         self._go = GoSymbols(options, self._elf.image)
         self._jit = JitSymbols(name, self.warnings)
-        self._kernel: Optional[KernelSymbols] = None   # read on first use
+        self._kernel: KernelSymbols | None = None   # read on first use
         self._source_wanted = options.lines or options.inlines
         self._modules: dict = {}          # mapping path -> module name shown
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import bisect
 import os
 import time
-from typing import Optional
 
 from ..kernel import procfs, tracefs
 from ..kernel.proc_root import ns_pids
@@ -51,7 +50,7 @@ class ProcessMaps:
         self.maps = sorted(keep, key=lambda m: m.start)
         self.starts = [m.start for m in self.maps]
 
-    def find(self, addr: int) -> Optional[Mapping]:
+    def find(self, addr: int) -> Mapping | None:
         i = bisect.bisect_right(self.starts, addr) - 1
         if i >= 0 and addr < self.maps[i].end:
             return self.maps[i]
@@ -140,8 +139,8 @@ class MappingTracker:
             return current
         return current - (len(times) - bisect.bisect_right(times, time_ns))
 
-    def find(self, pid: int, addr: int, generation: Optional[int] = None
-             ) -> Optional[Mapping]:
+    def find(self, pid: int, addr: int, generation: int | None = None
+             ) -> Mapping | None:
         current = self.generations.get(pid, 0)
         gen = current if generation is None else generation
         pm = self.procs.get((pid, gen))
@@ -192,7 +191,7 @@ class PinnedView:
 
     def __init__(self, tracker: MappingTracker):
         self.tracker = tracker
-        self.generation: Optional[int] = None
+        self.generation: int | None = None
 
-    def find(self, pid: int, addr: int) -> Optional[Mapping]:
+    def find(self, pid: int, addr: int) -> Mapping | None:
         return self.tracker.find(pid, addr, self.generation)

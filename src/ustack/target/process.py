@@ -9,23 +9,22 @@ import shlex
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field
-from typing import Optional
 
 from ..kernel import procfs
 from ..model import UstackError
+from ..values import factory, value
 
 # how long a -c command has to exit after the run's SIGINT before SIGKILL
 FINISH_GRACE_S = 2.0
 
 
-@dataclass
+@value(frozen=False)
 class Target:
     scope: str                        # 'pid' | 'command' | 'system' | 'recording'
-    pid: Optional[int] = None
-    argv: list = field(default_factory=list)
+    pid: int | None = None
+    argv: list = factory(list)
     _go_fd: int = -1                  # write end of the child's start pipe
-    exit_status: Optional[int] = None
+    exit_status: int | None = None
     interrupted: bool = False         # ustack ended the command, it did not fail
     pids: tuple = ()                  # system scope kept to these (-p 1,2,3)
 
@@ -115,7 +114,7 @@ def _quoted(command: str) -> str:
     return shlex.quote(command)
 
 
-def executable(argv: list) -> Optional[str]:
+def executable(argv: list) -> str | None:
     """The file a command line runs, as launch() finds it."""
     return shutil.which(argv[0]) if argv else None
 

@@ -1,10 +1,10 @@
 """Which samples a run or a report keeps: perf's --pid, --tid and --comm."""
 from __future__ import annotations
+from ..values import value
 
-from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@value
 class SampleFilter:
     """Keep a sample when it matches every list given (an empty list
     matches all)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..kernel import ptrace
 from .process import Target, launch
@@ -22,7 +22,7 @@ def _cont(pid: int, sig: int = 0) -> None:
 
 
 class TracedCommand(Target):
-    on_exit: Optional[Callable[[int], None]] = None   # called at the exit stop
+    on_exit: Callable[[int], None] | None = None   # called at the exit stop
     resumed: bool = False          # it has run past its exec stop
 
     def release(self) -> None:

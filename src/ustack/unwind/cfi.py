@@ -21,7 +21,6 @@ import os
 import struct
 import zlib
 from array import array
-from typing import Optional
 
 from ..model import UstackError
 from ..objfile import cache as objcache
@@ -83,7 +82,7 @@ class UnwindTable:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def lookup(self, vaddr: int) -> Optional[tuple]:
+    def lookup(self, vaddr: int) -> tuple | None:
         """(kind, cfa_off, ra_off, bp_rule, bp_off, aux) at vaddr, None without CFI."""
         i = bisect.bisect_right(self.starts, vaddr) - 1
         if i < 0:
@@ -140,7 +139,7 @@ class UnwindTable:
 
     @classmethod
     def from_bytes(cls, path: str, blob: bytes, signature: bytes = b""
-                   ) -> Optional["UnwindTable"]:
+                   ) -> "UnwindTable" | None:
         """None if blob is not a well-formed table for this debug state."""
         if len(blob) < _HEADER.size:
             return None
@@ -163,7 +162,7 @@ class UnwindTable:
 
 # --- cache files ---------------------------------------------------------------
 
-def _signature(image: ElfImage, debug: Optional[str]) -> bytes:
+def _signature(image: ElfImage, debug: str | None) -> bytes:
     """What the table depends on besides the build-id: a stripped copy and
     the original share a build-id but not their .debug_frame, and a debug
     file may be installed later (or be found only with --debug-dir)."""
@@ -359,7 +358,7 @@ def _parse(data: bytes, base: int, eh: bool, out: list) -> None:
         return
 
 
-def _parse_cie_at(data: bytes, hdr: int, eh: bool, base: int) -> Optional[_Cie]:
+def _parse_cie_at(data: bytes, hdr: int, eh: bool, base: int) -> _Cie | None:
     """A CIE that an FDE names before the parser reached it (.debug_frame)."""
     if hdr < 0 or hdr + 4 > len(data):
         return None
@@ -466,7 +465,7 @@ def _row(state) -> tuple:
     return (kind | BP_LOST << 4, cfa_off, ra_o, 0, aux)
 
 
-def _cfa_expression(expr: bytes) -> Optional[tuple]:
+def _cfa_expression(expr: bytes) -> tuple | None:
     """(kind, cfa_off, aux) for the CFA expressions compilers emit:
     the PLT's, and `bregN off; deref [; plus_uconst k]`. None otherwise."""
     if len(expr) < 3 or expr[0] not in (_OP_BREG6, _OP_BREG7):
@@ -489,7 +488,7 @@ def _cfa_expression(expr: bytes) -> Optional[tuple]:
 
 
 def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
-         rows: Optional[list]):
+         rows: list | None):
     """Interpret CFA instructions from state; append (addr, row) to rows at
     each location change. Returns (final state, loc). Only the CFA, the
     return address and rbp are tracked; other registers' rules are skipped."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..model import Mapping, UstackError
 from ..objfile import prologue
@@ -56,8 +56,8 @@ class _MapState:
         self.mapping = m
         self.start, self.end = m.start, m.end
         self.module = os.path.basename(m.path) if m.path.startswith("/") else (m.path or "[anon]")
-        self.image: Optional[ElfImage] = None
-        self.table: Optional[UnwindTable] = None
+        self.image: ElfImage | None = None
+        self.table: UnwindTable | None = None
         self.why = "no CFI"             # why frames here use the frame pointer
         self.exact: dict = {}           # pc -> rule, pc exact (leaf, interrupted)
         self.ret: dict = {}             # pc -> rule, pc a return address
@@ -76,7 +76,7 @@ class DwarfUnwinder:
         self.warnings: list = []
 
     def unwind(self, regs: dict, stack: bytes,
-               find_mapping: Callable[[int], Optional[Mapping]]) -> tuple:
+               find_mapping: Callable[[int], Mapping | None]) -> tuple:
         """(addresses innermost first, notes). addrs[0] is regs['ip'];
         the others are return addresses, except a pc interrupted by a
         signal, which is exact."""
@@ -248,7 +248,7 @@ def _short(notes: list, size: int, offset: int, top: int) -> None:
             notes.append(note)
 
 
-def _leaf_rule(image: ElfImage, vaddr: int) -> Optional[tuple]:
+def _leaf_rule(image: ElfImage, vaddr: int) -> tuple | None:
     """The CFA rule of a leaf without CFI, from its prologue; None: use rbp."""
     found = prologue.leaf_frame(image, vaddr)
     if found is None:

@@ -7,7 +7,7 @@ RawSample's `return_address`)."""
 from __future__ import annotations
 
 import struct
-from typing import Callable, Optional
+from collections.abc import Callable
 
 _CONTEXT_MARKER = 0xFFFFFFFFFFFFF000    # PERF_CONTEXT_* values are above this
 _STRUCTS: dict = {}
@@ -23,7 +23,7 @@ def callchain_addresses(callchain: bytes) -> tuple:
 
 
 def frame_pointer_stack(callchain: bytes, return_address: bytes = b"",
-                        is_code: Optional[Callable[[int], bool]] = None) -> tuple:
+                        is_code: Callable[[int], bool] | None = None) -> tuple:
     """Return addresses of a frame-pointer sample, innermost first."""
     ips = _until_garbage(callchain_addresses(callchain))
     if len(return_address) != 8 or not ips:

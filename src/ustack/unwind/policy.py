@@ -15,8 +15,7 @@ built without them, and Go in counted runs (frameless leaves and assembly;
 a stream of Go stacks still walks its frame pointers, cheaply)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..capture import bpf_unwind
 from ..kernel import bpf
@@ -24,6 +23,7 @@ from ..model import ProfileProbe, UprobeProbe, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
 from . import tables
+from ..values import value
 
 SAMPLE_FUNCTIONS = 64
 # Start-up code the toolchain links into every program, built its own way:
@@ -49,7 +49,7 @@ def keeps_frame_pointers(path: str) -> bool:
     return framed >= 0.8 * len(funcs)
 
 
-def choose(probe, requested: str, main_binary: Optional[str] = None) -> str:
+def choose(probe, requested: str, main_binary: str | None = None) -> str:
     """'fp' or 'dwarf' for one resolved probe; `main_binary` is the traced
     program when known (-p/-c), which decides for syscalls and samples."""
     if requested in ("fp", "dwarf"):
@@ -65,14 +65,14 @@ def choose(probe, requested: str, main_binary: Optional[str] = None) -> str:
     return "dwarf"
 
 
-@dataclass(frozen=True)
+@value
 class Plan:
     """How a run captures and unwinds, decided once (by `plan`)."""
     backend: str                   # perf | bpf | tracefs
     modes: tuple                   # per probe: fp | dwarf | none
     note: str = ""                 # why another backend than asked, for the user
     # DWARF unwinding in the kernel (bpf backend): an object's unwind rows
-    kernel_tables: Optional[Callable] = None
+    kernel_tables: Callable | None = None
 
     @property
     def unwind(self) -> str:
@@ -85,8 +85,8 @@ KEEPS_COPIES = "the recording keeps the stacks as copied (--raw-stacks)"
 
 
 def plan(command: str, backend: str, unwind: str, probes: list,
-         main_binary: Optional[str] = None, kernel_stacks: bool = False,
-         copy_reason: Optional[str] = None) -> Plan:
+         main_binary: str | None = None, kernel_stacks: bool = False,
+         copy_reason: str | None = None) -> Plan:
     """The backend and per-probe unwind mode of a run of `command` (trace,
     count, profile, funccount) as the user asked (`backend`: auto | perf |
     bpf | tracefs; `unwind`: auto | fp | dwarf), or a UstackError saying why
@@ -132,7 +132,7 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     return Plan("perf", modes, why_not)
 
 
-def _copied(why: str) -> Optional[str]:
+def _copied(why: str) -> str | None:
     """The note of a run that copies stacks because of `why` (none when
     the user asked for the copies)."""
     return None if why == KEEPS_COPIES else f"{why}; stacks are copied and unwound by ustack"
@@ -153,7 +153,7 @@ def _bpf_trace(probes: list, unwind: str) -> Plan:
     return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
 
 
-def _wants_dwarf(probes: list, modes: tuple, main_binary: Optional[str]) -> bool:
+def _wants_dwarf(probes: list, modes: tuple, main_binary: str | None) -> bool:
     """Whether frame pointers are not enough for a counting run: a probe
     needs DWARF, or Go is on the stack (frameless leaves and assembly)."""
     if "dwarf" in modes:
@@ -170,7 +170,7 @@ def _wants_dwarf(probes: list, modes: tuple, main_binary: Optional[str]) -> bool
     return False
 
 
-def _why_no_kernel_dwarf(probes: list) -> Optional[str]:
+def _why_no_kernel_dwarf(probes: list) -> str | None:
     """None where the kernel runs ustack's DWARF unwinder (capture/
     bpf_unwind.py) for these probes, else why not, in the kernel's words."""
     if not bpf.available():
@@ -180,7 +180,7 @@ def _why_no_kernel_dwarf(probes: list) -> Optional[str]:
 
 
 def _why_not_bpf(command: str, backend: str, unwind: str, modes: tuple,
-                 kernel_stacks: bool) -> Optional[str]:
+                 kernel_stacks: bool) -> str | None:
     """Why a counting run must use the perf backend ('' to say nothing),
     or None for BPF."""
     if command == "funccount":

@@ -20,8 +20,6 @@ import hashlib
 import os
 import struct
 from array import array
-from dataclasses import dataclass
-from typing import Optional
 
 from ..objfile import cache as objcache
 from ..objfile.elf import ElfImage
@@ -29,6 +27,7 @@ from ..objfile.gopclntab import PclntabError, go_table
 from . import cfi
 from .cfi import UnwindTable
 from .dwarf import RESTORE_RT
+from ..values import value
 
 # Row kinds as the BPF program reads them.
 GAP = 0           # no CFI covers the address
@@ -53,7 +52,7 @@ PAGE_SHIFT = 12                   # the page index's granule: 4 KiB of code
 _U32 = struct.Struct("<I")
 
 
-@dataclass(frozen=True)
+@value
 class PackedRows:
     """One object's rows, as the BPF map holds them (ROW each), and their
     page index: for each 4 KiB page from `first_page` on, the row that
@@ -85,7 +84,7 @@ class PackedRows:
                            for page in range(self.first_page,
                                              (starts[-1] >> PAGE_SHIFT) + 2))).tobytes()
 
-    def lookup(self, vaddr: int, pages: Optional[bytes] = None) -> Optional[tuple]:
+    def lookup(self, vaddr: int, pages: bytes | None = None) -> tuple | None:
         """(kind, bp rule, aux, cfa, bp) of the row covering vaddr, found
         as the program finds it (the last row starting at or below it),
         through the page index when given; None below the first row."""
@@ -158,7 +157,7 @@ def with_ranges(rows: list, ranges: list) -> list:
     return rows
 
 
-def pack(path: str, rows: list, from_cache: bool = False) -> Optional[PackedRows]:
+def pack(path: str, rows: list, from_cache: bool = False) -> PackedRows | None:
     """PackedRows of (vaddr, row) pairs; None if an address does not fit
     the program's u32 keys."""
     if rows and rows[-1][0] >= MAX_VADDR:
@@ -197,7 +196,7 @@ def go_rows(table) -> list:
     return rows
 
 
-def for_image(image: ElfImage, debug_dirs=()) -> Optional[PackedRows]:
+def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
     """The packed rows of an ELF object: a Go binary's from its
     .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
     separate debug file, as the Python unwinder uses them). None when it
@@ -232,7 +231,7 @@ def for_image(image: ElfImage, debug_dirs=()) -> Optional[PackedRows]:
     return packed
 
 
-def _go_packed(image: ElfImage) -> Optional[PackedRows]:
+def _go_packed(image: ElfImage) -> PackedRows | None:
     """A Go binary's rows, cached on disk by build-id (decoding every
     function's pcsp costs seconds on large binaries)."""
     st = os.stat(image.path)

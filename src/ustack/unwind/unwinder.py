@@ -6,7 +6,7 @@ callers unwind and symbolize each distinct stack once."""
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..model import (JIT_NOTE, KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
                      KERNEL_UNWIND_THROUGH_JIT, Mapping, RawSample,
@@ -14,7 +14,7 @@ from ..model import (JIT_NOTE, KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
 from .dwarf import DwarfUnwinder
 from .fp import frame_pointer_stack
 
-FindMapping = Callable[[int, int], Optional[Mapping]]     # (pid, addr)
+FindMapping = Callable[[int, int], Mapping | None]     # (pid, addr)
 
 
 class Unwinder:
