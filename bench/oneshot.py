@@ -104,6 +104,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=60)
+    ap.add_argument("--kinds", default="uprobe,syscall,profile,glob",
+                    help="which rows, comma-separated (default: all four)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("oneshot: run as root")
@@ -120,7 +122,7 @@ def main() -> None:
     rows = ["| event | tool | launch → live ms | whole run ms | ÷ bpftrace (live, whole) |",
             "|---|---|---:|---:|---:|"]
     try:
-        for kind in ("uprobe", "syscall", "profile", "glob"):
+        for kind in args.kinds.split(","):
             cmds = {name: cmd for name, cmd in commands(kind, traced).items()
                     if name == "ustack" or have[name]}
             for cmd in cmds.values():                       # warm caches, .pyc

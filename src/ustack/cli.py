@@ -113,14 +113,23 @@ def _count_args(p: argparse.ArgumentParser) -> None:
                                      f"default {DEFAULT_STACK_STORAGE})")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only` the one subcommand a run
+    names: building all twelve costs ~8 ms of start-up (argparse and
+    gettext), for a --help that lists them."""
     parser = _Parser(prog="ustack",
                      description="User-space call stacks of Linux processes.")
     from . import __version__
     parser.add_argument("--version", action="version", version=f"ustack {__version__}")
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    builders = _SUBCOMMANDS if only is None else {only: _SUBCOMMANDS[only]}
+    for build in dict.fromkeys(builders.values()):    # each once, in order
+        build(sub)
+    return parser
 
+
+def _trace_parser(sub) -> None:
     p = sub.add_parser("trace", help="print a stack for every event",
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
@@ -128,22 +137,28 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_arg(p, "perf", "bpf", "tracefs")
     _output_args(p, EVENT_FORMATS)
 
+
+def _count_parser(sub) -> None:
     p = sub.add_parser("count", help="count stacks by frequency",
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
     _target_args(p)
     _backend_arg(p, "perf", "bpf", "tracefs")
     _count_args(p)
+    _record_arg(p)
 
+
+def _profile_parser(sub) -> None:
     p = sub.add_parser("profile", help="sample on-CPU stacks at a frequency")
     p.add_argument("-F", "--frequency", type=int, default=49, metavar="HZ",
                    help="samples per second per CPU (default 49)")
     _target_args(p)
     _backend_arg(p, "perf", "bpf")
     _count_args(p)
+    _record_arg(p)
 
-    _offcpu_parser(sub)
 
+def _symbolize_parser(sub) -> None:
     p = sub.add_parser("symbolize", help="name the user frames of saved ftrace "
                        "output (userstacktrace)",
                        description="Print TRACE_FILE (ftrace's `trace` text with the "
@@ -157,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="addresses are PATH's own (a non-PIE executable)")
     _symbol_args(p)
 
+
+def _funccount_parser(sub) -> None:
     p = sub.add_parser("funccount", help="count calls of functions, in the kernel",
                        description="PATTERN: PATH:GLOB (bcc funccount), e.g. "
                                    "'libc:mem*' or '/bin/prog:do_*'")
@@ -168,15 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the counts to FILE, not stdout")
     p.set_defaults(backend="bpf")         # counts in the kernel, nothing else
 
-    _latency_parser(sub)
 
+def _list_parser(sub) -> None:
     p = sub.add_parser("list", help="list traceable functions of a binary")
     p.add_argument("binary")
     p.add_argument("pattern", nargs="?", help="glob, e.g. 'mem*'")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="each function's parameters and types (DWARF), as bpftrace -lv")
-    _record_parsers(sub)
-    return parser
 
 
 def _offcpu_parser(sub) -> None:
@@ -320,12 +335,12 @@ def _funccount_options(args, opts) -> None:
 
 # -- record, report, archive (record_commands.py) ---------------------------------
 
-def _record_parsers(sub) -> None:
-    for name in ("count", "profile"):
-        sub.choices[name].add_argument(
-            "--record", metavar="FILE",
-            help="also save the run to FILE, for `ustack report` later")
+def _record_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--record", metavar="FILE",
+                   help="also save the run to FILE, for `ustack report` later")
 
+
+def _record_parsers(sub) -> None:
     p = sub.add_parser("record", help="save a run's stacks unsymbolized, for "
                        "`ustack report` later (here or elsewhere)",
                        description=f"EVENT: {EVENT_HELP}")
@@ -453,9 +468,20 @@ def _run_report(args) -> int:
     return rc.report(request, opts)
 
 
+# subcommand -> what adds its parser (--help lists them in this order)
+_SUBCOMMANDS = {
+    "trace": _trace_parser, "count": _count_parser, "profile": _profile_parser,
+    "offcpu": _offcpu_parser, "symbolize": _symbolize_parser,
+    "funccount": _funccount_parser, "latency": _latency_parser, "list": _list_parser,
+    "record": _record_parsers, "report": _record_parsers, "archive": _record_parsers,
+}
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(named).parse_args(argv)
         return _run(args)
     except UstackError as e:
         print(f"ustack: {e}", file=sys.stderr)

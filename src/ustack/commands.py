@@ -73,6 +73,7 @@ def run_session(opts: Options, body, err: TextIOBase = sys.stderr,
             if signals.requested:
                 session.stop()
             _header(session, err)
+            session.start()                 # the command runs from here
             progress = _progress(session, err)
             session.on_piece = progress.piece
             events = body(session, progress)

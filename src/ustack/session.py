@@ -167,13 +167,22 @@ class Session:
             target.finish()
 
     # -- the stream ---------------------------------------------------------------
+    def start(self) -> None:
+        """Let the run begin (the probes are live since open()): a held -c
+        command goes on to its first instruction and the stream is read.
+        pieces() starts it if nobody did; the CLI does it right after the
+        header, before importing what reports and names stacks."""
+        if self._stream is None:
+            self._stream = Stream(self.capture, self._excluded_pids())
+            self._deadline = (time.monotonic() + self.opts.duration
+                              if self.opts.duration else None)
+            self._stream.start()
+
     def pieces(self):
         """Pieces of the stream, their metadata already applied; an empty
         one at least every POLL_S, so a caller can write or print."""
-        stream = self._stream = Stream(self.capture, self._excluded_pids())
-        deadline = (time.monotonic() + self.opts.duration if self.opts.duration
-                    else None)
-        stream.start()
+        self.start()
+        stream, deadline = self._stream, self._deadline
         while True:
             for piece in stream.follow(POLL_S, SLICE_S):
                 yield self._applied(piece)

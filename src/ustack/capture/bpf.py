@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import threading
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
 from ..kernel import bpf
@@ -303,14 +304,7 @@ class BpfCounter:
 
     def __init__(self, probes: list, *, stack_storage: int = DEFAULT_STACK_STORAGE,
                  kernel: bool = False, filter_tgid=None, calls_only: bool = False):
-        self.probes = probes
-        self.kernel = kernel
-        self.calls_only = calls_only        # funccount: no stacks
-        self.maps: list = []
-        self.prog_fds: list = []
-        self.event_fds: list = []
-        self.armed = None                   # set by arm_on_exec()
-        self.tgids = None                   # for tracepoints under -p/-c: see follow()
+        self._no_maps_yet(probes, kernel, calls_only)
         # frames kept per stack: the kernel's limit, at most bcc's 127
         self.max_depth = max(1, min(pe.max_stack(), 127))
         try:
@@ -328,6 +322,19 @@ class BpfCounter:
         except BaseException:
             self.close()
             raise
+
+    def _no_maps_yet(self, probes: list, kernel: bool = False,
+                     calls_only: bool = False) -> None:
+        """The fields every counter has before it makes its maps."""
+        self.probes = probes
+        self.kernel = kernel
+        self.calls_only = calls_only        # funccount: no stacks
+        self.maps: list = []
+        self.prog_fds: list = []
+        self.event_fds: list = []
+        self.armed = None                   # set by arm_on_exec()
+        self.tgids = None                   # for tracepoints under -p/-c: see follow()
+        self.loaded: dict = {}              # probe index -> program fd, load_programs()
 
     def _map(self, *args) -> bpf.Map:
         m = bpf.Map(*args)
@@ -375,17 +382,27 @@ class BpfCounter:
         self.prog_fds.append(prog)
         self.event_fds.append(bpf.attach_raw_tracepoint("sched_process_exec", prog))
 
+    def load_programs(self) -> None:
+        """Load (verify) every probe's program ahead of attach(), which
+        takes them from `loaded`: BpfCapture has the kernel verify them
+        while the unwinder's rows load. Call after arm_on_exec()."""
+        for index, probe in enumerate(self.probes):
+            if index not in self.loaded:
+                self.loaded[index] = self._program(index, probe)
+
     def attach(self, capture) -> None:
         """Attach a program per probe: to every sampling event a PerfCapture
         opened, and to one event of its own per trace event. Not to one of
         the capture's events there: those are inherited by the target's
         children, the copies share the program, and when a child exits its
         copy takes the program off the trace event for everyone."""
-        progs: dict = {}
+        self.load_programs()
+        progs = self.loaded
+        anchored: set = set()
         for probe, fd in list(capture.opened):
             index = self.probes.index(probe)
-            if index not in progs:
-                progs[index] = self._program(index, probe)
+            if index not in anchored:
+                anchored.add(index)
                 if not isinstance(probe, ProfileProbe):
                     bpf.attach(self._anchor(capture, probe), progs[index])
             if isinstance(probe, ProfileProbe):
@@ -468,6 +485,28 @@ def cut_reason(chain: bytes):
     return None
 
 
+class _Opening(threading.Thread):
+    """`open()` run in a thread from now; finish() waits for it and raises
+    what it raised."""
+
+    def __init__(self, open_):
+        super().__init__(name="ustack-open", daemon=True)
+        self._open, self._error = open_, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._open()
+        except BaseException as e:      # handed to finish()
+            self._error = e
+
+    def finish(self, quiet: bool = False) -> None:
+        self.join()
+        if self._error is not None and not quiet:
+            error, self._error = self._error, None
+            raise error
+
+
 class BpfCapture:
     """The capture that counts in the kernel: PerfCapture's events (so the
     same scoping and tracking records) with a BpfCounter attached. Its
@@ -502,17 +541,27 @@ class BpfCapture:
 
     def open(self) -> None:
         target = self.target
+        # The events open in a thread while this one makes the maps and
+        # loads the rows: registering a uprobe waits for an RCU grace period
+        # in the kernel (10-20 ms here), and ctypes lets go of the GIL there.
+        events, programs = _Opening(self.events.open), None
         try:
             self.counter = self._new_counter()
+            if target.scope == "command":
+                self.counter.arm_on_exec(target.pid)
+            # the verifier (~8 ms for the unwinder) works while rows load
+            programs = _Opening(self.counter.load_programs)
             if self.unwind_tables is not None:
                 from .bpf_unwind import objects_of_target
                 for path in objects_of_target(target, self.probes):
                     self.counter.objects.add_path(path)
-            self.events.open()
-            if target.scope == "command":
-                self.counter.arm_on_exec(target.pid)
+            programs.finish()
+            events.finish()
             self.counter.attach(self.events)
         except BaseException:
+            if programs is not None:
+                programs.finish(quiet=True)
+            events.finish(quiet=True)       # never close what is still opening
             self.close()
             raise
 

@@ -329,14 +329,9 @@ class LatencyCounter(BpfCounter):
     def __init__(self, probes: list, sites: list, *, unit_ns: int, by_stack: bool,
                  slower_ns: int | None, tables=None, fp_stacks: bool = False,
                  filter_tgid=None, stack_storage: int = 1024, ring_bytes: int = 0):
-        self.probes, self.sites = probes, sites
-        self.kernel, self.calls_only = False, False
-        self.tgids = None                     # see BpfCounter.follow
+        self._no_maps_yet(probes)
+        self.sites = sites
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
-        self.maps: list = []
-        self.prog_fds: list = []
-        self.event_fds: list = []
-        self.armed = None
         self.objects = self.program = self.unwind_maps = None
         self.stacks = self.fp_stacks = None
         functions = 1 + max(s.function for s in sites)
@@ -388,22 +383,29 @@ class LatencyCounter(BpfCounter):
         self.prog_fds.append(fd)
         return fd
 
+    def load_programs(self) -> None:
+        """A program per entry; one per (function, role) for the returns."""
+        shared: dict = {}
+        for index, site in enumerate(self.sites):
+            if index in self.loaded:
+                continue
+            key = (site.function, site.role, type(self.probes[index]))
+            if site.role == "entry":
+                self.loaded[index] = self._load(index)
+            else:
+                if key not in shared:
+                    shared[key] = self._load(index)
+                self.loaded[index] = shared[key]
+
     def attach(self, capture) -> None:
         """Returns first, entries last: an entry timed before its return's
         program runs would pair with a later call's return."""
+        self.load_programs()
         order = {"return": 0, "tail": 0, "entry": 1}
         indexes = sorted({self.probes.index(p) for p, _fd in capture.opened},
                          key=lambda i: order[self.sites[i].role])
-        shared: dict = {}                # one return program per (function, role)
         for index in indexes:
-            site = self.sites[index]
-            key = (site.function, site.role, type(self.probes[index]))
-            if site.role == "entry" or key not in shared:
-                fd = self._load(index)
-                if site.role != "entry":
-                    shared[key] = fd
-            bpf.attach(self._anchor(capture, self.probes[index]),
-                       shared.get(key) if site.role != "entry" else fd)
+            bpf.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
 
     def histograms(self) -> list:
         out = []

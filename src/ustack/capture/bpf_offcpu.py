@@ -158,8 +158,9 @@ class OffcpuCounter(UnwindCounter):
     def attach(self, capture) -> None:
         """sched_switch's program on the raw tracepoint; sched_waking's on an
         event of its own, as BpfCounter attaches trace events."""
+        self.load_programs()
         for index, probe in enumerate(self.probes):
-            fd = self._program(index, probe)
+            fd = self.loaded[index]
             if index == 0:
                 self.event_fds.append(bpf.attach_raw_tracepoint("sched_switch", fd))
             else:

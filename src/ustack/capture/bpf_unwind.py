@@ -899,14 +899,7 @@ class UnwindCounter(BpfCounter):
     def __init__(self, probes: list, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False):
-        self.probes = probes
-        self.kernel = kernel
-        self.calls_only = False
-        self.maps: list = []
-        self.prog_fds: list = []
-        self.event_fds: list = []
-        self.armed = None
-        self.tgids = None
+        self._no_maps_yet(probes, kernel)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         try:
             self.unwind_maps = UnwindMaps(rows, stack_storage,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 
 from ..model import UstackError
 
@@ -16,6 +15,7 @@ def tracefs_root() -> str:
         return TRACEFS
     if os.path.isdir("/sys/kernel/debug/tracing/events"):
         return "/sys/kernel/debug/tracing"
+    import subprocess
     try:
         subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS],
                        check=True, capture_output=True, text=True)

@@ -22,7 +22,6 @@ from ustack.model import UstackError
 
 from . import cache as objcache
 from .demangle import demangle, is_mangled, plain_name
-from .gopclntab import PclntabError, go_table
 from ..values import value
 
 # pyelftools calls STT_GNU_IFUNC (10) by its range name STT_LOOS: without
@@ -258,6 +257,7 @@ class ElfImage:
 
     def _go_functions(self) -> dict:
         """A stripped Go binary's functions, from .gopclntab (which -s -w keeps)."""
+        from .gopclntab import PclntabError, go_table
         try:
             table = go_table(self)
         except PclntabError as e:

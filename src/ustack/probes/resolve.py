@@ -3,11 +3,8 @@ instruction boundary, with the return-address slot the unwinder needs) and
 tracepoint names expanded from globs."""
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import os
-import shutil
-import subprocess
 
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
@@ -18,7 +15,7 @@ from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.probes import ifunc
 from ustack.probes.fetchargs import NamedArgError, kernel_fetch_args
-from ..values import replace
+from ustack.values import replace
 
 _GLOB_CHARS = "*?["
 
@@ -45,6 +42,7 @@ def locate_binary(path: str, pid: int | None = None) -> tuple:
             if m.path.startswith("/") and _names_library(os.path.basename(m.path), path):
                 return m.open_path, m.path
     else:
+        import shutil
         found = _ldconfig_lookup(path) or shutil.which(path)
         if found:
             real = os.path.realpath(found)
@@ -58,6 +56,7 @@ def _names_library(basename: str, name: str) -> bool:
 
 
 def _ldconfig_lookup(name: str) -> str | None:
+    import subprocess
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
                              check=False).stdout
@@ -236,6 +235,7 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     if not image.functions:
         why = f"; {image.go_error}" if image.go_error else ""
         return UstackError(f"{msg} ({shown} has no symbol table{why})")
+    import difflib
     near = difflib.get_close_matches(func, sorted({s.name for s in image.functions}), n=5)
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
 
@@ -364,6 +364,7 @@ def _pick(names: list, pattern: str, what: str) -> list:
         return found
     msg = f"no {what} matches '{pattern}'"
     if not is_glob(pattern):
+        import difflib
         near = difflib.get_close_matches(pattern, names, n=5)
         if near:
             msg += f"; did you mean: {', '.join(near)}?"
