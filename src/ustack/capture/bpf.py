@@ -485,26 +485,31 @@ def cut_reason(chain: bytes):
     return None
 
 
-class _Opening(threading.Thread):
-    """`open()` run in a thread from now; finish() waits for it and raises
-    what it raised."""
+class InBackground(threading.Thread):
+    """fn(*args, **kwargs) run in a thread from now, for the kernel's slow
+    parts (a uprobe's registration, the verifier, zeroing a big map): they
+    go on while the caller does the rest, ctypes having let go of the GIL.
+    result() waits, then returns what fn returned or raises what it raised
+    (with quiet=True it returns None instead of raising)."""
 
-    def __init__(self, open_):
-        super().__init__(name="ustack-open", daemon=True)
-        self._open, self._error = open_, None
+    def __init__(self, fn, *args, **kwargs):
+        super().__init__(name="ustack-bg", daemon=True)
+        self._call = (fn, args, kwargs)
+        self._value = self._error = None
         self.start()
 
     def run(self) -> None:
+        fn, args, kwargs = self._call
         try:
-            self._open()
-        except BaseException as e:      # handed to finish()
+            self._value = fn(*args, **kwargs)
+        except BaseException as e:      # handed to result()
             self._error = e
 
-    def finish(self, quiet: bool = False) -> None:
+    def result(self, quiet: bool = False):
         self.join()
         if self._error is not None and not quiet:
-            error, self._error = self._error, None
-            raise error
+            raise self._error
+        return self._value
 
 
 class BpfCapture:
@@ -544,24 +549,26 @@ class BpfCapture:
         # The events open in a thread while this one makes the maps and
         # loads the rows: registering a uprobe waits for an RCU grace period
         # in the kernel (10-20 ms here), and ctypes lets go of the GIL there.
-        events, programs = _Opening(self.events.open), None
+        events, programs = InBackground(self.events.open), None
         try:
             self.counter = self._new_counter()
             if target.scope == "command":
                 self.counter.arm_on_exec(target.pid)
             # the verifier (~8 ms for the unwinder) works while rows load
-            programs = _Opening(self.counter.load_programs)
+            programs = InBackground(self.counter.load_programs)
             if self.unwind_tables is not None:
                 from .bpf_unwind import objects_of_target
+                objects = self.counter.objects
+                objects.add_vdso()
                 for path in objects_of_target(target, self.probes):
-                    self.counter.objects.add_path(path)
-            programs.finish()
-            events.finish()
+                    objects.add_path(path)
+            programs.result()
+            events.result()
             self.counter.attach(self.events)
         except BaseException:
             if programs is not None:
-                programs.finish(quiet=True)
-            events.finish(quiet=True)       # never close what is still opening
+                programs.result(quiet=True)
+            events.result(quiet=True)       # never close what is still opening
             self.close()
             raise
 

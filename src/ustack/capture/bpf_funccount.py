@@ -135,8 +135,4 @@ class FuncCountCapture:
 def uprobe_multi_supported(release: str = "") -> bool:
     """Whether this kernel makes uprobe_multi links: Linux 6.6 and later
     (asking the kernel itself would cost a link, and closing one waits)."""
-    try:
-        major, minor = (int(x) for x in (release or os.uname().release).split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (6, 6)
+    return bpf.kernel_at_least(6, 6, release)

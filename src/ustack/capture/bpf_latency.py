@@ -346,8 +346,7 @@ class LatencyCounter(BpfCounter):
                 from .kernel_offsets import Offsets
                 self.unwind_maps = UnwindMaps(DEFAULT_ROWS, stack_storage, 16)
                 self.maps.extend(self.unwind_maps.all)
-                self.objects = UnwindObjects(self.unwind_maps, tables)
-                self.objects.add_vdso()
+                self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
                 self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
             elif fp_stacks:
                 from ..kernel import perf_event as pe

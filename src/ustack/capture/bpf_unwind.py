@@ -72,7 +72,7 @@ from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
 from ..target import process
-from .bpf import MIN_COUNT_ENTRIES, BpfCounter, unless_traced, prog_type_of
+from .bpf import MIN_COUNT_ENTRIES, BpfCounter, InBackground, unless_traced, prog_type_of
 from .kernel_offsets import Offsets
 
 BPF_LOOP = 181
@@ -717,16 +717,22 @@ class UnwindMaps(bpf.MapSet):
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18):
         super().__init__()
+        # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
+        # this thread makes the rest
+        rows = InBackground(bpf.Map, bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity,
+                            "ustack_rows", flags=bpf.F_MMAPABLE)   # filled by a copy
         try:
-            self.rows = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity, "ustack_rows",
-                                  flags=bpf.F_MMAPABLE)     # filled by a copy
             self.pages = self._map(bpf.MAP_ARRAY, 4, 4, pages_capacity, "ustack_pages")
             self.objects = self._map(bpf.MAP_HASH, OBJ_KEY.size, OBJ_VALUE.size,
                                      objects, "ustack_objs")
             self.vmas = self._map(bpf.MAP_LRU_HASH, 16, VMA_VALUE, vmas, "ustack_vmas")
             self.scratch = self._map(bpf.MAP_PERCPU_ARRAY, 4, SCRATCH_SIZE, 1,
                                      "ustack_uwscr")
-            self.stacks = self._map(bpf.MAP_HASH, 8, STACK_VALUE, stacks, "ustack_uwstk")
+            # elements made as stacks come (Linux 6.1+ lets tracing programs
+            # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up
+            self.stacks = self._map(bpf.MAP_HASH, 8, STACK_VALUE, stacks, "ustack_uwstk",
+                                    flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1)
+                                    else 0)
             self.counts = self._map(bpf.MAP_HASH, COUNT_KEY.size, 8, counts,
                                     "ustack_uwcnt")
             self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_uwerr")
@@ -734,7 +740,12 @@ class UnwindMaps(bpf.MapSet):
             # address below it, rbp saved at CFA - 16 (push %rbp; mov %rsp,%rbp)
             self.fp_row = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, 1, "ustack_fprow")
             self.fp_row.update(bytes(4), ROW.pack(0, K_BP, BP_AT, 0, 16, -16))
+            self.rows = rows.result()
+            self.all.append(self.rows)
         except BaseException:
+            made = rows.result(quiet=True)
+            if made is not None and made not in self.all:
+                made.close()
             self.close()
             raise
 
@@ -752,7 +763,7 @@ def stack_chain(maps: UnwindMaps, h: int) -> bytes:
     return chain
 
 
-TableSource = Callable[[ElfImage], object | None]   # -> PackedRows (data, len)
+TableSource = Callable[[ElfImage], object]   # -> PackedRows (data, len), or None
 
 
 class UnwindObjects:
@@ -915,8 +926,7 @@ class UnwindCounter(BpfCounter):
             self.trace = trace and bool(ring_bytes)
             if ring_bytes:
                 self.ring = bpf.RingBuf(ring_bytes, "ustack_uwring")
-            self.objects = UnwindObjects(self.unwind_maps, tables)
-            self.objects.add_vdso()
+            self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
             self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
             self.follow_if_traced(filter_tgid)
         except BaseException:

@@ -46,6 +46,7 @@ FIND_VMA = 180                    # (task, addr, callback, ctx, flags)
 F_USER_STACK = 1 << 8             # bpf_get_stackid: the user stack
 NOEXIST = 1                       # map_update_elem: only create
 F_MMAPABLE = 1 << 10              # map_create: an ARRAY map user space can mmap
+F_NO_PREALLOC = 1                 # map_create: a HASH map's elements made on insert
 
 PERF_EVENT_IOC_SET_BPF = 0x40042408
 
@@ -650,3 +651,14 @@ class RingBuf:
             if m is not None:
                 m.close()
         self.map.close()
+
+
+def kernel_at_least(major: int, minor: int, release: str = "") -> bool:
+    """Whether this kernel (or `release`, as uname -r says it) is Linux
+    major.minor or later: for features whose absence costs more to ask the
+    kernel about than to know."""
+    try:
+        have = tuple(int(x) for x in (release or os.uname().release).split(".")[:2])
+    except ValueError:
+        return False
+    return have >= (major, minor)

@@ -16,7 +16,6 @@ match the object is refused and the refusal is reported, never used: a
 wrong debug file gives wrong names."""
 from __future__ import annotations
 
-import lzma
 import os
 import struct
 import zlib
@@ -203,6 +202,7 @@ def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> str | None:
         data = image.section_bytes(".gnu_debugdata")
     except UstackError:
         return None
+    import lzma                     # only MiniDebugInfo is xz: imported here
     try:
         dec = lzma.LZMADecompressor()
         elf = dec.decompress(data, max_length=_MAX_MINIDEBUGINFO)

@@ -2,13 +2,14 @@
 it: the common answer of the SymCache, libdw and pyelftools readers."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 
-class SourceLoc(NamedTuple):
+class SourceLoc(namedtuple("SourceLoc", "function file line")):
     """A function (a real or an inlined one) and where in its source the
     address is — for an enclosing scope, the line that made the inlined
-    call. A tuple: made for every frame, so cheap to make."""
-    function: str      # linkage name when DWARF has one, else DW_AT_name; '' unknown
-    file: str
-    line: int
+    call: `function` is the linkage name when DWARF has one, else
+    DW_AT_name ('' unknown), then `file` and `line`. A tuple: made for
+    every frame, so cheap to make (collections', not typing's: importing
+    typing cost ~4 ms of every run that names frames)."""
+    __slots__ = ()

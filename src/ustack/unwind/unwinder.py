@@ -14,7 +14,7 @@ from ..model import (JIT_NOTE, KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
 from .dwarf import DwarfUnwinder
 from .fp import frame_pointer_stack
 
-FindMapping = Callable[[int, int], Mapping | None]     # (pid, addr)
+FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or None
 
 
 class Unwinder:
