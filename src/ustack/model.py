@@ -177,6 +177,10 @@ class Losses:
     # of those, the ones cut because the ring of stacks to finish in Python
     # (an object's rows not loaded yet) was full
     deferral_full: int = 0
+    # events the kernel ran none of ustack's programs for: a BPF program or
+    # a bpf() call was running on that CPU already (bpf_prog_info's
+    # recursion_misses)
+    skipped: int = 0
 
 
 @value

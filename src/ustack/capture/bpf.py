@@ -382,6 +382,17 @@ class BpfCounter:
         self.prog_fds.append(prog)
         self.event_fds.append(bpf.attach_raw_tracepoint("sched_process_exec", prog))
 
+    def skipped(self) -> int:
+        """Events the kernel skipped the probes' programs for (see
+        bpf.recursion_misses)."""
+        total = 0
+        for fd in set(self.loaded.values()):
+            try:
+                total += bpf.recursion_misses(fd)
+            except OSError:
+                pass
+        return total
+
     def load_programs(self) -> None:
         """Load (verify) every probe's program ahead of attach(), which
         takes them from `loaded`: BpfCapture has the kernel verify them
@@ -599,24 +610,27 @@ class BpfCapture:
     def losses(self) -> Losses:
         events = self.events.losses()
         uncounted = ()
+        skipped = self.counter.skipped() if self.counter is not None else 0
         if self.counter is not None and self.stream:
             errors = self.counter.errors_seen()
             return Losses(events.lost + errors[2], events.throttled, (),
-                          tuple(self.cut.items()), deferral_full=errors[3])
+                          tuple(self.cut.items()), deferral_full=errors[3],
+                          skipped=skipped)
         if self.counter is not None and self.unwind_tables is not None:
             stacks_full, counts_full, _ring, deferral_full = self.counter.errors_seen()[:4]
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)
             return Losses(events.lost, events.throttled, uncounted,
-                          tuple(self.cut.items()), deferral_full=deferral_full)
+                          tuple(self.cut.items()), deferral_full=deferral_full,
+                          skipped=skipped)
         elif self.counter is not None and not self.calls_only:
             collided, stacks_full, counts_full = self.counter.errors_seen()
             uncounted = tuple((why, n) for why, n in (
                 ("had a stack id collision", collided),
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)
-        return Losses(events.lost, events.throttled, uncounted)
+        return Losses(events.lost, events.throttled, uncounted, skipped=skipped)
 
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time

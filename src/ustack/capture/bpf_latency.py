@@ -544,4 +544,5 @@ class LatencyCapture(BpfCapture):
             (f"were nested deeper than {MAX_DEPTH} levels (not timed)", deep),
             ("found the histogram map full", hists_full),
             ("found the entry map full", entries_full)) if n)
-        return Losses(events.lost + ring_full, events.throttled, uncounted)
+        return Losses(events.lost + ring_full, events.throttled, uncounted,
+                      skipped=self.counter.skipped())

@@ -441,4 +441,5 @@ class OffcpuCapture(BpfCapture):
             ("found the thread map full", start_full),
             ("found the off-CPU map full", counts_full),
             ("found the waker map full", wakers_full)) if n)
-        return Losses(events.lost, events.throttled, uncounted, tuple(self.cut.items()))
+        return Losses(events.lost, events.throttled, uncounted, tuple(self.cut.items()),
+                      skipped=self.counter.skipped())

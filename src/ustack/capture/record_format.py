@@ -74,7 +74,8 @@ def header_record(labels, modes, backend: str, extra: dict) -> bytes:
 def losses_record(losses: Losses) -> bytes:
     return record(LOSSES, json.dumps({
         "lost": losses.lost, "throttled": losses.throttled,
-        "uncounted": [list(u) for u in losses.uncounted]}).encode())
+        "uncounted": [list(u) for u in losses.uncounted],
+        "skipped": losses.skipped}).encode())
 
 
 def meta_record(event, build_id: str = "") -> bytes:
@@ -163,7 +164,8 @@ def parse_json(payload) -> dict:
 
 def parse_losses(payload) -> Losses:
     d = parse_json(payload)
-    return Losses(d["lost"], d["throttled"], tuple(tuple(u) for u in d["uncounted"]))
+    return Losses(d["lost"], d["throttled"], tuple(tuple(u) for u in d["uncounted"]),
+                  skipped=d.get("skipped", 0))      # recordings before it: 0
 
 
 def parse_mmap(payload) -> tuple:

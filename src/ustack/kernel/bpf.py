@@ -466,12 +466,25 @@ def load_btf(blob: bytes) -> int:
                             + log.value.decode("utf-8", "replace").strip())
 
 
-def verified_insns(prog_fd: int) -> int:
-    """How many instructions the verifier processed (bpf_prog_info)."""
+def _prog_info(prog_fd: int) -> bytes:
+    """The program's struct bpf_prog_info, as the kernel fills it."""
     info = ctypes.create_string_buffer(256)
     attr = _ObjInfo(prog_fd, 256, ctypes.addressof(info))
     _bpf(OBJ_GET_INFO_BY_FD, attr)
-    return struct.unpack_from("<I", info.raw, 216)[0]     # verified_insns
+    return info.raw
+
+
+def verified_insns(prog_fd: int) -> int:
+    """How many instructions the verifier processed (bpf_prog_info)."""
+    return struct.unpack_from("<I", _prog_info(prog_fd), 216)[0]
+
+
+def recursion_misses(prog_fd: int) -> int:
+    """How many times the kernel did not run the program for an event
+    because a BPF program (or a bpf() call) was running on that CPU
+    already: trace_call_bpf, behind classic tracepoints and perf-event
+    uprobes, skips then and counts it here (Linux 5.12+; 0 before)."""
+    return struct.unpack_from("<Q", _prog_info(prog_fd), 208)[0]
 
 
 def load_program(prog_type: int, code: bytes, name: str = "ustack",

@@ -20,6 +20,10 @@ def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
         why = ", ".join(f"{n} {reason}" for reason, n in losses.uncounted)
         print(f"{total} events were not counted ({why}): try "
               f"--stack-storage-size {stack_storage * 4}", file=err)
+    if losses.skipped:
+        print(f"{losses.skipped} events were missed: the kernel ran no program of "
+              f"ustack's for them, another BPF program (or a bpf() call) being "
+              f"under way on that CPU", file=err)
     if losses.cut_short:
         total = sum(n for _why, n in losses.cut_short)
         why = ", ".join(f"{n}: {reason}" for reason, n in losses.cut_short)
@@ -49,7 +53,7 @@ def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
         print(f"The kernel throttled sampling {losses.throttled} times: samples "
               "were dropped uncounted (see kernel.perf_event_max_sample_rate; "
               "lower -F)", file=err)
-    if events == 0 and not losses.lost:
+    if events == 0 and not losses.lost and not losses.skipped:
         print("ustack: no events were seen: the probes never fired in this run",
               file=err)
     if command and exit_status not in (None, 0):
