@@ -6,8 +6,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from operator import attrgetter
 
 from ..model import Piece
+
+_time = attrgetter("time_ns")
 
 DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
 PIECE = 64 << 10                   # bytes of a chunk decoded in one step
@@ -79,7 +82,10 @@ class Stream:
         Every chunk's metadata comes before any sample of the piece, in time
         order across CPUs: a sample may sit in another CPU's buffer ahead of
         the MMAP2 record that explains it, and an exec's COMM on one CPU must
-        come before the MMAP2s it caused on another."""
+        come before the MMAP2s it caused on another. The samples too are put
+        in one time order (each CPU's are in order already: timsort merges
+        the runs), so a stack per event prints as the events happened, as
+        perf script does, when a thread moved between CPUs."""
         metas: list = []
         samples: list = []
         decode = self.capture.decode
@@ -88,6 +94,8 @@ class Stream:
             offsets[i] = decode(chunk, metas, samples, offsets[i], PIECE)
             done = done and offsets[i] >= len(chunk)
         metas.sort(key=lambda m: m[0])      # stable: a CPU's own order stays
+        if len(batch) > 1:
+            samples.sort(key=_time)
         if self.exclude_pids and samples:
             exclude = self.exclude_pids
             samples = [s for s in samples if s.pid not in exclude]
