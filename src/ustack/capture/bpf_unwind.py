@@ -51,7 +51,6 @@ import errno
 import hashlib
 import os
 import shlex
-import shutil
 import struct
 from array import array
 from collections.abc import Callable
@@ -881,7 +880,7 @@ def _programs_named(argv: list) -> list:
             continue
         for word in words:
             path = word if word.startswith("/") else (
-                shutil.which(word) if "/" not in word and word.isidentifier() else None)
+                process.which(word) if "/" not in word and word.isidentifier() else None)
             if path and os.path.isfile(path) and _is_elf(path):
                 found.append(path)
     return [p for p in dict.fromkeys(found) if p]

@@ -23,10 +23,8 @@ from array import array
 
 from ..objfile import cache as objcache
 from ..objfile.elf import ElfImage
-from ..objfile.gopclntab import PclntabError, go_table
-from . import cfi
-from .cfi import UnwindTable
-from .dwarf import RESTORE_RT
+# cfi, dwarf and the Go reader are imported where rows are built: a run
+# whose rows come from the cache (the common case) spares their ~4 ms
 from ..values import value
 
 # Row kinds as the BPF program reads them.
@@ -45,7 +43,7 @@ ROW = struct.Struct("<IBBhii")    # pc, kind, bp rule, aux, cfa, bp
 ROW_SIZE = ROW.size
 MAX_VADDR = 1 << 32               # rows key addresses as u32
 _S32 = (-(1 << 31), (1 << 31) - 1)
-_DIRECT = {cfi.CFA_SP: SP, cfi.CFA_BP: BP}
+_KINDS: dict = {}                 # cfi.py's row kinds -> ours, filled at first use
 
 
 PAGE_SHIFT = 12                   # the page index's granule: 4 KiB of code
@@ -107,18 +105,20 @@ class PackedRows:
 def pack_row(kind: int, cfa_off: int, ra_off: int, bp_rule: int, bp_off: int,
              aux: int) -> tuple:
     """A cfi.UnwindTable row -> (kind, bp rule, aux, cfa, bp) of ours."""
-    if kind == cfi.NONE:
-        return (GAP, 0, 0, 0, 0)
-    if kind == cfi.END:
-        return (END, 0, 0, 0, 0)
-    ours = _DIRECT.get(kind, PLT if kind == cfi.CFA_PLT else None)
+    if not _KINDS:
+        from . import cfi
+        _KINDS.update({cfi.NONE: GAP, cfi.END: END, cfi.CFA_SP: SP, cfi.CFA_BP: BP,
+                       cfi.CFA_PLT: PLT})
+    ours = _KINDS.get(kind)
+    if ours in (GAP, END):
+        return (ours, 0, 0, 0, 0)
     fits = all(_S32[0] <= v <= _S32[1] for v in (cfa_off, bp_off)) and -32768 <= aux < 32768
     if ours is None or ra_off != -8 or not fits:
         return (UNSUPPORTED, 0, 0, 0, 0)
     return (ours, bp_rule, aux if ours == PLT else 0, cfa_off, bp_off)
 
 
-def rows_of_table(table: UnwindTable) -> list:
+def rows_of_table(table) -> list:
     """(vaddr, (kind, bp rule, aux, cfa, bp)) of a CFI table, merged where
     neighbours pack the same."""
     out: list = []
@@ -135,6 +135,7 @@ def rows_of_table(table: UnwindTable) -> list:
 def signal_trampolines(image: ElfImage) -> list:
     """The vaddrs of glibc's __restore_rt code (mov $15,%rax; syscall) in the
     object's executable segments."""
+    from .dwarf import RESTORE_RT
     found = []
     for vaddr, _off, size in image.executable_segments():
         data = image.read(vaddr, size)
@@ -176,6 +177,7 @@ def go_rows(table) -> list:
     delta at every pc, so CFA = rsp + delta + 8 (frameless leaves and
     assembly included); rbp is saved at CFA - 16 once the frame exists
     (Go keeps frame pointers), which only C frames (cgo) would read."""
+    from .cfi import BP_AT, BP_SAME
     rows: list = []
     for i, (name, entry, end) in enumerate(table.functions()):
         if name.removesuffix(".abi0") in GO_OUTERMOST:
@@ -185,9 +187,9 @@ def go_rows(table) -> list:
                 if delta < 0 or delta >= _S32[1]:
                     row = (UNSUPPORTED, 0, 0, 0, 0)
                 elif delta == 0:
-                    row = (SP, cfi.BP_SAME, 0, 8, 0)
+                    row = (SP, BP_SAME, 0, 8, 0)
                 else:
-                    row = (SP, cfi.BP_AT, 0, delta + 8, -16)
+                    row = (SP, BP_AT, 0, delta + 8, -16)
                 if rows and rows[-1][0] == pc:
                     rows[-1] = (pc, row)
                 elif not rows or rows[-1][1] != row:
@@ -217,6 +219,8 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
             return None
         if len(blob) % ROW_SIZE == 0:
             return PackedRows(image.path, blob, from_cache=True)
+    from .cfi import UnwindTable
+    from .dwarf import RESTORE_RT
     table, _found = UnwindTable.for_image(image, debug_dirs)
     rows = rows_of_table(table)
     # the return address into __restore_rt is looked up at pc - 1: one byte before
@@ -239,6 +243,7 @@ def _go_packed(image: ElfImage) -> PackedRows | None:
     blob = objcache.read(cache)
     if blob and len(blob) % ROW_SIZE == 0:
         return PackedRows(image.path, blob, from_cache=True)
+    from ..objfile.gopclntab import PclntabError, go_table
     try:
         table = go_table(image)
     except PclntabError:
