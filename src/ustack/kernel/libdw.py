@@ -25,6 +25,7 @@ _AT_LINKAGE_NAME, _AT_MIPS_LINKAGE_NAME = 0x6E, 0x2007
 _AT_CALL_FILE, _AT_CALL_LINE, _AT_COMP_DIR = 0x58, 0x59, 0x1B
 _FUNCTIONS = (_TAG_INLINED, _TAG_ENTRY_POINT, _TAG_SUBPROGRAM)
 _DWARF_C_READ = 0
+_EV_CURRENT = 1
 _E_NOERROR, _E_NO_MATCH = 0, 37        # libdwP.h's DWARF_E_NOERROR, DWARF_E_NO_MATCH
 
 
@@ -48,6 +49,7 @@ def _load():
     if _lib is None:
         try:
             lib = ctypes.CDLL("libdw.so.1")
+            libelf = ctypes.CDLL("libelf.so.1")      # libdw's own dependency
             libc = ctypes.CDLL(None)
         except OSError:
             _lib = False
@@ -56,6 +58,7 @@ def _load():
         u64, cstr = ctypes.c_uint64, ctypes.c_char_p
         for name, res, args in (
                 ("dwarf_begin", P, [ctypes.c_int, ctypes.c_int]),
+                ("dwarf_begin_elf", P, [P, ctypes.c_int, P]),
                 ("dwarf_end", ctypes.c_int, [P]),
                 ("dwarf_setalt", None, [P, P]),
                 ("dwarf_addrdie", D, [P, u64, D]),
@@ -76,6 +79,14 @@ def _load():
                 ("dwarf_errno", ctypes.c_int, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
+        for name, res, args in (
+                ("elf_version", ctypes.c_uint, [ctypes.c_uint]),
+                ("elf_memory", P, [P, ctypes.c_size_t]),
+                ("elf_end", ctypes.c_int, [P])):
+            fn = getattr(libelf, name)
+            fn.restype, fn.argtypes = res, args
+            setattr(lib, name, fn)
+        lib.elf_version(_EV_CURRENT)             # before any other libelf call
         libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
         lib.free = libc.free
         _lib = lib
@@ -95,16 +106,21 @@ class Libdw:
     thread at a time: lookups share ctypes buffers, and libdw 0.188 reads
     units lazily without locks."""
 
-    def __init__(self, path: str, alt_path: Optional[str] = None):
+    def __init__(self, path: str, alt_path: Optional[str] = None,
+                 image: Optional[bytearray] = None):
         """`alt_path`: the dwz alt file the DWARF borrows names and DIEs
-        from (objfile.debuginfo.find_alt_file), when it has one."""
+        from (objfile.debuginfo.find_alt_file), when it has one. `image`:
+        an ELF image of path's DWARF sections in memory
+        (objfile.dwarf_image), read instead of the file; kept until close()."""
         lib = _load()
         if not lib:
             raise LibdwError("libdw.so.1 is not installed")
         self._lib = lib
         self._fds: list = []
         self._dwarfs: list = []
-        self._dwarf = self._begin(path)
+        self._elf = None
+        self._image = None
+        self._dwarf = self._begin(path) if image is None else self._begin_image(path, image)
         if alt_path is not None:
             alt = self._begin(alt_path)
             lib.dwarf_setalt(self._dwarf, alt)
@@ -126,6 +142,17 @@ class Libdw:
         self._dwarfs.append(dwarf)
         return dwarf
 
+    def _begin_image(self, path: str, image: bytearray):
+        self._image = (ctypes.c_char * len(image)).from_buffer(image)
+        self._elf = self._lib.elf_memory(self._image, len(image))
+        dwarf = self._lib.dwarf_begin_elf(self._elf, _DWARF_C_READ, None) if self._elf else None
+        if not dwarf:
+            why = self._error()
+            self.close()
+            raise LibdwError(f"{path}: {why}")
+        self._dwarfs.append(dwarf)
+        return dwarf
+
     def _error(self, err: int = -1) -> str:
         msg = self._lib.dwarf_errmsg(err)      # -1: the last error
         return msg.decode(errors="replace") if msg else "no DWARF"
@@ -136,7 +163,9 @@ class Libdw:
             self._lib.dwarf_end(dwarf)
         for fd in self._fds:
             os.close(fd)
-        self._dwarfs, self._fds = [], []
+        if self._elf:                   # after dwarf_end: libdw reads it until then
+            self._lib.elf_end(self._elf)
+        self._dwarfs, self._fds, self._elf, self._image = [], [], None, None
 
     def locate(self, vaddr: int) -> tuple:
         """[(function, file, line)] at vaddr, innermost inlined call first and

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import struct
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
@@ -25,6 +24,7 @@ from ustack.model import UstackError
 from . import cache as objcache
 from .demangle import demangle, is_mangled, plain_name
 from .gopclntab import PclntabError, go_table
+from .inflate import InflateError, inflate
 
 # pyelftools calls STT_GNU_IFUNC (10) by its range name STT_LOOS: without
 # it libc's strlen, memcpy@@GLIBC_2.14 and the like are invisible
@@ -473,11 +473,34 @@ class ElfImage:
     def section_bytes(self, name: str) -> Optional[bytes]:
         """The contents of section `name` (inflated if SHF_COMPRESSED), or
         None when the file has no such section with file bytes."""
+        data = self.section_file_bytes(name)
+        return None if data is None else self.inflated(name, data)
+
+    def section_file_bytes(self, name: str) -> Optional[bytes]:
+        """Section `name` as the file holds it (compressed or not), or None
+        when the file has no such section with file bytes."""
         sec = self.sections.get(name)
         if sec is None:
             return None
         _addr, offset, size = sec
-        data = self._pread(size, offset)
+        return self._pread(size, offset)
+
+    def is_compressed(self, name: str) -> bool:
+        return name in self._compressed
+
+    @property
+    def elfclass(self) -> int:
+        """32 or 64."""
+        return self._elfclass
+
+    def file_bytes(self, offset: int, size: int) -> bytes:
+        """`size` bytes of the file at `offset` (fewer at its end)."""
+        return self._pread(size, offset)
+
+    def inflated(self, name: str, data: bytes) -> bytes:
+        """Section `name`'s contents from its file bytes `data`
+        (section_file_bytes): inflated if SHF_COMPRESSED, else `data`.
+        Reads no file and no shared state: threads may call it at once."""
         if name not in self._compressed:
             return data
         # Elf64_Chdr: ch_type, reserved, ch_size, ch_addralign (Elf32: 3 words)
@@ -491,8 +514,8 @@ class ElfImage:
             raise UstackError(f"{self.path}: section {name} uses compression "
                               f"type {ch_type}, which ustack cannot read")
         try:
-            return zlib.decompressobj().decompress(data[hdr.size:], ch_size)
-        except zlib.error as e:
+            return inflate(memoryview(data)[hdr.size:], ch_size)
+        except InflateError as e:
             raise UstackError(f"{self.path}: corrupt compressed section {name}: {e}") from None
 
     def _pread(self, size: int, offset: int) -> bytes:
