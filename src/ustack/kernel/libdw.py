@@ -20,12 +20,13 @@ import ctypes
 import os
 from typing import Optional
 
+from . import libelf
+
 _TAG_ENTRY_POINT, _TAG_INLINED, _TAG_SUBPROGRAM = 0x03, 0x1D, 0x2E
 _AT_LINKAGE_NAME, _AT_MIPS_LINKAGE_NAME = 0x6E, 0x2007
 _AT_CALL_FILE, _AT_CALL_LINE, _AT_COMP_DIR = 0x58, 0x59, 0x1B
 _FUNCTIONS = (_TAG_INLINED, _TAG_ENTRY_POINT, _TAG_SUBPROGRAM)
 _DWARF_C_READ = 0
-_EV_CURRENT = 1
 _E_NOERROR, _E_NO_MATCH = 0, 37        # libdwP.h's DWARF_E_NOERROR, DWARF_E_NO_MATCH
 
 
@@ -49,9 +50,12 @@ def _load():
     if _lib is None:
         try:
             lib = ctypes.CDLL("libdw.so.1")
-            libelf = ctypes.CDLL("libelf.so.1")      # libdw's own dependency
             libc = ctypes.CDLL(None)
         except OSError:
+            _lib = False
+            return _lib
+        elf = libelf.library()                   # libdw's own dependency
+        if elf is None:
             _lib = False
             return _lib
         P, D, A = ctypes.c_void_p, ctypes.POINTER(_Die), ctypes.POINTER(_Attribute)
@@ -79,14 +83,7 @@ def _load():
                 ("dwarf_errno", ctypes.c_int, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
-        for name, res, args in (
-                ("elf_version", ctypes.c_uint, [ctypes.c_uint]),
-                ("elf_memory", P, [P, ctypes.c_size_t]),
-                ("elf_end", ctypes.c_int, [P])):
-            fn = getattr(libelf, name)
-            fn.restype, fn.argtypes = res, args
-            setattr(lib, name, fn)
-        lib.elf_version(_EV_CURRENT)             # before any other libelf call
+        lib.elf_memory, lib.elf_end = elf.elf_memory, elf.elf_end
         libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
         lib.free = libc.free
         _lib = lib
