@@ -1,7 +1,6 @@
 """--lines and --inlines against eu-addr2line -i and binutils addr2line -i:
 tests/programs/inline.c at -O2 -g (middle and inner always inlined into
 outer), and libc through libc6-dbg's debug file."""
-import importlib.util
 import os
 import random
 import re
@@ -13,8 +12,8 @@ import pytest
 from helpers import O2_FP, addr2line_chains, build, run_ustack
 from test_elf import FakeMaps, run, text_mapping
 
-from ustack.kernel import libdw
-from ustack.objfile import debuginfo, dwarf_image, dwarf_lines, inflate, symcache
+from ustack.kernel import libdeflate, libdw
+from ustack.objfile import debuginfo, dwarf_image, dwarf_lines, symcache
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.dwarf_units import DwarfUnits
 from ustack.objfile.elf import ElfImage
@@ -388,9 +387,9 @@ def test_libc_lines_agree_with_eu_addr2line(source, inflater, monkeypatch):
     image of its DWARF sections inflated in memory (by libdeflate, or zlib
     without it)."""
     if inflater == "zlib":
-        monkeypatch.setattr(inflate, "LIBDEFLATE", None)
-    elif importlib.util.find_spec("deflate") is None:
-        pytest.skip("the deflate package (libdeflate) is not installed")
+        monkeypatch.setattr(libdeflate, "available", lambda: False)
+    elif not libdeflate.available():
+        pytest.skip("libdeflate.so.0 is not installed (apt-get install libdeflate0)")
     debug = libc_debug_file()
     image = ElfImage.open(debug)
     funcs = [s for s in image.functions if s.size > 16]

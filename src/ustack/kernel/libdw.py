@@ -10,6 +10,10 @@ innermost first; each function named by its linkage name when DWARF has
 one, else its name; the innermost at the line table's row, each enclosing
 one at the DW_AT_call_file/DW_AT_call_line of the call it inlined.
 
+A compressed debug file is read from an image of the sections needed,
+inflated in memory by objfile.dwarf_image (dwarf_begin_elf on elf_memory):
+libdw's own dwarf_begin would inflate every section with zlib first.
+
 libdw is found as libdw.so.1 (Debian's libdw1, which elfutils depends on);
 without it, available() is False and callers use another source. It lives
 in kernel/, the layer that holds every foreign call (as dynlink.py does),
@@ -104,11 +108,12 @@ class Libdw:
     units lazily without locks."""
 
     def __init__(self, path: str, alt_path: Optional[str] = None,
-                 image: Optional[bytearray] = None):
+                 image=None):
         """`alt_path`: the dwz alt file the DWARF borrows names and DIEs
         from (objfile.debuginfo.find_alt_file), when it has one. `image`:
-        an ELF image of path's DWARF sections in memory
-        (objfile.dwarf_image), read instead of the file; kept until close()."""
+        a writable buffer (mmap, bytearray) holding an ELF image of path's
+        DWARF sections (objfile.dwarf_image), read instead of the file;
+        kept until close()."""
         lib = _load()
         if not lib:
             raise LibdwError("libdw.so.1 is not installed")
@@ -139,7 +144,7 @@ class Libdw:
         self._dwarfs.append(dwarf)
         return dwarf
 
-    def _begin_image(self, path: str, image: bytearray):
+    def _begin_image(self, path: str, image):
         self._image = (ctypes.c_char * len(image)).from_buffer(image)
         self._elf = self._lib.elf_memory(self._image, len(image))
         dwarf = self._lib.dwarf_begin_elf(self._elf, _DWARF_C_READ, None) if self._elf else None

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import struct
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
@@ -26,7 +27,6 @@ from . import cache as objcache
 from .demangle import demangle, is_mangled, plain_name
 from .elf_reader import open_reader
 from .gopclntab import PclntabError, go_table
-from .inflate import InflateError, inflate
 
 # the ELF spec's numbers (elf.h)
 _STT_NOTYPE, _STT_FUNC, _STT_GNU_IFUNC = 0, 2, 10
@@ -501,10 +501,18 @@ class ElfImage:
 
     def inflated(self, name: str, data: bytes) -> bytes:
         """Section `name`'s contents from its file bytes `data`
-        (section_file_bytes): inflated if SHF_COMPRESSED, else `data`.
-        Reads no file and no shared state: threads may call it at once."""
+        (section_file_bytes): inflated if SHF_COMPRESSED, else `data`."""
         if name not in self._compressed:
             return data
+        start, size = self.compression_header(name, data)
+        try:
+            return zlib.decompressobj().decompress(memoryview(data)[start:], size)
+        except zlib.error as e:
+            raise UstackError(f"{self.path}: corrupt compressed section {name}: {e}") from None
+
+    def compression_header(self, name: str, data: bytes) -> tuple:
+        """(where the zlib stream starts, the size it inflates to) in the
+        file bytes `data` of the SHF_COMPRESSED section `name`."""
         # Elf64_Chdr: ch_type, reserved, ch_size, ch_addralign (Elf32: 3 words)
         end = "<" if self.little_endian else ">"
         hdr = struct.Struct(end + ("IIQQ" if self._elfclass == 64 else "III"))
@@ -515,10 +523,7 @@ class ElfImage:
         if ch_type != _ELFCOMPRESS_ZLIB:
             raise UstackError(f"{self.path}: section {name} uses compression "
                               f"type {ch_type}, which ustack cannot read")
-        try:
-            return inflate(memoryview(data)[hdr.size:], ch_size)
-        except InflateError as e:
-            raise UstackError(f"{self.path}: corrupt compressed section {name}: {e}") from None
+        return hdr.size, ch_size
 
     def _pread(self, size: int, offset: int) -> bytes:
         """Bytes of the file, through one descriptor kept open per image
