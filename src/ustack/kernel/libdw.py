@@ -127,6 +127,7 @@ class Libdw:
             alt = self._begin(alt_path)
             lib.dwarf_setalt(self._dwarf, alt)
         self._files: dict = {}      # unit DIE address -> Dwarf_Files pointer
+        self._comp_dirs: dict = {}  # unit DIE address -> its DW_AT_comp_dir
         self._attr = _Attribute()
         self._word = ctypes.c_uint64()
 
@@ -211,11 +212,12 @@ class Libdw:
         finally:
             lib.free(scopes)
         try:
+            outer_tags = [lib.dwarf_tag(ctypes.byref(outer[i])) for i in range(max(m, 0))]
             for i in range(max(m, 0) - 1):
-                if lib.dwarf_tag(ctypes.byref(outer[i])) != _TAG_INLINED:
+                if outer_tags[i] != _TAG_INLINED:
                     continue
                 caller = next((outer[j] for j in range(i + 1, m)
-                               if lib.dwarf_tag(ctypes.byref(outer[j])) in _FUNCTIONS), None)
+                               if outer_tags[j] in _FUNCTIONS), None)
                 chain.append((self._name(caller) if caller is not None else "",
                               *self._call_site(cu, comp_dir, outer[i])))
         finally:
@@ -224,10 +226,14 @@ class Libdw:
         return tuple(chain)
 
     def _comp_dir(self, cu: _Die) -> Optional[bytes]:
+        if cu.addr in self._comp_dirs:
+            return self._comp_dirs[cu.addr]
         attr = ctypes.byref(self._attr)
-        if not self._lib.dwarf_attr(ctypes.byref(cu), _AT_COMP_DIR, attr):
-            return None
-        return self._lib.dwarf_formstring(attr)
+        found = None
+        if self._lib.dwarf_attr(ctypes.byref(cu), _AT_COMP_DIR, attr):
+            found = self._lib.dwarf_formstring(attr)
+        self._comp_dirs[cu.addr] = found
+        return found
 
     def _name(self, die: _Die) -> str:
         """The linkage name if DWARF has one, through abstract origins; else
