@@ -18,7 +18,7 @@ import struct
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
@@ -61,8 +61,9 @@ _STATE_VERSION = "v4"    # of the cached image layout (_state/_restore)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
-@dataclass(frozen=True)
-class Symbol:
+class Symbol(NamedTuple):
+    """A function: a tuple, ~3x cheaper to make than a frozen dataclass
+    (libc's debug file holds 6.6 k of them, made on every run)."""
     name: str
     address: int
     size: int
@@ -187,6 +188,9 @@ class ElfImage:
                                "_by_name", "_demangled"})
 
     def __getattr__(self, name: str):
+        if name in ("_by_name", "_demangled") and "functions" in self.__dict__:
+            self._index_names()         # restored without them: lookup() needs none
+            return getattr(self, name)
         saved = self.__dict__.get("_saved_symbols")
         if name not in self._SYMBOL_FACTS or saved is None:
             raise AttributeError(name)
@@ -198,7 +202,7 @@ class ElfImage:
     def _restore_symbols(self, blob: bytes) -> bool:
         try:
             d = json.loads(blob)
-            named = [Symbol(n, a, s) for n, a, s in d["named"]]
+            named = list(map(Symbol._make, d["named"]))
             self._named = named
             self.functions = [named[i] for i in d["functions"]]
             self._starts = d["starts"]
@@ -208,7 +212,6 @@ class ElfImage:
                 return False
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return False
-        self._index_names()
         return True
 
     def _reparse_symbols(self) -> None:
