@@ -15,9 +15,9 @@ from ..kernel.libelf import Section, Segment
 
 _E_TYPES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
 # pyelftools' names, which the image cache and its users keep
-_MACHINES = {3: "EM_386", 8: "EM_MIPS", 20: "EM_PPC", 21: "EM_PPC64", 22: "EM_S390",
-             40: "EM_ARM", 62: "EM_X86_64", 183: "EM_AARCH64", 243: "EM_RISCV",
-             258: "EM_LOONGARCH"}
+_MACHINES = {2: "EM_SPARC", 3: "EM_386", 8: "EM_MIPS", 20: "EM_PPC", 21: "EM_PPC64",
+             22: "EM_S390", 40: "EM_ARM", 43: "EM_SPARCV9", 62: "EM_X86_64",
+             183: "EM_AARCH64", 243: "EM_RISCV", 258: "EM_LOONGARCH"}
 
 
 def open_reader(path: str, f):
