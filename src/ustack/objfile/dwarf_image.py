@@ -108,8 +108,11 @@ def start(image: ElfImage) -> Optional[Pending]:
         return None
     if sum(size for _s, size in streams.values()) > _MAX_RATIO * sum(map(len, raw.values())):
         return None                              # headers claim more than deflate can hold
-    buffer, offsets = _layout(image.file_bytes(0, _EHDR.size),
-                              {n: size for n, (_s, size) in streams.items()})
+    try:
+        buffer, offsets = _layout(image.file_bytes(0, _EHDR.size),
+                                  {n: size for n, (_s, size) in streams.items()})
+    except (struct.error, OSError, UstackError):
+        return None                              # a short header, no memory
     places = {n: (offsets[n], streams[n][1], streams[n][0]) for n in raw}
     return Pending(image, buffer, places, raw)
 
