@@ -9,9 +9,16 @@ named with file:line and inlined calls by each tool, each in a fresh process:
 
   python start-up      `python3 -c 'import ustack.symbols.symbolizer'`: the
                        floor of any ustack run that names frames
-  ustack names         function names only (symbol table of the debug file)
-  ustack cold          --lines --inlines, empty cache: libdw reads the units
-                       holding the addresses (kernel.libdw)
+  ustack names         function names only (symbol tables of libc and its
+                       debug file read through libelf), empty cache
+  ustack names, pyelftools
+                       the same with the symbol tables read through
+                       pyelftools (ustack without libelf.so.1)
+  ustack all cold      --lines --inlines, empty cache: symbol tables and DWARF
+  ustack cold          --lines --inlines, the symbol tables cached by the
+                       names run, no DWARF answer kept: libdw reads the units
+                       holding the addresses (kernel.libdw) from an image of
+                       the debug file's DWARF inflated in memory
   ustack warm          the same again: libdw's answers read back
   ustack symcache      --lines --inlines, empty cache, without libdw: the
                        SymCache of the whole debug file is built (symbolic);
@@ -59,6 +66,9 @@ def worker(mode: str, addr_file: str) -> None:
             return Mapping(0, 1 << 48, 0, LIBC)
 
     vaddrs = json.loads(Path(addr_file).read_text())
+    if mode == "names-pyelftools":
+        from ustack.kernel import libelf
+        libelf.available = lambda: False
     if mode in ("symcache", "pyelftools"):
         from ustack.kernel import libdw
         libdw.available = lambda: False
@@ -70,7 +80,7 @@ def worker(mode: str, addr_file: str) -> None:
         symcache.build = unavailable
     image = ElfImage.open(LIBC)
     offsets = [image.file_offset(v) for v in vaddrs]
-    lines = mode != "names"
+    lines = not mode.startswith("names")
     sym = Symbolizer(WholeFile(), SymbolOptions(lines=lines, inlines=lines))
     frames = list(sym.frames(0, offsets[:1]))
     first = time.perf_counter() - start
@@ -148,6 +158,8 @@ def main() -> None:
             run_worker("names", addr_file, tempfile.mkdtemp(dir=tmp), pycache)  # compiles
             for _ in range(reps):
                 cache = tempfile.mkdtemp(dir=tmp)
+                fresh = tempfile.mkdtemp(dir=tmp)
+                other_names = tempfile.mkdtemp(dir=tmp)
                 whole = tempfile.mkdtemp(dir=tmp)
                 slow = tempfile.mkdtemp(dir=tmp)
                 for other in (whole, slow):     # their symbol tables cached, untimed
@@ -157,6 +169,10 @@ def main() -> None:
                     "python start-up + ustack's symbolizer imports": lambda: run_tool(
                         floor, dict(worker_env(cache, pycache), PYTHONPATH=str(REPO / "src"))),
                     "ustack names": lambda: run_worker("names", addr_file, cache, pycache),
+                    "ustack names, symbol tables through pyelftools":
+                        lambda: run_worker("names-pyelftools", addr_file, other_names, pycache),
+                    "ustack --lines --inlines, all cold (symbol tables too)":
+                        lambda: run_worker("lines", addr_file, fresh, pycache),
                     "ustack --lines --inlines, cold (libdw)":
                         lambda: run_worker("lines", addr_file, cache, pycache),
                     "ustack --lines --inlines, warm (libdw's answers kept)":

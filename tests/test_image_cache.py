@@ -1,6 +1,7 @@
 """ElfImage facts are kept on disk by file identity: a file seen before is
 read back (no pyelftools), a rewritten file is parsed again, and a cache
 file that someone else could have written is not believed."""
+import glob
 import os
 import shutil
 
@@ -107,3 +108,58 @@ def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
     assert ElfImage.parsed_files == parsed          # the layout half was believed
     assert facts(image) == first
     assert ElfImage.parsed_files == parsed + 1      # the symbols were parsed again
+
+
+def test_libelf_and_pyelftools_read_the_same(tmp_path, monkeypatch):
+    """The system's libraries (IFUNCs, symbol versions, PLT stubs) and
+    libc's debug file give the same facts read through libelf as through
+    pyelftools, what ustack uses without libelf.so.1."""
+    from ustack.kernel import libelf
+    from ustack.objfile.debuginfo import find_debug_file
+    if not libelf.available():
+        pytest.skip("libelf.so.1 is not installed (apt-get install libelf1)")
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+    paths = [libc, "/lib64/ld-linux-x86-64.so.2", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"]
+    debug = find_debug_file(ElfImage.open(libc))
+    if debug.how == "build-id":
+        paths.append(debug.path)
+    paths = [p for p in paths if os.path.exists(p)]
+    got = {}
+    for reader in ("libelf", "pyelftools"):
+        monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / reader))
+        if reader == "pyelftools":
+            monkeypatch.setattr(libelf, "available", lambda: False)
+        ElfImage.clear_cache()
+        parsed = ElfImage.parsed_files
+        got[reader] = {p: facts(ElfImage.open(p)) for p in paths}
+        assert ElfImage.parsed_files == parsed + len(paths)
+    assert got["libelf"] == got["pyelftools"]
+    assert any(ElfImage.open(libc).is_ifunc(s) for s in ElfImage.open(libc).functions)
+
+
+def test_other_classes_and_byte_orders_read_the_same(tmp_path, monkeypatch):
+    """32-bit, big-endian and relocatable files (Go's debug/elf test files:
+    i386, ARM, MIPS, PowerPC, s390x, SPARC, RISC-V) give the same facts
+    through libelf as through pyelftools, or the same error."""
+    from ustack.kernel import libelf
+    from ustack.model import UstackError
+    found = sorted(glob.glob("/usr/lib/go*/src/debug/elf/testdata/*"))
+    if not found or not libelf.available():
+        pytest.skip("Go's debug/elf test files (golang-go) or libelf.so.1 are not installed")
+
+    def read(path):
+        try:
+            image = ElfImage.open(path)
+        except UstackError:
+            return "error"
+        return (image.machine, image.little_endian, image.elfclass, *facts(image))
+    got = {}
+    for reader in ("libelf", "pyelftools"):
+        monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / reader))
+        if reader == "pyelftools":
+            monkeypatch.setattr(libelf, "available", lambda: False)
+        ElfImage.clear_cache()
+        got[reader] = {os.path.basename(p): read(p) for p in found}
+    assert got["libelf"] == got["pyelftools"]
+    kinds = {(r[1], r[2]) for r in got["libelf"].values() if r != "error"}
+    assert {(True, 32), (False, 32), (False, 64), (True, 64)} <= kinds

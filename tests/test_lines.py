@@ -12,8 +12,8 @@ import pytest
 from helpers import O2_FP, addr2line_chains, build, run_ustack
 from test_elf import FakeMaps, run, text_mapping
 
-from ustack.kernel import libdw
-from ustack.objfile import debuginfo, dwarf_lines, symcache
+from ustack.kernel import libdeflate, libdw
+from ustack.objfile import debuginfo, dwarf_image, dwarf_lines, symcache
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.dwarf_units import DwarfUnits
 from ustack.objfile.elf import ElfImage
@@ -376,22 +376,86 @@ def eu_chains(binary, addrs) -> dict:
     return chains
 
 
-def test_libc_lines_agree_with_eu_addr2line(source):
+@pytest.mark.parametrize("inflater", ["libdeflate", "zlib"])
+def test_libc_lines_agree_with_eu_addr2line(source, inflater, monkeypatch):
     """file:line and inlined calls (with their names) of 600 libc addresses
     through libc6-dbg, cold (libdw, or the SymCache built) and warm (read
     back). binutils 2.40 picks wrong file names in parts of libc's DWARF 5,
     so eu-addr2line is the oracle here. The real function's own name is the
     symbol table's (both tools name it from there, with different aliases),
-    so it is left out."""
+    so it is left out. libdw reads Debian's compressed debug file from an
+    image of its DWARF sections inflated in memory (by libdeflate, or zlib
+    without it)."""
+    if inflater == "zlib":
+        monkeypatch.setattr(libdeflate, "available", lambda: False)
+    elif not libdeflate.available():
+        pytest.skip("libdeflate.so.0 is not installed (apt-get install libdeflate0)")
     debug = libc_debug_file()
-    funcs = [s for s in ElfImage.open(debug).functions if s.size > 16]
+    image = ElfImage.open(debug)
+    funcs = [s for s in image.functions if s.size > 16]
     rnd = random.Random(4)
     addrs = sorted({s.address + rnd.randrange(s.size) for s in rnd.choices(funcs, k=600)})
     want = eu_chains(LIBC, addrs)
+    images = LineTable.libdw_images
     got = cold_and_warm(debug, addrs, source)
+    assert LineTable.libdw_images == images + (source == "libdw" and dwarf_image.wanted(image))
     assert [(a, got[a][:-1], got[a][-1][1:]) for a in addrs if got[a]] == \
         [(a, want[a][:-1], want[a][-1][1:]) for a in addrs if want[a]]
     assert sum(len(got[a]) > 1 for a in addrs) > 20      # inlined calls checked
+
+
+def compressed_copy(prog, tmp_path):
+    """`prog` with its .debug_* sections zlib-compressed (SHF_COMPRESSED),
+    as Debian ships debug files."""
+    if shutil.which("objcopy") is None:
+        pytest.skip("objcopy is not installed")
+    out = tmp_path / "inline-z"
+    subprocess.run(["objcopy", "--compress-debug-sections=zlib", str(prog), str(out)],
+                   check=True)
+    return out
+
+
+def test_compressed_dwarf_read_from_an_inflated_image(prog, tmp_path):
+    """A compressed debug file: libdw reads an image of its DWARF sections
+    inflated in memory, and gives what eu-addr2line gives on the file. The
+    image holds only the sections lines and inline scopes need, inflated
+    (readelf on a copy written here)."""
+    require_libdw()
+    packed = compressed_copy(prog, tmp_path)
+    image = ElfImage.open(str(packed))
+    assert dwarf_image.wanted(image)
+    addrs = instructions(prog, {"outer", "main", "sink"})
+    want = addr2line_chains("eu-addr2line", packed, addrs)
+    images = LineTable.libdw_images
+    assert cold_and_warm(packed, addrs, "libdw") == want
+    assert LineTable.libdw_images == images + 1
+    copy = tmp_path / "image"
+    copy.write_bytes(dwarf_image.build(image))
+    out = run("readelf", "-SW", str(copy))
+    names = set(re.findall(r"\] (\.\S+)", out))
+    assert names == {".shstrtab"} | (set(dwarf_image.SECTIONS) & image.section_names)
+    assert {".debug_info", ".debug_line", ".debug_aranges"} <= names
+    assert not re.search(r"PROGBITS .* C ", out)                 # none compressed
+
+
+def test_corrupt_compressed_dwarf_gives_no_lines_and_a_message(prog, tmp_path):
+    """A compressed .debug_info whose stream is garbage: no image, libdw
+    opens the file as before; no traceback, no wrong line."""
+    require_libdw()
+    packed = compressed_copy(prog, tmp_path)
+    data = bytearray(packed.read_bytes())
+    m = re.search(r"\] \.debug_info\s+\S+\s+[0-9a-f]+\s+([0-9a-f]+)\s+([0-9a-f]+)",
+                  run("readelf", "-SW", str(packed)))
+    off, size = int(m.group(1), 16), int(m.group(2), 16)
+    data[off + 24:off + size] = bytes([0xFF]) * (size - 24)    # after Elf64_Chdr
+    packed.write_bytes(bytes(data))
+    ret = call_returns(prog, "outer", "sink")[0]
+    images = LineTable.libdw_images
+    sym = Symbolizer(FakeMaps({1: [text_mapping(str(packed), BASE)]}),
+                     SymbolOptions(lines=True, inlines=True))
+    (f,) = sym.frames(1, [BASE + ret], leaf_is_exact=False)
+    assert (f.function, f.line, f.inlined) == ("outer", 0, False)
+    assert LineTable.libdw_images == images
 
 
 def test_libc_lines_outside_dwarf_functions(source):

@@ -10,6 +10,10 @@ innermost first; each function named by its linkage name when DWARF has
 one, else its name; the innermost at the line table's row, each enclosing
 one at the DW_AT_call_file/DW_AT_call_line of the call it inlined.
 
+A compressed debug file is read from an image of the sections needed,
+inflated in memory by objfile.dwarf_image (dwarf_begin_elf on elf_memory):
+libdw's own dwarf_begin would inflate every section with zlib first.
+
 libdw is found as libdw.so.1 (Debian's libdw1, which elfutils depends on);
 without it, available() is False and callers use another source. It lives
 in kernel/, the layer that holds every foreign call (as dynlink.py does),
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+
+from . import libelf
 
 _TAG_ENTRY_POINT, _TAG_INLINED, _TAG_SUBPROGRAM = 0x03, 0x1D, 0x2E
 _AT_LINKAGE_NAME, _AT_MIPS_LINKAGE_NAME = 0x6E, 0x2007
@@ -51,10 +57,15 @@ def _load():
         except OSError:
             _lib = False
             return _lib
+        elf = libelf.library()                   # libdw's own dependency
+        if elf is None:
+            _lib = False
+            return _lib
         P, D, A = ctypes.c_void_p, ctypes.POINTER(_Die), ctypes.POINTER(_Attribute)
         u64, cstr = ctypes.c_uint64, ctypes.c_char_p
         for name, res, args in (
                 ("dwarf_begin", P, [ctypes.c_int, ctypes.c_int]),
+                ("dwarf_begin_elf", P, [P, ctypes.c_int, P]),
                 ("dwarf_end", ctypes.c_int, [P]),
                 ("dwarf_setalt", None, [P, P]),
                 ("dwarf_addrdie", D, [P, u64, D]),
@@ -75,6 +86,7 @@ def _load():
                 ("dwarf_errno", ctypes.c_int, [])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
+        lib.elf_memory, lib.elf_end = elf.elf_memory, elf.elf_end
         libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
         lib.free = libc.free
         _lib = lib
@@ -94,20 +106,27 @@ class Libdw:
     thread at a time: lookups share ctypes buffers, and libdw 0.188 reads
     units lazily without locks."""
 
-    def __init__(self, path: str, alt_path: str | None = None):
+    def __init__(self, path: str, alt_path: str | None = None,
+                 image=None):
         """`alt_path`: the dwz alt file the DWARF borrows names and DIEs
-        from (objfile.debuginfo.find_alt_file), when it has one."""
+        from (objfile.debuginfo.find_alt_file), when it has one. `image`:
+        a writable buffer (mmap, bytearray) holding an ELF image of path's
+        DWARF sections (objfile.dwarf_image), read instead of the file;
+        kept until close()."""
         lib = _load()
         if not lib:
             raise LibdwError("libdw.so.1 is not installed")
         self._lib = lib
         self._fds: list = []
         self._dwarfs: list = []
-        self._dwarf = self._begin(path)
+        self._elf = None
+        self._image = None
+        self._dwarf = self._begin(path) if image is None else self._begin_image(path, image)
         if alt_path is not None:
             alt = self._begin(alt_path)
             lib.dwarf_setalt(self._dwarf, alt)
         self._files: dict = {}      # unit DIE address -> Dwarf_Files pointer
+        self._comp_dirs: dict = {}  # unit DIE address -> its DW_AT_comp_dir
         self._attr = _Attribute()
         self._word = ctypes.c_uint64()
 
@@ -125,6 +144,17 @@ class Libdw:
         self._dwarfs.append(dwarf)
         return dwarf
 
+    def _begin_image(self, path: str, image):
+        self._image = (ctypes.c_char * len(image)).from_buffer(image)
+        self._elf = self._lib.elf_memory(self._image, len(image))
+        dwarf = self._lib.dwarf_begin_elf(self._elf, _DWARF_C_READ, None) if self._elf else None
+        if not dwarf:
+            why = self._error()
+            self.close()
+            raise LibdwError(f"{path}: {why}")
+        self._dwarfs.append(dwarf)
+        return dwarf
+
     def _error(self, err: int = -1) -> str:
         msg = self._lib.dwarf_errmsg(err)      # -1: the last error
         return msg.decode(errors="replace") if msg else "no DWARF"
@@ -135,7 +165,9 @@ class Libdw:
             self._lib.dwarf_end(dwarf)
         for fd in self._fds:
             os.close(fd)
-        self._dwarfs, self._fds = [], []
+        if self._elf:                   # after dwarf_end: libdw reads it until then
+            self._lib.elf_end(self._elf)
+        self._dwarfs, self._fds, self._elf, self._image = [], [], None, None
 
     def locate(self, vaddr: int) -> tuple:
         """[(function, file, line)] at vaddr, innermost inlined call first and
@@ -179,11 +211,12 @@ class Libdw:
         finally:
             lib.free(scopes)
         try:
+            outer_tags = [lib.dwarf_tag(ctypes.byref(outer[i])) for i in range(max(m, 0))]
             for i in range(max(m, 0) - 1):
-                if lib.dwarf_tag(ctypes.byref(outer[i])) != _TAG_INLINED:
+                if outer_tags[i] != _TAG_INLINED:
                     continue
                 caller = next((outer[j] for j in range(i + 1, m)
-                               if lib.dwarf_tag(ctypes.byref(outer[j])) in _FUNCTIONS), None)
+                               if outer_tags[j] in _FUNCTIONS), None)
                 chain.append((self._name(caller) if caller is not None else "",
                               *self._call_site(cu, comp_dir, outer[i])))
         finally:
@@ -192,10 +225,14 @@ class Libdw:
         return tuple(chain)
 
     def _comp_dir(self, cu: _Die) -> bytes | None:
+        if cu.addr in self._comp_dirs:
+            return self._comp_dirs[cu.addr]
         attr = ctypes.byref(self._attr)
-        if not self._lib.dwarf_attr(ctypes.byref(cu), _AT_COMP_DIR, attr):
-            return None
-        return self._lib.dwarf_formstring(attr)
+        found = None
+        if self._lib.dwarf_attr(ctypes.byref(cu), _AT_COMP_DIR, attr):
+            found = self._lib.dwarf_formstring(attr)
+        self._comp_dirs[cu.addr] = found
+        return found
 
     def _name(self, die: _Die) -> str:
         """The linkage name if DWARF has one, through abstract origins; else

@@ -24,7 +24,7 @@ import os
 
 from . import cache as objcache
 from ..kernel import libdw
-from . import symcache
+from . import dwarf_image, symcache
 from .debuginfo import find_alt_file
 from .elf import ElfImage
 from .line_memo import VERSION as MEMO_VERSION, LineMemo
@@ -50,6 +50,7 @@ class LineTable:
     _memo: dict = {}
     built_symcaches = 0   # SymCaches built (not read back) in this process (tests, bench)
     libdw_lookups = 0     # addresses libdw was asked in this process (tests, bench)
+    libdw_images = 0      # files libdw read from an image in memory (objfile.dwarf_image)
 
     @classmethod
     def for_image(cls, image: ElfImage) -> "LineTable" | None:
@@ -78,6 +79,7 @@ class LineTable:
         self.path = image.path
         self._st = st
         self._build_id = image.build_id
+        self._image = image
         self._answers: dict = {}      # vaddr -> tuple of SourceLoc
         self.errors: list = []        # why some addresses gave nothing (corrupt DWARF)
         self._alt_path = None
@@ -147,7 +149,7 @@ class LineTable:
             return chain
         if self._libdw is None:
             try:
-                self._libdw = libdw.Libdw(self.path, self._alt_path)
+                self._libdw = self._open_libdw()
             except libdw.LibdwError:
                 self._libdw_usable = False
                 return None
@@ -160,6 +162,20 @@ class LineTable:
         if len(self._line_memo) >= BUILD_AFTER and not self._dwz:
             self._build_now()
         return chain
+
+    def _open_libdw(self) -> libdw.Libdw:
+        """libdw on the file's DWARF sections inflated here, in memory
+        (objfile.dwarf_image: faster than libdw's own inflating of every
+        section), else on the file."""
+        image = dwarf_image.build(self._image)
+        if image is not None:
+            try:
+                opened = libdw.Libdw(self.path, self._alt_path, image=image)
+                LineTable.libdw_images += 1
+                return opened
+            except libdw.LibdwError:
+                pass                     # the file itself says what is wrong
+        return libdw.Libdw(self.path, self._alt_path)
 
     def _build_now(self) -> None:
         """Many addresses asked: the SymCache answers the rest of them."""

@@ -1,13 +1,14 @@
 """One ELF file as ustack needs it: function symbols, address lookup, and the
 vaddr <-> file offset translation through PT_LOAD segments.
 
-Everything is read once at open() (pyelftools is slow, so the results are
-kept in plain lists) and cached per file identity for the whole process,
-and on disk: a file seen before is not parsed again (nor pyelftools
-imported, ~25 ms), its facts are read back from the cache."""
+Everything is read once at open(): headers and section bytes through
+libelf, else pyelftools (objfile.elf_reader), the symbol tables unpacked
+from their bytes here (pyelftools' per-symbol parsing took ~0.3 s for
+libc's debug file, this ~15 ms). The results are kept in plain lists and
+cached per file identity for the whole process, and on disk: a file seen
+before is not parsed again, its facts are read back from the cache."""
 from __future__ import annotations
 
-import array
 import bisect
 import fnmatch
 import hashlib
@@ -15,7 +16,7 @@ import json
 import os
 import struct
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 
 from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
@@ -23,11 +24,19 @@ from ustack.model import UstackError
 from . import cache as objcache
 from .demangle import demangle, is_mangled, plain_name
 from ..values import value
+from .elf_reader import open_reader
 
-# pyelftools calls STT_GNU_IFUNC (10) by its range name STT_LOOS: without
-# it libc's strlen, memcpy@@GLIBC_2.14 and the like are invisible
-_FUNC_TYPES = ("STT_FUNC", "STT_GNU_IFUNC", "STT_LOOS")
-_IFUNC_TYPES = ("STT_GNU_IFUNC", "STT_LOOS")
+# the ELF spec's numbers (elf.h)
+_STT_NOTYPE, _STT_FUNC, _STT_GNU_IFUNC = 0, 2, 10
+# without STT_GNU_IFUNC libc's strlen, memcpy@@GLIBC_2.14 and the like are invisible
+_FUNC_TYPES = (_STT_FUNC, _STT_GNU_IFUNC)
+_BIND_NAMES = {0: "STB_LOCAL", 1: "STB_GLOBAL", 2: "STB_WEAK", 10: "STB_GNU_UNIQUE"}
+_SHT_PROGBITS, _SHT_SYMTAB, _SHT_RELA, _SHT_NOBITS, _SHT_DYNSYM = 1, 2, 4, 8, 11
+_SHT_GNU_VERSYM = 0x6FFFFFFF
+_SYMBOL_TABLES = (_SHT_SYMTAB, _SHT_DYNSYM)
+_SHN_UNDEF = 0
+_SHF_EXECINSTR = 0x4
+_PT_LOAD = 1
 # flags of a raw function entry
 IFUNC = 1          # the address is a resolver; calls go to what it returns
 COMPAT = 2         # an old, non-default symbol version (memcpy@GLIBC_2.2.5)
@@ -46,15 +55,15 @@ _ELFCOMPRESS_ZLIB = 1
 # Images that keep a file descriptor open for read(): bounded, so a
 # system-wide profile touching hundreds of objects stays far from the fd limit.
 _MAX_OPEN_FDS = 64
-_STATE_VERSION = "v3"    # of the cached image layout (_state/_restore)
+_STATE_VERSION = "v4"    # of the cached image layout (_state/_restore)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
-@value
-class Symbol:
-    name: str
-    address: int
-    size: int
+class Symbol(namedtuple("Symbol", "name address size")):
+    """A function (`name`, `address`, `size`): a tuple, ~3x cheaper to make
+    than a frozen dataclass (libc's debug file holds 6.6 k of them, made on
+    every run)."""
+    __slots__ = ()
 
 
 @value
@@ -106,15 +115,13 @@ class ElfImage:
                                                f"{_STATE_VERSION}.json")
                 if self._restore(objcache.read(cache)):
                     return
-                from elftools.elf.elffile import ELFFile
-                f.seek(0)
-                self._parse(ELFFile(f))
+                self._parse_file(f)
             objcache.write(cache, self._state())
         except UstackError:
             raise
         except OSError as e:
             raise UstackError(f"{path}: {e.strerror}") from None
-        except Exception as e:  # pyelftools raises many types on bad input
+        except Exception as e:  # pyelftools and struct raise many types on bad input
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise UstackError(f"{path}: corrupt ELF: {why}") from None
 
@@ -178,6 +185,9 @@ class ElfImage:
                                "_by_name", "_demangled"})
 
     def __getattr__(self, name: str):
+        if name in ("_by_name", "_demangled") and "functions" in self.__dict__:
+            self._index_names()         # restored without them: lookup() needs none
+            return getattr(self, name)
         saved = self.__dict__.get("_saved_symbols")
         if name not in self._SYMBOL_FACTS or saved is None:
             raise AttributeError(name)
@@ -189,7 +199,7 @@ class ElfImage:
     def _restore_symbols(self, blob: bytes) -> bool:
         try:
             d = json.loads(blob)
-            named = [Symbol(n, a, s) for n, a, s in d["named"]]
+            named = list(map(Symbol._make, d["named"]))
             self._named = named
             self.functions = [named[i] for i in d["functions"]]
             self._starts = d["starts"]
@@ -199,40 +209,46 @@ class ElfImage:
                 return False
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return False
-        self._index_names()
         return True
 
     def _reparse_symbols(self) -> None:
         """A cache whose symbol half is corrupt: the file parsed anew."""
-        from elftools.elf.elffile import ELFFile
         try:
             with open(self.path, "rb") as f:
-                self._parse(ELFFile(f))
+                self._parse_file(f)
         except Exception as e:          # as __init__: pyelftools raises many types
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise UstackError(f"{self.path}: corrupt ELF: {why}") from None
 
-    def _parse(self, elf) -> None:
-        """Everything from the file through pyelftools (an ELFFile)."""
+    def _parse_file(self, f) -> None:
+        """Everything from the open file `f`, through libelf or pyelftools
+        (objfile.elf_reader)."""
+        reader = open_reader(self.path, f)
+        try:
+            self._parse(reader)
+        finally:
+            reader.close()
+
+    def _parse(self, reader) -> None:
+        """Everything from the file through an objfile.elf_reader reader."""
         ElfImage.parsed_files += 1
-        self.e_type = elf.header.e_type
+        self.e_type = reader.e_type
         self.is_pie = self.e_type == "ET_DYN"  # PIE executable or shared library
-        self.machine = elf.header.e_machine
-        self._loads = [
-            _Load(s["p_vaddr"], s["p_offset"], s["p_filesz"], s["p_flags"])
-            for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-        sections = list(elf.iter_sections())
+        self.machine = reader.machine
+        self._loads = [_Load(s.vaddr, s.offset, s.filesz, s.flags)
+                       for s in reader.segments if s.type == _PT_LOAD]
+        sections = reader.sections
         self.section_names = frozenset(s.name for s in sections)
         # name -> (address, file offset, size) of sections with file bytes
-        self.sections = {s.name: (s["sh_addr"], s["sh_offset"], s["sh_size"])
-                         for s in sections if s["sh_type"] != "SHT_NOBITS"}
+        self.sections = {s.name: (s.addr, s.offset, s.size)
+                         for s in sections if s.type != _SHT_NOBITS}
         self._compressed = frozenset(s.name for s in sections
-                                     if s["sh_flags"] & _SHF_COMPRESSED)
-        self.little_endian = elf.little_endian
-        self._elfclass = elf.elfclass
-        self.build_id = self._build_id(elf, sections)
-        raw = self._cached_raw_functions(sections)
-        self.has_symtab = any(s["sh_type"] == "SHT_SYMTAB" for s in sections)
+                                     if s.flags & _SHF_COMPRESSED)
+        self.little_endian = reader.little_endian
+        self._elfclass = reader.elfclass
+        self.build_id = reader.build_id()
+        raw = self._cached_raw_functions(reader)
+        self.has_symtab = any(s.type == _SHT_SYMTAB for s in sections)
         self.is_go = (bool(self.section_names & set(_GO_SECTIONS))
                       or any(n == "runtime.main" for _a, n in raw))
         self.go_error = None            # why a Go binary's .gopclntab is unusable
@@ -266,32 +282,19 @@ class ElfImage:
         return {(entry, name): (end - entry, "STB_GLOBAL", None, 0)
                 for name, entry, end in table.functions()} if table else {}
 
-    @staticmethod
-    def _build_id(elf, sections) -> str | None:
-        # Sections when present; PT_NOTE for stripped-of-sections files.
-        containers = [s for s in sections if s["sh_type"] == "SHT_NOTE"]
-        if not containers:
-            containers = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"]
-        for c in containers:
-            for note in c.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                    return note["n_desc"]
-        return None
-
-    def _cached_raw_functions(self, sections) -> dict:
+    def _cached_raw_functions(self, reader) -> dict:
         """_raw_functions, read back from the cache by build-id when it was
-        computed before: pyelftools takes ~0.35 s for libc's debug file.
+        computed before (~30 ms for libc's debug file).
         An object and its debug file (or a stripped copy) share the
         build-id, not the symbol tables: the tables' sizes name the entry."""
-        signature = ";".join(f"{s.name}:{s['sh_size']}" for s in sections
-                             if s["sh_type"] in ("SHT_SYMTAB", "SHT_DYNSYM")
-                             or s.name in _PLT_SECTIONS)
+        signature = ";".join(f"{s.name}:{s.size}" for s in reader.sections
+                             if s.type in _SYMBOL_TABLES or s.name in _PLT_SECTIONS)
         try:
             tables = hashlib.sha1(signature.encode()).hexdigest()[:16]
             cache = objcache.cache_file("symbols", self.path, os.stat(self.path),
-                                        self.build_id, f"{tables}.v3.json")
+                                        self.build_id, f"{tables}.v4.json")
         except OSError:
-            return self._raw_functions(sections)
+            return self._raw_functions(reader)
         blob = objcache.read(cache)
         if blob:
             try:
@@ -301,42 +304,43 @@ class ElfImage:
                             for a, n, size, bind, shndx, flags in entry["functions"]}
             except (ValueError, KeyError, TypeError):
                 pass                    # corrupt: rebuilt below
-        raw = self._raw_functions(sections)
+        raw = self._raw_functions(reader)
         objcache.write(cache, json.dumps({
             "signature": signature,
             "functions": [[a, n, *v] for (a, n), v in raw.items()]}).encode())
         return raw
 
     @staticmethod
-    def _raw_functions(sections) -> dict:
+    def _raw_functions(reader) -> dict:
         """(address, name) -> (size, binding, section index, flags) over both
         tables and the PLT stubs (a sample can stop in one: perf names it
         foo@plt); flags: IFUNC, COMPAT."""
-        found = _plt_functions(sections)
+        sections = reader.sections
+        tables = {s.index: _symbols(reader, s) for s in sections if s.type in _SYMBOL_TABLES}
+        found = _plt_functions(reader, tables)
         for sec in sections:
-            if sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
+            if sec.type not in _SYMBOL_TABLES:
                 continue
-            hidden = _hidden_versions(sections, sec)
-            for index, sym in enumerate(sec.iter_symbols()):
-                info = sym["st_info"]
-                addr, shndx = sym["st_value"], sym["st_shndx"]
-                if addr == 0 or shndx == "SHN_UNDEF" or not sym.name:
+            hidden = _hidden_versions(reader, sec)
+            for index, (sym_name, addr, size, info, shndx) in enumerate(tables[sec.index]):
+                if addr == 0 or shndx == _SHN_UNDEF or not sym_name:
                     continue
-                bind = info["bind"]
-                if info["type"] == "STT_NOTYPE" and _in_code(sections, shndx):
+                kind = info & 0xF
+                bind = _BIND_NAMES.get(info >> 4, f"STB_{info >> 4}")
+                if kind == _STT_NOTYPE and _in_code(sections, shndx):
                     bind = _LABEL           # assembly entry points: ld.so's _start
-                elif info["type"] not in _FUNC_TYPES:
+                elif kind not in _FUNC_TYPES:
                     continue
                 # a debug file's .symtab spells versions in: memcpy@@GLIBC_2.14
-                name, at, version = sym.name.partition("@")
-                flags = IFUNC if info["type"] in _IFUNC_TYPES else 0
+                name, at, version = sym_name.partition("@")
+                flags = IFUNC if kind == _STT_GNU_IFUNC else 0
                 if index in hidden or (at and not version.startswith("@")):
                     flags |= COMPAT
                 key = (addr, name)
                 old = found.get(key)
                 # .symtab and .dynsym repeat each other; keep the sized one.
-                if old is None or (old[0] == 0 and sym["st_size"]):
-                    found[key] = (sym["st_size"], bind, shndx, flags)
+                if old is None or (old[0] == 0 and size):
+                    found[key] = (size, bind, shndx, flags)
         return found
 
     @staticmethod
@@ -351,8 +355,8 @@ class ElfImage:
                 end = starts[i] if i < len(starts) else None
                 if isinstance(shndx, int) and 0 < shndx < len(sections):
                     sh = sections[shndx]
-                    sec_end = sh["sh_addr"] + sh["sh_size"]
-                    if sh["sh_addr"] <= addr < sec_end:
+                    sec_end = sh.addr + sh.size
+                    if sh.addr <= addr < sec_end:
                         end = sec_end if end is None else min(end, sec_end)
                 size = end - addr if end is not None else 0
             out.append(Symbol(name, addr, size))
@@ -472,13 +476,44 @@ class ElfImage:
     def section_bytes(self, name: str) -> bytes | None:
         """The contents of section `name` (inflated if SHF_COMPRESSED), or
         None when the file has no such section with file bytes."""
+        data = self.section_file_bytes(name)
+        return None if data is None else self.inflated(name, data)
+
+    def section_file_bytes(self, name: str) -> bytes | None:
+        """Section `name` as the file holds it (compressed or not), or None
+        when the file has no such section with file bytes."""
         sec = self.sections.get(name)
         if sec is None:
             return None
         _addr, offset, size = sec
-        data = self._pread(size, offset)
+        return self._pread(size, offset)
+
+    def is_compressed(self, name: str) -> bool:
+        return name in self._compressed
+
+    @property
+    def elfclass(self) -> int:
+        """32 or 64."""
+        return self._elfclass
+
+    def file_bytes(self, offset: int, size: int) -> bytes:
+        """`size` bytes of the file at `offset` (fewer at its end)."""
+        return self._pread(size, offset)
+
+    def inflated(self, name: str, data: bytes) -> bytes:
+        """Section `name`'s contents from its file bytes `data`
+        (section_file_bytes): inflated if SHF_COMPRESSED, else `data`."""
         if name not in self._compressed:
             return data
+        start, size = self.compression_header(name, data)
+        try:
+            return zlib.decompressobj().decompress(memoryview(data)[start:], size)
+        except zlib.error as e:
+            raise UstackError(f"{self.path}: corrupt compressed section {name}: {e}") from None
+
+    def compression_header(self, name: str, data: bytes) -> tuple:
+        """(where the zlib stream starts, the size it inflates to) in the
+        file bytes `data` of the SHF_COMPRESSED section `name`."""
         # Elf64_Chdr: ch_type, reserved, ch_size, ch_addralign (Elf32: 3 words)
         end = "<" if self.little_endian else ">"
         hdr = struct.Struct(end + ("IIQQ" if self._elfclass == 64 else "III"))
@@ -489,10 +524,7 @@ class ElfImage:
         if ch_type != _ELFCOMPRESS_ZLIB:
             raise UstackError(f"{self.path}: section {name} uses compression "
                               f"type {ch_type}, which ustack cannot read")
-        try:
-            return zlib.decompressobj().decompress(data[hdr.size:], ch_size)
-        except zlib.error as e:
-            raise UstackError(f"{self.path}: corrupt compressed section {name}: {e}") from None
+        return hdr.size, ch_size
 
     def _pread(self, size: int, offset: int) -> bytes:
         """Bytes of the file, through one descriptor kept open per image
@@ -522,46 +554,74 @@ class ElfImage:
 
 
 def _in_code(sections, shndx) -> bool:
-    return (isinstance(shndx, int) and 0 < shndx < len(sections)
-            and bool(sections[shndx]["sh_flags"] & 0x4))      # SHF_EXECINSTR
+    return 0 < shndx < len(sections) and bool(sections[shndx].flags & _SHF_EXECINSTR)
 
 
-def _hidden_versions(sections, symtab) -> frozenset:
+def _symbols(reader, table) -> list:
+    """(name, value, size, info, section index) of each entry of the
+    symbol table section `table`, read from its bytes."""
+    data = reader.data(table)
+    sections = reader.sections
+    strtab = reader.data(sections[table.link]) if 0 < table.link < len(sections) else b""
+    if reader.elfclass == 64:
+        layout = struct.Struct(reader.order + "IBBHQQ")
+        entries = ((n, v, sz, info, sh) for n, info, _o, sh, v, sz
+                   in layout.iter_unpack(data[:len(data) - len(data) % layout.size]))
+    else:
+        layout = struct.Struct(reader.order + "IIIBBH")
+        entries = ((n, v, sz, info, sh) for n, v, sz, info, _o, sh
+                   in layout.iter_unpack(data[:len(data) - len(data) % layout.size]))
+    out = []
+    for n, address, size, info, shndx in entries:
+        end = strtab.find(b"\0", n)
+        # latin-1 as pyelftools decoded them: names in the caches stay the same
+        name = strtab[n:end if end >= 0 else len(strtab)].decode("latin-1")
+        out.append((name, address, size, info, shndx))
+    return out
+
+
+def _hidden_versions(reader, symtab) -> frozenset:
     """Indexes of `symtab`'s symbols whose version is hidden: `name@VER`, an
     old version kept for old binaries, which new links never bind to."""
-    if symtab["sh_type"] != "SHT_DYNSYM":
+    if symtab.type != _SHT_DYNSYM:
         return frozenset()
-    for sec in sections:
-        if sec["sh_type"] == "SHT_GNU_versym":
-            words = array.array("H", sec.data())      # x86-64: little-endian
-            return frozenset(i for i, v in enumerate(words) if v & _VERSYM_HIDDEN)
+    for sec in reader.sections:
+        if sec.type == _SHT_GNU_VERSYM:
+            data = reader.data(sec)
+            words = struct.iter_unpack(reader.order + "H", data[:len(data) & ~1])
+            return frozenset(i for i, (v,) in enumerate(words) if v & _VERSYM_HIDDEN)
     return frozenset()
 
 
-def _plt_functions(sections) -> dict:
+def _plt_functions(reader, tables: dict) -> dict:
     """`name@plt` for each PLT stub, found the way objdump does: the stub's
     `jmp *GOT(%rip)` names a GOT slot, and the slot's relocation names the
     symbol. Lazy-binding .plt, IBT's .plt.sec and .plt.got all work so;
-    the resolver stub PLT0 jumps through no relocated slot and stays unnamed."""
-    by_index = {i: s for i, s in enumerate(sections)}
+    the resolver stub PLT0 jumps through no relocated slot and stays unnamed.
+    `tables`: section index -> _symbols() of each symbol table."""
+    sections = reader.sections
+    rela = struct.Struct(reader.order + ("QQq" if reader.elfclass == 64 else "IIi"))
+    shift = 32 if reader.elfclass == 64 else 8
     slots = {}
     for sec in sections:
-        if sec["sh_type"] != "SHT_RELA" or not sec["sh_link"]:
+        if sec.type != _SHT_RELA or not sec.link:
             continue
-        symtab = by_index.get(sec["sh_link"])
-        if symtab is None or symtab["sh_type"] not in ("SHT_DYNSYM", "SHT_SYMTAB"):
+        symbols = tables.get(sec.link)
+        if symbols is None:
             continue
-        for rel in sec.iter_relocations():
-            if rel["r_info_sym"]:
-                name = symtab.get_symbol(rel["r_info_sym"]).name.split("@", 1)[0]
+        data = reader.data(sec)
+        for offset, info, _addend in rela.iter_unpack(data[:len(data) - len(data) % rela.size]):
+            index = info >> shift
+            if 0 < index < len(symbols):
+                name = symbols[index][0].split("@", 1)[0]
                 if name:
-                    slots[rel["r_offset"]] = name
+                    slots[offset] = name
     found = {}
-    for index, sec in enumerate(sections):
-        if sec.name not in _PLT_SECTIONS or sec["sh_type"] != "SHT_PROGBITS":
+    for sec in sections:
+        if sec.name not in _PLT_SECTIONS or sec.type != _SHT_PROGBITS:
             continue
-        step = sec["sh_entsize"] or 16
-        data, base = sec.data(), sec["sh_addr"]
+        step = sec.entsize or 16
+        data, base = reader.data(sec), sec.addr
         for start in range(0, len(data) - step + 1, step):
             at = data.find(_JMP_RIP, start, start + step)
             if at < 0 or at + 6 > len(data):
@@ -569,7 +629,7 @@ def _plt_functions(sections) -> dict:
             disp = int.from_bytes(data[at + 2:at + 6], "little", signed=True)
             name = slots.get(base + at + 6 + disp)
             if name:
-                found[(base + start, f"{name}@plt")] = (step, "STB_LOCAL", index, 0)
+                found[(base + start, f"{name}@plt")] = (step, "STB_LOCAL", sec.index, 0)
     return found
 
 
