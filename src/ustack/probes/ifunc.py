@@ -29,17 +29,25 @@ def implementation(image, name: str) -> int | None:
     return vaddr if image.executable(vaddr) else None
 
 
+_found: dict = {}       # (dev, inode) -> this process's mapping of it, once found
+
+
 def _own_mapping(path: str):
-    """An executable mapping of the file at `path` in this process, if any."""
+    """An executable mapping of the file at `path` in this process, if any
+    (kept once found: a glob over libc asks for each of its IFUNCs, and
+    each read of /proc/self/maps cost ~1 ms)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
+    if (st.st_dev, st.st_ino) in _found:
+        return _found[st.st_dev, st.st_ino]
     for m in procfs.executable_mappings(os.getpid()):
         try:
             mst = os.stat(m.path)
         except OSError:
             continue
         if (mst.st_dev, mst.st_ino) == (st.st_dev, st.st_ino):
+            _found[st.st_dev, st.st_ino] = m
             return m
     return None

@@ -205,19 +205,20 @@ def _functions(image: ElfImage, func: str, shown: str, offset: int = 0) -> list:
 def _ifunc_implementation(image: ElfImage, debug, sym: Symbol, shown: str,
                           offset: int) -> Symbol:
     """The function an IFUNC resolves to on this machine (see ifunc.py)."""
-    candidates = sorted({s.name for s in (debug or image).functions
-                         if sym.name in s.name and s.name != sym.name})[:6]
-    hint = f"; its implementations: {', '.join(candidates)}" if candidates else ""
+    def hint() -> str:              # for the errors only: it scans every function
+        candidates = sorted({s.name for s in (debug or image).functions
+                             if sym.name in s.name and s.name != sym.name})[:6]
+        return f"; its implementations: {', '.join(candidates)}" if candidates else ""
     if offset:
         raise UstackError(f"{sym.name} in {shown} is an IFUNC (the code it runs is "
                           f"chosen at load time): probe an implementation by name"
-                          f" with +0x{offset:x}{hint}")
+                          f" with +0x{offset:x}{hint()}")
     vaddr = ifunc.implementation(image, sym.name)
     if vaddr is None:
         raise UstackError(f"{sym.name} in {shown} is an IFUNC (the code it runs is "
                           "chosen at load time) and ustack resolves those only in "
                           "libraries it has loaded itself: probe an implementation "
-                          f"by name{hint}")
+                          f"by name{hint()}")
     named = (debug.lookup(vaddr) if debug else None) or image.lookup(vaddr)
     if named is not None and named.address == vaddr:
         return named

@@ -100,9 +100,11 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         if why is not None:
             raise UstackError(f"offcpu cannot run: {why}")
         return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
+    if command == "funccount":      # calls counted, no stacks: nothing to unwind
+        _why_not_bpf(command, backend, unwind, (), kernel_stacks)
+        return Plan("bpf", ("none",) * len(probes))
     modes = tuple(choose(p, unwind, main_binary) for p in probes)
-    counting = command == "funccount" or (command in ("count", "profile")
-                                          and backend in ("auto", "bpf"))
+    counting = command in ("count", "profile") and backend in ("auto", "bpf")
     if command == "trace" and backend == "bpf":
         return _bpf_trace(probes, unwind)
     if (command == "trace" and backend == "auto" and unwind != "fp"
@@ -114,8 +116,7 @@ def plan(command: str, backend: str, unwind: str, probes: list,
         return Plan("perf", modes, _copied(why))
     if not counting:
         return Plan("perf", modes)
-    if command != "funccount" and unwind != "fp" and _wants_dwarf(probes, modes,
-                                                                 main_binary):
+    if unwind != "fp" and _wants_dwarf(probes, modes, main_binary):
         why = (copy_reason if copy_reason and backend == "auto" and not kernel_stacks
                else _why_no_kernel_dwarf(probes))
         if why is None:
@@ -125,7 +126,7 @@ def plan(command: str, backend: str, unwind: str, probes: list,
             return Plan("perf", modes, _copied(why))
     why_not = _why_not_bpf(command, backend, unwind, modes, kernel_stacks)
     if why_not is None:
-        return Plan("bpf", ("none" if command == "funccount" else "fp",) * len(probes))
+        return Plan("bpf", ("fp",) * len(probes))
     if kernel_stacks:
         raise UstackError("--kernel needs in-kernel counting (the bpf backend), "
                           "which walks frame pointers only")
