@@ -90,7 +90,19 @@ def worker(mode: str, addr_file: str) -> None:
     import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"first": first, "total": total, "rss_kb": rss,
-                      "frames": len(frames), "lines": sum(1 for f in frames if f.line)}))
+                      "frames": len(frames), "lines": sum(1 for f in frames if f.line)}),
+          flush=True)
+    leave_as_the_cli_does()
+
+
+def leave_as_the_cli_does() -> None:
+    """What ustack.cli.entry does after a command: the line answers saved,
+    then out without tearing the interpreter down (the worker's wall time
+    is then the command's)."""
+    memos = sys.modules.get("ustack.objfile.line_memo")
+    if memos is not None:
+        memos.save_all()
+    os._exit(0)
 
 
 def worker_env(cache: str, pycache: str) -> dict:
@@ -164,7 +176,7 @@ def main() -> None:
                 slow = tempfile.mkdtemp(dir=tmp)
                 for other in (whole, slow):     # their symbol tables cached, untimed
                     run_worker("names", addr_file, other, pycache)
-                floor = [sys.executable, "-c", "import ustack.symbols.symbolizer"]
+                floor = [sys.executable, "-c", "import os, ustack.symbols.symbolizer; os._exit(0)"]
                 runs = {
                     "python start-up + ustack's symbolizer imports": lambda: run_tool(
                         floor, dict(worker_env(cache, pycache), PYTHONPATH=str(REPO / "src"))),

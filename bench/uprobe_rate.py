@@ -195,6 +195,7 @@ def run_options(doc: str, name: str):
     ap.add_argument("--timeout", type=float, default=120, help="seconds per run")
     ap.add_argument("-o", "--out", type=Path, help="Markdown file to write")
     args = ap.parse_args()
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)     # a user's Python writes .pyc
     n = args.n or (100_000 if args.quick else 1_000_000)
     reps = args.reps or (1 if args.quick else 3)
     out = args.out or REPO / "bench" / "results" / \
