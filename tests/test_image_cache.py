@@ -110,6 +110,21 @@ def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
     assert ElfImage.parsed_files == parsed + 1      # the symbols were parsed again
 
 
+def through_both_readers(paths: list, read, tmp_path, monkeypatch) -> dict:
+    """{reader: {basename: read(path)}} with each reader ElfImage has:
+    libelf, then pyelftools (as where libelf.so.1 is missing), each with a
+    cache of its own."""
+    from ustack.kernel import libelf
+    got = {}
+    for reader in ("libelf", "pyelftools"):
+        monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / reader))
+        if reader == "pyelftools":
+            monkeypatch.setattr(libelf, "available", lambda: False)
+        ElfImage.clear_cache()
+        got[reader] = {os.path.basename(p): read(p) for p in paths}
+    return got
+
+
 def test_libelf_and_pyelftools_read_the_same(tmp_path, monkeypatch):
     """The system's libraries (IFUNCs, symbol versions, PLT stubs) and
     libc's debug file give the same facts read through libelf as through
@@ -124,15 +139,13 @@ def test_libelf_and_pyelftools_read_the_same(tmp_path, monkeypatch):
     if debug.how == "build-id":
         paths.append(debug.path)
     paths = [p for p in paths if os.path.exists(p)]
-    got = {}
-    for reader in ("libelf", "pyelftools"):
-        monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / reader))
-        if reader == "pyelftools":
-            monkeypatch.setattr(libelf, "available", lambda: False)
-        ElfImage.clear_cache()
-        parsed = ElfImage.parsed_files
-        got[reader] = {p: facts(ElfImage.open(p)) for p in paths}
-        assert ElfImage.parsed_files == parsed + len(paths)
+    parsed = []
+
+    def read(path):
+        parsed.append(ElfImage.parsed_files)
+        return facts(ElfImage.open(path))
+    got = through_both_readers(paths, read, tmp_path, monkeypatch)
+    assert ElfImage.parsed_files == parsed[0] + 2 * len(paths)   # none from a cache
     assert got["libelf"] == got["pyelftools"]
     assert any(ElfImage.open(libc).is_ifunc(s) for s in ElfImage.open(libc).functions)
 
@@ -153,13 +166,7 @@ def test_other_classes_and_byte_orders_read_the_same(tmp_path, monkeypatch):
         except UstackError:
             return "error"
         return (image.machine, image.little_endian, image.elfclass, *facts(image))
-    got = {}
-    for reader in ("libelf", "pyelftools"):
-        monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / reader))
-        if reader == "pyelftools":
-            monkeypatch.setattr(libelf, "available", lambda: False)
-        ElfImage.clear_cache()
-        got[reader] = {os.path.basename(p): read(p) for p in found}
+    got = through_both_readers(found, read, tmp_path, monkeypatch)
     assert got["libelf"] == got["pyelftools"]
     kinds = {(r[1], r[2]) for r in got["libelf"].values() if r != "error"}
     assert {(True, 32), (False, 32), (False, 64), (True, 64)} <= kinds

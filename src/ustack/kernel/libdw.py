@@ -136,18 +136,16 @@ class Libdw:
         except OSError as e:
             raise LibdwError(f"{path}: {e.strerror}") from None
         self._fds.append(fd)
-        dwarf = self._lib.dwarf_begin(fd, _DWARF_C_READ)
-        if not dwarf:
-            why = self._error()
-            self.close()
-            raise LibdwError(f"{path}: {why}")
-        self._dwarfs.append(dwarf)
-        return dwarf
+        return self._kept(path, self._lib.dwarf_begin(fd, _DWARF_C_READ))
 
     def _begin_image(self, path: str, image):
         self._image = (ctypes.c_char * len(image)).from_buffer(image)
         self._elf = self._lib.elf_memory(self._image, len(image))
-        dwarf = self._lib.dwarf_begin_elf(self._elf, _DWARF_C_READ, None) if self._elf else None
+        return self._kept(path, self._lib.dwarf_begin_elf(self._elf, _DWARF_C_READ, None)
+                          if self._elf else None)
+
+    def _kept(self, path: str, dwarf):
+        """`dwarf` kept for close(); when libdw gave none, all closed and why raised."""
         if not dwarf:
             why = self._error()
             self.close()
