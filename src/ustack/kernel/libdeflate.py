@@ -42,12 +42,15 @@ class DeflateError(Exception):
     """The stream is corrupt, or not of the size expected."""
 
 
-def zlib_inflate_into(data: bytes, start: int, out: int, size: int) -> None:
-    """Inflate the zlib stream at data[start:] into the `size` bytes at
-    address `out`; it must fill them exactly. Threads may call it at once."""
+def zlib_inflate_into(data: bytes, start: int, buffer, offset: int, size: int) -> None:
+    """Inflate the zlib stream at data[start:] into buffer[offset:offset +
+    size] (a writable buffer: mmap, bytearray); it must fill them exactly.
+    Threads may call it at once."""
     lib = _load()
     if not lib:
         raise DeflateError("libdeflate.so.0 is not installed")
+    view = (ctypes.c_char * size).from_buffer(buffer, offset)   # held through the call
+    out = ctypes.addressof(view)
     decompressor = lib.libdeflate_alloc_decompressor()   # one per call: not shareable
     if not decompressor:
         raise MemoryError("libdeflate_alloc_decompressor")

@@ -14,7 +14,6 @@ Only ELF64 little-endian files with SHF_COMPRESSED DWARF and no dwz alt
 file get an image; libdw opens the others as before."""
 from __future__ import annotations
 
-import ctypes
 import mmap
 import struct
 import threading
@@ -56,7 +55,6 @@ class Pending:
         when not compressed)}; `raw`: {name: file bytes}."""
         self._image = image
         self._buffer = buffer
-        self._base = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
         self._places = places
         self._raw = raw
         self._failed: list = []
@@ -72,7 +70,7 @@ class Pending:
                 offset, size, start = self._places[name]
                 data = self._raw[name]
                 if start is not None and libdeflate.available():
-                    libdeflate.zlib_inflate_into(data, start, self._base + offset, size)
+                    libdeflate.zlib_inflate_into(data, start, self._buffer, offset, size)
                     continue
                 if start is not None:
                     data = self._image.inflated(name, data)       # zlib
