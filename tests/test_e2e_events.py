@@ -43,6 +43,19 @@ def test_tracepoint_spelling_counts_like_syscall(chain):
 
 
 @pytest.mark.kernel
+def test_exec_tracepoint_counts_the_command_s_own_exec(chain):
+    """sched_process_exec under -c: the command's own exec is counted too
+    (the program arming the run at that exec runs before the count's), and
+    each exec of its children: sh, then chain twice (the second exec'd by
+    sh in place)."""
+    res = ok(run_ustack("count", "-P", "tracepoint:sched:sched_process_exec",
+                        "-c", f"sh -c '{chain} 1; {chain} 1'"))
+    stacks = parse_counts(res.stdout)
+    assert sorted((s["comm"], s["count"]) for s in stacks) == \
+        [("chain", 1), ("chain", 1), ("sh", 1)], res.stdout
+
+
+@pytest.mark.kernel
 def test_syscall_glob_includes_every_write(chain):
     """syscall:* opens one event per syscall; the n writes from d are among
     what it counts, each with the full chain (rawwrite: the syscall is in d)."""

@@ -202,6 +202,33 @@ def exec_program(tgid: int, armed: bpf.Map) -> bytes:
     return a.assemble()
 
 
+class ExecArming:
+    """armed[0] set when the held command `pid` execs (exec_program on the
+    raw tracepoint sched_process_exec); the probes' programs wait for it
+    (unless_armed). Made before any perf event opens on that tracepoint:
+    handlers run in the order they were registered, and the count program
+    of `tracepoint:sched:sched_process_exec` must see the command's own
+    exec armed already."""
+
+    def __init__(self, pid: int):
+        self.map = bpf.Map(bpf.MAP_ARRAY, 4, 8, 1, "ustack_armed")
+        self._fds: list = []
+        try:
+            self._fds.append(bpf.load_program(bpf.PROG_RAW_TRACEPOINT,
+                                              exec_program(pid, self.map), "ustack_exec"))
+            self._fds.insert(0, bpf.attach_raw_tracepoint("sched_process_exec",
+                                                          self._fds[-1]))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd in self._fds:                # the link first, then its program
+            os.close(fd)
+        self._fds.clear()
+        self.map.close()
+
+
 def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
                         errors: bpf.Map, *, tgids=None, armed=None,
                         return_address_slot=None,
@@ -373,14 +400,10 @@ class BpfCounter:
         self.event_fds.append(fd)
         self.prog_fds.append(prog)
 
-    def arm_on_exec(self, pid: int) -> None:
-        """Count trace events only after the held command `pid` exec'd;
-        call before attach()."""
-        self.armed = self._map(bpf.MAP_ARRAY, 4, 8, 1, "ustack_armed")
-        prog = bpf.load_program(bpf.PROG_RAW_TRACEPOINT, exec_program(pid, self.armed),
-                                "ustack_exec")
-        self.prog_fds.append(prog)
-        self.event_fds.append(bpf.attach_raw_tracepoint("sched_process_exec", prog))
+    def arm_on_exec(self, arming: ExecArming) -> None:
+        """Count trace events only after the held command exec'd (`arming`
+        says when); call before the programs are loaded."""
+        self.armed = arming.map
 
     def skipped(self) -> int:
         """Events the kernel skipped the probes' programs for (see
@@ -554,17 +577,22 @@ class BpfCapture:
         self.flush_lost = self.events.flush_lost
         self.stop = self._stop if unwind_tables else self.events.stop
         self.counter = None
+        self.arming = None                  # ExecArming of a -c command
 
     def open(self) -> None:
         target = self.target
-        # The events open in a thread while this one makes the maps and
-        # loads the rows: registering a uprobe waits for an RCU grace period
-        # in the kernel (10-20 ms here), and ctypes lets go of the GIL there.
-        events, programs = InBackground(self.events.open), None
+        events = programs = None
         try:
-            self.counter = self._new_counter()
             if target.scope == "command":
-                self.counter.arm_on_exec(target.pid)
+                self.arming = ExecArming(target.pid)
+            # The events open in a thread while this one makes the maps and
+            # loads the rows: registering a uprobe waits for an RCU grace
+            # period in the kernel (10-20 ms here), and ctypes lets go of
+            # the GIL there.
+            events = InBackground(self.events.open)
+            self.counter = self._new_counter()
+            if self.arming is not None:
+                self.counter.arm_on_exec(self.arming)
             # the verifier (~8 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             if self.unwind_tables is not None:
@@ -577,9 +605,9 @@ class BpfCapture:
             events.result()
             self.counter.attach(self.events)
         except BaseException:
-            if programs is not None:
-                programs.result(quiet=True)
-            events.result(quiet=True)       # never close what is still opening
+            for job in (programs, events):  # never close what is still opening
+                if job is not None:
+                    job.result(quiet=True)
             self.close()
             raise
 
@@ -606,6 +634,9 @@ class BpfCapture:
         if self.counter is not None:
             self.counter.close()        # after the events
             self.counter = None
+        if self.arming is not None:
+            self.arming.close()
+            self.arming = None
 
     def losses(self) -> Losses:
         events = self.events.losses()

@@ -20,7 +20,7 @@ from ..kernel import bpf
 from ..kernel.bpf import (JEQ, RSH, Asm, alu_imm, atomic_add, call, exit_, jmp_imm,
                           mov, mov_imm, stx)
 from ..model import Losses, UstackError
-from .bpf import exec_program, lookup, read_calls, unless_armed
+from .bpf import ExecArming, lookup, read_calls, unless_armed
 
 _KEY_AT = -8                          # the stack slot of the count map's key
 
@@ -56,6 +56,7 @@ class FuncCountCapture:
         self.maps: list = []
         self.fds: list = []               # links, then programs
         self.counts = None
+        self.arming = None                # ExecArming of a -c command
 
     def _map(self, *args) -> bpf.Map:
         m = bpf.Map(*args)
@@ -66,17 +67,12 @@ class FuncCountCapture:
         try:
             self.counts = self._map(bpf.MAP_ARRAY, 4, 8, max(1, len(self.probes)),
                                          "ustack_calls")
-            armed = None
             scope = self.target.scope
             if scope == "command":
-                armed = self._map(bpf.MAP_ARRAY, 4, 8, 1, "ustack_armed")
-                prog = bpf.load_program(bpf.PROG_RAW_TRACEPOINT,
-                                        exec_program(self.target.pid, armed), "ustack_exec")
-                self.fds.append(prog)
-                self.fds.insert(0, bpf.attach_raw_tracepoint("sched_process_exec", prog))
+                self.arming = ExecArming(self.target.pid)
             prog = bpf.load_program(
                 bpf.PROG_KPROBE,
-                cookie_count_program(self.counts, armed,
+                cookie_count_program(self.counts, self.arming and self.arming.map,
                                      os.getpid() if scope == "system" else 0),
                 "ustack_calls", attach_type=bpf.TRACE_UPROBE_MULTI)
             self.fds.append(prog)
@@ -126,6 +122,9 @@ class FuncCountCapture:
         for fd in self.fds:               # links first: nothing runs the programs
             os.close(fd)
         self.fds.clear()
+        if self.arming is not None:
+            self.arming.close()
+            self.arming = None
         for m in self.maps:
             m.close()
         self.maps.clear()
