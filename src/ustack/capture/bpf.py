@@ -144,7 +144,8 @@ TRACED_PROCESSES = 1 << 16            # the set's size: the target and its child
 
 def traced_set(first_tgid: int) -> bpf.Map:
     """The set of traced processes (tgid -> 1), holding `first_tgid`."""
-    tgids = bpf.Map(bpf.MAP_HASH, 4, 4, TRACED_PROCESSES, "ustack_tgids")
+    tgids = bpf.Map(bpf.MAP_HASH, 4, 4, TRACED_PROCESSES, "ustack_tgids",
+                    flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0)
     tgids.update(first_tgid.to_bytes(4, "little"), (1).to_bytes(4, "little"))
     return tgids
 

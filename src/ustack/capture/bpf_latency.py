@@ -345,7 +345,7 @@ class LatencyCounter(BpfCounter):
                                          UnwindObjects, UnwindProgram)
                 from .kernel_offsets import Offsets
                 self.unwind_maps = UnwindMaps(DEFAULT_ROWS, stack_storage, 16)
-                self.maps.extend(self.unwind_maps.all)
+                self.maps.append(self.unwind_maps)  # closed with the others
                 self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
                 self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
             elif fp_stacks:

@@ -52,6 +52,7 @@ import hashlib
 import os
 import shlex
 import struct
+import threading
 from array import array
 from collections.abc import Callable
 
@@ -717,9 +718,11 @@ class UnwindMaps(bpf.MapSet):
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
-        # this thread makes the rest
-        rows = InBackground(bpf.Map, bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity,
-                            "ustack_rows", flags=bpf.F_MMAPABLE)   # filled by a copy
+        # this thread makes the rest, and the run sets up the rest: see rows
+        self._rows_job = InBackground(bpf.Map, bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity,
+                                      "ustack_rows", flags=bpf.F_MMAPABLE)  # filled by a copy
+        self._rows = None
+        self._rows_lock = threading.Lock()     # the program's thread or this one
         try:
             self.pages = self._map(bpf.MAP_ARRAY, 4, 4, pages_capacity, "ustack_pages")
             self.objects = self._map(bpf.MAP_HASH, OBJ_KEY.size, OBJ_VALUE.size,
@@ -739,14 +742,27 @@ class UnwindMaps(bpf.MapSet):
             # address below it, rbp saved at CFA - 16 (push %rbp; mov %rsp,%rbp)
             self.fp_row = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, 1, "ustack_fprow")
             self.fp_row.update(bytes(4), ROW.pack(0, K_BP, BP_AT, 0, 16, -16))
-            self.rows = rows.result()
-            self.all.append(self.rows)
         except BaseException:
-            made = rows.result(quiet=True)
-            if made is not None and made not in self.all:
-                made.close()
             self.close()
             raise
+
+    @property
+    def rows(self) -> bpf.Map:
+        """The rows' array, waited for at first use (a program's code or an
+        object's rows), so the maps' other users are set up meanwhile."""
+        with self._rows_lock:
+            if self._rows is None:
+                self._rows = self._rows_job.result()
+                self.all.append(self._rows)
+        return self._rows
+
+    def close(self) -> None:
+        if self._rows is None:              # never asked for: still made, or failed
+            made = self._rows_job.result(quiet=True)
+            if made is not None:
+                made.close()
+            self._rows = False              # closed; never made again
+        super().close()
 
 def stack_chain(maps: UnwindMaps, h: int) -> bytes:
     """The callchain (u64 frames, a cut stack's marker last) stored in
@@ -914,7 +930,7 @@ class UnwindCounter(BpfCounter):
         try:
             self.unwind_maps = UnwindMaps(rows, stack_storage,
                                           max(MIN_COUNT_ENTRIES, 2 * stack_storage))
-            self.maps.extend(self.unwind_maps.all)
+            self.maps.append(self.unwind_maps)      # closed with the counter's maps
             self.kstacks = None
             if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
                 self.max_depth = max(1, min(pe.max_stack(), 127))
