@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_FP, addr2line_chains, build, run_ustack, wait_until
+from helpers import O2_FP, addr2line_chains, build, run_ustack, ustack_env, wait_until
 
 from ustack.objfile.elf import ElfImage
 
@@ -117,13 +117,22 @@ def test_symbolize_captured_trace(prog, tmp_path, sym_userobj):
 @pytest.mark.kernel
 def test_symbolize_lines_and_inlines(prog, tmp_path):
     """--lines/--inlines reach the command: each frame's file:line is what
-    eu-addr2line says (the leaf at its address, return addresses at -1)."""
+    eu-addr2line says (the leaf at its address, return addresses at -1).
+    The command leaves at once after its output (os._exit) but keeps its
+    answers first: a second run finds them in the cache, private, and
+    prints the same."""
     with traced_chain(prog, False) as (_pid, trace, maps):
         (tmp_path / "trace").write_text(trace)
         (tmp_path / "maps").write_text(maps)
-    res = run_ustack("symbolize", tmp_path / "trace", "--maps", tmp_path / "maps",
-                     "--lines", "--inlines")
+    env = dict(ustack_env(), USTACK_CACHE_DIR=str(tmp_path / "cache"))
+    args = ("symbolize", tmp_path / "trace", "--maps", tmp_path / "maps",
+            "--lines", "--inlines")
+    res = run_ustack(*args, env=env)
     assert res.returncode == 0, res.stderr
+    kept = tmp_path / "cache" / "lines" / f"{ElfImage.open(str(prog)).build_id}.memo1.json"
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    again = run_ustack(*args, env=env)
+    assert (again.returncode, again.stdout) == (0, res.stdout)
     block = next(b for b in re.split(r"\n(?=.*<user stack trace>)", res.stdout)
                  if b.count("\n =>") >= 6)
     lines = [l for l in block.splitlines() if l.startswith(" =>")][:5]
