@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 
+from . import clib
+
 _SUCCESS = 0
 _RESULTS = {1: "bad data", 2: "shorter than its header says", 3: "longer than its header says"}
 
@@ -18,19 +20,12 @@ _lib = None            # the loaded libdeflate, False when it cannot be had
 def _load():
     global _lib
     if _lib is None:
-        try:
-            lib = ctypes.CDLL("libdeflate.so.0")
-        except OSError:
-            _lib = False
-            return _lib
         P, size = ctypes.c_void_p, ctypes.c_size_t
-        lib.libdeflate_alloc_decompressor.restype = P
-        lib.libdeflate_alloc_decompressor.argtypes = []
-        lib.libdeflate_free_decompressor.restype = None
-        lib.libdeflate_free_decompressor.argtypes = [P]
-        lib.libdeflate_zlib_decompress.restype = ctypes.c_int
-        lib.libdeflate_zlib_decompress.argtypes = [P, P, size, P, size, ctypes.POINTER(size)]
-        _lib = lib
+        _lib = clib.bind("libdeflate.so.0", (
+            ("libdeflate_alloc_decompressor", P, []),
+            ("libdeflate_free_decompressor", None, [P]),
+            ("libdeflate_zlib_decompress", ctypes.c_int,
+             [P, P, size, P, size, ctypes.POINTER(size)]))) or False
     return _lib
 
 

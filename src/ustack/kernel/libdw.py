@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from . import libelf
+from . import clib, libelf
 
 _TAG_ENTRY_POINT, _TAG_INLINED, _TAG_SUBPROGRAM = 0x03, 0x1D, 0x2E
 _AT_LINKAGE_NAME, _AT_MIPS_LINKAGE_NAME = 0x6E, 0x2007
@@ -51,19 +51,11 @@ _lib = None            # the loaded libdw, False when it cannot be had
 def _load():
     global _lib
     if _lib is None:
-        try:
-            lib = ctypes.CDLL("libdw.so.1")
-            libc = ctypes.CDLL(None)
-        except OSError:
-            _lib = False
-            return _lib
-        elf = libelf.library()                   # libdw's own dependency
-        if elf is None:
-            _lib = False
-            return _lib
         P, D, A = ctypes.c_void_p, ctypes.POINTER(_Die), ctypes.POINTER(_Attribute)
         u64, cstr = ctypes.c_uint64, ctypes.c_char_p
-        for name, res, args in (
+        elf = libelf.library()                   # libdw's own dependency
+        libc = clib.bind(None, (("free", None, [P]),))
+        lib = elf and libc and clib.bind("libdw.so.1", (
                 ("dwarf_begin", P, [ctypes.c_int, ctypes.c_int]),
                 ("dwarf_begin_elf", P, [P, ctypes.c_int, P]),
                 ("dwarf_end", ctypes.c_int, [P]),
@@ -83,13 +75,10 @@ def _load():
                 ("dwarf_getsrcfiles", ctypes.c_int, [D, ctypes.POINTER(P), P]),
                 ("dwarf_filesrc", cstr, [P, ctypes.c_size_t, P, P]),
                 ("dwarf_errmsg", cstr, [ctypes.c_int]),
-                ("dwarf_errno", ctypes.c_int, [])):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        lib.elf_memory, lib.elf_end = elf.elf_memory, elf.elf_end
-        libc.free.restype, libc.free.argtypes = None, [ctypes.c_void_p]
-        lib.free = libc.free
-        _lib = lib
+                ("dwarf_errno", ctypes.c_int, [])))
+        if lib is not None:
+            lib.elf_memory, lib.elf_end, lib.free = elf.elf_memory, elf.elf_end, libc.free
+        _lib = lib or False
     return _lib
 
 

@@ -12,6 +12,8 @@ import ctypes
 import os
 from collections import namedtuple
 
+from . import clib
+
 _EV_CURRENT = 1
 _ELF_C_READ_MMAP = 8
 _ELF_K_ELF = 3
@@ -80,14 +82,9 @@ def library():
     (kernel.libdw opens in-memory images through it too)."""
     global _lib
     if _lib is None:
-        try:
-            lib = ctypes.CDLL("libelf.so.1")
-        except OSError:
-            _lib = False
-            return None
         P, size, D = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_Data)
         psize = ctypes.POINTER(size)
-        for name, res, args in (
+        lib = clib.bind("libelf.so.1", (
                 ("elf_version", ctypes.c_uint, [ctypes.c_uint]),
                 ("elf_begin", P, [ctypes.c_int, ctypes.c_int, P]),
                 ("elf_memory", P, [P, size]),
@@ -106,11 +103,10 @@ def library():
                 ("elf_getdata_rawchunk", D, [P, ctypes.c_int64, size, ctypes.c_int]),
                 ("gelf_getnote", size, [D, size, ctypes.POINTER(_Nhdr), psize, psize]),
                 ("elf_errno", ctypes.c_int, []),
-                ("elf_errmsg", ctypes.c_char_p, [ctypes.c_int])):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        lib.elf_version(_EV_CURRENT)             # before any other libelf call
-        _lib = lib
+                ("elf_errmsg", ctypes.c_char_p, [ctypes.c_int])))
+        if lib is not None:
+            lib.elf_version(_EV_CURRENT)         # before any other libelf call
+        _lib = lib or False
     return _lib or None
 
 
