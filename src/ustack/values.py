@@ -41,7 +41,7 @@ def fields(obj) -> tuple:
 
 def replace(obj, **changes):
     """A copy of `obj` with the named fields changed (dataclasses.replace)."""
-    kwargs = {name: getattr(obj, name) for name in obj.__value_fields__}
+    kwargs = {name: getattr(obj, name) for name in fields(obj)}
     kwargs.update(changes)
     return obj.__class__(**kwargs)
 
@@ -50,7 +50,7 @@ def as_dict(obj) -> dict:
     """The fields as a dict, nested values too (dataclasses.asdict)."""
     def plain(v):
         if hasattr(v, "__value_fields__"):
-            return {n: plain(getattr(v, n)) for n in v.__value_fields__}
+            return {n: plain(getattr(v, n)) for n in fields(v)}
         if isinstance(v, (list, tuple)):
             return type(v)(plain(x) for x in v)
         if isinstance(v, dict):
