@@ -22,6 +22,25 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):             # one line, not usage + message
         raise UstackError(f"{message} (see `{self.prog} --help`)")
 
+    def _get_formatter(self):
+        # argparse makes a formatter for every add_argument, and one left
+        # to find its width imports shutil (with bz2 and lzma: ~1.5 ms)
+        return self.formatter_class(prog=self.prog, width=_help_width())
+
+
+def _help_width() -> int:
+    """The terminal's columns as argparse would find them, less its margin."""
+    try:
+        columns = int(os.environ.get("COLUMNS", 0))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 80
+    return (columns or 80) - 2
+
 
 def _target_args(p: argparse.ArgumentParser) -> None:
     who = p.add_mutually_exclusive_group()

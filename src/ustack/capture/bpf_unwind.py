@@ -48,7 +48,6 @@ stack, in trace's ring or count/profile's own."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shlex
 import struct
@@ -1056,10 +1055,10 @@ def _verdict_file(kind) -> str:
     keyed by the kernel (release, build) and this module's source, so a new
     kernel or a changed program is tried again (~50 ms before a run starts)."""
     with open(__file__, "rb") as f:
-        source = hashlib.sha1(f.read()).hexdigest()
+        source = objcache.digest(f.read())
     key = f"{os.uname().release}\0{os.uname().version}\0{kind.__name__}\0{source}"
     return objcache.cache_file("btf", btf.VMLINUX, None,
-                               hashlib.sha1(key.encode()).hexdigest(), "accepted1")
+                               objcache.digest(key.encode()), "accepted1")
 
 
 def _accepted_before(kind) -> bool:

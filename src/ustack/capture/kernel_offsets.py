@@ -3,7 +3,6 @@ kernel, from its BTF, cached per kernel build: parsing vmlinux's BTF takes
 ~0.15 s, more than the rest of a short run's start-up."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -47,7 +46,7 @@ class Offsets:
             st = None
         key = f"{os.uname().release}\0{os.uname().version}\0{st and st.st_size}"
         cache = objcache.cache_file("btf", btf.VMLINUX, None,
-                                    hashlib.sha1(key.encode()).hexdigest(), _CACHE_LAYOUT)
+                                    objcache.digest(key.encode()), _CACHE_LAYOUT)
         blob = objcache.read(cache)
         if blob:
             try:

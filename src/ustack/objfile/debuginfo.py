@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 
 from ..model import UstackError
 from . import cache as objcache
@@ -74,6 +73,7 @@ def debuglink_candidates(object_path: str, name: str, extra_dirs=()) -> list:
 
 def file_crc32(path: str) -> int:
     """The CRC .gnu_debuglink records: zlib's CRC-32 of the whole file."""
+    import zlib     # only for a debuglink (~0.6 ms to import)
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

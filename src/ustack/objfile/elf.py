@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
-import hashlib
 import json
 import os
 import struct
-import zlib
 from collections import OrderedDict, namedtuple
 
 from ustack.kernel.proc_root import lasting_path
@@ -290,7 +288,7 @@ class ElfImage:
         signature = ";".join(f"{s.name}:{s.size}" for s in reader.sections
                              if s.type in _SYMBOL_TABLES or s.name in _PLT_SECTIONS)
         try:
-            tables = hashlib.sha1(signature.encode()).hexdigest()[:16]
+            tables = objcache.digest(signature.encode())[:16]
             cache = objcache.cache_file("symbols", self.path, os.stat(self.path),
                                         self.build_id, f"{tables}.v4.json")
         except OSError:
@@ -505,6 +503,7 @@ class ElfImage:
         (section_file_bytes): inflated if SHF_COMPRESSED, else `data`."""
         if name not in self._compressed:
             return data
+        import zlib     # rare on the start path (~0.6 ms to import)
         start, size = self.compression_header(name, data)
         try:
             return zlib.decompressobj().decompress(memoryview(data)[start:], size)

@@ -9,7 +9,6 @@ directory, named by its content. A [vdso] mapping of another size (a 32-bit
 process, another kernel's recorded maps) is not that image: no copy for it."""
 from __future__ import annotations
 
-import hashlib
 import os
 
 from ..kernel.procfs import own_vdso
@@ -44,7 +43,7 @@ def _copy_own() -> tuple | None:
     if not image.startswith(b"\x7fELF"):
         return None
     path = os.path.join(objcache.cache_root(), "vdso",
-                        f"{hashlib.sha1(image).hexdigest()}.so")
+                        f"{objcache.digest(image)}.so")
     if objcache.read(path) != image:
         objcache.write(path, image)
         if objcache.read(path) != image:

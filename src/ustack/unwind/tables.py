@@ -16,7 +16,6 @@ and end the stack with a note, never a guess."""
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
 import struct
 from array import array
@@ -207,7 +206,7 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
         return _go_packed(image)
     # cached by build-id: packing libc's 30 k rows costs ~0.25 s, and a
     # launched command waits for its objects' rows before it may start
-    dirs = hashlib.sha1("\0".join(debug_dirs).encode()).hexdigest()[:8]
+    dirs = objcache.digest("\0".join(debug_dirs).encode())[:8]
     try:
         cache = objcache.cache_file("bpfrows", image.path, os.stat(image.path),
                                     image.build_id, f"cfi1.{dirs}")
