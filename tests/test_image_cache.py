@@ -69,7 +69,7 @@ def test_cache_writable_by_others_is_not_read(tmp_path):
     ElfImage.open(str(prog))
     (cached,) = (tmp_path / "cache" / "images").iterdir()
     assert oct(cached.stat().st_mode & 0o777) == "0o600"
-    cached.write_text(cached.read_text().replace('"main"', '"forged"'))
+    cached.write_bytes(cached.read_bytes().replace(b'"main"', b'"forged"'))
     cached.chmod(0o666)
     ElfImage.clear_cache()
     parsed = ElfImage.parsed_files
@@ -94,20 +94,44 @@ def test_same_file_by_another_path_reads_the_cache(tmp_path):
 
 
 def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
-    """The cache's symbol half is decoded only when symbols are asked for;
+    """The cache's symbols part is decoded only when symbols are asked for;
     damaged, the file is parsed again then, and the answers are the same."""
     prog = tmp_path / "chain"
     shutil.copy(build("chain", flags=FP), prog)
     first = facts(ElfImage.open(str(prog)))
     [cached] = [p for p in (tmp_path / "cache").rglob("*.json") if "images" in p.parts]
-    layout, _, _symbols = cached.read_bytes().partition(b"\n")
-    cached.write_bytes(layout + b"\n{\"named\": [[")
+    layout, _, rest = cached.read_bytes().partition(b"\n")
+    _symbols, _, table = rest.partition(b"\n")
+    cached.write_bytes(b"\n".join([layout, b'{"named": [[', table]))
     ElfImage.clear_cache()
     parsed = ElfImage.parsed_files
     image = ElfImage.open(str(prog))
     assert ElfImage.parsed_files == parsed          # the layout half was believed
     assert facts(image) == first
     assert ElfImage.parsed_files == parsed + 1      # the symbols were parsed again
+
+
+@pytest.mark.parametrize("damage", [lambda table: table[:-3], lambda table: table[:12],
+                                    lambda table: b"\xff" * len(table)],
+                         ids=["cut short", "header only", "overwritten"])
+def test_damaged_address_table_in_the_cache_is_parsed_again(tmp_path, damage):
+    """The cache's third part, the packed table lookup() reads: damaged,
+    the file is parsed again when an address is first named, with the
+    same answers."""
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    first = facts(ElfImage.open(str(prog)))
+    [cached] = [p for p in (tmp_path / "cache").rglob("*.json") if "images" in p.parts]
+    layout, _, rest = cached.read_bytes().partition(b"\n")
+    symbols, _, table = rest.partition(b"\n")
+    cached.write_bytes(b"\n".join([layout, symbols, damage(table)]))
+    ElfImage.clear_cache()
+    parsed = ElfImage.parsed_files
+    image = ElfImage.open(str(prog))
+    d = image.find("d")[0]
+    assert image.lookup(d.address + 1) == d
+    assert ElfImage.parsed_files == parsed + 1      # the table was not believed
+    assert facts(image) == first
 
 
 def through_both_readers(paths: list, read, tmp_path, monkeypatch) -> dict:

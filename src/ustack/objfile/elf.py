@@ -14,6 +14,7 @@ import fnmatch
 import json
 import os
 import struct
+from array import array
 from collections import OrderedDict, namedtuple
 
 from ustack.kernel.proc_root import lasting_path
@@ -22,7 +23,6 @@ from ustack.model import UstackError
 from . import cache as objcache
 from .demangle import demangle, is_mangled, plain_name
 from ..values import value
-from .elf_reader import open_reader
 
 # the ELF spec's numbers (elf.h)
 _STT_NOTYPE, _STT_FUNC, _STT_GNU_IFUNC = 0, 2, 10
@@ -53,7 +53,7 @@ _ELFCOMPRESS_ZLIB = 1
 # Images that keep a file descriptor open for read(): bounded, so a
 # system-wide profile touching hundreds of objects stays far from the fd limit.
 _MAX_OPEN_FDS = 64
-_STATE_VERSION = "v4"    # of the cached image layout (_state/_restore)
+_STATE_VERSION = "v5"    # of the cached image layout (_state/_restore)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
@@ -126,9 +126,10 @@ class ElfImage:
     # --- parsing ---------------------------------------------------------
 
     def _state(self) -> bytes:
-        """What _parse found, for _restore: two JSON documents (the cache
-        holds data only), the file's layout on the first line and its
-        symbols after it, which _restore leaves undecoded until asked."""
+        """What _parse found, for _restore: the file's layout (a JSON line),
+        its symbols (a JSON line) and the address lookup (packed numbers
+        and names, _LookupTable); the cache holds data only, and _restore
+        leaves the last two undecoded until asked."""
         index = {id(sym): i for i, sym in enumerate(self._named)}
         layout = json.dumps({
             "e_type": self.e_type, "machine": self.machine,
@@ -142,18 +143,18 @@ class ElfImage:
         symbols = json.dumps({
             "named": [[s.name, s.address, s.size] for s in self._named],
             "functions": [index[id(s)] for s in self.functions],
-            "starts": self._starts,
-            "owners": [-1 if o is None else index[id(o)] for o in self._owners],
             "flags": [[a, n, f] for (a, n), f in self._flags.items()],
         })
-        return f"{layout}\n{symbols}".encode()
+        return b"\n".join([layout.encode(), symbols.encode(),
+                           _LookupTable.pack(self._starts, self._owners)])
 
     def _restore(self, blob: bytes | None) -> bool:
         """The layout facts of _state() back, the symbols kept for
         _restore_symbols; False when there are none to trust."""
         if not blob:
             return False
-        layout, _, symbols = blob.partition(b"\n")
+        layout, _, rest = blob.partition(b"\n")
+        symbols, _, lookup = rest.partition(b"\n")
         try:
             d = json.loads(layout)
             self.e_type = d["e_type"]
@@ -171,27 +172,40 @@ class ElfImage:
             self.go_error = d["go_error"]
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return False                # corrupt or of another layout: parsed again
-        if not symbols:
+        if not symbols or not lookup:
             return False
         self._saved_symbols = symbols
+        self._saved_lookup = lookup
         return True
 
-    # Decoding the symbols costs ~4 ms for libc: an object opened only for
-    # its layout (build-id, segments: loading unwind rows before a run
-    # starts) never pays it.
-    _SYMBOL_FACTS = frozenset({"_named", "functions", "_starts", "_owners", "_flags",
-                               "_by_name", "_demangled"})
+    # Decoding the symbols costs ~9 ms for libc's debug file: an object
+    # opened only for its layout (build-id, segments: loading unwind rows
+    # before a run starts) never pays it, one only asked to name addresses
+    # reads its packed lookup table (~0.3 ms).
+    _SYMBOL_FACTS = frozenset({"_named", "functions", "_flags", "_by_name", "_demangled"})
+    _LOOKUP_FACTS = frozenset({"_starts", "_owners"})
 
     def __getattr__(self, name: str):
         if name in ("_by_name", "_demangled") and "functions" in self.__dict__:
             self._index_names()         # restored without them: lookup() needs none
             return getattr(self, name)
-        saved = self.__dict__.get("_saved_symbols")
-        if name not in self._SYMBOL_FACTS or saved is None:
+        if name in self._LOOKUP_FACTS:
+            saved = self.__dict__.pop("_saved_lookup", None)
+            if saved is None:
+                raise AttributeError(name)
+            table = _LookupTable.unpack(saved)
+            if table:
+                self._starts, self._owners = table
+            else:
+                self._reparse_symbols()
+        elif name in self._SYMBOL_FACTS:
+            saved = self.__dict__.pop("_saved_symbols", None)
+            if saved is None:
+                raise AttributeError(name)
+            if not self._restore_symbols(saved):
+                self._reparse_symbols()
+        else:
             raise AttributeError(name)
-        self._saved_symbols = None
-        if not self._restore_symbols(saved):
-            self._reparse_symbols()
         return getattr(self, name)
 
     def _restore_symbols(self, blob: bytes) -> bool:
@@ -200,11 +214,7 @@ class ElfImage:
             named = list(map(Symbol._make, d["named"]))
             self._named = named
             self.functions = [named[i] for i in d["functions"]]
-            self._starts = d["starts"]
-            self._owners = [None if i < 0 else named[i] for i in d["owners"]]
             self._flags = {(a, n): f for a, n, f in d["flags"]}
-            if len(self._starts) != len(self._owners):
-                return False
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             return False
         return True
@@ -221,6 +231,7 @@ class ElfImage:
     def _parse_file(self, f) -> None:
         """Everything from the open file `f`, through libelf or pyelftools
         (objfile.elf_reader)."""
+        from .elf_reader import open_reader     # libelf's bindings: ~1 ms, only to parse
         reader = open_reader(self.path, f)
         try:
             self._parse(reader)
@@ -630,6 +641,65 @@ def _plt_functions(reader, tables: dict) -> dict:
             if name:
                 found[(base + start, f"{name}@plt")] = (step, "STB_LOCAL", sec.index, 0)
     return found
+
+
+class _LookupTable:
+    """ElfImage.lookup's boundaries and owners, packed for the image cache:
+    the boundaries and each one's owner index as arrays, the distinct
+    owners as arrays of addresses and sizes and their names NUL-joined.
+    Read back with a few array copies and one split, where JSON and a
+    Symbol per function cost ~9 ms for libc's debug file; the Symbol of a
+    boundary is made when lookup() lands on it."""
+
+    _HEADER = struct.Struct("=III")     # boundaries, owners, bytes of names
+
+    def __init__(self, index, addresses, sizes, names):
+        self._index, self._addresses, self._sizes, self._names = index, addresses, sizes, names
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: int) -> Symbol | None:
+        j = self._index[i]
+        if j < 0:
+            return None
+        return Symbol(self._names[j], self._addresses[j], self._sizes[j])
+
+    @classmethod
+    def pack(cls, starts: list, owners) -> bytes:
+        slot: dict = {}
+        index = array("i", (-1 if o is None else slot.setdefault(id(o), (len(slot), o))[0]
+                            for o in owners))
+        distinct = [o for _, o in slot.values()]
+        names = "\0".join(o.name for o in distinct).encode("utf-8", "surrogatepass")
+        return b"".join([cls._HEADER.pack(len(starts), len(distinct), len(names)),
+                         array("Q", starts).tobytes(), index.tobytes(),
+                         array("Q", (o.address for o in distinct)).tobytes(),
+                         array("Q", (o.size for o in distinct)).tobytes(), names])
+
+    @classmethod
+    def unpack(cls, blob: bytes):
+        """(boundaries, owners) for ElfImage.lookup, or False when `blob`
+        is not a whole table."""
+        try:
+            n, owners, names_len = cls._HEADER.unpack_from(blob)
+        except struct.error:
+            return False
+        view = memoryview(blob)[cls._HEADER.size:]
+        sizes = (8 * n, 4 * n, 8 * owners, 8 * owners, names_len)
+        if len(view) != sum(sizes):
+            return False
+        parts = []
+        for typecode, size in zip("QiQQ", sizes):
+            part = array(typecode)
+            part.frombytes(view[:size])
+            parts.append(part)
+            view = view[size:]
+        starts, index, addresses, sizes_ = parts
+        names = bytes(view).decode("utf-8", "surrogatepass").split("\0") if owners else []
+        if len(names) != owners or (n and max(index) >= owners):
+            return False
+        return starts, cls(index, addresses, sizes_, names)
 
 
 def flatten_ranges(syms: list):
