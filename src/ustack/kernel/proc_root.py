@@ -14,7 +14,6 @@ file is named /proc/self/fd/N, so it can still be read after the process
 has exited (a count is symbolized at the end of the run)."""
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import stat
@@ -24,30 +23,39 @@ RESOLVE_NO_MAGICLINKS = 0x02        # include/uapi/linux/openat2.h
 RESOLVE_IN_ROOT = 0x10
 MAX_PINNED = 512                    # descriptors held for foreign files
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
-
-
 def open_in_root(root: str, path: str, flags: int = os.O_RDONLY) -> int:
     """A descriptor of `path` resolved inside the directory `root` as if it
     were "/" (symlinks, `..` and the final component too, unless flags has
     O_NOFOLLOW). Raises OSError."""
     dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-        fd = _libc.syscall(NR_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
-                           ctypes.sizeof(how))
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-        return fd
+        return _openat2(dirfd, path, flags | os.O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     finally:
         os.close(dirfd)
+
+
+_openat2_call = None
+
+
+def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
+    """openat2(2) through ctypes, bound on first use: most runs open no
+    file in another root, and ctypes costs ~1.5 ms to import."""
+    global _openat2_call
+    import ctypes
+    if _openat2_call is None:
+        class OpenHow(ctypes.Structure):
+            _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                        ("resolve", ctypes.c_uint64)]
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        _openat2_call = (libc.syscall, OpenHow)
+    syscall, open_how = _openat2_call
+    how = open_how(flags, 0, resolve)
+    fd = syscall(NR_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
 
 
 def foreign_root(pid: int) -> str | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import mmap
 import struct
-import threading
 
 from ..kernel import libdeflate
 from ..model import UstackError
@@ -59,6 +58,7 @@ class Pending:
         self._raw = raw
         self._failed: list = []
         names = sorted(raw, key=lambda n: len(raw[n]), reverse=True)
+        import threading    # only when inflating: ~0.8 ms to import
         self._threads = [threading.Thread(target=self._fill, args=(group,), daemon=True)
                          for group in (names[:1], names[1:]) if group]
         for thread in self._threads:

@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 from ..model import Frame, Mapping
 from ..objfile.elf import ElfImage
-from ..objfile.gopclntab import PclntabError, go_table
 
 
 class GoSymbols:
@@ -22,6 +21,7 @@ class GoSymbols:
         image = self._image(path)
         if image is None or not image.is_go:
             return None
+        from ..objfile.gopclntab import PclntabError, go_table     # Go's only
         try:
             return go_table(image)
         except PclntabError:
