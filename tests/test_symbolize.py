@@ -189,6 +189,35 @@ def test_symbolize_sym_userobj_without_maps(prog, tmp_path):
     assert [label.split("/", 1)[0] for label in stack] == [f"{n}+0x3" for n in CHAIN]
 
 
+def test_symbolize_repeated_frames(prog, tmp_path):
+    """A trace repeats its frames: each is named as its place in its stack
+    says, every time. A function's first byte is that function as the leaf
+    (where the thread was), and the function before it as a return address
+    (looked up at -1)."""
+    image = ElfImage.open(str(prog))
+    (_v, seg_off, _size), = image.executable_segments()
+    pgoff = seg_off & ~0xFFF
+    c, d = image.find("c")[0], image.find("d")[0]
+
+    def frame(address):
+        return f" => {prog}[+0x{image.file_offset(address) - pgoff:x}]"
+
+    head = "           chain-1  [000] .....  1.000000: <user stack trace>"
+    first = [head, frame(d.address + 3), frame(c.address)]
+    second = [head, frame(c.address), frame(d.address + 3)]
+    (tmp_path / "trace").write_text("\n".join(first + second + first + second) + "\n")
+    res = run_ustack("symbolize", tmp_path / "trace", "--binary", prog)
+    assert res.returncode == 0 and res.stderr == ""
+    stacks = user_stacks(res.stdout)
+    assert len(stacks) == 4 and stacks[2:] == stacks[:2]
+    as_leaf, as_caller = stacks[1][0], stacks[0][1]
+    assert as_leaf.startswith("c+0x0/")
+    before = image.lookup(c.address - 1)
+    assert not as_caller.startswith("c+")
+    assert as_caller.startswith(f"{before.name}+" if before else "[unknown]")
+    assert stacks[0][0].startswith("d+0x3/") and stacks[1][1].startswith("d+0x3/")
+
+
 GARBAGE = (b"\x00\xff\xfe garbage \xc3(\n"
            b"           chain-1  [000] .....  1.000000: <user stack trace>\n"
            b" => <zzzz>\n"

@@ -26,6 +26,7 @@ from .symbols.symbolizer import SymbolOptions, Symbolizer
 from .target.mappings import ProcessMaps
 
 _PAGE = 0x1000
+_MAX_SEEN = 1 << 16         # frame lines whose naming is kept; bounds memory
 _ANYWHERE = 1 << 64
 
 
@@ -105,6 +106,7 @@ def symbolize_trace(trace_file: str, pid: int | None = None,
     warn_pie = binary is not None and not maps.process.maps
     symbolizer = Symbolizer(maps, options)
     lines = UserStackLines()
+    seen: dict = {}         # (frame line, leaf?) -> its lines named: traces repeat frames
     try:
         f = sys.stdin.buffer if trace_file == "-" else open(trace_file, "rb")
     except OSError as e:
@@ -122,9 +124,16 @@ def symbolize_trace(trace_file: str, pid: int | None = None,
                       "(sym-userobj's FILE[+0xOFF] frames can)", file=err)
                 warn_pie = False
             head = line.rstrip()
-            text = "".join(f"{head} : {frame_label(fr)}\n"
-                           for fr in _frames(symbolizer, maps, frame))
-            out.write(text.encode("utf-8", "surrogateescape"))
+            key = (head, frame.index == 0)
+            named = seen.get(key)
+            if named is None:
+                named = "".join(f"{head} : {frame_label(fr)}\n"
+                                for fr in _frames(symbolizer, maps, frame)
+                                ).encode("utf-8", "surrogateescape")
+                if len(seen) >= _MAX_SEEN:
+                    seen.clear()
+                seen[key] = named
+            out.write(named)
     out.flush()
     for warning in symbolizer.warnings:
         print(f"ustack: {warning}", file=err)
