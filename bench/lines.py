@@ -27,6 +27,11 @@ named with file:line and inlined calls by each tool, each in a fresh process:
   ustack pyelftools    --lines --inlines, empty cache, without libdw and
                        symbolic: the units holding the addresses parsed by
                        pyelftools (the last fallback; 200 addresses only)
+  ustack symbolize     the command a user runs, `ustack symbolize --binary
+                       LIBC --lines --inlines TRACE` on a saved trace of N
+                       frames `libc.so.6[+0xOFF]`: all cold (empty cache),
+                       cold (symbol tables cached) and warm, as above but
+                       with the command's own start-up, parsing and printing
   eu-addr2line -i -f   one process for all addresses
   addr2line -i -f      one process for all addresses (binutils)
 
@@ -128,10 +133,31 @@ def run_tool(cmd: list, env=None) -> dict:
     import subprocess
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    _pid, _status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = 0
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"{cmd[0]} {' '.join(map(str, cmd[1:4]))}… failed ({proc.returncode})")
     return {"first": None, "total": wall, "wall": wall, "rss_kb": usage.ru_maxrss}
+
+
+def command_env(cache: str, pycache: str) -> dict:
+    """The environment of `ustack symbolize`: src first on the path, as an
+    installed ustack would be found."""
+    return dict(worker_env(cache, pycache), PYTHONPATH=str(REPO / "src"))
+
+
+def saved_trace(path: str, vaddrs: list) -> None:
+    """A saved ftrace user stack with a frame `LIBC[+0xOFF]` per address:
+    OFF counts from the start of libc's executable mapping."""
+    from ustack.objfile.elf import ElfImage
+    image = ElfImage.open(LIBC)
+    (_vaddr, offset, _size), = image.executable_segments()
+    base = offset & ~0xFFF
+    with open(path, "w") as f:
+        f.write("# tracer: nop\n"
+                "           chain-1234  [001] ..... 100.000000: <user stack trace>\n")
+        f.writelines(f" => {LIBC}[+{image.file_offset(v) - base:#x}]\n" for v in vaddrs)
 
 
 def main() -> None:
@@ -166,15 +192,22 @@ def main() -> None:
             addr_file = os.path.join(tmp, "addrs.json")
             Path(addr_file).write_text(json.dumps(vaddrs))
             hexes = [hex(v) for v in vaddrs]
+            trace = os.path.join(tmp, "trace.txt")
+            saved_trace(trace, vaddrs)
             pycache = os.path.join(tmp, "pycache")
             run_worker("names", addr_file, tempfile.mkdtemp(dir=tmp), pycache)  # compiles
+            symbolize = [sys.executable, "-m", "ustack", "symbolize", "--binary", LIBC,
+                         "--lines", "--inlines", trace]
+            run_tool(symbolize, command_env(tempfile.mkdtemp(dir=tmp), pycache))  # compiles
             for _ in range(reps):
                 cache = tempfile.mkdtemp(dir=tmp)
                 fresh = tempfile.mkdtemp(dir=tmp)
                 other_names = tempfile.mkdtemp(dir=tmp)
                 whole = tempfile.mkdtemp(dir=tmp)
                 slow = tempfile.mkdtemp(dir=tmp)
-                for other in (whole, slow):     # their symbol tables cached, untimed
+                command_fresh = tempfile.mkdtemp(dir=tmp)
+                command = tempfile.mkdtemp(dir=tmp)
+                for other in (whole, slow, command):    # their symbol tables cached, untimed
                     run_worker("names", addr_file, other, pycache)
                 floor = [sys.executable, "-c", "import os, ustack.symbols.symbolizer; os._exit(0)"]
                 runs = {
@@ -193,6 +226,12 @@ def main() -> None:
                         lambda: run_worker("symcache", addr_file, whole, pycache),
                     "ustack --lines --inlines, warm from the SymCache":
                         lambda: run_worker("symcache", addr_file, whole, pycache),
+                    "ustack symbolize --lines --inlines, all cold": lambda: run_tool(
+                        symbolize, command_env(command_fresh, pycache)),
+                    "ustack symbolize --lines --inlines, cold": lambda: run_tool(
+                        symbolize, command_env(command, pycache)),
+                    "ustack symbolize --lines --inlines, warm": lambda: run_tool(
+                        symbolize, command_env(command, pycache)),
                     "eu-addr2line -i -f": lambda: run_tool(["eu-addr2line", "-i", "-f", "-e", LIBC, *hexes]),
                     "addr2line -i -f": lambda: run_tool(["addr2line", "-i", "-f", "-e", LIBC, *hexes]),
                 }
