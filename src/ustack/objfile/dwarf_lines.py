@@ -23,8 +23,7 @@ from __future__ import annotations
 import os
 
 from . import cache as objcache
-from ..kernel import libdw
-from . import dwarf_image, symcache
+from . import symcache
 from .debuginfo import find_alt_file
 from .elf import ElfImage
 from .line_memo import VERSION as MEMO_VERSION, LineMemo
@@ -95,10 +94,11 @@ class LineTable:
         self._symcache: symcache.SymCache | None = None
         self._symcache_read = False   # the disk cache was looked at
         self._symcache_built = self._dwz   # one try per process
-        # without .debug_aranges libdw finds no unit (eu-addr2line neither)
-        self._libdw_usable = bool({".debug_aranges", ".zdebug_aranges"} & names) \
-            and libdw.available()
-        self._libdw: libdw.Libdw | None = None
+        # without .debug_aranges libdw finds no unit (eu-addr2line neither);
+        # whether libdw is installed is asked when the memo lacks an answer:
+        # loading it (~2 ms) is wasted on a run the memo answers
+        self._libdw_usable = bool({".debug_aranges", ".zdebug_aranges"} & names)
+        self._libdw = None            # a kernel.libdw.Libdw once opened
         self._line_memo = LineMemo(self._cache(f"memo{MEMO_VERSION}.json"),
                                    store=not self._alt_missing)
         self._units = None            # DwarfUnits, made on first use
@@ -147,7 +147,11 @@ class LineTable:
         chain = self._line_memo.get(vaddr)
         if chain is not None:
             return chain
+        from ..kernel import libdw
         if self._libdw is None:
+            if not libdw.available():
+                self._libdw_usable = False
+                return None
             try:
                 self._libdw = self._open_libdw()
             except libdw.LibdwError:
@@ -163,10 +167,12 @@ class LineTable:
             self._build_now()
         return chain
 
-    def _open_libdw(self) -> libdw.Libdw:
+    def _open_libdw(self):
         """libdw on the file's DWARF sections inflated here, in memory
         (objfile.dwarf_image: faster than libdw's own inflating of every
         section), else on the file."""
+        from ..kernel import libdw
+        from . import dwarf_image
         image = dwarf_image.build(self._image)
         if image is not None:
             try:
