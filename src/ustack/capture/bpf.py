@@ -21,11 +21,15 @@ Where a program runs:
 - cpu-clock sampling (profile): the program is the event's overflow handler,
   per event, inherited like the event; attached to every event.
 
-What a program returns: on a trace event, 0 would make the kernel drop the
+What a program returns: on a tracepoint, 0 would make the kernel drop the
 hit for EVERY perf event on it, another tool's (a perf record, another
 ustack) as well, so those programs return 1 (PASS_ON) and the capture's own
-events on them never sample (capture/perf.py: NEVER_SAMPLE). On a sampling
-event, 0 only keeps that event's own sample out of our buffer."""
+events on them never sample (capture/perf.py: NEVER_SAMPLE). A uprobe's
+trace event is this run's own (kernel/uprobe_events.py: a group per ustack
+process), its only perf events the capture's, which never sample: its
+programs return 0 (DROP_SAMPLE), and the kernel skips making a record of
+the hit for those events. On a sampling event, 0 only keeps that event's
+own sample out of our buffer."""
 from __future__ import annotations
 
 import errno
@@ -327,6 +331,12 @@ def prog_type_of(probe) -> int:
     raise TypeError(probe)
 
 
+def program_result(probe) -> int:
+    """What a counting program returns for `probe` (see the module's doc):
+    PASS_ON only on a tracepoint, which other tools may share."""
+    return PASS_ON if isinstance(probe, TracepointProbe) else DROP_SAMPLE
+
+
 class BpfCounter:
     """The maps and programs of one run, attached to a PerfCapture's events."""
 
@@ -370,7 +380,7 @@ class BpfCounter:
         return m
 
     def _program(self, index: int, probe) -> int:
-        result = DROP_SAMPLE if isinstance(probe, ProfileProbe) else PASS_ON
+        result = program_result(probe)
         if self.calls_only:
             code = call_count_program(index, self.counts, self.armed, result)
         else:

@@ -35,7 +35,8 @@ from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, MUL, RSH, SUB,
                           jmp_reg, ld_imm64, ld_map_fd, ldx, mov, mov_imm, st_imm,
                           stx)
 from ..model import Losses, MmapEvent, RawSample, TracepointProbe
-from .bpf import BpfCapture, BpfCounter, prog_type_of, unless_traced, with_ring_records
+from .bpf import (BpfCapture, BpfCounter, prog_type_of, program_result, unless_traced,
+                  with_ring_records)
 from ..values import value
 
 MAX_DEPTH = 16                       # a power of two: the level is masked
@@ -50,7 +51,7 @@ FP_STACK = struct.Struct("<iIQ")     # stack id, 0, the return address at [sp]
 _FNV_PRIME = 0x100000001B3
 ERR_TOO_DEEP, ERR_HISTS_FULL, ERR_ENTRIES_FULL, ERR_RING_FULL = range(4)
 ERR_SLOTS = 4
-PASS_ON = 1                          # programs on trace events pass hits on
+PASS_ON = 1                          # what the programs return by default (capture/bpf.py)
 
 # r10 offsets of the programs' locals (the unwinder's main frame uses -64..-1)
 _TIME = -72                          # entry time (entry), end time (return)
@@ -177,19 +178,21 @@ def entry_body(a: Asm, site: Site, maps: LatencyMaps, with_stack: bool) -> None:
     a.emit(stx(1, 16, 2))
 
 
-def entry_program(site: Site, maps: LatencyMaps, tgids=None, armed=None) -> bytes:
-    """An entry without its stack."""
+def entry_program(site: Site, maps: LatencyMaps, tgids=None, armed=None,
+                  result: int = PASS_ON) -> bytes:
+    """An entry without its stack; `result`: what the program returns
+    (capture/bpf.py, program_result)."""
     a = Asm()
     _head(a, tgids, armed)
     _now(a)
     entry_body(a, site, maps, with_stack=False)
     a.label("out")
-    a.emit(mov_imm(0, PASS_ON), exit_())
+    a.emit(mov_imm(0, result), exit_())
     return a.assemble()
 
 
 def fp_entry_program(site: Site, maps: LatencyMaps, stacks: bpf.Map, fp_stacks: bpf.Map,
-                     tgids=None, armed=None) -> bytes:
+                     tgids=None, armed=None, result: int = PASS_ON) -> bytes:
     """An entry with its frame-pointer stack: the kernel's walk and the
     word at [sp] (the caller, which that walk skips at a function's entry)
     stored in FP_STACKS under their hash."""
@@ -208,7 +211,7 @@ def fp_entry_program(site: Site, maps: LatencyMaps, stacks: bpf.Map, fp_stacks: 
            alu_imm(ADD, 3, _FP), mov_imm(4, 0), call(bpf.MAP_UPDATE))
     entry_body(a, site, maps, with_stack=True)
     a.label("out")
-    a.emit(mov_imm(0, PASS_ON), exit_())
+    a.emit(mov_imm(0, result), exit_())
     return a.assemble()
 
 
@@ -229,7 +232,8 @@ def _log2_bucket(a: Asm, unit_ns: int) -> None:
 
 
 def return_program(site: Site, maps: LatencyMaps, *, unit_ns: int, by_stack: bool,
-                   slower_ns: int | None, tgids=None, armed=None) -> bytes:
+                   slower_ns: int | None, tgids=None, armed=None,
+                   result: int = PASS_ON) -> bytes:
     """Pop the call's entry; a return adds its duration to its histogram
     (and reports it to the ring when slower than slower_ns), a tail call's
     jump counts in TAILS."""
@@ -295,7 +299,7 @@ def return_program(site: Site, maps: LatencyMaps, *, unit_ns: int, by_stack: boo
             a.jump(jmp_imm, JEQ, 0, 0, to="out")
             _error(a, maps, ERR_RING_FULL)
     a.label("out")
-    a.emit(mov_imm(0, PASS_ON), exit_())
+    a.emit(mov_imm(0, result), exit_())
     return a.assemble()
 
 
@@ -363,20 +367,21 @@ class LatencyCounter(BpfCounter):
     def _load(self, index: int) -> int:
         probe, site = self.probes[index], self.sites[index]
         tgids = self.tgids if isinstance(probe, TracepointProbe) else None
+        result = program_result(probe)
         functions = ()
         if site.role == "entry" and self.program is not None:
             code, functions = self.program.code(
-                index, probe, tgids=tgids, armed=self.armed, prelude=_now,
+                index, probe, tgids=tgids, armed=self.armed, prelude=_now, result=result,
                 then=lambda a: entry_body(a, site, self.lat, with_stack=True))
         elif site.role == "entry" and self.fp_stacks is not None:
             code = fp_entry_program(site, self.lat, self.stacks, self.fp_stacks, tgids,
-                                    self.armed)
+                                    self.armed, result)
         elif site.role == "entry":
-            code = entry_program(site, self.lat, tgids, self.armed)
+            code = entry_program(site, self.lat, tgids, self.armed, result)
         else:
             code = return_program(site, self.lat, unit_ns=self.unit_ns,
                                   by_stack=self.by_stack, slower_ns=self.slower_ns,
-                                  tgids=tgids, armed=self.armed)
+                                  tgids=tgids, armed=self.armed, result=result)
         fd = bpf.load_program(prog_type_of(probe), code, f"ustack_lat{index}",
                               functions=functions)
         self.prog_fds.append(fd)

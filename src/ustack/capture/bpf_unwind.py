@@ -71,7 +71,8 @@ from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
 from ..target import process
-from .bpf import MIN_COUNT_ENTRIES, BpfCounter, InBackground, unless_traced, prog_type_of
+from .bpf import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
+                  prog_type_of, unless_traced)
 from .kernel_offsets import Offsets
 
 BPF_LOOP = 181
@@ -948,10 +949,10 @@ class UnwindCounter(BpfCounter):
             raise
 
     def _program(self, index: int, probe) -> int:
-        result = DROP_SAMPLE if isinstance(probe, ProfileProbe) else PASS_ON
         tgids = self.tgids if isinstance(probe, TracepointProbe) else None
         code, functions = self.program.code(
-            index, probe, tgids=tgids, kernel_stacks=self.kstacks, result=result,
+            index, probe, tgids=tgids, kernel_stacks=self.kstacks,
+            result=program_result(probe),
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             ring=self.ring if self.trace else None, defer=self.ring)
         return self.load(index, prog_type_of(probe), code, functions, f"ustack_uw{index}")
