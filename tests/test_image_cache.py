@@ -93,17 +93,26 @@ def test_same_file_by_another_path_reads_the_cache(tmp_path):
     assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
 
 
-def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
-    """The cache's symbols part is decoded only when symbols are asked for;
-    damaged, the file is parsed again then, and the answers are the same."""
+def chain_cached_then_damaged(tmp_path, part: int, damage) -> tuple:
+    """(path, facts) of a copy of chain opened once, after which part `part`
+    of its image cache entry (0 layout, 1 symbols, 2 address table, one
+    line each but the table) was replaced by damage(part)."""
     prog = tmp_path / "chain"
     shutil.copy(build("chain", flags=FP), prog)
     first = facts(ElfImage.open(str(prog)))
     [cached] = [p for p in (tmp_path / "cache").rglob("*.json") if "images" in p.parts]
     layout, _, rest = cached.read_bytes().partition(b"\n")
-    _symbols, _, table = rest.partition(b"\n")
-    cached.write_bytes(b"\n".join([layout, b'{"named": [[', table]))
+    parts = [layout, *rest.partition(b"\n")[::2]]
+    parts[part] = damage(parts[part])
+    cached.write_bytes(b"\n".join(parts))
     ElfImage.clear_cache()
+    return prog, first
+
+
+def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
+    """The cache's symbols part is decoded only when symbols are asked for;
+    damaged, the file is parsed again then, and the answers are the same."""
+    prog, first = chain_cached_then_damaged(tmp_path, 1, lambda _: b'{"named": [[')
     parsed = ElfImage.parsed_files
     image = ElfImage.open(str(prog))
     assert ElfImage.parsed_files == parsed          # the layout half was believed
@@ -118,14 +127,7 @@ def test_damaged_address_table_in_the_cache_is_parsed_again(tmp_path, damage):
     """The cache's third part, the packed table lookup() reads: damaged,
     the file is parsed again when an address is first named, with the
     same answers."""
-    prog = tmp_path / "chain"
-    shutil.copy(build("chain", flags=FP), prog)
-    first = facts(ElfImage.open(str(prog)))
-    [cached] = [p for p in (tmp_path / "cache").rglob("*.json") if "images" in p.parts]
-    layout, _, rest = cached.read_bytes().partition(b"\n")
-    symbols, _, table = rest.partition(b"\n")
-    cached.write_bytes(b"\n".join([layout, symbols, damage(table)]))
-    ElfImage.clear_cache()
+    prog, first = chain_cached_then_damaged(tmp_path, 2, damage)
     parsed = ElfImage.parsed_files
     image = ElfImage.open(str(prog))
     d = image.find("d")[0]
