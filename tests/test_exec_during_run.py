@@ -119,7 +119,8 @@ def test_profile_whole_machine_program_started_during_the_run(tmp_path):
             assert notes == [] and s["frames"][-1] == ("_start", busy.name), s
         else:
             assert all(n.endswith((": the address is in no mapping)",
-                                   ": stopped at the in-kernel frame limit)")) for n in notes), s
+                                   ": stopped at the in-kernel frame limit)")) for n in notes), \
+                (notes, s)
 
 
 def test_a_full_ring_counts_the_stack_cut_as_walked(fresh_chain, monkeypatch):
