@@ -1,0 +1,205 @@
+"""trace with fetch-args unwound in the kernel: the BPF program fetches the
+arguments itself (capture/bpf_fetchargs.py) and writes them into each
+event's record after its frames, so `--backend bpf` prints the same
+arguments as the kernel's own uprobe fetch (`--backend perf`, the oracle)
+and the same frames, on -O2 binaries without frame pointers; `--backend
+auto` takes that path when the program fetches every arg exactly, else the
+perf path with a note saying why."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import O2_NOFP, build, run_ustack
+from test_args_by_name import MIX, label_values, no_aslr
+from test_e2e_core import fail_one_line, ok, parse_trace, private_copy
+
+pytestmark = pytest.mark.kernel
+
+IN_KERNEL = "[backend bpf, unwind dwarf; unwound in the kernel]"
+COPIED = "[backend perf, unwind dwarf]"
+CHAIN = ["d", "c", "b", "a", "main"]
+
+
+@pytest.fixture(scope="module")
+def chain() -> Path:
+    return build("chain", flags=O2_NOFP)
+
+
+@pytest.fixture(scope="module")
+def args_c() -> Path:
+    return build("args", flags=O2_NOFP)
+
+
+@pytest.fixture(scope="module")
+def strargs() -> Path:
+    return build("strargs", flags=O2_NOFP)
+
+
+def traced(backend: str, *args) -> list[dict]:
+    """The records of `ustack trace --backend BACKEND ARGS…`, checked to
+    have run where asked, nothing lost or cut."""
+    res = ok(run_ustack("trace", "--backend", backend, *args))
+    head = res.stderr.splitlines()[0]
+    assert (IN_KERNEL if backend == "bpf" else COPIED) in head, res.stderr
+    assert "Lost" not in res.stderr and "cut short" not in res.stderr, res.stderr
+    return parse_trace(res.stdout)
+
+
+def frames(record: dict) -> list[tuple]:
+    return [(f["func"], f["off"], f["module"]) for f in record["frames"]]
+
+
+def both(*args, pick=None) -> tuple[list, list]:
+    """The same run through the kernel's unwinder and the copy path: the
+    same labels (so the same arguments) and frames, event by event (the
+    events numbered `pick` only, when given)."""
+    kernel = traced("bpf", *args)
+    copied = traced("perf", *args)
+    assert len(kernel) == len(copied)
+    for i, (k, c) in enumerate(zip(kernel, copied)):
+        if pick is None or i in pick:
+            assert (k["label"], frames(k)) == (c["label"], frames(c)), i
+    return kernel, copied
+
+
+def test_named_arg_with_the_whole_chain(chain):
+    n = 5
+    kernel, _ = both(f"uprobe:{chain}:d i", "-c", f"{chain} {n}")
+    assert [label_values(r["label"]) for r in kernel] == [{"i": str(i)} for i in range(n)]
+    for r in kernel:
+        assert [f[0] for f in frames(r)][:5] == CHAIN
+
+
+def test_registers_stack_words_and_types(args_c):
+    """mix's ten arguments by name (registers, stack slots, typed from
+    DWARF: signed, unsigned, bool, char, enum, pointer) and the same by
+    register and $stackN, with raw types, dereferences and $comm; pointers
+    compare equal with ASLR off. (buf, a literal mix reads only after its
+    entry, is left to test_strings_and_faults: see bpf_fetchargs.UNTOUCHED.)"""
+    command = no_aslr(args_c)
+    names = MIX.replace("buf ", "")
+    kernel, _ = both(f"uprobe:{args_c}:mix {names}", "-c", command)
+    assert [(r["i"], r["neg"], r["ok"], r["ch"], r["big"])
+            for r in map(label_values, (k["label"] for k in kernel))] == [
+        (str(i), str(-7 - i), "true" if i & 1 else "false", repr(chr(65 + i)),
+         "-1000000000000") for i in range(3)]
+    raw = ("a=%di b=%si:u16 c=%r9:s8 d=%r8:x16 e=$stack0 f=$stack2:s64 g=$stack "
+           "h=+0($stack4):s32 i=+8(+0($stack4)):u64 j=$comm k=\\-5:s8 l=+0(%sp):x32 "
+           "m=+0(+24(%sp)):b4@1/8 n=+0($stack4):u8[4]")
+    kernel, _ = both(f"uprobe:{args_c}:mix {raw}", "-c", command)
+    got = label_values(kernel[1]["label"])
+    assert (got["a"], got["b"], got["c"], got["j"], got["k"], got["n"]) == \
+        ("0x1", "13", "-56", '"args"', "-5", "{1,0,0,0}")
+
+
+def test_strings_and_faults(strargs):
+    """Strings, NULL and bad pointers, nested dereferences that fault and
+    strings longer than the kernel takes, as the kernel's fetch gives them:
+    a string that cannot be read is "", a value 0."""
+    spec = (f"uprobe:{strargs}:say s=+0(%di):string n=%si:s64 v=+0(%dx):s64 "
+            "next=+8(%dx):x64 nv=+0(+8(%dx)):s64 c=$comm u=+0(%di):ustring")
+    kernel, _ = both(spec, "-c", no_aslr(strargs))      # 3 rounds
+    got = [label_values(r["label"]) for r in kernel]
+    assert len(got) == 15
+    assert [(g["s"], g["n"], g["v"], g["nv"], g["c"], g["u"]) for g in got[:5]] == [
+        ('"hello"', "1", "5", "7", '"strargs"', '"hello"'),
+        ('""', "2", "7", "0", '"strargs"', '""'),
+        ('""', "3", "0", "0", '"strargs"', '""'),
+        ('""', "4", "0", "0", '"strargs"', '""'),
+        # over 4095 bytes: none, so the room the others measured goes to it
+        ('"xxxxxxx"', "5", "5", "7", '""', '""')]
+    assert got[5:10] == got[10:] == got[:5]
+    assert got[2]["next"] == "0x0"
+
+
+def test_a_string_through_nested_dereferences(strargs):
+    """p->next->name and p->name; where a dereference on the way faults
+    (p NULL or bad, tail->next NULL), BPF gives "" and the kernel's record points at the
+    next string's bytes (see bpf_fetchargs): those events are not compared."""
+    spec = (f"uprobe:{strargs}:say name=+0(+16(%dx)):string "
+            "next_name=+0(+16(+8(%dx))):string c=$comm")
+    kernel, _ = both(spec, "-c", f"{strargs} 0", pick=(0, 4))
+    assert [label_values(r["label"]) for r in kernel] == [
+        {"name": '"head"', "next_name": '"tail"', "c": '"strargs"'},
+        {"name": '"tail"', "next_name": '""', "c": '"strargs"'},
+        {"name": '""', "next_name": '""', "c": '"strargs"'},
+        {"name": '""', "next_name": '""', "c": '"strargs"'},
+        {"name": '"head"', "next_name": '"tail"', "c": '"strargs"'}]
+
+
+def test_strings_share_one_page_as_in_the_kernel(strargs):
+    """Two copies of a string of 5000 bytes, then shorter ones: the
+    kernel's uprobe record holds one page of fetched bytes, a string over
+    4095 bytes counts as none, the strings after the one that overflows are
+    cut; BPF gives the same bytes."""
+    spec = (f"uprobe:{strargs}:say b=+1000(%di):string c=+2000(%di):string "
+            "a=+0(%di):string d=+4000(%di):string e=$comm")
+    kernel, _ = both(spec, "-c", f"{strargs} 0", pick=(4,))
+    big = label_values(kernel[4]["label"])
+    # 4096 bytes less the fixed fields' 20: b whole, c cut, a too long, no room after
+    assert {k: len(v) - 2 for k, v in big.items()} == \
+        {"b": 4000, "c": 4076 - 4001 - 1, "a": 0, "d": 0, "e": 0}
+
+
+def test_retval_on_uretprobes(args_c):
+    kernel, _ = both(f"uretprobe:{args_c}:diff $retval", f"uretprobe:{args_c}:is_odd r=$retval:u8",
+                     "-c", f"{args_c} 0 3")
+    by_event = {}
+    for r in kernel:
+        by_event.setdefault(r["label"].split()[0], []).append(label_values(r["label"]))
+    assert by_event[f"uretprobe:{args_c}:diff"] == [{"arg1": "-3"}] * 3
+    assert by_event[f"uretprobe:{args_c}:is_odd"] == [{"r": str(i & 1)} for i in range(3)]
+    for r in kernel:
+        assert [f[0] for f in frames(r)][0] == "main"
+
+
+def test_a_deferred_stack_keeps_its_args(tmp_path, chain):
+    """A program exec'd during the run (its words do not name it) has no
+    unwind rows in the kernel yet: the event's stack goes to ustack to
+    unwind (a deferred record), its arguments with it."""
+    fresh = private_copy(chain, tmp_path)
+    kernel, _ = both("uprobe:libc.so.6:write fd=%di:s32 n=%dx:u64 s=+0(%si):string",
+                     "-c", f"sh -c 'P={fresh}; exec $P 3 write'")
+    assert [label_values(r["label"]) for r in kernel] == \
+        [{"fd": "3", "n": "1", "s": '"x"'}] * 3
+    for r in kernel:
+        assert [f[0] for f in frames(r)][:6] == ["write"] + CHAIN
+
+
+def test_auto_unwinds_in_the_kernel_with_args(chain):
+    res = ok(run_ustack("trace", f"uprobe:{chain}:d i n=%di:s64", "-c", f"{chain} 2"))
+    assert IN_KERNEL in res.stderr.splitlines()[0], res.stderr
+    assert [label_values(r["label"]) for r in parse_trace(res.stdout)] == \
+        [{"i": str(i), "n": str(i)} for i in range(2)]
+    assert "note:" not in res.stderr
+
+
+def test_auto_leaves_user_strings_to_the_perf_path(strargs):
+    """A string in user memory may sit in a page the process has not
+    touched yet, which BPF cannot read: auto copies stacks and says so."""
+    res = ok(run_ustack("trace", f"uprobe:{strargs}:say s=+0(%di):string",
+                        "-c", f"{strargs} 0"))
+    assert COPIED in res.stderr.splitlines()[0], res.stderr
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note:")]
+    assert notes == ["note: BPF does not fetch s=+0(%di):string (BPF cannot read a "
+                     "string in a page the process has not touched yet, as a literal "
+                     "at its first use, which the kernel's uprobe fetch faults in); "
+                     "stacks are copied and unwound by ustack"]
+    assert label_values(parse_trace(res.stdout)[0]["label"]) == {"s": '"hello"'}
+
+
+def test_what_bpf_cannot_fetch(chain):
+    """An array of strings: auto takes the perf path and says why; --backend
+    bpf refuses in one line, before anything is set up."""
+    spec = f"uprobe:{chain}:d a=+0(%sp):string[2]"
+    res = ok(run_ustack("trace", spec, "-c", f"{chain} 1"))
+    assert COPIED in res.stderr.splitlines()[0], res.stderr
+    assert ("note: BPF does not fetch a=+0(%sp):string[2] (arrays of strings are "
+            "fetched by the perf backend only); stacks are copied and unwound by "
+            "ustack") in res.stderr.splitlines()
+    res = run_ustack("trace", "--backend", "bpf", spec, "-c", f"{chain} 1")
+    assert fail_one_line(res) == (
+        "ustack: trace --backend bpf cannot fetch a=+0(%sp):string[2] (arrays of "
+        "strings are fetched by the perf backend only); use --backend perf")
