@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_NOFP, build, run_ustack
+from helpers import O2_NOFP, build, build_go, run_ustack
 from test_args_by_name import MIX, label_values, no_aslr
+from test_dwarf_unwind import build_cxx
 from test_e2e_core import fail_one_line, ok, parse_trace, private_copy
 
 pytestmark = pytest.mark.kernel
@@ -94,6 +95,21 @@ def test_registers_stack_words_and_types(args_c):
         ("0x1", "13", "-56", '"args"', "-5", "{1,0,0,0}")
 
 
+def test_cxx_method_and_go_function_by_name():
+    """A C++ method's `this` and int, and a Go function's arguments in Go's
+    register ABI (unwound with DWARF rules on both paths)."""
+    cxx = build_cxx("args_cxx", O2_NOFP)
+    kernel, _ = both(f"uprobe:{cxx}:shop::Counter::add this k", "-c", no_aslr(cxx))
+    assert [label_values(r["label"])["k"] for r in kernel] == ["10", "11", "12"]
+    go = build_go("goargs")
+    kernel, _ = both("--unwind", "dwarf", f"uprobe:{go}:main.work i count delta even",
+                     "-c", f"{go} 3")
+    assert [label_values(r["label"]) for r in kernel] == [
+        dict(i=str(i), count=str(100 + i), delta=str(-5 - i),
+             even="true" if i % 2 == 0 else "false") for i in range(3)]
+    assert [f[0] for f in frames(kernel[0])][:3] == ["main.work", "main.main", "runtime.main"]
+
+
 def test_strings_and_faults(strargs):
     """Strings, NULL and bad pointers, nested dereferences that fault and
     strings longer than the kernel takes, as the kernel's fetch gives them:
@@ -130,14 +146,14 @@ def test_a_string_through_nested_dereferences(strargs):
 
 
 def test_strings_share_one_page_as_in_the_kernel(strargs):
-    """Two copies of a string of 5000 bytes, then shorter ones: the
-    kernel's uprobe record holds one page of fetched bytes, a string over
-    4095 bytes counts as none, the strings after the one that overflows are
-    cut; BPF gives the same bytes."""
-    spec = (f"uprobe:{strargs}:say b=+1000(%di):string c=+2000(%di):string "
+    """Strings of 4000, 3000, 5000 and 1000 bytes and the comm: the
+    kernel's uprobe record holds one page of fetched bytes, the string
+    that overflows it is cut, those after it are "" (a string over 4095
+    bytes too); BPF gives the same bytes."""
+    spec = (f"uprobe:{strargs}:shout b=+1000(%di):string c=+2000(%di):string "
             "a=+0(%di):string d=+4000(%di):string e=$comm")
-    kernel, _ = both(spec, "-c", f"{strargs} 0", pick=(4,))
-    big = label_values(kernel[4]["label"])
+    kernel, _ = both(spec, "-c", f"{strargs} 0")
+    (big,) = [label_values(r["label"]) for r in kernel]
     # 4096 bytes less the fixed fields' 20: b whole, c cut, a too long, no room after
     assert {k: len(v) - 2 for k, v in big.items()} == \
         {"b": 4000, "c": 4076 - 4001 - 1, "a": 0, "d": 0, "e": 0}

@@ -7,6 +7,7 @@
  *   say(NULL, 3, NULL)    NULL pointers
  *   say(bad, 4, bad)      pointers to nothing ((void *)8)
  *   say(big, 5, &head)    5000 'x' (longer than the kernel's 4095 bytes)
+ * then shout(big) alone (its strings at offsets into big).
  * say returns n (for $retval). Every string is in memory the program wrote
  * before the call: BPF reads no page the process has not touched yet.
  * Waits for a line on stdin first with "-" (wait_start.h). Prints nothing. */
@@ -25,6 +26,13 @@ KEEP long say(const char *s, long n, struct node *p)
 	sink += n + (long)s + (long)p;
 	asm volatile("");
 	return n;
+}
+
+KEEP long shout(const char *s)
+{
+	sink += (long)s;
+	asm volatile("");
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -48,5 +56,6 @@ int main(int argc, char **argv)
 		sink += say(bad, 4, bad);
 		sink += say(big, 5, &head);
 	}
+	sink += shout(big);
 	return 0;
 }
