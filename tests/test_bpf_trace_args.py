@@ -77,14 +77,14 @@ def test_registers_stack_words_and_types(args_c):
     """mix's ten arguments by name (registers, stack slots, typed from
     DWARF: signed, unsigned, bool, char, enum, pointer) and the same by
     register and $stackN, with raw types, dereferences and $comm; pointers
-    compare equal with ASLR off. (buf, a literal mix reads only after its
-    entry, is left to test_strings_and_faults: see bpf_fetchargs.UNTOUCHED.)"""
+    compare equal with ASLR off. buf is a literal in a page the program
+    first touches in mix's body, after the probe: BPF cannot read it there,
+    ustack reads it from the file that page maps."""
     command = no_aslr(args_c)
-    names = MIX.replace("buf ", "")
-    kernel, _ = both(f"uprobe:{args_c}:mix {names}", "-c", command)
-    assert [(r["i"], r["neg"], r["ok"], r["ch"], r["big"])
+    kernel, _ = both(f"uprobe:{args_c}:mix {MIX}", "-c", command)
+    assert [(r["i"], r["buf"], r["neg"], r["ok"], r["ch"], r["big"])
             for r in map(label_values, (k["label"] for k in kernel))] == [
-        (str(i), str(-7 - i), "true" if i & 1 else "false", repr(chr(65 + i)),
+        (str(i), '"hello"', str(-7 - i), "true" if i & 1 else "false", repr(chr(65 + i)),
          "-1000000000000") for i in range(3)]
     raw = ("a=%di b=%si:u16 c=%r9:s8 d=%r8:x16 e=$stack0 f=$stack2:s64 g=$stack "
            "h=+0($stack4):s32 i=+8(+0($stack4)):u64 j=$comm k=\\-5:s8 l=+0(%sp):x32 "
@@ -192,18 +192,16 @@ def test_auto_unwinds_in_the_kernel_with_args(chain):
     assert "note:" not in res.stderr
 
 
-def test_auto_leaves_user_strings_to_the_perf_path(strargs):
-    """A string in user memory may sit in a page the process has not
-    touched yet, which BPF cannot read: auto copies stacks and says so."""
-    res = ok(run_ustack("trace", f"uprobe:{strargs}:say s=+0(%di):string",
-                        "-c", f"{strargs} 0"))
-    assert COPIED in res.stderr.splitlines()[0], res.stderr
-    notes = [line for line in res.stderr.splitlines() if line.startswith("note:")]
-    assert notes == ["note: BPF does not fetch s=+0(%di):string (BPF cannot read a "
-                     "string in a page the process has not touched yet, as a literal "
-                     "at its first use, which the kernel's uprobe fetch faults in); "
-                     "stacks are copied and unwound by ustack"]
-    assert label_values(parse_trace(res.stdout)[0]["label"]) == {"s": '"hello"'}
+def test_auto_fetches_strings_in_the_kernel(args_c):
+    """Strings too, a literal not yet in memory at its first use included
+    (its page read from the file it maps), and a $retval string."""
+    res = ok(run_ustack("trace", f"uprobe:{args_c}:mix buf s=+0(%dx):string",
+                        f"uretprobe:{args_c}:color_name $retval:string",
+                        "-c", f"{args_c} 0 2"))
+    assert IN_KERNEL in res.stderr.splitlines()[0], res.stderr
+    assert "note:" not in res.stderr, res.stderr
+    assert [label_values(r["label"]) for r in parse_trace(res.stdout)] == \
+        [{"buf": '"hello"', "s": '"hello"'}, {"arg1": '"blue"'}] * 2
 
 
 def test_what_bpf_cannot_fetch(chain):

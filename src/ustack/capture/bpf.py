@@ -725,6 +725,18 @@ class BpfCapture:
         return with_ring_records(self.events.read_chunks(timeout_ms), self.counter,
                                  RingChunk)
 
+    def _object_bytes(self, dev: int, inode: int, offset: int, size: int) -> bytes | None:
+        """`size` bytes at `offset` of an object whose unwind rows are
+        loaded, by its (kernel dev, inode); None for another file."""
+        entry = self.counter.objects.loaded.get((dev, inode)) if self.counter else None
+        if entry is None:
+            return None
+        try:
+            with open(entry[0], "rb") as f:
+                return os.pread(f.fileno(), size, offset)
+        except OSError:
+            return None
+
     def _decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """The stream's decoder, loading the rows of each newly mapped
         object (dlopen, a new process) as its MMAP2 record passes; the
@@ -734,7 +746,7 @@ class BpfCapture:
         if isinstance(chunk, RingChunk):
             before = len(samples)
             offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
-                                  self.fetches)
+                                  self.fetches, self._object_bytes)
             for s in samples[before:]:
                 why = cut_reason(s.callchain)
                 if why is not None:

@@ -21,27 +21,31 @@ trace_uprobe.c), measured through the perf path on Linux 6.18:
   order: the one that overflows it is cut, those after it are ""; a
   string that cannot be read is "" (the perf path prints "", as
   ArgsDecoder decodes an empty __data_loc).
-Where this differs: BPF reads user memory without faulting pages in, so a
-string in a page the process has not touched yet (a literal in .rodata at
-its first use) reads as "", where the kernel's uprobe fetch faults the
-page in and shows it (UNTOUCHED: why --backend auto leaves strings to the
-perf path); a dereference that faults on the way to a string gives
-"" here, where the kernel's record points at the next string's bytes (or
-stale ones); a string longer than the room left on the page is cut here,
-where the kernel gives "" when it is longer than 4095 bytes too.
+BPF reads user memory without faulting pages in, where the kernel's uprobe
+fetch faults them in: a string in a page the process has not touched yet
+(a literal at its first use) fails to read here. The program then records
+where that page maps a file (bpf_find_vma: device, inode, offset) and
+decode() reads the string from the file, which is what the page would have
+held (it was never written, or it would be present); in anonymous memory
+such a page holds zeros: "", as the kernel gives.
+Where this still differs: such a string in a file ustack has not loaded
+(not an object with code), or in an event whose strings the kernel cuts
+(over the page), stays ""; a dereference that faults on the way to a
+string gives "", where the kernel's record points at the next string's
+bytes (or stale ones).
 
 Record layout (after the frames of a streamed record, after the stack of
-a deferred one): a fixed part of 8-byte slots in argument order (a
-scalar's value, a string's length with its NUL, an array's elements end to
-end), then the strings' bytes one after the other."""
+a deferred one): a fixed part of slots in argument order (a scalar's value
+in 8 bytes, an array's elements end to end, a string's STRING_SLOT), then
+the strings' bytes one after the other."""
 from __future__ import annotations
 
 import re
 import struct
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, JGT, JLE, JNE, JSGE, SUB, Asm, alu_imm, alu_reg, call,
-                          jmp_imm, jmp_reg, ld_imm64, ldx, mov, mov_imm, st_imm, stx)
+from ..kernel.bpf import (ADD, JEQ, JGT, JLE, JNE, JSGE, LSH, SUB, Asm, alu_imm, alu_reg, call,
+                          jmp_imm, jmp_reg, ld_func, ld_imm64, ldx, mov, mov_imm, st_imm, stx)
 from ..model import UstackError
 from ..probes.fetchargs import parse_fetch_args, probe_kinds
 from ..values import replace, value
@@ -59,14 +63,16 @@ TOTAL = -80                  # the strings' bytes, as the first pass measured th
 TMP = -96                    # a word read on the way
 ADDR = -104                  # an address kept across a helper call
 COMM = -120                  # 16 bytes: the comm
-
-UNTOUCHED = ("BPF cannot read a string in a page the process has not touched yet, "
-             "as a literal at its first use, which the kernel's uprobe fetch faults in")
+VMA = -160                   # 40 bytes: bpf_unwind's "vma" callback's answer
 
 _SCALAR = re.compile(r"([usx])(8|16|32|64)")
 _BITFIELD = re.compile(r"b([0-9]+)@([0-9]+)/(8|16|32|64)")
 _DEREF = re.compile(r"([+-])(u?)([^(]+)\((.*)\)")
 _U32 = struct.Struct("<I")
+# a string's slot: bytes stored (its NUL included), what the first pass read
+# (< 0: a fault, STRING_READ: too long), and where a string BPF could not
+# read is in its file: (kernel dev, inode, offset), inode 0 for none
+STRING_SLOT = struct.Struct("<IiQQQ")
 _U64 = struct.Struct("<Q")
 
 
@@ -89,6 +95,8 @@ class Arg:
 
     @property
     def slot_size(self) -> int:
+        if self.string:
+            return STRING_SLOT.size
         return (self.size * self.count + 7) & ~7 if self.count else 8
 
     @property
@@ -133,10 +141,13 @@ class FetchArgs:
             a.emit(ldx(1, 10, USED), alu_reg(ADD, reg, 1))
 
     # -- the record --------------------------------------------------------
-    def decode(self, buf, start: int, end: int) -> tuple:
+    def decode(self, buf, start: int, end: int, read_file=None) -> tuple:
         """(name, kind, value) per arg of the area buf[start:end], as
-        trace_format.ArgsDecoder.decode gives them."""
+        trace_format.ArgsDecoder.decode gives them. `read_file(dev, inode,
+        offset, size)`: bytes of a loaded object, for a string in a page
+        the process had not touched (see recover)."""
         out = []
+        strings = []                    # (index in out, its slot's fields)
         dyn = start + self.fixed
         for arg in self.args:
             at = start + arg.slot
@@ -144,9 +155,11 @@ class FetchArgs:
                 if at + arg.slot_size > end:
                     raise struct.error("short")
                 if arg.string:
-                    n = _U32.unpack_from(buf, at)[0]
+                    fields = STRING_SLOT.unpack_from(buf, at)
+                    n = fields[0]
                     value = bytes(buf[dyn:min(dyn + n, end)]).split(b"\0", 1)[0]
                     dyn += n
+                    strings.append((len(out), fields))
                 elif arg.count:
                     value = tuple(_scalar(arg, int.from_bytes(
                         buf[at + k * arg.size:at + (k + 1) * arg.size], "little"))
@@ -156,7 +169,31 @@ class FetchArgs:
             except struct.error:
                 value = None
             out.append((arg.name, arg.kind, value))
+        if read_file is not None and any(f[4] for _i, f in strings):
+            self.recover(out, strings, read_file)
         return tuple(out)
+
+    def recover(self, out: list, strings: list, read_file) -> None:
+        """The strings BPF could not read because their page was not
+        present (the kernel's fetch faults it in): read from the file the
+        page maps, where that gives what the kernel would have shown: it
+        is in a file, and every string fits whole in the room as the kernel
+        measures it (no string too long, none cut)."""
+        total, found = 0, {}
+        for i, (n, first, dev, ino, offset) in strings:
+            if first == STRING_READ or (first > 0 and n != first):
+                return                      # the kernel's cuts: not redone here
+            if ino:
+                raw = read_file(dev, ino, offset, MAX_STRING)
+                if raw is None or b"\0" not in raw:
+                    return
+                found[i] = raw.split(b"\0", 1)[0]
+                total += len(found[i]) + 1
+            else:
+                total += max(first, 0)
+        if total <= self.room:
+            for i, value in found.items():
+                out[i] = (out[i][0], out[i][1], value)
 
 
 def _scalar(arg: Arg, raw: int) -> int:
@@ -213,19 +250,25 @@ class _Emitter:
 
     def string_length(self, arg: Arg) -> None:
         """The kernel's first pass (__get_data_size): the string's length
-        with its NUL, 0 if it faults or is longer than MAX_STRING, into its
-        slot and added to TOTAL (at most the room)."""
+        with its NUL, 0 if it faults or is longer than MAX_STRING, added to
+        TOTAL (at most the room); what the read returned into its slot,
+        and where in a file the string is when the read faulted."""
         a, t, slot = self.a, self.tag, self.at + arg.slot
         helper, most = self.address(arg)
+        for k in range(0, STRING_SLOT.size, 8):
+            a.emit(st_imm(self.base, slot + k, 0))
         a.emit(mov(1, self.base), alu_imm(ADD, 1, self.at + self.f.fixed),
-               mov_imm(2, most), ldx(3, 10, ADDR), call(helper))
+               mov_imm(2, most), ldx(3, 10, ADDR), call(helper),
+               stx(self.base, slot + 4, 0, size=4))
         a.jump(jmp_imm, JSGE, 0, 0, to=f"{t}read")
+        if arg.node[0] != "comm":
+            self.where_in_file(slot)
+        a.label(f"{t}none")
         a.emit(mov_imm(0, 0))
         a.label(f"{t}read")
         a.jump(jmp_imm, JNE, 0, STRING_READ, to=f"{t}fits")
         a.emit(mov_imm(0, 0))
         a.label(f"{t}fits")
-        a.emit(stx(self.base, slot, 0))
         self.accumulate(TOTAL)
         self.end(arg)
 
@@ -243,7 +286,7 @@ class _Emitter:
         a.emit(mov_imm(2, room))
         a.label(f"{t}sized")
         if arg.node[0] == "comm":       # strscpy: all of it, or "" where it does not fit
-            a.emit(ldx(1, self.base, slot))
+            a.emit(ldx(1, self.base, slot + 4, size=4))
             a.jump(jmp_reg, JGT, 1, 2, to=f"{t}none")
         a.emit(mov(1, self.base), alu_imm(ADD, 1, self.at + self.f.fixed),
                ldx(4, 10, USED), alu_reg(ADD, 1, 4), ldx(3, 10, ADDR), call(helper))
@@ -251,9 +294,30 @@ class _Emitter:
         a.label(f"{t}none")
         a.emit(mov_imm(0, 0))                     # a fault: ""
         a.label(f"{t}read")
-        a.emit(stx(self.base, slot, 0))
+        a.emit(stx(self.base, slot, 0, size=4))
         self.accumulate(USED)
         self.end(arg)
+
+    def where_in_file(self, slot: int) -> None:
+        """After a string read faulted: where its page maps a file (the
+        unwinder's "vma" callback: start, end, page offset, dev, inode)
+        into the slot, for ustack to read it there (decode's read_file):
+        BPF cannot fault a page in, the kernel's uprobe fetch does."""
+        a, t = self.a, self.tag
+        for k in range(0, 40, 8):
+            a.emit(st_imm(10, VMA + k, 0))
+        a.emit(call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), ldx(2, 10, ADDR))
+        a.jump(ld_func, 3, to="vma")
+        a.emit(mov(4, 10), alu_imm(ADD, 4, VMA), mov_imm(5, 0), call(bpf.FIND_VMA))
+        a.jump(jmp_imm, JNE, 0, 0, to=f"{t}none")
+        a.emit(ldx(1, 10, VMA + 32))
+        a.jump(jmp_imm, JEQ, 1, 0, to=f"{t}none")
+        a.emit(stx(self.base, slot + 16, 1), ldx(1, 10, VMA + 24),
+               stx(self.base, slot + 8, 1),
+               # offset = address - start + page offset * 4096
+               ldx(1, 10, ADDR), ldx(2, 10, VMA), alu_reg(SUB, 1, 2),
+               ldx(2, 10, VMA + 16), alu_imm(LSH, 2, 12), alu_reg(ADD, 1, 2),
+               stx(self.base, slot + 24, 1))
 
     def address(self, arg: Arg) -> tuple:
         """ADDR = where the string is; (the helper that reads it, its size)."""
@@ -343,20 +407,15 @@ def compile_args(probe) -> FetchArgs:
     return fetch
 
 
-def why_not(probes: list, exact: bool = False) -> str | None:
+def why_not(probes: list) -> str | None:
     """None when the program fetches every fetch-arg of `probes`, else
-    which it cannot and why. `exact`: also refuse what it fetches but may
-    show otherwise than the perf path: a string in user memory (see
-    UNTOUCHED)."""
+    which it cannot and why."""
     for probe in probes:
         if getattr(probe, "fetch_args", ()):
             try:
-                fetch = compile_args(probe)
+                compile_args(probe)
             except CannotFetch as e:
                 return str(e)
-            for word, arg in zip(probe.fetch_args, fetch.args):
-                if exact and arg.string and arg.node[0] != "comm":
-                    return f"{word} ({UNTOUCHED})"
     return None
 
 

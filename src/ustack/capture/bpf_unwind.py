@@ -1028,12 +1028,13 @@ class RingChunk(bytes):
 
 def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
-                 fetches: tuple = ()) -> int:
+                 fetches: tuple = (), read_file=None) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
     kernel frames from `kernel_stack(id)`. `fetches[probe]` decodes the
-    values of the probe's fetch-args, which end each record."""
+    values of the probe's fetch-args, which end each record (`read_file`:
+    see bpf_fetchargs.FetchArgs.decode)."""
     end = min(len(chunk), offset + limit)
     while offset < end:
         n = struct.unpack_from("<I", chunk, offset)[0]
@@ -1047,7 +1048,8 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp},
                 stack=chunk[at:at + min(size, DEFER_STACK)],
-                args=fetch.decode(chunk, rec + DEFER_RECORD, rec + n) if fetch else (),
+                args=fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file)
+                if fetch else (),
                 kernel=kernel_stack(kstack) if kstack >= 0 else b""))
             offset = rec + n
             continue
@@ -1058,8 +1060,8 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             chain += _U64.pack(KERNEL_UNWIND_STOP + status)
         fetch = fetches[probe] if probe < len(fetches) else None
         samples.append(RawSample(probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
-                                 bytes(chain), args=fetch.decode(chunk, frames_end, rec + n)
-                                 if fetch else ()))
+                                 bytes(chain), args=fetch.decode(chunk, frames_end, rec + n,
+                                                                 read_file) if fetch else ()))
         offset = rec + n
     return offset
 

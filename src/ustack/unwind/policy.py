@@ -112,7 +112,7 @@ def plan(command: str, backend: str, unwind: str, probes: list,
             and "dwarf" in modes and not kernel_stacks):
         why = copy_reason or _why_no_kernel_dwarf(probes)
         if why is None:
-            args = _why_args_need_perf(probes, exact=True)
+            args = _why_args_need_perf(probes)
             why = None if args is None else f"BPF does not fetch {args}"
         if why is None:           # each event's frames through a ring buffer
             return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
@@ -157,15 +157,14 @@ def _bpf_trace(probes: list, unwind: str) -> Plan:
     return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
 
 
-def _why_args_need_perf(probes: list, exact: bool = False) -> str | None:
+def _why_args_need_perf(probes: list) -> str | None:
     """None where the trace program fetches every fetch-arg of `probes`
     (capture/bpf_fetchargs.py, imported only then), else which one it
-    cannot and why; `exact` (auto): also where it might show another
-    value than the perf path (a string the process has not touched)."""
+    cannot and why."""
     if not any(getattr(p, "fetch_args", ()) for p in probes):
         return None
     from ..capture.bpf_fetchargs import why_not
-    return why_not(probes, exact)
+    return why_not(probes)
 
 
 def _wants_dwarf(probes: list, modes: tuple, main_binary: str | None) -> bool:
