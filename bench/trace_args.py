@@ -33,25 +33,34 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from uprobe_rate import (REPO, Run, baseline, fmt, lost_count, run_options,  # noqa: E402
+from uprobe_rate import (Failed, Run, baseline, fmt, lost_count, run_options,  # noqa: E402
                          run_rounds, timed, write_report)
 from helpers import O2_NOFP, build, ustack_env  # noqa: E402
 
 
-def ustack(backend: str):
+def ustack(backend: str, args: str = " i"):
     def run(prog, n, tmp, timeout):
         wall, _, err = timed([sys.executable, "-m", "ustack", "trace", "--backend", backend,
-                              f"uprobe:{prog}:d i", "-c", f"{prog} {n}"], timeout,
+                              f"uprobe:{prog}:d{args}", "-c", f"{prog} {n}"], timeout,
                              stdout=subprocess.DEVNULL, env=ustack_env())
         lost = lost_count(err)
         return Run(wall, n - lost, lost)
     return run
 
 
+CRASHES: list = []                    # bpftrace's runs that died, why
+
+
 def bpftrace(prog, n, tmp, timeout):
-    wall, out, err = timed(["bpftrace", "-e",
-                            f'uprobe:{prog}:d {{ printf("%d\\n", arg0); print(ustack); }}',
-                            "-c", f"{prog} {n}"], timeout, stdout=subprocess.DEVNULL)
+    try:
+        wall, out, err = timed(["bpftrace", "-e",
+                                f'uprobe:{prog}:d {{ printf("%d\\n", arg0); print(ustack); }}',
+                                "-c", f"{prog} {n}"], timeout, stdout=subprocess.DEVNULL)
+    except Failed as e:
+        # bpftrace 0.17 may abort while symbolizing after the program
+        # exited (read_symlink /proc/PID/exe): counted, not timed
+        CRASHES.append(str(e))
+        return None
     lost = lost_count(out + err)
     return Run(wall, n - lost, lost)
 
@@ -73,14 +82,18 @@ def main():
     prog = str(build("chain", flags=O2_NOFP))
     tools = {"uninstrumented": baseline,
              "ustack trace --backend bpf (in-kernel DWARF, BPF fetches i)": ustack("bpf"),
+             "ustack trace --backend bpf, no argument": ustack("bpf", ""),
              "ustack trace --backend perf (8 KiB copied per event)": ustack("perf"),
              "bpftrace printf(arg0) + print(ustack)": bpftrace}
     results: dict = {name: [] for name in tools}
     if not shutil.which("bpftrace"):
         results["bpftrace printf(arg0) + print(ustack)"] = "absent (bpftrace not installed)"
     with tempfile.TemporaryDirectory(prefix="trace_args.") as tmp:
-        run_rounds(tools, results, reps, lambda name, tool: results[name].append(
-            tool(prog, n, Path(tmp), args.timeout)))
+        def measure(name, tool):
+            run = tool(prog, n, Path(tmp), args.timeout)
+            if run is not None:
+                results[name].append(run)
+        run_rounds(tools, results, reps, measure)
     shapes = {
         "ustack trace --backend bpf (in-kernel DWARF, BPF fetches i)": first_frames(
             [sys.executable, "-m", "ustack", "trace", "--backend", "bpf",
@@ -96,8 +109,8 @@ def main():
     rows = ["| tool | wall s | µs/event | events | lost | frames of an event |",
             "|---|---:|---:|---:|---:|---|"]
     for name, runs in results.items():
-        if isinstance(runs, str):
-            rows.append(f"| {name} | {runs} | | | | |")
+        if isinstance(runs, str) or not runs:
+            rows.append(f"| {name} | {runs or 'every run failed'} | | | | |")
             continue
         wall = statistics.median(r.wall for r in runs)
         if name == "uninstrumented":
@@ -113,7 +126,9 @@ def main():
           f"output to /dev/null; medians of {reps} run(s); {time.strftime('%Y-%m-%d')}, "
           f"kernel {platform.release()}, {os.cpu_count()} CPUs shared with other work "
           f"(load average {load:.1f} at the end). µs/event includes tool start-up and "
-          "exit; events = N - lost.\n\n" + "\n".join(rows) + "\n")
+          "exit; events = N - lost.\n\n" + "\n".join(rows) + "\n"
+          + (f"\nbpftrace died in {len(CRASHES)} of {reps} runs ({CRASHES[0][:110]}); "
+             "its row is the median of the others.\n" if CRASHES else ""))
     write_report(md, out)
 
 

@@ -74,6 +74,7 @@ _U32 = struct.Struct("<I")
 # read is in its file: (kernel dev, inode, offset), inode 0 for none
 STRING_SLOT = struct.Struct("<IiQQQ")
 _U64 = struct.Struct("<Q")
+_STRUCTS: dict = {}          # FetchArgs.plain -> its struct.Struct
 
 
 class CannotFetch(UstackError):
@@ -112,6 +113,10 @@ class FetchArgs:
     fixed: int                 # bytes of slots
     room: int                  # bytes for strings (0 without strings)
     file_base: int = 0         # -(file offset of the probe): @+OFFSET from ip
+    # every arg a plain integer: the struct format of the slots, and
+    # (name, kind) per arg, for decode's fast path ("" for none)
+    plain: str = ""
+    labels: tuple = ()
 
     @property
     def capacity(self) -> int:
@@ -146,6 +151,14 @@ class FetchArgs:
         trace_format.ArgsDecoder.decode gives them. `read_file(dev, inode,
         offset, size)`: bytes of a loaded object, for a string in a page
         the process had not touched (see recover)."""
+        if self.plain:
+            layout = _STRUCTS.get(self.plain) or _STRUCTS.setdefault(
+                self.plain, struct.Struct(self.plain))
+            if start + layout.size <= end:
+                out = []
+                for (name, kind), value in zip(self.labels, layout.unpack_from(buf, start)):
+                    out.append((name, kind, value))
+                return tuple(out)
         out = []
         strings = []                    # (index in out, its slot's fields)
         dyn = start + self.fixed
@@ -400,11 +413,25 @@ def compile_args(probe) -> FetchArgs:
         slot += arg.slot_size
     strings = any(a.string for a in args)
     room = PAGE_ROOM - sum(a.kernel_size for a in args) if strings else 0
-    fetch = FetchArgs(tuple(args), slot, max(room, 0), -probe.file_offset)
+    plain = [_plain(a) for a in args]
+    fetch = FetchArgs(tuple(args), slot, max(room, 0), -probe.file_offset,
+                      "" if None in plain else "<" + "".join(plain),
+                      tuple((a.name, a.kind) for a in args))
     if fetch.capacity > ARGS_AREA:
         raise CannotFetch(f"{' '.join(probe.fetch_args)} (more than {ARGS_AREA} bytes "
                           "of values per event)")
     return fetch
+
+
+_PLAIN = {1: ("B", "7x"), 2: ("H", "6x"), 4: ("I", "4x"), 8: ("Q", "")}
+
+
+def _plain(arg: Arg) -> str | None:
+    """The struct format of a plain integer's 8-byte slot, else None."""
+    if arg.string or arg.count or arg.bits:
+        return None
+    code, pad = _PLAIN[arg.size]
+    return (code.lower() if arg.signed and arg.kind != "hex" else code) + pad
 
 
 def why_not(probes: list) -> str | None:
