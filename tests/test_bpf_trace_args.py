@@ -79,7 +79,7 @@ def test_registers_stack_words_and_types(args_c):
     register and $stackN, with raw types, dereferences and $comm; pointers
     compare equal with ASLR off. buf is a literal in a page the program
     first touches in mix's body, after the probe: BPF cannot read it there,
-    ustack reads it from the file that page maps."""
+    ustack reads it (and values read from it) from the file that page maps."""
     command = no_aslr(args_c)
     kernel, _ = both(f"uprobe:{args_c}:mix {MIX}", "-c", command)
     assert [(r["i"], r["buf"], r["neg"], r["ok"], r["ch"], r["big"])
@@ -88,11 +88,14 @@ def test_registers_stack_words_and_types(args_c):
          "-1000000000000") for i in range(3)]
     raw = ("a=%di b=%si:u16 c=%r9:s8 d=%r8:x16 e=$stack0 f=$stack2:s64 g=$stack "
            "h=+0($stack4):s32 i=+8(+0($stack4)):u64 j=$comm k=\\-5:s8 l=+0(%sp):x32 "
-           "m=+0(+24(%sp)):b4@1/8 n=+0($stack4):u8[4]")
+           "m=+0(+24(%sp)):b4@1/8 n=+0($stack4):u8[4] o=+1(%dx):x32 p=+0(%dx):b4@4/8")
     kernel, _ = both(f"uprobe:{args_c}:mix {raw}", "-c", command)
     got = label_values(kernel[1]["label"])
     assert (got["a"], got["b"], got["c"], got["j"], got["k"], got["n"]) == \
         ("0x1", "13", "-56", '"args"', "-5", "{1,0,0,0}")
+    # "hello" at the first call too, its page read from the file: "ello", 'h' >> 4
+    first = label_values(kernel[0]["label"])
+    assert (first["o"], first["p"]) == ("0x6f6c6c65", str(ord("h") >> 4))
 
 
 def test_cxx_method_and_go_function_by_name():

@@ -22,17 +22,18 @@ trace_uprobe.c), measured through the perf path on Linux 6.18:
   string that cannot be read is "" (the perf path prints "", as
   ArgsDecoder decodes an empty __data_loc).
 BPF reads user memory without faulting pages in, where the kernel's uprobe
-fetch faults them in: a string in a page the process has not touched yet
-(a literal at its first use) fails to read here. The program then records
-where that page maps a file (bpf_find_vma: device, inode, offset) and
-decode() reads the string from the file, which is what the page would have
-held (it was never written, or it would be present); in anonymous memory
-such a page holds zeros: "", as the kernel gives.
-Where this still differs: such a string in a file ustack has not loaded
-(not an object with code), or in an event whose strings the kernel cuts
-(over the page), stays ""; a dereference that faults on the way to a
-string gives "", where the kernel's record points at the next string's
-bytes (or stale ones).
+fetch faults them in: a string or value in a page the process has not
+touched yet (a literal or constant at its first use) fails to read here.
+The program then records where that page maps a file (bpf_find_vma:
+device, inode, offset) and decode() reads it from the file, which is what
+the page would have held (never written, or it would be present); in
+anonymous memory such a page holds zeros: "" or 0, as the kernel gives.
+Where this still differs: such a read in a file ustack has not loaded
+(not an object with code), an array's or a pointer's on the way to the
+value, or a string in an event whose strings the kernel cuts (over the
+page), gives "" or 0; a dereference that faults on the way to a string
+gives "", where the kernel's record points at the next string's bytes (or
+stale ones).
 
 Record layout (after the frames of a streamed record, after the stack of
 a deferred one): a fixed part of slots in argument order (a scalar's value
@@ -73,6 +74,9 @@ _U32 = struct.Struct("<I")
 # (< 0: a fault, STRING_READ: too long), and where a string BPF could not
 # read is in its file: (kernel dev, inode, offset), inode 0 for none
 STRING_SLOT = struct.Struct("<IiQQQ")
+# a value read from memory: the value, and where it is in a file when BPF
+# could not read it, as for a string
+READ_SLOT = struct.Struct("<QQQQ")
 _U64 = struct.Struct("<Q")
 _STRUCTS: dict = {}          # FetchArgs.plain -> its struct.Struct
 
@@ -98,7 +102,14 @@ class Arg:
     def slot_size(self) -> int:
         if self.string:
             return STRING_SLOT.size
+        if self.read:
+            return READ_SLOT.size
         return (self.size * self.count + 7) & ~7 if self.count else 8
+
+    @property
+    def read(self) -> bool:
+        """Whether it is one value read from memory (READ_SLOT)."""
+        return self.node[0] == "deref" and not self.count and not self.string
 
     @property
     def kernel_size(self) -> int:
@@ -156,8 +167,8 @@ class FetchArgs:
                 self.plain, struct.Struct(self.plain))
             if start + layout.size <= end:
                 out = []
-                for (name, kind), value in zip(self.labels, layout.unpack_from(buf, start)):
-                    out.append((name, kind, value))
+                for (name, kind), number in zip(self.labels, layout.unpack_from(buf, start)):
+                    out.append((name, kind, number))
                 return tuple(out)
         out = []
         strings = []                    # (index in out, its slot's fields)
@@ -173,6 +184,13 @@ class FetchArgs:
                     value = bytes(buf[dyn:min(dyn + n, end)]).split(b"\0", 1)[0]
                     dyn += n
                     strings.append((len(out), fields))
+                elif arg.read:
+                    raw, dev, ino, offset = READ_SLOT.unpack_from(buf, at)
+                    if ino and read_file is not None:     # its page was not present
+                        found = read_file(dev, ino, offset, arg.size)
+                        if found is not None and len(found) == arg.size:
+                            raw = int.from_bytes(found, "little")
+                    value = _scalar(arg, raw)
                 elif arg.count:
                     value = tuple(_scalar(arg, int.from_bytes(
                         buf[at + k * arg.size:at + (k + 1) * arg.size], "little"))
@@ -205,8 +223,8 @@ class FetchArgs:
             else:
                 total += max(first, 0)
         if total <= self.room:
-            for i, value in found.items():
-                out[i] = (out[i][0], out[i][1], value)
+            for i, text in found.items():
+                out[i] = (out[i][0], out[i][1], text)
 
 
 def _scalar(arg: Arg, raw: int) -> int:
@@ -245,6 +263,10 @@ class _Emitter:
                        mov_imm(2, arg.size), ldx(3, 10, ADDR))
                 self.add(3, k * arg.size)
                 a.emit(call(bpf.PROBE_READ_USER))
+            if arg.read:
+                a.jump(jmp_imm, JEQ, 0, 0, to=f"{self.tag}read")
+                self.where_in_file(slot, f"{self.tag}read")
+                a.label(f"{self.tag}read")
         else:
             self.value(arg.node)
             a.emit(stx(self.base, slot, 1))
@@ -275,7 +297,7 @@ class _Emitter:
                stx(self.base, slot + 4, 0, size=4))
         a.jump(jmp_imm, JSGE, 0, 0, to=f"{t}read")
         if arg.node[0] != "comm":
-            self.where_in_file(slot)
+            self.where_in_file(slot, f"{t}none")
         a.label(f"{t}none")
         a.emit(mov_imm(0, 0))
         a.label(f"{t}read")
@@ -311,20 +333,21 @@ class _Emitter:
         self.accumulate(USED)
         self.end(arg)
 
-    def where_in_file(self, slot: int) -> None:
+    def where_in_file(self, slot: int, failed: str) -> None:
         """After a string read faulted: where its page maps a file (the
         unwinder's "vma" callback: start, end, page offset, dev, inode)
         into the slot, for ustack to read it there (decode's read_file):
-        BPF cannot fault a page in, the kernel's uprobe fetch does."""
-        a, t = self.a, self.tag
+        BPF cannot fault a page in, the kernel's uprobe fetch does. Goes
+        on at label `failed` where the page maps no file."""
+        a = self.a
         for k in range(0, 40, 8):
             a.emit(st_imm(10, VMA + k, 0))
         a.emit(call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), ldx(2, 10, ADDR))
         a.jump(ld_func, 3, to="vma")
         a.emit(mov(4, 10), alu_imm(ADD, 4, VMA), mov_imm(5, 0), call(bpf.FIND_VMA))
-        a.jump(jmp_imm, JNE, 0, 0, to=f"{t}none")
+        a.jump(jmp_imm, JNE, 0, 0, to=failed)
         a.emit(ldx(1, 10, VMA + 32))
-        a.jump(jmp_imm, JEQ, 1, 0, to=f"{t}none")
+        a.jump(jmp_imm, JEQ, 1, 0, to=failed)
         a.emit(stx(self.base, slot + 16, 1), ldx(1, 10, VMA + 24),
                stx(self.base, slot + 8, 1),
                # offset = address - start + page offset * 4096
