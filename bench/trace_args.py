@@ -71,9 +71,10 @@ def first_frames(cmd: list) -> str:
     for _ in range(3):
         out = subprocess.run(cmd, capture_output=True, text=True, env=ustack_env(),
                              timeout=60).stdout
-        names = re.findall(r"^\s+(?:0x[0-9a-f]+ : )?([A-Za-z_][\w.]*)", out, re.M)
-        if names:
-            return " ".join(names[:6])
+        for block in re.split(r"\n\s*\n", out):        # one stack per block
+            names = re.findall(r"^\s+(?:0x[0-9a-f]+ : )?([A-Za-z_][\w.]*)", block, re.M)
+            if names:
+                return " ".join(names[:6])
     return "-"
 
 
@@ -103,8 +104,9 @@ def main():
              f"uprobe:{prog}:d i", "-c", f"{prog} 1"]),
     }
     if shutil.which("bpftrace"):
+        # 100 calls: with one, bpftrace may exit before it prints the stack
         shapes["bpftrace printf(arg0) + print(ustack)"] = first_frames(
-            ["bpftrace", "-e", f"uprobe:{prog}:d {{ print(ustack); }}", "-c", f"{prog} 1"])
+            ["bpftrace", "-e", f"uprobe:{prog}:d {{ print(ustack); }}", "-c", f"{prog} 100"])
     base = statistics.median(r.wall for r in results["uninstrumented"])
     rows = ["| tool | wall s | µs/event | events | lost | frames of an event |",
             "|---|---:|---:|---:|---:|---|"]

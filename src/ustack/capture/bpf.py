@@ -643,7 +643,8 @@ class BpfCapture:
             return UnwindCounter(
                 self.probes, self.unwind_tables, stack_storage=self.stack_storage,
                 kernel=self.kernel, filter_tgid=tgid, trace=self.stream,
-                fetches=self.fetches, ring_bytes=(ring_bytes if self.stream else deferral_ring_bytes)(
+                fetches=self.fetches,
+                ring_bytes=(ring_bytes if self.stream else deferral_ring_bytes)(
                     self.buffer_pages))
         return BpfCounter(self.probes, stack_storage=self.stack_storage,
                           kernel=self.kernel, filter_tgid=tgid,

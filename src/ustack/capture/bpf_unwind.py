@@ -133,8 +133,9 @@ S_FRAMES = S_STACK + STACK_HEAD.size
 WINDOW = 512                     # bytes of stack copied at a time (_read_user)
 S_WINBUF = S_FRAMES + 8 * MAX_FRAMES
 S_FP_USED = S_WINBUF + WINDOW    # 1 once a frame without a file was walked on rbp
-# a trace record's fetch-args (capture/bpf_fetchargs.py) follow its frames,
-# over the window once the walk is done: room for the longest stack's
+# a trace record's fetch-args (capture/bpf_fetchargs.py) are written after
+# its frames, over the window (the walk is done by then): ARGS_AREA bytes
+# fit after the longest stack
 ARGS_AREA = 12 << 10
 SCRATCH_SIZE = max(S_FP_USED + 8, S_FRAMES + 8 * MAX_FRAMES + ARGS_AREA)
 STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
