@@ -69,7 +69,6 @@ VMA = -160                   # 40 bytes: bpf_unwind's "vma" callback's answer
 _SCALAR = re.compile(r"([usx])(8|16|32|64)")
 _BITFIELD = re.compile(r"b([0-9]+)@([0-9]+)/(8|16|32|64)")
 _DEREF = re.compile(r"([+-])(u?)([^(]+)\((.*)\)")
-_U32 = struct.Struct("<I")
 # a string's slot: bytes stored (its NUL included), what the first pass read
 # (< 0: a fault, STRING_READ: too long), and where a string BPF could not
 # read is in its file: (kernel dev, inode, offset), inode 0 for none
