@@ -220,3 +220,24 @@ def test_what_bpf_cannot_fetch(chain):
     assert fail_one_line(res) == (
         "ustack: trace --backend bpf cannot fetch a=+0(%sp):string[2] (arrays of "
         "strings are fetched by the perf backend only); use --backend perf")
+
+
+def test_what_the_program_refuses_says_why(chain):
+    """compile-time refusals, one sentence naming the arg (no kernel asked)."""
+    from ustack.capture.bpf_fetchargs import why_not
+    from ustack.probes.resolve import resolve_uprobes
+    from ustack.probes.spec import parse_event
+
+    def why(event: str):
+        return why_not(resolve_uprobes(parse_event(event)))
+    assert why(f"uprobe:{chain}:d a=%di b=+0(%si):string c=$stack3 d=\\7 e=@0x1000 "
+               "f=@+0x10:u32 g=+0(-8(%di)):b3@2/8 h=$comm i=+8(%sp):x16[4]") is None
+    assert why(f"uprobe:{chain}:d x=%xmm0") == "x=%xmm0 (no register %xmm0 in pt_regs)"
+    assert why(f"uprobe:{chain}:d y=%di:symbol") == \
+        "y=%di:symbol (BPF does not fetch the type symbol)"
+    assert why(f"uprobe:{chain}:d w=%di:u8[2]") == \
+        "w=%di:u8[2] (an array is read from memory: it needs a dereference)"
+    assert why(f"uprobe:{chain}:d v=$comm:u32") == "v=$comm:u32 ($comm is a string, not u32)"
+    assert why(f"uretprobe:{chain}:d z=@+0x10") == (
+        "z=@+0x10 (at a uretprobe the function's address, which @+OFFSET counts from, "
+        "is not known)")
