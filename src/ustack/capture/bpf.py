@@ -530,6 +530,16 @@ def cut_reason(chain: bytes):
     return None
 
 
+def _compiled_fetches(probes: list) -> tuple:
+    """Each probe's fetch-args compiled for the trace program (None for
+    a probe without); bpf_fetchargs is imported only where one has some."""
+    if not any(getattr(p, "fetch_args", ()) for p in probes):
+        return ()
+    from .bpf_fetchargs import compile_args
+    return tuple(compile_args(p) if getattr(p, "fetch_args", ()) else None
+                 for p in probes)
+
+
 class InBackground(threading.Thread):
     """fn(*args, **kwargs) run in a thread from now, for the kernel's slow
     parts (a uprobe's registration, the verifier, zeroing a big map): they
@@ -574,6 +584,8 @@ class BpfCapture:
         self.unwind_note = "unwound in the kernel" if unwind_tables else ""
         # trace: a record per event through a BPF ring buffer (with unwind_tables)
         self.stream = stream and unwind_tables is not None
+        # per probe, its fetch-args as the trace program fetches them
+        self.fetches = _compiled_fetches(probes) if self.stream else ()
         self.cut: dict = {}                 # why -> events whose stack was cut short
         self.target = target
         self.stack_storage = stack_storage
@@ -631,6 +643,7 @@ class BpfCapture:
             return UnwindCounter(
                 self.probes, self.unwind_tables, stack_storage=self.stack_storage,
                 kernel=self.kernel, filter_tgid=tgid, trace=self.stream,
+                fetches=self.fetches,
                 ring_bytes=(ring_bytes if self.stream else deferral_ring_bytes)(
                     self.buffer_pages))
         return BpfCounter(self.probes, stack_storage=self.stack_storage,
@@ -713,6 +726,18 @@ class BpfCapture:
         return with_ring_records(self.events.read_chunks(timeout_ms), self.counter,
                                  RingChunk)
 
+    def _object_bytes(self, dev: int, inode: int, offset: int, size: int) -> bytes | None:
+        """`size` bytes at `offset` of an object whose unwind rows are
+        loaded, by its (kernel dev, inode); None for another file."""
+        entry = self.counter.objects.loaded.get((dev, inode)) if self.counter else None
+        if entry is None:
+            return None
+        try:
+            with open(entry[0], "rb") as f:
+                return os.pread(f.fileno(), size, offset)
+        except OSError:
+            return None
+
     def _decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """The stream's decoder, loading the rows of each newly mapped
         object (dlopen, a new process) as its MMAP2 record passes; the
@@ -721,7 +746,8 @@ class BpfCapture:
         from .bpf_unwind import RingChunk, ring_samples   # (it imports this module)
         if isinstance(chunk, RingChunk):
             before = len(samples)
-            offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes)
+            offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
+                                  self.fetches, self._object_bytes)
             for s in samples[before:]:
                 why = cut_reason(s.callchain)
                 if why is not None:

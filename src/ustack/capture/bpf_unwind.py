@@ -133,8 +133,13 @@ S_FRAMES = S_STACK + STACK_HEAD.size
 WINDOW = 512                     # bytes of stack copied at a time (_read_user)
 S_WINBUF = S_FRAMES + 8 * MAX_FRAMES
 S_FP_USED = S_WINBUF + WINDOW    # 1 once a frame without a file was walked on rbp
-SCRATCH_SIZE = S_FP_USED + 8
+# a trace record's fetch-args (capture/bpf_fetchargs.py) are written after
+# its frames, over the window (the walk is done by then): ARGS_AREA bytes
+# fit after the longest stack
+ARGS_AREA = 12 << 10
+SCRATCH_SIZE = max(S_FP_USED + 8, S_FRAMES + 8 * MAX_FRAMES + ARGS_AREA)
 STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
+ARGS_SAVED = -88                 # r10 offset: 8 x frames, kept while the args are fetched
 
 _FNV_PRIME = 0x100000001B3
 _FNV_BASIS = 0xCBF29CE484222325
@@ -179,7 +184,7 @@ class UnwindProgram:
 
     def code(self, probe_index: int, probe, *, tgids=None, armed=None,
              kernel_stacks=None, result: int = PASS_ON, ring=None, defer=None,
-             prelude=None, then=None) -> tuple:
+             prelude=None, then=None, fetch=None) -> tuple:
         """(bytes, function offsets) of the program for one probe; `ring`:
         write each event's record there (trace) instead of counting;
         `defer`: a ring where a walk that ended DEFERRABLE leaves the
@@ -189,7 +194,9 @@ class UnwindProgram:
         `then(asm)`: emit what to do with the stack once it is stored in
         STACKS, its hash at r10-8 (r6 ctx, r7 pid_tgid; the stack below
         r10-64 is free), instead of counting it; `prelude(asm)` is emitted
-        before the walk (capture/bpf_latency.py: the entry's time)."""
+        before the walk (capture/bpf_latency.py: the entry's time).
+        `fetch`: the probe's fetch-args (bpf_fetchargs.FetchArgs), written
+        into each record after its frames (a deferred one's after its stack)."""
         m = self.maps
         a = Asm()
         a.emit(mov(6, 1), call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
@@ -213,8 +220,8 @@ class UnwindProgram:
                 a.jump(jmp_imm, JEQ, 1, status, to="defer")
             a.label("undeferred")
         if ring is not None:
-            self._output(a, ring, probe_index)
-            return self._finish(a, result, defer, probe, probe_index)
+            self._output(a, ring, probe_index, fetch)
+            return self._finish(a, result, defer, probe, probe_index, fetch)
         self.store_stack(a, then="count")
         a.label("count")
         if then is not None:
@@ -237,10 +244,12 @@ class UnwindProgram:
         a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
         return self._finish(a, result, defer, probe, probe_index)
 
-    def _finish(self, a: Asm, result: int, defer, probe, probe_index: int) -> tuple:
+    def _finish(self, a: Asm, result: int, defer, probe, probe_index: int,
+                fetch=None) -> tuple:
         if defer is None:
             return self.finish(a, result)
-        return self.finish(a, result, lambda a: self._defer(a, defer, probe, probe_index))
+        return self.finish(a, result,
+                           lambda a: self._defer(a, defer, probe, probe_index, fetch))
 
     def walk(self, a: Asm, probe, kernel_stacks=None) -> None:
         """The current task's user stack into the scratch value (r8 = it;
@@ -317,8 +326,9 @@ class UnwindProgram:
         self._vma_callback(a)
         return a.assemble(), (step, vma)
 
-    def _output(self, a: Asm, ring, probe_index: int) -> None:
-        """The event's record (RECORD, then its frames) into the ring."""
+    def _output(self, a: Asm, ring, probe_index: int, fetch=None) -> None:
+        """The event's record (RECORD, then its frames, then the values of
+        its fetch-args) into the ring."""
         a.emit(call(bpf.KTIME_GET_NS), stx(8, S_REC, 0), stx(8, S_REC + 8, 7),
                st_imm(8, S_REC + 16, probe_index, size=4),
                call(bpf.GET_SMP_PROCESSOR_ID), stx(8, S_REC + 20, 0, size=4),
@@ -326,22 +336,30 @@ class UnwindProgram:
         a.jump(jmp_imm, JLE, 3, MAX_FRAMES, to="rec_n")
         a.emit(mov_imm(3, MAX_FRAMES))
         a.label("rec_n")
-        a.emit(alu_imm(LSH, 3, 3), alu_imm(ADD, 3, RECORD.size),
+        a.emit(alu_imm(LSH, 3, 3))
+        if fetch is not None:       # the args after the frames: r9 = scratch + 8n
+            a.emit(stx(10, ARGS_SAVED, 3), mov(9, 8), alu_reg(ADD, 9, 3))
+            fetch.emit(a, 9, S_FRAMES, "fa")
+            a.emit(ldx(3, 10, ARGS_SAVED))
+            fetch.emit_length(a, 3)
+        a.emit(alu_imm(ADD, 3, RECORD.size),
                ld_map_fd(1, ring.fd), mov(2, 8), alu_imm(ADD, 2, S_REC),
                mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
         a.jump(jmp_imm, JEQ, 0, 0, to="out")
         self._error(a, ERR_RING_FULL)
 
-    def _defer(self, a: Asm, ring, probe, probe_index: int) -> None:
+    def _defer(self, a: Asm, ring, probe, probe_index: int, fetch=None) -> None:
         """At label "defer": a deferred record into `ring` (RECORD with
         status DEFERRED, DEFER, the stack), for user space to unwind once
         it has loaded what the walk missed. The stack: DEFER_STACK bytes
         from sp at once; where that fails the stack ends within them, and
         as it ends at a page boundary (the end of its mapping) it ends
-        after sp's page or the next: those are copied one at a time."""
+        after sp's page or the next: those are copied one at a time.
+        The values of the fetch-args follow the stack."""
         a.label("defer")
         self._registers(a, probe, tag="d_")     # the walk moved them: the event's own
-        a.emit(ld_map_fd(1, ring.fd), mov_imm(2, DEFER_RECORD), mov_imm(3, 0),
+        size = DEFER_RECORD + (fetch.capacity if fetch is not None else 0)
+        a.emit(ld_map_fd(1, ring.fd), mov_imm(2, size), mov_imm(3, 0),
                call(RINGBUF_RESERVE), mov(9, 0))
         a.jump(jmp_imm, JNE, 9, 0, to="d_reserved")
         # no room: the stack is counted (written) cut, as it was walked
@@ -359,6 +377,8 @@ class UnwindProgram:
         for i, reg in enumerate((S_PC, S_SP, S_BP)):
             a.emit(ldx(1, 8, reg), stx(9, h + 8 * i, 1))
         a.emit(ldx(1, 10, -12, size=4), stx(9, h + 24, 1, size=4))
+        if fetch is not None:
+            fetch.emit(a, 9, DEFER_RECORD, "dfa")
         a.emit(mov(1, 9), alu_imm(ADD, 1, at), mov_imm(2, DEFER_STACK), ldx(3, 8, S_SP),
                call(bpf.PROBE_READ_USER), mov_imm(1, DEFER_STACK))
         a.jump(jmp_imm, JEQ, 0, 0, to="d_copied")
@@ -920,13 +940,16 @@ class UnwindCounter(BpfCounter):
     program per trace event, one per sampling event). `ring_bytes`: a ring
     of that size, where the programs defer the stacks they cannot unwind
     yet (_defer); with `trace`, where they write every event's record
-    instead of counting it."""
+    instead of counting it; `fetches`: per probe, its fetch-args
+    (bpf_fetchargs.FetchArgs) or None, written into trace's records."""
 
     def __init__(self, probes: list, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None,
-                 rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False):
+                 rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
+                 fetches: tuple = ()):
         self._no_maps_yet(probes, kernel)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
+        self.fetches = tuple(fetches)
         try:
             self.unwind_maps = UnwindMaps(rows, stack_storage,
                                           max(MIN_COUNT_ENTRIES, 2 * stack_storage))
@@ -954,7 +977,8 @@ class UnwindCounter(BpfCounter):
             index, probe, tgids=tgids, kernel_stacks=self.kstacks,
             result=program_result(probe),
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
-            ring=self.ring if self.trace else None, defer=self.ring)
+            ring=self.ring if self.trace else None, defer=self.ring,
+            fetch=self.fetches[index] if self.trace and index < len(self.fetches) else None)
         return self.load(index, prog_type_of(probe), code, functions, f"ustack_uw{index}")
 
     def load(self, index: int, prog_type: int, code: bytes, functions: tuple,
@@ -1004,11 +1028,14 @@ class RingChunk(bytes):
 
 
 def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
-                 kernel_stack: Callable[[int], bytes] = lambda _id: b"") -> int:
+                 kernel_stack: Callable[[int], bytes] = lambda _id: b"",
+                 fetches: tuple = (), read_file=None) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
-    kernel frames from `kernel_stack(id)`."""
+    kernel frames from `kernel_stack(id)`. `fetches[probe]` decodes the
+    values of the probe's fetch-args, which end each record (`read_file`:
+    see bpf_fetchargs.FetchArgs.decode)."""
     end = min(len(chunk), offset + limit)
     while offset < end:
         n = struct.unpack_from("<I", chunk, offset)[0]
@@ -1017,19 +1044,25 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
         if status == DEFERRED:
             ip, sp, bp, kstack, size = DEFER.unpack_from(chunk, rec + RECORD.size)
             at = rec + RECORD.size + DEFER.size
+            fetch = fetches[probe] if probe < len(fetches) else None
             samples.append(RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp},
                 stack=chunk[at:at + min(size, DEFER_STACK)],
+                args=fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file)
+                if fetch else (),
                 kernel=kernel_stack(kstack) if kstack >= 0 else b""))
             offset = rec + n
             continue
         nframes = min(nframes, MAX_FRAMES)
-        chain = chunk[rec + RECORD.size:rec + RECORD.size + 8 * nframes]
+        frames_end = rec + RECORD.size + 8 * nframes
+        chain = chunk[rec + RECORD.size:frames_end]
         if status not in (COMPLETE, NO_PROGRESS):
             chain += _U64.pack(KERNEL_UNWIND_STOP + status)
+        fetch = fetches[probe] if probe < len(fetches) else None
         samples.append(RawSample(probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
-                                 bytes(chain)))
+                                 bytes(chain), args=fetch.decode(chunk, frames_end, rec + n,
+                                                                 read_file) if fetch else ()))
         offset = rec + n
     return offset
 

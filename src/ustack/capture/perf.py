@@ -26,7 +26,7 @@ from ..kernel.leftovers import remove_stale_tracing
 from ..kernel.uprobe_events import UprobeEvents, event_format
 from ..model import (Losses, ProfileProbe, TracepointProbe, UprobeProbe,
                      UstackError)
-from ..probes.fetchargs import display_kinds
+from ..probes.fetchargs import probe_kinds
 from ..target.process import Target
 
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
@@ -48,8 +48,7 @@ def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
                            own + probe.fetch_args, probe.label)
     fmt = event_format(event)
     fields = tf.parse_format(fmt)
-    kinds = dict(probe.arg_kinds) or display_kinds(probe.spec.args)
-    args = tf.ArgsDecoder(fields, kinds) if probe.fetch_args else None
+    args = tf.ArgsDecoder(fields, probe_kinds(probe)) if probe.fetch_args else None
     return event, tf.event_id(fmt), fields, args
 
 

@@ -39,6 +39,9 @@ MAP_LOOKUP, MAP_UPDATE = 1, 2
 GET_CURRENT_PID_TGID = 14
 GET_STACKID = 27
 PROBE_READ_USER, PROBE_READ_KERNEL = 112, 113
+# (dst, size, src) -> bytes copied, the NUL included; < 0 on a fault
+PROBE_READ_USER_STR, PROBE_READ_KERNEL_STR = 114, 115
+GET_CURRENT_COMM = 16             # (buf, size): the task's comm, NUL-padded
 GET_CURRENT_TASK_BTF = 158        # the current task_struct, as a BTF pointer
 TASK_PT_REGS = 175                # a task's user pt_regs (BTF pointer)
 FIND_VMA = 180                    # (task, addr, callback, ctx, flags)

@@ -102,6 +102,12 @@ def display_kinds(args: tuple) -> dict:
     return kinds
 
 
+def probe_kinds(probe) -> dict:
+    """name -> how it prints, for each fetch-arg of a resolved uprobe: what
+    DWARF typed (named args), else what the user's types say."""
+    return dict(probe.arg_kinds) or display_kinds(probe.spec.args)
+
+
 def _bad(word: str, event: str, why: str):
     raise UstackError(f"bad fetch-arg '{word}' in '{event}': {why}")
 

@@ -6,8 +6,9 @@ right when every frame keeps rbp. DWARF is right everywhere; counted runs
 (count, profile) walk it in the kernel (capture/bpf_unwind.py) wherever the
 kernel loads that program, else the capture copies registers plus stack per
 sample for ustack to unwind; so does trace, whose events' frames come
-through a ring buffer (unless it fetches arguments, which only the copy
-path does). auto takes frame pointers where the code on the
+through a ring buffer, with the values of their fetch-args where the BPF
+program can fetch them all (capture/bpf_fetchargs.py; else the copy path,
+whose uprobes fetch them in the kernel's own way). auto takes frame pointers where the code on the
 stack is known to keep them (a uprobe in a C binary built with them), and
 DWARF where the stack passes through code that does not: syscalls and
 tracepoints (Debian's libc has no frame pointers), timed samples, binaries
@@ -108,9 +109,11 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     if command == "trace" and backend == "bpf":
         return _bpf_trace(probes, unwind)
     if (command == "trace" and backend == "auto" and unwind != "fp"
-            and "dwarf" in modes and not kernel_stacks
-            and not any(getattr(p, "fetch_args", ()) for p in probes)):
+            and "dwarf" in modes and not kernel_stacks):
         why = copy_reason or _why_no_kernel_dwarf(probes)
+        if why is None:
+            args = _why_args_need_perf(probes)
+            why = None if args is None else f"BPF does not fetch {args}"
         if why is None:           # each event's frames through a ring buffer
             return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
         return Plan("perf", modes, _copied(why))
@@ -145,13 +148,23 @@ def _bpf_trace(probes: list, unwind: str) -> Plan:
     if unwind == "fp":
         raise UstackError("trace --backend bpf unwinds with DWARF in the kernel; "
                           "for frame pointers use --backend perf")
-    if any(getattr(p, "fetch_args", ()) for p in probes):
-        raise UstackError("trace --backend bpf does not fetch arguments; "
-                          "use --backend perf")
+    why = _why_args_need_perf(probes)
+    if why is not None:
+        raise UstackError(f"trace --backend bpf cannot fetch {why}; use --backend perf")
     why = _why_no_kernel_dwarf(probes)
     if why is not None:
         raise UstackError(f"trace --backend bpf: {why}")
     return Plan("bpf", ("dwarf",) * len(probes), kernel_tables=tables.for_image)
+
+
+def _why_args_need_perf(probes: list) -> str | None:
+    """None where the trace program fetches every fetch-arg of `probes`
+    (capture/bpf_fetchargs.py, imported only then), else which one it
+    cannot and why."""
+    if not any(getattr(p, "fetch_args", ()) for p in probes):
+        return None
+    from ..capture.bpf_fetchargs import why_not
+    return why_not(probes)
 
 
 def _wants_dwarf(probes: list, modes: tuple, main_binary: str | None) -> bool:
