@@ -55,19 +55,20 @@ def _record(fields: dict, size: int, values: dict, strings: dict) -> bytes:
 
 
 # What the kernel's uprobe print fmt shows for these records (and what
-# ustack printed before decoding and formatting were split).
+# ustack printed before decoding and formatting were split), but for a
+# string's bytes: escaped on one line, a byte that is not UTF-8 as \xNN.
 SHOWN = {
     "ones": (' plain=0xffffffffffffffff u8=255 s16=-1 s32=-1 s64=-1 x32=0xffffffff '
              "c='\xff' arr={0xffff,0xffff,0xffff} sarr={-1,-1} bits=255 comm=\"true\" "
-             'str="a \\"quoted\\"\\\\ line\\nand \\\\xff bytes" ustr="cut" '
+             'str="a \\"quoted\\"\\\\ line\\nand \\xff bytes\\r\\x0b" ustr="cut" '
              'ip=0xffffffffffffffff'),
     "small": (' plain=0x807060504030241 u8=65 s16=577 s32=67306049 s64=578437695752307265 '
               "x32=0x4030241 c='A' arr={0x241,0x403,0x605} sarr={67306049,134678021} "
-              'bits=65 comm="true" str="a \\"quoted\\"\\\\ line\\nand \\\\xff bytes" '
+              'bits=65 comm="true" str="a \\"quoted\\"\\\\ line\\nand \\xff bytes\\r\\x0b" '
               'ustr="cut" ip=0x807060504030241'),
     "zeros": (" plain=0x0 u8=0 s16=0 s32=0 s64=0 x32=0x0 c='\\x00' arr={0x0,0x0,0x0} "
               'sarr={0,0} bits=0 comm="true" str="a \\"quoted\\"\\\\ line\\nand '
-              '\\\\xff bytes" ustr="cut" ip=0x0'),
+              '\\xff bytes\\r\\x0b" ustr="cut" ip=0x0'),
 }
 
 
@@ -75,11 +76,12 @@ def test_decode_then_format(decoder):
     dec, fields, size = decoder
     ones = {name: b"\xff" * 8 for name in fields}          # -1 / max values
     small = {name: bytes([0x41, 0x02, 0x03, 0x04, 5, 6, 7, 8]) for name in fields}
-    strings = {"comm": b"true", "str": b'a "quoted"\\ line\nand \xff bytes',
+    strings = {"comm": b"true", "str": b'a "quoted"\\ line\nand \xff bytes\r\x0b',
                "ustr": b"cut\0here"}
     for name, values in (("ones", ones), ("small", small), ("zeros", {})):
         data = _record(fields, size, values, strings)
         assert format_args(dec.decode(data)) == SHOWN[name], name
+        assert len(format_args(dec.decode(data)).splitlines()) == 1, name
         assert format_args(dec.decode(memoryview(data))) == SHOWN[name], name
 
 

@@ -32,7 +32,16 @@ def _number(v: int, kind: str) -> str:
     return str(v)
 
 
+# what a string's text becomes inside double quotes: control characters and
+# whatever Python's str.splitlines() takes for a line break escaped (so an
+# event stays one line), a byte that is not UTF-8 as \xNN
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, 0x85)}
+_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+                 ord("\\"): "\\\\", ord('"'): '\\"',
+                 0x2028: "\\u2028", 0x2029: "\\u2029"})
+_ESCAPES.update({0xDC00 + b: f"\\x{b:02x}" for b in range(0x80, 0x100)})  # surrogateescape
+
+
 def _escape(raw: bytes) -> str:
     """A string's bytes inside double quotes, on one line."""
-    s = raw.decode("utf-8", "backslashreplace")
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return raw.decode("utf-8", "surrogateescape").translate(_ESCAPES)
