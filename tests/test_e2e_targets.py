@@ -151,6 +151,17 @@ def test_go_uprobe(gochain, func):
     assert oracle and funcs(stacks[0]["frames"])[:len(oracle)] == oracle
 
 
+def _after_stack_check(binary, func: str) -> int:
+    """The offset in `func` of the instruction after its stack-growth
+    check (`cmp 0x10(%r14),%rsp; jbe …`), by objdump."""
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(binary)],
+                          capture_output=True, text=True, check=True).stdout
+    body = text.split(f"<{func}>:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    addrs = [int(line.split(":")[0], 16) for line in body]
+    jbe = next(i for i, line in enumerate(body) if "\tjbe " in line)
+    return addrs[jbe + 1] - addrs[0]
+
+
 @pytest.mark.kernel
 def test_go_trace_exit_status(gochain):
     """A traced Go program still runs to completion with status 0 (it exits
@@ -159,9 +170,12 @@ def test_go_trace_exit_status(gochain):
     assert "exited with status" not in res.stderr, res.stderr
     records = parse_trace(res.stdout)
     assert len(records) == 4
+    past_check = _after_stack_check(gochain, "main.d")
     for rec in records:
         assert funcs(rec["frames"])[:6] == GO_CHAIN, rec
-        assert rec["frames"][0]["off"] == 0
+        # the probe sits after Go's stack-growth check, so a call whose
+        # stack grows (it runs again from its start) is seen once
+        assert rec["frames"][0]["off"] == past_check
     # and run by -p: the process must exit 0 on its own
     target = spawn("sh", "-c", f"read line && exec {gochain} 5", stdin=subprocess.PIPE)
     try:
@@ -171,6 +185,26 @@ def test_go_trace_exit_status(gochain):
         stop(target)
     stacks = parse_counts(res.stdout)
     assert [(funcs(s["frames"])[:6], s["count"]) for s in stacks] == [(GO_CHAIN, 5)], res.stdout
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["bpf", "perf"])
+def test_go_calls_whose_stack_grows_count_once(tmp_path, backend):
+    """golatency's main.work needs more stack than its new goroutine has:
+    runtime.morestack grows it and runs the function again from its first
+    instruction; main.grow recurses 2,000 deep, its stack copied on the
+    way. Each call is counted once (a probe on the first instruction saw
+    those calls twice)."""
+    prog = build_go("golatency")
+    command = f"{prog} {tmp_path / 'out'} 1 2"       # 2 calls of main.work
+    res = ok(run_ustack("count", f"uprobe:{prog}:main.work", "--backend", backend,
+                        "-c", command))
+    stacks = parse_counts(res.stdout)
+    assert sum(s["count"] for s in stacks) == 2, res.stdout
+    assert all(funcs(s["frames"])[0] == "main.work" for s in stacks), res.stdout
+    # grow(2000) from main, then from each call of work: 3 x 2,001 calls
+    res = ok(run_ustack("funccount", f"{prog}:main.grow", "-c", command))
+    assert re.search(r"^main\.grow\s+6003$", res.stdout, re.M), res.stdout
 
 
 @pytest.mark.kernel

@@ -8,7 +8,7 @@ Returns: a uretprobe on C, C++ and Rust; on Go (where a uretprobe crashes
 the program), with --ret-sites, and with stacks (a uretprobe's trampoline
 replaces return addresses the stacks walk through), a uprobe on each RET instruction of the
 function (probes/return_sites.py), the Go entry probe after the stack-growth
-check, and calls paired per goroutine. A tail call's jmp out of the
+check (as every Go entry uprobe, probes/resolve.py), and calls paired per goroutine. A tail call's jmp out of the
 function ends its call untimed (said at the end)."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .commands import _given, run_session
 from .model import TracepointProbe, UprobeProbe, UstackError
 from .objfile.elf import ElfImage
 from .options import Options
-from .probes.return_sites import entry_site, return_probes, site_probe
+from .probes.return_sites import entry_site, return_probes
 from .probes.spec import parse_event
 from .report.latency import format_histogram, format_slow_call
 from .report.output import check_destination, open_output
@@ -66,8 +66,8 @@ def check_request(opts: Options, request: LatencyRequest) -> None:
 
 def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
     """(the probes to place, what each is to the programs: Site) for the
-    resolved entry probes: each function's entry (moved past Go's
-    stack-growth check) first, then its returns."""
+    resolved entry probes: each function's entry (Go's past its
+    stack-growth check, as probes/resolve.py places it) first, then its returns."""
     from .capture.bpf_latency import Site
     probes, sites = [], []
     returns = []
@@ -80,7 +80,9 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
                                             f"syscall:{name} (exit)"), Site(i, "return")))
             continue
         image = ElfImage.open(entry.path)
-        if entry.symbol is None or entry.symbol_offset:
+        sym = image.lookup(entry.address)
+        # (a Go function's entry probe comes placed after its stack check)
+        if entry.symbol is None or entry.address != entry_site(image, sym):
             raise UstackError(f"{entry.label} is not the start of a function")
         if not (image.is_go or ret_sites):
             probes.append(entry)
@@ -92,10 +94,7 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
             returns.append((ret, Site(i, "return")))
             continue
         go = image.is_go
-        sym = image.lookup(entry.address)
-        start = entry_site(image, sym)
-        probes.append(site_probe(entry, image, start, entry.label)
-                      if start != entry.address else entry)
+        probes.append(entry)
         sites.append(Site(i, "entry", goroutine=go))
         rets, tails = return_probes(entry, image)
         returns += [(p, Site(i, "return", goroutine=go)) for p in rets]

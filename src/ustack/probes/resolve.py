@@ -143,6 +143,8 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
         try:
             if spec.kind == "uretprobe" and image.is_go:
                 targets.extend(_go_returns(spec, image, host, shown, sym, vaddr, notes))
+            elif image.is_go and sym is not None and vaddr == sym.address:
+                targets.append(_go_entry(spec, image, host, shown, sym))
             else:
                 targets.append(_target(spec, image, host, shown, sym, vaddr))
         except (Unprobeable, NamedArgError) as e:
@@ -154,6 +156,17 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
         raise UstackError(f"no function matching '{spec.function}' in {shown} "
                           "can be probed")
     return targets
+
+
+def _go_entry(spec, image, host, shown, sym) -> UprobeProbe:
+    """A uprobe on a Go function's entry, placed after its stack-growth
+    check (as Delve places a breakpoint): when runtime.morestack grows the
+    stack, or a preemption request takes that path, the function runs again
+    from its first instruction, and a probe there would count one call
+    twice. Named as the function, as the user gave it."""
+    from ustack.probes.return_sites import entry_site      # Go only: capstone
+    probe = _target(spec, image, host, shown, sym, entry_site(image, sym))
+    return replace(probe, label=f"{spec.kind}:{shown}:{sym.name}")
 
 
 def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:

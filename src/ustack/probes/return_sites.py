@@ -82,8 +82,8 @@ def _exits(image: ElfImage, sym: Symbol):
 
 
 def entry_site(image: ElfImage, sym: Symbol) -> int:
-    """Where a return-site latency probe should see the call begin: the
-    function's first instruction, or in Go after the stack-growth check
+    """Where an entry probe sees each call begin once: the function's
+    first instruction, or in Go after the stack-growth check
     (`cmp 0x10(%r14),%rsp; jbe more` or its r12 forms for big frames),
     which runs again from the start once runtime.morestack grew the stack."""
     if not image.is_go:
