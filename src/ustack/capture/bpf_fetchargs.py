@@ -333,7 +333,7 @@ class _Emitter:
         self.end(arg)
 
     def where_in_file(self, slot: int, failed: str) -> None:
-        """After a string read faulted: where its page maps a file (the
+        """After a read of a string or a value faulted: where its page maps a file (the
         unwinder's "vma" callback: start, end, page offset, dev, inode)
         into the slot, for ustack to read it there (decode's read_file):
         BPF cannot fault a page in, the kernel's uprobe fetch does. Goes

@@ -35,8 +35,8 @@ from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, MUL, RSH, SUB,
                           jmp_reg, ld_imm64, ld_map_fd, ldx, mov, mov_imm, st_imm,
                           stx)
 from ..model import Losses, MmapEvent, RawSample, TracepointProbe
-from .bpf import (BpfCapture, BpfCounter, prog_type_of, program_result, unless_traced,
-                  with_ring_records)
+from .bpf import (PASS_ON, BpfCapture, BpfCounter, prog_type_of, program_result,
+                  unless_traced, with_ring_records)
 from ..values import value
 
 MAX_DEPTH = 16                       # a power of two: the level is masked
@@ -51,7 +51,6 @@ FP_STACK = struct.Struct("<iIQ")     # stack id, 0, the return address at [sp]
 _FNV_PRIME = 0x100000001B3
 ERR_TOO_DEEP, ERR_HISTS_FULL, ERR_ENTRIES_FULL, ERR_RING_FULL = range(4)
 ERR_SLOTS = 4
-PASS_ON = 1                          # what the programs return by default (capture/bpf.py)
 
 # r10 offsets of the programs' locals (the unwinder's main frame uses -64..-1)
 _TIME = -72                          # entry time (entry), end time (return)

@@ -41,7 +41,8 @@ from ..kernel.trace_format import parse_format
 from ..kernel.tracefs import event_format
 from ..model import Losses, RawSample
 from .bpf import BpfCapture, cut_reason, error_increment, unless_traced
-from .bpf_unwind import PASS_ON, UnwindCounter
+from .bpf import PASS_ON
+from .bpf_unwind import UnwindCounter
 from ..values import value
 
 MAP_DELETE = 3                      # helper bpf_map_delete_elem

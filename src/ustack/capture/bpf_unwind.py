@@ -71,7 +71,7 @@ from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
 from ..target import process
-from .bpf import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
+from .bpf import (MIN_COUNT_ENTRIES, PASS_ON, BpfCounter, InBackground, program_result,
                   prog_type_of, unless_traced)
 from .kernel_offsets import Offsets
 
@@ -143,7 +143,6 @@ ARGS_SAVED = -88                 # r10 offset: 8 x frames, kept while the args a
 
 _FNV_PRIME = 0x100000001B3
 _FNV_BASIS = 0xCBF29CE484222325
-DROP_SAMPLE, PASS_ON = 0, 1
 ERR_STACKS_FULL, ERR_COUNTS_FULL, ERR_RING_FULL = 0, 1, 2
 ERR_UNDEFERRED = 3               # the ring had no room: the stack ended cut instead
 ERR_SLOTS = 4
