@@ -9,6 +9,7 @@ import pytest
 
 from helpers import FP, build
 
+from ustack.objfile import cache as objcache
 from ustack.objfile.elf import ElfImage
 
 
@@ -96,15 +97,17 @@ def test_same_file_by_another_path_reads_the_cache(tmp_path):
 def chain_cached_then_damaged(tmp_path, part: int, damage) -> tuple:
     """(path, facts) of a copy of chain opened once, after which part `part`
     of its image cache entry (0 layout, 1 symbols, 2 address table, one
-    line each but the table) was replaced by damage(part)."""
+    line each but the table) was replaced by damage(part), the entry's
+    checksum made to match (what a reader of the format meets: a damage
+    the checksum sees is the whole entry parsed again at once)."""
     prog = tmp_path / "chain"
     shutil.copy(build("chain", flags=FP), prog)
     first = facts(ElfImage.open(str(prog)))
     [cached] = [p for p in (tmp_path / "cache").rglob("*.json") if "images" in p.parts]
-    layout, _, rest = cached.read_bytes().partition(b"\n")
+    layout, _, rest = objcache.read(str(cached)).partition(b"\n")
     parts = [layout, *rest.partition(b"\n")[::2]]
     parts[part] = damage(parts[part])
-    cached.write_bytes(b"\n".join(parts))
+    objcache.write(str(cached), b"\n".join(parts))
     ElfImage.clear_cache()
     return prog, first
 

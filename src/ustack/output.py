@@ -188,13 +188,15 @@ class Output:
             self._dir = None
 
 
-def write_bytes_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """Put `data` at `name` in the directory whole (a concurrent reader sees
-    the old file or the new one); raises OSError or UstackError."""
+def write_bytes_at(dir_fd: int, name: str, chunks, mode: int = 0o600) -> None:
+    """Put the bytes of `chunks` at `name` in the directory whole (a
+    concurrent reader sees the old file or the new one); raises OSError or
+    UstackError."""
     fd, tmp = new_temporary(dir_fd, name, mode)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
         replace_at(dir_fd, tmp, name, name)
     except BaseException:
         with contextlib.suppress(OSError):

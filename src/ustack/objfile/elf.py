@@ -696,7 +696,10 @@ class _LookupTable:
             parts.append(part)
             view = view[size:]
         starts, index, addresses, sizes_ = parts
-        names = bytes(view).decode("utf-8", "surrogatepass").split("\0") if owners else []
+        try:
+            names = bytes(view).decode("utf-8", "surrogatepass").split("\0") if owners else []
+        except UnicodeDecodeError:
+            return False
         if len(names) != owners or (n and max(index) >= owners):
             return False
         return starts, cls(index, addresses, sizes_, names)
