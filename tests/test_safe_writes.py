@@ -113,6 +113,19 @@ def test_a_device_is_written_in_place_never_replaced(chain, tmp_path, how):
 
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("command", ["record", "count"])
+def test_a_full_device_is_one_line_and_stays_a_device(chain, tmp_path, command):
+    """-o /dev/full: the write error said, the node never replaced."""
+    dev = tmp_path / "full"
+    os.mknod(dev, stat.S_IFCHR | 0o666, os.stat("/dev/full").st_rdev)
+    res = run_ustack(command, f"uprobe:{chain}:d", "-c", f"{chain} 2", "-o", dev)
+    one_line_error(res, f"{dev}: No space left on device", after_run=True)
+    assert stat.S_ISCHR(os.lstat(dev).st_mode)
+    assert os.lstat(dev).st_rdev == os.stat("/dev/full").st_rdev
+    assert [p.name for p in tmp_path.iterdir()] == ["full"]
+
+
+@pytest.mark.kernel
 def test_a_link_to_a_device_is_refused(chain, tmp_path):
     dev = null_device(tmp_path)
     link = tmp_path / "out.data"

@@ -58,7 +58,6 @@ class ArchiveWriter:
 
     def __init__(self, directory: str):
         self.directory = directory
-        self.label = directory
         self._fd = make_directory(directory, directory)
         self._subdirs: dict = {}          # relative dir -> fd
         self.written: list = []           # (relative dir, name)
@@ -66,8 +65,9 @@ class ArchiveWriter:
 
     def add(self, source_fd: int, st: os.stat_result, name: str, build_id: str,
             subdir: str = "") -> str | None:
-        """Copy the open source into the archive as `name`; its path, or
-        None when an identical name holds the same object already."""
+        """Copy the open source into the archive as `name` (NAME.BUILD-ID
+        when another object took the name); its path, or None when that
+        object is there under both names already."""
         dir_fd = self._dir(subdir)
         if name in ("", ".", ".."):
             name = "object"
@@ -87,7 +87,6 @@ class ArchiveWriter:
         where = self._path(subdir, candidate)
         try:
             with os.fdopen(out, "wb") as f:
-                os.fchmod(f.fileno(), mode)      # the umask may have narrowed it; never widen
                 os.lseek(source_fd, 0, os.SEEK_SET)
                 while True:
                     chunk = os.read(source_fd, 1 << 20)
