@@ -124,8 +124,9 @@ def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [lambda table: table[:-3], lambda table: table[:12],
-                                    lambda table: b"\xff" * len(table)],
-                         ids=["cut short", "header only", "overwritten"])
+                                    lambda table: b"\xff" * len(table),
+                                    lambda table: table[:-1] + b"\x80"],
+                         ids=["cut short", "header only", "overwritten", "a name not UTF-8"])
 def test_damaged_address_table_in_the_cache_is_parsed_again(tmp_path, damage):
     """The cache's third part, the packed table lookup() reads: damaged,
     the file is parsed again when an address is first named, with the
