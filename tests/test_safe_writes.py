@@ -177,16 +177,22 @@ def test_archive_copies_only_proven_objects_no_wider_than_they_were(tmp_path):
     private = tmp_path / "private-tool"                # an ELF object only root reads
     shutil.copy(FIXTURES / "chain-o2-nofp", private)
     private.chmod(0o700)
+    plain = tmp_path / "no-build-id"               # as Go links by default
+    shutil.copy(build("chain", flags=(*FP, "-Wl,--build-id=none")), plain)
+    assert ElfImage.open(str(plain)).build_id is None
+    plain.chmod(0o640)
     rec = tmp_path / "crafted.ustack"
-    crafted_recording(rec, [secret, private])
+    crafted_recording(rec, [secret, private, plain])
     into = tmp_path / "archived"
     res = run_ustack("archive", rec, "-o", into)
     assert res.returncode == 0, res.stderr
-    assert f"ustack: {secret} not archived: no build-id was recorded for it" in res.stderr
-    assert [p.name for p in into.iterdir()] == ["private-tool"]
-    copy = into / "private-tool"
-    assert copy.read_bytes() == private.read_bytes()
-    assert stat.S_IMODE(copy.stat().st_mode) == 0o700
+    assert (f"ustack: {secret} not archived: not an ELF object with code, as the "
+            "recorded mapping was") in res.stderr
+    assert sorted(p.name for p in into.iterdir()) == ["no-build-id", "private-tool"]
+    for source, mode in ((private, 0o700), (plain, 0o640)):
+        copy = into / source.name
+        assert copy.read_bytes() == source.read_bytes()
+        assert stat.S_IMODE(copy.stat().st_mode) == mode
     assert stat.S_IMODE(into.stat().st_mode) & 0o022 == 0
 
 

@@ -3,9 +3,10 @@
 
 A recording is a file anyone may have written, and ustack runs as root: a
 file is copied only when it proves to be what a mapping of the recorded
-process had open (a regular ELF file, opened without following a link,
-whose build-id is the one recorded with the mapping), and the copy is
-given no more permission than the source had. The directory is new (made
+process had open (a regular ELF object with executable code, opened
+without following a link, whose build-id is the one recorded with the
+mapping when one was), and the copy is given no more permission than the
+source had. The directory is new (made
 here, never one that was there: it could hold planted links)."""
 from __future__ import annotations
 
@@ -21,35 +22,33 @@ from ..output import make_directory, subdirectory
 _COPY_MODE = 0o755        # at most; and never more than the source's own
 
 
-def _build_id_of_fd(fd: int) -> str:
+def _image_of_fd(fd: int) -> ElfImage | None:
     try:          # not ElfImage.open: its memo would keep a name that dies with fd
-        return ElfImage(f"/proc/self/fd/{fd}").build_id or ""
+        return ElfImage(f"/proc/self/fd/{fd}")
     except UstackError:
-        return ""
+        return None
 
 
 def open_proven(path: str, build_id: str, follow: bool = False) -> tuple:
-    """(fd, stat) of the file at `path` when it is a regular ELF file with
-    build-id `build_id`; else (None, why not)."""
-    if not build_id:
-        return None, "no build-id was recorded for it, so it cannot be proven"
+    """(fd, stat) of the file at `path` when it is a regular ELF object with
+    executable code and, when one was recorded, the build-id `build_id`;
+    else (None, why not)."""
     try:
         fd = os.open(os.path.realpath(path) if follow else path,
                      os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         return None, e.strerror
     st = os.fstat(fd)
-    why = None
-    if not stat.S_ISREG(st.st_mode):
-        why = "not a regular file"
+    image = _image_of_fd(fd) if stat.S_ISREG(st.st_mode) else None
+    if image is None or image.e_type not in ("ET_EXEC", "ET_DYN") \
+            or not image.executable_segments():
+        why = "not an ELF object with code, as the recorded mapping was"
+    elif build_id and image.build_id != build_id:
+        why = f"build-id {image.build_id or 'none'}, recorded {build_id}"
     else:
-        found = _build_id_of_fd(fd)
-        if found != build_id:
-            why = f"build-id {found or 'none'}, recorded {build_id}"
-    if why:
-        os.close(fd)
-        return None, why
-    return fd, st
+        return fd, st
+    os.close(fd)
+    return None, why
 
 
 class ArchiveWriter:
@@ -72,7 +71,7 @@ class ArchiveWriter:
         if name in ("", ".", ".."):
             name = "object"
         mode = st.st_mode & _COPY_MODE
-        for candidate in (name, f"{name}.{build_id}"):
+        for candidate in (name, f"{name}.{build_id or 'no-build-id'}"):
             try:
                 out = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL
                               | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
@@ -145,7 +144,7 @@ def copy_objects(files: dict, directory: str) -> tuple:
                 continue
             try:
                 archive.add(fd, st, os.path.basename(recorded), build_id)
-                debug = find_debug_file(ElfImage.open(source)).path
+                debug = build_id and find_debug_file(ElfImage.open(source)).path
             finally:
                 os.close(fd)
             if debug:
