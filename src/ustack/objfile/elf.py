@@ -53,7 +53,7 @@ _ELFCOMPRESS_ZLIB = 1
 # Images that keep a file descriptor open for read(): bounded, so a
 # system-wide profile touching hundreds of objects stays far from the fd limit.
 _MAX_OPEN_FDS = 64
-_STATE_VERSION = "v5"    # of the cached image layout (_state/_restore)
+_STATE_VERSION = "v6"    # of the cached image layout (_state/_restore); v6: framed (cache.py)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
