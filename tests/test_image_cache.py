@@ -9,6 +9,7 @@ import pytest
 
 from helpers import FP, build
 
+from ustack.objfile import cache as objcache
 from ustack.objfile.elf import ElfImage
 
 
@@ -96,15 +97,17 @@ def test_same_file_by_another_path_reads_the_cache(tmp_path):
 def chain_cached_then_damaged(tmp_path, part: int, damage) -> tuple:
     """(path, facts) of a copy of chain opened once, after which part `part`
     of its image cache entry (0 layout, 1 symbols, 2 address table, one
-    line each but the table) was replaced by damage(part)."""
+    line each but the table) was replaced by damage(part), the entry's
+    checksum made to match (what a reader of the format meets: a damage
+    the checksum sees is the whole entry parsed again at once)."""
     prog = tmp_path / "chain"
     shutil.copy(build("chain", flags=FP), prog)
     first = facts(ElfImage.open(str(prog)))
     [cached] = [p for p in (tmp_path / "cache").rglob("*.json") if "images" in p.parts]
-    layout, _, rest = cached.read_bytes().partition(b"\n")
+    layout, _, rest = objcache.read(str(cached)).partition(b"\n")
     parts = [layout, *rest.partition(b"\n")[::2]]
     parts[part] = damage(parts[part])
-    cached.write_bytes(b"\n".join(parts))
+    objcache.write(str(cached), b"\n".join(parts))
     ElfImage.clear_cache()
     return prog, first
 
@@ -121,8 +124,9 @@ def test_damaged_symbols_in_the_cache_are_parsed_again(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [lambda table: table[:-3], lambda table: table[:12],
-                                    lambda table: b"\xff" * len(table)],
-                         ids=["cut short", "header only", "overwritten"])
+                                    lambda table: b"\xff" * len(table),
+                                    lambda table: table[:-1] + b"\x80"],
+                         ids=["cut short", "header only", "overwritten", "a name not UTF-8"])
 def test_damaged_address_table_in_the_cache_is_parsed_again(tmp_path, damage):
     """The cache's third part, the packed table lookup() reads: damaged,
     the file is parsed again when an address is first named, with the

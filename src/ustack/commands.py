@@ -12,7 +12,8 @@ from .model import CommEvent
 from .options import Options
 from .report.formats import EVENT_FORMATS, FORMATS, run_context, stack_report
 from .report.funccount import format_calls
-from .report.output import check_destination, choose_format, open_output
+from .output import check_destination
+from .report.output import choose_format, open_output
 from .report.progress import Progress
 from .report.summary import write_summary
 from .session import Session

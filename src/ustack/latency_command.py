@@ -22,7 +22,8 @@ from .options import Options
 from .probes.return_sites import entry_site, return_probes
 from .probes.spec import parse_event
 from .report.latency import format_histogram, format_slow_call
-from .report.output import check_destination, open_output
+from .output import check_destination
+from .report.output import open_output
 from .session import Session
 from .values import replace, value
 

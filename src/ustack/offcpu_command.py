@@ -13,7 +13,8 @@ from .commands import run_session
 from .model import Frame, Stack, StackCount, UstackError
 from .options import Options
 from .report.formats import FORMATS, run_context, stack_report
-from .report.output import check_destination, choose_format, open_output
+from .output import check_destination
+from .report.output import choose_format, open_output
 from .symbols.stacks import IDLE, SEPARATOR
 
 SWITCH = "tracepoint:sched:sched_switch"

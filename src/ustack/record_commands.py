@@ -6,17 +6,15 @@ Options.record set: the Session saves while it counts."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from typing import NamedTuple
 from io import TextIOBase
 
 from .commands import run_session
 from .model import CommEvent, StackCount, UstackError
-from .objfile.debuginfo import find_debug_file
-from .objfile.elf import ElfImage
 from .options import Options
 from .report.aggregate import stack_identity
+from .report.archive import copy_objects
 from .report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
 from .report.output import choose_format, open_output
 from .report.summary import write_summary
@@ -38,6 +36,8 @@ def archive_dir(recording: str) -> str:
 def record(opts: Options, archive: bool = False, err: TextIOBase = sys.stderr) -> int:
     """Run like trace (or like count when the kernel counts), saving the
     stream unsymbolized to opts.record; nothing on stdout."""
+    if archive:
+        check_new_directory(archive_dir(opts.record))
 
     writers = []
 
@@ -267,8 +267,8 @@ class Archive(NamedTuple):
 
 def touched_objects(path: str) -> tuple:
     """(the files the recording's stacks have frames in, as {recorded path:
-    file to copy}, warnings): every stack unwound (not named) and its
-    addresses looked up in the recorded mappings."""
+    (file to copy, recorded build-id)}, warnings): every stack unwound (not
+    named) and its addresses looked up in the recorded mappings."""
     files: dict = {}
     with Session.replay(path) as session:
         keys: set = set()
@@ -277,6 +277,7 @@ def touched_objects(path: str) -> tuple:
             keys.update(key(s) for s in piece.samples)
         keys.update(key(s) for s, _n in session.capture.counted())
         tracker, unwind_key = session.tracker, session.resolver.unwinder.unwind_key
+        recorded = session.capture.recorded_build_ids
         for pid, generation, skey, _kernel in keys:
             def find(p, addr, gen=generation):
                 return tracker.find(p, addr, gen)
@@ -284,42 +285,28 @@ def touched_objects(path: str) -> tuple:
             for addr in addrs:
                 m = tracker.find(pid, addr, generation)
                 if m is not None and m.path.startswith("/") and m.open_path != os.devnull:
-                    files.setdefault(m.path, m.open_path)
+                    files.setdefault(m.path, (m.open_path, recorded.get(
+                        (m.path, m.open_path), "")))
         warnings = list(session.capture.warnings)
     return files, warnings
 
 
 def make_archive(path: str, directory: str | None = None) -> Archive:
     """Copy what `report` needs to name the stacks of recording `path`
-    elsewhere into `directory` (default FILE.objects/): each object its
-    stacks touch, and its separate debug file when this host has one
-    (in .build-id/xx/…debug, so the directory serves as --debug-dir too).
+    elsewhere into `directory` (default FILE.objects/, which must not
+    exist yet): each object its stacks touch that proves to be the one
+    recorded, and its separate debug file when this host has one.
     Objects are found again by build-id, so names never clash badly."""
     directory = directory or archive_dir(path)
+    check_new_directory(directory)          # before the recording is read
     files, warnings = touched_objects(path)
-    os.makedirs(directory, exist_ok=True)
-    written: list = []
-    for recorded, source in sorted(files.items()):
-        name = os.path.basename(recorded)
-        build_id = _build_id(source)
-        dest = os.path.join(directory, name)
-        if os.path.exists(dest) and _build_id(dest) != build_id:
-            dest = os.path.join(directory, f"{name}.{build_id or 'no-build-id'}")
-        shutil.copyfile(source, dest)
-        written.append(dest)
-        debug = find_debug_file(ElfImage.open(source)).path if build_id else None
-        if debug:
-            dest = os.path.join(directory, ".build-id", build_id[:2],
-                                build_id[2:] + ".debug")
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            shutil.copyfile(debug, dest)
-            written.append(dest)
-    return Archive(directory, written, sum(os.path.getsize(f) for f in written),
-                   warnings)
+    written, size, refused = copy_objects(files, directory)
+    return Archive(directory, written, size, warnings + refused)
 
 
-def _build_id(path: str) -> str:
-    try:
-        return ElfImage.open(path).build_id or ""
-    except UstackError:
-        return ""
+def check_new_directory(directory: str) -> None:
+    """The archive goes into a directory ustack makes: refuse one that is
+    there already (it may hold planted links), before a run, not after."""
+    if os.path.lexists(directory):
+        raise UstackError(f"{directory} exists already: remove it or name "
+                          "another directory")

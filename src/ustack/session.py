@@ -17,7 +17,7 @@ from .model import (Piece, RawSample, StackCount, UnwoundSample, UstackError,
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
-from .report.output import check_destination
+from .output import check_destination
 from .target import process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
@@ -157,14 +157,16 @@ class Session:
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()
-        if self.recorder is not None:
-            self.recorder.close(self.capture.losses(), whole=self._whole)
-            self.recorder = None
-        if self.capture is not None:
-            self.capture.close()
-        target = self.target
-        if target is not None and target.scope == "command" and target.exit_status is None:
-            target.finish()
+        recorder, self.recorder = self.recorder, None
+        try:
+            if recorder is not None:    # a full disk says so here: the rest still closes
+                recorder.close(self.capture.losses(), whole=self._whole)
+        finally:
+            if self.capture is not None:
+                self.capture.close()
+            target = self.target
+            if target is not None and target.scope == "command" and target.exit_status is None:
+                target.finish()
 
     # -- the stream ---------------------------------------------------------------
     def start(self) -> None:

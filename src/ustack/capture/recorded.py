@@ -42,6 +42,9 @@ class RecordedCapture:
         self._ended = False                # the LOSSES record was seen
         self._losses = Losses()
         self._located: dict = {}           # (path, build-id) -> host path
+        # (recorded path, host path) -> the build-id recorded with it: what
+        # proves a file to be the one a mapping had open (report/archive.py)
+        self.recorded_build_ids: dict = {}
         self._by_build_id: dict | None = None   # build-id -> file in objects
         self._by_name: dict = {}           # basename -> file in objects
         self._stacks: dict = {}            # K records: stack id -> sample template
@@ -207,6 +210,7 @@ class RecordedCapture:
         host = self._located.get(key)
         if host is None:
             host = self._located[key] = self._locate(m.path, build_id)
+            self.recorded_build_ids[(m.path, host)] = build_id
         if host == m.path:
             return event
         return type(event)(event.pid, event.tid,

@@ -9,12 +9,19 @@ Trust: ustack often runs as root and believes what it reads here, so a
 cache file is used only when neither it nor its directory can be written
 by anyone but its owner, and that owner is the running user or root; links
 are not followed. New directories are private (0700), new files 0600,
-written under a fresh O_EXCL name and renamed into place."""
+written through output.py (an unguessable O_EXCL name in the directory's
+descriptor, renamed into place). Each entry carries a CRC-32: a damaged one
+is rebuilt."""
 from __future__ import annotations
 
 import mmap
 import os
 import stat
+import struct
+import zlib
+
+from ..model import UstackError
+from ..output import lstat_at, write_bytes_at
 
 
 def digest(data: bytes) -> str:
@@ -64,23 +71,66 @@ def _trusted(st: os.stat_result) -> bool:
     return st.st_uid in (os.geteuid(), 0) and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _trusted_dir(directory: str) -> bool:
+# Each entry starts with a frame: a damaged entry (a flipped byte, a file
+# cut short) is not read but built again and rewritten, never a traceback
+# in the reader of the format. Entries of before the frame are rebuilt too.
+_FRAME = struct.Struct("<8sIQ")         # magic, CRC-32 of the payload, its length
+_MAGIC = b"ustack\x00\x02"
+
+
+def _framed(blob: bytes) -> list:
+    return [_FRAME.pack(_MAGIC, zlib.crc32(blob), len(blob)), blob]
+
+
+def _payload(data):
+    """The payload of a framed entry (a view when `data` is an mmap), or
+    None when the entry is damaged or of an older layout."""
     try:
-        st = os.lstat(directory)
+        magic, crc, size = _FRAME.unpack_from(data)
+    except struct.error:
+        return None
+    view = memoryview(data)[_FRAME.size:]
+    if magic != _MAGIC or len(view) != size or zlib.crc32(view) != crc:
+        return None
+    return view
+
+
+def _directory(directory: str, create: bool = False) -> int | None:
+    """A descriptor of a cache directory to trust (not a link, a directory
+    only its owner, the running user or root, can write), or None. `create`:
+    made 0700 when missing."""
+    if create:
+        try:
+            os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and _trusted(st)
+        return None
+    if not _trusted(os.fstat(fd)):
+        os.close(fd)
+        return None
+    return fd
 
 
 def _open_trusted(cache: str) -> int | None:
     """A read-only descriptor of the cache file, or None when it is missing
     or not to be trusted (a link, not a regular file, writable by others)."""
-    if not _trusted_dir(os.path.dirname(cache)):
+    directory, name = os.path.split(cache)
+    dir_fd = _directory(directory)
+    if dir_fd is None:
         return None
     try:
-        fd = os.open(cache, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
     except OSError:
         return None
+    finally:
+        os.close(dir_fd)
     try:
         st = os.fstat(fd)
     except OSError:
@@ -91,46 +141,64 @@ def _open_trusted(cache: str) -> int | None:
     return fd
 
 
-def read(cache: str) -> bytes | None:
+def read(cache: str, raw: bool = False) -> bytes | None:
+    """The entry written by write(cache, …), or None when there is none to
+    trust. `raw`: a file written whole with write(…, raw=True)."""
     fd = _open_trusted(cache)
     if fd is None:
         return None
     try:
         with os.fdopen(fd, "rb") as f:
-            return f.read()
+            data = f.read()
     except OSError:
         return None
+    if raw:
+        return data
+    payload = _payload(data)
+    return None if payload is None else bytes(payload)
 
 
 def read_mapped(cache: str):
-    """The cache file mapped read-only (pages shared, read on demand: a
-    large table costs no memory of its own), or None."""
+    """The entry mapped read-only (pages shared, read on demand: a large
+    table costs no memory of its own), as a memoryview, or None."""
     fd = _open_trusted(cache)
     if fd is None:
         return None
     try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        return _payload(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
     except (OSError, ValueError):          # ValueError: an empty file
         return None
     finally:
         os.close(fd)
 
 
-def write(cache: str, blob: bytes) -> None:
-    """Atomically: a concurrent reader sees the old file or the new one."""
-    directory = os.path.dirname(cache)
-    tmp = f"{cache}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
+def write(cache: str, blob: bytes, raw: bool = False) -> None:
+    """Atomically: a concurrent reader sees the old file or the new one.
+    `raw`: the bytes alone (a file others open by its path: an ELF image),
+    without the frame read() checks."""
+    directory, name = os.path.split(cache)
+    dir_fd = _directory(directory, create=True)
+    if dir_fd is None:
+        return
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        if not _trusted_dir(directory):
-            return
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, cache)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        st = lstat_at(dir_fd, name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)     # never followed: replaced by the entry
+        write_bytes_at(dir_fd, name, [blob] if raw else _framed(blob), 0o600)
+    except (OSError, UstackError):
+        pass                            # caching is an optimization
+    finally:
+        os.close(dir_fd)
+
+
+def write_checked_file(cache: str, blob: bytes) -> None:
+    """A file others open by its path (raw), and beside it the digest that
+    checked_file() compares."""
+    write(cache, blob, raw=True)
+    write(cache + ".sum", digest(blob).encode())
+
+
+def checked_file(cache: str) -> bool:
+    """Whether write_checked_file(cache, …) left the file whole."""
+    data = read(cache, raw=True)
+    return data is not None and read(cache + ".sum") == digest(data).encode()

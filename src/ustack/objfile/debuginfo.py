@@ -196,8 +196,8 @@ def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> str | None:
         out = objcache.cache_file("minidebuginfo", image.path, st, image.build_id, "elf")
     except OSError:
         return None
-    if os.path.exists(out):
-        return out                  # decompressed before: the bytes are not read
+    if objcache.checked_file(out):
+        return out                  # decompressed before, and whole
     try:
         data = image.section_bytes(".gnu_debugdata")
     except UstackError:
@@ -212,8 +212,8 @@ def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> str | None:
     if not elf.startswith(b"\x7fELF"):
         found.refused.append(f"{image.path}: .gnu_debugdata holds no ELF file; not used")
         return None
-    objcache.write(out, elf)
-    if os.path.exists(out):
+    objcache.write_checked_file(out, elf)
+    if objcache.checked_file(out):
         return out
     found.refused.append(f"{image.path}: cannot write {out}; MiniDebugInfo not used")
     return None

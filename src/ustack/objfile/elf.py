@@ -53,7 +53,7 @@ _ELFCOMPRESS_ZLIB = 1
 # Images that keep a file descriptor open for read(): bounded, so a
 # system-wide profile touching hundreds of objects stays far from the fd limit.
 _MAX_OPEN_FDS = 64
-_STATE_VERSION = "v5"    # of the cached image layout (_state/_restore)
+_STATE_VERSION = "v6"    # of the cached image layout (_state/_restore); v6: framed (cache.py)
 _open_fds: "OrderedDict[ElfImage, int]" = OrderedDict()
 
 
@@ -696,7 +696,10 @@ class _LookupTable:
             parts.append(part)
             view = view[size:]
         starts, index, addresses, sizes_ = parts
-        names = bytes(view).decode("utf-8", "surrogatepass").split("\0") if owners else []
+        try:
+            names = bytes(view).decode("utf-8", "surrogatepass").split("\0") if owners else []
+        except UnicodeDecodeError:
+            return False
         if len(names) != owners or (n and max(index) >= owners):
             return False
         return starts, cls(index, addresses, sizes_, names)

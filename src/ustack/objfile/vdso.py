@@ -44,8 +44,8 @@ def _copy_own() -> tuple | None:
         return None
     path = os.path.join(objcache.cache_root(), "vdso",
                         f"{objcache.digest(image)}.so")
-    if objcache.read(path) != image:
-        objcache.write(path, image)
-        if objcache.read(path) != image:
+    if objcache.read(path, raw=True) != image:       # an ELF file, read by its path
+        objcache.write(path, image, raw=True)
+        if objcache.read(path, raw=True) != image:
             return None                 # cache directory not writable
     return path, len(image)

@@ -3,11 +3,11 @@ for (`-f`) or implied by the file's name."""
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
+import io
 import sys
 
 from ..model import UstackError
+from ..output import Output, check_destination
 from .formats import format_for_path
 
 
@@ -28,24 +28,12 @@ def choose_format(asked: str | None, path: str | None, table: dict,
     return implied
 
 
-def check_destination(path: str, label: str = "", what: str = "a file") -> None:
-    """Refuse a path ustack will write before the run starts, not after:
-    its directory must exist and it must not be one. `label` starts the
-    message (default: the path)."""
-    label = label or path
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UstackError(f"{label}: no such directory {directory}")
-    if os.path.isdir(path):
-        raise UstackError(f"{label} is a directory, not {what}")
-
-
 @contextlib.contextmanager
 def open_output(path: str | None, binary: bool = False, whole: bool = True):
-    """A stream for the report: the file at `path`, else stdout. `whole`:
-    the file appears when the report is finished (a temporary name until
-    then), never half-written; a stream of events (trace) is written as it
-    comes instead. A binary format is refused on a terminal."""
+    """A stream for the report: the file at `path` (written as output.py
+    writes every file), else stdout. `whole`: the file appears when the
+    report is finished, never half-written; a stream of events (trace) is
+    written as it comes instead. A binary format is refused on a terminal."""
     if path is None or path == "-":
         if binary:
             if sys.stdout.isatty():
@@ -57,42 +45,24 @@ def open_output(path: str | None, binary: bool = False, whole: bool = True):
         yield out
         out.flush()
         return
-    check_destination(path, f"-o {path}")
-    # a device or FIFO (-o /dev/null) is written in place: renaming a
-    # finished file over it would replace the device node itself
-    whole = whole and not _special(path)
-    partial = f"{path}.partial-{os.getpid()}" if whole else path
+    label = f"-o {path}"
+    check_destination(path, label)
+    target = Output(path, label, whole=whole)
+    stream = (target.file if binary else
+              io.TextIOWrapper(target.file, encoding="utf-8", newline=""))
     try:
-        stream = open(partial, "wb" if binary else "w",
-                      **({} if binary else {"encoding": "utf-8", "newline": ""}))
-    except OSError as e:
-        raise UstackError(f"-o {path}: {e.strerror}") from None
-    try:
-        out = _Checked(stream, f"-o {path}")
-        try:
-            yield out
-            out.flush()                 # its error said here, not at close
-        finally:
-            with contextlib.suppress(OSError):   # a failed flush is said already
-                stream.close()
-        if whole:
-            try:
-                os.replace(partial, path)
-            except OSError as e:
-                raise UstackError(f"-o {path}: {e.strerror}") from None
+        out = _Checked(stream, label)
+        yield out
+        out.flush()                 # its error said here, not at close
+        if not binary:
+            stream.detach()
+        target.commit()
     except BaseException:
-        if whole:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
+        if not binary:
+            with contextlib.suppress(OSError, ValueError):   # said already
+                stream.detach()
+        target.discard()
         raise
-
-
-def _special(path: str) -> bool:
-    """Whether `path` exists and is not a regular file."""
-    try:
-        return not stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
 
 
 class _Checked:

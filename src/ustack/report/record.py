@@ -17,7 +17,7 @@ from ..kernel import procfs
 from ..model import (CommEvent, Losses, MmapEvent, Piece, UstackError,
                      unwound_sample)
 from ..objfile.elf import ElfImage
-from .output import check_destination
+from ..output import Output, check_destination
 from ..target.mappings import MappingTracker
 
 COMPRESS_LEVEL = 6                 # gzip's default: 9 costs twice the time for ~2% less
@@ -34,24 +34,38 @@ class RecordWriter:
 
     def __init__(self, path_or_file, labels, modes, backend: str,
                  extra: dict | None = None, raw: bool = False):
-        try:
-            self._out = gzip.open(path_or_file, "wb", compresslevel=COMPRESS_LEVEL)
-        except OSError as e:
-            raise UstackError(f"{path_or_file}: {e.strerror}") from None
+        self._target = None               # the Output of a path, see commit()
+        if isinstance(path_or_file, (str, os.PathLike)):
+            self.label = os.fspath(path_or_file)
+            self._target = Output(path_or_file)
+            fileobj = self._target.file
+        else:
+            self.label = getattr(path_or_file, "name", None) or "the recording"
+            fileobj = path_or_file
+        name = os.path.basename(self.label) if self._target is not None else ""
+        self._out = gzip.GzipFile(filename=name.removesuffix(".gz"), mode="wb",
+                                  compresslevel=COMPRESS_LEVEL, fileobj=fileobj)
         self.raw = raw
         self._build_ids: dict = {}        # path opened -> build-id hex or ''
         self._stack_ids: dict = {}        # rf.stack_content -> id
         self._next_id = 0
         self.events = 0                   # samples written, or counted hits
         self.stacks = 0                   # K records written
-        self._write(rf.MAGIC + rf.header_record(labels, modes, backend, extra or {}))
+        try:
+            self._write(rf.MAGIC + rf.header_record(labels, modes, backend, extra or {}))
+        except BaseException:
+            self.discard()
+            raise
 
     def __enter__(self) -> "RecordWriter":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
         if self._out is not None:
-            self.close(Losses())
+            if kind is None:
+                self.close(Losses())
+            else:
+                self.discard()
 
     def add_piece(self, piece: Piece) -> None:
         out = [self._meta(event) for event in piece.metas]
@@ -74,10 +88,33 @@ class RecordWriter:
 
     def close(self, losses: Losses = Losses()) -> None:
         """Write the losses (the last record: without it a reader knows the
-        file was cut short) and close the file."""
-        self._write(rf.losses_record(losses))
-        self._out.close()
-        self._out = None
+        file was cut short) and close the file: a file named by its path
+        appears now. Any write error is a UstackError naming the file, and
+        then nothing is left at the path."""
+        try:
+            self._write(rf.losses_record(losses))
+            try:
+                self._out.close()         # the gzip trailer: may meet a full disk
+            except OSError as e:
+                raise UstackError(f"{self.label}: {e.strerror}") from None
+            self._out = None
+            if self._target is not None:
+                self._target.commit()
+                self._target = None
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Stop writing, keeping nothing of a file named by its path."""
+        if self._out is not None:
+            out, self._out = self._out, None
+            out.fileobj = None            # nothing more to write: the file is dropped
+            with contextlib.suppress(OSError, ValueError):
+                out.close()
+        if self._target is not None:
+            self._target.discard()
+            self._target = None
 
     def _stack_id(self, sample, out: list) -> int:
         """The id of the sample's stack; its K record goes to `out` first
@@ -102,7 +139,7 @@ class RecordWriter:
         try:
             self._out.write(data)
         except OSError as e:
-            raise UstackError(f"cannot write the recording: {e.strerror}") from None
+            raise UstackError(f"{self.label}: {e.strerror}") from None
 
     def _build_id(self, event: MmapEvent) -> str:
         m = event.mapping
@@ -131,18 +168,17 @@ class Recorder:
     surely the ones that ran, and saved as their addresses (a few words,
     not 8 KiB of stack); `raw_stacks` keeps the stack copies instead.
 
-    The file is written under a temporary name and appears at `path` only
-    when the run ended whole (close(…, whole=True))."""
+    The file is written under a temporary name (output.Output) and
+    appears at `path` only when the run ended whole (close(…, whole=True))."""
 
     def __init__(self, path: str, tracker: MappingTracker, unwinder, labels,
                  modes, backend: str, extra: dict, raw_stacks: bool = False):
         check_destination(path, what="a recording")
         self.path = path
-        self._partial = f"{path}.partial-{os.getpid()}"
         self.tracker = tracker
         self.unwinder = unwinder
         self.raw_stacks = raw_stacks
-        self.writer = RecordWriter(self._partial, labels, modes, backend,
+        self.writer = RecordWriter(path, labels, modes, backend,
                                    dict(extra, unwound=not raw_stacks), raw=raw_stacks)
         self._written = MappingTracker(live=False)   # what the file says so far
         self._seeds = dict(tracker.last_seed)
@@ -178,17 +214,16 @@ class Recorder:
         self.writer.add_piece(Piece(self._learned(set(pids)), []))
 
     def close(self, losses: Losses, whole: bool) -> None:
-        """Finish the file (whole: the run ended normally) or remove it."""
+        """Finish the file (whole: the run ended normally) or drop it."""
+        if not whole:
+            self.writer.discard()
+            return
         try:
-            if whole:
-                self.write_known(self._seeded())   # read from /proc while naming
-            self.writer.close(losses)
-            if whole:
-                os.replace(self._partial, self.path)
-        finally:
-            if not whole or os.path.exists(self._partial):
-                with contextlib.suppress(OSError):
-                    os.unlink(self._partial)
+            self.write_known(self._seeded())   # read from /proc while naming
+        except BaseException:
+            self.writer.discard()
+            raise
+        self.writer.close(losses)
 
     # -- what the stream did not say -------------------------------------------
     def _explain(self, samples) -> set:
