@@ -22,6 +22,7 @@ from .options import Options
 from .probes.return_sites import entry_site, return_probes
 from .probes.spec import parse_event
 from .report.latency import format_histogram, format_slow_call
+from .report.formats import format_for_path
 from .report.output import check_destination, open_output
 from .session import Session
 from .values import replace, value
@@ -187,6 +188,10 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
     opts.command = "latency"
     if opts.output_path and opts.output_path != "-":
         check_destination(opts.output_path, f"-o {opts.output_path}")
+        # histograms are text: -o lat.html must not get text under that name
+        implied = format_for_path(opts.output_path)
+        if implied not in (None, "text"):
+            raise UstackError(f"-o {opts.output_path}: latency writes text, not {implied}")
     session = LatencySession(opts, request)
     unit, unit_ns = request.units, request.unit_ns
 
