@@ -204,7 +204,8 @@ def test_go_goroutines_whose_stacks_move(tmp_path):
     goroutines, calls = 4, 6
     res = latency(f"uprobe:{gobin}:main.work",
                   "-c", f"{FIFO} {gobin} {out} {goroutines} {calls}")
-    assert "exited with status" not in res.stderr, res.stderr
+    assert "exited with status" not in res.stderr and "was killed by" not in res.stderr, \
+        res.stderr
     assert "returns: uprobes on 1 RET instruction, paired per goroutine]" in \
         res.stderr.splitlines()[0]
     assert out.read_text().splitlines().count(f"calls {goroutines * calls}") == 1
