@@ -200,6 +200,7 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
         stream = _given(out) if out is not None else open_output(
             opts.output_path, whole=request.slower_ms is None)
         with stream as w:
+            w = progress.guard(w)
             for piece in session.pieces():
                 for s in piece.samples:        # --slower: a slow call
                     w.write(format_slow_call(
