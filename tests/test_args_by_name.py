@@ -233,12 +233,12 @@ def test_retval_typed_from_dwarf(args_c):
         "name=$retval:string", f"uretprobe:{args_c}:is_odd $retval",
         "-c", f"{args_c} 0 {N}")).stdout)
     heads = [r["label"].split(":", 2)[2] for r in recs]
-    assert heads.count("diff arg1=-3") == N
+    assert heads.count("diff retval=-3") == N
     assert heads.count(f"diff raw={(1 << 32) - 3}") == N
     assert heads.count('color_name name="blue"') == N
-    assert len([h for h in heads if re.fullmatch(r"color_name arg1=0x[0-9a-f]+", h)]) == N
+    assert len([h for h in heads if re.fullmatch(r"color_name retval=0x[0-9a-f]+", h)]) == N
     assert [h for h in heads if h.startswith("is_odd")] == [
-        f"is_odd arg1={'true' if i & 1 else 'false'}" for i in range(N)]
+        f"is_odd retval={'true' if i & 1 else 'false'}" for i in range(N)]
 
 
 # --- list -v -----------------------------------------------------------------------

@@ -168,7 +168,7 @@ def test_retval_on_uretprobes(args_c):
     by_event = {}
     for r in kernel:
         by_event.setdefault(r["label"].split()[0], []).append(label_values(r["label"]))
-    assert by_event[f"uretprobe:{args_c}:diff"] == [{"arg1": "-3"}] * 3
+    assert by_event[f"uretprobe:{args_c}:diff"] == [{"retval": "-3"}] * 3
     assert by_event[f"uretprobe:{args_c}:is_odd"] == [{"r": str(i & 1)} for i in range(3)]
     for r in kernel:
         assert [f[0] for f in frames(r)][0] == "main"
@@ -204,7 +204,7 @@ def test_auto_fetches_strings_in_the_kernel(args_c):
     assert IN_KERNEL in res.stderr.splitlines()[0], res.stderr
     assert "note:" not in res.stderr, res.stderr
     assert [label_values(r["label"]) for r in parse_trace(res.stdout)] == \
-        [{"buf": '"hello"', "s": '"hello"'}, {"arg1": '"blue"'}] * 2
+        [{"buf": '"hello"', "s": '"hello"'}, {"retval": '"blue"'}] * 2
 
 
 def test_what_bpf_cannot_fetch(chain):

@@ -387,13 +387,15 @@ def test_jit_code_is_walked_on_its_frame_pointer_with_a_note():
     assert "cut short" not in res.stderr, res.stderr
 
 
-def test_auto_unwinds_in_the_kernel_where_frame_pointers_are_not_enough(chain):
+def test_auto_unwinds_in_the_kernel_frame_pointers_only_when_asked(chain):
     res = ok(run_ustack("profile", "-F", "99", "-c", f"{chain} 1"))
     assert IN_KERNEL in res.stderr.splitlines()[0]
     res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 1"))
     assert IN_KERNEL in res.stderr.splitlines()[0]
-    fp = build("chain")                      # frame pointers kept: the kernel walks them
+    fp = build("chain")              # frame pointers kept: walked only when asked
     res = ok(run_ustack("count", f"uprobe:{fp}:d", "-c", f"{fp} 1"))
+    assert IN_KERNEL in res.stderr.splitlines()[0]
+    res = ok(run_ustack("count", "--unwind", "fp", f"uprobe:{fp}:d", "-c", f"{fp} 1"))
     assert "[backend bpf, unwind fp]" in res.stderr.splitlines()[0]
 
 

@@ -27,6 +27,13 @@ def test_a_failing_command_gives_ustack_its_exit_status_and_a_quoted_header():
 
 
 @pytest.mark.kernel
+def test_a_command_killed_by_a_signal_says_which():
+    res = run_ustack("count", "syscall:exit_group", "-c", "sh -c 'kill -SEGV $$'")
+    assert "sh was killed by SIGSEGV" in res.stderr.splitlines(), res.stderr
+    assert "status -11" not in res.stderr
+
+
+@pytest.mark.kernel
 def test_a_command_ended_by_the_duration_is_not_a_failure():
     res = run_ustack("count", "syscall:clock_nanosleep", "-d", "1", "-c", "sleep 30")
     assert res.returncode == 0, res.stderr

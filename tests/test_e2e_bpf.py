@@ -50,13 +50,21 @@ def test_count_exact_and_identical_to_perf(chain, where):
     assert "not counted" not in bpf.stderr
 
 
-def test_auto_prefers_bpf_for_frame_pointers(chain):
-    res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3"))
-    assert "[backend bpf, unwind fp]" in header(res)
-    # a syscall through libc (no frame pointers) needs DWARF: unwound in the
-    # kernel, whose programs follow the command's children
-    res = ok(run_ustack("count", "syscall:write", "-c", f"{chain} 3 write"))
-    assert "[backend bpf, unwind dwarf; unwound in the kernel]" in header(res)
+def test_auto_gives_one_root_for_every_event_of_a_program(chain):
+    """A binary with frame pointers: auto unwinds its uprobe and its
+    syscall stacks alike (DWARF, in the kernel), so both reach _start and
+    one flame graph has one root (frame pointers stopped the uprobe's at
+    __libc_start_call_main, inside libc, which keeps none)."""
+    inkernel = "[backend bpf, unwind dwarf; unwound in the kernel]"
+    probe = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3"))
+    write = ok(run_ustack("count", "syscall:write", "-c", f"{chain} 3 write"))
+    roots = set()
+    for res in (probe, write):
+        assert inkernel in header(res), header(res)
+        (stack,) = [s for s in parse_counts(res.stdout) if "d" in funcs(s["frames"])]
+        assert funcs(stack["frames"])[-1] == "_start", stack["frames"]
+        roots.add(tuple(funcs(stack["frames"])[-3:]))
+    assert len(roots) == 1, roots
 
 
 def test_count_follows_the_children_of_a_command_and_of_a_pid(chain):
@@ -172,15 +180,18 @@ def test_profile_through_bpf():
     assert top["count"] >= sum(s["count"] for s in stacks) // 2
 
 
-def test_small_stack_storage_reports_lost(chain):
-    """One stack slot: c's stack takes it, each of d's N calls then collides."""
+@pytest.mark.parametrize("unwind, why", [("fp", "had a stack id collision"),
+                                          ("auto", "found the stack map full")])
+def test_small_stack_storage_reports_lost(chain, unwind, why):
+    """One stack slot: c's stack takes it, each of d's N calls then finds it
+    taken (the kernel's stack map of frame pointers: a collision)."""
     n = 40
     res = ok(run_ustack("count", f"uprobe:{chain}:c", f"uprobe:{chain}:d",
-                        "-c", f"{chain} {n}", "--backend", "bpf",
+                        "-c", f"{chain} {n}", "--backend", "bpf", "--unwind", unwind,
                         "--stack-storage-size", "1"))
     stacks = parse_counts(res.stdout)
     assert [(funcs(s["frames"])[:4], s["count"]) for s in stacks] == [(CHAIN[1:], 1)]
-    assert (f"{n} events were not counted ({n} had a stack id collision): "
+    assert (f"{n} events were not counted ({n} {why}): "
             "try --stack-storage-size 4") in res.stderr.splitlines()
 
 

@@ -655,6 +655,7 @@ def test_lost_events_reported(tmp_path, flush):
     how = USTACK if flush else (sys.executable, "-c", _NO_FLUSH)
     with open(out, "w") as f:
         res = run_ustack("trace", f"uprobe:{chain}:d", "-c", f"{chain} {n}",
+                         "--backend", "perf", "--unwind", "fp",
                          "--buffer-pages", "1", stdout=f, timeout=120, cmd=how)
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr

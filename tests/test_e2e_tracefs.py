@@ -115,7 +115,7 @@ def test_fetch_args_exact(chain, backend):
                  f"uretprobe:{chain}:c $retval:u64", "-c", f"{chain} 3")
     heads = [r["label"] for r in recs]
     want = [f'uprobe:{chain}:d arg1=0x{i:x} n={i} low={i} c="chain"' for i in range(3)]
-    assert heads == want + [f"uretprobe:{chain}:c arg1=4"]     # 0+1+2, plus 1
+    assert heads == want + [f"uretprobe:{chain}:c retval=4"]     # 0+1+2, plus 1
     assert funcs(recs[0]["frames"])[:2] == ["d", "c"]
 
 

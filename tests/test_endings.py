@@ -33,8 +33,8 @@ NOFP = ("-O2", "-g", "-fomit-frame-pointer")
 
 # backend -> (command, backend options, compiler flags of the target, header text)
 BACKENDS = {
-    "perf": ("trace", ["--backend", "perf"], FP, "[backend perf, unwind fp]"),
-    "bpf": ("count", ["--backend", "bpf"], FP, "[backend bpf, unwind fp]"),
+    "perf": ("trace", ["--backend", "perf", "--unwind", "fp"], FP, "[backend perf, unwind fp]"),
+    "bpf": ("count", ["--backend", "bpf", "--unwind", "fp"], FP, "[backend bpf, unwind fp]"),
     "tracefs": ("trace", ["--backend", "tracefs"], FP, "[backend tracefs, unwind "),
     "bpf-dwarf": ("count", ["--backend", "bpf", "--unwind", "auto"], NOFP,
                   "[backend bpf, unwind dwarf; unwound in the kernel]"),

@@ -17,7 +17,7 @@ from ustack.report.flamegraph_html import DiffFlameGraphReport, FlameGraphReport
 from ustack.report.flamegraph_svg import SvgFlameGraphReport
 from ustack.report.flametree import build_tree, flat_json
 from ustack.report.formats import (EXTENSIONS, FORMATS, ReportContext,
-                                   format_for_path, stack_report)
+                                   format_for_path, run_context, stack_report)
 from ustack.symbols.stacks import SEPARATOR
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -187,6 +187,20 @@ def test_page_title_and_time_of_a_profile():
     assert "profile · 198 samples (2.000 s at 99 Hz)" in page
     data = page_data(page)
     assert (data["unit"], data["frequency"]) == ("samples", 99)
+
+
+@pytest.mark.parametrize("context, title, widths", [
+    (run_context("offcpu", ["offcpu"], value_unit="nanoseconds"), "ustack offcpu",
+     "time (off CPU)"),
+    (run_context("profile", ["profile:hz:99"], 99), "ustack profile at 99 Hz", "samples"),
+    (run_context("count", ["syscall:write"]), "ustack count syscall:write", "events"),
+])
+def test_page_says_what_its_title_and_widths_are(context, title, widths):
+    """An off-CPU page is titled once by its command and its widths are
+    time, not samples."""
+    page = render(stack_report("html", context=context), [counted("main", count=3)])
+    assert f"<title>{title}</title>" in page
+    assert f"Widths are {widths}; the root is at the bottom." in page
 
 
 def test_page_title_from_the_events():

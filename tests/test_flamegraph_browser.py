@@ -389,6 +389,31 @@ def test_real_run_html(chromium, branches, tmp_path):
 
 
 @pytest.mark.kernel
+def test_svg_zoom_keeps_every_frame_of_the_clicked_subtree(chromium, tmp_path):
+    """Widths that round badly to 0.1 px (the drawn right edge of p1's
+    child c7 fell past p1's, and c7 was hidden on a click on p1): clicking any frame shows its whole subtree, children
+    and grandchildren alike, and hides every frame outside it but its callers."""
+    counts = [33, 60, 28, 33, 54, 59, 43, 13, 20, 19, 38, 57]
+    stacks = [counted("main", f"p{i % 3}", f"c{i}", f"g{i}", count=n)
+              for i, n in enumerate(counts)]
+    path = tmp_path / "odd.svg"
+    write(stack_report("svg"), path, stacks)
+    chromium.get(f"file://{path}")
+    shown = """
+        return [...document.querySelectorAll('g.frame')]
+            .filter(g => g.style.display !== 'none').map(g => g.getAttribute('data-name'))"""
+    subtree = {f"p{p}": [n for i in range(p, len(counts), 3) for n in (f"c{i}", f"g{i}")]
+               for p in range(3)}
+    subtree.update({f"c{i}": [f"g{i}"] for i in range(len(counts))})
+    callers = {f"c{i}": [f"p{i % 3}"] for i in range(len(counts))}
+    for clicked, below in subtree.items():
+        chromium.execute_script(
+            "document.querySelector(`g.frame[data-name=\"${arguments[0]}\"]`)"
+            ".dispatchEvent(new MouseEvent('click'))", clicked)
+        want = ["all", "prog", "main", clicked] + callers.get(clicked, []) + below
+        assert sorted(chromium.execute_script(shown)) == sorted(want), clicked
+
+
 def test_real_run_svg(chromium, branches, tmp_path):
     path = count_branches(branches, "svg", tmp_path / "branches.svg")
     text = path.read_text()

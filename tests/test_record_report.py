@@ -358,6 +358,22 @@ def test_diff_needs_the_flame_graph_class_or_says_so(tmp_path):
         assert one_line_error(res).startswith("ustack: differential flame graphs need")
 
 
+@pytest.mark.parametrize("ask, said", [
+    (("-f", "folded"), "format 'folded' is not available here (one of html)"),
+    (("-f", "pprof", "-o", "{dir}/d.pb.gz"), "format 'pprof' is not available here (one of html)"),
+    (("-o", "{dir}/d.svg"), "-o {dir}/d.svg: svg is not a format of this command "
+                            "(one of html; or say which with -f)"),
+])
+def test_diff_refuses_formats_it_cannot_write(tmp_path, ask, said):
+    """The differential graph is a page: asked for another format, it says
+    so instead of writing HTML under that name."""
+    fixture = FIXTURES / "count-d-fp.ustack"
+    ask = [a.format(dir=tmp_path) for a in ask]
+    res = run_ustack("report", "--diff", fixture, fixture, "--objects", FIXTURES, *ask)
+    assert one_line_error(res) == "ustack: " + said.format(dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 def test_report_errors_are_one_line(tmp_path):

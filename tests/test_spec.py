@@ -80,8 +80,8 @@ def test_fetch_args_parsed():
     assert s.function == "f" and s.path == "/bin/x"
     assert s.args == (("arg1", "%di", ""), ("arg2", "%si", "u32"),
                       ("arg3", "+0(%si)", "string"), ("arg4", "$stack0", ""),
-                      ("arg5", "$comm", ""), ("len", "%si", "u64"))
-    assert parse_event("uretprobe:/bin/x:f $retval").args == (("arg1", "$retval", ""),)
+                      ("comm", "$comm", ""), ("len", "%si", "u64"))
+    assert parse_event("uretprobe:/bin/x:f $retval").args == (("retval", "$retval", ""),)
 
 
 def test_fetch_args_go_and_c_registers():

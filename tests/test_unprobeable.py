@@ -52,3 +52,16 @@ def test_a_glob_skips_what_cannot_be_probed_with_a_note():
     assert "pthread_spin_unlock" in res.stderr.splitlines()[0]    # the header
     assert (f"ustack: skipped: the kernel cannot place a uprobe at pthread_spin_lock "
             f"in {LIBC}") in res.stderr
+
+
+@pytest.mark.parametrize("command", ["funccount", "count"])
+def test_a_glob_skips_an_ifunc_resolved_outside_the_library(command):
+    """libc's time and gettimeofday are IFUNCs that resolve to the vDSO:
+    nothing in libc to probe; a glob over them goes on without them."""
+    event = "libc:tim*" if command == "funccount" else "uprobe:libc:tim*"
+    res = run_ustack(command, event, "-c", "true")
+    assert res.returncode == 0, res.stderr
+    assert "timer_create" in res.stderr.splitlines()[0]
+    assert (f"ustack: skipped: time in {LIBC} is an IFUNC whose code is not in "
+            f"{LIBC} here (the vDSO's, or chosen where ustack cannot see)") \
+        in res.stderr.splitlines()

@@ -66,9 +66,10 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_BUFFER_PAGES}, or {DWARF_BUFFER_PAGES} when "
                         "stacks are copied for DWARF)")
     p.add_argument("--unwind", choices=("auto", "fp", "dwarf"), default="auto",
-                   help="fp: the kernel walks frame pointers; dwarf: copy the "
-                        "stack and unwind with the binaries' CFI; auto (default): "
-                        "frame pointers where the code keeps them, DWARF elsewhere")
+                   help="dwarf: unwind with the binaries' CFI (Go: its pclntab), "
+                        "in the kernel where BPF allows, else on a copy of the "
+                        "stack; fp: the kernel walks frame pointers; auto "
+                        "(default): dwarf")
     p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")
@@ -76,10 +77,10 @@ def _target_args(p: argparse.ArgumentParser) -> None:
 
 
 _BACKEND_HELP = {
-    "auto": "auto (default): bpf where it works and frame pointers suffice "
-            "(count, profile), else perf",
-    "perf": "perf: perf events, every stack copied out",
-    "bpf": "bpf: count stacks in the kernel (frame pointers only)",
+    "auto": "auto (default): bpf where it works, else perf",
+    "perf": "perf: perf events, stacks walked by the kernel (fp) or copied out "
+            "(dwarf)",
+    "bpf": "bpf: stacks unwound and counted in the kernel",
     "tracefs": "tracefs: ftrace alone, in a private instance (no perf events "
                "or BPF needed)",
 }

@@ -49,6 +49,7 @@ def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stde
 
     def report(session: Session, progress: Progress) -> int | None:
         with _output(opts, fmt, out) as stream:
+            stream = progress.guard(stream)
             if opts.command == "trace":
                 _trace(session, stream, EVENT_FORMATS[fmt])
                 return progress.seen
@@ -148,7 +149,8 @@ def _progress(session: Session, err: TextIOBase) -> Progress:
     live = (err.isatty() and opts.command != "funccount" and
             (opts.command != "trace" or opts.output_path not in (None, "-")))
     return Progress(err, live, session.capture.losses,
-                    counted_in_kernel=session.plan.backend == "bpf")
+                    counted_in_kernel=(session.plan.backend == "bpf"
+                                       and opts.command != "trace"))
 
 
 def _count(session: Session, out, fmt: str) -> int:

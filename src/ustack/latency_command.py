@@ -23,6 +23,7 @@ from .probes.return_sites import entry_site, return_probes
 from .probes.spec import parse_event
 from .report.latency import format_histogram, format_slow_call
 from .output import check_destination
+from .report.formats import format_for_path
 from .report.output import open_output
 from .session import Session
 from .values import replace, value
@@ -188,6 +189,10 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
     opts.command = "latency"
     if opts.output_path and opts.output_path != "-":
         check_destination(opts.output_path, f"-o {opts.output_path}")
+        # histograms are text: -o lat.html must not get text under that name
+        implied = format_for_path(opts.output_path)
+        if implied not in (None, "text"):
+            raise UstackError(f"-o {opts.output_path}: latency writes text, not {implied}")
     session = LatencySession(opts, request)
     unit, unit_ns = request.units, request.unit_ns
 
@@ -196,6 +201,7 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
         stream = _given(out) if out is not None else open_output(
             opts.output_path, whole=request.slower_ms is None)
         with stream as w:
+            w = progress.guard(w)
             for piece in session.pieces():
                 for s in piece.samples:        # --slower: a slow call
                     w.write(format_slow_call(

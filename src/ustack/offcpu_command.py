@@ -79,6 +79,7 @@ def run_offcpu(opts: Options, err: TextIOBase = sys.stderr) -> int:
         for sc in counted:
             report.add(sc)
         binary = getattr(FORMATS[fmt], "binary", False)
+        progress.stop()
         with open_output(opts.output_path, binary=binary, whole=True) as out:
             report.finish(out)
         return len(counted)

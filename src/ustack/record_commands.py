@@ -227,6 +227,9 @@ def diff_report_class():
 
 def report_diff(request: ReportRequest, before_path: str, opts: Options,
                 err: TextIOBase = sys.stderr) -> int:
+    # the differential graph exists as a page only: -f folded or -o x.svg
+    # would otherwise get HTML under their name
+    choose_format(request.format, request.output, {"html": None}, default="html")
     report_class = diff_report_class()
     sides = []
     warnings: list = []

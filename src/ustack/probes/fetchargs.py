@@ -25,6 +25,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TYPE = re.compile(r"(?:[usx](?:8|16|32|64)|string|ustring|char|symbol)(?:\[[0-9]+\])?"
                    r"|b[0-9]+@[0-9]+/(?:8|16|32|64)")
 _ARGN = re.compile(r"\$arg([0-9]+)")
+# a bare special variable is named after itself, not argN
+_SELF_NAMED = frozenset(("$retval", "$comm"))
 
 
 def parse_fetch_args(words: list, kind: str, event: str) -> tuple:
@@ -41,6 +43,8 @@ def parse_fetch_args(words: list, kind: str, event: str) -> tuple:
             bare = rest.rpartition(":")[0] if ":" in rest else rest
             if _NAME.fullmatch(bare):
                 name = bare                   # a parameter by name (named_args.py)
+            elif bare in _SELF_NAMED:
+                name = bare[1:]               # $retval prints as retval=, as bpftrace's
         elif not _NAME.fullmatch(name):
             _bad(word, event, f"'{name}' is not a valid argument name")
         if name.startswith(RESERVED_PREFIX) or name.startswith("common_") \

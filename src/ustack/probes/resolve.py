@@ -133,7 +133,7 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
         places = [(sym, spec.address)]
     else:
         places = [(s, s.address + spec.offset)
-                  for s in _functions(image, spec.function, shown, spec.offset)]
+                  for s in _functions(image, spec.function, shown, spec.offset, notes)]
     targets = []
     for sym, vaddr in places:
         if spec.kind == "uretprobe" and sym is not None and vaddr != sym.address:
@@ -190,7 +190,8 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
     return [replace(p, spec=spec, fetch_args=args) for p in rets]
 
 
-def _functions(image: ElfImage, func: str, shown: str, offset: int = 0) -> list:
+def _functions(image: ElfImage, func: str, shown: str, offset: int = 0,
+               notes: list | None = None) -> list:
     """The functions FUNC names, one per address (aliases share one probe):
     also those only a separate debug file names (a stripped libc's
     new_do_write); a symbol's default version over old ones (memcpy@@
@@ -208,6 +209,16 @@ def _functions(image: ElfImage, func: str, shown: str, offset: int = 0) -> list:
         if where.is_compat(s) and s.name in defaults:
             continue
         if where.is_ifunc(s):
+            if is_glob(func) and not offset:
+                # one IFUNC a glob cannot probe (time resolves to the vDSO)
+                # must not fail the run: skipped with a note
+                vaddr = ifunc.implementation(image, s.name)
+                if vaddr is None or image.file_offset(vaddr) is None:
+                    if notes is not None:
+                        notes.append(f"skipped: {s.name} in {shown} is an IFUNC whose "
+                                     f"code is not in {shown} here (the vDSO's, or "
+                                     "chosen where ustack cannot see)")
+                    continue
             s = _ifunc_implementation(image, debug, s, shown, offset)
         best = image.lookup(s.address) or (debug.lookup(s.address) if debug else None)
         if s.address not in by_addr or (best is not None and s.name == best.name):

@@ -55,7 +55,9 @@ def _script_json(payload: dict) -> str:
 def render_page(title: str, subtitle: str, payload: dict) -> str:
     """The page, every resource inline."""
     page = asset("flamegraph.html")
+    widths = {"nanoseconds": "time (off CPU)"}.get(payload["unit"], payload["unit"])
     for key, value in (("{{TITLE}}", html.escape(title)),
+                       ("{{WIDTHS}}", widths),
                        ("{{SUBTITLE}}", html.escape(subtitle)),
                        ("{{CSS}}", asset("flamegraph.css")),
                        ("{{JS}}", asset("flamegraph.js")),

@@ -94,7 +94,8 @@ def render_svg(root, title: str, subtitle: str, unit: str) -> str:
         if node.module:
             info += f" [{node.module}]"
         out.append(
-            f'<g class="frame" data-name={quoteattr(node.name)} data-depth="{depth}">'
+            f'<g class="frame" data-name={quoteattr(node.name)} data-depth="{depth}" '
+            f'data-start="{start}" data-value="{node.value}">'
             f'<title>{escape(info)}</title>'
             f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{FRAME_H - 1}" '
             f'fill={quoteattr(frame_colour(node.name, node.kind, node.inlined))} rx="2" ry="2"/>'

@@ -14,12 +14,20 @@ def folded_name(f) -> str:
     return f"[{f.module}]" if f.module else "[unknown]"
 
 
+def note_name(note: str) -> str:
+    """An unwinder's note as a frame at the root side of the stack (where
+    the frames it could not find would stand), as the flame graphs show it:
+    a cut stack must not read as complete and rooted mid-stack."""
+    return f"[{note}]".replace(";", ":").replace(" ", "_")
+
+
 def format_folded(counts, per_pid: bool = False, timed: bool = False) -> str:
     """`timed`: counts are nanoseconds, written in microseconds (bcc
     offcputime -f's unit)."""
     lines: dict = {}
     for sc in counts:
-        names = [folded_name(f) for f in reversed(sc.stack.frames)]
+        names = ([note_name(n) for n in sc.stack.notes]
+                 + [folded_name(f) for f in reversed(sc.stack.frames)])
         head = f"{sc.comm}-{sc.pid}" if per_pid else sc.comm
         if per_pid and sc.tid:                   # -T: comm-pid/tid
             head += f"/{sc.tid}"

@@ -70,8 +70,9 @@ def run_context(command: str, labels, frequency: int | None = None,
                 value_unit: str | None = None) -> ReportContext:
     """The context of a run's report, the same live and from its recording."""
     what = f"at {frequency} Hz" if frequency else ", ".join(labels)
+    title = f"ustack {command} {what}" if what != command else f"ustack {command}"
     return ReportContext(command=command, events=tuple(labels), frequency=frequency,
-                         title=f"ustack {command} {what}", start_ns=start_ns,
+                         title=title, start_ns=start_ns,
                          value_unit=value_unit)
 
 

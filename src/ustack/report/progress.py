@@ -52,3 +52,29 @@ class Progress:
             self.err.write("\r\x1b[K")
             self.err.flush()
             self._drawn = False
+
+    def stop(self) -> None:
+        """Clear the line and draw it no more: results are about to be
+        written, on the same terminal maybe, and must not land on it."""
+        self.finish()
+        self.live = False
+
+    def guard(self, stream):
+        """`stream`, stopping the status line at its first write when it
+        goes to a terminal (a file takes its lines while the status runs)."""
+        isatty = getattr(stream, "isatty", None)
+        on_terminal = isatty is not None and isatty()
+        return _StopsProgress(stream, self) if self.live and on_terminal else stream
+
+
+class _StopsProgress:
+    def __init__(self, stream, progress: Progress):
+        self._stream, self._progress = stream, progress
+
+    def write(self, data):
+        if self._progress.live:
+            self._progress.stop()
+        return self._stream.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)

@@ -9,7 +9,9 @@ shared: name (the function; `[unknown] [module]` when unnamed; an inlined
 call is marked `(inlined)`), file (the source file with --lines, else the
 object's path) and line. Without -P a profile holding several commands
 roots each stack at its command's name, as folded stacks do; kernel
-frames (--kernel) come first, below the user frames, as in the stack."""
+frames (--kernel) come first, below the user frames, as in the stack.
+An unwinder's note is a `[note]` frame at the root side, where the frames
+it could not find would be, as in the flame graphs."""
 from __future__ import annotations
 
 import json
@@ -64,7 +66,8 @@ class SpeedscopeReport:
         for sc in self.counted:
             key = (sc.event, sc.pid, sc.comm) if self.per_pid else (sc.event,)
             kernel, user = split_kernel(sc.stack.frames)
-            stack = tuple(index(frame_record(f)) for f in reversed(kernel + user))
+            notes = [index({"name": f"[{note}]"}) for note in sc.stack.notes]
+            stack = tuple(notes + [index(frame_record(f)) for f in reversed(kernel + user)])
             samples = profiles.setdefault(key, {})
             comm_key = (sc.comm, stack)
             samples[comm_key] = samples.get(comm_key, 0) + sc.count

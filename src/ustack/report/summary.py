@@ -57,4 +57,17 @@ def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
         print("ustack: no events were seen: the probes never fired in this run",
               file=err)
     if command and exit_status not in (None, 0):
-        print(f"{command} exited with status {exit_status}", file=err)
+        print(f"{command} {ended(exit_status)}", file=err)
+
+
+def ended(exit_status: int) -> str:
+    """How a command ended, from its exit code as os.waitstatus_to_exitcode
+    gives it (a signal as its negative number)."""
+    if exit_status >= 0:
+        return f"exited with status {exit_status}"
+    import signal
+    try:
+        name = signal.Signals(-exit_status).name
+    except ValueError:
+        name = f"signal {-exit_status}"
+    return f"was killed by {name}"

@@ -2,18 +2,15 @@
 each probe's samples need, which `--unwind auto` decides per probe.
 
 Frame pointers are cheap (the kernel walks them, nothing is copied) but only
-right when every frame keeps rbp. DWARF is right everywhere; counted runs
-(count, profile) walk it in the kernel (capture/bpf_unwind.py) wherever the
-kernel loads that program, else the capture copies registers plus stack per
+right when every frame keeps rbp. DWARF is right everywhere, and auto takes
+it everywhere; counted runs (count, profile) walk it in the kernel
+(capture/bpf_unwind.py) wherever the kernel loads that program, else the capture copies registers plus stack per
 sample for ustack to unwind; so does trace, whose events' frames come
 through a ring buffer, with the values of their fetch-args where the BPF
 program can fetch them all (capture/bpf_fetchargs.py; else the copy path,
-whose uprobes fetch them in the kernel's own way). auto takes frame pointers where the code on the
-stack is known to keep them (a uprobe in a C binary built with them), and
-DWARF where the stack passes through code that does not: syscalls and
-tracepoints (Debian's libc has no frame pointers), timed samples, binaries
-built without them, and Go in counted runs (frameless leaves and assembly;
-a stream of Go stacks still walks its frame pointers, cheaply)."""
+whose uprobes fetch them in the kernel's own way). Frame pointers are
+walked only when asked (--unwind fp): they lose a frameless leaf's caller
+(Go, -O2 C) and stop in libc, which keeps none on Debian."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,49 +18,17 @@ from collections.abc import Callable
 from ..capture import bpf_unwind
 from ..kernel import bpf
 from ..model import ProfileProbe, UprobeProbe, UstackError
-from ..objfile import prologue
 from ..objfile.elf import ElfImage
 from . import tables
 from ..values import value
 
-SAMPLE_FUNCTIONS = 64
-# Start-up code the toolchain links into every program, built its own way:
-# it says nothing about how the program itself was compiled.
-CRT_FUNCTIONS = {"deregister_tm_clones", "register_tm_clones", "frame_dummy"}
-
-
-def keeps_frame_pointers(path: str) -> bool:
-    """True if the binary is Go, or most of its own functions set up a frame
-    with `push %rbp; mov %rsp,%rbp` near their start."""
-    try:
-        image = ElfImage.open(path)
-    except UstackError:
-        return False
-    if image.is_go:
-        return True
-    funcs = [f for f in image.functions if f.size >= 8
-             and not f.name.startswith("_") and f.name not in CRT_FUNCTIONS
-             ][:SAMPLE_FUNCTIONS]
-    if not funcs:
-        return False
-    framed = sum(prologue.sets_up_frame_pointer(image, f) for f in funcs)
-    return framed >= 0.8 * len(funcs)
-
 
 def choose(probe, requested: str, main_binary: str | None = None) -> str:
-    """'fp' or 'dwarf' for one resolved probe; `main_binary` is the traced
-    program when known (-p/-c), which decides for syscalls and samples."""
-    if requested in ("fp", "dwarf"):
-        return requested
-    if isinstance(probe, UprobeProbe):
-        return "fp" if keeps_frame_pointers(probe.path) else "dwarf"
-    if main_binary is not None:
-        try:
-            if ElfImage.open(main_binary).is_go:
-                return "fp"            # Go makes its syscalls without libc
-        except UstackError:
-            pass
-    return "dwarf"
+    """'fp' or 'dwarf' for one resolved probe. auto is DWARF (Go's pclntab
+    for Go code) everywhere: frame pointers lose a frameless leaf's caller
+    (Go's, -O2 C's) and stop at libc's frames, and one program's stacks
+    must share one root whatever the event; frame pointers only when asked."""
+    return requested if requested in ("fp", "dwarf") else "dwarf"
 
 
 @value

@@ -13,6 +13,9 @@
     var g = nodes[i], rect = g.querySelector("rect");
     frames.push({ g: g, rect: rect, text: g.querySelector("text"),
                   name: g.getAttribute("data-name"), depth: +g.getAttribute("data-depth"),
+                  /* where it is in the tree: its first sample and its samples,
+                     exact (the drawn x and width are rounded to 0.1 px) */
+                  start: +g.getAttribute("data-start"), value: +g.getAttribute("data-value"),
                   x: +rect.getAttribute("x"), w: +rect.getAttribute("width"),
                   fill: rect.getAttribute("fill") });
   }
@@ -28,13 +31,15 @@
     f.g.style.display = "";
   }
   function zoom(c) {
-    var eps = 0.01, scale = FULL / c.w;
+    var scale = FULL / c.value, end = c.start + c.value;
     frames.forEach(function (f) {
+      var fEnd = f.start + f.value;
       if (f.depth < c.depth) {
-        if (f.x <= c.x + eps && f.x + f.w >= c.x + c.w - eps) place(f, XPAD, FULL);
+        /* one frame a row spans c's samples: its caller there */
+        if (f.start <= c.start && fEnd >= end) place(f, XPAD, FULL);
         else f.g.style.display = "none";
-      } else if (f.x >= c.x - eps && f.x + f.w <= c.x + c.w + eps) {
-        place(f, XPAD + (f.x - c.x) * scale, f.w * scale);
+      } else if (f.start >= c.start && fEnd <= end) {
+        place(f, XPAD + (f.start - c.start) * scale, f.value * scale);
       } else {
         f.g.style.display = "none";
       }
