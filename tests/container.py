@@ -23,7 +23,7 @@ APP_PATH = "/opt/ustack-ct/bin/ct_app"     # inside the container only
 LIB_NAME = "libct.so"
 IMAGE = "localhost/ustack-test-ct"
 # Debian's podman: crun refuses this VM's hybrid cgroups and the default
-# rlimits; runc with explicit limits runs (see the report of issue 13)
+# rlimits; runc with explicit limits runs
 PODMAN = ["podman", "--runtime", "runc"]
 PODMAN_RUN = ["run", "--rm", "-i", "--network", "none",
               "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]

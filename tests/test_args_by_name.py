@@ -1,4 +1,4 @@
-"""Arguments by name (issue 12): 'uprobe:PATH:FUNC n len buf' fetches the
+"""Arguments by name: 'uprobe:PATH:FUNC n len buf' fetches the
 parameters DWARF describes at the probe, typed, on a -O2 C function (six
 register and four stack-passed arguments), a C++ method (with its implicit
 `this`) and a Go function (Go's register ABI); `$retval` typed from the

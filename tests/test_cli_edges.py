@@ -1,4 +1,4 @@
-"""Command-line behaviour the audit of issue 14 found surprising, each as a
+"""Command-line behaviour users found surprising, each as a
 user meets it: exit statuses, quoting, ambiguous input, abbreviations."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Containers and whole-machine runs (issue 13), with a real container
+"""Containers and whole-machine runs, with a real container
 (tests/container.py: podman from an image imported from a rootfs made
 here, else unshare + chroot; the runtime used is printed). In it, ct_app:
 its binary's path does not exist on the host, its library ct_lib's host

@@ -1,4 +1,4 @@
-"""The BPF backend: stacks and calls counted in the kernel (issue 5).
+"""The BPF backend: stacks and calls counted in the kernel.
 
 Oracles: the perf backend's output on the same run (the kernel walks the
 same frame pointers; only where the counting happens differs), the known

@@ -670,8 +670,8 @@ def test_lost_events_reported(tmp_path, flush):
     assert lost > 0
     # Nothing dropped silently. The kernel's lost count covers every record
     # type, so a lost EXIT/MMAP2 record of the target may add a few (a lost
-    # EXIT, +1, in about one run in seven). Issue 9 (842 and 2,849 of
-    # 200,000 missing in CI): the count came only from PERF_RECORD_LOST,
+    # EXIT, +1, in about one run in seven). 842 and 2,849 of 200,000 went
+    # missing when the count came only from PERF_RECORD_LOST,
     # whose last one the kernel holds back until a later record fits.
     assert n <= records + lost <= n + 8, f"{records} records + {lost} lost vs {n}"
 

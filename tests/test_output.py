@@ -1,4 +1,4 @@
-"""Where results go (issue 11): `-o FILE` keeps a traced command's own output
+"""Where results go: `-o FILE` keeps a traced command's own output
 on the terminal and ustack's results in the file, in the format its name
 implies unless -f says otherwise; the live status line on a terminal; a run
 that saw no events says so."""

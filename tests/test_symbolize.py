@@ -1,5 +1,5 @@
-"""`ustack symbolize`: ftrace output captured here through tracefs with seed
-000's recipe (a syscall event, the userstacktrace option, in an instance of
+"""`ustack symbolize`: ftrace output captured here through tracefs with the
+classic recipe (a syscall event, the userstacktrace option, in an instance of
 our own), with and without sym-userobj, named back to main -> a -> b -> c -> d.
 And bad input: garbage lines pass through, a bad maps file is one message."""
 import contextlib

@@ -1,4 +1,4 @@
-"""System-wide runs (issue 13): the idle task and kernel threads have no
+"""System-wide runs: the idle task and kernel threads have no
 user stack and are labelled [idle] and [kernel]; --include-idle keeps the
 idle task's samples, which are left out by default; ustack's own process
 never appears."""

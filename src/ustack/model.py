@@ -135,7 +135,7 @@ class RawSample(namedtuple(
     bytes-like (a memoryview of the record) or None; args: fetch-arg values,
     (name, kind, int | bytes); kernel: kernel frames (u64s, innermost
     first) with --kernel. (collections.namedtuple, not typing's: importing
-    typing cost ~4 ms of the start-up issue 15 counts.)"""
+    typing cost ~4 ms of every start-up.)"""
     __slots__ = ()
 
 

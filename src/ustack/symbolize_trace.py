@@ -1,4 +1,4 @@
-"""`ustack symbolize`: saved ftrace output with `userstacktrace` (seed 000's
+"""`ustack symbolize`: saved ftrace output with `userstacktrace` (the ftrace recipe's
 offline workflow), printed back with each user frame named:
 
      =>  <00005593e0f6a276> : d+0x16/0x70 [chain]

@@ -4,7 +4,7 @@ equality and, when frozen (the default), a hash and no assignment — what
 `@dataclass(frozen=True)` gives, for what ustack uses of it.
 
 Why not dataclasses: it sat on the path from launch to probes live, the
-start-up issue 15 counts. Importing it costs ~7 ms (it pulls inspect), and
+start-up of every run. Importing it costs ~7 ms (it pulls inspect), and
 each class ~0.7 ms (six methods compiled one by one, on CPython 3.11): with
 ~25 classes before the first probe that was ~25 ms of a ~120 ms start.
 Here a class costs one compile of its __init__ (~0.08 ms), when first made."""

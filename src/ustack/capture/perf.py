@@ -276,7 +276,7 @@ class PerfCapture:
         # What was lost, from the kernel's per-event counters: exact whether
         # or not the last PERF_RECORD_LOST was ever written (the kernel
         # writes one only in front of a later record that fits, which
-        # flush_lost() has to provoke) and read (see issue 9).
+        # flush_lost() has to provoke) and read.
         if self._count_lost and self.fds:
             try:
                 self.kernel_lost = sum(pe.read_lost(fd) for fd in self.fds)

@@ -1,4 +1,4 @@
-"""The tracefs backend (`--backend tracefs`): seeds 000 and 001 done right,
+"""The tracefs backend (`--backend tracefs`): the ftrace and uprobe_events recipes done right,
 for hosts where perf events and BPF are unavailable or not allowed.
 
 Events go into a private ftrace instance (kernel/ftrace_instance.py) with

@@ -1,5 +1,5 @@
-"""Uprobe fetch-args, in the kernel's uprobe_events syntax (seed 001;
-Documentation/trace/uprobetracer.rst): `%di`, `%si:u32`, `+0(%si):string`,
+"""Uprobe fetch-args, in the kernel's uprobe_events syntax
+(Documentation/trace/uprobetracer.rst): `%di`, `%si:u32`, `+0(%si):string`,
 `$stack0`, `$comm`, `len=%si:u64`, `$retval` (uretprobe only), and
 `$argN`, which ustack maps to the N-th argument register of the binary's
 ABI (SysV for C, Go's register ABI for Go), and parameters by name (`n`,

@@ -1,5 +1,5 @@
 """Per-event text: a perf-script-like header, then one frame a line in the
-SystemTap style of seed 004: ` 0x00007f…2f65 : func+0x15/0x90 [libc.so.6]`."""
+SystemTap's style: ` 0x00007f…2f65 : func+0x15/0x90 [libc.so.6]`."""
 from __future__ import annotations
 
 from ..model import Frame, Stack
