@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A short run, as a user types it: how long until the traced command runs
 with the probes live, and how long the whole one-hit run takes, for a
-uprobe, a syscall and a profile, against bpftrace and perf (issue 15).
+uprobe, a syscall and a profile, against bpftrace and perf.
 
     sudo python3 bench/oneshot.py [--reps N]
 
@@ -145,7 +145,7 @@ def main() -> None:
         shutil.rmtree(os.path.dirname(traced))
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     md = "\n".join([
-        "## One short run: launch → probes live, and the whole run (issue 15)", "",
+        "## One short run: launch → probes live, and the whole run", "",
         f"bench/programs/oneshot.c traced; medians of {args.reps}, tools "
         f"alternated; {time.strftime('%Y-%m-%d')}, kernel {platform.release()}, "
         f"{os.cpu_count()} CPUs, loadavg at the end {load}.", "", *rows, ""])

@@ -640,7 +640,7 @@ def test_sigkill_leftovers_removed_by_next_run(chain):
 # --- 12. lost events ----------------------------------------------------------------------
 
 # ustack with flush_lost() made a no-op: the last PERF_RECORD_LOST of a run
-# is then never written, as happened in CI (issue 9)
+# is then never written, as happened in CI
 _NO_FLUSH = ("import sys; from ustack.capture import perf; "
              "perf.PerfCapture.flush_lost = lambda self: None; "
              "from ustack.cli import main; sys.exit(main())")

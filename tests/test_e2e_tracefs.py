@@ -1,4 +1,4 @@
-"""End to end: `--backend tracefs` (seeds 000 and 001 automated) against the
+"""End to end: `--backend tracefs` (the ftrace and uprobe_events recipes automated) against the
 perf backend and gdb, fetch-args on both backends, isolation of concurrent
 runs, and cleanup of a killed run's instance and probes.
 
@@ -121,7 +121,7 @@ def test_fetch_args_exact(chain, backend):
 
 @pytest.mark.parametrize("backend", ["tracefs", "perf"])
 def test_fetch_arg_string_from_user_memory(chain, backend):
-    """+0(%si):string: write(2)'s buffer, read in the probe (seed 001)."""
+    """+0(%si):string: write(2)'s buffer, read in the probe."""
     recs = trace(backend, "uprobe:libc:write s=+0(%si):string len=%dx:u64",
                  "-c", f"{chain} 2 write")
     # the label names the library as resolved in the target's mappings
@@ -177,7 +177,7 @@ def test_go_args_registers():
                                             "main.a", "main.main"]
 
 
-# --- seed 000: a Go program's syscalls ---------------------------------------------------
+# --- a Go program's syscalls ---------- ---------------------------------------------------
 
 def quiet(prog, *args) -> str:
     """A -c command whose stdout goes to /dev/null (gochain writes 'x's)."""

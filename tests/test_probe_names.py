@@ -1,5 +1,5 @@
-"""Every function ustack can name in a stack can be probed by that name
-(issue 15): IFUNCs resolve to the implementation this machine runs, a
+"""Every function ustack can name in a stack can be probed by that name:
+IFUNCs resolve to the implementation this machine runs, a
 symbol's default version wins over old compat versions, and functions named
 only in a separate debug file (libc6-dbg) are found there."""
 from __future__ import annotations
