@@ -68,7 +68,8 @@ def refuse_kind(st: os.stat_result | None, label: str, what: str = "a file") -> 
         return
     if stat.S_ISLNK(st.st_mode):
         raise UstackError(f"{label} is a symbolic link; ustack does not write "
-                          "through links (remove it or name another file)")
+                          "through links (remove it or name another file; "
+                          "-o - writes to standard output)")
     if stat.S_ISDIR(st.st_mode):
         raise UstackError(f"{label} is a directory, not {what}")
 
