@@ -7,6 +7,7 @@ Oracles: the perf backend (same program, same event), gdb's backtrace
 passes (d(i) for i = 0…N-1; c returns the sum + 1)."""
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -216,7 +217,15 @@ def test_two_runs_do_not_see_each_other(chain):
     assert {r["pid"] for r in rb} == {traced_pid(err_b)} and len(rb) == 30
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (its guardian, its -c command)."""
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+            for c in (t / "children").read_text().split()]
+
+
 def test_sigkill_leftovers_removed_and_options_untouched(chain):
+    """The run and its guardian both killed (the OOM killer, kill -9 of
+    both): the next run removes what they left."""
     options = (TRACEFS / "trace_options").read_text()
     target = spawn(chain, 10 ** 12)
     try:
@@ -228,6 +237,8 @@ def test_sigkill_leftovers_removed_and_options_untouched(chain):
             assert instance.is_dir()
             assert (instance / "options" / "userstacktrace").read_text().strip() == "1"
             assert (TRACEFS / "trace_options").read_text() == options
+            for pid in children(us.pid):          # its guardian
+                os.kill(pid, signal.SIGKILL)
             us.send_signal(signal.SIGKILL)
             us.wait()
         finally:

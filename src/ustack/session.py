@@ -12,6 +12,7 @@ from collections import namedtuple
 
 from .capture.backends import new_capture
 from .capture.drain import Stream
+from .kernel import guardian
 from .model import (Piece, RawSample, StackCount, UnwoundSample, UstackError,
                     unwound_sample)
 from .options import Options
@@ -45,6 +46,7 @@ class Session:
         self.probes: list = []
         self.labels: list = []
         self.target = self.plan = self.capture = None
+        self.guardian = None               # kernel/guardian.py, for a live run
         self._stream: Stream | None = None
         self._stop_requested = False
         self.on_piece = None           # called with each piece (e.g. a status line)
@@ -97,9 +99,13 @@ class Session:
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
                            else process.everything(opts.pids))
         try:
+            # before any probe exists: it undoes the run if ustack is killed
+            self.guardian = guardian.start(
+                self.target.pid if self.target.scope == "command" else None)
             self.capture = self._open_capture()
         except BaseException:
             self.target.abort()            # a held -c command exits unrun
+            self._dismiss_guardian()
             raise
         if self.target.scope == "system":
             self.tracker.seed_all(skip=os.getpid())
@@ -165,6 +171,12 @@ class Session:
         target = self.target
         if target is not None and target.scope == "command" and target.exit_status is None:
             target.finish()
+        self._dismiss_guardian()
+
+    def _dismiss_guardian(self) -> None:
+        if self.guardian is not None:
+            self.guardian.done()
+            self.guardian = None
 
     # -- the stream ---------------------------------------------------------------
     def start(self) -> None:
