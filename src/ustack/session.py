@@ -94,6 +94,8 @@ class Session:
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
         self.probes = resolve_probes(specs, root_pid, self.notes)
         self.labels = [p.label for p in self.probes]
+        if opts.backend == "tracefs" and not opts.every_process:
+            self._refuse_shared_globs()
         if opts.pid is None:
             launch = launch_traced if opts.backend == "tracefs" else process.launch
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
@@ -149,6 +151,20 @@ class Session:
         (else at their recorded paths, if the build-id is the same).
         `keep(sample, comm)`: which samples to see (all when None)."""
         return _Replay(path, opts or Options(), objects, keep)
+
+    def _refuse_shared_globs(self) -> None:
+        """Before the command starts: see capture/tracefs.py."""
+        opts = self.opts
+        if opts.pid is not None:
+            main, who = f"/proc/{opts.pid}/exe", f"PID {opts.pid}"
+        elif opts.cmdline is not None:
+            main, who = process.command_executable(opts.cmdline), "the -c command"
+            if main is None:
+                return                      # launch() says why
+        else:
+            return                          # every process is what was asked
+        from .capture.tracefs import refuse_shared_globs
+        refuse_shared_globs(self.probes, main, who)
 
     def _main_binary(self) -> str | None:
         target = self.target
