@@ -12,7 +12,6 @@ from collections import namedtuple
 
 from .capture.backends import new_capture
 from .capture.drain import Stream
-from .kernel import guardian
 from .model import (Piece, RawSample, StackCount, UnwoundSample, UstackError,
                     unwound_sample)
 from .options import Options
@@ -102,6 +101,7 @@ class Session:
                            else process.everything(opts.pids))
         try:
             # before any probe exists: it undoes the run if ustack is killed
+            from .kernel import guardian
             self.guardian = guardian.start(
                 self.target.pid if self.target.scope == "command" else None)
             self.capture = self._open_capture()
