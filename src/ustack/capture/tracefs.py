@@ -236,7 +236,6 @@ class TracefsCapture:
         self.uprobes.close()
 
 
-
 def refuse_shared_globs(probes: list, main_binary: str, who: str) -> None:
     """A glob over a file other than the -p/-c program's own puts a uprobe
     on each of its functions in every process that maps it (a library:
