@@ -19,10 +19,12 @@ import os
 import stat
 import time
 
+from ..model import UstackError
+
 GROUP_PREFIX = "ustack_"
 LOCK_DIR = "/run/ustack"
 INIT_PID_NS_INO = 0xEFFFFFFC        # PROC_PID_INIT_INO: the initial pid namespace
-HOLD_WAIT_S = 5.0                   # longer than a guardian takes to clear a name
+HOLD_WAIT_S = 10.0                  # longer than a guardian may take to clear a name
 
 _FILE_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -83,7 +85,9 @@ def _is_current(fd: int, name: str, dir_fd: int) -> bool:
 def hold() -> int | None:
     """Take this process's lock (again: counted); its fd, or None if the
     lock directory cannot be used (the run goes on, and no cleanup can
-    prove it dead). Call before making anything under tracing_name()."""
+    prove it dead). Call before making anything under tracing_name().
+    UstackError if the guardian of a killed process that had our pid
+    still clears the name after HOLD_WAIT_S."""
     pid = os.getpid()
     if pid in _held:
         _held[pid][1] += 1
@@ -105,7 +109,8 @@ def hold() -> int | None:
             # that had our pid clears the name: they unlink it when done
             if not _wait_lock(fd):
                 os.close(fd)
-                return None
+                raise UstackError(f"{LOCK_DIR}/{name} stays locked by another process: "
+                                  "a run of this name is still being cleared")
             if _is_current(fd, name, dir_fd):
                 _held[pid] = [fd, 1]
                 return fd
