@@ -10,7 +10,7 @@ first and the guardian just exits. Otherwise it kills the -c command (by
 pidfd: a reused pid is never hit), removes the run's ftrace instance and
 uprobes (retrying while the dying run's perf events still hold them), then
 the run's lock file (kernel/run_lock.py: it shares the run's lock, so no
-other run judges the name dead before it is done). Its perf and BPF fds
+other run judges the name dead before it is done). The run's perf and BPF fds
 close by themselves when the run dies: the guardian keeps no fd but its
 own three. It leaves the terminal's process group (Ctrl-C is the run's to
 handle) and imports nothing after the fork."""
