@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -166,6 +167,30 @@ def run_ustack(*args, timeout: float = 60, cmd=USTACK, text: bool = True,
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def guardians(pid: int) -> list[int]:
+    """The guardian of ustack run `pid`: its child that is a fork of it
+    (the same command line), not its -c command."""
+    me = Path(f"/proc/{pid}/cmdline").read_bytes()
+    kids = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+            for c in (t / "children").read_text().split()]
+    found = []
+    for kid in kids:
+        try:
+            if Path(f"/proc/{kid}/cmdline").read_bytes() == me:
+                found.append(kid)
+        except OSError:
+            pass
+    return found
+
+
+def kill_run_and_guardian(proc: subprocess.Popen) -> None:
+    """SIGKILL a ustack run and its guardian (as the OOM killer or a kill
+    of both might): what they made is left for the next run to remove."""
+    for pid in guardians(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)
 
 
 def wait_until(condition, timeout: float = 10, what: str = "the condition") -> None:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import USTACK, FP, build, gdb_backtrace, popen_ustack, run_ustack, wait_until
+from helpers import (USTACK, FP, build, gdb_backtrace, kill_run_and_guardian, popen_ustack,
+                     run_ustack, wait_until)
 
 TRACEFS = Path("/sys/kernel/tracing")
 CHAIN = ["d", "c", "b", "a", "main"]
@@ -619,12 +620,13 @@ def test_sigint_cleans_up_and_target_survives(chain, when, sig, tmp_path):
 
 @pytest.mark.kernel
 def test_sigkill_leftovers_removed_by_next_run(chain):
+    """ustack and its guardian killed: the next run removes their probes."""
     target = spawn(chain, 10 ** 12)
     try:
         us = start_ustack("count", f"uprobe:{chain}:d", "-p", target.pid)
         try:
             wait_tracing(us)
-            us.send_signal(signal.SIGKILL)
+            kill_run_and_guardian(us)
             us.wait()
         finally:
             stop(us)

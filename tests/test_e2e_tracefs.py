@@ -7,6 +7,7 @@ Oracles: the perf backend (same program, same event), gdb's backtrace
 passes (d(i) for i = 0…N-1; c returns the sum + 1)."""
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (FP, O2_NOFP, build, build_go, gdb_backtrace, run_ustack,
-                     wait_until)
+from helpers import (FP, O2_NOFP, build, build_go, gdb_backtrace,
+                     kill_run_and_guardian, run_ustack, wait_until)
 from test_e2e_core import (fail_one_line, finish, funcs, ok, parse_counts,
                            parse_trace, private_copy, program_frames, spawn,
                            start_ustack, stop, traced_pid, uprobe_hits,
@@ -217,6 +218,8 @@ def test_two_runs_do_not_see_each_other(chain):
 
 
 def test_sigkill_leftovers_removed_and_options_untouched(chain):
+    """The run and its guardian both killed (the OOM killer, kill -9 of
+    both): the next run removes what they left."""
     options = (TRACEFS / "trace_options").read_text()
     target = spawn(chain, 10 ** 12)
     try:
@@ -228,7 +231,7 @@ def test_sigkill_leftovers_removed_and_options_untouched(chain):
             assert instance.is_dir()
             assert (instance / "options" / "userstacktrace").read_text().strip() == "1"
             assert (TRACEFS / "trace_options").read_text() == options
-            us.send_signal(signal.SIGKILL)
+            kill_run_and_guardian(us)
             us.wait()
         finally:
             stop(us)
@@ -301,3 +304,48 @@ def test_name_of_an_exited_process_from_ftrace():
     assert record["comm"] == "chain"
     assert not Path(f"/proc/{pid}").exists()     # ustack reaped it
     assert MappingTracker().comm(pid, pid) == "chain"
+
+
+# --- what a tracefs uprobe reaches ------------------------------------------------
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+def test_header_says_tracefs_uprobes_fire_in_every_process_mapping_the_file(chain):
+    res = ok(run_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:d",
+                        "uprobe:libc:writ[e]", "-c", f"{chain} 2 write", "-a"))
+    header = res.stderr.splitlines()[0]
+    libc = os.path.realpath(LIBC)
+    assert header.endswith(f"; its uprobes fire in every process that maps "
+                           f"{chain}, {libc}]... Hit Ctrl-C to end."), header
+
+
+@pytest.mark.parametrize("target", ["-c", "-p"])
+def test_a_glob_over_a_library_is_refused_without_a(chain, target):
+    proc = None
+    if target == "-c":
+        where, who = ["-c", f"{chain} 2 write"], "the -c command"
+    else:
+        proc = spawn(chain, 10 ** 12)
+        where, who = ["-p", str(proc.pid)], f"PID {proc.pid}"
+    try:
+        msg = fail_one_line(run_ustack("count", "--backend", "tracefs",
+                                       "uprobe:libc:str*", *where))
+    finally:
+        if proc is not None:
+            stop(proc)
+    assert msg == (f"ustack: uprobe:libc:str*: on the tracefs backend its uprobes fire "
+                   f"in every process that maps {os.path.realpath(LIBC)}, not only in "
+                   f"{who}; add -a to accept that, or use --backend perf or bpf")
+
+
+def test_a_glob_over_a_library_runs_with_a_and_counts_the_target_only(chain):
+    res = ok(run_ustack("count", "--backend", "tracefs", "--every-process",
+                        "uprobe:libc:writ[e]", "-c", f"{chain} 5 write"))
+    assert [s["count"] for s in parse_counts(res.stdout)] == [5]
+
+
+def test_a_glob_over_the_program_itself_needs_no_a(chain):
+    res = ok(run_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:[d]",
+                        "-c", f"{chain} 3"))
+    assert [s["count"] for s in parse_counts(res.stdout)] == [3]

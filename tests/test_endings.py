@@ -3,8 +3,9 @@ uprobe (uprobe_events lines of the run), no tracefs instance, no changed
 ftrace option (conftest's leak check judges these three after every test),
 no BPF program, map or link of the run (the ids its fdinfo showed while it
 ran no longer exist), no stopped or still-traced process, and a target
-ustack did not start (-p) still running. After a SIGKILL of ustack the
-next run, of another backend, removes what the killed one left.
+ustack did not start (-p) still running. After a SIGKILL of ustack and
+its guardian the next run, of another backend, removes what the killed
+one left (tests/test_run_lifecycle.py: what the guardian alone removes).
 
 Backends: perf, bpf, tracefs, and bpf with the in-kernel DWARF unwinder
 (`--unwind auto` on code without frame pointers). Endings: the target
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FP, build, popen_ustack, run_ustack, wait_until
+from helpers import (FP, build, kill_run_and_guardian, popen_ustack, run_ustack,
+                     wait_until)
 
 pytestmark = pytest.mark.kernel
 
@@ -193,8 +195,10 @@ def end(ending: str, us: subprocess.Popen, target, command: str) -> tuple:
     if ending == "exits":
         err = end_of(us, stdin="go\n")
         return us.returncode, err
-    if ending in ("SIGINT", "SIGTERM", "SIGKILL-ustack"):
-        us.send_signal(getattr(signal, ending.split("-")[0]))
+    if ending in ("SIGINT", "SIGTERM"):
+        us.send_signal(getattr(signal, ending))
+    elif ending == "SIGKILL-ustack":              # its guardian too: see next_run
+        kill_run_and_guardian(us)
     elif ending == "SIGKILL-target":
         target.kill()
     elif ending == "stdout-closed":

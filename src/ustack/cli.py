@@ -89,6 +89,11 @@ _BACKEND_HELP = {
 def _backend_arg(p: argparse.ArgumentParser, *choices: str) -> None:
     p.add_argument("--backend", choices=("auto",) + choices, default="auto",
                    help="; ".join(_BACKEND_HELP[c] for c in ("auto",) + choices))
+    if "tracefs" in choices:
+        p.add_argument("-a", "--every-process", action="store_true",
+                       help="tracefs: allow a uprobe glob over a library with -p/-c "
+                            "(tracefs uprobes fire in every process that maps the "
+                            "file, not only in the target)")
 
 
 def _symbol_args(p: argparse.ArgumentParser) -> None:
@@ -268,6 +273,7 @@ def _run(args) -> int:
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
                    symbols=_symbol_options(args),
                    backend=args.backend, output_path=args.output,
+                   every_process=getattr(args, "every_process", False),
                    output_format=getattr(args, "format", None))
     if args.cmd == "offcpu":
         from .offcpu_command import offcpu_filter, offcpu_options, run_offcpu

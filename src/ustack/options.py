@@ -29,6 +29,7 @@ class Options:
     stack_size: int = DEFAULT_STACK_SIZE
     symbols: SymbolOptions = SymbolOptions()
     backend: str = "auto"                  # auto | perf | bpf | tracefs
+    every_process: bool = False            # -a: tracefs globs over a library allowed
     kernel_stacks: bool = False            # --kernel (bpf only)
     stack_storage: int = DEFAULT_STACK_STORAGE   # --stack-storage-size
     interval: float | None = None       # funccount -i

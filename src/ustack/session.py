@@ -45,6 +45,7 @@ class Session:
         self.probes: list = []
         self.labels: list = []
         self.target = self.plan = self.capture = None
+        self.guardian = None               # kernel/guardian.py, for a live run
         self._stream: Stream | None = None
         self._stop_requested = False
         self.on_piece = None           # called with each piece (e.g. a status line)
@@ -92,14 +93,21 @@ class Session:
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
         self.probes = resolve_probes(specs, root_pid, self.notes)
         self.labels = [p.label for p in self.probes]
+        if opts.backend == "tracefs" and not opts.every_process:
+            self._refuse_shared_globs()
         if opts.pid is None:
             launch = launch_traced if opts.backend == "tracefs" else process.launch
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
                            else process.everything(opts.pids))
         try:
+            # before any probe exists: it undoes the run if ustack is killed
+            from .kernel import guardian
+            self.guardian = guardian.start(
+                self.target.pid if self.target.scope == "command" else None)
             self.capture = self._open_capture()
         except BaseException:
             self.target.abort()            # a held -c command exits unrun
+            self._dismiss_guardian()
             raise
         if self.target.scope == "system":
             self.tracker.seed_all(skip=os.getpid())
@@ -144,6 +152,20 @@ class Session:
         `keep(sample, comm)`: which samples to see (all when None)."""
         return _Replay(path, opts or Options(), objects, keep)
 
+    def _refuse_shared_globs(self) -> None:
+        """Before the command starts: see capture/tracefs.py."""
+        opts = self.opts
+        if opts.pid is not None:
+            main, who = f"/proc/{opts.pid}/exe", f"PID {opts.pid}"
+        elif opts.cmdline is not None:
+            main, who = process.command_executable(opts.cmdline), "the -c command"
+            if main is None:
+                return                      # launch() says why
+        else:
+            return                          # every process is what was asked
+        from .capture.tracefs import refuse_shared_globs
+        refuse_shared_globs(self.probes, main, who)
+
     def _main_binary(self) -> str | None:
         target = self.target
         if target.scope == "pid":
@@ -167,6 +189,12 @@ class Session:
             target = self.target
             if target is not None and target.scope == "command" and target.exit_status is None:
                 target.finish()
+            self._dismiss_guardian()
+
+    def _dismiss_guardian(self) -> None:
+        if self.guardian is not None:
+            self.guardian.done()
+            self.guardian = None
 
     # -- the stream ---------------------------------------------------------------
     def start(self) -> None:

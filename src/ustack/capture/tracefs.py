@@ -32,6 +32,7 @@ from ..kernel.leftovers import remove_stale_tracing
 from ..kernel.uprobe_events import UprobeEvents
 from ..model import Losses, MmapEvent, TracepointProbe, UprobeProbe, UstackError
 from ..probes.fetchargs import RESERVED_PREFIX
+from ..probes.resolve import is_glob
 from ..target.traced_command import TracedCommand
 from .perf import define_uprobe
 
@@ -72,6 +73,18 @@ class TracefsCapture:
             notes.append(f"ftrace userstacktrace: frame pointers, at most "
                          f"{self._records.stack_entries} frames")
         return "; ".join(notes)
+
+    @property
+    def reach_note(self) -> str:
+        """What a user must know: set_event_pid filters what is recorded,
+        but a uprobe is armed (and slows) every process mapping its file."""
+        files = list(dict.fromkeys(p.path for p in self.probes
+                                   if isinstance(p, UprobeProbe)))
+        if not files:
+            return ""
+        named = ", ".join(files[:2]) + (f" and {len(files) - 2} more files"
+                                        if len(files) > 2 else "")
+        return f"its uprobes fire in every process that maps {named}"
 
     def losses(self) -> Losses:
         return Losses(lost=self._records.lost)
@@ -222,3 +235,24 @@ class TracefsCapture:
         self.instance.close()             # before the probes: it holds them
         self.uprobes.close()
 
+
+def refuse_shared_globs(probes: list, main_binary: str, who: str) -> None:
+    """A glob over a file other than the -p/-c program's own puts a uprobe
+    on each of its functions in every process that maps it (a library:
+    the whole machine); refused unless the user accepts that (-a)."""
+    for probe in probes:
+        spec = probe.spec
+        if (not isinstance(probe, UprobeProbe) or not is_glob(spec.function or "")
+                or _same_file(probe.path, main_binary)):
+            continue
+        raise UstackError(
+            f"{spec.text}: on the tracefs backend its uprobes fire in every process "
+            f"that maps {probe.path}, not only in {who}; add -a to accept that, "
+            f"or use --backend perf or bpf")
+
+
+def _same_file(path: str, other: str | None) -> bool:
+    try:
+        return other is not None and os.path.samefile(path, other)
+    except OSError:
+        return False

@@ -1,8 +1,9 @@
 """A private ftrace instance (tracefs instances/ustack_<pid>): its own ring
 buffer, options, pid filter and event switches, so the global buffer,
 trace_options and other users' tracing are never touched. Removing the
-directory removes all of it; a later run removes the instances of ustack
-runs whose process is gone (killed with SIGKILL; see leftovers)."""
+directory removes all of it; a killed run's instance is removed by its
+guardian, or by a later run once the run's lock proves it dead (see
+leftovers)."""
 from __future__ import annotations
 
 import errno
@@ -10,8 +11,8 @@ import os
 import re
 
 from ..model import UstackError
+from . import run_lock
 from .tracefs import tracefs_root
-from .uprobe_events import GROUP_PREFIX
 
 ENOTSUPP = 524                    # the kernel's internal 'not supported' (no libc name)
 
@@ -58,18 +59,22 @@ def _try_write(path: str, value: str) -> bool:
 
 
 class FtraceInstance:
-    """instances/ustack_<our pid>; close() removes it."""
+    """instances/<our tracing name>; close() removes it."""
 
     def __init__(self):
-        self.name = f"{GROUP_PREFIX}{os.getpid()}"
+        self.name = run_lock.tracing_name()
         self.path = os.path.join(_instances_dir(), self.name)
         self.created = False
+        self._locked = False            # run_lock.hold() taken for it
         self.fds: dict = {}             # cpu -> trace_pipe_raw fd
 
     def create(self) -> None:
+        if not self._locked:
+            run_lock.hold()
+            self._locked = True
         try:
             os.mkdir(self.path)
-        except FileExistsError:          # our pid reused after a SIGKILL
+        except FileExistsError:          # a dead process with our pid left it
             if not _remove(self.path):
                 raise UstackError(f"tracefs instance {self.path} exists and is busy")
             os.mkdir(self.path)
@@ -131,3 +136,6 @@ class FtraceInstance:
         self.fds.clear()
         if self.created:
             self.created = not _remove(self.path)
+        if self._locked and not self.created:
+            self._locked = False
+            run_lock.release()

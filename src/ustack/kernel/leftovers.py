@@ -1,36 +1,101 @@
-"""The tracing a crashed ustack run left behind (killed with SIGKILL, so
-its close() never ran): its ftrace instance and its uprobes, each named
-ustack_<pid> after the run's process. The next run removes those whose
-process is gone; a live run's (another ustack now) are left alone."""
+"""The tracing a ustack run left behind when neither it nor its guardian
+could remove it (both killed): its ftrace instance and its uprobes, named
+after the run (kernel/run_lock.py). The next run removes a name's tracing
+only when the run is proven dead: its lock is free. A live run's, or one
+whose lock this run cannot see (another mount namespace's /run), stays.
+
+Names made before runs held locks (ustack_<pid>, no lock file) are removed
+only where /proc is the initial pid namespace's and shows no such pid;
+anywhere else a pid in /proc proves nothing."""
 from __future__ import annotations
 
 import os
 import re
 
 from .ftrace_instance import instance_names, remove_instance
-from .uprobe_events import GROUP_PREFIX, defined_events, remove_event
+from .run_lock import (GROUP_PREFIX, INIT_PID_NS_INO, forget, lock_if_dead,
+                       lock_names, pid_namespace_inode, tracing_name)
+from .uprobe_events import defined_events, remove_event
 
-_RUN = re.compile(re.escape(GROUP_PREFIX) + r"(\d+)")
+_NAME = re.compile(re.escape(GROUP_PREFIX) + r"\d+(?:_\d+)?")
+_UNLOCKED = re.compile(re.escape(GROUP_PREFIX) + r"(\d+)")
 
 
 def remove_stale_tracing() -> int:
-    """Remove the instances, then the uprobes, of ustack runs that no longer
-    exist; return how many were removed. Instances first: their enabled
-    events hold the probes busy. What the kernel still refuses stays for
-    the next run to retry."""
-    removed = sum(remove_instance(name) for name in instance_names() if _stale(name))
-    for event in defined_events():
-        group = event.partition("/")[0]
-        if _stale(group):
-            try:
-                remove_event(event)
-                removed += 1
-            except OSError:
-                pass                    # still in use
+    """Remove the instances, then the uprobes, of ustack runs proven dead;
+    return how many were removed. What the kernel still refuses stays (and
+    so does its lock file) for the next run to retry."""
+    groups = _groups()
+    names = {n for n in instance_names() if _NAME.fullmatch(n)}
+    names.update(groups)
+    locked = {n for n in lock_names() if _NAME.fullmatch(n)}
+    names.update(locked)
+    names.discard(tracing_name())
+    removed = 0
+    for name in sorted(names):
+        if name in locked:
+            fd = lock_if_dead(name)
+            if fd is None:
+                continue                # alive, or its guardian is at work
+        elif _dead_before_locks(name):
+            fd = None
+        else:
+            continue
+        gone, left = remove_tracing(name, groups.get(name, ()))
+        removed += gone
+        if fd is not None:
+            if left:
+                os.close(fd)            # the lock file stays: retried later
+            else:
+                forget(name, fd)
     return removed
 
 
-def _stale(name: str) -> bool:
-    """Whether `name` is ustack_<pid> of a process that is gone."""
-    m = _RUN.fullmatch(name)
-    return m is not None and not os.path.exists(f"/proc/{m.group(1)}")
+def remove_tracing(name: str, events=None) -> tuple:
+    """Remove run `name`'s instance, then its uprobes (the instance's
+    enabled events hold them busy): (how many removed, how many left)."""
+    gone = left = 0
+    if name in instance_names():
+        if remove_instance(name):
+            gone += 1
+        else:
+            left += 1
+    if events is None:
+        events = _groups().get(name, ())
+    for event in events:
+        try:
+            remove_event(event)
+            gone += 1
+        except FileNotFoundError:
+            pass                        # removed meanwhile
+        except OSError:
+            left += 1                   # still in use
+    return gone, left
+
+
+def _groups() -> dict:
+    """ustack uprobe groups now: name -> ['group/event', ...]."""
+    groups: dict = {}
+    for event in defined_events():
+        group = event.partition("/")[0]
+        if _NAME.fullmatch(group):
+            groups.setdefault(group, []).append(event)
+    return groups
+
+
+def _dead_before_locks(name: str) -> bool:
+    """Whether unlocked `name` is ustack_<pid> of a process that is gone,
+    judged in the initial pid namespace (where that pid was counted)."""
+    m = _UNLOCKED.fullmatch(name)
+    return (m is not None and _proc_is_initial()
+            and not os.path.exists(f"/proc/{m.group(1)}"))
+
+
+def _proc_is_initial() -> bool:
+    """Whether we are in the initial pid namespace and /proc counts pids
+    as we do (it is that namespace's)."""
+    try:
+        return (pid_namespace_inode() == INIT_PID_NS_INO
+                and os.readlink("/proc/self") == str(os.getpid()))
+    except OSError:
+        return False

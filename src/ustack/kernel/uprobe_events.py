@@ -6,17 +6,18 @@ pointer in attr.config1 from the *target's* memory), so threaded programs
 and Go crash under -p/-c. Tracepoint events inherit cleanly.
 
 Every probe lives in a group named after the ustack process that made it
-(`ustack_<pid>`), is removed when the run ends, and a later run removes the
-groups of runs that no longer exist (killed with SIGKILL; see leftovers)."""
+(`ustack_<pid>`, see run_lock), is removed when the run ends; a killed
+run's are removed by its guardian, or by a later run once the run's lock
+proves it dead (see leftovers)."""
 from __future__ import annotations
 
 import os
 import re
 
 from ..model import UstackError
+from . import run_lock
+from .run_lock import GROUP_PREFIX  # noqa: F401  (the name's prefix, for callers)
 from .tracefs import tracefs_root
-
-GROUP_PREFIX = "ustack_"
 
 
 def _write(line: str) -> None:
@@ -98,8 +99,9 @@ class UprobeEvents:
     """The probes of one run; `close()` removes every one it created."""
 
     def __init__(self):
-        self.group = f"{GROUP_PREFIX}{os.getpid()}"
+        self.group = run_lock.tracing_name()
         self.names: list = []
+        self._locked = False            # run_lock.hold() taken for our probes
 
     def define(self, path: str, file_offset: int, ret: bool, hint: str,
                args: tuple = (), what: str = "") -> str:
@@ -110,11 +112,16 @@ class UprobeEvents:
                               "take a path with spaces")
         base = re.sub(r"[^A-Za-z0-9_]", "_", hint)[:40] or "probe"
         name = f"{'r' if ret else 'p'}{len(self.names)}_{base}"
+        if not self._locked:             # the lock before the first probe
+            run_lock.hold()
+            self._locked = True
         log_before = _error_log()
         try:
             _write(f"{'r' if ret else 'p'}:{self.group}/{name} "
                    f"{path}:0x{file_offset:x}" + "".join(" " + a for a in args))
         except OSError as e:
+            if not self.names:
+                self.close()            # nothing of ours exists: drop the lock
             why = _new_error(log_before) or os.strerror(e.errno)
             raise UstackError(f"the kernel refused "
                               f"{what or f'a uprobe at {path}:0x{file_offset:x}'}: {why}")
@@ -129,3 +136,6 @@ class UprobeEvents:
             except OSError:
                 pass
         self.names.clear()
+        if self._locked:
+            self._locked = False
+            run_lock.release()

@@ -118,6 +118,14 @@ def executable(argv: list) -> str | None:
     return which(argv[0]) if argv else None
 
 
+def command_executable(command: str) -> str | None:
+    """The file a -c command line runs, or None if it cannot be told."""
+    try:
+        return executable(shlex.split(command))
+    except ValueError:
+        return None
+
+
 def which(name: str) -> str | None:
     """shutil.which's answer for a command name (PATH searched unless it
     holds a /), without importing shutil: it imports bz2 and lzma, ~2 ms

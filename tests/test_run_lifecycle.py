@@ -1,0 +1,153 @@
+"""A run's life and death seen from outside: a ustack run killed with
+SIGKILL (any backend, -c or -p) leaves no probe, instance or command
+behind (its guardian clears them), and a ustack run in another pid
+namespace never disturbs a live run (liveness is a lock, not /proc)."""
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import FP, build, popen_ustack, wait_until
+from test_e2e_core import (finish, parse_counts, private_copy, spawn, start_ustack,
+                           stop, traced_pid, uprobe_hits, ustack_lines, wait_tracing)
+
+TRACEFS = Path("/sys/kernel/tracing")
+pytestmark = pytest.mark.kernel
+BACKENDS = ["perf", "bpf", "tracefs"]
+
+
+@pytest.fixture(scope="module")
+def chain() -> Path:
+    return build("chain", flags=FP)
+
+
+def instance(pid: int) -> Path:
+    return TRACEFS / "instances" / f"ustack_{pid}"
+
+
+def exited(pidfd: int) -> bool:
+    """Whether the process of `pidfd` has ended (a pidfd polls readable)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+# --- a SIGKILLed run: its guardian removes what it made --------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkilled_run_of_a_command_leaves_nothing(chain, backend, tmp_path):
+    prog = private_copy(chain, tmp_path)          # its uprobe hits are ours
+    us = start_ustack("count", "--backend", backend, f"uprobe:{prog}:d",
+                      "-c", f"{prog} {10 ** 12}")
+    try:
+        header = wait_tracing(us)
+        command = os.pidfd_open(traced_pid(header))
+        wait_until(lambda: uprobe_hits(prog) >= 100, what="100 hits of the probe on d")
+        assert ustack_lines(us.pid)
+        us.send_signal(signal.SIGKILL)
+        us.wait()
+    finally:
+        stop(us)
+    try:
+        wait_until(lambda: exited(command), timeout=5, what="the end of the -c command")
+    finally:
+        os.close(command)
+    wait_until(lambda: not ustack_lines(us.pid) and not instance(us.pid).exists(),
+               timeout=5, what="the removal of the killed run's probes and instance")
+    assert uprobe_hits(prog) == 0                 # no uprobe left on the file at all
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkilled_run_on_a_pid_leaves_nothing_and_the_process_runs(chain, backend,
+                                                                     tmp_path):
+    prog = private_copy(chain, tmp_path)
+    target = spawn(prog, 10 ** 12)
+    try:
+        us = start_ustack("count", "--backend", backend, f"uprobe:{prog}:d",
+                          "-p", target.pid)
+        try:
+            wait_tracing(us)
+            wait_until(lambda: uprobe_hits(prog) >= 100,
+                       what="100 hits of the probe on d")
+            us.send_signal(signal.SIGKILL)
+            us.wait()
+        finally:
+            stop(us)
+        wait_until(lambda: not ustack_lines(us.pid) and not instance(us.pid).exists(),
+                   timeout=5, what="the removal of the killed run's probes and instance")
+        assert uprobe_hits(prog) == 0
+        assert target.poll() is None, "the -p process must go on running"
+    finally:
+        stop(target)
+
+
+def test_a_bystander_mapping_the_file_runs_untraced_after_a_sigkill(chain, tmp_path):
+    """tracefs uprobes fire in every process that maps the file: after the
+    kill, a new process of the same file hits no probe."""
+    prog = private_copy(chain, tmp_path)
+    us = start_ustack("count", "--backend", "tracefs", f"uprobe:{prog}:d",
+                      "-c", f"{prog} {10 ** 12}")
+    try:
+        wait_tracing(us)
+        wait_until(lambda: uprobe_hits(prog) >= 100, what="100 hits of the probe on d")
+        us.send_signal(signal.SIGKILL)
+        us.wait()
+    finally:
+        stop(us)
+    wait_until(lambda: not ustack_lines(us.pid), timeout=5,
+               what="the removal of the killed run's probes")
+    subprocess.run([str(prog), "100000"], check=True, timeout=60)
+    assert uprobe_hits(prog) == 0
+    assert not instance(us.pid).exists()
+
+
+# --- another pid namespace ------------------------------------------------------
+
+def test_a_run_in_another_pid_namespace_leaves_a_live_run_alone(tmp_path):
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is not installed")
+    threads = private_copy(build("threads", flags=FP), tmp_path)
+    per_thread = 1000                             # 2 threads call thread_d this often
+    live = popen_ustack("count", "--backend", "tracefs", f"uprobe:{threads}:thread_d",
+                        "-c", f"{threads} - {per_thread}", stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_tracing(live)
+        probes = ustack_lines(live.pid)
+        assert len(probes) == 1 and instance(live.pid).is_dir()
+        event = probes[0].split()[0].partition(":")[2]          # group/name
+        enabled = instance(live.pid) / "events" / event / "enable"
+        wait_until(lambda: enabled.read_text().strip() == "1",
+                   what="the live run's event switched on")
+        # a second run, in its own pid namespace (where the first run's pid
+        # does not exist), cleans up before it sets up (as every backend
+        # does; tracefs cannot follow a pid of another namespace)
+        chain = build("chain", flags=FP)
+        other = popen_ustack("count", "--backend", "perf", f"uprobe:{chain}:d",
+                             "-c", f"{chain} 3", stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             cmd=("unshare", "--pid", "--fork", "--mount-proc",
+                                  sys.executable, "-m", "ustack"))
+        out, err = finish(other)
+        assert other.returncode == 0, err
+        assert [c["count"] for c in parse_counts(out)] == [3]
+        assert ustack_lines(live.pid) == probes
+        assert enabled.read_text().strip() == "1", "the live run's event was switched off"
+        live.stdin.write("go\n")                  # the traced command starts
+        live.stdin.flush()
+        out, err = finish(live)
+    finally:
+        stop(live)
+    assert live.returncode == 0, err
+    # every call counted, or counted as lost (a loaded machine may overrun
+    # the buffer: that is said, not silent)
+    lost = re.search(r"Lost (\d+) events", err)
+    counted = sum(c["count"] for c in parse_counts(out))
+    assert counted + (int(lost.group(1)) if lost else 0) == 2 * per_thread, err
+    assert counted > per_thread
