@@ -152,6 +152,18 @@ def test_a_refusal_through_the_command(prog, backend):
         rf"0x{prog.lo:x}\)\n", res.stderr), res.stderr
 
 
+def test_a_uretprobe_only_on_a_function_start(prog):
+    """In a stripped binary too: elsewhere [sp] holds no return address for
+    the kernel to replace."""
+    probe, = resolve(f"uretprobe:{prog.stripped}:0x{prog.lo:x}")
+    assert probe.file_offset == _file_offset(prog, prog.lo)
+    a = prog.starts[1]
+    with pytest.raises(UstackError) as e:
+        resolve(f"uretprobe:{prog.stripped}:0x{a:x}")
+    assert str(e.value) == (f"a uretprobe must be on a function's entry, and 0x{a:x} "
+                            f"in {prog.stripped} is inside the function at 0x{prog.lo:x}")
+
+
 # --- no start known: refused unless --unsafe-address -----------------------------
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ class Proof:
     start: int | None = None
     start_name: str | None = None
     code: bytes = b""
+    starts: tuple = ()        # every trusted start that covers the address
 
 
 @value
@@ -79,10 +80,11 @@ def prove(image, host: str, vaddr: int, where: str, shown: str, kind: str = "upr
     for start in starts:
         _walk(disk, start, vaddr, where, shown, label, unsafe)
     best = starts[0]                    # a symbol first: the slot counts from it
+    known = tuple(s.address for s in starts)
     if best.name is None:               # an FDE's start may be no call's target (_start)
-        return Proof(off)
+        return Proof(off, starts=known)
     code = disk.code(best.address, max(best.end, vaddr + 1))
-    return Proof(off, best.address, best.name, code)
+    return Proof(off, best.address, best.name, code, known)
 
 
 def _trusted_starts(image, disk: OnDisk, vaddr: int, sym, debug) -> list:
@@ -127,8 +129,8 @@ def _go_entry(image, disk: OnDisk, vaddr: int) -> tuple | None:
     """(entry, end, name) of the Go function .gopclntab places vaddr in, when the
     image's view of the file is the file's (the table is read through it)."""
     from ..objfile.gopclntab import PclntabError, go_table
-    sec = disk.sections.get(".gopclntab")
-    if sec is None or image.sections.get(".gopclntab") != (sec.addr, sec.offset, sec.size):
+    sec = disk.sections.get(".gopclntab")       # (a PIE's is in .data.rel.ro)
+    if image.sections.get(".gopclntab") != (sec and (sec.addr, sec.offset, sec.size)):
         return None
     if [(v, o, n) for v, o, n, _w in image.segments()] != [
             (v, o, n) for v, o, n, _f in disk.loads]:
@@ -144,6 +146,8 @@ def _go_entry(image, disk: OnDisk, vaddr: int) -> tuple | None:
 def _walk(disk: OnDisk, start: _Start, vaddr: int, where: str, shown: str,
           label: str, unsafe: bool) -> None:
     """Decode from `start` to vaddr: it must land on vaddr exactly."""
+    if start.address == vaddr:
+        return                  # (a function entry: no decoder to load)
     reached = start.address
     code = disk.code(start.address, vaddr + 15)
     for at, size, mnem, ops in prologue.decode(code, start.address):

@@ -275,6 +275,10 @@ def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int,
         raise UstackError(f"{where} is beyond the end of {sym.name} "
                           f"(size 0x{sym.size:x}) in {shown}")
     proof = prove(image, host, vaddr, where, shown, spec.kind, sym, debug, unsafe)
+    if spec.kind == "uretprobe" and proof.starts and vaddr not in proof.starts:
+        # (the symbol check in resolve_uprobes, for code no symbol covers)
+        raise UstackError(f"a uretprobe must be on a function's entry, and {where} "
+                          f"in {shown} is inside the function at 0x{max(proof.starts):x}")
     _refuse_unprobeable(OnDisk.of(host).code(vaddr, vaddr + 15), vaddr, where, shown, sym)
     slot = _return_address_slot(proof, vaddr)
     args, kinds = (), ()
