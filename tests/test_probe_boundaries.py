@@ -284,6 +284,11 @@ def test_debug_file_names_are_decoded_from_their_start(libc_function):
     at = starts[3]
     probe, = resolve(f"uprobe:libc:0x{at:x}")
     assert probe.label == f"uprobe:{libc}:new_do_write+0x{at - start:x}"
+    # the return address's place counts from the debug file's symbol, by
+    # address or by name: after `push r15` it is one word above sp
+    assert probe.return_address_slot == 1
+    probe, = resolve("uprobe:libc:new_do_write")
+    assert (probe.address, probe.return_address_slot) == (start, 0)
 
 
 @pytest.mark.kernel

@@ -132,17 +132,16 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
         raise ValueError(f"not a uprobe spec: {spec.kind}")
     host, shown = locate_binary(spec.path, pid)
     image = ElfImage.open(host)
-    debug = None
+    # a stripped object's local functions (libc's new_do_write): its debug file's
+    debug = None if image.has_symtab else debug_lookup(image)[0]
     if spec.address is not None:
         sym = image.lookup(spec.address)
-        if sym is None and not image.has_symtab:
-            # a stripped library's local function (new_do_write): its debug file's
-            debug = debug_lookup(image)[0]
-            sym = debug.lookup(spec.address) if debug is not None else None
+        if sym is None and debug is not None:
+            sym = debug.lookup(spec.address)
         places = [(sym, spec.address)]
     else:
         places = [(s, s.address + spec.offset)
-                  for s in _functions(image, spec.function, shown, spec.offset)]
+                  for s in _functions(image, debug, spec.function, shown, spec.offset)]
     targets = []
     for sym, vaddr in places:
         if spec.kind == "uretprobe" and sym is not None and vaddr != sym.address:
@@ -200,13 +199,13 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
     return [replace(p, spec=spec, fetch_args=args) for p in rets]
 
 
-def _functions(image: ElfImage, func: str, shown: str, offset: int = 0) -> list:
+def _functions(image: ElfImage, debug, func: str, shown: str, offset: int = 0) -> list:
     """The functions FUNC names, one per address (aliases share one probe):
     also those only a separate debug file names (a stripped libc's
     new_do_write); a symbol's default version over old ones (memcpy@@
     GLIBC_2.14, not the compat memcpy@GLIBC_2.2.5); an IFUNC as the
-    implementation it resolves to here (strlen: __strlen_avx2)."""
-    debug = None if image.has_symtab else debug_lookup(image)[0]
+    implementation it resolves to here (strlen: __strlen_avx2). `debug`:
+    the debug file's ElfImage, for a stripped image."""
     found = [(s, image) for s in image.match(func)]
     if debug is not None:
         found += [(s, debug) for s in debug.match(func)]
