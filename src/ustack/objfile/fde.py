@@ -48,6 +48,8 @@ def _cie_encoding(data, hdr: int, eh: bool, base: int) -> tuple | None:
     """(FDE pointer encoding, or None for .debug_frame's plain addresses;
     address size) of the CIE whose entry starts at data[hdr]."""
     from .leb128 import uleb128
+    if not 0 <= hdr <= len(data) - 4:
+        return None
     length = _U32.unpack_from(data, hdr)[0]
     pos = hdr + 4
     if length == 0xffffffff:
@@ -135,7 +137,7 @@ def all_ranges(data, base: int, eh: bool) -> list:
             if found is not None:
                 out.append(found)
             pos += head + length
-    except (IndexError, struct.error, ValueError):
+    except (IndexError, struct.error, ValueError, OverflowError):
         pass
     out.sort()
     return out

@@ -138,15 +138,15 @@ class OnDisk:
         hdr = self.section(".eh_frame_hdr")
         eh = self.section(".eh_frame")
         if hdr is not None and eh is not None:
-            at = fdes.hdr_lookup(hdr[0], hdr[1], vaddr)
             data, base = eh
-            if at is not None and base <= at < base + len(data):
-                try:
-                    found = fdes.fde_range(data, at - base, True, base)
-                except (IndexError, struct.error, ValueError):
-                    found = None
-                if found is not None and found[0] <= vaddr < found[1]:
-                    return found
+            try:            # a damaged header or FDE: the scan below decides
+                at = fdes.hdr_lookup(hdr[0], hdr[1], vaddr)
+                found = (fdes.fde_range(data, at - base, True, base)
+                         if at is not None and base <= at < base + len(data) else None)
+            except (IndexError, struct.error, ValueError, OverflowError):
+                found = None
+            if found is not None and found[0] <= vaddr < found[1]:
+                return found
         for name in (".eh_frame", ".debug_frame"):
             ranges, starts = self._ranges(name)
             found = fdes.covering(ranges, starts, vaddr)
