@@ -42,7 +42,6 @@ class Proof:
     slot; start is None when there is none."""
     file_offset: int
     start: int | None = None
-    start_name: str | None = None
     code: bytes = b""
     starts: tuple = ()        # every trusted start that covers the address
 
@@ -84,7 +83,7 @@ def prove(image, host: str, vaddr: int, where: str, shown: str, kind: str = "upr
     if best.name is None:               # an FDE's start may be no call's target (_start)
         return Proof(off, starts=known)
     code = disk.code(best.address, max(best.end, vaddr + 1))
-    return Proof(off, best.address, best.name, code, known)
+    return Proof(off, best.address, code, known)
 
 
 def _trusted_starts(image, disk: OnDisk, vaddr: int, sym, debug) -> list:

@@ -351,8 +351,7 @@ def _return_address_slot(proof, vaddr: int):
         return None
     if vaddr == proof.start:
         return 0  # nothing pushed yet: the return address is at [sp]
-    prefix = [insn for insn in prologue.instructions(
-        proof.code[: vaddr - proof.start], proof.start)]
+    prefix = list(prologue.instructions(proof.code[: vaddr - proof.start], proof.start))
     return prologue.return_address_slot(prefix, proof.code, proof.start, vaddr)
 
 
