@@ -461,6 +461,25 @@ def test_corrupt_gopclntab(tmp_path):
         survives(f"pclntab of go{i}", read_table)
 
 
+def test_corrupt_cfi_under_raw_address_probes(tmp_path):
+    """A stripped binary's .eh_frame(_hdr) is all that proves a raw address:
+    damaged, every address gives a probe or one line of refusal."""
+    r = rng("probe_cfi")
+    binary = tmp_path / "checksum"
+    shutil.copy(build("checksum", flags=("-O2",)), binary)
+    mix = ElfImage.open(str(binary)).find("mix")[0]
+    os.system(f"strip -s {binary}")
+    data = binary.read_bytes()
+    sections = elf_sections(binary)
+    addrs = [mix.address + d for d in range(0, mix.size, 3)] + [mix.address + mix.size]
+    for i in range(40):
+        name = r.choice([".eh_frame", ".eh_frame_hdr"])
+        copy = write_copy(tmp_path, f"probe{i}", corrupt_section(r, data, sections[name]))
+        for a in r.sample(addrs, 6):
+            survives(f"uprobe:probe{i}:0x{a:x} ({name} corrupt)", resolve_probes,
+                     [parse_event(f"uprobe:{copy}:0x{a:x}")])
+
+
 # -- corrupt text inputs --------------------------------------------------------------
 
 def maps_text(chain) -> str:

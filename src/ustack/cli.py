@@ -86,6 +86,13 @@ _BACKEND_HELP = {
 }
 
 
+def _unsafe_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--unsafe-address", action="store_true",
+                   help="also place uprobes at addresses ustack cannot prove to "
+                        "be instruction starts (no symbol or CFI before them); "
+                        "one inside an instruction corrupts the target")
+
+
 def _backend_arg(p: argparse.ArgumentParser, *choices: str) -> None:
     p.add_argument("--backend", choices=("auto",) + choices, default="auto",
                    help="; ".join(_BACKEND_HELP[c] for c in ("auto",) + choices))
@@ -159,6 +166,7 @@ def _trace_parser(sub) -> None:
     p = sub.add_parser("trace", help="print a stack for every event",
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
+    _unsafe_arg(p)
     _target_args(p)
     _backend_arg(p, "perf", "bpf", "tracefs")
     _output_args(p, EVENT_FORMATS)
@@ -168,6 +176,7 @@ def _count_parser(sub) -> None:
     p = sub.add_parser("count", help="count stacks by frequency",
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="+", metavar="EVENT")
+    _unsafe_arg(p)
     _target_args(p)
     _backend_arg(p, "perf", "bpf", "tracefs")
     _count_args(p)
@@ -204,6 +213,7 @@ def _funccount_parser(sub) -> None:
                        description="PATTERN: PATH:GLOB (bcc funccount), e.g. "
                                    "'libc:mem*' or '/bin/prog:do_*'")
     p.add_argument("pattern", metavar="PATH:GLOB")
+    _unsafe_arg(p)
     p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
                    help="print and reset the counts every SECONDS")
     _target_args(p)
@@ -274,7 +284,8 @@ def _run(args) -> int:
                    symbols=_symbol_options(args),
                    backend=args.backend, output_path=args.output,
                    every_process=getattr(args, "every_process", False),
-                   output_format=getattr(args, "format", None))
+                   output_format=getattr(args, "format", None),
+                   unsafe_address=getattr(args, "unsafe_address", False))
     if args.cmd == "offcpu":
         from .offcpu_command import offcpu_filter, offcpu_options, run_offcpu
         flt = offcpu_filter(args.min_block, args.max_block, args.state, args.wakers)
@@ -331,6 +342,7 @@ def _latency_parser(sub) -> None:
                        description="EVENT: uprobe:PATH:FUNC (a glob: one histogram "
                        "per function) or syscall:NAME")
     p.add_argument("events", nargs="+", metavar="EVENT")
+    _unsafe_arg(p)
     _target_args(p)
     p.add_argument("--by-stack", action="store_true",
                    help="a histogram per calling stack (unwound in the kernel)")
@@ -372,6 +384,7 @@ def _record_parsers(sub) -> None:
                        "`ustack report` later (here or elsewhere)",
                        description=f"EVENT: {EVENT_HELP}")
     p.add_argument("events", nargs="*", metavar="EVENT")
+    _unsafe_arg(p)
     p.add_argument("-o", "--output", default=DEFAULT_RECORDING, metavar="FILE",
                    help=f"the recording (default {DEFAULT_RECORDING})")
     p.add_argument("-F", "--frequency", type=int, metavar="HZ",

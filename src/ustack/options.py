@@ -36,3 +36,4 @@ class Options:
     record: str | None = None           # record, count/profile --record: save to FILE
     raw_stacks: bool = False               # record --raw-stacks: DWARF stacks as copied
     offcpu: object | None = None        # offcpu: capture.bpf_offcpu.OffcpuFilter
+    unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too

@@ -91,7 +91,7 @@ class Session:
         if opts.container_pid is not None:
             process.attach(opts.container_pid)
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
-        self.probes = resolve_probes(specs, root_pid, self.notes)
+        self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address)
         self.labels = [p.label for p in self.probes]
         if opts.backend == "tracefs" and not opts.every_process:
             self._refuse_shared_globs()

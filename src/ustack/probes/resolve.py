@@ -13,7 +13,9 @@ from ustack.model import (ProbeSpec, ProfileProbe, TracepointProbe, UprobeProbe,
 from ustack.objfile import prologue
 from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage, Symbol
+from ustack.objfile.on_disk import OnDisk
 from ustack.probes import ifunc
+from ustack.probes.boundary import NotABoundary, NotProven, prove
 from ustack.probes.fetchargs import NamedArgError, kernel_fetch_args
 from ustack.values import replace
 
@@ -121,19 +123,26 @@ class Unprobeable(UstackError):
 
 
 def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
-                    notes: list | None = None) -> list:
+                    notes: list | None = None, unsafe: bool = False) -> list:
     """The probes `spec` stands for. A glob skips the functions whose first
-    instruction the kernel would refuse, saying so in `notes`."""
+    instruction the kernel would refuse, saying so in `notes`. Every probe
+    is on an instruction start proven from the file (probes/boundary.py);
+    `unsafe` (--unsafe-address) also accepts one that cannot be proven."""
     if spec.kind not in ("uprobe", "uretprobe"):
         raise ValueError(f"not a uprobe spec: {spec.kind}")
     host, shown = locate_binary(spec.path, pid)
     image = ElfImage.open(host)
+    # a stripped object's local functions (libc's new_do_write): its debug file's
+    debug = None if image.has_symtab else debug_lookup(image)[0]
     if spec.address is not None:
         sym = image.lookup(spec.address)
+        if sym is None and debug is not None:
+            sym = debug.lookup(spec.address)
         places = [(sym, spec.address)]
     else:
         places = [(s, s.address + spec.offset)
-                  for s in _functions(image, spec.function, shown, spec.offset, notes)]
+                  for s in _functions(image, debug, spec.function, shown, spec.offset,
+                                      notes)]
     targets = []
     for sym, vaddr in places:
         if spec.kind == "uretprobe" and sym is not None and vaddr != sym.address:
@@ -146,8 +155,9 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
             elif image.is_go and sym is not None and vaddr == sym.address:
                 targets.append(_go_entry(spec, image, host, shown, sym))
             else:
-                targets.append(_target(spec, image, host, shown, sym, vaddr))
-        except (Unprobeable, NamedArgError) as e:
+                targets.append(_target(spec, image, host, shown, sym, vaddr,
+                                       debug, unsafe))
+        except (Unprobeable, NamedArgError, NotABoundary, NotProven) as e:
             if not is_glob(spec.function or ""):
                 raise
             if notes is not None:
@@ -190,14 +200,14 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
     return [replace(p, spec=spec, fetch_args=args) for p in rets]
 
 
-def _functions(image: ElfImage, func: str, shown: str, offset: int = 0,
+def _functions(image: ElfImage, debug, func: str, shown: str, offset: int = 0,
                notes: list | None = None) -> list:
     """The functions FUNC names, one per address (aliases share one probe):
     also those only a separate debug file names (a stripped libc's
     new_do_write); a symbol's default version over old ones (memcpy@@
     GLIBC_2.14, not the compat memcpy@GLIBC_2.2.5); an IFUNC as the
-    implementation it resolves to here (strlen: __strlen_avx2)."""
-    debug = None if image.has_symtab else debug_lookup(image)[0]
+    implementation it resolves to here (strlen: __strlen_avx2). `debug`:
+    the debug file's ElfImage, for a stripped image."""
     found = [(s, image) for s in image.match(func)]
     if debug is not None:
         found += [(s, debug) for s in debug.match(func)]
@@ -265,22 +275,23 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
 
 
-def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int) -> UprobeProbe:
+def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int,
+            debug=None, unsafe: bool = False) -> UprobeProbe:
     sym_off = vaddr - sym.address if sym else 0
     if sym is None:
         where = f"0x{vaddr:x}"
     else:
         where = f"{sym.name}+0x{sym_off:x}" if sym_off else sym.name
-    off = image.file_offset(vaddr)
-    if off is None or not image.executable(vaddr):
-        raise UstackError(f"{where} is not in the code of {shown}")
-    slot = None
-    if sym is not None:
-        if sym_off and sym_off >= sym.size:
-            raise UstackError(f"{where} is beyond the end of {sym.name} "
-                              f"(size 0x{sym.size:x}) in {shown}")
-        slot = _check_and_find_slot(image, sym, vaddr, where, shown)
-    _refuse_unprobeable(image, vaddr, where, shown, sym)
+    if sym is not None and sym_off and sym_off >= sym.size:
+        raise UstackError(f"{where} is beyond the end of {sym.name} "
+                          f"(size 0x{sym.size:x}) in {shown}")
+    proof = prove(image, host, vaddr, where, shown, spec.kind, sym, debug, unsafe)
+    if spec.kind == "uretprobe" and proof.starts and vaddr not in proof.starts:
+        # (the symbol check in resolve_uprobes, for code no symbol covers)
+        raise UstackError(f"a uretprobe must be on a function's entry, and {where} "
+                          f"in {shown} is inside the function at 0x{max(proof.starts):x}")
+    _refuse_unprobeable(OnDisk.of(host).code(vaddr, vaddr + 15), vaddr, where, shown, sym)
+    slot = _return_address_slot(proof, vaddr)
     args, kinds = (), ()
     if spec.args:
         from ustack.probes.named_args import resolve_args       # DWARF: only for args
@@ -290,7 +301,7 @@ def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int) -> UprobeP
         # a uretprobe fires after the return: its caller's frame is the
         # top of the walk and no word on the stack is missing from it
         slot = None
-    return UprobeProbe(spec=spec, path=host, file_offset=off, address=vaddr,
+    return UprobeProbe(spec=spec, path=host, file_offset=proof.file_offset, address=vaddr,
                         symbol=sym.name if sym else None, symbol_offset=sym_off,
                         return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}",
                         fetch_args=kernel_fetch_args(args, image.is_go, spec.text),
@@ -318,11 +329,11 @@ _VECTOR_PREFIXES = {0xC4: "VEX-encoded (AVX)", 0xC5: "VEX-encoded (AVX)",
                     0x62: "EVEX-encoded (AVX-512)"}
 
 
-def _refuse_unprobeable(image, vaddr: int, where: str, shown: str, sym) -> None:
+def _refuse_unprobeable(code: bytes, vaddr: int, where: str, shown: str, sym) -> None:
     """Refuse a probe site the kernel refuses (lock and segment prefixes)
     or would mistake for another instruction (VEX, EVEX), with the next
-    instruction suggested."""
-    code = image.read(vaddr, 15)
+    instruction suggested. `code`: the file's bytes from vaddr on."""
+    code = code[:15]
     why = None
     for byte in code:
         if byte in _REFUSED_PREFIXES:
@@ -344,23 +355,16 @@ def _refuse_unprobeable(image, vaddr: int, where: str, shown: str, sym) -> None:
                       f"{text} {why}{hint}")
 
 
-def _check_and_find_slot(image, sym: Symbol, vaddr: int, where: str, shown: str):
-    if vaddr == sym.address:
+def _return_address_slot(proof, vaddr: int):
+    """Words between sp and the return address at vaddr, counted from the
+    proven function start (see prologue.return_address_slot); None when
+    no start is known."""
+    if proof.start is None:
+        return None
+    if vaddr == proof.start:
         return 0  # nothing pushed yet: the return address is at [sp]
-    code = image.read(sym.address, sym.size)
-    prefix = []
-    for insn in prologue.instructions(code[: vaddr - sym.address + 15], sym.address):
-        if insn.address >= vaddr:
-            break
-        if vaddr < insn.address + insn.size:
-            raise UstackError(
-                f"{where} in {shown} is not on an instruction boundary (inside "
-                f"'{insn.mnemonic} {insn.op_str}' at {sym.name}+0x{insn.address - sym.address:x})")
-        prefix.append(insn)
-    if not prefix or prefix[-1].address + prefix[-1].size != vaddr:
-        raise UstackError(f"cannot decode {sym.name} up to {where} in {shown}; "
-                          "refusing a probe that may not be on an instruction boundary")
-    return prologue.return_address_slot(prefix, code, sym.address, vaddr)
+    prefix = list(prologue.instructions(proof.code[: vaddr - proof.start], proof.start))
+    return prologue.return_address_slot(prefix, proof.code, proof.start, vaddr)
 
 
 # --- tracepoints -------------------------------------------------------------
@@ -410,12 +414,13 @@ def _pick(names: list, pattern: str, what: str) -> list:
 
 
 def resolve_probes(specs: list, pid: int | None = None,
-                   notes: list | None = None) -> list:
-    """Every probe the parsed EVENTs stand for (a glob may give many)."""
+                   notes: list | None = None, unsafe: bool = False) -> list:
+    """Every probe the parsed EVENTs stand for (a glob may give many);
+    `unsafe`: --unsafe-address (see resolve_uprobes)."""
     probes = []
     for spec in specs:
         if spec.kind in ("uprobe", "uretprobe"):
-            probes.extend(resolve_uprobes(spec, pid, notes))
+            probes.extend(resolve_uprobes(spec, pid, notes, unsafe))
         elif spec.kind in ("syscall", "tracepoint"):
             probes.extend(tracepoint_probes(spec))
         elif spec.kind == "profile":

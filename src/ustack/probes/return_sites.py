@@ -101,11 +101,14 @@ def entry_site(image: ElfImage, sym: Symbol) -> int:
 def site_probe(entry: UprobeProbe, image: ElfImage, at: int, label: str) -> UprobeProbe:
     """A plain uprobe at `at`, in the function of `entry`, named `label`:
     at a RET (or a tail call's jmp) [sp] holds the return address, so the
-    frame-pointer walk's missing caller is the word at slot 0."""
+    frame-pointer walk's missing caller is the word at slot 0. The site
+    is proven an instruction start from the file, as every probe is."""
+    from .boundary import prove
+    offset = at - (entry.address - entry.symbol_offset)
+    proof = prove(image, entry.path, at, f"{entry.symbol}+0x{offset:x}", entry.path)
     return replace(
         entry, spec=replace(entry.spec, kind="uprobe", offset=0),
-        file_offset=image.file_offset(at), address=at,
-        symbol_offset=at - (entry.address - entry.symbol_offset),
+        file_offset=proof.file_offset, address=at, symbol_offset=offset,
         return_address_slot=0, label=label)
 
 

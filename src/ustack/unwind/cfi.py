@@ -26,6 +26,7 @@ from ..model import UstackError
 from ..objfile import cache as objcache
 from ..objfile.debuginfo import DebugLookup, find_debug_file
 from ..objfile.elf import ElfImage
+from ..objfile.fde import pointer as _pointer
 from ..objfile.leb128 import sleb128, uleb128
 
 # Row kinds (low nibble of a row's kind byte).
@@ -50,7 +51,6 @@ _CFI_SECTIONS = (".eh_frame", ".debug_frame")
 _ROW_BYTES = 8 + 1 + 4 * 4
 _HEADER = struct.Struct("<8sIII")  # magic, rows, len(signature), crc32
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
-_S16, _S32, _S64 = struct.Struct("<h"), struct.Struct("<i"), struct.Struct("<q")
 # DWARF expression opcodes that CFA expressions seen in practice use.
 _OP_BREG6, _OP_BREG7, _OP_BREG16 = 0x76, 0x77, 0x80
 _OP_DEREF, _OP_PLUS_UCONST = 0x06, 0x23
@@ -284,32 +284,6 @@ class _Cie:
 
 
 _uleb, _sleb = uleb128, sleb128   # short names: the parser calls them everywhere
-
-
-def _pointer(data: bytes, i: int, enc: int, base: int):
-    """An encoded pointer (DW_EH_PE_*) at data[i]; base = vaddr of data[0]."""
-    fmt = enc & 0x0f
-    if fmt == 0x00 or fmt == 0x04:
-        v, j = _U64.unpack_from(data, i)[0], i + 8
-    elif fmt == 0x0b:
-        v, j = _S32.unpack_from(data, i)[0], i + 4
-    elif fmt == 0x03:
-        v, j = _U32.unpack_from(data, i)[0], i + 4
-    elif fmt == 0x0c:
-        v, j = _S64.unpack_from(data, i)[0], i + 8
-    elif fmt == 0x02:
-        v, j = _U16.unpack_from(data, i)[0], i + 2
-    elif fmt == 0x0a:
-        v, j = _S16.unpack_from(data, i)[0], i + 2
-    elif fmt == 0x01:
-        v, j = _uleb(data, i)
-    elif fmt == 0x09:
-        v, j = _sleb(data, i)
-    else:
-        raise ValueError(f"pointer encoding {enc:#x}")
-    if enc & 0x70 == 0x10:          # pcrel: relative to the field itself
-        v += base + i
-    return v & 0xffffffffffffffff, j
 
 
 def _parse(data: bytes, base: int, eh: bool, out: list) -> None:

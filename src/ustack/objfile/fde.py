@@ -1,0 +1,181 @@
+"""Where DWARF call frame information says functions begin: the [start, end)
+of each FDE of .eh_frame and .debug_frame. A stripped binary keeps its
+.eh_frame, so these are function starts that survive `strip -s`.
+
+Only the FDE headers are read (the CFA programs are the unwinder's business,
+unwind/cfi.py): .eh_frame_hdr's sorted table finds the FDE of an address
+with a binary search when the file has one, else a section is scanned once."""
+from __future__ import annotations
+
+import bisect
+import struct
+
+_U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
+_S16, _S32, _S64 = struct.Struct("<h"), struct.Struct("<i"), struct.Struct("<q")
+_OMIT = 0xff
+
+
+def pointer(data, i: int, enc: int, base: int) -> tuple:
+    """(value, next index) of an encoded pointer (DW_EH_PE_*) at data[i];
+    `base`: the address of data[0] (pc-relative ones count from their field)."""
+    fmt = enc & 0x0f
+    if fmt == 0x00 or fmt == 0x04:
+        v, j = _U64.unpack_from(data, i)[0], i + 8
+    elif fmt == 0x0b:
+        v, j = _S32.unpack_from(data, i)[0], i + 4
+    elif fmt == 0x03:
+        v, j = _U32.unpack_from(data, i)[0], i + 4
+    elif fmt == 0x0c:
+        v, j = _S64.unpack_from(data, i)[0], i + 8
+    elif fmt == 0x02:
+        v, j = _U16.unpack_from(data, i)[0], i + 2
+    elif fmt == 0x0a:
+        v, j = _S16.unpack_from(data, i)[0], i + 2
+    elif fmt == 0x01:
+        from .leb128 import uleb128
+        v, j = uleb128(data, i)
+    elif fmt == 0x09:
+        from .leb128 import sleb128
+        v, j = sleb128(data, i)
+    else:
+        raise ValueError(f"pointer encoding {enc:#x}")
+    if enc & 0x70 == 0x10:          # pcrel: relative to the field itself
+        v += base + i
+    return v & 0xffffffffffffffff, j
+
+
+def _cie_encoding(data, hdr: int, eh: bool, base: int) -> tuple | None:
+    """(FDE pointer encoding, or None for .debug_frame's plain addresses;
+    address size) of the CIE whose entry starts at data[hdr]."""
+    from .leb128 import uleb128
+    if not 0 <= hdr <= len(data) - 4:
+        return None
+    length = _U32.unpack_from(data, hdr)[0]
+    pos = hdr + 4
+    if length == 0xffffffff:
+        pos += 8
+    pos += 8 if length == 0xffffffff else 4            # the CIE id
+    version = data[pos]
+    z = bytes(data[pos + 1:pos + 64]).index(b"\0") + pos + 1
+    aug = bytes(data[pos + 1:z]).decode("latin-1")
+    pos = z + 1
+    addr_size = 8
+    if version >= 4:
+        addr_size = data[pos]
+        pos += 2
+    _, pos = uleb128(data, pos)                         # code alignment
+    while data[pos] & 0x80:                             # data alignment (sleb)
+        pos += 1
+    pos += 1
+    pos = pos + 1 if version == 1 else uleb128(data, pos)[1]    # return register
+    if not aug.startswith("z"):
+        return (None, addr_size) if not aug else None
+    _, pos = uleb128(data, pos)
+    enc = 0x00
+    for ch in aug[1:]:
+        if ch == "R":
+            return data[pos], addr_size
+        if ch == "P":
+            _, pos = pointer(data, pos + 1, data[pos] & 0x7f, base)
+        elif ch == "L":
+            pos += 1
+        elif ch not in "SBG":
+            return None                                 # unknown: no R to find
+    return enc, addr_size
+
+
+def fde_range(data, pos: int, eh: bool, base: int, cies: dict | None = None):
+    """(start, end) of the FDE whose entry starts at data[pos], None when
+    that entry is a CIE, empty, or not understood."""
+    length = _U32.unpack_from(data, pos)[0]
+    if length == 0:
+        return None
+    wide = length == 0xffffffff
+    id_pos = pos + (12 if wide else 4)
+    cie_id = (_U64 if wide else _U32).unpack_from(data, id_pos)[0]
+    if cie_id == (0 if eh else (0xffffffffffffffff if wide else 0xffffffff)):
+        return None
+    cie_at = id_pos - cie_id if eh else cie_id
+    cie = cies.get(cie_at) if cies is not None else None
+    if cie is None:
+        cie = _cie_encoding(data, cie_at, eh, base)
+        if cies is not None:
+            cies[cie_at] = cie
+    if cie is None:
+        return None
+    enc, addr_size = cie
+    at = id_pos + (8 if wide else 4)
+    if enc is None:
+        word = _U32 if addr_size == 4 else _U64
+        start, size = word.unpack_from(data, at)[0], word.unpack_from(data, at + addr_size)[0]
+    else:
+        start, at = pointer(data, at, enc, base)
+        size, _ = pointer(data, at, enc & 0x0f, base)
+    if start == 0 or size == 0:                         # discarded by the linker
+        return None
+    return start, start + size
+
+
+def all_ranges(data, base: int, eh: bool) -> list:
+    """Sorted (start, end) of every FDE in one section's bytes; a damaged
+    entry ends the scan (the FDEs before it are kept)."""
+    out = []
+    cies: dict = {}
+    pos, n = 0, len(data)
+    try:
+        while pos + 4 <= n:
+            length = _U32.unpack_from(data, pos)[0]
+            head = 4
+            if length == 0xffffffff:
+                length, head = _U64.unpack_from(data, pos + 4)[0], 12
+            if length == 0:
+                pos += 4
+                continue
+            if pos + head + length > n:
+                break
+            found = fde_range(data, pos, eh, base, cies)
+            if found is not None:
+                out.append(found)
+            pos += head + length
+    except (IndexError, struct.error, ValueError, OverflowError):
+        pass
+    out.sort()
+    return out
+
+
+def covering(ranges: list, starts: list, vaddr: int):
+    """The (start, end) of `ranges` (sorted; `starts`: their starts) that
+    holds vaddr, the one starting nearest below it when several do."""
+    i = bisect.bisect_right(starts, vaddr) - 1
+    while i >= 0:
+        start, end = ranges[i]
+        if vaddr < end:
+            return start, end
+        if i and ranges[i - 1][1] <= start:
+            return None            # no earlier FDE reaches this far
+        i -= 1
+    return None
+
+
+def hdr_lookup(hdr, hdr_addr: int, vaddr: int) -> int | None:
+    """The address of the FDE .eh_frame_hdr's table names for vaddr (the
+    last one whose initial location is at or below it), None when the
+    header has no table or none is at or below vaddr."""
+    if len(hdr) < 4 or hdr[0] != 1:
+        return None
+    ptr_enc, count_enc, table_enc = hdr[1], hdr[2], hdr[3]
+    if _OMIT in (ptr_enc, count_enc, table_enc) or table_enc != 0x3b:
+        return None                 # datarel sdata4 is what every linker writes
+    _, pos = pointer(hdr, 4, ptr_enc, hdr_addr)
+    count, pos = pointer(hdr, pos, count_enc, hdr_addr)
+    count = min(count, (len(hdr) - pos) // 8)
+    lo, hi = 0, count               # the first entry whose start is above vaddr
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hdr_addr + _S32.unpack_from(hdr, pos + 8 * mid)[0] <= vaddr:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return None
+    return (hdr_addr + _S32.unpack_from(hdr, pos + 8 * (lo - 1) + 4)[0]) & 0xffffffffffffffff
