@@ -15,6 +15,7 @@ import pytest
 from helpers import build, run_ustack
 
 from ustack.model import UstackError
+from ustack.objfile import cache as image_cache
 from ustack.objfile.elf import ElfImage
 from ustack.probes.resolve import resolve_uprobes
 from ustack.probes.spec import parse_event
@@ -227,21 +228,23 @@ def test_an_edited_cache_entry(prog, tmp_path, monkeypatch):
     finally:
         ElfImage.clear_cache()
     edited = 0
+    # edited as a hostile user would: entries rewritten whole, checksums
+    # made anew (through the cache's own reader and writer)
     for entry in (cache / "images").glob("*.json"):
-        layout, symbols, lookup = entry.read_bytes().split(b"\n", 2)
+        layout, symbols, lookup = image_cache.read(str(entry)).split(b"\n", 2)
         d = json.loads(symbols)
         for sym in d["named"]:
             if sym[0] == "mix":
                 sym[1] += 1
                 edited += 1
-        entry.write_bytes(b"\n".join([layout, json.dumps(d).encode(), lookup]))
+        image_cache.write(str(entry), b"\n".join([layout, json.dumps(d).encode(), lookup]))
     for entry in (cache / "symbols").glob("*.json"):
-        d = json.loads(entry.read_bytes())
+        d = json.loads(image_cache.read(str(entry)))
         for sym in d["functions"]:
             if sym[1] == "mix":
                 sym[0] += 1
                 edited += 1
-        entry.write_text(json.dumps(d))
+        image_cache.write(str(entry), json.dumps(d).encode())
     assert edited == 2
     res = run_ustack("count", f"uprobe:{prog.full}:mix", "-c", prog.full)
     assert res.returncode == 1 and res.stdout == "", res.stdout
