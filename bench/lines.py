@@ -17,7 +17,7 @@ named with file:line and inlined calls by each tool, each in a fresh process:
   ustack all cold      --lines --inlines, empty cache: symbol tables and DWARF
   ustack cold          --lines --inlines, the symbol tables cached by the
                        names run, no DWARF answer kept: libdw reads the units
-                       holding the addresses (kernel.libdw) from an image of
+                       holding the addresses (native.libdw) from an image of
                        the debug file's DWARF inflated in memory
   ustack warm          the same again: libdw's answers read back
   ustack symcache      --lines --inlines, empty cache, without libdw: the
@@ -72,10 +72,10 @@ def worker(mode: str, addr_file: str) -> None:
 
     vaddrs = json.loads(Path(addr_file).read_text())
     if mode == "names-pyelftools":
-        from ustack.kernel import libelf
+        from ustack.native import libelf
         libelf.available = lambda: False
     if mode in ("symcache", "pyelftools"):
-        from ustack.kernel import libdw
+        from ustack.native import libdw
         libdw.available = lambda: False
     if mode == "pyelftools":
         from ustack.objfile import symcache

@@ -11,7 +11,7 @@ from helpers import O2_FP, addr2line_chains, build, run_ustack
 from test_elf import FakeMaps, run, text_mapping
 from test_lines import BASE, call_returns, instructions, ours, require_libdw
 
-from ustack.kernel import libdw
+from ustack.native import libdw
 from ustack.objfile import debuginfo
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.elf import ElfImage

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import build_go_source
 
-from ustack.kernel import libelf
+from ustack.native import libelf
 from ustack.model import Mapping, UstackError
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.symbols.symbolizer import Symbolizer

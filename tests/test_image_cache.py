@@ -144,7 +144,7 @@ def through_both_readers(paths: list, read, tmp_path, monkeypatch) -> dict:
     """{reader: {basename: read(path)}} with each reader ElfImage has:
     libelf, then pyelftools (as where libelf.so.1 is missing), each with a
     cache of its own."""
-    from ustack.kernel import libelf
+    from ustack.native import libelf
     got = {}
     for reader in ("libelf", "pyelftools"):
         monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / reader))
@@ -159,7 +159,7 @@ def test_libelf_and_pyelftools_read_the_same(tmp_path, monkeypatch):
     """The system's libraries (IFUNCs, symbol versions, PLT stubs) and
     libc's debug file give the same facts read through libelf as through
     pyelftools, what ustack uses without libelf.so.1."""
-    from ustack.kernel import libelf
+    from ustack.native import libelf
     from ustack.objfile.debuginfo import find_debug_file
     if not libelf.available():
         pytest.skip("libelf.so.1 is not installed (apt-get install libelf1)")
@@ -184,7 +184,7 @@ def test_other_classes_and_byte_orders_read_the_same(tmp_path, monkeypatch):
     """32-bit, big-endian and relocatable files (Go's debug/elf test files:
     i386, ARM, MIPS, PowerPC, s390x, SPARC, RISC-V) give the same facts
     through libelf as through pyelftools, or the same error."""
-    from ustack.kernel import libelf
+    from ustack.native import libelf
     from ustack.model import UstackError
     found = sorted(glob.glob("/usr/lib/go*/src/debug/elf/testdata/*"))
     if not found or not libelf.available():

@@ -12,7 +12,7 @@ import pytest
 from helpers import O2_FP, addr2line_chains, build, run_ustack
 from test_elf import FakeMaps, run, text_mapping
 
-from ustack.kernel import libdeflate, libdw
+from ustack.native import libdeflate, libdw
 from ustack.objfile import cache as objcache
 from ustack.objfile import debuginfo, dwarf_image, dwarf_lines, symcache
 from ustack.objfile.dwarf_lines import LineTable

@@ -1,12 +1,12 @@
 """An ELF image in memory holding only the DWARF sections libdw reads for
-file:line and inlined calls, already inflated, for kernel.libdw to open
+file:line and inlined calls, already inflated, for native.libdw to open
 instead of the file.
 
 Why: libdw 0.188's dwarf_begin inflates every compressed .debug_* section
 of the file, one after the other, with zlib: ~40 ms for libc's debug file,
 most of a cold eu-addr2line run. Here only SECTIONS are inflated (not
 .debug_loclists, .debug_frame, .debug_macro, ...), by libdeflate
-(kernel.libdeflate, else zlib) straight into the image, the largest in one
+(native.libdeflate, else zlib) straight into the image, the largest in one
 thread and the rest in another: ~15 ms. The image is memory only (~9 MB
 for libc), never written to disk: a cold run stays cold.
 
@@ -17,12 +17,12 @@ from __future__ import annotations
 import mmap
 import struct
 
-from ..kernel import libdeflate
+from ..native import libdeflate
 from ..model import UstackError
 from .elf import ElfImage
 
 # What dwarf_addrdie, dwarf_getsrc_die, dwarf_getscopes(_die) and the
-# attribute/string calls of kernel.libdw read: unit lookup (.debug_aranges),
+# attribute/string calls of native.libdw read: unit lookup (.debug_aranges),
 # DIEs and their abbreviations, line programs, strings in all three DWARF 5
 # forms, address and range lists. On libc's debug file each of those it has
 # changes answers when left out; .debug_loclists changes none.

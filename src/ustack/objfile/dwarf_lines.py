@@ -4,7 +4,7 @@
 Sources, in this order:
 1. a SymCache of the whole file on disk (objfile.symcache), built by
    symbolic and read in place: a warm lookup is a binary search;
-2. libdw (kernel.libdw), elfutils' library, which reads only the unit
+2. libdw (native.libdw), elfutils' library, which reads only the unit
    holding an address: a cold run as fast as eu-addr2line. Its answers are
    kept (objfile.line_memo), so a run asking them again does not open the
    DWARF. Once libdw has answered BUILD_AFTER addresses of a file (in this
@@ -98,7 +98,7 @@ class LineTable:
         # whether libdw is installed is asked when the memo lacks an answer:
         # loading it (~2 ms) is wasted on a run the memo answers
         self._libdw_usable = bool({".debug_aranges", ".zdebug_aranges"} & names)
-        self._libdw = None            # a kernel.libdw.Libdw once opened
+        self._libdw = None            # a native.libdw.Libdw once opened
         self._line_memo = LineMemo(self._cache(f"memo{MEMO_VERSION}.json"),
                                    store=not self._alt_missing)
         self._units = None            # DwarfUnits, made on first use
@@ -147,7 +147,7 @@ class LineTable:
         chain = self._line_memo.get(vaddr)
         if chain is not None:
             return chain
-        from ..kernel import libdw
+        from ..native import libdw
         if self._libdw is None:
             if not libdw.available():
                 self._libdw_usable = False
@@ -171,7 +171,7 @@ class LineTable:
         """libdw on the file's DWARF sections inflated here, in memory
         (objfile.dwarf_image: faster than libdw's own inflating of every
         section), else on the file."""
-        from ..kernel import libdw
+        from ..native import libdw
         from . import dwarf_image
         image = dwarf_image.build(self._image)
         if image is not None:

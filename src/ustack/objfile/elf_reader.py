@@ -1,6 +1,6 @@
 """Where objfile.elf gets an ELF file's headers and section contents:
-libelf (kernel.libelf), else pyelftools. Both give the ELF spec's numbers
-(kernel.libelf's Section and Segment) and section bytes with the byte
+libelf (native.libelf), else pyelftools. Both give the ELF spec's numbers
+(native.libelf's Section and Segment) and section bytes with the byte
 order `order` to unpack them by; the symbol tables are then read from
 those bytes by objfile.elf, the same way for both.
 
@@ -9,8 +9,8 @@ alone imports ~25 ms of modules and its symbol iteration took ~0.3 s."""
 from __future__ import annotations
 
 
-from ..kernel import libelf
-from ..kernel.libelf import Section, Segment
+from ..native import libelf
+from ..native.libelf import Section, Segment
 
 _E_TYPES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
 # pyelftools' names, which the image cache and its users keep
@@ -28,7 +28,7 @@ def open_reader(path: str, f):
 
 
 class _LibelfReader:
-    """kernel.libelf's ElfFile; contents in this machine's byte order."""
+    """native.libelf's ElfFile; contents in this machine's byte order."""
 
     order = "="
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ..kernel import procfs
-from ..kernel.dynlink import resolved_address
+from ..native.dynlink import resolved_address
 
 
 def implementation(image, name: str) -> int | None:

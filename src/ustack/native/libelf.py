@@ -79,7 +79,7 @@ _lib = None            # the loaded libelf, False when it cannot be had
 
 def library():
     """libelf.so.1 with the functions ustack calls typed, None without it
-    (kernel.libdw opens in-memory images through it too)."""
+    (native.libdw opens in-memory images through it too)."""
     global _lib
     if _lib is None:
         P, size, D = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_Data)
