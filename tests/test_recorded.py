@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from ustack.capture import record_format as rf
+from ustack.recording import format as rf
 from ustack.capture.drain import Stream
-from ustack.capture.recorded import RecordedCapture
+from ustack.recording.reader import RecordedCapture
 from ustack.model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
                           MmapEvent, Piece, RawSample, UnwoundSample, UstackError,
                           unwound_sample)
 from ustack.objfile.elf import ElfImage
-from ustack.report.record import RecordWriter
+from ustack.recording.writer import RecordWriter
 from ustack.session import Session
 from ustack.symbols.stacks import StackResolver
 from ustack.target.mappings import MappingTracker

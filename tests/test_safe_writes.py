@@ -17,12 +17,12 @@ import pytest
 
 from helpers import FP, build, run_ustack, ustack_env
 
-from ustack.capture import record_format as rf
+from ustack.recording import format as rf
 from ustack.model import CommEvent, Losses, Mapping, MmapEvent, Piece, RawSample
 from ustack.objfile import debuginfo
 from ustack.objfile.elf import ElfImage
 from ustack.report.output import open_output
-from ustack.report.record import Recorder, RecordWriter
+from ustack.recording.writer import Recorder, RecordWriter
 from ustack.target.mappings import MappingTracker
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -14,7 +14,7 @@ from .commands import run_session
 from .model import CommEvent, StackCount, UstackError
 from .options import Options
 from .report.aggregate import stack_identity
-from .report.archive import copy_objects
+from .recording.archive import copy_objects
 from .report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
 from .report.output import choose_format, open_output
 from .report.summary import write_summary

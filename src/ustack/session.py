@@ -51,7 +51,7 @@ class Session:
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.started_ns: int | None = None     # wall clock at open()
-        self.recorder = None               # opts.record: a report.record.Recorder
+        self.recorder = None               # opts.record: a recording.writer.Recorder
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -114,7 +114,7 @@ class Session:
         elif self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
         if opts.record:
-            from .report.record import Recorder
+            from .recording.writer import Recorder
             self.recorder = Recorder(
                 opts.record, self.tracker, self.resolver.unwinder, self.labels,
                 self.plan.modes, self.plan.backend,
@@ -145,7 +145,7 @@ class Session:
     @classmethod
     def replay(cls, path: str, opts: Options | None = None, objects=(),
                keep=None) -> "Session":
-        """A Session over a recording (report/record.py wrote it) instead of
+        """A Session over a recording (recording/writer.py wrote it) instead of
         a live run: no root, no probes, no target. `objects`: directories
         holding copies of the recorded binaries, found by build-id or name
         (else at their recorded paths, if the build-id is the same).
@@ -317,7 +317,7 @@ class _Replay(Session):
     def __init__(self, path: str, opts: Options, objects, keep=None):
         super().__init__(opts)
         self.tracker.live = False       # recorded pids are not this host's processes
-        from .capture.recorded import RecordedCapture
+        from .recording.reader import RecordedCapture
         self._recording = RecordedCapture(path, objects)
         self.keep = keep or None
 

@@ -23,8 +23,8 @@ A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
 
 An event costs ~30 bytes before compression and its stack is stored once,
 so a file holds what perf.data holds in a few bytes per event. Both
-directions live here: the writer (report/record.py) and the reader
-(recorded.py) share them; version 1 files (S samples only) still read."""
+directions live here: the writer (recording/writer.py) and the reader
+(recording/reader.py) share them; version 1 files (S samples only) still read."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
-"""Writes a run's stream to a recording (capture/record_format.py) that
-capture/recorded.py replays later: `ustack record`, `count --record`, and
+"""Writes a run's stream to a recording (recording/format.py) that
+recording/reader.py replays later: `ustack record`, `count --record`, and
 the test fixtures.
 
 Each mapping carries the build-id of its file, read now (the file may be
@@ -12,7 +12,7 @@ import contextlib
 import gzip
 import os
 
-from ..capture import record_format as rf
+from . import format as rf
 from ..kernel import procfs
 from ..model import (CommEvent, Losses, MmapEvent, Piece, UstackError,
                      unwound_sample)

@@ -1,4 +1,4 @@
-"""A recording (record_format.py) as a capture: the same Stream and Session
+"""A recording (recording/format.py) as a capture: the same Stream and Session
 machinery replays it with no kernel, no root and no target.
 
 Mapped files are looked up where they are now: first in `objects`
@@ -15,7 +15,7 @@ import zlib
 
 from ..model import Losses, UstackError
 from ..objfile.elf import ElfImage
-from . import record_format as rf
+from . import format as rf
 
 READ_SIZE = 1 << 20                # decompressed bytes read per chunk
 _METAS = (rf.MMAP, rf.COMM, rf.FORK, rf.EXIT)
@@ -43,7 +43,7 @@ class RecordedCapture:
         self._losses = Losses()
         self._located: dict = {}           # (path, build-id) -> host path
         # (recorded path, host path) -> the build-id recorded with it: what
-        # proves a file to be the one a mapping had open (report/archive.py)
+        # proves a file to be the one a mapping had open (recording/archive.py)
         self.recorded_build_ids: dict = {}
         self._by_build_id: dict | None = None   # build-id -> file in objects
         self._by_name: dict = {}           # basename -> file in objects
