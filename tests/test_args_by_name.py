@@ -24,7 +24,7 @@ from ustack.model import UstackError
 from ustack.objfile import debuginfo
 from ustack.objfile.dwarf_params import DwarfParams
 from ustack.objfile.elf import ElfImage
-from ustack.probes.listing import format_params
+from ustack.commands.list import format_params
 from ustack.probes.resolve import resolve_uprobes
 from ustack.probes.spec import parse_event
 from test_dwarf_unwind import build_cxx

@@ -259,7 +259,7 @@ def test_python_api_counts_are_nanoseconds(prog):
     """Session.counts() of an offcpu run: StackCounts whose counts are the
     nanoseconds each stack spent off the CPU."""
     from ustack import Options, Session
-    from ustack.offcpu_command import offcpu_filter, offcpu_options
+    from ustack.commands.offcpu import offcpu_filter, offcpu_options
     # 3 sleeps of 30 ms; the first may be cut above sleeper_fn while the
     # unwinder's VMA cache warms (a -c target gets no warm-up)
     opts = offcpu_options(Options(cmdline=f"{prog} 1 3 30"),

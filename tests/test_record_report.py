@@ -20,7 +20,7 @@ from test_e2e_core import (funcs, ok, parse_counts, parse_folded, parse_trace,
 from test_recorded import FIXTURES, rebuilt_copy
 from ustack.model import Frame, Stack, StackCount
 from ustack.options import Options
-from ustack.record_commands import diff_rows, replay_counts
+from ustack.commands.record import diff_rows, replay_counts
 from ustack.report.formats import FORMATS
 
 CHAIN = ["d", "c", "b", "a", "main"]

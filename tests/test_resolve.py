@@ -12,7 +12,7 @@ from helpers import build_go_source, wait_until
 from ustack.kernel.tracefs import tracepoint_groups, tracepoint_names
 from ustack.model import UstackError
 from ustack.probes import resolve
-from ustack.probes.listing import format_listing, list_functions
+from ustack.commands.list import format_listing, list_functions
 from ustack.probes.resolve import resolve_uprobes, tracepoint_probes
 from ustack.probes.spec import parse_event
 

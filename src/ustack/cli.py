@@ -256,15 +256,15 @@ def _run(args) -> int:
     if args.cmd in ("report", "archive"):
         return _run_report(args)
     if args.cmd == "list":
-        from .probes.listing import format_listing, format_params, list_functions
+        from .commands.list import format_listing, format_params, list_functions
         sys.stdout.write(format_params(args.binary, args.pattern) if args.verbose
                          else format_listing(list_functions(args.binary, args.pattern)))
         return 0
     if args.cmd == "symbolize":
-        from .symbolize_trace import symbolize_trace
+        from .commands.symbolize import symbolize_trace
         return symbolize_trace(args.trace_file, pid=args.pid, maps_file=args.maps,
                                binary=args.binary, options=_symbol_options(args))
-    from .commands import run
+    from .commands.run import run
     from .options import Options
     if args.buffer_pages is not None and (
             args.buffer_pages <= 0 or args.buffer_pages & (args.buffer_pages - 1)):
@@ -287,7 +287,7 @@ def _run(args) -> int:
                    output_format=getattr(args, "format", None),
                    unsafe_address=getattr(args, "unsafe_address", False))
     if args.cmd == "offcpu":
-        from .offcpu_command import offcpu_filter, offcpu_options, run_offcpu
+        from .commands.offcpu import offcpu_filter, offcpu_options, run_offcpu
         flt = offcpu_filter(args.min_block, args.max_block, args.state, args.wakers)
         if args.unwind == "fp":
             raise UstackError("offcpu unwinds with DWARF in the kernel; --unwind fp "
@@ -327,10 +327,10 @@ def _run(args) -> int:
         opts.stack_storage = args.stack_storage_size
         opts.record = args.record
     if args.cmd == "record":
-        from .record_commands import record
+        from .commands.record import record
         return record(opts, archive=args.archive)
     if args.cmd == "latency":
-        from .latency_command import LatencyRequest, run_latency
+        from .commands.latency import LatencyRequest, run_latency
         return run_latency(opts, LatencyRequest(args.by_stack, args.slower, args.units,
                                                 args.ret_sites))
     return run(opts)
@@ -372,7 +372,7 @@ def _funccount_options(args, opts) -> None:
     opts.interval = args.interval
 
 
-# -- record, report, archive (record_commands.py) ---------------------------------
+# -- record, report, archive (commands/record.py) ---------------------------------
 
 def _record_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", metavar="FILE",
@@ -486,7 +486,7 @@ def _id_list(text, what: str) -> frozenset:
 
 
 def _run_report(args) -> int:
-    from . import record_commands as rc
+    from .commands import record as rc
     from .options import Options
     recording = args.recording or DEFAULT_RECORDING
     if args.cmd == "archive":

@@ -8,14 +8,14 @@ from __future__ import annotations
 import sys
 from io import TextIOBase
 
-from .capture.bpf_offcpu import ALL_STATES, OffcpuFilter
-from .commands import run_session
-from .model import Frame, Stack, StackCount, UstackError
-from .options import Options
-from .report.formats import FORMATS, run_context, stack_report
-from .output import check_destination
-from .report.output import choose_format, open_output
-from .symbols.stacks import IDLE, SEPARATOR
+from ..capture.bpf_offcpu import ALL_STATES, OffcpuFilter
+from .run import run_session
+from ..model import Frame, Stack, StackCount, UstackError
+from ..options import Options
+from ..report.formats import FORMATS, run_context, stack_report
+from ..output import check_destination
+from ..report.output import choose_format, open_output
+from ..symbols.stacks import IDLE, SEPARATOR
 
 SWITCH = "tracepoint:sched:sched_switch"
 WAKING = "tracepoint:sched:sched_waking"

@@ -10,17 +10,17 @@ import sys
 from typing import NamedTuple
 from io import TextIOBase
 
-from .commands import run_session
-from .model import CommEvent, StackCount, UstackError
-from .options import Options
-from .report.aggregate import stack_identity
-from .recording.archive import copy_objects
-from .report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
-from .report.output import choose_format, open_output
-from .report.summary import write_summary
-from .session import Session
-from .target.sample_filter import SampleFilter
-from .values import value
+from .run import run_session
+from ..model import CommEvent, StackCount, UstackError
+from ..options import Options
+from ..report.aggregate import stack_identity
+from ..recording.archive import copy_objects
+from ..report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
+from ..report.output import choose_format, open_output
+from ..report.summary import write_summary
+from ..session import Session
+from ..target.sample_filter import SampleFilter
+from ..values import value
 
 ARCHIVE_SUFFIX = ".objects"          # record --archive: FILE.objects/ beside FILE
 
@@ -217,7 +217,7 @@ def diff_rows(before, after, per_pid: bool = False, offsets: bool = False) -> li
 def diff_report_class():
     """The differential flame graph's class, or why there is none."""
     try:
-        from .report.flamegraph_html import DiffFlameGraphReport
+        from ..report.flamegraph_html import DiffFlameGraphReport
     except ImportError:
         raise UstackError("differential flame graphs need the HTML flame graph "
                           "(report/flamegraph_html.py: DiffFlameGraphReport), "

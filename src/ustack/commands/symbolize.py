@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 import sys
 
-from .capture.ftrace_text import UserFrame, UserStackLines
-from .kernel import procfs
-from .model import Frame, Mapping, UstackError
-from .objfile.elf import ElfImage
-from .report.text import frame_label
-from .symbols.symbolizer import SymbolOptions, Symbolizer
-from .target.mappings import ProcessMaps
+from ..capture.ftrace_text import UserFrame, UserStackLines
+from ..kernel import procfs
+from ..model import Frame, Mapping, UstackError
+from ..objfile.elf import ElfImage
+from ..report.text import frame_label
+from ..symbols.symbolizer import SymbolOptions, Symbolizer
+from ..target.mappings import ProcessMaps
 
 _PAGE = 0x1000
 _MAX_SEEN = 1 << 16         # frame lines whose naming is kept; bounds memory

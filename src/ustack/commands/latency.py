@@ -15,18 +15,18 @@ from __future__ import annotations
 import sys
 from io import TextIOBase
 
-from .commands import _given, run_session
-from .model import TracepointProbe, UprobeProbe, UstackError
-from .objfile.elf import ElfImage
-from .options import Options
-from .probes.return_sites import entry_site, return_probes
-from .probes.spec import parse_event
-from .report.latency import format_histogram, format_slow_call
-from .output import check_destination
-from .report.formats import format_for_path
-from .report.output import open_output
-from .session import Session
-from .values import replace, value
+from .run import _given, run_session
+from ..model import TracepointProbe, UprobeProbe, UstackError
+from ..objfile.elf import ElfImage
+from ..options import Options
+from ..probes.return_sites import entry_site, return_probes
+from ..probes.spec import parse_event
+from ..report.latency import format_histogram, format_slow_call
+from ..output import check_destination
+from ..report.formats import format_for_path
+from ..report.output import open_output
+from ..session import Session
+from ..values import replace, value
 
 UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000}
 
@@ -70,7 +70,7 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
     """(the probes to place, what each is to the programs: Site) for the
     resolved entry probes: each function's entry (Go's past its
     stack-growth check, as probes/resolve.py places it) first, then its returns."""
-    from .capture.bpf_latency import Site
+    from ..capture.bpf_latency import Site
     probes, sites = [], []
     returns = []
     for i, entry in enumerate(entries):
@@ -122,9 +122,9 @@ class LatencySession(Session):
         self.setup_notes: list = []
 
     def _open_capture(self):
-        from .capture.bpf_latency import LatencyCapture
-        from .kernel import bpf
-        from .unwind import policy
+        from ..capture.bpf_latency import LatencyCapture
+        from ..kernel import bpf
+        from ..unwind import policy
         request = self.request
         if not bpf.available():
             raise UstackError("latency counts in the kernel and BPF is not available "
@@ -157,8 +157,8 @@ class LatencySession(Session):
 def _kernel_tables(entries: list, unwind: str) -> tuple:
     """(the in-kernel DWARF unwinder's rows, for the entries' stacks, or
     None for frame pointers; why not DWARF, to tell the user, or "")."""
-    from .capture import bpf_unwind
-    from .unwind import tables
+    from ..capture import bpf_unwind
+    from ..unwind import tables
     if unwind == "fp":
         return None, ""
     why = bpf_unwind.why_unavailable(entries)
@@ -231,8 +231,8 @@ def _histograms(session: LatencySession, hists: list, unit: str, unit_ns: int) -
     """The histograms in the order of the events, each function's by count;
     by stack, those whose stacks print the same (call sites within one
     function differ only by offset) merged into one."""
-    from .model import RawSample
-    from .report.counts import function_label
+    from ..model import RawSample
+    from ..report.counts import function_label
     merged: dict = {}                    # (function, printed stack) -> [Histogram, Stack]
     for h in hists:
         stack = None

@@ -8,15 +8,15 @@ import sys
 import time
 from io import TextIOBase
 
-from .model import CommEvent
-from .options import Options
-from .report.formats import EVENT_FORMATS, FORMATS, run_context, stack_report
-from .report.funccount import format_calls
-from .output import check_destination
-from .report.output import choose_format, open_output
-from .report.progress import Progress
-from .report.summary import write_summary
-from .session import Session
+from ..model import CommEvent
+from ..options import Options
+from ..report.formats import EVENT_FORMATS, FORMATS, run_context, stack_report
+from ..report.funccount import format_calls
+from ..output import check_destination
+from ..report.output import choose_format, open_output
+from ..report.progress import Progress
+from ..report.summary import write_summary
+from ..session import Session
 
 
 class _Signals:
