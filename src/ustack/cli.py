@@ -7,6 +7,7 @@ import sys
 
 from .defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
                        DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
+from .interrupt import Interrupted
 from .model import UstackError
 from .report.formats import EVENT_FORMATS, EXTENSIONS, FORMATS
 
@@ -505,7 +506,7 @@ def main(argv=None) -> int:
         return _run(args)
     except UstackError as e:
         print(f"ustack: {e}", file=sys.stderr)
-        return 1
+        return 130 if isinstance(e, Interrupted) else 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -11,8 +11,10 @@ import time
 from collections import namedtuple
 
 from .capture.backends import new_capture
+from .capture.closer import BACKGROUND_PROBES, close_in_background
 from .capture.drain import Stream
-from .model import (Piece, RawSample, StackCount, UnwoundSample, UstackError,
+from .interrupt import Interrupt, Interrupted
+from .model import (Losses, Piece, RawSample, StackCount, UnwoundSample, UstackError,
                     unwound_sample)
 from .options import Options
 from .probes.resolve import resolve_probes
@@ -23,6 +25,7 @@ from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .target.traced_command import launch_traced
 from .unwind import policy
+from .values import fields
 
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
@@ -47,6 +50,11 @@ class Session:
         self.target = self.plan = self.capture = None
         self._stream: Stream | None = None
         self._stop_requested = False
+        self.interrupt = Interrupt()        # heard by set-up too (see stop())
+        # a capture of many probes closes in a detached process (see
+        # capture/closer.py): what the CLI wants; a script may too
+        self.close_in_background = False
+        self._closed = False
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.started_ns: int | None = None     # wall clock at open()
@@ -91,6 +99,7 @@ class Session:
             process.attach(opts.container_pid)
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
         self.probes = resolve_probes(specs, root_pid, self.notes)
+        self.interrupt.check()
         self.labels = [p.label for p in self.probes]
         if opts.pid is None:
             launch = launch_traced if opts.backend == "tracefs" else process.launch
@@ -98,8 +107,11 @@ class Session:
                            else process.everything(opts.pids))
         try:
             self.capture = self._open_capture()
-        except BaseException:
+            self.interrupt.check()         # asked to end: the command never runs
+        except BaseException as e:
             self.target.abort()            # a held -c command exits unrun
+            if isinstance(e, Interrupted):
+                self.close()               # else the capture closed itself
             raise
         if self.target.scope == "system":
             self.tracker.seed_all(skip=os.getpid())
@@ -124,10 +136,20 @@ class Session:
         self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                 self.probes, self._main_binary(), opts.kernel_stacks,
                                 copy_reason)
-        capture = new_capture(self.plan.backend, self.probes, self.target,
-                              self.plan.modes, opts, self.plan.kernel_tables)
-        capture.open()                      # closes what it opened if it fails
+        capture = self.capture = new_capture(
+            self.plan.backend, self.probes, self.target, self.plan.modes, opts,
+            self.plan.kernel_tables)
+        capture.interrupt = self.interrupt
+        capture.open()          # closes what it opened if it fails (but when interrupted)
         return capture
+
+    def losses(self) -> Losses:
+        """The capture's losses, and the events dropped unread at the end."""
+        losses = self.capture.losses()
+        if self._stream is not None and self._stream.dropped_samples:
+            losses = Losses(**{**{f: getattr(losses, f) for f in fields(losses)},
+                               "dropped": self._stream.dropped_samples})
+        return losses
 
     @property
     def warnings(self) -> list:
@@ -151,17 +173,27 @@ class Session:
         return process.executable(target.argv) if target.scope == "command" else None
 
     def stop(self) -> None:
-        """End the run at the next check (safe from a signal handler)."""
+        """End the run at the next check (safe from a signal handler): while
+        it is being set up, set-up gives up (open() raises Interrupted);
+        while it runs, what the kernel sent and was not read yet is dropped
+        and counted as lost."""
         self._stop_requested = True
+        self.interrupt.request()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._stream is not None:
             self._stream.close()
         if self.recorder is not None:
-            self.recorder.close(self.capture.losses(), whole=self._whole)
+            self.recorder.close(self.losses(), whole=self._whole)
             self.recorder = None
         if self.capture is not None:
-            self.capture.close()
+            if self.close_in_background and len(self.probes) >= BACKGROUND_PROBES:
+                close_in_background(self.capture.close)
+            else:
+                self.capture.close()
         target = self.target
         if target is not None and target.scope == "command" and target.exit_status is None:
             target.finish()
@@ -190,7 +222,8 @@ class Session:
             if (self._stop_requested or self.target.wait() or
                     (deadline is not None and time.monotonic() >= deadline)):
                 break
-        for piece in stream.rest():
+        rest = stream.dropped() if self._stop_requested else stream.rest()
+        for piece in rest:
             yield self._applied(piece)
         self._whole = self.plan.backend != "bpf"    # else: once counted() is read
 

@@ -14,7 +14,7 @@ _time = attrgetter("time_ns")
 
 DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
 PIECE = 64 << 10                   # bytes of a chunk decoded in one step
-BACKLOG_LIMIT = 256 << 20          # bytes of undecoded records held in memory
+BACKLOG_LIMIT = 32 << 20           # bytes of undecoded records held in memory
 
 
 class _Drainer(threading.Thread):
@@ -72,6 +72,7 @@ class Stream:
         self.capture = capture
         self.exclude_pids = frozenset(exclude_pids)
         self._drainer = _Drainer(capture)
+        self.dropped_samples = 0         # see dropped()
 
     def start(self) -> None:
         self.capture.start()
@@ -135,6 +136,28 @@ class Stream:
                 if not batch:
                     break
                 yield from self._pieces(batch, [0] * len(batch))
+
+    def dropped(self):
+        """rest() for a run asked to end: the events that were sent and not
+        read yet are not reported but counted (self.dropped_samples), so the
+        run ends at once however long its backlog; their metadata (and the
+        losses the kernel still held back) pass, as in rest()."""
+        self._drainer.finish()
+        self.capture.stop()
+        queue = self._drainer.queue
+        batches = []
+        while queue:
+            batch, offsets = queue.popleft()
+            batches.append((batch, offsets))
+        while True:
+            batch = self.capture.read_chunks(0)
+            if not batch:
+                break
+            batches.append((batch, [0] * len(batch)))
+        for batch, offsets in batches:
+            for piece in self._pieces(batch, offsets):
+                self.dropped_samples += len(piece.samples)
+                yield Piece(piece.metas, ())
 
     def _pieces(self, batch: list, offsets: list):
         while True:

@@ -16,6 +16,7 @@ import select
 import time
 
 from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
+from ..interrupt import NEVER, Interrupted
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
@@ -62,6 +63,7 @@ class PerfCapture:
     """Opens the events, owns the fds and ring buffers, hands out chunks
     and decodes them into the run's stream (RawSamples and metadata)."""
     unwind_note = ""       # nothing to add to the header (TracefsCapture has)
+    interrupt = NEVER      # the run's Interrupt: opening gives up when requested
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
@@ -161,6 +163,7 @@ class PerfCapture:
         return self._uprobe_ids[key]
 
     def _open_one(self, index: int, pid: int, cpu: int) -> None:
+        self.interrupt.check()
         probe = self.probes[index]
         made = self._attrs.get(index)
         if made is None:
@@ -223,6 +226,8 @@ class PerfCapture:
                         traced += 1
                 if not traced:
                     raise UstackError(f"no such process: {self.target.pid}")
+        except Interrupted:
+            raise                       # the caller closes (in the background)
         except BaseException:
             self.close()
             raise
