@@ -184,6 +184,8 @@ class Losses:
     # events that reached ustack but were not reported: the run was asked
     # to end (Ctrl-C) while they waited to be read
     dropped: int = 0
+    # records other than events (fork, exec, mmap) the kernel buffers dropped
+    records_lost: int = 0
 
 
 @value

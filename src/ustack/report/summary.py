@@ -49,6 +49,10 @@ def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
     elif losses.lost:
         print(f"Lost {losses.lost} events: the {backend} buffer was full "
               f"(try --buffer-pages {buffer_pages * 4})", file=err)
+    if losses.records_lost:
+        print(f"Lost {losses.records_lost} records of process changes (fork, exec, "
+              "mmap): frames in the processes they describe may be unnamed",
+              file=err)
     if losses.dropped:
         print(f"{losses.dropped} events were dropped unread: the run was asked "
               "to end while they waited to be read", file=err)
