@@ -168,13 +168,16 @@ def run_ustack(*args, timeout: float = 60, cmd=USTACK, text: bool = True,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run_ustack_peak(*args, timeout: float = 120, **kw) -> tuple:
+def run_ustack_peak(*args, timeout: float = 120, discard_stdout: bool = False,
+                    **kw) -> tuple:
     """Run `python -m ustack ARGS…` like run_ustack; also return its peak
     resident memory in MB (the kernel's own maxrss of that process, taken
-    by wait4 as it is reaped: no sampling, nothing missed)."""
+    by wait4 as it is reaped: no sampling, nothing missed). With
+    `discard_stdout` its output goes to /dev/null (stdout is then "")."""
     import tempfile
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = popen_ustack(*args, stdout=out, stderr=err, text=True, **kw)
+        proc = popen_ustack(*args, stdout=subprocess.DEVNULL if discard_stdout else out,
+                            stderr=err, text=True, **kw)
         deadline = time.monotonic() + timeout
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)

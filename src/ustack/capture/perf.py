@@ -38,6 +38,9 @@ TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task", "build_id")
 # The period of an event that must count (and carry BPF or tracking
 # records) but never write a sample: in-kernel counting on trace events.
 NEVER_SAMPLE = 1 << 62
+# bytes taken from a CPU's buffer per read: a reader behind (a 32 MiB DWARF
+# buffer full) then holds a few MiB at a time, not all of every buffer
+READ_MOST = 4 << 20
 
 
 def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
@@ -277,7 +280,7 @@ class PerfCapture:
             pass
         chunks = []
         for ring in self.buffers.values():
-            chunk = ring.read()
+            chunk = ring.read(READ_MOST)
             if chunk:
                 chunks.append(chunk)
         return chunks
