@@ -190,10 +190,12 @@ class Session:
             self.recorder.close(self.losses(), whole=self._whole)
             self.recorder = None
         if self.capture is not None:
-            if self.close_in_background and len(self.probes) >= BACKGROUND_PROBES:
-                close_in_background(self.capture.close)
+            capture = self.capture
+            if (self.close_in_background and len(self.probes) >= BACKGROUND_PROBES
+                    and hasattr(capture, "release")):
+                close_in_background(capture.close, capture.release)
             else:
-                self.capture.close()
+                capture.close()
         target = self.target
         if target is not None and target.scope == "command" and target.exit_status is None:
             target.finish()

@@ -663,6 +663,11 @@ class BpfCapture:
     def start(self) -> None:
         self.events.start()
 
+    def release(self) -> None:
+        """close() for this process alone (see PerfCapture.release)."""
+        self.events.uprobes.forget()
+        self.close()
+
     def close(self) -> None:
         self.events.close()
         if self.counter is not None:

@@ -14,9 +14,10 @@ import signal
 BACKGROUND_PROBES = 4
 
 
-def close_in_background(close) -> None:
-    """Call close() in this process (fast: its descriptors are not the
-    last), then in a detached grandchild that holds copies of them."""
+def close_in_background(close, release) -> None:
+    """Call release() in this process (fast: its descriptors are not the
+    last, and it leaves the probe definitions alone), then close() in a
+    detached grandchild that holds copies of them."""
     go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -29,7 +30,7 @@ def close_in_background(close) -> None:
     os.close(go_read)
     os.waitpid(pid, 0)              # the middle child exits at once
     try:
-        close()                     # drops this process's copies
+        release()                   # drops this process's copies
     finally:
         os.close(go_write)          # the grandchild may begin
 

@@ -328,6 +328,13 @@ class PerfCapture:
             except OSError:
                 pass
 
+    def release(self) -> None:
+        """close() in a process whose descriptors another one holds copies
+        of (capture/closer.py): only this process's hold goes; the other
+        closes the events and removes the probes."""
+        self.uprobes.forget()
+        self.close()
+
     def close(self) -> None:
         for ring in self.buffers.values():
             ring.close()
