@@ -663,6 +663,17 @@ class BpfCapture:
     def start(self) -> None:
         self.events.start()
 
+    def count_samples(self, chunk: bytes, start: int) -> int:
+        """The samples of a chunk from `start`, undecoded: the unwinder's
+        ring holds one per record (a u32 length, then the record)."""
+        if type(chunk).__name__ != "RingChunk":
+            return self.events.count_samples(chunk, start)
+        n, off, end = 0, start, len(chunk)
+        while off + 4 <= end:
+            off += 4 + struct.unpack_from("<I", chunk, off)[0]
+            n += 1
+        return n
+
     def release(self) -> None:
         """close() for this process alone (see PerfCapture.release)."""
         self.events.uprobes.forget()

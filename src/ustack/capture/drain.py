@@ -139,25 +139,28 @@ class Stream:
 
     def dropped(self):
         """rest() for a run asked to end: the events that were sent and not
-        read yet are not reported but counted (self.dropped_samples), so the
-        run ends at once however long its backlog; their metadata (and the
-        losses the kernel still held back) pass, as in rest()."""
+        read yet are counted (self.dropped_samples), not decoded nor
+        reported, so the run ends at once however long its backlog."""
         self._drainer.finish()
         self.capture.stop()
+        count = getattr(self.capture, "count_samples", None)
         queue = self._drainer.queue
-        batches = []
         while queue:
             batch, offsets = queue.popleft()
-            batches.append((batch, offsets))
+            yield from self._dropped(batch, offsets, count)
         while True:
             batch = self.capture.read_chunks(0)
             if not batch:
                 break
-            batches.append((batch, [0] * len(batch)))
-        for batch, offsets in batches:
-            for piece in self._pieces(batch, offsets):
-                self.dropped_samples += len(piece.samples)
-                yield Piece(piece.metas, ())
+            yield from self._dropped(batch, [0] * len(batch), count)
+
+    def _dropped(self, batch: list, offsets: list, count):
+        if count is not None:
+            self.dropped_samples += sum(count(chunk, at) for chunk, at in zip(batch, offsets))
+            return
+        for piece in self._pieces(batch, offsets):      # no counting short of decoding
+            self.dropped_samples += len(piece.samples)
+            yield Piece(piece.metas, ())
 
     def _pieces(self, batch: list, offsets: list):
         while True:

@@ -19,7 +19,8 @@ from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
 from ..interrupt import NEVER, Interrupted
 from ..kernel import perf_event as pe
 from ..kernel import procfs
-from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
+from ..kernel.perf_records import (BASE_SAMPLE_TYPE, EventLayout, RecordReader,
+                                   count_samples)
 from ..kernel.ring import PAGE, RingBuffer
 from ..kernel.tracefs import tracepoint_id
 from ..kernel import trace_format as tf
@@ -327,6 +328,11 @@ class PerfCapture:
                 pe.disable(fd)
             except OSError:
                 pass
+
+    @staticmethod
+    def count_samples(chunk: bytes, start: int) -> int:
+        """The samples of a chunk from `start`, undecoded."""
+        return count_samples(chunk, start)
 
     def release(self) -> None:
         """close() in a process whose descriptors another one holds copies
