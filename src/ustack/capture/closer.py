@@ -35,10 +35,19 @@ def close_in_background(close, release) -> None:
         os.close(go_write)          # the grandchild may begin
 
 
+NAME = "ustack-closer"           # its comm, for ps (and the tests' leak check)
+
+
 def _finish(close, go_read: int) -> None:
     os.setsid()
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(NAME)
+    except OSError:
+        pass
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # not the run's handler
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):             # hold no pipe of the caller's open
         os.dup2(null, fd)
