@@ -14,11 +14,13 @@ EVENTS = 1_000_000
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("unwind", ["fp", "dwarf"])
-def test_million_event_trace_peak_memory(unwind):
+@pytest.mark.parametrize("how", [(), ("--backend", "perf", "--unwind", "fp"),
+                                 ("--backend", "perf", "--unwind", "dwarf")],
+                         ids=["default", "perf-fp", "perf-dwarf"])
+def test_million_event_trace_peak_memory(how):
     prog = build("chain")
-    res, peak_mb = run_ustack_peak("trace", f"uprobe:{prog}:d", "--backend", "perf",
-                                   "--unwind", unwind, "-c", f"{prog} {EVENTS}",
+    res, peak_mb = run_ustack_peak("trace", f"uprobe:{prog}:d", *how,
+                                   "-c", f"{prog} {EVENTS}",
                                    discard_stdout=True, timeout=300)
     ok(res)
     assert peak_mb < 200, f"peak RSS {peak_mb:.0f} MB\n{res.stderr}"

@@ -49,7 +49,7 @@ from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_TH
                      Losses, MmapEvent,
                      ProfileProbe, RawSample, TracepointProbe, UprobeProbe)
 from .kernel_offsets import Offsets
-from .perf import NEVER_SAMPLE, PerfCapture
+from .perf import NEVER_SAMPLE, READ_MOST, PerfCapture
 from ..values import value
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -316,7 +316,7 @@ def with_ring_records(chunks: list, counter, chunk_type) -> list:
     after the perf buffers, so the MMAP2 records that explain the ring's
     records come first."""
     if counter is not None and counter.ring is not None:
-        records = counter.ring.read()
+        records = counter.ring.read(READ_MOST)
         if records:
             chunks.append(chunk_type(records))
     return chunks
