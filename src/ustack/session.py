@@ -29,6 +29,7 @@ from .values import fields
 
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
+STOP_S = 0.3                       # asked to end: decoding time left for what was sent
 _TICK = Piece((), ())              # a step with nothing in it: time passed
 
 
@@ -175,8 +176,8 @@ class Session:
     def stop(self) -> None:
         """End the run at the next check (safe from a signal handler): while
         it is being set up, set-up gives up (open() raises Interrupted);
-        while it runs, what the kernel sent and was not read yet is dropped
-        and counted as lost."""
+        while it runs, what the kernel sent is decoded for STOP_S more, the
+        rest dropped and counted."""
         self._stop_requested = True
         self.interrupt.request()
 
@@ -224,7 +225,7 @@ class Session:
             if (self._stop_requested or self.target.wait() or
                     (deadline is not None and time.monotonic() >= deadline)):
                 break
-        rest = stream.dropped() if self._stop_requested else stream.rest()
+        rest = stream.rest_within(STOP_S) if self._stop_requested else stream.rest()
         for piece in rest:
             yield self._applied(piece)
         self._whole = self.plan.backend != "bpf"    # else: once counted() is read

@@ -72,7 +72,7 @@ class Stream:
         self.capture = capture
         self.exclude_pids = frozenset(exclude_pids)
         self._drainer = _Drainer(capture)
-        self.dropped_samples = 0         # see dropped()
+        self.dropped_samples = 0         # see rest_within()
 
     def start(self) -> None:
         self.capture.start()
@@ -137,22 +137,34 @@ class Stream:
                     break
                 yield from self._pieces(batch, [0] * len(batch))
 
-    def dropped(self):
-        """rest() for a run asked to end: the events that were sent and not
-        read yet are counted (self.dropped_samples), not decoded nor
-        reported, so the run ends at once however long its backlog."""
+    def rest_within(self, budget: float):
+        """rest() for a run asked to end: what was sent and is not read
+        yet is decoded for `budget` seconds (the consumer's time included);
+        what is left then is counted (self.dropped_samples), not decoded
+        nor reported, so the run ends at once however long its backlog."""
         self._drainer.finish()
         self.capture.stop()
+        deadline = time.monotonic() + budget
         count = getattr(self.capture, "count_samples", None)
         queue = self._drainer.queue
-        while queue:
-            batch, offsets = queue.popleft()
-            yield from self._dropped(batch, offsets, count)
-        while True:
-            batch = self.capture.read_chunks(0)
-            if not batch:
-                break
-            yield from self._dropped(batch, [0] * len(batch), count)
+
+        def batches():
+            while queue:
+                yield queue.popleft()
+            while True:
+                batch = self.capture.read_chunks(0)
+                if not batch:
+                    return
+                yield batch, [0] * len(batch)
+
+        for batch, offsets in batches():
+            while time.monotonic() < deadline:
+                piece, done = self._piece(batch, offsets)
+                yield piece
+                if done:
+                    break
+            else:
+                yield from self._dropped(batch, offsets, count)
 
     def _dropped(self, batch: list, offsets: list, count):
         if count is not None:
