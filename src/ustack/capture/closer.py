@@ -19,18 +19,26 @@ def close_in_background(close, release) -> None:
     last, and it leaves the probe definitions alone), then close() in a
     detached grandchild that holds copies of them."""
     go_read, go_write = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:                 # no process to spare: close here, slowly
+        pid = None
     if pid == 0:
+        status = 1
         try:
             os.close(go_write)
             if os.fork() == 0:
                 _finish(close, go_read)
+            status = 0
         finally:
-            os._exit(0)
+            os._exit(status)
     os.close(go_read)
-    os.waitpid(pid, 0)              # the middle child exits at once
+    forked = pid is not None and os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     try:
-        release()                   # drops this process's copies
+        if forked:
+            release()               # drops this process's copies
+        else:
+            close()
     finally:
         os.close(go_write)          # the grandchild may begin
 
