@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers`
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import helpers  # noqa: E402  (after the path is set)
+from ustack.capture.closer import NAME as CLOSER  # noqa: E402
 
 TRACEFS = Path("/sys/kernel/tracing")
 UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe")
@@ -125,6 +126,11 @@ def _test_processes(tag: str, old_children: set[int]) -> dict[int, str]:
     return found
 
 
+def _closers(procs: dict) -> list:
+    """Of these processes, ustack's detached closers (see capture/closer.py)."""
+    return [pid for pid in procs if _read(Path(f"/proc/{pid}/comm")).strip() == CLOSER]
+
+
 def _children() -> set[int]:
     """Direct children of this pytest process (any thread's)."""
     me, pids = str(os.getpid()), set()
@@ -144,6 +150,12 @@ def no_leftovers(monkeypatch):
     old_children = _children()
     yield
     ours = {os.getpid(), *helpers.USTACK_PIDS}
+    # a run of many probes leaves their closing to a detached process
+    # (capture/closer.py: the kernel waits ~0.1 s per event): it must finish
+    closers_deadline = time.monotonic() + 600
+    while _closers(_test_processes(tag, old_children)) and \
+            time.monotonic() < closers_deadline:
+        time.sleep(0.1)
     # ustack may be in its last milliseconds of cleanup: give it a moment.
     deadline = time.monotonic() + 2
     while True:

@@ -193,6 +193,34 @@ def kill_run_and_guardian(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
 
 
+def run_ustack_peak(*args, timeout: float = 120, discard_stdout: bool = False,
+                    **kw) -> tuple:
+    """Run `python -m ustack ARGS…` like run_ustack; also return its peak
+    resident memory in MB (the kernel's own maxrss of that process, taken
+    by wait4 as it is reaped: no sampling, nothing missed). With
+    `discard_stdout` its output goes to /dev/null (stdout is then "")."""
+    import tempfile
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = popen_ustack(*args, stdout=subprocess.DEVNULL if discard_stdout else out,
+                            stderr=err, text=True, **kw)
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                proc.returncode = -9
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        res = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    return res, usage.ru_maxrss / 1024
+
+
 def wait_until(condition, timeout: float = 10, what: str = "the condition") -> None:
     """Poll `condition()` until it is true; fail the test after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import build, run_ustack
+from helpers import build, run_ustack, run_ustack_peak
 from test_e2e_core import ok, parse_counts, parse_trace, traced_pid
 
 from ustack.kernel.procfs import own_vdso
@@ -185,3 +185,40 @@ def test_perf_map_reads_a_bounded_start_of_a_huge_sparse_file(tmp_path, monkeypa
     said = []
     assert PerfMap(str(path), warn=said.append).lookup(0x1004).name == "first"
     assert f"{path} is larger than 1 MiB: only its start is used" in said
+
+
+@pytest.mark.kernel
+def test_huge_perf_map_of_short_lines_stays_small():
+    """A map of ~60 MiB of short lines (under the byte cap) written by the
+    traced process itself: ustack keeps a bounded number of its entries,
+    says the map was cut, stays far under 200 MB, and the JIT's own
+    entries (appended last, the newest) still name their frames."""
+    prog = build("jit")
+    res, peak_mb = run_ustack_peak("trace", f"uprobe:{prog}:target", "-c", f"{prog} 1 60")
+    ok(res)
+    pid = traced_pid(res.stderr)
+    Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
+    frames = [rec["frames"][1] for rec in parse_trace(res.stdout)]
+    assert [(f["func"], f["module"]) for f in frames] == [
+        ("jitted_first", "JIT"), ("Lua:jitted second trace", "JIT")], res.stdout
+    assert f"/tmp/perf-{pid}.map holds more than 16 MiB of names: only its newest " \
+           "ones are used" in res.stderr
+    assert peak_mb < 200, f"peak RSS {peak_mb:.0f} MB"
+
+
+def test_perf_map_keeps_its_newest_entries(tmp_path, monkeypatch):
+    """Past MAX_ENTRIES the oldest lines go (a JIT appends what it made
+    last); a start named twice keeps its latest name; the cut is said."""
+    monkeypatch.setattr("ustack.symbols.perfmap.MAX_ENTRIES", 4)
+    path = tmp_path / "perf-3.map"
+    path.write_text("".join(f"{0x1000 * (i + 1):x} 10 f{i}\n" for i in range(10)))
+    said = []
+    pm = PerfMap(str(path), warn=said.append)
+    assert [pm.lookup(0x1000 * (i + 1)) for i in range(6)] == [None] * 6
+    assert [pm.lookup(0x1000 * (i + 1) + 4).name for i in range(6, 10)] == [
+        "f6", "f7", "f8", "f9"]
+    assert said == [f"{path} has more than 4 entries: only the newest are used"]
+    with open(path, "a") as f:
+        f.write("a000 20 f9-replaced\n")
+    assert pm.lookup(0xa018).name == "f9-replaced"
+    assert (pm.lookup(0x7004), pm.lookup(0x8004).name) == (None, "f7")   # pushed out

@@ -7,6 +7,7 @@ import sys
 
 from .defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
                        DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
+from .interrupt import Interrupted
 from .model import UstackError
 from .report.formats import EVENT_FORMATS, EXTENSIONS, FORMATS
 
@@ -46,7 +47,8 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     who = p.add_mutually_exclusive_group()
     who.add_argument("-p", "--pid", type=_pid_list, metavar="PID[,PID…]",
                      help="trace this process (all its threads); several: "
-                          "their events among all processes'")
+                          "their events among all processes' (decimal, as perf "
+                          "takes them: 007 is 7)")
     who.add_argument("-c", "--command", metavar="CMD",
                      help="start CMD and trace it (and its children) until it exits")
     p.add_argument("--tid", type=_pid_list, metavar="TID[,TID…]",
@@ -298,8 +300,7 @@ def _run(args) -> int:
         opts.kernel_stacks, opts.stack_storage = args.kernel, args.stack_storage_size
         return run_offcpu(offcpu_options(opts, flt))
     if args.cmd == "profile":
-        if args.frequency <= 0:
-            raise UstackError("-F must be a positive frequency")
+        _check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
     elif args.cmd == "funccount":
         from .capture.bpf_funccount import uprobe_multi_supported
@@ -360,6 +361,18 @@ def _latency_parser(sub) -> None:
                    metavar="N", help="distinct entry stacks the kernel can keep "
                                      f"(default {DEFAULT_STACK_STORAGE})")
     p.set_defaults(backend="bpf")
+
+
+def _check_frequency(hz: int) -> None:
+    """-F within what the kernel takes (else perf_event_open says EINVAL)."""
+    if hz <= 0:
+        raise UstackError("-F must be a positive frequency")
+    from .kernel.perf_event import MAX_SAMPLE_RATE, max_sample_rate
+    limit = max_sample_rate()
+    if limit is not None and hz > limit:
+        raise UstackError(f"-F {hz} is above the kernel's limit of {limit} samples/s "
+                          f"({MAX_SAMPLE_RATE}): lower -F, or raise the limit "
+                          f"with `sysctl kernel.perf_event_max_sample_rate={hz}`")
 
 
 def _funccount_options(args, opts) -> None:
@@ -447,8 +460,7 @@ def _record_parsers(sub) -> None:
 def _record_options(args, opts) -> None:
     events = list(args.events)
     if args.frequency is not None:
-        if args.frequency <= 0:
-            raise UstackError("-F must be a positive frequency")
+        _check_frequency(args.frequency)
         events.append(f"profile:hz:{args.frequency}")
     if not events:
         raise UstackError("record needs an EVENT or -F HZ (see `ustack record --help`)")
@@ -465,14 +477,15 @@ def _record_options(args, opts) -> None:
 
 
 def _pid_list(text: str) -> tuple:
-    """-p 1,2,3 and --tid: ids separated by commas, as perf takes them."""
-    try:
-        ids = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of ids: {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("no id given")
-    return ids
+    """-p 1,2,3 and --tid: decimal ids separated by commas, as perf takes
+    them (a leading zero is a decimal digit too: 007 is 7, as for perf)."""
+    items = text.split(",")
+    for item in items:
+        if not item:
+            raise argparse.ArgumentTypeError(f"an empty id in {text!r}")
+        if not (item.isascii() and item.isdigit()):
+            raise argparse.ArgumentTypeError(f"not a decimal id: {item!r} in {text!r}")
+    return tuple(dict.fromkeys(int(x) for x in items))
 
 
 def _id_list(text, what: str) -> frozenset:
@@ -525,7 +538,7 @@ def main(argv=None) -> int:
         return _run(args)
     except UstackError as e:
         print(f"ustack: {e}", file=sys.stderr)
-        return 1
+        return 130 if isinstance(e, Interrupted) else 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -181,6 +181,11 @@ class Losses:
     # a bpf() call was running on that CPU already (bpf_prog_info's
     # recursion_misses)
     skipped: int = 0
+    # events that reached ustack but were not reported: the run was asked
+    # to end (Ctrl-C) while they waited to be read
+    dropped: int = 0
+    # records other than events (fork, exec, mmap) the kernel buffers dropped
+    records_lost: int = 0
 
 
 @value

@@ -11,8 +11,10 @@ import time
 from collections import namedtuple
 
 from .capture.backends import new_capture
+from .capture.closer import BACKGROUND_PROBES, close_in_background
 from .capture.drain import Stream
-from .model import (Piece, RawSample, StackCount, UnwoundSample, UstackError,
+from .interrupt import Interrupt, Interrupted
+from .model import (Losses, Piece, RawSample, StackCount, UnwoundSample, UstackError,
                     unwound_sample)
 from .options import Options
 from .probes.resolve import resolve_probes
@@ -23,9 +25,11 @@ from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .target.traced_command import launch_traced
 from .unwind import policy
+from .values import fields
 
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
+STOP_S = 0.3                       # asked to end: decoding time left for what was sent
 _TICK = Piece((), ())              # a step with nothing in it: time passed
 
 
@@ -48,6 +52,11 @@ class Session:
         self.guardian = None               # kernel/guardian.py, for a live run
         self._stream: Stream | None = None
         self._stop_requested = False
+        self.interrupt = Interrupt()        # heard by set-up too (see stop())
+        # a capture of many probes closes in a detached process (see
+        # capture/closer.py): what the CLI wants; a script may too
+        self.close_in_background = False
+        self._closed = False
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.started_ns: int | None = None     # wall clock at open()
@@ -92,6 +101,7 @@ class Session:
             process.attach(opts.container_pid)
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
         self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address)
+        self.interrupt.check()
         self.labels = [p.label for p in self.probes]
         if opts.backend == "tracefs" and not opts.every_process:
             self._refuse_shared_globs()
@@ -105,9 +115,12 @@ class Session:
             self.guardian = guardian.start(
                 self.target.pid if self.target.scope == "command" else None)
             self.capture = self._open_capture()
-        except BaseException:
+            self.interrupt.check()         # asked to end: the command never runs
+        except BaseException as e:
             self.target.abort()            # a held -c command exits unrun
             self._dismiss_guardian()
+            if isinstance(e, Interrupted):
+                self.close()               # else the capture closed itself
             raise
         if self.target.scope == "system":
             self.tracker.seed_all(skip=os.getpid())
@@ -132,10 +145,20 @@ class Session:
         self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
                                 self.probes, self._main_binary(), opts.kernel_stacks,
                                 copy_reason)
-        capture = new_capture(self.plan.backend, self.probes, self.target,
-                              self.plan.modes, opts, self.plan.kernel_tables)
-        capture.open()                      # closes what it opened if it fails
+        capture = self.capture = new_capture(
+            self.plan.backend, self.probes, self.target, self.plan.modes, opts,
+            self.plan.kernel_tables)
+        capture.interrupt = self.interrupt
+        capture.open()          # closes what it opened if it fails (but when interrupted)
         return capture
+
+    def losses(self) -> Losses:
+        """The capture's losses, and the events dropped unread at the end."""
+        losses = self.capture.losses()
+        if self._stream is not None and self._stream.dropped_samples:
+            losses = Losses(**{**{f: getattr(losses, f) for f in fields(losses)},
+                               "dropped": self._stream.dropped_samples})
+        return losses
 
     @property
     def warnings(self) -> list:
@@ -173,19 +196,31 @@ class Session:
         return process.executable(target.argv) if target.scope == "command" else None
 
     def stop(self) -> None:
-        """End the run at the next check (safe from a signal handler)."""
+        """End the run at the next check (safe from a signal handler): while
+        it is being set up, set-up gives up (open() raises Interrupted);
+        while it runs, what the kernel sent is decoded for STOP_S more, the
+        rest dropped and counted."""
         self._stop_requested = True
+        self.interrupt.request()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._stream is not None:
             self._stream.close()
         recorder, self.recorder = self.recorder, None
         try:
             if recorder is not None:    # a full disk says so here: the rest still closes
-                recorder.close(self.capture.losses(), whole=self._whole)
+                recorder.close(self.losses(), whole=self._whole)
         finally:
             if self.capture is not None:
-                self.capture.close()
+                capture = self.capture
+                if (self.close_in_background and len(self.probes) >= BACKGROUND_PROBES
+                        and hasattr(capture, "release")):
+                    close_in_background(capture.close, capture.release)
+                else:
+                    capture.close()
             target = self.target
             if target is not None and target.scope == "command" and target.exit_status is None:
                 target.finish()
@@ -220,7 +255,8 @@ class Session:
             if (self._stop_requested or self.target.wait() or
                     (deadline is not None and time.monotonic() >= deadline)):
                 break
-        for piece in stream.rest():
+        rest = stream.rest_within(STOP_S) if self._stop_requested else stream.rest()
+        for piece in rest:
             yield self._applied(piece)
         self._whole = self.plan.backend != "bpf"    # else: once counted() is read
 

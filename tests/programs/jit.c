@@ -1,10 +1,12 @@
-/* jit [N]: what a JIT does, in small. Copies a tiny trampoline (push %rbp;
+/* jit [N [PAD_MB]]: what a JIT does, in small. Copies a tiny trampoline (push %rbp;
  * mov %rsp,%rbp; call *%rdi; pop %rbp; ret) into fresh anonymous executable
  * memory, names it in /tmp/perf-PID.map the way perf's JIT interface asks
  * ("START SIZE name", hex), and calls target() through it N times (default
  * 1). Then it maps a second copy, appends its line to the map, and calls
- * through that one N times: a reader must notice the file changed. The map
- * file is left behind, as JITs leave theirs. Exit status 0. */
+ * through that one N times: a reader must notice the file changed. With
+ * PAD_MB, the map first gets PAD_MB MiB of short lines naming other code
+ * (what a hostile or runaway writer leaves). The map file is left behind,
+ * as JITs leave theirs. Exit status 0. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,9 +49,24 @@ static jitted jit(const char *name)
 	return (jitted)p;
 }
 
+static void pad_map(long mib)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/tmp/perf-%d.map", getpid());
+	FILE *f = fopen(path, "a");
+	if (!f)
+		exit(2);
+	long written = 0;
+	for (unsigned long start = 0x10000; written < (mib << 20); start += 0x10)
+		written += fprintf(f, "%lx 8 p\n", start);
+	fclose(f);
+}
+
 int main(int argc, char **argv)
 {
 	long n = argc > 1 ? atol(argv[1]) : 1;
+	if (argc > 2)
+		pad_map(atol(argv[2]));
 	jitted first = jit("jitted_first");
 	for (long i = 0; i < n; i++)
 		first(target);

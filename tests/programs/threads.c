@@ -1,6 +1,6 @@
-/* threads [SLEEP_MS|-] [N]: waits so that a tracer can attach: SLEEP_MS ms
+/* threads [SLEEP_MS|-] [N] [THREADS]: waits so that a tracer can attach: SLEEP_MS ms
  * (default 500), or with "-" until a line arrives on stdin (written once the
- * tracer is attached: no race); then starts 2 pthreads, each running
+ * tracer is attached: no race); then starts THREADS (default 2, at most 64) pthreads, each running
  * worker -> thread_a -> thread_d with thread_d called N times (default 5)
  * per thread; joins. Exit status 0; 3 if thread_d ran a wrong number of
  * times, 4 if stdin ends before the line. */
@@ -13,7 +13,7 @@
 #include "wait_start.h"
 
 #define KEEP __attribute__((noinline, noipa, used))
-#define NTHREADS 2
+#define MAX_THREADS 64
 
 volatile long counter;
 static long per_thread = 5;
@@ -49,11 +49,14 @@ int main(int argc, char **argv)
 	if (waited)
 		return waited;
 
-	pthread_t t[NTHREADS];
-	for (int i = 0; i < NTHREADS; i++)
+	int nthreads = argc > 3 ? atoi(argv[3]) : 2;
+	if (nthreads < 1 || nthreads > MAX_THREADS)
+		return 2;
+	pthread_t t[MAX_THREADS];
+	for (int i = 0; i < nthreads; i++)
 		if (pthread_create(&t[i], NULL, worker, NULL))
 			return 2;
-	for (int i = 0; i < NTHREADS; i++)
+	for (int i = 0; i < nthreads; i++)
 		pthread_join(t[i], NULL);
-	return counter == NTHREADS * per_thread ? 0 : 3;
+	return counter == nthreads * per_thread ? 0 : 3;
 }

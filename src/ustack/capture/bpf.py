@@ -44,11 +44,12 @@ from ..kernel.tracefs import tracepoint_id
 from ..kernel.bpf import (ADD, AND, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
                           call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
                           st_imm, stx)
+from ..interrupt import NEVER
 from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT,
                      Losses, MmapEvent,
                      ProfileProbe, RawSample, TracepointProbe, UprobeProbe)
 from .kernel_offsets import Offsets
-from .perf import NEVER_SAMPLE, PerfCapture
+from .perf import NEVER_SAMPLE, READ_MOST, PerfCapture
 from ..values import value
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -315,7 +316,7 @@ def with_ring_records(chunks: list, counter, chunk_type) -> list:
     after the perf buffers, so the MMAP2 records that explain the ring's
     records come first."""
     if counter is not None and counter.ring is not None:
-        records = counter.ring.read()
+        records = counter.ring.read(READ_MOST)
         if records:
             chunks.append(chunk_type(records))
     return chunks
@@ -339,6 +340,7 @@ def program_result(probe) -> int:
 
 class BpfCounter:
     """The maps and programs of one run, attached to a PerfCapture's events."""
+    interrupt = NEVER       # the run's Interrupt: loading gives up when requested
 
     def __init__(self, probes: list, *, stack_storage: int = DEFAULT_STACK_STORAGE,
                  kernel: bool = False, filter_tgid=None, calls_only: bool = False):
@@ -433,6 +435,7 @@ class BpfCounter:
         while the unwinder's rows load. Call after arm_on_exec()."""
         for index, probe in enumerate(self.probes):
             if index not in self.loaded:
+                self.interrupt.check()      # the verifier takes ~8 ms a program
                 self.loaded[index] = self._program(index, probe)
 
     def attach(self, capture) -> None:
@@ -447,6 +450,7 @@ class BpfCounter:
         for probe, fd in list(capture.opened):
             index = self.probes.index(probe)
             if index not in anchored:
+                self.interrupt.check()
                 anchored.add(index)
                 if not isinstance(probe, ProfileProbe):
                     bpf.attach(self._anchor(capture, probe), progs[index])
@@ -573,6 +577,7 @@ class BpfCapture:
     stream carries only metadata; `counted()` gives the stacks at the end,
     `calls()` funccount's totals."""
     unwind_note = ""
+    interrupt = None        # the run's Interrupt, handed to the events
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
@@ -605,6 +610,8 @@ class BpfCapture:
     def open(self) -> None:
         target = self.target
         events = programs = None
+        if self.interrupt is not None:
+            self.events.interrupt = self.interrupt
         try:
             if target.scope == "command":
                 self.arming = ExecArming(target.pid)
@@ -614,6 +621,7 @@ class BpfCapture:
             # the GIL there.
             events = InBackground(self.events.open)
             self.counter = self._new_counter()
+            self.counter.interrupt = self.events.interrupt
             if self.arming is not None:
                 self.counter.arm_on_exec(self.arming)
             # the verifier (~8 ms for the unwinder) works while rows load
@@ -623,6 +631,7 @@ class BpfCapture:
                 objects = self.counter.objects
                 objects.add_vdso()
                 for path in objects_of_target(target, self.probes):
+                    self.interrupt.check()
                     objects.add_path(path)
             programs.result()
             events.result()
@@ -631,7 +640,8 @@ class BpfCapture:
             for job in (programs, events):  # never close what is still opening
                 if job is not None:
                     job.result(quiet=True)
-            self.close()
+            if not self.events.interrupt.requested:
+                self.close()            # else the caller does (in the background)
             raise
 
     def _new_counter(self):
@@ -652,6 +662,22 @@ class BpfCapture:
 
     def start(self) -> None:
         self.events.start()
+
+    def count_samples(self, chunk: bytes, start: int) -> int:
+        """The samples of a chunk from `start`, undecoded: the unwinder's
+        ring holds one per record (a u32 length, then the record)."""
+        if type(chunk).__name__ != "RingChunk":
+            return self.events.count_samples(chunk, start)
+        n, off, end = 0, start, len(chunk)
+        while off + 4 <= end:
+            off += 4 + struct.unpack_from("<I", chunk, off)[0]
+            n += 1
+        return n
+
+    def release(self) -> None:
+        """close() for this process alone (see PerfCapture.release)."""
+        self.events.uprobes.forget()
+        self.close()
 
     def close(self) -> None:
         self.events.close()

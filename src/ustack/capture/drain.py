@@ -14,7 +14,7 @@ _time = attrgetter("time_ns")
 
 DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
 PIECE = 64 << 10                   # bytes of a chunk decoded in one step
-BACKLOG_LIMIT = 256 << 20          # bytes of undecoded records held in memory
+BACKLOG_LIMIT = 32 << 20           # bytes of undecoded records held in memory
 
 
 class _Drainer(threading.Thread):
@@ -72,6 +72,7 @@ class Stream:
         self.capture = capture
         self.exclude_pids = frozenset(exclude_pids)
         self._drainer = _Drainer(capture)
+        self.dropped_samples = 0         # see rest_within()
 
     def start(self) -> None:
         self.capture.start()
@@ -135,6 +136,43 @@ class Stream:
                 if not batch:
                     break
                 yield from self._pieces(batch, [0] * len(batch))
+
+    def rest_within(self, budget: float):
+        """rest() for a run asked to end: what was sent and is not read
+        yet is decoded for `budget` seconds (the consumer's time included);
+        what is left then is counted (self.dropped_samples), not decoded
+        nor reported, so the run ends at once however long its backlog."""
+        self._drainer.finish()
+        self.capture.stop()
+        deadline = time.monotonic() + budget
+        count = getattr(self.capture, "count_samples", None)
+        queue = self._drainer.queue
+
+        def batches():
+            while queue:
+                yield queue.popleft()
+            while True:
+                batch = self.capture.read_chunks(0)
+                if not batch:
+                    return
+                yield batch, [0] * len(batch)
+
+        for batch, offsets in batches():
+            while time.monotonic() < deadline:
+                piece, done = self._piece(batch, offsets)
+                yield piece
+                if done:
+                    break
+            else:
+                yield from self._dropped(batch, offsets, count)
+
+    def _dropped(self, batch: list, offsets: list, count):
+        if count is not None:
+            self.dropped_samples += sum(count(chunk, at) for chunk, at in zip(batch, offsets))
+            return
+        for piece in self._pieces(batch, offsets):      # no counting short of decoding
+            self.dropped_samples += len(piece.samples)
+            yield Piece(piece.metas, ())
 
     def _pieces(self, batch: list, offsets: list):
         while True:

@@ -16,9 +16,11 @@ import select
 import time
 
 from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
+from ..interrupt import NEVER, Interrupted
 from ..kernel import perf_event as pe
 from ..kernel import procfs
-from ..kernel.perf_records import BASE_SAMPLE_TYPE, EventLayout, RecordReader
+from ..kernel.perf_records import (BASE_SAMPLE_TYPE, EventLayout, RecordReader,
+                                   count_samples)
 from ..kernel.ring import PAGE, RingBuffer
 from ..kernel.tracefs import tracepoint_id
 from ..kernel import trace_format as tf
@@ -37,6 +39,9 @@ TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task", "build_id")
 # The period of an event that must count (and carry BPF or tracking
 # records) but never write a sample: in-kernel counting on trace events.
 NEVER_SAMPLE = 1 << 62
+# bytes taken from a CPU's buffer per read: a reader behind (a 32 MiB DWARF
+# buffer full) then holds a few MiB at a time, not all of every buffer
+READ_MOST = 4 << 20
 
 
 def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
@@ -62,6 +67,7 @@ class PerfCapture:
     """Opens the events, owns the fds and ring buffers, hands out chunks
     and decodes them into the run's stream (RawSamples and metadata)."""
     unwind_note = ""       # nothing to add to the header (TracefsCapture has)
+    interrupt = NEVER      # the run's Interrupt: opening gives up when requested
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
@@ -77,6 +83,8 @@ class PerfCapture:
         self.target = target
         self.buffer_pages = buffer_pages
         self.fds: list = []
+        self.sample_fds: list = []        # the probes' events: their losses are events
+        self.tracking_fds: list = []      # a dummy event per CPU for the records below
         self.buffers: dict = {}           # cpu -> RingBuffer
         self.layouts: dict = {}           # event id -> EventLayout
         self.opened: list = []            # (probe, fd) of every event, in order
@@ -91,26 +99,40 @@ class PerfCapture:
         # stop()); None where it cannot say (before Linux 6.0)
         self._count_lost = True
         self.kernel_lost: int | None = None
+        self.records_lost = 0             # fork/comm/mmap records the buffers dropped
 
     def losses(self) -> Losses:
         """The kernel's per-event lost counters where it has them (exact
         even when the last PERF_RECORD_LOST was never written), else the
         LOST records read."""
         lost = self.kernel_lost if self.kernel_lost is not None else self._reader.lost
-        return Losses(lost=lost, throttled=self._reader.throttled)
+        return Losses(lost=lost, throttled=self._reader.throttled,
+                      records_lost=self.records_lost)
 
     # -- attributes per probe kind ---------------------------------------
-    def _attr(self, index: int, tracking: bool):
-        """The perf_event_attr for one probe, and the layout of its samples."""
-        probe = self.probes[index]
+    def _scope_flags(self) -> list:
         flags = ["exclude_callchain_kernel", "sample_id_all"]
         scope = self.target.scope
         if scope in ("pid", "command"):
             flags.append("inherit")
         if scope == "command":
             flags += ["disabled", "enable_on_exec"]
-        if tracking:
-            flags += TRACKING_FLAGS
+        return flags
+
+    def _tracking_attr(self):
+        """A dummy event that writes the fork/comm/mmap records and no
+        sample: the probes' own lost counts are then lost events only
+        (the kernel counts every record an event failed to write)."""
+        return pe.make_attr(pe.TYPE_SOFTWARE, pe.SW_DUMMY,
+                            sample_type=BASE_SAMPLE_TYPE & ~pe.SAMPLE_CALLCHAIN,
+                            flags=self._scope_flags() + list(TRACKING_FLAGS),
+                            read_format=pe.FORMAT_LOST if self._count_lost else 0,
+                            clock_monotonic=True)
+
+    def _attr(self, index: int):
+        """The perf_event_attr for one probe, and the layout of its samples."""
+        probe = self.probes[index]
+        flags = self._scope_flags()
         sample_type = BASE_SAMPLE_TYPE
         stack = regs = 0
         slot = None
@@ -161,14 +183,30 @@ class PerfCapture:
         return self._uprobe_ids[key]
 
     def _open_one(self, index: int, pid: int, cpu: int) -> None:
+        self.interrupt.check()
         probe = self.probes[index]
         made = self._attrs.get(index)
         if made is None:
-            # the first probe's events also carry the tracking records
-            made = self._attrs[index] = self._attr(index, tracking=(index == 0))
+            made = self._attrs[index] = self._attr(index)
         attr, layout = made
+        fd = self._open_attr(attr, pid, cpu, probe.label)
+        self.sample_fds.append(fd)
+        self.opened.append((probe, fd))
+        if self.with_stacks:
+            self.layouts[pe.event_id(fd)] = layout
+        # else no layout: a profile sample written before the BPF program
+        # is attached (an event of -p is live at once) has no callchain and
+        # is skipped as not ours; the program counts every later hit
+        self._into_ring(fd, cpu)
+
+    def _open_tracking(self, pid: int, cpu: int) -> None:
+        fd = self._open_attr(self._tracking_attr(), pid, cpu, "tracking")
+        self.tracking_fds.append(fd)
+        self._into_ring(fd, cpu)
+
+    def _open_attr(self, attr, pid: int, cpu: int, what: str) -> int:
         try:
-            fd = pe.open_event(attr, pid, cpu, what=probe.label)
+            fd = pe.open_event(attr, pid, cpu, what=what)
         except pe.PerfOpenError as e:
             if e.errno != errno.EINVAL or not attr.read_format:
                 raise
@@ -176,14 +214,13 @@ class PerfCapture:
             self._count_lost = False
             for other, _layout in self._attrs.values():
                 other.read_format = 0
-            fd = pe.open_event(attr, pid, cpu, what=probe.label)
+            attr.read_format = 0
+            fd = pe.open_event(attr, pid, cpu, what=what)
         self.fds.append(fd)
-        self.opened.append((probe, fd))
-        if self.with_stacks:
-            self.layouts[pe.event_id(fd)] = layout
-        # else no layout: a profile sample written before the BPF program
-        # is attached (an event of -p is live at once) has no callchain and
-        # is skipped as not ours; the program counts every later hit
+        return fd
+
+    def _into_ring(self, fd: int, cpu: int) -> None:
+        """The CPU's ring buffer, mapped on its first event; later ones write into it."""
         ring = self.buffers.get(cpu)
         if ring is None:
             try:
@@ -198,6 +235,7 @@ class PerfCapture:
 
     def _open_for(self, pid: int, cpus: list) -> None:
         for cpu in cpus:
+            self._open_tracking(pid, cpu)
             for index in range(len(self.probes)):
                 self._open_one(index, pid, cpu)
 
@@ -223,6 +261,8 @@ class PerfCapture:
                         traced += 1
                 if not traced:
                     raise UstackError(f"no such process: {self.target.pid}")
+        except Interrupted:
+            raise                       # the caller closes (in the background)
         except BaseException:
             self.close()
             raise
@@ -241,7 +281,7 @@ class PerfCapture:
             pass
         chunks = []
         for ring in self.buffers.values():
-            chunk = ring.read()
+            chunk = ring.read(READ_MOST)
             if chunk:
                 chunks.append(chunk)
         return chunks
@@ -279,7 +319,8 @@ class PerfCapture:
         # flush_lost() has to provoke) and read.
         if self._count_lost and self.fds:
             try:
-                self.kernel_lost = sum(pe.read_lost(fd) for fd in self.fds)
+                self.kernel_lost = sum(pe.read_lost(fd) for fd in self.sample_fds)
+                self.records_lost = sum(pe.read_lost(fd) for fd in self.tracking_fds)
             except OSError:
                 self.kernel_lost = None
         for fd in self.fds:
@@ -287,6 +328,18 @@ class PerfCapture:
                 pe.disable(fd)
             except OSError:
                 pass
+
+    @staticmethod
+    def count_samples(chunk: bytes, start: int) -> int:
+        """The samples of a chunk from `start`, undecoded."""
+        return count_samples(chunk, start)
+
+    def release(self) -> None:
+        """close() in a process whose descriptors another one holds copies
+        of (capture/closer.py): only this process's hold goes; the other
+        closes the events and removes the probes."""
+        self.uprobes.forget()
+        self.close()
 
     def close(self) -> None:
         for ring in self.buffers.values():
@@ -298,5 +351,7 @@ class PerfCapture:
             except OSError:
                 pass
         self.fds.clear()
+        self.sample_fds.clear()
+        self.tracking_fds.clear()
         self.uprobes.close()            # only after the events are closed
 

@@ -29,6 +29,7 @@ from ..kernel.perf_event import cpus_online
 from ..kernel import tracefs
 from ..kernel.tracefs import tracepoint_id
 from ..kernel.leftovers import remove_stale_tracing
+from ..interrupt import NEVER
 from ..kernel.uprobe_events import UprobeEvents
 from ..model import Losses, MmapEvent, TracepointProbe, UprobeProbe, UstackError
 from ..probes.fetchargs import RESERVED_PREFIX
@@ -46,6 +47,7 @@ PAGES_PER_READ = 256                 # per CPU per drain pass
 
 class TracefsCapture:
     """PerfCapture's interface on a private ftrace instance."""
+    interrupt = NEVER       # the run's Interrupt: set-up gives up when requested
 
     def __init__(self, probes: list, target, buffer_pages=None,
                  modes: tuple = (), stack_size: int = MAX_STACK_BYTES):
@@ -162,6 +164,7 @@ class TracefsCapture:
                 pass
             self.instance.option("userstacktrace", True)
             for index, probe in enumerate(self.probes):
+                self.interrupt.check()
                 if isinstance(probe, UprobeProbe):
                     self._uprobe(index, probe)
                 else:

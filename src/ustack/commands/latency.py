@@ -149,6 +149,7 @@ class LatencySession(Session):
             slower_ns=(None if request.slower_ms is None
                        else int(request.slower_ms * 1_000_000)),
             unwind_tables=tables, fp_stacks=fp, stack_storage=self.opts.stack_storage)
+        capture.interrupt = self.interrupt
         capture.open()
         capture.unwind_note = _returns_note(probes, sites, tables is not None)
         return capture

@@ -134,7 +134,7 @@ def report(request: ReportRequest, opts: Options, out_err: TextIOBase = sys.stde
         else:
             with open_output(request.output, whole=False) as out:
                 _events(session, EVENT_FORMATS[name](out, session.labels))
-        losses = session.capture.losses()
+        losses = session.losses()
     finally:
         session.close()
     write_summary(out_err, warnings=session.capture.warnings + session.resolver.warnings,

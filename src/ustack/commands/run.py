@@ -20,8 +20,8 @@ from ..session import Session
 
 
 class _Signals:
-    """Ctrl-C and SIGTERM end the run cleanly (report, remove probes), even
-    when they arrive while the probes are being set up."""
+    """Ctrl-C and SIGTERM end the run cleanly (report, remove probes); while
+    the probes are being set up, set-up gives up and the run ends unstarted."""
 
     def __init__(self):
         self.session = None
@@ -68,19 +68,18 @@ def run_session(opts: Options, body, err: TextIOBase = sys.stderr,
     status, the closed Session). `session`: an unopened one of a Session
     subclass (latency's), else a Session of `opts`."""
     session = session or Session(opts)
+    session.close_in_background = True      # the prompt comes back at once
     with _Signals() as signals:
         try:
+            signals.session = session       # set-up hears Ctrl-C too
             session.open()
-            signals.session = session
-            if signals.requested:
-                session.stop()
             _header(session, err)
             session.start()                 # the command runs from here
             progress = _progress(session, err)
             session.on_piece = progress.piece
             events = body(session, progress)
             progress.finish()
-            losses = session.capture.losses()
+            losses = session.losses()
         finally:
             session.close()
     target = session.target

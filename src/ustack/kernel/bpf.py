@@ -637,10 +637,11 @@ class RingBuf:
         would otherwise keep the last read from ever ending."""
         self._end = self._u64.unpack_from(self._prod, 0)[0]
 
-    def read(self) -> bytes:
+    def read(self, most: int = 1 << 62) -> bytes:
         """The records written since the last read, each as its u32 length
         and its bytes (the ring's header without its flags), end to end;
-        b"" when there are none. Discarded records are skipped."""
+        b"" when there are none. Discarded records are skipped. At about
+        `most` bytes the rest is left for the next read."""
         cons = self._u64.unpack_from(self._cons, 0)[0]
         prod = self._u64.unpack_from(self._prod, 0)[0]   # acquire: x86 keeps order
         if self._end is not None:
@@ -650,7 +651,7 @@ class RingBuf:
         out = bytearray()
         mask, base = self.size - 1, self._page
         data = self._prod
-        while cons < prod:
+        while cons < prod and len(out) < most:
             length, _pg = self._hdr.unpack_from(data, base + (cons & mask))
             if length & _RB_BUSY:
                 break                        # still being written

@@ -183,6 +183,19 @@ def disable(fd: int) -> None:
     fcntl.ioctl(fd, IOC_DISABLE, 0)
 
 
+MAX_SAMPLE_RATE = "/proc/sys/kernel/perf_event_max_sample_rate"
+
+
+def max_sample_rate() -> int | None:
+    """The highest sampling frequency the kernel takes (it lowers it on
+    its own when sampling costs too much), None if it cannot be read."""
+    try:
+        with open(MAX_SAMPLE_RATE) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def max_stack() -> int:
     """kernel.perf_event_max_stack: the most frames a callchain (or a BPF

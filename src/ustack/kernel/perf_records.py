@@ -87,6 +87,20 @@ def _fast_slot(layout: EventLayout):
     return slot if slot is not None else _GENERAL
 
 
+def count_samples(chunk: bytes, start: int = 0) -> int:
+    """How many sample records a chunk holds from `start`, decoding none
+    (what a run asked to end drops unread)."""
+    n, off, end = 0, start, len(chunk)
+    header = _HEADER.unpack_from
+    while off < end:
+        typ, _misc, size = header(chunk, off)
+        if size == 0:
+            break
+        n += typ == RECORD_SAMPLE
+        off += size
+    return n
+
+
 class RecordReader:
     """Turns ring-buffer bytes into RawSamples and metadata events, and
     keeps the loss totals the kernel reports on the way."""

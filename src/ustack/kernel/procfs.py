@@ -12,13 +12,30 @@ from .proc_root import mapped_file
 def process_exists(pid: int) -> bool:
     """True while the process runs; a zombie (exited, not yet reaped by its
     parent) counts as gone."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, D, Z...), None if no such
+    process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
-        return False
+        return None
     # the state follows the parenthesised comm, which may itself hold ')'
-    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] not in ("Z", "X")
+    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] or None
+
+
+def root_denied(pid: int) -> str | None:
+    """Why this process's files (/proc/PID/root) cannot be read, or None:
+    another user namespace's, or one ptrace rules keep out."""
+    try:
+        os.stat(f"/proc/{pid}/root/")
+    except (PermissionError, OSError) as e:
+        if isinstance(e, PermissionError) or e.errno == 1:
+            return f"/proc/{pid}/root: {e.strerror.lower()}"
+    return None
 
 
 PF_KTHREAD = 0x00200000            # include/linux/sched.h

@@ -12,6 +12,7 @@ import struct
 
 PAGE = mmap.PAGESIZE
 _U64 = struct.Struct("<Q")
+_U16 = struct.Struct("<H")
 _HEAD, _TAIL, _DATA_OFFSET, _DATA_SIZE = 1024, 1032, 1040, 1048
 
 
@@ -26,12 +27,16 @@ class RingBuffer:
         self.size = _U64.unpack_from(self.map, _DATA_SIZE)[0] or PAGE * data_pages
         self.tail = _U64.unpack_from(self.map, _TAIL)[0]
 
-    def read(self) -> bytes:
-        """Everything written since the last read, as one bytes object."""
+    def read(self, most: int = 1 << 62) -> bytes:
+        """What was written since the last read, as one bytes object: all
+        of it, or whole records up to about `most` bytes (the rest stays
+        for the next read: a reader behind holds less in memory)."""
         head = _U64.unpack_from(self.map, _HEAD)[0]
         tail = self.tail
         if head == tail:
             return b""
+        if head - tail > most:
+            head = self._records_end(tail, head, most)
         size, base = self.size, self.offset
         start, end = tail % size, head % size
         if start < end:
@@ -41,6 +46,18 @@ class RingBuffer:
         self.tail = head
         _U64.pack_into(self.map, _TAIL, head)
         return chunk
+
+    def _records_end(self, tail: int, head: int, most: int) -> int:
+        """Where the records from `tail` end, for at most `most` bytes (at
+        least one record). A header is 8-byte aligned: it never wraps."""
+        size, base = self.size, self.offset
+        at = tail
+        while at < head:
+            length = _U16.unpack_from(self.map, base + (at + 6) % size)[0]
+            if length == 0 or (at + length - tail > most and at > tail):
+                break
+            at += length
+        return min(at, head) if at > tail else head
 
     def close(self) -> None:
         try:

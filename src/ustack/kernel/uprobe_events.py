@@ -128,6 +128,11 @@ class UprobeEvents:
         self.names.append(name)
         return f"{self.group}/{name}"
 
+    def forget(self) -> None:
+        """Leave our probes to another process to remove (one that holds
+        their perf events: see capture/closer.py)."""
+        self.names.clear()
+
     def close(self) -> None:
         """Remove our probes (after their perf events are closed: EBUSY before)."""
         for name in reversed(self.names):

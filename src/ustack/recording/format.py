@@ -75,7 +75,8 @@ def losses_record(losses: Losses) -> bytes:
     return record(LOSSES, json.dumps({
         "lost": losses.lost, "throttled": losses.throttled,
         "uncounted": [list(u) for u in losses.uncounted],
-        "skipped": losses.skipped}).encode())
+        "skipped": losses.skipped, "dropped": losses.dropped,
+        "records_lost": losses.records_lost}).encode())
 
 
 def meta_record(event, build_id: str = "") -> bytes:
@@ -165,7 +166,8 @@ def parse_json(payload) -> dict:
 def parse_losses(payload) -> Losses:
     d = parse_json(payload)
     return Losses(d["lost"], d["throttled"], tuple(tuple(u) for u in d["uncounted"]),
-                  skipped=d.get("skipped", 0))      # recordings before it: 0
+                  skipped=d.get("skipped", 0),      # recordings before it: 0
+                  dropped=d.get("dropped", 0), records_lost=d.get("records_lost", 0))
 
 
 def parse_mmap(payload) -> tuple:

@@ -49,11 +49,18 @@ def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
     elif losses.lost:
         print(f"Lost {losses.lost} events: the {backend} buffer was full "
               f"(try --buffer-pages {buffer_pages * 4})", file=err)
+    if losses.records_lost:
+        print(f"Lost {losses.records_lost} records of process changes (fork, exec, "
+              "mmap): frames in the processes they describe may be unnamed",
+              file=err)
+    if losses.dropped:
+        print(f"{losses.dropped} events were dropped unread: the run was asked "
+              "to end while they waited to be read", file=err)
     if losses.throttled:
         print(f"The kernel throttled sampling {losses.throttled} times: samples "
               "were dropped uncounted (see kernel.perf_event_max_sample_rate; "
               "lower -F)", file=err)
-    if events == 0 and not losses.lost and not losses.skipped:
+    if events == 0 and not losses.lost and not losses.skipped and not losses.dropped:
         print("ustack: no events were seen: the probes never fired in this run",
               file=err)
     if command and exit_status not in (None, 0):

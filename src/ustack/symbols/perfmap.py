@@ -13,12 +13,16 @@ its pid), never through a symlink out of that root. ustack runs as root
 and the file is in a world-writable /tmp, so it is read only when it is
 a regular file (not a FIFO that would block, not a symlink) owned by the
 process's user or root, and only its first
-MAX_MAP_BYTES; malformed lines are skipped. What was refused
-or skipped is said once, in the run's warnings."""
+MAX_MAP_BYTES; malformed lines are skipped. The process that writes the
+map is untrusted too: what is kept is bounded (its newest MAX_ENTRIES
+entries, read from the last PARSE_WINDOW bytes, names cut at MAX_NAME),
+held as arrays and one blob of names rather than an object per line. What
+was refused, skipped or cut is said once, in the run's warnings."""
 from __future__ import annotations
 
 import bisect
 import os
+from array import array
 import stat
 from collections.abc import Callable
 
@@ -27,6 +31,10 @@ from ..model import Frame, Mapping
 from ..objfile.elf import Symbol
 
 MAX_MAP_BYTES = 64 << 20           # a JIT's map is a few MB; a sparse 1 GB file is not one
+MAX_ENTRIES = 1 << 18              # functions kept per map: the newest win
+PARSE_WINDOW = 16 << 20            # bytes parsed per read, the newest (~1 s of parsing)
+MAX_NAME = 1024                    # bytes of one name kept
+_U64 = 1 << 64
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
 
@@ -80,25 +88,16 @@ class PerfMap:
         self._fd: int | None = None
         self._stamp = None               # (ino, size, mtime) when last read
         self._done = 0                   # bytes consumed: complete lines only
-        self._by_start: dict = {}
-        self._starts: list = []
-        self._syms: list = []
+        self._entries = _Entries()
+        self._sorted = _SortedView(self._entries)
 
     def lookup(self, addr: int) -> Symbol | None:
         if self._fd is not None and self._current():
-            sym = self._find(addr)
+            sym = self._sorted.find(addr)
             if sym is not None:
                 return sym
         self._refresh()
-        return self._find(addr)
-
-    def _find(self, addr: int) -> Symbol | None:
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i >= 0:
-            sym = self._syms[i]
-            if addr < sym.address + sym.size:
-                return sym
-        return None
+        return self._sorted.find(addr)
 
     def _current(self) -> bool:
         """Whether the open file is still the map and unchanged since read."""
@@ -170,47 +169,54 @@ class PerfMap:
             self._close()
 
     def _read_tail(self, size: int) -> None:
-        """Parse the complete lines between what was read and size."""
+        """Parse the complete lines between what was read and size: at
+        most the last PARSE_WINDOW bytes of them (older lines are skipped
+        whole, as a map with more entries than are kept would lose them)."""
         if size > MAX_MAP_BYTES:
             self._say(f"{self.shown} is larger than {MAX_MAP_BYTES >> 20} MiB: "
                       "only its start is used")
             size = MAX_MAP_BYTES
-        chunks = []
         at = self._done
+        if size - at > PARSE_WINDOW:
+            at = self._line_start(size - PARSE_WINDOW)
+            if at < 0:
+                self._done = size        # one line longer than the window: no name
+                return
+            self._entries.clear()        # all of them older than what follows
+            self._say(f"{self.shown} holds more than {PARSE_WINDOW >> 20} MiB of "
+                      "names: only its newest ones are used")
+        entries = self._entries
+        skipped = 0
+        rest = b""
         while at < size:
             chunk = os.pread(self._fd, min(size - at, 1 << 20), at)
             if not chunk:
                 break
-            chunks.append(chunk)
             at += len(chunk)
-        data = b"".join(chunks)
-        end = data.rfind(b"\n") + 1           # a half-written last line waits
-        if end == 0:
-            return
-        self._done += end
-        by_start = self._by_start
-        skipped = 0
-        for line in data[:end].decode(errors="replace").splitlines():
-            parts = line.split(" ", 2)
-            try:
-                start, size_ = int(parts[0], 16), int(parts[1], 16)
-            except (ValueError, IndexError):
-                skipped += 1
-                continue
-            if len(parts) == 3 and size_ > 0 and parts[2]:
-                by_start[start] = Symbol(parts[2], start, size_)
-            else:
-                skipped += 1
+            data = rest + chunk
+            end = data.rfind(b"\n") + 1        # a half-written last line waits
+            rest = data[end:]
+            if end:
+                self._done = at - len(rest)
+                skipped += entries.parse(data, end)
         if skipped:
             self._say(f"{self.shown}: malformed lines skipped")
-        syms = sorted(by_start.values(), key=lambda s: s.address)
-        self._syms = syms
-        self._starts = [s.address for s in syms]
+        if entries.dropped:
+            self._say(f"{self.shown} has more than {MAX_ENTRIES:,} entries: only "
+                      "the newest are used")
+        self._sorted.rebuild()
+
+    def _line_start(self, at: int) -> int:
+        """The offset of the first line that starts at or after `at`
+        (-1: none within the next MiB)."""
+        window = os.pread(self._fd, 1 << 20, at - 1) if at else b"\n"
+        i = window.find(b"\n")
+        return -1 if i < 0 else at + i
 
     def _forget(self) -> None:
         self._done = 0
-        self._by_start = {}
-        self._starts, self._syms = [], []
+        self._entries.clear()
+        self._sorted.rebuild()
 
     def _close(self) -> None:
         if self._fd is not None:
@@ -227,6 +233,103 @@ class PerfMap:
                 os.close(self._fd)
             except OSError:
                 pass
+
+
+class _Entries:
+    """A map's entries in the order of its lines: starts, sizes and the
+    offsets of their names in one blob; at most MAX_ENTRIES, the oldest
+    dropped first (a JIT appends what it compiled last)."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.starts = array("Q")
+        self.sizes = array("Q")
+        self.name_at = array("Q")           # where each name starts in `names`
+        self.names = bytearray()
+        self.dropped = 0                    # entries dropped for the cap
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def name(self, i: int) -> str:
+        at = self.name_at
+        end = at[i + 1] if i + 1 < len(at) else len(self.names)
+        return self.names[at[i]:end].decode(errors="replace")
+
+    def parse(self, data: bytes, end: int) -> int:
+        """Add the `START SIZE name` lines of data[:end]; the number skipped."""
+        starts, sizes, name_at, names = self.starts, self.sizes, self.name_at, self.names
+        skipped = 0
+        for line in data[:end].split(b"\n"):
+            parts = line.split(b" ", 2)
+            try:
+                start, size = int(parts[0], 16), int(parts[1], 16)
+            except (ValueError, IndexError):
+                if line:
+                    skipped += 1
+                continue
+            name = parts[2].rstrip(b"\r") if len(parts) == 3 else b""
+            if not name or not 0 < size < _U64 or not 0 <= start < _U64 - size:
+                skipped += 1
+                continue
+            starts.append(start)
+            sizes.append(size)
+            name_at.append(len(names))
+            names += name[:MAX_NAME]
+        if len(starts) >= 2 * MAX_ENTRIES:
+            self._keep_newest(MAX_ENTRIES)
+        return skipped
+
+    def _keep_newest(self, n: int) -> None:
+        cut = len(self.starts) - n
+        if cut <= 0:
+            return
+        at = self.name_at[cut]
+        self.starts = self.starts[cut:]
+        self.sizes = self.sizes[cut:]
+        self.name_at = array("Q", (x - at for x in self.name_at[cut:]))
+        del self.names[:at]
+        self.dropped += cut
+
+    def trim(self) -> None:
+        self._keep_newest(MAX_ENTRIES)
+
+
+class _SortedView:
+    """The entries by start address, one per start (the latest line wins:
+    the code there was replaced), for bisecting."""
+
+    def __init__(self, entries: _Entries):
+        self.entries = entries
+        self.starts = array("Q")
+        self.index = array("L")             # position in `entries`
+
+    def rebuild(self) -> None:
+        entries = self.entries
+        entries.trim()
+        starts = entries.starts
+        order = sorted(range(len(starts)), key=starts.__getitem__)   # stable
+        self.starts = array("Q")
+        self.index = array("L")
+        for k, i in enumerate(order):
+            if k + 1 < len(order) and starts[order[k + 1]] == starts[i]:
+                continue                    # a later line has this start
+            self.starts.append(starts[i])
+            self.index.append(i)
+
+    def find(self, addr: int) -> Symbol | None:
+        k = bisect.bisect_right(self.starts, addr) - 1
+        if k < 0:
+            return None
+        entries = self.entries
+        i = self.index[k]
+        start = entries.starts[i]
+        size = entries.sizes[i]
+        if addr < start + size:
+            return Symbol(entries.name(i), start, size)
+        return None
 
 
 def perf_map_path(pid: int) -> str:

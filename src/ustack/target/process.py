@@ -144,8 +144,17 @@ def _runnable(path: str) -> bool:
 
 
 def attach(pid: int) -> Target:
-    if pid <= 0 or not procfs.process_exists(pid):
+    state = procfs.process_state(pid) if pid > 0 else None
+    if state is None or state == "X":
         raise UstackError(f"no such process: {pid}")
+    if state == "Z":
+        raise UstackError(f"PID {pid} is a zombie: it has exited and its parent "
+                          "has not reaped it yet; there is nothing left to trace")
+    denied = procfs.root_denied(pid)
+    if denied:
+        raise UstackError(f"cannot read the files of PID {pid} ({denied}): "
+                          "ustack may not look into that process from here (a "
+                          "user namespace of its own, or ptrace restrictions)")
     if procfs.is_kernel_thread(pid):
         raise UstackError(f"PID {pid} is a kernel thread: it has no user stack")
     return Target("pid", pid)

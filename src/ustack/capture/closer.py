@@ -1,0 +1,63 @@
+"""Closing a big capture without making the user wait for it. The kernel
+waits an RCU grace period (~75-116 ms here) for each trace event whose last
+perf event is closed, one at a time under one lock: a run of 2,000 uprobes
+took minutes to end. A grandchild process of its own session (Ctrl-C of the
+terminal does not reach it; init reaps it) holds the capture's descriptors,
+the run drops its own copies at once (not the last: no wait) and goes on,
+and the grandchild closes them for real and removes what the run defined."""
+from __future__ import annotations
+
+import os
+import signal
+
+# below this many probes a capture closes in the foreground (~0.1 s each)
+BACKGROUND_PROBES = 4
+
+
+def close_in_background(close, release) -> None:
+    """Call release() in this process (fast: its descriptors are not the
+    last, and it leaves the probe definitions alone), then close() in a
+    detached grandchild that holds copies of them."""
+    go_read, go_write = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:                 # no process to spare: close here, slowly
+        pid = None
+    if pid == 0:
+        status = 1
+        try:
+            os.close(go_write)
+            if os.fork() == 0:
+                _finish(close, go_read)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(go_read)
+    forked = pid is not None and os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    try:
+        if forked:
+            release()               # drops this process's copies
+        else:
+            close()
+    finally:
+        os.close(go_write)          # the grandchild may begin
+
+
+NAME = "ustack-closer"           # its comm, for ps (and the tests' leak check)
+
+
+def _finish(close, go_read: int) -> None:
+    os.setsid()
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(NAME)
+    except OSError:
+        pass
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # not the run's handler
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):             # hold no pipe of the caller's open
+        os.dup2(null, fd)
+    os.read(go_read, 1)              # EOF: the run dropped its copies
+    close()

@@ -1,0 +1,78 @@
+"""Ctrl-C and SIGTERM end a run at once whatever it is doing: while it
+opens thousands of probes (set-up gives up, the held -c command never
+runs, what was opened is removed), and while a high-rate trace has a
+backlog to decode (the backlog is dropped and counted). The 30 s guards
+only keep a hung run from hanging the suite; the runs end in well under
+a second (see the commit that made them so for the measured times)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from helpers import build, wait_until
+from test_e2e_core import (private_copy, start_ustack, stop, uprobe_hits, ustack_lines,
+                           wait_tracing)
+
+# ~1,800 functions of libc (globs without IFUNCs): set-up takes tens of seconds
+LIBC_GLOBS = [f"uprobe:libc:{c}*" for c in "psfxcilrweamnouvbdhkqy"]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+@pytest.mark.parametrize("backend", ["auto", "perf"])
+def test_signal_during_setup_ends_the_run_unstarted(backend, sig, tmp_path):
+    ran = tmp_path / "ran"
+    us = start_ustack("count", *LIBC_GLOBS, "--backend", backend, "-c", f"touch {ran}")
+    try:
+        # set-up is under way once the run's first probes are defined
+        wait_until(lambda: ustack_lines(us.pid) or us.poll() is not None,
+                   timeout=60, what="the run's first uprobe definitions")
+        assert us.poll() is None, us.communicate()[1]
+        us.send_signal(sig)
+        try:
+            err = us.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"ustack did not end within 30 s of {sig.name} during set-up")
+        assert us.returncode == 130, err
+        assert err.splitlines() == ["ustack: interrupted while setting up: nothing was "
+                                    "traced"], err
+        assert not ran.exists(), "the -c command ran"
+        # a detached process closes what was opened (the kernel waits ~0.1 s
+        # a probe) and removes the probe definitions last
+        wait_until(lambda: not ustack_lines(us.pid), timeout=300,
+                   what="the interrupted run's probes being removed")
+    finally:
+        stop(us)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["perf", "bpf"])
+def test_signal_at_a_high_rate_drops_the_backlog(backend, tmp_path):
+    """A probe in a tight loop fires faster than stacks are printed: a
+    backlog builds up. SIGINT leaves a fraction of a second to what was
+    sent, drops the rest, says how many events that was, and ends the
+    command."""
+    prog = private_copy(build("chain"), tmp_path)
+    us = start_ustack("trace", f"uprobe:{prog}:d", "--backend", backend,
+                      "-c", f"{prog} {10 ** 12}")
+    try:
+        wait_tracing(us)
+        wait_until(lambda: uprobe_hits(prog) >= 1_000_000, timeout=120,
+                   what="1,000,000 hits of d")
+        us.send_signal(signal.SIGINT)
+        try:
+            err = us.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            pytest.fail("ustack did not end within 30 s of SIGINT")
+        assert us.returncode == 0, err
+        assert "Traceback" not in err, err
+        dropped = [line for line in err.splitlines() if "dropped unread" in line]
+        assert len(dropped) == 1 and dropped[0].endswith(
+            "events were dropped unread: the run was asked to end while they "
+            "waited to be read"), err
+        assert int(dropped[0].split()[0]) > 0, err
+        assert ustack_lines(us.pid) == []
+    finally:
+        stop(us)
