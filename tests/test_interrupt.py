@@ -55,7 +55,9 @@ def test_signal_at_a_high_rate_drops_the_backlog(backend, tmp_path):
     sent, drops the rest, says how many events that was, and ends the
     command."""
     prog = private_copy(build("chain"), tmp_path)
-    us = start_ustack("trace", f"uprobe:{prog}:d", "--backend", backend,
+    # perf: frame pointers, cheap per event in the kernel, slow to print
+    fp = ["--unwind", "fp"] if backend == "perf" else []
+    us = start_ustack("trace", f"uprobe:{prog}:d", "--backend", backend, *fp,
                       "-c", f"{prog} {10 ** 12}")
     try:
         wait_tracing(us)
