@@ -1,0 +1,100 @@
+/* What ustack's BPF programs share with each other and with Python.
+ *
+ * Every structure Python reads or writes (map keys and values, ring
+ * records) is defined here once; Python learns its layout from the
+ * object's BTF (kernel/bpf_object.py: BpfObject.layout), so a field added
+ * here reaches Python without a second format string. An enum's values
+ * reach Python the same way (BpfObject.enum). Types that appear only in a
+ * map or ring declaration still need a use for clang to keep them in BTF:
+ * see KEEP_TYPE.
+ *
+ * No kernel headers: the few kernel layouts the programs touch are given
+ * here (pt_regs is x86-64's, fixed by the ABI) or reach the programs as
+ * read-only data taken from the running kernel's BTF (field offsets). */
+#ifndef USTACK_H
+#define USTACK_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+/* x86-64 struct pt_regs (arch/x86/include/asm/ptrace.h) */
+struct pt_regs {
+	__u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+	__u64 ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
+};
+
+#define EFAULT 14
+#define EEXIST 17
+#define CLONE_THREAD 0x10000
+
+/* what a program on a trace event returns: 0 drops the perf sample (and on
+ * a shared tracepoint, every other tool's too), 1 lets perf go on with it */
+enum program_result { DROP_SAMPLE = 0, PASS_ON = 1 };
+
+/* slots of the counters' error array: why an event was not counted */
+enum count_error { ERR_COLLISION = 0, ERR_STACKS_FULL = 1, ERR_COUNTS_FULL = 2,
+		   COUNT_ERROR_SLOTS = 3 };
+
+#define NO_STACK (-1)	/* the stack id stored when there is none */
+
+/* the key of the stack counters' map */
+struct count_key {
+	__u64 pid_tgid;
+	__s64 probe;		/* index into the run's probes */
+	__s64 user_stack;	/* stack id, NO_STACK for none */
+	__s64 kernel_stack;
+	__u64 return_address;	/* the word at [sp] of an entry uprobe */
+};
+
+/* The run's scope, shared by the programs of several objects (the loader
+ * hands each the same map): armed[0] is set when a held -c command has
+ * exec'd (exec.bpf.c), tgids holds the traced processes (tracepoints fire
+ * for every task). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} armed SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);		/* sized by the loader */
+} tgids SEC(".maps");
+
+/* whether the held command has exec'd */
+static __always_inline int exec_seen(void)
+{
+	__u32 zero = 0;
+	__u64 *flag = bpf_map_lookup_elem(&armed, &zero);
+
+	return flag && *flag;
+}
+
+/* whether the process of this pid_tgid is traced */
+static __always_inline int traced(__u64 pid_tgid)
+{
+	__u32 tgid = pid_tgid >> 32;
+
+	return bpf_map_lookup_elem(&tgids, &tgid) != 0;
+}
+
+/* clang keeps in BTF only the types the code uses: name one here to give
+ * Python its layout */
+#define KEEP_TYPE(t) t __keep_##t __attribute__((unused, section(".keep")))
+
+/* *slot += 1 when slot is not NULL */
+static __always_inline void add_one(__u64 *slot)
+{
+	if (slot)
+		__sync_fetch_and_add(slot, 1);
+}
+
+/* map[index] += 1 in an ARRAY map of u64 */
+#define COUNT_AT(map, index) ({ __u32 __i = (index); \
+	add_one(bpf_map_lookup_elem(&(map), &__i)); })
+
+#endif
