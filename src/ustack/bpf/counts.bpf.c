@@ -56,7 +56,7 @@ static __always_inline int stack_id(void *ctx, __u64 flags, __s64 *id)
 SEC("event")
 int count_stack(void *ctx)
 {
-	struct count_key key = {};
+	struct count_key key;
 	__u64 one = 1, *n;
 	long err;
 
@@ -67,6 +67,7 @@ int count_stack(void *ctx)
 		return result;
 	key.probe = probe_index;
 	key.kernel_stack = NO_STACK;
+	key.return_address = 0;
 	if (!stack_id(ctx, BPF_F_USER_STACK, &key.user_stack))
 		return result;
 	if (kernel_stack && !stack_id(ctx, 0, &key.kernel_stack))
