@@ -29,12 +29,11 @@ struct {
 } errors SEC(".maps");
 
 const volatile __s64 probe_index;
-const volatile __u8 result;		/* enum program_result */
-const volatile __u8 only_traced;	/* a tracepoint under -p/-c: tgids */
-const volatile __u8 wait_for_exec;	/* a -c command: count once armed */
-const volatile __u8 kernel_stack;	/* --kernel */
-const volatile __u8 read_return_address;	/* an entry uprobe: the word at */
-const volatile __u32 return_address_slot;	/* sp + 8 * slot */
+const volatile enum program_result result;
+/* enum count_option bits, read once: each read of read-only data costs
+ * two instructions a hit, though the verifier prunes the branches */
+const volatile enum count_option options;
+const volatile __u32 return_address_slot;	/* COUNT_RETURN_ADDRESS: sp + 8 * slot */
 
 /* *id = bpf_get_stackid(ctx, stacks, flags); a missing stack (-EFAULT: a
  * kernel thread has no user stack) is NO_STACK; 0 when the event cannot
@@ -43,11 +42,12 @@ static __always_inline int stack_id(void *ctx, __u64 flags, __s64 *id)
 {
 	long got = bpf_get_stackid(ctx, &stacks, flags);
 
-	if (got == -EFAULT) {
+	if (got < 0) {
+		if (got != -EFAULT) {
+			COUNT_AT(errors, got == -EEXIST ? ERR_COLLISION : ERR_STACKS_FULL);
+			return 0;
+		}
 		got = NO_STACK;
-	} else if (got < 0) {
-		COUNT_AT(errors, got == -EEXIST ? ERR_COLLISION : ERR_STACKS_FULL);
-		return 0;
 	}
 	*id = got;
 	return 1;
@@ -56,23 +56,24 @@ static __always_inline int stack_id(void *ctx, __u64 flags, __s64 *id)
 SEC("event")
 int count_stack(void *ctx)
 {
+	enum count_option opts = options;
 	struct count_key key;
 	__u64 one = 1, *n;
 	long err;
 
 	key.pid_tgid = bpf_get_current_pid_tgid();
-	if (only_traced && !traced(key.pid_tgid))
+	if ((opts & COUNT_ONLY_TRACED) && !traced(key.pid_tgid))
 		return result;
-	if (wait_for_exec && !exec_seen())
+	if ((opts & COUNT_WAIT_FOR_EXEC) && !exec_seen())
 		return result;
 	key.probe = probe_index;
 	key.kernel_stack = NO_STACK;
 	key.return_address = 0;
 	if (!stack_id(ctx, BPF_F_USER_STACK, &key.user_stack))
 		return result;
-	if (kernel_stack && !stack_id(ctx, 0, &key.kernel_stack))
+	if ((opts & COUNT_KERNEL_STACK) && !stack_id(ctx, 0, &key.kernel_stack))
 		return result;
-	if (read_return_address)	/* the caller's, which an FP walk may skip */
+	if (opts & COUNT_RETURN_ADDRESS)	/* the caller's, which an FP walk may skip */
 		bpf_probe_read_user(&key.return_address, sizeof(key.return_address),
 				    (void *)(((struct pt_regs *)ctx)->sp
 					     + 8 * return_address_slot));

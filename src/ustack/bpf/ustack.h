@@ -4,9 +4,9 @@
  * records) is defined here once; Python learns its layout from the
  * object's BTF (kernel/bpf_object.py: BpfObject.layout), so a field added
  * here reaches Python without a second format string. An enum's values
- * reach Python the same way (BpfObject.enum). Types that appear only in a
- * map or ring declaration still need a use for clang to keep them in BTF:
- * see KEEP_TYPE.
+ * reach Python the same way (BpfObject.enum), once the C uses the enum as a
+ * type (clang keeps in BTF only the types the code names: a map's key or
+ * value, a typed global).
  *
  * No kernel headers: the few kernel layouts the programs touch are given
  * here (pt_regs is x86-64's, fixed by the ABI) or reach the programs as
@@ -35,6 +35,14 @@ enum program_result { DROP_SAMPLE = 0, PASS_ON = 1 };
 /* slots of the counters' error array: why an event was not counted */
 enum count_error { ERR_COLLISION = 0, ERR_STACKS_FULL = 1, ERR_COUNTS_FULL = 2,
 		   COUNT_ERROR_SLOTS = 3 };
+
+/* what a stack counter does besides counting (counts.bpf.c's options) */
+enum count_option {
+	COUNT_ONLY_TRACED = 1,		/* a tracepoint under -p/-c: tgids only */
+	COUNT_WAIT_FOR_EXEC = 2,	/* a -c command: count once armed */
+	COUNT_KERNEL_STACK = 4,		/* --kernel */
+	COUNT_RETURN_ADDRESS = 8,	/* an entry uprobe: its caller's return address */
+};
 
 #define NO_STACK (-1)	/* the stack id stored when there is none */
 
@@ -81,10 +89,6 @@ static __always_inline int traced(__u64 pid_tgid)
 
 	return bpf_map_lookup_elem(&tgids, &tgid) != 0;
 }
-
-/* clang keeps in BTF only the types the code uses: name one here to give
- * Python its layout */
-#define KEEP_TYPE(t) t __keep_##t __attribute__((unused, section(".keep")))
 
 /* *slot += 1 when slot is not NULL */
 static __always_inline void add_one(__u64 *slot)

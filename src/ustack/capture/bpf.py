@@ -266,12 +266,15 @@ class BpfCounter:
             return self._load("funccount", "count_call", probe, index, {
                 "probe_index": index, "result": result, "wait_for_exec": armed})
         slot = getattr(probe, "return_address_slot", None)
+        bits = bpf_program_object("counts").enum("count_option")
+        wanted = {"COUNT_ONLY_TRACED": self.tgids is not None
+                  and isinstance(probe, TracepointProbe),
+                  "COUNT_WAIT_FOR_EXEC": armed and not isinstance(probe, ProfileProbe),
+                  "COUNT_KERNEL_STACK": self.kernel,
+                  "COUNT_RETURN_ADDRESS": slot is not None}
         return self._load("counts", "count_stack", probe, index, {
             "probe_index": index, "result": result,
-            "only_traced": self.tgids is not None and isinstance(probe, TracepointProbe),
-            "wait_for_exec": armed and not isinstance(probe, ProfileProbe),
-            "kernel_stack": self.kernel,
-            "read_return_address": slot is not None,
+            "options": sum(bits[name] for name, on in wanted.items() if on),
             "return_address_slot": slot or 0})
 
     def _load(self, obj_name: str, program: str, probe, index: int, rodata: dict) -> int:
