@@ -90,6 +90,74 @@ static __always_inline int traced(__u64 pid_tgid)
 	return bpf_map_lookup_elem(&tgids, &tgid) != 0;
 }
 
+/* --- latency (latency.bpf.c) --- */
+#define LAT_MAX_DEPTH 16	/* entries kept per (who, function): a power of two */
+#define LAT_BUCKETS 64		/* log2 buckets of a histogram: a power of two */
+
+/* ENTRIES' key: the thread (pid_tgid) or the goroutine (Go's g), the function */
+struct entry_key {
+	__u64 who;
+	__u32 function;
+	__u32 pad;
+};
+
+/* ENTRIES' value: a stack of entry times, so recursion pairs each return
+ * with its own entry */
+struct entry_level {
+	__u64 time;
+	__u64 hash;		/* the entry's stack, 0 without one */
+};
+
+struct entry_stack {
+	__u64 depth;
+	struct entry_level level[LAT_MAX_DEPTH];
+};
+
+/* HISTS' key: tgid and hash are 0 unless split by stack */
+struct hist_key {
+	__u32 function;
+	__u32 tgid;
+	__u64 hash;
+};
+
+/* HISTS' value (per CPU), durations in ns, buckets in the run's unit */
+struct hist {
+	__u64 count, sum, min, max;
+	__u64 buckets[LAT_BUCKETS];
+};
+
+/* the ring's record of a call at least --slower long */
+struct slow_call {
+	__u64 end;
+	__u64 pid_tgid;
+	__u32 function;
+	__u32 cpu;
+	__u64 duration;
+	__u64 hash;
+};
+
+/* FP_STACKS' value: a frame-pointer entry stack under its hash */
+struct fp_stack {
+	__s32 stack_id;
+	__u32 pad;
+	__u64 return_address;	/* the word at [sp], which the kernel's walk skips */
+};
+
+/* slots of latency's error array */
+enum latency_error { LAT_TOO_DEEP = 0, LAT_HISTS_FULL = 1, LAT_ENTRIES_FULL = 2,
+		     LAT_RING_FULL = 3, LATENCY_ERROR_SLOTS = 4 };
+
+/* what a latency program does besides timing (latency.bpf.c's options) */
+enum latency_option {
+	LAT_ONLY_TRACED = 1,	/* a tracepoint under -p/-c: tgids only */
+	LAT_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
+	LAT_GOROUTINE = 4,	/* Go code: key on the goroutine (r14 holds g) */
+	LAT_FP_STACK = 8,	/* an entry: keep its frame-pointer stack */
+	LAT_BY_STACK = 16,	/* a return: a histogram per stack */
+	LAT_SLOWER = 32,	/* a return: report calls of slower_ns or more */
+	LAT_TAIL = 64,		/* a return through a tail call's jump: counted, not timed */
+};
+
 /* *slot += 1 when slot is not NULL */
 static __always_inline void add_one(__u64 *slot)
 {

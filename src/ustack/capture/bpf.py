@@ -263,8 +263,9 @@ class BpfCounter:
         result = program_result(probe)
         armed = self.armed is not None
         if self.calls_only:
-            return self._load("funccount", "count_call", probe, index, {
-                "probe_index": index, "result": result, "wait_for_exec": armed})
+            return self._load_c("funccount", "count_call", probe, {
+                "probe_index": index, "result": result, "wait_for_exec": armed},
+                f"ustack_{index}")
         slot = getattr(probe, "return_address_slot", None)
         bits = bpf_program_object("counts").enum("count_option")
         wanted = {"COUNT_ONLY_TRACED": self.tgids is not None
@@ -272,22 +273,22 @@ class BpfCounter:
                   "COUNT_WAIT_FOR_EXEC": armed and not isinstance(probe, ProfileProbe),
                   "COUNT_KERNEL_STACK": self.kernel,
                   "COUNT_RETURN_ADDRESS": slot is not None}
-        return self._load("counts", "count_stack", probe, index, {
+        return self._load_c("counts", "count_stack", probe, {
             "probe_index": index, "result": result,
             "options": sum(bits[name] for name, on in wanted.items() if on),
-            "return_address_slot": slot or 0})
+            "return_address_slot": slot or 0}, f"ustack_{index}")
 
-    def _load(self, obj_name: str, program: str, probe, index: int, rodata: dict) -> int:
+    def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str) -> int:
         """Load a C program for `probe` with the run's maps; a map it names
         and the run lacks (no -c: no `armed`) is made as the C declares it,
         once, and closed with the rest."""
         maps = dict(self.named)
-        for name, m in (("armed", self.armed), ("tgids", self.tgids)):
+        for shared, m in (("armed", self.armed), ("tgids", self.tgids)):
             if m is not None:
-                maps[name] = m
+                maps[shared] = m
         before = set(maps)
         fd = bpf_program_object(obj_name).load(program, maps, rodata,
-                                               prog_type_of(probe), f"ustack_{index}")
+                                               prog_type_of(probe), name)
         self.prog_fds.append(fd)
         for name in set(maps) - before:
             self.named[name] = self._keep(maps[name])

@@ -78,8 +78,15 @@ class Layout:
 
 
 class _Program:
-    def __init__(self, name: str, section: str, code: bytes, shndx: int):
+    """A program: `code` starts at byte `start` of its section (a section
+    may hold several)."""
+
+    def __init__(self, name: str, section: str, code: bytes, shndx: int, start: int):
         self.name, self.section, self.code, self.shndx = name, section, code, shndx
+        self.start = start
+
+    def holds(self, offset: int) -> bool:
+        return self.start <= offset < self.start + len(self.code)
 
 
 class BpfObject:
@@ -119,8 +126,10 @@ class BpfObject:
             if (sym["st_info"]["type"] == "STT_FUNC" and sym["st_info"]["bind"] == "STB_GLOBAL"
                     and isinstance(sym["st_shndx"], int) and sym["st_shndx"] != self._text_shndx):
                 sec = sections[sym["st_shndx"]]
-                self.programs[sym.name] = _Program(sym.name, sec.name, sec.data(),
-                                                   sym["st_shndx"])
+                start = sym["st_value"]
+                self.programs[sym.name] = _Program(
+                    sym.name, sec.name, sec.data()[start:start + sym["st_size"]],
+                    sym["st_shndx"], start)
         self._relocs: dict = {}               # section index -> [(byte offset, symbol)]
         for sec in sections:
             if isinstance(sec, RelocationSection) and sec.header.sh_info < len(sections):
@@ -142,6 +151,10 @@ class BpfObject:
                     fields[member + "_size"] = self.btf.size(target)
                 else:                                      # int (*name)[N]
                     fields[member] = self.btf.extra[target][1]
+            if fields["type"] == bpf.MAP_RINGBUF:
+                # its __type(value, ...) names the record type (for BTF,
+                # so for Python); the kernel wants no key or value size
+                fields["key_size"] = fields["value_size"] = 0
             out[name] = MapDef(fields["type"], fields.get("key_size", 0),
                                fields.get("value_size", 0), fields.get("max_entries", 1),
                                fields.get("map_flags", 0))
@@ -209,8 +222,8 @@ class BpfObject:
         """The program's code with .text appended when it calls into it
         (or takes a callback's address there), and where .text starts (in
         instructions; None when not appended)."""
-        uses_text = any(sym["st_shndx"] == self._text_shndx
-                        for _o, sym in self._relocs.get(prog.shndx, ()))
+        uses_text = any(sym["st_shndx"] == self._text_shndx and prog.holds(offset)
+                        for offset, sym in self._relocs.get(prog.shndx, ()))
         if not uses_text or not self._text:
             return bytearray(prog.code), None
         return bytearray(prog.code + self._text), len(prog.code) // 8
@@ -218,11 +231,11 @@ class BpfObject:
     def _relocate(self, prog: _Program, code: bytearray, text_at, maps: dict,
                   rodata: dict) -> tuple:
         ro = None
-        relocs = [(prog.shndx, 0, r) for r in self._relocs.get(prog.shndx, ())]
+        relocs = [(-prog.start // 8, r) for r in self._relocs.get(prog.shndx, ())
+                  if prog.holds(r[0])]
         if text_at is not None:
-            relocs += [(self._text_shndx, text_at, r)
-                       for r in self._relocs.get(self._text_shndx, ())]
-        for _shndx, base, (offset, sym) in relocs:
+            relocs += [(text_at, r) for r in self._relocs.get(self._text_shndx, ())]
+        for base, (offset, sym) in relocs:
             at = base + offset // 8
             opcode, regs, off, imm = _INSN.unpack_from(code, 8 * at)
             target = self._sec_names[sym["st_shndx"]] if isinstance(sym["st_shndx"], int) else ""
@@ -321,17 +334,18 @@ class BpfObject:
         if not self._ext:
             return b"", b""
         _magic, _v, _f, hdr_len, f_off, f_len, l_off, l_len = _EXT_HDR.unpack_from(self._ext)
-        parts = [(prog.section, 0)]
+        parts = [(prog.section, prog.holds, -prog.start // 8)]
         if text_at is not None:
-            parts.append((".text", text_at))
+            parts.append((".text", lambda _offset: True, text_at))
         out = []
         for off, length in ((f_off, f_len), (l_off, l_len)):
             recs = self._ext_records(hdr_len + off, length)
             blob = b""
-            for section, base in parts:
+            for section, holds, base in parts:
                 for rec in recs.get(section, ()):
-                    insn = struct.unpack_from("<I", rec)[0] // 8 + base
-                    blob += struct.pack("<I", insn) + rec[4:]
+                    offset = struct.unpack_from("<I", rec)[0]
+                    if holds(offset):
+                        blob += struct.pack("<I", offset // 8 + base) + rec[4:]
             out.append(blob)
         return tuple(out)
 
