@@ -1,8 +1,10 @@
 """bpf(2) through ctypes: maps, program loading, and eBPF instruction builders.
 
-There is no clang, libbpf or bcc at run time: the few programs ustack needs
-are assembled here from readable builders (one function per instruction
-kind) and loaded with BPF_PROG_LOAD. Layouts follow include/uapi/linux/bpf.h;
+There is no clang, libbpf or bcc at run time: most programs are BPF C built
+ahead into objects (src/ustack/bpf, loaded by kernel/bpf_object.py); the
+rest (the DWARF unwinder, off-CPU, generated fetch-args) are still
+assembled here from readable builders (one function per instruction kind).
+Both load with BPF_PROG_LOAD. Layouts follow include/uapi/linux/bpf.h;
 the attr structs are prefixes of `union bpf_attr` (the kernel zero-fills
 the fields a shorter struct leaves out)."""
 from __future__ import annotations

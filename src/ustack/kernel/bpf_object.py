@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
-
-from elftools.elf.elffile import ELFFile
-from elftools.elf.relocation import RelocationSection
+from collections import namedtuple
 
 from ..model import UstackError
 from . import bpf
@@ -38,7 +35,17 @@ _INSN = struct.Struct("<BBhi")
 _LD_IMM64, _CALL = 0x18, 0x85
 _PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE, _PSEUDO_CALL, _PSEUDO_FUNC = 1, 2, 1, 4
 _DATA_SECTIONS = (".rodata", ".data", ".bss")
-_STT_SECTION = "STT_SECTION"
+# ELF64, little-endian: what an object clang made holds (a few struct
+# reads: pyelftools would cost ~55 ms of start-up to import)
+_EHDR = struct.Struct("<16xHHIQQQIHHHHHH")
+_SHDR = struct.Struct("<IIQQQQIIQQ")  # name, type, flags, addr, offset, size, link, info, ...
+_SYM = struct.Struct("<IBBHQQ")       # name, info, other, shndx, value, size
+_REL = struct.Struct("<QQ")           # offset, info (symbol << 32 | type)
+_SHT_SYMTAB, _SHT_NOBITS, _SHT_REL = 2, 8, 9
+_STT_OBJECT, _STT_FUNC, _STT_SECTION = 1, 2, 3
+_STB_GLOBAL = 1
+Symbol = namedtuple("Symbol", "name type bind shndx value size")
+Section = namedtuple("Section", "name type data size info")
 _EXT_HDR = struct.Struct("<HBBIIIII")   # magic, version, flags, hdr_len, func/line off+len
 
 # section name (up to its first "/") -> (program type, expected attach type);
@@ -55,22 +62,13 @@ SECTION_TYPES = {
 }
 
 
-@dataclass(frozen=True)
-class MapDef:
+class MapDef(namedtuple("MapDef", "map_type key_size value_size max_entries flags")):
     """A map as the object declares it."""
-    map_type: int
-    key_size: int
-    value_size: int
-    max_entries: int
-    flags: int
 
 
-@dataclass(frozen=True)
-class Layout:
-    """A C structure's layout, for struct.unpack_from: `fields` in order."""
-    struct: struct.Struct
-    fields: tuple
-    offsets: dict                       # field -> byte offset
+class Layout(namedtuple("Layout", "struct fields offsets")):
+    """A C structure's layout: `struct` (a struct.Struct) unpacks its
+    `fields` in order; `offsets`: field -> byte offset."""
 
     @property
     def size(self) -> int:
@@ -95,47 +93,68 @@ class BpfObject:
     def __init__(self, path: str):
         self.path = path
         with open(path, "rb") as f:
-            self._parse(ELFFile(f))
+            self._parse(f.read())
 
-    def _parse(self, elf: ELFFile) -> None:
-        sections = list(elf.iter_sections())
+    def _read_elf(self, blob: bytes) -> None:
+        """self._sections and self._symbols from the ELF file's bytes."""
+        if blob[:4] != b"\x7fELF" or blob[4] != 2 or blob[5] != 1:
+            raise UstackError(f"{self.path}: not a little-endian ELF64 object")
+        shoff = _EHDR.unpack_from(blob)[5]
+        shnum, shstrndx = _EHDR.unpack_from(blob)[11], _EHDR.unpack_from(blob)[12]
+        heads = [_SHDR.unpack_from(blob, shoff + i * _SHDR.size) for i in range(shnum)]
+        names = blob[heads[shstrndx][4]:heads[shstrndx][4] + heads[shstrndx][5]]
+
+        def name_at(table: bytes, off: int) -> str:
+            return table[off:table.index(b"\0", off)].decode()
+
+        self._sections = [Section(name_at(names, h[0]), h[1],
+                                  b"" if h[1] == _SHT_NOBITS else blob[h[4]:h[4] + h[5]],
+                                  h[5], h[7]) for h in heads]
+        self._symbols = []
+        for h in heads:
+            if h[1] == _SHT_SYMTAB:
+                strings = self._sections[h[6]].data
+                data = blob[h[4]:h[4] + h[5]]
+                for off in range(0, len(data), _SYM.size):
+                    n, info, _other, shndx, value, size = _SYM.unpack_from(data, off)
+                    self._symbols.append(Symbol(name_at(strings, n), info & 0xF, info >> 4,
+                                                shndx, value, size))
+
+    def _parse(self, blob: bytes) -> None:
+        self._read_elf(blob)
+        sections = self._sections
         self._sec_names = [s.name for s in sections]
-        self._sec_sizes = [s.header.sh_size for s in sections]
-        btf_sec = elf.get_section_by_name(".BTF")
-        if btf_sec is None:
+        self._sec_sizes = [s.size for s in sections]
+        by_name = {s.name: s for s in sections}
+        if ".BTF" not in by_name:
             raise UstackError(f"{self.path}: no BTF (build it with clang -g)")
-        self._btf_blob = btf_sec.data()
+        self._btf_blob = by_name[".BTF"].data
+        self._fixed_btf = None                # _loadable_btf()
         self.btf = Btf(self._btf_blob)
-        ext = elf.get_section_by_name(".BTF.ext")
-        self._ext = ext.data() if ext is not None else b""
-        symtab = elf.get_section_by_name(".symtab")
-        self._symbols = list(symtab.iter_symbols())
+        self._ext = by_name[".BTF.ext"].data if ".BTF.ext" in by_name else b""
         self._data = {}                       # ".rodata" -> its initial bytes
         for name in _DATA_SECTIONS:
-            sec = elf.get_section_by_name(name)
+            sec = by_name.get(name)
             if sec is not None:
-                self._data[name] = (bytes(sec.header.sh_size) if sec.header.sh_type == "SHT_NOBITS"
-                                    else sec.data())
-        self._text = b""
-        text = elf.get_section_by_name(".text")
-        self._text_shndx = self._sec_names.index(".text") if text is not None else -1
-        if text is not None:
-            self._text = text.data()
+                self._data[name] = (bytes(sec.size) if sec.type == _SHT_NOBITS
+                                    else sec.data)
+        self._text_shndx = self._sec_names.index(".text") if ".text" in by_name else -1
+        self._text = by_name[".text"].data if ".text" in by_name else b""
         self.programs: dict = {}
         for sym in self._symbols:
-            if (sym["st_info"]["type"] == "STT_FUNC" and sym["st_info"]["bind"] == "STB_GLOBAL"
-                    and isinstance(sym["st_shndx"], int) and sym["st_shndx"] != self._text_shndx):
-                sec = sections[sym["st_shndx"]]
-                start = sym["st_value"]
+            if (sym.type == _STT_FUNC and sym.bind == _STB_GLOBAL
+                    and 0 < sym.shndx < len(sections) and sym.shndx != self._text_shndx):
+                sec = sections[sym.shndx]
                 self.programs[sym.name] = _Program(
-                    sym.name, sec.name, sec.data()[start:start + sym["st_size"]],
-                    sym["st_shndx"], start)
+                    sym.name, sec.name, sec.data[sym.value:sym.value + sym.size],
+                    sym.shndx, sym.value)
         self._relocs: dict = {}               # section index -> [(byte offset, symbol)]
         for sec in sections:
-            if isinstance(sec, RelocationSection) and sec.header.sh_info < len(sections):
-                self._relocs[sec.header.sh_info] = [
-                    (r["r_offset"], self._symbols[r["r_info_sym"]])
-                    for r in sec.iter_relocations()]
+            if sec.type == _SHT_REL and sec.info < len(sections):
+                self._relocs[sec.info] = [
+                    (off, self._symbols[info >> 32])
+                    for off, info in (_REL.unpack_from(sec.data, at)
+                                      for at in range(0, len(sec.data), _REL.size))]
         self.maps = self._map_defs()
 
     # -- what the object declares -------------------------------------------
@@ -222,7 +241,7 @@ class BpfObject:
         """The program's code with .text appended when it calls into it
         (or takes a callback's address there), and where .text starts (in
         instructions; None when not appended)."""
-        uses_text = any(sym["st_shndx"] == self._text_shndx and prog.holds(offset)
+        uses_text = any(sym.shndx == self._text_shndx and prog.holds(offset)
                         for offset, sym in self._relocs.get(prog.shndx, ()))
         if not uses_text or not self._text:
             return bytearray(prog.code), None
@@ -238,7 +257,7 @@ class BpfObject:
         for base, (offset, sym) in relocs:
             at = base + offset // 8
             opcode, regs, off, imm = _INSN.unpack_from(code, 8 * at)
-            target = self._sec_names[sym["st_shndx"]] if isinstance(sym["st_shndx"], int) else ""
+            target = self._sec_names[sym.shndx] if 0 < sym.shndx < len(self._sec_names) else ""
             if target == ".maps":
                 m = maps.get(sym.name) or maps.setdefault(sym.name, self.make_map(sym.name))
                 _INSN.pack_into(code, 8 * at, opcode, (regs & 0xF) | _PSEUDO_MAP_FD << 4,
@@ -250,17 +269,16 @@ class BpfObject:
                     m = ro
                 else:
                     m = maps.get(target) or maps.setdefault(target, self._data_map(target))
-                value_off = imm + (sym["st_value"] if sym["st_info"]["type"] != _STT_SECTION
-                                   else 0)
+                value_off = imm + (sym.value if sym.type != _STT_SECTION else 0)
                 _INSN.pack_into(code, 8 * at, opcode, (regs & 0xF) | _PSEUDO_MAP_VALUE << 4,
                                 off, m.fd)
                 nxt = _INSN.unpack_from(code, 8 * at + 8)
                 _INSN.pack_into(code, 8 * at + 8, nxt[0], nxt[1], nxt[2], value_off)
             elif target == ".text" and text_at is not None:
                 if opcode == _CALL:   # imm: from the symbol, in instructions, less one
-                    dest = text_at + sym["st_value"] // 8 + imm + 1
+                    dest = text_at + sym.value // 8 + imm + 1
                 else:                 # ld_imm64 of a callback: imm in bytes
-                    dest = text_at + (sym["st_value"] + imm) // 8
+                    dest = text_at + (sym.value + imm) // 8
                     regs = (regs & 0xF) | _PSEUDO_FUNC << 4
                 _INSN.pack_into(code, 8 * at, opcode, regs, off, dest - at - 1)
             else:
@@ -300,8 +318,8 @@ class BpfObject:
         shndx = self._sec_names.index(section)
         out = {}
         for sym in self._symbols:
-            if sym["st_shndx"] == shndx and sym["st_info"]["type"] == "STT_OBJECT":
-                out[sym.name] = (sym["st_value"], sym["st_size"], False)
+            if sym.shndx == shndx and sym.type == _STT_OBJECT:
+                out[sym.name] = (sym.value, sym.size, False)
         sec = self.btf.by_kind_name.get((15, section))
         for var_type, _off, _size in (self.btf.extra.get(sec, []) if sec else []):
             name = self.btf.name(var_type)
@@ -313,6 +331,11 @@ class BpfObject:
     def _loadable_btf(self) -> bytes:
         """The object's BTF as the kernel takes it: clang leaves each data
         section's size and its variables' offsets at 0, the ELF file has them."""
+        if self._fixed_btf is None:
+            self._fixed_btf = self._fixed_datasecs()
+        return self._fixed_btf
+
+    def _fixed_datasecs(self) -> bytes:
         blob = bytearray(self._btf_blob)
         btf = self.btf
         for (kind, name), tid in btf.by_kind_name.items():
@@ -321,8 +344,8 @@ class BpfObject:
             at = btf.at[tid]
             shndx = self._sec_names.index(name)
             struct.pack_into("<I", blob, at + 8, self._sec_sizes[shndx])
-            offsets = {s.name: s["st_value"] for s in self._symbols
-                       if s["st_shndx"] == shndx and s["st_info"]["type"] == "STT_OBJECT"}
+            offsets = {s.name: s.value for s in self._symbols
+                       if s.shndx == shndx and s.type == _STT_OBJECT}
             for i, (var_type, _off, var_size) in enumerate(btf.extra[tid]):
                 struct.pack_into("<I", blob, at + 12 + 12 * i + 4,
                                  offsets.get(btf.name(var_type), 0))
