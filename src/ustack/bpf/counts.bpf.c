@@ -23,7 +23,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
+	__type(key, enum count_error);
 	__type(value, __u64);
 	__uint(max_entries, COUNT_ERROR_SLOTS);
 } errors SEC(".maps");

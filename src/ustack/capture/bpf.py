@@ -579,7 +579,10 @@ class BpfCapture:
                           tuple(self.cut.items()), deferral_full=deferral_full,
                           skipped=skipped)
         elif self.counter is not None and not self.calls_only:
-            collided, stacks_full, counts_full = self.counter.errors_seen()
+            errors = self.counter.errors_seen()
+            slots = bpf_program_object("counts").enum("count_error")
+            collided, stacks_full, counts_full = (errors[slots[name]] for name in (
+                "ERR_COLLISION", "ERR_STACKS_FULL", "ERR_COUNTS_FULL"))
             uncounted = tuple((why, n) for why, n in (
                 ("had a stack id collision", collided),
                 ("found the stack map full", stacks_full),

@@ -43,8 +43,6 @@ from ..values import value
 # writes ENTRIES' values with these offsets: depth, then (time, hash) a level
 MAX_DEPTH = 16                       # LAT_MAX_DEPTH: a power of two, the level is masked
 BUCKETS = 64                         # LAT_BUCKETS
-ERR_TOO_DEEP, ERR_HISTS_FULL, ERR_ENTRIES_FULL, ERR_RING_FULL = range(4)   # latency_error
-ERR_SLOTS = 4
 
 
 def latency_object():
@@ -53,6 +51,11 @@ def latency_object():
 
 def _layout(name: str):
     return latency_object().layout(name).struct
+
+
+def error_slot(name: str) -> int:
+    """The errors map's slot of `name` (enum latency_error)."""
+    return latency_object().enum("latency_error")[name]
 
 
 # r10 offsets of the programs' locals (the unwinder's main frame uses -64..-1)
@@ -154,10 +157,10 @@ def entry_body(a: Asm, site: Site, maps: LatencyMaps, with_stack: bool) -> None:
     """Push (the time at _TIME, the stack hash at r10-8 or 0) on the
     caller's ENTRIES stack."""
     _entry_key(a, site)
-    _lookup_or_create(a, maps, maps.entries, _EKEY, "e", ERR_ENTRIES_FULL)
+    _lookup_or_create(a, maps, maps.entries, _EKEY, "e", error_slot("LAT_ENTRIES_FULL"))
     a.emit(ldx(1, 9, 0), mov(2, 1), alu_imm(ADD, 2, 1), stx(9, 0, 2))
     a.jump(jmp_imm, JLT, 1, MAX_DEPTH, to="e_level")
-    _error(a, maps, ERR_TOO_DEEP)
+    _error(a, maps, error_slot("LAT_TOO_DEEP"))
     a.label("e_level")
     a.emit(alu_imm(AND, 1, MAX_DEPTH - 1), alu_imm(LSH, 1, 4), alu_reg(ADD, 1, 9),
            ldx(2, 10, _TIME), stx(1, 8, 2))
@@ -334,9 +337,11 @@ class LatencyCounter(BpfCounter):
         the end of the run, or left by a longjmp, a panic, an exit."""
         return sum(struct.unpack_from("<Q", v)[0] for _k, v in self.lat.entries.items())
 
-    def latency_errors(self) -> list:
-        return [struct.unpack("<Q", self.lat.errors.lookup(i.to_bytes(4, "little")))[0]
-                for i in range(ERR_SLOTS)]
+    def latency_errors(self) -> dict:
+        """enum latency_error's names -> what the errors map counted."""
+        return {name: struct.unpack("<Q", self.lat.errors.lookup(i.to_bytes(4, "little")))[0]
+                for name, i in latency_object().enum("latency_error").items()
+                if i < self.lat.errors.max_entries}
 
     def close(self) -> None:
         super().close()                  # programs, events, the unwinder's maps
@@ -419,7 +424,10 @@ class LatencyCapture(BpfCapture):
         events = self.events.losses()
         if self.counter is None:
             return Losses(events.lost, events.throttled)
-        deep, hists_full, entries_full, ring_full = self.counter.latency_errors()
+        errors = self.counter.latency_errors()
+        deep, hists_full, entries_full, ring_full = (
+            errors[name] for name in ("LAT_TOO_DEEP", "LAT_HISTS_FULL", "LAT_ENTRIES_FULL",
+                                      "LAT_RING_FULL"))
         uncounted = tuple((why, n) for why, n in (
             (f"were nested deeper than {MAX_DEPTH} levels (not timed)", deep),
             ("found the histogram map full", hists_full),
