@@ -32,18 +32,18 @@ the hit for those events. On a sampling event, 0 only keeps that event's
 own sample out of our buffer."""
 from __future__ import annotations
 
-import errno
 import os
 import struct
 import threading
 
+from ..bpf import object_path
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
 from ..kernel import bpf
+from ..kernel.bpf_object import bpf_object
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
-from ..kernel.bpf import (ADD, AND, JEQ, JNE, JSGE, RSH, Asm, alu_imm, atomic_add,
-                          call, exit_, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
-                          st_imm, stx)
+from ..kernel.bpf import (ADD, JEQ, RSH, Asm, alu_imm, atomic_add, call,
+                          jmp_imm, ld_map_fd, mov, mov_imm, st_imm, stx)
 from ..interrupt import NEVER
 from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT,
                      Losses, MmapEvent,
@@ -55,23 +55,25 @@ from ..values import value
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
 RING_BYTES = 16 << 20                 # trace's ring of unwound stacks (bpf_unwind)
 
-# the count key: pid_tgid, probe index, user stack id, kernel stack id,
-# the word at [sp] of an entry uprobe (its caller's return address)
-KEY = struct.Struct("<QqqqQ")
-KEY_SIZE = KEY.size
-NO_STACK = -1                         # the stack id stored when there is none
+NO_STACK = -1                         # the stack id stored when there is none (ustack.h)
 _U64 = struct.Struct("<Q")
 
 # what a program returns: 0 drops the perf sample, 1 lets perf go on with it
 DROP_SAMPLE, PASS_ON = 0, 1
 
-# slots of the error array: why an event was not counted
-ERR_COLLISION, ERR_STACKS_FULL, ERR_COUNTS_FULL = 0, 1, 2
-ERR_SLOTS = 3
+# the builder programs' scratch slot below r10 (a u32 key: _lookup_u32)
+_SCRATCH = -48
 
-# r10 frame offsets of the program's locals
-_KEY_AT = -KEY_SIZE                   # the key (40 bytes)
-_SCRATCH = _KEY_AT - 8                # the value 1, or a u32 key (_lookup_u32)
+
+def bpf_program_object(name: str):
+    """The built object of src/ustack/bpf/NAME.bpf.c, parsed once."""
+    return bpf_object(object_path(name))
+
+
+def count_key():
+    """The stack counters' map key (struct count_key in ustack.h): pid_tgid,
+    probe index, user and kernel stack ids, the caller's return address."""
+    return bpf_program_object("counts").layout("count_key").struct
 
 
 @value(frozen=False)
@@ -106,34 +108,6 @@ def error_increment(a: Asm, errors: bpf.Map, slot: int) -> None:
     a.jump(bpf.ja, to="out")
 
 
-def _stack_id(a: Asm, stacks: bpf.Map, errors: bpf.Map, flags: int,
-              key_off: int, tag: str) -> None:
-    """key[key_off] = bpf_get_stackid(ctx, stacks, flags): a missing stack
-    (-EFAULT: a kernel thread has no user stack) is stored as NO_STACK; a
-    collision or a full map is counted in `errors` and the event dropped."""
-    a.emit(mov(1, 6), ld_map_fd(2, stacks.fd), mov_imm(3, flags),
-           call(bpf.GET_STACKID))
-    a.jump(jmp_imm, JSGE, 0, 0, to=f"{tag}_ok")
-    a.jump(jmp_imm, JNE, 0, -errno.EFAULT, to=f"{tag}_err")
-    a.emit(mov_imm(0, NO_STACK))
-    a.jump(bpf.ja, to=f"{tag}_ok")
-    a.label(f"{tag}_err")
-    a.jump(jmp_imm, JEQ, 0, -errno.EEXIST, to=f"{tag}_collision")
-    error_increment(a, errors, ERR_STACKS_FULL)
-    a.label(f"{tag}_collision")
-    error_increment(a, errors, ERR_COLLISION)
-    a.label(f"{tag}_ok")
-    a.emit(stx(10, _KEY_AT + key_off, 0))
-
-
-def unless_armed(a: Asm, armed: bpf.Map) -> None:
-    """Leave the program while armed[0] is 0 (see exec_program)."""
-    _lookup_u32(a, armed, 0)
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
-    a.emit(ldx(1, 0, 0))
-    a.jump(jmp_imm, JEQ, 1, 0, to="out")
-
-
 def unless_traced(a: Asm, tgids: bpf.Map, pid_tgid_reg: int, slot: int) -> None:
     """Leave the program unless the current process (the upper half of the
     pid_tgid in `pid_tgid_reg`) is in `tgids`; r10+slot: 4 free bytes."""
@@ -143,46 +117,24 @@ def unless_traced(a: Asm, tgids: bpf.Map, pid_tgid_reg: int, slot: int) -> None:
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
 
 
-CLONE_THREAD = 0x10000
 TRACED_PROCESSES = 1 << 16            # the set's size: the target and its children
 
 
 def traced_set(first_tgid: int) -> bpf.Map:
     """The set of traced processes (tgid -> 1), holding `first_tgid`."""
-    tgids = bpf.Map(bpf.MAP_HASH, 4, 4, TRACED_PROCESSES, "ustack_tgids",
-                    flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0)
+    tgids = bpf_program_object("exec").make_map(
+        "tgids", TRACED_PROCESSES, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0)
     tgids.update(first_tgid.to_bytes(4, "little"), (1).to_bytes(4, "little"))
     return tgids
 
 
-def follow_children_program(tgids: bpf.Map, task_pid_at: int) -> bytes:
-    """tgids[child] = 1 when a process in tgids forks one, at the raw
-    tracepoint task_newtask(task, clone_flags), which runs in the parent:
-    the child's pid is task->pid; a thread (CLONE_THREAD) is skipped, its
-    process is in the set already."""
-    a = Asm()
-    a.emit(mov(6, 1), ldx(1, 6, 8), alu_imm(AND, 1, CLONE_THREAD))
-    a.jump(jmp_imm, JNE, 1, 0, to="out")
-    a.emit(call(bpf.GET_CURRENT_PID_TGID))
-    unless_traced(a, tgids, 0, -8)
-    a.emit(mov(1, 10), alu_imm(ADD, 1, -8), mov_imm(2, 4), ldx(3, 6, 0),
-           alu_imm(ADD, 3, task_pid_at), call(bpf.PROBE_READ_KERNEL))
-    a.jump(jmp_imm, JNE, 0, 0, to="out")
-    a.emit(st_imm(10, -16, 1, size=4),
-           ld_map_fd(1, tgids.fd), mov(2, 10), alu_imm(ADD, 2, -8), mov(3, 10),
-           alu_imm(ADD, 3, -16), mov_imm(4, 0), call(bpf.MAP_UPDATE))
-    a.label("out")
-    a.emit(mov_imm(0, 0), exit_())
-    return a.assemble()
-
-
 def follow_children(tgids: bpf.Map) -> tuple:
-    """(link fd, program fd) of follow_children_program, system-wide (the
-    program filters on the set)."""
-    prog = bpf.load_program(bpf.PROG_RAW_TRACEPOINT,
-                            follow_children_program(tgids,
-                                                    Offsets.of_this_kernel().task_pid),
-                            "ustack_children")
+    """(link fd, program fd) of exec.bpf.c's follow_children on the raw
+    tracepoint task_newtask, system-wide (the program filters on the set):
+    tgids[child] = 1 when a process in the set forks one."""
+    prog = bpf_program_object("exec").load(
+        "follow_children", {"tgids": tgids},
+        {"task_pid_offset": Offsets.of_this_kernel().task_pid}, name="ustack_children")
     try:
         return bpf.attach_raw_tracepoint("task_newtask", prog), prog
     except BaseException:
@@ -190,38 +142,21 @@ def follow_children(tgids: bpf.Map) -> tuple:
         raise
 
 
-def exec_program(tgid: int, armed: bpf.Map) -> bytes:
-    """armed[0] = 1 when process `tgid` has exec'd (raw tracepoint
-    sched_process_exec, which runs in the process). A -c command is forked
-    from ustack and held before its execve: its events wait for the exec
-    (enable_on_exec), but programs on trace events run at once, and would
-    count the few syscalls (and libc calls) the forked Python makes on its
-    way to execve."""
-    a = Asm()
-    a.emit(call(bpf.GET_CURRENT_PID_TGID), alu_imm(RSH, 0, 32))
-    a.jump(jmp_imm, JNE, 0, tgid, to="out")
-    _lookup_u32(a, armed, 0)
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
-    a.emit(st_imm(0, 0, 1))
-    a.label("out")
-    a.emit(mov_imm(0, 0), exit_())
-    return a.assemble()
-
-
 class ExecArming:
-    """armed[0] set when the held command `pid` execs (exec_program on the
-    raw tracepoint sched_process_exec); the probes' programs wait for it
-    (unless_armed). Made before any perf event opens on that tracepoint:
-    handlers run in the order they were registered, and the count program
-    of `tracepoint:sched:sched_process_exec` must see the command's own
-    exec armed already."""
+    """armed[0] set when the held command `pid` execs (exec.bpf.c's
+    exec_armed on the raw tracepoint sched_process_exec); the probes'
+    programs wait for it. Made before any perf event opens on that
+    tracepoint: handlers run in the order they were registered, and the
+    count program of `tracepoint:sched:sched_process_exec` must see the
+    command's own exec armed already."""
 
     def __init__(self, pid: int):
-        self.map = bpf.Map(bpf.MAP_ARRAY, 4, 8, 1, "ustack_armed")
+        obj = bpf_program_object("exec")
+        self.map = obj.make_map("armed")
         self._fds: list = []
         try:
-            self._fds.append(bpf.load_program(bpf.PROG_RAW_TRACEPOINT,
-                                              exec_program(pid, self.map), "ustack_exec"))
+            self._fds.append(obj.load("exec_armed", {"armed": self.map},
+                                      {"traced_tgid": pid}, name="ustack_exec"))
             self._fds.insert(0, bpf.attach_raw_tracepoint("sched_process_exec",
                                                           self._fds[-1]))
         except BaseException:
@@ -233,69 +168,6 @@ class ExecArming:
             os.close(fd)
         self._fds.clear()
         self.map.close()
-
-
-def stack_count_program(probe_index: int, counts: bpf.Map, stacks: bpf.Map,
-                        errors: bpf.Map, *, tgids=None, armed=None,
-                        return_address_slot=None,
-                        kernel: bool = False, result: int = PASS_ON) -> bytes:
-    """counts[(pid_tgid, probe, user stack, kernel stack, return address)] += 1.
-    `tgids`: count only these processes (tracepoints); `armed`: count only once
-    armed[0] is set (exec_program); `return_address_slot`: read the word at
-    sp + 8*slot (the ctx must be pt_regs: a uprobe); `result`: what the
-    program returns (see the module's docstring)."""
-    a = Asm()
-    a.emit(mov(6, 1),                               # r6 = ctx, kept across calls
-           call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
-    if tgids is not None:
-        unless_traced(a, tgids, 7, _SCRATCH)
-    if armed is not None:
-        unless_armed(a, armed)
-    a.emit(stx(10, _KEY_AT, 7),
-           st_imm(10, _KEY_AT + 8, probe_index),
-           st_imm(10, _KEY_AT + 24, NO_STACK),
-           st_imm(10, _KEY_AT + 32, 0))
-    _stack_id(a, stacks, errors, bpf.F_USER_STACK, 16, "user")
-    if kernel:
-        _stack_id(a, stacks, errors, 0, 24, "kernel")
-    if return_address_slot is not None:
-        # the caller's return address, which the kernel's FP walk may skip
-        a.emit(ldx(3, 6, bpf.PT_REGS["sp"]), alu_imm(ADD, 3, 8 * return_address_slot),
-               mov(1, 10), alu_imm(ADD, 1, _KEY_AT + 32), mov_imm(2, 8),
-               call(bpf.PROBE_READ_USER))
-    # counts[key] += 1, creating the entry at 1 when it is new
-    lookup(a, counts, _KEY_AT)
-    a.jump(jmp_imm, JNE, 0, 0, to="add")
-    a.emit(st_imm(10, _SCRATCH, 1),
-           ld_map_fd(1, counts.fd), mov(2, 10), alu_imm(ADD, 2, _KEY_AT),
-           mov(3, 10), alu_imm(ADD, 3, _SCRATCH), mov_imm(4, bpf.NOEXIST),
-           call(bpf.MAP_UPDATE))
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
-    a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
-    # another CPU created it first: add to theirs
-    lookup(a, counts, _KEY_AT)
-    a.jump(jmp_imm, JNE, 0, 0, to="add")
-    a.label("full")
-    error_increment(a, errors, ERR_COUNTS_FULL)
-    a.label("add")
-    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-    a.label("out")
-    a.emit(mov_imm(0, result), exit_())
-    return a.assemble()
-
-
-def call_count_program(probe_index: int, counts: bpf.Map, armed=None,
-                       result: int = PASS_ON) -> bytes:
-    """counts[probe_index] += 1 (an ARRAY map): funccount."""
-    a = Asm()
-    if armed is not None:
-        unless_armed(a, armed)
-    _lookup_u32(a, counts, probe_index)
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
-    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-    a.label("out")
-    a.emit(mov_imm(0, result), exit_())
-    return a.assemble()
 
 
 def read_calls(counts: bpf.Map, n: int, reset: bool = False) -> list:
@@ -349,15 +221,18 @@ class BpfCounter:
         self.max_depth = max(1, min(pe.max_stack(), 127))
         try:
             if calls_only:
-                self.counts = self._map(bpf.MAP_ARRAY, 4, 8, max(1, len(probes)),
-                                        "ustack_calls")
+                self.counts = self._keep(bpf_program_object("funccount").make_map(
+                    "calls", max(1, len(probes))))
+                self.named["calls"] = self.counts
             else:
-                self.stacks = self._map(bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth,
-                                        stack_storage, "ustack_stacks")
-                self.counts = self._map(bpf.MAP_HASH, KEY_SIZE, 8,
-                                        max(MIN_COUNT_ENTRIES, 2 * stack_storage),
-                                        "ustack_counts")
-                self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_errors")
+                obj = bpf_program_object("counts")
+                self.stacks = self._keep(obj.make_map("stacks", stack_storage,
+                                                      value_size=8 * self.max_depth))
+                self.counts = self._keep(obj.make_map(
+                    "counts", max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
+                self.errors = self._keep(obj.make_map("errors"))
+                self.named.update(stacks=self.stacks, counts=self.counts,
+                                  errors=self.errors)
             self.follow_if_traced(filter_tgid)
         except BaseException:
             self.close()
@@ -375,26 +250,50 @@ class BpfCounter:
         self.armed = None                   # set by arm_on_exec()
         self.tgids = None                   # for tracepoints under -p/-c: see follow()
         self.loaded: dict = {}              # probe index -> program fd, load_programs()
+        self.named: dict = {}               # the C programs' maps by their names
 
     def _map(self, *args) -> bpf.Map:
-        m = bpf.Map(*args)
+        return self._keep(bpf.Map(*args))
+
+    def _keep(self, m: bpf.Map) -> bpf.Map:
         self.maps.append(m)
         return m
 
     def _program(self, index: int, probe) -> int:
+        """Load the probe's program: funccount.bpf.c's count_call, or
+        counts.bpf.c's count_stack, told what the probe needs."""
         result = program_result(probe)
+        armed = self.armed is not None
         if self.calls_only:
-            code = call_count_program(index, self.counts, self.armed, result)
-        else:
-            slot = getattr(probe, "return_address_slot", None)
-            tgids = self.tgids if isinstance(probe, TracepointProbe) else None
-            code = stack_count_program(index, self.counts, self.stacks, self.errors,
-                                       tgids=tgids, return_address_slot=slot,
-                                       kernel=self.kernel,
-                                       armed=None if isinstance(probe, ProfileProbe)
-                                       else self.armed, result=result)
-        fd = bpf.load_program(prog_type_of(probe), code, f"ustack_{index}")
+            return self._load_c("funccount", "count_call", probe, {
+                "probe_index": index, "result": result, "wait_for_exec": armed},
+                f"ustack_{index}")
+        slot = getattr(probe, "return_address_slot", None)
+        bits = bpf_program_object("counts").enum("count_option")
+        wanted = {"COUNT_ONLY_TRACED": self.tgids is not None
+                  and isinstance(probe, TracepointProbe),
+                  "COUNT_WAIT_FOR_EXEC": armed and not isinstance(probe, ProfileProbe),
+                  "COUNT_KERNEL_STACK": self.kernel,
+                  "COUNT_RETURN_ADDRESS": slot is not None}
+        return self._load_c("counts", "count_stack", probe, {
+            "probe_index": index, "result": result,
+            "options": sum(bits[name] for name, on in wanted.items() if on),
+            "return_address_slot": slot or 0}, f"ustack_{index}")
+
+    def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str) -> int:
+        """Load a C program for `probe` with the run's maps; a map it names
+        and the run lacks (no -c: no `armed`) is made as the C declares it,
+        once, and closed with the rest."""
+        maps = dict(self.named)
+        for shared, m in (("armed", self.armed), ("tgids", self.tgids)):
+            if m is not None:
+                maps[shared] = m
+        before = set(maps)
+        fd = bpf_program_object(obj_name).load(program, maps, rodata,
+                                               prog_type_of(probe), name)
         self.prog_fds.append(fd)
+        for name in set(maps) - before:
+            self.named[name] = self._keep(maps[name])
         return fd
 
     def follow_if_traced(self, tgid) -> None:
@@ -477,9 +376,9 @@ class BpfCounter:
     # -- reading the maps ---------------------------------------------------
     def counted(self, reset: bool = False) -> list:
         """The count map's entries (stack counting)."""
-        out = []
+        out, key = [], count_key()
         for k, v in self.counts.items():
-            pid_tgid, probe, ustack, kstack, word = KEY.unpack(k)
+            pid_tgid, probe, ustack, kstack, word = key.unpack(k)
             out.append(Counted(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, probe,
                                ustack, kstack, word, _U64.unpack(v)[0]))
             if reset:
@@ -505,7 +404,7 @@ class BpfCounter:
 
     def errors_seen(self) -> list:
         return [_U64.unpack(self.errors.lookup(i.to_bytes(4, "little")))[0]
-                for i in range(ERR_SLOTS)]
+                for i in range(self.errors.max_entries)]
 
     def close(self) -> None:
         for fd in self.event_fds + self.prog_fds:
@@ -706,7 +605,10 @@ class BpfCapture:
                           tuple(self.cut.items()), deferral_full=deferral_full,
                           skipped=skipped)
         elif self.counter is not None and not self.calls_only:
-            collided, stacks_full, counts_full = self.counter.errors_seen()
+            errors = self.counter.errors_seen()
+            slots = bpf_program_object("counts").enum("count_error")
+            collided, stacks_full, counts_full = (errors[slots[name]] for name in (
+                "ERR_COLLISION", "ERR_STACKS_FULL", "ERR_COUNTS_FULL"))
             uncounted = tuple((why, n) for why, n in (
                 ("had a stack id collision", collided),
                 ("found the stack map full", stacks_full),

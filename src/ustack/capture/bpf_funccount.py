@@ -17,31 +17,8 @@ import time
 from collections import defaultdict
 
 from ..kernel import bpf
-from ..kernel.bpf import (JEQ, RSH, Asm, alu_imm, atomic_add, call, exit_, jmp_imm,
-                          mov, mov_imm, stx)
 from ..model import Losses, UstackError
-from .bpf import ExecArming, lookup, read_calls, unless_armed
-
-_KEY_AT = -8                          # the stack slot of the count map's key
-
-
-def cookie_count_program(counts: bpf.Map, armed=None, skip_tgid: int = 0) -> bytes:
-    """counts[cookie] += 1, cookie = the probe's index; not before the
-    held command's exec (armed), never for process skip_tgid (ustack)."""
-    a = Asm()
-    a.emit(mov(6, 1))                               # ctx, for the cookie
-    if armed is not None:
-        unless_armed(a, armed)
-    if skip_tgid:
-        a.emit(call(bpf.GET_CURRENT_PID_TGID), alu_imm(RSH, 0, 32))
-        a.jump(jmp_imm, JEQ, 0, skip_tgid, to="out")
-    a.emit(mov(1, 6), call(bpf.GET_ATTACH_COOKIE), stx(10, _KEY_AT, 0, size=4))
-    lookup(a, counts, _KEY_AT)
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
-    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-    a.label("out")
-    a.emit(mov_imm(0, 0), exit_())
-    return a.assemble()
+from .bpf import ExecArming, bpf_program_object, read_calls
 
 
 class FuncCountCapture:
@@ -58,23 +35,26 @@ class FuncCountCapture:
         self.counts = None
         self.arming = None                # ExecArming of a -c command
 
-    def _map(self, *args) -> bpf.Map:
-        m = bpf.Map(*args)
-        self.maps.append(m)
-        return m
-
     def open(self) -> None:
         try:
-            self.counts = self._map(bpf.MAP_ARRAY, 4, 8, max(1, len(self.probes)),
-                                         "ustack_calls")
+            obj = bpf_program_object("funccount")
+            self.counts = obj.make_map("calls", max(1, len(self.probes)))
+            self.maps.append(self.counts)
             scope = self.target.scope
             if scope == "command":
                 self.arming = ExecArming(self.target.pid)
-            prog = bpf.load_program(
-                bpf.PROG_KPROBE,
-                cookie_count_program(self.counts, self.arming and self.arming.map,
-                                     os.getpid() if scope == "system" else 0),
-                "ustack_calls", attach_type=bpf.TRACE_UPROBE_MULTI)
+            # funccount.bpf.c's count_by_cookie: calls[cookie] += 1
+            maps = {"calls": self.counts}
+            if self.arming is not None:
+                maps["armed"] = self.arming.map
+            given = set(maps)
+            try:
+                prog = obj.load("count_by_cookie", maps, {
+                    "wait_for_exec": self.arming is not None,
+                    "skip_tgid": os.getpid() if scope == "system" else 0},
+                    name="ustack_calls")
+            finally:                      # made for the load: (no -c) an unused `armed`
+                self.maps.extend(m for name, m in maps.items() if name not in given)
             self.fds.append(prog)
             # -p 1,2,3: a link per process (each costs one wait at close)
             pids = (self.target.pid,) if scope != "system" else self.target.pids or (0,)

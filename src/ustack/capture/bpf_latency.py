@@ -30,36 +30,38 @@ from __future__ import annotations
 import struct
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, AND, DIV, JEQ, JGE, JLT, JNE, LSH, MUL, RSH, SUB, XOR,
-                          Asm, alu_imm, alu_reg, atomic_add, call, exit_, jmp_imm,
-                          jmp_reg, ld_imm64, ld_map_fd, ldx, mov, mov_imm, st_imm,
-                          stx)
+from ..kernel.bpf import (ADD, AND, JEQ, JLT, JNE, LSH, Asm, alu_imm, alu_reg,
+                          atomic_add, call, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
+                          st_imm, stx)
 from ..model import Losses, MmapEvent, RawSample, TracepointProbe
-from .bpf import (PASS_ON, BpfCapture, BpfCounter, prog_type_of, program_result,
-                  unless_traced, with_ring_records)
+from .bpf import (BpfCapture, BpfCounter, bpf_program_object, prog_type_of,
+                  program_result, with_ring_records)
 from ..values import value
 
-MAX_DEPTH = 16                       # a power of two: the level is masked
-ENTRY_KEY = struct.Struct("<QI4x")   # who, function
-ENTRY_VALUE = 8 + 16 * MAX_DEPTH
-BUCKETS = 64
-HIST_KEY = struct.Struct("<IIQ")     # function, tgid, stack hash
-HIST_HEAD = struct.Struct("<QQQQ")   # count, sum, min, max (ns)
-HIST_VALUE = HIST_HEAD.size + 8 * BUCKETS
-SLOW = struct.Struct("<QQIIQQ")      # end time, pid_tgid, function, cpu, duration, hash
-FP_STACK = struct.Struct("<iIQ")     # stack id, 0, the return address at [sp]
-_FNV_PRIME = 0x100000001B3
-ERR_TOO_DEEP, ERR_HISTS_FULL, ERR_ENTRIES_FULL, ERR_RING_FULL = range(4)
-ERR_SLOTS = 4
+# the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
+# read from latency.bpf.o's BTF); the DWARF entry, still assembled here,
+# writes ENTRIES' values with these offsets: depth, then (time, hash) a level
+MAX_DEPTH = 16                       # LAT_MAX_DEPTH: a power of two, the level is masked
+BUCKETS = 64                         # LAT_BUCKETS
+
+
+def latency_object():
+    return bpf_program_object("latency")
+
+
+def _layout(name: str):
+    return latency_object().layout(name).struct
+
+
+def error_slot(name: str) -> int:
+    """The errors map's slot of `name` (enum latency_error)."""
+    return latency_object().enum("latency_error")[name]
+
 
 # r10 offsets of the programs' locals (the unwinder's main frame uses -64..-1)
 _TIME = -72                          # entry time (entry), end time (return)
 _EKEY = -88                          # ENTRIES key
-_DELTA = -96
-_HKEY = -112                         # HISTS key
 _U32 = -116                          # an array map's u32 key
-_SLOW = -160                         # a SLOW record
-_FP = -176                           # an FP_STACK
 
 
 @value
@@ -71,25 +73,32 @@ class Site:
 
 
 class LatencyMaps(bpf.MapSet):
+    """latency.bpf.c's maps, as it declares them (sized here)."""
+
     def __init__(self, functions: int, entries: int, hists: int, ring_bytes: int = 0):
         super().__init__()
         self.ring = None
+        obj = latency_object()
         try:
-            self.entries = self._map(bpf.MAP_LRU_HASH, ENTRY_KEY.size, ENTRY_VALUE,
-                                     entries, "ustack_latent")
-            self.hists = self._map(bpf.MAP_PERCPU_HASH, HIST_KEY.size, HIST_VALUE,
-                                   hists, "ustack_lathist")
-            self.tails = self._map(bpf.MAP_ARRAY, 4, 8, max(functions, 1),
-                                   "ustack_lattail")
-            self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_laterr")
-            # zeros to create ENTRIES' and HISTS' values from
-            self.zero = self._map(bpf.MAP_ARRAY, 4, max(HIST_VALUE, ENTRY_VALUE), 1,
-                                  "ustack_latzero")
+            for name, size in (("entries", entries), ("hists", hists),
+                               ("tails", max(functions, 1)), ("errors", None),
+                               ("zero", None)):
+                m = obj.make_map(name, size)
+                self.all.append(m)
+                setattr(self, name, m)
             if ring_bytes:
                 self.ring = bpf.RingBuf(ring_bytes, "ustack_latring")
         except BaseException:
             self.close()
             raise
+
+    def by_name(self) -> dict:
+        """The maps by their names in latency.bpf.c."""
+        named = {name: getattr(self, name)
+                 for name in ("entries", "hists", "tails", "errors", "zero")}
+        if self.ring is not None:
+            named["ring"] = self.ring.map
+        return named
 
     def close(self) -> None:
         if self.ring is not None:
@@ -99,21 +108,6 @@ class LatencyMaps(bpf.MapSet):
 
 
 # --- the programs ----------------------------------------------------------------
-
-def _head(a: Asm, tgids, armed) -> None:
-    """r6 = ctx, r7 = pid_tgid; leave unless it is a traced process (in
-    the set `tgids`: the target and its children) and the held command has
-    exec'd (armed)."""
-    a.emit(mov(6, 1), call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
-    if tgids is not None:
-        unless_traced(a, tgids, 7, _U32)
-    if armed is not None:
-        a.emit(st_imm(10, _U32, 0, size=4), ld_map_fd(1, armed.fd), mov(2, 10),
-               alu_imm(ADD, 2, _U32), call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        a.emit(ldx(1, 0, 0))
-        a.jump(jmp_imm, JEQ, 1, 0, to="out")
-
 
 def _now(a: Asm) -> None:
     a.emit(call(bpf.KTIME_GET_NS), stx(10, _TIME, 0))
@@ -163,10 +157,10 @@ def entry_body(a: Asm, site: Site, maps: LatencyMaps, with_stack: bool) -> None:
     """Push (the time at _TIME, the stack hash at r10-8 or 0) on the
     caller's ENTRIES stack."""
     _entry_key(a, site)
-    _lookup_or_create(a, maps, maps.entries, _EKEY, "e", ERR_ENTRIES_FULL)
+    _lookup_or_create(a, maps, maps.entries, _EKEY, "e", error_slot("LAT_ENTRIES_FULL"))
     a.emit(ldx(1, 9, 0), mov(2, 1), alu_imm(ADD, 2, 1), stx(9, 0, 2))
     a.jump(jmp_imm, JLT, 1, MAX_DEPTH, to="e_level")
-    _error(a, maps, ERR_TOO_DEEP)
+    _error(a, maps, error_slot("LAT_TOO_DEEP"))
     a.label("e_level")
     a.emit(alu_imm(AND, 1, MAX_DEPTH - 1), alu_imm(LSH, 1, 4), alu_reg(ADD, 1, 9),
            ldx(2, 10, _TIME), stx(1, 8, 2))
@@ -175,131 +169,6 @@ def entry_body(a: Asm, site: Site, maps: LatencyMaps, with_stack: bool) -> None:
     else:
         a.emit(mov_imm(2, 0))
     a.emit(stx(1, 16, 2))
-
-
-def entry_program(site: Site, maps: LatencyMaps, tgids=None, armed=None,
-                  result: int = PASS_ON) -> bytes:
-    """An entry without its stack; `result`: what the program returns
-    (capture/bpf.py, program_result)."""
-    a = Asm()
-    _head(a, tgids, armed)
-    _now(a)
-    entry_body(a, site, maps, with_stack=False)
-    a.label("out")
-    a.emit(mov_imm(0, result), exit_())
-    return a.assemble()
-
-
-def fp_entry_program(site: Site, maps: LatencyMaps, stacks: bpf.Map, fp_stacks: bpf.Map,
-                     tgids=None, armed=None, result: int = PASS_ON) -> bytes:
-    """An entry with its frame-pointer stack: the kernel's walk and the
-    word at [sp] (the caller, which that walk skips at a function's entry)
-    stored in FP_STACKS under their hash."""
-    a = Asm()
-    _head(a, tgids, armed)
-    _now(a)
-    a.emit(mov(1, 6), ld_map_fd(2, stacks.fd), mov_imm(3, bpf.F_USER_STACK),
-           call(bpf.GET_STACKID), stx(10, _FP, 0, size=4),
-           st_imm(10, _FP + 4, 0, size=4), st_imm(10, _FP + 8, 0),
-           mov(1, 10), alu_imm(ADD, 1, _FP + 8), mov_imm(2, 8),
-           ldx(3, 6, bpf.PT_REGS["sp"]), call(bpf.PROBE_READ_USER),
-           ldx(1, 10, _FP), ld_imm64(3, _FNV_PRIME), alu_reg(MUL, 1, 3),
-           ldx(2, 10, _FP + 8), alu_reg(XOR, 1, 2), alu_reg(MUL, 1, 3),
-           stx(10, -8, 1),
-           ld_map_fd(1, fp_stacks.fd), mov(2, 10), alu_imm(ADD, 2, -8), mov(3, 10),
-           alu_imm(ADD, 3, _FP), mov_imm(4, 0), call(bpf.MAP_UPDATE))
-    entry_body(a, site, maps, with_stack=True)
-    a.label("out")
-    a.emit(mov_imm(0, result), exit_())
-    return a.assemble()
-
-
-def _log2_bucket(a: Asm, unit_ns: int) -> None:
-    """r3 = the bucket of the duration in r1: 0 for < 1 unit, else
-    1 + floor(log2(duration in units)). Clobbers r1, r4."""
-    if unit_ns > 1:
-        a.emit(alu_imm(DIV, 1, unit_ns))
-    a.emit(mov_imm(3, 0))
-    a.jump(jmp_imm, JEQ, 1, 0, to="b_done")
-    a.emit(mov_imm(3, 1))
-    for shift in (32, 16, 8, 4, 2, 1):
-        a.emit(mov(4, 1), alu_imm(RSH, 4, shift))
-        a.jump(jmp_imm, JEQ, 4, 0, to=f"b_{shift}")
-        a.emit(mov(1, 4), alu_imm(ADD, 3, shift))
-        a.label(f"b_{shift}")
-    a.label("b_done")
-
-
-def return_program(site: Site, maps: LatencyMaps, *, unit_ns: int, by_stack: bool,
-                   slower_ns: int | None, tgids=None, armed=None,
-                   result: int = PASS_ON) -> bytes:
-    """Pop the call's entry; a return adds its duration to its histogram
-    (and reports it to the ring when slower than slower_ns), a tail call's
-    jump counts in TAILS."""
-    a = Asm()
-    _head(a, tgids, armed)
-    _now(a)
-    _entry_key(a, site)
-    _lookup(a, maps.entries, _EKEY)
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")      # no entry seen: began before the run
-    a.emit(mov(9, 0), ldx(1, 9, 0))
-    a.jump(jmp_imm, JEQ, 1, 0, to="out")
-    a.emit(alu_imm(SUB, 1, 1), stx(9, 0, 1))
-    a.jump(jmp_imm, JGE, 1, MAX_DEPTH, to="out")   # too deep: not timed
-    a.emit(mov(8, 1), alu_imm(AND, 1, MAX_DEPTH - 1), alu_imm(LSH, 1, 4),
-           alu_reg(ADD, 1, 9), ldx(2, 1, 8), ldx(3, 1, 16),
-           ldx(4, 10, _TIME), alu_reg(SUB, 4, 2), stx(10, _DELTA, 4))
-    # the histogram's key
-    a.emit(st_imm(10, _HKEY, site.function, size=4))
-    if by_stack:
-        a.emit(mov(1, 7), alu_imm(RSH, 1, 32), stx(10, _HKEY + 4, 1, size=4),
-               stx(10, _HKEY + 8, 3))
-    else:
-        a.emit(st_imm(10, _HKEY + 4, 0, size=4), st_imm(10, _HKEY + 8, 0))
-    if slower_ns is not None:
-        a.emit(stx(10, _SLOW + 32, 3))           # the hash, before r3 is reused
-    # the outermost level returned: free the slot
-    a.jump(jmp_imm, JNE, 8, 0, to="r_kept")
-    a.emit(ld_map_fd(1, maps.entries.fd), mov(2, 10), alu_imm(ADD, 2, _EKEY),
-           call(bpf.DELETE_ELEM))
-    a.label("r_kept")
-    if site.role == "tail":
-        a.emit(st_imm(10, _U32, site.function, size=4))
-        _lookup(a, maps.tails, _U32)
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        a.jump(bpf.ja, to="out")
-    else:
-        _lookup_or_create(a, maps, maps.hists, _HKEY, "h", ERR_HISTS_FULL)
-        a.emit(ldx(1, 10, _DELTA), ldx(2, 9, 0), alu_imm(ADD, 2, 1), stx(9, 0, 2),
-               ldx(2, 9, 8), alu_reg(ADD, 2, 1), stx(9, 8, 2), ldx(2, 9, 16))
-        a.jump(jmp_imm, JEQ, 2, 0, to="h_min")
-        a.jump(jmp_reg, JGE, 1, 2, to="h_max")
-        a.label("h_min")
-        a.emit(stx(9, 16, 1))
-        a.label("h_max")
-        a.emit(ldx(2, 9, 24))
-        a.jump(jmp_reg, JGE, 2, 1, to="h_bucket")
-        a.emit(stx(9, 24, 1))
-        a.label("h_bucket")
-        _log2_bucket(a, unit_ns)
-        a.emit(alu_imm(AND, 3, BUCKETS - 1), alu_imm(LSH, 3, 3), alu_reg(ADD, 3, 9),
-               ldx(1, 3, HIST_HEAD.size), alu_imm(ADD, 1, 1),
-               stx(3, HIST_HEAD.size, 1))
-        if slower_ns is not None:
-            a.emit(ldx(1, 10, _DELTA), ld_imm64(2, slower_ns))
-            a.jump(jmp_reg, JLT, 1, 2, to="out")
-            a.emit(ldx(1, 10, _TIME), stx(10, _SLOW, 1), stx(10, _SLOW + 8, 7),
-                   st_imm(10, _SLOW + 16, site.function, size=4),
-                   call(bpf.GET_SMP_PROCESSOR_ID), stx(10, _SLOW + 20, 0, size=4),
-                   ldx(1, 10, _DELTA), stx(10, _SLOW + 24, 1),
-                   ld_map_fd(1, maps.ring.fd), mov(2, 10), alu_imm(ADD, 2, _SLOW),
-                   mov_imm(3, SLOW.size), mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
-            a.jump(jmp_imm, JEQ, 0, 0, to="out")
-            _error(a, maps, ERR_RING_FULL)
-    a.label("out")
-    a.emit(mov_imm(0, result), exit_())
-    return a.assemble()
 
 
 # --- the counter and the capture ---------------------------------------------------
@@ -354,10 +223,10 @@ class LatencyCounter(BpfCounter):
             elif fp_stacks:
                 from ..kernel import perf_event as pe
                 self.max_depth = max(1, min(pe.max_stack(), 127))
-                self.stacks = self._map(bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth,
-                                        stack_storage, "ustack_latstk")
-                self.fp_stacks = self._map(bpf.MAP_HASH, 8, FP_STACK.size,
-                                           stack_storage, "ustack_latfp")
+                obj = latency_object()
+                self.stacks = self._keep(obj.make_map("stacks", stack_storage,
+                                                      value_size=8 * self.max_depth))
+                self.fp_stacks = self._keep(obj.make_map("fp_stacks", stack_storage))
             self.follow_if_traced(filter_tgid)
         except BaseException:
             self.close()
@@ -367,24 +236,33 @@ class LatencyCounter(BpfCounter):
         probe, site = self.probes[index], self.sites[index]
         tgids = self.tgids if isinstance(probe, TracepointProbe) else None
         result = program_result(probe)
-        functions = ()
         if site.role == "entry" and self.program is not None:
+            # the DWARF-unwound entry: the unwinder is still assembled here
             code, functions = self.program.code(
                 index, probe, tgids=tgids, armed=self.armed, prelude=_now, result=result,
                 then=lambda a: entry_body(a, site, self.lat, with_stack=True))
-        elif site.role == "entry" and self.fp_stacks is not None:
-            code = fp_entry_program(site, self.lat, self.stacks, self.fp_stacks, tgids,
-                                    self.armed, result)
-        elif site.role == "entry":
-            code = entry_program(site, self.lat, tgids, self.armed, result)
-        else:
-            code = return_program(site, self.lat, unit_ns=self.unit_ns,
-                                  by_stack=self.by_stack, slower_ns=self.slower_ns,
-                                  tgids=tgids, armed=self.armed, result=result)
-        fd = bpf.load_program(prog_type_of(probe), code, f"ustack_lat{index}",
-                              functions=functions)
-        self.prog_fds.append(fd)
-        return fd
+            fd = bpf.load_program(prog_type_of(probe), code, f"ustack_lat{index}",
+                                  functions=functions)
+            self.prog_fds.append(fd)
+            return fd
+        bits = latency_object().enum("latency_option")
+        entry = site.role == "entry"
+        wanted = {"LAT_ONLY_TRACED": tgids is not None,
+                  "LAT_WAIT_FOR_EXEC": self.armed is not None,
+                  "LAT_GOROUTINE": site.goroutine,
+                  "LAT_FP_STACK": entry and self.fp_stacks is not None,
+                  "LAT_BY_STACK": not entry and self.by_stack,
+                  "LAT_SLOWER": not entry and self.slower_ns is not None,
+                  "LAT_TAIL": site.role == "tail"}
+        self.named.update(self.lat.by_name())
+        if self.fp_stacks is not None:
+            self.named.update(stacks=self.stacks, fp_stacks=self.fp_stacks)
+        return self._load_c("latency", "latency_entry" if entry else "latency_return",
+                            probe, {"function": site.function, "result": result,
+                                    "options": sum(bits[k] for k, on in wanted.items() if on),
+                                    "unit_ns": self.unit_ns,
+                                    "slower_ns": self.slower_ns or 0},
+                            f"ustack_lat{index}")
 
     def load_programs(self) -> None:
         """A program per entry; one per (function, role) for the returns."""
@@ -412,22 +290,22 @@ class LatencyCounter(BpfCounter):
 
     def histograms(self) -> list:
         out = []
+        hist_key, hist = _layout("hist_key"), _layout("hist")
         for k in self.lat.hists.keys():
             values = self.lat.hists.lookup_percpu(k)
             if values is None:
                 continue
-            function, tgid, h = HIST_KEY.unpack(k)
+            function, tgid, h = hist_key.unpack(k)
             count = total = high = 0
             low = None
             buckets = [0] * BUCKETS
             for v in values:
-                n, s, mn, mx = HIST_HEAD.unpack_from(v)
+                n, s, mn, mx, counts = hist.unpack_from(v)
                 if not n:
                     continue
                 count, total, high = count + n, total + s, max(high, mx)
                 low = mn if low is None else min(low, mn)
-                for i, b in enumerate(struct.unpack_from(f"<{BUCKETS}Q", v,
-                                                         HIST_HEAD.size)):
+                for i, b in enumerate(struct.unpack(f"<{BUCKETS}Q", counts)):
                     buckets[i] += b
             if not count:
                 continue
@@ -444,7 +322,7 @@ class LatencyCounter(BpfCounter):
         if self.fp_stacks is not None:
             raw = self.fp_stacks.lookup(h.to_bytes(8, "little"))
             if raw is not None:
-                stack_id, _zero, ret = FP_STACK.unpack(raw)
+                stack_id, _zero, ret = _layout("fp_stack").unpack(raw)
                 return self.stack_bytes(stack_id), ret.to_bytes(8, "little")
         return b"", b""
 
@@ -459,9 +337,11 @@ class LatencyCounter(BpfCounter):
         the end of the run, or left by a longjmp, a panic, an exit."""
         return sum(struct.unpack_from("<Q", v)[0] for _k, v in self.lat.entries.items())
 
-    def latency_errors(self) -> list:
-        return [struct.unpack("<Q", self.lat.errors.lookup(i.to_bytes(4, "little")))[0]
-                for i in range(ERR_SLOTS)]
+    def latency_errors(self) -> dict:
+        """enum latency_error's names -> what the errors map counted."""
+        return {name: struct.unpack("<Q", self.lat.errors.lookup(i.to_bytes(4, "little")))[0]
+                for name, i in latency_object().enum("latency_error").items()
+                if i < self.lat.errors.max_entries}
 
     def close(self) -> None:
         super().close()                  # programs, events, the unwinder's maps
@@ -513,9 +393,10 @@ class LatencyCapture(BpfCapture):
                         limit: int) -> int:
         if isinstance(chunk, SlowChunk):
             end = min(len(chunk), offset + limit)
+            slow = _layout("slow_call")
             while offset < end:
                 n = struct.unpack_from("<I", chunk, offset)[0]
-                t, pid_tgid, function, cpu, ns, h = SLOW.unpack_from(chunk, offset + 4)
+                t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, offset + 4)
                 chain, ret = self.counter.stack_of(h)
                 samples.append(RawSample(function, pid_tgid >> 32,
                                          pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
@@ -543,7 +424,10 @@ class LatencyCapture(BpfCapture):
         events = self.events.losses()
         if self.counter is None:
             return Losses(events.lost, events.throttled)
-        deep, hists_full, entries_full, ring_full = self.counter.latency_errors()
+        errors = self.counter.latency_errors()
+        deep, hists_full, entries_full, ring_full = (
+            errors[name] for name in ("LAT_TOO_DEEP", "LAT_HISTS_FULL", "LAT_ENTRIES_FULL",
+                                      "LAT_RING_FULL"))
         uncounted = tuple((why, n) for why, n in (
             (f"were nested deeper than {MAX_DEPTH} levels (not timed)", deep),
             ("found the histogram map full", hists_full),

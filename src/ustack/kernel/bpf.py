@@ -1,8 +1,10 @@
 """bpf(2) through ctypes: maps, program loading, and eBPF instruction builders.
 
-There is no clang, libbpf or bcc at run time: the few programs ustack needs
-are assembled here from readable builders (one function per instruction
-kind) and loaded with BPF_PROG_LOAD. Layouts follow include/uapi/linux/bpf.h;
+There is no clang, libbpf or bcc at run time: most programs are BPF C built
+ahead into objects (src/ustack/bpf, loaded by kernel/bpf_object.py); the
+rest (the DWARF unwinder, off-CPU, generated fetch-args) are still
+assembled here from readable builders (one function per instruction kind).
+Both load with BPF_PROG_LOAD. Layouts follow include/uapi/linux/bpf.h;
 the attr structs are prefixes of `union bpf_attr` (the kernel zero-fills
 the fields a shorter struct leaves out)."""
 from __future__ import annotations
@@ -235,7 +237,9 @@ class _ProgLoad(ctypes.Structure):
                 ("expected_attach_type", ctypes.c_uint32),
                 ("prog_btf_fd", ctypes.c_uint32),
                 ("func_info_rec_size", ctypes.c_uint32),
-                ("func_info", ctypes.c_uint64), ("func_info_cnt", ctypes.c_uint32)]
+                ("func_info", ctypes.c_uint64), ("func_info_cnt", ctypes.c_uint32),
+                ("line_info_rec_size", ctypes.c_uint32),
+                ("line_info", ctypes.c_uint64), ("line_info_cnt", ctypes.c_uint32)]
 
 
 class _BtfLoad(ctypes.Structure):
@@ -532,9 +536,84 @@ def _load(attr, name: str) -> int:
             return _bpf(PROG_LOAD, attr)       # loads after all (a transient error)
         except OSError as e:
             lines = log.value.decode("utf-8", "replace").strip().splitlines()
-            tail = "\n".join(lines[-LOG_LINES:])
+            tail = "\n".join(_with_source_line(lines, LOG_LINES))
             raise LoadError(f"the kernel refused BPF program {name}: "
                             f"{e.strerror}" + (f"\n{tail}" if tail else ""))
+
+
+def _with_source_line(lines: list, n: int) -> list:
+    """The log's last n lines, led by the last C source line the verifier
+    named before them ("; if (x) @ counts.bpf.c:61", given with line_info)
+    when none of them is one."""
+    tail = lines[-n:]
+    if not any(line.startswith("; ") for line in tail):
+        source = [line for line in lines[:-n] if line.startswith("; ")]
+        tail = source[-1:] + tail
+    return tail
+
+
+def load_with_btf(prog_type: int, code: bytes, name: str, btf_fd: int,
+                  func_info: bytes, line_info: bytes, attach_type: int = 0) -> int:
+    """Load a program with its object's BTF (loaded with load_btf) and its
+    func_info and line_info records (bpf_func_info, bpf_line_info: offsets
+    in instructions): bpf_loop callbacks need the first, and the second
+    puts the C source lines into the verifier's log."""
+    buf = ctypes.create_string_buffer(code)
+    funcs = ctypes.create_string_buffer(func_info, len(func_info))
+    lines = ctypes.create_string_buffer(line_info, len(line_info))
+    attr = _ProgLoad(prog_type, len(code) // 8, ctypes.addressof(buf),
+                     ctypes.addressof(_LICENSE), 0, 0, 0, 0, 0,
+                     name.encode()[:15])
+    attr.expected_attach_type = attach_type
+    attr.prog_btf_fd = btf_fd
+    if func_info:
+        attr.func_info_rec_size, attr.func_info = _FUNC_INFO.size, ctypes.addressof(funcs)
+        attr.func_info_cnt = len(func_info) // _FUNC_INFO.size
+    if line_info:
+        attr.line_info_rec_size, attr.line_info = LINE_INFO_SIZE, ctypes.addressof(lines)
+        attr.line_info_cnt = len(line_info) // LINE_INFO_SIZE
+    return _load(attr, name)
+
+
+PROG_TEST_RUN = 10
+
+
+class _TestRun(ctypes.Structure):
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32)]
+
+
+def test_run(prog_fd: int, ctx: bytes = b"") -> int:
+    """Run a program once on `ctx` (BPF_PROG_TEST_RUN: raw tracepoint
+    programs take their u64 arguments) and return what it returned: runs
+    a program's logic through the kernel without an event."""
+    buf = ctypes.create_string_buffer(ctx, len(ctx))
+    attr = _TestRun(prog_fd, 0, 0, 0, 0, 0, 0, 0, len(ctx), 0,
+                    ctypes.addressof(buf) if ctx else 0, 0, 0, 0)
+    try:
+        _bpf(PROG_TEST_RUN, attr)
+    except OSError as e:
+        raise UstackError(f"cannot run a BPF program: {e.strerror}")
+    return attr.retval
+
+
+LINE_INFO_SIZE = 16                  # insn_off, file_name_off, line_off, line_col
+MAP_FREEZE = 22
+F_RDONLY_PROG = 1 << 7               # map_create: programs may only read it
+
+
+def freeze(m: Map) -> None:
+    """Make a map read-only for user space from now (BPF_MAP_FREEZE): with
+    F_RDONLY_PROG the verifier then takes its values as constants."""
+    try:
+        _bpf(MAP_FREEZE, _MapElem(m.fd, 0, 0, 0, 0))
+    except OSError as e:
+        raise UstackError(f"cannot freeze a BPF map: {e.strerror}")
 
 
 def attach(perf_fd: int, prog_fd: int) -> None:

@@ -1,10 +1,12 @@
-"""Field offsets of kernel structs from the kernel's own BTF
-(/sys/kernel/btf/vmlinux), for BPF programs that read kernel memory with
-bpf_probe_read_kernel: the layout of vm_area_struct or inode changes from
-build to build, BTF says where each field is on the running kernel.
+"""BTF type information (include/uapi/linux/btf.h): field offsets of
+kernel structs from the kernel's own BTF (/sys/kernel/btf/vmlinux), for BPF
+programs that read kernel memory with bpf_probe_read_kernel (the layout of
+vm_area_struct or inode changes from build to build); and the types of a
+built BPF object (kernel/bpf_object.py): its maps' keys and values, its
+read-only data, the records it shares with Python.
 
-Only what offsets need is decoded: the type records are walked once and
-the struct/union members kept (include/uapi/linux/btf.h)."""
+The type records are walked once; struct/union members, array shapes,
+enum values and data-section variables are kept."""
 from __future__ import annotations
 
 import struct
@@ -19,7 +21,8 @@ _MEMBER = struct.Struct("<III")       # name_off, type, offset
 # bytes after a type record, per kind: fixed, and per vlen item
 _FIXED = {1: 4, 3: 12, 14: 4, 17: 4}
 _PER_ITEM = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
-_STRUCT, _UNION = 4, 5
+_INT, _PTR, _ARRAY, _STRUCT, _UNION, _ENUM = 1, 2, 3, 4, 5, 6
+_VAR, _DATASEC, _ENUM64 = 14, 15, 19
 _MODIFIERS = {8, 9, 10, 11, 18}       # typedef, volatile, const, restrict, type_tag
 
 _cache: dict = {}
@@ -36,9 +39,16 @@ class Btf:
         self._strings = blob[hdr_len + str_off:hdr_len + str_off + str_len]
         self.kinds: list = [None]           # type id -> (kind, name_off, type, members)
         self.by_name: dict = {}             # struct name -> type id
+        # type id -> what follows the record: an int's encoding, an array's
+        # (elem type, nelems), an enum's {name: value}, a datasec's
+        # [(var type, offset, size)]
+        self.extra: dict = {}
+        self.at: list = [None]              # type id -> its record's offset in blob
+        self.by_kind_name: dict = {}        # (kind, name) -> type id
         pos, end = types, types + type_len
         while pos < end:
             name_off, info, size_or_type = _TYPE.unpack_from(blob, pos)
+            self.at.append(pos)
             pos += _TYPE.size
             kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
             members = None
@@ -51,11 +61,78 @@ class Btf:
                                     (m_off & 0xFFFFFF) if bitfields else m_off))
                 if name_off:
                     self.by_name.setdefault(self._str(name_off), len(self.kinds))
+            elif kind == _INT:
+                self.extra[len(self.kinds)] = struct.unpack_from("<I", blob, pos)[0]
+            elif kind == _ARRAY:
+                elem, _index, nelems = struct.unpack_from("<III", blob, pos)
+                self.extra[len(self.kinds)] = (elem, nelems)
+            elif kind in (_ENUM, _ENUM64):
+                self.extra[len(self.kinds)] = self._enum(blob, pos, kind, vlen, info)
+            elif kind == _DATASEC:
+                self.extra[len(self.kinds)] = [struct.unpack_from("<III", blob, pos + 12 * i)
+                                               for i in range(vlen)]
+            if name_off and kind in (_ENUM, _ENUM64, _VAR, _DATASEC, 12):
+                self.by_kind_name.setdefault((kind, self._str(name_off)), len(self.kinds))
             self.kinds.append((kind, name_off, size_or_type, members))
             pos += _FIXED.get(kind, 0) + _PER_ITEM.get(kind, 0) * vlen
 
+    def _enum(self, blob: bytes, pos: int, kind: int, vlen: int, info: int) -> dict:
+        """An enum's {name: value}."""
+        signed = bool(info >> 31)
+        out = {}
+        for i in range(vlen):
+            if kind == _ENUM:
+                name, val = struct.unpack_from("<Ii" if signed else "<II", blob, pos + 8 * i)
+            else:
+                name, lo, hi = struct.unpack_from("<III", blob, pos + 12 * i)
+                val = lo | hi << 32
+                if signed and val >> 63:
+                    val -= 1 << 64
+            out[self._str(name)] = val
+        return out
+
     def _str(self, off: int) -> str:
         return self._strings[off:self._strings.index(b"\0", off)].decode()
+
+    def name(self, type_id: int) -> str:
+        return self._str(self.kinds[type_id][1])
+
+    def size(self, type_id: int) -> int:
+        """The size in bytes of a type (typedefs and qualifiers resolved)."""
+        type_id = self._resolve(type_id)
+        kind, _name, size_or_type, _m = self.kinds[type_id]
+        if kind == _PTR:
+            return 8
+        if kind == _ARRAY:
+            elem, nelems = self.extra[type_id]
+            return self.size(elem) * nelems
+        return size_or_type
+
+    def members(self, struct_name: str) -> list:
+        """(name, byte offset, type id) of each member of a struct."""
+        tid = self.by_name.get(struct_name)
+        if tid is None:
+            raise UstackError(f"BTF has no struct {struct_name}")
+        return self.members_of(tid)
+
+    def members_of(self, type_id: int) -> list:
+        """(name, byte offset, type id) of each member of a struct type."""
+        return [(self._str(n), bits // 8, t) for n, t, bits in self.kinds[type_id][3]]
+
+    def int_signed(self, type_id: int) -> bool | None:
+        """Whether an integer type is signed (None: not an integer)."""
+        type_id = self._resolve(type_id)
+        kind = self.kinds[type_id][0]
+        if kind in (_ENUM, _ENUM64):
+            return False
+        return bool(self.extra[type_id] >> 24 & 1) if kind == _INT else None
+
+    def enum(self, name: str) -> dict:
+        """The values of a named enum, by name."""
+        tid = self.by_kind_name.get((_ENUM, name), self.by_kind_name.get((_ENUM64, name)))
+        if tid is None:
+            raise UstackError(f"BTF has no enum {name}")
+        return dict(self.extra[tid])
 
     def _resolve(self, type_id: int) -> int:
         while self.kinds[type_id][0] in _MODIFIERS:

@@ -1,0 +1,230 @@
+/* Entry-to-return latency (capture/bpf_latency.py has the whole story):
+ * latency_entry pushes the entry time (and the entry stack's hash) on the
+ * caller's ENTRIES stack; latency_return pops it and adds the duration to
+ * the function's histogram, reporting calls of slower_ns or more to the
+ * ring. One program per probe, the function and options as read-only
+ * data. The entry with a DWARF-unwound stack is still assembled in Python
+ * (the unwinder is); it writes the same ENTRIES values. */
+#include "ustack.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define FNV_PRIME 0x100000001B3ULL
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct entry_key);
+	__type(value, struct entry_stack);
+	__uint(max_entries, 16384);	/* (thread or goroutine, function) pairs in flight */
+} entries SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct hist_key);
+	__type(value, struct hist);
+	__uint(max_entries, 10240);	/* functions x stacks */
+} hists SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);		/* a slot per function: sized by the loader */
+} tails SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, enum latency_error);
+	__type(value, __u64);
+	__uint(max_entries, LATENCY_ERROR_SLOTS);
+} errors SEC(".maps");
+
+/* zeros to create ENTRIES' and HISTS' values from (too big for the stack) */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct hist);	/* the larger of entry_stack and hist */
+	__uint(max_entries, 1);
+} zero SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__type(value, struct slow_call);	/* its records (the loader drops the size) */
+	__uint(max_entries, 4096);	/* sized by the loader */
+} ring SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 8);		/* 8 bytes a frame: sized by the loader */
+	__uint(max_entries, 1);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);
+	__type(value, struct fp_stack);
+	__uint(max_entries, 1);		/* sized by the loader */
+} fp_stacks SEC(".maps");
+
+const volatile __u32 function;
+const volatile enum latency_option options;
+const volatile enum program_result result;
+const volatile __u64 unit_ns;		/* a histogram's unit */
+const volatile __u64 slower_ns;		/* LAT_SLOWER */
+
+static __always_inline void count_error(enum latency_error slot)
+{
+	add_one(bpf_map_lookup_elem(&errors, &slot));
+}
+
+/* map[key], created from zeros when absent; NULL (counted as `full`)
+ * when the map has no room */
+static __always_inline void *lookup_or_create(void *map, void *key,
+					      enum latency_error full)
+{
+	__u32 zero_key = 0;
+	void *value = bpf_map_lookup_elem(map, key), *zeros;
+
+	if (value)
+		return value;
+	zeros = bpf_map_lookup_elem(&zero, &zero_key);
+	if (!zeros)
+		return 0;
+	bpf_map_update_elem(map, key, zeros, BPF_NOEXIST);
+	value = bpf_map_lookup_elem(map, key);
+	if (!value)
+		count_error(full);
+	return value;
+}
+
+/* whether the event is the run's: its process traced, the command armed */
+static __always_inline int of_the_run(enum latency_option opts, __u64 pid_tgid)
+{
+	if ((opts & LAT_ONLY_TRACED) && !traced(pid_tgid))
+		return 0;
+	return !(opts & LAT_WAIT_FOR_EXEC) || exec_seen();
+}
+
+static __always_inline void entry_key(struct entry_key *key, struct pt_regs *regs,
+				      enum latency_option opts, __u64 pid_tgid)
+{
+	key->who = (opts & LAT_GOROUTINE) ? regs->r14 : pid_tgid;
+	key->function = function;
+	key->pad = 0;
+}
+
+/* the entry's frame-pointer stack, kept in FP_STACKS under its hash */
+static __always_inline __u64 fp_stack_hash(void *ctx)
+{
+	struct fp_stack fp;
+	__u64 hash;
+
+	fp.stack_id = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+	fp.pad = 0;
+	fp.return_address = 0;
+	bpf_probe_read_user(&fp.return_address, sizeof(fp.return_address),
+			    (void *)((struct pt_regs *)ctx)->sp);
+	hash = (__u32)fp.stack_id * FNV_PRIME;
+	hash = (hash ^ fp.return_address) * FNV_PRIME;
+	bpf_map_update_elem(&fp_stacks, &hash, &fp, BPF_ANY);
+	return hash;
+}
+
+SEC("event")
+int latency_entry(void *ctx)
+{
+	enum latency_option opts = options;
+	__u64 pid_tgid = bpf_get_current_pid_tgid(), now, hash = 0, level;
+	struct entry_key key;
+	struct entry_stack *stack;
+
+	if (!of_the_run(opts, pid_tgid))
+		return result;
+	now = bpf_ktime_get_ns();
+	if (opts & LAT_FP_STACK)
+		hash = fp_stack_hash(ctx);
+	entry_key(&key, ctx, opts, pid_tgid);
+	stack = lookup_or_create(&entries, &key, LAT_ENTRIES_FULL);
+	if (!stack)
+		return result;
+	level = stack->depth;
+	stack->depth = level + 1;
+	if (level >= LAT_MAX_DEPTH) {	/* its return only pops the depth */
+		count_error(LAT_TOO_DEEP);
+		return result;
+	}
+	stack->level[level & (LAT_MAX_DEPTH - 1)].time = now;
+	stack->level[level & (LAT_MAX_DEPTH - 1)].hash = hash;
+	return result;
+}
+
+/* 0 for less than one unit, else 1 + floor(log2(units)) */
+static __always_inline __u32 log2_bucket(__u64 units)
+{
+	__u32 bucket = 1;
+
+	if (!units)
+		return 0;
+#define STEP(shift) if (units >> shift) { units >>= shift; bucket += shift; }
+	STEP(32) STEP(16) STEP(8) STEP(4) STEP(2) STEP(1)
+#undef STEP
+	return bucket;
+}
+
+SEC("event")
+int latency_return(void *ctx)
+{
+	enum latency_option opts = options;
+	__u64 pid_tgid = bpf_get_current_pid_tgid(), now, level, delta, hash, units;
+	struct entry_key key;
+	struct hist_key hkey;
+	struct entry_stack *stack;
+	struct entry_level *entry;
+	struct hist *hist;
+
+	if (!of_the_run(opts, pid_tgid))
+		return result;
+	now = bpf_ktime_get_ns();
+	entry_key(&key, ctx, opts, pid_tgid);
+	stack = bpf_map_lookup_elem(&entries, &key);
+	if (!stack || !stack->depth)	/* no entry seen: it began before the run */
+		return result;
+	level = stack->depth - 1;
+	stack->depth = level;
+	if (level >= LAT_MAX_DEPTH)	/* too deep: not timed */
+		return result;
+	entry = &stack->level[level & (LAT_MAX_DEPTH - 1)];
+	delta = now - entry->time;
+	hash = entry->hash;
+	hkey.function = function;
+	hkey.tgid = (opts & LAT_BY_STACK) ? pid_tgid >> 32 : 0;
+	hkey.hash = (opts & LAT_BY_STACK) ? hash : 0;
+	if (!level)			/* the outermost call returned: free the slot */
+		bpf_map_delete_elem(&entries, &key);
+	if (opts & LAT_TAIL) {
+		COUNT_AT(tails, function);
+		return result;
+	}
+	hist = lookup_or_create(&hists, &hkey, LAT_HISTS_FULL);
+	if (!hist)
+		return result;
+	hist->count += 1;
+	hist->sum += delta;
+	if (!hist->min || delta < hist->min)
+		hist->min = delta;
+	if (hist->max < delta)
+		hist->max = delta;
+	units = unit_ns > 1 ? delta / unit_ns : delta;
+	hist->buckets[log2_bucket(units) & (LAT_BUCKETS - 1)] += 1;
+	if ((opts & LAT_SLOWER) && delta >= slower_ns) {
+		struct slow_call slow = {
+			.end = now, .pid_tgid = pid_tgid, .function = function,
+			.cpu = bpf_get_smp_processor_id(), .duration = delta, .hash = hash,
+		};
+
+		if (bpf_ringbuf_output(&ring, &slow, sizeof(slow), 0))
+			count_error(LAT_RING_FULL);
+	}
+	return result;
+}

@@ -1,0 +1,172 @@
+/* What ustack's BPF programs share with each other and with Python.
+ *
+ * Every structure Python reads or writes (map keys and values, ring
+ * records) is defined here once; Python learns its layout from the
+ * object's BTF (kernel/bpf_object.py: BpfObject.layout), so a field added
+ * here reaches Python without a second format string. An enum's values
+ * reach Python the same way (BpfObject.enum), once the C uses the enum as a
+ * type (clang keeps in BTF only the types the code names: a map's key or
+ * value, a typed global).
+ *
+ * No kernel headers: the few kernel layouts the programs touch are given
+ * here (pt_regs is x86-64's, fixed by the ABI) or reach the programs as
+ * read-only data taken from the running kernel's BTF (field offsets). */
+#ifndef USTACK_H
+#define USTACK_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+/* x86-64 struct pt_regs (arch/x86/include/asm/ptrace.h) */
+struct pt_regs {
+	__u64 r15, r14, r13, r12, bp, bx, r11, r10, r9, r8;
+	__u64 ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp, ss;
+};
+
+#define EFAULT 14
+#define EEXIST 17
+#define CLONE_THREAD 0x10000
+
+/* what a program on a trace event returns: 0 drops the perf sample (and on
+ * a shared tracepoint, every other tool's too), 1 lets perf go on with it */
+enum program_result { DROP_SAMPLE = 0, PASS_ON = 1 };
+
+/* slots of the counters' error array: why an event was not counted */
+enum count_error { ERR_COLLISION = 0, ERR_STACKS_FULL = 1, ERR_COUNTS_FULL = 2,
+		   COUNT_ERROR_SLOTS = 3 };
+
+/* what a stack counter does besides counting (counts.bpf.c's options) */
+enum count_option {
+	COUNT_ONLY_TRACED = 1,		/* a tracepoint under -p/-c: tgids only */
+	COUNT_WAIT_FOR_EXEC = 2,	/* a -c command: count once armed */
+	COUNT_KERNEL_STACK = 4,		/* --kernel */
+	COUNT_RETURN_ADDRESS = 8,	/* an entry uprobe: its caller's return address */
+};
+
+#define NO_STACK (-1)	/* the stack id stored when there is none */
+
+/* the key of the stack counters' map */
+struct count_key {
+	__u64 pid_tgid;
+	__s64 probe;		/* index into the run's probes */
+	__s64 user_stack;	/* stack id, NO_STACK for none */
+	__s64 kernel_stack;
+	__u64 return_address;	/* the word at [sp] of an entry uprobe */
+};
+
+/* The run's scope, shared by the programs of several objects (the loader
+ * hands each the same map): armed[0] is set when a held -c command has
+ * exec'd (exec.bpf.c), tgids holds the traced processes (tracepoints fire
+ * for every task). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} armed SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);		/* sized by the loader */
+} tgids SEC(".maps");
+
+/* whether the held command has exec'd */
+static __always_inline int exec_seen(void)
+{
+	__u32 zero = 0;
+	__u64 *flag = bpf_map_lookup_elem(&armed, &zero);
+
+	return flag && *flag;
+}
+
+/* whether the process of this pid_tgid is traced */
+static __always_inline int traced(__u64 pid_tgid)
+{
+	__u32 tgid = pid_tgid >> 32;
+
+	return bpf_map_lookup_elem(&tgids, &tgid) != 0;
+}
+
+/* --- latency (latency.bpf.c) --- */
+#define LAT_MAX_DEPTH 16	/* entries kept per (who, function): a power of two */
+#define LAT_BUCKETS 64		/* log2 buckets of a histogram: a power of two */
+
+/* ENTRIES' key: the thread (pid_tgid) or the goroutine (Go's g), the function */
+struct entry_key {
+	__u64 who;
+	__u32 function;
+	__u32 pad;
+};
+
+/* ENTRIES' value: a stack of entry times, so recursion pairs each return
+ * with its own entry */
+struct entry_level {
+	__u64 time;
+	__u64 hash;		/* the entry's stack, 0 without one */
+};
+
+struct entry_stack {
+	__u64 depth;
+	struct entry_level level[LAT_MAX_DEPTH];
+};
+
+/* HISTS' key: tgid and hash are 0 unless split by stack */
+struct hist_key {
+	__u32 function;
+	__u32 tgid;
+	__u64 hash;
+};
+
+/* HISTS' value (per CPU), durations in ns, buckets in the run's unit */
+struct hist {
+	__u64 count, sum, min, max;
+	__u64 buckets[LAT_BUCKETS];
+};
+
+/* the ring's record of a call at least --slower long */
+struct slow_call {
+	__u64 end;
+	__u64 pid_tgid;
+	__u32 function;
+	__u32 cpu;
+	__u64 duration;
+	__u64 hash;
+};
+
+/* FP_STACKS' value: a frame-pointer entry stack under its hash */
+struct fp_stack {
+	__s32 stack_id;
+	__u32 pad;
+	__u64 return_address;	/* the word at [sp], which the kernel's walk skips */
+};
+
+/* slots of latency's error array */
+enum latency_error { LAT_TOO_DEEP = 0, LAT_HISTS_FULL = 1, LAT_ENTRIES_FULL = 2,
+		     LAT_RING_FULL = 3, LATENCY_ERROR_SLOTS = 4 };
+
+/* what a latency program does besides timing (latency.bpf.c's options) */
+enum latency_option {
+	LAT_ONLY_TRACED = 1,	/* a tracepoint under -p/-c: tgids only */
+	LAT_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
+	LAT_GOROUTINE = 4,	/* Go code: key on the goroutine (r14 holds g) */
+	LAT_FP_STACK = 8,	/* an entry: keep its frame-pointer stack */
+	LAT_BY_STACK = 16,	/* a return: a histogram per stack */
+	LAT_SLOWER = 32,	/* a return: report calls of slower_ns or more */
+	LAT_TAIL = 64,		/* a return through a tail call's jump: counted, not timed */
+};
+
+/* *slot += 1 when slot is not NULL */
+static __always_inline void add_one(__u64 *slot)
+{
+	if (slot)
+		__sync_fetch_and_add(slot, 1);
+}
+
+/* map[index] += 1 in an ARRAY map of u64 */
+#define COUNT_AT(map, index) ({ __u32 __i = (index); \
+	add_one(bpf_map_lookup_elem(&(map), &__i)); })
+
+#endif
