@@ -193,6 +193,24 @@ def kill_run_and_guardian(proc: subprocess.Popen) -> None:
     proc.send_signal(signal.SIGKILL)
 
 
+# Starts ustack from a small process and reports its maxrss: a process
+# forked from pytest itself carries pytest's peak into its own maxrss at
+# exec (the kernel keeps the larger), so wait4 on it would measure pytest.
+_PEAK_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    f.write(f"{pid}\\n")
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "a") as f:
+    f.write(f"{usage.ru_maxrss}\\n")
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def run_ustack_peak(*args, timeout: float = 120, discard_stdout: bool = False,
                     **kw) -> tuple:
     """Run `python -m ustack ARGS…` like run_ustack; also return its peak
@@ -200,25 +218,17 @@ def run_ustack_peak(*args, timeout: float = 120, discard_stdout: bool = False,
     by wait4 as it is reaped: no sampling, nothing missed). With
     `discard_stdout` its output goes to /dev/null (stdout is then "")."""
     import tempfile
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = popen_ustack(*args, stdout=subprocess.DEVNULL if discard_stdout else out,
-                            stderr=err, text=True, **kw)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                os.wait4(proc.pid, 0)
-                proc.returncode = -9
-                raise subprocess.TimeoutExpired(proc.args, timeout)
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        res = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
-    return res, usage.ru_maxrss / 1024
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "peak")
+        launcher = (sys.executable, "-c", _PEAK_LAUNCHER, report, *USTACK)
+        res = run_ustack(*args, timeout=timeout, cmd=launcher,
+                         stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
+                         **kw)
+        lines = open(report).read().split()
+    USTACK_PIDS.append(int(lines[0]))            # the leak check judges ustack's own pid
+    if res.stdout is None:
+        res.stdout = ""
+    return res, int(lines[1]) / 1024
 
 
 def wait_until(condition, timeout: float = 10, what: str = "the condition") -> None:
