@@ -240,3 +240,27 @@ def subdirectory(dir_fd: int, name: str, label: str, mode: int = 0o755) -> int:
     except OSError as e:
         raise UstackError(f"{label}: {_why(e)}") from None
     return _open_child(dir_fd, name, label)
+
+
+def private_directory(directory: str, create: bool = False) -> int | None:
+    """A descriptor of a directory of ustack's own state (caches, run
+    locks) to trust: not a link, and writable only by its owner, the
+    running user or root; None otherwise. `create`: made 0700 (with its
+    parents) when missing."""
+    if create:
+        try:
+            os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        return None
+    return fd

@@ -20,6 +20,7 @@ import stat
 import time
 
 from ..model import UstackError
+from ..output import private_directory
 
 GROUP_PREFIX = "ustack_"
 LOCK_DIR = "/run/ustack"
@@ -54,21 +55,7 @@ def tracing_name() -> str:
 def _lock_dir() -> int | None:
     """An fd of LOCK_DIR, made if missing; None when it is not a real
     directory that only its owner, root (or we), can write."""
-    try:
-        os.mkdir(LOCK_DIR, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    try:
-        fd = os.open(LOCK_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-        os.close(fd)
-        return None
-    return fd
+    return private_directory(LOCK_DIR, create=True)
 
 
 def _is_current(fd: int, name: str, dir_fd: int) -> bool:

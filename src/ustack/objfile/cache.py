@@ -21,7 +21,7 @@ import struct
 import zlib
 
 from ..model import UstackError
-from ..output import lstat_at, write_bytes_at
+from ..output import lstat_at, private_directory, write_bytes_at
 
 
 def digest(data: bytes) -> str:
@@ -95,33 +95,11 @@ def _payload(data):
     return view
 
 
-def _directory(directory: str, create: bool = False) -> int | None:
-    """A descriptor of a cache directory to trust (not a link, a directory
-    only its owner, the running user or root, can write), or None. `create`:
-    made 0700 when missing."""
-    if create:
-        try:
-            os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            return None
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    if not _trusted(os.fstat(fd)):
-        os.close(fd)
-        return None
-    return fd
-
-
 def _open_trusted(cache: str) -> int | None:
     """A read-only descriptor of the cache file, or None when it is missing
     or not to be trusted (a link, not a regular file, writable by others)."""
     directory, name = os.path.split(cache)
-    dir_fd = _directory(directory)
+    dir_fd = private_directory(directory)
     if dir_fd is None:
         return None
     try:
@@ -177,7 +155,7 @@ def write(cache: str, blob: bytes, raw: bool = False) -> None:
     `raw`: the bytes alone (a file others open by its path: an ELF image),
     without the frame read() checks."""
     directory, name = os.path.split(cache)
-    dir_fd = _directory(directory, create=True)
+    dir_fd = private_directory(directory, create=True)
     if dir_fd is None:
         return
     try:
