@@ -349,3 +349,42 @@ def test_a_glob_over_the_program_itself_needs_no_a(chain):
     res = ok(run_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:[d]",
                         "-c", f"{chain} 3"))
     assert [s["count"] for s in parse_counts(res.stdout)] == [3]
+
+
+# --- how much stack a tracefs uprobe copies ----------------------------------------
+
+TRACEFS_LIMIT = 3048    # 3072 bytes of fields (MAX_PROBE_EVENT_SIZE) less %ip, %sp, %bp
+AT_LIMIT = ("stack copy too small (3048 bytes): the stack was cut short; that is "
+            "the kernel's per-event limit for a tracefs uprobe: --backend perf or "
+            "bpf copy deeper stacks")
+
+
+def _deep_leaf(backend: str, size: int) -> dict:
+    """recurse 60: ~6 KiB of stack under leaf, more than a tracefs uprobe
+    can copy; the trace's one stack and its header."""
+    from test_e2e_dwarf import RECURSE_FLAGS
+    prog = build("recurse", flags=RECURSE_FLAGS)
+    res = ok(run_ustack("trace", "--backend", backend, "--unwind", "dwarf",
+                        "--stack-size", size, f"uprobe:{prog}:leaf", "-c", f"{prog} 60"))
+    (rec,) = parse_trace(res.stdout)
+    rec["header"] = res.stderr.splitlines()[0]
+    return rec
+
+
+def test_uprobe_copies_up_to_the_kernel_limit_and_says_so():
+    """The whole 3048 bytes the kernel allows (not 5 arrays of 64 words):
+    the frames perf gives from a copy of that size; the note names the
+    limit instead of advising a --stack-size that cannot help."""
+    got, want = _deep_leaf("tracefs", 8192), _deep_leaf("perf", TRACEFS_LIMIT)
+    assert named(got) == named(want) and len(got["frames"]) > 30
+    assert got["notes"] == [AT_LIMIT]
+    assert ("uprobes: DWARF on 3048 stack bytes per event (the kernel's per-event "
+            "limit for a tracefs uprobe)") in got["header"]
+
+
+def test_a_smaller_stack_size_is_honoured():
+    got, want = _deep_leaf("tracefs", 1000), _deep_leaf("perf", 1000)
+    assert named(got) == named(want)
+    assert got["notes"] == want["notes"] == [
+        "stack copy too small (1000 bytes): the stack was cut short; raise --stack-size"]
+    assert "uprobes: DWARF on 1000 stack bytes per event;" in got["header"]

@@ -22,11 +22,14 @@ KERNEL_THREAD = Frame(addr=0, module="", function="[kernel]")
 
 class StackResolver:
     """`tracker` is the run's MappingTracker: mappings by pid and exec
-    generation; `options` what the user asked of names."""
+    generation; `options` what the user asked of names; `cut_advice` what
+    a stack cut by its copy's size advises (None: raise --stack-size)."""
 
-    def __init__(self, tracker, options: SymbolOptions = SymbolOptions()):
+    def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
+                 cut_advice: str | None = None):
         self.tracker = tracker
-        self.unwinder = Unwinder(debug_dirs=options.debug_dirs)
+        self.unwinder = (Unwinder(options.debug_dirs, cut_advice) if cut_advice
+                         else Unwinder(options.debug_dirs))
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)

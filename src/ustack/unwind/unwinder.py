@@ -11,7 +11,7 @@ from collections.abc import Callable
 from ..model import (JIT_NOTE, KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
                      KERNEL_UNWIND_THROUGH_JIT, Mapping, RawSample,
                      UnwoundSample)
-from .dwarf import DwarfUnwinder
+from .dwarf import RAISE_STACK_SIZE, DwarfUnwinder
 from .fp import frame_pointer_stack
 
 FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or None
@@ -20,8 +20,10 @@ FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or
 class Unwinder:
     """Keep one per run: the DWARF unwinder's caches live here."""
 
-    def __init__(self, debug_dirs=()):
-        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs)
+    def __init__(self, debug_dirs=(), cut_advice: str = RAISE_STACK_SIZE):
+        """cut_advice: what a stack cut short by its copy's size tells
+        the user to do (the capture knows whether a larger copy can help)."""
+        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs, cut_advice=cut_advice)
 
     @property
     def warnings(self) -> list:
