@@ -388,3 +388,33 @@ def test_a_smaller_stack_size_is_honoured():
     assert got["notes"] == want["notes"] == [
         "stack copy too small (1000 bytes): the stack was cut short; raise --stack-size"]
     assert "uprobes: DWARF on 1000 stack bytes per event;" in got["header"]
+
+
+# --- ftrace's userstacktrace keeps 8 frames ------------------------------------------
+
+FTRACE_CUT = ("stack cut at ftrace's 8-frame limit (userstacktrace): "
+              "--backend bpf or perf give the whole stack")
+
+
+def test_userstacktrace_cut_at_8_frames_says_so():
+    """recurse 20 (frame pointers): leaf under 20 rec frames. ftrace's walk
+    keeps the first 8 and the stack says it was cut there."""
+    prog = build("recurse")
+    (rec,) = trace("tracefs", "--unwind", "fp", f"uprobe:{prog}:leaf", "-c", f"{prog} 20")
+    (whole,) = trace("perf", "--unwind", "fp", f"uprobe:{prog}:leaf", "-c", f"{prog} 20")
+    names = funcs(rec["frames"])
+    assert names[0] == "leaf" and set(names[1:]) == {"rec"} and len(names) >= 8
+    assert names == funcs(whole["frames"])[:len(names)] and len(whole["frames"]) > 20
+    assert rec["notes"] == [FTRACE_CUT]
+
+
+def test_go_syscall_stack_cut_at_8_frames_says_so():
+    prog = build_go("gochain")
+    (rec,) = trace("tracefs", "syscall:write", "-c", quiet(prog, 1, "write"))
+    assert len(rec["frames"]) == 8 and rec["notes"] == [FTRACE_CUT]
+
+
+def test_a_stack_under_8_frames_has_no_note(chain):
+    (rec,) = trace("tracefs", "syscall:write", "-c", f"{chain} 1 rawwrite")
+    assert funcs(rec["frames"])[:5] == ["d", "c", "b", "a", "main"]
+    assert len(rec["frames"]) < 8 and rec["notes"] == []

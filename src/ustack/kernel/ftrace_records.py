@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-from ..model import RawSample, UstackError
+from ..model import FTRACE_STACK_FULL, RawSample, UstackError
 from . import procfs
 from . import trace_format as tf
 from .ftrace_ring import records
@@ -22,6 +22,7 @@ FTRACE_STACK_ENTRIES = 8
 TGID_CACHE = 65536                   # threads whose tgid the reader remembers
 CPU_PREFIX = struct.Struct("<I4x")   # chunk prefix: which CPU the page is from
 _Q = struct.Struct("<Q")
+_FULL = _Q.pack(FTRACE_STACK_FULL)
 _U32 = struct.Struct("<I")
 _COMMON = struct.Struct("<HBBi")     # common_type, flags, preempt_count, pid
 
@@ -133,7 +134,10 @@ class TracefsRecords:
                     n = 0
                     while n < entries and _Q.unpack_from(callers, 8 * n)[0]:
                         n += 1
-                    self._emit(samples, ev, tgid, bytes(callers[:8 * n]))
+                    chain = bytes(callers[:8 * n])
+                    if n == entries:         # full: the walk may have gone on
+                        chain += _FULL
+                    self._emit(samples, ev, tgid, chain)
                 else:
                     self.orphan_stacks += 1
                 continue

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..model import (JIT_NOTE, KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
+from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE, JIT_NOTE,
+                     KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
                      KERNEL_UNWIND_THROUGH_JIT, Mapping, RawSample,
                      UnwoundSample)
 from .dwarf import RAISE_STACK_SIZE, DwarfUnwinder
@@ -56,6 +57,8 @@ class Unwinder:
             return key                      # a DWARF sample: already unwound
         addrs = frame_pointer_stack(first, second,
                                     lambda addr: find(pid, addr) is not None)
+        if addrs and addrs[-1] == FTRACE_STACK_FULL:
+            return addrs[:-1], (FTRACE_STACK_FULL_NOTE,)
         if addrs and addrs[-1] & ~0xFF == KERNEL_UNWIND_STOP:
             if addrs[-1] & 0xFF == KERNEL_UNWIND_THROUGH_JIT:
                 return addrs[:-1], (JIT_NOTE,)
