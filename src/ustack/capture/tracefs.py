@@ -37,6 +37,7 @@ from ..probes.fetchargs import RESERVED_PREFIX
 from ..probes.resolve import is_glob
 from ..target.traced_command import TracedCommand
 from .perf import define_uprobe
+from .tracefs_maps import ProcessWatch
 
 STACK_ARRAY_WORDS = 64               # the kernel's MAX_ARRAY_LEN per fetch-arg
 # The fixed fields of a probe event's record may total at most 3072 bytes
@@ -136,6 +137,15 @@ class TracefsCapture:
         self.layouts[tracepoint_id(probe.group, probe.name)] = EventLayout(index)
         self._enable.append((probe.group, probe.name))
 
+    def _follow_processes(self) -> None:
+        """ftrace has no mmap records: forks and execs come from the
+        scheduler's events in the instance, maps from /proc (see
+        tracefs_maps.py)."""
+        self._records.follow_processes(
+            ProcessWatch(), tracefs.event_format("sched", "sched_process_fork"),
+            tracefs.event_format("sched", "sched_process_exec"))
+        self._enable += [("sched", "sched_process_fork"), ("sched", "sched_process_exec")]
+
     def _filter_pids(self) -> None:
         """set_event_pid: the target's threads (-p) or the command (-c);
         event-fork adds every thread and child they create from now on."""
@@ -174,6 +184,7 @@ class TracefsCapture:
             except (OSError, ValueError):
                 pass
             self.instance.option("userstacktrace", True)
+            self._follow_processes()
             for index, probe in enumerate(self.probes):
                 self.interrupt.check()
                 if isinstance(probe, UprobeProbe):
