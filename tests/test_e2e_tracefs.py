@@ -418,3 +418,37 @@ def test_a_stack_under_8_frames_has_no_note(chain):
     (rec,) = trace("tracefs", "syscall:write", "-c", f"{chain} 1 rawwrite")
     assert funcs(rec["frames"])[:5] == ["d", "c", "b", "a", "main"]
     assert len(rec["frames"]) < 8 and rec["notes"] == []
+
+
+# --- maps that appear during the run: ftrace has no mmap records ---------------------
+
+def test_library_dlopened_after_attach_is_named(tmp_path):
+    """-p, then the target dlopen()s plugin.so and calls into it 3 times
+    and waits: ustack, ended then, reads its maps when it reads those
+    events, so the recording names the plugin after the target is gone
+    (frame pointers: nothing else looks the addresses up while it lives)."""
+    from test_e2e_targets import PLUGIN_CHAIN
+    prog = build("dlopen_main")
+    plugin = private_copy(build("plugin", kind="shared"), tmp_path)  # its hits are ours
+    data = tmp_path / "run.data"
+    target = spawn(prog, "-", plugin, 3, "-", stdin=subprocess.PIPE)
+    try:
+        us = start_ustack("record", "--backend", "tracefs", "--unwind", "fp",
+                          f"uprobe:{plugin}:plugin_leaf", "-p", target.pid, "-o", data)
+        try:
+            wait_tracing(us)
+            target.stdin.write(b"go\n")              # dlopen, 3 calls, then wait
+            target.stdin.flush()
+            wait_until(lambda: uprobe_hits(plugin) >= 3, timeout=20,
+                       what="3 calls of plugin_leaf")
+            us.send_signal(signal.SIGINT)
+            _out, err = finish(us)
+            assert us.returncode == 0, err
+        finally:
+            stop(us)
+    finally:
+        stop(target)
+    res = run_ustack("report", "--as", "count", data)
+    assert res.returncode == 0, res.stderr
+    assert [(s["frames"][:4], s["count"]) for s in parse_counts(res.stdout)] == \
+        [(PLUGIN_CHAIN, 3)], res.stdout
