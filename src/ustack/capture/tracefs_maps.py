@@ -16,6 +16,7 @@ from ..target.mappings import ProcessMaps
 
 MAX_PIDS = 4096          # processes whose sent maps are remembered
 MAX_MISSES = 64          # pages per process that were re-read in vain
+MAX_SEEN = 1 << 16       # (pid, callchain) pairs known to be inside the maps
 _USER_END = 1 << 47      # above: a marker, not an address
 
 
@@ -26,6 +27,7 @@ class ProcessWatch:
     def __init__(self):
         self.known: dict = {}       # pid -> ProcessMaps of what was sent
         self.misses: dict = {}      # pid -> pages whose re-read found nothing
+        self.seen: set = set()      # (pid, callchain) all inside `known`: skip
 
     def fork(self, t: int, parent_tid: int, child: int, metas: list) -> None:
         if procfs.tgid(child) != child:
@@ -40,6 +42,7 @@ class ProcessWatch:
         metas.append((t, CommEvent(pid, pid, os.path.basename(filename)[:15], True, t)))
         self.known.pop(pid, None)   # its next event reads the new program's maps
         self.misses.pop(pid, None)
+        self.seen.clear()
 
     def sample(self, sample, metas: list) -> None:
         pid = sample.pid
@@ -49,10 +52,11 @@ class ProcessWatch:
             return
         if sample.regs is not None:
             addrs = (sample.regs["ip"],)
-        else:
+        else:                       # a stack repeats: checked once
             chain = sample.callchain
-            addrs = [int.from_bytes(chain[i:i + 8], "little")
-                     for i in range(0, len(chain), 8)]
+            if (pid, chain) in self.seen or len(chain) % 8:
+                return
+            addrs = memoryview(chain).cast("Q")
         for addr in addrs:
             if 0x1000 <= addr < _USER_END and known.find(addr) is None \
                     and known.find(addr - 1) is None:
@@ -61,6 +65,10 @@ class ProcessWatch:
                     missed.add(addr >> 12)
                     self._read(pid, sample.time_ns, metas)
                 return
+        if sample.regs is None:
+            if len(self.seen) >= MAX_SEEN:
+                self.seen.clear()
+            self.seen.add((pid, chain))
 
     def _read(self, pid: int, t: int, metas: list) -> None:
         maps = self.known.get(pid) or ProcessMaps()
