@@ -28,6 +28,7 @@ class ProcessWatch:
         self.known: dict = {}       # pid -> ProcessMaps of what was sent
         self.misses: dict = {}      # pid -> pages whose re-read found nothing
         self.seen: set = set()      # (pid, callchain) all inside `known`: skip
+        self.execs: dict = {}       # pid -> time of its last exec decoded
 
     def fork(self, t: int, parent_tid: int, child: int, metas: list) -> None:
         if procfs.tgid(child) != child:
@@ -43,6 +44,7 @@ class ProcessWatch:
         self.known.pop(pid, None)   # its next event reads the new program's maps
         self.misses.pop(pid, None)
         self.seen.clear()
+        self.execs[pid] = t
 
     def sample(self, sample, metas: list) -> None:
         pid = sample.pid
@@ -71,6 +73,9 @@ class ProcessWatch:
             self.seen.add((pid, chain))
 
     def _read(self, pid: int, t: int, metas: list) -> None:
+        # /proc shows the latest program: its maps go after that exec (an
+        # event from before it, on another CPU, can be decoded later)
+        t = max(t, self.execs.get(pid, 0))
         maps = self.known.get(pid) or ProcessMaps()
         for m in procfs.executable_mappings(pid):
             found = maps.find(m.start)
@@ -83,4 +88,5 @@ class ProcessWatch:
         if len(self.known) >= MAX_PIDS:
             self.known.clear()
             self.misses.clear()
+            self.execs.clear()
         self.known[pid] = maps

@@ -6,6 +6,9 @@ Two kinds of records make one sample:
   frame-pointer walk of at most 8 return addresses, and the tgid;
 - a uprobe whose fetch-args copied %ip, %sp, %bp and stack words carries
   what a DWARF unwinder needs in its own record, laid out by its format.
+The instance's sched_process_fork/exec records (see follow_processes) and
+each sample are handed, in order, to a watch that says what they mean for
+the process's maps (ftrace has no mmap records).
 Losses are counted exactly from the ring buffer's overrun totals and the
 pairs broken by an overwrite (see TracefsRecords.lost)."""
 from __future__ import annotations
