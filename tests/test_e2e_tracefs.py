@@ -452,3 +452,33 @@ def test_library_dlopened_after_attach_is_named(tmp_path):
     assert res.returncode == 0, res.stderr
     assert [(s["frames"][:4], s["count"]) for s in parse_counts(res.stdout)] == \
         [(PLUGIN_CHAIN, 3)], res.stdout
+
+
+NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
+           "could read it (--backend perf or bpf record every mapping)")
+
+
+def test_system_wide_short_process_named_or_marked(chain, tmp_path):
+    """Whole machine, a process started during the run that exits at once:
+    ustack reads its maps when it reads its first event, if it still runs;
+    a stack it could not name says why instead of bare [unknown] frames."""
+    prog = private_copy(chain, tmp_path)          # its uprobe fires in our runs only
+    us = start_ustack("count", "--backend", "tracefs", "--unwind", "fp",
+                      f"uprobe:{prog}:d", stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        for _ in range(3):
+            subprocess.run([str(prog), "1"], check=True)
+        wait_until(lambda: uprobe_hits(prog) >= 3, timeout=20, what="3 calls of d")
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = parse_counts(out)
+    assert sum(s["count"] for s in stacks) == 3, out
+    for s in stacks:                 # a note prints as a "(…)" line after the frames
+        names = [f for f, _m in s["frames"] if not f.startswith("(")]
+        notes = [f[1:-1] for f, _m in s["frames"] if f.startswith("(")]
+        assert names[:5] == ["d", "c", "b", "a", "main"] or (
+            notes == [NO_MAPS] and set(names) == {"[unknown]"}), s

@@ -18,6 +18,10 @@ SEPARATOR = Frame(addr=0, module="", function="--")
 # threads have no user stack (bcc and perf label them the same way).
 IDLE = Frame(addr=0, module="", function="[idle]")
 KERNEL_THREAD = Frame(addr=0, module="", function="[kernel]")
+# What a stack of unnamed frames says when its process's maps were never
+# seen (tracefs reads them from /proc: a process gone first stays unnamed)
+NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
+           "could read it (--backend perf or bpf record every mapping)")
 
 
 class StackResolver:
@@ -66,6 +70,12 @@ class StackResolver:
             stack = self._stacks[key] = self.stack_of(key)
         return stack
 
+    def _maps_seen(self, pid: int, generation: int | None) -> bool:
+        tracker = self.tracker
+        gen = tracker.generations.get(pid, 0) if generation is None else generation
+        pm = tracker.procs.get((pid, gen))
+        return pm is not None and bool(pm.maps)
+
     def stack_of(self, key: tuple) -> Stack:
         """The Stack of a key(), with the mappings of its exec generation
         (None: the latest), also after the process exited or exec'd."""
@@ -78,6 +88,8 @@ class StackResolver:
                 frames = (IDLE,)
             elif self.tracker.is_kernel_thread(pid):
                 frames = (KERNEL_THREAD,)
+        if addrs and pid > 0 and not self._maps_seen(pid, generation):
+            notes = notes + (NO_MAPS,)
         if kernel:
             frames = (self.symbolizer.kernel_frames(callchain_addresses(kernel))
                       + (SEPARATOR,) + frames)
