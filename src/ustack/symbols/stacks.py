@@ -32,8 +32,7 @@ class StackResolver:
     def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
                  cut_advice: str | None = None):
         self.tracker = tracker
-        self.unwinder = (Unwinder(options.debug_dirs, cut_advice) if cut_advice
-                         else Unwinder(options.debug_dirs))
+        self.unwinder = Unwinder(options.debug_dirs, cut_advice)
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)

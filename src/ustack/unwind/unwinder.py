@@ -21,10 +21,12 @@ FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or
 class Unwinder:
     """Keep one per run: the DWARF unwinder's caches live here."""
 
-    def __init__(self, debug_dirs=(), cut_advice: str = RAISE_STACK_SIZE):
-        """cut_advice: what a stack cut short by its copy's size tells
-        the user to do (the capture knows whether a larger copy can help)."""
-        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs, cut_advice=cut_advice)
+    def __init__(self, debug_dirs=(), cut_advice: str | None = None):
+        """cut_advice: what a stack cut short by its copy's size tells the
+        user to do (the capture knows whether a larger copy can help; None:
+        raise --stack-size)."""
+        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs,
+                                   cut_advice=cut_advice or RAISE_STACK_SIZE)
 
     @property
     def warnings(self) -> list:
