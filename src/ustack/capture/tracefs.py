@@ -141,10 +141,14 @@ class TracefsCapture:
         """ftrace has no mmap records: forks and execs come from the
         scheduler's events in the instance, maps from /proc (see
         tracefs_maps.py)."""
-        self._records.follow_processes(
-            ProcessWatch(), tracefs.event_format("sched", "sched_process_fork"),
-            tracefs.event_format("sched", "sched_process_exec"))
-        self._enable += [("sched", "sched_process_fork"), ("sched", "sched_process_exec")]
+        events = [("sched", "sched_process_fork"), ("sched", "sched_process_exec")]
+        try:
+            formats = [tracefs.event_format(*e) for e in events]
+        except UstackError:      # a kernel without them: maps still come from /proc
+            self._records.follow_processes(ProcessWatch())
+            return
+        self._records.follow_processes(ProcessWatch(), *formats)
+        self._enable += events
 
     def _filter_pids(self) -> None:
         """set_event_pid: the target's threads (-p) or the command (-c);

@@ -85,11 +85,15 @@ class TracefsRecords:
         self.tgid_at, self.callers_at = tgid.offset, callers.offset
         self.stack_entries = callers.count
 
-    def follow_processes(self, watch, fork_format: str, exec_format: str) -> None:
+    def follow_processes(self, watch, fork_format: str = "", exec_format: str = "") -> None:
         """Decode sched_process_fork and sched_process_exec records (the
-        capture enables them) into calls of watch.fork(time, parent tid,
-        child, metas) and watch.exec(time, pid, filename, metas); and call
-        watch.sample(sample, metas) for each sample, in the records' order."""
+        capture enables them; none without their formats) into calls of
+        watch.fork(time, parent tid, child, metas) and watch.exec(time, pid,
+        filename, metas); and call watch.sample(sample, metas) for each
+        sample, in the records' order."""
+        self.watch = watch
+        if not fork_format or not exec_format:
+            return
         fork, exe = tf.parse_format(fork_format), tf.parse_format(exec_format)
         try:
             self._lifecycle = {
@@ -99,7 +103,6 @@ class TracefsRecords:
                                            exe["filename"].offset)}
         except KeyError as e:
             raise UstackError(f"this kernel's sched_process_fork/exec have no {e} field")
-        self.watch = watch
 
     def _process_event(self, kind: str, at: tuple, chunk, off: int, t: int) -> None:
         if kind == "fork":
