@@ -349,3 +349,136 @@ def test_a_glob_over_the_program_itself_needs_no_a(chain):
     res = ok(run_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:[d]",
                         "-c", f"{chain} 3"))
     assert [s["count"] for s in parse_counts(res.stdout)] == [3]
+
+
+# --- how much stack a tracefs uprobe copies ----------------------------------------
+
+TRACEFS_LIMIT = 3048    # 3072 bytes of fields (MAX_PROBE_EVENT_SIZE) less %ip, %sp, %bp
+AT_LIMIT = ("stack copy too small (3048 bytes): the stack was cut short; that is "
+            "the kernel's per-event limit for a tracefs uprobe: --backend perf or "
+            "bpf copy deeper stacks")
+
+
+def _deep_leaf(backend: str, size: int) -> dict:
+    """recurse 60: ~6 KiB of stack under leaf, more than a tracefs uprobe
+    can copy; the trace's one stack and its header."""
+    from test_e2e_dwarf import RECURSE_FLAGS
+    prog = build("recurse", flags=RECURSE_FLAGS)
+    res = ok(run_ustack("trace", "--backend", backend, "--unwind", "dwarf",
+                        "--stack-size", size, f"uprobe:{prog}:leaf", "-c", f"{prog} 60"))
+    (rec,) = parse_trace(res.stdout)
+    rec["header"] = res.stderr.splitlines()[0]
+    return rec
+
+
+def test_uprobe_copies_up_to_the_kernel_limit_and_says_so():
+    """The whole 3048 bytes the kernel allows (not 5 arrays of 64 words):
+    the frames perf gives from a copy of that size; the note names the
+    limit instead of advising a --stack-size that cannot help."""
+    got, want = _deep_leaf("tracefs", 8192), _deep_leaf("perf", TRACEFS_LIMIT)
+    assert named(got) == named(want) and len(got["frames"]) > 30
+    assert got["notes"] == [AT_LIMIT]
+    assert ("uprobes: DWARF on 3048 stack bytes per event (the kernel's per-event "
+            "limit for a tracefs uprobe)") in got["header"]
+
+
+def test_a_smaller_stack_size_is_honoured():
+    got, want = _deep_leaf("tracefs", 1000), _deep_leaf("perf", 1000)
+    assert named(got) == named(want)
+    assert got["notes"] == want["notes"] == [
+        "stack copy too small (1000 bytes): the stack was cut short; raise --stack-size"]
+    assert "uprobes: DWARF on 1000 stack bytes per event;" in got["header"]
+
+
+# --- ftrace's userstacktrace keeps 8 frames ------------------------------------------
+
+FTRACE_CUT = ("stack cut at ftrace's 8-frame limit (userstacktrace): "
+              "--backend bpf or perf give the whole stack")
+
+
+def test_userstacktrace_cut_at_8_frames_says_so():
+    """recurse 20 (frame pointers): leaf under 20 rec frames. ftrace's walk
+    keeps the first 8 and the stack says it was cut there."""
+    prog = build("recurse")
+    (rec,) = trace("tracefs", "--unwind", "fp", f"uprobe:{prog}:leaf", "-c", f"{prog} 20")
+    (whole,) = trace("perf", "--unwind", "fp", f"uprobe:{prog}:leaf", "-c", f"{prog} 20")
+    names = funcs(rec["frames"])
+    assert names[0] == "leaf" and set(names[1:]) == {"rec"} and len(names) >= 8
+    assert names == funcs(whole["frames"])[:len(names)] and len(whole["frames"]) > 20
+    assert rec["notes"] == [FTRACE_CUT]
+
+
+def test_go_syscall_stack_cut_at_8_frames_says_so():
+    prog = build_go("gochain")
+    (rec,) = trace("tracefs", "syscall:write", "-c", quiet(prog, 1, "write"))
+    assert len(rec["frames"]) == 8 and rec["notes"] == [FTRACE_CUT]
+
+
+def test_a_stack_under_8_frames_has_no_note(chain):
+    (rec,) = trace("tracefs", "syscall:write", "-c", f"{chain} 1 rawwrite")
+    assert funcs(rec["frames"])[:5] == ["d", "c", "b", "a", "main"]
+    assert len(rec["frames"]) < 8 and rec["notes"] == []
+
+
+# --- maps that appear during the run: ftrace has no mmap records ---------------------
+
+def test_library_dlopened_after_attach_is_named(tmp_path):
+    """-p, then the target dlopen()s plugin.so and calls into it 3 times
+    and waits: ustack, ended then, reads its maps when it reads those
+    events, so the recording names the plugin after the target is gone
+    (frame pointers: nothing else looks the addresses up while it lives)."""
+    from test_e2e_targets import PLUGIN_CHAIN
+    prog = build("dlopen_main")
+    plugin = private_copy(build("plugin", kind="shared"), tmp_path)  # its hits are ours
+    data = tmp_path / "run.data"
+    target = spawn(prog, "-", plugin, 3, "-", stdin=subprocess.PIPE)
+    try:
+        us = start_ustack("record", "--backend", "tracefs", "--unwind", "fp",
+                          f"uprobe:{plugin}:plugin_leaf", "-p", target.pid, "-o", data)
+        try:
+            wait_tracing(us)
+            target.stdin.write(b"go\n")              # dlopen, 3 calls, then wait
+            target.stdin.flush()
+            wait_until(lambda: uprobe_hits(plugin) >= 3, timeout=20,
+                       what="3 calls of plugin_leaf")
+            us.send_signal(signal.SIGINT)
+            _out, err = finish(us)
+            assert us.returncode == 0, err
+        finally:
+            stop(us)
+    finally:
+        stop(target)
+    res = run_ustack("report", "--as", "count", data)
+    assert res.returncode == 0, res.stderr
+    assert [(s["frames"][:4], s["count"]) for s in parse_counts(res.stdout)] == \
+        [(PLUGIN_CHAIN, 3)], res.stdout
+
+
+NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
+           "could read it (--backend perf or bpf record every mapping)")
+
+
+def test_system_wide_short_process_named_or_marked(chain, tmp_path):
+    """Whole machine, a process started during the run that exits at once:
+    ustack reads its maps when it reads its first event, if it still runs;
+    a stack it could not name says why instead of bare [unknown] frames."""
+    prog = private_copy(chain, tmp_path)          # its uprobe fires in our runs only
+    us = start_ustack("count", "--backend", "tracefs", "--unwind", "fp",
+                      f"uprobe:{prog}:d", stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        for _ in range(3):
+            subprocess.run([str(prog), "1"], check=True)
+        wait_until(lambda: uprobe_hits(prog) >= 3, timeout=20, what="3 calls of d")
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = parse_counts(out)
+    assert sum(s["count"] for s in stacks) == 3, out
+    for s in stacks:                 # a note prints as a "(…)" line after the frames
+        names = [f for f, _m in s["frames"] if not f.startswith("(")]
+        notes = [f[1:-1] for f, _m in s["frames"] if f.startswith("(")]
+        assert names[:5] == ["d", "c", "b", "a", "main"] or (
+            notes == [NO_MAPS] and set(names) == {"[unknown]"}), s

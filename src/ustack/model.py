@@ -114,6 +114,12 @@ KERNEL_UNWIND_REASONS = {
 # frame pointer, as the copy path's unwinder goes (it says so too)
 KERNEL_UNWIND_THROUGH_JIT = 13
 JIT_NOTE = "frame pointer used for code without a file (JIT?)"
+# A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
+# frames) ends with FTRACE_STACK_FULL: the walk stopped there, not at the
+# root; the unwind stage turns it into FTRACE_STACK_FULL_NOTE.
+FTRACE_STACK_FULL = KERNEL_UNWIND_STOP + 0x100
+FTRACE_STACK_FULL_NOTE = ("stack cut at ftrace's 8-frame limit (userstacktrace): "
+                          "--backend bpf or perf give the whole stack")
 
 
 class RawSample(namedtuple(

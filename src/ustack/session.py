@@ -71,7 +71,8 @@ class Session:
         """Stacks from samples (unwinding, names): built at first use, so
         symbolization's imports (~20 ms) come after the probes are live."""
         from .symbols.stacks import StackResolver
-        return StackResolver(self.tracker, self.opts.symbols)
+        return StackResolver(self.tracker, self.opts.symbols,
+                             getattr(self.capture, "cut_advice", None))
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":

@@ -1,8 +1,9 @@
-/* dlopen_main [SLEEP_MS|-] [PLUGIN] [N]: waits so that a tracer can attach:
+/* dlopen_main [SLEEP_MS|-] [PLUGIN] [N] [-]: waits so that a tracer can attach:
  * SLEEP_MS ms (default 500), or with "-" until a line arrives on stdin
  * (written once the tracer is attached: no race); then dlopen()s PLUGIN (default: plugin.so beside this
  * executable) and calls main -> run_plugin -> plugin_entry -> plugin_leaf,
- * plugin_leaf N times (default 3). Exit status 0; 2 if the plugin fails,
+ * plugin_leaf N times (default 3); with a last "-", then waits for another
+ * line before it exits (the plugin still mapped). Exit status 0; 2 if the plugin fails,
  * 4 if stdin ends before the line. */
 #include <dlfcn.h>
 #include <libgen.h>
@@ -47,5 +48,7 @@ int main(int argc, char **argv)
 	int waited = wait_start(argc > 1 ? argv[1] : NULL);
 	if (waited)
 		return waited;
-	return run_plugin(path, n) == n ? 0 : 2;
+	if (run_plugin(path, n) != n)
+		return 2;
+	return argc > 4 ? wait_start(argv[4]) : 0;
 }

@@ -8,8 +8,9 @@ trace_pipe_raw. Stacks:
 - syscalls and tracepoints: the instance's `userstacktrace` option, a
   frame-pointer walk of at most 8 frames (FTRACE_STACK_ENTRIES), written as
   a separate user_stack record right after the event on the same CPU;
-- uprobes: fetch-args copy %ip, %sp, %bp and up to 2.5 KiB of stack words
-  into the event itself (the kernel caps a probe's fields at 3 KiB), which
+- uprobes: fetch-args copy %ip, %sp, %bp and up to 3,048 bytes of stack
+  words (--stack-size, at most what the kernel's 3 KiB cap on a probe's
+  fields leaves) into the event itself, which
   the DWARF unwinder takes like a perf REGS_USER/STACK_USER sample (deeper
   than 8 frames, no frame pointers needed). With --unwind fp, uprobes use
   userstacktrace too.
@@ -36,12 +37,18 @@ from ..probes.fetchargs import RESERVED_PREFIX
 from ..probes.resolve import is_glob
 from ..target.traced_command import TracedCommand
 from .perf import define_uprobe
+from .tracefs_maps import ProcessWatch
 
 STACK_ARRAY_WORDS = 64               # the kernel's MAX_ARRAY_LEN per fetch-arg
-# The fixed part of a probe event's record may be at most 3072 bytes
-# (MAX_PROBE_EVENT_SIZE): 5 arrays of stack words, regs and the user's args
-MAX_EVENT_FIELDS_BYTES = 3072
-MAX_STACK_BYTES = 5 * STACK_ARRAY_WORDS * 8
+# The fixed fields of a probe event's record may total at most 3072 bytes
+# (MAX_PROBE_EVENT_SIZE): %ip, %sp, %bp, the user's fetch-args (8 bytes
+# each at most) and, in what is left, stack words: arrays of 64, a last
+# shorter one
+MAX_PROBE_EVENT_SIZE = 3072
+MAX_STACK_BYTES = MAX_PROBE_EVENT_SIZE - 3 * 8
+LIMIT = "the kernel's per-event limit for a tracefs uprobe"
+# what a stack cut at that limit advises, as raising --stack-size cannot help
+CUT_AT_LIMIT = f"that is {LIMIT}: --backend perf or bpf copy deeper stacks"
 PAGES_PER_READ = 256                 # per CPU per drain pass
 
 
@@ -65,12 +72,14 @@ class TracefsCapture:
         self._page = 4096
         self._final = self._end_sent = False
         self.stack_bytes = 0              # per DWARF uprobe event (for the header)
+        self.cut_advice = None            # set when the kernel's limit cut the copy
 
     @property
     def unwind_note(self) -> str:
         notes = []
         if self.stack_bytes:
-            notes.append(f"uprobes: DWARF on {self.stack_bytes} stack bytes per event")
+            limit = f" ({LIMIT})" if self.cut_advice else ""
+            notes.append(f"uprobes: DWARF on {self.stack_bytes} stack bytes per event{limit}")
         if "fp" in self.modes:
             notes.append(f"ftrace userstacktrace: frame pointers, at most "
                          f"{self._records.stack_entries} frames")
@@ -96,14 +105,17 @@ class TracefsCapture:
         dwarf = self.modes[index] == "dwarf"
         own = []
         if dwarf:
-            room = MAX_EVENT_FIELDS_BYTES - 8 * (4 + len(probe.fetch_args))
-            arrays = max(1, min(self.stack_size, MAX_STACK_BYTES, room)
-                         // (STACK_ARRAY_WORDS * 8))
-            self.stack_bytes = arrays * STACK_ARRAY_WORDS * 8
+            room = MAX_STACK_BYTES - 8 * len(probe.fetch_args)
+            words = max(1, min(self.stack_size, room) // 8)
+            if self.stack_size > room:
+                self.cut_advice = CUT_AT_LIMIT
+            # the header says the smallest copy of the run's probes
+            self.stack_bytes = min(self.stack_bytes or words * 8, words * 8)
             own = [f"{RESERVED_PREFIX}ip=%ip", f"{RESERVED_PREFIX}sp=%sp",
                    f"{RESERVED_PREFIX}bp=%bp"]
-            own += [f"{RESERVED_PREFIX}s{i}=+{i * STACK_ARRAY_WORDS * 8}(%sp)"
-                    f":x64[{STACK_ARRAY_WORDS}]" for i in range(arrays)]
+            own += [f"{RESERVED_PREFIX}s{i}=+{start * 8}(%sp)"
+                    f":x64[{min(STACK_ARRAY_WORDS, words - start)}]"
+                    for i, start in enumerate(range(0, words, STACK_ARRAY_WORDS))]
         elif probe.return_address_slot is not None:
             own = [f"{RESERVED_PREFIX}return_address=+{8 * probe.return_address_slot}(%sp):x64"]
         event, ident, fields, args = define_uprobe(self.uprobes, probe, tuple(own))
@@ -114,7 +126,7 @@ class TracefsCapture:
             layout.sp = fields[f"{RESERVED_PREFIX}sp"].offset
             layout.bp = fields[f"{RESERVED_PREFIX}bp"].offset
             layout.stack = fields[f"{RESERVED_PREFIX}s0"].offset
-            layout.stack_len = self.stack_bytes
+            layout.stack_len = words * 8
         elif own:
             layout.return_address = fields[f"{RESERVED_PREFIX}return_address"].offset
         layout.keep = bool(own or probe.fetch_args)
@@ -124,6 +136,19 @@ class TracefsCapture:
     def _tracepoint(self, index: int, probe: TracepointProbe) -> None:
         self.layouts[tracepoint_id(probe.group, probe.name)] = EventLayout(index)
         self._enable.append((probe.group, probe.name))
+
+    def _follow_processes(self) -> None:
+        """ftrace has no mmap records: forks and execs come from the
+        scheduler's events in the instance, maps from /proc (see
+        tracefs_maps.py)."""
+        events = [("sched", "sched_process_fork"), ("sched", "sched_process_exec")]
+        try:
+            formats = [tracefs.event_format(*e) for e in events]
+        except UstackError:      # a kernel without them: maps still come from /proc
+            self._records.follow_processes(ProcessWatch())
+            return
+        self._records.follow_processes(ProcessWatch(), *formats)
+        self._enable += events
 
     def _filter_pids(self) -> None:
         """set_event_pid: the target's threads (-p) or the command (-c);
@@ -163,6 +188,7 @@ class TracefsCapture:
             except (OSError, ValueError):
                 pass
             self.instance.option("userstacktrace", True)
+            self._follow_processes()
             for index, probe in enumerate(self.probes):
                 self.interrupt.check()
                 if isinstance(probe, UprobeProbe):

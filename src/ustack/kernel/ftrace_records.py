@@ -6,6 +6,9 @@ Two kinds of records make one sample:
   frame-pointer walk of at most 8 return addresses, and the tgid;
 - a uprobe whose fetch-args copied %ip, %sp, %bp and stack words carries
   what a DWARF unwinder needs in its own record, laid out by its format.
+The instance's sched_process_fork/exec records (see follow_processes) and
+each sample are handed, in order, to a watch that says what they mean for
+the process's maps (ftrace has no mmap records).
 Losses are counted exactly from the ring buffer's overrun totals and the
 pairs broken by an overwrite (see TracefsRecords.lost)."""
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-from ..model import RawSample, UstackError
+from ..model import FTRACE_STACK_FULL, RawSample, UstackError
 from . import procfs
 from . import trace_format as tf
 from .ftrace_ring import records
@@ -22,7 +25,9 @@ FTRACE_STACK_ENTRIES = 8
 TGID_CACHE = 65536                   # threads whose tgid the reader remembers
 CPU_PREFIX = struct.Struct("<I4x")   # chunk prefix: which CPU the page is from
 _Q = struct.Struct("<Q")
+_FULL = _Q.pack(FTRACE_STACK_FULL)
 _U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
 _COMMON = struct.Struct("<HBBi")     # common_type, flags, preempt_count, pid
 
 
@@ -62,6 +67,11 @@ class TracefsRecords:
         self.orphan_stacks = 0           # user stacks whose event is gone
         self.stackless = 0               # events whose user stack is gone
         self._tgids: dict = {}
+        # sched_process_fork/exec: event id -> (kind, field offsets), and the
+        # watch told of them and of each sample (see follow_processes)
+        self._lifecycle: dict = {}
+        self.watch = None
+        self._out_metas: list = []       # the metadata list of the read() under way
 
     def set_user_stack(self, fmt: str) -> None:
         """The ftrace/user_stack event's id and layout, from its format
@@ -75,6 +85,36 @@ class TracefsRecords:
         self.tgid_at, self.callers_at = tgid.offset, callers.offset
         self.stack_entries = callers.count
 
+    def follow_processes(self, watch, fork_format: str = "", exec_format: str = "") -> None:
+        """Decode sched_process_fork and sched_process_exec records (the
+        capture enables them; none without their formats) into calls of
+        watch.fork(time, parent tid, child, metas) and watch.exec(time, pid,
+        filename, metas); and call watch.sample(sample, metas) for each
+        sample, in the records' order."""
+        self.watch = watch
+        if not fork_format or not exec_format:
+            return
+        fork, exe = tf.parse_format(fork_format), tf.parse_format(exec_format)
+        try:
+            self._lifecycle = {
+                tf.event_id(fork_format): ("fork", fork["parent_pid"].offset,
+                                           fork["child_pid"].offset),
+                tf.event_id(exec_format): ("exec", exe["pid"].offset,
+                                           exe["filename"].offset)}
+        except KeyError as e:
+            raise UstackError(f"this kernel's sched_process_fork/exec have no {e} field")
+
+    def _process_event(self, kind: str, at: tuple, chunk, off: int, t: int) -> None:
+        if kind == "fork":
+            parent, child = (_I32.unpack_from(chunk, off + o)[0] for o in at)
+            self.watch.fork(t, parent, child, self._out_metas)
+            return
+        pid = _I32.unpack_from(chunk, off + at[0])[0]
+        loc = _U32.unpack_from(chunk, off + at[1])[0]
+        name = bytes(chunk[off + (loc & 0xFFFF):off + (loc & 0xFFFF) + (loc >> 16)])
+        self.watch.exec(t, pid, name.split(b"\0", 1)[0].decode(errors="replace"),
+                        self._out_metas)
+
     def _tgid(self, tid: int) -> int:
         """For an event without its user stack record (which says the tgid)."""
         pid = self._tgids.get(tid)
@@ -86,6 +126,8 @@ class TracefsRecords:
 
     def _emit(self, out: list, ev: list, pid, chain: bytes) -> None:
         layout, tid, t, cpu, extra = ev
+        if layout is None:
+            return                       # a process event: its stack is no sample
         if pid is None:
             pid = self._tgid(tid)
         regs = stack = None
@@ -101,8 +143,11 @@ class TracefsRecords:
                 ret = extra[layout.return_address:layout.return_address + 8]
             if layout.args is not None:
                 args = layout.args.decode(extra)
-        out.append(RawSample(layout.probe, pid, tid, t, cpu, chain, ret,
-                             regs, stack, args))
+        sample = RawSample(layout.probe, pid, tid, t, cpu, chain, ret,
+                           regs, stack, args)
+        if self.watch is not None:
+            self.watch.sample(sample, self._out_metas)
+        out.append(sample)
 
     def read(self, chunk, metas: list, samples: list, start: int = 0,
              budget: int = 1 << 62) -> int:
@@ -111,6 +156,7 @@ class TracefsRecords:
         waiting for a user stack go out."""
         while self.metas:
             metas.append((0, self.metas.popleft()))
+        self._out_metas = metas
         if not chunk:
             for cpu in sorted(self._pending):
                 self.stackless += 1
@@ -133,18 +179,25 @@ class TracefsRecords:
                     n = 0
                     while n < entries and _Q.unpack_from(callers, 8 * n)[0]:
                         n += 1
-                    self._emit(samples, ev, tgid, bytes(callers[:8 * n]))
+                    chain = bytes(callers[:8 * n])
+                    if n == entries:         # full: the walk may have gone on
+                        chain += _FULL
+                    self._emit(samples, ev, tgid, chain)
                 else:
                     self.orphan_stacks += 1
                 continue
             layout = layouts.get(typ)
-            if layout is None:
+            process = self._lifecycle.get(typ)
+            if process is not None:
+                self._process_event(process[0], process[1:], chunk, off, t)
+            elif layout is None:
                 continue
             ev = pending.pop(cpu, None)
             if ev is not None:               # it got no user stack (kernel task)
                 self.stackless += 1
                 self._emit(samples, ev, None, b"")
-            extra = bytes(chunk[off:off + length]) if layout.keep else b""
+            extra = bytes(chunk[off:off + length]) if layout is not None and layout.keep else b""
+            # a process event too waits for its user stack, which is no sample's
             pending[cpu] = [layout, tid, t, cpu, extra]
         return len(chunk)
 

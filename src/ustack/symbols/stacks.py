@@ -4,7 +4,7 @@ each distinct raw stack once. A key says what tells raw stacks apart
 addresses meaning); stacks of the same key share one Stack object."""
 from __future__ import annotations
 
-from ..model import Frame, RawSample, Stack
+from ..model import KERNEL_UNWIND_STOP, Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
@@ -18,15 +18,21 @@ SEPARATOR = Frame(addr=0, module="", function="--")
 # threads have no user stack (bcc and perf label them the same way).
 IDLE = Frame(addr=0, module="", function="[idle]")
 KERNEL_THREAD = Frame(addr=0, module="", function="[kernel]")
+# What a stack of unnamed frames says when its process's maps were never
+# seen (tracefs reads them from /proc: a process gone first stays unnamed)
+NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
+           "could read it (--backend perf or bpf record every mapping)")
 
 
 class StackResolver:
     """`tracker` is the run's MappingTracker: mappings by pid and exec
-    generation; `options` what the user asked of names."""
+    generation; `options` what the user asked of names; `cut_advice` what
+    a stack cut by its copy's size advises (None: raise --stack-size)."""
 
-    def __init__(self, tracker, options: SymbolOptions = SymbolOptions()):
+    def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
+                 cut_advice: str | None = None):
         self.tracker = tracker
-        self.unwinder = Unwinder(debug_dirs=options.debug_dirs)
+        self.unwinder = Unwinder(options.debug_dirs, cut_advice)
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
@@ -42,7 +48,11 @@ class StackResolver:
         """(pid, exec generation, probe-independent stack key)."""
         pid = sample.pid
         tracker = self.tracker
-        generation = tracker.generation_at(pid, sample.time_ns)
+        if sample.time_ns or sample.regs is not None or not tracker.generations.get(pid):
+            generation = tracker.generation_at(pid, sample.time_ns)
+        else:                          # counted in the kernel: no time to go by
+            generation = tracker.generation_holding(pid, [
+                a for a in callchain_addresses(sample.callchain) if a < KERNEL_UNWIND_STOP])
         find = tracker.find            # the current generation's maps …
         if sample.regs is not None and generation != tracker.generations.get(pid, 0):
             # … unless a DWARF sample is unwound now in an earlier one
@@ -59,6 +69,12 @@ class StackResolver:
             stack = self._stacks[key] = self.stack_of(key)
         return stack
 
+    def _maps_seen(self, pid: int, generation: int | None) -> bool:
+        tracker = self.tracker
+        gen = tracker.generations.get(pid, 0) if generation is None else generation
+        pm = tracker.procs.get((pid, gen))
+        return pm is not None and bool(pm.maps)
+
     def stack_of(self, key: tuple) -> Stack:
         """The Stack of a key(), with the mappings of its exec generation
         (None: the latest), also after the process exited or exec'd."""
@@ -71,6 +87,8 @@ class StackResolver:
                 frames = (IDLE,)
             elif self.tracker.is_kernel_thread(pid):
                 frames = (KERNEL_THREAD,)
+        if addrs and pid > 0 and not self._maps_seen(pid, generation):
+            notes = notes + (NO_MAPS,)
         if kernel:
             frames = (self.symbolizer.kernel_frames(callchain_addresses(kernel))
                       + (SEPARATOR,) + frames)

@@ -139,6 +139,19 @@ class MappingTracker:
             return current
         return current - (len(times) - bisect.bisect_right(times, time_ns))
 
+    def generation_holding(self, pid: int, addrs) -> int:
+        """The exec generation of a sample that has no time (counted in the
+        kernel, which keeps none): the newest whose mappings hold all its
+        addresses, e.g. a forked child's stacks from before its exec; the
+        current one when none does."""
+        current = self.generations.get(pid, 0)
+        for gen in range(current, -1, -1):
+            pm = self.procs.get((pid, gen))
+            if pm is not None and addrs and all(
+                    pm.find(a) or pm.find(a - 1) for a in addrs):
+                return gen
+        return current
+
     def find(self, pid: int, addr: int, generation: int | None = None
              ) -> Mapping | None:
         current = self.generations.get(pid, 0)

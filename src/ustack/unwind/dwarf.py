@@ -42,9 +42,13 @@ _MAX_MAPPINGS = 1 << 12
 _Q = struct.Struct("<Q")
 
 
-def truncation_note(size: int) -> str:
-    return (f"stack copy too small ({size} bytes): the stack was cut short; "
-            "raise --stack-size")
+# What a cut stack advises by default; a capture whose copy cannot grow
+# (tracefs: the kernel's per-event limit) gives the unwinder its own.
+RAISE_STACK_SIZE = "raise --stack-size"
+
+
+def truncation_note(size: int, advice: str = RAISE_STACK_SIZE) -> str:
+    return f"stack copy too small ({size} bytes): the stack was cut short; {advice}"
 
 
 class _MapState:
@@ -69,8 +73,10 @@ class DwarfUnwinder:
     whose .debug_frame fills an object's CFI gaps. `warnings` collects the
     debug files refused (wrong build-id or CRC, unreadable), one sentence each."""
 
-    def __init__(self, max_frames: int = MAX_FRAMES, debug_dirs=()):
+    def __init__(self, max_frames: int = MAX_FRAMES, debug_dirs=(),
+                 cut_advice: str = RAISE_STACK_SIZE):
         self.max_frames = max_frames
+        self.cut_advice = cut_advice    # what a stack cut by its copy's size advises
         self.debug_dirs = tuple(debug_dirs)
         self._states: dict = {}         # id(Mapping) -> _MapState (holds the Mapping)
         self.warnings: list = []
@@ -121,13 +127,13 @@ class DwarfUnwinder:
                     break
                 o = base + cfa_off - sp0
                 if o < 0 or o > top:
-                    _short(notes, len(stack), o, top)
+                    _short(notes, len(stack), o, top, self.cut_advice)
                     break
                 cfa = unpack(stack, o)[0] + aux
             elif kind == _SIGNAL:
                 o = sp - sp0
                 if o < 0 or o + _UC_RIP > top:
-                    _short(notes, len(stack), o + _UC_RIP, top)
+                    _short(notes, len(stack), o + _UC_RIP, top, self.cut_advice)
                     break
                 bp = unpack(stack, o + _UC_RBP)[0]
                 sp = unpack(stack, o + _UC_RSP)[0]
@@ -141,7 +147,7 @@ class DwarfUnwinder:
                 break
             o = cfa + ra_off - sp0
             if o < 0 or o > top:
-                _short(notes, len(stack), o, top)
+                _short(notes, len(stack), o, top, self.cut_advice)
                 break
             ra = unpack(stack, o)[0]
             if bp_rule:
@@ -239,11 +245,11 @@ _NO_MAPPING_LEAF = (_BP,) + _FP_RULE + ("frame pointer used for [unknown]: no ma
 _NO_MAPPING = (_STOP, 0, 0, 0, 0, 0, None)
 
 
-def _short(notes: list, size: int, offset: int, top: int) -> None:
+def _short(notes: list, size: int, offset: int, top: int, advice: str) -> None:
     """A read at stack offset `offset` failed: above the copy (but not wildly)
     means the copy was too small; anything else is a garbage pointer."""
     if top < offset < _TRUNC_LIMIT or (top < 0 and offset >= 0):
-        note = truncation_note(size)
+        note = truncation_note(size, advice)
         if note not in notes:
             notes.append(note)
 

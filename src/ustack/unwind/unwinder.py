@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..model import (JIT_NOTE, KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
+from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE, JIT_NOTE,
+                     KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
                      KERNEL_UNWIND_THROUGH_JIT, Mapping, RawSample,
                      UnwoundSample)
-from .dwarf import DwarfUnwinder
+from .dwarf import RAISE_STACK_SIZE, DwarfUnwinder
 from .fp import frame_pointer_stack
 
 FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or None
@@ -20,8 +21,12 @@ FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or
 class Unwinder:
     """Keep one per run: the DWARF unwinder's caches live here."""
 
-    def __init__(self, debug_dirs=()):
-        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs)
+    def __init__(self, debug_dirs=(), cut_advice: str | None = None):
+        """cut_advice: what a stack cut short by its copy's size tells the
+        user to do (the capture knows whether a larger copy can help; None:
+        raise --stack-size)."""
+        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs,
+                                   cut_advice=cut_advice or RAISE_STACK_SIZE)
 
     @property
     def warnings(self) -> list:
@@ -54,6 +59,8 @@ class Unwinder:
             return key                      # a DWARF sample: already unwound
         addrs = frame_pointer_stack(first, second,
                                     lambda addr: find(pid, addr) is not None)
+        if addrs and addrs[-1] == FTRACE_STACK_FULL:
+            return addrs[:-1], (FTRACE_STACK_FULL_NOTE,)
         if addrs and addrs[-1] & ~0xFF == KERNEL_UNWIND_STOP:
             if addrs[-1] & 0xFF == KERNEL_UNWIND_THROUGH_JIT:
                 return addrs[:-1], (JIT_NOTE,)
