@@ -169,4 +169,125 @@ static __always_inline void add_one(__u64 *slot)
 #define COUNT_AT(map, index) ({ __u32 __i = (index); \
 	add_one(bpf_map_lookup_elem(&(map), &__i)); })
 
+/* --- the DWARF/Go unwinder (unwind.h, unwind.bpf.c) --- */
+#define MAX_FRAMES 128		/* a power of two: the frame index is masked */
+#define WINDOW 512		/* bytes of stack copied at a time (read_user) */
+#define ARGS_AREA (12 << 10)	/* a trace record's fetch-args, after its frames */
+#define DEFER_STACK 8192	/* bytes of stack a deferred record carries: two pages */
+#define SEARCH_STEPS 22		/* binary search steps: 4 M rows */
+#define PAGE_SHIFT 12		/* the page index's granule (unwind/tables.py) */
+#define VMA_REGION_SHIFT 21	/* the VMA cache's key: (mm ctx_id, address >> 21) */
+#define TABLE_FULL_MARK 0x7FFFFFFF	/* an object's first row when its rows did not fit */
+#define VDSO_INODE 1		/* OBJECTS' key of the vDSO: (0, 1), it has no file */
+
+/* a row of unwind/tables.py: from ELF address pc on, CFA = sp|bp + cfa,
+ * the return address at CFA - 8, bp by bp_rule */
+struct unwind_row {
+	__u32 pc;
+	__u8 kind;		/* enum row_kind */
+	__u8 bp_rule;		/* enum bp_rule */
+	__s16 aux;		/* ROW_PLT: the pc & 15 from which CFA gains 8 */
+	__s32 cfa;
+	__s32 bp;		/* BP_AT: bp at CFA + bp, BP_AT_BP: at bp + bp */
+};
+
+enum row_kind { ROW_GAP, ROW_SP, ROW_BP, ROW_PLT, ROW_END, ROW_SIGNAL, ROW_UNSUPPORTED };
+enum bp_rule { BP_SAME, BP_AT, BP_LOST, BP_AT_BP };
+
+/* why a walk stopped (a stack's status); COMPLETE is a whole stack */
+enum unwind_status {
+	COMPLETE = 0, NO_MAPPING = 1, NO_FILE = 2, NO_TABLE = 3, NO_CFI = 4, GAP = 5,
+	UNSUPPORTED = 6, NO_BP = 7, READ_FAILED = 8, NO_PROGRESS = 9, TRUNCATED = 10,
+	VMA_BUSY = 11, TABLE_FULL = 12,
+	THROUGH_JIT = 13,	/* complete, a JIT frame on its frame pointer */
+	DEFERRED = 14,		/* a deferred record: the stack goes to user space */
+	RUNNING = 0xFF,
+};
+
+/* slots of the unwinder's error array */
+enum unwind_error { UW_STACKS_FULL = 0, UW_COUNTS_FULL = 1, UW_RING_FULL = 2,
+		    UW_UNDEFERRED = 3,	/* the ring had no room: the stack ended cut */
+		    UNWIND_ERROR_SLOTS = 4 };
+
+/* what an unwinder program does (unwind.bpf.c's options) */
+enum unwind_option {
+	UW_ONLY_TRACED = 1,	/* a tracepoint under -p/-c: tgids only */
+	UW_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
+	UW_KERNEL_STACK = 4,	/* --kernel */
+	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
+};
+
+/* where the event's user registers are */
+enum regs_source {
+	REGS_CTX = 0,		/* a uprobe: ctx is the user pt_regs */
+	REGS_TASK = 1,		/* syscalls, tracepoints: bpf_task_pt_regs(current) */
+	REGS_SAMPLE = 2,	/* a sample: ctx's when it interrupted user mode */
+};
+
+/* OBJECTS: (dev in the kernel's encoding, inode) -> its rows */
+struct object_key {
+	__u64 dev;
+	__u64 inode;
+};
+
+struct object_rows {
+	__u32 first;		/* its first row in ROWS, TABLE_FULL_MARK when they did not fit */
+	__u32 rows;
+	__s64 adjust;		/* vaddr - file offset of its code */
+	__u32 page_slot;	/* its page index in PAGES: first slot, first page, pages */
+	__u32 first_page;
+	__u32 pages;
+	__u32 pad;
+};
+
+/* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */
+struct vma_key {
+	__u64 ctx_id;
+	__u64 region;
+};
+
+struct vma_info {
+	__u64 start, end, pgoff;
+	struct object_key file;	/* (0, 0): memory without a file */
+};
+
+struct stack_head {
+	__u32 frames;
+	enum unwind_status status;
+};
+
+/* STACKS' value, under the stack's hash */
+struct unwound_stack {
+	struct stack_head head;
+	__u64 frame[MAX_FRAMES];
+};
+
+/* COUNTS' key */
+struct unwind_count_key {
+	__u64 pid_tgid;
+	__u32 probe;
+	__s32 kernel_stack;
+	__u64 hash;
+};
+
+/* a trace record in the ring, its frames after it */
+struct trace_record {
+	__u64 time;		/* CLOCK_MONOTONIC ns */
+	__u64 pid_tgid;
+	__u32 probe;
+	__u32 cpu;
+	struct stack_head head;
+};
+
+/* a deferred record (head.status DEFERRED, no frames): the event's
+ * registers and DEFER_STACK bytes from sp, `copied` of them read; the
+ * fetch-args after the stack */
+struct deferred_record {
+	struct trace_record rec;
+	__u64 ip, sp, bp;
+	__s32 kernel_stack;
+	__u32 copied;
+	__u8 stack[DEFER_STACK];
+};
+
 #endif

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shlex
 import struct
 import threading
@@ -62,6 +63,7 @@ from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLE, JLT, JNE, JSGE, LSH,
                           call, exit_, jmp_imm, jmp_reg, ld_func, ld_imm64,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel import procfs
+from ..kernel.bpf_object import bpf_object
 from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT, Mapping, ProfileProbe, RawSample,
                      TracepointProbe, UprobeProbe, UstackError)
@@ -70,6 +72,8 @@ from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
+from ..bpf import object_path
+from ..unwind import tables
 from ..target import process
 from .bpf import (MIN_COUNT_ENTRIES, PASS_ON, BpfCounter, InBackground, program_result,
                   prog_type_of, unless_traced)
@@ -78,23 +82,35 @@ from .kernel_offsets import Offsets
 BPF_LOOP = 181
 RINGBUF_RESERVE, RINGBUF_SUBMIT = 131, 132
 ARSH = 0xC0
-MAX_FRAMES = 128                 # a power of two: the frame index is masked
-ROW = struct.Struct("<IBBhii")   # unwind/tables.py's row
+
+
+def unwind_object():
+    """src/ustack/bpf/unwind.bpf.c's object: its programs, and the layouts
+    and values (ustack.h) this module shares with them."""
+    return bpf_object(object_path("unwind"))
+
+
+_OBJ = unwind_object()
+MAX_FRAMES = 128                 # ustack.h: a power of two, the frame index is masked
+ROW = tables.ROW                 # struct unwind_row
 ROW_SIZE = ROW.size
-OBJ_KEY = struct.Struct("<QQ")   # dev (kernel encoding), inode
+OBJ_KEY = _OBJ.layout("object_key").struct
 # first row, rows, vaddr - file offset; page index: first slot, first page, pages
-OBJ_VALUE = struct.Struct("<IIqIII4x")
-STACK_HEAD = struct.Struct("<II")  # frames, status
+OBJ_VALUE = _OBJ.layout("object_rows").struct
+STACK_HEAD = _OBJ.layout("stack_head").struct     # frames, status
 # a trace record: time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu, then STACK_HEAD
-RECORD = struct.Struct("<QQIIII")
+RECORD = _OBJ.layout("trace_record").struct
 # a deferred record (RECORD with no frames, status DEFERRED), then the
 # event's ip, sp, bp, kernel stack id, bytes of stack copied, then
 # DEFER_STACK bytes from sp (the copied ones first)
-DEFER = struct.Struct("<QQQiI")
-DEFER_STACK = 8192               # two pages: see _defer
-DEFER_RECORD = RECORD.size + DEFER.size + DEFER_STACK
+_DEFERRED = _OBJ.layout("deferred_record")
+_TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
+DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "kernel_stack",
+                                                          "copied")))
+DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
+DEFER_RECORD = _DEFERRED.size
 DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
-COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
+COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
 VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm ctx_id, address >> 21)
@@ -106,18 +122,21 @@ SEARCH_STEPS = 22                # binary search steps: 4 M rows
 K_GAP, K_SP, K_BP, K_PLT, K_END, K_SIGNAL, K_UNSUPPORTED = range(7)
 BP_SAME, BP_AT, BP_LOST, BP_AT_BP = range(4)
 
-# why a walk stopped; 0 is a complete stack
+# why a walk stopped (enum unwind_status); COMPLETE is a whole stack
+_STATUS = _OBJ.enum("unwind_status")
 (COMPLETE, NO_MAPPING, NO_FILE, NO_TABLE, NO_CFI, GAP, UNSUPPORTED, NO_BP,
- READ_FAILED, NO_PROGRESS, TRUNCATED, VMA_BUSY, TABLE_FULL) = range(13)
-THROUGH_JIT = KERNEL_UNWIND_THROUGH_JIT   # complete, a JIT frame on its frame pointer
+ READ_FAILED, NO_PROGRESS, TRUNCATED, VMA_BUSY, TABLE_FULL) = (_STATUS[name] for name in (
+     "COMPLETE", "NO_MAPPING", "NO_FILE", "NO_TABLE", "NO_CFI", "GAP", "UNSUPPORTED",
+     "NO_BP", "READ_FAILED", "NO_PROGRESS", "TRUNCATED", "VMA_BUSY", "TABLE_FULL"))
+THROUGH_JIT = _STATUS["THROUGH_JIT"]   # complete, a JIT frame on its frame pointer
 # a deferred record's status: the stack goes to user space to be unwound
-DEFERRED = 14
+DEFERRED = _STATUS["DEFERRED"]
 # walks that end so are deferred (where the program has a ring for it): an
 # object mapped before its rows could be loaded (a program exec'd during
 # the run), a memory map locked while a sample's interrupt asked for a VMA
 DEFERRABLE = (NO_TABLE, VMA_BUSY)
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
-_RUNNING = 0xFF
+_RUNNING = _STATUS["RUNNING"]
 
 # ucontext of a signal frame, at sp when the handler returned into __restore_rt
 _GREGS = 40
@@ -137,15 +156,18 @@ S_FP_USED = S_WINBUF + WINDOW    # 1 once a frame without a file was walked on r
 # its frames, over the window (the walk is done by then): ARGS_AREA bytes
 # fit after the longest stack
 ARGS_AREA = 12 << 10
-SCRATCH_SIZE = max(S_FP_USED + 8, S_FRAMES + 8 * MAX_FRAMES + ARGS_AREA)
+SCRATCH_SIZE = max(S_FP_USED + 8, S_FRAMES + 8 * MAX_FRAMES + ARGS_AREA,
+                   _OBJ.layout("walk").size)
 STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
 ARGS_SAVED = -88                 # r10 offset: 8 x frames, kept while the args are fetched
 
 _FNV_PRIME = 0x100000001B3
 _FNV_BASIS = 0xCBF29CE484222325
-ERR_STACKS_FULL, ERR_COUNTS_FULL, ERR_RING_FULL = 0, 1, 2
-ERR_UNDEFERRED = 3               # the ring had no room: the stack ended cut instead
-ERR_SLOTS = 4
+# slots of the errors map (enum unwind_error)
+_ERRORS = _OBJ.enum("unwind_error")
+ERR_STACKS_FULL, ERR_COUNTS_FULL, ERR_RING_FULL, ERR_UNDEFERRED = (_ERRORS[name] for name in (
+    "UW_STACKS_FULL", "UW_COUNTS_FULL", "UW_RING_FULL", "UW_UNDEFERRED"))
+ERR_SLOTS = _ERRORS["UNWIND_ERROR_SLOTS"]
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -738,32 +760,39 @@ class UnwindMaps(bpf.MapSet):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
-        self._rows_job = InBackground(bpf.Map, bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity,
-                                      "ustack_rows", flags=bpf.F_MMAPABLE)  # filled by a copy
+        obj = unwind_object()
+        self._rows_job = InBackground(obj.make_map, "rows", rows_capacity,
+                                      flags=bpf.F_MMAPABLE)   # filled by a copy
         self._rows = None
         self._rows_lock = threading.Lock()     # the program's thread or this one
         try:
-            self.pages = self._map(bpf.MAP_ARRAY, 4, 4, pages_capacity, "ustack_pages")
-            self.objects = self._map(bpf.MAP_HASH, OBJ_KEY.size, OBJ_VALUE.size,
-                                     objects, "ustack_objs")
-            self.vmas = self._map(bpf.MAP_LRU_HASH, 16, VMA_VALUE, vmas, "ustack_vmas")
-            self.scratch = self._map(bpf.MAP_PERCPU_ARRAY, 4, SCRATCH_SIZE, 1,
-                                     "ustack_uwscr")
+            self.pages = self._keep(obj.make_map("pages", pages_capacity))
+            self.objects = self._keep(obj.make_map("objects", objects))
+            self.vmas = self._keep(obj.make_map("vmas", vmas))
+            self.scratch = self._keep(obj.make_map("scratch", value_size=SCRATCH_SIZE))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up
-            self.stacks = self._map(bpf.MAP_HASH, 8, STACK_VALUE, stacks, "ustack_uwstk",
-                                    flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1)
-                                    else 0)
-            self.counts = self._map(bpf.MAP_HASH, COUNT_KEY.size, 8, counts,
-                                    "ustack_uwcnt")
-            self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_uwerr")
+            self.stacks = self._keep(obj.make_map(
+                "stacks", stacks, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0))
+            self.counts = self._keep(obj.make_map("counts", counts))
+            self.errors = self._keep(obj.make_map("errors"))
             # the rule for code without a file: CFA = rbp + 16, the return
             # address below it, rbp saved at CFA - 16 (push %rbp; mov %rsp,%rbp)
-            self.fp_row = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, 1, "ustack_fprow")
+            self.fp_row = self._keep(obj.make_map("fp_row"))
             self.fp_row.update(bytes(4), ROW.pack(0, K_BP, BP_AT, 0, 16, -16))
         except BaseException:
             self.close()
             raise
+
+    def _keep(self, m: bpf.Map) -> bpf.Map:
+        self.all.append(m)
+        return m
+
+    def named(self) -> dict:
+        """The maps by the names unwind.bpf.c gives them."""
+        return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
+                "vmas": self.vmas, "scratch": self.scratch, "stacks": self.stacks,
+                "counts": self.counts, "errors": self.errors, "fp_row": self.fp_row}
 
     @property
     def rows(self) -> bpf.Map:
@@ -862,7 +891,7 @@ class UnwindObjects:
         self.loaded[key] = (path, n)
         for k in (key, *also):
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages))
+                first, n, adjust, page_slot, first_page, npages, 0))
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         with self.maps.rows.values_view() as rows:
@@ -971,6 +1000,18 @@ class UnwindCounter(BpfCounter):
             raise
 
     def _program(self, index: int, probe) -> int:
+        if not self.trace:
+            fd = load_count_program(
+                self.unwind_maps, index, probe, kernel_stacks=self.kstacks, ring=self.ring,
+                armed=None if isinstance(probe, ProfileProbe) else self.armed,
+                tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
+                name=f"ustack_uw{index}")
+            self.prog_fds.append(fd)
+            try:
+                self.verified[index] = bpf.verified_insns(fd)
+            except OSError:
+                pass
+            return fd
         tgids = self.tgids if isinstance(probe, TracepointProbe) else None
         code, functions = self.program.code(
             index, probe, tgids=tgids, kernel_stacks=self.kstacks,
@@ -1019,6 +1060,45 @@ class UnwindCounter(BpfCounter):
         if getattr(self, "ring", None) is not None:
             self.ring.close()
             self.ring = None
+
+
+def regs_source(probe) -> str:
+    """Where the program finds the event's user registers (enum regs_source)."""
+    if isinstance(probe, UprobeProbe):
+        return "REGS_CTX"
+    return "REGS_SAMPLE" if isinstance(probe, ProfileProbe) else "REGS_TASK"
+
+
+def kernel_rodata(offsets: Offsets) -> dict:
+    """unwind.h's kernel field offsets, from this kernel's BTF."""
+    return {name: getattr(offsets, name) for name in (
+        "task_mm", "mm_ctx_id", "mm_vdso", "vm_start", "vm_end", "vm_pgoff", "vm_file",
+        "vm_mm", "f_inode", "i_ino", "i_sb", "s_dev")}
+
+
+def load_count_program(maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
+                       ring=None, armed=None, tgids=None, name: str = "ustack_uw") -> int:
+    """unwind.bpf.c's unwind_count for probe `index` (its fd): counts each
+    stack; `ring`: where a walk that ended DEFERRABLE goes instead."""
+    obj = unwind_object()
+    named = maps.named()
+    for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
+                   ("tgids", tgids)):
+        if m is not None:
+            named[key] = m
+    bits = obj.enum("unwind_option")
+    wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
+              "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None}
+    before = set(named)
+    try:
+        return obj.load("unwind_count", named, {
+            "probe_index": index, "result": program_result(probe),
+            "options": sum(bits[k] for k, on in wanted.items() if on),
+            "regs_source": obj.enum("regs_source")[regs_source(probe)],
+            **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name)
+    finally:
+        for key in set(named) - before:      # declared maps a probe does not use
+            named[key].close()
 
 
 class RingChunk(bytes):
@@ -1087,8 +1167,8 @@ def _verdict_file(kind) -> str:
     """Where this kernel's acceptance of this very program is remembered:
     keyed by the kernel (release, build) and this module's source, so a new
     kernel or a changed program is tried again (~50 ms before a run starts)."""
-    with open(__file__, "rb") as f:
-        source = objcache.digest(f.read())
+    with open(__file__, "rb") as f, open(object_path("unwind"), "rb") as o:
+        source = objcache.digest(f.read() + o.read())
     key = f"{os.uname().release}\0{os.uname().version}\0{kind.__name__}\0{source}"
     return objcache.cache_file("btf", btf.VMLINUX, None,
                                objcache.digest(key.encode()), "accepted1")
@@ -1108,10 +1188,7 @@ def _try_load(probe) -> str | None:
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
         ring = bpf.RingBuf(1 << 14, "ustack_uwtry")
-        code, functions = UnwindProgram(maps, Offsets.of_this_kernel()).code(
-            0, probe, defer=ring)
-        os.close(bpf.load_program(prog_type_of(probe), code, "ustack_uwtry",
-                                  functions=functions))
+        os.close(load_count_program(maps, 0, probe, ring=ring, name="ustack_uwtry"))
     except UstackError as e:
         return str(e)
     finally:

@@ -1,0 +1,165 @@
+/* The in-kernel DWARF/Go unwinder's programs, one per probe (the walk is
+ * unwind.h's; capture/bpf_unwind.py loads them and tells the story):
+ * unwind_count counts each distinct stack (count, profile):
+ * STACKS[hash] = the stack, COUNTS[(pid_tgid, probe, kernel stack, hash)]
+ * += 1; unwind_trace writes each event's record and frames into the ring
+ * (trace). Either defers a walk that ended NO_TABLE or VMA_BUSY (an object
+ * mapped before its rows were loaded, a memory map locked in a sample's
+ * interrupt), given UW_DEFER: the event's registers and stack go to the
+ * ring for user space to unwind; where the ring is full the stack ends
+ * cut, as walked. */
+#include "unwind.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);
+	__type(value, struct unwound_stack);
+	__uint(max_entries, 1);		/* sized by the loader */
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct unwind_count_key);
+	__type(value, __u64);
+	__uint(max_entries, 1);		/* sized by the loader */
+} counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, enum unwind_error);
+	__type(value, __u64);
+	__uint(max_entries, UNWIND_ERROR_SLOTS);
+} errors SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 8);		/* 8 bytes a frame: sized by the loader */
+	__uint(max_entries, 1);
+} kernel_stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__type(value, struct deferred_record);	/* and trace_record (the loader drops the size) */
+	__uint(max_entries, 4096);	/* sized by the loader */
+} ring SEC(".maps");
+
+const volatile __u32 probe_index;
+const volatile enum program_result result;
+const volatile enum unwind_option options;
+const volatile enum regs_source regs_source;
+
+static __always_inline void count_error(enum unwind_error slot)
+{
+	add_one(bpf_map_lookup_elem(&errors, &slot));
+}
+
+static __always_inline int in_scope(__u64 pid_tgid, enum unwind_option opts)
+{
+	if ((opts & UW_ONLY_TRACED) && !traced(pid_tgid))
+		return 0;
+	if ((opts & UW_WAIT_FOR_EXEC) && !exec_seen())
+		return 0;
+	return 1;
+}
+
+static __always_inline struct walk *walked(void *ctx, enum unwind_option opts,
+					   __s32 *kernel_stack)
+{
+	return walk(ctx, regs_source, (opts & UW_KERNEL_STACK) ? &kernel_stacks : 0,
+		    kernel_stack);
+}
+
+static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
+{
+	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
+				     || w->rec.head.status == VMA_BUSY);
+}
+
+/* A deferred record into the ring, for user space to unwind once it has
+ * loaded what the walk missed; 0 when the ring is full. The stack:
+ * DEFER_STACK bytes from sp at once; where that fails the stack ends
+ * within them, and as it ends at a page boundary (its mapping's end) it
+ * ends after sp's page or the next: those are copied one at a time. */
+static __always_inline int defer(void *ctx, struct walk *w, __u64 pid_tgid,
+				 __s32 kernel_stack)
+{
+	struct deferred_record *d;
+	__u64 first;
+
+	user_registers(ctx, regs_source, w);	/* the walk moved them: the event's own */
+	d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
+	if (!d) {
+		count_error(UW_UNDEFERRED);
+		return 0;
+	}
+	d->rec.time = bpf_ktime_get_ns();
+	d->rec.pid_tgid = pid_tgid;
+	d->rec.probe = probe_index;
+	d->rec.cpu = bpf_get_smp_processor_id();
+	d->rec.head.frames = 0;
+	d->rec.head.status = DEFERRED;
+	d->ip = w->pc;
+	d->sp = w->sp;
+	d->bp = w->bp;
+	d->kernel_stack = kernel_stack;
+	if (!bpf_probe_read_user(d->stack, DEFER_STACK, (void *)w->sp)) {
+		d->copied = DEFER_STACK;
+	} else {
+		first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
+		if (bpf_probe_read_user(d->stack, first, (void *)w->sp))
+			d->copied = 0;
+		else if (bpf_probe_read_user(d->stack + first, 4096, (void *)(w->sp + first)))
+			d->copied = first;
+		else
+			d->copied = first + 4096;
+	}
+	bpf_ringbuf_submit(d, 0);
+	return 1;
+}
+
+SEC("event")
+int unwind_count(void *ctx)
+{
+	enum unwind_option opts = options;
+	struct unwind_count_key key;
+	__u64 one = 1, *n;
+	struct walk *w;
+	long err;
+
+	key.pid_tgid = bpf_get_current_pid_tgid();
+	if (!in_scope(key.pid_tgid, opts))
+		return result;
+	key.probe = probe_index;
+	w = walked(ctx, opts, &key.kernel_stack);
+	if (!w)
+		return result;
+	if (deferrable(w, opts) && defer(ctx, w, key.pid_tgid, key.kernel_stack))
+		return result;
+	/* the stack's final hash: its status mixed in (a cut stack is another
+	 * stack); its frames in STACKS unless there */
+	key.hash = mix(w->hash, w->rec.head.status);
+	if (!bpf_map_lookup_elem(&stacks, &key.hash)) {
+		err = bpf_map_update_elem(&stacks, &key.hash, &w->rec.head, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			count_error(UW_STACKS_FULL);
+			return result;
+		}
+	}
+	n = bpf_map_lookup_elem(&counts, &key);
+	if (!n) {
+		err = bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);
+		if (!err)
+			return result;
+		if (err == -EEXIST)	/* another CPU made it first: add to theirs */
+			n = bpf_map_lookup_elem(&counts, &key);
+		if (!n) {
+			count_error(UW_COUNTS_FULL);
+			return result;
+		}
+	}
+	__sync_fetch_and_add(n, 1);
+	return result;
+}
