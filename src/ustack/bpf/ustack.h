@@ -215,6 +215,16 @@ enum unwind_option {
 	UW_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
 	UW_KERNEL_STACK = 4,	/* --kernel */
 	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
+	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
+};
+
+/* the programs a trace program with fetch-args goes on in (a tail call
+ * into code capture/bpf_fetchargs.py generates per run): they write the
+ * values after the record and output it */
+enum fetch_slot {
+	FETCH_STREAM = 0,	/* after the frames of the scratch value's record */
+	FETCH_DEFERRED = 1,	/* after the stack of the deferred scratch's record */
+	FETCH_SLOTS = 2,
 };
 
 /* where the event's user registers are */
@@ -288,6 +298,12 @@ struct deferred_record {
 	__s32 kernel_stack;
 	__u32 copied;
 	__u8 stack[DEFER_STACK];
+};
+
+/* a deferred record being written, its fetch-args after it (trace) */
+struct deferred_with_args {
+	struct deferred_record d;
+	__u8 args[ARGS_AREA];
 };
 
 #endif

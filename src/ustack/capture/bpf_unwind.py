@@ -58,21 +58,21 @@ from collections.abc import Callable
 
 from ..kernel import bpf, btf
 from ..kernel import perf_event as pe
-from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLE, JLT, JNE, JSGE, LSH,
+from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLT, JNE, JSGE, LSH,
                           MUL, RSH, SUB, XOR, Asm, alu_imm, alu_reg, atomic_add,
                           call, exit_, jmp_imm, jmp_reg, ld_func, ld_imm64,
                           ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel import procfs
 from ..kernel.bpf_object import bpf_object
 from ..kernel.proc_root import backing_devices
-from ..model import (KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT, Mapping, ProfileProbe, RawSample,
-                     TracepointProbe, UprobeProbe, UstackError)
+from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, TracepointProbe,
+                     UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
-from ..bpf import object_path
+from .. import bpf as bpf_programs
 from ..unwind import tables
 from ..target import process
 from .bpf import (MIN_COUNT_ENTRIES, PASS_ON, BpfCounter, InBackground, program_result,
@@ -80,14 +80,13 @@ from .bpf import (MIN_COUNT_ENTRIES, PASS_ON, BpfCounter, InBackground, program_
 from .kernel_offsets import Offsets
 
 BPF_LOOP = 181
-RINGBUF_RESERVE, RINGBUF_SUBMIT = 131, 132
 ARSH = 0xC0
 
 
 def unwind_object():
     """src/ustack/bpf/unwind.bpf.c's object: its programs, and the layouts
     and values (ustack.h) this module shares with them."""
-    return bpf_object(object_path("unwind"))
+    return bpf_object(bpf_programs.object_path("unwind"))
 
 
 _OBJ = unwind_object()
@@ -159,7 +158,6 @@ ARGS_AREA = 12 << 10
 SCRATCH_SIZE = max(S_FP_USED + 8, S_FRAMES + 8 * MAX_FRAMES + ARGS_AREA,
                    _OBJ.layout("walk").size)
 STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
-ARGS_SAVED = -88                 # r10 offset: 8 x frames, kept while the args are fetched
 
 _FNV_PRIME = 0x100000001B3
 _FNV_BASIS = 0xCBF29CE484222325
@@ -204,21 +202,15 @@ class UnwindProgram:
         self._reads = 0                  # labels of _read_user's call sites
 
     def code(self, probe_index: int, probe, *, tgids=None, armed=None,
-             kernel_stacks=None, result: int = PASS_ON, ring=None, defer=None,
-             prelude=None, then=None, fetch=None) -> tuple:
-        """(bytes, function offsets) of the program for one probe; `ring`:
-        write each event's record there (trace) instead of counting;
-        `defer`: a ring where a walk that ended DEFERRABLE leaves the
-        event's registers and stack for user space to unwind (_defer),
-        instead of counting or writing a cut stack (which it does when
-        that ring is full).
-        `then(asm)`: emit what to do with the stack once it is stored in
-        STACKS, its hash at r10-8 (r6 ctx, r7 pid_tgid; the stack below
-        r10-64 is free), instead of counting it; `prelude(asm)` is emitted
-        before the walk (capture/bpf_latency.py: the entry's time).
-        `fetch`: the probe's fetch-args (bpf_fetchargs.FetchArgs), written
-        into each record after its frames (a deferred one's after its stack)."""
-        m = self.maps
+             result: int = PASS_ON, prelude=None, then=None) -> tuple:
+        """(bytes, function offsets) of a program for one probe that walks
+        the stack and stores it in STACKS (the C programs are
+        src/ustack/bpf/unwind.bpf.c's; this assembled walk remains for
+        latency's DWARF entry and off-CPU until they are C too).
+        `then(asm)`: what to do with the stack once it is stored, its hash
+        at r10-8 (r6 ctx, r7 pid_tgid; the stack below r10-64 is free);
+        `prelude(asm)` is emitted before the walk (capture/bpf_latency.py:
+        the entry's time)."""
         a = Asm()
         a.emit(mov(6, 1), call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
         if tgids is not None:
@@ -234,43 +226,11 @@ class UnwindProgram:
         # the count key at r10-24: pid_tgid, probe, kernel stack id, hash
         a.emit(stx(10, -24, 7), st_imm(10, -16, probe_index, size=4),
                st_imm(10, -12, -1, size=4))
-        self.walk(a, probe, kernel_stacks)
-        if defer is not None:
-            a.emit(ldx(1, 8, S_STACK + 4, size=4))
-            for status in DEFERRABLE:
-                a.jump(jmp_imm, JEQ, 1, status, to="defer")
-            a.label("undeferred")
-        if ring is not None:
-            self._output(a, ring, probe_index, fetch)
-            return self._finish(a, result, defer, probe, probe_index, fetch)
-        self.store_stack(a, then="count")
-        a.label("count")
-        if then is not None:
-            then(a)
-            return self._finish(a, result, defer, probe, probe_index)
-        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="add")
-        a.emit(st_imm(10, -32, 1), ld_map_fd(1, m.counts.fd), mov(2, 10),
-               alu_imm(ADD, 2, -24), mov(3, 10), alu_imm(ADD, 3, -32),
-               mov_imm(4, bpf.NOEXIST), call(bpf.MAP_UPDATE))
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
-        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="add")
-        a.label("full")
-        self._error(a, ERR_COUNTS_FULL)
-        a.label("add")
-        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        return self._finish(a, result, defer, probe, probe_index)
-
-    def _finish(self, a: Asm, result: int, defer, probe, probe_index: int,
-                fetch=None) -> tuple:
-        if defer is None:
-            return self.finish(a, result)
-        return self.finish(a, result,
-                           lambda a: self._defer(a, defer, probe, probe_index, fetch))
+        self.walk(a, probe)
+        self.store_stack(a, then="stored")
+        a.label("stored")
+        then(a)
+        return self.finish(a, result)
 
     def walk(self, a: Asm, probe, kernel_stacks=None) -> None:
         """The current task's user stack into the scratch value (r8 = it;
@@ -346,78 +306,6 @@ class UnwindProgram:
         a.label("vma")
         self._vma_callback(a)
         return a.assemble(), (step, vma)
-
-    def _output(self, a: Asm, ring, probe_index: int, fetch=None) -> None:
-        """The event's record (RECORD, then its frames, then the values of
-        its fetch-args) into the ring."""
-        a.emit(call(bpf.KTIME_GET_NS), stx(8, S_REC, 0), stx(8, S_REC + 8, 7),
-               st_imm(8, S_REC + 16, probe_index, size=4),
-               call(bpf.GET_SMP_PROCESSOR_ID), stx(8, S_REC + 20, 0, size=4),
-               ldx(3, 8, S_STACK, size=4))
-        a.jump(jmp_imm, JLE, 3, MAX_FRAMES, to="rec_n")
-        a.emit(mov_imm(3, MAX_FRAMES))
-        a.label("rec_n")
-        a.emit(alu_imm(LSH, 3, 3))
-        if fetch is not None:       # the args after the frames: r9 = scratch + 8n
-            a.emit(stx(10, ARGS_SAVED, 3), mov(9, 8), alu_reg(ADD, 9, 3))
-            fetch.emit(a, 9, S_FRAMES, "fa")
-            a.emit(ldx(3, 10, ARGS_SAVED))
-            fetch.emit_length(a, 3)
-        a.emit(alu_imm(ADD, 3, RECORD.size),
-               ld_map_fd(1, ring.fd), mov(2, 8), alu_imm(ADD, 2, S_REC),
-               mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        self._error(a, ERR_RING_FULL)
-
-    def _defer(self, a: Asm, ring, probe, probe_index: int, fetch=None) -> None:
-        """At label "defer": a deferred record into `ring` (RECORD with
-        status DEFERRED, DEFER, the stack), for user space to unwind once
-        it has loaded what the walk missed. The stack: DEFER_STACK bytes
-        from sp at once; where that fails the stack ends within them, and
-        as it ends at a page boundary (the end of its mapping) it ends
-        after sp's page or the next: those are copied one at a time.
-        The values of the fetch-args follow the stack."""
-        a.label("defer")
-        self._registers(a, probe, tag="d_")     # the walk moved them: the event's own
-        size = DEFER_RECORD + (fetch.capacity if fetch is not None else 0)
-        a.emit(ld_map_fd(1, ring.fd), mov_imm(2, size), mov_imm(3, 0),
-               call(RINGBUF_RESERVE), mov(9, 0))
-        a.jump(jmp_imm, JNE, 9, 0, to="d_reserved")
-        # no room: the stack is counted (written) cut, as it was walked
-        a.emit(st_imm(10, -32, ERR_UNDEFERRED, size=4), ld_map_fd(1, self.maps.errors.fd),
-               mov(2, 10), alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="undeferred")
-        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        a.jump(bpf.ja, to="undeferred")
-        a.label("d_reserved")
-        h, at = RECORD.size, RECORD.size + DEFER.size
-        a.emit(call(bpf.KTIME_GET_NS), stx(9, 0, 0), stx(9, 8, 7),
-               st_imm(9, 16, probe_index, size=4),
-               call(bpf.GET_SMP_PROCESSOR_ID), stx(9, 20, 0, size=4),
-               st_imm(9, 24, 0, size=4), st_imm(9, 28, DEFERRED, size=4))
-        for i, reg in enumerate((S_PC, S_SP, S_BP)):
-            a.emit(ldx(1, 8, reg), stx(9, h + 8 * i, 1))
-        a.emit(ldx(1, 10, -12, size=4), stx(9, h + 24, 1, size=4))
-        if fetch is not None:
-            fetch.emit(a, 9, DEFER_RECORD, "dfa")
-        a.emit(mov(1, 9), alu_imm(ADD, 1, at), mov_imm(2, DEFER_STACK), ldx(3, 8, S_SP),
-               call(bpf.PROBE_READ_USER), mov_imm(1, DEFER_STACK))
-        a.jump(jmp_imm, JEQ, 0, 0, to="d_copied")
-        # sp's page, from sp to its end: 1..4096 bytes
-        a.emit(ldx(2, 8, S_SP), alu_imm(AND, 2, 4095), mov_imm(1, 4096),
-               alu_reg(SUB, 1, 2), stx(10, -32, 1),
-               mov(2, 1), mov(1, 9), alu_imm(ADD, 1, at), ldx(3, 8, S_SP),
-               call(bpf.PROBE_READ_USER), mov_imm(1, 0))
-        a.jump(jmp_imm, JNE, 0, 0, to="d_copied")
-        # the next page
-        a.emit(ldx(2, 10, -32), mov(1, 9), alu_imm(ADD, 1, at), alu_reg(ADD, 1, 2),
-               ldx(3, 8, S_SP), alu_reg(ADD, 3, 2), mov_imm(2, 4096),
-               call(bpf.PROBE_READ_USER), ldx(1, 10, -32))
-        a.jump(jmp_imm, JNE, 0, 0, to="d_copied")
-        a.emit(alu_imm(ADD, 1, 4096))
-        a.label("d_copied")
-        a.emit(stx(9, h + 28, 1, size=4), mov(1, 9), mov_imm(2, 0), call(RINGBUF_SUBMIT))
-        a.jump(bpf.ja, to="out")
 
     def _error(self, a: Asm, slot: int) -> None:
         a.emit(st_imm(10, -32, slot, size=4), ld_map_fd(1, self.maps.errors.fd),
@@ -1000,26 +888,55 @@ class UnwindCounter(BpfCounter):
             raise
 
     def _program(self, index: int, probe) -> int:
-        if not self.trace:
-            fd = load_count_program(
-                self.unwind_maps, index, probe, kernel_stacks=self.kstacks, ring=self.ring,
-                armed=None if isinstance(probe, ProfileProbe) else self.armed,
-                tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
-                name=f"ustack_uw{index}")
-            self.prog_fds.append(fd)
-            try:
-                self.verified[index] = bpf.verified_insns(fd)
-            except OSError:
-                pass
-            return fd
-        tgids = self.tgids if isinstance(probe, TracepointProbe) else None
-        code, functions = self.program.code(
-            index, probe, tgids=tgids, kernel_stacks=self.kstacks,
-            result=program_result(probe),
+        fetch = self.fetches[index] if self.trace and index < len(self.fetches) else None
+        fetch_maps = self._fetch_maps() if fetch is not None else {}
+        fd = load_program(
+            "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, index, probe,
+            kernel_stacks=self.kstacks, ring=self.ring,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
-            ring=self.ring if self.trace else None, defer=self.ring,
-            fetch=self.fetches[index] if self.trace and index < len(self.fetches) else None)
-        return self.load(index, prog_type_of(probe), code, functions, f"ustack_uw{index}")
+            tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
+            fetch=fetch_maps, name=f"ustack_uw{index}")
+        self.prog_fds.append(fd)
+        try:
+            self.verified[index] = bpf.verified_insns(fd)
+        except OSError:
+            pass
+        if fetch is not None:
+            self._load_fetch(index, probe, fetch, fetch_maps)
+        return fd
+
+    def _fetch_maps(self) -> dict:
+        """A probe's array of fetch-args programs; the deferred records'
+        scratch, shared by the probes."""
+        obj = unwind_object()
+        if getattr(self, "_deferred", None) is None:
+            self._deferred = obj.make_map("deferred_scratch")
+            self.maps.append(self._deferred)
+        progs = obj.make_map("fetch_args")
+        self.maps.append(progs)
+        return {"fetch_args": progs, "deferred_scratch": self._deferred}
+
+    def _load_fetch(self, index: int, probe, fetch, maps: dict) -> None:
+        """The probe's fetch-args programs (bpf_fetchargs.tail_programs),
+        where its trace program goes on."""
+        obj = unwind_object()
+        walk = obj.layout("walk").offsets
+        slots = obj.enum("fetch_slot")
+        contract = fetch.contract(
+            scratch=self.unwind_maps.scratch, deferred=maps["deferred_scratch"],
+            ring=self.ring, errors=self.unwind_maps.errors, fetch_args=maps["fetch_args"],
+            record_at=walk["rec.time"], record_size=RECORD.size,
+            frames_count_at=walk["rec.head.frames"], frames_at=walk["frame"],
+            max_frames=MAX_FRAMES, deferred_size=DEFER_RECORD, ring_full=ERR_RING_FULL,
+            undeferred=ERR_UNDEFERRED, stream_slot=slots["FETCH_STREAM"],
+            result=program_result(probe))
+        codes = fetch.tail_programs(contract, Offsets.of_this_kernel())
+        for slot, (code, functions) in zip(("FETCH_STREAM", "FETCH_DEFERRED"), codes):
+            fd = bpf.load_program(prog_type_of(probe), code, f"ustack_fa{index}",
+                                  functions=functions)
+            self.prog_fds.append(fd)
+            maps["fetch_args"].update(slots[slot].to_bytes(4, "little"),
+                                      fd.to_bytes(4, "little"))
 
     def load(self, index: int, prog_type: int, code: bytes, functions: tuple,
              name: str) -> int:
@@ -1076,22 +993,26 @@ def kernel_rodata(offsets: Offsets) -> dict:
         "vm_mm", "f_inode", "i_ino", "i_sb", "s_dev")}
 
 
-def load_count_program(maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
-                       ring=None, armed=None, tgids=None, name: str = "ustack_uw") -> int:
-    """unwind.bpf.c's unwind_count for probe `index` (its fd): counts each
-    stack; `ring`: where a walk that ended DEFERRABLE goes instead."""
+def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
+                 ring=None, armed=None, tgids=None, fetch: dict | None = None,
+                 name: str = "ustack_uw") -> int:
+    """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
+    counts each stack, unwind_trace writes each to `ring`; `ring`: where a
+    walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
+    deferred_scratch maps of a probe with fetch-args (trace)."""
     obj = unwind_object()
     named = maps.named()
     for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
-                   ("tgids", tgids)):
+                   ("tgids", tgids), *(fetch or {}).items()):
         if m is not None:
             named[key] = m
     bits = obj.enum("unwind_option")
     wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
-              "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None}
+              "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None,
+              "UW_FETCH_ARGS": bool(fetch)}
     before = set(named)
     try:
-        return obj.load("unwind_count", named, {
+        return obj.load(program, named, {
             "probe_index": index, "result": program_result(probe),
             "options": sum(bits[k] for k, on in wanted.items() if on),
             "regs_source": obj.enum("regs_source")[regs_source(probe)],
@@ -1167,7 +1088,7 @@ def _verdict_file(kind) -> str:
     """Where this kernel's acceptance of this very program is remembered:
     keyed by the kernel (release, build) and this module's source, so a new
     kernel or a changed program is tried again (~50 ms before a run starts)."""
-    with open(__file__, "rb") as f, open(object_path("unwind"), "rb") as o:
+    with open(__file__, "rb") as f, open(bpf_programs.object_path("unwind"), "rb") as o:
         source = objcache.digest(f.read() + o.read())
     key = f"{os.uname().release}\0{os.uname().version}\0{kind.__name__}\0{source}"
     return objcache.cache_file("btf", btf.VMLINUX, None,
@@ -1188,7 +1109,7 @@ def _try_load(probe) -> str | None:
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
         ring = bpf.RingBuf(1 << 14, "ustack_uwtry")
-        os.close(load_count_program(maps, 0, probe, ring=ring, name="ustack_uwtry"))
+        os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry"))
     except UstackError as e:
         return str(e)
     finally:
