@@ -15,31 +15,10 @@ char LICENSE[] SEC("license") = "GPL";
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u64);
-	__type(value, struct unwound_stack);
-	__uint(max_entries, 1);		/* sized by the loader */
-} stacks SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct unwind_count_key);
 	__type(value, __u64);
 	__uint(max_entries, 1);		/* sized by the loader */
 } counts SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, enum unwind_error);
-	__type(value, __u64);
-	__uint(max_entries, UNWIND_ERROR_SLOTS);
-} errors SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, 8);		/* 8 bytes a frame: sized by the loader */
-	__uint(max_entries, 1);
-} kernel_stacks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -68,11 +47,6 @@ const volatile __u32 probe_index;
 const volatile enum program_result result;
 const volatile enum unwind_option options;
 const volatile enum regs_source regs_source;
-
-static __always_inline void count_error(enum unwind_error slot)
-{
-	add_one(bpf_map_lookup_elem(&errors, &slot));
-}
 
 static __always_inline int in_scope(__u64 pid_tgid, enum unwind_option opts)
 {
@@ -175,16 +149,8 @@ int unwind_count(void *ctx)
 		if (defer(ctx, w, key.kernel_stack))
 			return result;
 	}
-	/* the stack's final hash: its status mixed in (a cut stack is another
-	 * stack); its frames in STACKS unless there */
-	key.hash = mix(w->hash, w->rec.head.status);
-	if (!bpf_map_lookup_elem(&stacks, &key.hash)) {
-		err = bpf_map_update_elem(&stacks, &key.hash, &w->rec.head, BPF_NOEXIST);
-		if (err && err != -EEXIST) {
-			count_error(UW_STACKS_FULL);
-			return result;
-		}
-	}
+	if (!store_stack(w, &key.hash))
+		return result;
 	n = bpf_map_lookup_elem(&counts, &key);
 	if (!n) {
 		err = bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);

@@ -92,6 +92,28 @@ struct {
 	__uint(max_entries, 1);
 } fp_row SEC(".maps");
 
+/* STACKS: the distinct stacks walked, under their hash */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);
+	__type(value, struct unwound_stack);
+	__uint(max_entries, 1);		/* sized by the loader */
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, enum unwind_error);
+	__type(value, __u64);
+	__uint(max_entries, UNWIND_ERROR_SLOTS);
+} errors SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 8);		/* 8 bytes a frame: sized by the loader */
+	__uint(max_entries, 1);
+} kernel_stacks SEC(".maps");
+
 /* kernel field offsets, from the running kernel's BTF */
 const volatile __u32 task_mm, mm_ctx_id, mm_vdso;
 const volatile __u32 vm_start, vm_end, vm_pgoff, vm_file, vm_mm;
@@ -459,6 +481,29 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	if (w->rec.head.status == RUNNING)
 		w->rec.head.status = TRUNCATED;
 	return w;
+}
+
+static __always_inline void count_error(enum unwind_error slot)
+{
+	add_one(bpf_map_lookup_elem(&errors, &slot));
+}
+
+/* *hash = the walked stack's final hash (its status mixed in: a cut
+ * stack is another stack), its frames in STACKS unless there; 0 when
+ * STACKS is full (counted) */
+static __always_inline int store_stack(struct walk *w, __u64 *hash)
+{
+	long err;
+
+	*hash = mix(w->hash, w->rec.head.status);
+	if (!bpf_map_lookup_elem(&stacks, hash)) {
+		err = bpf_map_update_elem(&stacks, hash, &w->rec.head, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			count_error(UW_STACKS_FULL);
+			return 0;
+		}
+	}
+	return 1;
 }
 
 #endif

@@ -306,4 +306,54 @@ struct deferred_with_args {
 	__u8 args[ARGS_AREA];
 };
 
+/* --- off-CPU (offcpu.bpf.c) --- */
+/* START: a thread seen leaving the CPU, under its tid */
+struct offcpu_start {
+	__u64 time;
+	__u64 pid_tgid;
+	__u64 hash;		/* its user stack in STACKS */
+	__s32 kernel_stack;
+	__u32 pad;
+};
+
+/* WAKERS: who woke a thread in START, under the wakee's tid */
+struct offcpu_waker {
+	__u64 pid_tgid;		/* 0 with INTERRUPT_HASH: an interrupt's wakeup */
+	__u64 hash;
+	__s32 kernel_stack;
+	__u32 pad;
+};
+
+#define INTERRUPT_HASH 1
+
+/* OFFCPU's key: the blocked thread's and its waker's (0s without one);
+ * its value the nanoseconds spent off the CPU, summed */
+struct offcpu_key {
+	__u64 pid_tgid;
+	__s32 kernel_stack;
+	__u32 pad;
+	__u64 hash;
+	__u64 waker_pid_tgid;
+	__s32 waker_kernel_stack;
+	__u32 waker_pad;
+	__u64 waker_hash;
+};
+
+/* slots of off-CPU's error array */
+enum offcpu_error { OFF_START_FULL = 0, OFF_COUNTS_FULL = 1, OFF_WAKERS_FULL = 2,
+		    OFFCPU_ERROR_SLOTS = 3 };
+
+/* what the off-CPU programs do besides their job (offcpu.bpf.c's options) */
+enum offcpu_option {
+	OFF_ONLY_TRACED = 1,	/* under -p/-c: tgids only */
+	OFF_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
+	OFF_EXCLUDE = 4,	/* system-wide: not exclude_tgid (ustack) */
+	OFF_USER_ONLY = 8,	/* not kernel threads (no kernel stacks asked for) */
+	OFF_KERNEL_STACK = 16,	/* --kernel */
+	OFF_WAKERS = 32,	/* --wakers: WAKERS is read at switch-in */
+	OFF_MAX = 64,		/* an upper bound on the time off the CPU */
+	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
+	OFF_RUNNING = 256,
+};
+
 #endif
