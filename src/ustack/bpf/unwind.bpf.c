@@ -120,7 +120,7 @@ static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack)
 	struct deferred_record *d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
 
 	if (!d) {
-		count_error(UW_UNDEFERRED);
+		count_unwind_error(UW_UNDEFERRED);
 		return 0;
 	}
 	fill_deferred(ctx, w, d, kernel_stack);
@@ -159,7 +159,7 @@ int unwind_count(void *ctx)
 		if (err == -EEXIST)	/* another CPU made it first: add to theirs */
 			n = bpf_map_lookup_elem(&counts, &key);
 		if (!n) {
-			count_error(UW_COUNTS_FULL);
+			count_unwind_error(UW_COUNTS_FULL);
 			return result;
 		}
 	}
@@ -203,6 +203,6 @@ int unwind_trace(void *ctx)
 	if (n > MAX_FRAMES)
 		n = MAX_FRAMES;
 	if (bpf_ringbuf_output(&ring, &w->rec, sizeof(w->rec) + 8 * n, 0))
-		count_error(UW_RING_FULL);
+		count_unwind_error(UW_RING_FULL);
 	return result;
 }

@@ -17,7 +17,9 @@
 
 #include "ustack.h"
 
+#ifndef FNV_PRIME
 #define FNV_PRIME 0x100000001B3ULL
+#endif
 #define FNV_BASIS 0xCBF29CE484222325ULL
 
 /* the ucontext of a signal frame, at sp when the handler returned */
@@ -92,20 +94,22 @@ struct {
 	__uint(max_entries, 1);
 } fp_row SEC(".maps");
 
-/* STACKS: the distinct stacks walked, under their hash */
+/* STACKS (unwound): the distinct stacks walked, under their hash. Its
+ * maps' names are the unwinder's own: a program that includes this header
+ * may have a stacks or errors map of its own (latency.bpf.c) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u64);
 	__type(value, struct unwound_stack);
 	__uint(max_entries, 1);		/* sized by the loader */
-} stacks SEC(".maps");
+} unwound SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, enum unwind_error);
 	__type(value, __u64);
 	__uint(max_entries, UNWIND_ERROR_SLOTS);
-} errors SEC(".maps");
+} unwind_errors SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
@@ -483,9 +487,9 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	return w;
 }
 
-static __always_inline void count_error(enum unwind_error slot)
+static __always_inline void count_unwind_error(enum unwind_error slot)
 {
-	add_one(bpf_map_lookup_elem(&errors, &slot));
+	add_one(bpf_map_lookup_elem(&unwind_errors, &slot));
 }
 
 /* *hash = the walked stack's final hash (its status mixed in: a cut
@@ -496,10 +500,10 @@ static __always_inline int store_stack(struct walk *w, __u64 *hash)
 	long err;
 
 	*hash = mix(w->hash, w->rec.head.status);
-	if (!bpf_map_lookup_elem(&stacks, hash)) {
-		err = bpf_map_update_elem(&stacks, hash, &w->rec.head, BPF_NOEXIST);
+	if (!bpf_map_lookup_elem(&unwound, hash)) {
+		err = bpf_map_update_elem(&unwound, hash, &w->rec.head, BPF_NOEXIST);
 		if (err && err != -EEXIST) {
-			count_error(UW_STACKS_FULL);
+			count_unwind_error(UW_STACKS_FULL);
 			return 0;
 		}
 	}

@@ -156,6 +156,7 @@ enum latency_option {
 	LAT_BY_STACK = 16,	/* a return: a histogram per stack */
 	LAT_SLOWER = 32,	/* a return: report calls of slower_ns or more */
 	LAT_TAIL = 64,		/* a return through a tail call's jump: counted, not timed */
+	LAT_DWARF_STACK = 128,	/* an entry: keep its stack unwound in the kernel (unwind.h) */
 };
 
 /* *slot += 1 when slot is not NULL */

@@ -592,12 +592,14 @@ class BpfCapture:
         uncounted = ()
         skipped = self.counter.skipped() if self.counter is not None else 0
         if self.counter is not None and self.stream:
-            errors = self.counter.errors_seen()
-            return Losses(events.lost + errors[2], events.throttled, (),
-                          tuple(self.cut.items()), deferral_full=errors[3],
+            errors = self.counter.errors_seen()          # the unwinder's, by name
+            return Losses(events.lost + errors["UW_RING_FULL"], events.throttled, (),
+                          tuple(self.cut.items()), deferral_full=errors["UW_UNDEFERRED"],
                           skipped=skipped)
         if self.counter is not None and self.unwind_tables is not None:
-            stacks_full, counts_full, _ring, deferral_full = self.counter.errors_seen()[:4]
+            errors = self.counter.errors_seen()
+            stacks_full, counts_full, deferral_full = (errors[name] for name in (
+                "UW_STACKS_FULL", "UW_COUNTS_FULL", "UW_UNDEFERRED"))
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)

@@ -276,7 +276,7 @@ class OffcpuCapture(BpfCapture):
         errors = self.counter.off_errors_seen()
         start_full, counts_full, wakers_full = (errors[name] for name in (
             "OFF_START_FULL", "OFF_COUNTS_FULL", "OFF_WAKERS_FULL"))
-        stacks_full = self.counter.errors_seen()[0]
+        stacks_full = self.counter.errors_seen()["UW_STACKS_FULL"]
         uncounted = tuple((why, n) for why, n in (
             ("found the stack map full", stacks_full),
             ("found the thread map full", start_full),
