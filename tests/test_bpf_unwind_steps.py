@@ -18,6 +18,7 @@ from ustack.capture import bpf_unwind as uw
 from ustack.capture.kernel_offsets import Offsets
 from ustack.kernel import bpf
 from ustack.kernel.bpf_object import BpfObject
+from ustack.model import KERNEL_UNWIND_REASONS, KERNEL_UNWIND_THROUGH_JIT
 from ustack.objfile.elf import ElfImage
 from ustack.unwind import tables
 from ustack.unwind.cfi import BP_AT, BP_AT_BP, BP_SAME
@@ -45,9 +46,12 @@ def harness(tmp_path_factory):
     return BpfObject(str(out))
 
 
+STATUS = uw.unwind_object().enum("unwind_status")
+
+
 def _expected(row, pc: int) -> tuple:
     """(status, pc, sp, bp, bp_ok) after one step from pc, per the row."""
-    s = uw._STATUS
+    s = STATUS
     if row is None or row[0] == tables.GAP:
         return (s["GAP"],)
     kind, bp_rule, aux, cfa_off, bp_off = row
@@ -72,6 +76,14 @@ def _expected(row, pc: int) -> tuple:
     if cfa <= SP:
         return (s["NO_PROGRESS"],)
     return (s["RUNNING"], ra, cfa, bp, bp_ok)
+
+
+def test_stop_reasons_are_the_ones_the_notes_name():
+    """The C's stop reasons are those model.py turns into notes."""
+    assert {STATUS[name] for name in ("NO_MAPPING", "NO_FILE", "NO_TABLE", "NO_CFI", "GAP",
+                                      "UNSUPPORTED", "NO_BP", "READ_FAILED", "TRUNCATED",
+                                      "VMA_BUSY", "TABLE_FULL")} == set(KERNEL_UNWIND_REASONS)
+    assert STATUS["THROUGH_JIT"] == KERNEL_UNWIND_THROUGH_JIT
 
 
 @pytest.mark.parametrize("which", ["libc", "chain-o2-nofp"])
@@ -107,7 +119,7 @@ def test_one_step_follows_the_row(harness, which):
                           "mend": (1 << 64) - 1, "first": first, "rows": rows,
                           "page_slot": page_slot, "first_page": first_page, "pages": pages,
                           "win": BASE, "rec.head.frames": 1,
-                          "rec.head.status": uw._RUNNING,
+                          "rec.head.status": STATUS["RUNNING"],
                           "frame": pc.to_bytes(8, "little").ljust(8 * uw.MAX_FRAMES, b"\0"),
                           "window": window.ljust(layout.size - layout.offsets["window"],
                                                  b"\0")})
@@ -116,7 +128,7 @@ def test_one_step_follows_the_row(harness, which):
             got = dict(zip(layout.fields, layout.struct.unpack(named["given"].lookup(bytes(4)))))
             want = _expected(packed.lookup(pc), pc)
             status = got["rec.head.status"]
-            if want[0] != uw._RUNNING:
+            if want[0] != STATUS["RUNNING"]:
                 assert (status, got["rec.head.frames"]) == (want[0], 1), hex(pc)
             else:
                 assert (status, got["pc"], got["sp"], got["bp"], got["bp_ok"]) == want, hex(pc)
