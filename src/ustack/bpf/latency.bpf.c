@@ -3,13 +3,12 @@
  * caller's ENTRIES stack; latency_return pops it and adds the duration to
  * the function's histogram, reporting calls of slower_ns or more to the
  * ring. One program per probe, the function and options as read-only
- * data. The entry with a DWARF-unwound stack is still assembled in Python
- * (the unwinder is); it writes the same ENTRIES values. */
-#include "ustack.h"
+ * data. An entry's stack is kept under its hash: walked on frame pointers
+ * (FP_STACKS) or unwound in the kernel (unwind.h, the unwinder's STACKS). */
+#define FNV_PRIME 0x100000001B3ULL
+#include "unwind.h"
 
 char LICENSE[] SEC("license") = "GPL";
-
-#define FNV_PRIME 0x100000001B3ULL
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -72,6 +71,7 @@ const volatile enum latency_option options;
 const volatile enum program_result result;
 const volatile __u64 unit_ns;		/* a histogram's unit */
 const volatile __u64 slower_ns;		/* LAT_SLOWER */
+const volatile enum regs_source regs_source;	/* LAT_DWARF_STACK */
 
 static __always_inline void count_error(enum latency_error slot)
 {
@@ -144,6 +144,13 @@ int latency_entry(void *ctx)
 	now = bpf_ktime_get_ns();
 	if (opts & LAT_FP_STACK)
 		hash = fp_stack_hash(ctx);
+	if (opts & LAT_DWARF_STACK) {
+		__s32 no_kernel_stack;
+		struct walk *w = walk(ctx, regs_source, 0, &no_kernel_stack);
+
+		if (!w || !store_stack(w, &hash))
+			return result;
+	}
 	entry_key(&key, ctx, opts, pid_tgid);
 	stack = lookup_or_create(&entries, &key, LAT_ENTRIES_FULL);
 	if (!stack)

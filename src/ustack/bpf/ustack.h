@@ -156,6 +156,7 @@ enum latency_option {
 	LAT_BY_STACK = 16,	/* a return: a histogram per stack */
 	LAT_SLOWER = 32,	/* a return: report calls of slower_ns or more */
 	LAT_TAIL = 64,		/* a return through a tail call's jump: counted, not timed */
+	LAT_DWARF_STACK = 128,	/* an entry: keep its stack unwound in the kernel (unwind.h) */
 };
 
 /* *slot += 1 when slot is not NULL */
@@ -168,5 +169,192 @@ static __always_inline void add_one(__u64 *slot)
 /* map[index] += 1 in an ARRAY map of u64 */
 #define COUNT_AT(map, index) ({ __u32 __i = (index); \
 	add_one(bpf_map_lookup_elem(&(map), &__i)); })
+
+/* --- the DWARF/Go unwinder (unwind.h, unwind.bpf.c) --- */
+#define MAX_FRAMES 128		/* a power of two: the frame index is masked */
+#define WINDOW 512		/* bytes of stack copied at a time (read_user) */
+#define ARGS_AREA (12 << 10)	/* a trace record's fetch-args, after its frames */
+#define DEFER_STACK 8192	/* bytes of stack a deferred record carries: two pages */
+#define SEARCH_STEPS 22		/* binary search steps: 4 M rows */
+#define PAGE_SHIFT 12		/* the page index's granule (unwind/tables.py) */
+#define VMA_REGION_SHIFT 21	/* the VMA cache's key: (mm ctx_id, address >> 21) */
+#define TABLE_FULL_MARK 0x7FFFFFFF	/* an object's first row when its rows did not fit */
+#define VDSO_INODE 1		/* OBJECTS' key of the vDSO: (0, 1), it has no file */
+
+/* a row of unwind/tables.py: from ELF address pc on, CFA = sp|bp + cfa,
+ * the return address at CFA - 8, bp by bp_rule */
+struct unwind_row {
+	__u32 pc;
+	__u8 kind;		/* enum row_kind */
+	__u8 bp_rule;		/* enum bp_rule */
+	__s16 aux;		/* ROW_PLT: the pc & 15 from which CFA gains 8 */
+	__s32 cfa;
+	__s32 bp;		/* BP_AT: bp at CFA + bp, BP_AT_BP: at bp + bp */
+};
+
+enum row_kind { ROW_GAP, ROW_SP, ROW_BP, ROW_PLT, ROW_END, ROW_SIGNAL, ROW_UNSUPPORTED };
+enum bp_rule { BP_SAME, BP_AT, BP_LOST, BP_AT_BP };
+
+/* why a walk stopped (a stack's status); COMPLETE is a whole stack */
+enum unwind_status {
+	COMPLETE = 0, NO_MAPPING = 1, NO_FILE = 2, NO_TABLE = 3, NO_CFI = 4, GAP = 5,
+	UNSUPPORTED = 6, NO_BP = 7, READ_FAILED = 8, NO_PROGRESS = 9, TRUNCATED = 10,
+	VMA_BUSY = 11, TABLE_FULL = 12,
+	THROUGH_JIT = 13,	/* complete, a JIT frame on its frame pointer */
+	DEFERRED = 14,		/* a deferred record: the stack goes to user space */
+	RUNNING = 0xFF,
+};
+
+/* slots of the unwinder's error array */
+enum unwind_error { UW_STACKS_FULL = 0, UW_COUNTS_FULL = 1, UW_RING_FULL = 2,
+		    UW_UNDEFERRED = 3,	/* the ring had no room: the stack ended cut */
+		    UNWIND_ERROR_SLOTS = 4 };
+
+/* what an unwinder program does (unwind.bpf.c's options) */
+enum unwind_option {
+	UW_ONLY_TRACED = 1,	/* a tracepoint under -p/-c: tgids only */
+	UW_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
+	UW_KERNEL_STACK = 4,	/* --kernel */
+	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
+	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
+};
+
+/* the programs a trace program with fetch-args goes on in (a tail call
+ * into code capture/bpf_fetchargs.py generates per run): they write the
+ * values after the record and output it */
+enum fetch_slot {
+	FETCH_STREAM = 0,	/* after the frames of the scratch value's record */
+	FETCH_DEFERRED = 1,	/* after the stack of the deferred scratch's record */
+	FETCH_SLOTS = 2,
+};
+
+/* where the event's user registers are */
+enum regs_source {
+	REGS_CTX = 0,		/* a uprobe: ctx is the user pt_regs */
+	REGS_TASK = 1,		/* syscalls, tracepoints: bpf_task_pt_regs(current) */
+	REGS_SAMPLE = 2,	/* a sample: ctx's when it interrupted user mode */
+};
+
+/* OBJECTS: (dev in the kernel's encoding, inode) -> its rows */
+struct object_key {
+	__u64 dev;
+	__u64 inode;
+};
+
+struct object_rows {
+	__u32 first;		/* its first row in ROWS, TABLE_FULL_MARK when they did not fit */
+	__u32 rows;
+	__s64 adjust;		/* vaddr - file offset of its code */
+	__u32 page_slot;	/* its page index in PAGES: first slot, first page, pages */
+	__u32 first_page;
+	__u32 pages;
+	__u32 pad;
+};
+
+/* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */
+struct vma_key {
+	__u64 ctx_id;
+	__u64 region;
+};
+
+struct vma_info {
+	__u64 start, end, pgoff;
+	struct object_key file;	/* (0, 0): memory without a file */
+};
+
+struct stack_head {
+	__u32 frames;
+	enum unwind_status status;
+};
+
+/* STACKS' value, under the stack's hash */
+struct unwound_stack {
+	struct stack_head head;
+	__u64 frame[MAX_FRAMES];
+};
+
+/* COUNTS' key */
+struct unwind_count_key {
+	__u64 pid_tgid;
+	__u32 probe;
+	__s32 kernel_stack;
+	__u64 hash;
+};
+
+/* a trace record in the ring, its frames after it */
+struct trace_record {
+	__u64 time;		/* CLOCK_MONOTONIC ns */
+	__u64 pid_tgid;
+	__u32 probe;
+	__u32 cpu;
+	struct stack_head head;
+};
+
+/* a deferred record (head.status DEFERRED, no frames): the event's
+ * registers and DEFER_STACK bytes from sp, `copied` of them read; the
+ * fetch-args after the stack */
+struct deferred_record {
+	struct trace_record rec;
+	__u64 ip, sp, bp;
+	__s32 kernel_stack;
+	__u32 copied;
+	__u8 stack[DEFER_STACK];
+};
+
+/* a deferred record being written, its fetch-args after it (trace) */
+struct deferred_with_args {
+	struct deferred_record d;
+	__u8 args[ARGS_AREA];
+};
+
+/* --- off-CPU (offcpu.bpf.c) --- */
+/* START: a thread seen leaving the CPU, under its tid */
+struct offcpu_start {
+	__u64 time;
+	__u64 pid_tgid;
+	__u64 hash;		/* its user stack in STACKS */
+	__s32 kernel_stack;
+	__u32 pad;
+};
+
+/* WAKERS: who woke a thread in START, under the wakee's tid */
+struct offcpu_waker {
+	__u64 pid_tgid;		/* 0 with INTERRUPT_HASH: an interrupt's wakeup */
+	__u64 hash;
+	__s32 kernel_stack;
+	__u32 pad;
+};
+
+#define INTERRUPT_HASH 1
+
+/* OFFCPU's key: the blocked thread's and its waker's (0s without one);
+ * its value the nanoseconds spent off the CPU, summed */
+struct offcpu_key {
+	__u64 pid_tgid;
+	__s32 kernel_stack;
+	__u32 pad;
+	__u64 hash;
+	__u64 waker_pid_tgid;
+	__s32 waker_kernel_stack;
+	__u32 waker_pad;
+	__u64 waker_hash;
+};
+
+/* slots of off-CPU's error array */
+enum offcpu_error { OFF_START_FULL = 0, OFF_COUNTS_FULL = 1, OFF_WAKERS_FULL = 2,
+		    OFFCPU_ERROR_SLOTS = 3 };
+
+/* what the off-CPU programs do besides their job (offcpu.bpf.c's options) */
+enum offcpu_option {
+	OFF_ONLY_TRACED = 1,	/* under -p/-c: tgids only */
+	OFF_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
+	OFF_EXCLUDE = 4,	/* system-wide: not exclude_tgid (ustack) */
+	OFF_USER_ONLY = 8,	/* not kernel threads (no kernel stacks asked for) */
+	OFF_KERNEL_STACK = 16,	/* --kernel */
+	OFF_WAKERS = 32,	/* --wakers: WAKERS is read at switch-in */
+	OFF_MAX = 64,		/* an upper bound on the time off the CPU */
+	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
+	OFF_RUNNING = 256,
+};
 
 #endif

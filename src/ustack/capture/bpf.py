@@ -42,8 +42,6 @@ from ..kernel import bpf
 from ..kernel.bpf_object import bpf_object
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
-from ..kernel.bpf import (ADD, JEQ, RSH, Asm, alu_imm, atomic_add, call,
-                          jmp_imm, ld_map_fd, mov, mov_imm, st_imm, stx)
 from ..interrupt import NEVER
 from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT,
                      Losses, MmapEvent,
@@ -60,9 +58,6 @@ _U64 = struct.Struct("<Q")
 
 # what a program returns: 0 drops the perf sample, 1 lets perf go on with it
 DROP_SAMPLE, PASS_ON = 0, 1
-
-# the builder programs' scratch slot below r10 (a u32 key: _lookup_u32)
-_SCRATCH = -48
 
 
 def bpf_program_object(name: str):
@@ -86,35 +81,6 @@ class Counted:
     kernel_stack: int
     return_address: int
     count: int
-
-
-def lookup(a: Asm, m: bpf.Map, key_at: int) -> None:
-    """r0 = m[the key at r10 + key_at] (a pointer to the value, or 0)."""
-    a.emit(ld_map_fd(1, m.fd), mov(2, 10), alu_imm(ADD, 2, key_at),
-           call(bpf.MAP_LOOKUP))
-
-
-def _lookup_u32(a: Asm, m: bpf.Map, key: int) -> None:
-    """r0 = m[key] for a u32 key (an ARRAY map's index), stored at _SCRATCH."""
-    a.emit(st_imm(10, _SCRATCH, key, size=4))
-    lookup(a, m, _SCRATCH)
-
-
-def error_increment(a: Asm, errors: bpf.Map, slot: int) -> None:
-    """errors[slot] += 1, then leave the program."""
-    _lookup_u32(a, errors, slot)
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
-    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-    a.jump(bpf.ja, to="out")
-
-
-def unless_traced(a: Asm, tgids: bpf.Map, pid_tgid_reg: int, slot: int) -> None:
-    """Leave the program unless the current process (the upper half of the
-    pid_tgid in `pid_tgid_reg`) is in `tgids`; r10+slot: 4 free bytes."""
-    a.emit(mov(1, pid_tgid_reg), alu_imm(RSH, 1, 32), stx(10, slot, 1, size=4),
-           ld_map_fd(1, tgids.fd), mov(2, 10), alu_imm(ADD, 2, slot),
-           call(bpf.MAP_LOOKUP))
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
 
 
 TRACED_PROCESSES = 1 << 16            # the set's size: the target and its children
@@ -592,12 +558,14 @@ class BpfCapture:
         uncounted = ()
         skipped = self.counter.skipped() if self.counter is not None else 0
         if self.counter is not None and self.stream:
-            errors = self.counter.errors_seen()
-            return Losses(events.lost + errors[2], events.throttled, (),
-                          tuple(self.cut.items()), deferral_full=errors[3],
+            errors = self.counter.errors_seen()          # the unwinder's, by name
+            return Losses(events.lost + errors["UW_RING_FULL"], events.throttled, (),
+                          tuple(self.cut.items()), deferral_full=errors["UW_UNDEFERRED"],
                           skipped=skipped)
         if self.counter is not None and self.unwind_tables is not None:
-            stacks_full, counts_full, _ring, deferral_full = self.counter.errors_seen()[:4]
+            errors = self.counter.errors_seen()
+            stacks_full, counts_full, deferral_full = (errors[name] for name in (
+                "UW_STACKS_FULL", "UW_COUNTS_FULL", "UW_UNDEFERRED"))
             uncounted = tuple((why, n) for why, n in (
                 ("found the stack map full", stacks_full),
                 ("found the count map full", counts_full)) if n)

@@ -45,7 +45,7 @@ import re
 import struct
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, JEQ, JGT, JLE, JNE, JSGE, LSH, SUB, Asm, alu_imm, alu_reg, call,
+from ..kernel.bpf import (ADD, JEQ, JGT, JLE, JNE, JSGE, LSH, SUB, Asm, alu_imm, alu_reg, call, ld_map_fd,
                           jmp_imm, jmp_reg, ld_func, ld_imm64, ldx, mov, mov_imm, st_imm, stx)
 from ..model import UstackError
 from ..probes.fetchargs import parse_fetch_args, probe_kinds
@@ -58,7 +58,7 @@ STRING_READ = MAX_STRING + 1  # one byte more tells a too-long string
 MAX_ARRAY = 64               # the kernel's MAX_ARRAY_LEN
 
 # r10 offsets of the emitted code's locals: below the unwinder's (-64 up);
-# -88 is bpf_unwind's (ARGS_SAVED)
+# -88 is ARGS_SAVED
 USED = -72                   # string bytes written so far
 TOTAL = -80                  # the strings' bytes, as the first pass measured them
 TMP = -96                    # a word read on the way
@@ -154,6 +154,16 @@ class FetchArgs:
         a.emit(alu_imm(ADD, reg, self.fixed))
         if self.room:
             a.emit(ldx(1, 10, USED), alu_reg(ADD, reg, 1))
+
+    # -- the programs the unwinder's trace program goes on in -------------
+    @staticmethod
+    def contract(**fields) -> "TailContract":
+        return TailContract(**fields)
+
+    def tail_programs(self, contract: "TailContract", offsets) -> tuple:
+        """((code, functions) of the stream program, of the deferred one):
+        see tail_programs."""
+        return tail_programs(self, contract, offsets)
 
     # -- the record --------------------------------------------------------
     def decode(self, buf, start: int, end: int, read_file=None) -> tuple:
@@ -415,6 +425,131 @@ class _Emitter:
             self.a.emit(alu_imm(ADD, reg, n))
         else:
             self.a.emit(ld_imm64(5, n), alu_reg(ADD, reg, 5))
+
+
+# --- the programs: where the in-kernel unwinder's trace program goes on -----------
+
+TAIL_CALL = 12
+ARGS_SAVED = -88             # 8 x frames, kept while the args are fetched
+_EXACT_WORD = -8             # the map key of a lookup
+
+
+@value
+class TailContract:
+    """What the trace program (src/ustack/bpf/unwind.bpf.c, unwind_trace)
+    leaves for the fetch-args programs it tail-calls: its record's head in
+    the per-CPU `scratch` value at `record_at` (frames count at
+    `frames_count_at`), the frames at `frames_at`; a deferred record in the
+    per-CPU `deferred` value, `deferred_size` bytes before the args. The
+    programs output the record to `ring`, count a full ring in `errors` at
+    `ring_full` (`undeferred` for a deferred one, which then goes on as
+    the stream record through `fetch_args[stream_slot]`)."""
+    scratch: object
+    deferred: object
+    ring: object
+    errors: object
+    fetch_args: object
+    record_at: int
+    record_size: int
+    frames_count_at: int
+    frames_at: int
+    max_frames: int
+    deferred_size: int
+    ring_full: int
+    undeferred: int
+    stream_slot: int
+    result: int
+
+
+def tail_programs(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
+    """((code, functions) of the stream program, of the deferred one)."""
+    return _stream_program(fetch, c, offsets), _deferred_program(fetch, c, offsets)
+
+
+def _lookup0(a: Asm, m, dst: int) -> None:
+    a.emit(st_imm(10, _EXACT_WORD, 0, size=4), ld_map_fd(1, m.fd), mov(2, 10),
+           alu_imm(ADD, 2, _EXACT_WORD), call(bpf.MAP_LOOKUP), mov(dst, 0))
+
+
+def _count(a: Asm, errors, slot: int) -> None:
+    a.emit(st_imm(10, _EXACT_WORD, slot, size=4), ld_map_fd(1, errors.fd), mov(2, 10),
+           alu_imm(ADD, 2, _EXACT_WORD), call(bpf.MAP_LOOKUP))
+    a.jump(jmp_imm, JEQ, 0, 0, to="counted")
+    a.emit(mov_imm(1, 1), bpf.atomic_add(0, 0, 1))
+    a.label("counted")
+
+
+def _stream_program(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
+    """The record in scratch, its fetch-args after its frames, out."""
+    a = Asm()
+    a.emit(mov(6, 1))
+    _lookup0(a, c.scratch, 8)
+    a.jump(jmp_imm, JEQ, 8, 0, to="out")
+    a.emit(ldx(3, 8, c.frames_count_at, size=4))
+    a.jump(jmp_imm, JLE, 3, c.max_frames, to="n")
+    a.emit(mov_imm(3, c.max_frames))
+    a.label("n")
+    a.emit(alu_imm(LSH, 3, 3), stx(10, ARGS_SAVED, 3), mov(9, 8), alu_reg(ADD, 9, 3))
+    fetch.emit(a, 9, c.frames_at, "fa")
+    a.emit(ldx(3, 10, ARGS_SAVED))
+    fetch.emit_length(a, 3)
+    a.emit(alu_imm(ADD, 3, c.record_size), ld_map_fd(1, c.ring.fd), mov(2, 8),
+           alu_imm(ADD, 2, c.record_at), mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    _count(a, c.errors, c.ring_full)
+    return _finish(a, fetch, c, offsets)
+
+
+def _deferred_program(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
+    """The deferred record, its fetch-args after its stack, out; where
+    the ring is full, the stream record (the stack as walked) instead."""
+    a = Asm()
+    a.emit(mov(6, 1))
+    _lookup0(a, c.deferred, 9)
+    a.jump(jmp_imm, JEQ, 9, 0, to="out")
+    fetch.emit(a, 9, c.deferred_size, "dfa")
+    a.emit(mov_imm(3, c.deferred_size))
+    fetch.emit_length(a, 3)
+    a.emit(ld_map_fd(1, c.ring.fd), mov(2, 9), mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
+    a.jump(jmp_imm, JEQ, 0, 0, to="out")
+    _count(a, c.errors, c.undeferred)
+    a.emit(mov(1, 6), ld_map_fd(2, c.fetch_args.fd), mov_imm(3, c.stream_slot),
+           call(TAIL_CALL))
+    return _finish(a, fetch, c, offsets)
+
+
+def _finish(a: Asm, fetch: FetchArgs, c: TailContract, offsets) -> tuple:
+    a.label("out")
+    a.emit(mov_imm(0, c.result), bpf.exit_())
+    if not any(f.read or (f.string and f.node[0] != "comm") for f in fetch.args):
+        return a.assemble(), ()         # no where_in_file: no callback
+    vma = len(a)
+    a.label("vma")
+    _vma_callback(a, offsets)
+    return a.assemble(), (vma,)
+
+
+def _vma_callback(a: Asm, o) -> None:
+    """bpf_find_vma's callback (task, vma, ctx) for where_in_file:
+    ctx[0..5] = vm_start, vm_end, vm_pgoff, dev, inode (0, 0 for memory
+    without a file; the vDSO's is (0, 1)), as unwind.h's vma_found."""
+    a.emit(ldx(1, 2, o.vm_start), stx(3, 0, 1), ldx(1, 2, o.vm_end), stx(3, 8, 1),
+           ldx(1, 2, o.vm_pgoff), stx(3, 16, 1), ldx(1, 2, o.vm_file))
+    a.jump(jmp_imm, JNE, 1, 0, to="v_file")
+    a.emit(ldx(4, 2, o.vm_mm))
+    a.jump(jmp_imm, JEQ, 4, 0, to="v_out")
+    a.emit(ldx(4, 4, o.mm_vdso), ldx(5, 3, 0))
+    a.jump(jmp_reg, JNE, 4, 5, to="v_out")
+    a.emit(st_imm(3, 32, 1))
+    a.jump(bpf.ja, to="v_out")
+    a.label("v_file")
+    a.emit(ldx(1, 1, o.f_inode))
+    a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
+    a.emit(ldx(4, 1, o.i_ino), stx(3, 32, 4), ldx(1, 1, o.i_sb))
+    a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
+    a.emit(ldx(1, 1, o.s_dev, size=4), stx(3, 24, 1))
+    a.label("v_out")
+    a.emit(mov_imm(0, 0), bpf.exit_())
 
 
 # --- compiling -------------------------------------------------------------------

@@ -30,18 +30,14 @@ from __future__ import annotations
 import struct
 
 from ..kernel import bpf
-from ..kernel.bpf import (ADD, AND, JEQ, JLT, JNE, LSH, Asm, alu_imm, alu_reg,
-                          atomic_add, call, jmp_imm, ld_map_fd, ldx, mov, mov_imm,
-                          st_imm, stx)
 from ..model import Losses, MmapEvent, RawSample, TracepointProbe
-from .bpf import (BpfCapture, BpfCounter, bpf_program_object, prog_type_of,
-                  program_result, with_ring_records)
+from .bpf import (BpfCapture, BpfCounter, bpf_program_object, program_result,
+                  with_ring_records)
 from ..values import value
 
 # the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
-# read from latency.bpf.o's BTF); the DWARF entry, still assembled here,
-# writes ENTRIES' values with these offsets: depth, then (time, hash) a level
-MAX_DEPTH = 16                       # LAT_MAX_DEPTH: a power of two, the level is masked
+# read from latency.bpf.o's BTF)
+MAX_DEPTH = 16                       # LAT_MAX_DEPTH
 BUCKETS = 64                         # LAT_BUCKETS
 
 
@@ -56,12 +52,6 @@ def _layout(name: str):
 def error_slot(name: str) -> int:
     """The errors map's slot of `name` (enum latency_error)."""
     return latency_object().enum("latency_error")[name]
-
-
-# r10 offsets of the programs' locals (the unwinder's main frame uses -64..-1)
-_TIME = -72                          # entry time (entry), end time (return)
-_EKEY = -88                          # ENTRIES key
-_U32 = -116                          # an array map's u32 key
 
 
 @value
@@ -107,70 +97,6 @@ class LatencyMaps(bpf.MapSet):
         super().close()
 
 
-# --- the programs ----------------------------------------------------------------
-
-def _now(a: Asm) -> None:
-    a.emit(call(bpf.KTIME_GET_NS), stx(10, _TIME, 0))
-
-
-def _error(a: Asm, maps: LatencyMaps, slot: int, then: str = "out") -> None:
-    a.emit(st_imm(10, _U32, slot, size=4), ld_map_fd(1, maps.errors.fd), mov(2, 10),
-           alu_imm(ADD, 2, _U32), call(bpf.MAP_LOOKUP))
-    a.jump(jmp_imm, JEQ, 0, 0, to=then)
-    a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-    a.jump(bpf.ja, to=then)
-
-
-def _lookup(a: Asm, m: bpf.Map, key_at: int) -> None:
-    a.emit(ld_map_fd(1, m.fd), mov(2, 10), alu_imm(ADD, 2, key_at),
-           call(bpf.MAP_LOOKUP))
-
-
-def _lookup_or_create(a: Asm, maps: LatencyMaps, m: bpf.Map, key_at: int,
-                      tag: str, err: int) -> None:
-    """r9 = m[key] (created from zeros when absent), or count `err` and leave."""
-    _lookup(a, m, key_at)
-    a.jump(jmp_imm, JNE, 0, 0, to=f"{tag}_have")
-    a.emit(st_imm(10, _U32, 0, size=4))
-    _lookup(a, maps.zero, _U32)
-    a.jump(jmp_imm, JEQ, 0, 0, to="out")
-    a.emit(mov(3, 0), ld_map_fd(1, m.fd), mov(2, 10), alu_imm(ADD, 2, key_at),
-           mov_imm(4, bpf.NOEXIST), call(bpf.MAP_UPDATE))
-    _lookup(a, m, key_at)
-    a.jump(jmp_imm, JNE, 0, 0, to=f"{tag}_have")
-    _error(a, maps, err)
-    a.label(f"{tag}_have")
-    a.emit(mov(9, 0))
-
-
-def _entry_key(a: Asm, site: Site) -> None:
-    """ENTRIES' key at _EKEY: (the goroutine or the thread, function)."""
-    if site.goroutine:
-        a.emit(ldx(1, 6, bpf.PT_REGS["r14"]))
-    else:
-        a.emit(mov(1, 7))
-    a.emit(stx(10, _EKEY, 1), st_imm(10, _EKEY + 8, site.function, size=4),
-           st_imm(10, _EKEY + 12, 0, size=4))
-
-
-def entry_body(a: Asm, site: Site, maps: LatencyMaps, with_stack: bool) -> None:
-    """Push (the time at _TIME, the stack hash at r10-8 or 0) on the
-    caller's ENTRIES stack."""
-    _entry_key(a, site)
-    _lookup_or_create(a, maps, maps.entries, _EKEY, "e", error_slot("LAT_ENTRIES_FULL"))
-    a.emit(ldx(1, 9, 0), mov(2, 1), alu_imm(ADD, 2, 1), stx(9, 0, 2))
-    a.jump(jmp_imm, JLT, 1, MAX_DEPTH, to="e_level")
-    _error(a, maps, error_slot("LAT_TOO_DEEP"))
-    a.label("e_level")
-    a.emit(alu_imm(AND, 1, MAX_DEPTH - 1), alu_imm(LSH, 1, 4), alu_reg(ADD, 1, 9),
-           ldx(2, 10, _TIME), stx(1, 8, 2))
-    if with_stack:
-        a.emit(ldx(2, 10, -8))
-    else:
-        a.emit(mov_imm(2, 0))
-    a.emit(stx(1, 16, 2))
-
-
 # --- the counter and the capture ---------------------------------------------------
 
 ENTRY_SLOTS = 16384                  # (thread or goroutine, function) pairs in flight
@@ -204,7 +130,7 @@ class LatencyCounter(BpfCounter):
         self._no_maps_yet(probes)
         self.sites = sites
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
-        self.objects = self.program = self.unwind_maps = None
+        self.objects = self.unwind_maps = None
         self.stacks = self.fp_stacks = None
         functions = 1 + max(s.function for s in sites)
         self.lat = None
@@ -213,13 +139,10 @@ class LatencyCounter(BpfCounter):
                                    ring_bytes if slower_ns is not None else 0)
             self.ring = self.lat.ring
             if tables is not None:
-                from .bpf_unwind import (DEFAULT_ROWS, UnwindMaps,
-                                         UnwindObjects, UnwindProgram)
-                from .kernel_offsets import Offsets
+                from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
                 self.unwind_maps = UnwindMaps(DEFAULT_ROWS, stack_storage, 16)
                 self.maps.append(self.unwind_maps)  # closed with the others
                 self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
-                self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
             elif fp_stacks:
                 from ..kernel import perf_event as pe
                 self.max_depth = max(1, min(pe.max_stack(), 127))
@@ -236,18 +159,11 @@ class LatencyCounter(BpfCounter):
         probe, site = self.probes[index], self.sites[index]
         tgids = self.tgids if isinstance(probe, TracepointProbe) else None
         result = program_result(probe)
-        if site.role == "entry" and self.program is not None:
-            # the DWARF-unwound entry: the unwinder is still assembled here
-            code, functions = self.program.code(
-                index, probe, tgids=tgids, armed=self.armed, prelude=_now, result=result,
-                then=lambda a: entry_body(a, site, self.lat, with_stack=True))
-            fd = bpf.load_program(prog_type_of(probe), code, f"ustack_lat{index}",
-                                  functions=functions)
-            self.prog_fds.append(fd)
-            return fd
         bits = latency_object().enum("latency_option")
         entry = site.role == "entry"
-        wanted = {"LAT_ONLY_TRACED": tgids is not None,
+        dwarf = entry and self.unwind_maps is not None
+        wanted = {"LAT_DWARF_STACK": dwarf,
+                  "LAT_ONLY_TRACED": tgids is not None,
                   "LAT_WAIT_FOR_EXEC": self.armed is not None,
                   "LAT_GOROUTINE": site.goroutine,
                   "LAT_FP_STACK": entry and self.fp_stacks is not None,
@@ -257,11 +173,19 @@ class LatencyCounter(BpfCounter):
         self.named.update(self.lat.by_name())
         if self.fp_stacks is not None:
             self.named.update(stacks=self.stacks, fp_stacks=self.fp_stacks)
+        unwinding = {}
+        if dwarf:           # the unwinder's maps, where it finds its way
+            from .bpf_unwind import kernel_rodata, regs_source
+            from .kernel_offsets import Offsets
+            self.named.update(self.unwind_maps.named())
+            unwinding = {**kernel_rodata(Offsets.of_this_kernel()),
+                         "regs_source": latency_object().enum("regs_source")[
+                             regs_source(probe)]}
         return self._load_c("latency", "latency_entry" if entry else "latency_return",
                             probe, {"function": site.function, "result": result,
                                     "options": sum(bits[k] for k, on in wanted.items() if on),
                                     "unit_ns": self.unit_ns,
-                                    "slower_ns": self.slower_ns or 0},
+                                    "slower_ns": self.slower_ns or 0, **unwinding},
                             f"ustack_lat{index}")
 
     def load_programs(self) -> None:

@@ -1,7 +1,10 @@
-"""The in-kernel DWARF unwinder: a BPF program that walks a user stack with
-per-object unwind rows (unwind/tables.py) and counts each distinct stack
-(count, profile) or writes it to a ring buffer (trace), so nothing but
-frame addresses leaves the kernel.
+"""The in-kernel DWARF unwinder: BPF programs that walk a user stack with
+per-object unwind rows (unwind/tables.py) and count each distinct stack
+(count, profile) or write it to a ring buffer (trace), so nothing but
+frame addresses leaves the kernel. The walk is C (src/ustack/bpf/unwind.h,
+shared with off-CPU's and latency's programs), the programs unwind.bpf.c's;
+this module makes their maps, loads them and the objects' rows, and reads
+what they leave.
 
 How the program finds its way, per frame (one bpf_loop step each: the
 verifier checks the body once, not once per frame):
@@ -29,8 +32,8 @@ has an empty user stack.
 Deferred stacks: an object mapped during the run has no rows until user
 space reads its MMAP2 record (5-20 ms later; a short program's every
 event), and a sample's interrupt may find the memory map locked. Such a
-walk (DEFERRABLE) is not counted cut: given a ring, the program writes the
-event's registers and stack there (_defer, a DEFERRED record) and ustack
+walk (status NO_TABLE or VMA_BUSY) is not counted cut: given a ring, the
+program writes the event's registers and stack there (a DEFERRED record) and ustack
 unwinds it as the copy path's samples (ring_samples makes it a DWARF
 RawSample), once the MMAP2 records told it the mappings. Only where the
 ring is full does the stack end cut, as walked.
@@ -47,8 +50,8 @@ deferred record is RECORD (no frames, status DEFERRED) + DEFER + the
 stack, in trace's ring or count/profile's own."""
 from __future__ import annotations
 
-import errno
 import os
+import re
 import shlex
 import struct
 import threading
@@ -57,95 +60,74 @@ from collections.abc import Callable
 
 from ..kernel import bpf, btf
 from ..kernel import perf_event as pe
-from ..kernel.bpf import (ADD, AND, JEQ, JGE, JGT, JLE, JLT, JNE, JSGE, LSH,
-                          MUL, RSH, SUB, XOR, Asm, alu_imm, alu_reg, atomic_add,
-                          call, exit_, jmp_imm, jmp_reg, ld_func, ld_imm64,
-                          ld_map_fd, ldx, mov, mov_imm, st_imm, stx)
 from ..kernel import procfs
+from ..kernel.bpf_object import bpf_object
 from ..kernel.proc_root import backing_devices
-from ..model import (KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT, Mapping, ProfileProbe, RawSample,
-                     TracepointProbe, UprobeProbe, UstackError)
+from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, TracepointProbe,
+                     UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
+from .. import bpf as bpf_programs
+from ..unwind import tables
 from ..target import process
-from .bpf import (MIN_COUNT_ENTRIES, PASS_ON, BpfCounter, InBackground, program_result,
-                  prog_type_of, unless_traced)
+from .bpf import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
+                  prog_type_of)
 from .kernel_offsets import Offsets
 
-BPF_LOOP = 181
-RINGBUF_RESERVE, RINGBUF_SUBMIT = 131, 132
-ARSH = 0xC0
-MAX_FRAMES = 128                 # a power of two: the frame index is masked
-ROW = struct.Struct("<IBBhii")   # unwind/tables.py's row
+
+def unwind_object():
+    """src/ustack/bpf/unwind.bpf.c's object: its programs, and the layouts
+    and values (ustack.h) this module shares with them."""
+    return bpf_object(bpf_programs.object_path("unwind"))
+
+
+_OBJ = unwind_object()
+MAX_FRAMES = 128                 # ustack.h: a power of two, the frame index is masked
+ROW = tables.ROW                 # struct unwind_row
 ROW_SIZE = ROW.size
-OBJ_KEY = struct.Struct("<QQ")   # dev (kernel encoding), inode
+OBJ_KEY = _OBJ.layout("object_key").struct
 # first row, rows, vaddr - file offset; page index: first slot, first page, pages
-OBJ_VALUE = struct.Struct("<IIqIII4x")
-STACK_HEAD = struct.Struct("<II")  # frames, status
+OBJ_VALUE = _OBJ.layout("object_rows").struct
+STACK_HEAD = _OBJ.layout("stack_head").struct     # frames, status
 # a trace record: time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu, then STACK_HEAD
-RECORD = struct.Struct("<QQIIII")
+RECORD = _OBJ.layout("trace_record").struct
 # a deferred record (RECORD with no frames, status DEFERRED), then the
 # event's ip, sp, bp, kernel stack id, bytes of stack copied, then
 # DEFER_STACK bytes from sp (the copied ones first)
-DEFER = struct.Struct("<QQQiI")
-DEFER_STACK = 8192               # two pages: see _defer
-DEFER_RECORD = RECORD.size + DEFER.size + DEFER_STACK
+_DEFERRED = _OBJ.layout("deferred_record")
+_TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
+DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "kernel_stack",
+                                                          "copied")))
+DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
+DEFER_RECORD = _DEFERRED.size
 DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
-COUNT_KEY = struct.Struct("<QIiQ")  # pid_tgid, probe, kernel stack id, hash
+COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
-VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file)
-VMA_REGION_SHIFT = 21           # the VMA cache's key: (mm ctx_id, address >> 21)
-VMA_VALUE = 40                   # vm_start, vm_end, vm_pgoff, dev, inode
-PAGE_SHIFT = 12                  # unwind/tables.py's page index granule
-SEARCH_STEPS = 22                # binary search steps: 4 M rows
+VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file): VDSO_INODE
 
-# row kinds (unwind/tables.py)
-K_GAP, K_SP, K_BP, K_PLT, K_END, K_SIGNAL, K_UNSUPPORTED = range(7)
-BP_SAME, BP_AT, BP_LOST, BP_AT_BP = range(4)
+# row kinds (unwind/tables.py), bp rules (unwind/cfi.py): the fp_row's
+K_BP, BP_AT = 2, 1
 
-# why a walk stopped; 0 is a complete stack
-(COMPLETE, NO_MAPPING, NO_FILE, NO_TABLE, NO_CFI, GAP, UNSUPPORTED, NO_BP,
- READ_FAILED, NO_PROGRESS, TRUNCATED, VMA_BUSY, TABLE_FULL) = range(13)
-THROUGH_JIT = KERNEL_UNWIND_THROUGH_JIT   # complete, a JIT frame on its frame pointer
+# why a walk stopped (enum unwind_status); COMPLETE is a whole stack
+_STATUS = _OBJ.enum("unwind_status")
+COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
+    "COMPLETE", "NO_PROGRESS", "READ_FAILED"))
 # a deferred record's status: the stack goes to user space to be unwound
-DEFERRED = 14
-# walks that end so are deferred (where the program has a ring for it): an
-# object mapped before its rows could be loaded (a program exec'd during
-# the run), a memory map locked while a sample's interrupt asked for a VMA
-DEFERRABLE = (NO_TABLE, VMA_BUSY)
+DEFERRED = _STATUS["DEFERRED"]
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
-_RUNNING = 0xFF
+_RUNNING = _STATUS["RUNNING"]
 
-# ucontext of a signal frame, at sp when the handler returned into __restore_rt
-_GREGS = 40
-_UC_RBP, _UC_RSP, _UC_RIP = _GREGS + 8 * 10, _GREGS + 8 * 15, _GREGS + 8 * 16
-
-# the per-CPU scratch value
-S_PC, S_SP, S_BP, S_EXACT, S_BPOK, S_HASH, S_CFA, S_Q = range(0, 64, 8)
-S_MSTART, S_MEND, S_FIRST, S_NROWS, S_ADJ, S_LO, S_HI, S_VADDR = range(64, 128, 8)
-S_TMP, S_ROW, S_PSLOT, S_PBASE, S_NPAGES, S_WIN = range(128, 176, 8)
-S_REC = 176                      # a trace record: RECORD, then the frames
-S_STACK = 200                    # STACK_HEAD, then the frames
-S_FRAMES = S_STACK + STACK_HEAD.size
-WINDOW = 512                     # bytes of stack copied at a time (_read_user)
-S_WINBUF = S_FRAMES + 8 * MAX_FRAMES
-S_FP_USED = S_WINBUF + WINDOW    # 1 once a frame without a file was walked on rbp
 # a trace record's fetch-args (capture/bpf_fetchargs.py) are written after
-# its frames, over the window (the walk is done by then): ARGS_AREA bytes
-# fit after the longest stack
+# its frames, over the walk's window (struct walk's window[ARGS_AREA]):
+# ARGS_AREA bytes fit after the longest stack
 ARGS_AREA = 12 << 10
-SCRATCH_SIZE = max(S_FP_USED + 8, S_FRAMES + 8 * MAX_FRAMES + ARGS_AREA)
-STACK_VALUE = STACK_HEAD.size + 8 * MAX_FRAMES
-ARGS_SAVED = -88                 # r10 offset: 8 x frames, kept while the args are fetched
-
-_FNV_PRIME = 0x100000001B3
-_FNV_BASIS = 0xCBF29CE484222325
-ERR_STACKS_FULL, ERR_COUNTS_FULL, ERR_RING_FULL = 0, 1, 2
-ERR_UNDEFERRED = 3               # the ring had no room: the stack ended cut instead
-ERR_SLOTS = 4
+# slots of the errors map (enum unwind_error)
+_ERRORS = _OBJ.enum("unwind_error")
+ERR_RING_FULL, ERR_UNDEFERRED = _ERRORS["UW_RING_FULL"], _ERRORS["UW_UNDEFERRED"]
+ERR_SLOTS = _ERRORS["UNWIND_ERROR_SLOTS"]
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -161,572 +143,6 @@ def deferral_ring_bytes(buffer_pages: int) -> int:
     return 1 << (want - 1).bit_length()
 
 
-# --- the program ---------------------------------------------------------------
-
-def _lookup0(a: Asm, m: bpf.Map, dst: int, key_at: int = -4) -> None:
-    """dst = m[0] (an ARRAY map's first value), the key kept at r10+key_at."""
-    a.emit(st_imm(10, key_at, 0, size=4), ld_map_fd(1, m.fd), mov(2, 10),
-           alu_imm(ADD, 2, key_at), call(bpf.MAP_LOOKUP), mov(dst, 0))
-
-
-def _sext32(a: Asm, reg: int) -> None:
-    a.emit(alu_imm(LSH, reg, 32), alu_imm(ARSH, reg, 32))
-
-
-class UnwindProgram:
-    """The maps the program reads and writes, and its code per probe."""
-
-    def __init__(self, maps: "UnwindMaps", offsets: Offsets):
-        self.maps = maps
-        self.off = offsets
-        self._reads = 0                  # labels of _read_user's call sites
-
-    def code(self, probe_index: int, probe, *, tgids=None, armed=None,
-             kernel_stacks=None, result: int = PASS_ON, ring=None, defer=None,
-             prelude=None, then=None, fetch=None) -> tuple:
-        """(bytes, function offsets) of the program for one probe; `ring`:
-        write each event's record there (trace) instead of counting;
-        `defer`: a ring where a walk that ended DEFERRABLE leaves the
-        event's registers and stack for user space to unwind (_defer),
-        instead of counting or writing a cut stack (which it does when
-        that ring is full).
-        `then(asm)`: emit what to do with the stack once it is stored in
-        STACKS, its hash at r10-8 (r6 ctx, r7 pid_tgid; the stack below
-        r10-64 is free), instead of counting it; `prelude(asm)` is emitted
-        before the walk (capture/bpf_latency.py: the entry's time).
-        `fetch`: the probe's fetch-args (bpf_fetchargs.FetchArgs), written
-        into each record after its frames (a deferred one's after its stack)."""
-        m = self.maps
-        a = Asm()
-        a.emit(mov(6, 1), call(bpf.GET_CURRENT_PID_TGID), mov(7, 0))
-        if tgids is not None:
-            unless_traced(a, tgids, 7, -32)
-        if armed is not None:
-            a.emit(st_imm(10, -32, 0, size=4), ld_map_fd(1, armed.fd), mov(2, 10),
-                   alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
-            a.jump(jmp_imm, JEQ, 0, 0, to="out")
-            a.emit(ldx(1, 0, 0))
-            a.jump(jmp_imm, JEQ, 1, 0, to="out")
-        if prelude is not None:
-            prelude(a)
-        # the count key at r10-24: pid_tgid, probe, kernel stack id, hash
-        a.emit(stx(10, -24, 7), st_imm(10, -16, probe_index, size=4),
-               st_imm(10, -12, -1, size=4))
-        self.walk(a, probe, kernel_stacks)
-        if defer is not None:
-            a.emit(ldx(1, 8, S_STACK + 4, size=4))
-            for status in DEFERRABLE:
-                a.jump(jmp_imm, JEQ, 1, status, to="defer")
-            a.label("undeferred")
-        if ring is not None:
-            self._output(a, ring, probe_index, fetch)
-            return self._finish(a, result, defer, probe, probe_index, fetch)
-        self.store_stack(a, then="count")
-        a.label("count")
-        if then is not None:
-            then(a)
-            return self._finish(a, result, defer, probe, probe_index)
-        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="add")
-        a.emit(st_imm(10, -32, 1), ld_map_fd(1, m.counts.fd), mov(2, 10),
-               alu_imm(ADD, 2, -24), mov(3, 10), alu_imm(ADD, 3, -32),
-               mov_imm(4, bpf.NOEXIST), call(bpf.MAP_UPDATE))
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        a.jump(jmp_imm, JNE, 0, -errno.EEXIST, to="full")
-        a.emit(ld_map_fd(1, m.counts.fd), mov(2, 10), alu_imm(ADD, 2, -24),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="add")
-        a.label("full")
-        self._error(a, ERR_COUNTS_FULL)
-        a.label("add")
-        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        return self._finish(a, result, defer, probe, probe_index)
-
-    def _finish(self, a: Asm, result: int, defer, probe, probe_index: int,
-                fetch=None) -> tuple:
-        if defer is None:
-            return self.finish(a, result)
-        return self.finish(a, result,
-                           lambda a: self._defer(a, defer, probe, probe_index, fetch))
-
-    def walk(self, a: Asm, probe, kernel_stacks=None) -> None:
-        """The current task's user stack into the scratch value (r8 = it;
-        r6 = ctx): its frames, status and running hash; the kernel stack's
-        id at r10-12 (the count key at r10-24 must be laid out). Jumps to
-        "out" where it cannot start; the code after it runs at "ended"."""
-        m = self.maps
-        _lookup0(a, m.scratch, 8, -32)
-        a.jump(jmp_imm, JEQ, 8, 0, to="out")
-        self._registers(a, probe)
-        a.emit(mov_imm(1, 1), stx(8, S_EXACT, 1), stx(8, S_BPOK, 1),
-               ld_imm64(1, _FNV_BASIS), stx(8, S_HASH, 1),
-               st_imm(8, S_MEND, 0), st_imm(8, S_MSTART, 0), st_imm(8, S_WIN, 0),
-               st_imm(8, S_FP_USED, 0),
-               ldx(1, 8, S_PC), stx(8, S_FRAMES, 1),
-               st_imm(8, S_STACK, 1, size=4), st_imm(8, S_STACK + 4, _RUNNING, size=4))
-        a.emit(ldx(1, 8, S_PC))
-        self._mix(a, 1)
-        if kernel_stacks is not None:
-            a.emit(mov(1, 6), ld_map_fd(2, kernel_stacks.fd), mov_imm(3, 0),
-                   call(bpf.GET_STACKID))
-            a.jump(jmp_imm, JSGE, 0, 0, to="kstack")
-            a.emit(mov_imm(0, -1))
-            a.label("kstack")
-            a.emit(stx(10, -12, 0, size=4))
-        # a kernel thread (no mm) has no user stack: an empty one
-        a.emit(call(bpf.GET_CURRENT_TASK_BTF), ldx(1, 0, self.off.task_mm))
-        a.jump(jmp_imm, JNE, 1, 0, to="walk")
-        a.emit(st_imm(8, S_STACK, 0, size=4), st_imm(8, S_STACK + 4, COMPLETE, size=4),
-               ld_imm64(1, _FNV_BASIS), stx(8, S_HASH, 1))
-        a.jump(bpf.ja, to="ended")
-        a.label("walk")
-        # the walk: one bpf_loop step per frame
-        a.emit(mov_imm(1, MAX_FRAMES - 1))
-        a.jump(ld_func, 2, to="step")
-        a.emit(mov_imm(3, 0), mov_imm(4, 0), call(BPF_LOOP))
-        a.emit(ldx(1, 8, S_STACK + 4, size=4))
-        a.jump(jmp_imm, JNE, 1, _RUNNING, to="ended")
-        a.emit(st_imm(8, S_STACK + 4, TRUNCATED, size=4))
-        a.label("ended")
-
-    def store_stack(self, a: Asm, then: str) -> None:
-        """The walked stack's final hash at r10-8 (its status mixed in: a
-        cut stack is another stack), its frames in STACKS unless there;
-        goes on at label `then` (or "out" with the error counted)."""
-        m = self.maps
-        a.emit(ldx(1, 8, S_STACK + 4, size=4))
-        self._mix(a, 1)
-        a.emit(ldx(1, 8, S_HASH), stx(10, -8, 1))
-        # STACKS[hash] = the frames, unless there already
-        a.emit(ld_map_fd(1, m.stacks.fd), mov(2, 10), alu_imm(ADD, 2, -8),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to=then)
-        a.emit(ld_map_fd(1, m.stacks.fd), mov(2, 10), alu_imm(ADD, 2, -8),
-               mov(3, 8), alu_imm(ADD, 3, S_STACK), mov_imm(4, bpf.NOEXIST),
-               call(bpf.MAP_UPDATE))
-        a.jump(jmp_imm, JEQ, 0, 0, to=then)
-        a.jump(jmp_imm, JEQ, 0, -errno.EEXIST, to=then)
-        self._error(a, ERR_STACKS_FULL)
-
-    def finish(self, a: Asm, result: int, tail=None) -> tuple:
-        """The program's exit, then `tail(asm)` (code reached only by a
-        jump, which jumps back to "out"), then the callbacks: (bytes, their
-        offsets)."""
-        a.label("out")
-        a.emit(mov_imm(0, result), exit_())
-        if tail is not None:
-            tail(a)
-        step = len(a)
-        a.label("step")
-        self._step(a)
-        vma = len(a)
-        a.label("vma")
-        self._vma_callback(a)
-        return a.assemble(), (step, vma)
-
-    def _output(self, a: Asm, ring, probe_index: int, fetch=None) -> None:
-        """The event's record (RECORD, then its frames, then the values of
-        its fetch-args) into the ring."""
-        a.emit(call(bpf.KTIME_GET_NS), stx(8, S_REC, 0), stx(8, S_REC + 8, 7),
-               st_imm(8, S_REC + 16, probe_index, size=4),
-               call(bpf.GET_SMP_PROCESSOR_ID), stx(8, S_REC + 20, 0, size=4),
-               ldx(3, 8, S_STACK, size=4))
-        a.jump(jmp_imm, JLE, 3, MAX_FRAMES, to="rec_n")
-        a.emit(mov_imm(3, MAX_FRAMES))
-        a.label("rec_n")
-        a.emit(alu_imm(LSH, 3, 3))
-        if fetch is not None:       # the args after the frames: r9 = scratch + 8n
-            a.emit(stx(10, ARGS_SAVED, 3), mov(9, 8), alu_reg(ADD, 9, 3))
-            fetch.emit(a, 9, S_FRAMES, "fa")
-            a.emit(ldx(3, 10, ARGS_SAVED))
-            fetch.emit_length(a, 3)
-        a.emit(alu_imm(ADD, 3, RECORD.size),
-               ld_map_fd(1, ring.fd), mov(2, 8), alu_imm(ADD, 2, S_REC),
-               mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        self._error(a, ERR_RING_FULL)
-
-    def _defer(self, a: Asm, ring, probe, probe_index: int, fetch=None) -> None:
-        """At label "defer": a deferred record into `ring` (RECORD with
-        status DEFERRED, DEFER, the stack), for user space to unwind once
-        it has loaded what the walk missed. The stack: DEFER_STACK bytes
-        from sp at once; where that fails the stack ends within them, and
-        as it ends at a page boundary (the end of its mapping) it ends
-        after sp's page or the next: those are copied one at a time.
-        The values of the fetch-args follow the stack."""
-        a.label("defer")
-        self._registers(a, probe, tag="d_")     # the walk moved them: the event's own
-        size = DEFER_RECORD + (fetch.capacity if fetch is not None else 0)
-        a.emit(ld_map_fd(1, ring.fd), mov_imm(2, size), mov_imm(3, 0),
-               call(RINGBUF_RESERVE), mov(9, 0))
-        a.jump(jmp_imm, JNE, 9, 0, to="d_reserved")
-        # no room: the stack is counted (written) cut, as it was walked
-        a.emit(st_imm(10, -32, ERR_UNDEFERRED, size=4), ld_map_fd(1, self.maps.errors.fd),
-               mov(2, 10), alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="undeferred")
-        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        a.jump(bpf.ja, to="undeferred")
-        a.label("d_reserved")
-        h, at = RECORD.size, RECORD.size + DEFER.size
-        a.emit(call(bpf.KTIME_GET_NS), stx(9, 0, 0), stx(9, 8, 7),
-               st_imm(9, 16, probe_index, size=4),
-               call(bpf.GET_SMP_PROCESSOR_ID), stx(9, 20, 0, size=4),
-               st_imm(9, 24, 0, size=4), st_imm(9, 28, DEFERRED, size=4))
-        for i, reg in enumerate((S_PC, S_SP, S_BP)):
-            a.emit(ldx(1, 8, reg), stx(9, h + 8 * i, 1))
-        a.emit(ldx(1, 10, -12, size=4), stx(9, h + 24, 1, size=4))
-        if fetch is not None:
-            fetch.emit(a, 9, DEFER_RECORD, "dfa")
-        a.emit(mov(1, 9), alu_imm(ADD, 1, at), mov_imm(2, DEFER_STACK), ldx(3, 8, S_SP),
-               call(bpf.PROBE_READ_USER), mov_imm(1, DEFER_STACK))
-        a.jump(jmp_imm, JEQ, 0, 0, to="d_copied")
-        # sp's page, from sp to its end: 1..4096 bytes
-        a.emit(ldx(2, 8, S_SP), alu_imm(AND, 2, 4095), mov_imm(1, 4096),
-               alu_reg(SUB, 1, 2), stx(10, -32, 1),
-               mov(2, 1), mov(1, 9), alu_imm(ADD, 1, at), ldx(3, 8, S_SP),
-               call(bpf.PROBE_READ_USER), mov_imm(1, 0))
-        a.jump(jmp_imm, JNE, 0, 0, to="d_copied")
-        # the next page
-        a.emit(ldx(2, 10, -32), mov(1, 9), alu_imm(ADD, 1, at), alu_reg(ADD, 1, 2),
-               ldx(3, 8, S_SP), alu_reg(ADD, 3, 2), mov_imm(2, 4096),
-               call(bpf.PROBE_READ_USER), ldx(1, 10, -32))
-        a.jump(jmp_imm, JNE, 0, 0, to="d_copied")
-        a.emit(alu_imm(ADD, 1, 4096))
-        a.label("d_copied")
-        a.emit(stx(9, h + 28, 1, size=4), mov(1, 9), mov_imm(2, 0), call(RINGBUF_SUBMIT))
-        a.jump(bpf.ja, to="out")
-
-    def _error(self, a: Asm, slot: int) -> None:
-        a.emit(st_imm(10, -32, slot, size=4), ld_map_fd(1, self.maps.errors.fd),
-               mov(2, 10), alu_imm(ADD, 2, -32), call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="out")
-        a.emit(mov_imm(1, 1), atomic_add(0, 0, 1))
-        a.jump(bpf.ja, to="out")
-
-    @staticmethod
-    def _mix(a: Asm, reg: int) -> None:
-        """S_HASH = (S_HASH ^ reg) * prime, folded (clobbers r2, r3)."""
-        a.emit(ldx(2, 8, S_HASH), alu_reg(XOR, 2, reg), ld_imm64(3, _FNV_PRIME),
-               alu_reg(MUL, 2, 3), mov(3, 2), alu_imm(RSH, 3, 29),
-               alu_reg(XOR, 2, 3), stx(8, S_HASH, 2))
-
-    def _registers(self, a: Asm, probe, tag: str = "") -> None:
-        """S_PC, S_SP, S_BP = the user registers (r6 = ctx, r8 = scratch);
-        `tag` keeps the labels of a second copy apart."""
-        regs = bpf.PT_REGS
-        if isinstance(probe, ProfileProbe):
-            a.emit(ldx(1, 6, regs["cs"]), alu_imm(AND, 1, 3))
-            a.jump(jmp_imm, JEQ, 1, 0, to=f"{tag}task_regs")
-        if isinstance(probe, (UprobeProbe, ProfileProbe)):
-            for name, at in (("ip", S_PC), ("sp", S_SP), ("bp", S_BP)):
-                a.emit(ldx(1, 6, regs[name]), stx(8, at, 1))
-            if isinstance(probe, UprobeProbe):
-                return
-            a.jump(bpf.ja, to=f"{tag}have_regs")
-        a.label(f"{tag}task_regs")
-        a.emit(call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), call(bpf.TASK_PT_REGS))
-        for name, at in (("ip", S_PC), ("sp", S_SP), ("bp", S_BP)):
-            a.emit(ldx(1, 0, regs[name]), stx(8, at, 1))
-        a.label(f"{tag}have_regs")
-
-    # -- one frame: bpf_loop's callback (index, ctx) -> 0 go on, 1 stop --------
-    def _step(self, a: Asm) -> None:
-        m = self.maps
-        _lookup0(a, m.scratch, 6)
-        a.jump(jmp_imm, JNE, 6, 0, to="s_have")
-        a.emit(mov_imm(0, 1), exit_())
-        a.label("s_have")
-        # q: the pc itself, or the call instruction before a return address
-        a.emit(ldx(1, 6, S_PC), ldx(2, 6, S_EXACT), alu_imm(XOR, 2, 1),
-               alu_reg(SUB, 1, 2), stx(6, S_Q, 1))
-        a.emit(ldx(2, 6, S_MSTART))
-        a.jump(jmp_reg, JLT, 1, 2, to="s_find")
-        a.emit(ldx(2, 6, S_MEND))
-        a.jump(jmp_reg, JLT, 1, 2, to="s_mapped")
-        a.label("s_find")
-        self._find_mapping(a)
-        a.label("s_mapped")
-        # vaddr = q + adj; the last row at or below it
-        a.emit(ldx(1, 6, S_Q), ldx(2, 6, S_ADJ), alu_reg(ADD, 1, 2),
-               stx(6, S_VADDR, 1), st_imm(6, S_LO, 0), ldx(1, 6, S_NROWS),
-               stx(6, S_HI, 1))
-        # narrowed to the rows of vaddr's page by the page index, if it has one
-        a.emit(ldx(1, 6, S_VADDR), alu_imm(RSH, 1, PAGE_SHIFT), ldx(2, 6, S_PBASE),
-               alu_reg(SUB, 1, 2), ldx(2, 6, S_NPAGES))
-        a.jump(jmp_imm, JEQ, 2, 0, to="s_whole")
-        a.emit(alu_imm(SUB, 2, 1))
-        a.jump(jmp_reg, JGE, 1, 2, to="s_whole")
-        a.emit(ldx(2, 6, S_PSLOT), alu_reg(ADD, 2, 1), stx(10, -8, 2, size=4),
-               alu_imm(ADD, 2, 1), stx(10, -12, 2, size=4),
-               ld_map_fd(1, m.pages.fd), mov(2, 10), alu_imm(ADD, 2, -8),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="s_whole")
-        a.emit(ldx(1, 0, 0, size=4), stx(6, S_LO, 1),
-               ld_map_fd(1, m.pages.fd), mov(2, 10), alu_imm(ADD, 2, -12),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="s_whole_reset")
-        a.emit(ldx(1, 0, 0, size=4), alu_imm(ADD, 1, 1), stx(6, S_HI, 1))
-        a.jump(bpf.ja, to="s_whole")
-        a.label("s_whole_reset")
-        a.emit(st_imm(6, S_LO, 0))
-        a.label("s_whole")
-        a.emit(mov_imm(7, SEARCH_STEPS))
-        a.label("s_search")
-        a.emit(ldx(1, 6, S_LO), ldx(2, 6, S_HI))
-        a.jump(jmp_reg, JGE, 1, 2, to="s_searched")
-        a.jump(jmp_imm, JEQ, 7, 0, to="s_searched")
-        a.emit(alu_imm(SUB, 7, 1), alu_reg(ADD, 1, 2), alu_imm(RSH, 1, 1),
-               stx(10, -16, 1), ldx(2, 6, S_FIRST), alu_reg(ADD, 2, 1),
-               stx(10, -8, 2, size=4), ld_map_fd(1, m.rows.fd), mov(2, 10),
-               alu_imm(ADD, 2, -8), call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="s_searched")
-        a.emit(ldx(1, 0, 0, size=4), ldx(2, 6, S_VADDR), ldx(3, 10, -16))
-        a.jump(jmp_reg, JGT, 1, 2, to="s_left")
-        a.emit(alu_imm(ADD, 3, 1), stx(6, S_LO, 3))
-        a.jump(bpf.ja, to="s_search")
-        a.label("s_left")
-        a.emit(stx(6, S_HI, 3))
-        a.jump(bpf.ja, to="s_search")
-        a.label("s_searched")
-        a.emit(ldx(1, 6, S_LO))
-        a.jump(jmp_imm, JEQ, 1, 0, to="s_gap")
-        a.emit(ldx(2, 6, S_FIRST), alu_reg(ADD, 2, 1), alu_imm(SUB, 2, 1),
-               stx(10, -8, 2, size=4), ld_map_fd(1, m.rows.fd), mov(2, 10),
-               alu_imm(ADD, 2, -8), call(bpf.MAP_LOOKUP), mov(7, 0))
-        a.jump(jmp_imm, JEQ, 7, 0, to="s_gap")
-        # r7 = the row; the CFA by its kind
-        a.label("s_row")
-        a.emit(ldx(1, 7, 4, size=1), ldx(2, 7, 8, size=4))
-        _sext32(a, 2)
-        a.jump(jmp_imm, JEQ, 1, K_SP, to="s_sp")
-        a.jump(jmp_imm, JEQ, 1, K_BP, to="s_bp")
-        a.jump(jmp_imm, JEQ, 1, K_PLT, to="s_plt")
-        a.jump(jmp_imm, JEQ, 1, K_END, to="s_end")
-        a.jump(jmp_imm, JEQ, 1, K_SIGNAL, to="s_signal")
-        a.jump(jmp_imm, JEQ, 1, K_UNSUPPORTED, to="s_unsupported")
-        a.label("s_gap")
-        # no CFI, and rbp 0: the outermost frame (the ABI's mark, set by
-        # _start), where the stack ends complete, as the copy path ends it
-        a.emit(ldx(1, 6, S_BPOK))
-        a.jump(jmp_imm, JEQ, 1, 0, to="s_gap_note")
-        a.emit(ldx(1, 6, S_BP))
-        a.jump(jmp_imm, JEQ, 1, 0, to="s_end")
-        a.label("s_gap_note")
-        self._stop(a, GAP)
-        a.label("s_unsupported")
-        self._stop(a, UNSUPPORTED)
-        a.label("s_end")
-        self._complete(a, "s_end")
-        a.label("s_plt")
-        a.emit(ldx(1, 6, S_PC), alu_imm(AND, 1, 15), ldx(3, 7, 6, size=2))
-        a.jump(jmp_reg, JLT, 1, 3, to="s_sp")
-        a.emit(alu_imm(ADD, 2, 8))
-        a.label("s_sp")
-        a.emit(ldx(1, 6, S_SP), alu_reg(ADD, 1, 2))
-        a.jump(bpf.ja, to="s_cfa")
-        a.label("s_bp")
-        a.emit(ldx(1, 6, S_BPOK))
-        a.jump(jmp_imm, JNE, 1, 0, to="s_bp_ok")
-        self._stop(a, NO_BP)
-        a.label("s_bp_ok")
-        a.emit(ldx(1, 6, S_BP), alu_reg(ADD, 1, 2))
-        a.label("s_cfa")
-        a.emit(stx(6, S_CFA, 1))
-        # the return address at CFA - 8
-        a.emit(mov(3, 1), alu_imm(SUB, 3, 8))
-        self._read_user(a, S_TMP)
-        a.jump(jmp_imm, JEQ, 0, 0, to="s_ra")
-        self._stop(a, READ_FAILED)
-        a.label("s_ra")
-        # rbp by the row's rule
-        a.emit(ldx(1, 7, 5, size=1), ldx(3, 7, 12, size=4))
-        _sext32(a, 3)
-        a.jump(jmp_imm, JEQ, 1, BP_SAME, to="s_bp_done")
-        a.jump(jmp_imm, JEQ, 1, BP_AT, to="s_bp_at")
-        a.jump(jmp_imm, JEQ, 1, BP_AT_BP, to="s_bp_at_bp")
-        a.label("s_bp_lost")
-        a.emit(st_imm(6, S_BPOK, 0))
-        a.jump(bpf.ja, to="s_bp_done")
-        a.label("s_bp_at_bp")
-        a.emit(ldx(1, 6, S_BPOK))
-        a.jump(jmp_imm, JEQ, 1, 0, to="s_bp_lost")
-        a.emit(ldx(1, 6, S_BP), alu_reg(ADD, 3, 1))
-        a.jump(bpf.ja, to="s_bp_read")
-        a.label("s_bp_at")
-        a.emit(ldx(1, 6, S_CFA), alu_reg(ADD, 3, 1))
-        a.label("s_bp_read")
-        self._read_user(a, S_BP)
-        a.jump(jmp_imm, JNE, 0, 0, to="s_bp_lost")
-        a.emit(st_imm(6, S_BPOK, 1))
-        a.label("s_bp_done")
-        # the caller: ends at a null return address; a CFA that does not
-        # move up would loop
-        a.emit(ldx(1, 6, S_TMP))
-        a.jump(jmp_imm, JGE, 1, 0x1000, to="s_ra_ok")
-        self._complete(a, "s_null_ra")
-        a.label("s_ra_ok")
-        a.emit(ldx(2, 6, S_CFA), ldx(3, 6, S_SP))
-        a.jump(jmp_reg, JGT, 2, 3, to="s_up")
-        self._stop(a, NO_PROGRESS)
-        a.label("s_up")
-        a.emit(stx(6, S_SP, 2), stx(6, S_PC, 1), st_imm(6, S_EXACT, 0))
-        a.jump(bpf.ja, to="s_append")
-        # a signal frame: the interrupted registers from the ucontext
-        a.label("s_signal")
-        for at, where in ((_UC_RBP, S_BP), (_UC_RIP, S_PC), (_UC_RSP, S_SP)):
-            a.emit(ldx(3, 6, S_SP), alu_imm(ADD, 3, at))
-            self._read_user(a, S_TMP)
-            a.jump(jmp_imm, JEQ, 0, 0, to=f"s_uc{at}")
-            self._stop(a, READ_FAILED)
-            a.label(f"s_uc{at}")
-            a.emit(ldx(1, 6, S_TMP), stx(6, where, 1))
-        a.emit(mov_imm(1, 1), stx(6, S_EXACT, 1), stx(6, S_BPOK, 1))
-        a.label("s_append")
-        # frames[n] = pc; n += 1; the hash takes the pc
-        a.emit(ldx(1, 6, S_STACK, size=4), mov(2, 1), alu_imm(ADD, 2, 1),
-               stx(6, S_STACK, 2, size=4), alu_imm(AND, 1, MAX_FRAMES - 1),
-               alu_imm(LSH, 1, 3), mov(2, 6), alu_reg(ADD, 2, 1),
-               ldx(1, 6, S_PC), stx(2, S_FRAMES, 1))
-        a.emit(ldx(2, 6, S_HASH), alu_reg(XOR, 2, 1), ld_imm64(3, _FNV_PRIME),
-               alu_reg(MUL, 2, 3), mov(3, 2), alu_imm(RSH, 3, 29),
-               alu_reg(XOR, 2, 3), stx(6, S_HASH, 2))
-        a.emit(mov_imm(0, 0), exit_())
-
-    def _find_mapping(self, a: Asm) -> None:
-        """S_MSTART/S_MEND/S_FIRST/S_NROWS/S_ADJ for the mapping of S_Q, or
-        stop. The VMA comes from VMAS, a cache keyed by (mm ctx_id, 2 MiB
-        region), else from bpf_find_vma, which in interrupt context (a
-        profile's sample) works once per interrupt: the cache lets later
-        samples through mappings the earlier ones met."""
-        vmas = self.maps.vmas
-        # keyed by the mm's ctx_id, not its address: a freed mm_struct is
-        # soon another process's (the next exec's, often), and the cached
-        # VMAs of the old one would name its files for the new one's code
-        a.emit(call(bpf.GET_CURRENT_TASK_BTF), ldx(1, 0, self.off.task_mm),
-               ldx(1, 1, self.off.mm_ctx_id),
-               stx(10, -64, 1), ldx(1, 6, S_Q), alu_imm(RSH, 1, VMA_REGION_SHIFT),
-               stx(10, -56, 1), ld_map_fd(1, vmas.fd), mov(2, 10),
-               alu_imm(ADD, 2, -64), call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JEQ, 0, 0, to="s_vma_miss")
-        a.emit(ldx(1, 6, S_Q), ldx(2, 0, 0))
-        a.jump(jmp_reg, JLT, 1, 2, to="s_vma_miss")
-        a.emit(ldx(2, 0, 8))
-        a.jump(jmp_reg, JGE, 1, 2, to="s_vma_miss")
-        for at in range(0, 40, 8):
-            a.emit(ldx(1, 0, at), stx(10, -48 + at, 1))
-        a.jump(bpf.ja, to="s_vma")
-        a.label("s_vma_miss")
-        a.emit(st_imm(10, -48, 0), st_imm(10, -40, 0), st_imm(10, -32, 0),
-               st_imm(10, -24, 0), st_imm(10, -16, 0),
-               call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), ldx(2, 6, S_Q))
-        a.jump(ld_func, 3, to="vma")
-        a.emit(mov(4, 10), alu_imm(ADD, 4, -48), mov_imm(5, 0), call(bpf.FIND_VMA))
-        a.jump(jmp_imm, JEQ, 0, 0, to="s_vma_found")
-        a.jump(jmp_imm, JNE, 0, -errno.EBUSY, to="s_no_mapping")
-        self._stop(a, VMA_BUSY)
-        a.label("s_no_mapping")
-        self._stop(a, NO_MAPPING)
-        a.label("s_vma_found")
-        a.emit(ld_map_fd(1, vmas.fd), mov(2, 10), alu_imm(ADD, 2, -64), mov(3, 10),
-               alu_imm(ADD, 3, -48), mov_imm(4, 0), call(bpf.MAP_UPDATE))
-        a.label("s_vma")
-        a.emit(ldx(1, 10, -16))
-        a.jump(jmp_imm, JNE, 1, 0, to="s_file")
-        # code without a file (a JIT's): no rows to find, its frame pointer
-        # is followed (FP_ROW), as the copy path's unwinder does; nothing
-        # of this mapping is cached, each such frame comes here again
-        a.emit(st_imm(6, S_MSTART, 0), st_imm(6, S_MEND, 0), st_imm(10, -8, 0, size=4),
-               ld_map_fd(1, self.maps.fp_row.fd), mov(2, 10), alu_imm(ADD, 2, -8),
-               call(bpf.MAP_LOOKUP), mov(7, 0))
-        a.jump(jmp_imm, JEQ, 7, 0, to="s_no_fp_row")
-        a.emit(st_imm(6, S_FP_USED, 1))
-        a.jump(bpf.ja, to="s_row")
-        a.label("s_no_fp_row")
-        self._stop(a, NO_FILE)
-        a.label("s_file")
-        a.emit(ld_map_fd(1, self.maps.objects.fd), mov(2, 10), alu_imm(ADD, 2, -24),
-               call(bpf.MAP_LOOKUP))
-        a.jump(jmp_imm, JNE, 0, 0, to="s_object")
-        self._stop(a, NO_TABLE)
-        a.label("s_object")
-        # adj = (vaddr - file offset) + pgoff * PAGE - start
-        a.emit(ldx(1, 0, 16, size=4), stx(6, S_PSLOT, 1), ldx(1, 0, 20, size=4),
-               stx(6, S_PBASE, 1), ldx(1, 0, 24, size=4), stx(6, S_NPAGES, 1))
-        a.emit(ldx(1, 0, 0, size=4), stx(6, S_FIRST, 1), ldx(1, 0, 4, size=4),
-               stx(6, S_NROWS, 1), ldx(1, 0, 8), ldx(2, 10, -32),
-               alu_imm(LSH, 2, 12), alu_reg(ADD, 1, 2), ldx(2, 10, -48),
-               alu_reg(SUB, 1, 2), stx(6, S_ADJ, 1),
-               ldx(1, 10, -48), stx(6, S_MSTART, 1),
-               ldx(1, 10, -40), stx(6, S_MEND, 1), ldx(1, 6, S_NROWS))
-        a.jump(jmp_imm, JNE, 1, 0, to="s_mapped")
-        a.emit(st_imm(6, S_MEND, 0), ldx(1, 6, S_FIRST))   # not cached: each frame says why
-        a.jump(jmp_imm, JNE, 1, TABLE_FULL_MARK, to="s_no_cfi")
-        self._stop(a, TABLE_FULL)
-        a.label("s_no_cfi")
-        self._stop(a, NO_CFI)
-
-    def _vma_callback(self, a: Asm) -> None:
-        """bpf_find_vma's callback (task, vma, ctx): ctx[0..5] = vm_start,
-        vm_end, vm_pgoff, dev, inode (0, 0 for memory without a file)."""
-        o = self.off
-        a.emit(ldx(1, 2, o.vm_start), stx(3, 0, 1), ldx(1, 2, o.vm_end), stx(3, 8, 1),
-               ldx(1, 2, o.vm_pgoff), stx(3, 16, 1), ldx(1, 2, o.vm_file))
-        a.jump(jmp_imm, JNE, 1, 0, to="v_file")
-        # no file: the vDSO (its start is mm->context.vdso), or anonymous code
-        a.emit(ldx(4, 2, o.vm_mm))
-        a.jump(jmp_imm, JEQ, 4, 0, to="v_out")
-        a.emit(ldx(4, 4, o.mm_vdso), ldx(5, 3, 0))
-        a.jump(jmp_reg, JNE, 4, 5, to="v_out")
-        a.emit(st_imm(3, 32, VDSO_KEY[1]))
-        a.jump(bpf.ja, to="v_out")
-        a.label("v_file")
-        a.emit(ldx(1, 1, o.f_inode))
-        a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
-        a.emit(ldx(4, 1, o.i_ino), stx(3, 32, 4), ldx(1, 1, o.i_sb))
-        a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
-        a.emit(ldx(1, 1, o.s_dev, size=4), stx(3, 24, 1))
-        a.label("v_out")
-        a.emit(mov_imm(0, 0), exit_())
-
-    def _read_user(self, a: Asm, into: int) -> None:
-        """scratch[into] = the user word at r3; r0 = 0 on success. Served
-        from a copy of the stack window at S_WIN when it holds the word:
-        a copy from user memory costs the same for 8 bytes as for
-        WINDOW (its checks dominate), and a walk reads nearby words."""
-        self._reads += 1
-        hit, miss, done = (f"r{self._reads}_{w}" for w in ("hit", "miss", "done"))
-        a.emit(mov(1, 3), ldx(2, 6, S_WIN), alu_reg(SUB, 1, 2))
-        a.jump(jmp_imm, JGT, 1, WINDOW - 8, to=miss)
-        a.label(hit)
-        a.emit(mov(2, 6), alu_reg(ADD, 2, 1), ldx(1, 2, S_WINBUF), stx(6, into, 1),
-               mov_imm(0, 0))
-        a.jump(bpf.ja, to=done)
-        a.label(miss)                       # refill the window from r3
-        a.emit(stx(10, -24, 3), mov(1, 6), alu_imm(ADD, 1, S_WINBUF),
-               mov_imm(2, WINDOW), call(bpf.PROBE_READ_USER), ldx(3, 10, -24))
-        a.jump(jmp_imm, JNE, 0, 0, to=f"{miss}_one")
-        a.emit(stx(6, S_WIN, 3), mov_imm(1, 0))
-        a.jump(bpf.ja, to=hit)
-        a.label(f"{miss}_one")              # near the stack's end: one word
-        a.emit(st_imm(6, S_WIN, 0), mov(1, 6), alu_imm(ADD, 1, into), mov_imm(2, 8),
-               call(bpf.PROBE_READ_USER))
-        a.label(done)
-
-    @staticmethod
-    def _stop(a: Asm, status: int) -> None:
-        a.emit(st_imm(6, S_STACK + 4, status, size=4), mov_imm(0, 1), exit_())
-
-    def _complete(self, a: Asm, tag: str) -> None:
-        """The walk reached the stack's end: COMPLETE, or THROUGH_JIT when
-        a frame without a file was walked on its frame pointer (its note)."""
-        a.emit(ldx(1, 6, S_FP_USED))
-        a.jump(jmp_imm, JNE, 1, 0, to=f"{tag}_jit")
-        self._stop(a, COMPLETE)
-        a.label(f"{tag}_jit")
-        self._stop(a, THROUGH_JIT)
-
-
 # --- the maps, and the objects loaded into them --------------------------------
 
 class UnwindMaps(bpf.MapSet):
@@ -738,32 +154,39 @@ class UnwindMaps(bpf.MapSet):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
-        self._rows_job = InBackground(bpf.Map, bpf.MAP_ARRAY, 4, ROW_SIZE, rows_capacity,
-                                      "ustack_rows", flags=bpf.F_MMAPABLE)  # filled by a copy
+        obj = unwind_object()
+        self._rows_job = InBackground(obj.make_map, "rows", rows_capacity,
+                                      flags=bpf.F_MMAPABLE)   # filled by a copy
         self._rows = None
         self._rows_lock = threading.Lock()     # the program's thread or this one
         try:
-            self.pages = self._map(bpf.MAP_ARRAY, 4, 4, pages_capacity, "ustack_pages")
-            self.objects = self._map(bpf.MAP_HASH, OBJ_KEY.size, OBJ_VALUE.size,
-                                     objects, "ustack_objs")
-            self.vmas = self._map(bpf.MAP_LRU_HASH, 16, VMA_VALUE, vmas, "ustack_vmas")
-            self.scratch = self._map(bpf.MAP_PERCPU_ARRAY, 4, SCRATCH_SIZE, 1,
-                                     "ustack_uwscr")
+            self.pages = self._keep(obj.make_map("pages", pages_capacity))
+            self.objects = self._keep(obj.make_map("objects", objects))
+            self.vmas = self._keep(obj.make_map("vmas", vmas))
+            self.scratch = self._keep(obj.make_map("scratch"))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up
-            self.stacks = self._map(bpf.MAP_HASH, 8, STACK_VALUE, stacks, "ustack_uwstk",
-                                    flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1)
-                                    else 0)
-            self.counts = self._map(bpf.MAP_HASH, COUNT_KEY.size, 8, counts,
-                                    "ustack_uwcnt")
-            self.errors = self._map(bpf.MAP_ARRAY, 4, 8, ERR_SLOTS, "ustack_uwerr")
+            self.stacks = self._keep(obj.make_map(
+                "unwound", stacks, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0))
+            self.counts = self._keep(obj.make_map("counts", counts))
+            self.errors = self._keep(obj.make_map("unwind_errors"))
             # the rule for code without a file: CFA = rbp + 16, the return
             # address below it, rbp saved at CFA - 16 (push %rbp; mov %rsp,%rbp)
-            self.fp_row = self._map(bpf.MAP_ARRAY, 4, ROW_SIZE, 1, "ustack_fprow")
+            self.fp_row = self._keep(obj.make_map("fp_row"))
             self.fp_row.update(bytes(4), ROW.pack(0, K_BP, BP_AT, 0, 16, -16))
         except BaseException:
             self.close()
             raise
+
+    def _keep(self, m: bpf.Map) -> bpf.Map:
+        self.all.append(m)
+        return m
+
+    def named(self) -> dict:
+        """The maps by the names unwind.bpf.c gives them."""
+        return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
+                "vmas": self.vmas, "scratch": self.scratch, "unwound": self.stacks,
+                "counts": self.counts, "unwind_errors": self.errors, "fp_row": self.fp_row}
 
     @property
     def rows(self) -> bpf.Map:
@@ -862,7 +285,7 @@ class UnwindObjects:
         self.loaded[key] = (path, n)
         for k in (key, *also):
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages))
+                first, n, adjust, page_slot, first_page, npages, 0))
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         with self.maps.rows.values_view() as rows:
@@ -964,32 +387,61 @@ class UnwindCounter(BpfCounter):
             if ring_bytes:
                 self.ring = bpf.RingBuf(ring_bytes, "ustack_uwring")
             self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
-            self.program = UnwindProgram(self.unwind_maps, Offsets.of_this_kernel())
             self.follow_if_traced(filter_tgid)
         except BaseException:
             self.close()
             raise
 
     def _program(self, index: int, probe) -> int:
-        tgids = self.tgids if isinstance(probe, TracepointProbe) else None
-        code, functions = self.program.code(
-            index, probe, tgids=tgids, kernel_stacks=self.kstacks,
-            result=program_result(probe),
+        fetch = self.fetches[index] if self.trace and index < len(self.fetches) else None
+        fetch_maps = self._fetch_maps() if fetch is not None else {}
+        fd = load_program(
+            "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, index, probe,
+            kernel_stacks=self.kstacks, ring=self.ring,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
-            ring=self.ring if self.trace else None, defer=self.ring,
-            fetch=self.fetches[index] if self.trace and index < len(self.fetches) else None)
-        return self.load(index, prog_type_of(probe), code, functions, f"ustack_uw{index}")
-
-    def load(self, index: int, prog_type: int, code: bytes, functions: tuple,
-             name: str) -> int:
-        """Load probe `index`'s program (kept, closed with the counter)."""
-        fd = bpf.load_program(prog_type, code, name, functions=functions)
+            tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
+            fetch=fetch_maps, name=f"ustack_uw{index}")
         self.prog_fds.append(fd)
         try:
             self.verified[index] = bpf.verified_insns(fd)
         except OSError:
             pass
+        if fetch is not None:
+            self._load_fetch(index, probe, fetch, fetch_maps)
         return fd
+
+    def _fetch_maps(self) -> dict:
+        """A probe's array of fetch-args programs; the deferred records'
+        scratch, shared by the probes."""
+        obj = unwind_object()
+        if getattr(self, "_deferred", None) is None:
+            self._deferred = obj.make_map("deferred_scratch")
+            self.maps.append(self._deferred)
+        progs = obj.make_map("fetch_args")
+        self.maps.append(progs)
+        return {"fetch_args": progs, "deferred_scratch": self._deferred}
+
+    def _load_fetch(self, index: int, probe, fetch, maps: dict) -> None:
+        """The probe's fetch-args programs (bpf_fetchargs.tail_programs),
+        where its trace program goes on."""
+        obj = unwind_object()
+        walk = obj.layout("walk").offsets
+        slots = obj.enum("fetch_slot")
+        contract = fetch.contract(
+            scratch=self.unwind_maps.scratch, deferred=maps["deferred_scratch"],
+            ring=self.ring, errors=self.unwind_maps.errors, fetch_args=maps["fetch_args"],
+            record_at=walk["rec.time"], record_size=RECORD.size,
+            frames_count_at=walk["rec.head.frames"], frames_at=walk["frame"],
+            max_frames=MAX_FRAMES, deferred_size=DEFER_RECORD, ring_full=ERR_RING_FULL,
+            undeferred=ERR_UNDEFERRED, stream_slot=slots["FETCH_STREAM"],
+            result=program_result(probe))
+        codes = fetch.tail_programs(contract, Offsets.of_this_kernel())
+        for slot, (code, functions) in zip(("FETCH_STREAM", "FETCH_DEFERRED"), codes):
+            fd = bpf.load_program(prog_type_of(probe), code, f"ustack_fa{index}",
+                                  functions=functions)
+            self.prog_fds.append(fd)
+            maps["fetch_args"].update(slots[slot].to_bytes(4, "little"),
+                                      fd.to_bytes(4, "little"))
 
     def unwound(self, reset: bool = False) -> list:
         """(pid, tid, probe, callchain bytes, kernel stack id, count) of every
@@ -1010,15 +462,59 @@ class UnwindCounter(BpfCounter):
     def _chain(self, h: int) -> bytes:
         return stack_chain(self.unwind_maps, h)
 
-    def errors_seen(self) -> list:
-        return [_U64.unpack(self.unwind_maps.errors.lookup(i.to_bytes(4, "little")))[0]
-                for i in range(ERR_SLOTS)]
+    def errors_seen(self) -> dict:
+        """enum unwind_error's name -> its count."""
+        return {name: _U64.unpack(self.unwind_maps.errors.lookup(i.to_bytes(4, "little")))[0]
+                for name, i in _ERRORS.items() if i < ERR_SLOTS}
 
     def close(self) -> None:
         super().close()
         if getattr(self, "ring", None) is not None:
             self.ring.close()
             self.ring = None
+
+
+def regs_source(probe) -> str:
+    """Where the program finds the event's user registers (enum regs_source)."""
+    if isinstance(probe, UprobeProbe):
+        return "REGS_CTX"
+    return "REGS_SAMPLE" if isinstance(probe, ProfileProbe) else "REGS_TASK"
+
+
+def kernel_rodata(offsets: Offsets) -> dict:
+    """unwind.h's kernel field offsets, from this kernel's BTF."""
+    return {name: getattr(offsets, name) for name in (
+        "task_mm", "mm_ctx_id", "mm_vdso", "vm_start", "vm_end", "vm_pgoff", "vm_file",
+        "vm_mm", "f_inode", "i_ino", "i_sb", "s_dev")}
+
+
+def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
+                 ring=None, armed=None, tgids=None, fetch: dict | None = None,
+                 name: str = "ustack_uw") -> int:
+    """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
+    counts each stack, unwind_trace writes each to `ring`; `ring`: where a
+    walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
+    deferred_scratch maps of a probe with fetch-args (trace)."""
+    obj = unwind_object()
+    named = maps.named()
+    for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
+                   ("tgids", tgids), *(fetch or {}).items()):
+        if m is not None:
+            named[key] = m
+    bits = obj.enum("unwind_option")
+    wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
+              "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None,
+              "UW_FETCH_ARGS": bool(fetch)}
+    before = set(named)
+    try:
+        return obj.load(program, named, {
+            "probe_index": index, "result": program_result(probe),
+            "options": sum(bits[k] for k, on in wanted.items() if on),
+            "regs_source": obj.enum("regs_source")[regs_source(probe)],
+            **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name)
+    finally:
+        for key in set(named) - before:      # declared maps a probe does not use
+            named[key].close()
 
 
 class RingChunk(bytes):
@@ -1087,8 +583,8 @@ def _verdict_file(kind) -> str:
     """Where this kernel's acceptance of this very program is remembered:
     keyed by the kernel (release, build) and this module's source, so a new
     kernel or a changed program is tried again (~50 ms before a run starts)."""
-    with open(__file__, "rb") as f:
-        source = objcache.digest(f.read())
+    with open(__file__, "rb") as f, open(bpf_programs.object_path("unwind"), "rb") as o:
+        source = objcache.digest(f.read() + o.read())
     key = f"{os.uname().release}\0{os.uname().version}\0{kind.__name__}\0{source}"
     return objcache.cache_file("btf", btf.VMLINUX, None,
                                objcache.digest(key.encode()), "accepted1")
@@ -1108,10 +604,7 @@ def _try_load(probe) -> str | None:
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
         ring = bpf.RingBuf(1 << 14, "ustack_uwtry")
-        code, functions = UnwindProgram(maps, Offsets.of_this_kernel()).code(
-            0, probe, defer=ring)
-        os.close(bpf.load_program(prog_type_of(probe), code, "ustack_uwtry",
-                                  functions=functions))
+        os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry"))
     except UstackError as e:
         return str(e)
     finally:

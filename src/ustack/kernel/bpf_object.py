@@ -180,10 +180,11 @@ class BpfObject:
         return out
 
     def layout(self, struct_name: str) -> Layout:
-        """The layout of a struct the programs share with Python."""
+        """The layout of a struct the programs share with Python; a nested
+        struct's members are its own, named "outer.inner"."""
         btf = self.btf
         fmt, fields, offsets, at = "<", [], {}, 0
-        for name, off, mtype in btf.members(struct_name):
+        for name, off, mtype in _flat_members(btf, btf.by_name[struct_name]):
             size = btf.size(mtype)
             fmt += "x" * (off - at)
             fmt += _code(btf, mtype, size)
@@ -386,6 +387,18 @@ class BpfObject:
                                             for i in range(count)]
             pos += count * rec_size
         return out
+
+
+def _flat_members(btf: Btf, type_id: int, prefix: str = "", base: int = 0) -> list:
+    """(name, byte offset, type id) of a struct's members, those of the
+    structs it holds in their place."""
+    out = []
+    for name, off, mtype in btf.members_of(btf._resolve(type_id)):
+        if btf.kinds[btf._resolve(mtype)][0] == 4:          # a struct
+            out += _flat_members(btf, mtype, f"{prefix}{name}.", base + off)
+        else:
+            out.append((prefix + name, base + off, mtype))
+    return out
 
 
 def _code(btf: Btf, type_id: int, size: int) -> str:

@@ -20,6 +20,8 @@ import os
 import struct
 from array import array
 
+from ..bpf import object_path
+from ..kernel.bpf_object import bpf_object
 from ..objfile import cache as objcache
 from ..objfile.elf import ElfImage
 # cfi, dwarf and the Go reader are imported where rows are built: a run
@@ -38,7 +40,8 @@ KIND_NAMES = {GAP: "gap", SP: "sp", BP: "bp", PLT: "plt", END: "end",
               SIGNAL: "signal", UNSUPPORTED: "unsupported"}
 # rbp rules: cfi.BP_SAME, BP_AT (at CFA + bp), BP_LOST, BP_AT_BP (at rbp + bp)
 
-ROW = struct.Struct("<IBBhii")    # pc, kind, bp rule, aux, cfa, bp
+# pc, kind, bp rule, aux, cfa, bp: struct unwind_row of src/ustack/bpf/ustack.h
+ROW = bpf_object(object_path("unwind")).layout("unwind_row").struct
 ROW_SIZE = ROW.size
 MAX_VADDR = 1 << 32               # rows key addresses as u32
 _S32 = (-(1 << 31), (1 << 31) - 1)

@@ -1,0 +1,252 @@
+/* Off-CPU time (capture/bpf_offcpu.py tells the story): offcpu_switch on
+ * the raw sched_switch tracepoint adds the time `next` spent off the CPU
+ * to OFFCPU, then unwinds `prev`'s user stack (unwind.h's walk: the
+ * registers it will return to user space with) and keeps START[tid];
+ * offcpu_waking on sched:sched_waking keeps the waker's stack in WAKERS
+ * for a thread in START. */
+#include "unwind.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* a task's kernel stack is THREAD_SIZE bytes (16 KiB on x86-64, 32 KiB
+ * with KASAN): a frame farther from task->stack is on an interrupt stack */
+#define THREAD_STACK_SPAN (32 << 10)
+#define TASK_IDLE 0x402		/* TASK_UNINTERRUPTIBLE | TASK_NOLOAD */
+#define TASK_REPORT 0x7F	/* the state bits the tracepoint reports */
+#define STATE_IDLE 0x80		/* ps's I */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct offcpu_start);
+	__uint(max_entries, 16384);	/* threads off the CPU at once (bcc: 10240) */
+} start SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct offcpu_waker);
+	__uint(max_entries, 16384);
+} wakers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct offcpu_key);
+	__type(value, __u64);
+	__uint(max_entries, 10240);	/* sized by the loader */
+} offcpu SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, enum offcpu_error);
+	__type(value, __u64);
+	__uint(max_entries, OFFCPU_ERROR_SLOTS);
+} off_errors SEC(".maps");
+
+const volatile enum offcpu_option off_options;
+const volatile __u64 min_ns, max_ns;
+const volatile __u32 exclude_tgid;
+const volatile __u32 state_bits;	/* OFF_STATES: the states' TASK_REPORT bits */
+const volatile __u32 task_pid, task_exit_state, task_stack;
+const volatile __u32 waking_pid;	/* sched_waking's pid field in its record */
+
+static __always_inline void off_error(enum offcpu_error slot)
+{
+	add_one(bpf_map_lookup_elem(&off_errors, &slot));
+}
+
+/* a u32 field of a task (0 where it cannot be read) */
+static __always_inline __u32 task_u32(__u64 task, __u32 offset)
+{
+	__u32 v = 0;
+
+	bpf_probe_read_kernel(&v, sizeof(v), (void *)(task + offset));
+	return v;
+}
+
+/* next's time off the CPU into OFFCPU, if it was seen leaving */
+static __always_inline void switch_in(__u64 next, enum offcpu_option opts)
+{
+	__u32 tid = task_u32(next, task_pid);
+	struct offcpu_start *s;
+	struct offcpu_waker *wk;
+	struct offcpu_key key;
+	__u64 delta, *sum;
+	long err;
+
+	if (!tid)
+		return;
+	s = bpf_map_lookup_elem(&start, &tid);
+	if (!s)
+		return;
+	delta = bpf_ktime_get_ns() - s->time;
+	key.pid_tgid = s->pid_tgid;
+	key.kernel_stack = s->kernel_stack;
+	key.pad = 0;
+	key.hash = s->hash;
+	key.waker_pid_tgid = 0;
+	key.waker_kernel_stack = NO_STACK;
+	key.waker_pad = 0;
+	key.waker_hash = 0;
+	bpf_map_delete_elem(&start, &tid);
+	if (opts & OFF_WAKERS) {
+		wk = bpf_map_lookup_elem(&wakers, &tid);
+		if (wk) {
+			key.waker_pid_tgid = wk->pid_tgid;
+			key.waker_kernel_stack = wk->kernel_stack;
+			key.waker_hash = wk->hash;
+			bpf_map_delete_elem(&wakers, &tid);
+		}
+	}
+	if (delta < min_ns || ((opts & OFF_MAX) && delta > max_ns))
+		return;
+	sum = bpf_map_lookup_elem(&offcpu, &key);
+	if (!sum) {
+		err = bpf_map_update_elem(&offcpu, &key, &delta, BPF_NOEXIST);
+		if (!err)
+			return;
+		if (err == -EEXIST)
+			sum = bpf_map_lookup_elem(&offcpu, &key);
+		if (!sum) {
+			off_error(OFF_COUNTS_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(sum, delta);
+}
+
+/* whether prev's state is one asked for, as the classic tracepoint
+ * reports it: running when preempted or TASK_RUNNING, I for TASK_IDLE,
+ * else its state and exit state's low bits (TASK_REPORT) */
+static __always_inline int state_wanted(struct bpf_raw_tracepoint_args *ctx,
+					enum offcpu_option opts)
+{
+	__u64 state = ctx->args[3], bits;	/* an unsigned int, widened */
+
+	if (!(opts & OFF_STATES))
+		return 1;
+	if (ctx->args[0] || !state)
+		return opts & OFF_RUNNING;
+	if (state == TASK_IDLE)
+		bits = STATE_IDLE;
+	else
+		bits = (state | task_u32(ctx->args[1], task_exit_state)) & TASK_REPORT;
+	return (bits & state_bits) != 0;
+}
+
+/* whether current is a thread of interest: the target's or its
+ * children's (once it exec'd, for -c), else not ustack's; a kernel thread
+ * only when kernel stacks are asked for */
+static __always_inline int thread_wanted(__u64 pid_tgid, enum offcpu_option opts)
+{
+	void *task;
+
+	if ((opts & OFF_ONLY_TRACED) && !traced(pid_tgid))
+		return 0;
+	if ((opts & OFF_EXCLUDE) && pid_tgid >> 32 == exclude_tgid)
+		return 0;
+	if ((opts & OFF_WAIT_FOR_EXEC) && !exec_seen())
+		return 0;
+	if (opts & OFF_USER_ONLY) {
+		task = bpf_get_current_task_btf();
+		if (!FIELD(void *, task, task_mm))
+			return 0;
+	}
+	return 1;
+}
+
+/* sched_switch(preempt, prev, next, prev_state): current is prev */
+SEC("raw_tracepoint/sched_switch")
+int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
+{
+	enum offcpu_option opts = off_options;
+	struct offcpu_start s = {};
+	__u64 pid_tgid;
+	struct walk *w;
+	__u32 tid;
+
+	switch_in(ctx->args[2], opts);
+	if (!task_u32(ctx->args[1], task_pid))		/* the idle task */
+		return PASS_ON;
+	if (!state_wanted(ctx, opts))
+		return PASS_ON;
+	pid_tgid = bpf_get_current_pid_tgid();
+	if (!thread_wanted(pid_tgid, opts))
+		return PASS_ON;
+	w = walk(ctx, REGS_TASK, (opts & OFF_KERNEL_STACK) ? &kernel_stacks : 0,
+		 &s.kernel_stack);
+	if (!w || !store_stack(w, &s.hash))
+		return PASS_ON;
+	s.time = bpf_ktime_get_ns();
+	s.pid_tgid = pid_tgid;
+	tid = pid_tgid;
+	if (bpf_map_update_elem(&start, &tid, &s, BPF_ANY))
+		off_error(OFF_START_FULL);
+	return PASS_ON;
+}
+
+/* Whether a wakeup comes from an interrupt, not from what current does:
+ * x86-64 runs an interrupt of kernel code on a per-CPU stack, so the
+ * tracepoint's stack pointer lies outside current's own kernel stack (it
+ * is the one perf saved in the pt_regs the record's first word points
+ * to); an interrupt of user code runs on current's stack, but current
+ * then entered the kernel by that interrupt, whose saved user registers
+ * say so (orig_ax -1, where a system call keeps its number). -1: neither
+ * could be read. */
+static __always_inline int in_interrupt(void *ctx)
+{
+	struct pt_regs *user = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	__u64 regs, sp;
+	void *task;
+
+	if ((__s64)user->orig_ax < 0)
+		return 1;
+	if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx))
+		return -1;
+	if (bpf_probe_read_kernel(&sp, sizeof(sp), (void *)(regs + 19 * 8 /* sp */)))
+		return -1;
+	task = bpf_get_current_task_btf();
+	return sp - FIELD(__u64, task, task_stack) >= THREAD_STACK_SPAN;
+}
+
+SEC("tracepoint/sched/sched_waking")
+int offcpu_waking(void *ctx)
+{
+	enum offcpu_option opts = off_options;
+	struct offcpu_waker wk = {};
+	__u32 tid = 0;
+	__u64 pid_tgid;
+	struct walk *w;
+	int irq;
+
+	/* the record's pid, where its format file puts it (a ctx access
+	 * takes no offset known only at load time) */
+	bpf_probe_read_kernel(&tid, sizeof(tid), ctx + waking_pid);
+	if (!bpf_map_lookup_elem(&start, &tid))		/* not a thread we follow */
+		return PASS_ON;
+	wk.kernel_stack = NO_STACK;
+	irq = in_interrupt(ctx);
+	if (irq < 0)
+		return PASS_ON;
+	pid_tgid = bpf_get_current_pid_tgid();
+	if (!irq && pid_tgid >> 32) {			/* not the idle task */
+		w = walk(ctx, REGS_TASK, (opts & OFF_KERNEL_STACK) ? &kernel_stacks : 0,
+			 &wk.kernel_stack);
+		if (!w || !store_stack(w, &wk.hash))
+			return PASS_ON;
+		wk.pid_tgid = pid_tgid;
+		if (bpf_map_update_elem(&wakers, &tid, &wk, BPF_ANY))
+			off_error(OFF_WAKERS_FULL);
+		return PASS_ON;
+	}
+	/* an interrupt's wakeup (a timer, a device): no thread woke it; the
+	 * kernel stack says what did */
+	if (opts & OFF_KERNEL_STACK) {
+		long id = bpf_get_stackid(ctx, &kernel_stacks, 0);
+
+		wk.kernel_stack = id < 0 ? NO_STACK : id;
+	}
+	wk.hash = INTERRUPT_HASH;
+	bpf_map_update_elem(&wakers, &tid, &wk, BPF_ANY);
+	return PASS_ON;
+}

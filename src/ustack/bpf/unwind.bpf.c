@@ -1,0 +1,208 @@
+/* The in-kernel DWARF/Go unwinder's programs, one per probe (the walk is
+ * unwind.h's; capture/bpf_unwind.py loads them and tells the story):
+ * unwind_count counts each distinct stack (count, profile):
+ * STACKS[hash] = the stack, COUNTS[(pid_tgid, probe, kernel stack, hash)]
+ * += 1; unwind_trace writes each event's record and frames into the ring
+ * (trace), its fetch-args after them where the probe has some (a tail call
+ * into the code generated for them). Either defers a walk that ended NO_TABLE or VMA_BUSY (an object
+ * mapped before its rows were loaded, a memory map locked in a sample's
+ * interrupt), given UW_DEFER: the event's registers and stack go to the
+ * ring for user space to unwind; where the ring is full the stack ends
+ * cut, as walked. */
+#include "unwind.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct unwind_count_key);
+	__type(value, __u64);
+	__uint(max_entries, 1);		/* sized by the loader */
+} counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__type(value, struct deferred_record);	/* and trace_record (the loader drops the size) */
+	__uint(max_entries, 4096);	/* sized by the loader */
+} ring SEC(".maps");
+
+/* a trace program's fetch-args programs (enum fetch_slot) */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, enum fetch_slot);
+	__uint(value_size, sizeof(__u32));
+	__uint(max_entries, FETCH_SLOTS);
+} fetch_args SEC(".maps");
+
+/* where a deferred record with fetch-args is written (too big for the ring's reserve
+ * to be handed to the generated code: it outputs a copy) */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct deferred_with_args);
+	__uint(max_entries, 1);
+} deferred_scratch SEC(".maps");
+
+const volatile __u32 probe_index;
+const volatile enum program_result result;
+const volatile enum unwind_option options;
+const volatile enum regs_source regs_source;
+
+static __always_inline int in_scope(__u64 pid_tgid, enum unwind_option opts)
+{
+	if ((opts & UW_ONLY_TRACED) && !traced(pid_tgid))
+		return 0;
+	if ((opts & UW_WAIT_FOR_EXEC) && !exec_seen())
+		return 0;
+	return 1;
+}
+
+static __always_inline struct walk *walked(void *ctx, enum unwind_option opts,
+					   __s32 *kernel_stack)
+{
+	return walk(ctx, regs_source, (opts & UW_KERNEL_STACK) ? &kernel_stacks : 0,
+		    kernel_stack);
+}
+
+static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
+{
+	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
+				     || w->rec.head.status == VMA_BUSY);
+}
+
+/* d = the deferred record of this event: its registers (the walk moved
+ * them: the event's own) and DEFER_STACK bytes from sp at once; where that
+ * fails the stack ends within them, and as it ends at a page boundary
+ * (its mapping's end) it ends after sp's page or the next: those are
+ * copied one at a time. w->rec holds the record's head. */
+static __always_inline void fill_deferred(void *ctx, struct walk *w, struct deferred_record *d,
+					  __s32 kernel_stack)
+{
+	__u64 first;
+
+	user_registers(ctx, regs_source, w);
+	d->rec.time = w->rec.time;
+	d->rec.pid_tgid = w->rec.pid_tgid;
+	d->rec.probe = w->rec.probe;
+	d->rec.cpu = w->rec.cpu;
+	d->rec.head.frames = 0;
+	d->rec.head.status = DEFERRED;
+	d->ip = w->pc;
+	d->sp = w->sp;
+	d->bp = w->bp;
+	d->kernel_stack = kernel_stack;
+	if (!bpf_probe_read_user(d->stack, DEFER_STACK, (void *)w->sp)) {
+		d->copied = DEFER_STACK;
+	} else {
+		first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
+		if (bpf_probe_read_user(d->stack, first, (void *)w->sp))
+			d->copied = 0;
+		else if (bpf_probe_read_user(d->stack + first, 4096, (void *)(w->sp + first)))
+			d->copied = first;
+		else
+			d->copied = first + 4096;
+	}
+}
+
+/* the head of this event's record in w->rec */
+static __always_inline void record_head(struct walk *w, __u64 pid_tgid)
+{
+	w->rec.time = bpf_ktime_get_ns();
+	w->rec.pid_tgid = pid_tgid;
+	w->rec.probe = probe_index;
+	w->rec.cpu = bpf_get_smp_processor_id();
+}
+
+/* A deferred record into the ring, for user space to unwind once it has
+ * loaded what the walk missed; 0 when the ring is full (counted). */
+static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack)
+{
+	struct deferred_record *d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
+
+	if (!d) {
+		count_unwind_error(UW_UNDEFERRED);
+		return 0;
+	}
+	fill_deferred(ctx, w, d, kernel_stack);
+	bpf_ringbuf_submit(d, 0);
+	return 1;
+}
+
+SEC("event")
+int unwind_count(void *ctx)
+{
+	enum unwind_option opts = options;
+	struct unwind_count_key key;
+	__u64 one = 1, *n;
+	struct walk *w;
+	long err;
+
+	key.pid_tgid = bpf_get_current_pid_tgid();
+	if (!in_scope(key.pid_tgid, opts))
+		return result;
+	key.probe = probe_index;
+	w = walked(ctx, opts, &key.kernel_stack);
+	if (!w)
+		return result;
+	if (deferrable(w, opts)) {
+		record_head(w, key.pid_tgid);
+		if (defer(ctx, w, key.kernel_stack))
+			return result;
+	}
+	if (!store_stack(w, &key.hash))
+		return result;
+	n = bpf_map_lookup_elem(&counts, &key);
+	if (!n) {
+		err = bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);
+		if (!err)
+			return result;
+		if (err == -EEXIST)	/* another CPU made it first: add to theirs */
+			n = bpf_map_lookup_elem(&counts, &key);
+		if (!n) {
+			count_unwind_error(UW_COUNTS_FULL);
+			return result;
+		}
+	}
+	__sync_fetch_and_add(n, 1);
+	return result;
+}
+
+SEC("event")
+int unwind_trace(void *ctx)
+{
+	enum unwind_option opts = options;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct deferred_with_args *dw;
+	__s32 kernel_stack;
+	struct walk *w;
+	__u32 n, zero = 0;
+
+	if (!in_scope(pid_tgid, opts))
+		return result;
+	w = walked(ctx, opts, &kernel_stack);
+	if (!w)
+		return result;
+	record_head(w, pid_tgid);
+	if (deferrable(w, opts)) {
+		if (!(opts & UW_FETCH_ARGS)) {
+			if (defer(ctx, w, kernel_stack))
+				return result;
+		} else {
+			dw = bpf_map_lookup_elem(&deferred_scratch, &zero);
+			if (dw) {
+				fill_deferred(ctx, w, &dw->d, kernel_stack);
+				/* outputs it, or counts UW_UNDEFERRED and goes on
+				 * in FETCH_STREAM with the stack as walked */
+				bpf_tail_call(ctx, &fetch_args, FETCH_DEFERRED);
+			}
+		}
+	}
+	if (opts & UW_FETCH_ARGS)
+		bpf_tail_call(ctx, &fetch_args, FETCH_STREAM);
+	n = w->rec.head.frames;
+	if (n > MAX_FRAMES)
+		n = MAX_FRAMES;
+	if (bpf_ringbuf_output(&ring, &w->rec, sizeof(w->rec) + 8 * n, 0))
+		count_unwind_error(UW_RING_FULL);
+	return result;
+}

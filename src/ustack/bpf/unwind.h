@@ -1,0 +1,513 @@
+/* The in-kernel DWARF/Go unwinder's walk, shared by the programs that
+ * unwind a user stack (unwind.bpf.c; capture/bpf_unwind.py tells the whole
+ * story). walk() leaves the current task's user stack in the per-CPU
+ * scratch value: its frames, status (enum unwind_status) and running hash.
+ * One bpf_loop step per frame, so the verifier checks the step once:
+ * - the pc's mapping: bpf_find_vma, its answers cached in VMAS by (mm
+ *   ctx_id, 2 MiB region) (in a sample's interrupt find_vma answers once);
+ *   consecutive frames in one mapping skip both;
+ * - the object's rows: OBJECTS[(dev, inode)], a binary search over the
+ *   rows of the pc's 4 KiB page (PAGES) in ROWS;
+ * - the row's rule: CFA = sp|bp + N (or the PLT's), the return address at
+ *   CFA - 8, bp restored per the row; a signal frame continues from the
+ *   ucontext. Stack words come from a WINDOW-byte copy.
+ * Code without a file (a JIT's) is walked on its frame pointer (FP_ROW). */
+#ifndef UNWIND_H
+#define UNWIND_H
+
+#include "ustack.h"
+
+#ifndef FNV_PRIME
+#define FNV_PRIME 0x100000001B3ULL
+#endif
+#define FNV_BASIS 0xCBF29CE484222325ULL
+
+/* the ucontext of a signal frame, at sp when the handler returned */
+#define UC_GREGS 40
+#define UC_RBP (UC_GREGS + 8 * 10)
+#define UC_RSP (UC_GREGS + 8 * 15)
+#define UC_RIP (UC_GREGS + 8 * 16)
+
+struct task_struct;
+struct vm_area_struct;
+
+/* the per-CPU scratch value: a walk's state, then its record */
+struct walk {
+	__u64 pc, sp, bp;
+	__u64 exact;		/* pc is the event's own, not a return address */
+	__u64 bp_ok;		/* bp holds the frame's value */
+	__u64 hash;
+	__u64 mstart, mend;	/* the mapping whose rows are below */
+	__s64 adjust;		/* its ELF address - runtime address */
+	__u32 first, rows, page_slot, first_page, pages, pad;
+	__u32 lo, hi;		/* the binary search's bounds, rows in ROWS */
+	__u64 word;		/* a word read from the stack */
+	__u64 win;		/* the stack address window[] holds, 0 for none */
+	__u64 fp_used;		/* a frame without a file was walked on bp */
+	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
+	__u64 frame[MAX_FRAMES];
+	/* WINDOW bytes of stack during the walk; a trace record's fetch-args
+	 * after its frames once it is done */
+	__u8 window[ARGS_AREA];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct walk);
+	__uint(max_entries, 1);
+} scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+	__uint(max_entries, 1);		/* sized by the loader */
+} rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);		/* the first row of a page of an object */
+	__uint(max_entries, 1);		/* sized by the loader */
+} pages SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct object_key);
+	__type(value, struct object_rows);
+	__uint(max_entries, 1);		/* sized by the loader */
+} objects SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct vma_key);
+	__type(value, struct vma_info);
+	__uint(max_entries, 1);		/* sized by the loader */
+} vmas SEC(".maps");
+
+/* the rule for code without a file: CFA = bp + 16 (set by the loader) */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+	__uint(max_entries, 1);
+} fp_row SEC(".maps");
+
+/* STACKS (unwound): the distinct stacks walked, under their hash. Its
+ * maps' names are the unwinder's own: a program that includes this header
+ * may have a stacks or errors map of its own (latency.bpf.c) */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);
+	__type(value, struct unwound_stack);
+	__uint(max_entries, 1);		/* sized by the loader */
+} unwound SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, enum unwind_error);
+	__type(value, __u64);
+	__uint(max_entries, UNWIND_ERROR_SLOTS);
+} unwind_errors SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 8);		/* 8 bytes a frame: sized by the loader */
+	__uint(max_entries, 1);
+} kernel_stacks SEC(".maps");
+
+/* kernel field offsets, from the running kernel's BTF */
+const volatile __u32 task_mm, mm_ctx_id, mm_vdso;
+const volatile __u32 vm_start, vm_end, vm_pgoff, vm_file, vm_mm;
+const volatile __u32 f_inode, i_ino, i_sb, s_dev;
+
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
+
+#define FIELD(type, ptr, offset) (*(type *)((void *)(ptr) + (offset)))
+
+static __always_inline struct walk *scratch_value(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&scratch, &zero);
+}
+
+static __always_inline __u64 mix(__u64 hash, __u64 word)
+{
+	hash = (hash ^ word) * FNV_PRIME;
+	return hash ^ (hash >> 29);
+}
+
+static __always_inline long stop(struct walk *w, enum unwind_status status)
+{
+	w->rec.head.status = status;
+	return 1;
+}
+
+/* *into = the user word at addr; 0 on success. Served from the window
+ * when it holds the word: a copy from user memory costs as much for 8
+ * bytes as for WINDOW (its checks dominate), and a walk reads nearby words. */
+static __always_inline long read_user(struct walk *w, __u64 addr, __u64 *into)
+{
+	__u64 at = addr - w->win;
+
+	if (at > WINDOW - 8) {
+		if (bpf_probe_read_user(w->window, WINDOW, (void *)addr)) {
+			w->win = 0;	/* near the stack's end: one word */
+			return bpf_probe_read_user(into, 8, (void *)addr);
+		}
+		w->win = addr;
+		at = 0;
+	}
+	*into = *(__u64 *)(w->window + at);
+	return 0;
+}
+
+/* the current task's user registers into w: a function of its own, as
+ * the verifier takes one load instruction to one kind of pointer (clang
+ * would share the loads with the ctx's) */
+static __noinline void task_registers(struct walk *w)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+
+	w->pc = regs->ip;
+	w->sp = regs->sp;
+	w->bp = regs->bp;
+}
+
+/* the user registers of the event into w */
+static __always_inline void user_registers(void *ctx, enum regs_source source, struct walk *w)
+{
+	struct pt_regs *regs = ctx;
+
+	if (source == REGS_TASK || (source == REGS_SAMPLE && !(regs->cs & 3))) {
+		task_registers(w);
+		return;
+	}
+	w->pc = regs->ip;
+	w->sp = regs->sp;
+	w->bp = regs->bp;
+}
+
+/* bpf_find_vma's callback: the mapping's start, end, page offset, and
+ * file (dev, inode; the vDSO's key, or none for anonymous code) */
+static long vma_found(struct task_struct *task, struct vm_area_struct *vma,
+		      struct vma_info *out)
+{
+	void *file, *inode, *sb, *mm;
+
+	out->start = FIELD(__u64, vma, vm_start);
+	out->end = FIELD(__u64, vma, vm_end);
+	out->pgoff = FIELD(__u64, vma, vm_pgoff);
+	file = FIELD(void *, vma, vm_file);
+	if (!file) {		/* the vDSO (its start is mm->context.vdso), or anonymous */
+		mm = FIELD(void *, vma, vm_mm);
+		if (mm && FIELD(__u64, mm, mm_vdso) == out->start)
+			out->file.inode = VDSO_INODE;
+		return 0;
+	}
+	inode = FIELD(void *, file, f_inode);
+	if (!inode)
+		return 0;
+	out->file.inode = FIELD(__u64, inode, i_ino);
+	sb = FIELD(void *, inode, i_sb);
+	if (sb)
+		out->file.dev = FIELD(__u32, sb, s_dev);
+	return 0;
+}
+
+enum mapped { MAPPED, NOT_MAPPED, NO_FILE_CODE };
+
+/* w's mapping and rows for the address q, or why not (the walk stops).
+ * A function of its own: its locals end with it, so the verifier checks
+ * the search after it once whichever way the mapping was found */
+static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
+{
+	void *task = bpf_get_current_task_btf();
+	/* keyed by the mm's ctx_id, not its address: a freed mm_struct is
+	 * soon another process's, whose code the cached VMAs would misname */
+	struct vma_key key = {
+		.ctx_id = FIELD(__u64, FIELD(void *, task, task_mm), mm_ctx_id),
+		.region = q >> VMA_REGION_SHIFT,
+	};
+	struct vma_info vma, *cached;
+	struct object_rows *obj;
+	long err;
+
+	cached = bpf_map_lookup_elem(&vmas, &key);
+	if (cached && q >= cached->start && q < cached->end) {
+		vma = *cached;
+	} else {
+		__builtin_memset(&vma, 0, sizeof(vma));
+		err = bpf_find_vma(task, q, vma_found, &vma, 0);
+		if (err)
+			return stop(w, err == -16 /* EBUSY */ ? VMA_BUSY : NO_MAPPING), NOT_MAPPED;
+		bpf_map_update_elem(&vmas, &key, &vma, BPF_ANY);
+	}
+	if (!vma.file.inode) {
+		/* code without a file (a JIT's): followed on its frame pointer;
+		 * nothing cached, each such frame comes here again */
+		w->mstart = w->mend = 0;
+		return NO_FILE_CODE;
+	}
+	obj = bpf_map_lookup_elem(&objects, &vma.file);
+	if (!obj)
+		return stop(w, NO_TABLE), NOT_MAPPED;
+	w->page_slot = obj->page_slot;
+	w->first_page = obj->first_page;
+	w->pages = obj->pages;
+	w->first = obj->first;
+	w->rows = obj->rows;
+	w->adjust = obj->adjust + (vma.pgoff << 12) - vma.start;
+	w->mstart = vma.start;
+	w->mend = vma.end;
+	if (!w->rows) {
+		w->mend = 0;	/* not cached: each frame says why */
+		return stop(w, w->first == TABLE_FULL_MARK ? TABLE_FULL : NO_CFI), NOT_MAPPED;
+	}
+	return MAPPED;
+}
+
+/* w->lo, w->hi: the rows to search for ELF address vaddr (indices into
+ * ROWS), narrowed to those of its page by the page index, if the object
+ * has one. A function of its own, so the search after it starts from one
+ * state whichever way the bounds were found. */
+static __noinline void search_bounds(struct walk *w, __u64 vaddr)
+{
+	__u64 page = (vaddr >> PAGE_SHIFT) - w->first_page;
+	/* keys in 8-byte slots: a whole write tells the verifier the slot's
+	 * old value is dead */
+	__u64 key;
+	__u32 *at, lo;
+
+	w->lo = w->first;
+	w->hi = w->first + w->rows;
+	if (!w->pages || page >= w->pages - 1)
+		return;
+	key = (__u32)(w->page_slot + page);
+	at = bpf_map_lookup_elem(&pages, &key);
+	if (!at)
+		return;
+	lo = *at;
+	key = (__u32)(key + 1);
+	at = bpf_map_lookup_elem(&pages, &key);
+	if (at) {
+		w->lo = w->first + lo;
+		w->hi = w->first + *at + 1;
+	}
+}
+
+/* the row that covers ELF address vaddr in w's object, or NULL: a binary
+ * search for the last row at or below it */
+static __noinline struct unwind_row *find_row(struct walk *w, __u64 vaddr)
+{
+	struct unwind_row *row;
+	__u32 lo, hi, mid;
+	__u64 key;
+
+	search_bounds(w, vaddr);
+	/* lo and hi kept in the scratch value: the verifier knows nothing of
+	 * what it reads there, so it checks each step once, not once per
+	 * range of them it could track through registers */
+	for (int i = 0; i < SEARCH_STEPS; i++) {
+		lo = READ_ONCE(w->lo);
+		hi = READ_ONCE(w->hi);
+		if (lo >= hi)
+			break;
+		mid = (lo + hi) >> 1;
+		key = mid;
+		row = bpf_map_lookup_elem(&rows, &key);
+		if (!row)
+			break;
+		if (row->pc > vaddr)
+			WRITE_ONCE(w->hi, mid);
+		else
+			WRITE_ONCE(w->lo, mid + 1);
+	}
+	lo = READ_ONCE(w->lo);
+	if (lo == w->first)
+		return 0;
+	key = lo - 1;
+	return bpf_map_lookup_elem(&rows, &key);
+}
+
+/* one frame: bpf_loop's callback; 0 goes on, 1 stops */
+static long step(__u64 index, void *unused)
+{
+	struct walk *w = scratch_value();
+	struct unwind_row *row;
+	__u64 q, cfa, ra, cfa_or_bp;
+	__u64 uc[(UC_RIP - UC_RBP) / 8 + 1];
+	enum unwind_status status;
+	__s64 off;
+	__u32 n;
+
+/* one way out for each outcome: the verifier checks it once */
+#define STOP(why) do { status = (why); goto stopped; } while (0)
+
+	if (!w)
+		return 1;
+	/* q: the pc itself, or the call instruction before a return address */
+	q = w->pc - (w->exact ^ 1);
+	if (q < w->mstart || q >= w->mend) {
+		enum mapped got = find_mapping(w, q);
+
+		if (got == NOT_MAPPED)
+			return 1;
+		if (got == NO_FILE_CODE) {
+			__u32 zero = 0;
+
+			row = bpf_map_lookup_elem(&fp_row, &zero);
+			if (!row)
+				STOP(NO_FILE);
+			w->fp_used = 1;
+			goto have_row;
+		}
+	}
+	row = find_row(w, q + w->adjust);
+	if (!row)
+		goto gap;
+have_row:
+	off = row->cfa;
+	switch (row->kind) {
+	case ROW_SP:
+		cfa = w->sp + off;
+		break;
+	case ROW_BP:
+		if (!w->bp_ok)
+			STOP(NO_BP);
+		cfa = w->bp + off;
+		break;
+	case ROW_PLT:
+		if ((w->pc & 15) >= (__u16)row->aux)
+			off += 8;
+		cfa = w->sp + off;
+		break;
+	case ROW_END:
+		goto end;
+	case ROW_SIGNAL:	/* the interrupted registers from the ucontext */
+		if (bpf_probe_read_user(uc, sizeof(uc), (void *)(w->sp + UC_RBP)))
+			STOP(READ_FAILED);
+		w->bp = uc[0];
+		w->pc = uc[(UC_RIP - UC_RBP) / 8];
+		w->sp = uc[(UC_RSP - UC_RBP) / 8];
+		w->exact = 1;
+		w->bp_ok = 1;
+		goto append;
+	case ROW_UNSUPPORTED:
+		STOP(UNSUPPORTED);
+	default:
+		goto gap;
+	}
+	if (read_user(w, cfa - 8, &w->word))
+		STOP(READ_FAILED);
+	off = row->bp;
+	cfa_or_bp = cfa;
+	switch (row->bp_rule) {
+	case BP_SAME:
+		break;
+	case BP_AT_BP:
+		if (!w->bp_ok)
+			break;
+		cfa_or_bp = w->bp;
+		/* fall through */
+	case BP_AT:
+		w->bp_ok = !read_user(w, cfa_or_bp + off, &w->bp);
+		break;
+	default:
+		w->bp_ok = 0;
+	}
+	/* the caller: the stack ends at a null return address; a CFA that
+	 * does not move up would loop */
+	ra = w->word;
+	if (ra < 0x1000)
+		goto end;
+	if (cfa <= w->sp)
+		STOP(NO_PROGRESS);
+	w->sp = cfa;
+	w->pc = ra;
+	w->exact = 0;
+append:
+	n = w->rec.head.frames;
+	w->rec.head.frames = n + 1;
+	w->frame[n & (MAX_FRAMES - 1)] = w->pc;
+	w->hash = mix(w->hash, w->pc);
+	return 0;
+gap:
+	/* no CFI, and bp 0: the outermost frame (the ABI's mark, set by
+	 * _start), where the stack ends complete, as the copy path ends it */
+	if (!w->bp_ok || w->bp)
+		STOP(GAP);
+end:
+	status = w->fp_used ? THROUGH_JIT : COMPLETE;
+stopped:
+	w->rec.head.status = status;
+	return 1;
+#undef STOP
+}
+
+/* the current task's user stack into the scratch value, returned (NULL:
+ * none, nothing walked); `*kernel_stack`: the kernel stack's id when
+ * `stacks` is given, else NO_STACK */
+static __always_inline struct walk *walk(void *ctx, enum regs_source source,
+					 void *kernel_stacks, __s32 *kernel_stack)
+{
+	struct walk *w = scratch_value();
+	void *task;
+
+	if (!w)
+		return 0;
+	user_registers(ctx, source, w);
+	w->exact = 1;
+	w->bp_ok = 1;
+	w->mend = w->mstart = w->win = w->fp_used = 0;
+	w->frame[0] = w->pc;
+	w->rec.head.frames = 1;
+	w->rec.head.status = RUNNING;
+	w->hash = mix(FNV_BASIS, w->pc);
+	*kernel_stack = NO_STACK;
+	if (kernel_stacks) {
+		long id = bpf_get_stackid(ctx, kernel_stacks, 0);
+
+		*kernel_stack = id < 0 ? NO_STACK : id;
+	}
+	task = bpf_get_current_task_btf();
+	if (!FIELD(void *, task, task_mm)) {	/* a kernel thread: an empty user stack */
+		w->rec.head.frames = 0;
+		w->rec.head.status = COMPLETE;
+		w->hash = FNV_BASIS;
+		return w;
+	}
+	bpf_loop(MAX_FRAMES - 1, step, 0, 0);
+	if (w->rec.head.status == RUNNING)
+		w->rec.head.status = TRUNCATED;
+	return w;
+}
+
+static __always_inline void count_unwind_error(enum unwind_error slot)
+{
+	add_one(bpf_map_lookup_elem(&unwind_errors, &slot));
+}
+
+/* *hash = the walked stack's final hash (its status mixed in: a cut
+ * stack is another stack), its frames in STACKS unless there; 0 when
+ * STACKS is full (counted) */
+static __always_inline int store_stack(struct walk *w, __u64 *hash)
+{
+	long err;
+
+	*hash = mix(w->hash, w->rec.head.status);
+	if (!bpf_map_lookup_elem(&unwound, hash)) {
+		err = bpf_map_update_elem(&unwound, hash, &w->rec.head, BPF_NOEXIST);
+		if (err && err != -EEXIST) {
+			count_unwind_error(UW_STACKS_FULL);
+			return 0;
+		}
+	}
+	return 1;
+}
+
+#endif
