@@ -6,6 +6,7 @@ only keep a hung run from hanging the suite; the runs end in well under
 a second (see the commit that made them so for the measured times)."""
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 
@@ -71,10 +72,15 @@ def test_signal_at_a_high_rate_drops_the_backlog(backend, tmp_path):
         assert us.returncode == 0, err
         assert "Traceback" not in err, err
         dropped = [line for line in err.splitlines() if "dropped unread" in line]
-        assert len(dropped) == 1 and dropped[0].endswith(
-            "events were dropped unread: the run was asked to end while they "
-            "waited to be read"), err
-        assert int(dropped[0].split()[0]) > 0, err
+        if not dropped:
+            # the reader emptied the buffer within the grace time: nothing
+            # was left to drop, and the kernel's own losses are said
+            assert re.search(r"^Lost \d+ events", err, re.M), err
+        else:
+            assert len(dropped) == 1 and dropped[0].endswith(
+                "events were dropped unread: the run was asked to end while they "
+                "waited to be read"), err
+            assert int(dropped[0].split()[0]) > 0, err
         assert ustack_lines(us.pid) == []
     finally:
         stop(us)
