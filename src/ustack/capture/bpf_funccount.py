@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from ..kernel import bpf
 from ..model import Losses, UstackError
-from .bpf import ExecArming, bpf_program_object, read_calls
+from .bpf_counter import ExecArming, bpf_program_object, read_calls
 
 
 class FuncCountCapture:

@@ -31,8 +31,9 @@ import struct
 
 from ..kernel import bpf
 from ..model import Losses, MmapEvent, RawSample, TracepointProbe
-from .bpf import (BpfCapture, BpfCounter, bpf_program_object, program_result,
-                  with_ring_records)
+from .bpf import BpfCapture
+from .bpf_counter import (BpfCounter, bpf_program_object, program_result, ring_bytes,
+                          with_ring_records)
 from ..values import value
 
 # the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
@@ -299,7 +300,6 @@ class LatencyCapture(BpfCapture):
             self.stop = self._stop
 
     def _new_counter(self) -> LatencyCounter:
-        from .bpf import ring_bytes
         target = self.target
         return LatencyCounter(
             self.probes, self.sites, unit_ns=self.unit_ns, by_stack=self.by_stack,

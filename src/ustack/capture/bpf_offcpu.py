@@ -39,7 +39,8 @@ from ..kernel.bpf_object import bpf_object
 from ..kernel.trace_format import parse_format
 from ..kernel.tracefs import event_format
 from ..model import Losses, RawSample
-from .bpf import BpfCapture, cut_reason
+from .bpf import BpfCapture
+from .bpf_counter import cut_reason
 from .bpf_unwind import UnwindCounter, kernel_rodata
 from .kernel_offsets import Offsets
 from ..values import value

@@ -73,8 +73,8 @@ from ..objfile.vdso import vdso_file
 from .. import bpf as bpf_programs
 from ..unwind import tables
 from ..target import process
-from .bpf import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
-                  prog_type_of)
+from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
+                          prog_type_of)
 from .kernel_offsets import Offsets
 
 

@@ -1,0 +1,399 @@
+"""What every BPF capture shares: the in-kernel stack counter (BpfCounter),
+the programs' return values, the set of traced processes and its
+fork-following and exec-arming programs, and the pieces of the run's
+background work. BpfCapture (capture/bpf.py) drives a run with them; the
+unwinder, latency, off-CPU and funccount captures build on them, so none of
+them needs capture/bpf.py (which needs the unwinder)."""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+from ..bpf import object_path
+from ..defaults import DEFAULT_STACK_STORAGE
+from ..kernel import bpf
+from ..kernel.bpf_object import bpf_object
+from ..kernel import perf_event as pe
+from ..kernel.tracefs import tracepoint_id
+from ..interrupt import NEVER
+from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT,
+                     ProfileProbe, TracepointProbe, UprobeProbe)
+from .kernel_offsets import Offsets
+from .perf import NEVER_SAMPLE, READ_MOST
+from ..values import value
+
+MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
+RING_BYTES = 16 << 20                 # trace's ring of unwound stacks (bpf_unwind)
+
+NO_STACK = -1                         # the stack id stored when there is none (ustack.h)
+_U64 = struct.Struct("<Q")
+
+# what a program returns: 0 drops the perf sample, 1 lets perf go on with it
+DROP_SAMPLE, PASS_ON = 0, 1
+
+
+def bpf_program_object(name: str):
+    """The built object of src/ustack/bpf/NAME.bpf.c, parsed once."""
+    return bpf_object(object_path(name))
+
+
+def count_key():
+    """The stack counters' map key (struct count_key in ustack.h): pid_tgid,
+    probe index, user and kernel stack ids, the caller's return address."""
+    return bpf_program_object("counts").layout("count_key").struct
+
+
+@value(frozen=False)
+class Counted:
+    """One entry of the count map, decoded."""
+    pid: int
+    tid: int
+    probe: int                        # index into the probe list
+    user_stack: int                   # stack id, NO_STACK for none
+    kernel_stack: int
+    return_address: int
+    count: int
+
+
+TRACED_PROCESSES = 1 << 16            # the set's size: the target and its children
+
+
+def traced_set(first_tgid: int) -> bpf.Map:
+    """The set of traced processes (tgid -> 1), holding `first_tgid`."""
+    tgids = bpf_program_object("exec").make_map(
+        "tgids", TRACED_PROCESSES, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0)
+    tgids.update(first_tgid.to_bytes(4, "little"), (1).to_bytes(4, "little"))
+    return tgids
+
+
+def follow_children(tgids: bpf.Map) -> tuple:
+    """(link fd, program fd) of exec.bpf.c's follow_children on the raw
+    tracepoint task_newtask, system-wide (the program filters on the set):
+    tgids[child] = 1 when a process in the set forks one."""
+    prog = bpf_program_object("exec").load(
+        "follow_children", {"tgids": tgids},
+        {"task_pid_offset": Offsets.of_this_kernel().task_pid}, name="ustack_children")
+    try:
+        return bpf.attach_raw_tracepoint("task_newtask", prog), prog
+    except BaseException:
+        os.close(prog)
+        raise
+
+
+class ExecArming:
+    """armed[0] set when the held command `pid` execs (exec.bpf.c's
+    exec_armed on the raw tracepoint sched_process_exec); the probes'
+    programs wait for it. Made before any perf event opens on that
+    tracepoint: handlers run in the order they were registered, and the
+    count program of `tracepoint:sched:sched_process_exec` must see the
+    command's own exec armed already."""
+
+    def __init__(self, pid: int):
+        obj = bpf_program_object("exec")
+        self.map = obj.make_map("armed")
+        self._fds: list = []
+        try:
+            self._fds.append(obj.load("exec_armed", {"armed": self.map},
+                                      {"traced_tgid": pid}, name="ustack_exec"))
+            self._fds.insert(0, bpf.attach_raw_tracepoint("sched_process_exec",
+                                                          self._fds[-1]))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd in self._fds:                # the link first, then its program
+            os.close(fd)
+        self._fds.clear()
+        self.map.close()
+
+
+def read_calls(counts: bpf.Map, n: int, reset: bool = False) -> list:
+    """funccount's ARRAY of calls per probe index, in index order; `reset`
+    zeroes each after reading it (funccount -i)."""
+    out = []
+    for i in range(n):
+        key = i.to_bytes(4, "little")
+        out.append(_U64.unpack(counts.lookup(key))[0])
+        if reset:
+            counts.update(key, bytes(8))
+    return out
+
+
+def with_ring_records(chunks: list, counter, chunk_type) -> list:
+    """`chunks` (the perf buffers'), then what the counter's BPF ring holds
+    as one chunk_type chunk, if it has a ring and anything is in it: read
+    after the perf buffers, so the MMAP2 records that explain the ring's
+    records come first."""
+    if counter is not None and counter.ring is not None:
+        records = counter.ring.read(READ_MOST)
+        if records:
+            chunks.append(chunk_type(records))
+    return chunks
+
+
+def prog_type_of(probe) -> int:
+    if isinstance(probe, UprobeProbe):
+        return bpf.PROG_KPROBE
+    if isinstance(probe, TracepointProbe):
+        return bpf.PROG_TRACEPOINT
+    if isinstance(probe, ProfileProbe):
+        return bpf.PROG_PERF_EVENT
+    raise TypeError(probe)
+
+
+def program_result(probe) -> int:
+    """What a counting program returns for `probe` (see the module's doc):
+    PASS_ON only on a tracepoint, which other tools may share."""
+    return PASS_ON if isinstance(probe, TracepointProbe) else DROP_SAMPLE
+
+
+class BpfCounter:
+    """The maps and programs of one run, attached to a PerfCapture's events."""
+    interrupt = NEVER       # the run's Interrupt: loading gives up when requested
+
+    def __init__(self, probes: list, *, stack_storage: int = DEFAULT_STACK_STORAGE,
+                 kernel: bool = False, filter_tgid=None, calls_only: bool = False):
+        self._no_maps_yet(probes, kernel, calls_only)
+        # frames kept per stack: the kernel's limit, at most bcc's 127
+        self.max_depth = max(1, min(pe.max_stack(), 127))
+        try:
+            if calls_only:
+                self.counts = self._keep(bpf_program_object("funccount").make_map(
+                    "calls", max(1, len(probes))))
+                self.named["calls"] = self.counts
+            else:
+                obj = bpf_program_object("counts")
+                self.stacks = self._keep(obj.make_map("stacks", stack_storage,
+                                                      value_size=8 * self.max_depth))
+                self.counts = self._keep(obj.make_map(
+                    "counts", max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
+                self.errors = self._keep(obj.make_map("errors"))
+                self.named.update(stacks=self.stacks, counts=self.counts,
+                                  errors=self.errors)
+            self.follow_if_traced(filter_tgid)
+        except BaseException:
+            self.close()
+            raise
+
+    def _no_maps_yet(self, probes: list, kernel: bool = False,
+                     calls_only: bool = False) -> None:
+        """The fields every counter has before it makes its maps."""
+        self.probes = probes
+        self.kernel = kernel
+        self.calls_only = calls_only        # funccount: no stacks
+        self.maps: list = []
+        self.prog_fds: list = []
+        self.event_fds: list = []
+        self.armed = None                   # set by arm_on_exec()
+        self.tgids = None                   # for tracepoints under -p/-c: see follow()
+        self.loaded: dict = {}              # probe index -> program fd, load_programs()
+        self.named: dict = {}               # the C programs' maps by their names
+
+    def _map(self, *args) -> bpf.Map:
+        return self._keep(bpf.Map(*args))
+
+    def _keep(self, m: bpf.Map) -> bpf.Map:
+        self.maps.append(m)
+        return m
+
+    def _program(self, index: int, probe) -> int:
+        """Load the probe's program: funccount.bpf.c's count_call, or
+        counts.bpf.c's count_stack, told what the probe needs."""
+        result = program_result(probe)
+        armed = self.armed is not None
+        if self.calls_only:
+            return self._load_c("funccount", "count_call", probe, {
+                "probe_index": index, "result": result, "wait_for_exec": armed},
+                f"ustack_{index}")
+        slot = getattr(probe, "return_address_slot", None)
+        bits = bpf_program_object("counts").enum("count_option")
+        wanted = {"COUNT_ONLY_TRACED": self.tgids is not None
+                  and isinstance(probe, TracepointProbe),
+                  "COUNT_WAIT_FOR_EXEC": armed and not isinstance(probe, ProfileProbe),
+                  "COUNT_KERNEL_STACK": self.kernel,
+                  "COUNT_RETURN_ADDRESS": slot is not None}
+        return self._load_c("counts", "count_stack", probe, {
+            "probe_index": index, "result": result,
+            "options": sum(bits[name] for name, on in wanted.items() if on),
+            "return_address_slot": slot or 0}, f"ustack_{index}")
+
+    def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str) -> int:
+        """Load a C program for `probe` with the run's maps; a map it names
+        and the run lacks (no -c: no `armed`) is made as the C declares it,
+        once, and closed with the rest."""
+        maps = dict(self.named)
+        for shared, m in (("armed", self.armed), ("tgids", self.tgids)):
+            if m is not None:
+                maps[shared] = m
+        before = set(maps)
+        fd = bpf_program_object(obj_name).load(program, maps, rodata,
+                                               prog_type_of(probe), name)
+        self.prog_fds.append(fd)
+        for name in set(maps) - before:
+            self.named[name] = self._keep(maps[name])
+        return fd
+
+    def follow_if_traced(self, tgid) -> None:
+        """follow(tgid) when a -p/-c run (tgid) has trace events, whose
+        programs see every process and filter on the set; uprobe and
+        profile events are scoped to the target by the kernel."""
+        if tgid is not None and any(isinstance(p, TracepointProbe) for p in self.probes):
+            self.follow(tgid)
+
+    def follow(self, tgid: int) -> None:
+        """Tracepoints count process `tgid` and every child it forks from
+        now on (and theirs), as the perf backend's inherited events do."""
+        self.tgids = traced_set(tgid)
+        self.maps.append(self.tgids)
+        fd, prog = follow_children(self.tgids)
+        self.event_fds.append(fd)
+        self.prog_fds.append(prog)
+
+    def arm_on_exec(self, arming: ExecArming) -> None:
+        """Count trace events only after the held command exec'd (`arming`
+        says when); call before the programs are loaded."""
+        self.armed = arming.map
+
+    def skipped(self) -> int:
+        """Events the kernel skipped the probes' programs for (see
+        bpf.recursion_misses)."""
+        total = 0
+        for fd in set(self.loaded.values()):
+            try:
+                total += bpf.recursion_misses(fd)
+            except OSError:
+                pass
+        return total
+
+    def load_programs(self) -> None:
+        """Load (verify) every probe's program ahead of attach(), which
+        takes them from `loaded`: BpfCapture has the kernel verify them
+        while the unwinder's rows load. Call after arm_on_exec()."""
+        for index, probe in enumerate(self.probes):
+            if index not in self.loaded:
+                self.interrupt.check()      # the verifier takes ~8 ms a program
+                self.loaded[index] = self._program(index, probe)
+
+    def attach(self, capture) -> None:
+        """Attach a program per probe: to every sampling event a PerfCapture
+        opened, and to one event of its own per trace event. Not to one of
+        the capture's events there: those are inherited by the target's
+        children, the copies share the program, and when a child exits its
+        copy takes the program off the trace event for everyone."""
+        self.load_programs()
+        progs = self.loaded
+        anchored: set = set()
+        for probe, fd in list(capture.opened):
+            index = self.probes.index(probe)
+            if index not in anchored:
+                self.interrupt.check()
+                anchored.add(index)
+                if not isinstance(probe, ProfileProbe):
+                    bpf.attach(self._anchor(capture, probe), progs[index])
+            if isinstance(probe, ProfileProbe):
+                bpf.attach(fd, progs[index])
+
+    @staticmethod
+    def _anchor(capture, probe) -> int:
+        """A non-inherited event on the probe's trace event, scoped like the
+        run (so a uprobe stays limited to the traced processes); the capture
+        owns and closes it, before it removes its uprobes."""
+        if isinstance(probe, UprobeProbe):
+            config = capture.uprobe_id(probe)
+        else:
+            config = tracepoint_id(probe.group, probe.name)
+        target = capture.target
+        pid, cpu = (-1, 0) if target.scope == "system" else (target.pid, -1)
+        fd = pe.open_event(pe.make_attr(pe.TYPE_TRACEPOINT, config,
+                                        period=NEVER_SAMPLE), pid, cpu,
+                           what=probe.label)
+        capture.fds.append(fd)
+        return fd
+
+    # -- reading the maps ---------------------------------------------------
+    def counted(self, reset: bool = False) -> list:
+        """The count map's entries (stack counting)."""
+        out, key = [], count_key()
+        for k, v in self.counts.items():
+            pid_tgid, probe, ustack, kstack, word = key.unpack(k)
+            out.append(Counted(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, probe,
+                               ustack, kstack, word, _U64.unpack(v)[0]))
+            if reset:
+                self.counts.delete(k)
+        return out
+
+    def calls(self, reset: bool = False) -> list:
+        """Calls per probe (funccount), in probe order."""
+        return read_calls(self.counts, len(self.probes), reset)
+
+    def stack_bytes(self, stack_id: int) -> bytes:
+        """The addresses of a stack id as u64s, innermost first, up to the
+        first 0 (b"" for none or gone)."""
+        if stack_id < 0:
+            return b""
+        raw = self.stacks.lookup(stack_id.to_bytes(4, "little"))
+        if raw is None:
+            return b""
+        for i in range(0, len(raw), 8):
+            if not any(raw[i:i + 8]):
+                return bytes(raw[:i])
+        return bytes(raw)
+
+    def errors_seen(self) -> list:
+        return [_U64.unpack(self.errors.lookup(i.to_bytes(4, "little")))[0]
+                for i in range(self.errors.max_entries)]
+
+    def close(self) -> None:
+        for fd in self.event_fds + self.prog_fds:
+            os.close(fd)
+        self.prog_fds.clear()
+        self.event_fds.clear()
+        for m in self.maps:
+            m.close()
+        self.maps.clear()
+
+
+
+def ring_bytes(buffer_pages: int) -> int:
+    """trace's ring of unwound stacks: RING_BYTES, more as --buffer-pages
+    grows (the advice a full ring prints), a power of two."""
+    want = max(RING_BYTES, buffer_pages * 4096 * 16)
+    return 1 << (want - 1).bit_length()
+
+
+def cut_reason(chain: bytes):
+    """Why the in-kernel unwinder cut this callchain short, or None."""
+    if len(chain) >= 8:
+        last = _U64.unpack_from(chain, len(chain) - 8)[0]
+        if last & ~0xFF == KERNEL_UNWIND_STOP and last & 0xFF != KERNEL_UNWIND_THROUGH_JIT:
+            return KERNEL_UNWIND_REASONS.get(last & 0xFF, f"reason {last & 0xFF}")
+    return None
+
+
+class InBackground(threading.Thread):
+    """fn(*args, **kwargs) run in a thread from now, for the kernel's slow
+    parts (a uprobe's registration, the verifier, zeroing a big map): they
+    go on while the caller does the rest, ctypes having let go of the GIL.
+    result() waits, then returns what fn returned or raises what it raised
+    (with quiet=True it returns None instead of raising)."""
+
+    def __init__(self, fn, *args, **kwargs):
+        super().__init__(name="ustack-bg", daemon=True)
+        self._call = (fn, args, kwargs)
+        self._value = self._error = None
+        self.start()
+
+    def run(self) -> None:
+        fn, args, kwargs = self._call
+        try:
+            self._value = fn(*args, **kwargs)
+        except BaseException as e:      # handed to result()
+            self._error = e
+
+    def result(self, quiet: bool = False):
+        self.join()
+        if self._error is not None and not quiet:
+            raise self._error
+        return self._value
