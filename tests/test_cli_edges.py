@@ -38,6 +38,8 @@ def test_a_command_ended_by_the_duration_is_not_a_failure():
     res = run_ustack("count", "syscall:clock_nanosleep", "-d", "1", "-c", "sleep 30")
     assert res.returncode == 0, res.stderr
     assert "exited with status" not in res.stderr
+    assert res.stderr.splitlines()[-1].startswith("sleep (PID ")
+    assert res.stderr.splitlines()[-1].endswith(") was ended with the run"), res.stderr
 
 
 @pytest.mark.kernel

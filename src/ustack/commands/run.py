@@ -94,6 +94,9 @@ def run_session(opts: Options, body, err: TextIOBase = sys.stderr,
                                  and "dwarf" in session.plan.modes))
     if session.plan.note:
         print(f"note: {session.plan.note}", file=err)
+    if target.scope == "command" and target.interrupted:
+        # -d or Ctrl-C: the command did not end on its own, ustack ended it
+        print(f"{target.argv[0]} (PID {target.pid}) was ended with the run", file=err)
     return _exit_status(target), session
 
 
