@@ -8,6 +8,7 @@ import os
 
 from ..model import Frame, SymbolOptions  # noqa: F401 (SymbolOptions: its old home)
 from ..objfile.demangle import demangle
+from ..unwind.dwarf import RESTORE_RT
 from .elf import ElfSymbols
 from .go import GoSymbols
 from .kernel import KernelSymbols
@@ -37,12 +38,26 @@ class Symbolizer:
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
-        for i, addr in enumerate(addrs):
+        exact = leaf_is_exact
+        for addr in addrs:
             # Return addresses point after the call; addr-1 is still inside
             # the calling function even when the call is its last instruction.
-            back = 0 if (i == 0 and leaf_is_exact) else 1
-            out.extend(self.frames_at(pid, addr, back))
+            # A signal handler "returns" to the first byte of the sigreturn
+            # trampoline, and the frame after it is the interrupted pc: both
+            # are exact.
+            trampoline = not exact and self._is_sigreturn(pid, addr)
+            out.extend(self.frames_at(pid, addr, 0 if exact or trampoline else 1))
+            exact = trampoline
         return tuple(out)
+
+    def _is_sigreturn(self, pid: int, addr: int) -> bool:
+        """Whether addr is the first byte of glibc's __restore_rt."""
+        at = normalize(self.mappings, pid, addr)
+        if at is None or at[1] is None:
+            return False
+        vaddr, _sym = self._elf.resolve(at[1], at[2])
+        image = self._elf.image(at[1]) if vaddr is not None else None
+        return image is not None and image.read(vaddr, len(RESTORE_RT)) == RESTORE_RT
 
     def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
         """The frame of the function holding addr, preceded (with
