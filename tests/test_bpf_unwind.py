@@ -196,8 +196,8 @@ def test_signal_handler_continues_into_interrupted_code():
     assert sum(s["count"] for s in stacks) == 20
     for s in stacks:
         assert s["notes"] == [], s
-        # the signal frame (__restore_rt, no symbol) between handler and spin
-        assert names(s["frames"]) == ["handler_leaf", "handler", "[unknown]", "spin",
+        # the signal frame between handler and spin, named at its exact pc
+        assert names(s["frames"]) == ["handler_leaf", "handler", "__restore_rt", "spin",
                                       "main", "__libc_start_call_main",
                                       "__libc_start_main", "_start"], s
         assert s["frames"][2][1] == "libc.so.6"

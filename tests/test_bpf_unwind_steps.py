@@ -18,7 +18,8 @@ from ustack.capture import bpf_unwind as uw
 from ustack.capture.kernel_offsets import Offsets
 from ustack.kernel import bpf
 from ustack.kernel.bpf_object import BpfObject
-from ustack.model import KERNEL_UNWIND_REASONS, KERNEL_UNWIND_THROUGH_JIT
+from ustack.model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_THROUGH_JIT,
+                          KERNEL_UNWIND_THROUGH_NO_CFI)
 from ustack.objfile.elf import ElfImage
 from ustack.unwind import tables
 from ustack.unwind.cfi import BP_AT, BP_AT_BP, BP_SAME
@@ -52,13 +53,13 @@ STATUS = uw.unwind_object().enum("unwind_status")
 def _expected(row, pc: int) -> tuple:
     """(status, pc, sp, bp, bp_ok) after one step from pc, per the row."""
     s = STATUS
-    if row is None or row[0] == tables.GAP:
-        return (s["GAP"],)
+    if row is None or row[0] in (tables.GAP, tables.UNSUPPORTED):
+        # code without CFI, or a rule the walk does not evaluate (DRAP),
+        # with rbp set: the frame-pointer rule, CFA = rbp + 16
+        row = (tables.BP, BP_AT, 0, 16, -16)
     kind, bp_rule, aux, cfa_off, bp_off = row
     if kind == tables.END:
         return (s["COMPLETE"],)
-    if kind == tables.UNSUPPORTED:
-        return (s["UNSUPPORTED"],)
     if kind == tables.BP:
         cfa = BP + cfa_off
     else:
@@ -84,6 +85,7 @@ def test_stop_reasons_are_the_ones_the_notes_name():
                                       "UNSUPPORTED", "NO_BP", "READ_FAILED", "TRUNCATED",
                                       "VMA_BUSY", "TABLE_FULL")} == set(KERNEL_UNWIND_REASONS)
     assert STATUS["THROUGH_JIT"] == KERNEL_UNWIND_THROUGH_JIT
+    assert STATUS["THROUGH_NO_CFI"] == KERNEL_UNWIND_THROUGH_NO_CFI
 
 
 @pytest.mark.parametrize("which", ["libc", "chain-o2-nofp"])

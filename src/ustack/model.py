@@ -114,6 +114,13 @@ KERNEL_UNWIND_REASONS = {
 # frame pointer, as the copy path's unwinder goes (it says so too)
 KERNEL_UNWIND_THROUGH_JIT = 13
 JIT_NOTE = "frame pointer used for code without a file (JIT?)"
+# the same through a file's code without CFI (V8's builtins in node) or a
+# frame whose CFI rule the in-kernel walk does not evaluate (DRAP)
+KERNEL_UNWIND_THROUGH_NO_CFI = 15
+NO_CFI_NOTE = "frame pointer used for code without CFI"
+# complete stacks whose marker word only says how they were walked
+KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
+                       KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE}
 # A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
 # frames) ends with FTRACE_STACK_FULL: the walk stopped there, not at the
 # root; the unwind stage turns it into FTRACE_STACK_FULL_NOTE.

@@ -11,7 +11,9 @@
  * - the row's rule: CFA = sp|bp + N (or the PLT's), the return address at
  *   CFA - 8, bp restored per the row; a signal frame continues from the
  *   ucontext. Stack words come from a WINDOW-byte copy.
- * Code without a file (a JIT's) is walked on its frame pointer (FP_ROW). */
+ * Code without a file (a JIT's), a file's code without CFI (V8's builtins)
+ * and a frame whose rule is not evaluated (DRAP) are walked on the frame
+ * pointer, with a note. */
 #ifndef UNWIND_H
 #define UNWIND_H
 
@@ -43,7 +45,7 @@ struct walk {
 	__u32 lo, hi;		/* the binary search's bounds, rows in ROWS */
 	__u64 word;		/* a word read from the stack */
 	__u64 win;		/* the stack address window[] holds, 0 for none */
-	__u64 fp_used;		/* a frame without a file was walked on bp */
+	__u64 fp_used;		/* FP_FOR_*: frames walked on bp, and why */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* WINDOW bytes of stack during the walk; a trace record's fetch-args
@@ -85,14 +87,6 @@ struct {
 	__type(value, struct vma_info);
 	__uint(max_entries, 1);		/* sized by the loader */
 } vmas SEC(".maps");
-
-/* the rule for code without a file: CFA = bp + 16 (set by the loader) */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, struct unwind_row);
-	__uint(max_entries, 1);
-} fp_row SEC(".maps");
 
 /* STACKS (unwound): the distinct stacks walked, under their hash. Its
  * maps' names are the unwinder's own: a program that includes this header
@@ -219,7 +213,12 @@ static long vma_found(struct task_struct *task, struct vm_area_struct *vma,
 	return 0;
 }
 
-enum mapped { MAPPED, NOT_MAPPED, NO_FILE_CODE };
+/* NO_FILE_CODE: a JIT's; NO_CFI_CODE: a file's code without CFI (V8's
+ * builtins in node): both walked on the frame pointer */
+/* why frames were walked on the frame pointer (struct walk's fp_used) */
+enum { FP_FOR_NO_FILE = 1, FP_FOR_NO_CFI = 2 };
+
+enum mapped { MAPPED, NOT_MAPPED, NO_FILE_CODE, NO_CFI_CODE };
 
 /* w's mapping and rows for the address q, or why not (the walk stops).
  * A function of its own: its locals end with it, so the verifier checks
@@ -266,7 +265,9 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 	w->mend = vma.end;
 	if (!w->rows) {
 		w->mend = 0;	/* not cached: each frame says why */
-		return stop(w, w->first == TABLE_FULL_MARK ? TABLE_FULL : NO_CFI), NOT_MAPPED;
+		if (w->first == TABLE_FULL_MARK)
+			return stop(w, TABLE_FULL), NOT_MAPPED;
+		return NO_CFI_CODE;
 	}
 	return MAPPED;
 }
@@ -357,20 +358,14 @@ static long step(__u64 index, void *unused)
 
 		if (got == NOT_MAPPED)
 			return 1;
-		if (got == NO_FILE_CODE) {
-			__u32 zero = 0;
-
-			row = bpf_map_lookup_elem(&fp_row, &zero);
-			if (!row)
-				STOP(NO_FILE);
-			w->fp_used = 1;
-			goto have_row;
+		if (got == NO_FILE_CODE || got == NO_CFI_CODE) {
+			w->fp_used |= got == NO_FILE_CODE ? FP_FOR_NO_FILE : FP_FOR_NO_CFI;
+			goto frame_pointer;
 		}
 	}
 	row = find_row(w, q + w->adjust);
 	if (!row)
 		goto gap;
-have_row:
 	off = row->cfa;
 	switch (row->kind) {
 	case ROW_SP:
@@ -397,8 +392,11 @@ have_row:
 		w->exact = 1;
 		w->bp_ok = 1;
 		goto append;
-	case ROW_UNSUPPORTED:
-		STOP(UNSUPPORTED);
+	case ROW_UNSUPPORTED:	/* a realigned (DRAP) frame: rbp still chains */
+		if (!w->bp_ok || !w->bp)
+			STOP(UNSUPPORTED);
+		w->fp_used |= FP_FOR_NO_CFI;
+		goto frame_pointer;
 	default:
 		goto gap;
 	}
@@ -420,6 +418,18 @@ have_row:
 	default:
 		w->bp_ok = 0;
 	}
+	if (0) {
+frame_pointer:
+		/* the frame-pointer rule (the ABI's): CFA = rbp + 16, the return
+		 * address at rbp + 8, the caller's rbp at rbp; only reached going
+		 * forward, so the verifier sees no loop through the rows' switch */
+		if (!w->bp_ok)
+			STOP(NO_BP);
+		cfa = w->bp + 16;
+		if (read_user(w, cfa - 8, &w->word))
+			STOP(READ_FAILED);
+		w->bp_ok = !read_user(w, cfa - 16, &w->bp);
+	}
 	/* the caller: the stack ends at a null return address; a CFA that
 	 * does not move up would loop */
 	ra = w->word;
@@ -438,11 +448,17 @@ append:
 	return 0;
 gap:
 	/* no CFI, and bp 0: the outermost frame (the ABI's mark, set by
-	 * _start), where the stack ends complete, as the copy path ends it */
-	if (!w->bp_ok || w->bp)
+	 * _start), where the stack ends complete, as the copy path ends it;
+	 * bp set: code without CFI that keeps frame pointers, walked on them */
+	if (!w->bp_ok)
 		STOP(GAP);
+	if (w->bp) {
+		w->fp_used |= FP_FOR_NO_CFI;
+		goto frame_pointer;
+	}
 end:
-	status = w->fp_used ? THROUGH_JIT : COMPLETE;
+	status = w->fp_used & FP_FOR_NO_FILE ? THROUGH_JIT
+		: w->fp_used & FP_FOR_NO_CFI ? THROUGH_NO_CFI : COMPLETE;
 stopped:
 	w->rec.head.status = status;
 	return 1;

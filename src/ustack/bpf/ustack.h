@@ -202,6 +202,7 @@ enum unwind_status {
 	VMA_BUSY = 11, TABLE_FULL = 12,
 	THROUGH_JIT = 13,	/* complete, a JIT frame on its frame pointer */
 	DEFERRED = 14,		/* a deferred record: the stack goes to user space */
+	THROUGH_NO_CFI = 15,	/* complete, file-backed code without CFI on its frame pointer */
 	RUNNING = 0xFF,
 };
 

@@ -17,7 +17,7 @@ from ..kernel.bpf_object import bpf_object
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
 from ..interrupt import NEVER
-from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_THROUGH_JIT,
+from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_WHOLE,
                      ProfileProbe, TracepointProbe, UprobeProbe)
 from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, READ_MOST
@@ -367,7 +367,7 @@ def cut_reason(chain: bytes):
     """Why the in-kernel unwinder cut this callchain short, or None."""
     if len(chain) >= 8:
         last = _U64.unpack_from(chain, len(chain) - 8)[0]
-        if last & ~0xFF == KERNEL_UNWIND_STOP and last & 0xFF != KERNEL_UNWIND_THROUGH_JIT:
+        if last & ~0xFF == KERNEL_UNWIND_STOP and last & 0xFF not in KERNEL_UNWIND_WHOLE:
             return KERNEL_UNWIND_REASONS.get(last & 0xFF, f"reason {last & 0xFF}")
     return None
 

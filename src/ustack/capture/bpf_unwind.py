@@ -108,9 +108,6 @@ COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel st
 _U64 = struct.Struct("<Q")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file): VDSO_INODE
 
-# row kinds (unwind/tables.py), bp rules (unwind/cfi.py): the fp_row's
-K_BP, BP_AT = 2, 1
-
 # why a walk stopped (enum unwind_status); COMPLETE is a whole stack
 _STATUS = _OBJ.enum("unwind_status")
 COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
@@ -170,10 +167,6 @@ class UnwindMaps(bpf.MapSet):
                 "unwound", stacks, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0))
             self.counts = self._keep(obj.make_map("counts", counts))
             self.errors = self._keep(obj.make_map("unwind_errors"))
-            # the rule for code without a file: CFA = rbp + 16, the return
-            # address below it, rbp saved at CFA - 16 (push %rbp; mov %rsp,%rbp)
-            self.fp_row = self._keep(obj.make_map("fp_row"))
-            self.fp_row.update(bytes(4), ROW.pack(0, K_BP, BP_AT, 0, 16, -16))
         except BaseException:
             self.close()
             raise
@@ -186,7 +179,7 @@ class UnwindMaps(bpf.MapSet):
         """The maps by the names unwind.bpf.c gives them."""
         return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
                 "vmas": self.vmas, "scratch": self.scratch, "unwound": self.stacks,
-                "counts": self.counts, "unwind_errors": self.errors, "fp_row": self.fp_row}
+                "counts": self.counts, "unwind_errors": self.errors}
 
     @property
     def rows(self) -> bpf.Map:

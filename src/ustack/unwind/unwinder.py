@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE, JIT_NOTE,
+from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE,
                      KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
-                     KERNEL_UNWIND_THROUGH_JIT, Mapping, RawSample,
+                     KERNEL_UNWIND_WHOLE, Mapping, RawSample,
                      UnwoundSample)
 from .dwarf import RAISE_STACK_SIZE, DwarfUnwinder
 from .fp import frame_pointer_stack
@@ -62,8 +62,8 @@ class Unwinder:
         if addrs and addrs[-1] == FTRACE_STACK_FULL:
             return addrs[:-1], (FTRACE_STACK_FULL_NOTE,)
         if addrs and addrs[-1] & ~0xFF == KERNEL_UNWIND_STOP:
-            if addrs[-1] & 0xFF == KERNEL_UNWIND_THROUGH_JIT:
-                return addrs[:-1], (JIT_NOTE,)
+            if addrs[-1] & 0xFF in KERNEL_UNWIND_WHOLE:
+                return addrs[:-1], (KERNEL_UNWIND_WHOLE[addrs[-1] & 0xFF],)
             return addrs[:-1], (_stop_note(addrs[:-1], addrs[-1], pid, find),)
         return addrs, ()
 
