@@ -168,32 +168,35 @@ def run_ustack(*args, timeout: float = 60, cmd=USTACK, text: bool = True,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+# Runs its arguments as a child and prints the child's peak RSS (KB) as
+# the last line of stderr. A process's maxrss carries over exec from the
+# memory it had before (a pytest process of 2 GB would be counted): the
+# child here forks from this small fresh process instead.
+_PEAK_WRAPPER = """
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[1:])
+_pid, status, usage = os.wait4(proc.pid, 0)
+print(f"peak-kb {usage.ru_maxrss}", file=sys.stderr)
+sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
+"""
+
+
 def run_ustack_peak(*args, timeout: float = 120, discard_stdout: bool = False,
                     **kw) -> tuple:
     """Run `python -m ustack ARGS…` like run_ustack; also return its peak
     resident memory in MB (the kernel's own maxrss of that process, taken
     by wait4 as it is reaped: no sampling, nothing missed). With
     `discard_stdout` its output goes to /dev/null (stdout is then "")."""
-    import tempfile
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = popen_ustack(*args, stdout=subprocess.DEVNULL if discard_stdout else out,
-                            stderr=err, text=True, **kw)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                os.wait4(proc.pid, 0)
-                proc.returncode = -9
-                raise subprocess.TimeoutExpired(proc.args, timeout)
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        res = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
-    return res, usage.ru_maxrss / 1024
+    res = run_ustack(*args, timeout=timeout,
+                     cmd=(sys.executable, "-c", _PEAK_WRAPPER, *USTACK),
+                     stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
+                     **kw)
+    lines = res.stderr.splitlines()
+    assert lines and lines[-1].startswith("peak-kb "), res.stderr
+    res.stderr = "".join(line + "\n" for line in lines[:-1])
+    if res.stdout is None:
+        res.stdout = ""
+    return res, int(lines[-1].split()[1]) / 1024
 
 
 def wait_until(condition, timeout: float = 10, what: str = "the condition") -> None:
