@@ -24,7 +24,8 @@ def test_js_samples_reach_start(backend, tmp_path):
         pytest.skip("node is not installed: no JS stacks to walk")
     out = tmp_path / "node.folded"
     res = ok(run_ustack("profile", "-F", "199", "-o", out, "--backend", backend,
-                        "-c", f"{node} --perf-basic-prof {SPIN} 1500"))
+                        "-c", f"{node} --perf-basic-prof {SPIN} 1500",
+                        cwd=tmp_path))            # node writes its isolate logs there
     if backend == "auto":
         assert "unwound in the kernel" in res.stderr.splitlines()[0], res.stderr
     js = [(stack, n) for stack, n in parse_folded(out.read_text())

@@ -469,7 +469,7 @@ def _record_options(args, opts) -> None:
     opts.command = "count" if args.backend == "bpf" else "trace"
     opts.record = args.output
     opts.output_path = None              # -o is the recording, not a report
-    opts.raw_stacks = args.raw_stacks     # (policy.plan then copies stacks)
+    opts.raw_stacks = args.raw_stacks     # (plan.plan then copies stacks)
     opts.kernel_stacks = args.kernel
     if args.stack_storage_size <= 0:
         raise UstackError("--stack-storage-size must be positive")

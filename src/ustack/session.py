@@ -24,7 +24,7 @@ from .target import process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .target.traced_command import launch_traced
-from .unwind import policy
+from . import plan as policy
 from .values import fields
 
 POLL_S = 0.1                       # how often the run checks its end

@@ -1,4 +1,4 @@
-"""The captures by backend name (what unwind/policy.plan returns): a new
+"""The captures by backend name (what plan.plan returns): a new
 backend is a new module and a line here."""
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class LatencySession(Session):
     def _open_capture(self):
         from ..capture.bpf_latency import LatencyCapture
         from ..kernel import bpf
-        from ..unwind import policy
+        from .. import plan as policy
         request = self.request
         if not bpf.available():
             raise UstackError("latency counts in the kernel and BPF is not available "

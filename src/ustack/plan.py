@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..capture import bpf_unwind
-from ..kernel import bpf
-from ..model import ProfileProbe, UprobeProbe, UstackError
-from ..objfile.elf import ElfImage
-from . import tables
-from ..values import value
+from .capture import bpf_unwind
+from .kernel import bpf
+from .model import ProfileProbe, UprobeProbe, UstackError
+from .objfile.elf import ElfImage
+from .unwind import tables
+from .values import value
 
 
 def choose(probe, requested: str, main_binary: str | None = None) -> str:
@@ -128,7 +128,7 @@ def _why_args_need_perf(probes: list) -> str | None:
     cannot and why."""
     if not any(getattr(p, "fetch_args", ()) for p in probes):
         return None
-    from ..capture.bpf_fetchargs import why_not
+    from .capture.bpf_fetchargs import why_not
     return why_not(probes)
 
 
