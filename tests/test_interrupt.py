@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 
 import pytest
 
 from helpers import build, wait_until
-from test_e2e_core import (private_copy, start_ustack, stop, uprobe_hits, ustack_lines,
-                           wait_tracing)
+from test_e2e_core import (finish, private_copy, start_ustack, stop, uprobe_hits,
+                           ustack_lines, wait_tracing)
 
 # ~1,800 functions of libc (globs without IFUNCs): set-up takes tens of seconds
 LIBC_GLOBS = [f"uprobe:libc:{c}*" for c in "psfxcilrweamnouvbdhkqy"]
@@ -32,10 +31,7 @@ def test_signal_during_setup_ends_the_run_unstarted(backend, sig, tmp_path):
                    timeout=60, what="the run's first uprobe definitions")
         assert us.poll() is None, us.communicate()[1]
         us.send_signal(sig)
-        try:
-            err = us.communicate(timeout=30)[1]
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"ustack did not end within 30 s of {sig.name} during set-up")
+        err = finish(us, timeout=30)[1]
         assert us.returncode == 130, err
         assert err.splitlines() == ["ustack: interrupted while setting up: nothing was "
                                     "traced"], err
@@ -65,10 +61,7 @@ def test_signal_at_a_high_rate_drops_the_backlog(backend, tmp_path):
         wait_until(lambda: uprobe_hits(prog) >= 1_000_000, timeout=120,
                    what="1,000,000 hits of d")
         us.send_signal(signal.SIGINT)
-        try:
-            err = us.communicate(timeout=30)[1]
-        except subprocess.TimeoutExpired:
-            pytest.fail("ustack did not end within 30 s of SIGINT")
+        err = finish(us, timeout=30)[1]
         assert us.returncode == 0, err
         assert "Traceback" not in err, err
         dropped = [line for line in err.splitlines() if "dropped unread" in line]

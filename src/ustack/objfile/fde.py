@@ -13,24 +13,18 @@ import struct
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
 _S16, _S32, _S64 = struct.Struct("<h"), struct.Struct("<i"), struct.Struct("<q")
 _OMIT = 0xff
+# DW_EH_PE_* value formats of a fixed size: absptr, udata2/4/8, sdata2/4/8
+_FIXED_SIZE = {0x00: _U64, 0x02: _U16, 0x03: _U32, 0x04: _U64,
+               0x0a: _S16, 0x0b: _S32, 0x0c: _S64}
 
 
 def pointer(data, i: int, enc: int, base: int) -> tuple:
     """(value, next index) of an encoded pointer (DW_EH_PE_*) at data[i];
     `base`: the address of data[0] (pc-relative ones count from their field)."""
     fmt = enc & 0x0f
-    if fmt == 0x00 or fmt == 0x04:
-        v, j = _U64.unpack_from(data, i)[0], i + 8
-    elif fmt == 0x0b:
-        v, j = _S32.unpack_from(data, i)[0], i + 4
-    elif fmt == 0x03:
-        v, j = _U32.unpack_from(data, i)[0], i + 4
-    elif fmt == 0x0c:
-        v, j = _S64.unpack_from(data, i)[0], i + 8
-    elif fmt == 0x02:
-        v, j = _U16.unpack_from(data, i)[0], i + 2
-    elif fmt == 0x0a:
-        v, j = _S16.unpack_from(data, i)[0], i + 2
+    fixed = _FIXED_SIZE.get(fmt)
+    if fixed is not None:
+        v, j = fixed.unpack_from(data, i)[0], i + fixed.size
     elif fmt == 0x01:
         from .leb128 import uleb128
         v, j = uleb128(data, i)
