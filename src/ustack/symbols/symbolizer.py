@@ -45,40 +45,41 @@ class Symbolizer:
             # A signal handler "returns" to the first byte of the sigreturn
             # trampoline, and the frame after it is the interrupted pc: both
             # are exact.
-            trampoline = not exact and self._is_sigreturn(pid, addr)
-            out.extend(self.frames_at(pid, addr, 0 if exact or trampoline else 1))
-            exact = trampoline
+            frames, exact = self._frames_at(pid, addr, 0 if exact else 1)
+            out.extend(frames)
         return tuple(out)
-
-    def _is_sigreturn(self, pid: int, addr: int) -> bool:
-        """Whether addr is the first byte of glibc's __restore_rt."""
-        at = normalize(self.mappings, pid, addr)
-        if at is None or at[1] is None:
-            return False
-        vaddr, _sym = self._elf.resolve(at[1], at[2])
-        image = self._elf.image(at[1]) if vaddr is not None else None
-        return image is not None and image.read(vaddr, len(RESTORE_RT)) == RESTORE_RT
 
     def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
         """The frame of the function holding addr, preceded (with
         --inlines) by the calls inlined there, innermost first."""
+        return self._frames_at(pid, addr, back)[0]
+
+    def _frames_at(self, pid: int, addr: int, back: int) -> tuple:
+        """(frames_at(), whether addr was a signal handler's return into
+        the sigreturn trampoline, named exactly: the next pc is exact too)."""
         at = normalize(self.mappings, pid, addr - back)
         if at is None:
-            return [Frame(addr=addr, module="")]
+            return [Frame(addr=addr, module="")], False
         m, path, file_off = at
         if path is None:                          # memory without a file
             if is_vdso(m):
-                return [unnamed_frame(m, addr)]
-            return [self._jit.frame(pid, m, addr, back)]
+                return [unnamed_frame(m, addr)], False
+            return [self._jit.frame(pid, m, addr, back)], False
+        vaddr, sym = self._elf.resolve(path, file_off)
+        if back and vaddr is not None and (sym is None or vaddr + 1 >= sym.address + sym.size):
+            # addr starts a function, as no return address does but the
+            # trampoline's (checked only here: ~4 us a frame otherwise)
+            image = self._elf.image(path)
+            if image is not None and image.read(vaddr + 1, len(RESTORE_RT)) == RESTORE_RT:
+                return self._frames_at(pid, addr, 0)[0], True
         module = self._modules.get(m.path)
         if module is None:
             module = self._module(m)
-        vaddr, sym = self._elf.resolve(path, file_off)
         if vaddr is not None and (sym is None or self._source_wanted):
             go = self._go.table(path)             # Go names even when stripped
             if go is not None:
-                return self._go.frames(go, m, module, addr, vaddr, back)
-        return self._elf.frames(m, path, module, addr, back, vaddr, sym)
+                return self._go.frames(go, m, module, addr, vaddr, back), False
+        return self._elf.frames(m, path, module, addr, back, vaddr, sym), False
 
     def _module(self, m) -> str:
         """The name frames show for m's object, memoized: basename() costs
