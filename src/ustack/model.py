@@ -121,6 +121,30 @@ NO_CFI_NOTE = "frame pointer used for code without CFI"
 # complete stacks whose marker word only says how they were walked
 KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
                        KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE}
+# A Python frame inside a native callchain: the in-kernel walk puts it where
+# the eval loop's C frame that ran it was. One word: PYTHON_FRAME_TAG, the
+# code object's address >> 3 (it is 8-aligned; 44 bits hold any user
+# address) in bits 16-59, and the index of the instruction the frame was
+# at, in 2-byte code units from the start of its bytecode (clamped to
+# 0xFFFF), in bits 0-15. Tagged words sit far above user addresses and
+# below KERNEL_UNWIND_STOP's markers.
+PYTHON_FRAME_TAG = 0xE000000000000000
+PYTHON_INDEX_MAX = 0xFFFF
+
+
+def python_frame_word(code: int, index: int) -> int:
+    """The callchain word of a Python frame (see PYTHON_FRAME_TAG)."""
+    return PYTHON_FRAME_TAG | (code >> 3) << 16 | min(index, PYTHON_INDEX_MAX)
+
+
+def python_frame_parts(word: int) -> tuple | None:
+    """(code object address, code unit index) of a Python frame's word, or
+    None for any other word."""
+    if word >> 60 != PYTHON_FRAME_TAG >> 60:
+        return None
+    return ((word >> 16) & ((1 << 44) - 1)) << 3, word & PYTHON_INDEX_MAX
+
+
 # A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
 # frames) ends with FTRACE_STACK_FULL: the walk stopped there, not at the
 # root; the unwind stage turns it into FTRACE_STACK_FULL_NOTE.
@@ -251,6 +275,8 @@ class Frame:
     file: str = ""                 # source file, when lines were asked for
     line: int = 0                  # 0: unknown
     inlined: bool = False          # a call inlined into the frame that follows
+    kind: str = ""                 # "" native; "python", "js", "java": an interpreter's
+                                   # or a JIT's frame (reports colour and label them)
 
 
 @value
