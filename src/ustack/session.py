@@ -72,7 +72,16 @@ class Session:
         symbolization's imports (~20 ms) come after the probes are live."""
         from .symbols.stacks import StackResolver
         return StackResolver(self.tracker, self.opts.symbols,
-                             getattr(self.capture, "cut_advice", None))
+                             getattr(self.capture, "cut_advice", None), self._fp_advice())
+
+    def _fp_advice(self) -> str | None:
+        """What a frame-pointer stack cut short advises; None when no probe
+        of the run walks frame pointers."""
+        if self.plan is None or "fp" not in self.plan.modes:
+            return None
+        if self.plan.backend == "tracefs":
+            return "--backend bpf or perf unwind with CFI"
+        return "--unwind dwarf unwinds with CFI"
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
