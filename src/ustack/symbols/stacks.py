@@ -27,22 +27,24 @@ NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
 class StackResolver:
     """`tracker` is the run's MappingTracker: mappings by pid and exec
     generation; `options` what the user asked of names; `cut_advice` what
-    a stack cut by its copy's size advises (None: raise --stack-size)."""
+    a stack cut by its copy's size advises (None: raise --stack-size);
+    `python_code` the run's PythonCode (symbols/python.py)."""
 
     def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
-                 cut_advice: str | None = None):
+                 cut_advice: str | None = None, python_code=None):
         self.tracker = tracker
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
-        self.symbolizer = Symbolizer(self._view, options)
+        self.symbolizer = Symbolizer(self._view, options, python_code)
         self._stacks: dict = {}
 
     @property
     def warnings(self) -> list:
         """Debug files refused by the symbolizer or the unwinder."""
-        return self.symbolizer.warnings + self.unwinder.warnings
+        return (self.symbolizer.warnings + self.unwinder.warnings
+                + self.symbolizer.python_code.warnings)
 
     def key(self, sample: RawSample) -> tuple:
         """(pid, exec generation, probe-independent stack key)."""

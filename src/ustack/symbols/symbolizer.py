@@ -1,12 +1,15 @@
 """Runtime addresses -> Frames: each address is normalized to (mapping,
 object file, file offset), then named by its source: ELF symbols and debug
 files (elf.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
-vDSO (vdso.py); kernel addresses by kallsyms (kernel.py)."""
+vDSO (vdso.py); kernel addresses by kallsyms (kernel.py). A Python
+frame's tagged word (model.python_frame_parts) is named by the run's
+PythonCode (python.py)."""
 from __future__ import annotations
 
 import os
 
-from ..model import Frame, SymbolOptions  # noqa: F401 (SymbolOptions: its old home)
+from ..model import (PYTHON_FRAME_TAG, Frame, SymbolOptions,  # noqa: F401 (SymbolOptions: its old home)
+                     python_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.dwarf import RESTORE_RT
 from .elf import ElfSymbols
@@ -14,18 +17,23 @@ from .go import GoSymbols
 from .kernel import KernelSymbols
 from .normalize import normalize
 from .perfmap import JitSymbols
+from .python import PythonCode
 from .vdso import VDSO_MODULE, is_vdso, unnamed_frame
 
+_PYTHON_TAG = PYTHON_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
 class Symbolizer:
     """`mappings` is anything with find(pid, addr) -> Mapping | None.
     `warnings` collects what the user should hear once (debug files
-    refused, corrupt DWARF), one sentence each."""
+    refused, corrupt DWARF), one sentence each. `python_code`: the run's
+    PythonCode, which names the code objects the capture saw."""
 
-    def __init__(self, mappings, options: SymbolOptions = SymbolOptions()):
+    def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
+                 python_code: PythonCode | None = None):
         self.mappings = mappings
+        self.python_code = python_code if python_code is not None else PythonCode()
         self.options = options
         self.warnings: list = []
         name = demangle if options.demangle else _as_is
@@ -40,6 +48,13 @@ class Symbolizer:
         out = []
         exact = leaf_is_exact
         for addr in addrs:
+            if addr >> 60 == _PYTHON_TAG:
+                # a Python frame where its eval call's C frame was: the
+                # native frame after it is a return address
+                code, index = python_frame_parts(addr)
+                out.append(self.python_code.frame(pid, code, index))
+                exact = False
+                continue
             # Return addresses point after the call; addr-1 is still inside
             # the calling function even when the call is its last instruction.
             # A signal handler "returns" to the first byte of the sigreturn
