@@ -12,11 +12,14 @@ import sys
 import pytest
 
 from ustack.kernel import procfs
-from ustack.model import Frame, RawSample, Stack, StackCount, python_frame_word
+from ustack.model import Frame, Losses, Piece, RawSample, Stack, StackCount, python_frame_word
+from ustack.recording.writer import Recorder, RecordWriter
 from ustack.report.counts import format_counts
 from ustack.report.folded import format_folded
 from ustack.report.formats import ReportContext
 from ustack.report.text import format_stack
+from ustack.session import Session
+from ustack.symbols.python import PythonCode
 from ustack.symbols.stacks import StackResolver
 from ustack.target.mappings import MappingTracker
 from ustack.unwind import python_runtime as pr
@@ -173,3 +176,48 @@ def test_speedscope_and_json_carry_file_line_and_kind(tmp_path):
     assert (first["function"], first["file"], first["line"], first["kind"]) == \
         ("leaf", "/srv/app/spy.py", 4, "python")
     assert doc["stacks"][0]["frames"][3]["kind"] is None
+
+
+def test_a_recording_keeps_the_python_names(target, tmp_path):
+    """record writes what names each code object its stacks hold while the
+    process lives; report, after the process is gone, names the frames
+    from the file alone."""
+    facts, proc = target
+    waiting = facts["waiting"]
+    unicode = next(c for c in facts["codes"] if c["label"] == "ucs4")
+    tracker = MappingTracker()
+    tracker.seed_from_proc(proc.pid)
+    names = PythonCode()
+    names.remember(proc.pid, waiting["code"], tuple(facts["version"]))
+    words = [python_frame_word(waiting["code"], waiting["index"]),
+             python_frame_word(unicode["code"], unicode["lines"][-1][0])]
+    chain = b"".join(w.to_bytes(8, "little") for w in words)
+    path = tmp_path / "run.ustack"
+    recorder = Recorder(str(path), tracker, None, ["e"], ["fp"], "bpf", {},
+                        python_code=names)
+    recorder.add_piece(Piece([], [RawSample(0, proc.pid, proc.pid, 1, 0, chain)] * 2))
+    recorder.close(Losses(), whole=True)
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    with Session.replay(str(path)) as session:
+        events = list(session.events())
+    assert len(events) == 2
+    assert [(f.function, f.file, f.line, f.kind) for f in events[0].stack.frames] == [
+        ("wait_here", PROGRAM, waiting["line"], "python"),
+        ("𠀀", unicode["file"], unicode["lines"][-1][1], "python")]
+    assert session.warnings == []
+
+
+def test_a_recording_without_the_names_says_so(tmp_path):
+    """A code object the file does not name is a placeholder in report,
+    never read from whatever process has that pid now."""
+    me = os.getpid()
+    chain = python_frame_word(0x7f0000001000, 3).to_bytes(8, "little")
+    path = tmp_path / "run.ustack"
+    with RecordWriter(str(path), ["e"], ["fp"], "bpf") as writer:
+        writer.add_piece(Piece([], [RawSample(0, me, me, 1, 0, chain)]))
+    with Session.replay(str(path)) as session:
+        events = list(session.events())
+    assert [f.function for f in events[0].stack.frames] == ["[python code 0x7f0000001000]"]
+    assert session.warnings == ["1 Python frames are shown as [python code 0x...]: the "
+                                "recording does not name their code object"]

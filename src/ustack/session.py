@@ -140,7 +140,7 @@ class Session:
                  "start_ns": self.started_ns,
                  "buffer_pages": self.capture.buffer_pages,
                  "stack_storage": opts.stack_storage},
-                raw_stacks=opts.raw_stacks)
+                raw_stacks=opts.raw_stacks, python_code=self.python_code)
 
     def _open_capture(self):
         """Plan the run and open its capture (a command with captures of
@@ -359,6 +359,7 @@ class _Replay(Session):
     def __init__(self, path: str, opts: Options, objects, keep=None):
         super().__init__(opts)
         self.tracker.live = False       # recorded pids are not this host's processes
+        self.python_code.live = False
         from .recording.reader import RecordedCapture
         self._recording = RecordedCapture(path, objects)
         self.keep = keep or None

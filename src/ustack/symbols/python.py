@@ -13,8 +13,7 @@ import os
 import struct
 from collections import OrderedDict
 
-from ..model import PYTHON_INDEX_MAX, Frame
-from ..values import value
+from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo
 
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
 MAX_TEXT = 4096                # characters of a name or file read at most
@@ -41,21 +40,12 @@ BYTES_SIZE, BYTES_DATA = 16, 32            # PyBytesObject's ob_size, ob_sval
 _ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
 
 
-@value
-class CodeInfo:
-    """What names a code object, kept after its process is gone."""
-    name: str                  # co_qualname (3.11+), co_name before
-    file: str                  # co_filename
-    firstlineno: int
-    table_kind: str            # LNOTAB | LINETABLE_310 | LOCATIONS
-    table: bytes               # the line table's bytes
-
-
 class PythonCode:
     """Names of the code objects of Python processes, read once."""
 
-    def __init__(self):
-        self._codes: OrderedDict = OrderedDict()   # (pid, code) -> CodeInfo
+    def __init__(self, live: bool = True):
+        self.live = live           # pids are this host's processes (not a recording's)
+        self._codes: OrderedDict = OrderedDict()   # (pid, code) -> PythonCodeInfo
         self._versions: dict = {}                  # pid -> (major, minor)
         self._frames: dict = {}
         self.unnamed = 0           # frames shown as a placeholder
@@ -64,6 +54,9 @@ class PythonCode:
     def warnings(self) -> list:
         if not self.unnamed:
             return []
+        if not self.live:
+            return [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
+                    "the recording does not name their code object"]
         return [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
                 "their process ended before ustack could read their code object"]
 
@@ -74,20 +67,22 @@ class PythonCode:
         if (pid, code) not in self._codes:
             self.add(pid, code, read_code(pid, code, tuple(version[:2])))
 
-    def add(self, pid: int, code: int, info: CodeInfo) -> None:
+    def add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         """Keep what names a code object (read here, or from a recording)."""
         codes = self._codes
         codes[(pid, code)] = info
         if len(codes) > MAX_CODES:
             codes.popitem(last=False)
 
-    def info(self, pid: int, code: int) -> CodeInfo | None:
-        """The CodeInfo of a code object, read now when never remembered
+    def info(self, pid: int, code: int) -> PythonCodeInfo | None:
+        """The PythonCodeInfo of a code object, read now when never remembered
         and its process lives; None when it cannot be had."""
         info = self._codes.get((pid, code))
         if info is not None:
             self._codes.move_to_end((pid, code))
             return info
+        if not self.live:
+            return None
         version = self._versions.get(pid) or _version_of(pid)
         if version is None:
             return None
@@ -148,7 +143,7 @@ class _Memory:
         os.close(self.fd)
 
 
-def read_code(pid: int, code: int, version: tuple) -> CodeInfo:
+def read_code(pid: int, code: int, version: tuple) -> PythonCodeInfo:
     offsets = CODE_OFFSETS.get(version)
     if offsets is None:
         raise ValueError(f"no code object layout for Python {version[0]}.{version[1]}")
@@ -158,7 +153,7 @@ def read_code(pid: int, code: int, version: tuple) -> CodeInfo:
         ptr = lambda name: struct.unpack_from("<Q", header, offsets[name])[0]  # noqa: E731
         name_field = "qualname" if offsets["qualname"] is not None else "name"
         firstlineno = struct.unpack_from("<i", header, offsets["firstlineno"])[0]
-        return CodeInfo(name=read_str(mem, ptr(name_field), version),
+        return PythonCodeInfo(name=read_str(mem, ptr(name_field), version),
                         file=read_str(mem, ptr("filename"), version),
                         firstlineno=firstlineno, table_kind=TABLE_KIND[version],
                         table=read_bytes(mem, ptr("table")))
@@ -193,7 +188,7 @@ def read_bytes(mem: _Memory, addr: int) -> bytes:
 
 # -- line tables ---------------------------------------------------------------
 
-def line_of(info: CodeInfo, index: int) -> int:
+def line_of(info: PythonCodeInfo, index: int) -> int:
     """The line of the instruction at code unit `index` (0: none known).
     An index the table does not reach (a frame not started yet, an index
     clamped at PYTHON_INDEX_MAX) gives the function's first line, as a
