@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from ustack.kernel import procfs
-from ustack.model import Frame, Losses, Piece, RawSample, Stack, StackCount, python_frame_word
+from ustack.model import (CommEvent, Frame, Losses, Mapping, MmapEvent, Piece, RawSample, Stack,
+                          StackCount, python_frame_word)
 from ustack.recording.writer import Recorder, RecordWriter
 from ustack.report.counts import format_counts
 from ustack.report.folded import format_folded
@@ -221,3 +222,18 @@ def test_a_recording_without_the_names_says_so(tmp_path):
     assert [f.function for f in events[0].stack.frames] == ["[python code 0x7f0000001000]"]
     assert session.warnings == ["1 Python frames are shown as [python code 0x...]: the "
                                 "recording does not name their code object"]
+
+
+def test_a_counted_python_stack_keeps_its_exec_generation():
+    """A stack counted in the kernel has no time: its generation is the one
+    whose mappings hold its addresses; a Python frame's word is no address
+    and must not make the stack look like the newest program's."""
+    pid = 4242
+    tracker = MappingTracker(live=False)
+    tracker.apply(MmapEvent(pid, pid, Mapping(0x400000, 0x401000, 0, "/bin/python3")))
+    tracker.apply(CommEvent(pid, pid, "other", True, 10))
+    tracker.apply(MmapEvent(pid, pid, Mapping(0x800000, 0x801000, 0, "/bin/other")))
+    words = [python_frame_word(0x7f0000001000, 3), 0x400100]
+    chain = b"".join(w.to_bytes(8, "little") for w in words)
+    generation = StackResolver(tracker).key(RawSample(0, pid, pid, 0, -1, chain))[1]
+    assert generation == 0

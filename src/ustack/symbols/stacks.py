@@ -4,7 +4,7 @@ each distinct raw stack once. A key says what tells raw stacks apart
 addresses meaning); stacks of the same key share one Stack object."""
 from __future__ import annotations
 
-from ..model import KERNEL_UNWIND_STOP, Frame, RawSample, Stack
+from ..model import PYTHON_FRAME_TAG, Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
@@ -53,8 +53,9 @@ class StackResolver:
         if sample.time_ns or sample.regs is not None or not tracker.generations.get(pid):
             generation = tracker.generation_at(pid, sample.time_ns)
         else:                          # counted in the kernel: no time to go by
+            # (Python frames' words and the walk's markers are no addresses)
             generation = tracker.generation_holding(pid, [
-                a for a in callchain_addresses(sample.callchain) if a < KERNEL_UNWIND_STOP])
+                a for a in callchain_addresses(sample.callchain) if a < PYTHON_FRAME_TAG])
         find = tracker.find            # the current generation's maps …
         if sample.regs is not None and generation != tracker.generations.get(pid, 0):
             # … unless a DWARF sample is unwound now in an earlier one
