@@ -16,6 +16,7 @@ from collections import OrderedDict
 from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo
 
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
+MAX_KEPT_BYTES = 64 << 20      # and their names' and line tables' bytes
 MAX_TEXT = 4096                # characters of a name or file read at most
 MAX_TABLE = 1 << 18            # bytes of a line table read at most
 _FRAMES_KEPT = 1 << 16         # (pid, code, index) -> Frame memo
@@ -46,6 +47,7 @@ class PythonCode:
     def __init__(self, live: bool = True):
         self.live = live           # pids are this host's processes (not a recording's)
         self._codes: OrderedDict = OrderedDict()   # (pid, code) -> PythonCodeInfo
+        self._bytes = 0                            # what _codes' entries hold
         self._versions: dict = {}                  # pid -> (major, minor)
         self._frames: dict = {}
         self.unnamed = 0           # frames shown as a placeholder
@@ -63,6 +65,8 @@ class PythonCode:
     def remember(self, pid: int, code: int, version: tuple) -> None:
         """Read the code object at `code` in pid now (OSError: it cannot be
         read; ValueError: it is not a code object of that version)."""
+        if len(self._versions) >= MAX_CODES:
+            self._versions.clear()
         self._versions[pid] = tuple(version[:2])
         if (pid, code) not in self._codes:
             self.add(pid, code, read_code(pid, code, tuple(version[:2])))
@@ -70,9 +74,13 @@ class PythonCode:
     def add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         """Keep what names a code object (read here, or from a recording)."""
         codes = self._codes
+        old = codes.pop((pid, code), None)
+        if old is not None:
+            self._bytes -= _size(old)
         codes[(pid, code)] = info
-        if len(codes) > MAX_CODES:
-            codes.popitem(last=False)
+        self._bytes += _size(info)
+        while len(codes) > MAX_CODES or self._bytes > MAX_KEPT_BYTES:
+            self._bytes -= _size(codes.popitem(last=False)[1])   # the least recently used
 
     def info(self, pid: int, code: int) -> PythonCodeInfo | None:
         """The PythonCodeInfo of a code object, read now when never remembered
@@ -109,6 +117,10 @@ class PythonCode:
             self._frames.clear()
         self._frames[key] = frame
         return frame
+
+
+def _size(info: PythonCodeInfo) -> int:
+    return len(info.table) + len(info.name) + len(info.file) + 200   # + the objects' own
 
 
 def _version_of(pid: int) -> tuple | None:
