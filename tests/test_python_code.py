@@ -192,3 +192,16 @@ def test_memory_is_bounded():
         names.add(2, code * 8, big)
     assert names.frame(2, 0, 0).function == "[python code 0x0]"
     assert names.frame(2, 8 * ((pc.MAX_KEPT_BYTES >> 20) - 1), 0).function == "g"
+
+
+@pytest.mark.parametrize("target", INTERPRETERS[:1] or ["none"], indirect=True)
+def test_what_is_no_code_object_is_not_named(target):
+    """An address that holds no code object (a bytes object of zeros) or
+    that is not mapped: remember() lets the capture go on, frame() gives
+    the placeholder."""
+    facts, proc = target
+    version = tuple(facts["version"])
+    names = pc.PythonCode()
+    for address in (facts["not_code"], 8):
+        names.remember(proc.pid, address, version)
+        assert names.frame(proc.pid, address, 0).function == f"[python code {address:#x}]"

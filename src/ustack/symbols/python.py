@@ -63,13 +63,18 @@ class PythonCode:
                 "their process ended before ustack could read their code object"]
 
     def remember(self, pid: int, code: int, version: tuple) -> None:
-        """Read the code object at `code` in pid now (OSError: it cannot be
-        read; ValueError: it is not a code object of that version)."""
+        """Read the code object at `code` in pid now. One that cannot be
+        read (the process is gone, the address holds no code object of
+        that version) is left to frame(), which reads again or says so:
+        the capture calling this must go on either way."""
         if len(self._versions) >= MAX_CODES:
             self._versions.clear()
         self._versions[pid] = tuple(version[:2])
         if (pid, code) not in self._codes:
-            self.add(pid, code, read_code(pid, code, tuple(version[:2])))
+            try:
+                self.add(pid, code, read_code(pid, code, tuple(version[:2])))
+            except (OSError, ValueError):
+                pass
 
     def add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         """Keep what names a code object (read here, or from a recording)."""
@@ -94,11 +99,7 @@ class PythonCode:
         version = self._versions.get(pid) or _version_of(pid)
         if version is None:
             return None
-        self._versions[pid] = version
-        try:
-            self.remember(pid, code, version)
-        except (OSError, ValueError):
-            return None
+        self.remember(pid, code, version)
         return self._codes.get((pid, code))
 
     def frame(self, pid: int, code: int, index: int) -> Frame:
