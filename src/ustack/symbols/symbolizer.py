@@ -27,13 +27,11 @@ _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 class Symbolizer:
     """`mappings` is anything with find(pid, addr) -> Mapping | None.
     `warnings` collects what the user should hear once (debug files
-    refused, corrupt DWARF), one sentence each. `python_code`: the run's
-    PythonCode, which names the code objects the capture saw."""
+    refused, corrupt DWARF), one sentence each."""
 
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
                  python_code: PythonCode | None = None):
         self.mappings = mappings
-        self.python_code = python_code if python_code is not None else PythonCode()
         self.options = options
         self.warnings: list = []
         name = demangle if options.demangle else _as_is
@@ -42,6 +40,8 @@ class Symbolizer:
         self._jit = JitSymbols(name, self.warnings)
         self._kernel: KernelSymbols | None = None   # read on first use
         self._source_wanted = options.lines or options.inlines
+        # the run's names of Python code objects (those the capture saw)
+        self.python_code = python_code if python_code is not None else PythonCode()
         self._modules: dict = {}          # mapping path -> module name shown
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
