@@ -17,7 +17,7 @@ from ustack.model import (CommEvent, Frame, Losses, Mapping, MmapEvent, Piece, R
 from ustack.recording.writer import Recorder, RecordWriter
 from ustack.report.counts import format_counts
 from ustack.report.folded import format_folded
-from ustack.report.formats import ReportContext
+from ustack.report.formats import ReportContext, stack_report
 from ustack.report.text import format_stack
 from ustack.session import Session
 from ustack.symbols.python import PythonCode
@@ -25,6 +25,7 @@ from ustack.symbols.stacks import StackResolver
 from ustack.target.mappings import MappingTracker
 from ustack.unwind import python_runtime as pr
 
+from test_flamegraph import render, svg_frames
 from test_formats_pprof import pprof, traces, write_report
 from test_python_code import INTERPRETERS, PROGRAM
 
@@ -237,3 +238,20 @@ def test_a_counted_python_stack_keeps_its_exec_generation():
     chain = b"".join(w.to_bytes(8, "little") for w in words)
     generation = StackResolver(tracker).key(RawSample(0, pid, pid, 0, -1, chain))[1]
     assert generation == 0
+
+
+def test_svg_colours_python_blue_and_jit_green():
+    """flamegraph.pl's palettes and two of ustack's: Python frames blue,
+    JIT frames (js, java) green, native code warm."""
+    js = Frame(0x3a000, "", "JS:*add", kind="js")
+    java = Frame(0x7f00, "", "LChain;::leaf", kind="java")
+    counts = [StackCount("python3", 7, STACK, 5), StackCount("node", 8, Stack((js, MAIN)), 5),
+              StackCount("java", 9, Stack((java, MAIN)), 5)]
+    # titles: `name (N events, P%) [module]`; a Python frame's name ends in (file:line)
+    rgb = {re.sub(r" \(\d+ events.*", "", title): tuple(map(int, re.findall(r"\d+", r["fill"])))
+           for title, r, _ in svg_frames(render(stack_report("svg"), counts))}
+    leaf = rgb["leaf (spy.py:4)"]
+    assert leaf[2] > max(leaf[:2])                             # blue
+    for name in ("JS:*add", "LChain;::leaf"):
+        assert rgb[name][1] > max(rgb[name][0], rgb[name][2])  # green
+    assert rgb["main"][0] > max(rgb["main"][1:])               # warm
