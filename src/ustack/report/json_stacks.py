@@ -21,7 +21,9 @@ JSON, for scripts.
              "address": "0x55d0…",    # runtime address, hex (> 2**53)
              "file": "chain.c" | null, "line": 36 | null,   # with --lines
              "inlined": false,        # a call inlined into the next frame
-             "kernel": false}         # a kernel frame (--kernel)
+             "kernel": false,         # a kernel frame (--kernel)
+             "kind": null}            # "python", "js", "java": an interpreter's
+                                      # or a JIT's frame (python: address 0)
 
 Stacks of the same event, process and frames are one entry whatever the
 thread; ties in count keep a fixed order (event, pid, comm, names)."""
@@ -42,7 +44,7 @@ def frame_dict(f, kernel: bool = False) -> dict:
     return {"function": f.function, "module": f.module, "path": f.path,
             "offset": f.offset, "address": f"0x{f.addr:x}",
             "file": f.file or None, "line": f.line or None,
-            "inlined": f.inlined, "kernel": kernel}
+            "inlined": f.inlined, "kernel": kernel, "kind": f.kind or None}
 
 
 def frame_dicts(frames) -> list:
