@@ -52,6 +52,12 @@ def check_request(opts: Options, request: MemleakRequest, fmt: str) -> None:
         raise UstackError("memleak traces one process: give -p PID or -c CMD")
     if opts.pids:
         raise UstackError("memleak traces one process: give one -p PID")
+    if opts.unwind == "fp":
+        raise UstackError("memleak unwinds with DWARF in the kernel; --unwind fp is "
+                          "not an option here")
+    if opts.tids or opts.comms:
+        raise UstackError("memleak counts per process: --tid and --comm are not "
+                          "options here")
     if request.interval is not None and not 0 < request.interval < float("inf"):
         raise UstackError("-i must be a positive number of seconds")
     if request.interval is not None and fmt != "text":
