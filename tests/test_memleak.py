@@ -2,10 +2,11 @@
 
 The target (programs/leaky.c, built -O2 -fomit-frame-pointer: only the
 in-kernel DWARF walk reaches main and _start through it and Debian's libc)
-leaves known blocks from four call chains (malloc, calloc, realloc of a
-malloc'd block, posix_memalign) and frees everything it allocates from a
-fifth (malloc, realloc, posix_memalign, aligned_alloc): the report must
-hold exactly the four leaking stacks with their bytes and block counts.
+leaves known blocks from six call chains (malloc, calloc, realloc of a
+malloc'd block, posix_memalign, mmap, a malloc that calls mmap itself) and
+frees everything it allocates from a seventh (malloc, realloc,
+posix_memalign, aligned_alloc, mmap and munmap): the report must hold
+exactly the six leaking stacks with their bytes and block counts.
 Other stacks in the report are libc's own (stdio's buffers): a test looks
 only at the stacks through the program's own functions."""
 from __future__ import annotations
@@ -31,10 +32,13 @@ LEAKS = {
     ("calloc", "calloc_leak", *START): (ROUNDS * 3 * 100, ROUNDS),
     ("realloc", "realloc_leak", *START): (ROUNDS * 2000, ROUNDS),
     ("posix_memalign", "memalign_leak", *START): (ROUNDS * 512, ROUNDS),
+    ("mmap", "mmap_leak", *START): (ROUNDS * 8192, ROUNDS),
+    # malloc gets these from mmap: counted once, as malloc's
+    ("malloc", "big_leak", *START): (ROUNDS * 200000, ROUNDS),
 }
 YOUNG = {("malloc", "young_leak", *START): (ROUNDS * 4444, ROUNDS)}
 OWN = {"leak_inner", "leak_outer", "calloc_leak", "realloc_leak", "memalign_leak",
-       "young_leak", "keep_inner", "keep_outer", "freed_ones"}
+       "mmap_leak", "big_leak", "young_leak", "keep_inner", "keep_outer", "freed_ones"}
 
 HEAD = re.compile(r"^\[\d\d:\d\d:\d\d\] Top (\d+) stacks with outstanding allocations:$")
 ENTRY = re.compile(r"^\t(\d+) bytes in (\d+) allocations? from stack$")

@@ -8,8 +8,11 @@
  *   realloc_leak: N x realloc(malloc(64), REALLOC_SIZE): the malloc's
  *     block is freed by the realloc, the realloc's is left
  *   memalign_leak: N x posix_memalign(&p, 64, ALIGNED_SIZE)
+ *   mmap_leak: N x mmap(MMAP_SIZE) (anonymous)
+ *   big_leak: N x malloc(BIG_SIZE), which malloc gets from mmap itself
  * Freed: keep_outer -> keep_inner: N x malloc(KEEP_SIZE), then a
- *   realloc'd block, a posix_memalign'd one and an aligned_alloc'd one.
+ *   realloc'd block, a posix_memalign'd one, an aligned_alloc'd one, a
+ *   big malloc'd one and an mmap'd one (munmap).
  * Then "ready" on stdout.
  * With OLDER_MS: then it waits until OLDER_MS after those allocations
  * by its own clock, leaks N x malloc(YOUNG_SIZE) from young_leak, says
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include "wait_start.h"
 
 #define KEEP __attribute__((noinline, noipa, used))
@@ -30,6 +34,8 @@
 #define ALIGNED_SIZE 512
 #define KEEP_SIZE 777
 #define YOUNG_SIZE 4444
+#define MMAP_SIZE 8192
+#define BIG_SIZE 200000		/* above malloc's mmap threshold: malloc calls mmap */
 
 /* read by nobody, but the compiler must not drop the allocations */
 void *volatile kept[64];
@@ -53,6 +59,17 @@ KEEP void memalign_leak(void)
 	asm volatile("");
 }
 
+KEEP void mmap_leak(void)
+{
+	void *p = mmap(NULL, MMAP_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		       -1, 0);
+	if (p != MAP_FAILED)
+		hold(p);
+	asm volatile("");
+}
+
+KEEP void big_leak(void) { hold(malloc(BIG_SIZE)); asm volatile(""); }
+
 KEEP void *keep_inner(void) { void *p = malloc(KEEP_SIZE); asm volatile(""); return p; }
 KEEP void *keep_outer(void) { void *p = keep_inner(); asm volatile(""); return p; }
 
@@ -67,6 +84,10 @@ KEEP void freed_ones(void)
 	if (posix_memalign(&p, 128, 256) == 0)
 		free(p);
 	free(aligned_alloc(64, 640));
+	free(malloc(BIG_SIZE));
+	p = mmap(NULL, MMAP_SIZE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p != MAP_FAILED)
+		munmap(p, MMAP_SIZE);
 	asm volatile("");
 }
 
@@ -90,6 +111,8 @@ int main(int argc, char **argv)
 		calloc_leak();
 		realloc_leak();
 		memalign_leak();
+		mmap_leak();
+		big_leak();
 	}
 	freed_ones();
 	long done = now_ms();
