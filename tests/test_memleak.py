@@ -193,3 +193,12 @@ def test_ctrl_c_reports_and_leaves_nothing(prog):
 ])
 def test_errors(args, error):
     assert fail_one_line(run_ustack("memleak", *args)) == error
+
+
+def test_refuses_what_has_no_libc_allocator():
+    assert fail_one_line(run_ustack("memleak", "-c", "nosuchcmd")) == \
+        "ustack: no such command: nosuchcmd"
+    static = build("leaky", flags=("-O2", "-static"))
+    assert fail_one_line(run_ustack("memleak", "-c", f"{static} go")) == \
+        f"ustack: {static} does not load libc (a static program?): memleak traces " \
+        "libc's allocator"

@@ -85,7 +85,7 @@ def target_libc(opts: Options) -> tuple:
                               "libc's allocator") from None
     exe = process.command_executable(opts.cmdline)
     if exe is None:
-        raise UstackError(f"no such program: {opts.cmdline.split()[0]}")
+        raise UstackError(f"no such command: {opts.cmdline.split()[0]}")
     for path in needed.load_closure(exe):
         name = os.path.basename(path)
         if name == "libc.so" or name.startswith("libc.so."):
