@@ -19,6 +19,7 @@ import subprocess
 import pytest
 
 from helpers import O2_NOFP, build, run_ustack, wait_until
+from test_formats_pprof import pprof
 from test_e2e_core import (fail_one_line, finish, ok, parse_folded, release, spawn,
                            start_ustack, stop, ustack_lines, wait_tracing)
 
@@ -160,6 +161,21 @@ def test_folded_and_json_weigh_bytes(prog, tmp_path):
     values = {tuple(f["function"] for f in s["frames"]): s["value"] for s in doc["stacks"]
               if OWN & {f["function"] for f in s["frames"]}}
     assert values == {frames: b for frames, (b, _n) in LEAKS.items()}
+
+
+def test_pprof_is_a_heap_profile(prog, tmp_path):
+    """pprof's inuse_space in bytes: each leaking function's cumulative
+    bytes are its stack's."""
+    memleak("-o", tmp_path / "leaks.pb.gz", "-c", f"{prog} go")
+    text = pprof("-top", "-unit=B", "-nodefraction=0", tmp_path / "leaks.pb.gz")
+    assert "\nType: inuse_space\n" in text
+    cum = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 6 and fields[5] in OWN:
+            cum[fields[5]] = fields[3]
+    assert cum == {f: f"{b}B" for frames, (b, _n) in LEAKS.items()
+                   for f in frames if f in OWN}
 
 
 def test_ctrl_c_reports_and_leaves_nothing(prog):
