@@ -119,6 +119,13 @@ def test_attached_by_pid_and_nothing_left(prog):
     probes_gone(us.pid)
 
 
+def test_nothing_outstanding_is_an_empty_report():
+    """Not 'no events were seen': every block may have been freed."""
+    res = memleak("-c", "true")
+    assert parse_reports(res.stdout) == [[]]
+    assert len(res.stderr.splitlines()) == 1, res.stderr
+
+
 def test_top_keeps_the_largest(prog):
     res = memleak("--top", "2", "-c", f"{prog} go")
     (report,) = parse_reports(res.stdout)
