@@ -119,6 +119,17 @@ def test_attached_by_pid_and_nothing_left(prog):
     probes_gone(us.pid)
 
 
+def test_threads_allocating_together(prog):
+    """Four threads, started together, each leak 1000 blocks and free 1000
+    others, interleaved: entries and returns pair per thread."""
+    res = memleak("-c", f"{prog} go threads")
+    (report,) = parse_reports(res.stdout)
+    ours = {frames: (b, n) for frames, b, n in report
+            if {"thread_leak", "thread_keep"} & set(frames)}
+    assert ours == {("malloc", "thread_leak", "thread_main", "start_thread", "clone3"):
+                    (4 * 1000 * 48, 4 * 1000)}
+
+
 def test_nothing_outstanding_is_an_empty_report():
     """Not 'no events were seen': every block may have been freed."""
     res = memleak("-c", "true")

@@ -1,4 +1,4 @@
-/* leaky WAIT [OLDER_MS]: allocations from known call chains, some freed,
+/* leaky WAIT [OLDER_MS | threads]: allocations from known call chains, some freed,
  * some not (ustack memleak's target).
  *
  * WAIT: "-" waits for a line on stdin first (wait_start.h).
@@ -14,6 +14,9 @@
  *   realloc'd block, a posix_memalign'd one, an aligned_alloc'd one, a
  *   big malloc'd one and an mmap'd one (munmap).
  * Then "ready" on stdout.
+ * With "threads": instead, THREADS threads started together each leak
+ * THREAD_ROUNDS x malloc(THREAD_SIZE) from thread_leak and free as many
+ * blocks from thread_keep, interleaved; then it exits.
  * With OLDER_MS: then it waits until OLDER_MS after those allocations
  * by its own clock, leaks N x malloc(YOUNG_SIZE) from young_leak, says
  * "young" and exits; without, it waits for a line (or the end) on stdin
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include "wait_start.h"
 
@@ -35,6 +39,9 @@
 #define KEEP_SIZE 777
 #define YOUNG_SIZE 4444
 #define MMAP_SIZE 8192
+#define THREADS 4
+#define THREAD_ROUNDS 1000
+#define THREAD_SIZE 48
 #define BIG_SIZE 200000		/* above malloc's mmap threshold: malloc calls mmap */
 
 /* read by nobody, but the compiler must not drop the allocations */
@@ -93,6 +100,37 @@ KEEP void freed_ones(void)
 
 KEEP void young_leak(void) { hold(malloc(YOUNG_SIZE)); asm volatile(""); }
 
+static pthread_barrier_t together;
+
+KEEP void *thread_leak(void) { void *p = malloc(THREAD_SIZE); asm volatile(""); return p; }
+KEEP void thread_keep(void) { free(malloc(96)); asm volatile(""); }
+
+KEEP void *thread_main(void *arg)
+{
+	void **mine = arg;
+
+	pthread_barrier_wait(&together);
+	for (int i = 0; i < THREAD_ROUNDS; i++) {
+		mine[i] = thread_leak();
+		thread_keep();
+	}
+	return NULL;
+}
+
+static int threads(void)
+{
+	static void *blocks[THREADS][THREAD_ROUNDS];
+	pthread_t t[THREADS];
+
+	pthread_barrier_init(&together, NULL, THREADS);
+	for (int i = 0; i < THREADS; i++)
+		if (pthread_create(&t[i], NULL, thread_main, blocks[i]))
+			return 3;
+	for (int i = 0; i < THREADS; i++)
+		pthread_join(t[i], NULL);
+	return 0;
+}
+
 static long now_ms(void)
 {
 	struct timespec ts;
@@ -106,6 +144,8 @@ int main(int argc, char **argv)
 		return 2;
 	if (wait_start(argv[1]))
 		return 4;
+	if (argc > 2 && strcmp(argv[2], "threads") == 0)
+		return threads();
 	for (int i = 0; i < ROUNDS; i++) {
 		leak_outer();
 		calloc_leak();
