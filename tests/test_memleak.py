@@ -220,6 +220,10 @@ def test_ctrl_c_reports_and_leaves_nothing(prog):
 
 @pytest.mark.parametrize("args,error", [
     ((), "ustack: memleak traces one process: give -p PID or -c CMD"),
+    (("-c", " "), "ustack: -c needs a command"),
+    (("-p", "1,2"), "ustack: memleak traces one process: give one -p PID"),
+    (("-c", "true", "--unwind", "fp"),
+     "ustack: memleak unwinds with DWARF in the kernel; --unwind fp is not an option here"),
     (("-c", "true", "--top", "0"), "ustack: --top must be a positive number of stacks"),
     (("-c", "true", "-i", "1", "-f", "folded"),
      "ustack: -i prints text reports as the run goes; folded is written once, at the end"),

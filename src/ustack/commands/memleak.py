@@ -48,10 +48,12 @@ class Function:
 
 
 def check_request(opts: Options, request: MemleakRequest, fmt: str) -> None:
-    if opts.pid is None and opts.cmdline is None:
-        raise UstackError("memleak traces one process: give -p PID or -c CMD")
     if opts.pids:
         raise UstackError("memleak traces one process: give one -p PID")
+    if opts.pid is None and opts.cmdline is None:
+        raise UstackError("memleak traces one process: give -p PID or -c CMD")
+    if opts.cmdline is not None and not opts.cmdline.strip():
+        raise UstackError("-c needs a command")
     if opts.unwind == "fp":
         raise UstackError("memleak unwinds with DWARF in the kernel; --unwind fp is "
                           "not an option here")
