@@ -5,7 +5,7 @@ JSON, for scripts.
      "command": "count" | "profile" | …,
      "events": ["uprobe:/tmp/chain:d", …],
      "frequency": 49 | null,          # profile: samples per second
-     "unit": "count" | "nanoseconds", # of "value" below
+     "unit": "count" | "nanoseconds" | "bytes", # of "value" below (memleak: bytes)
      "stacks": [                      # most frequent first
        {"event": "uprobe:/tmp/chain:d", "comm": "chain", "pid": 4242,
         "count": 100,                 # events (or samples) with this stack;
@@ -89,7 +89,7 @@ class JsonReport:
         return {
             "format": FORMAT_NAME, "version": FORMAT_VERSION,
             "command": command, "events": list(events), "frequency": frequency,
-            "unit": "nanoseconds" if ns else "count",
+            "unit": "nanoseconds" if ns else getattr(context, "value_unit", None) or "count",
             "stacks": [{"event": event, "comm": comm, "pid": pid, "count": n,
                         "value": n * ns if ns else n,
                         "frames": frame_dicts(stack.frames),

@@ -87,6 +87,7 @@ class _Builder:
         self.events = tuple(getattr(context, "events", ()))
         self.title = getattr(context, "title", "")
         self.timed = is_timed(context)
+        self.bytes = getattr(context, "value_unit", None) == "bytes"
         self.objects = ObjectFacts()
         self.strings: dict = {}
         self.functions: dict = {}        # (name, object path, source file) -> id
@@ -147,6 +148,8 @@ class _Builder:
         period = self._period()
         if self.timed:                   # offcpu: one value, the time off the CPU
             self.p.sample_type.add(type=self.s("offcpu"), unit=self.s("nanoseconds"))
+        elif self.bytes:                 # memleak: bytes not freed, as heap profiles say
+            self.p.sample_type.add(type=self.s("inuse_space"), unit=self.s("bytes"))
         elif period:
             self.p.sample_type.add(type=self.s("samples"), unit=self.s("count"))
             self.p.sample_type.add(type=self.s("cpu"), unit=self.s("nanoseconds"))
