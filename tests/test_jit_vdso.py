@@ -48,6 +48,49 @@ def test_symbolizer_names_anonymous_code(tmp_path, monkeypatch):
         ("js::jit::Code::run()", 0x10, 0x40, "JIT"), (None, 0, 0, "[heap]")]
 
 
+class _RuntimeMaps(FakeMaps):
+    """FakeMaps that also say which files a process maps (its runtime)."""
+
+    def paths(self, pid):
+        return [m.path for m in self.by_pid.get(pid, ())]
+
+
+def test_jit_frames_kind_by_runtime(tmp_path, monkeypatch):
+    """V8's names are JS frames wherever they come from; a JVM's map (the
+    process maps libjvm.so) names Java frames; other JITs' are native."""
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon")
+    (tmp_path / "perf-1.map").write_text("7f0000001000 40 JS:*leaf /a/b.js:3:15\n"
+                                         "7f0000002000 40 Builtin:ArrayMap\n")
+    (tmp_path / "perf-2.map").write_text("7f0000001000 40 double Chain.leaf(int)\n"
+                                         "7f0000002000 40 Interpreter\n")
+    (tmp_path / "perf-3.map").write_text("7f0000001000 40 LuaJIT trace #1\n")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    maps = _RuntimeMaps({1: [code], 2: [code, jvm], 3: [code]})
+    f = Symbolizer(maps)
+    assert [(x.function, x.kind) for pid in (1, 2, 3)
+            for x in f.frames(pid, [0x7F0000001010, 0x7F0000002010])] == [
+        ("JS:*leaf /a/b.js:3:15", "js"), ("Builtin:ArrayMap", "js"),
+        ("double Chain.leaf(int)", "java"), ("Interpreter", "java"),
+        ("LuaJIT trace #1", ""), (None, "")]
+
+
+def test_jit_code_without_a_map_said_once(tmp_path, monkeypatch):
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    f = Symbolizer(_RuntimeMaps({4: [code, jvm], 5: [code, jvm]}))
+    for pid in (4, 5, 4):
+        assert f.frames(pid, [0x7F0000001010])[0].function is None
+    assert f.warnings == [
+        f"PID 4 (java) ran JIT code but wrote no perf map ({tmp_path}/perf-4.map): its "
+        "JIT frames are unnamed; run `jcmd 4 Compiler.perfmap` while it runs (the map "
+        "holds the code compiled until then), or start java with "
+        "-XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit"]
+
+
 @pytest.mark.kernel
 def test_trace_through_jit_code():
     prog = build("jit")

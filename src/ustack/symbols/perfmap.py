@@ -1,6 +1,12 @@
 """Names for JIT-compiled code from /tmp/perf-PID.map, the file JITs (V8,
-the JVM with perf-map-agent, LuaJIT, .NET, Python 3.12 -X perf) write for
-perf: one `START SIZE name` line per function, START and SIZE in hex.
+the JVM through `jcmd PID Compiler.perfmap` or perf-map-agent, LuaJIT,
+.NET, Python 3.12 -X perf) write for perf: one `START SIZE name` line per
+function, START and SIZE in hex. Frames named from V8's map are of kind
+"js", from a JVM's "java"; a process that ran JIT code without a map is
+told, once per runtime, how its runtime writes one.
+
+The map is read when stacks are named: for counted stacks, at the end of
+the run, so a map written during the run (jcmd) names what ran before.
 
 The file grows while the program runs. It is kept open: a lookup checks it
 with one fstat (still linked, same size and mtime) instead of a stat by
@@ -38,28 +44,82 @@ _U64 = 1 << 64
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
 
+# The code kinds V8 prefixes its names with (node --perf-basic-prof writes
+# JS:, Builtin:, BytecodeHandler:, Script:, Eval:; older V8 LazyCompile:, …)
+V8_PREFIXES = ("JS:", "LazyCompile:", "Function:", "Script:", "Eval:", "Builtin:",
+               "BytecodeHandler:", "RegExp:", "InterpretedFunction:")
+# How each runtime writes a map, said when a process ran JIT code without one
+HOW_TO_MAP = {
+    "java": "run `jcmd {pid} Compiler.perfmap` while it runs (the map holds the "
+            "code compiled until then), or start java with -XX:+UnlockDiagnosticVMOptions "
+            "-XX:+DumpPerfMapAtExit",
+    "node": "run node with --perf-basic-prof (and --interpreted-frames-native-stack "
+            "to name interpreted functions too)",
+    "": "a JIT writes one when asked (node --perf-basic-prof; java: jcmd PID "
+        "Compiler.perfmap)",
+}
+
+
+def runtime(paths) -> str:
+    """"java" or "node" by the files a process maps ("" for another one)."""
+    for path in paths:
+        base = os.path.basename(path)
+        if base == "libjvm.so":
+            return "java"
+        if base == "node" or base.startswith("libnode.so"):
+            return "node"
+    return ""
+
+
+def kind_of(runtime_name: str, name: str) -> str:
+    """A JIT frame's kind: "java" for a JVM's map, "js" for V8's names."""
+    if runtime_name == "java":
+        return "java"
+    return "js" if runtime_name == "node" or name.startswith(V8_PREFIXES) else ""
+
+
 class JitSymbols:
     """Frames in anonymous memory, named from each process's perf map;
-    `name` turns a map's name into the one shown (demangled or not)."""
+    `name` turns a map's name into the one shown (demangled or not);
+    `paths(pid)`, when given, the files a process maps: which runtime wrote
+    its map (its frames' kind) and how it would write one."""
 
-    def __init__(self, name: Callable[[str], str], warnings: list | None = None):
+    def __init__(self, name: Callable[[str], str], warnings: list | None = None,
+                 paths: Callable[[int], list] | None = None):
         self._name = name
         self._warnings = warnings if warnings is not None else []
-        self._maps: dict = {}           # pid -> PerfMap
+        self._paths = paths
+        self._maps: dict = {}           # pid -> (PerfMap, its runtime)
+        self._advised: set = set()      # runtimes told how to write a map
 
     def frame(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
         """Other memory without a file ([heap], [stack]) stays unnamed."""
         if m.path in ("", "//anon") or m.path.startswith("[anon"):
-            perf_map = self._maps.get(pid)
-            if perf_map is None:
-                perf_map = self._maps[pid] = PerfMap(
-                    perf_map_path(pid), owners=_owners(pid), warn=self._warnings.append,
-                    root=foreign_root(pid))
+            found = self._maps.get(pid)
+            if found is None:
+                found = self._maps[pid] = (
+                    PerfMap(perf_map_path(pid), owners=_owners(pid),
+                            warn=self._warnings.append, root=foreign_root(pid)),
+                    runtime(self._paths(pid)) if self._paths is not None else "")
+            perf_map, runtime_name = found
             sym = perf_map.lookup(addr - back)
             if sym is not None:
                 return Frame(addr=addr, module="JIT", function=self._name(sym.name),
-                             offset=addr - sym.address, size=sym.size)
+                             offset=addr - sym.address, size=sym.size,
+                             kind=kind_of(runtime_name, sym.name))
+            if not perf_map.seen:
+                self._advise(pid, runtime_name, perf_map.shown)
         return Frame(addr=addr, module=m.path, path=m.path)
+
+    def _advise(self, pid: int, runtime_name: str, path: str) -> None:
+        """Once per runtime: its JIT frames are unnamed, and how to name them."""
+        if runtime_name in self._advised:
+            return
+        self._advised.add(runtime_name)
+        who = f"PID {pid}" + (f" ({runtime_name})" if runtime_name else "")
+        self._warnings.append(
+            f"{who} ran JIT code but wrote no perf map ({path}): its JIT frames "
+            f"are unnamed; {HOW_TO_MAP[runtime_name].format(pid=pid)}")
 
 
 def _owners(pid: int) -> frozenset:
@@ -88,6 +148,7 @@ class PerfMap:
         self._fd: int | None = None
         self._stamp = None               # (ino, size, mtime) when last read
         self._done = 0                   # bytes consumed: complete lines only
+        self.seen = False                # the file was found (readable or not)
         self._entries = _Entries()
         self._sorted = _SortedView(self._entries)
 
@@ -144,6 +205,7 @@ class PerfMap:
         except OSError:
             self._close()
             return
+        self.seen = True
         why = self._refused(st)
         if why:
             self._close()

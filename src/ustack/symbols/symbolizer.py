@@ -31,7 +31,7 @@ class Symbolizer:
         name = demangle if options.demangle else _as_is
         self._elf = ElfSymbols(options, name, self.warnings)
         self._go = GoSymbols(options, self._elf.image)
-        self._jit = JitSymbols(name, self.warnings)
+        self._jit = JitSymbols(name, self.warnings, getattr(mappings, "paths", None))
         self._kernel: KernelSymbols | None = None   # read on first use
         self._source_wanted = options.lines or options.inlines
         self._modules: dict = {}          # mapping path -> module name shown
