@@ -40,6 +40,7 @@ def test_js_samples_reach_start(backend, tmp_path):
     res = ok(run_ustack("profile", "-F", "199", "-o", out, "--backend", backend,
                         "-c", f"{node} --perf-basic-prof {SPIN} 1500",
                         cwd=tmp_path))            # node writes its isolate logs there
+    _perf_map(res.stderr).unlink()
     if backend == "auto":
         assert "unwound in the kernel" in res.stderr.splitlines()[0], res.stderr
     js = [(stack, n) for stack, n in parse_folded(out.read_text())
@@ -52,6 +53,15 @@ def test_js_samples_reach_start(backend, tmp_path):
                                     for f in s)]
     assert hot, "inner() was never named from the perf map"
     assert "ran JIT code but wrote no perf map" not in res.stderr
+
+
+def _perf_map(stderr: str) -> Path:
+    """The perf map of the -c command whose run printed `stderr`."""
+    return Path(f"/tmp/perf-{_pid(stderr)}.map")
+
+
+def _pid(stderr: str) -> int:
+    return int(re.search(r"\(PID (\d+)\)", stderr.splitlines()[0])[1])
 
 
 def _chain_of(frames) -> list:
@@ -75,9 +85,14 @@ def test_js_chain_complete_and_in_order(backend, tmp_path, monkeypatch):
     opts = ustack.Options(command="profile", events=["profile:hz:199"], backend=backend,
                           cmdline=f"{node} --perf-basic-prof --interpreted-frames-native-stack"
                                   f" --no-turbo-inlining {CHAIN} 1500")
-    with ustack.Session(opts) as run:
-        counted = run.counts()
-        warnings = run.warnings
+    run = ustack.Session(opts)
+    try:
+        with run:
+            counted = run.counts()
+            warnings = run.warnings
+    finally:
+        if run.target is not None:
+            Path(f"/tmp/perf-{run.target.pid}.map").unlink(missing_ok=True)
     js = [c for c in counted if any(f.kind == "js" for f in c.stack.frames)]
     samples = sum(c.count for c in js)
     rooted = sum(c.count for c in js if c.stack.frames[-1].function == "_start")
@@ -104,7 +119,7 @@ def test_no_perf_map_is_said_once(tmp_path):
     node = _node()
     res = ok(run_ustack("profile", "-F", "199", "-o", tmp_path / "out.folded",
                         "-c", f"{node} {SPIN} 500", cwd=tmp_path))
-    pid = int(re.search(r"\(PID (\d+)\)", res.stderr.splitlines()[0])[1])
+    pid = _pid(res.stderr)
     said = [line for line in res.stderr.splitlines() if "perf map" in line]
     assert said == [
         f"ustack: PID {pid} (node) ran JIT code but wrote no perf map "
