@@ -84,11 +84,18 @@ def test_jit_code_without_a_map_said_once(tmp_path, monkeypatch):
     f = Symbolizer(_RuntimeMaps({4: [code, jvm], 5: [code, jvm]}))
     for pid in (4, 5, 4):
         assert f.frames(pid, [0x7F0000001010])[0].function is None
+    (tmp_path / "perf-5.map").write_text("7f0000002000 40 double Chain.leaf(int)\n")
+    for pid in (5, 5):                  # jcmd wrote it before this code was compiled
+        assert f.frames(pid, [0x7F0000001010])[0].function is None
+    assert f.frames(5, [0x7F0000002010])[0].function == "double Chain.leaf(int)"
     assert f.warnings == [
         f"PID 4 (java) ran JIT code but wrote no perf map ({tmp_path}/perf-4.map): its "
         "JIT frames are unnamed; run `jcmd 4 Compiler.perfmap` while it runs (the map "
         "holds the code compiled until then), or start java with "
-        "-XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit"]
+        "-XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit",
+        f"some JIT frames of PID 5 (java) are not in {tmp_path}/perf-5.map: code "
+        "compiled after the map was written (or freed before); `jcmd 5 "
+        "Compiler.perfmap` again, later in the run, names them"]
 
 
 @pytest.mark.kernel

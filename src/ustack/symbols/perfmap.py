@@ -109,6 +109,8 @@ class JitSymbols:
                              kind=kind_of(runtime_name, sym.name))
             if not perf_map.seen:
                 self._advise(pid, runtime_name, perf_map.shown)
+            elif runtime_name == "java":
+                self._advise_again(pid, perf_map.shown)
         return Frame(addr=addr, module=m.path, path=m.path)
 
     def _advise(self, pid: int, runtime_name: str, path: str) -> None:
@@ -120,6 +122,17 @@ class JitSymbols:
         self._warnings.append(
             f"{who} ran JIT code but wrote no perf map ({path}): its JIT frames "
             f"are unnamed; {HOW_TO_MAP[runtime_name].format(pid=pid)}")
+
+    def _advise_again(self, pid: int, path: str) -> None:
+        """A JVM's map is a snapshot (node's grows as it compiles): code
+        compiled after it, or freed before it, is not in it."""
+        if "java map" in self._advised:
+            return
+        self._advised.add("java map")
+        self._warnings.append(
+            f"some JIT frames of PID {pid} (java) are not in {path}: code compiled "
+            f"after the map was written (or freed before); `jcmd {pid} "
+            f"Compiler.perfmap` again, later in the run, names them")
 
 
 def _owners(pid: int) -> frozenset:
