@@ -104,15 +104,24 @@ def _perfmap(pid: int) -> None:
                    capture_output=True, timeout=60)
 
 
-@pytest.mark.parametrize("when", ["before", "during"])
+@pytest.mark.parametrize("when", ["before", "during", "after"])
 def test_attached_jvm_named_by_jcmd(running_jvm, when, tmp_path):
     """`ustack profile -p PID` of a running JVM, the map written by jcmd
-    before the run or while it runs: stacks are named when the run ends."""
+    before the run or while it runs: stacks are named when the run ends;
+    or `ustack record`, then jcmd, then `ustack report`."""
     out = tmp_path / "java.folded"
     args = ("profile", "-F", "199", "-d", "3", "-p", running_jvm.pid, "-o", out)
     if when == "before":
         _perfmap(running_jvm.pid)
         err = ok(run_ustack(*args)).stderr
+    elif when == "after":
+        recording = tmp_path / "java.data"
+        ok(run_ustack("record", "profile:hz:199", "-d", "3", "-p", running_jvm.pid,
+                      "-o", recording))
+        _perfmap(running_jvm.pid)
+        res = run_ustack("report", recording, "-f", "folded", "-o", out)
+        assert res.returncode == 0, res.stderr
+        err = res.stderr
     else:
         us = start_ustack(*args)
         try:

@@ -84,7 +84,7 @@ def test_js_chain_complete_and_in_order(backend, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                   # node writes its isolate logs here
     opts = ustack.Options(command="profile", events=["profile:hz:199"], backend=backend,
                           cmdline=f"{node} --perf-basic-prof --interpreted-frames-native-stack"
-                                  f" --no-turbo-inlining {CHAIN} 1500")
+                                  f" --no-turbo-inlining {CHAIN} 2000")
     run = ustack.Session(opts)
     try:
         with run:
