@@ -90,7 +90,7 @@ class JitSymbols:
         self._warnings = warnings if warnings is not None else []
         self._paths = paths
         self._maps: dict = {}           # pid -> (PerfMap, its runtime)
-        self._advised: set = set()      # runtimes told how to write a map
+        self._advised: set = set()      # what was said: runtimes told how to write a map
 
     def frame(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
         """Other memory without a file ([heap], [stack]) stays unnamed."""
