@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import run_ustack
-from test_e2e_core import finish, ok, parse_folded, start_ustack, stop, wait_tracing
+from helpers import run_ustack, wait_until
+from test_e2e_core import (finish, ok, parse_folded, parse_trace, start_ustack, stop,
+                           wait_tracing)
 
 pytestmark = pytest.mark.kernel
 
@@ -138,6 +139,42 @@ def test_attached_jvm_named_by_jcmd(running_jvm, when, tmp_path):
     assert busy >= 100 and whole >= 0.9 * busy, \
         f"{whole} of {busy} samples in leaf() are whole with outer, middle, leaf named"
     assert "perf map" not in err, err
+
+
+def test_trace_named_once_the_map_is_written(running_jvm, tmp_path):
+    """`trace` names each stack as it comes: those seen before jcmd wrote
+    the map are named again after it (not kept unnamed from a cache), and
+    the end of the run says the earlier ones are unnamed."""
+    out = tmp_path / "trace.txt"
+
+    def events() -> int:
+        return out.read_text().count(": profile:hz:99\n")
+
+    with open(out, "w") as stdout:
+        us = start_ustack("trace", "profile:hz:99", "-p", running_jvm.pid, stdout=stdout)
+    try:
+        err = wait_tracing(us)
+        wait_until(lambda: events() >= 200, timeout=60, what="200 events before the map")
+        _perfmap(running_jvm.pid)
+        after = events()
+        wait_until(lambda: events() >= after + 200, timeout=60, what="200 events after it")
+        us.send_signal(signal.SIGINT)
+        err += finish(us)[1]
+    finally:
+        stop(us)
+    records = parse_trace(out.read_text())
+    first = [any(f["func"] == "double Chain.leaf(int)" for f in r["frames"])
+             for r in records].index(True)
+    # where each event's innermost frame in JIT code is named, or not
+    jit = [[f["func"] for f in r["frames"] if f["func"] == "[unknown]" or f["module"] == "JIT"]
+           for r in records]
+    unnamed = [bool(fs) and fs[0] == "[unknown]" for fs in jit]
+    assert first >= 200, first
+    assert sum(unnamed[first:]) <= 0.01 * len(records[first:]), \
+        f"{sum(unnamed[first:])} of {len(records[first:])} events unnamed after the first named"
+    pid = running_jvm.pid
+    assert (f"ustack: PID {pid} (java) wrote its perf map (/tmp/perf-{pid}.map) during "
+            f"the run: the JIT frames of stacks named before are unnamed") in err, err
 
 
 def test_no_perf_map_is_said_once(classes, tmp_path):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import time
 from array import array
 import stat
 from collections.abc import Callable
@@ -40,6 +41,7 @@ MAX_MAP_BYTES = 64 << 20           # a JIT's map is a few MB; a sparse 1 GB file
 MAX_ENTRIES = 1 << 18              # functions kept per map: the newest win
 PARSE_WINDOW = 16 << 20            # bytes parsed per read, the newest (~1 s of parsing)
 MAX_NAME = 1024                    # bytes of one name kept
+POLL_S = 0.25                      # how often a named stack's map is checked again
 _U64 = 1 << 64
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
@@ -90,11 +92,12 @@ class JitSymbols:
         self._warnings = warnings if warnings is not None else []
         self._paths = paths
         self._maps: dict = {}           # pid -> (PerfMap, its runtime)
-        self._advised: set = set()      # what was said: runtimes told how to write a map
+        self._unmapped: dict = {}       # runtime -> (pid, PerfMap): a frame found no map
+        self._stale: tuple | None = None    # (pid, PerfMap): a JVM's map lacked a frame
 
     def frame(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
         """Other memory without a file ([heap], [stack]) stays unnamed."""
-        if m.path in ("", "//anon") or m.path.startswith("[anon"):
+        if is_anonymous(m.path):
             found = self._maps.get(pid)
             if found is None:
                 found = self._maps[pid] = (
@@ -108,31 +111,50 @@ class JitSymbols:
                              offset=addr - sym.address, size=sym.size,
                              kind=kind_of(runtime_name, sym.name))
             if not perf_map.seen:
-                self._advise(pid, runtime_name, perf_map.shown)
-            elif runtime_name == "java":
-                self._advise_again(pid, perf_map.shown)
+                self._unmapped.setdefault(runtime_name, (pid, perf_map))
+            elif runtime_name == "java" and self._stale is None:
+                self._stale = (pid, perf_map)
         return Frame(addr=addr, module=m.path, path=m.path)
 
-    def _advise(self, pid: int, runtime_name: str, path: str) -> None:
-        """Once per runtime: its JIT frames are unnamed, and how to name them."""
-        if runtime_name in self._advised:
-            return
-        self._advised.add(runtime_name)
-        who = f"PID {pid}" + (f" ({runtime_name})" if runtime_name else "")
-        self._warnings.append(
-            f"{who} ran JIT code but wrote no perf map ({path}): its JIT frames "
-            f"are unnamed; {HOW_TO_MAP[runtime_name].format(pid=pid)}")
+    def version(self, pid: int) -> int:
+        """How often process `pid`'s map has changed (checked at most
+        POLL_S apart): a stack named before it changed may be named better."""
+        found = self._maps.get(pid)
+        return found[0].poll() if found is not None else 0
 
-    def _advise_again(self, pid: int, path: str) -> None:
-        """A JVM's map is a snapshot (node's grows as it compiles): code
-        compiled after it, or freed before it, is not in it."""
-        if "java map" in self._advised:
-            return
-        self._advised.add("java map")
-        self._warnings.append(
-            f"some JIT frames of PID {pid} (java) are not in {path}: code compiled "
-            f"after the map was written (or freed before); `jcmd {pid} "
-            f"Compiler.perfmap` again, later in the run, names them")
+    def notes(self) -> list:
+        """What the user should hear about JIT code, as it stands now: once
+        per runtime, a process's JIT frames found no map, with how its
+        runtime writes one (or that it wrote one later, for stacks named as
+        they came); a JVM's map (a snapshot, where node's grows as it
+        compiles) lacked some."""
+        said = []
+        for runtime_name, (pid, perf_map) in self._unmapped.items():
+            who = f"PID {pid}" + (f" ({runtime_name})" if runtime_name else "")
+            if perf_map.seen:            # written during the run: named since
+                said.append(f"{who} wrote its perf map ({perf_map.shown}) during the "
+                            f"run: the JIT frames of stacks named before are unnamed")
+                continue
+            said.append(f"{who} ran JIT code but wrote no perf map ({perf_map.shown}): "
+                        f"its JIT frames are unnamed; "
+                        f"{HOW_TO_MAP[runtime_name].format(pid=pid)}")
+        if self._stale is not None:
+            pid, perf_map = self._stale
+            said.append(f"some JIT frames of PID {pid} (java) are not in {perf_map.shown}: "
+                        f"code compiled after the map was written (or freed before); "
+                        f"`jcmd {pid} Compiler.perfmap` again, later in the run, names them")
+        return said
+
+
+def is_anonymous(path: str) -> bool:
+    """Whether a mapping's path is memory without a file that a JIT's code
+    may be in (perf's //anon, /proc's "" or a named [anon:…])."""
+    return path in ("", "//anon") or path.startswith("[anon")
+
+
+def unnamed_jit(frame: Frame) -> bool:
+    """Whether a frame is in such memory and no map named it."""
+    return frame.function is None and is_anonymous(frame.module)
 
 
 def _owners(pid: int) -> frozenset:
@@ -162,6 +184,8 @@ class PerfMap:
         self._stamp = None               # (ino, size, mtime) when last read
         self._done = 0                   # bytes consumed: complete lines only
         self.seen = False                # the file was found (readable or not)
+        self.version = 0                 # bumped when its names change
+        self._next_poll = 0.0
         self._entries = _Entries()
         self._sorted = _SortedView(self._entries)
 
@@ -172,6 +196,14 @@ class PerfMap:
                 return sym
         self._refresh()
         return self._sorted.find(addr)
+
+    def poll(self) -> int:
+        """`version`, the file checked again if it was not within POLL_S."""
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + POLL_S
+            self._refresh()
+        return self.version
 
     def _current(self) -> bool:
         """Whether the open file is still the map and unchanged since read."""
@@ -280,6 +312,7 @@ class PerfMap:
             self._say(f"{self.shown} has more than {MAX_ENTRIES:,} entries: only "
                       "the newest are used")
         self._sorted.rebuild()
+        self.version += 1
 
     def _line_start(self, at: int) -> int:
         """The offset of the first line that starts at or after `at`
@@ -289,6 +322,8 @@ class PerfMap:
         return -1 if i < 0 else at + i
 
     def _forget(self) -> None:
+        if len(self._entries):
+            self.version += 1
         self._done = 0
         self._entries.clear()
         self._sorted.rebuild()

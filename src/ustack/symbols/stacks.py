@@ -8,6 +8,7 @@ from ..model import KERNEL_UNWIND_STOP, Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
+from .perfmap import unnamed_jit
 from .symbolizer import SymbolOptions, Symbolizer
 
 MAX_CACHED = 100_000               # distinct stacks kept; bounds memory
@@ -38,6 +39,7 @@ class StackResolver:
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options)
         self._stacks: dict = {}
+        self._jit_versions: dict = {}   # key -> its map's version, for stacks with unnamed JIT
 
     @property
     def warnings(self) -> list:
@@ -60,13 +62,21 @@ class StackResolver:
         return (pid, generation, self.unwinder.stack_key(sample, find), sample.kernel)
 
     def stack(self, sample: RawSample) -> Stack:
-        """The symbolized stack of a sample, as it is now."""
+        """The symbolized stack of a sample, as it is now: one with JIT
+        frames no map named is named again once its process's map changed
+        (a JVM's, written by jcmd during the run)."""
         key = self.key(sample)
         stack = self._stacks.get(key)
-        if stack is None:
+        if stack is None or (key in self._jit_versions and
+                             self._jit_versions[key] != self.symbolizer.jit_version(key[0])):
             if len(self._stacks) > MAX_CACHED:
                 self._stacks.clear()
+                self._jit_versions.clear()
             stack = self._stacks[key] = self.stack_of(key)
+            if any(unnamed_jit(f) for f in stack.frames):
+                self._jit_versions[key] = self.symbolizer.jit_version(key[0])
+            else:
+                self._jit_versions.pop(key, None)
         return stack
 
     def _maps_seen(self, pid: int, generation: int | None) -> bool:
