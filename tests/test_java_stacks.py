@@ -82,7 +82,7 @@ def test_map_written_at_exit_names_the_chain(classes):
         f"{whole} of {busy} samples in leaf() are whole with outer, middle, leaf named"
     jit = {(f.function, f.kind) for c in counted for f in c.stack.frames if f.module == "JIT"}
     assert ("double Chain.leaf(int)", "java") in jit and {k for _f, k in jit} == {"java"}, jit
-    assert not [w for w in warnings if "perf map" in w], warnings
+    assert not [w for w in warnings if "perf map" in w or "PreserveFramePointer" in w], warnings
 
 
 @pytest.fixture
@@ -138,7 +138,7 @@ def test_attached_jvm_named_by_jcmd(running_jvm, when, tmp_path):
     busy, whole = _judge(stacks)
     assert busy >= 100 and whole >= 0.9 * busy, \
         f"{whole} of {busy} samples in leaf() are whole with outer, middle, leaf named"
-    assert "perf map" not in err, err
+    assert "perf map" not in err and "PreserveFramePointer" not in err, err
 
 
 def test_trace_named_once_the_map_is_written(running_jvm, tmp_path):
@@ -177,14 +177,19 @@ def test_trace_named_once_the_map_is_written(running_jvm, tmp_path):
             f"the run: the JIT frames of stacks named before are unnamed") in err, err
 
 
-def test_no_perf_map_is_said_once(classes, tmp_path):
+def test_no_perf_map_nor_frame_pointers_said_once(classes, tmp_path):
+    """A JVM without a map nor -XX:+PreserveFramePointer: its stacks end in
+    its (unnamed) JIT code; the end of the run says why, once each."""
     res = ok(run_ustack("profile", "-F", "199", "-o", tmp_path / "out.folded", "-c",
-                        f"{_tool('java')} -XX:+PreserveFramePointer -cp {classes} Chain 1"))
+                        f"{_tool('java')} -cp {classes} Chain 2"))
     pid = int(re.search(r"\(PID (\d+)\)", res.stderr.splitlines()[0])[1])
-    said = [line for line in res.stderr.splitlines() if "perf map" in line]
+    said = [line for line in res.stderr.splitlines() if line.startswith("ustack: ")]
     assert said == [
         f"ustack: PID {pid} (java) ran JIT code but wrote no perf map "
         f"(/tmp/perf-{pid}.map): its JIT frames are unnamed; run `jcmd {pid} "
         f"Compiler.perfmap` while it runs (the map holds the code compiled until "
         f"then), or start java with -XX:+UnlockDiagnosticVMOptions "
-        f"-XX:+DumpPerfMapAtExit"], res.stderr
+        f"-XX:+DumpPerfMapAtExit",
+        f"ustack: stacks of PID {pid} (java) end in its JIT code: a JVM started "
+        f"without -XX:+PreserveFramePointer keeps no frame pointer there to walk on"
+    ], res.stderr

@@ -98,6 +98,30 @@ def test_jit_code_without_a_map_said_once(tmp_path, monkeypatch):
         "Compiler.perfmap` again, later in the run, names them"]
 
 
+def test_jvm_stacks_ending_in_jit_code_said_when_most_do(tmp_path, monkeypatch):
+    """A JVM without frame pointers in its JIT code: most of its stacks end
+    there; a rare odd walk (a sample in a prologue) is not a reason to say so."""
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    (tmp_path / "perf-6.map").write_text("7f0000001000 40 double Chain.leaf(int)\n")
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    f = Symbolizer(_RuntimeMaps({6: [code, jvm]}))
+    ended = f.frames(6, [0x7F0000001010])                       # leaf, then nothing
+    through = f.frames(6, [0x7F0000001010, 0x7F1000000100])     # leaf, then libjvm
+    said = "stacks of PID 6 (java) end in its JIT code"
+    for stack in (ended, through, through):
+        f.stack_named(6, stack, whole=True)
+    assert not [w for w in f.warnings if said in w]
+    f.stack_named(6, ended, whole=False)      # cut by a limit: not the JVM's doing
+    assert not [w for w in f.warnings if said in w]
+    for _ in range(3):                        # 4 of 7 end in JIT code: most
+        f.stack_named(6, ended, whole=True)
+    assert [w for w in f.warnings if said in w] == [
+        said + ": a JVM started without -XX:+PreserveFramePointer keeps no frame "
+        "pointer there to walk on"]
+
+
 @pytest.mark.kernel
 def test_trace_through_jit_code():
     prog = build("jit")

@@ -94,6 +94,7 @@ class JitSymbols:
         self._maps: dict = {}           # pid -> (PerfMap, its runtime)
         self._unmapped: dict = {}       # runtime -> (pid, PerfMap): a frame found no map
         self._stale: tuple | None = None    # (pid, PerfMap): a JVM's map lacked a frame
+        self._jvm_stacks: dict = {}     # pid -> [its stacks with JIT frames, those ending there]
 
     def frame(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
         """Other memory without a file ([heap], [stack]) stays unnamed."""
@@ -116,6 +117,18 @@ class JitSymbols:
                 self._stale = (pid, perf_map)
         return Frame(addr=addr, module=m.path, path=m.path)
 
+    def stack_named(self, pid: int, frames, whole: bool) -> None:
+        """Process `pid`'s stack `frames` (innermost first) was named;
+        `whole`: no limit cut it short, its walk ended where it ends."""
+        found = self._maps.get(pid)
+        if found is None or found[1] != "java":
+            return
+        jit = [f.kind == "java" or unnamed_jit(f) for f in frames]
+        if any(jit):
+            seen = self._jvm_stacks.setdefault(pid, [0, 0])
+            seen[0] += 1
+            seen[1] += whole and jit[-1]
+
     def version(self, pid: int) -> int:
         """How often process `pid`'s map has changed (checked at most
         POLL_S apart): a stack named before it changed may be named better."""
@@ -127,7 +140,8 @@ class JitSymbols:
         per runtime, a process's JIT frames found no map, with how its
         runtime writes one (or that it wrote one later, for stacks named as
         they came); a JVM's map (a snapshot, where node's grows as it
-        compiles) lacked some."""
+        compiles) lacked some; most of a JVM's stacks through its JIT code
+        ended there."""
         said = []
         for runtime_name, (pid, perf_map) in self._unmapped.items():
             who = f"PID {pid}" + (f" ({runtime_name})" if runtime_name else "")
@@ -143,6 +157,12 @@ class JitSymbols:
             said.append(f"some JIT frames of PID {pid} (java) are not in {perf_map.shown}: "
                         f"code compiled after the map was written (or freed before); "
                         f"`jcmd {pid} Compiler.perfmap` again, later in the run, names them")
+        for pid, (with_jit, ended) in self._jvm_stacks.items():
+            if ended > with_jit // 2:       # most: a rare odd walk is not the JVM's flags
+                said.append(f"stacks of PID {pid} (java) end in its JIT code: a JVM "
+                            f"started without -XX:+PreserveFramePointer keeps no frame "
+                            f"pointer there to walk on")
+                break
         return said
 
 

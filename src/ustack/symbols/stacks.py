@@ -4,7 +4,7 @@ each distinct raw stack once. A key says what tells raw stacks apart
 addresses meaning); stacks of the same key share one Stack object."""
 from __future__ import annotations
 
-from ..model import KERNEL_UNWIND_STOP, Frame, RawSample, Stack
+from ..model import KERNEL_UNWIND_STOP, KERNEL_UNWIND_WHOLE, Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
@@ -12,6 +12,11 @@ from .perfmap import unnamed_jit
 from .symbolizer import SymbolOptions, Symbolizer
 
 MAX_CACHED = 100_000               # distinct stacks kept; bounds memory
+# A stack the walk ended, not a limit (a limit's cut says so in a note, but
+# perf's frame-pointer chains stop at 127 frames without one): the symbols
+# stage is told (most of a JVM's ending in its JIT code: no frame pointers)
+WALK_ENDED_BELOW = 100
+CUT_IN_ANONYMOUS = "stack cut at anonymous memory"     # unwind/unwinder.py's note
 # Printed between the kernel frames and the user frames of a stack (bcc's
 # separator); kernel frames come first: a stack reads innermost first.
 SEPARATOR = Frame(addr=0, module="", function="--")
@@ -92,6 +97,10 @@ class StackResolver:
         self._view.generation = generation
         addrs, notes = self.unwinder.unwind_key(pid, skey, self._view.find)
         frames = self.symbolizer.frames(pid, addrs)
+        if frames:
+            self.symbolizer.stack_named(pid, frames, len(frames) < WALK_ENDED_BELOW and all(
+                n in KERNEL_UNWIND_WHOLE.values() or n.startswith(CUT_IN_ANONYMOUS)
+                for n in notes))
         if not frames and not kernel:
             if pid == 0:
                 frames = (IDLE,)

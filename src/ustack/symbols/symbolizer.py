@@ -41,6 +41,10 @@ class Symbolizer:
     def warnings(self) -> list:
         return self._said + self._jit.notes()
 
+    def stack_named(self, pid: int, frames, whole: bool) -> None:
+        """Told a stack's frames, and whether no limit cut it short."""
+        self._jit.stack_named(pid, frames, whole)
+
     def jit_version(self, pid: int) -> int:
         """Changes when process `pid`'s perf map does (see JitSymbols.version)."""
         return self._jit.version(pid)
