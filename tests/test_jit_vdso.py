@@ -17,7 +17,7 @@ from test_e2e_core import ok, parse_counts, parse_trace, traced_pid
 from ustack.kernel.procfs import own_vdso
 from ustack.model import Mapping
 from ustack.objfile.vdso import vdso_file
-from ustack.symbols.perfmap import PerfMap
+from ustack.symbols.perfmap import PerfMap, header_hint
 from ustack.symbols.symbolizer import Symbolizer
 
 from test_elf import FakeMaps
@@ -46,6 +46,9 @@ def test_symbolizer_names_anonymous_code(tmp_path, monkeypatch):
     f = Symbolizer(maps).frames(9, [0x7F0000001010, 0x7F0000020010])
     assert [(x.function, x.offset, x.size, x.module) for x in f] == [
         ("js::jit::Code::run()", 0x10, 0x40, "JIT"), (None, 0, 0, "[heap]")]
+
+
+PID_MAX = 1 << 22                      # the kernel's limit: no pid reaches it
 
 
 class _RuntimeMaps(FakeMaps):
@@ -120,6 +123,26 @@ def test_jvm_stacks_ending_in_jit_code_said_when_most_do(tmp_path, monkeypatch):
     assert [w for w in f.warnings if said in w] == [
         said + ": a JVM started without -XX:+PreserveFramePointer keeps no frame "
         "pointer there to walk on"]
+
+
+def test_header_hint_for_jit_code_without_a_map(tmp_path, monkeypatch):
+    """-p of a JVM or node running JIT code with no map: the header says how
+    to get one (a JVM can still be asked); nothing when there is one, or
+    no JIT code, or another runtime."""
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    node = Mapping(0x560000000000, 0x560000100000, 0, "/usr/bin/node")
+    other = Mapping(0x560000000000, 0x560000100000, 0, "/usr/bin/luajit")
+    gone, mapped = PID_MAX + 7, PID_MAX + 9        # no such processes: no root of their own
+    (tmp_path / f"perf-{mapped}.map").write_text("")
+    assert [header_hint(pid, maps) for pid, maps in (
+        (gone, [code, jvm]), (gone, [node, code]), (gone, [jvm]), (gone, [other, code]),
+        (mapped, [code, jvm]))] == [
+        f"no perf map yet: `jcmd {gone} Compiler.perfmap` during the run names its JIT frames",
+        "no perf map (node --perf-basic-prof writes one): its JIT frames stay unnamed",
+        "", "", ""]
 
 
 @pytest.mark.kernel

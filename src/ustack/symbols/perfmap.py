@@ -166,6 +166,23 @@ class JitSymbols:
         return said
 
 
+def header_hint(pid: int, maps) -> str:
+    """What the header of a run on running process `pid` says when it runs
+    JIT code (anonymous executable memory, a JVM's or node's, `maps`) with
+    no perf map yet: said at the start, while a JVM can still be asked
+    for one; "" otherwise."""
+    name = runtime(m.path for m in maps)
+    if not name or not any(is_anonymous(m.path) for m in maps):
+        return ""
+    root = foreign_root(pid)
+    path = perf_map_path(pid)
+    if os.path.lexists(path if root is None else root + path):
+        return ""
+    if name == "java":
+        return f"no perf map yet: `jcmd {pid} Compiler.perfmap` during the run names its JIT frames"
+    return "no perf map (node --perf-basic-prof writes one): its JIT frames stay unnamed"
+
+
 def is_anonymous(path: str) -> bool:
     """Whether a mapping's path is memory without a file that a JIT's code
     may be in (perf's //anon, /proc's "" or a named [anon:…])."""
