@@ -21,7 +21,7 @@ from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
 from .output import check_destination
 from .target import process
-from .target.mappings import MappingTracker
+from .target.mappings import MappingTracker, ProcessMaps
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
 from .target.traced_command import launch_traced
@@ -60,6 +60,7 @@ class Session:
         self._closed = False
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
+        self.jit_hint = ""             # -p of a JVM or node without a perf map: the header says
         self.started_ns: int | None = None     # wall clock at open()
         self.recorder = None               # opts.record: a recording.writer.Recorder
         self._whole = False                # the stream ran to its end
@@ -141,6 +142,10 @@ class Session:
             self.tracker.seed_all(skip=os.getpid())
         elif self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
+            from .symbols.perfmap import header_hint
+            pid = self.target.pid
+            self.jit_hint = header_hint(pid, self.tracker.procs.get(
+                (pid, self.tracker.generations.get(pid, 0)), ProcessMaps()).maps)
         if opts.record:
             from .recording.writer import Recorder
             self.recorder = Recorder(
