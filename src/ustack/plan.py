@@ -101,6 +101,23 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     return Plan("perf", modes, why_not)
 
 
+def plan_latency(entries: list, unwind: str, wants_stacks: bool) -> tuple:
+    """(Plan, why not DWARF or "") of `ustack latency` on the resolved
+    `entries`: timed in the kernel (BPF); the entries' stacks, when wanted
+    (--by-stack, --slower), unwound there with DWARF, else (--unwind fp,
+    or the unwinder refused: `why`, for the user) by frame pointers."""
+    if not bpf.available():
+        raise UstackError("latency counts in the kernel and BPF is not available "
+                          "here (bpf(2) failed)")
+    n = len(entries)
+    if not wants_stacks:
+        return Plan("bpf", ("none",) * n), ""
+    why = None if unwind == "fp" else _why_no_kernel_dwarf(entries)
+    if unwind != "fp" and why is None:
+        return Plan("bpf", ("dwarf",) * n, kernel_tables=tables.for_image), ""
+    return Plan("bpf", ("fp",) * n), why or ""
+
+
 def _copied(why: str) -> str | None:
     """The note of a run that copies stacks because of `why` (none when
     the user asked for the copies)."""
@@ -166,6 +183,10 @@ def _why_not_bpf(command: str, backend: str, unwind: str, modes: tuple,
         if not bpf.available():
             raise UstackError("funccount counts in the kernel and BPF is not "
                               "available here (bpf(2) failed)")
+        from .capture.bpf_funccount import uprobe_multi_supported
+        if not uprobe_multi_supported():
+            raise UstackError("funccount attaches uprobe_multi links, which this "
+                              "kernel lacks (Linux 6.6 or later)")
         return None
     if not bpf.available():
         if backend == "bpf" or kernel_stacks:

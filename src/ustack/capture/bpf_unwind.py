@@ -350,40 +350,37 @@ def _is_elf(path: str) -> bool:
 DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
 
 
-class UnwindCounter(BpfCounter):
-    """Counts stacks unwound in the kernel; attaches like BpfCounter (one
+class Unwinder(BpfCounter):
+    """The unwinder's maps and programs, counting the stacks it walks or
+    (`trace`) writing a record per event; attaches like BpfCounter (one
     program per trace event, one per sampling event). `ring_bytes`: a ring
     of that size, where the programs defer the stacks they cannot unwind
     yet (_defer); with `trace`, where they write every event's record
     instead of counting it; `fetches`: per probe, its fetch-args
     (bpf_fetchargs.FetchArgs) or None, written into trace's records."""
 
-    def __init__(self, probes: list, tables: TableSource, *,
-                 stack_storage: int, kernel: bool = False, filter_tgid=None,
+    def __init__(self, probes: list, owned, tables: TableSource, *,
+                 stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
                  fetches: tuple = ()):
-        self._no_maps_yet(probes, kernel)
+        self._no_maps_yet(probes, owned, kernel, armed)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
-        try:
-            self.unwind_maps = UnwindMaps(rows, stack_storage,
-                                          max(MIN_COUNT_ENTRIES, 2 * stack_storage))
-            self.maps.append(self.unwind_maps)      # closed with the counter's maps
-            self.kstacks = None
-            if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
-                self.max_depth = max(1, min(pe.max_stack(), 127))
-                self.kstacks = self.stacks = self._map(
-                    bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
-                    "ustack_kstacks")
-            self.ring = None
-            self.trace = trace and bool(ring_bytes)
-            if ring_bytes:
-                self.ring = bpf.RingBuf(ring_bytes, "ustack_uwring")
-            self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
-            self.follow_if_traced(filter_tgid)
-        except BaseException:
-            self.close()
-            raise
+        self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
+        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage,
+                                                max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
+        owned.error_counters(self.unwind_maps.errors, _ERRORS)
+        self.kstacks = None
+        if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
+            self.max_depth = max(1, min(pe.max_stack(), 127))
+            self.kstacks = self.stacks = owned.map(bpf.Map(
+                bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
+                "ustack_kstacks"))
+        self.trace = trace and bool(ring_bytes)
+        if ring_bytes:
+            self.ring = owned.ring(bpf.RingBuf(ring_bytes, "ustack_uwring"))
+        self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
+        self.follow_if_traced(filter_tgid)
 
     def _program(self, index: int, probe) -> int:
         fetch = self.fetches[index] if self.trace and index < len(self.fetches) else None
@@ -394,7 +391,7 @@ class UnwindCounter(BpfCounter):
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
             fetch=fetch_maps, name=f"ustack_uw{index}")
-        self.prog_fds.append(fd)
+        self.owned.program(fd)
         try:
             self.verified[index] = bpf.verified_insns(fd)
         except OSError:
@@ -407,11 +404,9 @@ class UnwindCounter(BpfCounter):
         """A probe's array of fetch-args programs; the deferred records'
         scratch, shared by the probes."""
         obj = unwind_object()
-        if getattr(self, "_deferred", None) is None:
-            self._deferred = obj.make_map("deferred_scratch")
-            self.maps.append(self._deferred)
-        progs = obj.make_map("fetch_args")
-        self.maps.append(progs)
+        if self._deferred is None:
+            self._deferred = self.owned.map(obj.make_map("deferred_scratch"))
+        progs = self.owned.map(obj.make_map("fetch_args"))
         return {"fetch_args": progs, "deferred_scratch": self._deferred}
 
     def _load_fetch(self, index: int, probe, fetch, maps: dict) -> None:
@@ -430,9 +425,8 @@ class UnwindCounter(BpfCounter):
             result=program_result(probe))
         codes = fetch.tail_programs(contract, Offsets.of_this_kernel())
         for slot, (code, functions) in zip(("FETCH_STREAM", "FETCH_DEFERRED"), codes):
-            fd = bpf.load_program(prog_type_of(probe), code, f"ustack_fa{index}",
-                                  functions=functions)
-            self.prog_fds.append(fd)
+            fd = self.owned.program(bpf.load_program(prog_type_of(probe), code,
+                                                     f"ustack_fa{index}", functions=functions))
             maps["fetch_args"].update(slots[slot].to_bytes(4, "little"),
                                       fd.to_bytes(4, "little"))
 
@@ -454,17 +448,6 @@ class UnwindCounter(BpfCounter):
 
     def _chain(self, h: int) -> bytes:
         return stack_chain(self.unwind_maps, h)
-
-    def errors_seen(self) -> dict:
-        """enum unwind_error's name -> its count."""
-        return {name: _U64.unpack(self.unwind_maps.errors.lookup(i.to_bytes(4, "little")))[0]
-                for name, i in _ERRORS.items() if i < ERR_SLOTS}
-
-    def close(self) -> None:
-        super().close()
-        if getattr(self, "ring", None) is not None:
-            self.ring.close()
-            self.ring = None
 
 
 def regs_source(probe) -> str:

@@ -16,6 +16,7 @@ import zlib
 from ..model import Losses, UstackError
 from ..objfile.elf import ElfImage
 from . import format as rf
+from ..capture.contract import Capture
 
 READ_SIZE = 1 << 20                # decompressed bytes read per chunk
 _METAS = (rf.MMAP, rf.COMM, rf.FORK, rf.EXIT)
@@ -24,10 +25,10 @@ _METAS = (rf.MMAP, rf.COMM, rf.FORK, rf.EXIT)
 REFUSED = os.devnull
 
 
-class RecordedCapture:
+class RecordedCapture(Capture):
     """`RecordedCapture(path, objects=())`; open() reads the header:
     `labels`, `modes` (per probe: fp | dwarf) and `backend` of the run."""
-    buffer_pages = 0
+    counts_in_kernel = True             # counted(): what the recorded run counted there
 
     def __init__(self, path: str, objects=()):
         self.path = path
@@ -88,15 +89,6 @@ class RecordedCapture:
             raise self._fail(f"corrupt recording header ({e})") from None
         self.header = header
 
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def flush_lost(self) -> None:
-        pass
-
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -105,7 +97,7 @@ class RecordedCapture:
     def losses(self) -> Losses:
         return self._losses
 
-    def counted(self) -> list:
+    def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of the stacks the recorded run counted in the
         kernel (its samples came as metadata only), once the stream is read."""
         return self._counted
