@@ -10,7 +10,7 @@ import threading
 
 from ..bpf import object_path
 from ..defaults import DEFAULT_STACK_STORAGE
-from ..kernel import bpf
+from ..kernel import bpf_syscall
 from ..kernel.bpf_object import bpf_object
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
@@ -58,22 +58,23 @@ class Counted:
 TRACED_PROCESSES = 1 << 16            # the set's size: the target and its children
 
 
-def traced_set(first_tgid: int) -> bpf.Map:
+def traced_set(first_tgid: int) -> bpf_syscall.Map:
     """The set of traced processes (tgid -> 1), holding `first_tgid`."""
     tgids = bpf_program_object("exec").make_map(
-        "tgids", TRACED_PROCESSES, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0)
+        "tgids", TRACED_PROCESSES,
+        flags=bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0)
     tgids.update(first_tgid.to_bytes(4, "little"), (1).to_bytes(4, "little"))
     return tgids
 
 
-def follow_children(tgids: bpf.Map, owned: RunObjects) -> None:
+def follow_children(tgids: bpf_syscall.Map, owned: RunObjects) -> None:
     """exec.bpf.c's follow_children on the raw tracepoint task_newtask,
     system-wide (the program filters on the set): tgids[child] = 1 when a
     process in the set forks one."""
     prog = owned.program(bpf_program_object("exec").load(
         "follow_children", {"tgids": tgids},
         {"task_pid_offset": Offsets.of_this_kernel().task_pid}, name="ustack_children"))
-    owned.link(bpf.attach_raw_tracepoint("task_newtask", prog))
+    owned.link(bpf_syscall.attach_raw_tracepoint("task_newtask", prog))
 
 
 def arm_on_exec(pid: int, owned: RunObjects):
@@ -87,7 +88,7 @@ def arm_on_exec(pid: int, owned: RunObjects):
     armed = owned.map(obj.make_map("armed"))
     prog = owned.program(obj.load("exec_armed", {"armed": armed},
                                   {"traced_tgid": pid}, name="ustack_exec"))
-    owned.link(bpf.attach_raw_tracepoint("sched_process_exec", prog))
+    owned.link(bpf_syscall.attach_raw_tracepoint("sched_process_exec", prog))
     return armed
 
 
@@ -105,11 +106,11 @@ def with_ring_records(chunks: list, counter, chunk_type) -> list:
 
 def prog_type_of(probe) -> int:
     if isinstance(probe, UprobeProbe):
-        return bpf.PROG_KPROBE
+        return bpf_syscall.PROG_KPROBE
     if isinstance(probe, TracepointProbe):
-        return bpf.PROG_TRACEPOINT
+        return bpf_syscall.PROG_TRACEPOINT
     if isinstance(probe, ProfileProbe):
-        return bpf.PROG_PERF_EVENT
+        return bpf_syscall.PROG_PERF_EVENT
     raise TypeError(probe)
 
 
@@ -203,11 +204,11 @@ class BpfCounter:
 
     def skipped(self) -> int:
         """Events the kernel skipped the probes' programs for (see
-        bpf.recursion_misses)."""
+        bpf_syscall.recursion_misses)."""
         total = 0
         for fd in set(self.loaded.values()):
             try:
-                total += bpf.recursion_misses(fd)
+                total += bpf_syscall.recursion_misses(fd)
             except OSError:
                 pass
         return total
@@ -236,9 +237,9 @@ class BpfCounter:
                 self.interrupt.check()
                 anchored.add(index)
                 if not isinstance(probe, ProfileProbe):
-                    bpf.attach(self._anchor(capture, probe), progs[index])
+                    bpf_syscall.attach(self._anchor(capture, probe), progs[index])
             if isinstance(probe, ProfileProbe):
-                bpf.attach(fd, progs[index])
+                bpf_syscall.attach(fd, progs[index])
 
     @staticmethod
     def _anchor(capture, probe) -> int:

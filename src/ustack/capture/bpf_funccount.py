@@ -17,7 +17,7 @@ import struct
 import time
 from collections import defaultdict
 
-from ..kernel import bpf
+from ..kernel import bpf_syscall
 from ..model import UstackError
 from .bpf_counter import arm_on_exec, bpf_program_object
 from .contract import Capture
@@ -62,7 +62,7 @@ class FuncCountCapture(Capture):
             for path, where in sites.items():
                 for pid in pids:
                     try:
-                        link = bpf.attach_uprobe_multi(
+                        link = bpf_syscall.attach_uprobe_multi(
                             prog, path, [o for o, _i in where], [i for _o, i in where], pid)
                     except OSError as e:
                         raise UstackError(f"cannot put {len(where)} uprobe(s) on {path}: "
@@ -101,4 +101,4 @@ class FuncCountCapture(Capture):
 def uprobe_multi_supported(release: str = "") -> bool:
     """Whether this kernel makes uprobe_multi links: Linux 6.6 and later
     (asking the kernel itself would cost a link, and closing one waits)."""
-    return bpf.kernel_at_least(6, 6, release)
+    return bpf_syscall.kernel_at_least(6, 6, release)

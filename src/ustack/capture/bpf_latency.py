@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import struct
 
-from ..kernel import bpf
+from ..kernel import bpf_syscall
 from ..model import Losses, RawSample, TracepointProbe
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result, ring_bytes
@@ -76,7 +76,7 @@ class LatencyMaps:
             setattr(self, name, owned.map(obj.make_map(name, size)))
         owned.error_counters(self.errors, obj.enum("latency_error"))
         if ring_bytes:
-            self.ring = owned.ring(bpf.RingBuf(ring_bytes, "ustack_latring"))
+            self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_latring"))
 
     def by_name(self) -> dict:
         """The maps by their names in latency.bpf.c."""
@@ -195,7 +195,7 @@ class LatencyCounter(BpfCounter):
         indexes = sorted({self.probes.index(p) for p, _fd in capture.opened},
                          key=lambda i: order[self.sites[i].role])
         for index in indexes:
-            bpf.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
+            bpf_syscall.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
 
     def histograms(self) -> list:
         out = []

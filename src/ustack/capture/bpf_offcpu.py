@@ -34,7 +34,7 @@ import os
 import struct
 
 from ..bpf import object_path
-from ..kernel import bpf
+from ..kernel import bpf_syscall
 from ..kernel.bpf_object import bpf_object
 from ..kernel.trace_format import parse_format
 from ..kernel.tracefs import event_format
@@ -170,7 +170,7 @@ class OffcpuCounter(Unwinder):
                 named[key].close()
         self.owned.program(fd)
         try:
-            self.verified[index] = bpf.verified_insns(fd)
+            self.verified[index] = bpf_syscall.verified_insns(fd)
         except OSError:
             pass
         return fd
@@ -182,9 +182,9 @@ class OffcpuCounter(Unwinder):
         for index, probe in enumerate(self.probes):
             fd = self.loaded[index]
             if index == 0:
-                self.owned.link(bpf.attach_raw_tracepoint("sched_switch", fd))
+                self.owned.link(bpf_syscall.attach_raw_tracepoint("sched_switch", fd))
             else:
-                bpf.attach(self._anchor(capture, probe), fd)
+                bpf_syscall.attach(self._anchor(capture, probe), fd)
 
     # -- reading ------------------------------------------------------------------
     def blocked(self) -> list:

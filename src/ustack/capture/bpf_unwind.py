@@ -58,7 +58,7 @@ import threading
 from array import array
 from collections.abc import Callable
 
-from ..kernel import bpf, btf
+from ..kernel import bpf_syscall, btf
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.bpf_object import bpf_object
@@ -142,7 +142,7 @@ def deferral_ring_bytes(buffer_pages: int) -> int:
 
 # --- the maps, and the objects loaded into them --------------------------------
 
-class UnwindMaps(bpf.MapSet):
+class UnwindMaps(bpf_syscall.MapSet):
     """The unwinder's maps; `rows_capacity` bounds the rows of every object
     together (16 bytes each), `stacks` the distinct stacks."""
 
@@ -153,7 +153,7 @@ class UnwindMaps(bpf.MapSet):
         # this thread makes the rest, and the run sets up the rest: see rows
         obj = unwind_object()
         self._rows_job = InBackground(obj.make_map, "rows", rows_capacity,
-                                      flags=bpf.F_MMAPABLE)   # filled by a copy
+                                      flags=bpf_syscall.F_MMAPABLE)   # filled by a copy
         self._rows = None
         self._rows_lock = threading.Lock()     # the program's thread or this one
         try:
@@ -164,14 +164,15 @@ class UnwindMaps(bpf.MapSet):
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up
             self.stacks = self._keep(obj.make_map(
-                "unwound", stacks, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0))
+                "unwound", stacks,
+                flags=bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0))
             self.counts = self._keep(obj.make_map("counts", counts))
             self.errors = self._keep(obj.make_map("unwind_errors"))
         except BaseException:
             self.close()
             raise
 
-    def _keep(self, m: bpf.Map) -> bpf.Map:
+    def _keep(self, m: bpf_syscall.Map) -> bpf_syscall.Map:
         self.all.append(m)
         return m
 
@@ -182,7 +183,7 @@ class UnwindMaps(bpf.MapSet):
                 "counts": self.counts, "unwind_errors": self.errors}
 
     @property
-    def rows(self) -> bpf.Map:
+    def rows(self) -> bpf_syscall.Map:
         """The rows' array, waited for at first use (a program's code or an
         object's rows), so the maps' other users are set up meanwhile."""
         with self._rows_lock:
@@ -373,12 +374,12 @@ class Unwinder(BpfCounter):
         self.kstacks = None
         if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
             self.max_depth = max(1, min(pe.max_stack(), 127))
-            self.kstacks = self.stacks = owned.map(bpf.Map(
-                bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
+            self.kstacks = self.stacks = owned.map(bpf_syscall.Map(
+                bpf_syscall.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
                 "ustack_kstacks"))
         self.trace = trace and bool(ring_bytes)
         if ring_bytes:
-            self.ring = owned.ring(bpf.RingBuf(ring_bytes, "ustack_uwring"))
+            self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_uwring"))
         self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
         self.follow_if_traced(filter_tgid)
 
@@ -393,7 +394,7 @@ class Unwinder(BpfCounter):
             fetch=fetch_maps, name=f"ustack_uw{index}")
         self.owned.program(fd)
         try:
-            self.verified[index] = bpf.verified_insns(fd)
+            self.verified[index] = bpf_syscall.verified_insns(fd)
         except OSError:
             pass
         if fetch is not None:
@@ -425,7 +426,7 @@ class Unwinder(BpfCounter):
             result=program_result(probe))
         codes = fetch.tail_programs(contract, Offsets.of_this_kernel())
         for slot, (code, functions) in zip(("FETCH_STREAM", "FETCH_DEFERRED"), codes):
-            fd = self.owned.program(bpf.load_program(prog_type_of(probe), code,
+            fd = self.owned.program(bpf_syscall.load_program(prog_type_of(probe), code,
                                                      f"ustack_fa{index}", functions=functions))
             maps["fetch_args"].update(slots[slot].to_bytes(4, "little"),
                                       fd.to_bytes(4, "little"))
@@ -579,7 +580,7 @@ def _try_load(probe) -> str | None:
     maps = ring = None
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
-        ring = bpf.RingBuf(1 << 14, "ustack_uwtry")
+        ring = bpf_syscall.RingBuf(1 << 14, "ustack_uwtry")
         os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry"))
     except UstackError as e:
         return str(e)

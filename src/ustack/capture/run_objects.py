@@ -18,7 +18,7 @@ class RunObjects:
         self.links: list = []           # fds: links, raw tracepoint attachments
         self.programs: list = []        # program fds
         self.rings: list = []           # bpf.RingBuf
-        self.maps: list = []            # bpf.Map, or a set of them with close()
+        self.maps: list = []            # bpf_syscall.Map, or a set of them with close()
         self._errors: list = []         # (map, {name: slot})
 
     def map(self, m):
