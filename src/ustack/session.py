@@ -217,7 +217,7 @@ class Session:
             if self.capture is not None:
                 capture = self.capture
                 if (self.close_in_background and len(self.probes) >= BACKGROUND_PROBES
-                        and hasattr(capture, "release")):
+                        and capture.release is not None):
                     close_in_background(capture.close, capture.release)
                 else:
                     capture.close()

@@ -16,16 +16,13 @@ class UnwindCountCapture(BpfCapture):
     yet (an object mapped before its rows loaded) come through its ring as
     deferred records, unwound by ustack (settle)."""
     ring_chunk = RingChunk
+    unwind_note = "unwound in the kernel"
 
     def _new_counter(self) -> Unwinder:
         return Unwinder(self.probes, self.owned, self.unwind_tables,
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed,
                         ring_bytes=deferral_ring_bytes(self.buffer_pages))
-
-    @property
-    def unwind_note(self) -> str:
-        return "unwound in the kernel"
 
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time

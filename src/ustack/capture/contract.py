@@ -22,7 +22,7 @@ class Capture:
     kernel left to ustack: settle() makes each one countable with them).
     drain/close: stop() ends the events, read_chunks(0) until it returns
     nothing, flush_lost(); close() frees everything, once, on every path
-    (release() when another process holds copies: capture/closer.py).
+    (or release() in this process, close() in another: `release`).
     lost/errors: losses() says what was lost (the kernel's counters) and
     what an in-kernel program could not count (its named error counters,
     capture/run_objects.py), read at the end of a run."""
@@ -30,6 +30,10 @@ class Capture:
     interrupt = NEVER           # the run's Interrupt: setting up gives up when asked
     buffer_pages = 0            # recorded in a recording's header
     counts_in_kernel = False    # counted() holds the run's stacks
+    # a method: close() for this process alone, where a detached process
+    # holds copies of the descriptors and closes them (capture/closer.py);
+    # None: the capture closes in the foreground only
+    release = None
 
     def open(self) -> None:
         raise NotImplementedError
@@ -69,10 +73,6 @@ class Capture:
         stacks count under one key; `unwind(sample)` unwinds it now:
         (UnwoundSample, whether its addresses may be keyed raw)."""
         return sample
-
-    def release(self) -> None:
-        """close() for this process alone (capture/closer.py)."""
-        self.close()
 
     def close(self) -> None:
         raise NotImplementedError
