@@ -40,7 +40,8 @@ def test_rows_agree_with_cfi(which):
     table, _ = UnwindTable.for_image(image)
     packed = tables.for_image(image)
     assert packed is not None and len(packed) > 0
-    signal = [(at - 1, at + len(RESTORE_RT)) for at in tables.signal_trampolines(image)]
+    # the trampoline's rows, and the byte after its syscall (padding)
+    signal = [(at - 1, at + len(RESTORE_RT) + 1) for at in tables.signal_trampolines(image)]
     checked = 0
     for pc in _sample_pcs(table):
         if any(lo <= pc < hi for lo, hi in signal):
@@ -58,9 +59,11 @@ def test_libc_signal_trampoline_row():
     packed = tables.for_image(image)
     (at,) = tables.signal_trampolines(image)
     assert image.read(at, len(RESTORE_RT)) == RESTORE_RT
-    for pc in (at - 1, at, at + len(RESTORE_RT) - 1):
+    # from the byte before (a return address is looked up at pc - 1) to the
+    # pc just after its syscall (exact: the rt_sigreturn event)
+    for pc in (at - 1, at, at + len(RESTORE_RT) - 1, at + len(RESTORE_RT)):
         assert packed.lookup(pc)[0] == tables.SIGNAL
-    assert packed.lookup(at + len(RESTORE_RT))[0] != tables.SIGNAL
+    assert packed.lookup(at + len(RESTORE_RT) + 1)[0] != tables.SIGNAL
 
 
 def test_chain_rows_cover_its_functions_with_sp_rules():

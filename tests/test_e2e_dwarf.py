@@ -489,3 +489,20 @@ def test_losses_of_copied_stacks_do_not_advise_a_larger_buffer(chain):
     assert len(lost) == 1, res.stderr
     assert "a larger --buffer-pages only delays the losses" in lost[0]
     assert "--backend bpf" in lost[0] and "try --buffer-pages" not in lost[0]
+
+
+@pytest.mark.parametrize("backend", ["bpf", "perf"])
+def test_inside_the_signal_trampoline(backend):
+    """The event of rt_sigreturn itself: the pc is __restore_rt's, just
+    after its syscall (its CFI ends before it). The stack goes on from the
+    ucontext to the interrupted spin and main, complete, on either walk."""
+    prog = build("sighandler", flags=O2_NOFP)
+    res = ok(run_ustack("count", "--backend", backend, "syscall:rt_sigreturn",
+                        "-c", f"{prog} 0.2"))
+    stacks = count_stacks(res.stdout)
+    assert sum(s["count"] for s in stacks) == 20, res.stdout
+    for s in stacks:
+        f = s["frames"]
+        assert f[0] == ("__restore_rt", "libc.so.6"), f
+        assert [name for name, module in f if module == prog.name] == ["spin", "main", "_start"], f
+        assert s["notes"] == [], s

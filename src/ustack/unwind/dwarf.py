@@ -31,6 +31,17 @@ _SP, _BP, _SP_DEREF, _BP_DEREF, _END, _SIGNAL, _STOP = range(1, 8)
 _FP_RULE = (16, -8, cfi.BP_AT, -16, 0)   # CFA = rbp + 16, ra [rbp + 8], rbp [rbp]
 # glibc's __restore_rt: mov $15,%rax (rt_sigreturn); syscall.
 RESTORE_RT = bytes.fromhex("48c7c00f0000000f05")
+# what may follow it as padding before the next function (nop, int3, the
+# multi-byte nops): the pc just after its syscall is the trampoline's only
+# where these follow, never another function's first instruction
+_PADDING = (b"\x90", b"\xcc", b"\x0f\x1f", b"\x66\x90", b"\x66\x0f\x1f", b"\x66\x2e\x0f\x1f")
+
+
+def just_after_trampoline(image: ElfImage, vaddr: int) -> bool:
+    """Whether an exact pc at vaddr is __restore_rt's, just after its
+    syscall (the rt_sigreturn event, or a sample while the kernel runs it)."""
+    return (image.read(vaddr - len(RESTORE_RT), len(RESTORE_RT)) == RESTORE_RT
+            and image.read(vaddr, 4).startswith(_PADDING))
 # The rt_sigframe's ucontext_t sits at sp once the handler has returned into
 # __restore_rt; uc_mcontext.gregs starts 40 bytes in, in the order R8..R15,
 # RDI, RSI, RBP, RBX, RDX, RAX, RCX, RSP, RIP.
@@ -227,6 +238,10 @@ class DwarfUnwinder:
         if image is not None and vaddr is not None:
             here = vaddr if exact else vaddr + 1
             if image.read(here, len(RESTORE_RT)) == RESTORE_RT:
+                return (_SIGNAL, 0, 0, 0, 0, 0, None)
+            # the pc just after its syscall: the event of rt_sigreturn itself,
+            # or a sample while the kernel runs it
+            if exact and just_after_trampoline(image, vaddr):
                 return (_SIGNAL, 0, 0, 0, 0, 0, None)
         why = "unsupported CFI" if row is not None else st.why
         note = f"frame pointer used for {st.module}: {why}"

@@ -212,7 +212,7 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
     dirs = objcache.digest("\0".join(debug_dirs).encode())[:8]
     try:
         cache = objcache.cache_file("bpfrows", image.path, os.stat(image.path),
-                                    image.build_id, f"cfi1.{dirs}")
+                                    image.build_id, f"cfi2.{dirs}")
     except OSError:
         cache = None
     blob = objcache.read(cache) if cache else None
@@ -222,11 +222,15 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
         if len(blob) % ROW_SIZE == 0:
             return PackedRows(image.path, blob, from_cache=True)
     from .cfi import UnwindTable
-    from .dwarf import RESTORE_RT
+    from .dwarf import RESTORE_RT, just_after_trampoline
     table, _found = UnwindTable.for_image(image, debug_dirs)
     rows = rows_of_table(table)
-    # the return address into __restore_rt is looked up at pc - 1: one byte before
-    signals = [(at - 1, at + len(RESTORE_RT), (SIGNAL, 0, 0, 0, 0))
+    # the return address into __restore_rt is looked up at pc - 1: one byte
+    # before; the pc just after its syscall (the rt_sigreturn event, a sample
+    # while the kernel runs it) is exact: one byte after, where padding
+    # follows (never where another function begins)
+    signals = [(at - 1, at + len(RESTORE_RT)
+                + just_after_trampoline(image, at + len(RESTORE_RT)), (SIGNAL, 0, 0, 0, 0))
                for at in signal_trampolines(image)]
     rows = with_ranges(rows, signals)
     packed = None
