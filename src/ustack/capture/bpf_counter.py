@@ -283,9 +283,6 @@ class BpfCounter:
                 return bytes(raw[:i])
         return bytes(raw)
 
-    def close(self) -> None:
-        self.owned.close()
-
 
 def ring_bytes(buffer_pages: int) -> int:
     """trace's ring of unwound stacks: RING_BYTES, more as --buffer-pages

@@ -8,7 +8,7 @@ import os
 from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
-from .bpf_unwind import RingChunk, Unwinder, deferral_ring_bytes, ring_samples
+from .bpf_unwind import KernelUnwinder, RingChunk, deferral_ring_bytes, ring_samples
 
 
 class UnwindCountCapture(BpfCapture):
@@ -18,8 +18,8 @@ class UnwindCountCapture(BpfCapture):
     ring_chunk = RingChunk
     unwind_note = "unwound in the kernel"
 
-    def _new_counter(self) -> Unwinder:
-        return Unwinder(self.probes, self.owned, self.unwind_tables,
+    def _new_counter(self) -> KernelUnwinder:
+        return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed,
                         ring_bytes=deferral_ring_bytes(self.buffer_pages))
@@ -75,8 +75,8 @@ class UnwindTraceCapture(UnwindCountCapture):
         # per probe, its fetch-args as the trace program fetches them
         self.fetches = _compiled_fetches(probes)
 
-    def _new_counter(self) -> Unwinder:
-        return Unwinder(self.probes, self.owned, self.unwind_tables,
+    def _new_counter(self) -> KernelUnwinder:
+        return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed, trace=True,
                         fetches=self.fetches, ring_bytes=ring_bytes(self.buffer_pages))

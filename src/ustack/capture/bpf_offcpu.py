@@ -41,7 +41,7 @@ from ..kernel.tracefs import event_format
 from ..model import Losses, RawSample
 from .bpf_capture import uncounted
 from .bpf_dwarf import UnwindCountCapture
-from .bpf_unwind import Unwinder, kernel_rodata
+from .bpf_unwind import KernelUnwinder, kernel_rodata
 from .kernel_offsets import Offsets
 from ..values import value
 
@@ -116,7 +116,7 @@ class _Fields:
         return self.fields[name].offset
 
 
-class OffcpuCounter(Unwinder):
+class OffcpuCounter(KernelUnwinder):
     """The unwinder's maps and programs, plus START, WAKERS and OFFCPU;
     probe 0 is sched_switch, probe 1 (with wakers) sched_waking."""
 

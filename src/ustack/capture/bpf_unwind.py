@@ -351,7 +351,7 @@ def _is_elf(path: str) -> bool:
 DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
 
 
-class Unwinder(BpfCounter):
+class KernelUnwinder(BpfCounter):
     """The unwinder's maps and programs, counting the stacks it walks or
     (`trace`) writing a record per event; attaches like BpfCounter (one
     program per trace event, one per sampling event). `ring_bytes`: a ring
