@@ -1,0 +1,100 @@
+"""Stacks unwound in the kernel with DWARF (capture/bpf_unwind.py's
+programs): counted there (`count`, `profile`), or a record per event
+through a BPF ring buffer (`trace`)."""
+from __future__ import annotations
+
+import os
+
+from ..model import Losses, RawSample
+from .bpf_capture import BpfCapture, uncounted
+from .bpf_counter import ring_bytes
+from .bpf_unwind import KernelUnwinder, RingChunk, deferral_ring_bytes, ring_samples
+
+
+class UnwindCountCapture(BpfCapture):
+    """Stacks walked and counted in the kernel; the stacks it could not walk
+    yet (an object mapped before its rows loaded) come through its ring as
+    deferred records, unwound by ustack (settle)."""
+    ring_chunk = RingChunk
+    unwind_note = "unwound in the kernel"
+
+    def _new_counter(self) -> KernelUnwinder:
+        return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
+                        stack_storage=self.stack_storage, kernel=self.kernel,
+                        filter_tgid=self._tgid(), armed=self.armed,
+                        ring_bytes=deferral_ring_bytes(self.buffer_pages))
+
+    def counted(self, reset: bool = False) -> list:
+        """(RawSample, count) of every stack counted so far; a sample's time
+        and CPU are 0 and -1 (the kernel kept neither)."""
+        counter = self.counter
+        out = []
+        for pid, tid, probe, chain, kstack, n in counter.unwound(reset):
+            kernel = counter.stack_bytes(kstack) if self.kernel else b""
+            out.append((RawSample(probe, pid, tid, 0, -1, chain, b"", kernel=kernel), n))
+            self._note_cut(chain, n)
+        return out
+
+    def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
+        """The unwinder's records (trace's, and the stacks it deferred to
+        us) as RawSamples."""
+        before = len(samples)
+        offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
+                              self.counter.fetches, self._object_bytes)
+        for s in samples[before:]:
+            self._note_cut(s.callchain, 1)
+        return offset
+
+    def _object_bytes(self, dev: int, inode: int, offset: int, size: int) -> bytes | None:
+        """`size` bytes at `offset` of an object whose unwind rows are
+        loaded, by its (kernel dev, inode); None for another file."""
+        entry = self.counter.objects.loaded.get((dev, inode)) if self.counter else None
+        if entry is None:
+            return None
+        try:
+            with open(entry[0], "rb") as f:
+                return os.pread(f.fileno(), size, offset)
+        except OSError:
+            return None
+
+    def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        return Losses(events.lost, events.throttled, uncounted(errors, (
+            ("found the stack map full", "UW_STACKS_FULL"),
+            ("found the count map full", "UW_COUNTS_FULL"))),
+            tuple(self.cut.items()), deferral_full=errors["UW_UNDEFERRED"],
+            skipped=skipped)
+
+
+class UnwindTraceCapture(UnwindCountCapture):
+    """`trace`: every event's stack, walked in the kernel, through the
+    unwinder's ring with the values of its fetch-args; nothing counted."""
+    counts_in_kernel = False
+
+    def __init__(self, probes: list, target, buffer_pages=None, **kwargs):
+        super().__init__(probes, target, buffer_pages, **kwargs)
+        # per probe, its fetch-args as the trace program fetches them
+        self.fetches = _compiled_fetches(probes)
+
+    def _new_counter(self) -> KernelUnwinder:
+        return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
+                        stack_storage=self.stack_storage, kernel=self.kernel,
+                        filter_tgid=self._tgid(), armed=self.armed, trace=True,
+                        fetches=self.fetches, ring_bytes=ring_bytes(self.buffer_pages))
+
+    def counted(self, reset: bool = False) -> list:
+        return []
+
+    def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        return Losses(events.lost + errors["UW_RING_FULL"], events.throttled, (),
+                      tuple(self.cut.items()), deferral_full=errors["UW_UNDEFERRED"],
+                      skipped=skipped)
+
+
+def _compiled_fetches(probes: list) -> tuple:
+    """Each probe's fetch-args compiled for the trace program (None for
+    a probe without); bpf_fetchargs is imported only where one has some."""
+    if not any(getattr(p, "fetch_args", ()) for p in probes):
+        return ()
+    from .bpf_fetchargs import compile_args
+    return tuple(compile_args(p) if getattr(p, "fetch_args", ()) else None
+                 for p in probes)
