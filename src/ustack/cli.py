@@ -232,6 +232,15 @@ def _list_parser(sub) -> None:
                    help="each function's parameters and types (DWARF), as bpftrace -lv")
 
 
+def _dump_parser(sub) -> None:
+    p = sub.add_parser("dump", help="every thread's stack once, native and Python "
+                       "(pstack, py-spy dump)")
+    p.add_argument("-p", "--pid", type=int, required=True, metavar="PID")
+    p.add_argument("-f", "--format", choices=("text", "json"), default="text")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE, not stdout")
+    _symbol_args(p)
+
+
 def _offcpu_parser(sub) -> None:
     p = sub.add_parser("offcpu", help="stacks where threads block, weighted by the "
                        "time off the CPU (bcc offcputime/offwaketime)",
@@ -281,6 +290,9 @@ def _run(args) -> int:
         sys.stdout.write(format_params(args.binary, args.pattern) if args.verbose
                          else format_listing(list_functions(args.binary, args.pattern)))
         return 0
+    if args.cmd == "dump":
+        from .commands.dump import dump
+        return dump(args.pid, _symbol_options(args), args.format, args.output)
     if args.cmd == "symbolize":
         from .commands.symbolize import symbolize_trace
         return symbolize_trace(args.trace_file, pid=args.pid, maps_file=args.maps,
@@ -549,7 +561,7 @@ _SUBCOMMANDS = {
     "trace": _trace_parser, "count": _count_parser, "profile": _profile_parser,
     "offcpu": _offcpu_parser, "symbolize": _symbolize_parser,
     "funccount": _funccount_parser, "latency": _latency_parser,
-    "memleak": _memleak_parser, "list": _list_parser,
+    "memleak": _memleak_parser, "list": _list_parser, "dump": _dump_parser,
     "record": _record_parsers, "report": _record_parsers, "archive": _record_parsers,
 }
 

@@ -156,3 +156,73 @@ def own_vdso() -> tuple | None:
             return own, os.pread(f.fileno(), own.end - own.start, own.start)
     except (OSError, ValueError, OverflowError):
         return None
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "disk sleep", "T": "stopped",
+           "t": "tracing stop", "Z": "zombie", "X": "dead", "I": "idle", "P": "parked",
+           "W": "waking", "K": "wakekill"}
+
+
+def thread_state(pid: int, tid: int) -> tuple:
+    """(letter, word) of a thread's state ('S', 'sleeping'); ('?', 'gone')."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return "?", "gone"
+    letter = stat[stat.rfind(")") + 2:stat.rfind(")") + 3] or "?"
+    return letter, _STATES.get(letter, "unknown")
+
+
+def tracer_pid(pid: int) -> int:
+    """The pid of the process tracing pid (TracerPid), 0 if none."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def mapping_end(pid: int, addr: int) -> int | None:
+    """The end of the mapping (any, not only executable) holding addr."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                start, _, rest = line.partition("-")
+                end = rest.split(" ", 1)[0]
+                if int(start, 16) <= addr < int(end, 16):
+                    return int(end, 16)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class Memory:
+    """Reads of a process's memory through /proc/PID/mem (root; no ptrace
+    stop needed, but a stopped thread's stack holds still)."""
+
+    def __init__(self, pid: int):
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, addr: int, size: int) -> bytes:
+        """size bytes at addr; OSError when fewer can be read."""
+        try:
+            data = os.pread(self.fd, size, addr)
+        except OverflowError as e:
+            raise OSError(f"no address {addr:#x}") from e
+        if len(data) != size:
+            raise OSError(f"short read at {addr:#x}")
+        return data
+
+    def read_upto(self, addr: int, size: int) -> bytes:
+        """Up to size bytes at addr, fewer where the mapping ends."""
+        try:
+            return os.pread(self.fd, size, addr)
+        except (OSError, OverflowError):
+            return b""
+
+    def close(self) -> None:
+        os.close(self.fd)
