@@ -196,3 +196,43 @@ def test_merge_leaves_the_innermost_eval_frame_without_a_group_as_c():
 def test_merge_notes_python_frames_left_over():
     words, notes = merge((0x5000, 0x1010), [[(0x100, 1)], [(0x200, 2)]], EVAL)
     assert words == (0x5000, python_frame_word(0x100, 1)) and notes == (LEFT,)
+
+
+class _Interrupting:
+    """A PythonCode whose first remember() is interrupted: by Ctrl-C (SIGINT
+    to ustack while the threads are stopped) or by an error."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def remember(self, pid, code, version):
+        if self.how == "ctrl-c":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            raise RuntimeError("failed while stopped")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "error"])
+def test_threads_are_let_go_whatever_ends_the_copy(how):
+    from ustack.commands.dump import copy_threads
+    from ustack.kernel import procfs
+    from ustack.unwind.python_runtime import find_interpreter
+    proc = subprocess.Popen([PYTHONS[0], str(PY_PROGRAM)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        facts = json.loads(proc.stdout.readline())
+        tids = (facts["main"], facts["worker"])
+        _wait_in_read(proc.pid, tids)
+        interp = find_interpreter(procfs.executable_mappings(proc.pid))
+        with pytest.raises(KeyboardInterrupt if how == "ctrl-c" else RuntimeError):
+            copy_threads(proc.pid, interp, _Interrupting(how))
+        for tid in tids:
+            with open(f"/proc/{proc.pid}/task/{tid}/status") as f:
+                status = f.read()
+            assert "TracerPid:\t0\n" in status
+        _wait_in_read(proc.pid, tids)           # back in the read it was in
+        out, _ = proc.communicate("go\n", timeout=30)
+        assert out == "worker got go\nsorted [3, 2, 1]\n"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -86,8 +86,8 @@ def copy_threads(pid: int, interp, python_code: PythonCode) -> tuple:
             except OSError:
                 pass                            # exited while stopped (SIGKILL)
         stopped_ns = time.monotonic_ns() - start
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         mem.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)   # a Ctrl-C held is heard now
     return copies, stopped_ns
 
 
@@ -165,7 +165,7 @@ def dump(pid: int, options: SymbolOptions = SymbolOptions(), fmt: str = "text",
     err = err if err is not None else __import__("sys").stderr
     for warning in resolver.warnings:
         err.write(f"ustack: {warning}\n")
-    err.write(f"stopped {len(copies)} threads of process {pid} for "
+    err.write(f"stopped {len(copies)} thread{'s' if len(copies) != 1 else ''} of process {pid} for "
               f"{format_duration(stopped_ns)}\n")
     return 0
 
