@@ -16,10 +16,13 @@ from helpers import O2_NOFP, PROGRAMS, build, run_ustack
 from ustack.kernel import ptrace
 from ustack.model import python_frame_word
 from ustack.unwind.python_frames import LEFT, merge
+from ustack.unwind.python_runtime import LAYOUTS
 
 PY_PROGRAM = PROGRAMS / "python" / "dump_chain.py"
-PYTHONS = [p for p in ["/usr/bin/python3.11", *sorted(glob.glob("/root/.pyenv/versions/3.1[0-3]*/bin/python3"))]
-           if os.path.exists(p)]
+# Debian's stripped python3.11 and each pyenv CPython ustack has a layout for
+PYTHONS = [p for p in ["/usr/bin/python3.11", *sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3"))]
+           if os.path.exists(p) and (p.startswith("/usr") or tuple(
+               map(int, p.split("/")[4].split(".")[:2])) in LAYOUTS)]
 READ = 0                        # x86-64 read(2)
 
 

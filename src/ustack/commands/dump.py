@@ -65,7 +65,10 @@ def copy_threads(pid: int, interp, python_code: PythonCode) -> tuple:
     states = {}
     held = {}                   # tid -> signal to hand back at detach
     copies = []
-    mem = procfs.Memory(pid)
+    try:
+        mem = procfs.Memory(pid)
+    except OSError as e:
+        raise UstackError(f"cannot read process {pid}'s memory: {e.strerror}") from None
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
     start = time.monotonic_ns()
     try:
@@ -78,7 +81,10 @@ def copy_threads(pid: int, interp, python_code: PythonCode) -> tuple:
             if failure:
                 raise failure
         for tid in sorted(held):
-            copies.append(_copy(pid, tid, states[tid], mem, interp, python_code))
+            try:
+                copies.append(_copy(pid, tid, states[tid], mem, interp, python_code))
+            except ProcessLookupError:
+                pass                            # killed (SIGKILL) while stopped
     finally:
         for tid, sig in held.items():
             try:
@@ -139,10 +145,7 @@ def dump(pid: int, options: SymbolOptions = SymbolOptions(), fmt: str = "text",
         raise UstackError(f"no such process: {pid}")
     interp = find_interpreter(procfs.executable_mappings(pid))
     python_code = PythonCode()
-    try:
-        copies, stopped_ns = copy_threads(pid, interp, python_code)
-    except PermissionError as e:
-        raise UstackError(f"cannot read process {pid}'s memory: {e.strerror}") from None
+    copies, stopped_ns = copy_threads(pid, interp, python_code)
     tracker.seed_from_proc(pid)        # libraries mapped since (the stop holds them now)
     resolver = StackResolver(tracker, options, python_code=python_code)
     generation = tracker.generations.get(pid, 0)

@@ -60,6 +60,6 @@ def main():
     print("sorted", result, flush=True)
 
 
-worker = threading.Thread(target=work)
+worker = threading.Thread(target=work, daemon=True)   # a failed main ends the program
 worker.start()
 main()  # LINE <module>
