@@ -102,6 +102,13 @@ def test_text_has_a_header_per_thread(c_target):
                         r"\[dump_threads\] .*dump_threads\.c:\d+", inner)
 
 
+def test_a_thread_id_is_refused_naming_its_process(c_target):
+    proc, worker = c_target
+    res = run_ustack("dump", "-p", worker)
+    assert (res.returncode, res.stdout, res.stderr) == (
+        1, "", f"ustack: {worker} is a thread of process {proc.pid}: dump -p {proc.pid}\n")
+
+
 @pytest.mark.parametrize("python", PYTHONS)
 def test_python_frames_exact_in_each_thread(python):
     proc = subprocess.Popen([python, str(PY_PROGRAM)], stdin=subprocess.PIPE,

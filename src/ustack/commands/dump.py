@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -23,7 +24,6 @@ from ..target.mappings import MappingTracker
 from ..unwind.python_frames import UNREADABLE, merge, thread_groups
 from ..unwind.python_runtime import find_interpreter
 
-FORMATS = ("text", "json")
 MAX_STACK = 1 << 20            # stack bytes copied per thread (above sp)
 # the signals that end ustack are held while threads are stopped, so a
 # Ctrl-C lets every thread go before it takes effect
@@ -55,8 +55,12 @@ def check_target(pid: int) -> None:
                           f"dump -p {procfs.tgid(pid)}")
     tracer = procfs.tracer_pid(pid)
     if tracer:
-        raise UstackError(f"process {pid} is already traced by process {tracer} "
-                          f"({procfs.comm(tracer) or '?'}): only one tracer at a time")
+        raise _traced(pid, tracer)
+
+
+def _traced(pid: int, tracer: int) -> UstackError:
+    return UstackError(f"process {pid} is already traced by process {tracer} "
+                       f"({procfs.comm(tracer) or '?'}): only one tracer at a time")
 
 
 def copy_threads(pid: int, interp, python_code: PythonCode) -> tuple:
@@ -109,8 +113,8 @@ def _seize(pid: int, tids: list, states: dict) -> tuple:
             if e.errno == errno.ESRCH:
                 continue
             tracer = procfs.tracer_pid(pid)
-            if tracer:
-                return seized, UstackError(f"process {pid} is already traced by process {tracer}")
+            if tracer:                  # one came between the check and now
+                return seized, _traced(pid, tracer)
             return seized, UstackError(f"cannot stop thread {tid}: {e.strerror}")
         seized.append(tid)
         try:
@@ -165,7 +169,7 @@ def dump(pid: int, options: SymbolOptions = SymbolOptions(), fmt: str = "text",
             for c, stack in threads:
                 out.write(f"{c.comm} {pid}/{c.tid} {c.state[0]} ({c.state[1]})\n"
                           + format_stack(stack))
-    err = err if err is not None else __import__("sys").stderr
+    err = err if err is not None else sys.stderr
     for warning in resolver.warnings:
         err.write(f"ustack: {warning}\n")
     err.write(f"stopped {len(copies)} thread{'s' if len(copies) != 1 else ''} of process {pid} for "
