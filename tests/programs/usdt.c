@@ -43,6 +43,9 @@ KEEP void step(long i)
 	short neg = (short)(-100 - i);
 	unsigned long high = 0xffffffff00000000UL + (unsigned long)i;
 	const char *name = names[i % 3];
+	volatile char first = name[0];	/* its page is then in memory, where
+					 * bpftrace (BPF) can read the string */
+	(void)first;
 
 	STAP_PROBE(demo, zero);
 	STAP_PROBE1(demo, one, one);

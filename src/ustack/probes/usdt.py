@@ -93,7 +93,7 @@ def _no_probe(spec, found: list, shown: str) -> UstackError:
     names = sorted({f"{p.provider}:{p.name}" for p in found})
     msg = f"no USDT probe '{wanted}' in {shown}"
     pool = names if spec.provider is not None else sorted({p.name for p in found})
-    near = difflib.get_close_matches(wanted, pool, n=5, cutoff=0.5)
+    near = difflib.get_close_matches(wanted, pool, n=5, cutoff=0.75)
     if near:
         return UstackError(f"{msg}; did you mean: {', '.join(near)}?")
     return UstackError(f"{msg}; it has: {', '.join(names[:8])}"
