@@ -129,3 +129,15 @@ def _spec(prog, name: str) -> str:
                          check=True).stdout.splitlines()
     at = [i for i, line in enumerate(out) if line.strip() == f"Name: {name}"][0]
     return out[at + 2].split("Arguments:")[1].strip()
+
+
+def test_list_shows_the_probes_with_their_arguments(prog):
+    res = run_ustack("list", str(prog))
+    assert res.returncode == 0, res.stderr
+    functions, _, usdt = res.stdout.partition("\n\nUSDT PROBE")
+    assert " step\n" in functions + "\n"
+    rows = {line.split()[0]: line.split()[1:] for line in usdt.splitlines()[1:]}
+    assert rows["demo:twice"][0] == "2" and rows["demo:zero"] == ["1"]
+    assert rows["demo:three"][1:] == _spec(prog, "three").split()
+    res = run_ustack("list", str(prog), "usdt:gu*")
+    assert res.stdout.splitlines()[1:] == [f"demo:guarded      1  {_spec(prog, 'guarded')}"]
