@@ -4,6 +4,8 @@ semaphore raised only while traced, and arguments equal to the program's
 values and to bpftrace's `usdt:` on the same probes."""
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -141,3 +143,48 @@ def test_list_shows_the_probes_with_their_arguments(prog):
     assert rows["demo:three"][1:] == _spec(prog, "three").split()
     res = run_ustack("list", str(prog), "usdt:gu*")
     assert res.stdout.splitlines()[1:] == [f"demo:guarded      1  {_spec(prog, 'guarded')}"]
+
+
+PYTHON = "/usr/bin/python3.11"
+# function__entry fires in 3.11 where a profiler or tracer is set (and on a
+# generator's throw()): foo's 7 calls under the profiler, not the 5 after
+PROFILED = """import sys
+def foo(x): return x
+def profiler(frame, event, arg): pass
+sys.setprofile(profiler)
+for i in range(7): foo(i)
+sys.setprofile(None)
+for i in range(5): foo(i)
+"""
+
+
+def _python_calls_bpftrace(script: Path) -> dict:
+    bt = ('usdt:%s:python:function__entry { @[str(arg0), str(arg1)] = count(); }'
+          % PYTHON)
+    env = dict(os.environ, BPFTRACE_STRLEN="120", BPFTRACE_MAX_STRLEN="120")  # the path
+    res = subprocess.run(["bpftrace", "-e", bt, "-c", f"{PYTHON} {script}"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    return {(f, n): int(c) for f, n, c in
+            re.findall(r"^@\[(.*), (.*)\]: (\d+)$", res.stdout, re.M)}
+
+
+@pytest.mark.skipif(not Path(PYTHON).exists() or shutil.which("bpftrace") is None,
+                    reason="needs Debian's python3.11 (its USDT probes) and bpftrace")
+@pytest.mark.parametrize("backend", ["bpf", "perf"])
+def test_python_function_entry(backend, tmp_path):
+    script = tmp_path / "profiled.py"
+    script.write_text(PROFILED)
+    res = ok(run_ustack("trace", "--backend", backend,
+                        f"usdt:{PYTHON}:function__entry arg0:string arg1:string",
+                        "-c", f"{PYTHON} {script}"))
+    calls: dict = {}
+    for r in parse_trace(res.stdout):
+        v = label_values(r["label"])
+        key = (v["arg0"].strip('"'), v["arg1"].strip('"'))
+        calls[key] = calls.get(key, 0) + 1
+    assert calls[(str(script), "foo")] == 7
+    assert calls == _python_calls_bpftrace(script)
+    res = ok(run_ustack("count", "--backend", backend, f"usdt:{PYTHON}:python:function__entry",
+                        "-c", f"{PYTHON} {script}"))
+    assert sum(s["count"] for s in parse_counts(res.stdout)) == sum(calls.values())
