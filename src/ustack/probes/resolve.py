@@ -425,7 +425,7 @@ def resolve_probes(specs: list, pid: int | None = None,
             probes.extend(resolve_uprobes(spec, pid, notes, unsafe))
         elif spec.kind == "usdt":
             from ustack.probes.usdt import resolve_usdt
-            probes.extend(resolve_usdt(spec, pid))
+            probes.extend(resolve_usdt(spec, pid, notes))
         elif spec.kind in ("syscall", "tracepoint"):
             probes.extend(tracepoint_probes(spec))
         elif spec.kind == "profile":

@@ -15,15 +15,16 @@ from ..objfile.elf import ElfImage
 from ..objfile.stapsdt import sdt_probes
 from ..values import replace
 from .fetchargs import display_kinds, kernel_fetch_args
-from .resolve import locate_binary, probe_at
+from .resolve import is_glob, locate_binary, probe_at
 from .usdt_args import usdt_fetch
 
 _ARG = re.compile(r"arg([0-9]+)")
 
 
-def resolve_usdt(spec, pid: int | None = None) -> list:
+def resolve_usdt(spec, pid: int | None = None, notes: list | None = None) -> list:
     """A UprobeProbe per site of every probe `spec` names, labelled
-    usdt:PATH:PROVIDER:NAME."""
+    usdt:PATH:PROVIDER:NAME. A glob skips the probes that lack an argument
+    asked for, saying so in `notes`."""
     host, shown = locate_binary(spec.path, pid)
     found = sdt_probes(host)
     if not found:
@@ -38,7 +39,14 @@ def resolve_usdt(spec, pid: int | None = None) -> list:
     probes = []
     for site in sites:
         label = f"usdt:{shown}:{site.provider}:{site.name}"
-        args, kinds = _args(spec.args, site, f"{site.provider}:{site.name}")
+        try:
+            args, kinds = _args(spec.args, site, f"{site.provider}:{site.name}")
+        except UstackError as e:
+            if not is_glob(f"{spec.provider}:{spec.name}"):
+                raise
+            if notes is not None and f"skipped: {e}" not in notes:
+                notes.append(f"skipped: {e}")     # once for all its sites
+            continue
         sym = image.lookup(site.pc) or (debug.lookup(site.pc) if debug else None)
         probe = probe_at(plain, image, host, shown, sym, site.pc, debug)
         ref_ctr = 0
@@ -50,6 +58,9 @@ def resolve_usdt(spec, pid: int | None = None) -> list:
         probes.append(replace(probe, spec=replace(plain, args=args), label=label,
                               fetch_args=kernel_fetch_args(args, False, spec.text),
                               arg_kinds=kinds, ref_ctr_offset=ref_ctr))
+    if not probes:
+        raise UstackError(f"no USDT probe matching '{spec.text.split()[0]}' has "
+                          "every argument asked for")
     return probes
 
 
@@ -84,8 +95,8 @@ def _have(specs: tuple) -> str:
     if not specs:
         return "it has no arguments"
     if len(specs) == 1:
-        return f"its argument: arg0 ({specs[0]})"
-    return f"its arguments: arg0…arg{len(specs) - 1} ({' '.join(specs)})"
+        return "its argument: arg0"
+    return f"its arguments: arg0…arg{len(specs) - 1}"
 
 
 def _no_probe(spec, found: list, shown: str) -> UstackError:
