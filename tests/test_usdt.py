@@ -215,3 +215,20 @@ def test_spellings():
     assert (s.provider, s.name) == (None, "name")
     with pytest.raises(Exception, match="need usdt:PATH:PROVIDER:NAME or usdt:PATH:NAME"):
         parse_event("usdt:/bin/x")
+
+
+@pytest.mark.skipif(not Path(PYTHON).exists(), reason="needs Debian's python3.11")
+def test_running_python_by_name_with_p(tmp_path):
+    """-p PID with the binary named as the process maps it (python3.11):
+    the semaphore of a process already running is raised too."""
+    from test_e2e_core import run_attached, spawn
+    script = tmp_path / "waits.py"
+    script.write_text(PROFILED.replace("sys.setprofile(profiler)\n",
+                                       "sys.setprofile(profiler)\nsys.stdin.readline()\n"))
+    target = spawn(PYTHON, script, stdin=subprocess.PIPE)
+    try:
+        res = ok(run_attached(target, "trace", "usdt:python3.11:function__entry arg1:string"))
+    finally:
+        target.kill()
+    names = [label_values(r["label"])["arg1"] for r in parse_trace(res.stdout)]
+    assert names.count('"foo"') == 7, names
