@@ -277,9 +277,8 @@ def _run(args) -> int:
     if args.cmd in ("report", "archive"):
         return _run_report(args)
     if args.cmd == "list":
-        from .commands.list import format_listing, format_params, list_functions
-        sys.stdout.write(format_params(args.binary, args.pattern) if args.verbose
-                         else format_listing(list_functions(args.binary, args.pattern)))
+        from .commands.list import list_text
+        sys.stdout.write(list_text(args.binary, args.pattern, args.verbose))
         return 0
     if args.cmd == "symbolize":
         from .commands.symbolize import symbolize_trace

@@ -26,16 +26,17 @@ class SymbolOptions:
 @value
 class ProbeSpec:
     """One EVENT as the user spelled it, parsed but not yet resolved."""
-    kind: str                      # uprobe | uretprobe | syscall | tracepoint | profile
+    kind: str                      # uprobe | uretprobe | usdt | syscall | tracepoint | profile
     text: str                      # the original spelling, for messages
     path: str | None = None     # uprobe: binary path or library name
     function: str | None = None  # uprobe: symbol name or glob
     offset: int = 0                # uprobe: +0xOFF after the function
     address: int | None = None  # uprobe: PATH:0xADDR (ELF virtual address)
     group: str | None = None    # tracepoint group (syscalls for syscall:)
-    name: str | None = None     # tracepoint / syscall name, may be a glob
+    name: str | None = None     # tracepoint / syscall / usdt name, may be a glob
     hz: int | None = None       # profile frequency
     args: tuple = ()               # uprobe fetch-args: (name, fetch, type) triples
+    provider: str | None = None    # usdt: the provider (None: any), may be a glob
 
 
 @value
@@ -54,6 +55,9 @@ class UprobeProbe:
     label: str                     # event name shown to the user
     fetch_args: tuple = ()         # 'name=fetch[:type]' words for uprobe_events
     arg_kinds: tuple = ()          # (name, how it prints: dec|hex|str|char|bool) per arg
+    # a USDT probe's semaphore (file offset; 0: none): the kernel adds 1 to
+    # it while the uprobe is in place, so the program's is-enabled test holds
+    ref_ctr_offset: int = 0
 
 
 @value

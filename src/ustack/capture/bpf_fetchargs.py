@@ -585,8 +585,9 @@ _PLAIN = {1: ("B", "7x"), 2: ("H", "6x"), 4: ("I", "4x"), 8: ("Q", "")}
 
 
 def _plain(arg: Arg) -> str | None:
-    """The struct format of a plain integer's 8-byte slot, else None."""
-    if arg.string or arg.count or arg.bits:
+    """The struct format of a plain integer's 8-byte slot, else None (a
+    value read from memory has a READ_SLOT, with where its page is)."""
+    if arg.string or arg.count or arg.bits or arg.read:
         return None
     code, pad = _PLAIN[arg.size]
     return (code.lower() if arg.signed and arg.kind != "hex" else code) + pad

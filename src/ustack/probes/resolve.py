@@ -155,8 +155,8 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
             elif image.is_go and sym is not None and vaddr == sym.address:
                 targets.append(_go_entry(spec, image, host, shown, sym))
             else:
-                targets.append(_target(spec, image, host, shown, sym, vaddr,
-                                       debug, unsafe))
+                targets.append(probe_at(spec, image, host, shown, sym, vaddr,
+                                        debug, unsafe))
         except (Unprobeable, NamedArgError, NotABoundary, NotProven) as e:
             if not is_glob(spec.function or ""):
                 raise
@@ -175,7 +175,7 @@ def _go_entry(spec, image, host, shown, sym) -> UprobeProbe:
     from its first instruction, and a probe there would count one call
     twice. Named as the function, as the user gave it."""
     from ustack.probes.return_sites import entry_site      # Go only: capstone
-    probe = _target(spec, image, host, shown, sym, entry_site(image, sym))
+    probe = probe_at(spec, image, host, shown, sym, entry_site(image, sym))
     return replace(probe, label=f"{spec.kind}:{shown}:{sym.name}")
 
 
@@ -187,8 +187,8 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
     if sym is None:
         raise UstackError(f"uretprobe on Go code at 0x{vaddr:x} needs a function: "
                           "its return instructions are found from its bounds")
-    entry = _target(replace(spec, kind="uprobe", args=()), image, host,
-                    shown, sym, vaddr)
+    entry = probe_at(replace(spec, kind="uprobe", args=()), image, host,
+                     shown, sym, vaddr)
     from ustack.probes.return_sites import return_probes    # Go returns only
     rets, tails = return_probes(entry, image, label=f"uretprobe:{shown}:{sym.name}")
     args = tuple(w.replace("$retval", "%ax") for w in
@@ -275,8 +275,10 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
 
 
-def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int,
-            debug=None, unsafe: bool = False) -> UprobeProbe:
+def probe_at(spec, image, host, shown, sym: Symbol | None, vaddr: int,
+             debug=None, unsafe: bool = False) -> UprobeProbe:
+    """A uprobe at vaddr of `host` (in function `sym`), proven to be an
+    instruction start the kernel can probe, with `spec`'s arguments."""
     sym_off = vaddr - sym.address if sym else 0
     if sym is None:
         where = f"0x{vaddr:x}"
@@ -421,6 +423,9 @@ def resolve_probes(specs: list, pid: int | None = None,
     for spec in specs:
         if spec.kind in ("uprobe", "uretprobe"):
             probes.extend(resolve_uprobes(spec, pid, notes, unsafe))
+        elif spec.kind == "usdt":
+            from ustack.probes.usdt import resolve_usdt
+            probes.extend(resolve_usdt(spec, pid, notes))
         elif spec.kind in ("syscall", "tracepoint"):
             probes.extend(tracepoint_probes(spec))
         elif spec.kind == "profile":
