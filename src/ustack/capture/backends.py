@@ -23,7 +23,8 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         return BpfCapture(probes, target, opts.buffer_pages,
                           stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
                           calls_only=opts.command == "funccount",
-                          unwind_tables=kernel_tables, stream=opts.command == "trace")
+                          unwind_tables=kernel_tables, stream=opts.command == "trace",
+                          python=opts.python)
     if backend == "tracefs":
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)

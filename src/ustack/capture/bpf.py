@@ -59,11 +59,15 @@ class BpfCapture:
     `calls()` funccount's totals."""
     unwind_note = ""
     interrupt = None        # the run's Interrupt, handed to the events
+    python_code = None      # the run's PythonCode (symbols/python.py): names code objects
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 calls_only: bool = False, unwind_tables=None, stream: bool = False):
+                 calls_only: bool = False, unwind_tables=None, stream: bool = False,
+                 python: bool = False):
         self.probes = probes
+        # Python frames in the stacks the kernel unwinds (capture/bpf_python.py)
+        self.python = python and unwind_tables is not None
         # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
         # an object, from unwind/tables.for_image (None: frame pointers)
         self.unwind_tables = unwind_tables
@@ -114,6 +118,8 @@ class BpfCapture:
                 for path in objects_of_target(target, self.probes):
                     self.interrupt.check()
                     objects.add_path(path)
+                if self.counter.python is not None:
+                    self._follow_python()
             programs.result()
             events.result()
             self.counter.attach(self.events)
@@ -134,12 +140,21 @@ class BpfCapture:
             return UnwindCounter(
                 self.probes, self.unwind_tables, stack_storage=self.stack_storage,
                 kernel=self.kernel, filter_tgid=tgid, trace=self.stream,
-                fetches=self.fetches,
+                fetches=self.fetches, python=self.python,
                 ring_bytes=(ring_bytes if self.stream else deferral_ring_bytes)(
                     self.buffer_pages))
         return BpfCounter(self.probes, stack_storage=self.stack_storage,
                           kernel=self.kernel, filter_tgid=tgid,
                           calls_only=self.calls_only)
+
+    def _follow_python(self) -> None:
+        """The Python processes running at the start (-p, system-wide)."""
+        from ..kernel import procfs
+        python = self.counter.python
+        python.python_code = self.python_code
+        scope = self.target.scope
+        python.add_running([self.target.pid] if scope == "pid" else
+                           procfs.pids() if scope == "system" else [])
 
     def start(self) -> None:
         self.events.start()
@@ -258,8 +273,10 @@ class BpfCapture:
         from .bpf_unwind import RingChunk, ring_samples
         if isinstance(chunk, RingChunk):
             before = len(samples)
+            python = self.counter.python
             offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
-                                  self.fetches, self._object_bytes)
+                                  self.fetches, self._object_bytes,
+                                  python.code_seen if python is not None else None)
             for s in samples[before:]:
                 why = cut_reason(s.callchain)
                 if why is not None:
@@ -271,4 +288,6 @@ class BpfCapture:
             for _time, event in metas[before:]:
                 if isinstance(event, MmapEvent):
                     self.counter.objects.add_mapping(event.mapping, event.pid)
+            if self.counter.python is not None:
+                self.counter.python.follow(metas[before:])
         return offset
