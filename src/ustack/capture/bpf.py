@@ -115,11 +115,12 @@ class BpfCapture:
                 from .bpf_unwind import objects_of_target
                 objects = self.counter.objects
                 objects.add_vdso()
-                for path in objects_of_target(target, self.probes):
+                paths = objects_of_target(target, self.probes)
+                for path in paths:
                     self.interrupt.check()
                     objects.add_path(path)
                 if self.counter.python is not None:
-                    self._follow_python()
+                    self._follow_python(paths)
             programs.result()
             events.result()
             self.counter.attach(self.events)
@@ -147,12 +148,15 @@ class BpfCapture:
                           kernel=self.kernel, filter_tgid=tgid,
                           calls_only=self.calls_only)
 
-    def _follow_python(self) -> None:
-        """The Python processes running at the start (-p, system-wide)."""
+    def _follow_python(self, paths: list) -> None:
+        """The Python processes running at the start (-p, system-wide); a
+        command's interpreter read before it runs (`paths`: its objects)."""
         from ..kernel import procfs
         python = self.counter.python
         python.python_code = self.python_code
         scope = self.target.scope
+        if scope == "command":
+            python.warm(paths)
         python.add_running([self.target.pid] if scope == "pid" else
                            procfs.pids() if scope == "system" else [])
 

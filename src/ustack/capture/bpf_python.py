@@ -21,7 +21,7 @@ import struct
 
 from ..kernel import bpf
 from ..kernel import procfs
-from ..model import CommEvent, ExitEvent, MmapEvent
+from ..model import CommEvent, ExitEvent, Mapping, MmapEvent
 from ..unwind import python_runtime
 
 PROCS = 1024                    # Python processes followed at once
@@ -100,6 +100,16 @@ class PythonProcs:
             return False            # the map is full: its stacks stay native
         self.versions[pid] = interp.version
         return True
+
+    def warm(self, paths: list) -> None:
+        """Read now what the interpreters among `paths` (a -c command's
+        load closure) are, so its MMAP2 records add it at once: its first
+        samples wait for that."""
+        for path in paths:
+            try:
+                python_runtime.find_interpreter([Mapping(0, 1, 0, path)])
+            except (OSError, ValueError):
+                pass
 
     def forget(self, pid: int) -> None:
         if self.versions.pop(pid, None) is not None:
