@@ -95,6 +95,8 @@ struct python_walk {
 	__u64 out, hash;		/* the merged frames written; their hash */
 	__u64 tstate, fsbase, tgid;
 	__u64 unreadable;		/* a Python frame could not be read */
+	__u64 missing;			/* eval C frames met with no Python frame left */
+	__u64 skip;			/* innermost eval C frames to leave as C */
 	__u64 new_codes;
 	__u64 new_code[PY_NEW_CODES];
 	__u8 frame[PY_FRAME_READ + 8];
@@ -293,15 +295,29 @@ static long merge_step(__u64 index, void *unused)
 		return 1;
 	p->next = i + 1;
 	pc = p->native[i & (MAX_FRAMES - 1)];
-	if (p->pyframe && in_eval(&p->proc, i ? pc - 1 : pc)) {
-		p->in_group = 1;	/* replaced by its Python frames */
-		return 0;
+	if (in_eval(&p->proc, i ? pc - 1 : pc)) {
+		if (p->skip) {
+			p->skip--;	/* shown as C: see python_merge */
+		} else if (p->pyframe) {
+			p->in_group = 1;	/* replaced by its Python frames */
+			return 0;
+		} else {
+			p->missing++;
+		}
 	}
-	if (p->pyframe == 0 && !p->unreadable && in_eval(&p->proc, i ? pc - 1 : pc)
-	    && p->tstate)
-		p->unreadable = 1;	/* an eval call without a frame left to show */
 	emit(w, p, pc);
 	return 0;
+}
+
+/* the merged stack into w's frames, the `skip` innermost eval C frames
+ * left as C */
+static __always_inline void merge_pass(struct python_walk *p, __u64 skip)
+{
+	current_frame(p);
+	p->next = p->out = p->in_group = p->missing = 0;
+	p->skip = skip;
+	p->hash = FNV_BASIS;
+	bpf_loop(2 * MAX_FRAMES, merge_step, 0, 0);
 }
 
 /* Python frames into the walked stack w of the current task, when its
@@ -329,21 +345,27 @@ static __noinline void python_merge(struct walk *w)
 	current_frame(p);
 	if (!p->pyframe)
 		return;
+	/* An eval call starting (its frame not yet current) or ending (its
+	 * frame gone already) is the innermost one: a first pass that finds
+	 * eval C frames left without Python frames at the outer end leaves
+	 * that many innermost ones as C in a second, so the rest pair with
+	 * the right frames */
 	n = w->rec.head.frames;
 	if (n > MAX_FRAMES)
 		n = MAX_FRAMES;
 	if (n == 0 || bpf_probe_read_kernel(p->native, n * 8, w->frame))
 		return;
 	p->nnative = n;
-	p->next = p->out = p->in_group = p->unreadable = 0;
-	p->hash = FNV_BASIS;
-	bpf_loop(2 * MAX_FRAMES, merge_step, 0, 0);
+	p->unreadable = 0;
+	merge_pass(p, 0);
+	if (p->missing && !p->unreadable)
+		merge_pass(p, p->missing);
 	w->rec.head.frames = p->out;
 	w->hash = p->hash;
 	if (w->rec.head.status != COMPLETE && w->rec.head.status != THROUGH_JIT
 	    && w->rec.head.status != THROUGH_NO_CFI)
 		return;			/* cut short: its own reason says more */
-	if (p->unreadable)
+	if (p->unreadable || p->missing)
 		w->rec.head.status = PYTHON_UNREADABLE;
 	else if (p->pyframe && p->next >= p->nnative)
 		w->rec.head.status = PYTHON_LEFT;
