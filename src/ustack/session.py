@@ -61,6 +61,9 @@ class Session:
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.started_ns: int | None = None     # wall clock at open()
         self.recorder = None               # opts.record: a recording.writer.Recorder
+        # the run's PythonCode (symbols/python.py): names the Python code
+        # objects the capture reports while their processes live
+        self.python_code = None
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -150,6 +153,7 @@ class Session:
             self.plan.backend, self.probes, self.target, self.plan.modes, opts,
             self.plan.kernel_tables)
         capture.interrupt = self.interrupt
+        capture.python_code = self.python_code
         capture.open()          # closes what it opened if it fails (but when interrupted)
         return capture
 
