@@ -1,0 +1,292 @@
+"""Names of CPython code objects (3.8-3.13, x86-64), read from the memory
+of the live process: qualified name, file, first line and line table.
+
+A Python frame in a stack is (code object address, code-unit index)
+(model.python_frame_parts). The code object lives only as long as its
+process, so it is read when the capture first sees it (`remember`) and
+named at the end (`frame`), when the process may be gone. Offsets below
+are the release builds' (tests/test_python_code.py checks them against
+each build's DWARF and 3.13's _Py_DebugOffsets)."""
+from __future__ import annotations
+
+import os
+import struct
+from collections import OrderedDict
+
+from ..model import PYTHON_INDEX_MAX, Frame
+from ..values import value
+
+MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
+MAX_TEXT = 4096                # characters of a name or file read at most
+MAX_TABLE = 1 << 18            # bytes of a line table read at most
+_FRAMES_KEPT = 1 << 16         # (pid, code, index) -> Frame memo
+
+# where a PyCodeObject keeps what names it, per (major, minor)
+_CODE_38 = dict(firstlineno=40, filename=104, name=112, qualname=None, table=120)
+_CODE_311 = dict(firstlineno=72, filename=112, name=120, qualname=128, table=136)
+_CODE_312 = dict(_CODE_311, firstlineno=68)
+CODE_OFFSETS = {(3, 8): _CODE_38, (3, 9): _CODE_38, (3, 10): _CODE_38,
+                (3, 11): _CODE_311, (3, 12): _CODE_312, (3, 13): _CODE_312}
+
+# which line table the code object has (see line_of)
+LNOTAB, LINETABLE_310, LOCATIONS = "lnotab", "linetable", "locations"
+TABLE_KIND = {(3, 8): LNOTAB, (3, 9): LNOTAB, (3, 10): LINETABLE_310,
+              (3, 11): LOCATIONS, (3, 12): LOCATIONS, (3, 13): LOCATIONS}
+
+# sizeof(PyASCIIObject), sizeof(PyCompactUnicodeObject): a compact string's
+# characters follow the one or the other (3.12 dropped the wstr fields)
+UNICODE_HEADERS = {v: (48, 72) if v <= (3, 11) else (40, 56) for v in CODE_OFFSETS}
+UNICODE_LENGTH, UNICODE_STATE = 16, 32
+BYTES_SIZE, BYTES_DATA = 16, 32            # PyBytesObject's ob_size, ob_sval
+_ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
+
+
+@value
+class CodeInfo:
+    """What names a code object, kept after its process is gone."""
+    name: str                  # co_qualname (3.11+), co_name before
+    file: str                  # co_filename
+    firstlineno: int
+    table_kind: str            # LNOTAB | LINETABLE_310 | LOCATIONS
+    table: bytes               # the line table's bytes
+
+
+class PythonCode:
+    """Names of the code objects of Python processes, read once."""
+
+    def __init__(self):
+        self._codes: OrderedDict = OrderedDict()   # (pid, code) -> CodeInfo
+        self._versions: dict = {}                  # pid -> (major, minor)
+        self._frames: dict = {}
+        self.unnamed = 0           # frames shown as a placeholder
+
+    @property
+    def warnings(self) -> list:
+        if not self.unnamed:
+            return []
+        return [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
+                "their process ended before ustack could read their code object"]
+
+    def remember(self, pid: int, code: int, version: tuple) -> None:
+        """Read the code object at `code` in pid now (OSError: it cannot be
+        read; ValueError: it is not a code object of that version)."""
+        self._versions[pid] = tuple(version[:2])
+        if (pid, code) not in self._codes:
+            self.add(pid, code, read_code(pid, code, tuple(version[:2])))
+
+    def add(self, pid: int, code: int, info: CodeInfo) -> None:
+        """Keep what names a code object (read here, or from a recording)."""
+        codes = self._codes
+        codes[(pid, code)] = info
+        if len(codes) > MAX_CODES:
+            codes.popitem(last=False)
+
+    def info(self, pid: int, code: int) -> CodeInfo | None:
+        """The CodeInfo of a code object, read now when never remembered
+        and its process lives; None when it cannot be had."""
+        info = self._codes.get((pid, code))
+        if info is not None:
+            self._codes.move_to_end((pid, code))
+            return info
+        version = self._versions.get(pid) or _version_of(pid)
+        if version is None:
+            return None
+        self._versions[pid] = version
+        try:
+            self.remember(pid, code, version)
+        except (OSError, ValueError):
+            return None
+        return self._codes.get((pid, code))
+
+    def frame(self, pid: int, code: int, index: int) -> Frame:
+        key = (pid, code, index)
+        found = self._frames.get(key)
+        if found is not None:
+            return found
+        info = self.info(pid, code)
+        if info is None:
+            self.unnamed += 1
+            return Frame(addr=0, module="", function=f"[python code {code:#x}]",
+                         kind="python")
+        frame = Frame(addr=0, module=os.path.basename(info.file), function=info.name,
+                      file=info.file, line=line_of(info, index), kind="python")
+        if len(self._frames) >= _FRAMES_KEPT:
+            self._frames.clear()
+        self._frames[key] = frame
+        return frame
+
+
+def _version_of(pid: int) -> tuple | None:
+    """The CPython version a process runs, from its mappings."""
+    from ..kernel import procfs
+    from ..unwind.python_runtime import find_interpreter
+    try:
+        interp = find_interpreter(procfs.executable_mappings(pid))
+    except (OSError, ValueError):
+        return None
+    return interp.version if interp is not None else None
+
+
+# -- reading a process's objects ---------------------------------------------
+
+class _Memory:
+    """Reads of one process's memory (/proc/PID/mem: root, no ptrace stop)."""
+
+    def __init__(self, pid: int):
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, addr: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, addr)
+        if len(data) != size:
+            raise OSError(f"short read at {addr:#x}")
+        return data
+
+    def word(self, addr: int) -> int:
+        return struct.unpack("<Q", self.read(addr, 8))[0]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def read_code(pid: int, code: int, version: tuple) -> CodeInfo:
+    offsets = CODE_OFFSETS.get(version)
+    if offsets is None:
+        raise ValueError(f"no code object layout for Python {version[0]}.{version[1]}")
+    mem = _Memory(pid)
+    try:
+        header = mem.read(code, 144)
+        ptr = lambda name: struct.unpack_from("<Q", header, offsets[name])[0]  # noqa: E731
+        name_field = "qualname" if offsets["qualname"] is not None else "name"
+        firstlineno = struct.unpack_from("<i", header, offsets["firstlineno"])[0]
+        return CodeInfo(name=read_str(mem, ptr(name_field), version),
+                        file=read_str(mem, ptr("filename"), version),
+                        firstlineno=firstlineno, table_kind=TABLE_KIND[version],
+                        table=read_bytes(mem, ptr("table")))
+    finally:
+        mem.close()
+
+
+def read_str(mem: _Memory, addr: int, version: tuple) -> str:
+    """A str object's text: compact ASCII, compact latin-1/UCS-2/UCS-4, or
+    (rare for names) a legacy string whose characters are elsewhere."""
+    ascii_size, compact_size = UNICODE_HEADERS[version]
+    head = mem.read(addr, compact_size + 8)
+    length = struct.unpack_from("<q", head, UNICODE_LENGTH)[0]
+    state = struct.unpack_from("<I", head, UNICODE_STATE)[0]
+    kind, compact, is_ascii = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+    if not 0 <= length <= MAX_TEXT or kind not in _ENCODINGS:
+        raise ValueError(f"no str object at {addr:#x}")
+    if compact:
+        data = addr + (ascii_size if is_ascii else compact_size)
+    else:
+        data = struct.unpack_from("<Q", head, compact_size)[0]
+    raw = mem.read(data, length * kind) if length else b""
+    return raw.decode("ascii" if is_ascii else _ENCODINGS[kind], "replace")
+
+
+def read_bytes(mem: _Memory, addr: int) -> bytes:
+    size = struct.unpack("<q", mem.read(addr + BYTES_SIZE, 8))[0]
+    if not 0 <= size <= MAX_TABLE:
+        raise ValueError(f"no bytes object at {addr:#x}")
+    return mem.read(addr + BYTES_DATA, size) if size else b""
+
+
+# -- line tables ---------------------------------------------------------------
+
+def line_of(info: CodeInfo, index: int) -> int:
+    """The line of the instruction at code unit `index` (0: none known).
+    An index the table does not reach (a frame not started yet, an index
+    clamped at PYTHON_INDEX_MAX) gives the function's first line, as a
+    traceback does for a frame before its first instruction."""
+    if index >= PYTHON_INDEX_MAX:
+        return info.firstlineno
+    try:
+        if info.table_kind == LOCATIONS:
+            line = _line_from_locations(info.table, info.firstlineno, index)
+        elif info.table_kind == LINETABLE_310:
+            line = _line_from_linetable(info.table, info.firstlineno, 2 * index)
+        else:
+            line = _line_from_lnotab(info.table, info.firstlineno, 2 * index)
+    except IndexError:                        # a table cut short
+        line = None
+    return info.firstlineno if line is None else line
+
+
+def _line_from_lnotab(table: bytes, line: int, offset: int) -> int:
+    """3.8/3.9 co_lnotab: (byte offset increment, signed line increment)
+    pairs; the line of byte `offset` (PyCode_Addr2Line)."""
+    addr = 0
+    for i in range(0, len(table) - 1, 2):
+        addr += table[i]
+        if addr > offset:
+            break
+        delta = table[i + 1]
+        line += delta - 256 if delta >= 128 else delta
+    return line
+
+
+def _line_from_linetable(table: bytes, line: int, offset: int) -> int | None:
+    """3.10 co_linetable: (byte length, signed line delta or -128: none)
+    entries, each a range starting where the last ended."""
+    end = 0
+    for i in range(0, len(table) - 1, 2):
+        start, end = end, end + table[i]
+        delta = table[i + 1]
+        if delta == 128:
+            current = None
+        else:
+            line += delta - 256 if delta > 128 else delta
+            current = line
+        if start <= offset < end:
+            return current
+    return None
+
+
+def _line_from_locations(table: bytes, line: int, index: int) -> int | None:
+    """3.11+ location table (Objects/locations.md): entries of 1-8 code
+    units, each starting with a byte 1CCCCLLL (code, length - 1); the line
+    of the entry holding code unit `index`."""
+    at, unit, n = 0, 0, len(table)
+    while at < n:
+        first = table[at]
+        code, length = (first >> 3) & 15, (first & 7) + 1
+        at += 1
+        current = line
+        if code == 15:                        # no location
+            current = None
+        elif code == 14:                      # long form: line delta, end, columns
+            delta, at = _svarint(table, at)
+            line += delta
+            current = line
+            for _ in range(3):
+                _, at = _varint(table, at)
+        elif code == 13:                      # no column
+            delta, at = _svarint(table, at)
+            line += delta
+            current = line
+        elif code >= 10:                      # one line: delta code - 10, 2 columns
+            line += code - 10
+            current = line
+            at += 2
+        else:                                 # short form: same line, 1 byte
+            at += 1
+        if unit <= index < unit + length:
+            return current
+        unit += length
+    return None
+
+
+def _varint(table: bytes, at: int) -> tuple:
+    value, shift = 0, 0
+    while True:
+        b = table[at]
+        at += 1
+        value |= (b & 63) << shift
+        shift += 6
+        if not b & 64:
+            return value, at
+
+
+def _svarint(table: bytes, at: int) -> tuple:
+    value, at = _varint(table, at)
+    return (-(value >> 1) if value & 1 else value >> 1), at
