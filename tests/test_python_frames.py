@@ -249,6 +249,36 @@ def test_count_uprobe_under_python(python):
         (python_only(f), f[-1], n) for f, n in ours[:3]]
 
 
+# --- code objects are read while the process lives ---------------------------------
+
+def test_code_objects_named_after_the_process_ended(tmp_path):
+    """Each code object the kernel reports is read at once: its frames are
+    named after the program has exited."""
+    from ustack import Options, Session
+    from ustack.symbols.python import PythonCode
+    python, facts = pyenv_python("3.12"), tmp_path / "facts.json"
+    session = Session(Options(command="profile", events=["profile:hz:199"],
+                              cmdline=f"{python} {PROG} generator 1 {facts}"))
+    session.python_code = code = PythonCode()
+    with session:
+        session.drain()                 # until the command exits
+        counted = session.capture.counted()
+    pid = json.loads(facts.read_text())["pid"]
+    assert not Path(f"/proc/{pid}").exists()
+    named = Counter()
+    for sample, n in counted:
+        words = [int.from_bytes(sample.callchain[i:i + 8], "little")
+                 for i in range(0, len(sample.callchain), 8)]
+        names = [code.frame(pid, *parts).function
+                 for w in reversed(words) if (parts := python_frame_parts(w))]
+        named[tuple(names)] += n
+    assert named.most_common(1)[0][0] == tuple(CHAIN + TAILS["generator"]), \
+        named.most_common(3)
+    # the program's frames all named (a module body run by an import, whose
+    # code object is freed at once, may be gone before it is read)
+    assert not [k for k in named if "main" in k and any("[python code" in f for f in k)]
+
+
 def test_no_python_shows_the_interpreter(tmp_path):
     """--no-python: the eval loop's C frames, no Python frame."""
     stacks, facts = run_program(tmp_path, pyenv_python("3.11"), "busy", "--no-python",

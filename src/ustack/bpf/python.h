@@ -28,7 +28,7 @@
 #define PY_NONE 0xFFFFFFFF		/* a layout field the version does not have */
 #define PY_FRAME_READ 128		/* bytes of a frame read at once, at most */
 #define PY_MAX_THREADS 512		/* PyThreadStates looked at to find a thread's */
-#define PY_NEW_CODES 8			/* code objects reported per sample, at most */
+#define PY_NEW_CODES 32			/* code objects reported per sample, at most: a power of two */
 #define PY_OWNED_BY_CSTACK 3		/* 3.12+: the eval call's shim frame */
 #define PYTHON_TAG 0xE000000000000000ULL	/* model.PYTHON_FRAME_TAG */
 #define PY_INDEX_MAX 0xFFFF
@@ -371,27 +371,32 @@ static __noinline void python_merge(struct walk *w)
 		w->rec.head.status = PYTHON_LEFT;
 }
 
-/* the code objects python_merge saw first, in one record into `ring`;
- * when the ring has no room they are forgotten, so they come again */
+/* bpf_loop's callback: a code object listed for a record the ring had
+ * no room for is forgotten, so it is reported again */
+static long forget_code(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct python_code_key key = {};
+
+	if (!p || index >= p->new_codes)
+		return 1;
+	key.tgid = p->tgid;
+	key.code = p->new_code[index & (PY_NEW_CODES - 1)];
+	bpf_map_delete_elem(&python_codes, &key);
+	return 0;
+}
+
+/* the code objects python_merge saw first, in one record into `ring` */
 static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 probe)
 {
 	struct python_walk *p = python_state();
 	struct python_code_record *r;
-	struct python_code_key key = {};
-	__u64 n;
 
 	if (!p || !p->new_codes)
 		return;
-	n = p->new_codes;
 	r = bpf_ringbuf_reserve(ring, sizeof(*r), 0);
 	if (!r) {
-		key.tgid = p->tgid;
-		for (int i = 0; i < PY_NEW_CODES; i++) {
-			if (i >= n)
-				break;
-			key.code = p->new_code[i];
-			bpf_map_delete_elem(&python_codes, &key);
-		}
+		bpf_loop(PY_NEW_CODES, forget_code, 0, 0);
 		p->new_codes = 0;
 		return;
 	}
@@ -399,9 +404,9 @@ static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 prob
 	r->rec.pid_tgid = pid_tgid;
 	r->rec.probe = probe;
 	r->rec.cpu = 0;
-	r->rec.head.frames = n;
+	r->rec.head.frames = p->new_codes;
 	r->rec.head.status = PYTHON_CODE;
-	__builtin_memcpy(r->code, p->new_code, sizeof(r->code));
+	bpf_probe_read_kernel(r->code, sizeof(r->code), p->new_code);
 	bpf_ringbuf_submit(r, 0);
 	p->new_codes = 0;
 }

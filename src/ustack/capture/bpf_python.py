@@ -141,5 +141,5 @@ class PythonProcs:
         if self.python_code is not None and version is not None:
             try:
                 self.python_code.remember(pid, code, version)
-            except OSError:
+            except (OSError, ValueError):   # gone, or freed and reused already
                 pass
