@@ -97,6 +97,7 @@ struct python_walk {
 	__u64 unreadable;		/* a Python frame could not be read */
 	__u64 missing;			/* eval C frames met with no Python frame left */
 	__u64 skip;			/* innermost eval C frames to leave as C */
+	__u64 python_frames;		/* Python frames in the merged stack */
 	__u64 new_codes;
 	__u64 new_code[PY_NEW_CODES];
 	__u8 frame[PY_FRAME_READ + 8];
@@ -268,7 +269,7 @@ static __always_inline int python_frame(struct walk *w, struct python_walk *p)
 	}
 	index = at < 0 ? 0 : at > PY_INDEX_MAX ? PY_INDEX_MAX : at;
 	emit(w, p, PYTHON_TAG | (code >> 3) << 16 | index);
-	note_code(p, code);
+	p->python_frames++;
 	last = l->entry_kind == ONE_PER_EVAL
 		|| (l->entry_kind == IS_ENTRY && FRAME_FIELD(__u8, p, l->frame_entry));
 	/* 3.12+: the group ends at the shim, read as the next step's frame */
@@ -314,7 +315,7 @@ static long merge_step(__u64 index, void *unused)
 static __always_inline void merge_pass(struct python_walk *p, __u64 skip)
 {
 	current_frame(p);
-	p->next = p->out = p->in_group = p->missing = 0;
+	p->next = p->out = p->in_group = p->missing = p->python_frames = 0;
 	p->skip = skip;
 	p->hash = FNV_BASIS;
 	bpf_loop(2 * MAX_FRAMES, merge_step, 0, 0);
@@ -332,13 +333,13 @@ static __noinline void python_merge(struct walk *w)
 
 	if (!p || !w)
 		return;
+	p->new_codes = p->python_frames = 0;
 	py = bpf_map_lookup_elem(&python_procs, &tgid);
 	if (!py)
 		return;
 	p->proc = *py;
 	p->tgid = tgid;
 	p->fsbase = FIELD(__u64, bpf_get_current_task_btf(), task_fsbase);
-	p->new_codes = 0;
 	find_thread(p);
 	if (!p->tstate)
 		return;
@@ -369,6 +370,39 @@ static __noinline void python_merge(struct walk *w)
 		w->rec.head.status = PYTHON_UNREADABLE;
 	else if (p->pyframe && p->next >= p->nnative)
 		w->rec.head.status = PYTHON_LEFT;
+}
+
+/* bpf_loop's callback: the code object of merged frame `index`, if a
+ * Python frame's, is noted */
+static long note_step(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct walk *w = scratch_value();
+	__u64 word;
+
+	if (!p || !w || index >= p->out)
+		return 1;
+	word = w->frame[index & (MAX_FRAMES - 1)];
+	if (word >> 60 == PYTHON_TAG >> 60)
+		note_code(p, ((word >> 16) & ((1ULL << 44) - 1)) << 3);
+	return 0;
+}
+
+/* The code objects of w's Python frames, those not reported yet listed
+ * for python_report. Only for a stack not stored before (`unwound`): a
+ * stack seen again had its code objects noted then, which saves a
+ * lookup per frame of the samples that repeat a stack */
+static __always_inline void python_note_codes(struct walk *w)
+{
+	struct python_walk *p = python_state();
+	__u64 hash;
+
+	if (!p || !p->python_frames)
+		return;
+	hash = mix(w->hash, w->rec.head.status);	/* store_stack's key */
+	if (bpf_map_lookup_elem(&unwound, &hash))
+		return;
+	bpf_loop(MAX_FRAMES, note_step, 0, 0);
 }
 
 /* bpf_loop's callback: a code object listed for a record the ring had

@@ -80,6 +80,7 @@ static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 	if (!(opts & UW_PYTHON))
 		return;
 	python_merge(w);
+	python_note_codes(w);
 	python_report(&ring, pid_tgid, probe_index);
 }
 
