@@ -10,9 +10,10 @@ sample, and a profiled Python program's slowdown next to py-spy's.
    Python frames and with --no-python, interleaved; the unwinder programs'
    ns per run from the kernel's BPF statistics (BPF_ENABLE_STATS, on only
    while a run lasts). The difference is the Python pass's cost.
-2. overhead: the same chain for a fixed number of calls (the program times
-   itself), alone, under `ustack profile -F HZ` and under `py-spy record
-   -r HZ`, at 99 and 999 Hz.
+2. overhead: the same chain for a fixed number of calls (the program's own
+   CPU time), alone, under `ustack profile -F HZ` and under `py-spy record
+   -r HZ`, at 99 and 999 Hz (py-spy reads the target from another process:
+   its cost is mostly its own CPU, which this does not show).
 
 Prints Markdown; medians of R runs."""
 from __future__ import annotations
@@ -50,7 +51,7 @@ with Session(opts) as run:
 print(samples, ns / max(cnt, 1))
 """
 
-# the chain for N calls of outer(); prints the seconds it took
+# the chain for N calls of outer(); prints the CPU seconds it took
 FIXED_WORK = r"""
 import sys, time
 def spin(n):
@@ -62,10 +63,10 @@ def leaf(): return spin(2000)
 def middle(): return leaf()
 def outer(): return middle()
 def main(n):
-    t = time.perf_counter()
+    t = time.process_time()     # CPU time: the machine's other load counts less
     for _ in range(n):
         outer()
-    print(f"{time.perf_counter() - t:.4f}")
+    print(f"{time.process_time() - t:.4f}")
 main(int(sys.argv[1]))
 """
 
@@ -122,7 +123,7 @@ def main() -> int:
         a, b = statistics.median(on), statistics.median(off)
         print(f"| {label} | {a:.0f} ns | {b:.0f} ns | {a - b:+.0f} ns |")
 
-    print("\n## Overhead (the program's own seconds for a fixed number of calls)\n")
+    print("\n## Overhead (the program's own CPU seconds for a fixed number of calls)\n")
     print("| CPython | Hz | alone | ustack profile | py-spy record |")
     print("|---|---|---|---|---|")
     spy = Path(sys.executable).parent / "py-spy"
