@@ -482,3 +482,58 @@ def test_system_wide_short_process_named_or_marked(chain, tmp_path):
         notes = [f[1:-1] for f, _m in s["frames"] if f.startswith("(")]
         assert names[:5] == ["d", "c", "b", "a", "main"] or (
             notes == [NO_MAPS] and set(names) == {"[unknown]"}), s
+
+
+# --- a frame-pointer walk that ends short of the root says so ---------------------
+
+@pytest.mark.parametrize("backend", ["tracefs", "perf"])
+def test_frame_pointer_walk_cut_by_a_caller_without_them_is_marked(backend):
+    """-O2 -fomit-frame-pointer: the walk from write ends inside libc, short
+    of _start; the stack says so (and what unwinds it whole), never reads
+    as a complete stack rooted at write."""
+    prog = build("chain", flags=O2_NOFP)
+    res = ok(run_ustack("count", "--backend", backend, "--unwind", "fp", "syscall:write",
+                        "-c", f"{prog} 3 rawwrite"))
+    stacks = parse_counts(res.stdout)
+    assert sum(s["count"] for s in stacks) == 3, res.stdout
+    for s in stacks:
+        notes = [f for f, m in s["frames"] if m is None and f.startswith("(stack cut at")]
+        assert len(notes) == 1, s
+        assert "the frame-pointer walk ends there, short of the program's entry" in notes[0]
+        advice = ("--backend bpf or perf unwind with CFI" if backend == "tracefs"
+                  else "--unwind dwarf unwinds with CFI")
+        assert notes[0].endswith(advice + ")"), notes[0]
+
+
+def test_frame_pointer_walk_to_the_root_has_no_mark(chain):
+    """A program with frame pointers: the walk reaches libc's
+    __libc_start_call_main, the root of a frame-pointer stack: no note."""
+    res = ok(run_ustack("count", "--backend", "perf", "--unwind", "fp", "syscall:write",
+                        "-c", f"{chain} 3 rawwrite"))
+    (s,) = parse_counts(res.stdout)
+    assert s["frames"][-1] == ("__libc_start_call_main", "libc.so.6"), s
+    assert not [f for f, m in s["frames"] if m is None], s
+
+
+def test_a_command_that_signals_itself_runs_at_its_own_pace():
+    """Under tracefs the command is traced (ptrace holds it at exec and at
+    exit), so each signal it gets stops it until ustack passes the signal
+    on: 3,000 self-signals all reach its handler, and the run ends (a stop
+    held until the run's next poll made this take minutes; 60 s is only
+    the test's guard against a hang)."""
+    prog = build("selfsignal", flags=FP)
+    res = ok(run_ustack("count", "--backend", "tracefs", "syscall:write",
+                        "-c", f"{prog} 3000", timeout=60))
+    lines = res.stdout.splitlines()
+    assert lines[0] == "3000", res.stdout              # the program's own output first
+    assert sum(s["count"] for s in parse_counts("\n".join(lines[1:]))) == 1, res.stdout
+
+
+def test_a_command_gets_its_own_sigtrap():
+    """The tracer's exec and exit stops are event stops of their own: a
+    SIGTRAP the program sends itself is the program's, delivered to its
+    handler every time, not taken for the tracer's."""
+    prog = build("selfsignal", flags=FP)
+    res = ok(run_ustack("count", "--backend", "tracefs", "syscall:write",
+                        "-c", f"{prog} 5 trap"))
+    assert res.stdout.splitlines()[0] == "5", res.stdout

@@ -221,6 +221,33 @@ def test_colours_by_kind_and_by_module_with_a_legend(chromium, tmp_path):
     keep_screenshot(chromium, "flamegraph_by_module")
 
 
+def test_python_js_and_java_frames_have_colours_of_their_own(chromium, tmp_path):
+    """Interpreted and JIT frames are told apart from native code: each kind
+    its hue and legend entry; a Python frame is named as py-spy names it."""
+    python = Frame(0, "spy.py", "leaf", file="/srv/spy.py", line=4, kind="python")
+    js = Frame(0x3a000, "", "JS:*add", kind="js")
+    java = Frame(0x7f00, "", "LChain;::leaf", kind="java")
+    native = Frame(3, "prog", "main")
+    counts = [StackCount("prog", 7, Stack((python, native)), 10),
+              StackCount("prog", 7, Stack((js, native)), 5),
+              StackCount("prog", 7, Stack((java, native)), 5)]
+    open_page(chromium, write(stack_report("html"), tmp_path / "fg.html", counts))
+    legend = element(chromium, "legend").text
+    for kind in ("user code", "Python", "JavaScript (JIT)", "Java (JIT)"):
+        assert kind in legend
+    drawn_kinds = {f["name"]: f["kind"] for f in frames(chromium)}
+    assert (drawn_kinds["leaf (spy.py:4)"], drawn_kinds["JS:*add"], drawn_kinds["LChain;::leaf"],
+            drawn_kinds["main"]) == ("python", "js", "java", "user")
+    hues = {f["name"]: float(re.match(r"hsl\(([\d.]+)", f["colour"])[1]) for f in frames(chromium)}
+    assert abs(hues["leaf (spy.py:4)"] - 215) <= 8      # blue
+    assert abs(hues["JS:*add"] - 95) <= 8 and abs(hues["LChain;::leaf"] - 135) <= 8   # greens
+    assert hues["main"] <= 16                           # warm user code
+    point_at(chromium, one(chromium, "leaf (spy.py:4)"))
+    assert element(chromium, "tooltip").text.splitlines()[:2] == \
+        ["leaf (spy.py:4)", "module: spy.py (Python)"]
+    keep_screenshot(chromium, "flamegraph_python_js_java")
+
+
 def test_many_frames_stay_fast(chromium, tmp_path):
     """4,000 distinct stacks 40 frames deep (140,000 frames in the tree):
     measured and printed (no timing assertion); the page must draw, zoom

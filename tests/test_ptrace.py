@@ -16,14 +16,30 @@ from ustack.target.traced_command import launch_traced
 def test_traced_command_stops_at_exit_with_its_maps():
     seen = {}
     target = launch_traced("sh -c 'exit 3'")
-    target.on_exit = lambda pid: seen.setdefault(pid, executable_mappings(pid))
+    target.on_exit = lambda pid, execs: seen.setdefault(pid, (execs, executable_mappings(pid)))
     target.release()
     # stands at its first instruction: already the shell, not yet running
     assert os.readlink(f"/proc/{target.pid}/exe") == os.path.realpath(shutil.which("sh"))
     target.resume()
     target.wait(block=True)
     assert target.exit_status == 3
-    assert seen[target.pid]                                   # maps at the exit stop
+    execs, maps = seen[target.pid]
+    assert maps                                               # maps at the exit stop
+    assert execs == 0                   # no exec after the one it stood at first
+
+
+def test_the_exit_stop_counts_the_execs_after_the_first():
+    """sh execs sleep: one exec after the held first one; the exit stop
+    says so, and gives sleep's maps, not the shell's."""
+    seen = {}
+    target = launch_traced("sh -c 'exec sleep 0'")
+    target.on_exit = lambda pid, execs: seen.setdefault(pid, (execs, executable_mappings(pid)))
+    target.release()
+    target.resume()
+    target.wait(block=True)
+    execs, maps = seen[target.pid]
+    assert execs == 1
+    assert os.path.basename(maps[0].path) == "sleep", maps
 
 
 def test_ptrace_errors_carry_the_errno():

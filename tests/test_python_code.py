@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from ustack.kernel import procfs
-from ustack.model import PYTHON_INDEX_MAX
+from ustack.model import PYTHON_INDEX_MAX, PythonCodeInfo
 from ustack.symbols import python as pc
 from ustack.unwind import python_runtime as pr
 
@@ -176,3 +176,32 @@ def test_offsets_match_313_debug_offsets(target):
     assert (pc.BYTES_SIZE, pc.BYTES_DATA) == (word(520), word(528))
     assert (pc.UNICODE_STATE, pc.UNICODE_LENGTH, pc.UNICODE_HEADERS[(3, 13)][0]) == \
         (word(544), word(552), word(560))
+
+
+def test_memory_is_bounded():
+    """The oldest names are let go past MAX_CODES code objects or
+    MAX_KEPT_BYTES of names and tables (a recording's: nothing to re-read)."""
+    names = pc.PythonCode(live=False)
+    small = PythonCodeInfo("f", "/a.py", 1, pc.LOCATIONS, b"")
+    for code in range(pc.MAX_CODES + 1):
+        names.add(1, code * 8, small)
+    assert names.frame(1, 0, 0).function == "[python code 0x0]"
+    assert names.frame(1, 8, 0).function == "f"
+    big = PythonCodeInfo("g", "/b.py", 1, pc.LOCATIONS, bytes(1 << 20))
+    for code in range(pc.MAX_KEPT_BYTES >> 20):
+        names.add(2, code * 8, big)
+    assert names.frame(2, 0, 0).function == "[python code 0x0]"
+    assert names.frame(2, 8 * ((pc.MAX_KEPT_BYTES >> 20) - 1), 0).function == "g"
+
+
+@pytest.mark.parametrize("target", INTERPRETERS[:1] or ["none"], indirect=True)
+def test_what_is_no_code_object_is_not_named(target):
+    """An address that holds no code object (a bytes object of zeros) or
+    that is not mapped: remember() lets the capture go on, frame() gives
+    the placeholder."""
+    facts, proc = target
+    version = tuple(facts["version"])
+    names = pc.PythonCode()
+    for address in (facts["not_code"], 8):
+        names.remember(proc.pid, address, version)
+        assert names.frame(proc.pid, address, 0).function == f"[python code {address:#x}]"

@@ -259,6 +259,25 @@ def _offcpu_parser(sub) -> None:
     p.set_defaults(backend="bpf")         # sums in the kernel, nothing else
 
 
+def _memleak_parser(sub) -> None:
+    p = sub.add_parser("memleak", help="allocations not freed, by stack (bcc memleak)",
+                       description="libc's allocators and frees probed in the target, "
+                       "the blocks not freed and their bytes per stack kept in the "
+                       "kernel (DWARF unwinding in the kernel); largest first.")
+    _target_args(p)
+    _output_args(p, FORMATS)
+    p.add_argument("-i", "--interval", type=float, metavar="SECONDS",
+                   help="also print the outstanding allocations every SECONDS")
+    p.add_argument("--top", type=int, default=10, metavar="N",
+                   help="print the N stacks holding the most bytes (default 10)")
+    p.add_argument("--older", type=float, metavar="MS",
+                   help="count only allocations at least MS milliseconds old")
+    p.add_argument("--stack-storage-size", type=int, default=DEFAULT_STACK_STORAGE,
+                   metavar="N", help="distinct stacks the kernel can keep "
+                                     f"(default {DEFAULT_STACK_STORAGE})")
+    p.set_defaults(backend="bpf")         # tables in the kernel, nothing else
+
+
 def _run(args) -> int:
     if args.cmd in ("report", "archive"):
         return _run_report(args)
@@ -305,6 +324,12 @@ def _run(args) -> int:
         opts.per_pid, opts.offsets = args.per_pid, args.offsets
         opts.kernel_stacks, opts.stack_storage = args.kernel, args.stack_storage_size
         return run_offcpu(offcpu_options(opts, flt))
+    if args.cmd == "memleak":
+        from .commands.memleak import MemleakRequest, run_memleak
+        if args.stack_storage_size <= 0:
+            raise UstackError("--stack-storage-size must be positive")
+        opts.stack_storage = args.stack_storage_size
+        return run_memleak(opts, MemleakRequest(args.interval, args.top, args.older))
     if args.cmd == "profile":
         _check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
@@ -531,7 +556,8 @@ def _run_report(args) -> int:
 _SUBCOMMANDS = {
     "trace": _trace_parser, "count": _count_parser, "profile": _profile_parser,
     "offcpu": _offcpu_parser, "symbolize": _symbolize_parser,
-    "funccount": _funccount_parser, "latency": _latency_parser, "list": _list_parser,
+    "funccount": _funccount_parser, "latency": _latency_parser,
+    "memleak": _memleak_parser, "list": _list_parser,
     "record": _record_parsers, "report": _record_parsers, "archive": _record_parsers,
 }
 

@@ -285,6 +285,17 @@ class Frame:
 
 
 @value
+class PythonCodeInfo:
+    """What names a Python code object (symbols/python.py reads it from the
+    process; a recording keeps it, as the process is gone when it is read)."""
+    name: str                      # co_qualname (3.11+), co_name before
+    file: str                      # co_filename
+    firstlineno: int
+    table_kind: str                # "lnotab" (3.8, 3.9), "linetable" (3.10), "locations"
+    table: bytes                   # the line table's bytes
+
+
+@value
 class Stack:
     """A symbolized user stack, innermost frame first."""
     frames: tuple

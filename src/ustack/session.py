@@ -23,6 +23,7 @@ from .output import check_destination
 from .target import process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
+from .symbols.python import PythonCode
 from .target.traced_command import launch_traced
 from . import plan as policy
 from .values import fields
@@ -66,6 +67,9 @@ class Session:
         self.python_code = None
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
+        # names of Python code objects: the capture reads each as it sees
+        # it, the resolver names frames with them (or a recording keeps them)
+        self.python_code = PythonCode()
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
                                  frozenset(opts.comms)) or None
 
@@ -75,7 +79,17 @@ class Session:
         symbolization's imports (~20 ms) come after the probes are live."""
         from .symbols.stacks import StackResolver
         return StackResolver(self.tracker, self.opts.symbols,
-                             getattr(self.capture, "cut_advice", None))
+                             getattr(self.capture, "cut_advice", None), self.python_code,
+                             self._fp_advice())
+
+    def _fp_advice(self) -> str | None:
+        """What a frame-pointer stack cut short advises; None when no probe
+        of the run walks frame pointers."""
+        if self.plan is None or "fp" not in self.plan.modes:
+            return None
+        if self.plan.backend == "tracefs":
+            return "--backend bpf or perf unwind with CFI"
+        return "--unwind dwarf unwinds with CFI"
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -139,7 +153,7 @@ class Session:
                  "start_ns": self.started_ns,
                  "buffer_pages": self.capture.buffer_pages,
                  "stack_storage": opts.stack_storage},
-                raw_stacks=opts.raw_stacks)
+                raw_stacks=opts.raw_stacks, python_code=self.python_code)
 
     def _open_capture(self):
         """Plan the run and open its capture (a command with captures of
@@ -358,12 +372,14 @@ class _Replay(Session):
     def __init__(self, path: str, opts: Options, objects, keep=None):
         super().__init__(opts)
         self.tracker.live = False       # recorded pids are not this host's processes
+        self.python_code.live = False
         from .recording.reader import RecordedCapture
         self._recording = RecordedCapture(path, objects)
         self.keep = keep or None
 
     def open(self) -> None:
         capture = self._recording
+        capture.python_code = self.python_code      # the recorded code objects' names
         capture.open()
         self.capture = capture
         self.labels = list(capture.labels)

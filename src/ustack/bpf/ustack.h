@@ -362,4 +362,62 @@ enum offcpu_option {
 	OFF_RUNNING = 256,
 };
 
+/* --- memleak (memleak.bpf.c) --- */
+/* the allocator a probe is on: how its entry gives the size and its
+ * return the block */
+enum memleak_kind {
+	ML_MALLOC = 0,		/* malloc(size), valloc(size), pvalloc(size) */
+	ML_CALLOC = 1,		/* calloc(n, size) */
+	ML_REALLOC = 2,		/* realloc(old, size): old freed when it returns a block */
+	ML_ALIGNED = 3,		/* memalign(align, size), aligned_alloc(align, size) */
+	ML_POSIX_MEMALIGN = 4,	/* posix_memalign(&block, align, size): 0 on success */
+	ML_MMAP = 5,		/* mmap(addr, length, ...): MAP_FAILED on failure */
+};
+
+/* CALLS: an allocator call between its entry and its return, under the tid */
+struct memleak_call {
+	__u64 sp;		/* at the entry: its return comes back at sp + 8 */
+	__u64 size;
+	__u64 out;		/* posix_memalign's &block */
+	__u64 hash;		/* the entry's stack in STACKS (unwound) */
+	__u64 old;		/* realloc's old block, taken out of ALLOCS meanwhile */
+	__u64 old_size, old_hash, old_time;
+	__u32 kind;		/* enum memleak_kind */
+	__u32 had_old;		/* old was outstanding */
+};
+
+/* ALLOCS: a block not freed yet, under (its address, tgid) */
+struct memleak_key {
+	__u64 addr;
+	__u32 tgid;
+	__u32 pad;
+};
+
+struct memleak_alloc {
+	__u64 size;
+	__u64 hash;
+	__u64 time;		/* bpf_ktime_get_ns() when it was returned */
+};
+
+/* TOTALS: what each (process, stack) holds */
+struct memleak_stack {
+	__u64 hash;
+	__u32 tgid;
+	__u32 pad;
+};
+
+struct memleak_total {
+	__s64 bytes;
+	__s64 count;
+};
+
+/* slots of memleak's error array */
+enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
+		     ML_STACKS_FULL = 3, MEMLEAK_ERROR_SLOTS = 4 };
+
+/* what a memleak program does besides its job */
+enum memleak_option {
+	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
+};
+
 #endif

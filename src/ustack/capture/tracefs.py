@@ -210,10 +210,12 @@ class TracefsCapture:
             self.instance.enable(group, name)
         self.instance.write("tracing_on", "1")
 
-    def _snapshot_maps(self, pid: int) -> None:
-        """At the command's exit stop: its mappings, for stacks still queued."""
-        for m in procfs.executable_mappings(pid):
-            self._records.metas.append(MmapEvent(pid, pid, m))
+    def _snapshot_maps(self, pid: int, execs: int) -> None:
+        """At the command's exit stop: its mappings, for stacks still
+        queued; they are the program's after its last exec, and go out
+        after that exec's record."""
+        self._records.after_execs(pid, execs, [MmapEvent(pid, pid, m)
+                                               for m in procfs.executable_mappings(pid)])
 
     def start(self) -> None:
         if self.target.scope != "command":

@@ -62,6 +62,11 @@ class TracefsRecords:
         self.stack_entries = FTRACE_STACK_ENTRIES
         self.lost_entries = 0            # ring-buffer entries the kernel lost
         self.metas: deque = deque()      # events read from /proc for us
+        # read from /proc at a process's exit: (pid, execs, events), held
+        # until the records have shown that many of its execs, so they
+        # follow the exec they belong after whichever CPU's page holds it
+        self._held: deque = deque()
+        self._execs: dict = {}           # pid -> [exec records read, the last one's time]
         self._pending: dict = {}         # cpu -> event waiting for its user stack
         # entries whose partner the ring buffer overwrote, for exact losses
         self.orphan_stacks = 0           # user stacks whose event is gone
@@ -104,12 +109,31 @@ class TracefsRecords:
         except KeyError as e:
             raise UstackError(f"this kernel's sched_process_fork/exec have no {e} field")
 
+    def after_execs(self, pid: int, execs: int, events: list) -> None:
+        """Metadata events of process `pid` that belong after its `execs`-th
+        exec record (counted from when the records were switched on): they
+        go out once that record has been read, or at the end of the run."""
+        self._held.append((pid, execs, events))
+
+    def _release_held(self, metas: list, all_of_them: bool = False) -> None:
+        """Held events whose exec record has been read go out at its time
+        (the pieces' metadata is put in time order: time 0 would put them
+        before the exec, into the program the process ran before it)."""
+        for _ in range(len(self._held)):
+            pid, execs, events = self._held.popleft()
+            seen, at = self._execs.get(pid, (0, 0))
+            if all_of_them or seen >= execs:
+                metas.extend((at, e) for e in events)
+            else:
+                self._held.append((pid, execs, events))
+
     def _process_event(self, kind: str, at: tuple, chunk, off: int, t: int) -> None:
         if kind == "fork":
             parent, child = (_I32.unpack_from(chunk, off + o)[0] for o in at)
             self.watch.fork(t, parent, child, self._out_metas)
             return
         pid = _I32.unpack_from(chunk, off + at[0])[0]
+        self._execs[pid] = (self._execs.get(pid, (0, 0))[0] + 1, t)
         loc = _U32.unpack_from(chunk, off + at[1])[0]
         name = bytes(chunk[off + (loc & 0xFFFF):off + (loc & 0xFFFF) + (loc >> 16)])
         self.watch.exec(t, pid, name.split(b"\0", 1)[0].decode(errors="replace"),
@@ -161,6 +185,7 @@ class TracefsRecords:
             for cpu in sorted(self._pending):
                 self.stackless += 1
                 self._emit(samples, self._pending.pop(cpu), None, b"")
+            self._release_held(metas, all_of_them=True)
             return 0
         cpu = CPU_PREFIX.unpack_from(chunk, 0)[0]
         pending = self._pending
@@ -199,6 +224,8 @@ class TracefsRecords:
             extra = bytes(chunk[off:off + length]) if layout is not None and layout.keep else b""
             # a process event too waits for its user stack, which is no sample's
             pending[cpu] = [layout, tid, t, cpu, extra]
+        if self._held:
+            self._release_held(metas)
         return len(chunk)
 
     @property

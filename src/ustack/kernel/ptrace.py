@@ -7,7 +7,8 @@ import os
 import signal
 
 PTRACE_TRACEME, PTRACE_CONT, PTRACE_SETOPTIONS = 0, 7, 0x4200
-PTRACE_O_TRACEEXIT = 0x40
+PTRACE_O_TRACEEXEC, PTRACE_O_TRACEEXIT = 0x10, 0x40
+PTRACE_EVENT_EXEC = 4           # status >> 16 at the stop after an execve
 PTRACE_EVENT_EXIT = 6           # status >> 16 at the stop before an exit
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -27,10 +28,12 @@ def traceme() -> None:
     _ptrace(PTRACE_TRACEME, 0)
 
 
-def trace_exit(pid: int) -> None:
-    """Stop the stopped tracee again just before it exits (a
-    PTRACE_EVENT_EXIT stop), while its memory map still exists."""
-    _ptrace(PTRACE_SETOPTIONS, pid, PTRACE_O_TRACEEXIT)
+def trace_exec_and_exit(pid: int) -> None:
+    """Stop the stopped tracee at each later execve with an event stop of
+    its own (PTRACE_EVENT_EXEC: not a SIGTRAP, so a SIGTRAP the program
+    gets is its own) and just before it exits (PTRACE_EVENT_EXIT), while
+    its memory map still exists."""
+    _ptrace(PTRACE_SETOPTIONS, pid, PTRACE_O_TRACEEXEC | PTRACE_O_TRACEEXIT)
 
 
 def cont(pid: int, sig: int = 0) -> None:
@@ -38,7 +41,9 @@ def cont(pid: int, sig: int = 0) -> None:
     _ptrace(PTRACE_CONT, pid, sig)
 
 
-def is_exit_stop(status: int) -> bool:
-    """Whether a waitpid status is the stop trace_exit() asked for."""
-    return (os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGTRAP
-            and status >> 16 == PTRACE_EVENT_EXIT)
+def event_stop(status: int) -> int:
+    """The PTRACE_EVENT_* of a waitpid status that is an event stop (one
+    trace_exec_and_exit() asked for), else 0: a signal for the tracee."""
+    if os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGTRAP:
+        return status >> 16
+    return 0

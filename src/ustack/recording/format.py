@@ -19,6 +19,9 @@ A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
   N  a stack counted in the kernel (version 2): probe pid tid, stack id, count
   S  a whole RawSample (version 1, and `record --raw-stacks`: a DWARF
      sample carries its registers and up to 64 KiB of stack copy)
+  P  a Python code object's names (version 4): pid, address, first line,
+     line table kind, qualified name, file, line table; before the stacks
+     that hold it (the process is gone when the recording is read)
   L  the losses (JSON); the last record: a file without it was cut short
 
 An event costs ~30 bytes before compression and its stack is stored once,
@@ -31,15 +34,15 @@ import json
 import struct
 
 from ..model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
-                     MmapEvent, RawSample, UnwoundSample, UstackError,
+                     MmapEvent, PythonCodeInfo, RawSample, UnwoundSample, UstackError,
                      unwound_sample)
 
 MAGIC = b"ustack-recording\n"
-VERSION = 3                        # bumped when a reader of the old one would misread
+VERSION = 4                        # bumped when a reader of the old one would misread
 RECORD = struct.Struct("<IB")      # payload length, kind
 HEADER, MMAP, COMM, FORK, EXIT, SAMPLE, LOSSES = b"HMCFXSL"
-STACK, EVENT, COUNTED = b"KEN"
-KINDS = b"MCFXSLKEN"                # every kind after the header
+STACK, EVENT, COUNTED, PYCODE = b"KENP"
+KINDS = b"MCFXSLKENP"               # every kind after the header
 # not in files: what the reader puts in a chunk where the file went wrong,
 # so the error is raised by decode, on the caller's thread, in stream order
 FAILURE = ord("!")
@@ -54,6 +57,9 @@ _SAMPLE = struct.Struct("<IiiQiBI")
 _STACK = struct.Struct("<IBHBH")
 _EVENT = struct.Struct("<IiiQiIB")  # probe pid tid time cpu, stack id, has args
 _COUNTED = struct.Struct("<IiiIQ")  # probe pid tid, stack id, count
+# pid, code address, first line, then the lengths of the table kind, name,
+# file and table that follow
+_PYCODE = struct.Struct("<iQiBHHI")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HAS_REGS, _HAS_STACK, _HAS_ARGS, _HAS_KERNEL = 1, 2, 4, 8
@@ -130,6 +136,14 @@ def stack_content(sample: RawSample) -> tuple:
     if isinstance(sample, UnwoundSample):
         return sample.unwound, sample.kernel
     return sample.callchain, sample.return_address, sample.kernel
+
+
+def python_code_record(pid: int, code: int, info: PythonCodeInfo) -> bytes:
+    kind, name, file = (t.encode("utf-8", "surrogatepass")
+                        for t in (info.table_kind, info.name, info.file))
+    return record(PYCODE, _PYCODE.pack(pid, code, info.firstlineno, len(kind), len(name),
+                                       len(file), len(info.table))
+                  + kind + name + file + info.table)
 
 
 def event_record(sample: RawSample, stack_id: int) -> bytes:
@@ -246,6 +260,19 @@ def parse_stack(payload) -> tuple:
         addrs = struct.unpack(f"<{n}Q", chain)
         template = unwound_sample(template, addrs, notes)
     return stack_id, template
+
+
+def parse_python_code(payload) -> tuple:
+    """(pid, code address, PythonCodeInfo) of a P record."""
+    pid, code, first, *sizes = _PYCODE.unpack_from(payload)
+    at, parts = _PYCODE.size, []
+    for size in sizes:
+        parts.append(bytes(payload[at:at + size]))
+        at += size
+    if at != len(payload):
+        raise ValueError("a Python code record's parts do not add up to its length")
+    kind, name, file = (p.decode("utf-8", "surrogatepass") for p in parts[:3])
+    return pid, code, PythonCodeInfo(name, file, first, kind, parts[3])
 
 
 def parse_event(buf, at: int, size: int, stacks: dict) -> RawSample:

@@ -28,6 +28,7 @@ class RecordedCapture:
     """`RecordedCapture(path, objects=())`; open() reads the header:
     `labels`, `modes` (per probe: fp | dwarf) and `backend` of the run."""
     buffer_pages = 0
+    python_code = None      # the session's PythonCode: given the recorded code objects
 
     def __init__(self, path: str, objects=()):
         self.path = path
@@ -192,6 +193,10 @@ class RecordedCapture:
                     metas.append((0, self._located_event(*rf.parse_mmap(payload))))
                 elif kind == rf.LOSSES:
                     self._losses = rf.parse_losses(payload)
+                elif kind == rf.PYCODE:
+                    pid, code, info = rf.parse_python_code(payload)
+                    if self.python_code is not None:
+                        self.python_code.add(pid, code, info)
                 else:
                     metas.append((0, rf.parse_meta(kind, payload, self.header["version"])))
             except (ValueError, KeyError, TypeError, IndexError) as e:

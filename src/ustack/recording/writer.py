@@ -11,17 +11,22 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
+import re
+import struct
 
 from . import format as rf
 from ..kernel import procfs
 from ..model import (CommEvent, Losses, MmapEvent, Piece, UstackError,
-                     unwound_sample)
+                     python_frame_parts, unwound_sample)
 from ..objfile.elf import ElfImage
 from ..output import Output, check_destination
 from ..target.mappings import MappingTracker
 
 COMPRESS_LEVEL = 6                 # gzip's default: 9 costs twice the time for ~2% less
 MAX_STACKS = 1 << 20               # distinct stacks remembered; then ids start over
+MAX_CODES_WRITTEN = 1 << 18        # (pid, code) of Python code records remembered
+# the high byte of a Python frame's word (model.PYTHON_FRAME_TAG: 0xE…)
+_TAGGED_HIGH_BYTE = re.compile(rb"[\xe0-\xef]")
 
 
 class RecordWriter:
@@ -77,6 +82,11 @@ class RecordWriter:
             else:
                 out.append(rf.event_record(s, stack_id(s, out)))
         self._write(b"".join(out))
+
+    def add_python_codes(self, codes) -> None:
+        """(pid, code address, PythonCodeInfo) triples, before the stacks
+        that hold them."""
+        self._write(b"".join(rf.python_code_record(*c) for c in codes))
 
     def add_counted(self, counted) -> None:
         """(RawSample, count) pairs: the stacks a kernel map counted."""
@@ -172,7 +182,8 @@ class Recorder:
     appears at `path` only when the run ended whole (close(…, whole=True))."""
 
     def __init__(self, path: str, tracker: MappingTracker, unwinder, labels,
-                 modes, backend: str, extra: dict, raw_stacks: bool = False):
+                 modes, backend: str, extra: dict, raw_stacks: bool = False,
+                 python_code=None):
         check_destination(path, what="a recording")
         self.path = path
         self.tracker = tracker
@@ -184,6 +195,8 @@ class Recorder:
         self._seeds = dict(tracker.last_seed)
         self._checked: set = set()                   # (pid, generation) seen
         self._asked: set = set()                     # tids whose name /proc was asked
+        self.python_code = python_code               # names the Python frames' code
+        self._codes_written: set = set()             # (pid, code) in the file
         self.write_known(set(pid for pid, _gen in tracker.procs))
 
     def add_piece(self, piece: Piece) -> Piece:
@@ -199,6 +212,7 @@ class Recorder:
             pids = self._seeded()
         for event in piece.metas:
             self._written.apply(event)
+        self._add_python_codes(samples)
         self.writer.add_piece(Piece(piece.metas + self._learned(pids), samples))
         return Piece(piece.metas, samples) if samples is not piece.samples else piece
 
@@ -207,7 +221,31 @@ class Recorder:
         pids = self._explain([s for s, _n in counted])
         pids.update(self._seeded())
         self.writer.add_piece(Piece(self._learned(pids), []))
+        self._add_python_codes([s for s, _n in counted])
         self.writer.add_counted(counted)
+
+    def _add_python_codes(self, samples) -> None:
+        """The names of the code objects the samples' Python frames hold,
+        read while their processes live (a report comes after)."""
+        if self.python_code is None:
+            return
+        written, found = self._codes_written, []
+        for s in samples:
+            chain = s.callchain
+            if not _TAGGED_HIGH_BYTE.search(chain[7::8]):   # no Python frame
+                continue
+            for (word,) in struct.iter_unpack("<Q", chain):
+                parts = python_frame_parts(word)
+                if parts is None or (s.pid, parts[0]) in written:
+                    continue
+                if len(written) >= MAX_CODES_WRITTEN:
+                    written.clear()            # bounded: a code may be written twice
+                written.add((s.pid, parts[0]))
+                info = self.python_code.info(s.pid, parts[0])
+                if info is not None:
+                    found.append((s.pid, parts[0], info))
+        if found:
+            self.writer.add_python_codes(found)
 
     def write_known(self, pids) -> None:
         """Write what the tracker knows of `pids` that the file does not."""

@@ -6,12 +6,14 @@ from io import TextIOBase
 
 from ..model import StackCount
 from .aggregate import merge
-from .text import format_duration, frame_label, is_timed
+from .text import format_duration, frame_label, is_timed, python_label
 
 
 def function_label(f) -> str:
     """`func [module]`: a frame without the call site's offset (then
     ` file:line` when lines were asked for)."""
+    if f.kind == "python":
+        return python_label(f)
     module = f" [{f.module}]" if f.module else ""
     where = f" {f.file}:{f.line}" if f.line else ""
     inlined = " (inlined)" if f.inlined else ""

@@ -31,9 +31,11 @@ def graph_title(context, default: str = "Flame graph") -> str:
 
 def unit_of(context) -> str:
     """Timed samples are `samples` (and a time); times (offcpu)
-    `nanoseconds`; anything else `events`."""
+    `nanoseconds`; sizes (memleak) `bytes`; anything else `events`."""
     if is_timed(context):
         return "nanoseconds"
+    if getattr(context, "value_unit", None) == "bytes":     # memleak
+        return "bytes"
     return "samples" if context is not None and context.frequency else "events"
 
 

@@ -15,11 +15,12 @@ from ..model import Frame, StackCount
 from ..symbols.kernel import KERNEL_MODULE
 from ..symbols.stacks import SEPARATOR
 from .aggregate import merge
+from .folded import python_name
 
 # Kinds of frames, for colours and the legend. Kernel frames come after the
 # `--` SEPARATOR in root-first order.
-KINDS = ("user", "lib", "kernel", "go", "unknown", "separator", "note",
-         "process", "root")
+KINDS = ("user", "lib", "kernel", "go", "python", "js", "java", "unknown",
+         "separator", "note", "process", "root")
 _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$|^\[")   # libc.so.6, ld-linux…so.2, [vdso]
 
 
@@ -28,6 +29,8 @@ def frame_name(f: Frame, offsets: bool = False) -> str:
     or `[unknown]` as folded lines name it; ` (inlined)` for an inlined call."""
     if not f.function:
         return f"[{f.module}]" if f.module else "[unknown]"
+    if f.kind == "python" and f.line:
+        return python_name(f)
     name = f.function
     if offsets and f.offset and not f.inlined:
         name += f"+0x{f.offset:x}"
@@ -35,6 +38,8 @@ def frame_name(f: Frame, offsets: bool = False) -> str:
 
 
 def frame_kind(f: Frame) -> str:
+    if f.kind:                         # python, js, java
+        return f.kind
     if (f.function, f.module) == (SEPARATOR.function, SEPARATOR.module):
         return "separator"
     if f.module == KERNEL_MODULE:
@@ -146,7 +151,8 @@ class FlameTree:
             _bump(node, slot, sc.count)
         for f in reversed(sc.stack.frames):
             key = (f.module, f.function or "",
-                   f.offset if self.offsets and f.function else 0, f.inlined)
+                   f.offset if self.offsets and f.function else 0, f.inlined,
+                   f.line if f.kind == "python" else 0)     # named by its line
             node = node.child(key, lambda: Node(
                 frame_name(f, self.offsets), f.module, frame_kind(f),
                 _source(f, self.offsets), f.inlined))

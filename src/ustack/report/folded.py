@@ -9,9 +9,16 @@ from .text import is_timed
 
 
 def folded_name(f) -> str:
+    if f.kind == "python" and f.line:
+        return python_name(f).replace(";", ":")
     if f.function:
         return f.function.replace(";", ":").replace(" ", "_")
     return f"[{f.module}]" if f.module else "[unknown]"
+
+
+def python_name(f) -> str:
+    """A Python frame as py-spy's raw output names it: `func (file.py:LINE)`."""
+    return f"{f.function} ({f.module}:{f.line})"
 
 
 def note_name(note: str) -> str:

@@ -56,7 +56,7 @@ class ReportContext:
     title: str = ""                    # the command line, for a page's title
     start_ns: int | None = None     # wall-clock time the run began (ns since 1970)
     # what a StackCount's `count` is: None for events (or samples of a
-    # profile), "nanoseconds" when it is a time (offcpu)
+    # profile), "nanoseconds" when it is a time (offcpu), "bytes" a size (memleak)
     value_unit: str | None = None
 
     @property

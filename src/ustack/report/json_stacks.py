@@ -5,7 +5,7 @@ JSON, for scripts.
      "command": "count" | "profile" | …,
      "events": ["uprobe:/tmp/chain:d", …],
      "frequency": 49 | null,          # profile: samples per second
-     "unit": "count" | "nanoseconds", # of "value" below
+     "unit": "count" | "nanoseconds" | "bytes", # of "value" below (memleak: bytes)
      "stacks": [                      # most frequent first
        {"event": "uprobe:/tmp/chain:d", "comm": "chain", "pid": 4242,
         "count": 100,                 # events (or samples) with this stack;
@@ -21,7 +21,9 @@ JSON, for scripts.
              "address": "0x55d0…",    # runtime address, hex (> 2**53)
              "file": "chain.c" | null, "line": 36 | null,   # with --lines
              "inlined": false,        # a call inlined into the next frame
-             "kernel": false}         # a kernel frame (--kernel)
+             "kernel": false,         # a kernel frame (--kernel)
+             "kind": null}            # "python", "js", "java": an interpreter's
+                                      # or a JIT's frame (python: address 0)
 
 Stacks of the same event, process and frames are one entry whatever the
 thread; ties in count keep a fixed order (event, pid, comm, names)."""
@@ -42,7 +44,7 @@ def frame_dict(f, kernel: bool = False) -> dict:
     return {"function": f.function, "module": f.module, "path": f.path,
             "offset": f.offset, "address": f"0x{f.addr:x}",
             "file": f.file or None, "line": f.line or None,
-            "inlined": f.inlined, "kernel": kernel}
+            "inlined": f.inlined, "kernel": kernel, "kind": f.kind or None}
 
 
 def frame_dicts(frames) -> list:
@@ -87,7 +89,7 @@ class JsonReport:
         return {
             "format": FORMAT_NAME, "version": FORMAT_VERSION,
             "command": command, "events": list(events), "frequency": frequency,
-            "unit": "nanoseconds" if ns else "count",
+            "unit": "nanoseconds" if ns else getattr(context, "value_unit", None) or "count",
             "stacks": [{"event": event, "comm": comm, "pid": pid, "count": n,
                         "value": n * ns if ns else n,
                         "frames": frame_dicts(stack.frames),

@@ -14,7 +14,7 @@ The period is 1 (one event); fetch-args follow the event name as perf puts
 a tracepoint's fields. An unnamed frame is `[unknown]`, a frame outside
 any file `([unknown])`, kernel frames (--kernel) `([kernel.kallsyms])`
 before the user frames, an inlined call `name (inlined)` as perf writes
-it. A frame's address is, as perf prints it, the address inside its
+it, a Python frame `0 func (file.py:LINE)`. A frame's address is, as perf prints it, the address inside its
 object (what addr2line -e OBJECT takes) when the object's load bias is
 known (pprof_objects.py), else the process's. Unwinder notes are left out
 (they are not perf's); the time is CLOCK_MONOTONIC, perf's clock."""
@@ -34,6 +34,8 @@ def perf_frame_line(f: Frame, addr: int, kernel: bool = False) -> str:
     """`\\t{addr:16x} sym+0xoff (dso)`: one callchain line of perf script."""
     if f.inlined and f.function:
         return f"\t{addr:16x} {f.function} (inlined)\n"
+    if f.kind == "python":               # no object: its source file and line
+        return f"\t{addr:16x} {f.function} ({f.file or '[unknown]'}:{f.line})\n"
     sym = f"{f.function}+0x{f.offset:x}" if f.function else "[unknown]"
     dso = KERNEL_DSO if kernel else (f.path or "[unknown]")
     return f"\t{addr:16x} {sym} ({dso})\n"

@@ -87,6 +87,7 @@ class _Builder:
         self.events = tuple(getattr(context, "events", ()))
         self.title = getattr(context, "title", "")
         self.timed = is_timed(context)
+        self.bytes = getattr(context, "value_unit", None) == "bytes"
         self.objects = ObjectFacts()
         self.strings: dict = {}
         self.functions: dict = {}        # (name, object path, source file) -> id
@@ -147,6 +148,8 @@ class _Builder:
         period = self._period()
         if self.timed:                   # offcpu: one value, the time off the CPU
             self.p.sample_type.add(type=self.s("offcpu"), unit=self.s("nanoseconds"))
+        elif self.bytes:                 # memleak: bytes not freed, as heap profiles say
+            self.p.sample_type.add(type=self.s("inuse_space"), unit=self.s("bytes"))
         elif period:
             self.p.sample_type.add(type=self.s("samples"), unit=self.s("count"))
             self.p.sample_type.add(type=self.s("cpu"), unit=self.s("nanoseconds"))
@@ -163,7 +166,7 @@ class _Builder:
         f = group[-1]
         # what tells locations apart, in fields quick to hash (a Frame's
         # hash is computed anew each time)
-        key = (None if kernel else sc.pid, f.addr, f.path, f.function, f.line,
+        key = (None if kernel else sc.pid, f.addr, f.path, f.function, f.file, f.line,
                tuple((g.function, g.line) for g in group[:-1]) if len(group) > 1 else ())
         i = self.locations.get(key)
         if i is not None:
@@ -196,7 +199,13 @@ class _Builder:
         i = self.functions.get(key)
         if i is None:
             i = self.functions[key] = len(self.functions) + 1
-            system = self.objects.system_name(f) if f.path else f.function
+            if f.kind == "python":
+                # perf's name of a Python function (3.12's trampolines); a
+                # name unlike `name` also keeps pprof from reading <module>
+                # as C++ template arguments and dropping it
+                system = f"py::{f.function}:{f.file}"
+            else:
+                system = self.objects.system_name(f) if f.path else f.function
             self.p.function.add(id=i, name=self.s(f.function),
                                 system_name=self.s(system), filename=self.s(f.file))
         return i

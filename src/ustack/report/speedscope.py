@@ -82,7 +82,9 @@ class SpeedscopeReport:
             weights = [n * ns_per_sample if ns_per_sample else n for _k, n in ordered]
             name = key[0] if not self.per_pid else f"{key[2]} [{key[1]}] {key[0]}"
             out.append({"type": "sampled", "name": name,
-                        "unit": "nanoseconds" if ns_per_sample else "none",
+                        "unit": "nanoseconds" if ns_per_sample else (
+                            "bytes" if getattr(self.context, "value_unit", None) == "bytes"
+                            else "none"),
                         "startValue": 0, "endValue": sum(weights),
                         "samples": stacks, "weights": weights})
         return {"$schema": SCHEMA,

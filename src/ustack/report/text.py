@@ -8,7 +8,9 @@ from ..model import Frame, Stack
 def frame_label(f: Frame) -> str:
     """`func+0x15/0x90 [module]` — the part of a frame line after the
     address; `func (inlined) [module]` for an inlined call; then ` file:line`
-    when the frame has one."""
+    when the frame has one. A Python frame: `func [python] file:line`."""
+    if f.kind == "python":
+        return python_label(f)
     module = f" [{f.module}]" if f.module else ""
     where = f" {f.file}:{f.line}" if f.line else ""
     if f.function is None:
@@ -19,7 +21,14 @@ def frame_label(f: Frame) -> str:
     return f"{f.function}+0x{f.offset:x}{size}{module}{where}"
 
 
+def python_label(f: Frame) -> str:
+    """A Python frame has no object: the kind stands where the module would."""
+    return f"{f.function} [python] {f.file}:{f.line}" if f.line else f"{f.function} [python]"
+
+
 def frame_line(f: Frame) -> str:
+    if f.kind == "python":                     # no address of its own
+        return f" {'':18} : {python_label(f)}"
     return f" 0x{f.addr:016x} : {frame_label(f)}"
 
 

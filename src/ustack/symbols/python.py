@@ -13,10 +13,10 @@ import os
 import struct
 from collections import OrderedDict
 
-from ..model import PYTHON_INDEX_MAX, Frame
-from ..values import value
+from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo
 
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
+MAX_KEPT_BYTES = 64 << 20      # and their names' and line tables' bytes
 MAX_TEXT = 4096                # characters of a name or file read at most
 MAX_TABLE = 1 << 18            # bytes of a line table read at most
 _FRAMES_KEPT = 1 << 16         # (pid, code, index) -> Frame memo
@@ -41,21 +41,13 @@ BYTES_SIZE, BYTES_DATA = 16, 32            # PyBytesObject's ob_size, ob_sval
 _ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
 
 
-@value
-class CodeInfo:
-    """What names a code object, kept after its process is gone."""
-    name: str                  # co_qualname (3.11+), co_name before
-    file: str                  # co_filename
-    firstlineno: int
-    table_kind: str            # LNOTAB | LINETABLE_310 | LOCATIONS
-    table: bytes               # the line table's bytes
-
-
 class PythonCode:
     """Names of the code objects of Python processes, read once."""
 
-    def __init__(self):
-        self._codes: OrderedDict = OrderedDict()   # (pid, code) -> CodeInfo
+    def __init__(self, live: bool = True):
+        self.live = live           # pids are this host's processes (not a recording's)
+        self._codes: OrderedDict = OrderedDict()   # (pid, code) -> PythonCodeInfo
+        self._bytes = 0                            # what _codes' entries hold
         self._versions: dict = {}                  # pid -> (major, minor)
         self._frames: dict = {}
         self.unnamed = 0           # frames shown as a placeholder
@@ -64,38 +56,50 @@ class PythonCode:
     def warnings(self) -> list:
         if not self.unnamed:
             return []
+        if not self.live:
+            return [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
+                    "the recording does not name their code object"]
         return [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
                 "their process ended before ustack could read their code object"]
 
     def remember(self, pid: int, code: int, version: tuple) -> None:
-        """Read the code object at `code` in pid now (OSError: it cannot be
-        read; ValueError: it is not a code object of that version)."""
+        """Read the code object at `code` in pid now. One that cannot be
+        read (the process is gone, the address holds no code object of
+        that version) is left to frame(), which reads again or says so:
+        the capture calling this must go on either way."""
+        if len(self._versions) >= MAX_CODES:
+            self._versions.clear()
         self._versions[pid] = tuple(version[:2])
         if (pid, code) not in self._codes:
-            self.add(pid, code, read_code(pid, code, tuple(version[:2])))
+            try:
+                self.add(pid, code, read_code(pid, code, tuple(version[:2])))
+            except (OSError, ValueError):
+                pass
 
-    def add(self, pid: int, code: int, info: CodeInfo) -> None:
+    def add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         """Keep what names a code object (read here, or from a recording)."""
         codes = self._codes
+        old = codes.pop((pid, code), None)
+        if old is not None:
+            self._bytes -= _size(old)
         codes[(pid, code)] = info
-        if len(codes) > MAX_CODES:
-            codes.popitem(last=False)
+        self._bytes += _size(info)
+        while len(codes) > MAX_CODES or self._bytes > MAX_KEPT_BYTES:
+            self._bytes -= _size(codes.popitem(last=False)[1])   # the least recently used
 
-    def info(self, pid: int, code: int) -> CodeInfo | None:
-        """The CodeInfo of a code object, read now when never remembered
+    def info(self, pid: int, code: int) -> PythonCodeInfo | None:
+        """The PythonCodeInfo of a code object, read now when never remembered
         and its process lives; None when it cannot be had."""
         info = self._codes.get((pid, code))
         if info is not None:
             self._codes.move_to_end((pid, code))
             return info
+        if not self.live:
+            return None
         version = self._versions.get(pid) or _version_of(pid)
         if version is None:
             return None
-        self._versions[pid] = version
-        try:
-            self.remember(pid, code, version)
-        except (OSError, ValueError):
-            return None
+        self.remember(pid, code, version)
         return self._codes.get((pid, code))
 
     def frame(self, pid: int, code: int, index: int) -> Frame:
@@ -114,6 +118,10 @@ class PythonCode:
             self._frames.clear()
         self._frames[key] = frame
         return frame
+
+
+def _size(info: PythonCodeInfo) -> int:
+    return len(info.table) + len(info.name) + len(info.file) + 200   # + the objects' own
 
 
 def _version_of(pid: int) -> tuple | None:
@@ -148,7 +156,7 @@ class _Memory:
         os.close(self.fd)
 
 
-def read_code(pid: int, code: int, version: tuple) -> CodeInfo:
+def read_code(pid: int, code: int, version: tuple) -> PythonCodeInfo:
     offsets = CODE_OFFSETS.get(version)
     if offsets is None:
         raise ValueError(f"no code object layout for Python {version[0]}.{version[1]}")
@@ -158,7 +166,7 @@ def read_code(pid: int, code: int, version: tuple) -> CodeInfo:
         ptr = lambda name: struct.unpack_from("<Q", header, offsets[name])[0]  # noqa: E731
         name_field = "qualname" if offsets["qualname"] is not None else "name"
         firstlineno = struct.unpack_from("<i", header, offsets["firstlineno"])[0]
-        return CodeInfo(name=read_str(mem, ptr(name_field), version),
+        return PythonCodeInfo(name=read_str(mem, ptr(name_field), version),
                         file=read_str(mem, ptr("filename"), version),
                         firstlineno=firstlineno, table_kind=TABLE_KIND[version],
                         table=read_bytes(mem, ptr("table")))
@@ -193,7 +201,7 @@ def read_bytes(mem: _Memory, addr: int) -> bytes:
 
 # -- line tables ---------------------------------------------------------------
 
-def line_of(info: CodeInfo, index: int) -> int:
+def line_of(info: PythonCodeInfo, index: int) -> int:
     """The line of the instruction at code unit `index` (0: none known).
     An index the table does not reach (a frame not started yet, an index
     clamped at PYTHON_INDEX_MAX) gives the function's first line, as a

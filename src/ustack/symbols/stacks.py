@@ -4,7 +4,7 @@ each distinct raw stack once. A key says what tells raw stacks apart
 addresses meaning); stacks of the same key share one Stack object."""
 from __future__ import annotations
 
-from ..model import KERNEL_UNWIND_STOP, Frame, RawSample, Stack
+from ..model import PYTHON_FRAME_TAG, Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
@@ -22,27 +22,52 @@ KERNEL_THREAD = Frame(addr=0, module="", function="[kernel]")
 # seen (tracefs reads them from /proc: a process gone first stays unnamed)
 NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
            "could read it (--backend perf or bpf record every mapping)")
+# Where a frame-pointer walk ends on its own in a whole stack: the program's
+# entry, a thread's start (libc, Go's runtime), the dynamic loader's entry.
+# Ending anywhere else, it stopped at a caller that keeps no frame pointer.
+ROOTS = frozenset((
+    "_start", "__libc_start_call_main", "__libc_start_main", "__libc_start_main_impl",
+    "start_thread", "clone", "clone3", "__clone", "__clone3", "__clone_internal",
+    "thread_start", "_dl_start", "_dl_start_user",
+    "runtime.goexit", "runtime.rt0_go", "runtime.mstart", "runtime.mstart0",
+    "runtime.mcall", "runtime.systemstack"))
+
+
+def fp_cut_note(frames: tuple, advice: str) -> str | None:
+    """The note of a frame-pointer stack that ends short of a root, or None."""
+    last = frames[-1]
+    if last.function and last.function.removesuffix(".abi0") in ROOTS:
+        return None
+    where = last.module or "[unknown]"
+    return (f"stack cut at {where}: the frame-pointer walk ends there, short of the "
+            f"program's entry (a caller keeps no frame pointer); {advice}")
 
 
 class StackResolver:
     """`tracker` is the run's MappingTracker: mappings by pid and exec
     generation; `options` what the user asked of names; `cut_advice` what
-    a stack cut by its copy's size advises (None: raise --stack-size)."""
+    a stack cut by its copy's size advises (None: raise --stack-size);
+    `python_code` the run's PythonCode (symbols/python.py); `fp_advice`,
+    given when the run walks frame pointers, what a stack that ends short
+    of a root advises."""
 
     def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
-                 cut_advice: str | None = None):
+                 cut_advice: str | None = None, python_code=None,
+                 fp_advice: str | None = None):
         self.tracker = tracker
+        self.fp_advice = fp_advice
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
-        self.symbolizer = Symbolizer(self._view, options)
+        self.symbolizer = Symbolizer(self._view, options, python_code)
         self._stacks: dict = {}
 
     @property
     def warnings(self) -> list:
         """Debug files refused by the symbolizer or the unwinder."""
-        return self.symbolizer.warnings + self.unwinder.warnings
+        return (self.symbolizer.warnings + self.unwinder.warnings
+                + self.symbolizer.python_code.warnings)
 
     def key(self, sample: RawSample) -> tuple:
         """(pid, exec generation, probe-independent stack key)."""
@@ -51,8 +76,9 @@ class StackResolver:
         if sample.time_ns or sample.regs is not None or not tracker.generations.get(pid):
             generation = tracker.generation_at(pid, sample.time_ns)
         else:                          # counted in the kernel: no time to go by
+            # (Python frames' words and the walk's markers are no addresses)
             generation = tracker.generation_holding(pid, [
-                a for a in callchain_addresses(sample.callchain) if a < KERNEL_UNWIND_STOP])
+                a for a in callchain_addresses(sample.callchain) if a < PYTHON_FRAME_TAG])
         find = tracker.find            # the current generation's maps …
         if sample.regs is not None and generation != tracker.generations.get(pid, 0):
             # … unless a DWARF sample is unwound now in an earlier one
@@ -89,6 +115,10 @@ class StackResolver:
                 frames = (KERNEL_THREAD,)
         if addrs and pid > 0 and not self._maps_seen(pid, generation):
             notes = notes + (NO_MAPS,)
+        elif frames and not notes and self.fp_advice and isinstance(skey[0], bytes):
+            cut = fp_cut_note(frames, self.fp_advice)
+            if cut:
+                notes = (cut,)
         if kernel:
             frames = (self.symbolizer.kernel_frames(callchain_addresses(kernel))
                       + (SEPARATOR,) + frames)

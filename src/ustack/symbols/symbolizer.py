@@ -1,12 +1,15 @@
 """Runtime addresses -> Frames: each address is normalized to (mapping,
 object file, file offset), then named by its source: ELF symbols and debug
 files (elf.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
-vDSO (vdso.py); kernel addresses by kallsyms (kernel.py)."""
+vDSO (vdso.py); kernel addresses by kallsyms (kernel.py). A Python
+frame's tagged word (model.python_frame_parts) is named by the run's
+PythonCode (python.py)."""
 from __future__ import annotations
 
 import os
 
-from ..model import Frame, SymbolOptions  # noqa: F401 (SymbolOptions: its old home)
+from ..model import (PYTHON_FRAME_TAG, Frame, SymbolOptions,  # noqa: F401 (SymbolOptions: its old home)
+                     python_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.dwarf import RESTORE_RT
 from .elf import ElfSymbols
@@ -14,8 +17,10 @@ from .go import GoSymbols
 from .kernel import KernelSymbols
 from .normalize import normalize
 from .perfmap import JitSymbols
+from .python import PythonCode
 from .vdso import VDSO_MODULE, is_vdso, unnamed_frame
 
+_PYTHON_TAG = PYTHON_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
@@ -24,7 +29,8 @@ class Symbolizer:
     `warnings` collects what the user should hear once (debug files
     refused, corrupt DWARF), one sentence each."""
 
-    def __init__(self, mappings, options: SymbolOptions = SymbolOptions()):
+    def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
+                 python_code: PythonCode | None = None):
         self.mappings = mappings
         self.options = options
         self.warnings: list = []
@@ -34,12 +40,21 @@ class Symbolizer:
         self._jit = JitSymbols(name, self.warnings)
         self._kernel: KernelSymbols | None = None   # read on first use
         self._source_wanted = options.lines or options.inlines
+        # the run's names of Python code objects (those the capture saw)
+        self.python_code = python_code if python_code is not None else PythonCode()
         self._modules: dict = {}          # mapping path -> module name shown
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
         exact = leaf_is_exact
         for addr in addrs:
+            if addr >> 60 == _PYTHON_TAG:
+                # a Python frame where its eval call's C frame was: the
+                # native frame after it is a return address
+                code, index = python_frame_parts(addr)
+                out.append(self.python_code.frame(pid, code, index))
+                exact = False
+                continue
             # Return addresses point after the call; addr-1 is still inside
             # the calling function even when the call is its last instruction.
             # A signal handler "returns" to the first byte of the sigreturn

@@ -45,6 +45,7 @@ def outer():
 
 
 LAMBDA = lambda y: y * 3  # noqa: E731
+NOT_CODE = bytes(4096)         # an object that is no code object: zeros
 
 
 def unit_lines(code):
@@ -99,6 +100,7 @@ def main():
              "ucs2": getattr(names, "関数").__code__, "ucs4": getattr(names, "𠀀").__code__,
              "long": names.long_function.__code__}
     facts = {"pid": os.getpid(), "version": list(sys.version_info[:2]),
+             "not_code": id(NOT_CODE),
              "codes": [describe(label, code) for label, code in codes.items()]}
     wait_here(facts)
 

@@ -1,0 +1,213 @@
+"""Allocations not freed, by stack, kept in the kernel (`ustack memleak`,
+bcc's memleak, with the in-kernel DWARF unwinder of bpf_unwind.py).
+
+Three programs (src/ustack/bpf/memleak.bpf.c):
+- at an allocator's entry (malloc, calloc, realloc, posix_memalign,
+  aligned_alloc, memalign, valloc, pvalloc, mmap: one program per kind of
+  arguments): CALLS[tid] = (sp, the size asked for, posix_memalign's out
+  pointer, the caller's stack walked by unwind.h and stored in STACKS
+  under its hash). An allocator another one calls (realloc(NULL, n) calls
+  malloc, malloc may call mmap) finds its thread's outer call in CALLS,
+  deeper on the stack, and leaves it alone: the outer call is counted.
+  realloc takes its old block out of ALLOCS at once (and puts it back if
+  realloc fails), so no other thread's new block at that address is lost.
+- at its return (a uretprobe: libc is not Go): the call whose sp + 8 is
+  the return's sp (not a nested allocator's return); the block (rax, or
+  *out for posix_memalign; NULL or MAP_FAILED: not counted) goes into
+  ALLOCS[(address, tgid)] = (size, stack hash, time) and TOTALS[(tgid,
+  stack hash)] += (size, 1).
+- at free and munmap: the block's entry leaves ALLOCS, its size and count
+  leave TOTALS; an address not in ALLOCS (from before the run, or not
+  from these allocators) is ignored.
+TOTALS answers the report; ALLOCS with its times answers --older (only
+blocks older than that). Nothing leaves the kernel per call."""
+from __future__ import annotations
+
+import struct
+import time
+
+from ..kernel import bpf
+from ..model import Losses, MmapEvent, RawSample
+from ..values import value
+from .bpf import BpfCapture
+from .bpf_counter import BpfCounter, bpf_program_object, program_result
+from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects, kernel_rodata, stack_chain
+from .kernel_offsets import Offsets
+
+_U64 = struct.Struct("<Q")
+MAX_ALLOCS = 1 << 20                 # outstanding blocks kept (bcc: 1,000,000)
+TOTAL_SLOTS = 10240                  # (process, stack) pairs, at least
+
+
+def memleak_object():
+    return bpf_program_object("memleak")
+
+
+def _layout(name: str):
+    return memleak_object().layout(name).struct
+
+
+@value
+class Site:
+    """What one probe of a memleak run is: an allocator's entry (its enum
+    memleak_kind name), the return of one, or a free (free, munmap)."""
+    role: str                        # entry | return | free
+    kind: str = ""
+
+
+@value
+class Outstanding:
+    """What one stack of one process holds: bytes and blocks not freed."""
+    pid: int
+    chain: bytes                     # the allocator's entry stack (bpf_unwind's frames)
+    bytes: int
+    count: int
+
+
+class MemleakCounter(BpfCounter):
+    """The unwinder's maps and rows, CALLS, ALLOCS, TOTALS and the error
+    array; a program per allocator kind's entry, one for the returns, one
+    for the frees."""
+
+    def __init__(self, probes: list, sites: list, tables, *, stack_storage: int,
+                 max_allocs: int = MAX_ALLOCS):
+        self._no_maps_yet(probes)
+        self.sites = sites
+        self.ring = None
+        try:
+            self.unwind_maps = UnwindMaps(DEFAULT_ROWS, stack_storage, 16)
+            self.maps.append(self.unwind_maps)     # closed with the others
+            self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
+            obj = memleak_object()
+            lazy = bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0
+            self.calls = self._keep(obj.make_map("calls"))
+            self.allocs = self._keep(obj.make_map("allocs", max_allocs, flags=lazy))
+            self.totals = self._keep(obj.make_map(
+                "totals", max(TOTAL_SLOTS, 2 * stack_storage), flags=lazy))
+            self.ml_errors = self._keep(obj.make_map("ml_errors"))
+            self.named.update(self.unwind_maps.named())
+            self.named.update(calls=self.calls, allocs=self.allocs, totals=self.totals,
+                              ml_errors=self.ml_errors)
+        except BaseException:
+            self.close()
+            raise
+
+    def _program(self, index: int, probe) -> int:
+        obj = memleak_object()
+        site = self.sites[index]
+        options = obj.enum("memleak_option")
+        rodata = {"result": program_result(probe),
+                  "ml_options": options["ML_WAIT_FOR_EXEC"] if self.armed is not None else 0,
+                  "kind": obj.enum("memleak_kind")[site.kind] if site.role == "entry" else 0,
+                  **kernel_rodata(Offsets.of_this_kernel())}
+        return self._load_c("memleak", f"memleak_{site.role}", probe, rodata,
+                            f"ustack_ml{index}")
+
+    def load_programs(self) -> None:
+        """A program per allocator kind's entry; one for every return, one
+        for every free."""
+        shared: dict = {}
+        for index, site in enumerate(self.sites):
+            if index in self.loaded:
+                continue
+            key = (site.role, site.kind if site.role == "entry" else "")
+            if key not in shared:
+                self.interrupt.check()
+                shared[key] = self._program(index, self.probes[index])
+            self.loaded[index] = shared[key]
+
+    def attach(self, capture) -> None:
+        """Returns and frees first, entries last: a call entered before its
+        return's program runs would stay in CALLS."""
+        self.load_programs()
+        order = {"return": 0, "free": 0, "entry": 1}
+        indexes = sorted({self.probes.index(p) for p, _fd in capture.opened},
+                         key=lambda i: order[self.sites[i].role])
+        for index in indexes:
+            self.interrupt.check()
+            bpf.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
+
+    # -- reading ------------------------------------------------------------------
+    def outstanding(self, older_ns: int | None = None) -> list:
+        """Outstanding per (process, stack): from TOTALS, or with `older_ns`
+        from ALLOCS, only the blocks returned at least that long ago."""
+        sums: dict = {}
+        if older_ns is None:
+            key, total = _layout("memleak_stack"), _layout("memleak_total")
+            for k, v in self.totals.items():
+                h, tgid = key.unpack(k)[:2]
+                nbytes, count = total.unpack(v)
+                if count > 0:
+                    sums[(tgid, h)] = [nbytes, count]
+        else:
+            key, alloc = _layout("memleak_key"), _layout("memleak_alloc")
+            now = time.monotonic_ns()        # bpf_ktime_get_ns's clock
+            for k, v in self.allocs.items():
+                _addr, tgid = key.unpack(k)[:2]
+                size, h, t = alloc.unpack(v)
+                if now - t >= older_ns:
+                    s = sums.setdefault((tgid, h), [0, 0])
+                    s[0] += size
+                    s[1] += 1
+        return [Outstanding(tgid, stack_chain(self.unwind_maps, h), nbytes, count)
+                for (tgid, h), (nbytes, count) in sums.items()]
+
+    def ml_errors_seen(self) -> dict:
+        """enum memleak_error's name -> its count."""
+        slots = memleak_object().enum("memleak_error")
+        return {name: _U64.unpack(self.ml_errors.lookup(i.to_bytes(4, "little")))[0]
+                for name, i in slots.items() if i < self.ml_errors.max_entries}
+
+    def in_calls(self) -> int:
+        """Allocator calls entered and not returned (yet)."""
+        return len(self.calls.keys())
+
+
+class MemleakCapture(BpfCapture):
+    """BpfCapture's events (scoping, tracking records, exec arming) with a
+    MemleakCounter attached; the stream carries only metadata (each new
+    mapping's rows are loaded as its record passes), `outstanding()` reads
+    the kernel's sums whenever asked."""
+
+    def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
+                 unwind_tables, stack_storage: int):
+        super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
+                         unwind_tables=unwind_tables)
+        self.sites = sites
+        self.unwind_note = "stacks unwound in the kernel"
+        self.decode = self._decode_memleak
+        self.read_chunks = self.events.read_chunks
+        self.stop = self.events.stop
+
+    def _new_counter(self) -> MemleakCounter:
+        return MemleakCounter(self.probes, self.sites, self.unwind_tables,
+                              stack_storage=self.stack_storage)
+
+    def _decode_memleak(self, chunk, metas: list, samples: list, offset: int,
+                        limit: int) -> int:
+        before = len(metas)
+        offset = self.events.decode(chunk, metas, samples, offset, limit)
+        if self.counter is not None:
+            for _time, event in metas[before:]:
+                if isinstance(event, MmapEvent):
+                    self.counter.objects.add_mapping(event.mapping, event.pid)
+        return offset
+
+    def outstanding(self, older_ns: int | None = None) -> list:
+        """(RawSample of the allocating stack, bytes, blocks) per process and stack."""
+        return [(RawSample(0, o.pid, o.pid, 0, -1, o.chain, b""), o.bytes, o.count)
+                for o in self.counter.outstanding(older_ns)]
+
+    def losses(self) -> Losses:
+        events = self.events.losses()
+        if self.counter is None:
+            return events
+        errors = self.counter.ml_errors_seen()
+        uncounted = tuple((why, n) for why, n in (
+            ("found the stack map full (counted without a stack)",
+             errors["ML_STACKS_FULL"]),
+            ("found the call map full", errors["ML_CALLS_FULL"]),
+            ("found the allocation map full", errors["ML_ALLOCS_FULL"]),
+            ("found the per-stack map full", errors["ML_TOTALS_FULL"])) if n)
+        return Losses(events.lost, events.throttled, uncounted,
+                      skipped=self.counter.skipped())
