@@ -311,6 +311,16 @@ def test_code_objects_named_after_the_process_ended(tmp_path):
     assert not [k for k in named if "main" in k and any("[python code" in f for f in k)]
 
 
+def test_code_identity_fields_agree_with_the_symbolizer():
+    """The kernel tells code objects apart by the fields the symbolizer
+    names them by (file, qualified name)."""
+    from ustack.capture.bpf_python import CODE_IDENTITY
+    from ustack.symbols.python import CODE_OFFSETS
+    for version, offsets in CODE_OFFSETS.items():
+        name = offsets["qualname"] if offsets["qualname"] is not None else offsets["name"]
+        assert CODE_IDENTITY[version] == (offsets["filename"], name), version
+
+
 def test_no_python_shows_the_interpreter(tmp_path):
     """--no-python: the eval loop's C frames, no Python frame."""
     stacks, facts = run_program(tmp_path, pyenv_python("3.11"), "busy", "--no-python",

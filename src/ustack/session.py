@@ -62,9 +62,6 @@ class Session:
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.started_ns: int | None = None     # wall clock at open()
         self.recorder = None               # opts.record: a recording.writer.Recorder
-        # the run's PythonCode (symbols/python.py): names the Python code
-        # objects the capture reports while their processes live
-        self.python_code = None
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
         # names of Python code objects: the capture reads each as it sees

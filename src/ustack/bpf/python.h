@@ -62,6 +62,9 @@ struct python_proc {
 	__u64 runtime;			/* the address of _PyRuntime */
 	__u64 eval_start[2];		/* _PyEval_EvalFrameDefault and its .cold part */
 	__u64 eval_end[2];
+	/* in PyCodeObject: co_filename, and co_qualname (co_name before 3.11),
+	 * after it: what tells a code object from one freed at its address */
+	__u32 code_filename, code_name;
 };
 
 /* PYTHON_THREADS' key; its value the thread's PyThreadState */
@@ -120,7 +123,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct python_code_key);
-	__type(value, __u8);
+	__type(value, __u64);		/* the code object's identity (code_identity) */
 	__uint(max_entries, 1);		/* sized by the loader */
 } python_codes SEC(".maps");
 
@@ -215,15 +218,34 @@ static __always_inline void emit(struct walk *w, struct python_walk *p, __u64 wo
 
 /* whether code was reported before; if not, it is marked and listed for
  * the ring (at most PY_NEW_CODES a sample; the rest come again) */
+/* what tells the code object at `code` from another at that address
+ * (one freed, a new one made there: a module body run at start-up, then
+ * a function): its file and name objects' addresses, mixed */
+static __always_inline __u64 code_identity(struct python_walk *p, __u64 code)
+{
+	__u64 names[4] = {};
+	__u32 span = p->proc.code_name + 8 - p->proc.code_filename;
+
+	if (span > sizeof(names))
+		span = sizeof(names);
+	if (bpf_probe_read_user(names, span, (void *)(code + p->proc.code_filename)))
+		return 0;
+	return mix(mix(FNV_BASIS, names[0]),
+		   names[((p->proc.code_name - p->proc.code_filename) / 8) & 3]);
+}
+
 static __always_inline void note_code(struct python_walk *p, __u64 code)
 {
 	struct python_code_key key = { .tgid = p->tgid, .code = code };
-	__u8 one = 1;
-	__u64 n = p->new_codes;
+	__u64 n = p->new_codes, id, *seen;
 
-	if (n >= PY_NEW_CODES || bpf_map_lookup_elem(&python_codes, &key))
+	if (n >= PY_NEW_CODES)
 		return;
-	bpf_map_update_elem(&python_codes, &key, &one, BPF_ANY);
+	id = code_identity(p, code);
+	seen = bpf_map_lookup_elem(&python_codes, &key);
+	if (seen && *seen == id)
+		return;
+	bpf_map_update_elem(&python_codes, &key, &id, BPF_ANY);
 	p->new_code[n & (PY_NEW_CODES - 1)] = code;
 	p->new_codes = n + 1;
 }

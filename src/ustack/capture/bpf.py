@@ -157,6 +157,8 @@ class BpfCapture:
         scope = self.target.scope
         if scope == "command":
             python.warm(paths)
+            if self.arming is not None:
+                python.watch_command(self.target.pid, self.arming.map)
         python.add_running([self.target.pid] if scope == "pid" else
                            procfs.pids() if scope == "system" else [])
 

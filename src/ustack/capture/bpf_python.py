@@ -18,6 +18,8 @@ object while the process lives, so it can be named after it is gone."""
 from __future__ import annotations
 
 import struct
+import threading
+import time
 
 from ..kernel import bpf
 from ..kernel import procfs
@@ -30,6 +32,14 @@ CODES = 1 << 16                 # (tgid, code) reported already, an LRU
 _TGID = struct.Struct("<I")
 
 
+# PyCodeObject's co_filename and, after it, co_qualname (co_name before
+# 3.11), per version: the kernel tells a code object from one freed at its
+# address by them (python.h's code_identity). symbols/python.py reads them
+# too (tests/test_python_frames.py checks the two agree).
+CODE_IDENTITY = {(3, 8): (104, 112), (3, 9): (104, 112), (3, 10): (104, 112),
+                 (3, 11): (112, 128), (3, 12): (112, 128), (3, 13): (112, 128)}
+
+
 def python_object():
     """The object whose maps these are (unwind.bpf.c includes python.h)."""
     from .bpf_unwind import unwind_object
@@ -37,10 +47,12 @@ def python_object():
 
 
 class PythonMaps(bpf.MapSet):
-    """python.h's maps, shared by the run's unwinder programs."""
+    """python.h's maps, shared by the run's unwinder programs; `lock` is
+    held by whoever writes them, and by close()."""
 
     def __init__(self, procs: int = PROCS, threads: int = THREADS, codes: int = CODES):
         super().__init__()
+        self.lock = threading.Lock()
         obj = python_object()
         try:
             for name, size in (("python_procs", procs), ("python_threads", threads),
@@ -56,6 +68,10 @@ class PythonMaps(bpf.MapSet):
         return {name: getattr(self, name) for name in (
             "python_procs", "python_threads", "python_codes", "python_scratch")}
 
+    def close(self) -> None:
+        with self.lock:
+            super().close()
+
 
 def pack_proc(interp: python_runtime.Interpreter) -> bytes:
     """PYTHON_PROCS' value (struct python_proc) of an interpreter."""
@@ -67,6 +83,8 @@ def pack_proc(interp: python_runtime.Interpreter) -> bytes:
     major, minor = interp.version
     struct.pack_into("<I", out, at["version"], major << 8 | minor)
     struct.pack_into("<Q", out, at["runtime"], interp.runtime)
+    filename, name = CODE_IDENTITY.get(interp.version, (0, 0))
+    struct.pack_into("<II", out, at["code_filename"], filename, name)
     ranges = (tuple(interp.eval_ranges) + ((0, 0), (0, 0)))[:2]
     for i, (start, end) in enumerate(ranges):
         struct.pack_into("<Q", out, at["eval_start"] + 8 * i, start)
@@ -94,10 +112,13 @@ class PythonProcs:
             interp = None
         if interp is None:
             return False
-        try:
-            self.maps.python_procs.update(_TGID.pack(pid), pack_proc(interp))
-        except OSError:
-            return False            # the map is full: its stacks stay native
+        with self.maps.lock:
+            if not self.maps.all:
+                return False        # the run has ended
+            try:
+                self.maps.python_procs.update(_TGID.pack(pid), pack_proc(interp))
+            except OSError:
+                return False        # the map is full: its stacks stay native
         self.versions[pid] = interp.version
         return True
 
@@ -113,10 +134,36 @@ class PythonProcs:
 
     def forget(self, pid: int) -> None:
         if self.versions.pop(pid, None) is not None:
-            try:
-                self.maps.python_procs.delete(_TGID.pack(pid))
-            except OSError:
-                pass
+            with self.maps.lock:
+                try:
+                    if self.maps.all:
+                        self.maps.python_procs.delete(_TGID.pack(pid))
+                except OSError:
+                    pass
+
+    def watch_command(self, pid: int, armed, seconds: float = 1.5) -> None:
+        """A -c command's interpreter, added as soon as it is mapped: its
+        MMAP2 record is read ~0.1 s later (more on a busy machine), and
+        the samples meanwhile would have no Python frames. In the
+        background: once `armed` (exec.bpf.c's map) says the command has
+        exec'd, its maps are read every few ms for `seconds`."""
+        threading.Thread(target=self._watch, args=(pid, armed, seconds), daemon=True,
+                         name="ustack-python-watch").start()
+
+    def _watch(self, pid: int, armed, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        try:
+            while not int.from_bytes(armed.lookup(bytes(4)) or bytes(8), "little"):
+                if time.monotonic() > end + 60 or not self.maps.all:
+                    return          # never exec'd (held, or the run ended)
+                time.sleep(0.001)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and self.maps.all and pid not in self.versions:
+                if self.add(pid):
+                    return
+                time.sleep(0.002)
+        except OSError:             # the map closed under us: the run ended
+            return
 
     def add_running(self, pids: list) -> None:
         """Processes running at the start (-p, system-wide)."""
@@ -141,5 +188,5 @@ class PythonProcs:
         if self.python_code is not None and version is not None:
             try:
                 self.python_code.remember(pid, code, version)
-            except (OSError, ValueError):   # gone, or freed and reused already
-                pass
+            except (OSError, ValueError, OverflowError):
+                pass        # gone, or freed and reused already: a frame read mid-change
