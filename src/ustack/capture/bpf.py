@@ -119,7 +119,7 @@ class BpfCapture:
                 for path in paths:
                     self.interrupt.check()
                     objects.add_path(path)
-                if self.counter.python is not None:
+                if self._python() is not None:
                     self._follow_python(paths)
             programs.result()
             events.result()
@@ -148,11 +148,16 @@ class BpfCapture:
                           kernel=self.kernel, filter_tgid=tgid,
                           calls_only=self.calls_only)
 
+    def _python(self):
+        """The counter's bpf_python.PythonProcs, None where its programs
+        merge no Python frames (a counter of another kind: memleak's)."""
+        return getattr(self.counter, "python", None)
+
     def _follow_python(self, paths: list) -> None:
         """The Python processes running at the start (-p, system-wide); a
         command's interpreter read before it runs (`paths`: its objects)."""
         from ..kernel import procfs
-        python = self.counter.python
+        python = self._python()
         python.python_code = self.python_code
         scope = self.target.scope
         if scope == "command":
@@ -279,7 +284,7 @@ class BpfCapture:
         from .bpf_unwind import RingChunk, ring_samples
         if isinstance(chunk, RingChunk):
             before = len(samples)
-            python = self.counter.python
+            python = self._python()
             offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
                                   self.fetches, self._object_bytes,
                                   python.code_seen if python is not None else None)
@@ -294,6 +299,7 @@ class BpfCapture:
             for _time, event in metas[before:]:
                 if isinstance(event, MmapEvent):
                     self.counter.objects.add_mapping(event.mapping, event.pid)
-            if self.counter.python is not None:
-                self.counter.python.follow(metas[before:])
+            python = self._python()
+            if python is not None:
+                python.follow(metas[before:])
         return offset
