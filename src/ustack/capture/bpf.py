@@ -160,10 +160,8 @@ class BpfCapture:
         python = self._python()
         python.python_code = self.python_code
         scope = self.target.scope
-        if scope == "command":
-            python.warm(paths)
-            if self.arming is not None:
-                python.watch_command(self.target.pid, self.arming.map)
+        if scope == "command" and python.warm(paths) and self.arming is not None:
+            python.watch_command(self.target.pid, self.arming.map)
         python.add_running([self.target.pid] if scope == "pid" else
                            procfs.pids() if scope == "system" else [])
 

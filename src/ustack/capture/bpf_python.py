@@ -122,15 +122,17 @@ class PythonProcs:
         self.versions[pid] = interp.version
         return True
 
-    def warm(self, paths: list) -> None:
+    def warm(self, paths: list) -> bool:
         """Read now what the interpreters among `paths` (a -c command's
         load closure) are, so its MMAP2 records add it at once: its first
-        samples wait for that."""
+        samples wait for that. Whether one of them is an interpreter."""
+        found = False
         for path in paths:
             try:
-                python_runtime.find_interpreter([Mapping(0, 1, 0, path)])
+                found |= python_runtime.find_interpreter([Mapping(0, 1, 0, path)]) is not None
             except (OSError, ValueError):
                 pass
+        return found
 
     def forget(self, pid: int) -> None:
         if self.versions.pop(pid, None) is not None:
