@@ -170,13 +170,17 @@ class BpfCapture:
 
     def count_samples(self, chunk: bytes, start: int) -> int:
         """The samples of a chunk from `start`, undecoded: the unwinder's
-        ring holds one per record (a u32 length, then the record)."""
+        ring holds one per record (a u32 length, then the record), but
+        for those naming Python code objects."""
         if type(chunk).__name__ != "RingChunk":
             return self.events.count_samples(chunk, start)
+        from .bpf_unwind import PYTHON_CODE, RECORD
         n, off, end = 0, start, len(chunk)
         while off + 4 <= end:
-            off += 4 + struct.unpack_from("<I", chunk, off)[0]
-            n += 1
+            size = struct.unpack_from("<I", chunk, off)[0]
+            if off + 4 + RECORD.size > end or RECORD.unpack_from(chunk, off + 4)[-1] != PYTHON_CODE:
+                n += 1
+            off += 4 + size
         return n
 
     def release(self) -> None:
