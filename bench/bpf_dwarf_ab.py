@@ -29,7 +29,10 @@ from uprobe_rate import REPO  # noqa: E402
 RUN = r"""
 import ctypes, struct, sys
 from ustack import Options, Session
-from ustack.kernel import bpf
+try:                                  # either checkout's names
+    from ustack.kernel import bpf_syscall as bpf
+except ImportError:
+    from ustack.kernel import bpf
 prog, n = sys.argv[1], int(sys.argv[2])
 stats = bpf._bpf(32, (ctypes.c_uint32 * 1)(0))       # BPF_ENABLE_STATS, run time
 opts = Options(command="count", events=[f"uprobe:{prog}:d"], cmdline=f"{prog} {n}",
@@ -37,7 +40,8 @@ opts = Options(command="count", events=[f"uprobe:{prog}:d"], cmdline=f"{prog} {n
 with Session(opts) as run:
     hits = sum(c.count for c in run.counts())
     ns = cnt = 0
-    for fd in run.capture.counter.prog_fds:
+    owned = getattr(run.capture, "owned", None)
+    for fd in owned.programs if owned is not None else run.capture.counter.prog_fds:
         info = ctypes.create_string_buffer(256)
         bpf._bpf(bpf.OBJ_GET_INFO_BY_FD, bpf._ObjInfo(fd, 256, ctypes.addressof(info)))
         t, c = struct.unpack_from("<QQ", info.raw, 192)     # run_time_ns, run_cnt

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from ustack.capture import bpf_unwind as uw  # noqa: E402
-from ustack.kernel import bpf  # noqa: E402
+from ustack.kernel import bpf_syscall  # noqa: E402
 from ustack.model import ProbeSpec, ProfileProbe, TracepointProbe, UprobeProbe  # noqa: E402
 
 PROBES = {
@@ -30,12 +30,13 @@ PROBES = {
 def measure(probe, use: str) -> tuple:
     """(instructions, verified instructions) of one program."""
     maps = uw.UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
-    ring = bpf.RingBuf(1 << 20, "ustack_szring")
+    ring = bpf_syscall.RingBuf(1 << 20, "ustack_szring")
     try:
         program = f"unwind_{use}"
         fd = uw.load_program(program, maps, 0, probe, ring=ring, name="ustack_size")
         try:
-            return len(uw.unwind_object().programs[program].code) // 8, bpf.verified_insns(fd)
+            return (len(uw.unwind_object().programs[program].code) // 8,
+                    bpf_syscall.verified_insns(fd))
         finally:
             os.close(fd)
     finally:

@@ -35,7 +35,7 @@ FRAMES = REPO / "tests" / "programs" / "python" / "frames.py"
 PER_SAMPLE = r"""
 import ctypes, struct, sys
 from ustack import Options, Session
-from ustack.kernel import bpf
+from ustack.kernel import bpf_syscall as bpf
 cmd, python = sys.argv[1], sys.argv[2] == "on"
 stats = bpf._bpf(32, (ctypes.c_uint32 * 1)(0))       # BPF_ENABLE_STATS, run time
 opts = Options(command="profile", events=["profile:hz:999"], cmdline=cmd,
@@ -43,7 +43,7 @@ opts = Options(command="profile", events=["profile:hz:999"], cmdline=cmd,
 with Session(opts) as run:
     samples = sum(c.count for c in run.counts())
     ns = cnt = 0
-    for fd in run.capture.counter.prog_fds:
+    for fd in run.capture.owned.programs:   # the unwinder's (and exec's: one run)
         info = ctypes.create_string_buffer(256)
         bpf._bpf(bpf.OBJ_GET_INFO_BY_FD, bpf._ObjInfo(fd, 256, ctypes.addressof(info)))
         t, c = struct.unpack_from("<QQ", info.raw, 192)     # run_time_ns, run_cnt

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from ustack.bpf import build, object_path
-from ustack.kernel import bpf
+from ustack.kernel import bpf_syscall
 from ustack.kernel.bpf_object import BpfObject, bpf_object
 from helpers import PROGRAMS
 
@@ -41,7 +41,7 @@ def test_calls_callbacks_rodata_and_bss_run_in_the_kernel(check_object):
     try:
         # scaled(5) = 35 (a bpf-to-bpf call reading .rodata), loops = 6
         # (a bpf_loop callback writing .bss)
-        assert bpf.test_run(fd, (5).to_bytes(8, "little")) == 41
+        assert bpf_syscall.test_run(fd, (5).to_bytes(8, "little")) == 41
         assert maps["out"].lookup((1).to_bytes(4, "little")) == (35).to_bytes(8, "little")
         assert maps[".bss"].lookup(bytes(4)) == (6).to_bytes(8, "little")
     finally:
@@ -53,7 +53,7 @@ def test_calls_callbacks_rodata_and_bss_run_in_the_kernel(check_object):
 
 def test_a_refusal_shows_the_c_line(check_object):
     maps = {}
-    with pytest.raises(bpf.LoadError) as e:
+    with pytest.raises(bpf_syscall.LoadError) as e:
         check_object.load("refused", maps)
     for m in maps.values():
         m.close()

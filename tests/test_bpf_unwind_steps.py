@@ -16,7 +16,7 @@ from helpers import O2_NOFP, PROGRAMS, build
 from ustack.bpf import build as bpf_build
 from ustack.capture import bpf_unwind as uw
 from ustack.capture.kernel_offsets import Offsets
-from ustack.kernel import bpf
+from ustack.kernel import bpf_syscall
 from ustack.kernel.bpf_object import BpfObject
 from ustack.model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_THROUGH_JIT,
                           KERNEL_UNWIND_THROUGH_NO_CFI)
@@ -126,7 +126,7 @@ def test_one_step_follows_the_row(harness, which):
                           "window": window.ljust(layout.size - layout.offsets["window"],
                                                  b"\0")})
             named["given"].update(bytes(4), layout.struct.pack(*state.values()))
-            assert bpf.test_run(fd, (1).to_bytes(8, "little")) == 0
+            assert bpf_syscall.test_run(fd, (1).to_bytes(8, "little")) == 0
             got = dict(zip(layout.fields, layout.struct.unpack(named["given"].lookup(bytes(4)))))
             want = _expected(packed.lookup(pc), pc)
             status = got["rec.head.status"]

@@ -230,12 +230,12 @@ def test_funccount_errors(chain):
 
 def test_verifier_log_on_refusal():
     """A program that returns an unset r0: the error names the verifier's reason."""
-    from ustack.kernel import bpf
+    from ustack.kernel import bpf_syscall
     if os.geteuid() != 0:
         pytest.skip("needs root for bpf(2)")
-    code = bpf.Asm().emit(bpf.exit_()).assemble()
-    with pytest.raises(bpf.LoadError) as e:
-        bpf.load_program(bpf.PROG_KPROBE, code, "bad")
+    code = bpf_syscall.Asm().emit(bpf_syscall.exit_()).assemble()
+    with pytest.raises(bpf_syscall.LoadError) as e:
+        bpf_syscall.load_program(bpf_syscall.PROG_KPROBE, code, "bad")
     lines = str(e.value).splitlines()
     assert lines[0] == "the kernel refused BPF program bad: Permission denied"
     assert "R0 !read_ok" in lines
@@ -243,12 +243,12 @@ def test_verifier_log_on_refusal():
 
 def test_assembler_resolves_jumps():
     """Named forward jumps become the right offsets; ld_imm64 counts twice."""
-    from ustack.kernel import bpf
-    a = bpf.Asm()
-    a.jump(bpf.jmp_imm, bpf.JEQ, 1, 0, to="end")
-    a.emit(bpf.ld_map_fd(2, 7), bpf.mov_imm(0, 1))
+    from ustack.kernel import bpf_syscall as b
+    a = b.Asm()
+    a.jump(b.jmp_imm, b.JEQ, 1, 0, to="end")
+    a.emit(b.ld_map_fd(2, 7), b.mov_imm(0, 1))
     a.label("end")
-    a.emit(bpf.exit_())
+    a.emit(b.exit_())
     code = a.assemble()
     assert len(code) == 5 * 8
     assert code[2:4] == (3).to_bytes(2, "little")        # skip 16 + 8 bytes

@@ -17,7 +17,7 @@ from test_e2e_core import ok, parse_counts, parse_trace, traced_pid
 from ustack.kernel.procfs import own_vdso
 from ustack.model import Mapping
 from ustack.objfile.vdso import vdso_file
-from ustack.symbols.perfmap import PerfMap
+from ustack.symbols.perfmap import PerfMap, header_hint
 from ustack.symbols.symbolizer import Symbolizer
 
 from test_elf import FakeMaps
@@ -46,6 +46,103 @@ def test_symbolizer_names_anonymous_code(tmp_path, monkeypatch):
     f = Symbolizer(maps).frames(9, [0x7F0000001010, 0x7F0000020010])
     assert [(x.function, x.offset, x.size, x.module) for x in f] == [
         ("js::jit::Code::run()", 0x10, 0x40, "JIT"), (None, 0, 0, "[heap]")]
+
+
+PID_MAX = 1 << 22                      # the kernel's limit: no pid reaches it
+
+
+class _RuntimeMaps(FakeMaps):
+    """FakeMaps that also say which files a process maps (its runtime)."""
+
+    def paths(self, pid):
+        return [m.path for m in self.by_pid.get(pid, ())]
+
+
+def test_jit_frames_kind_by_runtime(tmp_path, monkeypatch):
+    """V8's names are JS frames wherever they come from; a JVM's map (the
+    process maps libjvm.so) names Java frames; other JITs' are native."""
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon")
+    (tmp_path / "perf-1.map").write_text("7f0000001000 40 JS:*leaf /a/b.js:3:15\n"
+                                         "7f0000002000 40 Builtin:ArrayMap\n")
+    (tmp_path / "perf-2.map").write_text("7f0000001000 40 double Chain.leaf(int)\n"
+                                         "7f0000002000 40 Interpreter\n")
+    (tmp_path / "perf-3.map").write_text("7f0000001000 40 LuaJIT trace #1\n")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    maps = _RuntimeMaps({1: [code], 2: [code, jvm], 3: [code]})
+    f = Symbolizer(maps)
+    assert [(x.function, x.kind) for pid in (1, 2, 3)
+            for x in f.frames(pid, [0x7F0000001010, 0x7F0000002010])] == [
+        ("JS:*leaf /a/b.js:3:15", "js"), ("Builtin:ArrayMap", "js"),
+        ("double Chain.leaf(int)", "java"), ("Interpreter", "java"),
+        ("LuaJIT trace #1", ""), (None, "")]
+
+
+def test_jit_code_without_a_map_said_once(tmp_path, monkeypatch):
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    f = Symbolizer(_RuntimeMaps({4: [code, jvm], 5: [code, jvm]}))
+    for pid in (4, 5, 4):
+        assert f.frames(pid, [0x7F0000001010])[0].function is None
+    (tmp_path / "perf-5.map").write_text("7f0000002000 40 double Chain.leaf(int)\n")
+    for pid in (5, 5):                  # jcmd wrote it before this code was compiled
+        assert f.frames(pid, [0x7F0000001010])[0].function is None
+    assert f.frames(5, [0x7F0000002010])[0].function == "double Chain.leaf(int)"
+    assert f.warnings == [
+        f"PID 4 (java) ran JIT code but wrote no perf map ({tmp_path}/perf-4.map): its "
+        "JIT frames are unnamed; run `jcmd 4 Compiler.perfmap` while it runs (the map "
+        "holds the code compiled until then), or start java with "
+        "-XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit",
+        f"some JIT frames of PID 5 (java) are not in {tmp_path}/perf-5.map: code "
+        "compiled after the map was written (or freed before); `jcmd 5 "
+        "Compiler.perfmap` again, later in the run, names them"]
+
+
+def test_jvm_stacks_ending_in_jit_code_said_when_most_do(tmp_path, monkeypatch):
+    """A JVM without frame pointers in its JIT code: most of its stacks end
+    there; a rare odd walk (a sample in a prologue) is not a reason to say so."""
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    (tmp_path / "perf-6.map").write_text("7f0000001000 40 double Chain.leaf(int)\n")
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "//anon")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    f = Symbolizer(_RuntimeMaps({6: [code, jvm]}))
+    ended = f.frames(6, [0x7F0000001010])                       # leaf, then nothing
+    through = f.frames(6, [0x7F0000001010, 0x7F1000000100])     # leaf, then libjvm
+    said = "stacks of PID 6 (java) end in its JIT code"
+    for stack in (ended, through, through):
+        f.stack_named(6, stack, whole=True)
+    assert not [w for w in f.warnings if said in w]
+    f.stack_named(6, ended, whole=False)      # cut by a limit: not the JVM's doing
+    assert not [w for w in f.warnings if said in w]
+    for _ in range(3):                        # 4 of 7 end in JIT code: most
+        f.stack_named(6, ended, whole=True)
+    assert [w for w in f.warnings if said in w] == [
+        said + ": a JVM started without -XX:+PreserveFramePointer keeps no frame "
+        "pointer there to walk on"]
+
+
+def test_header_hint_for_jit_code_without_a_map(tmp_path, monkeypatch):
+    """-p of a JVM or node running JIT code with no map: the header says how
+    to get one (a JVM can still be asked); nothing when there is one, or
+    no JIT code, or another runtime."""
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "")
+    jvm = Mapping(0x7F1000000000, 0x7F1000100000, 0, "/usr/lib/jvm/lib/server/libjvm.so")
+    node = Mapping(0x560000000000, 0x560000100000, 0, "/usr/bin/node")
+    other = Mapping(0x560000000000, 0x560000100000, 0, "/usr/bin/luajit")
+    gone, mapped = PID_MAX + 7, PID_MAX + 9        # no such processes: no root of their own
+    (tmp_path / f"perf-{mapped}.map").write_text("")
+    assert [header_hint(pid, maps) for pid, maps in (
+        (gone, [code, jvm]), (gone, [node, code]), (gone, [jvm]), (gone, [other, code]),
+        (mapped, [code, jvm]))] == [
+        f"no perf map yet: `jcmd {gone} Compiler.perfmap` during the run names its JIT frames",
+        "no perf map (node --perf-basic-prof writes one): its JIT frames stay unnamed",
+        "", "", ""]
 
 
 @pytest.mark.kernel

@@ -287,13 +287,12 @@ def test_code_objects_named_after_the_process_ended(tmp_path):
     """Each code object the kernel reports is read at once: its frames are
     named after the program has exited."""
     from ustack import Options, Session
-    from ustack.symbols.python import PythonCode
     python, facts = pyenv_python("3.12"), tmp_path / "facts.json"
     session = Session(Options(command="profile", events=["profile:hz:199"],
                               cmdline=f"{python} {PROG} generator 1 {facts}"))
-    session.python_code = code = PythonCode()
+    code = session.python_code
     with session:
-        session.drain()                 # until the command exits
+        session.run_through()           # until the command exits
         counted = session.capture.counted()
     pid = json.loads(facts.read_text())["pid"]
     assert not Path(f"/proc/{pid}").exists()

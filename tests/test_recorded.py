@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ustack.recording import format as rf
-from ustack.capture.drain import Stream
+from ustack.capture.stream import Stream
 from ustack.recording.reader import RecordedCapture
 from ustack.model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
                           MmapEvent, Piece, RawSample, UnwoundSample, UstackError,

@@ -21,7 +21,7 @@ import pytest
 from helpers import build
 from test_e2e_core import run_attached, stop
 
-from ustack.kernel import bpf
+from ustack.kernel import bpf_syscall
 from ustack.kernel import perf_event as pe
 from ustack.kernel.tracefs import tracepoint_id
 
@@ -33,11 +33,12 @@ SEND_SIGNAL = 109                       # the helper bpf_send_signal(sig)
 def signalling_program(pid: int) -> int:
     """SIGURG to the current process if it is `pid` (a program on a
     tracepoint runs for every task that hits it)."""
-    code = (bpf.call(bpf.GET_CURRENT_PID_TGID) + bpf.alu_imm(bpf.RSH, 0, 32) +
-            bpf.jmp_imm(bpf.JNE, 0, pid, 2) +
-            bpf.mov_imm(1, int(signal.SIGURG)) + bpf.call(SEND_SIGNAL) +
-            bpf.mov_imm(0, 0) + bpf.exit_())
-    return bpf.load_program(bpf.PROG_TRACEPOINT, code, "test_sigurg")
+    b = bpf_syscall
+    code = (b.call(b.GET_CURRENT_PID_TGID) + b.alu_imm(b.RSH, 0, 32) +
+            b.jmp_imm(b.JNE, 0, pid, 2) +
+            b.mov_imm(1, int(signal.SIGURG)) + b.call(SEND_SIGNAL) +
+            b.mov_imm(0, 0) + b.exit_())
+    return b.load_program(b.PROG_TRACEPOINT, code, "test_sigurg")
 
 
 def test_events_skipped_by_the_kernel_are_counted_and_said():
@@ -49,7 +50,7 @@ def test_events_skipped_by_the_kernel_are_counted_and_said():
                                         tracepoint_id("syscalls", "sys_enter_write")),
                            target.pid, -1, what="the test's tracepoint")
     try:
-        bpf.attach(writes, prog)
+        bpf_syscall.attach(writes, prog)
         r = run_attached(target, "count", "tracepoint:signal:signal_generate")
     finally:
         os.close(writes)

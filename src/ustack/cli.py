@@ -334,11 +334,9 @@ def _run(args) -> int:
         _check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
     elif args.cmd == "funccount":
-        from .capture.bpf_funccount import uprobe_multi_supported
-        if args.tid or args.comm or (len(pids) > 1 and not uprobe_multi_supported()):
+        if args.tid or args.comm:
             raise UstackError("funccount counts calls in the kernel per function: "
-                              "it takes -p PID (a list from Linux 6.6 on), not --tid "
-                              "or --comm")
+                              "it takes -p PID (or a list), not --tid or --comm")
         _funccount_options(args, opts)
     elif args.cmd == "record":
         _record_options(args, opts)

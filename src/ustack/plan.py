@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .capture import bpf_unwind
-from .kernel import bpf
+from .kernel import bpf_syscall
 from .model import ProfileProbe, UprobeProbe, UstackError
 from .objfile.elf import ElfImage
 from .unwind import tables
@@ -101,6 +101,23 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     return Plan("perf", modes, why_not)
 
 
+def plan_latency(entries: list, unwind: str, wants_stacks: bool) -> tuple:
+    """(Plan, why not DWARF or "") of `ustack latency` on the resolved
+    `entries`: timed in the kernel (BPF); the entries' stacks, when wanted
+    (--by-stack, --slower), unwound there with DWARF, else (--unwind fp,
+    or the unwinder refused: `why`, for the user) by frame pointers."""
+    if not bpf_syscall.available():
+        raise UstackError("latency counts in the kernel and BPF is not available "
+                          "here (bpf(2) failed)")
+    n = len(entries)
+    if not wants_stacks:
+        return Plan("bpf", ("none",) * n), ""
+    why = None if unwind == "fp" else _why_no_kernel_dwarf(entries)
+    if unwind != "fp" and why is None:
+        return Plan("bpf", ("dwarf",) * n, kernel_tables=tables.for_image), ""
+    return Plan("bpf", ("fp",) * n), why or ""
+
+
 def _copied(why: str) -> str | None:
     """The note of a run that copies stacks because of `why` (none when
     the user asked for the copies)."""
@@ -152,7 +169,7 @@ def _wants_dwarf(probes: list, modes: tuple, main_binary: str | None) -> bool:
 def _why_no_kernel_dwarf(probes: list) -> str | None:
     """None where the kernel runs ustack's DWARF unwinder (capture/
     bpf_unwind.py) for these probes, else why not, in the kernel's words."""
-    if not bpf.available():
+    if not bpf_syscall.available():
         return "BPF is not available here (bpf(2) failed)"
     why = bpf_unwind.why_unavailable(probes)
     return None if why is None else f"in-kernel DWARF unwinding failed to load: {why}"
@@ -163,11 +180,15 @@ def _why_not_bpf(command: str, backend: str, unwind: str, modes: tuple,
     """Why a counting run must use the perf backend ('' to say nothing),
     or None for BPF."""
     if command == "funccount":
-        if not bpf.available():
+        if not bpf_syscall.available():
             raise UstackError("funccount counts in the kernel and BPF is not "
                               "available here (bpf(2) failed)")
+        from .capture.bpf_funccount import uprobe_multi_supported
+        if not uprobe_multi_supported():
+            raise UstackError("funccount attaches uprobe_multi links, which this "
+                              "kernel lacks (Linux 6.6 or later)")
         return None
-    if not bpf.available():
+    if not bpf_syscall.available():
         if backend == "bpf" or kernel_stacks:
             raise UstackError("BPF is not available here (bpf(2) failed); "
                               "use --backend perf")

@@ -12,16 +12,15 @@ from collections import namedtuple
 
 from .capture.backends import new_capture
 from .capture.closer import BACKGROUND_PROBES, close_in_background
-from .capture.drain import Stream
+from .capture.stream import Stream
 from .interrupt import Interrupt, Interrupted
-from .model import (Losses, Piece, RawSample, StackCount, UnwoundSample, UstackError,
-                    unwound_sample)
+from .model import Losses, Piece, RawSample, StackCount, UstackError, unwound_sample
 from .options import Options
 from .probes.resolve import resolve_probes
 from .probes.spec import parse_event
 from .output import check_destination
 from .target import process
-from .target.mappings import MappingTracker
+from .target.mappings import MappingTracker, ProcessMaps
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
 from .target.traced_command import launch_traced
@@ -60,6 +59,7 @@ class Session:
         self._closed = False
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
+        self.jit_hint = ""             # -p of a JVM or node without a perf map: the header says
         self.started_ns: int | None = None     # wall clock at open()
         self.recorder = None               # opts.record: a recording.writer.Recorder
         self._whole = False                # the stream ran to its end
@@ -141,6 +141,10 @@ class Session:
             self.tracker.seed_all(skip=os.getpid())
         elif self.target.scope == "pid":
             self.tracker.seed_from_proc(self.target.pid)
+            from .symbols.perfmap import header_hint
+            pid = self.target.pid
+            self.jit_hint = header_hint(pid, self.tracker.procs.get(
+                (pid, self.tracker.generations.get(pid, 0)), ProcessMaps()).maps)
         if opts.record:
             from .recording.writer import Recorder
             self.recorder = Recorder(
@@ -233,7 +237,7 @@ class Session:
             if self.capture is not None:
                 capture = self.capture
                 if (self.close_in_background and len(self.probes) >= BACKGROUND_PROBES
-                        and hasattr(capture, "release")):
+                        and capture.release is not None):
                     close_in_background(capture.close, capture.release)
                 else:
                     capture.close()
@@ -274,7 +278,7 @@ class Session:
         rest = stream.rest_within(STOP_S) if self._stop_requested else stream.rest()
         for piece in rest:
             yield self._applied(piece)
-        self._whole = self.plan.backend != "bpf"    # else: once counted() is read
+        self._whole = not self.capture.counts_in_kernel    # else: once counted() is read
 
     def _excluded_pids(self) -> frozenset:
         """A system-wide run leaves out ustack itself (tracing its own
@@ -323,40 +327,30 @@ class Session:
                 for (probe, tid, rkey), n in counted.items()]
 
     def _counted_samples(self):
-        """(sample, count): from the kernel's maps when it counted (its
-        stream carries only metadata), else each sample once; frame-pointer
-        stacks are keyed raw and unwound once per key at the end."""
-        if self.plan.backend == "bpf":
-            for piece in self.pieces():
-                for s in piece.samples:     # stacks the kernel's walk left to us
-                    yield self._deferred(s), 1
-            exclude, keep, comm = self._excluded_pids(), self.keep, self.tracker.comm
-            counted = [(s, n) for s, n in self.capture.counted()
-                       if s.pid not in exclude
-                       and (keep is None or keep(s, comm(s.pid, s.tid)))]
-            if self.recorder is not None:
-                self.recorder.add_counted(counted)
-            self._whole = True
-            yield from counted
-            return
+        """(sample, count): each sample of the stream once (as the capture
+        settles it), then what the kernel counted."""
+        capture = self.capture
         for piece in self.pieces():
             for s in piece.samples:
-                yield s, 1
+                yield capture.settle(s, self._unwound_now), 1
+        if not capture.counts_in_kernel:
+            return
+        exclude, keep, comm = self._excluded_pids(), self.keep, self.tracker.comm
+        counted = [(s, n) for s, n in capture.counted()
+                   if s.pid not in exclude and (keep is None or keep(s, comm(s.pid, s.tid)))]
+        if self.recorder is not None:
+            self.recorder.add_counted(counted)
+        self._whole = True
+        yield from counted
 
-    def _deferred(self, s: RawSample) -> RawSample:
-        """A stack the in-kernel unwinder deferred (capture/bpf_unwind.py:
-        an object mapped before its rows were loaded), unwound now while
-        its mappings are at hand; complete, as the callchain the kernel
-        would have counted, so that equal stacks count under one key."""
-        if s.regs is None and not isinstance(s, UnwoundSample):
-            return s                    # walked in the kernel (trace's records)
+    def _unwound_now(self, s: RawSample) -> tuple:
+        """(UnwoundSample, kernel frames, whether its addresses key it
+        alone: nothing noted and its process's mappings unchanged since)."""
         pid, generation, (addrs, notes), kernel = self.resolver.key(s)
-        unwound = unwound_sample(s, addrs, notes)
-        if notes or generation != self.tracker.generations.get(pid, 0):
-            return unwound
-        return RawSample(s.probe, pid, s.tid, 0, -1, unwound.callchain, kernel=kernel)
+        keyable = not notes and generation == self.tracker.generations.get(pid, 0)
+        return unwound_sample(s, addrs, notes), kernel, keyable
 
-    def drain(self) -> None:
+    def run_through(self) -> None:
         """Run to the end naming nothing: what `ustack record` does (the
         Recorder saves the stream as it passes)."""
         for _counted in self._counted_samples():
@@ -382,12 +376,3 @@ class _Replay(Session):
         self.labels = list(capture.labels)
         self.plan = policy.Plan("recording", capture.modes)
         self.target = process.recording(capture.path)
-
-    def _counted_samples(self):
-        """The recording's events once each, then what the recorded run
-        counted in the kernel."""
-        yield from super()._counted_samples()
-        keep, comm = self.keep, self.tracker.comm
-        for s, n in self.capture.counted():
-            if keep is None or keep(s, comm(s.pid, s.tid)):
-                yield s, n

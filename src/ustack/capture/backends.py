@@ -1,5 +1,5 @@
-"""The captures by backend name (what plan.plan returns): a new
-backend is a new module and a line here."""
+"""The captures by backend name and mode (what plan.plan returns): a new
+capture is a new module and a line here."""
 from __future__ import annotations
 
 from ..defaults import DEFAULT_BUFFER_PAGES, DWARF_BUFFER_PAGES
@@ -15,16 +15,17 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         from .bpf_offcpu import OffcpuCapture
         return OffcpuCapture(probes, target, opts, kernel_tables)
     if backend == "bpf" and opts.command == "funccount":
-        from .bpf_funccount import FuncCountCapture, uprobe_multi_supported
-        if uprobe_multi_supported():
-            return FuncCountCapture(probes, target)
+        from .bpf_funccount import FuncCountCapture
+        return FuncCountCapture(probes, target)
     if backend == "bpf":
-        from .bpf import BpfCapture
-        return BpfCapture(probes, target, opts.buffer_pages,
-                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
-                          calls_only=opts.command == "funccount",
-                          unwind_tables=kernel_tables, stream=opts.command == "trace",
-                          python=opts.python)
+        bpf_opts = dict(stack_storage=opts.stack_storage, kernel=opts.kernel_stacks)
+        if kernel_tables is None:
+            from .bpf_count import StackCountCapture
+            return StackCountCapture(probes, target, opts.buffer_pages, **bpf_opts)
+        from .bpf_dwarf import UnwindCountCapture, UnwindTraceCapture
+        mode = UnwindTraceCapture if opts.command == "trace" else UnwindCountCapture
+        return mode(probes, target, opts.buffer_pages, unwind_tables=kernel_tables,
+                    python=opts.python, **bpf_opts)
     if backend == "tracefs":
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)

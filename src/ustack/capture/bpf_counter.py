@@ -1,18 +1,16 @@
 """What every BPF capture shares: the in-kernel stack counter (BpfCounter),
 the programs' return values, the set of traced processes and its
 fork-following and exec-arming programs, and the pieces of the run's
-background work. BpfCapture (capture/bpf.py) drives a run with them; the
-unwinder, latency, off-CPU and funccount captures build on them, so none of
-them needs capture/bpf.py (which needs the unwinder)."""
+background work. BpfCapture (capture/bpf_capture.py) drives a run with
+them, one subclass per mode."""
 from __future__ import annotations
 
-import os
 import struct
 import threading
 
 from ..bpf import object_path
 from ..defaults import DEFAULT_STACK_STORAGE
-from ..kernel import bpf
+from ..kernel import bpf_syscall
 from ..kernel.bpf_object import bpf_object
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
@@ -21,6 +19,7 @@ from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_WH
                      ProfileProbe, TracepointProbe, UprobeProbe)
 from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, READ_MOST
+from .run_objects import RunObjects
 from ..values import value
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -59,66 +58,38 @@ class Counted:
 TRACED_PROCESSES = 1 << 16            # the set's size: the target and its children
 
 
-def traced_set(first_tgid: int) -> bpf.Map:
+def traced_set(first_tgid: int) -> bpf_syscall.Map:
     """The set of traced processes (tgid -> 1), holding `first_tgid`."""
     tgids = bpf_program_object("exec").make_map(
-        "tgids", TRACED_PROCESSES, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0)
+        "tgids", TRACED_PROCESSES,
+        flags=bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0)
     tgids.update(first_tgid.to_bytes(4, "little"), (1).to_bytes(4, "little"))
     return tgids
 
 
-def follow_children(tgids: bpf.Map) -> tuple:
-    """(link fd, program fd) of exec.bpf.c's follow_children on the raw
-    tracepoint task_newtask, system-wide (the program filters on the set):
-    tgids[child] = 1 when a process in the set forks one."""
-    prog = bpf_program_object("exec").load(
+def follow_children(tgids: bpf_syscall.Map, owned: RunObjects) -> None:
+    """exec.bpf.c's follow_children on the raw tracepoint task_newtask,
+    system-wide (the program filters on the set): tgids[child] = 1 when a
+    process in the set forks one."""
+    prog = owned.program(bpf_program_object("exec").load(
         "follow_children", {"tgids": tgids},
-        {"task_pid_offset": Offsets.of_this_kernel().task_pid}, name="ustack_children")
-    try:
-        return bpf.attach_raw_tracepoint("task_newtask", prog), prog
-    except BaseException:
-        os.close(prog)
-        raise
+        {"task_pid_offset": Offsets.of_this_kernel().task_pid}, name="ustack_children"))
+    owned.link(bpf_syscall.attach_raw_tracepoint("task_newtask", prog))
 
 
-class ExecArming:
-    """armed[0] set when the held command `pid` execs (exec.bpf.c's
-    exec_armed on the raw tracepoint sched_process_exec); the probes'
-    programs wait for it. Made before any perf event opens on that
+def arm_on_exec(pid: int, owned: RunObjects):
+    """The map `armed`, whose [0] is set when the held command `pid` execs
+    (exec.bpf.c's exec_armed on the raw tracepoint sched_process_exec); the
+    probes' programs wait for it. Made before any perf event opens on that
     tracepoint: handlers run in the order they were registered, and the
     count program of `tracepoint:sched:sched_process_exec` must see the
-    command's own exec armed already."""
-
-    def __init__(self, pid: int):
-        obj = bpf_program_object("exec")
-        self.map = obj.make_map("armed")
-        self._fds: list = []
-        try:
-            self._fds.append(obj.load("exec_armed", {"armed": self.map},
-                                      {"traced_tgid": pid}, name="ustack_exec"))
-            self._fds.insert(0, bpf.attach_raw_tracepoint("sched_process_exec",
-                                                          self._fds[-1]))
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        for fd in self._fds:                # the link first, then its program
-            os.close(fd)
-        self._fds.clear()
-        self.map.close()
-
-
-def read_calls(counts: bpf.Map, n: int, reset: bool = False) -> list:
-    """funccount's ARRAY of calls per probe index, in index order; `reset`
-    zeroes each after reading it (funccount -i)."""
-    out = []
-    for i in range(n):
-        key = i.to_bytes(4, "little")
-        out.append(_U64.unpack(counts.lookup(key))[0])
-        if reset:
-            counts.update(key, bytes(8))
-    return out
+    command's own exec armed already. `owned` keeps and closes it all."""
+    obj = bpf_program_object("exec")
+    armed = owned.map(obj.make_map("armed"))
+    prog = owned.program(obj.load("exec_armed", {"armed": armed},
+                                  {"traced_tgid": pid}, name="ustack_exec"))
+    owned.link(bpf_syscall.attach_raw_tracepoint("sched_process_exec", prog))
+    return armed
 
 
 def with_ring_records(chunks: list, counter, chunk_type) -> list:
@@ -135,11 +106,11 @@ def with_ring_records(chunks: list, counter, chunk_type) -> list:
 
 def prog_type_of(probe) -> int:
     if isinstance(probe, UprobeProbe):
-        return bpf.PROG_KPROBE
+        return bpf_syscall.PROG_KPROBE
     if isinstance(probe, TracepointProbe):
-        return bpf.PROG_TRACEPOINT
+        return bpf_syscall.PROG_TRACEPOINT
     if isinstance(probe, ProfileProbe):
-        return bpf.PROG_PERF_EVENT
+        return bpf_syscall.PROG_PERF_EVENT
     raise TypeError(probe)
 
 
@@ -150,63 +121,47 @@ def program_result(probe) -> int:
 
 
 class BpfCounter:
-    """The maps and programs of one run, attached to a PerfCapture's events."""
+    """The maps and programs of one run, attached to a PerfCapture's
+    events; `owned` (the capture's) keeps and closes them. Counts stacks
+    walked by frame pointers (counts.bpf.c); the unwinder, latency and
+    off-CPU count otherwise (subclasses)."""
     interrupt = NEVER       # the run's Interrupt: loading gives up when requested
+    ring = None             # a BPF ring buffer the capture reads (the unwinder's)
+    objects = None          # the objects whose unwind rows are loaded (the unwinder's)
 
-    def __init__(self, probes: list, *, stack_storage: int = DEFAULT_STACK_STORAGE,
-                 kernel: bool = False, filter_tgid=None, calls_only: bool = False):
-        self._no_maps_yet(probes, kernel, calls_only)
+    def __init__(self, probes: list, owned: RunObjects, *,
+                 stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
+                 filter_tgid=None, armed=None):
+        self._no_maps_yet(probes, owned, kernel, armed)
         # frames kept per stack: the kernel's limit, at most bcc's 127
         self.max_depth = max(1, min(pe.max_stack(), 127))
-        try:
-            if calls_only:
-                self.counts = self._keep(bpf_program_object("funccount").make_map(
-                    "calls", max(1, len(probes))))
-                self.named["calls"] = self.counts
-            else:
-                obj = bpf_program_object("counts")
-                self.stacks = self._keep(obj.make_map("stacks", stack_storage,
-                                                      value_size=8 * self.max_depth))
-                self.counts = self._keep(obj.make_map(
-                    "counts", max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
-                self.errors = self._keep(obj.make_map("errors"))
-                self.named.update(stacks=self.stacks, counts=self.counts,
-                                  errors=self.errors)
-            self.follow_if_traced(filter_tgid)
-        except BaseException:
-            self.close()
-            raise
+        obj = bpf_program_object("counts")
+        self.stacks = owned.map(obj.make_map("stacks", stack_storage,
+                                             value_size=8 * self.max_depth))
+        self.counts = owned.map(obj.make_map(
+            "counts", max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
+        self.errors = owned.error_counters(owned.map(obj.make_map("errors")),
+                                           obj.enum("count_error"))
+        self.named.update(stacks=self.stacks, counts=self.counts, errors=self.errors)
+        self.follow_if_traced(filter_tgid)
 
-    def _no_maps_yet(self, probes: list, kernel: bool = False,
-                     calls_only: bool = False) -> None:
-        """The fields every counter has before it makes its maps."""
+    def _no_maps_yet(self, probes: list, owned: RunObjects, kernel: bool = False,
+                     armed=None) -> None:
+        """The fields every counter has before it makes its maps. `armed`:
+        the map a -c command's exec arms (arm_on_exec), or None."""
         self.probes = probes
+        self.owned = owned
         self.kernel = kernel
-        self.calls_only = calls_only        # funccount: no stacks
-        self.maps: list = []
-        self.prog_fds: list = []
-        self.event_fds: list = []
-        self.armed = None                   # set by arm_on_exec()
+        self.armed = armed
         self.tgids = None                   # for tracepoints under -p/-c: see follow()
         self.loaded: dict = {}              # probe index -> program fd, load_programs()
         self.named: dict = {}               # the C programs' maps by their names
-
-    def _map(self, *args) -> bpf.Map:
-        return self._keep(bpf.Map(*args))
-
-    def _keep(self, m: bpf.Map) -> bpf.Map:
-        self.maps.append(m)
-        return m
 
     def _program(self, index: int, probe) -> int:
         """Load the probe's program: funccount.bpf.c's count_call, or
         counts.bpf.c's count_stack, told what the probe needs."""
         result = program_result(probe)
         armed = self.armed is not None
-        if self.calls_only:
-            return self._load_c("funccount", "count_call", probe, {
-                "probe_index": index, "result": result, "wait_for_exec": armed},
-                f"ustack_{index}")
         slot = getattr(probe, "return_address_slot", None)
         bits = bpf_program_object("counts").enum("count_option")
         wanted = {"COUNT_ONLY_TRACED": self.tgids is not None
@@ -228,11 +183,10 @@ class BpfCounter:
             if m is not None:
                 maps[shared] = m
         before = set(maps)
-        fd = bpf_program_object(obj_name).load(program, maps, rodata,
-                                               prog_type_of(probe), name)
-        self.prog_fds.append(fd)
+        fd = self.owned.program(bpf_program_object(obj_name).load(
+            program, maps, rodata, prog_type_of(probe), name))
         for name in set(maps) - before:
-            self.named[name] = self._keep(maps[name])
+            self.named[name] = self.owned.map(maps[name])
         return fd
 
     def follow_if_traced(self, tgid) -> None:
@@ -245,24 +199,16 @@ class BpfCounter:
     def follow(self, tgid: int) -> None:
         """Tracepoints count process `tgid` and every child it forks from
         now on (and theirs), as the perf backend's inherited events do."""
-        self.tgids = traced_set(tgid)
-        self.maps.append(self.tgids)
-        fd, prog = follow_children(self.tgids)
-        self.event_fds.append(fd)
-        self.prog_fds.append(prog)
-
-    def arm_on_exec(self, arming: ExecArming) -> None:
-        """Count trace events only after the held command exec'd (`arming`
-        says when); call before the programs are loaded."""
-        self.armed = arming.map
+        self.tgids = self.owned.map(traced_set(tgid))
+        follow_children(self.tgids, self.owned)
 
     def skipped(self) -> int:
         """Events the kernel skipped the probes' programs for (see
-        bpf.recursion_misses)."""
+        bpf_syscall.recursion_misses)."""
         total = 0
         for fd in set(self.loaded.values()):
             try:
-                total += bpf.recursion_misses(fd)
+                total += bpf_syscall.recursion_misses(fd)
             except OSError:
                 pass
         return total
@@ -270,7 +216,7 @@ class BpfCounter:
     def load_programs(self) -> None:
         """Load (verify) every probe's program ahead of attach(), which
         takes them from `loaded`: BpfCapture has the kernel verify them
-        while the unwinder's rows load. Call after arm_on_exec()."""
+        while the unwinder's rows load."""
         for index, probe in enumerate(self.probes):
             if index not in self.loaded:
                 self.interrupt.check()      # the verifier takes ~8 ms a program
@@ -291,9 +237,9 @@ class BpfCounter:
                 self.interrupt.check()
                 anchored.add(index)
                 if not isinstance(probe, ProfileProbe):
-                    bpf.attach(self._anchor(capture, probe), progs[index])
+                    bpf_syscall.attach(self._anchor(capture, probe), progs[index])
             if isinstance(probe, ProfileProbe):
-                bpf.attach(fd, progs[index])
+                bpf_syscall.attach(fd, progs[index])
 
     @staticmethod
     def _anchor(capture, probe) -> int:
@@ -324,10 +270,6 @@ class BpfCounter:
                 self.counts.delete(k)
         return out
 
-    def calls(self, reset: bool = False) -> list:
-        """Calls per probe (funccount), in probe order."""
-        return read_calls(self.counts, len(self.probes), reset)
-
     def stack_bytes(self, stack_id: int) -> bytes:
         """The addresses of a stack id as u64s, innermost first, up to the
         first 0 (b"" for none or gone)."""
@@ -340,20 +282,6 @@ class BpfCounter:
             if not any(raw[i:i + 8]):
                 return bytes(raw[:i])
         return bytes(raw)
-
-    def errors_seen(self) -> list:
-        return [_U64.unpack(self.errors.lookup(i.to_bytes(4, "little")))[0]
-                for i in range(self.errors.max_entries)]
-
-    def close(self) -> None:
-        for fd in self.event_fds + self.prog_fds:
-            os.close(fd)
-        self.prog_fds.clear()
-        self.event_fds.clear()
-        for m in self.maps:
-            m.close()
-        self.maps.clear()
-
 
 
 def ring_bytes(buffer_pages: int) -> int:

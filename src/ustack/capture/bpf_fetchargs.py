@@ -44,9 +44,10 @@ from __future__ import annotations
 import re
 import struct
 
-from ..kernel import bpf
-from ..kernel.bpf import (ADD, JEQ, JGT, JLE, JNE, JSGE, LSH, SUB, Asm, alu_imm, alu_reg, call, ld_map_fd,
-                          jmp_imm, jmp_reg, ld_func, ld_imm64, ldx, mov, mov_imm, st_imm, stx)
+from ..kernel import bpf_syscall
+from ..kernel.bpf_syscall import (ADD, JEQ, JGT, JLE, JNE, JSGE, LSH, SUB, Asm, alu_imm,
+                                  alu_reg, call, ld_map_fd, jmp_imm, jmp_reg, ld_func,
+                                  ld_imm64, ldx, mov, mov_imm, st_imm, stx)
 from ..model import UstackError
 from ..probes.fetchargs import parse_fetch_args, probe_kinds
 from ..values import replace, value
@@ -271,7 +272,7 @@ class _Emitter:
                 a.emit(mov(1, self.base), alu_imm(ADD, 1, slot + k * arg.size),
                        mov_imm(2, arg.size), ldx(3, 10, ADDR))
                 self.add(3, k * arg.size)
-                a.emit(call(bpf.PROBE_READ_USER))
+                a.emit(call(bpf_syscall.PROBE_READ_USER))
             if arg.read:
                 a.jump(jmp_imm, JEQ, 0, 0, to=f"{self.tag}read")
                 self.where_in_file(slot, f"{self.tag}read")
@@ -286,7 +287,7 @@ class _Emitter:
         (0, or a string of length 0)."""
         a, slot = self.a, self.at + arg.slot
         if self.faults:
-            a.jump(bpf.ja, to=f"{self.tag}done")
+            a.jump(bpf_syscall.ja, to=f"{self.tag}done")
             a.label(f"{self.tag}fault")
             for k in range(0, arg.slot_size, 8):
                 a.emit(st_imm(self.base, slot + k, 0))
@@ -351,9 +352,9 @@ class _Emitter:
         a = self.a
         for k in range(0, 40, 8):
             a.emit(st_imm(10, VMA + k, 0))
-        a.emit(call(bpf.GET_CURRENT_TASK_BTF), mov(1, 0), ldx(2, 10, ADDR))
+        a.emit(call(bpf_syscall.GET_CURRENT_TASK_BTF), mov(1, 0), ldx(2, 10, ADDR))
         a.jump(ld_func, 3, to="vma")
-        a.emit(mov(4, 10), alu_imm(ADD, 4, VMA), mov_imm(5, 0), call(bpf.FIND_VMA))
+        a.emit(mov(4, 10), alu_imm(ADD, 4, VMA), mov_imm(5, 0), call(bpf_syscall.FIND_VMA))
         a.jump(jmp_imm, JNE, 0, 0, to=failed)
         a.emit(ldx(1, 10, VMA + 32))
         a.jump(jmp_imm, JEQ, 1, 0, to=failed)
@@ -369,14 +370,14 @@ class _Emitter:
         a = self.a
         if arg.node[0] == "comm":
             a.emit(mov(1, 10), alu_imm(ADD, 1, COMM), mov_imm(2, 16),
-                   call(bpf.GET_CURRENT_COMM), mov(1, 10), alu_imm(ADD, 1, COMM),
+                   call(bpf_syscall.GET_CURRENT_COMM), mov(1, 10), alu_imm(ADD, 1, COMM),
                    stx(10, ADDR, 1))
-            return bpf.PROBE_READ_KERNEL_STR, 16
+            return bpf_syscall.PROBE_READ_KERNEL_STR, 16
         _op, off, inner = arg.node            # the string at inner + off
         self.value(inner)
         self.add(1, off)
         a.emit(stx(10, ADDR, 1))
-        return bpf.PROBE_READ_USER_STR, STRING_READ
+        return bpf_syscall.PROBE_READ_USER_STR, STRING_READ
 
     def accumulate(self, at: int) -> None:
         """r10[at] = min(r10[at] + r0, room)."""
@@ -392,14 +393,14 @@ class _Emitter:
         faults jumps to the arg's fault label."""
         a, op = self.a, node[0]
         if op == "reg":
-            a.emit(ldx(1, 6, bpf.PT_REGS[node[1]]))
+            a.emit(ldx(1, 6, bpf_syscall.PT_REGS[node[1]]))
         elif op == "imm":
             a.emit(ld_imm64(1, node[1]))
         elif op == "file":                        # @+OFFSET: ip - probe's offset + OFFSET
-            a.emit(ldx(1, 6, bpf.PT_REGS["ip"]))
+            a.emit(ldx(1, 6, bpf_syscall.PT_REGS["ip"]))
             self.add(1, self.f.file_base + node[1])
         elif op == "stack":                       # $stackN: 0 where unreadable
-            a.emit(ldx(3, 6, bpf.PT_REGS["sp"]))
+            a.emit(ldx(3, 6, bpf_syscall.PT_REGS["sp"]))
             self.add(3, 8 * node[1])
             self.read_word()
         elif op == "deref":
@@ -416,7 +417,7 @@ class _Emitter:
     def read_word(self) -> None:
         """r1 = the user word at r3 (0 if unreadable); r0 = the helper's result."""
         self.a.emit(mov(1, 10), alu_imm(ADD, 1, TMP), mov_imm(2, 8),
-                    call(bpf.PROBE_READ_USER), ldx(1, 10, TMP))
+                    call(bpf_syscall.PROBE_READ_USER), ldx(1, 10, TMP))
 
     def add(self, reg: int, n: int) -> None:
         if n == 0:
@@ -468,14 +469,14 @@ def tail_programs(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
 
 def _lookup0(a: Asm, m, dst: int) -> None:
     a.emit(st_imm(10, _EXACT_WORD, 0, size=4), ld_map_fd(1, m.fd), mov(2, 10),
-           alu_imm(ADD, 2, _EXACT_WORD), call(bpf.MAP_LOOKUP), mov(dst, 0))
+           alu_imm(ADD, 2, _EXACT_WORD), call(bpf_syscall.MAP_LOOKUP), mov(dst, 0))
 
 
 def _count(a: Asm, errors, slot: int) -> None:
     a.emit(st_imm(10, _EXACT_WORD, slot, size=4), ld_map_fd(1, errors.fd), mov(2, 10),
-           alu_imm(ADD, 2, _EXACT_WORD), call(bpf.MAP_LOOKUP))
+           alu_imm(ADD, 2, _EXACT_WORD), call(bpf_syscall.MAP_LOOKUP))
     a.jump(jmp_imm, JEQ, 0, 0, to="counted")
-    a.emit(mov_imm(1, 1), bpf.atomic_add(0, 0, 1))
+    a.emit(mov_imm(1, 1), bpf_syscall.atomic_add(0, 0, 1))
     a.label("counted")
 
 
@@ -494,7 +495,7 @@ def _stream_program(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
     a.emit(ldx(3, 10, ARGS_SAVED))
     fetch.emit_length(a, 3)
     a.emit(alu_imm(ADD, 3, c.record_size), ld_map_fd(1, c.ring.fd), mov(2, 8),
-           alu_imm(ADD, 2, c.record_at), mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
+           alu_imm(ADD, 2, c.record_at), mov_imm(4, 0), call(bpf_syscall.RINGBUF_OUTPUT))
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     _count(a, c.errors, c.ring_full)
     return _finish(a, fetch, c, offsets)
@@ -510,7 +511,7 @@ def _deferred_program(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
     fetch.emit(a, 9, c.deferred_size, "dfa")
     a.emit(mov_imm(3, c.deferred_size))
     fetch.emit_length(a, 3)
-    a.emit(ld_map_fd(1, c.ring.fd), mov(2, 9), mov_imm(4, 0), call(bpf.RINGBUF_OUTPUT))
+    a.emit(ld_map_fd(1, c.ring.fd), mov(2, 9), mov_imm(4, 0), call(bpf_syscall.RINGBUF_OUTPUT))
     a.jump(jmp_imm, JEQ, 0, 0, to="out")
     _count(a, c.errors, c.undeferred)
     a.emit(mov(1, 6), ld_map_fd(2, c.fetch_args.fd), mov_imm(3, c.stream_slot),
@@ -520,7 +521,7 @@ def _deferred_program(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
 
 def _finish(a: Asm, fetch: FetchArgs, c: TailContract, offsets) -> tuple:
     a.label("out")
-    a.emit(mov_imm(0, c.result), bpf.exit_())
+    a.emit(mov_imm(0, c.result), bpf_syscall.exit_())
     if not any(f.read or (f.string and f.node[0] != "comm") for f in fetch.args):
         return a.assemble(), ()         # no where_in_file: no callback
     vma = len(a)
@@ -541,7 +542,7 @@ def _vma_callback(a: Asm, o) -> None:
     a.emit(ldx(4, 4, o.mm_vdso), ldx(5, 3, 0))
     a.jump(jmp_reg, JNE, 4, 5, to="v_out")
     a.emit(st_imm(3, 32, 1))
-    a.jump(bpf.ja, to="v_out")
+    a.jump(bpf_syscall.ja, to="v_out")
     a.label("v_file")
     a.emit(ldx(1, 1, o.f_inode))
     a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
@@ -549,7 +550,7 @@ def _vma_callback(a: Asm, o) -> None:
     a.jump(jmp_imm, JEQ, 1, 0, to="v_out")
     a.emit(ldx(1, 1, o.s_dev, size=4), stx(3, 24, 1))
     a.label("v_out")
-    a.emit(mov_imm(0, 0), bpf.exit_())
+    a.emit(mov_imm(0, 0), bpf_syscall.exit_())
 
 
 # --- compiling -------------------------------------------------------------------
@@ -640,7 +641,7 @@ def _parse(fetch: str, ret: bool) -> tuple:
     ('file', offset), ('comm',), ('deref', offset, inner)."""
     if fetch.startswith("%"):
         reg = fetch[1:]
-        if reg not in bpf.PT_REGS:
+        if reg not in bpf_syscall.PT_REGS:
             raise CannotFetch(f"no register {fetch} in pt_regs")
         return ("reg", reg)
     if fetch == "$retval":

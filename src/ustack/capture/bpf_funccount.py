@@ -13,49 +13,47 @@ forks; a system-wide run counts every process but ustack itself."""
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections import defaultdict
 
-from ..kernel import bpf
-from ..model import Losses, UstackError
-from .bpf_counter import ExecArming, bpf_program_object, read_calls
+from ..kernel import bpf_syscall
+from ..model import UstackError
+from .bpf_counter import arm_on_exec, bpf_program_object
+from .contract import Capture
+from .run_objects import RunObjects
+
+_U64 = struct.Struct("<Q")
 
 
-class FuncCountCapture:
-    """The capture interface (see capture/perf.py) with nothing to stream:
-    the counts are read with calls()."""
-    unwind_note = ""
-    buffer_pages = 0
+class FuncCountCapture(Capture):
+    """Nothing streams: the counts are read with calls()."""
 
     def __init__(self, probes: list, target):
         self.probes = probes
         self.target = target
-        self.maps: list = []
-        self.fds: list = []               # links, then programs
+        self.owned = RunObjects()
         self.counts = None
-        self.arming = None                # ExecArming of a -c command
 
     def open(self) -> None:
+        owned = self.owned
         try:
             obj = bpf_program_object("funccount")
-            self.counts = obj.make_map("calls", max(1, len(self.probes)))
-            self.maps.append(self.counts)
+            self.counts = owned.map(obj.make_map("calls", max(1, len(self.probes))))
             scope = self.target.scope
-            if scope == "command":
-                self.arming = ExecArming(self.target.pid)
-            # funccount.bpf.c's count_by_cookie: calls[cookie] += 1
             maps = {"calls": self.counts}
-            if self.arming is not None:
-                maps["armed"] = self.arming.map
+            if scope == "command":
+                maps["armed"] = arm_on_exec(self.target.pid, owned)
             given = set(maps)
+            # funccount.bpf.c's count_by_cookie: calls[cookie] += 1
             try:
-                prog = obj.load("count_by_cookie", maps, {
-                    "wait_for_exec": self.arming is not None,
+                prog = owned.program(obj.load("count_by_cookie", maps, {
+                    "wait_for_exec": "armed" in given,
                     "skip_tgid": os.getpid() if scope == "system" else 0},
-                    name="ustack_calls")
+                    name="ustack_calls"))
             finally:                      # made for the load: (no -c) an unused `armed`
-                self.maps.extend(m for name, m in maps.items() if name not in given)
-            self.fds.append(prog)
+                for name in set(maps) - given:
+                    owned.map(maps[name])
             # -p 1,2,3: a link per process (each costs one wait at close)
             pids = (self.target.pid,) if scope != "system" else self.target.pids or (0,)
             sites: dict = defaultdict(list)       # path -> [(file offset, index)]
@@ -64,12 +62,12 @@ class FuncCountCapture:
             for path, where in sites.items():
                 for pid in pids:
                     try:
-                        link = bpf.attach_uprobe_multi(
+                        link = bpf_syscall.attach_uprobe_multi(
                             prog, path, [o for o, _i in where], [i for _o, i in where], pid)
                     except OSError as e:
                         raise UstackError(f"cannot put {len(where)} uprobe(s) on {path}: "
                                           f"{e.strerror}")
-                    self.fds.insert(0, link)
+                    owned.link(link)
         except BaseException:
             self.close()
             raise
@@ -85,33 +83,22 @@ class FuncCountCapture:
     def decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         return len(chunk)
 
-    def stop(self) -> None:
-        pass
-
-    def flush_lost(self) -> None:
-        pass
-
-    def losses(self) -> Losses:
-        return Losses()
-
     def calls(self, reset: bool = False) -> list:
-        """Calls per probe, in probe order."""
-        return read_calls(self.counts, len(self.probes), reset)
+        """Calls per probe, in probe order; `reset` zeroes each after
+        reading it (funccount -i)."""
+        out = []
+        for i in range(len(self.probes)):
+            key = i.to_bytes(4, "little")
+            out.append(_U64.unpack(self.counts.lookup(key))[0])
+            if reset:
+                self.counts.update(key, bytes(8))
+        return out
 
     def close(self) -> None:
-        for fd in self.fds:               # links first: nothing runs the programs
-            os.close(fd)
-        self.fds.clear()
-        if self.arming is not None:
-            self.arming.close()
-            self.arming = None
-        for m in self.maps:
-            m.close()
-        self.maps.clear()
-
+        self.owned.close()              # links first: nothing runs the program
 
 
 def uprobe_multi_supported(release: str = "") -> bool:
     """Whether this kernel makes uprobe_multi links: Linux 6.6 and later
     (asking the kernel itself would cost a link, and closing one waits)."""
-    return bpf.kernel_at_least(6, 6, release)
+    return bpf_syscall.kernel_at_least(6, 6, release)

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import struct
 
-from ..kernel import bpf
-from ..model import Losses, MmapEvent, RawSample, TracepointProbe
-from .bpf import BpfCapture
-from .bpf_counter import (BpfCounter, bpf_program_object, program_result, ring_bytes,
-                          with_ring_records)
+from ..kernel import bpf_syscall
+from ..model import Losses, RawSample, TracepointProbe
+from .bpf_capture import BpfCapture, uncounted
+from .bpf_counter import BpfCounter, bpf_program_object, program_result, ring_bytes
 from ..values import value
 
 # the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
@@ -63,25 +62,21 @@ class Site:
     goroutine: bool = False          # key on the goroutine (r14), not the thread
 
 
-class LatencyMaps(bpf.MapSet):
-    """latency.bpf.c's maps, as it declares them (sized here)."""
+class LatencyMaps:
+    """latency.bpf.c's maps, as it declares them (sized here), kept by
+    `owned` (a RunObjects)."""
 
-    def __init__(self, functions: int, entries: int, hists: int, ring_bytes: int = 0):
-        super().__init__()
+    def __init__(self, owned, functions: int, entries: int, hists: int,
+                 ring_bytes: int = 0):
         self.ring = None
         obj = latency_object()
-        try:
-            for name, size in (("entries", entries), ("hists", hists),
-                               ("tails", max(functions, 1)), ("errors", None),
-                               ("zero", None)):
-                m = obj.make_map(name, size)
-                self.all.append(m)
-                setattr(self, name, m)
-            if ring_bytes:
-                self.ring = bpf.RingBuf(ring_bytes, "ustack_latring")
-        except BaseException:
-            self.close()
-            raise
+        for name, size in (("entries", entries), ("hists", hists),
+                           ("tails", max(functions, 1)), ("errors", None),
+                           ("zero", None)):
+            setattr(self, name, owned.map(obj.make_map(name, size)))
+        owned.error_counters(self.errors, obj.enum("latency_error"))
+        if ring_bytes:
+            self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_latring"))
 
     def by_name(self) -> dict:
         """The maps by their names in latency.bpf.c."""
@@ -90,12 +85,6 @@ class LatencyMaps(bpf.MapSet):
         if self.ring is not None:
             named["ring"] = self.ring.map
         return named
-
-    def close(self) -> None:
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
-        super().close()
 
 
 # --- the counter and the capture ---------------------------------------------------
@@ -125,36 +114,31 @@ class LatencyCounter(BpfCounter):
     `tables`: the in-kernel unwinder's rows of an object, when the entry's
     stack is wanted with DWARF; `fp_stacks`: wanted with frame pointers."""
 
-    def __init__(self, probes: list, sites: list, *, unit_ns: int, by_stack: bool,
+    def __init__(self, probes: list, owned, sites: list, *, unit_ns: int, by_stack: bool,
                  slower_ns: int | None, tables=None, fp_stacks: bool = False,
-                 filter_tgid=None, stack_storage: int = 1024, ring_bytes: int = 0):
-        self._no_maps_yet(probes)
+                 filter_tgid=None, armed=None, stack_storage: int = 1024,
+                 ring_bytes: int = 0):
+        self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
-        self.objects = self.unwind_maps = None
+        self.unwind_maps = None
         self.stacks = self.fp_stacks = None
         functions = 1 + max(s.function for s in sites)
-        self.lat = None
-        try:
-            self.lat = LatencyMaps(functions, ENTRY_SLOTS, HIST_SLOTS,
-                                   ring_bytes if slower_ns is not None else 0)
-            self.ring = self.lat.ring
-            if tables is not None:
-                from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
-                self.unwind_maps = UnwindMaps(DEFAULT_ROWS, stack_storage, 16)
-                self.maps.append(self.unwind_maps)  # closed with the others
-                self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
-            elif fp_stacks:
-                from ..kernel import perf_event as pe
-                self.max_depth = max(1, min(pe.max_stack(), 127))
-                obj = latency_object()
-                self.stacks = self._keep(obj.make_map("stacks", stack_storage,
-                                                      value_size=8 * self.max_depth))
-                self.fp_stacks = self._keep(obj.make_map("fp_stacks", stack_storage))
-            self.follow_if_traced(filter_tgid)
-        except BaseException:
-            self.close()
-            raise
+        self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS,
+                               ring_bytes if slower_ns is not None else 0)
+        self.ring = self.lat.ring
+        if tables is not None:
+            from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
+            self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
+            self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
+        elif fp_stacks:
+            from ..kernel import perf_event as pe
+            self.max_depth = max(1, min(pe.max_stack(), 127))
+            obj = latency_object()
+            self.stacks = owned.map(obj.make_map("stacks", stack_storage,
+                                                 value_size=8 * self.max_depth))
+            self.fp_stacks = owned.map(obj.make_map("fp_stacks", stack_storage))
+        self.follow_if_traced(filter_tgid)
 
     def _load(self, index: int) -> int:
         probe, site = self.probes[index], self.sites[index]
@@ -211,7 +195,7 @@ class LatencyCounter(BpfCounter):
         indexes = sorted({self.probes.index(p) for p, _fd in capture.opened},
                          key=lambda i: order[self.sites[i].role])
         for index in indexes:
-            bpf.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
+            bpf_syscall.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
 
     def histograms(self) -> list:
         out = []
@@ -262,19 +246,6 @@ class LatencyCounter(BpfCounter):
         the end of the run, or left by a longjmp, a panic, an exit."""
         return sum(struct.unpack_from("<Q", v)[0] for _k, v in self.lat.entries.items())
 
-    def latency_errors(self) -> dict:
-        """enum latency_error's names -> what the errors map counted."""
-        return {name: struct.unpack("<Q", self.lat.errors.lookup(i.to_bytes(4, "little")))[0]
-                for name, i in latency_object().enum("latency_error").items()
-                if i < self.lat.errors.max_entries}
-
-    def close(self) -> None:
-        super().close()                  # programs, events, the unwinder's maps
-        if self.lat is not None:
-            self.lat.close()
-            self.lat = None
-        self.ring = None
-
 
 class SlowChunk(bytes):
     """SLOW records read from the latency ring (RingBuf.read)."""
@@ -285,6 +256,8 @@ class LatencyCapture(BpfCapture):
     LatencyCounter attached; its stream carries metadata, and with --slower
     a RawSample per slow call (its probe is the function's index, its args
     (("duration_ns", "u64", ns),), its callchain the entry's stack)."""
+    counts_in_kernel = False            # histograms(), read by the command
+    ring_chunk = SlowChunk
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unit_ns: int, by_stack: bool, slower_ns: int | None,
@@ -294,45 +267,25 @@ class LatencyCapture(BpfCapture):
         self.sites = sites
         self.fp_stacks = fp_stacks
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
-        self.decode = self._decode_latency
-        if slower_ns is not None:
-            self.read_chunks = self._read_chunks
-            self.stop = self._stop
 
     def _new_counter(self) -> LatencyCounter:
-        target = self.target
         return LatencyCounter(
-            self.probes, self.sites, unit_ns=self.unit_ns, by_stack=self.by_stack,
-            slower_ns=self.slower_ns, tables=self.unwind_tables,
-            fp_stacks=self.fp_stacks,
-            filter_tgid=target.pid if target.scope != "system" else None,
-            stack_storage=self.stack_storage,
-            ring_bytes=ring_bytes(self.buffer_pages))
+            self.probes, self.owned, self.sites, unit_ns=self.unit_ns,
+            by_stack=self.by_stack, slower_ns=self.slower_ns, tables=self.unwind_tables,
+            fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
+            stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages))
 
-    def _read_chunks(self, timeout_ms: int) -> list:
-        return with_ring_records(self.events.read_chunks(timeout_ms), self.counter,
-                                 SlowChunk)
-
-    def _decode_latency(self, chunk, metas: list, samples: list, offset: int,
-                        limit: int) -> int:
-        if isinstance(chunk, SlowChunk):
-            end = min(len(chunk), offset + limit)
-            slow = _layout("slow_call")
-            while offset < end:
-                n = struct.unpack_from("<I", chunk, offset)[0]
-                t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, offset + 4)
-                chain, ret = self.counter.stack_of(h)
-                samples.append(RawSample(function, pid_tgid >> 32,
-                                         pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
-                                         args=(("duration_ns", "u64", ns),)))
-                offset += 4 + n
-            return offset
-        before = len(metas)
-        offset = self.events.decode(chunk, metas, samples, offset, limit)
-        if self.counter is not None and self.counter.objects is not None:
-            for _time, event in metas[before:]:
-                if isinstance(event, MmapEvent):
-                    self.counter.objects.add_mapping(event.mapping, event.pid)
+    def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
+        end = min(len(chunk), offset + limit)
+        slow = _layout("slow_call")
+        while offset < end:
+            n = struct.unpack_from("<I", chunk, offset)[0]
+            t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, offset + 4)
+            chain, ret = self.counter.stack_of(h)
+            samples.append(RawSample(function, pid_tgid >> 32,
+                                     pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
+                                     args=(("duration_ns", "u64", ns),)))
+            offset += 4 + n
         return offset
 
     def histograms(self) -> list:
@@ -344,17 +297,9 @@ class LatencyCapture(BpfCapture):
     def in_flight(self) -> int:
         return self.counter.in_flight()
 
-    def losses(self) -> Losses:
-        events = self.events.losses()
-        if self.counter is None:
-            return Losses(events.lost, events.throttled)
-        errors = self.counter.latency_errors()
-        deep, hists_full, entries_full, ring_full = (
-            errors[name] for name in ("LAT_TOO_DEEP", "LAT_HISTS_FULL", "LAT_ENTRIES_FULL",
-                                      "LAT_RING_FULL"))
-        uncounted = tuple((why, n) for why, n in (
-            (f"were nested deeper than {MAX_DEPTH} levels (not timed)", deep),
-            ("found the histogram map full", hists_full),
-            ("found the entry map full", entries_full)) if n)
-        return Losses(events.lost + ring_full, events.throttled, uncounted,
-                      skipped=self.counter.skipped())
+    def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        return Losses(events.lost + errors["LAT_RING_FULL"], events.throttled, uncounted(
+            errors, ((f"were nested deeper than {MAX_DEPTH} levels (not timed)",
+                      "LAT_TOO_DEEP"),
+                     ("found the histogram map full", "LAT_HISTS_FULL"),
+                     ("found the entry map full", "LAT_ENTRIES_FULL"))), skipped=skipped)

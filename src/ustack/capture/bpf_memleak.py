@@ -26,10 +26,10 @@ from __future__ import annotations
 import struct
 import time
 
-from ..kernel import bpf
-from ..model import Losses, MmapEvent, RawSample
+from ..kernel import bpf_syscall
+from ..model import Losses, RawSample
 from ..values import value
-from .bpf import BpfCapture
+from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
 from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects, kernel_rodata, stack_chain
 from .kernel_offsets import Offsets
@@ -69,28 +69,23 @@ class MemleakCounter(BpfCounter):
     array; a program per allocator kind's entry, one for the returns, one
     for the frees."""
 
-    def __init__(self, probes: list, sites: list, tables, *, stack_storage: int,
-                 max_allocs: int = MAX_ALLOCS):
-        self._no_maps_yet(probes)
+    def __init__(self, probes: list, owned, sites: list, tables, *, stack_storage: int,
+                 armed=None, max_allocs: int = MAX_ALLOCS):
+        self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
-        self.ring = None
-        try:
-            self.unwind_maps = UnwindMaps(DEFAULT_ROWS, stack_storage, 16)
-            self.maps.append(self.unwind_maps)     # closed with the others
-            self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
-            obj = memleak_object()
-            lazy = bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0
-            self.calls = self._keep(obj.make_map("calls"))
-            self.allocs = self._keep(obj.make_map("allocs", max_allocs, flags=lazy))
-            self.totals = self._keep(obj.make_map(
-                "totals", max(TOTAL_SLOTS, 2 * stack_storage), flags=lazy))
-            self.ml_errors = self._keep(obj.make_map("ml_errors"))
-            self.named.update(self.unwind_maps.named())
-            self.named.update(calls=self.calls, allocs=self.allocs, totals=self.totals,
-                              ml_errors=self.ml_errors)
-        except BaseException:
-            self.close()
-            raise
+        self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
+        self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
+        obj = memleak_object()
+        lazy = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
+        self.calls = owned.map(obj.make_map("calls"))
+        self.allocs = owned.map(obj.make_map("allocs", max_allocs, flags=lazy))
+        self.totals = owned.map(obj.make_map(
+            "totals", max(TOTAL_SLOTS, 2 * stack_storage), flags=lazy))
+        self.ml_errors = owned.error_counters(owned.map(obj.make_map("ml_errors")),
+                                              obj.enum("memleak_error"))
+        self.named.update(self.unwind_maps.named())
+        self.named.update(calls=self.calls, allocs=self.allocs, totals=self.totals,
+                          ml_errors=self.ml_errors)
 
     def _program(self, index: int, probe) -> int:
         obj = memleak_object()
@@ -125,7 +120,7 @@ class MemleakCounter(BpfCounter):
                          key=lambda i: order[self.sites[i].role])
         for index in indexes:
             self.interrupt.check()
-            bpf.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
+            bpf_syscall.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
 
     # -- reading ------------------------------------------------------------------
     def outstanding(self, older_ns: int | None = None) -> list:
@@ -152,12 +147,6 @@ class MemleakCounter(BpfCounter):
         return [Outstanding(tgid, stack_chain(self.unwind_maps, h), nbytes, count)
                 for (tgid, h), (nbytes, count) in sums.items()]
 
-    def ml_errors_seen(self) -> dict:
-        """enum memleak_error's name -> its count."""
-        slots = memleak_object().enum("memleak_error")
-        return {name: _U64.unpack(self.ml_errors.lookup(i.to_bytes(4, "little")))[0]
-                for name, i in slots.items() if i < self.ml_errors.max_entries}
-
     def in_calls(self) -> int:
         """Allocator calls entered and not returned (yet)."""
         return len(self.calls.keys())
@@ -168,6 +157,7 @@ class MemleakCapture(BpfCapture):
     MemleakCounter attached; the stream carries only metadata (each new
     mapping's rows are loaded as its record passes), `outstanding()` reads
     the kernel's sums whenever asked."""
+    counts_in_kernel = False            # outstanding(), read by the command
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unwind_tables, stack_storage: int):
@@ -175,39 +165,19 @@ class MemleakCapture(BpfCapture):
                          unwind_tables=unwind_tables)
         self.sites = sites
         self.unwind_note = "stacks unwound in the kernel"
-        self.decode = self._decode_memleak
-        self.read_chunks = self.events.read_chunks
-        self.stop = self.events.stop
 
     def _new_counter(self) -> MemleakCounter:
-        return MemleakCounter(self.probes, self.sites, self.unwind_tables,
-                              stack_storage=self.stack_storage)
-
-    def _decode_memleak(self, chunk, metas: list, samples: list, offset: int,
-                        limit: int) -> int:
-        before = len(metas)
-        offset = self.events.decode(chunk, metas, samples, offset, limit)
-        if self.counter is not None:
-            for _time, event in metas[before:]:
-                if isinstance(event, MmapEvent):
-                    self.counter.objects.add_mapping(event.mapping, event.pid)
-        return offset
+        return MemleakCounter(self.probes, self.owned, self.sites, self.unwind_tables,
+                              stack_storage=self.stack_storage, armed=self.armed)
 
     def outstanding(self, older_ns: int | None = None) -> list:
         """(RawSample of the allocating stack, bytes, blocks) per process and stack."""
         return [(RawSample(0, o.pid, o.pid, 0, -1, o.chain, b""), o.bytes, o.count)
                 for o in self.counter.outstanding(older_ns)]
 
-    def losses(self) -> Losses:
-        events = self.events.losses()
-        if self.counter is None:
-            return events
-        errors = self.counter.ml_errors_seen()
-        uncounted = tuple((why, n) for why, n in (
-            ("found the stack map full (counted without a stack)",
-             errors["ML_STACKS_FULL"]),
-            ("found the call map full", errors["ML_CALLS_FULL"]),
-            ("found the allocation map full", errors["ML_ALLOCS_FULL"]),
-            ("found the per-stack map full", errors["ML_TOTALS_FULL"])) if n)
-        return Losses(events.lost, events.throttled, uncounted,
-                      skipped=self.counter.skipped())
+    def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        return Losses(events.lost, events.throttled, uncounted(errors, (
+            ("found the stack map full (counted without a stack)", "ML_STACKS_FULL"),
+            ("found the call map full", "ML_CALLS_FULL"),
+            ("found the allocation map full", "ML_ALLOCS_FULL"),
+            ("found the per-stack map full", "ML_TOTALS_FULL"))), skipped=skipped)

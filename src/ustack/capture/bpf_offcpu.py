@@ -34,14 +34,14 @@ import os
 import struct
 
 from ..bpf import object_path
-from ..kernel import bpf
+from ..kernel import bpf_syscall
 from ..kernel.bpf_object import bpf_object
 from ..kernel.trace_format import parse_format
 from ..kernel.tracefs import event_format
 from ..model import Losses, RawSample
-from .bpf import BpfCapture
-from .bpf_counter import cut_reason
-from .bpf_unwind import UnwindCounter, kernel_rodata
+from .bpf_capture import uncounted
+from .bpf_dwarf import UnwindCountCapture
+from .bpf_unwind import KernelUnwinder, kernel_rodata
 from .kernel_offsets import Offsets
 from ..values import value
 
@@ -66,7 +66,6 @@ _U64 = struct.Struct("<Q")
 
 # slots of the error array: what could not be recorded (enum offcpu_error)
 _ERRORS = _OBJ.enum("offcpu_error")
-ERR_SLOTS = _ERRORS["OFFCPU_ERROR_SLOTS"]
 
 # sched_switch's prev_state (the kernel's TASK_REPORT bits); 0 is running
 # (preempted, bit 0x100 then says so): ps/bcc's letters
@@ -117,30 +116,23 @@ class _Fields:
         return self.fields[name].offset
 
 
-class OffcpuCounter(UnwindCounter):
+class OffcpuCounter(KernelUnwinder):
     """The unwinder's maps and programs, plus START, WAKERS and OFFCPU;
     probe 0 is sched_switch, probe 1 (with wakers) sched_waking."""
 
-    def __init__(self, probes: list, tables, *, filter_: OffcpuFilter,
-                 stack_storage: int, kernel: bool = False, filter_tgid=None,
+    def __init__(self, probes: list, owned, tables, *, filter_: OffcpuFilter,
+                 stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  exclude_tgid: int | None = None):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
-        super().__init__(probes, tables, stack_storage=stack_storage, kernel=kernel,
-                         filter_tgid=filter_tgid)
-        try:
-            obj = offcpu_object()
-            self.start = self._map_of(obj.make_map("start"))
-            self.wakers = self._map_of(obj.make_map("wakers"))
-            self.offcpu = self._map_of(obj.make_map("offcpu", max(10240, 2 * stack_storage)))
-            self.off_errors = self._map_of(obj.make_map("off_errors"))
-        except BaseException:
-            self.close()
-            raise
-
-    def _map_of(self, m: bpf.Map) -> bpf.Map:
-        self.maps.append(m)
-        return m
+        super().__init__(probes, owned, tables, stack_storage=stack_storage, kernel=kernel,
+                         filter_tgid=filter_tgid, armed=armed)
+        obj = offcpu_object()
+        self.start = owned.map(obj.make_map("start"))
+        self.wakers = owned.map(obj.make_map("wakers"))
+        self.offcpu = owned.map(obj.make_map("offcpu", max(10240, 2 * stack_storage)))
+        self.off_errors = owned.error_counters(owned.map(obj.make_map("off_errors")),
+                                               _ERRORS)
 
     def _program(self, index: int, probe) -> int:
         """offcpu.bpf.c's offcpu_switch (probe 0) or offcpu_waking."""
@@ -176,9 +168,9 @@ class OffcpuCounter(UnwindCounter):
         finally:
             for key in set(named) - before:     # declared maps this run does not use
                 named[key].close()
-        self.prog_fds.append(fd)
+        self.owned.program(fd)
         try:
-            self.verified[index] = bpf.verified_insns(fd)
+            self.verified[index] = bpf_syscall.verified_insns(fd)
         except OSError:
             pass
         return fd
@@ -190,9 +182,9 @@ class OffcpuCounter(UnwindCounter):
         for index, probe in enumerate(self.probes):
             fd = self.loaded[index]
             if index == 0:
-                self.event_fds.append(bpf.attach_raw_tracepoint("sched_switch", fd))
+                self.owned.link(bpf_syscall.attach_raw_tracepoint("sched_switch", fd))
             else:
-                bpf.attach(self._anchor(capture, probe), fd)
+                bpf_syscall.attach(self._anchor(capture, probe), fd)
 
     # -- reading ------------------------------------------------------------------
     def blocked(self) -> list:
@@ -218,13 +210,9 @@ class OffcpuCounter(UnwindCounter):
                                _U64.unpack(v)[0], interrupt))
         return out
 
-    def off_errors_seen(self) -> dict:
-        """enum offcpu_error's name -> its count."""
-        return {name: _U64.unpack(self.off_errors.lookup(i.to_bytes(4, "little")))[0]
-                for name, i in _ERRORS.items() if i < ERR_SLOTS}
 
 
-class OffcpuCapture(BpfCapture):
+class OffcpuCapture(UnwindCountCapture):
     """BpfCapture's events (the sched tracepoints, scoped like the run, so
     the mapping tracker gets its records) with an OffcpuCounter attached;
     `blocked()` reads the sums at the end."""
@@ -237,9 +225,9 @@ class OffcpuCapture(BpfCapture):
 
     def _new_counter(self) -> OffcpuCounter:
         system = self.target.scope == "system"
-        return OffcpuCounter(self.probes, self.unwind_tables, filter_=self.filter,
-                             stack_storage=self.stack_storage, kernel=self.kernel,
-                             filter_tgid=None if system else self.target.pid,
+        return OffcpuCounter(self.probes, self.owned, self.unwind_tables,
+                             filter_=self.filter, stack_storage=self.stack_storage,
+                             kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed,
                              exclude_tgid=os.getpid() if system else None)
 
     def blocked(self) -> list:
@@ -265,23 +253,10 @@ class OffcpuCapture(BpfCapture):
         Session.counts() reads (its StackCounts' counts are then times)."""
         return [(sample, ns) for sample, _waker, ns in self.blocked()]
 
-    def _note_cut(self, chain: bytes, n: int) -> None:
-        why = cut_reason(chain)
-        if why is not None:
-            self.cut[why] = self.cut.get(why, 0) + n
-
-    def losses(self) -> Losses:
-        events = self.events.losses()
-        if self.counter is None:
-            return events
-        errors = self.counter.off_errors_seen()
-        start_full, counts_full, wakers_full = (errors[name] for name in (
-            "OFF_START_FULL", "OFF_COUNTS_FULL", "OFF_WAKERS_FULL"))
-        stacks_full = self.counter.errors_seen()["UW_STACKS_FULL"]
-        uncounted = tuple((why, n) for why, n in (
-            ("found the stack map full", stacks_full),
-            ("found the thread map full", start_full),
-            ("found the off-CPU map full", counts_full),
-            ("found the waker map full", wakers_full)) if n)
-        return Losses(events.lost, events.throttled, uncounted, tuple(self.cut.items()),
-                      skipped=self.counter.skipped())
+    def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        return Losses(events.lost, events.throttled, uncounted(errors, (
+            ("found the stack map full", "UW_STACKS_FULL"),
+            ("found the thread map full", "OFF_START_FULL"),
+            ("found the off-CPU map full", "OFF_COUNTS_FULL"),
+            ("found the waker map full", "OFF_WAKERS_FULL"))), tuple(self.cut.items()),
+            skipped=skipped)

@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 
-from ..kernel import bpf
+from ..kernel import bpf_syscall
 from ..kernel import procfs
 from ..model import CommEvent, ExitEvent, Mapping, MmapEvent
 from ..unwind import python_runtime
@@ -46,7 +46,7 @@ def python_object():
     return unwind_object()
 
 
-class PythonMaps(bpf.MapSet):
+class PythonMaps(bpf_syscall.MapSet):
     """python.h's maps, shared by the run's unwinder programs; `lock` is
     held by whoever writes them, and by close()."""
 

@@ -58,7 +58,7 @@ import threading
 from array import array
 from collections.abc import Callable
 
-from ..kernel import bpf, btf
+from ..kernel import bpf_syscall, btf
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.bpf_object import bpf_object
@@ -144,7 +144,7 @@ def deferral_ring_bytes(buffer_pages: int) -> int:
 
 # --- the maps, and the objects loaded into them --------------------------------
 
-class UnwindMaps(bpf.MapSet):
+class UnwindMaps(bpf_syscall.MapSet):
     """The unwinder's maps; `rows_capacity` bounds the rows of every object
     together (16 bytes each), `stacks` the distinct stacks."""
 
@@ -155,7 +155,7 @@ class UnwindMaps(bpf.MapSet):
         # this thread makes the rest, and the run sets up the rest: see rows
         obj = unwind_object()
         self._rows_job = InBackground(obj.make_map, "rows", rows_capacity,
-                                      flags=bpf.F_MMAPABLE)   # filled by a copy
+                                      flags=bpf_syscall.F_MMAPABLE)   # filled by a copy
         self._rows = None
         self._rows_lock = threading.Lock()     # the program's thread or this one
         try:
@@ -166,14 +166,15 @@ class UnwindMaps(bpf.MapSet):
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up
             self.stacks = self._keep(obj.make_map(
-                "unwound", stacks, flags=bpf.F_NO_PREALLOC if bpf.kernel_at_least(6, 1) else 0))
+                "unwound", stacks,
+                flags=bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0))
             self.counts = self._keep(obj.make_map("counts", counts))
             self.errors = self._keep(obj.make_map("unwind_errors"))
         except BaseException:
             self.close()
             raise
 
-    def _keep(self, m: bpf.Map) -> bpf.Map:
+    def _keep(self, m: bpf_syscall.Map) -> bpf_syscall.Map:
         self.all.append(m)
         return m
 
@@ -184,7 +185,7 @@ class UnwindMaps(bpf.MapSet):
                 "counts": self.counts, "unwind_errors": self.errors}
 
     @property
-    def rows(self) -> bpf.Map:
+    def rows(self) -> bpf_syscall.Map:
         """The rows' array, waited for at first use (a program's code or an
         object's rows), so the maps' other users are set up meanwhile."""
         with self._rows_lock:
@@ -352,46 +353,41 @@ def _is_elf(path: str) -> bool:
 DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
 
 
-class UnwindCounter(BpfCounter):
-    """Counts stacks unwound in the kernel; attaches like BpfCounter (one
+class KernelUnwinder(BpfCounter):
+    """The unwinder's maps and programs, counting the stacks it walks or
+    (`trace`) writing a record per event; attaches like BpfCounter (one
     program per trace event, one per sampling event). `ring_bytes`: a ring
     of that size, where the programs defer the stacks they cannot unwind
     yet (_defer); with `trace`, where they write every event's record
     instead of counting it; `fetches`: per probe, its fetch-args
     (bpf_fetchargs.FetchArgs) or None, written into trace's records."""
 
-    def __init__(self, probes: list, tables: TableSource, *,
-                 stack_storage: int, kernel: bool = False, filter_tgid=None,
+    def __init__(self, probes: list, owned, tables: TableSource, *,
+                 stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
                  fetches: tuple = (), python: bool = False):
-        self._no_maps_yet(probes, kernel)
-        self.python = None              # bpf_python.PythonProcs: Python frames in stacks
+        self._no_maps_yet(probes, owned, kernel, armed)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
-        try:
-            self.unwind_maps = UnwindMaps(rows, stack_storage,
-                                          max(MIN_COUNT_ENTRIES, 2 * stack_storage))
-            self.maps.append(self.unwind_maps)      # closed with the counter's maps
-            self.kstacks = None
-            if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
-                self.max_depth = max(1, min(pe.max_stack(), 127))
-                self.kstacks = self.stacks = self._map(
-                    bpf.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
-                    "ustack_kstacks")
-            self.ring = None
-            self.trace = trace and bool(ring_bytes)
-            if ring_bytes:
-                self.ring = bpf.RingBuf(ring_bytes, "ustack_uwring")
-            self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
-            if python and self.ring is not None:     # new code objects come by the ring
-                from .bpf_python import PythonMaps, PythonProcs
-                python_maps = PythonMaps()
-                self.maps.append(python_maps)
-                self.python = PythonProcs(python_maps)
-            self.follow_if_traced(filter_tgid)
-        except BaseException:
-            self.close()
-            raise
+        self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
+        self.python = None               # bpf_python.PythonProcs: Python frames in stacks
+        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage,
+                                                max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
+        owned.error_counters(self.unwind_maps.errors, _ERRORS)
+        self.kstacks = None
+        if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
+            self.max_depth = max(1, min(pe.max_stack(), 127))
+            self.kstacks = self.stacks = owned.map(bpf_syscall.Map(
+                bpf_syscall.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
+                "ustack_kstacks"))
+        self.trace = trace and bool(ring_bytes)
+        if ring_bytes:
+            self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_uwring"))
+        self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
+        if python and ring_bytes:        # new code objects come by the ring
+            from .bpf_python import PythonMaps, PythonProcs
+            self.python = PythonProcs(owned.map(PythonMaps()))
+        self.follow_if_traced(filter_tgid)
 
     def _program(self, index: int, probe) -> int:
         fetch = self.fetches[index] if self.trace and index < len(self.fetches) else None
@@ -403,9 +399,9 @@ class UnwindCounter(BpfCounter):
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
             fetch=fetch_maps, python=self.python.maps if self.python else None,
             name=f"ustack_uw{index}")
-        self.prog_fds.append(fd)
+        self.owned.program(fd)
         try:
-            self.verified[index] = bpf.verified_insns(fd)
+            self.verified[index] = bpf_syscall.verified_insns(fd)
         except OSError:
             pass
         if fetch is not None:
@@ -416,11 +412,9 @@ class UnwindCounter(BpfCounter):
         """A probe's array of fetch-args programs; the deferred records'
         scratch, shared by the probes."""
         obj = unwind_object()
-        if getattr(self, "_deferred", None) is None:
-            self._deferred = obj.make_map("deferred_scratch")
-            self.maps.append(self._deferred)
-        progs = obj.make_map("fetch_args")
-        self.maps.append(progs)
+        if self._deferred is None:
+            self._deferred = self.owned.map(obj.make_map("deferred_scratch"))
+        progs = self.owned.map(obj.make_map("fetch_args"))
         return {"fetch_args": progs, "deferred_scratch": self._deferred}
 
     def _load_fetch(self, index: int, probe, fetch, maps: dict) -> None:
@@ -439,9 +433,8 @@ class UnwindCounter(BpfCounter):
             result=program_result(probe))
         codes = fetch.tail_programs(contract, Offsets.of_this_kernel())
         for slot, (code, functions) in zip(("FETCH_STREAM", "FETCH_DEFERRED"), codes):
-            fd = bpf.load_program(prog_type_of(probe), code, f"ustack_fa{index}",
-                                  functions=functions)
-            self.prog_fds.append(fd)
+            fd = self.owned.program(bpf_syscall.load_program(prog_type_of(probe), code,
+                                                     f"ustack_fa{index}", functions=functions))
             maps["fetch_args"].update(slots[slot].to_bytes(4, "little"),
                                       fd.to_bytes(4, "little"))
 
@@ -463,17 +456,6 @@ class UnwindCounter(BpfCounter):
 
     def _chain(self, h: int) -> bytes:
         return stack_chain(self.unwind_maps, h)
-
-    def errors_seen(self) -> dict:
-        """enum unwind_error's name -> its count."""
-        return {name: _U64.unpack(self.unwind_maps.errors.lookup(i.to_bytes(4, "little")))[0]
-                for name, i in _ERRORS.items() if i < ERR_SLOTS}
-
-    def close(self) -> None:
-        super().close()
-        if getattr(self, "ring", None) is not None:
-            self.ring.close()
-            self.ring = None
 
 
 def regs_source(probe) -> str:
@@ -618,7 +600,7 @@ def _try_load(probe) -> str | None:
     maps = ring = None
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
-        ring = bpf.RingBuf(1 << 14, "ustack_uwtry")
+        ring = bpf_syscall.RingBuf(1 << 14, "ustack_uwtry")
         os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry"))
     except UstackError as e:
         return str(e)

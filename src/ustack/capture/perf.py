@@ -16,7 +16,7 @@ import select
 import time
 
 from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
-from ..interrupt import NEVER, Interrupted
+from ..interrupt import Interrupted
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.perf_records import (BASE_SAMPLE_TYPE, EventLayout, RecordReader,
@@ -30,6 +30,7 @@ from ..model import (Losses, ProfileProbe, TracepointProbe, UprobeProbe,
                      UstackError)
 from ..probes.fetchargs import probe_kinds
 from ..target.process import Target
+from .contract import Capture
 
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
 DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
@@ -63,18 +64,16 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-class PerfCapture:
+class PerfCapture(Capture):
     """Opens the events, owns the fds and ring buffers, hands out chunks
     and decodes them into the run's stream (RawSamples and metadata)."""
-    unwind_note = ""       # nothing to add to the header (TracefsCapture has)
-    interrupt = NEVER      # the run's Interrupt: opening gives up when requested
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
                  modes: tuple = (), stack_size: int = DEFAULT_STACK_SIZE,
                  with_stacks: bool = True):
         self.probes = probes
-        # False: a BPF program counts the stacks (capture/bpf.py) and no
+        # False: a BPF program counts the stacks (capture/bpf_capture.py) and no
         # sample is written; the buffers carry only the tracking records
         self.with_stacks = with_stacks
         # per probe: 'dwarf' samples carry registers and a stack copy
@@ -329,8 +328,7 @@ class PerfCapture:
             except OSError:
                 pass
 
-    @staticmethod
-    def count_samples(chunk: bytes, start: int) -> int:
+    def count_samples(self, chunk: bytes, start: int) -> int:
         """The samples of a chunk from `start`, undecoded."""
         return count_samples(chunk, start)
 

@@ -30,7 +30,6 @@ from ..kernel.perf_event import cpus_online
 from ..kernel import tracefs
 from ..kernel.tracefs import tracepoint_id
 from ..kernel.leftovers import remove_stale_tracing
-from ..interrupt import NEVER
 from ..kernel.uprobe_events import UprobeEvents
 from ..model import Losses, MmapEvent, TracepointProbe, UprobeProbe, UstackError
 from ..probes.fetchargs import RESERVED_PREFIX
@@ -38,6 +37,7 @@ from ..probes.resolve import is_glob
 from ..target.traced_command import TracedCommand
 from .perf import define_uprobe
 from .tracefs_maps import ProcessWatch
+from .contract import Capture
 
 STACK_ARRAY_WORDS = 64               # the kernel's MAX_ARRAY_LEN per fetch-arg
 # The fixed fields of a probe event's record may total at most 3072 bytes
@@ -52,9 +52,8 @@ CUT_AT_LIMIT = f"that is {LIMIT}: --backend perf or bpf copy deeper stacks"
 PAGES_PER_READ = 256                 # per CPU per drain pass
 
 
-class TracefsCapture:
-    """PerfCapture's interface on a private ftrace instance."""
-    interrupt = NEVER       # the run's Interrupt: set-up gives up when requested
+class TracefsCapture(Capture):
+    """The capture contract on a private ftrace instance."""
 
     def __init__(self, probes: list, target, buffer_pages=None,
                  modes: tuple = (), stack_size: int = MAX_STACK_BYTES):

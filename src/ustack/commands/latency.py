@@ -123,26 +123,19 @@ class LatencySession(Session):
 
     def _open_capture(self):
         from ..capture.bpf_latency import LatencyCapture
-        from ..kernel import bpf
         from .. import plan as policy
         request = self.request
-        if not bpf.available():
-            raise UstackError("latency counts in the kernel and BPF is not available "
-                              "here (bpf(2) failed)")
+        self.plan, why = policy.plan_latency(self.probes, self.opts.unwind,
+                                             request.wants_stacks)
         # a uretprobe puts its trampoline in place of the caller's return
         # address: stacks walked through a timed call (nesting, recursion)
         # would end there, so runs that want stacks take returns at RETs
         probes, sites = latency_probes(self.probes,
                                        request.ret_sites or request.wants_stacks,
                                        self.setup_notes)
-        tables, fp, why = None, False, ""
-        if request.wants_stacks:
-            tables, why = _kernel_tables(self.probes, self.opts.unwind)
-            fp = tables is None
-            if why:
-                self.setup_notes.append(f"{why}; entry stacks walk frame pointers")
-        mode = "dwarf" if tables else "fp" if fp else "none"
-        self.plan = policy.Plan("bpf", (mode,) * len(self.probes), kernel_tables=tables)
+        if why:
+            self.setup_notes.append(f"{why}; entry stacks walk frame pointers")
+        tables, fp = self.plan.kernel_tables, "fp" in self.plan.modes
         capture = LatencyCapture(
             probes, sites, self.target, self.opts.buffer_pages,
             unit_ns=request.unit_ns, by_stack=request.by_stack,
@@ -153,19 +146,6 @@ class LatencySession(Session):
         capture.open()
         capture.unwind_note = _returns_note(probes, sites, tables is not None)
         return capture
-
-
-def _kernel_tables(entries: list, unwind: str) -> tuple:
-    """(the in-kernel DWARF unwinder's rows, for the entries' stacks, or
-    None for frame pointers; why not DWARF, to tell the user, or "")."""
-    from ..capture import bpf_unwind
-    from ..unwind import tables
-    if unwind == "fp":
-        return None, ""
-    why = bpf_unwind.why_unavailable(entries)
-    if why is not None:
-        return None, f"in-kernel DWARF unwinding failed to load: {why}"
-    return tables.for_image, ""
 
 
 def _returns_note(probes: list, sites: list, stacks: bool) -> str:

@@ -130,10 +130,10 @@ class MemleakSession(Session):
     def _open_capture(self):
         from ..capture import bpf_unwind
         from ..capture.bpf_memleak import MemleakCapture, Site
-        from ..kernel import bpf
+        from ..kernel import bpf_syscall
         from ..unwind import tables
         from .. import plan as policy
-        if not bpf.available():
+        if not bpf_syscall.available():
             raise UstackError("memleak keeps its tables in the kernel and BPF is not "
                               "available here (bpf(2) failed)")
         why = bpf_unwind.why_unavailable(self.probes)

@@ -43,7 +43,7 @@ def record(opts: Options, archive: bool = False, err: TextIOBase = sys.stderr) -
 
     def drain(session: Session, progress) -> int:
         writers.append(session.recorder.writer)
-        session.drain()
+        session.run_through()
         return session.recorder.writer.events
 
     status, session = run_session(opts, drain, err)

@@ -174,7 +174,8 @@ def _header(session: Session, err: TextIOBase) -> None:
     if len(session.labels) > 3:
         labels += f", … ({len(session.labels)} events)"
     note = "; ".join(n for n in (session.capture.unwind_note,
-                                 getattr(session.capture, "reach_note", "")) if n)
+                                 getattr(session.capture, "reach_note", ""),
+                                 session.jit_hint) if n)
     print(f"Tracing {labels} in {session.target.description} "
           f"[backend {session.plan.backend}, unwind {session.plan.unwind}"
           f"{'; ' + note if note else ''}]"

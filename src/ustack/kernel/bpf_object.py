@@ -28,7 +28,7 @@ import struct
 from collections import namedtuple
 
 from ..model import UstackError
-from . import bpf
+from . import bpf_syscall
 from .btf import Btf
 
 _INSN = struct.Struct("<BBhi")
@@ -51,13 +51,13 @@ _EXT_HDR = struct.Struct("<HBBIIIII")   # magic, version, flags, hdr_len, func/l
 # section name (up to its first "/") -> (program type, expected attach type);
 # "event" programs take their type from the probe they are loaded for
 SECTION_TYPES = {
-    "raw_tracepoint": (bpf.PROG_RAW_TRACEPOINT, 0),
-    "raw_tp": (bpf.PROG_RAW_TRACEPOINT, 0),
-    "kprobe": (bpf.PROG_KPROBE, 0),
-    "uprobe": (bpf.PROG_KPROBE, 0),
-    "uprobe.multi": (bpf.PROG_KPROBE, bpf.TRACE_UPROBE_MULTI),
-    "tracepoint": (bpf.PROG_TRACEPOINT, 0),
-    "perf_event": (bpf.PROG_PERF_EVENT, 0),
+    "raw_tracepoint": (bpf_syscall.PROG_RAW_TRACEPOINT, 0),
+    "raw_tp": (bpf_syscall.PROG_RAW_TRACEPOINT, 0),
+    "kprobe": (bpf_syscall.PROG_KPROBE, 0),
+    "uprobe": (bpf_syscall.PROG_KPROBE, 0),
+    "uprobe.multi": (bpf_syscall.PROG_KPROBE, bpf_syscall.TRACE_UPROBE_MULTI),
+    "tracepoint": (bpf_syscall.PROG_TRACEPOINT, 0),
+    "perf_event": (bpf_syscall.PROG_PERF_EVENT, 0),
     "event": (None, 0),
 }
 
@@ -170,7 +170,7 @@ class BpfObject:
                     fields[member + "_size"] = self.btf.size(target)
                 else:                                      # int (*name)[N]
                     fields[member] = self.btf.extra[target][1]
-            if fields["type"] == bpf.MAP_RINGBUF:
+            if fields["type"] == bpf_syscall.MAP_RINGBUF:
                 # its __type(value, ...) names the record type (for BTF,
                 # so for Python); the kernel wants no key or value size
                 fields["key_size"] = fields["value_size"] = 0
@@ -201,16 +201,16 @@ class BpfObject:
 
     # -- making maps and loading programs -----------------------------------
     def make_map(self, name: str, max_entries: int | None = None,
-                 value_size: int | None = None, flags: int | None = None) -> bpf.Map:
+                 value_size: int | None = None, flags: int | None = None) -> bpf_syscall.Map:
         """The map `name` as declared, its size and flags changed if given."""
         d = self.maps[name]
-        return bpf.Map(d.map_type, d.key_size, value_size or d.value_size,
+        return bpf_syscall.Map(d.map_type, d.key_size, value_size or d.value_size,
                        max_entries or d.max_entries, f"ustack_{name}"[:15],
                        flags=d.flags if flags is None else flags)
 
     def load(self, program: str, maps: dict, rodata: dict | None = None,
              prog_type: int | None = None, name: str = "") -> int:
-        """Load `program` and return its fd. `maps`: name -> bpf.Map for the
+        """Load `program` and return its fd. `maps`: name -> bpf_syscall.Map for the
         maps it uses (.data and .bss by those names); one it uses and
         `maps` lacks is made as declared and added to `maps`, whose owner
         closes them all. `rodata`: values for .rodata's variables (the rest
@@ -228,9 +228,9 @@ class BpfObject:
         btf_fd = -1
         try:
             code, ro = self._relocate(prog, code, text_at, maps, rodata or {})
-            btf_fd = bpf.load_btf(self._loadable_btf())
+            btf_fd = bpf_syscall.load_btf(self._loadable_btf())
             func_info, line_info = self._ext_info(prog, text_at)
-            return bpf.load_with_btf(ptype, code, name or program, btf_fd,
+            return bpf_syscall.load_with_btf(ptype, code, name or program, btf_fd,
                                      func_info, line_info, attach_type)
         finally:
             if btf_fd >= 0:
@@ -287,7 +287,7 @@ class BpfObject:
                                   f"{sym.name or target}, which the loader cannot place")
         return bytes(code), ro
 
-    def _rodata_map(self, values: dict) -> bpf.Map:
+    def _rodata_map(self, values: dict) -> bpf_syscall.Map:
         """.rodata with `values` set, frozen."""
         data = bytearray(self._data[".rodata"])
         variables = self._variables(".rodata")
@@ -297,18 +297,19 @@ class BpfObject:
                                   f"variable {name}")
             off, size, signed = variables[name]
             data[off:off + size] = int(value).to_bytes(size, "little", signed=signed)
-        m = bpf.Map(bpf.MAP_ARRAY, 4, len(data), 1, "ustack.rodata",
-                    flags=bpf.F_RDONLY_PROG)
+        m = bpf_syscall.Map(bpf_syscall.MAP_ARRAY, 4, len(data), 1, "ustack.rodata",
+                    flags=bpf_syscall.F_RDONLY_PROG)
         try:
             m.update(bytes(4), bytes(data))
-            bpf.freeze(m)
+            bpf_syscall.freeze(m)
         except BaseException:
             m.close()
             raise
         return m
 
-    def _data_map(self, section: str) -> bpf.Map:
-        m = bpf.Map(bpf.MAP_ARRAY, 4, len(self._data[section]), 1, f"ustack{section}")
+    def _data_map(self, section: str) -> bpf_syscall.Map:
+        m = bpf_syscall.Map(bpf_syscall.MAP_ARRAY, 4, len(self._data[section]), 1,
+                            f"ustack{section}")
         if any(self._data[section]):
             m.update(bytes(4), self._data[section])
         return m

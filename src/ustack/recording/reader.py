@@ -16,6 +16,7 @@ import zlib
 from ..model import Losses, UstackError
 from ..objfile.elf import ElfImage
 from . import format as rf
+from ..capture.contract import Capture
 
 READ_SIZE = 1 << 20                # decompressed bytes read per chunk
 _METAS = (rf.MMAP, rf.COMM, rf.FORK, rf.EXIT)
@@ -24,10 +25,10 @@ _METAS = (rf.MMAP, rf.COMM, rf.FORK, rf.EXIT)
 REFUSED = os.devnull
 
 
-class RecordedCapture:
+class RecordedCapture(Capture):
     """`RecordedCapture(path, objects=())`; open() reads the header:
     `labels`, `modes` (per probe: fp | dwarf) and `backend` of the run."""
-    buffer_pages = 0
+    counts_in_kernel = True             # counted(): what the recorded run counted there
     python_code = None      # the session's PythonCode: given the recorded code objects
 
     def __init__(self, path: str, objects=()):
@@ -89,15 +90,6 @@ class RecordedCapture:
             raise self._fail(f"corrupt recording header ({e})") from None
         self.header = header
 
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def flush_lost(self) -> None:
-        pass
-
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -106,7 +98,7 @@ class RecordedCapture:
     def losses(self) -> Losses:
         return self._losses
 
-    def counted(self) -> list:
+    def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of the stacks the recorded run counted in the
         kernel (its samples came as metadata only), once the stream is read."""
         return self._counted

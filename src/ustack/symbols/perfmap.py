@@ -1,6 +1,12 @@
 """Names for JIT-compiled code from /tmp/perf-PID.map, the file JITs (V8,
-the JVM with perf-map-agent, LuaJIT, .NET, Python 3.12 -X perf) write for
-perf: one `START SIZE name` line per function, START and SIZE in hex.
+the JVM through `jcmd PID Compiler.perfmap` or perf-map-agent, LuaJIT,
+.NET, Python 3.12 -X perf) write for perf: one `START SIZE name` line per
+function, START and SIZE in hex. Frames named from V8's map are of kind
+"js", from a JVM's "java"; a process that ran JIT code without a map is
+told, once per runtime, how its runtime writes one.
+
+The map is read when stacks are named: for counted stacks, at the end of
+the run, so a map written during the run (jcmd) names what ran before.
 
 The file grows while the program runs. It is kept open: a lookup checks it
 with one fstat (still linked, same size and mtime) instead of a stat by
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import time
 from array import array
 import stat
 from collections.abc import Callable
@@ -34,32 +41,157 @@ MAX_MAP_BYTES = 64 << 20           # a JIT's map is a few MB; a sparse 1 GB file
 MAX_ENTRIES = 1 << 18              # functions kept per map: the newest win
 PARSE_WINDOW = 16 << 20            # bytes parsed per read, the newest (~1 s of parsing)
 MAX_NAME = 1024                    # bytes of one name kept
+POLL_S = 0.25                      # how often a named stack's map is checked again
 _U64 = 1 << 64
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
 
+# The code kinds V8 prefixes its names with (node --perf-basic-prof writes
+# JS:, Builtin:, BytecodeHandler:, Script:, Eval:; older V8 LazyCompile:, …)
+V8_PREFIXES = ("JS:", "LazyCompile:", "Function:", "Script:", "Eval:", "Builtin:",
+               "BytecodeHandler:", "RegExp:", "InterpretedFunction:")
+# How each runtime writes a map, said when a process ran JIT code without one
+HOW_TO_MAP = {
+    "java": "run `jcmd {pid} Compiler.perfmap` while it runs (the map holds the "
+            "code compiled until then), or start java with -XX:+UnlockDiagnosticVMOptions "
+            "-XX:+DumpPerfMapAtExit",
+    "node": "run node with --perf-basic-prof (and --interpreted-frames-native-stack "
+            "to name interpreted functions too)",
+    "": "a JIT writes one when asked (node --perf-basic-prof; java: jcmd PID "
+        "Compiler.perfmap)",
+}
+
+
+def runtime(paths) -> str:
+    """"java" or "node" by the files a process maps ("" for another one)."""
+    for path in paths:
+        base = os.path.basename(path)
+        if base == "libjvm.so":
+            return "java"
+        if base == "node" or base.startswith("libnode.so"):
+            return "node"
+    return ""
+
+
+def kind_of(runtime_name: str, name: str) -> str:
+    """A JIT frame's kind: "java" for a JVM's map, "js" for V8's names."""
+    if runtime_name == "java":
+        return "java"
+    return "js" if runtime_name == "node" or name.startswith(V8_PREFIXES) else ""
+
+
 class JitSymbols:
     """Frames in anonymous memory, named from each process's perf map;
-    `name` turns a map's name into the one shown (demangled or not)."""
+    `name` turns a map's name into the one shown (demangled or not);
+    `paths(pid)`, when given, the files a process maps: which runtime wrote
+    its map (its frames' kind) and how it would write one."""
 
-    def __init__(self, name: Callable[[str], str], warnings: list | None = None):
+    def __init__(self, name: Callable[[str], str], warnings: list | None = None,
+                 paths: Callable[[int], list] | None = None):
         self._name = name
         self._warnings = warnings if warnings is not None else []
-        self._maps: dict = {}           # pid -> PerfMap
+        self._paths = paths
+        self._maps: dict = {}           # pid -> (PerfMap, its runtime)
+        self._unmapped: dict = {}       # runtime -> (pid, PerfMap): a frame found no map
+        self._stale: tuple | None = None    # (pid, PerfMap): a JVM's map lacked a frame
+        self._jvm_stacks: dict = {}     # pid -> [its stacks with JIT frames, those ending there]
 
     def frame(self, pid: int, m: Mapping, addr: int, back: int) -> Frame:
         """Other memory without a file ([heap], [stack]) stays unnamed."""
-        if m.path in ("", "//anon") or m.path.startswith("[anon"):
-            perf_map = self._maps.get(pid)
-            if perf_map is None:
-                perf_map = self._maps[pid] = PerfMap(
-                    perf_map_path(pid), owners=_owners(pid), warn=self._warnings.append,
-                    root=foreign_root(pid))
+        if is_anonymous(m.path):
+            found = self._maps.get(pid)
+            if found is None:
+                found = self._maps[pid] = (
+                    PerfMap(perf_map_path(pid), owners=_owners(pid),
+                            warn=self._warnings.append, root=foreign_root(pid)),
+                    runtime(self._paths(pid)) if self._paths is not None else "")
+            perf_map, runtime_name = found
             sym = perf_map.lookup(addr - back)
             if sym is not None:
                 return Frame(addr=addr, module="JIT", function=self._name(sym.name),
-                             offset=addr - sym.address, size=sym.size)
+                             offset=addr - sym.address, size=sym.size,
+                             kind=kind_of(runtime_name, sym.name))
+            if not perf_map.seen:
+                self._unmapped.setdefault(runtime_name, (pid, perf_map))
+            elif runtime_name == "java" and self._stale is None:
+                self._stale = (pid, perf_map)
         return Frame(addr=addr, module=m.path, path=m.path)
+
+    def stack_named(self, pid: int, frames, whole: bool) -> None:
+        """Process `pid`'s stack `frames` (innermost first) was named;
+        `whole`: no limit cut it short, its walk ended where it ends."""
+        found = self._maps.get(pid)
+        if found is None or found[1] != "java":
+            return
+        jit = [f.kind == "java" or unnamed_jit(f) for f in frames]
+        if any(jit):
+            seen = self._jvm_stacks.setdefault(pid, [0, 0])
+            seen[0] += 1
+            seen[1] += whole and jit[-1]
+
+    def version(self, pid: int) -> int:
+        """How often process `pid`'s map has changed (checked at most
+        POLL_S apart): a stack named before it changed may be named better."""
+        found = self._maps.get(pid)
+        return found[0].poll() if found is not None else 0
+
+    def notes(self) -> list:
+        """What the user should hear about JIT code, as it stands now: once
+        per runtime, a process's JIT frames found no map, with how its
+        runtime writes one (or that it wrote one later, for stacks named as
+        they came); a JVM's map (a snapshot, where node's grows as it
+        compiles) lacked some; most of a JVM's stacks through its JIT code
+        ended there."""
+        said = []
+        for runtime_name, (pid, perf_map) in self._unmapped.items():
+            who = f"PID {pid}" + (f" ({runtime_name})" if runtime_name else "")
+            if perf_map.seen:            # written during the run: named since
+                said.append(f"{who} wrote its perf map ({perf_map.shown}) during the "
+                            f"run: the JIT frames of stacks named before are unnamed")
+                continue
+            said.append(f"{who} ran JIT code but wrote no perf map ({perf_map.shown}): "
+                        f"its JIT frames are unnamed; "
+                        f"{HOW_TO_MAP[runtime_name].format(pid=pid)}")
+        if self._stale is not None:
+            pid, perf_map = self._stale
+            said.append(f"some JIT frames of PID {pid} (java) are not in {perf_map.shown}: "
+                        f"code compiled after the map was written (or freed before); "
+                        f"`jcmd {pid} Compiler.perfmap` again, later in the run, names them")
+        for pid, (with_jit, ended) in self._jvm_stacks.items():
+            if ended > with_jit // 2:       # most: a rare odd walk is not the JVM's flags
+                said.append(f"stacks of PID {pid} (java) end in its JIT code: a JVM "
+                            f"started without -XX:+PreserveFramePointer keeps no frame "
+                            f"pointer there to walk on")
+                break
+        return said
+
+
+def header_hint(pid: int, maps) -> str:
+    """What the header of a run on running process `pid` says when it runs
+    JIT code (anonymous executable memory, a JVM's or node's, `maps`) with
+    no perf map yet: said at the start, while a JVM can still be asked
+    for one; "" otherwise."""
+    name = runtime(m.path for m in maps)
+    if not name or not any(is_anonymous(m.path) for m in maps):
+        return ""
+    root = foreign_root(pid)
+    path = perf_map_path(pid)
+    if os.path.lexists(path if root is None else root + path):
+        return ""
+    if name == "java":
+        return f"no perf map yet: `jcmd {pid} Compiler.perfmap` during the run names its JIT frames"
+    return "no perf map (node --perf-basic-prof writes one): its JIT frames stay unnamed"
+
+
+def is_anonymous(path: str) -> bool:
+    """Whether a mapping's path is memory without a file that a JIT's code
+    may be in (perf's //anon, /proc's "" or a named [anon:…])."""
+    return path in ("", "//anon") or path.startswith("[anon")
+
+
+def unnamed_jit(frame: Frame) -> bool:
+    """Whether a frame is in such memory and no map named it."""
+    return frame.function is None and is_anonymous(frame.module)
 
 
 def _owners(pid: int) -> frozenset:
@@ -88,6 +220,9 @@ class PerfMap:
         self._fd: int | None = None
         self._stamp = None               # (ino, size, mtime) when last read
         self._done = 0                   # bytes consumed: complete lines only
+        self.seen = False                # the file was found (readable or not)
+        self.version = 0                 # bumped when its names change
+        self._next_poll = 0.0
         self._entries = _Entries()
         self._sorted = _SortedView(self._entries)
 
@@ -98,6 +233,14 @@ class PerfMap:
                 return sym
         self._refresh()
         return self._sorted.find(addr)
+
+    def poll(self) -> int:
+        """`version`, the file checked again if it was not within POLL_S."""
+        now = time.monotonic()
+        if now >= self._next_poll:
+            self._next_poll = now + POLL_S
+            self._refresh()
+        return self.version
 
     def _current(self) -> bool:
         """Whether the open file is still the map and unchanged since read."""
@@ -144,6 +287,7 @@ class PerfMap:
         except OSError:
             self._close()
             return
+        self.seen = True
         why = self._refused(st)
         if why:
             self._close()
@@ -205,6 +349,7 @@ class PerfMap:
             self._say(f"{self.shown} has more than {MAX_ENTRIES:,} entries: only "
                       "the newest are used")
         self._sorted.rebuild()
+        self.version += 1
 
     def _line_start(self, at: int) -> int:
         """The offset of the first line that starts at or after `at`
@@ -214,6 +359,8 @@ class PerfMap:
         return -1 if i < 0 else at + i
 
     def _forget(self) -> None:
+        if len(self._entries):
+            self.version += 1
         self._done = 0
         self._entries.clear()
         self._sorted.rebuild()

@@ -4,13 +4,19 @@ each distinct raw stack once. A key says what tells raw stacks apart
 addresses meaning); stacks of the same key share one Stack object."""
 from __future__ import annotations
 
-from ..model import PYTHON_FRAME_TAG, Frame, RawSample, Stack
+from ..model import KERNEL_UNWIND_WHOLE, PYTHON_FRAME_TAG, Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
+from .perfmap import unnamed_jit
 from .symbolizer import SymbolOptions, Symbolizer
 
 MAX_CACHED = 100_000               # distinct stacks kept; bounds memory
+# A stack the walk ended, not a limit (a limit's cut says so in a note, but
+# perf's frame-pointer chains stop at 127 frames without one): the symbols
+# stage is told (most of a JVM's ending in its JIT code: no frame pointers)
+WALK_ENDED_BELOW = 100
+CUT_IN_ANONYMOUS = "stack cut at anonymous memory"     # unwind/unwinder.py's note
 # Printed between the kernel frames and the user frames of a stack (bcc's
 # separator); kernel frames come first: a stack reads innermost first.
 SEPARATOR = Frame(addr=0, module="", function="--")
@@ -62,6 +68,7 @@ class StackResolver:
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options, python_code)
         self._stacks: dict = {}
+        self._jit_versions: dict = {}   # key -> its map's version, for stacks with unnamed JIT
 
     @property
     def warnings(self) -> list:
@@ -86,13 +93,21 @@ class StackResolver:
         return (pid, generation, self.unwinder.stack_key(sample, find), sample.kernel)
 
     def stack(self, sample: RawSample) -> Stack:
-        """The symbolized stack of a sample, as it is now."""
+        """The symbolized stack of a sample, as it is now: one with JIT
+        frames no map named is named again once its process's map changed
+        (a JVM's, written by jcmd during the run)."""
         key = self.key(sample)
         stack = self._stacks.get(key)
-        if stack is None:
+        if stack is None or (key in self._jit_versions and
+                             self._jit_versions[key] != self.symbolizer.jit_version(key[0])):
             if len(self._stacks) > MAX_CACHED:
                 self._stacks.clear()
+                self._jit_versions.clear()
             stack = self._stacks[key] = self.stack_of(key)
+            if any(unnamed_jit(f) for f in stack.frames):
+                self._jit_versions[key] = self.symbolizer.jit_version(key[0])
+            else:
+                self._jit_versions.pop(key, None)
         return stack
 
     def _maps_seen(self, pid: int, generation: int | None) -> bool:
@@ -108,6 +123,10 @@ class StackResolver:
         self._view.generation = generation
         addrs, notes = self.unwinder.unwind_key(pid, skey, self._view.find)
         frames = self.symbolizer.frames(pid, addrs)
+        if frames:
+            self.symbolizer.stack_named(pid, frames, len(frames) < WALK_ENDED_BELOW and all(
+                n in KERNEL_UNWIND_WHOLE.values() or n.startswith(CUT_IN_ANONYMOUS)
+                for n in notes))
         if not frames and not kernel:
             if pid == 0:
                 frames = (IDLE,)

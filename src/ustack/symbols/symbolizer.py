@@ -25,24 +25,37 @@ _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
 class Symbolizer:
-    """`mappings` is anything with find(pid, addr) -> Mapping | None.
-    `warnings` collects what the user should hear once (debug files
-    refused, corrupt DWARF), one sentence each."""
+    """`mappings` is anything with find(pid, addr) -> Mapping | None (and,
+    optionally, paths(pid): the files a process maps). `warnings` is what
+    the user should hear once (debug files refused, corrupt DWARF, JIT code
+    without a perf map), one sentence each."""
 
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
                  python_code: PythonCode | None = None):
         self.mappings = mappings
         self.options = options
-        self.warnings: list = []
+        self._said: list = []
         name = demangle if options.demangle else _as_is
-        self._elf = ElfSymbols(options, name, self.warnings)
+        self._elf = ElfSymbols(options, name, self._said)
         self._go = GoSymbols(options, self._elf.image)
-        self._jit = JitSymbols(name, self.warnings)
+        self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None))
         self._kernel: KernelSymbols | None = None   # read on first use
         self._source_wanted = options.lines or options.inlines
         # the run's names of Python code objects (those the capture saw)
         self.python_code = python_code if python_code is not None else PythonCode()
         self._modules: dict = {}          # mapping path -> module name shown
+
+    @property
+    def warnings(self) -> list:
+        return self._said + self._jit.notes()
+
+    def stack_named(self, pid: int, frames, whole: bool) -> None:
+        """Told a stack's frames, and whether no limit cut it short."""
+        self._jit.stack_named(pid, frames, whole)
+
+    def jit_version(self, pid: int) -> int:
+        """Changes when process `pid`'s perf map does (see JitSymbols.version)."""
+        return self._jit.version(pid)
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []

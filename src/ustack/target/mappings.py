@@ -208,3 +208,12 @@ class PinnedView:
 
     def find(self, pid: int, addr: int) -> Mapping | None:
         return self.tracker.find(pid, addr, self.generation)
+
+    def paths(self, pid: int) -> list:
+        """The files process `pid` maps (in the pinned generation): which
+        runtime it is (libjvm.so: a JVM), also after it exited."""
+        gen = self.generation
+        if gen is None:
+            gen = self.tracker.generations.get(pid, 0)
+        pm = self.tracker.procs.get((pid, gen))
+        return [m.path for m in pm.maps] if pm is not None else []

@@ -13,7 +13,7 @@ import os
 import struct
 from collections.abc import Callable
 
-from ..model import Mapping, UstackError
+from ..model import JIT_NOTE, Mapping, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import file_offset, object_path
@@ -244,7 +244,8 @@ class DwarfUnwinder:
             if exact and just_after_trampoline(image, vaddr):
                 return (_SIGNAL, 0, 0, 0, 0, 0, None)
         why = "unsupported CFI" if row is not None else st.why
-        note = f"frame pointer used for {st.module}: {why}"
+        note = (JIT_NOTE if m.path in ("", "//anon")      # as the in-kernel walk says
+                else f"frame pointer used for {st.module}: {why}")
         if exact and image is not None and vaddr is not None:
             leaf = _leaf_rule(image, vaddr)
             if leaf is not None:

@@ -145,7 +145,6 @@ class Stream:
         self._drainer.finish()
         self.capture.stop()
         deadline = time.monotonic() + budget
-        count = getattr(self.capture, "count_samples", None)
         queue = self._drainer.queue
 
         def batches():
@@ -164,11 +163,12 @@ class Stream:
                 if done:
                     break
             else:
-                yield from self._dropped(batch, offsets, count)
+                yield from self._dropped(batch, offsets)
 
-    def _dropped(self, batch: list, offsets: list, count):
-        if count is not None:
-            self.dropped_samples += sum(count(chunk, at) for chunk, at in zip(batch, offsets))
+    def _dropped(self, batch: list, offsets: list):
+        counts = [self.capture.count_samples(chunk, at) for chunk, at in zip(batch, offsets)]
+        if None not in counts:
+            self.dropped_samples += sum(counts)
             return
         for piece in self._pieces(batch, offsets):      # no counting short of decoding
             self.dropped_samples += len(piece.samples)

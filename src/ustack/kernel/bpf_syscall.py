@@ -2,8 +2,8 @@
 
 There is no clang, libbpf or bcc at run time: most programs are BPF C built
 ahead into objects (src/ustack/bpf, loaded by kernel/bpf_object.py); the
-rest (the DWARF unwinder, off-CPU, generated fetch-args) are still
-assembled here from readable builders (one function per instruction kind).
+rest (a trace's fetch-args, compiled per run) is assembled from the
+readable builders here (one function per instruction kind).
 Both load with BPF_PROG_LOAD. Layouts follow include/uapi/linux/bpf.h;
 the attr structs are prefixes of `union bpf_attr` (the kernel zero-fills
 the fields a shorter struct leaves out)."""

@@ -1,0 +1,210 @@
+"""The BPF captures' common part: perf events for scoping and tracking,
+programs attached to them, and the run's kernel objects in one owner.
+One subclass per mode: bpf_count (frame pointers, counted), bpf_dwarf
+(unwound in the kernel: counted, or a record per event), bpf_latency,
+bpf_offcpu.
+
+The perf events are opened exactly as for the perf backend (capture/perf.py:
+per probe, thread and CPU, inherited, enable_on_exec for -c), so the kernel
+scopes them the same way and the tracking records (MMAP2/COMM/FORK) still
+reach the MappingTracker through the ring buffers. A program attached to the
+events counts each hit in a hash map keyed by (pid/tid, probe, user stack id,
+kernel stack id, return address at the entry slot); the events themselves
+never sample: only metadata records travel through the buffers.
+
+Where a program runs:
+- uprobe and tracepoint events (tracefs): the kernel keeps ONE program list
+  per trace event, run for every hit whatever perf event is scoped where; so
+  the program is attached to one perf event per probe (more would count each
+  hit more than once). Uprobe hits are already limited to the traced
+  processes (the kernel installs the breakpoint only in their mm);
+  tracepoints fire for every task, so the program looks the tgid up in a
+  set of the traced processes, which a program on task:task_newtask
+  extends with each child they fork (as perf's inherited events follow
+  them).
+- cpu-clock sampling (profile): the program is the event's overflow handler,
+  per event, inherited like the event; attached to every event.
+
+What a program returns: on a tracepoint, 0 would make the kernel drop the
+hit for EVERY perf event on it, another tool's (a perf record, another
+ustack) as well, so those programs return 1 (PASS_ON) and the capture's own
+events on them never sample (capture/perf.py: NEVER_SAMPLE). A uprobe's
+trace event is this run's own (kernel/uprobe_events.py: a group per ustack
+process), its only perf events the capture's, which never sample: its
+programs return 0 (DROP_SAMPLE), and the kernel skips making a record of
+the hit for those events. On a sampling event, 0 only keeps that event's
+own sample out of our buffer."""
+from __future__ import annotations
+
+import struct
+
+from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
+from ..model import Losses, MmapEvent, RawSample, UnwoundSample
+from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
+from .contract import Capture
+from .perf import PerfCapture
+from .run_objects import RunObjects
+
+
+class BpfCapture(Capture):
+    """PerfCapture's events (so the same scoping and tracking records)
+    with a counter's programs attached (`_new_counter`, per mode). Its
+    stream carries the metadata, and what the counter's ring holds
+    (`ring_chunk` chunks, `_decode_ring`); `counted()` gives what the
+    kernel counted at the end. Every map, program, link and ring of the
+    run is kept in `owned` and closed by close()."""
+    counts_in_kernel = True
+    ring_chunk = None       # the type of the counter's ring chunks, where it has one
+
+    def __init__(self, probes: list, target, buffer_pages=None, *,
+                 stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
+                 unwind_tables=None):
+        self.probes = probes
+        self.target = target
+        self.stack_storage = stack_storage
+        self.kernel = kernel
+        # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
+        # an object, from unwind/tables.for_image (None: frame pointers)
+        self.unwind_tables = unwind_tables
+        self.cut: dict = {}                 # why -> events whose stack was cut short
+        self.events = PerfCapture(probes, target, buffer_pages or BPF_BUFFER_PAGES,
+                                  with_stacks=False)
+        self.buffer_pages = self.events.buffer_pages
+        self.owned = RunObjects()
+        self.counter = None
+        self.armed = None                   # the map a -c command's exec arms
+
+    def _new_counter(self):
+        """The maps and programs of this mode, kept in self.owned."""
+        raise NotImplementedError
+
+    def _tgid(self):
+        """The traced process for a program filtering on it (-p, -c)."""
+        return self.target.pid if self.target.scope != "system" else None
+
+    def open(self) -> None:
+        target = self.target
+        events = programs = None
+        if self.interrupt is not None:
+            self.events.interrupt = self.interrupt
+        try:
+            if target.scope == "command":
+                self.armed = arm_on_exec(target.pid, self.owned)
+            # The events open in a thread while this one makes the maps and
+            # loads the rows: registering a uprobe waits for an RCU grace
+            # period in the kernel (10-20 ms here), and ctypes lets go of
+            # the GIL there.
+            events = InBackground(self.events.open)
+            self.counter = self._new_counter()
+            self.counter.interrupt = self.events.interrupt
+            # the verifier (~8 ms for the unwinder) works while rows load
+            programs = InBackground(self.counter.load_programs)
+            if self.counter.objects is not None:
+                from .bpf_unwind import objects_of_target
+                objects = self.counter.objects
+                objects.add_vdso()
+                for path in objects_of_target(target, self.probes):
+                    self.interrupt.check()
+                    objects.add_path(path)
+            programs.result()
+            events.result()
+            self.counter.attach(self.events)
+        except BaseException:
+            for job in (programs, events):  # never close what is still opening
+                if job is not None:
+                    job.result(quiet=True)
+            if not self.events.interrupt.requested:
+                self.close()            # else the caller does (in the background)
+            raise
+
+    def start(self) -> None:
+        self.events.start()
+
+    def read_chunks(self, timeout_ms: int) -> list:
+        """The perf buffers' chunks, then what the counter's ring holds."""
+        chunks = self.events.read_chunks(timeout_ms)
+        if self.ring_chunk is None:
+            return chunks
+        return with_ring_records(chunks, self.counter, self.ring_chunk)
+
+    def decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
+        """The ring's records by `_decode_ring`; the events' metadata, the
+        rows of each newly mapped object (dlopen, a new process) loaded as
+        its MMAP2 record passes, where the counter unwinds."""
+        if self.ring_chunk is not None and isinstance(chunk, self.ring_chunk):
+            return self._decode_ring(chunk, samples, offset, limit)
+        before = len(metas)
+        offset = self.events.decode(chunk, metas, samples, offset, limit)
+        objects = self.counter.objects if self.counter is not None else None
+        if objects is not None:
+            for _time, event in metas[before:]:
+                if isinstance(event, MmapEvent):
+                    objects.add_mapping(event.mapping, event.pid)
+        return offset
+
+    def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
+        raise NotImplementedError
+
+    def count_samples(self, chunk, start: int) -> int:
+        """The samples of a chunk from `start`, undecoded: a ring holds
+        one per record (a u32 length, then the record)."""
+        if self.ring_chunk is None or not isinstance(chunk, self.ring_chunk):
+            return self.events.count_samples(chunk, start)
+        n, off, end = 0, start, len(chunk)
+        while off + 4 <= end:
+            off += 4 + struct.unpack_from("<I", chunk, off)[0]
+            n += 1
+        return n
+
+    def stop(self) -> None:
+        """The events and the counter's ring both end here."""
+        self.events.stop()
+        if self.counter is not None and self.counter.ring is not None:
+            self.counter.ring.freeze()
+
+    def flush_lost(self) -> None:
+        self.events.flush_lost()
+
+    def settle(self, sample, unwind):
+        """A stack the in-kernel unwinder deferred (capture/bpf_unwind.py:
+        an object mapped before its rows were loaded), unwound now while
+        its mappings are at hand; complete, as the callchain the kernel
+        would have counted, so that equal stacks count under one key."""
+        if sample.regs is None and not isinstance(sample, UnwoundSample):
+            return sample               # walked in the kernel (trace's records)
+        unwound, kernel, keyable = unwind(sample)
+        if not keyable:
+            return unwound
+        return RawSample(sample.probe, sample.pid, sample.tid, 0, -1, unwound.callchain,
+                         kernel=kernel)
+
+    def losses(self) -> Losses:
+        events = self.events.losses()
+        if self.counter is None:
+            return Losses(events.lost, events.throttled)
+        return self._losses(events, self.owned.errors(), self.counter.skipped())
+
+    def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        """Losses from the events', the programs' error counters by name
+        (RunObjects.errors) and the runs the kernel skipped."""
+        return Losses(events.lost, events.throttled, skipped=skipped)
+
+    def _note_cut(self, chain: bytes, n: int) -> None:
+        why = cut_reason(chain)
+        if why is not None:
+            self.cut[why] = self.cut.get(why, 0) + n
+
+    def release(self) -> None:
+        """close() for this process alone (see PerfCapture.release)."""
+        self.events.uprobes.forget()
+        self.close()
+
+    def close(self) -> None:
+        self.events.close()
+        self.owned.close()              # after the events
+        self.counter = None
+
+
+def uncounted(errors: dict, reasons: tuple) -> tuple:
+    """(why, n) for each (why, error name) of `reasons` counted nonzero."""
+    return tuple((why, errors[name]) for why, name in reasons if errors[name])
