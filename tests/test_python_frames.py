@@ -121,7 +121,7 @@ def full_chain(tail: list):
 
 
 def assert_share(stacks: list, facts: dict, full, at_least: float = 0.95,
-                 unmerged_at_most: float = 0.1) -> None:
+                 unmerged_at_most: float = 0.2) -> None:
     good, total, unmerged = share(stacks, facts, full)
     common = Counter()
     for frames, n in chains(stacks, facts):
