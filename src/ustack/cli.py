@@ -72,6 +72,11 @@ def _target_args(p: argparse.ArgumentParser) -> None:
                         "in the kernel where BPF allows, else on a copy of the "
                         "stack; fp: the kernel walks frame pointers; auto "
                         "(default): dwarf")
+    p.add_argument("--no-python", action="store_true",
+                   help="show a Python process's interpreter as C frames only "
+                        "(default: its Python functions' frames, name and line, "
+                        "where the interpreter ran them; CPython 3.8-3.13, "
+                        "--backend bpf)")
     p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")
@@ -305,7 +310,8 @@ def _run(args) -> int:
                    backend=args.backend, output_path=args.output,
                    every_process=getattr(args, "every_process", False),
                    output_format=getattr(args, "format", None),
-                   unsafe_address=getattr(args, "unsafe_address", False))
+                   unsafe_address=getattr(args, "unsafe_address", False),
+                   python=not getattr(args, "no_python", False))
     if args.cmd == "offcpu":
         from .commands.offcpu import offcpu_filter, offcpu_options, run_offcpu
         flt = offcpu_filter(args.min_block, args.max_block, args.state, args.wakers)

@@ -122,9 +122,14 @@ JIT_NOTE = "frame pointer used for code without a file (JIT?)"
 # frame whose CFI rule the in-kernel walk does not evaluate (DRAP)
 KERNEL_UNWIND_THROUGH_NO_CFI = 15
 NO_CFI_NOTE = "frame pointer used for code without CFI"
+# whole native stacks whose Python frames (bpf/python.h) are not all shown
+PYTHON_UNREADABLE_NOTE = ("a Python frame could not be read: an interpreter call "
+                          "is shown as its C frame")
+PYTHON_LEFT_NOTE = "Python frames were left over when the native stack ended"
 # complete stacks whose marker word only says how they were walked
 KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
-                       KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE}
+                       KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE,
+                       17: PYTHON_UNREADABLE_NOTE, 18: PYTHON_LEFT_NOTE}
 # A Python frame inside a native callchain: the in-kernel walk puts it where
 # the eval loop's C frame that ran it was. One word: PYTHON_FRAME_TAG, the
 # code object's address >> 3 (it is 8-aligned; 44 bits hold any user

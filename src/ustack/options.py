@@ -37,3 +37,4 @@ class Options:
     raw_stacks: bool = False               # record --raw-stacks: DWARF stacks as copied
     offcpu: object | None = None        # offcpu: capture.bpf_offcpu.OffcpuFilter
     unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too
+    python: bool = True                    # --no-python: no Python frames in native stacks

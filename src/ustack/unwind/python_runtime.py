@@ -160,8 +160,8 @@ def _read_facts(path: str):
         symbols = {}
         for name in (".dynsym", ".symtab"):
             table = elf.get_section_by_name(name)
-            if table is None:
-                continue
+            if table is None or "_PyRuntime" in symbols:
+                continue        # both are exported where one is: .symtab costs 0.2 s
             for wanted in ("_PyRuntime", "Py_Version"):
                 if wanted not in symbols:
                     found = table.get_symbol_by_name(wanted)
