@@ -35,6 +35,8 @@ _HEADER = re.compile(r"^(?P<comm>.+?) (?P<pid>\d+)/(?P<tid>\d+)"
 _TRACE_FRAME = re.compile(r"^ 0x(?P<addr>[0-9a-f]{16}) : (?:(?P<func>.+?)\+0x(?P<off>[0-9a-f]+)"
                           r"/0x(?P<size>[0-9a-f]+)|(?P<unknown>\[unknown\]))"
                           r"(?: \[(?P<module>[^\]]*)\])?$")
+# a Python frame, which has no address of its own: "<19 spaces>: leaf [python] app.py:7"
+_TRACE_PYTHON = re.compile(r"^ {20}: (?P<func>.+?) \[python\](?: (?P<file>.+):(?P<line>\d+))?$")
 # "  func [module]" / "  func+0xOFF/0xSIZE [module]" / "  [unknown]"
 _COUNT_FRAME = re.compile(r"^  (?P<func>\S.*?)(?: \[(?P<module>[^\]]*)\])?$")
 _COUNT_PID = re.compile(r"^    (?P<comm>.+) \[(?P<pid>\d+)(?:/(?P<nspid>\d+))?\]"
@@ -45,7 +47,8 @@ _COUNT_N = re.compile(r"^    (?P<n>\d+)$")
 def parse_trace(out: str) -> list[dict]:
     """`ustack trace` stdout -> records {comm, pid, tid, cpu, time, label,
     frames: [{addr, func, off, size, module}], notes: [str]}; every line
-    must parse (notes are ` (…)` lines after the frames)."""
+    must parse (notes are ` (…)` lines after the frames; a Python frame has
+    module "python", addr 0, and its file and line)."""
     records, cur = [], None
     for line in out.splitlines():
         if not line:
@@ -65,6 +68,12 @@ def parse_trace(out: str) -> list[dict]:
             cur["notes"].append(line[2:-1])
             continue
         assert not cur["notes"], f"frame line after a note: {line!r}"
+        py = _TRACE_PYTHON.match(line)
+        if py:
+            cur["frames"].append(dict(addr=0, module="python", func=py["func"], off=None,
+                                      size=None, file=py["file"],
+                                      line=int(py["line"]) if py["line"] else None))
+            continue
         m = _TRACE_FRAME.match(line)
         assert m, f"bad trace frame line: {line!r}"
         cur["frames"].append(dict(
