@@ -237,6 +237,19 @@ def _list_parser(sub) -> None:
                    help="each function's parameters and types (DWARF), as bpftrace -lv")
 
 
+def _dump_parser(sub) -> None:
+    p = sub.add_parser("dump", help="every thread's stack once, native and Python "
+                       "(pstack, py-spy dump)",
+                       description="Stop each thread of PID for a moment (ptrace), "
+                       "read its registers and stack, let it go on, then print its "
+                       "frames innermost first.")
+    p.add_argument("-p", "--pid", type=int, required=True, help="the process")
+    p.add_argument("-f", "--format", choices=("text", "json"),
+                   help="text or json (default: json for a -o file ending .json, else text)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE, not stdout")
+    _symbol_args(p)
+
+
 def _offcpu_parser(sub) -> None:
     p = sub.add_parser("offcpu", help="stacks where threads block, weighted by the "
                        "time off the CPU (bcc offcputime/offwaketime)",
@@ -285,6 +298,9 @@ def _run(args) -> int:
         from .commands.list import list_text
         sys.stdout.write(list_text(args.binary, args.pattern, args.verbose))
         return 0
+    if args.cmd == "dump":
+        from .commands.dump import run_dump
+        return run_dump(args.pid, _symbol_options(args), args.format, args.output, sys.stderr)
     if args.cmd == "symbolize":
         from .commands.symbolize import symbolize_trace
         return symbolize_trace(args.trace_file, pid=args.pid, maps_file=args.maps,
@@ -554,7 +570,7 @@ _SUBCOMMANDS = {
     "trace": _trace_parser, "count": _count_parser, "profile": _profile_parser,
     "offcpu": _offcpu_parser, "symbolize": _symbolize_parser,
     "funccount": _funccount_parser, "latency": _latency_parser,
-    "memleak": _memleak_parser, "list": _list_parser,
+    "memleak": _memleak_parser, "list": _list_parser, "dump": _dump_parser,
     "record": _record_parsers, "report": _record_parsers, "archive": _record_parsers,
 }
 

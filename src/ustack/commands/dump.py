@@ -1,0 +1,226 @@
+"""`ustack dump -p PID`: every thread's stack once, native and Python (as
+pstack, eu-stack, py-spy dump). Each thread is stopped with PTRACE_SEIZE +
+PTRACE_INTERRUPT only while its registers, its stack's bytes and its
+Python frames are read; all are detached before anything is unwound or
+named, whatever happens (signals that would end ustack wait until then).
+A thread created meanwhile is not seized, so it never stops."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from ..kernel import procfs, ptrace
+from ..model import Frame, SymbolOptions, UstackError
+from ..output import Output
+from ..report.text import format_duration, frame_line
+from ..symbols.python import PythonCode
+from ..symbols.symbolizer import Symbolizer
+from ..target.mappings import MappingTracker
+from ..unwind import python_frames
+from ..unwind.dwarf import DwarfUnwinder
+from ..unwind.python_runtime import find_interpreter
+
+STACK_BYTES = 512 << 10     # read above each thread's sp (up to its mapping's end)
+STATES = {"R": "running", "S": "sleeping", "D": "disk sleep", "T": "stopped",
+          "t": "tracing stop", "Z": "zombie", "X": "dead", "I": "idle", "P": "parked"}
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class Captured:
+    """What was read of one thread while it was stopped."""
+    __slots__ = ("tid", "comm", "state", "regs", "stack", "groups", "note")
+
+    def __init__(self, tid: int, comm: str, state: str):
+        self.tid, self.comm, self.state = tid, comm, state
+        self.regs: dict = {}
+        self.stack = b""
+        self.groups: tuple = ()
+        self.note = ""
+
+
+class ThreadStack:
+    """One thread's named stack, innermost frame first."""
+    __slots__ = ("tid", "comm", "state", "frames", "notes")
+
+    def __init__(self, tid: int, comm: str, state: str, frames: tuple, notes: tuple):
+        self.tid, self.comm, self.state = tid, comm, state
+        self.frames, self.notes = frames, notes
+
+
+def check_target(pid: int) -> None:
+    """Refuse, in one sentence, what cannot or must not be stopped."""
+    if pid == os.getpid():
+        raise UstackError("ustack cannot dump its own process")
+    if not procfs.process_exists(pid):
+        raise UstackError(f"no process {pid}")
+    if procfs.is_kernel_thread(pid):
+        raise UstackError(f"process {pid} is a kernel thread: it has no user stack")
+    tracer = tracer_of(pid)
+    if tracer:
+        raise UstackError(f"process {pid} is already traced by {tracer} "
+                          f"({procfs.comm(tracer) or '?'}); detach it first")
+
+
+def tracer_of(pid: int) -> int:
+    """The TracerPid of /proc/PID/status (0: none)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def thread_state(pid: int, tid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return "?"
+    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] or "?"
+
+
+def capture(pid: int, interp) -> tuple:
+    """(captured threads, nanoseconds the process was stopped)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    seized: list = []
+    stopped: list = []
+    out: list = []
+    mem = python_frames.Memory(pid)
+    t0 = time.monotonic_ns()
+    try:
+        for tid in procfs.threads(pid):
+            c = Captured(tid, procfs.comm(pid, tid), thread_state(pid, tid))
+            try:
+                ptrace.seize(tid)
+            except ProcessLookupError:
+                continue                          # gone meanwhile
+            except OSError as e:
+                raise UstackError(f"cannot stop thread {tid} of process {pid}: "
+                                  f"{e.strerror}") from None
+            seized.append(c)
+            ptrace.interrupt(tid)
+        for c in seized:
+            _, status = os.waitpid(c.tid, ptrace.WALL)
+            if os.WIFSTOPPED(status):
+                stopped.append(c)
+        states = _thread_states(mem, interp)
+        for c in stopped:
+            c.regs = ptrace.registers(c.tid)
+            try:
+                c.stack = os.pread(mem.fd, STACK_BYTES, c.regs["sp"])
+            except OSError:
+                c.stack = b""
+            tstate = states.get(c.regs["fs_base"])
+            if tstate:
+                c.groups, c.note = python_frames.frame_groups(mem, interp, tstate)
+            out.append(c)
+    finally:
+        for c in stopped:
+            try:
+                ptrace.detach(c.tid)
+            except OSError:
+                pass                              # exited while stopped
+        for c in seized:
+            if c not in stopped:
+                try:
+                    ptrace.detach(c.tid)
+                except OSError:
+                    pass
+        took = time.monotonic_ns() - t0
+        mem.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return out, took
+
+
+def _thread_states(mem, interp) -> dict:
+    if interp is None:
+        return {}
+    try:
+        return python_frames.thread_states(mem, interp)
+    except OSError:
+        return {}
+
+
+def dump(pid: int, options: SymbolOptions = SymbolOptions()) -> tuple:
+    """(ThreadStacks in tid order, nanoseconds the process was stopped)."""
+    check_target(pid)
+    tracker = MappingTracker()
+    if not tracker.seed_from_proc(pid):
+        raise UstackError(f"no process {pid}")
+    interp = find_interpreter(procfs.executable_mappings(pid))
+    captured, took = capture(pid, interp)
+    unwinder = DwarfUnwinder(debug_dirs=options.debug_dirs, cut_advice="the stack is deeper "
+                             f"than the {STACK_BYTES >> 10} KiB read")
+    code = PythonCode()
+    names = Symbolizer(tracker, options, code)
+    find = lambda addr: tracker.find(pid, addr)     # noqa: E731
+    out = []
+    for c in captured:
+        pcs, notes = unwinder.unwind(c.regs, c.stack, find)
+        if interp is not None:
+            for group in c.groups:
+                for addr, _ in group:
+                    code.remember(pid, addr, interp.version)
+            pcs, merged = python_frames.merge(pcs, c.groups, interp.eval_ranges)
+            notes = notes + merged + ((c.note,) if c.note else ())
+        out.append(ThreadStack(c.tid, c.comm, c.state, names.frames(pid, pcs), notes))
+    return out, took
+
+
+def format_text(pid: int, threads) -> str:
+    lines = []
+    for t in threads:
+        lines.append(f"Thread {pid}/{t.tid} {t.comm} "
+                     f"({t.state} {STATES.get(t.state, '')})".rstrip() + ":")
+        lines += [frame_line(f) for f in t.frames]
+        lines += [f" ({note})" for note in t.notes]
+        lines.append("")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _frame_json(f: Frame) -> dict:
+    d = {"function": f.function, "module": f.module, "kind": f.kind or "native"}
+    if f.kind != "python":
+        d.update(addr=f"0x{f.addr:x}", offset=f.offset)
+    if f.line:
+        d.update(file=f.file, line=f.line)
+    if f.inlined:
+        d["inlined"] = True
+    return d
+
+
+def format_json(pid: int, threads, stopped_ns: int) -> str:
+    return json.dumps({"pid": pid, "stopped_ns": stopped_ns, "threads": [
+        {"tid": t.tid, "comm": t.comm, "state": t.state,
+         "frames": [_frame_json(f) for f in t.frames], "notes": list(t.notes)}
+        for t in threads]}, indent=1) + "\n"
+
+
+FORMATS = ("text", "json")
+
+
+def run_dump(pid: int, options: SymbolOptions, fmt: str | None, output: str | None,
+             err) -> int:
+    if fmt is None:
+        fmt = "json" if output and output.endswith(".json") else "text"
+    threads, took = dump(pid, options)
+    text = format_json(pid, threads, took) if fmt == "json" else format_text(pid, threads)
+    if output:
+        out = Output(output)
+        try:
+            out.file.write(text.encode())
+        except BaseException:
+            out.discard()
+            raise
+        out.commit()
+    else:
+        import sys
+        sys.stdout.write(text)
+    err.write(f"ustack: process {pid} stopped for {format_duration(took)} "
+              f"({len(threads)} threads)\n")
+    return 0

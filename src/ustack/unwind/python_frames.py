@@ -1,0 +1,123 @@
+"""Each thread's Python frames read from a CPython process's memory in user
+space (the interpreter's state by python_runtime's layout), and the merge
+rule that puts them in place of the eval function's native frames.
+
+A thread's frames come as groups, innermost first: a group is what one C
+call of the eval function runs (one frame up to 3.10; up to an is_entry
+frame in 3.11; up to a C-stack shim in 3.12+)."""
+from __future__ import annotations
+
+import os
+import struct
+
+from ..model import python_frame_word
+from .python_runtime import (FRAME_OWNED_BY_CSTACK, INSTR_POINTER, IS_ENTRY,
+                             LASTI_BYTES, NONE, OWNER_CSTACK, Interpreter)
+
+MAX_THREADS = 4096          # a thread list longer than this is not a list
+MAX_FRAMES = 4096           # Python frames of one thread (recursion limit: 1000)
+_Q, _I = struct.Struct("<Q"), struct.Struct("<i")
+
+
+class Memory:
+    """Reads of a process's memory through /proc/PID/mem (no stop needed)."""
+
+    def __init__(self, pid: int):
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, addr: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, addr)
+        if len(data) != size:
+            raise OSError(f"short read at {addr:#x}")
+        return data
+
+    def word(self, addr: int) -> int:
+        return _Q.unpack(self.read(addr, 8))[0]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def thread_states(mem: Memory, interp: Interpreter) -> dict:
+    """thread_id (pthread_self(), the task's fs_base) -> its PyThreadState
+    address, for the threads of the main interpreter."""
+    f = dict(interp.layout)
+    tstate = mem.word(mem.word(interp.runtime + f["runtime_interp_head"])
+                      + f["interp_tstate_head"])
+    out: dict = {}
+    while tstate and len(out) < MAX_THREADS:
+        out[mem.word(tstate + f["tstate_thread_id"])] = tstate
+        tstate = mem.word(tstate + f["tstate_next"])
+    return out
+
+
+def frame_groups(mem: Memory, interp: Interpreter, tstate: int) -> tuple:
+    """(groups, note): the thread's Python frames as groups of (code,
+    index), innermost first; note says why the chain was cut, or ""."""
+    f = dict(interp.layout)
+    frame = mem.word(tstate + f["tstate_frame"])
+    if frame and f["cframe_current_frame"] != NONE:
+        frame = mem.word(frame + f["cframe_current_frame"])
+    kind, entry = f["entry_kind"], f["frame_entry"]
+    groups: list = []
+    group: list = []
+    note = ""
+    try:
+        for _ in range(MAX_FRAMES):
+            if not frame:
+                break
+            if kind == OWNER_CSTACK and mem.read(frame + entry, 1)[0] == FRAME_OWNED_BY_CSTACK:
+                if group:
+                    groups.append(tuple(group))
+                group = []
+            else:
+                code = mem.word(frame + f["frame_code"])
+                group.append((code, _index(mem, f, frame, code)))
+                if kind != OWNER_CSTACK and (kind != IS_ENTRY or mem.read(frame + entry, 1)[0]):
+                    groups.append(tuple(group))   # one frame per eval call, or is_entry
+                    group = []
+            frame = mem.word(frame + f["frame_previous"])
+        else:
+            note = f"Python frames cut after {MAX_FRAMES}"
+    except OSError:
+        note = "a Python frame could not be read"
+    if group:
+        groups.append(tuple(group))
+    return tuple(groups), note
+
+
+def _index(mem: Memory, f: dict, frame: int, code: int) -> int:
+    """The frame's code-unit index (the instruction it runs)."""
+    if f["instr_kind"] == INSTR_POINTER:
+        ptr = mem.word(frame + f["frame_instr"])
+        return max(0, (ptr - (code + f["code_bytecode"])) // 2)
+    lasti = _I.unpack(mem.read(frame + f["frame_instr"], 4))[0]
+    if lasti < 0:
+        return 0
+    return lasti // 2 if f["instr_kind"] == LASTI_BYTES else lasti
+
+
+def in_ranges(pc: int, ranges) -> bool:
+    return any(lo <= pc < hi for lo, hi in ranges)
+
+
+def merge(pcs, groups, eval_ranges) -> tuple:
+    """(words, notes): the native pcs (innermost first; all but the first
+    are return addresses) with each one in an eval range replaced by the
+    next group's tagged Python words (model.python_frame_word); native
+    frames between stay. Groups left over, or eval frames without one,
+    give a note, never a guessed frame."""
+    out: list = []
+    notes: list = []
+    left = list(groups)
+    for n, pc in enumerate(pcs):
+        if in_ranges(pc if n == 0 else pc - 1, eval_ranges):
+            if left:
+                out.extend(python_frame_word(code, index) for code, index in left.pop(0))
+                continue
+            if "an eval frame without Python frames" not in notes:
+                notes.append("an eval frame without Python frames")
+        out.append(pc)
+    if left:
+        notes.append(f"{sum(len(g) for g in left)} Python frames beyond the native stack")
+    return tuple(out), tuple(notes)
