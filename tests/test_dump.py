@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -242,3 +243,39 @@ def test_merge_rule():
         (0x500, a, 0x600, b, 0x700), ("1 Python frames beyond the native stack",))
     # a return address just past an eval range's end is still the eval call's
     assert merge((0x500, 0x2000), (((0x7000, 1),),), eval_ranges) == ((0x500, a), ())
+
+
+CHURN = """
+import sys, threading
+stop = threading.Event()
+def spawn():
+    while not stop.is_set():
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
+threading.Thread(target=spawn).start()
+print("ready", flush=True)
+sys.stdin.readline()
+stop.set()
+print("ok", flush=True)
+"""
+
+
+def test_threads_starting_and_ending_during_dumps_never_stay_stopped():
+    proc = subprocess.Popen([sys.executable, "-c", CHURN], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        for _ in range(5):
+            r = run_ustack("dump", "-p", proc.pid)
+            assert r.returncode == 0, r.stderr
+            assert f"Thread {proc.pid}/{proc.pid} " in r.stdout
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            try:
+                assert "TracerPid:\t0\n" in open(f"/proc/{proc.pid}/task/{tid}/status").read()
+            except FileNotFoundError:
+                pass                                  # ended since
+        assert finish(proc, 1) == "ok\n"
+    finally:
+        proc.kill()
+        proc.wait()

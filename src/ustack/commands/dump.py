@@ -103,14 +103,20 @@ def capture(pid: int, interp) -> tuple:
                 raise UstackError(f"cannot stop thread {tid} of process {pid}: "
                                   f"{e.strerror}") from None
             seized.append(c)
-            ptrace.interrupt(tid)
+            try:
+                ptrace.interrupt(tid)
+            except ProcessLookupError:
+                pass                              # exiting: waitpid sees its exit
         for c in seized:
             _, status = os.waitpid(c.tid, ptrace.WALL)
             if os.WIFSTOPPED(status):
                 stopped.append(c)
         states = _thread_states(mem, interp)
         for c in stopped:
-            c.regs = ptrace.registers(c.tid)
+            try:
+                c.regs = ptrace.registers(c.tid)
+            except ProcessLookupError:
+                continue                          # killed while stopped
             try:
                 c.stack = os.pread(mem.fd, STACK_BYTES, c.regs["sp"])
             except OSError:
