@@ -6,6 +6,7 @@ named, whatever happens (signals that would end ustack wait until then).
 A thread created meanwhile is not seized, so it never stops."""
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import signal
@@ -91,6 +92,7 @@ def capture(pid: int, interp) -> tuple:
     stopped: list = []
     out: list = []
     mem = python_frames.Memory(pid)
+    ends = mapping_ends(pid)
     t0 = time.monotonic_ns()
     try:
         for tid in procfs.threads(pid):
@@ -118,7 +120,8 @@ def capture(pid: int, interp) -> tuple:
             except ProcessLookupError:
                 continue                          # killed while stopped
             try:
-                c.stack = os.pread(mem.fd, STACK_BYTES, c.regs["sp"])
+                sp = c.regs["sp"]
+                c.stack = os.pread(mem.fd, min(STACK_BYTES, end_of_mapping(ends, sp) - sp), sp)
             except OSError:
                 c.stack = b""
             tstate = states.get(c.regs["fs_base"])
@@ -141,6 +144,25 @@ def capture(pid: int, interp) -> tuple:
         mem.close()
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return out, took
+
+
+def mapping_ends(pid: int) -> list:
+    """Sorted (start, end) of every mapping of the process: a stack is read
+    from sp to its mapping's end only (a thread's stack ends just above its
+    outermost frame; reading on would only cost stopped time)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return sorted(tuple(int(x, 16) for x in line.split(None, 1)[0].split("-"))
+                          for line in f)
+    except OSError:
+        return []
+
+
+def end_of_mapping(ends: list, addr: int) -> int:
+    i = bisect.bisect_right(ends, (addr, float("inf"))) - 1
+    if i >= 0 and ends[i][0] <= addr < ends[i][1]:
+        return ends[i][1]
+    return addr + STACK_BYTES                   # mapped since: read as far as it goes
 
 
 def _thread_states(mem, interp) -> dict:
