@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -276,6 +277,32 @@ def test_threads_starting_and_ending_during_dumps_never_stay_stopped():
             except FileNotFoundError:
                 pass                                  # ended since
         assert finish(proc, 1) == "ok\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stopped_process_stays_stopped():
+    """A process stopped by SIGSTOP is dumped (state T) and left stopped;
+    SIGCONT then resumes it as usual."""
+    proc = subprocess.Popen([str(build("parked"))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    tasks = f"/proc/{proc.pid}/task"
+
+    def states():
+        return {open(f"{tasks}/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                for t in os.listdir(tasks)}
+    try:
+        wait_until(lambda: len(os.listdir(tasks)) == 2 and in_syscall(proc.pid, 0),
+                   what="both threads in read(2)")
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(lambda: states() == {"T"}, what="the process stopped")
+        r = run_ustack("dump", "-p", proc.pid)
+        assert r.returncode == 0, r.stderr
+        assert {s for _, s, _ in parse_dump(r.stdout).values()} == {"T"}
+        assert states() == {"T"}
+        os.kill(proc.pid, signal.SIGCONT)
+        assert finish(proc, 1) == "side 1\nmain 1\n"
     finally:
         proc.kill()
         proc.wait()
