@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import _cached, _run_build, run_ustack
-from test_dwarf_unwind import build_cxx
-from test_e2e_core import fail_one_line, ok, parse_trace
+from helpers import (_cached, _run_build, build_cxx, fail_one_line, ok, parse_trace,
+                     run_ustack)
 
 from ustack.objfile.demangle import demangle, plain_name
 from ustack.objfile.elf import ElfImage

@@ -5,10 +5,8 @@ runs. Fast, no kernel; what a person sees in a browser is in
 test_flamegraph_browser.py."""
 from __future__ import annotations
 
-import io
 import json
 import re
-import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -19,8 +17,8 @@ from ustack.report.flametree import build_tree, flat_json
 from ustack.report.formats import (EXTENSIONS, FORMATS, ReportContext,
                                    format_for_path, run_context, stack_report)
 from ustack.symbols.stacks import SEPARATOR
+from helpers import render, svg_frames
 
-SVG = "{http://www.w3.org/2000/svg}"
 TRUNCATED = "stack copy too small (8192 bytes): the stack was cut short; raise --stack-size"
 
 
@@ -64,16 +62,6 @@ def data_paths(data: dict) -> dict:
         path.append(names[name])
         out[tuple(path)] = (value, before)
     return out
-
-
-def render(report, counts, before=()) -> str:
-    for sc in before:
-        report.add_before(sc)
-    for sc in counts:
-        report.add(sc)
-    out = io.StringIO()
-    report.finish(out)
-    return out.getvalue()
 
 
 # --- the merged tree ------------------------------------------------------------
@@ -222,19 +210,6 @@ def test_page_of_no_stacks():
 
 
 # --- SVG ---------------------------------------------------------------------------
-
-def svg_frames(text: str) -> list:
-    """[(title, rect attributes, label)] of each frame of an SVG."""
-    root = ET.fromstring(text)                       # valid XML, or this raises
-    assert root.tag == f"{SVG}svg"
-    out = []
-    for g in root.iter(f"{SVG}g"):
-        if g.get("class") != "frame":
-            continue
-        label = g.find(f"{SVG}text")
-        out.append((g.find(f"{SVG}title").text, g.find(f"{SVG}rect").attrib,
-                    label.text if label is not None else ""))
-    return out
 
 
 def test_svg_frames_carry_counts_in_titles():

@@ -17,12 +17,9 @@ import subprocess
 import pytest
 from browser import chromium  # noqa: F401 (fixture)
 
-from helpers import O2_NOFP, build, run_ustack
-from test_e2e_core import fail_one_line, finish, ok, release, start_ustack, stop, \
-    wait_tracing
-from test_flamegraph_browser import counted as fg_counted, element, one, open_page, \
-    point_at, write
-from test_formats_pprof import raw, top
+from helpers import (O2_NOFP, build, counted as fg_counted, element, fail_one_line,
+                     finish, ok, one, open_page, point_at, raw, release, run_ustack,
+                     start_ustack, stop, top, wait_tracing, write)
 from ustack.report.formats import ReportContext, stack_report
 
 pytestmark = pytest.mark.kernel

@@ -8,9 +8,8 @@ import subprocess
 
 import pytest
 
-from helpers import build
-from test_e2e_core import (finish, funcs, parse_counts, parse_folded, start_ustack,
-                           stop, wait_tracing)
+from helpers import (build, finish, funcs, parse_counts, parse_folded, start_ustack, stop,
+                     wait_tracing)
 from ustack.model import RawSample
 from ustack.symbols.stacks import IDLE, KERNEL_THREAD, StackResolver
 from ustack.target.mappings import MappingTracker
