@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import popen_ustack
-from test_e2e_core import finish, start_ustack, stop, wait_tracing
+from helpers import finish, start_ustack, stop, wait_tracing
 from ustack.model import python_frame_parts
 
 pytestmark = pytest.mark.kernel

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers import FP, O2_NOFP, build, run_ustack
-from test_args_by_name import label_values
-from test_e2e_core import fail_one_line, funcs, ok, parse_counts, parse_trace, program_frames
+from helpers import label_values
+from helpers import fail_one_line, funcs, ok, parse_counts, parse_trace, program_frames
 
 pytestmark = pytest.mark.kernel
 
@@ -221,7 +221,7 @@ def test_spellings():
 def test_running_python_by_name_with_p(tmp_path):
     """-p PID with the binary named as the process maps it (python3.11):
     the semaphore of a process already running is raised too."""
-    from test_e2e_core import run_attached, spawn
+    from helpers import run_attached, spawn
     script = tmp_path / "waits.py"
     script.write_text(PROFILED.replace("sys.setprofile(profiler)\n",
                                        "sys.setprofile(profiler)\nsys.stdin.readline()\n"))

@@ -23,7 +23,7 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
             from .bpf_count import StackCountCapture
             return StackCountCapture(probes, target, opts.buffer_pages, **bpf_opts)
         from .bpf_dwarf import UnwindCountCapture, UnwindTraceCapture
-        mode = UnwindTraceCapture if opts.command == "trace" else UnwindCountCapture
+        mode = UnwindTraceCapture if opts.runs_as == "trace" else UnwindCountCapture
         return mode(probes, target, opts.buffer_pages, unwind_tables=kernel_tables,
                     python=opts.python, **bpf_opts)
     if backend == "tracefs":

@@ -10,10 +10,12 @@ import bisect
 import json
 import os
 import signal
+import sys
 import time
 
 from ..kernel import procfs, ptrace
 from ..model import Frame, SymbolOptions, UstackError
+from ..options import symbol_options
 from ..output import Output
 from ..report.text import format_duration, frame_line
 from ..symbols.python import PythonCode
@@ -232,6 +234,11 @@ def format_json(pid: int, threads, stopped_ns: int) -> str:
 FORMATS = ("text", "json")
 
 
+def main(args) -> int:
+    """`ustack dump` from its parsed arguments."""
+    return run_dump(args.pid, symbol_options(args), args.format, args.output, sys.stderr)
+
+
 def run_dump(pid: int, options: SymbolOptions, fmt: str | None, output: str | None,
              err) -> int:
     if fmt is None:
@@ -247,7 +254,6 @@ def run_dump(pid: int, options: SymbolOptions, fmt: str | None, output: str | No
             raise
         out.commit()
     else:
-        import sys
         sys.stdout.write(text)
     err.write(f"ustack: process {pid} stopped for {format_duration(took)} "
               f"({len(threads)} threads)\n")

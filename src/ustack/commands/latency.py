@@ -18,7 +18,7 @@ from io import TextIOBase
 from .run import _given, run_session
 from ..model import TracepointProbe, UprobeProbe, UstackError
 from ..objfile.elf import ElfImage
-from ..options import Options
+from ..options import Options, run_options
 from ..probes.return_sites import entry_site, return_probes
 from ..probes.spec import parse_event
 from ..report.latency import format_histogram, format_slow_call
@@ -46,6 +46,15 @@ class LatencyRequest:
     @property
     def wants_stacks(self) -> bool:
         return self.by_stack or self.slower_ms is not None
+
+
+def main(args) -> int:
+    """`ustack latency` from its parsed arguments."""
+    opts = run_options(args)
+    opts.events = args.events
+    opts.stack_storage = args.stack_storage_size
+    return run_latency(opts, LatencyRequest(args.by_stack, args.slower, args.units,
+                                            args.ret_sites))
 
 
 def check_request(opts: Options, request: LatencyRequest) -> None:

@@ -3,6 +3,7 @@ on; with -v each one's parameters and types from DWARF, as `bpftrace -lv`
 prints them (and the type of `$retval`)."""
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 from ustack.probes.resolve import locate_binary, no_function_error
@@ -16,6 +17,12 @@ class FunctionRow(NamedTuple):
     address: int
     file_offset: int | None
     size: int
+
+
+def main(args) -> int:
+    """`ustack list` from its parsed arguments."""
+    sys.stdout.write(list_text(args.binary, args.pattern, args.verbose))
+    return 0
 
 
 def list_functions(path: str, glob: str | None = None) -> list:
