@@ -232,3 +232,45 @@ def test_running_python_by_name_with_p(tmp_path):
         target.kill()
     names = [label_values(r["label"])["arg1"] for r in parse_trace(res.stdout)]
     assert names.count('"foo"') == 7, names
+
+
+def test_library_probe_named_with_p_and_its_semaphore(tmp_path):
+    """-p PID with a library named as the process maps it (usdt_lib, loaded
+    by dlopen before ustack attaches): every hit with its argument values,
+    and the library's semaphore raised in the running process."""
+    from test_e2e_core import run_attached, spawn
+    lib = build("usdt_lib", flags=O2_NOFP, kind="shared")
+    prog = build("usdt_dl", flags=O2_NOFP)
+    target = spawn(prog, lib, N, stdin=subprocess.PIPE)
+    try:
+        res = ok(run_attached(target, "trace", "usdt:usdt_lib:demolib:tick arg0 arg1"))
+    finally:
+        target.kill()
+    rows = parse_trace(res.stdout)
+    assert [label_values(r["label"]) for r in rows] == \
+        [{"arg0": str(i), "arg1": str(-i)} for i in range(N)]
+    assert {r["label"].split()[0] for r in rows} == {f"usdt:{lib}:demolib:tick"}
+    assert funcs(rows[0]["frames"])[:3] == ["lib_step", "lib_run", "main"]
+    # untraced, the library's is-enabled test never holds
+    with subprocess.Popen([str(prog), str(lib), str(N)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as p:
+        out, _ = p.communicate("go\n", timeout=30)
+    assert out == "enabled=0\n"
+
+
+@pytest.mark.parametrize("backend", ["bpf", "perf"])
+def test_library_probe_by_name_with_c(backend):
+    """A library name without -p is found as the dynamic linker would
+    (libstdc++'s libstdcxx:throw, fired by __cxa_throw): cxx_throw 6 throws
+    on its 3 odd calls."""
+    from test_dwarf_unwind import build_cxx
+    lib = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    if "libstdc++.so.6 " not in lib:
+        pytest.skip("libstdc++.so.6 is not in the linker cache")
+    prog = build_cxx("cxx_throw", ("-O2", "-g", "-fno-omit-frame-pointer"))
+    res = ok(run_ustack("count", "--backend", backend, "usdt:libstdc++:throw",
+                        "-c", f"{prog} 6"))
+    stacks = parse_counts(res.stdout)
+    assert [s["count"] for s in stacks] == [3], res.stdout
+    names = funcs(stacks[0]["frames"])
+    assert names[0] == "__cxa_throw" and names[2:5] == ["f2(long)", "f1(long)", "main"]
