@@ -274,3 +274,24 @@ def test_library_probe_by_name_with_c(backend):
     assert [s["count"] for s in stacks] == [3], res.stdout
     names = funcs(stacks[0]["frames"])
     assert names[0] == "__cxa_throw" and names[2:5] == ["f2(long)", "f1(long)", "main"]
+
+
+def test_note_addresses_follow_stapsdt_base(prog, tmp_path):
+    """A note written before its file's sections moved (prelink) has a base
+    other than .stapsdt.base's address: pc and semaphore move by the
+    difference, as SystemTap defines (here: a note's base raised by 0x1000)."""
+    from elftools.elf.elffile import ELFFile
+    from ustack.objfile.stapsdt import sdt_probes
+    data = bytearray(prog.read_bytes())
+    with open(prog, "rb") as f:
+        note = next(n for n in ELFFile(f).get_section_by_name(".note.stapsdt").iter_notes()
+                    if n["n_descdata"][24:].split(b"\0")[1] == b"guarded")
+    base_at = note["n_offset"] + 12 + 8 + 8        # header, "stapsdt\0", pc
+    base = int.from_bytes(data[base_at:base_at + 8], "little")
+    data[base_at:base_at + 8] = (base + 0x1000).to_bytes(8, "little")
+    moved = tmp_path / "moved"
+    moved.write_bytes(bytes(data))
+    before = next(p for p in sdt_probes(str(prog)) if p.name == "guarded")
+    after = next(p for p in sdt_probes(str(moved)) if p.name == "guarded")
+    assert before.semaphore and after.args == before.args
+    assert (after.pc, after.semaphore) == (before.pc - 0x1000, before.semaphore - 0x1000)
