@@ -311,3 +311,40 @@ def test_global_argument_specs(spec, fetch):
     with pytest.raises(UstackError, match=r"^USDT probe p:n: its argument '-8@gone\(%rip\)' "
                                           r"reads gone, which the file's symbols do not name$"):
         usdt_fetch("-8@gone(%rip)", "p:n", at)
+
+
+@pytest.mark.skipif(not Path(PYTHON).exists(), reason="needs Debian's python3.11")
+def test_python_function_entry_counted_by_its_python_frame(tmp_path):
+    """count at python:function__entry: the stacks of foo's 7 profiled calls
+    have foo as their innermost Python frame. The probe's caller is the
+    eval loop's unlikely part (_PyEval_EvalFrameDefault.cold), unnamed in
+    Debian's stripped python3.11: its Python frames were left unmerged."""
+    import signal
+    from test_e2e_core import finish, spawn, start_ustack, stop, wait_tracing
+    script = tmp_path / "held.py"
+    script.write_text(PROFILED.replace("sys.setprofile(profiler)\n",
+                                       "sys.stdin.readline()\nsys.setprofile(profiler)\n")
+                      + "print('done', flush=True)\nsys.stdin.readline()\n")
+    target = subprocess.Popen([PYTHON, str(script)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    us = start_ustack("count", "--backend", "bpf", "usdt:python3.11:function__entry",
+                      "-p", str(target.pid), stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us)
+        target.stdin.write(b"go\n")
+        target.stdin.flush()
+        assert target.stdout.readline() == b"done\n"
+        us.send_signal(signal.SIGINT)   # the code objects are read while it lives
+        out, err = finish(us)
+    finally:
+        stop(us)
+        stop(target)
+    assert us.returncode == 0, err
+    by_leaf: dict = {}
+    for s in parse_counts(out):
+        # a Python frame: "foo [python] FILE:LINE"
+        python = [f.split(" [python] ")[0] for f, _ in s["frames"] if " [python] " in f]
+        key = python[0] if python else None
+        by_leaf[key] = by_leaf.get(key, 0) + s["count"]
+    assert by_leaf.get("foo") == 7, out
+    assert None not in by_leaf, out
