@@ -52,7 +52,8 @@ VARIANTS = {
 }
 
 # Extra link arguments some programs need.
-_LIBS = {"threads": ["-pthread"], "parked": ["-pthread"], "dlopen_main": ["-ldl"]}
+_LIBS = {"threads": ["-pthread"], "parked": ["-pthread"], "dlopen_main": ["-ldl"],
+         "usdt_dl": ["-ldl"]}
 
 
 def _tool(name: str) -> str:

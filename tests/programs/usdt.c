@@ -11,6 +11,8 @@
  *   demo:konst     (int) the constant -5, (long) i
  *   demo:guarded   (int) i, only when its is-enabled test holds
  *   demo:twice     (int) 1 from site_a and 2 from site_b: one name, two sites
+ *   demo:global    globals, read where they are: (long) gbase (1000+N),
+ *                  (long) garr[1] (20), (const char *) gname ("delta")
  * and writes "enabled=K" to OUTFILE: how often demo:guarded's is-enabled
  * test held (the kernel raises its semaphore while it is traced).
  * KEEP stops inlining, so every frame of the chain exists. */
@@ -26,10 +28,13 @@
 #define SEMAPHORE(name) \
 	unsigned short demo_##name##_semaphore __attribute__((section(".probes"), used))
 SEMAPHORE(zero); SEMAPHORE(one); SEMAPHORE(two); SEMAPHORE(three);
-SEMAPHORE(konst); SEMAPHORE(guarded); SEMAPHORE(twice);
+SEMAPHORE(konst); SEMAPHORE(guarded); SEMAPHORE(twice); SEMAPHORE(global);
 #define DEMO_GUARDED_ENABLED() __builtin_expect(demo_guarded_semaphore, 0)
 
 static const char *const names[] = { "alpha", "beta", "gamma" };
+long gbase = 1000;
+long garr[3] = { 10, 20, 30 };
+const char *gname = "delta";
 static long enabled;
 
 KEEP void site_a(void) { STAP_PROBE1(demo, twice, 1); asm volatile(""); }
@@ -56,6 +61,7 @@ KEEP void step(long i)
 		enabled++;
 		STAP_PROBE1(demo, guarded, (int)i);
 	}
+	STAP_PROBE3(demo, global, gbase, garr[1], gname);
 	site_a();
 	site_b();
 	asm volatile("");
@@ -71,6 +77,7 @@ KEEP void work(long n)
 int main(int argc, char **argv)
 {
 	long n = argc > 1 ? atol(argv[1]) : 1;
+	gbase += n;
 	work(n);
 	if (argc > 2) {
 		FILE *f = fopen(argv[2], "w");

@@ -66,3 +66,21 @@ def _decode(desc: bytes, word: struct.Struct, base: int | None, path: str) -> Sd
         if sem:
             sem += base - note_base
     return SdtProbe(provider, name, pc, sem, args)
+
+
+def symbol_address(path: str, name: str) -> int | None:
+    """The ELF address of the symbol `name` (a global a note's argument
+    reads) in the file at `path`'s .symtab or .dynsym; None if neither has it."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for table in (".symtab", ".dynsym"):
+                sec = elf.get_section_by_name(table)
+                found = sec.get_symbol_by_name(name) if sec is not None else None
+                if found and found[0]["st_shndx"] != "SHN_UNDEF":
+                    return found[0]["st_value"]
+    except (ELFError, OSError) as e:
+        raise UstackError(f"{path}: cannot read its symbols: {e}") from None
+    return None

@@ -12,7 +12,7 @@ import re
 from ..model import UprobeProbe, UstackError
 from ..objfile.debuginfo import debug_lookup
 from ..objfile.elf import ElfImage
-from ..objfile.stapsdt import sdt_probes
+from ..objfile.stapsdt import sdt_probes, symbol_address
 from ..values import replace
 from .fetchargs import display_kinds, kernel_fetch_args
 from .resolve import is_glob, locate_binary, probe_at
@@ -40,7 +40,8 @@ def resolve_usdt(spec, pid: int | None = None, notes: list | None = None) -> lis
     for site in sites:
         label = f"usdt:{shown}:{site.provider}:{site.name}"
         try:
-            args, kinds = _args(spec.args, site, f"{site.provider}:{site.name}")
+            args, kinds = _args(spec.args, site, f"{site.provider}:{site.name}",
+                                _global_at(host, image, site.pc))
         except UstackError as e:
             if not is_glob(f"{spec.provider}:{spec.name}"):
                 raise
@@ -64,7 +65,19 @@ def resolve_usdt(spec, pid: int | None = None, notes: list | None = None) -> lis
     return probes
 
 
-def _args(wanted: tuple, site, name: str) -> tuple:
+def _global_at(host: str, image, pc: int):
+    """symbol -> the @+OFFSET that reaches it from a probe at `pc`: the
+    kernel (and the BPF fetch) add it to where the probe's file offset 0
+    is mapped, reckoned from the probe's own segment, so it is the symbol's
+    distance from pc plus pc's file offset."""
+    def at(name: str) -> int | None:
+        vaddr = symbol_address(host, name)
+        pc_off = image.file_offset(pc)
+        return None if vaddr is None or pc_off is None else vaddr - pc + pc_off
+    return at
+
+
+def _args(wanted: tuple, site, name: str, global_at=None) -> tuple:
     """(the kernel's (name, fetch, type) triples, ((name, display kind), …))
     for the user's words: `argN` is the note's N-th argument, read as a
     string with `:string`, in the user's type with another; kernel fetches
@@ -81,7 +94,7 @@ def _args(wanted: tuple, site, name: str) -> tuple:
             if n >= len(specs):
                 raise UstackError(f"USDT probe {name} has no argument {fetch}; "
                                   f"{_have(specs)}")
-            fetch, own = usdt_fetch(specs[n], name)
+            fetch, own = usdt_fetch(specs[n], name, global_at)
             if typ in ("string", "ustring"):
                 fetch = f"+0({fetch})"
             elif not typ:
