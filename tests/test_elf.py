@@ -551,9 +551,10 @@ def test_symbols_come_back_from_the_cache(bins, tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache" / "symbols").glob("*.json"))) == 1
     ElfImage.clear_cache()
 
-    def no_parsing(sections):
+    def no_parsing(reader):
         raise AssertionError("symbols parsed again despite the cache")
-    monkeypatch.setattr(ElfImage, "_raw_functions", staticmethod(no_parsing))
+    from ustack.objfile import elf_symtab
+    monkeypatch.setattr(elf_symtab, "_raw_functions", no_parsing)
     assert ElfImage.open(copy).functions == first
 
 

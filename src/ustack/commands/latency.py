@@ -91,11 +91,11 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
                                             f"syscall:{name} (exit)"), Site(i, "return")))
             continue
         image = ElfImage.open(entry.path)
-        sym = image.lookup(entry.address)
+        sym = image.symbols.lookup(entry.address)
         # (a Go function's entry probe comes placed after its stack check)
         if entry.symbol is None or entry.address != entry_site(image, sym):
             raise UstackError(f"{entry.label} is not the start of a function")
-        if not (image.is_go or ret_sites):
+        if not (image.file.is_go or ret_sites):
             probes.append(entry)
             sites.append(Site(i, "entry"))
             ret = replace(
@@ -104,7 +104,7 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
                 label=entry.label.replace("uprobe:", "uretprobe:", 1))
             returns.append((ret, Site(i, "return")))
             continue
-        go = image.is_go
+        go = image.file.is_go
         probes.append(entry)
         sites.append(Site(i, "entry", goroutine=go))
         rets, tails = return_probes(entry, image)

@@ -31,10 +31,10 @@ def list_functions(path: str, glob: str | None = None) -> list:
 
 
 def _rows(image: ElfImage, glob: str | None, shown: str) -> list:
-    syms = image.functions if glob is None else image.match(glob)
+    syms = image.symbols.functions if glob is None else image.symbols.match(glob)
     if glob is not None and not syms:
         raise no_function_error(image, glob, shown)
-    return [FunctionRow(demangle(s.name), s.address, image.file_offset(s.address), s.size)
+    return [FunctionRow(demangle(s.name), s.address, image.file.file_offset(s.address), s.size)
             for s in syms]
 
 
@@ -65,7 +65,7 @@ def format_params(path: str, glob: str | None = None) -> str:
         if info is None:
             continue
         out += [f"    {p.type.name} {p.name}\n".replace("  \n", "\n") for p in info.params]
-        if info.returns is not None and not image.is_go:   # Go lists its ~r0
+        if info.returns is not None and not image.file.is_go:   # Go lists its ~r0
             out.append(f"    {info.returns.name} $retval\n")
     return "".join(out)
 

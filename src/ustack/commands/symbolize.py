@@ -91,10 +91,10 @@ def _mappings(pid: int | None, maps_file: str | None, binary: str | None) -> lis
             raise UstackError(f"{maps_file}: no executable mappings in it")
         return found
     image = ElfImage.open(binary)           # UstackError for a missing/corrupt file
-    if image.is_pie:
+    if image.file.is_pie:
         return []                           # its absolute addresses are randomized
     return [Mapping(v & ~(_PAGE - 1), v + size, off & ~(_PAGE - 1), binary)
-            for v, off, size in image.executable_segments()]
+            for v, off, size in image.file.executable_segments()]
 
 
 def main(args) -> int:
