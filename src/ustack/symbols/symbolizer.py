@@ -98,7 +98,7 @@ class Symbolizer:
             # addr starts a function, as no return address does but the
             # trampoline's (checked only here: ~4 us a frame otherwise)
             image = self._elf.image(path)
-            if image is not None and image.read(vaddr + 1, len(RESTORE_RT)) == RESTORE_RT:
+            if image is not None and image.file.read(vaddr + 1, len(RESTORE_RT)) == RESTORE_RT:
                 return self._frames_at(pid, addr, 0)[0], True
         module = self._modules.get(m.path)
         if module is None:
