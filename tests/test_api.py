@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import FP, build
-from test_e2e_core import CHAIN
+from helpers import CHAIN, FP, build
 
 import ustack
 

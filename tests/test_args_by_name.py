@@ -18,8 +18,9 @@ import subprocess
 
 import pytest
 
-from helpers import O2_NOFP, build, build_go, run_ustack
-from test_dwz import split_and_dwz
+from helpers import (MIX, N, O2_NOFP, build, build_cxx, build_go, disassembly,
+                     fail_one_line, label_values, nm_symbols, no_aslr, ok, parse_trace,
+                     run_attached, run_ustack, spawn, split_and_dwz)
 from ustack.model import UstackError
 from ustack.objfile import debuginfo
 from ustack.objfile.dwarf_params import DwarfParams
@@ -27,13 +28,8 @@ from ustack.objfile.elf import ElfImage
 from ustack.commands.list import format_params
 from ustack.probes.resolve import resolve_uprobes
 from ustack.probes.spec import parse_event
-from test_dwarf_unwind import build_cxx
-from test_e2e_core import (disassembly, fail_one_line, nm_symbols, ok, parse_trace, run_attached,
-                           spawn)
 
-N = 3                                  # calls of each function per run
 COLORS = {"RED": 0, "GREEN": 5, "BLUE": 6}    # enum color of args.c
-MIX = "i len buf c neg flag ok ch big last"
 # the same ten arguments where the SysV ABI puts them at mix's entry: six
 # registers, then the stack words after the return address at (%sp)
 MIX_BY_REGISTER = ("i=%di:s32 len=%si:u64 buf=+0(%dx):string c=%cx:s32 neg=%r8:s16 "
@@ -51,23 +47,10 @@ def args_cxx():
     return build_cxx("args_cxx", O2_NOFP)
 
 
-def no_aslr(prog) -> str:
-    """The command line that runs prog as gdb does: without address
-    randomization, so its pointers are gdb's."""
-    if shutil.which("setarch") is None:
-        pytest.skip("setarch is not installed (needed to compare pointers with gdb)")
-    return f"setarch x86_64 -R {prog} 0 {N}"
-
-
 def trace_values(*args, backend="perf") -> list[dict]:
     """{name: value text} per event of `ustack trace ARGS…`."""
     res = ok(run_ustack("trace", "--backend", backend, *args))
     return [label_values(r["label"]) for r in parse_trace(res.stdout)]
-
-
-def label_values(label: str) -> dict:
-    """'uprobe:/x:f a=1 s="x y" c='A'' -> {'a': '1', 's': '"x y"', 'c': "'A'"}."""
-    return dict(re.findall(r' (\w+)=("(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|\S+)', label))
 
 
 def gdb_info_args(command: str, function: str, hits: int = N) -> list[dict]:

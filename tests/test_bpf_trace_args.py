@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_NOFP, build, build_go, run_ustack
-from test_args_by_name import MIX, label_values, no_aslr
-from test_dwarf_unwind import build_cxx
-from test_e2e_core import fail_one_line, ok, parse_trace, private_copy
+from helpers import (MIX, O2_NOFP, build, build_cxx, build_go, fail_one_line,
+                     label_values, no_aslr, ok, parse_trace, private_copy, run_ustack)
 
 pytestmark = pytest.mark.kernel
 

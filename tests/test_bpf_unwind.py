@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_NOFP, build, run_ustack
-from test_e2e_core import ok, parse_counts, private_copy
-from test_e2e_dwarf import perf_script_samples
+from helpers import (O2_NOFP, build, ok, parse_counts, perf_script_samples, private_copy,
+                     run_ustack)
 
 pytestmark = pytest.mark.kernel
 
@@ -204,14 +203,14 @@ def test_signal_handler_continues_into_interrupted_code():
 
 
 def test_cxx_with_exceptions():
-    from test_dwarf_unwind import build_cxx
+    from helpers import build_cxx
     prog = build_cxx("cxx_throw", O2_NOFP)
     (stack,) = same_as_copy_path(f"uprobe:{prog}:leaf", "-c", f"{prog} 4")
     assert names(stack["frames"])[:4] == ["leaf(long)", "f2(long)", "f1(long)", "main"]
 
 
 def test_library_dlopened_after_attach():
-    from test_e2e_core import run_attached, spawn, stop
+    from helpers import run_attached, spawn, stop
     prog, plugin = build("dlopen_main", flags=O2_NOFP), build(
         "plugin", kind="shared", flags=O2_NOFP)
     target = spawn(prog, "-", plugin, 3, stdin=subprocess.PIPE)
@@ -280,7 +279,7 @@ def test_go_uprobe():
 
 def _attached(backend: str, argv: list, *args) -> list[dict]:
     """counted() on a target started first, waiting for a line on stdin."""
-    from test_e2e_core import run_attached, spawn, stop
+    from helpers import run_attached, spawn, stop
     target = spawn(*argv, stdin=subprocess.PIPE)
     try:
         res = ok(run_attached(target, "count", "--offsets", "--unwind", "dwarf",

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_NOFP, build, run_ustack
-from test_e2e_core import ok, parse_trace
+from helpers import O2_NOFP, build, ok, parse_trace, run_ustack
 
 pytestmark = pytest.mark.kernel
 

@@ -92,3 +92,14 @@ def test_version():
     assert res.returncode == 0
     assert res.stdout.startswith("ustack ") and res.stdout.strip() != "ustack"
 
+
+
+@pytest.mark.parametrize("backend, runs_as", [("bpf", "count"), ("perf", "trace")])
+def test_record_is_the_command_of_a_record_run(backend, runs_as):
+    from ustack.cli import build_parser
+    from ustack.commands.record import record_options
+    args = build_parser("record").parse_args(
+        ["record", "syscall:write", "-c", "true", "--backend", backend])
+    opts = record_options(args)
+    assert (opts.command, opts.runs_as, opts.record, opts.output_path) == \
+        ("record", runs_as, "ustack.data", None)

@@ -16,8 +16,8 @@ import subprocess
 import pytest
 
 from container import APP_PATH, Rootfs, Runtime
-from test_e2e_core import (finish, funcs, parse_counts, parse_trace,
-                           start_ustack, stop, wait_tracing)
+from helpers import (finish, funcs, parse_counts, parse_trace, start_ustack, stop,
+                     wait_tracing)
 
 pytestmark = pytest.mark.kernel
 

@@ -8,9 +8,7 @@ import json
 
 import pytest
 
-from helpers import build, run_ustack
-from test_e2e_core import ok, parse_folded
-from test_e2e_dwarf import RECURSE_FLAGS, truncation_note
+from helpers import RECURSE_FLAGS, build, ok, parse_folded, run_ustack, truncation_note
 
 pytestmark = pytest.mark.kernel
 

@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from helpers import O2_FP, build
-from test_elf import FakeMaps, run, text_mapping
+from helpers import O2_FP, build, FakeMaps, run, text_mapping
 
 from ustack.objfile import debuginfo
 from ustack.objfile.elf import ElfImage
@@ -217,7 +216,7 @@ def test_run_uses_debug_dir_and_reports_refusals(chain, tmp_path):
     through the debug file; a mismatched one gives no names and one line
     on stderr saying why."""
     from helpers import run_ustack
-    from test_e2e_core import ok, parse_counts
+    from helpers import ok, parse_counts
     full, debug, stripped = chain
     build_id = ElfImage.open(str(full)).build_id
     mine = tmp_path / "mine"

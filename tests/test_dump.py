@@ -1,7 +1,9 @@
-"""`ustack dump -p PID`: each thread's stack once, native and Python, with
-the target stopped a moment and going on unchanged. Judged against gdb's
-`thread apply all bt` of the same process (run after ustack let it go) and
-against the Python program's own account of its frames."""
+"""`ustack dump -p PID`: each thread's stack once, compared with gdb's
+`thread apply all bt` on the same process (C), Go's own chain, and each
+thread's exact Python frames (pyenv's CPython 3.8-3.13 and Debian's
+stripped python3.11); the target goes on exactly as before."""
+from __future__ import annotations
+
 import glob
 import json
 import os
@@ -12,237 +14,295 @@ import sys
 
 import pytest
 
-from helpers import O2_NOFP, PROGRAMS, build, run_ustack
-from ustack.kernel import ptrace
+from helpers import PROGRAMS, build, build_go, run_ustack, wait_until
 from ustack.model import python_frame_word
-from ustack.unwind.python_frames import LEFT, merge
-from ustack.unwind.python_runtime import LAYOUTS
+from ustack.unwind.python_frames import merge
 
-PY_PROGRAM = PROGRAMS / "python" / "dump_chain.py"
-# Debian's stripped python3.11 and each pyenv CPython ustack has a layout for
-PYTHONS = [p for p in ["/usr/bin/python3.11", *sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3"))]
-           if os.path.exists(p) and (p.startswith("/usr") or tuple(
-               map(int, p.split("/")[4].split(".")[:2])) in LAYOUTS)]
-READ = 0                        # x86-64 read(2)
-
-
-def _wait_in_read(pid: int, tids) -> None:
-    """Until each thread sits in read(2) (/proc/PID/task/TID/syscall): its
-    stack is then fixed until the test writes."""
-    pending = set(tids)
-    while pending:
-        for tid in list(pending):
-            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
-                if f.read().split()[0] == str(READ):
-                    pending.discard(tid)
-        os.sched_yield()
+# "Thread 2 (Thread 0x7f… (LWP 4701) "parked"):"
+_GDB_THREAD = re.compile(r'^Thread \d+ \(Thread 0x[0-9a-f]+ \(LWP (\d+)\)')
+# "#2  0x00005608f9c591ca in side_inner () at …"
+_GDB_CALLER = re.compile(r"^#\d+\s+0x([0-9a-f]+) in (\S+) \(")
+# " 0x000056124f0ef285 : main_inner+0x25/0x27 [parked] …" or a Python frame
+_FRAME = re.compile(r"^ (?:0x([0-9a-f]+)|\s+) : (\S+)")
+_HEADER = re.compile(r"^Thread (\d+)/(\d+) (\S+) \((\S)")
 
 
-def _gdb_threads(pid: int) -> dict:
-    """tid -> the pcs gdb shows (frames with an address: not #0, not inlined)."""
-    out = subprocess.run(["gdb", "-batch", "-nx", "-iex", "set debuginfod enabled off",
-                          "-p", str(pid), "-ex", "set backtrace past-main on",
-                          "-ex", "thread apply all bt"],
-                         capture_output=True, text=True, timeout=60,
-                         stdin=subprocess.DEVNULL).stdout
-    threads, tid = {}, None
-    for line in out.splitlines():
-        m = re.match(r"Thread \d+ \(.*LWP (\d+)\)", line)
-        if m:
-            tid = int(m.group(1))
-            threads[tid] = []
-        m = re.match(r"#\d+\s+(0x[0-9a-f]+) in ", line)
-        if m and tid is not None:
-            threads[tid].append(int(m.group(1), 16))
+def parse_dump(text: str) -> dict:
+    """tid -> (comm, state, [(addr or None, function, the whole line)])."""
+    threads: dict = {}
+    frames = None
+    for line in text.splitlines():
+        h = _HEADER.match(line)
+        if h:
+            frames = []
+            threads[int(h.group(2))] = (h.group(3), h.group(4), frames)
+            continue
+        m = _FRAME.match(line)
+        if m and frames is not None:
+            frames.append((int(m.group(1), 16) if m.group(1) else None,
+                           m.group(2).split("+0x")[0], line))
     return threads
 
 
-@pytest.fixture
-def c_target():
-    prog = build("dump_threads", flags=O2_NOFP)
-    proc = subprocess.Popen([str(prog)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    worker = int(proc.stdout.readline().split()[1])
-    _wait_in_read(proc.pid, (proc.pid, worker))
-    yield proc, worker
-    proc.kill()
-    proc.wait()
+def gdb_threads(pid: int) -> dict:
+    """tid -> [(return address, function)] of gdb's frames that have one."""
+    out = subprocess.run(["gdb", "-q", "-batch", "-p", str(pid), "-ex", "thread apply all bt"],
+                         capture_output=True, text=True, timeout=120).stdout
+    threads: dict = {}
+    cur = None
+    for line in out.splitlines():
+        t = _GDB_THREAD.match(line)
+        if t:
+            cur = threads.setdefault(int(t.group(1)), [])
+        m = _GDB_CALLER.match(line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(2)))
+    return threads
 
 
-def test_c_threads_match_gdb_and_the_program_goes_on(c_target):
-    proc, worker = c_target
-    res = run_ustack("dump", "-p", proc.pid, "-f", "json")
-    assert res.returncode == 0, res.stderr
-    dump = json.loads(res.stdout)
-    assert re.fullmatch(r"stopped 2 threads of process \d+ for \d+\.\d{3} ms\n", res.stderr)
-    threads = {t["tid"]: t for t in dump["threads"]}
-    assert set(threads) == {proc.pid, worker}
-    names = {tid: [f["function"] for f in t["frames"]] for tid, t in threads.items()}
-    assert names[proc.pid][:4] == ["read", "main_inner", "main_outer", "main"]
-    assert names[worker][:4] == ["read", "worker_inner", "worker_outer", "worker_start"]
-    assert all(t["state"] == "S" and t["comm"] == "dump_threads" and not t["notes"]
-               for t in threads.values())
-    # gdb, once ustack has let go: the same return addresses, thread by thread
-    gdb = _gdb_threads(proc.pid)
-    for tid, t in threads.items():
-        assert [int(f["address"], 16) for f in t["frames"][1:]] == gdb[tid]
-    out, _ = proc.communicate("hello\n", timeout=30)
-    assert out == "worker got 6: hello\nmain done\n"
+def in_syscall(pid: int, number: int) -> bool:
+    """Whether every thread of pid sits in system call `number`."""
+    tids = os.listdir(f"/proc/{pid}/task")
+    try:
+        return all(open(f"/proc/{pid}/task/{t}/syscall").read().split()[0] == str(number)
+                   for t in tids)
+    except OSError:
+        return False
+
+
+def finish(proc, lines: int) -> str:
+    out, _ = proc.communicate("x\n" * lines, timeout=60)
     assert proc.returncode == 0
+    return out
 
 
-def test_text_has_a_header_per_thread(c_target):
-    proc, worker = c_target
-    res = run_ustack("dump", "-p", proc.pid, "--lines")
-    assert res.returncode == 0, res.stderr
-    blocks = res.stdout.split("\n\n")
-    assert blocks[0].splitlines()[0] == f"dump_threads {proc.pid}/{proc.pid} S (sleeping)"
-    assert blocks[1].splitlines()[0] == f"dump_threads {proc.pid}/{worker} S (sleeping)"
-    inner = blocks[1].splitlines()[2]
-    assert re.fullmatch(r" 0x[0-9a-f]{16} : worker_inner\+0x[0-9a-f]+/0x[0-9a-f]+ "
-                        r"\[dump_threads\] .*dump_threads\.c:\d+", inner)
-
-
-def test_a_thread_id_is_refused_naming_its_process(c_target):
-    proc, worker = c_target
-    res = run_ustack("dump", "-p", worker)
-    assert (res.returncode, res.stdout, res.stderr) == (
-        1, "", f"ustack: {worker} is a thread of process {proc.pid}: dump -p {proc.pid}\n")
-
-
-@pytest.mark.parametrize("python", PYTHONS)
-def test_python_frames_exact_in_each_thread(python):
-    proc = subprocess.Popen([python, str(PY_PROGRAM)], stdin=subprocess.PIPE,
+def test_c_threads_match_gdb_and_the_target_goes_on():
+    proc = subprocess.Popen([str(build("parked"))], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
-        facts = json.loads(proc.stdout.readline())
-        _wait_in_read(proc.pid, (facts["main"], facts["worker"]))
-        res = run_ustack("dump", "-p", proc.pid, "-f", "json")
-        assert res.returncode == 0, res.stderr
-        threads = {t["tid"]: t for t in json.loads(res.stdout)["threads"]}
-        lines = facts["lines"]
-        here = str(PY_PROGRAM)
-
-        def python(t):
-            return [(f["function"], f["line"]) for f in t["frames"]
-                    if f["kind"] == "python" and f["file"] == here]
-
-        main = threads[facts["main"]]
-        assert python(main) == [(n, lines[n]) for n in
-                                ("block_main", "key_of", "outer", "main", "<module>")]
-        kinds = [f["function"] if f["kind"] == "python" else None for f in main["frames"]]
-        assert kinds[0] is None                                     # read(2), native
-        between = kinds[kinds.index("key_of") + 1:kinds.index("outer")]
-        assert between and all(k is None for k in between)          # sorted()'s C frames
-        assert kinds[-1] is None                                    # the program's entry
-        worker = threads[facts["worker"]]
-        assert python(worker) == [(n, lines[n]) for n in ("t_inner", "t_outer", "work")]
-        # threading's own (co_qualname from 3.11, co_name before)
-        worker_py = [f["function"].removeprefix("Thread.") for f in worker["frames"]
-                     if f["kind"] == "python"]
-        assert worker_py[3:] == ["run", "_bootstrap_inner", "_bootstrap"]
-        assert not main["notes"] and not worker["notes"]
-        out, _ = proc.communicate("go\n", timeout=30)
-        assert out == "worker got go\nsorted [3, 2, 1]\n"
-        assert proc.returncode == 0
+        wait_until(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2
+                   and in_syscall(proc.pid, 0), what="both threads in read(2)")
+        r = run_ustack("dump", "-p", proc.pid)
+        assert r.returncode == 0, r.stderr
+        assert re.fullmatch(rf"ustack: process {proc.pid} stopped for [0-9.]+ ms \(2 threads\)\n",
+                            r.stderr)
+        ours = parse_dump(r.stdout)
+        gdb = gdb_threads(proc.pid)
+        assert sorted(ours) == sorted(gdb) == sorted(int(t) for t in
+                                                     os.listdir(f"/proc/{proc.pid}/task"))
+        chains = {}
+        for tid, (comm, state, frames) in ours.items():
+            assert (comm, state) == ("parked", "S")
+            assert frames[0][1] == "read"
+            # gdb's frames (those with a return address) are ours after read, in order
+            assert [(a, f) for a, f, _ in frames[1:1 + len(gdb[tid])]] == gdb[tid]
+            chains[tid] = [f for _, f, _ in frames]
+        assert chains[proc.pid][:4] == ["read", "main_inner", "main_outer", "main"]
+        side = [t for t in chains if t != proc.pid][0]
+        assert chains[side][:4] == ["read", "side_inner", "side_outer", "side_start"]
+        assert chains[side][-2:] == ["start_thread", "clone3"]
+        # nothing is left traced, and the program answers as if never stopped
+        assert "TracerPid:\t0" in open(f"/proc/{proc.pid}/status").read()
+        assert finish(proc, 1) == "side 1\nmain 1\n"
     finally:
         proc.kill()
         proc.wait()
 
 
-def _no_such_pid() -> int:
-    p = subprocess.Popen(["true"])
-    p.wait()
-    return p.pid
-
-
-def test_refusals_are_one_line():
-    gone = _no_such_pid()
-    res = run_ustack("dump", "-p", gone)
-    assert (res.returncode, res.stdout, res.stderr) == (1, "", f"ustack: no such process: {gone}\n")
-    res = run_ustack("dump", "-p", 2)                       # kthreadd
-    assert (res.returncode, res.stderr) == (
-        1, "ustack: process 2 is a kernel thread: it has no user stack\n")
-    res = run_ustack("-c", 'exec "$0" -m ustack dump -p $$', sys.executable, cmd=("sh",))
-    assert res.returncode == 1 and res.stderr.startswith("ustack: process ")
-    assert res.stderr.endswith(" is ustack itself\n") and res.stderr.count("\n") == 1
-
-
-def test_a_traced_process_is_refused_naming_its_tracer():
-    child = subprocess.Popen(["sleep", "60"], preexec_fn=ptrace.traceme)
-    try:
-        _, status = os.waitpid(child.pid, 0)                 # stopped at its exec
-        assert os.WIFSTOPPED(status)
-        res = run_ustack("dump", "-p", child.pid)
-        assert (res.returncode, res.stdout) == (1, "")
-        assert res.stderr == (f"ustack: process {child.pid} is already traced by process "
-                              f"{os.getpid()} ({_comm(os.getpid())}): only one tracer at a time\n")
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-
-
-def _comm(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as f:
-        return f.read().strip()
-
-
-EVAL = ((0x1000, 0x2000),)
-
-
-def test_merge_replaces_each_eval_frame_by_its_group():
-    a, b, c = python_frame_word(0x100, 1), python_frame_word(0x200, 2), python_frame_word(0x300, 3)
-    pcs = (0x5000, 0x1010, 0x6000, 0x1020, 0x7000)
-    words, notes = merge(pcs, [[(0x100, 1), (0x200, 2)], [(0x300, 3)]], EVAL)
-    assert words == (0x5000, a, b, 0x6000, c, 0x7000) and notes == ()
-
-
-def test_merge_leaves_the_innermost_eval_frame_without_a_group_as_c():
-    # an eval call just starting: its frame is not current yet
-    c = python_frame_word(0x300, 3)
-    words, notes = merge((0x1005, 0x6000, 0x1020), [[(0x300, 3)]], EVAL)
-    assert words == (0x1005, 0x6000, c) and notes == ()
-
-
-def test_merge_notes_python_frames_left_over():
-    words, notes = merge((0x5000, 0x1010), [[(0x100, 1)], [(0x200, 2)]], EVAL)
-    assert words == (0x5000, python_frame_word(0x100, 1)) and notes == (LEFT,)
-
-
-class _Interrupting:
-    """A PythonCode whose first remember() is interrupted: by Ctrl-C (SIGINT
-    to ustack while the threads are stopped) or by an error."""
-
-    def __init__(self, how):
-        self.how = how
-
-    def remember(self, pid, code, version):
-        if self.how == "ctrl-c":
-            os.kill(os.getpid(), signal.SIGINT)
-        else:
-            raise RuntimeError("failed while stopped")
-
-
-@pytest.mark.parametrize("how", ["ctrl-c", "error"])
-def test_threads_are_let_go_whatever_ends_the_copy(how):
-    from ustack.commands.dump import copy_threads
-    from ustack.kernel import procfs
-    from ustack.unwind.python_runtime import find_interpreter
-    proc = subprocess.Popen([PYTHONS[0], str(PY_PROGRAM)], stdin=subprocess.PIPE,
+def test_json_output_and_lines(tmp_path):
+    proc = subprocess.Popen([str(build("parked"))], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
-        facts = json.loads(proc.stdout.readline())
-        tids = (facts["main"], facts["worker"])
-        _wait_in_read(proc.pid, tids)
-        interp = find_interpreter(procfs.executable_mappings(proc.pid))
-        with pytest.raises(KeyboardInterrupt if how == "ctrl-c" else RuntimeError):
-            copy_threads(proc.pid, interp, _Interrupting(how))
-        for tid in tids:
-            with open(f"/proc/{proc.pid}/task/{tid}/status") as f:
-                status = f.read()
-            assert "TracerPid:\t0\n" in status
-        _wait_in_read(proc.pid, tids)           # back in the read it was in
-        out, _ = proc.communicate("go\n", timeout=30)
-        assert out == "worker got go\nsorted [3, 2, 1]\n"
+        wait_until(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2
+                   and in_syscall(proc.pid, 0), what="both threads in read(2)")
+        out = tmp_path / "dump.json"
+        r = run_ustack("dump", "-p", proc.pid, "--lines", "-o", out)
+        assert r.returncode == 0 and r.stdout == "", r.stderr
+        doc = json.loads(out.read_text())
+        assert doc["pid"] == proc.pid and doc["stopped_ns"] > 0
+        main = [t for t in doc["threads"] if t["tid"] == proc.pid][0]
+        named = [(f["function"], f.get("line")) for f in main["frames"][1:4]]
+        src = (PROGRAMS / "parked.c").read_text().splitlines()
+        assert [n for n, _ in named] == ["main_inner", "main_outer", "main"]
+        assert "read(0, buf, size)" in src[named[0][1] - 1]
+        assert "main_inner(buf" in src[named[1][1] - 1]
+        assert finish(proc, 1) == "side 1\nmain 1\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_go_chain():
+    proc = subprocess.Popen([str(build_go("goparked"))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: open(f"/proc/{proc.pid}/syscall").read().startswith("0 "),
+                   what="main thread in read(2)")
+        r = run_ustack("dump", "-p", proc.pid)
+        assert r.returncode == 0, r.stderr
+        frames = [f for _, f, _ in parse_dump(r.stdout)[proc.pid][2]]
+        at = frames.index("main.inner")
+        assert frames[at - 1] == "syscall.read"
+        assert frames[at:] == ["main.inner", "main.outer", "main.main", "runtime.main",
+                               "runtime.goexit.abi0"]
+        assert finish(proc, 1) == "line\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+INTERPRETERS = sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3"))
+INTERPRETERS = [p for p in INTERPRETERS
+                if re.search(r"/3\.(8|9|1[0-3])\.", p)] + ["/usr/bin/python3.11"]
+PARKED_PY = PROGRAMS / "python" / "parked.py"
+# where each function of parked.py waits (the line of its call below)
+LINES = {"inner": 27, "outer": 31, "main": 39, "<module>": 43,
+         "side_inner": 15, "side_outer": 19, "side": 23}
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_python_threads(python):
+    if not os.path.exists(python):
+        pytest.skip(f"{python} is not installed")
+    proc = subprocess.Popen([python, str(PARKED_PY)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        side_tid = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        wait_until(lambda: open(f"/proc/{proc.pid}/syscall").read().startswith("0 ")
+                   and open(f"/proc/{proc.pid}/task/{side_tid[0]}/syscall")
+                   .read().startswith("202 "), what="threads parked")
+        r = run_ustack("dump", "-p", proc.pid)
+        assert r.returncode == 0, r.stderr
+        threads = parse_dump(r.stdout)
+        for tid, want in ((proc.pid, ["inner", "outer", "main", "<module>"]),
+                          (side_tid[0], ["side_inner", "side_outer", "side"])):
+            frames = threads[tid][2]
+            py = [(f, line) for a, f, line in frames if a is None]
+            ours = [(f, line) for f, line in py if f"{PARKED_PY}:" in line]
+            assert [f for f, _ in ours] == want, r.stdout
+            assert [int(line.rsplit(":", 1)[1]) for _, line in ours] == [LINES[f] for f in want]
+            # native frames above the innermost Python frame (the blocking C
+            # code) and below the outermost: nothing in between is lost
+            assert frames[0][0] is not None and frames[-1][0] is not None
+            block = r.stdout.split(f"/{tid} ", 1)[1].split("\n\n")[0]
+            assert "\n (" not in block, r.stdout               # no notes
+        side_py = [f for a, f, _ in threads[side_tid[0]][2] if a is None]
+        assert side_py[3:] in (["Thread.run", "Thread._bootstrap_inner", "Thread._bootstrap"],
+                               ["run", "_bootstrap_inner", "_bootstrap"])
+        assert finish(proc, 2) == "line\nline\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_refusals():
+    r = run_ustack("dump", "-p", 2)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", "ustack: process 2 is a kernel thread: it has no user stack\n")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    r = run_ustack("dump", "-p", dead.pid)
+    assert (r.returncode, r.stderr) == (1, f"ustack: no process {dead.pid}\n")
+
+
+def test_refuses_own_process(capsys):
+    from ustack.cli import main
+    assert main(["dump", "-p", str(os.getpid())]) == 1
+    assert capsys.readouterr().err == "ustack: ustack cannot dump its own process\n"
+
+
+def test_refuses_a_traced_process():
+    proc = subprocess.Popen([str(build("parked"))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    tracer = subprocess.Popen(["strace", "-o", "/dev/null", "-p", str(proc.pid)],
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: f"TracerPid:\t{tracer.pid}\n" in open(f"/proc/{proc.pid}/status").read(),
+                   what="strace attached")
+        r = run_ustack("dump", "-p", proc.pid)
+        assert (r.returncode, r.stderr) == (
+            1, f"ustack: process {proc.pid} is already traced by {tracer.pid} (strace); "
+               "detach it first\n")
+    finally:
+        tracer.kill()
+        tracer.wait()
+        proc.kill()
+        proc.wait()
+
+
+def test_merge_rule():
+    """Each eval frame takes the next group; native frames between stay;
+    groups left over are a note, never frames."""
+    eval_ranges = ((0x1000, 0x2000),)
+    a, b = python_frame_word(0x7000, 1), python_frame_word(0x8000, 2)
+    c = python_frame_word(0x9000, 3)
+    pcs = (0x500, 0x1010, 0x600, 0x1020, 0x700)
+    assert merge(pcs, (((0x7000, 1),), ((0x8000, 2), (0x9000, 3))), eval_ranges) == (
+        (0x500, a, 0x600, b, c, 0x700), ())
+    assert merge(pcs, (((0x7000, 1),), ((0x8000, 2),), ((0x9000, 3),)), eval_ranges) == (
+        (0x500, a, 0x600, b, 0x700), ("1 Python frames beyond the native stack",))
+    # a return address just past an eval range's end is still the eval call's
+    assert merge((0x500, 0x2000), (((0x7000, 1),),), eval_ranges) == ((0x500, a), ())
+
+
+CHURN = """
+import sys, threading
+stop = threading.Event()
+def spawn():
+    while not stop.is_set():
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
+threading.Thread(target=spawn).start()
+print("ready", flush=True)
+sys.stdin.readline()
+stop.set()
+print("ok", flush=True)
+"""
+
+
+def test_threads_starting_and_ending_during_dumps_never_stay_stopped():
+    proc = subprocess.Popen([sys.executable, "-c", CHURN], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        for _ in range(5):
+            r = run_ustack("dump", "-p", proc.pid)
+            assert r.returncode == 0, r.stderr
+            assert f"Thread {proc.pid}/{proc.pid} " in r.stdout
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            try:
+                assert "TracerPid:\t0\n" in open(f"/proc/{proc.pid}/task/{tid}/status").read()
+            except FileNotFoundError:
+                pass                                  # ended since
+        assert finish(proc, 1) == "ok\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stopped_process_stays_stopped():
+    """A process stopped by SIGSTOP is dumped (state T) and left stopped;
+    SIGCONT then resumes it as usual."""
+    proc = subprocess.Popen([str(build("parked"))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    tasks = f"/proc/{proc.pid}/task"
+
+    def states():
+        return {open(f"{tasks}/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+                for t in os.listdir(tasks)}
+    try:
+        wait_until(lambda: len(os.listdir(tasks)) == 2 and in_syscall(proc.pid, 0),
+                   what="both threads in read(2)")
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(lambda: states() == {"T"}, what="the process stopped")
+        r = run_ustack("dump", "-p", proc.pid)
+        assert r.returncode == 0, r.stderr
+        assert {s for _, s, _ in parse_dump(r.stdout).values()} == {"T"}
+        assert states() == {"T"}
+        os.kill(proc.pid, signal.SIGCONT)
+        assert finish(proc, 1) == "side 1\nmain 1\n"
     finally:
         proc.kill()
         proc.wait()

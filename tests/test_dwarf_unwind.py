@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_NOFP, PROGRAMS, REPO, _cached, _run_build, build, build_go
+from helpers import O2_NOFP, REPO, build, build_cxx, build_go, Capture, gdb_capture
 from ustack.model import Mapping
 from ustack.objfile import debuginfo
 from ustack.objfile.elf import ElfImage
@@ -26,107 +26,14 @@ from ustack.unwind.cfi import UnwindTable
 from ustack.unwind.dwarf import DwarfUnwinder, truncation_note
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
-STACK_LIMIT = 64 << 10          # bytes of stack taken, like a large --stack-size
-GDB_REGS = {"rax": "ax", "rbx": "bx", "rcx": "cx", "rdx": "dx", "rsi": "si",
-            "rdi": "di", "rbp": "bp", "rsp": "sp", "rip": "ip", "eflags": "flags",
-            **{f"r{i}": f"r{i}" for i in range(8, 16)}}
 NO_CFI = ("-O0", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables",
           "-fno-unwind-tables")
-
-# Runs inside gdb: stop at BREAK, write registers, stack, maps and gdb's
-# frames (pc, name) as JSON. A signal frame's name is None. Frames gdb
-# infers from debug info but that have no stack frame of their own are left
-# out: inlined calls and tail calls (qsort jumps to qsort_r).
-_GDB_SCRIPT = """
-import gdb, json
-gdb.execute("set pagination off")
-gdb.execute("set confirm off")
-gdb.execute("set backtrace past-main on")
-gdb.execute("handle SIGALRM nostop noprint pass")
-# BREAK may name several stops, ";"-separated: symbols that exist only once
-# the program runs (the vDSO's) are set at the previous stop.
-for i, where in enumerate(BREAK.split(";")):
-    gdb.execute("break " + where)
-    gdb.execute("run" if i == 0 else "continue")
-inf = gdb.selected_inferior()
-regs = {n: int(gdb.parse_and_eval("$" + n)) & (2**64 - 1) for n in REGS}
-maps = open("/proc/%d/maps" % inf.pid).read()
-sp = regs["rsp"]
-end = sp
-for line in maps.splitlines():
-    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-    if lo <= sp < hi:
-        end = min(hi, sp + LIMIT)
-stack = inf.read_memory(sp, end - sp).tobytes()
-frames = []
-f = gdb.newest_frame()
-while f is not None and len(frames) < 64:
-    if f.type() not in (gdb.INLINE_FRAME, gdb.TAILCALL_FRAME):
-        frames.append([f.pc(), f.name()])
-    f = f.older()
-json.dump({"pid": inf.pid, "regs": regs, "maps": maps, "stack": stack.hex(),
-           "frames": frames}, open(OUT, "w"))
-gdb.execute("kill")
-"""
 
 
 @pytest.fixture(autouse=True)
 def cfi_cache(tmp_path_factory, monkeypatch):
     """Unwind tables of these tests go to a scratch cache, not ~/.cache."""
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
-class Capture:
-    """One stop of a program under gdb."""
-
-    def __init__(self, data: dict, prog: Path):
-        self.prog = prog
-        self.pid = data["pid"]
-        self.regs = {GDB_REGS[k]: v for k, v in data["regs"].items()}
-        self.stack = bytes.fromhex(data["stack"])
-        self.maps = parse_maps(data["maps"])
-        self.gdb_pcs = [pc for pc, _ in data["frames"]]
-        self.gdb_names = [name for _, name in data["frames"]]
-
-    def find(self, pid: int, addr: int):        # the symbolizer's interface
-        return next((m for m in self.maps if m.start <= addr < m.end), None)
-
-    def find_mapping(self, addr: int):
-        return self.find(self.pid, addr)
-
-    def open_instead(self, path: Path, other: Path) -> None:
-        """Let the unwinder read `other` where the process mapped `path`
-        (Mapping.host_path), e.g. a stripped copy with the same code."""
-        self.maps = [Mapping(m.start, m.end, m.pgoff, m.path, str(other))
-                     if m.path == str(path) else m for m in self.maps]
-
-
-def parse_maps(text: str) -> list:
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if "x" not in parts[1]:
-            continue
-        lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        out.append(Mapping(lo, hi, int(parts[2], 16), parts[5].strip() if len(parts) == 6 else ""))
-    return out
-
-
-def gdb_capture(prog: Path, args, brk: str, tmp_path: Path) -> Capture:
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        pytest.skip("gdb is not installed (the oracle of these tests)")
-    out = tmp_path / "capture.json"
-    script = tmp_path / "capture.py"
-    script.write_text(f"BREAK = {brk!r}\nOUT = {str(out)!r}\nLIMIT = {STACK_LIMIT}\n"
-                      f"REGS = {list(GDB_REGS)!r}\n" + _GDB_SCRIPT)
-    res = subprocess.run([gdb, "-batch", "-nx", "-iex", "set debuginfod enabled off",
-                          "-x", str(script), "--args", str(prog), *map(str, args)],
-                         capture_output=True, text=True, timeout=60,
-                         stdin=subprocess.DEVNULL)
-    if not out.exists():
-        pytest.fail(f"gdb did not stop at {brk}:\n{res.stdout}\n{res.stderr}")
-    return Capture(json.loads(out.read_text()), prog)
 
 
 def unwind(cap: Capture, stack: bytes = None, unwinder: DwarfUnwinder = None):
@@ -172,18 +79,6 @@ def readelf_frames(prog: Path) -> str:
         pytest.skip("readelf is not installed (binutils)")
     return subprocess.run([readelf, "--debug-dump=frames", str(prog)],
                           capture_output=True, text=True).stdout
-
-
-def build_cxx(name: str, flags) -> Path:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not installed (needed for the C++ test program)")
-    src = PROGRAMS / f"{name}.cpp"
-    args = [*flags, "-fPIE", "-pie"]
-    out, tmp = _cached("\0".join([src.read_text(), gxx, *args]), name)
-    if out.exists():
-        return out
-    return _run_build([gxx, *args, "-o", str(tmp), str(src)], tmp, out)
 
 
 # --- stacks against gdb -------------------------------------------------------------

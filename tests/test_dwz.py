@@ -3,13 +3,12 @@ keep the DWARF they share in an alt file named by .gnu_debugaltlink, and
 refer to it with DW_FORM_GNU_strp_alt / DW_FORM_GNU_ref_alt. --lines and
 --inlines must give what the uncompressed debug file gives."""
 import shutil
-import subprocess
 
 import pytest
 
-from helpers import O2_FP, addr2line_chains, build, run_ustack
-from test_elf import FakeMaps, run, text_mapping
-from test_lines import BASE, call_returns, instructions, ours, require_libdw
+from helpers import (BASE, O2_FP, addr2line_chains, build, call_returns, FakeMaps,
+                     instructions, ours, programs, require_libdw, run, run_ustack,
+                     split_and_dwz, text_mapping)
 
 from ustack.native import libdw
 from ustack.objfile import debuginfo
@@ -24,34 +23,6 @@ def own_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(debuginfo, "DEBUG_ROOTS", [str(tmp_path / "no-debug-root")])
     LineTable.clear_cache()
     ElfImage.clear_cache()
-
-
-def split_and_dwz(tmp_path, programs, altlink):
-    """Each program's debug info split into NAME.debug, the pair compressed
-    with `dwz -m` into one alt file (linked as `altlink`: a name relative to
-    the debug files' directory, or absolute), then each program stripped with
-    a .gnu_debuglink to its compressed debug file. Returns
-    {name: (original, stripped, debug file)}."""
-    for tool in ("dwz", "objcopy"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed (apt-get install {tool})")
-    out = {}
-    for prog in programs:
-        name = prog.name
-        debug = tmp_path / f"{name}.debug"
-        subprocess.run(["objcopy", "--only-keep-debug", str(prog), str(debug)], check=True)
-        out[name] = (prog, tmp_path / name, debug)
-    subprocess.run(["dwz", "-m", str(tmp_path / "common.dwz"), "-M", altlink,
-                    *(str(d) for _p, _s, d in out.values())], check=True, cwd=tmp_path)
-    for prog, stripped, debug in out.values():
-        # the link's CRC is of the compressed file: add it after dwz
-        subprocess.run(["objcopy", "--strip-debug", f"--add-gnu-debuglink={debug}",
-                        str(prog), str(stripped)], check=True)
-    return out
-
-
-def programs():
-    return [build("inline", flags=O2_FP), build("chain", flags=O2_FP)]
 
 
 @pytest.mark.parametrize("reader", ["libdw", "pyelftools"])

@@ -12,10 +12,9 @@ import subprocess
 
 import pytest
 
-from helpers import FP, O2_FP, build, run_ustack
-from test_e2e_core import (CHAIN, fail_one_line, finish, funcs, ok, parse_counts,
-                           parse_folded, release, spawn, start_ustack, stop,
-                           wait_tracing)
+from helpers import (CHAIN, FP, O2_FP, build, fail_one_line, finish, funcs, ok,
+                     parse_counts, parse_folded, release, run_ustack, spawn, start_ustack,
+                     stop, wait_tracing)
 
 pytestmark = pytest.mark.kernel
 
@@ -309,7 +308,7 @@ def test_counting_in_the_kernel_blinds_no_other_tool(chain):
     it: a program returning 0 would drop the hit for every other perf user
     too (another ustack, perf record). While a system-wide bpf run counts
     write(2), a perf-backend trace of write(2) still sees all of its own."""
-    from test_e2e_core import finish, start_ustack, wait_tracing
+    from helpers import finish, start_ustack, wait_tracing
     counter = start_ustack("count", "syscall:write", "-d", "60", "--backend", "bpf")
     try:
         wait_tracing(counter)

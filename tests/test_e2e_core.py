@@ -9,197 +9,24 @@ from __future__ import annotations
 
 import os
 import re
-import select
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from helpers import (USTACK, FP, build, gdb_backtrace, kill_run_and_guardian, popen_ustack,
-                     run_ustack, wait_until)
+from helpers import (_HEADER, CHAIN, FP, USTACK, build, disassembly, fail_one_line, funcs,
+                     gdb_backtrace, kill_run_and_guardian, load_segments, nm_symbols, ok,
+                     parse_counts, parse_trace, private_copy, program_frames,
+                     return_offset, run_ustack, spawn, start_ustack, stop, traced_pid,
+                     uprobe_hits, ustack_lines, wait_tracing, wait_until)
 
-TRACEFS = Path("/sys/kernel/tracing")
-CHAIN = ["d", "c", "b", "a", "main"]
 
 # --- output parsers -----------------------------------------------------------
 
-# "chain 21832/21832 [000] 821.150252: uprobe:/path/chain:d"
-_HEADER = re.compile(r"^(?P<comm>.+?) (?P<pid>\d+)/(?P<tid>\d+)"
-                     r"(?: \[ns (?P<nspid>\d+)/(?P<nstid>\d+)\])? \[(?P<cpu>\d+)\] "
-                     r"(?P<secs>\d+)\.(?P<usecs>\d{6}): (?P<label>.+)$")
-# " 0x000055abdf073221 : c+0x2a/0x47 [chain]" or " 0x… : [unknown] [libc.so.6]"
-_TRACE_FRAME = re.compile(r"^ 0x(?P<addr>[0-9a-f]{16}) : (?:(?P<func>.+?)\+0x(?P<off>[0-9a-f]+)"
-                          r"/0x(?P<size>[0-9a-f]+)|(?P<unknown>\[unknown\]))"
-                          r"(?: \[(?P<module>[^\]]*)\])?$")
-# "  func [module]" / "  func+0xOFF/0xSIZE [module]" / "  [unknown]"
-_COUNT_FRAME = re.compile(r"^  (?P<func>\S.*?)(?: \[(?P<module>[^\]]*)\])?$")
-_COUNT_PID = re.compile(r"^    (?P<comm>.+) \[(?P<pid>\d+)(?:/(?P<nspid>\d+))?\]"
-                        r"(?: tid (?P<tid>\d+)(?:/\d+)?)?$")
-_COUNT_N = re.compile(r"^    (?P<n>\d+)$")
-
-
-def parse_trace(out: str) -> list[dict]:
-    """`ustack trace` stdout -> records {comm, pid, tid, cpu, time, label,
-    frames: [{addr, func, off, size, module}], notes: [str]}; every line
-    must parse (notes are ` (…)` lines after the frames)."""
-    records, cur = [], None
-    for line in out.splitlines():
-        if not line:
-            cur = None
-            continue
-        if cur is None:
-            m = _HEADER.match(line)
-            assert m, f"bad trace header line: {line!r}"
-            cur = dict(comm=m["comm"], pid=int(m["pid"]), tid=int(m["tid"]),
-                       nspid=int(m["nspid"] or m["pid"]),
-                       cpu=int(m["cpu"]), label=m["label"],
-                       time=int(m["secs"]) + int(m["usecs"]) / 1e6, frames=[],
-                       notes=[])
-            records.append(cur)
-            continue
-        if line.startswith(" (") and line.endswith(")"):
-            cur["notes"].append(line[2:-1])
-            continue
-        assert not cur["notes"], f"frame line after a note: {line!r}"
-        m = _TRACE_FRAME.match(line)
-        assert m, f"bad trace frame line: {line!r}"
-        cur["frames"].append(dict(
-            addr=int(m["addr"], 16), module=m["module"],
-            func=m["unknown"] or m["func"],
-            off=None if m["unknown"] else int(m["off"], 16),
-            size=None if m["unknown"] else int(m["size"], 16)))
-    return records
-
-
-def parse_counts(out: str) -> list[dict]:
-    """`ustack count/profile` text stdout -> [{frames: [(func, module)],
-    count, comm, pid}] in output order; every line must parse."""
-    stacks, frames, who = [], [], None
-    for line in out.splitlines():
-        if not line:
-            assert not frames, f"stack without a count before a blank line: {frames}"
-            continue
-        if (m := _COUNT_N.match(line)):
-            stacks.append(dict(frames=frames, count=int(m["n"]),
-                               comm=who and who[0], pid=who and who[1],
-                               nspid=who and who[2], tid=who and who[3]))
-            frames, who = [], None
-        elif (m := _COUNT_PID.match(line)):
-            who = (m["comm"], int(m["pid"]), int(m["nspid"] or m["pid"]),
-                   int(m["tid"] or 0))
-        else:
-            m = _COUNT_FRAME.match(line)
-            assert m, f"bad count line: {line!r}"
-            frames.append((m["func"], m["module"]))
-    assert not frames, f"trailing frames without a count: {frames}"
-    return stacks
-
-
-def parse_folded(out: str) -> list[tuple[list[str], int]]:
-    """`-f folded` -> [(['comm', outermost, …, innermost], count)]."""
-    rows = []
-    for line in out.splitlines():
-        stack, _, n = line.rpartition(" ")
-        assert stack and n.isdigit(), f"bad folded line: {line!r}"
-        rows.append((stack.split(";"), int(n)))
-    return rows
-
-
-def funcs(frames) -> list[str]:
-    """Function names of parsed frames (trace dicts or count tuples)."""
-    return [f["func"] if isinstance(f, dict) else f[0] for f in frames]
-
-
-def program_frames(names, modules, module="chain", last="main") -> list[str]:
-    """The frames of `module` from the innermost one through `last` (what
-    lies beyond main, e.g. _start, is not the program's call chain)."""
-    ours = [f for f, m in zip(names, modules) if m == module]
-    return ours[:ours.index(last) + 1] if last in ours else ours
-
-
-def ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    """Assert a ustack run succeeded the way a user expects: status 0, a
-    `Tracing …` status line on stderr, and no traceback anywhere."""
-    assert res.returncode == 0, f"exit {res.returncode}\nstderr: {res.stderr}"
-    assert "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.splitlines()[:1] and res.stderr.splitlines()[0].startswith("Tracing "), \
-        f"no 'Tracing' status line on stderr: {res.stderr!r}"
-    assert "Tracing " not in res.stdout
-    return res
-
-
-def traced_pid(stderr: str) -> int:
-    """The PID of a -c command, from the status line `… (PID 123) …`."""
-    m = re.search(r"\(PID (\d+)\)", stderr)
-    assert m, f"no (PID N) in the status line: {stderr!r}"
-    return int(m.group(1))
-
-
-def fail_one_line(res: subprocess.CompletedProcess) -> str:
-    """Assert a ustack error: exit 1, exactly one `ustack: …` line on stderr,
-    no traceback, nothing on stdout; return the message."""
-    assert "Traceback" not in res.stderr, res.stderr
-    assert res.returncode == 1, f"exit {res.returncode}, stderr: {res.stderr!r}"
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ustack: "), \
-        f"want one 'ustack: …' line, got {res.stderr!r}"
-    assert res.stdout == ""
-    return lines[0]
-
 
 # --- binary oracles -----------------------------------------------------------
-
-def nm_symbols(path) -> dict[str, tuple[int, int]]:
-    """name -> (address, size) of defined text symbols, from `nm -S`."""
-    out = subprocess.run(["nm", "-S", str(path)], capture_output=True, text=True,
-                         check=True).stdout
-    syms = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2] in "tTwW":
-            syms[parts[3]] = (int(parts[0], 16), int(parts[1], 16))
-    return syms
-
-
-def disassembly(path) -> dict[str, list[tuple[int, str]]]:
-    """function -> [(address, instruction text)] from `objdump -d`."""
-    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)],
-                         capture_output=True, text=True, check=True).stdout
-    funcs_, cur = {}, None
-    for line in out.splitlines():
-        if (m := re.match(r"^([0-9a-f]+) <(.+)>:$", line)):
-            cur = funcs_.setdefault(m.group(2), [])
-        elif cur is not None and (m := re.match(r"^\s+([0-9a-f]+):\s+(\S.*)$", line)):
-            cur.append((int(m.group(1), 16), m.group(2)))
-        elif not line.strip():
-            cur = None
-    return funcs_
-
-
-def return_offset(dis, caller: str, callee: str) -> int:
-    """Offset in `caller` of the instruction after its one call to `callee`:
-    the return address a correct unwind shows for `caller`'s frame."""
-    insns = dis[caller]
-    calls = [i for i, (_, text) in enumerate(insns)
-             if re.match(rf"call\w*\s+[0-9a-f]+ <{re.escape(callee)}>$", text)]
-    assert len(calls) == 1, f"{caller} should call {callee} once: {insns}"
-    return insns[calls[0] + 1][0] - insns[0][0]
-
-
-def load_segments(path) -> list[tuple[int, int, int]]:
-    """[(file offset, vaddr, filesz)] of the PT_LOAD headers (`readelf -lW`)."""
-    out = subprocess.run(["readelf", "-lW", str(path)], capture_output=True,
-                         text=True, check=True).stdout
-    segs = []
-    for line in out.splitlines():
-        parts = line.split()
-        if parts[:1] == ["LOAD"]:
-            segs.append((int(parts[1], 16), int(parts[2], 16), int(parts[4], 16)))
-    return segs
 
 
 def file_offset(path, vaddr: int) -> int:
@@ -223,99 +50,6 @@ def listing(path, glob=None) -> dict[str, tuple[int, int, int]]:
 
 
 # --- process helpers ----------------------------------------------------------
-
-def start_ustack(*args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-    return popen_ustack(*args, stdout=stdout, stderr=subprocess.PIPE, text=True)
-
-
-def wait_tracing(proc: subprocess.Popen, timeout: float = 20) -> str:
-    """Block until ustack prints its `Tracing …` line (probes armed)."""
-    ready, _, _ = select.select([proc.stderr], [], [], timeout)
-    if not ready:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"ustack printed nothing on stderr within {timeout} s")
-    line = proc.stderr.readline()
-    if not line.startswith("Tracing "):
-        proc.kill()
-        rest = proc.communicate()[1]
-        pytest.fail(f"ustack did not start tracing: {line}{rest}")
-    return line
-
-
-def spawn(*argv, stdin=None) -> subprocess.Popen:
-    """Start a target the way a shell does: a thread reaps it the moment it
-    exits (an unreaped zombie still has /proc/PID; see
-    test_pid_target_exit_seen_while_unreaped for that case)."""
-    proc = subprocess.Popen([str(a) for a in argv], stdin=stdin)
-    threading.Thread(target=proc.wait, daemon=True).start()
-    return proc
-
-
-def release(target: subprocess.Popen) -> None:
-    """Let a target that waits for a line on stdin (the programs' "-"
-    argument, a shell's `read`) go on."""
-    target.stdin.write(b"go\n")
-    target.stdin.close()
-
-
-def run_attached(target: subprocess.Popen, *args, timeout: float = 30
-                 ) -> subprocess.CompletedProcess:
-    """Run `ustack ARGS… -p TARGET` on a target that waits for a line on
-    stdin: the target is released only once ustack says it is tracing (its
-    probes are live), so no call under test can happen before."""
-    us = start_ustack(*args, "-p", target.pid, stdout=subprocess.PIPE)
-    try:
-        header = wait_tracing(us)
-        release(target)
-        out, err = finish(us, timeout=timeout)
-    finally:
-        stop(us)
-    return subprocess.CompletedProcess(us.args, us.returncode, out, header + err)
-
-
-def uprobe_hits(path) -> int:
-    """How often the uprobes on the file PATH have fired (tracefs
-    uprobe_profile: "PATH EVENT HITS"). On a private copy of a program
-    only this test's runs count."""
-    return sum(int(f[-1]) for line in (TRACEFS / "uprobe_profile").read_text().splitlines()
-               if (f := line.split()) and f[0] == str(path))
-
-
-def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[str, str]:
-    """communicate() with a ustack run; if it hangs, stop it with SIGINT (so
-    it still removes its probes) and fail."""
-    try:
-        return proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        pytest.fail(f"ustack did not exit within {timeout} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Kill a process this test started, if it still runs, and reap it."""
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-def ustack_lines(pid: int) -> list[str]:
-    """Probe definitions of the ustack run with this pid (group ustack_<pid>)."""
-    return [l for l in (TRACEFS / "uprobe_events").read_text().splitlines()
-            if re.match(rf"^[pr]:ustack_{pid}/", l)]
-
-
-def private_copy(prog: Path, tmp_path: Path) -> Path:
-    """A copy with its own inode: system-wide probes on it see only our runs,
-    not other sessions running the shared cached binary."""
-    dst = tmp_path / prog.name
-    shutil.copy2(prog, dst)
-    return dst
 
 
 # --- fixtures -------------------------------------------------------------------

@@ -25,27 +25,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_NOFP, build, gdb_backtrace, run_ustack, ustack_env
-from test_dwarf_unwind import build_cxx, gdb_capture
-from test_e2e_core import (disassembly, funcs, nm_symbols, ok, parse_counts,
-                           parse_trace, private_copy)
+from helpers import (O2_NOFP, RECURSE_FLAGS, build, build_cxx, disassembly, funcs,
+                     gdb_backtrace, gdb_capture, nm_symbols, ok, parse_counts,
+                     parse_trace, perf_script_samples, private_copy, run_ustack,
+                     truncation_note, ustack_env)
 
 pytestmark = pytest.mark.kernel
 
 CHAIN = ["d", "c", "b", "a", "main"]
 UNWINDS = ["dwarf", "auto"]          # auto must pick DWARF for these programs
-RECURSE_FLAGS = (*O2_NOFP, "-fno-optimize-sibling-calls")
 MAX_STACK = 65528
 DEPTH = 200                          # recurse.c's default
 # gdb's name for the signal frame: None, or __restore_rt with libc's debug file
 SIGNAL_FRAME = (None, "__restore_rt")
-
-
-def truncation_note(size: int) -> str:
-    """The note ustack prints when its stack copy ends before the stack does
-    (written out here: the text is part of the interface)."""
-    return (f"stack copy too small ({size} bytes): the stack was cut short; "
-            "raise --stack-size")
 
 
 # --- fixtures ------------------------------------------------------------------
@@ -236,22 +228,6 @@ def test_syscall_write_trace_pcs(chain, unwind, tmp_path):
 
 
 # --- 3. same stacks as perf --call-graph dwarf ---------------------------------------
-
-_PERF_FRAME = re.compile(r"^\s+([0-9a-f]+) (.+?) \((.+)\)$")
-
-
-def perf_script_samples(text: str) -> list[list[tuple[str, str]]]:
-    """`perf script` callchains -> [[(symbol+0xoff or [unknown], dso path)]]."""
-    samples, cur = [], None
-    for line in text.splitlines():
-        if not line.strip():
-            cur = None
-        elif not line[0].isspace():
-            cur = []
-            samples.append(cur)
-        elif cur is not None and (m := _PERF_FRAME.match(line)):
-            cur.append((m.group(2), m.group(3)))
-    return samples
 
 
 def test_same_stack_as_perf_dwarf(chain, tmp_path):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import build, run_ustack
-from test_e2e_core import (CHAIN, disassembly, funcs, ok, parse_counts, parse_trace,
-                           return_offset)
+from helpers import (CHAIN, build, disassembly, funcs, ok, parse_counts, parse_trace,
+                     return_offset, run_ustack)
 
 
 @pytest.fixture(scope="module")

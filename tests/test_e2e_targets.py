@@ -1,6 +1,6 @@
 """End to end on the other target programs: a CPU profile (busy), threads,
 a dlopen()ed plugin, Go, a library named by its short name, and system-wide
-counting. Parsers and process helpers come from test_e2e_core.py."""
+counting. Parsers and process helpers come from helpers.py."""
 from __future__ import annotations
 
 import os
@@ -11,10 +11,9 @@ import subprocess
 
 import pytest
 
-from helpers import build, build_go, gdb_backtrace, run_ustack
-from test_e2e_core import (finish, funcs, ok, parse_counts, parse_folded, parse_trace,
-                           private_copy, release, run_attached, spawn, start_ustack,
-                           stop, wait_tracing)
+from helpers import (PLUGIN_CHAIN, build, build_go, finish, funcs, gdb_backtrace, ok,
+                     parse_counts, parse_folded, parse_trace, private_copy, release,
+                     run_attached, run_ustack, spawn, start_ustack, stop, wait_tracing)
 
 CHAIN = ["d", "c", "b", "a", "main"]
 GO_CHAIN = ["main.d", "main.(*T).c", "main.b", "main.a", "main.main", "runtime.main"]
@@ -96,9 +95,6 @@ def test_pid_target_exit_seen_while_unreaped():
 
 
 # --- 5. dlopen ------------------------------------------------------------------------
-
-PLUGIN_CHAIN = [("plugin_leaf", "plugin.so"), ("plugin_entry", "plugin.so"),
-                ("run_plugin", "dlopen_main"), ("main", "dlopen_main")]
 
 
 @pytest.mark.kernel

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (FP, O2_NOFP, build, build_go, gdb_backtrace,
-                     kill_run_and_guardian, run_ustack, wait_until)
-from test_e2e_core import (fail_one_line, finish, funcs, ok, parse_counts,
-                           parse_trace, private_copy, program_frames, spawn,
-                           start_ustack, stop, traced_pid, uprobe_hits,
-                           ustack_lines, wait_tracing)
+from helpers import (FP, O2_NOFP, build, build_go, fail_one_line, finish, funcs,
+                     gdb_backtrace, kill_run_and_guardian, ok, parse_counts, parse_trace,
+                     private_copy, program_frames, run_ustack, spawn, start_ustack, stop,
+                     traced_pid, uprobe_hits, ustack_lines, wait_tracing, wait_until)
 
 TRACEFS = Path("/sys/kernel/tracing")
 pytestmark = pytest.mark.kernel
@@ -362,7 +360,7 @@ AT_LIMIT = ("stack copy too small (3048 bytes): the stack was cut short; that is
 def _deep_leaf(backend: str, size: int) -> dict:
     """recurse 60: ~6 KiB of stack under leaf, more than a tracefs uprobe
     can copy; the trace's one stack and its header."""
-    from test_e2e_dwarf import RECURSE_FLAGS
+    from helpers import RECURSE_FLAGS
     prog = build("recurse", flags=RECURSE_FLAGS)
     res = ok(run_ustack("trace", "--backend", backend, "--unwind", "dwarf",
                         "--stack-size", size, f"uprobe:{prog}:leaf", "-c", f"{prog} 60"))
@@ -427,7 +425,7 @@ def test_library_dlopened_after_attach_is_named(tmp_path):
     and waits: ustack, ended then, reads its maps when it reads those
     events, so the recording names the plugin after the target is gone
     (frame pointers: nothing else looks the addresses up while it lives)."""
-    from test_e2e_targets import PLUGIN_CHAIN
+    from helpers import PLUGIN_CHAIN
     prog = build("dlopen_main")
     plugin = private_copy(build("plugin", kind="shared"), tmp_path)  # its hits are ours
     data = tmp_path / "run.data"

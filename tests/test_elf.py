@@ -5,11 +5,10 @@ import os
 import random
 import re
 import shutil
-import subprocess
 
 import pytest
 
-from helpers import build_go_source
+from helpers import build_go_source, FakeMaps, readelf_loads, run, text_mapping
 
 from ustack.native import libelf
 from ustack.model import Mapping, UstackError
@@ -54,9 +53,6 @@ PIE_BASE = 0x555555554000
 
 # --- helpers: compile, and read the oracle (binutils) ------------------------
 
-def run(*cmd):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-
 
 def cc(tmp_path, name, src, *flags):
     if shutil.which("gcc") is None:
@@ -92,17 +88,6 @@ def nm_address(path, name):
         if n == name:
             return int(addr, 16)
     raise KeyError(name)
-
-
-def readelf_loads(path):
-    """[(offset, vaddr, filesz, memsz, flags)] of PT_LOAD headers."""
-    out = []
-    for line in run("readelf", "-lW", path).splitlines():
-        f = line.split()
-        if f and f[0] == "LOAD":
-            out.append((int(f[1], 16), int(f[2], 16), int(f[4], 16), int(f[5], 16),
-                        " ".join(f[6:-1])))
-    return out
 
 
 def readelf_section(path, name):
@@ -484,24 +469,6 @@ def test_go_names(gobin):
 
 # --- Symbolizer ------------------------------------------------------------
 
-class FakeMaps:
-    def __init__(self, by_pid):
-        self.by_pid = by_pid
-
-    def find(self, pid, addr):
-        for m in self.by_pid.get(pid, ()):
-            if m.contains(addr):
-                return m
-        return None
-
-
-def text_mapping(path, base, page=0x1000):
-    """The executable mapping of `path` loaded at `base`, as in /proc/PID/maps."""
-    (off, vaddr, filesz, _m, _f) = [l for l in readelf_loads(path) if "E" in l[4]][0]
-    start = base + (vaddr & ~(page - 1))
-    end = (base + vaddr + filesz + page - 1) & ~(page - 1)
-    return Mapping(start, end, off & ~(page - 1), path)
-
 
 def test_symbolizer_pie_slid(bins):
     path = bins["pie"]
@@ -584,9 +551,10 @@ def test_symbols_come_back_from_the_cache(bins, tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache" / "symbols").glob("*.json"))) == 1
     ElfImage.clear_cache()
 
-    def no_parsing(sections):
+    def no_parsing(reader):
         raise AssertionError("symbols parsed again despite the cache")
-    monkeypatch.setattr(ElfImage, "_raw_functions", staticmethod(no_parsing))
+    from ustack.objfile import elf_symtab
+    monkeypatch.setattr(elf_symtab, "_raw_functions", no_parsing)
     assert ElfImage.open(copy).functions == first
 
 

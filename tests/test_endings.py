@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (FP, build, kill_run_and_guardian, popen_ustack, run_ustack,
-                     wait_until)
+from helpers import FP, build, kill_run_and_guardian, popen_ustack, run_ustack, wait_until
 
 pytestmark = pytest.mark.kernel
 

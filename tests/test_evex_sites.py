@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import build, run_ustack
-from test_e2e_core import ok
+from helpers import build, ok, run_ustack
 
 pytestmark = pytest.mark.kernel
 

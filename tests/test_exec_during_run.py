@@ -15,10 +15,9 @@ import subprocess
 import pytest
 
 import ustack
-from helpers import O2_FP, O2_NOFP, build, run_ustack
+from helpers import (O2_FP, O2_NOFP, build, finish, ok, parse_counts, parse_trace,
+                     private_copy, run_ustack, start_ustack, stop, wait_tracing)
 from ustack.capture import bpf_unwind
-from test_e2e_core import (finish, ok, parse_counts, parse_trace, private_copy,
-                           start_ustack, stop, wait_tracing)
 
 pytestmark = pytest.mark.kernel
 

@@ -5,22 +5,19 @@ runs. Fast, no kernel; what a person sees in a browser is in
 test_flamegraph_browser.py."""
 from __future__ import annotations
 
-import io
 import json
 import re
-import xml.etree.ElementTree as ET
 
 import pytest
 
-from ustack.model import Frame, Stack, StackCount
-from ustack.report.flamegraph_html import DiffFlameGraphReport, FlameGraphReport
-from ustack.report.flamegraph_svg import SvgFlameGraphReport
+from ustack.model import Frame, Stack, StackCount, UstackError
+from ustack.report.flamegraph_html import DiffFlameGraphReport
 from ustack.report.flametree import build_tree, flat_json
-from ustack.report.formats import (EXTENSIONS, FORMATS, ReportContext,
-                                   format_for_path, run_context, stack_report)
+from ustack.report.formats import FORMATS, ReportContext, run_context, stack_report
+from ustack.report.output import choose_format
 from ustack.symbols.stacks import SEPARATOR
+from helpers import render, svg_frames
 
-SVG = "{http://www.w3.org/2000/svg}"
 TRUNCATED = "stack copy too small (8192 bytes): the stack was cut short; raise --stack-size"
 
 
@@ -64,16 +61,6 @@ def data_paths(data: dict) -> dict:
         path.append(names[name])
         out[tuple(path)] = (value, before)
     return out
-
-
-def render(report, counts, before=()) -> str:
-    for sc in before:
-        report.add_before(sc)
-    for sc in counts:
-        report.add(sc)
-    out = io.StringIO()
-    report.finish(out)
-    return out.getvalue()
 
 
 # --- the merged tree ------------------------------------------------------------
@@ -151,13 +138,26 @@ def test_tree_of_a_very_deep_stack():
 
 # --- formats registered -----------------------------------------------------------
 
-def test_formats_and_file_endings():
-    assert FORMATS["html"] is FlameGraphReport and FORMATS["svg"] is SvgFlameGraphReport
-    assert format_for_path("out/profile.html") == "html"
-    assert format_for_path("page.htm") == "html"
-    assert format_for_path("flame.svg") == "svg"
-    assert EXTENSIONS[".svg"] == "svg"
-    assert "diff" not in FORMATS      # two inputs: `ustack report --diff A B`
+@pytest.mark.parametrize("path", ["out/profile.html", "page.htm", "flame.svg"])
+def test_the_file_name_of_o_chooses_the_flame_graph(path):
+    """-o's file name chooses the format as a run does: the page for .html
+    and .htm, an SVG for .svg, each of the counted stacks."""
+    out = render(stack_report(choose_format(None, path, FORMATS)), BRANCHES)
+    if path.endswith(".svg"):
+        labels = {title.split(" (")[0] for title, _attrs, _label in svg_frames(out)}
+        assert {"main", "left", "right", "leaf"} <= labels, labels
+    else:
+        assert out.startswith("<!DOCTYPE html>")
+        assert data_paths(page_data(out))[("all", "prog", "main", "left", "leaf")] == \
+            (300, 0)
+
+
+def test_diff_is_no_format_of_one_run():
+    """A differential graph takes two recordings (`ustack report --diff A
+    B`): -f diff on a run is refused, in one line."""
+    with pytest.raises(UstackError) as e:
+        choose_format("diff", None, FORMATS)
+    assert str(e.value).startswith("format 'diff' is not available here (one of ")
 
 
 # --- the HTML page ----------------------------------------------------------------
@@ -222,19 +222,6 @@ def test_page_of_no_stacks():
 
 
 # --- SVG ---------------------------------------------------------------------------
-
-def svg_frames(text: str) -> list:
-    """[(title, rect attributes, label)] of each frame of an SVG."""
-    root = ET.fromstring(text)                       # valid XML, or this raises
-    assert root.tag == f"{SVG}svg"
-    out = []
-    for g in root.iter(f"{SVG}g"):
-        if g.get("class") != "frame":
-            continue
-        label = g.find(f"{SVG}text")
-        out.append((g.find(f"{SVG}title").text, g.find(f"{SVG}rect").attrib,
-                    label.text if label is not None else ""))
-    return out
 
 
 def test_svg_frames_carry_counts_in_titles():

@@ -14,7 +14,8 @@ import time
 import pytest
 from browser import chromium, keep_screenshot, network_requests  # noqa: F401 (fixture)
 
-from helpers import FP, build, build_go, run_ustack
+from helpers import (FP, build, build_go, counted, drawn, element, frames, one, open_page,
+                     point_at, run_ustack, write)
 from ustack.model import Frame, Stack, StackCount
 from ustack.report.flamegraph_html import DiffFlameGraphReport
 from ustack.report.formats import ReportContext, stack_report
@@ -22,72 +23,12 @@ from ustack.report.formats import ReportContext, stack_report
 MAGENTA = "rgb(230,0,230)"          # flamegraph.pl's colour of a search match
 
 
-def counted(*outer_first, count=1, module="prog") -> StackCount:
-    frames = tuple(Frame(addr=0x1000, module=module, function=f) for f in reversed(outer_first))
-    return StackCount("prog", 7, Stack(frames), count)
-
-
 BRANCHES = [counted("main", "left", "leaf", count=300),
             counted("main", "right", "leaf", count=100)]
 
 
-def write(report, path, counts, before=()):
-    for sc in before:
-        report.add_before(sc)
-    for sc in counts:
-        report.add(sc)
-    with open(path, "w") as out:
-        report.finish(out)
-    return path
-
-
-def open_page(driver, path):
-    driver.get(f"file://{path}")
-    # the page's script runs before load ends; a broken script leaves no view
-    assert driver.execute_script("return typeof window.flamegraph") == "object", \
-        driver.get_log("browser")
-
-
-def frames(driver) -> list:
-    return driver.execute_script("return window.flamegraph.frames()")
-
-
 def state(driver) -> dict:
     return driver.execute_script("return window.flamegraph.state()")
-
-
-def drawn(driver, name: str) -> list:
-    return [f for f in frames(driver) if f["name"] == name]
-
-
-def one(driver, name: str) -> dict:
-    found = drawn(driver, name)
-    assert len(found) == 1, (name, found)
-    return found[0]
-
-
-def point_at(driver, frame, click: bool = False):
-    """Move the mouse over the middle of a drawn frame (and click), as a
-    person does: the frame scrolled into view first, then the pointer moved
-    to its place in the window."""
-    from selenium.webdriver.common.actions.action_builder import ActionBuilder
-    left, top = driver.execute_script("""
-        const canvas = document.getElementById('flamegraph');
-        const y = canvas.getBoundingClientRect().top + arguments[0];
-        window.scrollBy(0, y - window.innerHeight / 2);
-        const r = canvas.getBoundingClientRect();
-        return [r.left, r.top];""", frame["y"])
-    actions = ActionBuilder(driver)
-    actions.pointer_action.move_to_location(int(left + frame["x"] + frame["width"] / 2),
-                                            int(top + frame["y"] + frame["height"] / 2))
-    if click:
-        actions.pointer_action.click()
-    actions.perform()
-
-
-def element(driver, id_: str):
-    from selenium.webdriver.common.by import By
-    return driver.find_element(By.ID, id_)
 
 
 def search(driver, text: str, regex: bool = False):

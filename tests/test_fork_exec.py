@@ -10,8 +10,7 @@ import subprocess
 
 import pytest
 
-from helpers import build, popen_ustack, run_ustack
-from test_e2e_core import ok, parse_counts, stop
+from helpers import build, ok, parse_counts, popen_ustack, run_ustack, stop
 
 pytestmark = pytest.mark.kernel
 

@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from helpers import FP, build
-from test_e2e_core import CHAIN, disassembly, return_offset
-from test_formats_pprof import run_counts, trace_report, write_report
+from helpers import (CHAIN, FP, build, disassembly, return_offset, run_counts,
+                     trace_report, write_report)
 
 from ustack.model import Frame, RawSample, Stack
 from ustack.report.formats import EVENT_FORMATS, ReportContext

@@ -17,10 +17,7 @@ import subprocess
 import pytest
 
 from browser import chromium, keep_screenshot  # noqa: F401 (fixture)
-from helpers import FP, build
-from test_e2e_core import CHAIN
-from test_formats_pprof import trace_report
-from test_formats_speedscope import open_in_speedscope, sandwich_rows
+from helpers import CHAIN, FP, build, open_in_speedscope, sandwich_rows, trace_report
 
 from ustack.model import Frame, RawSample, Stack
 from ustack.report.formats import EVENT_FORMATS

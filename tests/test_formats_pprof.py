@@ -9,21 +9,16 @@ classes, as `ustack count -f pprof -o FILE` does."""
 from __future__ import annotations
 
 import gzip
-import io
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from helpers import FP, O2_FP, addr2line_chains, build
-from test_dwarf_unwind import build_cxx
-from test_e2e_core import CHAIN, load_segments, nm_symbols
+from helpers import (CHAIN, FP, O2_FP, addr2line_chains, build, build_cxx, load_segments,
+                     nm_symbols, raw, run_counts, top, traces, write_report)
 
-import ustack
 from ustack.model import Frame, Stack, StackCount
-from ustack.report.formats import EVENT_FORMATS, ReportContext, stack_report
+from ustack.report.formats import ReportContext
 from ustack.report.pprof_proto import Profile
 from ustack.symbols.symbolizer import SymbolOptions
 
@@ -32,116 +27,8 @@ LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 
 # --- shared with the other test_formats_* files --------------------------------
 
-def run_counts(command: str, events: list, cmdline: str, **options) -> tuple:
-    """(StackCounts, event labels) of a run through the Python API."""
-    opts = ustack.Options(command=command, events=events, cmdline=cmdline, **options)
-    with ustack.Session(opts) as run:
-        counted = run.counts()
-        assert run.capture.losses().lost == 0
-    return counted, list(run.labels)
-
-
-def trace_report(name: str, events: list, cmdline: str, **options) -> tuple:
-    """(the text `trace -f name` writes, the finished Session): a run's
-    events through the events interface as trace drives it."""
-    opts = ustack.Options(command="trace", events=events, cmdline=cmdline, **options)
-    out = io.StringIO()
-    with ustack.Session(opts) as run:
-        report = EVENT_FORMATS[name](out, run.labels)
-        for event in run.events():
-            report.add(event.sample, event.stack, lambda pid, tid, c=event.comm: c)
-        report.flush()
-    return out.getvalue(), run
-
-
-def write_report(name: str, counted: list, path: Path, context: ReportContext,
-                 per_pid: bool = False) -> Path:
-    """The file `-f name -o path` writes for these counted stacks."""
-    report = stack_report(name, per_pid=per_pid, context=context)
-    for sc in counted:
-        report.add(sc)
-    binary = getattr(report, "binary", False)
-    with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8") as out:
-        report.finish(out)
-    return path
-
 
 # --- go tool pprof -----------------------------------------------------------------
-
-def pprof(*args) -> str:
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("go is not installed (go tool pprof reads the profile)")
-    res = subprocess.run([go, "tool", "pprof", *map(str, args)],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
-
-
-def top(path) -> dict:
-    """`go tool pprof -top`: function -> (flat, cum), as printed."""
-    rows = {}
-    lines = pprof("-top", path).splitlines()
-    start = next(i for i, l in enumerate(lines) if l.split()[:2] == ["flat", "flat%"])
-    for line in lines[start + 1:]:
-        flat, _fp, _sp, cum, _cp, name = line.split(None, 5)
-        rows[name] = (flat, cum)
-    return rows
-
-
-def traces(path) -> list:
-    """`go tool pprof -traces`: [(value, [frame names, leaf first], labels)]."""
-    out = []
-    for block in pprof("-traces", path).split("-----------+")[1:]:
-        value, frames, labels = None, [], {}
-        for line in block.splitlines()[1:]:
-            m = re.match(r"^\s+(\w+):\s+(.*)$", line)
-            if m and value is None:
-                labels[m[1]] = m[2]
-                continue
-            parts = line.split(None, 1)
-            if value is None and len(parts) == 2:
-                value, name = parts
-                frames.append(name)
-            elif parts:
-                frames.append(line.strip())
-        if value is not None:
-            out.append((value, frames, labels))
-    return out
-
-
-_RAW_LOC = re.compile(r"^\s+(\d+): 0x([0-9a-f]+) M=(\d+) ?(?:(.*) s=\d+)?$")
-_RAW_LINE = re.compile(r"^\s+(.*) s=\d+$")
-_RAW_MAP = re.compile(r"^(\d+): 0x([0-9a-f]+)/0x([0-9a-f]+)/0x([0-9a-f]+) (\S+) ?(\S*)")
-
-
-def raw(path) -> dict:
-    """`go tool pprof -raw`: header lines, samples (value lists with the
-    location ids), locations {id: (addr, mapping id, ["func file:line"])},
-    mappings {id: (start, limit, offset, file, build-id)}."""
-    text = pprof("-raw", path)
-    head, rest = text.split("\nSamples:\n", 1)
-    samples_text, rest = rest.split("\nLocations\n", 1)
-    locs_text, maps_text = rest.split("\nMappings\n", 1)
-    samples = []
-    for line in samples_text.splitlines()[1:]:
-        if ":" in line and re.match(r"^\s+[\d ]+: [\d ]+$", line):
-            values, ids = line.split(":")
-            samples.append(([int(v) for v in values.split()], [int(i) for i in ids.split()]))
-    locations, last = {}, None
-    for line in locs_text.splitlines():
-        m = _RAW_LOC.match(line)
-        if m:
-            last = locations[int(m[1])] = (int(m[2], 16), int(m[3]), [m[4]] if m[4] else [])
-        elif (m := _RAW_LINE.match(line)) and last is not None:
-            last[2].append(m[1])
-    mappings = {}
-    for line in maps_text.splitlines():
-        m = _RAW_MAP.match(line)
-        if m:
-            mappings[int(m[1])] = (int(m[2], 16), int(m[3], 16), int(m[4], 16), m[5], m[6])
-    return dict(head=head, sample_types=samples_text.splitlines()[0].split(),
-                samples=samples, locations=locations, mappings=mappings)
 
 
 def readelf_build_id(path) -> str:

@@ -6,22 +6,16 @@ the flame views are canvas), a screenshot of each view is kept."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from browser import chromium, keep_screenshot, network_requests  # noqa: F401 (fixture)
-from helpers import FP, REPO, build
-from test_e2e_core import CHAIN
-from test_formats_pprof import run_counts, write_report
+from helpers import (CHAIN, FP, NOT_INSTALLED, SPEEDSCOPE, build, open_in_speedscope,
+                     run_counts, sandwich_rows, write_report)
 
 from ustack.report.formats import ReportContext
 
 pytestmark = pytest.mark.kernel
-
-SPEEDSCOPE = REPO / "tests" / ".node" / "node_modules" / "speedscope" / "dist" / "release"
-NOT_INSTALLED = ("speedscope's npm package is not installed (.ci/run: npm install "
-                 "--prefix tests/.node speedscope@1.25.0)")
 
 
 @pytest.fixture(scope="module")
@@ -74,33 +68,6 @@ def test_profile_weights_are_time(tmp_path):
     [p] = document["profiles"]
     assert p["unit"] == "nanoseconds"
     assert sum(p["weights"]) == sum(sc.count for sc in counted) * (1_000_000_000 // hz)
-
-
-def open_in_speedscope(driver, path: Path) -> None:
-    """Open a file in speedscope's page through its file input (the
-    Browse button): a file:// page may not fetch a #profileURL."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-    page = SPEEDSCOPE / "index.html"
-    if not page.exists():
-        pytest.skip(NOT_INSTALLED)
-    driver.get(page.as_uri())
-    WebDriverWait(driver, 20).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "input[type=file]"))
-    driver.find_element(By.CSS_SELECTOR, "input[type=file]").send_keys(str(path))
-    WebDriverWait(driver, 20).until(
-        lambda d: d.find_elements(By.XPATH, "//*[text()='Sandwich']"))
-
-
-def sandwich_rows(driver) -> list:
-    """The Sandwich view's table as lines of text: total, self, name."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-    driver.find_element(By.XPATH, "//*[text()='Sandwich']").click()
-    WebDriverWait(driver, 20).until(
-        lambda d: "Symbol Name" in d.find_element(By.TAG_NAME, "body").text)
-    text = driver.find_element(By.TAG_NAME, "body").text
-    return text.split("Symbol Name", 1)[1].strip().splitlines()
 
 
 def test_opened_by_speedscope(chain, tmp_path, chromium):  # noqa: F811 (fixture)

@@ -12,9 +12,8 @@ import subprocess
 
 import pytest
 
-from helpers import build, run_ustack
-from test_e2e_core import finish, ok, private_copy, release, start_ustack, stop, \
-    wait_tracing
+from helpers import (build, finish, ok, private_copy, release, run_ustack, start_ustack,
+                     stop, wait_tracing)
 
 from ustack.capture.bpf_funccount import uprobe_multi_supported
 

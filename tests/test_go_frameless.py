@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import build_go, run_ustack
-from test_e2e_core import funcs, ok, parse_folded, parse_trace
+from helpers import build_go, funcs, ok, parse_folded, parse_trace, run_ustack
 
 pytestmark = pytest.mark.kernel
 

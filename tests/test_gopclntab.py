@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROGRAMS, build_go, run_ustack
-from test_e2e_core import fail_one_line, ok, parse_trace
+from helpers import PROGRAMS, build_go, fail_one_line, ok, parse_trace, run_ustack
 
 from ustack.objfile.elf import ElfImage
 from ustack.objfile.gopclntab import GoFrame, Pclntab, PclntabError, go_table

@@ -11,9 +11,8 @@ import signal
 
 import pytest
 
-from helpers import build, wait_until
-from test_e2e_core import (finish, private_copy, start_ustack, stop, uprobe_hits,
-                           ustack_lines, wait_tracing)
+from helpers import (build, finish, private_copy, start_ustack, stop, uprobe_hits,
+                     ustack_lines, wait_tracing, wait_until)
 
 # ~1,800 functions of libc (globs without IFUNCs): set-up takes tens of seconds
 LIBC_GLOBS = [f"uprobe:libc:{c}*" for c in "psfxcilrweamnouvbdhkqy"]

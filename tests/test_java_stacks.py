@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import run_ustack, wait_until
-from test_e2e_core import (finish, ok, parse_folded, parse_trace, start_ustack, stop,
-                           wait_tracing)
+from helpers import (finish, ok, parse_folded, parse_trace, run_ustack, start_ustack,
+                     stop, wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import build, run_ustack, run_ustack_peak
-from test_e2e_core import ok, parse_counts, parse_trace, traced_pid
+from helpers import (build, FakeMaps, ok, parse_counts, parse_trace, run_ustack,
+                     run_ustack_peak, traced_pid)
 
 from ustack.kernel.procfs import own_vdso
 from ustack.model import Mapping
@@ -20,7 +20,6 @@ from ustack.objfile.vdso import vdso_file
 from ustack.symbols.perfmap import PerfMap, header_hint
 from ustack.symbols.symbolizer import Symbolizer
 
-from test_elf import FakeMaps
 
 
 def test_perf_map_reread_when_it_changes(tmp_path):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_FP, O2_NOFP, build, build_go, gdb_backtrace, run_ustack
-from test_e2e_core import disassembly, ok, parse_trace, run_attached, spawn, stop
+from helpers import (O2_FP, O2_NOFP, build, build_go, disassembly, gdb_backtrace, ok,
+                     parse_trace, run_attached, run_ustack, spawn, stop)
 
 pytestmark = pytest.mark.kernel
 

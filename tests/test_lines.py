@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from helpers import O2_FP, addr2line_chains, build, run_ustack
-from test_elf import FakeMaps, run, text_mapping
+from helpers import (BASE, O2_FP, addr2line_chains, build, call_returns, FakeMaps,
+                     instructions, ours, require_libdw, run, run_ustack, text_mapping)
 
 from ustack.native import libdeflate, libdw
 from ustack.objfile import cache as objcache
@@ -20,7 +20,6 @@ from ustack.objfile.dwarf_units import DwarfUnits
 from ustack.objfile.elf import ElfImage
 from ustack.symbols.symbolizer import SymbolOptions, Symbolizer
 
-BASE = 0x555555554000
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 
@@ -47,30 +46,6 @@ def source(request, monkeypatch):
     return request.param
 
 
-def require_libdw():
-    if not libdw.available():
-        pytest.skip("libdw.so.1 is not installed (apt-get install libdw1)")
-
-
-def instructions(path, functions):
-    """Every instruction address of the named functions (objdump -d), the
-    alignment padding after them left out."""
-    image = ElfImage.open(str(path))
-    inside = [(s.address, s.address + s.size) for f in functions for s in image.find(f)]
-    out = []
-    for line in run("objdump", "-d", "--no-show-raw-insn", str(path)).splitlines():
-        if m := re.match(r"^\s+([0-9a-f]+):", line):
-            a = int(m.group(1), 16)
-            if any(lo <= a < hi for lo, hi in inside):
-                out.append(a)
-    return out
-
-
-def ours(path, addrs):
-    table = LineTable.for_image(ElfImage.open(str(path)))
-    return {a: [(l.function, l.file, l.line) for l in table.locate(a)] for a in addrs}
-
-
 def cold_and_warm(path, addrs, source):
     """ours() of a cold cache (libdw answers, or the SymCache is built),
     checked against a warm run as a new process makes it: the same answers,
@@ -88,23 +63,6 @@ def cold_and_warm(path, addrs, source):
     return cold
 
 
-def call_returns(path, function, callee):
-    """Return addresses of the calls to `callee` inside `function`."""
-    out, current, prev = [], None, None
-    for line in run("objdump", "-d", "--no-show-raw-insn", str(path)).splitlines():
-        if m := re.match(r"^[0-9a-f]+ <(.+)>:$", line):
-            current = m.group(1)
-            continue
-        m = re.match(r"^\s+([0-9a-f]+):\s+(.*)$", line)
-        if m and current == function:
-            if prev is not None:
-                out.append(int(m.group(1), 16))
-                prev = None
-            if re.search(rf"call\s+[0-9a-f]+ <{callee}>", m.group(2)):
-                prev = m.group(1)
-    return out
-
-
 @pytest.mark.parametrize("tool", ["eu-addr2line", "addr2line"])
 def test_every_instruction_agrees_with_addr2line(prog, tool, source):
     addrs = instructions(prog, {"outer", "main", "sink"})
@@ -119,7 +77,7 @@ def test_every_instruction_agrees_with_addr2line(prog, tool, source):
 def test_cxx_lines_agree_with_eu_addr2line(source):
     """C++ at -O2: inlined frames by their DWARF linkage names (demangled
     later, like every name), files and lines as eu-addr2line gives them."""
-    from test_dwarf_unwind import build_cxx
+    from helpers import build_cxx
     cxx = build_cxx("cxx_throw", ("-O2", "-g", "-fno-omit-frame-pointer"))
     image = ElfImage.open(str(cxx))
     own = {s.name for s in image.functions if s.name.startswith("_Z") or s.name == "main"}

@@ -9,8 +9,7 @@ import re
 
 import pytest
 
-from helpers import build, run_ustack
-from test_e2e_core import ok
+from helpers import build, ok, run_ustack
 
 THREADS, CALLS = 64, 2000
 

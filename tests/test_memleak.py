@@ -18,10 +18,9 @@ import subprocess
 
 import pytest
 
-from helpers import O2_NOFP, build, run_ustack, wait_until
-from test_formats_pprof import pprof
-from test_e2e_core import (fail_one_line, finish, ok, parse_folded, release, spawn,
-                           start_ustack, stop, ustack_lines, wait_tracing)
+from helpers import (O2_NOFP, build, fail_one_line, finish, ok, parse_folded, pprof,
+                     release, run_ustack, spawn, start_ustack, stop, ustack_lines,
+                     wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import build, run_ustack_peak
-from test_e2e_core import ok
+from helpers import build, ok, run_ustack_peak
 
 EVENTS = 1_000_000
 

@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from helpers import build, run_ustack, wait_until
-from test_e2e_core import ok, spawn, stop
+from helpers import build, ok, run_ustack, spawn, stop, wait_until
 
 
 def one_error(res) -> str:

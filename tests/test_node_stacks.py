@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import run_ustack
-from test_e2e_core import ok, parse_folded
+from helpers import ok, parse_folded, run_ustack
 
 pytestmark = pytest.mark.kernel
 

@@ -17,12 +17,9 @@ import subprocess
 import pytest
 from browser import chromium  # noqa: F401 (fixture)
 
-from helpers import O2_NOFP, build, run_ustack
-from test_e2e_core import fail_one_line, finish, ok, release, start_ustack, stop, \
-    wait_tracing
-from test_flamegraph_browser import counted as fg_counted, element, one, open_page, \
-    point_at, write
-from test_formats_pprof import raw, top
+from helpers import (O2_NOFP, build, counted as fg_counted, element, fail_one_line,
+                     finish, ok, one, open_page, point_at, raw, release, run_ustack,
+                     start_ustack, stop, top, wait_tracing, write)
 from ustack.report.formats import ReportContext, stack_report
 
 pytestmark = pytest.mark.kernel
@@ -257,18 +254,27 @@ def test_html_tooltip_shows_time(chromium, tmp_path):
 
 def test_python_api_counts_are_nanoseconds(prog):
     """Session.counts() of an offcpu run: StackCounts whose counts are the
-    nanoseconds each stack spent off the CPU."""
+    nanoseconds each stack spent off the CPU; the sleeps' add up to the
+    time the target measured around them."""
     from ustack import Options, Session
     from ustack.commands.offcpu import offcpu_filter, offcpu_options
-    # 3 sleeps of 30 ms; the first may be cut above sleeper_fn while the
-    # unwinder's VMA cache warms (a -c target gets no warm-up)
-    opts = offcpu_options(Options(cmdline=f"{prog} 1 3 30"),
-                          offcpu_filter(1000, None, ["S"], False))
-    with Session(opts) as run:
-        counts = run.counts()
+    target = subprocess.Popen([str(prog), "-", str(ROUNDS), str(BLOCK_MS)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        opts = offcpu_options(Options(pid=target.pid),
+                              offcpu_filter(1000, None, ["S"], False))
+        with Session(opts) as run:          # the probes are live from here
+            release(target)
+            counts = run.counts()           # to the target's exit
+        measured = target.stdout.read().decode()
+        assert target.wait(timeout=10) == 0
+    finally:
+        stop(target)
+    times = {k: float(v) for k, v in (line.split() for line in measured.splitlines())}
     sleeps = [c for c in counts if any(f.function == "sleeper_fn" for f in c.stack.frames)]
     assert sleeps and all(c.event == "tracepoint:sched:sched_switch" for c in sleeps)
-    assert 2 * 30e6 <= sum(c.count for c in sleeps) < 3 * 30e6 * 1.5, sleeps
+    total_ms = sum(c.count for c in sleeps) / 1e6
+    assert abs(total_ms - times["sleep"]) <= 0.05 * times["sleep"], (total_ms, times, sleeps)
 
 
 def test_state_filter_keeps_only_the_states_asked_for(prog):

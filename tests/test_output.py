@@ -134,5 +134,5 @@ def test_a_file_name_of_another_commands_format_is_refused(chain, tmp_path):
 def test_pprof_by_the_files_name(chain, tmp_path):
     out = tmp_path / "run.pb.gz"
     ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3", "-o", out))
-    from test_formats_pprof import top                # go tool pprof -top
+    from helpers import top                # go tool pprof -top
     assert top(out)["d"] == ("3", "3")

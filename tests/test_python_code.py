@@ -15,16 +15,9 @@ from ustack.kernel import procfs
 from ustack.model import PYTHON_INDEX_MAX, PythonCodeInfo
 from ustack.symbols import python as pc
 from ustack.unwind import python_runtime as pr
-
-PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "python", "code_names.py")
-PYENV = sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3"))
+from helpers import INTERPRETERS, PROGRAM, PYENV, _version
 
 
-def _version(python):
-    return tuple(map(int, python.split("/")[4].split(".")[:2]))
-
-
-INTERPRETERS = [p for p in PYENV if _version(p) in pc.CODE_OFFSETS]
 if os.path.exists("/usr/bin/python3.11"):
     INTERPRETERS.append("/usr/bin/python3.11")
 

@@ -25,9 +25,7 @@ from ustack.symbols.stacks import StackResolver
 from ustack.target.mappings import MappingTracker
 from ustack.unwind import python_runtime as pr
 
-from test_flamegraph import render, svg_frames
-from test_formats_pprof import pprof, traces, write_report
-from test_python_code import INTERPRETERS, PROGRAM
+from helpers import INTERPRETERS, PROGRAM, pprof, render, svg_frames, traces, write_report
 
 SPY_PROGRAM = """def leaf(n):
     s = 0

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import O2_NOFP, build, run_ustack
-from test_e2e_core import (funcs, ok, parse_counts, parse_folded, parse_trace,
-                           run_attached, spawn, stop)
-from test_recorded import FIXTURES, rebuilt_copy
+from helpers import (FIXTURES, O2_NOFP, build, funcs, ok, parse_counts, parse_folded,
+                     parse_trace, rebuilt_copy, run_attached, run_ustack, spawn, stop)
 from ustack.model import Frame, Stack, StackCount
 from ustack.options import Options
 from ustack.commands.record import diff_rows, replay_counts

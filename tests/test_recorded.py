@@ -25,8 +25,8 @@ from ustack.recording.writer import RecordWriter
 from ustack.session import Session
 from ustack.symbols.stacks import StackResolver
 from ustack.target.mappings import MappingTracker
+from helpers import FIXTURES, rebuilt_copy
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CALLS = 24                           # make_recordings.CALLS: d's calls in each run
 CHAIN = ["d", "c", "b", "a", "main"]
 LIBC_START = ["__libc_start_call_main", "__libc_start_main"]
@@ -122,15 +122,6 @@ def test_stream_and_stack_resolver_over_a_recorded_capture():
 
 
 # -- what is refused ---------------------------------------------------------------
-
-def rebuilt_copy(binary: Path, directory: Path) -> Path:
-    """A copy of binary, named as it was recorded, with another build-id."""
-    build_id = bytes.fromhex(ElfImage.open(str(binary)).build_id)
-    data = binary.read_bytes()
-    assert data.count(build_id) == 1
-    copy = directory / "chain"
-    copy.write_bytes(data.replace(build_id, bytes(b ^ 0xFF for b in build_id)))
-    return copy
 
 
 def test_a_rebuilt_binary_is_refused(tmp_path):

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 
-from helpers import O2_NOFP, build, build_go
-from test_e2e_core import disassembly
+from helpers import O2_NOFP, build, build_go, disassembly
 
 from ustack.objfile.elf import ElfImage
 from ustack.probes.return_sites import entry_site, return_sites

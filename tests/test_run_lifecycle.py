@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FP, build, popen_ustack, wait_until
-from test_e2e_core import (finish, parse_counts, private_copy, spawn, start_ustack,
-                           stop, traced_pid, uprobe_hits, ustack_lines, wait_tracing)
+from helpers import (FP, build, finish, parse_counts, popen_ustack, private_copy, spawn,
+                     start_ustack, stop, traced_pid, uprobe_hits, ustack_lines,
+                     wait_tracing, wait_until)
 
 TRACEFS = Path("/sys/kernel/tracing")
 pytestmark = pytest.mark.kernel

@@ -18,8 +18,7 @@ import subprocess
 
 import pytest
 
-from helpers import build
-from test_e2e_core import run_attached, stop
+from helpers import build, run_attached, stop
 
 from ustack.kernel import bpf_syscall
 from ustack.kernel import perf_event as pe

@@ -11,7 +11,7 @@ from ustack.symbols.kernel import KERNEL_MODULE, KernelSymbols
 from ustack.symbols.normalize import normalize
 from ustack.symbols.symbolizer import Symbolizer
 
-from test_elf import FakeMaps
+from helpers import FakeMaps
 
 
 def test_object_path_of_files_vdso_and_anonymous_memory():

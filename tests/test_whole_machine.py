@@ -8,9 +8,8 @@ import subprocess
 
 import pytest
 
-from helpers import build
-from test_e2e_core import (finish, funcs, parse_counts, parse_folded, start_ustack,
-                           stop, wait_tracing)
+from helpers import (build, finish, funcs, parse_counts, parse_folded, start_ustack, stop,
+                     wait_tracing)
 from ustack.model import RawSample
 from ustack.symbols.stacks import IDLE, KERNEL_THREAD, StackResolver
 from ustack.target.mappings import MappingTracker
@@ -59,11 +58,12 @@ def test_system_wide_profile_with_idle(tmp_path, backend):
 def test_system_wide_count_of_writes_leaves_out_ustack(tmp_path):
     """`count -P syscall:write` over the whole machine: ustack writes (its
     status, its report) yet none of its writes is counted; the workload's
-    3 writes are, with their whole stack."""
+    3 writes are, with their whole stack. Counted in the kernel (bpf): other
+    processes' writes cannot crowd ours out of a ring buffer."""
     writer = tmp_path / "cwriter"
     writer.write_bytes(build("chain").read_bytes())
     writer.chmod(0o755)
-    us = start_ustack("count", "-P", "syscall:write", "-d", "2", "--backend", "perf",
+    us = start_ustack("count", "-P", "syscall:write", "-d", "2", "--backend", "bpf",
                       stdout=subprocess.PIPE)
     try:
         wait_tracing(us, timeout=60)
@@ -77,5 +77,4 @@ def test_system_wide_count_of_writes_leaves_out_ustack(tmp_path):
     assert not [s for s in stacks if s["pid"] == us.pid], out
     mine = [s for s in stacks if s["pid"] == proc.pid]
     assert all(funcs(s["frames"])[:5] == ["write", "d", "c", "b", "a"] for s in mine), out
-    # other sessions' writes may overflow the buffers: then some are lost
-    assert sum(s["count"] for s in mine) == 3 or "Lost" in err, out + err
+    assert sum(s["count"] for s in mine) == 3, out + err

@@ -26,16 +26,17 @@ class SymbolOptions:
 @value
 class ProbeSpec:
     """One EVENT as the user spelled it, parsed but not yet resolved."""
-    kind: str                      # uprobe | uretprobe | syscall | tracepoint | profile
+    kind: str                      # uprobe | uretprobe | usdt | syscall | tracepoint | profile
     text: str                      # the original spelling, for messages
     path: str | None = None     # uprobe: binary path or library name
     function: str | None = None  # uprobe: symbol name or glob
     offset: int = 0                # uprobe: +0xOFF after the function
     address: int | None = None  # uprobe: PATH:0xADDR (ELF virtual address)
     group: str | None = None    # tracepoint group (syscalls for syscall:)
-    name: str | None = None     # tracepoint / syscall name, may be a glob
+    name: str | None = None     # tracepoint / syscall / usdt name, may be a glob
     hz: int | None = None       # profile frequency
     args: tuple = ()               # uprobe fetch-args: (name, fetch, type) triples
+    provider: str | None = None    # usdt: the provider (None: any), may be a glob
 
 
 @value
@@ -54,6 +55,9 @@ class UprobeProbe:
     label: str                     # event name shown to the user
     fetch_args: tuple = ()         # 'name=fetch[:type]' words for uprobe_events
     arg_kinds: tuple = ()          # (name, how it prints: dec|hex|str|char|bool) per arg
+    # a USDT probe's semaphore (file offset; 0: none): the kernel adds 1 to
+    # it while the uprobe is in place, so the program's is-enabled test holds
+    ref_ctr_offset: int = 0
 
 
 @value
@@ -118,9 +122,14 @@ JIT_NOTE = "frame pointer used for code without a file (JIT?)"
 # frame whose CFI rule the in-kernel walk does not evaluate (DRAP)
 KERNEL_UNWIND_THROUGH_NO_CFI = 15
 NO_CFI_NOTE = "frame pointer used for code without CFI"
+# whole native stacks whose Python frames (bpf/python.h) are not all shown
+PYTHON_UNREADABLE_NOTE = ("a Python frame could not be read: an interpreter call "
+                          "is shown as its C frame")
+PYTHON_LEFT_NOTE = "Python frames were left over when the native stack ended"
 # complete stacks whose marker word only says how they were walked
 KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
-                       KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE}
+                       KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE,
+                       17: PYTHON_UNREADABLE_NOTE, 18: PYTHON_LEFT_NOTE}
 # A Python frame inside a native callchain: the in-kernel walk puts it where
 # the eval loop's C frame that ran it was. One word: PYTHON_FRAME_TAG, the
 # code object's address >> 3 (it is 8-aligned; 44 bits hold any user

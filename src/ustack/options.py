@@ -1,15 +1,15 @@
-"""What a run was asked to do: the CLI fills it in, a script may too."""
+"""What a run was asked to do, and the checks of each option: the commands
+fill it in from their parsed arguments (run_options), a script may too."""
 from __future__ import annotations
 
-
-from .defaults import DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
-from .model import SymbolOptions
+from .defaults import DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE, MAX_STACK_SIZE
+from .model import SymbolOptions, UstackError
 from .values import factory, value
 
 
 @value(frozen=False)
 class Options:
-    command: str = "trace"                 # trace | count | profile | funccount
+    command: str = "trace"                 # the subcommand: trace, count, record, …
     events: list = factory(list)   # EVENT specs, as typed
     pid: int | None = None              # -p: scope is that process
     pids: tuple = ()                       # -p 1,2,3: all processes, only these kept
@@ -37,3 +37,84 @@ class Options:
     raw_stacks: bool = False               # record --raw-stacks: DWARF stacks as copied
     offcpu: object | None = None        # offcpu: capture.bpf_offcpu.OffcpuFilter
     unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too
+    python: bool = True                    # --no-python: no Python frames in native stacks
+
+    @property
+    def runs_as(self) -> str:
+        """What the run does with its events: record traces, or counts
+        where the kernel counts (bpf), and its recording says which."""
+        if self.command == "record":
+            return "count" if self.backend == "bpf" else "trace"
+        return self.command
+
+
+def run_options(args) -> Options:
+    """The Options of a run from the arguments every run takes
+    (commands/arguments.py's target_args, backend_arg, output_args), checked."""
+    check_buffer_pages(args.buffer_pages)
+    check_duration(args.duration)
+    check_stack_size(args.stack_size)
+    pids = args.pid or ()
+    return Options(command=args.cmd, pid=pids[0] if len(pids) == 1 else None,
+                   pids=pids if len(pids) > 1 else (), cmdline=args.command,
+                   tids=frozenset(args.tid or ()), container_pid=args.container_pid,
+                   comms=frozenset(c for c in (args.comm or "").split(",") if c),
+                   include_idle=args.include_idle,
+                   duration=args.duration, buffer_pages=args.buffer_pages,
+                   unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
+                   symbols=symbol_options(args),
+                   backend=args.backend, output_path=args.output,
+                   every_process=getattr(args, "every_process", False),
+                   output_format=getattr(args, "format", None),
+                   unsafe_address=getattr(args, "unsafe_address", False),
+                   python=not getattr(args, "no_python", False))
+
+
+def symbol_options(args) -> SymbolOptions:
+    """--lines, --inlines, --no-demangle, --debug-dir."""
+    return SymbolOptions(lines=args.lines, inlines=args.inlines,
+                         demangle=not args.no_demangle,
+                         debug_dirs=tuple(args.debug_dir))
+
+
+def check_buffer_pages(pages: int | None) -> None:
+    if pages is not None and (pages <= 0 or pages & (pages - 1)):
+        raise UstackError("--buffer-pages must be a power of two")
+
+
+def check_duration(seconds: float | None) -> None:
+    if seconds is not None and not 0 < seconds < float("inf"):
+        raise UstackError("--duration must be a positive number of seconds")
+
+
+def check_stack_size(size: int) -> None:
+    if not 8 <= size <= MAX_STACK_SIZE:
+        raise UstackError(f"--stack-size must be between 8 and {MAX_STACK_SIZE} bytes")
+
+
+def check_stack_storage(n: int) -> None:
+    if n <= 0:
+        raise UstackError("--stack-storage-size must be positive")
+
+
+def check_interval(seconds: float | None) -> None:
+    if seconds is not None and seconds <= 0:
+        raise UstackError("-i must be a positive number of seconds")
+
+
+def check_frequency(hz: int) -> None:
+    """-F within what the kernel takes (else perf_event_open says EINVAL)."""
+    if hz <= 0:
+        raise UstackError("-F must be a positive frequency")
+    from .kernel.perf_event import MAX_SAMPLE_RATE, max_sample_rate
+    limit = max_sample_rate()
+    if limit is not None and hz > limit:
+        raise UstackError(f"-F {hz} is above the kernel's limit of {limit} samples/s "
+                          f"({MAX_SAMPLE_RATE}): lower -F, or raise the limit "
+                          f"with `sysctl kernel.perf_event_max_sample_rate={hz}`")
+
+
+def check_kernel_stacks(kernel: bool, backend: str) -> None:
+    if kernel and backend not in ("auto", "bpf"):
+        raise UstackError(f"--kernel needs in-kernel counting (--backend bpf), "
+                          f"not --backend {backend}")

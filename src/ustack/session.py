@@ -150,7 +150,7 @@ class Session:
             self.recorder = Recorder(
                 opts.record, self.tracker, self.resolver.unwinder, self.labels,
                 self.plan.modes, self.plan.backend,
-                {"command": opts.command, "events": list(opts.events),
+                {"command": opts.runs_as, "events": list(opts.events),
                  "start_ns": self.started_ns,
                  "buffer_pages": self.capture.buffer_pages,
                  "stack_storage": opts.stack_storage},
@@ -161,7 +161,7 @@ class Session:
         its own, as latency, overrides this)."""
         opts = self.opts
         copy_reason = policy.KEEPS_COPIES if opts.raw_stacks else None
-        self.plan = policy.plan(opts.command, opts.backend, opts.unwind,
+        self.plan = policy.plan(opts.runs_as, opts.backend, opts.unwind,
                                 self.probes, self._main_binary(), opts.kernel_stacks,
                                 copy_reason)
         capture = self.capture = new_capture(

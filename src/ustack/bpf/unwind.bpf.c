@@ -8,8 +8,10 @@
  * mapped before its rows were loaded, a memory map locked in a sample's
  * interrupt), given UW_DEFER: the event's registers and stack go to the
  * ring for user space to unwind; where the ring is full the stack ends
- * cut, as walked. */
+ * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
+ * interpreter gets its Python frames (python.h) after the native walk. */
 #include "unwind.h"
+#include "python.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -68,6 +70,18 @@ static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 {
 	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
 				     || w->rec.head.status == VMA_BUSY);
+}
+
+/* the Python frames of w's stack, after the native walk; new code
+ * objects into the ring */
+static __always_inline void with_python(struct walk *w, enum unwind_option opts,
+					__u64 pid_tgid)
+{
+	if (!(opts & UW_PYTHON))
+		return;
+	python_merge(w);
+	python_note_codes(w);
+	python_report(&ring, pid_tgid, probe_index);
 }
 
 /* d = the deferred record of this event: its registers (the walk moved
@@ -149,6 +163,7 @@ int unwind_count(void *ctx)
 		if (defer(ctx, w, key.kernel_stack))
 			return result;
 	}
+	with_python(w, opts, key.pid_tgid);
 	if (!store_stack(w, &key.hash))
 		return result;
 	n = bpf_map_lookup_elem(&counts, &key);
@@ -197,6 +212,7 @@ int unwind_trace(void *ctx)
 			}
 		}
 	}
+	with_python(w, opts, pid_tgid);
 	if (opts & UW_FETCH_ARGS)
 		bpf_tail_call(ctx, &fetch_args, FETCH_STREAM);
 	n = w->rec.head.frames;

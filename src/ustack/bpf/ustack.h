@@ -203,6 +203,9 @@ enum unwind_status {
 	THROUGH_JIT = 13,	/* complete, a JIT frame on its frame pointer */
 	DEFERRED = 14,		/* a deferred record: the stack goes to user space */
 	THROUGH_NO_CFI = 15,	/* complete, file-backed code without CFI on its frame pointer */
+	PYTHON_CODE = 16,	/* not a stack: a ring record of a Python code object (python.h) */
+	PYTHON_UNREADABLE = 17,	/* complete, but a Python frame could not be read */
+	PYTHON_LEFT = 18,	/* complete, but Python frames were left when it ended */
 	RUNNING = 0xFF,
 };
 
@@ -218,6 +221,7 @@ enum unwind_option {
 	UW_KERNEL_STACK = 4,	/* --kernel */
 	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
+	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call

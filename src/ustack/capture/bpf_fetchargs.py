@@ -469,12 +469,12 @@ def tail_programs(fetch: FetchArgs, c: TailContract, offsets) -> tuple:
 
 def _lookup0(a: Asm, m, dst: int) -> None:
     a.emit(st_imm(10, _EXACT_WORD, 0, size=4), ld_map_fd(1, m.fd), mov(2, 10),
-           alu_imm(ADD, 2, _EXACT_WORD), call(bpf_syscall.MAP_LOOKUP), mov(dst, 0))
+           alu_imm(ADD, 2, _EXACT_WORD), call(bpf_syscall.FN_MAP_LOOKUP_ELEM), mov(dst, 0))
 
 
 def _count(a: Asm, errors, slot: int) -> None:
     a.emit(st_imm(10, _EXACT_WORD, slot, size=4), ld_map_fd(1, errors.fd), mov(2, 10),
-           alu_imm(ADD, 2, _EXACT_WORD), call(bpf_syscall.MAP_LOOKUP))
+           alu_imm(ADD, 2, _EXACT_WORD), call(bpf_syscall.FN_MAP_LOOKUP_ELEM))
     a.jump(jmp_imm, JEQ, 0, 0, to="counted")
     a.emit(mov_imm(1, 1), bpf_syscall.atomic_add(0, 0, 1))
     a.label("counted")
@@ -585,8 +585,9 @@ _PLAIN = {1: ("B", "7x"), 2: ("H", "6x"), 4: ("I", "4x"), 8: ("Q", "")}
 
 
 def _plain(arg: Arg) -> str | None:
-    """The struct format of a plain integer's 8-byte slot, else None."""
-    if arg.string or arg.count or arg.bits:
+    """The struct format of a plain integer's 8-byte slot, else None (a
+    value read from memory has a READ_SLOT, with where its page is)."""
+    if arg.string or arg.count or arg.bits or arg.read:
         return None
     code, pad = _PLAIN[arg.size]
     return (code.lower() if arg.signed and arg.kind != "hex" else code) + pad

@@ -112,6 +112,8 @@ VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file): VD
 _STATUS = _OBJ.enum("unwind_status")
 COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
     "COMPLETE", "NO_PROGRESS", "READ_FAILED"))
+# not a stack: a ring record naming a Python code object seen first (python.h)
+PYTHON_CODE = _STATUS["PYTHON_CODE"]
 # a deferred record's status: the stack goes to user space to be unwound
 DEFERRED = _STATUS["DEFERRED"]
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
@@ -363,11 +365,12 @@ class KernelUnwinder(BpfCounter):
     def __init__(self, probes: list, owned, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
-                 fetches: tuple = ()):
+                 fetches: tuple = (), python: bool = False):
         self._no_maps_yet(probes, owned, kernel, armed)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
+        self.python = None               # bpf_python.PythonProcs: Python frames in stacks
         self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage,
                                                 max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
         owned.error_counters(self.unwind_maps.errors, _ERRORS)
@@ -381,6 +384,9 @@ class KernelUnwinder(BpfCounter):
         if ring_bytes:
             self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_uwring"))
         self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
+        if python and ring_bytes:        # new code objects come by the ring
+            from .bpf_python import PythonMaps, PythonProcs
+            self.python = PythonProcs(owned.map(PythonMaps()))
         self.follow_if_traced(filter_tgid)
 
     def _program(self, index: int, probe) -> int:
@@ -391,7 +397,8 @@ class KernelUnwinder(BpfCounter):
             kernel_stacks=self.kstacks, ring=self.ring,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
-            fetch=fetch_maps, name=f"ustack_uw{index}")
+            fetch=fetch_maps, python=self.python.maps if self.python else None,
+            name=f"ustack_uw{index}")
         self.owned.program(fd)
         try:
             self.verified[index] = bpf_syscall.verified_insns(fd)
@@ -467,13 +474,16 @@ def kernel_rodata(offsets: Offsets) -> dict:
 
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
-                 name: str = "ustack_uw") -> int:
+                 python=None, name: str = "ustack_uw") -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
-    deferred_scratch maps of a probe with fetch-args (trace)."""
+    deferred_scratch maps of a probe with fetch-args (trace); `python`:
+    python.h's maps (bpf_python.PythonMaps), to merge Python frames."""
     obj = unwind_object()
     named = maps.named()
+    if python is not None:
+        named.update(python.named())
     for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
                    ("tgids", tgids), *(fetch or {}).items()):
         if m is not None:
@@ -481,13 +491,14 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     bits = obj.enum("unwind_option")
     wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
               "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None,
-              "UW_FETCH_ARGS": bool(fetch)}
+              "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": python is not None}
     before = set(named)
     try:
         return obj.load(program, named, {
             "probe_index": index, "result": program_result(probe),
             "options": sum(bits[k] for k, on in wanted.items() if on),
             "regs_source": obj.enum("regs_source")[regs_source(probe)],
+            "task_fsbase": Offsets.of_this_kernel().task_fsbase,
             **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name)
     finally:
         for key in set(named) - before:      # declared maps a probe does not use
@@ -501,18 +512,27 @@ class RingChunk(bytes):
 
 def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
-                 fetches: tuple = (), read_file=None) -> int:
+                 fetches: tuple = (), read_file=None, python_code=None) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
     kernel frames from `kernel_stack(id)`. `fetches[probe]` decodes the
     values of the probe's fetch-args, which end each record (`read_file`:
-    see bpf_fetchargs.FetchArgs.decode)."""
+    see bpf_fetchargs.FetchArgs.decode). A record naming Python code
+    objects seen first goes to `python_code(pid, code)` for each, not to
+    the samples."""
     end = min(len(chunk), offset + limit)
     while offset < end:
         n = struct.unpack_from("<I", chunk, offset)[0]
         rec = offset + 4
         t, pid_tgid, probe, cpu, nframes, status = RECORD.unpack_from(chunk, rec)
+        if status == PYTHON_CODE:         # nframes code objects' addresses
+            if python_code is not None:
+                for i in range(min(nframes, (n - RECORD.size) // 8)):
+                    python_code(pid_tgid >> 32,
+                                _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+            offset = rec + n
+            continue
         if status == DEFERRED:
             ip, sp, bp, kstack, size = DEFER.unpack_from(chunk, rec + RECORD.size)
             at = rec + RECORD.size + DEFER.size

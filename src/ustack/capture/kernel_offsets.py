@@ -26,8 +26,9 @@ FIELDS = {
     "task_exit_state": ("task_struct", "exit_state"),    # x86: never reused, unlike the mm
     "task_stack": ("task_struct", "stack"),
     "task_pid": ("task_struct", "pid"),
+    "task_fsbase": ("task_struct", "thread.fsbase"),     # x86-64: pthread_self()
 }
-_CACHE_LAYOUT = "offsets5"
+_CACHE_LAYOUT = "offsets6"
 
 
 class Offsets:

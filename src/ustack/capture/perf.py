@@ -51,7 +51,7 @@ def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
     by name, an ArgsDecoder of the user's fetch-args or None for none)."""
     event = uprobes.define(probe.path, probe.file_offset,
                            probe.spec.kind == "uretprobe", probe.symbol or "addr",
-                           own + probe.fetch_args, probe.label)
+                           own + probe.fetch_args, probe.label, probe.ref_ctr_offset)
     fmt = event_format(event)
     fields = tf.parse_format(fmt)
     args = tf.ArgsDecoder(fields, probe_kinds(probe)) if probe.fetch_args else None

@@ -1,188 +1,260 @@
-"""`ustack dump -p PID`: every thread's stack once, native and Python, as
-pstack, eu-stack or py-spy dump show it. No probe and no sampling: each
-thread is stopped a moment with ptrace (seized, so the program sees no
-signal), its registers and stack bytes are copied out, its Python frames
-read, and every thread is let go before anything is unwound or named."""
+"""`ustack dump -p PID`: every thread's stack once, native and Python (as
+pstack, eu-stack, py-spy dump). Each thread is stopped with PTRACE_SEIZE +
+PTRACE_INTERRUPT only while its registers, its stack's bytes and its
+Python frames are read; all are detached before anything is unwound or
+named, whatever happens (signals that would end ustack wait until then).
+A thread created meanwhile is not seized, so it never stops."""
 from __future__ import annotations
 
-import errno
+import bisect
 import json
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 
 from ..kernel import procfs, ptrace
-from ..model import SymbolOptions, UstackError
-from ..report.json_stacks import frame_dicts
-from ..report.output import open_output
-from ..report.text import format_duration, format_stack
+from ..model import Frame, SymbolOptions, UstackError
+from ..options import symbol_options
+from ..output import Output
+from ..report.text import format_duration, frame_line
 from ..symbols.python import PythonCode
-from ..symbols.stacks import StackResolver
+from ..symbols.symbolizer import Symbolizer
 from ..target.mappings import MappingTracker
-from ..unwind.python_frames import UNREADABLE, merge, thread_groups
+from ..unwind import python_frames
+from ..unwind.dwarf import DwarfUnwinder
 from ..unwind.python_runtime import find_interpreter
 
-MAX_STACK = 1 << 20            # stack bytes copied per thread (above sp)
-# the signals that end ustack are held while threads are stopped, so a
-# Ctrl-C lets every thread go before it takes effect
-HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+STACK_BYTES = 512 << 10     # read above each thread's sp (up to its mapping's end)
+STATES = {"R": "running", "S": "sleeping", "D": "disk sleep", "T": "stopped",
+          "t": "tracing stop", "Z": "zombie", "X": "dead", "I": "idle", "P": "parked"}
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-@dataclass
-class ThreadCopy:
-    """What is copied of one thread while it is stopped."""
-    tid: int
-    comm: str
-    state: tuple                # ('S', 'sleeping'), as it was before the stop
-    regs: dict
-    stack: bytes
-    groups: list = field(default_factory=list)    # Python frames (python_frames.py)
-    notes: tuple = ()
+class Captured:
+    """What was read of one thread while it was stopped."""
+    __slots__ = ("tid", "comm", "state", "regs", "stack", "groups", "note")
+
+    def __init__(self, tid: int, comm: str, state: str):
+        self.tid, self.comm, self.state = tid, comm, state
+        self.regs: dict = {}
+        self.stack = b""
+        self.groups: tuple = ()
+        self.note = ""
+
+
+class ThreadStack:
+    """One thread's named stack, innermost frame first."""
+    __slots__ = ("tid", "comm", "state", "frames", "notes")
+
+    def __init__(self, tid: int, comm: str, state: str, frames: tuple, notes: tuple):
+        self.tid, self.comm, self.state = tid, comm, state
+        self.frames, self.notes = frames, notes
 
 
 def check_target(pid: int) -> None:
-    """One line of refusal for a process ustack cannot or must not stop."""
+    """Refuse, in one sentence, what cannot or must not be stopped."""
     if pid == os.getpid():
-        raise UstackError(f"process {pid} is ustack itself")
+        raise UstackError("ustack cannot dump its own process")
     if not procfs.process_exists(pid):
-        raise UstackError(f"no such process: {pid}")
+        raise UstackError(f"no process {pid}")
     if procfs.is_kernel_thread(pid):
         raise UstackError(f"process {pid} is a kernel thread: it has no user stack")
-    if procfs.tgid(pid) != pid:
-        raise UstackError(f"{pid} is a thread of process {procfs.tgid(pid)}: "
-                          f"dump -p {procfs.tgid(pid)}")
-    tracer = procfs.tracer_pid(pid)
+    tracer = tracer_of(pid)
     if tracer:
-        raise _traced(pid, tracer)
+        raise UstackError(f"process {pid} is already traced by {tracer} "
+                          f"({procfs.comm(tracer) or '?'}); detach it first")
 
 
-def _traced(pid: int, tracer: int) -> UstackError:
-    return UstackError(f"process {pid} is already traced by process {tracer} "
-                       f"({procfs.comm(tracer) or '?'}): only one tracer at a time")
-
-
-def copy_threads(pid: int, interp, python_code: PythonCode) -> tuple:
-    """(ThreadCopy of each thread, nanoseconds the process was stopped).
-    Every thread seized is detached, whatever happens in between."""
-    states = {}
-    held = {}                   # tid -> signal to hand back at detach
-    copies = []
+def tracer_of(pid: int) -> int:
+    """The TracerPid of /proc/PID/status (0: none)."""
     try:
-        mem = procfs.Memory(pid)
-    except OSError as e:
-        raise UstackError(f"cannot read process {pid}'s memory: {e.strerror}") from None
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
-    start = time.monotonic_ns()
-    try:
-        for batch in procfs.thread_batches(pid):
-            seized, failure = _seize(pid, sorted(batch), states)
-            for tid in seized:             # each waited for, so each can be detached
-                stopped, sig = ptrace.wait_stop(tid)
-                if stopped:
-                    held[tid] = sig
-            if failure:
-                raise failure
-        for tid in sorted(held):
-            try:
-                copies.append(_copy(pid, tid, states[tid], mem, interp, python_code))
-            except ProcessLookupError:
-                pass                            # killed (SIGKILL) while stopped
-    finally:
-        for tid, sig in held.items():
-            try:
-                ptrace.detach(tid, sig)
-            except OSError:
-                pass                            # exited while stopped (SIGKILL)
-        stopped_ns = time.monotonic_ns() - start
-        mem.close()
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)   # a Ctrl-C held is heard now
-    return copies, stopped_ns
-
-
-def _seize(pid: int, tids: list, states: dict) -> tuple:
-    """(threads seized and asked to stop, the UstackError that ended the
-    batch or None). A thread gone since the listing is left out."""
-    seized = []
-    for tid in tids:
-        states[tid] = procfs.thread_state(pid, tid)
-        try:
-            ptrace.seize(tid)
-        except OSError as e:
-            if e.errno == errno.ESRCH:
-                continue
-            tracer = procfs.tracer_pid(pid)
-            if tracer:                  # one came between the check and now
-                return seized, _traced(pid, tracer)
-            return seized, UstackError(f"cannot stop thread {tid}: {e.strerror}")
-        seized.append(tid)
-        try:
-            ptrace.interrupt(tid)
-        except OSError:
-            pass                        # exited: wait_stop() sees it
-    return seized, None
-
-
-def _copy(pid: int, tid: int, state: tuple, mem, interp, python_code) -> ThreadCopy:
-    regs = ptrace.getregs(tid)
-    sp = regs["sp"]
-    end = procfs.mapping_end(pid, sp)
-    stack = mem.read_upto(sp, min(end - sp, MAX_STACK)) if end else b""
-    copy = ThreadCopy(tid, procfs.comm(pid, tid) or "?", state, regs, stack)
-    if interp is not None:
-        try:
-            copy.groups = thread_groups(mem.read, interp, regs["fs_base"])
-        except OSError:
-            copy.notes = (UNREADABLE,)
-        for group in copy.groups:
-            for code, _index in group:
-                python_code.remember(pid, code, interp.version)
-    return copy
-
-
-def dump(pid: int, options: SymbolOptions = SymbolOptions(), fmt: str = "text",
-         output: str | None = None, err=None) -> int:
-    check_target(pid)
-    tracker = MappingTracker()
-    if not tracker.seed_from_proc(pid):
-        raise UstackError(f"no such process: {pid}")
-    interp = find_interpreter(procfs.executable_mappings(pid))
-    python_code = PythonCode()
-    copies, stopped_ns = copy_threads(pid, interp, python_code)
-    tracker.seed_from_proc(pid)        # libraries mapped since (the stop holds them now)
-    resolver = StackResolver(tracker, options, python_code=python_code)
-    generation = tracker.generations.get(pid, 0)
-    eval_ranges = interp.eval_ranges if interp is not None else ()
-    threads = []
-    for c in copies:
-        pcs, notes = resolver.unwinder.dwarf.unwind(
-            c.regs, c.stack, lambda addr: tracker.find(pid, addr))
-        if interp is not None:
-            pcs, py_notes = merge(pcs, c.groups, eval_ranges)
-            notes = notes + c.notes + py_notes
-        threads.append((c, resolver.stack_of((pid, generation, (pcs, notes), ()))))
-    with open_output(output) as out:
-        if fmt == "json":
-            out.write(json.dumps(_json(pid, tracker.comm(pid, pid), stopped_ns, threads)) + "\n")
-        else:
-            for c, stack in threads:
-                out.write(f"{c.comm} {pid}/{c.tid} {c.state[0]} ({c.state[1]})\n"
-                          + format_stack(stack))
-    err = err if err is not None else sys.stderr
-    for warning in resolver.warnings:
-        err.write(f"ustack: {warning}\n")
-    err.write(f"stopped {len(copies)} thread{'s' if len(copies) != 1 else ''} of process {pid} for "
-              f"{format_duration(stopped_ns)}\n")
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
     return 0
 
 
-def _json(pid: int, comm: str, stopped_ns: int, threads: list) -> dict:
-    """{"format": "ustack-dump", "version": 1, "pid", "comm", "stopped_ns",
-    "threads": [{"tid", "comm", "state", "frames": [FRAME…], "notes"}]},
-    FRAME as in json_stacks, innermost first."""
-    return {"format": "ustack-dump", "version": 1, "pid": pid, "comm": comm,
-            "stopped_ns": stopped_ns,
-            "threads": [{"tid": c.tid, "comm": c.comm, "state": c.state[0],
-                         "frames": frame_dicts(stack.frames), "notes": list(stack.notes)}
-                        for c, stack in threads]}
+def thread_state(pid: int, tid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return "?"
+    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] or "?"
+
+
+def capture(pid: int, interp) -> tuple:
+    """(captured threads, nanoseconds the process was stopped)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    seized: list = []
+    stopped: list = []
+    out: list = []
+    mem = python_frames.Memory(pid)
+    ends = mapping_ends(pid)
+    t0 = time.monotonic_ns()
+    try:
+        for tid in procfs.threads(pid):
+            c = Captured(tid, procfs.comm(pid, tid), thread_state(pid, tid))
+            try:
+                ptrace.seize(tid)
+            except ProcessLookupError:
+                continue                          # gone meanwhile
+            except OSError as e:
+                raise UstackError(f"cannot stop thread {tid} of process {pid}: "
+                                  f"{e.strerror}") from None
+            seized.append(c)
+            try:
+                ptrace.interrupt(tid)
+            except ProcessLookupError:
+                pass                              # exiting: waitpid sees its exit
+        for c in seized:
+            _, status = os.waitpid(c.tid, ptrace.WALL)
+            if os.WIFSTOPPED(status):
+                stopped.append(c)
+        states = _thread_states(mem, interp)
+        for c in stopped:
+            try:
+                c.regs = ptrace.registers(c.tid)
+            except ProcessLookupError:
+                continue                          # killed while stopped
+            try:
+                sp = c.regs["sp"]
+                c.stack = os.pread(mem.fd, min(STACK_BYTES, end_of_mapping(ends, sp) - sp), sp)
+            except OSError:
+                c.stack = b""
+            tstate = states.get(c.regs["fs_base"])
+            if tstate:
+                c.groups, c.note = python_frames.frame_groups(mem, interp, tstate)
+            out.append(c)
+    finally:
+        for c in stopped:
+            try:
+                ptrace.detach(c.tid)
+            except OSError:
+                pass                              # exited while stopped
+        for c in seized:
+            if c not in stopped:
+                try:
+                    ptrace.detach(c.tid)
+                except OSError:
+                    pass
+        took = time.monotonic_ns() - t0
+        mem.close()
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return out, took
+
+
+def mapping_ends(pid: int) -> list:
+    """Sorted (start, end) of every mapping of the process: a stack is read
+    from sp to its mapping's end only (a thread's stack ends just above its
+    outermost frame; reading on would only cost stopped time)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return sorted(tuple(int(x, 16) for x in line.split(None, 1)[0].split("-"))
+                          for line in f)
+    except OSError:
+        return []
+
+
+def end_of_mapping(ends: list, addr: int) -> int:
+    i = bisect.bisect_right(ends, (addr, float("inf"))) - 1
+    if i >= 0 and ends[i][0] <= addr < ends[i][1]:
+        return ends[i][1]
+    return addr + STACK_BYTES                   # mapped since: read as far as it goes
+
+
+def _thread_states(mem, interp) -> dict:
+    if interp is None:
+        return {}
+    try:
+        return python_frames.thread_states(mem, interp)
+    except OSError:
+        return {}
+
+
+def dump(pid: int, options: SymbolOptions = SymbolOptions()) -> tuple:
+    """(ThreadStacks in tid order, nanoseconds the process was stopped)."""
+    check_target(pid)
+    tracker = MappingTracker()
+    if not tracker.seed_from_proc(pid):
+        raise UstackError(f"no process {pid}")
+    interp = find_interpreter(procfs.executable_mappings(pid))
+    captured, took = capture(pid, interp)
+    unwinder = DwarfUnwinder(debug_dirs=options.debug_dirs, cut_advice="the stack is deeper "
+                             f"than the {STACK_BYTES >> 10} KiB read")
+    code = PythonCode()
+    names = Symbolizer(tracker, options, code)
+    find = lambda addr: tracker.find(pid, addr)     # noqa: E731
+    out = []
+    for c in captured:
+        pcs, notes = unwinder.unwind(c.regs, c.stack, find)
+        if interp is not None:
+            for group in c.groups:
+                for addr, _ in group:
+                    code.remember(pid, addr, interp.version)
+            pcs, merged = python_frames.merge(pcs, c.groups, interp.eval_ranges)
+            notes = notes + merged + ((c.note,) if c.note else ())
+        out.append(ThreadStack(c.tid, c.comm, c.state, names.frames(pid, pcs), notes))
+    return out, took
+
+
+def format_text(pid: int, threads) -> str:
+    lines = []
+    for t in threads:
+        lines.append(f"Thread {pid}/{t.tid} {t.comm} "
+                     f"({t.state} {STATES.get(t.state, '')})".rstrip() + ":")
+        lines += [frame_line(f) for f in t.frames]
+        lines += [f" ({note})" for note in t.notes]
+        lines.append("")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _frame_json(f: Frame) -> dict:
+    d = {"function": f.function, "module": f.module, "kind": f.kind or "native"}
+    if f.kind != "python":
+        d.update(addr=f"0x{f.addr:x}", offset=f.offset)
+    if f.line:
+        d.update(file=f.file, line=f.line)
+    if f.inlined:
+        d["inlined"] = True
+    return d
+
+
+def format_json(pid: int, threads, stopped_ns: int) -> str:
+    return json.dumps({"pid": pid, "stopped_ns": stopped_ns, "threads": [
+        {"tid": t.tid, "comm": t.comm, "state": t.state,
+         "frames": [_frame_json(f) for f in t.frames], "notes": list(t.notes)}
+        for t in threads]}, indent=1) + "\n"
+
+
+FORMATS = ("text", "json")
+
+
+def main(args) -> int:
+    """`ustack dump` from its parsed arguments."""
+    return run_dump(args.pid, symbol_options(args), args.format, args.output, sys.stderr)
+
+
+def run_dump(pid: int, options: SymbolOptions, fmt: str | None, output: str | None,
+             err) -> int:
+    if fmt is None:
+        fmt = "json" if output and output.endswith(".json") else "text"
+    threads, took = dump(pid, options)
+    text = format_json(pid, threads, took) if fmt == "json" else format_text(pid, threads)
+    if output:
+        out = Output(output)
+        try:
+            out.file.write(text.encode())
+        except BaseException:
+            out.discard()
+            raise
+        out.commit()
+    else:
+        sys.stdout.write(text)
+    err.write(f"ustack: process {pid} stopped for {format_duration(took)} "
+              f"({len(threads)} threads)\n")
+    return 0

@@ -18,7 +18,7 @@ from io import TextIOBase
 from .run import _given, run_session
 from ..model import TracepointProbe, UprobeProbe, UstackError
 from ..objfile.elf import ElfImage
-from ..options import Options
+from ..options import Options, run_options
 from ..probes.return_sites import entry_site, return_probes
 from ..probes.spec import parse_event
 from ..report.latency import format_histogram, format_slow_call
@@ -46,6 +46,15 @@ class LatencyRequest:
     @property
     def wants_stacks(self) -> bool:
         return self.by_stack or self.slower_ms is not None
+
+
+def main(args) -> int:
+    """`ustack latency` from its parsed arguments."""
+    opts = run_options(args)
+    opts.events = args.events
+    opts.stack_storage = args.stack_storage_size
+    return run_latency(opts, LatencyRequest(args.by_stack, args.slower, args.units,
+                                            args.ret_sites))
 
 
 def check_request(opts: Options, request: LatencyRequest) -> None:
@@ -82,11 +91,11 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
                                             f"syscall:{name} (exit)"), Site(i, "return")))
             continue
         image = ElfImage.open(entry.path)
-        sym = image.lookup(entry.address)
+        sym = image.symbols.lookup(entry.address)
         # (a Go function's entry probe comes placed after its stack check)
         if entry.symbol is None or entry.address != entry_site(image, sym):
             raise UstackError(f"{entry.label} is not the start of a function")
-        if not (image.is_go or ret_sites):
+        if not (image.file.is_go or ret_sites):
             probes.append(entry)
             sites.append(Site(i, "entry"))
             ret = replace(
@@ -95,7 +104,7 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
                 label=entry.label.replace("uprobe:", "uretprobe:", 1))
             returns.append((ret, Site(i, "return")))
             continue
-        go = image.is_go
+        go = image.file.is_go
         probes.append(entry)
         sites.append(Site(i, "entry", goroutine=go))
         rets, tails = return_probes(entry, image)

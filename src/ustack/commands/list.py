@@ -3,6 +3,7 @@ on; with -v each one's parameters and types from DWARF, as `bpftrace -lv`
 prints them (and the type of `$retval`)."""
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 from ustack.probes.resolve import locate_binary, no_function_error
@@ -18,16 +19,22 @@ class FunctionRow(NamedTuple):
     size: int
 
 
+def main(args) -> int:
+    """`ustack list` from its parsed arguments."""
+    sys.stdout.write(list_text(args.binary, args.pattern, args.verbose))
+    return 0
+
+
 def list_functions(path: str, glob: str | None = None) -> list:
     host, shown = locate_binary(path)
     return _rows(ElfImage.open(host), glob, shown)
 
 
 def _rows(image: ElfImage, glob: str | None, shown: str) -> list:
-    syms = image.functions if glob is None else image.match(glob)
+    syms = image.symbols.functions if glob is None else image.symbols.match(glob)
     if glob is not None and not syms:
         raise no_function_error(image, glob, shown)
-    return [FunctionRow(demangle(s.name), s.address, image.file_offset(s.address), s.size)
+    return [FunctionRow(demangle(s.name), s.address, image.file.file_offset(s.address), s.size)
             for s in syms]
 
 
@@ -58,6 +65,44 @@ def format_params(path: str, glob: str | None = None) -> str:
         if info is None:
             continue
         out += [f"    {p.type.name} {p.name}\n".replace("  \n", "\n") for p in info.params]
-        if info.returns is not None and not image.is_go:   # Go lists its ~r0
+        if info.returns is not None and not image.file.is_go:   # Go lists its ~r0
             out.append(f"    {info.returns.name} $retval\n")
     return "".join(out)
+
+
+def list_text(path: str, pattern: str | None, verbose: bool) -> str:
+    """What `ustack list` prints: the functions, then the binary's USDT
+    probes under their own heading; a pattern `usdt:GLOB` lists only the
+    USDT probes whose PROVIDER:NAME or NAME matches."""
+    if pattern is not None and pattern.startswith("usdt:"):
+        text = format_usdt(path, pattern[len("usdt:"):] or "*")
+        if not text:
+            from ustack.probes.usdt import resolve_usdt   # its one-line errors
+            from ustack.probes.spec import parse_event
+            resolve_usdt(parse_event(f"usdt:{path}:{pattern[len('usdt:'):]}"))
+        return text
+    text = (format_params(path, pattern) if verbose
+            else format_listing(list_functions(path, pattern)))
+    usdt = format_usdt(path) if pattern is None else ""
+    return text + ("\n" + usdt if usdt else "")
+
+
+def format_usdt(path: str, glob: str = "*") -> str:
+    """`PROVIDER:NAME  ARGUMENTS` per USDT probe (one line for all its
+    sites), under a USDT heading; "" when none matches."""
+    import fnmatch
+    from ustack.objfile.stapsdt import sdt_probes
+    host, _shown = locate_binary(path)
+    rows = {}
+    for p in sdt_probes(host):
+        name = f"{p.provider}:{p.name}"
+        if fnmatch.fnmatchcase(name, glob) or fnmatch.fnmatchcase(p.name, glob):
+            rows.setdefault(name, (p.args, 0))
+            rows[name] = (rows[name][0], rows[name][1] + 1)
+    if not rows:
+        return ""
+    width = max(len(n) for n in rows)
+    lines = ["USDT PROBE".ljust(width) + "  SITES  ARGUMENTS"]
+    lines += [f"{n.ljust(width)}  {sites:5d}  {args}".rstrip()
+              for n, (args, sites) in rows.items()]
+    return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ from io import TextIOBase
 from .run import _given, run_session
 from ..model import StackCount, UstackError
 from ..objfile.elf import ElfImage
-from ..options import Options
+from ..options import Options, check_stack_storage, run_options
 from ..output import check_destination
 from ..report.formats import FORMATS, run_context, stack_report
 from ..report.output import choose_format, open_output
@@ -45,6 +45,14 @@ class Function:
     name: str
     role: str
     kind: str = ""
+
+
+def main(args) -> int:
+    """`ustack memleak` from its parsed arguments."""
+    opts = run_options(args)
+    check_stack_storage(args.stack_storage_size)
+    opts.stack_storage = args.stack_storage_size
+    return run_memleak(opts, MemleakRequest(args.interval, args.top, args.older))
 
 
 def check_request(opts: Options, request: MemleakRequest, fmt: str) -> None:

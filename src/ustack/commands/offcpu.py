@@ -11,7 +11,7 @@ from io import TextIOBase
 from ..capture.bpf_offcpu import ALL_STATES, OffcpuFilter
 from .run import run_session
 from ..model import Frame, Stack, StackCount, UstackError
-from ..options import Options
+from ..options import Options, check_stack_storage, run_options
 from ..report.formats import FORMATS, run_context, stack_report
 from ..output import check_destination
 from ..report.output import choose_format, open_output
@@ -25,6 +25,19 @@ EVENT_LABEL = "offcpu"
 WAKER_SEPARATOR = Frame(addr=0, module="", function="[woken by]")
 # The waker's name when no thread woke it (a timer, a device)
 INTERRUPT = "[interrupt]"
+
+
+def main(args) -> int:
+    """`ustack offcpu` from its parsed arguments."""
+    opts = run_options(args)
+    flt = offcpu_filter(args.min_block, args.max_block, args.state, args.wakers)
+    if args.unwind == "fp":
+        raise UstackError("offcpu unwinds with DWARF in the kernel; --unwind fp "
+                          "is not an option here")
+    check_stack_storage(args.stack_storage_size)
+    opts.per_pid, opts.offsets = args.per_pid, args.offsets
+    opts.kernel_stacks, opts.stack_storage = args.kernel, args.stack_storage_size
+    return run_offcpu(offcpu_options(opts, flt))
 
 
 def offcpu_filter(min_us: float | None, max_us: float | None, states,

@@ -12,7 +12,9 @@ from io import TextIOBase
 
 from .run import run_session
 from ..model import CommEvent, StackCount, UstackError
-from ..options import Options
+from ..defaults import DEFAULT_RECORDING
+from ..options import (Options, check_frequency, check_stack_storage, run_options,
+                       symbol_options)
 from ..report.aggregate import stack_identity
 from ..recording.archive import copy_objects
 from ..report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
@@ -31,7 +33,63 @@ def archive_dir(recording: str) -> str:
     return recording + ARCHIVE_SUFFIX
 
 
+def main(args) -> int:
+    """`ustack record|report|archive` from their parsed arguments."""
+    if args.cmd == "record":
+        return record(record_options(args), archive=args.archive)
+    recording = args.recording or DEFAULT_RECORDING
+    if args.cmd == "archive":
+        return archive_command(recording, args.output)
+    request = ReportRequest(
+        recording, args.format, args.output, tuple(args.objects),
+        SampleFilter(_id_set(args.pid, "pid"), _id_set(args.tid, "tid"),
+                     frozenset(c for c in (args.comm or "").split(",") if c)),
+        args.per_pid, args.offsets, args.render_as)
+    opts = Options(symbols=symbol_options(args))
+    if args.diff:
+        if args.recording:
+            raise UstackError("--diff takes the two recordings; give no FILE beside it")
+        before, after = args.diff
+        return report_diff(ReportRequest(after, args.format, args.output,
+                                         request.objects, request.only,
+                                         args.per_pid, args.offsets),
+                           before, opts)
+    return report(request, opts)
+
+
+def _id_set(text, what: str) -> frozenset:
+    """report's --pid and --tid: numbers separated by commas."""
+    if not text:
+        return frozenset()
+    try:
+        return frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UstackError(f"--{what} takes numbers separated by commas, "
+                          f"not {text!r}") from None
+
+
 # -- record ------------------------------------------------------------------------
+
+def record_options(args) -> Options:
+    """The checked Options of `ustack record`: -o is the recording, not a
+    report."""
+    opts = run_options(args)
+    events = list(args.events)
+    if args.frequency is not None:
+        check_frequency(args.frequency)
+        events.append(f"profile:hz:{args.frequency}")
+    if not events:
+        raise UstackError("record needs an EVENT or -F HZ (see `ustack record --help`)")
+    opts.events = events
+    opts.record = args.output
+    opts.output_path = None
+    opts.raw_stacks = args.raw_stacks     # (plan.plan then copies stacks)
+    opts.kernel_stacks = args.kernel
+    check_stack_storage(args.stack_storage_size)
+    opts.stack_storage = args.stack_storage_size
+    return opts
+
+
 
 def record(opts: Options, archive: bool = False, err: TextIOBase = sys.stderr) -> int:
     """Run like trace (or like count when the kernel counts), saving the
@@ -48,7 +106,7 @@ def record(opts: Options, archive: bool = False, err: TextIOBase = sys.stderr) -
 
     status, session = run_session(opts, drain, err)
     writer = writers[0]
-    what = ("hits counted" if session.plan.backend == "bpf" and opts.command != "trace"
+    what = ("hits counted" if session.plan.backend == "bpf" and opts.runs_as != "trace"
             else "events")
     print(f"Recorded {writer.events} {what} ({writer.stacks} distinct stacks) "
           f"in {opts.record}, {_size(os.path.getsize(opts.record))}", file=err)

@@ -8,8 +8,9 @@ import sys
 import time
 from io import TextIOBase
 
-from ..model import CommEvent
-from ..options import Options
+from ..model import CommEvent, UstackError
+from ..options import (Options, check_frequency, check_interval, check_kernel_stacks,
+                       check_stack_storage, run_options)
 from ..report.formats import EVENT_FORMATS, FORMATS, run_context, stack_report
 from ..report.funccount import format_calls
 from ..output import check_destination
@@ -41,6 +42,35 @@ class _Signals:
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def main(args) -> int:
+    """`ustack trace|count|profile|funccount` from their parsed arguments."""
+    opts = run_options(args)
+    if args.cmd == "profile":
+        check_frequency(args.frequency)
+        opts.events = [f"profile:hz:{args.frequency}"]
+    elif args.cmd == "funccount":
+        if args.tid or args.comm:
+            raise UstackError("funccount counts calls in the kernel per function: "
+                              "it takes -p PID (or a list), not --tid or --comm")
+        pattern = args.pattern
+        opts.events = [pattern if pattern.startswith(("uprobe:", "u:"))
+                       else "uprobe:" + pattern]
+        check_interval(args.interval)
+        opts.interval = args.interval
+    else:
+        opts.events = args.events
+    if args.cmd in ("count", "profile"):
+        opts.per_pid = args.per_pid or args.per_thread
+        opts.per_thread = args.per_thread
+        opts.offsets = args.offsets
+        opts.kernel_stacks = args.kernel
+        check_kernel_stacks(args.kernel, args.backend)
+        check_stack_storage(args.stack_storage_size)
+        opts.stack_storage = args.stack_storage_size
+        opts.record = args.record
+    return run(opts)
 
 
 def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stderr) -> int:
@@ -112,10 +142,10 @@ def _exit_status(target) -> int:
 def _output_format(opts: Options) -> str:
     """The format asked for, checked (with -o's directory) before anything
     is started or attached."""
-    if opts.command == "funccount":
+    if opts.runs_as == "funccount":
         fmt = "text"
     else:
-        table = EVENT_FORMATS if opts.command == "trace" else FORMATS
+        table = EVENT_FORMATS if opts.runs_as == "trace" else FORMATS
         fmt = choose_format(opts.output_format, opts.output_path, table)
     path = opts.output_path
     if path and path != "-":
@@ -126,9 +156,9 @@ def _output_format(opts: Options) -> str:
 def _output(opts: Options, fmt: str, out: TextIOBase | None):
     if out is not None:
         return _given(out)
-    binary = getattr(FORMATS.get(fmt), "binary", False) and opts.command != "trace"
+    binary = getattr(FORMATS.get(fmt), "binary", False) and opts.runs_as != "trace"
     return open_output(opts.output_path, binary=binary,
-                       whole=opts.command != "trace")   # trace: written as it comes
+                       whole=opts.runs_as != "trace")   # trace: written as it comes
 
 
 class _given:
@@ -148,18 +178,18 @@ def _progress(session: Session, err: TextIOBase) -> Progress:
     """The live status line: on a terminal, for runs whose results do not
     scroll on that terminal themselves (counts, or -o)."""
     opts = session.opts
-    live = (err.isatty() and opts.command != "funccount" and
-            (opts.command != "trace" or opts.output_path not in (None, "-")))
+    live = (err.isatty() and opts.runs_as != "funccount" and
+            (opts.runs_as != "trace" or opts.output_path not in (None, "-")))
     return Progress(err, live, session.capture.losses,
                     counted_in_kernel=(session.plan.backend == "bpf"
-                                       and opts.command != "trace"))
+                                       and opts.runs_as != "trace"))
 
 
 def _count(session: Session, out, fmt: str) -> int:
     """Counted stacks in format `fmt`; returns the number of events."""
     opts = session.opts
-    frequency = session.probes[0].hz if opts.command == "profile" else None
-    context = run_context(opts.command, session.labels, frequency, session.started_ns)
+    frequency = session.probes[0].hz if opts.runs_as == "profile" else None
+    context = run_context(opts.runs_as, session.labels, frequency, session.started_ns)
     report = stack_report(fmt, opts.per_pid, opts.offsets, context)
     events = 0
     for counted in session.counts():

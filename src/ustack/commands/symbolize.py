@@ -21,6 +21,7 @@ from ..capture.ftrace_text import UserFrame, UserStackLines
 from ..kernel import procfs
 from ..model import Frame, Mapping, UstackError
 from ..objfile.elf import ElfImage
+from ..options import symbol_options
 from ..report.text import frame_label
 from ..symbols.symbolizer import SymbolOptions, Symbolizer
 from ..target.mappings import ProcessMaps
@@ -90,10 +91,16 @@ def _mappings(pid: int | None, maps_file: str | None, binary: str | None) -> lis
             raise UstackError(f"{maps_file}: no executable mappings in it")
         return found
     image = ElfImage.open(binary)           # UstackError for a missing/corrupt file
-    if image.is_pie:
+    if image.file.is_pie:
         return []                           # its absolute addresses are randomized
     return [Mapping(v & ~(_PAGE - 1), v + size, off & ~(_PAGE - 1), binary)
-            for v, off, size in image.executable_segments()]
+            for v, off, size in image.file.executable_segments()]
+
+
+def main(args) -> int:
+    """`ustack symbolize` from its parsed arguments."""
+    return symbolize_trace(args.trace_file, pid=args.pid, maps_file=args.maps,
+                           binary=args.binary, options=symbol_options(args))
 
 
 def symbolize_trace(trace_file: str, pid: int | None = None,

@@ -36,8 +36,9 @@ PROG_TRACEPOINT = 5               # tracepoint record; its first word points to 
 PROG_PERF_EVENT = 7               # bpf_perf_event_data: pt_regs first
 PROG_RAW_TRACEPOINT = 17          # the tracepoint's own arguments, as u64s
 
-# helpers (enum bpf_func_id)
-MAP_LOOKUP, MAP_UPDATE = 1, 2
+# helpers (enum bpf_func_id): FN_ as the kernel's BPF_FUNC_, apart from
+# the commands of the same names above (bpf(2)'s BPF_MAP_LOOKUP_ELEM, ...)
+FN_MAP_LOOKUP_ELEM, FN_MAP_UPDATE_ELEM, FN_MAP_DELETE_ELEM = 1, 2, 3
 GET_CURRENT_PID_TGID = 14
 GET_STACKID = 27
 PROBE_READ_USER, PROBE_READ_KERNEL = 112, 113
@@ -76,7 +77,6 @@ JA, JEQ, JGT, JGE, JNE, JSGT, JSGE, CALL, EXIT = (0x00, 0x10, 0x20, 0x30, 0x50,
 JSLT, JLT, JLE = 0xC0, 0xA0, 0xB0
 XOR, NEG = 0xA0, 0x80
 DIV = 0x30                        # unsigned
-DELETE_ELEM = 3                   # the helper bpf_map_delete_elem
 PSEUDO_MAP_FD = 1
 PSEUDO_CALL = 1                   # a call's src: a BPF function, imm = relative insn
 PSEUDO_FUNC = 4                   # ld_imm64's src: a BPF function's address

@@ -104,9 +104,11 @@ class UprobeEvents:
         self._locked = False            # run_lock.hold() taken for our probes
 
     def define(self, path: str, file_offset: int, ret: bool, hint: str,
-               args: tuple = (), what: str = "") -> str:
+               args: tuple = (), what: str = "", ref_ctr: int = 0) -> str:
         """Define a probe with fetch-args `args` ('name=fetch:type' words);
-        return its 'group/name'. `what` names it in error messages."""
+        return its 'group/name'. `what` names it in error messages;
+        `ref_ctr`: the file offset of a 2-byte counter the kernel raises
+        while the probe is in place (a USDT semaphore), 0 for none."""
         if any(c.isspace() for c in path):
             raise UstackError(f"cannot probe {path!r}: uprobe_events cannot "
                               "take a path with spaces")
@@ -118,7 +120,8 @@ class UprobeEvents:
         log_before = _error_log()
         try:
             _write(f"{'r' if ret else 'p'}:{self.group}/{name} "
-                   f"{path}:0x{file_offset:x}" + "".join(" " + a for a in args))
+                   f"{path}:0x{file_offset:x}"
+                   + (f"(0x{ref_ctr:x})" if ref_ctr else "") + "".join(" " + a for a in args))
         except OSError as e:
             if not self.names:
                 self.close()            # nothing of ours exists: drop the lock

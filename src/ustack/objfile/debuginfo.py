@@ -50,7 +50,7 @@ def _build_id_candidates(build_id: str | None, extra_dirs) -> list:
 
 def _debuglink(image: ElfImage) -> tuple | None:
     """(file name, CRC) from the object's .gnu_debuglink, or None."""
-    raw = image.section_bytes(".gnu_debuglink")
+    raw = image.file.section_bytes(".gnu_debuglink")
     if not raw:
         return None
     name, _, _ = raw.partition(b"\0")
@@ -58,7 +58,7 @@ def _debuglink(image: ElfImage) -> tuple | None:
     if not name or len(raw) < 4 or len(raw) % 4:
         return None
     return os.fsdecode(name), struct.unpack_from(
-        "<I" if image.little_endian else ">I", raw, len(raw) - 4)[0]
+        "<I" if image.file.little_endian else ">I", raw, len(raw) - 4)[0]
 
 
 def debuglink_candidates(object_path: str, name: str, extra_dirs=()) -> list:
@@ -84,7 +84,7 @@ def file_crc32(path: str) -> int:
 def find_debug_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
     """The separate debug file of `image` (build-id first, then debuglink)."""
     found = DebugLookup()
-    for path in _build_id_candidates(image.build_id, extra_dirs):
+    for path in _build_id_candidates(image.file.build_id, extra_dirs):
         if os.path.exists(path) and _accept(image, path, None, found):
             found.path, found.how = path, "build-id"
             return found
@@ -116,9 +116,9 @@ def _accept(image: ElfImage, path: str, crc: int | None, found: DebugLookup) -> 
     except UstackError as e:
         found.refused.append(f"{e}; not used as debug file of {image.path}")
         return False
-    if image.build_id and debug.build_id and debug.build_id != image.build_id:
-        found.refused.append(f"{path}: build-id {debug.build_id} does not match "
-                             f"{image.path} ({image.build_id}); not used")
+    if image.file.build_id and debug.file.build_id and debug.file.build_id != image.file.build_id:
+        found.refused.append(f"{path}: build-id {debug.file.build_id} does not match "
+                             f"{image.path} ({image.file.build_id}); not used")
         return False
     if crc is not None:
         try:
@@ -130,7 +130,7 @@ def _accept(image: ElfImage, path: str, crc: int | None, found: DebugLookup) -> 
             found.refused.append(f"{path}: CRC {actual:08x} does not match the "
                                  f".gnu_debuglink of {image.path} ({crc:08x}); not used")
             return False
-    elif not (image.build_id and debug.build_id):
+    elif not (image.file.build_id and debug.file.build_id):
         found.refused.append(f"{path}: has no build-id to match {image.path}; not used")
         return False
     return True
@@ -138,7 +138,7 @@ def _accept(image: ElfImage, path: str, crc: int | None, found: DebugLookup) -> 
 
 def _altlink(image: ElfImage) -> tuple | None:
     """(path, build-id hex) from .gnu_debugaltlink, or None."""
-    raw = image.section_bytes(".gnu_debugaltlink")
+    raw = image.file.section_bytes(".gnu_debugaltlink")
     if not raw:
         return None
     name, nul, build_id = raw.partition(b"\0")
@@ -189,17 +189,17 @@ def find_alt_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
 def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> str | None:
     """The ELF inside the object's .gnu_debugdata, decompressed into the
     cache (so the symbol cache can key it by file identity), or None."""
-    if not image.sections.get(".gnu_debugdata", (0, 0, 0))[2]:
+    if not image.file.sections.get(".gnu_debugdata", (0, 0, 0))[2]:
         return None
     try:
         st = os.stat(image.path)
-        out = objcache.cache_file("minidebuginfo", image.path, st, image.build_id, "elf")
+        out = objcache.cache_file("minidebuginfo", image.path, st, image.file.build_id, "elf")
     except OSError:
         return None
     if objcache.checked_file(out):
         return out                  # decompressed before, and whole
     try:
-        data = image.section_bytes(".gnu_debugdata")
+        data = image.file.section_bytes(".gnu_debugdata")
     except UstackError:
         return None
     import lzma                     # only MiniDebugInfo is xz: imported here

@@ -39,10 +39,10 @@ _MAX_RATIO = 1032          # deflate's most: a larger claimed size is corrupt
 def wanted(image: ElfImage) -> bool:
     """Whether an image saves libdw work: some DWARF section is compressed
     (an uncompressed file is mapped by libdw as it is)."""
-    return (image.little_endian and image.elfclass == 64
-            and ".gnu_debugaltlink" not in image.section_names
-            and not any(n.startswith(".zdebug") for n in image.section_names)
-            and any(image.is_compressed(n) for n in image.section_names
+    return (image.file.little_endian and image.file.elfclass == 64
+            and ".gnu_debugaltlink" not in image.file.section_names
+            and not any(n.startswith(".zdebug") for n in image.file.section_names)
+            and any(image.file.is_compressed(n) for n in image.file.section_names
                     if n.startswith(".debug_")))
 
 
@@ -73,7 +73,7 @@ class Pending:
                     libdeflate.zlib_inflate_into(data, start, self._buffer, offset, size)
                     continue
                 if start is not None:
-                    data = self._image.inflated(name, data)       # zlib
+                    data = self._image.file.inflated(name, data)       # zlib
                 if len(data) != size:
                     raise UstackError(f"{name} is shorter than its header says")
                 self._buffer[offset:offset + size] = data
@@ -94,19 +94,19 @@ def start(image: ElfImage) -> Pending | None:
     the caller's thread; the inflating goes on in threads."""
     if not wanted(image):
         return None
-    raw = {n: image.section_file_bytes(n) for n in SECTIONS if n in image.section_names}
+    raw = {n: image.file.section_file_bytes(n) for n in SECTIONS if n in image.file.section_names}
     raw = {n: data for n, data in raw.items() if data}
     if not raw:
         return None
     try:
-        streams = {n: image.compression_header(n, raw[n]) if image.is_compressed(n)
+        streams = {n: image.file.compression_header(n, raw[n]) if image.file.is_compressed(n)
                    else (None, len(raw[n])) for n in raw}
     except UstackError:
         return None
     if sum(size for _s, size in streams.values()) > _MAX_RATIO * sum(map(len, raw.values())):
         return None                              # headers claim more than deflate can hold
     try:
-        buffer, offsets = _layout(image.file_bytes(0, _EHDR.size),
+        buffer, offsets = _layout(image.file.file_bytes(0, _EHDR.size),
                                   {n: size for n, (_s, size) in streams.items()})
     except (struct.error, OSError, UstackError):
         return None                              # a short header, no memory

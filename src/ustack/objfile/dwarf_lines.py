@@ -38,7 +38,7 @@ BUILD_AFTER = 2048
 
 
 def has_dwarf(image: ElfImage) -> bool:
-    names = image.section_names
+    names = image.file.section_names
     return bool({".debug_info", ".zdebug_info"} & names) and bool(
         {".debug_line", ".zdebug_line"} & names)
 
@@ -77,13 +77,13 @@ class LineTable:
     def __init__(self, image: ElfImage, st: os.stat_result):
         self.path = image.path
         self._st = st
-        self._build_id = image.build_id
+        self._build_id = image.file.build_id
         self._image = image
         self._answers: dict = {}      # vaddr -> tuple of SourceLoc
         self.errors: list = []        # why some addresses gave nothing (corrupt DWARF)
         self._alt_path = None
         self._alt_missing = False
-        names = image.section_names
+        names = image.file.section_names
         # dwz: names and DIEs live partly in an alt file symbolic does not open
         self._dwz = ".gnu_debugaltlink" in names
         if self._dwz:

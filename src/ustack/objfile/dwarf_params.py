@@ -110,7 +110,7 @@ class DwarfParams:
         self._answers: dict = {}                 # vaddr -> FunctionInfo or None
         self._alt_path = None
         # answers that lack the names of a missing dwz alt file are not kept
-        self._store = ".gnu_debugaltlink" not in image.section_names
+        self._store = ".gnu_debugaltlink" not in image.file.section_names
         if not self._store:
             self._alt_path = find_alt_file(image).path
             self._store = self._alt_path is not None
@@ -124,7 +124,7 @@ class DwarfParams:
     def _cached(self, vaddr: int) -> FunctionInfo | None:
         try:
             cache = objcache.cache_file("params", self.path, os.stat(self.path),
-                                        self._image.build_id, f"{_VERSION}.{vaddr:x}.json")
+                                        self._image.file.build_id, f"{_VERSION}.{vaddr:x}.json")
         except OSError:
             return self._function_at(vaddr)
         blob = objcache.read(cache)
@@ -199,7 +199,7 @@ def _from_json(d) -> FunctionInfo | None:
 
 
 def _has_info(image: ElfImage) -> bool:
-    return bool({".debug_info", ".zdebug_info"} & image.section_names)
+    return bool({".debug_info", ".zdebug_info"} & image.file.section_names)
 
 
 def _subprograms(dwarf, cu, die, base, out: list) -> None:

@@ -455,8 +455,10 @@ class _ImageReader:
 
 
 def go_table(image) -> Pclntab | None:
-    """The parsed .gopclntab of an ElfImage (cached), or None when it is not
-    a Go binary. Raises PclntabError when the table is there but corrupt."""
+    """The parsed .gopclntab of an ElfImage or its ElfFile (cached per
+    file), or None when it is not a Go binary. Raises PclntabError when the
+    table is there but corrupt."""
+    image = getattr(image, "file", image)       # the image's file: one key
     hit = _tables.get(image)
     if hit is None:
         try:

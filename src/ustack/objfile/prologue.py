@@ -62,7 +62,7 @@ def _is_rsp_arith(mnem: str, ops: str) -> bool:
 def sets_up_frame_pointer(image: ElfImage, func: Symbol) -> bool:
     """Whether `push %rbp; mov %rsp,%rbp` is among func's first bytes
     (-O2 shrink-wraps: the frame may be set up after an early-exit test)."""
-    return PUSH_RBP_MOV_RSP_RBP in (image.read(func.address, PROLOGUE_BYTES) or b"")
+    return PUSH_RBP_MOV_RSP_RBP in (image.file.read(func.address, PROLOGUE_BYTES) or b"")
 
 
 # --- probes: the return-address slot at a probed instruction --------------------
@@ -121,13 +121,13 @@ def leaf_frame(image: ElfImage, vaddr: int) -> tuple | None:
     None when rbp still holds it. Found by following the pushes and
     `sub $N,%rsp` from the function's start. None: the frame pointer is set
     up (use rbp), or the code is not understood."""
-    code = image.read(vaddr, 3)
+    code = image.file.read(vaddr, 3)
     if code[:1] in (b"\xc3", b"\xc2") or code[:2] == b"\xf3\xc3":
         return 0, None                           # at a ret: [sp] is the return address
     start = _function_start(image, vaddr)
     if start is None:
         return None
-    code = image.read(start, vaddr - start)
+    code = image.file.read(start, vaddr - start)
     depth = 0                                    # bytes below the return address
     bp_off = None                                # where the caller's rbp was saved
     at = start
@@ -164,16 +164,16 @@ def leaf_frame(image: ElfImage, vaddr: int) -> tuple | None:
 
 
 def _function_start(image: ElfImage, vaddr: int) -> int | None:
-    sym = image.lookup(vaddr)
+    sym = image.symbols.lookup(vaddr)
     if sym is not None and sym.address <= vaddr < sym.address + max(sym.size, 1):
         return sym.address if vaddr - sym.address <= LEAF_SCAN else None
-    if image.is_go:                              # stripped Go: find the stack check
+    if image.file.is_go:                              # stripped Go: find the stack check
         lo = max(vaddr - 24, 0)
-        before = image.read(lo, vaddr - lo + 4)
+        before = image.file.read(lo, vaddr - lo + 4)
         for pat, back in ((_GO_CHECK[0], 0), (_GO_CHECK[1], 8)):
             i = before.rfind(pat)
             if i >= 0 and lo + i - back >= 0:
                 start = lo + i - back
-                if back == 0 or image.read(start, 4) == b"\x4c\x8d\xa4\x24":
+                if back == 0 or image.file.read(start, 4) == b"\x4c\x8d\xa4\x24":
                     return start
     return None

@@ -90,8 +90,8 @@ def _trusted_starts(image, disk: OnDisk, vaddr: int, sym, debug) -> list:
     """The starts the file states for the function around vaddr: a symbol
     (checked against the file's tables), the FDE's, Go's; nearest first."""
     found = []
-    for candidate, where in ((sym, None), (image.lookup(vaddr), None),
-                             (debug.lookup(vaddr) if debug is not None else None, debug)):
+    for candidate, where in ((sym, None), (image.symbols.lookup(vaddr), None),
+                             (debug.symbols.lookup(vaddr) if debug is not None else None, debug)):
         if candidate is None or not candidate.address <= vaddr < (
                 candidate.address + max(candidate.size, 1)):
             continue
@@ -102,7 +102,7 @@ def _trusted_starts(image, disk: OnDisk, vaddr: int, sym, debug) -> list:
     cfi = disk.fde(vaddr)
     if cfi is not None:
         found.append(_Start(cfi[0], None, cfi[1], "CFI"))
-    if image.is_go:
+    if image.file.is_go:
         go = _go_entry(image, disk, vaddr)
         if go is not None:
             found.append(_Start(go[0], go[2], go[1], "Go pclntab"))
@@ -129,9 +129,9 @@ def _go_entry(image, disk: OnDisk, vaddr: int) -> tuple | None:
     image's view of the file is the file's (the table is read through it)."""
     from ..objfile.gopclntab import PclntabError, go_table
     sec = disk.sections.get(".gopclntab")       # (a PIE's is in .data.rel.ro)
-    if image.sections.get(".gopclntab") != (sec and (sec.addr, sec.offset, sec.size)):
+    if image.file.sections.get(".gopclntab") != (sec and (sec.addr, sec.offset, sec.size)):
         return None
-    if [(v, o, n) for v, o, n, _w in image.segments()] != [
+    if [(v, o, n) for v, o, n, _w in image.file.segments()] != [
             (v, o, n) for v, o, n, _f in disk.loads]:
         return None
     try:

@@ -21,12 +21,12 @@ def implementation(image, name: str) -> int | None:
     mapping = _own_mapping(image.path)
     if mapping is None:
         return None
-    mapped_vaddr = image.vaddr_of_file_offset(mapping.pgoff)
+    mapped_vaddr = image.file.vaddr_of_file_offset(mapping.pgoff)
     address = resolved_address(image.path, name)
     if address is None or mapped_vaddr is None:
         return None
     vaddr = address - (mapping.start - mapped_vaddr)
-    return vaddr if image.executable(vaddr) else None
+    return vaddr if image.file.executable(vaddr) else None
 
 
 _found: dict = {}       # (dev, inode) -> this process's mapping of it, once found

@@ -133,11 +133,11 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
     host, shown = locate_binary(spec.path, pid)
     image = ElfImage.open(host)
     # a stripped object's local functions (libc's new_do_write): its debug file's
-    debug = None if image.has_symtab else debug_lookup(image)[0]
+    debug = None if image.file.has_symtab else debug_lookup(image)[0]
     if spec.address is not None:
-        sym = image.lookup(spec.address)
+        sym = image.symbols.lookup(spec.address)
         if sym is None and debug is not None:
-            sym = debug.lookup(spec.address)
+            sym = debug.symbols.lookup(spec.address)
         places = [(sym, spec.address)]
     else:
         places = [(s, s.address + spec.offset)
@@ -150,13 +150,13 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
             raise UstackError(f"a uretprobe must be on a function's entry, and "
                               f"0x{vaddr:x} is {sym.name}+0x{vaddr - sym.address:x}")
         try:
-            if spec.kind == "uretprobe" and image.is_go:
+            if spec.kind == "uretprobe" and image.file.is_go:
                 targets.extend(_go_returns(spec, image, host, shown, sym, vaddr, notes))
-            elif image.is_go and sym is not None and vaddr == sym.address:
+            elif image.file.is_go and sym is not None and vaddr == sym.address:
                 targets.append(_go_entry(spec, image, host, shown, sym))
             else:
-                targets.append(_target(spec, image, host, shown, sym, vaddr,
-                                       debug, unsafe))
+                targets.append(probe_at(spec, image, host, shown, sym, vaddr,
+                                        debug, unsafe))
         except (Unprobeable, NamedArgError, NotABoundary, NotProven) as e:
             if not is_glob(spec.function or ""):
                 raise
@@ -175,7 +175,7 @@ def _go_entry(spec, image, host, shown, sym) -> UprobeProbe:
     from its first instruction, and a probe there would count one call
     twice. Named as the function, as the user gave it."""
     from ustack.probes.return_sites import entry_site      # Go only: capstone
-    probe = _target(spec, image, host, shown, sym, entry_site(image, sym))
+    probe = probe_at(spec, image, host, shown, sym, entry_site(image, sym))
     return replace(probe, label=f"{spec.kind}:{shown}:{sym.name}")
 
 
@@ -187,12 +187,12 @@ def _go_returns(spec, image, host, shown, sym, vaddr, notes) -> list:
     if sym is None:
         raise UstackError(f"uretprobe on Go code at 0x{vaddr:x} needs a function: "
                           "its return instructions are found from its bounds")
-    entry = _target(replace(spec, kind="uprobe", args=()), image, host,
-                    shown, sym, vaddr)
+    entry = probe_at(replace(spec, kind="uprobe", args=()), image, host,
+                     shown, sym, vaddr)
     from ustack.probes.return_sites import return_probes    # Go returns only
     rets, tails = return_probes(entry, image, label=f"uretprobe:{shown}:{sym.name}")
     args = tuple(w.replace("$retval", "%ax") for w in
-                 kernel_fetch_args(spec.args, image.is_go, spec.text))
+                 kernel_fetch_args(spec.args, image.file.is_go, spec.text))
     if tails and notes is not None:
         notes.append(f"{sym.name} leaves through tail calls too; the returns of "
                      "those calls are not seen")
@@ -208,9 +208,9 @@ def _functions(image: ElfImage, debug, func: str, shown: str, offset: int = 0,
     GLIBC_2.14, not the compat memcpy@GLIBC_2.2.5); an IFUNC as the
     implementation it resolves to here (strlen: __strlen_avx2). `debug`:
     the debug file's ElfImage, for a stripped image."""
-    found = [(s, image) for s in image.match(func)]
+    found = [(s, image) for s in image.symbols.match(func)]
     if debug is not None:
-        found += [(s, debug) for s in debug.match(func)]
+        found += [(s, debug) for s in debug.symbols.match(func)]
     if not found:
         raise no_function_error(image, func, shown)
     defaults = {s.name for s, where in found if not where.is_compat(s)}
@@ -223,14 +223,14 @@ def _functions(image: ElfImage, debug, func: str, shown: str, offset: int = 0,
                 # one IFUNC a glob cannot probe (time resolves to the vDSO)
                 # must not fail the run: skipped with a note
                 vaddr = ifunc.implementation(image, s.name)
-                if vaddr is None or image.file_offset(vaddr) is None:
+                if vaddr is None or image.file.file_offset(vaddr) is None:
                     if notes is not None:
                         notes.append(f"skipped: {s.name} in {shown} is an IFUNC whose "
                                      f"code is not in {shown} here (the vDSO's, or "
                                      "chosen where ustack cannot see)")
                     continue
             s = _ifunc_implementation(image, debug, s, shown, offset)
-        best = image.lookup(s.address) or (debug.lookup(s.address) if debug else None)
+        best = image.symbols.lookup(s.address) or (debug.symbols.lookup(s.address) if debug else None)
         if s.address not in by_addr or (best is not None and s.name == best.name):
             by_addr[s.address] = s
     return [by_addr[a] for a in sorted(by_addr)]
@@ -253,30 +253,32 @@ def _ifunc_implementation(image: ElfImage, debug, sym: Symbol, shown: str,
                           "chosen at load time) and ustack resolves those only in "
                           "libraries it has loaded itself: probe an implementation "
                           f"by name{hint()}")
-    named = (debug.lookup(vaddr) if debug else None) or image.lookup(vaddr)
+    named = (debug.symbols.lookup(vaddr) if debug else None) or image.symbols.lookup(vaddr)
     if named is not None and named.address == vaddr:
         return named
     return Symbol(f"{sym.name}@0x{vaddr:x}", vaddr, 0)
 
 
 def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
-    if is_glob(func) and func not in (s.name for s in image.functions):
+    if is_glob(func) and func not in (s.name for s in image.symbols.functions):
         return UstackError(f"no function matches '{func}' in {shown}")
     msg = f"no function '{func}' in {shown}"
-    overloads = image.overloads(func)
+    overloads = image.symbols.overloads(func)
     if len(overloads) > 1:
         return UstackError(f"'{func}' is ambiguous in {shown}: {', '.join(overloads)}; "
                            "probe one by its full name")
-    if not image.functions:
-        why = f"; {image.go_error}" if image.go_error else ""
+    if not image.symbols.functions:
+        why = f"; {image.file.go_error}" if image.file.go_error else ""
         return UstackError(f"{msg} ({shown} has no symbol table{why})")
     import difflib
-    near = difflib.get_close_matches(func, sorted({s.name for s in image.functions}), n=5)
+    near = difflib.get_close_matches(func, sorted({s.name for s in image.symbols.functions}), n=5)
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
 
 
-def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int,
-            debug=None, unsafe: bool = False) -> UprobeProbe:
+def probe_at(spec, image, host, shown, sym: Symbol | None, vaddr: int,
+             debug=None, unsafe: bool = False) -> UprobeProbe:
+    """A uprobe at vaddr of `host` (in function `sym`), proven to be an
+    instruction start the kernel can probe, with `spec`'s arguments."""
     sym_off = vaddr - sym.address if sym else 0
     if sym is None:
         where = f"0x{vaddr:x}"
@@ -304,7 +306,7 @@ def _target(spec, image, host, shown, sym: Symbol | None, vaddr: int,
     return UprobeProbe(spec=spec, path=host, file_offset=proof.file_offset, address=vaddr,
                         symbol=sym.name if sym else None, symbol_offset=sym_off,
                         return_address_slot=slot, label=f"{spec.kind}:{shown}:{where}",
-                        fetch_args=kernel_fetch_args(args, image.is_go, spec.text),
+                        fetch_args=kernel_fetch_args(args, image.file.is_go, spec.text),
                         arg_kinds=kinds)
 
 
@@ -421,6 +423,9 @@ def resolve_probes(specs: list, pid: int | None = None,
     for spec in specs:
         if spec.kind in ("uprobe", "uretprobe"):
             probes.extend(resolve_uprobes(spec, pid, notes, unsafe))
+        elif spec.kind == "usdt":
+            from ustack.probes.usdt import resolve_usdt
+            probes.extend(resolve_usdt(spec, pid, notes))
         elif spec.kind in ("syscall", "tracepoint"):
             probes.extend(tracepoint_probes(spec))
         elif spec.kind == "profile":

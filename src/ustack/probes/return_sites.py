@@ -44,7 +44,7 @@ def return_sites(image: ElfImage, sym: Symbol) -> ReturnSites:
     rets, jumps = [], []
     for part in parts:
         for kind, at, target in _exits(image, part):
-            owner = image.lookup(target) if target is not None else None
+            owner = image.symbols.lookup(target) if target is not None else None
             if kind == "ret":
                 rets.append(at)
             elif any(p.address <= target < p.address + p.size for p in parts):
@@ -61,7 +61,7 @@ def _exits(image: ElfImage, sym: Symbol):
     """("ret", address, None) and ("jmp", address, target) of the direct
     jumps leaving `sym`, by a linear sweep of its bytes."""
     end = sym.address + sym.size
-    code = image.read(sym.address, sym.size)
+    code = image.file.read(sym.address, sym.size)
     reached = sym.address
     for addr, size, mnem, ops in prologue.decode(code, sym.address):
         reached = addr + size
@@ -86,9 +86,9 @@ def entry_site(image: ElfImage, sym: Symbol) -> int:
     first instruction, or in Go after the stack-growth check
     (`cmp 0x10(%r14),%rsp; jbe more` or its r12 forms for big frames),
     which runs again from the start once runtime.morestack grew the stack."""
-    if not image.is_go:
+    if not image.file.is_go:
         return sym.address
-    code = image.read(sym.address, min(sym.size, _GO_CHECK_SCAN))
+    code = image.file.read(sym.address, min(sym.size, _GO_CHECK_SCAN))
     after = sym.address
     for addr, size, mnem, ops in prologue.decode(code, sym.address):
         if mnem.startswith("j") and mnem != "jmp":
@@ -117,7 +117,7 @@ def return_probes(entry: UprobeProbe, image: ElfImage, label: str = "") -> tuple
     tail-call jumps): plain uprobes labelled `label` (default: the entry's
     label with uretprobe for uprobe). The interface for anyone who needs
     function returns where a uretprobe would harm (Go)."""
-    sym = image.lookup(entry.address)
+    sym = image.symbols.lookup(entry.address)
     if sym is None or entry.symbol is None:
         raise UstackError(f"{entry.label}: return probes need a function with a "
                           "symbol and a size")

@@ -13,6 +13,7 @@ _KINDS = {
     "tracepoint": "tracepoint", "t": "tracepoint",
     "uprobe": "uprobe", "u": "uprobe",
     "uretprobe": "uretprobe", "ur": "uretprobe",
+    "usdt": "usdt", "U": "usdt",
     "profile": "profile", "p": "profile",
 }
 # Tracepoint and syscall names: identifiers, possibly with glob characters.
@@ -32,10 +33,10 @@ def parse_event(text: str) -> ProbeSpec:
     spec = _PARSERS[kind](head, kind, rest)
     if not words:
         return spec
-    if kind not in ("uprobe", "uretprobe"):
+    if kind not in ("uprobe", "uretprobe", "usdt"):
         if not any(w[:1] in "%$+-@" or "=" in w for w in words):
             _PARSERS[kind](text, kind, text.partition(":")[2])  # a stray space
-        _fail(text, "only uprobe and uretprobe take fetch-args")
+        _fail(text, "only uprobe, uretprobe and usdt take fetch-args")
     return replace(spec, text=text,
                                args=parse_fetch_args(words, kind, text))
 
@@ -85,6 +86,17 @@ def _uprobe(text, kind, rest):
     return ProbeSpec(kind=kind, text=text, path=path, function=func, offset=offset)
 
 
+def _usdt(text, kind, rest):
+    # PATH ends at the first ':'; then NAME or PROVIDER:NAME (bpftrace's)
+    path, sep, probe = rest.partition(":")
+    provider, _, name = probe.rpartition(":")
+    if not sep or not path or not name or not _TP_NAME.fullmatch(name) \
+            or (provider and not _TP_NAME.fullmatch(provider)):
+        _fail(text, "need usdt:PATH:PROVIDER:NAME or usdt:PATH:NAME")
+    return ProbeSpec(kind="usdt", text=text, path=path, name=name,
+                     provider=provider or None)
+
+
 def _profile(text, kind, rest):
     unit, sep, value = rest.rpartition(":")
     if sep and unit != "hz":
@@ -96,4 +108,4 @@ def _profile(text, kind, rest):
 
 
 _PARSERS = {"syscall": _syscall, "tracepoint": _tracepoint, "uprobe": _uprobe,
-            "uretprobe": _uprobe, "profile": _profile}
+            "uretprobe": _uprobe, "usdt": _usdt, "profile": _profile}

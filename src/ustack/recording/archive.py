@@ -40,11 +40,11 @@ def open_proven(path: str, build_id: str, follow: bool = False) -> tuple:
         return None, e.strerror
     st = os.fstat(fd)
     image = _image_of_fd(fd) if stat.S_ISREG(st.st_mode) else None
-    if image is None or image.e_type not in ("ET_EXEC", "ET_DYN") \
-            or not image.executable_segments():
+    if image is None or image.file.e_type not in ("ET_EXEC", "ET_DYN") \
+            or not image.file.executable_segments():
         why = "not an ELF object with code, as the recorded mapping was"
-    elif build_id and image.build_id != build_id:
-        why = f"build-id {image.build_id or 'none'}, recorded {build_id}"
+    elif build_id and image.file.build_id != build_id:
+        why = f"build-id {image.file.build_id or 'none'}, recorded {build_id}"
     else:
         return fd, st
     os.close(fd)

@@ -51,7 +51,7 @@ class ObjectFacts:
             if path.startswith("/"):             # not [vdso], //anon, …
                 try:
                     image = ElfImage.open(path)
-                    debug = None if image.has_symtab else debug_lookup(image)[0]
+                    debug = None if image.file.has_symtab else debug_lookup(image)[0]
                     found = (image, debug)
                 except UstackError:
                     pass                          # gone or not ELF: facts unknown
@@ -73,7 +73,7 @@ class ObjectFacts:
             if found is not None:
                 for image in found:
                     if image is not None and not syms:
-                        syms = image.find(f.function)
+                        syms = image.symbols.find(f.function)
             self._symbols[key] = syms
         return self._symbols[key]
 
@@ -91,11 +91,11 @@ class ObjectFacts:
         if found is None:
             return
         image = found[0]
-        if not image.is_pie:
+        if not image.file.is_pie:
             self._bias[(pid, f.path)] = 0
             return
         biases = {f.addr - (s.address + f.offset) for s in self.symbols(f)
-                  if image.executable(s.address + f.offset)}
+                  if image.file.executable(s.address + f.offset)}
         biases = {b for b in biases if b % PAGE == 0}
         if len(biases) == 1:                     # several: a name that is not unique
             self._bias[(pid, f.path)] = biases.pop()

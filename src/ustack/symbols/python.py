@@ -63,18 +63,24 @@ class PythonCode:
                 "their process ended before ustack could read their code object"]
 
     def remember(self, pid: int, code: int, version: tuple) -> None:
-        """Read the code object at `code` in pid now. One that cannot be
-        read (the process is gone, the address holds no code object of
-        that version) is left to frame(), which reads again or says so:
-        the capture calling this must go on either way."""
+        """Read the code object at `code` in pid now, again if it was read
+        before: the in-kernel walk reports an address anew when another
+        code object was made there (a module body run at start-up freed,
+        a function's code in its place). One that cannot be read (the
+        process is gone, the address holds no code object of that
+        version) is left to frame(), which reads again or says so: the
+        capture calling this must go on either way."""
         if len(self._versions) >= MAX_CODES:
             self._versions.clear()
         self._versions[pid] = tuple(version[:2])
-        if (pid, code) not in self._codes:
-            try:
-                self.add(pid, code, read_code(pid, code, tuple(version[:2])))
-            except (OSError, ValueError):
-                pass
+        try:
+            info = read_code(pid, code, tuple(version[:2]))
+        except (OSError, ValueError, OverflowError):
+            return
+        if self._codes.get((pid, code)) != info:
+            if (pid, code) in self._codes:
+                self._frames.clear()        # frames named after the code it replaces
+            self.add(pid, code, info)
 
     def add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         """Keep what names a code object (read here, or from a recording)."""

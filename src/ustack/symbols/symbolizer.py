@@ -1,7 +1,7 @@
 """Runtime addresses -> Frames: each address is normalized to (mapping,
 object file, file offset), then named by its source: ELF symbols and debug
-files (elf.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
-vDSO (vdso.py); kernel addresses by kallsyms (kernel.py). A Python
+files (elf_source.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
+vDSO (vdso_source.py); kernel addresses by kallsyms (kernel.py). A Python
 frame's tagged word (model.python_frame_parts) is named by the run's
 PythonCode (python.py)."""
 from __future__ import annotations
@@ -12,13 +12,13 @@ from ..model import (PYTHON_FRAME_TAG, Frame, SymbolOptions,  # noqa: F401 (Symb
                      python_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.dwarf import RESTORE_RT
-from .elf import ElfSymbols
+from .elf_source import ElfSource
 from .go import GoSymbols
 from .kernel import KernelSymbols
 from .normalize import normalize
 from .perfmap import JitSymbols
 from .python import PythonCode
-from .vdso import VDSO_MODULE, is_vdso, unnamed_frame
+from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
 _PYTHON_TAG = PYTHON_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
@@ -36,7 +36,7 @@ class Symbolizer:
         self.options = options
         self._said: list = []
         name = demangle if options.demangle else _as_is
-        self._elf = ElfSymbols(options, name, self._said)
+        self._elf = ElfSource(options, name, self._said)
         self._go = GoSymbols(options, self._elf.image)
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None))
         self._kernel: KernelSymbols | None = None   # read on first use
@@ -98,7 +98,7 @@ class Symbolizer:
             # addr starts a function, as no return address does but the
             # trampoline's (checked only here: ~4 us a frame otherwise)
             image = self._elf.image(path)
-            if image is not None and image.read(vaddr + 1, len(RESTORE_RT)) == RESTORE_RT:
+            if image is not None and image.file.read(vaddr + 1, len(RESTORE_RT)) == RESTORE_RT:
                 return self._frames_at(pid, addr, 0)[0], True
         module = self._modules.get(m.path)
         if module is None:

@@ -120,7 +120,7 @@ class UnwindTable:
             return hit
         found = find_debug_file(image, debug_dirs)
         signature = _signature(image, found.path)
-        cache = objcache.cache_file("cfi", image.path, st, image.build_id, "v1")
+        cache = objcache.cache_file("cfi", image.path, st, image.file.build_id, "v1")
         blob = objcache.read(cache)
         # a corrupt or stale file gives None and is rebuilt
         table = cls.from_bytes(image.path, blob, signature) if blob else None
@@ -166,8 +166,8 @@ def _signature(image: ElfImage, debug: str | None) -> bytes:
     """What the table depends on besides the build-id: a stripped copy and
     the original share a build-id but not their .debug_frame, and a debug
     file may be installed later (or be found only with --debug-dir)."""
-    parts = [f"{name}:{image.sections[name][2]}" for name in _CFI_SECTIONS
-             if name in image.sections]
+    parts = [f"{name}:{image.file.sections[name][2]}" for name in _CFI_SECTIONS
+             if name in image.file.sections]
     if debug is not None:
         st = os.stat(debug)
         parts.append(f"{debug}:{st.st_size}:{st.st_mtime_ns}")
@@ -181,9 +181,9 @@ def _cfi_sections(image: ElfImage) -> list:
     .eh_frame first: it is what the compiler meant for unwinding."""
     out = []
     for name in _CFI_SECTIONS:
-        data = image.section_bytes(name)
+        data = image.file.section_bytes(name)
         if data:
-            out.append((data, image.sections[name][0], name == ".eh_frame"))
+            out.append((data, image.file.sections[name][0], name == ".eh_frame"))
     return out
 
 

@@ -223,7 +223,7 @@ class DwarfUnwinder:
         m = st.mapping
         image = st.image
         q = pc if exact else pc - 1
-        vaddr = image.vaddr_of_file_offset(file_offset(m, q)) if image else None
+        vaddr = image.file.vaddr_of_file_offset(file_offset(m, q)) if image else None
         row = st.table.lookup(vaddr) if st.table is not None and vaddr is not None else None
         if row is not None:
             kind, cfa_off, ra_off, bp_rule, bp_off, aux = row
@@ -237,7 +237,7 @@ class DwarfUnwinder:
         # No usable CFI: a signal trampoline, or the frame pointer.
         if image is not None and vaddr is not None:
             here = vaddr if exact else vaddr + 1
-            if image.read(here, len(RESTORE_RT)) == RESTORE_RT:
+            if image.file.read(here, len(RESTORE_RT)) == RESTORE_RT:
                 return (_SIGNAL, 0, 0, 0, 0, 0, None)
             # the pc just after its syscall: the event of rt_sigreturn itself,
             # or a sample while the kernel runs it

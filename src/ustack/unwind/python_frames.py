@@ -1,122 +1,123 @@
-"""A thread's Python frames read from its process's memory (user space:
-`ustack dump`, while the thread is stopped), and the merge of them into its
-native stack (PYTHON.md's rule, the one the in-kernel walk follows).
+"""Each thread's Python frames read from a CPython process's memory in user
+space (the interpreter's state by python_runtime's layout), and the merge
+rule that puts them in place of the eval function's native frames.
 
-The reader follows the Interpreter's layout (python_runtime.py): the
-runtime's first interpreter, its thread states, the one whose thread id is
-the thread's pthread_self() (its fs_base), that thread's current frame and
-the `previous` chain. It returns the frames in groups, one group per C
-call of the eval function, innermost first."""
+A thread's frames come as groups, innermost first: a group is what one C
+call of the eval function runs (one frame up to 3.10; up to an is_entry
+frame in 3.11; up to a C-stack shim in 3.12+)."""
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Callable
 
-from ..model import PYTHON_INDEX_MAX, python_frame_word
-from .python_runtime import (FRAME_OWNED_BY_CSTACK, IS_ENTRY, LASTI_BYTES,
-                             LASTI_UNITS, NONE, ONE_PER_EVAL, Interpreter)
+from ..model import python_frame_word
+from .python_runtime import (FRAME_OWNED_BY_CSTACK, INSTR_POINTER, IS_ENTRY,
+                             LASTI_BYTES, NONE, OWNER_CSTACK, Interpreter)
 
-MAX_THREADS = 4096              # thread states followed at most (a cycle ends it)
-MAX_PY_FRAMES = 4096            # frames followed at most per thread
-UNREADABLE = "Python frames not shown: the thread's frame chain could not be read"
-LEFT = "Python frames left after the native walk ended: not shown"
-NO_EVAL = "Python frames not shown: no eval call of the interpreter was found on the native stack"
-
-Read = Callable[[int, int], bytes]      # (address, size) -> bytes, OSError if unreadable
+MAX_THREADS = 4096          # a thread list longer than this is not a list
+MAX_FRAMES = 4096           # Python frames of one thread (recursion limit: 1000)
+_Q, _I = struct.Struct("<Q"), struct.Struct("<i")
 
 
-def _word(read: Read, addr: int) -> int:
-    return struct.unpack("<Q", read(addr, 8))[0]
+class Memory:
+    """Reads of a process's memory through /proc/PID/mem (no stop needed)."""
+
+    def __init__(self, pid: int):
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, addr: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, addr)
+        if len(data) != size:
+            raise OSError(f"short read at {addr:#x}")
+        return data
+
+    def word(self, addr: int) -> int:
+        return _Q.unpack(self.read(addr, 8))[0]
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
-def thread_state(read: Read, interp: Interpreter, thread_id: int) -> int:
-    """The PyThreadState address of the thread whose pthread_self() is
-    thread_id, or 0 when the interpreter has none (a thread Python never
-    ran on)."""
+def thread_states(mem: Memory, interp: Interpreter) -> dict:
+    """thread_id (pthread_self(), the task's fs_base) -> its PyThreadState
+    address, for the threads of the main interpreter."""
     f = dict(interp.layout)
-    head = _word(read, interp.runtime + f["runtime_interp_head"])
-    if not head:
-        return 0
-    tstate = _word(read, head + f["interp_tstate_head"])
-    for _ in range(MAX_THREADS):
-        if not tstate:
-            return 0
-        if _word(read, tstate + f["tstate_thread_id"]) == thread_id:
-            return tstate
-        tstate = _word(read, tstate + f["tstate_next"])
-    return 0
+    tstate = mem.word(mem.word(interp.runtime + f["runtime_interp_head"])
+                      + f["interp_tstate_head"])
+    out: dict = {}
+    while tstate and len(out) < MAX_THREADS:
+        out[mem.word(tstate + f["tstate_thread_id"])] = tstate
+        tstate = mem.word(tstate + f["tstate_next"])
+    return out
 
 
-def thread_groups(read: Read, interp: Interpreter, thread_id: int) -> list:
-    """The thread's Python frames as (code address, code-unit index)
-    pairs, grouped by the eval call that runs them: a list of lists,
-    innermost first. Raises OSError when the chain cannot be read."""
+def frame_groups(mem: Memory, interp: Interpreter, tstate: int) -> tuple:
+    """(groups, note): the thread's Python frames as groups of (code,
+    index), innermost first; note says why the chain was cut, or ""."""
     f = dict(interp.layout)
-    tstate = thread_state(read, interp, thread_id)
-    if not tstate:
-        return []
-    frame = _word(read, tstate + f["tstate_frame"])
+    frame = mem.word(tstate + f["tstate_frame"])
     if frame and f["cframe_current_frame"] != NONE:
-        frame = _word(read, frame + f["cframe_current_frame"])
-    entry, kind = f["entry_kind"], f["instr_kind"]
+        frame = mem.word(frame + f["cframe_current_frame"])
+    kind, entry = f["entry_kind"], f["frame_entry"]
     groups: list = []
     group: list = []
-    for _ in range(MAX_PY_FRAMES):
-        if not frame:
-            break
-        if entry not in (ONE_PER_EVAL, IS_ENTRY):    # OWNER_CSTACK: a shim ends the group
-            if read(frame + f["frame_entry"], 1)[0] == FRAME_OWNED_BY_CSTACK:
-                groups.append(group)
+    note = ""
+    try:
+        for _ in range(MAX_FRAMES):
+            if not frame:
+                break
+            if kind == OWNER_CSTACK and mem.read(frame + entry, 1)[0] == FRAME_OWNED_BY_CSTACK:
+                if group:
+                    groups.append(tuple(group))
                 group = []
-                frame = _word(read, frame + f["frame_previous"])
-                continue
-        code = _word(read, frame + f["frame_code"])
-        group.append((code, _index(read, frame, code, f, kind)))
-        if entry == ONE_PER_EVAL or (entry == IS_ENTRY and read(frame + f["frame_entry"], 1)[0]):
-            groups.append(group)
-            group = []
-        frame = _word(read, frame + f["frame_previous"])
-    else:
-        raise OSError("the frame chain does not end")
+            else:
+                code = mem.word(frame + f["frame_code"])
+                group.append((code, _index(mem, f, frame, code)))
+                if kind != OWNER_CSTACK and (kind != IS_ENTRY or mem.read(frame + entry, 1)[0]):
+                    groups.append(tuple(group))   # one frame per eval call, or is_entry
+                    group = []
+            frame = mem.word(frame + f["frame_previous"])
+        else:
+            note = f"Python frames cut after {MAX_FRAMES}"
+    except OSError:
+        note = "a Python frame could not be read"
     if group:
-        groups.append(group)
-    return groups
+        groups.append(tuple(group))
+    return tuple(groups), note
 
 
-def _index(read: Read, frame: int, code: int, f: dict, kind: int) -> int:
-    """The code-unit index of the frame's instruction (0 before its first)."""
-    if kind in (LASTI_BYTES, LASTI_UNITS):
-        lasti = struct.unpack("<i", read(frame + f["frame_instr"], 4))[0]
-        at = lasti >> 1 if kind == LASTI_BYTES else lasti
-    else:
-        at = (_word(read, frame + f["frame_instr"]) - code - f["code_bytecode"]) >> 1
-    return max(0, min(at, PYTHON_INDEX_MAX))
+def _index(mem: Memory, f: dict, frame: int, code: int) -> int:
+    """The frame's code-unit index (the instruction it runs)."""
+    if f["instr_kind"] == INSTR_POINTER:
+        ptr = mem.word(frame + f["frame_instr"])
+        return max(0, (ptr - (code + f["code_bytecode"])) // 2)
+    lasti = _I.unpack(mem.read(frame + f["frame_instr"], 4))[0]
+    if lasti < 0:
+        return 0
+    return lasti // 2 if f["instr_kind"] == LASTI_BYTES else lasti
 
 
-def merge(native_pcs, groups, eval_ranges) -> tuple:
-    """(words innermost first, notes): each native pc inside the eval
-    function replaced by its call's Python frames (tagged words,
-    model.python_frame_word), other native frames where they are. An eval
-    call starting (its frame not current yet) or ending is the innermost:
-    when eval frames outnumber the groups, that many innermost eval frames
-    stay as C frames, so the rest pair with the right groups."""
-    def in_eval(i, pc):
-        q = pc - 1 if i else pc            # return addresses point past the call
-        return any(lo <= q < hi for lo, hi in eval_ranges)
+def in_ranges(pc: int, ranges) -> bool:
+    return any(lo <= pc < hi for lo, hi in ranges)
 
-    evals = sum(1 for i, pc in enumerate(native_pcs) if in_eval(i, pc))
-    skip = max(0, evals - len(groups))
-    words: list = []
+
+def merge(pcs, groups, eval_ranges) -> tuple:
+    """(words, notes): the native pcs (innermost first; all but the first
+    are return addresses) with each one in an eval range replaced by the
+    next group's tagged Python words (model.python_frame_word); native
+    frames between stay. Groups left over, or eval frames without one,
+    give a note, never a guessed frame."""
+    out: list = []
     notes: list = []
     left = list(groups)
-    for i, pc in enumerate(native_pcs):
-        if in_eval(i, pc):
-            if skip:
-                skip -= 1
-            elif left:
-                words.extend(python_frame_word(code, index) for code, index in left.pop(0))
+    for n, pc in enumerate(pcs):
+        if in_ranges(pc if n == 0 else pc - 1, eval_ranges):
+            if left:
+                out.extend(python_frame_word(code, index) for code, index in left.pop(0))
                 continue
-        words.append(pc)
-    if any(left):
-        notes.append(LEFT if evals else NO_EVAL)
-    return tuple(words), tuple(notes)
+            if "an eval frame without Python frames" not in notes:
+                notes.append("an eval frame without Python frames")
+        out.append(pc)
+    if left:
+        notes.append(f"{sum(len(g) for g in left)} Python frames beyond the native stack")
+    return tuple(out), tuple(notes)

@@ -18,7 +18,7 @@ import struct
 
 from elftools.elf.elffile import ELFFile
 
-from ..model import Mapping
+from ..model import Mapping, UstackError
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..values import value
@@ -131,8 +131,26 @@ def interpreter_of(path: str, mapping: Mapping) -> Interpreter | None:
                           if s.name == EVAL_FUNCTION or s.name.startswith(EVAL_FUNCTION + ".")))
     if not ranges:
         return None
+    if len(ranges) == 1:                # its .cold part unnamed (no .symtab)
+        ranges = tuple(sorted(ranges + tuple((bias + a, bias + b)
+                                             for a, b in _cold_part(path))))
     return Interpreter(path=path, version=version, runtime=bias + runtime,
                        eval_ranges=ranges, layout=tuple(sorted(layout.items())))
+
+
+def _cold_part(path: str) -> tuple:
+    """The eval function's unlikely paths, split off by gcc as
+    `_PyEval_EvalFrameDefault.cold`, where a stripped interpreter names only
+    the hot part: the CFI range holding its `python:line` USDT site (the
+    line tracing it does there), as (start, end) ELF addresses."""
+    from ..objfile.on_disk import OnDisk
+    from ..objfile.stapsdt import sdt_probes
+    try:
+        sites = [p.pc for p in sdt_probes(path) if (p.provider, p.name) == ("python", "line")]
+        found = OnDisk.of(path).fde(sites[0]) if len(sites) == 1 else None
+    except UstackError:
+        return ()
+    return (found,) if found else ()
 
 
 _facts: dict = {}
@@ -160,8 +178,8 @@ def _read_facts(path: str):
         symbols = {}
         for name in (".dynsym", ".symtab"):
             table = elf.get_section_by_name(name)
-            if table is None:
-                continue
+            if table is None or "_PyRuntime" in symbols:
+                continue        # both are exported where one is: .symtab costs 0.2 s
             for wanted in ("_PyRuntime", "Py_Version"):
                 if wanted not in symbols:
                     found = table.get_symbol_by_name(wanted)

@@ -139,8 +139,8 @@ def signal_trampolines(image: ElfImage) -> list:
     object's executable segments."""
     from .dwarf import RESTORE_RT
     found = []
-    for vaddr, _off, size in image.executable_segments():
-        data = image.read(vaddr, size)
+    for vaddr, _off, size in image.file.executable_segments():
+        data = image.file.read(vaddr, size)
         at = data.find(RESTORE_RT)
         while at >= 0:
             found.append(vaddr + at)
@@ -205,14 +205,14 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
     .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
     separate debug file, as the Python unwinder uses them). None when it
     has none the program could use."""
-    if image.is_go:
+    if image.file.is_go:
         return _go_packed(image)
     # cached by build-id: packing libc's 30 k rows costs ~0.25 s, and a
     # launched command waits for its objects' rows before it may start
     dirs = objcache.digest("\0".join(debug_dirs).encode())[:8]
     try:
         cache = objcache.cache_file("bpfrows", image.path, os.stat(image.path),
-                                    image.build_id, f"cfi2.{dirs}")
+                                    image.file.build_id, f"cfi2.{dirs}")
     except OSError:
         cache = None
     blob = objcache.read(cache) if cache else None
@@ -245,7 +245,7 @@ def _go_packed(image: ElfImage) -> PackedRows | None:
     """A Go binary's rows, cached on disk by build-id (decoding every
     function's pcsp costs seconds on large binaries)."""
     st = os.stat(image.path)
-    cache = objcache.cache_file("bpfrows", image.path, st, image.build_id, "go1")
+    cache = objcache.cache_file("bpfrows", image.path, st, image.file.build_id, "go1")
     blob = objcache.read(cache)
     if blob and len(blob) % ROW_SIZE == 0:
         return PackedRows(image.path, blob, from_cache=True)

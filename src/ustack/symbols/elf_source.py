@@ -15,7 +15,7 @@ from .lines import inlined_frames, real_line
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
 
 
-class ElfSymbols:
+class ElfSource:
     """`name` turns a linkage name into the one shown (demangled or not);
     debug files refused are appended to `warnings`, one sentence each."""
 
@@ -37,13 +37,13 @@ class ElfSymbols:
             hit = (None, None)
             image = self.image(path)
             if image is not None:
-                vaddr = image.vaddr_of_file_offset(file_off)
+                vaddr = image.file.vaddr_of_file_offset(file_off)
                 if vaddr is not None:
                     sym = None
                     debug = self._debug(image)
                     if debug is not None:       # full symtab, local functions too
-                        sym = debug.lookup(vaddr)
-                    hit = (vaddr, sym or image.lookup(vaddr))
+                        sym = debug.symbols.lookup(vaddr)
+                    hit = (vaddr, sym or image.symbols.lookup(vaddr))
             if len(self._symbols) >= _MAX_CACHED:
                 self._symbols.clear()
             self._symbols[key] = hit
@@ -89,7 +89,7 @@ class ElfSymbols:
 
     def _debug(self, image: ElfImage) -> ElfImage | None:
         """The separate debug file of a stripped object (e.g. libc6-dbg)."""
-        if image.has_symtab:
+        if image.file.has_symtab:
             return None
         return self._debug_file(image)
 

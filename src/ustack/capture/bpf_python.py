@@ -1,0 +1,194 @@
+"""Python frames in the in-kernel walk: what user space does for
+src/ustack/bpf/python.h.
+
+The kernel merges a thread's Python frames into its native stack when its
+process is in PYTHON_PROCS: tgid -> (the version's state layout, the
+address of _PyRuntime, the eval function's ranges, the version). This
+module fills that map: for a -p target, or every process of a system-wide
+run, at start; for any process later when an MMAP2 record shows it mapping
+an interpreter (a -c command's exec, a fork that execs python); it drops a
+process at its exec (the new image may run no Python, or another) and its
+exit. unwind/python_runtime.py says where a process's interpreter is.
+
+The kernel reports each (tgid, code object) once by a ring record (status
+PYTHON_CODE: a trace record's head, its frame count of code addresses
+after it: capture/bpf_unwind.ring_samples reads them); `code_seen`
+hands it to the run's PythonCode (symbols/python.py), which reads the code
+object while the process lives, so it can be named after it is gone."""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+from ..kernel import bpf_syscall
+from ..kernel import procfs
+from ..model import CommEvent, ExitEvent, Mapping, MmapEvent
+from ..unwind import python_runtime
+
+PROCS = 1024                    # Python processes followed at once
+THREADS = 8192                  # (tgid, fsbase) -> PyThreadState, an LRU
+CODES = 1 << 16                 # (tgid, code) reported already, an LRU
+_TGID = struct.Struct("<I")
+
+
+# PyCodeObject's co_filename and, after it, co_qualname (co_name before
+# 3.11), per version: the kernel tells a code object from one freed at its
+# address by them (python.h's code_identity). symbols/python.py reads them
+# too (tests/test_python_frames.py checks the two agree).
+CODE_IDENTITY = {(3, 8): (104, 112), (3, 9): (104, 112), (3, 10): (104, 112),
+                 (3, 11): (112, 128), (3, 12): (112, 128), (3, 13): (112, 128)}
+
+
+def python_object():
+    """The object whose maps these are (unwind.bpf.c includes python.h)."""
+    from .bpf_unwind import unwind_object
+    return unwind_object()
+
+
+class PythonMaps(bpf_syscall.MapSet):
+    """python.h's maps, shared by the run's unwinder programs; `lock` is
+    held by whoever writes them, and by close()."""
+
+    def __init__(self, procs: int = PROCS, threads: int = THREADS, codes: int = CODES):
+        super().__init__()
+        self.lock = threading.Lock()
+        obj = python_object()
+        try:
+            for name, size in (("python_procs", procs), ("python_threads", threads),
+                               ("python_codes", codes), ("python_scratch", None)):
+                m = obj.make_map(name, size)
+                self.all.append(m)
+                setattr(self, name, m)
+        except BaseException:
+            self.close()
+            raise
+
+    def named(self) -> dict:
+        return {name: getattr(self, name) for name in (
+            "python_procs", "python_threads", "python_codes", "python_scratch")}
+
+    def close(self) -> None:
+        with self.lock:
+            super().close()
+
+
+def pack_proc(interp: python_runtime.Interpreter) -> bytes:
+    """PYTHON_PROCS' value (struct python_proc) of an interpreter."""
+    layout = python_object().layout("python_proc")
+    out = bytearray(layout.struct.size)
+    at = layout.offsets
+    for name, v in interp.layout:
+        struct.pack_into("<I", out, at["layout." + name], v)
+    major, minor = interp.version
+    struct.pack_into("<I", out, at["version"], major << 8 | minor)
+    struct.pack_into("<Q", out, at["runtime"], interp.runtime)
+    filename, name = CODE_IDENTITY.get(interp.version, (0, 0))
+    struct.pack_into("<II", out, at["code_filename"], filename, name)
+    ranges = (tuple(interp.eval_ranges) + ((0, 0), (0, 0)))[:2]
+    for i, (start, end) in enumerate(ranges):
+        struct.pack_into("<Q", out, at["eval_start"] + 8 * i, start)
+        struct.pack_into("<Q", out, at["eval_end"] + 8 * i, end)
+    return bytes(out)
+
+
+class PythonProcs:
+    """The processes whose stacks get Python frames, in PYTHON_PROCS.
+    `python_code`: the run's PythonCode (symbols/python.py), or None."""
+
+    def __init__(self, maps: PythonMaps, python_code=None):
+        self.maps = maps
+        self.python_code = python_code
+        self.versions: dict = {}        # pid -> (major, minor) of its interpreter
+
+    def add(self, pid: int, mappings: list | None = None) -> bool:
+        """Follow pid's interpreter, if it maps one (`mappings`: those to
+        look in, else its /proc/PID/maps); whether it does."""
+        if mappings is None:
+            mappings = procfs.executable_mappings(pid)
+        try:
+            interp = python_runtime.find_interpreter(mappings)
+        except (OSError, ValueError):
+            interp = None
+        if interp is None:
+            return False
+        with self.maps.lock:
+            if not self.maps.all:
+                return False        # the run has ended
+            try:
+                self.maps.python_procs.update(_TGID.pack(pid), pack_proc(interp))
+            except OSError:
+                return False        # the map is full: its stacks stay native
+        self.versions[pid] = interp.version
+        return True
+
+    def warm(self, paths: list) -> bool:
+        """Read now what the interpreters among `paths` (a -c command's
+        load closure) are, so its MMAP2 records add it at once: its first
+        samples wait for that. Whether one of them is an interpreter."""
+        found = False
+        for path in paths:
+            try:
+                found |= python_runtime.find_interpreter([Mapping(0, 1, 0, path)]) is not None
+            except (OSError, ValueError):
+                pass
+        return found
+
+    def forget(self, pid: int) -> None:
+        if self.versions.pop(pid, None) is not None:
+            with self.maps.lock:
+                try:
+                    if self.maps.all:
+                        self.maps.python_procs.delete(_TGID.pack(pid))
+                except OSError:
+                    pass
+
+    def watch_command(self, pid: int, armed, seconds: float = 1.5) -> None:
+        """A -c command's interpreter, added as soon as it is mapped: its
+        MMAP2 record is read ~0.1 s later (more on a busy machine), and
+        the samples meanwhile would have no Python frames. In the
+        background: once `armed` (exec.bpf.c's map) says the command has
+        exec'd, its maps are read every few ms for `seconds`."""
+        threading.Thread(target=self._watch, args=(pid, armed, seconds), daemon=True,
+                         name="ustack-python-watch").start()
+
+    def _watch(self, pid: int, armed, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        try:
+            while not int.from_bytes(armed.lookup(bytes(4)) or bytes(8), "little"):
+                if time.monotonic() > end + 60 or not self.maps.all:
+                    return          # never exec'd (held, or the run ended)
+                time.sleep(0.001)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and self.maps.all and pid not in self.versions:
+                if self.add(pid):
+                    return
+                time.sleep(0.002)
+        except OSError:             # the map closed under us: the run ended
+            return
+
+    def add_running(self, pids: list) -> None:
+        """Processes running at the start (-p, system-wide)."""
+        for pid in pids:
+            self.add(pid)
+
+    def follow(self, metas: list) -> None:
+        """Keep the map in step with the stream's records: an interpreter
+        mapped, an exec, an exit."""
+        for _time, event in metas:
+            if isinstance(event, MmapEvent):
+                if event.pid not in self.versions:    # find_interpreter looks at names first
+                    self.add(event.pid, [event.mapping])
+            elif isinstance(event, CommEvent) and event.exec:
+                self.forget(event.pid)
+            elif isinstance(event, ExitEvent) and event.pid == event.tid:
+                self.forget(event.pid)
+
+    def code_seen(self, pid: int, code: int) -> None:
+        """A PYTHON_CODE record: the code object is read now, while pid lives."""
+        version = self.versions.get(pid)
+        if self.python_code is not None and version is not None:
+            try:
+                self.python_code.remember(pid, code, version)
+            except (OSError, ValueError, OverflowError):
+                pass        # gone, or freed and reused already: a frame read mid-change
