@@ -244,6 +244,10 @@ def test_merge_rule():
         (0x500, a, 0x600, b, 0x700), ("1 Python frames beyond the native stack",))
     # a return address just past an eval range's end is still the eval call's
     assert merge((0x500, 0x2000), (((0x7000, 1),),), eval_ranges) == ((0x500, a), ())
+    # an eval call just starting (innermost, its frame not current yet)
+    # stays a C frame; the outer eval frame gets the thread's frames
+    assert merge((0x1005, 0x600, 0x1020), (((0x7000, 1),),), eval_ranges) == (
+        (0x1005, 0x600, a), ())
 
 
 CHURN = """

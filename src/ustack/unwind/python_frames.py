@@ -105,18 +105,22 @@ def merge(pcs, groups, eval_ranges) -> tuple:
     """(words, notes): the native pcs (innermost first; all but the first
     are return addresses) with each one in an eval range replaced by the
     next group's tagged Python words (model.python_frame_word); native
-    frames between stay. Groups left over, or eval frames without one,
-    give a note, never a guessed frame."""
+    frames between stay. Groups left over give a note, never a guessed
+    frame. An eval call starting (its frame not current yet) or ending (its
+    frame gone already) is the innermost one: when eval frames outnumber
+    the groups, that many innermost ones stay C frames, so the rest pair
+    with the right groups (as the in-kernel walk does, bpf/python.h)."""
     out: list = []
     notes: list = []
     left = list(groups)
-    for n, pc in enumerate(pcs):
-        if in_ranges(pc if n == 0 else pc - 1, eval_ranges):
-            if left:
-                out.extend(python_frame_word(code, index) for code, index in left.pop(0))
-                continue
-            if "an eval frame without Python frames" not in notes:
-                notes.append("an eval frame without Python frames")
+    evals = [in_ranges(pc if n == 0 else pc - 1, eval_ranges) for n, pc in enumerate(pcs)]
+    skip = max(0, sum(evals) - len(left))
+    for pc, is_eval in zip(pcs, evals):
+        if is_eval and skip:
+            skip -= 1
+        elif is_eval:                   # a group for each: none was skipped
+            out.extend(python_frame_word(code, index) for code, index in left.pop(0))
+            continue
         out.append(pc)
     if left:
         notes.append(f"{sum(len(g) for g in left)} Python frames beyond the native stack")
