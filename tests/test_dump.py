@@ -310,3 +310,44 @@ def test_a_stopped_process_stays_stopped():
     finally:
         proc.kill()
         proc.wait()
+
+
+CHAIN_PY = PROGRAMS / "python" / "dump_chain.py"
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_python_frames_around_c_that_calls_back(python):
+    """sorted() calls key_of back: its C frames stand between key_of's and
+    outer's Python frames, each Python frame at its exact line."""
+    if not os.path.exists(python):
+        pytest.skip(f"{python} is not installed")
+    proc = subprocess.Popen([python, str(CHAIN_PY)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        facts = json.loads(proc.stdout.readline())
+        wait_until(lambda: all(open(f"/proc/{proc.pid}/task/{t}/syscall").read().startswith("0 ")
+                               for t in (facts["main"], facts["worker"])),
+                   what="both threads in read(2)")
+        r = run_ustack("dump", "-p", proc.pid, "-f", "json")
+        assert r.returncode == 0, r.stderr
+        threads = {t["tid"]: t for t in json.loads(r.stdout)["threads"]}
+        lines = facts["lines"]
+
+        def ours(t):
+            return [(f["function"], f["line"]) for f in t["frames"]
+                    if f["kind"] == "python" and f.get("file") == str(CHAIN_PY)]
+
+        main = threads[facts["main"]]
+        assert ours(main) == [(n, lines[n]) for n in
+                              ("block_main", "key_of", "outer", "main", "<module>")]
+        kinds = [f["function"] if f["kind"] == "python" else None for f in main["frames"]]
+        between = kinds[kinds.index("key_of") + 1:kinds.index("outer")]
+        assert between and all(k is None for k in between)          # sorted()'s C frames
+        assert kinds[0] is None and kinds[-1] is None and not main["notes"]
+        worker = threads[facts["worker"]]
+        assert ours(worker) == [(n, lines[n]) for n in ("t_inner", "t_outer", "work")]
+        out, _ = proc.communicate("go\n", timeout=30)
+        assert out == "worker got go\nsorted [3, 2, 1]\n"
+    finally:
+        proc.kill()
+        proc.wait()
