@@ -162,7 +162,7 @@ def test_bad_fetch_arg_local_checks(chain):
         f"ustack: bad fetch-arg '$retval' in 'uprobe:{chain}:d $retval': "
         "$retval exists only for uretprobe")
     assert fail_one_line(run_ustack("trace", "syscall:write %di")) == (
-        "ustack: malformed event 'syscall:write %di': only uprobe and uretprobe "
+        "ustack: malformed event 'syscall:write %di': only uprobe, uretprobe and usdt "
         "take fetch-args; expected e.g. syscall:write, uprobe:/bin/ls:main, profile:hz:99")
 
 
