@@ -93,7 +93,7 @@ def capture(pid: int, interp) -> tuple:
     seized: list = []
     stopped: list = []
     out: list = []
-    mem = python_frames.Memory(pid)
+    mem = procfs.ProcessMemory(pid)
     ends = mapping_ends(pid)
     t0 = time.monotonic_ns()
     try:

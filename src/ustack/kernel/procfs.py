@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 
 from ..model import Mapping
 from .proc_root import mapped_file
@@ -156,3 +157,23 @@ def own_vdso() -> tuple | None:
             return own, os.pread(f.fileno(), own.end - own.start, own.start)
     except (OSError, ValueError, OverflowError):
         return None
+
+
+class ProcessMemory:
+    """Reads of a process's memory through /proc/PID/mem (root; no ptrace
+    stop needed): an interpreter's state, its code objects."""
+
+    def __init__(self, pid: int):
+        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+
+    def read(self, addr: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, addr)
+        if len(data) != size:
+            raise OSError(f"short read at {addr:#x}")
+        return data
+
+    def word(self, addr: int) -> int:
+        return struct.unpack("<Q", self.read(addr, 8))[0]
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -13,6 +13,7 @@ import os
 import struct
 from collections import OrderedDict
 
+from ..kernel.procfs import ProcessMemory
 from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo
 
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
@@ -143,30 +144,11 @@ def _version_of(pid: int) -> tuple | None:
 
 # -- reading a process's objects ---------------------------------------------
 
-class _Memory:
-    """Reads of one process's memory (/proc/PID/mem: root, no ptrace stop)."""
-
-    def __init__(self, pid: int):
-        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-
-    def read(self, addr: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, addr)
-        if len(data) != size:
-            raise OSError(f"short read at {addr:#x}")
-        return data
-
-    def word(self, addr: int) -> int:
-        return struct.unpack("<Q", self.read(addr, 8))[0]
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 def read_code(pid: int, code: int, version: tuple) -> PythonCodeInfo:
     offsets = CODE_OFFSETS.get(version)
     if offsets is None:
         raise ValueError(f"no code object layout for Python {version[0]}.{version[1]}")
-    mem = _Memory(pid)
+    mem = ProcessMemory(pid)
     try:
         header = mem.read(code, 144)
         ptr = lambda name: struct.unpack_from("<Q", header, offsets[name])[0]  # noqa: E731
@@ -180,7 +162,7 @@ def read_code(pid: int, code: int, version: tuple) -> PythonCodeInfo:
         mem.close()
 
 
-def read_str(mem: _Memory, addr: int, version: tuple) -> str:
+def read_str(mem: ProcessMemory, addr: int, version: tuple) -> str:
     """A str object's text: compact ASCII, compact latin-1/UCS-2/UCS-4, or
     (rare for names) a legacy string whose characters are elsewhere."""
     ascii_size, compact_size = UNICODE_HEADERS[version]
@@ -198,7 +180,7 @@ def read_str(mem: _Memory, addr: int, version: tuple) -> str:
     return raw.decode("ascii" if is_ascii else _ENCODINGS[kind], "replace")
 
 
-def read_bytes(mem: _Memory, addr: int) -> bytes:
+def read_bytes(mem: ProcessMemory, addr: int) -> bytes:
     size = struct.unpack("<q", mem.read(addr + BYTES_SIZE, 8))[0]
     if not 0 <= size <= MAX_TABLE:
         raise ValueError(f"no bytes object at {addr:#x}")

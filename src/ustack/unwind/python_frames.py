@@ -7,9 +7,9 @@ call of the eval function runs (one frame up to 3.10; up to an is_entry
 frame in 3.11; up to a C-stack shim in 3.12+)."""
 from __future__ import annotations
 
-import os
 import struct
 
+from ..kernel.procfs import ProcessMemory
 from ..model import python_frame_word
 from .python_runtime import (FRAME_OWNED_BY_CSTACK, INSTR_POINTER, IS_ENTRY,
                              LASTI_BYTES, NONE, OWNER_CSTACK, Interpreter)
@@ -19,26 +19,7 @@ MAX_FRAMES = 4096           # Python frames of one thread (recursion limit: 1000
 _Q, _I = struct.Struct("<Q"), struct.Struct("<i")
 
 
-class Memory:
-    """Reads of a process's memory through /proc/PID/mem (no stop needed)."""
-
-    def __init__(self, pid: int):
-        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-
-    def read(self, addr: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, addr)
-        if len(data) != size:
-            raise OSError(f"short read at {addr:#x}")
-        return data
-
-    def word(self, addr: int) -> int:
-        return _Q.unpack(self.read(addr, 8))[0]
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def thread_states(mem: Memory, interp: Interpreter) -> dict:
+def thread_states(mem: ProcessMemory, interp: Interpreter) -> dict:
     """thread_id (pthread_self(), the task's fs_base) -> its PyThreadState
     address, for the threads of the main interpreter."""
     f = dict(interp.layout)
@@ -51,7 +32,7 @@ def thread_states(mem: Memory, interp: Interpreter) -> dict:
     return out
 
 
-def frame_groups(mem: Memory, interp: Interpreter, tstate: int) -> tuple:
+def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
     """(groups, note): the thread's Python frames as groups of (code,
     index), innermost first; note says why the chain was cut, or ""."""
     f = dict(interp.layout)
@@ -86,7 +67,7 @@ def frame_groups(mem: Memory, interp: Interpreter, tstate: int) -> tuple:
     return tuple(groups), note
 
 
-def _index(mem: Memory, f: dict, frame: int, code: int) -> int:
+def _index(mem: ProcessMemory, f: dict, frame: int, code: int) -> int:
     """The frame's code-unit index (the instruction it runs)."""
     if f["instr_kind"] == INSTR_POINTER:
         ptr = mem.word(frame + f["frame_instr"])
