@@ -313,11 +313,12 @@ def test_code_objects_named_after_the_process_ended(tmp_path):
 def test_code_identity_fields_agree_with_the_symbolizer():
     """The kernel tells code objects apart by the fields the symbolizer
     names them by (file, qualified name)."""
-    from ustack.capture.bpf_python import CODE_IDENTITY
     from ustack.symbols.python import CODE_OFFSETS
+    from ustack.unwind.python_runtime import code_identity
     for version, offsets in CODE_OFFSETS.items():
         name = offsets["qualname"] if offsets["qualname"] is not None else offsets["name"]
-        assert CODE_IDENTITY[version] == (offsets["filename"], name), version
+        assert code_identity(version) == (offsets["filename"], name), version
+    assert code_identity((3, 7)) == (0, 0)
 
 
 def test_no_python_shows_the_interpreter(tmp_path):

@@ -32,14 +32,6 @@ CODES = 1 << 16                 # (tgid, code) reported already, an LRU
 _TGID = struct.Struct("<I")
 
 
-# PyCodeObject's co_filename and, after it, co_qualname (co_name before
-# 3.11), per version: the kernel tells a code object from one freed at its
-# address by them (python.h's code_identity). symbols/python.py reads them
-# too (tests/test_python_frames.py checks the two agree).
-CODE_IDENTITY = {(3, 8): (104, 112), (3, 9): (104, 112), (3, 10): (104, 112),
-                 (3, 11): (112, 128), (3, 12): (112, 128), (3, 13): (112, 128)}
-
-
 def python_object():
     """The object whose maps these are (unwind.bpf.c includes python.h)."""
     from .bpf_unwind import unwind_object
@@ -83,7 +75,7 @@ def pack_proc(interp: python_runtime.Interpreter) -> bytes:
     major, minor = interp.version
     struct.pack_into("<I", out, at["version"], major << 8 | minor)
     struct.pack_into("<Q", out, at["runtime"], interp.runtime)
-    filename, name = CODE_IDENTITY.get(interp.version, (0, 0))
+    filename, name = python_runtime.code_identity(interp.version)
     struct.pack_into("<II", out, at["code_filename"], filename, name)
     ranges = (tuple(interp.eval_ranges) + ((0, 0), (0, 0)))[:2]
     for i, (start, end) in enumerate(ranges):

@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 from ..kernel.procfs import ProcessMemory
 from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo
+from ..unwind.python_runtime import CODE_OFFSETS
 
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
 MAX_KEPT_BYTES = 64 << 20      # and their names' and line tables' bytes
@@ -22,12 +23,6 @@ MAX_TEXT = 4096                # characters of a name or file read at most
 MAX_TABLE = 1 << 18            # bytes of a line table read at most
 _FRAMES_KEPT = 1 << 16         # (pid, code, index) -> Frame memo
 
-# where a PyCodeObject keeps what names it, per (major, minor)
-_CODE_38 = dict(firstlineno=40, filename=104, name=112, qualname=None, table=120)
-_CODE_311 = dict(firstlineno=72, filename=112, name=120, qualname=128, table=136)
-_CODE_312 = dict(_CODE_311, firstlineno=68)
-CODE_OFFSETS = {(3, 8): _CODE_38, (3, 9): _CODE_38, (3, 10): _CODE_38,
-                (3, 11): _CODE_311, (3, 12): _CODE_312, (3, 13): _CODE_312}
 
 # which line table the code object has (see line_of)
 LNOTAB, LINETABLE_310, LOCATIONS = "lnotab", "linetable", "locations"

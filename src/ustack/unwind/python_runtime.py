@@ -68,6 +68,26 @@ LAYOUTS = {
 }
 FIELDS = tuple(sorted(LAYOUTS[(3, 11)]))
 
+# where a PyCodeObject keeps what names it, per (major, minor): read by the
+# symbolizer (symbols/python.py), and by the kernel to tell a code object
+# from one freed at its address (code_identity)
+_CODE_38 = dict(firstlineno=40, filename=104, name=112, qualname=None, table=120)
+_CODE_311 = dict(firstlineno=72, filename=112, name=120, qualname=128, table=136)
+_CODE_312 = dict(_CODE_311, firstlineno=68)
+CODE_OFFSETS = {(3, 8): _CODE_38, (3, 9): _CODE_38, (3, 10): _CODE_38,
+                (3, 11): _CODE_311, (3, 12): _CODE_312, (3, 13): _CODE_312}
+
+
+def code_identity(version: tuple) -> tuple:
+    """(co_filename's offset, co_qualname's or before 3.11 co_name's) in a
+    PyCodeObject of `version`: the fields frames are named by; (0, 0) for a
+    version without a layout."""
+    offsets = CODE_OFFSETS.get(version)
+    if offsets is None:
+        return (0, 0)
+    name = offsets["qualname"] if offsets["qualname"] is not None else offsets["name"]
+    return (offsets["filename"], name)
+
 # 3.13's _Py_DebugOffsets at _PyRuntime's start: "xdebugpy", the version
 # (PY_VERSION_HEX), then sections of u64 offsets; (section offset, field
 # index) of each layout field it states
