@@ -2,9 +2,8 @@
  *
  * count_by_cookie: one program behind uprobe_multi links, a link per
  * binary (closing a perf event per uprobe waits ~0.1 s each, a link waits
- * once); the link's cookie is the probe's index.
- * count_call: one program per probe on perf-event uprobes and
- * tracepoints, where uprobe_multi is missing. */
+ * once); the link's cookie is the probe's index. Kernels without
+ * uprobe_multi (before 6.6) are refused with a one-line error. */
 #include "ustack.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -16,10 +15,8 @@ struct {
 	__uint(max_entries, 1);		/* one slot per probe: sized by the loader */
 } calls SEC(".maps");
 
-const volatile __u32 probe_index;	/* count_call: its probe */
 const volatile __u32 skip_tgid;		/* a system-wide run: ustack itself */
 const volatile __u8 wait_for_exec;	/* a -c command: count once armed */
-const volatile __u8 result;		/* enum program_result */
 
 SEC("uprobe.multi")
 int count_by_cookie(struct pt_regs *ctx)
@@ -30,13 +27,4 @@ int count_by_cookie(struct pt_regs *ctx)
 		return 0;
 	COUNT_AT(calls, bpf_get_attach_cookie(ctx));
 	return 0;
-}
-
-SEC("event")
-int count_call(void *ctx)
-{
-	if (wait_for_exec && !exec_seen())
-		return result;
-	COUNT_AT(calls, probe_index);
-	return result;
 }

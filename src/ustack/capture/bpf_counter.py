@@ -158,8 +158,8 @@ class BpfCounter:
         self.named: dict = {}               # the C programs' maps by their names
 
     def _program(self, index: int, probe) -> int:
-        """Load the probe's program: funccount.bpf.c's count_call, or
-        counts.bpf.c's count_stack, told what the probe needs."""
+        """Load the probe's program: counts.bpf.c's count_stack, told what
+        the probe needs."""
         result = program_result(probe)
         armed = self.armed is not None
         slot = getattr(probe, "return_address_slot", None)
