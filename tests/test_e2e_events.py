@@ -56,16 +56,17 @@ def test_exec_tracepoint_counts_the_command_s_own_exec(chain):
 
 @pytest.mark.kernel
 def test_syscall_glob_includes_every_write(chain):
-    """syscall:* opens one event per syscall; the n writes from d are among
-    what it counts, each with the full chain (rawwrite: the syscall is in d)."""
+    """A syscall glob opens one event per syscall it matches; the n writes
+    from d are among what it counts, each with the full chain (rawwrite: the
+    syscall is in d). [mw]* rather than * keeps the ~30 events' closing short."""
     n = 3
-    res = ok(run_ustack("trace", "syscall:*", "-c", f"{chain} {n} rawwrite"))
+    res = ok(run_ustack("trace", "syscall:[mw]*", "-c", f"{chain} {n} rawwrite"))
     records = parse_trace(res.stdout)
     writes = [r for r in records if r["label"] == "syscall:write"]
     assert len(writes) == n, [r["label"] for r in records]
     for rec in writes:
         assert funcs(rec["frames"])[:5] == CHAIN, rec
-    assert {r["label"] for r in records} > {"syscall:write"}   # execve's mmaps etc.
+    assert {"syscall:mmap", "syscall:mprotect"} <= {r["label"] for r in records}  # the loader's
 
 
 @pytest.mark.kernel
