@@ -13,7 +13,9 @@ sample, and a profiled Python program's slowdown next to py-spy's.
 2. overhead: the same chain for a fixed number of calls (the program's own
    CPU time), alone, under `ustack profile -F HZ` and under `py-spy record
    -r HZ`, at 99 and 999 Hz (py-spy reads the target from another process:
-   its cost is mostly its own CPU, which this does not show).
+   its cost is mostly its own CPU). Each tool's own CPU is the whole run's
+   CPU (its own and its child's, by the children's rusage) less the median
+   of the program's runs alone.
 
 Prints Markdown; medians of R runs."""
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import glob
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -93,21 +96,35 @@ def per_sample(cmd: str, python: bool) -> tuple:
     return int(out[0]), float(out[1])     # the last line: the target may print too
 
 
-def own_seconds(cmd: list) -> float:
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
-    return _own_from(run)
+def timed(cmd: list, **kw) -> tuple:
+    """Run cmd; (the program's printed CPU seconds, the CPU seconds of cmd
+    and all it waited for)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True, **kw)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return _own_from(run), cpu
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--pythons", default="3.8,3.11,3.13")
-    ap.add_argument("--calls", type=int, default=4000, help="outer() calls (overhead)")
+    ap.add_argument("--calls", type=int, default=20000,
+                    help="outer() calls (overhead; ~2 s of work, a short profile)")
+    ap.add_argument("--overhead-only", action="store_true", help="skip the per-sample part")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root")
     found = pythons(args.pythons.split(","))
 
+    if not args.overhead_only:
+        per_sample_table(args, found)
+    overhead_table(args, found)
+    return 0
+
+
+def per_sample_table(args, found) -> None:
     print("## Per sample (profile -F 999, unwinder programs' ns per run)\n")
     print("| target | Python frames | --no-python | Python pass |")
     print("|---|---|---|---|")
@@ -123,35 +140,45 @@ def main() -> int:
         a, b = statistics.median(on), statistics.median(off)
         print(f"| {label} | {a:.0f} ns | {b:.0f} ns | {a - b:+.0f} ns |")
 
+
+def overhead_table(args, found) -> None:
     print("\n## Overhead (the program's own CPU seconds for a fixed number of calls)\n")
-    print("| CPython | Hz | alone | ustack profile | py-spy record |")
-    print("|---|---|---|---|---|")
+    print("| CPython | Hz | alone | target under ustack | target under py-spy "
+          "| ustack's own CPU | py-spy's own CPU |")
+    print("|---|---|---|---|---|---|---|")
     spy = Path(sys.executable).parent / "py-spy"
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "fixed.py"
         prog.write_text(FIXED_WORK)
         for v, py in found:
             for hz in (99, 999):
-                alone, ours, theirs = [], [], []
+                alone, alone_cpu, ours, ours_cpu, theirs, theirs_cpu = [], [], [], [], [], []
                 for _ in range(args.reps):
-                    alone.append(own_seconds([py, str(prog), str(args.calls)]))
-                    out = subprocess.run(
+                    own, cpu = timed([py, str(prog), str(args.calls)])
+                    alone.append(own)
+                    alone_cpu.append(cpu)
+                    own, cpu = timed(
                         [sys.executable, "-m", "ustack", "profile", "-F", str(hz), "-o",
                          str(Path(tmp) / "p.folded"), "-c",
-                         f"{py} {prog} {args.calls}"], env=ustack_env(),
-                        capture_output=True, text=True, timeout=300, check=True)
-                    ours.append(_own_from(out))
+                         f"{py} {prog} {args.calls}"], env=ustack_env())
+                    ours.append(own)
+                    ours_cpu.append(cpu)
                     if spy.exists():
-                        theirs.append(own_seconds(
+                        own, cpu = timed(
                             [str(spy), "record", "-r", str(hz), "-f", "raw", "-o",
-                             str(Path(tmp) / "s.txt"), "--", py, str(prog), str(args.calls)]))
-                base = statistics.median(alone)
+                             str(Path(tmp) / "s.txt"), "--", py, str(prog), str(args.calls)])
+                        theirs.append(own)
+                        theirs_cpu.append(cpu)
+                base, base_cpu = statistics.median(alone), statistics.median(alone_cpu)
 
                 def rel(xs):
                     return f"{statistics.median(xs):.3f} s ({statistics.median(xs) / base - 1:+.1%})" \
                         if xs else "-"
-                print(f"| {v} | {hz} | {base:.3f} s | {rel(ours)} | {rel(theirs)} |")
-    return 0
+
+                def tool(xs):
+                    return f"{statistics.median(xs) - base_cpu:.2f} s" if xs else "-"
+                print(f"| {v} | {hz} | {base:.3f} s | {rel(ours)} | {rel(theirs)} "
+                      f"| {tool(ours_cpu)} | {tool(theirs_cpu)} |")
 
 
 def _own_from(run) -> float:

@@ -195,7 +195,7 @@ def _read_facts(path: str):
             return None
         f.seek(0)
         elf = ELFFile(f)
-        symbols = {}
+        symbols = _exported(elf, ("_PyRuntime", "Py_Version"))
         for name in (".dynsym", ".symtab"):
             table = elf.get_section_by_name(name)
             if table is None or "_PyRuntime" in symbols:
@@ -218,6 +218,20 @@ def _read_facts(path: str):
             return None
         debug = image.read(symbols["_PyRuntime"], _DEBUG_BYTES)
         return symbols["_PyRuntime"], version, debug if debug.startswith(_DEBUG_COOKIE) else b""
+
+
+def _exported(elf, names: tuple) -> dict:
+    """{name: ELF address} of those of `names` the dynamic symbol table's
+    GNU hash finds: ~2 ms, where a name map of .dynsym costs ~0.1 s."""
+    table = elf.get_section_by_name(".gnu.hash")
+    if table is None or not hasattr(table, "get_symbol"):
+        return {}
+    found = {}
+    for name in names:
+        symbol = table.get_symbol(name)
+        if symbol is not None and symbol["st_shndx"] != "SHN_UNDEF":
+            found[name] = symbol["st_value"]
+    return found
 
 
 def _version_from_name(path: str) -> tuple | None:
