@@ -14,8 +14,8 @@ sample, and a profiled Python program's slowdown next to py-spy's.
    CPU time), alone, under `ustack profile -F HZ` and under `py-spy record
    -r HZ`, at 99 and 999 Hz (py-spy reads the target from another process:
    its cost is mostly its own CPU). Each tool's own CPU is the whole run's
-   CPU (its own and its child's, by the children's rusage) less the median
-   of the program's runs alone.
+   CPU (its own and its child's, by the children's rusage) less what the
+   program reports as its own process's CPU.
 
 Prints Markdown; medians of R runs."""
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main(n):
     t = time.process_time()     # CPU time: the machine's other load counts less
     for _ in range(n):
         outer()
-    print(f"{time.process_time() - t:.4f}")
+    print(f"{time.process_time() - t:.4f} {time.process_time():.4f}")  # the loop's, the process's
 main(int(sys.argv[1]))
 """
 
@@ -97,13 +97,14 @@ def per_sample(cmd: str, python: bool) -> tuple:
 
 
 def timed(cmd: list, **kw) -> tuple:
-    """Run cmd; (the program's printed CPU seconds, the CPU seconds of cmd
-    and all it waited for)."""
+    """Run cmd; (the program's loop's CPU seconds, the CPU seconds of cmd
+    and all it waited for, less the program's own: the tool's CPU)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True, **kw)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True, **kw)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return _own_from(run), cpu
+    loop, program = _own_from(run)
+    return loop, cpu - program
 
 
 def main() -> int:
@@ -112,6 +113,7 @@ def main() -> int:
     ap.add_argument("--pythons", default="3.8,3.11,3.13")
     ap.add_argument("--calls", type=int, default=20000,
                     help="outer() calls (overhead; ~2 s of work, a short profile)")
+    ap.add_argument("--hz", default="99,999", help="sampling rates of the overhead part")
     ap.add_argument("--overhead-only", action="store_true", help="skip the per-sample part")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -151,12 +153,11 @@ def overhead_table(args, found) -> None:
         prog = Path(tmp) / "fixed.py"
         prog.write_text(FIXED_WORK)
         for v, py in found:
-            for hz in (99, 999):
-                alone, alone_cpu, ours, ours_cpu, theirs, theirs_cpu = [], [], [], [], [], []
+            for hz in [int(h) for h in args.hz.split(",")]:
+                alone, ours, ours_cpu, theirs, theirs_cpu = [], [], [], [], []
                 for _ in range(args.reps):
                     own, cpu = timed([py, str(prog), str(args.calls)])
                     alone.append(own)
-                    alone_cpu.append(cpu)
                     own, cpu = timed(
                         [sys.executable, "-m", "ustack", "profile", "-F", str(hz), "-o",
                          str(Path(tmp) / "p.folded"), "-c",
@@ -169,22 +170,24 @@ def overhead_table(args, found) -> None:
                              str(Path(tmp) / "s.txt"), "--", py, str(prog), str(args.calls)])
                         theirs.append(own)
                         theirs_cpu.append(cpu)
-                base, base_cpu = statistics.median(alone), statistics.median(alone_cpu)
+                base = statistics.median(alone)
 
                 def rel(xs):
                     return f"{statistics.median(xs):.3f} s ({statistics.median(xs) / base - 1:+.1%})" \
                         if xs else "-"
 
                 def tool(xs):
-                    return f"{statistics.median(xs) - base_cpu:.2f} s" if xs else "-"
+                    return f"{statistics.median(xs):.2f} s" if xs else "-"
                 print(f"| {v} | {hz} | {base:.3f} s | {rel(ours)} | {rel(theirs)} "
                       f"| {tool(ours_cpu)} | {tool(theirs_cpu)} |")
 
 
-def _own_from(run) -> float:
-    """The program's printed seconds, among the tool's own lines on stdout."""
-    return next(float(line) for line in run.stdout.splitlines()
-                if re.fullmatch(r"\d+\.\d{4}", line.strip()))
+def _own_from(run) -> tuple:
+    """The program's printed seconds (its loop's, its whole process's),
+    among the tool's own lines on stdout."""
+    return next((float(m[1]), float(m[2])) for m in
+                (re.fullmatch(r"(\d+\.\d{4}) (\d+\.\d{4})", line.strip())
+                 for line in run.stdout.splitlines()) if m)
 
 
 if __name__ == "__main__":
