@@ -279,6 +279,9 @@ REFUSED = {
     "bpf": (["profile", "--backend", "bpf"],
             "--backend bpf needs root (CAP_SYS_ADMIN); " + INSTEAD
             + ", on the perf backend (--backend auto or perf)"),
+    "tracefs": (["count", "--backend", "tracefs", "profile:hz:99"],
+                "--backend tracefs needs root (CAP_SYS_ADMIN); " + INSTEAD
+                + ", on the perf backend (--backend auto or perf)"),
     "kernel": (["profile", "--kernel"],
                "--kernel needs root (CAP_SYS_ADMIN): kernel stacks are root's to see; "
                + INSTEAD),
@@ -303,6 +306,19 @@ def test_refused_before_the_command_runs(user, busy, what):
     assert user.written_outside_home() == []
 
 
+def test_buffer_larger_than_a_user_may_lock_refused(user):
+    """The held command never runs: ustack gives up before its exec."""
+    ran = Path(user.home, "ran")
+    msg = fail_one_line(user.ustack("profile", "--buffer-pages", "1048576",
+                                    "-c", f"touch {ran}"))
+    assert msg.startswith("ustack: --buffer-pages 1048576 is more than a user without "
+                          "root may lock here ("), msg
+    assert msg.endswith(" per CPU: perf_event_mlock_kb and ulimit -l); take that or "
+                        "less"), msg
+    assert not ran.exists()
+    assert user.written_outside_home() == []
+
+
 def test_other_users_process_refused(user):
     assert fail_one_line(user.ustack("profile", "-p", "1")) == (
         "ustack: PID 1 belongs to another user: sampling it needs root (CAP_SYS_ADMIN); "
@@ -315,6 +331,9 @@ def test_other_users_process_refused(user):
 def test_every_process_refused(user):
     assert fail_one_line(user.ustack("profile", "-d", "1")) == (
         f"ustack: tracing every process needs root (CAP_SYS_ADMIN); {INSTEAD}")
+    assert fail_one_line(user.ustack("profile", "-d", "1", "-p", f"{os.getpid()},1")) == (
+        "ustack: -p with several PIDs traces every process and keeps theirs, which "
+        f"needs root (CAP_SYS_ADMIN); {INSTEAD}, one PID at a time")
 
 
 @pytest.fixture
