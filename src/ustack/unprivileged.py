@@ -32,7 +32,7 @@ def check(opts, specs: list) -> None:
         raise UstackError(why)
 
 
-def check_stoppable(pid: int) -> None:
+def check_dump(pid: int) -> None:
     """Refuse, in one line, a dump of `pid` (ptrace) that a user without
     root cannot have: another user's process, or one Yama keeps out."""
     if credentials.privileged():
@@ -40,14 +40,14 @@ def check_stoppable(pid: int) -> None:
     why = _whose(pid, "dumping it needs", "dumps")
     scope = credentials.ptrace_scope()
     if why is None and scope is not None and scope > 0:
-        why = (f"ptrace_scope is {scope}: only root may stop a process it did not "
+        why = (f"ptrace_scope is {scope}: only root may ptrace a process it did not "
                "start; set kernel.yama.ptrace_scope to 0 or run as root")
     if why is not None:
         raise UstackError(why)
 
 
 def _whose(pid: int, needs: str, does: str) -> str | None:
-    """Why `pid` is not this user's to sample or stop, or None (when it is,
+    """Why `pid` is not this user's to sample or dump, or None (when it is,
     or is gone: the caller says so)."""
     owner = credentials.owner_uid(pid)
     if owner is None or owner == os.getuid():
