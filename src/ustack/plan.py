@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .capture import bpf_unwind
-from .kernel import bpf_syscall
+from .kernel import bpf_syscall, credentials
 from .model import ProfileProbe, UprobeProbe, UstackError
 from .objfile.elf import ElfImage
 from .unwind import tables
@@ -39,6 +39,8 @@ class Plan:
     note: str = ""                 # why another backend than asked, for the user
     # DWARF unwinding in the kernel (bpf backend): an object's unwind rows
     kernel_tables: Callable | None = None
+    # a run without root: perf events that sample user space only
+    user_only: bool = False
 
     @property
     def unwind(self) -> str:
@@ -56,11 +58,14 @@ def plan(command: str, backend: str, unwind: str, probes: list,
     """The backend and per-probe unwind mode of a run of `command` (trace,
     count, profile, funccount) as the user asked (`backend`: auto | perf |
     bpf | tracefs; `unwind`: auto | fp | dwarf), or a UstackError saying why
-    it cannot be done. The one place these choices are made.
+    it cannot be done. The one place these choices are made. Without root
+    (see unprivileged.py) only the perf backend can sample, user space only.
     `copy_reason`: why auto must copy stacks rather than unwind them in the
     kernel (KEEPS_COPIES), or None."""
     if backend == "tracefs":
         return Plan("tracefs", tuple(_tracefs_mode(p, unwind) for p in probes))
+    if not credentials.privileged():    # what unprivileged.check let through
+        return Plan("perf", tuple(choose(p, unwind) for p in probes), user_only=True)
     if command == "offcpu":          # sched tracepoints, DWARF in the kernel only
         why = _why_no_kernel_dwarf(probes)
         if why is not None:

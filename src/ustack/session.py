@@ -25,6 +25,7 @@ from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
 from .target.traced_command import launch_traced
 from . import plan as policy
+from . import unprivileged
 from .values import fields
 
 POLL_S = 0.1                       # how often the run checks its end
@@ -107,9 +108,7 @@ class Session:
         if opts.cmdline is not None and not opts.cmdline.strip():
             raise UstackError("-c needs a command (an empty one would trace "
                               "the whole system)")
-        if os.geteuid() != 0:
-            raise UstackError("ustack needs root to open perf events and uprobes "
-                              "(run it with sudo)")
+        unprivileged.check(opts, specs)
         if opts.pid is not None:
             self.target = process.attach(opts.pid)
         if opts.container_pid is not None:
@@ -166,7 +165,7 @@ class Session:
                                 copy_reason)
         capture = self.capture = new_capture(
             self.plan.backend, self.probes, self.target, self.plan.modes, opts,
-            self.plan.kernel_tables)
+            self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code
         capture.open()          # closes what it opened if it fails (but when interrupted)

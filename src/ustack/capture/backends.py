@@ -6,11 +6,12 @@ from ..defaults import DEFAULT_BUFFER_PAGES, DWARF_BUFFER_PAGES
 
 
 def new_capture(backend: str, probes: list, target, modes: tuple, opts,
-                kernel_tables=None):
+                kernel_tables=None, user_only: bool = False):
     """An unopened capture of `probes` in `target`; `opts` is the run's
     Options (buffer pages, stack size and storage, --kernel, command);
     `kernel_tables`: for DWARF unwinding in the kernel, the unwind rows of
-    an object (Plan.kernel_tables)."""
+    an object (Plan.kernel_tables); `user_only`: a run without root
+    (Plan.user_only), whose events sample user space only."""
     if backend == "bpf" and opts.command == "offcpu":
         from .bpf_offcpu import OffcpuCapture
         return OffcpuCapture(probes, target, opts, kernel_tables)
@@ -30,8 +31,11 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)
     if backend == "perf":
-        from .perf import PerfCapture
+        from .perf import PerfCapture, lockable_pages
         pages = opts.buffer_pages or (DWARF_BUFFER_PAGES if "dwarf" in modes
                                       else DEFAULT_BUFFER_PAGES)
-        return PerfCapture(probes, target, pages, modes, opts.stack_size)
+        if user_only:
+            pages = lockable_pages(pages, explicit=opts.buffer_pages is not None)
+        return PerfCapture(probes, target, pages, modes, opts.stack_size,
+                           user_only=user_only)
     raise ValueError(f"no such backend: {backend}")

@@ -17,6 +17,7 @@ import time
 
 from ..defaults import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_SIZE
 from ..interrupt import Interrupted
+from ..kernel import credentials
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.perf_records import (BASE_SAMPLE_TYPE, EventLayout, RecordReader,
@@ -58,6 +59,23 @@ def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
     return event, tf.event_id(fmt), fields, args
 
 
+def lockable_pages(pages: int, explicit: bool) -> int:
+    """The ring buffer pages per CPU of a run without root: `pages`, or
+    the most a user may lock (perf_event_mlock_kb, ulimit -l) when less;
+    a UstackError when the user asked for more (`explicit`)."""
+    cpus = len(pe.cpus_online())
+    most = 1
+    while cpus * (2 * most + 1) <= credentials.lockable_buffer_pages(cpus):
+        most *= 2
+    if pages <= most:
+        return pages
+    if explicit:
+        raise UstackError(f"--buffer-pages {pages} is more than a user without root "
+                          f"may lock here ({most} per CPU: perf_event_mlock_kb and "
+                          "ulimit -l); take that or less")
+    return most
+
+
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -71,8 +89,11 @@ class PerfCapture(Capture):
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
                  modes: tuple = (), stack_size: int = DEFAULT_STACK_SIZE,
-                 with_stacks: bool = True):
+                 with_stacks: bool = True, user_only: bool = False):
         self.probes = probes
+        # a run without root: every event excludes the kernel (what
+        # perf_event_paranoid 2 allows a user), and no tracefs is touched
+        self.user_only = user_only
         # False: a BPF program counts the stacks (capture/bpf_capture.py) and no
         # sample is written; the buffers carry only the tracking records
         self.with_stacks = with_stacks
@@ -111,6 +132,8 @@ class PerfCapture(Capture):
     # -- attributes per probe kind ---------------------------------------
     def _scope_flags(self) -> list:
         flags = ["exclude_callchain_kernel", "sample_id_all"]
+        if self.user_only:
+            flags += ["exclude_kernel", "exclude_hv"]
         scope = self.target.scope
         if scope in ("pid", "command"):
             flags.append("inherit")
@@ -240,7 +263,8 @@ class PerfCapture(Capture):
 
     def open(self) -> None:
         _raise_fd_limit()
-        remove_stale_tracing()            # what a killed run left behind
+        if not self.user_only:
+            remove_stale_tracing()        # what a killed run left behind
         try:
             scope = self.target.scope
             cpus = pe.cpus_online()
@@ -292,7 +316,10 @@ class PerfCapture(Capture):
         buffer; after a target exits nothing more comes, so the last loss
         would stay silent. A short-lived cpu-clock event per CPU, writing
         into each drained buffer (its samples have an id no layout knows,
-        so they are skipped), makes the kernel emit that LOST record."""
+        so they are skipped), makes the kernel emit that LOST record.
+        (Not without root: a CPU's events are root's to open.)"""
+        if self.user_only:
+            return
         fds = []
         try:
             for cpu, ring in self.buffers.items():

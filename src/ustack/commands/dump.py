@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 
+from .. import unprivileged
 from ..kernel import procfs, ptrace
 from ..model import Frame, SymbolOptions, UstackError
 from ..options import symbol_options
@@ -60,6 +61,7 @@ def check_target(pid: int) -> None:
         raise UstackError(f"no process {pid}")
     if procfs.is_kernel_thread(pid):
         raise UstackError(f"process {pid} is a kernel thread: it has no user stack")
+    unprivileged.check_dump(pid)
     tracer = tracer_of(pid)
     if tracer:
         raise UstackError(f"process {pid} is already traced by {tracer} "

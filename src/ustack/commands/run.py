@@ -205,12 +205,21 @@ def _header(session: Session, err: TextIOBase) -> None:
         labels += f", … ({len(session.labels)} events)"
     note = "; ".join(n for n in (session.capture.unwind_note,
                                  getattr(session.capture, "reach_note", ""),
-                                 session.jit_hint) if n)
+                                 _without_root(session.plan), session.jit_hint) if n)
     print(f"Tracing {labels} in {session.target.description} "
           f"[backend {session.plan.backend}, unwind {session.plan.unwind}"
           f"{'; ' + note if note else ''}]"
           + ("" if session.opts.duration else "... Hit Ctrl-C to end."),
           file=err, flush=True)
+
+
+def _without_root(plan) -> str:
+    """What the header says of a run without root: what it sees, and where
+    its cache is (the user's own)."""
+    if not plan.user_only:
+        return ""
+    from ..objfile.cache import cache_root
+    return f"without root: user space only, cache {cache_root()}"
 
 
 def _trace(session: Session, out: TextIOBase, report_class) -> None:

@@ -21,7 +21,7 @@ import signal
 import time
 
 from ..model import UstackError
-from . import run_lock
+from . import credentials, run_lock
 from .leftovers import remove_tracing
 from .tracefs import TRACEFS
 
@@ -35,9 +35,10 @@ RETRY_S = 0.01
 class Guardian:
     """The run's side: done() once the run has removed its own tracing."""
 
-    def __init__(self, pid: int, write_fd: int):
+    def __init__(self, pid: int, write_fd: int, tracing: bool = True):
         self.pid = pid
         self._fd = write_fd
+        self._tracing = tracing         # holds the run's lock
 
     def done(self) -> None:
         """Tell the guardian to exit untouched, reap it, drop the lock."""
@@ -53,7 +54,8 @@ class Guardian:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
-        run_lock.release()
+        if self._tracing:
+            run_lock.release()
 
 
 def start(command_pid: int | None = None) -> Guardian | None:
@@ -61,7 +63,9 @@ def start(command_pid: int | None = None) -> Guardian | None:
     a -c command it must end if the run dies). None if it cannot be had
     (no fork): the run goes on unguarded, as before."""
     name = run_lock.tracing_name()
-    lock_fd = run_lock.hold()
+    # a run without root makes no tracing: no lock, nothing to remove
+    tracing = credentials.privileged()
+    lock_fd = run_lock.hold() if tracing else None
     pidfd = -1
     if command_pid is not None:
         try:
@@ -75,7 +79,7 @@ def start(command_pid: int | None = None) -> Guardian | None:
         pid = -1
     if pid == 0:
         try:
-            _guard(read_fd, name, lock_fd, pidfd)
+            _guard(read_fd, name if tracing else None, lock_fd, pidfd)
         finally:
             os._exit(0)
     os.close(read_fd)
@@ -83,13 +87,15 @@ def start(command_pid: int | None = None) -> Guardian | None:
         os.close(pidfd)
     if pid < 0:
         os.close(write_fd)
-        run_lock.release()
+        if tracing:
+            run_lock.release()
         return None
-    return Guardian(pid, write_fd)
+    return Guardian(pid, write_fd, tracing)
 
 
-def _guard(read_fd: int, name: str, lock_fd: int | None, pidfd: int) -> None:
-    """The guardian's life: wait for the run's end, undo what it left."""
+def _guard(read_fd: int, name: str | None, lock_fd: int | None, pidfd: int) -> None:
+    """The guardian's life: wait for the run's end, undo what it left
+    (`name`: its tracing's, None for a run that makes none)."""
     try:
         os.setpgid(0, 0)
     except OSError:
@@ -117,7 +123,7 @@ def _guard(read_fd: int, name: str, lock_fd: int | None, pidfd: int) -> None:
             pass                        # gone already
     left = 0
     deadline = time.monotonic() + CLEAR_FOR_S
-    while _tracefs_mounted():           # (else the run made no tracing)
+    while name is not None and _tracefs_mounted():      # (else the run made no tracing)
         try:
             _gone, left = remove_tracing(name)
         except (OSError, UstackError):
