@@ -1,4 +1,4 @@
-/* weights [write]: take() called with known arguments from two chains, so
+/* weights [write] [-]: take() called with known arguments from two chains, so
  * the sums of its arguments per stack are known:
  *   main -> via_a -> take: 3 calls, n = 100, 200, 300   (sum 600)
  *   main -> via_b -> take: 5 calls, n = 10 each         (sum 50)
@@ -7,11 +7,14 @@
  *   delta = -n (sums -600 and -50).
  * With `write`, take writes n bytes to /dev/null: syscall:write's count
  * sums 600 and 50 per stack the same way. Nothing else is written.
+ * With `-`, the calls wait for a line on stdin (wait_start.h).
  * KEEP stops inlining, cloning and tail calls: every frame exists. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "wait_start.h"
 
 #define KEEP __attribute__((noinline, noipa, used))
 
@@ -49,8 +52,12 @@ KEEP long via_b(long n)
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && strcmp(argv[1], "write") == 0)
-		devnull = open("/dev/null", O_WRONLY);
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "write") == 0)
+			devnull = open("/dev/null", O_WRONLY);
+		else if (strcmp(argv[i], "-") == 0 && wait_start("-"))
+			return 4;
+	}
 	for (long n = 100; n <= 300; n += 100)
 		via_a(n);
 	for (int i = 0; i < 5; i++)
