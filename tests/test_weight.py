@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers import (O2_NOFP, build, fail_one_line, ok, parse_counts, parse_folded,
-                     private_copy, run_attached, run_ustack, spawn, top, traces)
+                     private_copy, run_attached, run_counts, run_ustack, spawn, top,
+                     traces)
 
 pytestmark = pytest.mark.kernel
 
@@ -151,6 +152,18 @@ def test_formats_carry_the_sums(prog, tmp_path):
     (only,) = scope["profiles"]
     assert (only["name"], only["unit"]) == ("syscall:write (bytes (count))", "bytes")
     assert sorted(only["weights"]) == [50, 600]
+
+
+def test_python_api(prog):
+    """Options(weight=…): each StackCount's count is the sum (of the
+    stack at its addresses: main calls via_a from three unrolled sites)."""
+    counted, _labels = run_counts("count", [f"uprobe:{prog}:take"], str(prog), weight="n")
+    sums: dict = {}
+    for sc in counted:
+        names = [f.function for f in sc.stack.frames]
+        caller = names[names.index("take") + 1]
+        sums[caller] = sums.get(caller, 0) + sc.count
+    assert sums == SUMS["n"]
 
 
 def test_per_process_and_stack_storage(prog):
