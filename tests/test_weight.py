@@ -188,6 +188,7 @@ def test_attached_process(prog):
     ("arg1:string", "uprobe:{prog}:take", "--weight arg1:string: a string is not a "
                                           "number to sum"),
     ("$comm", "uprobe:{prog}:take", "--weight $comm: a string is not a number to sum"),
+    ('\\"abc"', "uprobe:{prog}:take", '--weight \\"abc": a string is not a number to sum'),
     ("+0(%di):u8[4]", "uprobe:{prog}:take", "--weight +0(%di):u8[4]: an array is not "
                                             "one number to sum"),
     ("r->size", "uprobe:{prog}:take", "--weight r->size: not an argument ustack reads "

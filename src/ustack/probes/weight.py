@@ -56,13 +56,13 @@ def weigh_spec(spec, expr: str):
         word = f"$arg{int(m.group(1)) + 1}"        # bpftrace's arg0 is the first
     elif word == "retval":
         word = "$retval"
-    ((name, fetch, typ),) = parse_fetch_args([word], spec.kind, spec.text)
+    ((_name, fetch, typ),) = parse_fetch_args([word], spec.kind, spec.text)
     from .named_args import is_name        # (DWARF's modules: weighted runs only)
     if not is_name(fetch) and fetch[:1] not in _FETCH_STARTS:
         raise UstackError(f"--weight {expr}: not an argument ustack reads (a parameter "
                           "name, argN, retval, or a fetch-arg such as '+8(%di):u32')")
     base = typ.partition("[")[0]
-    if base in ("string", "ustring") or fetch == "$comm":
+    if base in ("string", "ustring") or fetch == "$comm" or fetch.startswith('\\"'):
         raise UstackError(f"--weight {expr}: a string is not a number to sum")
     if "[" in typ:
         raise UstackError(f"--weight {expr}: an array is not one number to sum")
