@@ -514,7 +514,8 @@ _COUNT_PID = re.compile(r"^    (?P<comm>.+) \[(?P<pid>\d+)(?:/(?P<nspid>\d+))?\]
                         r"(?: tid (?P<tid>\d+)(?:/\d+)?)?$")
 
 
-_COUNT_N = re.compile(r"^    (?P<n>\d+)$")
+# a count, then what it sums with --weight: `600 bytes (count)`, `-50 (sum of delta)`
+_COUNT_N = re.compile(r"^    (?P<n>-?\d+)(?: (?P<unit>[a-z].*|\(.*\)))?$")
 
 
 def parse_trace(out: str) -> list[dict]:
@@ -566,7 +567,7 @@ def parse_counts(out: str) -> list[dict]:
             assert not frames, f"stack without a count before a blank line: {frames}"
             continue
         if (m := _COUNT_N.match(line)):
-            stacks.append(dict(frames=frames, count=int(m["n"]),
+            stacks.append(dict(frames=frames, count=int(m["n"]), unit=m["unit"],
                                comm=who and who[0], pid=who and who[1],
                                nspid=who and who[2], tid=who and who[3]))
             frames, who = [], None

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from ustack.model import Frame, Stack, StackCount, UstackError
+from ustack.probes.weight import Weight
 from ustack.report.flamegraph_html import DiffFlameGraphReport
 from ustack.report.flametree import build_tree, flat_json
 from ustack.report.formats import FORMATS, ReportContext, run_context, stack_report
@@ -194,6 +195,10 @@ def test_page_title_and_time_of_a_profile():
      "time (off CPU)"),
     (run_context("profile", ["profile:hz:99"], 99), "ustack profile at 99 Hz", "samples"),
     (run_context("count", ["syscall:write"]), "ustack count syscall:write", "events"),
+    (run_context("count", ["syscall:write"], weight=Weight("count", "bytes")),
+     "ustack count syscall:write --weight count", "bytes (count)"),
+    (run_context("count", ["uprobe:/tmp/w:take"], weight=Weight("n")),
+     "ustack count uprobe:/tmp/w:take --weight n", "sum of n"),
 ])
 def test_page_says_what_its_title_and_widths_are(context, title, widths):
     """An off-CPU page is titled once by its command and its widths are
@@ -232,6 +237,16 @@ def test_svg_frames_carry_counts_in_titles():
     assert "right (100 events, 25.00%) [prog]" in titles
     assert titles.count("leaf (300 events, 75.00%) [prog]") == 1
     assert titles.count("leaf (100 events, 25.00%) [prog]") == 1
+
+
+def test_svg_of_weighted_stacks_names_what_they_sum():
+    """count --weight: the sums, named by the argument and its unit."""
+    context = run_context("count", ["syscall:write"], weight=Weight("count", "bytes"))
+    text = render(stack_report("svg", context=context), BRANCHES)
+    titles = [t for t, _, _ in svg_frames(text)]
+    assert "all (400 bytes (count), 100.00%)" in titles
+    assert "left (300 bytes (count), 75.00%) [prog]" in titles
+    assert "count · 400 bytes (count)" in text
 
 
 def test_svg_widths_and_rows():

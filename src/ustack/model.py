@@ -66,6 +66,7 @@ class TracepointProbe:
     group: str
     name: str
     label: str
+    fields: tuple = ()             # fields of its record read with each event (--weight)
 
 
 @value

@@ -38,6 +38,7 @@ class Options:
     offcpu: object | None = None        # offcpu: capture.bpf_offcpu.OffcpuFilter
     unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too
     python: bool = True                    # --no-python: no Python frames in native stacks
+    weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
 
     @property
     def runs_as(self) -> str:

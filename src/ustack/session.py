@@ -17,6 +17,7 @@ from .interrupt import Interrupt, Interrupted
 from .model import Losses, Piece, RawSample, StackCount, UstackError, unwound_sample
 from .options import Options
 from .probes.resolve import resolve_probes
+from .probes.weight import as_s64, weigh_probes, weigh_spec
 from .probes.spec import parse_event
 from .output import check_destination
 from .target import process
@@ -68,6 +69,7 @@ class Session:
         # names of Python code objects: the capture reads each as it sees
         # it, the resolver names frames with them (or a recording keeps them)
         self.python_code = PythonCode()
+        self.weight = None                 # count --weight: probes.weight.Weight
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
                                  frozenset(opts.comms)) or None
 
@@ -101,6 +103,8 @@ class Session:
         opts = self.opts
         self.started_ns = time.time_ns()
         specs = [parse_event(e) for e in opts.events]
+        if opts.weight is not None:
+            specs = [weigh_spec(s, opts.weight) for s in specs]
         if opts.record:
             check_destination(opts.record, what="a recording")
         if opts.pid is not None and opts.cmdline is not None:
@@ -115,6 +119,8 @@ class Session:
             process.attach(opts.container_pid)
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
         self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address)
+        if opts.weight is not None:
+            self.probes, self.weight = weigh_probes(self.probes, opts.weight)
         self.interrupt.check()
         self.labels = [p.label for p in self.probes]
         if opts.backend == "tracefs" and not opts.every_process:
@@ -312,12 +318,15 @@ class Session:
             yield from self.events_of(piece)
 
     def counts(self) -> list:
-        """Run to the end; the StackCounts of every distinct stack."""
+        """Run to the end; the StackCounts of every distinct stack (with
+        --weight, each count is the sum of the weights)."""
         counted: dict = {}                  # (probe, tid, resolver key) -> count
         key = self.resolver.key
         for s, n in self._counted_samples():
             k = (s.probe, s.tid, key(s))
             counted[k] = counted.get(k, 0) + n
+        if self.weight is not None:         # as the kernel's signed 64-bit sums
+            counted = {k: as_s64(n) for k, n in counted.items()}
         stack_of, comm, ns_id = self.resolver.stack_of, self.tracker.comm, self.tracker.ns_id
         per_thread = self.opts.per_thread
         return [StackCount(comm(rkey[0], tid), rkey[0], stack_of(rkey), n,
@@ -329,9 +338,10 @@ class Session:
         """(sample, count): each sample of the stream once (as the capture
         settles it), then what the kernel counted."""
         capture = self.capture
+        weighed = self.weight is not None
         for piece in self.pieces():
             for s in piece.samples:
-                yield capture.settle(s, self._unwound_now), 1
+                yield capture.settle(s, self._unwound_now), weight_of(s) if weighed else 1
         if not capture.counts_in_kernel:
             return
         exclude, keep, comm = self._excluded_pids(), self.keep, self.tracker.comm
@@ -354,6 +364,14 @@ class Session:
         Recorder saves the stream as it passes)."""
         for _counted in self._counted_samples():
             pass
+
+
+def weight_of(sample: RawSample) -> int:
+    """The value a weighted run sums for an event: its one fetch-arg (0
+    where the record could not hold it)."""
+    args = sample.args
+    value = args[0][2] if args else None
+    return value if isinstance(value, int) else 0
 
 
 class _Replay(Session):

@@ -58,7 +58,7 @@ int count_stack(void *ctx)
 {
 	enum count_option opts = options;
 	struct count_key key;
-	__u64 one = 1, *n;
+	__u64 weight, *n;
 	long err;
 
 	key.pid_tgid = bpf_get_current_pid_tgid();
@@ -77,9 +77,10 @@ int count_stack(void *ctx)
 		bpf_probe_read_user(&key.return_address, sizeof(key.return_address),
 				    (void *)(((struct pt_regs *)ctx)->sp
 					     + 8 * return_address_slot));
+	weight = event_weight(opts & COUNT_WEIGHT);
 	n = bpf_map_lookup_elem(&counts, &key);
 	if (!n) {
-		err = bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);
+		err = bpf_map_update_elem(&counts, &key, &weight, BPF_NOEXIST);
 		if (!err)
 			return result;
 		if (err == -EEXIST)	/* another CPU made it first: add to theirs */
@@ -89,6 +90,6 @@ int count_stack(void *ctx)
 			return result;
 		}
 	}
-	__sync_fetch_and_add(n, 1);
+	__sync_fetch_and_add(n, weight);
 	return result;
 }

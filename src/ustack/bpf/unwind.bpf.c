@@ -2,7 +2,8 @@
  * unwind.h's; capture/bpf_unwind.py loads them and tells the story):
  * unwind_count counts each distinct stack (count, profile):
  * STACKS[hash] = the stack, COUNTS[(pid_tgid, probe, kernel stack, hash)]
- * += 1; unwind_trace writes each event's record and frames into the ring
+ * += 1 (or the event's weight: UW_WEIGHT, also in a deferred record);
+ * unwind_trace writes each event's record and frames into the ring
  * (trace), its fetch-args after them where the probe has some (a tail call
  * into the code generated for them). Either defers a walk that ended NO_TABLE or VMA_BUSY (an object
  * mapped before its rows were loaded, a memory map locked in a sample's
@@ -90,7 +91,7 @@ static __always_inline void with_python(struct walk *w, enum unwind_option opts,
  * (its mapping's end) it ends after sp's page or the next: those are
  * copied one at a time. w->rec holds the record's head. */
 static __always_inline void fill_deferred(void *ctx, struct walk *w, struct deferred_record *d,
-					  __s32 kernel_stack)
+					  __s32 kernel_stack, __u64 weight)
 {
 	__u64 first;
 
@@ -105,6 +106,7 @@ static __always_inline void fill_deferred(void *ctx, struct walk *w, struct defe
 	d->sp = w->sp;
 	d->bp = w->bp;
 	d->kernel_stack = kernel_stack;
+	d->weight = weight;
 	if (!bpf_probe_read_user(d->stack, DEFER_STACK, (void *)w->sp)) {
 		d->copied = DEFER_STACK;
 	} else {
@@ -129,7 +131,8 @@ static __always_inline void record_head(struct walk *w, __u64 pid_tgid)
 
 /* A deferred record into the ring, for user space to unwind once it has
  * loaded what the walk missed; 0 when the ring is full (counted). */
-static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack)
+static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack,
+				 __u64 weight)
 {
 	struct deferred_record *d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
 
@@ -137,7 +140,7 @@ static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack)
 		count_unwind_error(UW_UNDEFERRED);
 		return 0;
 	}
-	fill_deferred(ctx, w, d, kernel_stack);
+	fill_deferred(ctx, w, d, kernel_stack, weight);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
 }
@@ -147,7 +150,7 @@ int unwind_count(void *ctx)
 {
 	enum unwind_option opts = options;
 	struct unwind_count_key key;
-	__u64 one = 1, *n;
+	__u64 weight, *n;
 	struct walk *w;
 	long err;
 
@@ -155,12 +158,13 @@ int unwind_count(void *ctx)
 	if (!in_scope(key.pid_tgid, opts))
 		return result;
 	key.probe = probe_index;
+	weight = event_weight(opts & UW_WEIGHT);
 	w = walked(ctx, opts, &key.kernel_stack);
 	if (!w)
 		return result;
 	if (deferrable(w, opts)) {
 		record_head(w, key.pid_tgid);
-		if (defer(ctx, w, key.kernel_stack))
+		if (defer(ctx, w, key.kernel_stack, weight))
 			return result;
 	}
 	with_python(w, opts, key.pid_tgid);
@@ -168,7 +172,7 @@ int unwind_count(void *ctx)
 		return result;
 	n = bpf_map_lookup_elem(&counts, &key);
 	if (!n) {
-		err = bpf_map_update_elem(&counts, &key, &one, BPF_NOEXIST);
+		err = bpf_map_update_elem(&counts, &key, &weight, BPF_NOEXIST);
 		if (!err)
 			return result;
 		if (err == -EEXIST)	/* another CPU made it first: add to theirs */
@@ -178,7 +182,7 @@ int unwind_count(void *ctx)
 			return result;
 		}
 	}
-	__sync_fetch_and_add(n, 1);
+	__sync_fetch_and_add(n, weight);
 	return result;
 }
 
@@ -200,12 +204,12 @@ int unwind_trace(void *ctx)
 	record_head(w, pid_tgid);
 	if (deferrable(w, opts)) {
 		if (!(opts & UW_FETCH_ARGS)) {
-			if (defer(ctx, w, kernel_stack))
+			if (defer(ctx, w, kernel_stack, 1))
 				return result;
 		} else {
 			dw = bpf_map_lookup_elem(&deferred_scratch, &zero);
 			if (dw) {
-				fill_deferred(ctx, w, &dw->d, kernel_stack);
+				fill_deferred(ctx, w, &dw->d, kernel_stack, 1);
 				/* outputs it, or counts UW_UNDEFERRED and goes on
 				 * in FETCH_STREAM with the stack as walked */
 				bpf_tail_call(ctx, &fetch_args, FETCH_DEFERRED);

@@ -42,6 +42,7 @@ enum count_option {
 	COUNT_WAIT_FOR_EXEC = 2,	/* a -c command: count once armed */
 	COUNT_KERNEL_STACK = 4,		/* --kernel */
 	COUNT_RETURN_ADDRESS = 8,	/* an entry uprobe: its caller's return address */
+	COUNT_WEIGHT = 16,		/* count --weight: add the event's weight, not 1 */
 };
 
 #define NO_STACK (-1)	/* the stack id stored when there is none */
@@ -72,6 +73,29 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 1);		/* sized by the loader */
 } tgids SEC(".maps");
+
+/* count --weight: the value of the event's argument, put here by the
+ * probe's program generated for it (capture/bpf_weight.py) before it
+ * tail-calls the counting program, which adds it in place of 1 (a
+ * trace event's programs do not nest on a CPU: bpf_prog_active) */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} weights SEC(".maps");
+
+/* what the event adds to its stack's count: 1, or its weight */
+static __always_inline __u64 event_weight(int weighted)
+{
+	__u32 zero = 0;
+	__u64 *w;
+
+	if (!weighted)
+		return 1;
+	w = bpf_map_lookup_elem(&weights, &zero);
+	return w ? *w : 0;
+}
 
 /* whether the held command has exec'd */
 static __always_inline int exec_seen(void)
@@ -222,6 +246,7 @@ enum unwind_option {
 	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
 	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call
@@ -303,6 +328,7 @@ struct deferred_record {
 	__u64 ip, sp, bp;
 	__s32 kernel_stack;
 	__u32 copied;
+	__u64 weight;		/* what the event adds to its stack's count */
 	__u8 stack[DEFER_STACK];
 };
 

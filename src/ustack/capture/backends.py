@@ -19,7 +19,8 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         from .bpf_funccount import FuncCountCapture
         return FuncCountCapture(probes, target)
     if backend == "bpf":
-        bpf_opts = dict(stack_storage=opts.stack_storage, kernel=opts.kernel_stacks)
+        bpf_opts = dict(stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
+                        weighted=getattr(opts, "weight", None) is not None)
         if kernel_tables is None:
             from .bpf_count import StackCountCapture
             return StackCountCapture(probes, target, opts.buffer_pages, **bpf_opts)

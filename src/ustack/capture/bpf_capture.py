@@ -58,8 +58,9 @@ class BpfCapture(Capture):
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 unwind_tables=None):
+                 unwind_tables=None, weighted: bool = False):
         self.probes = probes
+        self.weighted = weighted            # count --weight: sums, not hits
         self.target = target
         self.stack_storage = stack_storage
         self.kernel = kernel

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..model import Losses, RawSample
+from ..probes.weight import as_s64
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter
 
@@ -13,7 +14,8 @@ class StackCountCapture(BpfCapture):
 
     def _new_counter(self) -> BpfCounter:
         return BpfCounter(self.probes, self.owned, stack_storage=self.stack_storage,
-                          kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed)
+                          kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed,
+                          weighted=self.weighted)
 
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time
@@ -26,7 +28,7 @@ class StackCountCapture(BpfCapture):
                 c.probe, c.pid, c.tid, 0, -1, counter.stack_bytes(c.user_stack),
                 c.return_address.to_bytes(8, "little") if slot is not None else b"",
                 kernel=counter.stack_bytes(c.kernel_stack) if self.kernel else b"")
-            out.append((sample, c.count))
+            out.append((sample, as_s64(c.count) if self.weighted else c.count))
         return out
 
     def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:

@@ -131,7 +131,7 @@ class BpfCounter:
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 filter_tgid=None, armed=None):
+                 filter_tgid=None, armed=None, weighted: bool = False):
         self._no_maps_yet(probes, owned, kernel, armed)
         # frames kept per stack: the kernel's limit, at most bcc's 127
         self.max_depth = max(1, min(pe.max_stack(), 127))
@@ -143,6 +143,9 @@ class BpfCounter:
         self.errors = owned.error_counters(owned.map(obj.make_map("errors")),
                                            obj.enum("count_error"))
         self.named.update(stacks=self.stacks, counts=self.counts, errors=self.errors)
+        if weighted:
+            self.weigh(obj)
+            self.named["weights"] = self.weighing.weights
         self.follow_if_traced(filter_tgid)
 
     def _no_maps_yet(self, probes: list, owned: RunObjects, kernel: bool = False,
@@ -156,6 +159,13 @@ class BpfCounter:
         self.tgids = None                   # for tracepoints under -p/-c: see follow()
         self.loaded: dict = {}              # probe index -> program fd, load_programs()
         self.named: dict = {}               # the C programs' maps by their names
+        self.weighing = None                # count --weight: bpf_weight.WeightPrograms
+
+    def weigh(self, obj) -> None:
+        """Count each event's weight, not 1 (see capture/bpf_weight.py):
+        `obj`, the counting programs' object, declares the weights map."""
+        from .bpf_weight import WeightPrograms
+        self.weighing = WeightPrograms(self.owned, obj)
 
     def _program(self, index: int, probe) -> int:
         """Load the probe's program: counts.bpf.c's count_stack, told what
@@ -168,7 +178,8 @@ class BpfCounter:
                   and isinstance(probe, TracepointProbe),
                   "COUNT_WAIT_FOR_EXEC": armed and not isinstance(probe, ProfileProbe),
                   "COUNT_KERNEL_STACK": self.kernel,
-                  "COUNT_RETURN_ADDRESS": slot is not None}
+                  "COUNT_RETURN_ADDRESS": slot is not None,
+                  "COUNT_WEIGHT": self.weighing is not None}
         return self._load_c("counts", "count_stack", probe, {
             "probe_index": index, "result": result,
             "options": sum(bits[name] for name, on in wanted.items() if on),
@@ -220,7 +231,10 @@ class BpfCounter:
         for index, probe in enumerate(self.probes):
             if index not in self.loaded:
                 self.interrupt.check()      # the verifier takes ~8 ms a program
-                self.loaded[index] = self._program(index, probe)
+                fd = self._program(index, probe)
+                if self.weighing is not None:   # its weight's program goes first
+                    fd = self.weighing.wrap(index, probe, fd)
+                self.loaded[index] = fd
 
     def attach(self, capture) -> None:
         """Attach a program per probe: to every sampling event a PerfCapture

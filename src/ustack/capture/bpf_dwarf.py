@@ -9,6 +9,7 @@ import struct
 from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
+from ..probes.weight import as_s64
 from .bpf_unwind import (PYTHON_CODE, RECORD, KernelUnwinder, RingChunk, deferral_ring_bytes,
                          ring_samples)
 
@@ -31,7 +32,8 @@ class UnwindCountCapture(BpfCapture):
         counter = KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed, python=self.python,
-                        ring_bytes=deferral_ring_bytes(self.buffer_pages))
+                        ring_bytes=deferral_ring_bytes(self.buffer_pages),
+                        weighted=self.weighted)
         self._follow_python(counter)
         return counter
 
@@ -83,7 +85,8 @@ class UnwindCountCapture(BpfCapture):
         out = []
         for pid, tid, probe, chain, kstack, n in counter.unwound(reset):
             kernel = counter.stack_bytes(kstack) if self.kernel else b""
-            out.append((RawSample(probe, pid, tid, 0, -1, chain, b"", kernel=kernel), n))
+            out.append((RawSample(probe, pid, tid, 0, -1, chain, b"", kernel=kernel),
+                        as_s64(n) if self.weighted else n))
             self._note_cut(chain, n)
         return out
 
@@ -94,7 +97,8 @@ class UnwindCountCapture(BpfCapture):
         python = self.counter.python
         offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
                               self.counter.fetches, self._object_bytes,
-                              python.code_seen if python is not None else None)
+                              python.code_seen if python is not None else None,
+                              self.weighted)
         for s in samples[before:]:
             self._note_cut(s.callchain, 1)
         return offset

@@ -76,6 +76,7 @@ from ..target import process
 from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
                           prog_type_of)
 from .kernel_offsets import Offsets
+from ..probes.weight import WEIGHT_ARG, as_s64
 
 
 def unwind_object():
@@ -95,12 +96,12 @@ STACK_HEAD = _OBJ.layout("stack_head").struct     # frames, status
 # a trace record: time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu, then STACK_HEAD
 RECORD = _OBJ.layout("trace_record").struct
 # a deferred record (RECORD with no frames, status DEFERRED), then the
-# event's ip, sp, bp, kernel stack id, bytes of stack copied, then
-# DEFER_STACK bytes from sp (the copied ones first)
+# event's ip, sp, bp, kernel stack id, bytes of stack copied, its weight
+# (count --weight), then DEFER_STACK bytes from sp (the copied ones first)
 _DEFERRED = _OBJ.layout("deferred_record")
 _TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
 DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "kernel_stack",
-                                                          "copied")))
+                                                          "copied", "weight")))
 DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
 DEFER_RECORD = _DEFERRED.size
 DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
@@ -365,7 +366,7 @@ class KernelUnwinder(BpfCounter):
     def __init__(self, probes: list, owned, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
-                 fetches: tuple = (), python: bool = False):
+                 fetches: tuple = (), python: bool = False, weighted: bool = False):
         self._no_maps_yet(probes, owned, kernel, armed)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
@@ -387,6 +388,8 @@ class KernelUnwinder(BpfCounter):
         if python and ring_bytes:        # new code objects come by the ring
             from .bpf_python import PythonMaps, PythonProcs
             self.python = PythonProcs(owned.map(PythonMaps()))
+        if weighted and not self.trace:
+            self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)
 
     def _program(self, index: int, probe) -> int:
@@ -398,6 +401,7 @@ class KernelUnwinder(BpfCounter):
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
             fetch=fetch_maps, python=self.python.maps if self.python else None,
+            weights=self.weighing.weights if self.weighing else None,
             name=f"ustack_uw{index}")
         self.owned.program(fd)
         try:
@@ -474,24 +478,27 @@ def kernel_rodata(offsets: Offsets) -> dict:
 
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
-                 python=None, name: str = "ustack_uw") -> int:
+                 python=None, weights=None, name: str = "ustack_uw") -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
     deferred_scratch maps of a probe with fetch-args (trace); `python`:
-    python.h's maps (bpf_python.PythonMaps), to merge Python frames."""
+    python.h's maps (bpf_python.PythonMaps), to merge Python frames;
+    `weights`: count --weight's map (bpf_weight.py), whose value each
+    event adds in place of 1."""
     obj = unwind_object()
     named = maps.named()
     if python is not None:
         named.update(python.named())
     for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
-                   ("tgids", tgids), *(fetch or {}).items()):
+                   ("tgids", tgids), ("weights", weights), *(fetch or {}).items()):
         if m is not None:
             named[key] = m
     bits = obj.enum("unwind_option")
     wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
               "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None,
-              "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": python is not None}
+              "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": python is not None,
+              "UW_WEIGHT": weights is not None}
     before = set(named)
     try:
         return obj.load(program, named, {
@@ -512,7 +519,8 @@ class RingChunk(bytes):
 
 def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
-                 fetches: tuple = (), read_file=None, python_code=None) -> int:
+                 fetches: tuple = (), read_file=None, python_code=None,
+                 weighted: bool = False) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
@@ -520,7 +528,8 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
     values of the probe's fetch-args, which end each record (`read_file`:
     see bpf_fetchargs.FetchArgs.decode). A record naming Python code
     objects seen first goes to `python_code(pid, code)` for each, not to
-    the samples."""
+    the samples. `weighted` (count --weight): a deferred record's weight
+    is its sample's one arg, as the perf path's fetch-arg."""
     end = min(len(chunk), offset + limit)
     while offset < end:
         n = struct.unpack_from("<I", chunk, offset)[0]
@@ -534,15 +543,15 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             offset = rec + n
             continue
         if status == DEFERRED:
-            ip, sp, bp, kstack, size = DEFER.unpack_from(chunk, rec + RECORD.size)
+            ip, sp, bp, kstack, size, weight = DEFER.unpack_from(chunk, rec + RECORD.size)
             at = rec + RECORD.size + DEFER.size
             fetch = fetches[probe] if probe < len(fetches) else None
+            args = fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file) if fetch \
+                else ((WEIGHT_ARG, "dec", as_s64(weight)),) if weighted else ()
             samples.append(RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp},
-                stack=chunk[at:at + min(size, DEFER_STACK)],
-                args=fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file)
-                if fetch else (),
+                stack=chunk[at:at + min(size, DEFER_STACK)], args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b""))
             offset = rec + n
             continue

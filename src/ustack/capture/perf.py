@@ -76,6 +76,16 @@ def lockable_pages(pages: int, explicit: bool) -> int:
     return most
 
 
+def tracepoint_fields(probe: TracepointProbe):
+    """An ArgsDecoder of the fields a tracepoint's events carry (--weight),
+    or None for none."""
+    if not probe.fields:
+        return None
+    from ..kernel.tracefs import event_format as tracepoint_format
+    fields = tf.parse_format(tracepoint_format(probe.group, probe.name))
+    return tf.ArgsDecoder(fields, {name: "dec" for name in probe.fields})
+
+
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -186,6 +196,10 @@ class PerfCapture(Capture):
                 layout = EventLayout(index, stack, regs, slot, self._args[ident])
             return pe.make_attr(pe.TYPE_TRACEPOINT, ident, **common), layout
         if isinstance(probe, TracepointProbe):
+            fields = tracepoint_fields(probe)
+            if fields is not None:       # the values come in the RAW record
+                common["sample_type"] |= pe.SAMPLE_RAW
+                layout = EventLayout(index, stack, regs, slot, fields)
             return pe.make_attr(pe.TYPE_TRACEPOINT,
                                 tracepoint_id(probe.group, probe.name),
                                 **common), layout

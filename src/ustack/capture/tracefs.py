@@ -35,7 +35,7 @@ from ..model import Losses, MmapEvent, TracepointProbe, UprobeProbe, UstackError
 from ..probes.fetchargs import RESERVED_PREFIX
 from ..probes.resolve import is_glob
 from ..target.traced_command import TracedCommand
-from .perf import define_uprobe
+from .perf import define_uprobe, tracepoint_fields
 from .tracefs_maps import ProcessWatch
 from .contract import Capture
 
@@ -133,7 +133,10 @@ class TracefsCapture(Capture):
         self._enable.append(tuple(event.split("/")))
 
     def _tracepoint(self, index: int, probe: TracepointProbe) -> None:
-        self.layouts[tracepoint_id(probe.group, probe.name)] = EventLayout(index)
+        layout = EventLayout(index)
+        layout.args = tracepoint_fields(probe)
+        layout.keep = layout.args is not None
+        self.layouts[tracepoint_id(probe.group, probe.name)] = layout
         self._enable.append((probe.group, probe.name))
 
     def _follow_processes(self) -> None:

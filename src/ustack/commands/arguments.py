@@ -134,6 +134,11 @@ def add_count(sub) -> None:
     target_args(p)
     backend_arg(p, "perf", "bpf", "tracefs")
     count_args(p)
+    p.add_argument("--weight", metavar="EXPR",
+                   help="sum EXPR per stack instead of counting hits (bpftrace's "
+                        "sum(arg0)): a parameter name, argN, a fetch-arg "
+                        "('+8(%%di):u32'), retval at a uretprobe, a syscall's "
+                        "argument by name (count of syscall:write)")
     record_arg(p)
 
 

@@ -70,6 +70,10 @@ def main(args) -> int:
         check_stack_storage(args.stack_storage_size)
         opts.stack_storage = args.stack_storage_size
         opts.record = args.record
+        opts.weight = getattr(args, "weight", None)
+        if opts.weight is not None and opts.record:
+            raise UstackError("--weight sums in the report of a live run: "
+                              "it is not recorded (drop --record)")
     return run(opts)
 
 
@@ -189,12 +193,15 @@ def _count(session: Session, out, fmt: str) -> int:
     """Counted stacks in format `fmt`; returns the number of events."""
     opts = session.opts
     frequency = session.probes[0].hz if opts.runs_as == "profile" else None
-    context = run_context(opts.runs_as, session.labels, frequency, session.started_ns)
+    weight = session.weight
+    context = run_context(opts.runs_as, session.labels, frequency, session.started_ns,
+                          weight=weight)
     report = stack_report(fmt, opts.per_pid, opts.offsets, context)
     events = 0
     for counted in session.counts():
         report.add(counted)
-        events += counted.count
+        # a weighted count is a sum: stacks tell whether any event came
+        events += counted.count if weight is None else 1
     report.finish(out)
     return events
 

@@ -30,6 +30,7 @@ OBJ_GET_INFO_BY_FD = 15
 # map types
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE, MAP_LRU_HASH = 1, 2, 6, 7, 9
 MAP_PERCPU_HASH = 5
+MAP_PROG_ARRAY = 3                # tail calls' targets
 # program types (and what their context is)
 PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
 PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs
@@ -75,7 +76,7 @@ ADD, SUB, MUL, OR, AND, LSH, RSH, MOV = 0x00, 0x10, 0x20, 0x40, 0x50, 0x60, 0x70
 JA, JEQ, JGT, JGE, JNE, JSGT, JSGE, CALL, EXIT = (0x00, 0x10, 0x20, 0x30, 0x50,
                                                  0x60, 0x70, 0x80, 0x90)
 JSLT, JLT, JLE = 0xC0, 0xA0, 0xB0
-XOR, NEG = 0xA0, 0x80
+XOR, NEG, ARSH = 0xA0, 0x80, 0xC0
 DIV = 0x30                        # unsigned
 PSEUDO_MAP_FD = 1
 PSEUDO_CALL = 1                   # a call's src: a BPF function, imm = relative insn

@@ -1,11 +1,13 @@
 """`-f text` of count and profile: bcc stackcount's layout, frames innermost
-first, then the count; least to most frequent."""
+first, then the count; least to most frequent. A weighted count's line
+names what it sums: `600 bytes (count)`, `650 (sum of n)`."""
 from __future__ import annotations
 
 from io import TextIOBase
 
 from ..model import StackCount
 from .aggregate import merge
+from .formats import weight_of
 from .text import format_duration, frame_label, is_timed, python_label
 
 
@@ -27,8 +29,9 @@ def ids(host: int, inner: int) -> str:
 
 
 def format_counts(counts, per_pid: bool = False, offsets: bool = False,
-                  timed: bool = False) -> str:
-    """`timed`: counts are nanoseconds, shown as a time."""
+                  timed: bool = False, unit: str = "") -> str:
+    """`timed`: counts are nanoseconds, shown as a time; `unit`: what
+    follows each count."""
     label = frame_label if offsets else function_label
     out = []
     for sc in merge(counts, per_pid, offsets):
@@ -37,7 +40,7 @@ def format_counts(counts, per_pid: bool = False, offsets: bool = False,
         if per_pid:
             out.append(f"    {sc.comm} [{ids(sc.pid, sc.ns_pid)}]"
                        + (f" tid {ids(sc.tid, sc.ns_tid)}" if sc.tid else ""))
-        out.append(f"    {format_duration(sc.count) if timed else sc.count}")
+        out.append(f"    {format_duration(sc.count) if timed else sc.count}{unit}")
         out.append("")
     return "\n".join(out) + ("\n" if out else "")
 
@@ -48,10 +51,14 @@ class CountsReport:
     def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
         self.per_pid, self.offsets = per_pid, offsets
         self.timed = is_timed(context)
+        weight = weight_of(context)
+        self.unit = "" if weight is None else (
+            f" {weight.label}" if weight.unit else f" ({weight.label})")
         self.counted: list = []
 
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
     def finish(self, out: TextIOBase) -> None:
-        out.write(format_counts(self.counted, self.per_pid, self.offsets, self.timed))
+        out.write(format_counts(self.counted, self.per_pid, self.offsets, self.timed,
+                                self.unit))

@@ -12,6 +12,7 @@ from io import TextIOBase
 
 from ..model import StackCount
 from .flametree import TreeReport, flat_json
+from .formats import weight_of
 from .text import format_duration, is_timed
 
 
@@ -31,9 +32,13 @@ def graph_title(context, default: str = "Flame graph") -> str:
 
 def unit_of(context) -> str:
     """Timed samples are `samples` (and a time); times (offcpu)
-    `nanoseconds`; sizes (memleak) `bytes`; anything else `events`."""
+    `nanoseconds`; sizes (memleak) `bytes`; sums (count --weight) what
+    they sum, `bytes (count)` or `sum of EXPR`; anything else `events`."""
     if is_timed(context):
         return "nanoseconds"
+    weight = weight_of(context)
+    if weight is not None:
+        return weight.label
     if getattr(context, "value_unit", None) == "bytes":     # memleak
         return "bytes"
     return "samples" if context is not None and context.frequency else "events"

@@ -58,6 +58,8 @@ class ReportContext:
     # what a StackCount's `count` is: None for events (or samples of a
     # profile), "nanoseconds" when it is a time (offcpu), "bytes" a size (memleak)
     value_unit: str | None = None
+    # count --weight: a count is the sum of this argument (probes.weight.Weight)
+    weight: object | None = None
 
     @property
     def timed(self) -> bool:
@@ -67,13 +69,20 @@ class ReportContext:
 
 def run_context(command: str, labels, frequency: int | None = None,
                 start_ns: int | None = None,
-                value_unit: str | None = None) -> ReportContext:
+                value_unit: str | None = None, weight=None) -> ReportContext:
     """The context of a run's report, the same live and from its recording."""
     what = f"at {frequency} Hz" if frequency else ", ".join(labels)
     title = f"ustack {command} {what}" if what != command else f"ustack {command}"
+    if weight is not None:
+        title += f" --weight {weight.expr}"
     return ReportContext(command=command, events=tuple(labels), frequency=frequency,
                          title=title, start_ns=start_ns,
-                         value_unit=value_unit)
+                         value_unit=value_unit, weight=weight)
+
+
+def weight_of(context):
+    """The Weight a report's counts sum (probes.weight), or None."""
+    return getattr(context, "weight", None)
 
 
 FORMATS = _Registry({                 # counted stacks

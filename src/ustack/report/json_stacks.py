@@ -5,11 +5,15 @@ JSON, for scripts.
      "command": "count" | "profile" | …,
      "events": ["uprobe:/tmp/chain:d", …],
      "frequency": 49 | null,          # profile: samples per second
-     "unit": "count" | "nanoseconds" | "bytes", # of "value" below (memleak: bytes)
+     "unit": "count" | "nanoseconds" | "bytes" | "sum", # of "value" below
+                                      # (memleak: bytes; count --weight: bytes
+                                      # where it sums a byte count, else sum)
+     "weight": "count" | null,        # count --weight: the argument summed
      "stacks": [                      # most frequent first
        {"event": "uprobe:/tmp/chain:d", "comm": "chain", "pid": 4242,
         "count": 100,                 # events (or samples) with this stack;
-                                      # offcpu: nanoseconds, as value
+                                      # offcpu: nanoseconds, as value;
+                                      # --weight: the sum, as value
         "value": 100,                 # count, or count × 1e9/frequency ns
         "frames": [FRAME, …],         # innermost first
         "notes": ["…"]}]}             # what stopped the unwinder, if anything
@@ -34,6 +38,7 @@ from io import TextIOBase
 
 from ..model import StackCount
 from .pprof_objects import split_kernel
+from .formats import weight_of
 from .text import is_timed
 
 FORMAT_NAME = "ustack-stacks"
@@ -86,10 +91,14 @@ class JsonReport:
             tuple(f.function or "" for f in kv[0][3].frames)))
         events = (tuple(getattr(context, "events", ()))
                   or tuple(dict.fromkeys(sc.event for sc in self.counted)))
+        weight = weight_of(context)
+        unit = "nanoseconds" if ns else getattr(context, "value_unit", None) or "count"
+        if weight is not None:
+            unit = weight.unit or "sum"
         return {
             "format": FORMAT_NAME, "version": FORMAT_VERSION,
             "command": command, "events": list(events), "frequency": frequency,
-            "unit": "nanoseconds" if ns else getattr(context, "value_unit", None) or "count",
+            "unit": unit, "weight": weight.expr if weight is not None else None,
             "stacks": [{"event": event, "comm": comm, "pid": pid, "count": n,
                         "value": n * ns if ns else n,
                         "frames": frame_dicts(stack.frames),

@@ -5,7 +5,8 @@
   the CPU); a `profile` run has `samples/count` and `cpu/nanoseconds`
   (count × 1e9/Hz; period_type cpu/nanoseconds, period 1e9/Hz); a `count`
   run has `<event>/count` for one event, else `events/count` with an
-  `event` label on each sample.
+  `event` label on each sample; a `count --weight EXPR` run has
+  `EXPR/bytes` where it sums a byte count, else `EXPR/count`.
 - Labels: `pid` (a number), `comm`, and `note` when the unwinder left one.
 - Functions: the shown name, the linkage (mangled) name as system_name
   when the object's symbol table has it, the source file with --lines.
@@ -33,6 +34,7 @@ from io import BufferedIOBase
 
 from ..model import StackCount
 from .pprof_objects import ObjectFacts, split_kernel
+from .formats import weight_of
 from .text import is_timed
 
 KERNEL_MAPPING = "[kernel.kallsyms]"     # perf's and pprof's name for it
@@ -88,6 +90,7 @@ class _Builder:
         self.title = getattr(context, "title", "")
         self.timed = is_timed(context)
         self.bytes = getattr(context, "value_unit", None) == "bytes"
+        self.weight = weight_of(context)
         self.objects = ObjectFacts()
         self.strings: dict = {}
         self.functions: dict = {}        # (name, object path, source file) -> id
@@ -148,6 +151,9 @@ class _Builder:
         period = self._period()
         if self.timed:                   # offcpu: one value, the time off the CPU
             self.p.sample_type.add(type=self.s("offcpu"), unit=self.s("nanoseconds"))
+        elif self.weight is not None:    # count --weight: the argument's sums
+            self.p.sample_type.add(type=self.s(self.weight.expr),
+                                   unit=self.s(self.weight.unit or "count"))
         elif self.bytes:                 # memleak: bytes not freed, as heap profiles say
             self.p.sample_type.add(type=self.s("inuse_space"), unit=self.s("bytes"))
         elif period:

@@ -4,7 +4,9 @@ the file on speedscope's page or `speedscope FILE`.
 
 One "sampled" profile per event, or per event and process with -P; each
 distinct stack is a sample (frame indices, outermost first) weighted by
-its count, or by its time in nanoseconds for a `profile` run. Frames are
+its count, or by its time in nanoseconds for a `profile` run, or by the
+sum of its argument for `count --weight EXPR` (the profile's name then
+ends `(bytes (count))` or `(sum of EXPR)`). Frames are
 shared: name (the function; `[unknown] [module]` when unnamed; an inlined
 call is marked `(inlined)`), file (the source file with --lines, else the
 object's path) and line. Without -P a profile holding several commands
@@ -19,6 +21,7 @@ from io import TextIOBase
 
 from ..model import StackCount
 from .pprof_objects import split_kernel
+from .formats import weight_of
 from .text import is_timed
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
@@ -81,9 +84,13 @@ class SpeedscopeReport:
                       for (comm, stack), _n in ordered]
             weights = [n * ns_per_sample if ns_per_sample else n for _k, n in ordered]
             name = key[0] if not self.per_pid else f"{key[2]} [{key[1]}] {key[0]}"
+            weight = weight_of(self.context)
+            if weight is not None:
+                name += f" ({weight.label})"
             out.append({"type": "sampled", "name": name,
                         "unit": "nanoseconds" if ns_per_sample else (
                             "bytes" if getattr(self.context, "value_unit", None) == "bytes"
+                            or (weight is not None and weight.unit == "bytes")
                             else "none"),
                         "startValue": 0, "endValue": sum(weights),
                         "samples": stacks, "weights": weights})
