@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from helpers import (MIX, N, O2_NOFP, build, build_cxx, build_go, disassembly,
+from helpers import (FP, MIX, N, O2_NOFP, build, build_cxx, build_go, disassembly,
                      fail_one_line, label_values, nm_symbols, no_aslr, ok, parse_trace,
                      run_attached, run_ustack, spawn, split_and_dwz)
 from ustack.model import UstackError
@@ -393,3 +393,26 @@ def test_answers_kept_on_disk_are_the_dwarfs(args_c, args_cxx, tmp_path, monkeyp
         assert list((tmp_path / "cache" / "params").iterdir())
         assert DwarfParams(image).function_at(addr) == cold
         assert cold.params and cold.params[0].locations
+
+
+@pytest.mark.kernel
+def test_unoptimized_slot_refused_at_the_entry_read_past_the_prologue():
+    """At -O0 DWARF keeps i in a stack slot the prologue fills: at the
+    entry it holds whatever was there (a value read there would be wrong),
+    so ustack refuses; past the prologue, where gdb breaks, it reads what
+    the program passed."""
+    args_o0 = build("args", flags=FP)
+    msg = fail_one_line(run_ustack("trace", f"uprobe:{args_o0}:mix i", "-c", f"{args_o0} 0 1"))
+    assert msg == ("ustack: cannot fetch i at mix: DWARF keeps it in a stack slot that "
+                   "the function's prologue writes after the entry (code built without "
+                   "optimization), so at the entry it holds no value yet; probe past the "
+                   "prologue (FUNC+OFFSET) or fetch the register it arrives in ($arg1…)")
+    gdb = subprocess.run(["gdb", "-batch", "-nx", "-ex", "break mix", str(args_o0)],
+                         capture_output=True, text=True, timeout=60).stdout
+    past = int(re.search(r"Breakpoint 1 at (0x[0-9a-f]+)", gdb).group(1), 16)
+    offset = past - nm_symbols(args_o0)["mix"][0]
+    assert 0 < offset < 64, gdb
+    rows = trace_values(f"uprobe:{args_o0}:mix+{offset:#x} i neg big", "-c",
+                        f"{args_o0} 0 {N}")
+    assert [(r["i"], r["neg"], r["big"]) for r in rows] == \
+        [(str(i), str(-7 - i), "-1000000000000") for i in range(N)]

@@ -101,6 +101,38 @@ def return_address_slot(prefix: list, code: bytes, start: int, vaddr: int) -> in
     return depth if depth >= 0 else None
 
 
+def frame_pointer_cfa(code: bytes, start: int, vaddr: int) -> int | None:
+    """N where the CFA is %rbp + N at vaddr: the function (`code` from
+    `start`) opens with `push %rbp; mov %rsp,%rbp` (unoptimized code), and
+    every instruction from there to vaddr leaves rbp holding that frame
+    (an epilogue's `leave`/`pop %rbp` ends it; the code after a `ret` or
+    `jmp` is reached by a jump from the body, so it is framed again).
+    None when vaddr is not inside such a frame, or when unsure."""
+    seen, framed = 0, False
+    for addr, _size, mnem, ops in _lite(code, start):
+        if addr >= vaddr:
+            return 16 if framed else None
+        if seen == 0 and mnem == "endbr64":
+            continue
+        seen += 1
+        if seen == 1:
+            if (mnem, ops) != ("push", "rbp"):
+                return None
+            continue
+        if seen == 2:
+            if (mnem, ops) != ("mov", "rbp, rsp"):
+                return None
+            framed = True
+            continue
+        if mnem.startswith("leave") or (mnem, ops) == ("pop", "rbp"):
+            framed = False
+        elif mnem.startswith("ret") or mnem == "jmp":
+            framed = True           # what follows is reached by a jump from the body
+        elif ops.startswith("rbp,") or ops == "rbp":
+            return None             # rbp written otherwise: unsure
+    return None
+
+
 def _branch_targets(code: bytes, start: int) -> set:
     out = set()
     for _addr, _size, mnem, ops in _lite(code, start):

@@ -37,11 +37,12 @@ def is_name(fetch: str) -> bool:
 
 
 def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: int,
-                 kind: str, ra_slot: int | None) -> tuple:
+                 kind: str, ra_slot: int | None, fp_cfa: int | None = None) -> tuple:
     """(args in the kernel's syntax, ((name, display kind), …)) for the
     user's (name, fetch, type) triples at vaddr in `func` (shown as
     `where`). ra_slot: the return address's word index from %sp at vaddr
-    (None: unknown), which places the CFA."""
+    (None: unknown), which places the CFA; fp_cfa: N where the CFA is
+    %bp + N there (a frame-pointer frame), else None."""
     kinds = display_kinds(args)
     named = [a for a in args if is_name(a[1])]
     typed_ret = [a for a in args if a[1] == "$retval"]
@@ -65,7 +66,8 @@ def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: i
     for name, fetch, typ in args:
         if is_name(fetch):
             param = _param(info, fetch, func)
-            fetch, typ, kinds[name] = _param_fetch(param, typ, info, vaddr, where, ra_slot)
+            fetch, typ, kinds[name] = _param_fetch(param, typ, info, vaddr, where,
+                                                   ra_slot, fp_cfa)
         elif fetch == "$retval":
             fetch, typ, kinds[name] = _retval_fetch(info, typ, func, kinds[name])
         out.append((name, fetch, typ))
@@ -87,7 +89,7 @@ def _param(info: FunctionInfo, name: str, func: str):
 
 
 def _param_fetch(param, typ: str, info: FunctionInfo, vaddr: int, where: str,
-                 ra_slot: int | None) -> tuple:
+                 ra_slot: int | None, fp_cfa: int | None) -> tuple:
     """(fetch, kernel type, display kind) of one parameter at vaddr."""
     def cannot(why):
         raise NamedArgError(f"cannot fetch {param.name} at {where}: {why}")
@@ -107,11 +109,12 @@ def _param_fetch(param, typ: str, info: FunctionInfo, vaddr: int, where: str,
     if ops is None:
         cannot("it is optimized out there (no DWARF location covers "
                f"0x{vaddr:x})" if param.locations else "DWARF gives it no location")
-    fetch = _location(ops, info.frame_base, vaddr == info.low, ra_slot, cannot)
+    fetch = _location(ops, info.frame_base, vaddr == info.low, ra_slot, fp_cfa, cannot)
     return deref.format(fetch), typ, kind
 
 
-def _location(ops: tuple, frame_base: tuple, at_entry: bool, ra_slot, cannot) -> str:
+def _location(ops: tuple, frame_base: tuple, at_entry: bool, ra_slot, fp_cfa,
+              cannot) -> str:
     """A location expression as a kernel fetch: a register, or memory at
     an offset from one."""
     names = [op for op, _args in ops]
@@ -136,16 +139,25 @@ def _location(ops: tuple, frame_base: tuple, at_entry: bool, ra_slot, cannot) ->
     if reg is not None:
         return f"{args[-1]:+d}({_reg_name(reg, cannot)})"
     if op == "DW_OP_fbreg":
-        base, off = _frame_base(frame_base, at_entry, ra_slot, cannot)
+        base, off = _frame_base(frame_base, at_entry, ra_slot, fp_cfa, cannot)
+        if at_entry and base == "%sp" and off + args[0] < 0:
+            # below the stack pointer at the entry: a slot the prologue
+            # fills later (code built without optimization), not yet written
+            cannot("DWARF keeps it in a stack slot that the function's prologue "
+                   "writes after the entry (code built without optimization), so "
+                   "at the entry it holds no value yet; probe past the prologue "
+                   "(FUNC+OFFSET) or fetch the register it arrives in ($arg1…)")
         return f"{off + args[0]:+d}({base})"
     cannot(f"its DWARF location ({op}) is not a register or a stack slot")
 
 
-def _frame_base(frame_base: tuple, at_entry: bool, ra_slot, cannot) -> tuple:
+def _frame_base(frame_base: tuple, at_entry: bool, ra_slot, fp_cfa, cannot) -> tuple:
     """(register, offset) that DW_OP_fbreg counts from."""
     if len(frame_base) == 1:
         op, args = frame_base[0]
         if op == "DW_OP_call_frame_cfa":
+            if ra_slot is None and fp_cfa is not None:
+                return "%bp", fp_cfa
             if ra_slot is None:
                 cannot("its stack slot is relative to the frame (CFA), which ustack "
                        "places only at the function's entry and in straight-line "

@@ -297,8 +297,11 @@ def probe_at(spec, image, host, shown, sym: Symbol | None, vaddr: int,
     args, kinds = (), ()
     if spec.args:
         from ustack.probes.named_args import resolve_args       # DWARF: only for args
+        fp_cfa = None
+        if slot is None and proof.start is not None:
+            fp_cfa = prologue.frame_pointer_cfa(proof.code, proof.start, vaddr)
         args, kinds = resolve_args(spec.args, image, shown, sym.name if sym else where,
-                                   where, vaddr, spec.kind, slot)
+                                   where, vaddr, spec.kind, slot, fp_cfa)
     if spec.kind != "uprobe":
         # a uretprobe fires after the return: its caller's frame is the
         # top of the walk and no word on the stack is missing from it
