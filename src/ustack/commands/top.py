@@ -1,0 +1,137 @@
+"""`ustack top`: a profile shown live, the hottest functions refreshed
+every second (perf top, py-spy top). The run is profile's (run_session,
+Session.interval_counts); on a terminal the table fills the screen and q
+or Ctrl-C ends it; otherwise a plain snapshot is printed per refresh."""
+from __future__ import annotations
+
+import os
+import select
+import sys
+import termios
+import time
+import tty
+
+from .run import run_session
+from ..model import UstackError
+from ..options import check_frequency, run_options
+from ..report.top import FunctionTable, format_header, format_rows
+
+REFRESH_S = 1.0
+PLAIN_ROWS = 20                 # rows of a snapshot printed to a pipe or file
+
+
+def main(args) -> int:
+    """`ustack top` from its parsed arguments."""
+    opts = run_options(args)
+    check_frequency(args.frequency)
+    if args.rows is not None and args.rows <= 0:
+        raise UstackError("--rows must be a positive number")
+    opts.command = "profile"            # a profile, only shown differently
+    opts.events = [f"profile:hz:{args.frequency}"]
+    out = sys.stdout
+    view = (Screen(out, sys.stdin, args.rows) if out.isatty()
+            else Snapshots(out, args.rows or PLAIN_ROWS))
+
+    def body(session, progress) -> int:
+        progress.stop()                 # the table is the status
+        table = FunctionTable()
+        started = time.monotonic()
+
+        def draw() -> None:
+            view.draw(format_header(session.target.description, table,
+                                    session.capture.losses().lost, session.plan.backend,
+                                    time.monotonic() - started, args.sort),
+                      table, args.sort)
+
+        with view:
+            view.waiting(draw)
+            session.on_piece = lambda _piece: view.poll(session)
+            for counts in session.interval_counts(REFRESH_S):
+                if view.ended:
+                    break
+                table.refresh(counts)
+                draw()
+        return table.samples_all
+
+    return run_session(opts, body)[0]
+
+
+class Snapshots:
+    """Not a terminal: the header and the `rows` hottest rows, printed
+    once per refresh, a blank line after each."""
+    ended = False
+
+    def __init__(self, out, rows: int):
+        self.out, self.rows = out, rows
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def waiting(self, draw) -> None:
+        """Nothing to print before the first refresh."""
+
+    def poll(self, session) -> None:
+        """No keys to read."""
+
+    def draw(self, header: list, table: FunctionTable, sort: str) -> None:
+        lines = [*header, *format_rows(table, sort, self.rows, None)]
+        self.out.write("\n".join(lines) + "\n\n")
+        self.out.flush()
+
+
+class Screen:
+    """A terminal: the alternate screen, redrawn in place; the keyboard
+    read a key at a time (q ends the run; Ctrl-C stays a signal). The
+    terminal's modes and screen are restored on every way out."""
+
+    def __init__(self, out, keys, rows: int | None):
+        self.out, self.rows = out, rows
+        self.fd = keys.fileno() if keys is not None and keys.isatty() else None
+        self.saved = None
+        self.ended = False
+
+    def __enter__(self):
+        if self.fd is not None:
+            self.saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd, termios.TCSANOW)     # no echo, no line editing
+        self.out.write("\x1b[?1049h\x1b[?25l")          # alternate screen, no cursor
+        self.out.flush()
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.out.write("\x1b[?25h\x1b[?1049l")
+            self.out.flush()
+        finally:
+            if self.saved is not None:
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+        return False
+
+    def waiting(self, draw) -> None:
+        """The header and titles at once, before the first refresh."""
+        draw()
+
+    def poll(self, session) -> None:
+        """q (or Q) pressed: the run ends."""
+        if self.fd is None or self.ended:
+            return
+        while select.select([self.fd], [], [], 0)[0]:
+            data = os.read(self.fd, 64)
+            if not data or b"q" in data.lower():
+                self.ended = True
+                session.stop()
+                return
+
+    def draw(self, header: list, table: FunctionTable, sort: str) -> None:
+        size = os.get_terminal_size(self.out.fileno())
+        room = max(size.lines - 4, 1)            # header, titles, the key's line
+        titles, *rows = format_rows(table, sort, min(room, self.rows or room),
+                                    size.columns)
+        lines = [*(line[:size.columns] for line in header),
+                 f"\x1b[7m{titles}\x1b[0m", *rows]
+        self.out.write("\x1b[H" + "".join(line + "\x1b[K\r\n" for line in lines)
+                       + "q: quit"[:size.columns] + "\x1b[K\x1b[J")
+        self.out.flush()
