@@ -24,8 +24,8 @@ pytestmark = pytest.mark.kernel
 FRAMES_PY = Path(__file__).resolve().parent / "programs" / "python" / "frames.py"
 ROWS, COLUMNS = 30, 120
 TITLES = " %SELF %TOTAL     SELF    TOTAL  FUNCTION"
-# a row: %SELF %TOTAL SELF TOTAL FUNCTION [module]
-ROW = re.compile(r"^\s*([\d.]+)%\s+([\d.]+)%\s+(\d+)\s+(\d+)  (.+?)(?: \[([^\]]+)\])?$")
+# a row: %SELF %TOTAL SELF TOTAL FUNCTION [module] ("-": a refresh without samples)
+ROW = re.compile(r"^\s*([\d.]+%|-)\s+([\d.]+%|-)\s+(\d+)\s+(\d+)  (.+?)(?: \[([^\]]+)\])?$")
 ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 FIRST_REFRESHES = 3
 
@@ -99,8 +99,12 @@ def rows(screen: list) -> list:
     for line in screen[screen.index(TITLES) + 1:] if TITLES in screen else ():
         m = ROW.match(line)
         if m:
-            found.append((float(m[1]), float(m[2]), int(m[3]), int(m[4]), m[5], m[6]))
+            found.append((percent(m[1]), percent(m[2]), int(m[3]), int(m[4]), m[5], m[6]))
     return found
+
+
+def percent(text: str) -> float:
+    return 0.0 if text == "-" else float(text.rstrip("%"))
 
 
 def refreshed(screens: list) -> list:
@@ -239,3 +243,21 @@ def test_bad_input_is_one_line(args, message):
     assert res.returncode == 1
     assert res.stderr == message + "\n"
     assert res.stdout == ""
+
+
+def test_q_typed_before_the_first_screen_ends_the_run(terminal):
+    """q heard while the run is still being set up (typed before ustack
+    started): it ends then, unstarted or at once, its command ended and
+    the terminal's modes restored."""
+    busy = build("busy")
+    terminal.type(b"q")
+    run = terminal.start("-c", f"{busy} 60")
+    try:
+        _out, err = finish(run, 30)
+    finally:
+        stop(run)
+    if run.returncode == 130:               # heard before the probes were live
+        assert err.splitlines()[-1] == "ustack: interrupted while setting up: nothing was traced"
+    else:                                   # or as the run began
+        assert run.returncode == 0 and "was ended with the run" in err, err
+    assert termios.tcgetattr(terminal.slave) == terminal.modes

@@ -8,6 +8,7 @@ import os
 import select
 import sys
 import termios
+import threading
 import time
 import tty
 
@@ -15,8 +16,10 @@ from .run import run_session
 from ..model import UstackError
 from ..options import check_frequency, run_options
 from ..report.top import FunctionTable, format_header, format_rows
+from ..session import Session
 
 REFRESH_S = 1.0
+KEY_POLL_S = 0.1                # how soon the key reader hears the run end
 PLAIN_ROWS = 20                 # rows of a snapshot printed to a pipe or file
 
 
@@ -29,8 +32,8 @@ def main(args) -> int:
     opts.command = "profile"            # a profile, only shown differently
     opts.events = [f"profile:hz:{args.frequency}"]
     out = sys.stdout
-    view = (Screen(out, sys.stdin, args.rows) if out.isatty()
-            else Snapshots(out, args.rows or PLAIN_ROWS))
+    view = Screen(out, args.rows) if out.isatty() else Snapshots(out, args.rows or PLAIN_ROWS)
+    session = Session(opts)
 
     def body(session, progress) -> int:
         progress.stop()                 # the table is the status
@@ -45,22 +48,61 @@ def main(args) -> int:
 
         with view:
             view.waiting(draw)
-            session.on_piece = lambda _piece: view.poll(session)
             for counts in session.interval_counts(REFRESH_S):
-                if view.ended:
+                if keys.ended:
                     break
                 table.refresh(counts)
                 draw()
         return table.samples_all
 
-    return run_session(opts, body)[0]
+    # keys are heard from the start: a run set up over the whole machine
+    # takes seconds, and q ends it then too
+    with Keys(sys.stdin if out.isatty() else None, session) as keys:
+        return run_session(opts, body, session=session)[0]
+
+
+class Keys:
+    """The keyboard of the terminal the table is drawn on, read a key at a
+    time (no echo) in a thread of its own: q (or Q) ends the run (Ctrl-C
+    stays a signal). The terminal's modes are restored on every way out."""
+
+    def __init__(self, keys, session):
+        self.session = session
+        self.fd = keys.fileno() if keys is not None and keys.isatty() else None
+        self.ended = False
+        self._done = threading.Event()
+        self._saved = self._reader = None
+
+    def __enter__(self):
+        if self.fd is not None:
+            self._saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd, termios.TCSANOW)
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        if self._reader is not None:
+            self._reader.join()
+        if self._saved is not None:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+        return False
+
+    def _read(self) -> None:
+        while not self._done.is_set():
+            if not select.select([self.fd], [], [], KEY_POLL_S)[0]:
+                continue
+            data = os.read(self.fd, 64)
+            if not data or b"q" in data.lower():
+                self.ended = True
+                self.session.stop()
+                return
 
 
 class Snapshots:
     """Not a terminal: the header and the `rows` hottest rows, printed
     once per refresh, a blank line after each."""
-    ended = False
-
     def __init__(self, out, rows: int):
         self.out, self.rows = out, rows
 
@@ -73,9 +115,6 @@ class Snapshots:
     def waiting(self, draw) -> None:
         """Nothing to print before the first refresh."""
 
-    def poll(self, session) -> None:
-        """No keys to read."""
-
     def draw(self, header: list, table: FunctionTable, sort: str) -> None:
         lines = [*header, *format_rows(table, sort, self.rows, None)]
         self.out.write("\n".join(lines) + "\n\n")
@@ -83,47 +122,25 @@ class Snapshots:
 
 
 class Screen:
-    """A terminal: the alternate screen, redrawn in place; the keyboard
-    read a key at a time (q ends the run; Ctrl-C stays a signal). The
-    terminal's modes and screen are restored on every way out."""
+    """A terminal: the alternate screen without a cursor, redrawn in place
+    as many rows as it has; the screen it replaced comes back at the end."""
 
-    def __init__(self, out, keys, rows: int | None):
+    def __init__(self, out, rows: int | None):
         self.out, self.rows = out, rows
-        self.fd = keys.fileno() if keys is not None and keys.isatty() else None
-        self.saved = None
-        self.ended = False
 
     def __enter__(self):
-        if self.fd is not None:
-            self.saved = termios.tcgetattr(self.fd)
-            tty.setcbreak(self.fd, termios.TCSANOW)     # no echo, no line editing
-        self.out.write("\x1b[?1049h\x1b[?25l")          # alternate screen, no cursor
+        self.out.write("\x1b[?1049h\x1b[?25l")
         self.out.flush()
         return self
 
     def __exit__(self, *exc):
-        try:
-            self.out.write("\x1b[?25h\x1b[?1049l")
-            self.out.flush()
-        finally:
-            if self.saved is not None:
-                termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+        self.out.write("\x1b[?25h\x1b[?1049l")
+        self.out.flush()
         return False
 
     def waiting(self, draw) -> None:
         """The header and titles at once, before the first refresh."""
         draw()
-
-    def poll(self, session) -> None:
-        """q (or Q) pressed: the run ends."""
-        if self.fd is None or self.ended:
-            return
-        while select.select([self.fd], [], [], 0)[0]:
-            data = os.read(self.fd, 64)
-            if not data or b"q" in data.lower():
-                self.ended = True
-                session.stop()
-                return
 
     def draw(self, header: list, table: FunctionTable, sort: str) -> None:
         size = os.get_terminal_size(self.out.fileno())
