@@ -15,8 +15,9 @@ def function_key(f) -> tuple:
     a JIT's frame as a function of its own kind, `leaf (app.py)`."""
     if f.kind:
         return (f.kind, f"{f.function} ({f.module})" if f.module else f.function or "?")
-    if f.function is None:
-        return ("", f"[{f.module}]" if f.module else "[unknown]")
+    if f.function is None:              # by its module: `[libfoo.so]`, `[uprobes]`
+        name = f.module if f.module.startswith("[") else f"[{f.module}]"
+        return ("", name if f.module else "[unknown]")
     return (f.module, f.function + (" (inlined)" if f.inlined else ""))
 
 
