@@ -126,8 +126,10 @@ def terminal():
     t.close()
 
 
-@pytest.mark.parametrize("backend", ["bpf", "perf"])
-def test_busy_on_a_terminal_then_q(terminal, backend):
+@pytest.mark.parametrize("backend, key", [("bpf", b"q"), ("perf", b"\x03")])
+def test_busy_on_a_terminal_then_a_key_ends_it(terminal, backend, key):
+    """q, or Ctrl-C (a signal to the terminal's foreground: ustack and its
+    command), ends the run with status 0 and the terminal as it was."""
     busy = build("busy")
     run = terminal.start("-c", f"{busy} 60", "--backend", backend)
     try:
@@ -140,7 +142,7 @@ def test_busy_on_a_terminal_then_q(terminal, backend):
         assert re.fullmatch(rf"samples \d+ \(total \d+\), lost \d+; backend {backend}; "
                             r"\d+ s; sorted by self", screen[1]), screen[1]
         assert len(screen) <= ROWS and all(len(line) <= COLUMNS for line in screen)
-        terminal.type(b"q")
+        terminal.type(key)
         _out, err = finish(run, 30)
     finally:
         stop(run)
