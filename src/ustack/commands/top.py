@@ -32,7 +32,9 @@ def main(args) -> int:
     opts.command = "profile"            # a profile, only shown differently
     opts.events = [f"profile:hz:{args.frequency}"]
     out = sys.stdout
-    view = Screen(out, args.rows) if out.isatty() else Snapshots(out, args.rows or PLAIN_ROWS)
+    keys_read = out.isatty() and sys.stdin is not None and sys.stdin.isatty()
+    view = (Screen(out, args.rows, "q or Ctrl-C: quit" if keys_read else "Ctrl-C: quit")
+            if out.isatty() else Snapshots(out, args.rows or PLAIN_ROWS))
     session = Session(opts)
 
     def body(session, progress) -> int:
@@ -57,7 +59,7 @@ def main(args) -> int:
 
     # keys are heard from the start: a run set up over the whole machine
     # takes seconds, and q ends it then too
-    with Keys(sys.stdin if out.isatty() else None, session) as keys:
+    with Keys(sys.stdin if keys_read else None, session) as keys:
         return run_session(opts, body, session=session)[0]
 
 
@@ -68,7 +70,7 @@ class Keys:
 
     def __init__(self, keys, session):
         self.session = session
-        self.fd = keys.fileno() if keys is not None and keys.isatty() else None
+        self.fd = keys.fileno() if keys is not None else None
         self.ended = False
         self._done = threading.Event()
         self._saved = self._reader = None
@@ -93,7 +95,10 @@ class Keys:
         while not self._done.is_set():
             if not select.select([self.fd], [], [], KEY_POLL_S)[0]:
                 continue
-            data = os.read(self.fd, 64)
+            try:
+                data = os.read(self.fd, 64)
+            except OSError:                 # the terminal is gone: so is the view
+                data = b""
             if not data or b"q" in data.lower():
                 self.ended = True
                 self.session.stop()
@@ -103,6 +108,7 @@ class Keys:
 class Snapshots:
     """Not a terminal: the header and the `rows` hottest rows, printed
     once per refresh, a blank line after each."""
+
     def __init__(self, out, rows: int):
         self.out, self.rows = out, rows
 
@@ -125,8 +131,8 @@ class Screen:
     """A terminal: the alternate screen without a cursor, redrawn in place
     as many rows as it has; the screen it replaced comes back at the end."""
 
-    def __init__(self, out, rows: int | None):
-        self.out, self.rows = out, rows
+    def __init__(self, out, rows: int | None, hint: str):
+        self.out, self.rows, self.hint = out, rows, hint
 
     def __enter__(self):
         self.out.write("\x1b[?1049h\x1b[?25l")
@@ -144,11 +150,11 @@ class Screen:
 
     def draw(self, header: list, table: FunctionTable, sort: str) -> None:
         size = os.get_terminal_size(self.out.fileno())
-        room = max(size.lines - 4, 1)            # header, titles, the key's line
+        room = max(size.lines - 4, 1)            # header, titles, the hint's line
         titles, *rows = format_rows(table, sort, min(room, self.rows or room),
                                     size.columns)
         lines = [*(line[:size.columns] for line in header),
                  f"\x1b[7m{titles}\x1b[0m", *rows]
         self.out.write("\x1b[H" + "".join(line + "\x1b[K\r\n" for line in lines)
-                       + "q: quit"[:size.columns] + "\x1b[K\x1b[J")
+                       + self.hint[:size.columns] + "\x1b[K\x1b[J")
         self.out.flush()
