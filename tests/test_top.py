@@ -263,3 +263,30 @@ def test_q_typed_before_the_first_screen_ends_the_run(terminal):
     else:                                   # or as the run began
         assert run.returncode == 0 and "was ended with the run" in err, err
     assert termios.tcgetattr(terminal.slave) == terminal.modes
+
+
+def test_the_last_table_stays_when_the_command_ends(terminal):
+    """A run that ends on its own (here its command exits) leaves its last
+    table on the terminal's own screen, plain lines."""
+    busy = build("busy")
+    run = terminal.start("-c", f"{busy} 2", "-n", "3")
+    try:
+        _out, err = finish(run, 60)
+    finally:
+        stop(run)
+    assert run.returncode == 0, err
+
+    def left():
+        """The lines written after the screen was left."""
+        received = bytes(terminal.received)
+        if b"\x1b[?1049l" not in received:
+            return []
+        return received.split(b"\x1b[?1049l")[-1].decode().split("\r\n")
+
+    terminal.wait_for(lambda _s: len(left()) == 2 + 1 + 3 + 1)    # and the last \r\n
+    lines = left()[:-1]
+    after = "".join(lines)
+    assert re.fullmatch(rf"ustack top: '{re.escape(str(busy))} 2' \(PID \d+\)", lines[0])
+    assert lines[2] == TITLES and "\x1b" not in after
+    assert rows(lines)[0][4:] == ("spin_here", "busy") and len(rows(lines)) == 3
+    assert termios.tcgetattr(terminal.slave) == terminal.modes

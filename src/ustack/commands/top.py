@@ -55,6 +55,12 @@ def main(args) -> int:
                     break
                 table.refresh(counts)
                 draw()
+        if not session.interrupt.requested:
+            # ended on its own (the command exited, -d): the last table
+            # stays on the terminal once its screen is gone
+            view.leave(format_header(session.target.description, table,
+                                     session.capture.losses().lost, session.plan.backend,
+                                     time.monotonic() - started, args.sort), table, args.sort)
         return table.samples_all
 
     # keys are heard from the start: a run set up over the whole machine
@@ -121,6 +127,9 @@ class Snapshots:
     def waiting(self, draw) -> None:
         """Nothing to print before the first refresh."""
 
+    def leave(self, header: list, table: FunctionTable, sort: str) -> None:
+        """The last refresh was printed already."""
+
     def draw(self, header: list, table: FunctionTable, sort: str) -> None:
         lines = [*header, *format_rows(table, sort, self.rows, None)]
         self.out.write("\n".join(lines) + "\n\n")
@@ -147,6 +156,14 @@ class Screen:
     def waiting(self, draw) -> None:
         """The header and titles at once, before the first refresh."""
         draw()
+
+    def leave(self, header: list, table: FunctionTable, sort: str) -> None:
+        """The last table as plain lines on the terminal's own screen."""
+        size = os.get_terminal_size(self.out.fileno())
+        room = max(size.lines - 4, 1)
+        lines = [*header, *format_rows(table, sort, min(room, self.rows or room), None)]
+        self.out.write("".join(line[:size.columns] + "\n" for line in lines))
+        self.out.flush()
 
     def draw(self, header: list, table: FunctionTable, sort: str) -> None:
         size = os.get_terminal_size(self.out.fileno())
