@@ -248,6 +248,7 @@ OPTION_POOL = {
               "--lines", "--inlines"],
     "profile": ["-F", "-d", "--unwind", "--backend", "-f", "-o", "--kernel",
                 "--record", "--stack-size", "-P", "--offsets"],
+    "top": ["-F", "-d", "--unwind", "--backend", "--sort", "-n", "--stack-size"],
     "funccount": ["-i", "-d", "-o", "--backend"],
     "record": ["-F", "-o", "--raw-stacks", "--archive", "--kernel", "--backend",
                "--unwind", "--stack-size", "-d"],
@@ -267,6 +268,8 @@ VALUES = {
     "--stack-storage-size": ["0", "-1", "1", "1000000000", "x"],
     "--record": ["rec.ustack", "", "nodir/rec", "."],
     "--debug-dir": [".", "/nonexistent", ""],
+    "--sort": ["self", "total", "name", ""],
+    "-n": ["1", "0", "-3", "x"],
 }
 STRAY = ["--", "-", "--pi", "--comm", "-x", "--help", "--version", "--nosuch",
          "-dd", "--duration=", "-F=99", "-o=", "---", "-P-"]
@@ -288,7 +291,7 @@ def random_argv(r: random.Random, chain) -> list:
     if cmd == "funccount":
         rest.append(mutate_text(r, f"{chain}:d*", 1) if r.random() < 0.5 else
                     r.choice([f"{chain}:*", "libc:mem*", "nosuch:x", "", ":"]))
-    elif cmd != "profile":
+    elif cmd not in ("profile", "top"):
         rest += [random_spec(r, chain) for _ in range(r.randint(0 if cmd == "record" else 1, 2))]
     for _ in range(r.randint(0, 5)):
         opt = r.choice(OPTION_POOL[cmd])

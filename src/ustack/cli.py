@@ -16,7 +16,8 @@ from .model import UstackError
 # a builder in commands/arguments.py, a module with main(args), and a line here.
 COMMANDS = {
     "trace": (a.add_trace, "run"), "count": (a.add_count, "run"),
-    "profile": (a.add_profile, "run"), "offcpu": (a.add_offcpu, "offcpu"),
+    "profile": (a.add_profile, "run"), "top": (a.add_top, "top"),
+    "offcpu": (a.add_offcpu, "offcpu"),
     "symbolize": (a.add_symbolize, "symbolize"),
     "funccount": (a.add_funccount, "run"), "latency": (a.add_latency, "latency"),
     "memleak": (a.add_memleak, "memleak"), "list": (a.add_list, "list"),
@@ -56,7 +57,7 @@ def _help_width() -> int:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or with `only` the one subcommand a run
-    names: building all twelve costs ~8 ms of start-up (argparse and
+    names: building them all costs ~8 ms of start-up (argparse and
     gettext), for a --help that lists them."""
     parser = _Parser(prog="ustack",
                      description="User-space call stacks of Linux processes.")

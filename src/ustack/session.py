@@ -32,6 +32,7 @@ from .values import fields
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
 STOP_S = 0.3                       # asked to end: decoding time left for what was sent
+MAX_NAMED_STACKS = 100_000         # interval_counts' symbolized stacks kept between refreshes
 _TICK = Piece((), ())              # a step with nothing in it: time passed
 
 
@@ -321,13 +322,50 @@ class Session:
         """Run to the end; the StackCounts of every distinct stack (with
         --weight, each count is the sum of the weights)."""
         counted: dict = {}                  # (probe, tid, resolver key) -> count
+        self._add_counts(counted, self._counted_samples())
+        return self._stack_counts(counted, self.resolver.stack_of)
+
+    def interval_counts(self, seconds: float):
+        """Run to the end, yielding every `seconds` (and once at the end)
+        the StackCounts of what was counted since the last yield: a live
+        view's refreshes. The kernel's counts are read and reset each time."""
+        named: dict = {}                    # resolver key -> Stack, across intervals
+        stack_of = self.resolver.stack_of
+
+        def stack(rkey):
+            found = named.get(rkey)
+            if found is None:
+                if len(named) > MAX_NAMED_STACKS:
+                    named.clear()
+                found = named[rkey] = stack_of(rkey)
+            return found
+
+        counted: dict = {}
+        due = time.monotonic() + seconds
+        settle = self.capture.settle
+        for piece in self.pieces():
+            self._add_counts(counted, ((settle(s, self._unwound_now), 1)
+                                       for s in piece.samples))
+            if time.monotonic() >= due:
+                due = max(due + seconds, time.monotonic())
+                self._add_counts(counted, self._kernel_counted(reset=True))
+                yield self._stack_counts(counted, stack)
+                counted = {}
+        self._add_counts(counted, self._kernel_counted(reset=True))
+        self._whole = True
+        yield self._stack_counts(counted, stack)
+
+    def _add_counts(self, counted: dict, samples) -> None:
+        """(sample, count) pairs added to `counted` by (probe, tid, resolver key)."""
         key = self.resolver.key
-        for s, n in self._counted_samples():
+        for s, n in samples:
             k = (s.probe, s.tid, key(s))
             counted[k] = counted.get(k, 0) + n
+
+    def _stack_counts(self, counted: dict, stack_of) -> list:
+        comm, ns_id = self.tracker.comm, self.tracker.ns_id
         if self.weight is not None:         # as the kernel's signed 64-bit sums
             counted = {k: as_s64(n) for k, n in counted.items()}
-        stack_of, comm, ns_id = self.resolver.stack_of, self.tracker.comm, self.tracker.ns_id
         per_thread = self.opts.per_thread
         return [StackCount(comm(rkey[0], tid), rkey[0], stack_of(rkey), n,
                            self.labels[probe], tid if per_thread else 0,
@@ -342,15 +380,22 @@ class Session:
         for piece in self.pieces():
             for s in piece.samples:
                 yield capture.settle(s, self._unwound_now), weight_of(s) if weighed else 1
+        counted = self._kernel_counted()
+        self._whole = True
+        yield from counted
+
+    def _kernel_counted(self, reset: bool = False) -> list:
+        """(sample, count) the kernel counted (so far: `reset` zeroes it),
+        of the run's processes; [] where the kernel counts nothing."""
+        capture = self.capture
         if not capture.counts_in_kernel:
-            return
+            return []
         exclude, keep, comm = self._excluded_pids(), self.keep, self.tracker.comm
-        counted = [(s, n) for s, n in capture.counted()
+        counted = [(s, n) for s, n in capture.counted(reset)
                    if s.pid not in exclude and (keep is None or keep(s, comm(s.pid, s.tid)))]
         if self.recorder is not None:
             self.recorder.add_counted(counted)
-        self._whole = True
-        yield from counted
+        return counted
 
     def _unwound_now(self, s: RawSample) -> tuple:
         """(UnwoundSample, kernel frames, whether its addresses key it

@@ -54,7 +54,8 @@ class UnwindCountCapture(BpfCapture):
                     and self.armed is not None:
                 python.watch_command(self.target.pid, self.armed)
         else:               # the Python processes running now (-p, system-wide)
-            python.add_running([self.target.pid] if scope == "pid" else procfs.pids())
+            python.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
+                               self.interrupt)
 
     def decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """BpfCapture's, with the Python processes followed as the records

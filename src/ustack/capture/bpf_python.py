@@ -23,6 +23,7 @@ import time
 
 from ..kernel import bpf_syscall
 from ..kernel import procfs
+from ..interrupt import NEVER
 from ..model import CommEvent, ExitEvent, Mapping, MmapEvent
 from ..unwind import python_runtime
 
@@ -159,9 +160,12 @@ class PythonProcs:
         except OSError:             # the map closed under us: the run ended
             return
 
-    def add_running(self, pids: list) -> None:
-        """Processes running at the start (-p, system-wide)."""
+    def add_running(self, pids: list, interrupt=NEVER) -> None:
+        """Processes running at the start (-p, system-wide); looking at
+        every process of a busy machine takes seconds: a run asked to end
+        gives up between two."""
         for pid in pids:
+            interrupt.check()
             self.add(pid)
 
     def follow(self, metas: list) -> None:

@@ -8,6 +8,7 @@ import argparse
 from ..defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
                         DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from ..report.formats import EVENT_FORMATS, EXTENSIONS, FORMATS
+from ..report.top import SORTS
 
 EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
               "uretprobe:PATH:FUNC  tracepoint:GROUP:NAME  profile:hz:N")
@@ -150,6 +151,26 @@ def add_profile(sub) -> None:
     backend_arg(p, "perf", "bpf")
     count_args(p)
     record_arg(p)
+
+
+def add_top(sub) -> None:
+    p = sub.add_parser("top", help="the hottest functions of a profile, live "
+                       "(perf top, py-spy top)",
+                       description="Sample on-CPU stacks and show the functions "
+                       "with the most samples of their own (self) and under them "
+                       "(total), refreshed every second; q or Ctrl-C ends it. "
+                       "When stdout is not a terminal, a plain snapshot is "
+                       "printed every second instead.")
+    p.add_argument("-F", "--frequency", type=int, default=99, metavar="HZ",
+                   help="samples per second per CPU (default 99)")
+    p.add_argument("--sort", choices=SORTS, default="self",
+                   help="rank by self samples (default) or by total samples")
+    p.add_argument("-n", "--rows", type=int, metavar="N",
+                   help="show at most N functions (default: as many as the "
+                        "terminal has rows; 20 when not a terminal)")
+    target_args(p)
+    backend_arg(p, "perf", "bpf")
+    p.set_defaults(output=None)
 
 
 def add_symbolize(sub) -> None:

@@ -1,0 +1,65 @@
+"""`ustack top`'s table from known stacks: what a row counts (self, total
+once per sample however deep the recursion, an interpreter's frames), and
+the text it is drawn as."""
+from __future__ import annotations
+
+from ustack.model import Frame, Stack, StackCount
+from ustack.report.top import FunctionTable, format_header, format_rows
+
+
+def counted(n: int, *frames: Frame) -> StackCount:
+    return StackCount("prog", 7, Stack(tuple(frames)), n, "profile:hz:99")
+
+
+def native(name: str, module: str = "prog") -> Frame:
+    return Frame(0x1000, module, name)
+
+
+def python(name: str, line: int = 3) -> Frame:
+    return Frame(0, "app.py", name, file="/srv/app.py", line=line, kind="python")
+
+
+def test_recursion_counts_once_and_self_goes_to_the_leaf():
+    table = FunctionTable()
+    table.refresh([counted(10, native("f"), native("f"), native("f"), native("main")),
+                   counted(5, native("g"), native("main"), native("_start"))])
+    assert format_rows(table, "self", None, None) == [
+        " %SELF %TOTAL     SELF    TOTAL  FUNCTION",
+        " 66.7%  66.7%       10       10  f [prog]",
+        " 33.3%  33.3%        5        5  g [prog]",
+        "  0.0% 100.0%        0       15  main [prog]",
+        "  0.0%  33.3%        0        5  _start [prog]",
+    ]
+    assert [r[0] for r in table.rows("total")] == [
+        ("prog", "main"), ("prog", "f"), ("prog", "g"), ("prog", "_start")]   # a tie: self
+
+
+def test_a_python_stack_gives_its_self_time_to_the_innermost_python_function():
+    """The interpreter's C frames below a Python frame are its work (as
+    py-spy top counts it); lines of one function make one row."""
+    table = FunctionTable()
+    table.refresh([
+        counted(8, native("long_add", "python3.11"), native("_PyEval_EvalFrameDefault",
+                "python3.11"), python("leaf", 3), python("main", 9), native("main", "python3.11")),
+        counted(2, python("leaf", 4), python("main", 9), native("main", "python3.11"))])
+    rows = format_rows(table, "self", 3, None)
+    assert rows[1:] == [
+        "100.0% 100.0%       10       10  leaf (app.py) [python]",
+        "  0.0% 100.0%        0       10  main (app.py) [python]",
+        "  0.0% 100.0%        0       10  main [python3.11]",
+    ]
+
+
+def test_percentages_are_the_last_refresh_and_counts_the_run():
+    table = FunctionTable()
+    table.refresh([counted(30, native("f"))])
+    table.refresh([counted(1, native("f")), counted(3, native("g"))])
+    assert format_rows(table, "self", None, 38) == [        # cut to 38 columns
+        " %SELF %TOTAL     SELF    TOTAL  FUNCT",
+        " 75.0%  75.0%        3        3  g [pr",
+        " 25.0%  25.0%       31       31  f [pr",
+    ]
+    assert format_header("PID 7", table, 2, "bpf", 2.4, "self") == [
+        "ustack top: PID 7", "samples 4 (total 34), lost 2; backend bpf; 2 s; sorted by self"]
+    table.refresh([])
+    assert format_rows(table, "self", 1, None)[1] == "     -      -       31       31  f [prog]"
