@@ -20,6 +20,7 @@ from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_WH
 from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, READ_MOST
 from .run_objects import RunObjects
+from . import uprobe_links
 from ..values import value
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -155,6 +156,9 @@ class BpfCounter:
         self.armed = armed
         self.tgids = None                   # for tracepoints under -p/-c: see follow()
         self.loaded: dict = {}              # probe index -> program fd, load_programs()
+        # the probes behind uprobe_multi links (capture/uprobe_links.py): one
+        # program for them all, the run's perf events have none of them
+        self.linked: frozenset = frozenset()
         self.named: dict = {}               # the C programs' maps by their names
 
     def _program(self, index: int, probe) -> int:
@@ -174,7 +178,8 @@ class BpfCounter:
             "options": sum(bits[name] for name, on in wanted.items() if on),
             "return_address_slot": slot or 0}, f"ustack_{index}")
 
-    def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str) -> int:
+    def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str,
+                attach_type: int | None = None) -> int:
         """Load a C program for `probe` with the run's maps; a map it names
         and the run lacks (no -c: no `armed`) is made as the C declares it,
         once, and closed with the rest."""
@@ -184,7 +189,7 @@ class BpfCounter:
                 maps[shared] = m
         before = set(maps)
         fd = self.owned.program(bpf_program_object(obj_name).load(
-            program, maps, rodata, prog_type_of(probe), name))
+            program, maps, rodata, prog_type_of(probe), name, attach_type))
         for name in set(maps) - before:
             self.named[name] = self.owned.map(maps[name])
         return fd
@@ -192,7 +197,7 @@ class BpfCounter:
     def follow_if_traced(self, tgid) -> None:
         """follow(tgid) when a -p/-c run (tgid) has trace events, whose
         programs see every process and filter on the set; uprobe and
-        profile events are scoped to the target by the kernel."""
+        profile events (and links) are scoped to the target by the kernel."""
         if tgid is not None and any(isinstance(p, TracepointProbe) for p in self.probes):
             self.follow(tgid)
 
@@ -220,7 +225,16 @@ class BpfCounter:
         for index, probe in enumerate(self.probes):
             if index not in self.loaded:
                 self.interrupt.check()      # the verifier takes ~8 ms a program
-                self.loaded[index] = self._program(index, probe)
+                if index in self.linked:    # one program for them all
+                    fd = self._linked_program(probe)
+                    self.loaded.update(dict.fromkeys(self.linked, fd))
+                else:
+                    self.loaded[index] = self._program(index, probe)
+
+    def _linked_program(self, probe) -> int:
+        """The program behind the run's uprobe_multi links, which learns
+        the probe from the link's cookie (a counter that has links)."""
+        raise NotImplementedError
 
     def attach(self, capture) -> None:
         """Attach a program per probe: to every sampling event a PerfCapture
@@ -240,6 +254,10 @@ class BpfCounter:
                     bpf_syscall.attach(self._anchor(capture, probe), progs[index])
             if isinstance(probe, ProfileProbe):
                 bpf_syscall.attach(fd, progs[index])
+        if self.linked:
+            sites = [(i, progs[i], i) for i in sorted(self.linked)]
+            for pid in uprobe_links.pids_of(capture.target):
+                uprobe_links.attach(sites, self.probes, self.owned, self.interrupt, pid)
 
     @staticmethod
     def _anchor(capture, probe) -> int:

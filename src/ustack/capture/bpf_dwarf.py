@@ -20,6 +20,7 @@ class UnwindCountCapture(BpfCapture):
     ring_chunk = RingChunk
     unwind_note = "unwound in the kernel"
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
+    links_uprobes = True    # its programs can learn the probe from a link's cookie
 
     def __init__(self, probes: list, target, buffer_pages=None, *, python: bool = False,
                  **kwargs):
@@ -31,7 +32,8 @@ class UnwindCountCapture(BpfCapture):
         counter = KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed, python=self.python,
-                        ring_bytes=deferral_ring_bytes(self.buffer_pages))
+                        ring_bytes=deferral_ring_bytes(self.buffer_pages),
+                        linked=self.linked)
         self._follow_python(counter)
         return counter
 
@@ -134,7 +136,7 @@ class UnwindTraceCapture(UnwindCountCapture):
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed, trace=True,
                         fetches=self.fetches, python=self.python,
-                        ring_bytes=ring_bytes(self.buffer_pages))
+                        ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
         self._follow_python(counter)
         return counter
 

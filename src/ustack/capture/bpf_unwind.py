@@ -365,8 +365,9 @@ class KernelUnwinder(BpfCounter):
     def __init__(self, probes: list, owned, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
-                 fetches: tuple = (), python: bool = False):
+                 fetches: tuple = (), python: bool = False, linked: frozenset = frozenset()):
         self._no_maps_yet(probes, owned, kernel, armed)
+        self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
@@ -407,6 +408,16 @@ class KernelUnwinder(BpfCounter):
         if fetch is not None:
             self._load_fetch(index, probe, fetch, fetch_maps)
         return fd
+
+    def _linked_program(self, probe) -> int:
+        """The program of every linked uprobe: the probe is the cookie (the
+        links keep to the traced process: uprobe_links)."""
+        fd = load_program(
+            "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, 0, probe,
+            kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
+            python=self.python.maps if self.python else None, by_cookie=True,
+            name="ustack_uwlinks")
+        return self.owned.program(fd)
 
     def _fetch_maps(self) -> dict:
         """A probe's array of fetch-args programs; the deferred records'
@@ -474,12 +485,13 @@ def kernel_rodata(offsets: Offsets) -> dict:
 
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
-                 python=None, name: str = "ustack_uw") -> int:
+                 python=None, name: str = "ustack_uw", by_cookie: bool = False) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
     deferred_scratch maps of a probe with fetch-args (trace); `python`:
-    python.h's maps (bpf_python.PythonMaps), to merge Python frames."""
+    python.h's maps (bpf_python.PythonMaps), to merge Python frames;
+    `by_cookie`: for uprobe_multi links, whose cookie names the probe."""
     obj = unwind_object()
     named = maps.named()
     if python is not None:
@@ -498,8 +510,10 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
             "probe_index": index, "result": program_result(probe),
             "options": sum(bits[k] for k, on in wanted.items() if on),
             "regs_source": obj.enum("regs_source")[regs_source(probe)],
+            "probe_by_cookie": int(by_cookie),
             "task_fsbase": Offsets.of_this_kernel().task_fsbase,
-            **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name)
+            **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name,
+            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
     finally:
         for key in set(named) - before:      # declared maps a probe does not use
             named[key].close()
