@@ -56,6 +56,15 @@ class UnwindCountCapture(BpfCapture):
         else:               # the Python processes running now (-p, system-wide)
             python.add_running([self.target.pid] if scope == "pid" else procfs.pids())
 
+    def read_chunks(self, timeout_ms: int) -> list:
+        """BpfCapture's; and the stacks moved to user space when STACKS
+        fills (KernelUnwinder.spill), counting only."""
+        chunks = super().read_chunks(timeout_ms)
+        counter = self.counter
+        if counter is not None and not counter.trace:
+            counter.spill()
+        return chunks
+
     def decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """BpfCapture's, with the Python processes followed as the records
         say (an interpreter mapped, an exec, an exit)."""

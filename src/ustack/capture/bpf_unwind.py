@@ -126,6 +126,7 @@ ARGS_AREA = 12 << 10
 # slots of the errors map (enum unwind_error)
 _ERRORS = _OBJ.enum("unwind_error")
 ERR_RING_FULL, ERR_UNDEFERRED = _ERRORS["UW_RING_FULL"], _ERRORS["UW_UNDEFERRED"]
+_STACKS_ADDED = _ERRORS["UW_STACKS_ADDED"].to_bytes(4, "little")
 ERR_SLOTS = _ERRORS["UNWIND_ERROR_SLOTS"]
 
 
@@ -164,11 +165,11 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.vmas = self._keep(obj.make_map("vmas", vmas))
             self.scratch = self._keep(obj.make_map("scratch"))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
-            # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up
-            self.stacks = self._keep(obj.make_map(
-                "unwound", stacks,
-                flags=bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0))
-            self.counts = self._keep(obj.make_map("counts", counts))
+            # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up;
+            # the counts too, so their room costs only what a run meets
+            on_demand = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
+            self.stacks = self._keep(obj.make_map("unwound", stacks, flags=on_demand))
+            self.counts = self._keep(obj.make_map("counts", counts, flags=on_demand))
             self.errors = self._keep(obj.make_map("unwind_errors"))
         except BaseException:
             self.close()
@@ -351,6 +352,7 @@ def _is_elf(path: str) -> bool:
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
 DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
+COUNTS_PER_STACK = 16             # count keys per STACKS entry (see KernelUnwinder)
 
 
 class KernelUnwinder(BpfCounter):
@@ -372,8 +374,11 @@ class KernelUnwinder(BpfCounter):
         self.fetches = tuple(fetches)
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
-        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage,
-                                                max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
+        # the stacks spill to user space as STACKS fills (spill), so their
+        # counts may be many more than it holds: room for COUNTS_PER_STACK
+        # each (~80 bytes an entry, taken only as the run meets them)
+        self.unwind_maps = owned.map(UnwindMaps(
+            rows, stack_storage, max(MIN_COUNT_ENTRIES, COUNTS_PER_STACK * stack_storage)))
         owned.error_counters(self.unwind_maps.errors, _ERRORS)
         self.kstacks = None
         if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
@@ -385,6 +390,8 @@ class KernelUnwinder(BpfCounter):
         if ring_bytes:
             self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_uwring"))
         self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
+        self.spilled: dict = {}          # hash -> callchain: stacks moved out of STACKS
+        self._taken = 0                  # stacks deleted from STACKS by spill()
         if python and ring_bytes:        # new code objects come by the ring
             from .bpf_python import PythonMaps, PythonProcs
             self.python = PythonProcs(owned.map(PythonMaps()))
@@ -466,7 +473,28 @@ class KernelUnwinder(BpfCounter):
         return out
 
     def _chain(self, h: int) -> bytes:
-        return stack_chain(self.unwind_maps, h)
+        spilled = self.spilled.get(h)       # (the same frames as STACKS' copy)
+        return spilled if spilled is not None else stack_chain(self.unwind_maps, h)
+
+    def spill(self) -> None:
+        """Once STACKS is half full, move its stacks to `spilled`, so that
+        a run meeting more distinct stacks than STACKS holds (a sort's
+        comparator: ~20,000) counts every event (called every few ms by the
+        capture's reader). The counts keep their stacks' hashes: a program
+        that finds a stack gone stores it again, and a count whose stack
+        was moved finds it here. Only what fills STACKS between two calls
+        is lost (UW_STACKS_FULL, reported)."""
+        maps = self.unwind_maps
+        raw = maps.errors.lookup(_STACKS_ADDED)
+        added = _U64.unpack(raw)[0] if raw is not None else 0
+        if added - self._taken < maps.stacks.max_entries // 2:
+            return
+        for k in maps.stacks.keys():
+            h = _U64.unpack(k)[0]
+            if h not in self.spilled:
+                self.spilled[h] = stack_chain(maps, h)
+            maps.stacks.delete(k)
+            self._taken += 1
 
 
 def regs_source(probe) -> str:
