@@ -113,3 +113,18 @@ def test_latency_over_a_glob(tmp_path):
     counts = dict(re.findall(rf"^uprobe:{re.escape(str(prog))}:(\w+): count (\d+),",
                              res.stdout, re.M))
     assert Counter({f: int(n) for f, n in counts.items()}) == expected(5), res.stdout
+
+
+def test_count_by_frame_pointers_over_a_glob(tmp_path):
+    """--unwind fp behind links: each function's count, and the caller
+    the frame-pointer walk skips at an entry (its return address, read
+    per probe) still under it. 16 functions and a large storage: the
+    kernel's stack ids of so few stacks do not collide."""
+    prog = private_copy(build("many_funcs"), tmp_path)
+    res = ok(run_ustack("count", "--unwind", "fp", "--stack-storage-size", "65536",
+                        f"uprobe:{prog}:fn_000*", "-c", f"{prog} 5"))
+    assert events_in(res.stderr) == 16, res.stderr.splitlines()[0]
+    want = Counter({name: n for name, n in expected(5).items() if name.startswith("fn_000")})
+    assert leaf_counts(res.stdout) == want
+    for stack in parse_counts(res.stdout):
+        assert [f for f, _m in stack["frames"][:2]] == [stack["frames"][0][0], "main"], stack

@@ -132,8 +132,9 @@ class BpfCounter:
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 filter_tgid=None, armed=None):
+                 filter_tgid=None, armed=None, linked: frozenset = frozenset()):
         self._no_maps_yet(probes, owned, kernel, armed)
+        self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         # frames kept per stack: the kernel's limit, at most bcc's 127
         self.max_depth = max(1, min(pe.max_stack(), 127))
         obj = bpf_program_object("counts")
@@ -161,9 +162,10 @@ class BpfCounter:
         self.linked: frozenset = frozenset()
         self.named: dict = {}               # the C programs' maps by their names
 
-    def _program(self, index: int, probe) -> int:
+    def _program(self, index: int, probe, by_cookie: bool = False) -> int:
         """Load the probe's program: counts.bpf.c's count_stack, told what
-        the probe needs."""
+        the probe needs; `by_cookie`: of every linked probe like it, which
+        learns the probe from the link's cookie."""
         result = program_result(probe)
         armed = self.armed is not None
         slot = getattr(probe, "return_address_slot", None)
@@ -176,7 +178,9 @@ class BpfCounter:
         return self._load_c("counts", "count_stack", probe, {
             "probe_index": index, "result": result,
             "options": sum(bits[name] for name, on in wanted.items() if on),
-            "return_address_slot": slot or 0}, f"ustack_{index}")
+            "return_address_slot": slot or 0, "probe_by_cookie": int(by_cookie)},
+            "ustack_links" if by_cookie else f"ustack_{index}",
+            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
 
     def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str,
                 attach_type: int | None = None) -> int:
@@ -222,19 +226,27 @@ class BpfCounter:
         """Load (verify) every probe's program ahead of attach(), which
         takes them from `loaded`: BpfCapture has the kernel verify them
         while the unwinder's rows load."""
+        shared: dict = {}                   # a linked probe's kind -> its program
         for index, probe in enumerate(self.probes):
             if index not in self.loaded:
                 self.interrupt.check()      # the verifier takes ~8 ms a program
-                if index in self.linked:    # one program for them all
-                    fd = self._linked_program(probe)
-                    self.loaded.update(dict.fromkeys(self.linked, fd))
+                if index in self.linked:    # one program per kind of linked probe
+                    kind = self._linked_kind(probe)
+                    if kind not in shared:
+                        shared[kind] = self._linked_program(probe)
+                    self.loaded[index] = shared[kind]
                 else:
                     self.loaded[index] = self._program(index, probe)
 
+    def _linked_kind(self, probe):
+        """What tells apart the programs of linked probes: where the
+        caller's return address is (an entry's [sp], or none)."""
+        return getattr(probe, "return_address_slot", None)
+
     def _linked_program(self, probe) -> int:
-        """The program behind the run's uprobe_multi links, which learns
-        the probe from the link's cookie (a counter that has links)."""
-        raise NotImplementedError
+        """The program behind the uprobe_multi links of the probes of
+        `probe`'s kind, which learns the probe from the link's cookie."""
+        return self._program(0, probe, by_cookie=True)
 
     def attach(self, capture) -> None:
         """Attach a program per probe: to every sampling event a PerfCapture

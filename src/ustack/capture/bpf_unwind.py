@@ -416,6 +416,9 @@ class KernelUnwinder(BpfCounter):
             self._load_fetch(index, probe, fetch, fetch_maps)
         return fd
 
+    def _linked_kind(self, probe):
+        return None                     # one program for every linked uprobe
+
     def _linked_program(self, probe) -> int:
         """The program of every linked uprobe: the probe is the cookie (the
         links keep to the traced process: uprobe_links)."""
