@@ -376,9 +376,11 @@ class KernelUnwinder(BpfCounter):
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
         # the stacks spill to user space as STACKS fills (spill), so their
         # counts may be many more than it holds: room for COUNTS_PER_STACK
-        # each (~80 bytes an entry, taken only as the run meets them)
+        # each where entries are taken only as the run meets them (~80
+        # bytes each; Linux 6.1+), else preallocated as before
+        per_stack = COUNTS_PER_STACK if bpf_syscall.kernel_at_least(6, 1) else 2
         self.unwind_maps = owned.map(UnwindMaps(
-            rows, stack_storage, max(MIN_COUNT_ENTRIES, COUNTS_PER_STACK * stack_storage)))
+            rows, stack_storage, max(MIN_COUNT_ENTRIES, per_stack * stack_storage)))
         owned.error_counters(self.unwind_maps.errors, _ERRORS)
         self.kstacks = None
         if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
