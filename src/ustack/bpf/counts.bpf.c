@@ -34,6 +34,9 @@ const volatile enum program_result result;
  * two instructions a hit, though the verifier prunes the branches */
 const volatile enum count_option options;
 const volatile __u32 return_address_slot;	/* COUNT_RETURN_ADDRESS: sp + 8 * slot */
+/* behind a uprobe_multi link: the probe is the link's cookie for the
+ * uprobe that fired, not probe_index */
+const volatile __u8 probe_by_cookie;
 
 /* *id = bpf_get_stackid(ctx, stacks, flags); a missing stack (-EFAULT: a
  * kernel thread has no user stack) is NO_STACK; 0 when the event cannot
@@ -66,7 +69,7 @@ int count_stack(void *ctx)
 		return result;
 	if ((opts & COUNT_WAIT_FOR_EXEC) && !exec_seen())
 		return result;
-	key.probe = probe_index;
+	key.probe = probe_by_cookie ? (__s64)bpf_get_attach_cookie(ctx) : probe_index;
 	key.kernel_stack = NO_STACK;
 	key.return_address = 0;
 	if (!stack_id(ctx, BPF_F_USER_STACK, &key.user_stack))

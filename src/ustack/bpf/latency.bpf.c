@@ -3,7 +3,8 @@
  * caller's ENTRIES stack; latency_return pops it and adds the duration to
  * the function's histogram, reporting calls of slower_ns or more to the
  * ring. One program per probe, the function and options as read-only
- * data. An entry's stack is kept under its hash: walked on frame pointers
+ * data (behind uprobe_multi links: one per role, the function the link's
+ * cookie). An entry's stack is kept under its hash: walked on frame pointers
  * (FP_STACKS) or unwound in the kernel (unwind.h, the unwinder's STACKS). */
 #define FNV_PRIME 0x100000001B3ULL
 #include "unwind.h"
@@ -72,6 +73,14 @@ const volatile enum program_result result;
 const volatile __u64 unit_ns;		/* a histogram's unit */
 const volatile __u64 slower_ns;		/* LAT_SLOWER */
 const volatile enum regs_source regs_source;	/* LAT_DWARF_STACK */
+/* behind a uprobe_multi link: the function is the link's cookie for the
+ * uprobe that fired, not `function` */
+const volatile __u8 function_by_cookie;
+
+static __always_inline __u32 this_function(void *ctx)
+{
+	return function_by_cookie ? bpf_get_attach_cookie(ctx) : function;
+}
 
 static __always_inline void count_error(enum latency_error slot)
 {
@@ -107,10 +116,10 @@ static __always_inline int of_the_run(enum latency_option opts, __u64 pid_tgid)
 }
 
 static __always_inline void entry_key(struct entry_key *key, struct pt_regs *regs,
-				      enum latency_option opts, __u64 pid_tgid)
+				      enum latency_option opts, __u64 pid_tgid, __u32 func)
 {
 	key->who = (opts & LAT_GOROUTINE) ? regs->r14 : pid_tgid;
-	key->function = function;
+	key->function = func;
 	key->pad = 0;
 }
 
@@ -151,7 +160,7 @@ int latency_entry(void *ctx)
 		if (!w || !store_stack(w, &hash))
 			return result;
 	}
-	entry_key(&key, ctx, opts, pid_tgid);
+	entry_key(&key, ctx, opts, pid_tgid, this_function(ctx));
 	stack = lookup_or_create(&entries, &key, LAT_ENTRIES_FULL);
 	if (!stack)
 		return result;
@@ -189,11 +198,13 @@ int latency_return(void *ctx)
 	struct entry_stack *stack;
 	struct entry_level *entry;
 	struct hist *hist;
+	__u32 func;
 
 	if (!of_the_run(opts, pid_tgid))
 		return result;
 	now = bpf_ktime_get_ns();
-	entry_key(&key, ctx, opts, pid_tgid);
+	func = this_function(ctx);
+	entry_key(&key, ctx, opts, pid_tgid, func);
 	stack = bpf_map_lookup_elem(&entries, &key);
 	if (!stack || !stack->depth)	/* no entry seen: it began before the run */
 		return result;
@@ -204,13 +215,13 @@ int latency_return(void *ctx)
 	entry = &stack->level[level & (LAT_MAX_DEPTH - 1)];
 	delta = now - entry->time;
 	hash = entry->hash;
-	hkey.function = function;
+	hkey.function = func;
 	hkey.tgid = (opts & LAT_BY_STACK) ? pid_tgid >> 32 : 0;
 	hkey.hash = (opts & LAT_BY_STACK) ? hash : 0;
 	if (!level)			/* the outermost call returned: free the slot */
 		bpf_map_delete_elem(&entries, &key);
 	if (opts & LAT_TAIL) {
-		COUNT_AT(tails, function);
+		COUNT_AT(tails, func);
 		return result;
 	}
 	hist = lookup_or_create(&hists, &hkey, LAT_HISTS_FULL);
@@ -226,7 +237,7 @@ int latency_return(void *ctx)
 	hist->buckets[log2_bucket(units) & (LAT_BUCKETS - 1)] += 1;
 	if ((opts & LAT_SLOWER) && delta >= slower_ns) {
 		struct slow_call slow = {
-			.end = now, .pid_tgid = pid_tgid, .function = function,
+			.end = now, .pid_tgid = pid_tgid, .function = func,
 			.cpu = bpf_get_smp_processor_id(), .duration = delta, .hash = hash,
 		};
 

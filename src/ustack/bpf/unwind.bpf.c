@@ -47,9 +47,17 @@ struct {
 } deferred_scratch SEC(".maps");
 
 const volatile __u32 probe_index;
+/* behind a uprobe_multi link (many uprobes, one program): the probe is the
+ * link's cookie for the uprobe that fired, not probe_index */
+const volatile __u8 probe_by_cookie;
 const volatile enum program_result result;
 const volatile enum unwind_option options;
 const volatile enum regs_source regs_source;
+
+static __always_inline __u32 this_probe(void *ctx)
+{
+	return probe_by_cookie ? bpf_get_attach_cookie(ctx) : probe_index;
+}
 
 static __always_inline int in_scope(__u64 pid_tgid, enum unwind_option opts)
 {
@@ -76,13 +84,13 @@ static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 /* the Python frames of w's stack, after the native walk; new code
  * objects into the ring */
 static __always_inline void with_python(struct walk *w, enum unwind_option opts,
-					__u64 pid_tgid)
+					__u64 pid_tgid, __u32 probe)
 {
 	if (!(opts & UW_PYTHON))
 		return;
 	python_merge(w);
 	python_note_codes(w);
-	python_report(&ring, pid_tgid, probe_index);
+	python_report(&ring, pid_tgid, probe);
 }
 
 /* d = the deferred record of this event: its registers (the walk moved
@@ -121,11 +129,11 @@ static __always_inline void fill_deferred(void *ctx, struct walk *w, struct defe
 }
 
 /* the head of this event's record in w->rec */
-static __always_inline void record_head(struct walk *w, __u64 pid_tgid)
+static __always_inline void record_head(struct walk *w, __u64 pid_tgid, __u32 probe)
 {
 	w->rec.time = bpf_ktime_get_ns();
 	w->rec.pid_tgid = pid_tgid;
-	w->rec.probe = probe_index;
+	w->rec.probe = probe;
 	w->rec.cpu = bpf_get_smp_processor_id();
 }
 
@@ -157,17 +165,17 @@ int unwind_count(void *ctx)
 	key.pid_tgid = bpf_get_current_pid_tgid();
 	if (!in_scope(key.pid_tgid, opts))
 		return result;
-	key.probe = probe_index;
+	key.probe = this_probe(ctx);
 	weight = event_weight(opts & UW_WEIGHT);
 	w = walked(ctx, opts, &key.kernel_stack);
 	if (!w)
 		return result;
 	if (deferrable(w, opts)) {
-		record_head(w, key.pid_tgid);
+		record_head(w, key.pid_tgid, key.probe);
 		if (defer(ctx, w, key.kernel_stack, weight))
 			return result;
 	}
-	with_python(w, opts, key.pid_tgid);
+	with_python(w, opts, key.pid_tgid, key.probe);
 	if (!store_stack(w, &key.hash))
 		return result;
 	n = bpf_map_lookup_elem(&counts, &key);
@@ -194,14 +202,15 @@ int unwind_trace(void *ctx)
 	struct deferred_with_args *dw;
 	__s32 kernel_stack;
 	struct walk *w;
-	__u32 n, zero = 0;
+	__u32 n, zero = 0, probe;
 
 	if (!in_scope(pid_tgid, opts))
 		return result;
+	probe = this_probe(ctx);
 	w = walked(ctx, opts, &kernel_stack);
 	if (!w)
 		return result;
-	record_head(w, pid_tgid);
+	record_head(w, pid_tgid, probe);
 	if (deferrable(w, opts)) {
 		if (!(opts & UW_FETCH_ARGS)) {
 			if (defer(ctx, w, kernel_stack, 1))
@@ -216,7 +225,7 @@ int unwind_trace(void *ctx)
 			}
 		}
 	}
-	with_python(w, opts, pid_tgid);
+	with_python(w, opts, pid_tgid, probe);
 	if (opts & UW_FETCH_ARGS)
 		bpf_tail_call(ctx, &fetch_args, FETCH_STREAM);
 	n = w->rec.head.frames;

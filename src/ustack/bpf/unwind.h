@@ -518,7 +518,9 @@ static __always_inline int store_stack(struct walk *w, __u64 *hash)
 	*hash = mix(w->hash, w->rec.head.status);
 	if (!bpf_map_lookup_elem(&unwound, hash)) {
 		err = bpf_map_update_elem(&unwound, hash, &w->rec.head, BPF_NOEXIST);
-		if (err && err != -EEXIST) {
+		if (!err)
+			count_unwind_error(UW_STACKS_ADDED);
+		else if (err != -EEXIST) {
 			count_unwind_error(UW_STACKS_FULL);
 			return 0;
 		}

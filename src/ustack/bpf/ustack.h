@@ -236,7 +236,9 @@ enum unwind_status {
 /* slots of the unwinder's error array */
 enum unwind_error { UW_STACKS_FULL = 0, UW_COUNTS_FULL = 1, UW_RING_FULL = 2,
 		    UW_UNDEFERRED = 3,	/* the ring had no room: the stack ended cut */
-		    UNWIND_ERROR_SLOTS = 4 };
+		    UW_STACKS_ADDED = 4,	/* not an error: stacks put in STACKS, so
+					 * user space sees it fill (bpf_unwind's spill) */
+		    UNWIND_ERROR_SLOTS = 5 };
 
 /* what an unwinder program does (unwind.bpf.c's options) */
 enum unwind_option {

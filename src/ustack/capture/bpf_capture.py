@@ -44,6 +44,7 @@ from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_record
 from .contract import Capture
 from .perf import PerfCapture
 from .run_objects import RunObjects
+from . import uprobe_links
 
 
 class BpfCapture(Capture):
@@ -55,6 +56,7 @@ class BpfCapture(Capture):
     run is kept in `owned` and closed by close()."""
     counts_in_kernel = True
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
+    links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
@@ -68,7 +70,12 @@ class BpfCapture(Capture):
         # an object, from unwind/tables.for_image (None: frame pointers)
         self.unwind_tables = unwind_tables
         self.cut: dict = {}                 # why -> events whose stack was cut short
-        self.events = PerfCapture(probes, target, buffer_pages or BPF_BUFFER_PAGES,
+        # many uprobes go behind uprobe_multi links, without perf events
+        # (a weight is read per probe, by a program of its own: no links)
+        self.linked = uprobe_links.linked(probes) \
+            if self.links_uprobes and not weighted else frozenset()
+        self.events = PerfCapture([p for i, p in enumerate(probes) if i not in self.linked],
+                                  target, buffer_pages or BPF_BUFFER_PAGES,
                                   with_stacks=False)
         self.buffer_pages = self.events.buffer_pages
         self.owned = RunObjects()

@@ -11,11 +11,12 @@ from .bpf_counter import BpfCounter
 class StackCountCapture(BpfCapture):
     """bpf_get_stackid's stacks counted per (thread, probe, stacks, return
     address); the stream carries only metadata."""
+    links_uprobes = True    # count_stack can learn the probe from a link's cookie
 
     def _new_counter(self) -> BpfCounter:
         return BpfCounter(self.probes, self.owned, stack_storage=self.stack_storage,
                           kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed,
-                          weighted=self.weighted)
+                          weighted=self.weighted, linked=self.linked)
 
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time

@@ -20,6 +20,7 @@ from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_WH
 from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, READ_MOST
 from .run_objects import RunObjects
+from . import uprobe_links
 from ..values import value
 
 MIN_COUNT_ENTRIES = 10240             # count map entries at least (bcc's size)
@@ -131,8 +132,10 @@ class BpfCounter:
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 filter_tgid=None, armed=None, weighted: bool = False):
+                 filter_tgid=None, armed=None, weighted: bool = False,
+                 linked: frozenset = frozenset()):
         self._no_maps_yet(probes, owned, kernel, armed)
+        self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         # frames kept per stack: the kernel's limit, at most bcc's 127
         self.max_depth = max(1, min(pe.max_stack(), 127))
         obj = bpf_program_object("counts")
@@ -158,6 +161,9 @@ class BpfCounter:
         self.armed = armed
         self.tgids = None                   # for tracepoints under -p/-c: see follow()
         self.loaded: dict = {}              # probe index -> program fd, load_programs()
+        # the probes behind uprobe_multi links (capture/uprobe_links.py): one
+        # program for them all, the run's perf events have none of them
+        self.linked: frozenset = frozenset()
         self.named: dict = {}               # the C programs' maps by their names
         self.weighing = None                # count --weight: bpf_weight.WeightPrograms
 
@@ -167,9 +173,10 @@ class BpfCounter:
         from .bpf_weight import WeightPrograms
         self.weighing = WeightPrograms(self.owned, obj)
 
-    def _program(self, index: int, probe) -> int:
+    def _program(self, index: int, probe, by_cookie: bool = False) -> int:
         """Load the probe's program: counts.bpf.c's count_stack, told what
-        the probe needs."""
+        the probe needs; `by_cookie`: of every linked probe like it, which
+        learns the probe from the link's cookie."""
         result = program_result(probe)
         armed = self.armed is not None
         slot = getattr(probe, "return_address_slot", None)
@@ -183,9 +190,12 @@ class BpfCounter:
         return self._load_c("counts", "count_stack", probe, {
             "probe_index": index, "result": result,
             "options": sum(bits[name] for name, on in wanted.items() if on),
-            "return_address_slot": slot or 0}, f"ustack_{index}")
+            "return_address_slot": slot or 0, "probe_by_cookie": int(by_cookie)},
+            "ustack_links" if by_cookie else f"ustack_{index}",
+            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
 
-    def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str) -> int:
+    def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str,
+                attach_type: int | None = None) -> int:
         """Load a C program for `probe` with the run's maps; a map it names
         and the run lacks (no -c: no `armed`) is made as the C declares it,
         once, and closed with the rest."""
@@ -195,7 +205,7 @@ class BpfCounter:
                 maps[shared] = m
         before = set(maps)
         fd = self.owned.program(bpf_program_object(obj_name).load(
-            program, maps, rodata, prog_type_of(probe), name))
+            program, maps, rodata, prog_type_of(probe), name, attach_type))
         for name in set(maps) - before:
             self.named[name] = self.owned.map(maps[name])
         return fd
@@ -203,7 +213,7 @@ class BpfCounter:
     def follow_if_traced(self, tgid) -> None:
         """follow(tgid) when a -p/-c run (tgid) has trace events, whose
         programs see every process and filter on the set; uprobe and
-        profile events are scoped to the target by the kernel."""
+        profile events (and links) are scoped to the target by the kernel."""
         if tgid is not None and any(isinstance(p, TracepointProbe) for p in self.probes):
             self.follow(tgid)
 
@@ -228,13 +238,30 @@ class BpfCounter:
         """Load (verify) every probe's program ahead of attach(), which
         takes them from `loaded`: BpfCapture has the kernel verify them
         while the unwinder's rows load."""
+        shared: dict = {}                   # a linked probe's kind -> its program
         for index, probe in enumerate(self.probes):
             if index not in self.loaded:
                 self.interrupt.check()      # the verifier takes ~8 ms a program
+                if index in self.linked:    # one program per kind of linked probe
+                    kind = self._linked_kind(probe)
+                    if kind not in shared:
+                        shared[kind] = self._linked_program(probe)
+                    self.loaded[index] = shared[kind]
+                    continue
                 fd = self._program(index, probe)
                 if self.weighing is not None:   # its weight's program goes first
                     fd = self.weighing.wrap(index, probe, fd)
                 self.loaded[index] = fd
+
+    def _linked_kind(self, probe):
+        """What tells apart the programs of linked probes: where the
+        caller's return address is (an entry's [sp], or none)."""
+        return getattr(probe, "return_address_slot", None)
+
+    def _linked_program(self, probe) -> int:
+        """The program behind the uprobe_multi links of the probes of
+        `probe`'s kind, which learns the probe from the link's cookie."""
+        return self._program(0, probe, by_cookie=True)
 
     def attach(self, capture) -> None:
         """Attach a program per probe: to every sampling event a PerfCapture
@@ -254,6 +281,10 @@ class BpfCounter:
                     bpf_syscall.attach(self._anchor(capture, probe), progs[index])
             if isinstance(probe, ProfileProbe):
                 bpf_syscall.attach(fd, progs[index])
+        if self.linked:
+            sites = [(i, progs[i], i) for i in sorted(self.linked)]
+            for pid in uprobe_links.pids_of(capture.target):
+                uprobe_links.attach(sites, self.probes, self.owned, self.interrupt, pid)
 
     @staticmethod
     def _anchor(capture, probe) -> int:

@@ -21,6 +21,7 @@ class UnwindCountCapture(BpfCapture):
     ring_chunk = RingChunk
     unwind_note = "unwound in the kernel"
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
+    links_uprobes = True    # its programs can learn the probe from a link's cookie
 
     def __init__(self, probes: list, target, buffer_pages=None, *, python: bool = False,
                  **kwargs):
@@ -33,7 +34,7 @@ class UnwindCountCapture(BpfCapture):
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed, python=self.python,
                         ring_bytes=deferral_ring_bytes(self.buffer_pages),
-                        weighted=self.weighted)
+                        weighted=self.weighted, linked=self.linked)
         self._follow_python(counter)
         return counter
 
@@ -56,6 +57,15 @@ class UnwindCountCapture(BpfCapture):
         else:               # the Python processes running now (-p, system-wide)
             python.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
                                self.interrupt)
+
+    def read_chunks(self, timeout_ms: int) -> list:
+        """BpfCapture's; and the stacks moved to user space when STACKS
+        fills (KernelUnwinder.spill), counting only."""
+        chunks = super().read_chunks(timeout_ms)
+        counter = self.counter
+        if counter is not None and not counter.trace:
+            counter.spill()
+        return chunks
 
     def decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
         """BpfCapture's, with the Python processes followed as the records
@@ -139,7 +149,7 @@ class UnwindTraceCapture(UnwindCountCapture):
                         stack_storage=self.stack_storage, kernel=self.kernel,
                         filter_tgid=self._tgid(), armed=self.armed, trace=True,
                         fetches=self.fetches, python=self.python,
-                        ring_bytes=ring_bytes(self.buffer_pages))
+                        ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
         self._follow_python(counter)
         return counter
 

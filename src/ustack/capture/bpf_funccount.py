@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections import defaultdict
 
 from ..kernel import bpf_syscall
-from ..model import UstackError
 from .bpf_counter import arm_on_exec, bpf_program_object
 from .contract import Capture
 from .run_objects import RunObjects
+from . import uprobe_links
 
 _U64 = struct.Struct("<Q")
 
@@ -54,20 +53,10 @@ class FuncCountCapture(Capture):
             finally:                      # made for the load: (no -c) an unused `armed`
                 for name in set(maps) - given:
                     owned.map(maps[name])
-            # -p 1,2,3: a link per process (each costs one wait at close)
-            pids = (self.target.pid,) if scope != "system" else self.target.pids or (0,)
-            sites: dict = defaultdict(list)       # path -> [(file offset, index)]
-            for index, probe in enumerate(self.probes):
-                sites[probe.path].append((probe.file_offset, index))
-            for path, where in sites.items():
-                for pid in pids:
-                    try:
-                        link = bpf_syscall.attach_uprobe_multi(
-                            prog, path, [o for o, _i in where], [i for _o, i in where], pid)
-                    except OSError as e:
-                        raise UstackError(f"cannot put {len(where)} uprobe(s) on {path}: "
-                                          f"{e.strerror}")
-                    owned.link(link)
+            # -p 1,2,3: links per process (each costs one wait at close)
+            sites = [(i, prog, i) for i in range(len(self.probes))]
+            for pid in uprobe_links.pids_of(self.target):
+                uprobe_links.attach(sites, self.probes, owned, self.interrupt, pid)
         except BaseException:
             self.close()
             raise

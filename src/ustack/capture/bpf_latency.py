@@ -33,6 +33,7 @@ from ..kernel import bpf_syscall
 from ..model import Losses, RawSample, TracepointProbe
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result, ring_bytes
+from . import uprobe_links
 from ..values import value
 
 # the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
@@ -117,8 +118,9 @@ class LatencyCounter(BpfCounter):
     def __init__(self, probes: list, owned, sites: list, *, unit_ns: int, by_stack: bool,
                  slower_ns: int | None, tables=None, fp_stacks: bool = False,
                  filter_tgid=None, armed=None, stack_storage: int = 1024,
-                 ring_bytes: int = 0):
+                 ring_bytes: int = 0, linked: frozenset = frozenset()):
         self._no_maps_yet(probes, owned, armed=armed)
+        self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.sites = sites
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
         self.unwind_maps = None
@@ -140,7 +142,9 @@ class LatencyCounter(BpfCounter):
             self.fp_stacks = owned.map(obj.make_map("fp_stacks", stack_storage))
         self.follow_if_traced(filter_tgid)
 
-    def _load(self, index: int) -> int:
+    def _load(self, index: int, by_cookie: bool = False) -> int:
+        """The program of probe `index`; `by_cookie`: of every linked probe
+        of its role, the function being the link's cookie."""
         probe, site = self.probes[index], self.sites[index]
         tgids = self.tgids if isinstance(probe, TracepointProbe) else None
         result = program_result(probe)
@@ -170,17 +174,25 @@ class LatencyCounter(BpfCounter):
                             probe, {"function": site.function, "result": result,
                                     "options": sum(bits[k] for k, on in wanted.items() if on),
                                     "unit_ns": self.unit_ns,
-                                    "slower_ns": self.slower_ns or 0, **unwinding},
-                            f"ustack_lat{index}")
+                                    "slower_ns": self.slower_ns or 0,
+                                    "function_by_cookie": int(by_cookie), **unwinding},
+                            f"ustack_lat{index}",
+                            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
 
     def load_programs(self) -> None:
-        """A program per entry; one per (function, role) for the returns."""
+        """A program per entry; one per (function, role) for the returns;
+        one per (role, goroutine or not) for the linked probes."""
         shared: dict = {}
         for index, site in enumerate(self.sites):
             if index in self.loaded:
                 continue
             key = (site.function, site.role, type(self.probes[index]))
-            if site.role == "entry":
+            if index in self.linked:
+                key = ("linked", site.role, site.goroutine)
+                if key not in shared:
+                    shared[key] = self._load(index, by_cookie=True)
+                self.loaded[index] = shared[key]
+            elif site.role == "entry":
                 self.loaded[index] = self._load(index)
             else:
                 if key not in shared:
@@ -196,6 +208,10 @@ class LatencyCounter(BpfCounter):
                          key=lambda i: order[self.sites[i].role])
         for index in indexes:
             bpf_syscall.attach(self._anchor(capture, self.probes[index]), self.loaded[index])
+        linked = sorted(self.linked, key=lambda i: order[self.sites[i].role])
+        for pid in uprobe_links.pids_of(capture.target):
+            uprobe_links.attach([(i, self.loaded[i], self.sites[i].function) for i in linked],
+                                self.probes, self.owned, self.interrupt, pid)
 
     def histograms(self) -> list:
         out = []
@@ -258,6 +274,7 @@ class LatencyCapture(BpfCapture):
     (("duration_ns", "u64", ns),), its callchain the entry's stack)."""
     counts_in_kernel = False            # histograms(), read by the command
     ring_chunk = SlowChunk
+    links_uprobes = True                # its programs can learn the function from a cookie
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unit_ns: int, by_stack: bool, slower_ns: int | None,
@@ -273,7 +290,8 @@ class LatencyCapture(BpfCapture):
             self.probes, self.owned, self.sites, unit_ns=self.unit_ns,
             by_stack=self.by_stack, slower_ns=self.slower_ns, tables=self.unwind_tables,
             fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
-            stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages))
+            stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages),
+            linked=self.linked)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         end = min(len(chunk), offset + limit)

@@ -127,6 +127,7 @@ ARGS_AREA = 12 << 10
 # slots of the errors map (enum unwind_error)
 _ERRORS = _OBJ.enum("unwind_error")
 ERR_RING_FULL, ERR_UNDEFERRED = _ERRORS["UW_RING_FULL"], _ERRORS["UW_UNDEFERRED"]
+_STACKS_ADDED = _ERRORS["UW_STACKS_ADDED"].to_bytes(4, "little")
 ERR_SLOTS = _ERRORS["UNWIND_ERROR_SLOTS"]
 
 
@@ -165,11 +166,11 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.vmas = self._keep(obj.make_map("vmas", vmas))
             self.scratch = self._keep(obj.make_map("scratch"))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
-            # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up
-            self.stacks = self._keep(obj.make_map(
-                "unwound", stacks,
-                flags=bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0))
-            self.counts = self._keep(obj.make_map("counts", counts))
+            # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up;
+            # the counts too, so their room costs only what a run meets
+            on_demand = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
+            self.stacks = self._keep(obj.make_map("unwound", stacks, flags=on_demand))
+            self.counts = self._keep(obj.make_map("counts", counts, flags=on_demand))
             self.errors = self._keep(obj.make_map("unwind_errors"))
         except BaseException:
             self.close()
@@ -352,6 +353,7 @@ def _is_elf(path: str) -> bool:
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
 DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
+COUNTS_PER_STACK = 16             # count keys per STACKS entry (see KernelUnwinder)
 
 
 class KernelUnwinder(BpfCounter):
@@ -366,14 +368,21 @@ class KernelUnwinder(BpfCounter):
     def __init__(self, probes: list, owned, tables: TableSource, *,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
-                 fetches: tuple = (), python: bool = False, weighted: bool = False):
+                 fetches: tuple = (), python: bool = False, weighted: bool = False,
+                 linked: frozenset = frozenset()):
         self._no_maps_yet(probes, owned, kernel, armed)
+        self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
-        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage,
-                                                max(MIN_COUNT_ENTRIES, 2 * stack_storage)))
+        # the stacks spill to user space as STACKS fills (spill), so their
+        # counts may be many more than it holds: room for COUNTS_PER_STACK
+        # each where entries are taken only as the run meets them (~80
+        # bytes each; Linux 6.1+), else preallocated as before
+        per_stack = COUNTS_PER_STACK if bpf_syscall.kernel_at_least(6, 1) else 2
+        self.unwind_maps = owned.map(UnwindMaps(
+            rows, stack_storage, max(MIN_COUNT_ENTRIES, per_stack * stack_storage)))
         owned.error_counters(self.unwind_maps.errors, _ERRORS)
         self.kstacks = None
         if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
@@ -385,6 +394,8 @@ class KernelUnwinder(BpfCounter):
         if ring_bytes:
             self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_uwring"))
         self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
+        self.spilled: dict = {}          # hash -> callchain: stacks moved out of STACKS
+        self._taken = 0                  # stacks deleted from STACKS by spill()
         if python and ring_bytes:        # new code objects come by the ring
             from .bpf_python import PythonMaps, PythonProcs
             self.python = PythonProcs(owned.map(PythonMaps()))
@@ -411,6 +422,19 @@ class KernelUnwinder(BpfCounter):
         if fetch is not None:
             self._load_fetch(index, probe, fetch, fetch_maps)
         return fd
+
+    def _linked_kind(self, probe):
+        return None                     # one program for every linked uprobe
+
+    def _linked_program(self, probe) -> int:
+        """The program of every linked uprobe: the probe is the cookie (the
+        links keep to the traced process: uprobe_links)."""
+        fd = load_program(
+            "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, 0, probe,
+            kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
+            python=self.python.maps if self.python else None, by_cookie=True,
+            name="ustack_uwlinks")
+        return self.owned.program(fd)
 
     def _fetch_maps(self) -> dict:
         """A probe's array of fetch-args programs; the deferred records'
@@ -459,7 +483,28 @@ class KernelUnwinder(BpfCounter):
         return out
 
     def _chain(self, h: int) -> bytes:
-        return stack_chain(self.unwind_maps, h)
+        spilled = self.spilled.get(h)       # (the same frames as STACKS' copy)
+        return spilled if spilled is not None else stack_chain(self.unwind_maps, h)
+
+    def spill(self) -> None:
+        """Once STACKS is half full, move its stacks to `spilled`, so that
+        a run meeting more distinct stacks than STACKS holds (a sort's
+        comparator: ~20,000) counts every event (called every few ms by the
+        capture's reader). The counts keep their stacks' hashes: a program
+        that finds a stack gone stores it again, and a count whose stack
+        was moved finds it here. Only what fills STACKS between two calls
+        is lost (UW_STACKS_FULL, reported)."""
+        maps = self.unwind_maps
+        raw = maps.errors.lookup(_STACKS_ADDED)
+        added = _U64.unpack(raw)[0] if raw is not None else 0
+        if added - self._taken < maps.stacks.max_entries // 2:
+            return
+        for k in maps.stacks.keys():
+            h = _U64.unpack(k)[0]
+            if h not in self.spilled:
+                self.spilled[h] = stack_chain(maps, h)
+            maps.stacks.delete(k)
+            self._taken += 1
 
 
 def regs_source(probe) -> str:
@@ -478,14 +523,16 @@ def kernel_rodata(offsets: Offsets) -> dict:
 
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
-                 python=None, weights=None, name: str = "ustack_uw") -> int:
+                 python=None, weights=None, name: str = "ustack_uw",
+                 by_cookie: bool = False) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
     deferred_scratch maps of a probe with fetch-args (trace); `python`:
     python.h's maps (bpf_python.PythonMaps), to merge Python frames;
     `weights`: count --weight's map (bpf_weight.py), whose value each
-    event adds in place of 1."""
+    event adds in place of 1; `by_cookie`: for uprobe_multi links, whose
+    cookie names the probe."""
     obj = unwind_object()
     named = maps.named()
     if python is not None:
@@ -505,8 +552,10 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
             "probe_index": index, "result": program_result(probe),
             "options": sum(bits[k] for k, on in wanted.items() if on),
             "regs_source": obj.enum("regs_source")[regs_source(probe)],
+            "probe_by_cookie": int(by_cookie),
             "task_fsbase": Offsets.of_this_kernel().task_fsbase,
-            **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name)
+            **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name,
+            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
     finally:
         for key in set(named) - before:      # declared maps a probe does not use
             named[key].close()

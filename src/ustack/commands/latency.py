@@ -82,6 +82,7 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
     from ..capture.bpf_latency import Site
     probes, sites = [], []
     returns = []
+    skipped = []                     # a glob's matches that are not functions' starts
     for i, entry in enumerate(entries):
         if isinstance(entry, TracepointProbe):
             name = entry.name[len("sys_enter_"):]
@@ -93,7 +94,10 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
         image = ElfImage.open(entry.path)
         sym = image.symbols.lookup(entry.address)
         # (a Go function's entry probe comes placed after its stack check)
-        if entry.symbol is None or entry.address != entry_site(image, sym):
+        if not _at_start(entry, image, sym, ret_sites):
+            if _is_glob(entry.spec.function):   # a function's .cold part, say
+                skipped.append(entry.symbol or f"0x{entry.address:x}")
+                continue
             raise UstackError(f"{entry.label} is not the start of a function")
         if not (image.file.is_go or ret_sites):
             probes.append(entry)
@@ -118,7 +122,27 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
     for probe, site in returns:
         probes.append(probe)
         sites.append(site)
+    if skipped:
+        notes.append(f"not timed, not the start of a function: {', '.join(skipped[:5])}"
+                     + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""))
+    if not probes:
+        raise UstackError("no function to time: every match is inside one")
     return probes, sites
+
+
+def _at_start(entry, image, sym, ret_sites: bool) -> bool:
+    """Whether `entry` is where its function starts: as the ELF symbols
+    say, or (a static function named by debug info only, timed by a
+    uretprobe) at offset 0 of a symbol that is no function's .cold part,
+    which is jumped to, not called."""
+    if sym is not None:
+        return entry.symbol is not None and entry.address == entry_site(image, sym)
+    return (entry.symbol is not None and not entry.symbol_offset
+            and ".cold" not in entry.symbol and not (image.file.is_go or ret_sites))
+
+
+def _is_glob(pattern) -> bool:
+    return pattern is not None and any(c in pattern for c in "*?[")
 
 
 class LatencySession(Session):

@@ -209,18 +209,21 @@ class BpfObject:
                        flags=d.flags if flags is None else flags)
 
     def load(self, program: str, maps: dict, rodata: dict | None = None,
-             prog_type: int | None = None, name: str = "") -> int:
+             prog_type: int | None = None, name: str = "",
+             attach_type: int | None = None) -> int:
         """Load `program` and return its fd. `maps`: name -> bpf_syscall.Map for the
         maps it uses (.data and .bss by those names); one it uses and
         `maps` lacks is made as declared and added to `maps`, whose owner
         closes them all. `rodata`: values for .rodata's variables (the rest
         keep the C's initial values). `prog_type`: for an "event" program,
-        the type of the event it is for."""
+        the type of the event it is for; `attach_type`: what it will be
+        attached by, where not its section's (TRACE_UPROBE_MULTI: links)."""
         prog = self.programs.get(program)
         if prog is None:
             raise UstackError(f"{os.path.basename(self.path)} has no BPF program {program}")
-        ptype, attach_type = SECTION_TYPES.get(prog.section.split("/")[0], (None, 0))
+        ptype, section_attach = SECTION_TYPES.get(prog.section.split("/")[0], (None, 0))
         ptype = prog_type if prog_type is not None else ptype
+        attach_type = section_attach if attach_type is None else attach_type
         if ptype is None:
             raise UstackError(f"BPF program {program} needs a program type")
         code, text_at = self._linked(prog)

@@ -660,11 +660,14 @@ class _UprobeMultiLink(ctypes.Structure):
                 ("pid", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
+UPROBE_MULTI_RETURN = 1           # the link's uprobes are uretprobes
+
+
 def attach_uprobe_multi(prog_fd: int, path: str, offsets: list, cookies: list,
-                        pid: int = 0) -> int:
+                        pid: int = 0, returns: bool = False) -> int:
     """One link (its fd) putting a uprobe at each file offset of `path`, the
     program learning which fired from its cookie (GET_ATTACH_COOKIE); pid:
-    only that process's threads (0: every process). Closing the link takes
+    only that process's threads (0: every process); `returns`: uretprobes. Closing the link takes
     every uprobe away after ONE wait for RCU grace periods, where closing a
     perf event per uprobe waits ~0.1 s for each (Linux 6.6+)."""
     path_buf = ctypes.create_string_buffer(os.fsencode(path))
@@ -672,7 +675,7 @@ def attach_uprobe_multi(prog_fd: int, path: str, offsets: list, cookies: list,
     cooks = (ctypes.c_uint64 * len(cookies))(*cookies)
     attr = _UprobeMultiLink(prog_fd, 0, TRACE_UPROBE_MULTI, 0, ctypes.addressof(path_buf),
                             ctypes.addressof(offs), 0, ctypes.addressof(cooks),
-                            len(offsets), 0, pid, 0)
+                            len(offsets), UPROBE_MULTI_RETURN if returns else 0, pid, 0)
     return _bpf(LINK_CREATE, attr)
 
 
