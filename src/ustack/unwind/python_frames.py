@@ -106,3 +106,25 @@ def merge(pcs, groups, eval_ranges) -> tuple:
     if left:
         notes.append(f"{sum(len(g) for g in left)} Python frames beyond the native stack")
     return tuple(out), tuple(notes)
+
+
+def merge_read(pcs, python: tuple, whole: bool = True) -> tuple:
+    """(words, notes) of a copied stack and the Python frames read from its
+    process after the sample (model.PythonSample.python): merged only when
+    the read agrees with the sample, one group per eval frame of the
+    native stack; else the C frames stay and a note says why. The thread
+    may have returned or called on meanwhile: a count that differs shows
+    it, a guessed frame would hide it. `whole`: the native walk reached
+    the stack's end (else its eval frames cannot be counted)."""
+    groups, note, eval_ranges = python
+    evals = sum(in_ranges(pc if n == 0 else pc - 1, eval_ranges) for n, pc in enumerate(pcs))
+    if not evals and not groups:
+        return tuple(pcs), ()
+    if note:
+        return tuple(pcs), (f"Python frames not shown: {note}",)
+    if not whole:
+        return tuple(pcs), ("Python frames not shown: the native stack is incomplete",)
+    if evals != len(groups):
+        return tuple(pcs), (f"Python frames not shown: read after the sample, the thread "
+                            f"ran {len(groups)} eval calls where the stack has {evals}",)
+    return merge(pcs, groups, eval_ranges)
