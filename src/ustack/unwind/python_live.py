@@ -33,6 +33,7 @@ _U32 = struct.Struct("<I")
 HEADER_NOTE = "Python frames read from the process after each sample"
 FREED = "a code object was freed before it was read"
 UNREAD = "the thread's Python frames could not be read"
+MOVED = "the thread ran on while its Python frames were read"
 
 
 class _Process:
@@ -76,7 +77,11 @@ class LiveFrames:
                 tstate = proc.threads.get(tid)
                 if tstate is None:
                     return None
+            # twice: a thread that runs meanwhile can make one read a torn
+            # chain (a returning frame's slot reused by the next call's)
             groups, note = frame_groups(proc.mem, proc.interp, tstate)
+            if not note and frame_groups(proc.mem, proc.interp, tstate) != (groups, note):
+                note = MOVED
             note = note or self._check_codes(pid, proc, groups)
         except OSError:
             note = UNREAD
