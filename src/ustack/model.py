@@ -199,12 +199,13 @@ class PythonSample(RawSample):
     """A DWARF RawSample of a CPython thread with the thread's Python frames
     read from the process's memory as the sample came off the ring (the
     copy path: the interpreter keeps its frames in heap memory the stack
-    copy lacks). `python` is (groups, note, eval_ranges): groups of (code
-    address, code-unit index), innermost first, one per C call of the eval
-    function (unwind/python_frames.frame_groups); why they could not be
-    read or trusted, or ""; the eval function's address ranges. Make it
-    with `python_sample`."""
-    python: tuple = ((), "", ())
+    copy lacks). `python` is (groups, note, eval_ranges, current): groups
+    of (code address, code-unit index), innermost first, one per C call of
+    the eval function (unwind/python_frames.frame_groups); why they could
+    not be read or trusted, or ""; the eval function's address ranges; the
+    address of the thread's current Python frame. Make it with
+    `python_sample`. The samples carry every general register."""
+    python: tuple = ((), "", (), 0)
 
 
 def python_sample(sample: RawSample, python: tuple) -> PythonSample:

@@ -34,6 +34,11 @@ from .contract import Capture
 
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
 DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
+# and every general register where Python frames are read after the sample:
+# one of them, or its copy saved on the stack by a callee, holds the eval
+# loop's current frame, which tells whether the read is the sample's moment
+PYTHON_REGS_MASK = DWARF_REGS_MASK | sum(1 << pe.X86_REGS.index(r) for r in (
+    "ax", "bx", "cx", "dx", "si", "di", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15"))
 # build_id: each MMAP2 names the build-id of the file mapped, so a file is
 # checked to be that one even after its process (and container) is gone
 TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task", "build_id")
@@ -149,7 +154,8 @@ class PerfCapture(Capture):
             # registers + a copy of the stack for the DWARF unwinder; the
             # kernel's frame-pointer walk would be wasted work
             sample_type |= pe.SAMPLE_REGS_USER | pe.SAMPLE_STACK_USER
-            regs, stack = DWARF_REGS_MASK, self.stack_size
+            regs = DWARF_REGS_MASK if self.python_frames is None else PYTHON_REGS_MASK
+            stack = self.stack_size
             flags.append("exclude_callchain_user")
         elif getattr(probe, "return_address_slot", None) is not None:
             slot = probe.return_address_slot

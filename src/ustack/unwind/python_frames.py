@@ -36,9 +36,7 @@ def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
     """(groups, note): the thread's Python frames as groups of (code,
     index), innermost first; note says why the chain was cut, or ""."""
     f = dict(interp.layout)
-    frame = mem.word(tstate + f["tstate_frame"])
-    if frame and f["cframe_current_frame"] != NONE:
-        frame = mem.word(frame + f["cframe_current_frame"])
+    frame = _current(mem, f, tstate)
     kind, entry = f["entry_kind"], f["frame_entry"]
     groups: list = []
     group: list = []
@@ -65,6 +63,18 @@ def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
     if group:
         groups.append(tuple(group))
     return tuple(groups), note
+
+
+def current_frame(mem: ProcessMemory, interp: Interpreter, tstate: int) -> int:
+    """The address of the thread's current Python frame (0: none)."""
+    return _current(mem, dict(interp.layout), tstate)
+
+
+def _current(mem: ProcessMemory, f: dict, tstate: int) -> int:
+    frame = mem.word(tstate + f["tstate_frame"])
+    if frame and f["cframe_current_frame"] != NONE:
+        frame = mem.word(frame + f["cframe_current_frame"])
+    return frame
 
 
 def _index(mem: ProcessMemory, f: dict, frame: int, code: int) -> int:
@@ -108,23 +118,32 @@ def merge(pcs, groups, eval_ranges) -> tuple:
     return tuple(out), tuple(notes)
 
 
-def merge_read(pcs, python: tuple, whole: bool = True) -> tuple:
+def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) -> tuple:
     """(words, notes) of a copied stack and the Python frames read from its
     process after the sample (model.PythonSample.python): merged only when
-    the read agrees with the sample, one group per eval frame of the
-    native stack; else the C frames stay and a note says why. The thread
-    may have returned or called on meanwhile: a count that differs shows
-    it, a guessed frame would hide it. `whole`: the native walk reached
-    the stack's end (else its eval frames cannot be counted)."""
-    groups, note, eval_ranges = python
-    evals = sum(in_ranges(pc if n == 0 else pc - 1, eval_ranges) for n, pc in enumerate(pcs))
+    the read agrees with the sample, else the C frames stay and a note
+    says why (the thread may have returned or called on meanwhile: a
+    guessed frame would hide it). It agrees when there is one group per
+    eval frame of the native stack and the thread's current frame then
+    is the one the innermost eval frame ran: a pointer the eval loop
+    keeps in a register (`regs`, the sampled ones) or on the stack copy
+    (`stack`, from the sampled sp) at or below that frame (`sps`: each
+    native frame's sp). `whole`: the native walk reached the stack's end
+    (else its eval frames cannot be counted)."""
+    groups, note, eval_ranges, current = python
+    evals = [n for n, pc in enumerate(pcs) if in_ranges(pc if n == 0 else pc - 1, eval_ranges)]
     if not evals and not groups:
         return tuple(pcs), ()
     if note:
         return tuple(pcs), (f"Python frames not shown: {note}",)
     if not whole:
         return tuple(pcs), ("Python frames not shown: the native stack is incomplete",)
-    if evals != len(groups):
+    if len(evals) != len(groups):
         return tuple(pcs), (f"Python frames not shown: read after the sample, the thread "
-                            f"ran {len(groups)} eval calls where the stack has {evals}",)
+                            f"ran {len(groups)} eval calls where the stack has {len(evals)}",)
+    inner = evals[0] + 1
+    end = sps[inner] - sps[0] if inner < len(sps) else len(stack)
+    if current not in regs.values() and current.to_bytes(8, "little") not in bytes(stack[:end]):
+        return tuple(pcs), ("Python frames not shown: read after the sample, the thread "
+                            "was in another Python frame",)
     return merge(pcs, groups, eval_ranges)

@@ -18,7 +18,7 @@ import time
 from ..kernel import procfs
 from ..kernel.procfs import ProcessMemory
 from ..model import Mapping, UstackError
-from .python_frames import frame_groups, thread_states
+from .python_frames import current_frame, frame_groups, thread_states
 from .python_runtime import code_identity, find_interpreter
 
 TID_OFFSET = 0x2D0          # glibc 2.x, x86-64: offsetof(struct pthread, tid)
@@ -61,7 +61,7 @@ class LiveFrames:
         self._procs: dict = {}          # pid -> _Process, or None: no interpreter mapped
 
     def read(self, pid: int, tid: int) -> tuple | None:
-        """(groups, note, eval ranges) of the thread now
+        """(groups, note, eval ranges, current frame) of the thread now
         (model.PythonSample.python), or None where it runs no Python."""
         proc = self._process(pid)
         if proc is None:
@@ -78,14 +78,19 @@ class LiveFrames:
                 if tstate is None:
                     return None
             # twice: a thread that runs meanwhile can make one read a torn
-            # chain (a returning frame's slot reused by the next call's)
+            # chain (a returning frame's slot reused by the next call's);
+            # its instructions move on, its frames' code objects must not
+            current = current_frame(proc.mem, proc.interp, tstate)
             groups, note = frame_groups(proc.mem, proc.interp, tstate)
-            if not note and frame_groups(proc.mem, proc.interp, tstate) != (groups, note):
-                note = MOVED
+            if not note:
+                again, note = frame_groups(proc.mem, proc.interp, tstate)
+                if (_codes(again) != _codes(groups)
+                        or current_frame(proc.mem, proc.interp, tstate) != current):
+                    note = MOVED
             note = note or self._check_codes(pid, proc, groups)
         except OSError:
-            note = UNREAD
-        return (() if note else groups), note, proc.interp.eval_ranges
+            note, current = UNREAD, 0
+        return (() if note else groups), note, proc.interp.eval_ranges, current
 
     def mapped(self, pid: int) -> None:
         """pid mapped an executable object: an interpreter not found before
@@ -151,6 +156,10 @@ class LiveFrames:
                     if self.remember is not None:
                         self.remember(pid, code, proc.interp.version)
         return ""
+
+
+def _codes(groups: tuple) -> tuple:
+    return tuple(tuple(code for code, _index in group) for group in groups)
 
 
 def runs_python(target) -> bool:

@@ -49,12 +49,14 @@ class Unwinder:
         function's C frames they ran."""
         if sample.regs is not None:
             pid = sample.pid
-            addrs, notes = self.dwarf.unwind(sample.regs, sample.stack or b"",
-                                             lambda addr: find(pid, addr))
-            if type(sample) is PythonSample:
-                addrs, merged = merge_read(addrs, sample.python, whole=not notes)
-                notes = tuple(notes) + merged
-            return addrs, notes
+            find_pid = lambda addr: find(pid, addr)       # noqa: E731
+            if type(sample) is not PythonSample:
+                return self.dwarf.unwind(sample.regs, sample.stack or b"", find_pid)
+            sps: list = []
+            addrs, notes = self.dwarf.unwind(sample.regs, sample.stack or b"", find_pid, sps)
+            addrs, merged = merge_read(addrs, sample.python, not notes, sample.regs,
+                                       sample.stack or b"", sps)
+            return addrs, notes + merged
         if type(sample) is UnwoundSample:      # unwound when it was recorded
             return sample.unwound
         return sample.callchain, sample.return_address
