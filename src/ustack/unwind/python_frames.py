@@ -34,10 +34,17 @@ def thread_states(mem: ProcessMemory, interp: Interpreter) -> dict:
 
 def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
     """(groups, note): the thread's Python frames as groups of (code,
-    index), innermost first; note says why the chain was cut, or ""."""
+    index), innermost first; note says why the chain was cut, or "".
+    Each frame's fields come in one read (a sampled thread's frames are
+    read per sample)."""
     f = dict(interp.layout)
     frame = _current(mem, f, tstate)
     kind, entry = f["entry_kind"], f["frame_entry"]
+    at_code, at_previous, at_instr = f["frame_code"], f["frame_previous"], f["frame_instr"]
+    span = max(at_code, at_previous, at_instr, entry if entry != NONE else 0) + 8
+    pointer = f["instr_kind"] == INSTR_POINTER
+    bytecode = f["code_bytecode"]
+    units = f["instr_kind"] != LASTI_BYTES
     groups: list = []
     group: list = []
     note = ""
@@ -45,17 +52,23 @@ def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
         for _ in range(MAX_FRAMES):
             if not frame:
                 break
-            if kind == OWNER_CSTACK and mem.read(frame + entry, 1)[0] == FRAME_OWNED_BY_CSTACK:
+            head = mem.read(frame, span)
+            if kind == OWNER_CSTACK and head[entry] == FRAME_OWNED_BY_CSTACK:
                 if group:
                     groups.append(tuple(group))
                 group = []
             else:
-                code = mem.word(frame + f["frame_code"])
-                group.append((code, _index(mem, f, frame, code)))
-                if kind != OWNER_CSTACK and (kind != IS_ENTRY or mem.read(frame + entry, 1)[0]):
+                code = _Q.unpack_from(head, at_code)[0]
+                if pointer:         # a pointer into the code's bytecode
+                    index = max(0, (_Q.unpack_from(head, at_instr)[0] - (code + bytecode)) // 2)
+                else:               # f_lasti: in bytes (3.8, 3.9) or code units; -1 before the first
+                    lasti = _I.unpack_from(head, at_instr)[0]
+                    index = 0 if lasti < 0 else lasti if units else lasti // 2
+                group.append((code, index))
+                if kind != OWNER_CSTACK and (kind != IS_ENTRY or head[entry]):
                     groups.append(tuple(group))   # one frame per eval call, or is_entry
                     group = []
-            frame = mem.word(frame + f["frame_previous"])
+            frame = _Q.unpack_from(head, at_previous)[0]
         else:
             note = f"Python frames cut after {MAX_FRAMES}"
     except OSError:
@@ -75,17 +88,6 @@ def _current(mem: ProcessMemory, f: dict, tstate: int) -> int:
     if frame and f["cframe_current_frame"] != NONE:
         frame = mem.word(frame + f["cframe_current_frame"])
     return frame
-
-
-def _index(mem: ProcessMemory, f: dict, frame: int, code: int) -> int:
-    """The frame's code-unit index (the instruction it runs)."""
-    if f["instr_kind"] == INSTR_POINTER:
-        ptr = mem.word(frame + f["frame_instr"])
-        return max(0, (ptr - (code + f["code_bytecode"])) // 2)
-    lasti = _I.unpack(mem.read(frame + f["frame_instr"], 4))[0]
-    if lasti < 0:
-        return 0
-    return lasti // 2 if f["instr_kind"] == LASTI_BYTES else lasti
 
 
 def in_ranges(pc: int, ranges) -> bool:
