@@ -91,10 +91,19 @@ def _current(mem: ProcessMemory, f: dict, tstate: int) -> int:
 
 
 def in_ranges(pc: int, ranges) -> bool:
-    return any(lo <= pc < hi for lo, hi in ranges)
+    for lo, hi in ranges:
+        if lo <= pc < hi:
+            return True
+    return False
 
 
-def merge(pcs, groups, eval_ranges) -> tuple:
+def eval_frames(pcs, eval_ranges) -> list:
+    """Which native frames are the eval function's (a return address is
+    looked up one byte back, in its call)."""
+    return [in_ranges(pc - 1 if n else pc, eval_ranges) for n, pc in enumerate(pcs)]
+
+
+def merge(pcs, groups, eval_ranges, evals: list | None = None) -> tuple:
     """(words, notes): the native pcs (innermost first; all but the first
     are return addresses) with each one in an eval range replaced by the
     next group's tagged Python words (model.python_frame_word); native
@@ -102,11 +111,13 @@ def merge(pcs, groups, eval_ranges) -> tuple:
     frame. An eval call starting (its frame not current yet) or ending (its
     frame gone already) is the innermost one: when eval frames outnumber
     the groups, that many innermost ones stay C frames, so the rest pair
-    with the right groups (as the in-kernel walk does, bpf/python.h)."""
+    with the right groups (as the in-kernel walk does, bpf/python.h).
+    `evals`: eval_frames(pcs, eval_ranges), where the caller has it."""
     out: list = []
     notes: list = []
     left = list(groups)
-    evals = [in_ranges(pc if n == 0 else pc - 1, eval_ranges) for n, pc in enumerate(pcs)]
+    if evals is None:
+        evals = eval_frames(pcs, eval_ranges)
     skip = max(0, sum(evals) - len(left))
     for pc, is_eval in zip(pcs, evals):
         if is_eval and skip:
@@ -133,7 +144,8 @@ def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) ->
     native frame's sp). `whole`: the native walk reached the stack's end
     (else its eval frames cannot be counted)."""
     groups, note, eval_ranges, current = python
-    evals = [n for n, pc in enumerate(pcs) if in_ranges(pc if n == 0 else pc - 1, eval_ranges)]
+    flags = eval_frames(pcs, eval_ranges)
+    evals = [n for n, is_eval in enumerate(flags) if is_eval]
     if not evals and not groups:
         return tuple(pcs), ()
     if note:
@@ -148,4 +160,4 @@ def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) ->
     if current not in regs.values() and current.to_bytes(8, "little") not in bytes(stack[:end]):
         return tuple(pcs), ("Python frames not shown: read after the sample, the thread "
                             "was in another Python frame",)
-    return merge(pcs, groups, eval_ranges)
+    return merge(pcs, groups, eval_ranges, flags)
