@@ -147,6 +147,31 @@ def test_copy_path_keeps_c_frames_between(version):
         assert "builtin_sorted" in natives, between.most_common(3)
 
 
+# --- threads: each sample's own thread's frames ------------------------------------
+
+@pytest.mark.parametrize("version", ["3.8", "3.12", DEBIAN_PYTHON])
+def test_copy_path_reads_the_sampled_threads_frames(version):
+    """Three threads, each in its own function: a sample's Python frames
+    are its own thread's (its PyThreadState found by the thread's id)."""
+    ((perf, _err),), facts = runs_on(interpreter(version), "threads",
+                                     ("trace", "--backend", "perf", "-d", "2", "profile:hz:199"))
+    seen = Counter()
+    for s in perf:
+        (frames, n), = chains([s], facts)
+        seq = python_only(frames)
+        if "threaded" in seq:
+            work = seq[seq.index("threaded") + 1:seq.index("threaded") + 2]
+            seen[(s["tid"], tuple(work))] += n
+    by_work: dict = {}
+    for (tid, work), n in seen.items():
+        if n > 5:
+            by_work.setdefault(work, set()).add(tid)
+    # each function in one thread of its own, and each thread in one function
+    assert sorted(by_work) == [("work_a",), ("work_b",), ("work_c",)], seen
+    assert all(len(tids) == 1 for tids in by_work.values()), seen
+    assert len(set().union(*by_work.values())) == 3, seen
+
+
 # --- trace: a uprobe in C code Python called --------------------------------------
 
 @pytest.mark.parametrize("version", ["3.12", DEBIAN_PYTHON])
