@@ -84,13 +84,13 @@ def judge(stacks: list, facts: dict, full) -> tuple:
     return whole, marked, total
 
 
-def assert_whole(stacks: list, facts: dict, full) -> None:
+def assert_whole(stacks: list, facts: dict, full, at_least: float = WHOLE_AT_LEAST) -> None:
     whole, marked, total = judge(stacks, facts, full)
     common = Counter()
     for frames, n in chains(stacks, facts):
         common[";".join(map(str, python_only(frames)))] += n
     assert total >= MIN_SAMPLES, (total, common.most_common(3))
-    assert whole + marked >= 0.95 * total and whole >= WHOLE_AT_LEAST * total, (
+    assert whole + marked >= 0.95 * total and whole >= at_least * total, (
         f"{whole} whole and {marked} marked of {total}; most common: {common.most_common(4)}")
 
 
@@ -127,12 +127,15 @@ def test_copy_path_keeps_c_frames_between(version):
     """builtin sorted() stays between leaf and the key function it calls;
     no eval loop C frame is left above a Python frame. (3.8-3.10 run each
     Python call in a C call of its own: this chain's copy needs more than
-    the default 8 KiB, else its stacks are marked incomplete.)"""
+    the default 8 KiB, else its stacks are marked incomplete. The key
+    function's calls are short: a read some ms after the sample finds the
+    thread in another call more often than in the busy program, and marks
+    the sample, on a loaded machine up to a third of them.)"""
     ((perf, _err),), facts = runs_on(interpreter(version), "sorted",
                                      profile("--backend", "perf", "--stack-size", "16384"))
     full = ends_with(TAILS["sorted"])
     assert_whole(perf, facts, lambda frames: full(frames) or python_only(frames) == CHAIN + [
-        "key_of"])
+        "key_of"], at_least=0.5)
     between = Counter()
     for frames, n in chains(perf, facts):
         seq = [py or "" for py, _ in frames]
