@@ -196,6 +196,25 @@ class UnwoundSample(RawSample):
     unwound: tuple = ((), ())
 
 
+class PythonSample(RawSample):
+    """A DWARF RawSample of a CPython thread with the thread's Python frames
+    read from the process's memory as the sample came off the ring (the
+    copy path: the interpreter keeps its frames in heap memory the stack
+    copy lacks). `python` is (groups, note, eval_ranges, current): groups
+    of (code address, code-unit index), innermost first, one per C call of
+    the eval function (unwind/python_frames.frame_groups); why they could
+    not be read or trusted, or ""; the eval function's address ranges; the
+    address of the thread's current Python frame. Make it with
+    `python_sample`. The samples carry every general register."""
+    python: tuple = ((), "", (), 0)
+
+
+def python_sample(sample: RawSample, python: tuple) -> PythonSample:
+    s = PythonSample(*sample)
+    s.python = python
+    return s
+
+
 def unwound_sample(sample: RawSample, addrs: tuple, notes: tuple) -> UnwoundSample:
     s = UnwoundSample(sample.probe, sample.pid, sample.tid, sample.time_ns,
                       sample.cpu, b"".join(a.to_bytes(8, "little") for a in addrs),

@@ -175,6 +175,13 @@ class Session:
             self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code
+        if opts.python and self.plan.backend == "perf" and "dwarf" in self.plan.modes:
+            # the copy path: the Python frames of each sample's thread read
+            # from its process (what the bpf backend's walk does in the kernel)
+            from .unwind import python_live
+            capture.python_frames = python_live.LiveFrames(self.python_code.remember)
+            if python_live.runs_python(self.target):
+                capture.unwind_note = python_live.HEADER_NOTE
         capture.open()          # closes what it opened if it fails (but when interrupted)
         return capture
 

@@ -20,21 +20,26 @@ from ..interrupt import Interrupted
 from ..kernel import credentials
 from ..kernel import perf_event as pe
 from ..kernel import procfs
-from ..kernel.perf_records import (BASE_SAMPLE_TYPE, EventLayout, RecordReader,
-                                   count_samples)
+from ..kernel.perf_records import (BASE_SAMPLE_TYPE, MAPPED, PROCESS_GONE, EventLayout,
+                                   RecordReader, count_samples, moments)
 from ..kernel.ring import PAGE, RingBuffer
 from ..kernel.tracefs import tracepoint_id
 from ..kernel import trace_format as tf
 from ..kernel.leftovers import remove_stale_tracing
 from ..kernel.uprobe_events import UprobeEvents, event_format
 from ..model import (Losses, ProfileProbe, TracepointProbe, UprobeProbe,
-                     UstackError)
+                     UstackError, python_sample)
 from ..probes.fetchargs import probe_kinds
 from ..target.process import Target
 from .contract import Capture
 
 # ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
 DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
+# and every general register where Python frames are read after the sample:
+# one of them, or its copy saved on the stack by a callee, holds the eval
+# loop's current frame, which tells whether the read is the sample's moment
+PYTHON_REGS_MASK = DWARF_REGS_MASK | sum(1 << pe.X86_REGS.index(r) for r in (
+    "ax", "bx", "cx", "dx", "si", "di", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15"))
 # build_id: each MMAP2 names the build-id of the file mapped, so a file is
 # checked to be that one even after its process (and container) is gone
 TRACKING_FLAGS = ("mmap", "mmap2", "comm", "comm_exec", "task", "build_id")
@@ -44,6 +49,9 @@ NEVER_SAMPLE = 1 << 62
 # bytes taken from a CPU's buffer per read: a reader behind (a 32 MiB DWARF
 # buffer full) then holds a few MiB at a time, not all of every buffer
 READ_MOST = 4 << 20
+# Python frames read for samples not decoded yet; more are samples a run
+# ended without decoding
+PYTHON_PENDING = 1 << 16
 
 
 def define_uprobe(uprobes: UprobeEvents, probe: UprobeProbe, own: tuple = ()):
@@ -94,7 +102,11 @@ def _raise_fd_limit() -> None:
 
 class PerfCapture(Capture):
     """Opens the events, owns the fds and ring buffers, hands out chunks
-    and decodes them into the run's stream (RawSamples and metadata)."""
+    and decodes them into the run's stream (RawSamples and metadata).
+    `python_frames`: an unwind.python_live.LiveFrames the session gives
+    to have each DWARF sample's Python frames read as it comes off the
+    ring (a PythonSample then), or None."""
+    python_frames = None
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
@@ -123,7 +135,8 @@ class PerfCapture(Capture):
         self._args: dict = {}             # tracepoint id -> ArgsDecoder
         self._attrs: dict = {}            # probe index -> (attr, layout)
         self._reader = RecordReader(self.layouts)
-        self.decode = self._reader.read   # see RecordReader.read
+        self._python: dict = {}           # (tid, time) -> what python_frames read
+        self._python_ids: frozenset | None = None   # the events whose samples it reads
         self._poll = select.poll()
         # the kernel's count of records our events could not write (read at
         # stop()); None where it cannot say (before Linux 6.0)
@@ -174,7 +187,8 @@ class PerfCapture(Capture):
             # registers + a copy of the stack for the DWARF unwinder; the
             # kernel's frame-pointer walk would be wasted work
             sample_type |= pe.SAMPLE_REGS_USER | pe.SAMPLE_STACK_USER
-            regs, stack = DWARF_REGS_MASK, self.stack_size
+            regs = DWARF_REGS_MASK if self.python_frames is None else PYTHON_REGS_MASK
+            stack = self.stack_size
             flags.append("exclude_callchain_user")
         elif getattr(probe, "return_address_slot", None) is not None:
             slot = probe.return_address_slot
@@ -321,7 +335,45 @@ class PerfCapture(Capture):
             chunk = ring.read(READ_MOST)
             if chunk:
                 chunks.append(chunk)
+                if self.python_frames is not None:
+                    self._read_python(chunk)
         return chunks
+
+    def _read_python(self, chunk) -> None:
+        """Read the Python frames of each DWARF sample's thread now, while
+        it may still be where the sample found it (decoding comes later);
+        follow the processes' execs, exits and new mappings."""
+        ids = self._python_ids
+        if ids is None:
+            ids = self._python_ids = frozenset(
+                i for i, layout in self.layouts.items() if layout.regs_mask)
+        frames, pending = self.python_frames, self._python
+        for what, pid, tid, t in moments(chunk, ids):
+            if what == PROCESS_GONE:
+                frames.forget(pid)
+            elif what == MAPPED:
+                frames.mapped(pid)
+            else:
+                read = frames.read(pid, tid)
+                if read is not None:
+                    if len(pending) >= PYTHON_PENDING:
+                        pending.clear()
+                    pending[(tid, t)] = read
+
+    def decode(self, chunk, metas: list, samples: list, start: int = 0,
+               budget: int = 1 << 62) -> int:
+        """RecordReader.read, each sample whose Python frames were read a
+        PythonSample."""
+        first = len(samples)
+        off = self._reader.read(chunk, metas, samples, start, budget)
+        pending = self._python
+        if pending:
+            for i in range(first, len(samples)):
+                s = samples[i]
+                read = pending.pop((s.tid, s.time_ns), None)
+                if read is not None:
+                    samples[i] = python_sample(s, read)
+        return off
 
     def flush_lost(self) -> None:
         """Make the kernel report losses it is still holding back.
@@ -381,6 +433,8 @@ class PerfCapture(Capture):
         self.close()
 
     def close(self) -> None:
+        if self.python_frames is not None:
+            self.python_frames.close()
         for ring in self.buffers.values():
             ring.close()
         self.buffers.clear()

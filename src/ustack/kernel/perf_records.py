@@ -101,6 +101,43 @@ def count_samples(chunk: bytes, start: int = 0) -> int:
     return n
 
 
+# what `moments` yields
+SAMPLED, PROCESS_GONE, MAPPED = 1, 2, 3
+
+
+def moments(chunk, ids) -> list:
+    """What a chunk says happened to which thread, in order, decoding
+    little: (SAMPLED, pid, tid, time) for a sample of an event in `ids`,
+    (PROCESS_GONE, pid, pid, 0) at an exec or a process's exit, (MAPPED,
+    pid, tid, 0) for an executable mapping. For what must be done while
+    the sampled process still runs, before the records are decoded."""
+    out = []
+    off, end = 0, len(chunk)
+    header, head = _HEADER.unpack_from, _SAMPLE_HEAD.unpack_from
+    while off < end:
+        typ, misc, size = header(chunk, off)
+        if size == 0:
+            break
+        if typ == RECORD_SAMPLE:
+            if size >= _SAMPLE_HEAD_END:
+                ident, pid, tid, t = head(chunk, off + 8)[:4]
+                if ident in ids:
+                    out.append((SAMPLED, pid, tid, t))
+        elif typ == RECORD_MMAP2:
+            pid, tid = _PID_TID.unpack_from(chunk, off + 8)
+            if _MMAP2.unpack_from(chunk, off + 8)[9] & PROT_EXEC:
+                out.append((MAPPED, pid, tid, 0))
+        elif typ == RECORD_COMM and misc & MISC_COMM_EXEC:
+            pid = _PID_TID.unpack_from(chunk, off + 8)[0]
+            out.append((PROCESS_GONE, pid, pid, 0))
+        elif typ == RECORD_EXIT:
+            pid, _ppid, tid, _ptid = _FORK.unpack_from(chunk, off + 8)
+            if pid == tid:
+                out.append((PROCESS_GONE, pid, pid, 0))
+        off += size
+    return out
+
+
 class RecordReader:
     """Turns ring-buffer bytes into RawSamples and metadata events, and
     keeps the loss totals the kernel reports on the way."""

@@ -167,7 +167,12 @@ class ProcessMemory:
         self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
 
     def read(self, addr: int, size: int) -> bytes:
-        data = os.pread(self.fd, size, addr)
+        """`size` bytes at `addr`; OSError where they cannot be read (also
+        an address beyond the user range: a pointer read mid-change)."""
+        try:
+            data = os.pread(self.fd, size, addr)
+        except OverflowError:
+            raise OSError(f"no address {addr:#x}") from None
         if len(data) != size:
             raise OSError(f"short read at {addr:#x}")
         return data

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections import OrderedDict
 
 from ..kernel.procfs import ProcessMemory
@@ -38,9 +39,12 @@ _ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
 
 
 class PythonCode:
-    """Names of the code objects of Python processes, read once."""
+    """Names of the code objects of Python processes, read once. The copy
+    path's capture remembers them on its drain thread (capture/perf.py)
+    while stacks are named: what changes the memo holds the lock."""
 
     def __init__(self, live: bool = True):
+        self._lock = threading.RLock()
         self.live = live           # pids are this host's processes (not a recording's)
         self._codes: OrderedDict = OrderedDict()   # (pid, code) -> PythonCodeInfo
         self._bytes = 0                            # what _codes' entries hold
@@ -66,6 +70,10 @@ class PythonCode:
         process is gone, the address holds no code object of that
         version) is left to frame(), which reads again or says so: the
         capture calling this must go on either way."""
+        with self._lock:
+            self._remember(pid, code, version)
+
+    def _remember(self, pid: int, code: int, version: tuple) -> None:
         if len(self._versions) >= MAX_CODES:
             self._versions.clear()
         self._versions[pid] = tuple(version[:2])
@@ -76,10 +84,14 @@ class PythonCode:
         if self._codes.get((pid, code)) != info:
             if (pid, code) in self._codes:
                 self._frames.clear()        # frames named after the code it replaces
-            self.add(pid, code, info)
+            self._add(pid, code, info)
 
     def add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         """Keep what names a code object (read here, or from a recording)."""
+        with self._lock:
+            self._add(pid, code, info)
+
+    def _add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         codes = self._codes
         old = codes.pop((pid, code), None)
         if old is not None:
@@ -92,6 +104,10 @@ class PythonCode:
     def info(self, pid: int, code: int) -> PythonCodeInfo | None:
         """The PythonCodeInfo of a code object, read now when never remembered
         and its process lives; None when it cannot be had."""
+        with self._lock:
+            return self._info(pid, code)
+
+    def _info(self, pid: int, code: int) -> PythonCodeInfo | None:
         info = self._codes.get((pid, code))
         if info is not None:
             self._codes.move_to_end((pid, code))
@@ -101,7 +117,7 @@ class PythonCode:
         version = self._versions.get(pid) or _version_of(pid)
         if version is None:
             return None
-        self.remember(pid, code, version)
+        self._remember(pid, code, version)
         return self._codes.get((pid, code))
 
     def frame(self, pid: int, code: int, index: int) -> Frame:

@@ -93,15 +93,17 @@ class DwarfUnwinder:
         self.warnings: list = []
 
     def unwind(self, regs: dict, stack: bytes,
-               find_mapping: Callable[[int], Mapping | None]) -> tuple:
+               find_mapping: Callable[[int], Mapping | None], sps: list | None = None) -> tuple:
         """(addresses innermost first, notes). addrs[0] is regs['ip'];
         the others are return addresses, except a pc interrupted by a
-        signal, which is exact."""
+        signal, which is exact. `sps`: a list given gets each frame's sp."""
         ip = regs["ip"]
         sp = sp0 = regs["sp"]
         bp = regs.get("bp")
         top = len(stack) - 8
         addrs = [ip]
+        if sps is not None:
+            sps.append(sp)
         notes: list = []
         states = self._states
         unpack = _Q.unpack_from
@@ -152,6 +154,8 @@ class DwarfUnwinder:
                 if ip < 0x1000:
                     break
                 addrs.append(ip)
+                if sps is not None:
+                    sps.append(sp)
                 exact = True                      # the interrupted pc itself
                 continue
             else:                                 # _END: the outermost frame; _STOP
@@ -176,6 +180,8 @@ class DwarfUnwinder:
             ip = ra
             exact = False
             addrs.append(ra)
+            if sps is not None:
+                sps.append(sp)
             # noted only when the fallback gave a frame: at the outermost
             # frame (ld.so's _start, rbp 0) it just ends the walk
             if note is not None and note not in notes:

@@ -34,12 +34,17 @@ def thread_states(mem: ProcessMemory, interp: Interpreter) -> dict:
 
 def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
     """(groups, note): the thread's Python frames as groups of (code,
-    index), innermost first; note says why the chain was cut, or ""."""
+    index), innermost first; note says why the chain was cut, or "".
+    Each frame's fields come in one read (a sampled thread's frames are
+    read per sample)."""
     f = dict(interp.layout)
-    frame = mem.word(tstate + f["tstate_frame"])
-    if frame and f["cframe_current_frame"] != NONE:
-        frame = mem.word(frame + f["cframe_current_frame"])
+    frame = _current(mem, f, tstate)
     kind, entry = f["entry_kind"], f["frame_entry"]
+    at_code, at_previous, at_instr = f["frame_code"], f["frame_previous"], f["frame_instr"]
+    span = max(at_code, at_previous, at_instr, entry if entry != NONE else 0) + 8
+    pointer = f["instr_kind"] == INSTR_POINTER
+    bytecode = f["code_bytecode"]
+    units = f["instr_kind"] != LASTI_BYTES
     groups: list = []
     group: list = []
     note = ""
@@ -47,17 +52,23 @@ def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
         for _ in range(MAX_FRAMES):
             if not frame:
                 break
-            if kind == OWNER_CSTACK and mem.read(frame + entry, 1)[0] == FRAME_OWNED_BY_CSTACK:
+            head = mem.read(frame, span)
+            if kind == OWNER_CSTACK and head[entry] == FRAME_OWNED_BY_CSTACK:
                 if group:
                     groups.append(tuple(group))
                 group = []
             else:
-                code = mem.word(frame + f["frame_code"])
-                group.append((code, _index(mem, f, frame, code)))
-                if kind != OWNER_CSTACK and (kind != IS_ENTRY or mem.read(frame + entry, 1)[0]):
+                code = _Q.unpack_from(head, at_code)[0]
+                if pointer:         # a pointer into the code's bytecode
+                    index = max(0, (_Q.unpack_from(head, at_instr)[0] - (code + bytecode)) // 2)
+                else:               # f_lasti: in bytes (3.8, 3.9) or code units; -1 before the first
+                    lasti = _I.unpack_from(head, at_instr)[0]
+                    index = 0 if lasti < 0 else lasti if units else lasti // 2
+                group.append((code, index))
+                if kind != OWNER_CSTACK and (kind != IS_ENTRY or head[entry]):
                     groups.append(tuple(group))   # one frame per eval call, or is_entry
                     group = []
-            frame = mem.word(frame + f["frame_previous"])
+            frame = _Q.unpack_from(head, at_previous)[0]
         else:
             note = f"Python frames cut after {MAX_FRAMES}"
     except OSError:
@@ -67,22 +78,32 @@ def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
     return tuple(groups), note
 
 
-def _index(mem: ProcessMemory, f: dict, frame: int, code: int) -> int:
-    """The frame's code-unit index (the instruction it runs)."""
-    if f["instr_kind"] == INSTR_POINTER:
-        ptr = mem.word(frame + f["frame_instr"])
-        return max(0, (ptr - (code + f["code_bytecode"])) // 2)
-    lasti = _I.unpack(mem.read(frame + f["frame_instr"], 4))[0]
-    if lasti < 0:
-        return 0
-    return lasti // 2 if f["instr_kind"] == LASTI_BYTES else lasti
+def current_frame(mem: ProcessMemory, interp: Interpreter, tstate: int) -> int:
+    """The address of the thread's current Python frame (0: none)."""
+    return _current(mem, dict(interp.layout), tstate)
+
+
+def _current(mem: ProcessMemory, f: dict, tstate: int) -> int:
+    frame = mem.word(tstate + f["tstate_frame"])
+    if frame and f["cframe_current_frame"] != NONE:
+        frame = mem.word(frame + f["cframe_current_frame"])
+    return frame
 
 
 def in_ranges(pc: int, ranges) -> bool:
-    return any(lo <= pc < hi for lo, hi in ranges)
+    for lo, hi in ranges:
+        if lo <= pc < hi:
+            return True
+    return False
 
 
-def merge(pcs, groups, eval_ranges) -> tuple:
+def eval_frames(pcs, eval_ranges) -> list:
+    """Which native frames are the eval function's (a return address is
+    looked up one byte back, in its call)."""
+    return [in_ranges(pc - 1 if n else pc, eval_ranges) for n, pc in enumerate(pcs)]
+
+
+def merge(pcs, groups, eval_ranges, evals: list | None = None) -> tuple:
     """(words, notes): the native pcs (innermost first; all but the first
     are return addresses) with each one in an eval range replaced by the
     next group's tagged Python words (model.python_frame_word); native
@@ -90,11 +111,13 @@ def merge(pcs, groups, eval_ranges) -> tuple:
     frame. An eval call starting (its frame not current yet) or ending (its
     frame gone already) is the innermost one: when eval frames outnumber
     the groups, that many innermost ones stay C frames, so the rest pair
-    with the right groups (as the in-kernel walk does, bpf/python.h)."""
+    with the right groups (as the in-kernel walk does, bpf/python.h).
+    `evals`: eval_frames(pcs, eval_ranges), where the caller has it."""
     out: list = []
     notes: list = []
     left = list(groups)
-    evals = [in_ranges(pc if n == 0 else pc - 1, eval_ranges) for n, pc in enumerate(pcs)]
+    if evals is None:
+        evals = eval_frames(pcs, eval_ranges)
     skip = max(0, sum(evals) - len(left))
     for pc, is_eval in zip(pcs, evals):
         if is_eval and skip:
@@ -106,3 +129,35 @@ def merge(pcs, groups, eval_ranges) -> tuple:
     if left:
         notes.append(f"{sum(len(g) for g in left)} Python frames beyond the native stack")
     return tuple(out), tuple(notes)
+
+
+def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) -> tuple:
+    """(words, notes) of a copied stack and the Python frames read from its
+    process after the sample (model.PythonSample.python): merged only when
+    the read agrees with the sample, else the C frames stay and a note
+    says why (the thread may have returned or called on meanwhile: a
+    guessed frame would hide it). It agrees when there is one group per
+    eval frame of the native stack and the thread's current frame then
+    is the one the innermost eval frame ran: a pointer the eval loop
+    keeps in a register (`regs`, the sampled ones) or on the stack copy
+    (`stack`, from the sampled sp) at or below that frame (`sps`: each
+    native frame's sp). `whole`: the native walk reached the stack's end
+    (else its eval frames cannot be counted)."""
+    groups, note, eval_ranges, current = python
+    flags = eval_frames(pcs, eval_ranges)
+    evals = [n for n, is_eval in enumerate(flags) if is_eval]
+    if not evals and not groups:
+        return tuple(pcs), ()
+    if note:
+        return tuple(pcs), (f"Python frames not shown: {note}",)
+    if not whole:
+        return tuple(pcs), ("Python frames not shown: the native stack is incomplete",)
+    if len(evals) != len(groups):
+        return tuple(pcs), (f"Python frames not shown: read after the sample, the thread "
+                            f"ran {len(groups)} eval calls where the stack has {len(evals)}",)
+    inner = evals[0] + 1
+    end = sps[inner] - sps[0] if inner < len(sps) else len(stack)
+    if current not in regs.values() and current.to_bytes(8, "little") not in bytes(stack[:end]):
+        return tuple(pcs), ("Python frames not shown: read after the sample, the thread "
+                            "was in another Python frame",)
+    return merge(pcs, groups, eval_ranges, flags)

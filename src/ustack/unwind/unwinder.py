@@ -10,10 +10,11 @@ from collections.abc import Callable
 
 from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE,
                      KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
-                     KERNEL_UNWIND_WHOLE, Mapping, RawSample,
+                     KERNEL_UNWIND_WHOLE, Mapping, PythonSample, RawSample,
                      UnwoundSample, python_frame_parts)
 from .dwarf import RAISE_STACK_SIZE, DwarfUnwinder
 from .fp import frame_pointer_stack
+from .python_frames import merge_read
 
 FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or None
 
@@ -43,11 +44,19 @@ class Unwinder:
         fetch-arg values), unwound later, once per distinct stack; or the
         (addresses, notes) of a DWARF sample, unwound now, since its stack
         copy is nearly always unique, or that of a sample unwound already
-        (UnwoundSample: a DWARF sample unwound while it was recorded)."""
+        (UnwoundSample: a DWARF sample unwound while it was recorded).
+        A PythonSample's Python frames take the place of the eval
+        function's C frames they ran."""
         if sample.regs is not None:
             pid = sample.pid
-            return self.dwarf.unwind(sample.regs, sample.stack or b"",
-                                     lambda addr: find(pid, addr))
+            find_pid = lambda addr: find(pid, addr)       # noqa: E731
+            if type(sample) is not PythonSample:
+                return self.dwarf.unwind(sample.regs, sample.stack or b"", find_pid)
+            sps: list = []
+            addrs, notes = self.dwarf.unwind(sample.regs, sample.stack or b"", find_pid, sps)
+            addrs, merged = merge_read(addrs, sample.python, not notes, sample.regs,
+                                       sample.stack or b"", sps)
+            return addrs, notes + merged
         if type(sample) is UnwoundSample:      # unwound when it was recorded
             return sample.unwound
         return sample.callchain, sample.return_address

@@ -1,0 +1,205 @@
+"""A sampled thread's Python frames read from its live process, for stacks
+the kernel copied (the perf backend): the user-space counterpart of the
+in-kernel walk (bpf/python.h). The capture calls `read(pid, tid)` as each
+sample comes off the ring, the nearest moment to the sample user space
+has; the unwinder merges what it read (python_frames.merge_read), checked
+against the sample's native stack.
+
+A PyThreadState names its thread by pthread_self(): on x86-64 glibc the
+address of the thread's struct pthread, which holds the kernel's thread id
+at a fixed offset, found once per process among its thread ids.
+
+Not thread-safe: one thread (the capture's drain thread) calls it all."""
+from __future__ import annotations
+
+import struct
+import time
+
+from ..kernel import procfs
+from ..kernel.procfs import ProcessMemory
+from ..model import Mapping, UstackError
+from .python_frames import current_frame, frame_groups, thread_states
+from .python_runtime import code_identity, find_interpreter
+
+TID_OFFSET = 0x2D0          # glibc 2.x, x86-64: offsetof(struct pthread, tid)
+TID_SCAN = 0x800            # else looked for in this many bytes of struct pthread
+REREAD_S = 0.01             # a thread without a known state: its list re-read at most this often
+MAX_PROCS = 1024            # processes followed at once
+MAX_CODES = 1 << 14         # code objects remembered per process (then read anew)
+TYPE_NAME = 24              # PyTypeObject.tp_name
+_U32 = struct.Struct("<I")
+
+# what the header says of a run that reads them
+HEADER_NOTE = "Python frames read from the process after each sample"
+FREED = "a code object was freed before it was read"
+UNREAD = "the thread's Python frames could not be read"
+MOVED = "the thread ran on while its Python frames were read"
+
+
+class _Process:
+    """What is known of one Python process."""
+    __slots__ = ("interp", "mem", "threads", "read_at", "tid_offset", "code_type",
+                 "codes", "identity")
+
+    def __init__(self, interp, mem: ProcessMemory):
+        self.interp, self.mem = interp, mem
+        self.threads: dict = {}         # tid -> PyThreadState address
+        self.read_at = -1.0             # when the thread list was read
+        self.tid_offset = None          # of the tid in struct pthread, once found
+        self.code_type = 0              # PyCode_Type's address, once seen
+        self.codes: dict = {}           # code address -> identity (file, name pointers)
+        self.identity = code_identity(interp.version)
+
+
+class LiveFrames:
+    """`remember(pid, code, version)`: told of each code object the first
+    time it is seen (at an address, with its file and name), so it is
+    named while its process lives (symbols/python.PythonCode.remember)."""
+
+    def __init__(self, remember=None):
+        self.remember = remember
+        self._procs: dict = {}          # pid -> _Process, or None: no interpreter mapped
+
+    def read(self, pid: int, tid: int) -> tuple | None:
+        """(groups, note, eval ranges, current frame) of the thread now
+        (model.PythonSample.python), or None where it runs no Python."""
+        proc = self._process(pid)
+        if proc is None:
+            return None
+        try:
+            tstate = proc.threads.get(tid)
+            if tstate is None:
+                now = time.monotonic()
+                if now - proc.read_at < REREAD_S:
+                    return None
+                proc.read_at = now
+                self._read_threads(pid, proc)
+                tstate = proc.threads.get(tid)
+                if tstate is None:
+                    return None
+            # twice: a thread that runs meanwhile can make one read a torn
+            # chain (a returning frame's slot reused by the next call's);
+            # its instructions move on, its frames' code objects must not
+            current = current_frame(proc.mem, proc.interp, tstate)
+            groups, note = frame_groups(proc.mem, proc.interp, tstate)
+            if not note:
+                again, note = frame_groups(proc.mem, proc.interp, tstate)
+                if (_codes(again) != _codes(groups)
+                        or current_frame(proc.mem, proc.interp, tstate) != current):
+                    note = MOVED
+            note = note or self._check_codes(pid, proc, groups)
+        except OSError:
+            note, current = UNREAD, 0
+        return (() if note else groups), note, proc.interp.eval_ranges, current
+
+    def mapped(self, pid: int) -> None:
+        """pid mapped an executable object: an interpreter not found before
+        may be there now."""
+        if pid in self._procs and self._procs[pid] is None:
+            del self._procs[pid]
+
+    def forget(self, pid: int) -> None:
+        """pid exec'd or exited."""
+        proc = self._procs.pop(pid, None)
+        if proc is not None:
+            proc.mem.close()
+
+    def close(self) -> None:
+        for pid in list(self._procs):
+            self.forget(pid)
+
+    def _process(self, pid: int) -> _Process | None:
+        if pid in self._procs:
+            return self._procs[pid]
+        if len(self._procs) >= MAX_PROCS:
+            self.forget(next(iter(self._procs)))
+        proc = None
+        try:
+            interp = find_interpreter(procfs.executable_mappings(pid))
+            if interp is not None:
+                proc = _Process(interp, ProcessMemory(pid))
+        except (OSError, ValueError, UstackError):
+            proc = None
+        self._procs[pid] = proc        # None until it maps an object (mapped())
+        return proc
+
+    def _read_threads(self, pid: int, proc: _Process) -> None:
+        """Each thread's PyThreadState, by the thread's id."""
+        states = thread_states(proc.mem, proc.interp)
+        if proc.tid_offset is None:
+            proc.tid_offset = _tid_offset(proc.mem, list(states), set(procfs.threads(pid)))
+            if proc.tid_offset is None:
+                return
+        read = proc.mem.read
+        proc.threads = {_U32.unpack(read(p + proc.tid_offset, 4))[0]: t
+                        for p, t in states.items()}
+
+    def _check_codes(self, pid: int, proc: _Process, groups: tuple) -> str:
+        """"" when every frame's code object is a live code object (and each
+        one first seen is told to `remember`), else why not."""
+        filename, name = proc.identity
+        size = max(filename, name) + 8
+        read = proc.mem.read
+        for group in groups:
+            for code, _index in group:
+                head = read(code, size)
+                ob_type = int.from_bytes(head[8:16], "little")
+                if ob_type != proc.code_type:
+                    if proc.code_type or not _is_code_type(proc.mem, ob_type):
+                        return FREED
+                    proc.code_type = ob_type
+                ident = (head[filename:filename + 8], head[name:name + 8])
+                if proc.codes.get(code) != ident:
+                    if len(proc.codes) >= MAX_CODES:
+                        proc.codes.clear()
+                    proc.codes[code] = ident
+                    if self.remember is not None:
+                        self.remember(pid, code, proc.interp.version)
+        return ""
+
+
+def _codes(groups: tuple) -> tuple:
+    return tuple(tuple(code for code, _index in group) for group in groups)
+
+
+def runs_python(target) -> bool:
+    """Whether a run's target (target/process.py's) runs CPython, or may:
+    a -p process that maps an interpreter, a -c command whose executable's
+    load closure holds one, any process of a system-wide run."""
+    if target.scope == "pid":
+        mappings = procfs.executable_mappings(target.pid)
+    elif target.scope == "command":
+        from ..objfile.needed import load_closure
+        from ..target.process import executable
+        exe = executable(target.argv)
+        mappings = [Mapping(0, 1, 0, path) for path in (load_closure(exe) if exe else ())]
+    else:
+        return True
+    try:
+        return any(find_interpreter([m]) is not None for m in mappings)
+    except (OSError, ValueError, UstackError):
+        return False
+
+
+def _is_code_type(mem: ProcessMemory, ob_type: int) -> bool:
+    """Whether the type object at ob_type is named "code"."""
+    try:
+        return mem.read(mem.word(ob_type + TYPE_NAME), 5) == b"code\0"
+    except OSError:
+        return False
+
+
+def _tid_offset(mem: ProcessMemory, pthreads: list, tids: set) -> int | None:
+    """Where struct pthread keeps the thread's id: glibc's offset if every
+    Python thread's pthread holds one of the process's tids there, else
+    the first offset where they all do; None if none does."""
+    if not pthreads or not tids:
+        return None
+    try:
+        heads = [mem.read(p, TID_SCAN) for p in pthreads]
+    except OSError:
+        return None
+    for off in (TID_OFFSET,) + tuple(range(0, TID_SCAN, 4)):
+        if all(_U32.unpack_from(h, off)[0] in tids for h in heads):
+            return off
+    return None
