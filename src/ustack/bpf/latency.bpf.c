@@ -4,9 +4,12 @@
  * the function's histogram, reporting calls of slower_ns or more to the
  * ring. One program per probe, the function and options as read-only
  * data. An entry's stack is kept under its hash: walked on frame pointers
- * (FP_STACKS) or unwound in the kernel (unwind.h, the unwinder's STACKS). */
+ * (FP_STACKS) or unwound in the kernel (unwind.h, the unwinder's STACKS),
+ * then with LAT_PYTHON given a Python process's frames (python.h), whose
+ * records of code objects seen first share RING with the slow calls. */
 #define FNV_PRIME 0x100000001B3ULL
 #include "unwind.h"
+#include "python.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -148,6 +151,8 @@ int latency_entry(void *ctx)
 		__s32 no_kernel_stack;
 		struct walk *w = walk(ctx, regs_source, 0, &no_kernel_stack);
 
+		if (w && (opts & LAT_PYTHON))
+			python_pass(w, &ring, pid_tgid, function);
 		if (!w || !store_stack(w, &hash))
 			return result;
 	}

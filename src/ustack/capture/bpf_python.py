@@ -23,12 +23,15 @@ import time
 
 from ..kernel import bpf_syscall
 from ..kernel import procfs
-from ..model import CommEvent, ExitEvent, Mapping, MmapEvent
+from ..model import CommEvent, ExitEvent, MmapEvent
 from ..unwind import python_runtime
 
 PROCS = 1024                    # Python processes followed at once
 THREADS = 8192                  # (tgid, fsbase) -> PyThreadState, an LRU
 CODES = 1 << 16                 # (tgid, code) reported already, an LRU
+# the ring of a program whose stacks stay in the kernel (offcpu, memleak):
+# only its records of new code objects (~300 bytes, at most one a stack)
+CODE_RING_BYTES = 1 << 20
 _TGID = struct.Struct("<I")
 
 
@@ -118,13 +121,7 @@ class PythonProcs:
         """Read now what the interpreters among `paths` (a -c command's
         load closure) are, so its MMAP2 records add it at once: its first
         samples wait for that. Whether one of them is an interpreter."""
-        found = False
-        for path in paths:
-            try:
-                found |= python_runtime.find_interpreter([Mapping(0, 1, 0, path)]) is not None
-            except (OSError, ValueError):
-                pass
-        return found
+        return python_runtime.runs_python(paths)
 
     def forget(self, pid: int) -> None:
         if self.versions.pop(pid, None) is not None:

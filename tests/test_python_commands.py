@@ -1,0 +1,172 @@
+"""Python frames in the stacks of offcpu, latency --by-stack and memleak
+(bpf/python.h's pass in offcpu.bpf.c, latency.bpf.c and memleak.bpf.c) on
+tests/programs/python/waits.py, under every CPython 3.8-3.13 of pyenv and
+Debian's python3.11 (attached with -p: py-spy cannot); and a short -c
+Python command whose frames are all named.
+
+The program waits for a line on stdin, runs its chain ROUNDS times, says
+"done" and stays alive: every call is made while ustack traces, and its
+code objects can still be read when ustack ends. Expected frames: the
+chain's functions, each at the line of its call in the file."""
+from __future__ import annotations
+
+import glob
+import json
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import finish, start_ustack, stop, wait_tracing
+
+pytestmark = pytest.mark.kernel
+
+PROG = Path(__file__).resolve().parent / "programs" / "python" / "waits.py"
+ROUNDS, BLOCK = 20, 4096            # waits.py's
+DEBIAN_PYTHON = "/usr/bin/python3.11"
+PYTHONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13", DEBIAN_PYTHON)
+EVAL = "_PyEval_EvalFrameDefault"
+
+
+def interpreter(which: str) -> str:
+    if which.startswith("/"):
+        if not Path(which).exists():
+            pytest.skip(f"{which} is not installed")
+        return which
+    found = sorted(glob.glob(f"/root/.pyenv/versions/{which}.*/bin/python3"))
+    if not found:
+        pytest.skip(f"no CPython {which} under /root/.pyenv/versions")
+    return found[-1]
+
+
+def line_of(code: str) -> int:
+    """The line of waits.py that is `code` (stripped)."""
+    lines = [i for i, text in enumerate(PROG.read_text().splitlines(), 1)
+             if text.strip() == code]
+    assert len(lines) == 1, (code, lines)
+    return lines[0]
+
+
+def chain(innermost: str, call: str, leaf_call: str) -> list:
+    """(function, line) of the Python frames, innermost first."""
+    return [(innermost, line_of(call)), ("leaf", line_of(leaf_call)),
+            ("middle", line_of("return leaf(mode)")), ("outer", line_of("return middle(mode)")),
+            ("main", line_of("outer(mode)")),
+            ("<module>", line_of("main(sys.argv[1], sys.argv[2])"))]
+
+
+NAP = chain("nap", "time.sleep(0.002)", "return nap()")
+ASK = chain("ask", "return os.getppid()", "ask()")
+GRAB = chain("grab", "kept.append(libc.malloc(BLOCK))", "grab()")
+
+
+def attached(python: str, mode: str, *args) -> tuple:
+    """`ustack ARGS -p PID` on waits.py MODE, ended by Ctrl-C once the
+    program has done its rounds: (ustack's stdout, stderr, the facts)."""
+    target = subprocess.Popen([python, str(PROG), mode, "-"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        facts = json.loads(target.stdout.readline())
+        us = start_ustack(*args, "-p", str(facts["pid"]), stdout=subprocess.PIPE)
+        try:
+            wait_tracing(us, timeout=60)
+            target.stdin.write("go\n")
+            target.stdin.flush()
+            assert target.stdout.readline() == "done\n"
+            us.send_signal(signal.SIGINT)
+            out, err = finish(us, 60)
+        finally:
+            stop(us)
+        assert us.returncode == 0, err
+    finally:
+        target.stdin.close()
+        stop(target)
+    return out, err, facts
+
+
+def python_frames(frames: list) -> list:
+    """(function, line) of a JSON stack's Python frames, innermost first."""
+    return [(f["function"], f["line"]) for f in frames if f["kind"] == "python"]
+
+
+def stacks_with(doc: dict, pid: int, function: str) -> list:
+    """The JSON stacks of pid holding a Python frame of `function`."""
+    return [s for s in doc["stacks"] if s["pid"] == pid
+            and any(f["kind"] == "python" and f["function"] == function for f in s["frames"])]
+
+
+def assert_whole(frames: list, expected: list, notes=()) -> None:
+    """The Python frames exactly `expected`, no eval loop frame left in
+    their place, the native frames whole to _start; a stack the walk cut
+    (a note says why: off-CPU, the memory map may be locked) has the
+    innermost of them."""
+    names = [f["function"] for f in frames]
+    found = python_frames(frames)
+    assert EVAL not in names, names
+    if notes:
+        assert found == expected[:len(found)], (names, notes)
+        return
+    assert found == expected, names
+    assert names[-1] == "_start", names
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_offcpu_python_frames(python):
+    out, err, facts = attached(interpreter(python), "sleep", "offcpu", "-f", "json")
+    naps = stacks_with(json.loads(out), facts["pid"], "nap")
+    assert [s for s in naps if not s["notes"]], err
+    for s in naps:
+        assert_whole(s["frames"], NAP, s["notes"])
+        assert s["frames"][0]["module"] == "libc.so.6", s["frames"][0]  # the sleep's call
+    assert "[python code" not in out + err
+
+
+def test_offcpu_no_python_shows_the_interpreter():
+    out, _err, facts = attached(interpreter("3.11"), "sleep", "offcpu", "-f", "json",
+                                "--no-python")
+    mine = [s for s in json.loads(out)["stacks"] if s["pid"] == facts["pid"]]
+    assert not any(f["kind"] == "python" for s in mine for f in s["frames"])
+    assert any(f["function"] == EVAL for s in mine for f in s["frames"])
+
+
+# latency's text: a histogram's title, its stack's frames, its buckets
+TITLE = re.compile(r"^(\S+): count (\d+), min \S+, avg \S+, max \S+$")
+FRAME = re.compile(r"^  (\S+) \[([^\]]+)\](?: (.+):(\d+))?$")
+
+
+def histograms(out: str) -> list:
+    """[(count, frames: [{function, kind, line}] innermost first)]."""
+    found = []
+    for line in out.splitlines():
+        if m := TITLE.match(line):
+            found.append((int(m.group(2)), []))
+        elif m := FRAME.match(line):
+            python = m.group(2) == "python"
+            found[-1][1].append({"function": m.group(1), "kind": "python" if python else None,
+                                 "line": int(m.group(4)) if python and m.group(4) else None})
+    return found
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_latency_by_stack_python_frames(python):
+    out, err, _facts = attached(interpreter(python), "getppid", "latency", "--by-stack",
+                                "uprobe:libc:getppid")
+    hists = histograms(out)
+    assert sum(n for n, _frames in hists) == ROUNDS, out
+    for _n, frames in hists:
+        assert frames[0]["function"] == "getppid", frames
+        assert_whole(frames, ASK)
+    assert "[python code" not in out + err
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_memleak_python_frames(python):
+    out, err, facts = attached(interpreter(python), "leak", "memleak", "-f", "json")
+    grabs = stacks_with(json.loads(out), facts["pid"], "grab")
+    assert sum(s["count"] for s in grabs) == ROUNDS * BLOCK, out
+    for s in grabs:
+        assert s["frames"][0]["function"] == "malloc", s["frames"][0]
+        assert_whole(s["frames"], GRAB, s["notes"])
+
