@@ -54,7 +54,7 @@ def chain(innermost: str, call: str, leaf_call: str) -> list:
     return [(innermost, line_of(call)), ("leaf", line_of(leaf_call)),
             ("middle", line_of("return leaf(mode)")), ("outer", line_of("return middle(mode)")),
             ("main", line_of("outer(mode)")),
-            ("<module>", line_of("main(sys.argv[1], sys.argv[2])"))]
+            ("<module>", line_of("main(sys.argv[1], sys.argv[2], ROUNDS_GIVEN)"))]
 
 
 NAP = chain("nap", "time.sleep(0.002)", "return nap()")
@@ -170,3 +170,43 @@ def test_memleak_python_frames(python):
         assert s["frames"][0]["function"] == "malloc", s["frames"][0]
         assert_whole(s["frames"], GRAB, s["notes"])
 
+
+# --- a short -c command: its frames all named -----------------------------------
+
+def short_command(tmp_path, python: str, mode: str, *args) -> tuple:
+    """`ustack ARGS -f json -c 'PYTHON waits.py MODE FACTS'`: the program
+    runs its chain once and exits, ~50 ms, as it would alone (its status 3,
+    ustack's; "bye" on stderr): (the stacks, ustack's stderr, the facts)."""
+    facts = tmp_path / "facts.json"
+    us = start_ustack(*args, "-f", "json", "-c", f"{python} {PROG} {mode} {facts}",
+                      stdout=subprocess.PIPE)
+    try:
+        out, err = finish(us, 60)
+    finally:
+        stop(us)
+    assert us.returncode == 3 and "bye" in err.splitlines(), err
+    stacks = ([json.loads(line) for line in out.splitlines()] if args[0] == "trace"
+              else json.loads(out)["stacks"])       # trace: an event a line
+    return stacks, err, json.loads(facts.read_text())
+
+
+@pytest.mark.parametrize("command", ["offcpu", "trace", "memleak"])
+def test_short_command_frames_all_named(tmp_path, command):
+    """The command may exit before ustack has read the ring's records of
+    its code objects: it is held at its exit until they are read, then
+    exits as it would have."""
+    mode, args, innermost, expected = {
+        "offcpu": ("sleep", ("offcpu",), "nap", NAP),
+        "trace": ("getppid", ("trace", "uprobe:libc:getppid"), "ask", ASK),
+        "memleak": ("leak", ("memleak",), "grab", GRAB)}[command]
+    stacks, err, facts = short_command(tmp_path, interpreter("3.12"), mode, *args)
+    mine = [s for s in stacks if s["pid"] == facts["pid"]]
+    # the program's own code objects (a module body run by an import is
+    # freed at once, and may be gone before anyone reads it)
+    unnamed = [f["function"] for s in mine for f in s["frames"]
+               if f["function"] in {f"[python code {a:#x}]" for a in facts["codes"].values()}]
+    assert not unnamed, (unnamed, err)
+    chains = [s for s in mine if any(f["function"] == innermost for f in s["frames"])]
+    assert chains
+    for s in chains:
+        assert_whole(s["frames"], expected, s.get("notes"))

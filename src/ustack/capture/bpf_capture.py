@@ -44,6 +44,7 @@ from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_record
 from .contract import Capture
 from .perf import PerfCapture
 from .run_objects import RunObjects
+from ..target.traced_command import TracedCommand
 
 
 class BpfCapture(Capture):
@@ -166,6 +167,8 @@ class BpfCapture(Capture):
             if python.warm(objects_of_target(self.target, self.probes)) \
                     and self.armed is not None:
                 python.watch_command(self.target.pid, self.armed)
+            if isinstance(self.target, TracedCommand):     # held at its exit: Session
+                self.target.on_exit = python.at_exit
         else:
             python.add_running([self.target.pid] if scope == "pid" else procfs.pids())
 

@@ -173,6 +173,30 @@ class PythonProcs:
             elif isinstance(event, ExitEvent) and event.pid == event.tid:
                 self.forget(event.pid)
 
+    def at_exit(self, pid: int, _execs: int = 0) -> None:
+        """pid stands at its exit, its memory still there (a -c command
+        held by TracedCommand): every code object the kernel reported for
+        it and the ring has not brought yet is read now."""
+        version = self.versions.get(pid)
+        if self.python_code is None or version is None:
+            return
+        tgid = _TGID.pack(pid)
+        # called from SIGCHLD's handler too, maybe over this thread's own
+        # hold of the lock: not waited for long
+        if not self.maps.lock.acquire(timeout=0.2):
+            return
+        try:
+            keys = self.maps.python_codes.keys() if self.maps.all else []
+        except OSError:
+            return
+        finally:
+            self.maps.lock.release()
+        for key in keys:
+            if key[:4] == tgid:
+                code = struct.unpack_from("<Q", key, 8)[0]
+                if not self.python_code.known(pid, code):
+                    self.code_seen(pid, code)
+
     def code_seen(self, pid: int, code: int) -> None:
         """A PYTHON_CODE record: the code object is read now, while pid lives."""
         version = self.versions.get(pid)

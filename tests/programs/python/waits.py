@@ -7,8 +7,9 @@ under <module> -> main -> outer -> middle -> leaf, ROUNDS times:
 Usage: waits.py MODE - : writes its facts as one JSON line to stdout, waits
 for a line on stdin, works, writes "done" and waits until stdin closes (a
 process ustack attaches to, alive while ustack reads what it saw);
-waits.py MODE FACTS_FILE: writes the facts to FACTS_FILE, runs the chain
-once and exits (~50 ms in all: a short -c command). The facts: its pid, version and the
+waits.py MODE FACTS_FILE [N]: writes the facts to FACTS_FILE, runs the
+chain once (or N times), says "bye" on stderr and exits with status 3
+(~50 ms in all: a short -c command). The facts: its pid, version and the
 address of each function's code object (id(code)), what a test matches
 frames against."""
 import ctypes
@@ -57,7 +58,7 @@ def outer(mode):
     return middle(mode)
 
 
-def main(mode, where):
+def main(mode, where, rounds):
     names = ("main", "outer", "middle", "leaf", "nap", "ask", "grab")
     codes = {name: id(globals()[name].__code__) for name in names}
     codes["<module>"] = id(sys._getframe(1).f_code)
@@ -70,11 +71,15 @@ def main(mode, where):
         with open(where + ".tmp", "w") as f:
             f.write(line + "\n")
         os.rename(where + ".tmp", where)
-    for _ in range(ROUNDS if where == "-" else 1):
+    for _ in range(ROUNDS if where == "-" else rounds):
         outer(mode)
     if where == "-":
         print("done", flush=True)
         sys.stdin.read()
+    else:
+        print("bye", file=sys.stderr)
+        sys.exit(3)
 
 
-main(sys.argv[1], sys.argv[2])
+ROUNDS_GIVEN = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+main(sys.argv[1], sys.argv[2], ROUNDS_GIVEN)
