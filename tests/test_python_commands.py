@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import finish, start_ustack, stop, wait_tracing
+from helpers import finish, parse_trace, run_ustack, start_ustack, stop, wait_tracing
 
 pytestmark = pytest.mark.kernel
 
@@ -159,6 +159,22 @@ def test_latency_by_stack_python_frames(python):
         assert frames[0]["function"] == "getppid", frames
         assert_whole(frames, ASK)
     assert "[python code" not in out + err
+
+
+def test_latency_slower_python_frames(tmp_path):
+    """--slower's records share latency's ring with those of new code
+    objects: each slow call's stack has its Python frames, named."""
+    python, facts = interpreter("3.11"), tmp_path / "facts.json"
+    res = run_ustack("latency", "--slower", "0", "uprobe:libc:getppid",
+                     "-c", f"{python} {PROG} getppid {facts} 3")
+    assert res.returncode == 3, res.stderr
+    calls = parse_trace(res.stdout)
+    assert len(calls) == 3, res.stdout
+    for call in calls:
+        frames = [{"function": f["func"], "kind": "python" if f["module"] == "python" else None,
+                   "line": f.get("line")} for f in call["frames"]]
+        assert frames[0]["function"] == "getppid", frames
+        assert_whole(frames, ASK, call["notes"])
 
 
 @pytest.mark.parametrize("python", PYTHONS)
