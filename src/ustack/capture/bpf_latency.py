@@ -17,14 +17,17 @@ Maps:
   hash are 0 unless split by stack (--by-stack).
 - TAILS (array) [function]: calls that left through a tail-call jump,
   whose duration a RET probe cannot see (popped, not timed).
-- a BPF ring buffer (--slower): (end time, pid_tgid, function, cpu,
-  duration, stack hash) per call at least that slow.
+- a BPF ring buffer (--slower, or Python frames): (end time, pid_tgid,
+  function, cpu, duration, stack hash) per call at least that slow.
 The entry's stack (--by-stack, --slower) is walked by the in-kernel DWARF
 unwinder (capture/bpf_unwind.py) and stored once per distinct stack in its
 STACKS map; the entry keeps only the stack's hash. Where that program is
 refused (or with --unwind fp) the kernel walks frame pointers instead
 (bpf_get_stackid), and FP_STACKS[hash] = (stack id, the return address at
-[sp], which that walk skips at a function's entry)."""
+[sp], which that walk skips at a function's entry). A Python process's
+DWARF stacks get its Python frames (bpf/python.h, capture/bpf_python.py);
+the records of their new code objects share the ring with the slow calls
+(told apart by size: bpf_unwind.code_record)."""
 from __future__ import annotations
 
 import struct

@@ -19,6 +19,8 @@ Three programs (src/ustack/bpf/memleak.bpf.c):
 - at free and munmap: the block's entry leaves ALLOCS, its size and count
   leave TOTALS; an address not in ALLOCS (from before the run, or not
   from these allocators) is ignored.
+A Python process's allocating stacks get its Python frames (bpf/python.h,
+capture/bpf_python.py), their new code objects reported through a ring.
 TOTALS answers the report; ALLOCS with its times answers --older (only
 blocks older than that). Nothing leaves the kernel per call."""
 from __future__ import annotations

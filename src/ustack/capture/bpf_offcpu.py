@@ -26,7 +26,10 @@ Two programs:
   pid_tgid, stack hash, kernel stack id), taken at the wakee's switch-in.
   A wakeup from an interrupt names whatever ran then (bcc does the same);
   from the idle task, no waker.
-Nothing but the sums and the distinct stacks leaves the kernel. The
+A Python process's stacks get its Python frames (bpf/python.h, as the
+unwinder's do; capture/bpf_python.py), their new code objects reported
+through a ring of their own.
+Nothing but the sums, the distinct stacks and those reports leaves the kernel. The
 programs are src/ustack/bpf/offcpu.bpf.c's."""
 from __future__ import annotations
 
