@@ -129,14 +129,17 @@ class PythonProcs:
         samples wait for that. Whether one of them is an interpreter."""
         return python_runtime.runs_python(paths)
 
-    def forget(self, pid: int) -> None:
-        if self.versions.pop(pid, None) is not None:
-            with self.maps.lock:
-                try:
-                    if self.maps.all:
-                        self.maps.python_procs.delete(_TGID.pack(pid))
-                except OSError:
-                    pass
+    def forget(self, pid: int) -> bool:
+        """Stop following pid; whether it was followed."""
+        if self.versions.pop(pid, None) is None:
+            return False
+        with self.maps.lock:
+            try:
+                if self.maps.all:
+                    self.maps.python_procs.delete(_TGID.pack(pid))
+            except OSError:
+                pass
+        return True
 
     def watch_command(self, pid: int, armed, seconds: float = 1.5) -> None:
         """A -c command's interpreter, added as soon as it is mapped: its
@@ -174,8 +177,11 @@ class PythonProcs:
             if isinstance(event, MmapEvent):
                 if event.pid not in self.versions:    # find_interpreter looks at names first
                     self.add(event.pid, [event.mapping])
-            elif isinstance(event, CommEvent) and event.exec:
-                self.forget(event.pid)
+            elif isinstance(event, CommEvent) and event.exec and self.forget(event.pid):
+                # its record may come after the new image's MMAP2 records
+                # (another CPU's buffer, read later) and after the -c
+                # command's watch found its interpreter: what it maps now
+                self.add(event.pid)
             elif isinstance(event, ExitEvent) and event.pid == event.tid:
                 self.forget(event.pid)
 
