@@ -76,7 +76,8 @@ def python_name(frame: dict, names: dict) -> str | None:
     if parts is not None:
         return names.get(parts[0], "?")
     if frame["module"].endswith(".py") or frame.get("kind") == "python":
-        return frame["function"]
+        # (site.py's main() at start-up is not the program's)
+        return frame["function"] if frame["module"] == PROG.name else "?"
     return None
 
 

@@ -213,3 +213,23 @@ def _tracefs_mode(probe, requested: str) -> str:
             f"--backend tracefs cannot copy the stack at {probe.label} (only "
             "uprobes can, through fetch-args); use --unwind fp or auto")
     return "fp"
+
+
+def held_at_exit(command: str, backend: str, python: bool, cmdline: str | None) -> bool:
+    """Whether a -c command runs under ptrace (target/traced_command.py),
+    held at its exit until the code objects of its Python frames are read
+    (capture/bpf_python.PythonProcs.at_exit): a short Python command would
+    otherwise be gone before the ring's records of them are read, its
+    frames unnamed. Only a Python interpreter (its load closure maps one),
+    with Python frames on, where the kernel merges them."""
+    if cmdline is None or not python or command == "funccount" \
+            or backend in ("perf", "tracefs"):
+        return False
+    from .objfile.needed import load_closure
+    from .target import process
+    from .unwind.python_runtime import runs_python
+    exe = process.command_executable(cmdline)
+    try:
+        return exe is not None and runs_python(load_closure(exe))
+    except OSError:
+        return False

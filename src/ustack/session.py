@@ -127,7 +127,8 @@ class Session:
         if opts.backend == "tracefs" and not opts.every_process:
             self._refuse_shared_globs()
         if opts.pid is None:
-            launch = launch_traced if opts.backend == "tracefs" else process.launch
+            launch = launch_traced if opts.backend == "tracefs" or policy.held_at_exit(
+                opts.command, opts.backend, opts.python, opts.cmdline) else process.launch
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
                            else process.everything(opts.pids))
         try:

@@ -5,9 +5,12 @@
  * ring. One program per probe, the function and options as read-only
  * data (behind uprobe_multi links: one per role, the function the link's
  * cookie). An entry's stack is kept under its hash: walked on frame pointers
- * (FP_STACKS) or unwound in the kernel (unwind.h, the unwinder's STACKS). */
+ * (FP_STACKS) or unwound in the kernel (unwind.h, the unwinder's STACKS),
+ * then with LAT_PYTHON given a Python process's frames (python.h), whose
+ * records of code objects seen first share RING with the slow calls. */
 #define FNV_PRIME 0x100000001B3ULL
 #include "unwind.h"
+#include "python.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -157,6 +160,8 @@ int latency_entry(void *ctx)
 		__s32 no_kernel_stack;
 		struct walk *w = walk(ctx, regs_source, 0, &no_kernel_stack);
 
+		if (w && (opts & LAT_PYTHON))
+			python_pass(w, &ring, pid_tgid, this_function(ctx));
 		if (!w || !store_stack(w, &hash))
 			return result;
 	}

@@ -4,8 +4,11 @@
  * memleak_return, on its uretprobe, enters the block it returned in
  * ALLOCS[(address, tgid)] and adds it to TOTALS[(tgid, stack)];
  * memleak_free, on free and munmap, takes a block out of both. One entry
- * program per allocator kind (enum memleak_kind as read-only data). */
+ * program per allocator kind (enum memleak_kind as read-only data). With
+ * ML_PYTHON the entry's stack of a Python process gets its Python frames
+ * (python.h), the code objects seen first reported by RING. */
 #include "unwind.h"
+#include "python.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -29,6 +32,13 @@ struct {
 	__type(value, struct memleak_total);
 	__uint(max_entries, 1);		/* sized by the loader */
 } totals SEC(".maps");
+
+/* python.h's records of code objects seen first */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__type(value, struct python_code_record);	/* (the loader drops the size) */
+	__uint(max_entries, 4096);	/* sized by the loader */
+} ring SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -146,6 +156,8 @@ int memleak_entry(struct pt_regs *ctx)
 		c.size = ctx->di;
 	}
 	w = walk(ctx, REGS_CTX, 0, &no_kernel_stack);
+	if (w && (ml_options & ML_PYTHON))
+		python_pass(w, &ring, pid_tgid, 0);
 	if (!w || !store_stack(w, &c.hash)) {
 		ml_error(ML_STACKS_FULL);
 		c.hash = 0;			/* counted without a stack */

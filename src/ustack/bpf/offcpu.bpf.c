@@ -3,8 +3,11 @@
  * to OFFCPU, then unwinds `prev`'s user stack (unwind.h's walk: the
  * registers it will return to user space with) and keeps START[tid];
  * offcpu_waking on sched:sched_waking keeps the waker's stack in WAKERS
- * for a thread in START. */
+ * for a thread in START. With OFF_PYTHON either stack of a Python
+ * process gets its Python frames (python.h), the code objects seen first
+ * reported by RING. */
 #include "unwind.h"
+#include "python.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -35,6 +38,13 @@ struct {
 	__type(value, __u64);
 	__uint(max_entries, 10240);	/* sized by the loader */
 } offcpu SEC(".maps");
+
+/* python.h's records of code objects seen first */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__type(value, struct python_code_record);	/* (the loader drops the size) */
+	__uint(max_entries, 4096);	/* sized by the loader */
+} ring SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -175,7 +185,11 @@ int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
 		return PASS_ON;
 	w = walk(ctx, REGS_TASK, (opts & OFF_KERNEL_STACK) ? &kernel_stacks : 0,
 		 &s.kernel_stack);
-	if (!w || !store_stack(w, &s.hash))
+	if (!w)
+		return PASS_ON;
+	if (opts & OFF_PYTHON)
+		python_pass(w, &ring, pid_tgid, 0);
+	if (!store_stack(w, &s.hash))
 		return PASS_ON;
 	s.time = bpf_ktime_get_ns();
 	s.pid_tgid = pid_tgid;
@@ -232,7 +246,11 @@ int offcpu_waking(void *ctx)
 	if (!irq && pid_tgid >> 32) {			/* not the idle task */
 		w = walk(ctx, REGS_TASK, (opts & OFF_KERNEL_STACK) ? &kernel_stacks : 0,
 			 &wk.kernel_stack);
-		if (!w || !store_stack(w, &wk.hash))
+		if (!w)
+			return PASS_ON;
+		if (opts & OFF_PYTHON)
+			python_pass(w, &ring, pid_tgid, 1);
+		if (!store_stack(w, &wk.hash))
 			return PASS_ON;
 		wk.pid_tgid = pid_tgid;
 		if (bpf_map_update_elem(&wakers, &tid, &wk, BPF_ANY))

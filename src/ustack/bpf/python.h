@@ -467,4 +467,15 @@ static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 prob
 	p->new_codes = 0;
 }
 
+/* The whole pass for a walked stack w: its Python frames merged in, its
+ * new code objects reported into `ring` (a record of `probe`). Before
+ * store_stack, which keys the stack by its merged frames. */
+static __always_inline void python_pass(struct walk *w, void *ring, __u64 pid_tgid,
+					__u32 probe)
+{
+	python_merge(w);
+	python_note_codes(w);
+	python_report(ring, pid_tgid, probe);
+}
+
 #endif

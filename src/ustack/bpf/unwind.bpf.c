@@ -86,11 +86,8 @@ static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 					__u64 pid_tgid, __u32 probe)
 {
-	if (!(opts & UW_PYTHON))
-		return;
-	python_merge(w);
-	python_note_codes(w);
-	python_report(&ring, pid_tgid, probe);
+	if (opts & UW_PYTHON)
+		python_pass(w, &ring, pid_tgid, probe);
 }
 
 /* d = the deferred record of this event: its registers (the walk moved

@@ -181,6 +181,7 @@ enum latency_option {
 	LAT_SLOWER = 32,	/* a return: report calls of slower_ns or more */
 	LAT_TAIL = 64,		/* a return through a tail call's jump: counted, not timed */
 	LAT_DWARF_STACK = 128,	/* an entry: keep its stack unwound in the kernel (unwind.h) */
+	LAT_PYTHON = 256,	/* with LAT_DWARF_STACK: Python frames into it (python.h) */
 };
 
 /* *slot += 1 when slot is not NULL */
@@ -388,6 +389,7 @@ enum offcpu_option {
 	OFF_MAX = 64,		/* an upper bound on the time off the CPU */
 	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
 	OFF_RUNNING = 256,
+	OFF_PYTHON = 512,	/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 };
 
 /* --- memleak (memleak.bpf.c) --- */
@@ -446,6 +448,7 @@ enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
 /* what a memleak program does besides its job */
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
+	ML_PYTHON = 2,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 };
 
 #endif

@@ -44,6 +44,7 @@ from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_record
 from .contract import Capture
 from .perf import PerfCapture
 from .run_objects import RunObjects
+from ..target.traced_command import TracedCommand
 from . import uprobe_links
 
 
@@ -56,11 +57,12 @@ class BpfCapture(Capture):
     run is kept in `owned` and closed by close()."""
     counts_in_kernel = True
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
+    python_code = None      # the run's PythonCode (symbols/python.py): names code objects
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 unwind_tables=None, weighted: bool = False):
+                 unwind_tables=None, python: bool = False, weighted: bool = False):
         self.probes = probes
         self.weighted = weighted            # count --weight: sums, not hits
         self.target = target
@@ -69,6 +71,8 @@ class BpfCapture(Capture):
         # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
         # an object, from unwind/tables.for_image (None: frame pointers)
         self.unwind_tables = unwind_tables
+        # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
+        self.python = python
         self.cut: dict = {}                 # why -> events whose stack was cut short
         # many uprobes go behind uprobe_multi links, without perf events
         # (a weight is read per probe, by a program of its own: no links)
@@ -105,6 +109,7 @@ class BpfCapture(Capture):
             events = InBackground(self.events.open)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
+            self._follow_python()
             # the verifier (~8 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             if self.counter.objects is not None:
@@ -148,20 +153,49 @@ class BpfCapture(Capture):
             for _time, event in metas[before:]:
                 if isinstance(event, MmapEvent):
                     objects.add_mapping(event.mapping, event.pid)
+        python = self.counter.python if self.counter is not None else None
+        if python is not None and len(metas) > before:
+            python.follow(metas[before:])      # an interpreter mapped, an exec, an exit
         return offset
+
+    def _follow_python(self) -> None:
+        """Where the counter merges Python frames (bpf/python.h,
+        capture/bpf_python.py), the Python processes running now (-p,
+        system-wide) into its map before its programs attach; a -c
+        command's interpreter read before it runs and its maps watched
+        after exec."""
+        python = self.counter.python
+        if python is None:
+            return
+        from ..kernel import procfs
+        from .bpf_unwind import objects_of_target
+        python.python_code = self.python_code
+        scope = self.target.scope
+        if scope == "command":
+            if python.warm(objects_of_target(self.target, self.probes)) \
+                    and self.armed is not None:
+                python.watch_command(self.target.pid, self.armed)
+            if isinstance(self.target, TracedCommand):     # held at its exit: Session
+                self.target.on_exit = python.at_exit
+        else:
+            python.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
+                               self.interrupt)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError
 
     def count_samples(self, chunk, start: int) -> int:
         """The samples of a chunk from `start`, undecoded: a ring holds
-        one per record (a u32 length, then the record)."""
+        one per record (a u32 length, then the record), but for those
+        naming Python code objects."""
         if self.ring_chunk is None or not isinstance(chunk, self.ring_chunk):
             return self.events.count_samples(chunk, start)
+        from .bpf_unwind import code_record
         n, off, end = 0, start, len(chunk)
         while off + 4 <= end:
-            off += 4 + struct.unpack_from("<I", chunk, off)[0]
-            n += 1
+            size = struct.unpack_from("<I", chunk, off)[0]
+            n += not code_record(chunk, off + 4, size)
+            off += 4 + size
         return n
 
     def stop(self) -> None:

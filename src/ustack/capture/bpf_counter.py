@@ -129,6 +129,7 @@ class BpfCounter:
     interrupt = NEVER       # the run's Interrupt: loading gives up when requested
     ring = None             # a BPF ring buffer the capture reads (the unwinder's)
     objects = None          # the objects whose unwind rows are loaded (the unwinder's)
+    python = None           # bpf_python.PythonProcs: Python frames merged into stacks
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,

@@ -4,14 +4,12 @@ through a BPF ring buffer (`trace`)."""
 from __future__ import annotations
 
 import os
-import struct
 
 from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
 from ..probes.weight import as_s64
-from .bpf_unwind import (PYTHON_CODE, RECORD, KernelUnwinder, RingChunk, deferral_ring_bytes,
-                         ring_samples)
+from .bpf_unwind import KernelUnwinder, RingChunk, deferral_ring_bytes, ring_samples
 
 
 class UnwindCountCapture(BpfCapture):
@@ -20,43 +18,14 @@ class UnwindCountCapture(BpfCapture):
     deferred records, unwound by ustack (settle)."""
     ring_chunk = RingChunk
     unwind_note = "unwound in the kernel"
-    python_code = None      # the run's PythonCode (symbols/python.py): names code objects
     links_uprobes = True    # its programs can learn the probe from a link's cookie
 
-    def __init__(self, probes: list, target, buffer_pages=None, *, python: bool = False,
-                 **kwargs):
-        super().__init__(probes, target, buffer_pages, **kwargs)
-        # Python frames in the stacks (bpf/python.h, capture/bpf_python.py)
-        self.python = python
-
     def _new_counter(self) -> KernelUnwinder:
-        counter = KernelUnwinder(self.probes, self.owned, self.unwind_tables,
-                        stack_storage=self.stack_storage, kernel=self.kernel,
-                        filter_tgid=self._tgid(), armed=self.armed, python=self.python,
-                        ring_bytes=deferral_ring_bytes(self.buffer_pages),
-                        weighted=self.weighted, linked=self.linked)
-        self._follow_python(counter)
-        return counter
-
-    def _follow_python(self, counter: KernelUnwinder) -> None:
-        """The Python processes running now (-p, system-wide) into the
-        counter's map before its programs attach; a -c command's
-        interpreter read before it runs and its maps watched after exec."""
-        python = counter.python
-        if python is None:
-            return
-        from ..kernel import procfs
-        from .bpf_unwind import objects_of_target
-        python.python_code = self.python_code
-        scope = self.target.scope
-        if scope == "command":
-            # its interpreter read before it runs, its maps watched after exec
-            if python.warm(objects_of_target(self.target, self.probes)) \
-                    and self.armed is not None:
-                python.watch_command(self.target.pid, self.armed)
-        else:               # the Python processes running now (-p, system-wide)
-            python.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
-                               self.interrupt)
+        return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
+                              stack_storage=self.stack_storage, kernel=self.kernel,
+                              filter_tgid=self._tgid(), armed=self.armed, python=self.python,
+                              ring_bytes=deferral_ring_bytes(self.buffer_pages),
+                              weighted=self.weighted, linked=self.linked)
 
     def read_chunks(self, timeout_ms: int) -> list:
         """BpfCapture's; and the stacks moved to user space when STACKS
@@ -66,28 +35,6 @@ class UnwindCountCapture(BpfCapture):
         if counter is not None and not counter.trace:
             counter.spill()
         return chunks
-
-    def decode(self, chunk, metas: list, samples: list, offset: int, limit: int) -> int:
-        """BpfCapture's, with the Python processes followed as the records
-        say (an interpreter mapped, an exec, an exit)."""
-        before = len(metas)
-        offset = super().decode(chunk, metas, samples, offset, limit)
-        python = self.counter.python if self.counter is not None else None
-        if python is not None and len(metas) > before:
-            python.follow(metas[before:])
-        return offset
-
-    def count_samples(self, chunk, start: int) -> int:
-        """BpfCapture's, but for the ring's records naming Python code objects."""
-        if not isinstance(chunk, self.ring_chunk):
-            return super().count_samples(chunk, start)
-        n, off, end = 0, start, len(chunk)
-        while off + 4 <= end:
-            size = struct.unpack_from("<I", chunk, off)[0]
-            if off + 4 + RECORD.size > end or RECORD.unpack_from(chunk, off + 4)[-1] != PYTHON_CODE:
-                n += 1
-            off += 4 + size
-        return n
 
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time
@@ -145,13 +92,11 @@ class UnwindTraceCapture(UnwindCountCapture):
         self.fetches = _compiled_fetches(probes)
 
     def _new_counter(self) -> KernelUnwinder:
-        counter = KernelUnwinder(self.probes, self.owned, self.unwind_tables,
-                        stack_storage=self.stack_storage, kernel=self.kernel,
-                        filter_tgid=self._tgid(), armed=self.armed, trace=True,
-                        fetches=self.fetches, python=self.python,
-                        ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
-        self._follow_python(counter)
-        return counter
+        return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
+                              stack_storage=self.stack_storage, kernel=self.kernel,
+                              filter_tgid=self._tgid(), armed=self.armed, trace=True,
+                              fetches=self.fetches, python=self.python,
+                              ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
 
     def counted(self, reset: bool = False) -> list:
         return []

@@ -64,6 +64,7 @@ class FuncCountCapture(Capture):
     def start(self) -> None:
         if self.target.scope == "command":
             self.target.release()
+            self.target.resume()
 
     def read_chunks(self, timeout_ms: int) -> list:
         time.sleep(timeout_ms / 1000)    # nothing streams: the drain thread idles

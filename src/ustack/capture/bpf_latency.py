@@ -17,14 +17,17 @@ Maps:
   hash are 0 unless split by stack (--by-stack).
 - TAILS (array) [function]: calls that left through a tail-call jump,
   whose duration a RET probe cannot see (popped, not timed).
-- a BPF ring buffer (--slower): (end time, pid_tgid, function, cpu,
-  duration, stack hash) per call at least that slow.
+- a BPF ring buffer (--slower, or Python frames): (end time, pid_tgid,
+  function, cpu, duration, stack hash) per call at least that slow.
 The entry's stack (--by-stack, --slower) is walked by the in-kernel DWARF
 unwinder (capture/bpf_unwind.py) and stored once per distinct stack in its
 STACKS map; the entry keeps only the stack's hash. Where that program is
 refused (or with --unwind fp) the kernel walks frame pointers instead
 (bpf_get_stackid), and FP_STACKS[hash] = (stack id, the return address at
-[sp], which that walk skips at a function's entry)."""
+[sp], which that walk skips at a function's entry). A Python process's
+DWARF stacks get its Python frames (bpf/python.h, capture/bpf_python.py);
+the records of their new code objects share the ring with the slow calls
+(told apart by size: bpf_unwind.code_record)."""
 from __future__ import annotations
 
 import struct
@@ -35,6 +38,7 @@ from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result, ring_bytes
 from . import uprobe_links
 from ..values import value
+from .bpf_python import CODE_RING_BYTES
 
 # the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
 # read from latency.bpf.o's BTF)
@@ -118,7 +122,7 @@ class LatencyCounter(BpfCounter):
     def __init__(self, probes: list, owned, sites: list, *, unit_ns: int, by_stack: bool,
                  slower_ns: int | None, tables=None, fp_stacks: bool = False,
                  filter_tgid=None, armed=None, stack_storage: int = 1024,
-                 ring_bytes: int = 0, linked: frozenset = frozenset()):
+                 ring_bytes: int = 0, python: bool = False, linked: frozenset = frozenset()):
         self._no_maps_yet(probes, owned, armed=armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.sites = sites
@@ -126,13 +130,20 @@ class LatencyCounter(BpfCounter):
         self.unwind_maps = None
         self.stacks = self.fp_stacks = None
         functions = 1 + max(s.function for s in sites)
+        # Python frames (python.h) in the stacks unwound in the kernel: the
+        # records of new code objects share the ring with the slow calls
+        python = python and tables is not None
         self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS,
-                               ring_bytes if slower_ns is not None else 0)
+                               ring_bytes if slower_ns is not None else
+                               CODE_RING_BYTES if python else 0)
         self.ring = self.lat.ring
         if tables is not None:
             from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
             self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
             self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
+            if python:
+                from .bpf_python import PythonMaps, PythonProcs
+                self.python = PythonProcs(owned.map(PythonMaps()))
         elif fp_stacks:
             from ..kernel import perf_event as pe
             self.max_depth = max(1, min(pe.max_stack(), 127))
@@ -158,7 +169,8 @@ class LatencyCounter(BpfCounter):
                   "LAT_FP_STACK": entry and self.fp_stacks is not None,
                   "LAT_BY_STACK": not entry and self.by_stack,
                   "LAT_SLOWER": not entry and self.slower_ns is not None,
-                  "LAT_TAIL": site.role == "tail"}
+                  "LAT_TAIL": site.role == "tail",
+                  "LAT_PYTHON": dwarf and self.python is not None}
         self.named.update(self.lat.by_name())
         if self.fp_stacks is not None:
             self.named.update(stacks=self.stacks, fp_stacks=self.fp_stacks)
@@ -167,7 +179,10 @@ class LatencyCounter(BpfCounter):
             from .bpf_unwind import kernel_rodata, regs_source
             from .kernel_offsets import Offsets
             self.named.update(self.unwind_maps.named())
+            if self.python is not None:
+                self.named.update(self.python.maps.named())
             unwinding = {**kernel_rodata(Offsets.of_this_kernel()),
+                         "task_fsbase": Offsets.of_this_kernel().task_fsbase,
                          "regs_source": latency_object().enum("regs_source")[
                              regs_source(probe)]}
         return self._load_c("latency", "latency_entry" if entry else "latency_return",
@@ -278,9 +293,10 @@ class LatencyCapture(BpfCapture):
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unit_ns: int, by_stack: bool, slower_ns: int | None,
-                 unwind_tables=None, fp_stacks: bool = False, stack_storage: int = 1024):
+                 unwind_tables=None, fp_stacks: bool = False, stack_storage: int = 1024,
+                 python: bool = False):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
-                         unwind_tables=unwind_tables)
+                         unwind_tables=unwind_tables, python=python)
         self.sites = sites
         self.fp_stacks = fp_stacks
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
@@ -291,13 +307,18 @@ class LatencyCapture(BpfCapture):
             by_stack=self.by_stack, slower_ns=self.slower_ns, tables=self.unwind_tables,
             fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
             stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages),
-            linked=self.linked)
+            python=self.python, linked=self.linked)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
+        from .bpf_unwind import code_record
         end = min(len(chunk), offset + limit)
         slow = _layout("slow_call")
+        python = self.counter.python
         while offset < end:
             n = struct.unpack_from("<I", chunk, offset)[0]
+            if code_record(chunk, offset + 4, n, python and python.code_seen):
+                offset += 4 + n
+                continue
             t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, offset + 4)
             chain, ret = self.counter.stack_of(h)
             samples.append(RawSample(function, pid_tgid >> 32,

@@ -19,6 +19,8 @@ Three programs (src/ustack/bpf/memleak.bpf.c):
 - at free and munmap: the block's entry leaves ALLOCS, its size and count
   leave TOTALS; an address not in ALLOCS (from before the run, or not
   from these allocators) is ignored.
+A Python process's allocating stacks get its Python frames (bpf/python.h,
+capture/bpf_python.py), their new code objects reported through a ring.
 TOTALS answers the report; ALLOCS with its times answers --older (only
 blocks older than that). Nothing leaves the kernel per call."""
 from __future__ import annotations
@@ -31,7 +33,9 @@ from ..model import Losses, RawSample
 from ..values import value
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
-from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects, kernel_rodata, stack_chain
+from .bpf_python import CODE_RING_BYTES, PythonMaps, PythonProcs
+from .bpf_unwind import (DEFAULT_ROWS, RingChunk, UnwindMaps, UnwindObjects, kernel_rodata,
+                         ring_samples, stack_chain)
 from .kernel_offsets import Offsets
 
 _U64 = struct.Struct("<Q")
@@ -70,11 +74,14 @@ class MemleakCounter(BpfCounter):
     for the frees."""
 
     def __init__(self, probes: list, owned, sites: list, tables, *, stack_storage: int,
-                 armed=None, max_allocs: int = MAX_ALLOCS):
+                 armed=None, max_allocs: int = MAX_ALLOCS, python: bool = False):
         self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
         self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
         self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
+        if python:          # Python frames (python.h); new code objects by the ring
+            self.python = PythonProcs(owned.map(PythonMaps()))
+            self.ring = owned.ring(bpf_syscall.RingBuf(CODE_RING_BYTES, "ustack_mlring"))
         obj = memleak_object()
         lazy = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
         self.calls = owned.map(obj.make_map("calls"))
@@ -86,14 +93,19 @@ class MemleakCounter(BpfCounter):
         self.named.update(self.unwind_maps.named())
         self.named.update(calls=self.calls, allocs=self.allocs, totals=self.totals,
                           ml_errors=self.ml_errors)
+        if self.python is not None:
+            self.named.update(self.python.maps.named(), ring=self.ring)
 
     def _program(self, index: int, probe) -> int:
         obj = memleak_object()
         site = self.sites[index]
         options = obj.enum("memleak_option")
+        wanted = {"ML_WAIT_FOR_EXEC": self.armed is not None,
+                  "ML_PYTHON": self.python is not None}
         rodata = {"result": program_result(probe),
-                  "ml_options": options["ML_WAIT_FOR_EXEC"] if self.armed is not None else 0,
+                  "ml_options": sum(options[k] for k, on in wanted.items() if on),
                   "kind": obj.enum("memleak_kind")[site.kind] if site.role == "entry" else 0,
+                  "task_fsbase": Offsets.of_this_kernel().task_fsbase,
                   **kernel_rodata(Offsets.of_this_kernel())}
         return self._load_c("memleak", f"memleak_{site.role}", probe, rodata,
                             f"ustack_ml{index}")
@@ -158,17 +170,24 @@ class MemleakCapture(BpfCapture):
     mapping's rows are loaded as its record passes), `outstanding()` reads
     the kernel's sums whenever asked."""
     counts_in_kernel = False            # outstanding(), read by the command
+    ring_chunk = RingChunk              # with Python frames: records of new code objects
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
-                 unwind_tables, stack_storage: int):
+                 unwind_tables, stack_storage: int, python: bool = False):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
-                         unwind_tables=unwind_tables)
+                         unwind_tables=unwind_tables, python=python)
         self.sites = sites
         self.unwind_note = "stacks unwound in the kernel"
 
     def _new_counter(self) -> MemleakCounter:
         return MemleakCounter(self.probes, self.owned, self.sites, self.unwind_tables,
-                              stack_storage=self.stack_storage, armed=self.armed)
+                              stack_storage=self.stack_storage, armed=self.armed,
+                              python=self.python)
+
+    def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
+        """The ring's records of new code objects, read (no samples)."""
+        return ring_samples(chunk, samples, offset, limit,
+                            python_code=self.counter.python.code_seen)
 
     def outstanding(self, older_ns: int | None = None) -> list:
         """(RawSample of the allocating stack, bytes, blocks) per process and stack."""

@@ -26,7 +26,10 @@ Two programs:
   pid_tgid, stack hash, kernel stack id), taken at the wakee's switch-in.
   A wakeup from an interrupt names whatever ran then (bcc does the same);
   from the idle task, no waker.
-Nothing but the sums and the distinct stacks leaves the kernel. The
+A Python process's stacks get its Python frames (bpf/python.h, as the
+unwinder's do; capture/bpf_python.py), their new code objects reported
+through a ring of their own.
+Nothing but the sums, the distinct stacks and those reports leaves the kernel. The
 programs are src/ustack/bpf/offcpu.bpf.c's."""
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from ..kernel.tracefs import event_format
 from ..model import Losses, RawSample
 from .bpf_capture import uncounted
 from .bpf_dwarf import UnwindCountCapture
+from .bpf_python import CODE_RING_BYTES
 from .bpf_unwind import KernelUnwinder, kernel_rodata
 from .kernel_offsets import Offsets
 from ..values import value
@@ -122,11 +126,13 @@ class OffcpuCounter(KernelUnwinder):
 
     def __init__(self, probes: list, owned, tables, *, filter_: OffcpuFilter,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
-                 exclude_tgid: int | None = None):
+                 exclude_tgid: int | None = None, python: bool = False):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
+        # python: its ring carries only the records of new code objects
         super().__init__(probes, owned, tables, stack_storage=stack_storage, kernel=kernel,
-                         filter_tgid=filter_tgid, armed=armed)
+                         filter_tgid=filter_tgid, armed=armed, python=python,
+                         ring_bytes=CODE_RING_BYTES if python else 0)
         obj = offcpu_object()
         self.start = owned.map(obj.make_map("start"))
         self.wakers = owned.map(obj.make_map("wakers"))
@@ -140,9 +146,11 @@ class OffcpuCounter(KernelUnwinder):
         named = {**self.unwind_maps.named(), "start": self.start, "wakers": self.wakers,
                  "offcpu": self.offcpu, "off_errors": self.off_errors}
         for key, m in (("kernel_stacks", self.kstacks), ("armed", self.armed),
-                       ("tgids", self.tgids)):
+                       ("tgids", self.tgids), ("ring", self.ring)):
             if m is not None:
                 named[key] = m
+        if self.python is not None:
+            named.update(self.python.maps.named())
         flt, off = self.filter, Offsets.of_this_kernel()
         running, bits = state_mask(flt.states)
         wanted = {"OFF_ONLY_TRACED": self.tgids is not None,
@@ -152,14 +160,14 @@ class OffcpuCounter(KernelUnwinder):
                   "OFF_KERNEL_STACK": self.kstacks is not None,
                   "OFF_WAKERS": flt.wakers, "OFF_MAX": flt.max_ns is not None,
                   "OFF_STATES": not (running and bits == sum(STATES.values())),
-                  "OFF_RUNNING": running}
+                  "OFF_RUNNING": running, "OFF_PYTHON": self.python is not None}
         options = obj.enum("offcpu_option")
         rodata = {**kernel_rodata(off), "off_options": sum(
                       options[k] for k, on in wanted.items() if on),
                   "min_ns": flt.min_ns, "max_ns": flt.max_ns or 0,
                   "exclude_tgid": self.exclude_tgid or 0, "state_bits": bits,
                   "task_pid": off.task_pid, "task_exit_state": off.task_exit_state,
-                  "task_stack": off.task_stack,
+                  "task_stack": off.task_stack, "task_fsbase": off.task_fsbase,
                   "waking_pid": _Fields("sched", "sched_waking")["pid"] if index else 0}
         before = set(named)
         try:
@@ -220,7 +228,7 @@ class OffcpuCapture(UnwindCountCapture):
     def __init__(self, probes: list, target, opts, unwind_tables):
         super().__init__(probes, target, opts.buffer_pages,
                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
-                         unwind_tables=unwind_tables)
+                         unwind_tables=unwind_tables, python=opts.python)
         self.filter = opts.offcpu or OffcpuFilter()
 
     def _new_counter(self) -> OffcpuCounter:
@@ -228,7 +236,8 @@ class OffcpuCapture(UnwindCountCapture):
         return OffcpuCounter(self.probes, self.owned, self.unwind_tables,
                              filter_=self.filter, stack_storage=self.stack_storage,
                              kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed,
-                             exclude_tgid=os.getpid() if system else None)
+                             exclude_tgid=os.getpid() if system else None,
+                             python=self.python)
 
     def blocked(self) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,

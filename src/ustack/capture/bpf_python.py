@@ -14,7 +14,13 @@ The kernel reports each (tgid, code object) once by a ring record (status
 PYTHON_CODE: a trace record's head, its frame count of code addresses
 after it: capture/bpf_unwind.ring_samples reads them); `code_seen`
 hands it to the run's PythonCode (symbols/python.py), which reads the code
-object while the process lives, so it can be named after it is gone."""
+object while the process lives, so it can be named after it is gone. A -c
+command that may exit before the ring is read is held at its exit
+(plan.held_at_exit), where `at_exit` reads what is left.
+
+Every BPF capture whose stacks are walked in the kernel follows these
+processes (bpf_capture.BpfCapture): count, profile, trace, offcpu,
+latency's entry stacks, memleak."""
 from __future__ import annotations
 
 import struct
@@ -24,12 +30,15 @@ import time
 from ..kernel import bpf_syscall
 from ..kernel import procfs
 from ..interrupt import NEVER
-from ..model import CommEvent, ExitEvent, Mapping, MmapEvent
+from ..model import CommEvent, ExitEvent, MmapEvent
 from ..unwind import python_runtime
 
 PROCS = 1024                    # Python processes followed at once
 THREADS = 8192                  # (tgid, fsbase) -> PyThreadState, an LRU
 CODES = 1 << 16                 # (tgid, code) reported already, an LRU
+# the ring of a program whose stacks stay in the kernel (offcpu, memleak):
+# only its records of new code objects (~300 bytes, at most one a stack)
+CODE_RING_BYTES = 1 << 20
 _TGID = struct.Struct("<I")
 
 
@@ -119,22 +128,19 @@ class PythonProcs:
         """Read now what the interpreters among `paths` (a -c command's
         load closure) are, so its MMAP2 records add it at once: its first
         samples wait for that. Whether one of them is an interpreter."""
-        found = False
-        for path in paths:
-            try:
-                found |= python_runtime.find_interpreter([Mapping(0, 1, 0, path)]) is not None
-            except (OSError, ValueError):
-                pass
-        return found
+        return python_runtime.runs_python(paths)
 
-    def forget(self, pid: int) -> None:
-        if self.versions.pop(pid, None) is not None:
-            with self.maps.lock:
-                try:
-                    if self.maps.all:
-                        self.maps.python_procs.delete(_TGID.pack(pid))
-                except OSError:
-                    pass
+    def forget(self, pid: int) -> bool:
+        """Stop following pid; whether it was followed."""
+        if self.versions.pop(pid, None) is None:
+            return False
+        with self.maps.lock:
+            try:
+                if self.maps.all:
+                    self.maps.python_procs.delete(_TGID.pack(pid))
+            except OSError:
+                pass
+        return True
 
     def watch_command(self, pid: int, armed, seconds: float = 1.5) -> None:
         """A -c command's interpreter, added as soon as it is mapped: its
@@ -175,10 +181,37 @@ class PythonProcs:
             if isinstance(event, MmapEvent):
                 if event.pid not in self.versions:    # find_interpreter looks at names first
                     self.add(event.pid, [event.mapping])
-            elif isinstance(event, CommEvent) and event.exec:
-                self.forget(event.pid)
+            elif isinstance(event, CommEvent) and event.exec and self.forget(event.pid):
+                # its record may come after the new image's MMAP2 records
+                # (another CPU's buffer, read later) and after the -c
+                # command's watch found its interpreter: what it maps now
+                self.add(event.pid)
             elif isinstance(event, ExitEvent) and event.pid == event.tid:
                 self.forget(event.pid)
+
+    def at_exit(self, pid: int, _execs: int = 0) -> None:
+        """pid stands at its exit, its memory still there (a -c command
+        held by TracedCommand): every code object the kernel reported for
+        it and the ring has not brought yet is read now."""
+        version = self.versions.get(pid)
+        if self.python_code is None or version is None:
+            return
+        tgid = _TGID.pack(pid)
+        # called from SIGCHLD's handler too, maybe over this thread's own
+        # hold of the lock: not waited for long
+        if not self.maps.lock.acquire(timeout=0.2):
+            return
+        try:
+            keys = self.maps.python_codes.keys() if self.maps.all else []
+        except OSError:
+            return
+        finally:
+            self.maps.lock.release()
+        for key in keys:
+            if key[:4] == tgid:
+                code = struct.unpack_from("<Q", key, 8)[0]
+                if not self.python_code.known(pid, code):
+                    self.code_seen(pid, code)
 
     def code_seen(self, pid: int, code: int) -> None:
         """A PYTHON_CODE record: the code object is read now, while pid lives."""

@@ -115,6 +115,8 @@ COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
     "COMPLETE", "NO_PROGRESS", "READ_FAILED"))
 # not a stack: a ring record naming a Python code object seen first (python.h)
 PYTHON_CODE = _STATUS["PYTHON_CODE"]
+PY_NEW_CODES = 32                # python.h: code objects a record names, at most
+CODE_RECORD_SIZE = RECORD.size + 8 * PY_NEW_CODES    # struct python_code_record
 # a deferred record's status: the stack goes to user space to be unwound
 DEFERRED = _STATUS["DEFERRED"]
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
@@ -584,11 +586,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
         n = struct.unpack_from("<I", chunk, offset)[0]
         rec = offset + 4
         t, pid_tgid, probe, cpu, nframes, status = RECORD.unpack_from(chunk, rec)
-        if status == PYTHON_CODE:         # nframes code objects' addresses
-            if python_code is not None:
-                for i in range(min(nframes, (n - RECORD.size) // 8)):
-                    python_code(pid_tgid >> 32,
-                                _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+        if code_record(chunk, rec, n, python_code):
             offset = rec + n
             continue
         if status == DEFERRED:
@@ -615,6 +613,22 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                                                                  read_file) if fetch else ()))
         offset = rec + n
     return offset
+
+
+def code_record(chunk: bytes, rec: int, n: int, python_code=None) -> bool:
+    """Whether the ring record of `n` bytes at `rec` names Python code
+    objects seen first (python.h's python_code_record: a trace record's
+    head, status PYTHON_CODE, its frame count of code addresses after
+    it); if so each goes to `python_code(pid, code)`."""
+    if n != CODE_RECORD_SIZE:
+        return False
+    _t, pid_tgid, _probe, _cpu, nframes, status = RECORD.unpack_from(chunk, rec)
+    if status != PYTHON_CODE:
+        return False
+    if python_code is not None:
+        for i in range(min(nframes, (n - RECORD.size) // 8)):
+            python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+    return True
 
 
 _support: dict = {}                  # probe kind -> None | why not (per process)

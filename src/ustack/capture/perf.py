@@ -321,6 +321,7 @@ class PerfCapture(Capture):
     def start(self) -> None:
         if self.target.scope == "command":
             self.target.release()       # execve enables the events
+            self.target.resume()
 
     def read_chunks(self, timeout_ms: int) -> list:
         """Wait up to timeout_ms for data, then drain every buffer."""

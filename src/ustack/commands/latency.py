@@ -174,8 +174,10 @@ class LatencySession(Session):
             unit_ns=request.unit_ns, by_stack=request.by_stack,
             slower_ns=(None if request.slower_ms is None
                        else int(request.slower_ms * 1_000_000)),
-            unwind_tables=tables, fp_stacks=fp, stack_storage=self.opts.stack_storage)
+            unwind_tables=tables, fp_stacks=fp, stack_storage=self.opts.stack_storage,
+            python=self.opts.python)
         capture.interrupt = self.interrupt
+        capture.python_code = self.python_code
         capture.open()
         capture.unwind_note = _returns_note(probes, sites, tables is not None)
         return capture

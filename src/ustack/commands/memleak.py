@@ -163,8 +163,10 @@ class MemleakSession(Session):
                                 kernel_tables=tables.for_image)
         capture = MemleakCapture(probes, sites, self.target, self.opts.buffer_pages,
                                  unwind_tables=tables.for_image,
-                                 stack_storage=self.opts.stack_storage)
+                                 stack_storage=self.opts.stack_storage,
+                                 python=self.opts.python)
         capture.interrupt = self.interrupt
+        capture.python_code = self.python_code
         capture.open()
         return capture
 

@@ -86,6 +86,10 @@ class PythonCode:
                 self._frames.clear()        # frames named after the code it replaces
             self._add(pid, code, info)
 
+    def known(self, pid: int, code: int) -> bool:
+        """Whether the code object at `code` in pid was read already."""
+        return (pid, code) in self._codes
+
     def add(self, pid: int, code: int, info: PythonCodeInfo) -> None:
         """Keep what names a code object (read here, or from a recording)."""
         with self._lock:

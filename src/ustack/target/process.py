@@ -47,6 +47,10 @@ class Target:
             os.close(self._go_fd)
             self._go_fd = -1
 
+    def resume(self) -> None:
+        """Let a command held at its first instruction run (TracedCommand):
+        others run from release() on."""
+
     def abort(self) -> None:
         """Make a held command exit without running (on setup errors)."""
         if self.scope != "command" or self.pid is None:

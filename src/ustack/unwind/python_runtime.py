@@ -125,6 +125,18 @@ def find_interpreter(mappings: list) -> Interpreter | None:
     return None
 
 
+def runs_python(paths: list) -> bool:
+    """Whether one of the objects at `paths` (a command's load closure)
+    is a CPython interpreter ustack has a layout for."""
+    for path in paths:
+        try:
+            if find_interpreter([Mapping(0, 1, 0, path)]) is not None:
+                return True
+        except (OSError, ValueError):
+            pass
+    return False
+
+
 def _looks_like_python(path: str) -> bool:
     """Cheap test before reading the file's symbols: python3.X, libpython3.X.so,
     or any executable that dynamically exports the runtime (an embedding)."""

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""What the Python pass (src/ustack/bpf/python.h) adds to each BPF program
+that walks a stack: the instructions the verifier processed
+(`verified_insns`) with the pass's option on and off (off, the verifier
+drops it as dead code), against the kernel's limit of 1,000,000.
+
+    sudo python3 bench/python_pass_size.py      # src/ of this checkout
+
+Loads each program once with maps as the C declares them; attaches nothing."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from ustack.capture.bpf_unwind import kernel_rodata  # noqa: E402
+from ustack.capture.kernel_offsets import Offsets  # noqa: E402
+from ustack.capture.bpf_counter import bpf_program_object  # noqa: E402
+from ustack.kernel import bpf_syscall  # noqa: E402
+
+# (object, program, program type, its options' variable and enum, the
+# options always on, the pass's option)
+PROGRAMS = (
+    ("unwind", "unwind_count", bpf_syscall.PROG_PERF_EVENT, "options", "unwind_option",
+     ("UW_DEFER",), "UW_PYTHON"),
+    ("unwind", "unwind_trace", bpf_syscall.PROG_KPROBE, "options", "unwind_option",
+     ("UW_DEFER",), "UW_PYTHON"),
+    ("offcpu", "offcpu_switch", None, "off_options", "offcpu_option",
+     ("OFF_USER_ONLY",), "OFF_PYTHON"),
+    ("offcpu", "offcpu_waking", bpf_syscall.PROG_TRACEPOINT, "off_options", "offcpu_option",
+     ("OFF_USER_ONLY",), "OFF_PYTHON"),
+    ("latency", "latency_entry", bpf_syscall.PROG_KPROBE, "options", "latency_option",
+     ("LAT_DWARF_STACK",), "LAT_PYTHON"),
+    ("memleak", "memleak_entry", bpf_syscall.PROG_KPROBE, "ml_options", "memleak_option",
+     (), "ML_PYTHON"),
+)
+
+
+def verified(obj_name: str, program: str, prog_type, variable: str, enum: str,
+             always: tuple, python: str | None) -> int:
+    obj = bpf_program_object(obj_name)
+    bits = obj.enum(enum)
+    off = Offsets.of_this_kernel()
+    rodata = {**kernel_rodata(off), "task_fsbase": off.task_fsbase,
+              variable: sum(bits[b] for b in always) | (bits[python] if python else 0)}
+    if obj_name == "offcpu":
+        rodata.update(task_pid=off.task_pid, task_exit_state=off.task_exit_state,
+                      task_stack=off.task_stack)
+    maps: dict = {}
+    try:
+        fd = obj.load(program, maps, rodata, prog_type, "ustack_pysize")
+        try:
+            return bpf_syscall.verified_insns(fd)
+        finally:
+            os.close(fd)
+    finally:
+        for m in maps.values():
+            m.close()
+
+
+def main() -> None:
+    print("| program | verified, no Python pass | with it | added |")
+    print("|---|---:|---:|---:|")
+    for obj, program, ptype, variable, enum, always, python in PROGRAMS:
+        without = verified(obj, program, ptype, variable, enum, always, None)
+        with_ = verified(obj, program, ptype, variable, enum, always, python)
+        print(f"| {obj}.bpf.c {program} | {without} | {with_} | {with_ - without} |")
+
+
+if __name__ == "__main__":
+    main()
