@@ -65,6 +65,9 @@ def test_count_of_a_glob_counts_each_function_exactly(tmp_path):
     res = ok(run_ustack("count", f"uprobe:{prog}:fn_*", "-c", f"{prog} 5"))
     assert events_in(res.stderr) == FUNCS, res.stderr.splitlines()[0]
     assert leaf_counts(res.stdout) == expected(5)
+    # what the links leave out is said where the run starts
+    assert (f"its {FUNCS} uprobes (uprobe_multi links) fire in the traced process, "
+            "not in processes it forks") in res.stderr.splitlines()[0]
 
 
 def test_trace_of_a_glob_keeps_each_events_label(tmp_path):

@@ -90,6 +90,15 @@ class BpfCapture(Capture):
         """The maps and programs of this mode, kept in self.owned."""
         raise NotImplementedError
 
+    @property
+    def reach_note(self) -> str:
+        """For the header: a -p/-c run's uprobes behind links fire in the
+        traced processes only (uprobe_links.py), not in the ones they fork."""
+        if not self.linked or self.target.scope == "system":
+            return ""
+        return (f"its {len(self.linked)} uprobes (uprobe_multi links) fire in the traced "
+                "process, not in processes it forks")
+
     def _tgid(self):
         """The traced process for a program filtering on it (-p, -c)."""
         return self.target.pid if self.target.scope != "system" else None
