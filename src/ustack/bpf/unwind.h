@@ -88,6 +88,15 @@ struct {
 	__uint(max_entries, 1);		/* sized by the loader */
 } vmas SEC(".maps");
 
+/* WANTED: objects a walk found without rows, and how often: user space
+ * builds and loads the most wanted first, while the run goes on */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct object_key);
+	__type(value, __u64);
+	__uint(max_entries, 1);		/* sized by the loader */
+} wanted SEC(".maps");
+
 /* STACKS (unwound): the distinct stacks walked, under their hash. Its
  * maps' names are the unwinder's own: a program that includes this header
  * may have a stacks or errors map of its own (latency.bpf.c) */
@@ -213,6 +222,17 @@ static long vma_found(struct task_struct *task, struct vm_area_struct *vma,
 	return 0;
 }
 
+/* one more walk that wanted the rows of object `key` */
+static __always_inline void want(struct object_key *key)
+{
+	__u64 one = 1, *hits = bpf_map_lookup_elem(&wanted, key);
+
+	if (hits)
+		__sync_fetch_and_add(hits, 1);
+	else
+		bpf_map_update_elem(&wanted, key, &one, BPF_NOEXIST);
+}
+
 /* NO_FILE_CODE: a JIT's; NO_CFI_CODE: a file's code without CFI (V8's
  * builtins in node): both walked on the frame pointer */
 /* why frames were walked on the frame pointer (struct walk's fp_used) */
@@ -253,8 +273,10 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 		return NO_FILE_CODE;
 	}
 	obj = bpf_map_lookup_elem(&objects, &vma.file);
-	if (!obj)
+	if (!obj) {
+		want(&vma.file);
 		return stop(w, NO_TABLE), NOT_MAPPED;
+	}
 	w->page_slot = obj->page_slot;
 	w->first_page = obj->first_page;
 	w->pages = obj->pages;

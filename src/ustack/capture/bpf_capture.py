@@ -59,6 +59,9 @@ class BpfCapture(Capture):
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
+    # a mode whose programs hand the stacks they cannot walk yet to user
+    # space: a whole-machine run of it loads objects' rows as they are sampled
+    defers_stacks = False
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
@@ -85,6 +88,8 @@ class BpfCapture(Capture):
         self.owned = RunObjects()
         self.counter = None
         self.armed = None                   # the map a -c command's exec arms
+        # whole-machine: rows loaded as the walk wants them (lazy_rows.py)
+        self.lazy_rows = None
 
     def _new_counter(self):
         """The maps and programs of this mode, kept in self.owned."""
@@ -121,16 +126,23 @@ class BpfCapture(Capture):
             self._follow_python()
             # the verifier (~8 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
+            lazy = (self.counter.objects is not None and target.scope == "system"
+                    and self.defers_stacks)
             if self.counter.objects is not None:
                 from .bpf_unwind import objects_of_target
                 objects = self.counter.objects
                 objects.add_vdso()
-                for path in objects_of_target(target, self.probes):
+                for path in objects_of_target(target, self.probes, running=not lazy):
                     self.interrupt.check()
                     objects.add_path(path)
             programs.result()
             events.result()
             self.counter.attach(self.events)
+            if lazy:
+                from .lazy_rows import LazyRows
+                self.lazy_rows = LazyRows(self.counter.objects)
+                self.lazy_rows.start()
+                self.unwind_note += ", tables loaded as objects are sampled"
         except BaseException:
             for job in (programs, events):  # never close what is still opening
                 if job is not None:
@@ -159,9 +171,12 @@ class BpfCapture(Capture):
         offset = self.events.decode(chunk, metas, samples, offset, limit)
         objects = self.counter.objects if self.counter is not None else None
         if objects is not None:
+            # whole-machine: the loader builds what the walk wants
+            add = (self.lazy_rows.note_mapping if self.lazy_rows is not None
+                   else objects.add_mapping)
             for _time, event in metas[before:]:
                 if isinstance(event, MmapEvent):
-                    objects.add_mapping(event.mapping, event.pid)
+                    add(event.mapping, event.pid)
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
             python.follow(metas[before:])      # an interpreter mapped, an exec, an exit
@@ -210,6 +225,8 @@ class BpfCapture(Capture):
     def stop(self) -> None:
         """The events and the counter's ring both end here."""
         self.events.stop()
+        if self.lazy_rows is not None:
+            self.lazy_rows.stop()
         if self.counter is not None and self.counter.ring is not None:
             self.counter.ring.freeze()
 
@@ -250,7 +267,21 @@ class BpfCapture(Capture):
         self.events.uprobes.forget()
         self.close()
 
+    def end_notes(self) -> list:
+        """What the summary says of the run's unwind rows."""
+        lazy = self.lazy_rows
+        if lazy is None:
+            return []
+        return [f"Unwind rows of {lazy.loaded} objects were loaded during the run, "
+                f"as their code was sampled"
+                + (f" ({lazy.pending} more were wanted when it ended: their stacks "
+                   f"were unwound by ustack)" if lazy.pending else "")]
+
     def close(self) -> None:
+        if self.lazy_rows is not None:
+            self.lazy_rows.stop()
+        if self.counter is not None and self.counter.objects is not None:
+            self.counter.objects.close()    # the loader writes no more
         self.events.close()
         self.owned.close()              # after the events
         self.counter = None

@@ -19,6 +19,7 @@ class UnwindCountCapture(BpfCapture):
     ring_chunk = RingChunk
     unwind_note = "unwound in the kernel"
     links_uprobes = True    # its programs can learn the probe from a link's cookie
+    defers_stacks = True    # through its ring (deferred records)
 
     def _new_counter(self) -> KernelUnwinder:
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,

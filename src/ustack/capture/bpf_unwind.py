@@ -153,7 +153,8 @@ class UnwindMaps(bpf_syscall.MapSet):
     together (16 bytes each), `stacks` the distinct stacks."""
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
-                 objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18):
+                 objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18,
+                 wanted: int = 1024):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
@@ -166,6 +167,7 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.pages = self._keep(obj.make_map("pages", pages_capacity))
             self.objects = self._keep(obj.make_map("objects", objects))
             self.vmas = self._keep(obj.make_map("vmas", vmas))
+            self.wanted = self._keep(obj.make_map("wanted", wanted))
             self.scratch = self._keep(obj.make_map("scratch"))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up;
@@ -185,7 +187,7 @@ class UnwindMaps(bpf_syscall.MapSet):
     def named(self) -> dict:
         """The maps by the names unwind.bpf.c gives them."""
         return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
-                "vmas": self.vmas, "scratch": self.scratch, "unwound": self.stacks,
+                "vmas": self.vmas, "wanted": self.wanted, "scratch": self.scratch, "unwound": self.stacks,
                 "counts": self.counts, "unwind_errors": self.errors}
 
     @property
@@ -236,6 +238,10 @@ class UnwindObjects:
         self.next_row = 0
         self.next_page = 0
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
+        # the run's reader and the lazy loader (lazy_rows.py) both load;
+        # closed: the maps are gone, nothing more is written
+        self._lock = threading.Lock()
+        self.closed = False
 
     def add_vdso(self) -> None:
         """Load the rows of this kernel's vDSO (ustack's copy of it)."""
@@ -246,25 +252,21 @@ class UnwindObjects:
     def add_path(self, path: str, key: tuple | None = None) -> None:
         """Load the rows of the object at `path` (a host path), if new;
         `key`: its OBJECTS key, else its (dev, inode)."""
-        also = ()
-        if key is None:
-            try:
-                st = os.stat(path)
-            except OSError:
-                return
-            key = (kernel_dev(st.st_dev), st.st_ino)
-            # a file on a container's overlayfs: the kernel's vma holds the
-            # backing file (its device), stat() the overlay's
-            also = [(kernel_dev(d), st.st_ino) for d in backing_devices(st.st_dev)]
-        if key in self.loaded:
+        keys = [key] if key is not None else object_keys(path)
+        if not keys or keys[0] in self.loaded:
             return
-        first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         try:
             image = ElfImage.open(path)
             packed = self.tables(image)
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []
+        with self._lock:
+            if not self.closed and keys[0] not in self.loaded:
+                self._load(path, keys, packed, segs)
+
+    def _load(self, path: str, keys: list, packed, segs: list) -> None:
+        first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         if packed is not None and segs:
             vaddr, offset, _size = segs[0]
             adjust = vaddr - offset
@@ -282,10 +284,30 @@ class UnwindObjects:
                     self.maps.pages.update_batch(
                         array("I", range(page_slot, page_slot + npages)).tobytes(), pages)
                     self.next_page += npages      # else: whole-object searches
-        self.loaded[key] = (path, n)
-        for k in (key, *also):
+        self.loaded[keys[0]] = (path, n)
+        for k in keys:
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
                 first, n, adjust, page_slot, first_page, npages, 0))
+
+    def wanted(self) -> dict:
+        """(dev, inode) -> walks that met the object without rows (WANTED),
+        of the objects not loaded yet; those loaded leave the map."""
+        out = {}
+        with self._lock:
+            if self.closed:
+                return out
+            for k, v in self.maps.wanted.items():
+                key = OBJ_KEY.unpack(k)
+                if key in self.loaded:
+                    self.maps.wanted.delete(k)
+                else:
+                    out[key] = _U64.unpack(v)[0]
+        return out
+
+    def close(self) -> None:
+        """No more loads: the maps are about to close."""
+        with self._lock:
+            self.closed = True
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         with self.maps.rows.values_view() as rows:
@@ -306,17 +328,31 @@ class UnwindObjects:
         return self.next_row * ROW_SIZE
 
 
-def objects_of_target(target, probes: list) -> list:
+def object_keys(path: str) -> list:
+    """The OBJECTS keys of the object at `path` (a host path): its (dev,
+    inode), then those of the layers beneath a container's overlayfs (the
+    kernel's vma holds the backing file: its device, the same inode);
+    [] when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    return [(kernel_dev(st.st_dev), st.st_ino),
+            *((kernel_dev(d), st.st_ino) for d in backing_devices(st.st_dev))]
+
+
+def objects_of_target(target, probes: list, running: bool = True) -> list:
     """Host paths of the objects to load before the run starts: what the
     traced process maps now (-p), what a launched command will map before
     main() (-c: its executable's load closure), what every process maps
-    (system-wide); plus the probed binaries."""
+    (system-wide, unless not `running`: then loaded as sampled); plus the
+    probed binaries."""
     paths: list = [p.path for p in probes if isinstance(p, UprobeProbe)]
     if target.scope == "command":
         for exe in _programs_named(target.argv):
             paths += needed.load_closure(exe)
     pids = [target.pid] if target.scope == "pid" else (
-        procfs.pids() if target.scope == "system" else [])
+        procfs.pids() if target.scope == "system" and running else [])
     for pid in pids:
         for m in procfs.executable_mappings(pid):
             path = object_path(m)

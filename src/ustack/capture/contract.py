@@ -64,6 +64,10 @@ class Capture:
     def losses(self) -> Losses:
         return Losses()
 
+    def end_notes(self) -> list:
+        """Lines the summary adds about how the run went (not losses)."""
+        return []
+
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack the kernel counted."""
         return []

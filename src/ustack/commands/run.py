@@ -118,6 +118,7 @@ def run_session(opts: Options, body, err: TextIOBase = sys.stderr,
             session.close()
     target = session.target
     write_summary(err, warnings=session.warnings, losses=losses,
+                  notes=session.capture.end_notes(),
                   backend=session.plan.backend,
                   buffer_pages=session.capture.buffer_pages,
                   stack_storage=opts.stack_storage,

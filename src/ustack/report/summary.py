@@ -12,9 +12,13 @@ MAX_ADVISED_PAGES = 8192        # 32 MiB per CPU: more only delays a slow reader
 def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
                   backend: str = "", buffer_pages: int = 0, stack_storage: int = 0,
                   command: str = "", exit_status=None,
-                  events: int | None = None, copied_stacks: bool = False) -> None:
+                  events: int | None = None, copied_stacks: bool = False,
+                  notes=()) -> None:
     """`copied_stacks`: the run copied stacks out for ustack to unwind, whose
-    losses a larger buffer only delays (decoding is what falls behind)."""
+    losses a larger buffer only delays (decoding is what falls behind);
+    `notes`: lines on how the run went (the capture's end_notes)."""
+    for note in notes:
+        print(note, file=err)
     if losses.uncounted:
         total = sum(n for _why, n in losses.uncounted)
         why = ", ".join(f"{n} {reason}" for reason, n in losses.uncounted)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+import threading
 import zlib
 from array import array
 
@@ -65,6 +66,11 @@ class UnwindTable:
 
     parse_count = 0          # objects whose CFI this process has interpreted
     _memo: dict = {}         # (dev, ino, mtime, debug dirs) -> (UnwindTable, DebugLookup)
+    # one builder per object: the run's reader (a deferred stack) and the
+    # loader of kernel rows (capture/lazy_rows.py) may want it at once, and
+    # a large object takes minutes to build
+    _building: dict = {}     # memo key -> Lock
+    _building_lock = threading.Lock()
 
     __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "from_cache")
 
@@ -118,6 +124,15 @@ class UnwindTable:
         hit = cls._memo.get(key)
         if hit is not None:
             return hit
+        with cls._building_lock:
+            lock = cls._building.setdefault(key, threading.Lock())
+        with lock:
+            hit = cls._memo.get(key)
+            return hit if hit is not None else cls._read_or_build(image, st, key, debug_dirs)
+
+    @classmethod
+    def _read_or_build(cls, image: ElfImage, st: os.stat_result, key: tuple,
+                       debug_dirs) -> tuple:
         found = find_debug_file(image, debug_dirs)
         signature = _signature(image, found.path)
         cache = objcache.cache_file("cfi", image.path, st, image.file.build_id, "v1")

@@ -212,8 +212,11 @@ def _read_facts(path: str):
             table = elf.get_section_by_name(name)
             if table is None or "_PyRuntime" in symbols:
                 continue        # both are exported where one is: .symtab costs 0.2 s
+            # a name map costs 0.1-0.2 s: only where the names are in the
+            # table's strings (a whole-machine run asks ~40 other objects)
+            names = elf.get_section(table["sh_link"]).data()
             for wanted in ("_PyRuntime", "Py_Version"):
-                if wanted not in symbols:
+                if wanted not in symbols and f"\0{wanted}\0".encode() in names:
                     found = table.get_symbol_by_name(wanted)
                     if found:
                         symbols[wanted] = found[0]["st_value"]

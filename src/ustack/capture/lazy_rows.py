@@ -1,0 +1,115 @@
+"""Unwind rows loaded while the run goes on (whole-machine runs): the
+probes attach first, and a thread builds and loads the rows of the objects
+the in-kernel walk found without them, most wanted first.
+
+The walk counts, per object it met without rows, how often (the WANTED
+map of bpf/unwind.h); the stacks it could not finish go to user space as
+deferred records (capture/bpf_unwind.py), as for a program started during
+the run. So only objects that were sampled are ever built, and the
+cache (objfile/cache.py) makes them instant in the next run.
+
+The walk knows an object by (dev, inode); its path comes from the
+processes' maps (ObjectPaths), read when the loader starts, again when a
+wanted object is not among them, and as MMAP2 records announce new ones."""
+from __future__ import annotations
+
+import threading
+
+from ..kernel import procfs
+from ..model import Mapping, UstackError
+from ..objfile.mapped import object_path
+from .bpf_unwind import UnwindObjects, object_keys
+
+POLL_S = 0.05                   # how often the loader looks at WANTED when idle
+
+
+class ObjectPaths:
+    """(dev, inode) -> host path of the objects the processes map."""
+
+    def __init__(self):
+        self.paths: dict = {}
+        self._seen: set = set()         # paths already stat()ed
+
+    def note(self, path: str) -> None:
+        if path in self._seen:
+            return
+        self._seen.add(path)
+        for key in object_keys(path):
+            self.paths.setdefault(key, path)
+
+    def note_mapping(self, mapping, pid: int) -> None:
+        """The object of a mapping an MMAP2 record announced."""
+        if mapping.path.startswith("/") and not mapping.host_path:
+            path = procfs.host_path(pid, mapping.path, mapping.start, mapping.end)
+            mapping = Mapping(mapping.start, mapping.end, mapping.pgoff, mapping.path, path)
+        path = object_path(mapping)
+        if path is not None:
+            self.note(path)
+
+    def scan(self) -> None:
+        """Every object every process maps now."""
+        for pid in procfs.pids():
+            for m in procfs.executable_mappings(pid):
+                path = object_path(m)
+                if path is not None:
+                    self.note(path)
+
+
+class LazyRows:
+    """The loader: a thread that loads the rows of the objects WANTED
+    names, the most wanted first, until stop(). `loaded`: how many
+    objects it loaded; `unknown`: wanted objects no process map named."""
+
+    def __init__(self, objects: UnwindObjects, paths: ObjectPaths | None = None):
+        self.objects = objects
+        self.paths = paths or ObjectPaths()
+        self.loaded = 0
+        self.pending = 0                # wanted but not loaded when the run ended
+        self.unknown: set = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ustack-rows", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def note_mapping(self, mapping, pid: int) -> None:
+        """From the reader's thread: ObjectPaths' dict and set updates
+        are each atomic, and a path noted twice is only stat()ed twice."""
+        self.paths.note_mapping(mapping, pid)
+
+    def stop(self) -> None:
+        """No more loading (an object under way is left unloaded: the run's
+        maps may close while it builds, and its samples are deferred)."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self.pending = len(self.objects.wanted())
+
+    def _run(self) -> None:
+        try:
+            self.paths.scan()
+            while not self._stop.is_set():
+                if not self.load_next():
+                    self._stop.wait(POLL_S)
+        except (OSError, UstackError):
+            pass                        # the run ended under the loader
+
+    def load_next(self) -> bool:
+        """Load the most wanted object not loaded yet; False if none."""
+        hits = self.objects.wanted()
+        todo = [k for k in sorted(hits, key=hits.get, reverse=True) if k not in self.unknown]
+        if not todo:
+            return False
+        key = todo[0]
+        path = self.paths.paths.get(key)
+        if path is None:                   # mapped since the last look
+            self.paths.scan()
+            path = self.paths.paths.get(key)
+        if path is None:
+            self.unknown.add(key)
+            return True
+        if self._stop.is_set():
+            return False
+        self.objects.add_path(path, key)
+        if key in self.objects.loaded:
+            self.loaded += 1
+        return True

@@ -1,0 +1,55 @@
+"""Whole-machine runs with the in-kernel unwinder attach first and load
+the unwind rows of objects as their code is sampled: a program busy before
+the run still gets complete stacks (the first ones deferred to ustack),
+and a program that never ran during the run has no rows built at all."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from helpers import (O2_NOFP, build, finish, parse_folded, popen_ustack, private_copy, stop,
+                     ustack_env, wait_tracing)
+from ustack.objfile.elf import ElfImage
+
+CHAIN = ["_start", "__libc_start_main", "__libc_start_call_main", "main", "work", "spin_here"]
+
+
+@pytest.mark.kernel
+def test_whole_machine_rows_load_as_sampled(tmp_path):
+    cache = tmp_path / "cache"
+    busy = private_copy(build("busy", flags=O2_NOFP), tmp_path)     # no frame pointers
+    idle = private_copy(build("parked"), tmp_path)
+    spinner = subprocess.Popen([str(busy), "600"])
+    parked = subprocess.Popen([str(idle)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    us = popen_ustack("profile", "-F", "99", "-d", "2", "-P", "-f", "folded",
+                      "--backend", "bpf", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      text=True, env=dict(ustack_env(), USTACK_CACHE_DIR=str(cache)))
+    try:
+        header = wait_tracing(us, timeout=120)
+        out, err = finish(us, timeout=900)
+    finally:
+        stop(us)
+        stop(spinner)
+        parked.stdin.close()
+        stop(parked)
+    assert us.returncode == 0, err
+    assert "tables loaded as objects are sampled" in header, header
+    mine = [(stack, n) for stack, n in parse_folded(out)
+            if stack[0] == f"{busy.name}-{spinner.pid}"]
+    total = sum(n for _s, n in mine)
+    whole = sum(n for stack, n in mine if stack[1:7] == CHAIN)
+    print(f"{whole} of {total} samples complete")
+    assert total >= 20, out
+    assert whole >= 0.9 * total, mine
+    # how many objects the run loaded, and how many it still wanted (the
+    # busy program's at least, unless loaded: the loader takes the most
+    # sampled first, and this machine's other programs may be sampled more)
+    said = re.search(r"^Unwind rows of (\d+) objects were loaded during the run, as their "
+                     r"code was sampled(?: \((\d+) more were wanted when it ended)?", err, re.M)
+    assert said and int(said[1]) + int(said[2] or 0) >= 1, err
+    # the parked program never ran: its rows were never built
+    never = ElfImage.open(str(idle)).file.build_id
+    built = [p.name for p in (cache / "bpfrows").iterdir()] if (cache / "bpfrows").exists() else []
+    assert not any(name.startswith(never) for name in built), built
