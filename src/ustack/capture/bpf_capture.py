@@ -39,6 +39,7 @@ from __future__ import annotations
 import struct
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
+from ..kernel import bpf_syscall
 from ..model import Losses, MmapEvent, RawSample, UnwoundSample
 from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
 from .contract import Capture
@@ -147,12 +148,12 @@ class BpfCapture(Capture):
 
     def count_samples(self, chunk, start: int) -> int:
         """The samples of a chunk from `start`, undecoded: a ring holds
-        one per record (a u32 length, then the record)."""
+        one per record (RingBuf.read's layout)."""
         if self.ring_chunk is None or not isinstance(chunk, self.ring_chunk):
             return self.events.count_samples(chunk, start)
         n, off, end = 0, start, len(chunk)
-        while off + 4 <= end:
-            off += 4 + struct.unpack_from("<I", chunk, off)[0]
+        while off + bpf_syscall.RING_RECORD_HEADER <= end:
+            off = bpf_syscall.ring_next(off, struct.unpack_from("<I", chunk, off)[0])
             n += 1
         return n
 

@@ -4,12 +4,11 @@ through a BPF ring buffer (`trace`)."""
 from __future__ import annotations
 
 import os
-import struct
 
 from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
-from .bpf_unwind import (PYTHON_CODE, RECORD, KernelUnwinder, RingChunk, deferral_ring_bytes,
+from .bpf_unwind import (KernelUnwinder, RingChunk, count_ring_samples, deferral_ring_bytes,
                          ring_samples)
 
 
@@ -68,13 +67,7 @@ class UnwindCountCapture(BpfCapture):
         """BpfCapture's, but for the ring's records naming Python code objects."""
         if not isinstance(chunk, self.ring_chunk):
             return super().count_samples(chunk, start)
-        n, off, end = 0, start, len(chunk)
-        while off + 4 <= end:
-            size = struct.unpack_from("<I", chunk, off)[0]
-            if off + 4 + RECORD.size > end or RECORD.unpack_from(chunk, off + 4)[-1] != PYTHON_CODE:
-                n += 1
-            off += 4 + size
-        return n
+        return count_ring_samples(chunk, start)
 
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time
@@ -90,14 +83,14 @@ class UnwindCountCapture(BpfCapture):
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         """The unwinder's records (trace's, and the stacks it deferred to
         us) as RawSamples."""
-        before = len(samples)
         python = self.counter.python
-        offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
-                              self.counter.fetches, self._object_bytes,
-                              python.code_seen if python is not None else None)
-        for s in samples[before:]:
-            self._note_cut(s.callchain, 1)
-        return offset
+        return ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
+                            self.counter.fetches, self._object_bytes,
+                            python.code_seen if python is not None else None,
+                            self._cut_one)
+
+    def _cut_one(self, chain: bytes) -> None:
+        self._note_cut(chain, 1)
 
     def _object_bytes(self, dev: int, inode: int, offset: int, size: int) -> bytes | None:
         """`size` bytes at `offset` of an object whose unwind rows are

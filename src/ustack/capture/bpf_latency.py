@@ -280,12 +280,13 @@ class LatencyCapture(BpfCapture):
         slow = _layout("slow_call")
         while offset < end:
             n = struct.unpack_from("<I", chunk, offset)[0]
-            t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, offset + 4)
+            t, pid_tgid, function, cpu, ns, h = slow.unpack_from(
+                chunk, offset + bpf_syscall.RING_RECORD_HEADER)
             chain, ret = self.counter.stack_of(h)
             samples.append(RawSample(function, pid_tgid >> 32,
                                      pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
                                      args=(("duration_ns", "u64", ns),)))
-            offset += 4 + n
+            offset = bpf_syscall.ring_next(offset, n)
         return offset
 
     def histograms(self) -> list:
