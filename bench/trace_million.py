@@ -83,14 +83,14 @@ def bpftrace_printf(prog, n, tmp, timeout):
     out = tmp / "bpftrace.txt"
     wall, err, rss = measured(["bpftrace", "-o", str(out), "-e",
                                f'uprobe:{prog}:d {{ printf("%s", ustack); }}',
-                               "-c", f"{prog} {n}"], timeout)
+                               "-c", f"{prog} {n}"], timeout, check=False)
     text = out.read_text(errors="replace")      # small: bpftrace loses most
     # bpftrace names a stack when it prints it: once the command has exited
     # its stacks come out as bare addresses (0.17 may abort instead)
     stacks = text.count("\n\n        ")
     unnamed = stacks - text.count("\n        d+")
     notes = [f"{unnamed:,} printed unnamed" if unnamed else "",
-             "aborted" if "terminate called" in err else ""]
+             "aborted" if "terminated by signal" in err else ""]
     run = Run(wall, stacks, lost_count(text + err), rss, "; ".join(n for n in notes if n))
     out.unlink()
     return run
