@@ -233,7 +233,7 @@ class Session:
         """End the run at the next check (safe from a signal handler): while
         it is being set up, set-up gives up (open() raises Interrupted);
         while it runs, what the kernel sent is decoded for STOP_S more, the
-        rest dropped and counted."""
+        rest dropped and counted (as at the end of -d)."""
         self._stop_requested = True
         self.interrupt.request()
 
@@ -286,10 +286,14 @@ class Session:
             for piece in stream.follow(POLL_S, SLICE_S):
                 yield self._applied(piece)
             yield self._applied(_TICK)
-            if (self._stop_requested or self.target.wait() or
-                    (deadline is not None and time.monotonic() >= deadline)):
+            cut = self._stop_requested or (deadline is not None and
+                                           time.monotonic() >= deadline)
+            if cut or self.target.wait():
                 break
-        rest = stream.rest_within(STOP_S) if self._stop_requested else stream.rest()
+        # ended by Ctrl-C or -d: a backlog is decoded for STOP_S, the rest
+        # dropped and counted, so the run ends within a second however busy
+        # its target; a target that ended has all of what it sent read
+        rest = stream.rest_within(STOP_S) if cut else stream.rest()
         for piece in rest:
             yield self._applied(piece)
         self._whole = not self.capture.counts_in_kernel    # else: once counted() is read

@@ -39,6 +39,7 @@ from __future__ import annotations
 import struct
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
+from ..kernel import bpf_syscall
 from ..model import Losses, MmapEvent, RawSample, UnwoundSample
 from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
 from .contract import Capture
@@ -210,16 +211,16 @@ class BpfCapture(Capture):
 
     def count_samples(self, chunk, start: int) -> int:
         """The samples of a chunk from `start`, undecoded: a ring holds
-        one per record (a u32 length, then the record), but for those
-        naming Python code objects."""
+        one per record (RingBuf.read's layout), but for those naming
+        Python code objects."""
         if self.ring_chunk is None or not isinstance(chunk, self.ring_chunk):
             return self.events.count_samples(chunk, start)
         from .bpf_unwind import code_record
         n, off, end = 0, start, len(chunk)
-        while off + 4 <= end:
+        while off + bpf_syscall.RING_RECORD_HEADER <= end:
             size = struct.unpack_from("<I", chunk, off)[0]
-            n += not code_record(chunk, off + 4, size)
-            off += 4 + size
+            n += not code_record(chunk, off + bpf_syscall.RING_RECORD_HEADER, size)
+            off = bpf_syscall.ring_next(off, size)
         return n
 
     def stop(self) -> None:

@@ -9,7 +9,8 @@ from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
 from ..probes.weight import as_s64
-from .bpf_unwind import KernelUnwinder, RingChunk, deferral_ring_bytes, ring_samples
+from .bpf_unwind import (KernelUnwinder, RingChunk, count_ring_samples, deferral_ring_bytes,
+                         ring_samples)
 
 
 class UnwindCountCapture(BpfCapture):
@@ -37,6 +38,12 @@ class UnwindCountCapture(BpfCapture):
             counter.spill()
         return chunks
 
+    def count_samples(self, chunk, start: int) -> int:
+        """BpfCapture's, but for the ring's records naming Python code objects."""
+        if not isinstance(chunk, self.ring_chunk):
+            return super().count_samples(chunk, start)
+        return count_ring_samples(chunk, start)
+
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time
         and CPU are 0 and -1 (the kernel kept neither)."""
@@ -52,15 +59,14 @@ class UnwindCountCapture(BpfCapture):
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         """The unwinder's records (trace's, and the stacks it deferred to
         us) as RawSamples."""
-        before = len(samples)
         python = self.counter.python
-        offset = ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
-                              self.counter.fetches, self._object_bytes,
-                              python.code_seen if python is not None else None,
-                              self.weighted)
-        for s in samples[before:]:
-            self._note_cut(s.callchain, 1)
-        return offset
+        return ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
+                            self.counter.fetches, self._object_bytes,
+                            python.code_seen if python is not None else None,
+                            self._cut_one, self.weighted)
+
+    def _cut_one(self, chain: bytes) -> None:
+        self._note_cut(chain, 1)
 
     def _object_bytes(self, dev: int, inode: int, offset: int, size: int) -> bytes | None:
         """`size` bytes at `offset` of an object whose unwind rows are

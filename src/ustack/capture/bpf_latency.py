@@ -316,15 +316,16 @@ class LatencyCapture(BpfCapture):
         python = self.counter.python
         while offset < end:
             n = struct.unpack_from("<I", chunk, offset)[0]
-            if code_record(chunk, offset + 4, n, python and python.code_seen):
-                offset += 4 + n
+            rec = offset + bpf_syscall.RING_RECORD_HEADER
+            if code_record(chunk, rec, n, python and python.code_seen):
+                offset = bpf_syscall.ring_next(offset, n)
                 continue
-            t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, offset + 4)
+            t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, rec)
             chain, ret = self.counter.stack_of(h)
             samples.append(RawSample(function, pid_tgid >> 32,
                                      pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
                                      args=(("duration_ns", "u64", ns),)))
-            offset += 4 + n
+            offset = bpf_syscall.ring_next(offset, n)
         return offset
 
     def histograms(self) -> list:

@@ -224,6 +224,7 @@ class OffcpuCapture(UnwindCountCapture):
     """BpfCapture's events (the sched tracepoints, scoped like the run, so
     the mapping tracker gets its records) with an OffcpuCounter attached;
     `blocked()` reads the sums at the end."""
+    defers_stacks = False   # its ring carries new code objects only: no lazy rows
 
     def __init__(self, probes: list, target, opts, unwind_tables):
         super().__init__(probes, target, opts.buffer_pages,

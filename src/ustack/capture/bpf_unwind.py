@@ -62,6 +62,7 @@ from ..kernel import bpf_syscall, btf
 from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.bpf_object import bpf_object
+from ..kernel.bpf_syscall import RING_RECORD_HEADER, ring_next
 from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, TracepointProbe,
                      UprobeProbe, UstackError)
@@ -107,6 +108,7 @@ DEFER_RECORD = _DEFERRED.size
 DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
 COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file): VDSO_INODE
 
 # why a walk stopped (enum unwind_status); COMPLETE is a whole stack
@@ -607,6 +609,7 @@ class RingChunk(bytes):
 def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
                  fetches: tuple = (), read_file=None, python_code=None,
+                 cut: Callable[[bytes], None] | None = None,
                  weighted: bool = False) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
@@ -615,39 +618,51 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
     values of the probe's fetch-args, which end each record (`read_file`:
     see bpf_fetchargs.FetchArgs.decode). A record naming Python code
     objects seen first goes to `python_code(pid, code)` for each, not to
-    the samples. `weighted` (count --weight): a deferred record's weight
-    is its sample's one arg, as the perf path's fetch-arg."""
+    the samples. `cut(callchain)` hears of each stack the walk cut short.
+    `weighted` (count --weight): a deferred record's weight is its
+    sample's one arg, as the perf path's fetch-arg. The loop is the
+    trace's per-event cost: a plain record is two unpacks and a tuple."""
     end = min(len(chunk), offset + limit)
+    length_at, record_at = _U32.unpack_from, RECORD.unpack_from
+    head = RING_RECORD_HEADER
+    new, append, nfetch = tuple.__new__, samples.append, len(fetches)
     while offset < end:
-        n = struct.unpack_from("<I", chunk, offset)[0]
-        rec = offset + 4
-        t, pid_tgid, probe, cpu, nframes, status = RECORD.unpack_from(chunk, rec)
-        if code_record(chunk, rec, n, python_code):
-            offset = rec + n
+        n = length_at(chunk, offset)[0]
+        rec = offset + head
+        t, pid_tgid, probe, cpu, nframes, status = record_at(chunk, rec)
+        offset = ring_next(offset, n)
+        if status == COMPLETE and probe >= nfetch:          # the common record
+            append(new(RawSample, (probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
+                                   chunk[rec + RECORD.size:rec + RECORD.size
+                                         + 8 * min(nframes, MAX_FRAMES)],
+                                   b"", None, None, (), b"")))
             continue
+        if status == PYTHON_CODE:         # nframes code objects' addresses
+            if python_code is not None:
+                for i in range(min(nframes, (n - RECORD.size) // 8)):
+                    python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+            continue
+        fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
             ip, sp, bp, kstack, size, weight = DEFER.unpack_from(chunk, rec + RECORD.size)
             at = rec + RECORD.size + DEFER.size
-            fetch = fetches[probe] if probe < len(fetches) else None
             args = fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file) if fetch \
                 else ((WEIGHT_ARG, "dec", as_s64(weight)),) if weighted else ()
-            samples.append(RawSample(
+            append(RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp},
                 stack=chunk[at:at + min(size, DEFER_STACK)], args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b""))
-            offset = rec + n
             continue
-        nframes = min(nframes, MAX_FRAMES)
-        frames_end = rec + RECORD.size + 8 * nframes
+        frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)
         chain = chunk[rec + RECORD.size:frames_end]
         if status not in (COMPLETE, NO_PROGRESS):
             chain += _U64.pack(KERNEL_UNWIND_STOP + status)
-        fetch = fetches[probe] if probe < len(fetches) else None
-        samples.append(RawSample(probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
-                                 bytes(chain), args=fetch.decode(chunk, frames_end, rec + n,
-                                                                 read_file) if fetch else ()))
-        offset = rec + n
+            if cut is not None:
+                cut(chain)
+        append(RawSample(probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu, chain,
+                         args=fetch.decode(chunk, frames_end, rec + n, read_file)
+                         if fetch else ()))
     return offset
 
 
@@ -665,6 +680,17 @@ def code_record(chunk: bytes, rec: int, n: int, python_code=None) -> bool:
         for i in range(min(nframes, (n - RECORD.size) // 8)):
             python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
     return True
+
+
+def count_ring_samples(chunk: bytes, offset: int) -> int:
+    """The samples of a RingChunk from `offset`, undecoded: one per record
+    but those naming Python code objects."""
+    n, end = 0, len(chunk)
+    while offset + RING_RECORD_HEADER + RECORD.size <= end:
+        if RECORD.unpack_from(chunk, offset + RING_RECORD_HEADER)[-1] != PYTHON_CODE:
+            n += 1
+        offset = ring_next(offset, _U32.unpack_from(chunk, offset)[0])
+    return n
 
 
 _support: dict = {}                  # probe kind -> None | why not (per process)

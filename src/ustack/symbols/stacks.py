@@ -67,8 +67,7 @@ class StackResolver:
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options, python_code)
-        self._stacks: dict = {}
-        self._jit_versions: dict = {}   # key -> its map's version, for stacks with unnamed JIT
+        self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
 
     @property
     def warnings(self) -> list:
@@ -80,6 +79,10 @@ class StackResolver:
         """(pid, exec generation, probe-independent stack key)."""
         pid = sample.pid
         tracker = self.tracker
+        if sample.regs is None and sample.time_ns and type(sample) is RawSample:
+            # a walked stack of a live event (trace's common case, so first)
+            return (pid, tracker.generation_at(pid, sample.time_ns),
+                    (sample.callchain, sample.return_address), sample.kernel)
         if sample.time_ns or sample.regs is not None or not tracker.generations.get(pid):
             generation = tracker.generation_at(pid, sample.time_ns)
         else:                          # counted in the kernel: no time to go by
@@ -95,20 +98,42 @@ class StackResolver:
     def stack(self, sample: RawSample) -> Stack:
         """The symbolized stack of a sample, as it is now: one with JIT
         frames no map named is named again once its process's map changed
-        (a JVM's, written by jcmd during the run)."""
+        (a JVM's, written by jcmd during the run). Cached by key: the same
+        key gives the same Stack object (a report may cache by it)."""
         key = self.key(sample)
-        stack = self._stacks.get(key)
-        if stack is None or (key in self._jit_versions and
-                             self._jit_versions[key] != self.symbolizer.jit_version(key[0])):
-            if len(self._stacks) > MAX_CACHED:
-                self._stacks.clear()
-                self._jit_versions.clear()
-            stack = self._stacks[key] = self.stack_of(key)
-            if any(unnamed_jit(f) for f in stack.frames):
-                self._jit_versions[key] = self.symbolizer.jit_version(key[0])
-            else:
-                self._jit_versions.pop(key, None)
+        cached = self._stacks.get(key)      # (Stack, its JIT map's version or None)
+        if cached is not None and (cached[1] is None or
+                                   cached[1] == self.symbolizer.jit_version(key[0])):
+            return cached[0]
+        if len(self._stacks) > MAX_CACHED:
+            self._stacks.clear()
+        stack = self.stack_of(key)
+        self._stacks[key] = (stack, self.symbolizer.jit_version(key[0])
+                             if any(unnamed_jit(f) for f in stack.frames) else None)
         return stack
+
+    def stacks(self, samples: list) -> list:
+        """stack() of each sample, in order: the loop of a stack per event.
+        A walked stack of a live event (the common case) whose Stack is
+        cached and names no JIT code is found here with the key() made
+        inline; any other goes through stack()."""
+        out = []
+        append, cached_of, stack = out.append, self._stacks.get, self.stack
+        tracker = self.tracker
+        generations, exec_times = tracker.generations, tracker.exec_times
+        for s in samples:
+            if s.regs is None and s.time_ns and type(s) is RawSample:
+                pid = s.pid
+                times = exec_times.get(pid)
+                cached = cached_of((
+                    pid, generations.get(pid, 0) if not times or s.time_ns >= times[-1]
+                    else tracker.generation_at(pid, s.time_ns),
+                    (s.callchain, s.return_address), s.kernel))
+                if cached is not None and cached[1] is None:
+                    append(cached[0])
+                    continue
+            append(stack(s))
+        return out
 
     def _maps_seen(self, pid: int, generation: int | None) -> bool:
         tracker = self.tracker
