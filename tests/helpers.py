@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import ustack
-from ustack.model import Frame, Mapping, Stack, StackCount
+from ustack.model import Frame, Mapping, Stack, StackCount, python_frame_parts
 from ustack.native import libdw
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.elf import ElfImage
@@ -1165,3 +1165,55 @@ def rebuilt_copy(binary: Path, directory: Path) -> Path:
     copy = directory / "chain"
     copy.write_bytes(data.replace(build_id, bytes(b ^ 0xFF for b in build_id)))
     return copy
+
+
+# --- Python targets (tests/programs/python/frames.py) ----------------------------
+
+PROG = Path(__file__).resolve().parent / "programs" / "python" / "frames.py"
+PY_CHAIN = ["<module>", "main", "outer", "middle", "leaf"]
+# below leaf, per mode: the Python frames the time is spent in, outermost first
+TAILS = {"busy": ["spin"], "sorted": ["key_of", "spin"], "generator": ["numbers", "spin"],
+         "exception": ["handle", "spin"]}
+DEBIAN_PYTHON = "/usr/bin/python3.11"
+# samples a share is judged on: a loaded machine gives the program less
+# CPU time, so fewer samples in its seconds
+MIN_SAMPLES = 40
+EVAL = "_PyEval_EvalFrameDefault"
+
+
+def pyenv_python(version: str) -> str:
+    found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python3"))
+    if not found:
+        pytest.skip(f"no CPython {version} under /root/.pyenv/versions")
+    return found[-1]
+
+
+def python_name(frame: dict, names: dict) -> str | None:
+    """The name of a Python frame of the program (or of another file:
+    '?'), None for a native frame."""
+    parts = python_frame_parts(int(frame["address"], 16))
+    if parts is not None:
+        return names.get(parts[0], "?")
+    if frame["module"].endswith(".py") or frame.get("kind") == "python":
+        # (site.py's main() at start-up is not the program's)
+        return frame["function"] if frame["module"] == PROG.name else "?"
+    return None
+
+
+def chains(stacks: list, facts: dict) -> list:
+    """[(frames outermost first as (python name | None, native function), count)]."""
+    names = {address: name for name, address in facts["codes"].items()}
+    return [([(python_name(f, names), f["function"]) for f in reversed(s["frames"])],
+             s["count"]) for s in stacks]
+
+
+def python_only(frames: list) -> list:
+    return [py for py, _native in frames if py is not None]
+
+
+def start_waiting(python: str, mode: str) -> tuple:
+    """frames.py MODE running until its stdin closes, and its facts (read
+    from its first line: it is working by then)."""
+    proc = subprocess.Popen([python, str(PROG), mode, "stdin"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    return proc, json.loads(proc.stdout.readline())

@@ -10,7 +10,6 @@ Oracle: py-spy record -f raw on the same program (the Python chain it
 sees most)."""
 from __future__ import annotations
 
-import glob
 import json
 import subprocess
 import sys
@@ -19,30 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers import popen_ustack
-from helpers import finish, start_ustack, stop, wait_tracing
+from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, PROG, TAILS, chains, finish,
+                     popen_ustack, pyenv_python, python_only, start_ustack, start_waiting,
+                     stop, wait_tracing)
+from helpers import PY_CHAIN as CHAIN
 from ustack.model import python_frame_parts
 
 pytestmark = pytest.mark.kernel
 
-PROG = Path(__file__).resolve().parent / "programs" / "python" / "frames.py"
 VERSIONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
-CHAIN = ["<module>", "main", "outer", "middle", "leaf"]
-# below leaf, per mode: the Python frames the time is spent in, outermost first
-TAILS = {"busy": ["spin"], "sorted": ["key_of", "spin"], "generator": ["numbers", "spin"],
-         "exception": ["handle", "spin"]}
-DEBIAN_PYTHON = "/usr/bin/python3.11"
-# samples a share is judged on: a loaded machine gives the program less
-# CPU time, so fewer samples in its seconds
-MIN_SAMPLES = 40
-EVAL = "_PyEval_EvalFrameDefault"
-
-
-def pyenv_python(version: str) -> str:
-    found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python3"))
-    if not found:
-        pytest.skip(f"no CPython {version} under /root/.pyenv/versions")
-    return found[-1]
 
 
 def py_spy() -> str:
@@ -69,32 +53,9 @@ def run_program(tmp_path: Path, python: str, mode: str, *args, seconds: str = "2
     return stacks, json.loads(facts.read_text())
 
 
-def python_name(frame: dict, names: dict) -> str | None:
-    """The name of a Python frame of the program (or of another file:
-    '?'), None for a native frame."""
-    parts = python_frame_parts(int(frame["address"], 16))
-    if parts is not None:
-        return names.get(parts[0], "?")
-    if frame["module"].endswith(".py") or frame.get("kind") == "python":
-        # (site.py's main() at start-up is not the program's)
-        return frame["function"] if frame["module"] == PROG.name else "?"
-    return None
-
-
-def chains(stacks: list, facts: dict) -> list:
-    """[(frames outermost first as (python name | None, native function), count)]."""
-    names = {address: name for name, address in facts["codes"].items()}
-    return [([(python_name(f, names), f["function"]) for f in reversed(s["frames"])],
-             s["count"]) for s in stacks]
-
-
 def in_python(frames: list) -> bool:
     """A sample of Python code: a Python frame, or the eval loop's C frame."""
     return any(py is not None or native == EVAL for py, native in frames)
-
-
-def python_only(frames: list) -> list:
-    return [py for py, _native in frames if py is not None]
 
 
 def share(stacks: list, facts: dict, full) -> tuple:
@@ -218,14 +179,6 @@ def test_same_chain_as_py_spy(tmp_path, version):
 
 
 # --- attached to Debian's static python3.11 (py-spy cannot) -----------------------
-
-def start_waiting(python: str, mode: str) -> tuple:
-    """frames.py MODE running until its stdin closes, and its facts (read
-    from its first line: it is working by then)."""
-    proc = subprocess.Popen([python, str(PROG), mode, "stdin"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    return proc, json.loads(proc.stdout.readline())
-
 
 def attached(python: str, mode: str, *args) -> tuple:
     if not Path(python).exists():

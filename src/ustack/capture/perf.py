@@ -283,6 +283,11 @@ class PerfCapture(Capture):
         else:
             pe.set_output(fd, ring.fd)
 
+    def wake_on(self, fd: int) -> None:
+        """read_chunks' wait also ends when `fd` (a BPF ring buffer, which
+        wakes its reader once per record that finds it drained) has data."""
+        self._poll.register(fd, select.POLLIN)
+
     def _open_for(self, pid: int, cpus: list) -> None:
         for cpu in cpus:
             self._open_tracking(pid, cpu)

@@ -13,6 +13,8 @@ from ..model import Piece
 _time = attrgetter("time_ns")
 
 DRAIN_POLL_MS = 5                  # how often the drain thread empties buffers
+DRAIN_IDLE_MS = 40                 # ... grown to this while they stay empty (a quiet run
+                                   # wakes 25 times a second, not 200)
 PIECE = 64 << 10                   # bytes of a chunk decoded in one step
 BACKLOG_LIMIT = 64 << 20           # bytes of undecoded records held in memory (RSS <= 200 MB)
 
@@ -34,16 +36,20 @@ class _Drainer(threading.Thread):
         self._lock = threading.Lock()
 
     def run(self) -> None:
+        wait = DRAIN_POLL_MS
         while not self._stop_flag.is_set():
             if self.bytes >= BACKLOG_LIMIT:
                 time.sleep(0.005)          # let the kernel count what is lost
                 continue
-            batch = self.capture.read_chunks(DRAIN_POLL_MS)
+            batch = self.capture.read_chunks(wait)
             if batch:
                 with self._lock:
                     self.bytes += sum(map(len, batch))
                 self.queue.append([batch, [0] * len(batch)])
                 self.ready.set()
+                wait = DRAIN_POLL_MS
+            else:                          # a quiet run: wake less often
+                wait = min(2 * wait, DRAIN_IDLE_MS)
 
     def next_batch(self, timeout: float):
         """The oldest batch (possibly partly decoded), or None after timeout."""
