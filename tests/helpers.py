@@ -733,6 +733,28 @@ def run_attached(target: subprocess.Popen, *args, timeout: float = 30
     return subprocess.CompletedProcess(us.args, us.returncode, out, header + err)
 
 
+def run_attached_beside(mine: subprocess.Popen, other: subprocess.Popen, *args
+                        ) -> subprocess.CompletedProcess:
+    """`ustack ARGS… -p MINE` while OTHER runs the same binary: both wait
+    for a line on stdin; OTHER is released and ends first, then MINE, and
+    the run ends with MINE. Judges that -p keeps to its process."""
+    try:
+        us = start_ustack(*args, "-p", mine.pid, stdout=subprocess.PIPE)
+        try:
+            header = wait_tracing(us)
+            release(other)
+            assert other.wait(timeout=30) == 0
+            release(mine)
+            assert mine.wait(timeout=30) == 0
+            out, err = finish(us)        # the run ends when its process has exited
+        finally:
+            stop(us)
+    finally:
+        for proc in (mine, other):
+            stop(proc)
+    return subprocess.CompletedProcess(us.args, us.returncode, out, header + err)
+
+
 def uprobe_hits(path) -> int:
     """How often the uprobes on the file PATH have fired (tracefs
     uprobe_profile: "PATH EVENT HITS"). On a private copy of a program

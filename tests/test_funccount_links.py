@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 
-from helpers import (build, finish, ok, private_copy, release, run_ustack, start_ustack,
-                     stop, wait_tracing)
+from helpers import (build, finish, ok, private_copy, release, run_attached_beside,
+                     run_ustack, start_ustack, stop, wait_tracing)
 
 from ustack.capture.bpf_funccount import uprobe_multi_supported
 
@@ -38,23 +38,10 @@ def test_only_the_process_asked_for_is_counted(tmp_path):
     """-p PID: that process's calls, none of another running the same
     binary at the same time."""
     prog = private_copy(build("branches"), tmp_path)
-    mine, other = waiting(prog, 3, 1), waiting(prog, 7, 7)
-    try:
-        us = start_ustack("funccount", f"{prog}:[lr]*", "-p", mine.pid,
-                          stdout=subprocess.PIPE)
-        try:
-            header = wait_tracing(us)
-            release(other)
-            assert other.wait(timeout=30) == 0
-            release(mine)
-            assert mine.wait(timeout=30) == 0
-            out, err = finish(us)        # the run ends when its process has exited
-        finally:
-            stop(us)
-    finally:
-        for proc in (mine, other):
-            stop(proc)
-    assert us.returncode == 0, header + err
+    res = run_attached_beside(waiting(prog, 3, 1), waiting(prog, 7, 7),
+                              "funccount", f"{prog}:[lr]*")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
     assert table(out) == {"leaf": 4, "left": 1, "right": 1}, out
 
 

@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
-from helpers import (build, finish, ok, parse_counts, parse_trace, private_copy, release,
-                     run_ustack, start_ustack, stop, wait_tracing)
+from helpers import (build, ok, parse_counts, parse_trace, private_copy, run_attached_beside,
+                     run_ustack)
 
 from ustack.capture.bpf_funccount import uprobe_multi_supported
 
@@ -87,25 +87,12 @@ def test_pid_scope_leaves_out_another_copy(tmp_path):
     process running the same binary at the same time."""
     prog = private_copy(build("many_funcs"), tmp_path)
     go = dict(stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    mine = subprocess.Popen([str(prog), "3", "-"], **go)
-    other = subprocess.Popen([str(prog), "7", "-"], **go)
-    try:
-        us = start_ustack("count", f"uprobe:{prog}:fn_*", "-p", mine.pid,
-                          stdout=subprocess.PIPE)
-        try:
-            header = wait_tracing(us)
-            release(other)
-            assert other.wait(timeout=30) == 0
-            release(mine)
-            assert mine.wait(timeout=30) == 0
-            out, err = finish(us)        # the run ends when its process has exited
-        finally:
-            stop(us)
-    finally:
-        for proc in (mine, other):
-            stop(proc)
-    assert us.returncode == 0, header + err
-    assert events_in(header) == FUNCS, header
+    res = run_attached_beside(subprocess.Popen([str(prog), "3", "-"], **go),
+                              subprocess.Popen([str(prog), "7", "-"], **go),
+                              "count", f"uprobe:{prog}:fn_*")
+    assert res.returncode == 0, res.stderr
+    assert events_in(res.stderr) == FUNCS, res.stderr
+    out = res.stdout
     assert leaf_counts(out) == expected(3)
 
 
