@@ -139,7 +139,7 @@ class BpfCapture(Capture):
             programs.result()
             events.result()
             self.counter.attach(self.events)
-            if getattr(self.counter, "ring", None) is not None:
+            if self.counter.ring is not None:
                 self.events.wake_on(self.counter.ring.fd)   # its records end the drain's wait
             if lazy:
                 from .lazy_rows import LazyRows

@@ -9,8 +9,7 @@ from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
 from ..probes.weight import as_s64
-from .bpf_unwind import (KernelUnwinder, RingChunk, count_ring_samples, deferral_ring_bytes,
-                         ring_samples)
+from .bpf_unwind import KernelUnwinder, RingChunk, deferral_ring_bytes, ring_samples
 
 
 class UnwindCountCapture(BpfCapture):
@@ -37,12 +36,6 @@ class UnwindCountCapture(BpfCapture):
         if counter is not None and not counter.trace:
             counter.spill()
         return chunks
-
-    def count_samples(self, chunk, start: int) -> int:
-        """BpfCapture's, but for the ring's records naming Python code objects."""
-        if not isinstance(chunk, self.ring_chunk):
-            return super().count_samples(chunk, start)
-        return count_ring_samples(chunk, start)
 
     def counted(self, reset: bool = False) -> list:
         """(RawSample, count) of every stack counted so far; a sample's time

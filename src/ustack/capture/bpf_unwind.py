@@ -682,17 +682,6 @@ def code_record(chunk: bytes, rec: int, n: int, python_code=None) -> bool:
     return True
 
 
-def count_ring_samples(chunk: bytes, offset: int) -> int:
-    """The samples of a RingChunk from `offset`, undecoded: one per record
-    but those naming Python code objects."""
-    n, end = 0, len(chunk)
-    while offset + RING_RECORD_HEADER + RECORD.size <= end:
-        if RECORD.unpack_from(chunk, offset + RING_RECORD_HEADER)[-1] != PYTHON_CODE:
-            n += 1
-        offset = ring_next(offset, _U32.unpack_from(chunk, offset)[0])
-    return n
-
-
 _support: dict = {}                  # probe kind -> None | why not (per process)
 
 
