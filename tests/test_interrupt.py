@@ -10,45 +10,28 @@ import os
 import re
 import select
 import signal
+import subprocess
 
 import pytest
 
-from helpers import (build, finish, private_copy, start_ustack, stop, uprobe_hits,
-                     ustack_lines, wait_tracing, wait_until)
+from helpers import (USTACK, USTACK_PIDS, build, finish, ok, popen_ustack, private_copy,
+                     run_ustack, start_ustack, stop, uprobe_hits, ustack_lines,
+                     wait_tracing, wait_until)
 
 # ~1,800 functions of libc (globs without IFUNCs): set-up takes tens of seconds
 LIBC_GLOBS = [f"uprobe:libc:{c}*" for c in "psfxcilrweamnouvbdhkqy"]
 
 
-def uprobe_links_of(pid: int) -> list:
-    """The uprobe_multi links process `pid` holds (its fds' fdinfo)."""
-    found = []
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fdinfo"):
-            try:
-                with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                    if "link_type:\tuprobe_multi" in f.read():
-                        found.append(fd)
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return found
-
-
 @pytest.mark.kernel
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
-@pytest.mark.parametrize("backend", ["auto", "perf"])
-def test_signal_during_setup_ends_the_run_unstarted(backend, sig, tmp_path):
-    # set-up is under way once the run's first probes are defined (perf)
-    # or its first uprobe_multi link is made (bpf: ~8 links of 256, made
-    # in well under a second: a run may be set up before the test looks)
-    started = ustack_lines if backend == "perf" else uprobe_links_of
+def test_signal_during_setup_ends_the_run_unstarted(sig, tmp_path):
+    """The perf backend defines ~2,000 probes one by one (seconds): the test
+    sees the first ones and stops the run while it is still setting up."""
     for attempt in range(10):
         ran = tmp_path / f"ran{attempt}"
-        us = start_ustack("count", *LIBC_GLOBS, "--backend", backend, "-c", f"touch {ran}")
+        us = start_ustack("count", *LIBC_GLOBS, "--backend", "perf", "-c", f"touch {ran}")
         try:
-            wait_until(lambda: started(us.pid) or us.poll() is not None,
+            wait_until(lambda: ustack_lines(us.pid) or us.poll() is not None,
                        timeout=60, what="the run's first uprobes")
             signalled = signalled_in_setup(us, sig)
         except BaseException:
@@ -63,15 +46,70 @@ def test_signal_during_setup_ends_the_run_unstarted(backend, sig, tmp_path):
     else:
         pytest.fail("every run was set up before the test could signal it")
     try:
-        err = finish(us, timeout=30)[1]
-        assert us.returncode == 130, err
-        assert err.splitlines() == ["ustack: interrupted while setting up: nothing was "
-                                    "traced"], err
-        assert not ran.exists(), "the -c command ran"
+        assert_ended_unstarted(us, ran)
         # a detached process closes what was opened (the kernel waits ~0.1 s
         # a probe) and removes the probe definitions last
         wait_until(lambda: not ustack_lines(us.pid), timeout=300,
                    what="the interrupted run's probes being removed")
+    finally:
+        stop(us)
+
+
+def assert_ended_unstarted(us, ran) -> None:
+    err = finish(us, timeout=30)[1]
+    assert us.returncode == 130, err
+    assert err.splitlines() == ["ustack: interrupted while setting up: nothing was "
+                                "traced"], err
+    assert not ran.exists(), "the -c command ran"
+
+
+def strace_ustack(log, *strace_args) -> tuple:
+    """strace (bpf(2) calls only, into `log`) running `python -m ustack`."""
+    return ("strace", "-o", log, "-e", "trace=bpf", *strace_args, *USTACK)
+
+
+def ustack_under(strace) -> int:
+    """The pid of the ustack process that strace runs (strace's one child):
+    the leak check judges what that process made."""
+    children = f"/proc/{strace.pid}/task/{strace.pid}/children"
+    wait_until(lambda: open(children).read().split(), timeout=10, what="strace's child")
+    pid = int(open(children).read().split()[0])
+    USTACK_PIDS.append(pid)
+    return pid
+
+
+@pytest.fixture(scope="module")
+def second_link_call(tmp_path_factory) -> int:
+    """The number of the bpf(2) call that makes a libc-glob run's second
+    uprobe_multi link, counted from the run's first: the sequence of calls
+    is the same in every run of the same command."""
+    log = tmp_path_factory.mktemp("strace") / "bpf"
+    ok(run_ustack("count", *LIBC_GLOBS, "--backend", "bpf", "-c", "true",
+                  cmd=strace_ustack(log), timeout=120))
+    calls = [line for line in log.read_text().splitlines() if line.startswith("bpf(")]
+    links = [n for n, line in enumerate(calls, 1) if line.startswith("bpf(BPF_LINK_CREATE")]
+    assert len(links) >= 2, "\n".join(calls)
+    return links[1]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_signal_between_bpf_links_ends_the_run_unstarted(sig, second_link_call, tmp_path):
+    """The bpf backend makes its ~8 uprobe_multi links in milliseconds: strace
+    sends the signal as the second one is made, the same moment every time,
+    and the links made are gone with the run."""
+    ran, log = tmp_path / "ran", tmp_path / "bpf"
+    inject = f"inject=bpf:signal={sig.name[3:]}:when={second_link_call}"
+    us = popen_ustack("count", *LIBC_GLOBS, "--backend", "bpf", "-c", f"touch {ran}",
+                      cmd=strace_ustack(log, "-e", inject),
+                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        ustack_pid = ustack_under(us)
+        assert_ended_unstarted(us, ran)
+        calls = log.read_text().splitlines()
+        signalled = next(n for n, line in enumerate(calls) if f"--- {sig.name} " in line)
+        assert calls[signalled - 1].startswith("bpf(BPF_LINK_CREATE"), calls[:signalled + 1]
+        assert not os.path.exists(f"/proc/{ustack_pid}")
     finally:
         stop(us)
 

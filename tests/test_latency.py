@@ -5,9 +5,12 @@ functions timed through their RET instructions, paired per goroutine.
 The durations (1.3/2.6/5.2/10.4 ms, 4.2/17 ms in Go) sit well inside
 their log2-millisecond buckets, and the targets run SCHED_FIFO (`chrt -f
 1`): on a loaded machine a normal task may wake late from a sleep, or be
-preempted between its own clock and a probe; a real-time one is not. The
-programs also time their calls themselves and write how many fell in
-each bucket, which ustack's histograms must match."""
+preempted between its own clock and a probe; a real-time one is not. A
+virtual machine may still stall even a real-time task for milliseconds
+(a 1.3 ms call once took over 8 ms in CI), so the programs time their
+calls themselves and write how many fell in each bucket: the program's
+own buckets, which see such a stall too, are what ustack's histograms
+must match."""
 from __future__ import annotations
 
 import re
@@ -25,12 +28,7 @@ TITLE = re.compile(r"^(\S+): count (\d+), min \S+, avg \S+, max \S+$")
 BUCKET = re.compile(r"^(\[[^)]*\))\s+(\d+) \|[@ ]*\|$")
 FRAME = re.compile(r"^  (\S+) \[(\S+)\]$")
 LIBC_TAIL = ["main", "__libc_start_call_main", "__libc_start_main", "_start"]
-NAPS = {"[1ms, 2ms)": 1, "[2ms, 4ms)": 1, "[4ms, 8ms)": 1, "[8ms, 16ms)": 1}
 FIFO = "chrt -f 1"
-
-
-def rounds_of(buckets: dict, rounds: int) -> dict:
-    return {label: n * rounds for label, n in buckets.items()}
 
 
 def parse_histograms(out: str) -> list[dict]:
@@ -48,6 +46,14 @@ def parse_histograms(out: str) -> list[dict]:
         elif line:
             raise AssertionError(f"unexpected line {line!r} in:\n{out}")
     return hists
+
+
+def added(*buckets: dict) -> dict:
+    total: dict = {}
+    for each in buckets:
+        for label, n in each.items():
+            total[label] = total.get(label, 0) + n
+    return total
 
 
 def measured(path: Path) -> dict:
@@ -82,7 +88,7 @@ def test_function_histogram_exact(prog, tmp_path, returns):
         in header
     (hist,) = parse_histograms(res.stdout)
     assert hist["event"] == f"uprobe:{prog}:nap" and hist["count"] == 4 * rounds
-    assert hist["buckets"] == measured(out) == rounds_of(NAPS, rounds)
+    assert hist["buckets"] == measured(out)
 
 
 def test_recursion_pairs_each_return_with_its_entry(prog, tmp_path):
@@ -94,7 +100,7 @@ def test_recursion_pairs_each_return_with_its_entry(prog, tmp_path):
                       "-c", f"{FIFO} {prog} go rec {rounds} {out}")
         (hist,) = parse_histograms(res.stdout)
         assert hist["count"] == 4 * rounds
-        assert hist["buckets"] == measured(out) == rounds_of(NAPS, rounds), res.stdout
+        assert hist["buckets"] == measured(out), res.stdout
 
 
 def test_syscall_latency_of_nanosleep(prog, tmp_path):
@@ -103,7 +109,7 @@ def test_syscall_latency_of_nanosleep(prog, tmp_path):
     res = latency("syscall:clock_nanosleep", "-c", f"{FIFO} {prog} go naps {rounds} {out}")
     (hist,) = parse_histograms(res.stdout)
     assert hist["event"] == "syscall:clock_nanosleep" and hist["count"] == 4 * rounds
-    assert hist["buckets"] == measured(out) == rounds_of(NAPS, rounds)
+    assert hist["buckets"] == measured(out)
 
 
 def test_syscall_latency_follows_a_commands_children(prog, tmp_path):
@@ -114,8 +120,7 @@ def test_syscall_latency_follows_a_commands_children(prog, tmp_path):
                   f"sh -c '{FIFO} {prog} go naps 1 {one}; {FIFO} {prog} go naps 1 {two}'")
     (hist,) = parse_histograms(res.stdout)
     assert hist["count"] == 8
-    assert measured(one) == measured(two) == NAPS
-    assert hist["buckets"] == rounds_of(NAPS, 2)
+    assert hist["buckets"] == added(measured(one), measured(two))
 
 
 def test_output_in_a_format_latency_does_not_write_is_refused(prog, tmp_path):
@@ -138,10 +143,11 @@ def test_by_stack_splits_by_caller(prog, tmp_path):
         (["nap", "long_naps", *LIBC_TAIL], 2 * rounds),
         (["nap", "short_naps", *LIBC_TAIL], 2 * rounds)]
     by_caller = {h["stack"][1]: h["buckets"] for h in hists}
-    assert by_caller == {"short_naps": {"[1ms, 2ms)": rounds, "[2ms, 4ms)": rounds},
-                         "long_naps": {"[4ms, 8ms)": rounds, "[8ms, 16ms)": rounds}}
-    merged = {**by_caller["short_naps"], **by_caller["long_naps"]}
-    assert merged == measured(out) == rounds_of(NAPS, rounds)
+    assert added(*by_caller.values()) == measured(out)
+    nominal = {"short_naps": {"[1ms, 2ms)": rounds, "[2ms, 4ms)": rounds},
+               "long_naps": {"[4ms, 8ms)": rounds, "[8ms, 16ms)": rounds}}
+    if measured(out) == added(*nominal.values()):     # no call was stalled
+        assert by_caller == nominal
 
 
 def test_by_stack_frame_pointers(tmp_path):
@@ -190,7 +196,7 @@ def test_attached_by_pid(prog, tmp_path):
         stop(target)
     (hist,) = parse_histograms(res.stdout)
     assert hist["count"] == 8
-    assert hist["buckets"] == measured(out) == rounds_of(NAPS, 2)
+    assert hist["buckets"] == measured(out)
 
 
 def test_go_goroutines_whose_stacks_move(tmp_path):
@@ -211,8 +217,7 @@ def test_go_goroutines_whose_stacks_move(tmp_path):
     assert out.read_text().splitlines().count(f"calls {goroutines * calls}") == 1
     (hist,) = parse_histograms(res.stdout)
     assert hist["count"] == goroutines * calls
-    half = goroutines * calls // 2                  # 4.2 ms and 17 ms, alternately
-    assert hist["buckets"] == measured(out) == {"[4ms, 8ms)": half, "[16ms, 32ms)": half}
+    assert hist["buckets"] == measured(out)
 
 
 def test_go_by_stack(tmp_path):
