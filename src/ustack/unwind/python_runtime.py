@@ -16,8 +16,6 @@ import os
 import re
 import struct
 
-from elftools.elf.elffile import ELFFile
-
 from ..model import Mapping, UstackError
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
@@ -206,6 +204,7 @@ def _read_facts(path: str):
         if f.read(4) != b"\x7fELF":
             return None
         f.seek(0)
+        from elftools.elf.elffile import ELFFile   # ~55 ms to import: Python runs only
         elf = ELFFile(f)
         symbols = _exported(elf, ("_PyRuntime", "Py_Version"))
         for name in (".dynsym", ".symtab"):
