@@ -64,7 +64,7 @@ def runs_on(python: str, mode: str, *runs) -> tuple:
 
 
 def profile(*args) -> tuple:
-    return ("profile", "-F", "199", "-d", "2", *args)
+    return ("profile", "-F", "199", "-d", "1", *args)
 
 
 def judge(stacks: list, facts: dict, full) -> tuple:
@@ -159,7 +159,7 @@ def test_copy_path_reads_the_sampled_threads_frames(version):
     """Three threads, each in its own function: a sample's Python frames
     are its own thread's (its PyThreadState found by the thread's id)."""
     ((perf, _err),), facts = runs_on(interpreter(version), "threads",
-                                     ("trace", "--backend", "perf", "-d", "2", "profile:hz:199"))
+                                     ("trace", "--backend", "perf", "-d", "1", "profile:hz:199"))
     seen = Counter()
     for s in perf:
         (frames, n), = chains([s], facts)
