@@ -203,11 +203,11 @@ def test_snapshots_when_stdout_is_not_a_terminal():
 
 
 def python_snapshots(*args) -> list:
-    """The tables of `ustack top -d 3 ARGS -p` a frames.py `sorted`: leaf
+    """The tables of `ustack top -d 2 ARGS -p` a frames.py `sorted`: leaf
     calls the builtin sorted(), which calls key_of, which calls spin."""
     proc, facts = start_python("sorted")
     try:
-        res = run_ustack("top", "-d", "3", *args, "-p", str(facts["pid"]), timeout=60)
+        res = run_ustack("top", "-d", "2", *args, "-p", str(facts["pid"]), timeout=60)
     finally:
         proc.stdin.close()
         stop(proc)
