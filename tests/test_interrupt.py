@@ -11,6 +11,8 @@ import re
 import select
 import signal
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -132,40 +134,87 @@ def signalled_in_setup(us, sig) -> bool:
             os.kill(us.pid, signal.SIGCONT)
 
 
-@pytest.mark.kernel
-@pytest.mark.parametrize("ending", ["SIGINT", "-d"])
-@pytest.mark.parametrize("backend", ["perf", "bpf"])
-def test_signal_at_a_high_rate_drops_the_backlog(backend, ending, tmp_path):
-    """A probe in a tight loop fires faster than stacks are printed: a
-    backlog builds up. SIGINT, or the end of -d, leaves a fraction of a
-    second to what was sent, drops the rest, says how many events that
-    was, and ends the command."""
+def start_high_rate_trace(backend, tmp_path, *extra, stdout=subprocess.DEVNULL):
+    """A trace of a probe in a tight loop: it fires faster than stacks are
+    printed, so a backlog builds up."""
     prog = private_copy(build("chain"), tmp_path)
     # perf: frame pointers, cheap per event in the kernel, slow to print
     fp = ["--unwind", "fp"] if backend == "perf" else []
-    duration = ["-d", "3"] if ending == "-d" else []
-    us = start_ustack("trace", f"uprobe:{prog}:d", "--backend", backend, *fp, *duration,
-                      "-c", f"{prog} {10 ** 12}")
+    us = start_ustack("trace", f"uprobe:{prog}:d", "--backend", backend, *fp, *extra,
+                      "-c", f"{prog} {10 ** 12}", stdout=stdout)
+    wait_tracing(us)
+    return us, prog
+
+
+def assert_ended_and_said(us, prog, dropped_lines: tuple) -> str:
+    """The run ended the command and said in one line of each kind what
+    did not reach the output: kernel losses, events dropped unread."""
+    err = finish(us, timeout=30)[1]
+    assert us.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert f"{prog} (PID " in err and err.rstrip().endswith("was ended with the run"), err
+    lost = [line for line in err.splitlines() if line.startswith("Lost ")]
+    assert len(lost) <= 1 and all(re.fullmatch(
+        r"Lost [1-9]\d* events: the \w+ buffer was full \(try --buffer-pages \d+\)",
+        line) for line in lost), err
+    dropped = [line for line in err.splitlines() if "dropped unread" in line]
+    assert len(dropped) in dropped_lines and all(re.fullmatch(
+        r"[1-9]\d* events were dropped unread: the run was asked to end while they "
+        r"waited to be read", line) for line in dropped), err
+    assert ustack_lines(us.pid) == []
+    return err
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["perf", "bpf"])
+def test_signal_at_a_high_rate_drops_the_backlog(backend, tmp_path):
+    """SIGINT leaves a fraction of a second to what was sent, drops the
+    rest, says how many events that was (the reader may have kept up, or
+    emptied its backlog within the grace time), and ends the command."""
+    us, prog = start_high_rate_trace(backend, tmp_path)
     try:
-        wait_tracing(us)
-        if ending == "SIGINT":
-            wait_until(lambda: uprobe_hits(prog) >= 1_000_000, timeout=120,
-                       what="1,000,000 hits of d")
-            us.send_signal(signal.SIGINT)
-        err = finish(us, timeout=30)[1]
-        assert us.returncode == 0, err
-        assert "Traceback" not in err, err
-        assert f"{prog} (PID " in err and err.rstrip().endswith("was ended with the run"), err
-        # what did not reach the output is said in one line of each kind (the
-        # reader may have kept up, or emptied its backlog within the grace time)
-        lost = [line for line in err.splitlines() if line.startswith("Lost ")]
-        assert len(lost) <= 1 and all(re.fullmatch(
-            r"Lost [1-9]\d* events: the \w+ buffer was full \(try --buffer-pages \d+\)",
-            line) for line in lost), err
-        dropped = [line for line in err.splitlines() if "dropped unread" in line]
-        assert len(dropped) <= 1 and all(re.fullmatch(
-            r"[1-9]\d* events were dropped unread: the run was asked to end while they "
-            r"waited to be read", line) for line in dropped), err
-        assert ustack_lines(us.pid) == []
+        wait_until(lambda: uprobe_hits(prog) >= 1_000_000, timeout=120,
+                   what="1,000,000 hits of d")
+        us.send_signal(signal.SIGINT)
+        assert_ended_and_said(us, prog, dropped_lines=(0, 1))
+    finally:
+        stop(us)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("backend", ["perf", "bpf"])
+def test_end_of_duration_reads_every_event_sent(backend, tmp_path):
+    """-d: the events stop on time and all that was sent is read, however
+    long its backlog takes: nothing is dropped unread."""
+    us, prog = start_high_rate_trace(backend, tmp_path, "-d", "1")
+    try:
+        assert_ended_and_said(us, prog, dropped_lines=(0,))
+    finally:
+        stop(us)
+
+
+@pytest.mark.kernel
+def test_signal_while_the_duration_backlog_is_read(tmp_path):
+    """Ctrl-C while a -d run reads the backlog of its time ends it within
+    a second, the rest dropped and counted. Its output goes to a pipe read
+    at ~400 KB/s: a second of events takes minutes to print."""
+    read_end, write_end = os.pipe()
+    us, prog = start_high_rate_trace("perf", tmp_path, "-d", "1", stdout=write_end)
+    os.close(write_end)
+
+    def read_slowly():
+        with open(read_end, "rb", buffering=0) as pipe:
+            while pipe.read(4096):
+                time.sleep(0.01)
+    threading.Thread(target=read_slowly, daemon=True).start()
+    try:
+        wait_until(lambda: uprobe_hits(prog) >= 200_000, timeout=120,
+                   what="200,000 hits of d")
+        time.sleep(1.2)                 # its -d time is up: the backlog is being read
+        assert us.poll() is None, "the backlog was read before the test could signal"
+        signalled = time.monotonic()
+        us.send_signal(signal.SIGINT)
+        assert_ended_and_said(us, prog, dropped_lines=(1,))
+        assert time.monotonic() - signalled < 5
     finally:
         stop(us)

@@ -232,8 +232,8 @@ class Session:
     def stop(self) -> None:
         """End the run at the next check (safe from a signal handler): while
         it is being set up, set-up gives up (open() raises Interrupted);
-        while it runs, what the kernel sent is decoded for STOP_S more, the
-        rest dropped and counted (as at the end of -d)."""
+        while it runs, or reads what it sent in its -d time, what the kernel
+        sent is decoded for STOP_S more, the rest dropped and counted."""
         self._stop_requested = True
         self.interrupt.request()
 
@@ -272,9 +272,9 @@ class Session:
         pieces() starts it if nobody did; the CLI does it right after the
         header, before importing what reports and names stacks."""
         if self._stream is None:
-            self._stream = Stream(self.capture, self._excluded_pids())
             self._deadline = (time.monotonic() + self.opts.duration
                               if self.opts.duration else None)
+            self._stream = Stream(self.capture, self._excluded_pids(), self._deadline)
             self._stream.start()
 
     def pieces(self):
@@ -290,10 +290,18 @@ class Session:
                                            time.monotonic() >= deadline)
             if cut or self.target.wait():
                 break
-        # ended by Ctrl-C or -d: a backlog is decoded for STOP_S, the rest
-        # dropped and counted, so the run ends within a second however busy
-        # its target; a target that ended has all of what it sent read
-        rest = stream.rest_within(STOP_S) if cut else stream.rest()
+        # ended by Ctrl-C: a backlog is decoded for STOP_S, the rest dropped
+        # and counted, so the run ends within a second however busy its
+        # target. Ended by -d: what was sent in its time is all read (a cold
+        # whole-machine profile's rows are built as it goes: half its samples
+        # waited), unless Ctrl-C comes meanwhile. A target that ended has all
+        # of what it sent read.
+        if not cut:
+            rest = stream.rest()
+        elif self._stop_requested:
+            rest = stream.rest_within(STOP_S)
+        else:
+            rest = stream.rest_within(STOP_S, asked_to_end=lambda: self._stop_requested)
         for piece in rest:
             yield self._applied(piece)
         self._whole = not self.capture.counts_in_kernel    # else: once counted() is read

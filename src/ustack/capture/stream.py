@@ -26,9 +26,10 @@ class _Drainer(threading.Thread):
     for the kernel buffers to overflow. poll() releases the GIL, and Python
     hands the GIL over every few ms, so this thread keeps up."""
 
-    def __init__(self, capture):
+    def __init__(self, capture, ends_at: float | None = None):
         super().__init__(name="ustack-drain", daemon=True)
         self.capture = capture
+        self.ends_at = ends_at             # -d: the events stop then, here
         self.queue: deque = deque()        # [batch, offsets]
         self.bytes = 0
         self.ready = threading.Event()
@@ -38,6 +39,12 @@ class _Drainer(threading.Thread):
     def run(self) -> None:
         wait = DRAIN_POLL_MS
         while not self._stop_flag.is_set():
+            if self.ends_at is not None and time.monotonic() >= self.ends_at:
+                # on time, whatever the decoding thread is busy with (a cold
+                # run builds an object's rows for seconds): what was sent
+                # until now is read by Stream.rest_within()
+                self.capture.stop()
+                return
             if self.bytes >= BACKLOG_LIMIT:
                 time.sleep(0.005)          # let the kernel count what is lost
                 continue
@@ -72,12 +79,13 @@ class _Drainer(threading.Thread):
 
 class Stream:
     """Pieces of one capture: `follow` while the run lasts, then `rest`.
-    Samples of the processes in `exclude_pids` are left out."""
+    Samples of the processes in `exclude_pids` are left out; at `ends_at`
+    (time.monotonic(), -d) the events stop."""
 
-    def __init__(self, capture, exclude_pids=frozenset()):
+    def __init__(self, capture, exclude_pids=frozenset(), ends_at: float | None = None):
         self.capture = capture
         self.exclude_pids = frozenset(exclude_pids)
-        self._drainer = _Drainer(capture)
+        self._drainer = _Drainer(capture, ends_at)
         self.dropped_samples = 0         # see rest_within()
 
     def start(self) -> None:
@@ -143,15 +151,24 @@ class Stream:
                     break
                 yield from self._pieces(batch, [0] * len(batch))
 
-    def rest_within(self, budget: float):
+    def rest_within(self, budget: float, asked_to_end=None):
         """rest() for a run asked to end: what was sent and is not read
         yet is decoded for `budget` seconds (the consumer's time included);
         what is left then is counted (self.dropped_samples), not decoded
-        nor reported, so the run ends at once however long its backlog."""
+        nor reported, so the run ends at once however long its backlog.
+        With `asked_to_end` (a run whose time is up), all of it is decoded
+        unless asked_to_end() turns true: then `budget` seconds more."""
         self._drainer.finish()
         self.capture.stop()
-        deadline = time.monotonic() + budget
         queue = self._drainer.queue
+        deadline = [None if asked_to_end else time.monotonic() + budget]
+
+        def within() -> bool:
+            if deadline[0] is None:
+                if not asked_to_end():
+                    return True
+                deadline[0] = time.monotonic() + budget
+            return time.monotonic() < deadline[0]
 
         def batches():
             while queue:
@@ -163,7 +180,7 @@ class Stream:
                 yield batch, [0] * len(batch)
 
         for batch, offsets in batches():
-            while time.monotonic() < deadline:
+            while within():
                 piece, done = self._piece(batch, offsets)
                 yield piece
                 if done:

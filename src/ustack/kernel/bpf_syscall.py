@@ -726,8 +726,10 @@ class RingBuf:
         """Read only what was written until now: the programs feeding the
         ring keep running after their perf events are disabled (a program
         on a trace event runs whatever the event's state), so a busy target
-        would otherwise keep the last read from ever ending."""
-        self._end = self._u64.unpack_from(self._prod, 0)[0]
+        would otherwise keep the last read from ever ending. The first
+        call holds (a run's time up, then its reading of the rest)."""
+        if self._end is None:
+            self._end = self._u64.unpack_from(self._prod, 0)[0]
 
     def read(self, most: int = 1 << 62) -> bytes:
         """The records written since the last read, as the ring lays them
