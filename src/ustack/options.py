@@ -39,6 +39,7 @@ class Options:
     unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too
     python: bool = True                    # --no-python: no Python frames in native stacks
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
+    every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
 
     @property
     def runs_as(self) -> str:

@@ -151,6 +151,14 @@ def add_profile(sub) -> None:
     backend_arg(p, "perf", "bpf")
     count_args(p)
     record_arg(p)
+    p.add_argument("--every", type=seconds, metavar="SECONDS",
+                   help="continuous profiling: a pprof file per SECONDS (30 or 30s) "
+                        "into the directory -o DIR/ names, until Ctrl-C or -d")
+
+
+def seconds(text: str) -> float:
+    """30, 30s, 0.5: seconds (argparse says which option when this fails)."""
+    return float(text[:-1] if text.endswith("s") else text)
 
 
 def add_top(sub) -> None:

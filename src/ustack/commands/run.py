@@ -3,6 +3,7 @@ header line, Ctrl-C, the report, the summary. The CLI's runner, and the
 first user of the Session API."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -17,6 +18,7 @@ from ..output import check_destination
 from ..report.output import choose_format, open_output
 from ..report.progress import Progress
 from ..report.summary import write_summary
+from .every import check_every, open_every_directory, write_every
 from ..session import Session
 
 
@@ -50,6 +52,8 @@ def main(args) -> int:
     if args.cmd == "profile":
         check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
+        check_every(args.every, args.output, args.format, args.record)
+        opts.every = args.every
     elif args.cmd == "funccount":
         if args.tid or args.comm:
             raise UstackError("funccount counts calls in the kernel per function: "
@@ -79,6 +83,8 @@ def main(args) -> int:
 
 def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stderr) -> int:
     """Run `opts`; results to `out`, else to -o's file, else stdout."""
+    if opts.every is not None:
+        return _run_every(opts, err)
     fmt = _output_format(opts)
 
     def report(session: Session, progress: Progress) -> int | None:
@@ -93,6 +99,16 @@ def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stde
             return _count(session, stream, fmt)
 
     return run_session(opts, report, err)[0]
+
+
+def _run_every(opts: Options, err: TextIOBase) -> int:
+    """profile --every: a pprof file per interval into -o's directory."""
+    dir_fd = open_every_directory(opts.output_path)
+    try:
+        return run_session(opts, lambda session, _progress: write_every(
+            session, dir_fd, opts.every), err)[0]
+    finally:
+        os.close(dir_fd)
 
 
 def run_session(opts: Options, body, err: TextIOBase = sys.stderr,
@@ -211,9 +227,12 @@ def _header(session: Session, err: TextIOBase) -> None:
     labels = ", ".join(session.labels[:3])
     if len(session.labels) > 3:
         labels += f", … ({len(session.labels)} events)"
+    every = session.opts.every
     note = "; ".join(n for n in (session.capture.unwind_note,
                                  getattr(session.capture, "reach_note", ""),
-                                 _without_root(session.plan), session.jit_hint) if n)
+                                 _without_root(session.plan), session.jit_hint,
+                                 every and f"a pprof file every {every:g} s into "
+                                           f"{session.opts.output_path}") if n)
     print(f"Tracing {labels} in {session.target.description} "
           f"[backend {session.plan.backend}, unwind {session.plan.unwind}"
           f"{'; ' + note if note else ''}]"

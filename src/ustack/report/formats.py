@@ -60,6 +60,9 @@ class ReportContext:
     value_unit: str | None = None
     # count --weight: a count is the sum of this argument (probes.weight.Weight)
     weight: object | None = None
+    # profile --every: the interval's length and lines said about it (pprof)
+    duration_ns: int = 0
+    comments: tuple = ()
 
     @property
     def timed(self) -> bool:

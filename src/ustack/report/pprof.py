@@ -24,7 +24,9 @@
   binary): the object named like the process.
 - time_nanos: when the report was made ready to take stacks, i.e. the
   run's start when the report is made first (Parca files a profile under
-  this time); the command line as a comment."""
+  this time); the command line as a comment. `profile --every`: each
+  file's time_nanos and duration_nanos are its interval's, and comments
+  say what ustack itself cost over it."""
 from __future__ import annotations
 
 import gzip
@@ -88,6 +90,8 @@ class _Builder:
         self.frequency = getattr(context, "frequency", None)
         self.events = tuple(getattr(context, "events", ()))
         self.title = getattr(context, "title", "")
+        self.comments = tuple(getattr(context, "comments", ()))
+        self.duration_ns = getattr(context, "duration_ns", 0)
         self.timed = is_timed(context)
         self.bytes = getattr(context, "value_unit", None) == "bytes"
         self.weight = weight_of(context)
@@ -134,8 +138,11 @@ class _Builder:
             if notes:
                 sample.label.add(key=self.s("note"), str=self.s("; ".join(notes)))
         self._mappings()
-        if self.title:
-            self.p.comment.append(self.s(self.title))
+        for line in (self.title, *self.comments):
+            if line:
+                self.p.comment.append(self.s(line))
+        if self.duration_ns:
+            self.p.duration_nanos = self.duration_ns
         return self.p
 
     # -- header -------------------------------------------------------------

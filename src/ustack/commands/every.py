@@ -1,0 +1,106 @@
+"""`ustack profile --every SECONDS -o DIR/`: continuous profiling, one
+pprof file per interval in DIR (what Pyroscope, Parca and Grafana take
+in), named by the interval's start in UTC so the names sort in time, each
+written whole through output.py. Each file says in its comments what
+ustack itself cost over its interval (CPU, memory): the profiler's own
+weight is on record beside what it measured."""
+from __future__ import annotations
+
+import io
+import os
+import resource
+import time
+
+from ..model import UstackError
+from ..output import make_directory, open_directory, write_bytes_at
+from ..report.formats import run_context
+from ..report.pprof import PprofReport
+from ..values import replace
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def check_every(seconds: float | None, output: str | None, fmt: str | None,
+                record: str | None) -> None:
+    """--every's one-line refusals, before anything is attached."""
+    if seconds is None:
+        return
+    if seconds <= 0:
+        raise UstackError("--every must be a positive number of seconds")
+    if not output or output == "-":
+        raise UstackError("--every writes a pprof file per interval: name their "
+                          "directory with -o DIR/")
+    if fmt not in (None, "pprof"):
+        raise UstackError(f"--every writes pprof files, not {fmt}")
+    if record:
+        raise UstackError("--every writes pprof files; it is not recorded (drop --record)")
+
+
+def open_every_directory(path: str) -> int:
+    """A descriptor of -o's directory, made when it does not exist; never
+    a link."""
+    label = f"-o {path}"
+    target = path.rstrip("/") or "/"
+    if os.path.lexists(target):
+        if not os.path.isdir(target) or os.path.islink(target):
+            raise UstackError(f"{label} is not a directory: --every writes a file "
+                              "per interval into one")
+        return open_directory(target, label, nofollow=True)
+    return make_directory(target, label)
+
+
+class _OwnCost:
+    """ustack's own CPU time and memory, interval by interval."""
+
+    def __init__(self):
+        self._cpu = self._cpu_now()
+
+    @staticmethod
+    def _cpu_now() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    def since_last(self, seconds: float) -> tuple:
+        """Comment lines on the CPU used since the last call, over `seconds`."""
+        cpu, self._cpu = self._cpu_now() - self._cpu, self._cpu_now()
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * _PAGE >> 20
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+        share = 100 * cpu / seconds if seconds > 0 else 0.0
+        cpus = os.cpu_count() or 1
+        return (f"ustack's own CPU: {cpu:.3f} s over {seconds:.3f} s ({share:.2f} % of one "
+                f"CPU, {share / cpus:.2f} % of the machine's {cpus})",
+                f"ustack's memory: {resident} MB resident, at most {peak} MB")
+
+
+def file_name(start_ns: int) -> str:
+    """profile-20261127T041500.123Z.pb.gz: the interval's start, UTC."""
+    seconds, ns = divmod(start_ns, 1_000_000_000)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(seconds))
+    return f"profile-{stamp}.{ns // 1_000_000:03d}Z.pb.gz"
+
+
+def write_every(session, dir_fd: int, seconds: float) -> int:
+    """A pprof file per interval of `seconds` (the last one when the run
+    ends, however short); returns the number of samples written."""
+    opts = session.opts
+    base = run_context("profile", session.labels, session.probes[0].hz)
+    cost = _OwnCost()
+    start_ns, started = time.time_ns(), time.monotonic()
+    samples = 0
+    for counts in session.interval_counts(seconds):
+        now_ns, now = time.time_ns(), time.monotonic()
+        context = replace(base, start_ns=start_ns, duration_ns=now_ns - start_ns,
+                          comments=cost.since_last(now - started))
+        report = PprofReport(opts.per_pid, opts.offsets, context)
+        for counted in counts:
+            report.add(counted)
+            samples += counted.count
+        data = io.BytesIO()
+        report.finish(data)
+        try:
+            write_bytes_at(dir_fd, file_name(start_ns), [data.getvalue()], mode=0o666)
+        except OSError as e:
+            raise UstackError(f"-o {opts.output_path}: {e.strerror}") from None
+        start_ns, started = now_ns, now
+    return samples

@@ -1,0 +1,91 @@
+"""`ustack profile --every SECONDS -o DIR/`: continuous profiling, a pprof
+file per interval, read back by `go tool pprof` as Pyroscope or Parca
+would take them in: one interval after another, together the samples of
+one profile of the same run, each saying what ustack itself cost."""
+from __future__ import annotations
+
+import re
+import signal
+
+import pytest
+
+from helpers import build, finish, pprof, run_ustack, start_ustack, stop, wait_tracing
+
+pytestmark = pytest.mark.kernel
+
+NAME = re.compile(r"profile-\d{8}T\d{6}\.\d{3}Z\.pb\.gz")
+COST = re.compile(r"ustack's own CPU: (\d+\.\d+) s over (\d+\.\d+) s \(\d+\.\d+ % of one "
+                  r"CPU, \d+\.\d+ % of the machine's \d+\)")
+
+
+def test_a_pprof_per_interval_adds_up_to_the_profile(tmp_path):
+    """busy spins 2.5 s of CPU: at 99 Hz ~247 samples in all, spread over
+    one file per second, each a profile of its own second."""
+    busy, out = build("busy"), tmp_path / "profiles"
+    res = run_ustack("profile", "-F", "99", "--every", "1s", "-o", f"{out}/",
+                     "-c", f"{busy} 2.5", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert f"a pprof file every 1 s into {out}/" in res.stderr.splitlines()[0]
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) >= 3 and all(NAME.fullmatch(n) for n in names), names
+    total = 0
+    for name in names:
+        top = pprof("-top", out / name)
+        comments = pprof("-raw", out / name)
+        cost = COST.search(comments)
+        assert cost and "ustack's memory: " in comments, comments[:400]
+        assert float(cost.group(2)) > 0
+        rows = [line.split() for line in top.splitlines() if line.strip().endswith("spin_here")]
+        samples = re.search(r"Total samples = ([\d.]+)(ms|s)", top)
+        ms = float(samples.group(1)) * (1000 if samples.group(2) == "s" else 1) if samples else 0
+        total += round(ms / (1000 / 99))
+        if name != names[-1]:
+            assert rows, top                    # spinning the whole second
+    assert 0.85 * 247 <= total <= 1.1 * 247, total
+
+
+def test_ctrl_c_writes_the_interval_under_way(tmp_path):
+    busy, out = build("busy"), tmp_path / "profiles"
+    us = start_ustack("profile", "-F", "99", "--every", "600", "-o", f"{out}/",
+                      "-c", f"{busy} 60")
+    try:
+        wait_tracing(us)
+        us.send_signal(signal.SIGINT)
+        err = finish(us)[1]
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    (only,) = list(out.iterdir())
+    assert NAME.fullmatch(only.name)
+    pprof("-top", only)
+
+
+def test_into_an_existing_directory_beside_other_files(tmp_path):
+    """A directory the user made (an agent's drop box): other files stay."""
+    (tmp_path / "keep.txt").write_text("mine")
+    res = run_ustack("profile", "--every", "5", "-d", "0.5", "-o", str(tmp_path),
+                     "-c", "true")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "keep.txt").read_text() == "mine"
+    assert len([p for p in tmp_path.iterdir() if NAME.fullmatch(p.name)]) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--every", "0", "-o", "{d}/"), "ustack: --every must be a positive number of seconds"),
+    (("--every", "10"), "ustack: --every writes a pprof file per interval: name their "
+                        "directory with -o DIR/"),
+    (("--every", "10", "-f", "folded", "-o", "{d}/"), "ustack: --every writes pprof files, "
+                                                       "not folded"),
+    (("--every", "10", "--record", "{d}/r.data", "-o", "{d}/"),
+     "ustack: --every writes pprof files; it is not recorded (drop --record)"),
+    (("--every", "10", "-o", "{d}/file"), "ustack: -o {d}/file is not a directory: --every "
+                                          "writes a file per interval into one"),
+    (("--every", "ten", "-o", "{d}/"), "ustack: argument --every: invalid seconds value: "
+                                       "'ten' (see `ustack profile --help`)"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    (tmp_path / "file").write_text("")
+    res = run_ustack("profile", *(a.format(d=tmp_path) for a in args), "-c", "true")
+    assert res.returncode in (1, 2) and res.stdout == ""
+    assert res.stderr == message.format(d=tmp_path) + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
