@@ -308,12 +308,14 @@ class BpfCounter:
     def counted(self, reset: bool = False) -> list:
         """The count map's entries (stack counting)."""
         out, key = [], count_key()
-        for k, v in self.counts.items():
+        pairs = ((k, self.counts.take(k)) for k in self.counts.keys()) if reset \
+            else self.counts.items()
+        for k, v in pairs:
+            if v is None:
+                continue
             pid_tgid, probe, ustack, kstack, word = key.unpack(k)
             out.append(Counted(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, probe,
                                ustack, kstack, word, _U64.unpack(v)[0]))
-            if reset:
-                self.counts.delete(k)
         return out
 
     def stack_bytes(self, stack_id: int) -> bytes:

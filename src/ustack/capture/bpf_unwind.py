@@ -511,15 +511,17 @@ class KernelUnwinder(BpfCounter):
         stack counted; a stack cut short ends with its reason's marker."""
         found: dict = {}
         out = []
-        for k, v in self.unwind_maps.counts.items():
+        counts = self.unwind_maps.counts
+        pairs = ((k, counts.take(k)) for k in counts.keys()) if reset else counts.items()
+        for k, v in pairs:
+            if v is None:
+                continue
             pid_tgid, probe, kstack, h = COUNT_KEY.unpack(k)
             chain = found.get(h)
             if chain is None:
                 chain = found[h] = self._chain(h)
             out.append((pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, probe, chain, kstack,
                         _U64.unpack(v)[0]))
-            if reset:
-                self.unwind_maps.counts.delete(k)
         return out
 
     def _chain(self, h: int) -> bytes:

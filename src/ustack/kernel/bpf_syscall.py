@@ -23,6 +23,7 @@ NR_BPF = 321                      # x86-64
 # commands
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM = 0, 1, 2, 3
 MAP_GET_NEXT_KEY, PROG_LOAD = 4, 5
+MAP_LOOKUP_AND_DELETE_ELEM = 21
 MAP_UPDATE_BATCH = 26
 
 OBJ_GET_INFO_BY_FD = 15
@@ -360,6 +361,19 @@ class Map:
                 if e.errno != errno.EINTR or attr.count == 0:
                     raise UstackError(f"cannot fill a BPF map: {e.strerror}")
             done += attr.count
+
+    def take(self, key: bytes):
+        """The value of `key`, removed in the same step (a hash map: Linux
+        5.14+), or None if absent: a count read then deleted would lose
+        what the programs added between the two calls."""
+        vbuf = ctypes.create_string_buffer(self.value_size)
+        try:
+            self._elem(MAP_LOOKUP_AND_DELETE_ELEM, key, vbuf)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+        return vbuf.raw
 
     def delete(self, key: bytes) -> None:
         try:
