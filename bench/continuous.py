@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from whole_machine import JS_LOOP, PY_LOOP, REPO, measured  # noqa: E402
+from whole_machine import REPO, measured, start_busy  # noqa: E402
 
 
 def main() -> None:
@@ -33,10 +33,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--seconds", type=int, default=60)
     args = ap.parse_args()
-    python = shutil.which("python3.11") or sys.executable
-    busy = [subprocess.Popen([python, "-c", PY_LOOP])]
-    if shutil.which("node"):
-        busy.append(subprocess.Popen(["node", "-e", JS_LOOP]))
+    busy = start_busy()
     cache = tempfile.mkdtemp(prefix="ustack-cache-")
     env = dict(os.environ, USTACK_CACHE_DIR=cache, PYTHONPATH=str(REPO / "src"))
     comments: list = []

@@ -60,14 +60,20 @@ def ustack(cache: str) -> tuple:
                          "-o", f"{out}/x.folded"], env)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args()
+def start_busy() -> list:
+    """The busy CPython loop, and node's where node is installed."""
     python = shutil.which("python3.11") or sys.executable
     busy = [subprocess.Popen([python, "-c", PY_LOOP])]
     if shutil.which("node"):
         busy.append(subprocess.Popen(["node", "-e", JS_LOOP]))
+    return busy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    busy = start_busy()
     warm = tempfile.mkdtemp(prefix="ustack-warm-")
     tools: dict = {
         "ustack cold": lambda: ustack(tempfile.mkdtemp(prefix="ustack-cold-")),

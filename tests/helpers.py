@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+from collections import Counter
 import select
 import shutil
 import signal
@@ -1208,6 +1209,23 @@ DEBIAN_PYTHON = "/usr/bin/python3.11"
 # CPU time, so fewer samples in its seconds
 MIN_SAMPLES = 40
 EVAL = "_PyEval_EvalFrameDefault"
+
+
+def natives_between_leaf_and_key(chained) -> Counter:
+    """(py, native) frame lists with counts (chains()) of the `sorted`
+    program: the native frames between leaf and the key function sorted()
+    calls back, counted; and none of the eval loop's C frames left above a
+    Python frame (each that ran one gave way to it)."""
+    between = Counter()
+    for frames, n in chained:
+        seq = [py or "" for py, _ in frames]
+        if "leaf" in seq and "key_of" in seq:
+            i, j = seq.index("leaf"), seq.index("key_of")
+            between[tuple(native for py, native in frames[i + 1:j])] += n
+        last_python = max((k for k, (py, _) in enumerate(frames) if py), default=0)
+        assert not any(native == EVAL for _py, native in frames[:last_python]), \
+            f"an eval frame was left above a Python frame: {frames}"
+    return between
 
 
 def pyenv_python(version: str) -> str:

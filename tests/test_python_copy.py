@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, TAILS, chains, finish, popen_ustack,
+from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, TAILS, chains, finish,
+                     natives_between_leaf_and_key, popen_ustack,
                      pyenv_python, python_only, start_waiting, stop)
 from helpers import PY_CHAIN as CHAIN
 from ustack.model import python_frame_word
@@ -138,14 +139,7 @@ def test_copy_path_keeps_c_frames_between(version):
     full = ends_with(TAILS["sorted"])
     assert_whole(perf, facts, lambda frames: full(frames) or python_only(frames) == CHAIN + [
         "key_of"], at_least=0.4)
-    between = Counter()
-    for frames, n in chains(perf, facts):
-        seq = [py or "" for py, _ in frames]
-        if "leaf" in seq and "key_of" in seq:
-            i, j = seq.index("leaf"), seq.index("key_of")
-            between[tuple(native for py, native in frames[i + 1:j])] += n
-        last_python = max((k for k, (py, _) in enumerate(frames) if py), default=0)
-        assert not any(native == EVAL for _py, native in frames[:last_python]), frames
+    between = natives_between_leaf_and_key(chains(perf, facts))
     (natives, _n), = between.most_common(1)
     assert natives and EVAL not in natives, between.most_common(3)
     if not version.startswith("/"):        # Debian's stripped python names no static function

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, PROG, TAILS, chains, finish,
+from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, natives_between_leaf_and_key, PROG, TAILS, chains, finish,
                      popen_ustack, pyenv_python, python_only, start_ustack, start_waiting,
                      stop, wait_tracing)
 from helpers import PY_CHAIN as CHAIN
@@ -155,15 +155,7 @@ def test_sorted_as_py_spy_sees_it_with_its_c_frame_between(tmp_path, version):
     stacks, facts = run_program(tmp_path, python, "sorted")
     assert facts["version"] == [int(x) for x in version.split(".")]
     assert_share(stacks, facts, full_chain(TAILS["sorted"]))
-    between = Counter()
-    for frames, n in chains(stacks, facts):
-        seq = [py or "" for py, _ in frames]
-        if "leaf" in seq and "key_of" in seq:
-            i, j = seq.index("leaf"), seq.index("key_of")
-            between[tuple(native for py, native in frames[i + 1:j])] += n
-        last_python = max((k for k, (py, _) in enumerate(frames) if py), default=0)
-        assert not any(native == EVAL for _py, native in frames[:last_python]), \
-            f"an eval frame was left above a Python frame: {frames}"
+    between = natives_between_leaf_and_key(chains(stacks, facts))
     (natives, _n), = between.most_common(1)
     assert "builtin_sorted" in natives, between.most_common(3)
     ours = Counter()

@@ -316,11 +316,11 @@ class Map:
                         ctypes.addressof(value) if value is not None else 0, flags)
         return _bpf(cmd, attr)
 
-    def _lookup_into(self, key: bytes, size: int) -> bytes | None:
+    def _lookup_into(self, key: bytes, size: int, cmd: int = MAP_LOOKUP_ELEM) -> bytes | None:
         """The `size` bytes the kernel gives for `key`, or None if absent."""
         vbuf = ctypes.create_string_buffer(size)
         try:
-            self._elem(MAP_LOOKUP_ELEM, key, vbuf)
+            self._elem(cmd, key, vbuf)
         except OSError as e:
             if e.errno == errno.ENOENT:
                 return None
@@ -366,14 +366,7 @@ class Map:
         """The value of `key`, removed in the same step (a hash map: Linux
         5.14+), or None if absent: a count read then deleted would lose
         what the programs added between the two calls."""
-        vbuf = ctypes.create_string_buffer(self.value_size)
-        try:
-            self._elem(MAP_LOOKUP_AND_DELETE_ELEM, key, vbuf)
-        except OSError as e:
-            if e.errno == errno.ENOENT:
-                return None
-            raise
-        return vbuf.raw
+        return self._lookup_into(key, self.value_size, MAP_LOOKUP_AND_DELETE_ELEM)
 
     def delete(self, key: bytes) -> None:
         try:
