@@ -202,11 +202,15 @@ def test_memleak_python_frames(python):
 # --- a short -c command: its frames all named -----------------------------------
 
 def short_command(tmp_path, python: str, mode: str, *args) -> tuple:
-    """`ustack ARGS -f json -c 'PYTHON waits.py MODE FACTS'`: the program
-    runs its chain once and exits, ~50 ms, as it would alone (its status 3,
-    ustack's; "bye" on stderr): (the stacks, ustack's stderr, the facts)."""
+    """`ustack ARGS -f json -c 'PYTHON waits.py MODE FACTS ROUNDS'`: the
+    program runs its chain ROUNDS times and exits, ~100 ms, as it would
+    alone (its status 3, ustack's; "bye" on stderr): (the stacks, ustack's
+    stderr, the facts). Not once: the first milliseconds of a -c command
+    may pass before ustack has read where its interpreter is mapped (its
+    first samples then have no Python frame), as in any run of a program
+    that starts as ustack does."""
     facts = tmp_path / "facts.json"
-    us = start_ustack(*args, "-f", "json", "-c", f"{python} {PROG} {mode} {facts}",
+    us = start_ustack(*args, "-f", "json", "-c", f"{python} {PROG} {mode} {facts} {ROUNDS}",
                       stdout=subprocess.PIPE)
     try:
         out, err = finish(us, 60)
