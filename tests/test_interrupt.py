@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import threading
@@ -69,6 +70,8 @@ def assert_ended_unstarted(us, ran) -> None:
 
 def strace_ustack(log, *strace_args) -> tuple:
     """strace (bpf(2) calls only, into `log`) running `python -m ustack`."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (.ci/run installs it)")
     return ("strace", "-o", log, "-e", "trace=bpf", *strace_args, *USTACK)
 
 
