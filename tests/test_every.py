@@ -44,6 +44,20 @@ def test_a_pprof_per_interval_adds_up_to_the_profile(tmp_path):
     assert 0.85 * 247 <= total <= 1.1 * 247, total
 
 
+def test_duration_of_whole_intervals_makes_that_many_files(tmp_path):
+    """-d 2 with 1 s intervals: two files, one second each (the intervals
+    count from the run's start; the one due as the run ends is the last)."""
+    busy, out = build("busy"), tmp_path / "profiles"
+    res = run_ustack("profile", "-F", "99", "--every", "1", "-d", "2", "-o", f"{out}/",
+                     "-c", f"{busy} 60", timeout=120)
+    assert res.returncode == 0, res.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 2, names
+    durations = [float(re.search(r"^Duration: ([\d.]+)", pprof("-raw", out / n), re.M)[1])
+                 for n in names]
+    assert all(0.9 <= d <= 1.2 for d in durations), durations
+
+
 def test_ctrl_c_writes_the_interval_under_way(tmp_path):
     busy, out = build("busy"), tmp_path / "profiles"
     us = start_ustack("profile", "-F", "99", "--every", "600", "-o", f"{out}/",

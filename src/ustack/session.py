@@ -64,6 +64,7 @@ class Session:
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.jit_hint = ""             # -p of a JVM or node without a perf map: the header says
         self.started_ns: int | None = None     # wall clock at open()
+        self.running_since: float | None = None  # time.monotonic() at start()
         self.recorder = None               # opts.record: a recording.writer.Recorder
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
@@ -272,7 +273,8 @@ class Session:
         pieces() starts it if nobody did; the CLI does it right after the
         header, before importing what reports and names stacks."""
         if self._stream is None:
-            self._deadline = (time.monotonic() + self.opts.duration
+            self.running_since = time.monotonic()
+            self._deadline = (self.running_since + self.opts.duration
                               if self.opts.duration else None)
             self._stream = Stream(self.capture, self._excluded_pids(), self._deadline)
             self._stream.start()
@@ -361,12 +363,17 @@ class Session:
             return found
 
         counted: dict = {}
-        due = time.monotonic() + seconds
+        self.start()
+        # counted from the run's start, so -d 60 with 10 s intervals is six
+        # of them; an interval due as the run ends is the last one, whole
+        due = self.running_since + seconds
+        ending = self._deadline if self._deadline is not None else float("inf")
         settle = self.capture.settle
         for piece in self.pieces():
             self._add_counts(counted, ((settle(s, self._unwound_now), 1)
                                        for s in piece.samples))
-            if time.monotonic() >= due:
+            now = time.monotonic()
+            if now >= due and now < ending:
                 due = max(due + seconds, time.monotonic())
                 self._add_counts(counted, self._kernel_counted(reset=True))
                 yield self._stack_counts(counted, stack)

@@ -86,7 +86,9 @@ def write_every(session, dir_fd: int, seconds: float) -> int:
     opts = session.opts
     base = run_context("profile", session.labels, session.probes[0].hz)
     cost = _OwnCost()
-    start_ns, started = time.time_ns(), time.monotonic()
+    # the first interval from the run's start (its intervals count from it)
+    started = session.running_since or time.monotonic()
+    start_ns = time.time_ns() - int((time.monotonic() - started) * 1e9)
     samples = 0
     for counts in session.interval_counts(seconds):
         now_ns, now = time.time_ns(), time.monotonic()
