@@ -42,9 +42,10 @@ def test_whole_machine_rows_load_as_sampled(tmp_path):
     whole = sum(n for stack, n in mine if stack[1:7] == CHAIN)
     print(f"{whole} of {total} samples complete")
     assert total >= 20, out
-    # one thread, 2 s at 99 Hz: the events stop on time, however long the
+    # one thread, 2 s at 99 Hz: the events stop on time (-d counts from when
+    # they went live, before the machine's processes are read), however long the
     # cold run takes to build rows, and none of what they sent is dropped
-    assert total <= 2 * 99 * 1.05, total
+    assert total <= 2 * 99 * 1.1, total
     assert "dropped unread" not in err, err
     assert whole >= 0.9 * total, mine
     # how many objects the run loaded, and how many it still wanted (the

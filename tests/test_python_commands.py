@@ -128,7 +128,10 @@ def test_offcpu_python_frames(python):
     out, err, facts = attached(interpreter(python), "sleep", "offcpu", "--state", "S",
                                "-f", "json")
     naps = stacks_with(json.loads(out), facts["pid"], "nap")
-    assert [s for s in naps if not s["notes"]], err
+    # the whole Python chain, whether or not the native walk past it was
+    # cut: off-CPU (interrupts off) the walk may find the memory map locked
+    # for every nap of a run, a few frames from _start
+    assert [s for s in naps if python_frames(s["frames"]) == NAP], err
     for s in naps:
         assert_whole(s["frames"], NAP, s["notes"])
         assert s["frames"][0]["module"] == "libc.so.6", s["frames"][0]  # the sleep's call

@@ -65,6 +65,7 @@ class Session:
         self.jit_hint = ""             # -p of a JVM or node without a perf map: the header says
         self.started_ns: int | None = None     # wall clock at open()
         self.running_since: float | None = None  # time.monotonic() at start()
+        self._live_since: float | None = None    # ... when the capture was opened
         self.recorder = None               # opts.record: a recording.writer.Recorder
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
@@ -138,6 +139,7 @@ class Session:
             self.guardian = guardian.start(
                 self.target.pid if self.target.scope == "command" else None)
             self.capture = self._open_capture()
+            self._live_since = time.monotonic()    # -d counts from here
             self.interrupt.check()         # asked to end: the command never runs
         except BaseException as e:
             self.target.abort()            # a held -c command exits unrun
@@ -274,8 +276,10 @@ class Session:
         header, before importing what reports and names stacks."""
         if self._stream is None:
             self.running_since = time.monotonic()
-            self._deadline = (self.running_since + self.opts.duration
-                              if self.opts.duration else None)
+            # -d: how long the events are live, set-up after they went live
+            # (a whole machine's processes read from /proc) included
+            live = self._live_since if self._live_since is not None else self.running_since
+            self._deadline = live + self.opts.duration if self.opts.duration else None
             self._stream = Stream(self.capture, self._excluded_pids(), self._deadline)
             self._stream.start()
 
