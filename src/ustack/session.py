@@ -64,8 +64,7 @@ class Session:
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
         self.jit_hint = ""             # -p of a JVM or node without a perf map: the header says
         self.started_ns: int | None = None     # wall clock at open()
-        self.running_since: float | None = None  # time.monotonic() at start()
-        self._live_since: float | None = None    # ... when the capture was opened
+        self.live_since: float | None = None     # time.monotonic() when the events went live
         self.recorder = None               # opts.record: a recording.writer.Recorder
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
@@ -139,7 +138,7 @@ class Session:
             self.guardian = guardian.start(
                 self.target.pid if self.target.scope == "command" else None)
             self.capture = self._open_capture()
-            self._live_since = time.monotonic()    # -d counts from here
+            self.live_since = time.monotonic()     # -d and intervals count from here
             self.interrupt.check()         # asked to end: the command never runs
         except BaseException as e:
             self.target.abort()            # a held -c command exits unrun
@@ -275,11 +274,10 @@ class Session:
         pieces() starts it if nobody did; the CLI does it right after the
         header, before importing what reports and names stacks."""
         if self._stream is None:
-            self.running_since = time.monotonic()
             # -d: how long the events are live, set-up after they went live
             # (a whole machine's processes read from /proc) included
-            live = self._live_since if self._live_since is not None else self.running_since
-            self._deadline = live + self.opts.duration if self.opts.duration else None
+            self._deadline = (self.live_since + self.opts.duration
+                              if self.opts.duration else None)
             self._stream = Stream(self.capture, self._excluded_pids(), self._deadline)
             self._stream.start()
 
@@ -302,12 +300,8 @@ class Session:
         # whole-machine profile's rows are built as it goes: half its samples
         # waited), unless Ctrl-C comes meanwhile. A target that ended has all
         # of what it sent read.
-        if not cut:
-            rest = stream.rest()
-        elif self._stop_requested:
-            rest = stream.rest_within(STOP_S)
-        else:
-            rest = stream.rest_within(STOP_S, asked_to_end=lambda: self._stop_requested)
+        rest = (stream.rest_within(STOP_S, asked_to_end=lambda: self._stop_requested)
+                if cut else stream.rest())
         for piece in rest:
             yield self._applied(piece)
         self._whole = not self.capture.counts_in_kernel    # else: once counted() is read
@@ -368,9 +362,9 @@ class Session:
 
         counted: dict = {}
         self.start()
-        # counted from the run's start, so -d 60 with 10 s intervals is six
-        # of them; an interval due as the run ends is the last one, whole
-        due = self.running_since + seconds
+        # counted from when the events went live, as -d is: -d 60 with 10 s
+        # intervals is six of them; one due as the run ends is the last, whole
+        due = self.live_since + seconds
         ending = self._deadline if self._deadline is not None else float("inf")
         settle = self.capture.settle
         for piece in self.pieces():

@@ -308,11 +308,7 @@ class BpfCounter:
     def counted(self, reset: bool = False) -> list:
         """The count map's entries (stack counting)."""
         out, key = [], count_key()
-        pairs = ((k, self.counts.take(k)) for k in self.counts.keys()) if reset \
-            else self.counts.items()
-        for k, v in pairs:
-            if v is None:
-                continue
+        for k, v in self.counts.items(take=reset):
             pid_tgid, probe, ustack, kstack, word = key.unpack(k)
             out.append(Counted(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, probe,
                                ustack, kstack, word, _U64.unpack(v)[0]))

@@ -511,11 +511,7 @@ class KernelUnwinder(BpfCounter):
         stack counted; a stack cut short ends with its reason's marker."""
         found: dict = {}
         out = []
-        counts = self.unwind_maps.counts
-        pairs = ((k, counts.take(k)) for k in counts.keys()) if reset else counts.items()
-        for k, v in pairs:
-            if v is None:
-                continue
+        for k, v in self.unwind_maps.counts.items(take=reset):
             pid_tgid, probe, kstack, h = COUNT_KEY.unpack(k)
             chain = found.get(h)
             if chain is None:

@@ -151,24 +151,25 @@ class Stream:
                     break
                 yield from self._pieces(batch, [0] * len(batch))
 
-    def rest_within(self, budget: float, asked_to_end=None):
-        """rest() for a run asked to end: what was sent and is not read
-        yet is decoded for `budget` seconds (the consumer's time included);
-        what is left then is counted (self.dropped_samples), not decoded
-        nor reported, so the run ends at once however long its backlog.
-        With `asked_to_end` (a run whose time is up), all of it is decoded
-        unless asked_to_end() turns true: then `budget` seconds more."""
+    def rest_within(self, budget: float, asked_to_end):
+        """rest() for a run whose time is up: what was sent and is not read
+        yet is decoded, all of it, until asked_to_end() is true (Ctrl-C,
+        maybe before this began); from then on for `budget` seconds (the
+        consumer's time included), and what is left is counted
+        (self.dropped_samples), not decoded nor reported, so the run ends
+        at once however long its backlog."""
         self._drainer.finish()
         self.capture.stop()
         queue = self._drainer.queue
-        deadline = [None if asked_to_end else time.monotonic() + budget]
+        deadline = None
 
         def within() -> bool:
-            if deadline[0] is None:
+            nonlocal deadline
+            if deadline is None:
                 if not asked_to_end():
                     return True
-                deadline[0] = time.monotonic() + budget
-            return time.monotonic() < deadline[0]
+                deadline = time.monotonic() + budget
+            return time.monotonic() < deadline
 
         def batches():
             while queue:

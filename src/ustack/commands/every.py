@@ -62,7 +62,8 @@ class _OwnCost:
 
     def since_last(self, seconds: float) -> tuple:
         """Comment lines on the CPU used since the last call, over `seconds`."""
-        cpu, self._cpu = self._cpu_now() - self._cpu, self._cpu_now()
+        now = self._cpu_now()
+        cpu, self._cpu = now - self._cpu, now
         with open("/proc/self/statm") as f:
             resident = int(f.read().split()[1]) * _PAGE >> 20
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
@@ -86,8 +87,8 @@ def write_every(session, dir_fd: int, seconds: float) -> int:
     opts = session.opts
     base = run_context("profile", session.labels, session.probes[0].hz)
     cost = _OwnCost()
-    # the first interval from the run's start (its intervals count from it)
-    started = session.running_since or time.monotonic()
+    # the first interval from when the events went live (the intervals count from it)
+    started = session.live_since
     start_ns = time.time_ns() - int((time.monotonic() - started) * 1e9)
     samples = 0
     for counts in session.interval_counts(seconds):

@@ -392,11 +392,13 @@ class Map:
             ctypes.memmove(kbuf, nbuf, self.key_size)
             attr.key = ctypes.addressof(kbuf)
 
-    def items(self) -> list:
-        """(key, value) pairs; keys deleted meanwhile are left out."""
+    def items(self, take: bool = False) -> list:
+        """(key, value) pairs; keys deleted meanwhile are left out. `take`:
+        each removed as it is read (take())."""
+        read = self.take if take else self.lookup
         out = []
         for k in self.keys():
-            v = self.lookup(k)
+            v = read(k)
             if v is not None:
                 out.append((k, v))
         return out
