@@ -357,3 +357,41 @@ def test_cache_is_read_by_a_fresh_process(tmp_path):
     third = _table_in_subprocess(tmp_path, LIBC)
     assert third["parses"] == 1 and third["rows"] == first["rows"]
     assert _table_in_subprocess(tmp_path, LIBC)["parses"] == 0
+
+
+def _debug_frame(fdes: list) -> bytes:
+    """A .debug_frame of one CIE (CFA = rsp + 8, return address at CFA - 8)
+    and an FDE per (start, size, instructions)."""
+    def entry(body: bytes) -> bytes:
+        body += b"\0" * (-(len(body) + 4) % 8)          # DW_CFA_nop padding
+        return len(body).to_bytes(4, "little") + body
+    cie = entry(b"\xff\xff\xff\xff" + b"\x01" + b"\0" + b"\x01\x78\x10"
+                + b"\x0c\x07\x08" + b"\x90\x01")
+    out = cie
+    for start, size, program in fdes:
+        out += entry((0).to_bytes(4, "little") + start.to_bytes(8, "little")
+                     + size.to_bytes(8, "little") + program)
+    return out
+
+
+def test_set_loc_rows_are_the_fdes_own(tmp_path):
+    """DW_CFA_set_loc gives absolute addresses: FDEs whose other
+    instructions are the same still get rows at their own addresses."""
+    prog = build("chain", flags=NO_CFI)
+    image = ElfImage.open(str(prog))
+    starts = [image.symbols.find(name)[0].address for name in ("c", "d")]
+
+    def program(start: int) -> bytes:       # set_loc +1: CFA rsp+16; set_loc +4: rsp+24
+        return (b"\x01" + (start + 1).to_bytes(8, "little") + b"\x0e\x10"
+                + b"\x01" + (start + 4).to_bytes(8, "little") + b"\x0e\x18")
+    blob = tmp_path / "frame.bin"
+    blob.write_bytes(_debug_frame([(s, 16, program(s)) for s in starts]))
+    out = tmp_path / "chain_set_loc"
+    subprocess.run(["objcopy", "--add-section", f".debug_frame={blob}", str(prog), str(out)],
+                   check=True)
+    table = table_of(str(out))
+    for start in starts:
+        assert [table.lookup(start + k)[:2] for k in (0, 1, 3, 4, 15)] == [
+            (cfi.CFA_SP, 8), (cfi.CFA_SP, 16), (cfi.CFA_SP, 16), (cfi.CFA_SP, 24),
+            (cfi.CFA_SP, 24)]
+        assert table.lookup(start + 16) is None

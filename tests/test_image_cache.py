@@ -52,7 +52,7 @@ def test_libc_read_back_the_same(tmp_path):
 def test_rewritten_file_is_parsed_again(tmp_path):
     prog = tmp_path / "prog"
     shutil.copy(build("chain", flags=FP), prog)
-    ElfImage.open(str(prog))
+    ElfImage.open(str(prog)).symbols.functions   # the cache is written with them
     st = prog.stat()
     # another program at the same path, its mtime set back to the old one
     shutil.copy(build("recurse", flags=FP), prog)
@@ -67,7 +67,7 @@ def test_rewritten_file_is_parsed_again(tmp_path):
 def test_cache_writable_by_others_is_not_read(tmp_path):
     prog = tmp_path / "chain"
     shutil.copy(build("chain", flags=FP), prog)
-    ElfImage.open(str(prog))
+    ElfImage.open(str(prog)).symbols.functions
     (cached,) = (tmp_path / "cache" / "images").iterdir()
     assert oct(cached.stat().st_mode & 0o777) == "0o600"
     cached.write_bytes(cached.read_bytes().replace(b'"main"', b'"forged"'))
@@ -200,3 +200,20 @@ def test_other_classes_and_byte_orders_read_the_same(tmp_path, monkeypatch):
     assert got["libelf"] == got["pyelftools"]
     kinds = {(r[1], r[2]) for r in got["libelf"].values() if r != "error"}
     assert {(True, 32), (False, 32), (False, 64), (True, 64)} <= kinds
+
+
+def test_functions_are_built_only_when_asked(tmp_path):
+    """Unwinding through an object reads its layout and CFI, not its
+    functions (node's take a second): they are built, and the image cache
+    written, when a frame is first named."""
+    from ustack.unwind.cfi import UnwindTable
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    image = ElfImage.open(str(prog))
+    assert len(UnwindTable.for_image(image)[0]) > 10
+    assert not (tmp_path / "cache" / "images").exists()
+    (d,) = image.find("d")
+    assert image.lookup(d.address + 1) == d
+    assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
+    ElfImage.clear_cache()
+    assert facts(ElfImage.open(str(prog))) == facts(image)

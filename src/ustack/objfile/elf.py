@@ -4,13 +4,17 @@ its functions (address lookup, search by name: objfile.elf_symbols, read
 from the tables by objfile.elf_symtab, Go's from objfile.go_functions) and
 the cache state (objfile.elf_state).
 
-Everything is read once at open(): headers and section bytes through
-libelf, else pyelftools (objfile.elf_reader). The results are cached per
-file identity for the whole process, and on disk: a file seen before is not
-parsed again, its facts are read back from the cache."""
+The layout is read at open(): headers and section bytes through libelf,
+else pyelftools (objfile.elf_reader); the functions when first asked (an
+object opened only to unwind through it, as the kernel's rows and the
+unwinder do, never pays for them: ~1.4 s for node's 86,000). The results
+are cached per file identity for the whole process, and on disk once the
+functions are built: a file seen before is not parsed again, its facts are
+read back from the cache."""
 from __future__ import annotations
 
 import os
+import threading
 
 from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
@@ -40,6 +44,8 @@ class ElfImage:
     written against the one object keeps working. Use ElfImage.open(path)."""
 
     _cache: dict = {}
+    _opening: dict = {}   # memo key -> the lock of the thread opening it
+    _opening_lock = threading.Lock()
     parsed_files = 0      # files parsed (not read back from the disk cache) in this process
 
     @classmethod
@@ -54,9 +60,17 @@ class ElfImage:
             raise UstackError(f"no such binary: {path!r}") from None
         key = objcache.memo_key(st)
         image = cls._cache.get(key)
-        if image is None:
-            image = cls(path)
-            cls._cache[key] = image
+        if image is not None:
+            return image
+        # one parse per file: the row loader's thread and the unwinder may
+        # ask for the same object at once
+        with cls._opening_lock:
+            lock = cls._opening.setdefault(key, threading.Lock())
+        with lock:
+            image = cls._cache.get(key)
+            if image is None:
+                image = cls(path)
+                cls._cache[key] = image
         return image
 
     @classmethod
@@ -78,8 +92,10 @@ class ElfImage:
                 if saved:
                     self.file, self.symbols = saved
                     return
+                self._cache_file = cache
                 self.file, self.symbols = self._parse_file(f)
-            objcache.write(cache, elf_state.pack(self.file, self.symbols))
+            if "_deferred" not in self.symbols.__dict__:
+                self._save()
         except UstackError:
             raise
         except OSError as e:
@@ -94,33 +110,73 @@ class ElfImage:
             return getattr(self.__dict__["symbols"], name)
         raise AttributeError(name)
 
+    def _save(self) -> None:
+        objcache.write(self._cache_file, elf_state.pack(self.file, self.symbols))
+
     def _reparse(self) -> ElfSymbols:
         """A cache whose symbol half is corrupt: the file parsed anew."""
+        ElfImage.parsed_files += 1
+        return self._functions_of_file()
+
+    def _functions_of_file(self) -> ElfSymbols:
         try:
             with open(self.path, "rb") as f:
-                return self._parse_file(f)[1]
+                from .elf_reader import open_reader
+                reader = open_reader(self.path, f)
+                try:
+                    return self._functions(self.file, reader)
+                finally:
+                    reader.close()
         except Exception as e:          # as __init__: pyelftools raises many types
             raise UstackError(f"{self.path}: corrupt ELF: {_why(e)}") from None
 
+    def _build_deferred(self) -> ElfSymbols:
+        """The functions of a file whose layout was parsed at open(), now
+        that they are asked for; the image cache written with them."""
+        symbols = self._functions_of_file()
+        self.symbols = symbols
+        try:
+            self._save()
+        except OSError:
+            pass                        # a cache not written is rebuilt next run
+        return symbols
+
     def _parse_file(self, f) -> tuple:
         """(ElfFile, ElfSymbols) from the open file `f`, through libelf or
-        pyelftools (objfile.elf_reader)."""
+        pyelftools (objfile.elf_reader); the ElfSymbols deferred unless the
+        file may be Go's (its functions decide is_go)."""
         from .elf_reader import open_reader     # libelf's bindings: ~1 ms, only to parse
         reader = open_reader(self.path, f)
         try:
             ElfImage.parsed_files += 1
             file = ElfFile.from_reader(self.path, reader)
-            raw = raw_functions(self.path, file.build_id, reader)
-            file.is_go = file.is_go or any(n == "runtime.main" for _a, n in raw)
-            if file.is_go and not file.has_symtab:
-                raw = dict(raw)
-                raw.update(go_functions(file))
-            return file, ElfSymbols.built(raw, reader.sections, self._reparse)
+            if file.is_go or _names_runtime_main(reader):
+                return file, self._functions(file, reader)
+            return file, ElfSymbols.deferred(self._build_deferred)
         finally:
             reader.close()
 
+    def _functions(self, file: ElfFile, reader) -> ElfSymbols:
+        raw = raw_functions(self.path, file.build_id, reader)
+        file.is_go = file.is_go or any(n == "runtime.main" for _a, n in raw)
+        if file.is_go and not file.has_symtab:
+            raw = dict(raw)
+            raw.update(go_functions(file))
+        return ElfSymbols.built(raw, reader.sections, self._reparse)
+
     def __repr__(self) -> str:
         return f"ElfImage({self.path!r}, {len(self.symbols.functions)} functions)"
+
+
+def _names_runtime_main(reader) -> bool:
+    """Whether a symbol table's strings hold "runtime.main" (a Go binary
+    without Go's sections): ~1 ms, where naming every function costs ~1 s."""
+    for sec in reader.sections:
+        if sec.type in (2, 11) and 0 < sec.link < len(reader.sections):   # SYMTAB, DYNSYM
+            strings = reader.data(reader.sections[sec.link])
+            if b"\0runtime.main\0" in strings:
+                return True
+    return False
 
 
 def _why(e: Exception) -> str:

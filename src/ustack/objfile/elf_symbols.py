@@ -9,6 +9,7 @@ import bisect
 import fnmatch
 import json
 import struct
+import threading
 from array import array
 from collections import namedtuple
 
@@ -58,6 +59,15 @@ class ElfSymbols:
         return self
 
     @classmethod
+    def deferred(cls, build) -> "ElfSymbols":
+        """Built by build() (a built ElfSymbols) when a fact is first asked,
+        once, whichever thread asks."""
+        self = cls(build)
+        self._deferred = build
+        self._building = threading.Lock()
+        return self
+
+    @classmethod
     def saved(cls, symbols: bytes, lookup: bytes, reparse) -> "ElfSymbols":
         self = cls(reparse)
         self._saved_symbols = symbols
@@ -75,6 +85,13 @@ class ElfSymbols:
         return symbols.encode(), _LookupTable.pack(self._starts, self._owners)
 
     def __getattr__(self, name: str):
+        if "_deferred" in self.__dict__ and (name in self._SYMBOL_FACTS
+                                             or name in self._LOOKUP_FACTS):
+            with self.__dict__["_building"]:
+                if "_deferred" in self.__dict__:
+                    self._take(self.__dict__["_deferred"]())
+                    del self.__dict__["_deferred"]
+            return getattr(self, name)
         if name in ("_by_name", "_demangled") and "functions" in self.__dict__:
             self._index_names()         # restored without them: lookup() needs none
             return getattr(self, name)
@@ -130,29 +147,25 @@ class ElfSymbols:
         self._demangled = None
 
     def _build_indexes(self, raw: dict, named: list) -> None:
-        self._named = named
-        self._index_names()
-        # One preferred symbol per start address ...
+        self._named = named         # _by_name: indexed on first use (__getattr__)
+        # One preferred symbol per start address (`named` is in address
+        # order, so `best` is too; ranks are only compared for aliases) ...
         best: dict = {}
         for sym in named:
-            size0, bind, _, _ = raw[(sym.address, sym.name)]
-            underscores = len(sym.name) - len(sym.name.lstrip("_"))
-            rank = (size0 == 0, _BIND_RANK.get(bind, 2), underscores, sym.name)
-            if sym.address not in best or rank < best[sym.address][0]:
-                best[sym.address] = (rank, sym)
+            other = best.get(sym.address)
+            if other is None or _rank(raw, sym) < _rank(raw, other):
+                best[sym.address] = sym
+        functions, labels = [], []
+        for sym in best.values():
+            (labels if raw[(sym.address, sym.name)][1] == LABEL else functions).append(sym)
+        # ... code labels only where no function claims the address: inside a
+        # function a label would rename the rest of it ...
+        labels = _outside(labels, functions)
         # ... then flattened into non-overlapping ranges, innermost symbol
         # winning, so lookup() is a single bisect.
-        ranked = [best[a] for a in sorted(best)]
-        self._starts, self._owners = flatten_ranges(
-            [sym for rank, sym in ranked if rank[1] < _LABEL_RANK])
-        # code labels only where no function claims the address: inside a
-        # function a label would rename the rest of it
-        labels = [sym for rank, sym in ranked
-                  if rank[1] == _LABEL_RANK and self.lookup(sym.address) is None]
         if labels:
-            self._starts, self._owners = flatten_ranges(sorted(
-                [sym for rank, sym in ranked if rank[1] < _LABEL_RANK] + labels,
-                key=lambda sym: sym.address))
+            functions = sorted(functions + labels, key=lambda sym: sym.address)
+        self._starts, self._owners = flatten_ranges(functions)
 
     def lookup(self, vaddr: int) -> Symbol | None:
         i = bisect.bisect_right(self._starts, vaddr) - 1
@@ -280,34 +293,66 @@ class _LookupTable:
         return starts, cls(index, addresses, sizes_, names)
 
 
+def _rank(raw: dict, sym: Symbol) -> tuple:
+    """Which of the names sharing an address lookup() gives: sized, then
+    exported, then fewer leading underscores, then by name."""
+    size0, bind, _, _ = raw[(sym.address, sym.name)]
+    underscores = len(sym.name) - len(sym.name.lstrip("_"))
+    return (size0 == 0, _BIND_RANK.get(bind, 2), underscores, sym.name)
+
+
+def _outside(labels: list, functions: list) -> list:
+    """The labels whose address no sized function's range holds (both
+    lists in address order)."""
+    if not labels:
+        return labels
+    starts, reach, furthest = [], [], 0
+    for sym in functions:
+        if sym.size > 0:
+            furthest = max(furthest, sym.address + sym.size)
+            starts.append(sym.address)
+            reach.append(furthest)
+    out = []
+    for sym in labels:
+        i = bisect.bisect_right(starts, sym.address) - 1
+        if i < 0 or reach[i] <= sym.address:
+            out.append(sym)
+    return out
+
+
 def flatten_ranges(syms: list):
     """Sorted, possibly nested/overlapping ranges -> boundaries and owners.
     Each boundary starts a range owned by one Symbol (or None: a gap); the
-    innermost symbol owns an address (how ElfSymbols.lookup answers)."""
+    innermost symbol owns an address (how ElfSymbols.lookup answers).
+    One loop without calls: ~0.2 s for node's 86,000 functions."""
     starts: list = []
     owners: list = []
+    open_: list = []  # (end, symbol) of the enclosing symbols, innermost last
 
-    def emit(pos, owner):
-        if starts and starts[-1] == pos:
-            owners[-1] = owner
-        elif not owners or owners[-1] is not owner:
-            starts.append(pos)
-            owners.append(owner)
-
-    open_: list = []  # enclosing symbols, innermost last
-
-    def close_until(pos):
-        while open_ and open_[-1].address + open_[-1].size <= pos:
-            end = open_[-1].address + open_[-1].size
-            while open_ and open_[-1].address + open_[-1].size <= end:
-                open_.pop()
-            emit(end, open_[-1] if open_ else None)
-
-    for sym in syms:
-        if sym.size <= 0:
+    for sym in (*syms, None):
+        if sym is None:
+            pos = float("inf")
+        elif sym.size <= 0:
             continue
-        close_until(sym.address)
-        emit(sym.address, sym)
-        open_.append(sym)
-    close_until(float("inf"))
+        else:
+            pos = sym.address
+        # close the symbols that end at or before pos
+        while open_ and open_[-1][0] <= pos:
+            end = open_[-1][0]
+            while open_ and open_[-1][0] <= end:
+                open_.pop()
+            owner = open_[-1][1] if open_ else None
+            if starts and starts[-1] == end:
+                owners[-1] = owner
+            elif not owners or owners[-1] is not owner:
+                starts.append(end)
+                owners.append(owner)
+        if sym is None:
+            break
+        if starts and starts[-1] == pos:
+            owners[-1] = sym
+        elif not owners or owners[-1] is not sym:
+            starts.append(pos)
+            owners.append(sym)
+        open_.append((pos + sym.size, sym))
     return starts, owners

@@ -250,13 +250,25 @@ def _fits(fde) -> bool:
     """Whether an FDE's addresses and rows fit the table's arrays (a
     corrupt one's may not: it is left out, as if it had no CFI)."""
     lo, hi, rows = fde
-    return lo in _ADDRESSES and hi in _ADDRESSES and all(
-        addr in _ADDRESSES and 0 <= row[0] < 256 and all(v in _INT32 for v in row[1:])
-        for addr, row in rows)
+    if lo not in _ADDRESSES or hi not in _ADDRESSES:
+        return False
+    for offset, row in rows:
+        if lo + offset not in _ADDRESSES:
+            return False
+        fits = _ROW_FITS.get(row)
+        if fits is None:
+            fits = _ROW_FITS[row] = 0 <= row[0] < 256 and all(v in _INT32 for v in row[1:])
+        if not fits:
+            return False
+    return True
+
+
+_ROW_FITS: dict = {}    # row -> whether its values fit the arrays
 
 
 def _flatten(path: str, fdes: list) -> UnwindTable:
-    """FDE row lists -> one sorted, gap-marked, deduplicated table."""
+    """FDEs (start, end, rows relative to start) -> one sorted, gap-marked,
+    deduplicated table."""
     fdes = sorted(filter(_fits, fdes), key=lambda f: f[0])
     starts, kinds = array("Q"), bytearray()
     cfa, ra, bp, aux = array("i"), array("i"), array("i"), array("i")
@@ -282,7 +294,8 @@ def _flatten(path: str, fdes: list) -> UnwindTable:
         nxt = fdes[i + 1][0] if i + 1 < len(fdes) else None
         if nxt is not None and nxt < hi:
             hi = nxt                          # overlapping FDEs: the later wins
-        for addr, row in rows:
+        for offset, row in rows:
+            addr = lo + offset
             if addr >= hi:
                 break
             emit(addr, row)
@@ -302,9 +315,12 @@ _uleb, _sleb = uleb128, sleb128   # short names: the parser calls them everywher
 
 
 def _parse(data: bytes, base: int, eh: bool, out: list) -> None:
-    """Append (start, end, [(addr, row), ...]) for each FDE of one section.
-    A malformed entry ends the section (what came before is kept)."""
+    """Append (start, end, [(offset from start, row), ...]) for each FDE of
+    one section. A malformed entry ends the section (what came before is
+    kept). FDEs with the same CIE and instructions share one row list
+    (node: 76,000 FDEs, 31,000 distinct programs)."""
     cies: dict = {}
+    programs: dict = {}
     n = len(data)
     pos = 0
     try:
@@ -339,7 +355,7 @@ def _parse(data: bytes, base: int, eh: bool, out: list) -> None:
                 if cie is None:
                     cie = cies[cie_at] = _parse_cie_at(data, cie_at, eh, base)
                 if cie is not None and cie.ok:
-                    fde = _parse_fde(data, pos, end, cie, base)
+                    fde = _parse_fde(data, pos, end, cie, base, programs)
                     if fde is not None:
                         out.append(fde)
             pos = end
@@ -406,7 +422,9 @@ def _parse_cie(data: bytes, pos: int, end: int, eh: bool, base: int) -> _Cie:
     return cie
 
 
-def _parse_fde(data: bytes, pos: int, end: int, cie: _Cie, base: int):
+def _parse_fde(data: bytes, pos: int, end: int, cie: _Cie, base: int, programs: dict):
+    """(start, end, rows relative to start) of one FDE; `programs`: rows
+    already run, by (CIE, instruction bytes)."""
     if cie.has_z or cie.fde_enc:
         start, pos = _pointer(data, pos, cie.fde_enc, base)
         size, pos = _pointer(data, pos, cie.fde_enc & 0x0f, base)
@@ -421,8 +439,16 @@ def _parse_fde(data: bytes, pos: int, end: int, cie: _Cie, base: int):
         pos += alen
     if size == 0 or start == 0:        # empty, or code the linker discarded
         return None
-    rows: list = []
-    _run(data, pos, end, cie.init, cie, start, rows)
+    key = (id(cie), data[pos:end])     # the CIE lives as long as `programs`
+    rows = programs.get(key)
+    if rows is None:
+        rows = []
+        _state, _loc, absolute = _run(data, pos, end, cie.init, cie, 0, rows)
+        if absolute:                   # DW_CFA_set_loc: run again from the FDE's own start
+            rows = []
+            _run(data, pos, end, cie.init, cie, start, rows)
+            return (start, start + size, [(at - start, row) for at, row in rows])
+        programs[key] = rows
     return (start, start + size, rows)
 
 
@@ -479,14 +505,16 @@ def _cfa_expression(expr: bytes) -> tuple | None:
 def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
          rows: list | None):
     """Interpret CFA instructions from state; append (addr, row) to rows at
-    each location change. Returns (final state, loc). Only the CFA, the
-    return address and rbp are tracked; other registers' rules are skipped."""
+    each location change. Returns (final state, loc, whether a set_loc
+    gave an absolute address). Only the CFA, the return address and rbp
+    are tracked; other registers' rules are skipped."""
     cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o = state
     init = cie.init
     ra_reg = cie.ra_reg
     caf, daf = cie.code_align, cie.data_align
     stack: list = []
     last_row = None
+    absolute = False
 
     while i < end:
         op = data[i]
@@ -607,11 +635,15 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
         elif op == 0x01:                                 # set_loc
             new, i = _pointer(data, i, cie.fde_enc, cie.base)
             adv = new - loc
+            absolute = True
         else:
             break                                        # unknown opcode: stop here
         # A location change: the state so far covers [row start, loc + adv).
         if rows is not None and adv:
-            row = _row((cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o))
+            state = (cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o)
+            row = _ROWS.get(state)
+            if row is None:
+                row = _ROWS[state] = _row(state)
             if row != last_row:
                 rows.append((loc, row))
                 last_row = row
@@ -621,4 +653,7 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
         row = _row(state)
         if row != last_row:
             rows.append((loc, row))
-    return state, loc
+    return state, loc, absolute
+
+
+_ROWS: dict = {}        # parser state -> _row(state): a few hundred distinct
