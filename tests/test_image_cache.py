@@ -217,3 +217,35 @@ def test_functions_are_built_only_when_asked(tmp_path):
     assert len(list((tmp_path / "cache" / "images").iterdir())) == 1
     ElfImage.clear_cache()
     assert facts(ElfImage.open(str(prog))) == facts(image)
+
+
+def test_big_symbol_tables_are_built_by_a_child(tmp_path, monkeypatch):
+    """node's 86,000 functions are parsed by a child process while the run
+    goes on; what this process then reads equals what it would build."""
+    from ustack.objfile import function_builder
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    image = ElfImage.open(node)
+    child = function_builder.start(image)
+    assert child is not None and function_builder.start(image) is child
+    by_child = facts(image)
+    assert child.returncode == 0
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache2"))
+    ElfImage.clear_cache()
+    here = ElfImage.open(node)
+    assert function_builder.worth_a_child(here)
+    assert facts(here) == by_child
+    function_builder.stop_all()
+
+
+def test_builders_are_killed_when_the_run_ends(tmp_path):
+    from ustack.objfile import function_builder
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    child = function_builder.start(ElfImage.open(node))
+    function_builder.stop_all()
+    assert child.poll() is not None
+    assert function_builder.start(ElfImage.open(node)) is not child
+    function_builder.stop_all()

@@ -21,6 +21,7 @@ from ustack.model import UstackError
 
 from . import cache as objcache
 from . import elf_state
+from . import function_builder
 from .elf_file import ElfFile
 from .elf_symbols import ElfSymbols, Symbol, flatten_ranges      # noqa: F401 (their home)
 from .elf_symtab import COMPAT, IFUNC, raw_functions             # noqa: F401
@@ -133,6 +134,11 @@ class ElfImage:
     def _build_deferred(self) -> ElfSymbols:
         """The functions of a file whose layout was parsed at open(), now
         that they are asked for; the image cache written with them."""
+        function_builder.wait(self.path)
+        saved = elf_state.unpack(self.path, objcache.read(self._cache_file), self._reparse)
+        if saved:                       # a child built them
+            self.symbols = saved[1]
+            return saved[1]
         symbols = self._functions_of_file()
         self.symbols = symbols
         try:

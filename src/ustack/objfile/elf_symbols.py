@@ -78,7 +78,7 @@ class ElfSymbols:
         """(symbols, lookup): the two blobs `saved` takes."""
         index = {id(sym): i for i, sym in enumerate(self._named)}
         symbols = json.dumps({
-            "named": [[s.name, s.address, s.size] for s in self._named],
+            "named": self._named,        # Symbols are tuples: JSON arrays as they are
             "functions": [index[id(s)] for s in self.functions],
             "flags": [[a, n, f] for (a, n), f in self._flags.items()],
         })
@@ -115,10 +115,13 @@ class ElfSymbols:
         return getattr(self, name)
 
     def _take(self, other: "ElfSymbols") -> None:
-        for key in ("_named", "functions", "_flags", "_starts", "_owners"):
-            setattr(self, key, getattr(other, key))
-        self.__dict__.pop("_saved_symbols", None)
-        self.__dict__.pop("_saved_lookup", None)
+        """other's facts as they are: a saved one's blobs stay undecoded."""
+        for key in ("_named", "functions", "_flags", "_starts", "_owners",
+                    "_saved_symbols", "_saved_lookup"):
+            if key in other.__dict__:
+                self.__dict__[key] = other.__dict__[key]
+            else:
+                self.__dict__.pop(key, None)
 
     def _restore_symbols(self, blob: bytes) -> bool:
         try:
@@ -255,10 +258,15 @@ class _LookupTable:
 
     @classmethod
     def pack(cls, starts: list, owners) -> bytes:
-        slot: dict = {}
-        index = array("i", (-1 if o is None else slot.setdefault(id(o), (len(slot), o))[0]
-                            for o in owners))
-        distinct = [o for _, o in slot.values()]
+        slot: dict = {None: -1}
+        distinct: list = []
+        index = array("i")
+        for o in owners:                # one pass, no call per boundary
+            i = slot.get(o)             # Symbols compare by value: equal ones are one owner
+            if i is None:
+                i = slot[o] = len(distinct)
+                distinct.append(o)
+            index.append(i)
         names = "\0".join(o.name for o in distinct).encode("utf-8", "surrogatepass")
         return b"".join([cls._HEADER.pack(len(starts), len(distinct), len(names)),
                          array("Q", starts).tobytes(), index.tobytes(),

@@ -54,7 +54,7 @@ def raw_functions(path: str, build_id: str | None, reader) -> dict:
     raw = _raw_functions(reader)
     objcache.write(cache, json.dumps({
         "signature": signature,
-        "functions": [[a, n, *v] for (a, n), v in raw.items()]}).encode())
+        "functions": [key + value for key, value in raw.items()]}).encode())
     return raw
 
 
