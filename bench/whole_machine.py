@@ -72,6 +72,8 @@ def start_busy() -> list:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--bpftrace-reps", type=int, default=None,
+                    help="runs of bpftrace (default: --reps; each takes minutes)")
     args = ap.parse_args()
     busy = start_busy()
     warm = tempfile.mkdtemp(prefix="ustack-warm-")
@@ -93,8 +95,11 @@ def main() -> None:
     try:
         time.sleep(1)                   # the busy loops past their start-up
         ustack(warm)                    # the warm cache, not timed
+        bpftrace_reps = args.reps if args.bpftrace_reps is None else args.bpftrace_reps
         for rep in range(args.reps):
             for name, run in tools.items():
+                if name.startswith("bpftrace") and rep >= bpftrace_reps:
+                    continue
                 results[name].append(run())
                 print(f"rep {rep + 1} {name}: {results[name][-1]}", file=sys.stderr)
     finally:
@@ -106,7 +111,10 @@ def main() -> None:
         "",
         f"{platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
         f"{len(os.listdir('/proc'))} /proc entries; medians of {args.reps} "
-        f"(`python3 bench/whole_machine.py --reps {args.reps}`)",
+        f"(bpftrace: {len(results.get('bpftrace ustack', []))}) "
+        f"(`python3 bench/whole_machine.py --reps {args.reps}"
+        + (f" --bpftrace-reps {args.bpftrace_reps}`)" if args.bpftrace_reps is not None
+           else "`)"),
         "",
         "| tool | wall s | peak RSS MB | own CPU s |",
         "|---|---:|---:|---:|",

@@ -48,6 +48,9 @@ class ElfImage:
     _opening: dict = {}   # memo key -> the lock of the thread opening it
     _opening_lock = threading.Lock()
     parsed_files = 0      # files parsed (not read back from the disk cache) in this process
+    # the by-build-id cache of raw functions (for another copy of the same
+    # build); a builder child skips it, its image cache is what is read
+    keeps_raw_functions = True
 
     @classmethod
     def open(cls, path: str) -> "ElfImage":
@@ -163,7 +166,7 @@ class ElfImage:
             reader.close()
 
     def _functions(self, file: ElfFile, reader) -> ElfSymbols:
-        raw = raw_functions(self.path, file.build_id, reader)
+        raw = raw_functions(self.path, file.build_id, reader, ElfImage.keeps_raw_functions)
         file.is_go = file.is_go or any(n == "runtime.main" for _a, n in raw)
         if file.is_go and not file.has_symtab:
             raw = dict(raw)

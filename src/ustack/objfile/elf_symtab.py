@@ -28,10 +28,10 @@ _PLT_SECTIONS = (".plt", ".plt.sec", ".plt.got")
 _JMP_RIP = b"\xff\x25"   # jmp *disp32(%rip): how every x86-64 PLT stub leaves
 
 
-def raw_functions(path: str, build_id: str | None, reader) -> dict:
+def raw_functions(path: str, build_id: str | None, reader, keep: bool = True) -> dict:
     """(address, name) -> (size, binding, section index, flags) of every
     function (_raw_functions), read back from the cache by build-id when it was
-    computed before (~30 ms for libc's debug file).
+    computed before (~30 ms for libc's debug file); `keep`: write it there.
     An object and its debug file (or a stripped copy) share the
     build-id, not the symbol tables: the tables' sizes name the entry."""
     signature = ";".join(f"{s.name}:{s.size}" for s in reader.sections
@@ -52,6 +52,8 @@ def raw_functions(path: str, build_id: str | None, reader) -> dict:
         except (ValueError, KeyError, TypeError):
             pass                    # corrupt: rebuilt below
     raw = _raw_functions(reader)
+    if not keep:
+        return raw
     objcache.write(cache, json.dumps({
         "signature": signature,
         "functions": [key + value for key, value in raw.items()]}).encode())
