@@ -174,6 +174,10 @@ class ElfSymbols:
         i = bisect.bisect_right(self._starts, vaddr) - 1
         return self._owners[i] if i >= 0 else None
 
+    def named(self, name: str) -> list:
+        """Functions by linker name only (no demangled index is built)."""
+        return list(self._by_name.get(name, ()))
+
     def find(self, name: str) -> list:
         """Functions by linker name, else by demangled name (`leaf(long)`),
         else by plain name (`leaf`, `ns::f`) when only one function has it."""

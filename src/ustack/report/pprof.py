@@ -188,7 +188,7 @@ class _Builder:
         loc = self.p.location.add(id=i, address=f.addr)
         for g in group:
             if g.function:
-                loc.line.add(function_id=self._function(g), line=g.line)
+                loc.line.add(function_id=self._function(g, sc.pid), line=g.line)
         if kernel:
             mapping_key = ("kernel",)
             lo, hi = self.kernel_span or (f.addr, f.addr)
@@ -207,7 +207,7 @@ class _Builder:
         seen[1].extend(group)
         return i
 
-    def _function(self, f) -> int:
+    def _function(self, f, pid: int | None = None) -> int:
         key = (f.function, f.path, f.file)
         i = self.functions.get(key)
         if i is None:
@@ -218,7 +218,7 @@ class _Builder:
                 # as C++ template arguments and dropping it
                 system = f"py::{f.function}:{f.file}"
             else:
-                system = self.objects.system_name(f) if f.path else f.function
+                system = self.objects.system_name(f, pid) if f.path else f.function
             self.p.function.add(id=i, name=self.s(f.function),
                                 system_name=self.s(system), filename=self.s(f.file))
         return i

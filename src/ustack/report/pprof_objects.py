@@ -10,7 +10,13 @@ offset is where the frame lies in the file's own addresses; the difference
 to the runtime address is the object's load bias in that process (0 for a
 non-PIE executable). One named frame per (process, object) is enough; the
 other frames of that object, named or not, share its bias. Kernel frames
-(--kernel) come first in a stack, before the separator: split_kernel."""
+(--kernel) come first in a stack, before the separator: split_kernel.
+
+Frames are matched by their linkage names first: a demangled name
+(`v8::internal::Foo(int)`) is only looked up through the object's
+demangled index (node: ~1 s to demangle 86,000 names) when no frame of
+that object in that process had a plain one; with the bias known, a
+frame's function is found by its address."""
 from __future__ import annotations
 
 import os
@@ -22,6 +28,7 @@ from ..symbols.kernel import KERNEL_MODULE
 from ..symbols.stacks import SEPARATOR
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+_LATER_FRAMES = 16          # demangled frames kept per (process, object) to learn its bias from
 
 
 def split_kernel(frames: tuple) -> tuple:
@@ -44,6 +51,7 @@ class ObjectFacts:
         self._symbols: dict = {}     # (path, function) -> [Symbol]
         self._bias: dict = {}        # (pid, path) -> bias, once one frame told it
         self._segments: dict = {}    # (pid, path) -> [(start, limit, file offset)]
+        self._later: dict = {}       # (pid, path) -> [Frame] named only in demangled form
 
     def _image(self, path: str) -> tuple | None:
         if path not in self._images:
@@ -77,14 +85,35 @@ class ObjectFacts:
             self._symbols[key] = syms
         return self._symbols[key]
 
-    def system_name(self, f: Frame) -> str:
-        """The linkage (mangled) name of a frame's function, if it differs."""
+    def _linkage_symbols(self, f: Frame) -> list:
+        """symbols(f) when f's function is a linkage name as it stands."""
+        found = self._image(f.path) if f.function else None
+        for image in found or ():
+            if image is not None:
+                syms = image.symbols.named(f.function)
+                if syms:
+                    return syms
+        return []
+
+    def system_name(self, f: Frame, pid: int | None = None) -> str:
+        """The linkage (mangled) name of a frame's function, if it differs;
+        `pid`: a process it ran in (its object's bias finds it by address)."""
+        if self._linkage_symbols(f):
+            return f.function
+        if pid is not None and not f.inlined:
+            at = self.object_address(pid, f)
+            found = self._image(f.path) if at is not None else None
+            for image in reversed(found or ()):  # the debug file's full table first
+                sym = image.symbols.lookup(at) if image is not None else None
+                if sym is not None and sym.address == at - f.offset:
+                    return sym.name
         syms = self.symbols(f)
         return syms[0].name if len({s.name for s in syms}) == 1 else f.function
 
     def learn(self, pid: int, f: Frame) -> None:
         """Find the load bias of f's object in process pid from f, a real
-        (not inlined) named frame, unless known already."""
+        (not inlined) named frame, unless known already; a frame named
+        only in demangled form is kept for later (object_address)."""
         if (pid, f.path) in self._bias or not f.function or f.inlined:
             return
         found = self._image(f.path)
@@ -94,16 +123,37 @@ class ObjectFacts:
         if not image.file.is_pie:
             self._bias[(pid, f.path)] = 0
             return
-        biases = {f.addr - (s.address + f.offset) for s in self.symbols(f)
+        syms = self._linkage_symbols(f)
+        if not syms:
+            later = self._later.setdefault((pid, f.path), [])
+            if len(later) < _LATER_FRAMES:
+                later.append(f)
+            return
+        self._learn_from(pid, f, image, syms)
+
+    def _learn_from(self, pid: int, f: Frame, image, syms: list) -> None:
+        biases = {f.addr - (s.address + f.offset) for s in syms
                   if image.file.executable(s.address + f.offset)}
         biases = {b for b in biases if b % PAGE == 0}
         if len(biases) == 1:                     # several: a name that is not unique
             self._bias[(pid, f.path)] = biases.pop()
 
+    def _bias_of(self, pid: int, path: str) -> int | None:
+        """The bias learnt, else the one the demangled frames kept tell."""
+        bias = self._bias.get((pid, path))
+        if bias is None and (pid, path) in self._later:
+            image = self._image(path)[0]
+            for f in self._later.pop((pid, path)):
+                self._learn_from(pid, f, image, self.symbols(f))
+                if (pid, path) in self._bias:
+                    break
+            bias = self._bias.get((pid, path))
+        return bias
+
     def object_address(self, pid: int, f: Frame) -> int | None:
         """f's address in its object's own (ELF) addresses, what addr2line
         takes; None when its object's bias is not known."""
-        bias = self._bias.get((pid, f.path))
+        bias = self._bias_of(pid, f.path)
         return None if bias is None else f.addr - bias
 
     def segment(self, pid: int, f: Frame) -> tuple | None:
@@ -112,7 +162,7 @@ class ObjectFacts:
         it; None when its object's bias is not known."""
         segments = self._segments.get((pid, f.path))
         if segments is None:
-            bias = self._bias.get((pid, f.path))
+            bias = self._bias_of(pid, f.path)
             if bias is None:
                 return None
             segments = self._segments[(pid, f.path)] = [
