@@ -222,7 +222,7 @@ def test_functions_are_built_only_when_asked(tmp_path):
 def test_big_symbol_tables_are_built_by_a_child(tmp_path, monkeypatch):
     """node's 86,000 functions are parsed by a child process while the run
     goes on; what this process then reads equals what it would build."""
-    from ustack.objfile import function_builder
+    from ustack.objfile import builders, function_builder
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
@@ -236,16 +236,16 @@ def test_big_symbol_tables_are_built_by_a_child(tmp_path, monkeypatch):
     here = ElfImage.open(node)
     assert function_builder.worth_a_child(here)
     assert facts(here) == by_child
-    function_builder.stop_all()
+    builders.stop_all()
 
 
 def test_builders_are_killed_when_the_run_ends(tmp_path):
-    from ustack.objfile import function_builder
+    from ustack.objfile import builders, function_builder
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
     child = function_builder.start(ElfImage.open(node))
-    function_builder.stop_all()
+    builders.stop_all()
     assert child.poll() is not None
     assert function_builder.start(ElfImage.open(node)) is not child
-    function_builder.stop_all()
+    builders.stop_all()

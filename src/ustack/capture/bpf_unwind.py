@@ -68,7 +68,6 @@ from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, Trace
                      UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
-from ..objfile import function_builder
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..objfile.vdso import vdso_file
@@ -260,7 +259,6 @@ class UnwindObjects:
             return
         try:
             image = ElfImage.open(path)
-            function_builder.start(image)   # its frames will be named: big tables apart
             packed = self.tables(image)
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"

@@ -100,6 +100,8 @@ class ElfImage:
                 self.file, self.symbols = self._parse_file(f)
             if "_deferred" not in self.symbols.__dict__:
                 self._save()
+            else:
+                function_builder.start(self)    # big tables: built apart from now on
         except UstackError:
             raise
         except OSError as e:

@@ -174,9 +174,23 @@ class ElfSymbols:
         i = bisect.bisect_right(self._starts, vaddr) - 1
         return self._owners[i] if i >= 0 else None
 
-    def named(self, name: str) -> list:
-        """Functions by linker name only (no demangled index is built)."""
-        return list(self._by_name.get(name, ()))
+    def starts_named(self, name: str) -> list:
+        """The start addresses of the functions lookup() answers with the
+        linker name `name`: read from the address table alone (a saved
+        table's symbol list is not decoded: node's is 17 MB of JSON; no
+        demangled index is built)."""
+        index = self.__dict__.get("_owner_starts")
+        if index is None:
+            owners = self._owners
+            if isinstance(owners, _LookupTable):
+                index = owners.starts_by_name()
+            else:
+                index = {}
+                for sym in owners:
+                    if sym is not None:
+                        index.setdefault(sym.name, set()).add(sym.address)
+            self._owner_starts = index
+        return sorted(index.get(name, ()))
 
     def find(self, name: str) -> list:
         """Functions by linker name, else by demangled name (`leaf(long)`),
@@ -259,6 +273,13 @@ class _LookupTable:
         if j < 0:
             return None
         return Symbol(self._names[j], self._addresses[j], self._sizes[j])
+
+    def starts_by_name(self) -> dict:
+        """name -> {start address} of the distinct owners."""
+        out: dict = {}
+        for name, address in zip(self._names, self._addresses):
+            out.setdefault(name, set()).add(address)
+        return out
 
     @classmethod
     def pack(cls, starts: list, owners) -> bytes:

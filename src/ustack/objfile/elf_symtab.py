@@ -111,11 +111,21 @@ def _symbols(reader, table) -> list:
         layout = struct.Struct(reader.order + "IIIBBH")
         entries = ((n, v, sz, info, sh) for n, v, sz, info, _o, sh
                    in layout.iter_unpack(data[:len(data) - len(data) % layout.size]))
+    # latin-1 as pyelftools decoded them (names in the caches stay the
+    # same), and one byte a character: offsets into the text are the
+    # table's. Most names start right after a NUL: one split names them all.
+    text = strtab.decode("latin-1")
+    starting: dict = {}
+    at = 0
+    for part in text.split("\0"):
+        starting[at] = part
+        at += len(part) + 1
     out = []
     for n, address, size, info, shndx in entries:
-        end = strtab.find(b"\0", n)
-        # latin-1 as pyelftools decoded them: names in the caches stay the same
-        name = strtab[n:end if end >= 0 else len(strtab)].decode("latin-1")
+        name = starting.get(n)
+        if name is None:               # a suffix of another name, or past the end
+            end = text.find("\0", n)
+            name = text[n:end if end >= 0 else len(text)]
         out.append((name, address, size, info, shndx))
     return out
 

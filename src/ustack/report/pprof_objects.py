@@ -85,20 +85,22 @@ class ObjectFacts:
             self._symbols[key] = syms
         return self._symbols[key]
 
-    def _linkage_symbols(self, f: Frame) -> list:
-        """symbols(f) when f's function is a linkage name as it stands."""
+    def _linkage_starts(self, f: Frame) -> list:
+        """The start addresses of f's function when its name is a linkage
+        name as it stands (lookup() gave it: the object's table, else its
+        debug file's)."""
         found = self._image(f.path) if f.function else None
         for image in found or ():
             if image is not None:
-                syms = image.symbols.named(f.function)
-                if syms:
-                    return syms
+                starts = image.symbols.starts_named(f.function)
+                if starts:
+                    return starts
         return []
 
     def system_name(self, f: Frame, pid: int | None = None) -> str:
         """The linkage (mangled) name of a frame's function, if it differs;
         `pid`: a process it ran in (its object's bias finds it by address)."""
-        if self._linkage_symbols(f):
+        if self._linkage_starts(f):
             return f.function
         if pid is not None and not f.inlined:
             at = self.object_address(pid, f)
@@ -123,17 +125,17 @@ class ObjectFacts:
         if not image.file.is_pie:
             self._bias[(pid, f.path)] = 0
             return
-        syms = self._linkage_symbols(f)
-        if not syms:
+        starts = self._linkage_starts(f)
+        if not starts:
             later = self._later.setdefault((pid, f.path), [])
             if len(later) < _LATER_FRAMES:
                 later.append(f)
             return
-        self._learn_from(pid, f, image, syms)
+        self._learn_from(pid, f, image, starts)
 
-    def _learn_from(self, pid: int, f: Frame, image, syms: list) -> None:
-        biases = {f.addr - (s.address + f.offset) for s in syms
-                  if image.file.executable(s.address + f.offset)}
+    def _learn_from(self, pid: int, f: Frame, image, starts) -> None:
+        biases = {f.addr - (start + f.offset) for start in starts
+                  if image.file.executable(start + f.offset)}
         biases = {b for b in biases if b % PAGE == 0}
         if len(biases) == 1:                     # several: a name that is not unique
             self._bias[(pid, f.path)] = biases.pop()
@@ -144,7 +146,7 @@ class ObjectFacts:
         if bias is None and (pid, path) in self._later:
             image = self._image(path)[0]
             for f in self._later.pop((pid, path)):
-                self._learn_from(pid, f, image, self.symbols(f))
+                self._learn_from(pid, f, image, [s.address for s in self.symbols(f)])
                 if (pid, path) in self._bias:
                     break
             bias = self._bias.get((pid, path))

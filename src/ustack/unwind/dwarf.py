@@ -204,7 +204,7 @@ class DwarfUnwinder:
                 st.why = f"cannot read it ({e})"
             else:
                 try:
-                    st.table, found = UnwindTable.for_image(st.image, self.debug_dirs)
+                    st.table, found = UnwindTable.for_unwinder(st.image, self.debug_dirs)
                 except Exception:  # a damaged file: frame pointers, not a failed run
                     st.why = "unreadable CFI"
                 else:

@@ -22,6 +22,7 @@ from array import array
 
 from ..bpf import object_path
 from ..kernel.bpf_object import bpf_object
+from ..objfile import builders
 from ..objfile import cache as objcache
 from ..objfile.elf import ElfImage
 # cfi, dwarf and the Go reader are imported where rows are built: a run
@@ -204,11 +205,13 @@ def go_rows(table) -> list:
     return rows
 
 
-def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
+def for_image(image: ElfImage, debug_dirs=(), apart: bool = True) -> PackedRows | None:
     """The packed rows of an ELF object: a Go binary's from its
     .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
     separate debug file, as the Python unwinder uses them). None when it
-    has none the program could use."""
+    has none the program could use. `apart`: a big object's (node's) are
+    built by a child process (unwind/rows_builder.py) while this thread
+    waits, its intermediate tables never in this process's memory."""
     if image.file.is_go:
         return _go_packed(image)
     # cached by build-id: packing libc's 30 k rows costs ~0.25 s, and a
@@ -219,12 +222,14 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
                                     image.file.build_id, f"cfi2.{dirs}")
     except OSError:
         cache = None
-    blob = objcache.read(cache) if cache else None
-    if blob is not None:
-        if blob == b"none":
-            return None
-        if len(blob) % ROW_SIZE == 0:
-            return PackedRows(image.path, blob, from_cache=True)
+    found = _cached_rows(image, cache)
+    if found is None and cache and apart and _worth_a_child(image):
+        builders.start(("rows", image.path, tuple(debug_dirs)), "ustack.unwind.rows_builder",
+                       [image.path, *debug_dirs])
+        builders.wait(("rows", image.path, tuple(debug_dirs)))
+        found = _cached_rows(image, cache)      # else: built here below
+    if found is not None:
+        return found[0]
     from .cfi import UnwindTable
     from .dwarf import RESTORE_RT, just_after_trampoline
     table, _found = UnwindTable.for_image(image, debug_dirs)
@@ -243,6 +248,25 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
     if cache:
         objcache.write(cache, packed.data if packed is not None else b"none")
     return packed
+
+
+def _cached_rows(image: ElfImage, cache: str | None) -> tuple | None:
+    """(PackedRows or None for "no usable rows") from the cache, or None
+    when it holds nothing to trust."""
+    blob = objcache.read(cache) if cache else None
+    if blob is not None:
+        if blob == b"none":
+            return (None,)
+        if len(blob) % ROW_SIZE == 0:
+            return (PackedRows(image.path, blob, from_cache=True),)
+    return None
+
+
+BUILT_APART_FROM = 1 << 20       # .eh_frame bytes whose rows a child builds (node's: 2.7 MB)
+
+
+def _worth_a_child(image: ElfImage) -> bool:
+    return image.file.sections.get(".eh_frame", (0, 0, 0))[2] >= BUILT_APART_FROM
 
 
 def _go_packed(image: ElfImage) -> PackedRows | None:

@@ -1,0 +1,67 @@
+"""Child processes that build an object's cached facts while the run goes
+on (objfile/function_builder.py: its functions; unwind/rows_builder.py:
+its CFI and in-kernel rows): on another CPU, outside this process's GIL,
+their memory returned when they exit. Each job is keyed (its kind and the
+object's path) and started once; whoever needs the facts waits for it and
+reads what it wrote to the cache.
+
+Builders still running when this process exits are killed (atexit); one
+whose parent was killed outright ends by itself when its work is done
+(~1-2 s for node; PR_SET_PDEATHSIG would fire when the thread that
+started it ends, not the process). A child writes only through
+objfile/cache.py, as this process would."""
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+_children: dict = {}            # (kind, path) -> Popen
+_lock = threading.Lock()
+starts_children = True          # False in a builder: it builds what it is asked, here
+
+
+def start(key: tuple, module: str, args: list):
+    """Run `python -m module *args` for `key` unless it was started; the
+    child (a Popen), or None when it could not start (build here)."""
+    if not starts_children:
+        return None
+    with _lock:
+        if key in _children:
+            return _children[key]
+        package_root = str(Path(__file__).resolve().parent.parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH")) if p)
+        if not _children:
+            atexit.register(stop_all)
+        try:
+            _children[key] = subprocess.Popen(
+                [sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            return None
+        return _children[key]
+
+
+def wait(key: tuple) -> None:
+    """Wait for the child of `key`, if one was started (a signal still
+    interrupts the wait)."""
+    with _lock:
+        child = _children.get(key)
+    if child is not None:
+        child.wait()
+
+
+def stop_all() -> None:
+    """Kill the builders still running: the run is over."""
+    with _lock:
+        children = list(_children.values())
+        _children.clear()
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.wait()

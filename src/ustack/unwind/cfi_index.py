@@ -1,0 +1,109 @@
+"""An object's CFI looked up pc by pc through its .eh_frame_hdr, the
+sorted index of its FDEs the linker writes for unwinders (libgcc's,
+libunwind's): one FDE parsed per pc asked, where building the whole table
+(cfi.UnwindTable) interprets every FDE first (node: 76,000 FDEs, ~1 s).
+For the unwinder of a run that meets a big object before its table is
+cached: a whole-machine run's deferred samples, while the table is built
+for the in-kernel walk elsewhere.
+
+lookup() answers as the whole table would: the FDE with the greatest
+start at or below the pc (of equal starts, the last in the section, as
+the table's stable sort keeps it), its row at the pc, None past its end.
+An FDE the whole table would leave out (a CIE it cannot read, a zero
+start or size, values that do not fit) is not guessed at: the whole table
+is built and asked instead."""
+from __future__ import annotations
+
+import bisect
+import struct
+from array import array
+
+from ..objfile.elf import ElfImage
+from ..objfile.fde import pointer
+from . import cfi
+
+_HDR_VERSION = 1
+_DATAREL_SDATA4 = 0x3B            # the table encoding every linker writes
+_OMIT = 0xFF
+
+
+class IndexedCfi:
+    """UnwindTable.lookup over the .eh_frame of an object, through its
+    .eh_frame_hdr; `whole` builds the whole table when an FDE needs it."""
+
+    def __init__(self, eh_frame: bytes, eh_vaddr: int, starts: array, fdes: array,
+                 hdr_vaddr: int, whole):
+        self._data, self._eh_vaddr = eh_frame, eh_vaddr
+        self._starts, self._fdes, self._hdr_vaddr = starts, fdes, hdr_vaddr
+        self._whole_table = whole
+        self._whole = None
+        self._cies: dict = {}
+        self._programs: dict = {}
+        self._parsed: dict = {}         # FDE offset -> (start, end, rows) | None
+
+    @classmethod
+    def of_image(cls, image: ElfImage, whole) -> "IndexedCfi | None":
+        """None when the object has no usable .eh_frame_hdr."""
+        sections = image.file.sections
+        if ".eh_frame_hdr" not in sections or ".eh_frame" not in sections:
+            return None
+        hdr = image.file.section_bytes(".eh_frame_hdr")
+        eh = image.file.section_bytes(".eh_frame")
+        hdr_vaddr, eh_vaddr = sections[".eh_frame_hdr"][0], sections[".eh_frame"][0]
+        if not hdr or not eh or len(hdr) < 4 or hdr[0] != _HDR_VERSION:
+            return None
+        ptr_enc, count_enc, table_enc = hdr[1], hdr[2], hdr[3]
+        if table_enc != _DATAREL_SDATA4 or ptr_enc == _OMIT or count_enc == _OMIT:
+            return None
+        try:
+            _eh_ptr, pos = pointer(hdr, 4, ptr_enc, hdr_vaddr)
+            count, pos = pointer(hdr, pos, count_enc, hdr_vaddr)
+        except (ValueError, struct.error, IndexError):
+            return None
+        if pos + 8 * count > len(hdr):
+            return None
+        pairs = array("i")
+        pairs.frombytes(hdr[pos:pos + 8 * count])
+        if struct.pack("=i", 1) != struct.pack("<i", 1):
+            pairs.byteswap()
+        return cls(eh, eh_vaddr, pairs[0::2], pairs[1::2], hdr_vaddr, whole)
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def lookup(self, vaddr: int) -> tuple | None:
+        if self._whole is not None:
+            return self._whole.lookup(vaddr)
+        i = bisect.bisect_right(self._starts, vaddr - self._hdr_vaddr) - 1
+        if i < 0:
+            return None
+        first = i
+        while first > 0 and self._starts[first - 1] == self._starts[i]:
+            first -= 1
+        offset = max(self._fdes[first:i + 1]) + self._hdr_vaddr - self._eh_vaddr
+        fde = self._fde(offset)
+        if fde is None or not cfi.fits(fde):
+            self._whole = self._whole_table()
+            return self._whole.lookup(vaddr)
+        lo, hi, rows = fde
+        if vaddr >= hi:
+            return None
+        found = None
+        for off, row in rows:
+            if lo + off > vaddr:
+                break
+            found = row
+        if found is None or found[0] & 15 == cfi.NONE:
+            return None
+        k = found[0]
+        return (k & 15, found[1], found[2], k >> 4, found[3], found[4])
+
+    def _fde(self, offset: int):
+        if offset not in self._parsed:
+            try:
+                fde, _end = cfi.entry_at(self._data, offset, self._eh_vaddr, True,
+                                         self._cies, self._programs)
+            except (ValueError, struct.error, IndexError):
+                fde = None
+            self._parsed[offset] = fde
+        return self._parsed[offset]

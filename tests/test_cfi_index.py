@@ -1,0 +1,75 @@
+"""The unwinder's per-pc CFI through .eh_frame_hdr (unwind/cfi_index.py)
+answers as the whole table does, at every FDE boundary and between them,
+on the big objects this machine has; a run meets it only for a big object
+whose whole table is not built yet."""
+import os
+import random
+import shutil
+
+import pytest
+
+from ustack.objfile.elf import ElfImage
+from ustack.unwind.cfi import INDEXED_FROM, UnwindTable
+from ustack.unwind.cfi_index import IndexedCfi
+
+OBJECTS = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+           shutil.which("node") or "", "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so"]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    ElfImage.clear_cache()
+    UnwindTable.clear_cache()
+
+
+@pytest.mark.parametrize("path", OBJECTS, ids=os.path.basename)
+def test_same_rows_as_the_whole_table(path):
+    if not os.path.isfile(path):
+        pytest.skip(f"{path or 'node'} is not installed")
+    image = ElfImage.open(path)
+    whole_built = []
+    indexed = IndexedCfi.of_image(image, lambda: whole_built.append(1) or whole)
+    whole = UnwindTable.for_image(image)[0]
+    assert indexed is not None and len(indexed) > 1000
+    pcs = set()
+    step = max(1, len(whole.starts) // 5000)
+    for start in whole.starts[::step]:
+        pcs.update((start - 1, start, start + 1))
+    rng = random.Random(7)
+    pcs.update(rng.randrange(whole.starts[0] - 64, whole.starts[-1] + 64) for _ in range(5000))
+    differ = [hex(pc) for pc in sorted(pcs) if indexed.lookup(pc) != whole.lookup(pc)]
+    assert differ == [] and whole_built == []
+
+
+def test_the_unwinder_indexes_only_big_objects_not_built_yet():
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    big = ElfImage.open(node)
+    assert big.file.sections[".eh_frame"][2] >= INDEXED_FROM
+    table, _found = UnwindTable.for_unwinder(big)
+    assert isinstance(table, IndexedCfi)
+    small = ElfImage.open("/lib/x86_64-linux-gnu/libc.so.6")
+    assert isinstance(UnwindTable.for_unwinder(small)[0], UnwindTable)
+    whole = UnwindTable.for_image(big)[0]            # built (and cached) by another path
+    assert UnwindTable.for_unwinder(big)[0] is whole
+    UnwindTable.clear_cache()
+    from_disk = UnwindTable.for_unwinder(big)[0]
+    assert isinstance(from_disk, UnwindTable) and from_disk.from_cache
+
+
+def test_big_objects_rows_are_built_by_a_child(tmp_path, monkeypatch):
+    """node's in-kernel rows come from a child process (this one only
+    reads its cache entry), the same rows this process would build."""
+    from ustack.unwind import tables
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    by_child = tables.for_image(ElfImage.open(node))
+    assert by_child is not None and by_child.from_cache      # read back from the child's entry
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache2"))
+    ElfImage.clear_cache()
+    UnwindTable.clear_cache()
+    here = tables.for_image(ElfImage.open(node), apart=False)
+    assert not here.from_cache and here.data == by_child.data
