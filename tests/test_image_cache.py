@@ -249,3 +249,22 @@ def test_builders_are_killed_when_the_run_ends(tmp_path):
     assert child.poll() is not None
     assert function_builder.start(ElfImage.open(node)) is not child
     builders.stop_all()
+
+
+def test_a_big_symbol_list_is_read_again_when_asked(tmp_path):
+    """node's symbol list (12 MB in the cache) is not held while frames are
+    named from the address table; asked for, it is read again, and parsed
+    anew if the cache entry went away meanwhile."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    main = ElfImage.open(node).find("main")
+    ElfImage.clear_cache()
+    image = ElfImage.open(node)
+    assert image.lookup(main[0].address + 1) == main[0]
+    assert image.find("main") == main                       # read again
+    ElfImage.clear_cache()
+    image = ElfImage.open(node)
+    for cached in (tmp_path / "cache" / "images").iterdir():
+        cached.unlink()
+    assert image.find("main") == main                       # parsed anew

@@ -312,8 +312,7 @@ class UnwindObjects:
             self.closed = True
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
-        with self.maps.rows.values_view() as rows:
-            rows[first * ROW_SIZE:(first + n) * ROW_SIZE] = data[:n * ROW_SIZE]
+        self.maps.rows.write_values(first * ROW_SIZE, data[:n * ROW_SIZE])
 
     def add_mapping(self, mapping, pid: int) -> None:
         """Load the object of a mapping an MMAP2 record announced."""

@@ -297,18 +297,19 @@ class Map:
                               f"entries): {e.strerror}")
         self.key_size, self.value_size = key_size, value_size
         self.max_entries = max_entries
-        self._mapped: mmap.mmap | None = None
 
-    def values_view(self) -> memoryview:
-        """The values of an ARRAY map made with F_MMAPABLE, as writable
-        memory (value i at i * its size rounded up to 8): filling it costs
-        a copy, where BPF_MAP_UPDATE_BATCH costs ~0.2 µs per element."""
-        if self._mapped is None:
-            size = ((self.value_size + 7) & ~7) * self.max_entries
-            size = (size + mmap.PAGESIZE - 1) & ~(mmap.PAGESIZE - 1)
-            self._mapped = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
-                                     mmap.PROT_READ | mmap.PROT_WRITE)
-        return memoryview(self._mapped)
+    def write_values(self, at: int, data: bytes) -> None:
+        """Write `data` at byte `at` of the values of an ARRAY map made with
+        F_MMAPABLE (value i at i * its size rounded up to 8): a copy, where
+        BPF_MAP_UPDATE_BATCH costs ~0.2 µs per element. Only the pages
+        written are mapped, and only while they are written: a mapping
+        kept counts the whole map in this process's RSS (16 MB of rows)."""
+        page = mmap.PAGESIZE
+        start = at - at % page
+        end = -(-(at + len(data)) // page) * page
+        with mmap.mmap(self.fd, end - start, mmap.MAP_SHARED,
+                       mmap.PROT_READ | mmap.PROT_WRITE, offset=start) as mapped:
+            mapped[at - start:at - start + len(data)] = data
 
     def _elem(self, cmd: int, key: bytes, value=None, flags: int = 0) -> int:
         kbuf = ctypes.create_string_buffer(key, self.key_size)
@@ -404,12 +405,6 @@ class Map:
         return out
 
     def close(self) -> None:
-        if self._mapped is not None:
-            try:
-                self._mapped.close()
-            except BufferError:          # a view still exported: unmapped when freed
-                pass
-            self._mapped = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

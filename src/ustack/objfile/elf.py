@@ -92,7 +92,8 @@ class ElfImage:
                 # the key of what this very file (fstat: not a replaced one) parsed to
                 cache = objcache.identity_file("images", os.fstat(f.fileno()),
                                                f"{elf_state.STATE_VERSION}.json")
-                saved = elf_state.unpack(self.path, objcache.read(cache), self._reparse)
+                saved = elf_state.unpack(self.path, objcache.read(cache), self._reparse,
+                                         reread=lambda: objcache.read(cache))
                 if saved:
                     self.file, self.symbols = saved
                     return
@@ -140,7 +141,9 @@ class ElfImage:
         """The functions of a file whose layout was parsed at open(), now
         that they are asked for; the image cache written with them."""
         function_builder.wait(self.path)
-        saved = elf_state.unpack(self.path, objcache.read(self._cache_file), self._reparse)
+        cache = self._cache_file
+        saved = elf_state.unpack(self.path, objcache.read(cache), self._reparse,
+                                 reread=lambda: objcache.read(cache))
         if saved:                       # a child built them
             self.symbols = saved[1]
             return saved[1]

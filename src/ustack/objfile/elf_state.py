@@ -16,17 +16,35 @@ def pack(file: ElfFile, symbols: ElfSymbols) -> bytes:
     return b"\n".join([json.dumps(file.layout()).encode(), *symbols.pack()])
 
 
-def unpack(path: str, blob: bytes | None, reparse) -> tuple | None:
+_KEPT_SYMBOLS = 1 << 20     # a bigger symbol list is read again from the cache when asked
+
+
+def unpack(path: str, blob: bytes | None, reparse, reread=None) -> tuple | None:
     """(ElfFile, ElfSymbols) from `blob`, or None when there is nothing to
-    trust (corrupt, or of another layout: the file is parsed again)."""
+    trust (corrupt, or of another layout: the file is parsed again).
+    `reread`: gives the blob again; a big symbol list is then not kept in
+    memory until it is decoded (node's: 12 MB, while naming frames needs
+    only the address table)."""
     if not blob:
         return None
-    layout, _, rest = blob.partition(b"\n")
-    symbols, _, lookup = rest.partition(b"\n")
+    first = blob.find(b"\n")
+    second = blob.find(b"\n", first + 1) if first >= 0 else -1
+    if second < 0 or second == first + 1 or second == len(blob) - 1:
+        return None
     try:
-        file = ElfFile(path, json.loads(layout))
+        file = ElfFile(path, json.loads(blob[:first]))
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
-    if not symbols or not lookup:
-        return None
-    return file, ElfSymbols.saved(symbols, lookup, reparse)
+    lookup = blob[second + 1:]
+    if reread is not None and second - first > _KEPT_SYMBOLS:
+        def symbols():
+            again = reread()
+            return _symbols_part(again) if again else None
+        return file, ElfSymbols.saved(symbols, lookup, reparse)
+    return file, ElfSymbols.saved(blob[first + 1:second], lookup, reparse)
+
+
+def _symbols_part(blob: bytes) -> bytes | None:
+    first = blob.find(b"\n")
+    second = blob.find(b"\n", first + 1) if first >= 0 else -1
+    return blob[first + 1:second] if second > first else None

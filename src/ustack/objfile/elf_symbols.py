@@ -68,7 +68,9 @@ class ElfSymbols:
         return self
 
     @classmethod
-    def saved(cls, symbols: bytes, lookup: bytes, reparse) -> "ElfSymbols":
+    def saved(cls, symbols, lookup: bytes, reparse) -> "ElfSymbols":
+        """From the cache's two blobs; `symbols` may be a callable that
+        reads its blob again (None when it no longer can: parsed anew)."""
         self = cls(reparse)
         self._saved_symbols = symbols
         self._saved_lookup = lookup
@@ -108,6 +110,8 @@ class ElfSymbols:
             saved = self.__dict__.pop("_saved_symbols", None)
             if saved is None:
                 raise AttributeError(name)
+            if callable(saved):         # a big list, read again from the cache
+                saved = saved()
             if not self._restore_symbols(saved):
                 self._take(self._reparse())
         else:
