@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from helpers import build_go_source, FakeMaps, readelf_loads, run, text_mapping
+from helpers import FP, build, build_go_source, FakeMaps, readelf_loads, run, text_mapping
 
 from ustack.native import libelf
 from ustack.model import Mapping, UstackError
@@ -583,3 +583,15 @@ def test_corrupt_symbol_cache_is_rebuilt(bins, tmp_path, monkeypatch):
     assert len(entries) == 1
     entries[0].write_bytes(b"{not json")
     assert ElfImage.open(bins["so"]).functions == want
+
+
+def test_symbol_addresses_by_name_as_the_function_index_gives_them():
+    """objfile/symbol_by_name: through the GNU hash (libc's exports), a
+    table scan (a PIE program's main, in .symtab only), and nothing
+    for a name the file does not define."""
+    from ustack.objfile import symbol_by_name
+    libc = ElfImage.open("/lib/x86_64-linux-gnu/libc.so.6")
+    found = symbol_by_name.addresses(libc, ("malloc", "getpid", "no_such_name"))
+    assert found == {name: libc.find(name)[0].address for name in ("malloc", "getpid")}
+    prog = ElfImage.open(str(build("chain", flags=FP)))
+    assert symbol_by_name.addresses(prog, ("main",)) == {"main": prog.find("main")[0].address}

@@ -17,6 +17,7 @@ import re
 import struct
 
 from ..model import Mapping, UstackError
+from ..objfile import symbol_by_name
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..values import value
@@ -203,49 +204,25 @@ def _read_facts(path: str):
     with open(path, "rb") as f:
         if f.read(4) != b"\x7fELF":
             return None
-        f.seek(0)
-        from elftools.elf.elffile import ELFFile   # ~55 ms to import: Python runs only
-        elf = ELFFile(f)
-        symbols = _exported(elf, ("_PyRuntime", "Py_Version"))
-        for name in (".dynsym", ".symtab"):
-            table = elf.get_section_by_name(name)
-            if table is None or "_PyRuntime" in symbols:
-                continue        # both are exported where one is: .symtab costs 0.2 s
-            # a name map costs 0.1-0.2 s: only where the names are in the
-            # table's strings (a whole-machine run asks ~40 other objects)
-            names = elf.get_section(table["sh_link"]).data()
-            for wanted in ("_PyRuntime", "Py_Version"):
-                if wanted not in symbols and f"\0{wanted}\0".encode() in names:
-                    found = table.get_symbol_by_name(wanted)
-                    if found:
-                        symbols[wanted] = found[0]["st_value"]
-        if "_PyRuntime" not in symbols:
-            return None
+    try:
         image = ElfImage.open(path)
-        version = None
-        if "Py_Version" in symbols:          # 3.11+: PY_VERSION_HEX
-            hexversion = struct.unpack("<I", image.read(symbols["Py_Version"], 4))[0]
-            version = (hexversion >> 24, (hexversion >> 16) & 0xFF)
-        else:
-            version = _version_from_name(path) or _version_from_text(elf)
-        if version is None:
-            return None
-        debug = image.read(symbols["_PyRuntime"], _DEBUG_BYTES)
-        return symbols["_PyRuntime"], version, debug if debug.startswith(_DEBUG_COOKIE) else b""
-
-
-def _exported(elf, names: tuple) -> dict:
-    """{name: ELF address} of those of `names` the dynamic symbol table's
-    GNU hash finds: ~2 ms, where a name map of .dynsym costs ~0.1 s."""
-    table = elf.get_section_by_name(".gnu.hash")
-    if table is None or not hasattr(table, "get_symbol"):
-        return {}
-    found = {}
-    for name in names:
-        symbol = table.get_symbol(name)
-        if symbol is not None and symbol["st_shndx"] != "SHN_UNDEF":
-            found[name] = symbol["st_value"]
-    return found
+    except UstackError:
+        return None
+    # the hash table, else a table scan where the names are among its
+    # strings: a whole-machine run asks ~40 objects that are not Python
+    symbols = symbol_by_name.addresses(image, ("_PyRuntime", "Py_Version"))
+    if "_PyRuntime" not in symbols:
+        return None
+    version = None
+    if "Py_Version" in symbols:          # 3.11+: PY_VERSION_HEX
+        hexversion = struct.unpack("<I", image.read(symbols["Py_Version"], 4))[0]
+        version = (hexversion >> 24, (hexversion >> 16) & 0xFF)
+    else:
+        version = _version_from_name(path) or _version_from_text(image)
+    if version is None:
+        return None
+    debug = image.read(symbols["_PyRuntime"], _DEBUG_BYTES)
+    return symbols["_PyRuntime"], version, debug if debug.startswith(_DEBUG_COOKIE) else b""
 
 
 def _version_from_name(path: str) -> tuple | None:
@@ -253,13 +230,13 @@ def _version_from_name(path: str) -> tuple | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _version_from_text(elf) -> tuple | None:
+def _version_from_text(image: ElfImage) -> tuple | None:
     """The version Py_GetVersion prints ("3.9.18 (main, ..."), from .rodata:
     for a renamed executable of a version without Py_Version."""
-    rodata = elf.get_section_by_name(".rodata")
-    if rodata is None:
+    rodata = image.file.section_bytes(".rodata")
+    if not rodata:
         return None
-    m = re.search(rb"\x00(\d)\.(\d+)\.\d+[a-z0-9+]* \(", rodata.data())
+    m = re.search(rb"\x00(\d)\.(\d+)\.\d+[a-z0-9+]* \(", rodata)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
