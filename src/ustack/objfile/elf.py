@@ -14,7 +14,6 @@ read back from the cache."""
 from __future__ import annotations
 
 import os
-import threading
 
 from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
@@ -22,6 +21,7 @@ from ustack.model import UstackError
 from . import cache as objcache
 from . import elf_state
 from . import function_builder
+from .built_once import BuiltOnce
 from .elf_file import ElfFile
 from .elf_symbols import ElfSymbols, Symbol, flatten_ranges      # noqa: F401 (their home)
 from .elf_symtab import COMPAT, IFUNC, raw_functions             # noqa: F401
@@ -44,9 +44,7 @@ class ElfImage:
     answered by name too (image.lookup is image.symbols.lookup), so code
     written against the one object keeps working. Use ElfImage.open(path)."""
 
-    _cache: dict = {}
-    _opening: dict = {}   # memo key -> the lock of the thread opening it
-    _opening_lock = threading.Lock()
+    _images = BuiltOnce()   # memo key -> ElfImage: one parse per file across threads
     parsed_files = 0      # files parsed (not read back from the disk cache) in this process
     # the by-build-id cache of raw functions (for another copy of the same
     # build); a builder child skips it, its image cache is what is read
@@ -62,26 +60,13 @@ class ElfImage:
             raise UstackError(f"{path}: {e.strerror}") from None
         except ValueError:              # a NUL byte (read from a trace file)
             raise UstackError(f"no such binary: {path!r}") from None
-        key = objcache.memo_key(st)
-        image = cls._cache.get(key)
-        if image is not None:
-            return image
-        # one parse per file: the row loader's thread and the unwinder may
-        # ask for the same object at once
-        with cls._opening_lock:
-            lock = cls._opening.setdefault(key, threading.Lock())
-        with lock:
-            image = cls._cache.get(key)
-            if image is None:
-                image = cls(path)
-                cls._cache[key] = image
-        return image
+        return cls._images.get(objcache.memo_key(st), lambda: cls(path))
 
     @classmethod
     def clear_cache(cls) -> None:
         """Forget every image opened so far: the next open() of a path
         reads the file (and the on-disk symbol cache) again."""
-        cls._cache.clear()
+        cls._images.clear()
 
     def __init__(self, path: str):
         self.path = lasting_path(path)     # /proc/PID/exe outlives PID

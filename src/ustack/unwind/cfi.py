@@ -19,12 +19,12 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-import threading
 import zlib
 from array import array
 
 from ..model import UstackError
 from ..objfile import cache as objcache
+from ..objfile.built_once import BuiltOnce
 from ..objfile.debuginfo import DebugLookup, find_debug_file
 from ..objfile.elf import ElfImage
 from ..objfile.fde import pointer as _pointer
@@ -69,12 +69,10 @@ class UnwindTable:
     """Unwind rows of one ELF object, addressed by ELF virtual address."""
 
     parse_count = 0          # objects whose CFI this process has interpreted
-    _memo: dict = {}         # (dev, ino, mtime, debug dirs) -> (UnwindTable, DebugLookup)
-    # one builder per object: the run's reader (a deferred stack) and the
-    # loader of kernel rows (capture/lazy_rows.py) may want it at once, and
-    # a large object takes minutes to build
-    _building: dict = {}     # memo key -> Lock
-    _building_lock = threading.Lock()
+    # (dev, ino, mtime, debug dirs) -> (UnwindTable, DebugLookup), one builder
+    # per object: the run's reader (a deferred stack) and the loader of kernel
+    # rows (capture/lazy_rows.py) may want it at once
+    _memo = BuiltOnce()
 
     __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "from_cache")
 
@@ -108,7 +106,7 @@ class UnwindTable:
     def loaded(cls) -> list:
         """The tables this process holds in memory (built or read from the
         disk cache: see from_cache), one per object and debug dirs."""
-        return [table for table, _found in cls._memo.values()]
+        return [table for table, _found in cls._memo.values.values()]
 
     @classmethod
     def clear_cache(cls) -> None:
@@ -125,14 +123,7 @@ class UnwindTable:
         refused. A warm cache hit reads no section."""
         st = os.stat(image.path)
         key = objcache.memo_key(st) + (tuple(debug_dirs),)
-        hit = cls._memo.get(key)
-        if hit is not None:
-            return hit
-        with cls._building_lock:
-            lock = cls._building.setdefault(key, threading.Lock())
-        with lock:
-            hit = cls._memo.get(key)
-            return hit if hit is not None else cls._read_or_build(image, st, key, debug_dirs)
+        return cls._memo.get(key, lambda: cls._read_or_build(image, st, debug_dirs))
 
     @classmethod
     def for_unwinder(cls, image: ElfImage, debug_dirs=()) -> tuple:
@@ -143,7 +134,7 @@ class UnwindTable:
         .eh_frame (node: 2.7 MB) where the whole table read from disk
         holds 9 MB and costs ~50 ms to read."""
         st = os.stat(image.path)
-        hit = cls._memo.get(objcache.memo_key(st) + (tuple(debug_dirs),))
+        hit = cls._memo.values.get(objcache.memo_key(st) + (tuple(debug_dirs),))
         if hit is not None:
             return hit
         sections = image.file.sections
@@ -170,8 +161,7 @@ class UnwindTable:
         return objcache.cache_file("cfi", image.path, st, image.file.build_id, "v1")
 
     @classmethod
-    def _read_or_build(cls, image: ElfImage, st: os.stat_result, key: tuple,
-                       debug_dirs) -> tuple:
+    def _read_or_build(cls, image: ElfImage, st: os.stat_result, debug_dirs) -> tuple:
         found = find_debug_file(image, debug_dirs)
         table = cls._cached(image, st, found)
         if table is None:
@@ -179,7 +169,6 @@ class UnwindTable:
             table = _build(image, found)
             objcache.write(cls._cache_file(image, st),
                            table.to_bytes(_signature(image, found.path)))
-        cls._memo[key] = (table, found)
         return table, found
 
     def to_bytes(self, signature: bytes = b"") -> bytes:
