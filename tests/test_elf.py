@@ -591,7 +591,7 @@ def test_symbol_addresses_by_name_as_the_function_index_gives_them():
     for a name the file does not define."""
     from ustack.objfile import symbol_by_name
     libc = ElfImage.open("/lib/x86_64-linux-gnu/libc.so.6")
-    found = symbol_by_name.addresses(libc, ("malloc", "getpid", "no_such_name"))
+    found = symbol_by_name.addresses(libc.file, ("malloc", "getpid", "no_such_name"))
     assert found == {name: libc.find(name)[0].address for name in ("malloc", "getpid")}
     prog = ElfImage.open(str(build("chain", flags=FP)))
-    assert symbol_by_name.addresses(prog, ("main",)) == {"main": prog.find("main")[0].address}
+    assert symbol_by_name.addresses(prog.file, ("main",)) == {"main": prog.find("main")[0].address}

@@ -268,3 +268,23 @@ def test_a_big_symbol_list_is_read_again_when_asked(tmp_path):
     for cached in (tmp_path / "cache" / "images").iterdir():
         cached.unlink()
     assert image.find("main") == main                       # parsed anew
+
+
+def test_a_damaged_entry_met_when_functions_are_first_asked_is_parsed_again(tmp_path):
+    """An entry that appears between open() and the first question (a
+    builder child writes it) with an unreadable symbol list: the file is
+    parsed anew, once."""
+    from ustack.objfile import elf_state
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    good = ElfImage.open(str(prog)).find("main")
+    ElfImage.clear_cache()
+    for cached in (tmp_path / "cache" / "images").iterdir():
+        layout, _symbols, lookup = objcache.read(str(cached)).split(b"\n", 2)
+        cached.unlink()
+    image = ElfImage.open(str(prog))            # nothing cached: functions deferred
+    entry = objcache.identity_file("images", prog.stat(), f"{elf_state.STATE_VERSION}.json")
+    objcache.write(entry, b"\n".join([layout, b'{"named": 7}', lookup]))
+    parsed = ElfImage.parsed_files
+    assert image.find("main") == good
+    assert ElfImage.parsed_files == parsed + 1

@@ -21,13 +21,13 @@ from pathlib import Path
 
 _children: dict = {}            # (kind, path) -> Popen
 _lock = threading.Lock()
-starts_children = True          # False in a builder: it builds what it is asked, here
+in_builder = False              # this process is a builder: it builds what it is asked, here
 
 
 def start(key: tuple, module: str, args: list):
     """Run `python -m module *args` for `key` unless it was started; the
     child (a Popen), or None when it could not start (build here)."""
-    if not starts_children:
+    if in_builder:
         return None
     with _lock:
         if key in _children:

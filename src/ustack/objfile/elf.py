@@ -19,8 +19,7 @@ from ustack.kernel.proc_root import lasting_path
 from ustack.model import UstackError
 
 from . import cache as objcache
-from . import elf_state
-from . import function_builder
+from . import builders, elf_state, function_builder
 from .built_once import BuiltOnce
 from .elf_file import ElfFile
 from .elf_symbols import ElfSymbols, Symbol, flatten_ranges      # noqa: F401 (their home)
@@ -46,9 +45,6 @@ class ElfImage:
 
     _images = BuiltOnce()   # memo key -> ElfImage: one parse per file across threads
     parsed_files = 0      # files parsed (not read back from the disk cache) in this process
-    # the by-build-id cache of raw functions (for another copy of the same
-    # build); a builder child skips it, its image cache is what is read
-    keeps_raw_functions = True
 
     @classmethod
     def open(cls, path: str) -> "ElfImage":
@@ -84,7 +80,7 @@ class ElfImage:
                     return
                 self._cache_file = cache
                 self.file, self.symbols = self._parse_file(f)
-            if "_deferred" not in self.symbols.__dict__:
+            if not self.symbols.pending:
                 self._save()
             else:
                 function_builder.start(self)    # big tables: built apart from now on
@@ -149,14 +145,18 @@ class ElfImage:
         try:
             ElfImage.parsed_files += 1
             file = ElfFile.from_reader(self.path, reader)
+            # a Go binary without Go's sections is known by its functions
             if file.is_go or _names_runtime_main(reader):
                 return file, self._functions(file, reader)
-            return file, ElfSymbols.deferred(self._build_deferred)
+            return file, ElfSymbols.deferred(self._build_deferred, self._reparse)
         finally:
             reader.close()
 
     def _functions(self, file: ElfFile, reader) -> ElfSymbols:
-        raw = raw_functions(self.path, file.build_id, reader, ElfImage.keeps_raw_functions)
+        # the by-build-id cache of raw functions serves another copy of the
+        # same build; a builder skips it (~0.15 s of node's): the image cache
+        # it writes is what is read
+        raw = raw_functions(self.path, file.build_id, reader, keep=not builders.in_builder)
         file.is_go = file.is_go or any(n == "runtime.main" for _a, n in raw)
         if file.is_go and not file.has_symtab:
             raw = dict(raw)
@@ -168,12 +168,12 @@ class ElfImage:
 
 
 def _names_runtime_main(reader) -> bool:
-    """Whether a symbol table's strings hold "runtime.main" (a Go binary
-    without Go's sections): ~1 ms, where naming every function costs ~1 s."""
+    """Whether a symbol table's strings hold "runtime.main", through the
+    reader open at parse time: ~1 ms, where naming every function costs ~1 s
+    (and reading through the ElfFile would hold a descriptor per image)."""
     for sec in reader.sections:
         if sec.type in (2, 11) and 0 < sec.link < len(reader.sections):   # SYMTAB, DYNSYM
-            strings = reader.data(reader.sections[sec.link])
-            if b"\0runtime.main\0" in strings:
+            if b"\0runtime.main\0" in reader.data(reader.sections[sec.link]):
                 return True
     return False
 

@@ -25,12 +25,10 @@ def unpack(path: str, blob: bytes | None, reparse, reread=None) -> tuple | None:
     `reread`: gives the blob again; a big symbol list is then not kept in
     memory until it is decoded (node's: 12 MB, while naming frames needs
     only the address table)."""
-    if not blob:
+    lines = _lines(blob)
+    if lines is None:
         return None
-    first = blob.find(b"\n")
-    second = blob.find(b"\n", first + 1) if first >= 0 else -1
-    if second < 0 or second == first + 1 or second == len(blob) - 1:
-        return None
+    first, second = lines
     try:
         file = ElfFile(path, json.loads(blob[:first]))
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
@@ -39,12 +37,19 @@ def unpack(path: str, blob: bytes | None, reparse, reread=None) -> tuple | None:
     if reread is not None and second - first > _KEPT_SYMBOLS:
         def symbols():
             again = reread()
-            return _symbols_part(again) if again else None
+            found = _lines(again)
+            return again[found[0] + 1:found[1]] if found else None
         return file, ElfSymbols.saved(symbols, lookup, reparse)
     return file, ElfSymbols.saved(blob[first + 1:second], lookup, reparse)
 
 
-def _symbols_part(blob: bytes) -> bytes | None:
+def _lines(blob: bytes | None) -> tuple | None:
+    """Where the blob's first two lines end (the layout's, the symbols'),
+    or None unless all three lines have something."""
+    if not blob:
+        return None
     first = blob.find(b"\n")
-    second = blob.find(b"\n", first + 1) if first >= 0 else -1
-    return blob[first + 1:second] if second > first else None
+    second = blob.find(b"\n", first + 1) if first > 0 else -1
+    if second < 0 or second == first + 1 or second == len(blob) - 1:
+        return None
+    return first, second

@@ -59,10 +59,11 @@ class ElfSymbols:
         return self
 
     @classmethod
-    def deferred(cls, build) -> "ElfSymbols":
-        """Built by build() (a built ElfSymbols) when a fact is first asked,
-        once, whichever thread asks."""
-        self = cls(build)
+    def deferred(cls, build, reparse) -> "ElfSymbols":
+        """Built by build() (an ElfSymbols) when a fact is first asked, once,
+        whichever thread asks; `reparse` as for saved() (build() may give a
+        saved one: a builder child's)."""
+        self = cls(reparse)
         self._deferred = build
         self._building = threading.Lock()
         return self
@@ -75,6 +76,11 @@ class ElfSymbols:
         self._saved_symbols = symbols
         self._saved_lookup = lookup
         return self
+
+    @property
+    def pending(self) -> bool:
+        """Made deferred() and not built yet."""
+        return "_deferred" in self.__dict__
 
     def pack(self) -> tuple:
         """(symbols, lookup): the two blobs `saved` takes."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import bisect
 import struct
+import sys
+from array import array
 
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
 _S16, _S32, _S64 = struct.Struct("<h"), struct.Struct("<i"), struct.Struct("<q")
@@ -151,25 +153,35 @@ def covering(ranges: list, starts: list, vaddr: int):
     return None
 
 
-def hdr_lookup(hdr, hdr_addr: int, vaddr: int) -> int | None:
-    """The address of the FDE .eh_frame_hdr's table names for vaddr (the
-    last one whose initial location is at or below it), None when the
-    header has no table or none is at or below vaddr."""
+def hdr_table(hdr, hdr_addr: int) -> tuple | None:
+    """.eh_frame_hdr's sorted table as two arrays of the same length: each
+    FDE's initial location and the FDE's address, both relative to
+    hdr_addr (the datarel sdata4 every linker writes); None when the header
+    has no such table."""
     if len(hdr) < 4 or hdr[0] != 1:
         return None
     ptr_enc, count_enc, table_enc = hdr[1], hdr[2], hdr[3]
     if _OMIT in (ptr_enc, count_enc, table_enc) or table_enc != 0x3b:
-        return None                 # datarel sdata4 is what every linker writes
+        return None
     _, pos = pointer(hdr, 4, ptr_enc, hdr_addr)
     count, pos = pointer(hdr, pos, count_enc, hdr_addr)
     count = min(count, (len(hdr) - pos) // 8)
-    lo, hi = 0, count               # the first entry whose start is above vaddr
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if hdr_addr + _S32.unpack_from(hdr, pos + 8 * mid)[0] <= vaddr:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == 0:
+    pairs = array("i")
+    pairs.frombytes(bytes(hdr[pos:pos + 8 * count]))
+    if sys.byteorder != "little":
+        pairs.byteswap()
+    return pairs[0::2], pairs[1::2]
+
+
+def hdr_lookup(hdr, hdr_addr: int, vaddr: int) -> int | None:
+    """The address of the FDE .eh_frame_hdr's table names for vaddr (the
+    last one whose initial location is at or below it), None when the
+    header has no table or none is at or below vaddr."""
+    table = hdr_table(hdr, hdr_addr)
+    if table is None:
         return None
-    return (hdr_addr + _S32.unpack_from(hdr, pos + 8 * (lo - 1) + 4)[0]) & 0xffffffffffffffff
+    starts, fdes = table
+    i = bisect.bisect_right(starts, vaddr - hdr_addr)
+    if i == 0:
+        return None
+    return (hdr_addr + fdes[i - 1]) & 0xffffffffffffffff

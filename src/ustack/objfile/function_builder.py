@@ -24,7 +24,7 @@ def start(image):
     """Build `image`'s functions in a child, unless they are built, being
     built, or small enough to build here when asked. The child (a Popen)
     or None."""
-    if "_deferred" not in image.symbols.__dict__ or not worth_a_child(image):
+    if not image.symbols.pending or not worth_a_child(image):
         return None
     return builders.start((_KIND, image.path), "ustack.objfile.function_builder", [image.path])
 
@@ -38,8 +38,7 @@ def wait(path: str) -> None:
 def main() -> None:
     from ..model import UstackError
     from .elf import ElfImage
-    ElfImage.keeps_raw_functions = False    # ~0.15 s of node's; the image cache is read
-    builders.starts_children = False
+    builders.in_builder = True
     try:
         ElfImage.open(sys.argv[1]).symbols.functions    # parsed, and the cache written
     except UstackError:

@@ -1,9 +1,10 @@
-"""The address of a few named symbols of an ELF file, without indexing
-all its functions: the dynamic symbol table's GNU hash (.gnu.hash, as
-ld.so looks a symbol up), else a scan of a symbol table for the string's
-offset where the name is among its strings. For finding one interpreter's
-_PyRuntime among the objects a whole machine maps: ~1 ms an object, where
-pyelftools' import alone costs ~55 ms and indexing node's functions ~1 s."""
+"""A few named symbols of an ELF file (an ElfFile: its layout), without
+indexing all its functions: the dynamic symbol table's GNU hash
+(.gnu.hash, as ld.so looks a symbol up), else a scan of a symbol table for
+the string's offset where the name is among its strings. For finding one
+interpreter's _PyRuntime among the objects a whole machine maps: ~1 ms
+an object, where pyelftools'
+import alone costs ~55 ms and indexing node's functions ~1 s."""
 from __future__ import annotations
 
 import struct
@@ -21,24 +22,24 @@ def gnu_hash(name: bytes) -> int:
     return h
 
 
-def addresses(image, names: tuple) -> dict:
+def addresses(file, names: tuple) -> dict:
     """{name: ELF address} of those of `names` the file defines (64-bit
     little-endian ELF: other files give {})."""
-    if image.file.elfclass != 64 or not image.file.little_endian:
+    if file.elfclass != 64 or not file.little_endian:
         return {}
-    found = _hashed(image, names)
+    found = _hashed(file, names)
     for table, strings in _TABLES:
         missing = [n for n in names if n not in found]
         if not missing:
             break
-        found.update(_scanned(image, table, strings, missing))
+        found.update(_scanned(file, table, strings, missing))
     return found
 
 
-def _hashed(image, names: tuple) -> dict:
-    hashed = image.file.section_bytes(".gnu.hash")
-    dynsym = image.file.section_bytes(".dynsym")
-    dynstr = image.file.section_bytes(".dynstr")
+def _hashed(file, names: tuple) -> dict:
+    hashed = file.section_bytes(".gnu.hash")
+    dynsym = file.section_bytes(".dynsym")
+    dynstr = file.section_bytes(".dynstr")
     if not hashed or not dynsym or not dynstr or len(hashed) < 16:
         return {}
     nbuckets, symoffset, bloom_size, _shift = struct.unpack_from("<IIII", hashed)
@@ -67,10 +68,10 @@ def _hashed(image, names: tuple) -> dict:
     return found
 
 
-def _scanned(image, table: str, strings: str, names: list) -> dict:
+def _scanned(file, table: str, strings: str, names: list) -> dict:
     """The named symbols of `table`, found by their names' string offsets
     (only where a name is among the table's strings)."""
-    text = image.file.section_bytes(strings)
+    text = file.section_bytes(strings)
     if not text:
         return {}
     offsets = {}
@@ -81,7 +82,7 @@ def _scanned(image, table: str, strings: str, names: list) -> dict:
             at = text.find(b"\0" + name.encode() + b"\0", at + 1)
     if not offsets:
         return {}
-    data = image.file.section_bytes(table) or b""
+    data = file.section_bytes(table) or b""
     found = {}
     for st_name, _i, _o, shndx, value, _s in _SYM64.iter_unpack(
             data[:len(data) - len(data) % _SYM64.size]):

@@ -19,12 +19,8 @@ import struct
 from array import array
 
 from ..objfile.elf import ElfImage
-from ..objfile.fde import pointer
+from ..objfile.fde import hdr_table
 from . import cfi
-
-_HDR_VERSION = 1
-_DATAREL_SDATA4 = 0x3B            # the table encoding every linker writes
-_OMIT = 0xFF
 
 
 class IndexedCfi:
@@ -49,24 +45,16 @@ class IndexedCfi:
             return None
         hdr = image.file.section_bytes(".eh_frame_hdr")
         eh = image.file.section_bytes(".eh_frame")
-        hdr_vaddr, eh_vaddr = sections[".eh_frame_hdr"][0], sections[".eh_frame"][0]
-        if not hdr or not eh or len(hdr) < 4 or hdr[0] != _HDR_VERSION:
+        if not hdr or not eh:
             return None
-        ptr_enc, count_enc, table_enc = hdr[1], hdr[2], hdr[3]
-        if table_enc != _DATAREL_SDATA4 or ptr_enc == _OMIT or count_enc == _OMIT:
-            return None
+        hdr_vaddr = sections[".eh_frame_hdr"][0]
         try:
-            _eh_ptr, pos = pointer(hdr, 4, ptr_enc, hdr_vaddr)
-            count, pos = pointer(hdr, pos, count_enc, hdr_vaddr)
+            table = hdr_table(hdr, hdr_vaddr)
         except (ValueError, struct.error, IndexError):
             return None
-        if pos + 8 * count > len(hdr):
+        if table is None:
             return None
-        pairs = array("i")
-        pairs.frombytes(hdr[pos:pos + 8 * count])
-        if struct.pack("=i", 1) != struct.pack("<i", 1):
-            pairs.byteswap()
-        return cls(eh, eh_vaddr, pairs[0::2], pairs[1::2], hdr_vaddr, whole)
+        return cls(eh, sections[".eh_frame"][0], *table, hdr_vaddr, whole)
 
     def __len__(self) -> int:
         return len(self._starts)

@@ -210,7 +210,7 @@ def _read_facts(path: str):
         return None
     # the hash table, else a table scan where the names are among its
     # strings: a whole-machine run asks ~40 objects that are not Python
-    symbols = symbol_by_name.addresses(image, ("_PyRuntime", "Py_Version"))
+    symbols = symbol_by_name.addresses(image.file, ("_PyRuntime", "Py_Version"))
     if "_PyRuntime" not in symbols:
         return None
     version = None

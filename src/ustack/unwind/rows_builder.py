@@ -12,9 +12,9 @@ def main() -> None:
     from ..objfile import builders
     from ..objfile.elf import ElfImage
     from . import tables
-    builders.starts_children = False
+    builders.in_builder = True
     try:
-        tables.for_image(ElfImage.open(sys.argv[1]), tuple(sys.argv[2:]), apart=False)
+        tables.for_image(ElfImage.open(sys.argv[1]), tuple(sys.argv[2:]))
     except UstackError:
         sys.exit(1)
 

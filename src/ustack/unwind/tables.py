@@ -205,13 +205,13 @@ def go_rows(table) -> list:
     return rows
 
 
-def for_image(image: ElfImage, debug_dirs=(), apart: bool = True) -> PackedRows | None:
+def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
     """The packed rows of an ELF object: a Go binary's from its
     .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
     separate debug file, as the Python unwinder uses them). None when it
-    has none the program could use. `apart`: a big object's (node's) are
-    built by a child process (unwind/rows_builder.py) while this thread
-    waits, its intermediate tables never in this process's memory."""
+    has none the program could use. A big object's (node's) are built by
+    a child process (unwind/rows_builder.py) while this thread waits, its
+    intermediate tables never in this process's memory."""
     if image.file.is_go:
         return _go_packed(image)
     # cached by build-id: packing libc's 30 k rows costs ~0.25 s, and a
@@ -223,7 +223,7 @@ def for_image(image: ElfImage, debug_dirs=(), apart: bool = True) -> PackedRows 
     except OSError:
         cache = None
     found = _cached_rows(image, cache)
-    if found is None and cache and apart and _worth_a_child(image):
+    if found is None and cache and _worth_a_child(image):
         builders.start(("rows", image.path, tuple(debug_dirs)), "ustack.unwind.rows_builder",
                        [image.path, *debug_dirs])
         builders.wait(("rows", image.path, tuple(debug_dirs)))
