@@ -5,11 +5,13 @@ their memory returned when they exit. Each job is keyed (its kind and the
 object's path) and started once; whoever needs the facts waits for it and
 reads what it wrote to the cache.
 
-Builders still running when this process exits are killed (atexit); one
-whose parent was killed outright ends by itself when its work is done
-(~1-2 s for node; PR_SET_PDEATHSIG would fire when the thread that
-started it ends, not the process). A child writes only through
-objfile/cache.py, as this process would."""
+Builders still running when the interpreter exits normally are killed
+(atexit: a script using the API). The `ustack` command leaves with
+os._exit (cli.entry), so a builder still running then, like one whose
+parent was killed outright, ends by itself when its one object is built
+(~1-2 s for node) and writes only its cache entry; PR_SET_PDEATHSIG would
+fire when the thread that started it ends, not the process. A child
+writes only through objfile/cache.py, as this process would."""
 from __future__ import annotations
 
 import atexit
