@@ -190,8 +190,12 @@ def guardians(pid: int) -> list[int]:
     """The guardian of ustack run `pid`: its child that is a fork of it
     (the same command line), not its -c command."""
     me = Path(f"/proc/{pid}/cmdline").read_bytes()
-    kids = [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
-            for c in (t / "children").read_text().split()]
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:  # a thread of the run may end while its siblings are listed
+            kids += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
     found = []
     for kid in kids:
         try:
