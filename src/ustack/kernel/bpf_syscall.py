@@ -17,6 +17,7 @@ import os
 import struct
 
 from ..model import UstackError
+from .shared_word import SharedWord
 
 NR_BPF = 321                      # x86-64
 
@@ -722,7 +723,8 @@ class RingBuf:
             self.map.close()
             raise UstackError(f"cannot map a BPF ring buffer: {e.strerror}")
         self._page = page
-        self._u64 = struct.Struct("<Q")
+        self._consumed = SharedWord(self._cons, 0)
+        self._produced = SharedWord(self._prod, 0)
         self._hdr = struct.Struct("<II")
         self._end: int | None = None    # freeze(): read no further than this
 
@@ -733,7 +735,7 @@ class RingBuf:
         would otherwise keep the last read from ever ending. The first
         call holds (a run's time up, then its reading of the rest)."""
         if self._end is None:
-            self._end = self._u64.unpack_from(self._prod, 0)[0]
+            self._end = self._produced.load()
 
     def read(self, most: int = 1 << 62) -> bytes:
         """The records written since the last read, as the ring lays them
@@ -742,8 +744,8 @@ class RingBuf:
         left out. At about `most` bytes the rest is left for the next read.
         Only the headers are read one by one; the records are copied in
         one slice per run of them (a busy ring holds ~10^5)."""
-        cons = self._u64.unpack_from(self._cons, 0)[0]
-        prod = self._u64.unpack_from(self._prod, 0)[0]   # acquire: x86 keeps order
+        cons = self._consumed.load()
+        prod = self._produced.load()        # acquire: x86 keeps order
         if self._end is not None:
             prod = min(prod, self._end)
         if cons >= prod:
@@ -766,10 +768,13 @@ class RingBuf:
             at = nxt
         if at > run:
             parts.append(data[base + (run & mask):base + (run & mask) + at - run])
-        self._u64.pack_into(self._cons, 0, at)
+        self._consumed.store(at)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def close(self) -> None:
+        for word in (getattr(self, "_consumed", None), getattr(self, "_produced", None)):
+            if word is not None:
+                word.release()
         for m in (getattr(self, "_cons", None), getattr(self, "_prod", None)):
             if m is not None:
                 m.close()

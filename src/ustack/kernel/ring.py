@@ -10,6 +10,8 @@ from __future__ import annotations
 import mmap
 import struct
 
+from .shared_word import SharedWord
+
 PAGE = mmap.PAGESIZE
 _U64 = struct.Struct("<Q")
 _U16 = struct.Struct("<H")
@@ -25,13 +27,15 @@ class RingBuffer:
                              mmap.PROT_READ | mmap.PROT_WRITE)
         self.offset = _U64.unpack_from(self.map, _DATA_OFFSET)[0] or PAGE
         self.size = _U64.unpack_from(self.map, _DATA_SIZE)[0] or PAGE * data_pages
-        self.tail = _U64.unpack_from(self.map, _TAIL)[0]
+        self._head = SharedWord(self.map, _HEAD)
+        self._tail = SharedWord(self.map, _TAIL)
+        self.tail = self._tail.load()
 
     def read(self, most: int = 1 << 62) -> bytes:
         """What was written since the last read, as one bytes object: all
         of it, or whole records up to about `most` bytes (the rest stays
         for the next read: a reader behind holds less in memory)."""
-        head = _U64.unpack_from(self.map, _HEAD)[0]
+        head = self._head.load()
         tail = self.tail
         if head == tail:
             return b""
@@ -44,7 +48,7 @@ class RingBuffer:
         else:
             chunk = self.map[base + start:base + size] + self.map[base:base + end]
         self.tail = head
-        _U64.pack_into(self.map, _TAIL, head)
+        self._tail.store(head)
         return chunk
 
     def _records_end(self, tail: int, head: int, most: int) -> int:
@@ -60,6 +64,8 @@ class RingBuffer:
         return min(at, head) if at > tail else head
 
     def close(self) -> None:
+        self._head.release()
+        self._tail.release()
         try:
             self.map.close()
         except (BufferError, ValueError):
