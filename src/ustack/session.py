@@ -132,6 +132,9 @@ class Session:
                 opts.command, opts.backend, opts.python, opts.cmdline) else process.launch
             self.target = (launch(opts.cmdline) if opts.cmdline is not None
                            else process.everything(opts.pids))
+        if self.target.scope == "system":
+            from .target import busy_objects
+            busy_objects.start_building(skip=os.getpid())
         try:
             # before any probe exists: it undoes the run if ustack is killed
             from .kernel import guardian

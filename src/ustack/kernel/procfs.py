@@ -52,6 +52,20 @@ def is_kernel_thread(pid: int) -> bool:
     return bool(int(flags) & PF_KTHREAD)
 
 
+def is_running(pid: int) -> bool:
+    """Whether a thread of the process is on a CPU or waiting for one
+    (state R) now."""
+    for tid in threads(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2:stat.rfind(")") + 3] == "R":
+            return True
+    return False
+
+
 def threads(pid: int) -> list:
     try:
         return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))

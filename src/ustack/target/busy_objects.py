@@ -1,0 +1,56 @@
+"""The objects that processes running at a whole-machine run's start have
+mapped: where its first samples land. The functions of the big ones
+(node's: ~1.2 s of Python) start building in children at once, from a
+thread, while the run loads its programs; else the first sample in node
+started that child and the run waited for it, ~1.5 s, at its end."""
+from __future__ import annotations
+
+import os
+import threading
+
+from ..kernel import procfs
+from ..model import UstackError
+from ..objfile import function_builder
+
+MOST_EARLY_BUILDS = 4           # objects built ahead of their first sample, the biggest
+
+
+def mapped_by_running(skip: int) -> list:
+    """The files (as this process opens them) mapped executable by the
+    processes running now, but `skip`, biggest first; only those big
+    enough to hold symbol tables worth a child."""
+    sizes: dict = {}
+    for pid in procfs.pids():
+        if pid == skip or not procfs.is_running(pid):
+            continue
+        for m in procfs.executable_mappings(pid):
+            path = m.open_path
+            if path in sizes or not path.startswith("/"):
+                continue
+            try:
+                sizes[path] = os.stat(path).st_size
+            except OSError:
+                continue
+    return sorted((p for p, size in sizes.items()
+                   if size >= function_builder.BIG_SYMBOL_TABLES),
+                  key=sizes.__getitem__, reverse=True)
+
+
+def start_building(skip: int) -> threading.Thread:
+    """Start, from a daemon thread, the children that build the functions
+    of the running processes' big objects (MOST_EARLY_BUILDS of them)."""
+    def run() -> None:
+        from ..objfile.elf import ElfImage
+        started = 0
+        for path in mapped_by_running(skip):
+            if started >= MOST_EARLY_BUILDS:
+                return
+            try:
+                image = ElfImage.open(path)
+            except UstackError:
+                continue
+            started += function_builder.start(image) is not None
+
+    thread = threading.Thread(target=run, name="ustack-early-builds", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,66 @@
+"""A whole-machine run starts building the functions of the big objects
+that running processes have mapped before their first sample arrives."""
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from ustack.objfile import builders, function_builder
+from ustack.objfile.elf import ElfImage
+from ustack.target import busy_objects
+
+SPIN = 'console.log("ready"); for (;;) {}'
+
+
+@pytest.fixture
+def node():
+    path = shutil.which("node")
+    if path is None:
+        pytest.skip("node is not installed")
+    return os.path.realpath(path)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    ElfImage.clear_cache()
+    yield
+    builders.stop_all()
+
+
+def started(*argv) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_the_objects_of_a_running_process_not_a_stopped_one(node, tmp_path):
+    stopped_node = tmp_path / "node"
+    shutil.copy(node, stopped_node)
+    busy, stopped = started(node, "-e", SPIN), started(str(stopped_node), "-e", SPIN)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    os.waitpid(stopped.pid, os.WUNTRACED)      # every thread of it stopped
+    try:
+        found = busy_objects.mapped_by_running(skip=os.getpid())
+    finally:
+        busy.kill()
+        stopped.kill()
+    assert node in found
+    assert str(stopped_node) not in found
+
+
+def test_their_functions_are_built_by_a_child_before_they_are_asked(node, tmp_path):
+    images = tmp_path / "cache" / "images"
+    busy = started(node, "-e", SPIN)
+    try:
+        busy_objects.start_building(skip=os.getpid()).join()
+    finally:
+        busy.kill()
+    function_builder.wait(node)         # the child, started by the thread
+    assert images.is_dir() and any(images.iterdir())
+    image = ElfImage.open(node)
+    parsed = ElfImage.parsed_files
+    assert image.find("main")            # read from what the child wrote ...
+    assert ElfImage.parsed_files == parsed   # ... not parsed here
