@@ -248,7 +248,8 @@ def _fill_sizes(raw: dict, sections) -> list:
     capped at the end of the symbol's section (assembly often omits .size)."""
     starts = sorted({addr for addr, _ in raw})
     out = []
-    for (addr, name), (size, _bind, shndx, _flags) in sorted(raw.items()):
+    for addr, name in sorted(raw):
+        size, _bind, shndx, _flags = raw[(addr, name)]
         if size == 0:
             i = bisect.bisect_right(starts, addr)
             end = starts[i] if i < len(starts) else None
@@ -293,13 +294,13 @@ class _LookupTable:
 
     @classmethod
     def pack(cls, starts: list, owners) -> bytes:
-        slot: dict = {None: -1}
+        slot: dict = {id(None): -1}
         distinct: list = []
         index = array("i")
         for o in owners:                # one pass, no call per boundary
-            i = slot.get(o)             # Symbols compare by value: equal ones are one owner
+            i = slot.get(id(o))         # by identity: one Symbol per (address, name)
             if i is None:
-                i = slot[o] = len(distinct)
+                i = slot[id(o)] = len(distinct)
                 distinct.append(o)
             index.append(i)
         names = "\0".join(o.name for o in distinct).encode("utf-8", "surrogatepass")
