@@ -100,7 +100,7 @@ def test_one_step_follows_the_row(harness, which):
     ours = set(named)
     fd = -1
     try:
-        objects = uw.UnwindObjects(maps, lambda _image: packed)
+        objects = uw.UnwindObjects(maps, lambda _image, **_how: packed)
         objects.add_path(path)
         st = os.stat(path)
         first, rows, _adj, page_slot, first_page, pages, _pad = uw.OBJ_VALUE.unpack(

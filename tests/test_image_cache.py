@@ -251,6 +251,24 @@ def test_builders_are_killed_when_the_run_ends(tmp_path):
     builders.stop_all()
 
 
+def test_a_builder_nothing_waits_for_yields_the_cpu(tmp_path):
+    """A whole-machine run's rows builder (its lazy loader's) runs at a
+    niceness of its own; this process keeps its own."""
+    from ustack.objfile import builders
+    from ustack.unwind.tables import BACKGROUND_NICENESS
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    child = builders.start(("rows", node, ()), "ustack.unwind.rows_builder", [node],
+                           niceness=BACKGROUND_NICENESS)
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == mine + BACKGROUND_NICENESS
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+    finally:
+        builders.stop_all()
+
+
 def test_a_big_symbol_list_is_read_again_when_asked(tmp_path):
     """node's symbol list (12 MB in the cache) is not held while frames are
     named from the address table; asked for, it is read again, and parsed

@@ -224,7 +224,7 @@ def stack_chain(maps: UnwindMaps, h: int) -> bytes:
     return chain
 
 
-TableSource = Callable[[ElfImage], object]   # -> PackedRows (data, len), or None
+TableSource = Callable[..., object]   # (ElfImage, run_waits=) -> PackedRows (data, len), or None
 
 
 class UnwindObjects:
@@ -251,15 +251,16 @@ class UnwindObjects:
         if path is not None:
             self.add_path(path, VDSO_KEY)
 
-    def add_path(self, path: str, key: tuple | None = None) -> None:
+    def add_path(self, path: str, key: tuple | None = None, *, run_waits: bool = True) -> None:
         """Load the rows of the object at `path` (a host path), if new;
-        `key`: its OBJECTS key, else its (dev, inode)."""
+        `key`: its OBJECTS key, else its (dev, inode); run_waits=False:
+        the run goes on without them (tables' `run_waits`)."""
         keys = [key] if key is not None else object_keys(path)
         if not keys or keys[0] in self.loaded:
             return
         try:
             image = ElfImage.open(path)
-            packed = self.tables(image)
+            packed = self.tables(image, run_waits=run_waits)
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []

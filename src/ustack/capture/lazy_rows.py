@@ -109,7 +109,7 @@ class LazyRows:
             return True
         if self._stop.is_set():
             return False
-        self.objects.add_path(path, key)
+        self.objects.add_path(path, key, run_waits=False)
         if key in self.objects.loaded:
             self.loaded += 1
         return True

@@ -26,9 +26,11 @@ _lock = threading.Lock()
 in_builder = False              # this process is a builder: it builds what it is asked, here
 
 
-def start(key: tuple, module: str, args: list):
+def start(key: tuple, module: str, args: list, niceness: int = 0):
     """Run `python -m module *args` for `key` unless it was started; the
-    child (a Popen), or None when it could not start (build here)."""
+    child (a Popen), or None when it could not start (build here).
+    `niceness`: added to the child's, as nice(1) does, for work nothing
+    waits for."""
     if in_builder:
         return None
     with _lock:
@@ -46,6 +48,13 @@ def start(key: tuple, module: str, args: list):
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
             return None
+        if niceness:                    # the child's alone: a nicer thread would hold the GIL
+            pid = _children[key].pid
+            try:
+                os.setpriority(os.PRIO_PROCESS, pid,
+                               min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
+            except OSError:
+                pass
         return _children[key]
 
 

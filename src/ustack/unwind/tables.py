@@ -205,13 +205,16 @@ def go_rows(table) -> list:
     return rows
 
 
-def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
+def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> PackedRows | None:
     """The packed rows of an ELF object: a Go binary's from its
     .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
     separate debug file, as the Python unwinder uses them). None when it
     has none the program could use. A big object's (node's) are built by
     a child process (unwind/rows_builder.py) while this thread waits, its
-    intermediate tables never in this process's memory."""
+    intermediate tables never in this process's memory. run_waits=False
+    (a whole-machine run's lazy loader: the object's samples are unwound
+    in user space meanwhile): that child yields the CPU to the machine's
+    work and to the run's own (BACKGROUND_NICENESS)."""
     if image.file.is_go:
         return _go_packed(image)
     # cached by build-id: packing libc's 30 k rows costs ~0.25 s, and a
@@ -225,7 +228,8 @@ def for_image(image: ElfImage, debug_dirs=()) -> PackedRows | None:
     found = _cached_rows(image, cache)
     if found is None and cache and _worth_a_child(image):
         builders.start(("rows", image.path, tuple(debug_dirs)), "ustack.unwind.rows_builder",
-                       [image.path, *debug_dirs])
+                       [image.path, *debug_dirs],
+                       niceness=0 if run_waits else BACKGROUND_NICENESS)
         builders.wait(("rows", image.path, tuple(debug_dirs)))
         found = _cached_rows(image, cache)      # else: built here below
     if found is not None:
@@ -263,6 +267,7 @@ def _cached_rows(image: ElfImage, cache: str | None) -> tuple | None:
 
 
 BUILT_APART_FROM = 1 << 20       # .eh_frame bytes whose rows a child builds (node's: 2.7 MB)
+BACKGROUND_NICENESS = 10        # a child nothing waits for: a tenth of a busy CPU's share
 
 
 def _worth_a_child(image: ElfImage) -> bool:
