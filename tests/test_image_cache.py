@@ -4,6 +4,7 @@ file that someone else could have written is not believed."""
 import glob
 import os
 import shutil
+import signal
 
 import pytest
 
@@ -248,6 +249,32 @@ def test_builders_are_killed_when_the_run_ends(tmp_path):
     builders.stop_all()
     assert child.poll() is not None
     assert function_builder.start(ElfImage.open(node)) is not child
+    builders.stop_all()
+
+
+def catches_sigterm(pid: int) -> bool:
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    caught = int(status.split("SigCgt:")[1].split()[0], 16)
+    return bool(caught & 1 << (signal.SIGTERM - 1))
+
+
+def test_a_stopped_builder_leaves_as_python_does(tmp_path):
+    """SIGTERM (stop_all) ends a builder through SystemExit, so a cache
+    file it was writing is removed (output.write_bytes_at), not left
+    under its temporary name; SIGKILL only when it does not leave."""
+    from ustack.objfile import builders, function_builder
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    child = function_builder.start(ElfImage.open(node))
+    while child.poll() is None and not catches_sigterm(child.pid):
+        pass                                    # its own ready signal: the handler set
+    child.terminate()
+    assert child.wait(timeout=30) == 1          # not -SIGTERM: it left as Python does
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
     builders.stop_all()
 
 

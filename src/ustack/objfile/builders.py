@@ -5,21 +5,29 @@ their memory returned when they exit. Each job is keyed (its kind and the
 object's path) and started once; whoever needs the facts waits for it and
 reads what it wrote to the cache.
 
-Builders still running when the interpreter exits normally are killed
-(atexit: a script using the API). The `ustack` command leaves with
-os._exit (cli.entry), so a builder still running then, like one whose
-parent was killed outright, ends by itself when its one object is built
-(~1-2 s for node) and writes only its cache entry; PR_SET_PDEATHSIG would
-fire when the thread that started it ends, not the process. A child
-writes only through objfile/cache.py, as this process would."""
+The `ustack` command leaves with os._exit (cli.entry) and lets a builder
+still running finish its one object and end (~1-2 s for node; a rows
+builder nothing waited for runs nicer, so longer on a busy machine): the
+next run, often the same command again, then finds it cached, where a
+builder stopped at every exit would start over each time and never
+finish within short runs. A script using the API stops them at exit
+(atexit: stop_all). SIGTERM ends a builder as SystemExit, so a cache file
+it was writing is removed, not left under its temporary name.
+PR_SET_PDEATHSIG was not used: it fires when the thread that started the
+child ends, not the process. A child writes only through
+objfile/cache.py, as this process would."""
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+
+STOP_WAIT_S = 0.5               # for builders to leave on SIGTERM, before SIGKILL
 
 _children: dict = {}            # (kind, path) -> Popen
 _lock = threading.Lock()
@@ -68,11 +76,31 @@ def wait(key: tuple) -> None:
 
 
 def stop_all() -> None:
-    """Kill the builders still running: the run is over."""
+    """Stop the builders still running: the run is over (SIGTERM, then
+    SIGKILL for one still there after STOP_WAIT_S)."""
     with _lock:
         children = list(_children.values())
         _children.clear()
-    for child in children:
-        if child.poll() is None:
+    running = [child for child in children if child.poll() is None]
+    for child in running:
+        child.terminate()
+    deadline = time.monotonic() + STOP_WAIT_S
+    for child in running:
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             child.kill()
-        child.wait()
+            child.wait()
+
+
+def become_builder() -> None:
+    """What a builder child does first: it builds what it is asked, here,
+    and SIGTERM (stop_all) ends it as SystemExit, so the files it writes
+    are removed when unfinished (output.write_bytes_at)."""
+    global in_builder
+    in_builder = True
+    signal.signal(signal.SIGTERM, _leave)
+
+
+def _leave(_signum, _frame):
+    sys.exit(1)

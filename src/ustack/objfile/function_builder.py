@@ -38,7 +38,7 @@ def wait(path: str) -> None:
 def main() -> None:
     from ..model import UstackError
     from .elf import ElfImage
-    builders.in_builder = True
+    builders.become_builder()
     try:
         ElfImage.open(sys.argv[1]).symbols.functions    # parsed, and the cache written
     except UstackError:

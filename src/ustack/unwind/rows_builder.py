@@ -12,7 +12,7 @@ def main() -> None:
     from ..objfile import builders
     from ..objfile.elf import ElfImage
     from . import tables
-    builders.in_builder = True
+    builders.become_builder()
     try:
         tables.for_image(ElfImage.open(sys.argv[1]), tuple(sys.argv[2:]))
     except UstackError:
