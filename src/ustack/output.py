@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 
 from .model import UstackError
@@ -92,7 +91,7 @@ def check_destination(path: str, label: str = "", what: str = "a file") -> None:
 def new_temporary(dir_fd: int, name: str, mode: int) -> tuple:
     """(fd, name) of a new empty file beside `name`, its name unguessable."""
     for _ in range(100):
-        tmp = f".{name[:_MAX_NAME]}.{secrets.token_hex(8)}.tmp"
+        tmp = f".{name[:_MAX_NAME]}.{os.urandom(8).hex()}.tmp"
         try:
             return os.open(tmp, _NEW, mode, dir_fd=dir_fd), tmp
         except FileExistsError:

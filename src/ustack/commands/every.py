@@ -14,7 +14,6 @@ import time
 from ..model import UstackError
 from ..output import make_directory, open_directory, write_bytes_at
 from ..report.formats import run_context
-from ..report.pprof import PprofReport
 from ..values import replace
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -84,6 +83,7 @@ def file_name(start_ns: int) -> str:
 def write_every(session, dir_fd: int, seconds: float) -> int:
     """A pprof file per interval of `seconds` (the last one when the run
     ends, however short); returns the number of samples written."""
+    from ..report.pprof import PprofReport     # here: every other run skips its import
     opts = session.opts
     base = run_context("profile", session.labels, session.probes[0].hz)
     cost = _OwnCost()

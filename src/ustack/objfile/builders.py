@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 STOP_WAIT_S = 0.5               # for builders to leave on SIGTERM, before SIGKILL
 
@@ -44,7 +43,7 @@ def start(key: tuple, module: str, args: list, niceness: int = 0):
     with _lock:
         if key in _children:
             return _children[key]
-        package_root = str(Path(__file__).resolve().parent.parent.parent)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH")) if p)
