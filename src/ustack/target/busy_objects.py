@@ -42,14 +42,17 @@ def start_building(skip: int) -> threading.Thread:
     def run() -> None:
         from ..objfile.elf import ElfImage
         started = 0
-        for path in mapped_by_running(skip):
-            if started >= MOST_EARLY_BUILDS:
-                return
-            try:
-                image = ElfImage.open(path)
-            except UstackError:
-                continue
-            started += function_builder.start(image) is not None
+        try:
+            for path in mapped_by_running(skip):
+                if started >= MOST_EARLY_BUILDS:
+                    return
+                try:
+                    image = ElfImage.open(path)
+                except UstackError:
+                    continue
+                started += function_builder.start(image) is not None
+        except Exception:       # only a head start: the run builds what it asks for
+            return
 
     thread = threading.Thread(target=run, name="ustack-early-builds", daemon=True)
     thread.start()
