@@ -1,5 +1,5 @@
 """Child processes that build an object's cached facts while the run goes
-on (objfile/function_builder.py: its functions; unwind/rows_builder.py:
+on (objfile/function_child.py: its functions; unwind/rows_builder.py:
 its CFI and in-kernel rows): on another CPU, outside this process's GIL,
 their memory returned when they exit. Each job is keyed (its kind and the
 object's path) and started once; whoever needs the facts waits for it and

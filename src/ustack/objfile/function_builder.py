@@ -1,11 +1,10 @@
 """An object's functions built in a child process (objfile/builders.py),
 for the objects whose symbol tables are big (node: 86,000 functions,
-~1.3 s of Python): the child parses them and writes the image cache while
-the run reads samples; ElfImage, asked for those functions, waits for the
-child and reads the cache back (objfile/elf.py)."""
+~1.3 s of Python): the child (objfile/function_child.py) parses them and
+writes the image cache while the run reads samples; ElfImage, asked for
+those functions, waits for the child and reads the cache back
+(objfile/elf.py)."""
 from __future__ import annotations
-
-import sys
 
 from . import builders
 
@@ -26,7 +25,7 @@ def start(image):
     or None."""
     if not image.symbols.pending or not worth_a_child(image):
         return None
-    return builders.start((_KIND, image.path), "ustack.objfile.function_builder", [image.path])
+    return builders.start((_KIND, image.path), "ustack.objfile.function_child", [image.path])
 
 
 def wait(path: str) -> None:
@@ -35,15 +34,3 @@ def wait(path: str) -> None:
     builders.wait((_KIND, path))
 
 
-def main() -> None:
-    from ..model import UstackError
-    from .elf import ElfImage
-    builders.become_builder()
-    try:
-        ElfImage.open(sys.argv[1]).symbols.functions    # parsed, and the cache written
-    except UstackError:
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,21 @@
+"""The child that builds a big object's functions (objfile/function_builder.py
+started it through objfile/builders.py) and writes them to the image
+cache, where the run reads them: `python -m ustack.objfile.function_child PATH`."""
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    from ..model import UstackError
+    from . import builders
+    from .elf import ElfImage
+    builders.become_builder()
+    try:
+        ElfImage.open(sys.argv[1]).symbols.functions    # parsed, and the cache written
+    except UstackError:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
