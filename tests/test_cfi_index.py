@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from ustack.objfile.elf import ElfImage
-from ustack.unwind.cfi import INDEXED_FROM, UnwindTable
-from ustack.unwind.cfi_index import IndexedCfi
+from ustack.unwind.cfi import UnwindTable
+from ustack.unwind.cfi_index import INDEXED_FROM, IndexedCfi, for_unwinder
 
 OBJECTS = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
            shutil.which("node") or "", "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so"]
@@ -48,14 +48,14 @@ def test_the_unwinder_indexes_only_big_objects_not_in_memory():
         pytest.skip("node is not installed")
     big = ElfImage.open(node)
     assert big.file.sections[".eh_frame"][2] >= INDEXED_FROM
-    table, _found = UnwindTable.for_unwinder(big)
+    table, _found = for_unwinder(big)
     assert isinstance(table, IndexedCfi)
     small = ElfImage.open("/lib/x86_64-linux-gnu/libc.so.6")
-    assert isinstance(UnwindTable.for_unwinder(small)[0], UnwindTable)
+    assert isinstance(for_unwinder(small)[0], UnwindTable)
     whole = UnwindTable.for_image(big)[0]            # built by another path: in memory
-    assert UnwindTable.for_unwinder(big)[0] is whole
+    assert for_unwinder(big)[0] is whole
     UnwindTable.clear_cache()                        # on disk only: indexed again
-    assert isinstance(UnwindTable.for_unwinder(big)[0], IndexedCfi)
+    assert isinstance(for_unwinder(big)[0], IndexedCfi)
 
 
 def test_big_objects_rows_are_built_by_a_child(tmp_path, monkeypatch):

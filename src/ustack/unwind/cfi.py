@@ -49,10 +49,6 @@ _RSP, _RBP = 7, 6                 # DWARF register numbers on x86-64
 _R_SAME, _R_OFF, _R_UNDEF, _R_OTHER, _R_AT_BP = 0, 1, 2, 3, 4  # rules while parsing
 _MAGIC = b"USTKCFI\x02"
 _CFI_SECTIONS = (".eh_frame", ".debug_frame")
-# .eh_frame bytes from which the unwinder, meeting an object whose table is
-# not built yet, looks its pcs up through .eh_frame_hdr (libpython's: 290 KB,
-# ~0.3 s to build whole; node's: 2.7 MB, ~1 s)
-INDEXED_FROM = 128 << 10
 _ROW_BYTES = 8 + 1 + 4 * 4
 _HEADER = struct.Struct("<8sIII")  # magic, rows, len(signature), crc32
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
@@ -126,28 +122,11 @@ class UnwindTable:
         return cls._memo.get(key, lambda: cls._read_or_build(image, st, debug_dirs))
 
     @classmethod
-    def for_unwinder(cls, image: ElfImage, debug_dirs=()) -> tuple:
-        """for_image()'s answer, except for a big object whose table is
-        not in memory: then (IndexedCfi, DebugLookup), which parses only
-        the FDEs of the pcs asked (cfi_index.py): it does not wait for a
-        table another thread or a child is building, and holds the
-        .eh_frame (node: 2.7 MB) where the whole table read from disk
-        holds 9 MB and costs ~50 ms to read."""
+    def in_memory(cls, image: ElfImage, debug_dirs=()) -> tuple | None:
+        """for_image()'s answer if this process holds it already, else None
+        (nothing is read or built)."""
         st = os.stat(image.path)
-        hit = cls._memo.values.get(objcache.memo_key(st) + (tuple(debug_dirs),))
-        if hit is not None:
-            return hit
-        sections = image.file.sections
-        if sections.get(".eh_frame", (0, 0, 0))[2] >= INDEXED_FROM \
-                and ".debug_frame" not in sections:
-            found = find_debug_file(image, debug_dirs)
-            if found.path is None:
-                from .cfi_index import IndexedCfi
-                indexed = IndexedCfi.of_image(
-                    image, lambda: cls.for_image(image, debug_dirs)[0])
-                if indexed is not None:
-                    return indexed, found
-        return cls.for_image(image, debug_dirs)
+        return cls._memo.values.get(objcache.memo_key(st) + (tuple(debug_dirs),))
 
     @classmethod
     def _cached(cls, image: ElfImage, st: os.stat_result, found: DebugLookup):

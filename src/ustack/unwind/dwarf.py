@@ -17,7 +17,7 @@ from ..model import JIT_NOTE, Mapping, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import file_offset, object_path
-from . import cfi
+from . import cfi, cfi_index
 from .cfi import UnwindTable
 
 # Far beyond the kernel's perf_event_max_stack (127), so deep recursion is
@@ -204,7 +204,7 @@ class DwarfUnwinder:
                 st.why = f"cannot read it ({e})"
             else:
                 try:
-                    st.table, found = UnwindTable.for_unwinder(st.image, self.debug_dirs)
+                    st.table, found = cfi_index.for_unwinder(st.image, self.debug_dirs)
                 except Exception:  # a damaged file: frame pointers, not a failed run
                     st.why = "unreadable CFI"
                 else:
