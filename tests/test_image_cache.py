@@ -278,6 +278,35 @@ def test_a_stopped_builder_leaves_as_python_does(tmp_path):
     builders.stop_all()
 
 
+def waits_on_lock(pid: int, path: str) -> bool:
+    """Whether process `pid` is blocked on a flock of the file at `path`
+    (/proc/locks lists a waiter as '-> FLOCK ... PID MAJ:MIN:INODE')."""
+    inode = f":{os.stat(path).st_ino} "
+    with open("/proc/locks") as f:
+        return any("->" in line and f" {pid} " in line and inode in line for line in f)
+
+
+def test_a_builder_waits_for_another_runs_builder_of_the_same_object(tmp_path):
+    """Runs one after another on a busy machine: the last run's builder of
+    an object may still be finishing. The next run's builder of it waits
+    for that one's lock (then finds the entry built), not beside it."""
+    from ustack.objfile import builders, function_builder
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    name = builders.lock_name(("functions", node))
+    other_run = objcache.hold(name)             # as that other builder holds it
+    try:
+        child = function_builder.start(ElfImage.open(node))
+        while child.poll() is None and not waits_on_lock(child.pid, objcache.lock_path(name)):
+            pass
+        assert child.poll() is None             # waiting for its turn, not done
+    finally:
+        os.close(other_run)
+    assert child.wait(timeout=60) == 0
+    builders.stop_all()
+
+
 def test_a_builder_nothing_waits_for_yields_the_cpu(tmp_path):
     """A whole-machine run's rows builder (its lazy loader's) runs at a
     niceness of its own; this process keeps its own."""

@@ -241,6 +241,21 @@ def subdirectory(dir_fd: int, name: str, label: str, mode: int = 0o755) -> int:
     return _open_child(dir_fd, name, label)
 
 
+def lock_file_at(dir_fd: int, name: str) -> int | None:
+    """A descriptor of the lock file `name` in the directory (created 0600
+    when missing, never through a link; its content is never written), or
+    None when it is not a regular file or cannot be had."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, 0o600, dir_fd=dir_fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
 def private_directory(directory: str, create: bool = False) -> int | None:
     """A descriptor of a directory of ustack's own state (caches, run
     locks) to trust: not a link, and writable only by its owner, the

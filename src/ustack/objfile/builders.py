@@ -92,13 +92,24 @@ def stop_all() -> None:
             child.wait()
 
 
-def become_builder() -> None:
-    """What a builder child does first: it builds what it is asked, here,
-    and SIGTERM (stop_all) ends it as SystemExit, so the files it writes
-    are removed when unfinished (output.write_bytes_at)."""
+def become_builder(key: tuple) -> None:
+    """What a builder child does first: it builds what it is asked, here;
+    SIGTERM (stop_all) ends it as SystemExit, so the files it writes are
+    removed when unfinished (output.write_bytes_at); and it waits for a
+    builder of another run with the same `key` (one still finishing after
+    its run ended), then finds the entry built, so repeated runs on a
+    busy machine never pile builders of one object up."""
     global in_builder
     in_builder = True
     signal.signal(signal.SIGTERM, _leave)
+    from .cache import hold
+    hold(lock_name(key))
+
+
+def lock_name(key: tuple) -> str:
+    """The name of the lock the builder of `key` holds (objfile/cache.py's
+    hold())."""
+    return "builder\0" + "\0".join(map(str, key))
 
 
 def _leave(_signum, _frame):

@@ -2,8 +2,10 @@
 tables, symbol tables), keyed by build-id: interpreting libc once costs more
 than the rest of a run's start-up, reading the result back costs ms.
 
-Layout: $USTACK_CACHE_DIR (default ~/.cache/ustack) / KIND / NAME.SUFFIX.
-Caching is an optimization: unreadable or unwritable files are not errors.
+Layout: $USTACK_CACHE_DIR (default ~/.cache/ustack) / KIND / NAME.SUFFIX;
+locks/ holds the empty files whose flock says whose turn it is to build
+an entry (hold()). Caching is an optimization: unreadable or unwritable
+files are not errors.
 
 Trust: ustack often runs as root and believes what it reads here, so a
 cache file is used only when neither it nor its directory can be written
@@ -14,6 +16,7 @@ descriptor, renamed into place). Each entry carries a CRC-32: a damaged one
 is rebuilt."""
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import stat
@@ -21,7 +24,7 @@ import struct
 import zlib
 
 from ..model import UstackError
-from ..output import lstat_at, private_directory, write_bytes_at
+from ..output import lock_file_at, lstat_at, private_directory, write_bytes_at
 
 
 def digest(data: bytes) -> str:
@@ -38,6 +41,33 @@ def digest(data: bytes) -> str:
 def cache_root() -> str:
     return os.environ.get("USTACK_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ustack")
+
+
+def lock_path(key: str) -> str:
+    """The lock file of the work named `key` (see hold())."""
+    return os.path.join(cache_root(), "locks", digest(key.encode()) + ".lock")
+
+
+def hold(key: str) -> int | None:
+    """Wait for, then hold until this process ends, the lock of the work
+    named `key`: processes of different runs building the same entry take
+    turns, and the later one finds it built. None (no lock: build anyway)
+    when the cache directory cannot be had."""
+    directory, name = os.path.split(lock_path(key))
+    dir_fd = private_directory(directory, create=True)
+    if dir_fd is None:
+        return None
+    try:
+        fd = lock_file_at(dir_fd, name)
+    finally:
+        os.close(dir_fd)
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(fd)
+            return None
+    return fd
 
 
 def memo_key(st: os.stat_result) -> tuple:

@@ -10,7 +10,7 @@ def main() -> None:
     from ..model import UstackError
     from . import builders
     from .elf import ElfImage
-    builders.become_builder()
+    builders.become_builder(("functions", sys.argv[1]))
     try:
         ElfImage.open(sys.argv[1]).symbols.functions    # parsed, and the cache written
     except UstackError:

@@ -12,7 +12,7 @@ def main() -> None:
     from ..objfile import builders
     from ..objfile.elf import ElfImage
     from . import tables
-    builders.become_builder()
+    builders.become_builder(("rows", sys.argv[1], *sys.argv[2:]))
     try:
         tables.for_image(ElfImage.open(sys.argv[1]), tuple(sys.argv[2:]))
     except UstackError:
