@@ -21,10 +21,14 @@ def process_state(pid: int) -> str | None:
     process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+            return _state(f.read())
     except OSError:
         return None
-    # the state follows the parenthesised comm, which may itself hold ')'
+
+
+def _state(stat: str) -> str | None:
+    """The state letter of a stat file's text: it follows the parenthesised
+    comm, which may itself hold ')'."""
     return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] or None
 
 
@@ -58,11 +62,10 @@ def is_running(pid: int) -> bool:
     for tid in threads(pid):
         try:
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
+                if _state(f.read()) == "R":
+                    return True
         except OSError:
             continue
-        if stat[stat.rfind(")") + 2:stat.rfind(")") + 3] == "R":
-            return True
     return False
 
 

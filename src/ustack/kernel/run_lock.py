@@ -20,7 +20,7 @@ import stat
 import time
 
 from ..model import UstackError
-from ..output import private_directory
+from ..output import lock_file_at, private_directory
 
 GROUP_PREFIX = "ustack_"
 LOCK_DIR = "/run/ustack"
@@ -85,12 +85,8 @@ def hold() -> int | None:
     name = tracing_name()
     try:
         while True:
-            try:
-                fd = os.open(name, _FILE_FLAGS | os.O_CREAT, 0o600, dir_fd=dir_fd)
-            except OSError:
-                return None
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
+            fd = lock_file_at(dir_fd, name)
+            if fd is None:
                 return None
             # held only while a cleanup or the guardian of a dead process
             # that had our pid clears the name: they unlink it when done
