@@ -58,3 +58,28 @@ def test_whole_machine_rows_load_as_sampled(tmp_path):
     never = ElfImage.open(str(idle)).file.build_id
     built = [p.name for p in (cache / "bpfrows").iterdir()] if (cache / "bpfrows").exists() else []
     assert not any(name.startswith(never) for name in built), built
+
+
+def test_the_loader_does_not_make_the_run_wait_for_rows():
+    """The lazy loader asks for rows the run goes on without (tables'
+    run_waits=False: a big object's builder runs niced), most wanted
+    first."""
+    from ustack.capture.lazy_rows import LazyRows, ObjectPaths
+
+    class Objects:
+        def __init__(self):
+            self.loaded, self.asked = {}, []
+
+        def wanted(self):          # as the WANTED map: what is not loaded yet
+            return {k: n for k, n in {(1, 10): 3, (1, 20): 9}.items() if k not in self.loaded}
+
+        def add_path(self, path, key, **how):
+            self.asked.append((path, how))
+            self.loaded[key] = path
+
+    paths = ObjectPaths()
+    paths.paths.update({(1, 10): "/a", (1, 20): "/b"})
+    objects = Objects()
+    loader = LazyRows(objects, paths)
+    assert loader.load_next() and loader.load_next()
+    assert objects.asked == [("/b", {"run_waits": False}), ("/a", {"run_waits": False})]
