@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from helpers import (build, FakeMaps, ok, parse_counts, parse_trace, run_ustack,
                      run_ustack_peak, traced_pid)
 
-from ustack.kernel.procfs import own_vdso
+from ustack.kernel.procfs import own_vdso, started
 from ustack.model import Mapping
 from ustack.objfile.vdso import vdso_file
 from ustack.symbols.perfmap import PerfMap, header_hint
@@ -318,3 +319,41 @@ def test_perf_map_keeps_its_newest_entries(tmp_path, monkeypatch):
         f.write("a000 20 f9-replaced\n")
     assert pm.lookup(0xa018).name == "f9-replaced"
     assert (pm.lookup(0x7004), pm.lookup(0x8004).name) == (None, "f7")   # pushed out
+
+
+def test_a_process_start_time_is_read():
+    child = subprocess.Popen(["sleep", "30"])
+    now = time.time()
+    try:
+        assert now - 3 <= started(child.pid) <= now + 1
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_map_left_by_an_earlier_process_with_the_pid_is_not_read(tmp_path, monkeypatch):
+    """Pids are reused, and node and a JVM never remove their maps: one
+    last written before its process started is not believed (its names
+    would misname this process's code), and the header still says how to
+    get a map. Written since, it is read."""
+    path = tmp_path / "perf-11.map"
+    path.write_text("7f0000001000 40 JS:*leaf /a/b.js:3:15\n")
+    hour_ago = time.time() - 3600
+    os.utime(path, (hour_ago, hour_ago))
+    said: list = []
+    perf_map = PerfMap(str(path), warn=said.append, started=time.time() - 10)
+    assert perf_map.lookup(0x7F0000001010) is None and not perf_map.seen
+    assert said == [f"{path} was last written before the process started (by an earlier "
+                    "process with the same pid): not used"]
+    path.write_text("7f0000001000 40 JS:*leaf /a/b.js:3:15\n")          # written now
+    assert perf_map.lookup(0x7F0000001010).name == "JS:*leaf /a/b.js:3:15"
+
+    me = os.getpid()                       # a live process, so its start is known
+    monkeypatch.setattr("ustack.symbols.perfmap.perf_map_path",
+                        lambda pid: str(tmp_path / f"perf-{pid}.map"))
+    (tmp_path / f"perf-{me}.map").write_text("")
+    os.utime(tmp_path / f"perf-{me}.map", (hour_ago, hour_ago))
+    node = Mapping(0x560000000000, 0x560000100000, 0, "/usr/bin/node")
+    code = Mapping(0x7F0000000000, 0x7F0000010000, 0, "")
+    assert header_hint(me, [node, code]) == \
+        "no perf map (node --perf-basic-prof writes one): its JIT frames stay unnamed"

@@ -114,8 +114,9 @@ def test_js_chain_complete_and_in_order(backend, tmp_path, monkeypatch):
 
 def test_no_perf_map_is_said_once(tmp_path):
     """node without --perf-basic-prof: its JIT frames are unnamed, and the
-    end of the run says why and what to do, once (1.5 s of spinning: in
-    0.5 s under load V8 may not have run JIT code by the time it ends)."""
+    end of the run says why and what to do, once, even when an earlier
+    process with node's pid left a /tmp/perf-PID.map (this suite's other
+    node runs write them, and pids are reused)."""
     node = _node()
     res = ok(run_ustack("profile", "-F", "199", "-o", tmp_path / "out.folded",
                         "-c", f"{node} {SPIN} 1500", cwd=tmp_path))

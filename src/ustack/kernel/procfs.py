@@ -69,6 +69,21 @@ def is_running(pid: int) -> bool:
     return False
 
 
+def started(pid: int) -> float | None:
+    """When the process started, in seconds since the epoch, to about a
+    second (the kernel keeps its boot time in whole seconds); None if it
+    is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        ticks = int(stat[stat.rfind(")") + 2:].split()[19])    # field 22 of stat(5)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def threads(pid: int) -> list:
     try:
         return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))

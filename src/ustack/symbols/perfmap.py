@@ -33,6 +33,7 @@ from array import array
 import stat
 from collections.abc import Callable
 
+from ..kernel.procfs import started
 from ..kernel.proc_root import foreign_root, ns_pids, open_in_root
 from ..model import Frame, Mapping
 from ..objfile.elf import Symbol
@@ -44,6 +45,8 @@ MAX_NAME = 1024                    # bytes of one name kept
 POLL_S = 0.25                      # how often a named stack's map is checked again
 _U64 = 1 << 64
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+STALE_SLACK_S = 2.0                # a map last written this long before its process started
+                                   # is an earlier process's (the start is known to ~1 s)
 
 
 # The code kinds V8 prefixes its names with (node --perf-basic-prof writes
@@ -103,7 +106,8 @@ class JitSymbols:
             if found is None:
                 found = self._maps[pid] = (
                     PerfMap(perf_map_path(pid), owners=_owners(pid),
-                            warn=self._warnings.append, root=foreign_root(pid)),
+                            warn=self._warnings.append, root=foreign_root(pid),
+                            started=started(pid)),
                     runtime(self._paths(pid)) if self._paths is not None else "")
             perf_map, runtime_name = found
             sym = perf_map.lookup(addr - back)
@@ -166,6 +170,13 @@ class JitSymbols:
         return said
 
 
+def left_before(st: os.stat_result, process_started: float | None) -> bool:
+    """Whether a perf map with this stat was last written before its
+    process started: left by an earlier process that had the same pid
+    (node and a JVM never remove theirs)."""
+    return process_started is not None and st.st_mtime < process_started - STALE_SLACK_S
+
+
 def header_hint(pid: int, maps) -> str:
     """What the header of a run on running process `pid` says when it runs
     JIT code (anonymous executable memory, a JVM's or node's, `maps`) with
@@ -176,8 +187,11 @@ def header_hint(pid: int, maps) -> str:
         return ""
     root = foreign_root(pid)
     path = perf_map_path(pid)
-    if os.path.lexists(path if root is None else root + path):
-        return ""
+    try:
+        if not left_before(os.lstat(path if root is None else root + path), started(pid)):
+            return ""
+    except OSError:
+        pass
     if name == "java":
         return f"no perf map yet: `jcmd {pid} Compiler.perfmap` during the run names its JIT frames"
     return "no perf map (node --perf-basic-prof writes one): its JIT frames stay unnamed"
@@ -206,12 +220,15 @@ class PerfMap:
     """`owners`: uids allowed to own the file (None: any); `warn(text)`
     hears, once each, why the file or some of its lines were not used.
     `root`: the directory `path` is in, as a container's process sees it
-    (/proc/PID/root): nothing is followed out of it (no symlink, no `..`)."""
+    (/proc/PID/root): nothing is followed out of it (no symlink, no `..`).
+    `started`: when the process started (epoch seconds): a file last
+    written before is another process's that had the same pid, not read."""
 
     def __init__(self, path: str, owners: frozenset | None = None,
                  warn: Callable[[str], None] | None = None,
-                 root: str | None = None):
+                 root: str | None = None, started: float | None = None):
         self.path = path
+        self.started = started
         self.root = root
         self.shown = path if root is None else root + path
         self.owners = owners
@@ -286,6 +303,11 @@ class PerfMap:
             st = self._lstat()
         except OSError:
             self._close()
+            return
+        if left_before(st, self.started):
+            self._close()
+            self._say(f"{self.shown} was last written before the process started (by an "
+                      f"earlier process with the same pid): not used")
             return
         self.seen = True
         why = self._refused(st)
