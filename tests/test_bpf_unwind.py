@@ -405,7 +405,7 @@ def test_refused_program_falls_back_to_the_copy_path_and_says_why(chain, monkeyp
     """Where the kernel refuses the unwinder, the copy path runs, and the
     note carries the verifier's words."""
     from ustack.capture import bpf_unwind
-    from ustack.probes.resolve import resolve_probes
+    from ustack.probes.events import resolve_probes
     from ustack.probes.spec import parse_event
     from ustack import plan as policy
     refusal = ("the kernel refused BPF program ustack_uwtry: Invalid argument\n"

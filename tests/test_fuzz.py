@@ -32,7 +32,7 @@ from ustack.model import UstackError
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.elf import ElfImage
 from ustack.objfile.gopclntab import go_table
-from ustack.probes.resolve import resolve_probes
+from ustack.probes.events import resolve_probes
 from ustack.probes.spec import parse_event
 from ustack.symbols.perfmap import PerfMap
 from ustack.target import process

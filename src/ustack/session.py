@@ -16,7 +16,7 @@ from .capture.stream import Stream
 from .interrupt import Interrupt, Interrupted
 from .model import Losses, Piece, RawSample, StackCount, UstackError, unwound_sample
 from .options import Options
-from .probes.resolve import resolve_probes
+from .probes.events import resolve_probes
 from .probes.weight import as_s64, weigh_probes, weigh_spec
 from .probes.spec import parse_event
 from .output import check_destination

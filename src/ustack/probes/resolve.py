@@ -8,7 +8,7 @@ import os
 
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
-from ustack.model import (ProbeSpec, ProfileProbe, TracepointProbe, UprobeProbe,
+from ustack.model import (ProbeSpec, TracepointProbe, UprobeProbe,
                           UstackError)
 from ustack.objfile import prologue
 from ustack.objfile.debuginfo import debug_lookup
@@ -416,23 +416,3 @@ def _pick(names: list, pattern: str, what: str) -> list:
         if near:
             msg += f"; did you mean: {', '.join(near)}?"
     raise UstackError(msg)
-
-
-def resolve_probes(specs: list, pid: int | None = None,
-                   notes: list | None = None, unsafe: bool = False) -> list:
-    """Every probe the parsed EVENTs stand for (a glob may give many);
-    `unsafe`: --unsafe-address (see resolve_uprobes)."""
-    probes = []
-    for spec in specs:
-        if spec.kind in ("uprobe", "uretprobe"):
-            probes.extend(resolve_uprobes(spec, pid, notes, unsafe))
-        elif spec.kind == "usdt":
-            from ustack.probes.usdt import resolve_usdt
-            probes.extend(resolve_usdt(spec, pid, notes))
-        elif spec.kind in ("syscall", "tracepoint"):
-            probes.extend(tracepoint_probes(spec))
-        elif spec.kind == "profile":
-            probes.append(ProfileProbe(spec, spec.hz, f"profile:hz:{spec.hz}"))
-        else:
-            raise UstackError(f"unsupported event kind: {spec.kind}")
-    return probes

@@ -1,0 +1,27 @@
+"""Every probe a run's parsed EVENTs stand for: the one dispatch by event
+kind over the resolvers (uprobe, usdt, tracepoint and syscall, profile),
+kept apart from them so that they need not import one another."""
+from __future__ import annotations
+
+from ustack.model import ProfileProbe, UstackError
+from ustack.probes.resolve import resolve_uprobes, tracepoint_probes
+from ustack.probes.usdt import resolve_usdt
+
+
+def resolve_probes(specs: list, pid: int | None = None,
+                   notes: list | None = None, unsafe: bool = False) -> list:
+    """Every probe the parsed EVENTs stand for (a glob may give many);
+    `unsafe`: --unsafe-address (see resolve_uprobes)."""
+    probes = []
+    for spec in specs:
+        if spec.kind in ("uprobe", "uretprobe"):
+            probes.extend(resolve_uprobes(spec, pid, notes, unsafe))
+        elif spec.kind == "usdt":
+            probes.extend(resolve_usdt(spec, pid, notes))
+        elif spec.kind in ("syscall", "tracepoint"):
+            probes.extend(tracepoint_probes(spec))
+        elif spec.kind == "profile":
+            probes.append(ProfileProbe(spec, spec.hz, f"profile:hz:{spec.hz}"))
+        else:
+            raise UstackError(f"unsupported event kind: {spec.kind}")
+    return probes
