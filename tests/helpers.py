@@ -503,9 +503,12 @@ _HEADER = re.compile(r"^(?P<comm>.+?) (?P<pid>\d+)/(?P<tid>\d+)"
                      r"(?P<secs>\d+)\.(?P<usecs>\d{6}): (?P<label>.+)$")
 
 
-# " 0x000055abdf073221 : c+0x2a/0x47 [chain]" or " 0x… : [unknown] [libc.so.6]"
+# " 0x000055abdf073221 : c+0x2a/0x47 [chain]" or " 0x… : [unknown] [libc.so.6]";
+# code no symbol names: " 0x… : fn@0x11e0+0x16 [chain]" (its CFI's start) or
+# " 0x… : 0x11f6 [chain]" (its address in the object)
 _TRACE_FRAME = re.compile(r"^ 0x(?P<addr>[0-9a-f]{16}) : (?:(?P<func>.+?)\+0x(?P<off>[0-9a-f]+)"
-                          r"/0x(?P<size>[0-9a-f]+)|(?P<unknown>\[unknown\]))"
+                          r"/0x(?P<size>[0-9a-f]+)|(?P<unknown>\[unknown\])"
+                          r"|(?P<unnamed>fn@0x[0-9a-f]+|0x[0-9a-f]+)(?:\+0x(?P<uoff>[0-9a-f]+))?)"
                           r"(?: \[(?P<module>[^\]]*)\])?$")
 # a Python frame, which has no address of its own: "<19 spaces>: leaf [python] app.py:7"
 _TRACE_PYTHON = re.compile(r"^ {20}: (?P<func>.+?) \[python\](?: (?P<file>.+):(?P<line>\d+))?$")
@@ -557,9 +560,10 @@ def parse_trace(out: str) -> list[dict]:
         assert m, f"bad trace frame line: {line!r}"
         cur["frames"].append(dict(
             addr=int(m["addr"], 16), module=m["module"],
-            func=m["unknown"] or m["func"],
-            off=None if m["unknown"] else int(m["off"], 16),
-            size=None if m["unknown"] else int(m["size"], 16)))
+            func=m["unknown"] or m["unnamed"] or m["func"],
+            off=(int(m["off"], 16) if m["off"] else
+                 int(m["uoff"], 16) if m["uoff"] else None),
+            size=int(m["size"], 16) if m["size"] else None))
     return records
 
 
@@ -595,6 +599,15 @@ def parse_folded(out: str) -> list[tuple[list[str], int]]:
         assert stack and n.isdigit(), f"bad folded line: {line!r}"
         rows.append((stack.split(";"), int(n)))
     return rows
+
+
+_UNNAMED = re.compile(r"^(?:\[unknown\]|fn@0x[0-9a-f]+|0x[0-9a-f]+)$")
+
+
+def unnamed(name: str) -> bool:
+    """Whether a parsed frame's function is no name: `[unknown]`, or code
+    of a file that no symbol names (`fn@0x11e0`, `0x11f6`)."""
+    return bool(_UNNAMED.match(name))
 
 
 def funcs(frames) -> list[str]:

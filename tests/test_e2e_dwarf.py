@@ -28,7 +28,7 @@ import pytest
 from helpers import (O2_NOFP, RECURSE_FLAGS, build, build_cxx, disassembly, funcs,
                      gdb_backtrace, gdb_capture, nm_symbols, ok, parse_counts,
                      parse_trace, perf_script_samples, private_copy, run_ustack,
-                     truncation_note, ustack_env)
+                     truncation_note, unnamed, ustack_env)
 
 pytestmark = pytest.mark.kernel
 
@@ -150,7 +150,7 @@ def assert_pcs_like_gdb(rec: dict, cap, prog: Path, skip=()) -> None:
     for f, gname in zip(ours, cap.gdb_names):
         if f["module"] == prog.name:
             assert gdb_name(f["func"]) == gname, diag
-        elif f["func"] != "[unknown]" and gname:
+        elif not unnamed(f["func"]) and gname:
             # symtab vs DWARF alias names (qsort_r: __GI___qsort_r), and
             # gcc's clones (msort_with_tmp.part.0: DWARF's msort_with_tmp)
             assert f["func"].split(".")[0].strip("_") in gname, diag

@@ -306,6 +306,25 @@ class Frame:
     inlined: bool = False          # a call inlined into the frame that follows
     kind: str = ""                 # "" native; "python", "js", "java": an interpreter's
                                    # or a JIT's frame (reports colour and label them)
+    # A frame of a file's code that no symbol names keeps where it is in its
+    # object (ELF addresses, the same in every process), so that it is still
+    # told apart from other unnamed code: `objaddr` the pc's, `objstart` the
+    # start of the code the object's CFI gives for it (an FDE), 0 if none.
+    objaddr: int = 0
+    objstart: int = 0
+
+
+def unnamed_function(f: Frame) -> str | None:
+    """What stands for the function of a frame that has no name but a place
+    in its object: `fn@0x11e0` (the start the object's CFI gives), else the
+    pc's own address `0x11f6`; None when the frame has neither (a name, or
+    memory outside any file). Every output shows this, with the module, so
+    that two unnamed functions are never counted as one."""
+    if f.function is not None or not f.objaddr:
+        return None
+    if f.objstart:
+        return f"fn@0x{f.objstart:x}"
+    return f"0x{f.objaddr:x}"
 
 
 @value

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..model import StackCount
+from ..model import StackCount, unnamed_function
 from ..values import replace
 
 
@@ -12,10 +12,10 @@ def stack_identity(sc: StackCount, per_pid: bool, offsets: bool) -> tuple:
     frames, not addresses, so ASLR'd processes of one binary merge. By
     function, as bcc's stackcount and profile do; by call site (function and
     offset) when `offsets` is asked for."""
-    frames = tuple((f.module, f.function,
-                    f.offset if offsets and f.function else 0,
+    frames = tuple((f.module, f.function or unnamed_function(f),
+                    f.offset if offsets and (f.function or f.objstart) else 0,
                     f.file, f.line, f.inlined)    # lines, when asked for, split
-                   for f in sc.stack.frames)    # unnamed: by module (ASLR)
+                   for f in sc.stack.frames)    # unnamed: by place in its object
     return (sc.pid if per_pid else 0, sc.tid if per_pid else 0,
             sc.comm if per_pid else "", frames, sc.stack.notes)
 

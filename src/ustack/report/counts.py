@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from io import TextIOBase
 
-from ..model import StackCount
+from ..model import StackCount, unnamed_function
 from .aggregate import merge
 from .formats import weight_of
 from .text import format_duration, frame_label, is_timed, python_label
@@ -19,7 +19,8 @@ def function_label(f) -> str:
     module = f" [{f.module}]" if f.module else ""
     where = f" {f.file}:{f.line}" if f.line else ""
     inlined = " (inlined)" if f.inlined else ""
-    return f"{f.function or '[unknown]'}{inlined}{module}{where}"
+    name = f.function or unnamed_function(f) or "[unknown]"
+    return f"{name}{inlined}{module}{where}"
 
 
 def ids(host: int, inner: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ..model import Frame, StackCount
+from ..model import Frame, StackCount, unnamed_function
 from ..symbols.kernel import KERNEL_MODULE
 from ..symbols.stacks import SEPARATOR
 from .aggregate import merge
@@ -26,9 +26,14 @@ _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$|^\[")   # libc.so.6, ld-linux…so.2, 
 
 def frame_name(f: Frame, offsets: bool = False) -> str:
     """A frame's label: its function (`+0x15` with offsets), else `[module]`
-    or `[unknown]` as folded lines name it; ` (inlined)` for an inlined call."""
+    or `[unknown]` as folded lines name it (unnamed code with a place in
+    its object: `fn@0x11e0 [module]`); ` (inlined)` for an inlined call."""
     if not f.function:
-        return f"[{f.module}]" if f.module else "[unknown]"
+        unnamed = unnamed_function(f)
+        if unnamed is None:
+            return f"[{f.module}]" if f.module else "[unknown]"
+        offset = f"+0x{f.offset:x}" if offsets and f.objstart else ""
+        return f"{unnamed}{offset} [{f.module}]"
     if f.kind == "python" and f.line:
         return python_name(f)
     name = f.function
@@ -150,8 +155,8 @@ class FlameTree:
                               lambda: Node(f"[{note}]", kind="note"))
             _bump(node, slot, sc.count)
         for f in reversed(sc.stack.frames):
-            key = (f.module, f.function or "",
-                   f.offset if self.offsets and f.function else 0, f.inlined,
+            key = (f.module, f.function or unnamed_function(f) or "",
+                   f.offset if self.offsets and (f.function or f.objstart) else 0, f.inlined,
                    f.line if f.kind == "python" else 0)     # named by its line
             node = node.child(key, lambda: Node(
                 frame_name(f, self.offsets), f.module, frame_kind(f),

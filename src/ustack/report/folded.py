@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from io import TextIOBase
 
-from ..model import StackCount
+from ..model import StackCount, unnamed_function
 from .text import is_timed
 
 
@@ -13,6 +13,9 @@ def folded_name(f) -> str:
         return python_name(f).replace(";", ":")
     if f.function:
         return f.function.replace(";", ":").replace(" ", "_")
+    unnamed = unnamed_function(f)
+    if unnamed is not None:                      # fn@0x11e0_[prog]: apart from its neighbours
+        return f"{unnamed}_[{f.module}]".replace(";", ":").replace(" ", "_")
     return f"[{f.module}]" if f.module else "[unknown]"
 
 

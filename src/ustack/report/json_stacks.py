@@ -26,8 +26,10 @@ JSON, for scripts.
              "file": "chain.c" | null, "line": 36 | null,   # with --lines
              "inlined": false,        # a call inlined into the next frame
              "kernel": false,         # a kernel frame (--kernel)
-             "kind": null}            # "python", "js", "java": an interpreter's
+             "kind": null,            # "python", "js", "java": an interpreter's
                                       # or a JIT's frame (python: address 0)
+             "object_address": "0x11f6" | null,  # unnamed: the pc in its object (ELF)
+             "code_start": "0x11e0" | null}      # unnamed: its code's start by the CFI
 
 Stacks of the same event, process and frames are one entry whatever the
 thread; ties in count keep a fixed order (event, pid, comm, names)."""
@@ -49,7 +51,9 @@ def frame_dict(f, kernel: bool = False) -> dict:
     return {"function": f.function, "module": f.module, "path": f.path,
             "offset": f.offset, "address": f"0x{f.addr:x}",
             "file": f.file or None, "line": f.line or None,
-            "inlined": f.inlined, "kernel": kernel, "kind": f.kind or None}
+            "inlined": f.inlined, "kernel": kernel, "kind": f.kind or None,
+            "object_address": f"0x{f.objaddr:x}" if f.objaddr else None,
+            "code_start": f"0x{f.objstart:x}" if f.objstart else None}
 
 
 def frame_dicts(frames) -> list:

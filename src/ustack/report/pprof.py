@@ -12,12 +12,15 @@
   when the object's symbol table has it, the source file with --lines.
 - Locations: the runtime address, its mapping, and a Line per function
   at that address: the calls inlined there first (--inlines), the
-  function they were inlined into last, each with its line (--lines). An
-  unnamed frame is a Location without lines (pprof may name it from the
-  object, which the mapping's build-id identifies).
+  function they were inlined into last, each with its line (--lines). A
+  frame no symbol names has one line of a function `fn@0x11e0 [prog]`
+  (its CFI's start, else `0x11f6 [prog]`, its address in the object), so
+  that unnamed functions stay apart; its mapping says it has no functions,
+  so pprof may name it from the object, which the build-id identifies.
 - Mappings: per process and object, the executable segment's memory
-  start, limit and file offset when a named frame told the object's load
-  bias (pprof_objects.py), else zeros; the path as the process saw it;
+  start, limit and file offset when a frame told the object's load bias
+  (a named one, or an unnamed one's address in the object: pprof_objects.py),
+  else zeros; the path as the process saw it;
   the GNU build-id in hex. Kernel frames (--kernel) belong to one
   `[kernel.kallsyms]` mapping spanning the kernel addresses seen.
   The first mapping is the traced program's (pprof calls it the main
@@ -34,7 +37,7 @@ import os
 import time
 from io import BufferedIOBase
 
-from ..model import StackCount
+from ..model import StackCount, unnamed_function
 from .pprof_objects import ObjectFacts, split_kernel
 from .formats import weight_of
 from .text import is_timed
@@ -189,6 +192,8 @@ class _Builder:
         for g in group:
             if g.function:
                 loc.line.add(function_id=self._function(g, sc.pid), line=g.line)
+            elif unnamed_function(g):        # apart from other unnamed code
+                loc.line.add(function_id=self._unnamed_function(g))
         if kernel:
             mapping_key = ("kernel",)
             lo, hi = self.kernel_span or (f.addr, f.addr)
@@ -221,6 +226,19 @@ class _Builder:
                 system = self.objects.system_name(f, pid) if f.path else f.function
             self.p.function.add(id=i, name=self.s(f.function),
                                 system_name=self.s(system), filename=self.s(f.file))
+        return i
+
+    def _unnamed_function(self, f) -> int:
+        """A Function for code no symbol names, `fn@0x11e0 [prog]`: pprof
+        would otherwise count all of an object's unnamed code as one
+        `[prog]`. Its mapping still says it has no functions, so pprof may
+        name it from the object later."""
+        name = f"{unnamed_function(f)} [{f.module}]"
+        key = (name, f.path, "")
+        i = self.functions.get(key)
+        if i is None:
+            i = self.functions[key] = len(self.functions) + 1
+            self.p.function.add(id=i, name=self.s(name), system_name=self.s(name))
         return i
 
     # -- mappings -----------------------------------------------------------

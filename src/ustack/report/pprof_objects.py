@@ -116,7 +116,12 @@ class ObjectFacts:
         """Find the load bias of f's object in process pid from f, a real
         (not inlined) named frame, unless known already; a frame named
         only in demangled form is kept for later (object_address)."""
-        if (pid, f.path) in self._bias or not f.function or f.inlined:
+        if (pid, f.path) in self._bias or f.inlined:
+            return
+        if not f.function:
+            # an unnamed frame of a file knows its place in the object exactly
+            if f.objaddr and (f.addr - f.objaddr) % PAGE == 0:
+                self._bias[(pid, f.path)] = f.addr - f.objaddr
             return
         found = self._image(f.path)
         if found is None:

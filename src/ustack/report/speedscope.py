@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from io import TextIOBase
 
-from ..model import StackCount
+from ..model import StackCount, unnamed_function
 from .pprof_objects import split_kernel
 from .formats import weight_of
 from .text import is_timed
@@ -32,7 +32,7 @@ def frame_record(f) -> dict:
     if f.function:
         name = f"{f.function} (inlined)" if f.inlined else f.function
     else:
-        name = f"[unknown] [{f.module}]" if f.module else "[unknown]"
+        name = f"{unnamed_function(f) or '[unknown]'} [{f.module}]" if f.module else "[unknown]"
     record = {"name": name}
     if f.file or f.path:
         record["file"] = f.file or f.path

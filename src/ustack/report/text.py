@@ -2,19 +2,25 @@
 SystemTap's style: ` 0x00007f…2f65 : func+0x15/0x90 [libc.so.6]`."""
 from __future__ import annotations
 
-from ..model import Frame, Stack
+from ..model import Frame, Stack, unnamed_function
 
 
 def frame_label(f: Frame) -> str:
     """`func+0x15/0x90 [module]` — the part of a frame line after the
     address; `func (inlined) [module]` for an inlined call; then ` file:line`
-    when the frame has one. A Python frame: `func [python] file:line`."""
+    when the frame has one. A Python frame: `func [python] file:line`. A
+    frame no symbol names: `fn@0x11e0+0x16 [module]` from the start its
+    object's CFI gives, else its address in the object `0x11f6 [module]`."""
     if f.kind == "python":
         return python_label(f)
     module = f" [{f.module}]" if f.module else ""
     where = f" {f.file}:{f.line}" if f.line else ""
     if f.function is None:
-        return f"[unknown]{module}{where}"
+        unnamed = unnamed_function(f)
+        if unnamed is None:
+            return f"[unknown]{module}{where}"
+        offset = f"+0x{f.offset:x}" if f.objstart else ""
+        return f"{unnamed}{offset}{module}{where}"
     if f.inlined:
         return f"{f.function} (inlined){module}{where}"
     size = f"/0x{f.size:x}" if f.size else ""

@@ -3,7 +3,7 @@ by total (inclusive) samples, from the StackCounts of each refresh, as
 lines of text (the command draws them on a terminal or prints them)."""
 from __future__ import annotations
 
-from ..model import StackCount
+from ..model import StackCount, unnamed_function
 
 SORTS = ("self", "total")
 COLUMNS = f"{'%SELF':>6} {'%TOTAL':>6} {'SELF':>8} {'TOTAL':>8}  FUNCTION"
@@ -15,6 +15,8 @@ def function_key(f) -> tuple:
     a JIT's frame as a function of its own kind, `leaf (app.py)`."""
     if f.kind:
         return (f.kind, f"{f.function} ({f.module})" if f.module else f.function or "?")
+    if f.function is None and unnamed_function(f):  # code apart: `fn@0x11e0 [prog]`
+        return ("", f"{unnamed_function(f)} [{f.module}]")
     if f.function is None:              # by its module: `[libfoo.so]`, `[uprobes]`
         name = f.module if f.module.startswith("[") else f"[{f.module}]"
         return ("", name if f.module else "[unknown]")

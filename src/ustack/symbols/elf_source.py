@@ -10,6 +10,7 @@ from ..model import Frame, Mapping, UstackError
 from ..objfile.debuginfo import debug_lookup
 from ..objfile.dwarf_lines import LineTable, has_dwarf
 from ..objfile.elf import ElfImage
+from ..objfile.on_disk import OnDisk
 from .lines import inlined_frames, real_line
 
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
@@ -27,6 +28,7 @@ class ElfSource:
         self._symbols: dict = {}       # (path, file offset) -> (vaddr, Symbol | None)
         self._debug_images: dict = {}  # image path -> debug ElfImage | None
         self._line_tables: dict = {}   # image path -> LineTable | None
+        self._starts: dict = {}        # (path, vaddr) -> its FDE's start | None
 
     def resolve(self, path: str, file_off: int) -> tuple:
         """(vaddr, Symbol) at file_off in the object at path; either may be
@@ -58,7 +60,11 @@ class ElfSource:
             locs = self._source_locs(path, vaddr)
         file, line = real_line(locs, self.options.lines)
         if sym is None:
-            f = Frame(addr=addr, module=module, path=m.path, file=file, line=line)
+            start = self._code_start(path, vaddr) if vaddr is not None else None
+            f = Frame(addr=addr, module=module, path=m.path, file=file, line=line,
+                      offset=vaddr + back - start if start is not None else 0,
+                      objaddr=vaddr + back if vaddr is not None else 0,
+                      objstart=start or 0)
         else:
             f = Frame(addr=addr, module=module, function=self._name(sym.name),
                       offset=vaddr + back - sym.address, size=sym.size, path=m.path,
@@ -66,6 +72,22 @@ class ElfSource:
         if self.options.inlines and len(locs) > 1:
             return inlined_frames(f, locs, self.options.lines, self._name) + [f]
         return [f]
+
+    def _code_start(self, path: str, vaddr: int) -> int | None:
+        """Where the code holding vaddr starts by the object's CFI (its FDE),
+        for an unnamed frame: a stripped object's functions stay apart."""
+        key = (path, vaddr)
+        if key not in self._starts:
+            found = None
+            try:
+                fde = OnDisk.of(path).fde(vaddr)
+                found = fde[0] if fde is not None else None
+            except UstackError:                     # the file is gone
+                pass
+            if len(self._starts) >= _MAX_CACHED:
+                self._starts.clear()
+            self._starts[key] = found
+        return self._starts[key]
 
     def image(self, path: str) -> ElfImage | None:
         if path not in self._images:
