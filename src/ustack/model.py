@@ -314,6 +314,18 @@ class Frame:
     objstart: int = 0
 
 
+def printable(text: str) -> str:
+    """text with every character a terminal or a line-based format would
+    act on (NUL, escapes, newlines, other controls) written as an escape,
+    `\\x1b`: names come from files and processes anyone can make, and a
+    name must never end a folded line, forge a frame or drive a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else
+                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                   for c in text)
+
+
 def unnamed_function(f: Frame) -> str | None:
     """What stands for the function of a frame that has no name but a place
     in its object: `fn@0x11e0` (the start the object's CFI gives), else the

@@ -10,6 +10,7 @@ from ustack.probes.resolve import locate_binary, no_function_error
 from ustack.objfile.demangle import demangle
 from ustack.objfile.dwarf_params import DwarfParams
 from ustack.objfile.elf import ElfImage
+from ustack.model import printable
 
 
 class FunctionRow(NamedTuple):
@@ -21,7 +22,9 @@ class FunctionRow(NamedTuple):
 
 def main(args) -> int:
     """`ustack list` from its parsed arguments."""
-    sys.stdout.write(list_text(args.binary, args.pattern, args.verbose))
+    text = list_text(args.binary, args.pattern, args.verbose)
+    # names are the binary's: whoever built it chose them
+    sys.stdout.write("\n".join(printable(line) for line in text.split("\n")))
     return 0
 
 

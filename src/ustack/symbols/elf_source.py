@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model import Frame, Mapping, UstackError
+from ..model import Frame, Mapping, UstackError, printable
 from ..objfile.debuginfo import debug_lookup
 from ..objfile.dwarf_lines import LineTable, has_dwarf
 from ..objfile.elf import ElfImage
@@ -59,6 +59,7 @@ class ElfSource:
         if vaddr is not None and (self.options.lines or self.options.inlines):
             locs = self._source_locs(path, vaddr)
         file, line = real_line(locs, self.options.lines)
+        file = printable(file)
         if sym is None:
             start = self._code_start(path, vaddr) if vaddr is not None else None
             f = Frame(addr=addr, module=module, path=m.path, file=file, line=line,

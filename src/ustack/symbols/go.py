@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model import Frame, Mapping
+from ..model import Frame, Mapping, printable
 from ..objfile.elf import ElfImage
 
 
@@ -36,12 +36,12 @@ class GoSymbols:
         # the last GoFrame is func itself, at the call site of what was
         # inlined into it: its file:line lies inside the function it names
         found = go.frames(vaddr) if (lines or inlines) else []
-        out = [Frame(addr=addr, module=module, function=g.function, path=m.path,
+        out = [Frame(addr=addr, module=module, function=printable(g.function), path=m.path,
                      file=g.file if lines else "", line=g.line if lines else 0,
                      inlined=True)
                for g in (found[:-1] if inlines else ())]
         own = found[-1] if lines and found else None
-        out.append(Frame(addr=addr, module=module, function=func.name,
+        out.append(Frame(addr=addr, module=module, function=printable(func.name),
                          offset=vaddr + back - func.entry, size=func.end - func.entry,
                          path=m.path, file=own.file if own else "",
                          line=own.line if own else 0))

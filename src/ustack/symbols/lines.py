@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..model import Frame
+from ..model import Frame, printable
 
 
 def real_line(locs: tuple, lines: bool) -> tuple:
@@ -26,5 +26,5 @@ def inlined_frames(frame: Frame, locs: tuple, lines: bool, name: Callable[[str],
     return [Frame(addr=frame.addr, module=frame.module,
                   function=name(loc.function) if loc.function else None,
                   path=frame.path, inlined=True,
-                  file=loc.file if lines else "", line=loc.line if lines else 0)
+                  file=printable(loc.file) if lines else "", line=loc.line if lines else 0)
             for loc in locs[:-1]]

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from ..kernel.procfs import started
 from ..kernel.proc_root import foreign_root, ns_pids, open_in_root
-from ..model import Frame, Mapping
+from ..model import Frame, Mapping, printable
 from ..objfile.elf import Symbol
 
 MAX_MAP_BYTES = 64 << 20           # a JIT's map is a few MB; a sparse 1 GB file is not one
@@ -119,7 +119,7 @@ class JitSymbols:
                 self._unmapped.setdefault(runtime_name, (pid, perf_map))
             elif runtime_name == "java" and self._stale is None:
                 self._stale = (pid, perf_map)
-        return Frame(addr=addr, module=m.path, path=m.path)
+        return Frame(addr=addr, module=printable(m.path), path=m.path)
 
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Process `pid`'s stack `frames` (innermost first) was named;

@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 
 from ..kernel.procfs import ProcessMemory
-from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo
+from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo, printable
 from ..unwind.python_runtime import CODE_OFFSETS
 
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
@@ -169,8 +169,9 @@ def read_code(pid: int, code: int, version: tuple) -> PythonCodeInfo:
         ptr = lambda name: struct.unpack_from("<Q", header, offsets[name])[0]  # noqa: E731
         name_field = "qualname" if offsets["qualname"] is not None else "name"
         firstlineno = struct.unpack_from("<i", header, offsets["firstlineno"])[0]
-        return PythonCodeInfo(name=read_str(mem, ptr(name_field), version),
-                        file=read_str(mem, ptr("filename"), version),
+        # a program names its own code: nothing it chose may drive a terminal
+        return PythonCodeInfo(name=printable(read_str(mem, ptr(name_field), version)),
+                        file=printable(read_str(mem, ptr("filename"), version)),
                         firstlineno=firstlineno, table_kind=TABLE_KIND[version],
                         table=read_bytes(mem, ptr("table")))
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from ..model import (PYTHON_FRAME_TAG, Frame, SymbolOptions,  # noqa: F401 (SymbolOptions: its old home)
-                     python_frame_parts)
+                     printable, python_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.dwarf import RESTORE_RT
 from .elf_source import ElfSource
@@ -35,7 +35,7 @@ class Symbolizer:
         self.mappings = mappings
         self.options = options
         self._said: list = []
-        name = demangle if options.demangle else _as_is
+        name = _demangled_printable if options.demangle else printable
         self._elf = ElfSource(options, name, self._said)
         self._go = GoSymbols(options, self._elf.image)
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None))
@@ -114,7 +114,7 @@ class Symbolizer:
         more than the rest of a cached frame."""
         if len(self._modules) >= _MAX_MODULES:
             self._modules.clear()
-        module = VDSO_MODULE if is_vdso(m) else os.path.basename(m.path)
+        module = VDSO_MODULE if is_vdso(m) else printable(os.path.basename(m.path))
         self._modules[m.path] = module
         return module
 
@@ -125,5 +125,5 @@ class Symbolizer:
         return tuple(self._kernel.frame(a) for a in addrs)
 
 
-def _as_is(name: str) -> str:
-    return name
+def _demangled_printable(name: str) -> str:
+    return printable(demangle(name))

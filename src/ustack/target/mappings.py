@@ -11,7 +11,7 @@ import time
 
 from ..kernel import procfs, tracefs
 from ..kernel.proc_root import ns_pids
-from ..model import CommEvent, ForkEvent, Mapping, MmapEvent, UstackError
+from ..model import CommEvent, ForkEvent, Mapping, MmapEvent, UstackError, printable
 from ..objfile.elf import ElfImage
 
 
@@ -89,7 +89,7 @@ class MappingTracker:
             if pm.find(m.start) is None:
                 pm.add(m)
         if pid not in self.comms:
-            self.comms[pid] = procfs.comm(pid)
+            self.comms[pid] = printable(procfs.comm(pid))
         self.ns_id(pid)                 # while it lives: -P shows it at the end
         return True
 
@@ -117,7 +117,7 @@ class MappingTracker:
                 self.generations[event.pid] = self.generations.get(event.pid, 0) + 1
                 if event.time_ns:
                     self.exec_times.setdefault(event.pid, []).append(event.time_ns)
-            self.comms[event.tid] = event.comm
+            self.comms[event.tid] = printable(event.comm)   # a task names itself
         elif isinstance(event, ForkEvent):
             parent_comm = self.comms.get(event.ptid) or self.comms.get(event.ppid)
             if parent_comm and event.tid not in self.comms:
@@ -172,8 +172,8 @@ class MappingTracker:
         c = self.comms.get(tid) or self.comms.get(pid)
         if not c and self.live:
             # gone from /proc: ftrace may have saved its name (tracefs)
-            c = (procfs.comm(pid, tid) or procfs.comm(pid)
-                 or (tracefs.saved_comm(tid) if pid > 0 else ""))
+            c = printable(procfs.comm(pid, tid) or procfs.comm(pid)
+                          or (tracefs.saved_comm(tid) if pid > 0 else ""))
             if c or pid > 0:
                 self.comms[tid] = c or "?"      # once: a task gone stays unnamed
         return c or ("swapper" if pid == 0 else "?")      # the idle task, as perf names it
