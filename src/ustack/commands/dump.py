@@ -53,6 +53,15 @@ class ThreadStack:
         self.frames, self.notes = frames, notes
 
 
+def _not_readable(pid: int) -> None:
+    """Refuse a process that exists but whose maps cannot be read, saying
+    so (not "no process")."""
+    why = procfs.maps_error(pid) if procfs.process_exists(pid) else None
+    if why:
+        raise UstackError(f"process {pid} ({procfs.comm(pid) or '?'}) exists, but "
+                          f"/proc/{pid}/maps cannot be read: {why}")
+
+
 def check_target(pid: int) -> None:
     """Refuse, in one sentence, what cannot or must not be stopped."""
     if pid == os.getpid():
@@ -183,6 +192,7 @@ def dump(pid: int, options: SymbolOptions = SymbolOptions()) -> tuple:
     check_target(pid)
     tracker = MappingTracker()
     if not tracker.seed_from_proc(pid):
+        _not_readable(pid)
         raise UstackError(f"no process {pid}")
     interp = find_interpreter(procfs.executable_mappings(pid))
     captured, took = capture(pid, interp)
