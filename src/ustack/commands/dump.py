@@ -18,6 +18,7 @@ from ..kernel import procfs, ptrace
 from ..model import Frame, SymbolOptions, UstackError
 from ..options import symbol_options
 from ..output import Output
+from ..report.output import choose_format
 from ..report.text import format_duration, frame_line
 from ..symbols.python import PythonCode
 from ..symbols.symbolizer import Symbolizer
@@ -253,8 +254,7 @@ def main(args) -> int:
 
 def run_dump(pid: int, options: SymbolOptions, fmt: str | None, output: str | None,
              err) -> int:
-    if fmt is None:
-        fmt = "json" if output and output.endswith(".json") else "text"
+    fmt = choose_format(fmt, output, {"text": None, "json": None})
     threads, took = dump(pid, options)
     text = format_json(pid, threads, took) if fmt == "json" else format_text(pid, threads)
     if output:

@@ -24,7 +24,7 @@ from ..probes.spec import parse_event
 from ..report.latency import format_histogram, format_slow_call
 from ..output import check_destination
 from ..report.formats import format_for_path
-from ..report.output import open_output
+from ..report.output import choose_format, open_output
 from ..session import Session
 from ..values import replace, value
 
@@ -209,6 +209,7 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
         implied = format_for_path(opts.output_path)
         if implied not in (None, "text"):
             raise UstackError(f"-o {opts.output_path}: latency writes text, not {implied}")
+        choose_format(None, opts.output_path, {"text": None})
     session = LatencySession(opts, request)
     unit, unit_ns = request.units, request.unit_ns
 

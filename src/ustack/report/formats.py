@@ -110,6 +110,7 @@ EVENT_FORMATS = _Registry({            # a stack per event
 # the file name's ending -> format, longest endings first when looked up
 EXTENSIONS = {
     ".txt": "text",
+    ".log": "text",
     ".folded": "folded",
     ".html": "html",
     ".htm": "html",
