@@ -120,3 +120,6 @@ def test_weight_beyond_the_arguments_is_said_as_written(chain):
     res = run_ustack("count", f"uprobe:{chain}:d", "--weight", "arg9", "-c", f"{chain} 1")
     one_line_error(res, "--weight arg9: a uprobe's arguments are arg0…arg8 "
                         "(a C function's arg0…arg5)")
+    res = run_ustack("count", f"uprobe:{chain}:d", "--weight", "arg6", "-c", f"{chain} 1")
+    one_line_error(res, "--weight arg6 ($arg7): a C function's arguments in registers "
+                        "are arg0…arg5")

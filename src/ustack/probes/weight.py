@@ -17,9 +17,8 @@ import re
 
 from ..model import TracepointProbe, UprobeProbe, UstackError
 from ..values import replace, value
-from .fetchargs import GO_ARGS, parse_fetch_args, probe_kinds
+from .fetchargs import GO_ARGS, WEIGHT_ARG, parse_fetch_args, probe_kinds
 
-WEIGHT_ARG = "weight"                  # the fetch-arg's name in the kernel's record
 _ARGN = re.compile(r"arg([0-9]+)")
 _FETCH_STARTS = "%$@+-\\"               # how the kernel's fetch-args start
 _ARGS_PREFIX = re.compile(r"args(?:->|\.)")    # bpftrace's args->count
