@@ -103,3 +103,23 @@ def test_record_is_the_command_of_a_record_run(backend, runs_as):
     opts = record_options(args)
     assert (opts.command, opts.runs_as, opts.record, opts.output_path) == \
         ("record", runs_as, "ustack.data", None)
+
+
+def test_help_lists_every_event_kind_and_what_diff_writes():
+    trace = run_ustack("trace", "--help")
+    assert trace.returncode == 0
+    for kind in ("syscall:", "uprobe:", "uretprobe:", "usdt:", "tracepoint:", "profile:hz:"):
+        assert kind in trace.stdout, kind
+    report = " ".join(run_ustack("report", "--help").stdout.split())
+    assert "differential flame graph of two recordings, written as HTML only" in report
+    record = " ".join(run_ustack("record", "--help").stdout.split())
+    assert "with no EVENT, as profile does: 49 Hz" in record
+
+
+def test_weight_beyond_the_arguments_is_said_as_written(chain):
+    res = run_ustack("count", f"uprobe:{chain}:d", "--weight", "arg9", "-c", f"{chain} 1")
+    one_line_error(res, "--weight arg9: a uprobe's arguments are arg0…arg8 "
+                        "(a C function's arg0…arg5)")
+    res = run_ustack("count", f"uprobe:{chain}:d", "--weight", "arg6", "-c", f"{chain} 1")
+    one_line_error(res, "--weight arg6 ($arg7): a C function's arguments in registers "
+                        "are arg0…arg5")

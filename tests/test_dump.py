@@ -206,6 +206,25 @@ def test_refusals():
     assert (r.returncode, r.stderr) == (1, f"ustack: no process {dead.pid}\n")
 
 
+def test_a_process_whose_maps_cannot_be_read_is_not_called_gone():
+    """Root of a user namespace cannot read the maps of a process outside
+    it: the process exists, and the error says what is true."""
+    import shutil
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        r = run_ustack("dump", "-p", proc.pid,
+                       cmd=("unshare", "--user", "--map-root-user", sys.executable,
+                            "-m", "ustack"))
+        assert (r.returncode, r.stdout, r.stderr) == (
+            1, "", f"ustack: process {proc.pid} (sleep) exists, but /proc/{proc.pid}/maps "
+                   "cannot be read: Permission denied\n")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_refuses_own_process(capsys):
     from ustack.cli import main
     assert main(["dump", "-p", str(os.getpid())]) == 1

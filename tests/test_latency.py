@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (O2_FP, O2_NOFP, build, build_go, disassembly, gdb_backtrace, ok,
+from helpers import (O2_FP, O2_NOFP, build, build_cxx, build_go, disassembly, gdb_backtrace, ok,
                      parse_trace, run_attached, run_ustack, spawn, stop)
 
 pytestmark = pytest.mark.kernel
@@ -110,6 +110,31 @@ def test_syscall_latency_of_nanosleep(prog, tmp_path):
     (hist,) = parse_histograms(res.stdout)
     assert hist["event"] == "syscall:clock_nanosleep" and hist["count"] == 4 * rounds
     assert hist["buckets"] == measured(out)
+
+
+def test_a_named_syscall_never_called_shows_count_0(prog, tmp_path):
+    """Each event named one by one gets its line, in the order given: one
+    never called says count 0 instead of being left out."""
+    res = latency("syscall:pivot_root", "syscall:clock_nanosleep",
+                  "-c", f"{FIFO} {prog} go naps 1 {tmp_path / 'measured'}")
+    lines = [line for line in res.stdout.splitlines() if ": count " in line]
+    assert lines[0] == "syscall:pivot_root: count 0"
+    assert lines[1].startswith("syscall:clock_nanosleep: count 4, ") and len(lines) == 2
+
+
+def test_a_cxx_method_is_named_as_written_and_suggested(tmp_path):
+    """shop::Counter::add, not _ZN4shop7Counter3addEiPKc, in the header and
+    the histogram; a near miss suggests the name a user types."""
+    cxx = build_cxx("args_cxx", O2_NOFP)
+    res = latency(f"uprobe:{cxx}:shop::Counter::add", "-c", f"{cxx} 0 3")
+    assert res.stderr.startswith(f"Tracing uprobe:{cxx}:shop::Counter::add in ")
+    (hist,) = parse_histograms(res.stdout)
+    assert (hist["event"], hist["count"]) == (f"uprobe:{cxx}:shop::Counter::add", 3)
+    for typo in ("Counter::ad", "addd"):
+        res = run_ustack("latency", f"uprobe:{cxx}:{typo}", "-c", f"{cxx} 0 3")
+        assert (res.returncode, res.stdout) == (1, "")
+        assert res.stderr == (f"ustack: no function '{typo}' in {cxx}; did you mean: "
+                              "shop::Counter::add?\n")
 
 
 def test_syscall_latency_follows_a_commands_children(prog, tmp_path):

@@ -122,6 +122,26 @@ def test_text_shows_times(prog):
     assert "warm_up" not in res.stdout       # its 1 ms sleeps are below 20 ms
 
 
+def test_per_thread_splits_each_thread(prog):
+    """-T: a block per thread, each naming its thread, as count -T does:
+    the helper threads' sleeps apart from main's."""
+    res, _times = run_on_target(prog, "-T", "--min-block", 20000)
+    pid = None
+    by_function = {}
+    for block in res.stdout.rstrip().split("\n\n"):
+        *frames, who, _value = block.splitlines()
+        m = re.fullmatch(r"    (\S+) \[(\d+)\] tid (\d+)", who)
+        assert m, block
+        pid = pid or int(m.group(2))
+        assert int(m.group(2)) == pid, block
+        for f in frames:
+            by_function.setdefault(f.split()[0], set()).add(int(m.group(3)))
+    assert by_function["sleeper_fn"] == {pid}                  # main's own sleeps
+    (writer,) = by_function["pipe_writer"]
+    (signaller,) = by_function["cond_signaller"]
+    assert len({pid, writer, signaller}) == 3, by_function
+
+
 def test_wakers_pipe_and_condition_variable(prog):
     res, times = run_on_target(prog, "--wakers", "-f", "folded")
     lines = [line.rsplit(" ", 1) for line in res.stdout.splitlines()]

@@ -136,3 +136,50 @@ def test_pprof_by_the_files_name(chain, tmp_path):
     ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 3", "-o", out))
     from helpers import top                # go tool pprof -top
     assert top(out)["d"] == ("3", "3")
+
+
+ALL_ENDINGS = ".txt, .log, .folded, .html, .htm, .svg, .pb.gz, .pprof, .speedscope.json, .json"
+
+
+@pytest.mark.parametrize("name", ["out.png", "run.data"])
+def test_a_name_whose_ending_ustack_does_not_write_is_refused_before_the_run(
+        chain, tmp_path, name):
+    res = run_ustack("profile", "-d", "1", "-c", shell_around(chain, 1), "-o", tmp_path / name)
+    assert (res.returncode, res.stdout) == (1, "")      # the command never ran
+    ending = "." + name.rpartition(".")[2]
+    assert res.stderr == (f"ustack: -o {tmp_path}/{name}: ustack writes no {ending} file "
+                          f"here; end the name with {ALL_ENDINGS}, or say which with -f "
+                          "(text, folded, html, svg, pprof, speedscope, json)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_header_names_what_is_written_where(chain, tmp_path):
+    for name, fmt in (("flame.html", "html"), ("stacks", "text"), ("run.log", "text")):
+        res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 2",
+                            "-o", tmp_path / name))
+        assert res.stderr.splitlines()[0].endswith(
+            f"], writing {fmt} to {tmp_path}/{name}... Hit Ctrl-C to end."), res.stderr
+    assert (tmp_path / "flame.html").read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("name", ["x.pb.gz", "x.folded"])
+def test_every_into_a_files_name_is_refused(chain, tmp_path, name):
+    res = run_ustack("profile", "--every", "1", "-d", "1", "-c", shell_around(chain, 1),
+                     "-o", tmp_path / name)
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr == (f"ustack: -o {tmp_path}/{name} names a file: --every writes a "
+                          "pprof file per interval into a directory (-o DIR/)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_latency_and_dump_refuse_an_ending_they_do_not_write(chain, tmp_path):
+    res = run_ustack("latency", "syscall:write", "-c", shell_around(chain, 1),
+                     "-o", tmp_path / "lat.png")
+    assert (res.returncode, res.stdout) == (1, "")
+    assert res.stderr == (f"ustack: -o {tmp_path}/lat.png: ustack writes no .png file "
+                          "here; it writes text: end the name with .txt, .log, or give "
+                          "it no ending\n")
+    res = run_ustack("dump", "-p", os.getpid(), "-o", tmp_path / "dump.png")
+    assert res.returncode == 1 and res.stderr.startswith(
+        f"ustack: -o {tmp_path}/dump.png: ustack writes no .png file here")
+    assert list(tmp_path.iterdir()) == []

@@ -389,7 +389,6 @@ def test_report_errors_are_one_line(tmp_path):
     damaged = tmp_path / "cut.data"
     damaged.write_bytes(fixture.read_bytes()[:len(fixture.read_bytes()) // 2])
     assert "truncated" in one_line_error(run_ustack("report", damaged))
-    assert "record needs an EVENT" in one_line_error(run_ustack("record"))
 
 
 def test_report_of_a_version_1_fixture_without_root():
@@ -410,3 +409,19 @@ def test_a_failed_record_leaves_no_file(tmp_path):
         run_ustack("record", f"uprobe:{prog}:d", "-c", f"{prog} 3",
                    "-o", tmp_path / "missing" / "run.data"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.kernel
+def test_record_without_an_event_profiles_at_profiles_rate_and_is_titled_a_profile(tmp_path):
+    """`record -c CMD` samples as `profile -c CMD` does (49 Hz), and the
+    recording's flame graph is a profile's, not a trace's."""
+    busy = build("busy", flags=O2_NOFP)
+    data = tmp_path / "run.data"
+    res = ok(run_ustack("record", "-o", data, "-c", f"{busy} 1"))
+    assert res.stderr.startswith("Tracing profile:hz:49 in ")
+    page = tmp_path / "run.html"
+    done(run_ustack("report", data, "-o", page))
+    assert "<title>ustack profile at 49 Hz</title>" in page.read_text()
+    ok(run_ustack("record", "-F", "99", "-o", data, "-c", f"{busy} 1"))
+    done(run_ustack("report", data, "-o", page))
+    assert "<title>ustack profile at 99 Hz</title>" in page.read_text()

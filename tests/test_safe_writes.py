@@ -63,13 +63,13 @@ def null_device(directory: Path) -> Path:
 @pytest.mark.parametrize("how", [("count", "-o"), ("record", "-o"), ("count", "--record")])
 def test_a_link_at_the_name_is_refused(chain, tmp_path, victim, how):
     command, option = how
-    link = tmp_path / "out.data"
+    link = tmp_path / "out.txt"
     link.symlink_to(victim)
     res = run_ustack(command, f"uprobe:{chain}:d", "-c", f"{chain} 2", option, link)
     one_line_error(res, f"{link} is a symbolic link; ustack does not write through links")
     assert res.stdout == ""                       # refused before the command ran
     assert link.is_symlink() and victim.read_bytes() == VICTIM
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.data", "victim"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "victim"]
 
 
 def test_links_at_the_old_temporary_name_are_not_followed(tmp_path, victim):
@@ -238,7 +238,7 @@ def full_fs(tmp_path):
 @pytest.mark.parametrize("how", [("record", "-o"), ("count", "--record"), ("count", "-o")])
 def test_a_full_filesystem_is_one_line_and_leaves_nothing(chain, full_fs, how):
     command, option = how
-    out = full_fs / "out.data"
+    out = full_fs / "out.txt"
     res = run_ustack(command, f"uprobe:{chain}:d", "-c", f"{chain} 2", option, out)
     one_line_error(res, f"{out}: No space left on device", after_run=True)
     assert [p.name for p in full_fs.iterdir()] == ["filler"]

@@ -9,4 +9,5 @@ BPF_BUFFER_PAGES = 256             # in-kernel counting: only tracking records
 DEFAULT_STACK_SIZE = 8192          # user stack bytes copied per sample
 MAX_STACK_SIZE = 65528             # the kernel's limit (u16 record size)
 DEFAULT_STACK_STORAGE = 16384      # BPF stack map entries, bcc's default
+DEFAULT_PROFILE_HZ = 49            # profile -F, and record without an EVENT
 DEFAULT_RECORDING = "ustack.data"  # record -o / report FILE, as perf.data is perf's

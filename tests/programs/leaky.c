@@ -8,6 +8,8 @@
  *   realloc_leak: N x realloc(malloc(64), REALLOC_SIZE): the malloc's
  *     block is freed by the realloc, the realloc's is left
  *   memalign_leak: N x posix_memalign(&p, 64, ALIGNED_SIZE)
+ *   old_memalign_leak: N x memalign(64, OLD_ALIGNED_SIZE) (in glibc the same
+ *     function as aligned_alloc)
  *   mmap_leak: N x mmap(MMAP_SIZE) (anonymous)
  *   big_leak: N x malloc(BIG_SIZE), which malloc gets from mmap itself
  * Freed: keep_outer -> keep_inner: N x malloc(KEEP_SIZE), then a
@@ -22,6 +24,7 @@
  * "young" and exits; without, it waits for a line (or the end) on stdin
  * and exits.
  * Exit status 0. */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +39,7 @@
 #define CALLOC_SIZE 100
 #define REALLOC_SIZE 2000
 #define ALIGNED_SIZE 512
+#define OLD_ALIGNED_SIZE 320
 #define KEEP_SIZE 777
 #define YOUNG_SIZE 4444
 #define MMAP_SIZE 8192
@@ -65,6 +69,8 @@ KEEP void memalign_leak(void)
 		hold(p);
 	asm volatile("");
 }
+
+KEEP void old_memalign_leak(void) { hold(memalign(64, OLD_ALIGNED_SIZE)); asm volatile(""); }
 
 KEEP void mmap_leak(void)
 {
@@ -151,6 +157,7 @@ int main(int argc, char **argv)
 		calloc_leak();
 		realloc_leak();
 		memalign_leak();
+		old_memalign_leak();
 		mmap_leak();
 		big_leak();
 	}

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from ..defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
+from ..defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_PROFILE_HZ, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
                         DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from ..report.formats import EVENT_FORMATS, EXTENSIONS, FORMATS
 from ..report.top import SORTS
 
 EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
-              "uretprobe:PATH:FUNC  tracepoint:GROUP:NAME  profile:hz:N")
+              "uretprobe:PATH:FUNC  usdt:PATH:[PROVIDER:]NAME  tracepoint:GROUP:NAME  "
+              "profile:hz:N")
 
 
 def target_args(p: argparse.ArgumentParser) -> None:
@@ -145,8 +146,8 @@ def add_count(sub) -> None:
 
 def add_profile(sub) -> None:
     p = sub.add_parser("profile", help="sample on-CPU stacks at a frequency")
-    p.add_argument("-F", "--frequency", type=int, default=49, metavar="HZ",
-                   help="samples per second per CPU (default 49)")
+    p.add_argument("-F", "--frequency", type=int, default=DEFAULT_PROFILE_HZ, metavar="HZ",
+                   help=f"samples per second per CPU (default {DEFAULT_PROFILE_HZ})")
     target_args(p)
     backend_arg(p, "perf", "bpf")
     count_args(p)
@@ -313,7 +314,8 @@ def add_record(sub) -> None:
                    help=f"the recording (default {DEFAULT_RECORDING})")
     p.add_argument("-F", "--frequency", type=int, metavar="HZ",
                    help="also sample on-CPU stacks HZ times a second per CPU "
-                        "(the event profile:hz:HZ)")
+                        "(the event profile:hz:HZ); with no EVENT, as profile "
+                        f"does: {DEFAULT_PROFILE_HZ} Hz unless -F says")
     target_args(p)
     backend_arg(p, "perf", "bpf", "tracefs")
     p.add_argument("--kernel", action="store_true",
@@ -359,7 +361,8 @@ def add_report(sub) -> None:
     p.add_argument("--offsets", action="store_true",
                    help="tell call sites apart: frames as func+0xOFF/0xSIZE")
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"),
-                   help="a differential flame graph of two recordings")
+                   help="a differential flame graph of two recordings, "
+                        "written as HTML only (-o FILE.html, or stdout)")
     symbol_args(p)
 
 

@@ -18,6 +18,7 @@ from ..kernel import procfs, ptrace
 from ..model import Frame, SymbolOptions, UstackError
 from ..options import symbol_options
 from ..output import Output
+from ..report.output import choose_format
 from ..report.text import format_duration, frame_line
 from ..symbols.python import PythonCode
 from ..symbols.symbolizer import Symbolizer
@@ -51,6 +52,15 @@ class ThreadStack:
     def __init__(self, tid: int, comm: str, state: str, frames: tuple, notes: tuple):
         self.tid, self.comm, self.state = tid, comm, state
         self.frames, self.notes = frames, notes
+
+
+def _not_readable(pid: int) -> None:
+    """Refuse a process that exists but whose maps cannot be read, saying
+    so (not "no process")."""
+    why = procfs.maps_error(pid) if procfs.process_exists(pid) else None
+    if why:
+        raise UstackError(f"process {pid} ({procfs.comm(pid) or '?'}) exists, but "
+                          f"/proc/{pid}/maps cannot be read: {why}")
 
 
 def check_target(pid: int) -> None:
@@ -183,6 +193,7 @@ def dump(pid: int, options: SymbolOptions = SymbolOptions()) -> tuple:
     check_target(pid)
     tracker = MappingTracker()
     if not tracker.seed_from_proc(pid):
+        _not_readable(pid)
         raise UstackError(f"no process {pid}")
     interp = find_interpreter(procfs.executable_mappings(pid))
     captured, took = capture(pid, interp)
@@ -243,8 +254,7 @@ def main(args) -> int:
 
 def run_dump(pid: int, options: SymbolOptions, fmt: str | None, output: str | None,
              err) -> int:
-    if fmt is None:
-        fmt = "json" if output and output.endswith(".json") else "text"
+    fmt = choose_format(fmt, output, {"text": None, "json": None})
     threads, took = dump(pid, options)
     text = format_json(pid, threads, took) if fmt == "json" else format_text(pid, threads)
     if output:

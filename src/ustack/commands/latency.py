@@ -24,7 +24,7 @@ from ..probes.spec import parse_event
 from ..report.latency import format_histogram, format_slow_call
 from ..output import check_destination
 from ..report.formats import format_for_path
-from ..report.output import open_output
+from ..report.output import choose_format, open_output
 from ..session import Session
 from ..values import replace, value
 
@@ -141,6 +141,21 @@ def _at_start(entry, image, sym, ret_sites: bool) -> bool:
             and ".cold" not in entry.symbol and not (image.file.is_go or ret_sites))
 
 
+def readable_label(probe) -> str:
+    """A probe's label with a C++/Rust function's name demangled as a user
+    types it (`shop::Counter::add`), with its parameters where that name
+    is overloaded."""
+    from ..objfile.demangle import demangle, is_mangled, plain_name
+    symbol = getattr(probe, "symbol", None)
+    if not symbol or not is_mangled(symbol):
+        return probe.label
+    full = demangle(symbol)
+    shown = plain_name(full)
+    if len(ElfImage.open(probe.path).symbols.overloads(shown)) > 1:
+        shown = full
+    return probe.label.replace(symbol, shown, 1)
+
+
 def _is_glob(pattern) -> bool:
     return pattern is not None and any(c in pattern for c in "*?[")
 
@@ -153,6 +168,12 @@ class LatencySession(Session):
         super().__init__(opts)
         self.request = request
         self.setup_notes: list = []
+        self.named: list = []
+
+    def open(self) -> None:
+        super().open()
+        if self.opts.symbols.demangle:     # the header's and histograms' names
+            self.labels = [readable_label(p) for p in self.probes]
 
     def _open_capture(self):
         from ..capture.bpf_latency import LatencyCapture
@@ -166,6 +187,9 @@ class LatencySession(Session):
         probes, sites = latency_probes(self.probes,
                                        request.ret_sites or request.wants_stacks,
                                        self.setup_notes)
+        # the events named one by one: each gets its line, count 0 included
+        self.named = sorted({s.function for s in sites if s.role == "entry"
+                             and not _is_glob(self.probes[s.function].spec.text)})
         if why:
             self.setup_notes.append(f"{why}; entry stacks walk frame pointers")
         tables, fp = self.plan.kernel_tables, "fp" in self.plan.modes
@@ -209,6 +233,7 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
         implied = format_for_path(opts.output_path)
         if implied not in (None, "text"):
             raise UstackError(f"-o {opts.output_path}: latency writes text, not {implied}")
+        choose_format(None, opts.output_path, {"text": None})
     session = LatencySession(opts, request)
     unit, unit_ns = request.units, request.unit_ns
 
@@ -266,8 +291,11 @@ def _histograms(session: LatencySession, hists: list, unit: str, unit_ns: int) -
             min_ns=min(m.min_ns, h.min_ns), max_ns=max(m.max_ns, h.max_ns),
             buckets=[a + b for a, b in zip(m.buckets, h.buckets)])
     text = []
+    seen = {h.function for h, _stack in merged.values()}
+    never = [(i, format_histogram(session.labels[i], 0, 0, 0, 0, [], unit, unit_ns))
+             for i in session.named if i not in seen]      # not called: count 0
     for h, stack in sorted(merged.values(), key=lambda hs: (hs[0].function, hs[0].count)):
-        text.append(format_histogram(session.labels[h.function], h.count, h.total_ns,
-                                     h.min_ns, h.max_ns, h.buckets, unit, unit_ns,
-                                     stack))
-    return "".join(text)
+        text.append((h.function, format_histogram(
+            session.labels[h.function], h.count, h.total_ns, h.min_ns, h.max_ns,
+            h.buckets, unit, unit_ns, stack)))
+    return "".join(t for _i, t in sorted(text + never, key=lambda it: it[0]))

@@ -45,6 +45,9 @@ class Function:
     name: str
     role: str
     kind: str = ""
+    # every allocator at this address (glibc's memalign is aligned_alloc):
+    # one probe cannot tell which of them was called
+    aliases: tuple = ()
 
 
 def main(args) -> int:
@@ -108,14 +111,15 @@ def libc_functions(path: str) -> list:
     """The allocators and frees `path` defines, each address once (an
     alias, as memalign and aligned_alloc in glibc, is probed once)."""
     image = ElfImage.open(path)
-    seen, out = set(), []
+    at: dict = {}                        # address -> the names found there
     for name, role, kind in ([(n, "entry", k) for n, k in ALLOCATORS]
                              + [(n, "free", "") for n in FREES]):
         syms = [s for s in image.find(name) if s.size]
-        if not syms or syms[0].address in seen:
-            continue
-        seen.add(syms[0].address)
-        out.append(Function(name, role, kind))
+        if syms:
+            at.setdefault(syms[0].address, []).append((name, role, kind))
+    out = [Function(*found[0], aliases=tuple(n for n, _r, _k in found)
+                    if len(found) > 1 else ())
+           for found in at.values()]
     if not any(f.name == "malloc" for f in out) or not any(f.name == "free" for f in out):
         raise UstackError(f"{path} defines no malloc and free to probe")
     return out
@@ -227,8 +231,9 @@ def outstanding(session: MemleakSession, older_ns: int | None) -> list:
     from ..report.counts import function_label
     merged: dict = {}
     comm = session.tracker.comm
+    shared = {name: "|".join(f.aliases) for f in session.functions for name in f.aliases}
     for sample, nbytes, blocks in session.capture.outstanding(older_ns):
-        stack = session.resolver.stack(sample)
+        stack = _allocator_named(session.resolver.stack(sample), shared)
         key = (sample.pid, tuple(map(function_label, stack.frames)), stack.notes)
         if key in merged:
             sc, n = merged[key]
@@ -237,6 +242,17 @@ def outstanding(session: MemleakSession, older_ns: int | None) -> list:
             merged[key] = (StackCount(comm(sample.pid, sample.pid), sample.pid, stack,
                                       nbytes, EVENT_LABEL), blocks)
     return sorted(merged.values(), key=lambda c: (-c[0].count, -c[1]))
+
+
+def _allocator_named(stack, shared: dict):
+    """The stack with its allocator frame named by every allocator at that
+    address (`aligned_alloc|memalign`): the symbol table's pick of one
+    alias would name a memalign call aligned_alloc."""
+    frames = stack.frames
+    if frames and frames[0].function in shared:
+        first = replace(frames[0], function=shared[frames[0].function])
+        return replace(stack, frames=(first,) + tuple(frames[1:]))
+    return stack
 
 
 def format_outstanding(counted: list, top: int) -> str:

@@ -35,7 +35,9 @@ def main(args) -> int:
         raise UstackError("offcpu unwinds with DWARF in the kernel; --unwind fp "
                           "is not an option here")
     check_stack_storage(args.stack_storage_size)
-    opts.per_pid, opts.offsets = args.per_pid, args.offsets
+    # -T: each thread apart (implies -P), as count and profile split them
+    opts.per_pid, opts.per_thread = args.per_pid or args.per_thread, args.per_thread
+    opts.offsets = args.offsets
     opts.kernel_stacks, opts.stack_storage = args.kernel, args.stack_storage_size
     return run_offcpu(offcpu_options(opts, flt))
 
@@ -107,6 +109,7 @@ def blocked_stacks(session) -> list:
     blocked stack from its root, the separator, the waker's from its leaf
     to its root, then the waker's name."""
     resolver, tracker = session.resolver, session.tracker
+    per_thread = session.opts.per_thread
     out = []
     for sample, waker, ns in session.capture.blocked():
         stack = resolver.stack(sample)
@@ -123,5 +126,5 @@ def blocked_stacks(session) -> list:
                           + stack.frames,
                           stack.notes + tuple(f"waker: {n}" for n in woke.notes))
         out.append(StackCount(tracker.comm(sample.pid, sample.tid), sample.pid, stack,
-                              ns, EVENT_LABEL))
+                              ns, EVENT_LABEL, sample.tid if per_thread else 0))
     return out

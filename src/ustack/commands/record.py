@@ -12,7 +12,7 @@ from io import TextIOBase
 
 from .run import run_session
 from ..model import CommEvent, StackCount, UstackError
-from ..defaults import DEFAULT_RECORDING
+from ..defaults import DEFAULT_PROFILE_HZ, DEFAULT_RECORDING
 from ..options import (Options, check_frequency, check_stack_storage, run_options,
                        symbol_options)
 from ..report.aggregate import stack_identity
@@ -75,11 +75,11 @@ def record_options(args) -> Options:
     report."""
     opts = run_options(args)
     events = list(args.events)
-    if args.frequency is not None:
-        check_frequency(args.frequency)
-        events.append(f"profile:hz:{args.frequency}")
-    if not events:
-        raise UstackError("record needs an EVENT or -F HZ (see `ustack record --help`)")
+    # no EVENT: a profile, at profile's own default rate
+    frequency = args.frequency if args.frequency is not None or events else DEFAULT_PROFILE_HZ
+    if frequency is not None:
+        check_frequency(frequency)
+        events.append(f"profile:hz:{frequency}")
     opts.events = events
     opts.record = args.output
     opts.output_path = None

@@ -12,7 +12,8 @@ from io import TextIOBase
 from ..model import CommEvent, UstackError
 from ..options import (Options, check_frequency, check_interval, check_kernel_stacks,
                        check_stack_storage, run_options)
-from ..report.formats import EVENT_FORMATS, FORMATS, run_context, stack_report
+from ..report.formats import (EVENT_FORMATS, FORMATS, format_for_path, run_context,
+                              stack_report)
 from ..report.funccount import format_calls
 from ..output import check_destination
 from ..report.output import choose_format, open_output
@@ -53,6 +54,7 @@ def main(args) -> int:
         check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
         check_every(args.every, args.output, args.format, args.record)
+        _check_every_directory(args.every, args.output)
         opts.every = args.every
     elif args.cmd == "funccount":
         if args.tid or args.comm:
@@ -79,6 +81,16 @@ def main(args) -> int:
             raise UstackError("--weight sums in the report of a live run: "
                               "it is not recorded (drop --record)")
     return run(opts)
+
+
+def _check_every_directory(every, path) -> None:
+    """--every writes into a directory: a name with a file's ending
+    (x.pb.gz, x.folded) is a file the user meant, not a directory to make."""
+    if every is None or not path or path.endswith("/") or os.path.isdir(path):
+        return
+    if format_for_path(path) or os.path.basename(path).rpartition(".")[0]:
+        raise UstackError(f"-o {path} names a file: --every writes a pprof file per "
+                          "interval into a directory (-o DIR/)")
 
 
 def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stderr) -> int:
@@ -235,9 +247,19 @@ def _header(session: Session, err: TextIOBase) -> None:
                                            f"{session.opts.output_path}") if n)
     print(f"Tracing {labels} in {session.target.description} "
           f"[backend {session.plan.backend}, unwind {session.plan.unwind}"
-          f"{'; ' + note if note else ''}]"
+          f"{'; ' + note if note else ''}]{_written(session.opts)}"
           + ("" if session.opts.duration else "... Hit Ctrl-C to end."),
           file=err, flush=True)
+
+
+def _written(opts) -> str:
+    """What the header says -o gets: the format, chosen (and checked)
+    before the run from -f or the name's ending."""
+    path = opts.output_path
+    if path in (None, "-") or opts.every is not None:
+        return ""
+    fmt = opts.output_format or format_for_path(path) or "text"
+    return f", writing {fmt} to {path}"
 
 
 def _without_root(plan) -> str:

@@ -155,6 +155,18 @@ def executable_mappings(pid: int) -> list:
             for m in parse_maps(text, strict=False)]
 
 
+def maps_error(pid: int) -> str | None:
+    """Why /proc/PID/maps cannot be read (its strerror), or None: a process
+    can exist and still hide its maps (another user's, or one in a user
+    namespace above the reader's)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            f.read(1)
+    except OSError as e:
+        return e.strerror
+    return None
+
+
 def parse_maps(text: str, strict: bool = True) -> list:
     """The executable mappings in the text of a /proc/PID/maps file (a live
     one, or a copy saved for later). strict: ValueError naming the first

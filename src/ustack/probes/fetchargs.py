@@ -20,6 +20,7 @@ RESERVED_PREFIX = "ustk_"
 SYSV_ARGS = ("di", "si", "dx", "cx", "r8", "r9")
 # Go's internal register ABI (Go >= 1.17) for integer arguments
 GO_ARGS = ("ax", "bx", "cx", "di", "si", "r8", "r9", "r10", "r11")
+WEIGHT_ARG = "weight"          # count --weight's fetch-arg, named in the kernel's record
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TYPE = re.compile(r"(?:[usx](?:8|16|32|64)|string|ustring|char|symbol)(?:\[[0-9]+\])?"
@@ -79,6 +80,10 @@ def kernel_fetch_args(args: tuple, is_go: bool, event: str) -> tuple:
     for name, fetch, typ in args:
         def reg(m):
             n = int(m.group(1))
+            if n > len(regs) and name == WEIGHT_ARG:   # as --weight spells it, from arg0
+                raise UstackError(
+                    f"--weight arg{n - 1} ({m.group(0)}): a C function's arguments "
+                    f"in registers are arg0…arg{len(regs) - 1}")
             if n > len(regs):
                 raise UstackError(
                     f"bad fetch-arg '{fetch}' in '{event}': C functions take "

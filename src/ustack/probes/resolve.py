@@ -270,9 +270,27 @@ def no_function_error(image: ElfImage, func: str, shown: str) -> UstackError:
     if not image.symbols.functions:
         why = f"; {image.file.go_error}" if image.file.go_error else ""
         return UstackError(f"{msg} ({shown} has no symbol table{why})")
-    import difflib
-    near = difflib.get_close_matches(func, sorted({s.name for s in image.symbols.functions}), n=5)
+    near = near_names(image, func)
     return UstackError(f"{msg}; did you mean: {', '.join(near)}?" if near else msg)
+
+
+def near_names(image: ElfImage, func: str) -> list:
+    """Up to five function names close to `func`, as a user would type
+    them: C names as they are, C++ and Rust ones demangled without their
+    parameters (`shop::Counter::add`), found also by their last parts
+    (`Counter::ad`, `addd`)."""
+    import difflib
+    from ..objfile.demangle import demangle, is_mangled, plain_name
+    keys: dict = {}                      # what may be near -> the name to suggest
+    for sym in image.symbols.functions:
+        keys.setdefault(sym.name, sym.name)
+        if is_mangled(sym.name):
+            shown = plain_name(demangle(sym.name))
+            parts = shown.split("::")
+            for i in range(len(parts)):
+                keys.setdefault("::".join(parts[i:]), shown)
+    near = difflib.get_close_matches(func, sorted(keys), n=5)
+    return list(dict.fromkeys(keys[k] for k in near))
 
 
 def probe_at(spec, image, host, shown, sym: Symbol | None, vaddr: int,

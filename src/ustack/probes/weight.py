@@ -17,9 +17,8 @@ import re
 
 from ..model import TracepointProbe, UprobeProbe, UstackError
 from ..values import replace, value
-from .fetchargs import parse_fetch_args, probe_kinds
+from .fetchargs import GO_ARGS, WEIGHT_ARG, parse_fetch_args, probe_kinds
 
-WEIGHT_ARG = "weight"                  # the fetch-arg's name in the kernel's record
 _ARGN = re.compile(r"arg([0-9]+)")
 _FETCH_STARTS = "%$@+-\\"               # how the kernel's fetch-args start
 _ARGS_PREFIX = re.compile(r"args(?:->|\.)")    # bpftrace's args->count
@@ -53,7 +52,11 @@ def weigh_spec(spec, expr: str):
         return spec
     m = _ARGN.fullmatch(word)
     if m and spec.kind in ("uprobe", "uretprobe"):
-        word = f"$arg{int(m.group(1)) + 1}"        # bpftrace's arg0 is the first
+        n = int(m.group(1))
+        if n >= len(GO_ARGS):          # said as the user spelled it, from arg0
+            raise UstackError(f"--weight {word}: a uprobe's arguments are arg0…"
+                              f"arg{len(GO_ARGS) - 1} (a C function's arg0…arg5)")
+        word = f"$arg{n + 1}"                      # bpftrace's arg0 is the first
     elif word == "retval":
         word = "$retval"
     ((_name, fetch, typ),) = parse_fetch_args([word], spec.kind, spec.text)

@@ -74,8 +74,11 @@ def run_context(command: str, labels, frequency: int | None = None,
                 start_ns: int | None = None,
                 value_unit: str | None = None, weight=None) -> ReportContext:
     """The context of a run's report, the same live and from its recording."""
-    what = f"at {frequency} Hz" if frequency else ", ".join(labels)
-    title = f"ustack {command} {what}" if what != command else f"ustack {command}"
+    if frequency:                      # timed samples are a profile, recorded or not
+        title = f"ustack profile at {frequency} Hz"
+    else:
+        what = ", ".join(labels)
+        title = f"ustack {command} {what}" if what != command else f"ustack {command}"
     if weight is not None:
         title += f" --weight {weight.expr}"
     return ReportContext(command=command, events=tuple(labels), frequency=frequency,
@@ -107,6 +110,7 @@ EVENT_FORMATS = _Registry({            # a stack per event
 # the file name's ending -> format, longest endings first when looked up
 EXTENSIONS = {
     ".txt": "text",
+    ".log": "text",
     ".folded": "folded",
     ".html": "html",
     ".htm": "html",

@@ -27,6 +27,8 @@ def format_histogram(title: str, count: int, total_ns: int, min_ns: int, max_ns:
                      buckets: list, unit: str, unit_ns: int,
                      stack: Stack = None) -> str:
     d = lambda ns: format_duration(ns, unit, unit_ns)      # noqa: E731
+    if not count:                      # named, never called
+        return f"{title}: count 0\n\n"
     lines = [f"{title}: count {count}, min {d(min_ns)}, avg {d(total_ns / count)}, "
              f"max {d(max_ns)}"]
     if stack is not None:

@@ -4,28 +4,47 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 
 from ..model import UstackError
 from ..output import Output, check_destination
-from .formats import format_for_path
+from .formats import EXTENSIONS, format_for_path
 
 
 def choose_format(asked: str | None, path: str | None, table: dict,
                   default: str = "text") -> str:
-    """-f wins; else the ending of -o's file name; else `default`."""
+    """-f wins; else the ending of -o's file name; else `default` for a
+    name without an ending. A name whose ending ustack does not write
+    (out.png, run.data) is refused, never filled with another format."""
     if asked:
         if asked not in table:
             raise UstackError(f"format {asked!r} is not available here "
                               f"(one of {', '.join(table)})")
         return asked
-    implied = format_for_path(path) if path else None
+    implied = format_for_path(path) if path and path != "-" else None
     if implied is None:
+        ending = _ending(path) if path and path != "-" else ""
+        if ending:
+            endings = ", ".join(e for e, name in EXTENSIONS.items() if name in table)
+            if len(table) == 1:        # no -f to choose with (latency, report --diff)
+                raise UstackError(f"-o {path}: ustack writes no {ending} file here; it "
+                                  f"writes {next(iter(table))}: end the name with "
+                                  f"{endings}, or give it no ending")
+            raise UstackError(f"-o {path}: ustack writes no {ending} file here; end the "
+                              f"name with {endings}, or say which with -f "
+                              f"({', '.join(table)})")
         return default
     if implied not in table:
         raise UstackError(f"-o {path}: {implied} is not a format of this command "
                           f"(one of {', '.join(table)}; or say which with -f)")
     return implied
+
+
+def _ending(path: str) -> str:
+    """The `.png` of out.png; '' for a name without one (out, .hidden)."""
+    stem, dot, ending = os.path.basename(path).rpartition(".")
+    return dot + ending if stem and ending else ""
 
 
 @contextlib.contextmanager
