@@ -228,6 +228,15 @@ def test_every_directory_behind_a_planted_link_is_refused(shared, roots_dir):
     assert planted.untouched()
 
 
+def test_every_directory_of_another_user_is_refused(shared):
+    as_nobody("mkdir", "-m", "777", shared / "ev")
+    res = run_ustack("profile", "-F", "99", "--every", "1", "-d", "1", "-o",
+                     f"{shared}/ev/", "-c", "sleep 1")
+    assert res.stderr == (f"ustack: -o {shared}/ev/ is a directory of another user "
+                          "(uid 65534); name a directory of yours\n")
+    assert res.returncode == 1 and os.listdir(shared / "ev") == []
+
+
 def test_a_cache_behind_a_planted_link_is_not_made(shared, roots_dir):
     """A cache directory reached through nobody's link is not used (the
     report is made without it), never made in root's directory."""
