@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pty
+import subprocess
 import threading
 
 import pytest
@@ -183,3 +184,28 @@ def test_latency_and_dump_refuse_an_ending_they_do_not_write(chain, tmp_path):
     assert res.returncode == 1 and res.stderr.startswith(
         f"ustack: -o {tmp_path}/dump.png: ustack writes no .png file here")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_trace_to_a_file_replaces_it_when_the_run_ends(chain, tmp_path):
+    """trace -o writes a hidden new file while it runs: the file named keeps
+    its old bytes until the run ends (it was truncated at the start and
+    written in place, into whatever file was at the name)."""
+    from helpers import finish, stop, wait_tracing
+    out = tmp_path / "events.txt"
+    out.write_text("the last run's events\n")
+    us = popen_ustack("trace", f"uprobe:{chain}:d", "-c", f"sh -c 'read go; {chain} 3'",
+                      "-o", out, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+    try:
+        wait_tracing(us)                          # the probes are armed
+        assert out.read_text() == "the last run's events\n"
+        hidden = [p.name for p in tmp_path.iterdir() if p != out]
+        assert len(hidden) == 1 and hidden[0].startswith(".events.txt."), hidden
+        us.stdin.write("go\n")
+        us.stdin.flush()
+        _out, err = finish(us)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    assert out.read_text().count(f": uprobe:{chain}:d\n") == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["events.txt"]

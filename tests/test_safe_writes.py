@@ -235,7 +235,8 @@ def full_fs(tmp_path):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("how", [("record", "-o"), ("count", "--record"), ("count", "-o")])
+@pytest.mark.parametrize("how", [("record", "-o"), ("count", "--record"), ("count", "-o"),
+                                 ("trace", "-o")])
 def test_a_full_filesystem_is_one_line_and_leaves_nothing(chain, full_fs, how):
     command, option = how
     out = full_fs / "out.txt"

@@ -1,29 +1,45 @@
 """The one way ustack writes a file: reports, recordings, archives, caches.
 
 ustack runs as root, often in directories others can write (/tmp), so a
-name it writes may have been planted. Here:
-- the directory of the destination is opened once and everything else
-  is done relative to that descriptor (its parents are the user's choice);
+name it writes, or a directory on the way to it, may have been planted.
+Here:
+- the directory of the destination is reached one component at a time
+  (openat with O_NOFOLLOW): a symbolic link on the way is followed only as
+  the kernel's protected_symlinks rule allows, whatever that sysctl says
+  (in a sticky world-writable directory, only a link of the runner or of
+  the directory's owner); everything else is done relative to that
+  directory's descriptor;
 - a symbolic link at the name is refused, never followed;
-- a whole file is written under an unpredictable temporary name (created
-  O_EXCL|O_NOFOLLOW, no wider mode than the final file's) and renamed
-  into place only over nothing or a regular file;
-- a device, FIFO or socket at the name (-o /dev/null) is written in place,
-  never replaced by a regular file;
+- a file is always written new, under an unpredictable temporary name
+  (created O_EXCL|O_NOFOLLOW, no wider mode than the final file's) and
+  renamed into place when finished, only over nothing or a regular file
+  the runner owns: an existing file (a hard link planted there, another
+  user's file) is never written into;
+- a FIFO or device at the name is written in place only when it is the
+  runner's or root's (-o /dev/null; the standard streams by their names,
+  -o /dev/stdout), opened without blocking: a FIFO nobody reads is
+  refused at once, not waited for; a socket is refused;
 - every write error, at write, flush, close or rename, is one line naming
   the file (UstackError), and the temporary file is removed."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
+import re
 import stat
 
 from .model import UstackError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_NAME = 200                 # room for the temporary suffix within NAME_MAX
+_MAX_LINKS = 40                 # the kernel's own limit on links in one path
+# the standard streams (and descriptors the shell passed, >(cmd)) by name
+_STREAM_NAMES = {"/dev/stdout": 1, "/dev/stderr": 2}
+_FD_NAME = re.compile(r"/(?:dev|proc/self)/fd/(\d+)")
 
 
 def _why(e: OSError) -> str:
@@ -38,11 +54,91 @@ def split(path: str, label: str) -> tuple:
     return directory or ".", name
 
 
-def open_directory(directory: str, label: str, nofollow: bool = False) -> int:
-    """A descriptor of `directory`, the one every later step works in.
-    `nofollow`: the directory itself must not be a link (one ustack made)."""
+def stream_descriptor(path: str) -> int | None:
+    """The descriptor `path` names when it names one of the run's own
+    (/dev/stdout, /dev/stderr, /dev/fd/N): written as that descriptor."""
+    path = os.fspath(path)
+    if path in _STREAM_NAMES:
+        return _STREAM_NAMES[path]
+    named = _FD_NAME.fullmatch(path)
+    return int(named.group(1)) if named else None
+
+
+def _may_follow(dir_fd: int, link: os.stat_result) -> bool:
+    """The kernel's protected_symlinks rule: a link in a sticky
+    world-writable directory is followed only when it is the follower's
+    or the directory owner's (anyone could have planted it there)."""
+    d = os.fstat(dir_fd)
+    if not (d.st_mode & stat.S_ISVTX and d.st_mode & stat.S_IWOTH):
+        return True
+    return link.st_uid in (os.geteuid(), d.st_uid)
+
+
+def walk_directory(directory: str, label: str, follow_last: bool = True,
+                   create_mode: int | None = None) -> int:
+    """An O_PATH descriptor of `directory`, reached one component at a time
+    without letting the kernel follow a link: each link on the way is read
+    and followed here, when _may_follow allows. `follow_last`: the
+    directory itself may be a link. `create_mode`: missing components are
+    made with this mode. Raises OSError (ELOOP for a link not followed)
+    or UstackError."""
+    parts = collections.deque(os.fspath(directory).split("/"))
+    fd = os.open("/" if directory.startswith("/") else ".", _PATH_DIR)
+    walked = "/" if directory.startswith("/") else ""
+    links = 0
     try:
-        return os.open(directory, _DIR_FLAGS | (os.O_NOFOLLOW if nofollow else 0))
+        while parts:
+            part = parts.popleft()
+            if part in ("", "."):
+                continue
+            try:
+                child = os.open(part, _PATH_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if create_mode is None:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, create_mode, dir_fd=fd)
+                parts.appendleft(part)
+                continue
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode):
+                    raise
+                shown = os.path.join(walked, part)
+                if not follow_last and all(p in ("", ".") for p in parts):
+                    raise OSError(errno.ELOOP, "a symbolic link", shown) from None
+                if not _may_follow(fd, st):
+                    raise UstackError(
+                        f"{label}: {shown} is a symbolic link of another user "
+                        f"(uid {st.st_uid}) in a sticky world-writable directory; "
+                        "ustack does not follow it") from None
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), shown) from None
+                target = os.readlink(part, dir_fd=fd)
+                parts.extendleft(reversed(target.split("/")))
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _PATH_DIR)
+                    walked = "/"
+                continue
+            os.close(fd)
+            fd = child
+            walked = os.path.join(walked, part)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_directory(directory: str, label: str, nofollow: bool = False) -> int:
+    """A descriptor of `directory`, the one every later step works in,
+    reached as walk_directory reaches it. `nofollow`: the directory itself
+    must not be a link (one ustack made)."""
+    try:
+        path_fd = walk_directory(directory, label, follow_last=not nofollow)
     except (FileNotFoundError, NotADirectoryError):
         raise UstackError(f"{label}: no such directory "
                           f"{os.path.abspath(directory)}") from None
@@ -51,6 +147,12 @@ def open_directory(directory: str, label: str, nofollow: bool = False) -> int:
             raise UstackError(f"{label}: {directory} is a symbolic link; "
                               "ustack does not write through links") from None
         raise UstackError(f"{label}: {_why(e)}") from None
+    try:
+        return os.open(".", _DIR_FLAGS, dir_fd=path_fd)
+    except OSError as e:
+        raise UstackError(f"{label}: {_why(e)}") from None
+    finally:
+        os.close(path_fd)
 
 
 def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
@@ -61,23 +163,49 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
+
+
 def refuse_kind(st: os.stat_result | None, label: str, what: str = "a file") -> None:
-    """The names ustack never writes: a link, a directory."""
+    """The names ustack never writes: a link, a directory, a socket, and
+    anything of another user (a regular file is replaced only when it is
+    the runner's; a FIFO or device is written only when it is the
+    runner's or root's)."""
     if st is None:
         return
-    if stat.S_ISLNK(st.st_mode):
+    mode, uid = st.st_mode, st.st_uid
+    if stat.S_ISLNK(mode):
         raise UstackError(f"{label} is a symbolic link; ustack does not write "
                           "through links (remove it or name another file; "
                           "-o - writes to standard output)")
-    if stat.S_ISDIR(st.st_mode):
+    if stat.S_ISDIR(mode):
         raise UstackError(f"{label} is a directory, not {what}")
+    if stat.S_ISREG(mode):
+        if uid != os.geteuid():
+            raise UstackError(f"{label} is a file of another user (uid {uid}); "
+                              "ustack does not replace it (remove it or name "
+                              "another file)")
+        return
+    if stat.S_ISSOCK(mode):
+        raise UstackError(f"{label} is a socket, not {what}")
+    if uid not in (os.geteuid(), 0):
+        raise UstackError(f"{label} is {_kind(mode)} of another user (uid {uid}); "
+                          "ustack does not write to it")
 
 
 def check_destination(path: str, label: str = "", what: str = "a file") -> None:
     """Refuse, before a run starts rather than after it, a path ustack will
-    write: its directory must exist, and the name must not be a directory
-    or a link. `label` starts the message (default: the path)."""
+    write: its directory must be reachable as walk_directory allows, and
+    the name must not be what refuse_kind refuses. `label` starts the
+    message (default: the path)."""
     label = label or path
+    if stream_descriptor(path) is not None:
+        return
     directory, name = split(path, label)
     dir_fd = open_directory(directory, label)
     try:
@@ -86,6 +214,30 @@ def check_destination(path: str, label: str = "", what: str = "a file") -> None:
         raise UstackError(f"{label}: {_why(e)}") from None
     finally:
         os.close(dir_fd)
+
+
+def open_node(dir_fd: int, name: str, label: str, what: str = "a file") -> int:
+    """A descriptor to write the FIFO or device `name` in place: looked at
+    through O_PATH first (opening a device can act), then opened without
+    blocking, so a FIFO nobody reads is refused at once."""
+    path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(path_fd)
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            raise UstackError(f"{label} changed while it was opened")
+        refuse_kind(st, label, what)
+        try:
+            fd = os.open(f"/proc/self/fd/{path_fd}",
+                         os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ENXIO and stat.S_ISFIFO(st.st_mode):
+                raise UstackError(f"{label} is a FIFO nobody reads; ustack does "
+                                  "not wait for a reader (start it first)") from None
+            raise
+    finally:
+        os.close(path_fd)
+    os.set_blocking(fd, True)          # a reader that is slow is waited for
+    return fd
 
 
 def new_temporary(dir_fd: int, name: str, mode: int) -> tuple:
@@ -101,58 +253,62 @@ def new_temporary(dir_fd: int, name: str, mode: int) -> tuple:
 
 def replace_at(dir_fd: int, tmp: str, name: str, label: str) -> None:
     """Rename `tmp` to `name`, both in the directory: only over nothing or
-    a regular file (a link or device put there meanwhile stays)."""
+    a regular file of the runner (a link, device or another user's file
+    put there meanwhile stays)."""
     st = lstat_at(dir_fd, name)
     if st is not None and not stat.S_ISREG(st.st_mode):
         refuse_kind(st, label)
         raise UstackError(f"{label} is no longer a regular file; not replaced")
+    refuse_kind(st, label)
     os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 class Output:
     """A file being written at `path`: `.file`, a binary file object; then
-    commit() (flush, close, and for a whole file the rename into place) or
-    discard(). `whole`: the file appears only when finished (a temporary
-    name until then); otherwise it is written as things come (trace -o),
-    which a device or FIFO always is. `mode`: of a new file (the umask
-    applies); a file replaced keeps no wider mode than it had."""
+    commit() (flush, close, and for a file the rename into place) or
+    discard(). Everything is opened here, so a caller makes it before a run
+    arms anything and refusals come before the run. A regular file is
+    always written new under a temporary name and appears only at commit,
+    a stream of events (trace -o) too; a FIFO or device the runner may
+    write is written in place. `mode`: of a new file (the umask applies); a
+    file replaced keeps no wider mode than it had."""
 
-    def __init__(self, path: str, label: str | None = None, whole: bool = True,
-                 mode: int = 0o666):
+    def __init__(self, path: str, label: str | None = None, mode: int = 0o666,
+                 what: str = "a file"):
         self.path = os.fspath(path)
         self.label = label or self.path
-        directory, self._name = split(self.path, self.label)
-        self._dir = open_directory(directory, self.label)
+        self._dir = None
         self._tmp = None
         self.file = None
+        stream = stream_descriptor(self.path)
+        if stream is not None:
+            try:
+                self.file = os.fdopen(os.dup(stream), "wb")
+            except OSError as e:
+                raise UstackError(f"{self.label}: {_why(e)}") from None
+            return
+        directory, self._name = split(self.path, self.label)
+        self._dir = open_directory(directory, self.label)
         try:
-            fd = self._open(whole, mode)
+            fd = self._open(mode, what)
             self.file = os.fdopen(fd, "wb")
         except OSError as e:
-            self._close_dir()
+            self.discard()
             raise UstackError(f"{self.label}: {_why(e)}") from None
         except BaseException:
-            self._close_dir()
+            self.discard()
             raise
 
-    def _open(self, whole: bool, mode: int) -> int:
+    def _open(self, mode: int, what: str) -> int:
         name, dir_fd = self._name, self._dir
         st = lstat_at(dir_fd, name)
-        refuse_kind(st, self.label)
+        refuse_kind(st, self.label, what)
         if st is not None and not stat.S_ISREG(st.st_mode):
-            # a device, FIFO or socket: written in place, never replaced
-            fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise UstackError(f"{self.label} changed while it was opened")
-            return fd
+            return open_node(dir_fd, name, self.label, what)
         if st is not None:
             mode &= st.st_mode & 0o777
-        if whole:
-            fd, self._tmp = new_temporary(dir_fd, name, mode)
-            return fd
-        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                       | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        fd, self._tmp = new_temporary(dir_fd, name, mode)
+        return fd
 
     def commit(self) -> None:
         """Finish the file; any failure is a UstackError and leaves no
@@ -172,7 +328,8 @@ class Output:
             self.discard()
 
     def discard(self) -> None:
-        """Close without keeping anything (a whole file is not written)."""
+        """Close without keeping anything (the file is not written); may be
+        called again, and after commit()."""
         if self.file is not None:
             with contextlib.suppress(OSError):
                 self.file.close()
@@ -258,21 +415,20 @@ def lock_file_at(dir_fd: int, name: str) -> int | None:
 
 def private_directory(directory: str, create: bool = False) -> int | None:
     """A descriptor of a directory of ustack's own state (caches, run
-    locks) to trust: not a link, and writable only by its owner, the
-    running user or root; None otherwise. `create`: made 0700 (with its
-    parents) when missing."""
-    if create:
-        try:
-            os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            return None
+    locks) to trust: reached as walk_directory reaches it, not a link, and
+    writable only by its owner, the running user or root; None otherwise.
+    `create`: made 0700 (with its parents) when missing."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        path_fd = walk_directory(directory, directory, follow_last=False,
+                                 create_mode=0o700 if create else None)
+    except (OSError, UstackError):
+        return None
+    try:
+        fd = os.open(".", _DIR_FLAGS, dir_fd=path_fd)
     except OSError:
         return None
+    finally:
+        os.close(path_fd)
     st = os.fstat(fd)
     if st.st_uid not in (os.geteuid(), 0) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)

@@ -19,7 +19,7 @@ from .options import Options
 from .probes.events import resolve_probes
 from .probes.weight import as_s64, weigh_probes, weigh_spec
 from .probes.spec import parse_event
-from .output import check_destination
+from .output import Output
 from .target import process
 from .target.mappings import MappingTracker, ProcessMaps
 from .target.sample_filter import SampleFilter
@@ -66,6 +66,7 @@ class Session:
         self.started_ns: int | None = None     # wall clock at open()
         self.live_since: float | None = None     # time.monotonic() when the events went live
         self.recorder = None               # opts.record: a recording.writer.Recorder
+        self.record_file = None            # opts.record's output.Output until then
         self._whole = False                # the stream ran to its end
         # which samples to keep (sample, comm) -> bool; None: all
         # names of Python code objects: the capture reads each as it sees
@@ -107,8 +108,16 @@ class Session:
         specs = [parse_event(e) for e in opts.events]
         if opts.weight is not None:
             specs = [weigh_spec(s, opts.weight) for s in specs]
-        if opts.record:
-            check_destination(opts.record, what="a recording")
+        if opts.record:       # opened before anything is armed: refusals come first
+            self.record_file = Output(opts.record, what="a recording")
+        try:
+            self._open_checked(specs)
+        except BaseException:
+            self._drop_record_file()
+            raise
+
+    def _open_checked(self, specs: list) -> None:
+        opts = self.opts
         if opts.pid is not None and opts.cmdline is not None:
             raise UstackError("use either -p PID or -c CMD, not both")
         if opts.cmdline is not None and not opts.cmdline.strip():
@@ -159,8 +168,9 @@ class Session:
                 (pid, self.tracker.generations.get(pid, 0)), ProcessMaps()).maps)
         if opts.record:
             from .recording.writer import Recorder
+            record_file, self.record_file = self.record_file, None
             self.recorder = Recorder(
-                opts.record, self.tracker, self.resolver.unwinder, self.labels,
+                record_file, self.tracker, self.resolver.unwinder, self.labels,
                 self.plan.modes, self.plan.backend,
                 {"command": opts.runs_as, "events": list(opts.events),
                  "start_ns": self.started_ns,
@@ -249,6 +259,7 @@ class Session:
         if self._stream is not None:
             self._stream.close()
         recorder, self.recorder = self.recorder, None
+        self._drop_record_file()          # the run ended before its recorder was made
         try:
             if recorder is not None:    # a full disk says so here: the rest still closes
                 recorder.close(self.losses(), whole=self._whole)
@@ -264,6 +275,11 @@ class Session:
             if target is not None and target.scope == "command" and target.exit_status is None:
                 target.finish()
             self._dismiss_guardian()
+
+    def _drop_record_file(self) -> None:
+        if self.record_file is not None:
+            self.record_file.discard()
+            self.record_file = None
 
     def _dismiss_guardian(self) -> None:
         if self.guardian is not None:

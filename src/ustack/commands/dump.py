@@ -255,18 +255,22 @@ def main(args) -> int:
 def run_dump(pid: int, options: SymbolOptions, fmt: str | None, output: str | None,
              err) -> int:
     fmt = choose_format(fmt, output, {"text": None, "json": None})
-    threads, took = dump(pid, options)
-    text = format_json(pid, threads, took) if fmt == "json" else format_text(pid, threads)
-    if output:
-        out = Output(output)
-        try:
-            out.file.write(text.encode())
-        except BaseException:
+    out = Output(output) if output else None     # refused before the process stops
+    try:
+        threads, took = dump(pid, options)
+        text = (format_json(pid, threads, took) if fmt == "json"
+                else format_text(pid, threads))
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            try:
+                out.file.write(text.encode())
+            except OSError as e:
+                raise UstackError(f"{out.label}: {e.strerror}") from None
+            out.commit()
+    finally:
+        if out is not None:
             out.discard()
-            raise
-        out.commit()
-    else:
-        sys.stdout.write(text)
     err.write(f"ustack: process {pid} stopped for {format_duration(took)} "
               f"({len(threads)} threads)\n")
     return 0

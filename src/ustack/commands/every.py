@@ -37,14 +37,20 @@ def check_every(seconds: float | None, output: str | None, fmt: str | None,
 
 def open_every_directory(path: str) -> int:
     """A descriptor of -o's directory, made when it does not exist; never
-    a link."""
+    a link, nor another user's."""
     label = f"-o {path}"
     target = path.rstrip("/") or "/"
     if os.path.lexists(target):
         if not os.path.isdir(target) or os.path.islink(target):
             raise UstackError(f"{label} is not a directory: --every writes a file "
                               "per interval into one")
-        return open_directory(target, label, nofollow=True)
+        fd = open_directory(target, label, nofollow=True)
+        owner = os.fstat(fd).st_uid
+        if owner not in (os.geteuid(), 0):    # its owner could swap the files under us
+            os.close(fd)
+            raise UstackError(f"{label} is a directory of another user (uid {owner}); "
+                              "name a directory of yours")
+        return fd
     return make_directory(target, label)
 
 

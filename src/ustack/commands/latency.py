@@ -239,9 +239,7 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
 
     def body(session: LatencySession, progress) -> int:
         session.notes.extend(session.setup_notes)
-        stream = _given(out) if out is not None else open_output(
-            opts.output_path, whole=request.slower_ms is None)
-        with stream as w:
+        with output as w:
             w = progress.guard(w)
             for piece in session.pieces():
                 for s in piece.samples:        # --slower: a slow call
@@ -265,7 +263,12 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
                 w.write(_histograms(session, hists, unit, unit_ns))
         return calls
 
-    return run_session(opts, body, err, session)[0]
+    # opened before anything is armed; --slower's lines appear with the file
+    output = _given(out) if out is not None else open_output(opts.output_path)
+    try:
+        return run_session(opts, body, err, session)[0]
+    finally:
+        output.discard()
 
 
 def _histograms(session: LatencySession, hists: list, unit: str, unit_ns: int) -> str:

@@ -190,10 +190,7 @@ def run_memleak(opts: Options, request: MemleakRequest, out: TextIOBase | None =
     older_ns = None if request.older_ms is None else int(request.older_ms * 1_000_000)
 
     def body(session: MemleakSession, progress) -> int:
-        binary = getattr(FORMATS[fmt], "binary", False)
-        stream = _given(out) if out is not None else open_output(
-            opts.output_path, binary=binary, whole=request.interval is None)
-        with stream as w:
+        with output as w:
             if fmt == "text":
                 w = progress.guard(w)
             interval = request.interval
@@ -221,7 +218,13 @@ def run_memleak(opts: Options, request: MemleakRequest, out: TextIOBase | None =
                 report.finish(w)
         return None         # (not a count of events: every block may have been freed)
 
-    return run_session(opts, body, err, session)[0]
+    binary = getattr(FORMATS[fmt], "binary", False)
+    output = _given(out) if out is not None else open_output(   # before anything is armed
+        opts.output_path, binary=binary)
+    try:
+        return run_session(opts, body, err, session)[0]
+    finally:
+        output.discard()
 
 
 def outstanding(session: MemleakSession, older_ns: int | None) -> list:

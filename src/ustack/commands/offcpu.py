@@ -13,7 +13,6 @@ from .run import run_session
 from ..model import Frame, Stack, StackCount, UstackError
 from ..options import Options, check_stack_storage, run_options
 from ..report.formats import FORMATS, run_context, stack_report
-from ..output import check_destination
 from ..report.output import choose_format, open_output
 from ..symbols.stacks import IDLE, SEPARATOR
 
@@ -81,8 +80,6 @@ def run_offcpu(opts: Options, err: TextIOBase = sys.stderr) -> int:
     """The command: run until the target exits, -d or Ctrl-C, then the
     report of the blocked stacks in opts' format."""
     fmt = choose_format(opts.output_format, opts.output_path, FORMATS)
-    if opts.output_path and opts.output_path != "-":
-        check_destination(opts.output_path, f"-o {opts.output_path}")
 
     def body(session, progress) -> int:
         for _piece in session.pieces():
@@ -93,13 +90,17 @@ def run_offcpu(opts: Options, err: TextIOBase = sys.stderr) -> int:
         counted = blocked_stacks(session)
         for sc in counted:
             report.add(sc)
-        binary = getattr(FORMATS[fmt], "binary", False)
         progress.stop()
-        with open_output(opts.output_path, binary=binary, whole=True) as out:
+        with output as out:
             report.finish(out)
         return len(counted)
 
-    return run_session(opts, body, err)[0]
+    output = open_output(opts.output_path,              # before anything is armed
+                         binary=getattr(FORMATS[fmt], "binary", False))
+    try:
+        return run_session(opts, body, err)[0]
+    finally:
+        output.discard()
 
 
 def blocked_stacks(session) -> list:

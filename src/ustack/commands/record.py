@@ -190,7 +190,7 @@ def report(request: ReportRequest, opts: Options, out_err: TextIOBase = sys.stde
                     fmt.add(counted)
                 fmt.finish(out)
         else:
-            with open_output(request.output, whole=False) as out:
+            with open_output(request.output) as out:
                 _events(session, EVENT_FORMATS[name](out, session.labels))
         losses = session.losses()
     finally:

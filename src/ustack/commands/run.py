@@ -15,7 +15,6 @@ from ..options import (Options, check_frequency, check_interval, check_kernel_st
 from ..report.formats import (EVENT_FORMATS, FORMATS, format_for_path, run_context,
                               stack_report)
 from ..report.funccount import format_calls
-from ..output import check_destination
 from ..report.output import choose_format, open_output
 from ..report.progress import Progress
 from ..report.summary import write_summary
@@ -98,9 +97,10 @@ def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stde
     if opts.every is not None:
         return _run_every(opts, err)
     fmt = _output_format(opts)
+    output = _output(opts, fmt, out)     # opened before anything is armed
 
     def report(session: Session, progress: Progress) -> int | None:
-        with _output(opts, fmt, out) as stream:
+        with output as stream:
             stream = progress.guard(stream)
             if opts.command == "trace":
                 _trace(session, stream, EVENT_FORMATS[fmt])
@@ -110,7 +110,10 @@ def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stde
                 return None
             return _count(session, stream, fmt)
 
-    return run_session(opts, report, err)[0]
+    try:
+        return run_session(opts, report, err)[0]
+    finally:
+        output.discard()                 # the run failed before its report
 
 
 def _run_every(opts: Options, err: TextIOBase) -> int:
@@ -173,16 +176,13 @@ def _exit_status(target) -> int:
 
 
 def _output_format(opts: Options) -> str:
-    """The format asked for, checked (with -o's directory) before anything
-    is started or attached."""
+    """The format asked for, checked before anything is started or
+    attached."""
     if opts.runs_as == "funccount":
         fmt = "text"
     else:
         table = EVENT_FORMATS if opts.runs_as == "trace" else FORMATS
         fmt = choose_format(opts.output_format, opts.output_path, table)
-    path = opts.output_path
-    if path and path != "-":
-        check_destination(path, f"-o {path}")
     return fmt
 
 
@@ -190,8 +190,7 @@ def _output(opts: Options, fmt: str, out: TextIOBase | None):
     if out is not None:
         return _given(out)
     binary = getattr(FORMATS.get(fmt), "binary", False) and opts.runs_as != "trace"
-    return open_output(opts.output_path, binary=binary,
-                       whole=opts.runs_as != "trace")   # trace: written as it comes
+    return open_output(opts.output_path, binary=binary)
 
 
 class _given:
@@ -205,6 +204,9 @@ class _given:
 
     def __exit__(self, *exc):
         return False
+
+    def discard(self) -> None:
+        pass
 
 
 def _progress(session: Session, err: TextIOBase) -> Progress:

@@ -17,7 +17,7 @@ import stat
 from ..model import UstackError
 from ..objfile.debuginfo import find_debug_file
 from ..objfile.elf import ElfImage
-from ..output import make_directory, subdirectory
+from ..output import make_directory, open_directory, split, subdirectory
 
 _COPY_MODE = 0o755        # at most; and never more than the source's own
 
@@ -123,9 +123,14 @@ class ArchiveWriter:
             os.close(fd)
         self._subdirs.clear()
         os.close(self._fd)
-        if not keep:
-            with contextlib.suppress(OSError):
-                os.rmdir(self.directory)
+        if not keep:          # through the directory's parent, reached as when made
+            parent, name = split(self.directory, self.directory)
+            with contextlib.suppress(OSError, UstackError):
+                parent_fd = open_directory(parent, self.directory)
+                try:
+                    os.rmdir(name, dir_fd=parent_fd)
+                finally:
+                    os.close(parent_fd)
 
 
 def copy_objects(files: dict, directory: str) -> tuple:

@@ -19,7 +19,7 @@ from ..kernel import procfs
 from ..model import (CommEvent, Losses, MmapEvent, Piece, UstackError,
                      python_frame_parts, unwound_sample)
 from ..objfile.elf import ElfImage
-from ..output import Output, check_destination
+from ..output import Output
 from ..target.mappings import MappingTracker
 
 COMPRESS_LEVEL = 6                 # gzip's default: 9 costs twice the time for ~2% less
@@ -40,9 +40,13 @@ class RecordWriter:
     def __init__(self, path_or_file, labels, modes, backend: str,
                  extra: dict | None = None, raw: bool = False):
         self._target = None               # the Output of a path, see commit()
-        if isinstance(path_or_file, (str, os.PathLike)):
+        if isinstance(path_or_file, Output):      # opened already (before a run)
+            self.label = path_or_file.path
+            self._target = path_or_file
+            fileobj = self._target.file
+        elif isinstance(path_or_file, (str, os.PathLike)):
             self.label = os.fspath(path_or_file)
-            self._target = Output(path_or_file)
+            self._target = Output(path_or_file, what="a recording")
             fileobj = self._target.file
         else:
             self.label = getattr(path_or_file, "name", None) or "the recording"
@@ -181,11 +185,10 @@ class Recorder:
     The file is written under a temporary name (output.Output) and
     appears at `path` only when the run ended whole (close(…, whole=True))."""
 
-    def __init__(self, path: str, tracker: MappingTracker, unwinder, labels,
+    def __init__(self, path: str | Output, tracker: MappingTracker, unwinder, labels,
                  modes, backend: str, extra: dict, raw_stacks: bool = False,
                  python_code=None):
-        check_destination(path, what="a recording")
-        self.path = path
+        self.path = path.path if isinstance(path, Output) else path
         self.tracker = tracker
         self.unwinder = unwinder
         self.raw_stacks = raw_stacks
@@ -197,7 +200,11 @@ class Recorder:
         self._asked: set = set()                     # tids whose name /proc was asked
         self.python_code = python_code               # names the Python frames' code
         self._codes_written: set = set()             # (pid, code) in the file
-        self.write_known(set(pid for pid, _gen in tracker.procs))
+        try:
+            self.write_known(set(pid for pid, _gen in tracker.procs))
+        except BaseException:
+            self.writer.discard()
+            raise
 
     def add_piece(self, piece: Piece) -> Piece:
         """Write a piece (its metadata already applied to the tracker);

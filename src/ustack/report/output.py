@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..model import UstackError
-from ..output import Output, check_destination
+from ..output import Output
 from .formats import EXTENSIONS, format_for_path
 
 
@@ -47,41 +47,66 @@ def _ending(path: str) -> str:
     return dot + ending if stem and ending else ""
 
 
-@contextlib.contextmanager
-def open_output(path: str | None, binary: bool = False, whole: bool = True):
+class open_output:
     """A stream for the report: the file at `path` (written as output.py
-    writes every file), else stdout. `whole`: the file appears when the
-    report is finished, never half-written; a stream of events (trace) is
-    written as it comes instead. A binary format is refused on a terminal."""
-    if path is None or path == "-":
-        if binary:
-            if sys.stdout.isatty():
+    writes every file: it appears when the report is finished, never
+    half-written, a stream of events (trace) too), else stdout. The file is
+    opened when this is made, so a run makes it before it arms anything
+    (a refusal comes first, a FIFO nobody reads is never waited on); `with`
+    it gives the stream, keeps the file at a normal end and drops it on an
+    error. discard(): drop it when the `with` never came (the run failed
+    first); harmless after. A binary format is refused on a terminal."""
+
+    def __init__(self, path: str | None, binary: bool = False):
+        self._binary = binary
+        self._target = None
+        if path is None or path == "-":
+            if binary and sys.stdout.isatty():
                 raise UstackError("this format is binary: write it to a file "
                                   "with -o FILE (or redirect stdout)")
-            out = _Checked(sys.stdout.buffer, "stdout")
+            self._label = "stdout"
+            return
+        self._label = f"-o {path}"
+        self._target = Output(path, self._label)
+
+    def __enter__(self):
+        if self._target is None:
+            self._stream = sys.stdout.buffer if self._binary else sys.stdout
+        elif self._binary:
+            self._stream = self._target.file
         else:
-            out = _Checked(sys.stdout, "stdout")
-        yield out
-        out.flush()
-        return
-    label = f"-o {path}"
-    check_destination(path, label)
-    target = Output(path, label, whole=whole)
-    stream = (target.file if binary else
-              io.TextIOWrapper(target.file, encoding="utf-8", newline=""))
-    try:
-        out = _Checked(stream, label)
-        yield out
-        out.flush()                 # its error said here, not at close
-        if not binary:
-            stream.detach()
-        target.commit()
-    except BaseException:
-        if not binary:
+            self._stream = io.TextIOWrapper(self._target.file, encoding="utf-8",
+                                            newline="")
+        self._out = _Checked(self._stream, self._label)
+        return self._out
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._target is None:
+            if exc_type is None:
+                self._out.flush()
+            return False
+        if exc_type is None:
+            try:
+                self._out.flush()              # its error said here, not at close
+            except BaseException:
+                self._drop_stream()
+                raise
+            if not self._binary:
+                self._stream.detach()
+            self._target.commit()
+            return False
+        self._drop_stream()
+        return False
+
+    def _drop_stream(self) -> None:
+        if not self._binary:
             with contextlib.suppress(OSError, ValueError):   # said already
-                stream.detach()
-        target.discard()
-        raise
+                self._stream.detach()
+        self.discard()
+
+    def discard(self) -> None:
+        if self._target is not None:
+            self._target.discard()
 
 
 class _Checked:
