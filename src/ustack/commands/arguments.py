@@ -360,6 +360,9 @@ def add_report(sub) -> None:
                    help="tell call sites apart: frames as func+0xOFF/0xSIZE")
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"),
                    help="a differential flame graph of two recordings")
+    p.add_argument("--diff-lines", action="store_true",
+                   help="--diff: Python frames apart by line (default: by "
+                        "function, so lines moved in a new version compare)")
     symbol_args(p)
 
 
