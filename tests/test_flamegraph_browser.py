@@ -307,6 +307,27 @@ def test_svg_opens_in_the_browser(chromium, tmp_path):
     keep_screenshot(chromium, "flamegraph_svg")
 
 
+def test_svg_opens_on_its_root(chromium, tmp_path):
+    """A deep SVG (flamegraph.pl's orientation, root at the bottom) opens
+    scrolled to its root: the root and the widest frames are the first view."""
+    deep = ["main", "cold"] + [f"d{i}" for i in range(300)]
+    path = write(stack_report("svg"), tmp_path / "deep.svg",
+                 [counted("main", "hot", "work", count=90), counted(*deep, count=10)])
+    chromium.get(f"file://{path}")
+    seen = chromium.execute_script("""
+        const inView = {};
+        for (const g of document.querySelectorAll('g.frame')) {
+            const r = g.querySelector('rect').getBoundingClientRect();
+            inView[g.getAttribute('data-name')] = r.top >= 0 && r.bottom <= window.innerHeight;
+        }
+        return [document.documentElement.getBoundingClientRect().height, inView];""")
+    height, in_view = seen
+    assert height > 4000
+    for name in ("all", "main", "hot", "work", "cold"):
+        assert in_view[name], name
+    assert not in_view["d299"]
+
+
 def test_svg_zoom_and_search_as_flamegraph_pl(chromium, tmp_path):
     """Click `right`: it and its callers span the width, `left` is hidden;
     Reset Zoom; Search asks for a regex, paints matches and gives the share."""
