@@ -53,20 +53,21 @@ def main(args) -> int:
                                  session.capture.losses().lost, session.plan.backend,
                                  time.monotonic() - started, keys.sort)
 
-        def draw() -> None:             # by the run and by the keys' thread
-            with keys.drawing:
-                view.draw(header(), table, keys.sort)
+        def draw() -> None:
+            view.draw(header(), table, keys.sort)
 
         with view:
             view.waiting(draw)
-            keys.redraw = draw          # a sort key or a new size: at once
-            for counts in session.interval_counts(REFRESH_S):
-                if keys.ended:
-                    break
-                with keys.drawing:
-                    table.refresh(counts)
-                draw()
-            keys.redraw = None
+            keys.redraw_with(draw)      # a sort key or a new size: at once
+            try:
+                for counts in session.interval_counts(REFRESH_S):
+                    if keys.ended:
+                        break
+                    with keys.drawing:  # not while the keys' thread draws
+                        table.refresh(counts)
+                        draw()
+            finally:
+                keys.redraw_with(None)  # the screen is about to go
         if not session.interrupt.requested:
             # ended on its own (the command exited, -d): the last table
             # stays on the terminal once its screen is gone
@@ -94,7 +95,7 @@ class Keys:
         self.sort = sort
         self.ended = False
         self.redraw = None              # set while a table is on the screen
-        self.drawing = threading.Lock()     # one draw at a time, none mid-refresh
+        self.drawing = threading.Lock()     # held by whoever draws or refreshes
         self._done = threading.Event()
         self._saved = self._reader = None
 
@@ -113,6 +114,12 @@ class Keys:
         if self._saved is not None:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
         return False
+
+    def redraw_with(self, draw) -> None:
+        """What to call (holding `drawing`) when the sort or the size
+        changes; None once the screen is no longer the table's."""
+        with self.drawing:
+            self.redraw = draw
 
     def _size(self):
         try:
@@ -140,9 +147,10 @@ class Keys:
             now = self._size()
             if now != size:
                 size, changed = now, True
-            redraw = self.redraw
-            if changed and redraw is not None:
-                redraw()
+            if changed:
+                with self.drawing:
+                    if self.redraw is not None:
+                        self.redraw()
 
 
 class Snapshots:
