@@ -26,11 +26,11 @@ HINT = "s t f p: sort by self, total, function, pid; q or Ctrl-C: quit"
 
 
 class Tmux:
-    """A tmux server of its own (its own socket), one window running
-    `ustack top ARGS` at a given size."""
+    """A tmux server of its own (its socket in the test's directory, gone
+    with it), one window running `ustack top ARGS` at a given size."""
 
-    def __init__(self, name: str):
-        self.base = ["tmux", "-L", name, "-f", "/dev/null"]
+    def __init__(self, socket: str):
+        self.base = ["tmux", "-S", socket, "-f", "/dev/null"]
 
     def __call__(self, *args) -> str:
         return subprocess.run([*self.base, *args], check=True, capture_output=True,
@@ -71,10 +71,10 @@ class Tmux:
 
 
 @pytest.fixture
-def tmux():
+def tmux(tmp_path):
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (.ci/run installs it)")
-    t = Tmux(f"ustack-top-{os.getpid()}")
+    t = Tmux(str(tmp_path / "tmux.socket"))
     yield t
     t.close()
 
