@@ -370,3 +370,47 @@ def test_python_frames_around_c_that_calls_back(python):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_stacks_read_in_one_call_survive_an_unreadable_range():
+    """dump reads every thread's stack in one process_vm_readv: a range the
+    kernel cannot read (page zero; a page made PROT_NONE) comes back empty
+    or cut where the readable bytes end, and the ranges after it are still
+    read whole."""
+    import ctypes
+    import mmap
+    from ustack.kernel.process_vm import IOV_MAX, read_ranges
+    area = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    area.write(b"A" * (2 * mmap.PAGESIZE))
+    base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(base + mmap.PAGESIZE), mmap.PAGESIZE, 0) == 0
+    text = ctypes.create_string_buffer(b"the rest")
+    rest = ctypes.addressof(text)
+    edge = base + mmap.PAGESIZE - 4                  # 4 readable bytes, then none
+    assert read_ranges(os.getpid(), [(base, 6), (16, 8), (edge, 8), (rest, 8)]) == \
+        [b"AAAAAA", b"", b"AAAA", b"the rest"]
+    assert read_ranges(os.getpid(), [(rest, 8)] * (IOV_MAX + 5)) == [b"the rest"] * (IOV_MAX + 5)
+    assert libc.mprotect(ctypes.c_void_p(base + mmap.PAGESIZE), mmap.PAGESIZE, 3) == 0
+
+
+def test_the_pause_leaves_ustack_as_it_was():
+    """The capture runs real-time only while the process is stopped: after
+    a dump (through the library), ustack's thread is SCHED_OTHER again."""
+    from ustack.commands.dump import dump
+    proc = subprocess.Popen([str(build("parked"))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2
+                   and in_syscall(proc.pid, 0), what="both threads in read(2)")
+        before = (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority)
+        threads, stopped_ns = dump(proc.pid)
+        assert sorted(t.tid for t in threads) == sorted(int(t) for t in
+                                                        os.listdir(f"/proc/{proc.pid}/task"))
+        assert all(t.frames and t.frames[0].function == "read" for t in threads)
+        assert stopped_ns > 0
+        assert (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority) == before
+        assert finish(proc, 1) == "side 1\nmain 1\n"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -205,7 +205,7 @@ def test_page_says_what_its_title_and_widths_are(context, title, widths):
     time, not samples."""
     page = render(stack_report("html", context=context), [counted("main", count=3)])
     assert f"<title>{title}</title>" in page
-    assert f"Widths are {widths}; the root is at the bottom." in page
+    assert f"Widths are {widths}; the root is at the top, its callees below it." in page
 
 
 def test_page_title_from_the_events():

@@ -54,11 +54,12 @@ def check_branches(driver, leaf_module: str):
     assert [f["samples"] for f in leaves] == [300, 100]
     assert leaves[0]["width"] == pytest.approx(left["width"])
     assert all(f["module"] == leaf_module for f in leaves)
-    # the root at the bottom: each frame a row (16 px) above its caller
+    # the root at the top: each frame a row (16 px) below its caller
     main = one(driver, "main")
-    assert left["y"] == right["y"] == main["y"] - 16
-    assert leaves[0]["y"] == left["y"] - 16
-    assert everything["y"] > main["y"]
+    assert everything["y"] == 0
+    assert left["y"] == right["y"] == main["y"] + 16
+    assert leaves[0]["y"] == left["y"] + 16
+    assert everything["y"] < main["y"]
 
 
 def check_zoom(driver):
@@ -214,14 +215,37 @@ def test_many_frames_stay_fast(chromium, tmp_path):
 
 
 def test_a_thousand_frames_deep(chromium, tmp_path):
-    """Deep recursion: every frame a row, the innermost on top, clickable."""
+    """Deep recursion: every frame a row, the innermost at the bottom, clickable."""
     open_page(chromium, write(stack_report("html"), tmp_path / "deep.html",
                               [counted(*["main"] + ["recurse"] * 1000 + ["leaf"], count=3)]))
-    rows = sorted(frames(chromium), key=lambda f: f["y"])
-    assert len(rows) == 1004 and rows[0]["name"] == "leaf" and rows[0]["y"] >= 0
+    rows = sorted(frames(chromium), key=lambda f: -f["y"])
+    assert len(rows) == 1004 and rows[0]["name"] == "leaf" and rows[0]["y"] == 1003 * 16
     assert state(chromium)["canvasHeight"] == 1004 * 16 + 2
     point_at(chromium, rows[0], click=True)
     assert state(chromium)["zoomed"] == "leaf"
+
+
+def in_first_view(driver, frame) -> bool:
+    """Whether the frame is inside the window as the page opens, unscrolled."""
+    return driver.execute_script("""
+        const r = document.getElementById('flamegraph').getBoundingClientRect();
+        const top = r.top + arguments[0].y, left = r.left + arguments[0].x;
+        return window.scrollY === 0 && top >= 0 && top + arguments[0].height <= window.innerHeight
+            && left >= 0 && left < window.innerWidth;""", frame)
+
+
+def test_first_view_shows_the_root_and_the_widest_frames(chromium, tmp_path):
+    """A page 300 frames deep (a 4,800 px canvas in a 900 px window) opens
+    showing the root and the frames that take most samples, unscrolled:
+    `all`, main, and main's widest callee `hot` (90 of 100) with its own;
+    only the narrow deep chain lies below."""
+    deep = ["main", "cold"] + [f"d{i}" for i in range(300)]
+    open_page(chromium, write(stack_report("html"), tmp_path / "deep.html",
+                              [counted("main", "hot", "work", count=90), counted(*deep, count=10)]))
+    assert state(chromium)["canvasHeight"] > 4000
+    for name in ("all", "main", "hot", "work", "cold"):
+        assert in_first_view(chromium, one(chromium, name)), name
+    assert not in_first_view(chromium, one(chromium, "d299"))
 
 
 # --- the differential graph ---------------------------------------------------------
@@ -283,6 +307,27 @@ def test_svg_opens_in_the_browser(chromium, tmp_path):
     keep_screenshot(chromium, "flamegraph_svg")
 
 
+def test_svg_opens_on_its_root(chromium, tmp_path):
+    """A deep SVG (flamegraph.pl's orientation, root at the bottom) opens
+    scrolled to its root: the root and the widest frames are the first view."""
+    deep = ["main", "cold"] + [f"d{i}" for i in range(300)]
+    path = write(stack_report("svg"), tmp_path / "deep.svg",
+                 [counted("main", "hot", "work", count=90), counted(*deep, count=10)])
+    chromium.get(f"file://{path}")
+    seen = chromium.execute_script("""
+        const inView = {};
+        for (const g of document.querySelectorAll('g.frame')) {
+            const r = g.querySelector('rect').getBoundingClientRect();
+            inView[g.getAttribute('data-name')] = r.top >= 0 && r.bottom <= window.innerHeight;
+        }
+        return [document.documentElement.getBoundingClientRect().height, inView];""")
+    height, in_view = seen
+    assert height > 4000
+    for name in ("all", "main", "hot", "work", "cold"):
+        assert in_view[name], name
+    assert not in_view["d299"]
+
+
 def test_svg_zoom_and_search_as_flamegraph_pl(chromium, tmp_path):
     """Click `right`: it and its callers span the width, `left` is hidden;
     Reset Zoom; Search asks for a regex, paints matches and gives the share."""
@@ -336,7 +381,7 @@ def count_branches(branches, fmt: str, path):
 
 def column(driver) -> list:
     """(name, kind) of the leftmost column of frames, root first."""
-    return [(f["name"], f["kind"]) for f in sorted(frames(driver), key=lambda f: -f["y"])
+    return [(f["name"], f["kind"]) for f in sorted(frames(driver), key=lambda f: f["y"])
             if f["x"] == 0]
 
 

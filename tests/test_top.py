@@ -23,9 +23,10 @@ pytestmark = pytest.mark.kernel
 
 FRAMES_PY = Path(__file__).resolve().parent / "programs" / "python" / "frames.py"
 ROWS, COLUMNS = 30, 120
-TITLES = " %SELF %TOTAL     SELF    TOTAL  FUNCTION"
-# a row: %SELF %TOTAL SELF TOTAL FUNCTION [module] ("-": a refresh without samples)
-ROW = re.compile(r"^\s*([\d.]+%|-)\s+([\d.]+%|-)\s+(\d+)\s+(\d+)  (.+?)(?: \[([^\]]+)\])?$")
+TITLES = "    PID COMMAND          %SELF %TOTAL     SELF    TOTAL  FUNCTION"
+# a row: PID COMMAND %SELF %TOTAL SELF TOTAL FUNCTION [module] ("-": a
+# refresh without samples)
+ROW = re.compile(r"^\s*\d+ .{15} \s*([\d.]+%|-)\s+([\d.]+%|-)\s+(\d+)\s+(\d+)  (.+?)(?: \[([^\]]+)\])?$")
 ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 FIRST_REFRESHES = 3
 
@@ -238,7 +239,8 @@ def test_sort_and_rows():
     (("-F", "0"), "ustack: -F must be a positive frequency"),
     (("-n", "0"), "ustack: --rows must be a positive number"),
     (("--sort", "name"), "ustack: argument --sort: invalid choice: 'name' "
-                         "(choose from 'self', 'total') (see `ustack top --help`)"),
+                         "(choose from 'self', 'total', 'function', 'pid') "
+                         "(see `ustack top --help`)"),
 ])
 def test_bad_input_is_one_line(args, message):
     res = run_ustack("top", *args, timeout=60)

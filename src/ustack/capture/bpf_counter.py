@@ -8,15 +8,15 @@ from __future__ import annotations
 import struct
 import threading
 
-from ..bpf import object_path
 from ..defaults import DEFAULT_STACK_STORAGE
 from ..kernel import bpf_syscall
-from ..kernel.bpf_object import bpf_object
 from ..kernel import perf_event as pe
 from ..kernel.tracefs import tracepoint_id
 from ..interrupt import NEVER
 from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_WHOLE,
                      ProfileProbe, TracepointProbe, UprobeProbe)
+from .bpf_common import bpf_program_object, prog_type_of, program_result
+from .bpf_weight import WeightPrograms
 from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, READ_MOST
 from .run_objects import RunObjects
@@ -28,14 +28,6 @@ RING_BYTES = 16 << 20                 # trace's ring of unwound stacks (bpf_unwi
 
 NO_STACK = -1                         # the stack id stored when there is none (ustack.h)
 _U64 = struct.Struct("<Q")
-
-# what a program returns: 0 drops the perf sample, 1 lets perf go on with it
-DROP_SAMPLE, PASS_ON = 0, 1
-
-
-def bpf_program_object(name: str):
-    """The built object of src/ustack/bpf/NAME.bpf.c, parsed once."""
-    return bpf_object(object_path(name))
 
 
 def count_key():
@@ -105,22 +97,6 @@ def with_ring_records(chunks: list, counter, chunk_type) -> list:
     return chunks
 
 
-def prog_type_of(probe) -> int:
-    if isinstance(probe, UprobeProbe):
-        return bpf_syscall.PROG_KPROBE
-    if isinstance(probe, TracepointProbe):
-        return bpf_syscall.PROG_TRACEPOINT
-    if isinstance(probe, ProfileProbe):
-        return bpf_syscall.PROG_PERF_EVENT
-    raise TypeError(probe)
-
-
-def program_result(probe) -> int:
-    """What a counting program returns for `probe` (see the module's doc):
-    PASS_ON only on a tracepoint, which other tools may share."""
-    return PASS_ON if isinstance(probe, TracepointProbe) else DROP_SAMPLE
-
-
 class BpfCounter:
     """The maps and programs of one run, attached to a PerfCapture's
     events; `owned` (the capture's) keeps and closes them. Counts stacks
@@ -171,7 +147,6 @@ class BpfCounter:
     def weigh(self, obj) -> None:
         """Count each event's weight, not 1 (see capture/bpf_weight.py):
         `obj`, the counting programs' object, declares the weights map."""
-        from .bpf_weight import WeightPrograms
         self.weighing = WeightPrograms(self.owned, obj)
 
     def _program(self, index: int, probe, by_cookie: bool = False) -> int:

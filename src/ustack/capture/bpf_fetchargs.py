@@ -51,7 +51,7 @@ from ..kernel.bpf_syscall import (ADD, JEQ, JGT, JLE, JNE, JSGE, LSH, SUB, Asm, 
 from ..model import UstackError
 from ..probes.fetchargs import parse_fetch_args, probe_kinds
 from ..values import replace, value
-from .bpf_unwind import ARGS_AREA
+from .bpf_common import ARGS_AREA
 
 MAX_STRING = 4096            # the kernel's MAX_STRING_SIZE, the NUL included
 PAGE_ROOM = 4096             # a uprobe's fetched fields: one page (MAX_UCB_BUFFER_SIZE)
@@ -145,10 +145,10 @@ class FetchArgs:
             a.emit(st_imm(10, TOTAL, 0))
             for i, arg in enumerate(self.args):
                 if arg.string:
-                    _Emitter(a, base, at, f"{tag}n{i}_", self).string_length(arg)
+                    Emitter(a, base, at, f"{tag}n{i}_", self).string_length(arg)
             a.emit(st_imm(10, USED, 0))
         for i, arg in enumerate(self.args):
-            _Emitter(a, base, at, f"{tag}{i}_", self).arg(arg)
+            Emitter(a, base, at, f"{tag}{i}_", self).arg(arg)
 
     def emit_length(self, a: Asm, reg: int) -> None:
         """reg += the bytes the emitted code wrote (clobbers r1)."""
@@ -248,7 +248,7 @@ def _scalar(arg: Arg, raw: int) -> int:
     return raw
 
 
-class _Emitter:
+class Emitter:
     """The code of one arg."""
 
     def __init__(self, a: Asm, base: int, at: int, tag: str, fetch: FetchArgs):

@@ -32,6 +32,7 @@ from ..kernel import procfs
 from ..interrupt import NEVER
 from ..model import CommEvent, ExitEvent, MmapEvent
 from ..unwind import python_runtime
+from .bpf_common import unwind_object
 
 PROCS = 1024                    # Python processes followed at once
 THREADS = 8192                  # (tgid, fsbase) -> PyThreadState, an LRU
@@ -42,12 +43,6 @@ CODE_RING_BYTES = 1 << 20
 _TGID = struct.Struct("<I")
 
 
-def python_object():
-    """The object whose maps these are (unwind.bpf.c includes python.h)."""
-    from .bpf_unwind import unwind_object
-    return unwind_object()
-
-
 class PythonMaps(bpf_syscall.MapSet):
     """python.h's maps, shared by the run's unwinder programs; `lock` is
     held by whoever writes them, and by close()."""
@@ -55,7 +50,7 @@ class PythonMaps(bpf_syscall.MapSet):
     def __init__(self, procs: int = PROCS, threads: int = THREADS, codes: int = CODES):
         super().__init__()
         self.lock = threading.Lock()
-        obj = python_object()
+        obj = unwind_object()
         try:
             for name, size in (("python_procs", procs), ("python_threads", threads),
                                ("python_codes", codes), ("python_scratch", None)):
@@ -77,7 +72,7 @@ class PythonMaps(bpf_syscall.MapSet):
 
 def pack_proc(interp: python_runtime.Interpreter) -> bytes:
     """PYTHON_PROCS' value (struct python_proc) of an interpreter."""
-    layout = python_object().layout("python_proc")
+    layout = unwind_object().layout("python_proc")
     out = bytearray(layout.struct.size)
     at = layout.offsets
     for name, v in interp.layout:

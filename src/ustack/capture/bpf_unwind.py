@@ -61,7 +61,6 @@ from collections.abc import Callable
 from ..kernel import bpf_syscall, btf
 from ..kernel import perf_event as pe
 from ..kernel import procfs
-from ..kernel.bpf_object import bpf_object
 from ..kernel.bpf_syscall import RING_RECORD_HEADER, ring_next
 from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, TracepointProbe,
@@ -76,14 +75,10 @@ from ..unwind import tables
 from ..target import process
 from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
                           prog_type_of)
+from .bpf_common import unwind_object
+from .bpf_python import PythonMaps, PythonProcs
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
-
-
-def unwind_object():
-    """src/ustack/bpf/unwind.bpf.c's object: its programs, and the layouts
-    and values (ustack.h) this module shares with them."""
-    return bpf_object(bpf_programs.object_path("unwind"))
 
 
 _OBJ = unwind_object()
@@ -124,10 +119,6 @@ DEFERRED = _STATUS["DEFERRED"]
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
 _RUNNING = _STATUS["RUNNING"]
 
-# a trace record's fetch-args (capture/bpf_fetchargs.py) are written after
-# its frames, over the walk's window (struct walk's window[ARGS_AREA]):
-# ARGS_AREA bytes fit after the longest stack
-ARGS_AREA = 12 << 10
 # slots of the errors map (enum unwind_error)
 _ERRORS = _OBJ.enum("unwind_error")
 ERR_RING_FULL, ERR_UNDEFERRED = _ERRORS["UW_RING_FULL"], _ERRORS["UW_UNDEFERRED"]
@@ -437,7 +428,6 @@ class KernelUnwinder(BpfCounter):
         self.spilled: dict = {}          # hash -> callchain: stacks moved out of STACKS
         self._taken = 0                  # stacks deleted from STACKS by spill()
         if python and ring_bytes:        # new code objects come by the ring
-            from .bpf_python import PythonMaps, PythonProcs
             self.python = PythonProcs(owned.map(PythonMaps()))
         if weighted and not self.trace:
             self.weigh(unwind_object())

@@ -19,7 +19,8 @@ from ..kernel.bpf_syscall import (ADD, AND, ARSH, JEQ, LSH, RSH, Asm, alu_imm, a
                                   call, jmp_imm, ld_imm64, ld_map_fd, ldx, mov, mov_imm,
                                   st_imm, stx)
 from ..model import TracepointProbe, UstackError
-from .bpf_counter import prog_type_of, program_result
+from .bpf_common import prog_type_of, program_result
+from .bpf_fetchargs import CannotFetch, Emitter, compile_args
 
 TAIL_CALL = 12                 # bpf_tail_call
 _KEY = -8                      # r10 offsets: the map key
@@ -77,13 +78,12 @@ def _field(a: Asm, probe: TracepointProbe) -> None:
 
 def _fetched(a: Asm, probe) -> None:
     """VALUE = the uprobe's one fetch-arg, as bpf_fetchargs fetches it."""
-    from .bpf_fetchargs import CannotFetch, _Emitter, compile_args
     try:
         fetch = compile_args(probe)
     except CannotFetch as e:
         raise UstackError(f"--weight: BPF cannot fetch {e}; use --backend perf") from None
     arg = fetch.args[0]
-    emitter = _Emitter(a, 10, _SLOT, "w", fetch)
+    emitter = Emitter(a, 10, _SLOT, "w", fetch)
     if arg.node[0] == "deref":          # memory at inner + off, the type's size
         _op, off, inner = arg.node
         emitter.value(inner)

@@ -167,13 +167,16 @@ def add_top(sub) -> None:
                        "(perf top, py-spy top)",
                        description="Sample on-CPU stacks and show the functions "
                        "with the most samples of their own (self) and under them "
-                       "(total), refreshed every second; q or Ctrl-C ends it. "
+                       "(total), a row per function of each process, refreshed "
+                       "every second; keys s, t, f, p sort by self, total, function, "
+                       "pid (top's P, T, N too); q or Ctrl-C ends it. "
                        "When stdout is not a terminal, a plain snapshot is "
                        "printed every second instead.")
     p.add_argument("-F", "--frequency", type=int, default=99, metavar="HZ",
                    help="samples per second per CPU (default 99)")
     p.add_argument("--sort", choices=SORTS, default="self",
-                   help="rank by self samples (default) or by total samples")
+                   help="rank by self samples (default), total samples, function "
+                        "name or pid")
     p.add_argument("-n", "--rows", type=int, metavar="N",
                    help="show at most N functions (default: as many as the "
                         "terminal has rows; 20 when not a terminal)")
@@ -363,6 +366,9 @@ def add_report(sub) -> None:
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"),
                    help="a differential flame graph of two recordings, "
                         "written as HTML only (-o FILE.html, or stdout)")
+    p.add_argument("--diff-lines", action="store_true",
+                   help="--diff: Python frames apart by line (default: by "
+                        "function, so lines moved in a new version compare)")
     symbol_args(p)
 
 

@@ -3,7 +3,14 @@ pstack, eu-stack, py-spy dump). Each thread is stopped with PTRACE_SEIZE +
 PTRACE_INTERRUPT only while its registers, its stack's bytes and its
 Python frames are read; all are detached before anything is unwound or
 named, whatever happens (signals that would end ustack wait until then).
-A thread created meanwhile is not seized, so it never stops."""
+A thread created meanwhile is not seized, so it never stops.
+
+The pause is kept short on a busy machine: everything that can be done
+before the stop is (thread names and states, the maps, seizing, which
+stops nothing), every thread is interrupted at once and let go at once,
+all stacks are read in one process_vm_readv, and ustack runs as a
+real-time thread for the pause (root may), so busy processes beside it
+do not take its CPU between the stop and the resume."""
 from __future__ import annotations
 
 import bisect
@@ -14,7 +21,7 @@ import sys
 import time
 
 from .. import unprivileged
-from ..kernel import procfs, ptrace
+from ..kernel import procfs, process_vm, ptrace
 from ..model import Frame, SymbolOptions, UstackError
 from ..options import symbol_options
 from ..output import Output
@@ -99,65 +106,108 @@ def thread_state(pid: int, tid: int) -> str:
     return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] or "?"
 
 
-def capture(pid: int, interp) -> tuple:
-    """(captured threads, nanoseconds the process was stopped)."""
+def capture(pid: int, interp, realtime: bool = True) -> tuple:
+    """(captured threads, nanoseconds the process was stopped: from the
+    first PTRACE_INTERRUPT to the last detach); `realtime`: as a SCHED_FIFO
+    thread during the pause, when allowed."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     seized: list = []
     stopped: list = []
-    out: list = []
     mem = procfs.ProcessMemory(pid)
     ends = mapping_ends(pid)
-    t0 = time.monotonic_ns()
+    # all that needs no stop, first: names and states (as they were before
+    # the stop), and seizing, which stops nothing
+    threads = [Captured(tid, procfs.comm(pid, tid), thread_state(pid, tid))
+               for tid in procfs.threads(pid)]
+    t0 = None
     try:
-        for tid in procfs.threads(pid):
-            c = Captured(tid, procfs.comm(pid, tid), thread_state(pid, tid))
+        for c in threads:
             try:
-                ptrace.seize(tid)
+                ptrace.seize(c.tid)
             except ProcessLookupError:
                 continue                          # gone meanwhile
             except OSError as e:
-                raise UstackError(f"cannot stop thread {tid} of process {pid}: "
+                raise UstackError(f"cannot stop thread {c.tid} of process {pid}: "
                                   f"{e.strerror}") from None
             seized.append(c)
+        with Realtime(realtime):
+            t0 = time.monotonic_ns()
             try:
-                ptrace.interrupt(tid)
-            except ProcessLookupError:
-                pass                              # exiting: waitpid sees its exit
-        for c in seized:
-            _, status = os.waitpid(c.tid, ptrace.WALL)
-            if os.WIFSTOPPED(status):
-                stopped.append(c)
-        states = _thread_states(mem, interp)
-        for c in stopped:
-            try:
-                c.regs = ptrace.registers(c.tid)
-            except ProcessLookupError:
-                continue                          # killed while stopped
-            try:
-                sp = c.regs["sp"]
-                c.stack = os.pread(mem.fd, min(STACK_BYTES, end_of_mapping(ends, sp) - sp), sp)
-            except OSError:
-                c.stack = b""
-            tstate = states.get(c.regs["fs_base"])
-            if tstate:
-                c.groups, c.note = python_frames.frame_groups(mem, interp, tstate)
-            out.append(c)
+                for c in seized:
+                    try:
+                        ptrace.interrupt(c.tid)
+                    except ProcessLookupError:
+                        pass                      # exiting: waitpid sees its exit
+                for c in seized:
+                    _, status = os.waitpid(c.tid, ptrace.WALL)
+                    if os.WIFSTOPPED(status):
+                        stopped.append(c)
+                _read_stopped(pid, stopped, mem, ends, interp)
+            finally:
+                _detach(seized)
+                took = time.monotonic_ns() - t0
     finally:
-        for c in stopped:
-            try:
-                ptrace.detach(c.tid)
-            except OSError:
-                pass                              # exited while stopped
-        for c in seized:
-            if c not in stopped:
-                try:
-                    ptrace.detach(c.tid)
-                except OSError:
-                    pass
-        took = time.monotonic_ns() - t0
+        if t0 is None:                            # failed while seizing
+            _detach(seized)
         mem.close()
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    return out, took
+    return [c for c in stopped if c.regs], took
+
+
+def _read_stopped(pid: int, stopped: list, mem, ends: list, interp) -> None:
+    """Registers, stack bytes (one process_vm_readv for all threads) and
+    Python frames of the stopped threads."""
+    for c in stopped:
+        try:
+            c.regs = ptrace.registers(c.tid)
+        except ProcessLookupError:
+            c.regs = {}                           # killed while stopped
+    read = [c for c in stopped if c.regs]
+    ranges = [(c.regs["sp"], max(0, min(STACK_BYTES, end_of_mapping(ends, c.regs["sp"])
+                                        - c.regs["sp"]))) for c in read]
+    try:
+        stacks = process_vm.read_ranges(pid, ranges)
+    except OSError:
+        stacks = [b""] * len(read)
+    states = _thread_states(mem, interp)
+    for c, stack in zip(read, stacks):
+        c.stack = stack
+        tstate = states.get(c.regs["fs_base"])
+        if tstate:
+            c.groups, c.note = python_frames.frame_groups(mem, interp, tstate)
+
+
+def _detach(seized: list) -> None:
+    """Let every seized thread go, stopped or not, as it was."""
+    for c in seized:
+        try:
+            ptrace.detach(c.tid)
+        except OSError:
+            pass                                  # exited while stopped
+
+
+class Realtime:
+    """The calling thread as SCHED_FIFO (the lowest real-time priority)
+    while in the block, when `wanted` and allowed (root): on a busy
+    machine a normal thread waits for the CPU between the stop and the
+    resume while the target stays stopped. Its policy is restored after."""
+
+    def __init__(self, wanted: bool):
+        self.wanted, self.saved = wanted, None
+
+    def __enter__(self):
+        if self.wanted:
+            try:
+                self.saved = (os.sched_getscheduler(0), os.sched_getparam(0))
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            except OSError:
+                self.saved = None                 # not allowed: a normal pause
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            os.sched_setscheduler(0, *self.saved)
+        return False
 
 
 def mapping_ends(pid: int) -> list:

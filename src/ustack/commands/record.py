@@ -53,7 +53,7 @@ def main(args) -> int:
         return report_diff(ReportRequest(after, args.format, args.output,
                                          request.objects, request.only,
                                          args.per_pid, args.offsets),
-                           before, opts)
+                           before, opts, lines=args.diff_lines)
     return report(request, opts)
 
 
@@ -284,7 +284,9 @@ def diff_report_class():
 
 
 def report_diff(request: ReportRequest, before_path: str, opts: Options,
-                err: TextIOBase = sys.stderr) -> int:
+                err: TextIOBase = sys.stderr, lines: bool = False) -> int:
+    """The differential flame graph of two recordings, Python frames by
+    function (`lines`: by line, --diff-lines)."""
     # the differential graph exists as a page only: -f folded or -o x.svg
     # would otherwise get HTML under their name
     choose_format(request.format, request.output, {"html": None}, default="html")
@@ -300,7 +302,7 @@ def report_diff(request: ReportRequest, before_path: str, opts: Options,
         warnings += said
     rows = diff_rows(sides[0], sides[1], request.per_pid, request.offsets)
     fmt = report_class(per_pid=request.per_pid, offsets=request.offsets,
-                       context=context)          # the second run's (B's widths)
+                       context=context, lines=lines)   # the second run's (B's widths)
     with open_output(request.output, binary=getattr(report_class, "binary", False)) as out:
         for row in rows:
             if row.before:

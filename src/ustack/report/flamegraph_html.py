@@ -96,10 +96,17 @@ class DiffFlameGraphReport(FlameGraphReport):
     the deeper the larger the change. Frames only in A have no width in B:
     the page's "Widths from A" switch draws A's shape with the same colours
     (what `flamegraph.pl --negate` on the swapped difffolded output shows),
-    so what vanished is seen in blue."""
+    so what vanished is seen in blue.
 
-    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
+    Python frames are compared by function: a new version of a program
+    moves lines, and a frame per line would split every function that moved
+    into a red half and a blue half. `lines` (`--diff-lines`) keeps them
+    apart, for two runs of one version."""
+
+    def __init__(self, per_pid: bool = False, offsets: bool = False, context=None,
+                 lines: bool = False):
         super().__init__(per_pid, offsets, context)
+        self.lines = lines
         self.baseline: list = []
 
     def add_before(self, counted: StackCount) -> None:

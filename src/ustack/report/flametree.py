@@ -6,7 +6,8 @@ per_pid, as folded lines start), a `[note]` frame per unwinding note (a
 truncated stack is missing its outer frames, so the note stands where they
 would be), then the frames outermost first. Frames are told apart by
 aggregate.py's identity (module and function, plus the call site's offset
-with `offsets`), and a frame inlined into its caller stays its own node."""
+with `offsets`; a Python frame by its line too, as py-spy names it, unless
+`lines` is off), and a frame inlined into its caller stays its own node."""
 from __future__ import annotations
 
 import re
@@ -24,10 +25,11 @@ KINDS = ("user", "lib", "kernel", "go", "python", "js", "java", "unknown",
 _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$|^\[")   # libc.so.6, ld-linux…so.2, [vdso]
 
 
-def frame_name(f: Frame, offsets: bool = False) -> str:
+def frame_name(f: Frame, offsets: bool = False, lines: bool = True) -> str:
     """A frame's label: its function (`+0x15` with offsets), else `[module]`
     or `[unknown]` as folded lines name it (unnamed code with a place in
-    its object: `fn@0x11e0 [module]`); ` (inlined)` for an inlined call."""
+    its object: `fn@0x11e0 [module]`); ` (inlined)` for an inlined call;
+    a Python frame `func (file.py:LINE)`, or `func (file.py)` without lines."""
     if not f.function:
         unnamed = unnamed_function(f)
         if unnamed is None:
@@ -35,7 +37,7 @@ def frame_name(f: Frame, offsets: bool = False) -> str:
         offset = f"+0x{f.offset:x}" if offsets and f.objstart else ""
         return f"{unnamed}{offset} [{f.module}]"
     if f.kind == "python" and f.line:
-        return python_name(f)
+        return python_name(f) if lines else f"{f.function} ({f.module})"
     name = f.function
     if offsets and f.offset and not f.inlined:
         name += f"+0x{f.offset:x}"
@@ -133,10 +135,11 @@ def _source(f: Frame, offsets: bool) -> str:
 
 class FlameTree:
     """Add counted stacks (those of a baseline run with before=True), then
-    read `root`."""
+    read `root`. `lines`: a Python frame's node is its function at one line
+    (off: the function, all its lines merged)."""
 
-    def __init__(self, per_pid: bool = False, offsets: bool = False):
-        self.per_pid, self.offsets = per_pid, offsets
+    def __init__(self, per_pid: bool = False, offsets: bool = False, lines: bool = True):
+        self.per_pid, self.offsets, self.lines = per_pid, offsets, lines
         self.root = Node("all", kind="root")
 
     def add_all(self, counts, before: bool = False) -> None:
@@ -157,9 +160,9 @@ class FlameTree:
         for f in reversed(sc.stack.frames):
             key = (f.module, f.function or unnamed_function(f) or "",
                    f.offset if self.offsets and (f.function or f.objstart) else 0, f.inlined,
-                   f.line if f.kind == "python" else 0)     # named by its line
+                   f.line if self.lines and f.kind == "python" else 0)
             node = node.child(key, lambda: Node(
-                frame_name(f, self.offsets), f.module, frame_kind(f),
+                frame_name(f, self.offsets, self.lines), f.module, frame_kind(f),
                 _source(f, self.offsets), f.inlined))
             _bump(node, slot, sc.count)
 
@@ -169,9 +172,9 @@ def _bump(node: Node, slot: str, count: int) -> None:
 
 
 def build_tree(counts, per_pid: bool = False, offsets: bool = False,
-               before: list | None = None) -> Node:
+               before: list | None = None, lines: bool = True) -> Node:
     """The merged tree of `counts` (and of a baseline run's `before`)."""
-    tree = FlameTree(per_pid, offsets)
+    tree = FlameTree(per_pid, offsets, lines)
     tree.add_all(counts)
     if before is not None:
         tree.add_all(before, before=True)
@@ -182,6 +185,7 @@ class TreeReport:
     """The counted-stacks interface (formats.py) of the formats that draw
     the merged tree: add() keeps the stacks, a subclass's finish() draws
     tree()."""
+    lines = True                        # Python frames apart by line (FlameTree)
 
     def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
         self.per_pid, self.offsets, self.context = per_pid, offsets, context
@@ -191,7 +195,7 @@ class TreeReport:
         self.counted.append(counted)
 
     def tree(self, before: list | None = None) -> Node:
-        return build_tree(self.counted, self.per_pid, self.offsets, before)
+        return build_tree(self.counted, self.per_pid, self.offsets, before, self.lines)
 
     def command(self) -> str:
         """The command the stacks came from, for a subtitle."""

@@ -1,12 +1,14 @@
 """`ustack top`'s table: the hottest functions of a profile by self and
-by total (inclusive) samples, from the StackCounts of each refresh, as
-lines of text (the command draws them on a terminal or prints them)."""
+by total (inclusive) samples, a row per function of each process (which of
+several pythons is hot is the first thing asked), from the StackCounts of
+each refresh, as lines of text (the command draws them on a terminal or
+prints them)."""
 from __future__ import annotations
 
 from ..model import StackCount, unnamed_function
 
-SORTS = ("self", "total")
-COLUMNS = f"{'%SELF':>6} {'%TOTAL':>6} {'SELF':>8} {'TOTAL':>8}  FUNCTION"
+SORTS = ("self", "total", "function", "pid")
+MIN_FUNCTION = 20               # columns the function keeps on a narrow terminal
 
 
 def function_key(f) -> tuple:
@@ -35,8 +37,8 @@ def self_frame(frames: tuple):
 
 
 class FunctionTable:
-    """Self and total samples per function, for the last refresh and for
-    the whole run."""
+    """Self and total samples per function of each process, for the last
+    refresh and for the whole run. A row's key: (pid, comm, module, name)."""
 
     def __init__(self):
         self.self_now: dict = {}
@@ -61,49 +63,96 @@ class FunctionTable:
 
     def _add(self, sc: StackCount) -> None:
         n, frames = sc.count, sc.stack.frames
+        process = (sc.pid, sc.comm)
         self.samples_now += n
         leaf = self_frame(frames)
         if leaf is None:
-            key = ("", "[no user stack]")
+            key = process + ("", "[no user stack]")
             self.self_now[key] = self.self_now.get(key, 0) + n
             self.total_now[key] = self.total_now.get(key, 0) + n
             return
-        self.self_now[function_key(leaf)] = self.self_now.get(function_key(leaf), 0) + n
-        for key in {function_key(f) for f in frames}:     # recursion counts once
+        key = process + function_key(leaf)
+        self.self_now[key] = self.self_now.get(key, 0) + n
+        for key in {process + function_key(f) for f in frames}:   # recursion counts once
             self.total_now[key] = self.total_now.get(key, 0) + n
 
     def rows(self, sort: str = "self") -> list:
         """(key, self now, total now, self in the run, total in the run),
-        hottest first: by the last refresh, then by the run."""
-        keys = set(self.total_all)
-        if sort == "total":
+        in the order `sort` asks: self and total hottest first (by the last
+        refresh, then by the run), function by name, pid by process (each
+        process's hottest first)."""
+        def hot(k):
+            if sort == "total":
+                return (-self.total_now.get(k, 0), -self.total_all.get(k, 0),
+                        -self.self_now.get(k, 0))
+            return (-self.self_now.get(k, 0), -self.self_all.get(k, 0),
+                    -self.total_now.get(k, 0))
+        if sort == "function":
             def order(k):
-                return (self.total_now.get(k, 0), self.total_all.get(k, 0),
-                        self.self_now.get(k, 0))
+                return (k[3], k[2], k[0])
+        elif sort == "pid":
+            def order(k):
+                return (k[0], hot(k), k)
         else:
             def order(k):
-                return (self.self_now.get(k, 0), self.self_all.get(k, 0),
-                        self.total_now.get(k, 0))
-        ranked = sorted(keys, key=lambda k: (tuple(-n for n in order(k)), k))
+                return (hot(k), k)
         return [(k, self.self_now.get(k, 0), self.total_now.get(k, 0),
-                 self.self_all.get(k, 0), self.total_all.get(k, 0)) for k in ranked]
-
-
-def format_rows(table: FunctionTable, sort: str, limit: int | None, width: int | None) -> list:
-    """The column titles and up to `limit` rows, each cut to `width`
-    characters: `%SELF %TOTAL SELF TOTAL FUNCTION [module]`, the
-    percentages of the last refresh's samples, the counts the run's."""
-    now = table.samples_now
-    lines = [COLUMNS]
-    for (module, name), s_now, t_now, s_all, t_all in table.rows(sort)[:limit]:
-        where = f" [{module}]" if module else ""
-        lines.append(f"{_percent(s_now, now):>6} {_percent(t_now, now):>6} "
-                     f"{s_all:>8} {t_all:>8}  {name}{where}")
-    return [line[:width] for line in lines] if width else lines
+                 self.self_all.get(k, 0), self.total_all.get(k, 0))
+                for k in sorted(self.total_all, key=order)]
 
 
 def _percent(n: int, whole: int) -> str:
     return f"{100 * n / whole:.1f}%" if whole else "-"
+
+
+# The columns before FUNCTION: title, width, the row's text. A narrow
+# terminal drops them in DROP_ORDER until FUNCTION has MIN_FUNCTION columns
+# (%SELF stays, and PID as long as it can: which process is hot): the
+# function is what a row is about.
+COLUMNS = (
+    ("PID", 7, lambda r, now: str(r[0][0])),
+    ("COMMAND", -15, lambda r, now: r[0][1][:15]),
+    ("%SELF", 6, lambda r, now: _percent(r[1], now)),
+    ("%TOTAL", 6, lambda r, now: _percent(r[2], now)),
+    ("SELF", 8, lambda r, now: str(r[3])),
+    ("TOTAL", 8, lambda r, now: str(r[4])),
+)
+DROP_ORDER = ("TOTAL", "SELF", "COMMAND", "%TOTAL", "PID")
+
+
+def _cell(text: str, width: int) -> str:
+    return text.ljust(-width) if width < 0 else text.rjust(width)
+
+
+def shown_columns(width: int | None) -> list:
+    """The columns before FUNCTION that fit beside MIN_FUNCTION columns of
+    it in `width` (all of them when there is no width: a pipe, a file)."""
+    shown = list(COLUMNS)
+    for name in DROP_ORDER:
+        if width is None or width - sum(abs(w) + 1 for _t, w, _f in shown) - 1 >= MIN_FUNCTION:
+            break
+        shown = [c for c in shown if c[0] != name]
+    return shown
+
+
+def format_rows(table: FunctionTable, sort: str, limit: int | None, width: int | None) -> list:
+    """The column titles and up to `limit` rows, each cut to `width`
+    characters: `PID COMMAND %SELF %TOTAL SELF TOTAL FUNCTION [module]`,
+    the percentages of the last refresh's samples, the counts the run's;
+    a narrow width drops columns before it cuts the function."""
+    now = table.samples_now
+    columns = shown_columns(width)
+
+    def line(cells: list, function: str) -> str:
+        return " ".join(_cell(text, w) for text, (_t, w, _f) in zip(cells, columns)) \
+            + "  " + function
+
+    lines = [line([title for title, _w, _f in columns], "FUNCTION")]
+    for row in table.rows(sort)[:limit]:
+        _pid, _comm, module, name = row[0]
+        where = f" [{module}]" if module else ""
+        lines.append(line([text(row, now) for _t, _w, text in columns], name + where))
+    return [text[:width] for text in lines] if width else lines
 
 
 def format_header(target: str, table: FunctionTable, lost: int, backend: str,

@@ -2,7 +2,11 @@
  * to zoom (its callers stay, full width), "Reset Zoom" to go back; "Search"
  * asks for a regular expression, paints the matching frames magenta and
  * shows their share at the bottom right ("Reset Search" clears it); the
- * bottom line names the frame under the mouse. Static without script. */
+ * bottom line names the frame under the mouse. Static without script.
+ * Opened on its own in a browser, a graph taller than the window starts
+ * scrolled to the bottom: the root and the widest frames, not empty space
+ * above the deepest stacks (the SVG keeps flamegraph.pl's orientation,
+ * root at the bottom, as tools that read it expect). */
 (function () {
   "use strict";
   var svg = document.documentElement;
@@ -81,4 +85,6 @@
       matchedText.textContent = "Not a regular expression: " + term;
     }
   });
+  /* the root and the widest frames in view when the page opens */
+  if (window.scrollY === 0) window.scrollTo(0, svg.getBoundingClientRect().height);
 })();

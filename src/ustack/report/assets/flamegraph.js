@@ -1,5 +1,8 @@
 /* ustack's interactive flame graph: draws the merged tree embedded in the
- * page (report/flametree.py flat_json) on one <canvas>, root at the bottom.
+ * page (report/flametree.py flat_json) on one <canvas>, root at the top
+ * (icicle): the root and the widest frames are what the page opens on,
+ * however deep the graph and however short the window, right under the
+ * controls; a deep graph only runs on downwards with its narrow frames.
  * Click zooms into a frame (its ancestors stay, full width), Esc or the
  * Reset button zooms out, the search box highlights matching frames and
  * shows their share of all samples. No network: everything is inline.
@@ -182,7 +185,7 @@
     var range = viewRange(), start = range[0], end = range[1];
     var scale = cssWidth / (end - start);
     for (var d = 0; d <= maxDepth; d++) {
-      var row = rows[d], y = cssHeight - (d + 1) * FRAME_H;
+      var row = rows[d], y = d * FRAME_H;
       for (var k = firstAt(row, start); k < row.length; k++) {
         var i = row[k];
         if (x0[i] >= end) break;
@@ -216,7 +219,7 @@
   }
   /* the node drawn under a point of the canvas (CSS px), or -1 */
   function nodeAt(px, py) {
-    var d = Math.floor((cssHeight - py) / FRAME_H);
+    var d = Math.floor(py / FRAME_H);
     if (d < 0 || d > maxDepth || !N || !width[zoomed]) return -1;
     var range = viewRange(), at = range[0] + px * (range[1] - range[0]) / cssWidth;
     var row = rows[d], k = firstAt(row, at);
