@@ -13,11 +13,12 @@ from collections import namedtuple
 from .capture.backends import new_capture
 from .capture.closer import BACKGROUND_PROBES, close_in_background
 from .capture.stream import Stream
+from .counting import intervals, tally
 from .interrupt import Interrupt, Interrupted
-from .model import Losses, Piece, RawSample, StackCount, UstackError, unwound_sample
+from .model import Losses, Piece, UstackError
 from .options import Options
 from .probes.resolve import resolve_probes
-from .probes.weight import as_s64, weigh_probes, weigh_spec
+from .probes.weight import weigh_probes, weigh_spec
 from .probes.spec import parse_event
 from .output import check_destination
 from .target import process
@@ -32,7 +33,6 @@ from .values import fields
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
 STOP_S = 0.3                       # asked to end: decoding time left for what was sent
-MAX_NAMED_STACKS = 100_000         # interval_counts' symbolized stacks kept between refreshes
 _TICK = Piece((), ())              # a step with nothing in it: time passed
 
 
@@ -66,7 +66,9 @@ class Session:
         self.started_ns: int | None = None     # wall clock at open()
         self.live_since: float | None = None     # time.monotonic() when the events went live
         self.recorder = None               # opts.record: a recording.writer.Recorder
-        self._whole = False                # the stream ran to its end
+        self.whole = False                # the stream ran to its end
+        self.deadline: float | None = None    # time.monotonic() when -d ends the events
+        self.ended_at: float | None = None    # time.monotonic() when the events ended
         # which samples to keep (sample, comm) -> bool; None: all
         # names of Python code objects: the capture reads each as it sees
         # it, the resolver names frames with them (or a recording keeps them)
@@ -251,7 +253,7 @@ class Session:
         recorder, self.recorder = self.recorder, None
         try:
             if recorder is not None:    # a full disk says so here: the rest still closes
-                recorder.close(self.losses(), whole=self._whole)
+                recorder.close(self.losses(), whole=self.whole)
         finally:
             if self.capture is not None:
                 capture = self.capture
@@ -279,16 +281,16 @@ class Session:
         if self._stream is None:
             # -d: how long the events are live, set-up after they went live
             # (a whole machine's processes read from /proc) included
-            self._deadline = (self.live_since + self.opts.duration
+            self.deadline = (self.live_since + self.opts.duration
                               if self.opts.duration else None)
-            self._stream = Stream(self.capture, self._excluded_pids(), self._deadline)
+            self._stream = Stream(self.capture, self.excluded_pids(), self.deadline)
             self._stream.start()
 
     def pieces(self):
         """Pieces of the stream, their metadata already applied; an empty
         one at least every POLL_S, so a caller can write or print."""
         self.start()
-        stream, deadline = self._stream, self._deadline
+        stream, deadline = self._stream, self.deadline
         while True:
             for piece in stream.follow(POLL_S, SLICE_S):
                 yield self._applied(piece)
@@ -297,6 +299,9 @@ class Session:
                                            time.monotonic() >= deadline)
             if cut or self.target.wait():
                 break
+        # the events end now (or ended at -d's time): the last interval's end
+        now = time.monotonic()
+        self.ended_at = min(now, deadline) if deadline is not None else now
         # ended by Ctrl-C: a backlog is decoded for STOP_S, the rest dropped
         # and counted, so the run ends within a second however busy its
         # target. Ended by -d: what was sent in its time is all read (a cold
@@ -307,9 +312,14 @@ class Session:
                 if cut else stream.rest())
         for piece in rest:
             yield self._applied(piece)
-        self._whole = not self.capture.counts_in_kernel    # else: once counted() is read
+        self.whole = not self.capture.counts_in_kernel    # else: once counted() is read
 
-    def _excluded_pids(self) -> frozenset:
+    def decoded_until(self) -> float:
+        """time.monotonic() before which every sample sent is decoded
+        (passed on by pieces())."""
+        return self._stream.decoded_until() if self._stream is not None else 0.0
+
+    def excluded_pids(self) -> frozenset:
         """A system-wide run leaves out ustack itself (tracing its own
         writes would feed back into itself) and the idle task (pid 0: no
         user stack)."""
@@ -344,107 +354,18 @@ class Session:
     def counts(self) -> list:
         """Run to the end; the StackCounts of every distinct stack (with
         --weight, each count is the sum of the weights)."""
-        counted: dict = {}                  # (probe, tid, resolver key) -> count
-        self._add_counts(counted, self._counted_samples())
-        return self._stack_counts(counted, self.resolver.stack_of)
+        return tally.counts(self)
 
     def interval_counts(self, seconds: float):
         """Run to the end, yielding every `seconds` (and once at the end)
-        the StackCounts of what was counted since the last yield: a live
-        view's refreshes. The kernel's counts are read and reset each time."""
-        named: dict = {}                    # resolver key -> Stack, across intervals
-        stack_of = self.resolver.stack_of
-
-        def stack(rkey):
-            found = named.get(rkey)
-            if found is None:
-                if len(named) > MAX_NAMED_STACKS:
-                    named.clear()
-                found = named[rkey] = stack_of(rkey)
-            return found
-
-        counted: dict = {}
-        self.start()
-        # counted from when the events went live, as -d is: -d 60 with 10 s
-        # intervals is six of them; one due as the run ends is the last, whole
-        due = self.live_since + seconds
-        ending = self._deadline if self._deadline is not None else float("inf")
-        settle = self.capture.settle
-        for piece in self.pieces():
-            self._add_counts(counted, ((settle(s, self._unwound_now), 1)
-                                       for s in piece.samples))
-            now = time.monotonic()
-            if now >= due and now < ending:
-                due = max(due + seconds, time.monotonic())
-                self._add_counts(counted, self._kernel_counted(reset=True))
-                yield self._stack_counts(counted, stack)
-                counted = {}
-        self._add_counts(counted, self._kernel_counted(reset=True))
-        self._whole = True
-        yield self._stack_counts(counted, stack)
-
-    def _add_counts(self, counted: dict, samples) -> None:
-        """(sample, count) pairs added to `counted` by (probe, tid, resolver key)."""
-        key = self.resolver.key
-        for s, n in samples:
-            k = (s.probe, s.tid, key(s))
-            counted[k] = counted.get(k, 0) + n
-
-    def _stack_counts(self, counted: dict, stack_of) -> list:
-        comm, ns_id = self.tracker.comm, self.tracker.ns_id
-        if self.weight is not None:         # as the kernel's signed 64-bit sums
-            counted = {k: as_s64(n) for k, n in counted.items()}
-        per_thread = self.opts.per_thread
-        return [StackCount(comm(rkey[0], tid), rkey[0], stack_of(rkey), n,
-                           self.labels[probe], tid if per_thread else 0,
-                           ns_id(rkey[0]), ns_id(tid) if per_thread else 0)
-                for (probe, tid, rkey), n in counted.items()]
-
-    def _counted_samples(self):
-        """(sample, count): each sample of the stream once (as the capture
-        settles it), then what the kernel counted."""
-        capture = self.capture
-        weighed = self.weight is not None
-        for piece in self.pieces():
-            for s in piece.samples:
-                yield capture.settle(s, self._unwound_now), weight_of(s) if weighed else 1
-        counted = self._kernel_counted()
-        self._whole = True
-        yield from counted
-
-    def _kernel_counted(self, reset: bool = False) -> list:
-        """(sample, count) the kernel counted (so far: `reset` zeroes it),
-        of the run's processes; [] where the kernel counts nothing."""
-        capture = self.capture
-        if not capture.counts_in_kernel:
-            return []
-        exclude, keep, comm = self._excluded_pids(), self.keep, self.tracker.comm
-        counted = [(s, n) for s, n in capture.counted(reset)
-                   if s.pid not in exclude and (keep is None or keep(s, comm(s.pid, s.tid)))]
-        if self.recorder is not None:
-            self.recorder.add_counted(counted)
-        return counted
-
-    def _unwound_now(self, s: RawSample) -> tuple:
-        """(UnwoundSample, kernel frames, whether its addresses key it
-        alone: nothing noted and its process's mappings unchanged since)."""
-        pid, generation, (addrs, notes), kernel = self.resolver.key(s)
-        keyable = not notes and generation == self.tracker.generations.get(pid, 0)
-        return unwound_sample(s, addrs, notes), kernel, keyable
+        an Interval: the StackCounts of the samples taken in it, by their
+        timestamps (see counting/intervals.py)."""
+        return intervals.interval_counts(self, seconds)
 
     def run_through(self) -> None:
         """Run to the end naming nothing: what `ustack record` does (the
         Recorder saves the stream as it passes)."""
-        for _counted in self._counted_samples():
-            pass
-
-
-def weight_of(sample: RawSample) -> int:
-    """The value a weighted run sums for an event: its one fetch-arg (0
-    where the record could not hold it)."""
-    args = sample.args
-    value = args[0][2] if args else None
-    return value if isinstance(value, int) else 0
+        tally.run_through(self)
 
 
 class _Replay(Session):

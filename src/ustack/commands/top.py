@@ -50,10 +50,10 @@ def main(args) -> int:
 
         with view:
             view.waiting(draw)
-            for counts in session.interval_counts(REFRESH_S):
+            for interval in session.interval_counts(REFRESH_S):
                 if keys.ended:
                     break
-                table.refresh(counts)
+                table.refresh(interval.counts)
                 draw()
         if not session.interrupt.requested:
             # ended on its own (the command exited, -d): the last table
