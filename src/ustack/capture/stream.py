@@ -8,7 +8,8 @@ import time
 from collections import deque
 from operator import attrgetter
 
-from ..model import Piece
+from ..model import Losses, Piece
+from ..values import fields
 from .perf import READ_MOST
 
 _time = attrgetter("time_ns")
@@ -31,6 +32,7 @@ class _Drainer(threading.Thread):
         super().__init__(name="ustack-drain", daemon=True)
         self.capture = capture
         self.ends_at = ends_at             # -d: the events stop then, here
+        self.stopped_at: float | None = None    # time.monotonic() when it stopped them
         self.queue: deque = deque()        # [batch, offsets, read_at]
         # time.monotonic() before a read that found every buffer empty: all
         # sent before it was queued by then
@@ -47,6 +49,7 @@ class _Drainer(threading.Thread):
                 # on time, whatever the decoding thread is busy with (a cold
                 # run builds an object's rows for seconds): what was sent
                 # until now is read by Stream.rest_within()
+                self.stopped_at = time.monotonic()
                 self.capture.stop()
                 return
             if self.bytes >= BACKLOG_LIMIT:
@@ -96,6 +99,8 @@ class Stream:
         self.exclude_pids = frozenset(exclude_pids)
         self._drainer = _Drainer(capture, ends_at)
         self.dropped_samples = 0         # see rest_within()
+        # time.monotonic() when the events were stopped: the samples end there
+        self.stopped_at: float | None = None
         self._decoded_until = 0.0        # see decoded_until()
 
     def start(self) -> None:
@@ -158,7 +163,7 @@ class Stream:
         pieces of what is queued, what the buffers still hold and the
         losses the kernel was still holding back."""
         self._drainer.finish()          # before the buffers are unmapped
-        self.capture.stop()
+        self._stop_events()
         queue = self._drainer.queue
         while queue:
             batch, offsets, _read_at = queue.popleft()
@@ -180,7 +185,7 @@ class Stream:
         (self.dropped_samples), not decoded nor reported, so the run ends
         at once however long its backlog."""
         self._drainer.finish()
-        self.capture.stop()
+        self._stop_events()
         queue = self._drainer.queue
         deadline = None
 
@@ -209,6 +214,18 @@ class Stream:
                     break
             else:
                 yield from self._dropped(batch, offsets)
+
+    def _stop_events(self) -> None:
+        self.stopped_at = self._drainer.stopped_at or time.monotonic()
+        self.capture.stop()
+
+    def losses(self) -> Losses:
+        """The capture's losses, and the events dropped unread at the end."""
+        losses = self.capture.losses()
+        if not self.dropped_samples:
+            return losses
+        return Losses(**{**{f: getattr(losses, f) for f in fields(losses)},
+                         "dropped": self.dropped_samples})
 
     def _dropped(self, batch: list, offsets: list):
         counts = [self.capture.count_samples(chunk, at) for chunk, at in zip(batch, offsets)]

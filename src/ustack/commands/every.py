@@ -120,6 +120,6 @@ def write_every(session, dir_fd: int, seconds: float) -> int:
 def _why_ended(session) -> str:
     if session.interrupt.requested:
         return "interrupted"
-    if session.deadline is not None and session.ended_at >= session.deadline:
+    if session.deadline is not None and session.stream.stopped_at >= session.deadline:
         return "-d"
     return "the traced processes exited"

@@ -84,7 +84,7 @@ def interval_counts(session, seconds: float):
             cut.append(current)
             # on the schedule from the start, unless far behind it
             current = _Open(current.end, max(current.due + seconds, current.end))
-        decoded = session.decoded_until()
+        decoded = session.stream.decoded_until()
         while cut and cut[0].end <= decoded:
             yield done(cut.pop(0))
     # the stream was read to its end: every interval has its samples
@@ -92,5 +92,5 @@ def interval_counts(session, seconds: float):
         yield done(interval)
     tally.add_counts(session, current.counted, tally.kernel_counted(session, reset=True))
     session.whole = True
-    current.end = max(session.ended_at, current.start, latest + 1e-9)
+    current.end = max(session.stream.stopped_at, current.start, latest + 1e-9)
     yield done(current, partial=current.end < current.due - 1e-3)

@@ -43,7 +43,8 @@ def kernel_counted(session, reset: bool = False) -> list:
     capture = session.capture
     if not capture.counts_in_kernel:
         return []
-    exclude, keep = session.excluded_pids(), session.keep
+    exclude = session.target.excluded_pids(session.opts.include_idle)
+    keep = session.keep
     comm = session.tracker.comm
     counted = [(s, n) for s, n in capture.counted(reset)
                if s.pid not in exclude and (keep is None or keep(s, comm(s.pid, s.tid)))]
