@@ -1,9 +1,12 @@
 """`ustack profile --every SECONDS -o DIR/`: continuous profiling, one
 pprof file per interval in DIR (what Pyroscope, Parca and Grafana take
 in), named by the interval's start in UTC so the names sort in time, each
-written whole through output.py. Each file says in its comments what
-ustack itself cost over its interval (CPU, memory): the profiler's own
-weight is on record beside what it measured."""
+written whole through output.py. A file holds the samples taken in its
+interval, by their kernel timestamps (counting/intervals.py), and its
+time and duration are that interval's; a last one cut short says so.
+Each file says in its comments what ustack itself cost over its interval
+(CPU, memory): the profiler's own weight is on record beside what it
+measured."""
 from __future__ import annotations
 
 import io

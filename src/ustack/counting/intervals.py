@@ -72,18 +72,20 @@ def interval_counts(session, seconds: float):
             into = next((c for c in cut if taken < c.end), current)
             into.start = min(into.start, taken)     # sent as the run went live
             latest = max(latest, taken)
+            n = tally.weight_of(s) if weighed else 1
             s = settle(s, unwound)
             k = (s.probe, s.tid, key(s))
-            into.counted[k] = into.counted.get(k, 0) + (
-                tally.weight_of(s) if weighed else 1)
+            into.counted[k] = into.counted.get(k, 0) + n
         now = time.monotonic()
-        if current.due <= now < ending:
-            current.end = time.monotonic()          # the kernel's counts: until now
-            tally.add_counts(session, current.counted,
-                             tally.kernel_counted(session, reset=True))
+        if current.due <= now < ending and session.stream.stopped_at is None:
+            counted = tally.kernel_counted(session, reset=True)
+            current.end = time.monotonic()          # all the kernel counted came before
+            tally.add_counts(session, current.counted, counted)
             cut.append(current)
-            # on the schedule from the start, unless far behind it
-            current = _Open(current.end, max(current.due + seconds, current.end))
+            due = current.due + seconds     # on the schedule from the start,
+            while due <= current.end:       # even when far behind it
+                due += seconds
+            current = _Open(current.end, due)
         decoded = session.stream.decoded_until()
         while cut and cut[0].end <= decoded:
             yield done(cut.pop(0))
