@@ -83,6 +83,7 @@ def test_ctrl_c_writes_the_interval_under_way(tmp_path):
     partial = [c for c in comments_of(read_profile(only)) if c.startswith("a partial")]
     assert partial and re.fullmatch(r"a partial interval: \d+\.\d{3} s of 600 s, "
                                     r"the run ended \(interrupted\)", partial[0]), partial
+    assert f"{only.name}: {partial[0]}\n" in err
 
 
 def read_profile(path) -> Profile:

@@ -83,9 +83,10 @@ def file_name(start_ns: int) -> str:
     return f"profile-{stamp}.{ns // 1_000_000:03d}Z.pb.gz"
 
 
-def write_every(session, dir_fd: int, seconds: float) -> int:
+def write_every(session, dir_fd: int, seconds: float, err=None) -> int:
     """A pprof file per interval of `seconds` (the last one when the run
-    ends, however short); returns the number of samples written. A file's
+    ends, however short; a partial one said on `err` too); returns the
+    number of samples written. A file's
     time and duration are its interval's bounds, within which every one of
     its samples was taken (by the kernel's timestamps)."""
     from ..report.pprof import PprofReport     # here: every other run skips its import
@@ -101,9 +102,11 @@ def write_every(session, dir_fd: int, seconds: float) -> int:
         duration_ns = int((interval.end - interval.start) * 1e9)
         now = time.monotonic()
         comments = cost.since_last(now - written)
-        if interval.partial:
-            comments += (f"a partial interval: {duration_ns / 1e9:.3f} s of {seconds:g} s, "
-                         f"the run ended ({_why_ended(session)})",)
+        partial = interval.partial and (f"a partial interval: {duration_ns / 1e9:.3f} s "
+                                        f"of {seconds:g} s, the run ended "
+                                        f"({_why_ended(session)})")
+        if partial:
+            comments += (partial,)
         context = replace(base, start_ns=start_ns, duration_ns=duration_ns,
                           comments=comments)
         report = PprofReport(opts.per_pid, opts.offsets, context)
@@ -116,6 +119,8 @@ def write_every(session, dir_fd: int, seconds: float) -> int:
             write_bytes_at(dir_fd, file_name(start_ns), [data.getvalue()], mode=0o666)
         except OSError as e:
             raise UstackError(f"-o {opts.output_path}: {e.strerror}") from None
+        if partial and err is not None:
+            print(f"{file_name(start_ns)}: {partial}", file=err)
         written = now
     return samples
 
