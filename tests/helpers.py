@@ -569,14 +569,19 @@ def parse_trace(out: str) -> list[dict]:
 
 def parse_counts(out: str) -> list[dict]:
     """`ustack count/profile` text stdout -> [{frames: [(func, module)],
-    count, comm, pid}] in output order; every line must parse."""
-    stacks, frames, who = [], [], None
+    count, comm, pid, event}] in output order (event: the header line a
+    run of several events puts above each event's stacks, else None);
+    every line must parse."""
+    stacks, frames, who, event = [], [], None, None
     for line in out.splitlines():
         if not line:
             assert not frames, f"stack without a count before a blank line: {frames}"
             continue
-        if (m := _COUNT_N.match(line)):
-            stacks.append(dict(frames=frames, count=int(m["n"]), unit=m["unit"],
+        if not line.startswith(" "):
+            assert not frames, f"an event's header inside a stack: {line!r}"
+            event = line
+        elif (m := _COUNT_N.match(line)):
+            stacks.append(dict(frames=frames, count=int(m["n"]), unit=m["unit"], event=event,
                                comm=who and who[0], pid=who and who[1],
                                nspid=who and who[2], tid=who and who[3]))
             frames, who = [], None

@@ -4,12 +4,15 @@ would take them in: one interval after another, together the samples of
 one profile of the same run, each saying what ustack itself cost."""
 from __future__ import annotations
 
+import gzip
 import re
 import signal
+import time
 
 import pytest
 
 from helpers import build, finish, pprof, run_ustack, start_ustack, stop, wait_tracing
+from ustack.report.pprof_proto import Profile
 
 pytestmark = pytest.mark.kernel
 
@@ -77,6 +80,75 @@ def test_ctrl_c_writes_the_interval_under_way(tmp_path):
     (only,) = list(out.iterdir())
     assert NAME.fullmatch(only.name)
     pprof("-top", only)
+    partial = [c for c in comments_of(read_profile(only)) if c.startswith("a partial")]
+    assert partial and re.fullmatch(r"a partial interval: \d+\.\d{3} s of 600 s, "
+                                    r"the run ended \(interrupted\)", partial[0]), partial
+    assert f"{only.name}: {partial[0]}\n" in err
+
+
+def read_profile(path) -> Profile:
+    return Profile.FromString(gzip.decompress(path.read_bytes()))
+
+
+def comments_of(profile: Profile) -> list:
+    return [profile.string_table[i] for i in profile.comment]
+
+
+def functions_sampled(profile: Profile) -> set:
+    names = {f.id: profile.string_table[f.name] for f in profile.function}
+    lines = {loc.id: [names[line.function_id] for line in loc.line]
+             for loc in profile.location}
+    return {name for sample in profile.sample for loc in sample.location_id
+            for name in lines[loc]}
+
+
+def lines_written(path, at_least: int, timeout: float = 30) -> list:
+    """The lines of a file a program adds to, once it has `at_least`."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if len(lines) >= at_least:
+            return lines
+        time.sleep(0.01)
+    pytest.fail(f"{path} has fewer than {at_least} lines after {timeout} s")
+
+
+def test_each_interval_holds_the_samples_taken_in_it(tmp_path):
+    """phases runs 30 functions one after another, 100 ms each, and says
+    when each ran. ustack is held still (SIGSTOP) for most of them: resumed,
+    it reads a backlog of samples, which still go to the files of the
+    intervals they were taken in: every function in a file ran within the
+    file's stated time and duration."""
+    phases, out, log = build("phases"), tmp_path / "profiles", tmp_path / "phases.txt"
+    us = start_ustack("profile", "-F", "199", "--every", "1", "--backend", "perf",
+                      "--unwind", "fp", "-o", f"{out}/", "-c", f"{phases} 30 100 {log}")
+    try:
+        wait_tracing(us)
+        lines_written(log, 2)
+        us.send_signal(signal.SIGSTOP)
+        try:
+            lines_written(log, 20)
+        finally:
+            us.send_signal(signal.SIGCONT)
+        err = finish(us)[1]
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    ran = {f"phase_{i}": (int(start), int(end))
+           for i, start, end in (line.split() for line in lines_written(log, 30))}
+    seen = set()
+    for path in sorted(out.iterdir()):
+        profile = read_profile(path)
+        begin, end = profile.time_nanos, profile.time_nanos + profile.duration_nanos
+        sampled = functions_sampled(profile) & ran.keys()
+        for name in sampled:
+            started, ended = ran[name]
+            # a function's samples were taken while it ran (within 2 ms)
+            assert started - 2_000_000 < end and begin < ended + 2_000_000, (
+                path.name, name, begin, end, ran[name])
+        seen |= sampled
+    # most phases get a sample even on a busy machine (199 Hz: ~20 a phase)
+    assert len(seen) >= 10, sorted(seen)
 
 
 def test_into_an_existing_directory_beside_other_files(tmp_path):

@@ -223,6 +223,13 @@ def unwound_sample(sample: RawSample, addrs: tuple, notes: tuple) -> UnwoundSamp
     return s
 
 
+class Event(namedtuple("Event", "sample label comm stack")):
+    """A sample with its names: what `Session.events()` yields: the
+    RawSample, the event's label as the header shows it, the comm, the
+    symbolized Stack."""
+    __slots__ = ()
+
+
 class Piece(namedtuple("Piece", "metas samples")):
     """A step of the stream: the records that explain samples (mappings,
     comm, fork, exit) in time order (`metas`), then the samples they

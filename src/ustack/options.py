@@ -79,6 +79,14 @@ def symbol_options(args) -> SymbolOptions:
                          debug_dirs=tuple(args.debug_dir))
 
 
+def check_target(pid: int | None, cmdline: str | None) -> None:
+    if pid is not None and cmdline is not None:
+        raise UstackError("use either -p PID or -c CMD, not both")
+    if cmdline is not None and not cmdline.strip():
+        raise UstackError("-c needs a command (an empty one would trace "
+                          "the whole system)")
+
+
 def check_buffer_pages(pages: int | None) -> None:
     if pages is not None and (pages <= 0 or pages & (pages - 1)):
         raise UstackError("--buffer-pages must be a power of two")

@@ -47,6 +47,15 @@ class Plan:
         """What the header says: the modes in use."""
         return "/".join(sorted(set(self.modes)))
 
+    def fp_advice(self) -> str | None:
+        """What a frame-pointer stack cut short advises; None when no
+        probe of the run walks frame pointers."""
+        if "fp" not in self.modes:
+            return None
+        if self.backend == "tracefs":
+            return "--backend bpf or perf unwind with CFI"
+        return "--unwind dwarf unwinds with CFI"
+
 
 # why auto copies stacks although the kernel could unwind them
 KEEPS_COPIES = "the recording keeps the stacks as copied (--raw-stacks)"

@@ -8,7 +8,9 @@ import time
 from collections import deque
 from operator import attrgetter
 
-from ..model import Piece
+from ..model import Losses, Piece
+from ..values import fields
+from .perf import READ_MOST
 
 _time = attrgetter("time_ns")
 
@@ -30,7 +32,11 @@ class _Drainer(threading.Thread):
         super().__init__(name="ustack-drain", daemon=True)
         self.capture = capture
         self.ends_at = ends_at             # -d: the events stop then, here
-        self.queue: deque = deque()        # [batch, offsets]
+        self.stopped_at: float | None = None    # time.monotonic() when it stopped them
+        self.queue: deque = deque()        # [batch, offsets, read_at]
+        # time.monotonic() before a read that found every buffer empty: all
+        # sent before it was queued by then
+        self.empty_at = 0.0
         self.bytes = 0
         self.ready = threading.Event()
         self._stop_flag = threading.Event()
@@ -43,19 +49,25 @@ class _Drainer(threading.Thread):
                 # on time, whatever the decoding thread is busy with (a cold
                 # run builds an object's rows for seconds): what was sent
                 # until now is read by Stream.rest_within()
+                self.stopped_at = time.monotonic()
                 self.capture.stop()
                 return
             if self.bytes >= BACKLOG_LIMIT:
                 time.sleep(0.005)          # let the kernel count what is lost
                 continue
+            read_at = time.monotonic()
             batch = self.capture.read_chunks(wait)
             if batch:
                 with self._lock:
                     self.bytes += sum(map(len, batch))
-                self.queue.append([batch, [0] * len(batch)])
+                # a buffer read to its limit may hold more: then the batch
+                # does not hold all that was sent before read_at
+                whole = all(len(chunk) < READ_MOST for chunk in batch)
+                self.queue.append([batch, [0] * len(batch), read_at if whole else None])
                 self.ready.set()
                 wait = DRAIN_POLL_MS
             else:                          # a quiet run: wake less often
+                self.empty_at = read_at
                 wait = min(2 * wait, DRAIN_IDLE_MS)
 
     def next_batch(self, timeout: float):
@@ -87,6 +99,9 @@ class Stream:
         self.exclude_pids = frozenset(exclude_pids)
         self._drainer = _Drainer(capture, ends_at)
         self.dropped_samples = 0         # see rest_within()
+        # time.monotonic() when the events were stopped: the samples end there
+        self.stopped_at: float | None = None
+        self._decoded_until = 0.0        # see decoded_until()
 
     def start(self) -> None:
         self.capture.start()
@@ -128,19 +143,30 @@ class Stream:
             yield piece
             if done:
                 self._drainer.done(entry)
+                if entry[2] is not None:
+                    self._decoded_until = entry[2]
                 return
             if time.monotonic() > slice_end:
                 return
+
+    def decoded_until(self) -> float:
+        """time.monotonic() before which all that was sent has been
+        decoded (its pieces handed out by follow()): the read time of the
+        last batch decoded whole, or of a read that found nothing since."""
+        empty_at = self._drainer.empty_at      # before looking at the queue
+        if not self._drainer.queue:
+            return max(empty_at, self._decoded_until)
+        return self._decoded_until
 
     def rest(self):
         """After the run: stop the events and the drain thread, then the
         pieces of what is queued, what the buffers still hold and the
         losses the kernel was still holding back."""
         self._drainer.finish()          # before the buffers are unmapped
-        self.capture.stop()
+        self._stop_events()
         queue = self._drainer.queue
         while queue:
-            batch, offsets = queue.popleft()
+            batch, offsets, _read_at = queue.popleft()
             yield from self._pieces(batch, offsets)
         for flushed in (False, True):
             if flushed:
@@ -159,7 +185,7 @@ class Stream:
         (self.dropped_samples), not decoded nor reported, so the run ends
         at once however long its backlog."""
         self._drainer.finish()
-        self.capture.stop()
+        self._stop_events()
         queue = self._drainer.queue
         deadline = None
 
@@ -173,7 +199,7 @@ class Stream:
 
         def batches():
             while queue:
-                yield queue.popleft()
+                yield queue.popleft()[:2]
             while True:
                 batch = self.capture.read_chunks(0)
                 if not batch:
@@ -188,6 +214,18 @@ class Stream:
                     break
             else:
                 yield from self._dropped(batch, offsets)
+
+    def _stop_events(self) -> None:
+        self.stopped_at = self._drainer.stopped_at or time.monotonic()
+        self.capture.stop()
+
+    def losses(self) -> Losses:
+        """The capture's losses, and the events dropped unread at the end."""
+        losses = self.capture.losses()
+        if not self.dropped_samples:
+            return losses
+        return Losses(**{**{f: getattr(losses, f) for f in fields(losses)},
+                         "dropped": self.dropped_samples})
 
     def _dropped(self, batch: list, offsets: list):
         counts = [self.capture.count_samples(chunk, at) for chunk, at in zip(batch, offsets)]

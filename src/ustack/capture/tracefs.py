@@ -34,6 +34,7 @@ from ..kernel.uprobe_events import UprobeEvents
 from ..model import Losses, MmapEvent, TracepointProbe, UprobeProbe, UstackError
 from ..probes.fetchargs import RESERVED_PREFIX
 from ..probes.resolve import is_glob
+from ..target.process import command_executable
 from ..target.traced_command import TracedCommand
 from .perf import define_uprobe, tracepoint_fields
 from .tracefs_maps import ProcessWatch
@@ -269,10 +270,19 @@ class TracefsCapture(Capture):
         self.uprobes.close()
 
 
-def refuse_shared_globs(probes: list, main_binary: str, who: str) -> None:
+def refuse_shared_globs(probes: list, pid: int | None, cmdline: str | None) -> None:
     """A glob over a file other than the -p/-c program's own puts a uprobe
     on each of its functions in every process that maps it (a library:
-    the whole machine); refused unless the user accepts that (-a)."""
+    the whole machine); refused unless the user accepts that (-a). Before
+    the command starts; a run of every process asked for that."""
+    if pid is not None:
+        main_binary, who = f"/proc/{pid}/exe", f"PID {pid}"
+    elif cmdline is not None:
+        main_binary, who = command_executable(cmdline), "the -c command"
+        if main_binary is None:
+            return                          # launch() says why
+    else:
+        return
     for probe in probes:
         spec = probe.spec
         if (not isinstance(probe, UprobeProbe) or not is_glob(spec.function or "")

@@ -1,9 +1,12 @@
 """`ustack profile --every SECONDS -o DIR/`: continuous profiling, one
 pprof file per interval in DIR (what Pyroscope, Parca and Grafana take
 in), named by the interval's start in UTC so the names sort in time, each
-written whole through output.py. Each file says in its comments what
-ustack itself cost over its interval (CPU, memory): the profiler's own
-weight is on record beside what it measured."""
+written whole through output.py. A file holds the samples taken in its
+interval, by their kernel timestamps (counting/intervals.py), and its
+time and duration are that interval's; a last one cut short says so.
+Each file says in its comments what ustack itself cost over its interval
+(CPU, memory): the profiler's own weight is on record beside what it
+measured."""
 from __future__ import annotations
 
 import io
@@ -86,23 +89,34 @@ def file_name(start_ns: int) -> str:
     return f"profile-{stamp}.{ns // 1_000_000:03d}Z.pb.gz"
 
 
-def write_every(session, dir_fd: int, seconds: float) -> int:
+def write_every(session, dir_fd: int, seconds: float, err=None) -> int:
     """A pprof file per interval of `seconds` (the last one when the run
-    ends, however short); returns the number of samples written."""
+    ends, however short; a partial one said on `err` too); returns the
+    number of samples written. A file's
+    time and duration are its interval's bounds, within which every one of
+    its samples was taken (by the kernel's timestamps)."""
     from ..report.pprof import PprofReport     # here: every other run skips its import
     opts = session.opts
     base = run_context("profile", session.labels, session.probes[0].hz)
     cost = _OwnCost()
-    # the first interval from when the events went live (the intervals count from it)
-    started = session.live_since
-    start_ns = time.time_ns() - int((time.monotonic() - started) * 1e9)
+    # the samples' clock (CLOCK_MONOTONIC) to the wall clock pprof keeps
+    to_wall_ns = time.time_ns() - time.monotonic_ns()
+    written = time.monotonic()
     samples = 0
-    for counts in session.interval_counts(seconds):
-        now_ns, now = time.time_ns(), time.monotonic()
-        context = replace(base, start_ns=start_ns, duration_ns=now_ns - start_ns,
-                          comments=cost.since_last(now - started))
+    for interval in session.interval_counts(seconds):
+        start_ns = to_wall_ns + int(interval.start * 1e9)
+        duration_ns = int((interval.end - interval.start) * 1e9)
+        now = time.monotonic()
+        comments = cost.since_last(now - written)
+        partial = interval.partial and (f"a partial interval: {duration_ns / 1e9:.3f} s "
+                                        f"of {seconds:g} s, the run ended "
+                                        f"({_why_ended(session)})")
+        if partial:
+            comments += (partial,)
+        context = replace(base, start_ns=start_ns, duration_ns=duration_ns,
+                          comments=comments)
         report = PprofReport(opts.per_pid, opts.offsets, context)
-        for counted in counts:
+        for counted in interval.counts:
             report.add(counted)
             samples += counted.count
         data = io.BytesIO()
@@ -111,5 +125,15 @@ def write_every(session, dir_fd: int, seconds: float) -> int:
             write_bytes_at(dir_fd, file_name(start_ns), [data.getvalue()], mode=0o666)
         except OSError as e:
             raise UstackError(f"-o {opts.output_path}: {e.strerror}") from None
-        start_ns, started = now_ns, now
+        if partial and err is not None:
+            print(f"{file_name(start_ns)}: {partial}", file=err)
+        written = now
     return samples
+
+
+def _why_ended(session) -> str:
+    if session.interrupt.requested:
+        return "interrupted"
+    if session.deadline is not None and session.stream.stopped_at >= session.deadline:
+        return "-d"
+    return "the traced processes exited"

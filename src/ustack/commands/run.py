@@ -121,7 +121,7 @@ def _run_every(opts: Options, err: TextIOBase) -> int:
     dir_fd = open_every_directory(opts.output_path)
     try:
         return run_session(opts, lambda session, _progress: write_every(
-            session, dir_fd, opts.every), err)[0]
+            session, dir_fd, opts.every, err), err)[0]
     finally:
         os.close(dir_fd)
 

@@ -60,11 +60,11 @@ def main(args) -> int:
             view.waiting(draw)
             keys.redraw_with(draw)      # a sort key or a new size: at once
             try:
-                for counts in session.interval_counts(REFRESH_S):
+                for interval in session.interval_counts(REFRESH_S):
                     if keys.ended:
                         break
                     with keys.drawing:  # not while the keys' thread draws
-                        table.refresh(counts)
+                        table.refresh(interval.counts)
                         draw()
             finally:
                 keys.redraw_with(None)  # the screen is about to go

@@ -1,5 +1,5 @@
 """Mangled linker names -> the names people write: C++ (Itanium ABI, through
-libstdc++'s __cxa_demangle via cxxfilt), Rust legacy (`_ZN…17h<hash>E`) and
+libstdc++'s __cxa_demangle, native/cxxabi.py), Rust legacy (`_ZN…17h<hash>E`) and
 Rust v0 (`_R…`) through rustc-demangle (pyderust), which drops the hash the
 way Rust's own backtraces do. A name neither understands stays as it is.
 
@@ -11,10 +11,9 @@ import re
 
 
 def _library(name: str):
-    """A demangling library, imported on the first name that needs it:
-    cxxfilt's import costs ~13 ms (it looks for libstdc++ through
-    ctypes.util), paid by every C-only run otherwise. None when missing
-    (a dependency: raw names without it)."""
+    """A demangling library, imported on the first name that needs it,
+    so a C-only run never pays for it. None when missing (a dependency:
+    raw names without it)."""
     lib = _libraries.get(name)
     if lib is None:
         try:
@@ -61,11 +60,12 @@ def _demangle(name: str) -> str:
                 pass
         if name.startswith("_R"):
             return name
-    cxxfilt = _library("cxxfilt") if name.startswith("_Z") else None
-    if cxxfilt is not None:
+    if name.startswith("_Z"):
+        from ..native.cxxabi import cxa_demangle
         try:
-            return cxxfilt.demangle(name)
-        except (cxxfilt.Error, UnicodeDecodeError):
+            out = cxa_demangle(name.encode())
+            return out.decode() if out is not None else name
+        except (UnicodeError, ValueError):   # a NUL or surrogate in a bad symbol
             pass
     return name
 

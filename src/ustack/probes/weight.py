@@ -38,6 +38,12 @@ class Weight:
         return f"{self.unit} ({self.expr})" if self.unit else f"sum of {self.expr}"
 
 
+def weigh_specs(specs: list, expr: str | None) -> list:
+    """The specs of a --weight EXPR run each weighed (weigh_spec); as they
+    are without --weight."""
+    return specs if expr is None else [weigh_spec(s, expr) for s in specs]
+
+
 def weigh_spec(spec, expr: str):
     """The spec with EXPR as its only fetch-arg (count splits no stack by
     the others); syscalls and tracepoints unchanged, their field is

@@ -172,6 +172,21 @@ class RecordWriter:
         return found
 
 
+def recorder_of(session, destination: str | Output) -> "Recorder":
+    """The Recorder of a live run asked to record (Options.record), once
+    its capture is open; `destination`: the file, opened before the run
+    armed anything."""
+    opts, plan = session.opts, session.plan
+    return Recorder(
+        destination, session.tracker, session.resolver.unwinder, session.labels,
+        plan.modes, plan.backend,
+        {"command": opts.runs_as, "events": list(opts.events),
+         "start_ns": session.started_ns,
+         "buffer_pages": session.capture.buffer_pages,
+         "stack_storage": opts.stack_storage},
+        raw_stacks=opts.raw_stacks, python_code=session.python_code)
+
+
 class Recorder:
     """Saves a live run as it passes (a Session with Options.record): the
     pieces of the stream, and also what the run's mapping tracker learned

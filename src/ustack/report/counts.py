@@ -1,6 +1,8 @@
 """`-f text` of count and profile: bcc stackcount's layout, frames innermost
 first, then the count; least to most frequent. A weighted count's line
-names what it sums: `600 bytes (count)`, `650 (sum of n)`."""
+names what it sums: `600 bytes (count)`, `650 (sum of n)`. A run of
+several events counts each apart, under a line naming it (unindented),
+the events in the order given."""
 from __future__ import annotations
 
 from io import TextIOBase
@@ -30,12 +32,25 @@ def ids(host: int, inner: int) -> str:
 
 
 def format_counts(counts, per_pid: bool = False, offsets: bool = False,
-                  timed: bool = False, unit: str = "") -> str:
+                  timed: bool = False, unit: str = "", events=()) -> str:
     """`timed`: counts are nanoseconds, shown as a time; `unit`: what
-    follows each count."""
+    follows each count; `events`: the run's, in order (with more than one,
+    a header line names each event's stacks)."""
+    merged = merge(counts, per_pid, offsets)
+    if len(events) <= 1 and len({sc.event for sc in merged}) <= 1:
+        return _format_stacks(merged, per_pid, offsets, timed, unit)
+    order = {event: i for i, event in enumerate(events)}
+    by_event: dict = {}
+    for sc in merged:
+        by_event.setdefault(sc.event, []).append(sc)
+    return "".join(f"{event}\n" + _format_stacks(by_event[event], per_pid, offsets, timed, unit)
+                   for event in sorted(by_event, key=lambda e: (order.get(e, len(order)), e)))
+
+
+def _format_stacks(merged, per_pid: bool, offsets: bool, timed: bool, unit: str) -> str:
     label = frame_label if offsets else function_label
     out = []
-    for sc in merge(counts, per_pid, offsets):
+    for sc in merged:
         out.extend(f"  {label(f)}" for f in sc.stack.frames)
         out.extend(f"  ({note})" for note in sc.stack.notes)
         if per_pid:
@@ -55,6 +70,7 @@ class CountsReport:
         weight = weight_of(context)
         self.unit = "" if weight is None else (
             f" {weight.label}" if weight.unit else f" ({weight.label})")
+        self.events = tuple(getattr(context, "events", ()))
         self.counted: list = []
 
     def add(self, counted: StackCount) -> None:
@@ -62,4 +78,4 @@ class CountsReport:
 
     def finish(self, out: TextIOBase) -> None:
         out.write(format_counts(self.counted, self.per_pid, self.offsets, self.timed,
-                                self.unit))
+                                self.unit, self.events))

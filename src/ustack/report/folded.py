@@ -1,5 +1,8 @@
 """`-f folded`: `comm;outermost;…;innermost COUNT` lines, as FlameGraph's
-stackcollapse scripts and bcc `profile -f` write them."""
+stackcollapse scripts and bcc `profile -f` write them. A run of several
+events puts the event first, as the root frame (`syscall:write;comm;…`):
+flamegraph.pl then draws one flame per event side by side, and
+`grep '^syscall:write;'` keeps one event's."""
 from __future__ import annotations
 
 from io import TextIOBase
@@ -31,10 +34,17 @@ def note_name(note: str) -> str:
     return f"[{note}]".replace(";", ":").replace(" ", "_")
 
 
-def format_folded(counts, per_pid: bool = False, timed: bool = False) -> str:
+def folded_name_of_event(label: str) -> str:
+    return label.replace(";", ":").replace(" ", "_")
+
+
+def format_folded(counts, per_pid: bool = False, timed: bool = False,
+                  events=()) -> str:
     """`timed`: counts are nanoseconds, written in microseconds (bcc
-    offcputime -f's unit)."""
+    offcputime -f's unit); `events`: the run's (with more than one, each
+    line starts with its event)."""
     lines: dict = {}
+    by_event = len(events) > 1 or len({sc.event for sc in counts}) > 1
     for sc in counts:
         names = ([note_name(n) for n in sc.stack.notes]
                  + [folded_name(f) for f in reversed(sc.stack.frames)])
@@ -42,6 +52,8 @@ def format_folded(counts, per_pid: bool = False, timed: bool = False) -> str:
         if per_pid and sc.tid:                   # -T: comm-pid/tid
             head += f"/{sc.tid}"
         line = ";".join([head.replace(" ", "_")] + names)
+        if by_event:
+            line = f"{folded_name_of_event(sc.event)};{line}"
         lines[line] = lines.get(line, 0) + sc.count
     if timed:
         lines = {line: n // 1000 for line, n in lines.items()}
@@ -55,10 +67,11 @@ class FoldedReport:
     def __init__(self, per_pid: bool = False, offsets: bool = False, context=None):
         self.per_pid = per_pid            # offsets: folded lines name functions only
         self.timed = is_timed(context)
+        self.events = tuple(getattr(context, "events", ()))
         self.counted: list = []
 
     def add(self, counted: StackCount) -> None:
         self.counted.append(counted)
 
     def finish(self, out: TextIOBase) -> None:
-        out.write(format_folded(self.counted, self.per_pid, self.timed))
+        out.write(format_folded(self.counted, self.per_pid, self.timed, self.events))

@@ -28,8 +28,10 @@
 - time_nanos: when the report was made ready to take stacks, i.e. the
   run's start when the report is made first (Parca files a profile under
   this time); the command line as a comment. `profile --every`: each
-  file's time_nanos and duration_nanos are its interval's, and comments
-  say what ustack itself cost over it."""
+  file's time_nanos and duration_nanos are its interval's, within which
+  every one of its samples was taken (counting/intervals.py), and
+  comments say what ustack itself cost over it (and, for a last interval
+  cut short, that it is partial)."""
 from __future__ import annotations
 
 import gzip

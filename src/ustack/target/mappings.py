@@ -101,6 +101,19 @@ class MappingTracker:
             if entry.isdigit() and int(entry) != skip:
                 self.seed_from_proc(int(entry))
 
+    def seed_target(self, target, skip: int) -> None:
+        """What /proc says of a run's processes before their first event:
+        a system-wide run's (all but `skip`), a -p process's."""
+        if target.scope == "system":
+            self.seed_all(skip)
+        elif target.scope == "pid":
+            self.seed_from_proc(target.pid)
+
+    def current_maps(self, pid: int) -> list:
+        """The mappings of `pid` as it runs now (its last exec's)."""
+        pm = self.procs.get((pid, self.generations.get(pid, 0)))
+        return pm.maps if pm is not None else []
+
     def apply(self, event) -> None:
         if isinstance(event, MmapEvent):
             m = event.mapping

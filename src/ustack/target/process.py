@@ -39,6 +39,14 @@ class Target:
             return f"PIDs {', '.join(map(str, self.pids))}"
         return "all processes"
 
+    def excluded_pids(self, include_idle: bool = False) -> frozenset:
+        """What a system-wide run leaves out: ustack itself (tracing its
+        own writes would feed back into itself) and the idle task (pid 0:
+        no user stack) unless asked for."""
+        if self.scope != "system":
+            return frozenset()
+        return frozenset((os.getpid(),) if include_idle else (os.getpid(), 0))
+
     # -- command targets ------------------------------------------------
     def release(self) -> None:
         """Let a held command run its execve."""
@@ -82,6 +90,10 @@ class Target:
         self.exit_status = os.waitstatus_to_exitcode(status)
         return True
 
+    def running_command(self) -> bool:
+        """A -c command not known to have exited: the run's end ends it."""
+        return self.scope == "command" and self.exit_status is None
+
     def finish(self, grace: float = FINISH_GRACE_S) -> None:
         """End the command at the end of the run and reap it: SIGINT, as
         Ctrl-C would, then SIGKILL if it is still there after `grace` s."""
@@ -120,6 +132,13 @@ def _quoted(command: str) -> str:
 def executable(argv: list) -> str | None:
     """The file a command line runs, as launch() finds it."""
     return which(argv[0]) if argv else None
+
+
+def main_executable(target) -> str | None:
+    """The program a -p or -c target runs; None for every process."""
+    if target.scope == "pid":
+        return f"/proc/{target.pid}/exe"
+    return executable(target.argv) if target.scope == "command" else None
 
 
 def command_executable(command: str) -> str | None:

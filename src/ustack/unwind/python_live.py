@@ -203,3 +203,13 @@ def _tid_offset(mem: ProcessMemory, pthreads: list, tids: set) -> int | None:
         if all(_U32.unpack_from(h, off)[0] in tids for h in heads):
             return off
     return None
+
+
+def read_with(capture, python_code, target) -> None:
+    """The copy path (perf, DWARF): the capture reads the Python frames of
+    each sample's thread from its process as it drains (what the bpf
+    backend's walk does in the kernel); the header says so when the
+    target runs CPython."""
+    capture.python_frames = LiveFrames(python_code.remember)
+    if runs_python(target):
+        capture.unwind_note = HEADER_NOTE
