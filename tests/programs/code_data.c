@@ -1,0 +1,54 @@
+/* code_data [N]: two hand-made functions whose bytes fool a decoder that
+ * sweeps forward from a start, and prints "code_data SUM" of N calls of
+ * each (default 1000). A uprobe's int3 inside an instruction of either
+ * changes the immediate it sits in, and so the printed sum.
+ *
+ * trick:   jmp over one byte of data (0xb8, the opcode of a 5-byte mov) to
+ *          its true second instruction at trick+0x3, a 10-byte movabs: a
+ *          linear sweep decodes the data byte as that mov and walks through
+ *          the movabs's immediate (trick+0x7 looks like a start).
+ * shifted: its CFI (.cfi_startproc) begins at shifted+0x2, inside its first
+ *          instruction (a movabs whose immediate decodes as add and nops):
+ *          in a stripped copy, an FDE whose start is moved into an
+ *          instruction. Exit status 0. */
+#include <stdio.h>
+#include <stdlib.h>
+
+long trick(long x);
+long shifted(long x);
+
+__asm__(
+	".text\n"
+	".p2align 4\n"
+	".globl trick\n"
+	".type trick, @function\n"
+	"trick:\n"
+	".cfi_startproc\n"
+	"	.byte 0xeb, 0x01\n"                      /* jmp trick+0x3 */
+	"	.byte 0xb8\n"                            /* data */
+	"	movabs $10, %rax\n"                      /* trick+0x3 */
+	"	add %rdi, %rax\n"
+	"	ret\n"
+	".cfi_endproc\n"
+	".size trick, .-trick\n"
+	".p2align 4\n"
+	".globl shifted\n"
+	".type shifted, @function\n"
+	"shifted:\n"
+	"	.byte 0x48, 0xb8\n"                      /* movabs $IMM, %rax */
+	".cfi_startproc\n"                           /* shifted+0x2 */
+	"	.byte 0x01, 0xf8, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90\n"
+	"	add %rdi, %rax\n"                        /* shifted+0xa */
+	"	ret\n"
+	".cfi_endproc\n"
+	".size shifted, .-shifted\n");
+
+int main(int argc, char **argv)
+{
+	long n = argc > 1 ? atol(argv[1]) : 1000;
+	unsigned long sum = 0;
+	for (long i = 0; i < n; i++)
+		sum += (unsigned long)trick(i) + (unsigned long)shifted(i);
+	printf("code_data %lu\n", sum);
+	return 0;
+}
