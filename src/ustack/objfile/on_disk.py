@@ -64,6 +64,8 @@ class OnDisk:
         self._sections: dict = {}       # name -> section(name)
         self._fde_ranges: dict = {}     # section -> (sorted ranges, their starts)
         self._fde_positions: dict = {}  # section -> {FDE start: entry position}
+        self._entry_rows: dict = {}     # FDE start -> fde.entry_cfa row
+        self._hdr = None                # .eh_frame_hdr's table, read once
 
     # --- bytes ---------------------------------------------------------------
 
@@ -160,7 +162,7 @@ class OnDisk:
         if hdr is not None and eh is not None:
             data, base = eh
             try:            # a damaged header or FDE: the scan below decides
-                at = fdes.hdr_lookup(hdr[0], hdr[1], vaddr)
+                at = self._hdr_lookup(hdr, vaddr)
                 found = (fdes.fde_range(data, at - base, True, base)
                          if at is not None and base <= at < base + len(data) else None)
             except (IndexError, struct.error, ValueError, OverflowError):
@@ -182,16 +184,31 @@ class OnDisk:
             hit = self._fde_ranges[name] = (ranges, [r[0] for r in ranges])
         return hit
 
+    def _hdr_lookup(self, hdr: tuple, vaddr: int) -> int | None:
+        """fde.hdr_lookup with the header's table read once per run."""
+        if self._hdr is None:
+            self._hdr = fdes.hdr_table(hdr[0], hdr[1]) or ()
+        if not self._hdr:
+            return None
+        starts, found = self._hdr
+        i = bisect.bisect_right(starts, vaddr - hdr[1])
+        return (hdr[1] + found[i - 1]) & 0xffffffffffffffff if i else None
+
     def entry_row(self, start: int) -> tuple | None:
         """fde.entry_cfa of the FDE that begins at `start` (from .eh_frame,
         through .eh_frame_hdr when there is one, or .debug_frame), None when
         no FDE begins there or its first row cannot be read."""
+        if start not in self._entry_rows:
+            self._entry_rows[start] = self._entry_row(start)
+        return self._entry_rows[start]
+
+    def _entry_row(self, start: int) -> tuple | None:
         hdr = self.section(".eh_frame_hdr")
         eh = self.section(".eh_frame")
         if hdr is not None and eh is not None:
             data, base = eh
             try:
-                at = fdes.hdr_lookup(hdr[0], hdr[1], start)
+                at = self._hdr_lookup(hdr, start)
             except (IndexError, struct.error, ValueError, OverflowError):
                 at = None
             if at is not None and base <= at < base + len(data):
