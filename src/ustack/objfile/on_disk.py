@@ -104,6 +104,10 @@ class OnDisk:
                 return self._pread(size, vaddr - seg_vaddr + offset)
         return b""
 
+    def fde_ranges(self) -> list:
+        """(start, end) of every FDE of .eh_frame, else .debug_frame, sorted."""
+        return self._ranges(".eh_frame")[0] or self._ranges(".debug_frame")[0]
+
     def fde_before(self, start: int) -> tuple | None:
         """(start, end) of the FDE that begins last before `start`."""
         for name in (".eh_frame", ".debug_frame"):
