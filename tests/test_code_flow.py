@@ -126,6 +126,21 @@ def test_a_cfi_start_inside_an_instruction(prog, capsys):
         print(f"\nshifted (stripped): {len(prog.shifted)} offsets, 0 accepted")
 
 
+def test_the_cases_of_a_switch_are_reached(prog):
+    """pick's cases are reached only through its jump table: each of its
+    instructions is accepted, in the stripped copy too; the padding nops
+    between the cases (no path runs them) are not."""
+    lo, size = symbol(prog.full, "pick")
+    out = sh("objdump", "-d", "--no-show-raw-insn", f"--start-address=0x{lo:x}",
+             f"--stop-address=0x{lo + size:x}", prog.full)
+    insns = [(int(a, 16), t) for a, t in re.findall(r"^\s+([0-9a-f]+):\s+(.*)$", out, re.M)]
+    assert any(t.startswith("jmp") and "*" in t for _a, t in insns), out
+    cases = [a for a, t in insns if not t.startswith(("nop", "cs nop", "data16"))]
+    for path in (prog.full, prog.stripped):
+        accepted, _refused = verdicts(path, range(lo, lo + size))
+        assert accepted == cases, (path, out)
+
+
 @pytest.mark.kernel
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_accepted_offsets_change_nothing(prog, backend):

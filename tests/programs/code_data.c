@@ -10,7 +10,10 @@
  * shifted: its CFI (.cfi_startproc) begins at shifted+0x2, inside its first
  *          instruction (a movabs whose immediate decodes as add and nops):
  *          in a stripped copy, an FDE whose start is moved into an
- *          instruction. Exit status 0. */
+ *          instruction.
+ * pick:    a dense switch, which gcc -O2 compiles to a jump through a
+ *          table of offsets: its cases are reached only through the table.
+ * Exit status 0. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -43,12 +46,29 @@ __asm__(
 	".cfi_endproc\n"
 	".size shifted, .-shifted\n");
 
+__attribute__((noinline, noipa)) long pick(long x, long y)
+{
+	switch (x) {
+	case 0: return y * 3;
+	case 1: return y ^ 0x55;
+	case 2: return y + 1000003;
+	case 3: return y << 3;
+	case 4: return y / 7;
+	case 5: return y % 11;
+	case 6: return ~y;
+	case 7: return y * y;
+	case 8: return y - 12345;
+	default: return 0;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	long n = argc > 1 ? atol(argv[1]) : 1000;
 	unsigned long sum = 0;
 	for (long i = 0; i < n; i++)
-		sum += (unsigned long)trick(i) + (unsigned long)shifted(i);
+		sum += (unsigned long)trick(i) + (unsigned long)shifted(i)
+		       + (unsigned long)pick(i % 10, i);
 	printf("code_data %lu\n", sum);
 	return 0;
 }
