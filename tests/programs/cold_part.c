@@ -15,9 +15,9 @@ __attribute__((noinline, noipa, cold)) long rare(long acc, long i)
 	return acc ^ (i * 0x9e3779b97f4a7c15LL);
 }
 
-KEEP long work(long n, long seed)
+KEEP long work(long n, long init)
 {
-	long acc = seed, k = seed * 3 + 1;
+	long acc = init, k = init * 3 + 1;
 	for (long i = 0; i < n; i++) {
 		acc = acc * 31 + (i ^ k);
 		if (__builtin_expect((acc & 0xff) == 0x5a, 0))
