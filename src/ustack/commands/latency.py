@@ -19,6 +19,8 @@ from .run import _given, run_session
 from ..model import TracepointProbe, UprobeProbe, UstackError
 from ..objfile.elf import ElfImage
 from ..options import Options, run_options
+from ..objfile.on_disk import OnDisk
+from ..probes.entries import return_probe_refusal
 from ..probes.return_sites import entry_site, return_probes
 from ..probes.spec import parse_event
 from ..report.latency import format_histogram, format_slow_call
@@ -99,6 +101,12 @@ def latency_probes(entries: list, ret_sites: bool, notes: list) -> tuple:
                 skipped.append(entry.symbol or f"0x{entry.address:x}")
                 continue
             raise UstackError(f"{entry.label} is not the start of a function")
+        refusal = return_probe_refusal(OnDisk.of(entry.path), entry.address, entry.symbol)
+        if refusal and not image.file.is_go:    # its return would be timed from [sp]
+            if _is_glob(entry.spec.function):
+                skipped.append(entry.symbol or f"0x{entry.address:x}")
+                continue
+            raise UstackError(f"{entry.label} cannot be timed: {refusal}")
         if not (image.file.is_go or ret_sites):
             probes.append(entry)
             sites.append(Site(i, "entry"))

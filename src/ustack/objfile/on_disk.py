@@ -8,6 +8,7 @@ Everything is read on first use in a run and kept for the run (keyed by the
 file's identity): a glob of thousands of probes reads each table once."""
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 
@@ -62,6 +63,9 @@ class OnDisk:
         self._tables = None             # symbol tables' bytes, see has_function
         self._sections: dict = {}       # name -> section(name)
         self._fde_ranges: dict = {}     # section -> (sorted ranges, their starts)
+        self._fde_positions: dict = {}  # section -> {FDE start: entry position}
+        self._entry_rows: dict = {}     # FDE start -> fde.entry_cfa row
+        self._hdr = None                # .eh_frame_hdr's table, read once
 
     # --- bytes ---------------------------------------------------------------
 
@@ -90,6 +94,28 @@ class OnDisk:
                 end = min(end, seg_vaddr + filesz)
                 return self._pread(end - start, start - seg_vaddr + offset)
         return b""
+
+    def read(self, vaddr: int, size: int) -> bytes:
+        """The file's bytes for [vaddr, vaddr + size) of any loaded segment
+        (cut at its end): a switch table in .rodata, say."""
+        for seg_vaddr, offset, filesz, _flags in self.loads:
+            if seg_vaddr <= vaddr < seg_vaddr + filesz:
+                size = min(size, seg_vaddr + filesz - vaddr)
+                return self._pread(size, vaddr - seg_vaddr + offset)
+        return b""
+
+    def fde_ranges(self) -> list:
+        """(start, end) of every FDE of .eh_frame, else .debug_frame, sorted."""
+        return self._ranges(".eh_frame")[0] or self._ranges(".debug_frame")[0]
+
+    def fde_before(self, start: int) -> tuple | None:
+        """(start, end) of the FDE that begins last before `start`."""
+        for name in (".eh_frame", ".debug_frame"):
+            ranges, starts = self._ranges(name)
+            i = bisect.bisect_left(starts, start)
+            if i:
+                return ranges[i - 1]
+        return None
 
     def section(self, name: str) -> tuple | None:
         """(bytes, address) of a section (inflated if compressed), or None."""
@@ -140,7 +166,7 @@ class OnDisk:
         if hdr is not None and eh is not None:
             data, base = eh
             try:            # a damaged header or FDE: the scan below decides
-                at = fdes.hdr_lookup(hdr[0], hdr[1], vaddr)
+                at = self._hdr_lookup(hdr, vaddr)
                 found = (fdes.fde_range(data, at - base, True, base)
                          if at is not None and base <= at < base + len(data) else None)
             except (IndexError, struct.error, ValueError, OverflowError):
@@ -161,3 +187,48 @@ class OnDisk:
             ranges = fdes.all_ranges(sec[0], sec[1], name == ".eh_frame") if sec else []
             hit = self._fde_ranges[name] = (ranges, [r[0] for r in ranges])
         return hit
+
+    def _hdr_lookup(self, hdr: tuple, vaddr: int) -> int | None:
+        """fde.hdr_lookup with the header's table read once per run."""
+        if self._hdr is None:
+            self._hdr = fdes.hdr_table(hdr[0], hdr[1]) or ()
+        if not self._hdr:
+            return None
+        starts, found = self._hdr
+        i = bisect.bisect_right(starts, vaddr - hdr[1])
+        return (hdr[1] + found[i - 1]) & 0xffffffffffffffff if i else None
+
+    def entry_row(self, start: int) -> tuple | None:
+        """fde.entry_cfa of the FDE that begins at `start` (from .eh_frame,
+        through .eh_frame_hdr when there is one, or .debug_frame), None when
+        no FDE begins there or its first row cannot be read."""
+        if start not in self._entry_rows:
+            self._entry_rows[start] = self._entry_row(start)
+        return self._entry_rows[start]
+
+    def _entry_row(self, start: int) -> tuple | None:
+        hdr = self.section(".eh_frame_hdr")
+        eh = self.section(".eh_frame")
+        if hdr is not None and eh is not None:
+            data, base = eh
+            try:
+                at = self._hdr_lookup(hdr, start)
+            except (IndexError, struct.error, ValueError, OverflowError):
+                at = None
+            if at is not None and base <= at < base + len(data):
+                row = fdes.entry_cfa(data, at - base, True, base)
+                if row is not None and row[0] == start:
+                    return row
+        for name in (".eh_frame", ".debug_frame"):
+            sec = self.section(name)
+            if sec is None:
+                continue
+            positions = self._fde_positions.get(name)
+            if positions is None:
+                positions = self._fde_positions[name] = fdes.entry_positions(
+                    sec[0], sec[1], name == ".eh_frame")
+            if start in positions:
+                row = fdes.entry_cfa(sec[0], positions[start], name == ".eh_frame", sec[1])
+                if row is not None and row[0] == start:
+                    return row
+        return None

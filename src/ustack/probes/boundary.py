@@ -20,6 +20,7 @@ from __future__ import annotations
 from ..model import UstackError
 from ..objfile import prologue
 from ..objfile.on_disk import OnDisk
+from . import flow
 from ..values import value
 
 UNSAFE_FLAG = "--unsafe-address"
@@ -76,6 +77,7 @@ def prove(image, host: str, vaddr: int, where: str, shown: str, kind: str = "upr
             f"{label}: no function start is known at or before 0x{vaddr:x} (no "
             "symbol, CFI or Go table of the file covers it), so ustack cannot "
             f"prove it is an instruction boundary; add {UNSAFE_FLAG} to probe it anyway")
+    starts = _agreeing(disk, starts, where, shown)
     for start in starts:
         _walk(disk, start, vaddr, where, shown, label, unsafe)
     best = starts[0]                    # a symbol first: the slot counts from it
@@ -144,24 +146,82 @@ def _go_entry(image, disk: OnDisk, vaddr: int) -> tuple | None:
 
 def _walk(disk: OnDisk, start: _Start, vaddr: int, where: str, shown: str,
           label: str, unsafe: bool) -> None:
-    """Decode from `start` to vaddr: it must land on vaddr exactly."""
+    """Follow control flow from `start` (probes/flow.py): vaddr must be the
+    first byte of an instruction it reaches."""
     if start.address == vaddr:
         return                  # (a function entry: no decoder to load)
-    reached = start.address
-    code = disk.code(start.address, vaddr + 15)
-    for at, size, mnem, ops in prologue.decode(code, start.address):
-        if at >= vaddr:
-            break
-        if at + size > vaddr:
-            inside = (f"{start.name}+0x{at - start.address:x}" if start.name
-                      else f"0x{at:x}, decoding from the {start.what} start "
-                           f"0x{start.address:x}")
-            raise NotABoundary(f"{where} in {shown} is not on an instruction "
-                              f"boundary (inside '{mnem} {ops}' at {inside})")
-        reached = at + size
-    if reached == vaddr or unsafe:
+    found = flow.reach(disk, start.address, max(start.end, vaddr + 1))
+    if vaddr in found.insns:
+        return
+    inside = found.covering(vaddr)
+    if inside is not None:
+        at, _size, mnem, ops = inside
+        raise NotABoundary(f"{where} in {shown} is not on an instruction "
+                           f"boundary (inside '{mnem} {ops}' at {_named(start, at)})")
+    if unsafe:
         return
     raise NotProven(
-        f"{label}: the instructions from the {start.what} start 0x{start.address:x} "
-        f"cannot be decoded up to 0x{vaddr:x}, so ustack cannot prove it is an "
-        f"instruction boundary; add {UNSAFE_FLAG} to probe it anyway")
+        f"{label}: no path of the code from the {start.what} start 0x{start.address:x} "
+        f"reaches 0x{vaddr:x} (data, or code reached only through a pointer), so "
+        f"ustack cannot prove it is an instruction boundary; add {UNSAFE_FLAG} "
+        "to probe it anyway")
+
+
+def _named(start: _Start, at: int) -> str:
+    return (f"{start.name}+0x{at - start.address:x}" if start.name
+            else f"0x{at:x}, decoding from the {start.what} start 0x{start.address:x}")
+
+
+def _agreeing(disk: OnDisk, starts: list, where: str, shown: str) -> list:
+    """The starts without a CFI start that its neighbours contradict: one
+    inside an instruction decoded from a symbol's start before it, or from
+    the FDE before it (through the padding between them). A contradicted
+    one is dropped; when it was the only start, the probe is refused."""
+    kept = []
+    for start in starts:
+        why = None
+        if start.what == "CFI" and all(s.address != start.address for s in starts
+                                       if s is not start):
+            why = _contradiction(disk, start.address, [
+                s for s in starts if s is not start and s.address < start.address])
+        if why is None:
+            kept.append(start)
+        elif len(starts) == 1:
+            raise NotABoundary(f"{where} in {shown} is not proven: the CFI start "
+                               f"0x{start.address:x} is not on an instruction "
+                               f"boundary ({why}), so it is not trusted")
+    return kept
+
+
+def _contradiction(disk: OnDisk, at: int, before: list) -> str | None:
+    """Why the start `at` cannot be a true one: the instruction that
+    decoding from an earlier start (`before`, whose ranges cover it) finds
+    it inside, or that a linear decode of the gap since the end of the FDE
+    before it does (padding, in honest files: the previous function's end
+    is an instruction boundary); None when nothing contradicts it."""
+    for s in before:
+        inside = flow.reach(disk, s.address, s.end).covering(at)
+        if inside is not None:
+            return f"inside '{inside[2]} {inside[3]}' at {_named(s, inside[0])}"
+    prev = disk.fde_before(at)
+    if prev is None:
+        return None
+    if prev[1] > at:                    # overlapping FDEs: decode the one before
+        inside = flow.reach(disk, *prev).covering(at)
+        return None if inside is None else (
+            f"inside '{inside[2]} {inside[3]}' at 0x{inside[0]:x}, decoding from "
+            f"the CFI start 0x{prev[0]:x}")
+    gap = prev[1]
+    code = disk.code(gap, at + 15)
+    for addr, size, mnem, ops in prologue.decode(code, gap):
+        if addr >= at:
+            break
+        if addr + size > at:
+            if all(b in _FILL for b in code[addr - gap:at - gap]):
+                return None     # zeros or int3 a linker filled the gap with
+            return f"inside '{mnem} {ops}' at 0x{addr:x}, decoding from the end " \
+                   f"0x{gap:x} of the function before it"
+    return None
+
+
+_FILL = frozenset((0x00, 0xCC))

@@ -16,6 +16,7 @@ from ustack.objfile.elf import ElfImage, Symbol
 from ustack.objfile.on_disk import OnDisk
 from ustack.probes import ifunc
 from ustack.probes.boundary import NotABoundary, NotProven, prove
+from ustack.probes.entries import fragment_note, return_probe_refusal
 from ustack.probes.fetchargs import NamedArgError, kernel_fetch_args
 from ustack.values import replace
 
@@ -122,6 +123,10 @@ class Unprobeable(UstackError):
     """The kernel would refuse a uprobe on this instruction."""
 
 
+class NotCalled(UstackError):
+    """A return probe on code that calls do not reach (probes/entries.py)."""
+
+
 def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
                     notes: list | None = None, unsafe: bool = False) -> list:
     """The probes `spec` stands for. A glob skips the functions whose first
@@ -155,9 +160,12 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
             elif image.file.is_go and sym is not None and vaddr == sym.address:
                 targets.append(_go_entry(spec, image, host, shown, sym))
             else:
-                targets.append(probe_at(spec, image, host, shown, sym, vaddr,
-                                        debug, unsafe))
-        except (Unprobeable, NamedArgError, NotABoundary, NotProven) as e:
+                probe = probe_at(spec, image, host, shown, sym, vaddr, debug, unsafe)
+                targets.append(probe)
+                note = fragment_note(OnDisk.of(host), vaddr, probe.symbol, probe.label)
+                if note and notes is not None:
+                    notes.append(note)
+        except (Unprobeable, NamedArgError, NotABoundary, NotProven, NotCalled) as e:
             if not is_glob(spec.function or ""):
                 raise
             if notes is not None:
@@ -310,6 +318,10 @@ def probe_at(spec, image, host, shown, sym: Symbol | None, vaddr: int,
         # (the symbol check in resolve_uprobes, for code no symbol covers)
         raise UstackError(f"a uretprobe must be on a function's entry, and {where} "
                           f"in {shown} is inside the function at 0x{max(proof.starts):x}")
+    if spec.kind == "uretprobe":
+        refusal = return_probe_refusal(OnDisk.of(host), vaddr, sym.name if sym else None)
+        if refusal:
+            raise NotCalled(f"no uretprobe at {where} in {shown}: {refusal}")
     _refuse_unprobeable(OnDisk.of(host).code(vaddr, vaddr + 15), vaddr, where, shown, sym)
     slot = _return_address_slot(proof, vaddr)
     args, kinds = (), ()

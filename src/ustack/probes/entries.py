@@ -1,0 +1,59 @@
+"""Where a return probe may go: only on an entry that calls reach.
+
+A uretprobe (and latency's return timing, which places one) replaces the
+word at [sp] when it fires, taking it for the return address. That holds
+where a `call` lands. gcc also splits a function's unlikely paths off into
+a fragment (`work.cold`) that the function reaches by a jump, after its
+pushes: [sp] there is a saved register, and replacing it silently changes
+the program's results. A `.part.N` or `.constprop.N` clone is a function
+that is called, and is fine.
+
+What counts as evidence, from the file itself:
+- the function's symbol, unless its name is a split fragment's (`.cold`);
+- the CFI: an FDE that begins at the address has, at its first row, the
+  return address at sp (CFA = rsp + 8, return address at CFA - 8); an FDE
+  that says otherwise refuses the address whatever the symbol says;
+- in code no symbol names (a stripped binary), only that CFI."""
+from __future__ import annotations
+
+import re
+
+from ..objfile import fde
+
+_FRAGMENT = re.compile(r"\.cold(\.\d+)?(?=$|[.@])")
+
+
+def is_fragment_name(name: str | None) -> bool:
+    """A name gcc (`f.cold`) or clang (`f.cold.1`) gives a split-off part."""
+    return bool(name) and _FRAGMENT.search(name) is not None
+
+
+def return_probe_refusal(disk, vaddr: int, name: str | None) -> str | None:
+    """Why a return probe at vaddr of the file `disk` (OnDisk), named `name`
+    (None: no symbol), would replace something other than a return
+    address; None when calls land there."""
+    if is_fragment_name(name):
+        return (f"{name} is a part split off a function, reached by a jump, not "
+                "called: [sp] holds no return address there")
+    row = disk.entry_row(vaddr)
+    if row is not None and not fde.is_call_entry(row):
+        return (f"its CFI says [sp] holds no return address there (CFA "
+                f"{_reg(row[1])}+{row[2]} at its first row): code that is jumped "
+                "to, not called")
+    if name is None and row is None:
+        return ("no symbol names a function there and no CFI shows a call's "
+                "return address at sp, so nothing shows that calls reach it")
+    return None
+
+
+def fragment_note(disk, vaddr: int, name: str | None, label: str) -> str | None:
+    """A line for the output when an entry probe is on a fragment (code
+    that is jumped to): it fires, but not once per call of a function."""
+    row = disk.entry_row(vaddr)
+    if is_fragment_name(name) or (row is not None and not fde.is_call_entry(row)):
+        return f"{label} is a fragment of a function (reached by a jump, not a call)"
+    return None
+
+
+def _reg(number: int) -> str:
+    return {7: "rsp", 6: "rbp"}.get(number, f"r{number}")
