@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FP, build, build_go, run_ustack, ustack_env
+from helpers import FP, O2_NOFP, build, build_go, run_ustack, ustack_env
 
 from ustack import cli
 from ustack.capture.ftrace_text import UserStackLines
@@ -39,6 +39,9 @@ from ustack.target import process
 from ustack.unwind.cfi import UnwindTable
 
 SEED = int(os.environ.get("USTACK_FUZZ_SEED", "14"))
+# damaged objects put through list, list -v, trace by name and symbolize;
+# USTACK_FUZZ_OBJECTS=1000 for the long run (bench/damaged_objects.py)
+OBJECTS = int(os.environ.get("USTACK_FUZZ_OBJECTS", "150"))
 CASE_S = 10                      # a case's time limit: far above any honest one
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 with open("/proc/sys/kernel/pid_max") as _f:
@@ -481,6 +484,58 @@ def test_corrupt_cfi_under_raw_address_probes(tmp_path):
         for a in r.sample(addrs, 6):
             survives(f"uprobe:probe{i}:0x{a:x} ({name} corrupt)", resolve_probes,
                      [parse_event(f"uprobe:{copy}:0x{a:x}")])
+
+
+class Resolved(UstackError):
+    """Where a fuzzed `trace -c` ends once its probes are resolved: before
+    any command starts."""
+
+
+def damaged_object(r: random.Random, path, data: bytes) -> bytes:
+    """A copy of an object damaged where its readers start (the headers),
+    in the sections `list -v`, trace by name and `list` read (DWARF,
+    .note.stapsdt, the symbol tables), or anywhere."""
+    where = r.random()
+    if where < 0.3:
+        start, end = r.choice(header_ranges(path))
+        return corrupt(r, data, start, min(end, len(data)))
+    if where < 0.8:
+        sections = elf_sections(path)
+        name = r.choice(sorted(n for n in sections if n.startswith(
+            (".debug", ".note", ".stapsdt", ".symtab", ".strtab", ".dynsym", ".dynstr",
+             ".gopclntab"))))
+        return corrupt_section(r, data, sections[name])
+    return corrupt(r, data)
+
+
+def test_damaged_objects_listed_traced_by_name_and_symbolized(tmp_path, monkeypatch):
+    """OBJECTS damaged copies of a C program with DWARF (its parameters by
+    name), a library with USDT notes and a Go program with DWARF, each
+    through `list`, `list -v`, `trace -c CMD 'uprobe:COPY:FUNC NAME'` (up
+    to its probes resolved) and `symbolize`: output or one `ustack: …`
+    line, never a traceback."""
+    def resolved(*args, **kw):
+        raise Resolved("resolved")
+    for name in ("launch", "everything"):
+        monkeypatch.setattr(process, name, resolved)
+    import ustack.session
+    monkeypatch.setattr(ustack.session, "launch_traced", resolved)
+    r = rng("objects")
+    objects = [(build("args", flags=O2_NOFP), "mix", "buf"),
+               (build("usdt_lib", flags=O2_NOFP, kind="shared"), "", ""),
+               (build_go("goargs") if shutil.which("go") else None, "main.work", "count")]
+    objects = [(path, path.read_bytes(), func, arg)
+               for path, func, arg in objects if path is not None]
+    trace = tmp_path / "trace.txt"
+    for i in range(OBJECTS):
+        path, data, func, arg = objects[i % len(objects)]
+        copy = write_copy(tmp_path, f"obj{i}", damaged_object(r, path, data))
+        run_main(["list", copy])
+        run_main(["list", "-v", copy, *([func] if func and i % 2 else [])])
+        if func:
+            run_main(["trace", "-c", "/bin/true", f"uprobe:{copy}:{func} {arg}"])
+        trace.write_text(f" => {copy}[+0x{r.randrange(0x1000, 0x2000):x}]\n")
+        run_main(["symbolize", trace, "--binary", copy, "--lines", "--inlines"])
 
 
 # -- corrupt text inputs --------------------------------------------------------------
