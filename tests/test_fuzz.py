@@ -700,3 +700,45 @@ def test_a_section_larger_than_the_file(tmp_path):
     table, _found = UnwindTable.for_image(ElfImage.open(str(copy)))
     main = ElfImage.open(str(binary)).find("main")[0].address
     assert table.lookup(main) is not None      # the section's bytes, up to the end
+
+
+def damaged_unit_header(path) -> bytes:
+    """`path`'s bytes with its first DWARF unit's address size set to 0."""
+    data = bytearray(path.read_bytes())
+    off, _size = elf_sections(path)[".debug_info"]
+    version = int.from_bytes(data[off + 4:off + 6], "little")
+    data[off + (7 if version >= 5 else 10)] = 0       # after unit_type / abbrev offset
+    return bytes(data)
+
+
+def test_damaged_dwarf_lists_the_functions_and_says_so_once(tmp_path):
+    """`list -v` of a file whose DWARF unit header is damaged: pyelftools
+    asserted (AssertionError: 0, a traceback); now every function is
+    listed, without parameters, and one line says why."""
+    copy = write_copy(tmp_path, "args", damaged_unit_header(build("args", flags=O2_NOFP)))
+    status, out, err = run_main(["list", "-v", copy, "mix"])
+    assert (status, out) == (0, f"uprobe:{copy}:mix\n")
+    assert err == (f"ustack: {copy}: its DWARF is damaged (AssertionError: 0): parameters "
+                   "cannot be read from it (not shown for 1 function)\n")
+
+
+def test_damaged_dwarf_refuses_an_argument_by_name_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(process, "launch", lambda *a, **k: pytest.fail("a command started"))
+    copy = write_copy(tmp_path, "args", damaged_unit_header(build("args", flags=O2_NOFP)))
+    status, _out, err = run_main(["trace", "-c", "/bin/true", f"uprobe:{copy}:mix buf"])
+    assert (status, err) == (1, f"ustack: cannot fetch buf: {copy}: its DWARF is damaged "
+                                "(AssertionError: 0): parameters cannot be read from it; "
+                                "fetch by register instead: $arg1…$arg6 in the C ABI\n")
+
+
+def test_a_usdt_note_whose_size_runs_past_its_section(tmp_path):
+    """A note's descsz of 0xffffff00: pyelftools sought past the file
+    (ValueError, a traceback from `list`)."""
+    lib = build("usdt_lib", flags=O2_NOFP, kind="shared")
+    data = bytearray(lib.read_bytes())
+    off, _size = elf_sections(lib)[".note.stapsdt"]
+    data[off + 4:off + 8] = (0xffffff00).to_bytes(4, "little")        # the first descsz
+    copy = write_copy(tmp_path, "usdt_lib.so", bytes(data))
+    status, _out, err = run_main(["list", copy])
+    assert (status, err) == (1, f"ustack: {copy}: a damaged USDT note (its sizes run past "
+                                ".note.stapsdt's end)\n")

@@ -51,10 +51,11 @@ def _damage() -> tuple:
     of its unchecked reads: an unknown form or abbreviation code
     (KeyError), an address size it asserts (AssertionError), a seek past
     the file (ValueError), a compressed section that does not inflate
-    (zlib.error), a truncated record (struct.error, IndexError, EOFError)."""
+    (zlib.error), a truncated record (struct.error, IndexError, EOFError),
+    a seek to a negative offset (OSError)."""
     from elftools.common.exceptions import DWARFError, ELFError
     return (ELFError, DWARFError, KeyError, IndexError, AssertionError, ValueError,
-            struct.error, zlib.error, EOFError, OverflowError, UnicodeDecodeError)
+            struct.error, zlib.error, EOFError, OverflowError, UnicodeDecodeError, OSError)
 
 
 def _why(e: Exception) -> str:
