@@ -742,3 +742,22 @@ def test_a_usdt_note_whose_size_runs_past_its_section(tmp_path):
     status, _out, err = run_main(["list", copy])
     assert (status, err) == (1, f"ustack: {copy}: a damaged USDT note (its sizes run past "
                                 ".note.stapsdt's end)\n")
+
+
+def test_a_dwarf_section_larger_than_the_file_is_damage_not_a_memory_error(tmp_path):
+    """.debug_info's sh_size set to 2**62: pyelftools read the section into
+    a buffer of that size (MemoryError, a traceback from `list -v`)."""
+    from elftools.elf.elffile import ELFFile
+    binary = build("args", flags=O2_NOFP)
+    data = bytearray(binary.read_bytes())
+    with open(binary, "rb") as f:
+        elf = ELFFile(f)
+        index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == ".debug_info")
+        header = elf.header.e_shoff + index * elf.header.e_shentsize
+    data[header + 32:header + 40] = (1 << 62).to_bytes(8, "little")    # sh_size
+    copy = write_copy(tmp_path, "args", bytes(data))
+    status, out, err = run_main(["list", "-v", copy, "mix"])
+    assert (status, out) == (0, f"uprobe:{copy}:mix\n")
+    assert err == (f"ustack: {copy}: its DWARF is damaged (ValueError: .debug_info runs "
+                   "past the end of the file): parameters cannot be read from it (not "
+                   "shown for 1 function)\n")

@@ -220,6 +220,7 @@ class DwarfParams:
     def _open(self):
         if self._dwarf is None:
             from elftools.elf.elffile import ELFFile   # loaded on first use
+            _within_file(self._image)
             self._files.append(open(self.path, "rb"))
             self._dwarf = ELFFile(self._files[0]).get_dwarf_info(follow_links=False)
             if self._alt_path is not None:
@@ -227,6 +228,16 @@ class DwarfParams:
                 self._dwarf.supplementary_dwarfinfo = ELFFile(
                     self._files[-1]).get_dwarf_info(follow_links=False)
         return self._dwarf
+
+
+def _within_file(image: ElfImage) -> None:
+    """ValueError when a DWARF section's header says it runs past the end of
+    the file: pyelftools reads a section whole, into a buffer of the size
+    the header says (2**62 bytes: a MemoryError)."""
+    size = os.stat(image.path).st_size
+    for name, (_addr, offset, length) in image.file.sections.items():
+        if name.startswith((".debug_", ".zdebug_")) and offset + length > size:
+            raise ValueError(f"{name} runs past the end of the file")
 
 
 def _from_json(d) -> FunctionInfo | None:
