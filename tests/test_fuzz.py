@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FP, build, build_go, run_ustack, ustack_env
+from helpers import FP, O2_NOFP, build, build_go, run_ustack, ustack_env
 
 from ustack import cli
 from ustack.capture.ftrace_text import UserStackLines
@@ -39,6 +39,9 @@ from ustack.target import process
 from ustack.unwind.cfi import UnwindTable
 
 SEED = int(os.environ.get("USTACK_FUZZ_SEED", "14"))
+# damaged objects put through list, list -v, trace by name and symbolize;
+# USTACK_FUZZ_OBJECTS=1000 for the long run (bench/damaged_objects.py)
+OBJECTS = int(os.environ.get("USTACK_FUZZ_OBJECTS", "150"))
 CASE_S = 10                      # a case's time limit: far above any honest one
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 with open("/proc/sys/kernel/pid_max") as _f:
@@ -483,6 +486,58 @@ def test_corrupt_cfi_under_raw_address_probes(tmp_path):
                      [parse_event(f"uprobe:{copy}:0x{a:x}")])
 
 
+class Resolved(UstackError):
+    """Where a fuzzed `trace -c` ends once its probes are resolved: before
+    any command starts."""
+
+
+def damaged_object(r: random.Random, path, data: bytes) -> bytes:
+    """A copy of an object damaged where its readers start (the headers),
+    in the sections `list -v`, trace by name and `list` read (DWARF,
+    .note.stapsdt, the symbol tables), or anywhere."""
+    where = r.random()
+    if where < 0.3:
+        start, end = r.choice(header_ranges(path))
+        return corrupt(r, data, start, min(end, len(data)))
+    if where < 0.8:
+        sections = elf_sections(path)
+        name = r.choice(sorted(n for n in sections if n.startswith(
+            (".debug", ".note", ".stapsdt", ".symtab", ".strtab", ".dynsym", ".dynstr",
+             ".gopclntab"))))
+        return corrupt_section(r, data, sections[name])
+    return corrupt(r, data)
+
+
+def test_damaged_objects_listed_traced_by_name_and_symbolized(tmp_path, monkeypatch):
+    """OBJECTS damaged copies of a C program with DWARF (its parameters by
+    name), a library with USDT notes and a Go program with DWARF, each
+    through `list`, `list -v`, `trace -c CMD 'uprobe:COPY:FUNC NAME'` (up
+    to its probes resolved) and `symbolize`: output or one `ustack: …`
+    line, never a traceback."""
+    def resolved(*args, **kw):
+        raise Resolved("resolved")
+    for name in ("launch", "everything"):
+        monkeypatch.setattr(process, name, resolved)
+    import ustack.session
+    monkeypatch.setattr(ustack.session, "launch_traced", resolved)
+    r = rng("objects")
+    objects = [(build("args", flags=O2_NOFP), "mix", "buf"),
+               (build("usdt_lib", flags=O2_NOFP, kind="shared"), "", ""),
+               (build_go("goargs") if shutil.which("go") else None, "main.work", "count")]
+    objects = [(path, path.read_bytes(), func, arg)
+               for path, func, arg in objects if path is not None]
+    trace = tmp_path / "trace.txt"
+    for i in range(OBJECTS):
+        path, data, func, arg = objects[i % len(objects)]
+        copy = write_copy(tmp_path, f"obj{i}", damaged_object(r, path, data))
+        run_main(["list", copy])
+        run_main(["list", "-v", copy, *([func] if func and i % 2 else [])])
+        if func:
+            run_main(["trace", "-c", "/bin/true", f"uprobe:{copy}:{func} {arg}"])
+        trace.write_text(f" => {copy}[+0x{r.randrange(0x1000, 0x2000):x}]\n")
+        run_main(["symbolize", trace, "--binary", copy, "--lines", "--inlines"])
+
+
 # -- corrupt text inputs --------------------------------------------------------------
 
 def maps_text(chain) -> str:
@@ -645,3 +700,64 @@ def test_a_section_larger_than_the_file(tmp_path):
     table, _found = UnwindTable.for_image(ElfImage.open(str(copy)))
     main = ElfImage.open(str(binary)).find("main")[0].address
     assert table.lookup(main) is not None      # the section's bytes, up to the end
+
+
+def damaged_unit_header(path) -> bytes:
+    """`path`'s bytes with its first DWARF unit's address size set to 0."""
+    data = bytearray(path.read_bytes())
+    off, _size = elf_sections(path)[".debug_info"]
+    version = int.from_bytes(data[off + 4:off + 6], "little")
+    data[off + (7 if version >= 5 else 10)] = 0       # after unit_type / abbrev offset
+    return bytes(data)
+
+
+def test_damaged_dwarf_lists_the_functions_and_says_so_once(tmp_path):
+    """`list -v` of a file whose DWARF unit header is damaged: pyelftools
+    asserted (AssertionError: 0, a traceback); now every function is
+    listed, without parameters, and one line says why."""
+    copy = write_copy(tmp_path, "args", damaged_unit_header(build("args", flags=O2_NOFP)))
+    status, out, err = run_main(["list", "-v", copy, "mix"])
+    assert (status, out) == (0, f"uprobe:{copy}:mix\n")
+    assert err == (f"ustack: {copy}: its DWARF is damaged (AssertionError: 0): parameters "
+                   "cannot be read from it (not shown for 1 function)\n")
+
+
+def test_damaged_dwarf_refuses_an_argument_by_name_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(process, "launch", lambda *a, **k: pytest.fail("a command started"))
+    copy = write_copy(tmp_path, "args", damaged_unit_header(build("args", flags=O2_NOFP)))
+    status, _out, err = run_main(["trace", "-c", "/bin/true", f"uprobe:{copy}:mix buf"])
+    assert (status, err) == (1, f"ustack: cannot fetch buf: {copy}: its DWARF is damaged "
+                                "(AssertionError: 0): parameters cannot be read from it; "
+                                "fetch by register instead: $arg1…$arg6 in the C ABI\n")
+
+
+def test_a_usdt_note_whose_size_runs_past_its_section(tmp_path):
+    """A note's descsz of 0xffffff00: pyelftools sought past the file
+    (ValueError, a traceback from `list`)."""
+    lib = build("usdt_lib", flags=O2_NOFP, kind="shared")
+    data = bytearray(lib.read_bytes())
+    off, _size = elf_sections(lib)[".note.stapsdt"]
+    data[off + 4:off + 8] = (0xffffff00).to_bytes(4, "little")        # the first descsz
+    copy = write_copy(tmp_path, "usdt_lib.so", bytes(data))
+    status, _out, err = run_main(["list", copy])
+    assert (status, err) == (1, f"ustack: {copy}: a damaged USDT note (its sizes run past "
+                                ".note.stapsdt's end)\n")
+
+
+def test_a_dwarf_section_larger_than_the_file_is_damage_not_a_memory_error(tmp_path):
+    """.debug_info's sh_size set to 2**62: pyelftools read the section into
+    a buffer of that size (MemoryError, a traceback from `list -v`)."""
+    from elftools.elf.elffile import ELFFile
+    binary = build("args", flags=O2_NOFP)
+    data = bytearray(binary.read_bytes())
+    with open(binary, "rb") as f:
+        elf = ELFFile(f)
+        index = next(i for i, s in enumerate(elf.iter_sections()) if s.name == ".debug_info")
+        header = elf.header.e_shoff + index * elf.header.e_shentsize
+    data[header + 32:header + 40] = (1 << 62).to_bytes(8, "little")    # sh_size
+    copy = write_copy(tmp_path, "args", bytes(data))
+    status, out, err = run_main(["list", "-v", copy, "mix"])
+    assert (status, out) == (0, f"uprobe:{copy}:mix\n")
+    assert err == (f"ustack: {copy}: its DWARF is damaged (ValueError: .debug_info runs "
+                   "past the end of the file): parameters cannot be read from it (not "
+                   "shown for 1 function)\n")

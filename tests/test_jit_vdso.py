@@ -273,15 +273,39 @@ def test_perf_map_symlink_and_foreign_owner_are_refused(tmp_path):
                     "its JIT names are not used"]
 
 
-def test_perf_map_reads_a_bounded_start_of_a_huge_sparse_file(tmp_path, monkeypatch):
-    monkeypatch.setattr("ustack.symbols.perfmap.MAX_MAP_BYTES", 1 << 20)
+def test_perf_map_past_the_cap_is_read_from_its_end(tmp_path, monkeypatch):
+    """A JIT appends, so the lines past the cap are its newest functions:
+    those are named, the start is not (and the 1 GB hole is not read)."""
+    monkeypatch.setattr("ustack.symbols.perfmap.MAX_MAP_BYTES", 2 << 20)
+    monkeypatch.setattr("ustack.symbols.perfmap.PARSE_WINDOW", 1 << 20)
     path = tmp_path / "perf-1.map"
     with open(path, "w") as f:
         f.write("1000 10 first\n")
         f.truncate(1 << 30)                       # a 1 GB hole after it
+        f.seek(1 << 30)
+        f.write("\n2000 10 newest\n")
     said = []
-    assert PerfMap(str(path), warn=said.append).lookup(0x1004).name == "first"
-    assert f"{path} is larger than 1 MiB: only its start is used" in said
+    perf_map = PerfMap(str(path), warn=said.append)
+    assert (perf_map.lookup(0x2004).name, perf_map.lookup(0x1004)) == ("newest", None)
+    assert said == [f"{path} is larger than 2 MiB: only its newest names are used"]
+
+
+@pytest.mark.kernel
+def test_jit_functions_named_from_a_map_past_the_cap():
+    """A map over MAX_MAP_BYTES (70 MiB of other lines first) whose newest
+    lines name the JIT code the traced calls run through; memory stays
+    bounded (its last 16 MiB are read)."""
+    prog = build("jit")
+    res, peak_mb = run_ustack_peak("trace", f"uprobe:{prog}:target", "-c", f"{prog} 1 70")
+    ok(res)
+    pid = traced_pid(res.stderr)
+    Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
+    frames = [rec["frames"][1] for rec in parse_trace(res.stdout)]
+    assert [(f["func"], f["module"]) for f in frames] == [
+        ("jitted_first", "JIT"), ("Lua:jitted second trace", "JIT")], res.stdout
+    assert f"/tmp/perf-{pid}.map is larger than 64 MiB: only its newest names are " \
+           "used" in res.stderr
+    assert peak_mb < 200, f"peak RSS {peak_mb:.0f} MB"
 
 
 @pytest.mark.kernel

@@ -127,10 +127,13 @@ NO_CFI_NOTE = "frame pointer used for code without CFI"
 PYTHON_UNREADABLE_NOTE = ("a Python frame could not be read: an interpreter call "
                           "is shown as its C frame")
 PYTHON_LEFT_NOTE = "Python frames were left over when the native stack ended"
+PYTHON_LOOP_NOTE = ("the Python frame chain loops back on itself (damaged memory): "
+                    "shown up to the loop, the interpreter calls past it as C frames")
 # complete stacks whose marker word only says how they were walked
 KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
                        KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE,
-                       17: PYTHON_UNREADABLE_NOTE, 18: PYTHON_LEFT_NOTE}
+                       17: PYTHON_UNREADABLE_NOTE, 18: PYTHON_LEFT_NOTE,
+                       19: PYTHON_LOOP_NOTE}
 # A Python frame inside a native callchain: the in-kernel walk puts it where
 # the eval loop's C frame that ran it was. One word: PYTHON_FRAME_TAG, the
 # code object's address >> 3 (it is 8-aligned; 44 bits hold any user

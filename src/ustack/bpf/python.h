@@ -32,6 +32,10 @@
 #define PY_OWNED_BY_CSTACK 3		/* 3.12+: the eval call's shim frame */
 #define PYTHON_TAG 0xE000000000000000ULL	/* model.PYTHON_FRAME_TAG */
 #define PY_INDEX_MAX 0xFFFF
+#define PY_RECENT 8			/* frames a new one is checked against: a power of two */
+/* a status of unwind_status (ustack.h): complete, but the Python frame
+ * chain loops back on itself (damaged memory), so it was left there */
+#define PYTHON_LOOP 19
 
 /* how a frame says where it is (python_layout.instr_kind) */
 enum python_instr { LASTI_BYTES = 1, LASTI_UNITS = 2, INSTR_POINTER = 3 };
@@ -101,6 +105,9 @@ struct python_walk {
 	__u64 missing;			/* eval C frames met with no Python frame left */
 	__u64 skip;			/* innermost eval C frames to leave as C */
 	__u64 python_frames;		/* Python frames in the merged stack */
+	__u64 recent[PY_RECENT];	/* the frames read last, by steps */
+	__u64 steps, mark;		/* frames read; one kept at each power of two */
+	__u64 looped;			/* the chain came back to a frame read before */
 	__u64 new_codes;
 	__u64 new_code[PY_NEW_CODES];
 	__u8 frame[PY_FRAME_READ + 8];
@@ -250,6 +257,29 @@ static __always_inline void note_code(struct python_walk *p, __u64 code)
 	p->new_codes = n + 1;
 }
 
+/* Whether frame f was read before in this pass: a damaged chain that
+ * loops (a frame's `previous` pointing at itself or at a frame further
+ * in) would fill the stack with its frames and push the outer native
+ * ones out. A cycle of up to PY_RECENT frames is caught before one
+ * repeats; a longer one at the frame kept at the last power of two
+ * (Brent's method), within about twice its length. */
+static __always_inline int seen_before(struct python_walk *p, __u64 f)
+{
+	int i;
+
+	if (f == p->mark)
+		return 1;
+#pragma unroll
+	for (i = 0; i < PY_RECENT; i++)
+		if (p->recent[i] == f)
+			return 1;
+	p->recent[p->steps & (PY_RECENT - 1)] = f;
+	p->steps++;
+	if (!(p->steps & (p->steps - 1)))
+		p->mark = f;
+	return 0;
+}
+
 /* one Python frame at p->pyframe into the merged stack; whether its eval
  * call's group ends with it. p->pyframe moves to the next; 0 and
  * p->unreadable when it could not be read */
@@ -269,6 +299,11 @@ static __always_inline int python_frame(struct walk *w, struct python_walk *p)
 		span = l->frame_instr + 8;
 	if (span > PY_FRAME_READ)
 		span = PY_FRAME_READ;
+	if (seen_before(p, f)) {
+		p->looped = 1;
+		p->pyframe = 0;
+		return 1;
+	}
 	if (bpf_probe_read_user(p->frame, span, (void *)f)) {
 		p->unreadable = 1;
 		p->pyframe = 0;
@@ -340,6 +375,8 @@ static __always_inline void merge_pass(struct python_walk *p, __u64 skip)
 	p->next = p->out = p->in_group = p->missing = p->python_frames = 0;
 	p->skip = skip;
 	p->hash = FNV_BASIS;
+	p->steps = p->mark = p->looped = 0;
+	__builtin_memset(p->recent, 0, sizeof(p->recent));
 	bpf_loop(2 * MAX_FRAMES, merge_step, 0, 0);
 }
 
@@ -381,14 +418,16 @@ static __noinline void python_merge(struct walk *w)
 	p->nnative = n;
 	p->unreadable = 0;
 	merge_pass(p, 0);
-	if (p->missing && !p->unreadable)
+	if (p->missing && !p->unreadable && !p->looped)
 		merge_pass(p, p->missing);
 	w->rec.head.frames = p->out;
 	w->hash = p->hash;
 	if (w->rec.head.status != COMPLETE && w->rec.head.status != THROUGH_JIT
 	    && w->rec.head.status != THROUGH_NO_CFI)
 		return;			/* cut short: its own reason says more */
-	if (p->unreadable || p->missing)
+	if (p->looped)
+		w->rec.head.status = PYTHON_LOOP;
+	else if (p->unreadable || p->missing)
 		w->rec.head.status = PYTHON_UNREADABLE;
 	else if (p->pyframe && p->next >= p->nnative)
 		w->rec.head.status = PYTHON_LEFT;

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from ustack.probes.resolve import locate_binary, no_function_error
 from ustack.objfile.demangle import demangle
-from ustack.objfile.dwarf_params import DwarfParams
+from ustack.objfile.dwarf_params import DamagedDwarf, DwarfParams
 from ustack.objfile.elf import ElfImage
 from ustack.model import printable
 
@@ -57,19 +57,28 @@ def format_listing(rows) -> str:
 def format_params(path: str, glob: str | None = None) -> str:
     """`uprobe:PATH:FUNC` and, indented, each parameter as `TYPE NAME`
     (bpftrace -lv's layout), then `TYPE $retval` when it returns a value;
-    functions DWARF does not describe get the first line only."""
+    functions DWARF does not describe get the first line only, and so do
+    those whose DWARF is damaged (said once, on stderr)."""
     host, shown = locate_binary(path)
     image = ElfImage.open(host)
     params = DwarfParams.for_image(image)
     out = []
+    damaged: list = []
     for row in _rows(image, glob, shown):
         out.append(f"uprobe:{shown}:{row.name}\n")
-        info = params.function_at(row.address) if params is not None else None
+        try:
+            info = params.function_at(row.address) if params is not None else None
+        except DamagedDwarf as e:
+            damaged.append(e)
+            continue
         if info is None:
             continue
         out += [f"    {p.type.name} {p.name}\n".replace("  \n", "\n") for p in info.params]
         if info.returns is not None and not image.file.is_go:   # Go lists its ~r0
             out.append(f"    {info.returns.name} $retval\n")
+    if damaged:
+        sys.stderr.write(f"ustack: {damaged[0]} (not shown for {len(damaged)} "
+                         f"function{'s' if len(damaged) > 1 else ''})\n")
     return "".join(out)
 
 

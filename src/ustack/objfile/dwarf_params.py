@@ -18,11 +18,14 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import struct
+import zlib
 
 from . import cache as objcache
 from .debuginfo import debug_lookup, find_alt_file
 from .dwarf_units import die_ranges, low_pc
 from .elf import ElfImage
+from ..model import UstackError
 from ..values import as_dict, value
 
 _VERSION = "v1"          # of the cached answers' layout
@@ -36,6 +39,28 @@ _CXX_LANGS = (0x4, 0x1A, 0x21, 0x2B)   # DW_LANG_C_plus_plus, _03, _11, _14
 # char a character
 _ATE_KINDS = {0x2: "bool", 0x4: "float", 0x5: "signed", 0x6: "char", 0x7: "unsigned",
               0x8: "unsigned", 0x10: "unsigned", 0x3: "float", 0x9: "float", 0xF: "float"}
+
+
+class DamagedDwarf(UstackError):
+    """The DWARF that describes a function does not parse: one line naming
+    the file and what broke (the parameters are then unknown, not guessed)."""
+
+
+def _damage() -> tuple:
+    """What pyelftools raises on damaged DWARF: its own errors, and those
+    of its unchecked reads: an unknown form or abbreviation code
+    (KeyError), an address size it asserts (AssertionError), a seek past
+    the file (ValueError), a compressed section that does not inflate
+    (zlib.error), a truncated record (struct.error, IndexError, EOFError),
+    a seek to a negative offset (OSError)."""
+    from elftools.common.exceptions import DWARFError, ELFError
+    return (ELFError, DWARFError, KeyError, IndexError, AssertionError, ValueError,
+            struct.error, zlib.error, EOFError, OverflowError, UnicodeDecodeError, OSError)
+
+
+def _why(e: Exception) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}"[:200] if text else type(e).__name__
 
 
 @value
@@ -108,6 +133,8 @@ class DwarfParams:
         self._index: tuple | None = None      # (starts, ends, unit offsets)
         self._functions: dict = {}               # unit offset -> [(lo, hi, DIE)]
         self._answers: dict = {}                 # vaddr -> FunctionInfo or None
+        self._damaged: dict = {}                 # where the DWARF broke -> DamagedDwarf
+        self._lists: _LocationLists | None = None
         self._alt_path = None
         # answers that lack the names of a missing dwz alt file are not kept
         self._store = ".gnu_debugaltlink" not in image.file.section_names
@@ -116,7 +143,8 @@ class DwarfParams:
             self._store = self._alt_path is not None
 
     def function_at(self, vaddr: int) -> FunctionInfo | None:
-        """The out-of-line function whose code holds vaddr, or None."""
+        """The out-of-line function whose code holds vaddr, or None;
+        DamagedDwarf when the DWARF that would say does not parse."""
         if vaddr not in self._answers:
             self._answers[vaddr] = self._cached(vaddr)
         return self._answers[vaddr]
@@ -141,23 +169,40 @@ class DwarfParams:
     # --- finding the DIE ------------------------------------------------------
 
     def _function_at(self, vaddr: int) -> FunctionInfo | None:
-        dwarf = self._open()
+        # each part read once: where it broke is remembered (the file as a
+        # whole, a unit, a function), so `list -v` of a damaged file does
+        # not parse the same bytes again for each of its functions
+        dwarf = self._parsed("file", self._open)
+        if self._lists is None:
+            self._lists = _LocationLists(dwarf)
         if self._index is None:
-            self._index = self._unit_index(dwarf)
+            self._index = self._parsed("file", self._unit_index, dwarf)
         starts, ends, offsets = self._index
         units = [offsets[i] for i in range(bisect.bisect_right(starts, vaddr))
                  if vaddr < ends[i]]
         for off in dict.fromkeys(reversed(units)):
-            cu = dwarf.get_CU_at(off)
+            cu = self._parsed(off, dwarf.get_CU_at, off)
             if off not in self._functions:
-                top = cu.get_top_DIE()
-                found: list = []
-                _subprograms(dwarf, cu, top, low_pc(top), found)
-                self._functions[off] = found
+                self._functions[off] = self._parsed(off, _unit_functions, dwarf, cu)
             for lo, hi, die in self._functions[off]:
                 if lo <= vaddr < hi:
-                    return _function_info(dwarf, cu, die, lo, hi)
+                    return self._parsed((off, lo), _function_info, self._lists, cu,
+                                        die, lo, hi)
         return None
+
+    def _parsed(self, where, read, *args):
+        """read(*args), pyelftools' failures on damaged DWARF turned into
+        DamagedDwarf (kept for `where`, and for the file when it opens)."""
+        known = self._damaged.get(where) or self._damaged.get("file")
+        if known is not None:
+            raise known
+        try:
+            return read(*args)
+        except _damage() as e:
+            error = self._damaged[where] = DamagedDwarf(
+                f"{self.path}: its DWARF is damaged ({_why(e)}): "
+                "parameters cannot be read from it")
+            raise error from None
 
     def _unit_index(self, dwarf) -> tuple:
         rows = []
@@ -175,6 +220,7 @@ class DwarfParams:
     def _open(self):
         if self._dwarf is None:
             from elftools.elf.elffile import ELFFile   # loaded on first use
+            _within_file(self._image)
             self._files.append(open(self.path, "rb"))
             self._dwarf = ELFFile(self._files[0]).get_dwarf_info(follow_links=False)
             if self._alt_path is not None:
@@ -182,6 +228,16 @@ class DwarfParams:
                 self._dwarf.supplementary_dwarfinfo = ELFFile(
                     self._files[-1]).get_dwarf_info(follow_links=False)
         return self._dwarf
+
+
+def _within_file(image: ElfImage) -> None:
+    """ValueError when a DWARF section's header says it runs past the end of
+    the file: pyelftools reads a section whole, into a buffer of the size
+    the header says (2**62 bytes: a MemoryError)."""
+    size = os.stat(image.path).st_size
+    for name, (_addr, offset, length) in image.file.sections.items():
+        if name.startswith((".debug_", ".zdebug_")) and offset + length > size:
+            raise ValueError(f"{name} runs past the end of the file")
 
 
 def _from_json(d) -> FunctionInfo | None:
@@ -202,6 +258,13 @@ def _has_info(image: ElfImage) -> bool:
     return bool({".debug_info", ".zdebug_info"} & image.file.section_names)
 
 
+def _unit_functions(dwarf, cu) -> list:
+    top = cu.get_top_DIE()
+    found: list = []
+    _subprograms(dwarf, cu, top, low_pc(top), found)
+    return found
+
+
 def _subprograms(dwarf, cu, die, base, out: list) -> None:
     """(lo, hi, DIE) of the functions with code at the top of a unit (and
     in its namespaces and classes); nested scopes are not searched."""
@@ -214,7 +277,7 @@ def _subprograms(dwarf, cu, die, base, out: list) -> None:
 
 # --- reading one function ---------------------------------------------------
 
-def _function_info(dwarf, cu, die, lo: int, hi: int) -> FunctionInfo:
+def _function_info(lists: _LocationLists, cu, die, lo: int, hi: int) -> FunctionInfo:
     cxx = cu.get_top_DIE().attributes.get("DW_AT_language")
     namer = _TypeNamer(cxx is not None and cxx.value in _CXX_LANGS)
     origin = _origin(die)
@@ -232,38 +295,60 @@ def _function_info(dwarf, cu, die, lo: int, hi: int) -> FunctionInfo:
                 by_origin[ref.offset] = c
         for a in origin.iter_children():
             if a.tag == "DW_TAG_formal_parameter":
-                params.append(_param(dwarf, cu, base, a, by_origin.get(a.offset), namer))
+                params.append(_param(lists, cu, base, a, by_origin.get(a.offset), namer))
     else:
-        params = [_param(dwarf, cu, base, c, c, namer) for c in concrete]
+        params = [_param(lists, cu, base, c, c, namer) for c in concrete]
     fb = die.attributes.get("DW_AT_frame_base")
-    frame_base = _expr(dwarf, fb.value) if fb is not None and isinstance(fb.value, list) else ()
+    frame_base = _expr(lists.dwarf, fb.value) if fb is not None and isinstance(fb.value, list) else ()
     return FunctionInfo(_name(die), lo, hi, namer.type(rtype) if rtype is not None else None,
                         tuple(params), frame_base)
 
 
-def _param(dwarf, cu, base, decl, concrete, namer) -> Param:
+def _param(lists: _LocationLists, cu, base, decl, concrete, namer) -> Param:
     src = _origin(decl)
     tdie = _attr_die(src, "DW_AT_type")
     a = src.attributes
     return Param(name=_text(a.get("DW_AT_name")),
                  type=namer.type(tdie) if tdie is not None else CType("void", "void", 0),
-                 locations=_locations(dwarf, cu, base, concrete) if concrete is not None else (),
+                 locations=_locations(lists, cu, base, concrete) if concrete is not None else (),
                  artificial=bool(a.get("DW_AT_artificial") and a["DW_AT_artificial"].value),
                  output=bool(a.get("DW_AT_variable_parameter")
                              and a["DW_AT_variable_parameter"].value))
 
 
-def _locations(dwarf, cu, base, die) -> tuple:
+class _LocationLists:
+    """The file's location lists, read by pyelftools. One found damaged
+    marks them all so: pyelftools reads a damaged entry's expression a
+    byte at a time up to the section's end (~0.2 s each), which for each
+    function of `list -v` took minutes."""
+
+    def __init__(self, dwarf):
+        self.dwarf = dwarf
+        self.damage: Exception | None = None
+
+    def parse(self, attr, version: int, die):
+        from elftools.dwarf.locationlists import LocationParser
+        if self.damage is not None:
+            raise self.damage
+        try:
+            return LocationParser(self.dwarf.location_lists()).parse_from_attribute(
+                attr, version, die=die)
+        except (ValueError, KeyError, AttributeError):
+            return None                          # an empty or unknown form
+        except _damage() as e:
+            self.damage = e
+            raise
+
+
+def _locations(lists: _LocationLists, cu, base, die) -> tuple:
     attr = die.attributes.get("DW_AT_location")
     if attr is None:
         return ()
-    from elftools.dwarf.locationlists import (BaseAddressEntry, LocationEntry,
-                                              LocationParser)
-    try:
-        loc = LocationParser(dwarf.location_lists()).parse_from_attribute(
-            attr, cu["version"], die=die)
-    except (ValueError, KeyError, AttributeError):
-        return ()                            # an empty or unknown form
+    from elftools.dwarf.locationlists import BaseAddressEntry, LocationEntry
+    loc = lists.parse(attr, cu["version"], die)
+    if loc is None:
+        return ()
+    dwarf = lists.dwarf
     if not isinstance(loc, list):
         return ((None, None, _expr(dwarf, loc.loc_expr)),)
     out = []

@@ -243,6 +243,9 @@ class ElfSymbols:
         return self._demangled
 
 
+_LAST_ADDRESS = (1 << 64) - 1
+
+
 def _fill_sizes(raw: dict, sections) -> list:
     """Sorted Symbols; zero sizes extended to the next function start,
     capped at the end of the symbol's section (assembly often omits .size)."""
@@ -259,6 +262,9 @@ def _fill_sizes(raw: dict, sections) -> list:
                 if sh.addr <= addr < sec_end:
                     end = sec_end if end is None else min(end, sec_end)
             size = end - addr if end is not None else 0
+        # a damaged size must not carry the end past the address space
+        # (the lookup table packs ends as 64-bit words)
+        size = min(size, _LAST_ADDRESS - addr)
         out.append(Symbol(name, addr, size))
     return out
 

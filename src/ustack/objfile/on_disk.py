@@ -75,7 +75,12 @@ class OnDisk:
         except OSError as e:
             raise UstackError(f"{self.path}: {e.strerror}") from None
         try:
-            return os.pread(fd, max(0, size), offset)
+            # a damaged header's offset or size may pass any file's end
+            # (pread takes neither past 2**63): what the file has there
+            end = os.fstat(fd).st_size
+            if not 0 <= offset < end:
+                return b""
+            return os.pread(fd, max(0, min(size, end - offset)), offset)
         finally:
             os.close(fd)
 

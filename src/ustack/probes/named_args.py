@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from ..objfile.demangle import demangle
-from ..objfile.dwarf_params import CType, DwarfParams, FunctionInfo
+from ..objfile.dwarf_params import CType, DamagedDwarf, DwarfParams, FunctionInfo
 from .fetchargs import GO_ARGS, SYSV_ARGS, NamedArgError, display_kinds  # noqa: F401
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -53,10 +53,16 @@ def resolve_args(args: tuple, image, shown: str, func: str, where: str, vaddr: i
         raise NamedArgError(f"cannot fetch {named[0][1]} at the return of {func}: its "
                             "parameters are gone by then; fetch them with a uprobe on "
                             "its entry (a uretprobe has $retval)")
-    info = _function(image, vaddr)
+    regs = GO_ARGS if image.is_go else SYSV_ARGS
+    abi = "Go's register ABI" if image.is_go else "the C ABI"
+    try:
+        info = _function(image, vaddr)
+    except DamagedDwarf as e:
+        if named:
+            raise NamedArgError(f"cannot fetch {named[0][1]}: {e}; fetch by register "
+                                f"instead: $arg1…$arg{len(regs)} in {abi}") from None
+        info = None                       # $retval alone: untyped, as without DWARF
     if named and info is None:
-        regs = GO_ARGS if image.is_go else SYSV_ARGS
-        abi = "Go's register ABI" if image.is_go else "the C ABI"
         how = ("go build leaves it out with -ldflags=-s or -w" if image.is_go
                else "build it with -g or install its debug file")
         raise NamedArgError(

@@ -18,8 +18,8 @@ A containerised process's map is read from inside its root (its /tmp,
 its pid), never through a symlink out of that root. ustack runs as root
 and the file is in a world-writable /tmp, so it is read only when it is
 a regular file (not a FIFO that would block, not a symlink) owned by the
-process's user or root, and only its first
-MAX_MAP_BYTES; malformed lines are skipped. The process that writes the
+process's user or root; of a file past MAX_MAP_BYTES only its end (the
+newest lines) is read; malformed lines are skipped. The process that writes the
 map is untrusted too: what is kept is bounded (its newest MAX_ENTRIES
 entries, read from the last PARSE_WINDOW bytes, names cut at MAX_NAME),
 held as arrays and one blob of names rather than an object per line. What
@@ -338,19 +338,20 @@ class PerfMap:
         """Parse the complete lines between what was read and size: at
         most the last PARSE_WINDOW bytes of them (older lines are skipped
         whole, as a map with more entries than are kept would lose them)."""
-        if size > MAX_MAP_BYTES:
-            self._say(f"{self.shown} is larger than {MAX_MAP_BYTES >> 20} MiB: "
-                      "only its start is used")
-            size = MAX_MAP_BYTES
         at = self._done
         if size - at > PARSE_WINDOW:
+            # a JIT appends: its newest functions, the ones running, are at
+            # the end (a map past MAX_MAP_BYTES was read from its start and
+            # lost them)
+            self._say(f"{self.shown} is larger than {MAX_MAP_BYTES >> 20} MiB: only its "
+                      "newest names are used" if size > MAX_MAP_BYTES else
+                      f"{self.shown} holds more than {PARSE_WINDOW >> 20} MiB of "
+                      "names: only its newest ones are used")
             at = self._line_start(size - PARSE_WINDOW)
             if at < 0:
                 self._done = size        # one line longer than the window: no name
                 return
             self._entries.clear()        # all of them older than what follows
-            self._say(f"{self.shown} holds more than {PARSE_WINDOW >> 20} MiB of "
-                      "names: only its newest ones are used")
         entries = self._entries
         skipped = 0
         rest = b""

@@ -14,7 +14,7 @@ import struct
 import threading
 from collections import OrderedDict
 
-from ..kernel.procfs import ProcessMemory
+from ..kernel.procfs import ProcessMemory, started
 from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo, printable
 from ..unwind.python_runtime import CODE_OFFSETS
 
@@ -50,17 +50,24 @@ class PythonCode:
         self._bytes = 0                            # what _codes' entries hold
         self._versions: dict = {}                  # pid -> (major, minor)
         self._frames: dict = {}
-        self.unnamed = 0           # frames shown as a placeholder
+        self._no_code: set = set()     # (pid, code): read while its process lived, no code object there
+        self.unnamed = 0           # frames shown as a placeholder: their process had ended
+        self.not_code = 0          # and those whose address held no code object
 
     @property
     def warnings(self) -> list:
+        said = []
+        if self.not_code:
+            said.append(f"{self.not_code} Python frames are shown as [python code 0x...]: "
+                        "their process was running, but no code object was at their "
+                        "address (freed, or the frame is damaged)")
         if not self.unnamed:
-            return []
+            return said
         if not self.live:
-            return [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
-                    "the recording does not name their code object"]
-        return [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
-                "their process ended before ustack could read their code object"]
+            return said + [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
+                           "the recording does not name their code object"]
+        return said + [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
+                       "their process ended before ustack could read their code object"]
 
     def remember(self, pid: int, code: int, version: tuple) -> None:
         """Read the code object at `code` in pid now, again if it was read
@@ -80,6 +87,12 @@ class PythonCode:
         try:
             info = read_code(pid, code, tuple(version[:2]))
         except (OSError, ValueError, OverflowError):
+            # told apart now, while it may still run: a live process whose
+            # frame names garbage is not one that ended
+            if started(pid) is not None:
+                if len(self._no_code) >= MAX_CODES:
+                    self._no_code.clear()
+                self._no_code.add((pid, code))
             return
         if self._codes.get((pid, code)) != info:
             if (pid, code) in self._codes:
@@ -131,7 +144,10 @@ class PythonCode:
             return found
         info = self.info(pid, code)
         if info is None:
-            self.unnamed += 1
+            if (pid, code) in self._no_code:
+                self.not_code += 1
+            else:
+                self.unnamed += 1
             return Frame(addr=0, module="", function=f"[python code {code:#x}]",
                          kind="python")
         frame = Frame(addr=0, module=os.path.basename(info.file), function=info.name,

@@ -16,6 +16,9 @@ from .python_runtime import (FRAME_OWNED_BY_CSTACK, INSTR_POINTER, IS_ENTRY,
 
 MAX_THREADS = 4096          # a thread list longer than this is not a list
 MAX_FRAMES = 4096           # Python frames of one thread (recursion limit: 1000)
+# why a chain was cut where it comes back to a frame read before: damaged
+# memory (a `previous` pointing at itself or at an inner frame)
+LOOPS = "the Python frame chain loops back on itself (damaged memory)"
 _Q, _I = struct.Struct("<Q"), struct.Struct("<i")
 
 
@@ -48,10 +51,15 @@ def frame_groups(mem: ProcessMemory, interp: Interpreter, tstate: int) -> tuple:
     groups: list = []
     group: list = []
     note = ""
+    read: set = set()
     try:
         for _ in range(MAX_FRAMES):
             if not frame:
                 break
+            if frame in read:
+                note = LOOPS
+                break
+            read.add(frame)
             head = mem.read(frame, span)
             if kind == OWNER_CSTACK and head[entry] == FRAME_OWNED_BY_CSTACK:
                 if group:

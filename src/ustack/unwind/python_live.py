@@ -31,7 +31,7 @@ _U32 = struct.Struct("<I")
 
 # what the header says of a run that reads them
 HEADER_NOTE = "Python frames read from the process after each sample"
-FREED = "a code object was freed before it was read"
+FREED = "a frame's code object was not one when read (freed, or the frame is damaged)"
 UNREAD = "the thread's Python frames could not be read"
 MOVED = "the thread ran on while its Python frames were read"
 
