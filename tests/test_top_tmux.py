@@ -110,7 +110,10 @@ def test_top_in_a_terminal(tmux):
         names = [r[6] for r in rows(screen)]
         assert len(names) >= 5 and names == sorted(names), screen
 
-        # 40 columns: the function column stays, beside PID and %SELF
+        # 40 columns: the function column stays, beside PID and %SELF (sorted
+        # by self again: by name, spin_here may sort below the 9 rows' end)
+        tmux("send-keys", "-t", "top", "s")
+        tmux.wait_for(lambda s: "sorted by self" in s[1], "sorted by self again")
         tmux.resize(40, 9)
         screen = tmux.wait_for(lambda s: any(re.fullmatch(r"\s*\d+\s+[\d.]+%  spin_here \[busy\]", line)
                                              for line in s), "spin_here at 40 columns")
