@@ -142,6 +142,56 @@ def test_signal_between_bpf_links_ends_the_run_unstarted(sig, second_link_call, 
     assert not os.path.exists(f"/proc/{ustack_pid}")
 
 
+LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+@pytest.mark.parametrize("command", [["count", f"uprobe:{LIBC}:*"],
+                                     ["funccount", f"{LIBC}:*"]], ids=["count", "funccount"])
+def test_signal_while_a_glob_is_resolved_ends_the_run_there(command, sig, tmp_path):
+    """Each of ~2,900 functions' start is proven from libc (an open of the
+    file each, ~1 s in all): strace signals the run at the 300th open, and
+    the run gives up there, not after proving the other ~2,600."""
+    ran, log = tmp_path / "ran", tmp_path / "opens"
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (.ci/run installs it)")
+    strace = ("strace", "-o", log, "-P", LIBC, "-e", "trace=openat",
+              "-e", f"inject=openat:signal={sig.name[3:]}:when=300", *USTACK)
+    us = popen_ustack(*command, "-c", f"touch {ran}", cmd=strace,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        ustack_under(us)
+        err = finish(us, timeout=60)[1]
+    finally:
+        stop(us)
+    assert_ended_unstarted(us, err, ran)
+    calls = log.read_text().splitlines()
+    at = next(n for n, line in enumerate(calls) if f"--- {sig.name} " in line)
+    opens_after = [line for line in calls[at:] if line.startswith("openat(")]
+    assert len(opens_after) <= 1, f"{len(opens_after)} more opens of libc after the signal"
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_signal_ends_a_funccount_of_thousands_of_functions_within_a_second(sig):
+    """funccount's ~2,900 uprobes sit behind 12 uprobe_multi links, and the
+    kernel waits ~0.15 s for each one closed: the table comes at once and
+    the run's closer waits for the kernel, not the user (the bound is the
+    one the run promises, 1 s)."""
+    us = start_ustack("funccount", f"{LIBC}:*", "-c", "sleep 1000")
+    try:
+        wait_tracing(us, timeout=120)
+        signalled = time.monotonic()
+        us.send_signal(sig)
+        err = finish(us, timeout=30)[1]
+        took = time.monotonic() - signalled
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    assert took < 1.0, f"the run took {took:.2f} s to end"
+
+
 def signalled_in_setup(us, sig) -> bool:
     """Send `sig` to the ustack run `us` if it is still setting up: stopped
     first, it is when it has printed nothing (its header comes before the

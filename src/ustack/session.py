@@ -120,7 +120,8 @@ class Session:
         if opts.container_pid is not None:
             process.attach(opts.container_pid)
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
-        self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address)
+        self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address,
+                                     self.interrupt)
         if opts.weight is not None:
             self.probes, self.weight = weigh_probes(self.probes, opts.weight)
         self.interrupt.check()
