@@ -1,6 +1,7 @@
 """A run's life and death seen from outside: a ustack run killed with
 SIGKILL (any backend, -c or -p) leaves no probe, instance or command
-behind (its guardian clears them), and a ustack run in another pid
+behind (its guardian clears them), a -c command dies with the run even
+when the guardian is killed too, and a ustack run in another pid
 namespace never disturbs a live run (liveness is a lock, not /proc)."""
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (FP, build, finish, parse_counts, popen_ustack, private_copy, spawn,
-                     start_ustack, stop, traced_pid, uprobe_hits, ustack_lines,
+from helpers import (FP, build, finish, kill_run_and_guardian, ok, parse_counts,
+                     popen_ustack, private_copy, run_ustack, spawn, start_ustack, stop, traced_pid, uprobe_hits, ustack_lines,
                      wait_tracing, wait_until)
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -61,6 +62,34 @@ def test_sigkilled_run_of_a_command_leaves_nothing(chain, backend, tmp_path):
     wait_until(lambda: not ustack_lines(us.pid) and not instance(us.pid).exists(),
                timeout=5, what="the removal of the killed run's probes and instance")
     assert uprobe_hits(prog) == 0                 # no uprobe left on the file at all
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_command_ends_when_the_run_and_its_guardian_are_both_killed(chain, backend,
+                                                                     tmp_path):
+    """Nobody is left to end the -c command (the OOM killer, or a kill of
+    both): it must not run on untraced. It says it runs by writing its pid."""
+    alive = tmp_path / "alive"
+    us = start_ustack("count", "--backend", backend, f"uprobe:{chain}:d",
+                      "-c", f"sh -c 'echo $$ > {alive}.new && mv {alive}.new {alive} "
+                            f"&& exec sleep 1000'")
+    command = None
+    try:
+        wait_tracing(us)
+        wait_until(alive.exists, timeout=20, what="the -c command saying it runs")
+        command = os.pidfd_open(int(alive.read_text()))
+        kill_run_and_guardian(us)
+        us.wait()
+        wait_until(lambda: exited(command), timeout=5,
+                   what="the end of the -c command of a run killed with its guardian")
+        # what the killed pair made is the next run's to remove
+        ok(run_ustack("count", "--backend", "perf", f"uprobe:{chain}:d", "-c", f"{chain} 1"))
+    finally:
+        stop(us)
+        if command is not None:
+            if not exited(command):
+                signal.pidfd_send_signal(command, signal.SIGKILL)
+            os.close(command)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
