@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from ustack.kernel.uprobe_events import remove_event
 
 from helpers import (FP, build, finish, kill_run_and_guardian, ok, parse_counts,
                      popen_ustack, private_copy, run_ustack, spawn, start_ustack, stop, traced_pid, uprobe_hits, ustack_lines,
-                     wait_tracing, wait_until)
+                     wait_tracing, wait_until, USTACK_PIDS)
 
 TRACEFS = Path("/sys/kernel/tracing")
 pytestmark = pytest.mark.kernel
@@ -90,6 +91,65 @@ def test_a_command_ends_when_the_run_and_its_guardian_are_both_killed(chain, bac
             if not exited(command):
                 signal.pidfd_send_signal(command, signal.SIGKILL)
             os.close(command)
+
+
+def closers_of_this_test() -> list:
+    """ustack's detached closers (capture/closer.py) that this test's runs
+    started (they carry the test's tag in their environment)."""
+    from ustack.capture.closer import NAME
+    tag = f"USTACK_TEST_TAG={os.environ['USTACK_TEST_TAG']}".encode()
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if ((d / "comm").read_text().strip() == NAME
+                    and tag in (d / "environ").read_bytes().split(b"\0")):
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
+def group_lines(pattern: str) -> list:
+    """uprobe_events lines of the groups that fully match `pattern`."""
+    return [line for line in (TRACEFS / "uprobe_events").read_text().splitlines()
+            if re.match(rf"^[pr]:{pattern}/", line)]
+
+
+def test_a_killed_closer_leaves_no_probe():
+    """A run of 6 perf-event uprobes leaves their closing to a closer (the
+    kernel waits ~0.15 s for each): killed mid-work, what it had not
+    removed is removed by the run's guardian as the kernel lets go of it,
+    not left for a later run. The run is in a pid namespace of its own
+    (its probes named ustack_PID_NS, kept by a shell there): no other
+    ustack run on this machine judges them dead meanwhile."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is not installed")
+    libc = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+    script = '"$0" -m ustack "$@" >/dev/null; echo ended; read line'
+    us = popen_ustack("count", "--backend", "perf", f"uprobe:{libc}:fputw*", "-c", "true",
+                      cmd=("unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script,
+                           sys.executable),
+                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True)
+    group = None
+    try:
+        assert us.stdout.readline() == "ended\n", us.communicate()[1]
+        closers = closers_of_this_test()
+        assert closers, "the closer finished before the test could kill it"
+        namespace = os.stat(f"/proc/{closers[0]}/ns/pid").st_ino
+        group = rf"ustack_\d+_{namespace}"
+        assert group_lines(group), "the closer finished before the test could kill it"
+        for pid in closers:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not group_lines(group), timeout=5,
+                   what="the removal of a killed closer's probes")
+    finally:
+        if us.poll() is None:
+            us.stdin.write("\n")        # the namespace's shell ends
+            us.stdin.flush()
+        finish(us)
+        for line in group_lines(group) if group else ():     # (a failed test's)
+            remove_event(line.split()[0][2:])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -146,9 +146,9 @@ class Session:
             self.interrupt.check()         # asked to end: the command never runs
         except BaseException as e:
             self.target.abort()            # a held -c command exits unrun
-            self._dismiss_guardian()
             if isinstance(e, Interrupted):
                 self.close()               # else the capture closed itself
+            self._dismiss_guardian()       # (close() hands it to a closer)
             raise
         if self.target.scope == "system":
             self.tracker.seed_all(skip=os.getpid())
@@ -256,9 +256,13 @@ class Session:
         finally:
             if self.capture is not None:
                 capture = self.capture
+                guardian = self.guardian
                 if (self.close_in_background and len(self.probes) >= BACKGROUND_PROBES
                         and capture.release is not None):
-                    close_in_background(capture.close, capture.release)
+                    if close_in_background(capture.close, capture.release,
+                                           guardian and guardian.finished) and guardian:
+                        guardian.hand_over()    # it watches the closer now
+                        self.guardian = None
                 else:
                     capture.close()
             target = self.target

@@ -14,10 +14,13 @@ import signal
 BACKGROUND_PROBES = 4
 
 
-def close_in_background(close, release) -> None:
+def close_in_background(close, release, finished=None) -> bool:
     """Call release() in this process (fast: its descriptors are not the
     last, and it leaves the probe definitions alone), then close() in a
-    detached grandchild that holds copies of them."""
+    detached grandchild that holds copies of them, and `finished()` there
+    after it (the run's guardian hears that the closer is done: one that
+    is killed mid-work leaves the guardian the rest to remove). False if
+    no process could be forked: close() ran here."""
     go_read, go_write = os.pipe()
     try:
         pid = os.fork()
@@ -28,7 +31,7 @@ def close_in_background(close, release) -> None:
         try:
             os.close(go_write)
             if os.fork() == 0:
-                _finish(close, go_read)
+                _finish(close, go_read, finished)
             status = 0
         finally:
             os._exit(status)
@@ -41,12 +44,13 @@ def close_in_background(close, release) -> None:
             close()
     finally:
         os.close(go_write)          # the grandchild may begin
+    return forked
 
 
 NAME = "ustack-closer"           # its comm, for ps (and the tests' leak check)
 
 
-def _finish(close, go_read: int) -> None:
+def _finish(close, go_read: int, finished) -> None:
     os.setsid()
     try:
         with open("/proc/self/comm", "w") as f:
@@ -61,3 +65,5 @@ def _finish(close, go_read: int) -> None:
         os.dup2(null, fd)
     os.read(go_read, 1)              # EOF: the run dropped its copies
     close()
+    if finished is not None:
+        finished()
