@@ -13,7 +13,7 @@ from collections import namedtuple
 from .capture.backends import new_capture
 from .capture.closer import BACKGROUND_PROBES, close_in_background
 from .capture.stream import Stream
-from .interrupt import Interrupt, Interrupted
+from .interrupt import Interrupt, Interrupted, heard
 from .model import Losses, Piece, RawSample, StackCount, UstackError, unwound_sample
 from .options import Options
 from .probes.resolve import resolve_probes
@@ -102,6 +102,10 @@ class Session:
         self.close()
 
     def open(self) -> None:
+        with heard(self.interrupt):     # waits deep in set-up hear Ctrl-C too
+            self._set_up()
+
+    def _set_up(self) -> None:
         opts = self.opts
         self.started_ns = time.time_ns()
         specs = [parse_event(e) for e in opts.events]

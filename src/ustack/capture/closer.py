@@ -4,7 +4,10 @@ perf event is closed, one at a time under one lock: a run of 2,000 uprobes
 took minutes to end. A grandchild process of its own session (Ctrl-C of the
 terminal does not reach it; init reaps it) holds the capture's descriptors,
 the run drops its own copies at once (not the last: no wait) and goes on,
-and the grandchild closes them for real and removes what the run defined."""
+and the grandchild closes them for real and removes what the run defined.
+The run's guardian (kernel/guardian.py) watches the closer: it holds the
+guardian's pipe, says DONE at the end, and if it is killed mid-work the
+guardian removes the rest as the kernel lets go of it."""
 from __future__ import annotations
 
 import os
