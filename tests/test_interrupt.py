@@ -150,9 +150,9 @@ LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
 @pytest.mark.parametrize("command", [["count", f"uprobe:{LIBC}:*"],
                                      ["funccount", f"{LIBC}:*"]], ids=["count", "funccount"])
 def test_signal_while_a_glob_is_resolved_ends_the_run_there(command, sig, tmp_path):
-    """Each of ~2,900 functions' start is proven from libc (an open of the
+    """Each of ~3,700 functions' start is proven from libc (an open of the
     file each, ~1 s in all): strace signals the run at the 300th open, and
-    the run gives up there, not after proving the other ~2,600."""
+    the run gives up there, not after proving the other ~3,400."""
     ran, log = tmp_path / "ran", tmp_path / "opens"
     if shutil.which("strace") is None:
         pytest.skip("strace is not installed (.ci/run installs it)")
@@ -175,7 +175,7 @@ def test_signal_while_a_glob_is_resolved_ends_the_run_there(command, sig, tmp_pa
 @pytest.mark.kernel
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 def test_signal_ends_a_funccount_of_thousands_of_functions_within_a_second(sig):
-    """funccount's ~2,900 uprobes sit behind 12 uprobe_multi links, and the
+    """funccount's ~3,700 uprobes sit behind 15 uprobe_multi links, and the
     kernel waits ~0.15 s for each one closed: the table comes at once and
     the run's closer waits for the kernel, not the user (the bound is the
     one the run promises, 1 s)."""

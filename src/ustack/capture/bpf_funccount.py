@@ -90,7 +90,7 @@ class FuncCountCapture(Capture):
     def release(self) -> None:
         """close() in a process whose links the closer (capture/closer.py)
         holds copies of: not the last holder, it does not wait for the
-        kernel's ~0.15 s per link (a libc glob's 12 links took 1.8 s)."""
+        kernel's ~0.15 s per link (a libc glob's 15 links took 1.8 s)."""
         self.close()
 
 
