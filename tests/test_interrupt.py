@@ -12,6 +12,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -189,6 +190,43 @@ def test_signal_ends_a_funccount_of_thousands_of_functions_within_a_second(sig):
     finally:
         stop(us)
     assert us.returncode == 0, err
+    assert took < 1.0, f"the run took {took:.2f} s to end"
+
+
+SLOW_TO_END = """import os, pathlib, sys, time
+pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+try:
+    time.sleep(1000)
+except KeyboardInterrupt:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_signal_ends_the_run_within_a_second_whatever_its_command_does(sig, tmp_path):
+    """The -c command takes a minute to end at SIGINT (it says when it runs
+    by writing its pid): the run, asked to end, does not wait that long
+    for it, and the command is ended with the run."""
+    script, ready = tmp_path / "slow.py", tmp_path / "ready"
+    script.write_text(SLOW_TO_END)
+    us = start_ustack("count", f"uprobe:{LIBC}:write", "-c",
+                      f"{sys.executable} {script} {ready}")
+    try:
+        wait_tracing(us, timeout=60)
+        wait_until(ready.exists, timeout=30, what="the command saying it runs")
+        command = os.pidfd_open(int(ready.read_text()))
+        signalled = time.monotonic()
+        us.send_signal(sig)
+        err = finish(us, timeout=60)[1]
+        took = time.monotonic() - signalled
+    finally:
+        stop(us)
+    try:
+        assert us.returncode == 0, err
+        assert select.select([command], [], [], 0)[0], "the command runs on"
+    finally:
+        os.close(command)
     assert took < 1.0, f"the run took {took:.2f} s to end"
 
 

@@ -31,6 +31,7 @@ from .values import fields
 
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
+STOPPED_GRACE_S = 0.3              # asked to end: a -c command's time to end at SIGINT
 STOP_S = 0.3                       # asked to end: decoding time left for what was sent
 MAX_NAMED_STACKS = 100_000         # interval_counts' symbolized stacks kept between refreshes
 _TICK = Piece((), ())              # a step with nothing in it: time passed
@@ -271,7 +272,10 @@ class Session:
                     capture.close()
             target = self.target
             if target is not None and target.scope == "command" and target.exit_status is None:
-                target.finish()
+                # asked to end, the run ends within a second: a command that
+                # did not end at its SIGINT (Ctrl-C reached it too) is killed
+                target.finish(STOPPED_GRACE_S if self._stop_requested
+                              else process.FINISH_GRACE_S)
             self._dismiss_guardian()
 
     def _dismiss_guardian(self) -> None:
