@@ -1,7 +1,10 @@
 """Ctrl-C and SIGTERM end a run at once whatever it is doing: while it
-opens thousands of probes (set-up gives up, the held -c command never
-runs, what was opened is removed), and while a high-rate trace has a
-backlog to decode (the backlog is dropped and counted). The 30 s guards
+proves a glob's thousands of function starts, waits for a child reading
+a big object the first time, or opens thousands of probes (set-up gives
+up, the held -c command never runs, what was opened is removed); while
+a high-rate trace has a backlog to decode (the backlog is dropped and
+counted); at the end, whatever the links cost the kernel to close or the
+-c command takes to end (bench/stopping.py times each phase). The 30 s guards
 only keep a hung run from hanging the suite; the runs end in well under
 a second (see the commit that made them so for the measured times)."""
 from __future__ import annotations
