@@ -5,6 +5,9 @@ probes ends then, not after all of them are open (and its command never
 starts). Set from a signal handler or another thread: a plain flag."""
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 from .model import UstackError
 
 
@@ -29,3 +32,23 @@ class Interrupt:
 
 
 NEVER = Interrupt()          # for what runs without one: never requested
+
+_current = threading.local()
+
+
+@contextmanager
+def heard(interrupt: Interrupt):
+    """While set-up runs in this thread, waits deep below it that are not
+    handed the run's Interrupt (a builder child's, objfile/builders.py:
+    seconds for a big object's first run) hear it through current()."""
+    before = getattr(_current, "interrupt", NEVER)
+    _current.interrupt = interrupt
+    try:
+        yield interrupt
+    finally:
+        _current.interrupt = before
+
+
+def current() -> Interrupt:
+    """The Interrupt of the set-up running in this thread, else NEVER."""
+    return getattr(_current, "interrupt", NEVER)

@@ -13,7 +13,7 @@ from .capture.backends import new_capture
 from .capture.closer import BACKGROUND_PROBES, close_in_background
 from .capture.stream import Stream
 from .counting import intervals, tally
-from .interrupt import Interrupt, Interrupted
+from .interrupt import Interrupt, Interrupted, heard
 from .model import Event, Losses, Piece
 from .options import Options, check_target
 from .probes.events import resolve_probes
@@ -30,6 +30,7 @@ from . import unprivileged
 
 POLL_S = 0.1                       # how often the run checks its end
 SLICE_S = 0.05                     # decoding time between two pieces' checks
+STOPPED_GRACE_S = 0.3              # asked to end: a -c command's time to end at SIGINT
 STOP_S = 0.3                       # asked to end: decoding time left for what was sent
 _TICK = Piece((), ())              # a step with nothing in it: time passed
 
@@ -88,6 +89,10 @@ class Session:
     def open(self) -> None:
         if self.recording is not None:
             return self._open_recording()
+        with heard(self.interrupt):     # waits deep in set-up hear Ctrl-C too
+            self._set_up()
+
+    def _set_up(self) -> None:
         opts = self.opts
         self.started_ns = time.time_ns()
         specs = weigh_specs([parse_event(e) for e in opts.events], opts.weight)
@@ -108,7 +113,8 @@ class Session:
         if opts.container_pid is not None:
             process.attach(opts.container_pid)
         root_pid = opts.container_pid if opts.container_pid is not None else opts.pid
-        self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address)
+        self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address,
+                                     self.interrupt)
         if opts.weight is not None:
             self.probes, self.weight = weigh_probes(self.probes, opts.weight)
         self.interrupt.check()
@@ -134,9 +140,9 @@ class Session:
             self.interrupt.check()         # asked to end: the command never runs
         except BaseException as e:
             self.target.abort()            # a held -c command exits unrun
-            self._dismiss_guardian()
             if isinstance(e, Interrupted):
                 self.close()               # else the capture closed itself
+            self._dismiss_guardian()       # (close() hands it to a closer)
             raise
         self.tracker.seed_target(self.target, skip=os.getpid())
         if self.target.scope == "pid":
@@ -220,13 +226,20 @@ class Session:
         finally:
             if self.capture is not None:
                 capture = self.capture
+                guardian = self.guardian
                 if (self.close_in_background and len(self.probes) >= BACKGROUND_PROBES
                         and capture.release is not None):
-                    close_in_background(capture.close, capture.release)
+                    if close_in_background(capture.close, capture.release,
+                                           guardian and guardian.finished) and guardian:
+                        guardian.hand_over()    # it watches the closer now
+                        self.guardian = None
                 else:
                     capture.close()
             if self.target is not None and self.target.running_command():
-                self.target.finish()
+                # asked to end, the run ends within a second: a command that
+                # did not end at its SIGINT (Ctrl-C reached it too) is killed
+                self.target.finish(STOPPED_GRACE_S if self._stop_requested
+                                   else process.FINISH_GRACE_S)
             self._dismiss_guardian()
 
     def _drop_record_file(self) -> None:

@@ -4,7 +4,10 @@ perf event is closed, one at a time under one lock: a run of 2,000 uprobes
 took minutes to end. A grandchild process of its own session (Ctrl-C of the
 terminal does not reach it; init reaps it) holds the capture's descriptors,
 the run drops its own copies at once (not the last: no wait) and goes on,
-and the grandchild closes them for real and removes what the run defined."""
+and the grandchild closes them for real and removes what the run defined.
+The run's guardian (kernel/guardian.py) watches the closer: it holds the
+guardian's pipe, says DONE at the end, and if it is killed mid-work the
+guardian removes the rest as the kernel lets go of it."""
 from __future__ import annotations
 
 import os
@@ -14,10 +17,13 @@ import signal
 BACKGROUND_PROBES = 4
 
 
-def close_in_background(close, release) -> None:
+def close_in_background(close, release, finished=None) -> bool:
     """Call release() in this process (fast: its descriptors are not the
     last, and it leaves the probe definitions alone), then close() in a
-    detached grandchild that holds copies of them."""
+    detached grandchild that holds copies of them, and `finished()` there
+    after it (the run's guardian hears that the closer is done: one that
+    is killed mid-work leaves the guardian the rest to remove). False if
+    no process could be forked: close() ran here."""
     go_read, go_write = os.pipe()
     try:
         pid = os.fork()
@@ -28,7 +34,7 @@ def close_in_background(close, release) -> None:
         try:
             os.close(go_write)
             if os.fork() == 0:
-                _finish(close, go_read)
+                _finish(close, go_read, finished)
             status = 0
         finally:
             os._exit(status)
@@ -41,12 +47,13 @@ def close_in_background(close, release) -> None:
             close()
     finally:
         os.close(go_write)          # the grandchild may begin
+    return forked
 
 
 NAME = "ustack-closer"           # its comm, for ps (and the tests' leak check)
 
 
-def _finish(close, go_read: int) -> None:
+def _finish(close, go_read: int, finished) -> None:
     os.setsid()
     try:
         with open("/proc/self/comm", "w") as f:
@@ -61,3 +68,5 @@ def _finish(close, go_read: int) -> None:
         os.dup2(null, fd)
     os.read(go_read, 1)              # EOF: the run dropped its copies
     close()
+    if finished is not None:
+        finished()

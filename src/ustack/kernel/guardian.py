@@ -5,8 +5,11 @@ and its uprobes stay armed in every process that maps the probed files,
 and a held -c command runs on.
 
 The guardian holds the read end of a pipe whose write end only the run
-has, so EOF means the run has ended. A run that ended well writes DONE
-first and the guardian just exits. Otherwise it kills the -c command (by
+has (and the run's closer, capture/closer.py, when the run leaves its
+closing to one), so EOF means the run has ended. A run that ended well
+writes DONE first and the guardian just exits; a run that left its
+closing to a closer writes nothing, and the closer writes DONE when it
+has removed everything. Otherwise it kills the -c command (by
 pidfd: a reused pid is never hit), removes the run's ftrace instance and
 uprobes (retrying while the dying run's perf events still hold them), then
 the run's lock file (kernel/run_lock.py: it shares the run's lock, so no
@@ -33,7 +36,11 @@ RETRY_S = 0.01
 
 
 class Guardian:
-    """The run's side: done() once the run has removed its own tracing."""
+    """The run's side: done() once the run has removed its own tracing, or
+    hand_over() when a closer it forked (capture/closer.py) removes it:
+    the guardian then watches the closer, which says finished() at the
+    end. A closer killed mid-work leaves the guardian its pipe's EOF, and
+    the guardian removes what the closer did not."""
 
     def __init__(self, pid: int, write_fd: int, tracing: bool = True):
         self.pid = pid
@@ -44,16 +51,32 @@ class Guardian:
         """Tell the guardian to exit untouched, reap it, drop the lock."""
         if self._fd < 0:
             return
-        try:
-            os.write(self._fd, DONE)
-        except OSError:
-            pass                        # it was killed: nothing to tell
+        self.finished()
         os.close(self._fd)
         self._fd = -1
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+        if self._tracing:
+            run_lock.release()
+
+    def finished(self) -> None:
+        """Tell the guardian that the run's tracing is removed (in the
+        closer: its copy of the pipe is the one left open)."""
+        try:
+            os.write(self._fd, DONE)
+        except OSError:
+            pass                        # it was killed: nothing to tell
+
+    def hand_over(self) -> None:
+        """The run ends while its closer, holding a copy of the pipe, still
+        removes its tracing: close this process's end unsaid and unwaited
+        (the guardian lives until the closer is done), drop the lock."""
+        if self._fd < 0:
+            return
+        os.close(self._fd)
+        self._fd = -1
         if self._tracing:
             run_lock.release()
 
@@ -125,9 +148,11 @@ def _guard(read_fd: int, name: str | None, lock_fd: int | None, pidfd: int) -> N
     deadline = time.monotonic() + CLEAR_FOR_S
     while name is not None and _tracefs_mounted():      # (else the run made no tracing)
         try:
-            _gone, left = remove_tracing(name)
+            gone, left = remove_tracing(name)
         except (OSError, UstackError):
-            left = 1
+            gone, left = 0, 1
+        if gone:                        # the kernel frees the dead's events one by
+            deadline = time.monotonic() + CLEAR_FOR_S     # one (~0.1 s each): wait on
         if not left or time.monotonic() >= deadline:
             break
         time.sleep(RETRY_S)

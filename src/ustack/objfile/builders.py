@@ -26,7 +26,10 @@ import sys
 import threading
 import time
 
+from ..interrupt import current
+
 STOP_WAIT_S = 0.5               # for builders to leave on SIGTERM, before SIGKILL
+WAIT_SLICE_S = 0.05             # a wait for a builder looks at Ctrl-C this often
 
 _children: dict = {}            # (kind, path) -> Popen
 _lock = threading.Lock()
@@ -66,12 +69,21 @@ def start(key: tuple, module: str, args: list, niceness: int = 0):
 
 
 def wait(key: tuple) -> None:
-    """Wait for the child of `key`, if one was started (a signal still
-    interrupts the wait)."""
+    """Wait for the child of `key`, if one was started. A run asked to end
+    meanwhile (interrupt.current()) stops waiting at once (Interrupted);
+    the child finishes its object for the next run."""
     with _lock:
         child = _children.get(key)
-    if child is not None:
-        child.wait()
+    if child is None:
+        return
+    interrupt = current()
+    while True:
+        interrupt.check()
+        try:
+            child.wait(WAIT_SLICE_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def stop_all() -> None:

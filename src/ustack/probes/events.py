@@ -3,19 +3,23 @@ kind over the resolvers (uprobe, usdt, tracepoint and syscall, profile),
 kept apart from them so that they need not import one another."""
 from __future__ import annotations
 
+from ustack.interrupt import NEVER
 from ustack.model import ProfileProbe, UstackError
 from ustack.probes.resolve import resolve_uprobes, tracepoint_probes
 from ustack.probes.usdt import resolve_usdt
 
 
 def resolve_probes(specs: list, pid: int | None = None,
-                   notes: list | None = None, unsafe: bool = False) -> list:
+                   notes: list | None = None, unsafe: bool = False,
+                   interrupt=NEVER) -> list:
     """Every probe the parsed EVENTs stand for (a glob may give many);
-    `unsafe`: --unsafe-address (see resolve_uprobes)."""
+    `unsafe`: --unsafe-address (see resolve_uprobes); `interrupt`: the
+    run's (interrupt.py), heard between two probes."""
     probes = []
     for spec in specs:
+        interrupt.check()
         if spec.kind in ("uprobe", "uretprobe"):
-            probes.extend(resolve_uprobes(spec, pid, notes, unsafe))
+            probes.extend(resolve_uprobes(spec, pid, notes, unsafe, interrupt))
         elif spec.kind == "usdt":
             probes.extend(resolve_usdt(spec, pid, notes))
         elif spec.kind in ("syscall", "tracepoint"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import os
 
+from ustack.interrupt import NEVER
 from ustack.kernel.procfs import executable_mappings
 from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
 from ustack.model import (ProbeSpec, TracepointProbe, UprobeProbe,
@@ -128,11 +129,13 @@ class NotCalled(UstackError):
 
 
 def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
-                    notes: list | None = None, unsafe: bool = False) -> list:
+                    notes: list | None = None, unsafe: bool = False,
+                    interrupt=NEVER) -> list:
     """The probes `spec` stands for. A glob skips the functions whose first
     instruction the kernel would refuse, saying so in `notes`. Every probe
     is on an instruction start proven from the file (probes/boundary.py);
-    `unsafe` (--unsafe-address) also accepts one that cannot be proven."""
+    `unsafe` (--unsafe-address) also accepts one that cannot be proven;
+    `interrupt` is heard between two functions (a libc glob takes ~1 s)."""
     if spec.kind not in ("uprobe", "uretprobe"):
         raise ValueError(f"not a uprobe spec: {spec.kind}")
     host, shown = locate_binary(spec.path, pid)
@@ -150,6 +153,7 @@ def resolve_uprobes(spec: ProbeSpec, pid: int | None = None,
                                       notes)]
     targets = []
     for sym, vaddr in places:
+        interrupt.check()
         if spec.kind == "uretprobe" and sym is not None and vaddr != sym.address:
             # the kernel would overwrite [sp], which is no return address here
             raise UstackError(f"a uretprobe must be on a function's entry, and "

@@ -9,7 +9,7 @@ import shlex
 import signal
 import time
 
-from ..kernel import procfs
+from ..kernel import parent_death, procfs
 from ..model import UstackError
 from ..values import factory, value
 
@@ -209,9 +209,12 @@ def launch(command: str, before_exec=None, cls=Target) -> Target:
     if exe is None:
         raise UstackError(f"no such command: {argv[0]}")
     read_fd, write_fd = os.pipe()
+    parent, with_parent = os.getpid(), parent_death.forked_by_main_thread()
     pid = os.fork()
     if pid == 0:                          # child
         try:
+            if with_parent:               # never left running untraced
+                parent_death.die_with(parent)
             os.close(write_fd)
             if os.read(read_fd, 1) != b"g":
                 os._exit(127)
