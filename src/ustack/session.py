@@ -10,7 +10,7 @@ import os
 import time
 
 from .capture.backends import new_capture
-from .capture.closer import BACKGROUND_PROBES, close_in_background
+from .capture.closer import BACKGROUND_PROBES, close_capture
 from .capture.stream import Stream
 from .counting import intervals, tally
 from .interrupt import Interrupt, Interrupted, heard
@@ -19,12 +19,10 @@ from .options import Options, check_target
 from .probes.events import resolve_probes
 from .probes.weight import weigh_probes, weigh_specs
 from .probes.spec import parse_event
-from .output import Output
 from .target import process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
-from .target.traced_command import launch_traced
 from . import plan as policy
 from . import unprivileged
 
@@ -48,22 +46,17 @@ class Session:
         self.stream: Stream | None = None  # from start() on
         self._stop_requested = False
         self.interrupt = Interrupt()        # heard by set-up too (see stop())
-        # many probes closed by a detached process (capture/closer.py): the CLI's choice
-        self.close_in_background = False
+        self.close_in_background = False   # many probes closed by capture/closer.py: the CLI's choice
         self._closed = False
         self.on_piece = None           # called with each piece (e.g. a status line)
         self.notes: list = []          # set-up's warnings (functions a glob skipped)
-        self.jit_hint = ""             # -p of a JVM or node without a perf map: the header says
         self.started_ns: int | None = None     # wall clock at open()
         self.live_since: float | None = None     # time.monotonic() when the events went live
-        self.recorder = None               # opts.record: a recording.writer.Recorder
-        self.record_file = None            # opts.record's output.Output until then
+        self.recorder = None               # opts.record: recording.writer's Recorder (Pending at set-up)
         self.recording = None              # Session.replay: a recording.reader.RecordedCapture
         self.whole = False                # the stream ran to its end
         self.deadline: float | None = None    # time.monotonic() when -d ends the events
-        # names of Python code objects: the capture reads each as it sees
-        # it, the resolver names frames with them (or a recording keeps them)
-        self.python_code = PythonCode()
+        self.python_code = PythonCode()    # code objects' names: the capture reads, the resolver names
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -89,23 +82,21 @@ class Session:
     def open(self) -> None:
         if self.recording is not None:
             return self._open_recording()
-        with heard(self.interrupt):     # waits deep in set-up hear Ctrl-C too
-            self._set_up()
+        try:
+            with heard(self.interrupt):     # waits deep in set-up hear Ctrl-C too
+                self._set_up()
+        except BaseException:
+            if self.recorder is not None:   # its file, opened first: nothing stays
+                self.recorder.discard()
+            raise
 
     def _set_up(self) -> None:
         opts = self.opts
         self.started_ns = time.time_ns()
         specs = weigh_specs([parse_event(e) for e in opts.events], opts.weight)
         if opts.record:       # opened before anything is armed: refusals come first
-            self.record_file = Output(opts.record, what="a recording")
-        try:
-            self._open_checked(specs)
-        except BaseException:
-            self._drop_record_file()
-            raise
-
-    def _open_checked(self, specs: list) -> None:
-        opts = self.opts
+            from .recording.writer import PendingRecording
+            self.recorder = PendingRecording(opts.record)
         check_target(opts.pid, opts.cmdline)
         unprivileged.check(opts, specs)
         if opts.pid is not None:
@@ -123,10 +114,7 @@ class Session:
             from .capture.tracefs import refuse_shared_globs
             refuse_shared_globs(self.probes, opts.pid, opts.cmdline)
         if opts.pid is None:
-            launch = launch_traced if opts.backend == "tracefs" or policy.held_at_exit(
-                opts.command, opts.backend, opts.python, opts.cmdline) else process.launch
-            self.target = (launch(opts.cmdline) if opts.cmdline is not None
-                           else process.everything(opts.pids))
+            self.target = policy.launch_target(opts)
         if self.target.scope == "system":
             from .target import busy_objects
             busy_objects.start_building(skip=os.getpid())
@@ -145,14 +133,8 @@ class Session:
             self._dismiss_guardian()       # (close() hands it to a closer)
             raise
         self.tracker.seed_target(self.target, skip=os.getpid())
-        if self.target.scope == "pid":
-            from .symbols.perfmap import header_hint
-            self.jit_hint = header_hint(self.target.pid,
-                                        self.tracker.current_maps(self.target.pid))
         if opts.record:
-            from .recording.writer import recorder_of
-            record_file, self.record_file = self.record_file, None
-            self.recorder = recorder_of(self, record_file)
+            self.recorder = self.recorder.begin(self)
 
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel."""
@@ -194,11 +176,10 @@ class Session:
     @classmethod
     def replay(cls, path: str, opts: Options | None = None, objects=(),
                keep=None) -> "Session":
-        """A Session over a recording (recording/writer.py wrote it) instead of
-        a live run: no root, no probes, no target. `objects`: directories
-        holding copies of the recorded binaries, found by build-id or name
-        (else at their recorded paths, if the build-id is the same).
-        `keep(sample, comm)`: which samples to see (all when None)."""
+        """A Session over a recording instead of a live run: no root, no
+        probes, no target. `objects`: directories of copies of the recorded
+        binaries (by build-id or name; else their recorded paths, the same
+        build-id); `keep(sample, comm)`: which samples to see (None: all)."""
         from .recording.reader import RecordedCapture
         session = cls(opts or Options())
         session.recording = RecordedCapture(path, objects)
@@ -219,33 +200,23 @@ class Session:
         if self.stream is not None:
             self.stream.close()
         recorder, self.recorder = self.recorder, None
-        self._drop_record_file()          # the run ended before its recorder was made
         try:
             if recorder is not None:    # a full disk says so here: the rest still closes
                 recorder.close(self.losses(), whole=self.whole)
         finally:
-            if self.capture is not None:
-                capture = self.capture
-                guardian = self.guardian
-                if (self.close_in_background and len(self.probes) >= BACKGROUND_PROBES
-                        and capture.release is not None):
-                    if close_in_background(capture.close, capture.release,
-                                           guardian and guardian.finished) and guardian:
-                        guardian.hand_over()    # it watches the closer now
-                        self.guardian = None
-                else:
-                    capture.close()
+            guardian = self.guardian
+            if self.capture is not None and close_capture(
+                    self.capture, self.close_in_background
+                    and len(self.probes) >= BACKGROUND_PROBES,
+                    guardian and guardian.finished) and guardian:
+                guardian.hand_over()    # it watches the closer now
+                self.guardian = None
             if self.target is not None and self.target.running_command():
                 # asked to end, the run ends within a second: a command that
                 # did not end at its SIGINT (Ctrl-C reached it too) is killed
                 self.target.finish(STOPPED_GRACE_S if self._stop_requested
                                    else process.FINISH_GRACE_S)
             self._dismiss_guardian()
-
-    def _drop_record_file(self) -> None:
-        if self.record_file is not None:
-            self.record_file.discard()
-            self.record_file = None
 
     def _dismiss_guardian(self) -> None:
         if self.guardian is not None:

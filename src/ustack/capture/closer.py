@@ -50,6 +50,17 @@ def close_in_background(close, release, finished=None) -> bool:
     return forked
 
 
+def close_capture(capture, in_background: bool, finished=None) -> bool:
+    """Close a run's capture: in a detached closer when `in_background`
+    (many probes, whose closing the kernel makes slow) and the capture can
+    release its descriptors, else here. True when a closer took it (the
+    run's guardian is to watch the closer then)."""
+    if in_background and capture.release is not None:
+        return close_in_background(capture.close, capture.release, finished)
+    capture.close()
+    return False
+
+
 NAME = "ustack-closer"           # its comm, for ps (and the tests' leak check)
 
 

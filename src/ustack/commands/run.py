@@ -237,6 +237,15 @@ def _count(session: Session, out, fmt: str) -> int:
     return events
 
 
+def _jit_hint(session: Session) -> str:
+    """-p of a JVM or node that wrote no perf map: how to get one."""
+    if session.target.scope != "pid":
+        return ""
+    from ..symbols.perfmap import header_hint
+    pid = session.target.pid
+    return header_hint(pid, session.tracker.current_maps(pid))
+
+
 def _header(session: Session, err: TextIOBase) -> None:
     labels = ", ".join(session.labels[:3])
     if len(session.labels) > 3:
@@ -244,7 +253,7 @@ def _header(session: Session, err: TextIOBase) -> None:
     every = session.opts.every
     note = "; ".join(n for n in (session.capture.unwind_note,
                                  getattr(session.capture, "reach_note", ""),
-                                 _without_root(session.plan), session.jit_hint,
+                                 _without_root(session.plan), _jit_hint(session),
                                  every and f"a pprof file every {every:g} s into "
                                            f"{session.opts.output_path}") if n)
     print(f"Tracing {labels} in {session.target.description} "

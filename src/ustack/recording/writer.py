@@ -187,6 +187,24 @@ def recorder_of(session, destination: str | Output) -> "Recorder":
         raw_stacks=opts.raw_stacks, python_code=session.python_code)
 
 
+class PendingRecording:
+    """A recording's file, opened (output.Output) before the run arms
+    anything so that a refusal comes first; begin() makes the run's
+    Recorder once its capture is open. Closed or discarded before that,
+    nothing of it stays."""
+
+    def __init__(self, path: str):
+        self.file = Output(path, what="a recording")
+
+    def begin(self, session) -> "Recorder":
+        return recorder_of(session, self.file)
+
+    def close(self, losses: Losses = Losses(), whole: bool = False) -> None:
+        self.file.discard()
+
+    discard = close
+
+
 class Recorder:
     """Saves a live run as it passes (a Session with Options.record): the
     pieces of the stream, and also what the run's mapping tracker learned
