@@ -86,8 +86,9 @@ class Session:
             with heard(self.interrupt):     # waits deep in set-up hear Ctrl-C too
                 self._set_up()
         except BaseException:
-            if self.recorder is not None:   # its file, opened first: nothing stays
-                self.recorder.discard()
+            recorder, self.recorder = self.recorder, None
+            if recorder is not None:        # its file, opened first: nothing stays
+                recorder.discard()
             raise
 
     def _set_up(self) -> None:
@@ -187,9 +188,8 @@ class Session:
         return session
 
     def stop(self) -> None:
-        """End the run at the next check (safe from a signal handler): set-up
-        gives up (open() raises Interrupted); a stream reads its backlog for
-        STOP_S more, the rest dropped and counted (Stream.rest_within)."""
+        """End the run at the next check (safe in a signal handler): set-up gives up
+        (Interrupted); a stream reads its backlog STOP_S more (Stream.rest_within)."""
         self._stop_requested = True
         self.interrupt.request()
 
