@@ -20,6 +20,7 @@ import json
 import os
 
 from . import cache as objcache
+from . import content_key
 from .debuginfo import debug_lookup, find_alt_file
 from .dwarf_units import die_ranges, low_pc
 from .elf import ElfImage
@@ -123,8 +124,8 @@ class DwarfParams:
 
     def _cached(self, vaddr: int) -> FunctionInfo | None:
         try:
-            cache = objcache.cache_file("params", self.path, os.stat(self.path),
-                                        self._image.file.build_id, f"{_VERSION}.{vaddr:x}.json")
+            key = content_key.of_dwarf(os.stat(self.path), self._alt_path)
+            cache = objcache.cache_file("params", key, f"{_VERSION}.{vaddr:x}.json")
         except OSError:
             return self._function_at(vaddr)
         blob = objcache.read(cache)

@@ -1,0 +1,62 @@
+"""The cache keys of an object's unwind tables (unwind/cfi.py) and kernel
+rows (unwind/tables.py): hashes of the bytes they are built from, the CFI
+sections of the object and of its debug file (objfile/content_key.py),
+never its build-id. Light on purpose: a run whose tables come from the
+cache computes these keys (remembered per file version) and nothing else
+of cfi.py's."""
+from __future__ import annotations
+
+import os
+
+from ..model import UstackError
+from ..objfile import content_key
+from ..objfile.debuginfo import DebugLookup
+from ..objfile.elf import ElfImage
+
+CFI_SECTIONS = (".eh_frame", ".debug_frame")
+
+
+def cfi_sections(image: ElfImage) -> list:
+    """(data, vaddr, is_eh) of the CFI sections that have content,
+    .eh_frame first: it is what the compiler meant for unwinding."""
+    out = []
+    for name in CFI_SECTIONS:
+        data = image.file.section_bytes(name)
+        if data:
+            out.append((data, image.file.sections[name][0], name == ".eh_frame"))
+    return out
+
+
+def sections_key(sections: list) -> str:
+    """The key of cfi_sections()'s answer: the bytes a table is built from."""
+    hasher = content_key.Hasher("cfi-sections")
+    for data, vaddr, eh in sections:
+        hasher.add(f"{vaddr}:{eh}").add(data)
+    return hasher.key()
+
+
+def table_key(image: ElfImage, st: os.stat_result, found: DebugLookup) -> str:
+    """The key of the table of `image` (whose stat is `st`) and its debug
+    file `found`, as cfi.py's builder names what it built (table_of)."""
+    own = content_key.remembered("cfi", st, lambda: sections_key(cfi_sections(image)))
+    return table_of(own, debug_key(found))
+
+
+def table_of(own: str, debug: str) -> str:
+    """The table key of an object's and its debug file's section keys."""
+    return content_key.of("cfi", own, debug)
+
+
+def debug_key(found: DebugLookup) -> str:
+    """The section key of the debug file found ("" for none)."""
+    if found.path is None:
+        return ""
+    try:
+        return content_key.remembered(
+            "cfi", os.stat(found.path),
+            lambda: sections_key(cfi_sections(ElfImage.open(found.path))))
+    except (OSError, UstackError):
+        return UNREADABLE
+
+
+UNREADABLE = "unreadable"       # a debug file whose CFI is refused: none used
