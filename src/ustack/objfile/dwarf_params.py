@@ -10,7 +10,7 @@ and the one function's children: pyelftools is slow on big files.
 
 Location expressions are kept as plain (operation name, operands) tuples;
 what a probe can make of them is probes.named_args's business. Each answer
-is kept in the on-disk cache by build-id and address: a warm lookup does
+is kept in the on-disk cache by file version and address: a warm lookup does
 not open the DWARF (libc's write: ~0.4 s cold, mostly pyelftools reading
 .debug_aranges and decompressing sections)."""
 from __future__ import annotations

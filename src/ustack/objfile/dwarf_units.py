@@ -7,7 +7,7 @@ pyelftools needs ~17 s for all of libc's debug file, so nothing is parsed up
 front: .debug_aranges (or, without it, each unit's top DIE) says which
 compilation unit holds an address, and only that unit's line program and
 DIE tree are read — tens of ms. Each unit's compact table, and the unit
-index, are kept in the on-disk cache by build-id: a warm lookup does not
+index, are kept in the on-disk cache by file version: a warm lookup does not
 open the DWARF at all."""
 from __future__ import annotations
 
