@@ -60,19 +60,26 @@ def identity(st: os.stat_result) -> tuple:
 def remembered(kind: str, st: os.stat_result, compute) -> str:
     """compute() (the key of the bytes of the file whose stat is `st`),
     computed once per version of that file: in memory, then on disk."""
+    key = known(kind, st)
+    if key is None:
+        key = _memo[(kind, identity(st))] = compute()
+        objcache.write(_memo_file(kind, st), key.encode())
+    return key
+
+
+def known(kind: str, st: os.stat_result) -> str | None:
+    """remembered()'s answer if it was computed before, else None."""
     memo_key = (kind, identity(st))
     key = _memo.get(memo_key)
-    if key is not None:
-        return key
-    memo_file = objcache.identity_file("keys", st, f"{kind}.{VERSION}")
-    saved = objcache.read(memo_file)
-    if saved is not None and len(saved) == 40 and saved.isalnum():
-        key = saved.decode()
-    else:
-        key = compute()
-        objcache.write(memo_file, key.encode())
-    _memo[memo_key] = key
+    if key is None:
+        saved = objcache.read(_memo_file(kind, st))
+        if saved is not None and len(saved) == 40 and saved.isalnum():
+            key = _memo[memo_key] = saved.decode()
     return key
+
+
+def _memo_file(kind: str, st: os.stat_result) -> str:
+    return objcache.identity_file("keys", st, f"{kind}.{VERSION}")
 
 
 def forget() -> None:

@@ -225,17 +225,21 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
     # command waits for its objects' rows before it may start
     try:
         st = os.stat(image.path)
-        cache = _rows_file(rows_key(table_key(image, st, find_debug_file(image, debug_dirs)),
+    except OSError:
+        st = None
+    apart = st is not None and _worth_a_child(image)
+    if apart and not (content_key.known("signals", st) and content_key.known("cfi", st)):
+        # a version not seen before: its keys too (a scan of all its code,
+        # ~0.2 s of node's) are computed by the child, which remembers them
+        _build_apart(image, debug_dirs, run_waits)
+    cache = None
+    if st is not None:
+        cache = rows_file(rows_key(table_key(image, st, find_debug_file(image, debug_dirs)),
                                     content_key.remembered("signals", st,
                                                            lambda: signals_key(image))))
-    except OSError:
-        cache = None
     found = _cached_rows(image, cache)
-    if found is None and cache and _worth_a_child(image):
-        builders.start(("rows", image.path, tuple(debug_dirs)), "ustack.unwind.rows_builder",
-                       [image.path, *debug_dirs],
-                       niceness=0 if run_waits else BACKGROUND_NICENESS)
-        builders.wait(("rows", image.path, tuple(debug_dirs)))
+    if found is None and apart:
+        _build_apart(image, debug_dirs, run_waits)
         found = _cached_rows(image, cache)      # else: built here below
     if found is not None:
         return found[0]
@@ -248,9 +252,17 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
     if any(row[0] not in (GAP, UNSUPPORTED) for _v, row in rows):
         packed = pack(image.path, rows, table.from_cache)
     if cache:       # named by what was read here: the file may have changed since
-        objcache.write(_rows_file(rows_key(table.key, _signals_key(signals))),
+        objcache.write(rows_file(rows_key(table.key, _signals_key(signals))),
                        packed.data if packed is not None else b"none")
     return packed
+
+
+def _build_apart(image: ElfImage, debug_dirs, run_waits: bool) -> None:
+    """Build the rows in a child (once per run) and wait for it."""
+    key = ("rows", image.path, tuple(debug_dirs))
+    builders.start(key, "ustack.unwind.rows_builder", [image.path, *debug_dirs],
+                   niceness=0 if run_waits else BACKGROUND_NICENESS)
+    builders.wait(key)
 
 
 def rows_key(table: str, signals: str) -> str:
@@ -259,7 +271,8 @@ def rows_key(table: str, signals: str) -> str:
     return content_key.of("bpfrows", table, signals)
 
 
-def _rows_file(key: str) -> str:
+def rows_file(key: str) -> str:
+    """Where the rows whose key is `key` (rows_key) are cached."""
     return objcache.cache_file("bpfrows", key, "cfi3")
 
 
