@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from helpers import O2_NOFP, build, funcs, ok, parse_trace, run_ustack, ustack_env
+from helpers import (O2_NOFP, build, funcs, ok, parse_counts, parse_trace, run_ustack,
+                     ustack_env)
 
 # the original's functions -> the copy's, names of the same lengths: the
 # build-id and every section's size stay the same
@@ -127,3 +128,22 @@ def test_a_copy_without_unwind_rules_traced_first_leaves_the_originals_stacks(
     events = parse_trace(res.stdout)
     assert len(events) == 1, res.stdout
     assert funcs(events[0]["frames"])[:5] == ["d", "c", "b", "a", "main"], res.stdout
+
+
+def counted_stacks(program, env) -> list:
+    """The stacks `ustack count --backend bpf --unwind dwarf` counts at d
+    (unwound inside the kernel with the rows of the cache)."""
+    res = ok(run_ustack("count", "--backend", "bpf", "--unwind", "dwarf",
+                        f"uprobe:{program}:d", "-c", f"{program} 1", env=env))
+    return [funcs(stack["frames"])[:5] for stack in parse_counts(res.stdout)]
+
+
+@pytest.mark.kernel
+def test_a_copy_without_unwind_rules_counted_first_leaves_the_originals_kernel_rows(
+        tmp_path, shared_cache):
+    original = tmp_path / "chain"
+    shutil.copy(build("chain", flags=O2_NOFP), original)
+    copy = tmp_path / "chain-copy"
+    copy_with_section(original, copy, ".eh_frame", no_unwind_rules)
+    assert counted_stacks(copy, shared_cache) != [["d", "c", "b", "a", "main"]]
+    assert counted_stacks(original, shared_cache) == [["d", "c", "b", "a", "main"]]

@@ -57,7 +57,7 @@ def raw_functions(reader, keep: bool = True) -> dict:
         return raw
     objcache.write(cache, json.dumps({
         "key": key,
-        "functions": [key + value for key, value in raw.items()]}).encode())
+        "functions": [at + value for at, value in raw.items()]}).encode())
     return raw
 
 
