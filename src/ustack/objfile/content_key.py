@@ -4,11 +4,16 @@ table's size is chosen by whoever built the binary: a same-build-id copy
 with renamed functions or other unwind rules, opened once by root, would
 otherwise name and unwind the real binary's frames for every later run.
 
-Hashing is not free (node's 12 MB of symbol tables: ~15 ms, more on a
-busy machine), so the key of one file's bytes is remembered per file
-identity (remembered()): computed once per version of that file, read back
-as a few bytes after. That memo only ever answers for the file it was
-computed from; which entry serves is decided by the hash alone."""
+Hashing is not free (node's 12 MB of symbol tables: ~50 ms on a busy
+2-CPU machine; finding its signal trampolines scans all its code, 0.2 s),
+so a key that a warm run needs before it reads an entry (unwind tables and
+rows) is remembered per file identity (remembered()): computed once per
+version of that file, read back as a few bytes after. That memo only ever
+answers for the file it was computed from; which entry serves is decided
+by the hash alone, and a builder names what it built by the hash of what
+it parsed. Symbol tables need no memo: they are hashed only when this
+version of the file has no functions kept yet (objfile/elf.py keeps them
+per file identity)."""
 from __future__ import annotations
 
 import os
