@@ -26,11 +26,12 @@ from array import array
 from ..model import UstackError
 from ..objfile import cache as objcache
 from ..objfile.built_once import BuiltOnce
-from ..objfile.debuginfo import DebugLookup, find_debug_file
+from ..objfile.debuginfo import DebugLookup
 from ..objfile.elf import ElfImage
 from ..objfile.fde import pointer as _pointer
 from ..objfile.leb128 import sleb128, uleb128
-from .cfi_key import UNREADABLE, cfi_sections, sections_key, table_key, table_of
+from .cfi_key import UNREADABLE, cfi_sections, debug_file, sections_key, table_key, table_of
+from .cfi_key import forget as forget_debug_files
 
 # Row kinds (low nibble of a row's kind byte).
 NONE = 0      # no CFI here: the unwinder falls back (frame pointer)
@@ -111,6 +112,7 @@ class UnwindTable:
         """Forget the tables held in memory; the disk cache stays, so the
         next for_image() reads it (or builds the table again)."""
         cls._memo.clear()
+        forget_debug_files()
 
     @classmethod
     def for_image(cls, image: ElfImage, debug_dirs=()) -> tuple:
@@ -142,7 +144,7 @@ class UnwindTable:
 
     @classmethod
     def _read_or_build(cls, image: ElfImage, st: os.stat_result, debug_dirs) -> tuple:
-        found = find_debug_file(image, debug_dirs)
+        found = debug_file(image, st, debug_dirs)
         table = cls._cached(image, table_key(image, st, found))
         if table is None:
             cls.parse_count += 1

@@ -10,10 +10,29 @@ import os
 
 from ..model import UstackError
 from ..objfile import content_key
-from ..objfile.debuginfo import DebugLookup
+from ..objfile.cache import memo_key
+from ..objfile.debuginfo import DebugLookup, debug_roots, find_debug_file
 from ..objfile.elf import ElfImage
 
 CFI_SECTIONS = (".eh_frame", ".debug_frame")
+_debug_files: dict = {}     # (object's memo key, debug roots) -> DebugLookup
+
+
+def debug_file(image: ElfImage, st: os.stat_result, debug_dirs=()) -> DebugLookup:
+    """find_debug_file()'s answer for `image` (whose stat is `st`), looked
+    for once per process: the kernel rows and the unwinder both key their
+    tables by it (~1 ms a search on a busy machine). A copy: callers add
+    to its refusals."""
+    key = (memo_key(st), tuple(debug_roots(debug_dirs)))
+    found = _debug_files.get(key)
+    if found is None:
+        found = _debug_files[key] = find_debug_file(image, debug_dirs)
+    return DebugLookup(found.path, found.how, list(found.refused))
+
+
+def forget() -> None:
+    """Look for debug files again (UnwindTable.clear_cache)."""
+    _debug_files.clear()
 
 
 def cfi_sections(image: ElfImage) -> list:

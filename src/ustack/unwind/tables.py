@@ -25,12 +25,11 @@ from ..kernel.bpf_object import bpf_object
 from ..objfile import builders
 from ..objfile import cache as objcache
 from ..objfile import content_key
-from ..objfile.debuginfo import find_debug_file
 from ..objfile.elf import ElfImage
 # cfi, dwarf and the Go reader are imported where rows are built: a run
 # whose rows come from the cache (the common case) spares their ~4 ms
 from ..values import value
-from .cfi_key import table_key
+from .cfi_key import debug_file, table_key
 
 # Row kinds as the BPF program reads them.
 GAP = 0           # no CFI covers the address
@@ -234,7 +233,7 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
         _build_apart(image, debug_dirs, run_waits)
     cache = None
     if st is not None:
-        cache = rows_file(rows_key(table_key(image, st, find_debug_file(image, debug_dirs)),
+        cache = rows_file(rows_key(table_key(image, st, debug_file(image, st, debug_dirs)),
                                     content_key.remembered("signals", st,
                                                            lambda: signals_key(image))))
     found = _cached_rows(image, cache)
