@@ -83,6 +83,17 @@ def known(kind: str, st: os.stat_result) -> str | None:
     return key
 
 
+def saved(kind: str, st: os.stat_result) -> bytes | None:
+    """What save(kind, st, …) kept for this version of the file, if anything."""
+    return objcache.read(_memo_file(kind, st))
+
+
+def save(kind: str, st: os.stat_result, blob: bytes) -> None:
+    """Keep `blob` for this version of the file (device, inode, size,
+    mtime, ctime): what was found out about it, never about another."""
+    objcache.write(_memo_file(kind, st), blob)
+
+
 def _memo_file(kind: str, st: os.stat_result) -> str:
     return objcache.identity_file("keys", st, f"{kind}.{VERSION}")
 

@@ -103,6 +103,19 @@ def find_debug_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
     return found
 
 
+def debug_candidates(image: ElfImage, extra_dirs=()) -> list:
+    """Every path find_debug_file() may look at for `image`: its answer
+    stays the same while none of them changes (nor the object)."""
+    out = _build_id_candidates(image.file.build_id, extra_dirs)
+    try:
+        link = _debuglink(image)
+    except UstackError:
+        link = None
+    if link is not None:
+        out += debuglink_candidates(image.path, link[0], extra_dirs)
+    return out
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)

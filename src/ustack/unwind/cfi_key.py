@@ -6,12 +6,13 @@ cache computes these keys (remembered per file version) and nothing else
 of cfi.py's."""
 from __future__ import annotations
 
+import json
 import os
 
 from ..model import UstackError
 from ..objfile import content_key
 from ..objfile.cache import memo_key
-from ..objfile.debuginfo import DebugLookup, debug_roots, find_debug_file
+from ..objfile.debuginfo import DebugLookup, debug_candidates, debug_roots, find_debug_file
 from ..objfile.elf import ElfImage
 
 CFI_SECTIONS = (".eh_frame", ".debug_frame")
@@ -20,14 +21,45 @@ _debug_files: dict = {}     # (object's memo key, debug roots) -> DebugLookup
 
 def debug_file(image: ElfImage, st: os.stat_result, debug_dirs=()) -> DebugLookup:
     """find_debug_file()'s answer for `image` (whose stat is `st`), looked
-    for once per process: the kernel rows and the unwinder both key their
-    tables by it (~1 ms a search on a busy machine). A copy: callers add
-    to its refusals."""
-    key = (memo_key(st), tuple(debug_roots(debug_dirs)))
+    for once per process, and kept on disk for this version of the object
+    while none of the paths it looked at changes: the kernel rows and the
+    unwinder both key their tables by it, and deciding whether a candidate
+    belongs to the object opens it (a debug file whose functions are never
+    asked is parsed anew each run: ~15 ms of libc's on a busy machine).
+    A copy: callers add to its refusals."""
+    roots = tuple(debug_roots(debug_dirs))
+    key = (memo_key(st), roots)
     found = _debug_files.get(key)
     if found is None:
-        found = _debug_files[key] = find_debug_file(image, debug_dirs)
+        found = _debug_files[key] = _remembered_debug_file(image, st, roots, debug_dirs)
     return DebugLookup(found.path, found.how, list(found.refused))
+
+
+def _remembered_debug_file(image: ElfImage, st: os.stat_result, roots: tuple,
+                           debug_dirs) -> DebugLookup:
+    kind = "debugfile." + content_key.of("roots", *roots)[:16]
+    candidates = [[path, _version(path)] for path in debug_candidates(image, debug_dirs)]
+    blob = content_key.saved(kind, st)
+    if blob:
+        try:
+            saved = json.loads(blob)
+            if saved["candidates"] == candidates:
+                return DebugLookup(saved["path"], saved["how"], list(saved["refused"]))
+        except (ValueError, KeyError, TypeError):
+            pass                        # damaged: looked for again
+    found = find_debug_file(image, debug_dirs)
+    content_key.save(kind, st, json.dumps({
+        "candidates": candidates, "path": found.path, "how": found.how,
+        "refused": found.refused}).encode())
+    return found
+
+
+def _version(path: str) -> list | None:
+    """A candidate's version (content_key.identity), None when it is not there."""
+    try:
+        return list(content_key.identity(os.stat(path)))
+    except OSError:
+        return None
 
 
 def forget() -> None:
