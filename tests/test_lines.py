@@ -14,7 +14,7 @@ from helpers import (BASE, O2_FP, addr2line_chains, build, call_returns, FakeMap
 
 from ustack.native import libdeflate, libdw
 from ustack.objfile import cache as objcache
-from ustack.objfile import debuginfo, dwarf_image, dwarf_lines, symcache
+from ustack.objfile import content_key, debuginfo, dwarf_image, dwarf_lines, symcache
 from ustack.objfile.dwarf_lines import LineTable
 from ustack.objfile.dwarf_units import DwarfUnits
 from ustack.objfile.elf import ElfImage
@@ -149,7 +149,8 @@ def test_lines_found_in_the_debug_file(prog, tmp_path, monkeypatch):
 
 
 def symcache_path(tmp_path, binary):
-    return tmp_path / "cache" / "lines" / f"{ElfImage.open(str(binary)).build_id}.symcache9"
+    """Where the SymCache of `binary` (this very file) is kept."""
+    return tmp_path / "cache" / "lines" / f"{content_key.of_dwarf(os.stat(binary), None)}.symcache9"
 
 
 def test_symcache_built_once_and_read_back(prog, tmp_path, monkeypatch):

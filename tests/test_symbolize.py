@@ -12,6 +12,7 @@ import pytest
 
 from helpers import O2_FP, addr2line_chains, build, run_ustack, ustack_env, wait_until
 
+from ustack.objfile import content_key
 from ustack.objfile.elf import ElfImage
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -129,7 +130,7 @@ def test_symbolize_lines_and_inlines(prog, tmp_path):
             "--lines", "--inlines")
     res = run_ustack(*args, env=env)
     assert res.returncode == 0, res.stderr
-    kept = tmp_path / "cache" / "lines" / f"{ElfImage.open(str(prog)).build_id}.memo1.json"
+    kept = tmp_path / "cache" / "lines" / f"{content_key.of_dwarf(os.stat(prog), None)}.memo1.json"
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
     again = run_ustack(*args, env=env)
     assert (again.returncode, again.stdout) == (0, res.stdout)

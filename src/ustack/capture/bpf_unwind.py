@@ -694,8 +694,7 @@ def _verdict_file(kind) -> str:
     with open(__file__, "rb") as f, open(bpf_programs.object_path("unwind"), "rb") as o:
         source = objcache.digest(f.read() + o.read())
     key = f"{os.uname().release}\0{os.uname().version}\0{kind.__name__}\0{source}"
-    return objcache.cache_file("btf", btf.VMLINUX, None,
-                               objcache.digest(key.encode()), "accepted1")
+    return objcache.cache_file("btf", objcache.digest(key.encode()), "accepted1")
 
 
 def _accepted_before(kind) -> bool:

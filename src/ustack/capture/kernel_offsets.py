@@ -46,8 +46,7 @@ class Offsets:
         except OSError:
             st = None
         key = f"{os.uname().release}\0{os.uname().version}\0{st and st.st_size}"
-        cache = objcache.cache_file("btf", btf.VMLINUX, None,
-                                    objcache.digest(key.encode()), _CACHE_LAYOUT)
+        cache = objcache.cache_file("btf", objcache.digest(key.encode()), _CACHE_LAYOUT)
         blob = objcache.read(cache)
         if blob:
             try:

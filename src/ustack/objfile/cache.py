@@ -1,6 +1,8 @@
 """The on-disk cache of what ustack derives from object files (unwind
-tables, symbol tables), keyed by build-id: interpreting libc once costs more
-than the rest of a run's start-up, reading the result back costs ms.
+tables, symbol tables), keyed by what each entry was built from (a hash of
+those bytes, objfile/content_key.py; never by a build-id, which whoever
+built the binary chooses): interpreting libc once costs more than the rest
+of a run's start-up, reading the result back costs ms.
 
 Layout: $USTACK_CACHE_DIR (default ~/.cache/ustack) / KIND / NAME.SUFFIX;
 locks/ holds the empty files whose flock says whose turn it is to build
@@ -76,15 +78,11 @@ def memo_key(st: os.stat_result) -> tuple:
     return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
-def cache_file(kind: str, path: str, st: os.stat_result,
-               build_id: str | None, suffix: str) -> str:
-    """Where the cached KIND of the object at `path` lives."""
-    if build_id:
-        name = build_id
-    else:  # no build-id: the file's identity stands in for its content
-        ident = f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
-        name = "path-" + digest(ident.encode())
-    return os.path.join(cache_root(), kind, f"{name}.{suffix}")
+def cache_file(kind: str, key: str, suffix: str) -> str:
+    """Where the cached KIND built from the bytes whose key is `key` lives
+    (objfile/content_key.py: a hash of those bytes, or of a file's
+    identity where the builder reads the file itself)."""
+    return os.path.join(cache_root(), kind, f"{key}.{suffix}")
 
 
 def identity_file(kind: str, st: os.stat_result, suffix: str) -> str:

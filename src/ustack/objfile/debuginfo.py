@@ -21,6 +21,7 @@ import struct
 
 from ..model import UstackError
 from . import cache as objcache
+from . import content_key
 from .elf import ElfImage
 from ..values import factory, value
 
@@ -100,6 +101,19 @@ def find_debug_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
                 found.path, found.how = path, "debuglink"
                 return found
     return found
+
+
+def debug_candidates(image: ElfImage, extra_dirs=()) -> list:
+    """Every path find_debug_file() may look at for `image`: its answer
+    stays the same while none of them changes (nor the object)."""
+    out = _build_id_candidates(image.file.build_id, extra_dirs)
+    try:
+        link = _debuglink(image)
+    except UstackError:
+        link = None
+    if link is not None:
+        out += debuglink_candidates(image.path, link[0], extra_dirs)
+    return out
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -188,20 +202,24 @@ def find_alt_file(image: ElfImage, extra_dirs=()) -> DebugLookup:
 
 def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> str | None:
     """The ELF inside the object's .gnu_debugdata, decompressed into the
-    cache (so the symbol cache can key it by file identity), or None."""
+    cache (so the symbol cache can key it by file identity), or None.
+    Named by a hash of the compressed bytes, remembered per file version."""
     if not image.file.sections.get(".gnu_debugdata", (0, 0, 0))[2]:
         return None
     try:
-        st = os.stat(image.path)
-        out = objcache.cache_file("minidebuginfo", image.path, st, image.file.build_id, "elf")
-    except OSError:
+        key = content_key.remembered("minidebuginfo", os.stat(image.path),
+                                     lambda: _debugdata_key(_debugdata(image)))
+    except (OSError, UstackError):
         return None
+    out = objcache.cache_file("minidebuginfo", key, "elf")
     if objcache.checked_file(out):
         return out                  # decompressed before, and whole
     try:
-        data = image.file.section_bytes(".gnu_debugdata")
+        data = _debugdata(image)
     except UstackError:
         return None
+    # named by the bytes decompressed here: the file may have changed since
+    out = objcache.cache_file("minidebuginfo", _debugdata_key(data), "elf")
     import lzma                     # only MiniDebugInfo is xz: imported here
     try:
         dec = lzma.LZMADecompressor()
@@ -217,6 +235,14 @@ def minidebuginfo_path(image: ElfImage, found: DebugLookup) -> str | None:
         return out
     found.refused.append(f"{image.path}: cannot write {out}; MiniDebugInfo not used")
     return None
+
+
+def _debugdata(image: ElfImage) -> bytes:
+    return image.file.section_bytes(".gnu_debugdata") or b""
+
+
+def _debugdata_key(data: bytes) -> str:
+    return content_key.of("minidebuginfo", data)
 
 
 def debug_lookup(image: ElfImage, extra_dirs=()) -> tuple:

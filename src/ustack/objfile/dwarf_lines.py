@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 
 from . import cache as objcache
+from . import content_key
 from . import symcache
 from .debuginfo import find_alt_file
 from .elf import ElfImage
@@ -77,7 +78,6 @@ class LineTable:
     def __init__(self, image: ElfImage, st: os.stat_result):
         self.path = image.path
         self._st = st
-        self._build_id = image.file.build_id
         self._image = image
         self._answers: dict = {}      # vaddr -> tuple of SourceLoc
         self.errors: list = []        # why some addresses gave nothing (corrupt DWARF)
@@ -193,12 +193,12 @@ class LineTable:
     def _dwarf_units(self):
         if self._units is None:
             from .dwarf_units import DwarfUnits   # pyelftools: most runs never come here
-            self._units = DwarfUnits(self.path, self._st, self._build_id, self._alt_path,
+            self._units = DwarfUnits(self.path, self._st, self._alt_path,
                                      store=not self._alt_missing)
         return self._units
 
     def _cache(self, suffix: str) -> str:
-        return objcache.cache_file("lines", self.path, self._st, self._build_id, suffix)
+        return objcache.cache_file("lines", content_key.of_dwarf(self._st, self._alt_path), suffix)
 
     def _disk_symcache(self) -> symcache.SymCache | None:
         """The file's SymCache when a run before built it, else None."""

@@ -10,7 +10,7 @@ and the one function's children: pyelftools is slow on big files.
 
 Location expressions are kept as plain (operation name, operands) tuples;
 what a probe can make of them is probes.named_args's business. Each answer
-is kept in the on-disk cache by build-id and address: a warm lookup does
+is kept in the on-disk cache by file version and address: a warm lookup does
 not open the DWARF (libc's write: ~0.4 s cold, mostly pyelftools reading
 .debug_aranges and decompressing sections)."""
 from __future__ import annotations
@@ -22,6 +22,7 @@ import struct
 import zlib
 
 from . import cache as objcache
+from . import content_key
 from .debuginfo import debug_lookup, find_alt_file
 from .dwarf_units import die_ranges, low_pc
 from .elf import ElfImage
@@ -151,8 +152,8 @@ class DwarfParams:
 
     def _cached(self, vaddr: int) -> FunctionInfo | None:
         try:
-            cache = objcache.cache_file("params", self.path, os.stat(self.path),
-                                        self._image.file.build_id, f"{_VERSION}.{vaddr:x}.json")
+            key = content_key.of_dwarf(os.stat(self.path), self._alt_path)
+            cache = objcache.cache_file("params", key, f"{_VERSION}.{vaddr:x}.json")
         except OSError:
             return self._function_at(vaddr)
         blob = objcache.read(cache)

@@ -7,7 +7,7 @@ pyelftools needs ~17 s for all of libc's debug file, so nothing is parsed up
 front: .debug_aranges (or, without it, each unit's top DIE) says which
 compilation unit holds an address, and only that unit's line program and
 DIE tree are read — tens of ms. Each unit's compact table, and the unit
-index, are kept in the on-disk cache by build-id: a warm lookup does not
+index, are kept in the on-disk cache by file version: a warm lookup does not
 open the DWARF at all."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import json
 import os
 
 from . import cache as objcache
+from . import content_key
 from .source_loc import SourceLoc
 
 _VERSION = "v1"          # of the cached table layout
@@ -33,7 +34,7 @@ class DwarfUnits:
 
     parsed_units = 0     # units read from DWARF in this process (tests, bench)
 
-    def __init__(self, path: str, st: os.stat_result, build_id: str | None,
+    def __init__(self, path: str, st: os.stat_result,
                  alt_path: str | None = None, store: bool = True):
         """`alt_path`: the dwz alt file the DWARF borrows names and DIEs from
         (objfile.debuginfo.find_alt_file), when it has one. `store`: keep the
@@ -43,7 +44,6 @@ class DwarfUnits:
         self._alt_path = alt_path
         self._store = store
         self._st = st
-        self._build_id = build_id
         self._dwarf = None            # opened on the first cache miss
         self._file = None
         self._index: tuple | None = None   # (starts, ends, unit offsets)
@@ -61,7 +61,7 @@ class DwarfUnits:
     # --- units -------------------------------------------------------------
 
     def _cache(self, name: str) -> str:
-        return objcache.cache_file("lines", self.path, self._st, self._build_id,
+        return objcache.cache_file("lines", content_key.of_dwarf(self._st, self._alt_path),
                                    f"{_VERSION}.{name}.json")
 
     def _unit_at(self, vaddr: int):

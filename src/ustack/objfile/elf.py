@@ -153,10 +153,10 @@ class ElfImage:
             reader.close()
 
     def _functions(self, file: ElfFile, reader) -> ElfSymbols:
-        # the by-build-id cache of raw functions serves another copy of the
-        # same build; a builder skips it (~0.15 s of node's): the image cache
+        # the by-content cache of raw functions serves another copy of the
+        # same symbol tables; a builder skips writing it (~0.15 s of node's): the image cache
         # it writes is what is read
-        raw = raw_functions(self.path, file.build_id, reader, keep=not builders.in_builder)
+        raw = raw_functions(reader, keep=not builders.in_builder)
         file.is_go = file.is_go or any(n == "runtime.main" for _a, n in raw)
         if file.is_go and not file.has_symtab:
             raw = dict(raw)

@@ -1,13 +1,14 @@
 """The functions an ELF file's symbol tables (.symtab, .dynsym) and PLT
 stubs name, unpacked from their bytes (pyelftools' per-symbol parsing took
-~0.3 s for libc's debug file, this ~15 ms), and cached by build-id."""
+~0.3 s for libc's debug file, this ~15 ms), and cached by a hash of those
+bytes."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 
 from . import cache as objcache
+from . import content_key
 
 # the ELF spec's numbers (elf.h)
 _STT_NOTYPE, _STT_FUNC, _STT_GNU_IFUNC = 0, 2, 10
@@ -28,25 +29,25 @@ _PLT_SECTIONS = (".plt", ".plt.sec", ".plt.got")
 _JMP_RIP = b"\xff\x25"   # jmp *disp32(%rip): how every x86-64 PLT stub leaves
 
 
-def raw_functions(path: str, build_id: str | None, reader, keep: bool = True) -> dict:
+def raw_functions(reader, keep: bool = True) -> dict:
     """(address, name) -> (size, binding, section index, flags) of every
-    function (_raw_functions), read back from the cache by build-id when it was
-    computed before (~30 ms for libc's debug file); `keep`: write it there.
-    An object and its debug file (or a stripped copy) share the
-    build-id, not the symbol tables: the tables' sizes name the entry."""
-    signature = ";".join(f"{s.name}:{s.size}" for s in reader.sections
-                         if s.type in _SYMBOL_TABLES or s.name in _PLT_SECTIONS)
+    function (_raw_functions), read back from the cache when it was computed
+    before from the same bytes (~30 ms for libc's debug file); `keep`: write
+    it there. The entry is named by a hash of the symbol tables, their
+    strings, versions, PLT and relocations and of the section headers, all
+    read once here and parsed from what was hashed: a copy with the same
+    build-id and renamed functions has another key."""
+    reader = _ReadOnce(reader)
     try:
-        tables = objcache.digest(signature.encode())[:16]
-        cache = objcache.cache_file("symbols", path, os.stat(path),
-                                    build_id, f"{tables}.v4.json")
-    except OSError:
+        key = _tables_key(reader)
+    except Exception:          # as ElfImage: a corrupt file raises many types
         return _raw_functions(reader)
+    cache = objcache.cache_file("symbols", key, "v5.json")
     blob = objcache.read(cache)
     if blob:
         try:
             entry = json.loads(blob)
-            if entry["signature"] == signature:
+            if entry["key"] == key:
                 return {(a, n): (size, bind, shndx, flags)
                         for a, n, size, bind, shndx, flags in entry["functions"]}
         except (ValueError, KeyError, TypeError):
@@ -55,9 +56,46 @@ def raw_functions(path: str, build_id: str | None, reader, keep: bool = True) ->
     if not keep:
         return raw
     objcache.write(cache, json.dumps({
-        "signature": signature,
-        "functions": [key + value for key, value in raw.items()]}).encode())
+        "key": key,
+        "functions": [at + value for at, value in raw.items()]}).encode())
     return raw
+
+
+class _ReadOnce:
+    """A reader whose section bytes are read once: the bytes parsed are
+    the bytes hashed, even if the file changes meanwhile."""
+
+    def __init__(self, reader):
+        self._reader = reader
+        self._data: dict = {}
+        self.sections = reader.sections
+        self.elfclass = reader.elfclass
+        self.order = reader.order
+
+    def data(self, section) -> bytes:
+        data = self._data.get(section.index)
+        if data is None:
+            data = self._data[section.index] = self._reader.data(section)
+        return data
+
+
+def _tables_key(reader: _ReadOnce) -> str:
+    """The content key of everything _raw_functions reads."""
+    sections = reader.sections
+    hasher = content_key.Hasher("symbols")
+    hasher.add(f"{reader.elfclass}{reader.order}")
+    for sec in sections:
+        hasher.add(f"{sec.index}:{sec.name}:{sec.type}:{sec.flags}:{sec.addr}:"
+                   f"{sec.size}:{sec.link}:{sec.entsize}")
+    tables = {s.index for s in sections if s.type in _SYMBOL_TABLES}
+    read = set(tables)
+    read.update(s.link for s in sections if s.index in tables and 0 < s.link < len(sections))
+    read.update(s.index for s in sections if s.type in (_SHT_RELA, _SHT_GNU_VERSYM)
+                or (s.name in _PLT_SECTIONS and s.type == _SHT_PROGBITS))
+    for sec in sections:
+        if sec.index in read:
+            hasher.add(reader.data(sec))
+    return hasher.key()
 
 
 def _raw_functions(reader) -> dict:

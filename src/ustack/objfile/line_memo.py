@@ -1,4 +1,4 @@
-"""Source locations libdw gave for one file, kept on disk by build-id: a
+"""Source locations libdw gave for one file, kept on disk per file version: a
 later run asking the same addresses (a second report of one recording, a
 profile of the same hot code) reads them back in a millisecond instead of
 opening the DWARF again (~40 ms of decompressing libc's alone).

@@ -5,8 +5,9 @@ An object's CFI (.eh_frame, .debug_frame, and the separate debug file's
 say, per address range, how to find the caller: CFA = rsp|rbp + off, return
 address at CFA + off, rbp unchanged / at CFA + off / lost. Only what an
 x86-64 unwinder needs is kept, as parallel arrays: lookup() is one bisect
-and the table is one file on disk, cached by build-id, because interpreting
-libc's CFI costs far more than reading the result back.
+and the table is one file on disk, cached by a hash of the CFI sections it
+was built from (objfile/content_key.py), because interpreting libc's CFI
+costs far more than reading the result back.
 
 The parser is our own, not pyelftools' CFI decoder: that one is several
 times slower (its entries are rich objects) and raises on
@@ -25,10 +26,12 @@ from array import array
 from ..model import UstackError
 from ..objfile import cache as objcache
 from ..objfile.built_once import BuiltOnce
-from ..objfile.debuginfo import DebugLookup, find_debug_file
+from ..objfile.debuginfo import DebugLookup
 from ..objfile.elf import ElfImage
 from ..objfile.fde import pointer as _pointer
 from ..objfile.leb128 import sleb128, uleb128
+from .cfi_key import UNREADABLE, cfi_sections, debug_file, sections_key, table_key, table_of
+from .cfi_key import forget as forget_debug_files
 
 # Row kinds (low nibble of a row's kind byte).
 NONE = 0      # no CFI here: the unwinder falls back (frame pointer)
@@ -48,7 +51,6 @@ BP_AT_BP = 3  # caller's rbp saved at rbp + bp_off (DRAP: DW_OP_breg6 expression
 _RSP, _RBP = 7, 6                 # DWARF register numbers on x86-64
 _R_SAME, _R_OFF, _R_UNDEF, _R_OTHER, _R_AT_BP = 0, 1, 2, 3, 4  # rules while parsing
 _MAGIC = b"USTKCFI\x02"
-_CFI_SECTIONS = (".eh_frame", ".debug_frame")
 _ROW_BYTES = 8 + 1 + 4 * 4
 _HEADER = struct.Struct("<8sIII")  # magic, rows, len(signature), crc32
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
@@ -70,7 +72,7 @@ class UnwindTable:
     # rows (capture/lazy_rows.py) may want it at once
     _memo = BuiltOnce()
 
-    __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "from_cache")
+    __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "from_cache", "key")
 
     def __init__(self, path: str, starts: array, kinds: bytes, cfa: array,
                  ra: array, bp: array, aux: array, from_cache: bool = False):
@@ -82,6 +84,7 @@ class UnwindTable:
         self.bp = bp              # array('i'): rbp's offset (see the BP_ rules)
         self.aux = aux            # array('i'): PLT threshold, or added after a deref
         self.from_cache = from_cache
+        self.key = ""             # the content key of the CFI it was built from
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -109,6 +112,7 @@ class UnwindTable:
         """Forget the tables held in memory; the disk cache stays, so the
         next for_image() reads it (or builds the table again)."""
         cls._memo.clear()
+        forget_debug_files()
 
     @classmethod
     def for_image(cls, image: ElfImage, debug_dirs=()) -> tuple:
@@ -129,25 +133,24 @@ class UnwindTable:
         return cls._memo.values.get(objcache.memo_key(st) + (tuple(debug_dirs),))
 
     @classmethod
-    def _cached(cls, image: ElfImage, st: os.stat_result, found: DebugLookup):
-        """The table on disk for this object and debug file, or None (none,
-        corrupt or stale: built again)."""
-        blob = objcache.read(cls._cache_file(image, st))
-        return cls.from_bytes(image.path, blob, _signature(image, found.path)) if blob else None
-
-    @staticmethod
-    def _cache_file(image: ElfImage, st: os.stat_result) -> str:
-        return objcache.cache_file("cfi", image.path, st, image.file.build_id, "v1")
+    def _cached(cls, image: ElfImage, key: str):
+        """The table on disk built from the CFI whose key is `key`, or None
+        (none, corrupt, or of other bytes: built again)."""
+        blob = objcache.read(objcache.cache_file("cfi", key, "v2"))
+        table = cls.from_bytes(image.path, blob, key.encode()) if blob else None
+        if table is not None:
+            table.key = key
+        return table
 
     @classmethod
     def _read_or_build(cls, image: ElfImage, st: os.stat_result, debug_dirs) -> tuple:
-        found = find_debug_file(image, debug_dirs)
-        table = cls._cached(image, st, found)
+        found = debug_file(image, st, debug_dirs)
+        table = cls._cached(image, table_key(image, st, found))
         if table is None:
             cls.parse_count += 1
-            table = _build(image, found)
-            objcache.write(cls._cache_file(image, st),
-                           table.to_bytes(_signature(image, found.path)))
+            table = _build(image, found)    # keyed by the bytes it parsed
+            objcache.write(objcache.cache_file("cfi", table.key, "v2"),
+                           table.to_bytes(table.key.encode()))
         return table, found
 
     def to_bytes(self, signature: bytes = b"") -> bytes:
@@ -179,55 +182,39 @@ class UnwindTable:
         return cls(path, starts, bytes(kinds), cfa, ra, bp, aux, from_cache=True)
 
 
-# --- cache files ---------------------------------------------------------------
-
-def _signature(image: ElfImage, debug: str | None) -> bytes:
-    """What the table depends on besides the build-id: a stripped copy and
-    the original share a build-id but not their .debug_frame, and a debug
-    file may be installed later (or be found only with --debug-dir)."""
-    parts = [f"{name}:{image.file.sections[name][2]}" for name in _CFI_SECTIONS
-             if name in image.file.sections]
-    if debug is not None:
-        st = os.stat(debug)
-        parts.append(f"{debug}:{st.st_size}:{st.st_mtime_ns}")
-    return ";".join(parts).encode()
-
-
 # --- building ------------------------------------------------------------------
 
-def _cfi_sections(image: ElfImage) -> list:
-    """(data, vaddr, is_eh) of the CFI sections that have content,
-    .eh_frame first: it is what the compiler meant for unwinding."""
-    out = []
-    for name in _CFI_SECTIONS:
-        data = image.file.section_bytes(name)
-        if data:
-            out.append((data, image.file.sections[name][0], name == ".eh_frame"))
-    return out
-
-
 def _build(image: ElfImage, found: DebugLookup) -> UnwindTable:
+    """The table of the object and its debug file, its key that of the
+    bytes parsed here (not read again: the file may change meanwhile)."""
     fdes: list = []
-    for data, vaddr, eh in _cfi_sections(image):
+    sections = cfi_sections(image)
+    for data, vaddr, eh in sections:
         more: list = []
         _parse(data, vaddr, eh, more)
         fdes = _fill_gaps(fdes, more)
+    debug_key = ""
     if found.path is not None:
-        fdes = _fill_gaps(fdes, _debug_fdes(found))
-    return _flatten(image.path, fdes)
+        debug_fdes, debug_key = _debug_fdes(found)
+        fdes = _fill_gaps(fdes, debug_fdes)
+    table = _flatten(image.path, fdes)
+    table.key = table_of(sections_key(sections), debug_key)
+    return table
 
 
-def _debug_fdes(found: DebugLookup) -> list:
+def _debug_fdes(found: DebugLookup) -> tuple:
     """The FDEs of the separate debug file (debuginfo checked that it
-    belongs to the object); a damaged one gives none, and says so."""
+    belongs to the object) and the key of the bytes they came from; a
+    damaged one gives none, and says so."""
     out: list = []
     try:
-        for data, vaddr, eh in _cfi_sections(ElfImage.open(found.path)):
+        sections = cfi_sections(ElfImage.open(found.path))
+        for data, vaddr, eh in sections:
             _parse(data, vaddr, eh, out)
     except UstackError as e:
         found.refused.append(f"{e}; its CFI is not used")
-        return []
-    return out
+        return [], UNREADABLE
+    return out, sections_key(sections)
 
 
 def _fill_gaps(fdes: list, extra: list) -> list:

@@ -3,7 +3,7 @@
 The BPF program cannot run the CFI interpreter, so each object's rules are
 flattened here into fixed-size rows sorted by address, which the program
 binary-searches: the CFI table of cfi.py (already interpreted and cached on
-disk by build-id), reduced to the rules the program evaluates, plus a row
+disk), reduced to the rules the program evaluates, plus a row
 for the signal trampoline (glibc's __restore_rt) that cfi.py leaves to the
 Python unwinder's byte check.
 
@@ -24,10 +24,12 @@ from ..bpf import object_path
 from ..kernel.bpf_object import bpf_object
 from ..objfile import builders
 from ..objfile import cache as objcache
+from ..objfile import content_key
 from ..objfile.elf import ElfImage
 # cfi, dwarf and the Go reader are imported where rows are built: a run
 # whose rows come from the cache (the common case) spares their ~4 ms
 from ..values import value
+from .cfi_key import debug_file, table_key
 
 # Row kinds as the BPF program reads them.
 GAP = 0           # no CFI covers the address
@@ -217,41 +219,81 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
     work and to the run's own (BACKGROUND_NICENESS)."""
     if image.file.is_go:
         return _go_packed(image)
-    # cached by build-id: packing libc's 30 k rows costs ~0.25 s, and a
-    # launched command waits for its objects' rows before it may start
-    dirs = objcache.digest("\0".join(debug_dirs).encode())[:8]
+    # cached by what they are built from (the CFI table's key and the signal
+    # trampolines): packing libc's 30 k rows costs ~0.25 s, and a launched
+    # command waits for its objects' rows before it may start
     try:
-        cache = objcache.cache_file("bpfrows", image.path, os.stat(image.path),
-                                    image.file.build_id, f"cfi2.{dirs}")
+        st = os.stat(image.path)
     except OSError:
-        cache = None
+        st = None
+    apart = st is not None and _worth_a_child(image)
+    if apart and not (content_key.known("signals", st) and content_key.known("cfi", st)):
+        # a version not seen before: its keys too (a scan of all its code,
+        # ~0.2 s of node's) are computed by the child, which remembers them
+        _build_apart(image, debug_dirs, run_waits)
+    cache = None
+    if st is not None:
+        cache = rows_file(rows_key(table_key(image, st, debug_file(image, st, debug_dirs)),
+                                    content_key.remembered("signals", st,
+                                                           lambda: signals_key(image))))
     found = _cached_rows(image, cache)
-    if found is None and cache and _worth_a_child(image):
-        builders.start(("rows", image.path, tuple(debug_dirs)), "ustack.unwind.rows_builder",
-                       [image.path, *debug_dirs],
-                       niceness=0 if run_waits else BACKGROUND_NICENESS)
-        builders.wait(("rows", image.path, tuple(debug_dirs)))
+    if found is None and apart:
+        _build_apart(image, debug_dirs, run_waits)
         found = _cached_rows(image, cache)      # else: built here below
     if found is not None:
         return found[0]
     from .cfi import UnwindTable
-    from .dwarf import RESTORE_RT, just_after_trampoline
     table, _found = UnwindTable.for_image(image, debug_dirs)
     rows = rows_of_table(table)
-    # the return address into __restore_rt is looked up at pc - 1: one byte
-    # before; the pc just after its syscall (the rt_sigreturn event, a sample
-    # while the kernel runs it) is exact: one byte after, where padding
-    # follows (never where another function begins)
-    signals = [(at - 1, at + len(RESTORE_RT)
-                + just_after_trampoline(image, at + len(RESTORE_RT)), (SIGNAL, 0, 0, 0, 0))
-               for at in signal_trampolines(image)]
+    signals = signal_ranges(image)
     rows = with_ranges(rows, signals)
     packed = None
     if any(row[0] not in (GAP, UNSUPPORTED) for _v, row in rows):
         packed = pack(image.path, rows, table.from_cache)
-    if cache:
-        objcache.write(cache, packed.data if packed is not None else b"none")
+    if cache:       # named by what was read here: the file may have changed since
+        objcache.write(rows_file(rows_key(table.key, _signals_key(signals))),
+                       packed.data if packed is not None else b"none")
     return packed
+
+
+def _build_apart(image: ElfImage, debug_dirs, run_waits: bool) -> None:
+    """Build the rows in a child (once per run) and wait for it."""
+    key = ("rows", image.path, tuple(debug_dirs))
+    builders.start(key, "ustack.unwind.rows_builder", [image.path, *debug_dirs],
+                   niceness=0 if run_waits else BACKGROUND_NICENESS)
+    builders.wait(key)
+
+
+def rows_key(table: str, signals: str) -> str:
+    """The key of the rows packed from the CFI table whose key is `table`
+    and the signal trampolines whose key is `signals`."""
+    return content_key.of("bpfrows", table, signals)
+
+
+def rows_file(key: str) -> str:
+    """Where the rows whose key is `key` (rows_key) are cached."""
+    return objcache.cache_file("bpfrows", key, "cfi3")
+
+
+def signal_ranges(image: ElfImage) -> list:
+    """(start, end, SIGNAL row) over each glibc __restore_rt in the object."""
+    from .dwarf import RESTORE_RT, just_after_trampoline
+    # the return address into __restore_rt is looked up at pc - 1: one byte
+    # before; the pc just after its syscall (the rt_sigreturn event, a sample
+    # while the kernel runs it) is exact: one byte after, where padding
+    # follows (never where another function begins)
+    return [(at - 1, at + len(RESTORE_RT)
+             + just_after_trampoline(image, at + len(RESTORE_RT)), (SIGNAL, 0, 0, 0, 0))
+            for at in signal_trampolines(image)]
+
+
+def signals_key(image: ElfImage) -> str:
+    """The key of the object's signal_ranges()."""
+    return _signals_key(signal_ranges(image))
+
+
+def _signals_key(ranges: list) -> str:
+    return content_key.of("signals", repr(ranges))
 
 
 def _cached_rows(image: ElfImage, cache: str | None) -> tuple | None:
@@ -275,10 +317,11 @@ def _worth_a_child(image: ElfImage) -> bool:
 
 
 def _go_packed(image: ElfImage) -> PackedRows | None:
-    """A Go binary's rows, cached on disk by build-id (decoding every
-    function's pcsp costs seconds on large binaries)."""
+    """A Go binary's rows, cached on disk by the file's version (decoding
+    every function's pcsp costs seconds on large binaries; the Go reader
+    reads the file itself, so its bytes cannot be hashed as parsed)."""
     st = os.stat(image.path)
-    cache = objcache.cache_file("bpfrows", image.path, st, image.file.build_id, "go1")
+    cache = objcache.cache_file("bpfrows", content_key.of_files(st), "go2")
     blob = objcache.read(cache)
     if blob and len(blob) % ROW_SIZE == 0:
         return PackedRows(image.path, blob, from_cache=True)
