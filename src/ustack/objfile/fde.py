@@ -112,10 +112,9 @@ def fde_range(data, pos: int, eh: bool, base: int, cies: dict | None = None):
     return start, start + size
 
 
-def all_ranges(data, base: int, eh: bool) -> list:
-    """Sorted (start, end) of every FDE in one section's bytes; a damaged
-    entry ends the scan (the FDEs before it are kept)."""
-    out = []
+def _scan(data, base: int, eh: bool):
+    """(position, (start, end)) of every FDE in one section's bytes, in
+    order; a damaged entry ends the scan (the FDEs before it are kept)."""
     cies: dict = {}
     pos, n = 0, len(data)
     try:
@@ -131,12 +130,16 @@ def all_ranges(data, base: int, eh: bool) -> list:
                 break
             found = fde_range(data, pos, eh, base, cies)
             if found is not None:
-                out.append(found)
+                yield pos, found
             pos += head + length
     except (IndexError, struct.error, ValueError, OverflowError):
-        pass
-    out.sort()
-    return out
+        return
+
+
+def all_ranges(data, base: int, eh: bool) -> list:
+    """Sorted (start, end) of every FDE in one section's bytes; a damaged
+    entry ends the scan (the FDEs before it are kept)."""
+    return sorted(found for _pos, found in _scan(data, base, eh))
 
 
 def covering(ranges: list, starts: list, vaddr: int):
@@ -352,23 +355,6 @@ def entry_positions(data, base: int, eh: bool) -> dict:
     """{start: entry position} of every FDE in one section's bytes (for
     entry_cfa where no .eh_frame_hdr table finds them)."""
     out = {}
-    cies: dict = {}
-    pos, n = 0, len(data)
-    try:
-        while pos + 4 <= n:
-            length = _U32.unpack_from(data, pos)[0]
-            head = 4
-            if length == 0xffffffff:
-                length, head = _U64.unpack_from(data, pos + 4)[0], 12
-            if length == 0:
-                pos += 4
-                continue
-            if pos + head + length > n:
-                break
-            found = fde_range(data, pos, eh, base, cies)
-            if found is not None:
-                out.setdefault(found[0], pos)
-            pos += head + length
-    except (IndexError, struct.error, ValueError, OverflowError):
-        pass
+    for pos, found in _scan(data, base, eh):
+        out.setdefault(found[0], pos)
     return out
