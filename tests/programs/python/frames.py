@@ -4,7 +4,10 @@ goes, each under <module> -> main -> outer -> middle -> leaf:
   sorted     key_of, called back by the builtin sorted() that leaf calls
   generator  numbers(), a generator leaf iterates
   exception  handle(), called in leaf's except block
-  threads    work_a, work_b, work_c, each in a thread of its own
+  threads    work_a, work_b, work_c, each in a thread of its own; timed,
+             each thread works until it has had SECONDS/2 of CPU itself
+             (not of the clock: on a loaded machine each thread still
+             runs, and is sampled, as long)
   write      leaf prints (libc's write under print)
 Usage: frames.py MODE SECONDS|stdin [FACTS_FILE]. It works for SECONDS, or
 until stdin closes; when it starts working it writes, as one JSON line to
@@ -51,7 +54,7 @@ def work_c():
 
 
 def threaded(work):
-    while not done():
+    while not (time.thread_time() >= _cpu_each[0] if _cpu_each[0] else done()):
         work()
 
 
@@ -82,6 +85,7 @@ def outer(mode):
 
 
 _end = [None]
+_cpu_each = [None]        # threads, timed: the CPU seconds each thread works
 _closed = threading.Event()
 
 
@@ -100,6 +104,8 @@ def main(mode, seconds, facts):
     else:
         _end[0] = time.monotonic() + float(seconds)
     workers = []
+    if mode == "threads" and seconds != "stdin":
+        _cpu_each[0] = float(seconds) / 2
     if mode == "threads":
         workers = [threading.Thread(target=threaded, args=(w,), name=w.__name__)
                    for w in (work_a, work_b, work_c)]
