@@ -96,8 +96,8 @@ def fuzz_env(monkeypatch, tmp_path):
         raise AssertionError(f"seed {SEED}: a fuzz case would start a run: {args}")
     for name in ("launch", "everything"):
         monkeypatch.setattr(process, name, refuse)
-    import ustack.session
-    monkeypatch.setattr(ustack.session, "launch_traced", refuse)
+    from ustack.target import traced_command
+    monkeypatch.setattr(traced_command, "launch_traced", refuse)
     print(f"fuzz seed {SEED} (USTACK_FUZZ_SEED=N to replay another)")
 
 
@@ -518,8 +518,8 @@ def test_damaged_objects_listed_traced_by_name_and_symbolized(tmp_path, monkeypa
         raise Resolved("resolved")
     for name in ("launch", "everything"):
         monkeypatch.setattr(process, name, resolved)
-    import ustack.session
-    monkeypatch.setattr(ustack.session, "launch_traced", resolved)
+    from ustack.target import traced_command
+    monkeypatch.setattr(traced_command, "launch_traced", resolved)
     r = rng("objects")
     objects = [(build("args", flags=O2_NOFP), "mix", "buf"),
                (build("usdt_lib", flags=O2_NOFP, kind="shared"), "", ""),
