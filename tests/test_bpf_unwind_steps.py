@@ -101,7 +101,8 @@ def test_stop_reasons_are_the_ones_the_notes_name():
     """The C's stop reasons are those model.py turns into notes."""
     assert {STATUS[name] for name in ("NO_MAPPING", "NO_FILE", "NO_TABLE", "NO_CFI", "GAP",
                                       "UNSUPPORTED", "NO_BP", "READ_FAILED", "TRUNCATED",
-                                      "VMA_BUSY", "TABLE_FULL")} == set(KERNEL_UNWIND_REASONS)
+                                      "VMA_BUSY", "TABLE_FULL", "NO_BX")} \
+        == set(KERNEL_UNWIND_REASONS)
     assert STATUS["THROUGH_JIT"] == KERNEL_UNWIND_THROUGH_JIT
     assert STATUS["THROUGH_NO_CFI"] == KERNEL_UNWIND_THROUGH_NO_CFI
 
@@ -134,7 +135,7 @@ def test_one_step_follows_the_row(harness, which):
         # and every row of the rarer kinds (ld.so's rbx-based CFAs, DRAP)
         pcs |= {packed.row(i)[0] for i in range(len(packed))
                 if packed.row(i)[1] in (tables.BX, tables.SP_DEREF, tables.BP_DEREF)}
-        checked = walked = 0
+        checked = walked = lost_bx = 0
         for pc in sorted(pcs):
             if any(at - 1 <= pc < at + 16 for at in signal):
                 continue
@@ -162,6 +163,17 @@ def test_one_step_follows_the_row(harness, which):
                 assert got["rec.head.frames"] == 2
                 walked += 1
             checked += 1
+            # a CFA in rbx, with rbx lost: a stop that says so
+            if (packed.lookup(pc) or tables.NO_ROW)[0] == tables.BX:
+                state.update({"bx_ok": 0, "rec.head.frames": 1,
+                              "rec.head.status": STATUS["RUNNING"]})
+                named["given"].update(bytes(4), layout.struct.pack(*state.values()))
+                assert bpf_syscall.test_run(fd, (1).to_bytes(8, "little")) == 0
+                got = dict(zip(layout.fields,
+                               layout.struct.unpack(named["given"].lookup(bytes(4)))))
+                assert (got["rec.head.status"], got["rec.head.frames"]) == (STATUS["NO_BX"], 1)
+                lost_bx += 1
+        assert lost_bx >= (9 if which == "ld.so" else 0)   # its resolvers and TLS descriptors
         # every sampled pc but the trampoline's, most of them a step up
         assert checked >= len(pcs) - 18 and walked > checked // 2
     finally:
