@@ -441,13 +441,13 @@ def test_cfi_cache_across_runs(chain, tmp_path):
     tables = first["tables"]
     assert str(chain) in tables and any(p.endswith("/libc.so.6") for p in tables), tables
     assert first["parses"] == len(tables) and not any(tables.values()), first
-    files = sorted((cache / "cfi").glob("*.v1"))
+    files = sorted((cache / "cfi").glob("*.v2"))
     assert len(files) == len(tables), (files, tables)
     out2, second = _cli_run(cache, *args)
     assert second["parses"] == 0, second
     assert second["tables"] == {p: True for p in tables}, second
     assert out2 == out1
-    assert sorted((cache / "cfi").glob("*.v1")) == files
+    assert sorted((cache / "cfi").glob("*.v2")) == files
     stacks = count_stacks(out2)
     assert [(program_names(s["frames"], chain), s["count"]) for s in stacks] == [(CHAIN, 20)]
 

@@ -153,7 +153,7 @@ class UnwindTable:
 
     @staticmethod
     def _cache_file(image: ElfImage, st: os.stat_result) -> str:
-        return objcache.cache_file("cfi", image.path, st, image.file.build_id, "v1")
+        return objcache.cache_file("cfi", image.path, st, image.file.build_id, "v2")
 
     @classmethod
     def _read_or_build(cls, image: ElfImage, st: os.stat_result, debug_dirs) -> tuple:
