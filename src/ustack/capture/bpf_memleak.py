@@ -8,7 +8,7 @@ Three programs (src/ustack/bpf/memleak.bpf.c):
   pointer, the caller's stack walked by unwind.h and stored in STACKS
   under its hash). An allocator another one calls or jumps to
   (realloc(NULL, n) jumps into malloc at the same sp, malloc may call
-  mmap) finds its thread's outer call in CALLS, at or below its sp on the
+  mmap) finds its thread's outer call in CALLS, at its own sp or older on the
   stack, and leaves it alone: the outer call is counted.
   realloc takes its old block out of ALLOCS at once (and puts it back if
   realloc fails), so no other thread's new block at that address is lost.
