@@ -22,14 +22,16 @@ from ustack.model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_THROUGH_JIT,
                           KERNEL_UNWIND_THROUGH_NO_CFI)
 from ustack.objfile.elf import ElfImage
 from ustack.unwind import tables
-from ustack.unwind.cfi import BP_AT, BP_AT_BP, BP_SAME
+from ustack.unwind.cfi import BP_AT, BP_AT_BP, BP_SAME, BX_AT, BX_LOST, BX_SAME
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+LDSO = "/lib64/ld-linux-x86-64.so.2"     # its lazy-binding resolver's CFA is rbx-based
 # a stack in kernel space: any word outside the window fails to read
 BASE = 0xFFFFA00000000000
 WINDOW = 512
 SP = BASE + 128
 BP = BASE + 256
+BX = BASE + 192
 
 
 def word(addr: int) -> int | None:
@@ -51,17 +53,26 @@ STATUS = uw.unwind_object().enum("unwind_status")
 
 
 def _expected(row, pc: int) -> tuple:
-    """(status, pc, sp, bp, bp_ok) after one step from pc, per the row."""
+    """(status, pc, sp, bp, bp_ok, bx, bx_ok) after one step from pc, per the row."""
     s = STATUS
-    if row is None or row[0] in (tables.GAP, tables.UNSUPPORTED):
-        # code without CFI, or a rule the walk does not evaluate (DRAP),
-        # with rbp set: the frame-pointer rule, CFA = rbp + 16
-        row = (tables.BP, BP_AT, 0, 16, -16)
-    kind, bp_rule, aux, cfa_off, bp_off = row
+    if row is None or row[0] == tables.GAP:
+        # code without CFI, with rbp set: the frame-pointer rule, CFA =
+        # rbp + 16; no CFI says where rbx is
+        row = (tables.BP, BP_AT, BX_LOST, 0, 16, -16, 0)
+    kind, bp_rule, bx_rule, aux, cfa_off, bp_off, bx_off = row
     if kind == tables.END:
         return (s["COMPLETE"],)
-    if kind == tables.BP:
+    if kind == tables.UNSUPPORTED:
+        return (s["UNSUPPORTED"],)
+    if kind in (tables.SP_DEREF, tables.BP_DEREF):
+        base = word((SP if kind == tables.SP_DEREF else BP) + cfa_off)
+        if base is None:
+            return (s["READ_FAILED"],)
+        cfa = base + aux
+    elif kind == tables.BP:
         cfa = BP + cfa_off
+    elif kind == tables.BX:
+        cfa = BX + cfa_off
     else:
         cfa = SP + cfa_off + (8 if kind == tables.PLT and (pc & 15) >= aux else 0)
     ra = word(cfa - 8)
@@ -74,23 +85,32 @@ def _expected(row, pc: int) -> tuple:
         bp = bp or 0
     elif bp_rule != BP_SAME:
         bp_ok = 0
+    bx, bx_ok = BX, 1
+    if bx_rule == BX_AT:
+        bx = word(cfa + bx_off)
+        bx_ok = int(bx is not None)
+        bx = bx or 0
+    elif bx_rule != BX_SAME:
+        bx_ok = 0
     if cfa <= SP:
         return (s["NO_PROGRESS"],)
-    return (s["RUNNING"], ra, cfa, bp, bp_ok)
+    return (s["RUNNING"], ra, cfa, bp, bp_ok, bx, bx_ok)
 
 
 def test_stop_reasons_are_the_ones_the_notes_name():
     """The C's stop reasons are those model.py turns into notes."""
     assert {STATUS[name] for name in ("NO_MAPPING", "NO_FILE", "NO_TABLE", "NO_CFI", "GAP",
                                       "UNSUPPORTED", "NO_BP", "READ_FAILED", "TRUNCATED",
-                                      "VMA_BUSY", "TABLE_FULL")} == set(KERNEL_UNWIND_REASONS)
+                                      "VMA_BUSY", "TABLE_FULL", "NO_BX")} \
+        == set(KERNEL_UNWIND_REASONS)
     assert STATUS["THROUGH_JIT"] == KERNEL_UNWIND_THROUGH_JIT
     assert STATUS["THROUGH_NO_CFI"] == KERNEL_UNWIND_THROUGH_NO_CFI
 
 
-@pytest.mark.parametrize("which", ["libc", "chain-o2-nofp"])
+@pytest.mark.parametrize("which", ["libc", "ld.so", "chain-o2-nofp", "drap-o2-nofp"])
 def test_one_step_follows_the_row(harness, which):
-    path = LIBC if which == "libc" else str(build("chain", flags=O2_NOFP))
+    path = {"libc": LIBC, "ld.so": LDSO}.get(which) or str(build(which.split("-")[0],
+                                                                  flags=O2_NOFP))
     image = ElfImage.open(path)
     packed = tables.for_image(image)
     signal = tables.signal_trampolines(image)
@@ -112,12 +132,16 @@ def test_one_step_follows_the_row(harness, which):
         rnd = random.Random(23)
         pcs = {s + d for s in rnd.sample(starts, min(len(starts), 600)) for d in (-1, 0, 1)}
         pcs |= {starts[0] - 1, starts[-1] + 100}
-        checked = walked = 0
+        # and every row of the rarer kinds (ld.so's rbx-based CFAs, DRAP)
+        pcs |= {packed.row(i)[0] for i in range(len(packed))
+                if packed.row(i)[1] in (tables.BX, tables.SP_DEREF, tables.BP_DEREF)}
+        checked = walked = lost_bx = 0
         for pc in sorted(pcs):
             if any(at - 1 <= pc < at + 16 for at in signal):
                 continue
             state = dict.fromkeys(layout.fields, 0)
             state.update({"pc": pc, "sp": SP, "bp": BP, "exact": 1, "bp_ok": 1,
+                          "bx": BX, "bx_ok": 1,
                           "mend": (1 << 64) - 1, "first": first, "rows": rows,
                           "page_slot": page_slot, "first_page": first_page, "pages": pages,
                           "win": BASE, "rec.head.frames": 1,
@@ -133,11 +157,23 @@ def test_one_step_follows_the_row(harness, which):
             if want[0] != STATUS["RUNNING"]:
                 assert (status, got["rec.head.frames"]) == (want[0], 1), hex(pc)
             else:
-                assert (status, got["pc"], got["sp"], got["bp"], got["bp_ok"]) == want, hex(pc)
+                assert (status, got["pc"], got["sp"], got["bp"], got["bp_ok"], got["bx"],
+                        got["bx_ok"]) == want, hex(pc)
                 assert got["frame"][8:16] == want[1].to_bytes(8, "little")
                 assert got["rec.head.frames"] == 2
                 walked += 1
             checked += 1
+            # a CFA in rbx, with rbx lost: a stop that says so
+            if (packed.lookup(pc) or tables.NO_ROW)[0] == tables.BX:
+                state.update({"bx_ok": 0, "rec.head.frames": 1,
+                              "rec.head.status": STATUS["RUNNING"]})
+                named["given"].update(bytes(4), layout.struct.pack(*state.values()))
+                assert bpf_syscall.test_run(fd, (1).to_bytes(8, "little")) == 0
+                got = dict(zip(layout.fields,
+                               layout.struct.unpack(named["given"].lookup(bytes(4)))))
+                assert (got["rec.head.status"], got["rec.head.frames"]) == (STATUS["NO_BX"], 1)
+                lost_bx += 1
+        assert lost_bx >= (9 if which == "ld.so" else 0)   # its resolvers and TLS descriptors
         # every sampled pc but the trampoline's, most of them a step up
         assert checked >= len(pcs) - 18 and walked > checked // 2
     finally:

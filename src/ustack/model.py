@@ -114,13 +114,13 @@ KERNEL_UNWIND_REASONS = {
     10: "stopped at the in-kernel frame limit",
     11: "the process's memory map was locked",
     12: "the in-kernel unwind table was full when this object was loaded",
+    20: "its CFA is rbx-based (ld.so's lazy-binding resolver) and rbx is not known there",
 }
 # not a cut: the whole stack, through code without a file (JIT) on its
 # frame pointer, as the copy path's unwinder goes (it says so too)
 KERNEL_UNWIND_THROUGH_JIT = 13
 JIT_NOTE = "frame pointer used for code without a file (JIT?)"
-# the same through a file's code without CFI (V8's builtins in node) or a
-# frame whose CFI rule the in-kernel walk does not evaluate (DRAP)
+# the same through a file's code without CFI (V8's builtins in node)
 KERNEL_UNWIND_THROUGH_NO_CFI = 15
 NO_CFI_NOTE = "frame pointer used for code without CFI"
 # whole native stacks whose Python frames (bpf/python.h) are not all shown

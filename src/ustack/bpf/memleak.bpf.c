@@ -123,10 +123,11 @@ int memleak_entry(struct pt_regs *ctx)
 
 	if (!of_the_run())
 		return result;
-	/* an allocator called by another (realloc(NULL, n) calls malloc,
-	 * malloc mmap): the outer call is the one counted */
+	/* an allocator called by another (malloc calls mmap) or jumped to
+	 * at the same sp (realloc(NULL, n) jumps into malloc, its return
+	 * address already a uretprobe's): the outer call is the one counted */
 	outer = bpf_map_lookup_elem(&calls, &tid);
-	if (outer && outer->sp > ctx->sp)
+	if (outer && outer->sp >= ctx->sp)
 		return result;
 	c.sp = ctx->sp;
 	c.kind = kind;

@@ -110,6 +110,7 @@ static __always_inline void fill_deferred(void *ctx, struct walk *w, struct defe
 	d->ip = w->pc;
 	d->sp = w->sp;
 	d->bp = w->bp;
+	d->bx = w->bx;
 	d->kernel_stack = kernel_stack;
 	d->weight = weight;
 	if (!bpf_probe_read_user(d->stack, DEFER_STACK, (void *)w->sp)) {

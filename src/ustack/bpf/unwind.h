@@ -8,12 +8,13 @@
  *   consecutive frames in one mapping skip both;
  * - the object's rows: OBJECTS[(dev, inode)], a binary search over the
  *   rows of the pc's 4 KiB page (PAGES) in ROWS;
- * - the row's rule: CFA = sp|bp + N (or the PLT's), the return address at
- *   CFA - 8, bp restored per the row; a signal frame continues from the
- *   ucontext. Stack words come from a WINDOW-byte copy.
- * Code without a file (a JIT's), a file's code without CFI (V8's builtins)
- * and a frame whose rule is not evaluated (DRAP) are walked on the frame
- * pointer, with a note. */
+ * - the row's rule: CFA = sp|bp|bx + N, [sp|bp + N] + M (DRAP) or the
+ *   PLT's, the return address at CFA - 8, bp and bx restored per the row
+ *   (bx: ld.so's lazy-binding resolver has its CFA in rbx); a signal frame
+ *   continues from the ucontext. Stack words come from a WINDOW-byte copy.
+ * Code without a file (a JIT's) and a file's code without CFI (V8's
+ * builtins) are walked on the frame pointer, with a note; a row whose rule
+ * is not evaluated ends the stack with a note, never a guess. */
 #ifndef UNWIND_H
 #define UNWIND_H
 
@@ -27,6 +28,7 @@
 /* the ucontext of a signal frame, at sp when the handler returned */
 #define UC_GREGS 40
 #define UC_RBP (UC_GREGS + 8 * 10)
+#define UC_RBX (UC_GREGS + 8 * 11)
 #define UC_RSP (UC_GREGS + 8 * 15)
 #define UC_RIP (UC_GREGS + 8 * 16)
 
@@ -38,6 +40,7 @@ struct walk {
 	__u64 pc, sp, bp;
 	__u64 exact;		/* pc is the event's own, not a return address */
 	__u64 bp_ok;		/* bp holds the frame's value */
+	__u64 bx, bx_ok;	/* the same of rbx */
 	__u64 hash;
 	__u64 mstart, mend;	/* the mapping whose rows are below */
 	__s64 adjust;		/* its ELF address - runtime address */
@@ -179,6 +182,7 @@ static __noinline void task_registers(struct walk *w)
 	w->pc = regs->ip;
 	w->sp = regs->sp;
 	w->bp = regs->bp;
+	w->bx = regs->bx;
 }
 
 /* the user registers of the event into w */
@@ -193,6 +197,7 @@ static __always_inline void user_registers(void *ctx, enum regs_source source, s
 	w->pc = regs->ip;
 	w->sp = regs->sp;
 	w->bp = regs->bp;
+	w->bx = regs->bx;
 }
 
 /* bpf_find_vma's callback: the mapping's start, end, page offset, and
@@ -399,9 +404,22 @@ static long step(__u64 index, void *unused)
 		cfa = w->bp + off;
 		break;
 	case ROW_PLT:
-		if ((w->pc & 15) >= (__u16)row->aux)
+		if ((w->pc & 15) >= (__u8)row->aux)
 			off += 8;
 		cfa = w->sp + off;
+		break;
+	case ROW_BX:
+		if (!w->bx_ok)
+			STOP(NO_BX);
+		cfa = w->bx + off;
+		break;
+	case ROW_SP_DEREF:
+	case ROW_BP_DEREF:
+		if (row->kind == ROW_BP_DEREF && !w->bp_ok)
+			STOP(NO_BP);
+		if (read_user(w, (row->kind == ROW_SP_DEREF ? w->sp : w->bp) + off, &w->word))
+			STOP(READ_FAILED);
+		cfa = w->word + row->aux;
 		break;
 	case ROW_END:
 		goto end;
@@ -409,16 +427,15 @@ static long step(__u64 index, void *unused)
 		if (bpf_probe_read_user(uc, sizeof(uc), (void *)(w->sp + UC_RBP)))
 			STOP(READ_FAILED);
 		w->bp = uc[0];
+		w->bx = uc[(UC_RBX - UC_RBP) / 8];
+		w->bx_ok = 1;
 		w->pc = uc[(UC_RIP - UC_RBP) / 8];
 		w->sp = uc[(UC_RSP - UC_RBP) / 8];
 		w->exact = 1;
 		w->bp_ok = 1;
 		goto append;
-	case ROW_UNSUPPORTED:	/* a realigned (DRAP) frame: rbp still chains */
-		if (!w->bp_ok || !w->bp)
-			STOP(UNSUPPORTED);
-		w->fp_used |= FP_FOR_NO_CFI;
-		goto frame_pointer;
+	case ROW_UNSUPPORTED:	/* rbp need not be a frame pointer here */
+		STOP(UNSUPPORTED);
 	default:
 		goto gap;
 	}
@@ -440,6 +457,10 @@ static long step(__u64 index, void *unused)
 	default:
 		w->bp_ok = 0;
 	}
+	if (row->bx_rule == BX_AT)
+		w->bx_ok = !read_user(w, cfa + row->bx, &w->bx);
+	else if (row->bx_rule != BX_SAME)
+		w->bx_ok = 0;
 	if (0) {
 frame_pointer:
 		/* the frame-pointer rule (the ABI's): CFA = rbp + 16, the return
@@ -451,6 +472,7 @@ frame_pointer:
 		if (read_user(w, cfa - 8, &w->word))
 			STOP(READ_FAILED);
 		w->bp_ok = !read_user(w, cfa - 16, &w->bp);
+		w->bx_ok = 0;	/* no CFI says where rbx went */
 	}
 	/* the caller: the stack ends at a null return address; a CFA that
 	 * does not move up would loop */
@@ -501,6 +523,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	user_registers(ctx, source, w);
 	w->exact = 1;
 	w->bp_ok = 1;
+	w->bx_ok = 1;
 	w->mend = w->mstart = w->win = w->fp_used = 0;
 	w->frame[0] = w->pc;
 	w->rec.head.frames = 1;

@@ -212,13 +212,20 @@ struct unwind_row {
 	__u32 pc;
 	__u8 kind;		/* enum row_kind */
 	__u8 bp_rule;		/* enum bp_rule */
-	__s16 aux;		/* ROW_PLT: the pc & 15 from which CFA gains 8 */
+	__u8 bx_rule;		/* enum bx_rule */
+	__s8 aux;		/* ROW_PLT: the pc & 15 from which CFA gains 8;
+				 * ROW_*_DEREF: added to the word read */
 	__s32 cfa;
-	__s32 bp;		/* BP_AT: bp at CFA + bp, BP_AT_BP: at bp + bp */
+	__s16 bp;		/* BP_AT: bp at CFA + bp, BP_AT_BP: at bp + bp */
+	__s16 bx;		/* BX_AT: bx at CFA + bx */
 };
 
-enum row_kind { ROW_GAP, ROW_SP, ROW_BP, ROW_PLT, ROW_END, ROW_SIGNAL, ROW_UNSUPPORTED };
+/* ROW_BX: CFA = rbx + cfa (ld.so's lazy-binding resolver);
+ * ROW_SP_DEREF, ROW_BP_DEREF: CFA = [rsp|rbp + cfa] + aux (DRAP) */
+enum row_kind { ROW_GAP, ROW_SP, ROW_BP, ROW_PLT, ROW_END, ROW_SIGNAL, ROW_UNSUPPORTED,
+		ROW_BX, ROW_SP_DEREF, ROW_BP_DEREF };
 enum bp_rule { BP_SAME, BP_AT, BP_LOST, BP_AT_BP };
+enum bx_rule { BX_SAME, BX_AT, BX_LOST };
 
 /* why a walk stopped (a stack's status); COMPLETE is a whole stack */
 enum unwind_status {
@@ -231,6 +238,7 @@ enum unwind_status {
 	PYTHON_CODE = 16,	/* not a stack: a ring record of a Python code object (python.h) */
 	PYTHON_UNREADABLE = 17,	/* complete, but a Python frame could not be read */
 	PYTHON_LEFT = 18,	/* complete, but Python frames were left when it ended */
+	NO_BX = 20,		/* a CFA in rbx, which an earlier frame lost (or never had) */
 	RUNNING = 0xFF,
 };
 
@@ -328,7 +336,7 @@ struct trace_record {
  * fetch-args after the stack */
 struct deferred_record {
 	struct trace_record rec;
-	__u64 ip, sp, bp;
+	__u64 ip, sp, bp, bx;
 	__s32 kernel_stack;
 	__u32 copied;
 	__u64 weight;		/* what the event adds to its stack's count */

@@ -6,9 +6,10 @@ Three programs (src/ustack/bpf/memleak.bpf.c):
   aligned_alloc, memalign, valloc, pvalloc, mmap: one program per kind of
   arguments): CALLS[tid] = (sp, the size asked for, posix_memalign's out
   pointer, the caller's stack walked by unwind.h and stored in STACKS
-  under its hash). An allocator another one calls (realloc(NULL, n) calls
-  malloc, malloc may call mmap) finds its thread's outer call in CALLS,
-  deeper on the stack, and leaves it alone: the outer call is counted.
+  under its hash). An allocator another one calls or jumps to
+  (realloc(NULL, n) jumps into malloc at the same sp, malloc may call
+  mmap) finds its thread's outer call in CALLS, at its own sp or older on the
+  stack, and leaves it alone: the outer call is counted.
   realloc takes its old block out of ALLOCS at once (and puts it back if
   realloc fails), so no other thread's new block at that address is lost.
 - at its return (a uretprobe: libc is not Go): the call whose sp + 8 is

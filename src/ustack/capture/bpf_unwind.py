@@ -92,11 +92,11 @@ STACK_HEAD = _OBJ.layout("stack_head").struct     # frames, status
 # a trace record: time (CLOCK_MONOTONIC ns), pid_tgid, probe, cpu, then STACK_HEAD
 RECORD = _OBJ.layout("trace_record").struct
 # a deferred record (RECORD with no frames, status DEFERRED), then the
-# event's ip, sp, bp, kernel stack id, bytes of stack copied, its weight
+# event's ip, sp, bp, bx, kernel stack id, bytes of stack copied, its weight
 # (count --weight), then DEFER_STACK bytes from sp (the copied ones first)
 _DEFERRED = _OBJ.layout("deferred_record")
 _TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
-DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "kernel_stack",
+DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "bx", "kernel_stack",
                                                           "copied", "weight")))
 DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
 DEFER_RECORD = _DEFERRED.size
@@ -632,13 +632,13 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             continue
         fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
-            ip, sp, bp, kstack, size, weight = DEFER.unpack_from(chunk, rec + RECORD.size)
+            ip, sp, bp, bx, kstack, size, weight = DEFER.unpack_from(chunk, rec + RECORD.size)
             at = rec + RECORD.size + DEFER.size
             args = fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file) if fetch \
                 else ((WEIGHT_ARG, "dec", as_s64(weight)),) if weighted else ()
             append(RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
-                regs={"ip": ip, "sp": sp, "bp": bp},
+                regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
                 stack=chunk[at:at + min(size, DEFER_STACK)], args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b""))
             continue

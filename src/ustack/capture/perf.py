@@ -33,8 +33,9 @@ from ..probes.fetchargs import probe_kinds
 from ..target.process import Target
 from .contract import Capture
 
-# ip, sp, bp: all that CFI-based unwinding on x86-64 reads (CFA is rsp or rbp)
-DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bp", "sp", "ip"))
+# ip, sp, bp, bx: all that CFI-based unwinding on x86-64 reads (CFA is rsp, rbp,
+# or rbx in ld.so's lazy-binding resolver)
+DWARF_REGS_MASK = sum(1 << pe.X86_REGS.index(r) for r in ("bx", "bp", "sp", "ip"))
 # and every general register where Python frames are read after the sample:
 # one of them, or its copy saved on the stack by a callee, holds the eval
 # loop's current frame, which tells whether the read is the sample's moment

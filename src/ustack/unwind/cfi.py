@@ -2,12 +2,15 @@
 
 An object's CFI (.eh_frame, .debug_frame, and the separate debug file's
 .debug_frame when the object has gaps) is interpreted once into rows that
-say, per address range, how to find the caller: CFA = rsp|rbp + off, return
-address at CFA + off, rbp unchanged / at CFA + off / lost. Only what an
-x86-64 unwinder needs is kept, as parallel arrays: lookup() is one bisect
-and the table is one file on disk, cached by a hash of the CFI sections it
-was built from (objfile/content_key.py), because interpreting libc's CFI
-costs far more than reading the result back.
+say, per address range, how to find the caller: CFA = rsp|rbp|rbx + off,
+return address at CFA + off, rbp and rbx unchanged / at CFA + off / lost.
+rbx is kept because glibc's lazy-binding resolver (_dl_runtime_resolve_*)
+and TLS descriptors define their CFA from it: a walk through them needs
+rbx as each frame between restored it. Only what an x86-64 unwinder needs
+is kept, as parallel arrays: lookup() is one bisect and the table is one
+file on disk, cached by a hash of the CFI sections it was built from
+(objfile/content_key.py), because interpreting libc's CFI costs far more
+than reading the result back.
 
 The parser is our own, not pyelftools' CFI decoder: that one is several
 times slower (its entries are rich objects) and raises on
@@ -42,16 +45,26 @@ UNKNOWN = 4   # CFI exists but uses rules we do not evaluate
 END = 5       # return address undefined: the outermost frame (_start, clone3)
 CFA_SP_DEREF = 6  # CFA = [rsp + cfa_off] + aux (OpenSSL's assembly)
 CFA_BP_DEREF = 7  # CFA = [rbp + cfa_off] + aux (gcc's realigned stack, DRAP)
-# rbp rule (high nibble).
+CFA_BX = 8    # CFA = rbx + cfa_off (ld.so's _dl_runtime_resolve_*, _dl_tlsdesc_*)
+# rbp rule (bits 4-5).
 BP_SAME = 0   # rbp keeps its value in the caller
 BP_AT = 1     # caller's rbp saved at CFA + bp_off
 BP_LOST = 2   # undefined, or a rule we do not evaluate
 BP_AT_BP = 3  # caller's rbp saved at rbp + bp_off (DRAP: DW_OP_breg6 expression)
+# rbx rule (bits 6-7).
+BX_SAME = 0   # rbx keeps its value in the caller
+BX_AT = 1     # caller's rbx saved at CFA + bx_off
+BX_LOST = 2   # undefined, or a rule we do not evaluate
 
-_RSP, _RBP = 7, 6                 # DWARF register numbers on x86-64
+
+def rules(kind_byte: int) -> tuple:
+    """(kind, bp rule, bx rule) of a row's kind byte."""
+    return kind_byte & 15, (kind_byte >> 4) & 3, kind_byte >> 6
+
+_RSP, _RBP, _RBX = 7, 6, 3        # DWARF register numbers on x86-64
 _R_SAME, _R_OFF, _R_UNDEF, _R_OTHER, _R_AT_BP = 0, 1, 2, 3, 4  # rules while parsing
-_MAGIC = b"USTKCFI\x02"
-_ROW_BYTES = 8 + 1 + 4 * 4
+_MAGIC = b"USTKCFI\x03"
+_ROW_BYTES = 8 + 1 + 4 * 5
 _HEADER = struct.Struct("<8sIII")  # magic, rows, len(signature), crc32
 _U16, _U32, _U64 = struct.Struct("<H"), struct.Struct("<I"), struct.Struct("<Q")
 # DWARF expression opcodes that CFA expressions seen in practice use.
@@ -72,17 +85,18 @@ class UnwindTable:
     # rows (capture/lazy_rows.py) may want it at once
     _memo = BuiltOnce()
 
-    __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "from_cache", "key")
+    __slots__ = ("path", "starts", "kinds", "cfa", "ra", "bp", "aux", "bx", "from_cache", "key")
 
     def __init__(self, path: str, starts: array, kinds: bytes, cfa: array,
-                 ra: array, bp: array, aux: array, from_cache: bool = False):
+                 ra: array, bp: array, aux: array, bx: array, from_cache: bool = False):
         self.path = path
         self.starts = starts      # array('Q'): row start addresses, sorted
-        self.kinds = kinds        # kind | bp_rule << 4, one byte per row
+        self.kinds = kinds        # kind | bp_rule << 4 | bx_rule << 6, one byte per row
         self.cfa = cfa            # array('i'): CFA offset
         self.ra = ra              # array('i'): return address at CFA + ra
         self.bp = bp              # array('i'): rbp's offset (see the BP_ rules)
         self.aux = aux            # array('i'): PLT threshold, or added after a deref
+        self.bx = bx              # array('i'): rbx's offset from the CFA (BX_AT)
         self.from_cache = from_cache
         self.key = ""             # the content key of the CFI it was built from
 
@@ -90,14 +104,16 @@ class UnwindTable:
         return len(self.starts)
 
     def lookup(self, vaddr: int) -> tuple | None:
-        """(kind, cfa_off, ra_off, bp_rule, bp_off, aux) at vaddr, None without CFI."""
+        """(kind, cfa_off, ra_off, bp_rule, bp_off, aux, bx_rule, bx_off) at
+        vaddr, None without CFI."""
         i = bisect.bisect_right(self.starts, vaddr) - 1
         if i < 0:
             return None
         k = self.kinds[i]
         if k & 15 == NONE:
             return None
-        return (k & 15, self.cfa[i], self.ra[i], k >> 4, self.bp[i], self.aux[i])
+        return (k & 15, self.cfa[i], self.ra[i], (k >> 4) & 3, self.bp[i], self.aux[i],
+                k >> 6, self.bx[i])
 
     # --- building and caching -----------------------------------------------
 
@@ -155,7 +171,8 @@ class UnwindTable:
 
     def to_bytes(self, signature: bytes = b"") -> bytes:
         body = b"".join((signature, self.starts.tobytes(), self.kinds, self.cfa.tobytes(),
-                         self.ra.tobytes(), self.bp.tobytes(), self.aux.tobytes()))
+                         self.ra.tobytes(), self.bp.tobytes(), self.aux.tobytes(),
+                         self.bx.tobytes()))
         return _HEADER.pack(_MAGIC, len(self.starts), len(signature),
                             zlib.crc32(body)) + body
 
@@ -173,13 +190,14 @@ class UnwindTable:
             return None   # built from other sections or another debug file
         p = siglen
         arrays = []
-        for code, width in (("Q", 8), ("B", 1), ("i", 4), ("i", 4), ("i", 4), ("i", 4)):
+        for code, width in (("Q", 8), ("B", 1), ("i", 4), ("i", 4), ("i", 4), ("i", 4),
+                            ("i", 4)):
             a = array(code)
             a.frombytes(body[p:p + width * n])
             arrays.append(a)
             p += width * n
-        starts, kinds, cfa, ra, bp, aux = arrays
-        return cls(path, starts, bytes(kinds), cfa, ra, bp, aux, from_cache=True)
+        starts, kinds, cfa, ra, bp, aux, bx = arrays
+        return cls(path, starts, bytes(kinds), cfa, ra, bp, aux, bx, from_cache=True)
 
 
 # --- building ------------------------------------------------------------------
@@ -262,16 +280,16 @@ def _flatten(path: str, fdes: list) -> UnwindTable:
     deduplicated table."""
     fdes = sorted(filter(fits, fdes), key=lambda f: f[0])
     starts, kinds = array("Q"), bytearray()
-    cfa, ra, bp, aux = array("i"), array("i"), array("i"), array("i")
+    cfa, ra, bp, aux, bx = array("i"), array("i"), array("i"), array("i"), array("i")
     last = None
-    none = (NONE, 0, 0, 0, 0)
+    none = (NONE, 0, 0, 0, 0, 0)
 
     def emit(addr, row):
         nonlocal last
         if row == last:
             return
         if starts and starts[-1] == addr:   # an empty range: replace it
-            kinds[-1], cfa[-1], ra[-1], bp[-1], aux[-1] = row
+            kinds[-1], cfa[-1], ra[-1], bp[-1], aux[-1], bx[-1] = row
         else:
             starts.append(addr)
             kinds.append(row[0])
@@ -279,6 +297,7 @@ def _flatten(path: str, fdes: list) -> UnwindTable:
             ra.append(row[2])
             bp.append(row[3])
             aux.append(row[4])
+            bx.append(row[5])
         last = row
 
     for i, (lo, hi, rows) in enumerate(fdes):
@@ -292,7 +311,7 @@ def _flatten(path: str, fdes: list) -> UnwindTable:
             emit(addr, row)
         if nxt is None or nxt > hi:
             emit(hi, none)
-    return UnwindTable(path, starts, bytes(kinds), cfa, ra, bp, aux)
+    return UnwindTable(path, starts, bytes(kinds), cfa, ra, bp, aux, bx)
 
 
 # --- the CFI parser --------------------------------------------------------------
@@ -416,7 +435,7 @@ def _parse_cie(data: bytes, pos: int, end: int, eh: bool, base: int) -> _Cie:
         pos = aend
     elif aug:
         return cie                     # unknown augmentation without 'z': unusable
-    init = (_RSP, 8, None, _R_SAME, 0, _R_SAME, 0)
+    init = (_RSP, 8, None, _R_SAME, 0, _R_SAME, 0, _R_SAME, 0)
     cie.init = init
     cie.init = _run(data, pos, end, init, cie, 0, None)[0]
     cie.ok = True
@@ -454,31 +473,41 @@ def _parse_fde(data: bytes, pos: int, end: int, cie: _Cie, base: int, programs: 
 
 
 def _row(state) -> tuple:
-    """A parser state -> (kind byte, cfa_off, ra_off, bp_off, aux) for the table."""
-    cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o = state
+    """A parser state -> (kind byte, cfa_off, ra_off, bp_off, aux, bx_off)
+    for the table."""
+    cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o, bx_k, bx_o = state
     if ra_k == _R_UNDEF:
-        return (END, 0, 0, 0, 0)
+        return (END, 0, 0, 0, 0, 0)
     if ra_k != _R_OFF:
-        return (UNKNOWN, 0, 0, 0, 0)
+        return (UNKNOWN, 0, 0, 0, 0, 0)
     aux = 0
     if expr is not None:
         rule = _cfa_expression(expr)
         if rule is None:
-            return (UNKNOWN, 0, 0, 0, 0)
+            return (UNKNOWN, 0, 0, 0, 0, 0)
         kind, cfa_off, aux = rule
-    elif cfa_reg == _RSP:
-        kind = CFA_SP
-    elif cfa_reg == _RBP:
-        kind = CFA_BP
     else:
-        return (UNKNOWN, 0, 0, 0, 0)
+        kind = _CFA_KINDS.get(cfa_reg)
+        if kind is None:                  # rdi (libc's __start_context): not tracked
+            return (UNKNOWN, 0, 0, 0, 0, 0)
+    if bx_k == _R_SAME:
+        kind |= BX_SAME << 6
+        bx_o = 0
+    elif bx_k == _R_OFF:
+        kind |= BX_AT << 6
+    else:
+        kind |= BX_LOST << 6
+        bx_o = 0
     if bp_k == _R_SAME:
-        return (kind | BP_SAME << 4, cfa_off, ra_o, 0, aux)
+        return (kind | BP_SAME << 4, cfa_off, ra_o, 0, aux, bx_o)
     if bp_k == _R_OFF:
-        return (kind | BP_AT << 4, cfa_off, ra_o, bp_o, aux)
+        return (kind | BP_AT << 4, cfa_off, ra_o, bp_o, aux, bx_o)
     if bp_k == _R_AT_BP:
-        return (kind | BP_AT_BP << 4, cfa_off, ra_o, bp_o, aux)
-    return (kind | BP_LOST << 4, cfa_off, ra_o, 0, aux)
+        return (kind | BP_AT_BP << 4, cfa_off, ra_o, bp_o, aux, bx_o)
+    return (kind | BP_LOST << 4, cfa_off, ra_o, 0, aux, bx_o)
+
+
+_CFA_KINDS = {_RSP: CFA_SP, _RBP: CFA_BP, _RBX: CFA_BX}
 
 
 def _cfa_expression(expr: bytes) -> tuple | None:
@@ -507,9 +536,9 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
          rows: list | None):
     """Interpret CFA instructions from state; append (addr, row) to rows at
     each location change. Returns (final state, loc, whether a set_loc
-    gave an absolute address). Only the CFA, the return address and rbp
-    are tracked; other registers' rules are skipped."""
-    cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o = state
+    gave an absolute address). Only the CFA, the return address, rbp
+    and rbx are tracked; other registers' rules are skipped."""
+    cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o, bx_k, bx_o = state
     init = cie.init
     ra_reg = cie.ra_reg
     caf, daf = cie.code_align, cie.data_align
@@ -531,6 +560,8 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
                 ra_k, ra_o = _R_OFF, v * daf
             elif reg == _RBP:
                 bp_k, bp_o = _R_OFF, v * daf
+            elif reg == _RBX:
+                bx_k, bx_o = _R_OFF, v * daf
             continue
         elif hi == 0xc0:                                 # restore
             reg = op & 0x3f
@@ -538,6 +569,8 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
                 ra_k, ra_o = init[3], init[4]
             elif reg == _RBP:
                 bp_k, bp_o = init[5], init[6]
+            elif reg == _RBX:
+                bx_k, bx_o = init[7], init[8]
             continue
         elif op == 0x0e:                                 # def_cfa_offset
             cfa_off, i = _uleb(data, i)
@@ -546,11 +579,11 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
         elif op == 0x00:                                 # nop
             continue
         elif op == 0x0a:                                 # remember_state
-            stack.append((cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o))
+            stack.append((cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o, bx_k, bx_o))
             continue
         elif op == 0x0b:                                 # restore_state
             if stack:
-                cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o = stack.pop()
+                cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o, bx_k, bx_o = stack.pop()
             continue
         elif op == 0x02:                                 # advance_loc1
             adv = data[i] * caf
@@ -594,17 +627,22 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
                 ra_k, ra_o = k, v
             elif reg == _RBP:
                 bp_k, bp_o = k, v
+            elif reg == _RBX:
+                bx_k, bx_o = k, v
             continue
         elif op in (0x06, 0x07, 0x08):                   # restore_extended, undefined, same_value
             reg, i = _uleb(data, i)
             if op == 0x06:
-                k, v = (init[3], init[4]) if reg == ra_reg else (init[5], init[6])
+                k, v = (init[3], init[4]) if reg == ra_reg else \
+                    (init[7], init[8]) if reg == _RBX else (init[5], init[6])
             else:
                 k, v = (_R_UNDEF if op == 0x07 else _R_SAME), 0
             if reg == ra_reg:
                 ra_k, ra_o = k, v
             elif reg == _RBP:
                 bp_k, bp_o = k, v
+            elif reg == _RBX:
+                bx_k, bx_o = k, v
             continue
         elif op == 0x09:                                 # register
             reg, i = _uleb(data, i)
@@ -613,12 +651,16 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
                 ra_k = _R_OTHER
             elif reg == _RBP:
                 bp_k = _R_OTHER
+            elif reg == _RBX:
+                bx_k = _R_OTHER
             continue
         elif op == 0x10 or op == 0x16:                   # expression, val_expression
             reg, i = _uleb(data, i)
             n, i = _uleb(data, i)
             if reg == ra_reg:
                 ra_k = _R_OTHER
+            elif reg == _RBX:
+                bx_k = _R_OTHER
             elif reg == _RBP:
                 bp_k = _R_OTHER
                 # DRAP: rbp saved at rbp + k (DW_OP_breg6 k), the one form kept
@@ -641,7 +683,7 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
             break                                        # unknown opcode: stop here
         # A location change: the state so far covers [row start, loc + adv).
         if rows is not None and adv:
-            state = (cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o)
+            state = (cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o, bx_k, bx_o)
             row = _ROWS.get(state)
             if row is None:
                 row = _ROWS[state] = _row(state)
@@ -649,7 +691,7 @@ def _run(data: bytes, i: int, end: int, state: tuple, cie: _Cie, loc: int,
                 rows.append((loc, row))
                 last_row = row
         loc += adv
-    state = (cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o)
+    state = (cfa_reg, cfa_off, expr, ra_k, ra_o, bp_k, bp_o, bx_k, bx_o)
     if rows is not None:
         row = _row(state)
         if row != last_row:

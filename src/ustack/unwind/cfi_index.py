@@ -112,7 +112,8 @@ class IndexedCfi:
         if found is None or found[0] & 15 == cfi.NONE:
             return None
         k = found[0]
-        return (k & 15, found[1], found[2], k >> 4, found[3], found[4])
+        return (k & 15, found[1], found[2], (k >> 4) & 3, found[3], found[4], k >> 6,
+                found[5])
 
     def _fde(self, offset: int):
         if offset not in self._parsed:

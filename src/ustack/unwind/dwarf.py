@@ -24,11 +24,16 @@ from .cfi import UnwindTable
 # not cut; a stack copy of 64 KiB holds at most ~4000 minimal frames anyway.
 MAX_FRAMES = 1024
 # Rule kinds of the per-pc cache, a tuple (kind, cfa_off, ra_off, bp_rule,
-# bp_off, aux, note): CFA = rsp|rbp + cfa_off, or [rsp|rbp + cfa_off] + aux
-# for the _DEREF kinds; the return address at CFA + ra_off; rbp per
-# cfi.BP_*; note is what to tell the user, or None.
-_SP, _BP, _SP_DEREF, _BP_DEREF, _END, _SIGNAL, _STOP = range(1, 8)
-_FP_RULE = (16, -8, cfi.BP_AT, -16, 0)   # CFA = rbp + 16, ra [rbp + 8], rbp [rbp]
+# bp_off, aux, bx_rule, bx_off, note): CFA = rsp|rbp|rbx + cfa_off, or
+# [rsp|rbp + cfa_off] + aux for the _DEREF kinds; the return address at
+# CFA + ra_off; rbp per cfi.BP_*, rbx per cfi.BX_*; note is what to tell
+# the user, or None.
+_SP, _BP, _SP_DEREF, _BP_DEREF, _END, _SIGNAL, _STOP, _BX = range(1, 9)
+# CFA = rbp + 16, ra [rbp + 8], rbp [rbp]; rbx unknown (no CFI says)
+_FP_RULE = (16, -8, cfi.BP_AT, -16, 0, cfi.BX_LOST, 0)
+# what a frame whose CFA is rbx-based says when rbx is not known there
+BX_UNKNOWN_NOTE = ("stack cut at a frame whose CFA is rbx-based (ld.so's lazy-binding "
+                   "resolver): rbx is not known there")
 # glibc's __restore_rt: mov $15,%rax (rt_sigreturn); syscall.
 RESTORE_RT = bytes.fromhex("48c7c00f0000000f05")
 # what may follow it as padding before the next function (nop, int3, the
@@ -46,7 +51,8 @@ def just_after_trampoline(image: ElfImage, vaddr: int) -> bool:
 # __restore_rt; uc_mcontext.gregs starts 40 bytes in, in the order R8..R15,
 # RDI, RSI, RBP, RBX, RDX, RAX, RCX, RSP, RIP.
 _GREGS = 40
-_UC_RBP, _UC_RSP, _UC_RIP = _GREGS + 8 * 10, _GREGS + 8 * 15, _GREGS + 8 * 16
+_UC_RBP, _UC_RBX = _GREGS + 8 * 10, _GREGS + 8 * 11
+_UC_RSP, _UC_RIP = _GREGS + 8 * 15, _GREGS + 8 * 16
 _TRUNC_LIMIT = 64 << 20  # reads further above the copy are garbage, not a short copy
 _MAX_PCS = 1 << 17       # cached pcs per mapping before the cache is dropped
 _MAX_MAPPINGS = 1 << 12
@@ -100,6 +106,7 @@ class DwarfUnwinder:
         ip = regs["ip"]
         sp = sp0 = regs["sp"]
         bp = regs.get("bp")
+        bx = regs.get("bx")     # None: not sampled (or lost): rbx-based CFAs stop
         top = len(stack) - 8
         addrs = [ip]
         if sps is not None:
@@ -127,13 +134,19 @@ class DwarfUnwinder:
                 rule = (st.exact if exact else st.ret).get(ip)
                 if rule is None:
                     rule = self._rule(st, ip, exact)
-            kind, cfa_off, ra_off, bp_rule, bp_off, aux, note = rule
+            kind, cfa_off, ra_off, bp_rule, bp_off, aux, bx_rule, bx_off, note = rule
             if kind == _SP:
                 cfa = sp + cfa_off
             elif kind == _BP:
                 if bp is None:
                     break
                 cfa = bp + cfa_off
+            elif kind == _BX:
+                if bx is None:
+                    if BX_UNKNOWN_NOTE not in notes:
+                        notes.append(BX_UNKNOWN_NOTE)
+                    break
+                cfa = bx + cfa_off
             elif kind == _SP_DEREF or kind == _BP_DEREF:
                 base = sp if kind == _SP_DEREF else bp
                 if base is None:
@@ -149,6 +162,7 @@ class DwarfUnwinder:
                     _short(notes, len(stack), o + _UC_RIP, top, self.cut_advice)
                     break
                 bp = unpack(stack, o + _UC_RBP)[0]
+                bx = unpack(stack, o + _UC_RBX)[0]
                 sp = unpack(stack, o + _UC_RSP)[0]
                 ip = unpack(stack, o + _UC_RIP)[0]
                 if ip < 0x1000:
@@ -159,6 +173,8 @@ class DwarfUnwinder:
                 exact = True                      # the interrupted pc itself
                 continue
             else:                                 # _END: the outermost frame; _STOP
+                if note is not None and note not in notes:
+                    notes.append(note)          # a stop that says why
                 break
             o = cfa + ra_off - sp0
             if o < 0 or o > top:
@@ -174,6 +190,9 @@ class DwarfUnwinder:
                     bp = unpack(stack, o)[0] if 0 <= o <= top else None
                 else:
                     bp = None
+            if bx_rule:
+                o = cfa + bx_off - sp0
+                bx = unpack(stack, o)[0] if bx_rule == cfi.BX_AT and 0 <= o <= top else None
             if ra < 0x1000 or cfa <= sp:          # end of chain, or no progress
                 break
             sp = cfa
@@ -232,24 +251,30 @@ class DwarfUnwinder:
         vaddr = image.file.vaddr_of_file_offset(file_offset(m, q)) if image else None
         row = st.table.lookup(vaddr) if st.table is not None and vaddr is not None else None
         if row is not None:
-            kind, cfa_off, ra_off, bp_rule, bp_off, aux = row
+            kind, cfa_off, ra_off, bp_rule, bp_off, aux, bx_rule, bx_off = row
             if kind in _DIRECT:
-                return (_DIRECT[kind], cfa_off, ra_off, bp_rule, bp_off, aux, None)
+                return (_DIRECT[kind], cfa_off, ra_off, bp_rule, bp_off, aux, bx_rule, bx_off,
+                        None)
             if kind == cfi.END:
-                return (_END, 0, 0, 0, 0, 0, None)
+                return (_END, 0, 0, 0, 0, 0, 0, 0, None)
             if kind == cfi.CFA_PLT:               # depends on pc: resolved here
                 extra = 8 if (pc & 15) >= aux else 0
-                return (_SP, cfa_off + extra, ra_off, bp_rule, bp_off, 0, None)
+                return (_SP, cfa_off + extra, ra_off, bp_rule, bp_off, 0, bx_rule, bx_off, None)
         # No usable CFI: a signal trampoline, or the frame pointer.
         if image is not None and vaddr is not None:
             here = vaddr if exact else vaddr + 1
             if image.file.read(here, len(RESTORE_RT)) == RESTORE_RT:
-                return (_SIGNAL, 0, 0, 0, 0, 0, None)
+                return (_SIGNAL, 0, 0, 0, 0, 0, 0, 0, None)
             # the pc just after its syscall: the event of rt_sigreturn itself,
             # or a sample while the kernel runs it
             if exact and just_after_trampoline(image, vaddr):
-                return (_SIGNAL, 0, 0, 0, 0, 0, None)
-        why = "unsupported CFI" if row is not None else st.why
+                return (_SIGNAL, 0, 0, 0, 0, 0, 0, 0, None)
+        if row is not None:
+            # CFI we do not evaluate (a CFA in rdi, say): rbp there is not
+            # a frame pointer, so following it would invent frames
+            return (_STOP, 0, 0, 0, 0, 0, 0, 0,
+                    f"stack cut at {st.module}: its CFI uses a rule ustack does not evaluate")
+        why = st.why
         note = (JIT_NOTE if m.path in ("", "//anon")      # as the in-kernel walk says
                 else f"frame pointer used for {st.module}: {why}")
         if exact and image is not None and vaddr is not None:
@@ -260,11 +285,11 @@ class DwarfUnwinder:
 
 
 _DIRECT = {cfi.CFA_SP: _SP, cfi.CFA_BP: _BP, cfi.CFA_SP_DEREF: _SP_DEREF,
-           cfi.CFA_BP_DEREF: _BP_DEREF}
+           cfi.CFA_BP_DEREF: _BP_DEREF, cfi.CFA_BX: _BX}
 # A pc outside every known mapping: a leaf (JIT code, say) may still have a
 # frame pointer; a return address there means the walk already went wrong.
 _NO_MAPPING_LEAF = (_BP,) + _FP_RULE + ("frame pointer used for [unknown]: no mapping",)
-_NO_MAPPING = (_STOP, 0, 0, 0, 0, 0, None)
+_NO_MAPPING = (_STOP, 0, 0, 0, 0, 0, 0, 0, None)
 
 
 def _short(notes: list, size: int, offset: int, top: int, advice: str) -> None:
@@ -283,5 +308,5 @@ def _leaf_rule(image: ElfImage, vaddr: int) -> tuple | None:
         return None
     depth, bp_off = found
     if bp_off is None:
-        return (_SP, depth + 8, -8, cfi.BP_SAME, 0, 0)
-    return (_SP, depth + 8, -8, cfi.BP_AT, bp_off, 0)
+        return (_SP, depth + 8, -8, cfi.BP_SAME, 0, 0, cfi.BX_LOST, 0)
+    return (_SP, depth + 8, -8, cfi.BP_AT, bp_off, 0, cfi.BX_LOST, 0)

@@ -8,11 +8,13 @@ for the signal trampoline (glibc's __restore_rt) that cfi.py leaves to the
 Python unwinder's byte check.
 
 A row is 16 bytes (ROW): the ELF virtual address where it starts (u32: the
-program keys rows by vaddr = address - bias), the kind, the rbp rule, a
-small auxiliary value (the PLT threshold), the CFA offset and rbp's offset.
-The return address is always at CFA - 8 (x86-64); rows whose CFI says
-otherwise, or uses a rule the program does not evaluate, become UNSUPPORTED
-and end the stack with a note, never a guess."""
+program keys rows by vaddr = address - bias), the kind, the rbp and rbx
+rules, a small auxiliary value (the PLT threshold, or what is added after
+a deref), the CFA offset and rbp's and rbx's offsets. rbx is followed
+because ld.so's lazy-binding resolver defines its CFA from it. The return
+address is always at CFA - 8 (x86-64); rows whose CFI says otherwise, or
+uses a rule the program does not evaluate, become UNSUPPORTED and end the
+stack with a note, never a guess."""
 from __future__ import annotations
 
 import bisect
@@ -39,15 +41,24 @@ PLT = 3           # CFA = rsp + cfa + (8 if (pc & 15) >= aux else 0)
 END = 4           # the outermost frame: the stack ends here, complete
 SIGNAL = 5        # a sigreturn trampoline: continue from the saved ucontext
 UNSUPPORTED = 6   # CFI the program does not evaluate
+BX = 7            # CFA = rbx + cfa (ld.so's _dl_runtime_resolve_*)
+SP_DEREF = 8      # CFA = [rsp + cfa] + aux
+BP_DEREF = 9      # CFA = [rbp + cfa] + aux (gcc's realigned stack, DRAP)
 KIND_NAMES = {GAP: "gap", SP: "sp", BP: "bp", PLT: "plt", END: "end",
-              SIGNAL: "signal", UNSUPPORTED: "unsupported"}
+              SIGNAL: "signal", UNSUPPORTED: "unsupported", BX: "bx",
+              SP_DEREF: "sp-deref", BP_DEREF: "bp-deref"}
 # rbp rules: cfi.BP_SAME, BP_AT (at CFA + bp), BP_LOST, BP_AT_BP (at rbp + bp)
+# rbx rules: cfi.BX_SAME, BX_AT (at CFA + bx), BX_LOST
 
-# pc, kind, bp rule, aux, cfa, bp: struct unwind_row of src/ustack/bpf/ustack.h
+# pc, kind, bp rule, bx rule, aux, cfa, bp, bx: struct unwind_row of
+# src/ustack/bpf/ustack.h
 ROW = bpf_object(object_path("unwind")).layout("unwind_row").struct
 ROW_SIZE = ROW.size
 MAX_VADDR = 1 << 32               # rows key addresses as u32
 _S32 = (-(1 << 31), (1 << 31) - 1)
+_S16 = (-(1 << 15), (1 << 15) - 1)
+_S8 = (-(1 << 7), (1 << 7) - 1)
+NO_ROW = (GAP, 0, 0, 0, 0, 0, 0)
 _KINDS: dict = {}                 # cfi.py's row kinds -> ours, filled at first use
 
 
@@ -88,7 +99,7 @@ class PackedRows:
                                              (starts[-1] >> PAGE_SHIFT) + 2))).tobytes()
 
     def lookup(self, vaddr: int, pages: bytes | None = None) -> tuple | None:
-        """(kind, bp rule, aux, cfa, bp) of the row covering vaddr, found
+        """(kind, bp rule, bx rule, aux, cfa, bp, bx) of the row covering vaddr, found
         as the program finds it (the last row starting at or below it),
         through the page index when given; None below the first row."""
         lo, hi = 0, len(self)
@@ -108,19 +119,22 @@ class PackedRows:
 
 
 def pack_row(kind: int, cfa_off: int, ra_off: int, bp_rule: int, bp_off: int,
-             aux: int) -> tuple:
-    """A cfi.UnwindTable row -> (kind, bp rule, aux, cfa, bp) of ours."""
+             aux: int, bx_rule: int = 0, bx_off: int = 0) -> tuple:
+    """A cfi.UnwindTable row -> (kind, bp rule, bx rule, aux, cfa, bp, bx) of ours."""
     if not _KINDS:
         from . import cfi
         _KINDS.update({cfi.NONE: GAP, cfi.END: END, cfi.CFA_SP: SP, cfi.CFA_BP: BP,
-                       cfi.CFA_PLT: PLT})
+                       cfi.CFA_PLT: PLT, cfi.CFA_BX: BX, cfi.CFA_SP_DEREF: SP_DEREF,
+                       cfi.CFA_BP_DEREF: BP_DEREF})
     ours = _KINDS.get(kind)
     if ours in (GAP, END):
-        return (ours, 0, 0, 0, 0)
-    fits = all(_S32[0] <= v <= _S32[1] for v in (cfa_off, bp_off)) and -32768 <= aux < 32768
+        return (ours, 0, 0, 0, 0, 0, 0)
+    fits = (_S32[0] <= cfa_off <= _S32[1] and all(_S16[0] <= v <= _S16[1] for v in (bp_off, bx_off))
+            and _S8[0] <= aux <= _S8[1])
     if ours is None or ra_off != -8 or not fits:
-        return (UNSUPPORTED, 0, 0, 0, 0)
-    return (ours, bp_rule, aux if ours == PLT else 0, cfa_off, bp_off)
+        return (UNSUPPORTED, 0, 0, 0, 0, 0, 0)
+    return (ours, bp_rule, bx_rule, aux if ours in (PLT, SP_DEREF, BP_DEREF) else 0, cfa_off,
+            bp_off, bx_off)
 
 
 def rows_of_table(table) -> list:
@@ -129,12 +143,12 @@ def rows_of_table(table) -> list:
     out: list = []
     packed: dict = {}                   # a few hundred distinct rules in 370,000 rows
     last = None
-    for start, k, cfa, ra, bp, aux in zip(table.starts, table.kinds, table.cfa, table.ra,
-                                         table.bp, table.aux):
-        rule = (k, cfa, ra, bp, aux)
+    for start, k, cfa, ra, bp, aux, bx in zip(table.starts, table.kinds, table.cfa, table.ra,
+                                             table.bp, table.aux, table.bx):
+        rule = (k, cfa, ra, bp, aux, bx)
         row = packed.get(rule)
         if row is None:
-            row = packed[rule] = pack_row(k & 15, cfa, ra, k >> 4, bp, aux)
+            row = packed[rule] = pack_row(k & 15, cfa, ra, (k >> 4) & 3, bp, aux, k >> 6, bx)
         if row != last:
             out.append((start, row))
             last = row
@@ -161,7 +175,7 @@ def with_ranges(rows: list, ranges: list) -> list:
     for start, end, row in ranges:
         starts = [r[0] for r in rows]
         before = rows[bisect.bisect_right(starts, end) - 1][1] \
-            if bisect.bisect_right(starts, end) else (GAP, 0, 0, 0, 0)
+            if bisect.bisect_right(starts, end) else NO_ROW
         rows = ([r for r in rows if r[0] < start] + [(start, row), (end, before)]
                 + [r for r in rows if r[0] > end])
     return rows
@@ -185,25 +199,26 @@ def go_rows(table) -> list:
     """(vaddr, row) of a Go binary from its .gopclntab: pcsp gives the SP
     delta at every pc, so CFA = rsp + delta + 8 (frameless leaves and
     assembly included); rbp is saved at CFA - 16 once the frame exists
-    (Go keeps frame pointers), which only C frames (cgo) would read."""
-    from .cfi import BP_AT, BP_SAME
+    (Go keeps frame pointers), which only C frames (cgo) would read; rbx
+    is not known past a Go frame (Go's ABI does not preserve it)."""
+    from .cfi import BP_AT, BP_SAME, BX_LOST
     rows: list = []
     for i, (name, entry, end) in enumerate(table.functions()):
         if name.removesuffix(".abi0") in GO_OUTERMOST:
-            rows.append((entry, (END, 0, 0, 0, 0)))
+            rows.append((entry, (END, 0, 0, 0, 0, 0, 0)))
         else:
             for pc, delta in table.sp_deltas(i):
                 if delta < 0 or delta >= _S32[1]:
-                    row = (UNSUPPORTED, 0, 0, 0, 0)
+                    row = (UNSUPPORTED, 0, 0, 0, 0, 0, 0)
                 elif delta == 0:
-                    row = (SP, BP_SAME, 0, 8, 0)
+                    row = (SP, BP_SAME, BX_LOST, 0, 8, 0, 0)
                 else:
-                    row = (SP, BP_AT, 0, delta + 8, -16)
+                    row = (SP, BP_AT, BX_LOST, 0, delta + 8, -16, 0)
                 if rows and rows[-1][0] == pc:
                     rows[-1] = (pc, row)
                 elif not rows or rows[-1][1] != row:
                     rows.append((pc, row))
-        rows.append((end, (GAP, 0, 0, 0, 0)))
+        rows.append((end, NO_ROW))
     return rows
 
 
@@ -272,7 +287,7 @@ def rows_key(table: str, signals: str) -> str:
 
 def rows_file(key: str) -> str:
     """Where the rows whose key is `key` (rows_key) are cached."""
-    return objcache.cache_file("bpfrows", key, "cfi3")
+    return objcache.cache_file("bpfrows", key, "cfi4")     # rows with rbx's rule
 
 
 def signal_ranges(image: ElfImage) -> list:
@@ -283,7 +298,7 @@ def signal_ranges(image: ElfImage) -> list:
     # while the kernel runs it) is exact: one byte after, where padding
     # follows (never where another function begins)
     return [(at - 1, at + len(RESTORE_RT)
-             + just_after_trampoline(image, at + len(RESTORE_RT)), (SIGNAL, 0, 0, 0, 0))
+             + just_after_trampoline(image, at + len(RESTORE_RT)), (SIGNAL, 0, 0, 0, 0, 0, 0))
             for at in signal_trampolines(image)]
 
 
@@ -321,7 +336,7 @@ def _go_packed(image: ElfImage) -> PackedRows | None:
     every function's pcsp costs seconds on large binaries; the Go reader
     reads the file itself, so its bytes cannot be hashed as parsed)."""
     st = os.stat(image.path)
-    cache = objcache.cache_file("bpfrows", content_key.of_files(st), "go2")
+    cache = objcache.cache_file("bpfrows", content_key.of_files(st), "go3")
     blob = objcache.read(cache)
     if blob and len(blob) % ROW_SIZE == 0:
         return PackedRows(image.path, blob, from_cache=True)
