@@ -535,10 +535,12 @@ def test_symbolizer_unknowns(bins, tmp_path):
         ("vdso", None, "[vdso]"), ("deleted-binary", None, gone),
         ("elf", None, "/not/elf"), ("", None, "")]
     assert frames[3].addr == 0x9999
-    # in the mapped code but in no function (the PLT has no symbols)
+    # in the mapped code but in no function (the PLT has no symbols): kept
+    # by its place in the object, from the start its CFI gives
     plt = readelf_section(pie, ".plt")[0]
     f = sym.frames(5, [PIE_BASE + plt + 2])[0]
-    assert (f.function, f.module, f.offset) == (None, "pie", 0)
+    assert (f.function, f.module, f.objaddr) == (None, "pie", plt + 2)
+    assert 0 < f.objstart <= plt + 2 and f.offset == plt + 2 - f.objstart
 
 
 # --- the symbol cache (by build-id) --------------------------------------------
