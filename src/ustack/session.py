@@ -207,7 +207,8 @@ class Session:
             guardian = self.guardian
             if self.capture is not None and close_capture(
                     self.capture, self.close_in_background
-                    and len(self.probes) >= BACKGROUND_PROBES,
+                    and (len(self.probes) >= BACKGROUND_PROBES
+                         or not self.capture.defines_probes()),
                     guardian and guardian.finished) and guardian:
                 guardian.hand_over()    # it watches the closer now
                 self.guardian = None
