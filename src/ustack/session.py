@@ -12,7 +12,7 @@ import time
 from .capture.backends import new_capture
 from .capture.closer import BACKGROUND_PROBES, close_capture
 from .capture.stream import Stream
-from .counting import intervals, tally
+from .counting import tally
 from .interrupt import Interrupt, Interrupted, heard
 from .model import Event, Losses, Piece
 from .options import Options, check_target
@@ -292,6 +292,7 @@ class Session:
         """Run to the end, yielding every `seconds` (and once at the end)
         an Interval: the StackCounts of the samples taken in it, by their
         timestamps (see counting/intervals.py)."""
+        from .counting import intervals    # profile --every, dumps: not a short run's
         return intervals.interval_counts(self, seconds)
 
     def run_through(self) -> None:
