@@ -12,7 +12,10 @@ would use instead on the same work, pair by pair:
                   bpftrace -l 'uprobe:LIBC:*'
                   perf probe -x LIBC -F
 
-    sudo python3 bench/start_up.py [--pairs N]
+    sudo .venv/bin/python bench/start_up.py [--pairs N]
+
+(the venv's python: its `ustack` console script runs, with the repository's
+src/ first on the path, and its py-spy.)
 
 Each pair runs ustack, then the other tool (A B A B ...), each in a fresh
 process; wall seconds from fork to reaping, CPU = user + system of the
@@ -68,7 +71,9 @@ def timed(argv: list, env=None) -> dict:
 
 def cases(pid: int) -> list:
     """(title, ustack argv, [(other tool's name, argv)])."""
-    ustack = [sys.executable, "-m", "ustack"]
+    # the console script, as a user runs it (`python -m` adds runpy's ~4 ms)
+    script = Path(sys.executable).with_name("ustack")
+    ustack = [str(script)] if script.exists() else [sys.executable, "-m", "ustack"]
     return [
         ("one-hit trace: syscall:write of `echo hello`",
          ustack + ["trace", "syscall:write", "-c", "echo hello"],
@@ -126,7 +131,7 @@ def report(rows: list, pairs: int) -> str:
              f"({pairs} pairs, medians)", "",
              f"{platform.node()}, {platform.release()}, {os.cpu_count()} CPUs, "
              f"{time.strftime('%Y-%m-%d %H:%M')}, load {load:.1f} at the end; "
-             "`python3 bench/start_up.py`. Each pair runs ustack then the other "
+             "`.venv/bin/python bench/start_up.py`. Each pair runs ustack then the other "
              "tool, fresh processes; ratio = ustack / other, pair by pair, then "
              "the median.", "",
              "| work | other tool | ustack wall s | other wall s | wall ratio "
