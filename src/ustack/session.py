@@ -12,7 +12,7 @@ import time
 from .capture.backends import new_capture
 from .capture.closer import BACKGROUND_PROBES, close_capture
 from .capture.stream import Stream
-from .counting import intervals, tally
+from .counting import tally
 from .interrupt import Interrupt, Interrupted, heard
 from .model import Event, Losses, Piece
 from .options import Options, check_target
@@ -207,7 +207,8 @@ class Session:
             guardian = self.guardian
             if self.capture is not None and close_capture(
                     self.capture, self.close_in_background
-                    and len(self.probes) >= BACKGROUND_PROBES,
+                    and (len(self.probes) >= BACKGROUND_PROBES
+                         or not self.capture.defines_probes()),
                     guardian and guardian.finished) and guardian:
                 guardian.hand_over()    # it watches the closer now
                 self.guardian = None
@@ -291,6 +292,7 @@ class Session:
         """Run to the end, yielding every `seconds` (and once at the end)
         an Interval: the StackCounts of the samples taken in it, by their
         timestamps (see counting/intervals.py)."""
+        from .counting import intervals    # profile --every, dumps: not a short run's
         return intervals.interval_counts(self, seconds)
 
     def run_through(self) -> None:

@@ -265,6 +265,9 @@ class BpfCapture(Capture):
         if why is not None:
             self.cut[why] = self.cut.get(why, 0) + n
 
+    def defines_probes(self) -> bool:
+        return self.events.defines_probes()
+
     def release(self) -> None:
         """close() for this process alone (see PerfCapture.release)."""
         self.events.uprobes.forget()

@@ -16,7 +16,6 @@ from ..interrupt import NEVER
 from ..model import (KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP, KERNEL_UNWIND_WHOLE,
                      ProfileProbe, TracepointProbe, UprobeProbe)
 from .bpf_common import bpf_program_object, prog_type_of, program_result
-from .bpf_weight import WeightPrograms
 from .kernel_offsets import Offsets
 from .perf import NEVER_SAMPLE, READ_MOST
 from .run_objects import RunObjects
@@ -147,6 +146,7 @@ class BpfCounter:
     def weigh(self, obj) -> None:
         """Count each event's weight, not 1 (see capture/bpf_weight.py):
         `obj`, the counting programs' object, declares the weights map."""
+        from .bpf_weight import WeightPrograms     # --weight only (~1.5 ms of imports)
         self.weighing = WeightPrograms(self.owned, obj)
 
     def _program(self, index: int, probe, by_cookie: bool = False) -> int:

@@ -38,6 +38,11 @@ class Capture:
     def open(self) -> None:
         raise NotImplementedError
 
+    def defines_probes(self) -> bool:
+        """Whether close() removes probes this capture defined in tracefs
+        (seen by anyone until then; capture/closer.py)."""
+        return True
+
     def start(self) -> None:
         """The run begins: a held -c command goes on."""
 

@@ -432,6 +432,9 @@ class PerfCapture(Capture):
         """The samples of a chunk from `start`, undecoded."""
         return count_samples(chunk, start)
 
+    def defines_probes(self) -> bool:
+        return bool(self.uprobes.names)
+
     def release(self) -> None:
         """close() in a process whose descriptors another one holds copies
         of (capture/closer.py): only this process's hold goes; the other

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple
 
-from ustack.probes.resolve import locate_binary, no_function_error
+from ustack.probes.binaries import locate_binary
 from ustack.objfile.demangle import demangle
 from ustack.objfile.dwarf_params import DamagedDwarf, DwarfParams
 from ustack.objfile.elf import ElfImage
@@ -36,6 +36,7 @@ def list_functions(path: str, glob: str | None = None) -> list:
 def _rows(image: ElfImage, glob: str | None, shown: str) -> list:
     syms = image.symbols.functions if glob is None else image.symbols.match(glob)
     if glob is not None and not syms:
+        from ustack.probes.resolve import no_function_error    # its near names
         raise no_function_error(image, glob, shown)
     return [FunctionRow(demangle(s.name), s.address, image.file.file_offset(s.address), s.size)
             for s in syms]

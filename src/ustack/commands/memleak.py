@@ -86,7 +86,7 @@ def target_libc(opts: Options) -> tuple:
     """(host path of the libc the target maps or will map, the path to
     name in probes: `libc` for -p, resolved in that process)."""
     from ..objfile import needed
-    from ..probes.resolve import locate_binary
+    from ..probes.binaries import locate_binary
     from ..target import process
     if opts.pid is not None:
         try:

@@ -14,11 +14,9 @@ from ..options import (Options, check_frequency, check_interval, check_kernel_st
                        check_stack_storage, run_options)
 from ..report.formats import (EVENT_FORMATS, FORMATS, format_for_path, run_context,
                               stack_report)
-from ..report.funccount import format_calls
 from ..report.output import choose_format, open_output
 from ..report.progress import Progress
 from ..report.summary import write_summary
-from .every import check_every, open_every_directory, write_every
 from ..session import Session
 
 
@@ -52,7 +50,9 @@ def main(args) -> int:
     if args.cmd == "profile":
         check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
-        check_every(args.every, args.output, args.format, args.record)
+        if args.every is not None:      # (its module imports only then)
+            from .every import check_every
+            check_every(args.every, args.output, args.format, args.record)
         _check_every_directory(args.every, args.output)
         opts.every = args.every
     elif args.cmd == "funccount":
@@ -118,6 +118,7 @@ def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stde
 
 def _run_every(opts: Options, err: TextIOBase) -> int:
     """profile --every: a pprof file per interval into -o's directory."""
+    from .every import open_every_directory, write_every
     dir_fd = open_every_directory(opts.output_path)
     try:
         return run_session(opts, lambda session, _progress: write_every(
@@ -316,4 +317,5 @@ def _calls_table(session: Session, reset: bool) -> str:
     totals: dict = {}
     for name, n in zip(names, session.capture.calls(reset)):
         totals[name] = totals.get(name, 0) + n
+    from ..report.funccount import format_calls
     return format_calls(totals.items())

@@ -1,12 +1,13 @@
 """Every probe a run's parsed EVENTs stand for: the one dispatch by event
 kind over the resolvers (uprobe, usdt, tracepoint and syscall, profile),
-kept apart from them so that they need not import one another."""
+kept apart from them so that they need not import one another. A
+resolver is imported when an EVENT needs it: a syscall run does without
+the uprobe resolver's ELF and disassembly modules."""
 from __future__ import annotations
 
 from ustack.interrupt import NEVER
 from ustack.model import ProfileProbe, UstackError
-from ustack.probes.resolve import resolve_uprobes, tracepoint_probes
-from ustack.probes.usdt import resolve_usdt
+from ustack.probes.tracepoints import tracepoint_probes
 
 
 def resolve_probes(specs: list, pid: int | None = None,
@@ -19,8 +20,10 @@ def resolve_probes(specs: list, pid: int | None = None,
     for spec in specs:
         interrupt.check()
         if spec.kind in ("uprobe", "uretprobe"):
+            from ustack.probes.resolve import resolve_uprobes
             probes.extend(resolve_uprobes(spec, pid, notes, unsafe, interrupt))
         elif spec.kind == "usdt":
+            from ustack.probes.usdt import resolve_usdt
             probes.extend(resolve_usdt(spec, pid, notes))
         elif spec.kind in ("syscall", "tracepoint"):
             probes.extend(tracepoint_probes(spec))

@@ -1,121 +1,23 @@
 """ProbeSpec -> where the kernel puts the probe: uprobe file offsets (on an
 instruction boundary, with the return-address slot the unwinder needs) and
-tracepoint names expanded from globs."""
+tracepoint names expanded from globs (probes/tracepoints.py)."""
 from __future__ import annotations
 
-import fnmatch
-import os
-
 from ustack.interrupt import NEVER
-from ustack.kernel.procfs import executable_mappings
-from ustack.kernel.tracefs import events_dir, tracepoint_groups, tracepoint_names
-from ustack.model import (ProbeSpec, TracepointProbe, UprobeProbe,
+from ustack.model import (ProbeSpec, UprobeProbe,
                           UstackError)
 from ustack.objfile import prologue
 from ustack.objfile.debuginfo import debug_lookup
 from ustack.objfile.elf import ElfImage, Symbol
 from ustack.objfile.on_disk import OnDisk
 from ustack.probes import ifunc
+from ustack.probes.binaries import locate_binary, realpath_in_root  # noqa: F401 (its old home)
 from ustack.probes.boundary import NotABoundary, NotProven, prove
 from ustack.probes.entries import fragment_note, return_probe_refusal
 from ustack.probes.fetchargs import NamedArgError, kernel_fetch_args
+from ustack.probes.tracepoints import is_glob, tracepoint_probes  # noqa: F401 (its old home)
 from ustack.values import replace
 
-_GLOB_CHARS = "*?["
-
-
-def is_glob(text: str) -> bool:
-    return any(c in text for c in _GLOB_CHARS)
-
-
-# --- finding the binary ---------------------------------------------------
-
-def locate_binary(path: str, pid: int | None = None) -> tuple:
-    """(path to open on this host, path to show the user) for a file path or
-    a bare library/program name such as libc, c, libc.so.6 or bash."""
-    if pid is not None and not os.path.isdir(f"/proc/{pid}"):
-        raise UstackError(f"no such process: {pid}")
-    if "/" in path:
-        if pid is not None and path.startswith("/"):
-            return _in_process_root(path, pid)
-        if os.path.isfile(path):
-            real = os.path.realpath(path)
-            return real, real
-    elif pid is not None:
-        for m in executable_mappings(pid):
-            if m.path.startswith("/") and _names_library(os.path.basename(m.path), path):
-                return m.open_path, m.path
-    else:
-        import shutil
-        found = _ldconfig_lookup(path) or shutil.which(path)
-        if found:
-            real = os.path.realpath(found)
-            return real, real
-    raise UstackError(f"no such binary or library: {path}")
-
-
-def _names_library(basename: str, name: str) -> bool:
-    return (basename == name or basename.startswith(name + ".so")
-            or basename.startswith("lib" + name + ".so"))
-
-
-def _ldconfig_lookup(name: str) -> str | None:
-    import subprocess
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
-                             check=False).stdout
-    except OSError:
-        return None
-    matches = []
-    for line in out.splitlines():
-        # "\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6"
-        left, arrow, target = line.strip().partition(" => ")
-        lib, _, flags = left.partition(" ")
-        if arrow and "x86-64" in flags and _names_library(lib, name):
-            matches.append((lib != name, target))
-    return min(matches, key=lambda m: m[0])[1] if matches else None
-
-
-def _in_process_root(path: str, pid: int) -> tuple:
-    """A path as process `pid` sees it, which may be in another mount
-    namespace: symlinks are followed inside that root, not ours."""
-    root = f"/proc/{pid}/root"
-    try:
-        same_root = os.path.samestat(os.stat(root), os.stat("/"))
-    except OSError:
-        raise UstackError(f"no such process: {pid}") from None
-    inner = os.path.realpath(path) if same_root else realpath_in_root(root, path)
-    host = inner if same_root else root + inner
-    if not os.path.isfile(host):
-        raise UstackError(f"no such binary or library: {path}")
-    return host, inner
-
-
-def realpath_in_root(root: str, path: str) -> str:
-    """os.path.realpath of `path` as a process whose root directory is
-    `root` sees it: symlinks (absolute ones too) are followed inside
-    `root`, and `..` never climbs above it. Returns the path inside root."""
-    todo = [p for p in path.split("/") if p]
-    done: list = []
-    hops = 0
-    while todo:
-        part = todo.pop(0)
-        if part in (".", ".."):
-            if part == ".." and done:
-                done.pop()
-            continue
-        try:
-            target = os.readlink(root + "/" + "/".join(done + [part]))
-        except OSError:  # not a symlink (or missing: the caller checks)
-            done.append(part)
-            continue
-        hops += 1
-        if hops > 40:
-            raise UstackError(f"{path}: too many levels of symbolic links")
-        if target.startswith("/"):
-            done = []
-        todo = [p for p in target.split("/") if p] + todo
-    return "/" + "/".join(done)
 
 
 # --- uprobes ---------------------------------------------------------------
@@ -406,47 +308,3 @@ def _return_address_slot(proof, vaddr: int):
     return prologue.return_address_slot(prefix, proof.code, proof.start, vaddr)
 
 
-# --- tracepoints -------------------------------------------------------------
-
-def tracepoint_probes(spec: ProbeSpec) -> list:
-    if spec.kind not in ("syscall", "tracepoint"):
-        raise ValueError(f"not a tracepoint spec: {spec.kind}")
-    if spec.kind == "syscall":
-        if not is_glob(spec.name) and _is_tracepoint("syscalls", "sys_enter_" + spec.name):
-            return [TracepointProbe(spec, "syscalls", "sys_enter_" + spec.name,
-                                    f"syscall:{spec.name}")]
-        entries = tracepoint_names("syscalls")
-        if not entries:
-            raise UstackError("this kernel has no syscall tracepoints "
-                              f"({events_dir()}/syscalls is missing)")
-        names = [e[len("sys_enter_"):] for e in entries if e.startswith("sys_enter_")]
-        found = _pick(names, spec.name, "syscall")
-        return [TracepointProbe(spec, "syscalls", "sys_enter_" + n, f"syscall:{n}")
-                for n in found]
-    if not is_glob(spec.group + spec.name) and _is_tracepoint(spec.group, spec.name):
-        return [TracepointProbe(spec, spec.group, spec.name,
-                                label=f"tracepoint:{spec.group}:{spec.name}")]
-    pairs = [f"{g}:{n}" for g in tracepoint_groups() for n in tracepoint_names(g)]
-    found = _pick(pairs, f"{spec.group}:{spec.name}", "tracepoint")
-    return [TracepointProbe(spec, *p.split(":"), label=f"tracepoint:{p}")
-            for p in found]
-
-
-def _is_tracepoint(group: str, name: str) -> bool:
-    """One named tracepoint exists: a stat, where listing the ~700 syscall
-    tracepoints to match a name cost ~4 ms of start-up."""
-    return "/" not in group + name and os.path.isfile(
-        os.path.join(events_dir(), group, name, "id"))
-
-
-def _pick(names: list, pattern: str, what: str) -> list:
-    found = sorted(fnmatch.filter(names, pattern))
-    if found:
-        return found
-    msg = f"no {what} matches '{pattern}'"
-    if not is_glob(pattern):
-        import difflib
-        near = difflib.get_close_matches(pattern, names, n=5)
-        if near:
-            msg += f"; did you mean: {', '.join(near)}?"
-    raise UstackError(msg)

@@ -15,7 +15,8 @@ from ..objfile.elf import ElfImage
 from ..objfile.stapsdt import sdt_probes, symbol_address
 from ..values import replace
 from .fetchargs import display_kinds, kernel_fetch_args
-from .resolve import is_glob, locate_binary, probe_at
+from .binaries import locate_binary
+from .resolve import is_glob, probe_at
 from .usdt_args import usdt_fetch
 
 _ARG = re.compile(r"arg([0-9]+)")
