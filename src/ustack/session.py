@@ -132,9 +132,27 @@ class Session:
                 self.close()               # else the capture closed itself
             self._dismiss_guardian()       # (close() hands it to a closer)
             raise
+        self._fetch_debug_files()
         self.tracker.seed_target(self.target, skip=os.getpid())
         if opts.record:
             self.recorder = self.recorder.begin(self)
+
+    def _fetch_debug_files(self) -> None:
+        """With debuginfod servers, the objects of the run are asked for
+        as soon as they are mapped (in the background): a count or profile
+        run, named at its end, gets the names of files that arrived."""
+        symbols = self.opts.symbols
+        if not symbols.debuginfod:
+            return
+        from .objfile import debuginfod
+        fetcher = debuginfod.fetcher(debuginfod.server_urls(symbols.debuginfod),
+                                     symbols.lines or symbols.inlines, symbols.debug_dirs)
+        if fetcher is None:
+            return
+        self.tracker.on_object = fetcher.want
+        main = process.main_executable(self.target)
+        if main:
+            fetcher.want(main)
 
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel."""

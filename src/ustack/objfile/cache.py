@@ -210,3 +210,27 @@ def checked_file(cache: str) -> bool:
     """Whether write_checked_file(cache, …) left the file whole."""
     data = read(cache, raw=True)
     return data is not None and read(cache + ".sum") == digest(data).encode()
+
+
+def trusted_file(cache: str) -> bool:
+    """Whether the file at `cache` is one read() would trust (without
+    reading it: a fetched debug file may be large)."""
+    fd = _open_trusted(cache)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def remove(cache: str) -> None:
+    """Delete an entry (a refused one), reached as write() reached it."""
+    directory, name = os.path.split(cache)
+    dir_fd = private_directory(directory)
+    if dir_fd is None:
+        return
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model import Frame, Mapping, UstackError, printable
+from ..objfile import debuginfod
 from ..objfile.debuginfo import debug_lookup
 from ..objfile.dwarf_lines import LineTable, has_dwarf
 from ..objfile.elf import ElfImage
@@ -29,6 +30,13 @@ class ElfSource:
         self._debug_images: dict = {}  # image path -> debug ElfImage | None
         self._line_tables: dict = {}   # image path -> LineTable | None
         self._starts: dict = {}        # (path, vaddr) -> its FDE's start | None
+        # debug files asked of debuginfod servers: a memo of "none" lasts
+        # until one arrives (the thread counts arrivals)
+        self.fetcher = debuginfod.fetcher(
+            debuginfod.server_urls(options.debuginfod), options.lines or options.inlines,
+            options.debug_dirs) if options.debuginfod else None
+        self._arrivals = 0
+        self._fetching: dict = {}      # image path -> build-id: named without the file asked for
 
     def resolve(self, path: str, file_off: int) -> tuple:
         """(vaddr, Symbol) at file_off in the object at path; either may be
@@ -120,8 +128,32 @@ class ElfSource:
         if image.path not in self._debug_images:
             debug, found = debug_lookup(image, self.options.debug_dirs)
             self._debug_images[image.path] = debug
-            self._warnings.extend(found.refused)
+            self._warnings.extend(r for r in found.refused if r not in self._warnings)
+            if self.fetcher is not None and found.how in ("", "minidebuginfo"):
+                self.fetcher.ask(image.file.build_id, image.path)
+                self._fetching[image.path] = image.file.build_id
         return self._debug_images[image.path]
+
+    def refresh(self) -> bool:
+        """Forget what was named without debug files, once one arrived from
+        a debuginfod server: whether names may have changed."""
+        fetcher = self.fetcher
+        if fetcher is None or fetcher.arrivals == self._arrivals:
+            return False
+        self._arrivals = fetcher.arrivals
+        self._debug_images.clear()
+        self._symbols.clear()
+        self._line_tables.clear()
+        self._fetching.clear()
+        return True
+
+    def fetch_notes(self) -> list:
+        """What the user should hear of debuginfod: refused files, objects
+        whose frames are not named yet."""
+        if self.fetcher is None:
+            return []
+        waiting = self.fetcher.not_named_note(self._fetching)
+        return self.fetcher.notes + ([waiting] if waiting else [])
 
     def _line_table(self, path: str) -> LineTable | None:
         """DWARF lines of the object itself, else of its debug file."""

@@ -47,7 +47,18 @@ class Symbolizer:
 
     @property
     def warnings(self) -> list:
-        return self._said + self._jit.notes()
+        return self._said + self._jit.notes() + self._elf.fetch_notes()
+
+    def debug_arrived(self) -> bool:
+        """Whether a debug file arrived from a debuginfod server since
+        last asked (names made before may be named better now)."""
+        return self._elf.refresh()
+
+    def want_debug(self, path: str) -> None:
+        """An object the run met: fetch its debug file (in the background)
+        when it lacks names and a debuginfod server is configured."""
+        if self._elf.fetcher is not None:
+            self._elf.fetcher.want(path)
 
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Told a stack's frames, and whether no limit cut it short."""
