@@ -24,7 +24,7 @@ import struct
 import zlib
 
 from ..model import UstackError
-from ..output import lock_file_at, lstat_at, private_directory, write_bytes_at
+from ..output import lock_file_at, lstat_at, private_directory, replace_at, write_bytes_at
 
 
 def digest(data: bytes) -> str:
@@ -232,5 +232,21 @@ def remove(cache: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
+    finally:
+        os.close(dir_fd)
+
+
+def rename(cache: str, new_name: str) -> bool:
+    """Give the entry `cache` the name `new_name` in its directory (a
+    checked file taking its place): whether it was."""
+    directory, name = os.path.split(cache)
+    dir_fd = private_directory(directory)
+    if dir_fd is None:
+        return False
+    try:
+        replace_at(dir_fd, name, new_name, os.path.join(directory, new_name))
+        return True
+    except (OSError, UstackError):
+        return False
     finally:
         os.close(dir_fd)

@@ -116,7 +116,8 @@ class Fetcher:
             return
         if cached_debug_file(build_id) or find_debug_file(image, self.debug_dirs).path:
             return
-        self.ask(build_id, path)
+        # /proc/PID/exe (a -p target) is said as the file it is
+        self.ask(build_id, os.path.realpath(path) if path.startswith("/proc/") else path)
 
     def _fetch(self, build_id: str, path: str) -> None:
         try:
@@ -131,20 +132,23 @@ class Fetcher:
     def _keep(self, build_id: str, path: str, url: str, data: bytes) -> bool:
         """Write the answer into the cache; keep it only when it is the debug
         file asked for."""
-        from ..model import UstackError
         from .elf import ElfImage
         out = cache_path(build_id)
-        objcache.write(out, data, raw=True)
-        if not objcache.trusted_file(out):
+        unchecked = out + ".unchecked"    # never where a reader looks, until checked
+        objcache.write(unchecked, data, raw=True)
+        if not objcache.trusted_file(unchecked):
             return False
         try:
-            got = ElfImage(out).file.build_id
-        except UstackError:
+            got = ElfImage(unchecked).file.build_id
+        except Exception:                   # noqa: BLE001 (garbage of any shape)
             got = "none (not an ELF file)"
         if got != build_id:
             self.notes.append(f"debuginfod {url}: the debug file of {path} has build-id "
-                              f"{got}, not {build_id}; refused and deleted")
-            objcache.remove(out)
+                              f"{got or 'none'}, not {build_id}; refused and deleted")
+            objcache.remove(unchecked)
+            return False
+        if not objcache.rename(unchecked, os.path.basename(out)):
+            objcache.remove(unchecked)
             return False
         self.arrivals += 1
         return True
@@ -174,9 +178,9 @@ def _get(url: str) -> bytes | None:
     conn = kind(parts.hostname, parts.port, timeout=CONNECT_S)
     try:
         conn.connect()
-        conn.sock.settimeout(CONNECT_S)
+        sock = conn.sock        # kept: the connection forgets it once told to close
         conn.request("GET", parts.path)
-        conn.sock.settimeout(max(0.1, deadline - time.monotonic()))
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
         answer = conn.getresponse()
         if answer.status != 200:
             return None
@@ -184,11 +188,17 @@ def _get(url: str) -> bytes | None:
         if length and (not length.isdigit() or int(length) > MAX_BYTES):
             return None
         chunks, size = [], 0
-        while chunk := answer.read(1 << 20):
-            size += len(chunk)
-            if size > MAX_BYTES or time.monotonic() > deadline:
+        while not answer.isclosed():   # closed once the body was read whole
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return None
-            conn.sock.settimeout(max(0.1, deadline - time.monotonic()))
+            sock.settimeout(remaining)
+            chunk = answer.read(1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_BYTES:
+                return None
             chunks.append(chunk)
         return b"".join(chunks)
     except (OSError, http.client.HTTPException, ValueError):
