@@ -20,11 +20,13 @@ import urllib.request
 
 import pytest
 
-from helpers import (O2_FP, build, finish, parse_counts, popen_ustack, release,
-                     run_ustack, spawn, stop, unnamed, ustack_env, wait_tracing,
-                     wait_until)
+from helpers import (O2_FP, FakeMaps, build, finish, nm_symbols, parse_counts,
+                     popen_ustack, release, run_ustack, spawn, stop, text_mapping,
+                     unnamed, ustack_env, wait_tracing, wait_until)
 
-pytestmark = pytest.mark.kernel
+from ustack.model import SymbolOptions
+from ustack.symbols.symbolizer import Symbolizer
+
 
 CALLS = 3
 
@@ -150,6 +152,21 @@ def _counts(out: str) -> list:
     return sorted((tuple(s["frames"]), s["count"]) for s in parse_counts(out))
 
 
+def test_late_file_names_frames_named_before(served, cache):
+    """A frame met before its debug file arrived is named once it has:
+    the memo of "no debug file" does not outlive the arrival."""
+    unstripped, stripped, build_id, url = served
+    base = 0x555555554000
+    maps = FakeMaps({1: [text_mapping(str(stripped), base)]})
+    sink = base + nm_symbols(unstripped)["sink"][0] + 1
+    sym = Symbolizer(maps, SymbolOptions(debuginfod=(url,)))
+    assert sym.frames_at(1, sink)[0].function is None
+    wait_until(sym.debug_arrived, timeout=30, what="the debug file's arrival")
+    assert sym.frames_at(1, sink)[0].function == "sink"
+    assert _fetched(cache, build_id).exists()
+
+
+@pytest.mark.kernel
 @pytest.mark.parametrize("command", ["trace", "count"])
 def test_stripped_named_like_unstripped(served, cache, command):
     unstripped, stripped, build_id, url = served
@@ -167,6 +184,7 @@ def test_stripped_named_like_unstripped(served, cache, command):
     assert not [line for line in err.splitlines() if line.startswith("ustack:")], err
 
 
+@pytest.mark.kernel
 def test_profile_names_stripped_program(served, cache):
     unstripped, stripped, build_id, url = served
     out, err = _run(stripped, "profile", "-F", "999", urls=[url],
@@ -177,6 +195,7 @@ def test_profile_names_stripped_program(served, cache):
     assert names <= {"spin", "outer", "sink", "main", "_start"}, names
 
 
+@pytest.mark.kernel
 def test_record_then_report_names(served, cache, tmp_path):
     unstripped, stripped, build_id, url = served
     spec = f"uprobe:{{}}:{_sink(unstripped)}"
@@ -214,6 +233,7 @@ def silent_server():
         c.close()
 
 
+@pytest.mark.kernel
 def test_silent_server_leaves_objects_unnamed(served, cache, silent_server):
     unstripped, stripped, build_id, _url = served
     out, err = _run(stripped, "count", f"uprobe:{stripped}:{_sink(unstripped)}",
@@ -252,6 +272,7 @@ def wrong_server(tmp_path):
     server.server_close()
 
 
+@pytest.mark.kernel
 def test_wrong_file_refused_then_next_server(served, cache, wrong_server):
     unstripped, stripped, build_id, url = served
     wrong_url, wrong_id = wrong_server
