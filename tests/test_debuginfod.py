@@ -241,9 +241,9 @@ def test_silent_server_leaves_objects_unnamed(served, cache, silent_server):
     frames = [f for s in parse_counts(out) for f in s["frames"] if f[1] == "served"]
     assert frames and all(unnamed(f) for f, _ in frames), out
     note = [l for l in err.splitlines() if l.startswith("ustack: debuginfod")]
-    assert note == [f"ustack: debuginfod: debug files of {stripped} had not arrived: "
-                    "their frames are not named yet (a later `ustack report` of a "
-                    "recording names them)"], err
+    assert note == [f"ustack: debuginfod: the debug files of {stripped} had not arrived "
+                    "when their frames were named: those are not named (a later "
+                    "`ustack report` of a recording names them)"], err
     assert not _fetched(cache, build_id).exists()
 
 

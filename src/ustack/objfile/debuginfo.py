@@ -22,7 +22,6 @@ import struct
 
 from ..model import UstackError
 from . import cache as objcache
-from . import debuginfod
 from .elf import ElfImage
 from ..values import factory, value
 
@@ -226,6 +225,7 @@ def debug_lookup(image: ElfImage, extra_dirs=()) -> tuple:
     matches, else the MiniDebugInfo, else None."""
     found = find_debug_file(image, extra_dirs)
     if found.path is None:
+        from . import debuginfod        # only for an object without a local debug file
         fetched = debuginfod.cached_debug_file(image.file.build_id)
         if fetched is not None and _accept(image, fetched, None, found):
             found.path, found.how = fetched, "debuginfod"

@@ -16,14 +16,13 @@ start-up of a run without servers pays nothing."""
 from __future__ import annotations
 
 import os
-import string
 
 from . import cache as objcache
 
 CONNECT_S = 2.0            # to reach a server
 TOTAL_S = 60.0             # for one file, from one server
 MAX_BYTES = 2 << 30        # a debug file larger than this is garbage
-_HEX = frozenset(string.hexdigits.lower())
+_HEX = frozenset("0123456789abcdef")
 
 
 def server_urls(option_urls=()) -> tuple:
@@ -59,8 +58,8 @@ class Fetcher:
         self.want_lines = want_lines
         self.debug_dirs = tuple(debug_dirs)
         self.arrivals = 0              # grows when a file arrives
-        self.pending: dict = {}        # build-id -> object path, asked, not answered yet
         self.notes: list = []          # refusals, one sentence each
+        self.missing: set = set()      # build-ids no server had (or answered in time)
         self._seen: set = set()        # paths and build-ids queued once
         self._queue = None
         self._thread = None
@@ -74,7 +73,6 @@ class Fetcher:
     def ask(self, build_id: str, path: str) -> None:
         if _valid(build_id) and build_id not in self._seen:
             self._seen.add(build_id)
-            self.pending[build_id] = path
             self._put(("build-id", build_id, path))
 
     def _put(self, item) -> None:
@@ -126,8 +124,11 @@ class Fetcher:
                     data = _get(f"{url}/buildid/{build_id}/debuginfo")
                     if data is not None and self._keep(build_id, path, url, data):
                         break
-        finally:
-            self.pending.pop(build_id, None)
+                else:
+                    self.missing.add(build_id)
+        except BaseException:
+            self.missing.add(build_id)
+            raise
 
     def _keep(self, build_id: str, path: str, url: str, data: bytes) -> bool:
         """Write the answer into the cache; keep it only when it is the debug
@@ -155,14 +156,15 @@ class Fetcher:
 
     def not_named_note(self, named_without: dict) -> str | None:
         """One sentence: which objects of `named_without` ({path: build-id},
-        frames named without a debug file) still wait for theirs."""
-        pending = set(self.pending)
-        waiting = sorted(p for p, b in named_without.items() if b in pending)
+        frames named without a debug file) had theirs still coming (not
+        those no server has)."""
+        missing = set(self.missing)
+        waiting = sorted(p for p, b in named_without.items() if b not in missing)
         if not waiting:
             return None
-        return (f"debuginfod: debug files of {', '.join(waiting)} had not arrived: "
-                "their frames are not named yet (a later `ustack report` of a "
-                "recording names them)")
+        return (f"debuginfod: the debug files of {', '.join(waiting)} had not arrived "
+                "when their frames were named: those are not named (a later "
+                "`ustack report` of a recording names them)")
 
 
 def _get(url: str) -> bytes | None:

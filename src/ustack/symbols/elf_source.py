@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model import Frame, Mapping, UstackError, printable
-from ..objfile import debuginfod
 from ..objfile.debuginfo import debug_lookup
 from ..objfile.dwarf_lines import LineTable, has_dwarf
 from ..objfile.elf import ElfImage
@@ -32,9 +31,12 @@ class ElfSource:
         self._starts: dict = {}        # (path, vaddr) -> its FDE's start | None
         # debug files asked of debuginfod servers: a memo of "none" lasts
         # until one arrives (the thread counts arrivals)
-        self.fetcher = debuginfod.fetcher(
-            debuginfod.server_urls(options.debuginfod), options.lines or options.inlines,
-            options.debug_dirs) if options.debuginfod else None
+        self.fetcher = None
+        if options.debuginfod:          # imported only when servers are configured
+            from ..objfile import debuginfod
+            self.fetcher = debuginfod.fetcher(
+                debuginfod.server_urls(options.debuginfod),
+                options.lines or options.inlines, options.debug_dirs)
         self._arrivals = 0
         self._fetching: dict = {}      # image path -> build-id: named without the file asked for
 
