@@ -210,6 +210,23 @@ def test_record_then_report_names(served, cache, tmp_path):
     assert _frames(got.stdout) == _frames(want.stdout) and "sink" in got.stdout
 
 
+@pytest.mark.kernel
+def test_archive_carries_fetched_debug_file(served, cache, tmp_path, monkeypatch):
+    unstripped, stripped, build_id, url = served
+    rec = tmp_path / "run.ustack"
+    _run(stripped, "record", f"uprobe:{stripped}:{_sink(unstripped)}", "-o", rec,
+         urls=[url], wait_for=_fetched(cache, build_id))
+    archived = run_ustack("archive", rec)
+    assert archived.returncode == 0, archived.stderr
+    debug = tmp_path / "run.ustack.objects" / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+    assert debug.read_bytes() == _fetched(cache, build_id).read_bytes()
+    # elsewhere: no cache, no server; the archive names the frames
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "empty-cache"))
+    got = run_ustack("report", rec, "--debug-dir", tmp_path / "run.ustack.objects")
+    assert got.returncode == 0, got.stderr
+    assert "sink+" in got.stdout and "outer+" in got.stdout, got.stdout
+
+
 @pytest.fixture
 def silent_server():
     """A server that accepts connections and never answers."""
