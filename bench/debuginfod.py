@@ -11,7 +11,8 @@
 
 `ustack count uprobe:STRIPPED:ADDR -c 'STRIPPED 3'` in a fresh process each
 time, the kinds alternating (none, silent, served, none, …) REPS times
-(default 11); wall time from fork to exit, medians; and for each kind how
+(default 11); wall time from fork to exit and CPU time (ustack and the
+traced program: less noisy on a shared machine), medians; and for each kind how
 many runs named `sink` (the served file arrived before the end of the run)
 and how many said the object was not named yet. Writes
 bench/results/debuginfod.md.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import shutil
 import socket
 import statistics
@@ -91,6 +93,7 @@ def main() -> None:
     cmd = [sys.executable, "-m", "ustack", "count", f"uprobe:{stripped}:{sink}",
            "-c", f"{stripped} 3"]
     times = {k: [] for k in urls}
+    cpu = {k: [] for k in urls}       # CPU s of ustack and the traced program
     named = {k: 0 for k in urls}
     said = {k: 0 for k in urls}
     try:
@@ -101,13 +104,16 @@ def main() -> None:
                 env.pop("DEBUGINFOD_URLS", None)
                 if url:
                     env["DEBUGINFOD_URLS"] = url
-                t0 = time.monotonic()
+                t0, r0 = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
                 res = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 wall = time.monotonic() - t0
+                r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu_s = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
                 if res.returncode != 0:
                     raise SystemExit(f"{kind}: exit {res.returncode}: {res.stderr}")
                 if rep:
                     times[kind].append(wall)
+                    cpu[kind].append(cpu_s)
                     named[kind] += "sink [served]" in res.stdout
                     said[kind] += "had not arrived" in res.stderr
     finally:
@@ -115,11 +121,14 @@ def main() -> None:
         server.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     base = statistics.median(times["none"])
-    rows = ["| DEBUGINFOD_URLS | median wall s | min | max | ÷ none | runs naming sink "
-            "| runs saying 'not named yet' |", "|---|---:|---:|---:|---:|---:|---:|"]
+    base_cpu = statistics.median(cpu["none"])
+    rows = ["| DEBUGINFOD_URLS | median wall s | min | max | ÷ none | median CPU s "
+            "| ÷ none | runs naming sink | runs saying 'not named yet' |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for kind, ts in times.items():
-        m = statistics.median(ts)
+        m, c = statistics.median(ts), statistics.median(cpu[kind])
         rows.append(f"| {kind} | {m:.3f} | {min(ts):.3f} | {max(ts):.3f} | {m / base:.3f} "
+                    f"| {c:.3f} | {c / base_cpu:.3f} "
                     f"| {named[kind]}/{reps} | {said[kind]}/{reps} |")
     load = os.getloadavg()[0]
     text = "\n".join([

@@ -66,7 +66,7 @@ class Fetcher:
 
     def want(self, path: str) -> None:
         """An object the run met: fetch its debug file if it needs one."""
-        if path and path not in self._seen:
+        if path.startswith("/") and path not in self._seen:   # not [vdso], [heap]
             self._seen.add(path)
             self._put(("path", path))
 

@@ -130,7 +130,7 @@ class ElfSource:
         if image.path not in self._debug_images:
             debug, found = debug_lookup(image, self.options.debug_dirs)
             self._debug_images[image.path] = debug
-            self._warnings.extend(r for r in found.refused if r not in self._warnings)
+            self._warnings.extend(found.refused)
             if self.fetcher is not None and found.how in ("", "minidebuginfo"):
                 self.fetcher.ask(image.file.build_id, image.path)
                 self._fetching[image.path] = image.file.build_id

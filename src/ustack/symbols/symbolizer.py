@@ -54,12 +54,6 @@ class Symbolizer:
         last asked (names made before may be named better now)."""
         return self._elf.refresh()
 
-    def want_debug(self, path: str) -> None:
-        """An object the run met: fetch its debug file (in the background)
-        when it lacks names and a debuginfod server is configured."""
-        if self._elf.fetcher is not None:
-            self._elf.fetcher.want(path)
-
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Told a stack's frames, and whether no limit cut it short."""
         self._jit.stack_named(pid, frames, whole)
