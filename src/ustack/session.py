@@ -115,6 +115,7 @@ class Session:
             refuse_shared_globs(self.probes, opts.pid, opts.cmdline)
         if opts.pid is None:
             self.target = policy.launch_target(opts)
+        self._fetch_debug_files()          # while the capture opens (~100 ms)
         if self.target.scope == "system":
             from .target import busy_objects
             busy_objects.start_building(skip=os.getpid())
@@ -132,7 +133,6 @@ class Session:
                 self.close()               # else the capture closed itself
             self._dismiss_guardian()       # (close() hands it to a closer)
             raise
-        self._fetch_debug_files()
         self.tracker.seed_target(self.target, skip=os.getpid())
         if opts.record:
             self.recorder = self.recorder.begin(self)
