@@ -187,7 +187,8 @@ def test_stripped_named_like_unstripped(served, cache, command):
 @pytest.mark.kernel
 def test_profile_names_stripped_program(served, cache):
     unstripped, stripped, build_id, url = served
-    out, err = _run(stripped, "profile", "-F", "999", urls=[url],
+    # the server named by the option, not the environment
+    out, err = _run(stripped, "profile", "-F", "999", "--debuginfod", url,
                     wait_for=_fetched(cache, build_id), spin=200)
     ours = [f for s in parse_counts(out) for f in s["frames"] if f[1] == "served"]
     names = {f for f, _ in ours}
