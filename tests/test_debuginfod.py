@@ -265,13 +265,17 @@ def test_silent_server_leaves_objects_unnamed(served, cache, silent_server):
     assert not _fetched(cache, build_id).exists()
 
 
-@pytest.fixture
-def wrong_server(tmp_path):
-    """A server answering every request with another build's debug file."""
-    other = build("served", flags=("-O0", "-g"))
-    wrong = tmp_path / "other.debug"
-    subprocess.run(["objcopy", "--only-keep-debug", str(other), str(wrong)], check=True)
-    body = wrong.read_bytes()
+@pytest.fixture(params=["another build", "not ELF"])
+def wrong_server(tmp_path, request):
+    """A server answering every request with another build's debug file,
+    or with bytes that are no ELF file. (URL, what the refusal says of it)."""
+    if request.param == "not ELF":
+        body, what = b"<html>no such file</html>\n" * 100, "is no ELF file"
+    else:
+        other = build("served", flags=("-O0", "-g"))
+        wrong = tmp_path / "other.debug"
+        subprocess.run(["objcopy", "--only-keep-debug", str(other), str(wrong)], check=True)
+        body, what = wrong.read_bytes(), f"has build-id {_build_id(other)}"
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -285,7 +289,7 @@ def wrong_server(tmp_path):
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", _build_id(other)
+    yield f"http://127.0.0.1:{server.server_address[1]}", what
     server.shutdown()
     server.server_close()
 
@@ -293,12 +297,12 @@ def wrong_server(tmp_path):
 @pytest.mark.kernel
 def test_wrong_file_refused_then_next_server(served, cache, wrong_server):
     unstripped, stripped, build_id, url = served
-    wrong_url, wrong_id = wrong_server
+    wrong_url, what = wrong_server
     spec = f"uprobe:{{}}:{_sink(unstripped)}"
     want, _ = _run(unstripped, "trace", spec.format(unstripped))
     got, err = _run(stripped, "trace", spec.format(stripped), urls=[wrong_url, url],
                     wait_for=_fetched(cache, build_id))
     assert _frames(got) == _frames(want)
     note = [l for l in err.splitlines() if l.startswith("ustack: debuginfod")]
-    assert note == [f"ustack: debuginfod {wrong_url}: the debug file of {stripped} has "
-                    f"build-id {wrong_id}, not {build_id}; refused and deleted"], err
+    assert note == [f"ustack: debuginfod {wrong_url}: the file sent as the debug file of "
+                    f"{stripped} (build-id {build_id}) {what}; refused and deleted"], err

@@ -142,10 +142,11 @@ class Fetcher:
         try:
             got = ElfImage(unchecked).file.build_id
         except Exception:                   # noqa: BLE001 (garbage of any shape)
-            got = "none (not an ELF file)"
+            got = False
         if got != build_id:
-            self.notes.append(f"debuginfod {url}: the debug file of {path} has build-id "
-                              f"{got or 'none'}, not {build_id}; refused and deleted")
+            what = "is no ELF file" if got is False else f"has build-id {got or 'none'}"
+            self.notes.append(f"debuginfod {url}: the file sent as the debug file of "
+                              f"{path} (build-id {build_id}) {what}; refused and deleted")
             objcache.remove(unchecked)
             return False
         if not objcache.rename(unchecked, os.path.basename(out)):
