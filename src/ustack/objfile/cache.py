@@ -184,17 +184,25 @@ def write(cache: str, blob: bytes, raw: bool = False) -> None:
     """Atomically: a concurrent reader sees the old file or the new one.
     `raw`: the bytes alone (a file others open by its path: an ELF image),
     without the frame read() checks."""
+    write_chunks(cache, [blob] if raw else _framed(blob))
+
+
+def write_chunks(cache: str, chunks) -> bool:
+    """write(cache, …, raw=True) of the bytes of the iterable `chunks` (a
+    download, kept off the heap): whether the file is whole. An OSError
+    raised by `chunks` leaves no file."""
     directory, name = os.path.split(cache)
     dir_fd = private_directory(directory, create=True)
     if dir_fd is None:
-        return
+        return False
     try:
         st = lstat_at(dir_fd, name)
         if st is not None and stat.S_ISLNK(st.st_mode):
             os.unlink(name, dir_fd=dir_fd)     # never followed: replaced by the entry
-        write_bytes_at(dir_fd, name, [blob] if raw else _framed(blob), 0o600)
+        write_bytes_at(dir_fd, name, chunks, 0o600)
+        return True
     except (OSError, UstackError):
-        pass                            # caching is an optimization
+        return False                    # caching is an optimization
     finally:
         os.close(dir_fd)
 

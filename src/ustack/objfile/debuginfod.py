@@ -121,8 +121,7 @@ class Fetcher:
         try:
             if cached_debug_file(build_id) is None:
                 for url in self.urls:
-                    data = _get(f"{url}/buildid/{build_id}/debuginfo")
-                    if data is not None and self._keep(build_id, path, url, data):
+                    if self._keep(build_id, path, url):
                         break
                 else:
                     self.missing.add(build_id)
@@ -130,13 +129,14 @@ class Fetcher:
             self.missing.add(build_id)
             raise
 
-    def _keep(self, build_id: str, path: str, url: str, data: bytes) -> bool:
-        """Write the answer into the cache; keep it only when it is the debug
-        file asked for."""
+    def _keep(self, build_id: str, path: str, url: str) -> bool:
+        """Download the server's answer into the cache; keep it only when it
+        is the debug file asked for."""
         from .elf import ElfImage
         out = cache_path(build_id)
         unchecked = out + ".unchecked"    # never where a reader looks, until checked
-        objcache.write(unchecked, data, raw=True)
+        if not objcache.write_chunks(unchecked, _download(f"{url}/buildid/{build_id}/debuginfo")):
+            return False
         if not objcache.trusted_file(unchecked):
             return False
         try:
@@ -168,17 +168,21 @@ class Fetcher:
                 "`ustack report` of a recording names them)")
 
 
-def _get(url: str) -> bytes | None:
-    """The body of a 200 answer to GET url, or None (any failure): a
-    connect timeout, then a deadline for the whole answer."""
+def _download(url: str):
+    """The body of a 200 answer to GET url, in chunks; OSError on any
+    failure (another status, a timeout, a body too large): a connect
+    timeout, then a deadline for the whole answer."""
     import http.client
     import time
     import urllib.parse
-    parts = urllib.parse.urlsplit(url)
-    kind = (http.client.HTTPSConnection if parts.scheme == "https"
-            else http.client.HTTPConnection)
     deadline = time.monotonic() + TOTAL_S
-    conn = kind(parts.hostname, parts.port, timeout=CONNECT_S)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        kind = (http.client.HTTPSConnection if parts.scheme == "https"
+                else http.client.HTTPConnection)
+        conn = kind(parts.hostname, parts.port, timeout=CONNECT_S)
+    except ValueError as e:                 # a URL without a host or port that is one
+        raise OSError(str(e)) from None
     try:
         conn.connect()
         sock = conn.sock        # kept: the connection forgets it once told to close
@@ -186,26 +190,25 @@ def _get(url: str) -> bytes | None:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         answer = conn.getresponse()
         if answer.status != 200:
-            return None
+            raise OSError(f"{url}: status {answer.status}")
         length = answer.getheader("Content-Length")
         if length and (not length.isdigit() or int(length) > MAX_BYTES):
-            return None
-        chunks, size = [], 0
+            raise OSError(f"{url}: Content-Length {length[:20]}")
+        size = 0
         while not answer.isclosed():   # closed once the body was read whole
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return None
+                raise OSError(f"{url}: not whole within {TOTAL_S:g} s")
             sock.settimeout(remaining)
             chunk = answer.read(1 << 20)
             if not chunk:
                 break
             size += len(chunk)
             if size > MAX_BYTES:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except (OSError, http.client.HTTPException, ValueError):
-        return None
+                raise OSError(f"{url}: larger than {MAX_BYTES} bytes")
+            yield chunk
+    except (http.client.HTTPException, ValueError) as e:
+        raise OSError(f"{url}: {e}") from None
     finally:
         conn.close()
 
