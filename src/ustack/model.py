@@ -19,6 +19,7 @@ class SymbolOptions:
     inlines: bool = False          # --inlines: inlined calls as frames of their own
     demangle: bool = True          # --no-demangle turns it off
     debug_dirs: tuple = ()         # --debug-dir: more places for debug files
+    debuginfod: tuple = ()         # --debuginfod URLs, else DEBUGINFOD_URLS's
 
 
 # --- probes ---------------------------------------------------------------

@@ -2,6 +2,8 @@
 fill it in from their parsed arguments (run_options), a script may too."""
 from __future__ import annotations
 
+import os
+
 from .defaults import DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE, MAX_STACK_SIZE
 from .model import SymbolOptions, UstackError
 from .values import factory, value
@@ -73,10 +75,12 @@ def run_options(args) -> Options:
 
 
 def symbol_options(args) -> SymbolOptions:
-    """--lines, --inlines, --no-demangle, --debug-dir."""
+    """--lines, --inlines, --no-demangle, --debug-dir, --debuginfod."""
     return SymbolOptions(lines=args.lines, inlines=args.inlines,
                          demangle=not args.no_demangle,
-                         debug_dirs=tuple(args.debug_dir))
+                         debug_dirs=tuple(args.debug_dir),
+                         debuginfod=tuple(getattr(args, "debuginfod", None) or
+                                          os.environ.get("DEBUGINFOD_URLS", "").split()))
 
 
 def check_target(pid: int | None, cmdline: str | None) -> None:

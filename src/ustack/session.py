@@ -116,6 +116,7 @@ class Session:
             refuse_shared_globs(self.probes, opts.pid, opts.cmdline)
         if opts.pid is None:
             self.target = policy.launch_target(opts)
+        self._fetch_debug_files()          # while the capture opens (~100 ms)
         if self.target.scope == "system":
             from .target import busy_objects
             busy_objects.start_building(skip=os.getpid())
@@ -136,6 +137,23 @@ class Session:
         self.tracker.seed_target(self.target, skip=os.getpid())
         if opts.record:
             self.recorder = self.recorder.begin(self)
+
+    def _fetch_debug_files(self) -> None:
+        """With debuginfod servers, the objects of the run are asked for
+        as soon as they are mapped (in the background): a count or profile
+        run, named at its end, gets the names of files that arrived."""
+        symbols = self.opts.symbols
+        if not symbols.debuginfod:
+            return
+        from .objfile import debuginfod
+        fetcher = debuginfod.fetcher(debuginfod.server_urls(symbols.debuginfod),
+                                     symbols.lines or symbols.inlines, symbols.debug_dirs)
+        if fetcher is None:
+            return
+        self.tracker.on_object = fetcher.want
+        main = process.main_executable(self.target)
+        if main:
+            fetcher.want(main)
 
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel."""

@@ -91,6 +91,9 @@ def symbol_args(p: argparse.ArgumentParser) -> None:
                    help="print C++ and Rust names as they are in the binary")
     p.add_argument("--debug-dir", action="append", default=[], metavar="DIR",
                    help="also look for separate debug files in DIR (repeatable)")
+    p.add_argument("--debuginfod", action="append", default=[], metavar="URL",
+                   help="ask this debuginfod server for the debug files of objects "
+                        "without names (repeatable; default: DEBUGINFOD_URLS)")
 
 
 def output_args(p: argparse.ArgumentParser, table: dict) -> None:

@@ -26,7 +26,7 @@ import struct
 import zlib
 
 from ..model import UstackError
-from ..output import lock_file_at, lstat_at, private_directory, write_bytes_at
+from ..output import lock_file_at, lstat_at, private_directory, replace_at, write_bytes_at
 
 
 def digest(data: bytes) -> str:
@@ -182,17 +182,25 @@ def write(cache: str, blob: bytes, raw: bool = False) -> None:
     """Atomically: a concurrent reader sees the old file or the new one.
     `raw`: the bytes alone (a file others open by its path: an ELF image),
     without the frame read() checks."""
+    write_chunks(cache, [blob] if raw else _framed(blob))
+
+
+def write_chunks(cache: str, chunks) -> bool:
+    """write(cache, …, raw=True) of the bytes of the iterable `chunks` (a
+    download, kept off the heap): whether the file is whole. An OSError
+    raised by `chunks` leaves no file."""
     directory, name = os.path.split(cache)
     dir_fd = private_directory(directory, create=True)
     if dir_fd is None:
-        return
+        return False
     try:
         st = lstat_at(dir_fd, name)
         if st is not None and stat.S_ISLNK(st.st_mode):
             os.unlink(name, dir_fd=dir_fd)     # never followed: replaced by the entry
-        write_bytes_at(dir_fd, name, [blob] if raw else _framed(blob), 0o600)
+        write_bytes_at(dir_fd, name, chunks, 0o600)
+        return True
     except (OSError, UstackError):
-        pass                            # caching is an optimization
+        return False                    # caching is an optimization
     finally:
         os.close(dir_fd)
 
@@ -208,3 +216,43 @@ def checked_file(cache: str) -> bool:
     """Whether write_checked_file(cache, …) left the file whole."""
     data = read(cache, raw=True)
     return data is not None and read(cache + ".sum") == digest(data).encode()
+
+
+def trusted_file(cache: str) -> bool:
+    """Whether the file at `cache` is one read() would trust (without
+    reading it: a fetched debug file may be large)."""
+    fd = _open_trusted(cache)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def remove(cache: str) -> None:
+    """Delete an entry (a refused one), reached as write() reached it."""
+    directory, name = os.path.split(cache)
+    dir_fd = private_directory(directory)
+    if dir_fd is None:
+        return
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def rename(cache: str, new_name: str) -> bool:
+    """Give the entry `cache` the name `new_name` in its directory (a
+    checked file taking its place): whether it was."""
+    directory, name = os.path.split(cache)
+    dir_fd = private_directory(directory)
+    if dir_fd is None:
+        return False
+    try:
+        replace_at(dir_fd, name, new_name, os.path.join(directory, new_name))
+        return True
+    except (OSError, UstackError):
+        return False
+    finally:
+        os.close(dir_fd)

@@ -3,7 +3,8 @@
 1. by build-id: ROOT/.build-id/xx/yyyy.debug for each debug root;
 2. by .gnu_debuglink (a file name and the CRC32 of that file): next to the
    object, in its .debug/ subdirectory, and ROOT/<object's directory>/NAME;
-3. MiniDebugInfo: an xz-compressed ELF with a .symtab in the object's own
+3. one fetched from a debuginfod server into ustack's cache (debuginfod.py);
+4. MiniDebugInfo: an xz-compressed ELF with a .symtab in the object's own
    .gnu_debugdata section (Fedora ships local function names that way).
 
 A debug file compressed by `dwz -m` (Fedora, RHEL) keeps the DWARF it
@@ -34,7 +35,7 @@ class DebugLookup:
     """What the search found: the debug file (or None) and why candidates
     were refused, one sentence each."""
     path: str | None = None
-    how: str = ""                  # build-id | debuglink | minidebuginfo | altlink
+    how: str = ""                  # build-id | debuglink | debuginfod | minidebuginfo | altlink
     refused: list = factory(list)
 
 
@@ -249,6 +250,11 @@ def debug_lookup(image: ElfImage, extra_dirs=()) -> tuple:
     """(debug ElfImage or None, DebugLookup): a separate debug file when one
     matches, else the MiniDebugInfo, else None."""
     found = find_debug_file(image, extra_dirs)
+    if found.path is None:
+        from . import debuginfod        # only for an object without a local debug file
+        fetched = debuginfod.cached_debug_file(image.file.build_id)
+        if fetched is not None and _accept(image, fetched, None, found):
+            found.path, found.how = fetched, "debuginfod"
     if found.path is None:
         mini = minidebuginfo_path(image, found)
         if mini is not None:

@@ -16,6 +16,7 @@ import stat
 
 from ..model import UstackError
 from ..objfile.debuginfo import find_debug_file
+from ..objfile.debuginfod import cached_debug_file
 from ..objfile.elf import ElfImage
 from ..output import make_directory, open_directory, split, subdirectory
 
@@ -149,7 +150,9 @@ def copy_objects(files: dict, directory: str) -> tuple:
                 continue
             try:
                 archive.add(fd, st, os.path.basename(recorded), build_id)
-                debug = build_id and find_debug_file(ElfImage.open(source)).path
+                # a local debug file, else one fetched from debuginfod
+                debug = build_id and (find_debug_file(ElfImage.open(source)).path
+                                      or cached_debug_file(build_id))
             finally:
                 os.close(fd)
             if debug:

@@ -29,6 +29,16 @@ class ElfSource:
         self._debug_images: dict = {}  # image path -> debug ElfImage | None
         self._line_tables: dict = {}   # image path -> LineTable | None
         self._starts: dict = {}        # (path, vaddr) -> its FDE's start | None
+        # debug files asked of debuginfod servers: a memo of "none" lasts
+        # until one arrives (the thread counts arrivals)
+        self.fetcher = None
+        if options.debuginfod:          # imported only when servers are configured
+            from ..objfile import debuginfod
+            self.fetcher = debuginfod.fetcher(
+                debuginfod.server_urls(options.debuginfod),
+                options.lines or options.inlines, options.debug_dirs)
+        self._arrivals = 0
+        self._fetching: dict = {}      # image path -> build-id: named without the file asked for
 
     def resolve(self, path: str, file_off: int) -> tuple:
         """(vaddr, Symbol) at file_off in the object at path; either may be
@@ -121,7 +131,31 @@ class ElfSource:
             debug, found = debug_lookup(image, self.options.debug_dirs)
             self._debug_images[image.path] = debug
             self._warnings.extend(found.refused)
+            if self.fetcher is not None and found.how in ("", "minidebuginfo"):
+                self.fetcher.ask(image.file.build_id, image.path)
+                self._fetching[image.path] = image.file.build_id
         return self._debug_images[image.path]
+
+    def refresh(self) -> bool:
+        """Forget what was named without debug files, once one arrived from
+        a debuginfod server: whether names may have changed."""
+        fetcher = self.fetcher
+        if fetcher is None or fetcher.arrivals == self._arrivals:
+            return False
+        self._arrivals = fetcher.arrivals
+        self._debug_images.clear()
+        self._symbols.clear()
+        self._line_tables.clear()
+        self._fetching.clear()
+        return True
+
+    def fetch_notes(self) -> list:
+        """What the user should hear of debuginfod: refused files, objects
+        whose frames are not named yet."""
+        if self.fetcher is None:
+            return []
+        waiting = self.fetcher.not_named_note(self._fetching)
+        return self.fetcher.notes + ([waiting] if waiting else [])
 
     def _line_table(self, path: str) -> LineTable | None:
         """DWARF lines of the object itself, else of its debug file."""

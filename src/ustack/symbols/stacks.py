@@ -101,6 +101,8 @@ class StackResolver:
         (a JVM's, written by jcmd during the run). Cached by key: the same
         key gives the same Stack object (a report may cache by it)."""
         key = self.key(sample)
+        if self.symbolizer.debug_arrived():
+            self._stacks.clear()
         cached = self._stacks.get(key)      # (Stack, its JIT map's version or None)
         if cached is not None and (cached[1] is None or
                                    cached[1] == self.symbolizer.jit_version(key[0])):
@@ -118,6 +120,8 @@ class StackResolver:
         cached and names no JIT code is found here with the key() made
         inline; any other goes through stack()."""
         out = []
+        if self.symbolizer.debug_arrived():
+            self._stacks.clear()
         append, cached_of, stack = out.append, self._stacks.get, self.stack
         tracker = self.tracker
         generations, exec_times = tracker.generations, tracker.exec_times

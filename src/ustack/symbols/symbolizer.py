@@ -47,7 +47,12 @@ class Symbolizer:
 
     @property
     def warnings(self) -> list:
-        return self._said + self._jit.notes()
+        return self._said + self._jit.notes() + self._elf.fetch_notes()
+
+    def debug_arrived(self) -> bool:
+        """Whether a debug file arrived from a debuginfod server since
+        last asked (names made before may be named better now)."""
+        return self._elf.refresh()
 
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Told a stack's frames, and whether no limit cut it short."""

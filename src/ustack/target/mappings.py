@@ -71,6 +71,7 @@ class MappingTracker:
         self.last_seed: dict = {}       # pid -> monotonic time of last /proc read
         self.kernel_threads: dict = {}  # pid -> bool, asked of /proc once
         self.ns_ids: dict = {}          # tid -> its id in its own pid namespace
+        self.on_object = None           # callable(path): told each object mapped
 
     # -- feeding ----------------------------------------------------------
     def _maps(self, pid: int) -> ProcessMaps:
@@ -88,6 +89,8 @@ class MappingTracker:
         for m in maps:
             if pm.find(m.start) is None:
                 pm.add(m)
+                if self.on_object is not None and m.path:
+                    self.on_object(m.host_path or m.path)
         if pid not in self.comms:
             self.comms[pid] = printable(procfs.comm(pid))
         self.ns_id(pid)                 # while it lives: -P shows it at the end
@@ -123,6 +126,8 @@ class MappingTracker:
                                 event.pid, m.path, m.start, m.end), m.path, m.build_id),
                             m.build_id)
             self._maps(event.pid).add(m)
+            if self.on_object is not None and m.path:
+                self.on_object(m.host_path or m.path)
             if event.pid not in self.ns_ids:
                 self.ns_id(event.pid)
         elif isinstance(event, CommEvent):

@@ -1,0 +1,226 @@
+"""Debug files from debuginfod servers (the ones perf, gdb and eu-stack ask):
+GET URL/buildid/HEX/debuginfo for an object that has no names or lines on
+disk, once, into ustack's private cache (cache_root()/debuginfod/HEX.debug).
+
+The servers are the user's: `--debuginfod URL`, else DEBUGINFOD_URLS
+(space-separated, as elfutils reads it); none is asked otherwise, also for
+a root run. Fetches run on one background thread, so a run never waits on
+the network: a frame met before its file arrived stays unnamed, and
+`arrivals` tells the symbolizer to name again. A server down, slow or
+answering garbage costs that thread its timeouts, never the run. A fetched
+file is used only when its build-id note is the one asked for; else it is
+refused (one sentence) and deleted.
+
+http.client is imported only on that thread, when a server is configured:
+start-up of a run without servers pays nothing."""
+from __future__ import annotations
+
+import os
+
+from . import cache as objcache
+
+CONNECT_S = 2.0            # to reach a server
+TOTAL_S = 60.0             # for one file, from one server
+MAX_BYTES = 2 << 30        # a debug file larger than this is garbage
+_HEX = frozenset("0123456789abcdef")
+
+
+def server_urls(option_urls=()) -> tuple:
+    """The servers to ask: --debuginfod's, else DEBUGINFOD_URLS'."""
+    urls = list(option_urls) or os.environ.get("DEBUGINFOD_URLS", "").split()
+    return tuple(u.rstrip("/") for u in urls if u.startswith(("http://", "https://")))
+
+
+def _valid(build_id: str | None) -> bool:
+    return bool(build_id) and len(build_id) >= 8 and set(build_id) <= _HEX
+
+
+def cache_path(build_id: str) -> str:
+    return os.path.join(objcache.cache_root(), "debuginfod", build_id + ".debug")
+
+
+def cached_debug_file(build_id: str | None) -> str | None:
+    """The fetched debug file of build_id in the cache, when there is one
+    to trust (its build-id is checked again by whoever opens it)."""
+    if not _valid(build_id):
+        return None
+    path = cache_path(build_id)
+    return path if objcache.trusted_file(path) else None
+
+
+class Fetcher:
+    """Asks the servers for debug files on one daemon thread. want(path)
+    queues an object met in the run (its ELF is read on the thread too);
+    ask(build_id, path) one already known to lack names."""
+
+    def __init__(self, urls: tuple, want_lines: bool = False, debug_dirs=()):
+        self.urls = urls
+        self.want_lines = want_lines
+        self.debug_dirs = tuple(debug_dirs)
+        self.arrivals = 0              # grows when a file arrives
+        self.notes: list = []          # refusals, one sentence each
+        self.missing: set = set()      # build-ids no server had (or answered in time)
+        self._seen: set = set()        # paths and build-ids queued once
+        self._queue = None
+        self._thread = None
+
+    def want(self, path: str) -> None:
+        """An object the run met: fetch its debug file if it needs one."""
+        if path.startswith("/") and path not in self._seen:   # not [vdso], [heap]
+            self._seen.add(path)
+            self._put(("path", path))
+
+    def ask(self, build_id: str, path: str) -> None:
+        if _valid(build_id) and build_id not in self._seen:
+            self._seen.add(build_id)
+            self._put(("build-id", build_id, path))
+
+    def _put(self, item) -> None:
+        if self._thread is None:
+            import queue
+            import threading
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._work, name="debuginfod",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put(item)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item[0] == "path":
+                    self._consider(item[1])
+                else:
+                    self._fetch(item[1], item[2])
+            except Exception as e:         # noqa: BLE001 (a fetch never breaks a run)
+                self.notes.append(f"debuginfod: {e}")
+
+    def _consider(self, path: str) -> None:
+        """Ask for `path`'s debug file when it has no names (or, with
+        --lines, no DWARF) on disk and no local debug file."""
+        from ..model import UstackError
+        from .debuginfo import find_debug_file
+        from .dwarf_lines import has_dwarf
+        from .elf import ElfImage
+        try:
+            image = ElfImage(path)
+        except UstackError:
+            return
+        build_id = image.file.build_id
+        if not _valid(build_id) or build_id in self._seen:
+            return
+        if image.file.has_symtab and not (self.want_lines and not has_dwarf(image)):
+            return
+        if cached_debug_file(build_id) or find_debug_file(image, self.debug_dirs).path:
+            return
+        # /proc/PID/exe (a -p target) is said as the file it is
+        self.ask(build_id, os.path.realpath(path) if path.startswith("/proc/") else path)
+
+    def _fetch(self, build_id: str, path: str) -> None:
+        try:
+            if cached_debug_file(build_id) is None:
+                for url in self.urls:
+                    if self._keep(build_id, path, url):
+                        break
+                else:
+                    self.missing.add(build_id)
+        except BaseException:
+            self.missing.add(build_id)
+            raise
+
+    def _keep(self, build_id: str, path: str, url: str) -> bool:
+        """Download the server's answer into the cache; keep it only when it
+        is the debug file asked for."""
+        from .elf import ElfImage
+        out = cache_path(build_id)
+        unchecked = out + ".unchecked"    # never where a reader looks, until checked
+        if not objcache.write_chunks(unchecked, _download(f"{url}/buildid/{build_id}/debuginfo")):
+            return False
+        if not objcache.trusted_file(unchecked):
+            return False
+        try:
+            got = ElfImage(unchecked).file.build_id
+        except Exception:                   # noqa: BLE001 (garbage of any shape)
+            got = False
+        if got != build_id:
+            what = "is no ELF file" if got is False else f"has build-id {got or 'none'}"
+            self.notes.append(f"debuginfod {url}: the file sent as the debug file of "
+                              f"{path} (build-id {build_id}) {what}; refused and deleted")
+            objcache.remove(unchecked)
+            return False
+        if not objcache.rename(unchecked, os.path.basename(out)):
+            objcache.remove(unchecked)
+            return False
+        self.arrivals += 1
+        return True
+
+    def not_named_note(self, named_without: dict) -> str | None:
+        """One sentence: which objects of `named_without` ({path: build-id},
+        frames named without a debug file) had theirs still coming (not
+        those no server has)."""
+        missing = set(self.missing)
+        waiting = sorted(p for p, b in named_without.items() if b not in missing)
+        if not waiting:
+            return None
+        return (f"debuginfod: the debug files of {', '.join(waiting)} had not arrived "
+                "when their frames were named: those are not named (a later "
+                "`ustack report` of a recording names them)")
+
+
+def _download(url: str):
+    """The body of a 200 answer to GET url, in chunks; OSError on any
+    failure (another status, a timeout, a body too large): a connect
+    timeout, then a deadline for the whole answer."""
+    import http.client
+    import time
+    import urllib.parse
+    deadline = time.monotonic() + TOTAL_S
+    try:
+        parts = urllib.parse.urlsplit(url)
+        kind = (http.client.HTTPSConnection if parts.scheme == "https"
+                else http.client.HTTPConnection)
+        conn = kind(parts.hostname, parts.port, timeout=CONNECT_S)
+    except ValueError as e:                 # a URL without a host or port that is one
+        raise OSError(str(e)) from None
+    try:
+        conn.connect()
+        sock = conn.sock        # kept: the connection forgets it once told to close
+        conn.request("GET", parts.path)
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        answer = conn.getresponse()
+        if answer.status != 200:
+            raise OSError(f"{url}: status {answer.status}")
+        length = answer.getheader("Content-Length")
+        if length and (not length.isdigit() or int(length) > MAX_BYTES):
+            raise OSError(f"{url}: Content-Length {length[:20]}")
+        size = 0
+        while not answer.isclosed():   # closed once the body was read whole
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise OSError(f"{url}: not whole within {TOTAL_S:g} s")
+            sock.settimeout(remaining)
+            chunk = answer.read(1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_BYTES:
+                raise OSError(f"{url}: larger than {MAX_BYTES} bytes")
+            yield chunk
+    except (http.client.HTTPException, ValueError) as e:
+        raise OSError(f"{url}: {e}") from None
+    finally:
+        conn.close()
+
+
+_fetchers: dict = {}
+
+
+def fetcher(urls: tuple, want_lines: bool = False, debug_dirs=()) -> Fetcher | None:
+    """The run's one Fetcher for these servers (None: no server)."""
+    if not urls:
+        return None
+    key = (urls, want_lines, tuple(debug_dirs))
+    if key not in _fetchers:
+        _fetchers[key] = Fetcher(urls, want_lines, debug_dirs)
+    return _fetchers[key]
