@@ -10,7 +10,7 @@ import os
 import time
 
 from .capture.backends import new_capture
-from .capture.closer import BACKGROUND_PROBES, close_capture
+from .capture.closer import close_capture
 from .capture.stream import Stream
 from .counting import tally
 from .interrupt import Interrupt, Interrupted, heard
@@ -19,7 +19,7 @@ from .options import Options, check_target
 from .probes.events import resolve_probes
 from .probes.weight import weigh_probes, weigh_specs
 from .probes.spec import parse_event
-from .target import process
+from .target import ahead, process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
@@ -116,10 +116,7 @@ class Session:
             refuse_shared_globs(self.probes, opts.pid, opts.cmdline)
         if opts.pid is None:
             self.target = policy.launch_target(opts)
-        self._fetch_debug_files()          # while the capture opens (~100 ms)
-        if self.target.scope == "system":
-            from .target import busy_objects
-            busy_objects.start_building(skip=os.getpid())
+        ahead.prepare(self.target, self.tracker, opts.symbols)   # while the capture opens
         try:
             # before any probe exists: it undoes the run if ustack is killed
             from .kernel import guardian
@@ -137,23 +134,6 @@ class Session:
         self.tracker.seed_target(self.target, skip=os.getpid())
         if opts.record:
             self.recorder = self.recorder.begin(self)
-
-    def _fetch_debug_files(self) -> None:
-        """With debuginfod servers, the objects of the run are asked for
-        as soon as they are mapped (in the background): a count or profile
-        run, named at its end, gets the names of files that arrived."""
-        symbols = self.opts.symbols
-        if not symbols.debuginfod:
-            return
-        from .objfile import debuginfod
-        fetcher = debuginfod.fetcher(debuginfod.server_urls(symbols.debuginfod),
-                                     symbols.lines or symbols.inlines, symbols.debug_dirs)
-        if fetcher is None:
-            return
-        self.tracker.on_object = fetcher.want
-        main = process.main_executable(self.target)
-        if main:
-            fetcher.want(main)
 
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel."""
@@ -224,9 +204,7 @@ class Session:
         finally:
             guardian = self.guardian
             if self.capture is not None and close_capture(
-                    self.capture, self.close_in_background
-                    and (len(self.probes) >= BACKGROUND_PROBES
-                         or not self.capture.defines_probes()),
+                    self.capture, self.close_in_background, len(self.probes),
                     guardian and guardian.finished) and guardian:
                 guardian.hand_over()    # it watches the closer now
                 self.guardian = None

@@ -54,12 +54,15 @@ def close_in_background(close, release, finished=None) -> bool:
     return forked
 
 
-def close_capture(capture, in_background: bool, finished=None) -> bool:
-    """Close a run's capture: in a detached closer when `in_background`
-    (many probes, whose closing the kernel makes slow) and the capture can
-    release its descriptors, else here. True when a closer took it (the
-    run's guardian is to watch the closer then)."""
-    if in_background and capture.release is not None:
+def close_capture(capture, background: bool, probes: int, finished=None) -> bool:
+    """Close a run's capture: in a detached closer when `background` (the
+    CLI's choice: the prompt comes back at once) and the capture can
+    release its descriptors and either has many `probes` (the kernel waits
+    ~0.1 s for each) or defined none in tracefs (nothing a user checks
+    right after the run is left meanwhile), else here. True when a closer
+    took it (the run's guardian is to watch the closer then)."""
+    if background and capture.release is not None and (
+            probes >= BACKGROUND_PROBES or not capture.defines_probes()):
         return close_in_background(capture.close, capture.release, finished)
     capture.close()
     return False

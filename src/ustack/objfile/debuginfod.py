@@ -224,3 +224,17 @@ def fetcher(urls: tuple, want_lines: bool = False, debug_dirs=()) -> Fetcher | N
     if key not in _fetchers:
         _fetchers[key] = Fetcher(urls, want_lines, debug_dirs)
     return _fetchers[key]
+
+
+def fetch_for_run(symbols, tracker, main: str | None) -> None:
+    """Ask for the debug files of a run's objects as soon as they are
+    mapped (`tracker`: the run's mapping tracker, whose on_object hook is
+    set), the program's (`main`) at once: a count or profile run, named at
+    its end, then gets the names of the files that arrived meanwhile."""
+    found = fetcher(server_urls(symbols.debuginfod), symbols.lines or symbols.inlines,
+                    symbols.debug_dirs)
+    if found is None:
+        return
+    tracker.on_object = found.want
+    if main:
+        found.want(main)

@@ -1,0 +1,22 @@
+"""Work a run starts before its first sample, for the objects it will
+meet: a whole-machine run builds the functions of the big objects of the
+processes running now (busy_objects), and with debuginfod servers the
+debug files of the run's objects are asked for as they are mapped
+(objfile/debuginfod.py). Both run in the background while the capture
+opens; nothing here makes the run wait."""
+from __future__ import annotations
+
+import os
+
+from . import process
+
+
+def prepare(target, tracker, symbols) -> None:
+    """`target`: the run's Target, `tracker` its MappingTracker, `symbols`
+    the SymbolOptions asked for."""
+    if target.scope == "system":
+        from . import busy_objects
+        busy_objects.start_building(skip=os.getpid())
+    if symbols.debuginfod:
+        from ..objfile.debuginfod import fetch_for_run
+        fetch_for_run(symbols, tracker, process.main_executable(target))
