@@ -195,8 +195,11 @@ def write_chunks(cache: str, chunks) -> bool:
         return False
     try:
         st = lstat_at(dir_fd, name)
-        if st is not None and stat.S_ISLNK(st.st_mode):
-            os.unlink(name, dir_fd=dir_fd)     # never followed: replaced by the entry
+        if st is not None and (stat.S_ISLNK(st.st_mode) or not _trusted(st)):
+            # a link is never followed, an entry another user could have
+            # written never trusted (nor renamed over: output.replace_at
+            # keeps others' files): the new entry takes its place
+            os.unlink(name, dir_fd=dir_fd)
         write_bytes_at(dir_fd, name, chunks, 0o600)
         return True
     except (OSError, UstackError):
