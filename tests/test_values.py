@@ -16,7 +16,8 @@ def test_frozen_value_equality_hash_and_repr():
     assert len({a, Frame(0x10, "libc.so.6", "write", 4)}) == 1
     assert Stack((a,)) != (a,)                      # another class is never equal
     assert repr(a) == ("Frame(addr=16, module='libc.so.6', function='write', offset=4, "
-                       "size=0, path='', file='', line=0, inlined=False, kind='')")
+                       "size=0, path='', file='', line=0, inlined=False, kind='', "
+                       "objaddr=0, objstart=0)")
     with pytest.raises(AttributeError, match="cannot assign to field 'line'"):
         a.line = 3
 
@@ -44,5 +45,6 @@ def test_replace_and_as_dict():
     assert fields(Stack) == ("frames", "notes")
     assert as_dict(Stack((a,), ("cut",))) == {
         "frames": ({"addr": 16, "module": "m", "function": "f", "offset": 0, "size": 0,
-                    "path": "", "file": "", "line": 0, "inlined": False, "kind": ""},),
+                    "path": "", "file": "", "line": 0, "inlined": False, "kind": "",
+                    "objaddr": 0, "objstart": 0},),
         "notes": ("cut",)}
