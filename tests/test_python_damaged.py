@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -27,23 +28,25 @@ LOOP_NOTES = {
 
 
 def traced_calls(version: str, mode: str, backend: str) -> tuple:
-    """(records, stderr) of `ustack trace syscall:getppid -p PID -d 10` on
+    """(records, stderr) of `ustack trace syscall:getppid -p PID` on
     broken_chain.py MODE, which makes CALLS such calls with its chain
-    broken (one per line it reads) and, once the run is over, mends it
-    and exits."""
+    broken (one per line it reads, each said), ended by Ctrl-C once they
+    are made; then the program mends its chain and exits."""
     prog = subprocess.Popen([pyenv_python(version), str(PROG), mode], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
         facts = json.loads(prog.stdout.readline())     # the chain is broken by now
-        run = start_ustack("trace", "syscall:getppid", "--backend", backend, "-d", "10",
+        run = start_ustack("trace", "syscall:getppid", "--backend", backend,
                            "-p", str(facts["pid"]), stdout=subprocess.PIPE)
         try:
             wait_tracing(run, timeout=60)
             prog.stdin.write("go\n" * CALLS)
             prog.stdin.flush()
-            # the run ends by its duration while the process lives (its
-            # code objects are named from its memory); then it mends its
-            # chain and ends
+            assert [prog.stdout.readline().strip() for _ in range(CALLS)] == \
+                ["called"] * CALLS
+            # the run ends while the process lives (its code objects are
+            # named from its memory); then it mends its chain and ends
+            run.send_signal(signal.SIGINT)
             out, err = finish(run, 60)
             prog.stdin.close()
             assert prog.stdout.readline().strip() == str(CALLS)

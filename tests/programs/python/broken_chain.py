@@ -1,7 +1,8 @@
 """A Python program that damages its own frame chain through ctypes while
 it works (what a buggy C extension or a stray write can do), for the
 frame walk: under <module> -> main -> outer_fn -> middle_fn -> leaf, leaf
-calls os.getppid() once per line read from stdin, with, by MODE:
+calls os.getppid() once per line read from stdin (and says `called` after
+each), with, by MODE:
   loop-self      leaf's `previous` pointing at leaf itself
   loop-ancestor  outer_fn's `previous` pointing at leaf (leaf ->
                  middle_fn -> outer_fn -> leaf ...: a cycle of three)
@@ -52,6 +53,7 @@ def leaf(mode):
         for _line in sys.stdin:
             os.getppid()
             calls += 1
+            print("called", flush=True)
     finally:
         slot.value = good            # mended before any frame returns through it
     print(calls, flush=True)
