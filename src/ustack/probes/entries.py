@@ -13,12 +13,20 @@ What counts as evidence, from the file itself:
 - the CFI: an FDE that begins at the address has, at its first row, the
   return address at sp (CFA = rsp + 8, return address at CFA - 8); an FDE
   that says otherwise refuses the address whatever the symbol says;
-- in code no symbol names (a stripped binary), only that CFI."""
+- in code no symbol names (a stripped binary), only that CFI.
+
+A function called may still keep its return address to return a second
+time: setjmp and getcontext read it from [sp] and store it, and longjmp
+or setcontext later return to it. A return probe has put its trampoline
+there by then, and that second return runs into the trampoline with no
+call of its own: the program dies (SIGILL). Such code is found by what it
+does: it reads [sp] before its stack pointer moves (following its jumps,
+as _setjmp's to __sigsetjmp)."""
 from __future__ import annotations
 
 import re
 
-from ..objfile import fde
+from ..objfile import fde, prologue
 
 _FRAGMENT = re.compile(r"\.cold(\.\d+)?(?=$|[.@])")
 
@@ -43,7 +51,41 @@ def return_probe_refusal(disk, vaddr: int, name: str | None) -> str | None:
     if name is None and row is None:
         return ("no symbol names a function there and no CFI shows a call's "
                 "return address at sp, so nothing shows that calls reach it")
+    if keeps_return_address(disk, vaddr):
+        return ("it reads its own return address to return to it a second time "
+                "(as setjmp and getcontext do), and a return probe replaces it")
     return None
+
+
+_READS_TOP = re.compile(r"^\w+, qword ptr \[rsp\]$")    # mov REG, [rsp]
+_MOVES_SP = ("push", "pop", "call", "ret", "leave", "enter", "syscall")
+_LOOK_AT_MOST = 64                 # instructions; setjmp reads it within ~20
+
+
+def keeps_return_address(disk, vaddr: int) -> bool:
+    """Whether the code from vaddr (of OnDisk `disk`) reads [sp], its
+    return address, before the stack pointer moves, following
+    unconditional jumps and going on past conditional ones."""
+    at, looked = vaddr, 0
+    while looked < _LOOK_AT_MOST:
+        jumped = None
+        for _addr, _size, mnem, ops in prologue.decode(disk.code(at, at + 256), at):
+            looked += 1
+            op = mnem.split()[-1] if mnem else mnem         # "notrack jmp"
+            if op.startswith("mov") and _READS_TOP.match(ops):
+                return True
+            if op in _MOVES_SP or ops.startswith("rsp,") or looked >= _LOOK_AT_MOST:
+                return False
+            if op == "jmp":
+                try:
+                    jumped = int(ops, 0)
+                except ValueError:
+                    return False                              # an indirect jump
+                break
+        if jumped is None:
+            return False                                      # the bytes ran out
+        at = jumped
+    return False
 
 
 def fragment_note(disk, vaddr: int, name: str | None, label: str) -> str | None:
