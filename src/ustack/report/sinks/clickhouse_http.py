@@ -86,8 +86,9 @@ class Server:
         try:
             return json.loads(text)["data"]
         except (ValueError, KeyError, TypeError):
+            first = (text[:60].decode("utf-8", "replace").splitlines() or [""])[0]
             raise ServerError(f"{self.address}: the answer is not ClickHouse's JSON: "
-                              f"{text[:60]!r}") from None
+                              f"{first!r}") from None
 
 
 def _why(e: Exception) -> str:

@@ -205,5 +205,5 @@ class ClickHouseSink:
         print(f"Sent {self.sent} intervals to {self.server.address}"
               + (f" ({self.already_there} it had already)" if self.already_there else "")
               + (f"; {left} stay queued in {self.spool.directory} for the next run "
-                 f"with --to ({self.error})" if left else ""), file=err)
+                 "with --to" if left else ""), file=err)
         self.spool.close()
