@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import http.server
 import os
+import re
 import shutil
 import signal
 import socket
@@ -205,7 +206,9 @@ def test_four_agents_through_a_restart_lose_nothing_and_send_nothing_twice(
     server, runs, errs = four_agents_through_a_restart
     for label, out, queue, _proc in runs:
         local = interval_totals(out)
-        assert len(local) == 10, sorted(local)
+        # -d 5 of 0.5 s: 10 intervals (an 11th, a few ms long, when the
+        # run's end is seen late on a loaded machine)
+        assert 10 <= len(local) <= 11, sorted(local)
         rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples WHERE "
                             f"host = '{label}' GROUP BY start_ns")
         stored = {int(start): int(n) for start, n in rows}
@@ -240,7 +243,7 @@ def test_time_ranges_read_back_as_their_files_and_diff(four_agents_through_a_res
     middle = starts[len(starts) // 2]
     first = [p for p, t in files.items() if t < middle]
     second = [p for p, t in files.items() if t >= middle]
-    seconds = f"{middle / 1e9:.9f}"
+    seconds = f"{middle // 10**9}.{middle % 10**9:09d}"      # exact: no float
     early = run_ustack("report", "--from", server.url, "-f", "folded", "--until", seconds)
     late = run_ustack("report", "--from", server.url, "-f", "folded", "--since", seconds)
     assert folded_stacks(early.stdout) == file_stacks(first)
@@ -248,7 +251,42 @@ def test_time_ranges_read_back_as_their_files_and_diff(four_agents_through_a_res
     diff = run_ustack("report", "--from", server.url, "--diff", f"..{seconds}",
                       f"{seconds}..", "-o", "/dev/stdout")
     assert diff.returncode == 0, diff.stderr
-    assert "<html" in diff.stdout
+    totals = re.search(r"A: ([\d,]+) samples .* B: ([\d,]+) samples", diff.stdout)
+    assert totals, diff.stdout[:2000]
+    a, b = (int(t.replace(",", "")) for t in totals.groups())
+    assert (a, b) == (sum(file_stacks(first).values()), sum(file_stacks(second).values()))
+
+
+def test_a_diff_of_two_hosts_has_each_host_s_files(four_agents_through_a_restart):
+    server, runs, _errs = four_agents_through_a_restart
+    diff = run_ustack("report", "--from", server.url, "--diff", "host=agent0", "host=agent3",
+                      "-o", "/dev/stdout")
+    assert diff.returncode == 0, diff.stderr
+    totals = re.search(r"A: ([\d,]+) samples .* B: ([\d,]+) samples", diff.stdout)
+    a, b = (int(t.replace(",", "")) for t in totals.groups())
+    assert (a, b) == (sum(interval_totals(runs[0][1]).values()),
+                      sum(interval_totals(runs[3][1]).values()))
+
+
+def test_past_its_bound_the_queue_drops_the_oldest_and_says_how_many(tmp_path):
+    """No server at all and a queue of 3 KiB: the newest intervals stay,
+    the oldest are dropped, and the run counts them."""
+    busy, out, queue = build("busy"), tmp_path / "out", tmp_path / "queue"
+    res = run_ustack("profile", "-F", "99", "--every", "0.25", "-d", "3", "-o", f"{out}/",
+                     "--to", f"clickhouse://127.0.0.1:{free_port()}/ustack",
+                     "--host-label", "alone", "--queue", str(queue), "--queue-size",
+                     str(3 / 1024), "-c", f"{busy} 60", timeout=120)
+    assert res.returncode == 0, res.stderr
+    kept = sorted(p.name for p in queued(queue))
+    local = sorted(n for s, n in interval_totals(out).items() if n)
+    dropped = re.search(r"ustack: (\d+) intervals dropped from the queue .* \(over its "
+                        r"3 KiB\)", res.stderr)
+    assert dropped and kept, res.stderr
+    assert int(dropped.group(1)) + len(kept) == len(local), res.stderr
+    assert sum(p.stat().st_size for p in queued(queue)) <= 3 * 1024
+    # the newest are the ones kept: the last interval's start is the last name's
+    newest = max(interval_totals(out))
+    assert kept[-1].startswith(f"{newest:020d}-"), (kept, newest)
 
 
 def test_a_server_answering_garbage_is_one_line_and_the_intervals_wait(server, tmp_path):

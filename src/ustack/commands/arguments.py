@@ -170,7 +170,7 @@ def sink_args(p) -> None:
     p.add_argument("--queue", metavar="DIR",
                    help="--to: where intervals wait while the server is away "
                         "(default ~/.cache/ustack/clickhouse/LABEL)")
-    p.add_argument("--queue-size", type=int, default=64, metavar="MiB",
+    p.add_argument("--queue-size", type=float, default=64, metavar="MiB",
                    help="--to: the queue's bound; past it the oldest intervals "
                         "are dropped, and counted (default 64)")
 

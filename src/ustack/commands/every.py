@@ -49,7 +49,7 @@ def sink_request(args) -> SinkRequest | None:
     queue = args.queue or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
         "ustack", "clickhouse", host)
-    return SinkRequest(server.address, host, queue, args.queue_size << 20)
+    return SinkRequest(server.address, host, queue, int(args.queue_size * (1 << 20)))
 
 
 def open_sink(request: SinkRequest | None, per_thread: bool):

@@ -200,10 +200,14 @@ class ClickHouseSink:
             print(f"ustack: {said}", file=err)
         if self.spool.dropped:
             print(f"ustack: {self.spool.dropped} intervals dropped from the queue "
-                  f"{self.spool.directory} (over its {self.spool.limit >> 20} MiB)",
+                  f"{self.spool.directory} (over its {_size(self.spool.limit)})",
                   file=err)
         print(f"Sent {self.sent} intervals to {self.server.address}"
               + (f" ({self.already_there} it had already)" if self.already_there else "")
               + (f"; {left} stay queued in {self.spool.directory} for the next run "
                  "with --to" if left else ""), file=err)
         self.spool.close()
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / 1024:.4g} KiB"

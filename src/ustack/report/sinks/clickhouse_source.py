@@ -4,6 +4,7 @@ filters keep, as the StackCounts every counted format takes."""
 from __future__ import annotations
 
 import calendar
+import decimal
 import time
 
 from ...model import Frame, Stack, StackCount, UstackError
@@ -26,9 +27,9 @@ def parse_time(text: str, option: str) -> int:
     """--since/--until: seconds since the epoch, or an ISO time in UTC
     (2026-11-28T10:00:00, 2026-11-28 10:00, 2026-11-28); nanoseconds."""
     text = text.strip()
-    try:
-        return int(round(float(text) * 1e9))
-    except ValueError:
+    try:                                 # exact to the nanosecond: no float
+        return int(decimal.Decimal(text).scaleb(9).to_integral_value())
+    except (decimal.InvalidOperation, ValueError):
         pass
     for layout in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M",
                    "%Y-%m-%d %H:%M", "%Y-%m-%d"):
