@@ -100,6 +100,7 @@ class ClickHouseSink:
         self.run_id = secrets.token_hex(4)
         self.facts = ProcessFacts()
         self.sent = self.already_there = self.queued = 0
+        self.put_cpu_s = self.sender_cpu_s = 0.0   # what sending cost, said at the end
         self.error = ""              # the last failure, '' once sending works again
         self.errors_said: list = []   # each new failure, said once
         self._schema_made = False
@@ -112,6 +113,13 @@ class ClickHouseSink:
 
     # -- the sampling side: never waits for the server
     def put(self, start_ns: int, duration_ns: int, counts) -> None:
+        began = time.thread_time()
+        try:
+            self._put(start_ns, duration_ns, counts)
+        finally:
+            self.put_cpu_s += time.thread_time() - began
+
+    def _put(self, start_ns: int, duration_ns: int, counts) -> None:
         batch = interval_batch(self.host, self.run_id, start_ns, duration_ns, counts,
                                self.facts, self.per_thread)
         if not batch["samples"]:
@@ -123,8 +131,15 @@ class ClickHouseSink:
 
     # -- the sending side
     def _send_loop(self) -> None:
+        try:
+            self._send_until_ended()
+        finally:
+            self.sender_cpu_s = time.thread_time()
+
+    def _send_until_ended(self) -> None:
         delay = RETRY_FIRST_S
         while True:
+            self.sender_cpu_s = time.thread_time()     # this thread's, so far
             names = self.spool.names()
             if not names:
                 if self._ending:
@@ -136,9 +151,9 @@ class ClickHouseSink:
                 for name in names:
                     self._send_one(name)
                 self.error, delay = "", RETRY_FIRST_S
-            except ServerError as e:
-                if str(e) != self.error:
-                    self.errors_said.append(str(e))
+            except (ServerError, OSError) as e:     # OSError: the queue's disk
+                if str(e) != self.error and len(self.errors_said) < 5:
+                    self.errors_said.append(str(e))   # a flapping server: 5 lines at most
                 self.error = str(e)
                 if self._ending and self._give_up_at <= time.monotonic():
                     return
@@ -204,6 +219,7 @@ class ClickHouseSink:
                   file=err)
         print(f"Sent {self.sent} intervals to {self.server.address}"
               + (f" ({self.already_there} it had already)" if self.already_there else "")
+              + f", {self.put_cpu_s + self.sender_cpu_s:.3f} s of CPU"
               + (f"; {left} stay queued in {self.spool.directory} for the next run "
                  "with --to" if left else ""), file=err)
         self.spool.close()
