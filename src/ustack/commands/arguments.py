@@ -142,6 +142,10 @@ def add_count(sub) -> None:
                         "('+8(%%di):u32'), retval at a uretprobe, a syscall's "
                         "argument by name (count of syscall:write)")
     record_arg(p)
+    p.add_argument("--every", type=seconds, metavar="SECONDS",
+                   help="count interval by interval: a pprof file per SECONDS into "
+                        "-o DIR/ and/or each interval to --to, until Ctrl-C or -d")
+    sink_args(p)
 
 
 def add_profile(sub) -> None:

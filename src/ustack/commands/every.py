@@ -143,7 +143,7 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
     its samples was taken (by the kernel's timestamps)."""
     from ..report.pprof import PprofReport     # here: every other run skips its import
     opts = session.opts
-    base = run_context("profile", session.labels, session.probes[0].hz)
+    base = run_context(opts.command, session.labels, getattr(session.probes[0], "hz", None))
     cost = _OwnCost()
     # the samples' clock (CLOCK_MONOTONIC) to the wall clock pprof keeps
     to_wall_ns = time.time_ns() - time.monotonic_ns()

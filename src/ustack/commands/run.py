@@ -53,10 +53,6 @@ def main(args) -> int:
     if args.cmd == "profile":
         check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
-        check_every(args.every, args.output, args.format, args.record, args.to)
-        _check_every_directory(args.every, args.output)
-        opts.every = args.every
-        opts.to = sink_request(args)
     elif args.cmd == "funccount":
         if args.tid or args.comm:
             raise UstackError("funccount counts calls in the kernel per function: "
@@ -77,6 +73,10 @@ def main(args) -> int:
         check_stack_storage(args.stack_storage_size)
         opts.stack_storage = args.stack_storage_size
         opts.record = args.record
+        check_every(args.every, args.output, args.format, args.record, args.to)
+        _check_every_directory(args.every, args.output)
+        opts.every = args.every
+        opts.to = sink_request(args)
         opts.weight = getattr(args, "weight", None)
         if opts.weight is not None and opts.record:
             raise UstackError("--weight sums in the report of a live run: "
