@@ -20,7 +20,12 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 class ServerError(Exception):
     """The server could not be reached, or refused or garbled an answer:
-    worth trying again later (the sender queues), said in one line."""
+    worth trying again later (the sender queues), said in one line.
+    `status`: the HTTP status of a refusal, else 0."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
 
 
 def is_clickhouse(text: str | None) -> bool:
@@ -76,7 +81,7 @@ class Server:
         if answer.status != 200:
             first = text.decode("utf-8", "replace").strip().splitlines()
             raise ServerError(f"{self.address}: HTTP {answer.status}: "
-                              f"{first[0][:200] if first else answer.reason}")
+                              f"{first[0][:200] if first else answer.reason}", answer.status)
         return text
 
     def rows(self, sql: str) -> list:

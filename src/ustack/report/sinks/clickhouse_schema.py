@@ -46,7 +46,7 @@ def stack_row(stack: Stack) -> dict:
         "function": [f.function or unnamed_function(f) or "[unknown]" for f in frames],
         "module": [f.module for f in frames],
         "file": [f.file for f in frames],
-        "line": [f.line for f in frames],
+        "line": [f.line if f.line > 0 else 0 for f in frames],   # UInt32: unknown is 0
         "language": [language(f.kind) for f in frames],
         "inlined": [int(f.inlined) for f in frames],
         "notes": list(stack.notes),

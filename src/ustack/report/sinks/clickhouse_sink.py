@@ -62,17 +62,44 @@ def _container(pid: int) -> str:
     return ""
 
 
+class StackRows:
+    """Each symbolized stack's row, made once while its Stack object lives
+    (looked up by identity, the object held so that its id is not reused:
+    hashing a deep stack's frames costs about what making its row does).
+    `confirmed`: the ids the server has (the sender adds them), whose rows
+    need not travel again."""
+
+    LIMIT = 100_000                  # rows kept; past it, started afresh
+
+    def __init__(self):
+        self._rows: dict = {}
+        self.confirmed: set = set()
+
+    def row(self, stack) -> dict:
+        held = self._rows.get(id(stack))
+        if held is None:
+            if len(self._rows) >= self.LIMIT:
+                self._rows.clear()
+            held = self._rows[id(stack)] = (stack, stack_row(stack))
+        return held[1]
+
+
 def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
-                   counts, facts: ProcessFacts, per_thread: bool) -> dict:
-    """One interval as it is queued and sent: its stacks and its rows."""
+                   counts, facts: ProcessFacts, per_thread: bool,
+                   stack_rows: StackRows | None = None) -> dict:
+    """One interval as it is queued and sent: its rows, and the stacks
+    they name that the server is not known to have yet."""
+    stack_rows = stack_rows or StackRows()
     stacks: dict = {}
     rows: dict = {}
     batch = f"{host}/{run_id}/{start_ns}"
     for sc in counts:
-        srow = stack_row(sc.stack)
-        stacks[srow["stack_id"]] = srow
+        srow = stack_rows.row(sc.stack)
+        sid = srow["stack_id"]
+        if sid not in stack_rows.confirmed:
+            stacks[sid] = srow
         tid = sc.tid if per_thread else 0
-        key = (sc.pid, tid, sc.comm, sc.event, srow["stack_id"])
+        key = (sc.pid, tid, sc.comm, sc.event, sid)
         if key in rows:
             rows[key]["weight"] += sc.count
             continue
@@ -81,7 +108,7 @@ def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
                      "duration_ns": duration_ns, "host": host, "container": container,
                      "pid": sc.pid, "tid": tid, "comm": sc.comm, "executable": exe,
                      "build_id": build_id, "event": sc.event, "weight": sc.count,
-                     "stack_id": srow["stack_id"], "batch": batch}
+                     "stack_id": sid, "batch": batch}
     return {"batch": batch, "host": host, "start_ns": start_ns,
             "stacks": list(stacks.values()), "samples": list(rows.values())}
 
@@ -99,7 +126,8 @@ class ClickHouseSink:
         self.per_thread = per_thread
         self.run_id = secrets.token_hex(4)
         self.facts = ProcessFacts()
-        self.sent = self.already_there = self.queued = 0
+        self.stack_rows = StackRows()
+        self.sent = self.already_there = self.queued = self.refused = 0
         self.put_cpu_s = self.sender_cpu_s = 0.0   # what sending cost, said at the end
         self.error = ""              # the last failure, '' once sending works again
         self.errors_said: list = []   # each new failure, said once
@@ -121,7 +149,7 @@ class ClickHouseSink:
 
     def _put(self, start_ns: int, duration_ns: int, counts) -> None:
         batch = interval_batch(self.host, self.run_id, start_ns, duration_ns, counts,
-                               self.facts, self.per_thread)
+                               self.facts, self.per_thread, self.stack_rows)
         if not batch["samples"]:
             return                   # nothing counted: nothing to store
         name = f"{start_ns:020d}-{self.run_id}"
@@ -178,11 +206,28 @@ class ClickHouseSink:
         if self._has(batch):
             self.already_there += 1
         else:
-            self.server.query(f"INSERT INTO {db}.stacks FORMAT JSONEachRow",
-                              _each_row(batch["stacks"]))
-            self.server.query(f"INSERT INTO {db}.samples FORMAT JSONEachRow",
-                              _each_row(batch["samples"]))
+            try:
+                self.server.query(f"INSERT INTO {db}.stacks FORMAT JSONEachRow",
+                                  _each_row(batch["stacks"]))
+                self.server.query(f"INSERT INTO {db}.samples FORMAT JSONEachRow",
+                                  _each_row(batch["samples"]))
+            except ServerError as e:
+                if e.status != 400:
+                    raise
+                # the server refuses these rows (400: a bad value), and would
+                # refuse them every time: dropped, counted, said, so that one
+                # interval does not hold up all that follow it
+                self.refused += 1
+                if len(self.errors_said) < 5:
+                    self.errors_said.append(f"{e} (an interval refused, dropped)")
+                self.spool.remove(name)
+                return
             self.sent += 1
+        # the server has these stacks now: later intervals name them only
+        confirmed = self.stack_rows.confirmed
+        if len(confirmed) > StackRows.LIMIT:
+            confirmed.clear()        # bounded: a stack then travels once more
+        confirmed.update(row["stack_id"] for row in batch["stacks"])
         self.spool.remove(name)
 
     def _has(self, batch: dict) -> bool:
@@ -219,6 +264,7 @@ class ClickHouseSink:
                   file=err)
         print(f"Sent {self.sent} intervals to {self.server.address}"
               + (f" ({self.already_there} it had already)" if self.already_there else "")
+              + (f", {self.refused} refused by it" if self.refused else "")
               + f", {self.put_cpu_s + self.sender_cpu_s:.3f} s of CPU"
               + (f"; {left} stay queued in {self.spool.directory} for the next run "
                  "with --to" if left else ""), file=err)

@@ -69,25 +69,37 @@ def counted_stacks(server: Server, f: Filter, per_pid: bool = False) -> list:
     try:
         counted = server.rows(f"SELECT {keys}, sum(weight) FROM {db}.samples "
                               f"WHERE {cond} GROUP BY {keys}")
-        stacks = {int(row[0]): row[1:] for row in server.rows(
-            f"SELECT stack_id, any(function), any(module), any(file), any(line), "
-            f"any(language), any(inlined), any(notes) FROM {db}.stacks "
-            f"WHERE stack_id IN (SELECT stack_id FROM {db}.samples WHERE {cond}) "
-            "GROUP BY stack_id")}
+        stacks = stacks_of(server, {int(row[0]) for row in counted})
     except ServerError as e:
         raise UstackError(str(e)) from None
     out = []
     for row in counted:
         sid, event = int(row[0]), row[1]
         comm, pid = row[2], (int(row[3]) if per_pid else 0)
-        stack = _stack(stacks.get(sid))
+        stack = stacks.get(sid) or NOT_STORED     # one Stack per id, shared by its rows
         out.append(StackCount(comm, pid, stack, int(row[-1]), event))
     return out
 
 
+def stacks_of(server: Server, ids: set, chunk: int = 20_000) -> dict:
+    """stack_id -> Stack, by their ids (a list, not a second scan of the
+    samples); the ReplacingMergeTree may not have merged a repeat yet: any()."""
+    stacks: dict = {}
+    ordered = sorted(ids)
+    for i in range(0, len(ordered), chunk):
+        listed = ", ".join(map(str, ordered[i:i + chunk]))
+        for row in server.rows(
+                f"SELECT stack_id, any(function), any(module), any(file), any(line), "
+                f"any(language), any(inlined), any(notes) FROM {server.database}.stacks "
+                f"WHERE stack_id IN ({listed}) GROUP BY stack_id"):
+            stacks[int(row[0])] = _stack(row[1:])
+    return stacks
+
+
+NOT_STORED = Stack((), ("stack not stored",))   # a row whose stack did not arrive
+
+
 def _stack(row) -> Stack:
-    if row is None:                      # a row whose stack did not arrive
-        return Stack((), ("stack not stored",))
     functions, modules, files, lines, languages, inlined, notes = row
     frames = tuple(Frame(0, m, fn, file=fl, line=int(ln), inlined=bool(int(il)),
                          kind="" if lang == "native" else lang)
