@@ -233,6 +233,19 @@ def test_one_flame_graph_over_four_hosts_is_the_sum_of_their_files(
         file_stacks(files).values())
 
 
+def test_comm_and_event_filters_keep_what_they_name(four_agents_through_a_restart):
+    server, runs, _errs = four_agents_through_a_restart
+    files = file_stacks([p for _l, out, _q, _p in runs for p in out.iterdir()])
+    kept = run_ustack("report", "--from", server.url, "-f", "folded", "--comm", "busy",
+                      "--event", "profile:hz:99")
+    assert folded_stacks(kept.stdout) == files, kept.stderr
+    none = run_ustack("report", "--from", server.url, "-f", "folded", "--comm", "nosuch")
+    assert none.returncode == 0 and none.stdout == ""
+    assert "holds no samples these filters keep" in none.stderr
+    per_pid = run_ustack("report", "--from", server.url, "-f", "folded", "-P")
+    assert len({line.split(";")[0] for line in per_pid.stdout.splitlines()}) == AGENTS
+
+
 def test_time_ranges_read_back_as_their_files_and_diff(four_agents_through_a_restart):
     server, runs, _errs = four_agents_through_a_restart
     files = {}

@@ -34,30 +34,26 @@ def create_statements(database: str) -> list:
     ]
 
 
-def language(kind: str) -> str:
-    return kind or "native"
-
-
 def stack_row(stack: Stack) -> dict:
     """The stacks row of a symbolized stack: its frames innermost first,
     by function (as the flame graphs merge them)."""
     frames = stack.frames
-    row = {
-        "function": [f.function or unnamed_function(f) or "[unknown]" for f in frames],
-        "module": [f.module for f in frames],
-        "file": [f.file for f in frames],
-        "line": [f.line if f.line > 0 else 0 for f in frames],   # UInt32: unknown is 0
-        "language": [language(f.kind) for f in frames],
-        "inlined": [int(f.inlined) for f in frames],
-        "notes": list(stack.notes),
-    }
-    row["stack_id"] = stack_id(row)
-    return row
+    functions = [f.function or unnamed_function(f) or "[unknown]" for f in frames]
+    modules = [f.module for f in frames]
+    files = [f.file for f in frames]
+    lines = [f.line if f.line > 0 else 0 for f in frames]    # UInt32: unknown is 0
+    languages = [f.kind or "native" for f in frames]
+    inlined = [1 if f.inlined else 0 for f in frames]
+    notes = list(stack.notes)
+    return {"function": functions, "module": modules, "file": files, "line": lines,
+            "language": languages, "inlined": inlined, "notes": notes,
+            "stack_id": stack_id(functions, modules, files, lines, languages, inlined,
+                                 notes)}
 
 
-def stack_id(row: dict) -> int:
+def stack_id(*columns) -> int:
     """A 64-bit hash of what names the frames: the same on every host, so
-    one stack is stored once however many send it."""
-    text = repr([row[k] for k in ("function", "module", "file", "line", "language",
-                                  "inlined", "notes")])
+    one stack is stored once however many send it. (Unit and record
+    separators cannot be in a name ustack keeps: names are printable.)"""
+    text = "\x1e".join("\x1f".join(map(str, column)) for column in columns)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")

@@ -117,6 +117,28 @@ def _each_row(rows) -> bytes:
     return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
 
 
+def queued_interval(batch: dict) -> bytes:
+    """An interval's queue file: a header line (batch, host, start, its
+    stacks' ids and the two bodies' lengths), then the two INSERT bodies
+    as they are sent (JSONEachRow): the sender parses one line only."""
+    stacks, samples = _each_row(batch["stacks"]), _each_row(batch["samples"])
+    header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
+              "stack_ids": [row["stack_id"] for row in batch["stacks"]],
+              "stacks_bytes": len(stacks), "samples_bytes": len(samples)}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + stacks + samples
+
+
+def read_queued(data: bytes) -> tuple:
+    """(header, stacks body, samples body) of a queue file; ValueError
+    when it is not one."""
+    line, _, rest = data.partition(b"\n")
+    header = json.loads(line)
+    cut = header["stacks_bytes"]
+    if len(rest) != cut + header["samples_bytes"]:
+        raise ValueError("truncated")
+    return header, rest[:cut], rest[cut:]
+
+
 class ClickHouseSink:
     """Queue intervals, send them in the background; `close` sends what it
     can before the run ends and says what stays queued."""
@@ -153,7 +175,7 @@ class ClickHouseSink:
         if not batch["samples"]:
             return                   # nothing counted: nothing to store
         name = f"{start_ns:020d}-{self.run_id}"
-        self.spool.put(name, json.dumps(batch, separators=(",", ":")).encode())
+        self.spool.put(name, queued_interval(batch))
         self.queued += 1
         self._wake.set()
 
@@ -194,8 +216,8 @@ class ClickHouseSink:
         if data is None:
             return                   # dropped past the bound meanwhile
         try:
-            batch = json.loads(data)
-        except ValueError:
+            batch, stacks, samples = read_queued(data)
+        except (ValueError, KeyError, TypeError):
             self.spool.remove(name)  # not ours to send (cannot happen: written whole)
             return
         if not self._schema_made:
@@ -207,10 +229,11 @@ class ClickHouseSink:
             self.already_there += 1
         else:
             try:
-                self.server.query(f"INSERT INTO {db}.stacks FORMAT JSONEachRow",
-                                  _each_row(batch["stacks"]))
+                if stacks:           # none when the server has them all already
+                    self.server.query(f"INSERT INTO {db}.stacks FORMAT JSONEachRow",
+                                      stacks)
                 self.server.query(f"INSERT INTO {db}.samples FORMAT JSONEachRow",
-                                  _each_row(batch["samples"]))
+                                  samples)
             except ServerError as e:
                 if e.status != 400:
                     raise
@@ -227,7 +250,7 @@ class ClickHouseSink:
         confirmed = self.stack_rows.confirmed
         if len(confirmed) > StackRows.LIMIT:
             confirmed.clear()        # bounded: a stack then travels once more
-        confirmed.update(row["stack_id"] for row in batch["stacks"])
+        confirmed.update(batch["stack_ids"])
         self.spool.remove(name)
 
     def _has(self, batch: dict) -> bool:

@@ -101,11 +101,29 @@ NOT_STORED = Stack((), ("stack not stored",))   # a row whose stack did not arri
 
 def _stack(row) -> Stack:
     functions, modules, files, lines, languages, inlined, notes = row
-    frames = tuple(Frame(0, m, fn, file=fl, line=int(ln), inlined=bool(int(il)),
-                         kind="" if lang == "native" else lang)
+    frames = tuple(Frame(0, m, file=fl, line=int(ln), inlined=bool(int(il)),
+                         kind="" if lang == "native" else lang, **_named(fn))
                    for fn, m, fl, ln, lang, il in zip(functions, modules, files, lines,
                                                       languages, inlined))
     return Stack(frames, tuple(notes))
+
+
+def _named(function: str) -> dict:
+    """A stored name as the frame had it: the name stored for a frame
+    without one (model.unnamed_function's `fn@0x11e0` or `0x11f6`, or
+    `[unknown]`) becomes that frame's place again, so that every format
+    names it as it did live."""
+    if function == "[unknown]":
+        return {"function": None}
+    for prefix in ("fn@0x", "0x"):
+        if function.startswith(prefix):
+            try:
+                where = int(function[len(prefix) - 2:], 16)
+            except ValueError:
+                break
+            return {"function": None, "objaddr": where,
+                    "objstart": where if prefix == "fn@0x" else 0}
+    return {"function": function}
 
 
 def events(counts) -> list:
