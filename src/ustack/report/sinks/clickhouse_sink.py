@@ -265,8 +265,9 @@ class ClickHouseSink:
             raise ServerError(f"{self.server.address}: the answer is not a count: "
                               f"{rows!r:.60}") from None
 
-    def close(self, wait_s: float = 5.0) -> int:
-        """End the sender: keep sending while it succeeds (at most `wait_s`),
+    def close(self, wait_s: float = 1.0) -> int:
+        """End the sender: keep sending while it succeeds (at most `wait_s`:
+        a run stops within a second; what is left is sent by the next),
         give up at the first failure past the run's end. Returns how many
         intervals stay queued for the next run."""
         self._give_up_at = time.monotonic()
