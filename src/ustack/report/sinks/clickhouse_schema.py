@@ -51,9 +51,11 @@ def stack_row(stack: Stack) -> dict:
                                  notes)}
 
 
-def stack_id(*columns) -> int:
+def stack_id(functions, modules, files, lines, languages, inlined, notes) -> int:
     """A 64-bit hash of what names the frames: the same on every host, so
     one stack is stored once however many send it. (Unit and record
     separators cannot be in a name ustack keeps: names are printable.)"""
-    text = "\x1e".join("\x1f".join(map(str, column)) for column in columns)
+    text = "\x1e".join(("\x1f".join(functions), "\x1f".join(modules), "\x1f".join(files),
+                        str(lines), "\x1f".join(languages), str(inlined),
+                        "\x1f".join(notes)))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
