@@ -42,6 +42,7 @@ class Options:
     python: bool = True                    # --no-python: no Python frames in native stacks
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
     every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
+    to: object | None = None            # --every --to: commands.every.SinkRequest
 
     @property
     def runs_as(self) -> str:

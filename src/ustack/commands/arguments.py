@@ -145,6 +145,10 @@ def add_count(sub) -> None:
                         "('+8(%%di):u32'), retval at a uretprobe, a syscall's "
                         "argument by name (count of syscall:write)")
     record_arg(p)
+    p.add_argument("--every", type=seconds, metavar="SECONDS",
+                   help="count interval by interval: a pprof file per SECONDS into "
+                        "-o DIR/ and/or each interval to --to, until Ctrl-C or -d")
+    sink_args(p)
 
 
 def add_profile(sub) -> None:
@@ -158,6 +162,24 @@ def add_profile(sub) -> None:
     p.add_argument("--every", type=seconds, metavar="SECONDS",
                    help="continuous profiling: a pprof file per SECONDS (30 or 30s) "
                         "into the directory -o DIR/ names, until Ctrl-C or -d")
+    sink_args(p)
+
+
+def sink_args(p) -> None:
+    """--every's destination besides (or instead of) -o DIR/."""
+    p.add_argument("--to", metavar="clickhouse://HOST:PORT/DB",
+                   help="--every: send each interval to ClickHouse (HTTP port; user "
+                        "and password from USTACK_CLICKHOUSE_USER/_PASSWORD or the "
+                        "file USTACK_CLICKHOUSE_CREDENTIALS names)")
+    p.add_argument("--host-label", metavar="NAME",
+                   help="--to: this machine's name in the rows (default "
+                        "$USTACK_HOST_LABEL, else the hostname)")
+    p.add_argument("--queue", metavar="DIR",
+                   help="--to: where intervals wait while the server is away "
+                        "(default ~/.cache/ustack/clickhouse/LABEL)")
+    p.add_argument("--queue-size", type=float, default=64, metavar="MiB",
+                   help="--to: the queue's bound; past it the oldest intervals "
+                        "are dropped, and counted (default 64)")
 
 
 def seconds(text: str) -> float:
@@ -368,7 +390,16 @@ def add_report(sub) -> None:
                    help="tell call sites apart: frames as func+0xOFF/0xSIZE")
     p.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"),
                    help="a differential flame graph of two recordings, "
-                        "written as HTML only (-o FILE.html, or stdout)")
+                        "written as HTML only (-o FILE.html, or stdout); with "
+                        "--from: two time ranges (START..END) or two hosts "
+                        "(host=NAME)")
+    p.add_argument("--from", dest="source", metavar="clickhouse://HOST:PORT/DB",
+                   help="read the intervals `--every --to` sent, instead of FILE")
+    p.add_argument("--host", metavar="NAME,…", help="--from: only these hosts")
+    p.add_argument("--since", metavar="TIME", help="--from: intervals from TIME "
+                   "(2026-11-28T10:00:00 UTC, or seconds since the epoch)")
+    p.add_argument("--until", metavar="TIME", help="--from: intervals before TIME")
+    p.add_argument("--event", metavar="EVENT", help="--from: only this event's stacks")
     p.add_argument("--diff-lines", action="store_true",
                    help="--diff: Python frames apart by line (default: by "
                         "function, so lines moved in a new version compare)")

@@ -17,18 +17,63 @@ import time
 from ..model import UstackError
 from ..output import make_directory, open_directory, write_bytes_at
 from ..report.formats import run_context
-from ..values import replace
+from ..values import replace, value
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+HOST_LABEL_ENV = "USTACK_HOST_LABEL"
+
+
+@value
+class SinkRequest:
+    """--to and its settings, checked before anything is attached."""
+    address: str
+    host: str
+    queue: str
+    queue_bytes: int
+
+
+def sink_request(args) -> SinkRequest | None:
+    """--to's request, or None; a wrong address is refused here."""
+    to = getattr(args, "to", None)
+    if not to:
+        return None
+    if not to.startswith("clickhouse://"):
+        raise UstackError(f"--to {to}: ustack sends to clickhouse://HOST:PORT/DB")
+    from ..report.sinks.clickhouse_http import Server
+    server = Server(to)                  # its one-line refusals
+    host = args.host_label or os.environ.get(HOST_LABEL_ENV) or os.uname().nodename
+    if not host or any(c in host for c in "/\n\0"):
+        raise UstackError(f"--host-label {host!r}: a name without / or newlines")
+    if args.queue_size <= 0:
+        raise UstackError("--queue-size must be a positive number of MiB")
+    queue = args.queue or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+        "ustack", "clickhouse", host)
+    return SinkRequest(server.address, host, queue, int(args.queue_size * (1 << 20)))
+
+
+def open_sink(request: SinkRequest | None, per_thread: bool):
+    """The ClickHouse sink of --to (its sender running), or None."""
+    if request is None:
+        return None
+    from ..report.sinks.clickhouse_http import Server
+    from ..report.sinks.clickhouse_sink import ClickHouseSink
+    from ..report.sinks.spool import Spool
+    return ClickHouseSink(Server(request.address), Spool(request.queue, request.queue_bytes),
+                          request.host, per_thread)
 
 
 def check_every(seconds: float | None, output: str | None, fmt: str | None,
-                record: str | None) -> None:
+                record: str | None, to: str | None = None) -> None:
     """--every's one-line refusals, before anything is attached."""
     if seconds is None:
+        if to:
+            raise UstackError("--to sends each interval of --every SECONDS: give --every")
         return
     if seconds <= 0:
         raise UstackError("--every must be a positive number of seconds")
+    if to and not output:
+        return                       # the intervals go to the server only
     if not output or output == "-":
         raise UstackError("--every writes a pprof file per interval: name their "
                           "directory with -o DIR/")
@@ -89,15 +134,16 @@ def file_name(start_ns: int) -> str:
     return f"profile-{stamp}.{ns // 1_000_000:03d}Z.pb.gz"
 
 
-def write_every(session, dir_fd: int, seconds: float, err=None) -> int:
+def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None) -> int:
     """A pprof file per interval of `seconds` (the last one when the run
     ends, however short; a partial one said on `err` too); returns the
-    number of samples written. A file's
+    number of samples written. `sink` (--to) takes each interval's counts
+    too; `dir_fd` None: no files. A file's
     time and duration are its interval's bounds, within which every one of
     its samples was taken (by the kernel's timestamps)."""
     from ..report.pprof import PprofReport     # here: every other run skips its import
     opts = session.opts
-    base = run_context("profile", session.labels, session.probes[0].hz)
+    base = run_context(opts.command, session.labels, getattr(session.probes[0], "hz", None))
     cost = _OwnCost()
     # the samples' clock (CLOCK_MONOTONIC) to the wall clock pprof keeps
     to_wall_ns = time.time_ns() - time.monotonic_ns()
@@ -115,10 +161,15 @@ def write_every(session, dir_fd: int, seconds: float, err=None) -> int:
             comments += (partial,)
         context = replace(base, start_ns=start_ns, duration_ns=duration_ns,
                           comments=comments)
+        if sink is not None:
+            sink.put(start_ns, duration_ns, interval.counts)
+        samples += sum(counted.count for counted in interval.counts)
+        if dir_fd is None:
+            written = now
+            continue
         report = PprofReport(opts.per_pid, opts.offsets, context)
         for counted in interval.counts:
             report.add(counted)
-            samples += counted.count
         data = io.BytesIO()
         report.finish(data)
         try:

@@ -22,7 +22,7 @@ from ..report.output import choose_format, open_output
 from ..report.summary import write_summary
 from ..session import Session
 from ..target.sample_filter import SampleFilter
-from ..values import value
+from ..values import replace, value
 
 ARCHIVE_SUFFIX = ".objects"          # record --archive: FILE.objects/ beside FILE
 
@@ -37,6 +37,8 @@ def main(args) -> int:
     """`ustack record|report|archive` from their parsed arguments."""
     if args.cmd == "record":
         return record(record_options(args), archive=args.archive)
+    if getattr(args, "source", None):
+        return report_from(args)
     recording = args.recording or DEFAULT_RECORDING
     if args.cmd == "archive":
         return archive_command(recording, args.output)
@@ -317,6 +319,71 @@ def report_diff(request: ReportRequest, before_path: str, opts: Options,
 
 def _with_count(sc: StackCount, n: int) -> StackCount:
     return StackCount(sc.comm, sc.pid, sc.stack, n, sc.event)
+
+
+# -- report --from clickhouse://… ------------------------------------------------
+
+def report_from(args, err: TextIOBase = sys.stderr) -> int:
+    """`report --from`: what --every --to sent, in any counted format, or
+    --diff of two time ranges (START..END) or two hosts (host=NAME)."""
+    from ..report.sinks import clickhouse_source as source
+    from ..report.sinks.clickhouse_http import Server
+    if args.recording:
+        raise UstackError("--from reads a ClickHouse server; give no FILE beside it")
+    server = Server(args.source)
+    only = source.Filter(
+        hosts=_names(args.host), comms=_names(args.comm),
+        pids=tuple(sorted(_id_set(args.pid, "pid"))),
+        since_ns=source.parse_time(args.since, "--since") if args.since else None,
+        until_ns=source.parse_time(args.until, "--until") if args.until else None,
+        event=args.event or "")
+    if args.diff:
+        sides = [source.counted_stacks(server, _side(only, text, source), args.per_pid)
+                 for text in args.diff]
+        choose_format(args.format, args.output, {"html": None}, default="html")
+        report_class = diff_report_class()
+        labels = source.events(sides[0] + sides[1])
+        fmt = report_class(per_pid=args.per_pid, offsets=False, lines=args.diff_lines,
+                           context=report_context({"command": "profile"}, labels))
+        rows = diff_rows(sides[0], sides[1], args.per_pid)
+        with open_output(args.output, binary=getattr(report_class, "binary", False)) as out:
+            for row in rows:
+                if row.before:
+                    fmt.add_before(_with_count(row.stack, row.before))
+            for row in rows:
+                if row.after:
+                    fmt.add(_with_count(row.stack, row.after))
+            fmt.finish(out)
+        return 0
+    counts = source.counted_stacks(server, only, args.per_pid)
+    if not counts:
+        print(f"ustack: {server.address} holds no samples these filters keep", file=err)
+    name = choose_format(args.format, args.output, FORMATS, default="text")
+    report_class = FORMATS[name]
+    with open_output(args.output, binary=getattr(report_class, "binary", False)) as out:
+        fmt = report_class(per_pid=args.per_pid, offsets=False,
+                           context=report_context({"command": "profile"},
+                                                  source.events(counts)))
+        for counted in counts:
+            fmt.add(counted)
+        fmt.finish(out)
+    return 0
+
+
+def _names(text) -> tuple:
+    return tuple(n for n in (text or "").split(",") if n)
+
+
+def _side(only, text: str, source):
+    """One side of --diff with --from: START..END, or host=NAME[,NAME]."""
+    if text.startswith("host="):
+        return replace(only, hosts=_names(text[len("host="):]))
+    start, sep, end = text.partition("..")
+    if not sep:
+        raise UstackError(f"--diff {text!r}: with --from, each side is a time range "
+                          "START..END or host=NAME")
+    return replace(only, since_ns=source.parse_time(start, "--diff") if start else None,
+                   until_ns=source.parse_time(end, "--diff") if end else None)
 
 
 # -- archive -----------------------------------------------------------------------

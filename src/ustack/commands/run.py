@@ -50,11 +50,6 @@ def main(args) -> int:
     if args.cmd == "profile":
         check_frequency(args.frequency)
         opts.events = [f"profile:hz:{args.frequency}"]
-        if args.every is not None:      # (its module imports only then)
-            from .every import check_every
-            check_every(args.every, args.output, args.format, args.record)
-        _check_every_directory(args.every, args.output)
-        opts.every = args.every
     elif args.cmd == "funccount":
         if args.tid or args.comm:
             raise UstackError("funccount counts calls in the kernel per function: "
@@ -75,6 +70,12 @@ def main(args) -> int:
         check_stack_storage(args.stack_storage_size)
         opts.stack_storage = args.stack_storage_size
         opts.record = args.record
+        if args.every is not None or args.to:     # (its module imports only then)
+            from .every import check_every, sink_request
+            check_every(args.every, args.output, args.format, args.record, args.to)
+            opts.to = sink_request(args)
+        _check_every_directory(args.every, args.output)
+        opts.every = args.every
         opts.weight = getattr(args, "weight", None)
         if opts.weight is not None and opts.record:
             raise UstackError("--weight sums in the report of a live run: "
@@ -117,14 +118,20 @@ def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stde
 
 
 def _run_every(opts: Options, err: TextIOBase) -> int:
-    """profile --every: a pprof file per interval into -o's directory."""
-    from .every import open_every_directory, write_every
-    dir_fd = open_every_directory(opts.output_path)
+    """profile --every: a pprof file per interval into -o's directory,
+    and/or to --to's server."""
+    from .every import open_every_directory, open_sink, write_every
+    dir_fd = open_every_directory(opts.output_path) if opts.output_path else None
+    sink = None
     try:
+        sink = open_sink(opts.to, opts.per_thread)
         return run_session(opts, lambda session, _progress: write_every(
-            session, dir_fd, opts.every, err), err)[0]
+            session, dir_fd, opts.every, err, sink), err)[0]
     finally:
-        os.close(dir_fd)
+        if sink is not None:
+            sink.close_and_say(err)
+        if dir_fd is not None:
+            os.close(dir_fd)
 
 
 def run_session(opts: Options, body, err: TextIOBase = sys.stderr,
@@ -255,8 +262,12 @@ def _header(session: Session, err: TextIOBase) -> None:
     note = "; ".join(n for n in (session.capture.unwind_note,
                                  getattr(session.capture, "reach_note", ""),
                                  _without_root(session.plan), _jit_hint(session),
-                                 every and f"a pprof file every {every:g} s into "
-                                           f"{session.opts.output_path}") if n)
+                                 every and session.opts.output_path
+                                 and f"a pprof file every {every:g} s into "
+                                     f"{session.opts.output_path}",
+                                 every and session.opts.to
+                                 and f"every {every:g} s to {session.opts.to.address}")
+                     if n)
     print(f"Tracing {labels} in {session.target.description} "
           f"[backend {session.plan.backend}, unwind {session.plan.unwind}"
           f"{'; ' + note if note else ''}]{_written(session.opts)}"

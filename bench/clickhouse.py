@@ -1,0 +1,211 @@
+"""`profile --every --to clickhouse://…` at scale, against a private
+clickhouse-server (Debian's 18.16) on free loopback ports:
+
+1. one host's rows and bytes per hour: a whole-machine profile (-F 49,
+   --every 60, -d SECONDS) sent to the server; rows, distinct stacks and
+   bytes on disk (system.parts, after OPTIMIZE ... FINAL merged the
+   parts as the server does over time) scaled to an hour; and what
+   sending cost the agent in CPU (its own count: the sampling thread's
+   queueing plus the sender thread), as a share of the machine;
+2. queries over 10 million synthetic interval rows (50 hosts x 1000
+   intervals x 200 stacks, 5000 distinct stacks of 20 frames): the wall
+   time of `ustack report --from` (Python's start-up included), best of 3.
+
+    python3 bench/clickhouse.py [SECONDS]   (default 120; root: the whole machine)
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(HERE, "..", "src")
+CONFIG = "/etc/clickhouse-server/config.xml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(root: str) -> tuple:
+    http, tcp, inter = free_port(), free_port(), free_port()
+    data = os.path.join(root, "data")
+    proc = subprocess.Popen(
+        ["clickhouse-server", f"--config-file={CONFIG}", "--", f"--path={data}/",
+         f"--tmp_path={data}/tmp/", f"--user_files_path={data}/user_files/",
+         f"--format_schema_path={data}/format_schemas/", f"--http_port={http}",
+         f"--tcp_port={tcp}", f"--interserver_http_port={inter}", "--listen_host=127.0.0.1",
+         f"--logger.log={root}/log", f"--logger.errorlog={root}/errlog",
+         "--logger.console=0"], cwd=root, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    for _ in range(1200):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/ping", timeout=1) as r:
+                if r.read() == b"Ok.\n":
+                    return proc, http
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("clickhouse-server did not answer /ping")
+
+
+def query(port: int, sql: str) -> str:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/", data=sql.encode())
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return r.read().decode()
+
+
+def ustack(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ustack", *args], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=SRC))
+
+
+def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
+    start = time.monotonic()
+    res = ustack("profile", "-F", "49", "--every", "60", "-d", str(seconds), "--to", url,
+                 "--host-label", "bench", "--queue", queue)
+    wall = time.monotonic() - start
+    sent = re.search(r"Sent (\d+) intervals .*, ([\d.]+) s of CPU", res.stderr)
+    if res.returncode != 0 or not sent:
+        raise SystemExit(res.stderr)
+    query(port, "OPTIMIZE TABLE ustack.samples FINAL")
+    query(port, "OPTIMIZE TABLE ustack.stacks FINAL")
+    rows, samples = query(port, "SELECT count(), sum(weight) FROM ustack.samples").split()
+    stacks = query(port, "SELECT uniqExact(stack_id) FROM ustack.stacks").strip()
+    sizes = dict(line.split("\t") for line in query(
+        port, "SELECT table, sum(bytes_on_disk) FROM system.parts WHERE "
+        "database = 'ustack' AND active GROUP BY table").splitlines())
+    scale = 3600 / seconds
+    cpu = float(sent.group(2))
+    cpus = os.cpu_count() or 1
+    print(f"## One host, whole machine, -F 49 --every 60, {seconds} s "
+          f"({sent.group(1)} intervals, {samples} samples, wall {wall:.1f} s)\n")
+    print("| | measured | per host-hour |")
+    print("|---|---:|---:|")
+    print(f"| samples rows | {rows} | {int(rows) * scale:,.0f} |")
+    print(f"| distinct stacks (stacks rows) | {stacks} | (grows slower: stacks repeat) |")
+    print(f"| samples bytes on disk | {sizes.get('samples', 0)} | "
+          f"{int(sizes.get('samples', 0)) * scale / 1e6:.2f} MB |")
+    print(f"| stacks bytes on disk | {sizes.get('stacks', 0)} | "
+          f"at most {int(sizes.get('stacks', 0)) * scale / 1e6:.2f} MB |")
+    print(f"| sending CPU (queue + sender thread) | {cpu:.3f} s | "
+          f"{100 * cpu / seconds:.4f} % of one CPU, "
+          f"{100 * cpu / seconds / cpus:.4f} % of the machine's {cpus} |\n")
+
+
+SYNTHETIC = """
+INSERT INTO ustack.samples SELECT
+  toDateTime(1764000000 + intDiv(number, 10000) * 60) AS time,
+  toUInt64(time) * 1000000000 AS start_ns, 60000000000 AS duration_ns,
+  concat('host', toString(intDiv(number, 200) % 50)) AS host, '' AS container,
+  toUInt32(1000 + intDiv(number, 200) % 50) AS pid, toUInt32(0) AS tid,
+  concat('svc', toString(number % 7)) AS comm, '/usr/bin/svc' AS executable,
+  '' AS build_id, 'profile:hz:49' AS event, toUInt64(1 + number % 13) AS weight,
+  toUInt64(number % 200 + 200 * (intDiv(number, 10000) % 25)) AS stack_id,
+  concat('synthetic/', toString(intDiv(number, 200))) AS batch
+FROM numbers(10000000)
+"""
+SYNTHETIC_STACKS = """
+INSERT INTO ustack.stacks SELECT number AS stack_id,
+  arrayMap(i -> concat('function_', toString((number * 7 + i) % 900)), range(20)),
+  arrayMap(i -> 'libsvc.so', range(20)), arrayMap(i -> '', range(20)),
+  arrayMap(i -> toUInt32(0), range(20)), arrayMap(i -> 'native', range(20)),
+  arrayMap(i -> toUInt8(0), range(20)), emptyArrayString()
+FROM numbers(5000)
+"""
+
+
+def ten_million(port: int, url: str) -> None:
+    sys.path.insert(0, SRC)
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    for statement in create_statements("ustack"):
+        query(port, statement)
+    t = time.monotonic()
+    query(port, SYNTHETIC)
+    query(port, SYNTHETIC_STACKS)
+    query(port, "OPTIMIZE TABLE ustack.samples FINAL")
+    built = time.monotonic() - t
+    rows = query(port, "SELECT count() FROM ustack.samples WHERE batch LIKE "
+                       "'synthetic/%'").strip()
+    size = query(port, "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = "
+                       "'ustack' AND table = 'samples' AND active").strip()
+    print(f"## Queries over {int(rows):,} synthetic interval rows "
+          f"({int(size) / 1e6:.0f} MB on disk, built in {built:.0f} s)\n")
+    print("| query | ustack report wall s (best of 3, start-up included) | ClickHouse's "
+          "own s (its two queries) | lines out |")
+    print("|---|---:|---:|---:|")
+    from ustack.report.sinks.clickhouse_source import Filter, parse_time, where
+    hour = ("2025-11-24T16:00:00", "2025-11-24T17:00:00")
+    since, until = parse_time(hour[0], ""), parse_time(hour[1], "")
+    for label, args, only in (
+            ("all 50 hosts, all time: one flame graph", [], Filter()),
+            ("one host (--host host7)", ["--host", "host7"], Filter(hosts=("host7",))),
+            ("one host, one hour (--since/--until)", ["--host", "host7", "--since", hour[0],
+                                                      "--until", hour[1]],
+             Filter(hosts=("host7",), since_ns=since, until_ns=until)),
+            ("all hosts, one comm (--comm svc3)", ["--comm", "svc3"],
+             Filter(comms=("svc3",)))):
+        best, out = None, ""
+        for _ in range(3):
+            t = time.monotonic()
+            res = ustack("report", "--from", url, "-f", "folded", *args)
+            took = time.monotonic() - t
+            if res.returncode != 0:
+                raise SystemExit(res.stderr)
+            best, out = min(best or took, took), res.stdout
+        print(f"| {label} | {best:.2f} | {server_seconds(port, only):.2f} | "
+              f"{len(out.splitlines())} |")
+    t = time.monotonic()
+    res = ustack("report", "--from", url, "--diff", "host=host1", "host=host2",
+                 "-o", "/dev/null")
+    print(f"| --diff host=host1 host=host2 (HTML) | {time.monotonic() - t:.2f} | | |")
+    if res.returncode != 0:
+        raise SystemExit(res.stderr)
+
+
+def server_seconds(port: int, only) -> float:
+    """What ClickHouse itself took for report --from's two queries (its
+    own `elapsed`), best of 3."""
+    import json
+    from ustack.report.sinks.clickhouse_source import where
+    cond = where(only)
+    best = None
+    for _ in range(3):
+        agg = json.loads(query(port, "SELECT stack_id, event, comm, sum(weight) FROM "
+                               f"ustack.samples WHERE {cond} GROUP BY stack_id, event, comm "
+                               "FORMAT JSONCompact"))
+        ids = ", ".join(sorted({str(r[0]) for r in agg["data"]})) or "0"
+        stacks = json.loads(query(port, "SELECT stack_id, any(function) FROM ustack.stacks "
+                                  f"WHERE stack_id IN ({ids}) GROUP BY stack_id "
+                                  "FORMAT JSONCompact"))
+        took = agg["statistics"]["elapsed"] + stacks["statistics"]["elapsed"]
+        best = took if best is None else min(best, took)
+    return best
+
+
+def main() -> None:
+    seconds = int(sys.argv[1]) if len(sys.argv) > 1 else 120
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as root:
+        proc, port = start_server(root)
+        url = f"clickhouse://127.0.0.1:{port}/ustack"
+        try:
+            print(f"(ClickHouse {query(port, 'SELECT version()').strip()}, "
+                  f"{os.cpu_count()} CPUs, load average {load:.1f} at the start)\n")
+            host_hour(port, url, seconds, os.path.join(root, "queue"))
+            ten_million(port, url)
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""profile --every ... --to clickhouse://HOST:PORT/DB: each interval's
+counted stacks become rows (samples) and each distinct stack a row
+(stacks). The sampling thread only queues an interval on disk (spool.py);
+a background thread sends the queue, oldest first, and removes an
+interval once the server has it. Sending twice is harmless: an interval
+carries a batch id, and one the server has already is not inserted again
+(its rows of one partition go in as one part, all or nothing)."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+
+from .clickhouse_http import Server, ServerError, quote
+from .clickhouse_schema import create_statements, stack_row
+from .spool import Spool
+
+RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
+
+
+class ProcessFacts:
+    """What a row says of a process beyond pid and comm, read once per pid
+    while it lives: executable, its build-id, its container."""
+
+    def __init__(self):
+        self._facts: dict = {}
+
+    def of(self, pid: int) -> tuple:
+        if pid not in self._facts:
+            self._facts[pid] = (_executable(pid), _container(pid))
+        exe, container = self._facts[pid]
+        return exe[0], exe[1], container
+
+
+def _executable(pid: int) -> tuple:
+    try:
+        path = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return "", ""
+    from ...objfile.elf import ElfImage
+    from ...model import UstackError
+    try:
+        build_id = ElfImage.open(f"/proc/{pid}/exe").build_id or ""
+    except (UstackError, OSError):
+        build_id = ""
+    return path, build_id
+
+
+def _container(pid: int) -> str:
+    """The container id docker, containerd or podman put in the cgroup
+    path (64 hex digits), else ''."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    for part in reversed(text.replace("/", " ").replace("-", " ").replace(".", " ").split()):
+        if len(part) == 64 and all(c in "0123456789abcdef" for c in part):
+            return part
+    return ""
+
+
+class StackRows:
+    """Each symbolized stack's row, made once while its Stack object lives
+    (looked up by identity, the object held so that its id is not reused:
+    hashing a deep stack's frames costs about what making its row does).
+    `confirmed`: the ids the server has (the sender adds them), whose rows
+    need not travel again."""
+
+    LIMIT = 100_000                  # rows kept; past it, started afresh
+
+    def __init__(self):
+        self._rows: dict = {}
+        self.confirmed: set = set()
+
+    def row(self, stack) -> dict:
+        held = self._rows.get(id(stack))
+        if held is None:
+            if len(self._rows) >= self.LIMIT:
+                self._rows.clear()
+            held = self._rows[id(stack)] = (stack, stack_row(stack))
+        return held[1]
+
+
+def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
+                   counts, facts: ProcessFacts, per_thread: bool,
+                   stack_rows: StackRows | None = None) -> dict:
+    """One interval as it is queued and sent: its rows, and the stacks
+    they name that the server is not known to have yet."""
+    stack_rows = stack_rows or StackRows()
+    stacks: dict = {}
+    rows: dict = {}
+    batch = f"{host}/{run_id}/{start_ns}"
+    for sc in counts:
+        srow = stack_rows.row(sc.stack)
+        sid = srow["stack_id"]
+        if sid not in stack_rows.confirmed:
+            stacks[sid] = srow
+        tid = sc.tid if per_thread else 0
+        key = (sc.pid, tid, sc.comm, sc.event, sid)
+        if key in rows:
+            rows[key]["weight"] += sc.count
+            continue
+        exe, build_id, container = facts.of(sc.pid)
+        rows[key] = {"time": start_ns // 1_000_000_000, "start_ns": start_ns,
+                     "duration_ns": duration_ns, "host": host, "container": container,
+                     "pid": sc.pid, "tid": tid, "comm": sc.comm, "executable": exe,
+                     "build_id": build_id, "event": sc.event, "weight": sc.count,
+                     "stack_id": sid, "batch": batch}
+    return {"batch": batch, "host": host, "start_ns": start_ns,
+            "stacks": list(stacks.values()), "samples": list(rows.values())}
+
+
+def _each_row(rows) -> bytes:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
+
+
+def queued_interval(batch: dict) -> bytes:
+    """An interval's queue file: a header line (batch, host, start, its
+    stacks' ids and the two bodies' lengths), then the two INSERT bodies
+    as they are sent (JSONEachRow): the sender parses one line only."""
+    stacks, samples = _each_row(batch["stacks"]), _each_row(batch["samples"])
+    header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
+              "stack_ids": [row["stack_id"] for row in batch["stacks"]],
+              "stacks_bytes": len(stacks), "samples_bytes": len(samples)}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + stacks + samples
+
+
+def read_queued(data: bytes) -> tuple:
+    """(header, stacks body, samples body) of a queue file; ValueError
+    when it is not one."""
+    line, _, rest = data.partition(b"\n")
+    header = json.loads(line)
+    cut = header["stacks_bytes"]
+    if len(rest) != cut + header["samples_bytes"]:
+        raise ValueError("truncated")
+    return header, rest[:cut], rest[cut:]
+
+
+class ClickHouseSink:
+    """Queue intervals, send them in the background; `close` sends what it
+    can before the run ends and says what stays queued."""
+
+    def __init__(self, server: Server, spool: Spool, host: str, per_thread: bool = False):
+        self.server, self.spool, self.host = server, spool, host
+        self.per_thread = per_thread
+        self.run_id = secrets.token_hex(4)
+        self.facts = ProcessFacts()
+        self.stack_rows = StackRows()
+        self.sent = self.already_there = self.queued = self.refused = 0
+        self.put_cpu_s = self.sender_cpu_s = 0.0   # what sending cost, said at the end
+        self.error = ""              # the last failure, '' once sending works again
+        self.errors_said: list = []   # each new failure, said once
+        self._schema_made = False
+        self._wake = threading.Event()
+        self._ending = False
+        self._give_up_at = 0.0
+        self._thread = threading.Thread(target=self._send_loop, name="clickhouse-sender",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- the sampling side: never waits for the server
+    def put(self, start_ns: int, duration_ns: int, counts) -> None:
+        began = time.thread_time()
+        try:
+            self._put(start_ns, duration_ns, counts)
+        finally:
+            self.put_cpu_s += time.thread_time() - began
+
+    def _put(self, start_ns: int, duration_ns: int, counts) -> None:
+        batch = interval_batch(self.host, self.run_id, start_ns, duration_ns, counts,
+                               self.facts, self.per_thread, self.stack_rows)
+        if not batch["samples"]:
+            return                   # nothing counted: nothing to store
+        name = f"{start_ns:020d}-{self.run_id}"
+        self.spool.put(name, queued_interval(batch))
+        self.queued += 1
+        self._wake.set()
+
+    # -- the sending side
+    def _send_loop(self) -> None:
+        try:
+            self._send_until_ended()
+        finally:
+            self.sender_cpu_s = time.thread_time()
+
+    def _send_until_ended(self) -> None:
+        delay = RETRY_FIRST_S
+        while True:
+            self.sender_cpu_s = time.thread_time()     # this thread's, so far
+            names = self.spool.names()
+            if not names:
+                if self._ending:
+                    return
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            try:
+                for name in names:
+                    self._send_one(name)
+                self.error, delay = "", RETRY_FIRST_S
+            except (ServerError, OSError) as e:     # OSError: the queue's disk
+                if str(e) != self.error and len(self.errors_said) < 5:
+                    self.errors_said.append(str(e))   # a flapping server: 5 lines at most
+                self.error = str(e)
+                if self._ending and self._give_up_at <= time.monotonic():
+                    return
+                self._wake.wait(delay)
+                self._wake.clear()
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    def _send_one(self, name: str) -> None:
+        data = self.spool.read(name)
+        if data is None:
+            return                   # dropped past the bound meanwhile
+        try:
+            batch, stacks, samples = read_queued(data)
+        except (ValueError, KeyError, TypeError):
+            self.spool.remove(name)  # not ours to send (cannot happen: written whole)
+            return
+        if not self._schema_made:
+            for statement in create_statements(self.server.database):
+                self.server.query(statement)
+            self._schema_made = True
+        db = self.server.database
+        if self._has(batch):
+            self.already_there += 1
+        else:
+            try:
+                if stacks:           # none when the server has them all already
+                    self.server.query(f"INSERT INTO {db}.stacks FORMAT JSONEachRow",
+                                      stacks)
+                self.server.query(f"INSERT INTO {db}.samples FORMAT JSONEachRow",
+                                  samples)
+            except ServerError as e:
+                if e.status != 400:
+                    raise
+                # the server refuses these rows (400: a bad value), and would
+                # refuse them every time: dropped, counted, said, so that one
+                # interval does not hold up all that follow it
+                self.refused += 1
+                if len(self.errors_said) < 5:
+                    self.errors_said.append(f"{e} (an interval refused, dropped)")
+                self.spool.remove(name)
+                return
+            self.sent += 1
+        # the server has these stacks now: later intervals name them only
+        confirmed = self.stack_rows.confirmed
+        if len(confirmed) > StackRows.LIMIT:
+            confirmed.clear()        # bounded: a stack then travels once more
+        confirmed.update(batch["stack_ids"])
+        self.spool.remove(name)
+
+    def _has(self, batch: dict) -> bool:
+        """Whether an earlier try got this interval in (its answer lost)."""
+        rows = self.server.rows(
+            f"SELECT count() FROM {self.server.database}.samples WHERE host = "
+            f"{quote(batch['host'])} AND time = toDateTime({batch['start_ns'] // 10**9}) "
+            f"AND batch = {quote(batch['batch'])}")
+        try:
+            return int(rows[0][0]) > 0
+        except (IndexError, ValueError, TypeError):
+            raise ServerError(f"{self.server.address}: the answer is not a count: "
+                              f"{rows!r:.60}") from None
+
+    def close(self, wait_s: float = 1.0) -> int:
+        """End the sender: keep sending while it succeeds (at most `wait_s`:
+        a run stops within a second; what is left is sent by the next),
+        give up at the first failure past the run's end. Returns how many
+        intervals stay queued for the next run."""
+        self._give_up_at = time.monotonic()
+        self._ending = True
+        self._wake.set()
+        self._thread.join(wait_s)
+        left = len(self.spool.names())
+        return left
+
+    def close_and_say(self, err) -> None:
+        """close(), then one line on what reached the server and what did not."""
+        left = self.close()
+        for said in self.errors_said:
+            print(f"ustack: {said}", file=err)
+        if self.spool.dropped:
+            print(f"ustack: {self.spool.dropped} intervals dropped from the queue "
+                  f"{self.spool.directory} (over its {_size(self.spool.limit)})",
+                  file=err)
+        print(f"Sent {self.sent} intervals to {self.server.address}"
+              + (f" ({self.already_there} it had already)" if self.already_there else "")
+              + (f", {self.refused} refused by it" if self.refused else "")
+              + f", {self.put_cpu_s + self.sender_cpu_s:.3f} s of CPU"
+              + (f"; {left} stay queued in {self.spool.directory} for the next run "
+                 "with --to" if left else ""), file=err)
+        self.spool.close()
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / 1024:.4g} KiB"

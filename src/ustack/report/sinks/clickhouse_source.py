@@ -1,0 +1,131 @@
+"""`ustack report --from clickhouse://HOST:PORT/DB`: the counted stacks
+`--every --to` sent, summed over the hosts, processes and time the
+filters keep, as the StackCounts every counted format takes."""
+from __future__ import annotations
+
+import calendar
+import decimal
+import time
+
+from ...model import Frame, Stack, StackCount, UstackError
+from ...values import value
+from .clickhouse_http import Server, ServerError, quote
+
+
+@value
+class Filter:
+    """What `report --from` keeps: each field empty keeps all."""
+    hosts: tuple = ()
+    comms: tuple = ()
+    pids: tuple = ()
+    since_ns: int | None = None
+    until_ns: int | None = None
+    event: str = ""
+
+
+def parse_time(text: str, option: str) -> int:
+    """--since/--until: seconds since the epoch, or an ISO time in UTC
+    (2026-11-28T10:00:00, 2026-11-28 10:00, 2026-11-28); nanoseconds."""
+    text = text.strip()
+    try:                                 # exact to the nanosecond: no float
+        return int(decimal.Decimal(text).scaleb(9).to_integral_value())
+    except (decimal.InvalidOperation, ValueError):
+        pass
+    for layout in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M",
+                   "%Y-%m-%d %H:%M", "%Y-%m-%d"):
+        try:
+            return calendar.timegm(time.strptime(text.rstrip("Z"), layout)) * 10**9
+        except ValueError:
+            continue
+    raise UstackError(f"{option} {text!r}: a time is seconds since the epoch or "
+                      "2026-11-28T10:00:00 (UTC)")
+
+
+def where(f: Filter) -> str:
+    conds = ["1"]
+    if f.hosts:
+        conds.append(f"host IN ({', '.join(map(quote, f.hosts))})")
+    if f.comms:
+        conds.append(f"comm IN ({', '.join(map(quote, f.comms))})")
+    if f.pids:
+        conds.append(f"pid IN ({', '.join(str(int(p)) for p in f.pids)})")
+    if f.event:
+        conds.append(f"event = {quote(f.event)}")
+    if f.since_ns is not None:          # time first: the sort key's granules
+        conds.append(f"time >= toDateTime({f.since_ns // 10**9}) "
+                     f"AND start_ns >= {f.since_ns}")
+    if f.until_ns is not None:
+        conds.append(f"time <= toDateTime({f.until_ns // 10**9}) "
+                     f"AND start_ns < {f.until_ns}")
+    return " AND ".join(conds)
+
+
+def counted_stacks(server: Server, f: Filter, per_pid: bool = False) -> list:
+    """The StackCounts the filter keeps: summed per stack and event (and
+    per host process with `per_pid`)."""
+    db = server.database
+    cond = where(f)
+    keys = "stack_id, event, comm" + (", pid" if per_pid else "")   # comm: folded's root
+    try:
+        counted = server.rows(f"SELECT {keys}, sum(weight) FROM {db}.samples "
+                              f"WHERE {cond} GROUP BY {keys}")
+        stacks = stacks_of(server, {int(row[0]) for row in counted})
+    except ServerError as e:
+        raise UstackError(str(e)) from None
+    out = []
+    for row in counted:
+        sid, event = int(row[0]), row[1]
+        comm, pid = row[2], (int(row[3]) if per_pid else 0)
+        stack = stacks.get(sid) or NOT_STORED     # one Stack per id, shared by its rows
+        out.append(StackCount(comm, pid, stack, int(row[-1]), event))
+    return out
+
+
+def stacks_of(server: Server, ids: set, chunk: int = 20_000) -> dict:
+    """stack_id -> Stack, by their ids (a list, not a second scan of the
+    samples); the ReplacingMergeTree may not have merged a repeat yet: any()."""
+    stacks: dict = {}
+    ordered = sorted(ids)
+    for i in range(0, len(ordered), chunk):
+        listed = ", ".join(map(str, ordered[i:i + chunk]))
+        for row in server.rows(
+                f"SELECT stack_id, any(function), any(module), any(file), any(line), "
+                f"any(language), any(inlined), any(notes) FROM {server.database}.stacks "
+                f"WHERE stack_id IN ({listed}) GROUP BY stack_id"):
+            stacks[int(row[0])] = _stack(row[1:])
+    return stacks
+
+
+NOT_STORED = Stack((), ("stack not stored",))   # a row whose stack did not arrive
+
+
+def _stack(row) -> Stack:
+    functions, modules, files, lines, languages, inlined, notes = row
+    frames = tuple(Frame(0, m, file=fl, line=int(ln), inlined=bool(int(il)),
+                         kind="" if lang == "native" else lang, **_named(fn))
+                   for fn, m, fl, ln, lang, il in zip(functions, modules, files, lines,
+                                                      languages, inlined))
+    return Stack(frames, tuple(notes))
+
+
+def _named(function: str) -> dict:
+    """A stored name as the frame had it: the name stored for a frame
+    without one (model.unnamed_function's `fn@0x11e0` or `0x11f6`, or
+    `[unknown]`) becomes that frame's place again, so that every format
+    names it as it did live."""
+    if function == "[unknown]":
+        return {"function": None}
+    for prefix in ("fn@0x", "0x"):
+        if function.startswith(prefix):
+            try:
+                where = int(function[len(prefix) - 2:], 16)
+            except ValueError:
+                break
+            return {"function": None, "objaddr": where,
+                    "objstart": where if prefix == "fn@0x" else 0}
+    return {"function": function}
+
+
+def events(counts) -> list:
+    """The events of the counts, in a stable order (the formats' labels)."""
+    return sorted({sc.event for sc in counts})

@@ -1,0 +1,407 @@
+"""`ustack profile --every S --to clickhouse://HOST:PORT/DB` and `ustack
+report --from clickhouse://…`, against a real clickhouse-server started
+here on free loopback ports with a data directory of its own: several
+agents at once, the server restarted under them, a server that answers
+garbage. What reaches the server is checked against the pprof files the
+same runs wrote locally: every interval, its counts, nothing twice."""
+from __future__ import annotations
+
+import gzip
+import http.server
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+
+import pytest
+
+from helpers import build, finish, run_ustack, start_ustack, stop, ustack_env, wait_tracing
+from ustack.report.pprof_proto import Profile
+
+pytestmark = pytest.mark.kernel
+
+CONFIG = "/etc/clickhouse-server/config.xml"
+AGENTS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ClickHouse:
+    """A clickhouse-server of this test's own: its data under `root`,
+    every port free and on 127.0.0.1; stop() and start() keep its data."""
+
+    def __init__(self, root):
+        if shutil.which("clickhouse-server") is None or not os.path.exists(CONFIG):
+            pytest.skip("clickhouse-server is not installed (apt-get install "
+                        "clickhouse-server)")
+        self.root = root
+        self.http = free_port()
+        self.proc = None
+        self.ports = (free_port(), free_port())
+
+    @property
+    def url(self) -> str:
+        return f"clickhouse://127.0.0.1:{self.http}/ustack"
+
+    def start(self) -> None:
+        data = self.root / "data"
+        args = [f"--path={data}/", f"--tmp_path={data}/tmp/",
+                f"--user_files_path={data}/user_files/",
+                f"--format_schema_path={data}/format_schemas/",
+                f"--http_port={self.http}", f"--tcp_port={self.ports[0]}",
+                f"--interserver_http_port={self.ports[1]}",
+                "--listen_host=127.0.0.1", f"--logger.log={self.root}/log",
+                f"--logger.errorlog={self.root}/errlog", "--logger.console=0"]
+        self.proc = subprocess.Popen(["clickhouse-server", f"--config-file={CONFIG}", "--",
+                                      *args], cwd=self.root, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.root / "errlog").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/ping",
+                                            timeout=1) as r:
+                    if r.read() == b"Ok.\n":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)         # polling the port: up when /ping answers
+        pytest.fail("clickhouse-server did not answer /ping within 60 s")
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop it (kill: at once, as a crash or a power cut would)."""
+        if self.proc is not None and self.proc.poll() is None:
+            if kill:
+                self.proc.kill()
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def query(self, sql: str) -> list:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.http}/",
+                                     data=sql.encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read().decode()
+        return [line.split("\t") for line in text.splitlines()]
+
+
+@pytest.fixture
+def server(tmp_path):
+    ch = ClickHouse(tmp_path)
+    ch.start()
+    yield ch
+    ch.stop()
+
+
+def interval_totals(directory) -> dict:
+    """start_ns -> samples of each pprof file in `directory`."""
+    totals = {}
+    for path in directory.iterdir():
+        p = Profile.FromString(gzip.decompress(path.read_bytes()))
+        totals[p.time_nanos] = sum(s.value[0] for s in p.sample)
+    return totals
+
+
+def file_stacks(paths) -> Counter:
+    """The stacks of pprof files, by function names root first, summed."""
+    stacks: Counter = Counter()
+    for path in paths:
+        p = Profile.FromString(gzip.decompress(path.read_bytes()))
+        names = p.string_table
+        functions = {f.id: names[f.name] for f in p.function}
+        locations = {loc.id: [functions[line.function_id] for line in loc.line]
+                     for loc in p.location}
+        for s in p.sample:
+            leaf_first = [name for lid in s.location_id for name in locations[lid]]
+            stacks[tuple(reversed(leaf_first))] += s.value[0]
+    return stacks
+
+
+def folded_stacks(text: str) -> Counter:
+    """`-f folded`: comm;root;…;leaf COUNT, the comm left out."""
+    stacks: Counter = Counter()
+    for line in text.splitlines():
+        frames, _, count = line.rpartition(" ")
+        stacks[tuple(frames.split(";")[1:])] += int(count)
+    return stacks
+
+
+def agent(server_url: str, label: str, out, queue, busy, *extra):
+    return start_ustack("profile", "-F", "99", "--every", "0.5", "-d", "5",
+                        "-o", f"{out}/", "--to", server_url, "--host-label", label,
+                        "--queue", str(queue), *extra, "-c", f"{busy} 60")
+
+
+def wait_for(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+def queued(queue) -> list:
+    return [p for p in queue.iterdir() if p.name.endswith(".json")] if queue.exists() else []
+
+
+@pytest.fixture(scope="module")
+def four_agents_through_a_restart(tmp_path_factory):
+    """Four agents, 10 intervals each; the server is killed once they have
+    all sent something, and starts again once each has queued an interval."""
+    tmp_path = tmp_path_factory.mktemp("agents")
+    server = ClickHouse(tmp_path)
+    server.start()
+    busy = build("busy")
+    runs = []
+    try:
+        for i in range(AGENTS):
+            label = f"agent{i}"
+            runs.append((label, tmp_path / f"out{i}", tmp_path / f"queue{i}",
+                         agent(server.url, label, tmp_path / f"out{i}",
+                               tmp_path / f"queue{i}", busy)))
+        for run in runs:
+            wait_tracing(run[3])
+
+        def every_host_sent():
+            try:
+                rows = server.query("SELECT uniqExact(host) FROM ustack.samples")
+            except OSError:
+                return False
+            return rows and int(rows[0][0]) == AGENTS
+        wait_for(every_host_sent, "every agent's first interval in ClickHouse")
+        server.stop(kill=True)
+        wait_for(lambda: all(queued(q) for _l, _o, q, _p in runs),
+                 "an interval queued by every agent while the server is down")
+        server.start()
+        errs = {label: finish(proc, timeout=120)[1] for label, _o, _q, proc in runs}
+    except BaseException:
+        server.stop()
+        raise
+    finally:
+        for run in runs:
+            stop(run[3])
+    for label, _o, _q, proc in runs:
+        assert proc.returncode == 0, errs[label]
+    yield server, runs, errs
+    server.stop()
+
+
+def test_four_agents_through_a_restart_lose_nothing_and_send_nothing_twice(
+        four_agents_through_a_restart):
+    server, runs, errs = four_agents_through_a_restart
+    for label, out, queue, _proc in runs:
+        local = interval_totals(out)
+        # -d 5 of 0.5 s: 10 intervals (an 11th, a few ms long, when the
+        # run's end is seen late on a loaded machine)
+        assert 10 <= len(local) <= 11, sorted(local)
+        rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples WHERE "
+                            f"host = '{label}' GROUP BY start_ns")
+        stored = {int(start): int(n) for start, n in rows}
+        assert stored == {s: n for s, n in local.items() if n}, (label, errs[label])
+        assert not queued(queue), errs[label]
+        assert f"ustack: {server.url}: " in errs[label], errs[label]   # it saw it down
+        assert "stay queued" not in errs[label]
+
+
+def test_one_flame_graph_over_four_hosts_is_the_sum_of_their_files(
+        four_agents_through_a_restart, tmp_path):
+    server, runs, _errs = four_agents_through_a_restart
+    everything = run_ustack("report", "--from", server.url, "-f", "folded")
+    assert everything.returncode == 0, everything.stderr
+    files = [p for _l, out, _q, _p in runs for p in out.iterdir()]
+    assert folded_stacks(everything.stdout) == file_stacks(files)
+    one = run_ustack("report", "--from", server.url, "-f", "folded", "--host", "agent2")
+    assert folded_stacks(one.stdout) == file_stacks(list(runs[2][1].iterdir()))
+    pprof = run_ustack("report", "--from", server.url, "-o", str(tmp_path / "all.pb.gz"))
+    assert pprof.returncode == 0, pprof.stderr
+    assert sum(file_stacks([tmp_path / "all.pb.gz"]).values()) == sum(
+        file_stacks(files).values())
+
+
+def test_comm_and_event_filters_keep_what_they_name(four_agents_through_a_restart):
+    server, runs, _errs = four_agents_through_a_restart
+    files = file_stacks([p for _l, out, _q, _p in runs for p in out.iterdir()])
+    kept = run_ustack("report", "--from", server.url, "-f", "folded", "--comm", "busy",
+                      "--event", "profile:hz:99")
+    assert folded_stacks(kept.stdout) == files, kept.stderr
+    none = run_ustack("report", "--from", server.url, "-f", "folded", "--comm", "nosuch")
+    assert none.returncode == 0 and none.stdout == ""
+    assert "holds no samples these filters keep" in none.stderr
+    per_pid = run_ustack("report", "--from", server.url, "-f", "folded", "-P")
+    assert len({line.split(";")[0] for line in per_pid.stdout.splitlines()}) == AGENTS
+
+
+def test_time_ranges_read_back_as_their_files_and_diff(four_agents_through_a_restart):
+    server, runs, _errs = four_agents_through_a_restart
+    files = {}
+    for _l, out, _q, _p in runs:
+        for path in out.iterdir():
+            files[path] = Profile.FromString(gzip.decompress(path.read_bytes())).time_nanos
+    starts = sorted(set(files.values()))
+    middle = starts[len(starts) // 2]
+    first = [p for p, t in files.items() if t < middle]
+    second = [p for p, t in files.items() if t >= middle]
+    seconds = f"{middle // 10**9}.{middle % 10**9:09d}"      # exact: no float
+    early = run_ustack("report", "--from", server.url, "-f", "folded", "--until", seconds)
+    late = run_ustack("report", "--from", server.url, "-f", "folded", "--since", seconds)
+    assert folded_stacks(early.stdout) == file_stacks(first)
+    assert folded_stacks(late.stdout) == file_stacks(second)
+    diff = run_ustack("report", "--from", server.url, "--diff", f"..{seconds}",
+                      f"{seconds}..", "-o", "/dev/stdout")
+    assert diff.returncode == 0, diff.stderr
+    totals = re.search(r"A: ([\d,]+) samples .* B: ([\d,]+) samples", diff.stdout)
+    assert totals, diff.stdout[:2000]
+    a, b = (int(t.replace(",", "")) for t in totals.groups())
+    assert (a, b) == (sum(file_stacks(first).values()), sum(file_stacks(second).values()))
+
+
+def test_a_diff_of_two_hosts_has_each_host_s_files(four_agents_through_a_restart):
+    server, runs, _errs = four_agents_through_a_restart
+    diff = run_ustack("report", "--from", server.url, "--diff", "host=agent0", "host=agent3",
+                      "-o", "/dev/stdout")
+    assert diff.returncode == 0, diff.stderr
+    totals = re.search(r"A: ([\d,]+) samples .* B: ([\d,]+) samples", diff.stdout)
+    a, b = (int(t.replace(",", "")) for t in totals.groups())
+    assert (a, b) == (sum(interval_totals(runs[0][1]).values()),
+                      sum(interval_totals(runs[3][1]).values()))
+
+
+def test_past_its_bound_the_queue_drops_the_oldest_and_says_how_many(tmp_path):
+    """No server at all and a queue of 3 KiB: the newest intervals stay,
+    the oldest are dropped, and the run counts them."""
+    busy, out, queue = build("busy"), tmp_path / "out", tmp_path / "queue"
+    res = run_ustack("profile", "-F", "99", "--every", "0.25", "-d", "3", "-o", f"{out}/",
+                     "--to", f"clickhouse://127.0.0.1:{free_port()}/ustack",
+                     "--host-label", "alone", "--queue", str(queue), "--queue-size",
+                     str(3 / 1024), "-c", f"{busy} 60", timeout=120)
+    assert res.returncode == 0, res.stderr
+    kept = sorted(p.name for p in queued(queue))
+    local = sorted(n for s, n in interval_totals(out).items() if n)
+    dropped = re.search(r"ustack: (\d+) intervals dropped from the queue .* \(over its "
+                        r"3 KiB\)", res.stderr)
+    assert dropped and kept, res.stderr
+    assert int(dropped.group(1)) + len(kept) == len(local), res.stderr
+    assert sum(p.stat().st_size for p in queued(queue)) <= 3 * 1024
+    # the newest are the ones kept: the last interval's start is the last name's
+    newest = max(interval_totals(out))
+    assert kept[-1].startswith(f"{newest:020d}-"), (kept, newest)
+
+
+def test_a_server_answering_garbage_is_one_line_and_the_intervals_wait(server, tmp_path):
+    """An HTTP port that is not ClickHouse: the run says so in one line and
+    keeps its intervals queued; the next run with a real server sends them."""
+    class Garbage(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"garbage\n")
+
+        def log_message(self, *args):
+            pass
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    busy, out, queue = build("busy"), tmp_path / "out", tmp_path / "queue"
+    try:
+        res = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "2", "-o", f"{out}/",
+                         "--to", f"clickhouse://127.0.0.1:{fake.server_address[1]}/ustack",
+                         "--host-label", "garbled", "--queue", str(queue),
+                         "-c", f"{busy} 60", timeout=120)
+    finally:
+        fake.shutdown()
+    assert res.returncode == 0, res.stderr
+    said = [line for line in res.stderr.splitlines() if "not ClickHouse's JSON" in line]
+    assert len(said) == 1 and said[0].startswith("ustack: "), res.stderr
+    local = {s: n for s, n in interval_totals(out).items() if n}
+    assert len(queued(queue)) == len(local) > 0, res.stderr
+    # the next run with the same queue and a real server sends them
+    again = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1",
+                       "--to", server.url, "--host-label", "garbled", "--queue", str(queue),
+                       "-c", f"{busy} 60", timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert not queued(queue), again.stderr
+    rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples WHERE "
+                        "host = 'garbled' GROUP BY start_ns")
+    stored = {int(start): int(n) for start, n in rows}
+    assert local.items() <= stored.items(), (local, stored)
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--to", "clickhouse://u:secret@127.0.0.1:1/x"], "no credentials in the address"),
+    (["--to", "http://127.0.0.1:1/x"], "ustack sends to clickhouse://HOST:PORT/DB"),
+    (["--to", "clickhouse://127.0.0.1:1/no-such"], "is not a database name"),
+])
+def test_a_wrong_address_is_one_line(args, error, tmp_path):
+    res = run_ustack("profile", "--every", "1", *args, "-c", "true")
+    assert res.returncode != 0
+    assert res.stderr.startswith("ustack: ") and error in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1, res.stderr
+
+
+def test_to_without_every_is_refused():
+    res = run_ustack("profile", "--to", "clickhouse://127.0.0.1:1/x", "-c", "true")
+    assert res.returncode != 0 and "give --every" in res.stderr, res.stderr
+
+
+def test_report_from_a_server_that_is_not_there_is_one_line():
+    res = run_ustack("report", "--from", f"clickhouse://127.0.0.1:{free_port()}/ustack")
+    assert res.returncode != 0
+    assert res.stderr.strip().endswith("connection refused (is clickhouse-server "
+                                       "running there?)"), res.stderr
+
+
+def test_credentials_come_from_a_file_as_basic_auth(tmp_path):
+    """USTACK_CLICKHOUSE_CREDENTIALS names a user:password file; the server
+    sees HTTP basic auth."""
+    seen = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.headers.get("Authorization"))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(403)
+            self.end_headers()
+            self.wfile.write(b"Code: 192, e.displayText() = DB::Exception: Unknown user\n")
+
+        def log_message(self, *args):
+            pass
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    creds = tmp_path / "creds"
+    creds.write_text("reader:s3cret\n")
+    try:
+        res = subprocess.run([sys.executable, "-m", "ustack", "report", "--from",
+                              f"clickhouse://127.0.0.1:{fake.server_address[1]}/ustack"],
+                             env=dict(ustack_env(), USTACK_CLICKHOUSE_CREDENTIALS=str(creds)),
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        fake.shutdown()
+    assert seen and seen[0] == "Basic cmVhZGVyOnMzY3JldA==", seen
+    assert res.returncode != 0 and "HTTP 403: Code: 192" in res.stderr, res.stderr
+
+
+def test_nothing_of_clickhouse_is_imported_until_an_address_is_given():
+    """A run refused before --to's address is read has loaded nothing of
+    the ClickHouse sink (nor http.client): a run without --to pays nothing."""
+    code = ("import sys; from ustack.cli import main; "
+            "status = main(['profile', '--every', '1', '--to', 'udp://x', '-c', 'true']); "
+            "print(status, [m for m in sys.modules if 'sinks' in m or m == 'http.client'])")
+    res = subprocess.run([sys.executable, "-c", code], env=ustack_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "1 []", res.stdout + res.stderr
+    assert "ustack sends to clickhouse://HOST:PORT/DB" in res.stderr, res.stderr
