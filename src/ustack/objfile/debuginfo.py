@@ -251,8 +251,8 @@ def debug_lookup(image: ElfImage, extra_dirs=()) -> tuple:
     matches, else the MiniDebugInfo, else None."""
     found = find_debug_file(image, extra_dirs)
     if found.path is None:
-        from . import debuginfod        # only for an object without a local debug file
-        fetched = debuginfod.cached_debug_file(image.file.build_id)
+        from .fetched_debug import cached_debug_file   # only without a local debug file
+        fetched = cached_debug_file(image.file.build_id)
         if fetched is not None and _accept(image, fetched, None, found):
             found.path, found.how = fetched, "debuginfod"
     if found.path is None:

@@ -18,34 +18,17 @@ from __future__ import annotations
 import os
 
 from . import cache as objcache
+from .fetched_debug import cache_path, cached_debug_file, valid_build_id
 
 CONNECT_S = 2.0            # to reach a server
 TOTAL_S = 60.0             # for one file, from one server
 MAX_BYTES = 2 << 30        # a debug file larger than this is garbage
-_HEX = frozenset("0123456789abcdef")
 
 
 def server_urls(option_urls=()) -> tuple:
     """The servers to ask: --debuginfod's, else DEBUGINFOD_URLS'."""
     urls = list(option_urls) or os.environ.get("DEBUGINFOD_URLS", "").split()
     return tuple(u.rstrip("/") for u in urls if u.startswith(("http://", "https://")))
-
-
-def _valid(build_id: str | None) -> bool:
-    return bool(build_id) and len(build_id) >= 8 and set(build_id) <= _HEX
-
-
-def cache_path(build_id: str) -> str:
-    return os.path.join(objcache.cache_root(), "debuginfod", build_id + ".debug")
-
-
-def cached_debug_file(build_id: str | None) -> str | None:
-    """The fetched debug file of build_id in the cache, when there is one
-    to trust (its build-id is checked again by whoever opens it)."""
-    if not _valid(build_id):
-        return None
-    path = cache_path(build_id)
-    return path if objcache.trusted_file(path) else None
 
 
 class Fetcher:
@@ -71,7 +54,7 @@ class Fetcher:
             self._put(("path", path))
 
     def ask(self, build_id: str, path: str) -> None:
-        if _valid(build_id) and build_id not in self._seen:
+        if valid_build_id(build_id) and build_id not in self._seen:
             self._seen.add(build_id)
             self._put(("build-id", build_id, path))
 
@@ -108,7 +91,7 @@ class Fetcher:
         except UstackError:
             return
         build_id = image.file.build_id
-        if not _valid(build_id) or build_id in self._seen:
+        if not valid_build_id(build_id) or build_id in self._seen:
             return
         if image.file.has_symtab and not (self.want_lines and not has_dwarf(image)):
             return

@@ -16,7 +16,7 @@ import stat
 
 from ..model import UstackError
 from ..objfile.debuginfo import find_debug_file
-from ..objfile.debuginfod import cached_debug_file
+from ..objfile.fetched_debug import cached_debug_file
 from ..objfile.elf import ElfImage
 from ..output import make_directory, open_directory, split, subdirectory
 
