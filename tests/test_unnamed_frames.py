@@ -76,6 +76,12 @@ def test_every_format_keeps_unnamed_functions_apart(full, tmp_path):
     assert [f["code_start"] for f in mine][:5] == [f"0x{a:x}" for a in starts_of(full)]
     assert all(int(f["object_address"], 16) > int(f["code_start"], 16) for f in mine)
 
+    for page in ("s.html", "s.svg"):                # the flame graphs' frames
+        out = tmp_path / page
+        ok(run_ustack("count", "syscall:write", "-o", str(out), "-c", f"{prog} 3 write"))
+        text = out.read_text()
+        assert all(f"{w} [chain]" in text for w in want), page
+
     out = tmp_path / "s.speedscope.json"
     ok(run_ustack("count", "syscall:write", "-f", "speedscope", "-o", str(out),
                   "-c", f"{prog} 3 write"))
