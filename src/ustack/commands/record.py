@@ -305,7 +305,14 @@ def report_diff(request: ReportRequest, before_path: str, opts: Options,
     rows = diff_rows(sides[0], sides[1], request.per_pid, request.offsets)
     fmt = report_class(per_pid=request.per_pid, offsets=request.offsets,
                        context=context, lines=lines)   # the second run's (B's widths)
-    with open_output(request.output, binary=getattr(report_class, "binary", False)) as out:
+    _write_diff(fmt, rows, request.output, getattr(report_class, "binary", False))
+    write_summary(err, warnings=warnings)
+    return 0
+
+
+def _write_diff(fmt, rows, output: str | None, binary: bool) -> None:
+    """A differential report of diff_rows(): the baseline's counts first."""
+    with open_output(output, binary=binary) as out:
         for row in rows:
             if row.before:
                 fmt.add_before(_with_count(row.stack, row.before))
@@ -313,8 +320,6 @@ def report_diff(request: ReportRequest, before_path: str, opts: Options,
             if row.after:
                 fmt.add(_with_count(row.stack, row.after))
         fmt.finish(out)
-    write_summary(err, warnings=warnings)
-    return 0
 
 
 def _with_count(sc: StackCount, n: int) -> StackCount:
@@ -346,14 +351,7 @@ def report_from(args, err: TextIOBase = sys.stderr) -> int:
         fmt = report_class(per_pid=args.per_pid, offsets=False, lines=args.diff_lines,
                            context=report_context({"command": "profile"}, labels))
         rows = diff_rows(sides[0], sides[1], args.per_pid)
-        with open_output(args.output, binary=getattr(report_class, "binary", False)) as out:
-            for row in rows:
-                if row.before:
-                    fmt.add_before(_with_count(row.stack, row.before))
-            for row in rows:
-                if row.after:
-                    fmt.add(_with_count(row.stack, row.after))
-            fmt.finish(out)
+        _write_diff(fmt, rows, args.output, getattr(report_class, "binary", False))
         return 0
     counts = source.counted_stacks(server, only, args.per_pid)
     if not counts:
