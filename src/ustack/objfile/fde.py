@@ -43,41 +43,10 @@ def pointer(data, i: int, enc: int, base: int) -> tuple:
 def _cie_encoding(data, hdr: int, eh: bool, base: int) -> tuple | None:
     """(FDE pointer encoding, or None for .debug_frame's plain addresses;
     address size) of the CIE whose entry starts at data[hdr]."""
-    from .leb128 import uleb128
     if not 0 <= hdr <= len(data) - 4:
         return None
-    length = _U32.unpack_from(data, hdr)[0]
-    pos = hdr + 4
-    if length == 0xffffffff:
-        pos += 8
-    pos += 8 if length == 0xffffffff else 4            # the CIE id
-    version = data[pos]
-    z = bytes(data[pos + 1:pos + 64]).index(b"\0") + pos + 1
-    aug = bytes(data[pos + 1:z]).decode("latin-1")
-    pos = z + 1
-    addr_size = 8
-    if version >= 4:
-        addr_size = data[pos]
-        pos += 2
-    _, pos = uleb128(data, pos)                         # code alignment
-    while data[pos] & 0x80:                             # data alignment (sleb)
-        pos += 1
-    pos += 1
-    pos = pos + 1 if version == 1 else uleb128(data, pos)[1]    # return register
-    if not aug.startswith("z"):
-        return (None, addr_size) if not aug else None
-    _, pos = uleb128(data, pos)
-    enc = 0x00
-    for ch in aug[1:]:
-        if ch == "R":
-            return data[pos], addr_size
-        if ch == "P":
-            _, pos = pointer(data, pos + 1, data[pos] & 0x7f, base)
-        elif ch == "L":
-            pos += 1
-        elif ch not in "SBG":
-            return None                                 # unknown: no R to find
-    return enc, addr_size
+    found = _cie_program(data, hdr, base)
+    return None if found is None else found[:2]
 
 
 def fde_range(data, pos: int, eh: bool, base: int, cies: dict | None = None):
@@ -236,6 +205,8 @@ def _cie_program(data, hdr: int, base: int) -> tuple | None:
             elif ch == "L":
                 p += 1
             elif ch not in "SBG":
+                if "R" not in aug[1:aug.index(ch)]:
+                    return None        # unknown data before R: the encoding is not known
                 break
         pos = after
     elif aug:
