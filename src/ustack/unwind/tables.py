@@ -242,14 +242,14 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
     except OSError:
         st = None
     apart = st is not None and _worth_a_child(image)
-    if apart and not (content_key.known("signals", st) and content_key.known("cfi", st)):
+    if apart and not (content_key.known(TRAMPOLINES, st) and content_key.known("cfi", st)):
         # a version not seen before: its keys too (a scan of all its code,
         # ~0.2 s of node's) are computed by the child, which remembers them
         _build_apart(image, debug_dirs, run_waits)
     cache = None
     if st is not None:
         cache = rows_file(rows_key(table_key(image, st, debug_file(image, st, debug_dirs)),
-                                    content_key.remembered("signals", st,
+                                    content_key.remembered(TRAMPOLINES, st,
                                                            lambda: signals_key(image))))
     found = _cached_rows(image, cache)
     if found is None and apart:
@@ -307,8 +307,16 @@ def signals_key(image: ElfImage) -> str:
     return _signals_key(signal_ranges(image))
 
 
+# The memo of signals_key() outlives this code, so the key says only what
+# the file holds (the trampolines' address ranges), never how a row is laid
+# out: "signals" hashed the rows too, and every run since rows grew rbx's
+# rule missed the cache on a machine that had remembered the old key
+# (libc's and ld.so's rows packed again: ~40 ms of a one-hit run's CPU).
+TRAMPOLINES = "trampolines"
+
+
 def _signals_key(ranges: list) -> str:
-    return content_key.of("signals", repr(ranges))
+    return content_key.of(TRAMPOLINES, repr([(start, end) for start, end, _row in ranges]))
 
 
 def _cached_rows(image: ElfImage, cache: str | None) -> tuple | None:
