@@ -412,8 +412,11 @@ class KernelUnwinder(BpfCounter):
         # each where entries are taken only as the run meets them (~80
         # bytes each; Linux 6.1+), else preallocated as before
         per_stack = COUNTS_PER_STACK if bpf_syscall.kernel_at_least(6, 1) else 2
-        self.unwind_maps = owned.map(UnwindMaps(
-            rows, stack_storage, max(MIN_COUNT_ENTRIES, per_stack * stack_storage)))
+        self.trace = trace and bool(ring_bytes)
+        stacks, counts = stack_storage, max(MIN_COUNT_ENTRIES, per_stack * stack_storage)
+        if self.trace:      # each stack goes to the ring: none is kept, none counted
+            stacks = counts = 1         # (the programs declare them; their room costs ~1 ms)
+        self.unwind_maps = owned.map(UnwindMaps(rows, stacks, counts))
         owned.error_counters(self.unwind_maps.errors, _ERRORS)
         self.kstacks = None
         if kernel:          # kernel stacks: bpf_get_stackid, read by stack_bytes()
@@ -421,7 +424,6 @@ class KernelUnwinder(BpfCounter):
             self.kstacks = self.stacks = owned.map(bpf_syscall.Map(
                 bpf_syscall.MAP_STACK_TRACE, 4, 8 * self.max_depth, stack_storage,
                 "ustack_kstacks"))
-        self.trace = trace and bool(ring_bytes)
         if ring_bytes:
             self.ring = owned.ring(bpf_syscall.RingBuf(ring_bytes, "ustack_uwring"))
         self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
