@@ -159,7 +159,7 @@ static __always_inline int thread_wanted(__u64 pid_tgid, enum offcpu_option opts
 		return 0;
 	if (opts & OFF_USER_ONLY) {
 		task = bpf_get_current_task_btf();
-		if (!FIELD(void *, task, task_mm))
+		if (!KFIELD(void *, task, task_mm))
 			return 0;
 	}
 	return 1;

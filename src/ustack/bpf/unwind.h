@@ -134,6 +134,18 @@ const volatile __u32 f_inode, i_ino, i_sb, s_dev;
 
 #define FIELD(type, ptr, offset) (*(type *)((void *)(ptr) + (offset)))
 
+/* A kernel struct's field read by bpf_probe_read_kernel (0 where it cannot
+ * be read), for pointers and what they point to. FIELD of a pointer
+ * member makes the verifier look the struct's "safe" variants up by name
+ * in the kernel's BTF, a scan of every type, at each such load on each
+ * path it checks: ~4 ms of every load of the unwinder's program. Read
+ * this way the pointer is a number, so what it points to is read so too. */
+#define KFIELD(type, ptr, offset) ({					\
+	type __v = 0;							\
+	bpf_probe_read_kernel(&__v, sizeof(__v), (void *)(ptr) + (offset));	\
+	__v;								\
+})
+
 static __always_inline struct walk *scratch_value(void)
 {
 	__u32 zero = 0;
@@ -210,20 +222,20 @@ static long vma_found(struct task_struct *task, struct vm_area_struct *vma,
 	out->start = FIELD(__u64, vma, vm_start);
 	out->end = FIELD(__u64, vma, vm_end);
 	out->pgoff = FIELD(__u64, vma, vm_pgoff);
-	file = FIELD(void *, vma, vm_file);
+	file = KFIELD(void *, vma, vm_file);
 	if (!file) {		/* the vDSO (its start is mm->context.vdso), or anonymous */
-		mm = FIELD(void *, vma, vm_mm);
-		if (mm && FIELD(__u64, mm, mm_vdso) == out->start)
+		mm = KFIELD(void *, vma, vm_mm);
+		if (mm && KFIELD(__u64, mm, mm_vdso) == out->start)
 			out->file.inode = VDSO_INODE;
 		return 0;
 	}
-	inode = FIELD(void *, file, f_inode);
+	inode = KFIELD(void *, file, f_inode);
 	if (!inode)
 		return 0;
-	out->file.inode = FIELD(__u64, inode, i_ino);
-	sb = FIELD(void *, inode, i_sb);
+	out->file.inode = KFIELD(__u64, inode, i_ino);
+	sb = KFIELD(void *, inode, i_sb);
 	if (sb)
-		out->file.dev = FIELD(__u32, sb, s_dev);
+		out->file.dev = KFIELD(__u32, sb, s_dev);
 	return 0;
 }
 
@@ -254,7 +266,7 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 	/* keyed by the mm's ctx_id, not its address: a freed mm_struct is
 	 * soon another process's, whose code the cached VMAs would misname */
 	struct vma_key key = {
-		.ctx_id = FIELD(__u64, FIELD(void *, task, task_mm), mm_ctx_id),
+		.ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id),
 		.region = q >> VMA_REGION_SHIFT,
 	};
 	struct vma_info vma, *cached;
@@ -536,7 +548,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 		*kernel_stack = id < 0 ? NO_STACK : id;
 	}
 	task = bpf_get_current_task_btf();
-	if (!FIELD(void *, task, task_mm)) {	/* a kernel thread: an empty user stack */
+	if (!KFIELD(void *, task, task_mm)) {	/* a kernel thread: an empty user stack */
 		w->rec.head.frames = 0;
 		w->rec.head.status = COMPLETE;
 		w->hash = FNV_BASIS;
