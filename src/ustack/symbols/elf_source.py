@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from ..model import Frame, Mapping, UstackError, printable
 from ..objfile.debuginfo import debug_lookup
-from ..objfile.dwarf_lines import LineTable, has_dwarf
 from ..objfile.elf import ElfImage
 from ..objfile.on_disk import OnDisk
 from .lines import inlined_frames, real_line
@@ -157,9 +156,12 @@ class ElfSource:
         waiting = self.fetcher.not_named_note(self._fetching)
         return self.fetcher.notes + ([waiting] if waiting else [])
 
-    def _line_table(self, path: str) -> LineTable | None:
-        """DWARF lines of the object itself, else of its debug file."""
+    def _line_table(self, path: str):
+        """DWARF lines of the object itself, else of its debug file (a
+        LineTable, or None)."""
         if path not in self._line_tables:
+            # imported with --lines or --inlines only (~1 ms of modules)
+            from ..objfile.dwarf_lines import LineTable, has_dwarf
             table = None
             image = self.image(path)
             if image is not None:

@@ -11,7 +11,7 @@ import os
 from ..model import (PYTHON_FRAME_TAG, Frame, SymbolOptions,  # noqa: F401 (SymbolOptions: its old home)
                      printable, python_frame_parts)
 from ..objfile.demangle import demangle
-from ..unwind.dwarf import RESTORE_RT
+from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
 from .go import GoSymbols
 from .kernel import KernelSymbols

@@ -19,6 +19,7 @@ from ..objfile.elf import ElfImage
 from ..objfile.mapped import file_offset, object_path
 from . import cfi, cfi_index
 from .cfi import UnwindTable
+from .restore_rt import RESTORE_RT, just_after_trampoline  # noqa: F401 (dwarf.X, as before)
 
 # Far beyond the kernel's perf_event_max_stack (127), so deep recursion is
 # not cut; a stack copy of 64 KiB holds at most ~4000 minimal frames anyway.
@@ -34,19 +35,6 @@ _FP_RULE = (16, -8, cfi.BP_AT, -16, 0, cfi.BX_LOST, 0)
 # what a frame whose CFA is rbx-based says when rbx is not known there
 BX_UNKNOWN_NOTE = ("stack cut at a frame whose CFA is rbx-based (ld.so's lazy-binding "
                    "resolver): rbx is not known there")
-# glibc's __restore_rt: mov $15,%rax (rt_sigreturn); syscall.
-RESTORE_RT = bytes.fromhex("48c7c00f0000000f05")
-# what may follow it as padding before the next function (nop, int3, the
-# multi-byte nops): the pc just after its syscall is the trampoline's only
-# where these follow, never another function's first instruction
-_PADDING = (b"\x90", b"\xcc", b"\x0f\x1f", b"\x66\x90", b"\x66\x0f\x1f", b"\x66\x2e\x0f\x1f")
-
-
-def just_after_trampoline(image: ElfImage, vaddr: int) -> bool:
-    """Whether an exact pc at vaddr is __restore_rt's, just after its
-    syscall (the rt_sigreturn event, or a sample while the kernel runs it)."""
-    return (image.read(vaddr - len(RESTORE_RT), len(RESTORE_RT)) == RESTORE_RT
-            and image.read(vaddr, 4).startswith(_PADDING))
 # The rt_sigframe's ucontext_t sits at sp once the handler has returned into
 # __restore_rt; uc_mcontext.gregs starts 40 bytes in, in the order R8..R15,
 # RDI, RSI, RBP, RBX, RDX, RAX, RCX, RSP, RIP.

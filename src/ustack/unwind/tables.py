@@ -158,7 +158,7 @@ def rows_of_table(table) -> list:
 def signal_trampolines(image: ElfImage) -> list:
     """The vaddrs of glibc's __restore_rt code (mov $15,%rax; syscall) in the
     object's executable segments."""
-    from .dwarf import RESTORE_RT
+    from .restore_rt import RESTORE_RT
     found = []
     for vaddr, _off, size in image.file.executable_segments():
         data = image.file.read(vaddr, size)
@@ -292,7 +292,7 @@ def rows_file(key: str) -> str:
 
 def signal_ranges(image: ElfImage) -> list:
     """(start, end, SIGNAL row) over each glibc __restore_rt in the object."""
-    from .dwarf import RESTORE_RT, just_after_trampoline
+    from .restore_rt import RESTORE_RT, just_after_trampoline
     # the return address into __restore_rt is looked up at pc - 1: one byte
     # before; the pc just after its syscall (the rt_sigreturn event, a sample
     # while the kernel runs it) is exact: one byte after, where padding

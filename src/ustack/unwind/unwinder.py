@@ -12,7 +12,6 @@ from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE,
                      KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
                      KERNEL_UNWIND_WHOLE, Mapping, PythonSample, RawSample,
                      UnwoundSample, python_frame_parts)
-from .dwarf import RAISE_STACK_SIZE, DwarfUnwinder
 from .fp import frame_pointer_stack
 from .python_frames import merge_read
 
@@ -26,13 +25,25 @@ class Unwinder:
         """cut_advice: what a stack cut short by its copy's size tells the
         user to do (the capture knows whether a larger copy can help; None:
         raise --stack-size)."""
-        self.dwarf = DwarfUnwinder(debug_dirs=debug_dirs,
-                                   cut_advice=cut_advice or RAISE_STACK_SIZE)
+        self._debug_dirs = debug_dirs
+        self._cut_advice = cut_advice
+        self._dwarf = None
+
+    @property
+    def dwarf(self):
+        """The DWARF unwinder (dwarf.py), made for the first copied stack:
+        a run whose stacks the kernel walked never imports it and its CFI
+        interpreter (~1.5 ms of a short run's start)."""
+        if self._dwarf is None:
+            from .dwarf import RAISE_STACK_SIZE, DwarfUnwinder
+            self._dwarf = DwarfUnwinder(debug_dirs=self._debug_dirs,
+                                        cut_advice=self._cut_advice or RAISE_STACK_SIZE)
+        return self._dwarf
 
     @property
     def warnings(self) -> list:
         """Debug files refused while looking for CFI, one sentence each."""
-        return self.dwarf.warnings
+        return self._dwarf.warnings if self._dwarf is not None else []
 
     def unwind(self, sample: RawSample, find: FindMapping) -> tuple:
         """(return addresses innermost first, notes) of one sample."""
