@@ -268,6 +268,13 @@ class BpfCapture(Capture):
     def defines_probes(self) -> bool:
         return self.events.defines_probes()
 
+    def unmap(self) -> None:
+        """Drop this process's mappings of the perf buffers and the rings
+        (read no more): before the closer is forked (closer.py)."""
+        self.events.unmap()
+        for ring in self.owned.rings:
+            ring.unmap()
+
     def release(self) -> None:
         """close() for this process alone (see PerfCapture.release)."""
         self.events.uprobes.forget()

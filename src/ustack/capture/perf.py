@@ -442,12 +442,16 @@ class PerfCapture(Capture):
         self.uprobes.forget()
         self.close()
 
-    def close(self) -> None:
-        if self.python_frames is not None:
-            self.python_frames.close()
+    def unmap(self) -> None:
+        """Drop this process's mappings of the ring buffers (read no more)."""
         for ring in self.buffers.values():
             ring.close()
         self.buffers.clear()
+
+    def close(self) -> None:
+        if self.python_frames is not None:
+            self.python_frames.close()
+        self.unmap()
         for fd in self.fds:
             try:
                 os.close(fd)
