@@ -123,11 +123,43 @@ def _payload(data):
     return view
 
 
+# directory -> its descriptor, judged by private_directory once per process:
+# walking each component costs ~25 µs a read, and a run reads ~40 entries.
+# Never closed (another thread may be reading in it); a directory removed
+# since is walked again, and past _MAX_KEPT_DIRECTORIES (a process that
+# points USTACK_CACHE_DIR at many) each read walks as before.
+_read_dirs: dict = {}
+_kept_fds: set = set()                  # every descriptor _read_dirs ever held
+_MAX_KEPT_DIRECTORIES = 16
+
+
+def _reading_directory(directory: str) -> int | None:
+    """A descriptor of the cache directory to read in; the caller does not
+    close it. None when it cannot be had or trusted."""
+    fd = _read_dirs.get(directory)
+    if fd is not None:
+        try:
+            if os.fstat(fd).st_nlink:       # 0: removed since it was judged
+                return fd
+        except OSError:
+            pass
+        _read_dirs.pop(directory, None)
+    fd = private_directory(directory)
+    if fd is None or len(_read_dirs) >= _MAX_KEPT_DIRECTORIES:
+        return fd
+    _kept_fds.add(fd)                       # before another thread can see it
+    kept = _read_dirs.setdefault(directory, fd)
+    if kept != fd:                          # another thread kept one first
+        _kept_fds.discard(fd)
+        os.close(fd)
+    return kept
+
+
 def _open_trusted(cache: str) -> int | None:
     """A read-only descriptor of the cache file, or None when it is missing
     or not to be trusted (a link, not a regular file, writable by others)."""
     directory, name = os.path.split(cache)
-    dir_fd = private_directory(directory)
+    dir_fd = _reading_directory(directory)
     if dir_fd is None:
         return None
     try:
@@ -136,7 +168,8 @@ def _open_trusted(cache: str) -> int | None:
     except OSError:
         return None
     finally:
-        os.close(dir_fd)
+        if dir_fd not in _kept_fds:
+            os.close(dir_fd)
     try:
         st = os.fstat(fd)
     except OSError:
