@@ -124,16 +124,21 @@ class BpfCapture(Capture):
             events = InBackground(self.events.open)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
-            self._follow_python()
-            # the verifier (~8 ms for the unwinder) works while rows load
-            programs = InBackground(self.counter.load_programs)
             lazy = (self.counter.objects is not None and target.scope == "system"
                     and self.defers_stacks)
+            # the objects mapped before the run's first event: rows for them
+            # are loaded now, and a -c command's interpreter is read there
+            ahead = None
             if self.counter.objects is not None:
                 from .bpf_unwind import objects_of_target
+                ahead = objects_of_target(target, self.probes, running=not lazy)
+            self._follow_python(ahead)
+            # the verifier (~5 ms for the unwinder) works while rows load
+            programs = InBackground(self.counter.load_programs)
+            if ahead is not None:
                 objects = self.counter.objects
                 objects.add_vdso()
-                for path in objects_of_target(target, self.probes, running=not lazy):
+                for path in ahead:
                     self.interrupt.check()
                     objects.add_path(path)
             programs.result()
@@ -185,22 +190,24 @@ class BpfCapture(Capture):
             python.follow(metas[before:])      # an interpreter mapped, an exec, an exit
         return offset
 
-    def _follow_python(self) -> None:
+    def _follow_python(self, ahead) -> None:
         """Where the counter merges Python frames (bpf/python.h,
         capture/bpf_python.py), the Python processes running now (-p,
         system-wide) into its map before its programs attach; a -c
-        command's interpreter read before it runs and its maps watched
-        after exec."""
+        command's interpreter read (from `ahead`, the objects it maps
+        before main: bpf_unwind.objects_of_target) before it runs and its
+        maps watched after exec."""
         python = self.counter.python
         if python is None:
             return
         from ..kernel import procfs
-        from .bpf_unwind import objects_of_target
         python.python_code = self.python_code
         scope = self.target.scope
         if scope == "command":
-            if python.warm(objects_of_target(self.target, self.probes)) \
-                    and self.armed is not None:
+            if ahead is None:
+                from .bpf_unwind import objects_of_target
+                ahead = objects_of_target(self.target, self.probes)
+            if python.warm(ahead) and self.armed is not None:
                 python.watch_command(self.target.pid, self.armed)
             if isinstance(self.target, TracedCommand):     # held at its exit: Session
                 self.target.on_exit = python.at_exit
