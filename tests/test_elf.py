@@ -597,3 +597,29 @@ def test_symbol_addresses_by_name_as_the_function_index_gives_them():
     assert found == {name: libc.find(name)[0].address for name in ("malloc", "getpid")}
     prog = ElfImage.open(str(build("chain", flags=FP)))
     assert symbol_by_name.addresses(prog.file, ("main",)) == {"main": prog.find("main")[0].address}
+
+
+def test_headers_read_without_libelf_are_libelfs(bins):
+    """objfile.elf_headers (OnDisk's reader, no libelf to load) gives what
+    libelf gives: segments, sections with their names, build-id; a file
+    it does not read whole (cut short) is left to libelf."""
+    from ustack.objfile.elf_headers import read_headers
+    from ustack.objfile.elf_reader import open_reader
+    libc = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+    for path in [libc, *bins.values()]:
+        with open(path, "rb") as f:
+            ours, theirs = read_headers(f), open_reader(path, f)
+            assert ours is not None, path
+            assert [tuple(s) for s in ours.segments] == [tuple(s) for s in theirs.segments]
+            assert [tuple(s) for s in ours.sections] == [tuple(s) for s in theirs.sections]
+            assert ours.build_id() == theirs.build_id() and ours.build_id(), path
+            theirs.close()
+
+
+def test_headers_of_a_cut_file_are_left_to_libelf(bins, tmp_path):
+    cut = tmp_path / "cut"
+    data = open(bins["pie"], "rb").read()
+    cut.write_bytes(data[:len(data) - 100])     # the section headers end the file
+    from ustack.objfile.elf_headers import read_headers
+    with open(cut, "rb") as f:
+        assert read_headers(f) is None

@@ -9,12 +9,9 @@ alone imports ~25 ms of modules and its symbol iteration took ~0.3 s."""
 from __future__ import annotations
 
 
-from ..native import libelf
-from ..native.libelf import Section, Segment
-
 _E_TYPES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
 # pyelftools' names, which the image cache and its users keep
-_MACHINES = {2: "EM_SPARC", 3: "EM_386", 8: "EM_MIPS", 20: "EM_PPC", 21: "EM_PPC64",
+MACHINES = {2: "EM_SPARC", 3: "EM_386", 8: "EM_MIPS", 20: "EM_PPC", 21: "EM_PPC64",
              22: "EM_S390", 40: "EM_ARM", 43: "EM_SPARCV9", 62: "EM_X86_64",
              183: "EM_AARCH64", 243: "EM_RISCV", 258: "EM_LOONGARCH"}
 
@@ -22,9 +19,18 @@ _MACHINES = {2: "EM_SPARC", 3: "EM_386", 8: "EM_MIPS", 20: "EM_PPC", 21: "EM_PPC
 def open_reader(path: str, f):
     """A reader of the ELF file at `path` (`f`: it open, binary): libelf's
     when installed, else pyelftools'. Raises on a corrupt file."""
+    from ..native import libelf     # its bindings: ~1 ms to import, more to load
     if libelf.available():
         return _LibelfReader(path, f.fileno())
     return _PyelftoolsReader(f)
+
+
+def open_headers(path: str, f):
+    """A reader of the file's headers alone (segments, sections,
+    build_id(); no section bytes): objfile.elf_headers' for an ELF64
+    little-endian file, which needs no libelf, else open_reader's."""
+    from .elf_headers import read_headers
+    return read_headers(f) or open_reader(path, f)
 
 
 class _LibelfReader:
@@ -33,15 +39,17 @@ class _LibelfReader:
     order = "="
 
     def __init__(self, path: str, fd: int):
+        from ..native import libelf
         self._file = libelf.ElfFile(path, fd)
         self.e_type = _E_TYPES.get(self._file.e_type, self._file.e_type)
-        self.machine = _MACHINES.get(self._file.e_machine, self._file.e_machine)
+        self.machine = MACHINES.get(self._file.e_machine, self._file.e_machine)
         self.elfclass = self._file.elfclass
         self.little_endian = self._file.little_endian
         self.segments = self._file.segments
         self.sections = self._file.sections
 
-    def data(self, section: Section) -> bytes:
+    def data(self, section) -> bytes:
+        """native.libelf's Section's bytes."""
         return self._file.data(section)
 
     def build_id(self) -> str | None:
@@ -57,6 +65,8 @@ class _PyelftoolsReader:
     def __init__(self, f):
         from elftools.elf import enums
         from elftools.elf.elffile import ELFFile
+
+        from ..native.libelf import Section, Segment
         f.seek(0)
         self._elf = elf = ELFFile(f)
         self.e_type = elf.header.e_type
@@ -75,7 +85,7 @@ class _PyelftoolsReader:
                                  s["sh_link"], s["sh_entsize"])
                          for i, s in enumerate(self._raw)]
 
-    def data(self, section: Section) -> bytes:
+    def data(self, section) -> bytes:
         if section.type == 8 or not section.size:       # SHT_NOBITS
             return b""
         return self._raw[section.index].data()

@@ -41,11 +41,11 @@ class OnDisk:
         return found
 
     def __init__(self, path: str):
-        from .elf_reader import open_reader
+        from .elf_reader import open_headers
         self.path = path
         try:
             with open(path, "rb") as f:
-                reader = open_reader(path, f)
+                reader = open_headers(path, f)
                 try:
                     self.elfclass, self.machine = reader.elfclass, reader.machine
                     self.loads = [(s.vaddr, s.offset, s.filesz, s.flags)
