@@ -193,7 +193,9 @@ def own_vdso() -> tuple | None:
     or it cannot be read."""
     try:
         with open("/proc/self/maps") as f:
-            maps = parse_maps(f.read(), strict=False)
+            # the one line parsed, not the ~100 of ustack's own maps
+            lines = [line for line in f.read().splitlines() if line.endswith(" [vdso]")]
+        maps = parse_maps("\n".join(lines), strict=False)
         own = next((m for m in maps if m.path == "[vdso]"), None)
         if own is None:
             return None
