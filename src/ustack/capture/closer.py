@@ -2,10 +2,14 @@
 waits an RCU grace period (~75-116 ms here) for each trace event whose last
 perf event is closed, one at a time under one lock: a run of 2,000 uprobes
 took minutes to end, and even a one-probe run waited ~0.13 s after its
-last line (its event, the exec watch, the BPF programs' detaching). A grandchild process of its own session (Ctrl-C of the
-terminal does not reach it; init reaps it) holds the capture's descriptors,
-the run drops its own copies at once (not the last: no wait) and goes on,
-and the grandchild closes them for real and removes what the run defined.
+last line (its event, the exec watch, the BPF programs' detaching). A
+child process of its own session (Ctrl-C of the terminal does not reach
+it; unwaited: init reaps it once the run has exited, the run's prompt
+having come back) holds the capture's descriptors, the run drops its own
+copies at once (not the last: no wait) and goes on, and the child closes
+them for real and removes what the run defined (one fork: a middle
+process the run waited for cost a fork and an exit, ~1 ms of a one-hit
+trace's CPU).
 The run's guardian (kernel/guardian.py) watches the closer: it holds the
 guardian's pipe, says DONE at the end, and if it is killed mid-work the
 guardian removes the rest as the kernel lets go of it."""
@@ -24,7 +28,7 @@ BACKGROUND_PROBES = 4
 def close_in_background(close, release, finished=None, unmap=None) -> bool:
     """Call release() in this process (fast: its descriptors are not the
     last, and it leaves the probe definitions alone), then close() in a
-    detached grandchild that holds copies of them, and `finished()` there
+    detached child that holds copies of them, and `finished()` there
     after it (the run's guardian hears that the closer is done: one that
     is killed mid-work leaves the guardian the rest to remove). False if
     no process could be forked: close() ran here. `unmap()` first drops
@@ -39,23 +43,20 @@ def close_in_background(close, release, finished=None, unmap=None) -> bool:
     except OSError:                 # no process to spare: close here, slowly
         pid = None
     if pid == 0:
-        status = 1
         try:
             os.close(go_write)
-            if os.fork() == 0:
-                _finish(close, go_read, finished)
-            status = 0
+            _finish(close, go_read, finished)
         finally:
-            os._exit(status)
+            os._exit(0)
     os.close(go_read)
-    forked = pid is not None and os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    forked = pid is not None
     try:
         if forked:
             release()               # drops this process's copies
         else:
             close()
     finally:
-        os.close(go_write)          # the grandchild may begin
+        os.close(go_write)          # the closer may begin
     return forked
 
 
