@@ -3,6 +3,7 @@ that runs them (ustack.commands: one module per subcommand)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import sys
@@ -38,10 +39,12 @@ class _Parser(argparse.ArgumentParser):
 
     def _get_formatter(self):
         # argparse makes a formatter for every add_argument, and one left
-        # to find its width imports shutil (with bz2 and lzma: ~1.5 ms)
+        # to find its width imports shutil (with bz2 and lzma: ~1.5 ms);
+        # the width is asked of the terminal once
         return self.formatter_class(prog=self.prog, width=_help_width())
 
 
+@functools.lru_cache(maxsize=1)
 def _help_width() -> int:
     """The terminal's columns as argparse would find them, less its margin."""
     try:
