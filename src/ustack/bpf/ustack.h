@@ -258,6 +258,7 @@ enum unwind_option {
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
 	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
+	UW_V8 = 128,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call
