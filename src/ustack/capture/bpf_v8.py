@@ -91,7 +91,10 @@ class V8Procs:
         if self.functions is not None:
             for key in keys:
                 tgid, _pad, shared = _FUNCTION_KEY.unpack(key)
-                self.functions.remember(tgid, shared)
+                try:
+                    self.functions.remember(tgid, shared)
+                except (OSError, ValueError, OverflowError):
+                    pass    # gone, or moved already: its frames say so when named
         return len(keys)
 
     def _harvest_while_open(self) -> None:

@@ -127,7 +127,7 @@ class _Process:
             at = shared - 1
             nsi = self.word(at + f["shared_name_or_scope_info"])
             script = self.word(at + f["shared_script_or_debug_info"])
-        except OSError:
+        except (OSError, ValueError):      # unreadable, or no heap object there
             return None
         self.first = shared - 1
         key = (self.pid, shared, nsi, script)
