@@ -3,7 +3,8 @@ frame from node's heap (bpf/v8.h, symbols/v8.py), by the layout node's
 v8dbg_* symbols give. calls.js's first() -> second() -> third() is the
 oracle of the JS chain (each too large for TurboFan to inline, so each is
 a frame): every sample in third() must show the three, in order, with
-their script and the line each is defined on, down to _start."""
+their script, down to _start; a frame's line is its function's first
+(optimized code) or the one its bytecode was at (interpreted)."""
 from __future__ import annotations
 
 import shutil
@@ -18,8 +19,9 @@ from helpers import ok, parse_folded, run_ustack
 pytestmark = pytest.mark.kernel
 
 CALLS = Path(__file__).parent / "programs" / "js" / "calls.js"
-# where calls.js defines them
+# where calls.js defines them, and the line each calls the next on (third: its loop)
 LINES = {"first": 17, "second": 11, "third": 5}
+CALL_LINES = {"first": 20, "second": 13, "third": 7}
 
 
 def _node() -> str:
@@ -57,9 +59,12 @@ def test_default_flags_name_the_js_chain_to_start(profiled):
                 and c.stack.frames[-1].function == "_start")
     assert samples >= 20, counted
     assert whole >= 0.9 * samples, f"{whole} of {samples} samples in third() whole"
-    named = {(f.function, f.line, f.module) for c in in_third for f in c.stack.frames
+    named = {(f.function, f.module) for c in in_third for f in c.stack.frames
              if f.function in LINES}
-    assert named == {(name, line, "calls.js") for name, line in LINES.items()}, named
+    assert named == {(name, "calls.js") for name in LINES}, named
+    lines = {(f.function, f.line) for c in in_third for f in c.stack.frames
+             if f.function in LINES}
+    assert lines <= {(n, LINES[n]) for n in LINES} | {(n, CALL_LINES[n]) for n in LINES}, lines
     # no advice to restart node with a perf map: its JS frames have names
     assert not [w for w in warnings if "perf map" in w], warnings
 
@@ -75,6 +80,24 @@ def test_js_frames_sit_where_their_jit_code_ran(profiled):
     assert functions[:3] == ["third", "second", "first"], functions[:12]
     assert functions.index("Builtins_JSEntry") > 3, functions
     assert not [f for f in best.stack.frames[:3] if f.module == "JIT"], best.stack.frames[:3]
+
+
+def test_interpreted_frames_give_the_line_of_their_bytecode():
+    """Kept in V8's interpreter (--no-opt --no-sparkplug), each frame's
+    line is where its bytecode was: first() and second() on the line of
+    their call, third() in its loop."""
+    node = _node()
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{node} --no-opt --no-sparkplug {CALLS} 1000")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+    in_third = [c for c in counted if "third" in _chain(c.stack.frames)]
+    samples = sum(c.count for c in in_third)
+    at_calls = sum(c.count for c in in_third
+                   if [(f.function, f.line) for f in c.stack.frames if f.function in LINES]
+                   == [("third", 7), ("second", 13), ("first", 20)])
+    assert samples >= 20, counted
+    assert at_calls >= 0.9 * samples, f"{at_calls} of {samples} at their lines"
 
 
 @pytest.fixture()

@@ -1,5 +1,6 @@
 """Names of JS functions of a V8 process (node), read from its memory:
-function, script and the function's first line.
+function, script, and the line: of the bytecode an interpreted frame was
+at (its BytecodeArray's source positions), else of the function's start.
 
 A JS frame in a stack is (SharedFunctionInfo's tagged address, bytecode
 offset) (model.v8_frame_parts), put there by the in-kernel pass (bpf/v8.h).
@@ -19,7 +20,7 @@ import threading
 from collections import OrderedDict
 
 from ..kernel.procfs import ProcessMemory
-from ..model import Frame, printable
+from ..model import V8_NO_OFFSET, Frame, printable
 from ..unwind import v8_runtime
 
 MAX_FUNCTIONS = 1 << 16         # (pid, function, identity) memo entries
@@ -27,6 +28,7 @@ MAX_TEXT = 1024                 # characters of a name or script name read at mo
 MAX_SOURCE = 16 << 20           # bytes of a script's source scanned for its lines
 MAX_LINE_ENDS = 1 << 20         # entries of a script's line_ends read at most
 SCOPE_SLOTS = 16                # ScopeInfo slots looked at past its context locals
+MAX_TABLE = 1 << 18             # bytes of a bytecode source position table read at most
 _CONS_DEPTH = 32                # ConsString halves followed at most
 ANONYMOUS = "(anonymous)"       # as V8's own profiler names a function without one
 
@@ -76,7 +78,11 @@ class V8Functions:
         if found is None:
             self.unnamed += 1
             return Frame(addr=0, module="", function=f"[js {shared:#x}]", kind="js")
-        name, file, line = found
+        name, file, line, lines = found
+        if offset != V8_NO_OFFSET and lines:      # interpreted: the bytecode's line
+            at = bisect.bisect_right(lines, (offset, 1 << 62)) - 1
+            if at >= 0:
+                line = lines[at][1]
         self._named_pids.add(pid)
         return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
                      function=name, file=file, line=line, kind="js")
@@ -118,7 +124,7 @@ class _Process:
             return False
 
     def function(self, shared: int):
-        """(name, script file, first line) of the SharedFunctionInfo at
+        """(name, script file, first line, bytecode_lines()) of the SharedFunctionInfo at
         tagged address `shared`, or None where none is there."""
         f = self.f
         try:
@@ -135,7 +141,7 @@ class _Process:
         if found is not None:
             return found
         try:
-            found = self._read(nsi, script)
+            found = self._read(at, nsi, script)
         except (OSError, ValueError, UnicodeDecodeError):
             return None
         if len(self.memo) >= MAX_FUNCTIONS:
@@ -143,24 +149,59 @@ class _Process:
         self.memo[key] = found
         return found
 
-    def _read(self, nsi: int, script: int) -> tuple:
+    def _read(self, shared_at: int, nsi: int, script: int) -> tuple:
         f = self.f
         name, start = "", -1
+        data = self.word(shared_at + f["shared_function_data"])
         kind = self.type_of(nsi)
         if kind < f["first_nonstring_type"]:
             name = self.string(nsi)
         elif kind == f["type_scope_info"]:
             name, start = self.scope_info(nsi)
-        file, line = "", 0
+        file, line, lines = "", 0, ()
         if self.is_heap(script) and self.type_of(script) == f["type_script"]:
             named = self.word(script - 1 + f["script_name"])
             if self.is_heap(named) and self.type_of(named) < f["first_nonstring_type"]:
                 file = self.string(named)
-            if start >= 0:
-                ends = self.script_line_ends(script)
-                if ends:
-                    line = bisect.bisect_left(ends, start) + 1
-        return printable(name or ANONYMOUS), printable(file), line
+            ends = self.script_line_ends(script) if start >= 0 or data else []
+            if ends and start >= 0:
+                line = bisect.bisect_left(ends, start) + 1
+            if ends:
+                lines = self.bytecode_lines(data, ends)
+        return printable(name or ANONYMOUS), printable(file), line, lines
+
+    def bytecode_lines(self, data: int, ends: list) -> tuple:
+        """((bytecode offset, line), ...) rising, the offset as an
+        interpreted frame keeps it (from the tagged BytecodeArray), from the source position
+        table of the function's BytecodeArray (its function_data `data`),
+        () where it has none (not compiled to bytecode, or not kept).
+        The table: pairs of zigzag VLQ deltas, the bytecode offset's
+        negated (less one) for a position that is no statement; a
+        position is the script offset << 1 (bit 0: external)."""
+        f = self.f
+        try:
+            if not self.is_heap(data) or self.type_of(data) != f["type_bytecode_array"]:
+                return ()
+            table = self.word(data - 1 + v8_runtime.BYTECODE_SOURCE_POSITIONS)
+            if not self.is_heap(table) or self.type_of(table) != f["type_byte_array"]:
+                return ()
+            n = self.smi(self.word(table - 1 + f["fixed_array_length"]))
+            if not 0 < n <= MAX_TABLE:
+                return ()
+            raw = self.mem.read(table - 1 + f["fixed_array_data"], n)
+        except (OSError, ValueError):
+            return ()
+        out, code, pos, i = [], 0, 0, 0
+        while i < n:
+            delta, i = _vlq(raw, i)
+            code += delta if delta >= 0 else -delta - 1
+            if i >= n:
+                break
+            delta, i = _vlq(raw, i)
+            pos += delta
+            if not pos & 1:                    # a script offset, not an external line
+                out.append((code + f[v8_runtime.BYTECODE_HEADER], bisect.bisect_left(ends, (pos >> 1) & ((1 << 30) - 1)) + 1))
+        return tuple(out)
 
     def scope_info(self, info: int) -> tuple:
         """(name, start position) from a ScopeInfo: past its fixed slots and
@@ -276,3 +317,16 @@ class _Process:
     @staticmethod
     def smi(v: int) -> int:
         return struct.unpack("<i", struct.pack("<I", v >> 32))[0] if v & 0xFFFFFFFF == 0 else -1
+
+
+def _vlq(raw: bytes, i: int) -> tuple:
+    """(the zigzag VLQ int at raw[i:], the index after it)."""
+    value = shift = 0
+    while i < len(raw):
+        b = raw[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    return (value >> 1) ^ -(value & 1), i

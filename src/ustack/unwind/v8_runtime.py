@@ -52,6 +52,7 @@ FIELDS = {
     "type_scope_info": "v8dbg_type_ScopeInfo__SCOPE_INFO_TYPE",
     "type_script": "v8dbg_type_Script__SCRIPT_TYPE",
     "type_bytecode_array": "v8dbg_type_BytecodeArray__BYTECODE_ARRAY_TYPE",
+    "type_byte_array": "v8dbg_type_ByteArray__BYTE_ARRAY_TYPE",
     "first_nonstring_type": "v8dbg_FirstNonstringType",
     "string_representation_mask": "v8dbg_StringRepresentationMask",
     "string_encoding_mask": "v8dbg_StringEncodingMask",
@@ -71,6 +72,10 @@ SLOTS = 5                       # v8.h's V8_SLOTS: words below a frame pointer i
 # the bytecode offset an interpreted frame keeps counts from the tagged
 # BytecodeArray pointer: its header's size less the heap tag
 BYTECODE_HEADER = "bytecode_header"
+# BytecodeArray::source_position_table, which no v8dbg symbol gives: the
+# offset in V8 9-12 (after length, constant_pool, handler_table); what is
+# there is used only if its map says ByteArray
+BYTECODE_SOURCE_POSITIONS = 32
 
 
 @value
