@@ -19,6 +19,7 @@ from helpers import ok, parse_folded, run_ustack
 pytestmark = pytest.mark.kernel
 
 CALLS = Path(__file__).parent / "programs" / "js" / "calls.js"
+WAITS = Path(__file__).parent / "programs" / "js" / "waits.js"
 # where calls.js defines them, and the line each calls the next on (third: its loop)
 LINES = {"first": 17, "second": 11, "third": 5}
 CALL_LINES = {"first": 20, "second": 13, "third": 7}
@@ -88,7 +89,7 @@ def test_interpreted_frames_give_the_line_of_their_bytecode():
     their call, third() in its loop."""
     node = _node()
     opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
-                          cmdline=f"{node} --no-opt --no-sparkplug {CALLS} 1000")
+                          cmdline=f"{node} --no-opt --no-sparkplug {CALLS} 2000")
     with ustack.Session(opts) as run:
         counted = run.counts()
     in_third = [c for c in counted if "third" in _chain(c.stack.frames)]
@@ -98,6 +99,20 @@ def test_interpreted_frames_give_the_line_of_their_bytecode():
                    == [("third", 7), ("second", 13), ("first", 20)])
     assert samples >= 20, counted
     assert at_calls >= 0.9 * samples, f"{at_calls} of {samples} at their lines"
+
+
+def test_offcpu_names_the_js_frames_that_wait(tmp_path):
+    """offcpu: the time node's main thread waits in Atomics.wait is under
+    nap() and loop(), named as in a profile."""
+    node = _node()
+    out = tmp_path / "off.folded"
+    ok(run_ustack("offcpu", "-o", out, "-c", f"{node} {WAITS} 1000"))
+    stacks = parse_folded(out.read_text())
+    napping = [(stack, n) for stack, n in stacks if "nap" in stack]
+    under_loop = sum(n for stack, n in napping
+                     if stack[stack.index("nap") - 1] == "loop" and "_start" in stack)
+    assert napping, out.read_text()[-2000:]
+    assert under_loop >= 0.9 * sum(n for _s, n in napping), napping
 
 
 @pytest.fixture()

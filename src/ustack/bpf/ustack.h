@@ -399,6 +399,7 @@ enum offcpu_option {
 	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
 	OFF_RUNNING = 256,
 	OFF_PYTHON = 512,	/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	OFF_V8 = 1024,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
 
 /* --- memleak (memleak.bpf.c) --- */
