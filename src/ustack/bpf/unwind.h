@@ -49,6 +49,7 @@ struct walk {
 	__u64 word;		/* a word read from the stack */
 	__u64 win;		/* the stack address window[] holds, 0 for none */
 	__u64 fp_used;		/* FP_FOR_*: frames walked on bp, and why */
+	__u64 sp0;		/* the event's sp (a runtime's pass checks frame 0 by it) */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* each frame's frame pointer where it was walked on it, else 0: where
@@ -528,6 +529,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	if (!w)
 		return 0;
 	user_registers(ctx, source, w);
+	w->sp0 = w->sp;
 	w->exact = 1;
 	w->bp_ok = 1;
 	w->bx_ok = 1;

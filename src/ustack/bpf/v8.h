@@ -82,13 +82,35 @@ static __always_inline __u64 v8_slot(__u64 *below, __u32 i)
 	return i < V8_SLOTS ? below[i] : 0;
 }
 
+/* whether the innermost frame, at pc with stack pointer sp, has pushed
+ * its fixed slots up to slot `slot` below fp and not begun to leave: in
+ * the prologue (push rbp; mov rbp, rsp; the pushes of the context and
+ * function) or at its ret, fp is the caller's or the slots are stale */
+static __always_inline int v8_slots_pushed(__u64 pc, __u64 sp, __u64 fp, __u32 slot)
+{
+	__u8 code[3];
+
+	if (slot >= V8_SLOTS || sp > fp - 8 * (V8_SLOTS - slot))
+		return 0;
+	if (bpf_probe_read_user(code, sizeof(code), (void *)pc))
+		return 0;
+	if (code[0] == 0x55					/* push rbp */
+	    || (code[0] == 0x48 && code[1] == 0x89 && code[2] == 0xE5)	/* mov rbp, rsp */
+	    || code[0] == 0xC3 || code[0] == 0xC2)		/* ret, ret imm16 */
+		return 0;
+	return 1;
+}
+
 /* the JS word of the frame whose frame pointer is fp, 0 when its slots
- * are not a JS frame's */
-static __always_inline __u64 v8_frame(struct v8_proc *p, __u64 fp)
+ * are not a JS frame's; sp: the event's stack pointer when the frame is
+ * the innermost (its pc the event's own, pc), else 0 */
+static __always_inline __u64 v8_frame(struct v8_proc *p, __u64 fp, __u64 pc, __u64 sp)
 {
 	__u64 below[V8_SLOTS], function, shared, data, bytecode, offset, index;
 
 	if (fp < 8 * V8_SLOTS || bpf_probe_read_user(below, sizeof(below), (void *)(fp - 8 * V8_SLOTS)))
+		return 0;
+	if (sp && !v8_slots_pushed(pc, sp, fp, p->slot_function))
 		return 0;
 	if (!v8_heap_object(v8_slot(below, p->slot_context)))
 		return 0;		/* a typed frame's marker: a stub, an entry, an exit */
@@ -103,6 +125,7 @@ static __always_inline __u64 v8_frame(struct v8_proc *p, __u64 fp)
 	bytecode = v8_slot(below, p->slot_bytecode_array);
 	offset = v8_slot(below, p->slot_bytecode_offset);
 	if (v8_heap_object(bytecode) && !(offset & 0xFFFFFFFF)
+	    && (!sp || v8_slots_pushed(pc, sp, fp, p->slot_bytecode_offset))
 	    && !bpf_probe_read_user(&data, 8, (void *)(shared - V8_HEAP_TAG + p->shared_function_data))
 	    && data == bytecode) {
 		index = offset >> 32;
@@ -139,7 +162,7 @@ static long v8_step(__u64 i, struct v8_pass_state *s)
 		return 1;
 	fp = w->frame_fp[at];
 	if (fp) {
-		word = v8_frame(&s->proc, fp);
+		word = v8_frame(&s->proc, fp, w->frame[at], i ? 0 : w->sp0);
 		if (word) {
 			w->frame[at] = word;
 			s->named++;
