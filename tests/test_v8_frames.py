@@ -115,6 +115,18 @@ def test_offcpu_names_the_js_frames_that_wait(tmp_path):
     assert under_loop >= 0.9 * sum(n for _s, n in napping), napping
 
 
+def test_a_recording_keeps_the_frames_as_walked(tmp_path):
+    """record: the file keeps no JS function's name, so its JS frames stay
+    V8's builtins and JIT code (for a perf map to name), never a name
+    read later from whatever process has the pid then."""
+    node = _node()
+    rec = tmp_path / "calls.ustack"
+    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c", f"{node} {CALLS} 500"))
+    res = run_ustack("report", rec)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "Builtins_" in res.stdout and "[js 0x" not in res.stdout, res.stdout[-2000:]
+
+
 @pytest.fixture()
 def running_node():
     """`node calls.js` running its loop for up to 60 s (ended by the test)."""

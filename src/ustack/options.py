@@ -46,6 +46,14 @@ class Options:
     to: object | None = None            # --every --to: commands.every.SinkRequest
 
     @property
+    def js_named(self) -> bool:
+        """Whether the in-kernel walk names node's JS frames (bpf/v8.h):
+        not for a run that records, whose file keeps no function's name
+        yet (its JIT and builtin frames are kept as walked, for a perf map
+        to name)."""
+        return self.js and self.record is None and self.command != "record"
+
+    @property
     def runs_as(self) -> str:
         """What the run does with its events: record traces, or counts
         where the kernel counts (bpf), and its recording says which."""

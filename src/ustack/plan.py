@@ -233,7 +233,7 @@ def launch_target(opts):
         return process.everything(opts.pids)
     held = opts.backend == "tracefs" or held_at_exit(opts.command, opts.backend,
                                                      opts.python, opts.cmdline,
-                                                     js=getattr(opts, "js", False))
+                                                     js=getattr(opts, "js_named", False))
     return (launch_traced if held else process.launch)(opts.cmdline)
 
 

@@ -140,6 +140,7 @@ class Session:
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel."""
         self.tracker.live = self.python_code.live = False    # recorded pids: not this host's
+        self.v8_functions.live = False
         capture = self.capture = self.recording
         capture.python_code = self.python_code      # the recorded code objects' names
         capture.open()

@@ -232,7 +232,8 @@ class OffcpuCapture(UnwindCountCapture):
     def __init__(self, probes: list, target, opts, unwind_tables):
         super().__init__(probes, target, opts.buffer_pages,
                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
-                         unwind_tables=unwind_tables, python=opts.python, js=opts.js)
+                         unwind_tables=unwind_tables, python=opts.python,
+                         js=opts.js_named)
         self.filter = opts.offcpu or OffcpuFilter()
 
     def _new_counter(self) -> OffcpuCounter:

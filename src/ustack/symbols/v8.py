@@ -36,8 +36,11 @@ ANONYMOUS = "(anonymous)"       # as V8's own profiler names a function without 
 class V8Functions:
     """The JS functions named so far, per process."""
 
-    def __init__(self):
+    def __init__(self, live: bool = True):
         self._lock = threading.RLock()
+        # pids are this host's processes, as they run (not a recording's:
+        # another process may have its pid now, and is never read)
+        self.live = live
         self._memo: OrderedDict = OrderedDict()   # (pid, shared, identity) -> (name, file, line)
         self._procs: dict = {}                     # pid -> _Process | None
         self._read: OrderedDict = OrderedDict()    # (pid, shared) -> as read while pid lived
@@ -52,6 +55,9 @@ class V8Functions:
     def warnings(self) -> list:
         if not self.unnamed:
             return []
+        if not self.live:
+            return [f"{self.unnamed} JS frames are shown as [js 0x...]: the recording "
+                    "does not name their function"]
         return [f"{self.unnamed} JS frames are shown as [js 0x...]: their function could "
                 "not be read (their process ended, or V8 moved the function) when "
                 "their stack was named"]
@@ -88,6 +94,8 @@ class V8Functions:
                      function=name, file=file, line=line, kind="js")
 
     def _process(self, pid: int):
+        if not self.live:
+            return None
         if pid in self._procs:
             return self._procs[pid]
         from ..kernel import procfs
