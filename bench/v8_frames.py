@@ -5,7 +5,7 @@ profiler (`node --cpu-prof`) on the same run of bench/programs/v8_mix.js;
 then what naming JS frames costs the in-kernel walk per sample (the
 kernel's BPF statistics), on node and on a process that runs no V8.
 
-    sudo python3 bench/v8_frames.py [--seconds S] [--reps R]
+    sudo python3 bench/v8_frames.py [--seconds S] [--reps R] [--cost-only]
 
 Scopes: -c (the profiled command is node --cpu-prof itself), -p (a node
 --cpu-prof already running), whole machine (kept to that node's pid).
@@ -135,6 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="ustack-v8-")
     print(f"node {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}"
@@ -143,7 +144,7 @@ def main() -> None:
     print("| scope | JS samples | whole (named, to _start) | top-10 max difference (points) |")
     print("|---|---:|---:|---:|")
     tables = []
-    for scope in ("-c", "-p", "whole machine"):
+    for scope in () if args.cost_only else ("-c", "-p", "whole machine"):
         js, whole, ours, theirs = scope_run(scope, args.seconds, tmp)
         rows = compare(ours, theirs)
         worst = max(abs(r[3]) for r in rows) if rows else float("nan")

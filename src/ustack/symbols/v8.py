@@ -24,6 +24,7 @@ from ..model import V8_NO_OFFSET, Frame, printable
 from ..unwind import v8_runtime
 
 MAX_FUNCTIONS = 1 << 16         # (pid, function, identity) memo entries
+MAX_PROCESSES = 1024            # processes whose memory is kept open
 MAX_TEXT = 1024                 # characters of a name or script name read at most
 MAX_SOURCE = 16 << 20           # bytes of a script's source scanned for its lines
 MAX_LINE_ENDS = 1 << 20         # entries of a script's line_ends read at most
@@ -106,7 +107,10 @@ class V8Functions:
                 proc = _Process(pid, runtime, self._memo)
         except OSError:
             proc = None
-        if len(self._procs) > 1024:
+        if len(self._procs) > MAX_PROCESSES:     # bounded: each holds its /proc/PID/mem
+            for kept in self._procs.values():
+                if kept is not None:
+                    kept.mem.close()
             self._procs.clear()
         self._procs[pid] = proc
         return proc
