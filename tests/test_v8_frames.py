@@ -115,6 +115,19 @@ def test_offcpu_names_the_js_frames_that_wait(tmp_path):
     assert under_loop >= 0.9 * sum(n for _s, n in napping), napping
 
 
+def test_latency_entry_stacks_name_the_js_callers():
+    """latency --by-stack: first() calls Date.now() (clock_gettime) in its
+    loop; the entry stacks name it, called by calls.js's top level."""
+    node = _node()
+    res = ok(run_ustack("latency", "--by-stack", "uprobe:libc:clock_gettime",
+                        "-c", f"{node} {CALLS} 300"))
+    lines = [line.strip() for line in res.stdout.splitlines()]
+    first = [i for i, line in enumerate(lines) if line.startswith("first [calls.js] ")]
+    assert first, res.stdout[-3000:]
+    assert all(lines[i + 1].startswith("(anonymous) [calls.js] ") for i in first), \
+        [lines[i:i + 2] for i in first]
+
+
 def test_a_recording_keeps_the_frames_as_walked(tmp_path):
     """record: the file keeps no JS function's name, so its JS frames stay
     V8's builtins and JIT code (for a perf map to name), never a name

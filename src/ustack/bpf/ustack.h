@@ -182,6 +182,7 @@ enum latency_option {
 	LAT_TAIL = 64,		/* a return through a tail call's jump: counted, not timed */
 	LAT_DWARF_STACK = 128,	/* an entry: keep its stack unwound in the kernel (unwind.h) */
 	LAT_PYTHON = 256,	/* with LAT_DWARF_STACK: Python frames into it (python.h) */
+	LAT_V8 = 512,		/* with LAT_DWARF_STACK: JS frames named in it (v8.h) */
 };
 
 /* *slot += 1 when slot is not NULL */
@@ -459,6 +460,7 @@ enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
 	ML_PYTHON = 2,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	ML_V8 = 4,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
 
 #endif

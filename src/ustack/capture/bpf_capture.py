@@ -188,7 +188,7 @@ class BpfCapture(Capture):
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
             python.follow(metas[before:])      # an interpreter mapped, an exec, an exit
-        v8 = getattr(self.counter, "v8", None) if self.counter is not None else None
+        v8 = self.counter.v8 if self.counter is not None else None
         if v8 is not None and len(metas) > before:
             v8.follow(metas[before:])          # node mapped, an exec, an exit
         return offset
@@ -220,7 +220,7 @@ class BpfCapture(Capture):
         """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py),
         the node processes running now (-p, system-wide) into its map before
         its programs attach; a -c command's maps watched after exec."""
-        v8 = getattr(self.counter, "v8", None)
+        v8 = self.counter.v8
         if v8 is None:
             return
         from ..kernel import procfs
