@@ -77,7 +77,10 @@ class V8Functions:
 
     def frame(self, pid: int, shared: int, offset: int) -> Frame:
         with self._lock:
-            proc = self._process(pid)
+            # only a process opened by remember(), while the kernel saw its
+            # frames: its /proc/PID/mem stays that process's, where a pid
+            # opened now may be another's since
+            proc = self._procs.get(pid)
             found = proc.function(shared) if proc is not None else None
             if found is None and (proc is None or not proc.alive()):
                 # gone: what was read while it lived
