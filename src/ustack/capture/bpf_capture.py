@@ -230,14 +230,6 @@ class BpfCapture(Capture):
         if scope == "command":
             if v8.warm(objects_of_target(self.target, self.probes)) and self.armed is not None:
                 v8.watch_command(self.target.pid, self.armed)
-            if isinstance(self.target, TracedCommand):     # held at its exit: Session
-                also = self.target.on_exit                 # Python's, where it has one
-
-                def at_exit(pid: int, execs: int = 0) -> None:
-                    if also is not None:
-                        also(pid, execs)
-                    v8.at_exit(pid, execs)
-                self.target.on_exit = at_exit
         else:
             v8.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
                            self.interrupt)

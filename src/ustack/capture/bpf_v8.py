@@ -79,20 +79,15 @@ class V8Procs:
     def harvest(self) -> int:
         """Read the functions the kernel saw since last time, while their
         processes live; how many."""
-        # at_exit may come from SIGCHLD's handler, over this thread's own
-        # hold of the lock: not waited for long
-        if not self.maps.lock.acquire(timeout=0.2):
-            return 0
-        try:
+        with self.maps.lock:
             if not self.maps.all:
                 return 0
-            keys = self.maps.v8_functions.keys()
-            for key in keys:
-                self.maps.v8_functions.delete(key)
-        except OSError:
-            return 0
-        finally:
-            self.maps.lock.release()
+            try:
+                keys = self.maps.v8_functions.keys()
+                for key in keys:
+                    self.maps.v8_functions.delete(key)
+            except OSError:
+                return 0
         if self.functions is not None:
             for key in keys:
                 tgid, _pad, shared = _FUNCTION_KEY.unpack(key)
@@ -101,12 +96,6 @@ class V8Procs:
                 except (OSError, ValueError, OverflowError):
                     pass    # gone, or moved already: its frames say so when named
         return len(keys)
-
-    def at_exit(self, pid: int, _execs: int = 0) -> None:
-        """pid stands at its exit, its memory still there (a -c command
-        held by TracedCommand): what the kernel saw last is read now."""
-        if pid in self.followed:
-            self.harvest()
 
     def _harvest_while_open(self) -> None:
         while self.maps.all:
