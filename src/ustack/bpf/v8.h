@@ -151,7 +151,7 @@ static __always_inline void v8_seen(struct v8_pass_state *s, __u64 word)
 }
 
 /* bpf_loop's callback: frame i named where it is a JS frame, the hash
- * carried over every frame; 1 stops */
+ * carried over every frame; 1 ends the loop */
 static long v8_step(__u64 i, struct v8_pass_state *s)
 {
 	struct walk *w = scratch_value();
