@@ -147,6 +147,7 @@ def test_one_step_follows_the_row(harness, which):
                           "win": BASE, "rec.head.frames": 1,
                           "rec.head.status": STATUS["RUNNING"],
                           "frame": pc.to_bytes(8, "little").ljust(8 * uw.MAX_FRAMES, b"\0"),
+                          "frame_fp": bytes(8 * uw.MAX_FRAMES),
                           "window": window.ljust(layout.size - layout.offsets["window"],
                                                  b"\0")})
             named["given"].update(bytes(4), layout.struct.pack(*state.values()))

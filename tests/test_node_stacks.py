@@ -1,5 +1,6 @@
 """Node: JS frames named from the perf map `node --perf-basic-prof`
-writes, and the in-kernel walk through V8's builtins, which sit in node's
+writes (with --no-js: else the in-kernel walk names them from node's heap,
+tests/test_v8_frames.py), and the in-kernel walk through V8's builtins, which sit in node's
 own text without CFI: walked on their frame pointer (with a note), so the
 samples reach main and _start instead of ending at the first builtin.
 chain.js's outer() -> middle() -> leaf() is the oracle of the JS chain:
@@ -36,7 +37,7 @@ def _node() -> str:
 def test_js_samples_reach_start(backend, tmp_path):
     node = _node()
     out = tmp_path / "node.folded"
-    res = ok(run_ustack("profile", "-F", "199", "-o", out, "--backend", backend,
+    res = ok(run_ustack("profile", "-F", "199", "-o", out, "--backend", backend, "--no-js",
                         "-c", f"{node} --perf-basic-prof {SPIN} 1500",
                         cwd=tmp_path))            # node writes its isolate logs there
     _perf_map(res.stderr).unlink()
@@ -82,6 +83,7 @@ def test_js_chain_complete_and_in_order(backend, tmp_path, monkeypatch):
     node = _node()
     monkeypatch.chdir(tmp_path)                   # node writes its isolate logs here
     opts = ustack.Options(command="profile", events=["profile:hz:199"], backend=backend,
+                          js=False,
                           cmdline=f"{node} --perf-basic-prof --interpreted-frames-native-stack"
                                   f" --no-turbo-inlining {CHAIN} 2000")
     run = ustack.Session(opts)
@@ -118,7 +120,7 @@ def test_no_perf_map_is_said_once(tmp_path):
     process with node's pid left a /tmp/perf-PID.map (this suite's other
     node runs write them, and pids are reused)."""
     node = _node()
-    res = ok(run_ustack("profile", "-F", "199", "-o", tmp_path / "out.folded",
+    res = ok(run_ustack("profile", "-F", "199", "-o", tmp_path / "out.folded", "--no-js",
                         "-c", f"{node} {SPIN} 1500", cwd=tmp_path))
     pid = _pid(res.stderr)
     said = [line for line in res.stderr.splitlines() if "perf map" in line]

@@ -159,6 +159,28 @@ def python_frame_parts(word: int) -> tuple | None:
     return ((word >> 16) & ((1 << 44) - 1)) << 3, word & PYTHON_INDEX_MAX
 
 
+# A JS frame of a V8 process (node) named in the kernel (bpf/v8.h): its word
+# replaces the JIT or builtin pc the walk found there. V8_FRAME_TAG, the
+# SharedFunctionInfo's tagged address >> 3 in bits 16-59, and in bits 0-15
+# the interpreted frame's bytecode offset as V8 keeps it (from the tagged
+# BytecodeArray pointer), V8_NO_OFFSET where the frame is not interpreted.
+V8_FRAME_TAG = 0xD000000000000000
+V8_NO_OFFSET = 0xFFFF
+
+
+def v8_frame_word(shared: int, offset: int = V8_NO_OFFSET) -> int:
+    """The callchain word of a JS frame (see V8_FRAME_TAG)."""
+    return V8_FRAME_TAG | (shared >> 3) << 16 | min(offset, V8_NO_OFFSET)
+
+
+def v8_frame_parts(word: int) -> tuple | None:
+    """(SharedFunctionInfo's tagged address, bytecode offset or
+    V8_NO_OFFSET) of a JS frame's word, or None for any other word."""
+    if word >> 60 != V8_FRAME_TAG >> 60:
+        return None
+    return ((word >> 16) & ((1 << 44) - 1)) << 3 | 1, word & V8_NO_OFFSET
+
+
 # A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
 # frames) ends with FTRACE_STACK_FULL: the walk stopped there, not at the
 # root; the unwind stage turns it into FTRACE_STACK_FULL_NOTE.

@@ -40,9 +40,18 @@ class Options:
     offcpu: object | None = None        # offcpu: capture.bpf_offcpu.OffcpuFilter
     unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too
     python: bool = True                    # --no-python: no Python frames in native stacks
+    js: bool = True                        # --no-js: node's JS frames not named from its heap
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
     every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
     to: object | None = None            # --every --to: commands.every.SinkRequest
+
+    @property
+    def js_named(self) -> bool:
+        """Whether the in-kernel walk names node's JS frames (bpf/v8.h):
+        not for a run that records, whose file keeps no function's name
+        yet (its JIT and builtin frames are kept as walked, for a perf map
+        to name)."""
+        return self.js and self.record is None and self.command != "record"
 
     @property
     def runs_as(self) -> str:
@@ -72,7 +81,8 @@ def run_options(args) -> Options:
                    every_process=getattr(args, "every_process", False),
                    output_format=getattr(args, "format", None),
                    unsafe_address=getattr(args, "unsafe_address", False),
-                   python=not getattr(args, "no_python", False))
+                   python=not getattr(args, "no_python", False),
+                   js=not getattr(args, "no_js", False))
 
 
 def symbol_options(args) -> SymbolOptions:

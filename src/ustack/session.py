@@ -23,6 +23,7 @@ from .target import ahead, process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
+from .symbols.v8 import V8Functions
 from . import plan as policy
 from . import unprivileged
 
@@ -57,6 +58,7 @@ class Session:
         self.whole = False                # the stream ran to its end
         self.deadline: float | None = None    # time.monotonic() when -d ends the events
         self.python_code = PythonCode()    # code objects' names: the capture reads, the resolver names
+        self.v8_functions = V8Functions()  # JS functions' names: the same
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -69,7 +71,7 @@ class Session:
         from .symbols.stacks import StackResolver
         return StackResolver(self.tracker, self.opts.symbols,
                              getattr(self.capture, "cut_advice", None), self.python_code,
-                             self.plan and self.plan.fp_advice())
+                             self.plan and self.plan.fp_advice(), self.v8_functions)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -138,6 +140,7 @@ class Session:
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel."""
         self.tracker.live = self.python_code.live = False    # recorded pids: not this host's
+        self.v8_functions.live = False
         capture = self.capture = self.recording
         capture.python_code = self.python_code      # the recorded code objects' names
         capture.open()
@@ -157,6 +160,7 @@ class Session:
             self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code
+        capture.v8_functions = self.v8_functions
         if opts.python and self.plan.backend == "perf" and "dwarf" in self.plan.modes:
             from .unwind import python_live
             python_live.read_with(capture, self.python_code, self.target)

@@ -11,6 +11,7 @@
 #define FNV_PRIME 0x100000001B3ULL
 #include "unwind.h"
 #include "python.h"
+#include "v8.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -160,6 +161,8 @@ int latency_entry(void *ctx)
 		__s32 no_kernel_stack;
 		struct walk *w = walk(ctx, regs_source, 0, &no_kernel_stack);
 
+		if (w && (opts & LAT_V8))
+			v8_pass(w, pid_tgid);
 		if (w && (opts & LAT_PYTHON))
 			python_pass(w, &ring, pid_tgid, this_function(ctx));
 		if (!w || !store_stack(w, &hash))

@@ -9,6 +9,7 @@
  * (python.h), the code objects seen first reported by RING. */
 #include "unwind.h"
 #include "python.h"
+#include "v8.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -157,6 +158,8 @@ int memleak_entry(struct pt_regs *ctx)
 		c.size = ctx->di;
 	}
 	w = walk(ctx, REGS_CTX, 0, &no_kernel_stack);
+	if (w && (ml_options & ML_V8))
+		v8_pass(w, pid_tgid);
 	if (w && (ml_options & ML_PYTHON))
 		python_pass(w, &ring, pid_tgid, 0);
 	if (!w || !store_stack(w, &c.hash)) {

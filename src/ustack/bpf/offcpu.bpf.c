@@ -8,6 +8,7 @@
  * reported by RING. */
 #include "unwind.h"
 #include "python.h"
+#include "v8.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -187,6 +188,8 @@ int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
 		 &s.kernel_stack);
 	if (!w)
 		return PASS_ON;
+	if (opts & OFF_V8)
+		v8_pass(w, pid_tgid);
 	if (opts & OFF_PYTHON)
 		python_pass(w, &ring, pid_tgid, 0);
 	if (!store_stack(w, &s.hash))
@@ -248,6 +251,8 @@ int offcpu_waking(void *ctx)
 			 &wk.kernel_stack);
 		if (!w)
 			return PASS_ON;
+		if (opts & OFF_V8)
+			v8_pass(w, pid_tgid);
 		if (opts & OFF_PYTHON)
 			python_pass(w, &ring, pid_tgid, 1);
 		if (!store_stack(w, &wk.hash))

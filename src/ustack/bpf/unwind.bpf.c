@@ -10,9 +10,11 @@
  * interrupt), given UW_DEFER: the event's registers and stack go to the
  * ring for user space to unwind; where the ring is full the stack ends
  * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
- * interpreter gets its Python frames (python.h) after the native walk. */
+ * interpreter gets its Python frames (python.h) after the native walk; given
+ * UW_V8, a node process's JS frames are named (v8.h). */
 #include "unwind.h"
 #include "python.h"
+#include "v8.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -86,6 +88,8 @@ static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 					__u64 pid_tgid, __u32 probe)
 {
+	if (opts & UW_V8)
+		v8_pass(w, pid_tgid);
 	if (opts & UW_PYTHON)
 		python_pass(w, &ring, pid_tgid, probe);
 }

@@ -49,8 +49,14 @@ struct walk {
 	__u64 word;		/* a word read from the stack */
 	__u64 win;		/* the stack address window[] holds, 0 for none */
 	__u64 fp_used;		/* FP_FOR_*: frames walked on bp, and why */
+	__u64 sp0;		/* the event's sp (a runtime's pass checks frame 0 by it) */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
+	/* each frame's frame pointer where it was walked on it, else 0: where
+	 * a runtime's pass (v8.h) finds the frame's fixed slots (a trace
+	 * record's fetch-args, written after its frames, may cover them once
+	 * the walk and the passes are done) */
+	__u64 frame_fp[MAX_FRAMES];
 	/* WINDOW bytes of stack during the walk; a trace record's fetch-args
 	 * after its frames once it is done */
 	__u8 window[ARGS_AREA];
@@ -480,6 +486,7 @@ frame_pointer:
 		 * forward, so the verifier sees no loop through the rows' switch */
 		if (!w->bp_ok)
 			STOP(NO_BP);
+		w->frame_fp[(w->rec.head.frames - 1) & (MAX_FRAMES - 1)] = w->bp;
 		cfa = w->bp + 16;
 		if (read_user(w, cfa - 8, &w->word))
 			STOP(READ_FAILED);
@@ -500,6 +507,7 @@ append:
 	n = w->rec.head.frames;
 	w->rec.head.frames = n + 1;
 	w->frame[n & (MAX_FRAMES - 1)] = w->pc;
+	w->frame_fp[n & (MAX_FRAMES - 1)] = 0;
 	w->hash = mix(w->hash, w->pc);
 	return 0;
 gap:
@@ -533,11 +541,13 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	if (!w)
 		return 0;
 	user_registers(ctx, source, w);
+	w->sp0 = w->sp;
 	w->exact = 1;
 	w->bp_ok = 1;
 	w->bx_ok = 1;
 	w->mend = w->mstart = w->win = w->fp_used = 0;
 	w->frame[0] = w->pc;
+	w->frame_fp[0] = 0;
 	w->rec.head.frames = 1;
 	w->rec.head.status = RUNNING;
 	w->hash = mix(FNV_BASIS, w->pc);

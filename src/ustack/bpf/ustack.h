@@ -182,6 +182,7 @@ enum latency_option {
 	LAT_TAIL = 64,		/* a return through a tail call's jump: counted, not timed */
 	LAT_DWARF_STACK = 128,	/* an entry: keep its stack unwound in the kernel (unwind.h) */
 	LAT_PYTHON = 256,	/* with LAT_DWARF_STACK: Python frames into it (python.h) */
+	LAT_V8 = 512,		/* with LAT_DWARF_STACK: JS frames named in it (v8.h) */
 };
 
 /* *slot += 1 when slot is not NULL */
@@ -258,6 +259,7 @@ enum unwind_option {
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
 	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
+	UW_V8 = 128,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call
@@ -398,6 +400,7 @@ enum offcpu_option {
 	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
 	OFF_RUNNING = 256,
 	OFF_PYTHON = 512,	/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	OFF_V8 = 1024,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
 
 /* --- memleak (memleak.bpf.c) --- */
@@ -457,6 +460,7 @@ enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
 	ML_PYTHON = 2,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	ML_V8 = 4,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
 
 #endif

@@ -27,7 +27,7 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         from .bpf_dwarf import UnwindCountCapture, UnwindTraceCapture
         mode = UnwindTraceCapture if opts.runs_as == "trace" else UnwindCountCapture
         return mode(probes, target, opts.buffer_pages, unwind_tables=kernel_tables,
-                    python=opts.python, **bpf_opts)
+                    python=opts.python, js=opts.js_named, **bpf_opts)
     if backend == "tracefs":
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)
@@ -40,3 +40,4 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         return PerfCapture(probes, target, pages, modes, opts.stack_size,
                            user_only=user_only)
     raise ValueError(f"no such backend: {backend}")
+

@@ -59,6 +59,7 @@ class BpfCapture(Capture):
     counts_in_kernel = True
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
+    v8_functions = None     # the run's V8Functions (symbols/v8.py): names JS functions
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
@@ -66,7 +67,8 @@ class BpfCapture(Capture):
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 unwind_tables=None, python: bool = False, weighted: bool = False):
+                 unwind_tables=None, python: bool = False, weighted: bool = False,
+                 js: bool = False):
         self.probes = probes
         self.weighted = weighted            # count --weight: sums, not hits
         self.target = target
@@ -77,6 +79,8 @@ class BpfCapture(Capture):
         self.unwind_tables = unwind_tables
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
+        # JS frames named in the stacks it unwinds (bpf/v8.h, capture/bpf_v8.py)
+        self.js = js
         self.cut: dict = {}                 # why -> events whose stack was cut short
         # many uprobes go behind uprobe_multi links, without perf events
         # (a weight is read per probe, by a program of its own: no links)
@@ -133,6 +137,7 @@ class BpfCapture(Capture):
                 from .bpf_unwind import objects_of_target
                 ahead = objects_of_target(target, self.probes, running=not lazy)
             self._follow_python(ahead)
+            self._follow_v8()
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             if ahead is not None:
@@ -188,6 +193,9 @@ class BpfCapture(Capture):
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
             python.follow(metas[before:])      # an interpreter mapped, an exec, an exit
+        v8 = self.counter.v8 if self.counter is not None else None
+        if v8 is not None and len(metas) > before:
+            v8.follow(metas[before:])          # node mapped, an exec, an exit
         return offset
 
     def _follow_python(self, ahead) -> None:
@@ -214,6 +222,24 @@ class BpfCapture(Capture):
         else:
             python.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
                                self.interrupt)
+
+    def _follow_v8(self) -> None:
+        """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py),
+        the node processes running now (-p, system-wide) into its map before
+        its programs attach; a -c command's maps watched after exec."""
+        v8 = self.counter.v8
+        if v8 is None:
+            return
+        from ..kernel import procfs
+        from .bpf_unwind import objects_of_target
+        v8.functions = self.v8_functions
+        scope = self.target.scope
+        if scope == "command":
+            if v8.warm(objects_of_target(self.target, self.probes)) and self.armed is not None:
+                v8.watch_command(self.target.pid, self.armed)
+        else:
+            v8.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
+                           self.interrupt)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError

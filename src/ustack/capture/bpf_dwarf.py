@@ -25,7 +25,7 @@ class UnwindCountCapture(BpfCapture):
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, python=self.python,
-                              ring_bytes=deferral_ring_bytes(self.buffer_pages),
+                              js=self.js, ring_bytes=deferral_ring_bytes(self.buffer_pages),
                               weighted=self.weighted, linked=self.linked)
 
     def read_chunks(self, timeout_ms: int) -> list:
@@ -95,7 +95,7 @@ class UnwindTraceCapture(UnwindCountCapture):
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, trace=True,
-                              fetches=self.fetches, python=self.python,
+                              fetches=self.fetches, python=self.python, js=self.js,
                               ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
 
     def counted(self, reset: bool = False) -> list:

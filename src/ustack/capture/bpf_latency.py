@@ -122,7 +122,8 @@ class LatencyCounter(BpfCounter):
     def __init__(self, probes: list, owned, sites: list, *, unit_ns: int, by_stack: bool,
                  slower_ns: int | None, tables=None, fp_stacks: bool = False,
                  filter_tgid=None, armed=None, stack_storage: int = 1024,
-                 ring_bytes: int = 0, python: bool = False, linked: frozenset = frozenset()):
+                 ring_bytes: int = 0, python: bool = False, linked: frozenset = frozenset(),
+                 js: bool = False):
         self._no_maps_yet(probes, owned, armed=armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.sites = sites
@@ -144,6 +145,9 @@ class LatencyCounter(BpfCounter):
             if python:
                 from .bpf_python import PythonMaps, PythonProcs
                 self.python = PythonProcs(owned.map(PythonMaps()))
+            if js:          # JS frames (v8.h) in the same stacks
+                from .bpf_v8 import V8Maps, V8Procs
+                self.v8 = V8Procs(owned.map(V8Maps()))
         elif fp_stacks:
             from ..kernel import perf_event as pe
             self.max_depth = max(1, min(pe.max_stack(), 127))
@@ -170,7 +174,8 @@ class LatencyCounter(BpfCounter):
                   "LAT_BY_STACK": not entry and self.by_stack,
                   "LAT_SLOWER": not entry and self.slower_ns is not None,
                   "LAT_TAIL": site.role == "tail",
-                  "LAT_PYTHON": dwarf and self.python is not None}
+                  "LAT_PYTHON": dwarf and self.python is not None,
+                  "LAT_V8": dwarf and self.v8 is not None}
         self.named.update(self.lat.by_name())
         if self.fp_stacks is not None:
             self.named.update(stacks=self.stacks, fp_stacks=self.fp_stacks)
@@ -181,6 +186,8 @@ class LatencyCounter(BpfCounter):
             self.named.update(self.unwind_maps.named())
             if self.python is not None:
                 self.named.update(self.python.maps.named())
+            if self.v8 is not None:
+                self.named.update(self.v8.maps.named())
             unwinding = {**kernel_rodata(Offsets.of_this_kernel()),
                          "task_fsbase": Offsets.of_this_kernel().task_fsbase,
                          "regs_source": latency_object().enum("regs_source")[
@@ -294,9 +301,9 @@ class LatencyCapture(BpfCapture):
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unit_ns: int, by_stack: bool, slower_ns: int | None,
                  unwind_tables=None, fp_stacks: bool = False, stack_storage: int = 1024,
-                 python: bool = False):
+                 python: bool = False, js: bool = False):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
-                         unwind_tables=unwind_tables, python=python)
+                         unwind_tables=unwind_tables, python=python, js=js)
         self.sites = sites
         self.fp_stacks = fp_stacks
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
@@ -307,7 +314,7 @@ class LatencyCapture(BpfCapture):
             by_stack=self.by_stack, slower_ns=self.slower_ns, tables=self.unwind_tables,
             fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
             stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages),
-            python=self.python, linked=self.linked)
+            python=self.python, linked=self.linked, js=self.js)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         from .bpf_unwind import code_record

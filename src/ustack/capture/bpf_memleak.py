@@ -35,6 +35,7 @@ from ..values import value
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
 from .bpf_python import CODE_RING_BYTES, PythonMaps, PythonProcs
+from .bpf_v8 import V8Maps, V8Procs
 from .bpf_unwind import (DEFAULT_ROWS, RingChunk, UnwindMaps, UnwindObjects, kernel_rodata,
                          ring_samples, stack_chain)
 from .kernel_offsets import Offsets
@@ -75,7 +76,8 @@ class MemleakCounter(BpfCounter):
     for the frees."""
 
     def __init__(self, probes: list, owned, sites: list, tables, *, stack_storage: int,
-                 armed=None, max_allocs: int = MAX_ALLOCS, python: bool = False):
+                 armed=None, max_allocs: int = MAX_ALLOCS, python: bool = False,
+                 js: bool = False):
         self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
         self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
@@ -83,6 +85,8 @@ class MemleakCounter(BpfCounter):
         if python:          # Python frames (python.h); new code objects by the ring
             self.python = PythonProcs(owned.map(PythonMaps()))
             self.ring = owned.ring(bpf_syscall.RingBuf(CODE_RING_BYTES, "ustack_mlring"))
+        if js:              # JS frames (v8.h)
+            self.v8 = V8Procs(owned.map(V8Maps()))
         obj = memleak_object()
         lazy = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
         self.calls = owned.map(obj.make_map("calls"))
@@ -96,13 +100,15 @@ class MemleakCounter(BpfCounter):
                           ml_errors=self.ml_errors)
         if self.python is not None:
             self.named.update(self.python.maps.named(), ring=self.ring)
+        if self.v8 is not None:
+            self.named.update(self.v8.maps.named())
 
     def _program(self, index: int, probe) -> int:
         obj = memleak_object()
         site = self.sites[index]
         options = obj.enum("memleak_option")
         wanted = {"ML_WAIT_FOR_EXEC": self.armed is not None,
-                  "ML_PYTHON": self.python is not None}
+                  "ML_PYTHON": self.python is not None, "ML_V8": self.v8 is not None}
         rodata = {"result": program_result(probe),
                   "ml_options": sum(options[k] for k, on in wanted.items() if on),
                   "kind": obj.enum("memleak_kind")[site.kind] if site.role == "entry" else 0,
@@ -174,16 +180,16 @@ class MemleakCapture(BpfCapture):
     ring_chunk = RingChunk              # with Python frames: records of new code objects
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
-                 unwind_tables, stack_storage: int, python: bool = False):
+                 unwind_tables, stack_storage: int, python: bool = False, js: bool = False):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
-                         unwind_tables=unwind_tables, python=python)
+                         unwind_tables=unwind_tables, python=python, js=js)
         self.sites = sites
         self.unwind_note = "stacks unwound in the kernel"
 
     def _new_counter(self) -> MemleakCounter:
         return MemleakCounter(self.probes, self.owned, self.sites, self.unwind_tables,
                               stack_storage=self.stack_storage, armed=self.armed,
-                              python=self.python)
+                              python=self.python, js=self.js)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         """The ring's records of new code objects, read (no samples)."""

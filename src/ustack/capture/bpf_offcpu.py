@@ -126,12 +126,12 @@ class OffcpuCounter(KernelUnwinder):
 
     def __init__(self, probes: list, owned, tables, *, filter_: OffcpuFilter,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
-                 exclude_tgid: int | None = None, python: bool = False):
+                 exclude_tgid: int | None = None, python: bool = False, js: bool = False):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
         # python: its ring carries only the records of new code objects
         super().__init__(probes, owned, tables, stack_storage=stack_storage, kernel=kernel,
-                         filter_tgid=filter_tgid, armed=armed, python=python,
+                         filter_tgid=filter_tgid, armed=armed, python=python, js=js,
                          ring_bytes=CODE_RING_BYTES if python else 0)
         obj = offcpu_object()
         self.start = owned.map(obj.make_map("start"))
@@ -151,6 +151,8 @@ class OffcpuCounter(KernelUnwinder):
                 named[key] = m
         if self.python is not None:
             named.update(self.python.maps.named())
+        if self.v8 is not None:
+            named.update(self.v8.maps.named())
         flt, off = self.filter, Offsets.of_this_kernel()
         running, bits = state_mask(flt.states)
         wanted = {"OFF_ONLY_TRACED": self.tgids is not None,
@@ -160,7 +162,8 @@ class OffcpuCounter(KernelUnwinder):
                   "OFF_KERNEL_STACK": self.kstacks is not None,
                   "OFF_WAKERS": flt.wakers, "OFF_MAX": flt.max_ns is not None,
                   "OFF_STATES": not (running and bits == sum(STATES.values())),
-                  "OFF_RUNNING": running, "OFF_PYTHON": self.python is not None}
+                  "OFF_RUNNING": running, "OFF_PYTHON": self.python is not None,
+                  "OFF_V8": self.v8 is not None}
         options = obj.enum("offcpu_option")
         rodata = {**kernel_rodata(off), "off_options": sum(
                       options[k] for k, on in wanted.items() if on),
@@ -229,7 +232,8 @@ class OffcpuCapture(UnwindCountCapture):
     def __init__(self, probes: list, target, opts, unwind_tables):
         super().__init__(probes, target, opts.buffer_pages,
                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
-                         unwind_tables=unwind_tables, python=opts.python)
+                         unwind_tables=unwind_tables, python=opts.python,
+                         js=opts.js_named)
         self.filter = opts.offcpu or OffcpuFilter()
 
     def _new_counter(self) -> OffcpuCounter:
@@ -238,7 +242,7 @@ class OffcpuCapture(UnwindCountCapture):
                              filter_=self.filter, stack_storage=self.stack_storage,
                              kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed,
                              exclude_tgid=os.getpid() if system else None,
-                             python=self.python)
+                             python=self.python, js=self.js)
 
     def blocked(self) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,

@@ -77,6 +77,7 @@ from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_r
                           prog_type_of)
 from .bpf_common import unwind_object
 from .bpf_python import PythonMaps, PythonProcs
+from .bpf_v8 import V8Maps, V8Procs
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
 
@@ -400,13 +401,14 @@ class KernelUnwinder(BpfCounter):
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
                  fetches: tuple = (), python: bool = False, weighted: bool = False,
-                 linked: frozenset = frozenset()):
+                 linked: frozenset = frozenset(), js: bool = False):
         self._no_maps_yet(probes, owned, kernel, armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
+        self.v8 = None                   # bpf_v8.V8Procs: JS frames named in stacks
         # the stacks spill to user space as STACKS fills (spill), so their
         # counts may be many more than it holds: room for COUNTS_PER_STACK
         # each where entries are taken only as the run meets them (~80
@@ -431,6 +433,8 @@ class KernelUnwinder(BpfCounter):
         self._taken = 0                  # stacks deleted from STACKS by spill()
         if python and ring_bytes:        # new code objects come by the ring
             self.python = PythonProcs(owned.map(PythonMaps()))
+        if js:
+            self.v8 = V8Procs(owned.map(V8Maps()))
         if weighted and not self.trace:
             self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)
@@ -444,6 +448,7 @@ class KernelUnwinder(BpfCounter):
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
             fetch=fetch_maps, python=self.python.maps if self.python else None,
+            v8=self.v8.maps if self.v8 else None,
             weights=self.weighing.weights if self.weighing else None,
             name=f"ustack_uw{index}")
         self.owned.program(fd)
@@ -465,6 +470,7 @@ class KernelUnwinder(BpfCounter):
             "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, 0, probe,
             kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
             python=self.python.maps if self.python else None, by_cookie=True,
+            v8=self.v8.maps if self.v8 else None,
             name="ustack_uwlinks")
         return self.owned.program(fd)
 
@@ -554,12 +560,13 @@ def kernel_rodata(offsets: Offsets) -> dict:
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
                  python=None, weights=None, name: str = "ustack_uw",
-                 by_cookie: bool = False) -> int:
+                 by_cookie: bool = False, v8=None) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
     deferred_scratch maps of a probe with fetch-args (trace); `python`:
-    python.h's maps (bpf_python.PythonMaps), to merge Python frames;
+    python.h's maps (bpf_python.PythonMaps), to merge Python frames; `v8`:
+    v8.h's (bpf_v8.V8Maps), to name JS frames;
     `weights`: count --weight's map (bpf_weight.py), whose value each
     event adds in place of 1; `by_cookie`: for uprobe_multi links, whose
     cookie names the probe."""
@@ -567,6 +574,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     named = maps.named()
     if python is not None:
         named.update(python.named())
+    if v8 is not None:
+        named.update(v8.named())
     for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
                    ("tgids", tgids), ("weights", weights), *(fetch or {}).items()):
         if m is not None:
@@ -575,7 +584,7 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
               "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None,
               "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": python is not None,
-              "UW_WEIGHT": weights is not None}
+              "UW_WEIGHT": weights is not None, "UW_V8": v8 is not None}
     before = set(named)
     try:
         return obj.load(program, named, {

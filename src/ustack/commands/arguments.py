@@ -44,6 +44,10 @@ def target_args(p: argparse.ArgumentParser) -> None:
                         "in the kernel where BPF allows, else on a copy of the "
                         "stack; fp: the kernel walks frame pointers; auto "
                         "(default): dwarf")
+    p.add_argument("--no-js", action="store_true",
+                   help="show node's JS frames as the JIT code and V8 builtins "
+                        "they ran (default: their JS functions, named from the "
+                        "process's heap where the kernel walks the stack)")
     p.add_argument("--no-python", action="store_true",
                    help="show a Python process's interpreter as C frames only "
                         "(default: its Python functions' frames, name and line, "

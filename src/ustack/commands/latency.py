@@ -207,9 +207,10 @@ class LatencySession(Session):
             slower_ns=(None if request.slower_ms is None
                        else int(request.slower_ms * 1_000_000)),
             unwind_tables=tables, fp_stacks=fp, stack_storage=self.opts.stack_storage,
-            python=self.opts.python)
+            python=self.opts.python, js=self.opts.js_named)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code
+        capture.v8_functions = self.v8_functions
         capture.open()
         capture.unwind_note = _returns_note(probes, sites, tables is not None)
         return capture

@@ -168,9 +168,10 @@ class MemleakSession(Session):
         capture = MemleakCapture(probes, sites, self.target, self.opts.buffer_pages,
                                  unwind_tables=tables.for_image,
                                  stack_storage=self.opts.stack_storage,
-                                 python=self.opts.python)
+                                 python=self.opts.python, js=self.opts.js_named)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code
+        capture.v8_functions = self.v8_functions
         capture.open()
         return capture
 

@@ -90,8 +90,12 @@ class JitSymbols:
     its map (its frames' kind) and how it would write one."""
 
     def __init__(self, name: Callable[[str], str], warnings: list | None = None,
-                 paths: Callable[[int], list] | None = None):
+                 paths: Callable[[int], list] | None = None,
+                 named_otherwise: Callable[[int], bool] | None = None):
         self._name = name
+        # whether a process's JIT frames were named without its perf map
+        # (node's JS frames from its heap): no advice to write one
+        self._named_otherwise = named_otherwise or (lambda _pid: False)
         self._warnings = warnings if warnings is not None else []
         self._paths = paths
         self._maps: dict = {}           # pid -> (PerfMap, its runtime)
@@ -148,6 +152,8 @@ class JitSymbols:
         ended there."""
         said = []
         for runtime_name, (pid, perf_map) in self._unmapped.items():
+            if self._named_otherwise(pid):
+                continue
             who = f"PID {pid}" + (f" ({runtime_name})" if runtime_name else "")
             if perf_map.seen:            # written during the run: named since
                 said.append(f"{who} wrote its perf map ({perf_map.shown}) during the "

@@ -3,13 +3,14 @@ object file, file offset), then named by its source: ELF symbols and debug
 files (elf_source.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
 vDSO (vdso_source.py); kernel addresses by kallsyms (kernel.py). A Python
 frame's tagged word (model.python_frame_parts) is named by the run's
-PythonCode (python.py)."""
+PythonCode (python.py), a JS frame's (model.v8_frame_parts) by V8Functions
+(v8.py)."""
 from __future__ import annotations
 
 import os
 
-from ..model import (PYTHON_FRAME_TAG, Frame, SymbolOptions,  # noqa: F401 (SymbolOptions: its old home)
-                     printable, python_frame_parts)
+from ..model import (PYTHON_FRAME_TAG, V8_FRAME_TAG, Frame,  # noqa: F401 (SymbolOptions: its old home)
+                     SymbolOptions, printable, python_frame_parts, v8_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
@@ -18,9 +19,11 @@ from .kernel import KernelSymbols
 from .normalize import normalize
 from .perfmap import JitSymbols
 from .python import PythonCode
+from .v8 import V8Functions
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
 _PYTHON_TAG = PYTHON_FRAME_TAG >> 60
+_V8_TAG = V8_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
@@ -31,14 +34,17 @@ class Symbolizer:
     without a perf map), one sentence each."""
 
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
-                 python_code: PythonCode | None = None):
+                 python_code: PythonCode | None = None,
+                 v8_functions: V8Functions | None = None):
         self.mappings = mappings
         self.options = options
         self._said: list = []
         name = _demangled_printable if options.demangle else printable
         self._elf = ElfSource(options, name, self._said)
         self._go = GoSymbols(options, self._elf.image)
-        self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None))
+        self.v8 = v8_functions if v8_functions is not None else V8Functions()
+        self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
+                               self.v8.named_in)
         self._kernel: KernelSymbols | None = None   # read on first use
         self._source_wanted = options.lines or options.inlines
         # the run's names of Python code objects (those the capture saw)
@@ -47,7 +53,7 @@ class Symbolizer:
 
     @property
     def warnings(self) -> list:
-        return self._said + self._jit.notes() + self._elf.fetch_notes()
+        return self._said + self._jit.notes() + self._elf.fetch_notes() + self.v8.warnings
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since
@@ -71,6 +77,12 @@ class Symbolizer:
                 # native frame after it is a return address
                 code, index = python_frame_parts(addr)
                 out.append(self.python_code.frame(pid, code, index))
+                exact = False
+                continue
+            if addr >> 60 == _V8_TAG:
+                # a JS frame where the walk found its JIT or builtin pc
+                shared, offset = v8_frame_parts(addr)
+                out.append(self.v8.frame(pid, shared, offset))
                 exact = False
                 continue
             # Return addresses point after the call; addr-1 is still inside

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""node with default flags: how many of its JS samples ustack names and
+walks to _start, and how its top JS functions compare with V8's own
+profiler (`node --cpu-prof`) on the same run of bench/programs/v8_mix.js;
+then what naming JS frames costs the in-kernel walk per sample (the
+kernel's BPF statistics), on node and on a process that runs no V8.
+
+    sudo python3 bench/v8_frames.py [--seconds S] [--reps R] [--cost-only]
+
+Scopes: -c (the profiled command is node --cpu-prof itself), -p (a node
+--cpu-prof already running), whole machine (kept to that node's pid).
+A sample is a JS sample when it holds a JS frame; it is whole when it
+ends at _start with every JS frame named. A function's share is the
+samples whose innermost JS frame of a script it is (ustack names V8's
+builtins written in JS too, sort or Map's set, which have no script:
+cpu-prof gives their time to their caller), over the JS samples;
+cpu-prof's: the samples of its node, (program), (idle) and (garbage
+collector) left out.
+Prints Markdown."""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+MIX = REPO / "bench" / "programs" / "v8_mix.js"
+CPU_PROF_LEFT_OUT = {"(program)", "(idle)", "(garbage collector)", "(root)"}
+
+
+def ustack_counts(**scope) -> list:
+    import ustack
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf", **scope)
+    run = ustack.Session(opts)
+    with run:
+        return run.counts()
+
+
+def ustack_shares(counted: list, pid: int | None = None) -> tuple:
+    """(JS samples, whole ones, Counter of innermost JS function -> samples)."""
+    js = whole = 0
+    top: collections.Counter = collections.Counter()
+    for c in counted:
+        if pid is not None and c.pid != pid:
+            continue
+        frames = c.stack.frames
+        mine = [f for f in frames if f.kind == "js"]
+        if not mine:
+            continue
+        js += c.count
+        named = all(not f.function.startswith("[js ") for f in mine)
+        whole += c.count * (named and frames[-1].function == "_start")
+        # V8's profiler shows no builtin (Array.prototype.sort, Map.prototype.set:
+        # JS functions without a script): their time is their JS caller's
+        scripted = [f for f in mine if f.module] or mine
+        top[(scripted[0].function, scripted[0].module)] += c.count
+    return js, whole, top
+
+
+def cpu_prof_shares(path: str) -> collections.Counter:
+    prof = json.load(open(path))
+    by_id = {n["id"]: n["callFrame"] for n in prof["nodes"]}
+    top: collections.Counter = collections.Counter()
+    for sample in prof["samples"]:
+        frame = by_id[sample]
+        name = frame["functionName"] or "(anonymous)"
+        if name in CPU_PROF_LEFT_OUT:
+            continue
+        top[(name, os.path.basename(frame["url"]))] += 1
+    return top
+
+
+def compare(ours: collections.Counter, theirs: collections.Counter) -> list:
+    """Rows (function, ours %, theirs %, difference) of cpu-prof's top 10."""
+    n_ours, n_theirs = sum(ours.values()) or 1, sum(theirs.values()) or 1
+    rows = []
+    for key, n in theirs.most_common(10):
+        a, b = 100 * ours.get(key, 0) / n_ours, 100 * n / n_theirs
+        rows.append((f"{key[0]} ({key[1]})", a, b, a - b))
+    return rows
+
+
+def scope_run(scope: str, seconds: float, tmp: str) -> tuple:
+    """(JS samples, whole, ustack's shares, cpu-prof's shares) of one scope."""
+    prof_dir = tempfile.mkdtemp(dir=tmp)
+    node = f"node --cpu-prof --cpu-prof-dir={prof_dir} {MIX} {int(seconds * 1000)}"
+    if scope == "-c":
+        counted = ustack_counts(cmdline=node)
+        pid = None
+    else:
+        proc = subprocess.Popen(node.split()[:-1] + [str(int((seconds + 2) * 1000))],
+                                stdout=subprocess.DEVNULL)
+        time.sleep(0.5)         # past node's start-up: its steady loop is what is compared
+        pid = proc.pid
+        kw = {"pid": pid} if scope == "-p" else {"pids": (pid,)}
+        counted = ustack_counts(duration=seconds, **kw)
+        proc.wait()
+    js, whole, ours = ustack_shares(counted, pid)
+    theirs = cpu_prof_shares(glob.glob(os.path.join(prof_dir, "*.cpuprofile"))[0])
+    return js, whole, ours, theirs
+
+
+def one_cost(off_flag: str | None, command: str) -> float:
+    """ns per run of the walking program in one `profile -c command`,
+    given `off_flag` (--no-js, --no-python) or not."""
+    from python_pass_cost import ONE_RUN
+    args = ["profile", "-F", "199", "-o", "/dev/null", *([off_flag] if off_flag else []),
+            "-c", command]
+    out = subprocess.run([sys.executable, "-c", ONE_RUN, "ustack_uw0", *args],
+                         capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    return float(out.stdout.split()[-1])
+
+
+def cost(command: str, reps: int, off_flag: str) -> tuple:
+    """Medians of ns per run, (the pass on, off_flag), runs interleaved."""
+    on, off = [], []
+    for _ in range(reps):
+        on.append(one_cost(None, command))
+        off.append(one_cost(off_flag, command))
+    return statistics.median(on), statistics.median(off)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="ustack-v8-")
+    print(f"node {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}"
+          f", bench/programs/v8_mix.js for {args.seconds:g} s, profile:hz:199, "
+          f"load average {os.getloadavg()[0]:.1f}\n")
+    print("| scope | JS samples | whole (named, to _start) | top-10 max difference (points) |")
+    print("|---|---:|---:|---:|")
+    tables = []
+    for scope in () if args.cost_only else ("-c", "-p", "whole machine"):
+        js, whole, ours, theirs = scope_run(scope, args.seconds, tmp)
+        rows = compare(ours, theirs)
+        worst = max(abs(r[3]) for r in rows) if rows else float("nan")
+        print(f"| {scope} | {js} | {100 * whole / max(js, 1):.1f} % | {worst:.1f} |")
+        tables.append((scope, rows))
+    for scope, rows in tables:
+        print(f"\n{scope}: cpu-prof's top 10, share of JS samples\n")
+        print("| function | ustack % | cpu-prof % | difference |")
+        print("|---|---:|---:|---:|")
+        for name, a, b, d in rows:
+            print(f"| {name} | {a:.1f} | {b:.1f} | {d:+.1f} |")
+    print("\nthe walking program's ns per sample (kernel BPF statistics, medians of "
+          f"{args.reps}, interleaved)\n")
+    print("| process | pass | on | off | ratio |")
+    print("|---|---|---:|---:|---:|")
+    python = ("import time\ndef f(n): return n if n < 2 else f(n - 1) + f(n - 2)\n"
+              "end = time.time() + 2\nwhile time.time() < end: f(18)")
+    for label, command, flag in (
+            ("node v8_mix.js", f"node {MIX} 2000", "--no-js"),
+            ("sh busy loop (no V8)", "timeout 2 sh -c 'while :; do :; done'", "--no-js"),
+            ("python3, recursive fib (the Python walk)", f"python3 -c '{python}'",
+             "--no-python")):
+        on, off = cost(command, args.reps, flag)
+        print(f"| {label} | {flag[5:]} | {on:.0f} | {off:.0f} | {on / off:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

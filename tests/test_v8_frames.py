@@ -1,0 +1,172 @@
+"""Node with default flags (no perf map): the in-kernel walk names each JS
+frame from node's heap (bpf/v8.h, symbols/v8.py), by the layout node's
+v8dbg_* symbols give. calls.js's first() -> second() -> third() is the
+oracle of the JS chain (each too large for TurboFan to inline, so each is
+a frame): every sample in third() must show the three, in order, with
+their script, down to _start; a frame's line is its function's first
+(optimized code) or the one its bytecode was at (interpreted)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ustack
+from helpers import ok, parse_folded, run_ustack
+
+pytestmark = pytest.mark.kernel
+
+CALLS = Path(__file__).parent / "programs" / "js" / "calls.js"
+WAITS = Path(__file__).parent / "programs" / "js" / "waits.js"
+# where calls.js defines them, and the line each calls the next on (third: its loop)
+LINES = {"first": 17, "second": 11, "third": 5}
+CALL_LINES = {"first": 20, "second": 13, "third": 7}
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: no JS frames to name")
+    return node
+
+
+def _chain(frames) -> list:
+    """calls.js's named functions among the frames, outermost first."""
+    return [f.function for f in reversed(frames)
+            if f.kind == "js" and f.file == str(CALLS) and f.function in LINES]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """One profile of `node calls.js` with default flags: its counted stacks."""
+    node = _node()
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{node} {CALLS} 2000")
+    run = ustack.Session(opts)
+    with run:
+        counted = run.counts()
+        warnings = run.warnings
+    return counted, warnings
+
+
+def test_default_flags_name_the_js_chain_to_start(profiled):
+    counted, warnings = profiled
+    in_third = [c for c in counted if "third" in _chain(c.stack.frames)]
+    samples = sum(c.count for c in in_third)
+    whole = sum(c.count for c in in_third
+                if _chain(c.stack.frames) == ["first", "second", "third"]
+                and c.stack.frames[-1].function == "_start")
+    assert samples >= 20, counted
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in third() whole"
+    named = {(f.function, f.module) for c in in_third for f in c.stack.frames
+             if f.function in LINES}
+    assert named == {(name, "calls.js") for name in LINES}, named
+    lines = {(f.function, f.line) for c in in_third for f in c.stack.frames
+             if f.function in LINES}
+    assert lines <= {(n, LINES[n]) for n in LINES} | {(n, CALL_LINES[n]) for n in LINES}, lines
+    # no advice to restart node with a perf map: its JS frames have names
+    assert not [w for w in warnings if "perf map" in w], warnings
+
+
+def test_js_frames_sit_where_their_jit_code_ran(profiled):
+    """The JS frames replace the JIT and builtin frames that ran them:
+    node's C++ entry (Builtins_JSEntry) below them, nothing of calls.js
+    left unnamed above them."""
+    counted, _warnings = profiled
+    best = max((c for c in counted if "third" in _chain(c.stack.frames)),
+               key=lambda c: c.count)
+    functions = [f.function for f in best.stack.frames]
+    assert functions[:3] == ["third", "second", "first"], functions[:12]
+    assert functions.index("Builtins_JSEntry") > 3, functions
+    assert not [f for f in best.stack.frames[:3] if f.module == "JIT"], best.stack.frames[:3]
+
+
+def test_interpreted_frames_give_the_line_of_their_bytecode():
+    """Kept in V8's interpreter (--no-opt --no-sparkplug), each frame's
+    line is where its bytecode was: first() and second() on the line of
+    their call, third() in its loop."""
+    node = _node()
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{node} --no-opt --no-sparkplug {CALLS} 2000")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+    in_third = [c for c in counted if "third" in _chain(c.stack.frames)]
+    samples = sum(c.count for c in in_third)
+    at_calls = sum(c.count for c in in_third
+                   if [(f.function, f.line) for f in c.stack.frames if f.function in LINES]
+                   == [("third", 7), ("second", 13), ("first", 20)])
+    assert samples >= 20, counted
+    assert at_calls >= 0.9 * samples, f"{at_calls} of {samples} at their lines"
+
+
+def test_offcpu_names_the_js_frames_that_wait(tmp_path):
+    """offcpu: the time node's main thread waits in Atomics.wait is under
+    nap() and loop(), named as in a profile."""
+    node = _node()
+    out = tmp_path / "off.folded"
+    ok(run_ustack("offcpu", "-o", out, "-c", f"{node} {WAITS} 1000"))
+    stacks = parse_folded(out.read_text())
+    napping = [(stack, n) for stack, n in stacks if "nap" in stack]
+    under_loop = sum(n for stack, n in napping
+                     if stack[stack.index("nap") - 1] == "loop" and "_start" in stack)
+    assert napping, out.read_text()[-2000:]
+    assert under_loop >= 0.9 * sum(n for _s, n in napping), napping
+
+
+def test_latency_entry_stacks_name_the_js_callers():
+    """latency --by-stack: first() calls Date.now() (clock_gettime) in its
+    loop; the entry stacks name it, called by calls.js's top level."""
+    node = _node()
+    res = ok(run_ustack("latency", "--by-stack", "uprobe:libc:clock_gettime",
+                        "-c", f"{node} {CALLS} 300"))
+    lines = [line.strip() for line in res.stdout.splitlines()]
+    first = [i for i, line in enumerate(lines) if line.startswith("first [calls.js] ")]
+    assert first, res.stdout[-3000:]
+    assert all(lines[i + 1].startswith("(anonymous) [calls.js] ") for i in first), \
+        [lines[i:i + 2] for i in first]
+
+
+def test_a_recording_keeps_the_frames_as_walked(tmp_path):
+    """record: the file keeps no JS function's name, so its JS frames stay
+    V8's builtins and JIT code (for a perf map to name), never a name
+    read later from whatever process has the pid then."""
+    node = _node()
+    rec = tmp_path / "calls.ustack"
+    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c", f"{node} {CALLS} 500"))
+    res = run_ustack("report", rec)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "Builtins_" in res.stdout and "[js 0x" not in res.stdout, res.stdout[-2000:]
+
+
+@pytest.fixture()
+def running_node():
+    """`node calls.js` running its loop for up to 60 s (ended by the test)."""
+    node = _node()
+    proc = subprocess.Popen([node, str(CALLS), "60000"], stdout=subprocess.DEVNULL)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_running_node_by_pid(running_node, tmp_path):
+    """-p: a node already running, started with default flags."""
+    out = tmp_path / "p.folded"
+    ok(run_ustack("profile", "-F", "199", "-d", "2", "-p", str(running_node.pid), "-o", out))
+    stacks = parse_folded(out.read_text())
+    in_third = sum(n for stack, n in stacks if "third" in stack)
+    whole = sum(n for stack, n in stacks
+                if stack[-3:] == ["first", "second", "third"] and "_start" in stack)
+    assert in_third >= 20, out.read_text()[-2000:]
+    assert whole >= 0.9 * in_third, f"{whole} of {in_third}"
+
+
+def test_no_js_leaves_jit_and_builtin_frames(running_node, tmp_path):
+    """--no-js: the stacks as walked, V8's builtins and unnamed JIT code."""
+    out = tmp_path / "p.folded"
+    res = ok(run_ustack("profile", "-F", "199", "-d", "1", "--no-js",
+                        "-p", str(running_node.pid), "-o", out))
+    text = out.read_text()
+    assert "third" not in text and "Builtins_" in text, text[-2000:]
+    assert "wrote no perf map" in res.stderr, res.stderr
