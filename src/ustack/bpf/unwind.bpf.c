@@ -5,9 +5,10 @@
  * += 1 (or the event's weight: UW_WEIGHT, also in a deferred record);
  * unwind_trace writes each event's record and frames into the ring
  * (trace), its fetch-args after them where the probe has some (a tail call
- * into the code generated for them). Either defers a walk that ended NO_TABLE or VMA_BUSY (an object
- * mapped before its rows were loaded, a memory map locked in a sample's
- * interrupt), given UW_DEFER: the event's registers and stack go to the
+ * into the code generated for them). Either defers a walk that ended
+ * NO_TABLE, VMA_BUSY or TABLE_FULL (an object mapped before its rows were
+ * loaded, a memory map locked in a sample's interrupt, an object whose
+ * rows did not fit ROWS), given UW_DEFER: the event's registers and stack go to the
  * ring for user space to unwind; where the ring is full the stack ends
  * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
  * interpreter gets its Python frames (python.h) after the native walk. */
@@ -77,8 +78,11 @@ static __always_inline struct walk *walked(void *ctx, enum unwind_option opts,
 
 static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 {
+	/* TABLE_FULL too: an object whose rows did not fit is unwound from
+	 * the stack copy in user space, not cut */
 	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
-				     || w->rec.head.status == VMA_BUSY);
+				     || w->rec.head.status == VMA_BUSY
+				     || w->rec.head.status == TABLE_FULL);
 }
 
 /* the Python frames of w's stack, after the native walk; new code

@@ -254,7 +254,7 @@ enum unwind_option {
 	UW_ONLY_TRACED = 1,	/* a tracepoint under -p/-c: tgids only */
 	UW_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
 	UW_KERNEL_STACK = 4,	/* --kernel */
-	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
+	UW_DEFER = 8,		/* a walk that ends NO_TABLE, VMA_BUSY or TABLE_FULL goes to the ring */
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
 	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */

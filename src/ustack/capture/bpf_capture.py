@@ -66,7 +66,8 @@ class BpfCapture(Capture):
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
-                 unwind_tables=None, python: bool = False, weighted: bool = False):
+                 unwind_tables=None, python: bool = False, weighted: bool = False,
+                 unwind_memory: int | None = None):
         self.probes = probes
         self.weighted = weighted            # count --weight: sums, not hits
         self.target = target
@@ -75,6 +76,11 @@ class BpfCapture(Capture):
         # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
         # an object, from unwind/tables.for_image (None: frame pointers)
         self.unwind_tables = unwind_tables
+        # bytes of in-kernel rows: --unwind-memory, else sized at open()
+        # by what the targets map (bpf_unwind.rows_capacity)
+        self.unwind_memory = unwind_memory
+        self.rows_capacity = None
+        self._first_objects: list = []     # host paths whose rows load before the start
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
         self.cut: dict = {}                 # why -> events whose stack was cut short
@@ -122,20 +128,27 @@ class BpfCapture(Capture):
             # period in the kernel (10-20 ms here), and ctypes lets go of
             # the GIL there.
             events = InBackground(self.events.open)
+            lazy = target.scope == "system" and self.defers_stacks
+            if self.unwind_tables is not None:
+                from .bpf_unwind import objects_of_target, rows_capacity
+                self._first_objects = objects_of_target(target, self.probes,
+                                                        running=not lazy)
+                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
             # the verifier (~8 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
-            lazy = (self.counter.objects is not None and target.scope == "system"
-                    and self.defers_stacks)
+            lazy = lazy and self.counter.objects is not None
             if self.counter.objects is not None:
-                from .bpf_unwind import objects_of_target
                 objects = self.counter.objects
                 objects.add_vdso()
-                for path in objects_of_target(target, self.probes, running=not lazy):
+                for path in self._first_objects:
                     self.interrupt.check()
                     objects.add_path(path)
+                full = objects.full_note()
+                if full:
+                    self.unwind_note += "; " + full
             programs.result()
             events.result()
             self.counter.attach(self.events)

@@ -9,7 +9,8 @@ from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
 from ..probes.weight import as_s64
-from .bpf_unwind import KernelUnwinder, RingChunk, deferral_ring_bytes, ring_samples
+from .bpf_unwind import (DEFAULT_ROWS, KernelUnwinder, RingChunk, deferral_ring_bytes,
+                          ring_samples)
 
 
 class UnwindCountCapture(BpfCapture):
@@ -25,6 +26,7 @@ class UnwindCountCapture(BpfCapture):
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, python=self.python,
+                              rows=self.rows_capacity or DEFAULT_ROWS,
                               ring_bytes=deferral_ring_bytes(self.buffer_pages),
                               weighted=self.weighted, linked=self.linked)
 
@@ -95,6 +97,7 @@ class UnwindTraceCapture(UnwindCountCapture):
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, trace=True,
+                              rows=self.rows_capacity or DEFAULT_ROWS,
                               fetches=self.fetches, python=self.python,
                               ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
 

@@ -75,10 +75,11 @@ class MemleakCounter(BpfCounter):
     for the frees."""
 
     def __init__(self, probes: list, owned, sites: list, tables, *, stack_storage: int,
-                 armed=None, max_allocs: int = MAX_ALLOCS, python: bool = False):
+                 armed=None, max_allocs: int = MAX_ALLOCS, python: bool = False,
+                 rows: int = DEFAULT_ROWS):
         self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
-        self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
+        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage, 16))
         self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
         if python:          # Python frames (python.h); new code objects by the ring
             self.python = PythonProcs(owned.map(PythonMaps()))
@@ -174,16 +175,18 @@ class MemleakCapture(BpfCapture):
     ring_chunk = RingChunk              # with Python frames: records of new code objects
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
-                 unwind_tables, stack_storage: int, python: bool = False):
+                 unwind_tables, stack_storage: int, python: bool = False,
+                 unwind_memory: int | None = None):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
-                         unwind_tables=unwind_tables, python=python)
+                         unwind_tables=unwind_tables, python=python,
+                         unwind_memory=unwind_memory)
         self.sites = sites
         self.unwind_note = "stacks unwound in the kernel"
 
     def _new_counter(self) -> MemleakCounter:
         return MemleakCounter(self.probes, self.owned, self.sites, self.unwind_tables,
                               stack_storage=self.stack_storage, armed=self.armed,
-                              python=self.python)
+                              python=self.python, rows=self.rows_capacity or DEFAULT_ROWS)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         """The ring's records of new code objects, read (no samples)."""

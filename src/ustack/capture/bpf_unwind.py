@@ -31,8 +31,10 @@ has an empty user stack.
 
 Deferred stacks: an object mapped during the run has no rows until user
 space reads its MMAP2 record (5-20 ms later; a short program's every
-event), and a sample's interrupt may find the memory map locked. Such a
-walk (status NO_TABLE or VMA_BUSY) is not counted cut: given a ring, the
+event), a sample's interrupt may find the memory map locked, and an
+object's rows may not fit the table (ROWS is sized by what the targets
+map, within --unwind-memory: rows_capacity). Such a walk (status
+NO_TABLE, VMA_BUSY or TABLE_FULL) is not counted cut: given a ring, the
 program writes the event's registers and stack there (a DEFERRED record) and ustack
 unwinds it as the copy path's samples (ring_samples makes it a DWARF
 RawSample), once the MMAP2 records told it the mappings. Only where the
@@ -231,6 +233,7 @@ class UnwindObjects:
         self.next_row = 0
         self.next_page = 0
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
+        self.full: list = []            # paths of the objects whose rows did not fit
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = threading.Lock()
@@ -266,7 +269,8 @@ class UnwindObjects:
             adjust = vaddr - offset
             n = len(packed)
             if self.next_row + n > self.maps.rows.max_entries:
-                first, n = TABLE_FULL_MARK, 0     # its frames' stacks say so
+                first, n = TABLE_FULL_MARK, 0     # its stacks are unwound from copies
+                self.full.append(path)
             else:
                 first = self.next_row
                 self._write_rows(first, packed.data, n)
@@ -319,6 +323,23 @@ class UnwindObjects:
     @property
     def bytes_loaded(self) -> int:
         return self.next_row * ROW_SIZE
+
+    def full_note(self) -> str:
+        """What the header says when objects' rows did not fit the table
+        (their stacks were unwound in user space, from copies), else ""."""
+        if not self.full:
+            return ""
+        names = ", ".join(os.path.basename(p) for p in self.full[:3])
+        more = f" and {len(self.full) - 3} more" if len(self.full) > 3 else ""
+        size = self.maps.rows.max_entries * ROW_SIZE
+        what = "1 object's" if len(self.full) == 1 else f"{len(self.full)} objects'"
+        return (f"{what} unwind rows did not fit the in-kernel "
+                f"table ({_mib(size)} MiB: {names}{more}), their stacks unwound from "
+                f"copies in user space; --unwind-memory MIB makes it bigger")
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.3g}"
 
 
 def object_keys(path: str) -> list:
@@ -383,7 +404,37 @@ def _is_elf(path: str) -> bool:
 
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
-DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
+DEFAULT_ROWS = 1 << 20            # the table's least size, 16 MiB: libc is 28 k rows
+# the most the table takes unless --unwind-memory says otherwise: clang++'s
+# libLLVM and libclang-cpp are ~1 M rows each (16 MiB)
+MAX_UNWIND_MEMORY = 256 << 20
+# rows per byte of an object's .eh_frame (.debug_frame): 0.16-0.20 measured
+# on libc, libstdc++, python3.11, libLLVM-14, libclang-cpp-14
+ROWS_PER_CFI_BYTE = 0.25
+
+
+def rows_estimate(path: str) -> int:
+    """About how many rows the object at `path` takes, from the size of
+    its CFI (a few header reads, not the CFI itself); 0 unreadable."""
+    from ..objfile.on_disk import OnDisk
+    try:
+        sections = OnDisk.of(path).sections
+    except UstackError:
+        return 0
+    cfi = max((sections[n].size for n in (".eh_frame", ".debug_frame") if n in sections),
+              default=0)
+    return int(cfi * ROWS_PER_CFI_BYTE)
+
+
+def rows_capacity(paths: list, memory: int | None = None) -> int:
+    """How many rows the run's table holds: `memory` bytes' worth when
+    the user set it (--unwind-memory), else what the objects at `paths`
+    take and half the least size again for what they map later, never
+    less than DEFAULT_ROWS nor more than MAX_UNWIND_MEMORY."""
+    if memory is not None:
+        return max(1, memory // ROW_SIZE)
+    need = sum(rows_estimate(p) for p in paths) + DEFAULT_ROWS // 2
+    return min(max(DEFAULT_ROWS, need), MAX_UNWIND_MEMORY // ROW_SIZE)
 COUNTS_PER_STACK = 16             # count keys per STACKS entry (see KernelUnwinder)
 
 
