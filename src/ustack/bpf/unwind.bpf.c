@@ -54,6 +54,22 @@ const volatile __u8 probe_by_cookie;
 const volatile enum program_result result;
 const volatile enum unwind_option options;
 const volatile enum regs_source regs_source;
+/* bytes of stack a deferred record in the ring carries: the run's
+ * --stack-size (a multiple of 8; the loader's), DEFER_STACK to
+ * MAX_DEFER_STACK. A constant to the verifier (.rodata is frozen), so the
+ * ring's reserve may take it */
+const volatile __u32 defer_stack = DEFER_STACK;
+
+static __always_inline __u32 ring_defer_stack(void)
+{
+	__u32 size = defer_stack;
+
+	if (size > MAX_DEFER_STACK)
+		size = MAX_DEFER_STACK;
+	if (size < DEFER_STACK)
+		size = DEFER_STACK;
+	return size;
+}
 
 static __always_inline __u32 this_probe(void *ctx)
 {
@@ -79,10 +95,13 @@ static __always_inline struct walk *walked(void *ctx, enum unwind_option opts,
 static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 {
 	/* TABLE_FULL too: an object whose rows did not fit is unwound from
-	 * the stack copy in user space, not cut */
+	 * the stack copy in user space, not cut; and a stack deeper than
+	 * MAX_FRAMES where the run asked for deeper copies (--stack-size) */
 	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
 				     || w->rec.head.status == VMA_BUSY
-				     || w->rec.head.status == TABLE_FULL);
+				     || w->rec.head.status == TABLE_FULL
+				     || (w->rec.head.status == TRUNCATED
+					 && ring_defer_stack() > DEFER_STACK));
 }
 
 /* the Python frames of w's stack, after the native walk; new code
@@ -95,14 +114,14 @@ static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 }
 
 /* d = the deferred record of this event: its registers (the walk moved
- * them: the event's own) and DEFER_STACK bytes from sp at once; where that
- * fails the stack ends within them, and as it ends at a page boundary
- * (its mapping's end) it ends after sp's page or the next: those are
+ * them: the event's own) and `size` bytes from sp at once (d has room for
+ * them); where that fails the stack ends within them, and as it ends at a
+ * page boundary (its mapping's end), sp's page and the ones after it are
  * copied one at a time. w->rec holds the record's head. */
 static __always_inline void fill_deferred(void *ctx, struct walk *w, struct deferred_record *d,
-					  __s32 kernel_stack, __u64 weight)
+					  __s32 kernel_stack, __u64 weight, __u32 size)
 {
-	__u64 first;
+	__u64 first, copied;
 
 	user_registers(ctx, regs_source, w);
 	d->rec.time = w->rec.time;
@@ -117,17 +136,24 @@ static __always_inline void fill_deferred(void *ctx, struct walk *w, struct defe
 	d->bx = w->bx;
 	d->kernel_stack = kernel_stack;
 	d->weight = weight;
-	if (!bpf_probe_read_user(d->stack, DEFER_STACK, (void *)w->sp)) {
-		d->copied = DEFER_STACK;
-	} else {
-		first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
-		if (bpf_probe_read_user(d->stack, first, (void *)w->sp))
-			d->copied = 0;
-		else if (bpf_probe_read_user(d->stack + first, 4096, (void *)(w->sp + first)))
-			d->copied = first;
-		else
-			d->copied = first + 4096;
+	if (!bpf_probe_read_user(d->stack, size, (void *)w->sp)) {
+		d->copied = size;
+		return;
 	}
+	first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
+	if (bpf_probe_read_user(d->stack, first, (void *)w->sp)) {
+		d->copied = 0;
+		return;
+	}
+	copied = first;
+	for (int i = 0; i < MAX_DEFER_STACK / 4096; i++) {
+		if (copied > size - 4096)
+			break;
+		if (bpf_probe_read_user(d->stack + copied, 4096, (void *)(w->sp + copied)))
+			break;
+		copied += 4096;
+	}
+	d->copied = copied;
 }
 
 /* the head of this event's record in w->rec */
@@ -144,13 +170,15 @@ static __always_inline void record_head(struct walk *w, __u64 pid_tgid, __u32 pr
 static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack,
 				 __u64 weight)
 {
-	struct deferred_record *d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
+	__u32 size = ring_defer_stack();
+	struct deferred_record *d = bpf_ringbuf_reserve(
+		&ring, sizeof(*d) - DEFER_STACK + size, 0);
 
 	if (!d) {
 		count_unwind_error(UW_UNDEFERRED);
 		return 0;
 	}
-	fill_deferred(ctx, w, d, kernel_stack, weight);
+	fill_deferred(ctx, w, d, kernel_stack, weight, size);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
 }
@@ -220,7 +248,7 @@ int unwind_trace(void *ctx)
 		} else {
 			dw = bpf_map_lookup_elem(&deferred_scratch, &zero);
 			if (dw) {
-				fill_deferred(ctx, w, &dw->d, kernel_stack, 1);
+				fill_deferred(ctx, w, &dw->d, kernel_stack, 1, DEFER_STACK);
 				/* outputs it, or counts UW_UNDEFERRED and goes on
 				 * in FETCH_STREAM with the stack as walked */
 				bpf_tail_call(ctx, &fetch_args, FETCH_DEFERRED);

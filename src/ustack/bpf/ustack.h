@@ -200,6 +200,7 @@ static __always_inline void add_one(__u64 *slot)
 #define WINDOW 512		/* bytes of stack copied at a time (read_user) */
 #define ARGS_AREA (12 << 10)	/* a trace record's fetch-args, after its frames */
 #define DEFER_STACK 8192	/* bytes of stack a deferred record carries: two pages */
+#define MAX_DEFER_STACK 65536	/* ... at most, as deep as --stack-size (the ring's) */
 #define SEARCH_STEPS 22		/* binary search steps: 4 M rows */
 #define PAGE_SHIFT 12		/* the page index's granule (unwind/tables.py) */
 #define VMA_REGION_SHIFT 21	/* the VMA cache's key: (mm ctx_id, address >> 21) */

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 
-from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
+from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
 from ..kernel import bpf_syscall
 from ..model import Losses, MmapEvent, RawSample, UnwoundSample
 from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
@@ -67,8 +67,10 @@ class BpfCapture(Capture):
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
                  unwind_tables=None, python: bool = False, weighted: bool = False,
-                 unwind_memory: int | None = None):
+                 unwind_memory: int | None = None, stack_size: int = DEFAULT_STACK_SIZE):
         self.probes = probes
+        # --stack-size: the bytes of stack a deferred record carries (bpf_unwind)
+        self.stack_size = stack_size
         self.weighted = weighted            # count --weight: sums, not hits
         self.target = target
         self.stack_storage = stack_storage

@@ -27,7 +27,9 @@ class UnwindCountCapture(BpfCapture):
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, python=self.python,
                               rows=self.rows_capacity or DEFAULT_ROWS,
-                              ring_bytes=deferral_ring_bytes(self.buffer_pages),
+                              stack_size=self.stack_size,
+                              ring_bytes=deferral_ring_bytes(self.buffer_pages,
+                                                             self.stack_size),
                               weighted=self.weighted, linked=self.linked)
 
     def read_chunks(self, timeout_ms: int) -> list:
@@ -98,7 +100,7 @@ class UnwindTraceCapture(UnwindCountCapture):
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, trace=True,
                               rows=self.rows_capacity or DEFAULT_ROWS,
-                              fetches=self.fetches, python=self.python,
+                              stack_size=self.stack_size, fetches=self.fetches, python=self.python,
                               ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
 
     def counted(self, reset: bool = False) -> list:

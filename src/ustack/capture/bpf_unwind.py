@@ -95,13 +95,15 @@ STACK_HEAD = _OBJ.layout("stack_head").struct     # frames, status
 RECORD = _OBJ.layout("trace_record").struct
 # a deferred record (RECORD with no frames, status DEFERRED), then the
 # event's ip, sp, bp, bx, kernel stack id, bytes of stack copied, its weight
-# (count --weight), then DEFER_STACK bytes from sp (the copied ones first)
+# (count --weight), then the stack from sp (the copied ones first): DEFER_STACK
+# bytes, or in the ring as many as --stack-size (unwind.bpf.c's defer_stack)
 _DEFERRED = _OBJ.layout("deferred_record")
 _TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
 DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "bx", "kernel_stack",
                                                           "copied", "weight")))
 DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
 DEFER_RECORD = _DEFERRED.size
+MAX_DEFER_STACK = 65536          # ustack.h: a deferred record's stack, at most
 DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
 COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
@@ -134,11 +136,19 @@ def kernel_dev(st_dev: int) -> int:
     return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
-def deferral_ring_bytes(buffer_pages: int) -> int:
+def deferral_ring_bytes(buffer_pages: int, stack_size: int = DEFER_STACK) -> int:
     """count/profile's ring of deferred stacks: DEFER_RING_BYTES, more as
-    --buffer-pages grows, a power of two."""
-    want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4)
+    --buffer-pages grows, room for 256 records of `stack_size` bytes of
+    stack (--stack-size); a power of two."""
+    want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4,
+               256 * (DEFER_RECORD - DEFER_STACK + defer_stack_bytes(stack_size)))
     return 1 << (want - 1).bit_length()
+
+
+def defer_stack_bytes(stack_size: int) -> int:
+    """The stack bytes a deferred record in the ring carries for a run
+    whose --stack-size is `stack_size` (as unwind.bpf.c bounds it)."""
+    return min(MAX_DEFER_STACK, max(DEFER_STACK, stack_size // 8 * 8))
 
 
 # --- the maps, and the objects loaded into them --------------------------------
@@ -451,11 +461,12 @@ class KernelUnwinder(BpfCounter):
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
                  fetches: tuple = (), python: bool = False, weighted: bool = False,
-                 linked: frozenset = frozenset()):
+                 linked: frozenset = frozenset(), stack_size: int = DEFER_STACK):
         self._no_maps_yet(probes, owned, kernel, armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
+        self.defer_stack = defer_stack_bytes(stack_size)   # a deferred record's stack bytes
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
         # the stacks spill to user space as STACKS fills (spill), so their
@@ -494,7 +505,7 @@ class KernelUnwinder(BpfCounter):
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
             fetch=fetch_maps, python=self.python.maps if self.python else None,
             weights=self.weighing.weights if self.weighing else None,
-            name=f"ustack_uw{index}")
+            defer_stack=self.defer_stack, name=f"ustack_uw{index}")
         self.owned.program(fd)
         try:
             self.verified[index] = bpf_syscall.verified_insns(fd)
@@ -514,7 +525,7 @@ class KernelUnwinder(BpfCounter):
             "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, 0, probe,
             kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
             python=self.python.maps if self.python else None, by_cookie=True,
-            name="ustack_uwlinks")
+            defer_stack=self.defer_stack, name="ustack_uwlinks")
         return self.owned.program(fd)
 
     def _fetch_maps(self) -> dict:
@@ -603,7 +614,7 @@ def kernel_rodata(offsets: Offsets) -> dict:
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
                  python=None, weights=None, name: str = "ustack_uw",
-                 by_cookie: bool = False) -> int:
+                 by_cookie: bool = False, defer_stack: int = DEFER_STACK) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
@@ -611,7 +622,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     python.h's maps (bpf_python.PythonMaps), to merge Python frames;
     `weights`: count --weight's map (bpf_weight.py), whose value each
     event adds in place of 1; `by_cookie`: for uprobe_multi links, whose
-    cookie names the probe."""
+    cookie names the probe; `defer_stack`: the stack bytes a deferred
+    record in the ring carries (defer_stack_bytes)."""
     obj = unwind_object()
     named = maps.named()
     if python is not None:
@@ -631,7 +643,7 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
             "probe_index": index, "result": program_result(probe),
             "options": sum(bits[k] for k, on in wanted.items() if on),
             "regs_source": obj.enum("regs_source")[regs_source(probe)],
-            "probe_by_cookie": int(by_cookie),
+            "probe_by_cookie": int(by_cookie), "defer_stack": defer_stack,
             "task_fsbase": Offsets.of_this_kernel().task_fsbase,
             **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name,
             bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
@@ -690,7 +702,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             append(RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
-                stack=chunk[at:at + min(size, DEFER_STACK)], args=args,
+                stack=chunk[at:min(at + size, rec + n)], args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b""))
             continue
         frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)
@@ -765,7 +777,9 @@ def _try_load(probe) -> str | None:
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
         ring = bpf_syscall.RingBuf(1 << 14, "ustack_uwtry")
-        os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry"))
+        # the deepest deferred copy a run may ask for: its checks are the hardest
+        os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry",
+                              defer_stack=MAX_DEFER_STACK))
     except UstackError as e:
         return str(e)
     finally:
