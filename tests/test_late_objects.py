@@ -1,14 +1,19 @@
-"""Objects that appear during a run: a library dlopen'd after the attach
-and called at once, before ustack can have read its mapping, under a
-stack deeper than the default 8 KiB copy. Its events are unwound from
-copies as deep as --stack-size: whole, or cut with a note, never silently."""
+"""Objects ustack meets after it started: a library dlopen'd after the
+attach and called at once, before ustack can have read its mapping, under
+a stack deeper than the default 8 KiB copy (its events are unwound from
+copies as deep as --stack-size); a container's objects (its own libc),
+running since before a whole-machine run, probed at a high rate (their
+rows load before the run starts). Whole stacks, or cut with a note."""
 from __future__ import annotations
 
+import signal
 import subprocess
 
 import pytest
 
-from helpers import O2_NOFP, build, parse_counts, run_attached, spawn, stop
+from container import APP_PATH, Rootfs, Runtime
+from helpers import (O2_NOFP, build, finish, funcs, parse_counts, run_attached, spawn,
+                     start_ustack, stop, wait_tracing)
 
 DEPTH = 100          # ~300 bytes a frame: ~30 KiB of stack under the plugin
 
@@ -40,3 +45,39 @@ def test_events_in_a_library_dlopened_during_the_run_are_whole_as_deep_as_the_st
         assert s["frames"][:len(chain)] == chain, s["frames"][:8]
         assert s["frames"][-1][0] == "_start", s["frames"][-4:]
     assert "cut" not in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    rt = Runtime(Rootfs(tmp_path_factory.mktemp("ct")))
+    print(f"container runtime used: {rt.name}")
+    yield rt
+    rt.close()
+
+
+@pytest.mark.kernel
+def test_a_container_running_before_a_whole_machine_run_has_whole_stacks(runtime):
+    """--container-pid without -p: the whole machine, rows loaded as
+    sampled; the processes that map the probed binary get theirs before
+    the start, so 5,000 quick hits do not outrun the loader."""
+    calls = 5000
+    ct = runtime.start(calls)
+    try:
+        us = start_ustack("count", "-P", f"uprobe:{APP_PATH}:app_work", "--container-pid",
+                          str(ct.host_pid), stdout=subprocess.PIPE)
+        try:
+            wait_tracing(us, timeout=60)
+            ct.go()                          # returns once its calls are made
+            us.send_signal(signal.SIGINT)
+            out, err = finish(us, timeout=60)
+        finally:
+            stop(us)
+    finally:
+        ct.finish()
+    assert us.returncode == 0, err
+    mine = [s for s in parse_counts(out) if s["pid"] == ct.host_pid]
+    assert sum(s["count"] for s in mine) == calls, out
+    for s in mine:
+        assert funcs(s["frames"]) == ["app_work", "main", "__libc_start_call_main",
+                                      "__libc_start_main", "_start"], s
+    assert "cut" not in err, err
