@@ -81,3 +81,25 @@ def test_a_container_running_before_a_whole_machine_run_has_whole_stacks(runtime
         assert funcs(s["frames"]) == ["app_work", "main", "__libc_start_call_main",
                                       "__libc_start_main", "_start"], s
     assert "cut" not in err, err
+
+
+@pytest.mark.kernel
+def test_memleak_names_blocks_allocated_right_after_a_dlopen(deep_dlopen):
+    """Each block is allocated through the library at once after its
+    dlopen: the walk meets it without rows and defers the call; the
+    report has every block under its whole stack."""
+    from test_memleak import parse_reports
+    prog, plugin = deep_dlopen
+    calls = 5
+    target = spawn(prog, plugin, 3, calls, "-", stdin=subprocess.PIPE)
+    try:
+        res = run_attached(target, "memleak", timeout=60)
+        assert target.wait(timeout=10) == 0
+    finally:
+        stop(target)
+    assert res.returncode == 0, res.stderr
+    (report,) = parse_reports(res.stdout)
+    mine = [(frames, nbytes, blocks) for frames, nbytes, blocks in report if "back" in frames]
+    assert mine == [(("malloc", "back", "plugin_back", "call_plugin", "deep", "deep", "deep",
+                      "main", "__libc_start_call_main", "__libc_start_main", "_start"),
+                     sum(64 + i for i in range(calls)), calls)], res.stdout

@@ -1,8 +1,8 @@
 /* dlopen_deep PLUGIN DEPTH N [-]: waits for a line on stdin with "-" (see
  * wait_start.h), then main -> deep(DEPTH) -> ... -> deep(1), which dlopen()s
  * PLUGIN (plugin_back.so) and calls plugin_back(back, N) at once, which
- * calls back N times: stacks through the new library before a tracer can
- * have read its mapping, under DEPTH frames of ~300 bytes each (DEPTH 100:
+ * calls back N times (each call leaks a malloc'd block of 64 + i bytes):
+ * stacks through the new library before a tracer can have read its mapping, under DEPTH frames of ~300 bytes each (DEPTH 100:
  * ~30 KiB, more than an 8 KiB copy, fewer than 128 frames). Exit status 0;
  * 2 if the plugin fails, 4 if stdin ends before the line. */
 #include <dlfcn.h>
@@ -14,10 +14,12 @@
 #define KEEP __attribute__((noinline, noipa, used))
 
 volatile long backs;
+void *volatile kept;		/* each call's block, never freed: a leak */
 
 KEEP long back(long i)
 {
 	backs++;
+	kept = malloc(64 + i);
 	asm volatile("");
 	return i;
 }

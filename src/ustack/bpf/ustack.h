@@ -452,12 +452,15 @@ struct memleak_total {
 
 /* slots of memleak's error array */
 enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
-		     ML_STACKS_FULL = 3, MEMLEAK_ERROR_SLOTS = 4 };
+		     ML_STACKS_FULL = 3,
+		     ML_UNDEFERRED = 4,	/* the ring had no room: the stack ended cut */
+		     MEMLEAK_ERROR_SLOTS = 5 };
 
 /* what a memleak program does besides its job */
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
 	ML_PYTHON = 2,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	ML_DEFER = 4,		/* a walk that ends NO_TABLE or TABLE_FULL goes to the ring */
 };
 
 #endif

@@ -22,6 +22,11 @@ Three programs (src/ustack/bpf/memleak.bpf.c):
   from these allocators) is ignored.
 A Python process's allocating stacks get its Python frames (bpf/python.h,
 capture/bpf_python.py), their new code objects reported through a ring.
+A call whose walk met an object without rows yet (a library dlopen'd just
+before: its MMAP2 record is read 5-20 ms later) goes through that ring as
+a deferred record (registers and 8 KiB of stack) and its block is counted
+under the record's id; ustack unwinds the record as the copy path's
+samples, and the report names the block's stack from it.
 TOTALS answers the report; ALLOCS with its times answers --older (only
 blocks older than that). Nothing leaves the kernel per call."""
 from __future__ import annotations
@@ -35,8 +40,8 @@ from ..values import value
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
 from .bpf_python import CODE_RING_BYTES, PythonMaps, PythonProcs
-from .bpf_unwind import (DEFAULT_ROWS, RingChunk, UnwindMaps, UnwindObjects, kernel_rodata,
-                         ring_samples, stack_chain)
+from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
+                         UnwindObjects, kernel_rodata, ring_samples, stack_chain)
 from .kernel_offsets import Offsets
 
 _U64 = struct.Struct("<Q")
@@ -67,6 +72,7 @@ class Outstanding:
     chain: bytes                     # the allocator's entry stack (bpf_unwind's frames)
     bytes: int
     count: int
+    deferred: object = None          # its deferred RawSample (a copy to unwind), if any
 
 
 class MemleakCounter(BpfCounter):
@@ -81,9 +87,12 @@ class MemleakCounter(BpfCounter):
         self.sites = sites
         self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage, 16))
         self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
-        if python:          # Python frames (python.h); new code objects by the ring
+        # deferred records (and with Python frames, new code objects)
+        self.ring = owned.ring(bpf_syscall.RingBuf(max(DEFER_RING_BYTES, CODE_RING_BYTES),
+                                                   "ustack_mlring"))
+        self.deferred: dict = {}        # a deferred call's id -> its RawSample
+        if python:          # Python frames (python.h)
             self.python = PythonProcs(owned.map(PythonMaps()))
-            self.ring = owned.ring(bpf_syscall.RingBuf(CODE_RING_BYTES, "ustack_mlring"))
         obj = memleak_object()
         lazy = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
         self.calls = owned.map(obj.make_map("calls"))
@@ -95,15 +104,16 @@ class MemleakCounter(BpfCounter):
         self.named.update(self.unwind_maps.named())
         self.named.update(calls=self.calls, allocs=self.allocs, totals=self.totals,
                           ml_errors=self.ml_errors)
+        self.named["ring"] = self.ring
         if self.python is not None:
-            self.named.update(self.python.maps.named(), ring=self.ring)
+            self.named.update(self.python.maps.named())
 
     def _program(self, index: int, probe) -> int:
         obj = memleak_object()
         site = self.sites[index]
         options = obj.enum("memleak_option")
         wanted = {"ML_WAIT_FOR_EXEC": self.armed is not None,
-                  "ML_PYTHON": self.python is not None}
+                  "ML_PYTHON": self.python is not None, "ML_DEFER": True}
         rodata = {"result": program_result(probe),
                   "ml_options": sum(options[k] for k, on in wanted.items() if on),
                   "kind": obj.enum("memleak_kind")[site.kind] if site.role == "entry" else 0,
@@ -158,8 +168,23 @@ class MemleakCounter(BpfCounter):
                     s = sums.setdefault((tgid, h), [0, 0])
                     s[0] += size
                     s[1] += 1
-        return [Outstanding(tgid, stack_chain(self.unwind_maps, h), nbytes, count)
+        return [self._outstanding(tgid, h, nbytes, count)
                 for (tgid, h), (nbytes, count) in sums.items()]
+
+    def _outstanding(self, tgid: int, h: int, nbytes: int, count: int) -> Outstanding:
+        """A stack's sums: its frames from STACKS, or its deferred record."""
+        deferred = self.deferred.get(h)
+        if deferred is not None:
+            return Outstanding(tgid, b"", nbytes, count, deferred)
+        return Outstanding(tgid, stack_chain(self.unwind_maps, h), nbytes, count)
+
+    def take_deferred(self, samples: list) -> None:
+        """The deferred records ring_samples made (their id is the weight
+        it read), kept by id for outstanding()."""
+        for s in samples:
+            if s.regs is not None and s.args:
+                self.deferred[s.args[0][2] & (1 << 64) - 1] = RawSample(
+                    0, s.pid, s.tid, s.time_ns, s.cpu, regs=s.regs, stack=s.stack)
 
     def in_calls(self) -> int:
         """Allocator calls entered and not returned (yet)."""
@@ -189,13 +214,19 @@ class MemleakCapture(BpfCapture):
                               python=self.python, rows=self.rows_capacity or DEFAULT_ROWS)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
-        """The ring's records of new code objects, read (no samples)."""
-        return ring_samples(chunk, samples, offset, limit,
-                            python_code=self.counter.python.code_seen)
+        """The ring's records of new code objects and deferred calls, read
+        (no samples: the deferred ones are kept for outstanding())."""
+        python = self.counter.python
+        deferred: list = []
+        offset = ring_samples(chunk, deferred, offset, limit,
+                              python_code=python.code_seen if python is not None else None,
+                              weighted=True)
+        self.counter.take_deferred(deferred)
+        return offset
 
     def outstanding(self, older_ns: int | None = None) -> list:
         """(RawSample of the allocating stack, bytes, blocks) per process and stack."""
-        return [(RawSample(0, o.pid, o.pid, 0, -1, o.chain, b""), o.bytes, o.count)
+        return [(o.deferred or RawSample(0, o.pid, o.pid, 0, -1, o.chain, b""), o.bytes, o.count)
                 for o in self.counter.outstanding(older_ns)]
 
     def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
@@ -203,4 +234,6 @@ class MemleakCapture(BpfCapture):
             ("found the stack map full (counted without a stack)", "ML_STACKS_FULL"),
             ("found the call map full", "ML_CALLS_FULL"),
             ("found the allocation map full", "ML_ALLOCS_FULL"),
-            ("found the per-stack map full", "ML_TOTALS_FULL"))), skipped=skipped)
+            ("found the per-stack map full", "ML_TOTALS_FULL"),
+            ("found its ring full (its stack cut where no unwind table was loaded yet)",
+             "ML_UNDEFERRED"))), skipped=skipped)
