@@ -3,7 +3,9 @@ attach and called at once, before ustack can have read its mapping, under
 a stack deeper than the default 8 KiB copy (its events are unwound from
 copies as deep as --stack-size); a container's objects (its own libc),
 running since before a whole-machine run, probed at a high rate (their
-rows load before the run starts). Whole stacks, or cut with a note."""
+rows load before the run starts); on tracefs, which reads maps from /proc,
+a library mapped and gone before ustack read them. Whole stacks, or cut
+with a note, never a bare frame."""
 from __future__ import annotations
 
 import signal
@@ -12,8 +14,8 @@ import subprocess
 import pytest
 
 from container import APP_PATH, Rootfs, Runtime
-from helpers import (O2_NOFP, build, finish, funcs, parse_counts, run_attached, spawn,
-                     start_ustack, stop, wait_tracing)
+from helpers import (O2_NOFP, build, finish, funcs, parse_counts, parse_trace, run_attached,
+                     spawn, start_ustack, stop, wait_tracing)
 
 DEPTH = 100          # ~300 bytes a frame: ~30 KiB of stack under the plugin
 
@@ -103,3 +105,25 @@ def test_memleak_names_blocks_allocated_right_after_a_dlopen(deep_dlopen):
     assert mine == [(("malloc", "back", "plugin_back", "call_plugin", "deep", "deep", "deep",
                       "main", "__libc_start_call_main", "__libc_start_main", "_start"),
                      sum(64 + i for i in range(calls)), calls)], res.stdout
+
+
+@pytest.mark.kernel
+def test_tracefs_events_in_a_library_gone_before_its_maps_were_read_are_marked():
+    """tracefs has no mapping records: ustack reads a process's maps from
+    /proc when an event's address is outside what it read; a process that
+    dlopens a library, calls it and exits at once is gone by then. Its
+    events name the library, or say why they cannot."""
+    prog, plugin = build("dlopen_main", flags=O2_NOFP), build(
+        "plugin", kind="shared", flags=O2_NOFP)
+    target = spawn(prog, "-", plugin, 3, stdin=subprocess.PIPE)
+    try:
+        res = run_attached(target, "trace", "--backend", "tracefs",
+                           f"uprobe:{plugin}:plugin_leaf", timeout=60)
+    finally:
+        stop(target)
+    assert res.returncode == 0, res.stderr
+    events = parse_trace(res.stdout)
+    assert len(events) == 3, res.stdout
+    for e in events:
+        named = e["frames"][0]["func"] == "plugin_leaf" and e["frames"][0]["module"] == "plugin.so"
+        assert named or any("no mapping ustack saw" in n for n in e["notes"]), e
