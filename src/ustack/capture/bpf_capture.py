@@ -63,6 +63,9 @@ class BpfCapture(Capture):
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
     defers_stacks = False
+    # a mode whose programs hand user space the stacks through an object
+    # whose rows did not fit the table (memleak too, which loads no rows lazily)
+    defers_table_full = False
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
@@ -83,6 +86,7 @@ class BpfCapture(Capture):
         self.unwind_memory = unwind_memory
         self.rows_capacity = None
         self._first_objects: list = []     # host paths whose rows load before the start
+        self._full_at_start = 0             # objects named full in the header
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
         self.cut: dict = {}                 # why -> events whose stack was cut short
@@ -148,9 +152,10 @@ class BpfCapture(Capture):
                 for path in self._first_objects:
                     self.interrupt.check()
                     objects.add_path(path)
-                full = objects.full_note()
+                full = objects.full_note(self.defers_table_full)
                 if full:
                     self.unwind_note += "; " + full
+                self._full_at_start = len(objects.full)
             programs.result()
             events.result()
             self.counter.attach(self.events)
@@ -289,11 +294,16 @@ class BpfCapture(Capture):
         self.close()
 
     def end_notes(self) -> list:
-        """What the summary says of the run's unwind rows."""
+        """What the summary says of the run's unwind rows: objects that
+        did not fit after the header was printed, those loaded as sampled."""
+        objects = self.counter.objects if self.counter is not None else None
+        notes = []
+        if objects is not None and len(objects.full) > self._full_at_start:
+            notes.append(objects.full_note(self.defers_table_full))
         lazy = self.lazy_rows
         if lazy is None:
-            return []
-        return [f"Unwind rows of {lazy.loaded} objects were loaded during the run, "
+            return notes
+        return notes + [f"Unwind rows of {lazy.loaded} objects were loaded during the run, "
                 f"as their code was sampled"
                 + (f" ({lazy.pending} more were wanted when it ended: their stacks "
                    f"were unwound by ustack)" if lazy.pending else "")]

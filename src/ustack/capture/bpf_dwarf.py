@@ -21,6 +21,7 @@ class UnwindCountCapture(BpfCapture):
     unwind_note = "unwound in the kernel"
     links_uprobes = True    # its programs can learn the probe from a link's cookie
     defers_stacks = True    # through its ring (deferred records)
+    defers_table_full = True
 
     def _new_counter(self) -> KernelUnwinder:
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,

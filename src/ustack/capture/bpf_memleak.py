@@ -197,6 +197,7 @@ class MemleakCapture(BpfCapture):
     mapping's rows are loaded as its record passes), `outstanding()` reads
     the kernel's sums whenever asked."""
     counts_in_kernel = False            # outstanding(), read by the command
+    defers_table_full = True            # through its ring (memleak.bpf.c's defer_call)
     ring_chunk = RingChunk              # with Python frames: records of new code objects
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,

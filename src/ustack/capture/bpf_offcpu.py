@@ -226,6 +226,7 @@ class OffcpuCapture(UnwindCountCapture):
     the mapping tracker gets its records) with an OffcpuCounter attached;
     `blocked()` reads the sums at the end."""
     defers_stacks = False   # its ring carries new code objects only: no lazy rows
+    defers_table_full = False
 
     def __init__(self, probes: list, target, opts, unwind_tables):
         super().__init__(probes, target, opts.buffer_pages,

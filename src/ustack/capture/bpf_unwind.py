@@ -334,18 +334,21 @@ class UnwindObjects:
     def bytes_loaded(self) -> int:
         return self.next_row * ROW_SIZE
 
-    def full_note(self) -> str:
-        """What the header says when objects' rows did not fit the table
-        (their stacks were unwound in user space, from copies), else ""."""
+    def full_note(self, from_copies: bool = True) -> str:
+        """What the run says when objects' rows did not fit the table, else
+        "": their stacks were unwound in user space, from copies, where the
+        programs defer them (`from_copies`), else cut there with a note."""
         if not self.full:
             return ""
         names = ", ".join(os.path.basename(p) for p in self.full[:3])
         more = f" and {len(self.full) - 3} more" if len(self.full) > 3 else ""
         size = self.maps.rows.max_entries * ROW_SIZE
         what = "1 object's" if len(self.full) == 1 else f"{len(self.full)} objects'"
+        then = ("their stacks unwound from copies in user space" if from_copies
+                else "their stacks cut there")
         return (f"{what} unwind rows did not fit the in-kernel "
-                f"table ({_mib(size)} MiB: {names}{more}), their stacks unwound from "
-                f"copies in user space; --unwind-memory MIB makes it bigger")
+                f"table ({_mib(size)} MiB: {names}{more}), {then}; "
+                f"--unwind-memory MIB makes it bigger")
 
 
 def _mib(size: int) -> str:
