@@ -62,3 +62,25 @@ def test_a_bad_size_is_one_line(value):
     assert res.returncode != 0
     assert res.stderr.strip() == "ustack: --unwind-memory must be between 0 and 65536 MiB", \
         res.stderr
+
+
+@pytest.mark.kernel
+def test_an_object_mapped_later_that_does_not_fit_is_named_at_the_end():
+    """A library dlopen'd during the run (libstdc++, 34 k rows) finds the
+    table full: the summary names it, after the header named those of
+    the start."""
+    from helpers import spawn
+    prog = build("dlopen_deep", flags=O2_NOFP)
+    stdcxx = "/lib/x86_64-linux-gnu/libstdc++.so.6"
+    target = spawn(prog, stdcxx, 3, 3, "-", stdin=subprocess.PIPE)   # no plugin_back in it
+    try:
+        res = run_attached(target, "count", "--backend", "bpf", "--unwind-memory", "0.02",
+                           "syscall:exit_group", timeout=60)
+    finally:
+        stop(target)
+    assert res.returncode == 0, res.stderr
+    header, *rest = res.stderr.splitlines()
+    assert "libc.so.6" in header and "libstdc++" not in header, header
+    ends = [line for line in rest if "unwind rows did not fit" in line]
+    assert len(ends) == 1 and "libstdc++.so.6" in ends[0], res.stderr
+    assert "--unwind-memory MIB makes it bigger" in ends[0]

@@ -87,6 +87,7 @@ class BpfCapture(Capture):
         self.rows_capacity = None
         self._first_objects: list = []     # host paths whose rows load before the start
         self._full_at_start = 0             # objects named full in the header
+        self._row_objects = None            # the counter's UnwindObjects, kept past close()
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
         self.cut: dict = {}                 # why -> events whose stack was cut short
@@ -156,6 +157,7 @@ class BpfCapture(Capture):
                 if full:
                     self.unwind_note += "; " + full
                 self._full_at_start = len(objects.full)
+                self._row_objects = objects
             programs.result()
             events.result()
             self.counter.attach(self.events)
@@ -296,7 +298,7 @@ class BpfCapture(Capture):
     def end_notes(self) -> list:
         """What the summary says of the run's unwind rows: objects that
         did not fit after the header was printed, those loaded as sampled."""
-        objects = self.counter.objects if self.counter is not None else None
+        objects = self._row_objects
         notes = []
         if objects is not None and len(objects.full) > self._full_at_start:
             notes.append(objects.full_note(self.defers_table_full))
