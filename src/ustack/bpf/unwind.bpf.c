@@ -96,11 +96,13 @@ static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 {
 	/* TABLE_FULL too: an object whose rows did not fit is unwound from
 	 * the stack copy in user space, not cut; and a stack deeper than
-	 * MAX_FRAMES where the run asked for deeper copies (--stack-size) */
+	 * MAX_FRAMES where the run asked for deeper copies (--stack-size),
+	 * which a record with fetch-args does not carry (DEFER_STACK) */
 	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
 				     || w->rec.head.status == VMA_BUSY
 				     || w->rec.head.status == TABLE_FULL
 				     || (w->rec.head.status == TRUNCATED
+					 && !(opts & UW_FETCH_ARGS)
 					 && ring_defer_stack() > DEFER_STACK));
 }
 
