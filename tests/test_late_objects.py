@@ -15,7 +15,7 @@ import pytest
 
 from container import APP_PATH, Rootfs, Runtime
 from helpers import (O2_NOFP, build, finish, funcs, parse_counts, parse_trace, run_attached,
-                     spawn, start_ustack, stop, wait_tracing)
+                     run_ustack, spawn, start_ustack, stop, wait_tracing)
 
 DEPTH = 100          # ~300 bytes a frame: ~30 KiB of stack under the plugin
 
@@ -127,3 +127,18 @@ def test_tracefs_events_in_a_library_gone_before_its_maps_were_read_are_marked()
     for e in events:
         named = e["frames"][0]["func"] == "plugin_leaf" and e["frames"][0]["module"] == "plugin.so"
         assert named or any("no mapping ustack saw" in n for n in e["notes"]), e
+
+
+@pytest.mark.kernel
+def test_a_stack_past_the_walks_frame_limit_is_whole_with_a_deep_copy():
+    """200 frames: the in-kernel walk stops at 128; asked for 64 KiB of
+    copy, the run unwinds the copy instead, to _start."""
+    from helpers import RECURSE_FLAGS
+    prog = build("recurse", flags=RECURSE_FLAGS)
+    res = run_ustack("count", "--backend", "bpf", "--stack-size", "65528",
+                     f"uprobe:{prog}:leaf", "-c", f"{prog} 200 3", timeout=60)
+    assert res.returncode == 0, res.stderr
+    (stack,) = parse_counts(res.stdout)
+    assert stack["count"] == 3
+    assert funcs(stack["frames"]) == ["leaf"] + ["rec"] * 200 + [
+        "main", "__libc_start_call_main", "__libc_start_main", "_start"], stack["frames"][-6:]
