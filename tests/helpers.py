@@ -54,6 +54,7 @@ VARIANTS = {
 
 # Extra link arguments some programs need.
 _LIBS = {"threads": ["-pthread"], "parked": ["-pthread"], "dlopen_main": ["-ldl"],
+         "dlopen_deep": ["-ldl"],
          "usdt_dl": ["-ldl"]}
 
 

@@ -114,7 +114,8 @@ KERNEL_UNWIND_REASONS = {
     8: "the stack could not be read",
     10: "stopped at the in-kernel frame limit",
     11: "the process's memory map was locked",
-    12: "the in-kernel unwind table was full when this object was loaded",
+    12: "the in-kernel unwind table was full when this object was loaded "
+        "(--unwind-memory MIB makes it bigger)",
     20: "its CFA is rbx-based (ld.so's lazy-binding resolver) and rbx is not known there",
 }
 # not a cut: the whole stack, through code without a file (JIT) on its

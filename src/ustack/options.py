@@ -29,6 +29,7 @@ class Options:
     buffer_pages: int | None = None     # None: sized for the unwinder
     unwind: str = "auto"                   # auto | fp | dwarf
     stack_size: int = DEFAULT_STACK_SIZE
+    unwind_memory: int | None = None    # --unwind-memory, bytes; None: sized by the targets
     symbols: SymbolOptions = SymbolOptions()
     backend: str = "auto"                  # auto | perf | bpf | tracefs
     every_process: bool = False            # -a: tracefs globs over a library allowed
@@ -68,6 +69,7 @@ def run_options(args) -> Options:
     check_buffer_pages(args.buffer_pages)
     check_duration(args.duration)
     check_stack_size(args.stack_size)
+    unwind_memory = unwind_memory_bytes(getattr(args, "unwind_memory", None))
     pids = args.pid or ()
     return Options(command=args.cmd, pid=pids[0] if len(pids) == 1 else None,
                    pids=pids if len(pids) > 1 else (), cmdline=args.command,
@@ -76,6 +78,7 @@ def run_options(args) -> Options:
                    include_idle=args.include_idle,
                    duration=args.duration, buffer_pages=args.buffer_pages,
                    unwind=args.unwind, stack_size=args.stack_size // 8 * 8,
+                   unwind_memory=unwind_memory,
                    symbols=symbol_options(args),
                    backend=args.backend, output_path=args.output,
                    every_process=getattr(args, "every_process", False),
@@ -115,6 +118,15 @@ def check_duration(seconds: float | None) -> None:
 def check_stack_size(size: int) -> None:
     if not 8 <= size <= MAX_STACK_SIZE:
         raise UstackError(f"--stack-size must be between 8 and {MAX_STACK_SIZE} bytes")
+
+
+def unwind_memory_bytes(mib: float | None) -> int | None:
+    """--unwind-memory MIB in bytes (None: not given)."""
+    if mib is None:
+        return None
+    if not 0 < mib <= 1 << 16:
+        raise UstackError("--unwind-memory must be between 0 and 65536 MiB")
+    return max(4096, int(mib * (1 << 20)))
 
 
 def check_stack_storage(n: int) -> None:

@@ -34,7 +34,7 @@ struct {
 	__uint(max_entries, 1);		/* sized by the loader */
 } totals SEC(".maps");
 
-/* python.h's records of code objects seen first */
+/* python.h's records of code objects seen first; deferred records (ML_DEFER) */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__type(value, struct python_code_record);	/* (the loader drops the size) */
@@ -112,6 +112,34 @@ static __always_inline void put(__u32 tgid, __u64 addr, __u64 size, __u64 hash, 
 	add_total(tgid, hash, size, 1);
 }
 
+/* ML_DEFER: a walk that met an object without rows yet (a library
+ * dlopen'd just before: its mapping's record is still on its way to user
+ * space) or whose rows did not fit goes to the ring as a deferred record,
+ * unwound by user space; the block is counted under *id, the record's
+ * weight, until then. 0 where it does not go (the ring is full: counted) */
+static __always_inline int defer_call(struct pt_regs *ctx, struct walk *w, __u64 pid_tgid,
+				      __u64 *id)
+{
+	struct deferred_record *d;
+
+	if (!(ml_options & ML_DEFER) || (w->rec.head.status != NO_TABLE
+					 && w->rec.head.status != TABLE_FULL))
+		return 0;
+	d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
+	if (!d) {
+		ml_error(ML_UNDEFERRED);
+		return 0;
+	}
+	w->rec.time = bpf_ktime_get_ns();
+	w->rec.pid_tgid = pid_tgid;
+	w->rec.probe = 0;
+	w->rec.cpu = bpf_get_smp_processor_id();
+	*id = mix(mix(FNV_BASIS, w->rec.time), w->rec.cpu);
+	fill_deferred(ctx, REGS_CTX, w, d, NO_STACK, *id, DEFER_STACK);
+	bpf_ringbuf_submit(d, 0);
+	return 1;
+}
+
 SEC("event")
 int memleak_entry(struct pt_regs *ctx)
 {
@@ -160,12 +188,15 @@ int memleak_entry(struct pt_regs *ctx)
 	w = walk(ctx, REGS_CTX, 0, &no_kernel_stack);
 	if (w && (ml_options & ML_V8))
 		v8_pass(w, pid_tgid);
+	if (w && defer_call(ctx, w, pid_tgid, &c.hash))
+		goto keep;
 	if (w && (ml_options & ML_PYTHON))
 		python_pass(w, &ring, pid_tgid, 0);
 	if (!w || !store_stack(w, &c.hash)) {
 		ml_error(ML_STACKS_FULL);
 		c.hash = 0;			/* counted without a stack */
 	}
+keep:
 	if (bpf_map_update_elem(&calls, &tid, &c, BPF_ANY))
 		ml_error(ML_CALLS_FULL);
 	return result;

@@ -5,9 +5,10 @@
  * += 1 (or the event's weight: UW_WEIGHT, also in a deferred record);
  * unwind_trace writes each event's record and frames into the ring
  * (trace), its fetch-args after them where the probe has some (a tail call
- * into the code generated for them). Either defers a walk that ended NO_TABLE or VMA_BUSY (an object
- * mapped before its rows were loaded, a memory map locked in a sample's
- * interrupt), given UW_DEFER: the event's registers and stack go to the
+ * into the code generated for them). Either defers a walk that ended
+ * NO_TABLE, VMA_BUSY or TABLE_FULL (an object mapped before its rows were
+ * loaded, a memory map locked in a sample's interrupt, an object whose
+ * rows did not fit ROWS), given UW_DEFER: the event's registers and stack go to the
  * ring for user space to unwind; where the ring is full the stack ends
  * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
  * interpreter gets its Python frames (python.h) after the native walk; given
@@ -55,6 +56,22 @@ const volatile __u8 probe_by_cookie;
 const volatile enum program_result result;
 const volatile enum unwind_option options;
 const volatile enum regs_source regs_source;
+/* bytes of stack a deferred record in the ring carries: the run's
+ * --stack-size (a multiple of 8; the loader's), DEFER_STACK to
+ * MAX_DEFER_STACK. A constant to the verifier (.rodata is frozen), so the
+ * ring's reserve may take it */
+const volatile __u32 defer_stack = DEFER_STACK;
+
+static __always_inline __u32 ring_defer_stack(void)
+{
+	__u32 size = defer_stack;
+
+	if (size > MAX_DEFER_STACK)
+		size = MAX_DEFER_STACK;
+	if (size < DEFER_STACK)
+		size = DEFER_STACK;
+	return size;
+}
 
 static __always_inline __u32 this_probe(void *ctx)
 {
@@ -79,8 +96,16 @@ static __always_inline struct walk *walked(void *ctx, enum unwind_option opts,
 
 static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 {
+	/* TABLE_FULL too: an object whose rows did not fit is unwound from
+	 * the stack copy in user space, not cut; and a stack deeper than
+	 * MAX_FRAMES where the run asked for deeper copies (--stack-size),
+	 * which a record with fetch-args does not carry (DEFER_STACK) */
 	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
-				     || w->rec.head.status == VMA_BUSY);
+				     || w->rec.head.status == VMA_BUSY
+				     || w->rec.head.status == TABLE_FULL
+				     || (w->rec.head.status == TRUNCATED
+					 && !(opts & UW_FETCH_ARGS)
+					 && ring_defer_stack() > DEFER_STACK));
 }
 
 /* the Python frames of w's stack, after the native walk; new code
@@ -92,42 +117,6 @@ static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 		v8_pass(w, pid_tgid);
 	if (opts & UW_PYTHON)
 		python_pass(w, &ring, pid_tgid, probe);
-}
-
-/* d = the deferred record of this event: its registers (the walk moved
- * them: the event's own) and DEFER_STACK bytes from sp at once; where that
- * fails the stack ends within them, and as it ends at a page boundary
- * (its mapping's end) it ends after sp's page or the next: those are
- * copied one at a time. w->rec holds the record's head. */
-static __always_inline void fill_deferred(void *ctx, struct walk *w, struct deferred_record *d,
-					  __s32 kernel_stack, __u64 weight)
-{
-	__u64 first;
-
-	user_registers(ctx, regs_source, w);
-	d->rec.time = w->rec.time;
-	d->rec.pid_tgid = w->rec.pid_tgid;
-	d->rec.probe = w->rec.probe;
-	d->rec.cpu = w->rec.cpu;
-	d->rec.head.frames = 0;
-	d->rec.head.status = DEFERRED;
-	d->ip = w->pc;
-	d->sp = w->sp;
-	d->bp = w->bp;
-	d->bx = w->bx;
-	d->kernel_stack = kernel_stack;
-	d->weight = weight;
-	if (!bpf_probe_read_user(d->stack, DEFER_STACK, (void *)w->sp)) {
-		d->copied = DEFER_STACK;
-	} else {
-		first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
-		if (bpf_probe_read_user(d->stack, first, (void *)w->sp))
-			d->copied = 0;
-		else if (bpf_probe_read_user(d->stack + first, 4096, (void *)(w->sp + first)))
-			d->copied = first;
-		else
-			d->copied = first + 4096;
-	}
 }
 
 /* the head of this event's record in w->rec */
@@ -144,13 +133,15 @@ static __always_inline void record_head(struct walk *w, __u64 pid_tgid, __u32 pr
 static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack,
 				 __u64 weight)
 {
-	struct deferred_record *d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
+	__u32 size = ring_defer_stack();
+	struct deferred_record *d = bpf_ringbuf_reserve(
+		&ring, sizeof(*d) - DEFER_STACK + size, 0);
 
 	if (!d) {
 		count_unwind_error(UW_UNDEFERRED);
 		return 0;
 	}
-	fill_deferred(ctx, w, d, kernel_stack, weight);
+	fill_deferred(ctx, regs_source, w, d, kernel_stack, weight, size);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
 }
@@ -220,7 +211,7 @@ int unwind_trace(void *ctx)
 		} else {
 			dw = bpf_map_lookup_elem(&deferred_scratch, &zero);
 			if (dw) {
-				fill_deferred(ctx, w, &dw->d, kernel_stack, 1);
+				fill_deferred(ctx, regs_source, w, &dw->d, kernel_stack, 1, DEFER_STACK);
 				/* outputs it, or counts UW_UNDEFERRED and goes on
 				 * in FETCH_STREAM with the stack as walked */
 				bpf_tail_call(ctx, &fetch_args, FETCH_DEFERRED);

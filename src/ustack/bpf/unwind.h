@@ -595,4 +595,48 @@ static __always_inline int store_stack(struct walk *w, __u64 *hash)
 	return 1;
 }
 
+/* d = the deferred record of this event: its registers (the walk moved
+ * them: the event's own) and `size` bytes from sp at once (d has room for
+ * them); where that fails the stack ends within them, and as it ends at a
+ * page boundary (its mapping's end), sp's page and the ones after it are
+ * copied one at a time. w->rec holds the record's head. */
+static __always_inline void fill_deferred(void *ctx, enum regs_source source, struct walk *w,
+					  struct deferred_record *d, __s32 kernel_stack,
+					  __u64 weight, __u32 size)
+{
+	__u64 first, copied;
+
+	user_registers(ctx, source, w);
+	d->rec.time = w->rec.time;
+	d->rec.pid_tgid = w->rec.pid_tgid;
+	d->rec.probe = w->rec.probe;
+	d->rec.cpu = w->rec.cpu;
+	d->rec.head.frames = 0;
+	d->rec.head.status = DEFERRED;
+	d->ip = w->pc;
+	d->sp = w->sp;
+	d->bp = w->bp;
+	d->bx = w->bx;
+	d->kernel_stack = kernel_stack;
+	d->weight = weight;
+	if (!bpf_probe_read_user(d->stack, size, (void *)w->sp)) {
+		d->copied = size;
+		return;
+	}
+	first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
+	if (bpf_probe_read_user(d->stack, first, (void *)w->sp)) {
+		d->copied = 0;
+		return;
+	}
+	copied = first;
+	for (int i = 0; i < MAX_DEFER_STACK / 4096; i++) {
+		if (copied > size - 4096)
+			break;
+		if (bpf_probe_read_user(d->stack + copied, 4096, (void *)(w->sp + copied)))
+			break;
+		copied += 4096;
+	}
+	d->copied = copied;
+}
+
 #endif

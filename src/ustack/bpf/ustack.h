@@ -201,6 +201,7 @@ static __always_inline void add_one(__u64 *slot)
 #define WINDOW 512		/* bytes of stack copied at a time (read_user) */
 #define ARGS_AREA (12 << 10)	/* a trace record's fetch-args, after its frames */
 #define DEFER_STACK 8192	/* bytes of stack a deferred record carries: two pages */
+#define MAX_DEFER_STACK 65536	/* ... at most, as deep as --stack-size (the ring's) */
 #define SEARCH_STEPS 22		/* binary search steps: 4 M rows */
 #define PAGE_SHIFT 12		/* the page index's granule (unwind/tables.py) */
 #define VMA_REGION_SHIFT 21	/* the VMA cache's key: (mm ctx_id, address >> 21) */
@@ -255,7 +256,7 @@ enum unwind_option {
 	UW_ONLY_TRACED = 1,	/* a tracepoint under -p/-c: tgids only */
 	UW_WAIT_FOR_EXEC = 2,	/* a -c command: once armed */
 	UW_KERNEL_STACK = 4,	/* --kernel */
-	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
+	UW_DEFER = 8,		/* a walk that ends NO_TABLE, VMA_BUSY or TABLE_FULL goes to the ring */
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
 	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
@@ -454,13 +455,16 @@ struct memleak_total {
 
 /* slots of memleak's error array */
 enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
-		     ML_STACKS_FULL = 3, MEMLEAK_ERROR_SLOTS = 4 };
+		     ML_STACKS_FULL = 3,
+		     ML_UNDEFERRED = 4,	/* the ring had no room: the stack ended cut */
+		     MEMLEAK_ERROR_SLOTS = 5 };
 
 /* what a memleak program does besides its job */
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
 	ML_PYTHON = 2,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
 	ML_V8 = 4,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
+	ML_DEFER = 8,		/* a walk that ends NO_TABLE or TABLE_FULL goes to the ring */
 };
 
 #endif

@@ -20,7 +20,8 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         return FuncCountCapture(probes, target)
     if backend == "bpf":
         bpf_opts = dict(stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
-                        weighted=getattr(opts, "weight", None) is not None)
+                        weighted=getattr(opts, "weight", None) is not None,
+                        unwind_memory=opts.unwind_memory, stack_size=opts.stack_size)
         if kernel_tables is None:
             from .bpf_count import StackCountCapture
             return StackCountCapture(probes, target, opts.buffer_pages, **bpf_opts)

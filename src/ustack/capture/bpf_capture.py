@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 
-from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
+from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
 from ..kernel import bpf_syscall
 from ..model import Losses, MmapEvent, RawSample, UnwoundSample
 from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
@@ -64,12 +64,18 @@ class BpfCapture(Capture):
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
     defers_stacks = False
+    # a mode whose programs hand user space the stacks through an object
+    # whose rows did not fit the table (memleak too, which loads no rows lazily)
+    defers_table_full = False
 
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
                  unwind_tables=None, python: bool = False, weighted: bool = False,
-                 js: bool = False):
+                 js: bool = False, unwind_memory: int | None = None,
+                 stack_size: int = DEFAULT_STACK_SIZE):
         self.probes = probes
+        # --stack-size: the bytes of stack a deferred record carries (bpf_unwind)
+        self.stack_size = stack_size
         self.weighted = weighted            # count --weight: sums, not hits
         self.target = target
         self.stack_storage = stack_storage
@@ -77,6 +83,13 @@ class BpfCapture(Capture):
         # DWARF unwinding in the kernel (capture/bpf_unwind.py): the rows of
         # an object, from unwind/tables.for_image (None: frame pointers)
         self.unwind_tables = unwind_tables
+        # bytes of in-kernel rows: --unwind-memory, else sized at open()
+        # by what the targets map (bpf_unwind.rows_capacity)
+        self.unwind_memory = unwind_memory
+        self.rows_capacity = None
+        self._first_objects: list = []     # host paths whose rows load before the start
+        self._full_at_start = 0             # objects named full in the header
+        self._row_objects = None            # the counter's UnwindObjects, kept past close()
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
         # JS frames named in the stacks it unwinds (bpf/v8.h, capture/bpf_v8.py)
@@ -126,26 +139,32 @@ class BpfCapture(Capture):
             # period in the kernel (10-20 ms here), and ctypes lets go of
             # the GIL there.
             events = InBackground(self.events.open)
+            lazy = target.scope == "system" and self.defers_stacks
+            if self.unwind_tables is not None:
+                from .bpf_unwind import objects_of_target, rows_capacity
+                self._first_objects = objects_of_target(target, self.probes,
+                                                        running=not lazy)
+                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
-            lazy = (self.counter.objects is not None and target.scope == "system"
-                    and self.defers_stacks)
-            # the objects mapped before the run's first event: rows for them
-            # are loaded now, and a -c command's interpreter is read there
-            ahead = None
-            if self.counter.objects is not None:
-                from .bpf_unwind import objects_of_target
-                ahead = objects_of_target(target, self.probes, running=not lazy)
-            self._follow_python(ahead)
+            # the objects mapped before the run's first event (rows for them
+            # are loaded now) are where a -c command's interpreter is read
+            self._follow_python(self._first_objects if self.unwind_tables is not None else None)
             self._follow_v8()
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
-            if ahead is not None:
+            lazy = lazy and self.counter.objects is not None
+            if self.counter.objects is not None:
                 objects = self.counter.objects
                 objects.add_vdso()
-                for path in ahead:
+                for path in self._first_objects:
                     self.interrupt.check()
                     objects.add_path(path)
+                full = objects.full_note(self.defers_table_full)
+                if full:
+                    self.unwind_note += "; " + full
+                self._full_at_start = len(objects.full)
+                self._row_objects = objects
             programs.result()
             events.result()
             self.counter.attach(self.events)
@@ -314,11 +333,16 @@ class BpfCapture(Capture):
         self.close()
 
     def end_notes(self) -> list:
-        """What the summary says of the run's unwind rows."""
+        """What the summary says of the run's unwind rows: objects that
+        did not fit after the header was printed, those loaded as sampled."""
+        objects = self._row_objects
+        notes = []
+        if objects is not None and len(objects.full) > self._full_at_start:
+            notes.append(objects.full_note(self.defers_table_full))
         lazy = self.lazy_rows
         if lazy is None:
-            return []
-        return [f"Unwind rows of {lazy.loaded} objects were loaded during the run, "
+            return notes
+        return notes + [f"Unwind rows of {lazy.loaded} objects were loaded during the run, "
                 f"as their code was sampled"
                 + (f" ({lazy.pending} more were wanted when it ended: their stacks "
                    f"were unwound by ustack)" if lazy.pending else "")]

@@ -9,7 +9,8 @@ from ..model import Losses, RawSample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import ring_bytes
 from ..probes.weight import as_s64
-from .bpf_unwind import KernelUnwinder, RingChunk, deferral_ring_bytes, ring_samples
+from .bpf_unwind import (DEFAULT_ROWS, KernelUnwinder, RingChunk, deferral_ring_bytes,
+                          ring_samples)
 
 
 class UnwindCountCapture(BpfCapture):
@@ -20,12 +21,16 @@ class UnwindCountCapture(BpfCapture):
     unwind_note = "unwound in the kernel"
     links_uprobes = True    # its programs can learn the probe from a link's cookie
     defers_stacks = True    # through its ring (deferred records)
+    defers_table_full = True
 
     def _new_counter(self) -> KernelUnwinder:
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, python=self.python,
-                              js=self.js, ring_bytes=deferral_ring_bytes(self.buffer_pages),
+                              js=self.js, rows=self.rows_capacity or DEFAULT_ROWS,
+                              stack_size=self.stack_size,
+                              ring_bytes=deferral_ring_bytes(self.buffer_pages,
+                                                             self.stack_size),
                               weighted=self.weighted, linked=self.linked)
 
     def read_chunks(self, timeout_ms: int) -> list:
@@ -95,7 +100,8 @@ class UnwindTraceCapture(UnwindCountCapture):
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, trace=True,
-                              fetches=self.fetches, python=self.python, js=self.js,
+                              rows=self.rows_capacity or DEFAULT_ROWS, js=self.js,
+                              stack_size=self.stack_size, fetches=self.fetches, python=self.python,
                               ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
 
     def counted(self, reset: bool = False) -> list:

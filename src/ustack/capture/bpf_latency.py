@@ -123,7 +123,7 @@ class LatencyCounter(BpfCounter):
                  slower_ns: int | None, tables=None, fp_stacks: bool = False,
                  filter_tgid=None, armed=None, stack_storage: int = 1024,
                  ring_bytes: int = 0, python: bool = False, linked: frozenset = frozenset(),
-                 js: bool = False):
+                 js: bool = False, rows: int | None = None):
         self._no_maps_yet(probes, owned, armed=armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.sites = sites
@@ -140,7 +140,7 @@ class LatencyCounter(BpfCounter):
         self.ring = self.lat.ring
         if tables is not None:
             from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
-            self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
+            self.unwind_maps = owned.map(UnwindMaps(rows or DEFAULT_ROWS, stack_storage, 16))
             self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
             if python:
                 from .bpf_python import PythonMaps, PythonProcs
@@ -301,9 +301,10 @@ class LatencyCapture(BpfCapture):
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unit_ns: int, by_stack: bool, slower_ns: int | None,
                  unwind_tables=None, fp_stacks: bool = False, stack_storage: int = 1024,
-                 python: bool = False, js: bool = False):
+                 python: bool = False, js: bool = False, unwind_memory: int | None = None):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
-                         unwind_tables=unwind_tables, python=python, js=js)
+                         unwind_tables=unwind_tables, python=python, js=js,
+                         unwind_memory=unwind_memory)
         self.sites = sites
         self.fp_stacks = fp_stacks
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
@@ -314,7 +315,7 @@ class LatencyCapture(BpfCapture):
             by_stack=self.by_stack, slower_ns=self.slower_ns, tables=self.unwind_tables,
             fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
             stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages),
-            python=self.python, linked=self.linked, js=self.js)
+            python=self.python, linked=self.linked, js=self.js, rows=self.rows_capacity)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         from .bpf_unwind import code_record

@@ -22,6 +22,11 @@ Three programs (src/ustack/bpf/memleak.bpf.c):
   from these allocators) is ignored.
 A Python process's allocating stacks get its Python frames (bpf/python.h,
 capture/bpf_python.py), their new code objects reported through a ring.
+A call whose walk met an object without rows yet (a library dlopen'd just
+before: its MMAP2 record is read 5-20 ms later) goes through that ring as
+a deferred record (registers and 8 KiB of stack) and its block is counted
+under the record's id; ustack unwinds the record as the copy path's
+samples, and the report names the block's stack from it.
 TOTALS answers the report; ALLOCS with its times answers --older (only
 blocks older than that). Nothing leaves the kernel per call."""
 from __future__ import annotations
@@ -36,8 +41,8 @@ from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
 from .bpf_python import CODE_RING_BYTES, PythonMaps, PythonProcs
 from .bpf_v8 import V8Maps, V8Procs
-from .bpf_unwind import (DEFAULT_ROWS, RingChunk, UnwindMaps, UnwindObjects, kernel_rodata,
-                         ring_samples, stack_chain)
+from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
+                         UnwindObjects, kernel_rodata, ring_samples, stack_chain)
 from .kernel_offsets import Offsets
 
 _U64 = struct.Struct("<Q")
@@ -68,6 +73,7 @@ class Outstanding:
     chain: bytes                     # the allocator's entry stack (bpf_unwind's frames)
     bytes: int
     count: int
+    deferred: object = None          # its deferred RawSample (a copy to unwind), if any
 
 
 class MemleakCounter(BpfCounter):
@@ -77,14 +83,17 @@ class MemleakCounter(BpfCounter):
 
     def __init__(self, probes: list, owned, sites: list, tables, *, stack_storage: int,
                  armed=None, max_allocs: int = MAX_ALLOCS, python: bool = False,
-                 js: bool = False):
+                 js: bool = False, rows: int = DEFAULT_ROWS):
         self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
-        self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
+        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage, 16))
         self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
-        if python:          # Python frames (python.h); new code objects by the ring
+        # deferred records (and with Python frames, new code objects)
+        self.ring = owned.ring(bpf_syscall.RingBuf(max(DEFER_RING_BYTES, CODE_RING_BYTES),
+                                                   "ustack_mlring"))
+        self.deferred: dict = {}        # a deferred call's id -> its RawSample
+        if python:          # Python frames (python.h)
             self.python = PythonProcs(owned.map(PythonMaps()))
-            self.ring = owned.ring(bpf_syscall.RingBuf(CODE_RING_BYTES, "ustack_mlring"))
         if js:              # JS frames (v8.h)
             self.v8 = V8Procs(owned.map(V8Maps()))
         obj = memleak_object()
@@ -98,8 +107,9 @@ class MemleakCounter(BpfCounter):
         self.named.update(self.unwind_maps.named())
         self.named.update(calls=self.calls, allocs=self.allocs, totals=self.totals,
                           ml_errors=self.ml_errors)
+        self.named["ring"] = self.ring
         if self.python is not None:
-            self.named.update(self.python.maps.named(), ring=self.ring)
+            self.named.update(self.python.maps.named())
         if self.v8 is not None:
             self.named.update(self.v8.maps.named())
 
@@ -108,7 +118,8 @@ class MemleakCounter(BpfCounter):
         site = self.sites[index]
         options = obj.enum("memleak_option")
         wanted = {"ML_WAIT_FOR_EXEC": self.armed is not None,
-                  "ML_PYTHON": self.python is not None, "ML_V8": self.v8 is not None}
+                  "ML_PYTHON": self.python is not None, "ML_V8": self.v8 is not None,
+                  "ML_DEFER": True}
         rodata = {"result": program_result(probe),
                   "ml_options": sum(options[k] for k, on in wanted.items() if on),
                   "kind": obj.enum("memleak_kind")[site.kind] if site.role == "entry" else 0,
@@ -163,8 +174,23 @@ class MemleakCounter(BpfCounter):
                     s = sums.setdefault((tgid, h), [0, 0])
                     s[0] += size
                     s[1] += 1
-        return [Outstanding(tgid, stack_chain(self.unwind_maps, h), nbytes, count)
+        return [self._outstanding(tgid, h, nbytes, count)
                 for (tgid, h), (nbytes, count) in sums.items()]
+
+    def _outstanding(self, tgid: int, h: int, nbytes: int, count: int) -> Outstanding:
+        """A stack's sums: its frames from STACKS, or its deferred record."""
+        deferred = self.deferred.get(h)
+        if deferred is not None:
+            return Outstanding(tgid, b"", nbytes, count, deferred)
+        return Outstanding(tgid, stack_chain(self.unwind_maps, h), nbytes, count)
+
+    def take_deferred(self, samples: list) -> None:
+        """The deferred records ring_samples made (their id is the weight
+        it read), kept by id for outstanding()."""
+        for s in samples:
+            if s.regs is not None and s.args:
+                self.deferred[s.args[0][2] & (1 << 64) - 1] = RawSample(
+                    0, s.pid, s.tid, s.time_ns, s.cpu, regs=s.regs, stack=s.stack)
 
     def in_calls(self) -> int:
         """Allocator calls entered and not returned (yet)."""
@@ -177,28 +203,38 @@ class MemleakCapture(BpfCapture):
     mapping's rows are loaded as its record passes), `outstanding()` reads
     the kernel's sums whenever asked."""
     counts_in_kernel = False            # outstanding(), read by the command
+    defers_table_full = True            # through its ring (memleak.bpf.c's defer_call)
     ring_chunk = RingChunk              # with Python frames: records of new code objects
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
-                 unwind_tables, stack_storage: int, python: bool = False, js: bool = False):
+                 unwind_tables, stack_storage: int, python: bool = False, js: bool = False,
+                 unwind_memory: int | None = None):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
-                         unwind_tables=unwind_tables, python=python, js=js)
+                         unwind_tables=unwind_tables, python=python, js=js,
+                         unwind_memory=unwind_memory)
         self.sites = sites
         self.unwind_note = "stacks unwound in the kernel"
 
     def _new_counter(self) -> MemleakCounter:
         return MemleakCounter(self.probes, self.owned, self.sites, self.unwind_tables,
                               stack_storage=self.stack_storage, armed=self.armed,
-                              python=self.python, js=self.js)
+                              python=self.python, js=self.js,
+                              rows=self.rows_capacity or DEFAULT_ROWS)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
-        """The ring's records of new code objects, read (no samples)."""
-        return ring_samples(chunk, samples, offset, limit,
-                            python_code=self.counter.python.code_seen)
+        """The ring's records of new code objects and deferred calls, read
+        (no samples: the deferred ones are kept for outstanding())."""
+        python = self.counter.python
+        deferred: list = []
+        offset = ring_samples(chunk, deferred, offset, limit,
+                              python_code=python.code_seen if python is not None else None,
+                              weighted=True)
+        self.counter.take_deferred(deferred)
+        return offset
 
     def outstanding(self, older_ns: int | None = None) -> list:
         """(RawSample of the allocating stack, bytes, blocks) per process and stack."""
-        return [(RawSample(0, o.pid, o.pid, 0, -1, o.chain, b""), o.bytes, o.count)
+        return [(o.deferred or RawSample(0, o.pid, o.pid, 0, -1, o.chain, b""), o.bytes, o.count)
                 for o in self.counter.outstanding(older_ns)]
 
     def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
@@ -206,4 +242,6 @@ class MemleakCapture(BpfCapture):
             ("found the stack map full (counted without a stack)", "ML_STACKS_FULL"),
             ("found the call map full", "ML_CALLS_FULL"),
             ("found the allocation map full", "ML_ALLOCS_FULL"),
-            ("found the per-stack map full", "ML_TOTALS_FULL"))), skipped=skipped)
+            ("found the per-stack map full", "ML_TOTALS_FULL"),
+            ("found its ring full (its stack cut where no unwind table was loaded yet)",
+             "ML_UNDEFERRED"))), skipped=skipped)

@@ -45,7 +45,7 @@ from ..model import Losses, RawSample
 from .bpf_capture import uncounted
 from .bpf_dwarf import UnwindCountCapture
 from .bpf_python import CODE_RING_BYTES
-from .bpf_unwind import KernelUnwinder, kernel_rodata
+from .bpf_unwind import DEFAULT_ROWS, KernelUnwinder, kernel_rodata
 from .kernel_offsets import Offsets
 from ..values import value
 
@@ -126,12 +126,13 @@ class OffcpuCounter(KernelUnwinder):
 
     def __init__(self, probes: list, owned, tables, *, filter_: OffcpuFilter,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
-                 exclude_tgid: int | None = None, python: bool = False, js: bool = False):
+                 exclude_tgid: int | None = None, python: bool = False, js: bool = False,
+                 rows: int = DEFAULT_ROWS):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
         # python: its ring carries only the records of new code objects
         super().__init__(probes, owned, tables, stack_storage=stack_storage, kernel=kernel,
-                         filter_tgid=filter_tgid, armed=armed, python=python, js=js,
+                         filter_tgid=filter_tgid, armed=armed, python=python, js=js, rows=rows,
                          ring_bytes=CODE_RING_BYTES if python else 0)
         obj = offcpu_object()
         self.start = owned.map(obj.make_map("start"))
@@ -228,12 +229,13 @@ class OffcpuCapture(UnwindCountCapture):
     the mapping tracker gets its records) with an OffcpuCounter attached;
     `blocked()` reads the sums at the end."""
     defers_stacks = False   # its ring carries new code objects only: no lazy rows
+    defers_table_full = False
 
     def __init__(self, probes: list, target, opts, unwind_tables):
         super().__init__(probes, target, opts.buffer_pages,
                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
                          unwind_tables=unwind_tables, python=opts.python,
-                         js=opts.js_named)
+                         js=opts.js_named, unwind_memory=opts.unwind_memory)
         self.filter = opts.offcpu or OffcpuFilter()
 
     def _new_counter(self) -> OffcpuCounter:
@@ -242,7 +244,8 @@ class OffcpuCapture(UnwindCountCapture):
                              filter_=self.filter, stack_storage=self.stack_storage,
                              kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed,
                              exclude_tgid=os.getpid() if system else None,
-                             python=self.python, js=self.js)
+                             python=self.python, js=self.js,
+                             rows=self.rows_capacity or DEFAULT_ROWS)
 
     def blocked(self) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,

@@ -31,8 +31,10 @@ has an empty user stack.
 
 Deferred stacks: an object mapped during the run has no rows until user
 space reads its MMAP2 record (5-20 ms later; a short program's every
-event), and a sample's interrupt may find the memory map locked. Such a
-walk (status NO_TABLE or VMA_BUSY) is not counted cut: given a ring, the
+event), a sample's interrupt may find the memory map locked, and an
+object's rows may not fit the table (ROWS is sized by what the targets
+map, within --unwind-memory: rows_capacity). Such a walk (status
+NO_TABLE, VMA_BUSY or TABLE_FULL) is not counted cut: given a ring, the
 program writes the event's registers and stack there (a DEFERRED record) and ustack
 unwinds it as the copy path's samples (ring_samples makes it a DWARF
 RawSample), once the MMAP2 records told it the mappings. Only where the
@@ -94,13 +96,15 @@ STACK_HEAD = _OBJ.layout("stack_head").struct     # frames, status
 RECORD = _OBJ.layout("trace_record").struct
 # a deferred record (RECORD with no frames, status DEFERRED), then the
 # event's ip, sp, bp, bx, kernel stack id, bytes of stack copied, its weight
-# (count --weight), then DEFER_STACK bytes from sp (the copied ones first)
+# (count --weight), then the stack from sp (the copied ones first): DEFER_STACK
+# bytes, or in the ring as many as --stack-size (unwind.bpf.c's defer_stack)
 _DEFERRED = _OBJ.layout("deferred_record")
 _TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
 DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "bx", "kernel_stack",
                                                           "copied", "weight")))
 DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
 DEFER_RECORD = _DEFERRED.size
+MAX_DEFER_STACK = 65536          # ustack.h: a deferred record's stack, at most
 DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
 COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
@@ -133,11 +137,19 @@ def kernel_dev(st_dev: int) -> int:
     return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
-def deferral_ring_bytes(buffer_pages: int) -> int:
+def deferral_ring_bytes(buffer_pages: int, stack_size: int = DEFER_STACK) -> int:
     """count/profile's ring of deferred stacks: DEFER_RING_BYTES, more as
-    --buffer-pages grows, a power of two."""
-    want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4)
+    --buffer-pages grows, room for 256 records of `stack_size` bytes of
+    stack (--stack-size); a power of two."""
+    want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4,
+               256 * (DEFER_RECORD - DEFER_STACK + defer_stack_bytes(stack_size)))
     return 1 << (want - 1).bit_length()
+
+
+def defer_stack_bytes(stack_size: int) -> int:
+    """The stack bytes a deferred record in the ring carries for a run
+    whose --stack-size is `stack_size` (as unwind.bpf.c bounds it)."""
+    return min(MAX_DEFER_STACK, max(DEFER_STACK, stack_size // 8 * 8))
 
 
 # --- the maps, and the objects loaded into them --------------------------------
@@ -232,6 +244,7 @@ class UnwindObjects:
         self.next_row = 0
         self.next_page = 0
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
+        self.full: list = []            # paths of the objects whose rows did not fit
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = threading.Lock()
@@ -267,7 +280,8 @@ class UnwindObjects:
             adjust = vaddr - offset
             n = len(packed)
             if self.next_row + n > self.maps.rows.max_entries:
-                first, n = TABLE_FULL_MARK, 0     # its frames' stacks say so
+                first, n = TABLE_FULL_MARK, 0     # its stacks are unwound from copies
+                self.full.append(path)
             else:
                 first = self.next_row
                 self._write_rows(first, packed.data, n)
@@ -321,6 +335,26 @@ class UnwindObjects:
     def bytes_loaded(self) -> int:
         return self.next_row * ROW_SIZE
 
+    def full_note(self, from_copies: bool = True) -> str:
+        """What the run says when objects' rows did not fit the table, else
+        "": their stacks were unwound in user space, from copies, where the
+        programs defer them (`from_copies`), else cut there with a note."""
+        if not self.full:
+            return ""
+        names = ", ".join(os.path.basename(p) for p in self.full[:3])
+        more = f" and {len(self.full) - 3} more" if len(self.full) > 3 else ""
+        size = self.maps.rows.max_entries * ROW_SIZE
+        what = "1 object's" if len(self.full) == 1 else f"{len(self.full)} objects'"
+        then = ("their stacks unwound from copies in user space" if from_copies
+                else "their stacks cut there")
+        return (f"{what} unwind rows did not fit the in-kernel "
+                f"table ({_mib(size)} MiB: {names}{more}), {then}; "
+                f"--unwind-memory MIB makes it bigger")
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.3g}"
+
 
 def object_keys(path: str) -> list:
     """The OBJECTS keys of the object at `path` (a host path): its (dev,
@@ -347,12 +381,43 @@ def objects_of_target(target, probes: list, running: bool = True) -> list:
             paths += needed.load_closure(exe)
     pids = [target.pid] if target.scope == "pid" else (
         procfs.pids() if target.scope == "system" and running else [])
+    if target.scope == "system" and not running:
+        pids = processes_mapping(paths)
     for pid in pids:
         for m in procfs.executable_mappings(pid):
             path = object_path(m)
             if path is not None:
                 paths.append(path)
     return list(dict.fromkeys(paths))
+
+
+MAX_EAGER_PROCESSES = 16         # processes whose objects load before a lazy run starts
+
+
+def processes_mapping(paths: list) -> list:
+    """The processes that map one of the objects at `paths` now, if at
+    most MAX_EAGER_PROCESSES do, else none. A system-wide run that loads
+    rows as objects are sampled loads theirs before it starts: their
+    events come first and at the probes' rate, faster than the loader
+    (a container's libc, a copy no other process maps: 95 % of 20,000
+    uprobe hits cut when the deferral ring filled first). A probe on a
+    library every process maps (libc) is left to the loader."""
+    keys = {k for p in paths for k in object_keys(p)}
+    names = {os.path.basename(p) for p in paths}    # a stat only where the name is one
+    if not keys:
+        return []
+    found = []
+    for pid in procfs.pids():
+        for m in procfs.executable_mappings(pid):
+            if os.path.basename(m.path) not in names:
+                continue
+            path = object_path(m)
+            if path is not None and not keys.isdisjoint(object_keys(path)):
+                found.append(pid)
+                break
+        if len(found) > MAX_EAGER_PROCESSES:
+            return []
+    return found
 
 
 def _programs_named(argv: list) -> list:
@@ -384,7 +449,37 @@ def _is_elf(path: str) -> bool:
 
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
-DEFAULT_ROWS = 1 << 20            # 16 MiB of rows: libc is 28 k rows
+DEFAULT_ROWS = 1 << 20            # the table's least size, 16 MiB: libc is 28 k rows
+# the most the table takes unless --unwind-memory says otherwise: clang++'s
+# libLLVM and libclang-cpp are ~1 M rows each (16 MiB)
+MAX_UNWIND_MEMORY = 256 << 20
+# rows per byte of an object's .eh_frame (.debug_frame): 0.16-0.20 measured
+# on libc, libstdc++, python3.11, libLLVM-14, libclang-cpp-14
+ROWS_PER_CFI_BYTE = 0.25
+
+
+def rows_estimate(path: str) -> int:
+    """About how many rows the object at `path` takes, from the size of
+    its CFI (a few header reads, not the CFI itself); 0 unreadable."""
+    from ..objfile.on_disk import OnDisk
+    try:
+        sections = OnDisk.of(path).sections
+    except UstackError:
+        return 0
+    cfi = max((sections[n].size for n in (".eh_frame", ".debug_frame") if n in sections),
+              default=0)
+    return int(cfi * ROWS_PER_CFI_BYTE)
+
+
+def rows_capacity(paths: list, memory: int | None = None) -> int:
+    """How many rows the run's table holds: `memory` bytes' worth when
+    the user set it (--unwind-memory), else what the objects at `paths`
+    take and half the least size again for what they map later, never
+    less than DEFAULT_ROWS nor more than MAX_UNWIND_MEMORY."""
+    if memory is not None:
+        return max(1, memory // ROW_SIZE)
+    need = sum(rows_estimate(p) for p in paths) + DEFAULT_ROWS // 2
+    return min(max(DEFAULT_ROWS, need), MAX_UNWIND_MEMORY // ROW_SIZE)
 COUNTS_PER_STACK = 16             # count keys per STACKS entry (see KernelUnwinder)
 
 
@@ -401,11 +496,13 @@ class KernelUnwinder(BpfCounter):
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
                  fetches: tuple = (), python: bool = False, weighted: bool = False,
-                 linked: frozenset = frozenset(), js: bool = False):
+                 linked: frozenset = frozenset(), js: bool = False,
+                 stack_size: int = DEFER_STACK):
         self._no_maps_yet(probes, owned, kernel, armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
         self.fetches = tuple(fetches)
+        self.defer_stack = defer_stack_bytes(stack_size)   # a deferred record's stack bytes
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
         self.v8 = None                   # bpf_v8.V8Procs: JS frames named in stacks
@@ -450,7 +547,7 @@ class KernelUnwinder(BpfCounter):
             fetch=fetch_maps, python=self.python.maps if self.python else None,
             v8=self.v8.maps if self.v8 else None,
             weights=self.weighing.weights if self.weighing else None,
-            name=f"ustack_uw{index}")
+            defer_stack=self.defer_stack, name=f"ustack_uw{index}")
         self.owned.program(fd)
         try:
             self.verified[index] = bpf_syscall.verified_insns(fd)
@@ -471,7 +568,7 @@ class KernelUnwinder(BpfCounter):
             kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
             python=self.python.maps if self.python else None, by_cookie=True,
             v8=self.v8.maps if self.v8 else None,
-            name="ustack_uwlinks")
+            defer_stack=self.defer_stack, name="ustack_uwlinks")
         return self.owned.program(fd)
 
     def _fetch_maps(self) -> dict:
@@ -560,7 +657,7 @@ def kernel_rodata(offsets: Offsets) -> dict:
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
                  python=None, weights=None, name: str = "ustack_uw",
-                 by_cookie: bool = False, v8=None) -> int:
+                 by_cookie: bool = False, v8=None, defer_stack: int = DEFER_STACK) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
@@ -569,7 +666,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     v8.h's (bpf_v8.V8Maps), to name JS frames;
     `weights`: count --weight's map (bpf_weight.py), whose value each
     event adds in place of 1; `by_cookie`: for uprobe_multi links, whose
-    cookie names the probe."""
+    cookie names the probe; `defer_stack`: the stack bytes a deferred
+    record in the ring carries (defer_stack_bytes)."""
     obj = unwind_object()
     named = maps.named()
     if python is not None:
@@ -591,7 +689,7 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
             "probe_index": index, "result": program_result(probe),
             "options": sum(bits[k] for k, on in wanted.items() if on),
             "regs_source": obj.enum("regs_source")[regs_source(probe)],
-            "probe_by_cookie": int(by_cookie),
+            "probe_by_cookie": int(by_cookie), "defer_stack": defer_stack,
             "task_fsbase": Offsets.of_this_kernel().task_fsbase,
             **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name,
             bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
@@ -650,7 +748,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             append(RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
-                stack=chunk[at:at + min(size, DEFER_STACK)], args=args,
+                stack=chunk[at:min(at + size, rec + n)], args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b""))
             continue
         frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)
@@ -725,7 +823,9 @@ def _try_load(probe) -> str | None:
     try:
         maps = UnwindMaps(16, 16, 16, objects=16, vmas=16, pages_capacity=16)
         ring = bpf_syscall.RingBuf(1 << 14, "ustack_uwtry")
-        os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry"))
+        # the deepest deferred copy a run may ask for: its checks are the hardest
+        os.close(load_program("unwind_count", maps, 0, probe, ring=ring, name="ustack_uwtry",
+                              defer_stack=MAX_DEFER_STACK))
     except UstackError as e:
         return str(e)
     finally:

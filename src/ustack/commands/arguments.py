@@ -56,6 +56,11 @@ def target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")
+    p.add_argument("--unwind-memory", type=float, metavar="MIB",
+                   help="bpf: MiB of kernel memory for the objects' unwind rows "
+                        "(default: sized by what the targets map, 16 to 256 MiB); "
+                        "a stack through an object whose rows do not fit is "
+                        "unwound from a copy in user space")
     symbol_args(p)
 
 

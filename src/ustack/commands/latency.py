@@ -207,6 +207,7 @@ class LatencySession(Session):
             slower_ns=(None if request.slower_ms is None
                        else int(request.slower_ms * 1_000_000)),
             unwind_tables=tables, fp_stacks=fp, stack_storage=self.opts.stack_storage,
+            unwind_memory=self.opts.unwind_memory,
             python=self.opts.python, js=self.opts.js_named)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code

@@ -168,7 +168,8 @@ class MemleakSession(Session):
         capture = MemleakCapture(probes, sites, self.target, self.opts.buffer_pages,
                                  unwind_tables=tables.for_image,
                                  stack_storage=self.opts.stack_storage,
-                                 python=self.opts.python, js=self.opts.js_named)
+                                 python=self.opts.python, js=self.opts.js_named,
+                                 unwind_memory=self.opts.unwind_memory)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code
         capture.v8_functions = self.v8_functions

@@ -195,6 +195,8 @@ class DwarfUnwinder:
                 notes.append(note)
         else:
             notes.append(f"stopped after {self.max_frames} frames")
+        if st is None and not notes:        # ended at an address no mapping holds
+            notes.append(UNMAPPED_NOTE)
         return tuple(addrs), tuple(notes)
 
     # --- resolving a pc (cache misses) -------------------------------------------
@@ -278,6 +280,11 @@ _DIRECT = {cfi.CFA_SP: _SP, cfi.CFA_BP: _BP, cfi.CFA_SP_DEREF: _SP_DEREF,
 # frame pointer; a return address there means the walk already went wrong.
 _NO_MAPPING_LEAF = (_BP,) + _FP_RULE + ("frame pointer used for [unknown]: no mapping",)
 _NO_MAPPING = (_STOP, 0, 0, 0, 0, 0, 0, 0, None)
+# ... where the walk ends there: what tracefs gives for a library dlopen'd
+# after ustack read the maps of a process that exited before it read them again
+UNMAPPED_NOTE = ("stack cut at [unknown]: the address is in no mapping ustack saw in "
+                 "this process (mapped and gone between two reads of its maps: "
+                 "--backend perf or bpf record every mapping)")
 
 
 def _short(notes: list, size: int, offset: int, top: int, advice: str) -> None:
