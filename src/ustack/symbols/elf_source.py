@@ -154,8 +154,7 @@ class ElfSource:
         whose frames are not named yet."""
         if self.fetcher is None:
             return []
-        waiting = self.fetcher.not_named_note(self._fetching)
-        return self.fetcher.notes + ([waiting] if waiting else [])
+        return self.fetcher.notes + self.fetcher.not_named_notes(self._fetching)
 
     def _line_table(self, path: str) -> LineTable | None:
         """DWARF lines of the object itself, else of its debug file."""
