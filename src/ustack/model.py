@@ -20,6 +20,7 @@ class SymbolOptions:
     demangle: bool = True          # --no-demangle turns it off
     debug_dirs: tuple = ()         # --debug-dir: more places for debug files
     debuginfod: tuple = ()         # --debuginfod URLs, else DEBUGINFOD_URLS's
+    name_sources: bool = False     # -v: say what named each object's frames
 
 
 # --- probes ---------------------------------------------------------------

@@ -94,6 +94,10 @@ def symbol_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debuginfod", action="append", default=[], metavar="URL",
                    help="ask this debuginfod server for the debug files of objects "
                         "without names (repeatable; default: DEBUGINFOD_URLS)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say at the end what named each object's frames (.symtab, "
+                        ".dynsym, a debug file and how it was found, debuginfod, "
+                        "MiniDebugInfo, FDE starts)")
 
 
 def output_args(p: argparse.ArgumentParser, table: dict) -> None:
