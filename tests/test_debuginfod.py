@@ -375,3 +375,22 @@ def test_fetches_bounded(served, cache, tmp_path, monkeypatch):
                what="the second object refused by the bound")
     assert _said(sym, "debuginfod: 1 debug files") == [
         f"debuginfod: 1 debug files asked for, the most a run asks; not asked: {second}"]
+
+
+@pytest.mark.kernel
+def test_report_names_what_the_record_run_could_not(served, cache, silent_server, tmp_path):
+    """A recording made while the server never answered is named by a
+    later report once a server has the file."""
+    unstripped, stripped, build_id, url = served
+    spec = f"uprobe:{{}}:{_sink(unstripped)}"
+    rec = tmp_path / "run.ustack"
+    _out, err = _run(stripped, "record", spec.format(stripped), "-o", rec,
+                     urls=[silent_server])
+    assert not _fetched(cache, build_id).exists(), err
+    want_rec = tmp_path / "want.ustack"
+    _run(unstripped, "record", spec.format(unstripped), "-o", want_rec)
+    got = run_ustack("report", rec, "--inlines", "--lines",
+                     env=dict(ustack_env(), DEBUGINFOD_URLS=url))
+    want = run_ustack("report", want_rec, "--inlines", "--lines")
+    assert got.returncode == 0, got.stderr
+    assert _frames(got.stdout) == _frames(want.stdout) and "sink" in got.stdout, got.stderr

@@ -51,6 +51,8 @@ class Fetcher:
         self.fetches = 0               # build-ids asked of the servers
         self.over_bound: list = []     # paths not asked for, past MAX_FETCHES
         self._servers_said: set = set()
+        self._finished: set = set()    # build-ids asked for whose fetch ended
+        self._ended = None             # a Condition: told when one ends
         self._seen: set = set()        # paths and build-ids queued once
         self._queue = None
         self._thread = None
@@ -66,11 +68,25 @@ class Fetcher:
             self._seen.add(build_id)
             self._put(("build-id", build_id, path))
 
+    def wait_for(self, build_id: str, deadline: float) -> bool:
+        """Wait (until time.monotonic() `deadline`) for the fetch asked for
+        build_id to end: whether its file is in the cache."""
+        import time
+        if build_id in self._seen and self._ended is not None:
+            with self._ended:
+                while build_id not in self._finished:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._ended.wait(min(left, 0.5))
+        return cached_debug_file(build_id) is not None
+
     def _put(self, item) -> None:
         if self._thread is None:
             import queue
             import threading
             self._queue = queue.SimpleQueue()
+            self._ended = threading.Condition()
             self._thread = threading.Thread(target=self._work, name="debuginfod",
                                             daemon=True)
             self._thread.start()
@@ -86,6 +102,11 @@ class Fetcher:
                     self._fetch(item[1], item[2])
             except Exception as e:         # noqa: BLE001 (a fetch never breaks a run)
                 self.notes.append(f"debuginfod: {e}")
+            finally:
+                if item[0] == "build-id":
+                    with self._ended:
+                        self._finished.add(item[1])
+                        self._ended.notify_all()
 
     def _consider(self, path: str) -> None:
         """Ask for `path`'s debug file when it has no names (or, with

@@ -44,6 +44,7 @@ class ElfSource:
         self._fetching: dict = {}      # image path -> build-id: named without the file asked for
         self._debug_how: dict = {}     # image path -> how its debug file was found
         self.named_by: dict = {}       # image path -> what named its frames (-v)
+        self._wait_until = None        # time.monotonic() past which no fetch is waited for
 
     def resolve(self, path: str, file_off: int) -> tuple:
         """(vaddr, Symbol) at file_off in the object at path; either may be
@@ -155,9 +156,26 @@ class ElfSource:
             self._debug_how[image.path] = found.how
             self._warnings.extend(found.refused)
             if self.fetcher is not None and found.how in ("", "minidebuginfo"):
-                self.fetcher.ask(image.file.build_id, image.path)
-                self._fetching[image.path] = image.file.build_id
+                build_id = image.file.build_id
+                self.fetcher.ask(build_id, image.path)
+                if self._waited_for(build_id):       # a report's: now in the cache
+                    debug, found = debug_lookup(image, self.options.debug_dirs)
+                    self._debug_images[image.path] = debug
+                    self._debug_how[image.path] = found.how
+                else:
+                    self._fetching[image.path] = build_id
         return self._debug_images[image.path]
+
+    def _waited_for(self, build_id: str) -> bool:
+        """Whether build_id's debug file arrived while naming waited for it:
+        only when asked to wait (fetch_wait_s, a report's), for as long in
+        all."""
+        if self.options.fetch_wait_s <= 0:
+            return False
+        import time
+        if self._wait_until is None:
+            self._wait_until = time.monotonic() + self.options.fetch_wait_s
+        return self.fetcher.wait_for(build_id, self._wait_until)
 
     def refresh(self) -> bool:
         """Forget what was named without debug files, once one arrived from
