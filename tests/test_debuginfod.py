@@ -373,7 +373,11 @@ def test_fetches_bounded(served, cache, tmp_path, monkeypatch):
     _named_at_main(sym, second, 2)
     wait_until(lambda: _said(sym, "debuginfod: 1 debug files"), timeout=30,
                what="the second object refused by the bound")
-    assert _said(sym, "debuginfod: 1 debug files") == [
+    wait_until(lambda: _said(sym, "debuginfod: no server"), timeout=30,
+               what="the server's 404 for the first object")
+    assert _said(sym, "debuginfod") == [
+        f"debuginfod: no server has the debug file of {first} (404): their frames "
+        "stay unnamed",
         f"debuginfod: 1 debug files asked for, the most a run asks; not asked: {second}"]
 
 

@@ -134,6 +134,7 @@ class Fetcher:
             return
         if self.fetches >= MAX_FETCHES:
             self.over_bound.append(path)
+            self.missing[build_id] = "not asked"    # said apart, not as "still coming"
             return
         self.fetches += 1
         why = {}
