@@ -405,3 +405,23 @@ def test_nothing_of_clickhouse_is_imported_until_an_address_is_given():
                          capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "1 []", res.stdout + res.stderr
     assert "ustack sends to clickhouse://HOST:PORT/DB" in res.stderr, res.stderr
+
+
+def test_a_report_over_many_stacks_reads_them_all(server):
+    """More distinct stacks than one query can list (ClickHouse parses
+    256 KiB of query text): 15,000 of them, each with its 20-digit id."""
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    for statement in create_statements("ustack"):
+        server.query(statement)
+    n = 15_000
+    base = 10_000_000_000_000_000_000          # 20 digits
+    server.query(f"INSERT INTO ustack.stacks SELECT {base} + number, "
+                 "[concat('f', toString(number))], ['m'], [''], [toUInt32(0)], ['native'], "
+                 f"[toUInt8(0)], emptyArrayString() FROM numbers({n})")
+    server.query("INSERT INTO ustack.samples SELECT toDateTime(1764000000), "
+                 "1764000000000000000, 60000000000, 'h', '', 1, 0, 'c', '', '', "
+                 f"'profile:hz:49', 1, {base} + number, 'b' FROM numbers({n})")
+    res = run_ustack("report", "--from", server.url, "-f", "folded")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == n and "stack not stored" not in res.stdout, res.stdout[-300:]

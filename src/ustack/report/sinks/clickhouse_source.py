@@ -81,9 +81,11 @@ def counted_stacks(server: Server, f: Filter, per_pid: bool = False) -> list:
     return out
 
 
-def stacks_of(server: Server, ids: set, chunk: int = 20_000) -> dict:
+def stacks_of(server: Server, ids: set, chunk: int = 8_000) -> dict:
     """stack_id -> Stack, by their ids (a list, not a second scan of the
-    samples); the ReplacingMergeTree may not have merged a repeat yet: any()."""
+    samples); the ReplacingMergeTree may not have merged a repeat yet: any().
+    A query lists `chunk` ids at most: ClickHouse parses 256 KiB of query
+    text (max_query_size), and 8,000 ids of 20 digits are 176 KB."""
     stacks: dict = {}
     ordered = sorted(ids)
     for i in range(0, len(ordered), chunk):
