@@ -425,3 +425,26 @@ def test_a_report_over_many_stacks_reads_them_all(server):
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert len(lines) == n and "stack not stored" not in res.stdout, res.stdout[-300:]
+
+
+def test_container_filter_keeps_its_container_by_id_or_prefix(server):
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    for statement in create_statements("ustack"):
+        server.query(statement)
+    web, db = "a1" * 32, "b2" * 32
+    server.query("INSERT INTO ustack.stacks VALUES (1, ['serve'], ['m'], [''], [0], "
+                 "['native'], [0], []), (2, ['query'], ['m'], [''], [0], ['native'], [0], [])")
+    server.query("INSERT INTO ustack.samples VALUES "
+                 f"(1764000000, 1764000000000000000, 1, 'h', '{web}', 1, 0, 'web', '', '', "
+                 "'profile:hz:49', 3, 1, 'b'), "
+                 f"(1764000000, 1764000000000000000, 1, 'h', '{db}', 2, 0, 'db', '', '', "
+                 "'profile:hz:49', 5, 2, 'b'), "
+                 "(1764000000, 1764000000000000000, 1, 'h', '', 3, 0, 'host', '', '', "
+                 "'profile:hz:49', 7, 1, 'b')")
+    for wanted in (web, web[:12]):
+        res = run_ustack("report", "--from", server.url, "-f", "folded", "--container", wanted)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == ["web;serve 3"], res.stdout
+    both = run_ustack("report", "--from", server.url, "-f", "folded",
+                      "--container", f"{web[:12]},{db[:12]}")
+    assert sorted(both.stdout.splitlines()) == ["db;query 5", "web;serve 3"], both.stdout

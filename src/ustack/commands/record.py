@@ -341,6 +341,7 @@ def report_from(args, err: TextIOBase = sys.stderr) -> int:
     only = source.Filter(
         hosts=_names(args.host), comms=_names(args.comm),
         pids=tuple(sorted(_id_set(args.pid, "pid"))),
+        containers=_names(args.container),
         since_ns=source.parse_time(args.since, "--since") if args.since else None,
         until_ns=source.parse_time(args.until, "--until") if args.until else None,
         event=args.event or "")

@@ -18,6 +18,7 @@ class Filter:
     hosts: tuple = ()
     comms: tuple = ()
     pids: tuple = ()
+    containers: tuple = ()           # ids, or their first characters (docker ps shows 12)
     since_ns: int | None = None
     until_ns: int | None = None
     event: str = ""
@@ -49,6 +50,9 @@ def where(f: Filter) -> str:
         conds.append(f"comm IN ({', '.join(map(quote, f.comms))})")
     if f.pids:
         conds.append(f"pid IN ({', '.join(str(int(p)) for p in f.pids)})")
+    if f.containers:
+        conds.append("(" + " OR ".join(f"substring(container, 1, {len(c)}) = {quote(c)}"
+                                       for c in f.containers) + ")")
     if f.event:
         conds.append(f"event = {quote(f.event)}")
     if f.since_ns is not None:          # time first: the sort key's granules
