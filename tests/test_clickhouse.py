@@ -117,6 +117,15 @@ def interval_totals(directory) -> dict:
     return totals
 
 
+def interval_spans(directory) -> list:
+    """(start_ns, duration_ns) of each pprof file in `directory`, in time."""
+    spans = []
+    for path in directory.iterdir():
+        p = Profile.FromString(gzip.decompress(path.read_bytes()))
+        spans.append((p.time_nanos, p.duration_nanos))
+    return sorted(spans)
+
+
 def file_stacks(paths) -> Counter:
     """The stacks of pprof files, by function names root first, summed."""
     stacks: Counter = Counter()
@@ -206,9 +215,13 @@ def test_four_agents_through_a_restart_lose_nothing_and_send_nothing_twice(
     server, runs, errs = four_agents_through_a_restart
     for label, out, queue, _proc in runs:
         local = interval_totals(out)
-        # -d 5 of 0.5 s: 10 intervals (an 11th, a few ms long, when the
-        # run's end is seen late on a loaded machine)
-        assert 10 <= len(local) <= 11, sorted(local)
+        # -d 5 of 0.5 s: about 10 intervals, one after the other. A cut made
+        # late on a loaded machine makes one longer and the next shorter (so
+        # 9 of them, or an 11th a few ms long): the files tile the run.
+        spans = interval_spans(out)
+        assert 8 <= len(spans) <= 11, spans
+        assert all(abs(start + took - following) < 1000
+                   for (start, took), (following, _) in zip(spans, spans[1:])), spans
         rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples WHERE "
                             f"host = '{label}' GROUP BY start_ns")
         stored = {int(start): int(n) for start, n in rows}
