@@ -117,6 +117,15 @@ def interval_totals(directory) -> dict:
     return totals
 
 
+def interval_spans(directory) -> list:
+    """(start_ns, duration_ns) of each pprof file in `directory`, in time."""
+    spans = []
+    for path in directory.iterdir():
+        p = Profile.FromString(gzip.decompress(path.read_bytes()))
+        spans.append((p.time_nanos, p.duration_nanos))
+    return sorted(spans)
+
+
 def file_stacks(paths) -> Counter:
     """The stacks of pprof files, by function names root first, summed."""
     stacks: Counter = Counter()
@@ -206,9 +215,13 @@ def test_four_agents_through_a_restart_lose_nothing_and_send_nothing_twice(
     server, runs, errs = four_agents_through_a_restart
     for label, out, queue, _proc in runs:
         local = interval_totals(out)
-        # -d 5 of 0.5 s: 10 intervals (an 11th, a few ms long, when the
-        # run's end is seen late on a loaded machine)
-        assert 10 <= len(local) <= 11, sorted(local)
+        # -d 5 of 0.5 s: about 10 intervals, one after the other. A cut made
+        # late on a loaded machine makes one longer and the next shorter (so
+        # 9 of them, or an 11th a few ms long): the files tile the run.
+        spans = interval_spans(out)
+        assert 8 <= len(spans) <= 11, spans
+        assert all(abs(start + took - following) < 1000
+                   for (start, took), (following, _) in zip(spans, spans[1:])), spans
         rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples WHERE "
                             f"host = '{label}' GROUP BY start_ns")
         stored = {int(start): int(n) for start, n in rows}
@@ -405,3 +418,46 @@ def test_nothing_of_clickhouse_is_imported_until_an_address_is_given():
                          capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "1 []", res.stdout + res.stderr
     assert "ustack sends to clickhouse://HOST:PORT/DB" in res.stderr, res.stderr
+
+
+def test_a_report_over_many_stacks_reads_them_all(server):
+    """More distinct stacks than one query can list (ClickHouse parses
+    256 KiB of query text): 15,000 of them, each with its 20-digit id."""
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    for statement in create_statements("ustack"):
+        server.query(statement)
+    n = 15_000
+    base = 10_000_000_000_000_000_000          # 20 digits
+    server.query(f"INSERT INTO ustack.stacks SELECT {base} + number, "
+                 "[concat('f', toString(number))], ['m'], [''], [toUInt32(0)], ['native'], "
+                 f"[toUInt8(0)], emptyArrayString() FROM numbers({n})")
+    server.query("INSERT INTO ustack.samples SELECT toDateTime(1764000000), "
+                 "1764000000000000000, 60000000000, 'h', '', 1, 0, 'c', '', '', "
+                 f"'profile:hz:49', 1, {base} + number, 'b' FROM numbers({n})")
+    res = run_ustack("report", "--from", server.url, "-f", "folded")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == n and "stack not stored" not in res.stdout, res.stdout[-300:]
+
+
+def test_container_filter_keeps_its_container_by_id_or_prefix(server):
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    for statement in create_statements("ustack"):
+        server.query(statement)
+    web, db = "a1" * 32, "b2" * 32
+    server.query("INSERT INTO ustack.stacks VALUES (1, ['serve'], ['m'], [''], [0], "
+                 "['native'], [0], []), (2, ['query'], ['m'], [''], [0], ['native'], [0], [])")
+    server.query("INSERT INTO ustack.samples VALUES "
+                 f"(1764000000, 1764000000000000000, 1, 'h', '{web}', 1, 0, 'web', '', '', "
+                 "'profile:hz:49', 3, 1, 'b'), "
+                 f"(1764000000, 1764000000000000000, 1, 'h', '{db}', 2, 0, 'db', '', '', "
+                 "'profile:hz:49', 5, 2, 'b'), "
+                 "(1764000000, 1764000000000000000, 1, 'h', '', 3, 0, 'host', '', '', "
+                 "'profile:hz:49', 7, 1, 'b')")
+    for wanted in (web, web[:12]):
+        res = run_ustack("report", "--from", server.url, "-f", "folded", "--container", wanted)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines() == ["web;serve 3"], res.stdout
+    both = run_ustack("report", "--from", server.url, "-f", "folded",
+                      "--container", f"{web[:12]},{db[:12]}")
+    assert sorted(both.stdout.splitlines()) == ["db;query 5", "web;serve 3"], both.stdout

@@ -242,3 +242,35 @@ def test_run_uses_debug_dir_and_reports_refusals(chain, tmp_path):
     refusal = (f"ustack: {by_id}: build-id {other_id} does not match "
                f"{stripped} ({build_id}); not used")
     assert err.splitlines().count(refusal) == 1, err
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("variant, source", [
+    ("unstripped", ".symtab"),
+    ("debuglink", "debug file by debuglink"),
+    ("build-id", "debug file by build-id"),
+    ("minidebuginfo", "MiniDebugInfo (.gnu_debugdata)"),
+    ("fully stripped", "FDE starts"),
+])
+def test_verbose_says_what_named_each_object(chain, tmp_path, variant, source):
+    """-v: a line an object says where its frames' names came from."""
+    from helpers import ok, run_ustack
+    full, debug, stripped = chain
+    extra = []
+    prog = stripped
+    if variant == "unstripped":
+        prog = tmp_path / "bin" / "chain-full"
+        shutil.copy(full, prog)
+    elif variant == "debuglink":
+        shutil.copy(debug, stripped.parent / "chain.debug")
+    elif variant == "build-id":
+        build_id = ElfImage.open(str(full)).build_id
+        by_id = tmp_path / "mine" / ".build-id" / build_id[:2] / f"{build_id[2:]}.debug"
+        by_id.parent.mkdir(parents=True)
+        shutil.copy(debug, by_id)
+        extra = ["--debug-dir", tmp_path / "mine"]
+    elif variant == "minidebuginfo":
+        prog = minidebuginfo(full, tmp_path)
+    res = ok(run_ustack("count", "-v", "syscall:write", *extra, "-c", f"{prog} 3 write"))
+    said = [line for line in res.stderr.splitlines() if line.startswith("ustack: names of ")]
+    assert f"ustack: names of {prog}: {source}" in said, res.stderr

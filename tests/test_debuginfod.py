@@ -315,3 +315,86 @@ def test_wrong_file_refused_then_next_server(served, cache, wrong_server):
     note = [l for l in err.splitlines() if l.startswith("ustack: debuginfod")]
     assert note == [f"ustack: debuginfod {wrong_url}: the file sent as the debug file of "
                     f"{stripped} (build-id {build_id}) {what}; refused and deleted"], err
+
+
+def _unserved(tmp_path, flags) -> str:
+    """A stripped build of the served program the server has no debug file of."""
+    out = tmp_path / f"unserved{len(flags)}" / "served"
+    out.parent.mkdir()
+    subprocess.run(["objcopy", "--strip-all", str(build("served", flags=flags)), str(out)],
+                   check=True)
+    return str(out)
+
+
+def _said(sym, start: str) -> list:
+    return [n for n in sym.warnings if n.startswith(start)]
+
+
+def _named_at_main(sym, prog, pid=1) -> None:
+    """Name a frame in `prog` (mapped in `pid`): the run asks for its file."""
+    assert sym.frames_at(pid, 0x555555554000 + 0x1001)[0].function is None
+
+
+def test_no_server_has_the_file_said(served, cache, tmp_path):
+    """A 404 from every server: one line names the object, not "still coming"."""
+    _unstripped, _stripped, _build_id, url = served
+    prog = _unserved(tmp_path, ("-O0", "-g"))
+    sym = Symbolizer(FakeMaps({1: [text_mapping(prog, 0x555555554000)]}),
+                     SymbolOptions(debuginfod=(url,), debug_dirs=(str(tmp_path),)))
+    _named_at_main(sym, prog)
+    wait_until(lambda: _said(sym, "debuginfod: no server"), timeout=30,
+               what="the server's 404")
+    assert _said(sym, "debuginfod") == [
+        f"debuginfod: no server has the debug file of {prog} (404): their frames "
+        "stay unnamed"]
+
+
+def test_server_down_said_once(cache, tmp_path):
+    prog = _unserved(tmp_path, ("-O0", "-g"))
+    down = f"http://127.0.0.1:{_free_port()}"        # nothing listens there
+    sym = Symbolizer(FakeMaps({1: [text_mapping(prog, 0x555555554000)]}),
+                     SymbolOptions(debuginfod=(down,), debug_dirs=(str(tmp_path),)))
+    _named_at_main(sym, prog)
+    wait_until(lambda: _said(sym, f"debuginfod {down}"), timeout=30,
+               what="the refused connection")
+    assert _said(sym, "debuginfod") == [f"debuginfod {down}: Connection refused"]
+
+
+def test_fetches_bounded(served, cache, tmp_path, monkeypatch):
+    """Past the run's bound no object is asked for, and the run says which."""
+    from ustack.objfile import debuginfod
+    monkeypatch.setattr(debuginfod, "MAX_FETCHES", 1)
+    _unstripped, _stripped, _build_id, url = served
+    first, second = _unserved(tmp_path, ("-O0", "-g")), _unserved(tmp_path, ("-O1",))
+    sym = Symbolizer(FakeMaps({1: [text_mapping(first, 0x555555554000)],
+                               2: [text_mapping(second, 0x555555554000)]}),
+                     SymbolOptions(debuginfod=(url,), debug_dirs=(str(tmp_path),)))
+    _named_at_main(sym, first, 1)
+    _named_at_main(sym, second, 2)
+    wait_until(lambda: _said(sym, "debuginfod: 1 debug files"), timeout=30,
+               what="the second object refused by the bound")
+    wait_until(lambda: _said(sym, "debuginfod: no server"), timeout=30,
+               what="the server's 404 for the first object")
+    assert _said(sym, "debuginfod") == [
+        f"debuginfod: no server has the debug file of {first} (404): their frames "
+        "stay unnamed",
+        f"debuginfod: 1 debug files asked for, the most a run asks; not asked: {second}"]
+
+
+@pytest.mark.kernel
+def test_report_names_what_the_record_run_could_not(served, cache, silent_server, tmp_path):
+    """A recording made while the server never answered is named by a
+    later report once a server has the file."""
+    unstripped, stripped, build_id, url = served
+    spec = f"uprobe:{{}}:{_sink(unstripped)}"
+    rec = tmp_path / "run.ustack"
+    _out, err = _run(stripped, "record", spec.format(stripped), "-o", rec,
+                     urls=[silent_server])
+    assert not _fetched(cache, build_id).exists(), err
+    want_rec = tmp_path / "want.ustack"
+    _run(unstripped, "record", spec.format(unstripped), "-o", want_rec)
+    got = run_ustack("report", rec, "--inlines", "--lines",
+                     env=dict(ustack_env(), DEBUGINFOD_URLS=url))
+    want = run_ustack("report", want_rec, "--inlines", "--lines")
+    assert got.returncode == 0, got.stderr
+    assert _frames(got.stdout) == _frames(want.stdout) and "sink" in got.stdout, got.stderr

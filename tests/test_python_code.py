@@ -198,3 +198,20 @@ def test_what_is_no_code_object_is_not_named(target):
     for address in (facts["not_code"], 8):
         names.remember(proc.pid, address, version)
         assert names.frame(proc.pid, address, 0).function == f"[python code {address:#x}]"
+
+
+@pytest.mark.parametrize("firstlineno", [-230203915, 10**23, 1 << 31])
+def test_a_line_no_code_has_is_no_line(firstlineno):
+    """A code object freed and reused under a running frame gives garbage
+    lines (both seen on a whole-machine profile): not a line, 0."""
+    garbage = PythonCodeInfo("f", "/a.py", firstlineno, pc.LOCATIONS, b"")
+    names = pc.PythonCode(live=False)
+    names.add(1, 8, garbage)
+    assert names.frame(1, 8, PYTHON_INDEX_MAX).line == 0
+    assert names.frame(1, 8, 3).line == 0
+
+
+def test_a_real_first_line_is_kept():
+    names = pc.PythonCode(live=False)
+    names.add(1, 8, PythonCodeInfo("f", "/a.py", 41, pc.LOCATIONS, b""))
+    assert names.frame(1, 8, PYTHON_INDEX_MAX).line == 41

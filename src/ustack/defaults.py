@@ -11,3 +11,6 @@ MAX_STACK_SIZE = 65528             # the kernel's limit (u16 record size)
 DEFAULT_STACK_STORAGE = 16384      # BPF stack map entries, bcc's default
 DEFAULT_PROFILE_HZ = 49            # profile -F, and record without an EVENT
 DEFAULT_RECORDING = "ustack.data"  # record -o / report FILE, as perf.data is perf's
+# How long a report of a recording may wait, in all, for debug files asked
+# of debuginfod servers (a live run never waits: its events would be lost).
+REPORT_DEBUGINFOD_WAIT_S = 60.0

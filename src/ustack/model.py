@@ -20,6 +20,9 @@ class SymbolOptions:
     demangle: bool = True          # --no-demangle turns it off
     debug_dirs: tuple = ()         # --debug-dir: more places for debug files
     debuginfod: tuple = ()         # --debuginfod URLs, else DEBUGINFOD_URLS's
+    name_sources: bool = False     # -v: say what named each object's frames
+    fetch_wait_s: float = 0.0      # how long naming may wait for debuginfod's files, in
+                                   # all: a report's (nothing is lost while it waits)
 
 
 # --- probes ---------------------------------------------------------------

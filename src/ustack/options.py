@@ -89,12 +89,13 @@ def run_options(args) -> Options:
 
 
 def symbol_options(args) -> SymbolOptions:
-    """--lines, --inlines, --no-demangle, --debug-dir, --debuginfod."""
+    """--lines, --inlines, --no-demangle, --debug-dir, --debuginfod, -v."""
     return SymbolOptions(lines=args.lines, inlines=args.inlines,
                          demangle=not args.no_demangle,
                          debug_dirs=tuple(args.debug_dir),
                          debuginfod=tuple(getattr(args, "debuginfod", None) or
-                                          os.environ.get("DEBUGINFOD_URLS", "").split()))
+                                          os.environ.get("DEBUGINFOD_URLS", "").split()),
+                         name_sources=bool(getattr(args, "verbose", False)))
 
 
 def check_target(pid: int | None, cmdline: str | None) -> None:

@@ -103,6 +103,10 @@ def symbol_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debuginfod", action="append", default=[], metavar="URL",
                    help="ask this debuginfod server for the debug files of objects "
                         "without names (repeatable; default: DEBUGINFOD_URLS)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say at the end what named each object's frames (.symtab, "
+                        ".dynsym, a debug file and how it was found, debuginfod, "
+                        "MiniDebugInfo, FDE starts)")
 
 
 def output_args(p: argparse.ArgumentParser, table: dict) -> None:
@@ -405,6 +409,9 @@ def add_report(sub) -> None:
     p.add_argument("--from", dest="source", metavar="clickhouse://HOST:PORT/DB",
                    help="read the intervals `--every --to` sent, instead of FILE")
     p.add_argument("--host", metavar="NAME,…", help="--from: only these hosts")
+    p.add_argument("--container", metavar="ID,…",
+                   help="--from: only these containers (their ids, or the ids' first "
+                        "characters, as docker ps shows 12)")
     p.add_argument("--since", metavar="TIME", help="--from: intervals from TIME "
                    "(2026-11-28T10:00:00 UTC, or seconds since the epoch)")
     p.add_argument("--until", metavar="TIME", help="--from: intervals before TIME")

@@ -12,7 +12,7 @@ from io import TextIOBase
 
 from .run import run_session
 from ..model import CommEvent, StackCount, UstackError
-from ..defaults import DEFAULT_PROFILE_HZ, DEFAULT_RECORDING
+from ..defaults import DEFAULT_PROFILE_HZ, DEFAULT_RECORDING, REPORT_DEBUGINFOD_WAIT_S
 from ..options import (Options, check_frequency, check_stack_storage, run_options,
                        symbol_options)
 from ..report.aggregate import stack_identity
@@ -160,8 +160,10 @@ def replay_options(request: ReportRequest, opts: Options) -> tuple:
     if os.path.isdir(archived):
         objects.append(archived)
         debug_dirs.append(archived)
-    symbols = type(opts.symbols)(opts.symbols.lines, opts.symbols.inlines,
-                                 opts.symbols.demangle, tuple(debug_dirs))
+    # a recording is named after its run: a debug file its run could not
+    # fetch in time is waited for now
+    symbols = replace(opts.symbols, debug_dirs=tuple(debug_dirs),
+                      fetch_wait_s=REPORT_DEBUGINFOD_WAIT_S)
     return Options(symbols=symbols), tuple(objects)
 
 
@@ -339,6 +341,7 @@ def report_from(args, err: TextIOBase = sys.stderr) -> int:
     only = source.Filter(
         hosts=_names(args.host), comms=_names(args.comm),
         pids=tuple(sorted(_id_set(args.pid, "pid"))),
+        containers=_names(args.container),
         since_ns=source.parse_time(args.since, "--since") if args.since else None,
         until_ns=source.parse_time(args.until, "--until") if args.until else None,
         event=args.event or "")

@@ -23,6 +23,11 @@ from .fetched_debug import cache_path, cached_debug_file, valid_build_id
 CONNECT_S = 2.0            # to reach a server
 TOTAL_S = 60.0             # for one file, from one server
 MAX_BYTES = 2 << 30        # a debug file larger than this is garbage
+# files asked of the servers in one run: a whole-machine run meets hundreds
+# of objects, and must not turn into a mirror of the distribution's
+MAX_FETCHES = 100
+NOT_THERE = "404"          # why a file is missing: the servers have none
+REFUSED = "refused"        # … the file sent was not the one asked for (said apart)
 
 
 def server_urls(option_urls=()) -> tuple:
@@ -42,7 +47,12 @@ class Fetcher:
         self.debug_dirs = tuple(debug_dirs)
         self.arrivals = 0              # grows when a file arrives
         self.notes: list = []          # refusals, one sentence each
-        self.missing: set = set()      # build-ids no server had (or answered in time)
+        self.missing: dict = {}        # build-id -> why no server gave it (NOT_THERE: none had it)
+        self.fetches = 0               # build-ids asked of the servers
+        self.over_bound: list = []     # paths not asked for, past MAX_FETCHES
+        self._servers_said: set = set()
+        self._finished: set = set()    # build-ids asked for whose fetch ended
+        self._ended = None             # a Condition: told when one ends
         self._seen: set = set()        # paths and build-ids queued once
         self._queue = None
         self._thread = None
@@ -58,11 +68,25 @@ class Fetcher:
             self._seen.add(build_id)
             self._put(("build-id", build_id, path))
 
+    def wait_for(self, build_id: str, deadline: float) -> bool:
+        """Wait (until time.monotonic() `deadline`) for the fetch asked for
+        build_id to end: whether its file is in the cache."""
+        import time
+        if build_id in self._seen and self._ended is not None:
+            with self._ended:
+                while build_id not in self._finished:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._ended.wait(min(left, 0.5))
+        return cached_debug_file(build_id) is not None
+
     def _put(self, item) -> None:
         if self._thread is None:
             import queue
             import threading
             self._queue = queue.SimpleQueue()
+            self._ended = threading.Condition()
             self._thread = threading.Thread(target=self._work, name="debuginfod",
                                             daemon=True)
             self._thread.start()
@@ -78,6 +102,11 @@ class Fetcher:
                     self._fetch(item[1], item[2])
             except Exception as e:         # noqa: BLE001 (a fetch never breaks a run)
                 self.notes.append(f"debuginfod: {e}")
+            finally:
+                if item[0] == "build-id":
+                    with self._ended:
+                        self._finished.add(item[1])
+                        self._ended.notify_all()
 
     def _consider(self, path: str) -> None:
         """Ask for `path`'s debug file when it has no names (or, with
@@ -101,27 +130,41 @@ class Fetcher:
         self.ask(build_id, os.path.realpath(path) if path.startswith("/proc/") else path)
 
     def _fetch(self, build_id: str, path: str) -> None:
+        if cached_debug_file(build_id) is not None:
+            return
+        if self.fetches >= MAX_FETCHES:
+            self.over_bound.append(path)
+            self.missing[build_id] = "not asked"    # said apart, not as "still coming"
+            return
+        self.fetches += 1
+        why = {}
         try:
-            if cached_debug_file(build_id) is None:
-                for url in self.urls:
-                    if self._keep(build_id, path, url):
-                        break
-                else:
-                    self.missing.add(build_id)
-        except BaseException:
-            self.missing.add(build_id)
-            raise
+            for url in self.urls:
+                why[url] = self._keep(build_id, path, url)
+                if why[url] is None:
+                    return
+        finally:
+            if why.get(url, "") is not None:       # no server gave it
+                self.missing[build_id] = (NOT_THERE if set(why.values()) == {NOT_THERE}
+                                          else "failed")
+        for url, failure in why.items():
+            if failure not in (NOT_THERE, REFUSED) and url not in self._servers_said:
+                self._servers_said.add(url)        # a server down: said once
+                self.notes.append(f"debuginfod {url}: {failure}")
 
-    def _keep(self, build_id: str, path: str, url: str) -> bool:
+    def _keep(self, build_id: str, path: str, url: str) -> str | None:
         """Download the server's answer into the cache; keep it only when it
-        is the debug file asked for."""
+        is the debug file asked for. None once kept, else why not
+        (NOT_THERE: the server has no such file)."""
         from .elf import ElfImage
         out = cache_path(build_id)
         unchecked = out + ".unchecked"    # never where a reader looks, until checked
-        if not objcache.write_chunks(unchecked, _download(f"{url}/buildid/{build_id}/debuginfo")):
-            return False
+        failed: list = []
+        if not objcache.write_chunks(unchecked, _noting(
+                _download(f"{url}/buildid/{build_id}/debuginfo"), failed)):
+            return _why(failed[0]) if failed else "its file could not be cached"
         if not objcache.trusted_file(unchecked):
-            return False
+            return "its file could not be cached"
         try:
             got = ElfImage(unchecked).file.build_id
         except Exception:                   # noqa: BLE001 (garbage of any shape)
@@ -131,24 +174,55 @@ class Fetcher:
             self.notes.append(f"debuginfod {url}: the file sent as the debug file of "
                               f"{path} (build-id {build_id}) {what}; refused and deleted")
             objcache.remove(unchecked)
-            return False
+            return REFUSED
         if not objcache.rename(unchecked, os.path.basename(out)):
             objcache.remove(unchecked)
-            return False
+            return "its file could not be cached"
         self.arrivals += 1
-        return True
+        return None
 
-    def not_named_note(self, named_without: dict) -> str | None:
-        """One sentence: which objects of `named_without` ({path: build-id},
-        frames named without a debug file) had theirs still coming (not
-        those no server has)."""
-        missing = set(self.missing)
+    def not_named_notes(self, named_without: dict) -> list:
+        """What to say of `named_without` ({path: build-id}, objects whose
+        frames were named without a debug file): which no server has, and
+        which had theirs still coming; and what the run did not ask for,
+        past its bound."""
+        missing = dict(self.missing)
+        absent = sorted(p for p, b in named_without.items() if missing.get(b) == NOT_THERE)
         waiting = sorted(p for p, b in named_without.items() if b not in missing)
-        if not waiting:
-            return None
-        return (f"debuginfod: the debug files of {', '.join(waiting)} had not arrived "
-                "when their frames were named: those are not named (a later "
-                "`ustack report` of a recording names them)")
+        notes = []
+        if absent:
+            notes.append(f"debuginfod: no server has the debug file of {_listed(absent)} "
+                         "(404): their frames stay unnamed")
+        if waiting:
+            notes.append(f"debuginfod: the debug files of {_listed(waiting)} had not "
+                         "arrived when their frames were named: those are not named (a "
+                         "later `ustack report` of a recording names them)")
+        if self.over_bound:
+            notes.append(f"debuginfod: {MAX_FETCHES} debug files asked for, the most a "
+                         f"run asks; not asked: {_listed(sorted(set(self.over_bound)))}")
+        return notes
+
+
+def _listed(paths: list, shown: int = 5) -> str:
+    """Paths in one line: the first few, then how many more."""
+    more = len(paths) - shown
+    return ", ".join(paths[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def _why(e: OSError) -> str:
+    if isinstance(e, TimeoutError) or "timed out" in str(e):
+        return "no answer in time"
+    return e.strerror or str(e) or type(e).__name__
+
+
+def _noting(chunks, failed: list):
+    """`chunks`, with the OSError that ends them kept in `failed` (the
+    cache writer swallows it)."""
+    try:
+        yield from chunks
+    except OSError as e:
+        failed.append(e)
+        raise
 
 
 def _download(url: str):
@@ -172,26 +246,28 @@ def _download(url: str):
         conn.request("GET", parts.path)
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         answer = conn.getresponse()
+        if answer.status == 404:
+            raise OSError(NOT_THERE)
         if answer.status != 200:
-            raise OSError(f"{url}: status {answer.status}")
+            raise OSError(f"answered HTTP {answer.status}")
         length = answer.getheader("Content-Length")
         if length and (not length.isdigit() or int(length) > MAX_BYTES):
-            raise OSError(f"{url}: Content-Length {length[:20]}")
+            raise OSError(f"a Content-Length of {length[:20]}")
         size = 0
         while not answer.isclosed():   # closed once the body was read whole
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise OSError(f"{url}: not whole within {TOTAL_S:g} s")
+                raise OSError(f"the file not whole within {TOTAL_S:g} s")
             sock.settimeout(remaining)
             chunk = answer.read(1 << 20)
             if not chunk:
                 break
             size += len(chunk)
             if size > MAX_BYTES:
-                raise OSError(f"{url}: larger than {MAX_BYTES} bytes")
+                raise OSError(f"a file larger than {MAX_BYTES} bytes")
             yield chunk
     except (http.client.HTTPException, ValueError) as e:
-        raise OSError(f"{url}: {e}") from None
+        raise OSError(f"not an HTTP answer ({type(e).__name__})") from None
     finally:
         conn.close()
 

@@ -13,6 +13,9 @@ from ..objfile.on_disk import OnDisk
 from .lines import inlined_frames, real_line
 
 _MAX_CACHED = 1 << 20  # distinct (file, offset) pairs kept; bounds memory
+# -v: what a debug file found each way is called
+_DEBUG_SOURCE = {"build-id": "debug file by build-id", "debuglink": "debug file by debuglink",
+                 "debuginfod": "debuginfod", "minidebuginfo": "MiniDebugInfo (.gnu_debugdata)"}
 
 
 class ElfSource:
@@ -38,6 +41,9 @@ class ElfSource:
                 options.lines or options.inlines, options.debug_dirs)
         self._arrivals = 0
         self._fetching: dict = {}      # image path -> build-id: named without the file asked for
+        self._debug_how: dict = {}     # image path -> how its debug file was found
+        self.named_by: dict = {}       # image path -> what named its frames (-v)
+        self._wait_until = None        # time.monotonic() past which no fetch is waited for
 
     def resolve(self, path: str, file_off: int) -> tuple:
         """(vaddr, Symbol) at file_off in the object at path; either may be
@@ -54,7 +60,14 @@ class ElfSource:
                     debug = self._debug(image)
                     if debug is not None:       # full symtab, local functions too
                         sym = debug.symbols.lookup(vaddr)
-                    hit = (vaddr, sym or image.symbols.lookup(vaddr))
+                    if sym is not None:
+                        self._named(path, _DEBUG_SOURCE.get(self._debug_how.get(image.path), ""))
+                    else:
+                        sym = image.symbols.lookup(vaddr)
+                        if sym is not None:
+                            self._named(path, ".symtab" if image.file.has_symtab
+                                        else ".dynsym")
+                    hit = (vaddr, sym)
             if len(self._symbols) >= _MAX_CACHED:
                 self._symbols.clear()
             self._symbols[key] = hit
@@ -71,6 +84,7 @@ class ElfSource:
         file = printable(file)
         if sym is None:
             start = self._code_start(path, vaddr) if vaddr is not None else None
+            self._named(path, "FDE starts" if start is not None else "no name, addresses")
             f = Frame(addr=addr, module=module, path=m.path, file=file, line=line,
                       offset=vaddr + back - start if start is not None else 0,
                       objaddr=vaddr + back if vaddr is not None else 0,
@@ -82,6 +96,15 @@ class ElfSource:
         if self.options.inlines and len(locs) > 1:
             return inlined_frames(f, locs, self.options.lines, self._name) + [f]
         return [f]
+
+    def _named(self, path: str, source: str) -> None:
+        if self.options.name_sources:
+            self.named_by.setdefault(path, {})[source] = None    # in the order met
+
+    def name_source_notes(self) -> list:
+        """-v: one line an object: what named its frames."""
+        return [f"names of {path}: {', '.join(sources)}"
+                for path, sources in sorted(self.named_by.items())]
 
     def _code_start(self, path: str, vaddr: int) -> int | None:
         """Where the code holding vaddr starts by the object's CFI (its FDE),
@@ -129,11 +152,29 @@ class ElfSource:
         if image.path not in self._debug_images:
             debug, found = debug_lookup(image, self.options.debug_dirs)
             self._debug_images[image.path] = debug
+            self._debug_how[image.path] = found.how
             self._warnings.extend(found.refused)
             if self.fetcher is not None and found.how in ("", "minidebuginfo"):
-                self.fetcher.ask(image.file.build_id, image.path)
-                self._fetching[image.path] = image.file.build_id
+                build_id = image.file.build_id
+                self.fetcher.ask(build_id, image.path)
+                if self._waited_for(build_id):       # a report's: now in the cache
+                    debug, found = debug_lookup(image, self.options.debug_dirs)
+                    self._debug_images[image.path] = debug
+                    self._debug_how[image.path] = found.how
+                else:
+                    self._fetching[image.path] = build_id
         return self._debug_images[image.path]
+
+    def _waited_for(self, build_id: str) -> bool:
+        """Whether build_id's debug file arrived while naming waited for it:
+        only when asked to wait (fetch_wait_s, a report's), for as long in
+        all."""
+        if self.options.fetch_wait_s <= 0:
+            return False
+        import time
+        if self._wait_until is None:
+            self._wait_until = time.monotonic() + self.options.fetch_wait_s
+        return self.fetcher.wait_for(build_id, self._wait_until)
 
     def refresh(self) -> bool:
         """Forget what was named without debug files, once one arrived from
@@ -153,8 +194,7 @@ class ElfSource:
         whose frames are not named yet."""
         if self.fetcher is None:
             return []
-        waiting = self.fetcher.not_named_note(self._fetching)
-        return self.fetcher.notes + ([waiting] if waiting else [])
+        return self.fetcher.notes + self.fetcher.not_named_notes(self._fetching)
 
     def _line_table(self, path: str):
         """DWARF lines of the object itself, else of its debug file (a

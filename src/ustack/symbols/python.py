@@ -227,7 +227,7 @@ def line_of(info: PythonCodeInfo, index: int) -> int:
     clamped at PYTHON_INDEX_MAX) gives the function's first line, as a
     traceback does for a frame before its first instruction."""
     if index >= PYTHON_INDEX_MAX:
-        return info.firstlineno
+        return _a_line(info.firstlineno)
     try:
         if info.table_kind == LOCATIONS:
             line = _line_from_locations(info.table, info.firstlineno, index)
@@ -237,7 +237,15 @@ def line_of(info: PythonCodeInfo, index: int) -> int:
             line = _line_from_lnotab(info.table, info.firstlineno, 2 * index)
     except IndexError:                        # a table cut short
         line = None
-    return info.firstlineno if line is None else line
+    return _a_line(info.firstlineno if line is None else line)
+
+
+def _a_line(line: int) -> int:
+    """`line`, or 0 when it cannot be one (CPython's lines are C ints from
+    1): a code object freed and reused under a running frame reads as
+    garbage, -230203915 or 10**23, which pprof's int64 and ClickHouse's
+    UInt32 refuse (a whole-machine `profile --every -o DIR/` failed so)."""
+    return line if 0 < line < 1 << 31 else 0
 
 
 def _line_from_lnotab(table: bytes, line: int, offset: int) -> int:

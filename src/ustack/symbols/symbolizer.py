@@ -53,7 +53,8 @@ class Symbolizer:
 
     @property
     def warnings(self) -> list:
-        return self._said + self._jit.notes() + self._elf.fetch_notes() + self.v8.warnings
+        return (self._said + self._jit.notes() + self._elf.fetch_notes()
+                + self._elf.name_source_notes() + self.v8.warnings)
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since

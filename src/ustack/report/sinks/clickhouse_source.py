@@ -18,6 +18,7 @@ class Filter:
     hosts: tuple = ()
     comms: tuple = ()
     pids: tuple = ()
+    containers: tuple = ()           # ids, or their first characters (docker ps shows 12)
     since_ns: int | None = None
     until_ns: int | None = None
     event: str = ""
@@ -49,6 +50,9 @@ def where(f: Filter) -> str:
         conds.append(f"comm IN ({', '.join(map(quote, f.comms))})")
     if f.pids:
         conds.append(f"pid IN ({', '.join(str(int(p)) for p in f.pids)})")
+    if f.containers:
+        conds.append("(" + " OR ".join(f"substring(container, 1, {len(c)}) = {quote(c)}"
+                                       for c in f.containers) + ")")
     if f.event:
         conds.append(f"event = {quote(f.event)}")
     if f.since_ns is not None:          # time first: the sort key's granules
@@ -81,9 +85,11 @@ def counted_stacks(server: Server, f: Filter, per_pid: bool = False) -> list:
     return out
 
 
-def stacks_of(server: Server, ids: set, chunk: int = 20_000) -> dict:
+def stacks_of(server: Server, ids: set, chunk: int = 8_000) -> dict:
     """stack_id -> Stack, by their ids (a list, not a second scan of the
-    samples); the ReplacingMergeTree may not have merged a repeat yet: any()."""
+    samples); the ReplacingMergeTree may not have merged a repeat yet: any().
+    A query lists `chunk` ids at most: ClickHouse parses 256 KiB of query
+    text (max_query_size), and 8,000 ids of 20 digits are 176 KB."""
     stacks: dict = {}
     ordered = sorted(ids)
     for i in range(0, len(ordered), chunk):
