@@ -197,6 +197,8 @@ class BpfCapture(Capture):
         from ..kernel import procfs
         from .bpf_unwind import objects_of_target
         python.python_code = self.python_code
+        if self.python_code is not None:
+            self.python_code.by_id = True       # the kernel's ids name its frames' code
         scope = self.target.scope
         if scope == "command":
             if python.warm(objects_of_target(self.target, self.probes)) \
