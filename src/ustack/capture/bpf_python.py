@@ -103,6 +103,9 @@ class PythonProcs:
         self.maps = maps
         self.python_code = python_code
         self.versions: dict = {}        # pid -> (major, minor) of its interpreter
+        # of those forgotten: their code objects' records may come after
+        # their exit, and are named from what the kernel copied
+        self.ended: dict = {}
 
     def add(self, pid: int, mappings: list | None = None) -> bool:
         """Follow pid's interpreter, if it maps one (`mappings`: those to
@@ -133,8 +136,12 @@ class PythonProcs:
 
     def forget(self, pid: int) -> bool:
         """Stop following pid; whether it was followed."""
-        if self.versions.pop(pid, None) is None:
+        version = self.versions.pop(pid, None)
+        if version is None:
             return False
+        if len(self.ended) >= PROCS:
+            self.ended.clear()
+        self.ended[pid] = version
         with self.maps.lock:
             try:
                 if self.maps.all:
@@ -227,7 +234,7 @@ class PythonProcs:
         """A PYTHON_CODE record's entry: the code object is read now,
         while pid lives, and kept under its id; `copied`, what the kernel
         read of it at the sample (PythonCode.remember)."""
-        version = self.versions.get(pid)
+        version = self.versions.get(pid) or self.ended.get(pid)
         if self.python_code is not None and version is not None:
             try:
                 self.python_code.remember(pid, code, version, code_id, identity, copied)

@@ -85,9 +85,9 @@ class PythonCode:
             said.append(f"{self.first_lines} Python functions were gone before their line "
                         "table could be read: their frames show the function's first line")
         if self.cut:
-            said.append(f"{self.cut} stacks deeper than ustack keeps ({self.deepest} frames "
-                        "at most) show their innermost and outermost frames, the count "
-                        "left out between them")
+            said.append(f"{self.cut} stacks deeper than ustack keeps show their innermost "
+                        "and outermost frames and, between them, how many were left out "
+                        f"(at most {self.deepest})")
         if self.not_code:
             said.append(f"{self.not_code} Python frames are shown as [python code 0x...]: "
                         "their process was running, but no code object was at their "
