@@ -57,6 +57,7 @@
 #define PY_HEAD (MAX_FRAMES / 2)
 #define PY_TAIL (MAX_FRAMES - PY_HEAD)
 #define PY_MAX_WORDS 4096		/* merged words walked at most (recursion limit: 1000) */
+#define PY_CACHED 64			/* ids kept per CPU (code_id): a power of two */
 /* a status of unwind_status (ustack.h): complete, but the Python frame
  * chain loops back on itself (damaged memory), so it was left there */
 #define PYTHON_LOOP 19
@@ -139,6 +140,12 @@ struct python_code_record {
 	struct python_code_entry code[PY_NEW_CODES];
 };
 
+/* an id this CPU gave or looked up last, in the slot of its code's address */
+struct python_code_cached {
+	__u64 code, identity, id;
+	__u32 tgid, pad;
+};
+
 /* the Python pass's per-CPU state */
 struct python_walk {
 	struct python_proc proc;
@@ -159,6 +166,8 @@ struct python_walk {
 	struct python_code_entry new_code[PY_NEW_CODES];
 	__u64 ids;			/* ids this CPU made: never reset */
 	__u64 tail[PY_TAIL];		/* the outermost words, in order */
+	/* saves the PYTHON_CODES lookup of a frame whose code was met lately */
+	struct python_code_cached cached[PY_CACHED];
 	__u8 frame[PY_FRAME_READ + 8];
 	__u8 code[PY_CODE_READ + 8];
 };
@@ -327,6 +336,11 @@ static __always_inline __u32 copy_str(struct python_walk *p, __u64 str, char *ou
 	return len;
 }
 
+static __always_inline struct python_code_cached *cached_slot(struct python_walk *p, __u64 code)
+{
+	return &p->cached[((code >> 4) ^ p->tgid) & (PY_CACHED - 1)];
+}
+
 /* the id of the code object at `code` as it is now: the one it was given
  * while its identity is the same, else a new one, listed for the ring
  * (at most PY_NEW_CODES a sample: past that, PY_NOT_READ) */
@@ -334,21 +348,34 @@ static __always_inline __u64 code_id(struct python_walk *p, __u64 code)
 {
 	struct python_code_key key = { .tgid = p->tgid, .code = code };
 	struct python_code_id *seen, fresh;
+	struct python_code_cached *c;
 	struct python_code_entry *e;
 	__u64 n = p->new_codes;
 
 	fresh.identity = code_identity(p, code);
 	if (!fresh.identity)
 		return PY_NOT_READ;
+	c = cached_slot(p, code);
+	if (c->code == code && c->tgid == p->tgid && c->identity == fresh.identity)
+		return c->id;
 	seen = bpf_map_lookup_elem(&python_codes, &key);
-	if (seen && seen->identity == fresh.identity)
+	if (seen && seen->identity == fresh.identity) {
+		c->code = code;
+		c->tgid = p->tgid;
+		c->identity = seen->identity;
+		c->id = seen->id;
 		return seen->id;
+	}
 	if (n >= PY_NEW_CODES)
 		return PY_NOT_READ;
 	/* unique without a shared counter: this CPU's count, then the CPU */
 	p->ids++;
 	fresh.id = ((p->ids << PY_ID_CPU_BITS) | (bpf_get_smp_processor_id() % 4095)) & PY_ID_MASK;
 	bpf_map_update_elem(&python_codes, &key, &fresh, BPF_ANY);
+	c->code = code;
+	c->tgid = p->tgid;
+	c->identity = fresh.identity;
+	c->id = fresh.id;
 	e = &p->new_code[n & (PY_NEW_CODES - 1)];
 	e->code = code;
 	e->id = fresh.id;
@@ -603,6 +630,7 @@ static long forget_code(__u64 index, void *unused)
 	key.tgid = p->tgid;
 	key.code = p->new_code[index & (PY_NEW_CODES - 1)].code;
 	bpf_map_delete_elem(&python_codes, &key);
+	cached_slot(p, key.code)->code = 0;	/* its id goes unreported */
 	return 0;
 }
 

@@ -124,6 +124,9 @@ class PythonCode:
                      identity: int, copied: tuple | None) -> None:
         try:
             info = read_code(pid, code, version, identity)
+            if copied and not _agrees(info, copied):
+                # read freed: its name's str already another's
+                raise ValueError(f"the code object at {code:#x} is not the one that ran")
         except (OSError, ValueError, OverflowError):
             if not copied or not copied[0] or not copied[1]:
                 return              # frame() says not read
@@ -217,6 +220,22 @@ class PythonCode:
             self._frames.clear()
         self._frames[key] = frame
         return frame
+
+
+def _agrees(info: PythonCodeInfo, copied: tuple) -> bool:
+    """Whether what was read of a code object names it as the kernel's
+    copy at the sample does (a name or file it cut ends or starts with
+    "…"; one it could not copy, "", agrees with anything)."""
+    name, file, first = copied
+    if first != info.firstlineno:
+        return False
+    if name and (info.name[:len(name) - 1] != printable(name[:-1]) if name.endswith("…")
+                 else info.name != printable(name)):
+        return False
+    if file and (not info.file.endswith(printable(file[1:])) if file.startswith("…")
+                 else info.file != printable(file)):
+        return False
+    return True
 
 
 def _size(info: PythonCodeInfo) -> int:
