@@ -275,19 +275,6 @@ static __always_inline int in_eval(struct python_proc *py, __u64 q)
 /* a field of the frame read into p->frame, at a layout's offset */
 #define FRAME_FIELD(type, p, off) (*(type *)((p)->frame + ((off) & (PY_FRAME_READ - 1))))
 
-/* word number p->out of the merged stack into w: the first PY_HEAD in
- * place, the rest round a ring of PY_TAIL slots after them (put in
- * order by keep_ends when it went round) */
-static __always_inline void emit(struct walk *w, struct python_walk *p, __u64 word)
-{
-	__u64 at = p->out;
-
-	if (at >= PY_HEAD)
-		at = PY_HEAD + ((at - PY_HEAD) & (PY_TAIL - 1));
-	w->frame[at & (MAX_FRAMES - 1)] = word;
-	p->out++;
-}
-
 /* What tells the code object at `code` from another made at that
  * address later (one freed, a new one there: a module body run at
  * start-up, then a function; throwaway functions of one file): its type,
@@ -388,6 +375,36 @@ static __always_inline __u64 code_id(struct python_walk *p, __u64 code)
 			       e->file, PY_FILE_COPY, 1);
 	p->new_codes = n + 1;
 	return fresh.id;
+}
+
+/* a merged word as it is kept: a Python frame's code address replaced
+ * by its id (code_id) */
+static __always_inline __u64 named(struct python_walk *p, __u64 word)
+{
+	__u64 id = (word >> 16) & PY_ID_MASK;
+
+	if (word >> 60 != PYTHON_TAG >> 60 || id == PY_CUT)
+		return word;
+	return PYTHON_TAG | code_id(p, id << 3) << 16 | (word & PY_INDEX_MAX);
+}
+
+/* word number p->out of the merged stack into w: the first PY_HEAD named
+ * and hashed in place; the rest round a ring of PY_TAIL slots after
+ * them, named and hashed once the walk has ended (name_tail; put in
+ * order first by keep_ends when it went round), so the frames a deep
+ * stack leaves out cost no code object read */
+static __always_inline void emit(struct walk *w, struct python_walk *p, __u64 word)
+{
+	__u64 at = p->out;
+
+	if (at < PY_HEAD) {
+		word = named(p, word);
+		p->hash = mix(p->hash, word);
+	} else {
+		at = PY_HEAD + ((at - PY_HEAD) & (PY_TAIL - 1));
+	}
+	w->frame[at & (MAX_FRAMES - 1)] = word;
+	p->out++;
 }
 
 /* Whether frame f was read before in this pass: a damaged chain that
@@ -507,6 +524,7 @@ static __always_inline void merge_pass(struct python_walk *p, __u64 skip)
 	current_frame(p);
 	p->next = p->out = p->in_group = p->missing = p->python_frames = 0;
 	p->skip = skip;
+	p->hash = FNV_BASIS;
 	p->steps = p->mark = p->looped = 0;
 	__builtin_memset(p->recent, 0, sizeof(p->recent));
 	bpf_loop(PY_MAX_WORDS + MAX_FRAMES, merge_step, 0, 0);
@@ -542,22 +560,17 @@ static __always_inline void keep_ends(struct walk *w, struct python_walk *p)
 	p->out = MAX_FRAMES;
 }
 
-/* bpf_loop's callback: merged word `index` named (a Python frame's code
- * address becomes its id) and hashed */
-static long name_step(__u64 index, void *unused)
+/* bpf_loop's callback: merged word PY_HEAD + `index` named and hashed */
+static long name_tail(__u64 index, void *unused)
 {
 	struct python_walk *p = python_state();
 	struct walk *w = scratch_value();
-	__u64 word, id;
+	__u64 at = PY_HEAD + index, word;
 
-	if (!p || !w || index >= p->out)
+	if (!p || !w || at >= p->out || index >= PY_TAIL)
 		return 1;
-	word = w->frame[index & (MAX_FRAMES - 1)];
-	id = (word >> 16) & PY_ID_MASK;
-	if (word >> 60 == PYTHON_TAG >> 60 && id != PY_CUT) {
-		word = PYTHON_TAG | code_id(p, id << 3) << 16 | (word & PY_INDEX_MAX);
-		w->frame[index & (MAX_FRAMES - 1)] = word;
-	}
+	word = named(p, w->frame[at & (MAX_FRAMES - 1)]);
+	w->frame[at & (MAX_FRAMES - 1)] = word;
 	p->hash = mix(p->hash, word);
 	return 0;
 }
@@ -603,8 +616,8 @@ static __noinline void python_merge(struct walk *w)
 	if (p->missing && !p->unreadable && !p->looped)
 		merge_pass(p, p->missing);
 	keep_ends(w, p);
-	p->hash = FNV_BASIS;
-	bpf_loop(MAX_FRAMES, name_step, 0, 0);
+	if (p->out > PY_HEAD)
+		bpf_loop(PY_TAIL, name_tail, 0, 0);
 	w->rec.head.frames = p->out;
 	w->hash = p->hash;
 	if (w->rec.head.status != COMPLETE && w->rec.head.status != THROUGH_JIT
