@@ -66,6 +66,7 @@ class PythonCode:
         self._versions: dict = {}                  # pid -> (major, minor)
         self._frames: dict = {}
         self._no_code: set = set()     # (pid, code): read while its process lived, no code object there
+        self._unvouched: dict = {}     # (pid, id) -> a freed code object's read, awaiting the kernel's copy
         self.by_id = False         # frames name code objects by the kernel's ids, not addresses
         self.unnamed = 0           # frames shown as a placeholder: their process had ended
         self.not_code = 0          # and those whose address held no code object
@@ -122,19 +123,39 @@ class PythonCode:
 
     def _remember_id(self, pid: int, code: int, version: tuple, code_id: int,
                      identity: int, copied: tuple | None) -> None:
+        vouched = bool(copied and copied[0] and copied[1])
         try:
             info = read_code(pid, code, version, identity)
-            if copied and not _agrees(info, copied):
-                # read freed: its name's str already another's
-                raise ValueError(f"the code object at {code:#x} is not the one that ran")
         except (OSError, ValueError, OverflowError):
-            if not copied or not copied[0] or not copied[1]:
+            info = None
+        if info is not None and (not copied or _agrees(info, copied)):
+            self._add(pid, code_id << 3, info)  # as model.python_frame_parts gives it
+            return
+        # Freed (a short command's code objects, read at its exit; the
+        # allocator has written over its head), its fields may still be
+        # there: read unchecked, used only where the kernel's copy at the
+        # sample vouches for what it names; read without one, it waits
+        if not vouched:
+            try:
+                unchecked = read_code(pid, code, version)
+            except (OSError, ValueError, OverflowError):
                 return              # frame() says not read
+            if len(self._unvouched) >= MAX_CODES:
+                self._unvouched.clear()
+            self._unvouched[(pid, code_id)] = unchecked
+            return
+        info = self._unvouched.pop((pid, code_id), None)
+        if info is None:
+            try:
+                info = read_code(pid, code, version)
+            except (OSError, ValueError, OverflowError):
+                info = None
+        if info is None or not _agrees(info, copied):
             name, file, first = copied
             info = PythonCodeInfo(name=printable(name), file=printable(file),
                                   firstlineno=first, table_kind=NO_TABLE, table=b"")
             self.first_lines += 1
-        self._add(pid, code_id << 3, info)      # as model.python_frame_parts gives it
+        self._add(pid, code_id << 3, info)
 
     def _remember(self, pid: int, code: int, version: tuple) -> None:
         if len(self._versions) >= MAX_CODES:
@@ -257,8 +278,8 @@ def _version_of(pid: int) -> tuple | None:
 
 def read_code(pid: int, code: int, version: tuple, identity: int = 0) -> PythonCodeInfo:
     """The code object at `code` in pid; with `identity`, only if it has
-    that identity before and after it is read and its type is named
-    "code" (ValueError otherwise)."""
+    that identity before and after it is read, its type is named "code"
+    and it is not freed (ValueError otherwise)."""
     offsets = CODE_OFFSETS.get(version)
     if offsets is None:
         raise ValueError(f"no code object layout for Python {version[0]}.{version[1]}")
