@@ -17,9 +17,18 @@
  *   word (model.python_frame_word); the stack's hash covers them. A chain
  *   that cannot be read, or Python frames left when the native stack
  *   ends, give the stack a status that says so, never a guessed frame;
- * - each (tgid, code object) is reported once (PYTHON_CODES, an LRU set)
- *   by a ring record of its own, so user space reads the code while the
- *   process lives. */
+ * - a Python frame's word names its code object by an id, not by its
+ *   address: the code object at an address is freed and another made
+ *   there as a program runs. The id stands for (tgid, address, identity),
+ *   the identity being what tells the object at that address from another
+ *   one there later (its type, first line, file and name objects); each
+ *   new id is reported once (PYTHON_CODES, an LRU) by a ring record of
+ *   its own with the address and the identity, so user space reads the
+ *   code while the process lives and checks it read the object the id
+ *   stands for. A code object that cannot be checked gets PY_NOT_READ;
+ * - a stack deeper than the record holds keeps its innermost PY_HEAD and
+ *   outermost words (where `main` and `<module>` are), a word PY_CUT
+ *   between them naming how many were left out. */
 #ifndef PYTHON_H
 #define PYTHON_H
 
@@ -33,6 +42,22 @@
 #define PYTHON_TAG 0xE000000000000000ULL	/* model.PYTHON_FRAME_TAG */
 #define PY_INDEX_MAX 0xFFFF
 #define PY_RECENT 8			/* frames a new one is checked against: a power of two */
+#define PY_CODE_READ 256		/* bytes of a code object's head read at most: a power of two */
+/* a Python frame word's id (bits 16-59): PY_CUT, its index the count of
+ * merged words left out there; PY_NOT_READ, a code object that could
+ * not be checked; else a code object's id (code_id): a count, then in
+ * the low 12 bits the CPU that made it (4095: user space's, the copy
+ * path's; unwind/python_frames.py) */
+#define PY_CUT 0
+#define PY_NOT_READ 1
+#define PY_ID_MASK ((1ULL << 44) - 1)
+#define PY_ID_CPU_BITS 12
+/* the merged stack's words kept when it is deeper than MAX_FRAMES: the
+ * innermost PY_HEAD, the outermost PY_TAIL - 1 (powers of two) */
+#define PY_HEAD (MAX_FRAMES / 2)
+#define PY_TAIL (MAX_FRAMES - PY_HEAD)
+#define PY_MAX_WORDS 4096		/* merged words walked at most (recursion limit: 1000) */
+#define PY_CACHED 64			/* ids kept per CPU (code_id): a power of two */
 /* a status of unwind_status (ustack.h): complete, but the Python frame
  * chain loops back on itself (damaged memory), so it was left there */
 #define PYTHON_LOOP 19
@@ -66,9 +91,11 @@ struct python_proc {
 	__u64 runtime;			/* the address of _PyRuntime */
 	__u64 eval_start[2];		/* _PyEval_EvalFrameDefault and its .cold part */
 	__u64 eval_end[2];
-	/* in PyCodeObject: co_filename, and co_qualname (co_name before 3.11),
-	 * after it: what tells a code object from one freed at its address */
-	__u32 code_filename, code_name;
+	/* in PyCodeObject: co_filename, co_qualname (co_name before 3.11)
+	 * and co_firstlineno: with ob_type, what tells a code object from one
+	 * freed at its address (code_identity) */
+	__u32 code_filename, code_name, code_firstline;
+	__u32 str_data;			/* a compact ASCII str's characters, from its start */
 };
 
 /* PYTHON_THREADS' key; its value the thread's PyThreadState */
@@ -85,11 +112,38 @@ struct python_code_key {
 	__u64 code;
 };
 
-/* the ring's record of code objects seen first: rec.head.status
+/* PYTHON_CODES' value: the id of the code object at the key's address
+ * while its identity is this one */
+struct python_code_id {
+	__u64 identity, id;
+};
+
+/* a code object given an id: where it is, what it is, and what names it
+ * as read at the sample (a code object freed before user space reads it
+ * is still named): its first line, its name's and file's lengths (0: not
+ * a compact ASCII str, not copied) and their first PY_NAME_COPY, last
+ * PY_FILE_COPY characters */
+#define PY_NAME_COPY 64
+#define PY_FILE_COPY 96
+struct python_code_entry {
+	__u64 code, id, identity;
+	__s32 firstline;
+	__u16 name_len, file_len;
+	char name[PY_NAME_COPY];
+	char file[PY_FILE_COPY];
+};
+
+/* the ring's record of code objects given an id: rec.head.status
  * PYTHON_CODE, rec.head.frames of them in code[] */
 struct python_code_record {
 	struct trace_record rec;
-	__u64 code[PY_NEW_CODES];
+	struct python_code_entry code[PY_NEW_CODES];
+};
+
+/* an id this CPU gave or looked up last, in the slot of its code's address */
+struct python_code_cached {
+	__u64 code, identity, id;
+	__u32 tgid, pad;
 };
 
 /* the Python pass's per-CPU state */
@@ -109,8 +163,13 @@ struct python_walk {
 	__u64 steps, mark;		/* frames read; one kept at each power of two */
 	__u64 looped;			/* the chain came back to a frame read before */
 	__u64 new_codes;
-	__u64 new_code[PY_NEW_CODES];
+	struct python_code_entry new_code[PY_NEW_CODES];
+	__u64 ids;			/* ids this CPU made: never reset */
+	__u64 tail[PY_TAIL];		/* the outermost words, in order */
+	/* saves the PYTHON_CODES lookup of a frame whose code was met lately */
+	struct python_code_cached cached[PY_CACHED];
 	__u8 frame[PY_FRAME_READ + 8];
+	__u8 code[PY_CODE_READ + 8];
 };
 
 struct {
@@ -130,7 +189,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct python_code_key);
-	__type(value, __u64);		/* the code object's identity (code_identity) */
+	__type(value, struct python_code_id);
 	__uint(max_entries, 1);		/* sized by the loader */
 } python_codes SEC(".maps");
 
@@ -216,45 +275,136 @@ static __always_inline int in_eval(struct python_proc *py, __u64 q)
 /* a field of the frame read into p->frame, at a layout's offset */
 #define FRAME_FIELD(type, p, off) (*(type *)((p)->frame + ((off) & (PY_FRAME_READ - 1))))
 
-static __always_inline void emit(struct walk *w, struct python_walk *p, __u64 word)
-{
-	w->frame[p->out & (MAX_FRAMES - 1)] = word;
-	p->out++;
-	p->hash = mix(p->hash, word);
-}
-
-/* whether code was reported before; if not, it is marked and listed for
- * the ring (at most PY_NEW_CODES a sample; the rest come again) */
-/* what tells the code object at `code` from another at that address
- * (one freed, a new one made there: a module body run at start-up, then
- * a function): its file and name objects' addresses, mixed */
+/* What tells the code object at `code` from another made at that
+ * address later (one freed, a new one there: a module body run at
+ * start-up, then a function; throwaway functions of one file): its type,
+ * first line, file and name objects, mixed; 0 when it cannot be read.
+ * symbols/python.py computes it again from what it reads. */
 static __always_inline __u64 code_identity(struct python_walk *p, __u64 code)
 {
-	__u64 names[4] = {};
-	__u32 span = p->proc.code_name + 8 - p->proc.code_filename;
+	struct python_proc *py = &p->proc;
+	__u32 span = py->code_name + 8;
+	__u64 h;
 
-	if (span > sizeof(names))
-		span = sizeof(names);
-	if (bpf_probe_read_user(names, span, (void *)(code + p->proc.code_filename)))
+	if (py->code_filename + 8 > span)
+		span = py->code_filename + 8;
+	if (py->code_firstline + 4 > span)
+		span = py->code_firstline + 4;
+	if (span > PY_CODE_READ)
+		span = PY_CODE_READ;
+	if (!code || bpf_probe_read_user(p->code, span, (void *)code))
 		return 0;
-	return mix(mix(FNV_BASIS, names[0]),
-		   names[((p->proc.code_name - p->proc.code_filename) / 8) & 3]);
+#define CODE_FIELD(type, off) (*(type *)(p->code + ((off) & (PY_CODE_READ - 1))))
+	h = mix(FNV_BASIS, CODE_FIELD(__u64, 8));		/* ob_type */
+	h = mix(h, CODE_FIELD(__u32, py->code_firstline));
+	h = mix(h, CODE_FIELD(__u64, py->code_filename));
+	h = mix(h, CODE_FIELD(__u64, py->code_name));
+#undef CODE_FIELD
+	return h ? h : 1;
 }
 
-static __always_inline void note_code(struct python_walk *p, __u64 code)
+/* the characters of the str object at `str` into out (its last `cap`
+ * when `tail`), when it is a compact ASCII str; its length, 0 if not */
+static __always_inline __u32 copy_str(struct python_walk *p, __u64 str, char *out,
+				      __u32 cap, int tail)
+{
+	__u64 head[5];
+	__u64 len, n, from;
+
+	if (!str || bpf_probe_read_user(head, sizeof(head), (void *)str))
+		return 0;
+	len = head[2];
+	if (!(head[4] & (1 << 5)) || !(head[4] & (1 << 6)) || len > 0xFFFF)
+		return 0;		/* not compact and ASCII */
+	n = len < cap ? len : cap;
+	from = str + p->proc.str_data + (tail && len > cap ? len - cap : 0);
+	if (n == 0 || n > cap || bpf_probe_read_user(out, n, (void *)from))
+		return 0;
+	return len;
+}
+
+static __always_inline struct python_code_cached *cached_slot(struct python_walk *p, __u64 code)
+{
+	return &p->cached[((code >> 4) ^ p->tgid) & (PY_CACHED - 1)];
+}
+
+/* the id of the code object at `code` as it is now: the one it was given
+ * while its identity is the same, else a new one, listed for the ring
+ * (at most PY_NEW_CODES a sample: past that, PY_NOT_READ) */
+static __always_inline __u64 code_id(struct python_walk *p, __u64 code)
 {
 	struct python_code_key key = { .tgid = p->tgid, .code = code };
-	__u64 n = p->new_codes, id, *seen;
+	struct python_code_id *seen, fresh;
+	struct python_code_cached *c;
+	struct python_code_entry *e;
+	__u64 n = p->new_codes;
 
-	if (n >= PY_NEW_CODES)
-		return;
-	id = code_identity(p, code);
+	fresh.identity = code_identity(p, code);
+	if (!fresh.identity)
+		return PY_NOT_READ;
+	c = cached_slot(p, code);
+	if (c->code == code && c->tgid == p->tgid && c->identity == fresh.identity)
+		return c->id;
 	seen = bpf_map_lookup_elem(&python_codes, &key);
-	if (seen && *seen == id)
-		return;
-	bpf_map_update_elem(&python_codes, &key, &id, BPF_ANY);
-	p->new_code[n & (PY_NEW_CODES - 1)] = code;
+	if (seen && seen->identity == fresh.identity) {
+		c->code = code;
+		c->tgid = p->tgid;
+		c->identity = seen->identity;
+		c->id = seen->id;
+		return seen->id;
+	}
+	if (n >= PY_NEW_CODES)
+		return PY_NOT_READ;
+	/* unique without a shared counter: this CPU's count, then the CPU */
+	p->ids++;
+	fresh.id = ((p->ids << PY_ID_CPU_BITS) | (bpf_get_smp_processor_id() % 4095)) & PY_ID_MASK;
+	bpf_map_update_elem(&python_codes, &key, &fresh, BPF_ANY);
+	c->code = code;
+	c->tgid = p->tgid;
+	c->identity = fresh.identity;
+	c->id = fresh.id;
+	e = &p->new_code[n & (PY_NEW_CODES - 1)];
+	e->code = code;
+	e->id = fresh.id;
+	e->identity = fresh.identity;
+	/* p->code still holds the code object's head (code_identity) */
+	e->firstline = *(__s32 *)(p->code + (p->proc.code_firstline & (PY_CODE_READ - 1)));
+	e->name_len = copy_str(p, *(__u64 *)(p->code + (p->proc.code_name & (PY_CODE_READ - 1))),
+			       e->name, PY_NAME_COPY, 0);
+	e->file_len = copy_str(p, *(__u64 *)(p->code + (p->proc.code_filename & (PY_CODE_READ - 1))),
+			       e->file, PY_FILE_COPY, 1);
 	p->new_codes = n + 1;
+	return fresh.id;
+}
+
+/* a merged word as it is kept: a Python frame's code address replaced
+ * by its id (code_id) */
+static __always_inline __u64 named(struct python_walk *p, __u64 word)
+{
+	__u64 id = (word >> 16) & PY_ID_MASK;
+
+	if (word >> 60 != PYTHON_TAG >> 60 || id == PY_CUT)
+		return word;
+	return PYTHON_TAG | code_id(p, id << 3) << 16 | (word & PY_INDEX_MAX);
+}
+
+/* word number p->out of the merged stack into w: the first PY_HEAD named
+ * and hashed in place; the rest round a ring of PY_TAIL slots after
+ * them, named and hashed once the walk has ended (name_tail; put in
+ * order first by keep_ends when it went round), so the frames a deep
+ * stack leaves out cost no code object read */
+static __always_inline void emit(struct walk *w, struct python_walk *p, __u64 word)
+{
+	__u64 at = p->out;
+
+	if (at < PY_HEAD) {
+		word = named(p, word);
+		p->hash = mix(p->hash, word);
+	} else {
+		at = PY_HEAD + ((at - PY_HEAD) & (PY_TAIL - 1));
+	}
+	w->frame[at & (MAX_FRAMES - 1)] = word;
+	p->out++;
 }
 
 /* Whether frame f was read before in this pass: a damaged chain that
@@ -341,7 +491,7 @@ static long merge_step(__u64 index, void *unused)
 	struct walk *w = scratch_value();
 	__u64 pc, i;
 
-	if (!p || !w || p->out >= MAX_FRAMES)
+	if (!p || !w || p->out >= PY_MAX_WORDS)
 		return 1;
 	if (p->in_group) {
 		if (!p->pyframe || python_frame(w, p))
@@ -377,7 +527,52 @@ static __always_inline void merge_pass(struct python_walk *p, __u64 skip)
 	p->hash = FNV_BASIS;
 	p->steps = p->mark = p->looped = 0;
 	__builtin_memset(p->recent, 0, sizeof(p->recent));
-	bpf_loop(2 * MAX_FRAMES, merge_step, 0, 0);
+	bpf_loop(PY_MAX_WORDS + MAX_FRAMES, merge_step, 0, 0);
+}
+
+/* bpf_loop's callback: word `index` of the tail's ring, in order, into
+ * p->tail */
+static long tail_step(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct walk *w = scratch_value();
+	__u64 at;
+
+	if (!p || !w || index >= PY_TAIL)
+		return 1;
+	at = PY_HEAD + ((p->out - PY_TAIL + index - PY_HEAD) & (PY_TAIL - 1));
+	p->tail[index & (PY_TAIL - 1)] = w->frame[at & (MAX_FRAMES - 1)];
+	return 0;
+}
+
+/* A merged stack deeper than MAX_FRAMES: its innermost PY_HEAD words,
+ * a PY_CUT word counting those left out, its outermost PY_TAIL - 1 */
+static __always_inline void keep_ends(struct walk *w, struct python_walk *p)
+{
+	__u64 cut;
+
+	if (p->out <= MAX_FRAMES)
+		return;
+	bpf_loop(PY_TAIL, tail_step, 0, 0);
+	cut = p->out - MAX_FRAMES + 1;
+	w->frame[PY_HEAD] = PYTHON_TAG | (PY_CUT << 16) | (cut > PY_INDEX_MAX ? PY_INDEX_MAX : cut);
+	bpf_probe_read_kernel(&w->frame[PY_HEAD + 1], (PY_TAIL - 1) * 8, &p->tail[1]);
+	p->out = MAX_FRAMES;
+}
+
+/* bpf_loop's callback: merged word PY_HEAD + `index` named and hashed */
+static long name_tail(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct walk *w = scratch_value();
+	__u64 at = PY_HEAD + index, word;
+
+	if (!p || !w || at >= p->out || index >= PY_TAIL)
+		return 1;
+	word = named(p, w->frame[at & (MAX_FRAMES - 1)]);
+	w->frame[at & (MAX_FRAMES - 1)] = word;
+	p->hash = mix(p->hash, word);
+	return 0;
 }
 
 /* Python frames into the walked stack w of the current task, when its
@@ -420,6 +615,9 @@ static __noinline void python_merge(struct walk *w)
 	merge_pass(p, 0);
 	if (p->missing && !p->unreadable && !p->looped)
 		merge_pass(p, p->missing);
+	keep_ends(w, p);
+	if (p->out > PY_HEAD)
+		bpf_loop(PY_TAIL, name_tail, 0, 0);
 	w->rec.head.frames = p->out;
 	w->hash = p->hash;
 	if (w->rec.head.status != COMPLETE && w->rec.head.status != THROUGH_JIT
@@ -433,41 +631,8 @@ static __noinline void python_merge(struct walk *w)
 		w->rec.head.status = PYTHON_LEFT;
 }
 
-/* bpf_loop's callback: the code object of merged frame `index`, if a
- * Python frame's, is noted */
-static long note_step(__u64 index, void *unused)
-{
-	struct python_walk *p = python_state();
-	struct walk *w = scratch_value();
-	__u64 word;
-
-	if (!p || !w || index >= p->out)
-		return 1;
-	word = w->frame[index & (MAX_FRAMES - 1)];
-	if (word >> 60 == PYTHON_TAG >> 60)
-		note_code(p, ((word >> 16) & ((1ULL << 44) - 1)) << 3);
-	return 0;
-}
-
-/* The code objects of w's Python frames, those not reported yet listed
- * for python_report. Only for a stack not stored before (`unwound`): a
- * stack seen again had its code objects noted then, which saves a
- * lookup per frame of the samples that repeat a stack */
-static __always_inline void python_note_codes(struct walk *w)
-{
-	struct python_walk *p = python_state();
-	__u64 hash;
-
-	if (!p || !p->python_frames)
-		return;
-	hash = mix(w->hash, w->rec.head.status);	/* store_stack's key */
-	if (bpf_map_lookup_elem(&unwound, &hash))
-		return;
-	bpf_loop(MAX_FRAMES, note_step, 0, 0);
-}
-
 /* bpf_loop's callback: a code object listed for a record the ring had
- * no room for is forgotten, so it is reported again */
+ * no room for is forgotten, so it gets an id again, reported then */
 static long forget_code(__u64 index, void *unused)
 {
 	struct python_walk *p = python_state();
@@ -476,12 +641,13 @@ static long forget_code(__u64 index, void *unused)
 	if (!p || index >= p->new_codes)
 		return 1;
 	key.tgid = p->tgid;
-	key.code = p->new_code[index & (PY_NEW_CODES - 1)];
+	key.code = p->new_code[index & (PY_NEW_CODES - 1)].code;
 	bpf_map_delete_elem(&python_codes, &key);
+	cached_slot(p, key.code)->code = 0;	/* its id goes unreported */
 	return 0;
 }
 
-/* the code objects python_merge saw first, in one record into `ring` */
+/* the code objects python_merge gave an id, in one record into `ring` */
 static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 probe)
 {
 	struct python_walk *p = python_state();
@@ -513,7 +679,6 @@ static __always_inline void python_pass(struct walk *w, void *ring, __u64 pid_tg
 					__u32 probe)
 {
 	python_merge(w);
-	python_note_codes(w);
 	python_report(ring, pid_tgid, probe);
 }
 

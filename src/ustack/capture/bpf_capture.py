@@ -229,6 +229,8 @@ class BpfCapture(Capture):
             return
         from ..kernel import procfs
         python.python_code = self.python_code
+        if self.python_code is not None:
+            self.python_code.by_id = True       # the kernel's ids name its frames' code
         scope = self.target.scope
         if scope == "command":
             if ahead is None:

@@ -10,11 +10,13 @@ an interpreter (a -c command's exec, a fork that execs python); it drops a
 process at its exec (the new image may run no Python, or another) and its
 exit. unwind/python_runtime.py says where a process's interpreter is.
 
-The kernel reports each (tgid, code object) once by a ring record (status
-PYTHON_CODE: a trace record's head, its frame count of code addresses
-after it: capture/bpf_unwind.ring_samples reads them); `code_seen`
-hands it to the run's PythonCode (symbols/python.py), which reads the code
-object while the process lives, so it can be named after it is gone. A -c
+The kernel names a Python frame's code object by an id, and reports each
+id once by a ring record (status PYTHON_CODE: a trace record's head, its
+frame count of (address, id, identity) after it:
+capture/bpf_unwind.code_entries reads them); `code_seen` hands it to the
+run's PythonCode (symbols/python.py), which reads the code object while
+the process lives, checking it is the one the id stands for, so it can
+be named after it is gone. A -c
 command that may exit before the ring is read is held at its exit
 (plan.held_at_exit), where `at_exit` reads what is left.
 
@@ -32,6 +34,7 @@ from ..kernel import procfs
 from ..interrupt import NEVER
 from ..model import CommEvent, ExitEvent, MmapEvent
 from ..unwind import python_runtime
+from ..unwind.python_frames import ascii_data
 from .bpf_common import unwind_object
 
 PROCS = 1024                    # Python processes followed at once
@@ -82,6 +85,9 @@ def pack_proc(interp: python_runtime.Interpreter) -> bytes:
     struct.pack_into("<Q", out, at["runtime"], interp.runtime)
     filename, name = python_runtime.code_identity(interp.version)
     struct.pack_into("<II", out, at["code_filename"], filename, name)
+    struct.pack_into("<II", out, at["code_firstline"],
+                     python_runtime.CODE_OFFSETS[interp.version]["firstlineno"],
+                     ascii_data(interp.version))
     ranges = (tuple(interp.eval_ranges) + ((0, 0), (0, 0)))[:2]
     for i, (start, end) in enumerate(ranges):
         struct.pack_into("<Q", out, at["eval_start"] + 8 * i, start)
@@ -97,6 +103,9 @@ class PythonProcs:
         self.maps = maps
         self.python_code = python_code
         self.versions: dict = {}        # pid -> (major, minor) of its interpreter
+        # of those forgotten: their code objects' records may come after
+        # their exit, and are named from what the kernel copied
+        self.ended: dict = {}
 
     def add(self, pid: int, mappings: list | None = None) -> bool:
         """Follow pid's interpreter, if it maps one (`mappings`: those to
@@ -127,8 +136,12 @@ class PythonProcs:
 
     def forget(self, pid: int) -> bool:
         """Stop following pid; whether it was followed."""
-        if self.versions.pop(pid, None) is None:
+        version = self.versions.pop(pid, None)
+        if version is None:
             return False
+        if len(self.ended) >= PROCS:
+            self.ended.clear()
+        self.ended[pid] = version
         with self.maps.lock:
             try:
                 if self.maps.all:
@@ -203,16 +216,27 @@ class PythonProcs:
         finally:
             self.maps.lock.release()
         for key in keys:
-            if key[:4] == tgid:
-                code = struct.unpack_from("<Q", key, 8)[0]
-                if not self.python_code.known(pid, code):
-                    self.code_seen(pid, code)
+            if key[:4] != tgid:
+                continue
+            try:
+                value = self.maps.python_codes.lookup(key)
+            except OSError:
+                continue
+            if value is None:
+                continue
+            code = struct.unpack_from("<Q", key, 8)[0]
+            identity, code_id = struct.unpack_from("<QQ", value)
+            if not self.python_code.known(pid, code_id << 3):
+                self.code_seen(pid, code, code_id, identity)
 
-    def code_seen(self, pid: int, code: int) -> None:
-        """A PYTHON_CODE record: the code object is read now, while pid lives."""
-        version = self.versions.get(pid)
+    def code_seen(self, pid: int, code: int, code_id: int, identity: int,
+                  copied: tuple | None = None) -> None:
+        """A PYTHON_CODE record's entry: the code object is read now,
+        while pid lives, and kept under its id; `copied`, what the kernel
+        read of it at the sample (PythonCode.remember)."""
+        version = self.versions.get(pid) or self.ended.get(pid)
         if self.python_code is not None and version is not None:
             try:
-                self.python_code.remember(pid, code, version)
+                self.python_code.remember(pid, code, version, code_id, identity, copied)
             except (OSError, ValueError, OverflowError):
                 pass        # gone, or freed and reused already: a frame read mid-change

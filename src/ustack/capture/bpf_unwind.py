@@ -118,7 +118,10 @@ COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
 # not a stack: a ring record naming a Python code object seen first (python.h)
 PYTHON_CODE = _STATUS["PYTHON_CODE"]
 PY_NEW_CODES = 32                # python.h: code objects a record names, at most
-CODE_RECORD_SIZE = RECORD.size + 8 * PY_NEW_CODES    # struct python_code_record
+# struct python_code_entry: address, id, identity, first line, the name's
+# and file's lengths, their first 64 and last 96 characters
+CODE_ENTRY = struct.Struct("<QQQiHH64s96s")
+CODE_RECORD_SIZE = RECORD.size + CODE_ENTRY.size * PY_NEW_CODES    # struct python_code_record
 # a deferred record's status: the stack goes to user space to be unwound
 DEFERRED = _STATUS["DEFERRED"]
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
@@ -714,7 +717,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
     kernel frames from `kernel_stack(id)`. `fetches[probe]` decodes the
     values of the probe's fetch-args, which end each record (`read_file`:
     see bpf_fetchargs.FetchArgs.decode). A record naming Python code
-    objects seen first goes to `python_code(pid, code)` for each, not to
+    objects given an id goes to `python_code` (code_entries), not to
     the samples. `cut(callchain)` hears of each stack the walk cut short.
     `weighted` (count --weight): a deferred record's weight is its
     sample's one arg, as the perf path's fetch-arg. The loop is the
@@ -734,10 +737,9 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                                          + 8 * min(nframes, MAX_FRAMES)],
                                    b"", None, None, (), b"")))
             continue
-        if status == PYTHON_CODE:         # nframes code objects' addresses
+        if status == PYTHON_CODE:         # nframes code objects given an id
             if python_code is not None:
-                for i in range(min(nframes, (n - RECORD.size) // 8)):
-                    python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+                code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code)
             continue
         fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
@@ -765,18 +767,31 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
 
 def code_record(chunk: bytes, rec: int, n: int, python_code=None) -> bool:
     """Whether the ring record of `n` bytes at `rec` names Python code
-    objects seen first (python.h's python_code_record: a trace record's
-    head, status PYTHON_CODE, its frame count of code addresses after
-    it); if so each goes to `python_code(pid, code)`."""
+    objects given an id (python.h's python_code_record: a trace record's
+    head, status PYTHON_CODE, its frame count of entries after it); if so
+    each goes to `python_code` (see code_entries)."""
     if n != CODE_RECORD_SIZE:
         return False
     _t, pid_tgid, _probe, _cpu, nframes, status = RECORD.unpack_from(chunk, rec)
     if status != PYTHON_CODE:
         return False
     if python_code is not None:
-        for i in range(min(nframes, (n - RECORD.size) // 8)):
-            python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+        code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code)
     return True
+
+
+def code_entries(chunk: bytes, rec: int, n: int, pid: int, count: int, python_code) -> None:
+    """Each of the `count` entries of the PYTHON_CODE record of `n` bytes
+    at `rec` to `python_code(pid, address, id, identity, copied)`: copied
+    is (name, file, first line) as the kernel read them, a name or file
+    longer than it copies cut with "…" ("" if not copied)."""
+    for i in range(min(count, (n - RECORD.size) // CODE_ENTRY.size)):
+        code, code_id, identity, first, name_len, file_len, name, file = CODE_ENTRY.unpack_from(
+            chunk, rec + RECORD.size + CODE_ENTRY.size * i)
+        name = name[:name_len].decode("ascii", "replace") + ("…" if name_len > len(name) else "")
+        file = ("…" if file_len > len(file) else "") + \
+            file[:file_len].decode("ascii", "replace")
+        python_code(pid, code, code_id, identity, (name, file, first))
 
 
 _support: dict = {}                  # probe kind -> None | why not (per process)

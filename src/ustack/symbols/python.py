@@ -1,10 +1,14 @@
 """Names of CPython code objects (3.8-3.13, x86-64), read from the memory
 of the live process: qualified name, file, first line and line table.
 
-A Python frame in a stack is (code object address, code-unit index)
-(model.python_frame_parts). The code object lives only as long as its
-process, so it is read when the capture first sees it (`remember`) and
-named at the end (`frame`), when the process may be gone. Offsets below
+A Python frame in a stack is (code object, code-unit index)
+(model.python_frame_parts): the code object by its address (the copy
+path's user-space walk) or by an id the in-kernel walk gave it (bpf/
+python.h: an address is reused by the code objects a program makes and
+frees, an id is not). The code object lives only as long as its process,
+so it is read when the capture first sees it (`remember`, checking an
+id's object is still the one it stands for) and named at the end
+(`frame`), when the process may be gone. Offsets below
 are the release builds' (tests/test_python_code.py checks them against
 each build's DWARF and 3.13's _Py_DebugOffsets)."""
 from __future__ import annotations
@@ -18,6 +22,15 @@ from ..kernel.procfs import ProcessMemory, started
 from ..model import PYTHON_INDEX_MAX, Frame, PythonCodeInfo, printable
 from ..unwind.python_runtime import CODE_OFFSETS
 
+from ..unwind.python_frames import ascii_data, code_identity, freed
+
+# an id's word (bpf/python.h): PY_CUT, the frames left out of a deep
+# stack (its index their count); PY_NOT_READ, a code object the kernel
+# could not check
+PY_CUT, PY_NOT_READ = 0, 1
+NOT_READ = "[python code, not read]"
+TYPE_NAME = 24                 # PyTypeObject.tp_name
+
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
 MAX_KEPT_BYTES = 64 << 20      # and their names' and line tables' bytes
 MAX_TEXT = 4096                # characters of a name or file read at most
@@ -27,15 +40,17 @@ _FRAMES_KEPT = 1 << 16         # (pid, code, index) -> Frame memo
 
 # which line table the code object has (see line_of)
 LNOTAB, LINETABLE_310, LOCATIONS = "lnotab", "linetable", "locations"
+NO_TABLE = "none"          # named from what the kernel copied: its first line only
 TABLE_KIND = {(3, 8): LNOTAB, (3, 9): LNOTAB, (3, 10): LINETABLE_310,
               (3, 11): LOCATIONS, (3, 12): LOCATIONS, (3, 13): LOCATIONS}
 
 # sizeof(PyASCIIObject), sizeof(PyCompactUnicodeObject): a compact string's
 # characters follow the one or the other (3.12 dropped the wstr fields)
-UNICODE_HEADERS = {v: (48, 72) if v <= (3, 11) else (40, 56) for v in CODE_OFFSETS}
+UNICODE_HEADERS = {v: (ascii_data(v), 72 if v <= (3, 11) else 56) for v in CODE_OFFSETS}
 UNICODE_LENGTH, UNICODE_STATE = 16, 32
 BYTES_SIZE, BYTES_DATA = 16, 32            # PyBytesObject's ob_size, ob_sval
 _ENCODINGS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
+_U64 = struct.Struct("<Q")
 
 
 class PythonCode:
@@ -51,12 +66,29 @@ class PythonCode:
         self._versions: dict = {}                  # pid -> (major, minor)
         self._frames: dict = {}
         self._no_code: set = set()     # (pid, code): read while its process lived, no code object there
+        self._unvouched: dict = {}     # (pid, id) -> a freed code object's read, awaiting the kernel's copy
+        self.by_id = False         # frames name code objects by the kernel's ids, not addresses
         self.unnamed = 0           # frames shown as a placeholder: their process had ended
         self.not_code = 0          # and those whose address held no code object
+        self.not_read = 0          # frames whose code object could not be checked
+        self.first_lines = 0       # code objects named from the kernel's copy
+        self.cut = 0               # stacks with Python frames left out in the middle
+        self.deepest = 0           # the most merged frames one of them had
 
     @property
     def warnings(self) -> list:
         said = []
+        if self.not_read:
+            said.append(f"{self.not_read} Python frames are shown as {NOT_READ}: their "
+                        "code object could not be read and checked while it was the one "
+                        "that ran (freed, or the frame is damaged)")
+        if self.first_lines:
+            said.append(f"{self.first_lines} Python functions were gone before their line "
+                        "table could be read: their frames show the function's first line")
+        if self.cut:
+            said.append(f"{self.cut} stacks deeper than ustack keeps show their innermost "
+                        "and outermost frames and, between them, how many were left out "
+                        f"(at most {self.deepest})")
         if self.not_code:
             said.append(f"{self.not_code} Python frames are shown as [python code 0x...]: "
                         "their process was running, but no code object was at their "
@@ -69,16 +101,61 @@ class PythonCode:
         return said + [f"{self.unnamed} Python frames are shown as [python code 0x...]: "
                        "their process ended before ustack could read their code object"]
 
-    def remember(self, pid: int, code: int, version: tuple) -> None:
+    def remember(self, pid: int, code: int, version: tuple, code_id: int | None = None,
+                 identity: int = 0, copied: tuple | None = None) -> None:
         """Read the code object at `code` in pid now, again if it was read
-        before: the in-kernel walk reports an address anew when another
-        code object was made there (a module body run at start-up freed,
-        a function's code in its place). One that cannot be read (the
-        process is gone, the address holds no code object of that
-        version) is left to frame(), which reads again or says so: the
-        capture calling this must go on either way."""
+        before (another code object may have been made there). With
+        `code_id` (the in-kernel walk's), it is kept under that id, and
+        only if what is read has the `identity` the kernel saw (bpf/
+        python.h code_identity) and is a code object: else the id's
+        frames are shown as not read, never named after another code
+        object; then `copied`, (name, file, first line) the kernel read
+        at the sample names it (no line table: its frames show its first line).
+        One that cannot be read (the process is gone, the address holds no
+        code object of that version) is left to frame(), which reads again
+        or says so: the capture calling this must go on either way."""
         with self._lock:
-            self._remember(pid, code, version)
+            if code_id is None:     # the copy path: by address
+                self._remember(pid, code, version)
+            else:
+                self.by_id = True
+                self._remember_id(pid, code, tuple(version[:2]), code_id, identity, copied)
+
+    def _remember_id(self, pid: int, code: int, version: tuple, code_id: int,
+                     identity: int, copied: tuple | None) -> None:
+        vouched = bool(copied and copied[0] and copied[1])
+        try:
+            info = read_code(pid, code, version, identity)
+        except (OSError, ValueError, OverflowError):
+            info = None
+        if info is not None and (not copied or _agrees(info, copied)):
+            self._add(pid, code_id << 3, info)  # as model.python_frame_parts gives it
+            return
+        # Freed (a short command's code objects, read at its exit; the
+        # allocator has written over its head), its fields may still be
+        # there: read unchecked, used only where the kernel's copy at the
+        # sample vouches for what it names; read without one, it waits
+        if not vouched:
+            try:
+                unchecked = read_code(pid, code, version)
+            except (OSError, ValueError, OverflowError):
+                return              # frame() says not read
+            if len(self._unvouched) >= MAX_CODES:
+                self._unvouched.clear()
+            self._unvouched[(pid, code_id)] = unchecked
+            return
+        info = self._unvouched.pop((pid, code_id), None)
+        if info is None:
+            try:
+                info = read_code(pid, code, version)
+            except (OSError, ValueError, OverflowError):
+                info = None
+        if info is None or not _agrees(info, copied):
+            name, file, first = copied
+            info = PythonCodeInfo(name=printable(name), file=printable(file),
+                                  firstlineno=first, table_kind=NO_TABLE, table=b"")
+            self.first_lines += 1
+        self._add(pid, code_id << 3, info)
 
     def _remember(self, pid: int, code: int, version: tuple) -> None:
         if len(self._versions) >= MAX_CODES:
@@ -129,8 +206,8 @@ class PythonCode:
         if info is not None:
             self._codes.move_to_end((pid, code))
             return info
-        if not self.live:
-            return None
+        if not self.live or self.by_id:
+            return None             # an id is no address to read at
         version = self._versions.get(pid) or _version_of(pid)
         if version is None:
             return None
@@ -142,7 +219,15 @@ class PythonCode:
         found = self._frames.get(key)
         if found is not None:
             return found
+        if self.by_id and code == PY_CUT << 3:
+            self.cut += 1
+            self.deepest = max(self.deepest, index)
+            return Frame(addr=0, module="", kind="python",
+                         function=f"[{index} frames left out: the stack is deeper than ustack keeps]")
         info = self.info(pid, code)
+        if info is None and self.by_id:
+            self.not_read += 1
+            return Frame(addr=0, module="", function=NOT_READ, kind="python")
         if info is None:
             if (pid, code) in self._no_code:
                 self.not_code += 1
@@ -156,6 +241,22 @@ class PythonCode:
             self._frames.clear()
         self._frames[key] = frame
         return frame
+
+
+def _agrees(info: PythonCodeInfo, copied: tuple) -> bool:
+    """Whether what was read of a code object names it as the kernel's
+    copy at the sample does (a name or file it cut ends or starts with
+    "…"; one it could not copy, "", agrees with anything)."""
+    name, file, first = copied
+    if first != info.firstlineno:
+        return False
+    if name and (info.name[:len(name) - 1] != printable(name[:-1]) if name.endswith("…")
+                 else info.name != printable(name)):
+        return False
+    if file and (not info.file.endswith(printable(file[1:])) if file.startswith("…")
+                 else info.file != printable(file)):
+        return False
+    return True
 
 
 def _size(info: PythonCodeInfo) -> int:
@@ -175,23 +276,35 @@ def _version_of(pid: int) -> tuple | None:
 
 # -- reading a process's objects ---------------------------------------------
 
-def read_code(pid: int, code: int, version: tuple) -> PythonCodeInfo:
+def read_code(pid: int, code: int, version: tuple, identity: int = 0) -> PythonCodeInfo:
+    """The code object at `code` in pid; with `identity`, only if it has
+    that identity before and after it is read, its type is named "code"
+    and it is not freed (ValueError otherwise)."""
     offsets = CODE_OFFSETS.get(version)
     if offsets is None:
         raise ValueError(f"no code object layout for Python {version[0]}.{version[1]}")
     mem = ProcessMemory(pid)
     try:
         header = mem.read(code, 144)
+        if identity and (code_identity(header, offsets) != identity or freed(header, code)
+                         or mem.read(mem.word(_U64.unpack_from(header, 8)[0] + TYPE_NAME), 5)
+                         != b"code\0"):
+            raise ValueError(f"the code object at {code:#x} is not the one that ran")
         ptr = lambda name: struct.unpack_from("<Q", header, offsets[name])[0]  # noqa: E731
         name_field = "qualname" if offsets["qualname"] is not None else "name"
         firstlineno = struct.unpack_from("<i", header, offsets["firstlineno"])[0]
         # a program names its own code: nothing it chose may drive a terminal
-        return PythonCodeInfo(name=printable(read_str(mem, ptr(name_field), version)),
-                        file=printable(read_str(mem, ptr("filename"), version)),
-                        firstlineno=firstlineno, table_kind=TABLE_KIND[version],
-                        table=read_bytes(mem, ptr("table")))
+        info = PythonCodeInfo(name=printable(read_str(mem, ptr(name_field), version)),
+                              file=printable(read_str(mem, ptr("filename"), version)),
+                              firstlineno=firstlineno, table_kind=TABLE_KIND[version],
+                              table=read_bytes(mem, ptr("table")))
+        again = mem.read(code, 144)
+        if identity and (code_identity(again, offsets) != identity or freed(again, code)):
+            raise ValueError(f"the code object at {code:#x} changed while it was read")
+        return info
     finally:
         mem.close()
+
 
 
 def read_str(mem: ProcessMemory, addr: int, version: tuple) -> str:
@@ -226,7 +339,7 @@ def line_of(info: PythonCodeInfo, index: int) -> int:
     An index the table does not reach (a frame not started yet, an index
     clamped at PYTHON_INDEX_MAX) gives the function's first line, as a
     traceback does for a frame before its first instruction."""
-    if index >= PYTHON_INDEX_MAX:
+    if index >= PYTHON_INDEX_MAX or info.table_kind == NO_TABLE:
         return _a_line(info.firstlineno)
     try:
         if info.table_kind == LOCATIONS:

@@ -21,6 +21,56 @@ MAX_FRAMES = 4096           # Python frames of one thread (recursion limit: 1000
 LOOPS = "the Python frame chain loops back on itself (damaged memory)"
 _Q, _I = struct.Struct("<Q"), struct.Struct("<i")
 
+# A code object is named in a frame word by an id that stands for (its
+# process, its address, its identity): an address alone is shared by every
+# code object made there, one after another. The kernel's ids (bpf/
+# python.h code_id) end in the CPU that made them; user space's in
+# USER_ID_CPU.
+ID_CPU_BITS, USER_ID_CPU = 12, 4095
+FNV_BASIS, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+_M64 = (1 << 64) - 1
+_U32 = struct.Struct("<I")
+FREE_LIST_REACH = 1 << 20       # a pymalloc arena: a free block's link points within it
+
+
+def _mix(h: int, word: int) -> int:
+    h = ((h ^ word) * FNV_PRIME) & _M64
+    return h ^ (h >> 29)
+
+
+def code_identity(head: bytes, offsets: dict) -> int:
+    """What tells a code object from another made at its address later,
+    from its first bytes `head` (CODE_OFFSETS' `offsets`): its type,
+    first line, file and name objects, mixed as bpf/python.h's
+    code_identity does."""
+    name = offsets["qualname"] if offsets["qualname"] is not None else offsets["name"]
+    h = _mix(FNV_BASIS, _Q.unpack_from(head, 8)[0])
+    h = _mix(h, _U32.unpack_from(head, offsets["firstlineno"])[0])
+    h = _mix(h, _Q.unpack_from(head, offsets["filename"])[0])
+    h = _mix(h, _Q.unpack_from(head, name)[0])
+    return h or 1
+
+
+def freed(head: bytes, addr: int) -> bool:
+    """Whether the object whose first bytes are `head` lies freed at
+    `addr`, its fields still there: pymalloc writes a free block's first
+    word (ob_refcnt) with the next free block of its pool (or 0 for none),
+    an address near its own; a live object's count is no such number."""
+    refcnt = _Q.unpack_from(head, 0)[0]
+    return refcnt == 0 or abs(refcnt - addr) < FREE_LIST_REACH
+
+
+def ascii_data(version: tuple) -> int:
+    """Where a compact ASCII str's characters start, from the object's
+    start: sizeof(PyASCIIObject) (3.12 dropped its wstr field)."""
+    return 48 if tuple(version[:2]) <= (3, 11) else 40
+
+
+def identity_span(offsets: dict) -> int:
+    """The bytes of a code object's head code_identity reads."""
+    name = offsets["qualname"] if offsets["qualname"] is not None else offsets["name"]
+    return max(16, offsets["filename"] + 8, name + 8, offsets["firstlineno"] + 4)
+
 
 def thread_states(mem: ProcessMemory, interp: Interpreter) -> dict:
     """thread_id (pthread_self(), the task's fs_base) -> its PyThreadState

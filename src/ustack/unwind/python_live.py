@@ -18,8 +18,9 @@ import time
 from ..kernel import procfs
 from ..kernel.procfs import ProcessMemory
 from ..model import Mapping, UstackError
-from .python_frames import current_frame, frame_groups, thread_states
-from .python_runtime import code_identity, find_interpreter
+from .python_frames import (ID_CPU_BITS, USER_ID_CPU, code_identity, current_frame,
+                            frame_groups, freed, identity_span, thread_states)
+from .python_runtime import CODE_OFFSETS, find_interpreter
 
 TID_OFFSET = 0x2D0          # glibc 2.x, x86-64: offsetof(struct pthread, tid)
 TID_SCAN = 0x800            # else looked for in this many bytes of struct pthread
@@ -39,7 +40,7 @@ MOVED = "the thread ran on while its Python frames were read"
 class _Process:
     """What is known of one Python process."""
     __slots__ = ("interp", "mem", "threads", "read_at", "tid_offset", "code_type",
-                 "codes", "identity")
+                 "codes", "offsets", "span")
 
     def __init__(self, interp, mem: ProcessMemory):
         self.interp, self.mem = interp, mem
@@ -47,18 +48,21 @@ class _Process:
         self.read_at = -1.0             # when the thread list was read
         self.tid_offset = None          # of the tid in struct pthread, once found
         self.code_type = 0              # PyCode_Type's address, once seen
-        self.codes: dict = {}           # code address -> identity (file, name pointers)
-        self.identity = code_identity(interp.version)
+        self.codes: dict = {}           # code address -> (identity, id)
+        self.offsets = CODE_OFFSETS[interp.version]
+        self.span = identity_span(self.offsets)
 
 
 class LiveFrames:
-    """`remember(pid, code, version)`: told of each code object the first
-    time it is seen (at an address, with its file and name), so it is
-    named while its process lives (symbols/python.PythonCode.remember)."""
+    """`remember(pid, code, version, id, identity)`: told of each code
+    object the first time it is seen (at an address, with an identity),
+    so it is named while its process lives (symbols/python.PythonCode.
+    remember). The frames read name it by that id (python_frames.py)."""
 
     def __init__(self, remember=None):
         self.remember = remember
         self._procs: dict = {}          # pid -> _Process, or None: no interpreter mapped
+        self._ids = 0                   # ids given
 
     def read(self, pid: int, tid: int) -> tuple | None:
         """(groups, note, eval ranges, current frame) of the thread now
@@ -87,7 +91,8 @@ class LiveFrames:
                 if (_codes(again) != _codes(groups)
                         or current_frame(proc.mem, proc.interp, tstate) != current):
                     note = MOVED
-            note = note or self._check_codes(pid, proc, groups)
+            if not note:
+                note, groups = self._named(pid, proc, groups)
         except OSError:
             note, current = UNREAD, 0
         return (() if note else groups), note, proc.interp.eval_ranges, current
@@ -134,28 +139,38 @@ class LiveFrames:
         proc.threads = {_U32.unpack(read(p + proc.tid_offset, 4))[0]: t
                         for p, t in states.items()}
 
-    def _check_codes(self, pid: int, proc: _Process, groups: tuple) -> str:
-        """"" when every frame's code object is a live code object (and each
-        one first seen is told to `remember`), else why not."""
-        filename, name = proc.identity
-        size = max(filename, name) + 8
+    def _named(self, pid: int, proc: _Process, groups: tuple) -> tuple:
+        """(note, groups): "" and the groups with each code object's
+        address replaced by its id (as the kernel's words have it, shifted
+        as model.python_frame_parts gives it) when every frame's code
+        object is a live code object (each one first seen told to
+        `remember`), else why not."""
         read = proc.mem.read
+        out = []
         for group in groups:
-            for code, _index in group:
-                head = read(code, size)
+            named = []
+            for code, index in group:
+                head = read(code, proc.span)
                 ob_type = int.from_bytes(head[8:16], "little")
+                if freed(head, code):
+                    return FREED, ()
                 if ob_type != proc.code_type:
                     if proc.code_type or not _is_code_type(proc.mem, ob_type):
-                        return FREED
+                        return FREED, ()
                     proc.code_type = ob_type
-                ident = (head[filename:filename + 8], head[name:name + 8])
-                if proc.codes.get(code) != ident:
+                identity = code_identity(head, proc.offsets)
+                known = proc.codes.get(code)
+                if known is None or known[0] != identity:
                     if len(proc.codes) >= MAX_CODES:
                         proc.codes.clear()
-                    proc.codes[code] = ident
+                    self._ids += 1
+                    known = proc.codes[code] = (identity,
+                                                self._ids << ID_CPU_BITS | USER_ID_CPU)
                     if self.remember is not None:
-                        self.remember(pid, code, proc.interp.version)
-        return ""
+                        self.remember(pid, code, proc.interp.version, known[1], identity)
+                named.append((known[1] << 3, index))
+            out.append(tuple(named))
+        return "", tuple(out)
 
 
 def _codes(groups: tuple) -> tuple:
@@ -210,6 +225,7 @@ def read_with(capture, python_code, target) -> None:
     each sample's thread from its process as it drains (what the bpf
     backend's walk does in the kernel); the header says so when the
     target runs CPython."""
+    python_code.by_id = True        # the frames read name code objects by id
     capture.python_frames = LiveFrames(python_code.remember)
     if runs_python(target):
         capture.unwind_note = HEADER_NOTE
