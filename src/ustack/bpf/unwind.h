@@ -49,6 +49,8 @@ struct walk {
 	__u64 word;		/* a word read from the stack */
 	__u64 win;		/* the stack address window[] holds, 0 for none */
 	__u64 fp_used;		/* FP_FOR_*: frames walked on bp, and why */
+	__u64 python;		/* object_rows.python of an interpreter the walk met, 0 none */
+	__s64 python_adjust;	/* that object's adjust (the same in all its segments) */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* WINDOW bytes of stack during the walk; a trace record's fetch-args
@@ -288,6 +290,10 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 	w->first = obj->first;
 	w->rows = obj->rows;
 	w->adjust = obj->adjust + (vma.pgoff << 12) - vma.start;
+	if (obj->python) {	/* python.h merges its Python frames */
+		w->python = obj->python;
+		w->python_adjust = w->adjust;
+	}
 	w->mstart = vma.start;
 	w->mend = vma.end;
 	if (!w->rows) {
@@ -524,7 +530,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	w->exact = 1;
 	w->bp_ok = 1;
 	w->bx_ok = 1;
-	w->mend = w->mstart = w->win = w->fp_used = 0;
+	w->mend = w->mstart = w->win = w->fp_used = w->python = 0;
 	w->frame[0] = w->pc;
 	w->rec.head.frames = 1;
 	w->rec.head.status = RUNNING;

@@ -256,7 +256,7 @@ enum unwind_option {
 	UW_KERNEL_STACK = 4,	/* --kernel */
 	UW_DEFER = 8,		/* a walk that ends NO_TABLE or VMA_BUSY goes to the ring */
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
-	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	UW_PYTHON = 32,		/* Python frames into stacks through an interpreter (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
 };
 
@@ -289,7 +289,7 @@ struct object_rows {
 	__u32 page_slot;	/* its page index in PAGES: first slot, first page, pages */
 	__u32 first_page;
 	__u32 pages;
-	__u32 pad;
+	__u32 python;		/* an interpreter: 1 + its slot in python.h's PYTHON_OBJECTS; 0 none */
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */
@@ -397,7 +397,7 @@ enum offcpu_option {
 	OFF_MAX = 64,		/* an upper bound on the time off the CPU */
 	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
 	OFF_RUNNING = 256,
-	OFF_PYTHON = 512,	/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	OFF_PYTHON = 512,	/* Python frames into stacks through an interpreter (python.h) */
 };
 
 /* --- memleak (memleak.bpf.c) --- */
@@ -456,7 +456,7 @@ enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
 /* what a memleak program does besides its job */
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
-	ML_PYTHON = 2,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	ML_PYTHON = 2,		/* Python frames into stacks through an interpreter (python.h) */
 };
 
 #endif

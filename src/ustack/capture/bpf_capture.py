@@ -187,26 +187,15 @@ class BpfCapture(Capture):
 
     def _follow_python(self) -> None:
         """Where the counter merges Python frames (bpf/python.h,
-        capture/bpf_python.py), the Python processes running now (-p,
-        system-wide) into its map before its programs attach; a -c
-        command's interpreter read before it runs and its maps watched
-        after exec."""
+        capture/bpf_python.py): the interpreters are known by their objects
+        as their rows load, so nothing is done per process; a -c command
+        held at its exit has its last code objects read there."""
         python = self.counter.python
         if python is None:
             return
-        from ..kernel import procfs
-        from .bpf_unwind import objects_of_target
         python.python_code = self.python_code
-        scope = self.target.scope
-        if scope == "command":
-            if python.warm(objects_of_target(self.target, self.probes)) \
-                    and self.armed is not None:
-                python.watch_command(self.target.pid, self.armed)
-            if isinstance(self.target, TracedCommand):     # held at its exit: Session
-                self.target.on_exit = python.at_exit
-        else:
-            python.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
-                               self.interrupt)
+        if self.target.scope == "command" and isinstance(self.target, TracedCommand):
+            self.target.on_exit = python.at_exit      # held at its exit: Session
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError

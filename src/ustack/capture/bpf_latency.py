@@ -143,7 +143,7 @@ class LatencyCounter(BpfCounter):
             self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
             if python:
                 from .bpf_python import PythonMaps, PythonProcs
-                self.python = PythonProcs(owned.map(PythonMaps()))
+                self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         elif fp_stacks:
             from ..kernel import perf_event as pe
             self.max_depth = max(1, min(pe.max_stack(), 127))

@@ -81,7 +81,7 @@ class MemleakCounter(BpfCounter):
         self.unwind_maps = owned.map(UnwindMaps(DEFAULT_ROWS, stack_storage, 16))
         self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
         if python:          # Python frames (python.h); new code objects by the ring
-            self.python = PythonProcs(owned.map(PythonMaps()))
+            self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
             self.ring = owned.ring(bpf_syscall.RingBuf(CODE_RING_BYTES, "ustack_mlring"))
         obj = memleak_object()
         lazy = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0

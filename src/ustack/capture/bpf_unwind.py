@@ -223,7 +223,10 @@ class UnwindObjects:
     shared by many processes is loaded once. `tables(image)` builds the
     rows (unwind/tables.for_image); `bytes_loaded` reports the table
     memory. An object whose rows do not fit is entered with no rows and
-    TABLE_FULL_MARK, so the stacks through it end saying so."""
+    TABLE_FULL_MARK, so the stacks through it end saying so.
+    `interpreters` (bpf_python.PythonProcs, when the run merges Python
+    frames) gives an interpreter object's slot of Python facts, which its
+    OBJECTS entry points at (object_rows.python)."""
 
     def __init__(self, maps: UnwindMaps, tables: TableSource):
         self.maps = maps
@@ -231,6 +234,7 @@ class UnwindObjects:
         self.next_row = 0
         self.next_page = 0
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
+        self.interpreters = None
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = threading.Lock()
@@ -255,11 +259,12 @@ class UnwindObjects:
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []
+        python = self.interpreters.slot_of(path) if self.interpreters is not None else 0
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
-                self._load(path, keys, packed, segs)
+                self._load(path, keys, packed, segs, python)
 
-    def _load(self, path: str, keys: list, packed, segs: list) -> None:
+    def _load(self, path: str, keys: list, packed, segs: list, python: int = 0) -> None:
         first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         if packed is not None and segs:
             vaddr, offset, _size = segs[0]
@@ -281,7 +286,7 @@ class UnwindObjects:
         self.loaded[keys[0]] = (path, n)
         for k in keys:
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages, 0))
+                first, n, adjust, page_slot, first_page, npages, python))
 
     def wanted(self) -> dict:
         """(dev, inode) -> walks that met the object without rows (WANTED),
@@ -428,7 +433,7 @@ class KernelUnwinder(BpfCounter):
         self.spilled: dict = {}          # hash -> callchain: stacks moved out of STACKS
         self._taken = 0                  # stacks deleted from STACKS by spill()
         if python and ring_bytes:        # new code objects come by the ring
-            self.python = PythonProcs(owned.map(PythonMaps()))
+            self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if weighted and not self.trace:
             self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)
@@ -628,7 +633,8 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
         if status == PYTHON_CODE:         # nframes code objects' addresses
             if python_code is not None:
                 for i in range(min(nframes, (n - RECORD.size) // 8)):
-                    python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+                    python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0],
+                                cpu)    # the record's cpu: the interpreter's version
             continue
         fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
@@ -658,15 +664,17 @@ def code_record(chunk: bytes, rec: int, n: int, python_code=None) -> bool:
     """Whether the ring record of `n` bytes at `rec` names Python code
     objects seen first (python.h's python_code_record: a trace record's
     head, status PYTHON_CODE, its frame count of code addresses after
-    it); if so each goes to `python_code(pid, code)`."""
+    it); if so each goes to `python_code(pid, code, version)` (the
+    interpreter's major << 8 | minor, in the record's cpu field)."""
     if n != CODE_RECORD_SIZE:
         return False
-    _t, pid_tgid, _probe, _cpu, nframes, status = RECORD.unpack_from(chunk, rec)
+    _t, pid_tgid, _probe, version, nframes, status = RECORD.unpack_from(chunk, rec)
     if status != PYTHON_CODE:
         return False
     if python_code is not None:
         for i in range(min(nframes, (n - RECORD.size) // 8)):
-            python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0])
+            python_code(pid_tgid >> 32, _U64.unpack_from(chunk, rec + RECORD.size + 8 * i)[0],
+                        version)
     return True
 
 
