@@ -39,18 +39,23 @@ def ran_python(stack: dict) -> bool:
 
 def share(stacks: list, whose, has_chain) -> tuple:
     """(samples of `whose` stacks that ran Python with `has_chain` and no
-    eval C frame left, samples of `whose` stacks that ran Python)."""
-    good = total = 0
+    eval C frame left, samples of `whose` stacks that ran Python, those
+    shown as a bare eval loop: no Python frame, no note)."""
+    good = total = bare = 0
     for s in stacks:
         if whose(s) and ran_python(s):
             total += s["count"]
             if has_chain(python_chain(s)) and EVAL not in natives(s):
                 good += s["count"]
-    return good, total
+            elif not python_chain(s) and not s.get("notes"):
+                bare += s["count"]
+    return good, total, bare
 
 
-def assert_share(good: int, total: int, stacks: list, at_least: float = AT_LEAST) -> None:
-    assert total >= MIN_SAMPLES and good >= at_least * total, (
+def assert_share(counted: tuple, stacks: list, at_least: float = AT_LEAST) -> None:
+    good, total, bare = counted
+    assert total >= MIN_SAMPLES and good >= at_least * total and not bare, (
+        f"{bare} bare eval loops; "
         f"{good} of {total} samples with their Python chain; "
         f"{[(python_chain(s)[:3], natives(s)[:3], s['notes'], s['count']) for s in stacks if ran_python(s) and EVAL in natives(s)][:6]}")
 
@@ -74,10 +79,10 @@ def test_threads_started_during_the_run(tmp_path, version):
     """8 threads started half a second into the run: each one's samples
     carry threading's frames, pool_worker and pool_task."""
     stacks, pid = profile_command(pyenv_python(version), "threads", "0.4", tmp_path)
-    good, total = share(stacks, lambda s: s["pid"] == pid and "start_thread" in natives(s),
+    counted = share(stacks, lambda s: s["pid"] == pid and "start_thread" in natives(s),
                         lambda chain: bool(chain) and chain[0].endswith("_bootstrap")
                         and chain[-3:-1] == ["pool_worker", "pool_task"])
-    assert_share(good, total, stacks)
+    assert_share(counted, stacks)
 
 
 def test_forked_workers(tmp_path):
@@ -86,12 +91,10 @@ def test_forked_workers(tmp_path):
     stacks, parent = profile_command(pyenv_python("3.12"), "fork", "0.3", tmp_path)
     workers = {s["pid"] for s in stacks if s["pid"] != parent and ran_python(s)}
     assert len(workers) == 4, workers
-    good, total = share(stacks, lambda s: s["pid"] in workers,
+    counted = share(stacks, lambda s: s["pid"] in workers,
                         lambda chain: chain[:2] == ["<module>", "main"]
                         and chain[2:4] == ["forked_worker", "forked_task"])
-    # measured 94-95 % (0 before the interpreter was known by its object);
-    # the rest: single samples with no Python frame, not understood yet
-    assert_share(good, total, stacks, at_least=0.9)
+    assert_share(counted, stacks)
 
 
 def test_python_started_during_a_whole_machine_run(tmp_path):
@@ -111,12 +114,14 @@ def test_python_started_during_a_whole_machine_run(tmp_path):
     assert us.returncode == 0, err
     pid = int(ready.read_text().split()[1])
     stacks = [s for s in json.loads(out)["stacks"] if s["pid"] == pid]
-    good, total = share(stacks, lambda s: "short_main" in python_chain(s)
+    counted = share(stacks, lambda s: "short_main" in python_chain(s)
                         or EVAL in natives(s),
                         lambda chain: chain[:3] == ["<module>", "main", "short_main"])
-    # measured 86-98 %: the samples taken before the interpreter's rows
-    # are loaded are unwound from their stack copies, some without
-    assert_share(good, total, stacks, at_least=0.8)
+    # measured 91-98 %: samples the kernel hands to ustack to unwind (their
+    # mappings not looked up yet in the sample's interrupt, or their rows
+    # loading) get Python frames read from the process after the sample,
+    # shown where they agree with it, else marked by a note
+    assert_share(counted, stacks, at_least=0.85)
 
 
 SHORT = ["<module>", "main", "short_main"]

@@ -40,7 +40,7 @@ import struct
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_STORAGE
 from ..kernel import bpf_syscall
-from ..model import Losses, MmapEvent, RawSample, UnwoundSample
+from ..model import CommEvent, ExitEvent, Losses, MmapEvent, RawSample, UnwoundSample
 from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
 from .contract import Capture
 from .perf import PerfCapture
@@ -59,6 +59,10 @@ class BpfCapture(Capture):
     counts_in_kernel = True
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
+    # an unwind.python_live.LiveFrames the session gives a capture that
+    # defers stacks: a deferred sample's Python frames are read from its
+    # process as its record is decoded (the kernel walked none)
+    python_frames = None
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
@@ -182,8 +186,20 @@ class BpfCapture(Capture):
                     add(event.mapping, event.pid)
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
-            python.follow(metas[before:])      # an interpreter mapped, an exec, an exit
+            python.follow(metas[before:])      # an exec, an exit
+            if self.python_frames is not None:
+                self._follow_frames(metas[before:])
         return offset
+
+    def _follow_frames(self, metas: list) -> None:
+        """python_frames forgets a process at its exec and exit, and looks
+        again at one that maps an object."""
+        for _time, event in metas:
+            if isinstance(event, MmapEvent):
+                self.python_frames.mapped(event.pid)
+            elif (isinstance(event, CommEvent) and event.exec) or \
+                    (isinstance(event, ExitEvent) and event.pid == event.tid):
+                self.python_frames.forget(event.pid)
 
     def _follow_python(self) -> None:
         """Where the counter merges Python frames (bpf/python.h,
@@ -280,6 +296,8 @@ class BpfCapture(Capture):
         self.events.close()
         self.owned.close()              # after the events
         self.counter = None
+        if self.python_frames is not None:
+            self.python_frames.close()
 
 
 def uncounted(errors: dict, reasons: tuple) -> tuple:

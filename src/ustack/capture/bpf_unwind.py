@@ -64,6 +64,7 @@ from ..kernel import procfs
 from ..kernel.bpf_syscall import RING_RECORD_HEADER, ring_next
 from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, TracepointProbe,
+                     python_sample,
                      UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
@@ -603,7 +604,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
                  fetches: tuple = (), read_file=None, python_code=None,
                  cut: Callable[[bytes], None] | None = None,
-                 weighted: bool = False) -> int:
+                 weighted: bool = False, python_read=None) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
@@ -613,7 +614,11 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
     objects seen first goes to `python_code(pid, code)` for each, not to
     the samples. `cut(callchain)` hears of each stack the walk cut short.
     `weighted` (count --weight): a deferred record's weight is its
-    sample's one arg, as the perf path's fetch-arg. The loop is the
+    sample's one arg, as the perf path's fetch-arg. `python_read(pid,
+    tid)`: a deferred sample's thread's Python frames read now
+    (unwind/python_live.LiveFrames.read), or None; where it has them the
+    sample is a PythonSample, its frames merged where they agree with it.
+    The loop is the
     trace's per-event cost: a plain record is two unpacks and a tuple."""
     end = min(len(chunk), offset + limit)
     length_at, record_at = _U32.unpack_from, RECORD.unpack_from
@@ -642,11 +647,13 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             at = rec + RECORD.size + DEFER.size
             args = fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file) if fetch \
                 else ((WEIGHT_ARG, "dec", as_s64(weight)),) if weighted else ()
-            append(RawSample(
+            sample = RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
                 stack=chunk[at:at + min(size, DEFER_STACK)], args=args,
-                kernel=kernel_stack(kstack) if kstack >= 0 else b""))
+                kernel=kernel_stack(kstack) if kstack >= 0 else b"")
+            read = python_read(sample.pid, sample.tid) if python_read is not None else None
+            append(sample if read is None else python_sample(sample, read))
             continue
         frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)
         chain = chunk[rec + RECORD.size:frames_end]
