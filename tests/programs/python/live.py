@@ -5,6 +5,10 @@ much of it is sampled.
 Usage: live.py MODE CPU_SECONDS READY_FILE
   threads  main waits 0.5 s, then starts 8 threads, each running
            pool_worker -> pool_task until it had CPU_SECONDS of CPU
+  requests a thread per request, 4 at a time, each running request ->
+           request_task for 10 ms of CPU, until the requests had
+           CPU_SECONDS (a threaded server's shape: a new thread often
+           gets an ended one's stack, and its fsbase)
   fork     the parent waits 0.5 s, then forks 4 workers, each running
            forked_worker -> forked_task for CPU_SECONDS of CPU
   short    short_main -> short_task (getppid, then a loop) and short_wait
@@ -33,6 +37,16 @@ def pool_worker(cpu, started):
     end = time.thread_time() + cpu
     while time.thread_time() < end:
         pool_task()
+
+
+def request_task():
+    return spin(3000)
+
+
+def request():
+    end = time.thread_time() + 0.01
+    while time.thread_time() < end:
+        request_task()
 
 
 def forked_task():
@@ -80,6 +94,14 @@ def main():
         ready(path)
         for t in pool:
             t.join()
+    elif mode == "requests":
+        ready(path)
+        for _ in range(int(cpu / 0.04) + 1):
+            batch = [threading.Thread(target=request) for _ in range(4)]
+            for t in batch:
+                t.start()
+            for t in batch:
+                t.join()
     elif mode == "fork":
         time.sleep(0.5)
         pids = []
