@@ -14,16 +14,17 @@ Python started during the run get Python frames from their first sample.
 unwind/python_runtime.py says what an interpreter object is.
 
 The kernel reports each (tgid, code object) once by a ring record (status
-PYTHON_CODE: a trace record's head, its frame count of code addresses
-after it: capture/bpf_unwind.ring_samples reads them); `code_seen`
+PYTHON_CODE: a trace record's head, the interpreter's version in its cpu
+field, its frame count of code addresses after it:
+capture/bpf_unwind.ring_samples reads them); `code_seen`
 hands it to the run's PythonCode (symbols/python.py), which reads the code
 object while the process lives, so it can be named after it is gone. A -c
 command that may exit before the ring is read is held at its exit
 (plan.held_at_exit), where `at_exit` reads what is left.
 
-Every BPF capture whose stacks are walked in the kernel follows these
-processes (bpf_capture.BpfCapture): count, profile, trace, offcpu,
-latency's entry stacks, memleak."""
+Every BPF capture whose stacks are walked in the kernel has these maps
+(bpf_capture.BpfCapture): count, profile, trace, offcpu, latency's entry
+stacks, memleak."""
 from __future__ import annotations
 
 import struct
