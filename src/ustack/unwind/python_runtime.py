@@ -157,10 +157,12 @@ def object_interpreter(path: str) -> Interpreter | None:
     """The interpreter the object at `path` defines, at its ELF addresses
     (the in-kernel walk moves them to a process's by the object's load
     bias); None when it is no interpreter ustack has a layout for."""
-    if not _looks_like_python(path):
+    if not _looks_like_python(path) or _object_facts(path) is None:
         return None
     try:
-        return _interpreter(path, 0)
+        # an image of its own: this runs on the run's rows loader thread,
+        # and the shared one's symbols may be being read by another
+        return _interpreter(path, 0, ElfImage(path))
     except (OSError, ValueError, UstackError):
         return None
 
@@ -176,8 +178,9 @@ def version_of(mappings: list) -> tuple | None:
     return None
 
 
-def _interpreter(path: str, bias: int) -> Interpreter | None:
-    """The interpreter at `path` loaded `bias` bytes above its ELF addresses."""
+def _interpreter(path: str, bias: int, image: ElfImage | None = None) -> Interpreter | None:
+    """The interpreter at `path` loaded `bias` bytes above its ELF addresses
+    (`image`: the file's, else the shared one)."""
     facts = _object_facts(path)
     if facts is None:
         return None
@@ -185,7 +188,7 @@ def _interpreter(path: str, bias: int) -> Interpreter | None:
     layout = _layout(version, debug)
     if layout is None:
         return None
-    image = ElfImage.open(path)
+    image = image or ElfImage.open(path)
     ranges = tuple(sorted((bias + s.address, bias + s.address + s.size)
                           for s in image.functions
                           if s.name == EVAL_FUNCTION or s.name.startswith(EVAL_FUNCTION + ".")))
