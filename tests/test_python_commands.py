@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import finish, parse_trace, run_ustack, start_ustack, stop, wait_tracing
+from helpers import DEBIAN_PYTHON, finish, parse_trace, run_ustack, start_ustack, stop, wait_tracing
 
 pytestmark = pytest.mark.kernel
 
@@ -244,27 +244,20 @@ def test_short_command_frames_all_named(tmp_path, command):
         assert_whole(s["frames"], expected, s.get("notes"))
 
 
-def test_an_exec_record_read_after_the_interpreter_is_mapped():
-    """A -c command's exec record can be read after the MMAP2 records of
-    its new image (another CPU's buffer, read later), and after its
-    interpreter was found: the process stays followed (its Python frames
-    went missing for a whole run before)."""
+def test_an_interpreter_is_known_by_its_object():
+    """An interpreter object (libpython, the python executable) gets a
+    slot of Python facts as its rows load, whichever process maps it; any
+    other object gets none."""
     from ustack.capture.bpf_python import PythonMaps, PythonProcs
-    from ustack.kernel import procfs
-    from ustack.model import CommEvent, MmapEvent
-    target = subprocess.Popen([interpreter("3.12"), str(PROG), "sleep", "-"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    maps = PythonMaps(procs=4, threads=4, codes=4)
+    maps = PythonMaps(objects=4, threads=4, codes=4)
     try:
-        pid = json.loads(target.stdout.readline())["pid"]
         procs = PythonProcs(maps)
-        interp = next(m for m in procfs.executable_mappings(pid) if "libpython" in m.path)
-        procs.follow([(1, MmapEvent(pid, pid, interp))])
-        assert procs.versions == {pid: (3, 12)}
-        procs.follow([(0, CommEvent(pid, pid, "python3", True))])
-        assert procs.versions == {pid: (3, 12)}
-        assert maps.python_procs.lookup(pid.to_bytes(4, "little")) is not None
+        libpython = glob.glob(str(Path(interpreter("3.12")).parent.parent / "lib" / "libpython3.12.so*"))
+        assert procs.slot_of(DEBIAN_PYTHON) == 1
+        if libpython:
+            assert procs.slot_of(libpython[0]) == 2
+        assert procs.slot_of("/bin/sh") == 0
+        assert maps.python_objects.lookup((0).to_bytes(4, "little")) != bytes(
+            maps.python_objects.value_size)
     finally:
         maps.close()
-        target.stdin.close()
-        stop(target)

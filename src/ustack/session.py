@@ -164,6 +164,11 @@ class Session:
         if opts.python and self.plan.backend == "perf" and "dwarf" in self.plan.modes:
             from .unwind import python_live
             python_live.read_with(capture, self.python_code, self.target)
+        elif opts.python and getattr(capture, "defers_stacks", False):
+            # the stacks the kernel hands over unwalked (a new process's
+            # first samples, objects whose rows are still loading)
+            from .unwind.python_live import LiveFrames
+            capture.python_frames = LiveFrames(self.python_code.remember)
         capture.open()          # closes what it opened if it fails (but when interrupted)
         return capture
 

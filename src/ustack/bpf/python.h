@@ -1,13 +1,22 @@
 /* Python frames inside a native stack, walked in the kernel after the
- * native walk (unwind.h) of a process in PYTHON_PROCS; capture/bpf_python.py
- * fills that map and tells the story. A pass of its own (python_merge),
- * so the native walk's steps stay as they are: a process that runs no
- * interpreter costs one hash lookup.
+ * native walk (unwind.h) of a stack that went through an interpreter
+ * object (the python executable or libpython): the object's rows
+ * (object_rows.python) point at its facts in PYTHON_OBJECTS, at their ELF
+ * addresses; the walk's adjust for that object makes them the process's.
+ * So any process that runs the object, a thread, a fork, a Python started
+ * during the run, gets Python frames from its first sample, with no step
+ * per process in user space; capture/bpf_python.py fills PYTHON_OBJECTS
+ * as the objects' rows load and tells the story. A pass of its own
+ * (python_merge), so the native walk's steps stay as they are: a stack
+ * through no interpreter costs one test.
  *
  * - the thread's PyThreadState: its thread_id is pthread_self(), the
  *   task's fsbase on x86-64 glibc; found by walking the interpreter's
- *   thread list (bounded) and kept in PYTHON_THREADS per (tgid, fsbase),
- *   checked again at each use;
+ *   thread list (bounded) and kept in PYTHON_THREADS per (mm ctx_id,
+ *   fsbase) with the list's head then, checked again at each use: a new
+ *   thread's state goes first in the list, so a thread that reuses an
+ *   ended one's stack (and fsbase) is looked up again, not given the
+ *   freed state;
  * - its current frame, then the chain of `previous` frames, read per
  *   sample;
  * - the merge: each native frame whose pc lies in the eval function is
@@ -84,8 +93,9 @@ struct python_layout {
 	__u32 frame_entry;
 };
 
-/* PYTHON_PROCS' value, under the tgid */
-struct python_proc {
+/* PYTHON_OBJECTS' value: an interpreter object's facts, at its ELF
+ * addresses (version 0: an empty slot) */
+struct python_object {
 	struct python_layout layout;
 	__u32 version;			/* major << 8 | minor */
 	__u64 runtime;			/* the address of _PyRuntime */
@@ -98,11 +108,18 @@ struct python_proc {
 	__u32 str_data;			/* a compact ASCII str's characters, from its start */
 };
 
-/* PYTHON_THREADS' key; its value the thread's PyThreadState */
+/* PYTHON_THREADS' key: a thread by its process's mm (ctx_id: never
+ * reused, unlike a tgid or an mm's address) and its fsbase */
 struct python_thread_key {
-	__u32 tgid;
-	__u32 pad;
+	__u64 ctx_id;
 	__u64 fsbase;
+};
+
+/* PYTHON_THREADS' value: the thread's PyThreadState, found when the
+ * interpreter's thread list began at `head` */
+struct python_thread {
+	__u64 tstate;
+	__u64 head;
 };
 
 /* PYTHON_CODES' key: a code object reported already */
@@ -148,13 +165,13 @@ struct python_code_cached {
 
 /* the Python pass's per-CPU state */
 struct python_walk {
-	struct python_proc proc;
+	struct python_object proc;	/* at the process's addresses */
 	__u64 native[MAX_FRAMES];	/* the native walk's frames */
 	__u64 nnative, next;		/* their count; the next one to merge */
 	__u64 pyframe;			/* the next Python frame, 0 when none is left */
 	__u64 in_group;			/* Python frames of an eval call being written */
 	__u64 out, hash;		/* the merged frames written; their hash */
-	__u64 tstate, fsbase, tgid;
+	__u64 tstate, fsbase, tgid, ctx_id;
 	__u64 unreadable;		/* a Python frame could not be read */
 	__u64 missing;			/* eval C frames met with no Python frame left */
 	__u64 skip;			/* innermost eval C frames to leave as C */
@@ -173,16 +190,16 @@ struct python_walk {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct python_proc);
+	__type(value, struct python_object);
 	__uint(max_entries, 1);		/* sized by the loader */
-} python_procs SEC(".maps");
+} python_objects SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct python_thread_key);
-	__type(value, __u64);
+	__type(value, struct python_thread);
 	__uint(max_entries, 1);		/* sized by the loader */
 } python_threads SEC(".maps");
 
@@ -238,21 +255,26 @@ static long thread_step(__u64 index, void *unused)
 /* p->tstate: the current thread's PyThreadState, 0 when it has none */
 static __noinline void find_thread(struct python_walk *p)
 {
-	struct python_thread_key key = { .tgid = p->tgid, .fsbase = p->fsbase };
+	struct python_thread_key key = { .ctx_id = p->ctx_id, .fsbase = p->fsbase };
 	struct python_layout *l = &p->proc.layout;
-	__u64 *cached, interp;
+	struct python_thread found, *cached;
+	__u64 interp, head;
 
+	interp = user_word(p->proc.runtime + l->runtime_interp_head);
+	head = interp ? user_word(interp + l->interp_tstate_head) : 0;
 	cached = bpf_map_lookup_elem(&python_threads, &key);
-	if (cached && *cached && user_word(*cached + l->tstate_thread_id) == p->fsbase) {
-		p->tstate = *cached;
+	if (cached && cached->tstate && cached->head == head
+	    && user_word(cached->tstate + l->tstate_thread_id) == p->fsbase) {
+		p->tstate = cached->tstate;
 		return;
 	}
-	interp = user_word(p->proc.runtime + l->runtime_interp_head);
-	p->tstate = interp ? user_word(interp + l->interp_tstate_head) : 0;
+	p->tstate = head;
 	bpf_loop(PY_MAX_THREADS, thread_step, 0, 0);
 	if (p->tstate && user_word(p->tstate + l->tstate_thread_id) != p->fsbase)
 		p->tstate = 0;		/* the list was longer than we looked */
-	bpf_map_update_elem(&python_threads, &key, &p->tstate, BPF_ANY);
+	found.tstate = p->tstate;
+	found.head = head;
+	bpf_map_update_elem(&python_threads, &key, &found, BPF_ANY);
 }
 
 /* p->pyframe: the thread's current frame, 0 for none */
@@ -266,7 +288,7 @@ static __always_inline void current_frame(struct python_walk *p)
 	p->pyframe = f;
 }
 
-static __always_inline int in_eval(struct python_proc *py, __u64 q)
+static __always_inline int in_eval(struct python_object *py, __u64 q)
 {
 	return (q >= py->eval_start[0] && q < py->eval_end[0])
 		|| (q >= py->eval_start[1] && q < py->eval_end[1]);
@@ -282,7 +304,7 @@ static __always_inline int in_eval(struct python_proc *py, __u64 q)
  * symbols/python.py computes it again from what it reads. */
 static __always_inline __u64 code_identity(struct python_walk *p, __u64 code)
 {
-	struct python_proc *py = &p->proc;
+	struct python_object *py = &p->proc;
 	__u32 span = py->code_name + 8;
 	__u64 h;
 
@@ -575,25 +597,40 @@ static long name_tail(__u64 index, void *unused)
 	return 0;
 }
 
-/* Python frames into the walked stack w of the current task, when its
- * process runs an interpreter of PYTHON_PROCS; the stack's frames, hash
- * and (for a note) status change. */
+/* Python frames into the walked stack w of the current task, when the
+ * walk went through an interpreter object of PYTHON_OBJECTS; the stack's
+ * frames, hash and (for a note) status change. */
 static __noinline void python_merge(struct walk *w)
 {
 	struct python_walk *p = python_state();
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	struct python_proc *py;
+	void *task = bpf_get_current_task_btf();
+	struct python_object *py;
+	__u32 slot;
+	__s64 adjust;
 	__u64 n;
 
 	if (!p || !w)
 		return;
 	p->new_codes = p->python_frames = 0;
-	py = bpf_map_lookup_elem(&python_procs, &tgid);
-	if (!py)
+	if (!w->python)
 		return;
+	slot = w->python - 1;
+	py = bpf_map_lookup_elem(&python_objects, &slot);
+	if (!py || !py->version)
+		return;
+	/* the object's ELF addresses as this process maps them */
+	adjust = w->python_adjust;
 	p->proc = *py;
-	p->tgid = tgid;
-	p->fsbase = FIELD(__u64, bpf_get_current_task_btf(), task_fsbase);
+	p->proc.runtime -= adjust;
+	p->proc.eval_start[0] -= adjust;
+	p->proc.eval_end[0] -= adjust;
+	if (p->proc.eval_end[1]) {
+		p->proc.eval_start[1] -= adjust;
+		p->proc.eval_end[1] -= adjust;
+	}
+	p->tgid = bpf_get_current_pid_tgid() >> 32;
+	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
+	p->fsbase = FIELD(__u64, task, task_fsbase);
 	find_thread(p);
 	if (!p->tstate)
 		return;
@@ -664,7 +701,7 @@ static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 prob
 	r->rec.time = bpf_ktime_get_ns();
 	r->rec.pid_tgid = pid_tgid;
 	r->rec.probe = probe;
-	r->rec.cpu = 0;
+	r->rec.cpu = p->proc.version;	/* how user space reads the code objects */
 	r->rec.head.frames = p->new_codes;
 	r->rec.head.status = PYTHON_CODE;
 	bpf_probe_read_kernel(r->code, sizeof(r->code), p->new_code);

@@ -50,6 +50,8 @@ struct walk {
 	__u64 win;		/* the stack address window[] holds, 0 for none */
 	__u64 fp_used;		/* FP_FOR_*: frames walked on bp, and why */
 	__u64 sp0;		/* the event's sp (a runtime's pass checks frame 0 by it) */
+	__u64 python;		/* object_rows.python of an interpreter the walk met, 0 none */
+	__s64 python_adjust;	/* that object's adjust (the same in all its segments) */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* each frame's frame pointer where it was walked on it, else 0: where
@@ -306,6 +308,10 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 	w->first = obj->first;
 	w->rows = obj->rows;
 	w->adjust = obj->adjust + (vma.pgoff << 12) - vma.start;
+	if (obj->python) {	/* python.h merges its Python frames */
+		w->python = obj->python;
+		w->python_adjust = w->adjust;
+	}
 	w->mstart = vma.start;
 	w->mend = vma.end;
 	if (!w->rows) {
@@ -545,7 +551,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	w->exact = 1;
 	w->bp_ok = 1;
 	w->bx_ok = 1;
-	w->mend = w->mstart = w->win = w->fp_used = 0;
+	w->mend = w->mstart = w->win = w->fp_used = w->python = 0;
 	w->frame[0] = w->pc;
 	w->frame_fp[0] = 0;
 	w->rec.head.frames = 1;

@@ -258,7 +258,7 @@ enum unwind_option {
 	UW_KERNEL_STACK = 4,	/* --kernel */
 	UW_DEFER = 8,		/* a walk that ends NO_TABLE, VMA_BUSY or TABLE_FULL goes to the ring */
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
-	UW_PYTHON = 32,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	UW_PYTHON = 32,		/* Python frames into stacks through an interpreter (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
 	UW_V8 = 128,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
@@ -292,7 +292,7 @@ struct object_rows {
 	__u32 page_slot;	/* its page index in PAGES: first slot, first page, pages */
 	__u32 first_page;
 	__u32 pages;
-	__u32 pad;
+	__u32 python;		/* an interpreter: 1 + its slot in python.h's PYTHON_OBJECTS; 0 none */
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */
@@ -400,7 +400,7 @@ enum offcpu_option {
 	OFF_MAX = 64,		/* an upper bound on the time off the CPU */
 	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
 	OFF_RUNNING = 256,
-	OFF_PYTHON = 512,	/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	OFF_PYTHON = 512,	/* Python frames into stacks through an interpreter (python.h) */
 	OFF_V8 = 1024,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 };
 
@@ -462,7 +462,7 @@ enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
 /* what a memleak program does besides its job */
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
-	ML_PYTHON = 2,		/* Python frames into the stacks of PYTHON_PROCS (python.h) */
+	ML_PYTHON = 2,		/* Python frames into stacks through an interpreter (python.h) */
 	ML_V8 = 4,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
 	ML_DEFER = 8,		/* a walk that ends NO_TABLE or TABLE_FULL goes to the ring */
 };

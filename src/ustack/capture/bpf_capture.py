@@ -40,7 +40,7 @@ import struct
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
 from ..kernel import bpf_syscall
-from ..model import Losses, MmapEvent, RawSample, UnwoundSample
+from ..model import CommEvent, ExitEvent, Losses, MmapEvent, RawSample, UnwoundSample
 from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
 from .contract import Capture
 from .perf import PerfCapture
@@ -60,6 +60,10 @@ class BpfCapture(Capture):
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
     v8_functions = None     # the run's V8Functions (symbols/v8.py): names JS functions
+    # an unwind.python_live.LiveFrames the session gives a capture that
+    # defers stacks: a deferred sample's Python frames are read from its
+    # process as its record is decoded (the kernel walked none)
+    python_frames = None
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
@@ -147,9 +151,7 @@ class BpfCapture(Capture):
                 self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
-            # the objects mapped before the run's first event (rows for them
-            # are loaded now) are where a -c command's interpreter is read
-            self._follow_python(self._first_objects if self.unwind_tables is not None else None)
+            self._follow_python()
             self._follow_v8()
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
@@ -211,38 +213,37 @@ class BpfCapture(Capture):
                     add(event.mapping, event.pid)
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
-            python.follow(metas[before:])      # an interpreter mapped, an exec, an exit
+            python.follow(metas[before:])      # an exec, an exit
+            if self.python_frames is not None:
+                self._follow_frames(metas[before:])
         v8 = self.counter.v8 if self.counter is not None else None
         if v8 is not None and len(metas) > before:
             v8.follow(metas[before:])          # node mapped, an exec, an exit
         return offset
 
-    def _follow_python(self, ahead) -> None:
+    def _follow_frames(self, metas: list) -> None:
+        """python_frames forgets a process at its exec and exit, and looks
+        again at one that maps an object."""
+        for _time, event in metas:
+            if isinstance(event, MmapEvent):
+                self.python_frames.mapped(event.pid)
+            elif (isinstance(event, CommEvent) and event.exec) or \
+                    (isinstance(event, ExitEvent) and event.pid == event.tid):
+                self.python_frames.forget(event.pid)
+
+    def _follow_python(self) -> None:
         """Where the counter merges Python frames (bpf/python.h,
-        capture/bpf_python.py), the Python processes running now (-p,
-        system-wide) into its map before its programs attach; a -c
-        command's interpreter read (from `ahead`, the objects it maps
-        before main: bpf_unwind.objects_of_target) before it runs and its
-        maps watched after exec."""
+        capture/bpf_python.py): the interpreters are known by their objects
+        as their rows load, so nothing is done per process; a -c command
+        held at its exit has its last code objects read there."""
         python = self.counter.python
         if python is None:
             return
-        from ..kernel import procfs
         python.python_code = self.python_code
         if self.python_code is not None:
             self.python_code.by_id = True       # the kernel's ids name its frames' code
-        scope = self.target.scope
-        if scope == "command":
-            if ahead is None:
-                from .bpf_unwind import objects_of_target
-                ahead = objects_of_target(self.target, self.probes)
-            if python.warm(ahead) and self.armed is not None:
-                python.watch_command(self.target.pid, self.armed)
-            if isinstance(self.target, TracedCommand):     # held at its exit: Session
-                self.target.on_exit = python.at_exit
-        else:
-            python.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
-                               self.interrupt)
+        if self.target.scope == "command" and isinstance(self.target, TracedCommand):
+            self.target.on_exit = python.at_exit      # held at its exit: Session
 
     def _follow_v8(self) -> None:
         """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py),
@@ -357,6 +358,8 @@ class BpfCapture(Capture):
         self.events.close()
         self.owned.close()              # after the events
         self.counter = None
+        if self.python_frames is not None:
+            self.python_frames.close()
 
 
 def uncounted(errors: dict, reasons: tuple) -> tuple:

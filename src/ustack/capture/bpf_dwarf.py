@@ -58,10 +58,12 @@ class UnwindCountCapture(BpfCapture):
         """The unwinder's records (trace's, and the stacks it deferred to
         us) as RawSamples."""
         python = self.counter.python
+        frames = self.python_frames
         return ring_samples(chunk, samples, offset, limit, self.counter.stack_bytes,
                             self.counter.fetches, self._object_bytes,
                             python.code_seen if python is not None else None,
-                            self._cut_one, self.weighted)
+                            self._cut_one, self.weighted,
+                            frames.read if frames is not None and python is not None else None)
 
     def _cut_one(self, chain: bytes) -> None:
         self._note_cut(chain, 1)

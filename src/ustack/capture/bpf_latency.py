@@ -144,7 +144,7 @@ class LatencyCounter(BpfCounter):
             self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
             if python:
                 from .bpf_python import PythonMaps, PythonProcs
-                self.python = PythonProcs(owned.map(PythonMaps()))
+                self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
             if js:          # JS frames (v8.h) in the same stacks
                 from .bpf_v8 import V8Maps, V8Procs
                 self.v8 = V8Procs(owned.map(V8Maps()))

@@ -93,7 +93,7 @@ class MemleakCounter(BpfCounter):
                                                    "ustack_mlring"))
         self.deferred: dict = {}        # a deferred call's id -> its RawSample
         if python:          # Python frames (python.h)
-            self.python = PythonProcs(owned.map(PythonMaps()))
+            self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:              # JS frames (v8.h)
             self.v8 = V8Procs(owned.map(V8Maps()))
         obj = memleak_object()

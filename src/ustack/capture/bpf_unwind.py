@@ -66,6 +66,7 @@ from ..kernel import procfs
 from ..kernel.bpf_syscall import RING_RECORD_HEADER, ring_next
 from ..kernel.proc_root import backing_devices
 from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, TracepointProbe,
+                     python_sample,
                      UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
@@ -239,7 +240,10 @@ class UnwindObjects:
     shared by many processes is loaded once. `tables(image)` builds the
     rows (unwind/tables.for_image); `bytes_loaded` reports the table
     memory. An object whose rows do not fit is entered with no rows and
-    TABLE_FULL_MARK, so the stacks through it end saying so."""
+    TABLE_FULL_MARK, so the stacks through it end saying so.
+    `interpreters` (bpf_python.PythonProcs, when the run merges Python
+    frames) gives an interpreter object's slot of Python facts, which its
+    OBJECTS entry points at (object_rows.python)."""
 
     def __init__(self, maps: UnwindMaps, tables: TableSource):
         self.maps = maps
@@ -248,6 +252,7 @@ class UnwindObjects:
         self.next_page = 0
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
         self.full: list = []            # paths of the objects whose rows did not fit
+        self.interpreters = None
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = threading.Lock()
@@ -272,11 +277,12 @@ class UnwindObjects:
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []
+        python = self.interpreters.slot_of(path) if self.interpreters is not None else 0
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
-                self._load(path, keys, packed, segs)
+                self._load(path, keys, packed, segs, python)
 
-    def _load(self, path: str, keys: list, packed, segs: list) -> None:
+    def _load(self, path: str, keys: list, packed, segs: list, python: int = 0) -> None:
         first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         if packed is not None and segs:
             vaddr, offset, _size = segs[0]
@@ -299,7 +305,7 @@ class UnwindObjects:
         self.loaded[keys[0]] = (path, n)
         for k in keys:
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages, 0))
+                first, n, adjust, page_slot, first_page, npages, python))
 
     def wanted(self) -> dict:
         """(dev, inode) -> walks that met the object without rows (WANTED),
@@ -532,7 +538,7 @@ class KernelUnwinder(BpfCounter):
         self.spilled: dict = {}          # hash -> callchain: stacks moved out of STACKS
         self._taken = 0                  # stacks deleted from STACKS by spill()
         if python and ring_bytes:        # new code objects come by the ring
-            self.python = PythonProcs(owned.map(PythonMaps()))
+            self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:
             self.v8 = V8Procs(owned.map(V8Maps()))
         if weighted and not self.trace:
@@ -710,7 +716,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
                  fetches: tuple = (), read_file=None, python_code=None,
                  cut: Callable[[bytes], None] | None = None,
-                 weighted: bool = False) -> int:
+                 weighted: bool = False, python_read=None) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
@@ -720,7 +726,11 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
     objects given an id goes to `python_code` (code_entries), not to
     the samples. `cut(callchain)` hears of each stack the walk cut short.
     `weighted` (count --weight): a deferred record's weight is its
-    sample's one arg, as the perf path's fetch-arg. The loop is the
+    sample's one arg, as the perf path's fetch-arg. `python_read(pid,
+    tid)`: a deferred sample's thread's Python frames read now
+    (unwind/python_live.LiveFrames.read), or None; where it has them the
+    sample is a PythonSample, its frames merged where they agree with it.
+    The loop is the
     trace's per-event cost: a plain record is two unpacks and a tuple."""
     end = min(len(chunk), offset + limit)
     length_at, record_at = _U32.unpack_from, RECORD.unpack_from
@@ -739,7 +749,8 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             continue
         if status == PYTHON_CODE:         # nframes code objects given an id
             if python_code is not None:
-                code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code)
+                # the record's cpu: the interpreter's version
+                code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code, cpu)
             continue
         fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
@@ -747,11 +758,13 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             at = rec + RECORD.size + DEFER.size
             args = fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file) if fetch \
                 else ((WEIGHT_ARG, "dec", as_s64(weight)),) if weighted else ()
-            append(RawSample(
+            sample = RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
                 stack=chunk[at:min(at + size, rec + n)], args=args,
-                kernel=kernel_stack(kstack) if kstack >= 0 else b""))
+                kernel=kernel_stack(kstack) if kstack >= 0 else b"")
+            read = python_read(sample.pid, sample.tid) if python_read is not None else None
+            append(sample if read is None else python_sample(sample, read))
             continue
         frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)
         chain = chunk[rec + RECORD.size:frames_end]
@@ -768,30 +781,33 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
 def code_record(chunk: bytes, rec: int, n: int, python_code=None) -> bool:
     """Whether the ring record of `n` bytes at `rec` names Python code
     objects given an id (python.h's python_code_record: a trace record's
-    head, status PYTHON_CODE, its frame count of entries after it); if so
-    each goes to `python_code` (see code_entries)."""
+    head, status PYTHON_CODE, the interpreter's major << 8 | minor in its
+    cpu field, its frame count of entries after it); if so each goes to
+    `python_code` (see code_entries)."""
     if n != CODE_RECORD_SIZE:
         return False
-    _t, pid_tgid, _probe, _cpu, nframes, status = RECORD.unpack_from(chunk, rec)
+    _t, pid_tgid, _probe, version, nframes, status = RECORD.unpack_from(chunk, rec)
     if status != PYTHON_CODE:
         return False
     if python_code is not None:
-        code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code)
+        code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code, version)
     return True
 
 
-def code_entries(chunk: bytes, rec: int, n: int, pid: int, count: int, python_code) -> None:
+def code_entries(chunk: bytes, rec: int, n: int, pid: int, count: int, python_code,
+                 version: int) -> None:
     """Each of the `count` entries of the PYTHON_CODE record of `n` bytes
-    at `rec` to `python_code(pid, address, id, identity, copied)`: copied
-    is (name, file, first line) as the kernel read them, a name or file
-    longer than it copies cut with "…" ("" if not copied)."""
+    at `rec` to `python_code(pid, address, id, identity, copied, version)`:
+    copied is (name, file, first line) as the kernel read them, a name or
+    file longer than it copies cut with "…" ("" if not copied); version
+    the interpreter's major << 8 | minor."""
     for i in range(min(count, (n - RECORD.size) // CODE_ENTRY.size)):
         code, code_id, identity, first, name_len, file_len, name, file = CODE_ENTRY.unpack_from(
             chunk, rec + RECORD.size + CODE_ENTRY.size * i)
         name = name[:name_len].decode("ascii", "replace") + ("…" if name_len > len(name) else "")
         file = ("…" if file_len > len(file) else "") + \
             file[:file_len].decode("ascii", "replace")
-        python_code(pid, code, code_id, identity, (name, file, first))
+        python_code(pid, code, code_id, identity, (name, file, first), version)
 
 
 _support: dict = {}                  # probe kind -> None | why not (per process)

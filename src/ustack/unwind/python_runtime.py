@@ -145,6 +145,42 @@ def _looks_like_python(path: str) -> bool:
 def interpreter_of(path: str, mapping: Mapping) -> Interpreter | None:
     """The interpreter defined by the object at `path`, mapped executable
     by `mapping`; None when it defines no _PyRuntime."""
+    if _object_facts(path) is None:
+        return None
+    vaddr = ElfImage.open(path).vaddr_of_file_offset(mapping.pgoff)
+    if vaddr is None:
+        return None
+    return _interpreter(path, mapping.start - vaddr)
+
+
+def object_interpreter(path: str) -> Interpreter | None:
+    """The interpreter the object at `path` defines, at its ELF addresses
+    (the in-kernel walk moves them to a process's by the object's load
+    bias); None when it is no interpreter ustack has a layout for."""
+    if not _looks_like_python(path) or _object_facts(path) is None:
+        return None
+    try:
+        # an image of its own: this runs on the run's rows loader thread,
+        # and the shared one's symbols may be being read by another
+        return _interpreter(path, 0, ElfImage(path))
+    except (OSError, ValueError, UstackError):
+        return None
+
+
+def version_of(mappings: list) -> tuple | None:
+    """(major, minor) of the interpreter among a process's executable
+    mappings, or None."""
+    for m in mappings:
+        path = object_path(m)
+        facts = _object_facts(path) if path and _looks_like_python(path) else None
+        if facts is not None and _layout(facts[1], facts[2]) is not None:
+            return facts[1]
+    return None
+
+
+def _interpreter(path: str, bias: int, image: ElfImage | None = None) -> Interpreter | None:
+    """The interpreter at `path` loaded `bias` bytes above its ELF addresses
+    (`image`: the file's, else the shared one)."""
     facts = _object_facts(path)
     if facts is None:
         return None
@@ -152,11 +188,7 @@ def interpreter_of(path: str, mapping: Mapping) -> Interpreter | None:
     layout = _layout(version, debug)
     if layout is None:
         return None
-    image = ElfImage.open(path)
-    vaddr = image.vaddr_of_file_offset(mapping.pgoff)
-    if vaddr is None:
-        return None
-    bias = mapping.start - vaddr
+    image = image or ElfImage.open(path)
     ranges = tuple(sorted((bias + s.address, bias + s.address + s.size)
                           for s in image.functions
                           if s.name == EVAL_FUNCTION or s.name.startswith(EVAL_FUNCTION + ".")))
