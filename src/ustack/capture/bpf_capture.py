@@ -257,7 +257,10 @@ class BpfCapture(Capture):
         v8.functions = self.v8_functions
         scope = self.target.scope
         if scope == "command":
-            if v8.warm(objects_of_target(self.target, self.probes)) and self.armed is not None:
+            # the objects the command maps before main, read once already
+            ahead = self._first_objects if self.unwind_tables is not None \
+                else objects_of_target(self.target, self.probes)
+            if v8.warm(ahead) and self.armed is not None:
                 v8.watch_command(self.target.pid, self.armed)
         else:
             v8.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
