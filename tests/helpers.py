@@ -726,6 +726,14 @@ def wait_tracing(proc: subprocess.Popen, timeout: float = 20) -> str:
     return line
 
 
+# `perf record` options of the oracle: its own event asks for the build-id in
+# each MMAP2 record. Without it, on this kernel, perf's MMAP2 records came
+# flagged as carrying a build-id that was their inode fields, and perf
+# script 6.1 aborted (util/build-id.c assertion, "stack smashing detected"):
+# seen while other runs on the machine had events open that ask for one.
+PERF_BUILD_IDS = ("--buildid-mmap",)
+
+
 def cpu_seconds(pid: int) -> float:
     """The CPU time (user + system, all threads) process PID has used."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
