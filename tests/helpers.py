@@ -67,10 +67,11 @@ def _tool(name: str) -> str:
 
 def _cached(key: str, filename: str) -> tuple[Path, Path]:
     """(final output path, temporary path in the same directory). Each
-    checkout gets files of its own: a uprobe is set on a file (inode), and a
-    system-wide one from another checkout's suite would fire in this one's
-    processes (gdb's breakpoint there never stops, samples land in [uprobes])."""
-    key = f"{PROGRAMS}\0{key}"
+    checkout, and each parallel worker of a run (pytest-xdist), gets files
+    of its own: a uprobe is set on a file (inode), and a system-wide one
+    from another suite or worker would fire in this one's processes (gdb's
+    breakpoint there never stops, samples land in [uprobes])."""
+    key = f"{PROGRAMS}\0{os.environ.get('PYTEST_XDIST_WORKER', '')}\0{key}"
     out_dir = CACHE / hashlib.sha256(key.encode()).hexdigest()[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir / filename, out_dir / f".{filename}.{os.getpid()}.tmp"
