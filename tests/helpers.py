@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -67,10 +68,11 @@ def _tool(name: str) -> str:
 
 def _cached(key: str, filename: str) -> tuple[Path, Path]:
     """(final output path, temporary path in the same directory). Each
-    checkout gets files of its own: a uprobe is set on a file (inode), and a
-    system-wide one from another checkout's suite would fire in this one's
-    processes (gdb's breakpoint there never stops, samples land in [uprobes])."""
-    key = f"{PROGRAMS}\0{key}"
+    checkout, and each parallel worker of a run (pytest-xdist), gets files
+    of its own: a uprobe is set on a file (inode), and a system-wide one
+    from another suite or worker would fire in this one's processes (gdb's
+    breakpoint there never stops, samples land in [uprobes])."""
+    key = f"{PROGRAMS}\0{os.environ.get('PYTEST_XDIST_WORKER', '')}\0{key}"
     out_dir = CACHE / hashlib.sha256(key.encode()).hexdigest()[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     return out_dir / filename, out_dir / f".{filename}.{os.getpid()}.tmp"
@@ -724,6 +726,49 @@ def wait_tracing(proc: subprocess.Popen, timeout: float = 20) -> str:
         rest = proc.communicate()[1]
         pytest.fail(f"ustack did not start tracing: {line}{rest}")
     return line
+
+
+# `perf record` options of the oracle: its own event asks for the build-id in
+# each MMAP2 record. Without it, on this kernel, perf's MMAP2 records came
+# flagged as carrying a build-id that was their inode fields, and perf
+# script 6.1 aborted (util/build-id.c assertion, "stack smashing detected"):
+# seen while other runs on the machine had events open that ask for one.
+PERF_BUILD_IDS = ("--buildid-mmap",)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process PID has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_for_cpu(pid: int, *args, seconds: float = 1.0, timeout: float = 300
+                ) -> subprocess.CompletedProcess:
+    """Run `ustack ARGS… -p PID` until the busy target PID has used SECONDS
+    of CPU time since ustack began tracing, then end it as Ctrl-C does: a
+    profile at F Hz holds about F * SECONDS samples of it however loaded
+    the machine is (a run of fixed length holds what the scheduler gave).
+    stdout goes to a file, so a long output never blocks the run."""
+    with tempfile.TemporaryFile("w+") as stdout:
+        us = start_ustack(*args, "-p", pid, stdout=stdout)
+        try:
+            header = wait_tracing(us)
+            err = end_after_cpu(us, pid, seconds, timeout)
+        finally:
+            stop(us)
+        stdout.seek(0)
+        return subprocess.CompletedProcess(us.args, us.returncode, stdout.read(), header + err)
+
+
+def end_after_cpu(us: subprocess.Popen, pid: int, seconds: float = 1.0,
+                  timeout: float = 300) -> str:
+    """End the tracing run `us` (SIGINT, as Ctrl-C) once process PID has
+    used SECONDS more of CPU time, and return the rest of its stderr."""
+    start = cpu_seconds(pid)
+    wait_until(lambda: cpu_seconds(pid) - start >= seconds, timeout,
+               f"{seconds} s of CPU time used by PID {pid}")
+    us.send_signal(signal.SIGINT)
+    return finish(us)[1]
 
 
 def spawn(*argv, stdin=None) -> subprocess.Popen:

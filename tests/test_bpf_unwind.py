@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (O2_NOFP, build, ok, parse_counts, perf_script_samples, private_copy,
-                     run_ustack)
+from helpers import (O2_NOFP, PERF_BUILD_IDS, build, ok, parse_counts, perf_script_samples,
+                     private_copy, run_ustack)
 
 pytestmark = pytest.mark.kernel
 
@@ -77,8 +77,8 @@ def test_syscall_write_through_libc(chain):
 
 def _perf_record(perf: str, event: str, argv: list, tmp_path: Path) -> list:
     data = tmp_path / "perf.data"
-    rec = subprocess.run([perf, "record", "-q", "-B", "-e", event, "--call-graph", "dwarf",
-                          "-o", str(data), "--", *argv],
+    rec = subprocess.run([perf, "record", "-q", "-B", *PERF_BUILD_IDS, "-e", event,
+                          "--call-graph", "dwarf", "-o", str(data), "--", *argv],
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 0, rec.stderr
     script = subprocess.run([perf, "script", "-i", str(data)], capture_output=True,

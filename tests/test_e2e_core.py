@@ -352,8 +352,11 @@ def test_sigkill_leftovers_removed_by_next_run(chain):
             us.wait()
         finally:
             stop(us)
-        left = ustack_lines(us.pid)
-        assert left, "SIGKILL left nothing behind: the test proves nothing"
+        if not ustack_lines(us.pid):
+            # the killed run's lock is free: any ustack run starting meanwhile
+            # (a parallel test's, another user's) removes its probes
+            pytest.skip("another ustack run on this machine removed the killed run's "
+                        "probes first: nothing left for the next run to prove")
     finally:
         stop(target)
     res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} 2"))

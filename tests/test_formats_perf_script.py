@@ -17,7 +17,8 @@ import subprocess
 import pytest
 
 from browser import chromium, keep_screenshot  # noqa: F401 (fixture)
-from helpers import CHAIN, FP, build, open_in_speedscope, sandwich_rows, trace_report
+from helpers import (CHAIN, FP, PERF_BUILD_IDS, build, open_in_speedscope, sandwich_rows,
+                     trace_report)
 
 from ustack.model import Frame, RawSample, Stack
 from ustack.report.formats import EVENT_FORMATS
@@ -63,8 +64,8 @@ def real_perf_script(chain, args: str, tmp_path) -> str:
     if perf is None:
         pytest.skip("perf is not installed (the oracle of perf script's layout)")
     data = tmp_path / "perf.data"
-    subprocess.run([perf, "record", "-q", "-B", "-e", "syscalls:sys_enter_write",
-                    "--call-graph", "fp", "-o", str(data), "--", str(chain), *args.split()],
+    subprocess.run([perf, "record", "-q", "-B", *PERF_BUILD_IDS, "-e",
+                    "syscalls:sys_enter_write", "--call-graph", "fp", "-o", str(data), "--", str(chain), *args.split()],
                    check=True, capture_output=True, timeout=60)
     return subprocess.run([perf, "script", "-i", str(data), "-F", PERF_FIELDS],
                           check=True, capture_output=True, text=True, timeout=60).stdout

@@ -17,14 +17,17 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import (finish, ok, parse_folded, parse_trace, run_ustack, start_ustack,
-                     stop, wait_tracing, wait_until)
+from helpers import (end_after_cpu, finish, ok, parse_folded, parse_trace, run_for_cpu,
+                     run_ustack, start_ustack, stop, wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
 
 SOURCE = Path(__file__).parent / "programs" / "java" / "Chain.java"
 FLAGS = ("-XX:+PreserveFramePointer", "-XX:CompileCommand=quiet",
          "-XX:CompileCommand=dontinline,Chain::*")
+# the JVM's CPU time an attached run lasts: at 199 Hz about 400 samples,
+# however loaded the machine is
+CPU_SECONDS = 2
 # how HotSpot's map names a method: "double Chain.leaf(int)"
 _METHOD = re.compile(r"\w+ Chain\.(\w+)\(")
 
@@ -110,25 +113,25 @@ def test_attached_jvm_named_by_jcmd(running_jvm, when, tmp_path):
     before the run or while it runs: stacks are named when the run ends;
     or `ustack record`, then jcmd, then `ustack report`."""
     out = tmp_path / "java.folded"
-    args = ("profile", "-F", "199", "-d", "3", "-p", running_jvm.pid, "-o", out)
     pid = running_jvm.pid
+    args = ("profile", "-F", "199", "-o", out)
     if when == "before":
         _perfmap(pid)
-        err = ok(run_ustack(*args)).stderr
+        err = ok(run_for_cpu(pid, *args, seconds=CPU_SECONDS)).stderr
     elif when == "after":
         recording = tmp_path / "java.data"
-        err = ok(run_ustack("record", "profile:hz:199", "-d", "3", "-p", pid,
-                            "-o", recording)).stderr
+        err = ok(run_for_cpu(pid, "record", "profile:hz:199", "-o", recording,
+                             seconds=CPU_SECONDS)).stderr
         _perfmap(pid)
         res = run_ustack("report", recording, "-f", "folded", "-o", out)
         assert res.returncode == 0, res.stderr
         err += res.stderr
     else:
-        us = start_ustack(*args)
+        us = start_ustack(*args, "-p", pid)
         try:
             err = wait_tracing(us)
-            _perfmap(running_jvm.pid)
-            err += finish(us)[1]
+            _perfmap(pid)
+            err += end_after_cpu(us, pid, CPU_SECONDS)
         finally:
             stop(us)
         assert us.returncode == 0, err

@@ -11,15 +11,14 @@ structure (test_python_frames.py's chains)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, TAILS, chains, finish,
-                     natives_between_leaf_and_key, popen_ustack,
-                     pyenv_python, python_only, start_waiting, stop)
+from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, TAILS, chains,
+                     natives_between_leaf_and_key, pyenv_python, python_only,
+                     run_for_cpu, start_waiting, stop)
 from helpers import PY_CHAIN as CHAIN
 from ustack.model import python_frame_word
 from ustack.unwind.python_frames import merge_read
@@ -45,14 +44,14 @@ def interpreter(version: str) -> str:
 
 def runs_on(python: str, mode: str, *runs) -> tuple:
     """([(stacks or events, stderr) per run], facts): each run, `ustack
-    ARGS -f json -p PID`, on one frames.py MODE process, one after the other."""
+    ARGS -f json -p PID` for 1 s of the program's CPU time, on one frames.py
+    MODE process, one after the other."""
     proc, facts = start_waiting(python, mode)
     out = []
     try:
         for args in runs:
-            run = popen_ustack(*args, "-f", "json", "-p", str(facts["pid"]),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            text, err = finish(run, 90)
+            run = run_for_cpu(facts["pid"], *args, "-f", "json")
+            text, err = run.stdout, run.stderr
             assert run.returncode == 0, err
             if args[0] == "trace":
                 out.append(([dict(e, count=1) for e in map(json.loads, text.splitlines())], err))
@@ -65,7 +64,7 @@ def runs_on(python: str, mode: str, *runs) -> tuple:
 
 
 def profile(*args) -> tuple:
-    return ("profile", "-F", "199", "-d", "1", *args)
+    return ("profile", "-F", "199", *args)
 
 
 def judge(stacks: list, facts: dict, full) -> tuple:
@@ -153,7 +152,7 @@ def test_copy_path_reads_the_sampled_threads_frames(version):
     """Three threads, each in its own function: a sample's Python frames
     are its own thread's (its PyThreadState found by the thread's id)."""
     ((perf, _err),), facts = runs_on(interpreter(version), "threads",
-                                     ("trace", "--backend", "perf", "-d", "1", "profile:hz:199"))
+                                     ("trace", "--backend", "perf", "profile:hz:199"))
     seen = Counter()
     for s in perf:
         (frames, n), = chains([s], facts)
@@ -178,8 +177,7 @@ def test_copy_path_trace_of_a_uprobe_under_python(version):
     """libc's write under print: each event shows the Python chain above
     the C frames, or is marked (the thread had moved on by the read)."""
     ((events, err),), facts = runs_on(interpreter(version), "write",
-                                      ("trace", "--backend", "perf", "-d", "1",
-                                       "uprobe:libc:write"))
+                                      ("trace", "--backend", "perf", "uprobe:libc:write"))
     assert HEADER in err
     mine = [e for e in events if e["pid"] == facts["pid"]]
     assert all(e["frames"][0]["function"] == "write" for e in mine)

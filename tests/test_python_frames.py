@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, natives_between_leaf_and_key, PROG, TAILS, chains, finish,
-                     popen_ustack, pyenv_python, python_only, start_ustack, start_waiting,
+                     popen_ustack, pyenv_python, python_only, run_for_cpu, start_ustack, start_waiting,
                      stop, wait_tracing)
 from helpers import PY_CHAIN as CHAIN
 from ustack.model import python_frame_parts
@@ -176,9 +176,8 @@ def attached(python: str, mode: str, *args) -> tuple:
         pytest.skip(f"{python} is not installed")
     proc, facts = start_waiting(python, mode)
     try:
-        run = popen_ustack(*args, "-f", "json", "-d", "1", "-p", str(facts["pid"]),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, err = finish(run, 60)
+        run = run_for_cpu(facts["pid"], *args, "-f", "json")
+        out, err = run.stdout, run.stderr
         assert run.returncode == 0, err
     finally:
         proc.stdin.close()
