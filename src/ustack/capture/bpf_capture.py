@@ -255,6 +255,8 @@ class BpfCapture(Capture):
         from ..kernel import procfs
         from .bpf_unwind import objects_of_target
         v8.functions = self.v8_functions
+        if self.v8_functions is not None:
+            self.v8_functions.active = True     # its stacks carry JS words
         scope = self.target.scope
         if scope == "command":
             # the objects the command maps before main, read once already

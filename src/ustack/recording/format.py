@@ -146,9 +146,16 @@ def python_code_record(pid: int, code: int, info: PythonCodeInfo) -> bytes:
                   + kind + name + file + info.table)
 
 
+def _s32(value: int) -> int:
+    """A kernel's 32-bit pid, tid or cpu as the signed field stores it: a
+    perf record's -1 (no such task in the namespace) arrives as 2**32 - 1."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
 def event_record(sample: RawSample, stack_id: int) -> bytes:
-    body = _EVENT.pack(sample.probe, sample.pid, sample.tid, sample.time_ns,
-                       sample.cpu, stack_id, bool(sample.args))
+    body = _EVENT.pack(sample.probe, _s32(sample.pid), _s32(sample.tid), sample.time_ns,
+                       _s32(sample.cpu), stack_id, bool(sample.args))
     if sample.args:
         body += _args_json(sample.args)
     return record(EVENT, body)

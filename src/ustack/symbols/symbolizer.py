@@ -80,7 +80,7 @@ class Symbolizer:
                 out.append(self.python_code.frame(pid, code, index))
                 exact = False
                 continue
-            if addr >> 60 == _V8_TAG:
+            if addr >> 60 == _V8_TAG and self.v8.active:
                 # a JS frame where the walk found its JIT or builtin pc
                 shared, offset = v8_frame_parts(addr)
                 out.append(self.v8.frame(pid, shared, offset))

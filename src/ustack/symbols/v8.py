@@ -46,6 +46,10 @@ class V8Functions:
         self._procs: dict = {}                     # pid -> _Process | None
         self._read: OrderedDict = OrderedDict()    # (pid, shared) -> as read while pid lived
         self.unnamed = 0           # frames shown as [js 0x...]
+        # set by a capture whose kernel pass writes JS words (bpf/v8.h): in
+        # any other stack (ftrace's or perf's frame-pointer walk) a word with
+        # their tag is a garbage return address, not a JS frame
+        self.active = False
         self._named_pids: set = set()
 
     def named_in(self, pid: int) -> bool:
