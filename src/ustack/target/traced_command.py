@@ -108,7 +108,10 @@ class TracedCommand(Target):
             if event == ptrace.PTRACE_EVENT_EXEC:
                 self.execs += 1
             elif event == ptrace.PTRACE_EVENT_EXIT and self.on_exit is not None:
-                self.on_exit(self.pid, self.execs)
+                try:
+                    self.on_exit(self.pid, self.execs)
+                except Exception:   # noqa: BLE001 - what it reads is a bonus:
+                    pass            # the command must go on to its exit whatever it met
             # an event stop is ours; any other stop holds a signal for it
             _cont(self.pid, 0 if event else os.WSTOPSIG(status))
         return True
