@@ -40,12 +40,23 @@ TEST_TAG = "USTACK_TEST_TAG"
 @pytest.hookimpl(tryfirst=True)  # before the terminal reporter reads reportchars
 def pytest_configure(config):
     config.addinivalue_line("markers", "kernel: needs root and the uprobe PMU")
+    config.addinivalue_line("markers", "alone: runs after the parallel rest, by itself "
+                            "(.ci/run): its result depends on what else the machine runs")
     # Always list skip reasons in the summary: a skip is never silent.
     if "s" not in config.option.reportchars and "a" not in config.option.reportchars:
         config.option.reportchars += "s"
     if os.geteuid() == 0 and not (TRACEFS / "trace_options").exists():
         subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)],
                        capture_output=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A run over the whole machine sees every process, the other workers'
+    busy programs, browsers and node included: such tests (their name or
+    their file's says "system" or "machine") run alone."""
+    for item in items:
+        if "system" in item.nodeid or "machine" in item.nodeid:
+            item.add_marker(pytest.mark.alone)
 
 
 def kernel_skip_reason() -> str | None:
