@@ -14,7 +14,11 @@ import os
 import struct
 from collections import namedtuple
 
-from .elf_reader import MACHINES
+# e_machine's names as pyelftools spells them, which the image cache and its
+# users keep (elf_reader's readers give them too)
+MACHINES = {2: "EM_SPARC", 3: "EM_386", 8: "EM_MIPS", 20: "EM_PPC", 21: "EM_PPC64",
+             22: "EM_S390", 40: "EM_ARM", 43: "EM_SPARCV9", 62: "EM_X86_64",
+             183: "EM_AARCH64", 243: "EM_RISCV", 258: "EM_LOONGARCH"}
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")           # type, flags, offset, vaddr, paddr, filesz, ...

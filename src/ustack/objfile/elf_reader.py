@@ -8,12 +8,9 @@ libelf reads libc's debug file in ~15 ms; pyelftools' header parsing
 alone imports ~25 ms of modules and its symbol iteration took ~0.3 s."""
 from __future__ import annotations
 
+from .elf_headers import MACHINES, read_headers
 
 _E_TYPES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
-# pyelftools' names, which the image cache and its users keep
-MACHINES = {2: "EM_SPARC", 3: "EM_386", 8: "EM_MIPS", 20: "EM_PPC", 21: "EM_PPC64",
-             22: "EM_S390", 40: "EM_ARM", 43: "EM_SPARCV9", 62: "EM_X86_64",
-             183: "EM_AARCH64", 243: "EM_RISCV", 258: "EM_LOONGARCH"}
 
 
 def open_reader(path: str, f):
@@ -29,7 +26,6 @@ def open_headers(path: str, f):
     """A reader of the file's headers alone (segments, sections,
     build_id(); no section bytes): objfile.elf_headers' for an ELF64
     little-endian file, which needs no libelf, else open_reader's."""
-    from .elf_headers import read_headers
     return read_headers(f) or open_reader(path, f)
 
 
