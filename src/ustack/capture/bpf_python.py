@@ -30,7 +30,6 @@ stacks, memleak."""
 from __future__ import annotations
 
 import struct
-import threading
 
 from ..kernel import bpf_syscall
 from ..kernel import procfs
@@ -38,6 +37,7 @@ from ..model import CommEvent, ExitEvent
 from ..unwind import python_runtime
 from ..unwind.python_frames import ascii_data
 from .bpf_common import unwind_object
+from .fork_safe_lock import ForkSafeLock
 
 OBJECTS = 64                    # interpreter objects (each version's python, libpython)
 THREADS = 8192                  # (mm, fsbase) -> PyThreadState, an LRU
@@ -55,7 +55,7 @@ class PythonMaps(bpf_syscall.MapSet):
 
     def __init__(self, objects: int = OBJECTS, threads: int = THREADS, codes: int = CODES):
         super().__init__()
-        self.lock = threading.Lock()
+        self.lock = ForkSafeLock()
         obj = unwind_object()
         try:
             for name, size in (("python_objects", objects), ("python_threads", threads),

@@ -56,7 +56,6 @@ import os
 import re
 import shlex
 import struct
-import threading
 from array import array
 from collections.abc import Callable
 
@@ -78,6 +77,7 @@ from ..unwind import tables
 from ..target import process
 from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_result,
                           prog_type_of)
+from .fork_safe_lock import ForkSafeLock
 from .bpf_common import unwind_object
 from .bpf_python import PythonMaps, PythonProcs
 from .bpf_v8 import V8Maps, V8Procs
@@ -172,7 +172,7 @@ class UnwindMaps(bpf_syscall.MapSet):
         self._rows_job = InBackground(obj.make_map, "rows", rows_capacity,
                                       flags=bpf_syscall.F_MMAPABLE)   # filled by a copy
         self._rows = None
-        self._rows_lock = threading.Lock()     # the program's thread or this one
+        self._rows_lock = ForkSafeLock()     # the program's thread or this one
         try:
             self.pages = self._keep(obj.make_map("pages", pages_capacity))
             self.objects = self._keep(obj.make_map("objects", objects))
@@ -255,7 +255,7 @@ class UnwindObjects:
         self.interpreters = None
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self.closed = False
 
     def add_vdso(self) -> None:

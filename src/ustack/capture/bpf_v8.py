@@ -23,6 +23,7 @@ from ..kernel import bpf_syscall, procfs
 from ..model import CommEvent, ExitEvent, MmapEvent
 from ..unwind import v8_runtime
 from .bpf_common import unwind_object
+from .fork_safe_lock import ForkSafeLock
 
 PROCS = 1024                    # V8 processes followed at once
 FUNCTIONS = 1 << 16             # (tgid, function) seen since the last harvest, an LRU
@@ -37,7 +38,7 @@ class V8Maps(bpf_syscall.MapSet):
 
     def __init__(self, procs: int = PROCS, functions: int = FUNCTIONS):
         super().__init__()
-        self.lock = threading.Lock()
+        self.lock = ForkSafeLock()
         try:
             self.v8_procs = unwind_object().make_map("v8_procs", procs)
             self.all.append(self.v8_procs)
