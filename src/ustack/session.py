@@ -138,9 +138,8 @@ class Session:
             self.recorder = self.recorder.begin(self)
 
     def _open_recording(self) -> None:
-        """Session.replay: the recording's header, not the kernel."""
-        self.tracker.live = self.python_code.live = False    # recorded pids: not this host's
-        self.v8_functions.live = False
+        """Session.replay: the recording's header, not the kernel (nor this host's pids)."""
+        self.tracker.live = self.python_code.live = self.v8_functions.live = False
         capture = self.capture = self.recording
         capture.python_code = self.python_code      # the recorded code objects' names
         capture.open()
@@ -159,16 +158,10 @@ class Session:
             self.plan.backend, self.probes, self.target, self.plan.modes, opts,
             self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
-        capture.python_code = self.python_code
-        capture.v8_functions = self.v8_functions
-        if opts.python and self.plan.backend == "perf" and "dwarf" in self.plan.modes:
+        capture.python_code, capture.v8_functions = self.python_code, self.v8_functions
+        if opts.python:
             from .unwind import python_live
-            python_live.read_with(capture, self.python_code, self.target)
-        elif opts.python and getattr(capture, "defers_stacks", False):
-            # the stacks the kernel hands over unwalked (a new process's
-            # first samples, objects whose rows are still loading)
-            from .unwind.python_live import LiveFrames
-            capture.python_frames = LiveFrames(self.python_code.remember)
+            python_live.wire(capture, self.python_code, self.target, self.plan)
         capture.open()          # closes what it opened if it fails (but when interrupted)
         return capture
 

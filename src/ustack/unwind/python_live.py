@@ -229,3 +229,14 @@ def read_with(capture, python_code, target) -> None:
     capture.python_frames = LiveFrames(python_code.remember)
     if runs_python(target):
         capture.unwind_note = HEADER_NOTE
+
+
+def wire(capture, python_code, target, plan) -> None:
+    """Where a capture's copied stacks get their Python frames: read with
+    each sample (perf's DWARF copies), or from the process as a BPF
+    capture decodes the stacks the kernel handed over unwalked (a new
+    process's first samples, objects whose rows are still loading)."""
+    if plan.backend == "perf" and "dwarf" in plan.modes:
+        read_with(capture, python_code, target)
+    elif getattr(capture, "defers_stacks", False):
+        capture.python_frames = LiveFrames(python_code.remember)
