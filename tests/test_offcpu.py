@@ -66,6 +66,16 @@ def functions(stack: dict) -> list:
     return [f["function"] for f in stack["frames"]]
 
 
+
+def locked_ms(stacks: list) -> float:
+    """Time of the blocks whose stack was cut, and said to be, because the
+    process's memory map was locked at the switch (a thread being created
+    holds it): a block the tool cannot place under its function, and says
+    so; the totals below may miss that much, never more."""
+    return sum(s["value"] for s in stacks
+               if any("memory map was locked" in n for n in s["notes"])) / 1e6
+
+
 def test_blocked_time_per_stack_through_libc(prog):
     res, times = run_on_target(prog, "-f", "json")
     doc = json.loads(res.stdout)
@@ -77,7 +87,7 @@ def test_blocked_time_per_stack_through_libc(prog):
         total_ms = sum(s["value"] for s in under) / 1e6
         # (on failure: the stacks under none of the four functions, where a
         # missing block's time would be)
-        assert abs(total_ms - times[kind]) <= 0.05 * times[kind], \
+        assert abs(total_ms - times[kind]) <= 0.05 * times[kind] + locked_ms(stacks), \
             (kind, total_ms, times,
              [(s["value"], s["tid"] if "tid" in s else None, functions(s), s["notes"])
               for s in stacks if not any(f in functions(s) for f, _c in KINDS.values())])
@@ -103,7 +113,7 @@ def test_a_commands_children_are_followed(prog, tmp_path):
     stacks = json.loads(out.read_text())["stacks"]
     for kind, (function, _call) in KINDS.items():
         total_ms = sum(s["value"] for s in stacks if function in functions(s)) / 1e6
-        assert abs(total_ms - times[kind]) <= 0.05 * times[kind], \
+        assert abs(total_ms - times[kind]) <= 0.05 * times[kind] + locked_ms(stacks), \
             (kind, total_ms, times, [(s["value"], functions(s), s["notes"]) for s in stacks
                                      if not any(f in functions(s) for f, _c in KINDS.values())])
 
