@@ -5,7 +5,8 @@
  * offcpu_waking on sched:sched_waking keeps the waker's stack in WAKERS
  * for a thread in START. With OFF_PYTHON either stack of a Python
  * process gets its Python frames (python.h), the code objects seen first
- * reported by RING. */
+ * reported by RING. With OFF_DEFER a walk that could not finish here goes
+ * to RING as a deferred record, unwound by user space (defer_walk). */
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
@@ -40,7 +41,7 @@ struct {
 	__uint(max_entries, 10240);	/* sized by the loader */
 } offcpu SEC(".maps");
 
-/* python.h's records of code objects seen first */
+/* python.h's records of code objects seen first; deferred records (OFF_DEFER) */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__type(value, struct python_code_record);	/* (the loader drops the size) */
@@ -73,6 +74,43 @@ static __always_inline __u32 task_u32(__u64 task, __u32 offset)
 
 	bpf_probe_read_kernel(&v, sizeof(v), (void *)(task + offset));
 	return v;
+}
+
+/* OFF_DEFER: a walk that could not finish here goes to user space as a
+ * deferred record (the thread's user registers and DEFER_STACK bytes of
+ * its stack), unwound there as the copy path's samples. The scheduler's
+ * tracepoints run with interrupts off, where bpf_find_vma takes the
+ * memory map's lock by a trylock and leaves its release to an irq_work:
+ * a second call on that CPU before the work has run answers -EBUSY
+ * (VMA_BUSY), so each switch learns at most one region of a process's
+ * map, and a fresh process's first blocks could not be walked. Likewise
+ * an object whose rows are not loaded yet or did not fit. The block is
+ * summed under *id, the record's weight: unique, its low byte the walk's
+ * status (what user space says if it did not keep the record). 0 where
+ * the record does not go (the ring is full: counted): the stack stays as
+ * walked, cut with its note. */
+static __always_inline int defer_walk(void *ctx, struct walk *w, __u64 pid_tgid,
+				      __u32 probe, __s32 kernel_stack, __u64 *id)
+{
+	__u32 status = w->rec.head.status;
+	struct deferred_record *d;
+
+	if (!(off_options & OFF_DEFER)
+	    || (status != VMA_BUSY && status != NO_TABLE && status != TABLE_FULL))
+		return 0;
+	d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
+	if (!d) {
+		off_error(OFF_UNDEFERRED);
+		return 0;
+	}
+	w->rec.time = bpf_ktime_get_ns();
+	w->rec.pid_tgid = pid_tgid;
+	w->rec.probe = probe;
+	w->rec.cpu = bpf_get_smp_processor_id();
+	*id = (mix(mix(FNV_BASIS, w->rec.time), pid_tgid) & ~0xFFULL) | status;
+	fill_deferred(ctx, REGS_TASK, w, d, kernel_stack, *id, DEFER_STACK);
+	bpf_ringbuf_submit(d, 0);
+	return 1;
 }
 
 /* next's time off the CPU into OFFCPU, if it was seen leaving */
@@ -188,12 +226,14 @@ int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
 		 &s.kernel_stack);
 	if (!w)
 		return PASS_ON;
-	if (opts & OFF_V8)
-		v8_pass(w, pid_tgid);
-	if (opts & OFF_PYTHON)
-		python_pass(w, &ring, pid_tgid, 0);
-	if (!store_stack(w, &s.hash))
-		return PASS_ON;
+	if (!defer_walk(ctx, w, pid_tgid, 0, s.kernel_stack, &s.hash)) {
+		if (opts & OFF_V8)
+			v8_pass(w, pid_tgid);
+		if (opts & OFF_PYTHON)
+			python_pass(w, &ring, pid_tgid, 0);
+		if (!store_stack(w, &s.hash))
+			return PASS_ON;
+	}
 	s.time = bpf_ktime_get_ns();
 	s.pid_tgid = pid_tgid;
 	tid = pid_tgid;
@@ -251,12 +291,14 @@ int offcpu_waking(void *ctx)
 			 &wk.kernel_stack);
 		if (!w)
 			return PASS_ON;
-		if (opts & OFF_V8)
-			v8_pass(w, pid_tgid);
-		if (opts & OFF_PYTHON)
-			python_pass(w, &ring, pid_tgid, 1);
-		if (!store_stack(w, &wk.hash))
-			return PASS_ON;
+		if (!defer_walk(ctx, w, pid_tgid, 1, wk.kernel_stack, &wk.hash)) {
+			if (opts & OFF_V8)
+				v8_pass(w, pid_tgid);
+			if (opts & OFF_PYTHON)
+				python_pass(w, &ring, pid_tgid, 1);
+			if (!store_stack(w, &wk.hash))
+				return PASS_ON;
+		}
 		wk.pid_tgid = pid_tgid;
 		if (bpf_map_update_elem(&wakers, &tid, &wk, BPF_ANY))
 			off_error(OFF_WAKERS_FULL);

@@ -387,7 +387,8 @@ struct offcpu_key {
 
 /* slots of off-CPU's error array */
 enum offcpu_error { OFF_START_FULL = 0, OFF_COUNTS_FULL = 1, OFF_WAKERS_FULL = 2,
-		    OFFCPU_ERROR_SLOTS = 3 };
+		    OFF_UNDEFERRED = 3,	/* the ring had no room: the stack stayed cut */
+		    OFFCPU_ERROR_SLOTS = 4 };
 
 /* what the off-CPU programs do besides their job (offcpu.bpf.c's options) */
 enum offcpu_option {
@@ -402,6 +403,7 @@ enum offcpu_option {
 	OFF_RUNNING = 256,
 	OFF_PYTHON = 512,	/* Python frames into stacks through an interpreter (python.h) */
 	OFF_V8 = 1024,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
+	OFF_DEFER = 2048,	/* a walk that ends VMA_BUSY, NO_TABLE or TABLE_FULL goes to the ring */
 };
 
 /* --- memleak (memleak.bpf.c) --- */

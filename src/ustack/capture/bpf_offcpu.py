@@ -29,8 +29,17 @@ Two programs:
 A Python process's stacks get its Python frames (bpf/python.h, as the
 unwinder's do; capture/bpf_python.py), their new code objects reported
 through a ring of their own.
-Nothing but the sums, the distinct stacks and those reports leaves the kernel. The
-programs are src/ustack/bpf/offcpu.bpf.c's."""
+A walk that cannot finish at the switch goes to user space whole: the
+scheduler's tracepoints run with interrupts off, where the kernel's
+find_vma answers once per CPU until an irq_work unlocks the memory map
+(VMA_BUSY: a fresh process's first blocks, each meeting a region of its
+map not cached yet), or an object's rows are not loaded yet. The program
+writes the thread's registers and stack into the ring (a deferred record,
+as count's and profile's) and sums the block under the record's id in
+place of a stack hash; ustack unwinds the record and the block is
+reported under that stack, its time exact (as wakers' stacks).
+Nothing but the sums, the distinct stacks and those records leaves the
+kernel. The programs are src/ustack/bpf/offcpu.bpf.c's."""
 from __future__ import annotations
 
 import os
@@ -41,11 +50,12 @@ from ..kernel import bpf_syscall
 from ..kernel.bpf_object import bpf_object
 from ..kernel.trace_format import parse_format
 from ..kernel.tracefs import event_format
-from ..model import Losses, RawSample
+from ..model import KERNEL_UNWIND_STOP, Losses, RawSample
 from .bpf_capture import uncounted
 from .bpf_dwarf import UnwindCountCapture
 from .bpf_python import CODE_RING_BYTES
-from .bpf_unwind import DEFAULT_ROWS, KernelUnwinder, kernel_rodata
+from .bpf_unwind import (DEFAULT_ROWS, KernelUnwinder, deferral_ring_bytes, kernel_rodata,
+                         ring_samples)
 from .kernel_offsets import Offsets
 from ..values import value
 
@@ -67,6 +77,9 @@ WAKER = _OBJ.layout("offcpu_waker").struct
 OFF_KEY = _OBJ.layout("offcpu_key").struct
 _KEY_FIELDS = _OBJ.layout("offcpu_key").fields
 _U64 = struct.Struct("<Q")
+# deferred records kept until the report (8 KiB of stack each): past this
+# many a block's stack is said cut, its reason the id's low byte
+MAX_DEFERRED = 4096
 
 # slots of the error array: what could not be recorded (enum offcpu_error)
 _ERRORS = _OBJ.enum("offcpu_error")
@@ -108,6 +121,8 @@ class Blocked:
     waker_kernel_stack: int
     ns: int
     woken_by_interrupt: bool = False
+    deferred: object = None         # the blocked stack's deferred RawSample, if it went so
+    waker_deferred: object = None   # the same of the waker's
 
 
 class _Fields:
@@ -127,13 +142,15 @@ class OffcpuCounter(KernelUnwinder):
     def __init__(self, probes: list, owned, tables, *, filter_: OffcpuFilter,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  exclude_tgid: int | None = None, python: bool = False, js: bool = False,
-                 rows: int = DEFAULT_ROWS):
+                 rows: int = DEFAULT_ROWS, buffer_pages: int = 0):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
-        # python: its ring carries only the records of new code objects
+        # its ring: the deferred records, and those of new code objects
         super().__init__(probes, owned, tables, stack_storage=stack_storage, kernel=kernel,
                          filter_tgid=filter_tgid, armed=armed, python=python, js=js, rows=rows,
-                         ring_bytes=CODE_RING_BYTES if python else 0)
+                         ring_bytes=max(deferral_ring_bytes(buffer_pages), CODE_RING_BYTES))
+        self.deferred: dict = {}        # a deferred record's id -> its RawSample
+        self.not_kept: set = set()      # ids of the records past MAX_DEFERRED
         obj = offcpu_object()
         self.start = owned.map(obj.make_map("start"))
         self.wakers = owned.map(obj.make_map("wakers"))
@@ -164,7 +181,7 @@ class OffcpuCounter(KernelUnwinder):
                   "OFF_WAKERS": flt.wakers, "OFF_MAX": flt.max_ns is not None,
                   "OFF_STATES": not (running and bits == sum(STATES.values())),
                   "OFF_RUNNING": running, "OFF_PYTHON": self.python is not None,
-                  "OFF_V8": self.v8 is not None}
+                  "OFF_V8": self.v8 is not None, "OFF_DEFER": self.ring is not None}
         options = obj.enum("offcpu_option")
         rodata = {**kernel_rodata(off), "off_options": sum(
                       options[k] for k, on in wanted.items() if on),
@@ -199,13 +216,28 @@ class OffcpuCounter(KernelUnwinder):
                 bpf_syscall.attach(self._anchor(capture, probe), fd)
 
     # -- reading ------------------------------------------------------------------
+    def take_deferred(self, samples: list) -> None:
+        """The deferred records ring_samples made (their id is the weight
+        it read), kept by id for blocked()."""
+        for s in samples:
+            if s.regs is None or not s.args:
+                continue
+            record_id = s.args[0][2] & (1 << 64) - 1
+            if len(self.deferred) < MAX_DEFERRED:
+                self.deferred[record_id] = s
+            else:
+                self.not_kept.add(record_id)
+
     def blocked(self) -> list:
         """Every OFFCPU entry, as Blocked."""
         chains: dict = {}
 
         def chain(h: int) -> bytes:
             if h not in chains:
-                chains[h] = self._chain(h)
+                chains[h] = (b"" if h in self.deferred
+                             # a record not kept: cut before its first frame, and why
+                             else _U64.pack(KERNEL_UNWIND_STOP + (h & 0xFF))
+                             if h in self.not_kept else self._chain(h))
             return chains[h]
 
         out = []
@@ -219,17 +251,23 @@ class OffcpuCounter(KernelUnwinder):
             out.append(Blocked(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, chain(h), kstack,
                                wpid_tgid >> 32, wpid_tgid & 0xFFFFFFFF,
                                chain(wh) if waker else b"", wkstack,
-                               _U64.unpack(v)[0], interrupt))
+                               _U64.unpack(v)[0], interrupt, self.deferred.get(h),
+                               self.deferred.get(wh) if waker else None))
         return out
-
 
 
 class OffcpuCapture(UnwindCountCapture):
     """BpfCapture's events (the sched tracepoints, scoped like the run, so
     the mapping tracker gets its records) with an OffcpuCounter attached;
-    `blocked()` reads the sums at the end."""
-    defers_stacks = False   # its ring carries new code objects only: no lazy rows
-    defers_table_full = False
+    `blocked()` reads the sums at the end, the deferred records' stacks
+    given as their copies."""
+    # whole-machine: every object's rows load before the start (a lazy
+    # loader would defer the first blocks of every process, ~8 KiB each)
+    defers_stacks = False
+    defers_table_full = True    # through its ring (offcpu.bpf.c's defer_walk)
+    # its deferred records get their Python frames read from the process
+    # as they are decoded (unwind/python_live.wire), as count's do
+    reads_python_frames = True
 
     def __init__(self, probes: list, target, opts, unwind_tables):
         super().__init__(probes, target, opts.buffer_pages,
@@ -245,7 +283,23 @@ class OffcpuCapture(UnwindCountCapture):
                              kernel=self.kernel, filter_tgid=self._tgid(), armed=self.armed,
                              exclude_tgid=os.getpid() if system else None,
                              python=self.python, js=self.js,
-                             rows=self.rows_capacity or DEFAULT_ROWS)
+                             rows=self.rows_capacity or DEFAULT_ROWS,
+                             buffer_pages=self.buffer_pages)
+
+    def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
+        """The ring's records of new code objects and deferred stacks,
+        read (no samples: the deferred ones are kept for blocked())."""
+        counter = self.counter
+        python, frames = counter.python, self.python_frames
+        deferred: list = []
+        offset = ring_samples(chunk, deferred, offset, limit,
+                              counter.stack_bytes if self.kernel else lambda _id: b"",
+                              python_code=python.code_seen if python is not None else None,
+                              weighted=True,
+                              python_read=frames.read if frames is not None and python is not None
+                              else None)
+        counter.take_deferred(deferred)
+        return offset
 
     def blocked(self) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,
@@ -255,9 +309,10 @@ class OffcpuCapture(UnwindCountCapture):
         out = []
         for b in counter.blocked():
             kernel = counter.stack_bytes(b.kernel_stack) if self.kernel else b""
-            sample = RawSample(0, b.pid, b.tid, 0, -1, b.chain, b"", kernel=kernel)
-            waker = None
-            if b.waker_pid or b.waker_chain or b.woken_by_interrupt:
+            sample = b.deferred or RawSample(0, b.pid, b.tid, 0, -1, b.chain, b"",
+                                             kernel=kernel)
+            waker = b.waker_deferred
+            if waker is None and (b.waker_pid or b.waker_chain or b.woken_by_interrupt):
                 waker = RawSample(1, b.waker_pid, b.waker_tid, 0, -1, b.waker_chain,
                                   b"", kernel=counter.stack_bytes(b.waker_kernel_stack)
                                   if self.kernel else b"")
@@ -276,4 +331,4 @@ class OffcpuCapture(UnwindCountCapture):
             ("found the thread map full", "OFF_START_FULL"),
             ("found the off-CPU map full", "OFF_COUNTS_FULL"),
             ("found the waker map full", "OFF_WAKERS_FULL"))), tuple(self.cut.items()),
-            skipped=skipped)
+            deferral_full=errors["OFF_UNDEFERRED"], skipped=skipped)

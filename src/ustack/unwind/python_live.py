@@ -238,5 +238,6 @@ def wire(capture, python_code, target, plan) -> None:
     process's first samples, objects whose rows are still loading)."""
     if plan.backend == "perf" and "dwarf" in plan.modes:
         read_with(capture, python_code, target)
-    elif getattr(capture, "defers_stacks", False):
+    elif getattr(capture, "defers_stacks", False) or getattr(capture, "reads_python_frames",
+                                                             False):
         capture.python_frames = LiveFrames(python_code.remember)
