@@ -360,6 +360,7 @@ struct offcpu_start {
 	__u64 hash;		/* its user stack in STACKS */
 	__s32 kernel_stack;
 	__u32 pad;
+	__u64 runtime;		/* its CPU time then (se.sum_exec_runtime, ns) */
 };
 
 /* WAKERS: who woke a thread in START, under the wakee's tid */
@@ -388,7 +389,8 @@ struct offcpu_key {
 /* slots of off-CPU's error array */
 enum offcpu_error { OFF_START_FULL = 0, OFF_COUNTS_FULL = 1, OFF_WAKERS_FULL = 2,
 		    OFF_UNDEFERRED = 3,	/* the ring had no room: the stack stayed cut */
-		    OFFCPU_ERROR_SLOTS = 4 };
+		    OFF_UNREPORTED_IN = 4,	/* not an error: blocks ended at the next switch-out */
+		    OFFCPU_ERROR_SLOTS = 5 };
 
 /* what the off-CPU programs do besides their job (offcpu.bpf.c's options) */
 enum offcpu_option {

@@ -13,12 +13,17 @@ Two programs:
   the thread coming in (`next`): if it was seen leaving, its time off the
   CPU (now - then) is added to OFFCPU[(its pid_tgid, kernel stack, user
   stack hash, waker's pid_tgid, kernel stack, user stack hash)] when it
-  lies within [min, max]. Then `prev`, if it is a thread of interest
+  lies within [min, max]. The same of `prev` if it is still in START: the
+  kernel did not report its switch-in (6.18 on a loaded machine, about a
+  block in a hundred, unseen by ftrace and perf as well), and its time
+  off the CPU is then the time since it left less the CPU time it used
+  since (task->se.sum_exec_runtime, kept in START). Then `prev`, if it is a thread of interest
   (the target's; system-wide: anyone but ustack, the idle task and kernel
   threads unless kernel stacks are asked for) and its state is one asked
   for: its user stack is unwound (src/ustack/bpf/unwind.h's walk: bpf_task_pt_regs
   gives the registers it will return to user space with), stored in
-  STACKS, and START[tid] = (now, pid_tgid, stack hash, kernel stack id).
+  STACKS, and START[tid] = (now, pid_tgid, stack hash, kernel stack id,
+  CPU time used).
 - sched:sched_waking (--wakers), on the classic tracepoint (its record's
   field offsets from the format file). It runs in the waker's context (unlike
   sched_wakeup, which may run on the wakee's CPU): for a wakee in START,
@@ -189,6 +194,7 @@ class OffcpuCounter(KernelUnwinder):
                   "exclude_tgid": self.exclude_tgid or 0, "state_bits": bits,
                   "task_pid": off.task_pid, "task_exit_state": off.task_exit_state,
                   "task_stack": off.task_stack, "task_fsbase": off.task_fsbase,
+                  "task_runtime": off.task_runtime,
                   "waking_pid": _Fields("sched", "sched_waking")["pid"] if index else 0}
         before = set(named)
         try:

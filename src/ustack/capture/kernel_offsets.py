@@ -27,8 +27,9 @@ FIELDS = {
     "task_stack": ("task_struct", "stack"),
     "task_pid": ("task_struct", "pid"),
     "task_fsbase": ("task_struct", "thread.fsbase"),     # x86-64: pthread_self()
+    "task_runtime": ("task_struct", "se.sum_exec_runtime"),  # CPU time used, ns
 }
-_CACHE_LAYOUT = "offsets6"
+_CACHE_LAYOUT = "offsets7"
 
 
 class Offsets:
