@@ -88,6 +88,10 @@ MAX_DEFERRED = 4096
 
 # slots of the error array: what could not be recorded (enum offcpu_error)
 _ERRORS = _OBJ.enum("offcpu_error")
+# the walks that go to user space (offcpu.bpf.c's defer_walk), whose
+# status a deferred record's id ends with
+_DEFERRED_WHY = {_OBJ.enum("unwind_status")[name] for name in ("VMA_BUSY", "NO_TABLE",
+                                                                  "TABLE_FULL")}
 
 # sched_switch's prev_state (the kernel's TASK_REPORT bits); 0 is running
 # (preempted, bit 0x100 then says so): ps/bcc's letters
@@ -234,16 +238,23 @@ class OffcpuCounter(KernelUnwinder):
             else:
                 self.not_kept.add(record_id)
 
+    def _walked_chain(self, h: int) -> bytes:
+        """The stack walked in the kernel under hash `h`; for the id of a
+        deferred record not kept, or not read when the run ended (Ctrl-C
+        leaves the ring a second), a stack cut before its first frame
+        saying why its walk went to user space."""
+        if h in self.not_kept or (h & 0xFF in _DEFERRED_WHY and h not in self.spilled
+                                  and self.unwind_maps.stacks.lookup(_U64.pack(h)) is None):
+            return _U64.pack(KERNEL_UNWIND_STOP + (h & 0xFF))
+        return self._chain(h)
+
     def blocked(self) -> list:
         """Every OFFCPU entry, as Blocked."""
         chains: dict = {}
 
         def chain(h: int) -> bytes:
             if h not in chains:
-                chains[h] = (b"" if h in self.deferred
-                             # a record not kept: cut before its first frame, and why
-                             else _U64.pack(KERNEL_UNWIND_STOP + (h & 0xFF))
-                             if h in self.not_kept else self._chain(h))
+                chains[h] = b"" if h in self.deferred else self._walked_chain(h)
             return chains[h]
 
         out = []
