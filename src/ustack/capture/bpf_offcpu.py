@@ -292,6 +292,9 @@ class OffcpuCapture(UnwindCountCapture):
                          unwind_tables=unwind_tables, python=opts.python,
                          js=opts.js_named, unwind_memory=opts.unwind_memory)
         self.filter = opts.offcpu or OffcpuFilter()
+        # deferred records the full ring refused while the run read it: the
+        # programs go on until the report is made, unread
+        self.undeferred_while_read = None
 
     def _new_counter(self) -> OffcpuCounter:
         system = self.target.scope == "system"
@@ -342,10 +345,17 @@ class OffcpuCapture(UnwindCountCapture):
         Session.counts() reads (its StackCounts' counts are then times)."""
         return [(sample, ns) for sample, _waker, ns in self.blocked()]
 
+    def stop(self) -> None:
+        if self.counter is not None and self.undeferred_while_read is None:
+            self.undeferred_while_read = self.owned.errors()["OFF_UNDEFERRED"]
+        super().stop()
+
     def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        undeferred = self.undeferred_while_read
         return Losses(events.lost, events.throttled, uncounted(errors, (
             ("found the stack map full", "UW_STACKS_FULL"),
             ("found the thread map full", "OFF_START_FULL"),
             ("found the off-CPU map full", "OFF_COUNTS_FULL"),
             ("found the waker map full", "OFF_WAKERS_FULL"))), tuple(self.cut.items()),
-            deferral_full=errors["OFF_UNDEFERRED"], skipped=skipped)
+            deferral_full=errors["OFF_UNDEFERRED"] if undeferred is None else undeferred,
+            skipped=skipped)
