@@ -144,7 +144,7 @@ static __always_inline void block_ended(__u64 task, enum offcpu_option opts, int
 	if (!s)
 		return;
 	delta = bpf_ktime_get_ns() - s->time;
-	ran = task_runtime_ns(task) - s->runtime;
+	ran = s->runtime ? task_runtime_ns(task) - s->runtime : 0;	/* 0: unread */
 	delta = ran < delta ? delta - ran : 0;
 	if (unreported)
 		off_error(OFF_UNREPORTED_IN);
