@@ -15,7 +15,12 @@ ustack traces, its own time measured around the naps). Per tree:
                       no note (must be 0)
   counted / measured  the time under nap_fn over the program's own
 
-    sudo python3 bench/offcpu_first_block.py [--runs N]
+Then `offcpu -d 2` of the whole machine, --machine runs a tree (default
+3, alternating): blocks cut because the walk could not finish at the
+switch (the memory map locked, no unwind table loaded yet, the table
+full), and for any other reason, as the run's summary counts them.
+
+    sudo python3 bench/offcpu_first_block.py [--runs N] [--machine M]
 
 Prints Markdown and writes bench/results/offcpu_first_block.md."""
 from __future__ import annotations
@@ -65,9 +70,33 @@ def one_run(src: Path, prog: Path) -> dict:
             "counted": napped, "measured": float(measured)}
 
 
+# what a walk at the switch meets that user space can finish (deferred records)
+DEFERRABLE = ("the process's memory map was locked", "no unwind table loaded yet",
+              "the in-kernel unwind table was full")
+
+
+def machine_cuts(src: Path) -> tuple:
+    """(blocks cut for DEFERRABLE reasons, for others) of a 2 s
+    whole-machine run."""
+    env = dict(os.environ, PYTHONPATH=str(src))
+    res = subprocess.run([sys.executable, "-m", "ustack", "offcpu", "-d", "2", "-f", "json",
+                          "-o", os.devnull], env=env, capture_output=True, text=True,
+                         timeout=300)
+    m = re.search(r"stacks were cut short by the in-kernel unwinder \(([^)]*)\)", res.stderr)
+    deferrable = other = 0
+    for part in (m.group(1).split(", ") if m else ()):
+        n, why = part.split(": ", 1)
+        if why.startswith(DEFERRABLE):
+            deferrable += int(n)
+        else:
+            other += int(n)
+    return deferrable, other
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--machine", type=int, default=3)
     opts = ap.parse_args()
     trees = {"this tree": REPO / "src"}
     if os.environ.get("USTACK_BEFORE"):
@@ -81,6 +110,11 @@ def main() -> None:
             for key, v in one_run(src, prog).items():
                 totals[name][key] += v
         print(i + 1, totals, file=sys.stderr)
+    machine = {name: [0, 0] for name in trees}
+    for _i in range(opts.machine):
+        for name, src in trees.items():
+            for j, n in enumerate(machine_cuts(src)):
+                machine[name][j] += n
     load = os.getloadavg()[0]
     lines = [f"# Off-CPU first blocks, {opts.runs} runs", "",
              f"{time.strftime('%Y-%m-%d')}, kernel {os.uname().release}, 2 CPUs shared "
@@ -96,6 +130,13 @@ def main() -> None:
              lambda t: f"{t['counted']:.1f} / {t['measured']:.1f} ms"))
     for label, cell in rows:
         lines.append(f"| {label} | " + " | ".join(cell(totals[n]) for n in trees) + " |")
+    lines += ["", f"Whole machine, `offcpu -d 2`, {opts.machine} runs a tree (the machine's "
+              "own workload, so the blocks differ run to run):", "",
+              "| | " + " | ".join(trees) + " |", "| --- |" + " ---: |" * len(trees),
+              "| blocks cut: memory map locked, no table yet, table full | "
+              + " | ".join(str(machine[n][0]) for n in trees) + " |",
+              "| blocks cut for another reason | "
+              + " | ".join(str(machine[n][1]) for n in trees) + " |"]
     text = "\n".join(lines) + "\n"
     print(text)
     (REPO / "bench" / "results" / "offcpu_first_block.md").write_text(text)
