@@ -125,6 +125,24 @@ def test_first_blocks_whole_in_fresh_processes(tmp_path):
         assert 0.99 * NAPS * NAP_MS <= total_ms <= ms + 1, (pid, total_ms, ms, mine)
 
 
+def test_deep_blocks_whole_with_stack_size(tmp_path):
+    """Naps under 200 frames (~22 KiB of stack): deeper than the in-kernel
+    walk goes (128 frames) and than the default 8 KiB copy; with
+    --stack-size 65528 each block's stack goes to ustack whole, first to
+    last, and is unwound there to _start."""
+    naps = build("naps", flags=O2_NOFP)
+    out = tmp_path / "offcpu.json"
+    res = ok(run_ustack("offcpu", "--state", "S", "--stack-size", "65528", "-o", str(out),
+                        "-c", f"{naps} 0 3 {NAP_MS} 200"))
+    (_pid, n, ms), = (line.split() for line in res.stdout.splitlines())
+    napped = [s for s in json.loads(out.read_text())["stacks"] if "nap_fn" in functions(s)]
+    assert [(functions(s), s["notes"]) for s in napped] == \
+        [(["clock_nanosleep", "nanosleep", "nap_fn"] + ["deep"] * 200 + START, [])], \
+        (res.stderr, [(functions(s)[-3:], s["notes"]) for s in napped])
+    total_ms = sum(s["value"] for s in napped) / 1e6
+    assert 0.99 * int(n) * NAP_MS <= total_ms <= float(ms) + 1, (total_ms, ms)
+
+
 def test_a_commands_children_are_followed(prog, tmp_path):
     """-c 'sh -c PROG': the blocks are the shell's child's, which the
     in-kernel programs follow (a set of the traced processes that grows

@@ -62,6 +62,10 @@ const volatile __u32 exclude_tgid;
 const volatile __u32 state_bits;	/* OFF_STATES: the states' TASK_REPORT bits */
 const volatile __u32 task_pid, task_exit_state, task_stack, task_runtime;
 const volatile __u32 waking_pid;	/* sched_waking's pid field in its record */
+/* bytes of stack a deferred record carries: the run's --stack-size (a
+ * multiple of 8), DEFER_STACK to MAX_DEFER_STACK; a constant to the
+ * verifier (.rodata is frozen), so the ring's reserve may take it */
+const volatile __u32 defer_stack = DEFER_STACK;
 
 static __always_inline void off_error(enum offcpu_error slot)
 {
@@ -78,14 +82,15 @@ static __always_inline __u32 task_u32(__u64 task, __u32 offset)
 }
 
 /* OFF_DEFER: a walk that could not finish here goes to user space as a
- * deferred record (the thread's user registers and DEFER_STACK bytes of
+ * deferred record (the thread's user registers and defer_stack bytes of
  * its stack), unwound there as the copy path's samples. The scheduler's
  * tracepoints run with interrupts off, where bpf_find_vma takes the
  * memory map's lock by a trylock and leaves its release to an irq_work:
  * a second call on that CPU before the work has run answers -EBUSY
  * (VMA_BUSY), so each switch learns at most one region of a process's
  * map, and a fresh process's first blocks could not be walked. Likewise
- * an object whose rows are not loaded yet or did not fit. The block is
+ * an object whose rows are not loaded yet or did not fit, and a stack
+ * deeper than MAX_FRAMES where the run asked for deeper copies. The block is
  * summed under *id, the record's weight: unique, its low byte the walk's
  * status (what user space says if it did not keep the record). 0 where
  * the record does not go (the ring is full: counted): the stack stays as
@@ -93,13 +98,18 @@ static __always_inline __u32 task_u32(__u64 task, __u32 offset)
 static __always_inline int defer_walk(void *ctx, struct walk *w, __u64 pid_tgid,
 				      __u32 probe, __s32 kernel_stack, __u64 *id)
 {
-	__u32 status = w->rec.head.status;
+	__u32 status = w->rec.head.status, size = defer_stack;
 	struct deferred_record *d;
 
+	if (size > MAX_DEFER_STACK)
+		size = MAX_DEFER_STACK;
+	if (size < DEFER_STACK)
+		size = DEFER_STACK;
 	if (!(off_options & OFF_DEFER)
-	    || (status != VMA_BUSY && status != NO_TABLE && status != TABLE_FULL))
+	    || (status != VMA_BUSY && status != NO_TABLE && status != TABLE_FULL
+		&& (status != TRUNCATED || size == DEFER_STACK)))
 		return 0;
-	d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
+	d = bpf_ringbuf_reserve(&ring, sizeof(*d) - DEFER_STACK + size, 0);
 	if (!d) {
 		off_error(OFF_UNDEFERRED);
 		return 0;
@@ -109,7 +119,7 @@ static __always_inline int defer_walk(void *ctx, struct walk *w, __u64 pid_tgid,
 	w->rec.probe = probe;
 	w->rec.cpu = bpf_get_smp_processor_id();
 	*id = (mix(mix(FNV_BASIS, w->rec.time), pid_tgid) & ~0xFFULL) | status;
-	fill_deferred(ctx, REGS_TASK, w, d, kernel_stack, *id, DEFER_STACK);
+	fill_deferred(ctx, REGS_TASK, w, d, kernel_stack, *id, size);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
 }

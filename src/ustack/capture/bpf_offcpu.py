@@ -59,8 +59,8 @@ from ..model import KERNEL_UNWIND_STOP, Losses, RawSample
 from .bpf_capture import uncounted
 from .bpf_dwarf import UnwindCountCapture
 from .bpf_python import CODE_RING_BYTES
-from .bpf_unwind import (DEFAULT_ROWS, KernelUnwinder, deferral_ring_bytes, kernel_rodata,
-                         ring_samples)
+from .bpf_unwind import (DEFAULT_ROWS, DEFER_STACK, KernelUnwinder, deferral_ring_bytes,
+                         kernel_rodata, ring_samples)
 from .kernel_offsets import Offsets
 from ..values import value
 
@@ -82,16 +82,17 @@ WAKER = _OBJ.layout("offcpu_waker").struct
 OFF_KEY = _OBJ.layout("offcpu_key").struct
 _KEY_FIELDS = _OBJ.layout("offcpu_key").fields
 _U64 = struct.Struct("<Q")
-# deferred records kept until the report (8 KiB of stack each): past this
-# many a block's stack is said cut, its reason the id's low byte
-MAX_DEFERRED = 4096
+# the stacks of the deferred records kept until the report (8 KiB each,
+# more with --stack-size): past this a block's stack is said cut, its
+# reason the id's low byte
+MAX_DEFERRED_BYTES = 32 << 20
 
 # slots of the error array: what could not be recorded (enum offcpu_error)
 _ERRORS = _OBJ.enum("offcpu_error")
 # the walks that go to user space (offcpu.bpf.c's defer_walk), whose
 # status a deferred record's id ends with
 _DEFERRED_WHY = {_OBJ.enum("unwind_status")[name] for name in ("VMA_BUSY", "NO_TABLE",
-                                                                  "TABLE_FULL")}
+                                                                  "TABLE_FULL", "TRUNCATED")}
 
 # sched_switch's prev_state (the kernel's TASK_REPORT bits); 0 is running
 # (preempted, bit 0x100 then says so): ps/bcc's letters
@@ -151,15 +152,18 @@ class OffcpuCounter(KernelUnwinder):
     def __init__(self, probes: list, owned, tables, *, filter_: OffcpuFilter,
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  exclude_tgid: int | None = None, python: bool = False, js: bool = False,
-                 rows: int = DEFAULT_ROWS, buffer_pages: int = 0):
+                 rows: int = DEFAULT_ROWS, buffer_pages: int = 0,
+                 stack_size: int = DEFER_STACK):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
         # its ring: the deferred records, and those of new code objects
         super().__init__(probes, owned, tables, stack_storage=stack_storage, kernel=kernel,
                          filter_tgid=filter_tgid, armed=armed, python=python, js=js, rows=rows,
-                         ring_bytes=max(deferral_ring_bytes(buffer_pages), CODE_RING_BYTES))
+                         ring_bytes=max(deferral_ring_bytes(buffer_pages, stack_size),
+                                        CODE_RING_BYTES), stack_size=stack_size)
         self.deferred: dict = {}        # a deferred record's id -> its RawSample
-        self.not_kept: set = set()      # ids of the records past MAX_DEFERRED
+        self.deferred_bytes = 0         # their stacks' bytes, up to MAX_DEFERRED_BYTES
+        self.not_kept: set = set()      # ids of the records past it
         obj = offcpu_object()
         self.start = owned.map(obj.make_map("start"))
         self.wakers = owned.map(obj.make_map("wakers"))
@@ -199,7 +203,8 @@ class OffcpuCounter(KernelUnwinder):
                   "task_pid": off.task_pid, "task_exit_state": off.task_exit_state,
                   "task_stack": off.task_stack, "task_fsbase": off.task_fsbase,
                   "task_runtime": off.task_runtime,
-                  "waking_pid": _Fields("sched", "sched_waking")["pid"] if index else 0}
+                  "waking_pid": _Fields("sched", "sched_waking")["pid"] if index else 0,
+                  "defer_stack": self.defer_stack}
         before = set(named)
         try:
             fd = obj.load("offcpu_switch" if index == 0 else "offcpu_waking", named, rodata,
@@ -233,8 +238,9 @@ class OffcpuCounter(KernelUnwinder):
             if s.regs is None or not s.args:
                 continue
             record_id = s.args[0][2] & (1 << 64) - 1
-            if len(self.deferred) < MAX_DEFERRED:
+            if self.deferred_bytes + len(s.stack) <= MAX_DEFERRED_BYTES:
                 self.deferred[record_id] = s
+                self.deferred_bytes += len(s.stack)
             else:
                 self.not_kept.add(record_id)
 
@@ -290,7 +296,8 @@ class OffcpuCapture(UnwindCountCapture):
         super().__init__(probes, target, opts.buffer_pages,
                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
                          unwind_tables=unwind_tables, python=opts.python,
-                         js=opts.js_named, unwind_memory=opts.unwind_memory)
+                         js=opts.js_named, unwind_memory=opts.unwind_memory,
+                         stack_size=opts.stack_size)
         self.filter = opts.offcpu or OffcpuFilter()
         # deferred records the full ring refused while the run read it: the
         # programs go on until the report is made, unread
@@ -304,7 +311,7 @@ class OffcpuCapture(UnwindCountCapture):
                              exclude_tgid=os.getpid() if system else None,
                              python=self.python, js=self.js,
                              rows=self.rows_capacity or DEFAULT_ROWS,
-                             buffer_pages=self.buffer_pages)
+                             buffer_pages=self.buffer_pages, stack_size=self.stack_size)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         """The ring's records of new code objects and deferred stacks,
