@@ -405,7 +405,7 @@ enum offcpu_option {
 	OFF_RUNNING = 256,
 	OFF_PYTHON = 512,	/* Python frames into stacks through an interpreter (python.h) */
 	OFF_V8 = 1024,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
-	OFF_DEFER = 2048,	/* a walk that ends VMA_BUSY, NO_TABLE or TABLE_FULL goes to the ring */
+	OFF_DEFER = 2048,	/* a walk that cannot finish goes to the ring (defer_walk) */
 };
 
 /* --- memleak (memleak.bpf.c) --- */
