@@ -245,16 +245,15 @@ class BpfCapture(Capture):
     def _follow_v8(self) -> None:
         """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py):
         the V8s are known by their objects as their rows load, so nothing
-        is done per process; a -c command held at its exit has the last
-        functions the kernel saw read there."""
+        is done per process. (A -c command held at its exit would not have
+        its last functions read there, as Python's code objects are: node
+        frees its heap before it exits.)"""
         v8 = self.counter.v8
         if v8 is None:
             return
         v8.functions = self.v8_functions
         if self.v8_functions is not None:
             self.v8_functions.active = True     # its stacks carry JS words
-        if self.target.scope == "command" and isinstance(self.target, TracedCommand):
-            self.target.on_exit = _then(self.target.on_exit, v8.at_exit)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError
@@ -359,13 +358,3 @@ def uncounted(errors: dict, reasons: tuple) -> tuple:
     """(why, n) for each (why, error name) of `reasons` counted nonzero."""
     return tuple((why, errors[name]) for why, name in reasons if errors[name])
 
-
-def _then(first, second):
-    """A TracedCommand's on_exit that calls `first` (if any), then `second`."""
-    if first is None:
-        return second
-
-    def both(pid: int, execs: int) -> None:
-        first(pid, execs)
-        second(pid, execs)
-    return both

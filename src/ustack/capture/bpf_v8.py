@@ -16,9 +16,10 @@ The JS frames' words are named in user space (symbols/v8.py), after the
 run, when a process may be gone: so once a V8 object is known, the
 functions the kernel saw (V8_FUNCTIONS, per process: they live in its
 heap) are read every HARVEST_EVERY seconds while the run lives, and taken
-out of the map (the kernel puts one back when it sees it again). A -c
-command held at its exit (plan.held_at_exit) has what is left read there
-(`at_exit`)."""
+out of the map (the kernel puts one back when it sees it again). Those
+met only in a node's last HARVEST_EVERY seconds stay unnamed: node frees
+its heap before it exits, so holding it at its exit (as a Python command
+is, plan.held_at_exit) finds none of them readable."""
 from __future__ import annotations
 
 import struct
@@ -107,23 +108,18 @@ class V8Objects:
         self._start_harvest()
         return slot + 1
 
-    def harvest(self, pid: int | None = None, wait: float = -1) -> int:
-        """Read the functions the kernel saw since last time (of pid only,
-        if given), while their processes live; how many. `wait`: seconds
-        to wait for the maps' lock at most (-1: as long as it takes)."""
-        if not self.maps.lock.acquire(timeout=wait):
-            return 0
-        try:
+    def harvest(self) -> int:
+        """Read the functions the kernel saw since last time, while their
+        processes live; how many."""
+        with self.maps.lock:
             if not self.maps.all:
                 return 0
-            keys = [k for k in self.maps.v8_functions.keys()
-                    if pid is None or _FUNCTION_KEY.unpack(k)[0] == pid]
-            for key in keys:
-                self.maps.v8_functions.delete(key)
-        except OSError:
-            return 0
-        finally:
-            self.maps.lock.release()
+            try:
+                keys = self.maps.v8_functions.keys()
+                for key in keys:
+                    self.maps.v8_functions.delete(key)
+            except OSError:
+                return 0
         if self.functions is not None:
             for key in keys:
                 tgid, _pad, shared = _FUNCTION_KEY.unpack(key)
@@ -132,15 +128,6 @@ class V8Objects:
                 except (OSError, ValueError, OverflowError):
                     pass    # gone, or moved already: its frames say so when named
         return len(keys)
-
-    def at_exit(self, pid: int, _execs: int = 0) -> None:
-        """pid stands at its exit (a -c command held by TracedCommand):
-        the functions the kernel saw since the last harvest are read now,
-        what of them node's teardown left readable."""
-        if self.runtimes:
-            # called from SIGCHLD's handler too, maybe over this thread's
-            # own hold of the lock: not waited for long
-            self.harvest(pid, wait=0.2)
 
     def _harvest_while_open(self) -> None:
         while self.maps.all:
