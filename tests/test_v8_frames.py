@@ -7,14 +7,16 @@ their script, down to _start; a frame's line is its function's first
 (optimized code) or the one its bytecode was at (interpreted)."""
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import ustack
-from helpers import ok, parse_folded, run_ustack
+from helpers import finish, ok, parse_folded, run_ustack, start_ustack, stop, wait_tracing
 
 pytestmark = pytest.mark.kernel
 
@@ -173,3 +175,31 @@ def test_no_js_leaves_jit_and_builtin_frames(running_node, tmp_path):
     text = out.read_text()
     assert "third" not in text and "Builtins_" in text, text[-2000:]
     assert "wrote no perf map" in res.stderr, res.stderr
+
+
+def test_node_started_during_a_whole_machine_run(tmp_path):
+    """A whole-machine run: a node started once ustack says it samples has
+    its JS chain named down to _start from its first samples. V8 is known
+    by the node object (its layout loaded with its rows, which the walk
+    wants), not by the process: nothing is read of it when it starts."""
+    node = _node()
+    us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us, timeout=60)
+        prog = subprocess.Popen([node, str(CALLS), "1500"], stdout=subprocess.DEVNULL)
+        assert prog.wait(timeout=60) == 0
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us, 60)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = [s for s in json.loads(out)["stacks"] if s["pid"] == prog.pid]
+    chains = [([f["function"] for f in reversed(s["frames"])
+                if f.get("kind") == "js" and f.get("file") == str(CALLS)
+                and f["function"] in LINES], s) for s in stacks]
+    in_third = sum(s["count"] for chain, s in chains if "third" in chain)
+    whole = sum(s["count"] for chain, s in chains
+                if chain == ["first", "second", "third"]
+                and s["frames"][-1]["function"] == "_start")
+    assert in_third >= 20, [c for c, _s in chains][:10]
+    assert whole >= 0.9 * in_third, f"{whole} of {in_third} samples in third() whole"
