@@ -183,7 +183,11 @@ def test_node_started_during_a_whole_machine_run(tmp_path):
     by the node object (its layout loaded with its rows, which the walk
     wants), not by the process: nothing is read of it when it starts."""
     node = _node()
-    us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
+    # room for node's rows (~11 MiB) beside whatever the machine's other
+    # processes had loaded first: in a table of the default 16 MiB they
+    # once left node's no room, its stacks unwound from copies unnamed
+    us = start_ustack("profile", "-F", "199", "-f", "json", "--unwind-memory", "64",
+                      stdout=subprocess.PIPE)
     try:
         wait_tracing(us, timeout=60)
         prog = subprocess.Popen([node, str(CALLS), "1500"], stdout=subprocess.DEVNULL)
