@@ -116,6 +116,7 @@ def scope_run(scope: str, seconds: float, tmp: str) -> tuple:
 
 
 STARTED_DURING = "whole machine, node started during the run"
+NOTES: list = []                # what the last started_during run said of its rows table
 
 
 def started_during(node: list, seconds: float) -> tuple:
@@ -131,7 +132,8 @@ def started_during(node: list, seconds: float) -> tuple:
     proc = subprocess.Popen(node, stdout=subprocess.DEVNULL)
     proc.wait()
     us.send_signal(signal.SIGINT)
-    out, _err = us.communicate(timeout=300)
+    out, err = us.communicate(timeout=300)
+    NOTES[:] = [line for line in err.splitlines() if "did not fit" in line]
     return [_Counted(s) for s in json.loads(out)["stacks"]], proc.pid
 
 

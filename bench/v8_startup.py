@@ -6,7 +6,10 @@ this one and another (`--other DIR`, e.g. an older commit's src/ from
 process's maps at the start for a node to follow; this one knows V8 by
 its object as its rows load, and reads nothing per process.
 
-    sudo python3 bench/v8_startup.py --other DIR [--reps N]
+    sudo python3 bench/v8_startup.py --other DIR [--reps N] [--idle N]
+
+--idle N starts N idle processes (sleep) for the measurement, as a busy
+server has them, and ends them after.
 
 Runs alternate (this, other, this, other...) in fresh processes; each
 ends by Ctrl-C once its line is printed. The ratio is taken pair by pair,
@@ -45,18 +48,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--other", required=True, help="the src/ folder of the code to compare")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--idle", type=int, default=0, help="idle processes to start first")
     args = ap.parse_args()
     this, other = str(REPO / "src"), args.other
+    idle = [subprocess.Popen(["sleep", "3600"]) for _ in range(args.idle)]
+    try:
+        measure(this, other, args.reps)
+    finally:
+        for p in idle:
+            p.kill()
+        for p in idle:
+            p.wait()
+
+
+def measure(this: str, other: str, reps: int) -> None:
     processes = sum(1 for d in os.listdir("/proc") if d.isdigit())
     to_tracing(this)            # .pyc and caches written, once each
     to_tracing(other)
     ours, theirs = [], []
-    for _ in range(args.reps):
+    for _ in range(reps):
         ours.append(to_tracing(this))
         theirs.append(to_tracing(other))
     ratios = [a / b for a, b in zip(ours, theirs)]
     print(f"whole-machine `profile -F 99` to its Tracing line, {processes} processes, "
-          f"{args.reps} pairs, load average {os.getloadavg()[0]:.1f}\n")
+          f"{reps} pairs, load average {os.getloadavg()[0]:.1f}\n")
     print("| code | median s | min s | max s |")
     print("|---|---:|---:|---:|")
     for name, xs in (("this", ours), ("other", theirs)):

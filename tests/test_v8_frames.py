@@ -181,13 +181,11 @@ def test_node_started_during_a_whole_machine_run(tmp_path):
     """A whole-machine run: a node started once ustack says it samples has
     its JS chain named down to _start from its first samples. V8 is known
     by the node object (its layout loaded with its rows, which the walk
-    wants), not by the process: nothing is read of it when it starts."""
+    wants), not by the process: nothing is read of it when it starts; its
+    samples before node's rows are loaded (or where the machine's other
+    objects left them no room) are named as ustack unwinds them."""
     node = _node()
-    # room for node's rows (~11 MiB) beside whatever the machine's other
-    # processes had loaded first: in a table of the default 16 MiB they
-    # once left node's no room, its stacks unwound from copies unnamed
-    us = start_ustack("profile", "-F", "199", "-f", "json", "--unwind-memory", "64",
-                      stdout=subprocess.PIPE)
+    us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
     try:
         wait_tracing(us, timeout=60)
         prog = subprocess.Popen([node, str(CALLS), "1500"], stdout=subprocess.DEVNULL)
@@ -207,3 +205,21 @@ def test_node_started_during_a_whole_machine_run(tmp_path):
                 and s["frames"][-1]["function"] == "_start")
     assert in_third >= 20, [c for c, _s in chains][:10]
     assert whole >= 0.9 * in_third, f"{whole} of {in_third} samples in third() whole"
+
+
+def test_stacks_unwound_by_ustack_name_their_js_frames(tmp_path):
+    """A rows table too small for node's rows (--unwind-memory 1): the
+    kernel hands each stack to ustack unwalked, and ustack names its JS
+    frames as it unwinds it (from the stack copy and the live process),
+    as the kernel names those it walks."""
+    node = _node()
+    out = tmp_path / "copied.folded"
+    res = ok(run_ustack("profile", "-F", "199", "--unwind-memory", "1", "-o", out,
+                        "-c", f"{node} {CALLS} 1500"))
+    assert "did not fit" in res.stderr, res.stderr
+    stacks = parse_folded(out.read_text())
+    in_third = sum(n for stack, n in stacks if "third" in stack)
+    whole = sum(n for stack, n in stacks
+                if stack[-3:] == ["first", "second", "third"] and "_start" in stack)
+    assert in_third >= 20, out.read_text()[-2000:]
+    assert whole >= 0.9 * in_third, f"{whole} of {in_third}"
