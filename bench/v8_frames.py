@@ -194,6 +194,8 @@ def main() -> None:
         worst = max(abs(r[3]) for r in rows) if rows else float("nan")
         print(f"| {scope} | {js} | {100 * whole / max(js, 1):.1f} % | {worst:.1f} |")
         tables.append((scope, rows))
+    if NOTES:           # its JS frames then come from ustack's unwinding of copies
+        print(f"\n{STARTED_DURING}: {NOTES[0]}")
     for scope, rows in tables:
         print(f"\n{scope}: cpu-prof's top 10, share of JS samples\n")
         print("| function | ustack % | cpu-prof % | difference |")
