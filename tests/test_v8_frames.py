@@ -188,7 +188,7 @@ def test_node_started_during_a_whole_machine_run(tmp_path):
     us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
     try:
         wait_tracing(us, timeout=60)
-        prog = subprocess.Popen([node, str(CALLS), "1500"], stdout=subprocess.DEVNULL)
+        prog = subprocess.Popen([node, str(CALLS), "3000"], stdout=subprocess.DEVNULL)
         assert prog.wait(timeout=60) == 0
         us.send_signal(signal.SIGINT)
         out, err = finish(us, 60)
@@ -214,7 +214,7 @@ def test_stacks_unwound_by_ustack_name_their_js_frames(tmp_path):
     as the kernel names those it walks."""
     node = _node()
     out = tmp_path / "copied.folded"
-    res = ok(run_ustack("profile", "-F", "199", "--unwind-memory", "1", "-o", out,
+    res = ok(run_ustack("profile", "-F", "499", "--unwind-memory", "1", "-o", out,
                         "-c", f"{node} {CALLS} 1500"))
     assert "did not fit" in res.stderr, res.stderr
     stacks = parse_folded(out.read_text())
