@@ -145,6 +145,17 @@ def test_a_recording_keeps_the_frames_as_walked(tmp_path):
     assert "Builtins_" in res.stdout and "[js 0x" not in res.stdout, res.stdout[-2000:]
 
 
+def assert_whole_chains(folded: Path) -> None:
+    """At least 90 % of the samples in third() of a folded profile show
+    first() -> second() -> third() down to _start (and there are 20)."""
+    stacks = parse_folded(folded.read_text())
+    in_third = sum(n for stack, n in stacks if "third" in stack)
+    whole = sum(n for stack, n in stacks
+                if stack[-3:] == ["first", "second", "third"] and "_start" in stack)
+    assert in_third >= 20, folded.read_text()[-2000:]
+    assert whole >= 0.9 * in_third, f"{whole} of {in_third}"
+
+
 @pytest.fixture()
 def running_node():
     """`node calls.js` running its loop for up to 60 s (ended by the test)."""
@@ -159,12 +170,7 @@ def test_running_node_by_pid(running_node, tmp_path):
     """-p: a node already running, started with default flags."""
     out = tmp_path / "p.folded"
     ok(run_ustack("profile", "-F", "199", "-d", "2", "-p", str(running_node.pid), "-o", out))
-    stacks = parse_folded(out.read_text())
-    in_third = sum(n for stack, n in stacks if "third" in stack)
-    whole = sum(n for stack, n in stacks
-                if stack[-3:] == ["first", "second", "third"] and "_start" in stack)
-    assert in_third >= 20, out.read_text()[-2000:]
-    assert whole >= 0.9 * in_third, f"{whole} of {in_third}"
+    assert_whole_chains(out)
 
 
 def test_no_js_leaves_jit_and_builtin_frames(running_node, tmp_path):
@@ -217,9 +223,4 @@ def test_stacks_unwound_by_ustack_name_their_js_frames(tmp_path):
     res = ok(run_ustack("profile", "-F", "499", "--unwind-memory", "1", "-o", out,
                         "-c", f"{node} {CALLS} 1500"))
     assert "did not fit" in res.stderr, res.stderr
-    stacks = parse_folded(out.read_text())
-    in_third = sum(n for stack, n in stacks if "third" in stack)
-    whole = sum(n for stack, n in stacks
-                if stack[-3:] == ["first", "second", "third"] and "_start" in stack)
-    assert in_third >= 20, out.read_text()[-2000:]
-    assert whole >= 0.9 * in_third, f"{whole} of {in_third}"
+    assert_whole_chains(out)
