@@ -8,7 +8,9 @@ kernel's BPF statistics), on node and on a process that runs no V8.
     sudo python3 bench/v8_frames.py [--seconds S] [--reps R] [--cost-only]
 
 Scopes: -c (the profiled command is node --cpu-prof itself), -p (a node
---cpu-prof already running), whole machine (kept to that node's pid).
+--cpu-prof already running), whole machine (kept to that node's pid),
+whole machine with node started once the run samples (the `ustack`
+command's JSON, that node's stacks).
 A sample is a JS sample when it holds a JS frame; it is whole when it
 ends at _start with every JS frame named. A function's share is the
 samples whose innermost JS frame of a script it is (ustack names V8's
@@ -24,6 +26,7 @@ import collections
 import glob
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -97,6 +100,8 @@ def scope_run(scope: str, seconds: float, tmp: str) -> tuple:
     if scope == "-c":
         counted = ustack_counts(cmdline=node)
         pid = None
+    elif scope == STARTED_DURING:
+        counted, pid = started_during(node.split(), seconds)
     else:
         proc = subprocess.Popen(node.split()[:-1] + [str(int((seconds + 2) * 1000))],
                                 stdout=subprocess.DEVNULL)
@@ -108,6 +113,45 @@ def scope_run(scope: str, seconds: float, tmp: str) -> tuple:
     js, whole, ours = ustack_shares(counted, pid)
     theirs = cpu_prof_shares(glob.glob(os.path.join(prof_dir, "*.cpuprofile"))[0])
     return js, whole, ours, theirs
+
+
+STARTED_DURING = "whole machine, node started during the run"
+NOTES: list = []                # what the last started_during run said of its rows table
+
+
+def started_during(node: list, seconds: float) -> tuple:
+    """(counted stacks as Counted-like rows, node's pid) of a whole-machine
+    profile (the command, as a user runs it) that node starts under once
+    its Tracing line says it samples."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    us = subprocess.Popen([sys.executable, "-m", "ustack", "profile", "-F", "199",
+                           "-f", "json"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    if not us.stderr.readline().startswith("Tracing"):
+        raise SystemExit("ustack did not start")
+    proc = subprocess.Popen(node, stdout=subprocess.DEVNULL)
+    proc.wait()
+    us.send_signal(signal.SIGINT)
+    out, err = us.communicate(timeout=300)
+    NOTES[:] = [line for line in err.splitlines() if "did not fit" in line]
+    return [_Counted(s) for s in json.loads(out)["stacks"]], proc.pid
+
+
+class _Counted:
+    """A JSON stack as ustack_shares reads a Counted: pid, count, frames."""
+
+    class _Frame:
+        def __init__(self, f: dict):
+            self.function, self.kind = f["function"], f.get("kind") or ""
+            self.module = f.get("module") or ""
+
+    class _Stack:
+        def __init__(self, frames: list):
+            self.frames = frames
+
+    def __init__(self, s: dict):
+        self.pid, self.count = s["pid"], s["count"]
+        self.stack = self._Stack([self._Frame(f) for f in s["frames"]])
 
 
 def one_cost(off_flag: str | None, command: str) -> float:
@@ -144,12 +188,14 @@ def main() -> None:
     print("| scope | JS samples | whole (named, to _start) | top-10 max difference (points) |")
     print("|---|---:|---:|---:|")
     tables = []
-    for scope in () if args.cost_only else ("-c", "-p", "whole machine"):
+    for scope in () if args.cost_only else ("-c", "-p", "whole machine", STARTED_DURING):
         js, whole, ours, theirs = scope_run(scope, args.seconds, tmp)
         rows = compare(ours, theirs)
         worst = max(abs(r[3]) for r in rows) if rows else float("nan")
         print(f"| {scope} | {js} | {100 * whole / max(js, 1):.1f} % | {worst:.1f} |")
         tables.append((scope, rows))
+    if NOTES:           # its JS frames then come from ustack's unwinding of copies
+        print(f"\n{STARTED_DURING}: {NOTES[0]}")
     for scope, rows in tables:
         print(f"\n{scope}: cpu-prof's top 10, share of JS samples\n")
         print("| function | ustack % | cpu-prof % | difference |")

@@ -123,7 +123,7 @@ def test_one_step_follows_the_row(harness, which):
         objects = uw.UnwindObjects(maps, lambda _image, **_how: packed)
         objects.add_path(path)
         st = os.stat(path)
-        first, rows, _adj, page_slot, first_page, pages, _pad = uw.OBJ_VALUE.unpack(
+        first, rows, _adj, page_slot, first_page, pages, *_runtimes = uw.OBJ_VALUE.unpack(
             maps.objects.lookup(uw.OBJ_KEY.pack(uw.kernel_dev(st.st_dev), st.st_ino)))
         assert pages > 0                     # the page index is searched too
         fd = harness.load("unwind_check", named, uw.kernel_rodata(Offsets.of_this_kernel()))

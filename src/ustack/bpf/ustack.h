@@ -260,7 +260,7 @@ enum unwind_option {
 	UW_FETCH_ARGS = 16,	/* trace: the probe's fetch-args end each record */
 	UW_PYTHON = 32,		/* Python frames into stacks through an interpreter (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
-	UW_V8 = 128,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
+	UW_V8 = 128,		/* JS frames named in stacks through a V8 object (v8.h) */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call
@@ -293,6 +293,7 @@ struct object_rows {
 	__u32 first_page;
 	__u32 pages;
 	__u32 python;		/* an interpreter: 1 + its slot in python.h's PYTHON_OBJECTS; 0 none */
+	__u32 v8;		/* a V8 (node, libnode): 1 + its slot in v8.h's V8_OBJECTS; 0 none */
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */
@@ -404,7 +405,7 @@ enum offcpu_option {
 	OFF_STATES = 128,	/* only the states of state_bits (and running with OFF_RUNNING) */
 	OFF_RUNNING = 256,
 	OFF_PYTHON = 512,	/* Python frames into stacks through an interpreter (python.h) */
-	OFF_V8 = 1024,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
+	OFF_V8 = 1024,		/* JS frames named in stacks through a V8 object (v8.h) */
 	OFF_DEFER = 2048,	/* a walk that cannot finish goes to the ring (defer_walk) */
 };
 
@@ -467,7 +468,7 @@ enum memleak_error { ML_CALLS_FULL = 0, ML_ALLOCS_FULL = 1, ML_TOTALS_FULL = 2,
 enum memleak_option {
 	ML_WAIT_FOR_EXEC = 1,	/* a -c command: once armed */
 	ML_PYTHON = 2,		/* Python frames into stacks through an interpreter (python.h) */
-	ML_V8 = 4,		/* JS frames named in the stacks of V8_PROCS (v8.h) */
+	ML_V8 = 4,		/* JS frames named in stacks through a V8 object (v8.h) */
 	ML_DEFER = 8,		/* a walk that ends NO_TABLE or TABLE_FULL goes to the ring */
 };
 

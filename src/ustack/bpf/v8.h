@@ -1,7 +1,13 @@
 /* JS frames inside a native stack, named in the kernel after the native
- * walk (unwind.h) of a process in V8_PROCS; capture/bpf_v8.py fills that
- * map and tells the story. A pass of its own, so the native walk's steps
- * stay as they are: a process that runs no V8 costs one hash lookup.
+ * walk (unwind.h) of a stack that went through a V8 object (node, or
+ * libnode): the object's rows (object_rows.v8) point at its layout in
+ * V8_OBJECTS, and the walk notes that slot as it passes through the
+ * object. So any process that runs the object, a worker thread, a fork, a
+ * node started during the run, gets its JS frames named from its first
+ * walked sample, with no step per process in user space;
+ * capture/bpf_v8.py fills V8_OBJECTS as the objects' rows load and tells
+ * the story. A pass of its own, so the native walk's steps stay as they
+ * are: a stack through no V8 object costs one test.
  *
  * V8 keeps frame pointers: the native walk goes through its JIT code and
  * its builtins (node's text without CFI) on them and notes each such
@@ -17,7 +23,8 @@
  * The stack's hash covers the new words. Each (tgid, function) is put in
  * V8_FUNCTIONS (an LRU) with the word V8 changes when another function
  * takes its address or it is recompiled (its name_or_scope_info): user
- * space takes them out as it reads them, while the process lives. */
+ * space takes them out as it reads them, while the process lives (the
+ * function objects live in each process's heap). */
 #ifndef V8_H
 #define V8_H
 
@@ -29,10 +36,11 @@
 #define V8_HEAP_TAG 1			/* v8dbg_HeapObjectTag */
 #define V8_SLOTS 5			/* words below a frame pointer read at once */
 
-/* V8_PROCS' value, under the tgid, from node's v8dbg_* symbols: a frame's
- * slots as indices into the V8_SLOTS words below its frame pointer (slot
- * i at fp - 8 * (V8_SLOTS - i)), and byte offsets in objects */
-struct v8_proc {
+/* V8_OBJECTS' value, in a V8 object's slot, from its v8dbg_* symbols: a
+ * frame's slots as indices into the V8_SLOTS words below its frame pointer
+ * (slot i at fp - 8 * (V8_SLOTS - i)), and byte offsets in objects; none
+ * is an address, so the process's load address changes nothing */
+struct v8_object {
 	__u32 slot_context;		/* v8dbg_off_fp_context */
 	__u32 slot_function;		/* v8dbg_off_fp_function */
 	__u32 slot_bytecode_array;	/* v8dbg_off_fp_bytecode_array */
@@ -40,15 +48,15 @@ struct v8_proc {
 	__u32 function_shared;		/* JSFunction::shared */
 	__u32 shared_function_data;	/* SharedFunctionInfo::function_data */
 	__u32 shared_name_or_scope_info;	/* SharedFunctionInfo::name_or_scope_info */
-	__u32 pad;
+	__u32 present;			/* 1: the slot is written; 0: an empty slot */
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, struct v8_proc);
+	__type(value, struct v8_object);
 	__uint(max_entries, 1);		/* sized by the loader */
-} v8_procs SEC(".maps");
+} v8_objects SEC(".maps");
 
 /* V8_FUNCTIONS' key: a function seen in a stack */
 struct v8_function_key {
@@ -66,7 +74,7 @@ struct {
 
 /* bpf_loop's state over one stack's frames */
 struct v8_pass_state {
-	struct v8_proc proc;
+	struct v8_object v8;
 	__u64 hash;
 	__u32 frames, named, tgid, pad;
 };
@@ -104,7 +112,7 @@ static __always_inline int v8_slots_pushed(__u64 pc, __u64 sp, __u64 fp, __u32 s
 /* the JS word of the frame whose frame pointer is fp, 0 when its slots
  * are not a JS frame's; sp: the event's stack pointer when the frame is
  * the innermost (its pc the event's own, pc), else 0 */
-static __always_inline __u64 v8_frame(struct v8_proc *p, __u64 fp, __u64 pc, __u64 sp)
+static __always_inline __u64 v8_frame(struct v8_object *p, __u64 fp, __u64 pc, __u64 sp)
 {
 	__u64 below[V8_SLOTS], function, shared, data, bytecode, offset, index;
 
@@ -143,7 +151,7 @@ static __always_inline void v8_seen(struct v8_pass_state *s, __u64 word)
 
 	key.shared = ((word >> 16) & ((1ULL << 44) - 1)) << 3 | V8_HEAP_TAG;
 	if (bpf_probe_read_user(&identity, 8, (void *)(key.shared - V8_HEAP_TAG
-							+ s->proc.shared_name_or_scope_info)))
+							+ s->v8.shared_name_or_scope_info)))
 		return;
 	known = bpf_map_lookup_elem(&v8_functions, &key);
 	if (!known || *known != identity)
@@ -162,7 +170,7 @@ static long v8_step(__u64 i, struct v8_pass_state *s)
 		return 1;
 	fp = w->frame_fp[at];
 	if (fp) {
-		word = v8_frame(&s->proc, fp, w->frame[at], i ? 0 : w->sp0);
+		word = v8_frame(&s->v8, fp, w->frame[at], i ? 0 : w->sp0);
 		if (word) {
 			w->frame[at] = word;
 			s->named++;
@@ -173,21 +181,26 @@ static long v8_step(__u64 i, struct v8_pass_state *s)
 	return 0;
 }
 
-/* the JS frames of w's stack, where its process runs V8 */
+/* the JS frames of w's stack, where the walk went through a V8 object
+ * and walked frames on their frame pointer */
 static __always_inline void v8_pass(struct walk *w, __u64 pid_tgid)
 {
-	__u32 tgid = pid_tgid >> 32;
-	struct v8_proc *proc = bpf_map_lookup_elem(&v8_procs, &tgid);
+	struct v8_object *v8;
 	struct v8_pass_state s;
+	__u32 slot;
 
-	if (!proc || !w->fp_used)
+	if (!w->v8 || !w->fp_used)
 		return;
-	s.proc = *proc;
+	slot = w->v8 - 1;
+	v8 = bpf_map_lookup_elem(&v8_objects, &slot);
+	if (!v8 || !v8->present)
+		return;
+	s.v8 = *v8;
 	s.frames = w->rec.head.frames;
 	if (s.frames > MAX_FRAMES)
 		s.frames = MAX_FRAMES;
 	s.named = 0;
-	s.tgid = tgid;
+	s.tgid = pid_tgid >> 32;
 	s.hash = FNV_BASIS;
 	bpf_loop(MAX_FRAMES, v8_step, &s, 0);
 	if (s.named)

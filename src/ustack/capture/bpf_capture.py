@@ -216,9 +216,6 @@ class BpfCapture(Capture):
             python.follow(metas[before:])      # an exec, an exit
             if self.python_frames is not None:
                 self._follow_frames(metas[before:])
-        v8 = self.counter.v8 if self.counter is not None else None
-        if v8 is not None and len(metas) > before:
-            v8.follow(metas[before:])          # node mapped, an exec, an exit
         return offset
 
     def _follow_frames(self, metas: list) -> None:
@@ -246,27 +243,17 @@ class BpfCapture(Capture):
             self.target.on_exit = python.at_exit      # held at its exit: Session
 
     def _follow_v8(self) -> None:
-        """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py),
-        the node processes running now (-p, system-wide) into its map before
-        its programs attach; a -c command's maps watched after exec."""
+        """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py):
+        the V8s are known by their objects as their rows load, so nothing
+        is done per process. (A -c command held at its exit would not have
+        its last functions read there, as Python's code objects are: node
+        frees its heap before it exits.)"""
         v8 = self.counter.v8
         if v8 is None:
             return
-        from ..kernel import procfs
-        from .bpf_unwind import objects_of_target
         v8.functions = self.v8_functions
         if self.v8_functions is not None:
             self.v8_functions.active = True     # its stacks carry JS words
-        scope = self.target.scope
-        if scope == "command":
-            # the objects the command maps before main, read once already
-            ahead = self._first_objects if self.unwind_tables is not None \
-                else objects_of_target(self.target, self.probes)
-            if v8.warm(ahead) and self.armed is not None:
-                v8.watch_command(self.target.pid, self.armed)
-        else:
-            v8.add_running([self.target.pid] if scope == "pid" else procfs.pids(),
-                           self.interrupt)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError
@@ -370,3 +357,4 @@ class BpfCapture(Capture):
 def uncounted(errors: dict, reasons: tuple) -> tuple:
     """(why, n) for each (why, error name) of `reasons` counted nonzero."""
     return tuple((why, errors[name]) for why, name in reasons if errors[name])
+

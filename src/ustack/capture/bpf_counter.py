@@ -105,7 +105,7 @@ class BpfCounter:
     ring = None             # a BPF ring buffer the capture reads (the unwinder's)
     objects = None          # the objects whose unwind rows are loaded (the unwinder's)
     python = None           # bpf_python.PythonProcs: Python frames merged into stacks
-    v8 = None               # bpf_v8.V8Procs: JS frames named in stacks
+    v8 = None               # bpf_v8.V8Objects: JS frames named in stacks
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,

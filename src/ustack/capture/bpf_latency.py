@@ -146,8 +146,8 @@ class LatencyCounter(BpfCounter):
                 from .bpf_python import PythonMaps, PythonProcs
                 self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
             if js:          # JS frames (v8.h) in the same stacks
-                from .bpf_v8 import V8Maps, V8Procs
-                self.v8 = V8Procs(owned.map(V8Maps()))
+                from .bpf_v8 import V8Maps, V8Objects
+                self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
         elif fp_stacks:
             from ..kernel import perf_event as pe
             self.max_depth = max(1, min(pe.max_stack(), 127))

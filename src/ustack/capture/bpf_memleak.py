@@ -40,7 +40,7 @@ from ..values import value
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
 from .bpf_python import CODE_RING_BYTES, PythonMaps, PythonProcs
-from .bpf_v8 import V8Maps, V8Procs
+from .bpf_v8 import V8Maps, V8Objects
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
                          UnwindObjects, kernel_rodata, ring_samples, stack_chain)
 from .kernel_offsets import Offsets
@@ -95,7 +95,7 @@ class MemleakCounter(BpfCounter):
         if python:          # Python frames (python.h)
             self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:              # JS frames (v8.h)
-            self.v8 = V8Procs(owned.map(V8Maps()))
+            self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
         obj = memleak_object()
         lazy = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
         self.calls = owned.map(obj.make_map("calls"))

@@ -80,7 +80,7 @@ from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_r
 from .fork_safe_lock import ForkSafeLock
 from .bpf_common import unwind_object
 from .bpf_python import PythonMaps, PythonProcs
-from .bpf_v8 import V8Maps, V8Procs
+from .bpf_v8 import V8Maps, V8Objects
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
 
@@ -243,7 +243,9 @@ class UnwindObjects:
     TABLE_FULL_MARK, so the stacks through it end saying so.
     `interpreters` (bpf_python.PythonProcs, when the run merges Python
     frames) gives an interpreter object's slot of Python facts, which its
-    OBJECTS entry points at (object_rows.python)."""
+    OBJECTS entry points at (object_rows.python); `v8` (bpf_v8.V8Objects,
+    when the run names JS frames) a V8 object's slot of its layout
+    (object_rows.v8)."""
 
     def __init__(self, maps: UnwindMaps, tables: TableSource):
         self.maps = maps
@@ -253,6 +255,7 @@ class UnwindObjects:
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
         self.full: list = []            # paths of the objects whose rows did not fit
         self.interpreters = None
+        self.v8 = None
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = ForkSafeLock()
@@ -278,11 +281,13 @@ class UnwindObjects:
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []
         python = self.interpreters.slot_of(path) if self.interpreters is not None else 0
+        v8 = self.v8.slot_of(path) if self.v8 is not None else 0
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
-                self._load(path, keys, packed, segs, python)
+                self._load(path, keys, packed, segs, python, v8)
 
-    def _load(self, path: str, keys: list, packed, segs: list, python: int = 0) -> None:
+    def _load(self, path: str, keys: list, packed, segs: list, python: int = 0,
+              v8: int = 0) -> None:
         first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         if packed is not None and segs:
             vaddr, offset, _size = segs[0]
@@ -305,7 +310,7 @@ class UnwindObjects:
         self.loaded[keys[0]] = (path, n)
         for k in keys:
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages, python))
+                first, n, adjust, page_slot, first_page, npages, python, v8))
 
     def wanted(self) -> dict:
         """(dev, inode) -> walks that met the object without rows (WANTED),
@@ -514,7 +519,7 @@ class KernelUnwinder(BpfCounter):
         self.defer_stack = defer_stack_bytes(stack_size)   # a deferred record's stack bytes
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
-        self.v8 = None                   # bpf_v8.V8Procs: JS frames named in stacks
+        self.v8 = None                   # bpf_v8.V8Objects: JS frames named in stacks
         # the stacks spill to user space as STACKS fills (spill), so their
         # counts may be many more than it holds: room for COUNTS_PER_STACK
         # each where entries are taken only as the run meets them (~80
@@ -540,7 +545,7 @@ class KernelUnwinder(BpfCounter):
         if python and ring_bytes:        # new code objects come by the ring
             self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:
-            self.v8 = V8Procs(owned.map(V8Maps()))
+            self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
         if weighted and not self.trace:
             self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)

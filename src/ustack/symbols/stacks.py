@@ -64,6 +64,11 @@ class StackResolver:
         self.tracker = tracker
         self.fp_advice = fp_advice
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
+        if v8_functions is not None and v8_functions.active and v8_functions.live:
+            # the kernel names JS frames in the stacks it walks: those it
+            # hands over unwalked are named as they are unwound
+            from ..unwind.v8_live import V8Live
+            self.unwinder.v8_live = V8Live(v8_functions.remember)
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)

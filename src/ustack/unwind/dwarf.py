@@ -87,10 +87,13 @@ class DwarfUnwinder:
         self.warnings: list = []
 
     def unwind(self, regs: dict, stack: bytes,
-               find_mapping: Callable[[int], Mapping | None], sps: list | None = None) -> tuple:
+               find_mapping: Callable[[int], Mapping | None], sps: list | None = None,
+               fps: list | None = None) -> tuple:
         """(addresses innermost first, notes). addrs[0] is regs['ip'];
         the others are return addresses, except a pc interrupted by a
-        signal, which is exact. `sps`: a list given gets each frame's sp."""
+        signal, which is exact. `sps`: a list given gets each frame's sp;
+        `fps`: each frame's frame pointer where it was walked on it (code
+        without CFI: a JIT's, V8's builtins), else 0."""
         ip = regs["ip"]
         sp = sp0 = regs["sp"]
         bp = regs.get("bp")
@@ -105,6 +108,7 @@ class DwarfUnwinder:
         st = None
         lo = hi = 0
         exact = True
+        walked_fp: dict = {}                    # frame index -> its frame pointer
         for _ in range(self.max_frames - 1):
             q = ip if exact else ip - 1          # return addresses point past the call
             if not lo <= q < hi:
@@ -129,6 +133,8 @@ class DwarfUnwinder:
                 if bp is None:
                     break
                 cfa = bp + cfa_off
+                if note is not None and fps is not None:     # no CFI: on the frame pointer
+                    walked_fp[len(addrs) - 1] = bp
             elif kind == _BX:
                 if bx is None:
                     if BX_UNKNOWN_NOTE not in notes:
@@ -197,6 +203,8 @@ class DwarfUnwinder:
             notes.append(f"stopped after {self.max_frames} frames")
         if st is None and not notes:        # ended at an address no mapping holds
             notes.append(UNMAPPED_NOTE)
+        if fps is not None:
+            fps.extend(walked_fp.get(i, 0) for i in range(len(addrs)))
         return tuple(addrs), tuple(notes)
 
     # --- resolving a pc (cache misses) -------------------------------------------

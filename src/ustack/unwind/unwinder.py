@@ -28,6 +28,9 @@ class Unwinder:
         self._debug_dirs = debug_dirs
         self._cut_advice = cut_advice
         self._dwarf = None
+        # a v8_live.V8Live: the JS frames of copied stacks named from their
+        # process as they are unwound (the kernel's deferred ones), or None
+        self.v8_live = None
 
     @property
     def dwarf(self):
@@ -61,12 +64,19 @@ class Unwinder:
         if sample.regs is not None:
             pid = sample.pid
             find_pid = lambda addr: find(pid, addr)       # noqa: E731
-            if type(sample) is not PythonSample:
-                return self.dwarf.unwind(sample.regs, sample.stack or b"", find_pid)
+            stack = sample.stack or b""
+            python = type(sample) is PythonSample
+            if not python and self.v8_live is None:
+                return self.dwarf.unwind(sample.regs, stack, find_pid)
             sps: list = []
-            addrs, notes = self.dwarf.unwind(sample.regs, sample.stack or b"", find_pid, sps)
+            fps: list | None = [] if self.v8_live is not None else None
+            addrs, notes = self.dwarf.unwind(sample.regs, stack, find_pid, sps, fps)
+            if fps:
+                addrs = self.v8_live.name(pid, addrs, fps, stack, sample.regs["sp"], find_pid)
+            if not python:
+                return addrs, notes
             addrs, merged = merge_read(addrs, sample.python, not notes, sample.regs,
-                                       sample.stack or b"", sps)
+                                       stack, sps)
             return addrs, notes + merged
         if type(sample) is UnwoundSample:      # unwound when it was recorded
             return sample.unwound

@@ -96,16 +96,16 @@ def find_runtime(mappings: list) -> Runtime | None:
     """The V8 of a process with these executable mappings, or None."""
     for m in mappings:
         path = object_path(m)
-        if path and _looks_like_node(path):
-            found = runtime_of(path)
-            if found is not None:
-                return found
+        found = object_runtime(path) if path else None
+        if found is not None:
+            return found
     return None
 
 
-def runs_v8(paths: list) -> bool:
-    """Whether one of the objects at `paths` (a command's load closure) is a V8."""
-    return any(_looks_like_node(p) and runtime_of(p) is not None for p in paths)
+def object_runtime(path: str) -> Runtime | None:
+    """The V8 the object at `path` is (node, libnode), or None: asked of
+    every object whose rows load, so a name test comes before the file."""
+    return runtime_of(path) if _looks_like_node(path) else None
 
 
 def _looks_like_node(path: str) -> bool:
