@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -185,6 +186,7 @@ def main() -> None:
     lines.append(f"\nchanged, crashed or failed runs (this code): {changed} of "
                  f"{sum('(old)' not in r[0] for r in rows)} runs")
     write_report("\n".join(lines) + "\n", BENCH / "results" / "return_probes.md")
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":
