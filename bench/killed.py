@@ -157,6 +157,7 @@ def main() -> int:
     ap.add_argument("--tries", type=int, default=20)
     opts = ap.parse_args()
     doubles, closes = [], []
+    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(opts.tries):
             doubles.append(double_kill(tmp))
@@ -173,7 +174,9 @@ def main() -> int:
         "# What a killed run leaves",
         "",
         f"{datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, kernel {platform.release()}, "
-        f"{os.cpu_count()} CPUs (shared, loaded). `python3 bench/killed.py --tries "
+        f"{os.cpu_count()} CPUs (shared, loaded: load average {load_before} at the "
+        f"start, {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end). "
+        f"`python3 bench/killed.py --tries "
         f"{opts.tries}` (see its docstring).",
         "",
         "| case | tries | ended/cleared | median s | max s |",

@@ -17,7 +17,9 @@ Runs, each on the perf, bpf and tracefs backends (latency is bpf only):
              'uprobe:libc:*' of the same (bpf);
   code_data  a uprobe at every byte offset of trick and shifted
              (tests/programs/code_data.c) the resolver accepts, in the
-             binary and its stripped copy.
+             binary and its stripped copy; the accepted offsets are checked
+             against objdump's instruction starts (trick's decoded past its
+             data byte): how many are off one, how many true starts kept.
 `changed` counts runs whose printed output differs from the unprobed
 run's. --old SRC also runs the cold_part rows with another tree's src/
 (the code before these checks): libc rows never run old code, since a
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,6 +78,24 @@ def verdicts(kind: str, path: str, addresses) -> tuple:
 def fde_starts(path: str) -> list:
     from ustack.objfile.on_disk import OnDisk
     return [lo for lo, _hi in OnDisk.of(path).fde_ranges()]
+
+
+def true_starts(path: str, spans) -> set:
+    """objdump's instruction starts of code_data's trick and shifted: trick
+    decoded from its jmp and from that jmp's target trick+0x3 (the byte
+    between is data), shifted from its symbol."""
+    import re
+    starts = set()
+    for span in spans:
+        pieces = [(span.start, span.start + 2), (span.start + 3, span.stop)] \
+            if plain(["objdump", "-d", f"--start-address=0x{span.start:x}",
+                      f"--stop-address=0x{span.start + 2:x}", path]).count("jmp") \
+            else [(span.start, span.stop)]
+        for lo, hi in pieces:
+            out = plain(["objdump", "-d", "--no-show-raw-insn", f"--start-address=0x{lo:x}",
+                         f"--stop-address=0x{hi:x}", path])
+            starts |= {int(m.group(1), 16) for m in re.finditer(r"^\s+([0-9a-f]+):", out, re.M)}
+    return starts
 
 
 def row(name: str, backend: str, src: str, args: list, expect: str, rows: list,
@@ -141,17 +162,21 @@ def main() -> None:
     image = ElfImage.open(code_data)
     spans = [range(s.address, s.address + s.size) for s in image.symbols.functions
              if s.name in ("trick", "shifted")]
+    starts = true_starts(code_data, spans)
     for path, tag in ((code_data, "code_data"), (code_stripped, "code_data stripped")):
         ok, refused = [], []
         for span in spans:
             a, r = verdicts("uprobe", path, span)
             ok += a
             refused += r
+        off = len(set(ok) - starts)
+        kept = len(starts & set(ok))
         for backend in BACKENDS:
             row(tag + ", every byte", backend, new,
                 ["count", *[f"uprobe:{path}:0x{a:x}" for a in ok], "-c", path,
                  "--backend", backend], expect, rows,
-                f"{len(ok)} placed, {len(refused)} refused")
+                f"{len(ok)} placed, {len(refused)} refused; {off} off an instruction "
+                f"start, {kept} of {len(starts)} true starts")
     lines = [f"# Return probes and data in code: printed output vs unprobed\n",
              f"{platform.node()} kernel {platform.release()}, {time.strftime('%Y-%m-%d')}; "
              "`same`: the traced program printed its unprobed output.\n",
@@ -161,6 +186,7 @@ def main() -> None:
     lines.append(f"\nchanged, crashed or failed runs (this code): {changed} of "
                  f"{sum('(old)' not in r[0] for r in rows)} runs")
     write_report("\n".join(lines) + "\n", BENCH / "results" / "return_probes.md")
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ def main() -> int:
     if shutil.which("strace") is None:
         sys.exit("strace is needed")
     rows = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "log")
         for title, args in COMMANDS.items():
@@ -136,16 +137,21 @@ def main() -> int:
                         statuses.add(status)
                     print(f"{title} {phase} {sig.name}: {took} (exit {status})", flush=True)
                 rows.append((title, phase, times, statuses))
-    write(rows, opts.tries)
+    write(rows, opts.tries, load_before)
     return 0
 
 
-def write(rows: list, tries: int) -> None:
+def load(averages) -> str:
+    return " ".join(f"{x:.1f}" for x in averages)
+
+
+def write(rows: list, tries: int, load_before) -> None:
     out = [
         "# Ending a run in each phase of a 3,673-uprobe set-up",
         "",
         f"{datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, kernel "
-        f"{platform.release()}, {os.cpu_count()} CPUs (shared, loaded). "
+        f"{platform.release()}, {os.cpu_count()} CPUs (shared, loaded: load "
+        f"average {load(load_before)} at the start, {load(os.getloadavg())} at the end). "
         f"`python3 bench/stopping.py --tries {tries}`: SIGINT and SIGTERM "
         "alternate; strace puts the signal at a chosen system call of the "
         "phase and times it to the exit (see the script's docstring).",

@@ -570,6 +570,13 @@ def parse_trace(out: str) -> list[dict]:
     return records
 
 
+def events_lost(stderr: str) -> int:
+    """The events a run says its full buffer lost ("Lost N events: …"): a
+    count exact to the event (tests/test_lost_accounting.py), so a test
+    that counts hits on a loaded machine counts delivered + lost."""
+    return sum(int(m.group(1)) for m in re.finditer(r"^Lost (\d+) events", stderr, re.M))
+
+
 def parse_counts(out: str) -> list[dict]:
     """`ustack count/profile` text stdout -> [{frames: [(func, module)],
     count, comm, pid, event}] in output order (event: the header line a

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import build, run_ustack
+from helpers import build, events_lost, run_ustack
 
 from ustack.model import UstackError
 from ustack.probes.resolve import resolve_uprobes
@@ -145,7 +145,9 @@ def test_the_cases_of_a_switch_are_reached(prog):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_accepted_offsets_change_nothing(prog, backend):
     """Probes on every accepted offset of both functions, in the stripped
-    copy and the full binary at once: the sum is the one printed unprobed."""
+    copy and the full binary at once: the sum is the one printed unprobed,
+    and every probe was hit 1000 times (with the hits a full buffer lost:
+    the perf backend loses some when the machine is busy)."""
     for path in (prog.stripped, prog.full):
         accepted = verdicts(path, prog.trick)[0] + verdicts(path, prog.shifted)[0]
         events = [f"uprobe:{path}:0x{a:x}" for a in accepted]
@@ -153,7 +155,8 @@ def test_the_accepted_offsets_change_nothing(prog, backend):
         assert res.returncode == 0, res.stderr
         assert prog.output in res.stdout, (res.stdout, res.stderr)
         hits = [int(n) for n in re.findall(r"^\s+(\d+)$", res.stdout, re.M)]
-        assert sum(hits) == 1000 * len(accepted), res.stdout
+        assert sum(hits) + events_lost(res.stderr) == 1000 * len(accepted), (
+            res.stdout, res.stderr)
 
 
 @pytest.mark.kernel

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import build, run_ustack
+from helpers import build, events_lost, run_ustack
 
 from ustack.model import UstackError
 from ustack.objfile import cache as image_cache
@@ -128,14 +128,17 @@ def _file_offset(prog, vaddr: int) -> int:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_accepted_offsets_change_nothing(prog, verdicts, backend):
     """A probe on every offset of mix the resolver accepts, all at once:
-    the checksum is the one printed unprobed, and the probes were hit."""
+    the checksum is the one printed unprobed, and the probes were hit
+    (counted with the hits a full buffer lost: the perf backend loses some
+    when the machine is busy)."""
     accepted, _refused = verdicts
     events = [f"uprobe:{prog.stripped}:0x{a:x}" for a in accepted]
     res = run_ustack("count", *events, "-c", prog.stripped, "--backend", backend,
                      timeout=180)
     judge(res, prog)
     hits = [int(n) for n in re.findall(r"^\s+(\d+)$", res.stdout, re.M)]
-    assert sum(hits) >= 1000 * len(accepted) // 2, res.stdout
+    assert sum(hits) + events_lost(res.stderr) >= 1000 * len(accepted) // 2, (
+        res.stdout, res.stderr)
 
 
 @pytest.mark.kernel
