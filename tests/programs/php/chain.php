@@ -1,0 +1,29 @@
+<?php
+// A busy script whose call chain is known: main script -> a() -> b() ->
+// Spinner::spin(), spinning for argv[1] seconds (forever when 0). With
+// argv[2], its pid is written there once it is about to spin.
+class Spinner {
+    public function spin(float $until): int {
+        $n = 0;
+        while ($until == 0 || microtime(true) < $until) {
+            for ($i = 0; $i < 2000; $i++) {
+                $n = ($n + $i * $i) % 1000003;
+            }
+        }
+        return $n;
+    }
+}
+
+function b(float $until): int {
+    return (new Spinner())->spin($until);
+}
+
+function a(float $until): int {
+    return b($until);
+}
+
+$seconds = (float)($argv[1] ?? 1);
+if (isset($argv[2])) {
+    file_put_contents($argv[2], (string)getmypid());
+}
+echo a($seconds > 0 ? microtime(true) + $seconds : 0), "\n";
