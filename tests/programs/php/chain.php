@@ -33,4 +33,4 @@ $seconds = (float)($argv[1] ?? 1);
 if (isset($argv[2])) {
     file_put_contents($argv[2], (string)getmypid());
 }
-echo a($seconds > 0 ? cpu_seconds() + $seconds : 0), "\n";
+a($seconds > 0 ? cpu_seconds() + $seconds : 0);
