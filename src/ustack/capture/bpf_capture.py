@@ -259,6 +259,7 @@ class BpfCapture(Capture):
         php.functions = self.php_functions
         if self.php_functions is not None:
             self.php_functions.active = True    # its stacks carry PHP words
+            self.php_functions.refresh = php.harvest
 
     def _follow_v8(self) -> None:
         """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py),

@@ -32,6 +32,10 @@ class PhpFunctions:
         # set by a capture whose kernel pass writes PHP words (bpf/php.h): in
         # any other stack a word with their tag is a garbage return address
         self.active = False
+        # takes the names the kernel copied since last asked (the run's
+        # bpf_php.PhpObjects.harvest): an id met before its names were
+        # taken (copied in the run's last 0.1 s) asks once more
+        self.refresh = None
 
     def remember(self, pid: int, function_id: int, value: bytes) -> None:
         """PHP_NAMES' value (struct php_name) of `function_id` in pid."""
@@ -51,6 +55,9 @@ class PhpFunctions:
 
     def frame(self, pid: int, function_id: int, line: int) -> Frame:
         found = self._names.get((pid, function_id))
+        if found is None and self.refresh is not None:
+            self.refresh()
+            found = self._names.get((pid, function_id))
         if found is None:
             self.unnamed += 1
             return Frame(addr=0, module="", function=UNNAMED, kind="php")
