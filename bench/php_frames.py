@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 CHAIN_PHP = REPO / "tests" / "programs" / "php" / "chain.php"
+FIB_PHP = REPO / "bench" / "programs" / "php_fib.php"
 CHAIN = ["{main}", "a", "b", "Spinner::spin"]
 
 
@@ -114,6 +115,7 @@ def main() -> None:
               "end = time.time() + 2\nwhile time.time() < end: f(18)")
     for label, command, flag in (
             ("php chain.php (the PHP walk: 4-6 PHP frames)", f"php {CHAIN_PHP} 2", "--no-php"),
+            ("php, recursive fib (the PHP walk: ~20 PHP frames)", f"php {FIB_PHP} 2", "--no-php"),
             ("sh busy loop (no PHP)", "timeout 2 sh -c 'while :; do :; done'", "--no-php"),
             ("python3, recursive fib (the Python walk)", f"python3 -c '{python}'",
              "--no-python")):

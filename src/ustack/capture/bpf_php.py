@@ -28,7 +28,7 @@ from .bpf_common import unwind_object
 from .fork_safe_lock import ForkSafeLock
 
 OBJECTS = 16                    # PHP interpreter objects
-FUNCTIONS = 1 << 16             # (tgid, function) -> id, an LRU
+FUNCTIONS = 1 << 15             # (tgid, function) -> id, an LRU
 NAMES = 1 << 14                 # ids whose names user space has not taken yet
 HARVEST_EVERY = 0.1             # seconds between two takes of PHP_NAMES
 _SLOT = struct.Struct("<I")
