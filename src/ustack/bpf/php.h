@@ -126,14 +126,14 @@ struct {
 	__uint(max_entries, 1);		/* sized by the loader */
 } php_functions SEC(".maps");
 
-/* entries allocated as the kernel copies names (user space takes them
- * out every 0.1 s): a run without PHP holds none */
+/* preallocated: entries allocated as a sample needs them (BPF_F_NO_PREALLOC)
+ * failed for the first samples' new functions, a cache not filled yet;
+ * user space takes them out every 0.1 s, so a few thousand suffice */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct php_name_key);
 	__type(value, struct php_name);
 	__uint(max_entries, 1);		/* sized by the loader */
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 } php_names SEC(".maps");
 
 struct {

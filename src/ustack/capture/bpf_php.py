@@ -29,7 +29,7 @@ from .fork_safe_lock import ForkSafeLock
 
 OBJECTS = 16                    # PHP interpreter objects
 FUNCTIONS = 1 << 15             # (tgid, function) -> id, an LRU
-NAMES = 1 << 14                 # ids whose names user space has not taken yet
+NAMES = 1 << 12                 # ids whose names user space has not taken yet (~1.2 MB)
 HARVEST_EVERY = 0.1             # seconds between two takes of PHP_NAMES
 _SLOT = struct.Struct("<I")
 _NAME_KEY = struct.Struct("<IIQ")       # struct php_name_key
