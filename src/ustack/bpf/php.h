@@ -324,13 +324,16 @@ static __always_inline void php_merge(struct php_walk *p, __u64 ed, __u64 skip)
  * hash and (for a note) status change. */
 static __noinline void php_pass(struct walk *w)
 {
-	struct php_walk *p = php_state();
+	struct php_walk *p;
 	struct php_object *o;
 	__u32 slot;
 	__s64 adjust;
 	__u64 n, ed;
 
-	if (!p || !w || !w->php)
+	if (!w || !w->php)
+		return;		/* through no PHP interpreter: no map looked up */
+	p = php_state();
+	if (!p)
 		return;
 	slot = w->php - 1;
 	o = bpf_map_lookup_elem(&php_objects, &slot);
