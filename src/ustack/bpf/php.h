@@ -235,7 +235,7 @@ static __always_inline void php_emit(struct walk *w, struct php_walk *p, __u64 w
 static __always_inline int php_frame(struct walk *w, struct php_walk *p)
 {
 	struct php_object *o = &p->proc;
-	__u64 ed = p->ed, func, opline, filename = 0, id;
+	__u64 ed = p->ed, func, opline, filename = 0, id, where[2];
 	__u32 line = 0, line_start = 0, info;
 	__u8 type;
 
@@ -256,9 +256,12 @@ static __always_inline int php_frame(struct walk *w, struct php_walk *p)
 	}
 	type = p->fn_bytes[0];
 	if (type == o->user_function) {
-		filename = php_word_at(func + o->fn_filename);
-		if (bpf_probe_read_user(&line_start, 4, (void *)(func + o->fn_line_start)))
-			line_start = 0;
+		/* the op_array's filename and line_start, 8 bytes apart: one read */
+		if (o->fn_line_start == o->fn_filename + 8
+		    && !bpf_probe_read_user(where, sizeof(where), (void *)(func + o->fn_filename))) {
+			filename = where[0];
+			line_start = (__u32)where[1];
+		}
 		opline = ED_FIELD(__u64, p, o->ed_opline);
 		if (!opline || bpf_probe_read_user(&line, 4, (void *)(opline + o->op_lineno)))
 			line = 0;

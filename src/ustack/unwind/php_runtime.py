@@ -14,8 +14,10 @@ The offsets per Zend API number (the version's; in the binary as
 against Debian's php8.2-dev headers (/usr/include/php/20220829: Zend/
 zend_globals.h, zend_compile.h, zend_types.h), the same values read back
 from a running php8.2 (8.2.36) script's memory; no debug symbols exist for
-Debian 12's php8.2. Other versions are not followed: their stacks stay
-native, never misnamed.
+Debian 12's php8.2 (the OpenTelemetry eBPF profiler's PHP walker ends an
+executor call's frames at the same ZEND_CALL_TOP flag). php.h reads the
+op_array's filename and line_start in one read: 8 bytes apart here. Other
+versions are not followed: their stacks stay native, never misnamed.
 """
 from __future__ import annotations
 
