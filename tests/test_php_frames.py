@@ -8,6 +8,7 @@ line each frame is at, where the executor's C frame (execute_ex) was,
 down to _start; with -c and with -p; --no-php leaves execute_ex."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import ok, parse_folded, run_ustack, wait_until
+from helpers import ok, parse_folded, pprof, render, run_ustack, wait_until, write_report
+from ustack.model import Frame, Stack, StackCount
+from ustack.report.formats import ReportContext, stack_report
 from ustack.unwind import php_runtime
 
 pytestmark = pytest.mark.kernel
@@ -138,3 +141,37 @@ def test_only_php_8_2_nts_is_followed():
     interp = php_runtime.object_interpreter(str(Path(php).resolve()))
     assert interp.version == (8, 2)
     assert interp.execute_range[1] > interp.execute_range[0]
+
+
+def _php_frame(function, file, line):
+    return Frame(addr=0, module=os.path.basename(file), function=function, file=file,
+                 line=line, kind="php")
+
+
+# innermost first: Spinner::spin called by {main}, run by the executor
+PHP_STACK = Stack((_php_frame("Spinner::spin", "/srv/app/chain.php", 15),
+                   _php_frame("{main}", "/srv/app/chain.php", 36),
+                   Frame(addr=0x401000, module="php8.2", function="zend_execute", offset=0x10,
+                         path="/usr/bin/php8.2")))
+CONTEXT = ReportContext(command="count", events=("profile:hz:99",))
+
+
+def test_pprof_carries_php_function_file_and_line(tmp_path):
+    """pprof: a PHP frame is a location of no mapping with one line, its
+    function's system name `php::NAME:FILE` (a Python one's is `py::`)."""
+    path = write_report("pprof", [StackCount("php", 7, PHP_STACK, 5)],
+                        tmp_path / "php.pb.gz", CONTEXT)
+    locations = pprof("-raw", path).split("\nLocations\n")[1].split("\nMappings\n")[0]
+    assert [ln.split(": ", 1)[1] for ln in locations.splitlines()[:2]] == [
+        "0x0 Spinner::spin /srv/app/chain.php:15 s=0(php::Spinner::spin:/srv/app/chain.php)",
+        "0x0 {main} /srv/app/chain.php:36 s=0(php::{main}:/srv/app/chain.php)"]
+
+
+def test_flame_graphs_mark_php_frames(tmp_path):
+    """HTML: PHP frames are of their own kind (its legend says PHP), named
+    `func (file:line)` as Python's; folded the same."""
+    counts = [StackCount("php", 7, PHP_STACK, 5)]
+    html = write_report("html", counts, tmp_path / "php.html", CONTEXT).read_text()
+    assert '"php"' in html and "Spinner::spin (chain.php:15)" in html
+    folded = render(stack_report("folded"), counts)
+    assert "zend_execute;{main} (chain.php:36);Spinner::spin (chain.php:15) 5" in folded
