@@ -175,3 +175,24 @@ def test_flame_graphs_mark_php_frames(tmp_path):
     assert '"php"' in html and "Spinner::spin (chain.php:15)" in html
     folded = render(stack_report("folded"), counts)
     assert "zend_execute;{main} (chain.php:36);Spinner::spin (chain.php:15) 5" in folded
+
+
+def test_callbacks_from_builtins_stand_in_their_executor_calls():
+    """usort() and array_map() call back into PHP through zend_call_function:
+    each executor call's PHP frames stand where its execute_ex was, the
+    builtins' C frames between them, so the chain reads in call order."""
+    php = _php()
+    script = Path(__file__).parent / "programs" / "php" / "callbacks.php"
+    res = ok(run_ustack("trace", "syscall:getrusage", "-c", f"{php} {script}"))
+    event = res.stdout.split("\n\n")[0].splitlines()
+    labels = [line.split(" : ", 1)[1] for line in event[1:]]
+    names = [label.split(" [")[0].split("+0x")[0] for label in labels]
+    at = names.index("getrusage", 1)       # the PHP frame of the builtin, past libc's
+    assert names[at:at + 3] == ["getrusage", "cmp", "zend_call_function"], names
+    usort = names.index("usort")
+    assert names[usort:usort + 4] == ["usort", "sorter", "K::{closure}",
+                                      "zend_call_function"], names
+    outer = names.index("array_map")
+    assert names[outer:outer + 4] == ["array_map", "K::run", "{main}", "zend_execute"], names
+    assert "execute_ex" not in names and names[-1] == "_start", names
+    assert labels[at + 1] == f"cmp [php] {script}:6"
