@@ -134,11 +134,16 @@ PYTHON_UNREADABLE_NOTE = ("a Python frame could not be read: an interpreter call
 PYTHON_LEFT_NOTE = "Python frames were left over when the native stack ended"
 PYTHON_LOOP_NOTE = ("the Python frame chain loops back on itself (damaged memory): "
                     "shown up to the loop, the interpreter calls past it as C frames")
+# the same of PHP frames (bpf/php.h)
+PHP_UNREADABLE_NOTE = ("a PHP frame could not be read: an executor call "
+                       "is shown as its C frame")
+PHP_LEFT_NOTE = "PHP frames were left over when the native stack ended"
 # complete stacks whose marker word only says how they were walked
 KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
                        KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE,
                        17: PYTHON_UNREADABLE_NOTE, 18: PYTHON_LEFT_NOTE,
-                       19: PYTHON_LOOP_NOTE}
+                       19: PYTHON_LOOP_NOTE,
+                       21: PHP_UNREADABLE_NOTE, 22: PHP_LEFT_NOTE}
 # A Python frame inside a native callchain: the in-kernel walk puts it where
 # the eval loop's C frame that ran it was. One word: PYTHON_FRAME_TAG, the
 # code object's address >> 3 (it is 8-aligned; 44 bits hold any user
@@ -183,6 +188,22 @@ def v8_frame_parts(word: int) -> tuple | None:
     if word >> 60 != V8_FRAME_TAG >> 60:
         return None
     return ((word >> 16) & ((1 << 44) - 1)) << 3 | 1, word & V8_NO_OFFSET
+
+
+# A PHP frame inside a native callchain (bpf/php.h): the in-kernel walk
+# puts it where the executor's C frame (execute_ex) that ran it was.
+# PHP_FRAME_TAG, the id the kernel gave its function in bits 16-59 (its
+# names: capture/bpf_php.py), the line of the frame's opline in bits 0-15
+# (0: a builtin's frame, or unknown).
+PHP_FRAME_TAG = 0xC000000000000000
+PHP_LINE_MAX = 0xFFFF
+
+
+def php_frame_parts(word: int) -> tuple | None:
+    """(function id, line) of a PHP frame's word, or None for any other word."""
+    if word >> 60 != PHP_FRAME_TAG >> 60:
+        return None
+    return (word >> 16) & ((1 << 44) - 1), word & PHP_LINE_MAX
 
 
 # A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
@@ -341,7 +362,7 @@ class Frame:
     file: str = ""                 # source file, when lines were asked for
     line: int = 0                  # 0: unknown
     inlined: bool = False          # a call inlined into the frame that follows
-    kind: str = ""                 # "" native; "python", "js", "java": an interpreter's
+    kind: str = ""                 # "" native; "python", "php", "js", "java": an interpreter's
                                    # or a JIT's frame (reports colour and label them)
     # A frame of a file's code that no symbol names keeps where it is in its
     # object (ELF addresses, the same in every process), so that it is still
@@ -349,6 +370,11 @@ class Frame:
     # start of the code the object's CFI gives for it (an FDE), 0 if none.
     objaddr: int = 0
     objstart: int = 0
+
+
+# kinds of a script's frame: no address or object of its own, named by
+# function, source file and line (reports show them alike)
+SCRIPT_KINDS = frozenset(("python", "php"))
 
 
 def printable(text: str) -> str:

@@ -241,6 +241,8 @@ enum unwind_status {
 	PYTHON_UNREADABLE = 17,	/* complete, but a Python frame could not be read */
 	PYTHON_LEFT = 18,	/* complete, but Python frames were left when it ended */
 	NO_BX = 20,		/* a CFA in rbx, which an earlier frame lost (or never had) */
+	PHP_UNREADABLE = 21,	/* complete, but a PHP frame could not be read (php.h) */
+	PHP_LEFT = 22,		/* complete, but PHP frames were left when it ended (php.h) */
 	RUNNING = 0xFF,
 };
 
@@ -261,6 +263,7 @@ enum unwind_option {
 	UW_PYTHON = 32,		/* Python frames into stacks through an interpreter (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
 	UW_V8 = 128,		/* JS frames named in stacks through a V8 object (v8.h) */
+	UW_PHP = 256,		/* PHP frames into stacks through a PHP interpreter (php.h) */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call
@@ -294,6 +297,7 @@ struct object_rows {
 	__u32 pages;
 	__u32 python;		/* an interpreter: 1 + its slot in python.h's PYTHON_OBJECTS; 0 none */
 	__u32 v8;		/* a V8 (node, libnode): 1 + its slot in v8.h's V8_OBJECTS; 0 none */
+	__u32 php;		/* a PHP interpreter: 1 + its slot in php.h's PHP_OBJECTS; 0 none */
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */

@@ -60,6 +60,7 @@ class BpfCapture(Capture):
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
     v8_functions = None     # the run's V8Functions (symbols/v8.py): names JS functions
+    php_functions = None    # the run's PhpFunctions (symbols/php.py): names PHP functions
     # an unwind.python_live.LiveFrames the session gives a capture that
     # defers stacks: a deferred sample's Python frames are read from its
     # process as its record is decoded (the kernel walked none)
@@ -75,7 +76,7 @@ class BpfCapture(Capture):
     def __init__(self, probes: list, target, buffer_pages=None, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
                  unwind_tables=None, python: bool = False, weighted: bool = False,
-                 js: bool = False, unwind_memory: int | None = None,
+                 js: bool = False, php: bool = False, unwind_memory: int | None = None,
                  stack_size: int = DEFAULT_STACK_SIZE):
         self.probes = probes
         # --stack-size: the bytes of stack a deferred record carries (bpf_unwind)
@@ -98,6 +99,8 @@ class BpfCapture(Capture):
         self.python = python
         # JS frames named in the stacks it unwinds (bpf/v8.h, capture/bpf_v8.py)
         self.js = js
+        # PHP frames in the stacks it unwinds (bpf/php.h, capture/bpf_php.py)
+        self.php = php
         self.cut: dict = {}                 # why -> events whose stack was cut short
         # many uprobes go behind uprobe_multi links, without perf events
         # (a weight is read per probe, by a program of its own: no links)
@@ -153,6 +156,7 @@ class BpfCapture(Capture):
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
             self._follow_v8()
+            self._follow_php()
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             lazy = lazy and self.counter.objects is not None
@@ -241,6 +245,18 @@ class BpfCapture(Capture):
             self.python_code.by_id = True       # the kernel's ids name its frames' code
         if self.target.scope == "command" and isinstance(self.target, TracedCommand):
             self.target.on_exit = python.at_exit      # held at its exit: Session
+
+    def _follow_php(self) -> None:
+        """Where the counter merges PHP frames (bpf/php.h, capture/bpf_php.py):
+        the interpreters are known by their objects as their rows load; the
+        names the kernel copies go to the run's PhpFunctions."""
+        php = getattr(self.counter, "php", None)
+        if php is None:
+            return
+        php.functions = self.php_functions
+        if self.php_functions is not None:
+            self.php_functions.active = True    # its stacks carry PHP words
+            self.php_functions.refresh = php.harvest
 
     def _follow_v8(self) -> None:
         """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py):

@@ -48,6 +48,10 @@ def target_args(p: argparse.ArgumentParser) -> None:
                    help="show node's JS frames as the JIT code and V8 builtins "
                         "they ran (default: their JS functions, named from the "
                         "process's heap where the kernel walks the stack)")
+    p.add_argument("--no-php", action="store_true",
+                   help="show a PHP process's executor as C frames only "
+                        "(default: its PHP functions' frames, name, file and line, "
+                        "where execute_ex ran them; PHP 8.2 NTS, --backend bpf)")
     p.add_argument("--no-python", action="store_true",
                    help="show a Python process's interpreter as C frames only "
                         "(default: its Python functions' frames, name and line, "

@@ -22,7 +22,7 @@ import time
 
 from .. import unprivileged
 from ..kernel import procfs, process_vm, ptrace
-from ..model import Frame, SymbolOptions, UstackError
+from ..model import SCRIPT_KINDS, Frame, SymbolOptions, UstackError
 from ..options import symbol_options
 from ..output import Output
 from ..report.output import choose_format
@@ -278,7 +278,7 @@ def format_text(pid: int, threads) -> str:
 
 def _frame_json(f: Frame) -> dict:
     d = {"function": f.function, "module": f.module, "kind": f.kind or "native"}
-    if f.kind != "python":
+    if f.kind not in SCRIPT_KINDS:
         d.update(addr=f"0x{f.addr:x}", offset=f.offset)
     if f.line:
         d.update(file=f.file, line=f.line)

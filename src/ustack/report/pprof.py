@@ -224,6 +224,8 @@ class _Builder:
                 # name unlike `name` also keeps pprof from reading <module>
                 # as C++ template arguments and dropping it
                 system = f"py::{f.function}:{f.file}"
+            elif f.kind == "php":
+                system = f"php::{f.function}:{f.file}"
             else:
                 system = self.objects.system_name(f, pid) if f.path else f.function
             self.p.function.add(id=i, name=self.s(f.function),
