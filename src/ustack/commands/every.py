@@ -32,6 +32,16 @@ class SinkRequest:
     queue_bytes: int
 
 
+def host_label(args) -> str:
+    """This machine's name in its rows and files: --host-label, else
+    $USTACK_HOST_LABEL, else the hostname."""
+    host = (getattr(args, "host_label", None) or os.environ.get(HOST_LABEL_ENV)
+            or os.uname().nodename)
+    if not host or any(c in host for c in "/\n\0"):
+        raise UstackError(f"--host-label {host!r}: a name without / or newlines")
+    return host
+
+
 def sink_request(args) -> SinkRequest | None:
     """--to's request, or None; a wrong address is refused here."""
     to = getattr(args, "to", None)
@@ -41,9 +51,7 @@ def sink_request(args) -> SinkRequest | None:
         raise UstackError(f"--to {to}: ustack sends to clickhouse://HOST:PORT/DB")
     from ..report.sinks.clickhouse_http import Server
     server = Server(to)                  # its one-line refusals
-    host = args.host_label or os.environ.get(HOST_LABEL_ENV) or os.uname().nodename
-    if not host or any(c in host for c in "/\n\0"):
-        raise UstackError(f"--host-label {host!r}: a name without / or newlines")
+    host = host_label(args)
     if args.queue_size <= 0:
         raise UstackError("--queue-size must be a positive number of MiB")
     queue = args.queue or os.path.join(
@@ -141,7 +149,7 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
     too; `dir_fd` None: no files. A file's
     time and duration are its interval's bounds, within which every one of
     its samples was taken (by the kernel's timestamps)."""
-    from ..report.pprof import PprofReport     # here: every other run skips its import
+    from ..report.pprof import HOST_COMMENT, PprofReport   # here: other runs skip it
     opts = session.opts
     base = run_context(opts.command, session.labels, getattr(session.probes[0], "hz", None))
     cost = _OwnCost()
@@ -154,6 +162,8 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
         duration_ns = int((interval.end - interval.start) * 1e9)
         now = time.monotonic()
         comments = cost.since_last(now - written)
+        if opts.host:
+            comments = (f"{HOST_COMMENT}{opts.host}",) + comments
         partial = interval.partial and (f"a partial interval: {duration_ns / 1e9:.3f} s "
                                         f"of {seconds:g} s, the run ended "
                                         f"({_why_ended(session)})")

@@ -328,54 +328,74 @@ def _with_count(sc: StackCount, n: int) -> StackCount:
     return StackCount(sc.comm, sc.pid, sc.stack, n, sc.event)
 
 
-# -- report --from clickhouse://… ------------------------------------------------
+# -- report --from clickhouse://… | DIR/ --------------------------------------------
 
 def report_from(args, err: TextIOBase = sys.stderr) -> int:
-    """`report --from`: what --every --to sent, in any counted format, or
-    --diff of two time ranges (START..END) or two hosts (host=NAME)."""
-    from ..report.sinks import clickhouse_source as source
-    from ..report.sinks.clickhouse_http import Server
+    """`report --from`: what --every --to sent, or what --every -o DIR/
+    wrote, in any counted format, or --diff of two time ranges
+    (START..END) or two hosts (host=NAME)."""
+    from ..report.sinks.filters import Filter, parse_time
     if args.recording:
-        raise UstackError("--from reads a ClickHouse server; give no FILE beside it")
-    server = Server(args.source)
-    only = source.Filter(
+        raise UstackError(f"--from reads {args.source}; give no FILE beside it")
+    counted_stacks, address = _source(args.source)
+    only = Filter(
         hosts=_names(args.host), comms=_names(args.comm),
         pids=tuple(sorted(_id_set(args.pid, "pid"))),
         containers=_names(args.container),
-        since_ns=source.parse_time(args.since, "--since") if args.since else None,
-        until_ns=source.parse_time(args.until, "--until") if args.until else None,
+        since_ns=parse_time(args.since, "--since") if args.since else None,
+        until_ns=parse_time(args.until, "--until") if args.until else None,
         event=args.event or "")
     if args.diff:
-        sides = [source.counted_stacks(server, _side(only, text, source), args.per_pid)
+        sides = [counted_stacks(_side(only, text, parse_time), args.per_pid)
                  for text in args.diff]
         choose_format(args.format, args.output, {"html": None}, default="html")
         report_class = diff_report_class()
-        labels = source.events(sides[0] + sides[1])
+        labels = _event_labels(sides[0] + sides[1])
         fmt = report_class(per_pid=args.per_pid, offsets=False, lines=args.diff_lines,
                            context=report_context({"command": "profile"}, labels))
         rows = diff_rows(sides[0], sides[1], args.per_pid)
         _write_diff(fmt, rows, args.output, getattr(report_class, "binary", False))
         return 0
-    counts = source.counted_stacks(server, only, args.per_pid)
+    counts = counted_stacks(only, args.per_pid)
     if not counts:
-        print(f"ustack: {server.address} holds no samples these filters keep", file=err)
+        print(f"ustack: {address} holds no samples these filters keep", file=err)
     name = choose_format(args.format, args.output, FORMATS, default="text")
     report_class = FORMATS[name]
     with open_output(args.output, binary=getattr(report_class, "binary", False)) as out:
         fmt = report_class(per_pid=args.per_pid, offsets=False,
                            context=report_context({"command": "profile"},
-                                                  source.events(counts)))
+                                                  _event_labels(counts)))
         for counted in counts:
             fmt.add(counted)
         fmt.finish(out)
     return 0
 
 
+def _source(text: str) -> tuple:
+    """(counted_stacks(Filter, per_pid), the address said in messages) of
+    --from's ClickHouse server or --every directory."""
+    from ..report.sinks.every_source import is_directory_source
+    if is_directory_source(text):
+        from ..report.sinks import every_source
+        return (lambda only, per_pid: every_source.counted_stacks(text, only, per_pid),
+                text)
+    from ..report.sinks import clickhouse_source
+    from ..report.sinks.clickhouse_http import Server
+    server = Server(text)
+    return (lambda only, per_pid: clickhouse_source.counted_stacks(server, only, per_pid),
+            server.address)
+
+
+def _event_labels(counts) -> list:
+    """The events of the counts, in a stable order (the formats' labels)."""
+    return sorted({sc.event for sc in counts})
+
+
 def _names(text) -> tuple:
     return tuple(n for n in (text or "").split(",") if n)
 
 
-def _side(only, text: str, source):
+def _side(only, text: str, parse_time):
     """One side of --diff with --from: START..END, or host=NAME[,NAME]."""
     if text.startswith("host="):
         return replace(only, hosts=_names(text[len("host="):]))
@@ -383,8 +403,8 @@ def _side(only, text: str, source):
     if not sep:
         raise UstackError(f"--diff {text!r}: with --from, each side is a time range "
                           "START..END or host=NAME")
-    return replace(only, since_ns=source.parse_time(start, "--diff") if start else None,
-                   until_ns=source.parse_time(end, "--diff") if end else None)
+    return replace(only, since_ns=parse_time(start, "--diff") if start else None,
+                   until_ns=parse_time(end, "--diff") if end else None)
 
 
 # -- archive -----------------------------------------------------------------------

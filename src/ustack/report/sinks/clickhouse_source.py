@@ -3,43 +3,9 @@
 filters keep, as the StackCounts every counted format takes."""
 from __future__ import annotations
 
-import calendar
-import decimal
-import time
-
 from ...model import Frame, Stack, StackCount, UstackError
-from ...values import value
 from .clickhouse_http import Server, ServerError, quote
-
-
-@value
-class Filter:
-    """What `report --from` keeps: each field empty keeps all."""
-    hosts: tuple = ()
-    comms: tuple = ()
-    pids: tuple = ()
-    containers: tuple = ()           # ids, or their first characters (docker ps shows 12)
-    since_ns: int | None = None
-    until_ns: int | None = None
-    event: str = ""
-
-
-def parse_time(text: str, option: str) -> int:
-    """--since/--until: seconds since the epoch, or an ISO time in UTC
-    (2026-11-28T10:00:00, 2026-11-28 10:00, 2026-11-28); nanoseconds."""
-    text = text.strip()
-    try:                                 # exact to the nanosecond: no float
-        return int(decimal.Decimal(text).scaleb(9).to_integral_value())
-    except (decimal.InvalidOperation, ValueError):
-        pass
-    for layout in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M",
-                   "%Y-%m-%d %H:%M", "%Y-%m-%d"):
-        try:
-            return calendar.timegm(time.strptime(text.rstrip("Z"), layout)) * 10**9
-        except ValueError:
-            continue
-    raise UstackError(f"{option} {text!r}: a time is seconds since the epoch or "
-                      "2026-11-28T10:00:00 (UTC)")
+from .filters import Filter, parse_time   # noqa: F401 (parse_time: report's, bench's)
 
 
 def where(f: Filter) -> str:
@@ -131,7 +97,3 @@ def _named(function: str) -> dict:
                     "objstart": where if prefix == "fn@0x" else 0}
     return {"function": function}
 
-
-def events(counts) -> list:
-    """The events of the counts, in a stable order (the formats' labels)."""
-    return sorted({sc.event for sc in counts})
