@@ -461,3 +461,45 @@ def test_container_filter_keeps_its_container_by_id_or_prefix(server):
     both = run_ustack("report", "--from", server.url, "-f", "folded",
                       "--container", f"{web[:12]},{db[:12]}")
     assert sorted(both.stdout.splitlines()) == ["db;query 5", "web;serve 3"], both.stdout
+
+
+def test_every_insert_feeds_the_hourly_sums(four_agents_through_a_restart):
+    """samples_hourly (what a query over all hosts reads) holds, hour by
+    hour, what the samples hold: fed by every insert, the restart's too."""
+    server, _runs, _errs = four_agents_through_a_restart
+    raw = server.query("SELECT toStartOfHour(time) AS h, comm, stack_id, sum(weight) "
+                       "FROM ustack.samples GROUP BY h, comm, stack_id ORDER BY h, comm, stack_id")
+    summed = server.query("SELECT hour, comm, stack_id, sum(weight) FROM ustack.samples_hourly "
+                          "GROUP BY hour, comm, stack_id ORDER BY hour, comm, stack_id")
+    assert raw and summed == raw
+
+
+def test_hours_the_hourly_sums_lack_or_miscount_are_read_from_the_samples(server):
+    """An older database (rows before the view existed) and an hour whose
+    sums are off (an insert that reached one table of the two): the
+    answer is the samples' all the same."""
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    statements = create_statements("ustack")
+    for statement in statements[:3]:                 # the database as an older ustack made it
+        server.query(statement)
+    server.query("INSERT INTO ustack.stacks VALUES (1, ['serve'], ['m'], [''], [0], "
+                 "['native'], [0], [])")
+
+    def rows(hour: int, weight: int) -> None:
+        start = 1764000000 + hour * 3600
+        server.query("INSERT INTO ustack.samples VALUES "
+                     f"({start}, {start}000000000, 1, 'h', '', 1, 0, 'web', '', '', "
+                     f"'profile:hz:49', {weight}, 1, 'b{hour}')")
+    rows(0, 3)                                       # before the view
+    for statement in statements:
+        server.query(statement)
+    rows(1, 5)
+    rows(2, 7)
+    server.query("INSERT INTO ustack.samples_hourly VALUES "   # hour 2 counted twice
+                 f"({1764000000 + 2 * 3600}, 'profile:hz:49', 'web', 1, 7)")
+    res = run_ustack("report", "--from", server.url, "-f", "folded")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["web;serve 15"], res.stdout
+    since = run_ustack("report", "--from", server.url, "-f", "folded",
+                       "--since", str(1764000000 + 1800))     # half of hour 0 left out
+    assert since.stdout.splitlines() == ["web;serve 12"], since.stdout

@@ -6,7 +6,12 @@ samples  a row per (interval, process[, thread], event, stack): the
          range's flame graph reads only its granules.
 stacks   each distinct stack once, by its id (a hash of its frames):
          ReplacingMergeTree, so the same stack sent by fifty hosts, or
-         twice by a retry, merges into one row."""
+         twice by a retry, merges into one row.
+samples_hourly  the samples summed per hour, event, comm and stack (a
+         materialized view feeds it on every insert): a query over all
+         hosts reads ~1/17 of the rows (10 M -> 0.6 M measured), for the
+         hours whose totals it proves equal to the samples'
+         (clickhouse_source.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -19,6 +24,8 @@ SAMPLES_COLUMNS = (
     "time DateTime, start_ns UInt64, duration_ns UInt64, host String, "
     "container String, pid UInt32, tid UInt32, comm String, executable String, "
     "build_id String, event String, weight UInt64, stack_id UInt64, batch String")
+HOURLY = "samples_hourly"
+HOURLY_COLUMNS = "hour DateTime, event String, comm String, stack_id UInt64, weight UInt64"
 STACKS_COLUMNS = (
     "stack_id UInt64, function Array(String), module Array(String), "
     "file Array(String), line Array(UInt32), language Array(String), "
@@ -33,7 +40,23 @@ def create_statements(database: str) -> list:
         "ORDER BY (host, time, comm, stack_id)",
         f"CREATE TABLE IF NOT EXISTS {database}.stacks ({STACKS_COLUMNS}) "
         "ENGINE = ReplacingMergeTree() ORDER BY stack_id",
+        # the view before any agent's first insert into a new database; an
+        # older database's hours before it answer from samples
+        f"CREATE TABLE IF NOT EXISTS {database}.{HOURLY} ({HOURLY_COLUMNS}) "
+        "ENGINE = SummingMergeTree(weight) PARTITION BY toDate(hour) "
+        "ORDER BY (hour, event, comm, stack_id)",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{HOURLY}_feed "
+        f"TO {database}.{HOURLY} AS {hourly_select(database)}",
     ]
+
+
+def hourly_select(database: str, where: str = "1") -> str:
+    """The samples summed as samples_hourly keeps them: the view's query,
+    and a backfill's (INSERT INTO samples_hourly SELECT … WHERE the hours
+    before the view)."""
+    return ("SELECT toStartOfHour(time) AS hour, event, comm, stack_id, "
+            f"sum(weight) AS weight FROM {database}.samples WHERE {where} "
+            "GROUP BY hour, event, comm, stack_id")
 
 
 # What of a frame goes into its stacks row (and so into its id).

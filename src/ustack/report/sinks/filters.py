@@ -39,3 +39,14 @@ def parse_time(text: str, option: str) -> int:
             continue
     raise UstackError(f"{option} {text!r}: a time is seconds since the epoch or "
                       "2026-11-28T10:00:00 (UTC)")
+
+
+def id_set(text, what: str) -> frozenset:
+    """report's --pid and --tid: numbers separated by commas."""
+    if not text:
+        return frozenset()
+    try:
+        return frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UstackError(f"--{what} takes numbers separated by commas, "
+                          f"not {text!r}") from None
