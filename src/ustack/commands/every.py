@@ -27,6 +27,7 @@ HOST_LABEL_ENV = "USTACK_HOST_LABEL"
 class SinkRequest:
     """--to and its settings, checked before anything is attached."""
     address: str
+    ca: str | None                   # --ca: the CA file of clickhouses://
     host: str
     queue: str
     queue_bytes: int
@@ -47,17 +48,19 @@ def sink_request(args) -> SinkRequest | None:
     to = getattr(args, "to", None)
     if not to:
         return None
-    if not to.startswith("clickhouse://"):
-        raise UstackError(f"--to {to}: ustack sends to clickhouse://HOST:PORT/DB")
+    if not to.startswith(("clickhouse://", "clickhouses://")):
+        raise UstackError(f"--to {to}: ustack sends to clickhouse://HOST:PORT/DB "
+                          "(clickhouses:// for HTTPS)")
     from ..report.sinks.clickhouse_http import Server
-    server = Server(to)                  # its one-line refusals
+    server = Server(to, ca=args.ca)      # its one-line refusals
     host = host_label(args)
     if args.queue_size <= 0:
         raise UstackError("--queue-size must be a positive number of MiB")
     queue = args.queue or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
         "ustack", "clickhouse", host)
-    return SinkRequest(server.address, host, queue, int(args.queue_size * (1 << 20)))
+    return SinkRequest(server.address, args.ca, host, queue,
+                       int(args.queue_size * (1 << 20)))
 
 
 def open_sink(request: SinkRequest | None, per_thread: bool):
@@ -67,7 +70,7 @@ def open_sink(request: SinkRequest | None, per_thread: bool):
     from ..report.sinks.clickhouse_http import Server
     from ..report.sinks.clickhouse_sink import ClickHouseSink
     from ..report.sinks.spool import Spool
-    return ClickHouseSink(Server(request.address), Spool(request.queue, request.queue_bytes),
+    return ClickHouseSink(Server(request.address, ca=request.ca), Spool(request.queue, request.queue_bytes),
                           request.host, per_thread)
 
 

@@ -26,7 +26,7 @@ def report_from(args, err: TextIOBase = sys.stderr) -> int:
     (START..END) or two hosts (host=NAME)."""
     if args.recording:
         raise UstackError(f"--from reads {args.source}; give no FILE beside it")
-    counted_stacks, address = _source(args.source)
+    counted_stacks, address = _source(args.source, args.ca)
     only = Filter(
         hosts=_names(args.host), comms=_names(args.comm),
         pids=tuple(sorted(id_set(args.pid, "pid"))),
@@ -59,17 +59,20 @@ def report_from(args, err: TextIOBase = sys.stderr) -> int:
     return 0
 
 
-def _source(text: str) -> tuple:
+def _source(text: str, ca: str | None) -> tuple:
     """(counted_stacks(Filter, per_pid), the address said in messages) of
     --from's ClickHouse server or --every directory."""
     from ..report.sinks.every_source import is_directory_source
     if is_directory_source(text):
+        if ca:
+            raise UstackError(f"--ca {ca}: a certificate is checked over HTTPS only "
+                              "(--from clickhouses://…), not in a directory")
         from ..report.sinks import every_source
         return (lambda only, per_pid: every_source.counted_stacks(text, only, per_pid),
                 text)
     from ..report.sinks import clickhouse_source
     from ..report.sinks.clickhouse_http import Server
-    server = Server(text)
+    server = Server(text, ca=ca)
     return (lambda only, per_pid: clickhouse_source.counted_stacks(server, only, per_pid),
             server.address)
 

@@ -38,15 +38,17 @@ def counted_stacks(server: Server, f: Filter, per_pid: bool = False) -> list:
     cond = where(f)
     keys = "stack_id, event, comm" + (", pid" if per_pid else "")   # comm: folded's root
     try:
-        hours = [] if per_pid or f.hosts or f.pids or f.containers else summed_hours(server, f)
-        if hours:
-            listed = ", ".join(map(str, hours))
+        split = (None if per_pid or f.hosts or f.pids or f.containers
+                 else hourly_split(server, f))
+        if split:
+            hours, rest = split
             kept = where(Filter(comms=f.comms, event=f.event))
-            sql = (f"SELECT {keys}, sum(w) FROM ("
-                   f"SELECT {keys}, weight AS w FROM {db}.{HOURLY} "
-                   f"WHERE toUInt32(hour) IN ({listed}) AND {kept} UNION ALL "
-                   f"SELECT {keys}, weight AS w FROM {db}.samples WHERE {cond} "
-                   f"AND toUInt32(toStartOfHour(time)) NOT IN ({listed})) GROUP BY {keys}")
+            sql = (f"SELECT {keys}, weight AS w FROM {db}.{HOURLY} "
+                   f"WHERE toUInt32(hour) IN ({', '.join(map(str, hours))}) AND {kept}")
+            if rest:
+                sql += (f" UNION ALL SELECT {keys}, weight AS w FROM {db}.samples "
+                        f"WHERE {cond} AND ({rest})")
+            sql = f"SELECT {keys}, sum(w) FROM ({sql}) GROUP BY {keys}"
         else:
             sql = f"SELECT {keys}, sum(weight) FROM {db}.samples WHERE {cond} GROUP BY {keys}"
         counted = server.rows(sql)
@@ -66,29 +68,43 @@ HOUR_S = 3600
 HOURS_LISTED = 20_000                # ~230 KB of query text at most (ClickHouse parses 256 KiB)
 
 
-def summed_hours(server: Server, f: Filter) -> list:
-    """The hours (their starts, seconds) within the filter's range that
-    samples_hourly may answer for: those whose total there equals the
+def hourly_split(server: Server, f: Filter) -> tuple | None:
+    """(the hours, by their starts in seconds, samples_hourly answers for;
+    what of the range is left to read from samples, a condition, '' for
+    nothing), or None when samples_hourly answers for no hour.
+
+    The hours within the filter's range whose total there equals the
     samples' own. An hour it lacks (before the view was made: an older
     database) or holds in part (an insert that reached one table of the
-    two when the server died) is read from the samples, so the answer is
-    the same either way, only slower. Cheap: time and weight of the range
+    two when the server died) is read from samples, so the answer is the
+    same either way, only slower. Cheap: time and weight of the range
     only, against a table ~17 times smaller."""
     db = server.database
     if not server.rows(f"SELECT name FROM system.tables WHERE database = {quote(db)} "
                        f"AND name = {quote(HOURLY)}"):
-        return []
+        return None
     first = 0 if f.since_ns is None else -(-f.since_ns // (HOUR_S * 10**9)) * HOUR_S
     end = None if f.until_ns is None else f.until_ns // (HOUR_S * 10**9) * HOUR_S
     if end is not None and end <= first:
-        return []
+        return None
     rng = f"time >= toDateTime({first})" + (f" AND time < toDateTime({end})" if end else "")
     raw = server.rows(f"SELECT toUInt32(toStartOfHour(time)) AS h, sum(weight) "
                       f"FROM {db}.samples WHERE {rng} GROUP BY h")
     summed = dict(server.rows(f"SELECT toUInt32(hour) AS h, sum(weight) FROM {db}.{HOURLY} "
                               f"WHERE {rng.replace('time', 'hour')} GROUP BY h"))
-    hours = sorted(int(h) for h, total in raw if summed.get(h) == total)
-    return hours[-HOURS_LISTED:]
+    hours = sorted(int(h) for h, total in raw if summed.get(h) == total)[-HOURS_LISTED:]
+    if not hours:
+        return None
+    if len(hours) < len(raw):            # some hours from samples: all but those listed
+        return hours, f"toUInt32(toStartOfHour(time)) NOT IN ({', '.join(map(str, hours))})"
+    # every hour of the whole hours proven: samples only for the part-hours at
+    # the ends (a time range the sort key's index narrows)
+    edges = []
+    if f.since_ns is not None and f.since_ns < first * 10**9:
+        edges.append(f"time < toDateTime({first})")
+    if end is not None and f.until_ns > end * 10**9:
+        edges.append(f"time >= toDateTime({end})")
+    return hours, " OR ".join(edges)
 
 
 def stacks_of(server: Server, ids: set, chunk: int = 8_000) -> dict:

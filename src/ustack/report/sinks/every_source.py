@@ -25,7 +25,7 @@ _FILE = re.compile(r"profile-\d{8}T\d{6}\.\d{3}Z\.pb\.gz\Z")
 
 
 def is_directory_source(text: str) -> bool:
-    return not text.startswith("clickhouse://")
+    return not text.startswith(("clickhouse://", "clickhouses://"))
 
 
 def interval_files(directory: str) -> list:
