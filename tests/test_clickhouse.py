@@ -464,21 +464,25 @@ def test_container_filter_keeps_its_container_by_id_or_prefix(server):
     assert sorted(both.stdout.splitlines()) == ["db;query 5", "web;serve 3"], both.stdout
 
 
-def test_every_insert_feeds_the_hourly_sums(four_agents_through_a_restart):
-    """samples_hourly (what a query over all hosts reads) holds, hour by
-    hour, what the samples hold: fed by every insert, the restart's too."""
+@pytest.mark.parametrize("table, start_of", [("samples_hourly", "toStartOfHour"),
+                                             ("samples_daily", "toStartOfDay")])
+def test_every_insert_feeds_the_sums(four_agents_through_a_restart, table, start_of):
+    """samples_hourly and samples_daily (what a query over all hosts
+    reads) hold, period by period, what the samples hold: fed by every
+    insert, the restart's too."""
     server, _runs, _errs = four_agents_through_a_restart
-    raw = server.query("SELECT toStartOfHour(time) AS h, comm, stack_id, sum(weight) "
-                       "FROM ustack.samples GROUP BY h, comm, stack_id ORDER BY h, comm, stack_id")
-    summed = server.query("SELECT hour, comm, stack_id, sum(weight) FROM ustack.samples_hourly "
-                          "GROUP BY hour, comm, stack_id ORDER BY hour, comm, stack_id")
+    raw = server.query(f"SELECT {start_of}(time) AS s, comm, stack_id, sum(weight), count() "
+                       "FROM ustack.samples GROUP BY s, comm, stack_id ORDER BY s, comm, stack_id")
+    summed = server.query(f"SELECT start, comm, stack_id, sum(weight), sum(rows) FROM "
+                          f"ustack.{table} GROUP BY start, comm, stack_id "
+                          "ORDER BY start, comm, stack_id")
     assert raw and summed == raw
 
 
-def test_hours_the_hourly_sums_lack_or_miscount_are_read_from_the_samples(server):
-    """An older database (rows before the view existed) and an hour whose
-    sums are off (an insert that reached one table of the two): the
-    answer is the samples' all the same."""
+def test_periods_the_sums_lack_or_miscount_are_read_from_the_samples(server):
+    """An older database (rows before the views existed) and an hour whose
+    sums are off (an insert that reached one table of two): the answer is
+    the samples' all the same."""
     from ustack.report.sinks.clickhouse_schema import create_statements
     statements = create_statements("ustack")
     for statement in statements[:3]:                 # the database as an older ustack made it
@@ -496,8 +500,11 @@ def test_hours_the_hourly_sums_lack_or_miscount_are_read_from_the_samples(server
         server.query(statement)
     rows(1, 5)
     rows(2, 7)
-    server.query("INSERT INTO ustack.samples_hourly VALUES "   # hour 2 counted twice
-                 f"({1764000000 + 2 * 3600}, 'profile:hz:49', 'web', 1, 7)")
+    hour2 = 1764000000 + 2 * 3600            # hour 2 counted twice
+    server.query(f"INSERT INTO ustack.samples_hourly VALUES ({hour2}, 'profile:hz:49', "
+                 "'web', 1, 7, 1)")
+    server.query("INSERT INTO ustack.samples_daily SELECT toStartOfDay(toDateTime("
+                 f"{hour2})), 'profile:hz:49', 'web', 1, 7, 1")   # its day: as many rows
     res = run_ustack("report", "--from", server.url, "-f", "folded")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["web;serve 15"], res.stdout
