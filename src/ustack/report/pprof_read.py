@@ -38,13 +38,19 @@ def read_pprof(path: str, data: bytes) -> PprofFile:
         raise UstackError(f"{path}: not a pprof file ({type(e).__name__})") from None
     if not p.sample_type:
         raise UstackError(f"{path}: not a pprof file (no sample types)")
-    names = p.string_table
+    names = list(p.string_table)        # (a protobuf list's len() costs ~4 us)
+    count = len(names)
 
     def text(i: int) -> str:
-        return names[i] if 0 <= i < len(names) else ""
+        return names[i] if 0 <= i < count else ""
     functions = {f.id: (text(f.name), text(f.system_name), text(f.filename))
                  for f in p.function}
-    mappings = {m.id: text(m.filename) for m in p.mapping}
+    mappings = {}
+    for m in p.mapping:                  # path, module, kernel's
+        path = text(m.filename)
+        kernel = path == KERNEL_MAPPING
+        mappings[m.id] = ("" if kernel else path,
+                          KERNEL_MODULE if kernel else os.path.basename(path), kernel)
     locations = {loc.id: _frames(loc, functions, mappings) for loc in p.location}
     default_event = _event(p, text)
     counts = []
@@ -73,15 +79,17 @@ def _event(p, text) -> str:
     return text(p.sample_type[0].type)
 
 
+_NO_MAPPING = ("", "", False)
+
+
 def _frames(loc, functions: dict, mappings: dict) -> tuple:
     """A Location's frames, innermost first: its inlined calls, then the
     function they were inlined into."""
-    path = mappings.get(loc.mapping_id, "")
-    kernel = path == KERNEL_MAPPING
-    module = KERNEL_MODULE if kernel else os.path.basename(path)
+    path, module, kernel = mappings.get(loc.mapping_id, _NO_MAPPING)
     frames = []
-    last = len(loc.line) - 1
-    for i, line in enumerate(loc.line):
+    lines = list(loc.line)
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
         name, system, file = functions.get(line.function_id, ("", "", ""))
         inlined = i < last
         if system.startswith("py::"):            # a Python frame (pprof.py's system name)
@@ -89,11 +97,10 @@ def _frames(loc, functions: dict, mappings: dict) -> tuple:
                                 line=line.line, kind="python"))
             continue
         named = _unnamed(name, module)
-        frames.append(Frame(loc.address, module, path="" if kernel else path,
-                            file=file, line=line.line, inlined=inlined,
-                            **(named or {"function": name})))
+        frames.append(Frame(loc.address, module, path=path, file=file, line=line.line,
+                            inlined=inlined, **(named or {"function": name})))
     if not frames:                               # an address no function names
-        frames.append(Frame(loc.address, module, path="" if kernel else path))
+        frames.append(Frame(loc.address, module, path=path))
     return kernel, tuple(frames)
 
 
