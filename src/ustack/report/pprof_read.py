@@ -27,9 +27,41 @@ class PprofFile:
     counts: tuple                    # StackCounts, pid always kept
 
 
-def read_pprof(path: str, data: bytes) -> PprofFile:
+class Shared:
+    """What the files of one directory share: a location's frames and a
+    stack made once for all of them (the same code, file after file), so
+    that a report names each once (formats memoize by object)."""
+
+    LIMIT = 500_000                  # entries of each; past it, started afresh
+
+    def __init__(self):
+        self.locations: dict = {}    # a location's content -> (kernel's, its frames)
+        self.stacks: dict = {}       # its locations' (by identity) and notes -> Stack
+
+    def location(self, key: tuple, made) -> tuple:
+        found = self.locations.get(key)
+        if found is None:
+            if len(self.locations) >= self.LIMIT:
+                self.locations.clear()
+                self.stacks.clear()  # (keyed by the identity of what was cleared)
+            found = self.locations[key] = made()
+        return found
+
+    def stack(self, located: tuple, notes: tuple) -> Stack:
+        key = (tuple(map(id, located)), notes)
+        found = self.stacks.get(key)
+        if found is None:
+            if len(self.stacks) >= self.LIMIT:
+                self.stacks.clear()
+            found = self.stacks[key] = _stack(located, notes)
+        return found
+
+
+def read_pprof(path: str, data: bytes, shared: Shared | None = None) -> PprofFile:
     """`data`, the bytes of `path` (gzip'd profile.proto); a one-line
-    UstackError when it is not one."""
+    UstackError when it is not one. `shared`: what files read before it
+    made, used again."""
+    shared = shared or Shared()
     from .pprof_proto import Profile     # protobuf: paid only by readers
     try:
         raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
@@ -51,7 +83,13 @@ def read_pprof(path: str, data: bytes) -> PprofFile:
         kernel = path == KERNEL_MAPPING
         mappings[m.id] = ("" if kernel else path,
                           KERNEL_MODULE if kernel else os.path.basename(path), kernel)
-    locations = {loc.id: _frames(loc, functions, mappings) for loc in p.location}
+    locations = {}
+    for loc in p.location:
+        lines = tuple((functions.get(line.function_id, _NO_FUNCTION), line.line)
+                      for line in loc.line)
+        mapping = mappings.get(loc.mapping_id, _NO_MAPPING)
+        locations[loc.id] = shared.location(
+            (loc.address, mapping, lines), lambda: _frames(loc.address, lines, mapping))
     default_event = _event(p, text)
     counts = []
     stacks: dict = {}
@@ -62,7 +100,8 @@ def read_pprof(path: str, data: bytes) -> PprofFile:
         notes = tuple(str(labels["note"]).split("; ")) if labels.get("note") else ()
         stack = stacks.get((ids, notes))
         if stack is None:
-            stack = stacks[(ids, notes)] = _stack(ids, locations, notes)
+            stack = stacks[(ids, notes)] = shared.stack(
+                tuple(locations.get(i, _NOWHERE) for i in ids), notes)
         event = labels.get("event") or default_event
         counts.append(StackCount(str(labels.get("comm", "")), int(labels.get("pid") or 0),
                                  stack, int(s.value[0]) if s.value else 0, str(event)))
@@ -80,27 +119,26 @@ def _event(p, text) -> str:
 
 
 _NO_MAPPING = ("", "", False)
+_NO_FUNCTION = ("", "", "")
+_NOWHERE = (False, ())                   # a location id the file does not have
 
 
-def _frames(loc, functions: dict, mappings: dict) -> tuple:
-    """A Location's frames, innermost first: its inlined calls, then the
-    function they were inlined into."""
-    path, module, kernel = mappings.get(loc.mapping_id, _NO_MAPPING)
+def _frames(address: int, lines: tuple, mapping: tuple) -> tuple:
+    """(kernel's, a Location's frames, innermost first): its inlined calls,
+    then the function they were inlined into."""
+    path, module, kernel = mapping
     frames = []
-    lines = list(loc.line)
     last = len(lines) - 1
-    for i, line in enumerate(lines):
-        name, system, file = functions.get(line.function_id, ("", "", ""))
-        inlined = i < last
+    for i, ((name, system, file), line) in enumerate(lines):
         if system.startswith("py::"):            # a Python frame (pprof.py's system name)
             frames.append(Frame(0, os.path.basename(file), function=name, file=file,
-                                line=line.line, kind="python"))
+                                line=line, kind="python"))
             continue
         named = _unnamed(name, module)
-        frames.append(Frame(loc.address, module, path=path, file=file, line=line.line,
-                            inlined=inlined, **(named or {"function": name})))
+        frames.append(Frame(address, module, path=path, file=file, line=line,
+                            inlined=i < last, **(named or {"function": name})))
     if not frames:                               # an address no function names
-        frames.append(Frame(loc.address, module, path=path))
+        frames.append(Frame(address, module, path=path))
     return kernel, tuple(frames)
 
 
@@ -121,16 +159,16 @@ def _unnamed(name: str, module: str) -> dict | None:
     return None
 
 
-def _stack(ids: tuple, locations: dict, notes: tuple) -> Stack:
-    """The stack of a sample's locations (leaf first); kernel frames, first,
-    end at the separator, as live stacks have them."""
+def _stack(located: tuple, notes: tuple) -> Stack:
+    """The stack of a sample's locations (leaf first, each (kernel's,
+    frames)); kernel frames, first, end at the separator, as live stacks
+    have them."""
     frames: list = []
     kernel_seen = False
-    for i in ids:
-        kernel, located = locations.get(i, (False, ()))
+    for kernel, at in located:
         if kernel_seen and not kernel:
             frames.append(SEPARATOR)
             kernel_seen = False
         kernel_seen = kernel_seen or kernel
-        frames.extend(located)
+        frames.extend(at)
     return Stack(tuple(frames), notes)

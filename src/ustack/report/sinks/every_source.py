@@ -17,7 +17,7 @@ import time
 
 from ...model import StackCount, UstackError
 from ..pprof import HOST_COMMENT
-from ..pprof_read import read_pprof
+from ..pprof_read import Shared, read_pprof
 from .filters import Filter
 
 # commands/every.file_name(): profile-20261127T041500.123Z.pb.gz
@@ -48,6 +48,7 @@ def counted_stacks(directory: str, f: Filter, per_pid: bool = False) -> list:
         raise UstackError("--container: the pprof files of --every label samples by pid "
                           "and comm, not by container; --container reads clickhouse://")
     comms, pids = set(f.comms), set(f.pids)
+    shared = Shared()                    # one program's frames, file after file
     out = []
     for name in interval_files(directory):
         if not _may_hold(name, f):
@@ -58,7 +59,7 @@ def counted_stacks(directory: str, f: Filter, per_pid: bool = False) -> list:
                 data = file.read()
         except OSError as e:
             raise UstackError(f"{path}: {e.strerror}") from None
-        interval = read_pprof(path, data)
+        interval = read_pprof(path, data, shared)
         if not _kept(interval, f):
             continue
         for sc in interval.counts:
