@@ -11,7 +11,8 @@ clickhouse-server (Debian's 18.16) on free loopback ports:
    intervals x 200 stacks, 5000 distinct stacks of 20 frames): the wall
    time of `ustack report --from` (Python's start-up included), best of 3.
 
-    python3 bench/clickhouse.py [SECONDS]   (default 120; root: the whole machine)
+    python3 bench/clickhouse.py [SECONDS]   (default 120; root: the whole machine;
+                                             0: the queries only)
 """
 from __future__ import annotations
 
@@ -132,17 +133,22 @@ def ten_million(port: int, url: str) -> None:
     query(port, SYNTHETIC)
     query(port, SYNTHETIC_STACKS)
     query(port, "OPTIMIZE TABLE ustack.samples FINAL")
+    query(port, "OPTIMIZE TABLE ustack.samples_hourly FINAL")
+    query(port, "OPTIMIZE TABLE ustack.samples_daily FINAL")
     built = time.monotonic() - t
     rows = query(port, "SELECT count() FROM ustack.samples WHERE batch LIKE "
                        "'synthetic/%'").strip()
     size = query(port, "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = "
                        "'ustack' AND table = 'samples' AND active").strip()
+    hourly = query(port, "SELECT count() FROM ustack.samples_hourly").strip()
+    daily = query(port, "SELECT count() FROM ustack.samples_daily").strip()
     print(f"## Queries over {int(rows):,} synthetic interval rows "
-          f"({int(size) / 1e6:.0f} MB on disk, built in {built:.0f} s)\n")
+          f"({int(size) / 1e6:.0f} MB on disk, built in {built:.0f} s; "
+          f"{int(hourly):,} rows in samples_hourly, {int(daily):,} in samples_daily)\n")
     print("| query | ustack report wall s (best of 3, start-up included) | ClickHouse's "
-          "own s (its two queries) | lines out |")
-    print("|---|---:|---:|---:|")
-    from ustack.report.sinks.clickhouse_source import Filter, parse_time, where
+          "own s (its queries) | rows read | MB read | lines out |")
+    print("|---|---:|---:|---:|---:|---:|")
+    from ustack.report.sinks.filters import Filter, parse_time
     hour = ("2025-11-24T16:00:00", "2025-11-24T17:00:00")
     since, until = parse_time(hour[0], ""), parse_time(hour[1], "")
     for label, args, only in (
@@ -161,34 +167,43 @@ def ten_million(port: int, url: str) -> None:
             if res.returncode != 0:
                 raise SystemExit(res.stderr)
             best, out = min(best or took, took), res.stdout
-        print(f"| {label} | {best:.2f} | {server_seconds(port, only):.2f} | "
+        took, rows, read = server_seconds(port, only)
+        print(f"| {label} | {best:.2f} | {took:.2f} | {rows:,} | {read / 1e6:.0f} | "
               f"{len(out.splitlines())} |")
     t = time.monotonic()
     res = ustack("report", "--from", url, "--diff", "host=host1", "host=host2",
                  "-o", "/dev/null")
-    print(f"| --diff host=host1 host=host2 (HTML) | {time.monotonic() - t:.2f} | | |")
+    print(f"| --diff host=host1 host=host2 (HTML) | {time.monotonic() - t:.2f} | | | | |")
     if res.returncode != 0:
         raise SystemExit(res.stderr)
 
 
-def server_seconds(port: int, only) -> float:
-    """What ClickHouse itself took for report --from's two queries (its
-    own `elapsed`), best of 3."""
+def server_seconds(port: int, only) -> tuple:
+    """What ClickHouse itself took for report --from's queries (its own
+    `elapsed`, summed over them; best of 3), and the rows and bytes they
+    read: the queries of clickhouse_source.counted_stacks, as it makes them."""
     import json
-    from ustack.report.sinks.clickhouse_source import where
-    cond = where(only)
+    from ustack.report.sinks import clickhouse_source
+    from ustack.report.sinks.clickhouse_http import Server
+
+    class Timed(Server):
+        spent = [0.0, 0, 0]
+
+        def table(self, sql, columns):
+            """The same query, in JSON, for ClickHouse's statistics of it."""
+            answer = json.loads(self.query(sql + " FORMAT JSONCompact"))
+            stats = answer["statistics"]
+            self.spent[0] += stats["elapsed"]
+            self.spent[1] += stats["rows_read"]
+            self.spent[2] += stats["bytes_read"]
+            return [[str(v) for v in row] for row in answer["data"]]
     best = None
     for _ in range(3):
-        agg = json.loads(query(port, "SELECT stack_id, event, comm, sum(weight) FROM "
-                               f"ustack.samples WHERE {cond} GROUP BY stack_id, event, comm "
-                               "FORMAT JSONCompact"))
-        ids = ", ".join(sorted({str(r[0]) for r in agg["data"]})) or "0"
-        stacks = json.loads(query(port, "SELECT stack_id, any(function) FROM ustack.stacks "
-                                  f"WHERE stack_id IN ({ids}) GROUP BY stack_id "
-                                  "FORMAT JSONCompact"))
-        took = agg["statistics"]["elapsed"] + stacks["statistics"]["elapsed"]
-        best = took if best is None else min(best, took)
-    return best
+        server = Timed(f"clickhouse://127.0.0.1:{port}/ustack")
+        server.spent = [0.0, 0, 0]
+        clickhouse_source.counted_stacks(server, only)
+        best = server.spent if best is None or server.spent[0] < best[0] else best
+    return tuple(best)
 
 
 def main() -> None:
@@ -200,7 +215,8 @@ def main() -> None:
         try:
             print(f"(ClickHouse {query(port, 'SELECT version()').strip()}, "
                   f"{os.cpu_count()} CPUs, load average {load:.1f} at the start)\n")
-            host_hour(port, url, seconds, os.path.join(root, "queue"))
+            if seconds:                  # 0: the queries only
+                host_hour(port, url, seconds, os.path.join(root, "queue"))
             ten_million(port, url)
         finally:
             proc.terminate()

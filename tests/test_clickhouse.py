@@ -41,11 +41,12 @@ class ClickHouse:
     """A clickhouse-server of this test's own: its data under `root`,
     every port free and on 127.0.0.1; stop() and start() keep its data."""
 
-    def __init__(self, root):
+    def __init__(self, root, extra=()):
         if shutil.which("clickhouse-server") is None or not os.path.exists(CONFIG):
             pytest.skip("clickhouse-server is not installed (apt-get install "
                         "clickhouse-server)")
         self.root = root
+        self.extra = tuple(extra)            # more of the server's settings
         self.http = free_port()
         self.proc = None
         self.ports = (free_port(), free_port())
@@ -62,7 +63,7 @@ class ClickHouse:
                 f"--http_port={self.http}", f"--tcp_port={self.ports[0]}",
                 f"--interserver_http_port={self.ports[1]}",
                 "--listen_host=127.0.0.1", f"--logger.log={self.root}/log",
-                f"--logger.errorlog={self.root}/errlog", "--logger.console=0"]
+                f"--logger.errorlog={self.root}/errlog", "--logger.console=0", *self.extra]
         self.proc = subprocess.Popen(["clickhouse-server", f"--config-file={CONFIG}", "--",
                                       *args], cwd=self.root, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
@@ -461,3 +462,73 @@ def test_container_filter_keeps_its_container_by_id_or_prefix(server):
     both = run_ustack("report", "--from", server.url, "-f", "folded",
                       "--container", f"{web[:12]},{db[:12]}")
     assert sorted(both.stdout.splitlines()) == ["db;query 5", "web;serve 3"], both.stdout
+
+
+@pytest.mark.parametrize("table, start_of", [("samples_hourly", "toStartOfHour"),
+                                             ("samples_daily", "toStartOfDay")])
+def test_every_insert_feeds_the_sums(four_agents_through_a_restart, table, start_of):
+    """samples_hourly and samples_daily (what a query over all hosts
+    reads) hold, period by period, what the samples hold: fed by every
+    insert, the restart's too."""
+    server, _runs, _errs = four_agents_through_a_restart
+    raw = server.query(f"SELECT {start_of}(time) AS s, comm, stack_id, sum(weight), count() "
+                       "FROM ustack.samples GROUP BY s, comm, stack_id ORDER BY s, comm, stack_id")
+    summed = server.query(f"SELECT start, comm, stack_id, sum(weight), sum(rows) FROM "
+                          f"ustack.{table} GROUP BY start, comm, stack_id "
+                          "ORDER BY start, comm, stack_id")
+    assert raw and summed == raw
+
+
+def test_periods_the_sums_lack_or_miscount_are_read_from_the_samples(server):
+    """An older database (rows before the views existed) and an hour whose
+    sums are off (an insert that reached one table of two): the answer is
+    the samples' all the same."""
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    statements = create_statements("ustack")
+    for statement in statements[:3]:                 # the database as an older ustack made it
+        server.query(statement)
+    server.query("INSERT INTO ustack.stacks VALUES (1, ['serve'], ['m'], [''], [0], "
+                 "['native'], [0], [])")
+
+    def rows(hour: int, weight: int) -> None:
+        start = 1764000000 + hour * 3600
+        server.query("INSERT INTO ustack.samples VALUES "
+                     f"({start}, {start}000000000, 1, 'h', '', 1, 0, 'web', '', '', "
+                     f"'profile:hz:49', {weight}, 1, 'b{hour}')")
+    rows(0, 3)                                       # before the view
+    for statement in statements:
+        server.query(statement)
+    rows(1, 5)
+    rows(2, 7)
+    hour2 = 1764000000 + 2 * 3600            # hour 2 counted twice
+    server.query(f"INSERT INTO ustack.samples_hourly VALUES ({hour2}, 'profile:hz:49', "
+                 "'web', 1, 7, 1)")
+    server.query("INSERT INTO ustack.samples_daily SELECT toStartOfDay(toDateTime("
+                 f"{hour2})), 'profile:hz:49', 'web', 1, 7, 1")   # its day: as many rows
+    res = run_ustack("report", "--from", server.url, "-f", "folded")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["web;serve 15"], res.stdout
+    since = run_ustack("report", "--from", server.url, "-f", "folded",
+                       "--since", str(1764000000 + 1800))     # half of hour 0 left out
+    assert since.stdout.splitlines() == ["web;serve 12"], since.stdout
+
+
+def test_a_range_cutting_hours_reads_its_ends_from_the_samples(server):
+    """Every hour proven in samples_hourly: the part-hours at a range's
+    ends come from the samples, the whole hours from the sums."""
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    for statement in create_statements("ustack"):
+        server.query(statement)
+    server.query("INSERT INTO ustack.stacks VALUES (1, ['serve'], ['m'], [''], [0], "
+                 "['native'], [0], [])")
+    base = 1764000000                                 # an hour's start
+    for at, weight in ((0, 1), (1800, 2), (3600, 4), (5400, 8), (7200, 16)):
+        server.query("INSERT INTO ustack.samples VALUES "
+                     f"({base + at}, {base + at}000000000, 1, 'h', '', 1, 0, 'web', '', '', "
+                     f"'profile:hz:49', {weight}, 1, 'b{at}')")
+    for since, until, total in ((900, None, 30), (None, 5400, 7), (1800, 5401, 14),
+                                (0, 7200, 15), (3600, 3601, 4)):
+        args = (["--since", str(base + since)] if since is not None else []) + (
+            ["--until", str(base + until)] if until is not None else [])
+        res = run_ustack("report", "--from", server.url, "-f", "folded", *args)
+        assert res.stdout.splitlines() == [f"web;serve {total}"], (args, res.stderr)

@@ -24,7 +24,7 @@ COMMANDS = {
     "funccount": (a.add_funccount, "run"), "latency": (a.add_latency, "latency"),
     "memleak": (a.add_memleak, "memleak"), "list": (a.add_list, "list"),
     "dump": (a.add_dump, "dump"),
-    "record": (a.add_record, "record"), "report": (a.add_report, "record"),
+    "record": (a.add_record, "record"), "report": (a.add_report, "report"),
     "archive": (a.add_archive, "record"),
 }
 

@@ -46,6 +46,7 @@ class Options:
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
     every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
     to: object | None = None            # --every --to: commands.every.SinkRequest
+    host: str = ""                      # --every: this machine's label, in files and rows
 
     @property
     def js_named(self) -> bool:

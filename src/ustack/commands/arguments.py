@@ -184,12 +184,16 @@ def add_profile(sub) -> None:
 
 def sink_args(p) -> None:
     """--every's destination besides (or instead of) -o DIR/."""
-    p.add_argument("--to", metavar="clickhouse://HOST:PORT/DB",
-                   help="--every: send each interval to ClickHouse (HTTP port; user "
+    p.add_argument("--to", metavar="clickhouse[s]://HOST:PORT/DB",
+                   help="--every: send each interval to ClickHouse (HTTP port, or "
+                        "HTTPS with clickhouses://; user "
                         "and password from USTACK_CLICKHOUSE_USER/_PASSWORD or the "
                         "file USTACK_CLICKHOUSE_CREDENTIALS names)")
+    p.add_argument("--ca", metavar="FILE",
+                   help="--to clickhouses://: the CA certificate (PEM) the server's is "
+                        "checked against (default: the system's)")
     p.add_argument("--host-label", metavar="NAME",
-                   help="--to: this machine's name in the rows (default "
+                   help="--every: this machine's name in the rows and files (default "
                         "$USTACK_HOST_LABEL, else the hostname)")
     p.add_argument("--queue", metavar="DIR",
                    help="--to: where intervals wait while the server is away "
@@ -410,8 +414,12 @@ def add_report(sub) -> None:
                         "written as HTML only (-o FILE.html, or stdout); with "
                         "--from: two time ranges (START..END) or two hosts "
                         "(host=NAME)")
-    p.add_argument("--from", dest="source", metavar="clickhouse://HOST:PORT/DB",
-                   help="read the intervals `--every --to` sent, instead of FILE")
+    p.add_argument("--from", dest="source", metavar="clickhouse[s]://HOST:PORT/DB | DIR/",
+                   help="read the intervals `--every --to` sent, or the pprof files "
+                        "`--every -o DIR/` wrote, instead of FILE")
+    p.add_argument("--ca", metavar="FILE",
+                   help="--from clickhouses://: the CA certificate (PEM) the server's "
+                        "is checked against (default: the system's)")
     p.add_argument("--host", metavar="NAME,…", help="--from: only these hosts")
     p.add_argument("--container", metavar="ID,…",
                    help="--from: only these containers (their ids, or the ids' first "

@@ -27,9 +27,20 @@ HOST_LABEL_ENV = "USTACK_HOST_LABEL"
 class SinkRequest:
     """--to and its settings, checked before anything is attached."""
     address: str
+    ca: str | None                   # --ca: the CA file of clickhouses://
     host: str
     queue: str
     queue_bytes: int
+
+
+def host_label(args) -> str:
+    """This machine's name in its rows and files: --host-label, else
+    $USTACK_HOST_LABEL, else the hostname."""
+    host = (getattr(args, "host_label", None) or os.environ.get(HOST_LABEL_ENV)
+            or os.uname().nodename)
+    if not host or any(c in host for c in "/\n\0"):
+        raise UstackError(f"--host-label {host!r}: a name without / or newlines")
+    return host
 
 
 def sink_request(args) -> SinkRequest | None:
@@ -37,19 +48,19 @@ def sink_request(args) -> SinkRequest | None:
     to = getattr(args, "to", None)
     if not to:
         return None
-    if not to.startswith("clickhouse://"):
-        raise UstackError(f"--to {to}: ustack sends to clickhouse://HOST:PORT/DB")
+    if not to.startswith(("clickhouse://", "clickhouses://")):
+        raise UstackError(f"--to {to}: ustack sends to clickhouse://HOST:PORT/DB "
+                          "(clickhouses:// for HTTPS)")
     from ..report.sinks.clickhouse_http import Server
-    server = Server(to)                  # its one-line refusals
-    host = args.host_label or os.environ.get(HOST_LABEL_ENV) or os.uname().nodename
-    if not host or any(c in host for c in "/\n\0"):
-        raise UstackError(f"--host-label {host!r}: a name without / or newlines")
+    server = Server(to, ca=args.ca)      # its one-line refusals
+    host = host_label(args)
     if args.queue_size <= 0:
         raise UstackError("--queue-size must be a positive number of MiB")
     queue = args.queue or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
         "ustack", "clickhouse", host)
-    return SinkRequest(server.address, host, queue, int(args.queue_size * (1 << 20)))
+    return SinkRequest(server.address, args.ca, host, queue,
+                       int(args.queue_size * (1 << 20)))
 
 
 def open_sink(request: SinkRequest | None, per_thread: bool):
@@ -59,7 +70,7 @@ def open_sink(request: SinkRequest | None, per_thread: bool):
     from ..report.sinks.clickhouse_http import Server
     from ..report.sinks.clickhouse_sink import ClickHouseSink
     from ..report.sinks.spool import Spool
-    return ClickHouseSink(Server(request.address), Spool(request.queue, request.queue_bytes),
+    return ClickHouseSink(Server(request.address, ca=request.ca), Spool(request.queue, request.queue_bytes),
                           request.host, per_thread)
 
 
@@ -141,7 +152,7 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
     too; `dir_fd` None: no files. A file's
     time and duration are its interval's bounds, within which every one of
     its samples was taken (by the kernel's timestamps)."""
-    from ..report.pprof import PprofReport     # here: every other run skips its import
+    from ..report.pprof import HOST_COMMENT, PprofReport   # here: other runs skip it
     opts = session.opts
     base = run_context(opts.command, session.labels, getattr(session.probes[0], "hz", None))
     cost = _OwnCost()
@@ -154,6 +165,8 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
         duration_ns = int((interval.end - interval.start) * 1e9)
         now = time.monotonic()
         comments = cost.since_last(now - written)
+        if opts.host:
+            comments = (f"{HOST_COMMENT}{opts.host}",) + comments
         partial = interval.partial and (f"a partial interval: {duration_ns / 1e9:.3f} s "
                                         f"of {seconds:g} s, the run ended "
                                         f"({_why_ended(session)})")

@@ -11,14 +11,15 @@ from typing import NamedTuple
 from io import TextIOBase
 
 from .run import run_session
-from ..model import CommEvent, StackCount, UstackError
+from ..model import CommEvent, UstackError
 from ..defaults import DEFAULT_PROFILE_HZ, DEFAULT_RECORDING, REPORT_DEBUGINFOD_WAIT_S
 from ..options import (Options, check_frequency, check_stack_storage, run_options,
                        symbol_options)
-from ..report.aggregate import stack_identity
+from ..report.diff import diff_report_class, diff_rows, write_diff
 from ..recording.archive import copy_objects
 from ..report.formats import EVENT_FORMATS, FORMATS, ReportContext, run_context
 from ..report.output import choose_format, open_output
+from ..report.sinks.filters import id_set
 from ..report.summary import write_summary
 from ..session import Session
 from ..target.sample_filter import SampleFilter
@@ -37,14 +38,12 @@ def main(args) -> int:
     """`ustack record|report|archive` from their parsed arguments."""
     if args.cmd == "record":
         return record(record_options(args), archive=args.archive)
-    if getattr(args, "source", None):
-        return report_from(args)
     recording = args.recording or DEFAULT_RECORDING
     if args.cmd == "archive":
         return archive_command(recording, args.output)
     request = ReportRequest(
         recording, args.format, args.output, tuple(args.objects),
-        SampleFilter(_id_set(args.pid, "pid"), _id_set(args.tid, "tid"),
+        SampleFilter(id_set(args.pid, "pid"), id_set(args.tid, "tid"),
                      frozenset(c for c in (args.comm or "").split(",") if c)),
         args.per_pid, args.offsets, args.render_as)
     opts = Options(symbols=symbol_options(args))
@@ -57,17 +56,6 @@ def main(args) -> int:
                                          args.per_pid, args.offsets),
                            before, opts, lines=args.diff_lines)
     return report(request, opts)
-
-
-def _id_set(text, what: str) -> frozenset:
-    """report's --pid and --tid: numbers separated by commas."""
-    if not text:
-        return frozenset()
-    try:
-        return frozenset(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UstackError(f"--{what} takes numbers separated by commas, "
-                          f"not {text!r}") from None
 
 
 # -- record ------------------------------------------------------------------------
@@ -245,14 +233,6 @@ def _events(session: Session, fmt) -> None:
 
 # -- report --diff -----------------------------------------------------------------
 
-class DiffRow(NamedTuple):
-    """One stack (as the formats merge stacks: named frames) and its counts
-    in the first recording (before) and the second (after)."""
-    stack: StackCount                   # comm, pid, stack and event of either run
-    before: int
-    after: int
-
-
 def replay_counts(path: str, opts: Options, objects=(), keep=None) -> tuple:
     """(StackCounts, warnings, ReportContext) of one recording."""
     with Session.replay(path, opts, objects, keep=keep) as session:
@@ -260,31 +240,6 @@ def replay_counts(path: str, opts: Options, objects=(), keep=None) -> tuple:
         warnings = session.capture.warnings + session.resolver.warnings
         context = report_context(session.capture.header, session.labels)
     return counts, warnings, context
-
-
-def diff_rows(before, after, per_pid: bool = False, offsets: bool = False) -> list:
-    """The StackCounts of two runs paired by identity (report/aggregate's
-    stack_identity): a row per stack seen in either, with both counts."""
-    rows: dict = {}
-    for side, counts in ((0, before), (1, after)):
-        for sc in counts:
-            key = stack_identity(sc, per_pid, offsets)
-            have = rows.get(key)
-            if have is None:
-                have = rows[key] = [sc, 0, 0]
-            have[1 + side] += sc.count
-    return [DiffRow(sc, a, b) for sc, a, b in rows.values()]
-
-
-def diff_report_class():
-    """The differential flame graph's class, or why there is none."""
-    try:
-        from ..report.flamegraph_html import DiffFlameGraphReport
-    except ImportError:
-        raise UstackError("differential flame graphs need the HTML flame graph "
-                          "(report/flamegraph_html.py: DiffFlameGraphReport), "
-                          "which this ustack does not have") from None
-    return DiffFlameGraphReport
 
 
 def report_diff(request: ReportRequest, before_path: str, opts: Options,
@@ -307,84 +262,9 @@ def report_diff(request: ReportRequest, before_path: str, opts: Options,
     rows = diff_rows(sides[0], sides[1], request.per_pid, request.offsets)
     fmt = report_class(per_pid=request.per_pid, offsets=request.offsets,
                        context=context, lines=lines)   # the second run's (B's widths)
-    _write_diff(fmt, rows, request.output, getattr(report_class, "binary", False))
+    write_diff(fmt, rows, request.output, getattr(report_class, "binary", False))
     write_summary(err, warnings=warnings)
     return 0
-
-
-def _write_diff(fmt, rows, output: str | None, binary: bool) -> None:
-    """A differential report of diff_rows(): the baseline's counts first."""
-    with open_output(output, binary=binary) as out:
-        for row in rows:
-            if row.before:
-                fmt.add_before(_with_count(row.stack, row.before))
-        for row in rows:
-            if row.after:
-                fmt.add(_with_count(row.stack, row.after))
-        fmt.finish(out)
-
-
-def _with_count(sc: StackCount, n: int) -> StackCount:
-    return StackCount(sc.comm, sc.pid, sc.stack, n, sc.event)
-
-
-# -- report --from clickhouse://… ------------------------------------------------
-
-def report_from(args, err: TextIOBase = sys.stderr) -> int:
-    """`report --from`: what --every --to sent, in any counted format, or
-    --diff of two time ranges (START..END) or two hosts (host=NAME)."""
-    from ..report.sinks import clickhouse_source as source
-    from ..report.sinks.clickhouse_http import Server
-    if args.recording:
-        raise UstackError("--from reads a ClickHouse server; give no FILE beside it")
-    server = Server(args.source)
-    only = source.Filter(
-        hosts=_names(args.host), comms=_names(args.comm),
-        pids=tuple(sorted(_id_set(args.pid, "pid"))),
-        containers=_names(args.container),
-        since_ns=source.parse_time(args.since, "--since") if args.since else None,
-        until_ns=source.parse_time(args.until, "--until") if args.until else None,
-        event=args.event or "")
-    if args.diff:
-        sides = [source.counted_stacks(server, _side(only, text, source), args.per_pid)
-                 for text in args.diff]
-        choose_format(args.format, args.output, {"html": None}, default="html")
-        report_class = diff_report_class()
-        labels = source.events(sides[0] + sides[1])
-        fmt = report_class(per_pid=args.per_pid, offsets=False, lines=args.diff_lines,
-                           context=report_context({"command": "profile"}, labels))
-        rows = diff_rows(sides[0], sides[1], args.per_pid)
-        _write_diff(fmt, rows, args.output, getattr(report_class, "binary", False))
-        return 0
-    counts = source.counted_stacks(server, only, args.per_pid)
-    if not counts:
-        print(f"ustack: {server.address} holds no samples these filters keep", file=err)
-    name = choose_format(args.format, args.output, FORMATS, default="text")
-    report_class = FORMATS[name]
-    with open_output(args.output, binary=getattr(report_class, "binary", False)) as out:
-        fmt = report_class(per_pid=args.per_pid, offsets=False,
-                           context=report_context({"command": "profile"},
-                                                  source.events(counts)))
-        for counted in counts:
-            fmt.add(counted)
-        fmt.finish(out)
-    return 0
-
-
-def _names(text) -> tuple:
-    return tuple(n for n in (text or "").split(",") if n)
-
-
-def _side(only, text: str, source):
-    """One side of --diff with --from: START..END, or host=NAME[,NAME]."""
-    if text.startswith("host="):
-        return replace(only, hosts=_names(text[len("host="):]))
-    start, sep, end = text.partition("..")
-    if not sep:
-        raise UstackError(f"--diff {text!r}: with --from, each side is a time range "
-                          "START..END or host=NAME")
-    return replace(only, since_ns=source.parse_time(start, "--diff") if start else None,
-                   until_ns=source.parse_time(end, "--diff") if end else None)
 
 
 # -- archive -----------------------------------------------------------------------

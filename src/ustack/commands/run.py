@@ -71,9 +71,10 @@ def main(args) -> int:
         opts.stack_storage = args.stack_storage_size
         opts.record = args.record
         if args.every is not None or args.to:     # (its module imports only then)
-            from .every import check_every, sink_request
+            from .every import check_every, host_label, sink_request
             check_every(args.every, args.output, args.format, args.record, args.to)
             opts.to = sink_request(args)
+            opts.host = host_label(args)
         _check_every_directory(args.every, args.output)
         opts.every = args.every
         opts.weight = getattr(args, "weight", None)

@@ -45,13 +45,23 @@ def format_folded(counts, per_pid: bool = False, timed: bool = False,
     line starts with its event)."""
     lines: dict = {}
     by_event = len(events) > 1 or len({sc.event for sc in counts}) > 1
+    named: dict = {}                 # id(Stack) -> its names: a Stack counted under many
+    frame_names: dict = {}           # comms, pids or events is named once; and id(Frame)
+    known = frame_names.get          # -> its name: stacks read back share their Frames
+
+    def name(f) -> str:
+        made = frame_names[id(f)] = folded_name(f)
+        return made
     for sc in counts:
-        names = ([note_name(n) for n in sc.stack.notes]
-                 + [folded_name(f) for f in reversed(sc.stack.frames)])
+        names = named.get(id(sc.stack))
+        if names is None:
+            names = named[id(sc.stack)] = ";".join(
+                [note_name(n) for n in sc.stack.notes]
+                + [known(id(f)) or name(f) for f in reversed(sc.stack.frames)])
         head = f"{sc.comm}-{sc.pid}" if per_pid else sc.comm
         if per_pid and sc.tid:                   # -T: comm-pid/tid
             head += f"/{sc.tid}"
-        line = ";".join([head.replace(" ", "_")] + names)
+        line = f"{head.replace(' ', '_')};{names}" if names else head.replace(" ", "_")
         if by_event:
             line = f"{folded_name_of_event(sc.event)};{line}"
         lines[line] = lines.get(line, 0) + sc.count

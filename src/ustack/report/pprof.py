@@ -45,6 +45,7 @@ from .formats import weight_of
 from .text import is_timed
 
 KERNEL_MAPPING = "[kernel.kallsyms]"     # perf's and pprof's name for it
+HOST_COMMENT = "host: "     # --every: the comment naming the machine (report --from DIR/ --host)
 
 
 class PprofReport:

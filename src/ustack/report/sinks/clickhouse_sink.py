@@ -26,28 +26,44 @@ class ProcessFacts:
     """What a row says of a process beyond pid and comm, read once per pid
     while it lives: executable, its build-id, its container."""
 
+    LIMIT = 10_000                   # pids (and executables) kept; past it, started afresh
+
     def __init__(self):
         self._facts: dict = {}
+        self._build_ids: dict = {}   # the executable file's identity -> its build-id
 
     def of(self, pid: int) -> tuple:
         if pid not in self._facts:
-            self._facts[pid] = (_executable(pid), _container(pid))
+            if len(self._facts) >= self.LIMIT:
+                self._facts.clear()
+            self._facts[pid] = (self._executable(pid), _container(pid))
         exe, container = self._facts[pid]
         return exe[0], exe[1], container
 
-
-def _executable(pid: int) -> tuple:
-    try:
-        path = os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return "", ""
-    from ...objfile.elf import ElfImage
-    from ...model import UstackError
-    try:
-        build_id = ElfImage.open(f"/proc/{pid}/exe").build_id or ""
-    except (UstackError, OSError):
-        build_id = ""
-    return path, build_id
+    def _executable(self, pid: int) -> tuple:
+        """(path, build-id) of a process's executable; the build-id read
+        once per file (by device, inode, size and time): a shared machine
+        starts ~300 processes a minute, mostly of a few programs, and
+        opening each one's ELF cost ~200 us."""
+        exe = f"/proc/{pid}/exe"
+        try:
+            path = os.readlink(exe)
+            st = os.stat(exe)
+        except OSError:
+            return "", ""
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        build_id = self._build_ids.get(identity)
+        if build_id is None:
+            from ...objfile.elf import ElfImage
+            from ...model import UstackError
+            try:
+                build_id = ElfImage.open(exe).build_id or ""
+            except (UstackError, OSError):
+                build_id = ""
+            if len(self._build_ids) >= self.LIMIT:
+                self._build_ids.clear()
+            self._build_ids[identity] = build_id
+        return path, build_id
 
 
 def _container(pid: int) -> str:
