@@ -189,9 +189,7 @@ def _interpreter(path: str, bias: int, image: ElfImage | None = None) -> Interpr
     if layout is None:
         return None
     image = image or ElfImage.open(path)
-    ranges = tuple(sorted((bias + s.address, bias + s.address + s.size)
-                          for s in image.functions
-                          if s.name == EVAL_FUNCTION or s.name.startswith(EVAL_FUNCTION + ".")))
+    ranges = tuple(sorted((bias + a, bias + b) for a, b in _eval_function(image)))
     if not ranges:
         return None
     if len(ranges) == 1:                # its .cold part unnamed (no .symtab)
@@ -199,6 +197,18 @@ def _interpreter(path: str, bias: int, image: ElfImage | None = None) -> Interpr
                                              for a, b in _cold_part(path))))
     return Interpreter(path=path, version=version, runtime=bias + runtime,
                        eval_ranges=ranges, layout=tuple(sorted(layout.items())))
+
+
+def _eval_function(image: ElfImage) -> list:
+    """(start, end) ELF addresses of the eval function and the parts gcc
+    split off it (.cold): read by name from the symbol tables (~1 ms for
+    libpython), else from the index of all its functions, made for this
+    (~9 ms: 5.4 k functions)."""
+    sized = symbol_by_name.functions_named(image.file, EVAL_FUNCTION)
+    if sized and all(sized.values()):
+        return [(address, address + size) for (_name, address), size in sized.items()]
+    return [(s.address, s.address + s.size) for s in image.functions
+            if s.name == EVAL_FUNCTION or s.name.startswith(EVAL_FUNCTION + ".")]
 
 
 def _cold_part(path: str) -> tuple:
