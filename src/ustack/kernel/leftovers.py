@@ -41,7 +41,7 @@ def remove_stale_tracing() -> int:
             fd = None
         else:
             continue
-        gone, left = remove_tracing(name, groups.get(name, ()), stop_when_refused=True)
+        gone, left = remove_tracing(name, groups.get(name, ()), until_refused=True)
         removed += gone
         if fd is not None:
             if left:
@@ -51,10 +51,10 @@ def remove_stale_tracing() -> int:
     return removed
 
 
-def remove_tracing(name: str, events=None, stop_when_refused: bool = False) -> tuple:
+def remove_tracing(name: str, events=None, until_refused: bool = False) -> tuple:
     """Remove run `name`'s instance, then its uprobes (the instance's
     enabled events hold them busy): (how many removed, how many left).
-    `stop_when_refused`: the uprobes after the first the kernel refuses are
+    `until_refused`: the uprobes after the first the kernel refuses are
     left for later. A killed run's are busy while its dying process closes
     its perf events (~0.1 s each, under the lock each refusal waits for):
     a run that met 346 of them waited seconds before its own probes."""
@@ -74,7 +74,7 @@ def remove_tracing(name: str, events=None, stop_when_refused: bool = False) -> t
         except FileNotFoundError:
             pass                        # removed meanwhile
         except OSError:                 # still in use
-            if stop_when_refused:
+            if until_refused:
                 left += len(events) - i
                 break
             left += 1
