@@ -25,6 +25,12 @@ Ratios (ustack / other) are taken pair by pair, then the median: pairing
 keeps a ratio meaningful while the shared machine's speed drifts. One
 unmeasured run of each first (caches and .pyc written). Writes
 bench/results/start_up.md.
+
+Then what a 2 s profile of a Python program costs before it samples at
+all, each in a fresh process, alternated: the interpreter alone (`-c
+pass`), the interpreter importing the modules a profile imports (listed
+by a profile run itself), the whole profile, and py-spy's whole run: is
+py-spy's CPU within reach of a Python program?
 """
 from __future__ import annotations
 
@@ -117,6 +123,66 @@ def measure(pairs: int) -> list:
     return rows
 
 
+# run by the venv's python as the console script runs ustack, printing
+# (last, after the report) the modules a profile imported: the interpreter's
+# own at start excluded, a package's submodules left to it but ustack's
+_LIST_MODULES = """import os, sys
+first = set(sys.modules)
+from ustack.cli import main
+sys.argv = ["ustack"] + sys.argv[1:]
+try:
+    main()
+finally:
+    print(" ".join(sorted(m for m in set(sys.modules) - first if "." not in m
+                          or m.startswith("ustack"))), file=sys.__stdout__, flush=True)
+    os._exit(0)
+"""
+
+
+def floor(pairs: int) -> list:
+    """[(what, [runs])] for a 2 s profile of a busy CPython: the parts
+    ustack pays before it samples, and py-spy's whole run, alternated."""
+    busy = subprocess.Popen([sys.executable, "-c", BUSY_PY])
+    env = ustack_env()
+    try:
+        time.sleep(0.3)
+        profile = ["profile", "-F", "99", "-p", str(busy.pid), "-d", "2"]
+        listed = subprocess.run([sys.executable, "-c", _LIST_MODULES] + profile, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True, check=True).stdout.splitlines()[-1].split()
+        script = Path(sys.executable).with_name("ustack")
+        ustack = [str(script)] if script.exists() else [sys.executable, "-m", "ustack"]
+        parts = [
+            ("the interpreter alone (`python -c pass`)", [sys.executable, "-c", "pass"]),
+            (f"the interpreter importing what a profile imports ({len(listed)} modules)",
+             [sys.executable, "-c", "import " + ", ".join(listed)]),
+            ("ustack profile -F 99 -p PID -d 2", ustack + profile),
+            ("py-spy record -r 99 -d 2 -p PID", [PY_SPY, "record", "-r", "99", "-d", "2",
+                                                 "-p", str(busy.pid), "-f", "raw",
+                                                 "-o", "/dev/null"]),
+        ]
+        for _what, argv in parts:
+            timed(argv, env)                        # warm
+        runs = {what: [] for what, _argv in parts}
+        for _ in range(pairs):
+            for what, argv in parts:
+                runs[what].append(timed(argv, env))
+    finally:
+        busy.kill()
+        busy.wait()
+    return list(runs.items())
+
+
+def floor_report(rows: list, pairs: int) -> str:
+    lines = [f"### What a 2 s profile of a Python program costs before it samples "
+             f"({pairs} rounds, medians, load {os.getloadavg()[0]:.1f})", "",
+             "| process | CPU s | wall s | peak MB |", "|---|---:|---:|---:|"]
+    for what, runs in rows:
+        lines.append(f"| {what} | {median(runs, 'cpu'):.3f} | {median(runs, 'wall'):.3f} "
+                     f"| {median(runs, 'peak'):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def median(runs: list, key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -150,7 +216,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--out", default=str(BENCH / "results" / "start_up.md"))
     args = parser.parse_args()
-    text = report(measure(args.pairs), args.pairs)
+    text = report(measure(args.pairs), args.pairs) + "\n" + floor_report(floor(args.pairs),
+                                                                          args.pairs)
     print(text)
     Path(args.out).write_text(text)
 

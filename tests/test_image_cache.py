@@ -38,6 +38,22 @@ def test_second_open_reads_the_cache(tmp_path):
     assert ElfImage.parsed_files == parsed + 1
 
 
+def test_layout_read_back_when_no_function_was_asked(tmp_path):
+    """An object whose functions nobody asked (ld.so in most runs) is not
+    parsed again by the next open; its functions are still there."""
+    prog = tmp_path / "chain"
+    shutil.copy(build("chain", flags=FP), prog)
+    parsed = ElfImage.parsed_files
+    first = ElfImage.open(str(prog))
+    layout = (first.build_id, first.sections, first.segments())
+    assert ElfImage.parsed_files == parsed + 1
+    ElfImage.clear_cache()
+    again = ElfImage.open(str(prog))
+    assert ElfImage.parsed_files == parsed + 1
+    assert (again.build_id, again.sections, again.segments()) == layout
+    assert [s.name for s in again.find("d")] == ["d"]
+
+
 def test_libc_read_back_the_same(tmp_path):
     libc = "/lib/x86_64-linux-gnu/libc.so.6"
     first = facts(ElfImage.open(libc))

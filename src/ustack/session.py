@@ -12,12 +12,10 @@ import time
 from .capture.backends import new_capture
 from .capture.closer import close_capture
 from .capture.stream import Stream
-from .counting import tally
 from .interrupt import Interrupt, Interrupted, heard
 from .model import Event, Losses, Piece
 from .options import Options, check_target
 from .probes.events import resolve_probes
-from .probes.weight import weigh_probes, weigh_specs
 from .probes.spec import parse_event
 from .target import ahead, process
 from .target.mappings import MappingTracker
@@ -99,7 +97,10 @@ class Session:
     def _set_up(self) -> None:
         opts = self.opts
         self.started_ns = time.time_ns()
-        specs = weigh_specs([parse_event(e) for e in opts.events], opts.weight)
+        specs = [parse_event(e) for e in opts.events]
+        if opts.weight is not None:     # count --weight (a trace imports none of it)
+            from .probes.weight import weigh_specs
+            specs = weigh_specs(specs, opts.weight)
         if opts.record:       # opened before anything is armed: refusals come first
             from .recording.writer import PendingRecording
             self.recorder = PendingRecording(opts.record)
@@ -113,6 +114,7 @@ class Session:
         self.probes = resolve_probes(specs, root_pid, self.notes, opts.unsafe_address,
                                      self.interrupt)
         if opts.weight is not None:
+            from .probes.weight import weigh_probes
             self.probes, self.weight = weigh_probes(self.probes, opts.weight)
         self.interrupt.check()
         self.labels = [p.label for p in self.probes]
@@ -288,6 +290,7 @@ class Session:
     def counts(self) -> list:
         """Run to the end; the StackCounts of every distinct stack (with
         --weight, each count is the sum of the weights)."""
+        from .counting import tally     # counting runs' (a trace names each event)
         return tally.counts(self)
 
     def interval_counts(self, seconds: float):
@@ -300,4 +303,5 @@ class Session:
     def run_through(self) -> None:
         """Run to the end naming nothing: what `ustack record` does (the
         Recorder saves the stream as it passes)."""
+        from .counting import tally
         tally.run_through(self)

@@ -8,7 +8,6 @@ import argparse
 from ..defaults import (DEFAULT_BUFFER_PAGES, DEFAULT_PROFILE_HZ, DEFAULT_RECORDING, DEFAULT_STACK_SIZE,
                         DEFAULT_STACK_STORAGE, DWARF_BUFFER_PAGES, MAX_STACK_SIZE)
 from ..report.formats import EVENT_FORMATS, EXTENSIONS, FORMATS
-from ..report.top import SORTS
 
 EVENT_HELP = ("syscall:write  syscall:*  uprobe:PATH:FUNC[+OFF]  uprobe:PATH:0xADDR  "
               "uretprobe:PATH:FUNC  usdt:PATH:[PROVIDER:]NAME  tracepoint:GROUP:NAME  "
@@ -220,6 +219,7 @@ def add_top(sub) -> None:
                        "printed every second instead.")
     p.add_argument("-F", "--frequency", type=int, default=99, metavar="HZ",
                    help="samples per second per CPU (default 99)")
+    from ..report.top import SORTS      # top's alone: built only for `ustack top`
     p.add_argument("--sort", choices=SORTS, default="self",
                    help="rank by self samples (default), total samples, function "
                         "name or pid")

@@ -41,6 +41,7 @@ _EHDR = struct.Struct("<16xHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")  # name, type, flags, addr, offset, size, link, info, ...
 _SYM = struct.Struct("<IBBHQQ")       # name, info, other, shndx, value, size
 _REL = struct.Struct("<QQ")           # offset, info (symbol << 32 | type)
+_U32 = struct.Struct("<I")
 _SHT_SYMTAB, _SHT_NOBITS, _SHT_REL = 2, 8, 9
 _STT_OBJECT, _STT_FUNC, _STT_SECTION = 1, 2, 3
 _STB_GLOBAL = 1
@@ -132,6 +133,7 @@ class BpfObject:
         self._fixed_btf = None                # _loadable_btf()
         self.btf = Btf(self._btf_blob)
         self._ext = by_name[".BTF.ext"].data if ".BTF.ext" in by_name else b""
+        self._ext_made: dict = {}             # (program, .text's place) -> _ext_info()
         self._data = {}                       # ".rodata" -> its initial bytes
         for name in _DATA_SECTIONS:
             sec = by_name.get(name)
@@ -358,27 +360,42 @@ class BpfObject:
 
     def _ext_info(self, prog: _Program, text_at) -> tuple:
         """(func_info, line_info) records of the program, .text's after its
-        own, offsets turned from bytes into instructions."""
+        own, offsets turned from bytes into instructions; made once per
+        program and place of .text (a run loads one program per probe)."""
+        key = (prog.name, text_at)
+        info = self._ext_made.get(key)
+        if info is None:
+            info = self._ext_made[key] = self._make_ext_info(prog, text_at)
+        return info
+
+    def _make_ext_info(self, prog: _Program, text_at) -> tuple:
         if not self._ext:
             return b"", b""
         _magic, _v, _f, hdr_len, f_off, f_len, l_off, l_len = _EXT_HDR.unpack_from(self._ext)
-        parts = [(prog.section, prog.holds, -prog.start // 8)]
+        # (section, first byte, end byte, instruction base) of each part
+        parts = [(prog.section, prog.start, prog.start + len(prog.code), -prog.start // 8)]
         if text_at is not None:
-            parts.append((".text", lambda _offset: True, text_at))
+            parts.append((".text", 0, 1 << 63, text_at))
         out = []
         for off, length in ((f_off, f_len), (l_off, l_len)):
-            recs = self._ext_records(hdr_len + off, length)
-            blob = b""
-            for section, holds, base in parts:
-                for rec in recs.get(section, ()):
-                    offset = struct.unpack_from("<I", rec)[0]
-                    if holds(offset):
-                        blob += struct.pack("<I", offset // 8 + base) + rec[4:]
-            out.append(blob)
+            blocks = self._ext_records(hdr_len + off, length)
+            records = []            # one join: the unwinder has ~1,600 line records
+            for section, first, end, base in parts:
+                block = blocks.get(section)
+                if block is None:
+                    continue
+                rec_size, data = block
+                pack = _U32.pack
+                for offset, rest in struct.iter_unpack(f"<I{rec_size - 4}s", data):
+                    if first <= offset < end:
+                        records.append(pack(offset // 8 + base))
+                        records.append(rest)
+            out.append(b"".join(records))
         return tuple(out)
 
     def _ext_records(self, start: int, length: int) -> dict:
-        """section name -> its records, from one .BTF.ext info block."""
+        """section name -> (record size, its records' bytes), from one
+        .BTF.ext info block."""
         if not length:
             return {}
         rec_size = struct.unpack_from("<I", self._ext, start)[0]
@@ -386,9 +403,7 @@ class BpfObject:
         while pos < end:
             name_off, count = struct.unpack_from("<II", self._ext, pos)
             pos += 8
-            out[self.btf._str(name_off)] = [self._ext[pos + i * rec_size:
-                                                      pos + (i + 1) * rec_size]
-                                            for i in range(count)]
+            out[self.btf._str(name_off)] = (rec_size, self._ext[pos:pos + count * rec_size])
             pos += count * rec_size
         return out
 

@@ -41,7 +41,7 @@ def remove_stale_tracing() -> int:
             fd = None
         else:
             continue
-        gone, left = remove_tracing(name, groups.get(name, ()))
+        gone, left = remove_tracing(name, groups.get(name, ()), until_refused=True)
         removed += gone
         if fd is not None:
             if left:
@@ -51,9 +51,13 @@ def remove_stale_tracing() -> int:
     return removed
 
 
-def remove_tracing(name: str, events=None) -> tuple:
+def remove_tracing(name: str, events=None, until_refused: bool = False) -> tuple:
     """Remove run `name`'s instance, then its uprobes (the instance's
-    enabled events hold them busy): (how many removed, how many left)."""
+    enabled events hold them busy): (how many removed, how many left).
+    `until_refused`: the uprobes after the first the kernel refuses are
+    left for later. A killed run's are busy while its dying process closes
+    its perf events (~0.1 s each, under the lock each refusal waits for):
+    a run that met 346 of them waited seconds before its own probes."""
     gone = left = 0
     if name in instance_names():
         if remove_instance(name):
@@ -62,14 +66,18 @@ def remove_tracing(name: str, events=None) -> tuple:
             left += 1
     if events is None:
         events = _groups().get(name, ())
-    for event in events:
+    events = list(events)
+    for i, event in enumerate(events):
         try:
             remove_event(event)
             gone += 1
         except FileNotFoundError:
             pass                        # removed meanwhile
-        except OSError:
-            left += 1                   # still in use
+        except OSError:                 # still in use
+            if until_refused:
+                left += len(events) - i
+                break
+            left += 1
     return gone, left
 
 

@@ -66,20 +66,32 @@ class ElfImage:
 
     def __init__(self, path: str):
         self.path = lasting_path(path)     # /proc/PID/exe outlives PID
+        self._layout_read = False          # the layout from the cache, the file unparsed
         try:
             with open(self.path, "rb") as f:
                 if f.read(4) != b"\x7fELF":
                     raise UstackError(f"{path}: not an ELF file")
                 # the key of what this very file (fstat: not a replaced one) parsed to
-                cache = objcache.identity_file("images", os.fstat(f.fileno()),
-                                               f"{elf_state.STATE_VERSION}.json")
+                st = os.fstat(f.fileno())
+                cache = objcache.identity_file("images", st, f"{elf_state.STATE_VERSION}.json")
                 saved = elf_state.unpack(self.path, objcache.read(cache), self._reparse,
                                          reread=lambda: objcache.read(cache))
                 if saved:
                     self.file, self.symbols = saved
                     return
                 self._cache_file = cache
-                self.file, self.symbols = self._parse_file(f)
+                layout = objcache.identity_file("layouts", st, f"{elf_state.STATE_VERSION}.json")
+                # no image kept (its functions never asked): the layout kept
+                # alone; an image kept but not believed is parsed anew
+                self.file = None if os.path.lexists(cache) else \
+                    elf_state.unpack_layout(self.path, objcache.read(layout))
+                if self.file is not None:
+                    self._layout_read = True
+                    self.symbols = ElfSymbols.deferred(self._build_deferred, self._reparse)
+                else:
+                    self.file, self.symbols = self._parse_file(f)
+                    if self.symbols.pending:
+                        self._save_layout(layout)
             if not self.symbols.pending:
                 self._save()
             else:
@@ -100,6 +112,15 @@ class ElfImage:
 
     def _save(self) -> None:
         objcache.write(self._cache_file, elf_state.pack(self.file, self.symbols))
+
+    def _save_layout(self, where: str) -> None:
+        """The layout alone, for an image whose functions wait until asked:
+        a run that never asks them (ld.so's, libm's in most runs) saves no
+        image, and each run parsed the file again (loading libelf: ~3.5 ms)."""
+        try:
+            objcache.write(where, elf_state.pack_layout(self.file))
+        except OSError:
+            pass                        # parsed again next run
 
     def _reparse(self) -> ElfSymbols:
         """A cache whose symbol half is corrupt: the file parsed anew."""
@@ -128,6 +149,8 @@ class ElfImage:
         if saved:                       # a child built them
             self.symbols = saved[1]
             return saved[1]
+        if self._layout_read:           # parsed now, for its functions
+            ElfImage.parsed_files += 1
         symbols = self._functions_of_file()
         self.symbols = symbols
         try:

@@ -16,6 +16,21 @@ def pack(file: ElfFile, symbols: ElfSymbols) -> bytes:
     return b"\n".join([json.dumps(file.layout()).encode(), *symbols.pack()])
 
 
+def pack_layout(file: ElfFile) -> bytes:
+    """The layout alone (an image whose symbols are not built yet)."""
+    return json.dumps(file.layout()).encode()
+
+
+def unpack_layout(path: str, blob: bytes | None) -> ElfFile | None:
+    """pack_layout()'s ElfFile, or None when there is nothing to trust."""
+    if not blob:
+        return None
+    try:
+        return ElfFile(path, json.loads(blob))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+
+
 _KEPT_SYMBOLS = 1 << 20     # a bigger symbol list is read again from the cache when asked
 
 

@@ -15,8 +15,6 @@ from ..model import (PHP_FRAME_TAG, PYTHON_FRAME_TAG, V8_FRAME_TAG,  # noqa: F40
 from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
-from .go import GoSymbols
-from .kernel import KernelSymbols
 from .normalize import normalize
 from .perfmap import JitSymbols
 from .php import PhpFunctions
@@ -45,12 +43,12 @@ class Symbolizer:
         self._said: list = []
         name = _demangled_printable if options.demangle else printable
         self._elf = ElfSource(options, name, self._said)
-        self._go = GoSymbols(options, self._elf.image)
+        self._go_symbols = None           # Go's names: made at the first unnamed address
         self.v8 = v8_functions if v8_functions is not None else V8Functions()
         self.php = php_functions if php_functions is not None else PhpFunctions()
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
                                self.v8.named_in)
-        self._kernel: KernelSymbols | None = None   # read on first use
+        self._kernel = None               # KernelSymbols: read on first use
         self._source_wanted = options.lines or options.inlines
         # the run's names of Python code objects (those the capture saw)
         self.python_code = python_code if python_code is not None else PythonCode()
@@ -133,10 +131,17 @@ class Symbolizer:
         if module is None:
             module = self._module(m)
         if vaddr is not None and (sym is None or self._source_wanted):
-            go = self._go.table(path)             # Go names even when stripped
+            go_symbols = self._go_symbols or self._go()
+            go = go_symbols.table(path)           # Go names even when stripped
             if go is not None:
-                return self._go.frames(go, m, module, addr, vaddr, back), False
+                return go_symbols.frames(go, m, module, addr, vaddr, back), False
         return self._elf.frames(m, path, module, addr, back, vaddr, sym), False
+
+    def _go(self):
+        """GoSymbols, made (and symbols/go.py imported) when first needed."""
+        from .go import GoSymbols
+        self._go_symbols = GoSymbols(self.options, self._elf.image)
+        return self._go_symbols
 
     def _module(self, m) -> str:
         """The name frames show for m's object, memoized: basename() costs
@@ -150,6 +155,7 @@ class Symbolizer:
     def kernel_frames(self, addrs) -> tuple:
         """Frames of kernel addresses (a kernel stack), innermost first."""
         if self._kernel is None:
+            from .kernel import KernelSymbols   # kernel stacks only
             self._kernel = KernelSymbols()
         return tuple(self._kernel.frame(a) for a in addrs)
 

@@ -17,7 +17,7 @@ import re
 import struct
 
 from ..model import Mapping, UstackError
-from ..objfile import symbol_by_name
+from ..objfile import content_key, symbol_by_name
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..values import value
@@ -160,9 +160,10 @@ def object_interpreter(path: str) -> Interpreter | None:
     if not _looks_like_python(path) or _object_facts(path) is None:
         return None
     try:
-        # an image of its own: this runs on the run's rows loader thread,
-        # and the shared one's symbols may be being read by another
-        return _interpreter(path, 0, ElfImage(path))
+        # an image of its own, if one is read at all: this runs on the
+        # run's rows loader thread, and the shared one's symbols may be
+        # being read by another
+        return _interpreter(path, 0, lambda: ElfImage(path))
     except (OSError, ValueError, UstackError):
         return None
 
@@ -178,9 +179,9 @@ def version_of(mappings: list) -> tuple | None:
     return None
 
 
-def _interpreter(path: str, bias: int, image: ElfImage | None = None) -> Interpreter | None:
+def _interpreter(path: str, bias: int, image=None) -> Interpreter | None:
     """The interpreter at `path` loaded `bias` bytes above its ELF addresses
-    (`image`: the file's, else the shared one)."""
+    (`image()`: the file's image, else the shared one is read if needed)."""
     facts = _object_facts(path)
     if facts is None:
         return None
@@ -188,17 +189,51 @@ def _interpreter(path: str, bias: int, image: ElfImage | None = None) -> Interpr
     layout = _layout(version, debug)
     if layout is None:
         return None
-    image = image or ElfImage.open(path)
-    ranges = tuple(sorted((bias + s.address, bias + s.address + s.size)
-                          for s in image.functions
-                          if s.name == EVAL_FUNCTION or s.name.startswith(EVAL_FUNCTION + ".")))
+    ranges = tuple(sorted((bias + a, bias + b)
+                          for a, b in _eval_ranges(path, image or (lambda: ElfImage.open(path)))))
     if not ranges:
         return None
-    if len(ranges) == 1:                # its .cold part unnamed (no .symtab)
-        ranges = tuple(sorted(ranges + tuple((bias + a, bias + b)
-                                             for a, b in _cold_part(path))))
     return Interpreter(path=path, version=version, runtime=bias + runtime,
                        eval_ranges=ranges, layout=tuple(sorted(layout.items())))
+
+
+_EVAL_KIND = "python-eval"          # content_key memo: the eval function's ranges
+_RANGE = struct.Struct("<QQ")
+
+
+def _eval_ranges(path: str, image) -> tuple:
+    """(start, end) ELF addresses of the eval function and its unlikely
+    paths, found once per version of the file (a profile of a Python
+    program found them at every run: ~2.5 ms of libpython's symbols);
+    `image()` gives the file's ElfImage when they are to be found."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    saved = content_key.saved(_EVAL_KIND, st)
+    if saved and len(saved) % _RANGE.size == 0:
+        return tuple(_RANGE.iter_unpack(saved))
+    ranges = _eval_function(image())
+    if len(ranges) == 1:                # its .cold part unnamed (no .symtab)
+        ranges += _cold_part(path)
+    if ranges:
+        try:
+            content_key.save(_EVAL_KIND, st, b"".join(_RANGE.pack(a, b) for a, b in ranges))
+        except OSError:
+            pass                        # found again next run
+    return tuple(ranges)
+
+
+def _eval_function(image: ElfImage) -> list:
+    """(start, end) ELF addresses of the eval function and the parts gcc
+    split off it (.cold): read by name from the symbol tables (~1 ms for
+    libpython), else from the index of all its functions, made for this
+    (~9 ms: 5.4 k functions)."""
+    sized = symbol_by_name.functions_named(image.file, EVAL_FUNCTION)
+    if sized and all(sized.values()):
+        return [(address, address + size) for (_name, address), size in sized.items()]
+    return [(s.address, s.address + s.size) for s in image.functions
+            if s.name == EVAL_FUNCTION or s.name.startswith(EVAL_FUNCTION + ".")]
 
 
 def _cold_part(path: str) -> tuple:
