@@ -197,7 +197,9 @@ def test_signal_ends_a_funccount_of_thousands_of_functions_within_a_second(sig):
 
 
 SLOW_TO_END = """import os, pathlib, sys, time
-pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+# written whole and renamed into place: the test reads the pid as soon as the name exists
+pathlib.Path(sys.argv[1] + ".tmp").write_text(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 try:
     time.sleep(1000)
 except KeyboardInterrupt:
