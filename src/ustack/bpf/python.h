@@ -37,7 +37,11 @@
  *   stands for. A code object that cannot be checked gets PY_NOT_READ;
  * - a stack deeper than the record holds keeps its innermost PY_HEAD and
  *   outermost words (where `main` and `<module>` are), a word PY_CUT
- *   between them naming how many were left out. */
+ *   between them naming how many were left out;
+ * - a native walk stopped at MAX_FRAMES with Python frames left (<= 3.10
+ *   deep recursion: C frames per Python call) goes on with the rest of the
+ *   Python chain after a PY_CUT word of count 0 (C frames not walked), so
+ *   the outermost ones show; the status stays TRUNCATED. */
 #ifndef PYTHON_H
 #define PYTHON_H
 
@@ -175,6 +179,8 @@ struct python_walk {
 	__u64 unreadable;		/* a Python frame could not be read */
 	__u64 missing;			/* eval C frames met with no Python frame left */
 	__u64 skip;			/* innermost eval C frames to leave as C */
+	__u64 truncated;		/* the native walk stopped at MAX_FRAMES */
+	__u64 native_cut;		/* in a pass: truncated, 2 once its PY_CUT is out */
 	__u64 python_frames;		/* Python frames in the merged stack */
 	__u64 recent[PY_RECENT];	/* the frames read last, by steps */
 	__u64 steps, mark;		/* frames read; one kept at each power of two */
@@ -521,8 +527,20 @@ static long merge_step(__u64 index, void *unused)
 		return 0;
 	}
 	i = p->next;
-	if (i >= p->nnative)
-		return 1;
+	if (i >= p->nnative) {
+		/* the native walk stopped at its frame limit with Python
+		 * frames left (<= 3.10: each Python call is C frames too): the
+		 * rest of the chain after a PY_CUT word of no count (C frames
+		 * not walked), so its outermost frames (main, <module>) show */
+		if (!p->native_cut || !p->pyframe)
+			return 1;
+		if (p->native_cut == 1) {
+			p->native_cut = 2;
+			emit(w, p, PYTHON_TAG | (PY_CUT << 16));
+		}
+		python_frame(w, p);
+		return 0;
+	}
 	p->next = i + 1;
 	pc = p->native[i & (MAX_FRAMES - 1)];
 	if (in_eval(&p->proc, i ? pc - 1 : pc)) {
@@ -546,6 +564,7 @@ static __always_inline void merge_pass(struct python_walk *p, __u64 skip)
 	current_frame(p);
 	p->next = p->out = p->in_group = p->missing = p->python_frames = 0;
 	p->skip = skip;
+	p->native_cut = p->truncated;
 	p->hash = FNV_BASIS;
 	p->steps = p->mark = p->looped = 0;
 	__builtin_memset(p->recent, 0, sizeof(p->recent));
@@ -648,6 +667,7 @@ static __noinline void python_merge(struct walk *w)
 	if (n == 0 || bpf_probe_read_kernel(p->native, n * 8, w->frame))
 		return;
 	p->nnative = n;
+	p->truncated = w->rec.head.status == TRUNCATED;
 	p->unreadable = 0;
 	merge_pass(p, 0);
 	if (p->missing && !p->unreadable && !p->looped)
