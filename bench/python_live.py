@@ -103,7 +103,8 @@ def whole_machine(src, python) -> tuple:
     """((started LATER_S after the run samples: good, total), (running
     before: good, total))."""
     with tempfile.TemporaryDirectory() as tmp:
-        before = subprocess.Popen([python, str(LIVE), "short", "4", f"{tmp}/before"])
+        # runs until killed: a loaded machine's ustack may take seconds to start
+        before = subprocess.Popen([python, str(LIVE), "short", "600", f"{tmp}/before"])
         while not Path(tmp, "before").exists():
             time.sleep(0.01)
         us = ustack(src, "profile", "-F", "199", "-f", "json")

@@ -145,10 +145,13 @@ class BpfCapture(Capture):
             events = InBackground(self.events.open)
             lazy = target.scope == "system" and self.defers_stacks
             if self.unwind_tables is not None:
-                from .bpf_unwind import objects_of_target, rows_capacity
+                from .bpf_unwind import objects_of_target, pythons_objects, rows_capacity
                 self._first_objects = objects_of_target(target, self.probes,
                                                         running=not lazy)
-                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory)
+                pythons = pythons_objects() if lazy else []
+                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory,
+                                                   pythons)
+                self._first_objects += [p for p in pythons if p not in self._first_objects]
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
