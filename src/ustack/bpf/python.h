@@ -63,6 +63,8 @@
  * path's; unwind/python_frames.py) */
 #define PY_CUT 0
 #define PY_NOT_READ 1
+/* a PYTHON_CHAIN record's word after the frames one eval call ran */
+#define PY_GROUP_END 2
 #define PY_ID_MASK ((1ULL << 44) - 1)
 #define PY_ID_CPU_BITS 12
 /* the merged stack's words kept when it is deeper than MAX_FRAMES: the
@@ -74,6 +76,9 @@
 /* a status of unwind_status (ustack.h): complete, but the Python frame
  * chain loops back on itself (damaged memory), so it was left there */
 #define PYTHON_LOOP 19
+/* not a stack: a ring record of the Python frame chain of the sample whose
+ * deferred record follows (python_deferred); capture/bpf_unwind.py's */
+#define PYTHON_CHAIN 0x50
 
 /* how a frame says where it is (python_layout.instr_kind) */
 enum python_instr { LASTI_BYTES = 1, LASTI_UNITS = 2, INSTR_POINTER = 3 };
@@ -411,7 +416,7 @@ static __always_inline __u64 named(struct python_walk *p, __u64 word)
 {
 	__u64 id = (word >> 16) & PY_ID_MASK;
 
-	if (word >> 60 != PYTHON_TAG >> 60 || id == PY_CUT)
+	if (word >> 60 != PYTHON_TAG >> 60 || id == PY_CUT || id == PY_GROUP_END)
 		return word;
 	return PYTHON_TAG | code_id(p, id << 3) << 16 | (word & PY_INDEX_MAX);
 }
@@ -688,6 +693,20 @@ static __noinline void python_merge(struct walk *w)
 		w->rec.head.status = PYTHON_LEFT;
 }
 
+/* bpf_loop's callback: one Python frame of the chain into the merged
+ * words, a PY_GROUP_END after each eval call's; 1 stops */
+static long chain_step(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct walk *w = scratch_value();
+
+	if (!p || !w || !p->pyframe || p->out >= MAX_FRAMES - 2)
+		return 1;
+	if (python_frame(w, p))
+		emit(w, p, PYTHON_TAG | (PY_GROUP_END << 16));
+	return 0;
+}
+
 /* bpf_loop's callback: a code object listed for a record the ring had
  * no room for is forgotten, so it gets an id again, reported then */
 static long forget_code(__u64 index, void *unused)
@@ -727,6 +746,76 @@ static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 prob
 	bpf_probe_read_kernel(r->code, sizeof(r->code), p->new_code);
 	bpf_ringbuf_submit(r, 0);
 	p->new_codes = 0;
+}
+
+/* The Python frame chain of a sample the walk defers (the native stack
+ * goes to user space to unwind: a new process's mappings not looked up
+ * yet, rows still loading), read now, into `ring` as a PYTHON_CHAIN
+ * record of w->rec's head: the current frame's address, then a word per
+ * Python frame and a PY_GROUP_END after each eval call's, innermost
+ * first; user space merges them with the native stack it unwinds, where
+ * a read of the live process later finds the thread moved on. Only when
+ * the walk met the interpreter object before it stopped, and the whole
+ * chain fits MAX_FRAMES - 1 words. w's frames and head stay as walked.
+ * (latency.bpf.c includes this header and defers no stack) */
+static __noinline __attribute__((unused)) void python_deferred(struct walk *w, void *ring)
+{
+	struct python_walk *p = python_state();
+	void *task = bpf_get_current_task_btf();
+	struct stack_head head;
+	struct python_object *py;
+	__u32 slot, n;
+	__s64 adjust;
+
+	if (!p || !w || !w->python)
+		return;
+	p->new_codes = 0;
+	slot = w->python - 1;
+	py = bpf_map_lookup_elem(&python_objects, &slot);
+	if (!py || !py->version)
+		return;
+	adjust = w->python_adjust;
+	p->proc = *py;
+	p->proc.runtime -= adjust;
+	p->tgid = w->rec.pid_tgid >> 32;
+	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
+	p->fsbase = FIELD(__u64, task, task_fsbase);
+	find_thread(p);
+	if (!p->tstate)
+		return;
+	current_frame(p);
+	if (!p->pyframe)
+		return;
+	head = w->rec.head;
+	n = head.frames;
+	if (n > MAX_FRAMES)
+		n = MAX_FRAMES;
+	if (n == 0 || bpf_probe_read_kernel(p->native, n * 8, w->frame))
+		return;
+	p->out = 1;
+	w->frame[0] = p->pyframe;
+	p->hash = FNV_BASIS;
+	p->unreadable = p->python_frames = 0;
+	p->steps = p->mark = p->looped = 0;
+	__builtin_memset(p->recent, 0, sizeof(p->recent));
+	bpf_loop(MAX_FRAMES, chain_step, 0, 0);
+	if (p->out > PY_HEAD)
+		bpf_loop(PY_TAIL, name_tail, 0, 0);
+	if (!p->pyframe && !p->unreadable && !p->looped) {
+		w->rec.head.frames = p->out;
+		w->rec.head.status = PYTHON_CHAIN;
+		n = p->out & (MAX_FRAMES - 1);		/* < MAX_FRAMES: chain_step */
+		bpf_ringbuf_output(ring, &w->rec, sizeof(w->rec) + 8 * n, 0);
+		python_report(ring, w->rec.pid_tgid, w->rec.probe);
+	} else {
+		bpf_loop(PY_NEW_CODES, forget_code, 0, 0);	/* ids not reported */
+	}
+	p->new_codes = 0;
+	w->rec.head = head;
+	n = head.frames;
+	if (n > MAX_FRAMES)
+		n = MAX_FRAMES;
+	bpf_probe_read_kernel(w->frame, n * 8, p->native);
 }
 
 /* The whole pass for a walked stack w: its Python frames merged in, its

@@ -118,6 +118,7 @@ COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
     "COMPLETE", "NO_PROGRESS", "READ_FAILED"))
 # not a stack: a ring record naming a Python code object seen first (python.h)
 PYTHON_CODE = _STATUS["PYTHON_CODE"]
+PYTHON_CHAIN = 0x50             # bpf/python.h: a deferred sample's Python frames
 PY_NEW_CODES = 32                # python.h: code objects a record names, at most
 # struct python_code_entry: address, id, identity, first line, the name's
 # and file's lengths, their first 64 and last 96 characters
@@ -754,7 +755,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
                  fetches: tuple = (), read_file=None, python_code=None,
                  cut: Callable[[bytes], None] | None = None,
-                 weighted: bool = False, python_read=None) -> int:
+                 weighted: bool = False, python_read=None, python_chain=None) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
@@ -767,7 +768,10 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
     sample's one arg, as the perf path's fetch-arg. `python_read(pid,
     tid)`: a deferred sample's thread's Python frames read now
     (unwind/python_live.LiveFrames.read), or None; where it has them the
-    sample is a PythonSample, its frames merged where they agree with it.
+    sample is a PythonSample, its frames merged where they agree with it;
+    `python_chain(pid, tid, time, words)` hears of the Python frames the
+    kernel read at a deferred sample (a PYTHON_CHAIN record, before the
+    sample's own), which python_read(pid, tid, time) then gives.
     The loop is the
     trace's per-event cost: a plain record is two unpacks and a tuple."""
     end = min(len(chunk), offset + limit)
@@ -790,6 +794,12 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                 # the record's cpu: the interpreter's version
                 code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code, cpu)
             continue
+        if status == PYTHON_CHAIN:
+            if python_chain is not None:
+                python_chain(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t,
+                             chunk[rec + RECORD.size:rec + RECORD.size
+                                   + 8 * min(nframes, MAX_FRAMES)])
+            continue
         fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
             ip, sp, bp, bx, kstack, size, weight = DEFER.unpack_from(chunk, rec + RECORD.size)
@@ -801,7 +811,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                 regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
                 stack=chunk[at:min(at + size, rec + n)], args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b"")
-            read = python_read(sample.pid, sample.tid) if python_read is not None else None
+            read = python_read(sample.pid, sample.tid, t) if python_read is not None else None
             append(sample if read is None else python_sample(sample, read))
             continue
         frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)
