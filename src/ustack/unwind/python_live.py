@@ -3,7 +3,9 @@ the kernel copied (the perf backend): the user-space counterpart of the
 in-kernel walk (bpf/python.h). The capture calls `read(pid, tid)` as each
 sample comes off the ring, the nearest moment to the sample user space
 has; the unwinder merges what it read (python_frames.merge_read), checked
-against the sample's native stack.
+against the sample's native stack. A stack the in-kernel walk deferred
+(the BPF backend) may come with the chain the kernel read at the sample
+(`chain()`, bpf/python.h python_deferred): `read` gives that one instead.
 
 A PyThreadState names its thread by pthread_self(): on x86-64 glibc the
 address of the thread's struct pthread, which holds the kernel's thread id
