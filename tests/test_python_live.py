@@ -1,7 +1,7 @@
 """Python frames for Pythons that change during a run (bpf/python.h,
 capture/bpf_python.py): threads started half a second in, workers forked
-during the run, a Python started once a whole-machine run is sampling, a
-~50 ms script under count, trace, profile and offcpu
+during the run, a Python started once a whole-machine run is sampling and
+one running before it, a ~50 ms script under count, trace, profile and offcpu
 (tests/programs/python/live.py). The interpreter is known by its object,
 so each gets its Python frames from its first sample: a share of its
 samples is counted, and their Python functions named exactly."""
