@@ -408,7 +408,7 @@ def pythons_objects() -> list:
     """The objects every stack of a running Python goes through
     (python_paths), of each process that maps a python object now: a
     system-wide run that loads rows as objects are sampled loads these
-    before it starts. The walk meets a process's objects one at a time (it
+    first, as it starts (lazy_rows.py). The walk meets a process's objects one at a time (it
     stops at the first without rows), so a busy Python's stacks went to
     user space for three rounds of want-and-load (libpython, libc, the
     executable: ~50 ms, 5-9 % of its samples in a 1 s run), and its Python
