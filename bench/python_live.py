@@ -57,16 +57,18 @@ def in_python(stack: dict) -> bool:
     return bool(python_chain(stack)) or any(f["function"] == EVAL for f in stack["frames"])
 
 
-def share(stacks: list, whose, func: str) -> tuple:
-    """(samples of `whose` that ran Python with `func` among their Python
-    frames and no eval C frame left, samples of `whose` that ran Python,
-    those shown as a bare eval loop: no Python frame and no note)."""
+def share(stacks: list, whose, func: str | None) -> tuple:
+    """(samples of `whose` that ran Python with `func` (None: any) among
+    their Python frames and no eval C frame left, samples of `whose` that
+    ran Python, those shown as a bare eval loop: no Python frame and no
+    note)."""
     good = total = bare = 0
     for s in stacks:
         if whose(s) and in_python(s):
             total += s["count"]
             names = [f["function"] for f in s["frames"]]
-            if func in python_chain(s) and EVAL not in names:
+            chain = python_chain(s)
+            if (func in chain if func else chain) and EVAL not in names:
                 good += s["count"]
             elif not python_chain(s) and not s.get("notes"):
                 bare += s["count"]
@@ -103,7 +105,8 @@ def whole_machine(src, python) -> tuple:
     """((started LATER_S after the run samples: good, total), (running
     before: good, total))."""
     with tempfile.TemporaryDirectory() as tmp:
-        before = subprocess.Popen([python, str(LIVE), "short", "4", f"{tmp}/before"])
+        # runs until killed: a loaded machine's ustack may take seconds to start
+        before = subprocess.Popen([python, str(LIVE), "short", "600", f"{tmp}/before"])
         while not Path(tmp, "before").exists():
             time.sleep(0.01)
         us = ustack(src, "profile", "-F", "199", "-f", "json")
@@ -117,8 +120,10 @@ def whole_machine(src, python) -> tuple:
         later = int(Path(tmp, "later").read_text().split()[1])
         running = int(Path(tmp, "before").read_text().split()[1])
     stacks = json.loads(out)["stacks"]
-    return (share(stacks, lambda s: s["pid"] == later, "short_main"),
-            share(stacks, lambda s: s["pid"] == running, "short_main"))
+    # any chain: a Python started during the run is sampled in its start-up
+    # too (site's imports, run from C), before short_main
+    return (share(stacks, lambda s: s["pid"] == later, None),
+            share(stacks, lambda s: s["pid"] == running, None))
 
 
 SHORT = {"count": (("count", "syscall:getppid"), "short_task"),

@@ -1,7 +1,7 @@
 """Python frames for Pythons that change during a run (bpf/python.h,
 capture/bpf_python.py): threads started half a second in, workers forked
-during the run, a Python started once a whole-machine run is sampling, a
-~50 ms script under count, trace, profile and offcpu
+during the run, a Python started once a whole-machine run is sampling and
+one running before it, a ~50 ms script under count, trace, profile and offcpu
 (tests/programs/python/live.py). The interpreter is known by its object,
 so each gets its Python frames from its first sample: a share of its
 samples is counted, and their Python functions named exactly."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import (DEBIAN_PYTHON, EVAL, MIN_SAMPLES, finish, pyenv_python, start_ustack,
-                     stop, wait_tracing)
+                     stop, wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
 
@@ -108,22 +108,34 @@ def test_a_thread_per_request(tmp_path, version):
 
 def test_forked_workers(tmp_path):
     """4 workers forked during the run, each sampled with its parent's
-    interpreter: forked_worker -> forked_task under the parent's main."""
+    interpreter: forked_worker (-> forked_task, mostly) under the parent's
+    main."""
     stacks, parent = profile_command(pyenv_python("3.12"), "fork", "0.3", tmp_path)
     workers = {s["pid"] for s in stacks if s["pid"] != parent and ran_python(s)}
     assert len(workers) == 4, workers
     counted = share(stacks, lambda s: s["pid"] in workers,
-                    lambda chain: chain[:2] == ["<module>", "main"]
-                    and chain[2:4] == ["forked_worker", "forked_task"])
-    assert_share(counted, stacks)
+                    lambda chain: chain[:3] == ["<module>", "main", "forked_worker"])
+    tasks = sum(s["count"] for s in stacks if s["pid"] in workers
+                and python_chain(s)[:4] == ["<module>", "main", "forked_worker", "forked_task"])
+    assert tasks >= 0.8 * counted[1], (tasks, counted)
+    # a worker's first samples find its new memory map's mappings not looked
+    # up yet and go to user space to unwind, their Python frames read by the
+    # kernel at the sample: measured 99.7-100 % (97-99 % when they were read
+    # from the process after the sample, which had often run on)
+    assert_share(counted, stacks, at_least=0.99)
 
 
-def test_python_started_during_a_whole_machine_run(tmp_path):
-    """A whole-machine run: Debian's python3.11, started once ustack says
-    it samples, has its Python frames from its first samples."""
-    ready = tmp_path / "ready"
-    us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
+def test_pythons_of_a_whole_machine_run(tmp_path):
+    """A whole-machine run: CPython 3.12 running before it starts, and
+    Debian's python3.11 started once ustack says it samples, have their
+    Python frames from their first samples."""
+    ready, running_ready = tmp_path / "ready", tmp_path / "running"
+    running = subprocess.Popen([pyenv_python("3.12"), str(LIVE), "short", "600",
+                                str(running_ready)])
+    us = None
     try:
+        wait_until(running_ready.exists, 30, "the running Python's start")
+        us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
         wait_tracing(us, timeout=60)
         prog = subprocess.run([DEBIAN_PYTHON, str(LIVE), "short", "0.5", str(ready)],
                               timeout=60)
@@ -131,17 +143,23 @@ def test_python_started_during_a_whole_machine_run(tmp_path):
         us.send_signal(signal.SIGINT)
         out, err = finish(us, 60)
     finally:
-        stop(us)
+        stop(running)
+        if us is not None:
+            stop(us)
     assert us.returncode == 0, err
-    pid = int(ready.read_text().split()[1])
-    stacks = [s for s in json.loads(out)["stacks"] if s["pid"] == pid]
-    counted = share(stacks, lambda s: "short_main" in python_chain(s) or EVAL in natives(s),
-                    lambda chain: chain[:3] == ["<module>", "main", "short_main"])
-    # measured 91-98 %: samples the kernel hands to ustack to unwind (their
-    # mappings not looked up yet in the sample's interrupt, or their rows
-    # loading) get Python frames read from the process after the sample,
-    # shown where they agree with it, else marked by a note
-    assert_share(counted, stacks, at_least=0.85)
+    stacks = json.loads(out)["stacks"]
+    for done in (ready, running_ready):
+        pid = int(done.read_text().split()[1])
+        mine = [s for s in stacks if s["pid"] == pid]
+        counted = share(mine, lambda s: "short_main" in python_chain(s) or EVAL in natives(s),
+                        lambda chain: chain[:3] == ["<module>", "main", "short_main"])
+        # measured 91-98 % (started during the run) and 98-99 % (running
+        # before; 91-98 % while its objects' rows loaded only as it was
+        # sampled): samples the kernel hands to ustack to unwind (their
+        # mappings not looked up yet in the sample's interrupt) get Python
+        # frames read from the process after the sample, shown where they
+        # agree with it, else marked by a note
+        assert_share(counted, mine, at_least=0.85 if done == ready else 0.95)
 
 
 SHORT = ["<module>", "main", "short_main"]

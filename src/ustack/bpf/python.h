@@ -37,7 +37,11 @@
  *   stands for. A code object that cannot be checked gets PY_NOT_READ;
  * - a stack deeper than the record holds keeps its innermost PY_HEAD and
  *   outermost words (where `main` and `<module>` are), a word PY_CUT
- *   between them naming how many were left out. */
+ *   between them naming how many were left out;
+ * - a native walk stopped at MAX_FRAMES with Python frames left (<= 3.10
+ *   deep recursion: C frames per Python call) goes on with the rest of the
+ *   Python chain after a PY_CUT word of count 0 (C frames not walked), so
+ *   the outermost ones show; the status stays TRUNCATED. */
 #ifndef PYTHON_H
 #define PYTHON_H
 
@@ -59,6 +63,8 @@
  * path's; unwind/python_frames.py) */
 #define PY_CUT 0
 #define PY_NOT_READ 1
+/* a PYTHON_CHAIN record's word after the frames one eval call ran */
+#define PY_GROUP_END 2
 #define PY_ID_MASK ((1ULL << 44) - 1)
 #define PY_ID_CPU_BITS 12
 /* the merged stack's words kept when it is deeper than MAX_FRAMES: the
@@ -70,6 +76,9 @@
 /* a status of unwind_status (ustack.h): complete, but the Python frame
  * chain loops back on itself (damaged memory), so it was left there */
 #define PYTHON_LOOP 19
+/* not a stack: a ring record of the Python frame chain of the sample whose
+ * deferred record follows (python_deferred); capture/bpf_unwind.py's */
+#define PYTHON_CHAIN 0x50
 
 /* how a frame says where it is (python_layout.instr_kind) */
 enum python_instr { LASTI_BYTES = 1, LASTI_UNITS = 2, INSTR_POINTER = 3 };
@@ -175,6 +184,8 @@ struct python_walk {
 	__u64 unreadable;		/* a Python frame could not be read */
 	__u64 missing;			/* eval C frames met with no Python frame left */
 	__u64 skip;			/* innermost eval C frames to leave as C */
+	__u64 truncated;		/* the native walk stopped at MAX_FRAMES */
+	__u64 native_cut;		/* in a pass: truncated, 2 once its PY_CUT is out */
 	__u64 python_frames;		/* Python frames in the merged stack */
 	__u64 recent[PY_RECENT];	/* the frames read last, by steps */
 	__u64 steps, mark;		/* frames read; one kept at each power of two */
@@ -405,7 +416,7 @@ static __always_inline __u64 named(struct python_walk *p, __u64 word)
 {
 	__u64 id = (word >> 16) & PY_ID_MASK;
 
-	if (word >> 60 != PYTHON_TAG >> 60 || id == PY_CUT)
+	if (word >> 60 != PYTHON_TAG >> 60 || id == PY_CUT || id == PY_GROUP_END)
 		return word;
 	return PYTHON_TAG | code_id(p, id << 3) << 16 | (word & PY_INDEX_MAX);
 }
@@ -521,8 +532,20 @@ static long merge_step(__u64 index, void *unused)
 		return 0;
 	}
 	i = p->next;
-	if (i >= p->nnative)
-		return 1;
+	if (i >= p->nnative) {
+		/* the native walk stopped at its frame limit with Python
+		 * frames left (<= 3.10: each Python call is C frames too): the
+		 * rest of the chain after a PY_CUT word of no count (C frames
+		 * not walked), so its outermost frames (main, <module>) show */
+		if (!p->native_cut || !p->pyframe)
+			return 1;
+		if (p->native_cut == 1) {
+			p->native_cut = 2;
+			emit(w, p, PYTHON_TAG | (PY_CUT << 16));
+		}
+		python_frame(w, p);
+		return 0;
+	}
 	p->next = i + 1;
 	pc = p->native[i & (MAX_FRAMES - 1)];
 	if (in_eval(&p->proc, i ? pc - 1 : pc)) {
@@ -546,6 +569,7 @@ static __always_inline void merge_pass(struct python_walk *p, __u64 skip)
 	current_frame(p);
 	p->next = p->out = p->in_group = p->missing = p->python_frames = 0;
 	p->skip = skip;
+	p->native_cut = p->truncated;
 	p->hash = FNV_BASIS;
 	p->steps = p->mark = p->looped = 0;
 	__builtin_memset(p->recent, 0, sizeof(p->recent));
@@ -648,6 +672,7 @@ static __noinline void python_merge(struct walk *w)
 	if (n == 0 || bpf_probe_read_kernel(p->native, n * 8, w->frame))
 		return;
 	p->nnative = n;
+	p->truncated = w->rec.head.status == TRUNCATED;
 	p->unreadable = 0;
 	merge_pass(p, 0);
 	if (p->missing && !p->unreadable && !p->looped)
@@ -666,6 +691,20 @@ static __noinline void python_merge(struct walk *w)
 		w->rec.head.status = PYTHON_UNREADABLE;
 	else if (p->pyframe && p->next >= p->nnative)
 		w->rec.head.status = PYTHON_LEFT;
+}
+
+/* bpf_loop's callback: one Python frame of the chain into the merged
+ * words, a PY_GROUP_END after each eval call's; 1 stops */
+static long chain_step(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct walk *w = scratch_value();
+
+	if (!p || !w || !p->pyframe || p->out >= MAX_FRAMES - 2)
+		return 1;
+	if (python_frame(w, p))
+		emit(w, p, PYTHON_TAG | (PY_GROUP_END << 16));
+	return 0;
 }
 
 /* bpf_loop's callback: a code object listed for a record the ring had
@@ -707,6 +746,76 @@ static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 prob
 	bpf_probe_read_kernel(r->code, sizeof(r->code), p->new_code);
 	bpf_ringbuf_submit(r, 0);
 	p->new_codes = 0;
+}
+
+/* The Python frame chain of a sample the walk defers (the native stack
+ * goes to user space to unwind: a new process's mappings not looked up
+ * yet, rows still loading), read now, into `ring` as a PYTHON_CHAIN
+ * record of w->rec's head: the current frame's address, then a word per
+ * Python frame and a PY_GROUP_END after each eval call's, innermost
+ * first; user space merges them with the native stack it unwinds, where
+ * a read of the live process later finds the thread moved on. Only when
+ * the walk met the interpreter object before it stopped, and the whole
+ * chain fits MAX_FRAMES - 1 words. w's frames and head stay as walked.
+ * (latency.bpf.c includes this header and defers no stack) */
+static __noinline __attribute__((unused)) void python_deferred(struct walk *w, void *ring)
+{
+	struct python_walk *p = python_state();
+	void *task = bpf_get_current_task_btf();
+	struct stack_head head;
+	struct python_object *py;
+	__u32 slot, n;
+	__s64 adjust;
+
+	if (!p || !w || !w->python)
+		return;
+	p->new_codes = 0;
+	slot = w->python - 1;
+	py = bpf_map_lookup_elem(&python_objects, &slot);
+	if (!py || !py->version)
+		return;
+	adjust = w->python_adjust;
+	p->proc = *py;
+	p->proc.runtime -= adjust;
+	p->tgid = w->rec.pid_tgid >> 32;
+	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
+	p->fsbase = FIELD(__u64, task, task_fsbase);
+	find_thread(p);
+	if (!p->tstate)
+		return;
+	current_frame(p);
+	if (!p->pyframe)
+		return;
+	head = w->rec.head;
+	n = head.frames;
+	if (n > MAX_FRAMES)
+		n = MAX_FRAMES;
+	if (n == 0 || bpf_probe_read_kernel(p->native, n * 8, w->frame))
+		return;
+	p->out = 1;
+	w->frame[0] = p->pyframe;
+	p->hash = FNV_BASIS;
+	p->unreadable = p->python_frames = 0;
+	p->steps = p->mark = p->looped = 0;
+	__builtin_memset(p->recent, 0, sizeof(p->recent));
+	bpf_loop(MAX_FRAMES, chain_step, 0, 0);
+	if (p->out > PY_HEAD)
+		bpf_loop(PY_TAIL, name_tail, 0, 0);
+	if (!p->pyframe && !p->unreadable && !p->looped) {
+		w->rec.head.frames = p->out;
+		w->rec.head.status = PYTHON_CHAIN;
+		n = p->out & (MAX_FRAMES - 1);		/* < MAX_FRAMES: chain_step */
+		bpf_ringbuf_output(ring, &w->rec, sizeof(w->rec) + 8 * n, 0);
+		python_report(ring, w->rec.pid_tgid, w->rec.probe);
+	} else {
+		bpf_loop(PY_NEW_CODES, forget_code, 0, 0);	/* ids not reported */
+	}
+	p->new_codes = 0;
+	w->rec.head = head;
+	n = head.frames;
+	if (n > MAX_FRAMES)
+		n = MAX_FRAMES;
+	bpf_probe_read_kernel(w->frame, n * 8, p->native);
 }
 
 /* The whole pass for a walked stack w: its Python frames merged in, its

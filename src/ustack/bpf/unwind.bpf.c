@@ -169,6 +169,8 @@ int unwind_count(void *ctx)
 		return result;
 	if (deferrable(w, opts)) {
 		record_head(w, key.pid_tgid, key.probe);
+		if (opts & UW_PYTHON)
+			python_deferred(w, &ring);
 		if (defer(ctx, w, key.kernel_stack, weight))
 			return result;
 	}
@@ -209,6 +211,8 @@ int unwind_trace(void *ctx)
 		return result;
 	record_head(w, pid_tgid, probe);
 	if (deferrable(w, opts)) {
+		if (opts & UW_PYTHON)
+			python_deferred(w, &ring);
 		if (!(opts & UW_FETCH_ARGS)) {
 			if (defer(ctx, w, kernel_stack, 1))
 				return result;

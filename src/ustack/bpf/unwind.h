@@ -261,6 +261,26 @@ static __always_inline void want(struct object_key *key)
 		bpf_map_update_elem(&wanted, key, &one, BPF_NOEXIST);
 }
 
+#define VMA_SPREAD 4	/* regions of one mapping cached from one answer, at most */
+
+/* find_vma's answer kept under its key's region and the others of the
+ * mapping (VMA_SPREAD from its start): find_vma answers once per sample's
+ * interrupt, so a new process's text over several 2 MiB regions
+ * (libpython, a static python: 2-3) took a deferred sample each */
+static __always_inline void cache_vma(struct vma_key *key, struct vma_info *vma)
+{
+	__u64 first = vma->start >> VMA_REGION_SHIFT, own = key->region;
+
+	bpf_map_update_elem(&vmas, key, vma, BPF_ANY);
+	for (int i = 0; i < VMA_SPREAD; i++) {
+		key->region = first + i;
+		if (key->region << VMA_REGION_SHIFT >= vma->end)
+			break;
+		if (key->region != own)
+			bpf_map_update_elem(&vmas, key, vma, BPF_ANY);
+	}
+}
+
 /* NO_FILE_CODE: a JIT's; NO_CFI_CODE: a file's code without CFI (V8's
  * builtins in node): both walked on the frame pointer */
 /* why frames were walked on the frame pointer (struct walk's fp_used) */
@@ -292,7 +312,7 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 		err = bpf_find_vma(task, q, vma_found, &vma, 0);
 		if (err)
 			return stop(w, err == -16 /* EBUSY */ ? VMA_BUSY : NO_MAPPING), NOT_MAPPED;
-		bpf_map_update_elem(&vmas, &key, &vma, BPF_ANY);
+		cache_vma(&key, &vma);
 	}
 	if (!vma.file.inode) {
 		/* code without a file (a JIT's): followed on its frame pointer;

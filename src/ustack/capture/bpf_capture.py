@@ -136,6 +136,7 @@ class BpfCapture(Capture):
     def open(self) -> None:
         target = self.target
         events = programs = None
+        pythons: list = []
         if self.interrupt is not None:
             self.events.interrupt = self.interrupt
         try:
@@ -148,10 +149,12 @@ class BpfCapture(Capture):
             events = InBackground(self.events.open)
             lazy = target.scope == "system" and self.defers_stacks
             if self.unwind_tables is not None:
-                from .bpf_unwind import objects_of_target, rows_capacity
+                from .bpf_unwind import objects_of_target, pythons_objects, rows_capacity
                 self._first_objects = objects_of_target(target, self.probes,
                                                         running=not lazy)
-                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory)
+                pythons = pythons_objects() if lazy else []
+                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory,
+                                                   pythons)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
@@ -160,6 +163,12 @@ class BpfCapture(Capture):
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             lazy = lazy and self.counter.objects is not None
+            if lazy:
+                # the loader starts on the running Pythons' objects while the
+                # programs load and attach (lazy_rows.py)
+                from .lazy_rows import LazyRows
+                self.lazy_rows = LazyRows(self.counter.objects, first=pythons)
+                self.lazy_rows.start()
             if self.counter.objects is not None:
                 objects = self.counter.objects
                 objects.add_vdso()
@@ -177,9 +186,6 @@ class BpfCapture(Capture):
             if self.counter.ring is not None:
                 self.events.wake_on(self.counter.ring.fd)   # its records end the drain's wait
             if lazy:
-                from .lazy_rows import LazyRows
-                self.lazy_rows = LazyRows(self.counter.objects)
-                self.lazy_rows.start()
                 self.unwind_note += ", tables loaded as objects are sampled"
         except BaseException:
             for job in (programs, events):  # never close what is still opening

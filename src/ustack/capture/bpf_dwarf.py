@@ -63,7 +63,8 @@ class UnwindCountCapture(BpfCapture):
                             self.counter.fetches, self._object_bytes,
                             python.code_seen if python is not None else None,
                             self._cut_one, self.weighted,
-                            frames.read if frames is not None and python is not None else None)
+                            frames.read if frames is not None and python is not None else None,
+                            frames.chain if frames is not None and python is not None else None)
 
     def _cut_one(self, chain: bytes) -> None:
         self._note_cut(chain, 1)

@@ -119,6 +119,7 @@ COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
     "COMPLETE", "NO_PROGRESS", "READ_FAILED"))
 # not a stack: a ring record naming a Python code object seen first (python.h)
 PYTHON_CODE = _STATUS["PYTHON_CODE"]
+PYTHON_CHAIN = 0x50             # bpf/python.h: a deferred sample's Python frames
 PY_NEW_CODES = 32                # python.h: code objects a record names, at most
 # struct python_code_entry: address, id, identity, first line, the name's
 # and file's lengths, their first 64 and last 96 characters
@@ -412,6 +413,41 @@ def objects_of_target(target, probes: list, running: bool = True) -> list:
 MAX_EAGER_PROCESSES = 16         # processes whose objects load before a lazy run starts
 
 
+def pythons_objects() -> list:
+    """The objects every stack of a running Python goes through
+    (python_paths), of each process that maps a python object now: a
+    system-wide run that loads rows as objects are sampled loads these
+    first, as it starts (lazy_rows.py). The walk meets a process's objects one at a time (it
+    stops at the first without rows), so a busy Python's stacks went to
+    user space for three rounds of want-and-load (libpython, libc, the
+    executable: ~50 ms, 5-9 % of its samples in a 1 s run), and its Python
+    frames, read from the live process after the sample, often no longer
+    matched them."""
+    found: list = []
+    for pid in procfs.pids():
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if "python" not in f.read():    # most processes: no parse
+                    continue
+        except OSError:
+            continue
+        found += python_paths([p for p in map(object_path, procfs.executable_mappings(pid))
+                               if p])
+    return list(dict.fromkeys(found))
+
+
+def python_paths(paths: list) -> list:
+    """Of a process's object paths (its executable first, as its maps
+    list it), those each of its stacks goes through when it runs Python:
+    its executable, its python objects (libpython), libc; none if it maps
+    no python object."""
+    names = [os.path.basename(p) for p in paths]
+    if not any(n.startswith(("python", "libpython")) for n in names):
+        return []
+    return [p for i, (p, n) in enumerate(zip(paths, names))
+            if i == 0 or n.startswith(("python", "libpython", "libc.so"))]
+
+
 def processes_mapping(paths: list) -> list:
     """The processes that map one of the objects at `paths` now, if at
     most MAX_EAGER_PROCESSES do, else none. A system-wide run that loads
@@ -489,15 +525,18 @@ def rows_estimate(path: str) -> int:
     return int(cfi * ROWS_PER_CFI_BYTE)
 
 
-def rows_capacity(paths: list, memory: int | None = None) -> int:
+def rows_capacity(paths: list, memory: int | None = None, ahead: list = ()) -> int:
     """How many rows the run's table holds: `memory` bytes' worth when
     the user set it (--unwind-memory), else what the objects at `paths`
     take and half the least size again for what they map later, never
-    less than DEFAULT_ROWS nor more than MAX_UNWIND_MEMORY."""
+    less than DEFAULT_ROWS, and what the objects at `ahead` take (loaded
+    before the run though it would load them as sampled: the room for
+    those sampled stays), never more than MAX_UNWIND_MEMORY."""
     if memory is not None:
         return max(1, memory // ROW_SIZE)
     need = sum(rows_estimate(p) for p in paths) + DEFAULT_ROWS // 2
-    return min(max(DEFAULT_ROWS, need), MAX_UNWIND_MEMORY // ROW_SIZE)
+    return min(max(DEFAULT_ROWS, need) + sum(rows_estimate(p) for p in ahead),
+               MAX_UNWIND_MEMORY // ROW_SIZE)
 COUNTS_PER_STACK = 16             # count keys per STACKS entry (see KernelUnwinder)
 
 
@@ -733,7 +772,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                  kernel_stack: Callable[[int], bytes] = lambda _id: b"",
                  fetches: tuple = (), read_file=None, python_code=None,
                  cut: Callable[[bytes], None] | None = None,
-                 weighted: bool = False, python_read=None) -> int:
+                 weighted: bool = False, python_read=None, python_chain=None) -> int:
     """Append a RawSample per record of a RingChunk from `offset`, for
     about `limit` bytes; returns the offset reached. A deferred record
     becomes a DWARF sample (regs and stack, as the copy path's), its
@@ -746,7 +785,10 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
     sample's one arg, as the perf path's fetch-arg. `python_read(pid,
     tid)`: a deferred sample's thread's Python frames read now
     (unwind/python_live.LiveFrames.read), or None; where it has them the
-    sample is a PythonSample, its frames merged where they agree with it.
+    sample is a PythonSample, its frames merged where they agree with it;
+    `python_chain(pid, tid, time, words)` hears of the Python frames the
+    kernel read at a deferred sample (a PYTHON_CHAIN record, before the
+    sample's own), which python_read(pid, tid, time) then gives.
     The loop is the
     trace's per-event cost: a plain record is two unpacks and a tuple."""
     end = min(len(chunk), offset + limit)
@@ -769,6 +811,12 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                 # the record's cpu: the interpreter's version
                 code_entries(chunk, rec, n, pid_tgid >> 32, nframes, python_code, cpu)
             continue
+        if status == PYTHON_CHAIN:
+            if python_chain is not None:
+                python_chain(pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t,
+                             chunk[rec + RECORD.size:rec + RECORD.size
+                                   + 8 * min(nframes, MAX_FRAMES)])
+            continue
         fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
             ip, sp, bp, bx, kstack, size, weight = DEFER.unpack_from(chunk, rec + RECORD.size)
@@ -780,7 +828,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                 regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
                 stack=chunk[at:min(at + size, rec + n)], args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b"")
-            read = python_read(sample.pid, sample.tid) if python_read is not None else None
+            read = python_read(sample.pid, sample.tid, t) if python_read is not None else None
             append(sample if read is None else python_sample(sample, read))
             continue
         frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)

@@ -10,7 +10,14 @@ cache (objfile/cache.py) makes them instant in the next run.
 
 The walk knows an object by (dev, inode); its path comes from the
 processes' maps (ObjectPaths), read when the loader starts, again when a
-wanted object is not among them, and as MMAP2 records announce new ones."""
+wanted object is not among them, and as MMAP2 records announce new ones.
+
+It starts on the objects the caller gives (`first`: those every stack of
+a Python running at the start goes through, bpf_unwind.pythons_objects)
+while the run's programs load and attach: the walk meets a process's
+objects one at a time, so without them a busy Python's first ~50 ms of
+samples went to user space, and a cold cache's builds do not hold up the
+start."""
 from __future__ import annotations
 
 import threading
@@ -60,8 +67,10 @@ class LazyRows:
     names, the most wanted first, until stop(). `loaded`: how many
     objects it loaded; `unknown`: wanted objects no process map named."""
 
-    def __init__(self, objects: UnwindObjects, paths: ObjectPaths | None = None):
+    def __init__(self, objects: UnwindObjects, paths: ObjectPaths | None = None,
+                 first: list = ()):
         self.objects = objects
+        self.first = list(first)
         self.paths = paths or ObjectPaths()
         self.loaded = 0
         self.pending = 0                # wanted but not loaded when the run ended
@@ -86,6 +95,10 @@ class LazyRows:
 
     def _run(self) -> None:
         try:
+            for path in self.first:
+                if self._stop.is_set():
+                    return
+                self.objects.add_path(path, run_waits=False)
             self.paths.scan()
             while not self._stop.is_set():
                 if not self.load_next():

@@ -25,10 +25,12 @@ from ..unwind.python_runtime import CODE_OFFSETS
 from ..unwind.python_frames import ascii_data, code_identity, freed
 
 # an id's word (bpf/python.h): PY_CUT, the frames left out of a deep
-# stack (its index their count); PY_NOT_READ, a code object the kernel
-# could not check
+# stack (its index their count; 0: C frames the native walk did not reach,
+# the Python chain going on after them); PY_NOT_READ, a code object the
+# kernel could not check
 PY_CUT, PY_NOT_READ = 0, 1
 NOT_READ = "[python code, not read]"
+C_FRAMES_CUT = "[C frames left out: the stack is deeper than the in-kernel walk goes]"
 TYPE_NAME = 24                 # PyTypeObject.tp_name
 
 MAX_CODES = 1 << 16            # code objects kept (all processes); bounds memory
@@ -219,6 +221,8 @@ class PythonCode:
         found = self._frames.get(key)
         if found is not None:
             return found
+        if self.by_id and code == PY_CUT << 3 and index == 0:
+            return Frame(addr=0, module="", kind="python", function=C_FRAMES_CUT)
         if self.by_id and code == PY_CUT << 3:
             self.cut += 1
             self.deepest = max(self.deepest, index)

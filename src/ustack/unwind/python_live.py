@@ -3,7 +3,9 @@ the kernel copied (the perf backend): the user-space counterpart of the
 in-kernel walk (bpf/python.h). The capture calls `read(pid, tid)` as each
 sample comes off the ring, the nearest moment to the sample user space
 has; the unwinder merges what it read (python_frames.merge_read), checked
-against the sample's native stack.
+against the sample's native stack. A stack the in-kernel walk deferred
+(the BPF backend) may come with the chain the kernel read at the sample
+(`chain()`, bpf/python.h python_deferred): `read` gives that one instead.
 
 A PyThreadState names its thread by pthread_self(): on x86-64 glibc the
 address of the thread's struct pthread, which holds the kernel's thread id
@@ -17,7 +19,7 @@ import time
 
 from ..kernel import procfs
 from ..kernel.procfs import ProcessMemory
-from ..model import Mapping, UstackError
+from ..model import Mapping, UstackError, python_frame_parts
 from .python_frames import (ID_CPU_BITS, USER_ID_CPU, code_identity, current_frame,
                             frame_groups, freed, identity_span, thread_states)
 from .python_runtime import CODE_OFFSETS, find_interpreter
@@ -28,7 +30,10 @@ REREAD_S = 0.01             # a thread without a known state: its list re-read a
 MAX_PROCS = 1024            # processes followed at once
 MAX_CODES = 1 << 14         # code objects remembered per process (then read anew)
 TYPE_NAME = 24              # PyTypeObject.tp_name
+MAX_CHAINS = 4096           # kernel-read chains waiting for their sample's record
+PY_GROUP_END = 2            # bpf/python.h: a chain word's id after an eval call's frames
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 
 # what the header says of a run that reads them
 HEADER_NOTE = "Python frames read from the process after each sample"
@@ -62,14 +67,27 @@ class LiveFrames:
     def __init__(self, remember=None):
         self.remember = remember
         self._procs: dict = {}          # pid -> _Process, or None: no interpreter mapped
+        self._chains: dict = {}         # tid -> (pid, sample time, words): chain()'s
         self._ids = 0                   # ids given
 
-    def read(self, pid: int, tid: int) -> tuple | None:
-        """(groups, note, eval ranges, current frame) of the thread now
-        (model.PythonSample.python), or None where it runs no Python."""
+    def chain(self, pid: int, tid: int, at: int, words: bytes) -> None:
+        """The Python frame chain the kernel read at the sample of time
+        `at` whose deferred record follows (bpf/python.h python_deferred):
+        what read(pid, tid, at) gives for that sample."""
+        if len(self._chains) >= MAX_CHAINS:
+            self._chains.clear()        # their samples' records were lost
+        self._chains[tid] = (pid, at, words)
+
+    def read(self, pid: int, tid: int, at: int | None = None) -> tuple | None:
+        """(groups, note, eval ranges, current frame) of the thread at the
+        sample of time `at`, as the kernel read it then (chain()), else now
+        (model.PythonSample.python); None where it runs no Python."""
         proc = self._process(pid)
         if proc is None:
             return None
+        kernel = self._chains.pop(tid, None)
+        if kernel is not None and kernel[:2] == (pid, at):
+            return chain_groups(kernel[2]) + (proc.interp.eval_ranges, kernel_current(kernel[2]))
         try:
             tstate = proc.threads.get(tid)
             if tstate is None:
@@ -171,6 +189,31 @@ class LiveFrames:
                 named.append((known[1] << 3, index))
             out.append(tuple(named))
         return "", tuple(out)
+
+
+def kernel_current(words: bytes) -> int:
+    """The current frame's address a PYTHON_CHAIN record's words start with."""
+    return _U64.unpack_from(words)[0] if len(words) >= 8 else 0
+
+
+def chain_groups(words: bytes) -> tuple:
+    """(groups, "") of a PYTHON_CHAIN record's words (bpf/python.h
+    python_deferred): after the current frame's address, a word per
+    Python frame (its code object named by id, as LiveFrames names them)
+    and a PY_GROUP_END after each eval call's, innermost first."""
+    groups, group = [], []
+    for (word,) in _U64.iter_unpack(words[8:len(words) & ~7]):
+        parts = python_frame_parts(word)
+        if parts is None:
+            continue
+        if parts[0] == PY_GROUP_END << 3:
+            groups.append(tuple(group))
+            group = []
+        else:
+            group.append(parts)
+    if group:
+        groups.append(tuple(group))
+    return tuple(groups), ""
 
 
 def _codes(groups: tuple) -> tuple:
