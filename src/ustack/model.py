@@ -185,6 +185,30 @@ def v8_frame_parts(word: int) -> tuple | None:
     return ((word >> 16) & ((1 << 44) - 1)) << 3 | 1, word & V8_NO_OFFSET
 
 
+# A Perl frame inside a native callchain (bpf/perl.h): the in-kernel walk
+# puts a run loop's Perl frames where its C frame was. PERL_FRAME_TAG, the
+# sub's CV address >> 3 in bits 16-59 (the main program's body: PL_main_cv),
+# and the line the frame is at in bits 0-15 (clamped to PERL_LINE_MAX).
+PERL_FRAME_TAG = 0xB000000000000000
+PERL_LINE_MAX = 0xFFFF
+
+
+def perl_frame_word(cv: int, line: int) -> int:
+    """The callchain word of a Perl frame (see PERL_FRAME_TAG)."""
+    return PERL_FRAME_TAG | (cv >> 3) << 16 | min(line, PERL_LINE_MAX)
+
+
+def perl_frame_parts(word: int) -> tuple | None:
+    """(CV address, line) of a Perl frame's word, or None for any other word."""
+    if word >> 60 != PERL_FRAME_TAG >> 60:
+        return None
+    return ((word >> 16) & ((1 << 44) - 1)) << 3, word & PERL_LINE_MAX
+
+
+# frames of a script's interpreter: a name, a file and a line, no address
+SCRIPT_KINDS = frozenset({"python", "perl"})
+
+
 # A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
 # frames) ends with FTRACE_STACK_FULL: the walk stopped there, not at the
 # root; the unwind stage turns it into FTRACE_STACK_FULL_NOTE.

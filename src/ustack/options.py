@@ -42,6 +42,7 @@ class Options:
     unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too
     python: bool = True                    # --no-python: no Python frames in native stacks
     js: bool = True                        # --no-js: node's JS frames not named from its heap
+    perl: bool = True                      # --no-perl: no Perl frames in native stacks
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
     every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
     to: object | None = None            # --every --to: commands.every.SinkRequest
@@ -85,7 +86,8 @@ def run_options(args) -> Options:
                    output_format=getattr(args, "format", None),
                    unsafe_address=getattr(args, "unsafe_address", False),
                    python=not getattr(args, "no_python", False),
-                   js=not getattr(args, "no_js", False))
+                   js=not getattr(args, "no_js", False),
+                   perl=not getattr(args, "no_perl", False))
 
 
 def symbol_options(args) -> SymbolOptions:

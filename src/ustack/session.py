@@ -23,6 +23,7 @@ from .target import ahead, process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
+from .symbols.perl import PerlSubs
 from .symbols.v8 import V8Functions
 from . import plan as policy
 from . import unprivileged
@@ -59,6 +60,7 @@ class Session:
         self.deadline: float | None = None    # time.monotonic() when -d ends the events
         self.python_code = PythonCode()    # code objects' names: the capture reads, the resolver names
         self.v8_functions = V8Functions()  # JS functions' names: the same
+        self.perl_subs = PerlSubs()        # Perl subs' names, as the kernel copied them
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -71,7 +73,8 @@ class Session:
         from .symbols.stacks import StackResolver
         return StackResolver(self.tracker, self.opts.symbols,
                              getattr(self.capture, "cut_advice", None), self.python_code,
-                             self.plan and self.plan.fp_advice(), self.v8_functions)
+                             self.plan and self.plan.fp_advice(), self.v8_functions,
+                             self.perl_subs)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -159,6 +162,7 @@ class Session:
             self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
         capture.python_code, capture.v8_functions = self.python_code, self.v8_functions
+        capture.perl_subs = self.perl_subs
         if opts.python:
             from .unwind import python_live
             python_live.wire(capture, self.python_code, self.target, self.plan)

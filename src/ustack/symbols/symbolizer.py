@@ -4,13 +4,14 @@ files (elf_source.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
 vDSO (vdso_source.py); kernel addresses by kallsyms (kernel.py). A Python
 frame's tagged word (model.python_frame_parts) is named by the run's
 PythonCode (python.py), a JS frame's (model.v8_frame_parts) by V8Functions
-(v8.py)."""
+(v8.py), a Perl frame's (model.perl_frame_parts) by PerlSubs (perl.py)."""
 from __future__ import annotations
 
 import os
 
-from ..model import (PYTHON_FRAME_TAG, V8_FRAME_TAG, Frame,  # noqa: F401 (SymbolOptions: its old home)
-                     SymbolOptions, printable, python_frame_parts, v8_frame_parts)
+from ..model import (PERL_FRAME_TAG, PYTHON_FRAME_TAG, V8_FRAME_TAG,  # noqa: F401 (SymbolOptions)
+                     Frame, SymbolOptions, perl_frame_parts, printable, python_frame_parts,
+                     v8_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
@@ -18,12 +19,14 @@ from .go import GoSymbols
 from .kernel import KernelSymbols
 from .normalize import normalize
 from .perfmap import JitSymbols
+from .perl import PerlSubs
 from .python import PythonCode
 from .v8 import V8Functions
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
 _PYTHON_TAG = PYTHON_FRAME_TAG >> 60
 _V8_TAG = V8_FRAME_TAG >> 60
+_PERL_TAG = PERL_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
@@ -35,7 +38,8 @@ class Symbolizer:
 
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
                  python_code: PythonCode | None = None,
-                 v8_functions: V8Functions | None = None):
+                 v8_functions: V8Functions | None = None,
+                 perl_subs: PerlSubs | None = None):
         self.mappings = mappings
         self.options = options
         self._said: list = []
@@ -43,6 +47,7 @@ class Symbolizer:
         self._elf = ElfSource(options, name, self._said)
         self._go = GoSymbols(options, self._elf.image)
         self.v8 = v8_functions if v8_functions is not None else V8Functions()
+        self.perl = perl_subs if perl_subs is not None else PerlSubs()
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
                                self.v8.named_in)
         self._kernel: KernelSymbols | None = None   # read on first use
@@ -54,7 +59,8 @@ class Symbolizer:
     @property
     def warnings(self) -> list:
         return (self._said + self._jit.notes() + self._elf.fetch_notes()
-                + self._elf.name_source_notes() + self.v8.warnings)
+                + self._elf.name_source_notes() + self.v8.warnings
+                + self.perl.warnings)
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since
@@ -84,6 +90,12 @@ class Symbolizer:
                 # a JS frame where the walk found its JIT or builtin pc
                 shared, offset = v8_frame_parts(addr)
                 out.append(self.v8.frame(pid, shared, offset))
+                exact = False
+                continue
+            if addr >> 60 == _PERL_TAG and self.perl.active:
+                # a Perl frame where its run loop's C frame was
+                cv, line = perl_frame_parts(addr)
+                out.append(self.perl.frame(pid, cv, line))
                 exact = False
                 continue
             # Return addresses point after the call; addr-1 is still inside

@@ -1,0 +1,125 @@
+"""Perl frames at their place in the native stack: the in-kernel walk
+replaces the run loop's C frame (Perl_runops_standard) with the subs it
+ran, read from the interpreter's context stack at the sample (bpf/perl.h),
+named by what the kernel copied (symbols/perl.py). calls.pl's a() -> b() ->
+Work::c() is the oracle: every sample in c() must show the chain in order,
+with the sub's package, the file and each caller's line, down to _start."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ustack
+from helpers import ok, parse_folded, run_ustack
+
+pytestmark = pytest.mark.kernel
+
+CALLS = Path(__file__).parent / "programs" / "perl" / "calls.pl"
+# (sub, line) outermost first: the main loop's line, then each caller's call
+CHAIN = [("<main>", 37), ("main::a", 32), ("main::b", 30)]
+C_LINES = {10, 11, 12}            # Work::c's body
+
+
+def _perl() -> str:
+    perl = shutil.which("perl")
+    if perl is None:
+        pytest.skip("perl is not installed: no Perl frames to merge")
+    return perl
+
+
+def _perl_frames(frames) -> list:
+    """(function, line) of the Perl frames, outermost first."""
+    return [(f.function, f.line) for f in reversed(frames) if f.kind == "perl"]
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    """One profile of `perl calls.pl` (-c): its counted stacks."""
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{_perl()} {CALLS} 1500")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+    return counted
+
+
+def test_the_chain_is_named_in_order_to_start(profiled):
+    in_c = [c for c in profiled if "Work::c" in [f.function for f in c.stack.frames]]
+    samples = sum(c.count for c in in_c)
+    whole = sum(c.count for c in in_c
+                if _perl_frames(c.stack.frames)[:3] == CHAIN
+                and [n for n, _line in _perl_frames(c.stack.frames)] == [
+                    "<main>", "main::a", "main::b", "Work::c"]
+                and _perl_frames(c.stack.frames)[3][1] in C_LINES
+                and c.stack.frames[-1].function == "_start")
+    assert samples >= 20, profiled
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
+    files = {f.file for c in in_c for f in c.stack.frames if f.kind == "perl"}
+    assert files == {str(CALLS)}, files
+
+
+def test_perl_frames_stand_where_the_run_loop_ran(profiled):
+    """The run loop's C frame is replaced by the subs: perl_run under the
+    main program's body, the op that ran (a pp_ function) above c()."""
+    best = max((c for c in profiled if "Work::c" in [f.function for f in c.stack.frames]),
+               key=lambda c: c.count)
+    functions = [f.function for f in best.stack.frames]
+    at = functions.index("Work::c")
+    assert functions[at:at + 5] == ["Work::c", "main::b", "main::a", "<main>", "perl_run"], \
+        functions
+    assert "Perl_runops_standard" not in functions, functions
+
+
+@pytest.fixture(scope="module")
+def running_perl():
+    """`perl calls.pl` running its chain until ended, once it said so."""
+    proc = subprocess.Popen([_perl(), str(CALLS)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_running_perl_by_pid(running_perl, tmp_path):
+    """-p: a perl already running; folded frames carry file and line."""
+    out = tmp_path / "p.folded"
+    ok(run_ustack("profile", "-F", "199", "-d", "1", "-p", str(running_perl.pid), "-o", out))
+    stacks = parse_folded(out.read_text())
+    in_c = sum(n for stack, n in stacks if any(f.startswith("Work::c ") for f in stack))
+    whole = sum(n for stack, n in stacks
+                if "_start" in stack and stack[stack.index("perl_run") + 1:][:3] == [
+                    "<main> (calls.pl:37)", "main::a (calls.pl:32)", "main::b (calls.pl:30)"]
+                and any(f"Work::c (calls.pl:{line})" in stack for line in C_LINES))
+    assert in_c >= 20, out.read_text()[-2000:]
+    assert whole >= 0.9 * in_c, f"{whole} of {in_c}"
+
+
+def test_no_perl_leaves_the_run_loop(running_perl, tmp_path):
+    """--no-perl: the stacks as walked, the interpreter's C frames only."""
+    out = tmp_path / "p.folded"
+    ok(run_ustack("profile", "-F", "199", "-d", "1", "--no-perl",
+                  "-p", str(running_perl.pid), "-o", out))
+    text = out.read_text()
+    assert "Work::c" not in text and "Perl_runops_standard" in text, text[-2000:]
+
+
+def test_a_sort_block_runs_a_loop_of_its_own():
+    """sort's block runs in a nested run loop (a stackinfo of its own):
+    weigh() stands above pp_sort, under d() and its callers."""
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{_perl()} {CALLS} 300 sort")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+    in_weigh = [c for c in counted if "Work::weigh" in [f.function for f in c.stack.frames]]
+    samples = sum(c.count for c in in_weigh)
+    whole = 0
+    for c in in_weigh:
+        functions = [f.function for f in reversed(c.stack.frames)]
+        perl = [n for n, _line in _perl_frames(c.stack.frames)]
+        if perl == ["<main>", "main::a", "main::b", "Work::d", "Work::weigh"] \
+                and functions.index("Perl_pp_sort") == functions.index("Work::d") + 1:
+            whole += c.count
+    assert samples >= 20, counted
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in weigh() whole"
