@@ -113,6 +113,7 @@ struct perl_walk {
 	__u64 nnative, next;		/* their count; the next one to merge */
 	__u64 out, hash;		/* the merged frames written; their hash */
 	__u64 si;			/* the stackinfo whose contexts come next, 0: none left */
+	__u64 cxstack;			/* its contexts */
 	__s64 ix;			/* its next context, counting down */
 	__u64 in_group;			/* a run loop's frames being written */
 	__u64 group_frames;		/* Perl frames written for it */
@@ -257,6 +258,7 @@ static __always_inline int perl_stackinfo(struct perl_walk *p)
 		return 0;
 	}
 	p->ix = cxix;
+	p->cxstack = user_word(p->si + p->proc.layout.si_cxstack);
 	return 1;
 }
 
@@ -265,7 +267,7 @@ static __always_inline int perl_stackinfo(struct perl_walk *p)
 static __always_inline int perl_context(struct walk *w, struct perl_walk *p)
 {
 	struct perl_layout *l = &p->proc.layout;
-	__u64 si = p->si, cxstack, prev, cv;
+	__u64 si = p->si, prev, cv;
 	__u32 size = l->cx_size;
 
 	if (p->ix < 0) {	/* the stackinfo's bottom: the main program's, or a nested loop's */
@@ -279,9 +281,8 @@ static __always_inline int perl_context(struct walk *w, struct perl_walk *p)
 	}
 	if (++p->contexts > PERL_MAX_CONTEXTS || size > PERL_CX_READ)
 		goto unreadable;
-	cxstack = user_word(si + l->si_cxstack);
-	if (!cxstack || bpf_probe_read_user(p->cx, size & (PERL_CX_READ - 1),
-					    (void *)(cxstack + p->ix * size)))
+	if (!p->cxstack || bpf_probe_read_user(p->cx, size & (PERL_CX_READ - 1),
+					       (void *)(p->cxstack + p->ix * size)))
 		goto unreadable;
 	p->ix--;
 	if ((p->cx[0] & CXT_TYPE_MASK) == CXT_SUB) {
