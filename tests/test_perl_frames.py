@@ -6,14 +6,16 @@ Work::c() is the oracle: every sample in c() must show the chain in order,
 with the sub's package, the file and each caller's line, down to _start."""
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import ustack
-from helpers import ok, parse_folded, run_ustack
+from helpers import finish, ok, parse_folded, run_ustack, start_ustack, stop, wait_tracing
 
 pytestmark = pytest.mark.kernel
 
@@ -123,3 +125,31 @@ def test_a_sort_block_runs_a_loop_of_its_own():
             whole += c.count
     assert samples >= 20, counted
     assert whole >= 0.9 * samples, f"{whole} of {samples} samples in weigh() whole"
+
+
+def test_perl_started_during_a_whole_machine_run():
+    """A whole-machine run: a perl started once ustack says it samples has
+    its chain from its first samples the kernel walks. Perl is known by its
+    object (its facts loaded with its rows, which the walk wants), not by
+    the process; a stack ustack unwinds itself (before those rows load)
+    keeps the run loop's C frame."""
+    perl = _perl()
+    us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us, timeout=60)
+        prog = subprocess.Popen([perl, str(CALLS), "1500"], stdout=subprocess.DEVNULL)
+        assert prog.wait(timeout=60) == 0
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us, 60)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = [s for s in json.loads(out)["stacks"] if s["pid"] == prog.pid]
+    in_c = [s for s in stacks if "Work::c" in [f["function"] for f in s["frames"]]]
+    samples = sum(s["count"] for s in in_c)
+    whole = sum(s["count"] for s in in_c
+                if [(f["function"], f["line"]) for f in reversed(s["frames"])
+                    if f["kind"] == "perl"][:3] == CHAIN
+                and s["frames"][-1]["function"] == "_start")
+    assert samples >= 20, [s["frames"][:6] for s in stacks[:5]]
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
