@@ -132,7 +132,7 @@ print(seen[1], seen[0] / max(seen[1], 1))
 TARGETS = {
     "perl calls.pl (Perl pass)": (f"perl {CALLS} 2000", "--no-perl"),
     "python3 frames.py busy (Python pass)": (f"python3 {FRAMES_PY} busy 2", "--no-python"),
-    "sh loop: neither (Perl pass on/off)": ("sh -c 'i=0; while [ $i -lt 300000 ]; do "
+    "sh loop: neither (Perl pass on/off)": ("sh -c 'i=0; while [ $i -lt 1500000 ]; do "
                                             "i=$((i+1)); done'", "--no-perl"),
 }
 
@@ -152,14 +152,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cost-only", action="store_true")
     a = ap.parse_args()
     print(f"perl {subprocess.run(['perl', '-e', 'print $^V'], capture_output=True, text=True).stdout}"
           f"; profile at 199 Hz, {a.seconds:g} s of work a run")
     print()
     print("| scope | samples in Work::c | whole chain to _start | share |")
     print("|---|---:|---:|---:|")
-    for scope, run in (("-c", by_command), ("-p", by_pid),
-                       ("whole machine, perl started during the run", whole_machine)):
+    scopes = () if a.cost_only else (
+        ("-c", by_command), ("-p", by_pid),
+        ("whole machine, perl started during the run", whole_machine))
+    for scope, run in scopes:
         for _ in range(a.reps):
             in_c, whole = run(a.seconds)
             print(f"| {scope} | {in_c} | {whole} | {100 * whole / max(in_c, 1):.1f} % |")

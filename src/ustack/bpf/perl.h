@@ -351,14 +351,17 @@ static __always_inline __u64 perl_interpreter(struct perl_walk *p)
  * went through a Perl object of PERL_OBJECTS: its frames and hash change */
 static __noinline void perl_merge(struct walk *w, __u64 pid_tgid)
 {
-	struct perl_walk *p = perl_state();
+	struct perl_walk *p;
 	struct perl_object *o;
 	struct perl_layout *l;
 	__u64 interp, n;
 	__u32 slot;
 	__s64 adjust;
 
-	if (!p || !w || !w->perl)
+	if (!w || !w->perl)	/* a stack through no Perl object: this test only */
+		return;
+	p = perl_state();
+	if (!p)
 		return;
 	slot = w->perl - 1;
 	o = bpf_map_lookup_elem(&perl_objects, &slot);
