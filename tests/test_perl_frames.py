@@ -153,3 +153,14 @@ def test_perl_started_during_a_whole_machine_run():
                 and s["frames"][-1]["function"] == "_start")
     assert samples >= 20, [s["frames"][:6] for s in stacks[:5]]
     assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
+
+
+def test_a_recording_keeps_the_run_loop(tmp_path):
+    """record: the file keeps no sub's name, so the run loop's C frame
+    stays as walked, never a Perl word read back as an address."""
+    rec = tmp_path / "calls.ustack"
+    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c", f"{_perl()} {CALLS} 300"))
+    res = run_ustack("report", rec)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "Perl_runops_standard" in res.stdout, res.stdout[-2000:]
+    assert "[unknown]" not in res.stdout, res.stdout[-2000:]

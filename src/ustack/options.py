@@ -56,6 +56,13 @@ class Options:
         return self.js and self.record is None and self.command != "record"
 
     @property
+    def perl_merged(self) -> bool:
+        """Whether the in-kernel walk merges Perl frames (bpf/perl.h): not
+        for a run that records, whose file keeps no sub's name yet (the
+        run loop's C frames are kept as walked)."""
+        return self.perl and self.record is None and self.command != "record"
+
+    @property
     def runs_as(self) -> str:
         """What the run does with its events: record traces, or counts
         where the kernel counts (bpf), and its recording says which."""
