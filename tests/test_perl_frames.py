@@ -164,3 +164,23 @@ def test_a_recording_keeps_the_run_loop(tmp_path):
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert "Perl_runops_standard" in res.stdout, res.stdout[-2000:]
     assert "[unknown]" not in res.stdout, res.stdout[-2000:]
+
+
+def test_a_required_file_runs_under_its_require():
+    """A sub the top level of a required file calls stands under the sub
+    that required it, at the require's line; each frame in its own file."""
+    requires = CALLS.parent / "requires.pl"
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"env SPIN_ROUNDS=600 {_perl()} {requires}")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+    in_go = [c for c in counted if "Spin::go" in [f.function for f in c.stack.frames]]
+    samples = sum(c.count for c in in_go)
+    whole = sum(c.count for c in in_go
+                if [(f.function, f.module, f.line) for f in reversed(c.stack.frames)
+                    if f.kind == "perl"][:2] == [("<main>", "requires.pl", 12),
+                                                 ("main::loader", "requires.pl", 9)]
+                and [(f.function, f.module) for f in c.stack.frames
+                     if f.kind == "perl"][0] == ("Spin::go", "Spin.pm"))
+    assert samples >= 20, counted
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in go() whole"

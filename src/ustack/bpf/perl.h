@@ -27,9 +27,12 @@
  *   one tagged word (model.perl_frame_word): its CV's address and its
  *   line; the stack's hash covers them;
  * - names are copied at the sample: each (tgid, CV) the pass meets goes
- *   into PERL_SUBS with its sub's name, package and file, unless there
- *   with the same GV (or name HEK), which a freed CV's next owner would
- *   not have; user space takes them out as it reads them.
+ *   into PERL_SUBS with its sub's name, package and file (CvFILE: where
+ *   it was defined; the main program's, its COP's), unless there with the
+ *   same GV (or name HEK), which a freed CV's next owner would not have;
+ *   user space takes them out as it reads them. A require or string eval
+ *   (CXt_EVAL but eval {}) shows no frame of its own: its caller's line is
+ *   the require's.
  * A context that cannot be read ends its stackinfo's frames there: the
  * rest of the run loop's frames stay as walked, never a guessed name. */
 #ifndef PERL_H
@@ -47,6 +50,8 @@
 #define PERL_FILE 128
 #define CXT_TYPE_MASK 0xF		/* CXTYPEMASK */
 #define CXT_SUB 9			/* CXt_SUB */
+#define CXT_EVAL 11			/* CXt_EVAL */
+#define CXP_EVALBLOCK 0x40		/* CXp_EVALBLOCK: eval {}, try {} */
 
 /* a Perl version's layout (unwind/perl_runtime.py's names), byte offsets */
 struct perl_layout {
@@ -57,6 +62,7 @@ struct perl_layout {
 	__u32 cx_size, cx_oldcop, cx_sub_cv;	/* PERL_CONTEXT: blk_oldcop, blk_sub.cv */
 	__u32 cop_line, cop_file;	/* COP: cop_line, CopFILE (a char * with ithreads) */
 	__u32 cv_stash, cv_gv, cv_flags;	/* XPVCV: xcv_stash, xcv_gv_u, xcv_flags */
+	__u32 cv_file;			/* XPVCV.xcv_file: CvFILE, a char * with ithreads */
 	__u32 cv_named;			/* CVf_NAMED: xcv_gv_u is a name HEK, not a GV */
 	__u32 gv_name, gv_stash;	/* XPVGV: xiv_u (name HEK), xnv_u (stash) */
 	__u32 sv_flags, sv_ook;		/* sv_flags; SVf_OOK: a hash with its aux part */
@@ -211,8 +217,9 @@ static __noinline void perl_seen(struct perl_walk *p, __u64 cv, __u64 cop)
 			}
 		}
 	}
-	if (cop) {
-		__u64 file = user_word(cop + l->cop_file);
+	{
+		__u64 file = cv != p->main_cv ? PERL_FIELD(__u64, p->body, l->cv_file)
+			: cop ? user_word(cop + l->cop_file) : 0;
 
 		if (file && bpf_probe_read_user_str(p->sub.file, PERL_FILE, (void *)file) < 0)
 			p->sub.file[0] = 0;
@@ -290,6 +297,8 @@ static __always_inline int perl_context(struct walk *w, struct perl_walk *p)
 		if (cv)		/* 0: pp_entersub pushed the block, not the sub yet */
 			perl_frame(w, p, cv);
 		p->cop = PERL_FIELD(__u64, p->cx, l->cx_oldcop);
+	} else if ((p->cx[0] & CXT_TYPE_MASK) == CXT_EVAL && !(p->cx[0] & CXP_EVALBLOCK)) {
+		p->cop = PERL_FIELD(__u64, p->cx, l->cx_oldcop);	/* where it was required */
 	}
 	return 0;
 unreadable:

@@ -42,6 +42,7 @@ LAYOUT_5_36 = {
     "cv_stash": 32,                # XPVCV.xcv_stash
     "cv_gv": 56,                   # XPVCV.xcv_gv_u: GV, or a HEK when CVf_NAMED
     "cv_flags": 92,                # XPVCV.xcv_flags (U32)
+    "cv_file": 64,                 # XPVCV.xcv_file: CvFILE (char *)
     "cv_named": 0x8000,            # CVf_NAMED
     "gv_name": 32,                 # XPVGV.xiv_u.xivu_namehek
     "gv_stash": 40,                # XPVGV.xnv_u.xgv_stash
