@@ -124,6 +124,7 @@ struct perl_walk {
 	__u64 in_group;			/* a run loop's frames being written */
 	__u64 group_frames;		/* Perl frames written for it */
 	__u64 cop;			/* the COP of the next frame: where it is */
+	__u64 frame_cv, frame_cop;	/* a frame perl_context found */
 	__u64 main_cv;
 	__u64 contexts;			/* contexts read */
 	__u64 perl_frames;
@@ -181,42 +182,52 @@ static __always_inline void perl_stash_name(struct perl_walk *p, __u64 hv, char 
 	perl_hek(p, name, out, PERL_NAME);
 }
 
-/* (tgid, cv) into PERL_SUBS with its names, unless there as it is */
-static __noinline void perl_seen(struct perl_walk *p, __u64 cv, __u64 cop)
+/* (tgid, cv) into PERL_SUBS with its names, unless there as it is; 0.
+ * A global function, so the verifier checks it once, on its own */
+__noinline int perl_seen(__u64 cv, __u64 cop)
 {
-	struct perl_layout *l = &p->proc.layout;
-	struct perl_sub_key key = { .tgid = p->tgid, .cv = cv };
+	struct perl_walk *p = perl_state();
+	struct perl_layout *l;
+	struct perl_sub_key key = { .cv = cv };
 	struct perl_sub *known;
-	__u64 body, gv, gv_body, identity = 0;
+	__u64 body, gv_body, name, stash, identity = 0;
 	__u32 flags = 0;
+
+	if (!p)
+		return 0;
+	l = &p->proc.layout;
+	key.tgid = p->tgid;
 
 	body = user_word(cv);
 	if (cv != p->main_cv) {
 		if (!body || bpf_probe_read_user(p->body, PERL_CX_READ, (void *)body))
-			return;
+			return 0;
 		identity = PERL_FIELD(__u64, p->body, l->cv_gv);
 		flags = PERL_FIELD(__u32, p->body, l->cv_flags);
 		if (!identity)
-			return;
+			return 0;
 	}
 	known = bpf_map_lookup_elem(&perl_subs, &key);
 	if (known && known->identity == identity)
-		return;
+		return 0;
 	p->sub.identity = identity;
-	p->sub.name[0] = p->sub.package[0] = p->sub.file[0] = 0;
+	p->sub.file[0] = 0;
+	/* one call of each reader (the verifier checks each call apart) */
+	name = stash = 0;
 	if (cv != p->main_cv) {
 		if (flags & l->cv_named) {
-			perl_hek(p, identity, p->sub.name, PERL_NAME);
-			perl_stash_name(p, PERL_FIELD(__u64, p->body, l->cv_stash), p->sub.package);
+			name = identity;
+			stash = PERL_FIELD(__u64, p->body, l->cv_stash);
 		} else {
-			gv = identity;
-			gv_body = user_word(gv);
+			gv_body = user_word(identity);
 			if (gv_body) {
-				perl_hek(p, user_word(gv_body + l->gv_name), p->sub.name, PERL_NAME);
-				perl_stash_name(p, user_word(gv_body + l->gv_stash), p->sub.package);
+				name = user_word(gv_body + l->gv_name);
+				stash = user_word(gv_body + l->gv_stash);
 			}
 		}
 	}
+	perl_hek(p, name, p->sub.name, PERL_NAME);
+	perl_stash_name(p, stash, p->sub.package);
 	{
 		__u64 file = cv != p->main_cv ? PERL_FIELD(__u64, p->body, l->cv_file)
 			: cop ? user_word(cop + l->cop_file) : 0;
@@ -225,6 +236,7 @@ static __noinline void perl_seen(struct perl_walk *p, __u64 cv, __u64 cop)
 			p->sub.file[0] = 0;
 	}
 	bpf_map_update_elem(&perl_subs, &key, &p->sub, BPF_ANY);
+	return 0;
 }
 
 /* one merged word into w */
@@ -239,16 +251,16 @@ static __always_inline void perl_emit(struct walk *w, struct perl_walk *p, __u64
 	p->out++;
 }
 
-/* the frame of sub `cv` at p->cop into the merged stack */
-static __always_inline void perl_frame(struct walk *w, struct perl_walk *p, __u64 cv)
+/* the frame of sub `cv` at `cop` into the merged stack */
+static __always_inline void perl_frame(struct walk *w, struct perl_walk *p, __u64 cv, __u64 cop)
 {
 	__u32 line = 0;
 
-	if (p->cop)
-		bpf_probe_read_user(&line, 4, (void *)(p->cop + p->proc.layout.cop_line));
+	if (cop)
+		bpf_probe_read_user(&line, 4, (void *)(cop + p->proc.layout.cop_line));
 	if (line > PERL_LINE_MAX)
 		line = PERL_LINE_MAX;
-	perl_seen(p, cv, p->cop);
+	perl_seen(cv, cop);
 	perl_emit(w, p, PERL_TAG | (cv >> 3) << 16 | line);
 	p->group_frames++;
 	p->perl_frames++;
@@ -270,8 +282,9 @@ static __always_inline int perl_stackinfo(struct perl_walk *p)
 }
 
 /* one step of a run loop's group: a context of the stackinfo, or its
- * end; whether the group ended */
-static __always_inline int perl_context(struct walk *w, struct perl_walk *p)
+ * end; whether the group ended. A frame it finds is left in p->frame_cv
+ * and p->frame_cop, for the one place that writes frames (perl_step) */
+static __always_inline int perl_context(struct perl_walk *p)
 {
 	struct perl_layout *l = &p->proc.layout;
 	__u64 si = p->si, prev, cv;
@@ -279,8 +292,10 @@ static __always_inline int perl_context(struct walk *w, struct perl_walk *p)
 
 	if (p->ix < 0) {	/* the stackinfo's bottom: the main program's, or a nested loop's */
 		prev = user_word(si + l->si_prev);
-		if (!prev)
-			perl_frame(w, p, p->main_cv);
+		if (!prev) {
+			p->frame_cv = p->main_cv;
+			p->frame_cop = p->cop;
+		}
 		p->si = prev;
 		if (prev && !perl_stackinfo(p))
 			p->si = 0;
@@ -294,8 +309,10 @@ static __always_inline int perl_context(struct walk *w, struct perl_walk *p)
 	p->ix--;
 	if ((p->cx[0] & CXT_TYPE_MASK) == CXT_SUB) {
 		cv = PERL_FIELD(__u64, p->cx, l->cx_sub_cv);
-		if (cv)		/* 0: pp_entersub pushed the block, not the sub yet */
-			perl_frame(w, p, cv);
+		if (cv) {	/* 0: pp_entersub pushed the block, not the sub yet */
+			p->frame_cv = cv;
+			p->frame_cop = p->cop;
+		}
 		p->cop = PERL_FIELD(__u64, p->cx, l->cx_oldcop);
 	} else if ((p->cx[0] & CXT_TYPE_MASK) == CXT_EVAL && !(p->cx[0] & CXP_EVALBLOCK)) {
 		p->cop = PERL_FIELD(__u64, p->cx, l->cx_oldcop);	/* where it was required */
@@ -318,11 +335,16 @@ static long perl_step(__u64 index, void *unused)
 	struct perl_walk *p = perl_state();
 	struct walk *w = scratch_value();
 	__u64 pc, i;
+	int ended;
 
 	if (!p || !w)
 		return 1;
 	if (p->in_group) {
-		if (perl_context(w, p)) {
+		p->frame_cv = 0;
+		ended = perl_context(p);
+		if (p->frame_cv)
+			perl_frame(w, p, p->frame_cv, p->frame_cop);
+		if (ended) {
 			p->in_group = 0;
 			if (!p->group_frames)	/* a loop with no sub: shown as C */
 				perl_emit(w, p, p->native[(p->next - 1) & (MAX_FRAMES - 1)]);
