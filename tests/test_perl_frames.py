@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import finish, ok, parse_folded, run_ustack, start_ustack, stop, wait_tracing
+from ustack.model import Frame, Stack, StackCount
+from ustack.report.folded import format_folded
+from ustack.report.formats import ReportContext
+from ustack.report.text import format_stack
+
+from helpers import (finish, ok, parse_folded, pprof, run_ustack, start_ustack, stop,
+                     wait_tracing, write_report)
 
 pytestmark = pytest.mark.kernel
 
@@ -184,3 +190,31 @@ def test_a_required_file_runs_under_its_require():
                      if f.kind == "perl"][0] == ("Spin::go", "Spin.pm"))
     assert samples >= 20, counted
     assert whole >= 0.9 * samples, f"{whole} of {samples} samples in go() whole"
+
+
+def _pl(function, line):
+    return Frame(addr=0, module="calls.pl", function=function, file="/srv/calls.pl",
+                 line=line, kind="perl")
+
+
+# innermost first: Work::c called by main::b, run by perl's run loop's caller
+PERL_STACK = Stack((_pl("Work::c", 11), _pl("main::b", 30),
+                    Frame(addr=0x401000, module="perl", function="perl_run", offset=0x10,
+                          path="/usr/bin/perl")))
+
+
+def test_reports_mark_perl_frames_as_python_frames(tmp_path):
+    """text: `sub [perl] file:line` with no address; folded: `sub
+    (file:LINE)`; pprof: a location of no mapping, named pl::sub:file."""
+    assert format_stack(PERL_STACK).splitlines()[:2] == [
+        "                    : Work::c [perl] /srv/calls.pl:11",
+        "                    : main::b [perl] /srv/calls.pl:30"]
+    assert format_folded([StackCount("perl", 7, PERL_STACK, 5)]) == \
+        "perl;perl_run;main::b (calls.pl:30);Work::c (calls.pl:11) 5\n"
+    path = write_report("pprof", [StackCount("perl", 7, PERL_STACK, 5)],
+                        tmp_path / "pl.pb.gz", ReportContext(command="count",
+                                                              events=("profile:hz:99",)))
+    locations = pprof("-raw", path).split("\nLocations\n")[1].split("\nMappings\n")[0]
+    assert [ln.split(": ", 1)[1] for ln in locations.splitlines()[:2]] == [
+        "0x0 Work::c /srv/calls.pl:11 s=0(pl::Work::c:/srv/calls.pl)",
+        "0x0 main::b /srv/calls.pl:30 s=0(pl::main::b:/srv/calls.pl)"]
