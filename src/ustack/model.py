@@ -204,6 +204,25 @@ def php_frame_parts(word: int) -> tuple | None:
     if word >> 60 != PHP_FRAME_TAG >> 60:
         return None
     return (word >> 16) & ((1 << 44) - 1), word & PHP_LINE_MAX
+# A Perl frame inside a native callchain (bpf/perl.h): the in-kernel walk
+# puts a run loop's Perl frames where its C frame was. PERL_FRAME_TAG, the
+# sub's CV address >> 3 in bits 16-59 (the main program's body: PL_main_cv),
+# and the line the frame is at in bits 0-15 (clamped to PERL_LINE_MAX).
+PERL_FRAME_TAG = 0xB000000000000000
+PERL_LINE_MAX = 0xFFFF
+
+
+def perl_frame_word(cv: int, line: int) -> int:
+    """The callchain word of a Perl frame (see PERL_FRAME_TAG)."""
+    return PERL_FRAME_TAG | (cv >> 3) << 16 | min(line, PERL_LINE_MAX)
+
+
+def perl_frame_parts(word: int) -> tuple | None:
+    """(CV address, line) of a Perl frame's word, or None for any other word."""
+    if word >> 60 != PERL_FRAME_TAG >> 60:
+        return None
+    return ((word >> 16) & ((1 << 44) - 1)) << 3, word & PERL_LINE_MAX
+
 
 
 # A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
@@ -374,7 +393,7 @@ class Frame:
 
 # kinds of a script's frame: no address or object of its own, named by
 # function, source file and line (reports show them alike)
-SCRIPT_KINDS = frozenset(("python", "php"))
+SCRIPT_KINDS = frozenset(("python", "php", "perl"))
 
 
 def printable(text: str) -> str:

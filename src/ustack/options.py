@@ -43,6 +43,7 @@ class Options:
     python: bool = True                    # --no-python: no Python frames in native stacks
     js: bool = True                        # --no-js: node's JS frames not named from its heap
     php: bool = True                       # --no-php: no PHP frames in native stacks
+    perl: bool = True                      # --no-perl: no Perl frames in native stacks
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
     every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
     to: object | None = None            # --every --to: commands.every.SinkRequest
@@ -61,6 +62,11 @@ class Options:
         """Whether the in-kernel walk merges PHP frames (bpf/php.h): not
         for a run that records, whose file keeps no PHP function's name."""
         return self.php and self.record is None and self.command != "record"
+    def perl_merged(self) -> bool:
+        """Whether the in-kernel walk merges Perl frames (bpf/perl.h): not
+        for a run that records, whose file keeps no sub's name yet (the
+        run loop's C frames are kept as walked)."""
+        return self.perl and self.record is None and self.command != "record"
 
     @property
     def runs_as(self) -> str:
@@ -94,7 +100,8 @@ def run_options(args) -> Options:
                    unsafe_address=getattr(args, "unsafe_address", False),
                    python=not getattr(args, "no_python", False),
                    js=not getattr(args, "no_js", False),
-                   php=not getattr(args, "no_php", False))
+                   php=not getattr(args, "no_php", False),
+                   perl=not getattr(args, "no_perl", False))
 
 
 def symbol_options(args) -> SymbolOptions:

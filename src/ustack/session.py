@@ -22,6 +22,7 @@ from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
 from .symbols.php import PhpFunctions
+from .symbols.perl import PerlSubs
 from .symbols.v8 import V8Functions
 from . import plan as policy
 from . import unprivileged
@@ -59,6 +60,7 @@ class Session:
         self.python_code = PythonCode()    # code objects' names: the capture reads, the resolver names
         self.v8_functions = V8Functions()  # JS functions' names: the same
         self.php_functions = PhpFunctions()     # PHP functions' names, as the kernel copied them
+        self.perl_subs = PerlSubs()        # Perl subs' names, as the kernel copied them
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -72,7 +74,7 @@ class Session:
         return StackResolver(self.tracker, self.opts.symbols,
                              getattr(self.capture, "cut_advice", None), self.python_code,
                              self.plan and self.plan.fp_advice(), self.v8_functions,
-                             self.php_functions)
+                             self.php_functions, self.perl_subs)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -165,6 +167,7 @@ class Session:
         capture.interrupt = self.interrupt
         capture.python_code, capture.v8_functions = self.python_code, self.v8_functions
         capture.php_functions = self.php_functions
+        capture.perl_subs = self.perl_subs
         if opts.python:
             from .unwind import python_live
             python_live.wire(capture, self.python_code, self.target, self.plan)

@@ -18,6 +18,7 @@
 #include "python.h"
 #include "v8.h"
 #include "php.h"
+#include "perl.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -117,6 +118,8 @@ static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 {
 	if (opts & UW_V8)
 		v8_pass(w, pid_tgid);
+	if (opts & UW_PERL)
+		perl_merge(w, pid_tgid);
 	if (opts & UW_PYTHON)
 		python_pass(w, &ring, pid_tgid, probe);
 	if (opts & UW_PHP)

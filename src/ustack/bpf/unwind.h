@@ -55,6 +55,8 @@ struct walk {
 	__u64 v8;		/* object_rows.v8 of a V8 object the walk met, 0 none */
 	__u64 php;		/* object_rows.php of a PHP interpreter the walk met, 0 none */
 	__s64 php_adjust;	/* that object's adjust */
+	__u64 perl;		/* object_rows.perl of a Perl object the walk met, 0 none */
+	__s64 perl_adjust;	/* that object's adjust */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* each frame's frame pointer where it was walked on it, else 0: where
@@ -341,6 +343,10 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 		w->php = obj->php;
 		w->php_adjust = w->adjust;
 	}
+	if (obj->perl) {	/* perl.h merges its Perl frames */
+		w->perl = obj->perl;
+		w->perl_adjust = w->adjust;
+	}
 	w->mstart = vma.start;
 	w->mend = vma.end;
 	if (!w->rows) {
@@ -580,7 +586,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	w->exact = 1;
 	w->bp_ok = 1;
 	w->bx_ok = 1;
-	w->mend = w->mstart = w->win = w->fp_used = w->python = w->v8 = w->php = 0;
+	w->mend = w->mstart = w->win = w->fp_used = w->python = w->v8 = w->php = w->perl = 0;
 	w->frame[0] = w->pc;
 	w->frame_fp[0] = 0;
 	w->rec.head.frames = 1;

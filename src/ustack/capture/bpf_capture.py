@@ -61,6 +61,7 @@ class BpfCapture(Capture):
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
     v8_functions = None     # the run's V8Functions (symbols/v8.py): names JS functions
     php_functions = None    # the run's PhpFunctions (symbols/php.py): names PHP functions
+    perl_subs = None        # the run's PerlSubs (symbols/perl.py): names Perl subs
     # an unwind.python_live.LiveFrames the session gives a capture that
     # defers stacks: a deferred sample's Python frames are read from its
     # process as its record is decoded (the kernel walked none)
@@ -77,7 +78,7 @@ class BpfCapture(Capture):
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
                  unwind_tables=None, python: bool = False, weighted: bool = False,
                  js: bool = False, php: bool = False, unwind_memory: int | None = None,
-                 stack_size: int = DEFAULT_STACK_SIZE):
+                 stack_size: int = DEFAULT_STACK_SIZE, perl: bool = False):
         self.probes = probes
         # --stack-size: the bytes of stack a deferred record carries (bpf_unwind)
         self.stack_size = stack_size
@@ -101,6 +102,8 @@ class BpfCapture(Capture):
         self.js = js
         # PHP frames in the stacks it unwinds (bpf/php.h, capture/bpf_php.py)
         self.php = php
+        # Perl frames merged into the stacks it unwinds (bpf/perl.h, capture/bpf_perl.py)
+        self.perl = perl
         self.cut: dict = {}                 # why -> events whose stack was cut short
         # many uprobes go behind uprobe_multi links, without perf events
         # (a weight is read per probe, by a program of its own: no links)
@@ -160,6 +163,7 @@ class BpfCapture(Capture):
             self._follow_python()
             self._follow_v8()
             self._follow_php()
+            self._follow_perl()
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             lazy = lazy and self.counter.objects is not None
@@ -276,6 +280,16 @@ class BpfCapture(Capture):
         v8.functions = self.v8_functions
         if self.v8_functions is not None:
             self.v8_functions.active = True     # its stacks carry JS words
+
+    def _follow_perl(self) -> None:
+        """Where the counter merges Perl frames (bpf/perl.h, capture/bpf_perl.py):
+        the kernel copies the subs' names, which the run's PerlSubs takes."""
+        perl = getattr(self.counter, "perl", None)
+        if perl is None:
+            return
+        perl.subs = self.perl_subs
+        if self.perl_subs is not None:
+            self.perl_subs.active = True     # its stacks carry Perl words
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError

@@ -56,6 +56,10 @@ def target_args(p: argparse.ArgumentParser) -> None:
                         "(default: its Python functions' frames, name and line, "
                         "where the interpreter ran them; CPython 3.8-3.13, "
                         "--backend bpf)")
+    p.add_argument("--no-perl", action="store_true",
+                   help="show a Perl process's interpreter as C frames only "
+                        "(default: its Perl subs' frames, package, file and line, "
+                        "where its run loop ran them; perl 5.36, --backend bpf)")
     p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")

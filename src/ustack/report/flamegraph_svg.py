@@ -31,7 +31,8 @@ def _hash(text: str) -> float:
 
 def frame_colour(name: str, kind: str, inlined: bool) -> str:
     """flamegraph.pl's palettes: hot for code, yellow for libraries, orange
-    for the kernel, aqua for the Go runtime, blue for Python, green for JIT
+    for the kernel, aqua for the Go runtime, blue for Python, violet for
+    Perl, green for JIT
     code (JavaScript, Java), grey for what is not code."""
     v1, v2 = _hash(name), _hash(name[::-1])
     if kind == "kernel":
@@ -44,6 +45,8 @@ def frame_colour(name: str, kind: str, inlined: bool) -> str:
         r, g, b = 80 + 50 * v1, 120 + 50 * v1, 200 + 55 * v2
     elif kind == "php":                       # PHP's violet
         r, g, b = 120 + 40 * v1, 110 + 40 * v1, 180 + 60 * v2
+    elif kind == "perl":                      # violet beside Python's blue
+        r, g, b = 150 + 50 * v1, 100 + 40 * v1, 200 + 55 * v2
     elif kind in ("js", "java"):              # flamegraph.pl's green for JIT code
         r, g, b = 50 + 60 * v1, 190 + 65 * v1, 50 + 60 * v1 + (40 if kind == "js" else 0)
     elif kind in ("separator", "unknown", "note"):

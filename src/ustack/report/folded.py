@@ -23,7 +23,8 @@ def folded_name(f) -> str:
 
 
 def python_name(f) -> str:
-    """A Python frame as py-spy's raw output names it: `func (file.py:LINE)`."""
+    """A Python frame as py-spy's raw output names it: `func (file.py:LINE)`;
+    a Perl frame alike."""
     return f"{f.function} ({f.module}:{f.line})"
 
 

@@ -39,10 +39,13 @@ import os
 import time
 from io import BufferedIOBase
 
-from ..model import StackCount, unnamed_function
+from ..model import SCRIPT_KINDS, StackCount, unnamed_function
 from .pprof_objects import ObjectFacts, split_kernel
 from .formats import weight_of
 from .text import is_timed
+
+# a script frame's system name starts with its language (Python's: perf's)
+_SCRIPT_PREFIX = {"python": "py", "php": "php", "perl": "pl"}
 
 KERNEL_MAPPING = "[kernel.kallsyms]"     # perf's and pprof's name for it
 HOST_COMMENT = "host: "     # --every: the comment naming the machine (report --from DIR/ --host)
@@ -220,13 +223,11 @@ class _Builder:
         i = self.functions.get(key)
         if i is None:
             i = self.functions[key] = len(self.functions) + 1
-            if f.kind == "python":
+            if f.kind in SCRIPT_KINDS:
                 # perf's name of a Python function (3.12's trampolines); a
                 # name unlike `name` also keeps pprof from reading <module>
                 # as C++ template arguments and dropping it
-                system = f"py::{f.function}:{f.file}"
-            elif f.kind == "php":
-                system = f"php::{f.function}:{f.file}"
+                system = f"{_SCRIPT_PREFIX.get(f.kind, f.kind)}::{f.function}:{f.file}"
             else:
                 system = self.objects.system_name(f, pid) if f.path else f.function
             self.p.function.add(id=i, name=self.s(f.function),

@@ -55,13 +55,14 @@ class StackResolver:
     a stack cut by its copy's size advises (None: raise --stack-size);
     `python_code` the run's PythonCode (symbols/python.py), `v8_functions`
     its V8Functions (symbols/v8.py), `php_functions` its PhpFunctions
-    (symbols/php.py); `fp_advice`,
+    (symbols/php.py), `perl_subs` its PerlSubs (symbols/perl.py); `fp_advice`,
     given when the run walks frame pointers, what a stack that ends short
     of a root advises."""
 
     def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
                  cut_advice: str | None = None, python_code=None,
-                 fp_advice: str | None = None, v8_functions=None, php_functions=None):
+                 fp_advice: str | None = None, v8_functions=None, php_functions=None,
+                 perl_subs=None):
         self.tracker = tracker
         self.fp_advice = fp_advice
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
@@ -74,7 +75,7 @@ class StackResolver:
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options, python_code, v8_functions,
-                                     php_functions)
+                                     php_functions, perl_subs)
         self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
 
     @property

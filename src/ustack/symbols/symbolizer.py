@@ -4,20 +4,22 @@ files (elf_source.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
 vDSO (vdso_source.py); kernel addresses by kallsyms (kernel.py). A Python
 frame's tagged word (model.python_frame_parts) is named by the run's
 PythonCode (python.py), a JS frame's (model.v8_frame_parts) by V8Functions
-(v8.py), a PHP frame's (model.php_frame_parts) by PhpFunctions (php.py)."""
+(v8.py), a PHP frame's (model.php_frame_parts) by PhpFunctions (php.py), a
+Perl frame's (model.perl_frame_parts) by PerlSubs (perl.py)."""
 from __future__ import annotations
 
 import os
 
-from ..model import (PHP_FRAME_TAG, PYTHON_FRAME_TAG, V8_FRAME_TAG,  # noqa: F401 (SymbolOptions: its old home)
-                     Frame, SymbolOptions, php_frame_parts, printable, python_frame_parts,
-                     v8_frame_parts)
+from ..model import (PERL_FRAME_TAG, PHP_FRAME_TAG, PYTHON_FRAME_TAG,  # noqa: F401 (SymbolOptions: its old home)
+                     V8_FRAME_TAG, Frame, SymbolOptions, perl_frame_parts, php_frame_parts,
+                     printable, python_frame_parts, v8_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
 from .normalize import normalize
 from .perfmap import JitSymbols
 from .php import PhpFunctions
+from .perl import PerlSubs
 from .python import PythonCode
 from .v8 import V8Functions
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
@@ -25,6 +27,7 @@ from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 _PYTHON_TAG = PYTHON_FRAME_TAG >> 60
 _V8_TAG = V8_FRAME_TAG >> 60
 _PHP_TAG = PHP_FRAME_TAG >> 60
+_PERL_TAG = PERL_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
@@ -37,7 +40,8 @@ class Symbolizer:
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
                  python_code: PythonCode | None = None,
                  v8_functions: V8Functions | None = None,
-                 php_functions: PhpFunctions | None = None):
+                 php_functions: PhpFunctions | None = None,
+                 perl_subs: PerlSubs | None = None):
         self.mappings = mappings
         self.options = options
         self._said: list = []
@@ -46,6 +50,7 @@ class Symbolizer:
         self._go_symbols = None           # Go's names: made at the first unnamed address
         self.v8 = v8_functions if v8_functions is not None else V8Functions()
         self.php = php_functions if php_functions is not None else PhpFunctions()
+        self.perl = perl_subs if perl_subs is not None else PerlSubs()
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
                                self.v8.named_in)
         self._kernel = None               # KernelSymbols: read on first use
@@ -57,7 +62,8 @@ class Symbolizer:
     @property
     def warnings(self) -> list:
         return (self._said + self._jit.notes() + self._elf.fetch_notes()
-                + self._elf.name_source_notes() + self.v8.warnings)
+                + self._elf.name_source_notes() + self.v8.warnings
+                + self.perl.warnings)
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since
@@ -93,6 +99,12 @@ class Symbolizer:
                 # a JS frame where the walk found its JIT or builtin pc
                 shared, offset = v8_frame_parts(addr)
                 out.append(self.v8.frame(pid, shared, offset))
+                exact = False
+                continue
+            if addr >> 60 == _PERL_TAG and self.perl.active:
+                # a Perl frame where its run loop's C frame was
+                cv, line = perl_frame_parts(addr)
+                out.append(self.perl.frame(pid, cv, line))
                 exact = False
                 continue
             # Return addresses point after the call; addr-1 is still inside

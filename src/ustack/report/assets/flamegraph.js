@@ -82,6 +82,7 @@
     go: [185, 55, 52, "Go runtime"],
     python: [215, 62, 62, "Python"],
     php: [245, 35, 62, "PHP"],
+    perl: [270, 50, 64, "Perl"],
     js: [95, 58, 50, "JavaScript (JIT)"],
     java: [135, 55, 48, "Java (JIT)"],
     unknown: [0, 0, 72, "unknown"],
