@@ -62,6 +62,8 @@ class Options:
         """Whether the in-kernel walk merges PHP frames (bpf/php.h): not
         for a run that records, whose file keeps no PHP function's name."""
         return self.php and self.record is None and self.command != "record"
+
+    @property
     def perl_merged(self) -> bool:
         """Whether the in-kernel walk merges Perl frames (bpf/perl.h): not
         for a run that records, whose file keeps no sub's name yet (the
