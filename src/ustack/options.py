@@ -42,6 +42,7 @@ class Options:
     unsafe_address: bool = False           # --unsafe-address: probe unproven addresses too
     python: bool = True                    # --no-python: no Python frames in native stacks
     js: bool = True                        # --no-js: node's JS frames not named from its heap
+    ruby: bool = True                      # --no-ruby: a Ruby process's VM calls as C frames only
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
     every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
     to: object | None = None            # --every --to: commands.every.SinkRequest
@@ -53,6 +54,12 @@ class Options:
         yet (its JIT and builtin frames are kept as walked, for a perf map
         to name)."""
         return self.js and self.record is None and self.command != "record"
+
+    @property
+    def ruby_named(self) -> bool:
+        """Whether the in-kernel walk merges Ruby frames (bpf/ruby.h): not
+        for a run that records, whose file keeps no iseq's name."""
+        return self.ruby and self.record is None and self.command != "record"
 
     @property
     def runs_as(self) -> str:
@@ -85,7 +92,8 @@ def run_options(args) -> Options:
                    output_format=getattr(args, "format", None),
                    unsafe_address=getattr(args, "unsafe_address", False),
                    python=not getattr(args, "no_python", False),
-                   js=not getattr(args, "no_js", False))
+                   js=not getattr(args, "no_js", False),
+                   ruby=not getattr(args, "no_ruby", False))
 
 
 def symbol_options(args) -> SymbolOptions:

@@ -23,6 +23,7 @@ from .target import ahead, process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
+from .symbols.ruby import RubyIseqs
 from .symbols.v8 import V8Functions
 from . import plan as policy
 from . import unprivileged
@@ -59,6 +60,7 @@ class Session:
         self.deadline: float | None = None    # time.monotonic() when -d ends the events
         self.python_code = PythonCode()    # code objects' names: the capture reads, the resolver names
         self.v8_functions = V8Functions()  # JS functions' names: the same
+        self.ruby_iseqs = RubyIseqs()      # Ruby methods' and blocks' names: the same
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -71,7 +73,8 @@ class Session:
         from .symbols.stacks import StackResolver
         return StackResolver(self.tracker, self.opts.symbols,
                              getattr(self.capture, "cut_advice", None), self.python_code,
-                             self.plan and self.plan.fp_advice(), self.v8_functions)
+                             self.plan and self.plan.fp_advice(), self.v8_functions,
+                             self.ruby_iseqs)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -140,6 +143,7 @@ class Session:
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel (nor this host's pids)."""
         self.tracker.live = self.python_code.live = self.v8_functions.live = False
+        self.ruby_iseqs.live = False
         capture = self.capture = self.recording
         capture.python_code = self.python_code      # the recorded code objects' names
         capture.open()
@@ -159,6 +163,7 @@ class Session:
             self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
         capture.python_code, capture.v8_functions = self.python_code, self.v8_functions
+        capture.ruby_iseqs = self.ruby_iseqs
         if opts.python:
             from .unwind import python_live
             python_live.wire(capture, self.python_code, self.target, self.plan)

@@ -12,10 +12,12 @@
  * ring for user space to unwind; where the ring is full the stack ends
  * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
  * interpreter gets its Python frames (python.h) after the native walk; given
- * UW_V8, a node process's JS frames are named (v8.h). */
+ * UW_V8, a node process's JS frames are named (v8.h); given UW_RUBY, a
+ * Ruby process's Ruby frames are merged in (ruby.h). */
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
+#include "ruby.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -115,6 +117,8 @@ static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 {
 	if (opts & UW_V8)
 		v8_pass(w, pid_tgid);
+	if (opts & UW_RUBY)
+		ruby_pass(w);
 	if (opts & UW_PYTHON)
 		python_pass(w, &ring, pid_tgid, probe);
 }

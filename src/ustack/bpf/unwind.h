@@ -53,6 +53,8 @@ struct walk {
 	__u64 python;		/* object_rows.python of an interpreter the walk met, 0 none */
 	__s64 python_adjust;	/* that object's adjust (the same in all its segments) */
 	__u64 v8;		/* object_rows.v8 of a V8 object the walk met, 0 none */
+	__u64 ruby;		/* object_rows.ruby of a Ruby VM object the walk met, 0 none */
+	__s64 ruby_adjust;	/* that object's adjust */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* each frame's frame pointer where it was walked on it, else 0: where
@@ -315,6 +317,10 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 	}
 	if (obj->v8)		/* v8.h names its JS frames */
 		w->v8 = obj->v8;
+	if (obj->ruby) {	/* ruby.h merges its Ruby frames */
+		w->ruby = obj->ruby;
+		w->ruby_adjust = w->adjust;
+	}
 	w->mstart = vma.start;
 	w->mend = vma.end;
 	if (!w->rows) {
@@ -554,7 +560,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	w->exact = 1;
 	w->bp_ok = 1;
 	w->bx_ok = 1;
-	w->mend = w->mstart = w->win = w->fp_used = w->python = w->v8 = 0;
+	w->mend = w->mstart = w->win = w->fp_used = w->python = w->v8 = w->ruby = 0;
 	w->frame[0] = w->pc;
 	w->frame_fp[0] = 0;
 	w->rec.head.frames = 1;

@@ -261,6 +261,7 @@ enum unwind_option {
 	UW_PYTHON = 32,		/* Python frames into stacks through an interpreter (python.h) */
 	UW_WEIGHT = 64,		/* count --weight: add the event's weight, not 1 */
 	UW_V8 = 128,		/* JS frames named in stacks through a V8 object (v8.h) */
+	UW_RUBY = 256,		/* Ruby frames into stacks through a Ruby VM object (ruby.h) */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call
@@ -294,6 +295,7 @@ struct object_rows {
 	__u32 pages;
 	__u32 python;		/* an interpreter: 1 + its slot in python.h's PYTHON_OBJECTS; 0 none */
 	__u32 v8;		/* a V8 (node, libnode): 1 + its slot in v8.h's V8_OBJECTS; 0 none */
+	__u32 ruby;		/* a Ruby VM (libruby): 1 + its slot in ruby.h's RUBY_OBJECTS; 0 none */
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */

@@ -28,7 +28,7 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         from .bpf_dwarf import UnwindCountCapture, UnwindTraceCapture
         mode = UnwindTraceCapture if opts.runs_as == "trace" else UnwindCountCapture
         return mode(probes, target, opts.buffer_pages, unwind_tables=kernel_tables,
-                    python=opts.python, js=opts.js_named, **bpf_opts)
+                    python=opts.python, js=opts.js_named, ruby=opts.ruby_named, **bpf_opts)
     if backend == "tracefs":
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)

@@ -60,6 +60,7 @@ class BpfCapture(Capture):
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
     python_code = None      # the run's PythonCode (symbols/python.py): names code objects
     v8_functions = None     # the run's V8Functions (symbols/v8.py): names JS functions
+    ruby_iseqs = None       # the run's RubyIseqs (symbols/ruby.py): names Ruby frames
     # an unwind.python_live.LiveFrames the session gives a capture that
     # defers stacks: a deferred sample's Python frames are read from its
     # process as its record is decoded (the kernel walked none)
@@ -76,7 +77,7 @@ class BpfCapture(Capture):
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
                  unwind_tables=None, python: bool = False, weighted: bool = False,
                  js: bool = False, unwind_memory: int | None = None,
-                 stack_size: int = DEFAULT_STACK_SIZE):
+                 stack_size: int = DEFAULT_STACK_SIZE, ruby: bool = False):
         self.probes = probes
         # --stack-size: the bytes of stack a deferred record carries (bpf_unwind)
         self.stack_size = stack_size
@@ -98,6 +99,8 @@ class BpfCapture(Capture):
         self.python = python
         # JS frames named in the stacks it unwinds (bpf/v8.h, capture/bpf_v8.py)
         self.js = js
+        # Ruby frames in the stacks it unwinds (bpf/ruby.h, capture/bpf_ruby.py)
+        self.ruby = ruby
         self.cut: dict = {}                 # why -> events whose stack was cut short
         # many uprobes go behind uprobe_multi links, without perf events
         # (a weight is read per probe, by a program of its own: no links)
@@ -153,6 +156,7 @@ class BpfCapture(Capture):
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
             self._follow_v8()
+            self._follow_ruby()
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             lazy = lazy and self.counter.objects is not None
@@ -254,6 +258,19 @@ class BpfCapture(Capture):
         v8.functions = self.v8_functions
         if self.v8_functions is not None:
             self.v8_functions.active = True     # its stacks carry JS words
+
+    def _follow_ruby(self) -> None:
+        """Where the counter merges Ruby frames (bpf/ruby.h,
+        capture/bpf_ruby.py): the VMs are known by their objects as their
+        rows load; the iseqs the kernel saw are read while their processes live."""
+        ruby = getattr(self.counter, "ruby", None)
+        if ruby is None:
+            return
+        ruby.iseqs = self.ruby_iseqs
+        if self.ruby_iseqs is not None:
+            self.ruby_iseqs.active = True     # its stacks carry Ruby words
+            if ruby.runtimes:
+                ruby.start_harvest()
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError

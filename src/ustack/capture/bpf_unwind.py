@@ -80,6 +80,7 @@ from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_r
 from .fork_safe_lock import ForkSafeLock
 from .bpf_common import unwind_object
 from .bpf_python import PythonMaps, PythonProcs
+from .bpf_ruby import RubyMaps, RubyObjects
 from .bpf_v8 import V8Maps, V8Objects
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
@@ -245,7 +246,8 @@ class UnwindObjects:
     frames) gives an interpreter object's slot of Python facts, which its
     OBJECTS entry points at (object_rows.python); `v8` (bpf_v8.V8Objects,
     when the run names JS frames) a V8 object's slot of its layout
-    (object_rows.v8)."""
+    (object_rows.v8); `ruby` (bpf_ruby.RubyObjects, when the run merges
+    Ruby frames) a Ruby VM object's slot of its facts (object_rows.ruby)."""
 
     def __init__(self, maps: UnwindMaps, tables: TableSource):
         self.maps = maps
@@ -256,6 +258,7 @@ class UnwindObjects:
         self.full: list = []            # paths of the objects whose rows did not fit
         self.interpreters = None
         self.v8 = None
+        self.ruby = None
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = ForkSafeLock()
@@ -282,12 +285,13 @@ class UnwindObjects:
             packed, segs = None, []
         python = self.interpreters.slot_of(path) if self.interpreters is not None else 0
         v8 = self.v8.slot_of(path) if self.v8 is not None else 0
+        ruby = self.ruby.slot_of(path) if self.ruby is not None else 0
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
-                self._load(path, keys, packed, segs, python, v8)
+                self._load(path, keys, packed, segs, python, v8, ruby)
 
     def _load(self, path: str, keys: list, packed, segs: list, python: int = 0,
-              v8: int = 0) -> None:
+              v8: int = 0, ruby: int = 0) -> None:
         first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         if packed is not None and segs:
             vaddr, offset, _size = segs[0]
@@ -310,7 +314,7 @@ class UnwindObjects:
         self.loaded[keys[0]] = (path, n)
         for k in keys:
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages, python, v8))
+                first, n, adjust, page_slot, first_page, npages, python, v8, ruby))
 
     def wanted(self) -> dict:
         """(dev, inode) -> walks that met the object without rows (WANTED),
@@ -510,7 +514,7 @@ class KernelUnwinder(BpfCounter):
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
                  fetches: tuple = (), python: bool = False, weighted: bool = False,
-                 linked: frozenset = frozenset(), js: bool = False,
+                 linked: frozenset = frozenset(), js: bool = False, ruby: bool = False,
                  stack_size: int = DEFER_STACK):
         self._no_maps_yet(probes, owned, kernel, armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
@@ -520,6 +524,7 @@ class KernelUnwinder(BpfCounter):
         self._deferred = None            # trace's deferred records' scratch (_fetch_maps)
         self.python = None               # bpf_python.PythonProcs: Python frames in stacks
         self.v8 = None                   # bpf_v8.V8Objects: JS frames named in stacks
+        self.ruby = None                 # bpf_ruby.RubyObjects: Ruby frames in stacks
         # the stacks spill to user space as STACKS fills (spill), so their
         # counts may be many more than it holds: room for COUNTS_PER_STACK
         # each where entries are taken only as the run meets them (~80
@@ -546,6 +551,8 @@ class KernelUnwinder(BpfCounter):
             self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:
             self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
+        if ruby:
+            self.ruby = RubyObjects(owned.map(RubyMaps()), objects=self.objects)
         if weighted and not self.trace:
             self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)
@@ -560,6 +567,7 @@ class KernelUnwinder(BpfCounter):
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
             fetch=fetch_maps, python=self.python.maps if self.python else None,
             v8=self.v8.maps if self.v8 else None,
+            ruby=self.ruby.maps if self.ruby else None,
             weights=self.weighing.weights if self.weighing else None,
             defer_stack=self.defer_stack, name=f"ustack_uw{index}")
         self.owned.program(fd)
@@ -582,6 +590,7 @@ class KernelUnwinder(BpfCounter):
             kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
             python=self.python.maps if self.python else None, by_cookie=True,
             v8=self.v8.maps if self.v8 else None,
+            ruby=self.ruby.maps if self.ruby else None,
             defer_stack=self.defer_stack, name="ustack_uwlinks")
         return self.owned.program(fd)
 
@@ -671,13 +680,15 @@ def kernel_rodata(offsets: Offsets) -> dict:
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
                  python=None, weights=None, name: str = "ustack_uw",
-                 by_cookie: bool = False, v8=None, defer_stack: int = DEFER_STACK) -> int:
+                 by_cookie: bool = False, v8=None, ruby=None,
+                 defer_stack: int = DEFER_STACK) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
     deferred_scratch maps of a probe with fetch-args (trace); `python`:
     python.h's maps (bpf_python.PythonMaps), to merge Python frames; `v8`:
-    v8.h's (bpf_v8.V8Maps), to name JS frames;
+    v8.h's (bpf_v8.V8Maps), to name JS frames; `ruby`: ruby.h's
+    (bpf_ruby.RubyMaps), to merge Ruby frames;
     `weights`: count --weight's map (bpf_weight.py), whose value each
     event adds in place of 1; `by_cookie`: for uprobe_multi links, whose
     cookie names the probe; `defer_stack`: the stack bytes a deferred
@@ -688,6 +699,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
         named.update(python.named())
     if v8 is not None:
         named.update(v8.named())
+    if ruby is not None:
+        named.update(ruby.named())
     for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
                    ("tgids", tgids), ("weights", weights), *(fetch or {}).items()):
         if m is not None:
@@ -696,7 +709,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
               "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None,
               "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": python is not None,
-              "UW_WEIGHT": weights is not None, "UW_V8": v8 is not None}
+              "UW_WEIGHT": weights is not None, "UW_V8": v8 is not None,
+              "UW_RUBY": ruby is not None}
     before = set(named)
     try:
         return obj.load(program, named, {

@@ -53,6 +53,11 @@ def target_args(p: argparse.ArgumentParser) -> None:
                         "(default: its Python functions' frames, name and line, "
                         "where the interpreter ran them; CPython 3.8-3.13, "
                         "--backend bpf)")
+    p.add_argument("--no-ruby", action="store_true",
+                   help="show a Ruby process's VM calls as C frames only "
+                        "(default: its Ruby methods' and blocks' frames, name, "
+                        "file and line, where the VM ran them; CRuby 3.1, "
+                        "--backend bpf)")
     p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from io import TextIOBase
 
-from ..model import StackCount, unnamed_function
+from ..model import SCRIPT_KINDS, StackCount, unnamed_function
 from .aggregate import merge
 from .formats import weight_of
 from .text import format_duration, frame_label, is_timed, python_label
@@ -16,7 +16,7 @@ from .text import format_duration, frame_label, is_timed, python_label
 def function_label(f) -> str:
     """`func [module]`: a frame without the call site's offset (then
     ` file:line` when lines were asked for)."""
-    if f.kind == "python":
+    if f.kind in SCRIPT_KINDS:
         return python_label(f)
     module = f" [{f.module}]" if f.module else ""
     where = f" {f.file}:{f.line}" if f.line else ""

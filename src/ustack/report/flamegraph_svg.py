@@ -42,6 +42,8 @@ def frame_colour(name: str, kind: str, inlined: bool) -> str:
         r, g, b = 50 + 60 * v1, 165 + 55 * v1, 165 + 55 * v1
     elif kind == "python":
         r, g, b = 80 + 50 * v1, 120 + 50 * v1, 200 + 55 * v2
+    elif kind == "ruby":
+        r, g, b = 200 + 55 * v1, 60 + 40 * v1, 80 + 40 * v2
     elif kind in ("js", "java"):              # flamegraph.pl's green for JIT code
         r, g, b = 50 + 60 * v1, 190 + 65 * v1, 50 + 60 * v1 + (40 if kind == "js" else 0)
     elif kind in ("separator", "unknown", "note"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..model import Frame, StackCount, unnamed_function
+from ..model import SCRIPT_KINDS, Frame, StackCount, unnamed_function
 from ..symbols.kernel import KERNEL_MODULE
 from ..symbols.stacks import SEPARATOR
 from .aggregate import merge
@@ -20,7 +20,7 @@ from .folded import python_name
 
 # Kinds of frames, for colours and the legend. Kernel frames come after the
 # `--` SEPARATOR in root-first order.
-KINDS = ("user", "lib", "kernel", "go", "python", "js", "java", "unknown",
+KINDS = ("user", "lib", "kernel", "go", "python", "ruby", "js", "java", "unknown",
          "separator", "note", "process", "root")
 _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$|^\[")   # libc.so.6, ld-linux…so.2, [vdso]
 
@@ -36,7 +36,7 @@ def frame_name(f: Frame, offsets: bool = False, lines: bool = True) -> str:
             return f"[{f.module}]" if f.module else "[unknown]"
         offset = f"+0x{f.offset:x}" if offsets and f.objstart else ""
         return f"{unnamed}{offset} [{f.module}]"
-    if f.kind == "python" and f.line:
+    if f.kind in SCRIPT_KINDS and f.line:
         return python_name(f) if lines else f"{f.function} ({f.module})"
     name = f.function
     if offsets and f.offset and not f.inlined:
@@ -160,7 +160,7 @@ class FlameTree:
         for f in reversed(sc.stack.frames):
             key = (f.module, f.function or unnamed_function(f) or "",
                    f.offset if self.offsets and (f.function or f.objstart) else 0, f.inlined,
-                   f.line if self.lines and f.kind == "python" else 0)
+                   f.line if self.lines and f.kind in SCRIPT_KINDS else 0)
             node = node.child(key, lambda: Node(
                 frame_name(f, self.offsets, self.lines), f.module, frame_kind(f),
                 _source(f, self.offsets), f.inlined))

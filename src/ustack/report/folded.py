@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from io import TextIOBase
 
-from ..model import StackCount, unnamed_function
+from ..model import SCRIPT_KINDS, StackCount, unnamed_function
 from .text import is_timed
 
 
 def folded_name(f) -> str:
-    if f.kind == "python" and f.line:
+    if f.kind in SCRIPT_KINDS and f.line:
         return python_name(f).replace(";", ":")
     if f.function:
         return f.function.replace(";", ":").replace(" ", "_")

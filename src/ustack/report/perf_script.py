@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from io import TextIOBase
 
-from ..model import Frame, RawSample, Stack
+from ..model import SCRIPT_KINDS, Frame, RawSample, Stack
 from .fetchargs import format_args
 from .pprof_objects import ObjectFacts, split_kernel
 
@@ -34,7 +34,7 @@ def perf_frame_line(f: Frame, addr: int, kernel: bool = False) -> str:
     """`\\t{addr:16x} sym+0xoff (dso)`: one callchain line of perf script."""
     if f.inlined and f.function:
         return f"\t{addr:16x} {f.function} (inlined)\n"
-    if f.kind == "python":               # no object: its source file and line
+    if f.kind in SCRIPT_KINDS:               # no object: its source file and line
         return f"\t{addr:16x} {f.function} ({f.file or '[unknown]'}:{f.line})\n"
     sym = f"{f.function}+0x{f.offset:x}" if f.function else "[unknown]"
     dso = KERNEL_DSO if kernel else (f.path or "[unknown]")

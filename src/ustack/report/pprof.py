@@ -39,7 +39,7 @@ import os
 import time
 from io import BufferedIOBase
 
-from ..model import StackCount, unnamed_function
+from ..model import SCRIPT_KINDS, StackCount, unnamed_function
 from .pprof_objects import ObjectFacts, split_kernel
 from .formats import weight_of
 from .text import is_timed
@@ -219,11 +219,11 @@ class _Builder:
         i = self.functions.get(key)
         if i is None:
             i = self.functions[key] = len(self.functions) + 1
-            if f.kind == "python":
+            if f.kind in SCRIPT_KINDS:
                 # perf's name of a Python function (3.12's trampolines); a
                 # name unlike `name` also keeps pprof from reading <module>
                 # as C++ template arguments and dropping it
-                system = f"py::{f.function}:{f.file}"
+                system = f"{'rb' if f.kind == 'ruby' else 'py'}::{f.function}:{f.file}"
             else:
                 system = self.objects.system_name(f, pid) if f.path else f.function
             self.p.function.add(id=i, name=self.s(f.function),

@@ -2,7 +2,7 @@
 SystemTap's style: ` 0x00007f…2f65 : func+0x15/0x90 [libc.so.6]`."""
 from __future__ import annotations
 
-from ..model import Frame, Stack, unnamed_function
+from ..model import SCRIPT_KINDS, Frame, Stack, unnamed_function
 
 
 def frame_label(f: Frame) -> str:
@@ -11,7 +11,7 @@ def frame_label(f: Frame) -> str:
     when the frame has one. A Python frame: `func [python] file:line`. A
     frame no symbol names: `fn@0x11e0+0x16 [module]` from the start its
     object's CFI gives, else its address in the object `0x11f6 [module]`."""
-    if f.kind == "python":
+    if f.kind in SCRIPT_KINDS:
         return python_label(f)
     module = f" [{f.module}]" if f.module else ""
     where = f" {f.file}:{f.line}" if f.line else ""
@@ -28,12 +28,12 @@ def frame_label(f: Frame) -> str:
 
 
 def python_label(f: Frame) -> str:
-    """A Python frame has no object: the kind stands where the module would."""
-    return f"{f.function} [python] {f.file}:{f.line}" if f.line else f"{f.function} [python]"
+    """A Python or Ruby frame has no object: the kind stands where the module would."""
+    return f"{f.function} [{f.kind}] {f.file}:{f.line}" if f.line else f"{f.function} [{f.kind}]"
 
 
 def frame_line(f: Frame) -> str:
-    if f.kind == "python":                     # no address of its own
+    if f.kind in SCRIPT_KINDS:                     # no address of its own
         return f" {'':18} : {python_label(f)}"
     return f" 0x{f.addr:016x} : {frame_label(f)}"
 

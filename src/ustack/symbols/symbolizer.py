@@ -4,13 +4,14 @@ files (elf_source.py), Go's pclntab (go.py), a JIT's perf map (perfmap.py), the
 vDSO (vdso_source.py); kernel addresses by kallsyms (kernel.py). A Python
 frame's tagged word (model.python_frame_parts) is named by the run's
 PythonCode (python.py), a JS frame's (model.v8_frame_parts) by V8Functions
-(v8.py)."""
+(v8.py), a Ruby frame's (model.ruby_frame_parts) by RubyIseqs (ruby.py)."""
 from __future__ import annotations
 
 import os
 
-from ..model import (PYTHON_FRAME_TAG, V8_FRAME_TAG, Frame,  # noqa: F401 (SymbolOptions: its old home)
-                     SymbolOptions, printable, python_frame_parts, v8_frame_parts)
+from ..model import (PYTHON_FRAME_TAG, RUBY_FRAME_TAG, V8_FRAME_TAG, Frame,  # noqa: F401
+                     SymbolOptions, printable, python_frame_parts, ruby_frame_parts,
+                     v8_frame_parts)   # (SymbolOptions: its old home)
 from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
@@ -19,11 +20,13 @@ from .kernel import KernelSymbols
 from .normalize import normalize
 from .perfmap import JitSymbols
 from .python import PythonCode
+from .ruby import RubyIseqs
 from .v8 import V8Functions
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
 _PYTHON_TAG = PYTHON_FRAME_TAG >> 60
 _V8_TAG = V8_FRAME_TAG >> 60
+_RUBY_TAG = RUBY_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
@@ -35,7 +38,8 @@ class Symbolizer:
 
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
                  python_code: PythonCode | None = None,
-                 v8_functions: V8Functions | None = None):
+                 v8_functions: V8Functions | None = None,
+                 ruby_iseqs: RubyIseqs | None = None):
         self.mappings = mappings
         self.options = options
         self._said: list = []
@@ -43,6 +47,7 @@ class Symbolizer:
         self._elf = ElfSource(options, name, self._said)
         self._go = GoSymbols(options, self._elf.image)
         self.v8 = v8_functions if v8_functions is not None else V8Functions()
+        self.ruby = ruby_iseqs if ruby_iseqs is not None else RubyIseqs()
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
                                self.v8.named_in)
         self._kernel: KernelSymbols | None = None   # read on first use
@@ -54,7 +59,8 @@ class Symbolizer:
     @property
     def warnings(self) -> list:
         return (self._said + self._jit.notes() + self._elf.fetch_notes()
-                + self._elf.name_source_notes() + self.v8.warnings)
+                + self._elf.name_source_notes() + self.v8.warnings
+                + self.ruby.warnings)
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since
@@ -78,6 +84,12 @@ class Symbolizer:
                 # native frame after it is a return address
                 code, index = python_frame_parts(addr)
                 out.append(self.python_code.frame(pid, code, index))
+                exact = False
+                continue
+            if addr >> 60 == _RUBY_TAG and self.ruby.active:
+                # a Ruby frame where its VM call's rb_vm_exec frame was
+                body, index = ruby_frame_parts(addr)
+                out.append(self.ruby.frame(pid, body, index))
                 exact = False
                 continue
             if addr >> 60 == _V8_TAG and self.v8.active:

@@ -81,6 +81,7 @@
     kernel: [28, 92, 55, "kernel"],
     go: [185, 55, 52, "Go runtime"],
     python: [215, 62, 62, "Python"],
+    ruby: [350, 60, 55, "Ruby"],
     js: [95, 58, 50, "JavaScript (JIT)"],
     java: [135, 55, 48, "Java (JIT)"],
     unknown: [0, 0, 72, "unknown"],
