@@ -271,6 +271,14 @@ class BpfCapture(Capture):
             self.ruby_iseqs.active = True     # its stacks carry Ruby words
             if ruby.runtimes:
                 ruby.start_harvest()
+        if self.target.scope == "command" and isinstance(self.target, TracedCommand):
+            before = self.target.on_exit          # Python's, where it reads its code too
+
+            def at_exit(pid: int, execs: int = 0) -> None:
+                if before is not None:
+                    before(pid, execs)
+                ruby.at_exit(pid, execs)
+            self.target.on_exit = at_exit         # held at its exit: Session
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError

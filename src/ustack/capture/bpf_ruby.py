@@ -110,19 +110,23 @@ class RubyObjects:
         self.start_harvest()
         return slot + 1
 
-    def harvest(self) -> int:
+    def harvest(self, wait: float = -1) -> int:
         """Read the iseqs the kernel saw since last time, while their
-        processes live; how many."""
-        with self.maps.lock:
+        processes live; how many. `wait`: seconds to wait for the maps'
+        lock at most (-1: as long as it takes)."""
+        if not self.maps.lock.acquire(timeout=wait):
+            return 0
+        try:
             if not self.maps.all:
                 return 0
-            try:
-                seen = [(key, self.maps.ruby_iseqs.lookup(key))
-                        for key in self.maps.ruby_iseqs.keys()]
-                for key, _label in seen:
-                    self.maps.ruby_iseqs.delete(key)
-            except OSError:
-                return 0
+            seen = [(key, self.maps.ruby_iseqs.lookup(key))
+                    for key in self.maps.ruby_iseqs.keys()]
+            for key, _label in seen:
+                self.maps.ruby_iseqs.delete(key)
+        except OSError:
+            return 0
+        finally:
+            self.maps.lock.release()
         if self.iseqs is not None:
             for key, label in seen:
                 if label is None:
@@ -133,6 +137,13 @@ class RubyObjects:
                 except (OSError, ValueError, OverflowError):
                     pass    # gone: its frames say so when named
         return len(seen)
+
+    def at_exit(self, pid: int, _execs: int = 0) -> None:
+        """pid stands at its exit, its memory still there (a -c command
+        held by TracedCommand): the iseqs seen since the last harvest are
+        read now. Called from SIGCHLD's handler too, maybe over this
+        thread's own hold of the lock: not waited for long."""
+        self.harvest(wait=0.2)
 
     def _harvest_while_open(self) -> None:
         while self.maps.all:
