@@ -41,6 +41,9 @@
 #define RUBY_FLAG_CFRAME 0x0080		/* VM_FRAME_FLAG_CFRAME: a C function's frame */
 #define RUBY_MAGIC_MASK 0x7FFF0001	/* VM_FRAME_MAGIC_MASK */
 #define RUBY_MAGIC_DUMMY 0x79990001	/* VM_FRAME_MAGIC_DUMMY: a thread's first frame */
+#define RUBY_CFP_READ 64		/* room for a control frame's fields read (a power of two) */
+#define RUBY_CFP_FIELDS 40		/* bytes of it read: pc, sp, iseq, self, ep */
+#define RUBY_CACHED 64			/* iseqs kept per CPU (ruby_seen): a power of two */
 
 /* RUBY_OBJECTS' value: a Ruby VM object's facts, at its ELF addresses
  * (present 0: an empty slot); byte offsets from unwind/ruby_runtime.py */
@@ -75,6 +78,12 @@ struct {
 	__uint(max_entries, 1);		/* sized by the loader */
 } ruby_iseqs SEC(".maps");
 
+/* an iseq this CPU put in RUBY_ISEQS lately, in the slot of its body */
+struct ruby_iseq_cached {
+	__u64 body, label;
+	__u32 tgid, pad;
+};
+
 /* the Ruby pass's per-CPU state */
 struct ruby_walk {
 	struct ruby_object vm;		/* exec_* at the process's addresses */
@@ -85,6 +94,9 @@ struct ruby_walk {
 	__u64 group_pc, group_out;	/* its C frame; the merged words before it */
 	__u64 out, hash, tgid;
 	__u64 ruby_frames, cut;
+	/* saves the RUBY_ISEQS lookup of an iseq met lately, as it was */
+	struct ruby_iseq_cached cached[RUBY_CACHED];
+	__u8 cf[RUBY_CFP_READ + 8];	/* the control frame being read */
 };
 
 struct {
@@ -112,41 +124,47 @@ static __always_inline void ruby_emit(struct walk *w, struct ruby_walk *r, __u64
 	r->out++;
 }
 
-/* the iseq body into RUBY_ISEQS, unless there as it is */
+/* the iseq body into RUBY_ISEQS, unless this CPU put it there as it is
+ * lately (user space keeps what it read of it: once is enough) */
 static __always_inline void ruby_seen(struct ruby_walk *r, __u64 body)
 {
 	struct ruby_iseq_key key = { .tgid = r->tgid, .body = body };
-	__u64 label, *known;
+	struct ruby_iseq_cached *c = &r->cached[((body >> 4) ^ r->tgid) & (RUBY_CACHED - 1)];
+	__u64 label;
 
 	label = user_word(body + r->vm.body_location + r->vm.location_label);
-	if (!label)
+	if (!label || (c->body == body && c->tgid == r->tgid && c->label == label))
 		return;
-	known = bpf_map_lookup_elem(&ruby_iseqs, &key);
-	if (!known || *known != label)
-		bpf_map_update_elem(&ruby_iseqs, &key, &label, BPF_ANY);
+	bpf_map_update_elem(&ruby_iseqs, &key, &label, BPF_ANY);
+	c->body = body;
+	c->tgid = r->tgid;
+	c->label = label;
 }
+
+/* a field of the control frame read into r->cf, at a layout's offset */
+#define CFP_FIELD(r, off) (*(__u64 *)((r)->cf + ((off) & (RUBY_CFP_READ - 8))))
 
 /* one control frame at r->cfp into the merged stack where it is a Ruby
  * frame; whether its VM call's group ends with it. r->cfp moves to the
  * next, 0 when none is left or it could not be read */
 static __always_inline int ruby_frame(struct walk *w, struct ruby_walk *r)
 {
-	__u64 pc, iseq, ep, flags, body, encoded, index;
+	__u64 pc, iseq, flags, body, encoded, index;
 	__u64 at = r->cfp;
 
 	if (at + r->vm.cfp_size > r->end
-	    || bpf_probe_read_user(&ep, 8, (void *)(at + r->vm.cfp_ep))
-	    || bpf_probe_read_user(&flags, 8, (void *)ep)) {
+	    || bpf_probe_read_user(r->cf, RUBY_CFP_FIELDS, (void *)at)
+	    || bpf_probe_read_user(&flags, 8, (void *)CFP_FIELD(r, r->vm.cfp_ep))) {
 		r->cfp = 0;
 		return 1;
 	}
 	r->cfp = at + r->vm.cfp_size;
-	iseq = user_word(at + r->vm.cfp_iseq);
+	iseq = CFP_FIELD(r, r->vm.cfp_iseq);
 	if (!(flags & RUBY_FLAG_CFRAME) && (flags & RUBY_MAGIC_MASK) != RUBY_MAGIC_DUMMY && iseq) {
 		body = user_word(iseq + r->vm.iseq_body);
 		encoded = body ? user_word(body + r->vm.body_iseq_encoded) : 0;
 		if (body && encoded && !(body & 7)) {
-			pc = user_word(at + r->vm.cfp_pc);
+			pc = CFP_FIELD(r, r->vm.cfp_pc);
 			index = pc >= encoded ? (pc - encoded) / 8 : 0;
 			if (index > RUBY_INDEX_MAX)
 				index = RUBY_INDEX_MAX;
