@@ -232,32 +232,25 @@ def launch_target(opts):
     if opts.cmdline is None:
         return process.everything(opts.pids)
     held = opts.backend == "tracefs" or held_at_exit(opts.command, opts.backend,
-                                                     opts.python, opts.cmdline,
-                                                     getattr(opts, "ruby_named", False))
+                                                     opts.python, opts.cmdline)
     return (launch_traced if held else process.launch)(opts.cmdline)
 
 
-def held_at_exit(command: str, backend: str, python: bool, cmdline: str | None,
-                 ruby: bool = False) -> bool:
+def held_at_exit(command: str, backend: str, python: bool, cmdline: str | None) -> bool:
     """Whether a -c command runs under ptrace (target/traced_command.py),
     held at its exit until the code objects of its Python frames are read
     (capture/bpf_python.PythonProcs.at_exit): a short Python command would
     otherwise be gone before the ring's records of them are read, its
     frames unnamed. Only a Python interpreter (its load closure maps one),
-    with Python frames on, where the kernel merges them; the same of a
-    Ruby VM with Ruby frames on (capture/bpf_ruby.RubyObjects.at_exit reads
-    its last iseqs)."""
-    if cmdline is None or not (python or ruby) or command == "funccount" \
+    with Python frames on, where the kernel merges them."""
+    if cmdline is None or not python or command == "funccount" \
             or backend in ("perf", "tracefs"):
         return False
     from .objfile.needed import load_closure
     from .target import process
     from .unwind.python_runtime import runs_python
-    from .unwind.ruby_runtime import object_runtime
     exe = process.command_executable(cmdline)
     try:
-        closure = load_closure(exe) if exe is not None else []
-        return bool(closure) and ((python and runs_python(closure))
-                                  or (ruby and any(object_runtime(p) for p in closure)))
+        return exe is not None and runs_python(load_closure(exe))
     except OSError:
         return False

@@ -262,7 +262,10 @@ class BpfCapture(Capture):
     def _follow_ruby(self) -> None:
         """Where the counter merges Ruby frames (bpf/ruby.h,
         capture/bpf_ruby.py): the VMs are known by their objects as their
-        rows load; the iseqs the kernel saw are read while their processes live."""
+        rows load; the iseqs the kernel saw are read while their processes
+        live. (A -c command held at its exit would not have its last iseqs
+        read there, as Python's code objects are: ruby frees them as it
+        exits.)"""
         ruby = getattr(self.counter, "ruby", None)
         if ruby is None:
             return
@@ -271,14 +274,6 @@ class BpfCapture(Capture):
             self.ruby_iseqs.active = True     # its stacks carry Ruby words
             if ruby.runtimes:
                 ruby.start_harvest()
-        if self.target.scope == "command" and isinstance(self.target, TracedCommand):
-            before = self.target.on_exit          # Python's, where it reads its code too
-
-            def at_exit(pid: int, execs: int = 0) -> None:
-                if before is not None:
-                    before(pid, execs)
-                ruby.at_exit(pid, execs)
-            self.target.on_exit = at_exit         # held at its exit: Session
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError

@@ -14,7 +14,10 @@ The Ruby frames' words are named in user space (symbols/ruby.py), after
 the run, when a process may be gone: so once a Ruby VM object is known,
 the iseqs the kernel saw (RUBY_ISEQS, per process) are read every
 HARVEST_EVERY seconds while the run lives, and taken out of the map (the
-kernel puts one back when it sees it again)."""
+kernel puts one back when it sees it again). Those met only in a ruby's
+last HARVEST_EVERY seconds stay unnamed: ruby frees its iseqs as it
+exits, so holding it at its exit (as a Python command is,
+plan.held_at_exit) finds none of them readable."""
 from __future__ import annotations
 
 import struct
@@ -137,13 +140,6 @@ class RubyObjects:
                 except (OSError, ValueError, OverflowError):
                     pass    # gone: its frames say so when named
         return len(seen)
-
-    def at_exit(self, pid: int, _execs: int = 0) -> None:
-        """pid stands at its exit, its memory still there (a -c command
-        held by TracedCommand): the iseqs seen since the last harvest are
-        read now. Called from SIGCHLD's handler too, maybe over this
-        thread's own hold of the lock: not waited for long."""
-        self.harvest(wait=0.2)
 
     def _harvest_while_open(self) -> None:
         while self.maps.all:

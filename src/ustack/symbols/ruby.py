@@ -78,6 +78,14 @@ class RubyIseqs:
     def frame(self, pid: int, body: int, index: int) -> Frame:
         with self._lock:
             known = self._read.get((pid, body))
+            if known is None:
+                # not harvested yet (a trace names each stack as it comes):
+                # read now, while the process lives
+                proc = self._process(pid)
+                label = proc.label(body) if proc is not None else None
+                if label is not None:
+                    self.remember(pid, body, label)
+                    known = self._read.get((pid, body))
         if known is None:
             self.unnamed += 1
             return Frame(addr=0, module="", function=f"[ruby {body:#x}]", kind="ruby")
@@ -126,6 +134,14 @@ class _Process:
     def __init__(self, pid: int, runtime: ruby_runtime.Runtime):
         self.f = dict(runtime.layout)
         self.mem = ProcessMemory(pid)
+
+    def label(self, body: int) -> int | None:
+        """The label object of the iseq body at `body` (what tells it from
+        another made there later), None where it cannot be read."""
+        try:
+            return self.mem.word(body + self.f["body_location"] + self.f["location_label"])
+        except OSError:
+            return None
 
     def iseq(self, body: int):
         """(label, file, first line, lines(pos) or None) of the iseq body
