@@ -116,3 +116,18 @@ def test_no_ruby_shows_the_vm_calls_as_c_frames(running_ruby, tmp_path):
     assert rows
     assert not [stack for stack, _n in rows if _folded_chain(stack)], rows
     assert [stack for stack, _n in rows if "rb_vm_exec" in stack], rows
+
+
+def test_reports_mark_ruby_frames():
+    """Folded, the flame graphs and text name a Ruby frame by its method,
+    file and line, as they do a Python frame, and give it its kind."""
+    from ustack.model import Frame
+    from ustack.report.flametree import KINDS, frame_kind, frame_name
+    from ustack.report.folded import folded_name
+    from ustack.report.text import frame_label
+    f = Frame(addr=0, module="calls.rb", function="block in a", file="/x/calls.rb", line=23,
+              kind="ruby")
+    assert folded_name(f) == "block in a (calls.rb:23)"
+    assert frame_name(f) == "block in a (calls.rb:23)"
+    assert frame_kind(f) == "ruby" and "ruby" in KINDS
+    assert frame_label(f) == "block in a [ruby] /x/calls.rb:23"
