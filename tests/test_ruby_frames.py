@@ -6,14 +6,16 @@ frame was at, at the place of the rb_vm_exec frames that ran it, down to
 _start; --no-ruby leaves those C frames as walked."""
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import ustack
-from helpers import ok, parse_folded, run_ustack, stop
+from helpers import finish, ok, parse_folded, run_ustack, start_ustack, stop, wait_tracing
 
 pytestmark = pytest.mark.kernel
 
@@ -116,6 +118,35 @@ def test_no_ruby_shows_the_vm_calls_as_c_frames(running_ruby, tmp_path):
     assert rows
     assert not [stack for stack, _n in rows if _folded_chain(stack)], rows
     assert [stack for stack, _n in rows if "rb_vm_exec" in stack], rows
+
+
+def test_ruby_started_during_a_whole_machine_run():
+    """A ruby started once a whole-machine run samples has its chain from
+    the samples the kernel walks: libruby is known by its object (its
+    facts loaded with its rows), nothing is read of the process. Its
+    samples before libruby's rows are loaded are unwound in user space,
+    its VM calls left as C frames: they carry no calls.rb frame, and the
+    share of those is measured in bench/results/ruby_frames.md."""
+    ruby = _ruby()
+    us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
+    try:
+        wait_tracing(us, timeout=60)
+        prog = subprocess.Popen([ruby, str(CALLS), "1"], stdout=subprocess.DEVNULL)
+        assert prog.wait(timeout=60) == 0
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us, 60)
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = [s for s in json.loads(out)["stacks"] if s["pid"] == prog.pid]
+    chains = [([f["function"] for f in reversed(s["frames"])
+                if f.get("kind") == "ruby" and f.get("file") == str(CALLS)], s)
+              for s in stacks]
+    in_script = sum(s["count"] for chain, s in chains if chain)
+    whole = sum(s["count"] for chain, s in chains
+                if chain == CHAIN and s["frames"][-1]["function"] == "_start")
+    assert in_script >= 50, [c for c, _s in chains][:10]
+    assert whole >= 0.9 * in_script, f"{whole} of {in_script} samples in calls.rb whole"
 
 
 def test_reports_mark_ruby_frames():

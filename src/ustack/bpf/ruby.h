@@ -16,9 +16,11 @@
  *   (vm_stack + vm_stack_size words: the frames grow down from there);
  * - the merge: each native frame in rb_vm_exec is replaced by the Ruby
  *   frames (those with an iseq, not a C function's nor the thread's dummy
- *   first one) of the control frames
- *   its VM call ran, innermost first: up to and including the one flagged
- *   FINISH, where that call returns. Each Ruby frame is one tagged word
+ *   first one) of the control frames its VM call ran, innermost first: up
+ *   to and including the one flagged FINISH, where that call returns (in
+ *   a whole stack, a call starting, its frames pushed before rb_vm_exec
+ *   runs, is left out; one returning, its frames gone before rb_vm_exec
+ *   returns, stays its C frame). Each Ruby frame is one tagged word
  *   (model.ruby_frame_word): the iseq body's address and the index of the
  *   instruction after its pc; the stack's hash covers them. A control
  *   frame that cannot be read leaves the rest of the stack's VM calls as
@@ -94,6 +96,8 @@ struct ruby_walk {
 	__u64 group_pc, group_out;	/* its C frame; the merged words before it */
 	__u64 out, hash, tgid;
 	__u64 ruby_frames, cut;
+	__u64 groups, execs;		/* VM calls' frame groups; rb_vm_exec frames */
+	__u64 skip_execs;		/* innermost rb_vm_exec frames to leave as C */
 	/* saves the RUBY_ISEQS lookup of an iseq met lately, as it was */
 	struct ruby_iseq_cached cached[RUBY_CACHED];
 	__u8 cf[RUBY_CFP_READ + 8];	/* the control frame being read */
@@ -176,6 +180,68 @@ static __always_inline int ruby_frame(struct walk *w, struct ruby_walk *r)
 	return (flags & RUBY_FLAG_FINISH) != 0;
 }
 
+/* whether the native frame i (its word pc) is in rb_vm_exec */
+static __always_inline int ruby_in_exec(struct ruby_walk *r, __u64 i, __u64 pc)
+{
+	if (i)
+		pc--;		/* a return address: the call is before it */
+	return pc >= r->vm.exec_start && pc < r->vm.exec_end;
+}
+
+/* bpf_loop's callback: one control frame counted, from r->cfp; a group
+ * ends at a FINISH frame but the thread's dummy first frame's; 1 stops */
+static long ruby_count_step(__u64 index, void *unused)
+{
+	struct ruby_walk *r = ruby_state();
+	__u64 ep, flags, at;
+
+	if (!r)
+		return 1;
+	at = r->cfp;
+	if (!at || at + r->vm.cfp_size > r->end
+	    || bpf_probe_read_user(&ep, 8, (void *)(at + r->vm.cfp_ep))
+	    || bpf_probe_read_user(&flags, 8, (void *)ep))
+		return 1;
+	r->cfp = at + r->vm.cfp_size;
+	if ((flags & RUBY_FLAG_FINISH) && (flags & RUBY_MAGIC_MASK) != RUBY_MAGIC_DUMMY)
+		r->groups++;
+	return 0;
+}
+
+/* bpf_loop's callback: rb_vm_exec frames of the native stack counted */
+static long ruby_exec_step(__u64 i, void *unused)
+{
+	struct ruby_walk *r = ruby_state();
+
+	if (!r || i >= r->nnative)
+		return 1;
+	if (ruby_in_exec(r, i, r->native[i & (MAX_FRAMES - 1)]))
+		r->execs++;
+	return 0;
+}
+
+/* bpf_loop's callback: one control frame skipped, up to the end of a
+ * group (the innermost groups whose VM call has not begun) */
+static long ruby_skip_step(__u64 index, void *unused)
+{
+	struct ruby_walk *r = ruby_state();
+	__u64 ep, flags, at;
+
+	if (!r || !r->groups)
+		return 1;
+	at = r->cfp;
+	if (!at || at + r->vm.cfp_size > r->end
+	    || bpf_probe_read_user(&ep, 8, (void *)(at + r->vm.cfp_ep))
+	    || bpf_probe_read_user(&flags, 8, (void *)ep)) {
+		r->cfp = 0;
+		return 1;
+	}
+	r->cfp = at + r->vm.cfp_size;
+	if (flags & RUBY_FLAG_FINISH)
+		r->groups--;
+	return 0;
+}
+
 /* bpf_loop's callback: one word of the merged stack (or the start of a
  * VM call's Ruby frames); 1 stops */
 static long ruby_step(__u64 index, void *unused)
@@ -199,9 +265,9 @@ static long ruby_step(__u64 index, void *unused)
 		return 1;
 	r->next = i + 1;
 	pc = r->native[i & (MAX_FRAMES - 1)];
-	if (i)
-		pc--;		/* a return address: the call is before it */
-	if (pc >= r->vm.exec_start && pc < r->vm.exec_end && r->cfp) {
+	if (ruby_in_exec(r, i, pc) && r->skip_execs) {
+		r->skip_execs--;	/* its frames are gone already: shown as C */
+	} else if (ruby_in_exec(r, i, pc) && r->cfp) {
 		r->in_group = 1;	/* replaced by its Ruby frames */
 		r->group_pc = r->native[i & (MAX_FRAMES - 1)];
 		r->group_out = r->out;
@@ -219,7 +285,7 @@ static __noinline void ruby_pass(struct walk *w)
 	struct ruby_walk *r = ruby_state();
 	void *task = bpf_get_current_task_btf();
 	struct ruby_object *vm;
-	__u64 fsbase, module, dtv, block, ec, stack, words, n;
+	__u64 fsbase, module, dtv, block, ec, stack, words, n, start;
 	__u32 slot;
 	__s64 adjust;
 
@@ -257,6 +323,28 @@ static __noinline void ruby_pass(struct walk *w)
 	if (n == 0 || bpf_probe_read_kernel(r->native, n * 8, w->frame))
 		return;
 	r->nnative = n;
+	/* A VM call starting (its frames pushed, rb_vm_exec not yet called)
+	 * has a group and no rb_vm_exec frame: its frames are left out. One
+	 * returning (its frames popped, rb_vm_exec not yet returned) has an
+	 * rb_vm_exec frame and no group: the innermost such frames stay C
+	 * frames. So the rest pair with the right frames. */
+	r->groups = r->execs = r->skip_execs = 0;
+	start = r->cfp;
+	if (w->rec.head.status != COMPLETE && w->rec.head.status != THROUGH_JIT
+	    && w->rec.head.status != THROUGH_NO_CFI)
+		goto pair;	/* cut short: its outer VM calls are not there to count */
+	bpf_loop(RUBY_MAX_CFPS, ruby_count_step, 0, 0);
+	bpf_loop(MAX_FRAMES, ruby_exec_step, 0, 0);
+	r->cfp = start;
+	if (r->groups > r->execs) {
+		r->groups -= r->execs;
+		bpf_loop(RUBY_MAX_CFPS, ruby_skip_step, 0, 0);
+		if (!r->cfp)
+			return;
+	} else {
+		r->skip_execs = r->execs - r->groups;
+	}
+pair:
 	r->tgid = bpf_get_current_pid_tgid() >> 32;
 	r->next = r->out = r->in_group = r->ruby_frames = r->cut = 0;
 	r->hash = FNV_BASIS;
