@@ -272,6 +272,7 @@ class BpfCapture(Capture):
         ruby.iseqs = self.ruby_iseqs
         if self.ruby_iseqs is not None:
             self.ruby_iseqs.active = True     # its stacks carry Ruby words
+            self.ruby_iseqs.refresh = ruby.harvest
             if ruby.runtimes:
                 ruby.start_harvest()
 

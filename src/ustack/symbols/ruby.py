@@ -34,7 +34,6 @@ T_MASK, T_STRING, T_ARRAY = 0x1F, 0x05, 0x07
 STRING_NOEMBED = 1 << 13        # RSTRING_NOEMBED (FL_USER1)
 EMBED_LEN_SHIFT, EMBED_LEN_MASK = 14, 0x1F   # 3.1's RSTRING_EMBED_LEN_*
 ARRAY_EMBED = 1 << 13           # RARRAY_EMBED_FLAG
-ARRAY_EMBED_LEN_SHIFT, ARRAY_EMBED_LEN_MASK = 15, 0x3
 # succ_index_table (iseq.c): an immediate part for the first positions,
 # then 512-position blocks
 IMMEDIATE_TABLE_SIZE = 54
@@ -53,6 +52,8 @@ class RubyIseqs:
         self.unnamed = 0
         # set by a capture whose kernel pass writes Ruby words (bpf/ruby.h)
         self.active = False
+        # set by that capture too: reads the iseqs the kernel saw, now
+        self.refresh = None
 
     @property
     def warnings(self) -> list:
@@ -78,10 +79,15 @@ class RubyIseqs:
     def frame(self, pid: int, body: int, index: int) -> Frame:
         with self._lock:
             known = self._read.get((pid, body))
+            if known is None and pid not in self._procs and self.refresh is not None:
+                # not harvested yet (a trace names each stack as it comes)
+                self.refresh()
+                known = self._read.get((pid, body))
             if known is None:
-                # not harvested yet (a trace names each stack as it comes):
-                # read now, while the process lives
-                proc = self._process(pid)
+                # read now, from a process opened by remember() while the
+                # kernel saw its frames (a pid opened now may be another
+                # process's since)
+                proc = self._procs.get(pid)
                 label = proc.label(body) if proc is not None else None
                 if label is not None:
                     self.remember(pid, body, label)
