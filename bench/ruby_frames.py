@@ -15,7 +15,7 @@ read just before the run closes it, for
     --no-ruby: a process that runs no Ruby pays one test.
 Runs are interleaved (the machine is shared: ratios, medians).
 
-    sudo python3 bench/ruby_frames.py [--reps R] [--seconds S]
+    sudo python3 bench/ruby_frames.py [--reps R] [--seconds S] [--cost-only]
 
 Prints Markdown."""
 from __future__ import annotations
@@ -119,6 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--cost-only", action="store_true", help="no share runs")
     a = ap.parse_args()
     ruby = shutil.which("ruby")
     if ruby is None:
@@ -142,16 +143,19 @@ def main() -> None:
     for _ in range(a.reps):
         for name, args in cases.items():
             got[name].append(cost(args))
+        if a.cost_only:
+            continue
         shares["-c"].append(chain_share(ustack("profile", "-F", "199", "-f", "folded",
                                                "-c", f"{ruby} {CALLS} {s}")))
         shares["-p"].append(by_pid(ruby, a.seconds))
         shares["whole machine"].append(whole_machine(ruby, a.seconds))
-    print("| how | samples carrying the chain (each run) |")
-    print("|---|---|")
-    for how, runs in shares.items():
-        cells = ", ".join(f"{w}/{t} ({100 * w / max(t, 1):.1f} %)" for w, t in runs)
-        print(f"| {how} | {cells} |")
-    print()
+    if not a.cost_only:
+        print("| how | samples carrying the chain (each run) |")
+        print("|---|---|")
+        for how, runs in shares.items():
+            cells = ", ".join(f"{w}/{t} ({100 * w / max(t, 1):.1f} %)" for w, t in runs)
+            print(f"| {how} | {cells} |")
+        print()
     print("| run | samples (median) | ns per sample, median (min-max) |")
     print("|---|---|---|")
     for name, runs in got.items():

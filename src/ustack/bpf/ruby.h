@@ -98,6 +98,7 @@ struct ruby_walk {
 	__u64 ruby_frames, cut;
 	__u64 groups, execs;		/* VM calls' frame groups; rb_vm_exec frames */
 	__u64 skip_execs;		/* innermost rb_vm_exec frames to leave as C */
+	__u64 missing;			/* rb_vm_exec frames met with no group left */
 	/* saves the RUBY_ISEQS lookup of an iseq met lately, as it was */
 	struct ruby_iseq_cached cached[RUBY_CACHED];
 	__u8 cf[RUBY_CFP_READ + 8];	/* the control frame being read */
@@ -255,8 +256,10 @@ static long ruby_step(__u64 index, void *unused)
 	if (r->in_group) {
 		if (!r->cfp || ruby_frame(w, r)) {
 			r->in_group = 0;
-			if (r->out == r->group_out)	/* none: its C frame stays */
+			if (r->out == r->group_out) {	/* none: its C frame stays */
 				ruby_emit(w, r, r->group_pc);
+				r->missing++;
+			}
 		}
 		return 0;
 	}
@@ -267,7 +270,9 @@ static long ruby_step(__u64 index, void *unused)
 	pc = r->native[i & (MAX_FRAMES - 1)];
 	if (ruby_in_exec(r, i, pc) && r->skip_execs) {
 		r->skip_execs--;	/* its frames are gone already: shown as C */
-	} else if (ruby_in_exec(r, i, pc) && r->cfp) {
+	} else if (ruby_in_exec(r, i, pc) && !r->cfp) {
+		r->missing++;
+	} else if (ruby_in_exec(r, i, pc)) {
 		r->in_group = 1;	/* replaced by its Ruby frames */
 		r->group_pc = r->native[i & (MAX_FRAMES - 1)];
 		r->group_out = r->out;
@@ -275,6 +280,15 @@ static long ruby_step(__u64 index, void *unused)
 	}
 	ruby_emit(w, r, r->native[i & (MAX_FRAMES - 1)]);
 	return 0;
+}
+
+/* the merged stack from the control frame at `cfp` into w's frames */
+static __always_inline void ruby_merge(struct ruby_walk *r, __u64 cfp)
+{
+	r->cfp = cfp;
+	r->next = r->out = r->in_group = r->ruby_frames = r->cut = r->missing = 0;
+	r->hash = FNV_BASIS;
+	bpf_loop(RUBY_MAX_CFPS + MAX_FRAMES, ruby_step, 0, 0);
 }
 
 /* Ruby frames into the walked stack w of the current task, when the walk
@@ -323,32 +337,37 @@ static __noinline void ruby_pass(struct walk *w)
 	if (n == 0 || bpf_probe_read_kernel(r->native, n * 8, w->frame))
 		return;
 	r->nnative = n;
-	/* A VM call starting (its frames pushed, rb_vm_exec not yet called)
-	 * has a group and no rb_vm_exec frame: its frames are left out. One
-	 * returning (its frames popped, rb_vm_exec not yet returned) has an
-	 * rb_vm_exec frame and no group: the innermost such frames stay C
-	 * frames. So the rest pair with the right frames. */
-	r->groups = r->execs = r->skip_execs = 0;
+	r->tgid = bpf_get_current_pid_tgid() >> 32;
 	start = r->cfp;
+	r->skip_execs = 0;
+	ruby_merge(r, start);
+	/* Paired from the inner end, a whole stack's groups end at the
+	 * thread's dummy first frame with no rb_vm_exec frame left without
+	 * its group. Else a VM call was starting (its frames pushed,
+	 * rb_vm_exec not yet called: a group without its rb_vm_exec frame,
+	 * whose frames are left out) or returning (its frames popped,
+	 * rb_vm_exec not yet returned: an rb_vm_exec frame without a group,
+	 * left a C frame), and the rest pair again from the outer end: only
+	 * then are the groups counted. */
 	if (w->rec.head.status != COMPLETE && w->rec.head.status != THROUGH_JIT
 	    && w->rec.head.status != THROUGH_NO_CFI)
-		goto pair;	/* cut short: its outer VM calls are not there to count */
+		goto done;	/* cut short: its outer VM calls are not there to count */
+	if (!r->missing && r->cfp == r->end - r->vm.cfp_size)
+		goto done;
+	r->groups = r->execs = 0;
+	r->cfp = start;
 	bpf_loop(RUBY_MAX_CFPS, ruby_count_step, 0, 0);
 	bpf_loop(MAX_FRAMES, ruby_exec_step, 0, 0);
 	r->cfp = start;
 	if (r->groups > r->execs) {
 		r->groups -= r->execs;
+		/* (none left: the merge below puts the native frames back) */
 		bpf_loop(RUBY_MAX_CFPS, ruby_skip_step, 0, 0);
-		if (!r->cfp)
-			return;
 	} else {
 		r->skip_execs = r->execs - r->groups;
 	}
-pair:
-	r->tgid = bpf_get_current_pid_tgid() >> 32;
-	r->next = r->out = r->in_group = r->ruby_frames = r->cut = 0;
-	r->hash = FNV_BASIS;
-	bpf_loop(RUBY_MAX_CFPS + MAX_FRAMES, ruby_step, 0, 0);
+	ruby_merge(r, r->cfp);
+done:
 	if (!r->ruby_frames)
 		return;		/* the stack as walked (its words are the same) */
 	w->rec.head.frames = r->out;
