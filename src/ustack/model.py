@@ -224,6 +224,30 @@ def perl_frame_parts(word: int) -> tuple | None:
     return ((word >> 16) & ((1 << 44) - 1)) << 3, word & PERL_LINE_MAX
 
 
+# A Ruby frame inside a native callchain: the in-kernel walk (bpf/ruby.h)
+# puts it where the rb_vm_exec frame of the VM call that ran it was.
+# RUBY_FRAME_TAG, the iseq body's address >> 3 in bits 16-59, and in bits
+# 0-15 the frame's pc as an index in words from the iseq's start (the
+# instruction after the one running, as Ruby keeps it; clamped to 0xFFFF).
+RUBY_FRAME_TAG = 0xA000000000000000
+RUBY_INDEX_MAX = 0xFFFF
+# the lowest tag of an interpreter's frame word: words from it up are no
+# addresses
+LOWEST_FRAME_TAG = RUBY_FRAME_TAG
+
+
+def ruby_frame_word(body: int, index: int) -> int:
+    """The callchain word of a Ruby frame (see RUBY_FRAME_TAG)."""
+    return RUBY_FRAME_TAG | (body >> 3) << 16 | min(index, RUBY_INDEX_MAX)
+
+
+def ruby_frame_parts(word: int) -> tuple | None:
+    """(iseq body address, pc index) of a Ruby frame's word, or None for
+    any other word."""
+    if word >> 60 != RUBY_FRAME_TAG >> 60:
+        return None
+    return ((word >> 16) & ((1 << 44) - 1)) << 3, word & RUBY_INDEX_MAX
+
 
 # A callchain that fills ftrace's userstacktrace (FTRACE_STACK_ENTRIES: 8
 # frames) ends with FTRACE_STACK_FULL: the walk stopped there, not at the
@@ -381,7 +405,7 @@ class Frame:
     file: str = ""                 # source file, when lines were asked for
     line: int = 0                  # 0: unknown
     inlined: bool = False          # a call inlined into the frame that follows
-    kind: str = ""                 # "" native; "python", "php", "js", "java": an interpreter's
+    kind: str = ""                 # "" native; "python", "php", "perl", "ruby", "js", "java": an interpreter's
                                    # or a JIT's frame (reports colour and label them)
     # A frame of a file's code that no symbol names keeps where it is in its
     # object (ELF addresses, the same in every process), so that it is still
@@ -393,7 +417,7 @@ class Frame:
 
 # kinds of a script's frame: no address or object of its own, named by
 # function, source file and line (reports show them alike)
-SCRIPT_KINDS = frozenset(("python", "php", "perl"))
+SCRIPT_KINDS = frozenset(("python", "php", "perl", "ruby"))
 
 
 def printable(text: str) -> str:

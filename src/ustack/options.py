@@ -44,6 +44,7 @@ class Options:
     js: bool = True                        # --no-js: node's JS frames not named from its heap
     php: bool = True                       # --no-php: no PHP frames in native stacks
     perl: bool = True                      # --no-perl: no Perl frames in native stacks
+    ruby: bool = True                      # --no-ruby: a Ruby process's VM calls as C frames only
     weight: str | None = None           # count --weight EXPR: sum it per stack, not hits
     every: float | None = None          # profile --every S: a pprof per S seconds into -o DIR/
     to: object | None = None            # --every --to: commands.every.SinkRequest
@@ -69,6 +70,11 @@ class Options:
         for a run that records, whose file keeps no sub's name yet (the
         run loop's C frames are kept as walked)."""
         return self.perl and self.record is None and self.command != "record"
+
+    def ruby_named(self) -> bool:
+        """Whether the in-kernel walk merges Ruby frames (bpf/ruby.h): not
+        for a run that records, whose file keeps no iseq's name."""
+        return self.ruby and self.record is None and self.command != "record"
 
     @property
     def runs_as(self) -> str:
@@ -103,7 +109,8 @@ def run_options(args) -> Options:
                    python=not getattr(args, "no_python", False),
                    js=not getattr(args, "no_js", False),
                    php=not getattr(args, "no_php", False),
-                   perl=not getattr(args, "no_perl", False))
+                   perl=not getattr(args, "no_perl", False),
+                   ruby=not getattr(args, "no_ruby", False))
 
 
 def symbol_options(args) -> SymbolOptions:

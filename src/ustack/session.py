@@ -23,6 +23,7 @@ from .target.sample_filter import SampleFilter
 from .symbols.python import PythonCode
 from .symbols.php import PhpFunctions
 from .symbols.perl import PerlSubs
+from .symbols.ruby import RubyIseqs
 from .symbols.v8 import V8Functions
 from . import plan as policy
 from . import unprivileged
@@ -61,6 +62,7 @@ class Session:
         self.v8_functions = V8Functions()  # JS functions' names: the same
         self.php_functions = PhpFunctions()     # PHP functions' names, as the kernel copied them
         self.perl_subs = PerlSubs()        # Perl subs' names, as the kernel copied them
+        self.ruby_iseqs = RubyIseqs()      # Ruby methods' and blocks' names: the same
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -74,7 +76,7 @@ class Session:
         return StackResolver(self.tracker, self.opts.symbols,
                              getattr(self.capture, "cut_advice", None), self.python_code,
                              self.plan and self.plan.fp_advice(), self.v8_functions,
-                             self.php_functions, self.perl_subs)
+                             self.php_functions, self.perl_subs, self.ruby_iseqs)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -147,6 +149,7 @@ class Session:
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel (nor this host's pids)."""
         self.tracker.live = self.python_code.live = self.v8_functions.live = False
+        self.ruby_iseqs.live = False
         capture = self.capture = self.recording
         capture.python_code = self.python_code      # the recorded code objects' names
         capture.open()
@@ -168,6 +171,7 @@ class Session:
         capture.python_code, capture.v8_functions = self.python_code, self.v8_functions
         capture.php_functions = self.php_functions
         capture.perl_subs = self.perl_subs
+        capture.ruby_iseqs = self.ruby_iseqs
         if opts.python:
             from .unwind import python_live
             python_live.wire(capture, self.python_code, self.target, self.plan)

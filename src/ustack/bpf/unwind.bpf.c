@@ -13,12 +13,14 @@
  * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
  * interpreter gets its Python frames (python.h) after the native walk; given
  * UW_V8, a node process's JS frames are named (v8.h); given UW_PHP, a stack
- * through a PHP interpreter gets its PHP frames (php.h). */
+ * through a PHP interpreter gets its PHP frames (php.h), UW_PERL a Perl
+ * one's (perl.h), UW_RUBY a Ruby VM's (ruby.h). */
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
 #include "php.h"
 #include "perl.h"
+#include "ruby.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -120,6 +122,8 @@ static __always_inline void with_python(struct walk *w, enum unwind_option opts,
 		v8_pass(w, pid_tgid);
 	if (opts & UW_PERL)
 		perl_merge(w, pid_tgid);
+	if (opts & UW_RUBY)
+		ruby_pass(w);
 	if (opts & UW_PYTHON)
 		python_pass(w, &ring, pid_tgid, probe);
 	if (opts & UW_PHP)

@@ -57,6 +57,8 @@ struct walk {
 	__s64 php_adjust;	/* that object's adjust */
 	__u64 perl;		/* object_rows.perl of a Perl object the walk met, 0 none */
 	__s64 perl_adjust;	/* that object's adjust */
+	__u64 ruby;		/* object_rows.ruby of a Ruby VM object the walk met, 0 none */
+	__s64 ruby_adjust;	/* that object's adjust */
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* each frame's frame pointer where it was walked on it, else 0: where
@@ -347,6 +349,10 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 		w->perl = obj->perl;
 		w->perl_adjust = w->adjust;
 	}
+	if (obj->ruby) {	/* ruby.h merges its Ruby frames */
+		w->ruby = obj->ruby;
+		w->ruby_adjust = w->adjust;
+	}
 	w->mstart = vma.start;
 	w->mend = vma.end;
 	if (!w->rows) {
@@ -587,6 +593,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	w->bp_ok = 1;
 	w->bx_ok = 1;
 	w->mend = w->mstart = w->win = w->fp_used = w->python = w->v8 = w->php = w->perl = 0;
+	w->ruby = 0;
 	w->frame[0] = w->pc;
 	w->frame_fp[0] = 0;
 	w->rec.head.frames = 1;

@@ -265,6 +265,7 @@ enum unwind_option {
 	UW_V8 = 128,		/* JS frames named in stacks through a V8 object (v8.h) */
 	UW_PHP = 256,		/* PHP frames into stacks through a PHP interpreter (php.h) */
 	UW_PERL = 512,		/* Perl frames into stacks through a Perl object (perl.h) */
+	UW_RUBY = 1024,		/* Ruby frames into stacks through a Ruby VM object (ruby.h) */
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call
@@ -300,6 +301,7 @@ struct object_rows {
 	__u32 v8;		/* a V8 (node, libnode): 1 + its slot in v8.h's V8_OBJECTS; 0 none */
 	__u32 php;		/* a PHP interpreter: 1 + its slot in php.h's PHP_OBJECTS; 0 none */
 	__u32 perl;		/* a Perl interpreter: 1 + its slot in perl.h's PERL_OBJECTS; 0 none */
+	__u32 ruby;		/* a Ruby VM (libruby): 1 + its slot in ruby.h's RUBY_OBJECTS; 0 none */
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */

@@ -29,7 +29,7 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         mode = UnwindTraceCapture if opts.runs_as == "trace" else UnwindCountCapture
         return mode(probes, target, opts.buffer_pages, unwind_tables=kernel_tables,
                     python=opts.python, js=opts.js_named, php=opts.php_named,
-                    perl=opts.perl_merged, **bpf_opts)
+                    perl=opts.perl_merged, ruby=opts.ruby_named, **bpf_opts)
     if backend == "tracefs":
         from .tracefs import TracefsCapture
         return TracefsCapture(probes, target, opts.buffer_pages, modes, opts.stack_size)

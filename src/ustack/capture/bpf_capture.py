@@ -62,6 +62,7 @@ class BpfCapture(Capture):
     v8_functions = None     # the run's V8Functions (symbols/v8.py): names JS functions
     php_functions = None    # the run's PhpFunctions (symbols/php.py): names PHP functions
     perl_subs = None        # the run's PerlSubs (symbols/perl.py): names Perl subs
+    ruby_iseqs = None       # the run's RubyIseqs (symbols/ruby.py): names Ruby frames
     # an unwind.python_live.LiveFrames the session gives a capture that
     # defers stacks: a deferred sample's Python frames are read from its
     # process as its record is decoded (the kernel walked none)
@@ -78,7 +79,8 @@ class BpfCapture(Capture):
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
                  unwind_tables=None, python: bool = False, weighted: bool = False,
                  js: bool = False, php: bool = False, unwind_memory: int | None = None,
-                 stack_size: int = DEFAULT_STACK_SIZE, perl: bool = False):
+                 stack_size: int = DEFAULT_STACK_SIZE, perl: bool = False,
+                 ruby: bool = False):
         self.probes = probes
         # --stack-size: the bytes of stack a deferred record carries (bpf_unwind)
         self.stack_size = stack_size
@@ -104,6 +106,8 @@ class BpfCapture(Capture):
         self.php = php
         # Perl frames merged into the stacks it unwinds (bpf/perl.h, capture/bpf_perl.py)
         self.perl = perl
+        # Ruby frames in the stacks it unwinds (bpf/ruby.h, capture/bpf_ruby.py)
+        self.ruby = ruby
         self.cut: dict = {}                 # why -> events whose stack was cut short
         # many uprobes go behind uprobe_multi links, without perf events
         # (a weight is read per probe, by a program of its own: no links)
@@ -164,6 +168,7 @@ class BpfCapture(Capture):
             self._follow_v8()
             self._follow_php()
             self._follow_perl()
+            self._follow_ruby()
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             lazy = lazy and self.counter.objects is not None
@@ -290,6 +295,23 @@ class BpfCapture(Capture):
         perl.subs = self.perl_subs
         if self.perl_subs is not None:
             self.perl_subs.active = True     # its stacks carry Perl words
+
+    def _follow_ruby(self) -> None:
+        """Where the counter merges Ruby frames (bpf/ruby.h,
+        capture/bpf_ruby.py): the VMs are known by their objects as their
+        rows load; the iseqs the kernel saw are read while their processes
+        live. (A -c command held at its exit would not have its last iseqs
+        read there, as Python's code objects are: ruby frees them as it
+        exits.)"""
+        ruby = getattr(self.counter, "ruby", None)
+        if ruby is None:
+            return
+        ruby.iseqs = self.ruby_iseqs
+        if self.ruby_iseqs is not None:
+            self.ruby_iseqs.active = True     # its stacks carry Ruby words
+            self.ruby_iseqs.refresh = ruby.harvest
+            if ruby.runtimes:
+                ruby.start_harvest()
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         raise NotImplementedError

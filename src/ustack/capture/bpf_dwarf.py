@@ -27,7 +27,7 @@ class UnwindCountCapture(BpfCapture):
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, python=self.python,
-                              js=self.js, php=self.php, perl=self.perl,
+                              js=self.js, php=self.php, perl=self.perl, ruby=self.ruby,
                               rows=self.rows_capacity or DEFAULT_ROWS,
                               stack_size=self.stack_size,
                               ring_bytes=deferral_ring_bytes(self.buffer_pages,
@@ -105,7 +105,7 @@ class UnwindTraceCapture(UnwindCountCapture):
                               stack_storage=self.stack_storage, kernel=self.kernel,
                               filter_tgid=self._tgid(), armed=self.armed, trace=True,
                               rows=self.rows_capacity or DEFAULT_ROWS, js=self.js, php=self.php,
-                              perl=self.perl,
+                              perl=self.perl, ruby=self.ruby,
                               stack_size=self.stack_size, fetches=self.fetches, python=self.python,
                               ring_bytes=ring_bytes(self.buffer_pages), linked=self.linked)
 

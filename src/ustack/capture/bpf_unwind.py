@@ -82,6 +82,7 @@ from .bpf_common import unwind_object
 from .bpf_php import PhpMaps, PhpObjects
 from .bpf_python import PythonMaps, PythonProcs
 from .bpf_perl import PerlMaps, PerlObjects
+from .bpf_ruby import RubyMaps, RubyObjects
 from .bpf_v8 import V8Maps, V8Objects
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
@@ -251,7 +252,8 @@ class UnwindObjects:
     (object_rows.v8); `php` (bpf_php.PhpObjects, when the run merges PHP
     frames) a PHP interpreter's slot (object_rows.php); `perl`
     (bpf_perl.PerlObjects, when the run merges Perl frames) a Perl object's
-    slot of its facts (object_rows.perl)."""
+    slot of its facts (object_rows.perl); `ruby` (bpf_ruby.RubyObjects, when
+    the run merges Ruby frames) a Ruby VM object's slot (object_rows.ruby)."""
 
     def __init__(self, maps: UnwindMaps, tables: TableSource):
         self.maps = maps
@@ -264,6 +266,7 @@ class UnwindObjects:
         self.v8 = None
         self.php = None
         self.perl = None
+        self.ruby = None
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = ForkSafeLock()
@@ -292,12 +295,13 @@ class UnwindObjects:
         v8 = self.v8.slot_of(path) if self.v8 is not None else 0
         php = self.php.slot_of(path) if self.php is not None else 0
         perl = self.perl.slot_of(path) if self.perl is not None else 0
+        ruby = self.ruby.slot_of(path) if self.ruby is not None else 0
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
-                self._load(path, keys, packed, segs, python, v8, php, perl)
+                self._load(path, keys, packed, segs, python, v8, php, perl, ruby)
 
     def _load(self, path: str, keys: list, packed, segs: list, python: int = 0,
-              v8: int = 0, php: int = 0, perl: int = 0) -> None:
+              v8: int = 0, php: int = 0, perl: int = 0, ruby: int = 0) -> None:
         first, n, adjust, page_slot, first_page, npages = 0, 0, 0, 0, 0, 0
         if packed is not None and segs:
             vaddr, offset, _size = segs[0]
@@ -320,7 +324,8 @@ class UnwindObjects:
         self.loaded[keys[0]] = (path, n)
         for k in keys:
             self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages, python, v8, php, perl))
+                first, n, adjust, page_slot, first_page, npages, python, v8, php, perl,
+                ruby))
 
     def wanted(self) -> dict:
         """(dev, inode) -> walks that met the object without rows (WANTED),
@@ -559,7 +564,7 @@ class KernelUnwinder(BpfCounter):
                  rows: int = DEFAULT_ROWS, ring_bytes: int = 0, trace: bool = False,
                  fetches: tuple = (), python: bool = False, weighted: bool = False,
                  linked: frozenset = frozenset(), js: bool = False, php: bool = False,
-                 stack_size: int = DEFER_STACK, perl: bool = False):
+                 stack_size: int = DEFER_STACK, perl: bool = False, ruby: bool = False):
         self._no_maps_yet(probes, owned, kernel, armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.verified: dict = {}         # probe index -> instructions the verifier processed
@@ -570,6 +575,7 @@ class KernelUnwinder(BpfCounter):
         self.v8 = None                   # bpf_v8.V8Objects: JS frames named in stacks
         self.php = None                  # bpf_php.PhpObjects: PHP frames in stacks
         self.perl = None                 # bpf_perl.PerlObjects: Perl frames merged into stacks
+        self.ruby = None                 # bpf_ruby.RubyObjects: Ruby frames in stacks
         # the stacks spill to user space as STACKS fills (spill), so their
         # counts may be many more than it holds: room for COUNTS_PER_STACK
         # each where entries are taken only as the run meets them (~80
@@ -600,6 +606,8 @@ class KernelUnwinder(BpfCounter):
             self.php = PhpObjects(owned.map(PhpMaps()), objects=self.objects)
         if perl:
             self.perl = PerlObjects(owned.map(PerlMaps()), objects=self.objects)
+        if ruby:
+            self.ruby = RubyObjects(owned.map(RubyMaps()), objects=self.objects)
         if weighted and not self.trace:
             self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)
@@ -615,6 +623,7 @@ class KernelUnwinder(BpfCounter):
             fetch=fetch_maps, python=self.python.maps if self.python else None,
             v8=self.v8.maps if self.v8 else None, php=self.php.maps if self.php else None,
             perl=self.perl.maps if self.perl else None,
+            ruby=self.ruby.maps if self.ruby else None,
             weights=self.weighing.weights if self.weighing else None,
             defer_stack=self.defer_stack, name=f"ustack_uw{index}")
         self.owned.program(fd)
@@ -638,6 +647,7 @@ class KernelUnwinder(BpfCounter):
             python=self.python.maps if self.python else None, by_cookie=True,
             v8=self.v8.maps if self.v8 else None, php=self.php.maps if self.php else None,
             perl=self.perl.maps if self.perl else None,
+            ruby=self.ruby.maps if self.ruby else None,
             defer_stack=self.defer_stack, name="ustack_uwlinks")
         return self.owned.program(fd)
 
@@ -728,7 +738,7 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
                  python=None, weights=None, name: str = "ustack_uw",
                  by_cookie: bool = False, v8=None, php=None,
-                 defer_stack: int = DEFER_STACK, perl=None) -> int:
+                 defer_stack: int = DEFER_STACK, perl=None, ruby=None) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
@@ -736,7 +746,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     python.h's maps (bpf_python.PythonMaps), to merge Python frames; `v8`:
     v8.h's (bpf_v8.V8Maps), to name JS frames; `php`: php.h's
     (bpf_php.PhpMaps), to merge PHP frames; `perl`: perl.h's
-    (bpf_perl.PerlMaps), to merge Perl frames;
+    (bpf_perl.PerlMaps), to merge Perl frames; `ruby`: ruby.h's
+    (bpf_ruby.RubyMaps), to merge Ruby frames;
     `weights`: count --weight's map (bpf_weight.py), whose value each
     event adds in place of 1; `by_cookie`: for uprobe_multi links, whose
     cookie names the probe; `defer_stack`: the stack bytes a deferred
@@ -751,6 +762,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
         named.update(php.named())
     if perl is not None:
         named.update(perl.named())
+    if ruby is not None:
+        named.update(ruby.named())
     for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
                    ("tgids", tgids), ("weights", weights), *(fetch or {}).items()):
         if m is not None:
@@ -761,7 +774,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
               "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": python is not None,
               "UW_WEIGHT": weights is not None, "UW_V8": v8 is not None,
               "UW_PHP": php is not None,
-              "UW_PERL": perl is not None}
+              "UW_PERL": perl is not None,
+              "UW_RUBY": ruby is not None}
     before = set(named)
     try:
         return obj.load(program, named, {

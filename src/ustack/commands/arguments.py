@@ -60,6 +60,11 @@ def target_args(p: argparse.ArgumentParser) -> None:
                    help="show a Perl process's interpreter as C frames only "
                         "(default: its Perl subs' frames, package, file and line, "
                         "where its run loop ran them; perl 5.36, --backend bpf)")
+    p.add_argument("--no-ruby", action="store_true",
+                   help="show a Ruby process's VM calls as C frames only "
+                        "(default: its Ruby methods' and blocks' frames, name, "
+                        "file and line, where the VM ran them; CRuby 3.1, "
+                        "--backend bpf)")
     p.add_argument("--stack-size", type=int, default=DEFAULT_STACK_SIZE, metavar="BYTES",
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")

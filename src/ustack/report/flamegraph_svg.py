@@ -47,6 +47,8 @@ def frame_colour(name: str, kind: str, inlined: bool) -> str:
         r, g, b = 120 + 40 * v1, 110 + 40 * v1, 180 + 60 * v2
     elif kind == "perl":                      # violet beside Python's blue
         r, g, b = 150 + 50 * v1, 100 + 40 * v1, 200 + 55 * v2
+    elif kind == "ruby":
+        r, g, b = 200 + 55 * v1, 60 + 40 * v1, 80 + 40 * v2
     elif kind in ("js", "java"):              # flamegraph.pl's green for JIT code
         r, g, b = 50 + 60 * v1, 190 + 65 * v1, 50 + 60 * v1 + (40 if kind == "js" else 0)
     elif kind in ("separator", "unknown", "note"):

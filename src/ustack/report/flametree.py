@@ -20,7 +20,7 @@ from .folded import python_name
 
 # Kinds of frames, for colours and the legend. Kernel frames come after the
 # `--` SEPARATOR in root-first order.
-KINDS = ("user", "lib", "kernel", "go", "python", "php", "perl", "js", "java", "unknown",
+KINDS = ("user", "lib", "kernel", "go", "python", "php", "perl", "ruby", "js", "java", "unknown",
          "separator", "note", "process", "root")
 _LIBRARY = re.compile(r"\.so(\.[0-9.]+)?$|^\[")   # libc.so.6, ld-linux…so.2, [vdso]
 

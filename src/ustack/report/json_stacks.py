@@ -26,7 +26,7 @@ JSON, for scripts.
              "file": "chain.c" | null, "line": 36 | null,   # with --lines
              "inlined": false,        # a call inlined into the next frame
              "kernel": false,         # a kernel frame (--kernel)
-             "kind": null,            # "python", "php", "js", "java": an interpreter's
+             "kind": null,            # "python", "php", "perl", "ruby", "js", "java": an interpreter's
                                       # or a JIT's frame (python: address 0)
              "object_address": "0x11f6" | null,  # unnamed: the pc in its object (ELF)
              "code_start": "0x11e0" | null}      # unnamed: its code's start by the CFI

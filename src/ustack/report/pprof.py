@@ -45,7 +45,7 @@ from .formats import weight_of
 from .text import is_timed
 
 # a script frame's system name starts with its language (Python's: perf's)
-_SCRIPT_PREFIX = {"python": "py", "php": "php", "perl": "pl"}
+_SCRIPT_PREFIX = {"python": "py", "php": "php", "perl": "pl", "ruby": "rb"}
 
 KERNEL_MAPPING = "[kernel.kallsyms]"     # perf's and pprof's name for it
 HOST_COMMENT = "host: "     # --every: the comment naming the machine (report --from DIR/ --host)

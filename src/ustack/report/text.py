@@ -28,8 +28,8 @@ def frame_label(f: Frame) -> str:
 
 
 def python_label(f: Frame) -> str:
-    """A Python (or PHP, Perl) frame has no object: the kind stands where the
-    module would."""
+    """A Python, PHP, Perl or Ruby frame has no object: the kind stands where
+    the module would."""
     return f"{f.function} [{f.kind}] {f.file}:{f.line}" if f.line else f"{f.function} [{f.kind}]"
 
 

@@ -4,7 +4,7 @@ each distinct raw stack once. A key says what tells raw stacks apart
 addresses meaning); stacks of the same key share one Stack object."""
 from __future__ import annotations
 
-from ..model import KERNEL_UNWIND_WHOLE, PHP_FRAME_TAG, Frame, RawSample, Stack
+from ..model import KERNEL_UNWIND_WHOLE, LOWEST_FRAME_TAG, Frame, RawSample, Stack
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
@@ -55,14 +55,15 @@ class StackResolver:
     a stack cut by its copy's size advises (None: raise --stack-size);
     `python_code` the run's PythonCode (symbols/python.py), `v8_functions`
     its V8Functions (symbols/v8.py), `php_functions` its PhpFunctions
-    (symbols/php.py), `perl_subs` its PerlSubs (symbols/perl.py); `fp_advice`,
+    (symbols/php.py), `perl_subs` its PerlSubs (symbols/perl.py),
+    `ruby_iseqs` its RubyIseqs (symbols/ruby.py); `fp_advice`,
     given when the run walks frame pointers, what a stack that ends short
     of a root advises."""
 
     def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
                  cut_advice: str | None = None, python_code=None,
                  fp_advice: str | None = None, v8_functions=None, php_functions=None,
-                 perl_subs=None):
+                 perl_subs=None, ruby_iseqs=None):
         self.tracker = tracker
         self.fp_advice = fp_advice
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
@@ -75,7 +76,7 @@ class StackResolver:
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options, python_code, v8_functions,
-                                     php_functions, perl_subs)
+                                     php_functions, perl_subs, ruby_iseqs)
         self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
 
     @property
@@ -95,10 +96,10 @@ class StackResolver:
         if sample.time_ns or sample.regs is not None or not tracker.generations.get(pid):
             generation = tracker.generation_at(pid, sample.time_ns)
         else:                          # counted in the kernel: no time to go by
-            # (Python, JS and PHP frames' words and the walk's markers are
-            # no addresses: PHP's tag is the lowest)
+            # (Python, Ruby and JS frames' words and the walk's markers are
+            # no addresses: none is below LOWEST_FRAME_TAG)
             generation = tracker.generation_holding(pid, [
-                a for a in callchain_addresses(sample.callchain) if a < PHP_FRAME_TAG])
+                a for a in callchain_addresses(sample.callchain) if a < LOWEST_FRAME_TAG])
         find = tracker.find            # the current generation's maps …
         if sample.regs is not None and generation != tracker.generations.get(pid, 0):
             # … unless a DWARF sample is unwound now in an earlier one

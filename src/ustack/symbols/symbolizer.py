@@ -5,14 +5,16 @@ vDSO (vdso_source.py); kernel addresses by kallsyms (kernel.py). A Python
 frame's tagged word (model.python_frame_parts) is named by the run's
 PythonCode (python.py), a JS frame's (model.v8_frame_parts) by V8Functions
 (v8.py), a PHP frame's (model.php_frame_parts) by PhpFunctions (php.py), a
-Perl frame's (model.perl_frame_parts) by PerlSubs (perl.py)."""
+Perl frame's (model.perl_frame_parts) by PerlSubs (perl.py), a Ruby frame's
+(model.ruby_frame_parts) by RubyIseqs (ruby.py)."""
 from __future__ import annotations
 
 import os
 
 from ..model import (PERL_FRAME_TAG, PHP_FRAME_TAG, PYTHON_FRAME_TAG,  # noqa: F401 (SymbolOptions: its old home)
-                     V8_FRAME_TAG, Frame, SymbolOptions, perl_frame_parts, php_frame_parts,
-                     printable, python_frame_parts, v8_frame_parts)
+                     RUBY_FRAME_TAG, V8_FRAME_TAG, Frame, SymbolOptions, perl_frame_parts,
+                     php_frame_parts, printable, python_frame_parts, ruby_frame_parts,
+                     v8_frame_parts)
 from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
@@ -21,6 +23,7 @@ from .perfmap import JitSymbols
 from .php import PhpFunctions
 from .perl import PerlSubs
 from .python import PythonCode
+from .ruby import RubyIseqs
 from .v8 import V8Functions
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
@@ -28,6 +31,7 @@ _PYTHON_TAG = PYTHON_FRAME_TAG >> 60
 _V8_TAG = V8_FRAME_TAG >> 60
 _PHP_TAG = PHP_FRAME_TAG >> 60
 _PERL_TAG = PERL_FRAME_TAG >> 60
+_RUBY_TAG = RUBY_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
@@ -41,7 +45,8 @@ class Symbolizer:
                  python_code: PythonCode | None = None,
                  v8_functions: V8Functions | None = None,
                  php_functions: PhpFunctions | None = None,
-                 perl_subs: PerlSubs | None = None):
+                 perl_subs: PerlSubs | None = None,
+                 ruby_iseqs: RubyIseqs | None = None):
         self.mappings = mappings
         self.options = options
         self._said: list = []
@@ -51,6 +56,7 @@ class Symbolizer:
         self.v8 = v8_functions if v8_functions is not None else V8Functions()
         self.php = php_functions if php_functions is not None else PhpFunctions()
         self.perl = perl_subs if perl_subs is not None else PerlSubs()
+        self.ruby = ruby_iseqs if ruby_iseqs is not None else RubyIseqs()
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
                                self.v8.named_in)
         self._kernel = None               # KernelSymbols: read on first use
@@ -63,7 +69,7 @@ class Symbolizer:
     def warnings(self) -> list:
         return (self._said + self._jit.notes() + self._elf.fetch_notes()
                 + self._elf.name_source_notes() + self.v8.warnings
-                + self.perl.warnings)
+                + self.perl.warnings + self.ruby.warnings)
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since
@@ -93,6 +99,12 @@ class Symbolizer:
                 # a PHP frame where its executor call's C frame was
                 function_id, line = php_frame_parts(addr)
                 out.append(self.php.frame(pid, function_id, line))
+                exact = False
+                continue
+            if addr >> 60 == _RUBY_TAG and self.ruby.active:
+                # a Ruby frame where its VM call's rb_vm_exec frame was
+                body, index = ruby_frame_parts(addr)
+                out.append(self.ruby.frame(pid, body, index))
                 exact = False
                 continue
             if addr >> 60 == _V8_TAG and self.v8.active:

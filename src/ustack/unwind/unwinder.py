@@ -12,7 +12,7 @@ from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE,
                      KERNEL_UNWIND_REASONS, KERNEL_UNWIND_STOP,
                      KERNEL_UNWIND_WHOLE, Mapping, PythonSample, RawSample,
                      UnwoundSample, perl_frame_parts, php_frame_parts, python_frame_parts,
-                     v8_frame_parts)
+                     ruby_frame_parts, v8_frame_parts)
 from .fp import frame_pointer_stack
 from .python_frames import merge_read
 
@@ -102,9 +102,10 @@ class Unwinder:
 def _stop_note(addrs: tuple, marker: int, pid: int, find: FindMapping) -> str:
     """Why the kernel's DWARF walk stopped after addrs, for the stack."""
     why = KERNEL_UNWIND_REASONS.get(marker & 0xFF, f"reason {marker & 0xFF}")
-    # where the walk was: not a Python, JS, PHP or Perl frame's tagged word
+    # where the walk was: not a Python, JS, PHP, Perl or Ruby frame's tagged word
     native = [a for a in addrs if python_frame_parts(a) is None and v8_frame_parts(a) is None
-              and php_frame_parts(a) is None and perl_frame_parts(a) is None]
+              and php_frame_parts(a) is None and perl_frame_parts(a) is None
+              and ruby_frame_parts(a) is None]
     m = find(pid, native[-1] - (1 if len(native) > 1 else 0)) if native else None
     if m is None:
         where = "[unknown]"

@@ -83,6 +83,7 @@
     python: [215, 62, 62, "Python"],
     php: [245, 35, 62, "PHP"],
     perl: [270, 50, 64, "Perl"],
+    ruby: [350, 60, 55, "Ruby"],
     js: [95, 58, 50, "JavaScript (JIT)"],
     java: [135, 55, 48, "Java (JIT)"],
     unknown: [0, 0, 72, "unknown"],

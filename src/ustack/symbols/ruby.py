@@ -1,0 +1,236 @@
+"""Names of Ruby frames, read from a Ruby process's memory: the label
+Ruby's own backtraces show (`c`, `block in a`, `<main>`), the file, and
+the line of the instruction the frame was at.
+
+A Ruby frame in a stack is (iseq body address, pc index)
+(model.ruby_frame_parts), put there by the in-kernel pass (bpf/ruby.h),
+which also lists each (process, body) it saw for the capture to read here
+while the process lives (remember). An iseq is freed and another made at
+its address as a program runs, so a body is read again when its label
+object changed; a frame whose body cannot be read (the process ended
+before it was read) is shown as `[ruby 0x...]`, never with another
+iseq's name. The layout is the process's VM's own (unwind/ruby_runtime.py).
+
+The line: Ruby 3.1 keeps an iseq's lines as (line, node, events) entries
+and finds an instruction's entry through a succinct bit vector (iseq.c's
+succ_index_table): its rank of the instruction's position."""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections import OrderedDict
+
+from ..kernel.procfs import ProcessMemory
+from ..model import Frame, printable
+from ..objfile.mapped import object_path
+from ..unwind import ruby_runtime
+
+MAX_ISEQS = 1 << 16             # (pid, body) entries kept
+MAX_PROCESSES = 1024            # processes whose memory is kept open
+MAX_TEXT = 1024                 # bytes of a name read at most
+MAX_POSITIONS = 1 << 20         # instructions of an iseq whose lines are read at most
+T_MASK, T_STRING, T_ARRAY = 0x1F, 0x05, 0x07
+STRING_NOEMBED = 1 << 13        # RSTRING_NOEMBED (FL_USER1)
+EMBED_LEN_SHIFT, EMBED_LEN_MASK = 14, 0x1F   # 3.1's RSTRING_EMBED_LEN_*
+ARRAY_EMBED = 1 << 13           # RARRAY_EMBED_FLAG
+# succ_index_table (iseq.c): an immediate part for the first positions,
+# then 512-position blocks
+IMMEDIATE_TABLE_SIZE = 54
+IMMEDIATE_PART_WORDS = 6        # IMMEDIATE_TABLE_SIZE / 9
+SUCC_BLOCK = struct.Struct("<IxxxxQ8Q")     # rank, small_block_ranks, bits[8]
+
+
+class RubyIseqs:
+    """The Ruby iseqs named so far, per process."""
+
+    def __init__(self, live: bool = True):
+        self._lock = threading.RLock()
+        self.live = live
+        self._read: OrderedDict = OrderedDict()   # (pid, body) -> (label, file, first, lines)
+        self._procs: dict = {}                     # pid -> _Process | None
+        self.unnamed = 0
+        # set by a capture whose kernel pass writes Ruby words (bpf/ruby.h)
+        self.active = False
+        # set by that capture too: reads the iseqs the kernel saw, now
+        self.refresh = None
+
+    @property
+    def warnings(self) -> list:
+        if not self.unnamed:
+            return []
+        return [f"{self.unnamed} Ruby frames are shown as [ruby 0x...]: their method could "
+                "not be read (their process ended first) when their stack was named"]
+
+    def remember(self, pid: int, body: int, label: int) -> None:
+        """Read the iseq at `body` in pid now, while pid lives, unless it
+        was read with this label object already."""
+        with self._lock:
+            known = self._read.get((pid, body))
+            if known is not None and known[0] == label:
+                return
+            proc = self._process(pid)
+            found = proc.iseq(body) if proc is not None else None
+            if found is not None:
+                if len(self._read) >= MAX_ISEQS:
+                    self._read.popitem(last=False)
+                self._read[(pid, body)] = (label, found)
+
+    def frame(self, pid: int, body: int, index: int) -> Frame:
+        with self._lock:
+            known = self._read.get((pid, body))
+            if known is None and pid not in self._procs and self.refresh is not None:
+                # not harvested yet (a trace names each stack as it comes)
+                self.refresh()
+                known = self._read.get((pid, body))
+            if known is None:
+                # read now, from a process opened by remember() while the
+                # kernel saw its frames (a pid opened now may be another
+                # process's since)
+                proc = self._procs.get(pid)
+                label = proc.label(body) if proc is not None else None
+                if label is not None:
+                    self.remember(pid, body, label)
+                    known = self._read.get((pid, body))
+        if known is None:
+            self.unnamed += 1
+            return Frame(addr=0, module="", function=f"[ruby {body:#x}]", kind="ruby")
+        name, file, first, lines = known[1]
+        line = line_at(lines, index) or first
+        return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
+                     function=name, file=file, line=line, kind="ruby")
+
+    def _process(self, pid: int):
+        if not self.live:
+            return None
+        if pid in self._procs:
+            return self._procs[pid]
+        from ..kernel import procfs
+        proc = None
+        try:
+            for m in procfs.executable_mappings(pid):
+                path = object_path(m)
+                runtime = ruby_runtime.object_runtime(path) if path else None
+                if runtime is not None:
+                    proc = _Process(pid, runtime)
+                    break
+        except OSError:
+            proc = None
+        if len(self._procs) > MAX_PROCESSES:      # bounded: each holds its /proc/PID/mem
+            for kept in self._procs.values():
+                if kept is not None:
+                    kept.mem.close()
+            self._procs.clear()
+        self._procs[pid] = proc
+        return proc
+
+
+def line_at(lines, index: int) -> int:
+    """The line of the instruction before pc index `index` (Ruby's pc
+    points after the running instruction), 0 when not known."""
+    if not lines:
+        return 0
+    pos = index - 1 if index else 0
+    return lines(pos)
+
+
+class _Process:
+    """One Ruby process's memory, read through its VM's layout."""
+
+    def __init__(self, pid: int, runtime: ruby_runtime.Runtime):
+        self.f = dict(runtime.layout)
+        self.mem = ProcessMemory(pid)
+
+    def label(self, body: int) -> int | None:
+        """The label object of the iseq body at `body` (what tells it from
+        another made there later), None where it cannot be read."""
+        try:
+            return self.mem.word(body + self.f["body_location"] + self.f["location_label"])
+        except OSError:
+            return None
+
+    def iseq(self, body: int):
+        """(label, file, first line, lines(pos) or None) of the iseq body
+        at `body`, or None where it cannot be read."""
+        f = self.f
+        try:
+            loc = body + f["body_location"]
+            label = self.string(self.mem.word(loc + f["location_label"]))
+            file = self.path(self.mem.word(loc + f["location_pathobj"]))
+            first = self.mem.word(loc + f["location_first_lineno"]) >> 1   # a Fixnum
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        try:
+            lines = self.lines(body)
+        except (OSError, ValueError, struct.error):
+            lines = None
+        return printable(label), printable(file), first, lines
+
+    def string(self, v: int) -> str:
+        flags = self.mem.word(v)
+        if flags & T_MASK != T_STRING:
+            raise ValueError("not a String")
+        if flags & STRING_NOEMBED:
+            n = self.mem.word(v + 16)
+            ptr = self.mem.word(v + 24)
+        else:
+            n = (flags >> EMBED_LEN_SHIFT) & EMBED_LEN_MASK
+            ptr = v + 16
+        return self.mem.read(ptr, min(n, MAX_TEXT)).decode("utf-8", "replace") if n else ""
+
+    def path(self, v: int) -> str:
+        """An iseq's pathobj: a String, or [path, realpath] (the path shown)."""
+        flags = self.mem.word(v)
+        if flags & T_MASK == T_STRING:
+            return self.string(v)
+        if flags & T_MASK != T_ARRAY:
+            raise ValueError("not a path")
+        if flags & ARRAY_EMBED:
+            first = self.mem.word(v + 16)
+        else:
+            first = self.mem.word(self.mem.word(v + 32))
+        return self.string(first)
+
+    def lines(self, body: int):
+        """pos -> line of the iseq at `body` (iseq.c's
+        get_insn_info_succinct_bitvector), or None without a table."""
+        f = self.f
+        head = self.mem.read(body, f["body_succ_index_table"] + 8)
+        iseq_size = struct.unpack_from("<I", head, f["body_iseq_size"])[0]
+        info, = struct.unpack_from("<Q", head, f["body_insns_info"])
+        count, = struct.unpack_from("<I", head, f["body_insns_info_size"])
+        table, = struct.unpack_from("<Q", head, f["body_succ_index_table"])
+        size = f["insn_info_entry_size"]
+        if not info or not count or count > MAX_POSITIONS or iseq_size > MAX_POSITIONS:
+            return None
+        entries = self.mem.read(info, count * size)
+        line_of = [struct.unpack_from("<i", entries, i * size)[0] for i in range(count)]
+        if count == 1:
+            return lambda pos: line_of[0]
+        if not table:
+            return None
+        imm = struct.unpack("<6Q", self.mem.read(table, 8 * IMMEDIATE_PART_WORDS))
+        nblocks = max(0, (iseq_size - IMMEDIATE_TABLE_SIZE + 511) // 512)
+        raw = self.mem.read(table + 8 * IMMEDIATE_PART_WORDS, nblocks * SUCC_BLOCK.size) \
+            if nblocks else b""
+        blocks = [SUCC_BLOCK.unpack_from(raw, i * SUCC_BLOCK.size) for i in range(nblocks)]
+
+        def rank(x: int) -> int:
+            if x < IMMEDIATE_TABLE_SIZE:
+                return (imm[x // 9] >> ((x % 9) * 7)) & 0x7F
+            block = blocks[(x - IMMEDIATE_TABLE_SIZE) // 512]
+            bit = (x - IMMEDIATE_TABLE_SIZE) % 512
+            small = bit // 64
+            small_rank = 0 if small == 0 else (block[1] >> ((small - 1) * 9)) & 0x1FF
+            word = (block[2 + small] << (63 - bit % 64)) & ((1 << 64) - 1)
+            return block[0] + small_rank + bin(word).count("1")
+
+        def line(pos: int) -> int:
+            if pos >= iseq_size:
+                return 0
+            try:
+                at = rank(pos) - 1
+            except IndexError:
+                return 0
+            return line_of[at] if 0 <= at < count else 0
+        return line
