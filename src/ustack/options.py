@@ -71,6 +71,7 @@ class Options:
         run loop's C frames are kept as walked)."""
         return self.perl and self.record is None and self.command != "record"
 
+    @property
     def ruby_named(self) -> bool:
         """Whether the in-kernel walk merges Ruby frames (bpf/ruby.h): not
         for a run that records, whose file keeps no iseq's name."""
