@@ -3,7 +3,7 @@
 objects by id costs per sample.
 
     sudo python3 bench/python_names.py [--old SRC] [--src SRC] [--reps R] [--pythons 3.11,3.12]
-                                       [--no-depth] [--per-sample-only]
+                                       [--no-depth] [--no-names] [--per-sample-only]
 
 1. names: tests/programs/python/throwaway.py (functions compiled, run and
    freed, each with a name and first line of its own) under `ustack trace
@@ -130,7 +130,9 @@ def names_by_profile(src: Path, py: str, n: int, spin: int) -> tuple:
 
 
 def depth_totals(src: Path, py: str, seconds: float) -> tuple:
-    """(ustack: samples, with main and <module>; py-spy: the same)."""
+    """(ustack: samples, with dive, with main and <module>; py-spy: the
+    same). All the program's samples count: one whose chain is cut short
+    (a note instead of dive) lacks main and <module> as much as any."""
     with tempfile.TemporaryDirectory() as tmp:
         out, spy = Path(tmp) / "u.folded", Path(tmp) / "s.txt"
         cmd = f"{py} {DEEP} 1000 0 {seconds}"
@@ -141,15 +143,16 @@ def depth_totals(src: Path, py: str, seconds: float) -> tuple:
 
 
 def _deep_share(lines: list) -> tuple:
-    total = whole = 0
+    every = total = whole = 0
     for text in lines:
         stack, _, count = text.rpartition(" ")
+        every += int(count)
         if "dive" not in stack:
             continue
         names = [f.split(" (")[0] for f in stack.split(";")]
         total += int(count)
         whole += int(count) * ("main" in names and "<module>" in names)
-    return total, whole
+    return every, total, whole
 
 
 def main() -> int:
@@ -160,6 +163,7 @@ def main() -> int:
     ap.add_argument("--functions", type=int, default=2000)
     ap.add_argument("--per-sample-only", action="store_true")
     ap.add_argument("--no-depth", action="store_true", help="names only (the depth part is slow)")
+    ap.add_argument("--no-names", action="store_true", help="depth only")
     ap.add_argument("--src", type=Path, default=REPO / "src", help="the tree's src/ to run")
     args = ap.parse_args()
     src = args.src
@@ -173,6 +177,21 @@ def main() -> int:
 
 
 def names_and_depth(args, src: Path, found: list) -> None:
+    if not args.no_names:
+        names_table(args, src, found)
+    if args.no_depth:
+        return
+    print("\n## Depth: recursion 1,000, profile at 99 Hz, 3 s\n")
+    print("| CPython | ustack samples | with dive | with main and <module> | py-spy samples "
+          "| with dive | with main and <module> |")
+    print("|---|---|---|---|---|---|---|")
+    for v, py in found:
+        (ua, ut, uw), (sa, st, sw) = depth_totals(src, py, 3.0)
+        print(f"| {v} | {ua} | {ut} | {uw} ({uw / max(ua, 1):.0%}) "
+              f"| {sa} | {st} | {sw} ({sw / max(sa, 1):.0%}) |", flush=True)
+
+
+def names_table(args, src: Path, found: list) -> None:
     print("## Names: throwaway functions\n")
     print("| CPython | trace: events | named after another | not read | non-printable "
           "| profile: ustack thrown_ frames | wrong line | py-spy thrown_ frames | wrong line |")
@@ -180,17 +199,8 @@ def names_and_depth(args, src: Path, found: list) -> None:
     for v, py in found:
         events, wrong, unread, bad = names_by_trace(src, py, args.functions)
         (uf, uw), (sf, sw), bad2 = names_by_profile(src, py, 300, 20000)
-        print(f"| {v} | {events} | {wrong} | {unread} | {bad + bad2} | {uf} | {uw} | {sf} | {sw} |")
-
-    if args.no_depth:
-        return
-    print("\n## Depth: recursion 1,000, profile at 99 Hz, 3 s\n")
-    print("| CPython | ustack samples | with main and <module> | py-spy samples "
-          "| with main and <module> |")
-    print("|---|---|---|---|---|")
-    for v, py in found:
-        (ut, uw), (st, sw) = depth_totals(src, py, 3.0)
-        print(f"| {v} | {ut} | {uw} | {st} | {sw} |")
+        print(f"| {v} | {events} | {wrong} | {unread} | {bad + bad2} | {uf} | {uw} | {sf} | {sw} |",
+              flush=True)
 
 
 def per_sample(args, src: Path, found: list) -> None:
