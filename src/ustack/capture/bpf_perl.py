@@ -65,6 +65,8 @@ class PerlObjects(InterpreterObjects):
     each object it loads."""
 
     objects_map = "perl_objects"
+    detect = staticmethod(perl_runtime.object_interpreter)
+    pack = staticmethod(pack_object)
     harvest_every = HARVEST_EVERY
     harvester_name = "ustack-perl-subs"
 
@@ -75,12 +77,6 @@ class PerlObjects(InterpreterObjects):
         maps.before_close = self.harvest
         if objects is not None:
             objects.perl = self
-
-    def detect(self, path: str):
-        return perl_runtime.object_interpreter(path)
-
-    def pack(self, facts) -> bytes:
-        return pack_object(facts)
 
     def wants_harvest(self) -> bool:
         return self.subs is not None

@@ -62,6 +62,8 @@ class PhpObjects(InterpreterObjects):
     bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
 
     objects_map = "php_objects"
+    detect = staticmethod(php_runtime.object_interpreter)
+    pack = staticmethod(pack_object)
     harvest_every = HARVEST_EVERY
     harvester_name = "ustack-php-names"
 
@@ -72,12 +74,6 @@ class PhpObjects(InterpreterObjects):
         maps.before_close = self.harvest
         if objects is not None:
             objects.php = self
-
-    def detect(self, path: str):
-        return php_runtime.object_interpreter(path)
-
-    def pack(self, facts) -> bytes:
-        return pack_object(facts)
 
     def wants_harvest(self) -> bool:
         return True         # the names are taken even with no one to name them

@@ -86,6 +86,8 @@ class PythonProcs(InterpreterObjects):
     `slot_of` of each object it loads."""
 
     objects_map = "python_objects"
+    detect = staticmethod(python_runtime.object_interpreter)
+    pack = staticmethod(pack_object)
 
     def __init__(self, maps: PythonMaps, python_code=None, objects=None):
         super().__init__(maps)
@@ -94,12 +96,6 @@ class PythonProcs(InterpreterObjects):
         self.interpreters = self.slot_paths     # PYTHON_OBJECTS' slots: their paths
         if objects is not None:
             objects.interpreters = self
-
-    def detect(self, path: str):
-        return python_runtime.object_interpreter(path)
-
-    def pack(self, facts) -> bytes:
-        return pack_object(facts)
 
     def follow(self, metas: list) -> None:
         """A process's exec or exit ends what is known of its version."""

@@ -67,6 +67,8 @@ class RubyObjects(InterpreterObjects):
     bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
 
     objects_map = "ruby_objects"
+    detect = staticmethod(ruby_runtime.object_runtime)
+    pack = staticmethod(pack_object)
     harvest_every = HARVEST_EVERY
     harvester_name = "ustack-ruby-iseqs"
 
@@ -76,12 +78,6 @@ class RubyObjects(InterpreterObjects):
         self.runtimes = self.slot_paths     # RUBY_OBJECTS' slots: their paths
         if objects is not None:
             objects.ruby = self
-
-    def detect(self, path: str):
-        return ruby_runtime.object_runtime(path)
-
-    def pack(self, facts) -> bytes:
-        return pack_object(facts)
 
     def wants_harvest(self) -> bool:
         return self.iseqs is not None

@@ -62,6 +62,8 @@ class V8Objects(InterpreterObjects):
     bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
 
     objects_map = "v8_objects"
+    detect = staticmethod(v8_runtime.object_runtime)
+    pack = staticmethod(pack_object)
     harvest_every = HARVEST_EVERY
     harvester_name = "ustack-v8-functions"
 
@@ -71,12 +73,6 @@ class V8Objects(InterpreterObjects):
         self.runtimes = self.slot_paths     # V8_OBJECTS' slots: their paths
         if objects is not None:
             objects.v8 = self
-
-    def detect(self, path: str):
-        return v8_runtime.object_runtime(path)
-
-    def pack(self, facts) -> bytes:
-        return pack_object(facts)
 
     def wants_harvest(self) -> bool:
         return self.functions is not None

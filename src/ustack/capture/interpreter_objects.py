@@ -74,10 +74,12 @@ class InterpreterObjects:
         self.slot_paths: list = []      # the objects map's slots: their paths
         self._harvester = None
 
-    def detect(self, path: str):
+    @staticmethod
+    def detect(path: str):
         raise NotImplementedError
 
-    def pack(self, facts) -> bytes:
+    @staticmethod
+    def pack(facts) -> bytes:
         raise NotImplementedError
 
     def slot_of(self, path: str) -> int:
