@@ -18,18 +18,14 @@ run's PerlSubs (symbols/perl.py)."""
 from __future__ import annotations
 
 import struct
-import threading
-import time
 
-from ..kernel import bpf_syscall
 from ..unwind import perl_runtime
 from .bpf_common import unwind_object
-from .fork_safe_lock import ForkSafeLock
+from .interpreter_objects import InterpreterMaps, InterpreterObjects
 
 OBJECTS = 16                    # Perl objects (each perl, libperl) known at once
 SUBS = 1 << 14                  # (tgid, sub) seen since the last harvest, an LRU
 HARVEST_EVERY = 0.1             # seconds between two reads of the subs seen
-_SLOT = struct.Struct("<I")
 _SUB_KEY = struct.Struct("<IIQ")          # struct perl_sub_key
 
 
@@ -37,33 +33,13 @@ def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-class PerlMaps(bpf_syscall.MapSet):
+class PerlMaps(InterpreterMaps):
     """perl.h's maps, shared by the run's unwinder programs; `lock` is held
     by whoever writes them, and by close(). `before_close`: called once
     as they close (the last harvest)."""
 
     def __init__(self, objects: int = OBJECTS, subs: int = SUBS):
-        super().__init__()
-        self.lock = ForkSafeLock()
-        self.before_close = None
-        try:
-            self.perl_objects = unwind_object().make_map("perl_objects", objects)
-            self.all.append(self.perl_objects)
-            self.perl_subs = unwind_object().make_map("perl_subs", subs)
-            self.all.append(self.perl_subs)
-        except BaseException:
-            self.close()
-            raise
-
-    def named(self) -> dict:
-        return {"perl_objects": self.perl_objects, "perl_subs": self.perl_subs}
-
-    def close(self) -> None:
-        last, self.before_close = self.before_close, None
-        if last is not None and self.all:
-            last()
-        with self.lock:
-            super().close()
+        super().__init__((("perl_objects", objects), ("perl_subs", subs)))
 
 
 def pack_object(interp: perl_runtime.Interpreter) -> bytes:
@@ -82,39 +58,28 @@ def pack_object(interp: perl_runtime.Interpreter) -> bytes:
     return bytes(out)
 
 
-class PerlObjects:
+class PerlObjects(InterpreterObjects):
     """The run's Perl objects, in PERL_OBJECTS, and the subs the kernel
     named. `subs`: the run's PerlSubs (symbols/perl.py), or None;
     `objects`: the run's bpf_unwind.UnwindObjects, which asks `slot_of` of
     each object it loads."""
 
+    objects_map = "perl_objects"
+    detect = staticmethod(perl_runtime.object_interpreter)
+    pack = staticmethod(pack_object)
+    harvest_every = HARVEST_EVERY
+    harvester_name = "ustack-perl-subs"
+
     def __init__(self, maps: PerlMaps, subs=None, objects=None):
-        self.maps = maps
+        super().__init__(maps)
         self.subs = subs
-        self.paths: list = []           # PERL_OBJECTS' slots: their paths
-        self._harvester = None
+        self.paths = self.slot_paths    # PERL_OBJECTS' slots: their paths
         maps.before_close = self.harvest
         if objects is not None:
             objects.perl = self
 
-    def slot_of(self, path: str) -> int:
-        """1 + the slot in PERL_OBJECTS of the Perl object at `path` (a host
-        path), written now; 0 when it is none (or no slot is left: its
-        frames stay as walked)."""
-        interp = perl_runtime.object_interpreter(path)
-        if interp is None:
-            return 0
-        with self.maps.lock:
-            slot = len(self.paths)
-            if not self.maps.all or slot >= self.maps.perl_objects.max_entries:
-                return 0
-            try:
-                self.maps.perl_objects.update(_SLOT.pack(slot), pack_object(interp))
-            except OSError:
-                return 0
-            self.paths.append(path)
-        self._start_harvest()
-        return slot + 1
+    def wants_harvest(self) -> bool:
+        return self.subs is not None
 
     def harvest(self) -> int:
         """Take the subs the kernel named since last time; how many."""
@@ -133,14 +98,3 @@ class PerlObjects:
                 self.subs.remember(tgid, cv, _text(v[name:package]),
                                    _text(v[package:file]), _text(v[file:]))
         return len(items)
-
-    def _harvest_while_open(self) -> None:
-        while self.maps.all:
-            self.harvest()
-            time.sleep(HARVEST_EVERY)
-
-    def _start_harvest(self) -> None:
-        if self._harvester is None and self.subs is not None:
-            self._harvester = threading.Thread(target=self._harvest_while_open, daemon=True,
-                                               name="ustack-perl-subs")
-            self._harvester.start()

@@ -19,54 +19,26 @@ the maps close: so a function is named after its process is gone."""
 from __future__ import annotations
 
 import struct
-import threading
-import time
 
-from ..kernel import bpf_syscall
 from ..unwind import php_runtime
 from .bpf_common import unwind_object
-from .fork_safe_lock import ForkSafeLock
+from .interpreter_objects import InterpreterMaps, InterpreterObjects
 
 OBJECTS = 16                    # PHP interpreter objects
 FUNCTIONS = 1 << 15             # (tgid, function) -> id, an LRU
 NAMES = 1 << 12                 # ids whose names user space has not taken yet (~1.2 MB)
 HARVEST_EVERY = 0.1             # seconds between two takes of PHP_NAMES
-_SLOT = struct.Struct("<I")
 _NAME_KEY = struct.Struct("<IIQ")       # struct php_name_key
 
 
-class PhpMaps(bpf_syscall.MapSet):
+class PhpMaps(InterpreterMaps):
     """php.h's maps, shared by the run's unwinder programs; `lock` is held
     by whoever writes them, and by close(), which first takes the names
     left (`before_close`)."""
 
     def __init__(self, objects: int = OBJECTS, functions: int = FUNCTIONS, names: int = NAMES):
-        super().__init__()
-        self.lock = ForkSafeLock()
-        self.before_close = None
-        obj = unwind_object()
-        try:
-            for name, size in (("php_objects", objects), ("php_functions", functions),
-                               ("php_names", names), ("php_scratch", None)):
-                m = obj.make_map(name, size)
-                self.all.append(m)
-                setattr(self, name, m)
-        except BaseException:
-            self.close()
-            raise
-
-    def named(self) -> dict:
-        return {name: getattr(self, name) for name in (
-            "php_objects", "php_functions", "php_names", "php_scratch")}
-
-    def close(self) -> None:
-        if self.before_close is not None and self.all:
-            try:
-                self.before_close()
-            except OSError:
-                pass
-        with self.lock:
-            super().close()
+        super().__init__((("php_objects", objects), ("php_functions", functions),
+                          ("php_names", names), ("php_scratch", None)))
 
 
 def pack_object(interp: php_runtime.Interpreter) -> bytes:
@@ -83,39 +55,28 @@ def pack_object(interp: php_runtime.Interpreter) -> bytes:
     return bytes(out)
 
 
-class PhpObjects:
+class PhpObjects(InterpreterObjects):
     """The run's PHP interpreter objects, in PHP_OBJECTS, and the names of
     the functions the kernel gave ids, taken into `functions` (the run's
     PhpFunctions, symbols/php.py, or None). `objects`: the run's
     bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
 
+    objects_map = "php_objects"
+    detect = staticmethod(php_runtime.object_interpreter)
+    pack = staticmethod(pack_object)
+    harvest_every = HARVEST_EVERY
+    harvester_name = "ustack-php-names"
+
     def __init__(self, maps: PhpMaps, functions=None, objects=None):
-        self.maps = maps
+        super().__init__(maps)
         self.functions = functions
-        self.interpreters: list = []    # PHP_OBJECTS' slots: their paths
-        self._harvester = None
+        self.interpreters = self.slot_paths     # PHP_OBJECTS' slots: their paths
         maps.before_close = self.harvest
         if objects is not None:
             objects.php = self
 
-    def slot_of(self, path: str) -> int:
-        """1 + the slot in PHP_OBJECTS of the interpreter object at `path`
-        (a host path), written now; 0 when it is none (or no slot is left:
-        its stacks stay native)."""
-        interp = php_runtime.object_interpreter(path)
-        if interp is None:
-            return 0
-        with self.maps.lock:
-            slot = len(self.interpreters)
-            if not self.maps.all or slot >= self.maps.php_objects.max_entries:
-                return 0
-            try:
-                self.maps.php_objects.update(_SLOT.pack(slot), pack_object(interp))
-            except OSError:
-                return 0
-            self.interpreters.append(path)
-        self._start_harvest()
-        return slot + 1
+    def wants_harvest(self) -> bool:
+        return True         # the names are taken even with no one to name them
 
     def harvest(self) -> int:
         """Take the names the kernel copied since last time; how many."""
@@ -131,14 +92,3 @@ class PhpObjects:
                 tgid, _pad, function_id = _NAME_KEY.unpack(key)
                 self.functions.remember(tgid, function_id, value)
         return len(taken)
-
-    def _harvest_while_open(self) -> None:
-        while self.maps.all:
-            self.harvest()
-            time.sleep(HARVEST_EVERY)
-
-    def _start_harvest(self) -> None:
-        if self._harvester is None:
-            self._harvester = threading.Thread(target=self._harvest_while_open, daemon=True,
-                                               name="ustack-php-names")
-            self._harvester.start()

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import struct
 
-from ..kernel import bpf_syscall
 from ..kernel import procfs
 from ..model import CommEvent, ExitEvent
 from ..unwind import python_runtime
 from ..unwind.python_frames import ascii_data
 from .bpf_common import unwind_object
-from .fork_safe_lock import ForkSafeLock
+from .interpreter_objects import InterpreterMaps, InterpreterObjects
 
 OBJECTS = 64                    # interpreter objects (each version's python, libpython)
 THREADS = 8192                  # (mm, fsbase) -> PyThreadState, an LRU
@@ -46,34 +45,15 @@ CODES = 1 << 16                 # (tgid, code) reported already, an LRU
 # only its records of new code objects (~300 bytes, at most one a stack)
 CODE_RING_BYTES = 1 << 20
 _TGID = struct.Struct("<I")
-_SLOT = struct.Struct("<I")
 
 
-class PythonMaps(bpf_syscall.MapSet):
+class PythonMaps(InterpreterMaps):
     """python.h's maps, shared by the run's unwinder programs; `lock` is
     held by whoever writes them, and by close()."""
 
     def __init__(self, objects: int = OBJECTS, threads: int = THREADS, codes: int = CODES):
-        super().__init__()
-        self.lock = ForkSafeLock()
-        obj = unwind_object()
-        try:
-            for name, size in (("python_objects", objects), ("python_threads", threads),
-                               ("python_codes", codes), ("python_scratch", None)):
-                m = obj.make_map(name, size)
-                self.all.append(m)
-                setattr(self, name, m)
-        except BaseException:
-            self.close()
-            raise
-
-    def named(self) -> dict:
-        return {name: getattr(self, name) for name in (
-            "python_objects", "python_threads", "python_codes", "python_scratch")}
-
-    def close(self) -> None:
-        with self.lock:
-            super().close()
+        super().__init__((("python_objects", objects), ("python_threads", threads),
+                          ("python_codes", codes), ("python_scratch", None)))
 
 
 def pack_object(interp: python_runtime.Interpreter) -> bytes:
@@ -98,38 +78,24 @@ def pack_object(interp: python_runtime.Interpreter) -> bytes:
     return bytes(out)
 
 
-class PythonProcs:
+class PythonProcs(InterpreterObjects):
     """The run's interpreter objects, in PYTHON_OBJECTS, and the Python
     processes whose code objects the kernel reported, read while they
     live. `python_code`: the run's PythonCode (symbols/python.py), or
     None; `objects`: the run's bpf_unwind.UnwindObjects, which asks
     `slot_of` of each object it loads."""
 
+    objects_map = "python_objects"
+    detect = staticmethod(python_runtime.object_interpreter)
+    pack = staticmethod(pack_object)
+
     def __init__(self, maps: PythonMaps, python_code=None, objects=None):
-        self.maps = maps
+        super().__init__(maps)
         self.python_code = python_code
         self.versions: dict = {}        # pid -> (major, minor) of its interpreter
-        self.interpreters: list = []    # PYTHON_OBJECTS' slots: their paths
+        self.interpreters = self.slot_paths     # PYTHON_OBJECTS' slots: their paths
         if objects is not None:
             objects.interpreters = self
-
-    def slot_of(self, path: str) -> int:
-        """1 + the slot in PYTHON_OBJECTS of the interpreter object at
-        `path` (a host path), written now; 0 when it is none (or no slot
-        is left: its stacks stay native)."""
-        interp = python_runtime.object_interpreter(path)
-        if interp is None:
-            return 0
-        with self.maps.lock:
-            slot = len(self.interpreters)
-            if not self.maps.all or slot >= self.maps.python_objects.max_entries:
-                return 0
-            try:
-                self.maps.python_objects.update(_SLOT.pack(slot), pack_object(interp))
-            except OSError:
-                return 0
-            self.interpreters.append(path)
-        return slot + 1
 
     def follow(self, metas: list) -> None:
         """A process's exec or exit ends what is known of its version."""

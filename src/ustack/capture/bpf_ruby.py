@@ -21,18 +21,14 @@ plan.held_at_exit) finds none of them readable."""
 from __future__ import annotations
 
 import struct
-import threading
-import time
 
-from ..kernel import bpf_syscall
 from ..unwind import ruby_runtime
 from .bpf_common import unwind_object
-from .fork_safe_lock import ForkSafeLock
+from .interpreter_objects import InterpreterMaps, InterpreterObjects
 
 OBJECTS = 16                    # Ruby VM objects known at once
 ISEQS = 1 << 14                 # (tgid, iseq body) seen since the last harvest, an LRU
 HARVEST_EVERY = 0.1             # seconds between two reads of the iseqs seen
-_SLOT = struct.Struct("<I")
 _ISEQ_KEY = struct.Struct("<IIQ")       # struct ruby_iseq_key
 _LABEL = struct.Struct("<Q")
 # struct ruby_object's fields that come from the version's layout
@@ -41,28 +37,12 @@ LAYOUT_FIELDS = ("ec_vm_stack", "ec_vm_stack_size", "ec_cfp", "cfp_pc", "cfp_ise
                  "location_label")
 
 
-class RubyMaps(bpf_syscall.MapSet):
+class RubyMaps(InterpreterMaps):
     """ruby.h's maps, shared by the run's unwinder programs; `lock` is held
     by whoever writes them, and by close()."""
 
     def __init__(self, objects: int = OBJECTS, iseqs: int = ISEQS):
-        super().__init__()
-        self.lock = ForkSafeLock()
-        try:
-            self.ruby_objects = unwind_object().make_map("ruby_objects", objects)
-            self.all.append(self.ruby_objects)
-            self.ruby_iseqs = unwind_object().make_map("ruby_iseqs", iseqs)
-            self.all.append(self.ruby_iseqs)
-        except BaseException:
-            self.close()
-            raise
-
-    def named(self) -> dict:
-        return {"ruby_objects": self.ruby_objects, "ruby_iseqs": self.ruby_iseqs}
-
-    def close(self) -> None:
-        with self.lock:
-            super().close()
+        super().__init__((("ruby_objects", objects), ("ruby_iseqs", iseqs)))
 
 
 def pack_object(runtime: ruby_runtime.Runtime) -> bytes:
@@ -80,38 +60,27 @@ def pack_object(runtime: ruby_runtime.Runtime) -> bytes:
     return bytes(out)
 
 
-class RubyObjects:
+class RubyObjects(InterpreterObjects):
     """The run's Ruby VM objects, in RUBY_OBJECTS, and the iseqs the kernel
     saw, read while their processes live. `iseqs`: the run's RubyIseqs
     (symbols/ruby.py), or None; `objects`: the run's
     bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
 
+    objects_map = "ruby_objects"
+    detect = staticmethod(ruby_runtime.object_runtime)
+    pack = staticmethod(pack_object)
+    harvest_every = HARVEST_EVERY
+    harvester_name = "ustack-ruby-iseqs"
+
     def __init__(self, maps: RubyMaps, iseqs=None, objects=None):
-        self.maps = maps
+        super().__init__(maps)
         self.iseqs = iseqs
-        self.runtimes: list = []        # RUBY_OBJECTS' slots: their paths
-        self._harvester = None
+        self.runtimes = self.slot_paths     # RUBY_OBJECTS' slots: their paths
         if objects is not None:
             objects.ruby = self
 
-    def slot_of(self, path: str) -> int:
-        """1 + the slot in RUBY_OBJECTS of the Ruby VM object at `path` (a
-        host path), written now; 0 when it is none (or no slot is left:
-        its VM calls stay C frames)."""
-        runtime = ruby_runtime.object_runtime(path)
-        if runtime is None:
-            return 0
-        with self.maps.lock:
-            slot = len(self.runtimes)
-            if not self.maps.all or slot >= self.maps.ruby_objects.max_entries:
-                return 0
-            try:
-                self.maps.ruby_objects.update(_SLOT.pack(slot), pack_object(runtime))
-            except OSError:
-                return 0
-            self.runtimes.append(path)
-        self.start_harvest()
-        return slot + 1
+    def wants_harvest(self) -> bool:
+        return self.iseqs is not None
 
     def harvest(self, wait: float = -1) -> int:
         """Read the iseqs the kernel saw since last time, while their
@@ -140,14 +109,3 @@ class RubyObjects:
                 except (OSError, ValueError, OverflowError):
                     pass    # gone: its frames say so when named
         return len(seen)
-
-    def _harvest_while_open(self) -> None:
-        while self.maps.all:
-            self.harvest()
-            time.sleep(HARVEST_EVERY)
-
-    def start_harvest(self) -> None:
-        if self._harvester is None and self.iseqs is not None:
-            self._harvester = threading.Thread(target=self._harvest_while_open, daemon=True,
-                                               name="ustack-ruby-iseqs")
-            self._harvester.start()

@@ -23,43 +23,23 @@ is, plan.held_at_exit) finds none of them readable."""
 from __future__ import annotations
 
 import struct
-import threading
-import time
 
-from ..kernel import bpf_syscall
 from ..unwind import v8_runtime
 from .bpf_common import unwind_object
-from .fork_safe_lock import ForkSafeLock
+from .interpreter_objects import InterpreterMaps, InterpreterObjects
 
 OBJECTS = 16                    # V8 objects (each node binary, libnode) known at once
 FUNCTIONS = 1 << 16             # (tgid, function) seen since the last harvest, an LRU
 HARVEST_EVERY = 0.1             # seconds between two reads of the functions seen
-_SLOT = struct.Struct("<I")
 _FUNCTION_KEY = struct.Struct("<IIQ")      # struct v8_function_key
 
 
-class V8Maps(bpf_syscall.MapSet):
+class V8Maps(InterpreterMaps):
     """v8.h's maps, shared by the run's unwinder programs; `lock` is held
     by whoever writes them, and by close()."""
 
     def __init__(self, objects: int = OBJECTS, functions: int = FUNCTIONS):
-        super().__init__()
-        self.lock = ForkSafeLock()
-        try:
-            self.v8_objects = unwind_object().make_map("v8_objects", objects)
-            self.all.append(self.v8_objects)
-            self.v8_functions = unwind_object().make_map("v8_functions", functions)
-            self.all.append(self.v8_functions)
-        except BaseException:
-            self.close()
-            raise
-
-    def named(self) -> dict:
-        return {"v8_objects": self.v8_objects, "v8_functions": self.v8_functions}
-
-    def close(self) -> None:
-        with self.lock:
-            super().close()
+        super().__init__((("v8_objects", objects), ("v8_functions", functions)))
 
 
 def pack_object(runtime: v8_runtime.Runtime) -> bytes:
@@ -75,38 +55,27 @@ def pack_object(runtime: v8_runtime.Runtime) -> bytes:
     return bytes(out)
 
 
-class V8Objects:
+class V8Objects(InterpreterObjects):
     """The run's V8 objects, in V8_OBJECTS, and the functions the kernel
     saw, read while their processes live. `functions`: the run's
     V8Functions (symbols/v8.py), or None; `objects`: the run's
     bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
 
+    objects_map = "v8_objects"
+    detect = staticmethod(v8_runtime.object_runtime)
+    pack = staticmethod(pack_object)
+    harvest_every = HARVEST_EVERY
+    harvester_name = "ustack-v8-functions"
+
     def __init__(self, maps: V8Maps, functions=None, objects=None):
-        self.maps = maps
+        super().__init__(maps)
         self.functions = functions
-        self.runtimes: list = []        # V8_OBJECTS' slots: their paths
-        self._harvester = None
+        self.runtimes = self.slot_paths     # V8_OBJECTS' slots: their paths
         if objects is not None:
             objects.v8 = self
 
-    def slot_of(self, path: str) -> int:
-        """1 + the slot in V8_OBJECTS of the V8 object at `path` (a host
-        path), written now; 0 when it is none (or no slot is left: its
-        JS frames stay as walked)."""
-        runtime = v8_runtime.object_runtime(path)
-        if runtime is None:
-            return 0
-        with self.maps.lock:
-            slot = len(self.runtimes)
-            if not self.maps.all or slot >= self.maps.v8_objects.max_entries:
-                return 0
-            try:
-                self.maps.v8_objects.update(_SLOT.pack(slot), pack_object(runtime))
-            except OSError:
-                return 0
-            self.runtimes.append(path)
-        self._start_harvest()
-        return slot + 1
+    def wants_harvest(self) -> bool:
+        return self.functions is not None
 
     def harvest(self) -> int:
         """Read the functions the kernel saw since last time, while their
@@ -128,14 +97,3 @@ class V8Objects:
                 except (OSError, ValueError, OverflowError):
                     pass    # gone, or moved already: its frames say so when named
         return len(keys)
-
-    def _harvest_while_open(self) -> None:
-        while self.maps.all:
-            self.harvest()
-            time.sleep(HARVEST_EVERY)
-
-    def _start_harvest(self) -> None:
-        if self._harvester is None and self.functions is not None:
-            self._harvester = threading.Thread(target=self._harvest_while_open, daemon=True,
-                                               name="ustack-v8-functions")
-            self._harvester.start()
