@@ -35,32 +35,7 @@ FRAMES = REPO / "tests" / "programs" / "python" / "frames.py"
 BUSY_C = REPO / "tests" / "programs" / "busy.c"
 CHAIN = ["<main>", "a", "block in a", "b", "c"]
 
-# one ustack run in this checkout's code; prints "runs ns_per_run" of the
-# program named argv[1] (the stack-walking one)
-ONE_RUN = r"""
-import contextlib, ctypes, io, struct, sys
-from ustack.capture import run_objects
-from ustack.cli import main
-from ustack.kernel import bpf_syscall as bpf
-name = sys.argv[1].encode()
-stats = bpf._bpf(32, (ctypes.c_uint32 * 1)(0))       # BPF_ENABLE_STATS, run time
-seen = [0, 0]
-close = run_objects.RunObjects.close
-def read_then_close(self):
-    for fd in self.programs:
-        info = ctypes.create_string_buffer(256)
-        bpf._bpf(bpf.OBJ_GET_INFO_BY_FD, bpf._ObjInfo(fd, 256, ctypes.addressof(info)))
-        if info.raw[64:80].rstrip(b"\0") == name:
-            t, c = struct.unpack_from("<QQ", info.raw, 192)     # run_time_ns, run_cnt
-            seen[0] += t
-            seen[1] += c
-    close(self)
-run_objects.RunObjects.close = read_then_close
-with contextlib.redirect_stdout(io.StringIO()):
-    main(sys.argv[2:])
-print(seen[1], seen[0] / max(seen[1], 1))
-"""
-
+from python_pass_cost import ONE_RUN  # noqa: E402 (bench/ is this script's path: one stats run for every pass)
 
 def ustack(*args: str, cost: bool = False) -> str:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
