@@ -102,7 +102,9 @@ def whole_machine(seconds: float) -> tuple:
             whole += s["count"]
     return in_c, whole
 
+
 from python_pass_cost import ONE_RUN  # noqa: E402 (bench/ is this script's path: one stats run for every pass)
+
 
 # target: (command line, the flag that turns its pass off)
 TARGETS = {

@@ -35,7 +35,9 @@ FRAMES = REPO / "tests" / "programs" / "python" / "frames.py"
 BUSY_C = REPO / "tests" / "programs" / "busy.c"
 CHAIN = ["<main>", "a", "block in a", "b", "c"]
 
+
 from python_pass_cost import ONE_RUN  # noqa: E402 (bench/ is this script's path: one stats run for every pass)
+
 
 def ustack(*args: str, cost: bool = False) -> str:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
