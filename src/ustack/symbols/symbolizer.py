@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from ..model import (PERL_FRAME_TAG, PHP_FRAME_TAG, PYTHON_FRAME_TAG,  # noqa: F401 (SymbolOptions: its old home)
+from ..model import (LOWEST_FRAME_TAG, PERL_FRAME_TAG, PHP_FRAME_TAG, PYTHON_FRAME_TAG,  # noqa: F401 (SymbolOptions: its old home)
                      RUBY_FRAME_TAG, V8_FRAME_TAG, Frame, SymbolOptions, perl_frame_parts,
                      php_frame_parts, printable, python_frame_parts, ruby_frame_parts,
                      v8_frame_parts)
@@ -32,6 +32,7 @@ _V8_TAG = V8_FRAME_TAG >> 60
 _PHP_TAG = PHP_FRAME_TAG >> 60
 _PERL_TAG = PERL_FRAME_TAG >> 60
 _RUBY_TAG = RUBY_FRAME_TAG >> 60
+_LOWEST_TAG = LOWEST_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
 
@@ -64,6 +65,11 @@ class Symbolizer:
         # the run's names of Python code objects (those the capture saw)
         self.python_code = python_code if python_code is not None else PythonCode()
         self._modules: dict = {}          # mapping path -> module name shown
+        # an interpreter frame's tag -> (the run's names of that kind, its parts)
+        self._script_kinds = {_PHP_TAG: (self.php, php_frame_parts),
+                              _RUBY_TAG: (self.ruby, ruby_frame_parts),
+                              _V8_TAG: (self.v8, v8_frame_parts),
+                              _PERL_TAG: (self.perl, perl_frame_parts)}
 
     @property
     def warnings(self) -> list:
@@ -88,35 +94,13 @@ class Symbolizer:
         out = []
         exact = leaf_is_exact
         for addr in addrs:
-            if addr >> 60 == _PYTHON_TAG:
-                # a Python frame where its eval call's C frame was: the
-                # native frame after it is a return address
-                code, index = python_frame_parts(addr)
-                out.append(self.python_code.frame(pid, code, index))
-                exact = False
-                continue
-            if addr >> 60 == _PHP_TAG and self.php.active:
-                # a PHP frame where its executor call's C frame was
-                function_id, line = php_frame_parts(addr)
-                out.append(self.php.frame(pid, function_id, line))
-                exact = False
-                continue
-            if addr >> 60 == _RUBY_TAG and self.ruby.active:
-                # a Ruby frame where its VM call's rb_vm_exec frame was
-                body, index = ruby_frame_parts(addr)
-                out.append(self.ruby.frame(pid, body, index))
-                exact = False
-                continue
-            if addr >> 60 == _V8_TAG and self.v8.active:
-                # a JS frame where the walk found its JIT or builtin pc
-                shared, offset = v8_frame_parts(addr)
-                out.append(self.v8.frame(pid, shared, offset))
-                exact = False
-                continue
-            if addr >> 60 == _PERL_TAG and self.perl.active:
-                # a Perl frame where its run loop's C frame was
-                cv, line = perl_frame_parts(addr)
-                out.append(self.perl.frame(pid, cv, line))
+            script = self._script_frame(addr)
+            if script is not None:
+                # an interpreter's frame where the walk met its C frame (or,
+                # for JS, its JIT or builtin pc): the native frame after it
+                # is a return address
+                names, parts = script
+                out.append(names.frame(pid, *parts(addr)))
                 exact = False
                 continue
             # Return addresses point after the call; addr-1 is still inside
@@ -127,6 +111,21 @@ class Symbolizer:
             frames, exact = self._frames_at(pid, addr, 0 if exact else 1)
             out.extend(frames)
         return tuple(out)
+
+    def _script_frame(self, addr: int):
+        """(the run's names of its kind, its parts function) when `addr` is
+        an interpreter frame's tagged word whose names the run keeps (a
+        Python word always; PHP's, Ruby's, JS's and Perl's only where the
+        capture's walk writes them: a native address never reaches 0xA<<60)."""
+        tag = addr >> 60
+        if tag < _LOWEST_TAG:
+            return None
+        if tag == _PYTHON_TAG:
+            return self.python_code, python_frame_parts
+        names_parts = self._script_kinds.get(tag)
+        if names_parts is None or not names_parts[0].active:
+            return None
+        return names_parts
 
     def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
         """The frame of the function holding addr, preceded (with
