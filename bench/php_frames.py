@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,25 +69,7 @@ def scope_run(scope: str, seconds: float, tmp: str) -> tuple:
         proc.wait()
 
 
-def one_cost(off_flag: str | None, command: str) -> float:
-    """ns per run of the walking program in one `profile -c command`,
-    given `off_flag` (--no-php, --no-python) or not."""
-    from python_pass_cost import ONE_RUN
-    args = ["profile", "-F", "199", "-o", "/dev/null", *([off_flag] if off_flag else []),
-            "-c", command]
-    out = subprocess.run([sys.executable, "-c", ONE_RUN, "ustack_uw0", *args],
-                         capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
-    return float(out.stdout.split()[-1])
-
-
-def cost(command: str, reps: int, off_flag: str) -> tuple:
-    """Medians of ns per run, (the pass on, off_flag), runs interleaved."""
-    on, off = [], []
-    for _ in range(reps):
-        on.append(one_cost(None, command))
-        off.append(one_cost(off_flag, command))
-    return statistics.median(on), statistics.median(off)
+from python_pass_cost import cost  # noqa: E402 (bench/ is this script's path: one cost runner for every pass)
 
 
 def main() -> None:

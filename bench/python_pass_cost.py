@@ -50,6 +50,27 @@ with contextlib.redirect_stdout(io.StringIO()):
 print(seen[1], seen[0] / max(seen[1], 1))
 """
 
+
+def one_cost(off_flag: str | None, command: str) -> float:
+    """ns per run of the walking program in one `profile -c command`,
+    given `off_flag` (a pass's --no-… flag) or not."""
+    args = ["profile", "-F", "199", "-o", "/dev/null", *([off_flag] if off_flag else []),
+            "-c", command]
+    out = subprocess.run([sys.executable, "-c", ONE_RUN, "ustack_uw0", *args],
+                         capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    return float(out.stdout.split()[-1])
+
+
+def cost(command: str, reps: int, off_flag: str) -> tuple:
+    """Medians of ns per run, (the pass on, off_flag), runs interleaved:
+    what an interpreter's pass costs a sample of `command`."""
+    on, off = [], []
+    for _ in range(reps):
+        on.append(one_cost(None, command))
+        off.append(one_cost(off_flag, command))
+    return statistics.median(on), statistics.median(off)
+
 # command: (waits.py mode, rounds, the stack-walking program's name, ustack args)
 COMMANDS = {
     "offcpu": ("sleep", 500, "ustack_off0", ["offcpu"]),
