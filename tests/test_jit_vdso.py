@@ -195,6 +195,17 @@ def test_vdso_copy_is_our_own_image():
     assert Path(path).read_bytes() == image
 
 
+def test_vdso_copy_follows_the_cache_directory(monkeypatch, tmp_path):
+    """A cache directory that cannot be written gives no copy; the next one
+    that can gets it (one bad directory is not remembered for the process)."""
+    monkeypatch.setenv("USTACK_CACHE_DIR", "/dev/null/no-cache")
+    assert vdso_file() is None
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    path = vdso_file()
+    assert path and path.startswith(str(tmp_path / "cache"))
+    assert Path(path).read_bytes() == own_vdso()[1]
+
+
 def test_symbolizer_names_vdso_frames_from_the_copy():
     """A [vdso] mapping of the copy's size is read from the copy (names as
     readelf gives them, through the cached path; --lines finds none and
