@@ -1063,7 +1063,7 @@ def trace_report(name: str, events: list, cmdline: str, **options) -> tuple:
     with ustack.Session(opts) as run:
         report = EVENT_FORMATS[name](out, run.labels)
         for event in run.events():
-            report.add(event.sample, event.stack, lambda pid, tid, c=event.comm: c)
+            report.add(event.sample, event.stack, lambda pid, tid, time_ns, c=event.comm: c)
         report.flush()
     return out.getvalue(), run
 

@@ -199,3 +199,21 @@ def test_the_summary_says_the_ring_was_full():
         "5 of them could have been finished by ustack but its ring for them was full "
         "(a program started during the run, before its unwind table was loaded): "
         "try --buffer-pages 1024"]
+
+
+@pytest.mark.parametrize("backend", ["bpf", "perf"])
+def test_execve_event_is_named_for_the_caller(backend, fresh_chain):
+    """An execve call is made by the old program: its event carries the old
+    program's stack and so its name (`sh`, as perf names it), not that of
+    the program it starts, whose COMM record the same batch brings."""
+    res = ok(run_ustack("trace", "syscall:execve", "--backend", backend, "-c",
+                        f"sh -c '{fresh_chain} 1 >/dev/null; {fresh_chain} 1 >/dev/null'"))
+    records = parse_trace(res.stdout)
+    assert len(records) == 2, res.stdout
+    for rec in records:
+        assert rec["comm"] == "sh", res.stdout
+        assert [f["module"] for f in rec["frames"][:2]] == ["libc.so.6", "dash"], res.stdout
+    res = ok(run_ustack("count", "-f", "folded", "-P", "syscall:execve", "--backend", backend,
+                        "-c", f"sh -c '{fresh_chain} 1 >/dev/null; {fresh_chain} 1 >/dev/null'"))
+    heads = [line.split(";")[0] for line in res.stdout.splitlines() if "execve" in line]
+    assert len(heads) == 2 and all(h.startswith("sh-") for h in heads), res.stdout

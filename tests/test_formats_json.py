@@ -80,7 +80,7 @@ def test_events_json_args():
                        args=(("n", "s64", -3), ("s", "string", b"hi\xff"),
                              ("a", "hex", (1, 2)), ("gone", "u32", None)))
     stack = Stack((Frame(addr=0x401000, module="x", function="f", path="/bin/x"),))
-    report.add(sample, stack, lambda pid, tid: "x y")
+    report.add(sample, stack, lambda pid, tid, time_ns: "x y")
     report.flush()
     [record] = [json.loads(line) for line in out.getvalue().splitlines()]
     assert record["args"] == {"n": -3, "s": "hi\\xff", "a": [1, 2], "gone": None}

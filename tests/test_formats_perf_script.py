@@ -116,7 +116,7 @@ def test_every_kind_of_frame():
     ), notes=("not perf's",))
     sample = RawSample(probe=0, pid=12, tid=345678, time_ns=5_000_123_456, cpu=3,
                        args=(("n", "u64", 42),))
-    report.add(sample, stack, lambda pid, tid: "V8 Worker")
+    report.add(sample, stack, lambda pid, tid, time_ns: "V8 Worker")
     report.flush()
     assert out.getvalue() == (
         "V8 Worker    12/345678 [003]     5.000123:          1 uprobe:/gone/x:f: n=42\n"

@@ -125,7 +125,7 @@ def test_trace_prints_every_value_of_one_stack():
         out = io.StringIO()
         report = TraceReport(out, ["uprobe:m:d"])
         for s in samples:
-            report.add(s, resolver.stack(s), lambda pid, tid: "prog")
+            report.add(s, resolver.stack(s), lambda pid, tid, time_ns: "prog")
         report.flush()
         text = out.getvalue()
         assert [line.split(": ", 1)[1] for line in text.splitlines()

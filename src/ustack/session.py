@@ -285,9 +285,9 @@ class Session:
 
     def events_of(self, piece: Piece):
         """The Events of a piece's samples, symbolized."""
-        stack, comm, labels = self.resolver.stack, self.tracker.comm, self.labels
+        stack, comm_at, labels = self.resolver.stack, self.tracker.comm_at, self.labels
         for s in piece.samples:
-            yield Event(s, labels[s.probe], comm(s.pid, s.tid), stack(s))
+            yield Event(s, labels[s.probe], comm_at(s.pid, s.tid, s.time_ns), stack(s))
 
     def events(self):
         """Every event of the run, with its stack, as it comes."""

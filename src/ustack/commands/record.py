@@ -222,12 +222,15 @@ def report_context(header: dict, labels) -> ReportContext:
 
 def _events(session: Session, fmt) -> None:
     """A stack per event, as `trace` writes them (commands._trace's loop)."""
-    add, stack, comm_of = fmt.add, session.resolver.stack, session.tracker.comm
+    add, stack, comm_of = fmt.add, session.resolver.stack, session.tracker.comm_at
     for piece in session.pieces():
-        if any(isinstance(m, CommEvent) for m in piece.metas):
-            fmt.renamed()
+        renamed = any(isinstance(m, CommEvent) for m in piece.metas)
         for sample in piece.samples:
+            if renamed:                  # names either side of it differ
+                fmt.renamed()
             add(sample, stack(sample), comm_of)
+        if renamed:
+            fmt.renamed()
         fmt.flush()
 
 

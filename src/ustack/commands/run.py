@@ -300,12 +300,17 @@ def _trace(session: Session, out: TextIOBase, report_class) -> None:
     if hasattr(report, "ns_of"):         # text: a container's own pids too
         report.ns_of = session.tracker.ns_id
     # the hot loop: Session.events_of() without an Event per sample
-    add, stacks, comm_of = report.add, session.resolver.stacks, session.tracker.comm
+    add, stacks, comm_of = report.add, session.resolver.stacks, session.tracker.comm_at
     add_all = getattr(report, "add_all", None)
     for piece in session.pieces():
         if any(isinstance(m, CommEvent) for m in piece.metas):
-            report.renamed()             # a thread was renamed (or exec'd)
-        if add_all is not None:
+            # a thread was renamed (or exec'd): its events on either side
+            # of it in this piece carry different names, so each is asked
+            for sample, stack in zip(piece.samples, stacks(piece.samples)):
+                report.renamed()
+                add(sample, stack, comm_of)
+            report.renamed()
+        elif add_all is not None:
             add_all(piece.samples, stacks(piece.samples), comm_of)
         else:
             for sample, stack in zip(piece.samples, stacks(piece.samples)):

@@ -76,7 +76,7 @@ def stack_counts(session, counted: dict, stack_of) -> list:
     if session.weight is not None:      # as the kernel's signed 64-bit sums
         counted = {k: as_s64(n) for k, n in counted.items()}
     per_thread, labels = session.opts.per_thread, session.labels
-    return [StackCount(comm(rkey[0], tid), rkey[0], stack_of(rkey), n,
+    return [StackCount(comm(rkey[0], tid, rkey[1]), rkey[0], stack_of(rkey), n,
                        labels[probe], tid if per_thread else 0,
                        ns_id(rkey[0]), ns_id(tid) if per_thread else 0)
             for (probe, tid, rkey), n in counted.items()]

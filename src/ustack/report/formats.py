@@ -6,8 +6,9 @@ context=)`, then `add(StackCount)` for every stack with its count, then
 one when the class says `binary = True`.
 
 Events (`trace`, `report` of a trace recording): `Format(out, labels)`,
-then `add(sample, stack, comm_of)` per event, `renamed()` when a thread's
-name changed and `flush()` when the stream pauses (see trace.py).
+then `add(sample, stack, comm_of)` per event (`comm_of(pid, tid, time_ns)`:
+the thread's name at the event), `renamed()` when a thread's name changed
+and `flush()` when the stream pauses (see trace.py).
 
 A new format is a new module and a line here; `-o FILE` picks one by the
 file's name (EXTENSIONS) when -f is not given."""

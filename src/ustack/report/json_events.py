@@ -50,7 +50,7 @@ class JsonEventsReport:
         ids = (sample.pid, sample.tid)
         comm = self._comms.get(ids)
         if comm is None:
-            comm = self._comms[ids] = comm_of(sample.pid, sample.tid)
+            comm = self._comms[ids] = comm_of(sample.pid, sample.tid, sample.time_ns)
         head = json.dumps({
             "time": sample.time_ns / 1e9, "time_ns": sample.time_ns,
             "pid": sample.pid, "tid": sample.tid, "cpu": sample.cpu, "comm": comm,

@@ -86,7 +86,7 @@ class PerfScriptReport:
         ids = (sample.pid, sample.tid)
         comm = self._comms.get(ids)
         if comm is None:
-            comm = self._comms[ids] = comm_of(sample.pid, sample.tid)
+            comm = self._comms[ids] = comm_of(sample.pid, sample.tid, sample.time_ns)
         self.pending.append(perf_header(comm, sample.pid, sample.tid, sample.cpu,
                                         sample.time_ns, self.labels[sample.probe],
                                         sample.args))

@@ -23,7 +23,7 @@ class TraceReport:
         self.ns_of = None                # id -> its id in its own pid namespace
 
     def add(self, sample: RawSample, stack: Stack, comm_of) -> None:
-        """One event; `comm_of(pid, tid)` names its thread, asked only when
+        """One event; `comm_of(pid, tid, time_ns)` names its thread, asked only when
         the header of that thread, CPU and probe is not cached."""
         entry = self._blocks.get(id(stack))
         if entry is None or entry[0] is not stack:
@@ -36,7 +36,7 @@ class TraceReport:
             ns = ((self.ns_of(sample.pid), self.ns_of(sample.tid))
                   if self.ns_of is not None else ())
             head = self._heads[hkey] = header_parts(
-                comm_of(sample.pid, sample.tid), sample.pid, sample.tid,
+                comm_of(sample.pid, sample.tid, sample.time_ns), sample.pid, sample.tid,
                 sample.cpu, self.labels[sample.probe], ns)
         t = sample.time_ns               # format_time's text, without its call
         if sample.args:                  # fetch-args: ' a=1 …' after the name

@@ -68,6 +68,7 @@ class MappingTracker:
         self.exec_times: dict = {}      # pid -> times of its execs (those known)
         self.procs: dict = {}           # (pid, generation) -> ProcessMaps
         self.comms: dict = {}           # tid -> comm
+        self.exec_comms: dict = {}      # (pid, generation) -> its name before the exec that ended it
         self.last_seed: dict = {}       # pid -> monotonic time of last /proc read
         self.kernel_threads: dict = {}  # pid -> bool, asked of /proc once
         self.ns_ids: dict = {}          # tid -> its id in its own pid namespace
@@ -132,7 +133,11 @@ class MappingTracker:
                 self.ns_id(event.pid)
         elif isinstance(event, CommEvent):
             if event.exec and event.pid == event.tid:
-                self.generations[event.pid] = self.generations.get(event.pid, 0) + 1
+                generation = self.generations.get(event.pid, 0)
+                before = self.comms.get(event.tid) or self.comms.get(event.pid)
+                if before:      # the execve call itself was made under this name
+                    self.exec_comms[(event.pid, generation)] = before
+                self.generations[event.pid] = generation + 1
                 if event.time_ns:
                     self.exec_times.setdefault(event.pid, []).append(event.time_ns)
             self.comms[event.tid] = printable(event.comm)   # a task names itself
@@ -186,7 +191,14 @@ class MappingTracker:
                     m = self._maps(pid).find(addr)
         return m
 
-    def comm(self, pid: int, tid: int) -> str:
+    def comm(self, pid: int, tid: int, generation: int | None = None) -> str:
+        """The name of `tid`; with `generation`, the name it had while it ran
+        that program (an execve event's stack is the old program's, and so
+        is its name, as perf gives it)."""
+        if generation is not None and generation < self.generations.get(pid, 0):
+            c = self.exec_comms.get((pid, generation))
+            if c:
+                return c
         c = self.comms.get(tid) or self.comms.get(pid)
         if not c and self.live:
             # gone from /proc: ftrace may have saved its name (tracefs)
@@ -195,6 +207,10 @@ class MappingTracker:
             if c or pid > 0:
                 self.comms[tid] = c or "?"      # once: a task gone stays unnamed
         return c or ("swapper" if pid == 0 else "?")      # the idle task, as perf names it
+
+    def comm_at(self, pid: int, tid: int, time_ns: int) -> str:
+        """The name of `tid` when it was sampled at `time_ns`."""
+        return self.comm(pid, tid, self.generation_at(pid, time_ns))
 
     def is_kernel_thread(self, pid: int) -> bool:
         """A kernel thread (no user stack); pid 0, the idle task, is not."""
