@@ -365,6 +365,56 @@ def test_go_profile_frameless_leaf(tmp_path):
             "main.leaf", "main.work", "main.main", "runtime.main", "runtime.goexit.abi0"], s
 
 
+GO_CLOCK = """package main
+
+import (
+	"os"
+	"strconv"
+	"time"
+)
+
+var sink int64
+
+//go:noinline
+func stamp() int64 { return time.Now().UnixNano() }
+
+//go:noinline
+func work(until time.Time) {
+	for time.Now().Before(until) {
+		for i := 0; i < 100; i++ {
+			sink += stamp()
+		}
+	}
+}
+
+func main() {
+	ms, _ := strconv.Atoi(os.Args[1])
+	work(time.Now().Add(time.Duration(ms) * time.Millisecond))
+}
+"""
+
+
+def test_go_vdso_call_on_the_system_stack(tmp_path):
+    """time.now moves rsp to the thread's system stack to call the vDSO:
+    its frame is followed on rbp (its rsp-based rule would read the other
+    stack) down to the goroutine's first frame, in the kernel's walk of the
+    stack (before: 684 of 789 samples ended at an address in no mapping).
+    A sample the kernel could not walk (its memory map locked) is unwound
+    by ustack from its stack copy, which holds only the system stack: that
+    one is cut, with a note."""
+    from helpers import build_go_source
+    prog = build_go_source(tmp_path, GO_CLOCK)
+    stacks = counted("bpf", "profile", "-F", "499", "-c", f"{prog} 600")
+    in_vdso = [s for s in stacks if s["frames"] and s["frames"][0][1] == "vdso"]
+    whole = [s for s in in_vdso if not s["notes"]]
+    assert sum(s["count"] for s in whole) >= 5, stacks
+    assert sum(s["count"] for s in whole) >= 0.9 * sum(s["count"] for s in in_vdso), stacks
+    for s in whole:
+        assert names(s["frames"])[:2] == ["clock_gettime", "time.now"], s
+        assert names(s["frames"])[-4:] == [
+            "main.work", "main.main", "runtime.main", "runtime.goexit.abi0"], s
+
+
 # --- 4. what the user is told ---------------------------------------------------
 
 def test_jit_code_is_walked_on_its_frame_pointer_with_a_note():

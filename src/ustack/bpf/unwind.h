@@ -433,6 +433,7 @@ static long step(__u64 index, void *unused)
 	struct walk *w = scratch_value();
 	struct unwind_row *row;
 	__u64 q, cfa, ra, cfa_or_bp;
+	__u8 switched = 0;	/* this frame ran on another stack: its CFA may be lower */
 	__u64 uc[(UC_RIP - UC_RBP) / 8 + 1];
 	enum unwind_status status;
 	__s64 off;
@@ -467,6 +468,7 @@ static long step(__u64 index, void *unused)
 		if (!w->bp_ok)
 			STOP(NO_BP);
 		cfa = w->bp + off;
+		switched = row->aux == ROW_STACK_SWITCH;
 		break;
 	case ROW_PLT:
 		if ((w->pc & 15) >= (__u8)row->aux)
@@ -545,7 +547,7 @@ frame_pointer:
 	ra = w->word;
 	if (ra < 0x1000)
 		goto end;
-	if (cfa <= w->sp)
+	if (cfa <= w->sp && !switched)
 		STOP(NO_PROGRESS);
 	w->sp = cfa;
 	w->pc = ra;

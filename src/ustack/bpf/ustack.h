@@ -216,7 +216,8 @@ struct unwind_row {
 	__u8 bp_rule;		/* enum bp_rule */
 	__u8 bx_rule;		/* enum bx_rule */
 	__s8 aux;		/* ROW_PLT: the pc & 15 from which CFA gains 8;
-				 * ROW_*_DEREF: added to the word read */
+				 * ROW_*_DEREF: added to the word read;
+				 * ROW_BP: ROW_STACK_SWITCH or 0 */
 	__s32 cfa;
 	__s16 bp;		/* BP_AT: bp at CFA + bp, BP_AT_BP: at bp + bp */
 	__s16 bx;		/* BX_AT: bx at CFA + bx */
@@ -227,6 +228,9 @@ struct unwind_row {
 enum row_kind { ROW_GAP, ROW_SP, ROW_BP, ROW_PLT, ROW_END, ROW_SIGNAL, ROW_UNSUPPORTED,
 		ROW_BX, ROW_SP_DEREF, ROW_BP_DEREF };
 enum bp_rule { BP_SAME, BP_AT, BP_LOST, BP_AT_BP };
+/* a ROW_BP row's aux: the function runs on another stack than its frame's
+ * (Go's vDSO calls on the system stack), so its caller's CFA may be below */
+#define ROW_STACK_SWITCH 1
 enum bx_rule { BX_SAME, BX_AT, BX_LOST };
 
 /* why a walk stopped (a stack's status); COMPLETE is a whole stack */

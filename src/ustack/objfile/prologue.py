@@ -209,3 +209,30 @@ def _function_start(image: ElfImage, vaddr: int) -> int | None:
                 if back == 0 or image.file.read(start, 4) == b"\x4c\x8d\xa4\x24":
                     return start
     return None
+
+
+# --- Go functions that move rsp to another stack ---------------------------------
+
+def frame_pointer_spans(code: bytes, entry: int) -> list:
+    """(start, end) address ranges of a function in which rbp holds its own
+    frame (set up by the prologue, not yet restored): from the instruction
+    after the set-up to the restoring `mov rbp, [rsp+N]`/`pop rbp` included,
+    and again after the `ret` that follows one (code placed after it, a
+    slow path, still runs in the frame)."""
+    spans, start, restored = [], None, False
+    end = entry
+    for addr, size, mnem, ops in _lite(code, entry):
+        end = addr + size
+        if start is None and not restored:
+            if _sets_up_frame(mnem, ops):
+                start = end
+        elif start is not None:
+            if (mnem == "pop" and ops == "rbp") or (
+                    mnem == "mov" and ops.startswith("rbp, qword ptr [rsp")):
+                spans.append((start, end))
+                start, restored = None, True
+        elif mnem == "ret":            # restored: the frame is back after the ret
+            start, restored = end, False
+    if start is not None and end > start:
+        spans.append((start, end))
+    return spans

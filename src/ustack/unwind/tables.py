@@ -44,6 +44,7 @@ UNSUPPORTED = 6   # CFI the program does not evaluate
 BX = 7            # CFA = rbx + cfa (ld.so's _dl_runtime_resolve_*)
 SP_DEREF = 8      # CFA = [rsp + cfa] + aux
 BP_DEREF = 9      # CFA = [rbp + cfa] + aux (gcc's realigned stack, DRAP)
+STACK_SWITCH = 1  # a BP row's aux: the frame runs on another stack (ROW_STACK_SWITCH)
 KIND_NAMES = {GAP: "gap", SP: "sp", BP: "bp", PLT: "plt", END: "end",
               SIGNAL: "signal", UNSUPPORTED: "unsupported", BX: "bx",
               SP_DEREF: "sp-deref", BP_DEREF: "bp-deref"}
@@ -195,17 +196,30 @@ def pack(path: str, rows: list, from_cache: bool = False) -> PackedRows | None:
 GO_OUTERMOST = {"runtime.goexit", "runtime.mstart", "runtime.rt0_go"}
 
 
-def go_rows(table) -> list:
+# Go's assembly that calls the vDSO on the thread's system stack: rsp moves
+# to another stack inside the frame, so pcsp's rsp-based rule is wrong there;
+# rbp still holds the frame (Go keeps frame pointers)
+GO_STACK_SWITCHERS = {"time.now", "runtime.nanotime1", "runtime.walltime",
+                      "runtime.walltime1", "runtime.vgetrandom1"}
+
+
+def go_rows(table, read_code=None) -> list:
     """(vaddr, row) of a Go binary from its .gopclntab: pcsp gives the SP
     delta at every pc, so CFA = rsp + delta + 8 (frameless leaves and
     assembly included); rbp is saved at CFA - 16 once the frame exists
     (Go keeps frame pointers), which only C frames (cgo) would read; rbx
-    is not known past a Go frame (Go's ABI does not preserve it)."""
+    is not known past a Go frame (Go's ABI does not preserve it). In the
+    functions that switch stacks for the vDSO, CFA = rbp + 16 wherever rbp
+    holds their frame (`read_code(vaddr, size)` gives their bytes)."""
     from .cfi import BP_AT, BP_SAME, BX_LOST
     rows: list = []
     for i, (name, entry, end) in enumerate(table.functions()):
-        if name.removesuffix(".abi0") in GO_OUTERMOST:
+        bare = name.removesuffix(".abi0")
+        if bare in GO_OUTERMOST:
             rows.append((entry, (END, 0, 0, 0, 0, 0, 0)))
+        elif bare in GO_STACK_SWITCHERS and read_code is not None:
+            rows.extend(_go_switcher_rows(table.sp_deltas(i), read_code(entry, end - entry),
+                                          entry))
         else:
             for pc, delta in table.sp_deltas(i):
                 if delta < 0 or delta >= _S32[1]:
@@ -220,6 +234,24 @@ def go_rows(table) -> list:
                     rows.append((pc, row))
         rows.append((end, NO_ROW))
     return rows
+
+
+def _go_switcher_rows(sp_deltas, code: bytes, entry: int) -> list:
+    """A stack-switching function's rows: pcsp's, overlaid with CFA = rbp +
+    16 (rbp saved at CFA - 16) where rbp holds its frame."""
+    from ..objfile.prologue import frame_pointer_spans
+    from .cfi import BP_AT, BP_SAME, BX_LOST
+    by_sp = []
+    for pc, delta in sp_deltas:
+        if delta < 0 or delta >= _S32[1]:
+            by_sp.append((pc, (UNSUPPORTED, 0, 0, 0, 0, 0, 0)))
+        elif delta == 0:
+            by_sp.append((pc, (SP, BP_SAME, BX_LOST, 0, 8, 0, 0)))
+        else:
+            by_sp.append((pc, (SP, BP_AT, BX_LOST, 0, delta + 8, -16, 0)))
+    by_bp = (BP, BP_AT, BX_LOST, STACK_SWITCH, 16, -16, 0)
+    return with_ranges(sorted_rows(by_sp),
+                       [(start, end, by_bp) for start, end in frame_pointer_spans(code, entry)])
 
 
 def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> PackedRows | None:
@@ -344,7 +376,7 @@ def _go_packed(image: ElfImage) -> PackedRows | None:
     every function's pcsp costs seconds on large binaries; the Go reader
     reads the file itself, so its bytes cannot be hashed as parsed)."""
     st = os.stat(image.path)
-    cache = objcache.cache_file("bpfrows", content_key.of_files(st), "go3")
+    cache = objcache.cache_file("bpfrows", content_key.of_files(st), "go5")
     blob = objcache.read(cache)
     if blob and len(blob) % ROW_SIZE == 0:
         return PackedRows(image.path, blob, from_cache=True)
@@ -355,7 +387,7 @@ def _go_packed(image: ElfImage) -> PackedRows | None:
         return None
     if table is None:
         return None
-    packed = pack(image.path, sorted_rows(go_rows(table)))
+    packed = pack(image.path, sorted_rows(go_rows(table, image.file.read)))
     if packed is not None:
         objcache.write(cache, packed.data)
     return packed
