@@ -197,8 +197,9 @@ def test_the_summary_says_the_ring_was_full():
         "7 events' stacks were cut short by the in-kernel unwinder (7: no unwind "
         "table loaded yet for this object); each such stack ends with a note",
         "5 of them could have been finished by ustack but its ring for them was full "
-        "(a program started during the run, before its unwind table was loaded): "
-        "try --buffer-pages 1024"]
+        "(stacks the kernel could not walk: a program started before its unwind "
+        "table was loaded, a memory map locked, a table full, a stack deeper than "
+        "the walk): try --buffer-pages 1024"]
 
 
 @pytest.mark.parametrize("backend", ["bpf", "perf"])

@@ -35,8 +35,9 @@ def write_summary(err: TextIOBase, *, warnings=(), losses: Losses = Losses(),
               f"({why}); each such stack ends with a note", file=err)
     if losses.deferral_full:
         print(f"{losses.deferral_full} of them could have been finished by ustack but "
-              f"its ring for them was full (a program started during the run, "
-              f"before its unwind table was loaded): try --buffer-pages "
+              f"its ring for them was full (stacks the kernel could not walk: "
+              f"a program started before its unwind table was loaded, a memory "
+              f"map locked, a table full, a stack deeper than the walk): try --buffer-pages "
               f"{max(4 * buffer_pages, 1024)}", file=err)
     for warning in dict.fromkeys(warnings):          # each once, in order
         print(f"ustack: {warning}", file=err)
