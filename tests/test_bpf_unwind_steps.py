@@ -92,7 +92,7 @@ def _expected(row, pc: int) -> tuple:
         bx = bx or 0
     elif bx_rule != BX_SAME:
         bx_ok = 0
-    if cfa <= SP:
+    if cfa <= SP and not (kind == tables.BP and aux == tables.STACK_SWITCH):
         return (s["NO_PROGRESS"],)
     return (s["RUNNING"], ra, cfa, bp, bp_ok, bx, bx_ok)
 
@@ -100,8 +100,8 @@ def _expected(row, pc: int) -> tuple:
 def test_stop_reasons_are_the_ones_the_notes_name():
     """The C's stop reasons are those model.py turns into notes."""
     assert {STATUS[name] for name in ("NO_MAPPING", "NO_FILE", "NO_TABLE", "NO_CFI", "GAP",
-                                      "UNSUPPORTED", "NO_BP", "READ_FAILED", "TRUNCATED",
-                                      "VMA_BUSY", "TABLE_FULL", "NO_BX")} \
+                                      "UNSUPPORTED", "NO_BP", "READ_FAILED", "NO_PROGRESS",
+                                      "TRUNCATED", "VMA_BUSY", "TABLE_FULL", "NO_BX")} \
         == set(KERNEL_UNWIND_REASONS)
     assert STATUS["THROUGH_JIT"] == KERNEL_UNWIND_THROUGH_JIT
     assert STATUS["THROUGH_NO_CFI"] == KERNEL_UNWIND_THROUGH_NO_CFI

@@ -115,6 +115,7 @@ KERNEL_UNWIND_REASONS = {
     6: "its CFI uses a rule the in-kernel unwinder does not evaluate",
     7: "rbp was lost in an earlier frame",
     8: "the stack could not be read",
+    9: "the caller's frame is not above this one on the stack (its rule or the stack is not what it seems)",
     10: "stopped at the in-kernel frame limit",
     11: "the process's memory map was locked",
     12: "the in-kernel unwind table was full when this object was loaded "

@@ -117,8 +117,7 @@ VDSO_KEY = (0, 1)                # OBJECTS' key of the vDSO (it has no file): VD
 
 # why a walk stopped (enum unwind_status); COMPLETE is a whole stack
 _STATUS = _OBJ.enum("unwind_status")
-COMPLETE, NO_PROGRESS, READ_FAILED = (_STATUS[name] for name in (
-    "COMPLETE", "NO_PROGRESS", "READ_FAILED"))
+COMPLETE, READ_FAILED = (_STATUS[name] for name in ("COMPLETE", "READ_FAILED"))
 # not a stack: a ring record naming a Python code object seen first (python.h)
 PYTHON_CODE = _STATUS["PYTHON_CODE"]
 PYTHON_CHAIN = 0x50             # bpf/python.h: a deferred sample's Python frames
@@ -231,7 +230,7 @@ def stack_chain(maps: UnwindMaps, h: int) -> bytes:
     n, status = STACK_HEAD.unpack_from(raw)
     n = min(n, MAX_FRAMES)
     chain = bytes(raw[STACK_HEAD.size:STACK_HEAD.size + 8 * n])
-    if status not in (COMPLETE, NO_PROGRESS):
+    if status != COMPLETE:
         chain += _U64.pack(KERNEL_UNWIND_STOP + status)
     return chain
 
@@ -861,7 +860,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             continue
         frames_end = rec + RECORD.size + 8 * min(nframes, MAX_FRAMES)
         chain = chunk[rec + RECORD.size:frames_end]
-        if status not in (COMPLETE, NO_PROGRESS):
+        if status != COMPLETE:
             chain += _U64.pack(KERNEL_UNWIND_STOP + status)
             if cut is not None:
                 cut(chain)
