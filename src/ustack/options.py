@@ -121,7 +121,8 @@ def symbol_options(args) -> SymbolOptions:
                          debug_dirs=tuple(args.debug_dir),
                          debuginfod=tuple(getattr(args, "debuginfod", None) or
                                           os.environ.get("DEBUGINFOD_URLS", "").split()),
-                         name_sources=bool(getattr(args, "verbose", False)))
+                         name_sources=bool(getattr(args, "verbose", False)),
+                         java=not getattr(args, "no_java", False))
 
 
 def check_target(pid: int | None, cmdline: str | None) -> None:

@@ -1,0 +1,53 @@
+"""Names of the Java methods of HotSpot JVMs' stacks: a Java frame is
+(Method*, bci) (model.java_frame_parts), put there by the user-space walk
+of a JVM's copied stacks (unwind/hotspot_live.py), which reads and checks
+each method's name while its process lives and tells it here. A frame
+whose method was not named then is shown as `[java 0x...]`, never with
+another method's name."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from ..model import Frame
+
+MAX_METHODS = 1 << 16           # (pid, Method*) names kept
+
+
+class JavaMethods:
+    """The Java methods named so far, per process."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._names: OrderedDict = OrderedDict()     # (pid, Method*) -> name
+        self.unnamed = 0            # frames shown as [java 0x...]
+        # set when the run walks JVMs' stacks (a word with the Java tag
+        # comes from that walk only)
+        self.active = False
+
+    @property
+    def warnings(self) -> list:
+        if not self.unnamed:
+            return []
+        return [f"{self.unnamed} Java frames are shown as [java 0x...]: their method "
+                "could not be read when their stack was walked"]
+
+    def remember(self, pid: int, method: int, name: str) -> None:
+        with self._lock:
+            if len(self._names) >= MAX_METHODS:
+                self._names.popitem(last=False)
+            self._names[(pid, method)] = name
+
+    def forget(self, pid: int) -> None:
+        """pid's methods (its Method* may be another's in the next process)."""
+        with self._lock:
+            for key in [k for k in self._names if k[0] == pid]:
+                del self._names[key]
+
+    def frame(self, pid: int, method: int, bci: int) -> Frame:
+        with self._lock:
+            name = self._names.get((pid, method))
+        if name is None:
+            self.unnamed += 1
+            return Frame(addr=0, module="", function=f"[java {method:#x}]", kind="java")
+        return Frame(addr=0, module="", function=name, kind="java")
