@@ -20,6 +20,7 @@ class JavaMethods:
     def __init__(self):
         self._lock = threading.Lock()
         self._names: OrderedDict = OrderedDict()     # (pid, Method*) -> name
+        self._named_pids: set = set()
         self.unnamed = 0            # frames shown as [java 0x...]
         # set when the run walks JVMs' stacks (a word with the Java tag
         # comes from that walk only)
@@ -37,6 +38,11 @@ class JavaMethods:
             if len(self._names) >= MAX_METHODS:
                 self._names.popitem(last=False)
             self._names[(pid, method)] = name
+            self._named_pids.add(pid)
+
+    def named_in(self, pid: int) -> bool:
+        """Whether a Java frame of pid was named from its JVM."""
+        return pid in self._named_pids
 
     def forget(self, pid: int) -> None:
         """pid's methods (its Method* may be another's in the next process)."""

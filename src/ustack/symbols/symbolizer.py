@@ -63,7 +63,7 @@ class Symbolizer:
         self.ruby = ruby_iseqs if ruby_iseqs is not None else RubyIseqs()
         self.java = JavaMethods()       # named by the walk of a JVM's stacks
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
-                               self.v8.named_in)
+                               lambda pid: self.v8.named_in(pid) or self.java.named_in(pid))
         self._kernel = None               # KernelSymbols: read on first use
         self._source_wanted = options.lines or options.inlines
         # the run's names of Python code objects (those the capture saw)
