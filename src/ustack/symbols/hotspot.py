@@ -6,10 +6,11 @@ whose method was not named then is shown as `[java 0x...]`, never with
 another method's name."""
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict
 
-from ..model import Frame
+from ..model import JAVA_NO_BCI, Frame
 
 MAX_METHODS = 1 << 16           # (pid, Method*) names kept
 
@@ -33,11 +34,14 @@ class JavaMethods:
         return [f"{self.unnamed} Java frames are shown as [java 0x...]: their method "
                 "could not be read when their stack was walked"]
 
-    def remember(self, pid: int, method: int, name: str) -> None:
+    def remember(self, pid: int, method: int, name: str, file: str = "",
+                 lines: tuple = ()) -> None:
+        """Method* `method` of pid is `name`, in source `file`, its
+        ((bci, line), ...) table `lines`: read while pid lives."""
         with self._lock:
             if len(self._names) >= MAX_METHODS:
                 self._names.popitem(last=False)
-            self._names[(pid, method)] = name
+            self._names[(pid, method)] = (name, file, lines)
             self._named_pids.add(pid)
 
     def named_in(self, pid: int) -> bool:
@@ -50,10 +54,19 @@ class JavaMethods:
             for key in [k for k in self._names if k[0] == pid]:
                 del self._names[key]
 
-    def frame(self, pid: int, method: int, bci: int) -> Frame:
+    def frame(self, pid: int, method: int, bci: int, inlined: bool = False) -> Frame:
         with self._lock:
-            name = self._names.get((pid, method))
-        if name is None:
+            found = self._names.get((pid, method))
+        if found is None:
             self.unnamed += 1
-            return Frame(addr=0, module="", function=f"[java {method:#x}]", kind="java")
-        return Frame(addr=0, module="", function=name, kind="java")
+            return Frame(addr=0, module="", function=f"[java {method:#x}]", kind="java",
+                         inlined=inlined)
+        name, file, lines = found
+        line = 0
+        if bci != JAVA_NO_BCI and lines:
+            # the entry of the last bci at or before this one (javac's
+            # tables are in bci order)
+            at = bisect.bisect_right(lines, (bci, 1 << 30)) - 1
+            line = lines[at][1] if at >= 0 else 0
+        return Frame(addr=0, module=file, function=name, file=file if line else "",
+                     line=line, kind="java", inlined=inlined)

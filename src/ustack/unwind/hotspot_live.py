@@ -16,16 +16,18 @@ what points back (the class's constant pool is that pool, the blob's name
 is "nmethod"), and kept by `remember` for the symbols stage. Native code
 between Java frames (the VM, JNI) is walked by its CFI (dwarf.py) as any.
 
-Not followed: methods inlined into a compiled one (its scopes' debug info
-is not read: the frame shows the method that was compiled).
+A compiled frame's methods inlined at its pc come from the nmethod's
+scopes (its PcDescs, then each ScopeDesc's method and bci, caller by
+caller), the outermost checked to be the nmethod's own method.
 
 Not thread-safe: the thread that unwinds the deferred stacks calls it all."""
 from __future__ import annotations
 
+import bisect
 import struct
 
 from ..kernel.procfs import ProcessMemory
-from ..model import JAVA_NO_BCI, java_frame_word
+from ..model import JAVA_BLOB, JAVA_NO_BCI, java_frame_word
 from . import hotspot_runtime
 from .dwarf import UNMAPPED_NOTE as _UNMAPPED
 
@@ -33,6 +35,7 @@ MAX_PROCS = 256                 # processes whose memory is kept open
 MAX_JAVA_FRAMES = 1024
 _Q = struct.Struct("<Q")
 _MAX_BLOBS = 1 << 16            # cached blobs per process before the cache is dropped
+_SEGMAP_CHUNK = 256            # segment map bytes read at once
 _HEAPS_TTL = 1 << 12            # lookups before a process's code heaps are read again
 CUT_NOTE = "stack cut in Java code: no caller found where the frame says"
 
@@ -45,27 +48,38 @@ class _Heap:
 
 
 class _Blob:
-    """What the walk needs of one CodeBlob."""
-    __slots__ = ("start", "end", "kind", "frame_size", "complete", "method")
+    """What the walk needs of one CodeBlob; of an nmethod, where its scopes
+    are (`key`: what tells it from a later blob at the same address)."""
+    __slots__ = ("addr", "end", "kind", "frame_size", "complete", "method", "code",
+                 "key", "pcs", "pcs_end", "scopes", "metadata", "name")
     NMETHOD, INTERPRETER, STUB = range(3)
 
-    def __init__(self, start, end, kind, frame_size, complete, method):
-        self.start, self.end, self.kind = start, end, kind
+    def __init__(self, addr, code, end, kind, frame_size, complete, method):
+        self.addr, self.code, self.end, self.kind = addr, code, end, kind
         self.frame_size, self.complete, self.method = frame_size, complete, method
+        self.key = None
+        self.name = ""
+        self.pcs = self.pcs_end = self.scopes = self.metadata = 0
 
 
 class _Process:
-    __slots__ = ("pid", "f", "mem", "heaps", "low", "high", "blobs", "names", "strings",
-                 "bias", "uses")
+    __slots__ = ("pid", "f", "mem", "heaps", "low", "high", "names", "strings",
+                 "bias", "uses", "header", "pcs", "scopes", "blocks", "code")
 
     def __init__(self, pid: int, f: dict, mem: ProcessMemory, bias: int):
         self.pid, self.f, self.mem, self.bias = pid, f, mem, bias
         self.heaps: list = []
         self.low = self.high = 0
-        self.blobs: dict = {}           # block start -> _Blob | None
         self.names: dict = {}           # Method* -> name | None
         self.strings: dict = {}         # a blob's _name pointer -> the string
         self.uses = 0
+        # bytes of a blob's header read: to the last nmethod field read
+        self.header = f["heap_block"] + 8 + max(
+            v for k, v in f.items() if k.startswith(("blob_", "nmethod_")))
+        self.blocks: dict = {}          # pc -> the start of the block that held it
+        self.code: dict = {}            # Method* -> (its bytecodes' address, their size)
+        self.pcs: dict = {}             # nmethod key -> its PcDescs [(pc offset, scope offset)]
+        self.scopes: dict = {}          # (nmethod key, pc offset) -> [(Method*, bci)]
 
 
 class HotSpotLive:
@@ -75,6 +89,7 @@ class HotSpotLive:
     def __init__(self, remember=None):
         self.remember = remember
         self._procs: dict = {}          # pid -> _Process, or None: not a JVM
+        self._walked: dict = {}         # pc -> its blob, in the stack being walked
         self.cut = 0                    # stacks cut in Java code (a frame not followed)
 
     def forget(self, pid: int) -> None:
@@ -127,6 +142,7 @@ class HotSpotLive:
             return None
 
     def _walk(self, proc: _Process, regs: dict, stack: bytes, find, dwarf, sps) -> tuple:
+        self._walked.clear()            # blobs are looked up again in each sample
         sp0 = regs["sp"]
         top = len(stack) - 8
         ip, sp, bp, bx = regs["ip"], sp0, regs.get("bp"), regs.get("bx")
@@ -176,10 +192,12 @@ class HotSpotLive:
                 notes.append(CUT_NOTE)
                 self.cut += 1
                 break
-            word, ip, sp, bp = step
-            addrs.append(word)
+            word = step[0]
+            words = word if type(word) is tuple else (word,)   # tuple: inlined methods
+            addrs.extend(words)
             if sps is not None:
-                sps.append(sp)
+                sps.extend([sp] * len(words))
+            ip, sp, bp = step[1:]
             exact = False
             bx = None
         else:
@@ -197,7 +215,7 @@ class HotSpotLive:
             ra, link = at(bp + 8), at(bp)
             if ra is None or link is None:
                 return None
-            word = ip
+            word = self._blob_word(proc, blob)
             caller_sp = bp + 16
             if blob.kind == _Blob.INTERPRETER:
                 method = at(bp + 8 * hotspot_runtime.INTERP_METHOD)
@@ -212,9 +230,9 @@ class HotSpotLive:
             if not self._plausible(proc, ra, find):
                 return None
             return word, ra, caller_sp, link
-        word = ip
+        word = self._blob_word(proc, blob)
         if blob.kind == _Blob.NMETHOD and self.method_name(proc, blob.method) is not None:
-            word = java_frame_word(blob.method)
+            word = self._compiled_words(proc, blob, ip, exact)
         if exact and ip < blob.complete:
             # its prologue: the return address at sp, or above the rbp it pushed
             for slot in (sp, sp + 8):
@@ -232,6 +250,28 @@ class HotSpotLive:
             if ra is not None and self._plausible(proc, ra, find):
                 return word, ra, sp + 8, bp
         return None
+
+    def _blob_word(self, proc: _Process, blob: _Blob) -> int:
+        """The word of a frame in generated code no method is found for:
+        its blob, named by the blob's own name ("StubRoutines (1)": the
+        call stub that enters Java from the VM)."""
+        name = f"[{blob.name}]" if blob.name else "[code cache]"
+        if proc.names.get(blob.addr) != name:
+            proc.names[blob.addr] = name
+            if self.remember is not None:
+                self.remember(proc.pid, blob.addr, name)
+        return java_frame_word(blob.addr, JAVA_BLOB)
+
+    def _compiled_words(self, proc: _Process, blob: _Blob, ip: int, exact: bool):
+        """The Java word of a compiled frame, or a tuple of them (innermost
+        first) where methods are inlined at ip: each named, else the
+        compiled method's alone."""
+        scopes = self.frames_at(proc, blob, ip, exact)
+        if not scopes or any(self.method_name(proc, m) is None for m, _bci in scopes):
+            return java_frame_word(blob.method)
+        last = len(scopes) - 1
+        words = tuple(java_frame_word(m, bci, i < last) for i, (m, bci) in enumerate(scopes))
+        return words if last else words[0]
 
     def _plausible(self, proc: _Process, ra: int, find) -> bool:
         """Whether ra may be a return address: in a blob's code, or in a
@@ -264,11 +304,22 @@ class HotSpotLive:
     def blob_at(self, proc: _Process, pc: int) -> _Blob | None:
         """The CodeBlob holding pc, or None (not in the code cache, or a
         free block)."""
+        if pc in self._walked:
+            return self._walked[pc]
         if proc.uses % _HEAPS_TTL == 0 or not proc.heaps:
             self._read_heaps(proc)      # heaps grow (committed memory) as code comes
         proc.uses += 1
-        if not proc.low <= pc < proc.high:
-            return None
+        found = None
+        if proc.low <= pc < proc.high:
+            block = proc.blocks.get(pc)
+            if block is not None:       # where the block was: its header read again
+                found = self._blob(proc, block, pc, known_name=True)
+            if found is None:
+                found = self._blob_at(proc, pc)
+        self._walked[pc] = found
+        return found
+
+    def _blob_at(self, proc: _Process, pc: int) -> _Blob | None:
         for heap in proc.heaps:
             if heap.low <= pc < heap.high:
                 break
@@ -277,9 +328,15 @@ class HotSpotLive:
         mem = proc.mem
         index = (pc - heap.low) >> heap.log2
         # each byte: how many segments back the block goes (at most 0xFE a
-        # step); 0xFF: free
+        # step); 0xFF: free. Read in one go from up to _SEGMAP_CHUNK
+        # segments before (a method's blob spans a few dozen)
+        first = max(0, index - _SEGMAP_CHUNK + 1)
+        chunk = mem.read(heap.segmap + first, index - first + 1)
         for _ in range(64):
-            back = mem.read(heap.segmap + index, 1)[0]
+            if index < first:
+                first = max(0, index - _SEGMAP_CHUNK + 1)
+                chunk = mem.read(heap.segmap + first, index - first + 1)
+            back = chunk[index - first]
             if back == 0xFF:
                 return None
             if back == 0:
@@ -288,13 +345,22 @@ class HotSpotLive:
         else:
             return None
         block = heap.low + (index << heap.log2)
-        return self._blob(proc, block, pc)
+        found = self._blob(proc, block, pc)
+        if found is not None:
+            if len(proc.blocks) >= _MAX_BLOBS:
+                proc.blocks.clear()
+            proc.blocks[pc] = block
+        return found
 
-    def _blob(self, proc: _Process, block: int, pc: int) -> _Blob | None:
+    def _blob(self, proc: _Process, block: int, pc: int,
+              known_name: bool = False) -> _Blob | None:
+        """The blob of the block at `block` if it holds pc; `known_name`:
+        only if its name is one seen before (a block remembered from an
+        earlier sample, which may since be inside another's code)."""
         f, mem = proc.f, proc.mem
         # not cached across samples: a freed block is soon another blob
-        # (a recompiled method); its header is read each time (~5 reads)
-        header = mem.read(block, f["heap_block"] + f["blob_name"] + 8)
+        # (a recompiled method); its header is read each time (one read)
+        header = mem.read(block, proc.header)
         if not header[f["block_used"]]:
             return None
         blob = block + f["heap_block"]
@@ -308,39 +374,138 @@ class HotSpotLive:
         name_ptr = _Q.unpack_from(header, o + f["blob_name"])[0]
         name = proc.strings.get(name_ptr)
         if name is None:
+            if known_name:
+                return None
             name = proc.strings[name_ptr] = hotspot_runtime.c_string(mem, name_ptr, 64)
-        method = 0
-        if name == "nmethod":
-            kind = _Blob.NMETHOD
-            method = mem.word(blob + f["nmethod_method"])
-        elif name == "Interpreter":
-            kind = _Blob.INTERPRETER
-        else:
-            kind = _Blob.STUB
-        return _Blob(code_begin, code_end, kind, frame_size * 8,
-                     code_begin + complete if complete >= 0 else code_begin, method)
+        kind = {"nmethod": _Blob.NMETHOD, "Interpreter": _Blob.INTERPRETER}.get(name, _Blob.STUB)
+        method = _Q.unpack_from(header, o + f["nmethod_method"])[0] if kind == _Blob.NMETHOD else 0
+        found = _Blob(blob, code_begin, code_end, kind, frame_size * 8,
+                      code_begin + complete if complete >= 0 else code_begin, method)
+        found.name = name
+        if kind == _Blob.NMETHOD and "nmethod_scopes_pcs" in f:
+            i32 = lambda name: struct.unpack_from("<i", header, o + f[name])[0]  # noqa: E731
+            found.key = (blob, method, i32("nmethod_compile_id"), code_begin)
+            found.pcs = blob + i32("nmethod_scopes_pcs")
+            found.pcs_end = blob + i32("nmethod_dependencies")
+            found.metadata = blob + i32("nmethod_metadata")
+            at = o + f["nmethod_scopes_data"]
+            found.scopes = (_Q.unpack_from(header, at)[0] if at + 8 <= len(header)
+                            else mem.word(blob + f["nmethod_scopes_data"]))
+        return found
+
+    # --- inlined methods: an nmethod's scopes ------------------------------
+
+    def frames_at(self, proc: _Process, blob: _Blob, pc: int, exact: bool) -> list:
+        """[(Method*, bci)] the nmethod's code at pc runs, innermost first
+        (the methods inlined there, then the one compiled); [] where its
+        scopes say nothing."""
+        if blob.key is None:
+            return []
+        rel = pc - blob.code
+        cached = proc.scopes.get((blob.key, rel, exact))
+        if cached is not None:
+            return cached
+        try:
+            found = self._scopes_at(proc, blob, rel, exact)
+        except (OSError, IndexError, struct.error):
+            found = []
+        if len(proc.scopes) >= _MAX_BLOBS:
+            proc.scopes.clear()
+        proc.scopes[(blob.key, rel, exact)] = found
+        return found
+
+    def _scopes_at(self, proc: _Process, blob: _Blob, rel: int, exact: bool) -> list:
+        f, mem = proc.f, proc.mem
+        pcs = proc.pcs.get(blob.key)
+        if pcs is None:
+            size = f["pc_desc"]
+            count = (blob.pcs_end - blob.pcs) // size
+            if not 0 < count <= 1 << 16:
+                return []
+            data = mem.read(blob.pcs, count * size)
+            pcs = [struct.unpack_from("<ii", data, i * size + f["pc_offset"])
+                   if f["pc_scope"] == f["pc_offset"] + 4 else
+                   (struct.unpack_from("<i", data, i * size + f["pc_offset"])[0],
+                    struct.unpack_from("<i", data, i * size + f["pc_scope"])[0])
+                   for i in range(count)]
+            if len(proc.pcs) >= 1024:
+                proc.pcs.clear()
+            proc.pcs[blob.key] = pcs
+        # a call's return address is recorded as is; an interrupted pc, or
+        # the return from a leaf call into the VM (no debug info of its
+        # own), belongs to the next recorded one (HotSpot's pc_desc_near,
+        # as its own asynchronous samplers take it)
+        at = bisect.bisect_left(pcs, (rel, -1 << 31))
+        if at >= len(pcs):
+            return []
+        offset = pcs[at][1]
+        out = []
+        for _ in range(64):                         # inlining depth bound
+            if offset <= 0:                         # serialized null: no scope
+                break
+            data = mem.read(blob.scopes + offset, 16)
+            sender, at = _read_int(data, 0)
+            index, at = _read_int(data, at)
+            bci, at = _read_int(data, at)
+            if index <= 0:
+                break
+            method = mem.word(blob.metadata + 8 * (index - 1))
+            out.append((method, bci + f["entry_bci"]))
+            offset = sender
+        if not out or out[-1][0] != blob.method:    # not this nmethod's scopes
+            return []
+        return out
 
     # --- names -------------------------------------------------------------
 
     def method_name(self, proc: _Process, method: int) -> str | None:
         """"pkg.Class.method" of a Method*, or None where what it points to
-        is not a method's (checked by what points back)."""
+        is not a method's (checked by what points back); its source file
+        and line table go to `remember` with it."""
         names = proc.names
         if method in names:
             return names[method]
-        name = None
+        found = None
         try:
-            name = self._read_name(proc, method)
-        except (OSError, UnicodeDecodeError, struct.error):
+            found = self._read_method(proc, method)
+        except (OSError, UnicodeDecodeError, struct.error, IndexError):
             pass
         if len(names) >= _MAX_BLOBS:
             names.clear()
-        names[method] = name
-        if name is not None and self.remember is not None:
-            self.remember(proc.pid, method, name)
-        return name
+        names[method] = found[0] if found is not None else None
+        if found is not None and self.remember is not None:
+            self.remember(proc.pid, method, *found)
+        return names[method]
 
-    def _read_name(self, proc: _Process, method: int) -> str | None:
+    def _symbol(self, proc: _Process, symbol: int) -> str | None:
+        """A Symbol's text (its length, then its bytes: modified UTF-8)."""
+        if not _pointer(symbol):
+            return None
+        f, mem = proc.f, proc.mem
+        length = struct.unpack("<H", mem.read(symbol + f["symbol_length"], 2))[0]
+        if not 0 < length <= 1024:
+            return None
+        return mem.read(symbol + f["symbol_body"], length).decode("utf-8", "replace")
+
+    def bci(self, proc: _Process, method: int, bcp: int) -> int:
+        """The bytecode index of bcp in method, JAVA_NO_BCI where it is not
+        in the method's bytecodes."""
+        f = proc.f
+        code = proc.code.get(method)
+        if code is None:
+            try:
+                const = proc.mem.word(method + f["method_const"])
+                size = struct.unpack("<H", proc.mem.read(const + f["const_code_size"], 2))[0]
+            except OSError:
+                return JAVA_NO_BCI
+            if len(proc.code) >= _MAX_BLOBS:
+                proc.code.clear()
+            code = proc.code[method] = (const + f["const_method"], size)
+        bci = bcp - code[0]
+        return bci if 0 <= bci < code[1] else JAVA_NO_BCI
+
+    def _read_method(self, proc: _Process, method: int) -> tuple | None:
+        """(name, source file, [(bci, line)]) of a Method*, or None."""
         f, mem, word = proc.f, proc.mem, proc.mem.word
         if not _pointer(method):
             return None
@@ -353,34 +518,70 @@ class HotSpotLive:
         holder = word(pool + f["pool_holder"])
         if not _pointer(holder) or word(holder + f["klass_constants"]) != pool:
             return None                 # not a class and its pool: not a method
-        index = struct.unpack("<H", mem.read(const + f["const_name_index"], 2))[0]
-        name = self._symbol(proc, word(pool + f["constant_pool"] + 8 * index))
+        u2 = lambda addr: struct.unpack("<H", mem.read(addr, 2))[0]  # noqa: E731
+        name = self._symbol(proc, word(pool + f["constant_pool"] + 8 * u2(const + f["const_name_index"])))
         klass = self._symbol(proc, word(holder + f["klass_name"]))
         if not name or not klass:
             return None
-        return f"{klass.replace('/', '.')}.{name}"
-
-    def _symbol(self, proc: _Process, symbol: int) -> str | None:
-        if not _pointer(symbol):
-            return None
-        f, mem = proc.f, proc.mem
-        length = struct.unpack("<H", mem.read(symbol + f["symbol_length"], 2))[0]
-        if not 0 < length <= 1024:
-            return None
-        return mem.read(symbol + f["symbol_body"], length).decode("utf-8")
-
-    def bci(self, proc: _Process, method: int, bcp: int) -> int:
-        """The bytecode index of bcp in method, JAVA_NO_BCI where it is not
-        in the method's bytecodes."""
-        f = proc.f
-        try:
-            const = proc.mem.word(method + f["method_const"])
-            size = struct.unpack("<H", proc.mem.read(const + f["const_code_size"], 2))[0]
-        except OSError:
-            return JAVA_NO_BCI
-        bci = bcp - (const + f["const_method"])
-        return bci if 0 <= bci < size else JAVA_NO_BCI
-
+        source, lines = "", ()
+        if "const_flags" in f:
+            at = u2(pool + f["pool_source_file"])
+            if at:
+                source = self._symbol(proc, word(pool + f["constant_pool"] + 8 * at)) or ""
+            if u2(const + f["const_flags"]) & f["has_line_table"]:
+                code = const + f["const_method"]
+                lines = _line_table(mem, code + u2(const + f["const_code_size"]))
+        return f"{klass.replace('/', '.')}.{name}", source, lines
 
 def _pointer(v: int) -> bool:
     return 0x1000 <= v < 1 << 47 and not v & 7
+
+
+def _read_int(data: bytes, at: int) -> tuple:
+    """(value, next offset) of an UNSIGNED5 int (HotSpot's
+    CompressedReadStream::read_int): bytes below 192 end it, each adding
+    6 more bits."""
+    b = data[at]
+    if b < 192:
+        return b, at + 1
+    total = b
+    for i in range(1, 5):
+        b = data[at + i]
+        total += b << (6 * i)
+        if b < 192 or i == 4:
+            return total, at + i + 1
+    return total, at + 5
+
+
+def _signed(v: int) -> int:
+    return (v >> 1) ^ -(v & 1)
+
+
+_MAX_LINES = 1 << 12
+
+
+def _line_table(mem, at: int) -> tuple:
+    """((bci, line), ...) of a compressed line number table (HotSpot's
+    CompressedLineNumberReadStream: a byte of bci delta << 3 | line delta,
+    or 0xFF and two signed UNSIGNED5 deltas; 0 ends it)."""
+    data = mem.read(at, 256)
+    out = []
+    bci = line = 0
+    i = 0
+    while len(out) < _MAX_LINES:
+        if i + 11 > len(data):
+            data += mem.read(at + len(data), 256)
+        b = data[i]
+        i += 1
+        if b == 0:
+            break
+        if b == 0xFF:
+            d, i = _read_int(data, i)
+            bci += _signed(d)
+            d, i = _read_int(data, i)
+            line += _signed(d)
+        else:
+            bci += b >> 3
+            line += b & 7
+        out.append((bci, line))
+    return tuple(out)

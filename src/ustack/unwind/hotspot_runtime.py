@@ -62,8 +62,24 @@ FIELDS = {
     "symbol_length": ("Symbol", "_length"),
     "symbol_body": ("Symbol", "_body"),
 }
+# what names more where the JVM has it: inlined methods (a compiled
+# frame's scopes), lines (a method's line number table), source files
+OPTIONAL = {
+    "nmethod_scopes_data": (("CompiledMethod", "_scopes_data_begin"),
+                            ("nmethod", "_scopes_data_begin")),
+    "nmethod_scopes_pcs": ("nmethod", "_scopes_pcs_offset"),
+    "nmethod_dependencies": ("nmethod", "_dependencies_offset"),
+    "nmethod_metadata": ("nmethod", "_metadata_offset"),
+    "nmethod_compile_id": ("nmethod", "_compile_id"),
+    "pc_offset": ("PcDesc", "_pc_offset"),
+    "pc_scope": ("PcDesc", "_scope_decode_offset"),
+    "const_flags": ("ConstMethod", "_flags"),           # a u2 in JDK 11-17
+    "pool_source_file": ("ConstantPool", "_source_file_name_index"),
+}
 SIZES = {"heap_block": "HeapBlock", "constant_pool": "ConstantPool",
-         "const_method": "ConstMethod"}
+         "const_method": "ConstMethod", "pc_desc": "PcDesc"}
+INT_CONSTANTS = {"has_line_table": "ConstMethod::_has_linenumber_table",
+                 "entry_bci": "InvocationEntryBci"}
 # x86-64 interpreter frame slots, in words from rbp (frame_x86.hpp: the
 # same in JDK 11-21; the tables do not carry them)
 INTERP_SENDER_SP = -1
@@ -129,7 +145,7 @@ def _read_layout(path: str, bias: int, mem) -> Layout | None:
     ints = {name: struct.unpack("<q", mem.read(bias + symbols[name], 8))[0]
             for name in _ENTRY_INTS}
     want = {}
-    for name, pairs in FIELDS.items():
+    for name, pairs in (FIELDS | OPTIONAL).items():
         for rank, pair in enumerate(pairs if isinstance(pairs[0], tuple) else (pairs,)):
             want[pair] = (name, rank)
     fields, ranks = {}, {}
@@ -157,8 +173,22 @@ def _read_layout(path: str, bias: int, mem) -> Layout | None:
         name = c_string(mem, type_ptr)
         if name in wanted_types:
             sizes[wanted_types[name]] = _q(entry, ints["gHotSpotVMTypeEntrySizeOffset"])
-    if len(fields) != len(FIELDS) or len(sizes) != len(SIZES):
+    ints_start = mem.word(bias + symbols["gHotSpotVMIntConstants"])
+    wanted_ints = {c: name for name, c in INT_CONSTANTS.items()}
+    for entry in _entries(mem, ints_start, ints["gHotSpotVMIntConstantEntryArrayStride"]):
+        name_ptr = _q(entry, ints["gHotSpotVMIntConstantEntryNameOffset"])
+        if name_ptr == 0:
+            break
+        name = c_string(mem, name_ptr)
+        if name in wanted_ints:
+            fields[wanted_ints[name]] = struct.unpack_from(
+                "<i", entry, ints["gHotSpotVMIntConstantEntryValueOffset"])[0]
+    if any(name not in fields for name in FIELDS) or any(name not in sizes for name in SIZES):
         return None
+    if not all(name in fields for name in OPTIONAL) or "entry_bci" not in fields:
+        # no inlined methods nor lines: the frames of the methods compiled
+        for name in list(OPTIONAL) + list(INT_CONSTANTS):
+            fields.pop(name, None)
     return Layout(path=path, fields=tuple(sorted(fields.items())),
                   sizes=tuple(sorted(sizes.items())))
 
