@@ -63,7 +63,7 @@ def ustack_shares(counted: list) -> tuple:
         if not methods:
             continue
         java += c.count
-        named = not any(f.function.startswith("[java ") for f in frames)
+        named = not any((f.function or "").startswith("[java ") for f in frames)
         whole += c.count * (named and frames[-1].function == ROOT)
         top[methods[0].function] += c.count
     return java, whole, top

@@ -14,12 +14,14 @@ clone3). One JVM per way, shared by the tests."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import ustack
+from helpers import ok, parse_folded, run_for_cpu
 from ustack.model import SymbolOptions
 
 pytestmark = pytest.mark.kernel
@@ -109,3 +111,27 @@ def test_no_java_leaves_the_code_cache_unnamed(classes):
     counted, _warnings = _profile(classes, WAYS["compiled"], no_java=True)
     assert counted
     assert not [f for c in counted for f in c.stack.frames if f.kind == "java"]
+
+
+def test_attached_jvm_folded(classes, tmp_path):
+    """`ustack profile -p PID` of a JVM that compiled its methods before the
+    run (-Xbatch: it says "ready" only once they are): the folded stacks
+    through leaf() end main, outer, middle, leaf, no perf map advised."""
+    java = subprocess.Popen([_tool("java"), "-Xbatch", *WAYS["compiled"], "-cp", str(classes),
+                             "Chain", "600"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert java.stdout.readline() == "ready\n"
+        out = tmp_path / "java.folded"
+        err = ok(run_for_cpu(java.pid, "profile", "-F", "199", "-o", out, seconds=1)).stderr
+    finally:
+        java.send_signal(signal.SIGTERM)
+        java.wait()
+    busy = whole = 0
+    for frames, n in parse_folded(out.read_text()):
+        chain = [f for f in frames if f.startswith("Chain.")]
+        if chain[-1:] == ["Chain.leaf"]:
+            busy += n
+            whole += n * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
+                          and chain == CHAIN)
+    assert busy >= 50 and whole >= 0.9 * busy, f"{whole} of {busy} samples in leaf() whole"
+    assert "perf map" not in err and "PreserveFramePointer" not in err, err

@@ -253,7 +253,7 @@ def _jit_hint(session: Session) -> str:
     from ..symbols.perfmap import header_hint
     pid = session.target.pid
     # a JVM's copied stacks are walked through its Java frames (hotspot_live.py)
-    java_walked = session.opts.symbols.java and session.plan.unwind == "dwarf"
+    java_walked = session.opts.java_walked and session.plan.unwind == "dwarf"
     return header_hint(pid, session.tracker.current_maps(pid), java_walked)
 
 
