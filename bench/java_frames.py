@@ -16,7 +16,9 @@ JavaMain). A sample is a Java sample when it holds a Java method's frame;
 it is whole when it ends at the thread's root (clone3) with every Java
 frame named. A method's share is the samples whose innermost Java method
 it is, over the Java samples (JFR: its top frame); the JVM's stubs are
-not methods.
+not methods, and the samples whose innermost frame is one (the math
+intrinsics, dsin or dlog, sit in StubRoutines' blobs) are left out of
+the shares: JFR's sampler cannot walk from there and records none.
 
 JFR turns on DebugNonSafepoints for what is compiled while it records,
 which gives compiled code debug info at more pcs; the walk reads it too.
@@ -51,9 +53,9 @@ def ustack_counts(**scope) -> list:
 
 
 def ustack_shares(counted: list) -> tuple:
-    """(Java samples, whole ones, Counter of innermost Java method -> samples)
-    of main's thread."""
-    java = whole = 0
+    """(Java samples, whole ones, in stubs, Counter of innermost Java method
+    -> samples) of main's thread."""
+    java = whole = stub = 0
     top: collections.Counter = collections.Counter()
     for c in counted:
         frames = c.stack.frames
@@ -65,8 +67,11 @@ def ustack_shares(counted: list) -> tuple:
         java += c.count
         named = not any((f.function or "").startswith("[java ") for f in frames)
         whole += c.count * (named and frames[-1].function == ROOT)
+        if frames[0].kind == "java" and frames[0].function.startswith("["):
+            stub += c.count     # in the JVM's stubs: JFR records no sample there
+            continue
         top[methods[0].function] += c.count
-    return java, whole, top
+    return java, whole, stub, top
 
 
 _TOP = re.compile(r"^\s+stackTrace = \[\n\s+([\w.$<>]+)\(", re.M)
@@ -101,7 +106,7 @@ def _started(proc: subprocess.Popen) -> None:
 
 
 def scope_run(scope: str, classes: str, seconds: float, tmp: str) -> tuple:
-    """(Java samples, whole, ustack's shares, JFR's shares or None)."""
+    """(Java samples, whole, in stubs, ustack's shares, JFR's shares or None)."""
     recording = os.path.join(tmp, f"{scope.replace(' ', '_').replace(',', '')}.jfr")
     if scope == "-c":
         cmd = (f"java -XX:StartFlightRecording=filename={recording},settings=profile "
@@ -116,9 +121,9 @@ def scope_run(scope: str, classes: str, seconds: float, tmp: str) -> tuple:
                             f"filename={recording}"], check=True, capture_output=True)
         counted = ustack_counts(pid=proc.pid)       # until it exits
         proc.wait()
-    java, whole, ours = ustack_shares(counted)
+    java, whole, stub, ours = ustack_shares(counted)
     theirs = jfr_shares(recording) if os.path.exists(recording) else None
-    return java, whole, ours, theirs
+    return java, whole, stub, ours, theirs
 
 
 def walk_cost(classes: str, seconds: float) -> tuple:
@@ -151,6 +156,21 @@ def walk_cost(classes: str, seconds: float) -> tuple:
     return out
 
 
+def kernel_cost(classes: str, reps: int) -> list:
+    """Rows (process, ns per run of the in-kernel walking program: medians
+    of `reps` runs): a JVM (its stacks through the JIT go to user space
+    with their copy) beside a process without JIT code (walked in the
+    kernel, as before)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from python_pass_cost import one_cost
+    rows = []
+    for label, command in (("java JavaMix (deferred: stack copied)",
+                            f"java -cp {classes} JavaMix 2"),
+                           ("sh busy loop (no JIT)", "timeout 2 sh -c 'while :; do :; done'")):
+        rows.append((label, statistics.median(one_cost(None, command) for _ in range(reps))))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -162,16 +182,19 @@ def main() -> None:
     version = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     print(f"{version.splitlines()[0]}, bench/programs/JavaMix.java for {args.seconds:g} s "
           f"of CPU, profile:hz:199, backend bpf, load average {os.getloadavg()[0]:.1f}\n")
-    print("| scope | Java samples (main) | whole (named, to clone3) | top-10 max difference (points) |")
-    print("|---|---:|---:|---:|")
+    print("| scope | Java samples (main) | whole (named, to clone3) | in stubs | "
+          "top-10 max difference (points) |")
+    print("|---|---:|---:|---:|---:|")
     tables = []
     for _rep in range(0 if args.cost_only else args.reps):
         for scope in ("-p", "-c", "-p, no JFR"):
-            java, whole, ours, theirs = scope_run(scope, tmp, args.seconds, tmp)
+            java, whole, stub, ours, theirs = scope_run(scope, tmp, args.seconds, tmp)
             rows = compare(ours, theirs) if theirs else []
             worst = f"{max(abs(r[3]) for r in rows):.1f}" if rows else "-"
-            print(f"| {scope} | {java} | {100 * whole / max(java, 1):.1f} % | {worst} |")
-            tables.append((scope, rows or [(k, 100 * n / max(java, 1), float("nan"), float("nan"))
+            print(f"| {scope} | {java} | {100 * whole / max(java, 1):.1f} % | "
+                  f"{100 * stub / max(java, 1):.1f} % | {worst} |")
+            shared = sum(ours.values()) or 1
+            tables.append((scope, rows or [(k, 100 * n / shared, float("nan"), float("nan"))
                                            for k, n in ours.most_common(10)]))
     for scope, rows in tables:
         print(f"\n{scope}: {'JFR' if rows and rows[0][2] == rows[0][2] else 'ustack'}'s "
@@ -188,6 +211,12 @@ def main() -> None:
         what = ("Java frames (hotspot_live) + native CFI" if label == "java"
                 else "DWARF/frame pointer only (--no-java)")
         print(f"| {what} | {us:.0f} | {depth:g} | {n} |")
+    print(f"\nthe in-kernel walking program's ns per sample (BPF statistics, median of "
+          f"{max(args.reps, 3)})\n")
+    print("| process | ns per sample |")
+    print("|---|---:|")
+    for label, ns in kernel_cost(tmp, max(args.reps, 3)):
+        print(f"| {label} | {ns:.0f} |")
 
 
 if __name__ == "__main__":

@@ -51,10 +51,10 @@ def classes(tmp_path_factory) -> Path:
 
 
 def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:
-    """(counted stacks, warnings) of `profile -c java FLAGS Chain 1.5`."""
+    """(counted stacks, warnings) of `profile -c java FLAGS Chain 1`."""
     opts = ustack.Options(
         command="profile", events=["profile:hz:199"],
-        cmdline=f"{_tool('java')} {' '.join(flags)} -cp {classes} Chain 1.5",
+        cmdline=f"{_tool('java')} {' '.join(flags)} -cp {classes} Chain 1",
         symbols=SymbolOptions(java=not no_java))
     run = ustack.Session(opts)
     with run:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+import time
 
 from ..kernel.procfs import ProcessMemory
 from ..model import JAVA_BLOB, JAVA_NO_BCI, java_frame_word
@@ -32,6 +33,7 @@ from . import hotspot_runtime
 from .dwarf import UNMAPPED_NOTE as _UNMAPPED
 
 MAX_PROCS = 256                 # processes whose memory is kept open
+NOT_JVM_TTL = 5.0               # seconds a process found running no JVM is believed
 MAX_JAVA_FRAMES = 1024
 _Q = struct.Struct("<Q")
 _MAX_BLOBS = 1 << 16            # cached blobs per process before the cache is dropped
@@ -88,13 +90,13 @@ class HotSpotLive:
 
     def __init__(self, remember=None):
         self.remember = remember
-        self._procs: dict = {}          # pid -> _Process, or None: not a JVM
+        self._procs: dict = {}          # pid -> _Process, or when it was found no JVM
         self._walked: dict = {}         # pc -> its blob, in the stack being walked
         self.cut = 0                    # stacks cut in Java code (a frame not followed)
 
     def forget(self, pid: int) -> None:
         proc = self._procs.pop(pid, None)
-        if proc is not None:
+        if isinstance(proc, _Process):
             proc.mem.close()
 
     def close(self) -> None:
@@ -102,9 +104,14 @@ class HotSpotLive:
             self.forget(pid)
 
     def process(self, pid: int) -> _Process | None:
-        """pid's JVM, or None where it runs none (its maps read once)."""
+        """pid's JVM, or None where it runs none (its maps read once, or
+        again after NOT_JVM_TTL s: a pid is reused, a process execs)."""
         if pid in self._procs:
-            return self._procs[pid]
+            proc = self._procs[pid]
+            if type(proc) is not float:
+                return proc
+            if time.monotonic() - proc < NOT_JVM_TTL:
+                return None
         proc = None
         jvm = hotspot_runtime.libjvm_of(pid)
         if jvm is not None:
@@ -120,7 +127,7 @@ class HotSpotLive:
                 proc = _Process(pid, layout.as_dict(), mem, bias)
         if len(self._procs) >= MAX_PROCS:
             self.forget(next(iter(self._procs)))
-        self._procs[pid] = proc
+        self._procs[pid] = proc if proc is not None else time.monotonic()
         return proc
 
     # --- the walk ----------------------------------------------------------
