@@ -202,7 +202,8 @@ def main() -> None:
         print("| method | ustack % | JFR % | difference |")
         print("|---|---:|---:|---:|")
         for name, a, b, d in rows:
-            print(f"| {name} | {a:.1f} | {b:.1f} | {d:+.1f} |")
+            print(f"| {name} | {a:.1f} | {b:.1f} | {d:+.1f} |" if b == b
+                  else f"| {name} | {a:.1f} | - | - |")
     cost = walk_cost(tmp, args.seconds)
     print("\nuser-space walk per copied sample of the JVM (µs, median; -c run each)\n")
     print("| walk | µs per sample | frames per sample | samples |")

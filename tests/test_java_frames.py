@@ -114,10 +114,10 @@ def test_no_java_leaves_the_code_cache_unnamed(classes):
 
 
 def test_attached_jvm_folded(classes, tmp_path):
-    """`ustack profile -p PID` of a JVM that compiled its methods before the
-    run (-Xbatch: it says "ready" only once they are): the folded stacks
+    """`ustack profile -p PID` of a JVM already busy in its loop (its
+    methods compiled or being compiled before the run): the folded stacks
     through leaf() end main, outer, middle, leaf, no perf map advised."""
-    java = subprocess.Popen([_tool("java"), "-Xbatch", *WAYS["compiled"], "-cp", str(classes),
+    java = subprocess.Popen([_tool("java"), *WAYS["compiled"], "-cp", str(classes),
                              "Chain", "600"], stdout=subprocess.PIPE, text=True)
     try:
         assert java.stdout.readline() == "ready\n"
