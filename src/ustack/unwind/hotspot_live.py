@@ -10,10 +10,9 @@ is sp + its frame size, the caller's rbp saved just below the return
 address), the template interpreter (rbp chains its frames; the Method* and
 bytecode pointer sit in fixed slots below rbp), or a stub (the call stub
 and others, which push rbp). Each Java frame becomes a Java word
-(model.java_frame_word: its Method* and bci); the name is read now, from
-Method -> ConstMethod -> ConstantPool -> holder class, each checked by
-what points back (the class's constant pool is that pool, the blob's name
-is "nmethod"), and kept by `remember` for the symbols stage. Native code
+(model.java_frame_word: its Method* and bci); its name is read now
+(hotspot_methods.py: checked by what points back; the blob's name must be
+"nmethod") and kept by `remember` for the symbols stage. Native code
 between Java frames (the VM, JNI) is walked by its CFI (dwarf.py) as any.
 
 A compiled frame's methods inlined at its pc come from the nmethod's
@@ -29,7 +28,8 @@ import time
 
 from ..kernel.procfs import ProcessMemory
 from ..model import JAVA_BLOB, JAVA_NO_BCI, java_frame_word
-from . import hotspot_runtime
+from . import hotspot_methods, hotspot_runtime
+from .hotspot_methods import read_int
 from .dwarf import UNMAPPED_NOTE as _UNMAPPED
 
 MAX_PROCS = 256                 # processes whose memory is kept open
@@ -451,9 +451,9 @@ class HotSpotLive:
             if offset <= 0:                         # serialized null: no scope
                 break
             data = mem.read(blob.scopes + offset, 16)
-            sender, at = _read_int(data, 0)
-            index, at = _read_int(data, at)
-            bci, at = _read_int(data, at)
+            sender, at = read_int(data, 0)
+            index, at = read_int(data, at)
+            bci, at = read_int(data, at)
             if index <= 0:
                 break
             method = mem.word(blob.metadata + 8 * (index - 1))
@@ -474,7 +474,7 @@ class HotSpotLive:
             return names[method]
         found = None
         try:
-            found = self._read_method(proc, method)
+            found = hotspot_methods.read_method(proc.f, proc.mem, method)
         except (OSError, UnicodeDecodeError, struct.error, IndexError):
             pass
         if len(names) >= _MAX_BLOBS:
@@ -483,16 +483,6 @@ class HotSpotLive:
         if found is not None and self.remember is not None:
             self.remember(proc.pid, method, *found)
         return names[method]
-
-    def _symbol(self, proc: _Process, symbol: int) -> str | None:
-        """A Symbol's text (its length, then its bytes: modified UTF-8)."""
-        if not _pointer(symbol):
-            return None
-        f, mem = proc.f, proc.mem
-        length = struct.unpack("<H", mem.read(symbol + f["symbol_length"], 2))[0]
-        if not 0 < length <= 1024:
-            return None
-        return mem.read(symbol + f["symbol_body"], length).decode("utf-8", "replace")
 
     def bci(self, proc: _Process, method: int, bcp: int) -> int:
         """The bytecode index of bcp in method, JAVA_NO_BCI where it is not
@@ -511,84 +501,3 @@ class HotSpotLive:
         bci = bcp - code[0]
         return bci if 0 <= bci < code[1] else JAVA_NO_BCI
 
-    def _read_method(self, proc: _Process, method: int) -> tuple | None:
-        """(name, source file, [(bci, line)]) of a Method*, or None."""
-        f, mem, word = proc.f, proc.mem, proc.mem.word
-        if not _pointer(method):
-            return None
-        const = word(method + f["method_const"])
-        if not _pointer(const):
-            return None
-        pool = word(const + f["const_constants"])
-        if not _pointer(pool):
-            return None
-        holder = word(pool + f["pool_holder"])
-        if not _pointer(holder) or word(holder + f["klass_constants"]) != pool:
-            return None                 # not a class and its pool: not a method
-        u2 = lambda addr: struct.unpack("<H", mem.read(addr, 2))[0]  # noqa: E731
-        name = self._symbol(proc, word(pool + f["constant_pool"] + 8 * u2(const + f["const_name_index"])))
-        klass = self._symbol(proc, word(holder + f["klass_name"]))
-        if not name or not klass:
-            return None
-        source, lines = "", ()
-        if "const_flags" in f:
-            at = u2(pool + f["pool_source_file"])
-            if at:
-                source = self._symbol(proc, word(pool + f["constant_pool"] + 8 * at)) or ""
-            if u2(const + f["const_flags"]) & f["has_line_table"]:
-                code = const + f["const_method"]
-                lines = _line_table(mem, code + u2(const + f["const_code_size"]))
-        return f"{klass.replace('/', '.')}.{name}", source, lines
-
-def _pointer(v: int) -> bool:
-    return 0x1000 <= v < 1 << 47 and not v & 7
-
-
-def _read_int(data: bytes, at: int) -> tuple:
-    """(value, next offset) of an UNSIGNED5 int (HotSpot's
-    CompressedReadStream::read_int): bytes below 192 end it, each adding
-    6 more bits."""
-    b = data[at]
-    if b < 192:
-        return b, at + 1
-    total = b
-    for i in range(1, 5):
-        b = data[at + i]
-        total += b << (6 * i)
-        if b < 192 or i == 4:
-            return total, at + i + 1
-    return total, at + 5
-
-
-def _signed(v: int) -> int:
-    return (v >> 1) ^ -(v & 1)
-
-
-_MAX_LINES = 1 << 12
-
-
-def _line_table(mem, at: int) -> tuple:
-    """((bci, line), ...) of a compressed line number table (HotSpot's
-    CompressedLineNumberReadStream: a byte of bci delta << 3 | line delta,
-    or 0xFF and two signed UNSIGNED5 deltas; 0 ends it)."""
-    data = mem.read(at, 256)
-    out = []
-    bci = line = 0
-    i = 0
-    while len(out) < _MAX_LINES:
-        if i + 11 > len(data):
-            data += mem.read(at + len(data), 256)
-        b = data[i]
-        i += 1
-        if b == 0:
-            break
-        if b == 0xFF:
-            d, i = _read_int(data, i)
-            bci += _signed(d)
-            d, i = _read_int(data, i)
-            line += _signed(d)
-        else:
-            bci += b >> 3
-            line += b & 7
-        out.append((bci, line))
-    return tuple(out)
