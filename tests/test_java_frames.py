@@ -28,6 +28,10 @@ pytestmark = pytest.mark.kernel
 
 SOURCE = Path(__file__).parent / "programs" / "java" / "Chain.java"
 CHAIN = ["Chain.main", "Chain.outer", "Chain.middle", "Chain.leaf"]
+# Chain.java's lines of the calls down the chain, and of leaf()'s loop (0:
+# none known, at a pc with no debug info or on the method's entry)
+CALL_LINES = {"Chain.main": 31, "Chain.outer": 20, "Chain.middle": 15}
+LEAF_LINES = {0, 9, 10}
 WAYS = {
     # compiled while the run samples it (C1, then C2)
     "compiled": ("-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,Chain::*"),
@@ -78,6 +82,7 @@ def _main_thread(counted) -> list:
 def test_java_methods_named_in_order_to_the_thread_root(profiled):
     way, counted, warnings = profiled
     busy = whole = 0
+    lines: set = set()
     for frames, n in _main_thread(counted):
         # Java methods (the JVM's stubs, "[StubRoutines (1)]", left out)
         java = [f.function for f in frames if f.kind == "java" and f.function[0] != "["]
@@ -87,10 +92,15 @@ def test_java_methods_named_in_order_to_the_thread_root(profiled):
         roots = [f.function for f in frames[:3]]
         if roots == ["clone3", "start_thread", "ThreadJavaMain"] and java == CHAIN:
             whole += n
+            lines |= {(f.function, f.line) for f in frames if f.function in CHAIN}
     assert busy >= 100 and whole >= 0.9 * busy, \
         f"{way}: {whole} of {busy} samples in leaf() whole, main, outer, middle, leaf named"
     assert not [w for w in warnings if "perf map" in w or "PreserveFramePointer" in w
                 or "[java" in w], warnings
+    # each caller at the line of its call (its bci, read from its method's
+    # line table), leaf() in its loop
+    assert {(f, line) for f, line in lines if f != "Chain.leaf"} == set(CALL_LINES.items()), lines
+    assert {line for f, line in lines if f == "Chain.leaf"} <= LEAF_LINES, lines
     stubs = {f.function for c in counted for f in c.stack.frames
              if f.kind == "java" and f.function[0] == "["}
     assert "[StubRoutines (1)]" in stubs, stubs     # the call stub that enters main
