@@ -31,6 +31,7 @@ import argparse
 import collections
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -172,12 +173,19 @@ def kernel_cost(classes: str, reps: int) -> list:
 
 
 def main() -> None:
+    tmp = tempfile.mkdtemp(prefix="ustack-java-")
+    try:
+        run(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)      # the classes and JFR's recordings
+
+
+def run(tmp: str) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="ustack-java-")
     subprocess.run(["javac", "-d", tmp, str(MIX)], check=True)
     version = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     print(f"{version.splitlines()[0]}, bench/programs/JavaMix.java for {args.seconds:g} s "
