@@ -48,12 +48,6 @@ class JavaMethods:
         """Whether a Java frame of pid was named from its JVM."""
         return pid in self._named_pids
 
-    def forget(self, pid: int) -> None:
-        """pid's methods (its Method* may be another's in the next process)."""
-        with self._lock:
-            for key in [k for k in self._names if k[0] == pid]:
-                del self._names[key]
-
     def frame(self, pid: int, method: int, bci: int, inlined: bool = False) -> Frame:
         with self._lock:
             found = self._names.get((pid, method))

@@ -99,10 +99,6 @@ class Layout:
         return dict(self.fields) | dict(self.sizes)
 
 
-def is_libjvm(path: str) -> bool:
-    return os.path.basename(path) == LIBJVM
-
-
 def libjvm_of(pid: int) -> tuple | None:
     """(path, load bias) of the libjvm process pid maps, or None."""
     try:
