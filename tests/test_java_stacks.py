@@ -1,8 +1,9 @@
 """Java (HotSpot 17): frames of JIT-compiled methods named from the perf
 map the JVM writes (`jcmd PID Compiler.perfmap` while it runs, or
 -XX:+DumpPerfMapAtExit), walked on the frame pointers
--XX:+PreserveFramePointer keeps. Chain.java's main -> outer -> middle ->
-leaf is the oracle: each sample in leaf() must show outer, middle, leaf in
+-XX:+PreserveFramePointer keeps: the way without the walk of the JVM's
+own tables (--no-java; test_java_frames.py tests that one). Chain.java's
+main -> outer -> middle -> leaf is the oracle: each sample in leaf() must show outer, middle, leaf in
 order, down to the root of the thread the launcher runs main on (JavaMain,
 start_thread, clone3). Each method is kept out of its caller
 (CompileCommand dontinline): an inlined call has no frame of its own."""
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import ustack
+from ustack.model import SymbolOptions
 from helpers import (end_after_cpu, finish, ok, parse_folded, parse_trace, run_for_cpu,
                      run_ustack, start_ustack, stop, wait_tracing, wait_until)
 
@@ -69,7 +71,7 @@ def test_map_written_at_exit_names_the_chain(classes):
     java = _tool("java")
     opts = ustack.Options(command="profile", events=["profile:hz:199"], cmdline=(
         f"{java} {' '.join(FLAGS)} -XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit "
-        f"-cp {classes} Chain 3"))
+        f"-cp {classes} Chain 3"), symbols=SymbolOptions(java=False))
     run = ustack.Session(opts)
     try:
         with run:
@@ -114,13 +116,13 @@ def test_attached_jvm_named_by_jcmd(running_jvm, when, tmp_path):
     or `ustack record`, then jcmd, then `ustack report`."""
     out = tmp_path / "java.folded"
     pid = running_jvm.pid
-    args = ("profile", "-F", "199", "-o", out)
+    args = ("profile", "-F", "199", "--no-java", "-o", out)
     if when == "before":
         _perfmap(pid)
         err = ok(run_for_cpu(pid, *args, seconds=CPU_SECONDS)).stderr
     elif when == "after":
         recording = tmp_path / "java.data"
-        err = ok(run_for_cpu(pid, "record", "profile:hz:199", "-o", recording,
+        err = ok(run_for_cpu(pid, "record", "profile:hz:199", "--no-java", "-o", recording,
                              seconds=CPU_SECONDS)).stderr
         _perfmap(pid)
         res = run_ustack("report", recording, "-f", "folded", "-o", out)
@@ -158,7 +160,8 @@ def test_trace_named_once_the_map_is_written(running_jvm, tmp_path):
         return out.read_text().count(": profile:hz:99\n")
 
     with open(out, "w") as stdout:
-        us = start_ustack("trace", "profile:hz:99", "-p", running_jvm.pid, stdout=stdout)
+        us = start_ustack("trace", "profile:hz:99", "--no-java", "-p", running_jvm.pid,
+                          stdout=stdout)
     try:
         err = wait_tracing(us)
         wait_until(lambda: events() >= 200, timeout=60, what="200 events before the map")
@@ -187,7 +190,7 @@ def test_trace_named_once_the_map_is_written(running_jvm, tmp_path):
 def test_no_perf_map_nor_frame_pointers_said_once(classes, tmp_path):
     """A JVM without a map nor -XX:+PreserveFramePointer: its stacks end in
     its (unnamed) JIT code; the end of the run says why, once each."""
-    res = ok(run_ustack("profile", "-F", "199", "-o", tmp_path / "out.folded", "-c",
+    res = ok(run_ustack("profile", "-F", "199", "--no-java", "-o", tmp_path / "out.folded", "-c",
                         f"{_tool('java')} -cp {classes} Chain 2"))
     pid = int(re.search(r"\(PID (\d+)\)", res.stderr.splitlines()[0])[1])
     said = [line for line in res.stderr.splitlines() if line.startswith("ustack: ")]

@@ -21,6 +21,7 @@ class SymbolOptions:
     debug_dirs: tuple = ()         # --debug-dir: more places for debug files
     debuginfod: tuple = ()         # --debuginfod URLs, else DEBUGINFOD_URLS's
     name_sources: bool = False     # -v: say what named each object's frames
+    java: bool = True              # --no-java: a JVM's Java frames not walked nor named
     fetch_wait_s: float = 0.0      # how long naming may wait for debuginfod's files, in
                                    # all: a report's (nothing is lost while it waits)
 
@@ -232,9 +233,36 @@ def perl_frame_parts(word: int) -> tuple | None:
 # instruction after the one running, as Ruby keeps it; clamped to 0xFFFF).
 RUBY_FRAME_TAG = 0xA000000000000000
 RUBY_INDEX_MAX = 0xFFFF
+# A Java frame of a HotSpot JVM, walked in user space from a copied stack
+# (unwind/hotspot_live.py), in place of the JIT or interpreter pc it ran:
+# JAVA_FRAME_TAG, its Method* >> 3 in bits 16-59, bit 15 set for a method
+# inlined into its caller's compiled code, and in bits 0-14 its bytecode
+# index (JAVA_NO_BCI where not known).
+JAVA_FRAME_TAG = 0x9000000000000000
+JAVA_NO_BCI = 0x7FFF
+JAVA_INLINED = 0x8000
+# the bci of a word naming the JVM's generated code (a stub, the
+# interpreter where no method is found): its CodeBlob's address in place
+# of the Method*
+JAVA_BLOB = 0x7FFE
 # the lowest tag of an interpreter's frame word: words from it up are no
 # addresses
-LOWEST_FRAME_TAG = RUBY_FRAME_TAG
+LOWEST_FRAME_TAG = JAVA_FRAME_TAG
+
+
+def java_frame_word(method: int, bci: int = JAVA_NO_BCI, inlined: bool = False) -> int:
+    """The callchain word of a Java frame (see JAVA_FRAME_TAG)."""
+    return (JAVA_FRAME_TAG | (method >> 3) << 16 | (JAVA_INLINED if inlined else 0)
+            | (bci if 0 <= bci < JAVA_BLOB or bci == JAVA_BLOB else JAVA_NO_BCI))
+
+
+def java_frame_parts(word: int) -> tuple | None:
+    """(Method* address, bci, inlined) of a Java frame's word, or None for
+    any other word."""
+    if word >> 60 != JAVA_FRAME_TAG >> 60:
+        return None
+    return (((word >> 16) & ((1 << 44) - 1)) << 3, word & JAVA_NO_BCI,
+            bool(word & JAVA_INLINED))
 
 
 def ruby_frame_word(body: int, index: int) -> int:

@@ -59,6 +59,13 @@ class Options:
         return self.js and self.record is None and self.command != "record"
 
     @property
+    def java_walked(self) -> bool:
+        """Whether a JVM's copied stacks are walked through its Java frames
+        (unwind/hotspot_live.py): not for a run that records, whose file
+        keeps no method's name (its frames are kept as the JIT's code)."""
+        return self.symbols.java and self.record is None and self.command != "record"
+
+    @property
     def php_named(self) -> bool:
         """Whether the in-kernel walk merges PHP frames (bpf/php.h): not
         for a run that records, whose file keeps no PHP function's name."""
@@ -121,7 +128,8 @@ def symbol_options(args) -> SymbolOptions:
                          debug_dirs=tuple(args.debug_dir),
                          debuginfod=tuple(getattr(args, "debuginfod", None) or
                                           os.environ.get("DEBUGINFOD_URLS", "").split()),
-                         name_sources=bool(getattr(args, "verbose", False)))
+                         name_sources=bool(getattr(args, "verbose", False)),
+                         java=not getattr(args, "no_java", False))
 
 
 def check_target(pid: int | None, cmdline: str | None) -> None:

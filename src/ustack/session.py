@@ -73,7 +73,11 @@ class Session:
         """Stacks from samples (unwinding, names): built at first use, so
         symbolization's imports (~20 ms) come after the probes are live."""
         from .symbols.stacks import StackResolver
-        return StackResolver(self.tracker, self.opts.symbols,
+        from .values import replace
+        symbols = self.opts.symbols
+        if symbols.java and not self.opts.java_walked:      # a recording: no names kept
+            symbols = replace(symbols, java=False)
+        return StackResolver(self.tracker, symbols,
                              getattr(self.capture, "cut_advice", None), self.python_code,
                              self.plan and self.plan.fp_advice(), self.v8_functions,
                              self.php_functions, self.perl_subs, self.ruby_iseqs)

@@ -8,7 +8,8 @@
  * into the code generated for them). Either defers a walk that ended
  * NO_TABLE, VMA_BUSY or TABLE_FULL (an object mapped before its rows were
  * loaded, a memory map locked in a sample's interrupt, an object whose
- * rows did not fit ROWS), given UW_DEFER: the event's registers and stack go to the
+ * rows did not fit ROWS), or went through JIT code other than V8's (a
+ * JVM's: unwind/hotspot_live.py), given UW_DEFER: the event's registers and stack go to the
  * ring for user space to unwind; where the ring is full the stack ends
  * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
  * interpreter gets its Python frames (python.h) after the native walk; given
@@ -108,6 +109,10 @@ static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
 				     || w->rec.head.status == VMA_BUSY
 				     || w->rec.head.status == TABLE_FULL
+				     /* JIT code but no V8's (a JVM's, whose compiled
+				      * code keeps no frame pointer): its frames are
+				      * walked in user space from the copy */
+				     || ((w->fp_used & FP_FOR_NO_FILE) && !w->v8)
 				     || (w->rec.head.status == TRUNCATED
 					 && !(opts & UW_FETCH_ARGS)
 					 && ring_defer_stack() > DEFER_STACK));

@@ -47,6 +47,10 @@ def target_args(p: argparse.ArgumentParser) -> None:
                    help="show node's JS frames as the JIT code and V8 builtins "
                         "they ran (default: their JS functions, named from the "
                         "process's heap where the kernel walks the stack)")
+    p.add_argument("--no-java", action="store_true",
+                   help="show a JVM's Java frames as the JIT and interpreter code "
+                        "they ran (default: their Java methods, walked and named "
+                        "from the JVM's own vmStructs tables, on copied stacks)")
     p.add_argument("--no-php", action="store_true",
                    help="show a PHP process's executor as C frames only "
                         "(default: its PHP functions' frames, name, file and line, "

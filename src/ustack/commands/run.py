@@ -252,7 +252,9 @@ def _jit_hint(session: Session) -> str:
         return ""
     from ..symbols.perfmap import header_hint
     pid = session.target.pid
-    return header_hint(pid, session.tracker.current_maps(pid))
+    # a JVM's copied stacks are walked through its Java frames (hotspot_live.py)
+    java_walked = session.opts.java_walked and session.plan.unwind == "dwarf"
+    return header_hint(pid, session.tracker.current_maps(pid), java_walked)
 
 
 def _header(session: Session, err: TextIOBase) -> None:

@@ -77,6 +77,12 @@ class StackResolver:
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options, python_code, v8_functions,
                                      php_functions, perl_subs, ruby_iseqs)
+        if options.java:
+            # a JVM's stacks come copied (no CFI in its code cache): its Java
+            # frames are walked and named as they are unwound
+            from ..unwind.hotspot_live import HotSpotLive
+            self.unwinder.hotspot = HotSpotLive(self.symbolizer.java.remember)
+            self.symbolizer.java.active = True
         self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
 
     @property

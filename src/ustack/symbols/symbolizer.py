@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 
 from ..model import (LOWEST_FRAME_TAG, PERL_FRAME_TAG, PHP_FRAME_TAG, PYTHON_FRAME_TAG,  # noqa: F401 (SymbolOptions: its old home)
-                     RUBY_FRAME_TAG, V8_FRAME_TAG, Frame, SymbolOptions, perl_frame_parts,
+                     JAVA_FRAME_TAG, RUBY_FRAME_TAG, V8_FRAME_TAG, Frame, SymbolOptions,
+                     java_frame_parts, perl_frame_parts,
                      php_frame_parts, printable, python_frame_parts, ruby_frame_parts,
                      v8_frame_parts)
 from ..objfile.demangle import demangle
@@ -24,6 +25,7 @@ from .php import PhpFunctions
 from .perl import PerlSubs
 from .python import PythonCode
 from .ruby import RubyIseqs
+from .hotspot import JavaMethods
 from .v8 import V8Functions
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
@@ -32,6 +34,7 @@ _V8_TAG = V8_FRAME_TAG >> 60
 _PHP_TAG = PHP_FRAME_TAG >> 60
 _PERL_TAG = PERL_FRAME_TAG >> 60
 _RUBY_TAG = RUBY_FRAME_TAG >> 60
+_JAVA_TAG = JAVA_FRAME_TAG >> 60
 _LOWEST_TAG = LOWEST_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
 
@@ -58,8 +61,9 @@ class Symbolizer:
         self.php = php_functions if php_functions is not None else PhpFunctions()
         self.perl = perl_subs if perl_subs is not None else PerlSubs()
         self.ruby = ruby_iseqs if ruby_iseqs is not None else RubyIseqs()
+        self.java = JavaMethods()       # named by the walk of a JVM's stacks
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
-                               self.v8.named_in)
+                               lambda pid: self.v8.named_in(pid) or self.java.named_in(pid))
         self._kernel = None               # KernelSymbols: read on first use
         self._source_wanted = options.lines or options.inlines
         # the run's names of Python code objects (those the capture saw)
@@ -69,13 +73,14 @@ class Symbolizer:
         self._script_kinds = {_PHP_TAG: (self.php, php_frame_parts),
                               _RUBY_TAG: (self.ruby, ruby_frame_parts),
                               _V8_TAG: (self.v8, v8_frame_parts),
-                              _PERL_TAG: (self.perl, perl_frame_parts)}
+                              _PERL_TAG: (self.perl, perl_frame_parts),
+                              _JAVA_TAG: (self.java, java_frame_parts)}
 
     @property
     def warnings(self) -> list:
         return (self._said + self._jit.notes() + self._elf.fetch_notes()
                 + self._elf.name_source_notes() + self.v8.warnings
-                + self.perl.warnings + self.ruby.warnings)
+                + self.perl.warnings + self.ruby.warnings + self.java.warnings)
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since

@@ -88,12 +88,16 @@ class DwarfUnwinder:
 
     def unwind(self, regs: dict, stack: bytes,
                find_mapping: Callable[[int], Mapping | None], sps: list | None = None,
-               fps: list | None = None) -> tuple:
+               fps: list | None = None, end: list | None = None,
+               exact: bool = True) -> tuple:
         """(addresses innermost first, notes). addrs[0] is regs['ip'];
         the others are return addresses, except a pc interrupted by a
         signal, which is exact. `sps`: a list given gets each frame's sp;
         `fps`: each frame's frame pointer where it was walked on it (code
-        without CFI: a JIT's, V8's builtins), else 0."""
+        without CFI: a JIT's, V8's builtins), else 0. `end`: a list given
+        gets the last frame's sp and bp (None: not known), to go on from
+        there (a JVM's Java frames: hotspot_live.py); `exact`: False where
+        regs['ip'] is a return address, not the pc of an event."""
         ip = regs["ip"]
         sp = sp0 = regs["sp"]
         bp = regs.get("bp")
@@ -107,7 +111,6 @@ class DwarfUnwinder:
         unpack = _Q.unpack_from
         st = None
         lo = hi = 0
-        exact = True
         walked_fp: dict = {}                    # frame index -> its frame pointer
         for _ in range(self.max_frames - 1):
             q = ip if exact else ip - 1          # return addresses point past the call
@@ -205,6 +208,8 @@ class DwarfUnwinder:
             notes.append(UNMAPPED_NOTE)
         if fps is not None:
             fps.extend(walked_fp.get(i, 0) for i in range(len(addrs)))
+        if end is not None:
+            end.extend((sp, bp))
         return tuple(addrs), tuple(notes)
 
     # --- resolving a pc (cache misses) -------------------------------------------

@@ -32,6 +32,9 @@ class Unwinder:
         # a v8_live.V8Live: the JS frames of copied stacks named from their
         # process as they are unwound (the kernel's deferred ones), or None
         self.v8_live = None
+        # a hotspot_live.HotSpotLive: a JVM's copied stacks walked through
+        # its Java frames (no frame pointers, no CFI there), or None
+        self.hotspot = None
 
     @property
     def dwarf(self):
@@ -67,6 +70,10 @@ class Unwinder:
             find_pid = lambda addr: find(pid, addr)       # noqa: E731
             stack = sample.stack or b""
             python = type(sample) is PythonSample
+            if self.hotspot is not None and not python:
+                walked = self.hotspot.unwind(pid, sample.regs, stack, find_pid, self.dwarf)
+                if walked is not None:
+                    return walked
             if not python and self.v8_live is None:
                 return self.dwarf.unwind(sample.regs, stack, find_pid)
             sps: list = []

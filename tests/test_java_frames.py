@@ -1,0 +1,147 @@
+"""Java (HotSpot 17) frames with the JVM's default flags and no perf map:
+the kernel hands a JVM's stacks through its code cache to user space with
+their copy, where they are walked through the Java frames (compiled
+frames by their size, interpreted ones on the interpreter's rbp chain)
+and named from libjvm's vmStructs tables (unwind/hotspot_live.py).
+
+Chain.java's main -> outer -> middle -> leaf is the oracle, once compiled
+by C2 during the run (each method kept out of its caller: an inlined call
+has no frame of its own, and inlined methods are not expanded) and once
+interpreted only (excluded from compilation): each sample in leaf() must
+show exactly main, outer, middle, leaf as Java frames, in order, down to
+the root of the thread the launcher runs main on (JavaMain, start_thread,
+clone3). One JVM per way, shared by the tests."""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ustack
+from helpers import ok, parse_folded, run_for_cpu
+from ustack.model import SymbolOptions
+
+pytestmark = pytest.mark.kernel
+
+SOURCE = Path(__file__).parent / "programs" / "java" / "Chain.java"
+CHAIN = ["Chain.main", "Chain.outer", "Chain.middle", "Chain.leaf"]
+# Chain.java's lines of the calls down the chain, and of leaf()'s loop (0:
+# none known, at a pc with no debug info or on the method's entry)
+CALL_LINES = {"Chain.main": 31, "Chain.outer": 20, "Chain.middle": 15}
+LEAF_LINES = {0, 9, 10}
+WAYS = {
+    # compiled while the run samples it (C1, then C2)
+    "compiled": ("-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,Chain::*"),
+    # interpreted only
+    "interpreted": ("-XX:CompileCommand=quiet", "-XX:CompileCommand=exclude,Chain::*"),
+}
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed: no Java program to profile")
+    return path
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("java")
+    subprocess.run([_tool("javac"), "-d", str(out), str(SOURCE)], check=True)
+    return out
+
+
+def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:
+    """(counted stacks, warnings) of `profile -c java FLAGS Chain 1`."""
+    opts = ustack.Options(
+        command="profile", events=["profile:hz:199"],
+        cmdline=f"{_tool('java')} {' '.join(flags)} -cp {classes} Chain 1",
+        symbols=SymbolOptions(java=not no_java))
+    run = ustack.Session(opts)
+    with run:
+        counted = run.counts()
+        warnings = run.warnings
+    return counted, warnings
+
+
+@pytest.fixture(scope="module", params=sorted(WAYS))
+def profiled(request, classes):
+    return request.param, *_profile(classes, WAYS[request.param])
+
+
+def _main_thread(counted) -> list:
+    """(frames outermost first, count) of the stacks of the thread that
+    runs main (those through JavaMain)."""
+    stacks = [(list(reversed(c.stack.frames)), c.count) for c in counted]
+    return [(fs, n) for fs, n in stacks if any(f.function == "JavaMain" for f in fs)]
+
+
+def test_java_methods_named_in_order_to_the_thread_root(profiled):
+    way, counted, warnings = profiled
+    busy = whole = 0
+    lines: set = set()
+    for frames, n in _main_thread(counted):
+        # Java methods (the JVM's stubs, "[StubRoutines (1)]", left out)
+        java = [f.function for f in frames if f.kind == "java" and f.function[0] != "["]
+        if "Chain.leaf" not in java:
+            continue
+        busy += n
+        roots = [f.function for f in frames[:3]]
+        if roots == ["clone3", "start_thread", "ThreadJavaMain"] and java == CHAIN:
+            whole += n
+            lines |= {(f.function, f.line) for f in frames if f.function in CHAIN}
+    assert busy >= 100 and whole >= 0.9 * busy, \
+        f"{way}: {whole} of {busy} samples in leaf() whole, main, outer, middle, leaf named"
+    assert not [w for w in warnings if "perf map" in w or "PreserveFramePointer" in w
+                or "[java" in w], warnings
+    # each caller at the line of its call (its bci, read from its method's
+    # line table), leaf() in its loop
+    assert {(f, line) for f, line in lines if f != "Chain.leaf"} == set(CALL_LINES.items()), lines
+    assert {line for f, line in lines if f == "Chain.leaf"} <= LEAF_LINES, lines
+    stubs = {f.function for c in counted for f in c.stack.frames
+             if f.kind == "java" and f.function[0] == "["}
+    assert "[StubRoutines (1)]" in stubs, stubs     # the call stub that enters main
+
+
+def test_main_thread_stacks_reach_its_root(profiled):
+    """Every sample of main's thread in Java code is complete, not only
+    those in leaf(): none ends in the code cache."""
+    way, counted, _warnings = profiled
+    java = [(fs, n) for fs, n in _main_thread(counted) if any(f.kind == "java" for f in fs)]
+    total = sum(n for _fs, n in java)
+    rooted = sum(n for fs, n in java if fs[0].function == "clone3")
+    assert total >= 100 and rooted >= 0.95 * total, f"{way}: {rooted} of {total} rooted"
+
+
+def test_no_java_leaves_the_code_cache_unnamed(classes):
+    """--no-java: the Java frames are the JIT's unnamed code, as before."""
+    counted, _warnings = _profile(classes, WAYS["compiled"], no_java=True)
+    assert counted
+    assert not [f for c in counted for f in c.stack.frames if f.kind == "java"]
+
+
+def test_attached_jvm_folded(classes, tmp_path):
+    """`ustack profile -p PID` of a JVM already busy in its loop (its
+    methods compiled or being compiled before the run): the folded stacks
+    through leaf() end main, outer, middle, leaf, no perf map advised."""
+    java = subprocess.Popen([_tool("java"), *WAYS["compiled"], "-cp", str(classes),
+                             "Chain", "600"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert java.stdout.readline() == "ready\n"
+        out = tmp_path / "java.folded"
+        err = ok(run_for_cpu(java.pid, "profile", "-F", "199", "-o", out, seconds=1)).stderr
+    finally:
+        java.send_signal(signal.SIGTERM)
+        java.wait()
+    busy = whole = 0
+    for frames, n in parse_folded(out.read_text()):
+        chain = [f for f in frames if f.startswith("Chain.")]
+        if chain[-1:] == ["Chain.leaf"]:
+            busy += n
+            whole += n * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
+                          and chain == CHAIN)
+    assert busy >= 50 and whole >= 0.9 * busy, f"{whole} of {busy} samples in leaf() whole"
+    assert "perf map" not in err and "PreserveFramePointer" not in err, err
