@@ -1,6 +1,7 @@
 """A Ruby script's frames where its VM calls ran (bpf/ruby.h,
-symbols/ruby.py): calls.rb's <main> -> a -> block in a -> b -> Worker#c,
-c spinning, is the oracle of the chain. Each sample of the busy script
+symbols/ruby.py): calls.rb's <main> -> a -> block in a -> b -> c, c
+spinning, is the oracle of the chain; methods are named with their class
+as Ruby 3.4's backtraces name them (Object#a for a top-level def, Worker#c). Each sample of the busy script
 must carry the chain in order with calls.rb's file and the line each
 frame was at, at the place of the rb_vm_exec frames that ran it, down to
 _start; --no-ruby leaves those C frames as walked."""
@@ -20,10 +21,10 @@ from helpers import finish, ok, parse_folded, run_ustack, start_ustack, stop, wa
 pytestmark = pytest.mark.kernel
 
 CALLS = Path(__file__).parent / "programs" / "ruby" / "calls.rb"
-CHAIN = ["<main>", "a", "block in a", "b", "c"]
+CHAIN = ["<main>", "Object#a", "block in a", "Object#b", "Worker#c"]
 # the lines each frame can be at: c's loop, b's call, the block's call, a's loop, <main>'s calls
-LINES = {"c": {7, 8, 9, 10, 11, 13}, "b": {18}, "block in a": {23, 24}, "a": {22},
-         "<main>": {29, 32}}
+LINES = {"Worker#c": {7, 8, 9, 10, 11, 13}, "Object#b": {18}, "block in a": {23, 24},
+         "Object#a": {22}, "<main>": {29, 32}}
 
 
 def _ruby() -> str:
@@ -93,9 +94,9 @@ def test_ruby_frames_sit_where_the_vm_ran_them(profiled):
     best = max((c for c in counted if _chain(c.stack.frames) == CHAIN), key=lambda c: c.count)
     names = [f.function for f in best.stack.frames]
     assert "rb_vm_exec" not in names, names
-    at = {n: names.index(n) for n in ("c", "b", "block in a", "rb_rescue2", "a", "<main>",
-                                      "ruby_run_node")}
-    assert at["c"] < at["b"] < at["block in a"] < at["rb_rescue2"] < at["a"] \
+    at = {n: names.index(n) for n in ("Worker#c", "Object#b", "block in a", "rb_rescue2",
+                                      "Object#a", "<main>", "ruby_run_node")}
+    assert at["Worker#c"] < at["Object#b"] < at["block in a"] < at["rb_rescue2"] < at["Object#a"] \
         < at["<main>"] < at["ruby_run_node"], names
 
 
@@ -162,3 +163,21 @@ def test_reports_mark_ruby_frames():
     assert frame_name(f) == "block in a (calls.rb:23)"
     assert frame_kind(f) == "ruby" and "ruby" in KINDS
     assert frame_label(f) == "block in a [ruby] /x/calls.rb:23"
+
+
+def test_methods_named_with_their_class():
+    """A nested class's methods by its path, a singleton method with a
+    dot, as Ruby 3.4's backtraces show them: <main> -> Outer::Inner.build
+    -> Outer::Inner#run."""
+    script = CALLS.parent / "classes.rb"
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{_ruby()} {script} 1")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+    chains = [([f.function for f in reversed(c.stack.frames)
+                if f.kind == "ruby" and f.file == str(script)], c.count) for c in counted]
+    running = sum(n for chain, n in chains if chain)
+    named = sum(n for chain, n in chains
+                if chain == ["<main>", "Outer::Inner.build", "Outer::Inner#run"])
+    assert running >= 50, chains
+    assert named >= 0.9 * running, chains
