@@ -10,6 +10,7 @@ every kept block must carry the chain in order."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -106,7 +107,8 @@ def test_latency_entry_stacks_carry_the_chain(script):
     tag = f" [{script.runtime}] "
     named = [line.strip().split(tag)[0] for line in out.splitlines() if tag in line]
     assert named[:len(script.chain)] == script.chain[::-1], out[-3000:]
-    assert f"count {TIMES}," in out, out[-3000:]
+    calls = re.search(r": count (\d+),", out)
+    assert calls and int(calls.group(1)) >= TIMES, out[-3000:]
 
 
 def test_memleak_blocks_kept_by_the_leaf_carry_the_chain(script):
