@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import finish, ok, parse_folded, run_ustack, start_ustack, stop, wait_tracing
+from helpers import (cpu_seconds, finish, ok, parse_folded, run_ustack, start_ustack, stop,
+                     wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
 
@@ -148,6 +149,33 @@ def test_ruby_started_during_a_whole_machine_run():
                 if chain == CHAIN and s["frames"][-1]["function"] == "_start")
     assert in_script >= 50, [c for c, _s in chains][:10]
     assert whole >= 0.9 * in_script, f"{whole} of {in_script} samples in calls.rb whole"
+
+
+def test_ruby_running_before_a_whole_machine_run(running_ruby, tmp_path):
+    """A whole-machine run loads the rows of the interpreters running as it
+    starts first (libruby, libc, ruby's executable), so a busy ruby's
+    samples are walked in the kernel, with its chain, from the start; a
+    second of its CPU time (a loaded machine's loader is slow: a short
+    run's samples would otherwise go to user space, as C frames)."""
+    out = tmp_path / "all.json"
+    us = start_ustack("profile", "-F", "199", "-f", "json", "-o", out)
+    try:
+        wait_tracing(us, timeout=60)
+        start = cpu_seconds(running_ruby.pid)
+        wait_until(lambda: cpu_seconds(running_ruby.pid) - start >= 1.0, 300,
+                   "a second of ruby's CPU time")
+        us.send_signal(signal.SIGINT)
+        _out, err = finish(us, 120)     # every process of the machine named
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = [s for s in json.loads(out.read_text())["stacks"] if s["pid"] == running_ruby.pid]
+    samples = sum(s["count"] for s in stacks)
+    whole = sum(s["count"] for s in stacks
+                if [f["function"] for f in reversed(s["frames"])
+                    if f.get("kind") == "ruby" and f.get("file") == str(CALLS)] == CHAIN)
+    assert samples >= 100, stacks[:5]
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples carry the chain"
 
 
 def test_reports_mark_ruby_frames():
