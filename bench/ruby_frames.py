@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 CALLS = REPO / "tests" / "programs" / "ruby" / "calls.rb"
 FRAMES = REPO / "tests" / "programs" / "python" / "frames.py"
 BUSY_C = REPO / "tests" / "programs" / "busy.c"
-CHAIN = ["<main>", "Object#a", "block in a", "Object#b", "Worker#c"]
+CHAIN = ["<main>", "Object#a", "block in Object#a", "Object#b", "Worker#c"]
 
 
 from python_pass_cost import ONE_RUN  # noqa: E402 (bench/ is this script's path: one stats run for every pass)

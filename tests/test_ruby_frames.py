@@ -22,9 +22,9 @@ from helpers import (cpu_seconds, finish, ok, parse_folded, run_ustack, start_us
 pytestmark = pytest.mark.kernel
 
 CALLS = Path(__file__).parent / "programs" / "ruby" / "calls.rb"
-CHAIN = ["<main>", "Object#a", "block in a", "Object#b", "Worker#c"]
+CHAIN = ["<main>", "Object#a", "block in Object#a", "Object#b", "Worker#c"]
 # the lines each frame can be at: c's loop, b's call, the block's call, a's loop, <main>'s calls
-LINES = {"Worker#c": {7, 8, 9, 10, 11, 13}, "Object#b": {18}, "block in a": {23, 24},
+LINES = {"Worker#c": {7, 8, 9, 10, 11, 13}, "Object#b": {18}, "block in Object#a": {23, 24},
          "Object#a": {22}, "<main>": {29, 32}}
 
 
@@ -95,9 +95,9 @@ def test_ruby_frames_sit_where_the_vm_ran_them(profiled):
     best = max((c for c in counted if _chain(c.stack.frames) == CHAIN), key=lambda c: c.count)
     names = [f.function for f in best.stack.frames]
     assert "rb_vm_exec" not in names, names
-    at = {n: names.index(n) for n in ("Worker#c", "Object#b", "block in a", "rb_rescue2",
+    at = {n: names.index(n) for n in ("Worker#c", "Object#b", "block in Object#a", "rb_rescue2",
                                       "Object#a", "<main>", "ruby_run_node")}
-    assert at["Worker#c"] < at["Object#b"] < at["block in a"] < at["rb_rescue2"] < at["Object#a"] \
+    assert at["Worker#c"] < at["Object#b"] < at["block in Object#a"] < at["rb_rescue2"] < at["Object#a"] \
         < at["<main>"] < at["ruby_run_node"], names
 
 

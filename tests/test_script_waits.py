@@ -50,7 +50,7 @@ class Script:
 
 
 SCRIPTS = {
-    "ruby": Script("ruby", "ruby/waits.rb", ["<main>", "Object#a", "block in a", "Object#b", "Worker#c"],
+    "ruby": Script("ruby", "ruby/waits.rb", ["<main>", "Object#a", "block in Object#a", "Object#b", "Worker#c"],
                    "ppoll"),
     # PHP's own allocator takes memory from mmap'd chunks it trims (the
     # block's start unmapped at once): its blocks come from malloc so

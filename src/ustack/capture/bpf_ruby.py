@@ -100,12 +100,13 @@ class RubyObjects(InterpreterObjects):
         finally:
             self.maps.lock.release()
         if self.iseqs is not None:
-            for key, value in seen:
-                if value is None:
-                    continue
-                tgid, _pad, body = _ISEQ_KEY.unpack(key)
+            read = [(_ISEQ_KEY.unpack(key), _SEEN.unpack(value))
+                    for key, value in seen if value is not None]
+            # methods first: a block seen with its method is named by its class
+            read.sort(key=lambda kv: kv[1][1] == 0)
+            for (tgid, _pad, body), (label, method_entry) in read:
                 try:
-                    self.iseqs.remember(tgid, body, *_SEEN.unpack(value))
+                    self.iseqs.remember(tgid, body, label, method_entry)
                 except (OSError, ValueError, OverflowError):
                     pass    # gone: its frames say so when named
         return len(seen)

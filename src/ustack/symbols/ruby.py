@@ -18,7 +18,9 @@ kernel copies a method frame's method entry with the iseq, whose owner
 is the class or module the method is in (or a singleton class, whose
 `__attached__` is the class). A named class keeps its path, a frozen
 String, among its instance variables (`__classpath__`); a method whose
-owner cannot be read, or is anonymous, keeps its bare label.
+owner cannot be read, or is anonymous, keeps its bare label. A block is
+named by its method's class (`block in Worker#c`) when that method's
+frame was read first (its local_iseq: the capture reads methods first).
 
 The line: Ruby 3.1 keeps an iseq's lines as (line, node, events) entries
 and finds an instruction's entry through a succinct bit vector (iseq.c's
@@ -41,6 +43,7 @@ MAX_PROCESSES = 1024            # processes whose memory is kept open
 MAX_TEXT = 1024                 # bytes of a name read at most
 MAX_POSITIONS = 1 << 20         # instructions of an iseq whose lines are read at most
 T_MASK, T_STRING, T_ARRAY = 0x1F, 0x05, 0x07
+ISEQ_BLOCK = 2                  # enum iseq_type
 T_CLASS, T_MODULE, T_IMEMO = 0x02, 0x03, 0x1A
 FL_FREEZE, FL_SINGLETON = 1 << 11, 1 << 12
 IMEMO_SHIFT, IMEMO_MASK, IMEMO_MENT = 12, 0x0F, 6     # imemo_ment: a method entry
@@ -64,7 +67,8 @@ class RubyIseqs:
     def __init__(self, live: bool = True):
         self._lock = threading.RLock()
         self.live = live
-        self._read: OrderedDict = OrderedDict()   # (pid, body) -> (label, file, first, lines)
+        # (pid, body) -> (label object, (name, file, first, lines), method entry)
+        self._read: OrderedDict = OrderedDict()
         self._procs: dict = {}                     # pid -> _Process | None
         self.unnamed = 0
         # set by a capture whose kernel pass writes Ruby words (bpf/ruby.h)
@@ -85,14 +89,16 @@ class RubyIseqs:
         method's frame it ran in (its class), or 0."""
         with self._lock:
             known = self._read.get((pid, body))
-            if known is not None and known[0] == label:
+            # again with a method entry where it was read without one (named
+            # as a stack came, before the capture took the kernel's copy)
+            if known is not None and known[0] == label and (known[2] or not method_entry):
                 return
             proc = self._process(pid)
             found = proc.iseq(body, method_entry) if proc is not None else None
             if found is not None:
                 if len(self._read) >= MAX_ISEQS:
                     self._read.popitem(last=False)
-                self._read[(pid, body)] = (label, found)
+                self._read[(pid, body)] = (label, found, method_entry)
 
     def frame(self, pid: int, body: int, index: int) -> Frame:
         with self._lock:
@@ -158,6 +164,9 @@ class _Process:
     def __init__(self, pid: int, runtime: ruby_runtime.Runtime):
         self.f = dict(runtime.layout)
         self.mem = ProcessMemory(pid)
+        # a method's iseq body -> its label with its class (Worker#c), for
+        # its blocks; bounded as the names read are
+        self.methods: OrderedDict = OrderedDict()
 
     def label(self, body: int) -> int | None:
         """The label object of the iseq body at `body` (what tells it from
@@ -184,8 +193,31 @@ class _Process:
         except (OSError, ValueError, struct.error):
             lines = None
         if method_entry:
+            method = label
             label = self.with_class(method_entry, label)
+            if label != method:
+                if len(self.methods) >= MAX_ISEQS:
+                    self.methods.popitem(last=False)
+                self.methods[body] = (method, label)
+        else:
+            label = self.in_method(body, label)
         return printable(label), printable(file), first, lines
+
+    def in_method(self, body: int, label: str) -> str:
+        """A block's label with its method's class (`block in Worker#c`),
+        where that method was read with it; else as it is."""
+        if not self.methods or not label.startswith("block "):
+            return label
+        try:
+            if struct.unpack("<I", self.mem.read(body + self.f["body_type"], 4))[0] != ISEQ_BLOCK:
+                return label
+            local = self.mem.word(body + self.f["body_local_iseq"])
+            method = self.methods.get(self.mem.word(local + self.f["iseq_body"])) if local else None
+        except OSError:
+            return label
+        if method is None or not label.endswith(" in " + method[0]):
+            return label
+        return label[:len(label) - len(method[0])] + method[1]
 
     def with_class(self, method_entry: int, label: str) -> str:
         """`Class#label` (`Class.label` for a singleton method) of the
