@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -69,28 +67,11 @@ def by_pid(seconds: float) -> tuple:
 
 
 def whole_machine(seconds: float) -> tuple:
-    """The `ustack` command's JSON (the library's run has no -d of its
-    own here); the perl is started once ustack says it samples."""
-    import json
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "all.json"
-        us = subprocess.Popen([sys.executable, "-m", "ustack", "profile", "-F", "199",
-                               "-f", "json", "-o", str(out)], stderr=subprocess.PIPE,
-                              text=True, cwd=REPO, env={**os.environ,
-                                                        "PYTHONPATH": str(REPO / "src")})
-        for line in us.stderr:
-            if line.startswith("Tracing") or "Hit Ctrl-C" in line or "Sampling" in line:
-                break
-        prog = subprocess.Popen(["perl", str(CALLS), str(int(seconds * 1000))],
-                                stdout=subprocess.DEVNULL)
-        prog.wait()
-        us.send_signal(signal.SIGINT)
-        us.communicate(timeout=120)
-        data = json.loads(out.read_text())
+    """The perl started once a whole-machine run samples (started_during.py)."""
+    from started_during import stacks_of_program_started_during
+    stacks = stacks_of_program_started_during(["perl", CALLS, int(seconds * 1000)])
     in_c = whole = 0
-    for s in data["stacks"]:
-        if s.get("pid") != prog.pid:
-            continue
+    for s in stacks:
         frames = s["frames"]
         names = [f.get("function") for f in frames]
         if "Work::c" not in names:

@@ -54,7 +54,25 @@ def shares(counted: list, pid: int | None = None) -> tuple:
     return running, whole
 
 
+def started_during(seconds: float) -> tuple:
+    """chain.php started once a whole-machine run samples: (samples while
+    the script ran, whole ones)."""
+    from started_during import stacks_of_program_started_during
+    running = whole = 0
+    for s in stacks_of_program_started_during(["php", CHAIN_PHP, f"{seconds:g}"]):
+        frames = s["frames"]
+        if not any(f["function"] == "php_execute_script" for f in frames):
+            continue
+        running += s["count"]
+        chain = [f["function"] for f in reversed(frames)
+                 if f.get("kind") == "php" and f.get("file") == str(CHAIN_PHP)]
+        whole += s["count"] * (chain[:4] == CHAIN and frames[-1]["function"] == "_start")
+    return running, whole
+
+
 def scope_run(scope: str, seconds: float, tmp: str) -> tuple:
+    if scope == "started during":
+        return started_during(seconds)
     if scope == "-c":
         return shares(ustack_counts(cmdline=f"php {CHAIN_PHP} {seconds:g}"))
     ready = os.path.join(tmp, f"ready-{time.monotonic_ns()}")
@@ -77,6 +95,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
+    ap.add_argument("--shares-only", action="store_true", help="the share table alone")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="ustack-php-")
     version = subprocess.run(["php", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
@@ -85,9 +104,11 @@ def main() -> None:
     if not args.cost_only:
         print("| scope | samples while the script ran | whole (chain in order, to _start) |")
         print("|---|---:|---:|")
-        for scope in ("-c", "-p", "whole machine"):
+        for scope in ("-c", "-p", "whole machine", "started during"):
             running, whole = scope_run(scope, args.seconds, tmp)
             print(f"| {scope} | {running} | {whole} ({100 * whole / max(running, 1):.1f} %) |")
+    if args.shares_only:
+        return
     print("\nthe walking program's ns per sample (kernel BPF statistics, medians of "
           f"{args.reps}, interleaved)\n")
     print("| process | pass | on | off | ratio |")

@@ -2,15 +2,21 @@
 """What the Python pass (src/ustack/bpf/python.h) adds to each BPF program
 that walks a stack: the instructions the verifier processed
 (`verified_insns`) with the pass's option on and off (off, the verifier
-drops it as dead code), against the kernel's limit of 1,000,000.
+drops it as dead code), against the kernel's limit of 1,000,000. With
+--passes, each interpreter pass's alone and all of them on (the default
+of a run), with the load's time (the bpf(2) call, median of --reps).
 
     sudo python3 bench/python_pass_size.py      # src/ of this checkout
+    sudo python3 bench/python_pass_size.py --passes [--reps 5]
 
 Loads each program once with maps as the C declares them; attaches nothing."""
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
@@ -38,19 +44,29 @@ PROGRAMS = (
 )
 
 
+PASSES = ("PYTHON", "V8", "PHP", "PERL", "RUBY")
+
+
 def verified(obj_name: str, program: str, prog_type, variable: str, enum: str,
-             always: tuple, python: str | None) -> int:
+             always: tuple, python: str | None, timed: list | None = None) -> int:
+    """Verified instructions of the program with the pass options in
+    `python` (one name, or several separated by spaces) on; its load's
+    milliseconds appended to `timed`."""
     obj = bpf_program_object(obj_name)
     bits = obj.enum(enum)
     off = Offsets.of_this_kernel()
     rodata = {**kernel_rodata(off), "task_fsbase": off.task_fsbase,
-              variable: sum(bits[b] for b in always) | (bits[python] if python else 0)}
+              variable: sum(bits[b] for b in always)
+              | sum(bits[p] for p in (python or "").split())}
     if obj_name == "offcpu":
         rodata.update(task_pid=off.task_pid, task_exit_state=off.task_exit_state,
                       task_stack=off.task_stack)
     maps: dict = {}
     try:
+        start = time.perf_counter()
         fd = obj.load(program, maps, rodata, prog_type, "ustack_pysize")
+        if timed is not None:
+            timed.append((time.perf_counter() - start) * 1000)
         try:
             return bpf_syscall.verified_insns(fd)
         finally:
@@ -60,7 +76,31 @@ def verified(obj_name: str, program: str, prog_type, variable: str, enum: str,
             m.close()
 
 
+def passes(reps: int) -> None:
+    """Each pass alone and all of them: verified instructions, load ms."""
+    print(f"load average {os.getloadavg()[0]:.1f}; load ms: medians of {reps}\n")
+    print("| program | none | " + " | ".join(p.lower() for p in PASSES) + " | all |")
+    print("|---|" + "---:|" * (len(PASSES) + 2))
+    for obj, program, ptype, variable, enum, always, python in PROGRAMS:
+        prefix = python.split("_")[0]
+        cells = []
+        for on in ("", *(f"{prefix}_{p}" for p in PASSES),
+                   " ".join(f"{prefix}_{p}" for p in PASSES)):
+            timed: list = []
+            for _ in range(reps):
+                n = verified(obj, program, ptype, variable, enum, always, on or None, timed)
+            cells.append(f"{n} ({statistics.median(timed):.0f} ms)")
+        print(f"| {obj}.bpf.c {program} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--passes", action="store_true")
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    if a.passes:
+        passes(a.reps)
+        return
     print("| program | verified, no Python pass | with it | added |")
     print("|---|---:|---:|---:|")
     for obj, program, ptype, variable, enum, always, python in PROGRAMS:

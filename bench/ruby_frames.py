@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 CALLS = REPO / "tests" / "programs" / "ruby" / "calls.rb"
 FRAMES = REPO / "tests" / "programs" / "python" / "frames.py"
 BUSY_C = REPO / "tests" / "programs" / "busy.c"
-CHAIN = ["<main>", "a", "block in a", "b", "c"]
+CHAIN = ["<main>", "Object#a", "block in Object#a", "Object#b", "Worker#c"]
 
 
 from python_pass_cost import ONE_RUN  # noqa: E402 (bench/ is this script's path: one stats run for every pass)
@@ -86,6 +86,19 @@ def whole_machine(ruby: str, seconds: float) -> tuple:
     return chain_share(mine)
 
 
+def started_during(ruby: str, seconds: float) -> tuple:
+    """calls.rb started once a whole-machine run samples: (samples carrying
+    the chain to _start, samples in calls.rb)."""
+    from started_during import stacks_of_program_started_during
+    whole = in_script = 0
+    for s in stacks_of_program_started_during([ruby, CALLS, seconds]):
+        chain = [f["function"] for f in reversed(s["frames"])
+                 if f.get("kind") == "ruby" and f.get("file") == str(CALLS)]
+        in_script += s["count"] if chain else 0
+        whole += s["count"] if chain == CHAIN and s["frames"][-1]["function"] == "_start" else 0
+    return whole, in_script
+
+
 def cost(args: list) -> tuple:
     # the last line: the command's own output comes first
     runs, ns = ustack("profile", "-F", "199", *args, cost=True).strip().splitlines()[-1].split()
@@ -97,6 +110,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--cost-only", action="store_true", help="no share runs")
+    ap.add_argument("--shares-only", action="store_true", help="no cost runs")
     a = ap.parse_args()
     ruby = shutil.which("ruby")
     if ruby is None:
@@ -116,16 +130,20 @@ def main() -> None:
         "busy (C), --no-ruby": ["--no-ruby", "-c", f"{busy} {s}"],
     }
     got: dict = {k: [] for k in cases}
-    shares = {"-c": [], "-p": [], "whole machine": []}
+    shares = {"-c": [], "-p": [], "whole machine": [],
+              "whole machine, started during the run (samples in calls.rb)": []}
     for _ in range(a.reps):
         for name, args in cases.items():
-            got[name].append(cost(args))
+            if not a.shares_only:
+                got[name].append(cost(args))
         if a.cost_only:
             continue
         shares["-c"].append(chain_share(ustack("profile", "-F", "199", "-f", "folded",
                                                "-c", f"{ruby} {CALLS} {s}")))
         shares["-p"].append(by_pid(ruby, a.seconds))
         shares["whole machine"].append(whole_machine(ruby, a.seconds))
+        shares["whole machine, started during the run (samples in calls.rb)"].append(
+            started_during(ruby, a.seconds))
     if not a.cost_only:
         print("| how | samples carrying the chain (each run) |")
         print("|---|---|")
@@ -133,6 +151,8 @@ def main() -> None:
             cells = ", ".join(f"{w}/{t} ({100 * w / max(t, 1):.1f} %)" for w, t in runs)
             print(f"| {how} | {cells} |")
         print()
+    if a.shares_only:
+        return
     print("| run | samples (median) | ns per sample, median (min-max) |")
     print("|---|---|---|")
     for name, runs in got.items():

@@ -1,6 +1,7 @@
 """A Ruby script's frames where its VM calls ran (bpf/ruby.h,
-symbols/ruby.py): calls.rb's <main> -> a -> block in a -> b -> Worker#c,
-c spinning, is the oracle of the chain. Each sample of the busy script
+symbols/ruby.py): calls.rb's <main> -> a -> block in a -> b -> c, c
+spinning, is the oracle of the chain; methods are named with their class
+as Ruby 3.4's backtraces name them (Object#a for a top-level def, Worker#c). Each sample of the busy script
 must carry the chain in order with calls.rb's file and the line each
 frame was at, at the place of the rb_vm_exec frames that ran it, down to
 _start; --no-ruby leaves those C frames as walked."""
@@ -15,15 +16,16 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import finish, ok, parse_folded, run_ustack, start_ustack, stop, wait_tracing
+from helpers import (cpu_seconds, finish, ok, parse_folded, run_ustack, start_ustack, stop,
+                     wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
 
 CALLS = Path(__file__).parent / "programs" / "ruby" / "calls.rb"
-CHAIN = ["<main>", "a", "block in a", "b", "c"]
+CHAIN = ["<main>", "Object#a", "block in Object#a", "Object#b", "Worker#c"]
 # the lines each frame can be at: c's loop, b's call, the block's call, a's loop, <main>'s calls
-LINES = {"c": {7, 8, 9, 10, 11, 13}, "b": {18}, "block in a": {23, 24}, "a": {22},
-         "<main>": {29, 32}}
+LINES = {"Worker#c": {7, 8, 9, 10, 11, 13}, "Object#b": {18}, "block in Object#a": {23, 24},
+         "Object#a": {22}, "<main>": {29, 32}}
 
 
 def _ruby() -> str:
@@ -93,9 +95,9 @@ def test_ruby_frames_sit_where_the_vm_ran_them(profiled):
     best = max((c for c in counted if _chain(c.stack.frames) == CHAIN), key=lambda c: c.count)
     names = [f.function for f in best.stack.frames]
     assert "rb_vm_exec" not in names, names
-    at = {n: names.index(n) for n in ("c", "b", "block in a", "rb_rescue2", "a", "<main>",
-                                      "ruby_run_node")}
-    assert at["c"] < at["b"] < at["block in a"] < at["rb_rescue2"] < at["a"] \
+    at = {n: names.index(n) for n in ("Worker#c", "Object#b", "block in Object#a", "rb_rescue2",
+                                      "Object#a", "<main>", "ruby_run_node")}
+    assert at["Worker#c"] < at["Object#b"] < at["block in Object#a"] < at["rb_rescue2"] < at["Object#a"] \
         < at["<main>"] < at["ruby_run_node"], names
 
 
@@ -149,6 +151,33 @@ def test_ruby_started_during_a_whole_machine_run():
     assert whole >= 0.9 * in_script, f"{whole} of {in_script} samples in calls.rb whole"
 
 
+def test_ruby_running_before_a_whole_machine_run(running_ruby, tmp_path):
+    """A whole-machine run loads the rows of the interpreters running as it
+    starts first (libruby, libc, ruby's executable), so a busy ruby's
+    samples are walked in the kernel, with its chain, from the start; a
+    second of its CPU time (a loaded machine's loader is slow: a short
+    run's samples would otherwise go to user space, as C frames)."""
+    out = tmp_path / "all.json"
+    us = start_ustack("profile", "-F", "199", "-f", "json", "-o", out)
+    try:
+        wait_tracing(us, timeout=60)
+        start = cpu_seconds(running_ruby.pid)
+        wait_until(lambda: cpu_seconds(running_ruby.pid) - start >= 1.0, 300,
+                   "a second of ruby's CPU time")
+        us.send_signal(signal.SIGINT)
+        _out, err = finish(us, 120)     # every process of the machine named
+    finally:
+        stop(us)
+    assert us.returncode == 0, err
+    stacks = [s for s in json.loads(out.read_text())["stacks"] if s["pid"] == running_ruby.pid]
+    samples = sum(s["count"] for s in stacks)
+    whole = sum(s["count"] for s in stacks
+                if [f["function"] for f in reversed(s["frames"])
+                    if f.get("kind") == "ruby" and f.get("file") == str(CALLS)] == CHAIN)
+    assert samples >= 100, stacks[:5]
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples carry the chain"
+
+
 def test_reports_mark_ruby_frames():
     """Folded, the flame graphs and text name a Ruby frame by its method,
     file and line, as they do a Python frame, and give it its kind."""
@@ -162,3 +191,21 @@ def test_reports_mark_ruby_frames():
     assert frame_name(f) == "block in a (calls.rb:23)"
     assert frame_kind(f) == "ruby" and "ruby" in KINDS
     assert frame_label(f) == "block in a [ruby] /x/calls.rb:23"
+
+
+def test_methods_named_with_their_class():
+    """A nested class's methods by its path, a singleton method with a
+    dot, as Ruby 3.4's backtraces show them: <main> -> Outer::Inner.build
+    -> Outer::Inner#run."""
+    script = CALLS.parent / "classes.rb"
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{_ruby()} {script} 1")
+    with ustack.Session(opts) as run:
+        counted = run.counts()
+    chains = [([f.function for f in reversed(c.stack.frames)
+                if f.kind == "ruby" and f.file == str(script)], c.count) for c in counted]
+    running = sum(n for chain, n in chains if chain)
+    named = sum(n for chain, n in chains
+                if chain == ["<main>", "Outer::Inner.build", "Outer::Inner#run"])
+    assert running >= 50, chains
+    assert named >= 0.9 * running, chains

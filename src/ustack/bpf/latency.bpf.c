@@ -12,6 +12,9 @@
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
+#include "php.h"
+#include "perl.h"
+#include "ruby.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -163,8 +166,14 @@ int latency_entry(void *ctx)
 
 		if (w && (opts & LAT_V8))
 			v8_pass(w, pid_tgid);
+		if (w && (opts & LAT_PERL))
+			perl_merge(w, pid_tgid);
+		if (w && (opts & LAT_RUBY))
+			ruby_pass(w);
 		if (w && (opts & LAT_PYTHON))
 			python_pass(w, &ring, pid_tgid, this_function(ctx));
+		if (w && (opts & LAT_PHP))
+			php_pass(w);
 		if (!w || !store_stack(w, &hash))
 			return result;
 	}

@@ -10,6 +10,9 @@
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
+#include "php.h"
+#include "perl.h"
+#include "ruby.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -190,8 +193,14 @@ int memleak_entry(struct pt_regs *ctx)
 		v8_pass(w, pid_tgid);
 	if (w && defer_call(ctx, w, pid_tgid, &c.hash))
 		goto keep;
+	if (w && (ml_options & ML_PERL))
+		perl_merge(w, pid_tgid);
+	if (w && (ml_options & ML_RUBY))
+		ruby_pass(w);
 	if (w && (ml_options & ML_PYTHON))
 		python_pass(w, &ring, pid_tgid, 0);
+	if (w && (ml_options & ML_PHP))
+		php_pass(w);
 	if (!w || !store_stack(w, &c.hash)) {
 		ml_error(ML_STACKS_FULL);
 		c.hash = 0;			/* counted without a stack */

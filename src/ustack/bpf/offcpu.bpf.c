@@ -11,6 +11,9 @@
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
+#include "php.h"
+#include "perl.h"
+#include "ruby.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -233,6 +236,23 @@ static __always_inline int thread_wanted(__u64 pid_tgid, enum offcpu_option opts
 	return 1;
 }
 
+/* the script runtimes' frames of w's stack, after the native walk, in
+ * the unwinder's order (unwind.bpf.c's with_python) */
+static __always_inline void interpreter_frames(struct walk *w, enum offcpu_option opts,
+					       __u64 pid_tgid, __u32 probe)
+{
+	if (opts & OFF_V8)
+		v8_pass(w, pid_tgid);
+	if (opts & OFF_PERL)
+		perl_merge(w, pid_tgid);
+	if (opts & OFF_RUBY)
+		ruby_pass(w);
+	if (opts & OFF_PYTHON)
+		python_pass(w, &ring, pid_tgid, probe);
+	if (opts & OFF_PHP)
+		php_pass(w);
+}
+
 /* sched_switch(preempt, prev, next, prev_state): current is prev */
 SEC("raw_tracepoint/sched_switch")
 int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
@@ -257,10 +277,7 @@ int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
 	if (!w)
 		return PASS_ON;
 	if (!defer_walk(ctx, w, pid_tgid, 0, s.kernel_stack, &s.hash)) {
-		if (opts & OFF_V8)
-			v8_pass(w, pid_tgid);
-		if (opts & OFF_PYTHON)
-			python_pass(w, &ring, pid_tgid, 0);
+		interpreter_frames(w, opts, pid_tgid, 0);
 		if (!store_stack(w, &s.hash))
 			return PASS_ON;
 	}
@@ -323,10 +340,7 @@ int offcpu_waking(void *ctx)
 		if (!w)
 			return PASS_ON;
 		if (!defer_walk(ctx, w, pid_tgid, 1, wk.kernel_stack, &wk.hash)) {
-			if (opts & OFF_V8)
-				v8_pass(w, pid_tgid);
-			if (opts & OFF_PYTHON)
-				python_pass(w, &ring, pid_tgid, 1);
+			interpreter_frames(w, opts, pid_tgid, 1);
 			if (!store_stack(w, &wk.hash))
 				return PASS_ON;
 		}

@@ -27,8 +27,10 @@
  *   their C frames, never a guessed frame;
  * - each (tgid, iseq body) seen goes into RUBY_ISEQS (an LRU) with its
  *   label object (what changes when another iseq takes the body's
- *   address): user space takes them out as it reads their names, while
- *   the process lives (symbols/ruby.py). */
+ *   address) and, for a method's frame, its method entry (ep[-2], whose
+ *   owner names the class: a method's iseq does not know it): user space
+ *   takes them out as it reads their names, while the process lives
+ *   (symbols/ruby.py). */
 #ifndef RUBY_H
 #define RUBY_H
 
@@ -43,6 +45,8 @@
 #define RUBY_FLAG_CFRAME 0x0080		/* VM_FRAME_FLAG_CFRAME: a C function's frame */
 #define RUBY_MAGIC_MASK 0x7FFF0001	/* VM_FRAME_MAGIC_MASK */
 #define RUBY_MAGIC_DUMMY 0x79990001	/* VM_FRAME_MAGIC_DUMMY: a thread's first frame */
+#define RUBY_MAGIC_METHOD 0x11110001	/* VM_FRAME_MAGIC_METHOD: a method's frame */
+#define RUBY_EP_ME_CREF 16		/* bytes below ep: its method entry (VM_ENV_DATA_INDEX_ME_CREF) */
 #define RUBY_CFP_READ 64		/* room for a control frame's fields read (a power of two) */
 #define RUBY_CFP_FIELDS 40		/* bytes of it read: pc, sp, iseq, self, ep */
 #define RUBY_CACHED 64			/* iseqs kept per CPU (ruby_seen): a power of two */
@@ -73,10 +77,16 @@ struct ruby_iseq_key {
 	__u64 body;
 };
 
+/* RUBY_ISEQS' value */
+struct ruby_iseq_seen {
+	__u64 label;			/* its location.label object */
+	__u64 me;			/* a method's frame: its method entry; else 0 */
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ruby_iseq_key);
-	__type(value, __u64);		/* its location.label object */
+	__type(value, struct ruby_iseq_seen);
 	__uint(max_entries, 1);		/* sized by the loader */
 } ruby_iseqs SEC(".maps");
 
@@ -131,19 +141,22 @@ static __always_inline void ruby_emit(struct walk *w, struct ruby_walk *r, __u64
 
 /* the iseq body into RUBY_ISEQS, unless this CPU put it there as it is
  * lately (user space keeps what it read of it: once is enough) */
-static __always_inline void ruby_seen(struct ruby_walk *r, __u64 body)
+static __always_inline void ruby_seen(struct ruby_walk *r, __u64 body, __u64 ep,
+				      __u64 flags)
 {
 	struct ruby_iseq_key key = { .tgid = r->tgid, .body = body };
 	struct ruby_iseq_cached *c = &r->cached[((body >> 4) ^ r->tgid) & (RUBY_CACHED - 1)];
-	__u64 label;
+	struct ruby_iseq_seen seen = {};
 
-	label = user_word(body + r->vm.body_location + r->vm.location_label);
-	if (!label || (c->body == body && c->tgid == r->tgid && c->label == label))
+	seen.label = user_word(body + r->vm.body_location + r->vm.location_label);
+	if (!seen.label || (c->body == body && c->tgid == r->tgid && c->label == seen.label))
 		return;
-	bpf_map_update_elem(&ruby_iseqs, &key, &label, BPF_ANY);
+	if ((flags & RUBY_MAGIC_MASK) == RUBY_MAGIC_METHOD)
+		seen.me = user_word(ep - RUBY_EP_ME_CREF);
+	bpf_map_update_elem(&ruby_iseqs, &key, &seen, BPF_ANY);
 	c->body = body;
 	c->tgid = r->tgid;
-	c->label = label;
+	c->label = seen.label;
 }
 
 /* a field of the control frame read into r->cf, at a layout's offset */
@@ -174,7 +187,7 @@ static __always_inline int ruby_frame(struct walk *w, struct ruby_walk *r)
 			if (index > RUBY_INDEX_MAX)
 				index = RUBY_INDEX_MAX;
 			ruby_emit(w, r, RUBY_TAG | ((body >> 3) & RUBY_ID_MASK) << 16 | index);
-			ruby_seen(r, body);
+			ruby_seen(r, body, CFP_FIELD(r, r->vm.cfp_ep), flags);
 			r->ruby_frames++;
 		}
 	}

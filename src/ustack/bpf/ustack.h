@@ -183,6 +183,9 @@ enum latency_option {
 	LAT_DWARF_STACK = 128,	/* an entry: keep its stack unwound in the kernel (unwind.h) */
 	LAT_PYTHON = 256,	/* with LAT_DWARF_STACK: Python frames into it (python.h) */
 	LAT_V8 = 512,		/* with LAT_DWARF_STACK: JS frames named in it (v8.h) */
+	LAT_PHP = 1024,		/* with LAT_DWARF_STACK: PHP frames into it (php.h) */
+	LAT_PERL = 2048,	/* with LAT_DWARF_STACK: Perl frames into it (perl.h) */
+	LAT_RUBY = 4096,	/* with LAT_DWARF_STACK: Ruby frames into it (ruby.h) */
 };
 
 /* *slot += 1 when slot is not NULL */
@@ -419,6 +422,9 @@ enum offcpu_option {
 	OFF_PYTHON = 512,	/* Python frames into stacks through an interpreter (python.h) */
 	OFF_V8 = 1024,		/* JS frames named in stacks through a V8 object (v8.h) */
 	OFF_DEFER = 2048,	/* a walk that cannot finish goes to the ring (defer_walk) */
+	OFF_PHP = 4096,		/* PHP frames into stacks through a PHP interpreter (php.h) */
+	OFF_PERL = 8192,	/* Perl frames into stacks through a Perl object (perl.h) */
+	OFF_RUBY = 16384,	/* Ruby frames into stacks through a Ruby VM object (ruby.h) */
 };
 
 /* --- memleak (memleak.bpf.c) --- */
@@ -482,6 +488,9 @@ enum memleak_option {
 	ML_PYTHON = 2,		/* Python frames into stacks through an interpreter (python.h) */
 	ML_V8 = 4,		/* JS frames named in stacks through a V8 object (v8.h) */
 	ML_DEFER = 8,		/* a walk that ends NO_TABLE or TABLE_FULL goes to the ring */
+	ML_PHP = 16,		/* PHP frames into stacks through a PHP interpreter (php.h) */
+	ML_PERL = 32,		/* Perl frames into stacks through a Perl object (perl.h) */
+	ML_RUBY = 64,		/* Ruby frames into stacks through a Ruby VM object (ruby.h) */
 };
 
 #endif

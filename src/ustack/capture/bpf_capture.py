@@ -143,7 +143,7 @@ class BpfCapture(Capture):
     def open(self) -> None:
         target = self.target
         events = programs = None
-        pythons: list = []
+        interpreters: list = []
         if self.interrupt is not None:
             self.events.interrupt = self.interrupt
         try:
@@ -156,12 +156,12 @@ class BpfCapture(Capture):
             events = InBackground(self.events.open)
             lazy = target.scope == "system" and self.defers_stacks
             if self.unwind_tables is not None:
-                from .bpf_unwind import objects_of_target, pythons_objects, rows_capacity
+                from .bpf_unwind import interpreters_objects, objects_of_target, rows_capacity
                 self._first_objects = objects_of_target(target, self.probes,
                                                         running=not lazy)
-                pythons = pythons_objects() if lazy else []
+                interpreters = interpreters_objects() if lazy else []
                 self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory,
-                                                   pythons)
+                                                   interpreters)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
@@ -176,7 +176,7 @@ class BpfCapture(Capture):
                 # the loader starts on the running Pythons' objects while the
                 # programs load and attach (lazy_rows.py)
                 from .lazy_rows import LazyRows
-                self.lazy_rows = LazyRows(self.counter.objects, first=pythons)
+                self.lazy_rows = LazyRows(self.counter.objects, first=interpreters)
                 self.lazy_rows.start()
             if self.counter.objects is not None:
                 objects = self.counter.objects

@@ -106,6 +106,9 @@ class BpfCounter:
     objects = None          # the objects whose unwind rows are loaded (the unwinder's)
     python = None           # bpf_python.PythonProcs: Python frames merged into stacks
     v8 = None               # bpf_v8.V8Objects: JS frames named in stacks
+    php = None              # bpf_php.PhpObjects: PHP frames merged into stacks
+    perl = None             # bpf_perl.PerlObjects: Perl frames merged into stacks
+    ruby = None             # bpf_ruby.RubyObjects: Ruby frames merged into stacks
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,

@@ -123,7 +123,8 @@ class LatencyCounter(BpfCounter):
                  slower_ns: int | None, tables=None, fp_stacks: bool = False,
                  filter_tgid=None, armed=None, stack_storage: int = 1024,
                  ring_bytes: int = 0, python: bool = False, linked: frozenset = frozenset(),
-                 js: bool = False, rows: int | None = None):
+                 js: bool = False, rows: int | None = None, php: bool = False,
+                 perl: bool = False, ruby: bool = False):
         self._no_maps_yet(probes, owned, armed=armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.sites = sites
@@ -148,6 +149,9 @@ class LatencyCounter(BpfCounter):
             if js:          # JS frames (v8.h) in the same stacks
                 from .bpf_v8 import V8Maps, V8Objects
                 self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
+            # PHP, Perl and Ruby frames (php.h, perl.h, ruby.h) in the same stacks
+            from .script_passes import add_script_runtimes
+            add_script_runtimes(self, owned, php=php, perl=perl, ruby=ruby)
         elif fp_stacks:
             from ..kernel import perf_event as pe
             self.max_depth = max(1, min(pe.max_stack(), 127))
@@ -176,6 +180,9 @@ class LatencyCounter(BpfCounter):
                   "LAT_TAIL": site.role == "tail",
                   "LAT_PYTHON": dwarf and self.python is not None,
                   "LAT_V8": dwarf and self.v8 is not None}
+        if dwarf:
+            from .script_passes import script_options
+            wanted.update(script_options(self, "LAT"))
         self.named.update(self.lat.by_name())
         if self.fp_stacks is not None:
             self.named.update(stacks=self.stacks, fp_stacks=self.fp_stacks)
@@ -188,6 +195,8 @@ class LatencyCounter(BpfCounter):
                 self.named.update(self.python.maps.named())
             if self.v8 is not None:
                 self.named.update(self.v8.maps.named())
+            from .script_passes import script_maps
+            self.named.update(script_maps(self))
             unwinding = {**kernel_rodata(Offsets.of_this_kernel()),
                          "task_fsbase": Offsets.of_this_kernel().task_fsbase,
                          "regs_source": latency_object().enum("regs_source")[
@@ -301,10 +310,11 @@ class LatencyCapture(BpfCapture):
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unit_ns: int, by_stack: bool, slower_ns: int | None,
                  unwind_tables=None, fp_stacks: bool = False, stack_storage: int = 1024,
-                 python: bool = False, js: bool = False, unwind_memory: int | None = None):
+                 python: bool = False, js: bool = False, unwind_memory: int | None = None,
+                 php: bool = False, perl: bool = False, ruby: bool = False):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
                          unwind_tables=unwind_tables, python=python, js=js,
-                         unwind_memory=unwind_memory)
+                         unwind_memory=unwind_memory, php=php, perl=perl, ruby=ruby)
         self.sites = sites
         self.fp_stacks = fp_stacks
         self.unit_ns, self.by_stack, self.slower_ns = unit_ns, by_stack, slower_ns
@@ -315,7 +325,8 @@ class LatencyCapture(BpfCapture):
             by_stack=self.by_stack, slower_ns=self.slower_ns, tables=self.unwind_tables,
             fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
             stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages),
-            python=self.python, linked=self.linked, js=self.js, rows=self.rows_capacity)
+            python=self.python, linked=self.linked, js=self.js, rows=self.rows_capacity,
+            php=self.php, perl=self.perl, ruby=self.ruby)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         from .bpf_unwind import code_record

@@ -41,6 +41,7 @@ from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
 from .bpf_python import CODE_RING_BYTES, PythonMaps, PythonProcs
 from .bpf_v8 import V8Maps, V8Objects
+from .script_passes import add_script_runtimes, script_maps, script_options
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
                          UnwindObjects, kernel_rodata, ring_samples, stack_chain)
 from .kernel_offsets import Offsets
@@ -83,7 +84,8 @@ class MemleakCounter(BpfCounter):
 
     def __init__(self, probes: list, owned, sites: list, tables, *, stack_storage: int,
                  armed=None, max_allocs: int = MAX_ALLOCS, python: bool = False,
-                 js: bool = False, rows: int = DEFAULT_ROWS):
+                 js: bool = False, rows: int = DEFAULT_ROWS, php: bool = False,
+                 perl: bool = False, ruby: bool = False):
         self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
         self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage, 16))
@@ -96,6 +98,7 @@ class MemleakCounter(BpfCounter):
             self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:              # JS frames (v8.h)
             self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
+        add_script_runtimes(self, owned, php=php, perl=perl, ruby=ruby)
         obj = memleak_object()
         lazy = bpf_syscall.F_NO_PREALLOC if bpf_syscall.kernel_at_least(6, 1) else 0
         self.calls = owned.map(obj.make_map("calls"))
@@ -112,6 +115,7 @@ class MemleakCounter(BpfCounter):
             self.named.update(self.python.maps.named())
         if self.v8 is not None:
             self.named.update(self.v8.maps.named())
+        self.named.update(script_maps(self))
 
     def _program(self, index: int, probe) -> int:
         obj = memleak_object()
@@ -119,7 +123,7 @@ class MemleakCounter(BpfCounter):
         options = obj.enum("memleak_option")
         wanted = {"ML_WAIT_FOR_EXEC": self.armed is not None,
                   "ML_PYTHON": self.python is not None, "ML_V8": self.v8 is not None,
-                  "ML_DEFER": True}
+                  "ML_DEFER": True, **script_options(self, "ML")}
         rodata = {"result": program_result(probe),
                   "ml_options": sum(options[k] for k, on in wanted.items() if on),
                   "kind": obj.enum("memleak_kind")[site.kind] if site.role == "entry" else 0,
@@ -208,10 +212,11 @@ class MemleakCapture(BpfCapture):
 
     def __init__(self, probes: list, sites: list, target, buffer_pages=None, *,
                  unwind_tables, stack_storage: int, python: bool = False, js: bool = False,
-                 unwind_memory: int | None = None):
+                 unwind_memory: int | None = None, php: bool = False, perl: bool = False,
+                 ruby: bool = False):
         super().__init__(probes, target, buffer_pages, stack_storage=stack_storage,
                          unwind_tables=unwind_tables, python=python, js=js,
-                         unwind_memory=unwind_memory)
+                         unwind_memory=unwind_memory, php=php, perl=perl, ruby=ruby)
         self.sites = sites
         self.unwind_note = "stacks unwound in the kernel"
 
@@ -219,7 +224,8 @@ class MemleakCapture(BpfCapture):
         return MemleakCounter(self.probes, self.owned, self.sites, self.unwind_tables,
                               stack_storage=self.stack_storage, armed=self.armed,
                               python=self.python, js=self.js,
-                              rows=self.rows_capacity or DEFAULT_ROWS)
+                              rows=self.rows_capacity or DEFAULT_ROWS, php=self.php,
+                              perl=self.perl, ruby=self.ruby)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         """The ring's records of new code objects and deferred calls, read

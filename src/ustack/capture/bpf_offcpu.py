@@ -62,6 +62,7 @@ from .bpf_python import CODE_RING_BYTES
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_STACK, KernelUnwinder, deferral_ring_bytes,
                          kernel_rodata, ring_samples)
 from .kernel_offsets import Offsets
+from .script_passes import script_maps, script_options
 from ..values import value
 
 
@@ -153,12 +154,14 @@ class OffcpuCounter(KernelUnwinder):
                  stack_storage: int, kernel: bool = False, filter_tgid=None, armed=None,
                  exclude_tgid: int | None = None, python: bool = False, js: bool = False,
                  rows: int = DEFAULT_ROWS, buffer_pages: int = 0,
-                 stack_size: int = DEFER_STACK):
+                 stack_size: int = DEFER_STACK, php: bool = False, perl: bool = False,
+                 ruby: bool = False):
         self.filter = filter_
         self.exclude_tgid = exclude_tgid
         # its ring: the deferred records, and those of new code objects
         super().__init__(probes, owned, tables, stack_storage=stack_storage, kernel=kernel,
                          filter_tgid=filter_tgid, armed=armed, python=python, js=js, rows=rows,
+                         php=php, perl=perl, ruby=ruby,
                          ring_bytes=max(deferral_ring_bytes(buffer_pages, stack_size),
                                         CODE_RING_BYTES), stack_size=stack_size)
         self.deferred: dict = {}        # a deferred record's id -> its RawSample
@@ -184,6 +187,7 @@ class OffcpuCounter(KernelUnwinder):
             named.update(self.python.maps.named())
         if self.v8 is not None:
             named.update(self.v8.maps.named())
+        named.update(script_maps(self))
         flt, off = self.filter, Offsets.of_this_kernel()
         running, bits = state_mask(flt.states)
         wanted = {"OFF_ONLY_TRACED": self.tgids is not None,
@@ -194,7 +198,8 @@ class OffcpuCounter(KernelUnwinder):
                   "OFF_WAKERS": flt.wakers, "OFF_MAX": flt.max_ns is not None,
                   "OFF_STATES": not (running and bits == sum(STATES.values())),
                   "OFF_RUNNING": running, "OFF_PYTHON": self.python is not None,
-                  "OFF_V8": self.v8 is not None, "OFF_DEFER": self.ring is not None}
+                  "OFF_V8": self.v8 is not None, "OFF_DEFER": self.ring is not None,
+                  **script_options(self, "OFF")}
         options = obj.enum("offcpu_option")
         rodata = {**kernel_rodata(off), "off_options": sum(
                       options[k] for k, on in wanted.items() if on),
@@ -297,7 +302,8 @@ class OffcpuCapture(UnwindCountCapture):
                          stack_storage=opts.stack_storage, kernel=opts.kernel_stacks,
                          unwind_tables=unwind_tables, python=opts.python,
                          js=opts.js_named, unwind_memory=opts.unwind_memory,
-                         stack_size=opts.stack_size)
+                         stack_size=opts.stack_size, php=opts.php_named,
+                         perl=opts.perl_merged, ruby=opts.ruby_named)
         self.filter = opts.offcpu or OffcpuFilter()
         # deferred records the full ring refused while the run read it: the
         # programs go on until the report is made, unread
@@ -311,7 +317,8 @@ class OffcpuCapture(UnwindCountCapture):
                              exclude_tgid=os.getpid() if system else None,
                              python=self.python, js=self.js,
                              rows=self.rows_capacity or DEFAULT_ROWS,
-                             buffer_pages=self.buffer_pages, stack_size=self.stack_size)
+                             buffer_pages=self.buffer_pages, stack_size=self.stack_size,
+                             php=self.php, perl=self.perl, ruby=self.ruby)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         """The ring's records of new code objects and deferred stacks,

@@ -30,7 +30,7 @@ OBJECTS = 16                    # Ruby VM objects known at once
 ISEQS = 1 << 14                 # (tgid, iseq body) seen since the last harvest, an LRU
 HARVEST_EVERY = 0.1             # seconds between two reads of the iseqs seen
 _ISEQ_KEY = struct.Struct("<IIQ")       # struct ruby_iseq_key
-_LABEL = struct.Struct("<Q")
+_SEEN = struct.Struct("<QQ")           # struct ruby_iseq_seen: label, method entry
 # struct ruby_object's fields that come from the version's layout
 LAYOUT_FIELDS = ("ec_vm_stack", "ec_vm_stack_size", "ec_cfp", "cfp_pc", "cfp_iseq", "cfp_ep",
                  "cfp_size", "iseq_body", "body_iseq_encoded", "body_location",
@@ -100,12 +100,13 @@ class RubyObjects(InterpreterObjects):
         finally:
             self.maps.lock.release()
         if self.iseqs is not None:
-            for key, label in seen:
-                if label is None:
-                    continue
-                tgid, _pad, body = _ISEQ_KEY.unpack(key)
+            read = [(_ISEQ_KEY.unpack(key), _SEEN.unpack(value))
+                    for key, value in seen if value is not None]
+            # methods first: a block seen with its method is named by its class
+            read.sort(key=lambda kv: kv[1][1] == 0)
+            for (tgid, _pad, body), (label, method_entry) in read:
                 try:
-                    self.iseqs.remember(tgid, body, _LABEL.unpack(label)[0])
+                    self.iseqs.remember(tgid, body, label, method_entry)
                 except (OSError, ValueError, OverflowError):
                     pass    # gone: its frames say so when named
         return len(seen)

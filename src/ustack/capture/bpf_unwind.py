@@ -422,11 +422,17 @@ def objects_of_target(target, probes: list, running: bool = True) -> list:
 MAX_EAGER_PROCESSES = 16         # processes whose objects load before a lazy run starts
 
 
-def pythons_objects() -> list:
-    """The objects every stack of a running Python goes through
-    (python_paths), of each process that maps a python object now: a
-    system-wide run that loads rows as objects are sampled loads these
-    first, as it starts (lazy_rows.py). The walk meets a process's objects one at a time (it
+# the interpreters whose frames the walk merges through their objects' rows
+INTERPRETERS = ("python", "ruby", "php", "perl")
+_INTERPRETER_NAMES = tuple(p + n for n in INTERPRETERS for p in ("", "lib"))
+
+
+def interpreters_objects() -> list:
+    """The objects every stack of a running Python, Ruby, PHP or Perl goes
+    through (interpreter_paths), of each process that maps one of those
+    interpreters' objects now: a system-wide run that loads rows as objects
+    are sampled loads these first, as it starts (lazy_rows.py); until
+    then a script's samples go to user space, which keeps its VM's C frames. The walk meets a process's objects one at a time (it
     stops at the first without rows), so a busy Python's stacks went to
     user space for three rounds of want-and-load (libpython, libc, the
     executable: ~50 ms, 5-9 % of its samples in a 1 s run), and its Python
@@ -436,25 +442,26 @@ def pythons_objects() -> list:
     for pid in procfs.pids():
         try:
             with open(f"/proc/{pid}/maps") as f:
-                if "python" not in f.read():    # most processes: no parse
-                    continue
+                maps = f.read()
+            if not any(n in maps for n in INTERPRETERS):     # most processes: no parse
+                continue
         except OSError:
             continue
-        found += python_paths([p for p in map(object_path, procfs.executable_mappings(pid))
-                               if p])
+        found += interpreter_paths([p for p in map(object_path,
+                                                   procfs.executable_mappings(pid)) if p])
     return list(dict.fromkeys(found))
 
 
-def python_paths(paths: list) -> list:
+def interpreter_paths(paths: list) -> list:
     """Of a process's object paths (its executable first, as its maps
-    list it), those each of its stacks goes through when it runs Python:
-    its executable, its python objects (libpython), libc; none if it maps
-    no python object."""
+    list it), those each of its stacks goes through when it runs an
+    interpreter: its executable, the interpreter's objects (libpython,
+    libruby...), libc; none if it maps no interpreter's object."""
     names = [os.path.basename(p) for p in paths]
-    if not any(n.startswith(("python", "libpython")) for n in names):
+    if not any(n.startswith(_INTERPRETER_NAMES) for n in names):
         return []
     return [p for i, (p, n) in enumerate(zip(paths, names))
-            if i == 0 or n.startswith(("python", "libpython", "libc.so"))]
+            if i == 0 or n.startswith((*_INTERPRETER_NAMES, "libc.so"))]
 
 
 def processes_mapping(paths: list) -> list:

@@ -13,7 +13,8 @@ processes' maps (ObjectPaths), read when the loader starts, again when a
 wanted object is not among them, and as MMAP2 records announce new ones.
 
 It starts on the objects the caller gives (`first`: those every stack of
-a Python running at the start goes through, bpf_unwind.pythons_objects)
+a Python, Ruby, PHP or Perl running at the start goes through,
+bpf_unwind.interpreters_objects)
 while the run's programs load and attach: the walk meets a process's
 objects one at a time, so without them a busy Python's first ~50 ms of
 samples went to user space, and a cold cache's builds do not hold up the

@@ -169,10 +169,15 @@ class MemleakSession(Session):
                                  unwind_tables=tables.for_image,
                                  stack_storage=self.opts.stack_storage,
                                  python=self.opts.python, js=self.opts.js_named,
-                                 unwind_memory=self.opts.unwind_memory)
+                                 unwind_memory=self.opts.unwind_memory,
+                                 php=self.opts.php_named, perl=self.opts.perl_merged,
+                                 ruby=self.opts.ruby_named)
         capture.interrupt = self.interrupt
         capture.python_code = self.python_code
         capture.v8_functions = self.v8_functions
+        capture.php_functions = self.php_functions
+        capture.perl_subs = self.perl_subs
+        capture.ruby_iseqs = self.ruby_iseqs
         capture.open()
         return capture
 

@@ -1,6 +1,8 @@
 """Names of Ruby frames, read from a Ruby process's memory: the label
-Ruby's own backtraces show (`c`, `block in a`, `<main>`), the file, and
-the line of the instruction the frame was at.
+Ruby's own backtraces show (`c`, `block in a`, `<main>`), a method's
+with its class as Ruby 3.4's show it (`Worker#c`, `Worker.build` for a
+singleton method), the file, and the line of the instruction the frame
+was at.
 
 A Ruby frame in a stack is (iseq body address, pc index)
 (model.ruby_frame_parts), put there by the in-kernel pass (bpf/ruby.h),
@@ -11,12 +13,22 @@ object changed; a frame whose body cannot be read (the process ended
 before it was read) is shown as `[ruby 0x...]`, never with another
 iseq's name. The layout is the process's VM's own (unwind/ruby_runtime.py).
 
+The class: an iseq does not know it (a method's iseq has no parent); the
+kernel copies a method frame's method entry with the iseq, whose owner
+is the class or module the method is in (or a singleton class, whose
+`__attached__` is the class). A named class keeps its path, a frozen
+String, among its instance variables (`__classpath__`); a method whose
+owner cannot be read, or is anonymous, keeps its bare label. A block is
+named by its method's class (`block in Worker#c`) when that method's
+frame was read first (its local_iseq: the capture reads methods first).
+
 The line: Ruby 3.1 keeps an iseq's lines as (line, node, events) entries
 and finds an instruction's entry through a succinct bit vector (iseq.c's
 succ_index_table): its rank of the instruction's position."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 import threading
 from collections import OrderedDict
@@ -31,6 +43,14 @@ MAX_PROCESSES = 1024            # processes whose memory is kept open
 MAX_TEXT = 1024                 # bytes of a name read at most
 MAX_POSITIONS = 1 << 20         # instructions of an iseq whose lines are read at most
 T_MASK, T_STRING, T_ARRAY = 0x1F, 0x05, 0x07
+ISEQ_BLOCK = 2                  # enum iseq_type
+T_CLASS, T_MODULE, T_IMEMO = 0x02, 0x03, 0x1A
+FL_FREEZE, FL_SINGLETON = 1 << 11, 1 << 12
+IMEMO_SHIFT, IMEMO_MASK, IMEMO_MENT = 12, 0x0F, 6     # imemo_ment: a method entry
+MAX_IVARS = 64                  # a class's instance variables looked through at most
+ST_ENTRY = struct.Struct("<QQQ")                 # st_table_entry: hash, key, record
+ST_DELETED = (1 << 64) - 1                       # a deleted entry's hash
+CONSTANT_PATH = re.compile(r"[A-Z]\w*(?:::[A-Z]\w*)*")
 STRING_NOEMBED = 1 << 13        # RSTRING_NOEMBED (FL_USER1)
 EMBED_LEN_SHIFT, EMBED_LEN_MASK = 14, 0x1F   # 3.1's RSTRING_EMBED_LEN_*
 ARRAY_EMBED = 1 << 13           # RARRAY_EMBED_FLAG
@@ -47,7 +67,8 @@ class RubyIseqs:
     def __init__(self, live: bool = True):
         self._lock = threading.RLock()
         self.live = live
-        self._read: OrderedDict = OrderedDict()   # (pid, body) -> (label, file, first, lines)
+        # (pid, body) -> (label object, (name, file, first, lines), method entry)
+        self._read: OrderedDict = OrderedDict()
         self._procs: dict = {}                     # pid -> _Process | None
         self.unnamed = 0
         # set by a capture whose kernel pass writes Ruby words (bpf/ruby.h)
@@ -62,19 +83,22 @@ class RubyIseqs:
         return [f"{self.unnamed} Ruby frames are shown as [ruby 0x...]: their method could "
                 "not be read (their process ended first) when their stack was named"]
 
-    def remember(self, pid: int, body: int, label: int) -> None:
+    def remember(self, pid: int, body: int, label: int, method_entry: int = 0) -> None:
         """Read the iseq at `body` in pid now, while pid lives, unless it
-        was read with this label object already."""
+        was read with this label object already; `method_entry`: of the
+        method's frame it ran in (its class), or 0."""
         with self._lock:
             known = self._read.get((pid, body))
-            if known is not None and known[0] == label:
+            # again with a method entry where it was read without one (named
+            # as a stack came, before the capture took the kernel's copy)
+            if known is not None and known[0] == label and (known[2] or not method_entry):
                 return
             proc = self._process(pid)
-            found = proc.iseq(body) if proc is not None else None
+            found = proc.iseq(body, method_entry) if proc is not None else None
             if found is not None:
                 if len(self._read) >= MAX_ISEQS:
                     self._read.popitem(last=False)
-                self._read[(pid, body)] = (label, found)
+                self._read[(pid, body)] = (label, found, method_entry)
 
     def frame(self, pid: int, body: int, index: int) -> Frame:
         with self._lock:
@@ -140,6 +164,9 @@ class _Process:
     def __init__(self, pid: int, runtime: ruby_runtime.Runtime):
         self.f = dict(runtime.layout)
         self.mem = ProcessMemory(pid)
+        # a method's iseq body -> its label with its class (Worker#c), for
+        # its blocks; bounded as the names read are
+        self.methods: OrderedDict = OrderedDict()
 
     def label(self, body: int) -> int | None:
         """The label object of the iseq body at `body` (what tells it from
@@ -149,9 +176,10 @@ class _Process:
         except OSError:
             return None
 
-    def iseq(self, body: int):
+    def iseq(self, body: int, method_entry: int = 0):
         """(label, file, first line, lines(pos) or None) of the iseq body
-        at `body`, or None where it cannot be read."""
+        at `body`, or None where it cannot be read; the label with the
+        class of `method_entry`, where it is one."""
         f = self.f
         try:
             loc = body + f["body_location"]
@@ -164,7 +192,82 @@ class _Process:
             lines = self.lines(body)
         except (OSError, ValueError, struct.error):
             lines = None
+        if method_entry:
+            method = label
+            label = self.with_class(method_entry, label)
+            if label != method:
+                if len(self.methods) >= MAX_ISEQS:
+                    self.methods.popitem(last=False)
+                self.methods[body] = (method, label)
+        else:
+            label = self.in_method(body, label)
         return printable(label), printable(file), first, lines
+
+    def in_method(self, body: int, label: str) -> str:
+        """A block's label with its method's class (`block in Worker#c`),
+        where that method was read with it; else as it is."""
+        if not self.methods or not label.startswith("block "):
+            return label
+        try:
+            if struct.unpack("<I", self.mem.read(body + self.f["body_type"], 4))[0] != ISEQ_BLOCK:
+                return label
+            local = self.mem.word(body + self.f["body_local_iseq"])
+            method = self.methods.get(self.mem.word(local + self.f["iseq_body"])) if local else None
+        except OSError:
+            return label
+        if method is None or not label.endswith(" in " + method[0]):
+            return label
+        return label[:len(label) - len(method[0])] + method[1]
+
+    def with_class(self, method_entry: int, label: str) -> str:
+        """`Class#label` (`Class.label` for a singleton method) of the
+        method entry's owner; the label as it is where that cannot be read."""
+        try:
+            flags = self.mem.word(method_entry)
+            if flags & T_MASK != T_IMEMO or (flags >> IMEMO_SHIFT) & IMEMO_MASK != IMEMO_MENT:
+                return label
+            owner = self.mem.word(method_entry + self.f["me_owner"])
+            if self.mem.word(owner) & FL_SINGLETON:
+                attached = self.ivar(owner, lambda v: self.class_path(v) is not None)
+                path = self.class_path(attached) if attached else None
+                return f"{path}.{label}" if path else label
+            path = self.class_path(owner)
+            return f"{path}#{label}" if path else label
+        except (OSError, ValueError, UnicodeDecodeError, struct.error):
+            return label
+
+    def class_path(self, klass: int) -> str | None:
+        """A named class's or module's path (`Outer::Inner`), else None."""
+        flags = self.mem.word(klass)
+        if flags & T_MASK not in (T_CLASS, T_MODULE) or flags & FL_SINGLETON:
+            return None
+        path = self.ivar(klass, self.is_path)
+        return self.string(path) if path else None
+
+    def is_path(self, v: int) -> bool:
+        flags = self.mem.word(v)
+        return (flags & T_MASK == T_STRING and bool(flags & FL_FREEZE)
+                and CONSTANT_PATH.fullmatch(self.string(v)) is not None)
+
+    def ivar(self, klass: int, wanted) -> int:
+        """The first value of the class's instance variables (its iv_tbl,
+        an st_table) that `wanted` takes, 0 when none."""
+        ext = self.mem.word(klass + self.f["class_ext"])
+        table = self.mem.word(ext + self.f["ext_iv_tbl"]) if ext else 0
+        if not table:
+            return 0
+        start, bound, entries = struct.unpack("<QQQ", self.mem.read(table + 32, 24))
+        if not entries or bound < start or bound - start > MAX_IVARS:
+            return 0
+        raw = self.mem.read(entries + ST_ENTRY.size * start, ST_ENTRY.size * (bound - start))
+        for hash_, _key, value in ST_ENTRY.iter_unpack(raw):
+            if hash_ != ST_DELETED and value and not value & 7:
+                try:
+                    if wanted(value):
+                        return value
+                except (OSError, ValueError, UnicodeDecodeError):
+                    continue
+        return 0
 
     def string(self, v: int) -> str:
         flags = self.mem.word(v)

@@ -24,8 +24,12 @@ since 3.1 added jit_return; rb_iseq_struct.body 16;
 rb_iseq_constant_body: type 0, iseq_size 4, iseq_encoded 8, location 64,
 insns_info body 120 / size 136 / succ_index_table 144;
 rb_iseq_location_struct: pathobj 0, base_label 8, label 16, first_lineno
-24; iseq_insn_info_entry 12 bytes, line_no first), as the OpenTelemetry
-eBPF profiler's Ruby support also has them. A version not in LAYOUTS is
+24; rb_iseq_constant_body.local_iseq 176 (a block's method); iseq_insn_info_entry 12 bytes, line_no first), as the OpenTelemetry
+eBPF profiler's Ruby support also has them. For a method's class:
+rb_method_entry_struct.owner 32; RClass's rb_classext_struct pointer 24
+(a build of one size pool, as 3.1's default) and the classext's iv_tbl 8,
+where a named class keeps its path (`__classpath__`) and a singleton
+class the object it is of (`__attached__`). A version not in LAYOUTS is
 not followed (its frames stay the C frames they are), never guessed at."""
 from __future__ import annotations
 
@@ -51,7 +55,8 @@ LAYOUTS = {
                  body_location=64, body_insns_info=120, body_insns_info_size=136,
                  body_succ_index_table=144,
                  location_pathobj=0, location_base_label=8, location_label=16,
-                 location_first_lineno=24, insn_info_entry_size=12),
+                 location_first_lineno=24, insn_info_entry_size=12,
+                 body_local_iseq=176, me_owner=32, class_ext=24, ext_iv_tbl=8),
 }
 
 
