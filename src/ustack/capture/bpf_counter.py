@@ -106,6 +106,7 @@ class BpfCounter:
     objects = None          # the objects whose unwind rows are loaded (the unwinder's)
     python = None           # bpf_python.PythonProcs: Python frames merged into stacks
     v8 = None               # bpf_v8.V8Objects: JS frames named in stacks
+    passes = None           # runtime_passes.RuntimePasses: loaded as runtimes are met
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,
