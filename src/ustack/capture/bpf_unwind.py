@@ -656,10 +656,7 @@ class KernelUnwinder(BpfCounter):
             kernel_stacks=self.kstacks, ring=self.ring,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
-            fetch=fetch_maps, python=self.python.maps if self.python else None,
-            v8=self.v8.maps if self.v8 else None, php=self.php.maps if self.php else None,
-            perl=self.perl.maps if self.perl else None,
-            ruby=self.ruby.maps if self.ruby else None,
+            fetch=fetch_maps, **self._walk_runtime_maps(),
             weights=self.weighing.weights if self.weighing else None,
             passes=self.passes.array_for(probe) if self.passes else None,
             defer_stack=self.defer_stack, name=f"ustack_uw{index}")
@@ -680,14 +677,26 @@ class KernelUnwinder(BpfCounter):
         links keep to the traced process: uprobe_links)."""
         fd = load_program(
             "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, 0, probe,
-            kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
-            python=self.python.maps if self.python else None, by_cookie=True,
-            v8=self.v8.maps if self.v8 else None, php=self.php.maps if self.php else None,
-            perl=self.perl.maps if self.perl else None,
-            ruby=self.ruby.maps if self.ruby else None,
+            kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed, by_cookie=True,
+            **self._walk_runtime_maps(),
             passes=self.passes.array_for(probe, True) if self.passes else None,
             defer_stack=self.defer_stack, name="ustack_uwlinks")
         return self.owned.program(fd)
+
+    def _runtime_maps(self) -> dict:
+        """The runtimes' maps, as load_program takes them."""
+        return {"python": self.python.maps if self.python else None,
+                "v8": self.v8.maps if self.v8 else None,
+                "php": self.php.maps if self.php else None,
+                "perl": self.perl.maps if self.perl else None,
+                "ruby": self.ruby.maps if self.ruby else None}
+
+    def _walk_runtime_maps(self) -> dict:
+        """The runtimes' maps for a walk's program: none where the passes
+        are programs of their own (the loader stands a one-entry map in
+        for each its code names), so a run makes a runtime's maps only
+        when it meets the runtime."""
+        return {} if self.passes is not None else self._runtime_maps()
 
     def _pass_program(self, program: str, passes: bpf_syscall.Map, probe,
                       by_cookie: bool) -> int:
@@ -695,10 +704,7 @@ class KernelUnwinder(BpfCounter):
         walk programs of `probe`'s kind, which reach it through `passes`."""
         return load_program(
             program, self.unwind_maps, 0, probe, kernel_stacks=self.kstacks, ring=self.ring,
-            python=self.python.maps if self.python else None,
-            v8=self.v8.maps if self.v8 else None, php=self.php.maps if self.php else None,
-            perl=self.perl.maps if self.perl else None,
-            ruby=self.ruby.maps if self.ruby else None, passes=passes, tracing=self.trace,
+            **self._runtime_maps(), passes=passes, tracing=self.trace,
             defer_stack=self.defer_stack, name=f"ustack_{program}"[:15],
             attach_type=bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
 
