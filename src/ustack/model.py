@@ -140,12 +140,15 @@ PYTHON_LOOP_NOTE = ("the Python frame chain loops back on itself (damaged memory
 PHP_UNREADABLE_NOTE = ("a PHP frame could not be read: an executor call "
                        "is shown as its C frame")
 PHP_LEFT_NOTE = "PHP frames were left over when the native stack ended"
+# a runtime's in-kernel pass (bpf/unwind.bpf.c's pass_*) did not load
+PASS_MISSING_NOTE = ("an interpreter's frames were not read: its in-kernel pass "
+                     "did not load; its calls are shown as their C frames")
 # complete stacks whose marker word only says how they were walked
 KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
                        KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE,
                        17: PYTHON_UNREADABLE_NOTE, 18: PYTHON_LEFT_NOTE,
                        19: PYTHON_LOOP_NOTE,
-                       21: PHP_UNREADABLE_NOTE, 22: PHP_LEFT_NOTE}
+                       21: PHP_UNREADABLE_NOTE, 22: PHP_LEFT_NOTE, 23: PASS_MISSING_NOTE}
 # A Python frame inside a native callchain: the in-kernel walk puts it where
 # the eval loop's C frame that ran it was. One word: PYTHON_FRAME_TAG, the
 # code object's address >> 3 (it is 8-aligned; 44 bits hold any user

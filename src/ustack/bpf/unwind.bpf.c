@@ -15,7 +15,13 @@
  * interpreter gets its Python frames (python.h) after the native walk; given
  * UW_V8, a node process's JS frames are named (v8.h); given UW_PHP, a stack
  * through a PHP interpreter gets its PHP frames (php.h), UW_PERL a Perl
- * one's (perl.h), UW_RUBY a Ruby VM's (ruby.h). */
+ * one's (perl.h), UW_RUBY a Ruby VM's (ruby.h): each verified in the
+ * program. Given UW_PASS_CALLS instead, the walk goes on in the pass
+ * programs below (pass_*, a tail call through PASSES each) of the runtimes
+ * it met, and the last one ends the event as the walk's program would:
+ * a pass is verified only once the run meets its runtime (the five cost
+ * ~30 ms of verifier time in every program that holds them). A stack
+ * that met a runtime whose pass is not in PASSES ends PASS_MISSING. */
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
@@ -55,6 +61,15 @@ struct {
 	__uint(max_entries, 1);
 } deferred_scratch SEC(".maps");
 
+/* the runtimes' pass programs (enum pass_slot), loaded as the run meets
+ * their runtimes */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, enum pass_slot);
+	__uint(value_size, sizeof(__u32));
+	__uint(max_entries, PASS_SLOTS);
+} passes SEC(".maps");
+
 const volatile __u32 probe_index;
 /* behind a uprobe_multi link (many uprobes, one program): the probe is the
  * link's cookie for the uprobe that fired, not probe_index */
@@ -62,6 +77,8 @@ const volatile __u8 probe_by_cookie;
 const volatile enum program_result result;
 const volatile enum unwind_option options;
 const volatile enum regs_source regs_source;
+/* a pass program ends the event as unwind_trace does (1) or unwind_count */
+const volatile __u8 tracing;
 /* bytes of stack a deferred record in the ring carries: the run's
  * --stack-size (a multiple of 8; the loader's), DEFER_STACK to
  * MAX_DEFER_STACK. A constant to the verifier (.rodata is frozen), so the
@@ -162,46 +179,121 @@ static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack,
 	return 1;
 }
 
-SEC("event")
-int unwind_count(void *ctx)
+/* the pass in `slot`, tail-called: returns only when it is not loaded
+ * (the run met its runtime, its pass failed to load), which the stack
+ * says rather than lose its frames silently */
+static __always_inline void pass_call(void *ctx, struct walk *w, enum pass_slot slot)
 {
-	enum unwind_option opts = options;
+	enum unwind_status status;
+
+	bpf_tail_call(ctx, &passes, slot);
+	status = w->rec.head.status;
+	if (status == COMPLETE || status == THROUGH_JIT || status == THROUGH_NO_CFI)
+		w->rec.head.status = PASS_MISSING;
+}
+
+/* goes on in the first pass from `from` on whose runtime the walk met
+ * (with_python's order); returns when none is left */
+static __always_inline void passes_from(void *ctx, struct walk *w, enum pass_slot from)
+{
+	if (from <= PASS_V8 && w->v8)
+		pass_call(ctx, w, PASS_V8);
+	if (from <= PASS_PERL && w->perl)
+		pass_call(ctx, w, PASS_PERL);
+	if (from <= PASS_RUBY && w->ruby)
+		pass_call(ctx, w, PASS_RUBY);
+	if (from <= PASS_PYTHON && w->python)
+		pass_call(ctx, w, PASS_PYTHON);
+	if (from <= PASS_PHP && w->php)
+		pass_call(ctx, w, PASS_PHP);
+}
+
+/* what the pass programs need of the event, kept in w (record_head's
+ * pid_tgid and probe too) */
+static __always_inline void keep_event(struct walk *w, __u64 pid_tgid, __u32 probe,
+				       __s32 kernel_stack, __u64 weight)
+{
+	w->rec.pid_tgid = pid_tgid;
+	w->rec.probe = probe;
+	w->kernel_stack = kernel_stack;
+	w->weight = weight;
+}
+
+/* w's stack counted under the event kept in w (keep_event) */
+static __always_inline void count_stack(struct walk *w)
+{
 	struct unwind_count_key key;
-	__u64 weight, *n;
-	struct walk *w;
+	__u64 weight = w->weight, *n;
 	long err;
 
-	key.pid_tgid = bpf_get_current_pid_tgid();
-	if (!in_scope(key.pid_tgid, opts))
-		return result;
-	key.probe = this_probe(ctx);
-	weight = event_weight(opts & UW_WEIGHT);
-	w = walked(ctx, opts, &key.kernel_stack);
-	if (!w)
-		return result;
-	if (deferrable(w, opts)) {
-		record_head(w, key.pid_tgid, key.probe);
-		if (opts & UW_PYTHON)
-			python_deferred(w, &ring);
-		if (defer(ctx, w, key.kernel_stack, weight))
-			return result;
-	}
-	with_python(w, opts, key.pid_tgid, key.probe);
+	key.pid_tgid = w->rec.pid_tgid;
+	key.probe = w->rec.probe;
+	key.kernel_stack = w->kernel_stack;
 	if (!store_stack(w, &key.hash))
-		return result;
+		return;
 	n = bpf_map_lookup_elem(&counts, &key);
 	if (!n) {
 		err = bpf_map_update_elem(&counts, &key, &weight, BPF_NOEXIST);
 		if (!err)
-			return result;
+			return;
 		if (err == -EEXIST)	/* another CPU made it first: add to theirs */
 			n = bpf_map_lookup_elem(&counts, &key);
 		if (!n) {
 			count_unwind_error(UW_COUNTS_FULL);
-			return result;
+			return;
 		}
 	}
 	__sync_fetch_and_add(n, weight);
+}
+
+/* w's record (its head from record_head) and frames into the ring, or
+ * into the probe's fetch-args programs, which write their values after
+ * them and output it */
+static __always_inline void output_record(void *ctx, struct walk *w, enum unwind_option opts)
+{
+	__u32 n;
+
+	if (opts & UW_FETCH_ARGS)
+		bpf_tail_call(ctx, &fetch_args, FETCH_STREAM);
+	n = w->rec.head.frames;
+	if (n > MAX_FRAMES)
+		n = MAX_FRAMES;
+	if (bpf_ringbuf_output(&ring, &w->rec, sizeof(w->rec) + 8 * n, 0))
+		count_unwind_error(UW_RING_FULL);
+}
+
+SEC("event")
+int unwind_count(void *ctx)
+{
+	enum unwind_option opts = options;
+	__u64 pid_tgid = bpf_get_current_pid_tgid(), weight;
+	__s32 kernel_stack;
+	struct walk *w;
+	__u32 probe;
+
+	if (!in_scope(pid_tgid, opts))
+		return result;
+	probe = this_probe(ctx);
+	weight = event_weight(opts & UW_WEIGHT);
+	w = walked(ctx, opts, &kernel_stack);
+	if (!w)
+		return result;
+	if (deferrable(w, opts)) {
+		record_head(w, pid_tgid, probe);
+		if (opts & UW_PYTHON)
+			python_deferred(w, &ring);
+		if ((opts & UW_PASS_CALLS) && w->python) {
+			keep_event(w, pid_tgid, probe, kernel_stack, weight);
+			bpf_tail_call(ctx, &passes, PASS_PYTHON_DEFERRED);
+		}
+		if (defer(ctx, w, kernel_stack, weight))
+			return result;
+	}
+	with_python(w, opts, pid_tgid, probe);
+	keep_event(w, pid_tgid, probe, kernel_stack, weight);
+	if (opts & UW_PASS_CALLS)
+		passes_from(ctx, w, PASS_V8);
+	count_stack(w);
 	return result;
 }
 
@@ -213,7 +305,7 @@ int unwind_trace(void *ctx)
 	struct deferred_with_args *dw;
 	__s32 kernel_stack;
 	struct walk *w;
-	__u32 n, zero = 0, probe;
+	__u32 zero = 0, probe;
 
 	if (!in_scope(pid_tgid, opts))
 		return result;
@@ -226,6 +318,10 @@ int unwind_trace(void *ctx)
 		if (opts & UW_PYTHON)
 			python_deferred(w, &ring);
 		if (!(opts & UW_FETCH_ARGS)) {
+			if ((opts & UW_PASS_CALLS) && w->python) {
+				keep_event(w, pid_tgid, probe, kernel_stack, 1);
+				bpf_tail_call(ctx, &passes, PASS_PYTHON_DEFERRED);
+			}
 			if (defer(ctx, w, kernel_stack, 1))
 				return result;
 		} else {
@@ -239,12 +335,112 @@ int unwind_trace(void *ctx)
 		}
 	}
 	with_python(w, opts, pid_tgid, probe);
-	if (opts & UW_FETCH_ARGS)
-		bpf_tail_call(ctx, &fetch_args, FETCH_STREAM);
-	n = w->rec.head.frames;
-	if (n > MAX_FRAMES)
-		n = MAX_FRAMES;
-	if (bpf_ringbuf_output(&ring, &w->rec, sizeof(w->rec) + 8 * n, 0))
-		count_unwind_error(UW_RING_FULL);
+	if (opts & UW_PASS_CALLS)
+		passes_from(ctx, w, PASS_V8);
+	output_record(ctx, w, opts);
 	return result;
+}
+
+/* The pass programs: each goes on with the stack the walk's program left
+ * in the scratch value (with the event, keep_event), in the next pass the
+ * walk needs, and the last ends the event as that program would
+ * (`tracing`; a probe with fetch-args runs its passes in its own program:
+ * PASSES is the run's, its fetch-args the probe's). */
+/* never set: the loader hands each program the whole of .text, and the
+ * kernel wants every function there called from the program (it counts
+ * them against .BTF.ext's): a pass program calls the walk's and the other
+ * passes' behind it, a branch the verifier never explores (.rodata is
+ * frozen) */
+const volatile __u8 calls_all_text;
+
+static __always_inline void call_all_text(struct walk *w)
+{
+	if (!calls_all_text)
+		return;
+	bpf_loop(1, step, 0, 0);
+	task_registers(w);
+	with_python(w, UW_V8 | UW_PERL | UW_RUBY | UW_PYTHON | UW_PHP, 0, 0);
+	python_deferred(w, &ring);
+}
+
+static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot next)
+{
+	call_all_text(w);
+	passes_from(ctx, w, next);
+	if (tracing)
+		output_record(ctx, w, 0);
+	else
+		count_stack(w);
+	return result;
+}
+
+SEC("event")
+int pass_v8(void *ctx)
+{
+	struct walk *w = scratch_value();
+
+	if (!w)
+		return result;
+	v8_pass(w, w->rec.pid_tgid);
+	return pass_done(ctx, w, PASS_PERL);
+}
+
+SEC("event")
+int pass_perl(void *ctx)
+{
+	struct walk *w = scratch_value();
+
+	if (!w)
+		return result;
+	perl_merge(w, w->rec.pid_tgid);
+	return pass_done(ctx, w, PASS_RUBY);
+}
+
+SEC("event")
+int pass_ruby(void *ctx)
+{
+	struct walk *w = scratch_value();
+
+	if (!w)
+		return result;
+	ruby_pass(w);
+	return pass_done(ctx, w, PASS_PYTHON);
+}
+
+SEC("event")
+int pass_python(void *ctx)
+{
+	struct walk *w = scratch_value();
+
+	if (!w)
+		return result;
+	python_pass(w, &ring, w->rec.pid_tgid, w->rec.probe);
+	return pass_done(ctx, w, PASS_PHP);
+}
+
+SEC("event")
+int pass_php(void *ctx)
+{
+	struct walk *w = scratch_value();
+
+	if (!w)
+		return result;
+	php_pass(w);
+	return pass_done(ctx, w, PASS_SLOTS);
+}
+
+/* a stack the walk defers, having met a Python interpreter: its Python
+ * frames into the ring before its deferred record; where the ring has no
+ * room for that, the stack as walked goes on through the passes */
+SEC("event")
+int pass_python_deferred(void *ctx)
+{
+	struct walk *w = scratch_value();
+
+	if (!w)
+		return result;
+	python_deferred(w, &ring);
+	if (defer(ctx, w, w->kernel_stack, w->weight))
+		return result;
+	return pass_done(ctx, w, PASS_V8);
 }

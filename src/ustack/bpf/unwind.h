@@ -59,6 +59,10 @@ struct walk {
 	__s64 perl_adjust;	/* that object's adjust */
 	__u64 ruby;		/* object_rows.ruby of a Ruby VM object the walk met, 0 none */
 	__s64 ruby_adjust;	/* that object's adjust */
+	/* the event's, for the pass programs that end what the walk began
+	 * (unwind.bpf.c's: a tail call keeps only ctx) */
+	__u64 weight;
+	__s64 kernel_stack;
 	struct trace_record rec;	/* a trace record's head; rec.head is the stack's */
 	__u64 frame[MAX_FRAMES];
 	/* each frame's frame pointer where it was walked on it, else 0: where

@@ -250,6 +250,7 @@ enum unwind_status {
 	NO_BX = 20,		/* a CFA in rbx, which an earlier frame lost (or never had) */
 	PHP_UNREADABLE = 21,	/* complete, but a PHP frame could not be read (php.h) */
 	PHP_LEFT = 22,		/* complete, but PHP frames were left when it ended (php.h) */
+	PASS_MISSING = 23,	/* complete, but a runtime's pass was not loaded: its frames not read */
 	RUNNING = 0xFF,
 };
 
@@ -273,6 +274,20 @@ enum unwind_option {
 	UW_PHP = 256,		/* PHP frames into stacks through a PHP interpreter (php.h) */
 	UW_PERL = 512,		/* Perl frames into stacks through a Perl object (perl.h) */
 	UW_RUBY = 1024,		/* Ruby frames into stacks through a Ruby VM object (ruby.h) */
+	UW_PASS_CALLS = 2048,	/* the runtimes' passes by tail calls (PASSES), each loaded
+				 * when the run meets its runtime, not verified in this program */
+};
+
+/* the runtimes' pass programs a walk goes on in (unwind.bpf.c's PASSES),
+ * in the order they run; each goes on in the next the walk needs */
+enum pass_slot {
+	PASS_V8 = 0,		/* v8.h */
+	PASS_PERL = 1,		/* perl.h */
+	PASS_RUBY = 2,		/* ruby.h */
+	PASS_PYTHON = 3,	/* python.h */
+	PASS_PHP = 4,		/* php.h */
+	PASS_PYTHON_DEFERRED = 5,	/* python.h's frames of a deferred stack, then its record */
+	PASS_SLOTS = 6,
 };
 
 /* the programs a trace program with fetch-args goes on in (a tail call

@@ -190,6 +190,10 @@ class BpfCapture(Capture):
                 self._full_at_start = len(objects.full)
                 self._row_objects = objects
             programs.result()
+            if self.counter.passes is not None:
+                # the runtimes of the objects loaded so far walked from the
+                # first event, as when their passes were in every program
+                self.counter.passes.settle()
             events.result()
             self.counter.attach(self.events)
             if self.counter.ring is not None:

@@ -109,6 +109,7 @@ class BpfCounter:
     php = None              # bpf_php.PhpObjects: PHP frames merged into stacks
     perl = None             # bpf_perl.PerlObjects: Perl frames merged into stacks
     ruby = None             # bpf_ruby.RubyObjects: Ruby frames merged into stacks
+    passes = None           # runtime_passes.RuntimePasses: loaded as runtimes are met
 
     def __init__(self, probes: list, owned: RunObjects, *,
                  stack_storage: int = DEFAULT_STACK_STORAGE, kernel: bool = False,

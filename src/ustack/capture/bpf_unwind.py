@@ -84,6 +84,7 @@ from .bpf_python import PythonMaps, PythonProcs
 from .bpf_perl import PerlMaps, PerlObjects
 from .bpf_ruby import RubyMaps, RubyObjects
 from .bpf_v8 import V8Maps, V8Objects
+from .runtime_passes import RuntimePasses
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
 
@@ -252,7 +253,10 @@ class UnwindObjects:
     frames) a PHP interpreter's slot (object_rows.php); `perl`
     (bpf_perl.PerlObjects, when the run merges Perl frames) a Perl object's
     slot of its facts (object_rows.perl); `ruby` (bpf_ruby.RubyObjects, when
-    the run merges Ruby frames) a Ruby VM object's slot (object_rows.ruby)."""
+    the run merges Ruby frames) a Ruby VM object's slot (object_rows.ruby).
+    `passes` (runtime_passes.RuntimePasses, when the programs reach the
+    runtimes' passes by tail calls) loads a runtime's pass before the entry
+    of an object of it is written: no walk meets the runtime before."""
 
     def __init__(self, maps: UnwindMaps, tables: TableSource):
         self.maps = maps
@@ -266,6 +270,7 @@ class UnwindObjects:
         self.php = None
         self.perl = None
         self.ruby = None
+        self.passes = None
         # the run's reader and the lazy loader (lazy_rows.py) both load;
         # closed: the maps are gone, nothing more is written
         self._lock = ForkSafeLock()
@@ -284,17 +289,19 @@ class UnwindObjects:
         keys = [key] if key is not None else object_keys(path)
         if not keys or keys[0] in self.loaded:
             return
+        python = self.interpreters.slot_of(path) if self.interpreters is not None else 0
+        v8 = self.v8.slot_of(path) if self.v8 is not None else 0
+        php = self.php.slot_of(path) if self.php is not None else 0
+        perl = self.perl.slot_of(path) if self.perl is not None else 0
+        ruby = self.ruby.slot_of(path) if self.ruby is not None else 0
+        if self.passes is not None:     # verified while the rows are built
+            self.passes.after(_runtimes(python, v8, php, perl, ruby))
         try:
             image = ElfImage.open(path)
             packed = self.tables(image, run_waits=run_waits)
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []
-        python = self.interpreters.slot_of(path) if self.interpreters is not None else 0
-        v8 = self.v8.slot_of(path) if self.v8 is not None else 0
-        php = self.php.slot_of(path) if self.php is not None else 0
-        perl = self.perl.slot_of(path) if self.perl is not None else 0
-        ruby = self.ruby.slot_of(path) if self.ruby is not None else 0
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
                 self._load(path, keys, packed, segs, python, v8, php, perl, ruby)
@@ -321,10 +328,25 @@ class UnwindObjects:
                         array("I", range(page_slot, page_slot + npages)).tobytes(), pages)
                     self.next_page += npages      # else: whole-object searches
         self.loaded[keys[0]] = (path, n)
+        entry = OBJ_VALUE.pack(first, n, adjust, page_slot, first_page, npages, python, v8,
+                               php, perl, ruby)
+        runtimes = _runtimes(python, v8, php, perl, ruby)
+        # the entry makes walks go on in its runtimes' passes: written once
+        # they are loaded (till then its stacks are deferred)
+        if not (self.passes is not None and runtimes
+                and self.passes.after(runtimes, lambda: self._enter(keys, entry))):
+            self._enter(keys, entry, locked=True)
+
+    def _enter(self, keys: list, entry: bytes, locked: bool = False) -> None:
+        """The object's OBJECTS entry under each of its keys (`locked`: the
+        caller holds the lock)."""
+        if not locked:
+            with self._lock:
+                if not self.closed:
+                    self._enter(keys, entry, locked=True)
+            return
         for k in keys:
-            self.maps.objects.update(OBJ_KEY.pack(*k), OBJ_VALUE.pack(
-                first, n, adjust, page_slot, first_page, npages, python, v8, php, perl,
-                ruby))
+            self.maps.objects.update(OBJ_KEY.pack(*k), entry)
 
     def wanted(self) -> dict:
         """(dev, inode) -> walks that met the object without rows (WANTED),
@@ -378,6 +400,13 @@ class UnwindObjects:
         return (f"{what} unwind rows did not fit the in-kernel "
                 f"table ({_mib(size)} MiB: {names}{more}), {then}; "
                 f"--unwind-memory MIB makes it bigger")
+
+
+def _runtimes(python: int, v8: int, php: int, perl: int, ruby: int) -> list:
+    """The runtimes (runtime_passes.PASS_PROGRAMS' names) of an object
+    given its slots in their passes' objects maps (0: none)."""
+    return [runtime for runtime, slot in (("python", python), ("v8", v8), ("php", php),
+                                          ("perl", perl), ("ruby", ruby)) if slot]
 
 
 def _mib(size: int) -> str:
@@ -614,6 +643,13 @@ class KernelUnwinder(BpfCounter):
             self.perl = PerlObjects(owned.map(PerlMaps()), objects=self.objects)
         if ruby:
             self.ruby = RubyObjects(owned.map(RubyMaps()), objects=self.objects)
+        # the runtimes' passes loaded as the run meets them, but where a
+        # probe has fetch-args (its own program array ends its records):
+        # then verified in each program, as the run starts
+        self.passes = None
+        if (self.python or self.v8 or self.php or self.perl or self.ruby) and not any(
+                f is not None for f in self.fetches):
+            self.passes = self.objects.passes = RuntimePasses(self.owned, self._pass_program)
         if weighted and not self.trace:
             self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)
@@ -626,11 +662,9 @@ class KernelUnwinder(BpfCounter):
             kernel_stacks=self.kstacks, ring=self.ring,
             armed=None if isinstance(probe, ProfileProbe) else self.armed,
             tgids=self.tgids if isinstance(probe, TracepointProbe) else None,
-            fetch=fetch_maps, python=self.python.maps if self.python else None,
-            v8=self.v8.maps if self.v8 else None, php=self.php.maps if self.php else None,
-            perl=self.perl.maps if self.perl else None,
-            ruby=self.ruby.maps if self.ruby else None,
+            fetch=fetch_maps, **self._walk_runtime_maps(),
             weights=self.weighing.weights if self.weighing else None,
+            passes=self.passes.array_for(probe) if self.passes else None,
             defer_stack=self.defer_stack, name=f"ustack_uw{index}")
         self.owned.program(fd)
         try:
@@ -649,13 +683,36 @@ class KernelUnwinder(BpfCounter):
         links keep to the traced process: uprobe_links)."""
         fd = load_program(
             "unwind_trace" if self.trace else "unwind_count", self.unwind_maps, 0, probe,
-            kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed,
-            python=self.python.maps if self.python else None, by_cookie=True,
-            v8=self.v8.maps if self.v8 else None, php=self.php.maps if self.php else None,
-            perl=self.perl.maps if self.perl else None,
-            ruby=self.ruby.maps if self.ruby else None,
+            kernel_stacks=self.kstacks, ring=self.ring, armed=self.armed, by_cookie=True,
+            **self._walk_runtime_maps(),
+            passes=self.passes.array_for(probe, True) if self.passes else None,
             defer_stack=self.defer_stack, name="ustack_uwlinks")
         return self.owned.program(fd)
+
+    def _runtime_maps(self) -> dict:
+        """The runtimes' maps, as load_program takes them."""
+        return {"python": self.python.maps if self.python else None,
+                "v8": self.v8.maps if self.v8 else None,
+                "php": self.php.maps if self.php else None,
+                "perl": self.perl.maps if self.perl else None,
+                "ruby": self.ruby.maps if self.ruby else None}
+
+    def _walk_runtime_maps(self) -> dict:
+        """The runtimes' maps for a walk's program: none where the passes
+        are programs of their own (the loader stands a one-entry map in
+        for each its code names), so a run makes a runtime's maps only
+        when it meets the runtime."""
+        return {} if self.passes is not None else self._runtime_maps()
+
+    def _pass_program(self, program: str, passes: bpf_syscall.Map, probe,
+                      by_cookie: bool) -> int:
+        """A runtime's pass program (runtime_passes.PASS_PROGRAMS) for the
+        walk programs of `probe`'s kind, which reach it through `passes`."""
+        return load_program(
+            program, self.unwind_maps, 0, probe, kernel_stacks=self.kstacks, ring=self.ring,
+            **self._runtime_maps(), passes=passes, tracing=self.trace,
+            defer_stack=self.defer_stack, name=f"ustack_{program}"[:15],
+            attach_type=bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
 
     def _fetch_maps(self) -> dict:
         """A probe's array of fetch-args programs; the deferred records'
@@ -744,7 +801,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
                  ring=None, armed=None, tgids=None, fetch: dict | None = None,
                  python=None, weights=None, name: str = "ustack_uw",
                  by_cookie: bool = False, v8=None, php=None,
-                 defer_stack: int = DEFER_STACK, perl=None, ruby=None) -> int:
+                 defer_stack: int = DEFER_STACK, perl=None, ruby=None, passes=None,
+                 tracing: bool = False, attach_type: int | None = None) -> int:
     """unwind.bpf.c's `program` for probe `index` (its fd): unwind_count
     counts each stack, unwind_trace writes each to `ring`; `ring`: where a
     walk that ended DEFERRABLE goes. `fetch`: the fetch_args and
@@ -754,6 +812,10 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     (bpf_php.PhpMaps), to merge PHP frames; `perl`: perl.h's
     (bpf_perl.PerlMaps), to merge Perl frames; `ruby`: ruby.h's
     (bpf_ruby.RubyMaps), to merge Ruby frames;
+    `passes`: the PASSES array (runtime_passes.py) through which the
+    program goes on in the passes of the runtimes given, none of them
+    verified in it; `tracing`: a pass program ends as unwind_trace does;
+    `attach_type`: a pass program's, its walk programs' (by_cookie's);
     `weights`: count --weight's map (bpf_weight.py), whose value each
     event adds in place of 1; `by_cookie`: for uprobe_multi links, whose
     cookie names the probe; `defer_stack`: the stack bytes a deferred
@@ -771,17 +833,19 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     if ruby is not None:
         named.update(ruby.named())
     for key, m in (("kernel_stacks", kernel_stacks), ("ring", ring), ("armed", armed),
-                   ("tgids", tgids), ("weights", weights), *(fetch or {}).items()):
+                   ("tgids", tgids), ("weights", weights), ("passes", passes),
+                   *(fetch or {}).items()):
         if m is not None:
             named[key] = m
     bits = obj.enum("unwind_option")
+    inline = passes is None              # the passes verified in this program
     wanted = {"UW_ONLY_TRACED": tgids is not None, "UW_WAIT_FOR_EXEC": armed is not None,
               "UW_KERNEL_STACK": kernel_stacks is not None, "UW_DEFER": ring is not None,
-              "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": python is not None,
-              "UW_WEIGHT": weights is not None, "UW_V8": v8 is not None,
-              "UW_PHP": php is not None,
-              "UW_PERL": perl is not None,
-              "UW_RUBY": ruby is not None}
+              "UW_FETCH_ARGS": bool(fetch), "UW_PYTHON": inline and python is not None,
+              "UW_WEIGHT": weights is not None, "UW_V8": inline and v8 is not None,
+              "UW_PHP": inline and php is not None,
+              "UW_PERL": inline and perl is not None,
+              "UW_RUBY": inline and ruby is not None, "UW_PASS_CALLS": not inline}
     before = set(named)
     try:
         return obj.load(program, named, {
@@ -789,9 +853,10 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
             "options": sum(bits[k] for k, on in wanted.items() if on),
             "regs_source": obj.enum("regs_source")[regs_source(probe)],
             "probe_by_cookie": int(by_cookie), "defer_stack": defer_stack,
+            "tracing": int(tracing),
             "task_fsbase": Offsets.of_this_kernel().task_fsbase,
             **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name,
-            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
+            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else attach_type)
     finally:
         for key in set(named) - before:      # declared maps a probe does not use
             named[key].close()

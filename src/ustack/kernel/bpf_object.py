@@ -131,6 +131,7 @@ class BpfObject:
             raise UstackError(f"{self.path}: no BTF (build it with clang -g)")
         self._btf_blob = by_name[".BTF"].data
         self._fixed_btf = None                # _loadable_btf()
+        self._btf_fd = -1                     # _btf()
         self.btf = Btf(self._btf_blob)
         self._ext = by_name[".BTF.ext"].data if ".BTF.ext" in by_name else b""
         self._ext_made: dict = {}             # (program, .text's place) -> _ext_info()
@@ -230,18 +231,24 @@ class BpfObject:
             raise UstackError(f"BPF program {program} needs a program type")
         code, text_at = self._linked(prog)
         ro = None
-        btf_fd = -1
         try:
             code, ro = self._relocate(prog, code, text_at, maps, rodata or {})
-            btf_fd = bpf_syscall.load_btf(self._loadable_btf())
             func_info, line_info = self._ext_info(prog, text_at)
-            return bpf_syscall.load_with_btf(ptype, code, name or program, btf_fd,
+            return bpf_syscall.load_with_btf(ptype, code, name or program, self._btf(),
                                      func_info, line_info, attach_type)
         finally:
-            if btf_fd >= 0:
-                os.close(btf_fd)
             if ro is not None:
                 ro.close()                  # the program holds its own reference
+
+    def _btf(self) -> int:
+        """The object's BTF in the kernel (its fd), loaded once a process:
+        the kernel checks the unwinder's 6 ms a load, and a run loads a
+        program per probe and a pass per runtime met. Kept open until the
+        process ends (two threads loading at once may each load it: the
+        later fd is kept, the other closes with the process)."""
+        if self._btf_fd < 0:
+            self._btf_fd = bpf_syscall.load_btf(self._loadable_btf())
+        return self._btf_fd
 
     def _linked(self, prog: _Program) -> tuple:
         """The program's code with .text appended when it calls into it
