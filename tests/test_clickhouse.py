@@ -464,30 +464,28 @@ def test_container_filter_keeps_its_container_by_id_or_prefix(server):
     assert sorted(both.stdout.splitlines()) == ["db;query 5", "web;serve 3"], both.stdout
 
 
-@pytest.mark.parametrize("table, start_of", [("samples_hourly", "toStartOfHour"),
-                                             ("samples_daily", "toStartOfDay")])
-def test_every_insert_feeds_the_sums(four_agents_through_a_restart, table, start_of):
-    """samples_hourly and samples_daily (what a query over all hosts
-    reads) hold, period by period, what the samples hold: fed by every
-    insert, the restart's too. A server killed in the middle of an insert
-    can keep a block in a view's table and lose it from the samples; the
-    interval is then sent again and counted twice in the sums (439 rows'
-    weight against 430 once), or the reverse (384 against 393): the sums
-    are off by at most that interval, and a period whose sums are off is
-    read from the samples
-    (test_periods_the_sums_lack_or_miscount_are_read_from_the_samples)."""
+@pytest.mark.parametrize("table, start_of", [("sums_hourly", "toStartOfHour"),
+                                             ("sums_daily", "toStartOfDay")])
+def test_every_insert_feeds_the_sums_exactly(four_agents_through_a_restart, table, start_of):
+    """sums_hourly and sums_daily (what a query over all hosts reads)
+    hold, period by period and stack by stack, exactly what the samples
+    hold: the restart's intervals too, which a server killed mid-insert
+    may have kept in some tables and lost from others."""
     server, _runs, _errs = four_agents_through_a_restart
-    raw = server.query(f"SELECT {start_of}(time) AS s, comm, stack_id, sum(weight), count() "
-                       "FROM ustack.samples GROUP BY s, comm, stack_id ORDER BY s, comm, stack_id")
-    summed = server.query(f"SELECT start, comm, stack_id, sum(weight), sum(rows) FROM "
-                          f"ustack.{table} GROUP BY start, comm, stack_id "
-                          "ORDER BY start, comm, stack_id")
+    raw = server.query(f"SELECT {start_of}(time) AS s, event, comm, stack_id, sum(weight), "
+                       "count() FROM ustack.samples GROUP BY s, event, comm, stack_id "
+                       "ORDER BY s, event, comm, stack_id")
+    summed = server.query(f"SELECT start, event, comm, stack_id, sum(weight), sum(rows) "
+                          f"FROM ustack.{table} WHERE batches = 0 "
+                          "GROUP BY start, event, comm, stack_id "
+                          "ORDER BY start, event, comm, stack_id")
     assert raw
-    sums = {tuple(r[:3]): int(r[4]) for r in summed}
-    for r in raw:
-        # at most the one interval of each of the four agents that the
-        # restart caught mid-insert is off, one row a stack each
-        assert abs(sums.get(tuple(r[:3]), 0) - int(r[4])) <= 4, (r, sums.get(tuple(r[:3])))
+    assert summed == raw
+    # one marker per interval sent, none twice
+    markers = server.query(f"SELECT comm, sum(batches) FROM ustack.{table} "
+                           "WHERE batches > 0 GROUP BY comm ORDER BY comm")
+    batches = server.query("SELECT batch, 1 FROM ustack.samples GROUP BY batch ORDER BY batch")
+    assert markers == batches
 
 
 def test_periods_the_sums_lack_or_miscount_are_read_from_the_samples(server):
@@ -501,21 +499,21 @@ def test_periods_the_sums_lack_or_miscount_are_read_from_the_samples(server):
     server.query("INSERT INTO ustack.stacks VALUES (1, ['serve'], ['m'], [''], [0], "
                  "['native'], [0], [])")
 
-    def rows(hour: int, weight: int) -> None:
+    def rows(hour: int, weight: int, table: str = "samples_in") -> None:
         start = 1764000000 + hour * 3600
-        server.query("INSERT INTO ustack.samples VALUES "
+        server.query(f"INSERT INTO ustack.{table} VALUES "
                      f"({start}, {start}000000000, 1, 'h', '', 1, 0, 'web', '', '', "
                      f"'profile:hz:49', {weight}, 1, 'b{hour}')")
-    rows(0, 3)                                       # before the view
+    rows(0, 3, "samples")                            # before the views
     for statement in statements:
         server.query(statement)
     rows(1, 5)
     rows(2, 7)
     hour2 = 1764000000 + 2 * 3600            # hour 2 counted twice
-    server.query(f"INSERT INTO ustack.samples_hourly VALUES ({hour2}, 'profile:hz:49', "
-                 "'web', 1, 7, 1)")
-    server.query("INSERT INTO ustack.samples_daily SELECT toStartOfDay(toDateTime("
-                 f"{hour2})), 'profile:hz:49', 'web', 1, 7, 1")   # its day: as many rows
+    server.query(f"INSERT INTO ustack.sums_hourly VALUES ({hour2}, 'profile:hz:49', "
+                 "'web', 1, 7, 1, 0)")
+    server.query("INSERT INTO ustack.sums_daily SELECT toStartOfDay(toDateTime("
+                 f"{hour2})), 'profile:hz:49', 'web', 1, 7, 1, 0")   # its day: as many rows
     res = run_ustack("report", "--from", server.url, "-f", "folded")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["web;serve 15"], res.stdout
@@ -525,7 +523,7 @@ def test_periods_the_sums_lack_or_miscount_are_read_from_the_samples(server):
 
 
 def test_a_range_cutting_hours_reads_its_ends_from_the_samples(server):
-    """Every hour proven in samples_hourly: the part-hours at a range's
+    """Every hour proven in sums_hourly: the part-hours at a range's
     ends come from the samples, the whole hours from the sums."""
     from ustack.report.sinks.clickhouse_schema import create_statements
     for statement in create_statements("ustack"):
@@ -534,7 +532,7 @@ def test_a_range_cutting_hours_reads_its_ends_from_the_samples(server):
                  "['native'], [0], [])")
     base = 1764000000                                 # an hour's start
     for at, weight in ((0, 1), (1800, 2), (3600, 4), (5400, 8), (7200, 16)):
-        server.query("INSERT INTO ustack.samples VALUES "
+        server.query("INSERT INTO ustack.samples_in VALUES "
                      f"({base + at}, {base + at}000000000, 1, 'h', '', 1, 0, 'web', '', '', "
                      f"'profile:hz:49', {weight}, 1, 'b{at}')")
     for since, until, total in ((900, None, 30), (None, 5400, 7), (1800, 5401, 14),
