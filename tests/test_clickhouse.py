@@ -7,6 +7,7 @@ same runs wrote locally: every interval, its counts, nothing twice."""
 from __future__ import annotations
 
 import gzip
+import json
 import http.server
 import os
 import re
@@ -541,3 +542,50 @@ def test_a_range_cutting_hours_reads_its_ends_from_the_samples(server):
             ["--until", str(base + until)] if until is not None else [])
         res = run_ustack("report", "--from", server.url, "-f", "folded", *args)
         assert res.stdout.splitlines() == [f"web;serve {total}"], (args, res.stderr)
+
+
+@pytest.mark.parametrize("kept", ["samples", "sums_hourly"])
+def test_an_interval_the_server_kept_in_part_is_completed_exactly(server, tmp_path, kept):
+    """An interval a killed server kept in one table and lost from the
+    others (its samples only, or its hourly sums only), still queued by
+    the run that sent it: the next run writes exactly the missing parts,
+    and every table then holds it once."""
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    from ustack.report.sinks.clickhouse_sink import queued_interval
+    for statement in create_statements("ustack"):
+        server.query(statement)
+    start = 1764000000
+    row = {"time": start, "start_ns": start * 10**9, "duration_ns": 10**9, "host": "h1",
+           "container": "", "pid": 7, "tid": 0, "comm": "web", "executable": "",
+           "build_id": "", "event": "profile:hz:49", "weight": 5, "stack_id": 1,
+           "batch": f"h1/0ld0run0/{start * 10**9}"}
+    batch = {"batch": row["batch"], "host": "h1", "start_ns": row["start_ns"],
+             "stacks": {}, "samples": [row, dict(row, stack_id=2, weight=3)]}
+    queue = tmp_path / "queue"
+    queue.mkdir(mode=0o700)
+    (queue / f"{start * 10**9:020d}-0ld0run0.json").write_bytes(queued_interval(batch))
+    # what the server kept of it before it died
+    kept_rows = "(1764000000, 'profile:hz:49', 'web', {0}, {1}, 1, 0)"
+    if kept == "samples":
+        server.query("INSERT INTO ustack.samples FORMAT JSONEachRow\n" + "\n".join(
+            json.dumps(r) for r in batch["samples"]))
+    else:
+        server.query("INSERT INTO ustack.sums_hourly VALUES "
+                     f"{kept_rows.format(1, 5)}, {kept_rows.format(2, 3)}, "
+                     f"(1764000000, '', '{row['batch']}', 0, 0, 0, 1)")
+    res = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1", "--to", server.url,
+                     "--host-label", "h2", "--queue", str(queue), "-c", f"{build('busy')} 60",
+                     timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert not queued(queue), res.stderr
+    samples = server.query("SELECT stack_id, sum(weight), count() FROM ustack.samples "
+                           "WHERE host = 'h1' GROUP BY stack_id ORDER BY stack_id")
+    assert samples == [["1", "5", "1"], ["2", "3", "1"]]
+    for table in ("sums_hourly", "sums_daily"):
+        summed = server.query(f"SELECT stack_id, sum(weight), sum(rows) FROM ustack.{table} "
+                              "WHERE comm = 'web' AND batches = 0 GROUP BY stack_id "
+                              "ORDER BY stack_id")
+        assert summed == samples, table
+        markers = server.query(f"SELECT sum(batches) FROM ustack.{table} "
+                               f"WHERE comm = '{row['batch']}'")
+        assert markers == [["1"]], table
