@@ -153,7 +153,9 @@ def folded_stacks(text: str) -> Counter:
 
 
 def agent(server_url: str, label: str, out, queue, busy, *extra):
-    return start_ustack("profile", "-F", "99", "--every", "0.5", "-d", "5",
+    # 10 intervals over 10 s: a loaded machine restarts the server in 2-3
+    # s, and a sender then waits up to 5 s between tries, which the runs outlast
+    return start_ustack("profile", "-F", "99", "--every", "1", "-d", "10",
                         "-o", f"{out}/", "--to", server_url, "--host-label", label,
                         "--queue", str(queue), *extra, "-c", f"{busy} 60")
 
@@ -217,7 +219,7 @@ def test_four_agents_through_a_restart_lose_nothing_and_send_nothing_twice(
     server, runs, errs = four_agents_through_a_restart
     for label, out, queue, _proc in runs:
         local = interval_totals(out)
-        # -d 5 of 0.5 s: about 10 intervals, one after the other. A cut made
+        # -d 10 of 1 s: about 10 intervals, one after the other. A cut made
         # late on a loaded machine makes one longer and the next shorter (so
         # 9 of them, or an 11th a few ms long): the files tile the run.
         spans = interval_spans(out)
