@@ -23,7 +23,8 @@ from collections import Counter
 
 import pytest
 
-from helpers import build, finish, run_ustack, start_ustack, stop, ustack_env, wait_tracing
+from helpers import (O2_NOFP, build, finish, run_ustack, start_ustack, stop, ustack_env,
+                     wait_tracing)
 from ustack.report.pprof_proto import Profile
 
 pytestmark = pytest.mark.kernel
@@ -591,3 +592,44 @@ def test_an_interval_the_server_kept_in_part_is_completed_exactly(server, tmp_pa
         markers = server.query(f"SELECT sum(batches) FROM ustack.{table} "
                                f"WHERE comm = '{row['batch']}'")
         assert markers == [["1"]], table
+
+
+def test_offcpu_every_sends_each_interval_s_time_off_the_cpu(server, tmp_path):
+    """offcpu --every --to: each interval's blocked stacks weighted by
+    their nanoseconds off the CPU, in the pprof files (offcpu/nanoseconds)
+    and in ClickHouse alike, interval by interval; the naps' time, summed
+    over the intervals, is what the program slept (nothing counted twice
+    across a cut: the kernel's sums are taken out at each)."""
+    naps, out, queue = build("naps", flags=O2_NOFP), tmp_path / "out", tmp_path / "queue"
+    res = run_ustack("offcpu", "--state", "S", "--every", "0.5", "-o", f"{out}/",
+                     "--to", server.url, "--host-label", "sleeper", "--queue", str(queue),
+                     "-c", f"{naps} 0 40 50", timeout=120)
+    assert res.returncode == 0, res.stderr
+    _pid, n, ms = res.stdout.split()
+    assert int(n) == 40 and not queued(queue), res.stderr
+    units, local = set(), {}
+    for path in out.iterdir():
+        p = Profile.FromString(gzip.decompress(path.read_bytes()))
+        units.add(tuple((p.string_table[t.type], p.string_table[t.unit])
+                        for t in p.sample_type))
+        local[p.time_nanos] = sum(s.value[0] for s in p.sample)
+    assert units == {(("offcpu", "nanoseconds"),)}
+    assert len(local) >= 3, local                  # ~2 s of naps in 0.5 s intervals
+    rows = server.query("SELECT start_ns, sum(weight), any(event) FROM ustack.samples "
+                        "WHERE host = 'sleeper' GROUP BY start_ns")
+    assert {int(start): int(w) for start, w, _e in rows} == {
+        t: w for t, w in local.items() if w}
+    assert {e for _s, _w, e in rows} == {"offcpu"}
+    napped = sum(w for stack, w in file_stacks(out.iterdir()).items() if "nap_fn" in stack)
+    assert 0.99 * 40 * 50e6 <= napped <= (float(ms) + 1) * 1e6, (napped, ms)
+    stored = folded_stacks(run_ustack("report", "--from", server.url, "-f", "folded",
+                                      "--event", "offcpu").stdout)
+    assert sum(w for stack, w in stored.items() if "nap_fn" in stack) == napped
+
+
+def test_offcpu_every_with_wakers_is_refused(tmp_path):
+    res = run_ustack("offcpu", "--every", "1", "--wakers", "-o", f"{tmp_path}/", "-c", "true")
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines() == [
+        "ustack: --every counts each interval's blocked stacks; the wakers' are not kept "
+        "per interval (drop --wakers)"], res.stderr
