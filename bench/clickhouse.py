@@ -6,7 +6,9 @@ clickhouse-server (Debian's 18.16) on free loopback ports:
    bytes on disk (system.parts, after OPTIMIZE ... FINAL merged the
    parts as the server does over time) scaled to an hour; and what
    sending cost the agent in CPU (its own count: the sampling thread's
-   queueing plus the sender thread), as a share of the machine;
+   queueing plus the sender thread), as a share of the machine, beside
+   the whole agent's CPU with --to and without it (-o DIR/ only), the
+   two runs one after the other;
 2. queries over 10 million synthetic interval rows (50 hosts x 1000
    intervals x 200 stacks, 5000 distinct stacks of 20 frames): the wall
    time of `ustack report --from` (Python's start-up included), best of 3.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -69,11 +72,23 @@ def ustack(*args) -> subprocess.CompletedProcess:
                           text=True, env=dict(os.environ, PYTHONPATH=SRC))
 
 
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
-    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as files:     # the agent without --to first
+        before = children_cpu()
+        alone = ustack("profile", "-F", "49", "--every", "60", "-d", str(seconds),
+                       "-o", f"{files}/")
+        alone_cpu = children_cpu() - before
+    if alone.returncode != 0:
+        raise SystemExit(alone.stderr)
+    start, before = time.monotonic(), children_cpu()
     res = ustack("profile", "-F", "49", "--every", "60", "-d", str(seconds), "--to", url,
                  "--host-label", "bench", "--queue", queue)
-    wall = time.monotonic() - start
+    wall, with_cpu = time.monotonic() - start, children_cpu() - before
     sent = re.search(r"Sent (\d+) intervals .*, ([\d.]+) s of CPU", res.stderr)
     if res.returncode != 0 or not sent:
         raise SystemExit(res.stderr)
@@ -99,11 +114,17 @@ def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
           f"at most {int(sizes.get('stacks', 0)) * scale / 1e6:.2f} MB |")
     print(f"| sending CPU (queue + sender thread) | {cpu:.3f} s | "
           f"{100 * cpu / seconds:.4f} % of one CPU, "
-          f"{100 * cpu / seconds / cpus:.4f} % of the machine's {cpus} |\n")
+          f"{100 * cpu / seconds / cpus:.4f} % of the machine's {cpus} |")
+    for label, spent in (("the whole agent with --to", with_cpu),
+                         ("the whole agent without --to (-o DIR/), the run before",
+                          alone_cpu)):
+        print(f"| {label} | {spent:.3f} s | {100 * spent / seconds / cpus:.3f} % of the "
+              "machine |")
+    print()
 
 
 SYNTHETIC = """
-INSERT INTO ustack.samples SELECT
+INSERT INTO ustack.samples_in SELECT
   toDateTime(1764000000 + intDiv(number, 10000) * 60) AS time,
   toUInt64(time) * 1000000000 AS start_ns, 60000000000 AS duration_ns,
   concat('host', toString(intDiv(number, 200) % 50)) AS host, '' AS container,
@@ -133,18 +154,19 @@ def ten_million(port: int, url: str) -> None:
     query(port, SYNTHETIC)
     query(port, SYNTHETIC_STACKS)
     query(port, "OPTIMIZE TABLE ustack.samples FINAL")
-    query(port, "OPTIMIZE TABLE ustack.samples_hourly FINAL")
-    query(port, "OPTIMIZE TABLE ustack.samples_daily FINAL")
+    query(port, "OPTIMIZE TABLE ustack.sums_hourly FINAL")
+    query(port, "OPTIMIZE TABLE ustack.sums_daily FINAL")
     built = time.monotonic() - t
     rows = query(port, "SELECT count() FROM ustack.samples WHERE batch LIKE "
                        "'synthetic/%'").strip()
     size = query(port, "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = "
                        "'ustack' AND table = 'samples' AND active").strip()
-    hourly = query(port, "SELECT count() FROM ustack.samples_hourly").strip()
-    daily = query(port, "SELECT count() FROM ustack.samples_daily").strip()
+    hourly, daily = (query(port, f"SELECT countIf(batches = 0), countIf(batches > 0) FROM "
+                           f"ustack.{table}").split() for table in ("sums_hourly", "sums_daily"))
     print(f"## Queries over {int(rows):,} synthetic interval rows "
           f"({int(size) / 1e6:.0f} MB on disk, built in {built:.0f} s; "
-          f"{int(hourly):,} rows in samples_hourly, {int(daily):,} in samples_daily)\n")
+          f"{int(hourly[0]):,} rows in sums_hourly, {int(daily[0]):,} in sums_daily, "
+          f"each with {int(hourly[1]):,} intervals' marker rows)\n")
     print("| query | ustack report wall s (best of 3, start-up included) | ClickHouse's "
           "own s (its queries) | rows read | MB read | lines out |")
     print("|---|---:|---:|---:|---:|---:|")
