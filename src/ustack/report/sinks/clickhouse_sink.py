@@ -20,7 +20,8 @@ import time
 from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
 
 from .clickhouse_http import Server, ServerError, quote
-from .clickhouse_schema import MARKER_EVENT, SUMS, StackRows, create_statements, sums_select
+from .clickhouse_schema import (MARKER_EVENT, STACKS_IN, SUMS, StackRows, create_statements,
+                                sums_select)
 from .spool import SUFFIX, Spool
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
@@ -159,7 +160,7 @@ def queued_interval(batch: dict) -> bytes:
     stacks = "".join(batch["stacks"].values()).encode()
     samples = _sample_lines(batch["samples"])
     header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
-              "stack_ids": list(batch["stacks"]),
+              "stack_ids": list(batch["stacks"]), "stacks_table": STACKS_IN,
               "stacks_bytes": len(stacks), "samples_bytes": len(samples)}
     return json.dumps(header, separators=(",", ":")).encode() + b"\n" + stacks + samples
 
@@ -169,6 +170,11 @@ def read_queued(data: bytes) -> tuple:
     when it is not one."""
     line, _, rest = data.partition(b"\n")
     header = json.loads(line)
+    # where its stacks rows go: a queue file of an older ustack has rows
+    # of the stacks table itself (its columns), and names no table
+    header["stacks_table"] = header.get("stacks_table", "stacks")
+    if header["stacks_table"] not in ("stacks", STACKS_IN):
+        raise ValueError("not a stacks table")
     cut = header["stacks_bytes"]
     if len(rest) != cut + header["samples_bytes"]:
         raise ValueError("truncated")
@@ -274,8 +280,8 @@ class ClickHouseSink:
                 self.already_there += 1
             else:
                 if stacks:           # none when the server has them all already
-                    self.server.query(f"INSERT INTO {self.server.database}.stacks "
-                                      "FORMAT JSONEachRow", stacks)
+                    self.server.query(f"INSERT INTO {self.server.database}."
+                                      f"{batch['stacks_table']} FORMAT JSONEachRow", stacks)
                 self._insert(batch, samples, missing)
                 self.sent += 1
         except ServerError as e:
