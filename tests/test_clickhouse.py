@@ -594,6 +594,34 @@ def test_an_interval_the_server_kept_in_part_is_completed_exactly(server, tmp_pa
         assert markers == [["1"]], table
 
 
+def test_an_interval_queued_by_an_older_ustack_goes_in_with_its_stacks(server, tmp_path):
+    """A queue file an older ustack left: its stacks rows are the stacks
+    table's own columns (no stacks_in then), and its header names no
+    table: they go into stacks as they are, and the interval reads back."""
+    start = 1764100000
+    row = {"time": start, "start_ns": start * 10**9, "duration_ns": 10**9, "host": "old1",
+           "container": "", "pid": 7, "tid": 0, "comm": "web", "executable": "",
+           "build_id": "", "event": "profile:hz:49", "weight": 5, "stack_id": 9,
+           "batch": f"old1/0ld0run0/{start * 10**9}"}
+    stacks = (b'{"function":["serve","main"],"module":["m","m"],"file":["",""],'
+              b'"line":[0,0],"language":["native","native"],"inlined":[0,0],'
+              b'"notes":[],"stack_id":9}\n')
+    samples = json.dumps(row).encode() + b"\n"
+    header = {"batch": row["batch"], "host": "old1", "start_ns": row["start_ns"],
+              "stack_ids": [9], "stacks_bytes": len(stacks), "samples_bytes": len(samples)}
+    queue = tmp_path / "queue"
+    queue.mkdir(mode=0o700)
+    (queue / f"{start * 10**9:020d}-0ld0run0.json").write_bytes(
+        json.dumps(header).encode() + b"\n" + stacks + samples)
+    res = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1", "--to", server.url,
+                     "--host-label", "h2", "--queue", str(queue), "-c", f"{build('busy')} 60",
+                     timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert not queued(queue), res.stderr
+    read = run_ustack("report", "--from", server.url, "--host", "old1", "-f", "folded")
+    assert read.stdout.splitlines() == ["web;main;serve 5"], read.stderr
+
+
 def test_offcpu_every_sends_each_interval_s_time_off_the_cpu(server, tmp_path):
     """offcpu --every --to: each interval's blocked stacks weighted by
     their nanoseconds off the CPU, in the pprof files (offcpu/nanoseconds)
