@@ -15,6 +15,13 @@ clickhouse-server (Debian's 18.16) on free loopback ports:
 
     python3 bench/clickhouse.py [SECONDS]   (default 120; root: the whole machine;
                                              0: the queries only)
+
+3. `sending SECONDS PAIRS [OTHER_SRC]`: only the agent's CPU, in
+   alternated pairs of whole-machine runs (-F 49 --every 20): -o DIR/
+   then --to (each into a database of its own, so every stack is new to
+   it); with OTHER_SRC (another tree's src/), that tree's --to then this
+   one's. Each run: its whole CPU, the CPU its sink counts for sending,
+   the stacks it sent, and so the sending CPU per new stack.
 """
 from __future__ import annotations
 
@@ -67,9 +74,9 @@ def query(port: int, sql: str) -> str:
         return r.read().decode()
 
 
-def ustack(*args) -> subprocess.CompletedProcess:
+def ustack(*args, src: str = SRC) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ustack", *args], capture_output=True,
-                          text=True, env=dict(os.environ, PYTHONPATH=SRC))
+                          text=True, env=dict(os.environ, PYTHONPATH=src))
 
 
 def children_cpu() -> float:
@@ -228,7 +235,55 @@ def server_seconds(port: int, only) -> tuple:
     return tuple(best)
 
 
+def sending_pairs(port: int, root: str, seconds: int, pairs: int, other_src) -> None:
+    """Alternated runs, printed as a table's rows as they end."""
+    print(f"| run | code | output | load | agent CPU s | sending CPU s | new stacks | "
+          "us a new stack | sending % of the machine |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    cpus = os.cpu_count() or 1
+    for n in range(1, pairs + 1):
+        runs = ((("other", other_src, True), ("this", SRC, True)) if other_src else
+                (("this", SRC, False), ("this", SRC, True)))
+        for label, src, to in runs:
+            db = f"pair{n}_{label}"
+            load = os.getloadavg()[0]
+            with tempfile.TemporaryDirectory() as files:
+                where = (["--to", f"clickhouse://127.0.0.1:{port}/{db}", "--host-label",
+                          "bench", "--queue", os.path.join(root, db)] if to else
+                         ["-o", f"{files}/"])
+                before = children_cpu()
+                res = ustack("profile", "-F", "49", "--every", "20", "-d", str(seconds),
+                             *where, src=src)
+                spent = children_cpu() - before
+            if res.returncode != 0:
+                raise SystemExit(res.stderr)
+            if not to:
+                print(f"| {n} | {label} | -o DIR/ | {load:.1f} | {spent:.3f} | | | | |",
+                      flush=True)
+                continue
+            sent = re.search(r"Sent (\d+) intervals .*, ([\d.]+) s of CPU", res.stderr)
+            if not sent:
+                raise SystemExit(res.stderr)
+            cpu = float(sent.group(2))
+            stacks = int(query(port, f"SELECT uniqExact(stack_id) FROM {db}.stacks"))
+            print(f"| {n} | {label} | --to | {load:.1f} | {spent:.3f} | {cpu:.3f} | {stacks} | "
+                  f"{1e6 * cpu / max(stacks, 1):.0f} | {100 * cpu / seconds / cpus:.3f} |",
+                  flush=True)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "sending":
+        with tempfile.TemporaryDirectory() as root:
+            proc, port = start_server(root)
+            try:
+                print(f"(ClickHouse {query(port, 'SELECT version()').strip()}, "
+                      f"{os.cpu_count()} CPUs)\n")
+                sending_pairs(port, root, int(sys.argv[2]), int(sys.argv[3]),
+                              sys.argv[4] if len(sys.argv) > 4 else None)
+            finally:
+                proc.terminate()
+                proc.wait()
+        return
     seconds = int(sys.argv[1]) if len(sys.argv) > 1 else 120
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as root:
