@@ -6,18 +6,28 @@ clickhouse-server (Debian's 18.16) on free loopback ports:
    bytes on disk (system.parts, after OPTIMIZE ... FINAL merged the
    parts as the server does over time) scaled to an hour; and what
    sending cost the agent in CPU (its own count: the sampling thread's
-   queueing plus the sender thread), as a share of the machine;
+   queueing plus the sender thread), as a share of the machine, beside
+   the whole agent's CPU with --to and without it (-o DIR/ only), the
+   two runs one after the other;
 2. queries over 10 million synthetic interval rows (50 hosts x 1000
    intervals x 200 stacks, 5000 distinct stacks of 20 frames): the wall
    time of `ustack report --from` (Python's start-up included), best of 3.
 
     python3 bench/clickhouse.py [SECONDS]   (default 120; root: the whole machine;
                                              0: the queries only)
+
+3. `sending SECONDS PAIRS [OTHER_SRC]`: only the agent's CPU, in
+   alternated pairs of whole-machine runs (-F 49 --every 20): -o DIR/
+   then --to (each into a database of its own, so every stack is new to
+   it); with OTHER_SRC (another tree's src/), that tree's --to then this
+   one's. Each run: its whole CPU, the CPU its sink counts for sending,
+   the stacks it sent, and so the sending CPU per new stack.
 """
 from __future__ import annotations
 
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -64,16 +74,28 @@ def query(port: int, sql: str) -> str:
         return r.read().decode()
 
 
-def ustack(*args) -> subprocess.CompletedProcess:
+def ustack(*args, src: str = SRC) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ustack", *args], capture_output=True,
-                          text=True, env=dict(os.environ, PYTHONPATH=SRC))
+                          text=True, env=dict(os.environ, PYTHONPATH=src))
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
-    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as files:     # the agent without --to first
+        before = children_cpu()
+        alone = ustack("profile", "-F", "49", "--every", "60", "-d", str(seconds),
+                       "-o", f"{files}/")
+        alone_cpu = children_cpu() - before
+    if alone.returncode != 0:
+        raise SystemExit(alone.stderr)
+    start, before = time.monotonic(), children_cpu()
     res = ustack("profile", "-F", "49", "--every", "60", "-d", str(seconds), "--to", url,
                  "--host-label", "bench", "--queue", queue)
-    wall = time.monotonic() - start
+    wall, with_cpu = time.monotonic() - start, children_cpu() - before
     sent = re.search(r"Sent (\d+) intervals .*, ([\d.]+) s of CPU", res.stderr)
     if res.returncode != 0 or not sent:
         raise SystemExit(res.stderr)
@@ -99,11 +121,17 @@ def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
           f"at most {int(sizes.get('stacks', 0)) * scale / 1e6:.2f} MB |")
     print(f"| sending CPU (queue + sender thread) | {cpu:.3f} s | "
           f"{100 * cpu / seconds:.4f} % of one CPU, "
-          f"{100 * cpu / seconds / cpus:.4f} % of the machine's {cpus} |\n")
+          f"{100 * cpu / seconds / cpus:.4f} % of the machine's {cpus} |")
+    for label, spent in (("the whole agent with --to", with_cpu),
+                         ("the whole agent without --to (-o DIR/), the run before",
+                          alone_cpu)):
+        print(f"| {label} | {spent:.3f} s | {100 * spent / seconds / cpus:.3f} % of the "
+              "machine |")
+    print()
 
 
 SYNTHETIC = """
-INSERT INTO ustack.samples SELECT
+INSERT INTO ustack.samples_in SELECT
   toDateTime(1764000000 + intDiv(number, 10000) * 60) AS time,
   toUInt64(time) * 1000000000 AS start_ns, 60000000000 AS duration_ns,
   concat('host', toString(intDiv(number, 200) % 50)) AS host, '' AS container,
@@ -133,18 +161,19 @@ def ten_million(port: int, url: str) -> None:
     query(port, SYNTHETIC)
     query(port, SYNTHETIC_STACKS)
     query(port, "OPTIMIZE TABLE ustack.samples FINAL")
-    query(port, "OPTIMIZE TABLE ustack.samples_hourly FINAL")
-    query(port, "OPTIMIZE TABLE ustack.samples_daily FINAL")
+    query(port, "OPTIMIZE TABLE ustack.sums_hourly FINAL")
+    query(port, "OPTIMIZE TABLE ustack.sums_daily FINAL")
     built = time.monotonic() - t
     rows = query(port, "SELECT count() FROM ustack.samples WHERE batch LIKE "
                        "'synthetic/%'").strip()
     size = query(port, "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = "
                        "'ustack' AND table = 'samples' AND active").strip()
-    hourly = query(port, "SELECT count() FROM ustack.samples_hourly").strip()
-    daily = query(port, "SELECT count() FROM ustack.samples_daily").strip()
+    hourly, daily = (query(port, f"SELECT countIf(batches = 0), countIf(batches > 0) FROM "
+                           f"ustack.{table}").split() for table in ("sums_hourly", "sums_daily"))
     print(f"## Queries over {int(rows):,} synthetic interval rows "
           f"({int(size) / 1e6:.0f} MB on disk, built in {built:.0f} s; "
-          f"{int(hourly):,} rows in samples_hourly, {int(daily):,} in samples_daily)\n")
+          f"{int(hourly[0]):,} rows in sums_hourly, {int(daily[0]):,} in sums_daily, "
+          f"each with {int(hourly[1]):,} intervals' marker rows)\n")
     print("| query | ustack report wall s (best of 3, start-up included) | ClickHouse's "
           "own s (its queries) | rows read | MB read | lines out |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -206,7 +235,55 @@ def server_seconds(port: int, only) -> tuple:
     return tuple(best)
 
 
+def sending_pairs(port: int, root: str, seconds: int, pairs: int, other_src) -> None:
+    """Alternated runs, printed as a table's rows as they end."""
+    print(f"| run | code | output | load | agent CPU s | sending CPU s | new stacks | "
+          "us a new stack | sending % of the machine |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    cpus = os.cpu_count() or 1
+    for n in range(1, pairs + 1):
+        runs = ((("other", other_src, True), ("this", SRC, True)) if other_src else
+                (("this", SRC, False), ("this", SRC, True)))
+        for label, src, to in runs:
+            db = f"pair{n}_{label}"
+            load = os.getloadavg()[0]
+            with tempfile.TemporaryDirectory() as files:
+                where = (["--to", f"clickhouse://127.0.0.1:{port}/{db}", "--host-label",
+                          "bench", "--queue", os.path.join(root, db)] if to else
+                         ["-o", f"{files}/"])
+                before = children_cpu()
+                res = ustack("profile", "-F", "49", "--every", "20", "-d", str(seconds),
+                             *where, src=src)
+                spent = children_cpu() - before
+            if res.returncode != 0:
+                raise SystemExit(res.stderr)
+            if not to:
+                print(f"| {n} | {label} | -o DIR/ | {load:.1f} | {spent:.3f} | | | | |",
+                      flush=True)
+                continue
+            sent = re.search(r"Sent (\d+) intervals .*, ([\d.]+) s of CPU", res.stderr)
+            if not sent:
+                raise SystemExit(res.stderr)
+            cpu = float(sent.group(2))
+            stacks = int(query(port, f"SELECT uniqExact(stack_id) FROM {db}.stacks"))
+            print(f"| {n} | {label} | --to | {load:.1f} | {spent:.3f} | {cpu:.3f} | {stacks} | "
+                  f"{1e6 * cpu / max(stacks, 1):.0f} | {100 * cpu / seconds / cpus:.3f} |",
+                  flush=True)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "sending":
+        with tempfile.TemporaryDirectory() as root:
+            proc, port = start_server(root)
+            try:
+                print(f"(ClickHouse {query(port, 'SELECT version()').strip()}, "
+                      f"{os.cpu_count()} CPUs)\n")
+                sending_pairs(port, root, int(sys.argv[2]), int(sys.argv[3]),
+                              sys.argv[4] if len(sys.argv) > 4 else None)
+            finally:
+                proc.terminate()
+                proc.wait()
+        return
     seconds = int(sys.argv[1]) if len(sys.argv) > 1 else 120
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as root:

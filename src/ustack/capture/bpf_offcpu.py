@@ -259,8 +259,11 @@ class OffcpuCounter(KernelUnwinder):
             return _U64.pack(KERNEL_UNWIND_STOP + (h & 0xFF))
         return self._chain(h)
 
-    def blocked(self) -> list:
-        """Every OFFCPU entry, as Blocked."""
+    def blocked(self, reset: bool = False) -> list:
+        """Every OFFCPU entry, as Blocked; `reset` (an interval of
+        --every): each entry taken out of the map as it is read, so the
+        next read holds what was counted since (the deferred records stay:
+        bounded by MAX_DEFERRED_BYTES)."""
         chains: dict = {}
 
         def chain(h: int) -> bytes:
@@ -269,7 +272,7 @@ class OffcpuCounter(KernelUnwinder):
             return chains[h]
 
         out = []
-        for k, v in self.offcpu.items():
+        for k, v in self.offcpu.items(take=reset):
             key = dict(zip(_KEY_FIELDS, OFF_KEY.unpack(k)))
             pid_tgid, kstack, h, wpid_tgid, wkstack, wh = (key[f] for f in (
                 "pid_tgid", "kernel_stack", "hash", "waker_pid_tgid", "waker_kernel_stack",
@@ -335,13 +338,14 @@ class OffcpuCapture(UnwindCountCapture):
         counter.take_deferred(deferred)
         return offset
 
-    def blocked(self) -> list:
+    def blocked(self, reset: bool = False) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,
         nanoseconds) per OFFCPU entry; the cut stacks counted by reason. A
-        wakeup from an interrupt has a waker of pid 0 and no user stack."""
+        wakeup from an interrupt has a waker of pid 0 and no user stack.
+        `reset`: the entries taken out (OffcpuCounter.blocked)."""
         counter = self.counter
         out = []
-        for b in counter.blocked():
+        for b in counter.blocked(reset):
             kernel = counter.stack_bytes(b.kernel_stack) if self.kernel else b""
             sample = b.deferred or RawSample(0, b.pid, b.tid, 0, -1, b.chain, b"",
                                              kernel=kernel)
@@ -357,7 +361,7 @@ class OffcpuCapture(UnwindCountCapture):
     def counted(self, reset: bool = False) -> list:
         """(RawSample, nanoseconds) per blocked stack, wakers left out: what
         Session.counts() reads (its StackCounts' counts are then times)."""
-        return [(sample, ns) for sample, _waker, ns in self.blocked()]
+        return [(sample, ns) for sample, _waker, ns in self.blocked(reset)]
 
     def stop(self) -> None:
         if self.counter is not None and self.undeferred_while_read is None:

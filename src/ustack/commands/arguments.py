@@ -313,6 +313,11 @@ def add_offcpu(sub) -> None:
     p.add_argument("--wakers", action="store_true",
                    help="add the stack of the thread that woke each one, above "
                         "a `[woken by]` frame (offwaketime)")
+    p.add_argument("--every", type=seconds, metavar="SECONDS",
+                   help="continuous: the time off the CPU interval by interval, a "
+                        "pprof file per SECONDS into -o DIR/ and/or each interval to "
+                        "--to, until Ctrl-C or -d")
+    sink_args(p)
     p.set_defaults(backend="bpf")         # sums in the kernel, nothing else
 
 

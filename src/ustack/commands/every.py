@@ -155,6 +155,10 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
     from ..report.pprof import HOST_COMMENT, PprofReport   # here: other runs skip it
     opts = session.opts
     base = run_context(opts.command, session.labels, getattr(session.probes[0], "hz", None))
+    if opts.command == "offcpu":         # its weight is time off the CPU, its event offcpu
+        from .offcpu import EVENT_LABEL
+        session.labels = [EVENT_LABEL] * len(session.labels)
+        base = run_context("offcpu", [EVENT_LABEL], value_unit="nanoseconds")
     cost = _OwnCost()
     # the samples' clock (CLOCK_MONOTONIC) to the wall clock pprof keeps
     to_wall_ns = time.time_ns() - time.monotonic_ns()

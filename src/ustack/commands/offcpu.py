@@ -9,7 +9,7 @@ import sys
 from io import TextIOBase
 
 from ..capture.bpf_offcpu import ALL_STATES, OffcpuFilter
-from .run import run_session
+from .run import every_options, run_every, run_session
 from ..model import Frame, Stack, StackCount, UstackError
 from ..options import Options, check_stack_storage, run_options
 from ..report.formats import FORMATS, run_context, stack_report
@@ -38,6 +38,10 @@ def main(args) -> int:
     opts.per_pid, opts.per_thread = args.per_pid or args.per_thread, args.per_thread
     opts.offsets = args.offsets
     opts.kernel_stacks, opts.stack_storage = args.kernel, args.stack_storage_size
+    every_options(opts, args)
+    if opts.every is not None and flt.wakers:
+        raise UstackError("--every counts each interval's blocked stacks; the wakers' "
+                          "are not kept per interval (drop --wakers)")
     return run_offcpu(offcpu_options(opts, flt))
 
 
@@ -79,6 +83,8 @@ def offcpu_options(opts: Options, flt: OffcpuFilter) -> Options:
 def run_offcpu(opts: Options, err: TextIOBase = sys.stderr) -> int:
     """The command: run until the target exits, -d or Ctrl-C, then the
     report of the blocked stacks in opts' format."""
+    if opts.every is not None:           # a pprof file (and/or rows) per interval
+        return run_every(opts, err)
     fmt = choose_format(opts.output_format, opts.output_path, FORMATS)
 
     def body(session, progress) -> int:

@@ -70,18 +70,24 @@ def main(args) -> int:
         check_stack_storage(args.stack_storage_size)
         opts.stack_storage = args.stack_storage_size
         opts.record = args.record
-        if args.every is not None or args.to:     # (its module imports only then)
-            from .every import check_every, host_label, sink_request
-            check_every(args.every, args.output, args.format, args.record, args.to)
-            opts.to = sink_request(args)
-            opts.host = host_label(args)
-        _check_every_directory(args.every, args.output)
-        opts.every = args.every
+        every_options(opts, args, args.record)
         opts.weight = getattr(args, "weight", None)
         if opts.weight is not None and opts.record:
             raise UstackError("--weight sums in the report of a live run: "
                               "it is not recorded (drop --record)")
     return run(opts)
+
+
+def every_options(opts: Options, args, record: str | None = None) -> None:
+    """--every, --to and their settings into `opts`, refused in one line
+    before anything is attached."""
+    if args.every is not None or args.to:     # (its module imports only then)
+        from .every import check_every, host_label, sink_request
+        check_every(args.every, args.output, args.format, record, args.to)
+        opts.to = sink_request(args)
+        opts.host = host_label(args)
+    _check_every_directory(args.every, args.output)
+    opts.every = args.every
 
 
 def _check_every_directory(every, path) -> None:
@@ -97,7 +103,7 @@ def _check_every_directory(every, path) -> None:
 def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stderr) -> int:
     """Run `opts`; results to `out`, else to -o's file, else stdout."""
     if opts.every is not None:
-        return _run_every(opts, err)
+        return run_every(opts, err)
     fmt = _output_format(opts)
     output = _output(opts, fmt, out)     # opened before anything is armed
 
@@ -118,9 +124,9 @@ def run(opts: Options, out: TextIOBase | None = None, err: TextIOBase = sys.stde
         output.discard()                 # the run failed before its report
 
 
-def _run_every(opts: Options, err: TextIOBase) -> int:
-    """profile --every: a pprof file per interval into -o's directory,
-    and/or to --to's server."""
+def run_every(opts: Options, err: TextIOBase) -> int:
+    """profile, count and offcpu --every: a pprof file per interval into
+    -o's directory, and/or to --to's server."""
     from .every import open_every_directory, open_sink, write_every
     dir_fd = open_every_directory(opts.output_path) if opts.output_path else None
     sink = None

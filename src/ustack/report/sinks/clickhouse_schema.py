@@ -1,4 +1,4 @@
-"""The two tables ustack keeps in ClickHouse (docs/clickhouse.md says why
+"""The tables ustack keeps in ClickHouse (docs/clickhouse.md says why
 these engines and keys), created when missing, in the syntax 18.16 takes:
 
 samples  a row per (interval, process[, thread], event, stack): the
@@ -7,12 +7,23 @@ samples  a row per (interval, process[, thread], event, stack): the
 stacks   each distinct stack once, by its id (a hash of its frames):
          ReplacingMergeTree, so the same stack sent by fifty hosts, or
          twice by a retry, merges into one row.
-samples_daily, samples_hourly  the samples summed per day (hour), event,
-         comm and stack (materialized views feed them on every insert): a
-         query over all hosts reads the whole days and hours of its range
-         there (10 M rows -> 0.6 M hourly, 35,000 daily, in
+sums_daily, sums_hourly  the samples summed per day (hour), event, comm
+         and stack: a query over all hosts reads the whole days and hours
+         of its range there (10 M rows -> 0.7 M hourly, 75,000 daily, in
          bench/clickhouse.py's table), those whose count of rows it
-         proves equal to the samples' (clickhouse_source.py)."""
+         proves equal to the samples' (clickhouse_source.py).
+stacks_in  where the agent inserts stacks: a Null table whose view
+         (stacks_feed) splits a row's one string of frames into the stacks
+         table's columns, so the agent joins one string a stack, not six
+         arrays.
+samples_in  where an interval is inserted: a Null table whose three
+         views write its rows to samples and its sums to the two tables
+         above, each a part of its own. A server killed mid-insert may
+         keep any of the three parts and lose the others, so each part
+         says which interval it holds (samples: the batch column; a sums
+         part: one marker row, event '' and the batch as its comm) and
+         the sender, when unsure, fills in exactly the parts missing,
+         straight into their tables (no view fires there twice)."""
 from __future__ import annotations
 
 import hashlib
@@ -26,13 +37,22 @@ SAMPLES_COLUMNS = (
     "time DateTime, start_ns UInt64, duration_ns UInt64, host String, "
     "container String, pid UInt32, tid UInt32, comm String, executable String, "
     "build_id String, event String, weight UInt64, stack_id UInt64, batch String")
+# rows: the samples rows summed, the proof of a period; batches: 1 on an
+# interval's marker row (0 elsewhere), which keeps the marker through the
+# SummingMergeTree's merges (a row summing to zeros is dropped)
 SUMS_COLUMNS = ("start DateTime, event String, comm String, stack_id UInt64, weight UInt64, "
-                "rows UInt64")   # rows: the samples rows summed, the proof of a period
+                "rows UInt64, batches UInt64")
+MARKER_EVENT = ""                # no counted event is named ''
+# the views of the sums tables before these names (they read samples
+# itself): an insert into samples_in reaches samples through a view, which
+# would fire them too, so they are dropped
+OLD_VIEWS = ("samples_daily_feed", "samples_hourly_feed")
 
 
 class Sums(NamedTuple):
     """A table of the samples summed per period (its start), event, comm
-    and stack, which a materialized view fills on every insert."""
+    and stack, which a materialized view of samples_in fills on every
+    insert."""
     table: str
     start_of: str                    # ClickHouse's function: a time -> its period's start
     seconds: int
@@ -40,8 +60,12 @@ class Sums(NamedTuple):
 
 
 # coarsest first: a query takes the whole days it can, then the whole hours
-SUMS = (Sums("samples_daily", "toStartOfDay", 86_400, "toYYYYMM(start)"),
-        Sums("samples_hourly", "toStartOfHour", 3_600, "toDate(start)"))
+SUMS = (Sums("sums_daily", "toStartOfDay", 86_400, "toYYYYMM(start)"),
+        Sums("sums_hourly", "toStartOfHour", 3_600, "toDate(start)"))
+STACKS_IN = "stacks_in"
+# Between a frame's fields and between frames in stacks_in.frames (names
+# ustack keeps are printable: neither separator can be in one)
+FIELD_SEP, FRAME_SEP = "\x1f", "\x1e"
 STACKS_COLUMNS = (
     "stack_id UInt64, function Array(String), module Array(String), "
     "file Array(String), line Array(UInt32), language Array(String), "
@@ -49,6 +73,7 @@ STACKS_COLUMNS = (
 
 
 def create_statements(database: str) -> list:
+    samples_in = f"{database}.samples_in"
     return [
         f"CREATE DATABASE IF NOT EXISTS {database}",
         f"CREATE TABLE IF NOT EXISTS {database}.samples ({SAMPLES_COLUMNS}) "
@@ -56,75 +81,113 @@ def create_statements(database: str) -> list:
         "ORDER BY (host, time, comm, stack_id)",
         f"CREATE TABLE IF NOT EXISTS {database}.stacks ({STACKS_COLUMNS}) "
         "ENGINE = ReplacingMergeTree() ORDER BY stack_id",
+        f"CREATE TABLE IF NOT EXISTS {database}.{STACKS_IN} "
+        "(stack_id UInt64, frames String, notes Array(String)) ENGINE = Null",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.stacks_feed TO {database}.stacks "
+        f"AS {_stacks_select(database)}",
+    ] + [f"DROP TABLE IF EXISTS {database}.{view}" for view in OLD_VIEWS] + [
+        f"CREATE TABLE IF NOT EXISTS {samples_in} ({SAMPLES_COLUMNS}) ENGINE = Null",
     ] + [statement for sums in SUMS for statement in (
-        # the views before any agent's first insert into a new database; an
-        # older database's periods before them answer from samples
-        f"CREATE TABLE IF NOT EXISTS {database}.{sums.table} ({SUMS_COLUMNS}) "
-        f"ENGINE = SummingMergeTree((weight, rows)) PARTITION BY {sums.partition} "
-        "ORDER BY (start, event, comm, stack_id)",
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{sums.table}_feed "
-        f"TO {database}.{sums.table} AS {sums_select(database, sums)}")]
+            # the views before any agent's first insert into a new database;
+            # an older database's periods before them answer from samples
+            f"CREATE TABLE IF NOT EXISTS {database}.{sums.table} ({SUMS_COLUMNS}) "
+            f"ENGINE = SummingMergeTree((weight, rows, batches)) "
+            f"PARTITION BY {sums.partition} ORDER BY (start, event, comm, stack_id)",
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{sums.table}_feed "
+            f"TO {database}.{sums.table} AS {sums_select(database, sums, 'samples_in')}")
+    ] + [  # samples' own view the last: an insert reaching samples reaches the sums
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.samples_feed "
+        f"TO {database}.samples AS SELECT * FROM {samples_in}"]
 
 
-def sums_select(database: str, sums: Sums, where: str = "1") -> str:
-    """The samples summed as `sums` keeps them: its view's query, and a
-    backfill's (INSERT INTO samples_hourly SELECT … WHERE the hours
-    before the view)."""
-    return (f"SELECT {sums.start_of}(time) AS start, event, comm, stack_id, "
-            f"sum(weight) AS weight, count() AS rows FROM {database}.samples WHERE {where} "
-            "GROUP BY start, event, comm, stack_id")
+def _stacks_select(database: str) -> str:
+    """stacks_in's rows as the stacks table's: its frames string split
+    (FRAME_SEP between frames, FIELD_SEP between a frame's fields) into
+    the columns, as the agent's StackRows joined them. Written out in each
+    column: 18.16 finds no alias of a subquery inside a view."""
+    source = f"{database}.{STACKS_IN}"
+    fields = (f"arrayMap(x -> splitByChar('{FIELD_SEP}', x), arrayFilter(x -> x != '', "
+              f"splitByChar('{FRAME_SEP}', {source}.frames)))")
+    columns = ", ".join(
+        f"arrayMap(y -> {cast.format(f'y[{i}]')}, {fields}) AS {name}"
+        for i, (name, cast) in enumerate((
+            ("function", "{}"), ("module", "{}"), ("file", "{}"), ("line", "toUInt32({})"),
+            ("language", "{}"), ("inlined", "toUInt8({})")), 1))
+    return (f"SELECT {source}.stack_id AS stack_id, {columns}, {source}.notes AS notes "
+            f"FROM {source}")
+
+
+def sums_select(database: str, sums: Sums, source: str, where: str = "1") -> str:
+    """The rows of `source` summed as `sums` keeps them, and one marker
+    row per batch (ARRAY JOIN [0, 1]: each row once as itself, once as its
+    batch's marker), so that the sums of an interval and its marker are
+    one part: a view's query (source samples_in), and the sender's when it
+    fills in a part the server lost (source samples, `where` its batch).
+    Columns are named through their table: 18.16 takes `event AS event`
+    for a cycle of aliases."""
+    def col(name: str) -> str:
+        return f"{source}.{name}"
+    return (f"SELECT {sums.start_of}({col('time')}) AS start, "
+            f"if(marker = 1, '{MARKER_EVENT}', {col('event')}) AS event, "
+            f"if(marker = 1, {col('batch')}, {col('comm')}) AS comm, "
+            f"if(marker = 1, toUInt64(0), {col('stack_id')}) AS stack_id, "
+            f"sum(if(marker = 1, toUInt64(0), {col('weight')})) AS weight, "
+            "sum(toUInt64(1 - marker)) AS rows, toUInt64(marker) AS batches "
+            f"FROM {database}.{source} ARRAY JOIN [0, 1] AS marker WHERE {where} "
+            "GROUP BY start, marker, event, comm, stack_id")
 
 
 # What of a frame goes into its stacks row (and so into its id).
 _FRAME_FIELDS = operator.attrgetter("function", "module", "file", "line", "kind",
                                     "inlined", "objaddr", "objstart")
+_FRAME_SEP_JSON = _json(FRAME_SEP)[1:-1]
 
 
 class StackRows:
-    """Stacks rows as the INSERT sends them (JSONEachRow lines), with
-    their ids. Each distinct frame's texts (and its own hash) are made once
-    and a stack's row is joined from them: a whole-machine profile meets
-    thousands of stacks it has not seen a minute, but few new frames (one
-    minute of a shared machine: 4,277 new stacks of 147,658 frames, 5,401
-    of them distinct), and encoding each frame afresh cost ~100 us a stack,
-    against ~35 us so."""
+    """stacks_in rows as the INSERT sends them (JSONEachRow lines), with
+    their ids. A row carries its frames as one string, each frame's fields
+    joined by FIELD_SEP, and the server splits it into the stacks table's
+    columns (stacks_feed): each distinct frame's JSON text (and its hash)
+    is made once, and a stack's row is one join of them. A whole-machine
+    profile meets thousands of stacks it has not seen a minute, but few new
+    frames (one minute of a shared machine: 55,239 frames in 1,680 new
+    stacks, 4,179 distinct); making each stack's six columns cost ~2.5
+    times this one string.
+
+    A frame is found by its identity first (the symbolizer hands the same
+    Frame to every stack of a process that passes through its address:
+    ~26 % of them), else by its content (its fields read: the scattered
+    Frames' memory is most of a stack's cost)."""
 
     FRAMES_LIMIT = 200_000           # frames kept; past it, started afresh
 
     def __init__(self):
-        self._frames: dict = {}
+        self._frames: dict = {}      # a frame's content -> (JSON text, hash)
+        self._by_id: dict = {}       # id(Frame) -> (JSON text, hash, the Frame: held, its id its)
 
     def row(self, stack: Stack) -> tuple:
-        """(stack id, its row's JSON line): the frames innermost first, by
-        function (as the flame graphs merge them)."""
+        """(stack id, its stacks_in row's JSON line): the frames innermost
+        first, by function (as the flame graphs merge them)."""
         get = self._frames.get
         parts = [get(key) or self._frame(key, f)
                  for f, key in zip(stack.frames, map(_FRAME_FIELDS, stack.frames))]
-        functions, modules, files, lines, languages, inlined, hashes = (
-            zip(*parts) if parts else ((),) * 7)
+        texts, hashes = zip(*parts) if parts else ((), ())
         notes = stack.notes
-        sid = _hash(b"".join(hashes) + "\x1f".join(notes).encode())
-        line = "".join((
-            '{"function":[', ",".join(functions), '],"module":[', ",".join(modules),
-            '],"file":[', ",".join(files), '],"line":[', ",".join(lines),
-            '],"language":[', ",".join(languages), '],"inlined":[', ",".join(inlined),
-            '],"notes":[', ",".join(map(_json, notes)), '],"stack_id":', str(sid), "}\n"))
+        sid = _hash(b"".join(hashes) + FIELD_SEP.join(notes).encode())
+        line = "".join(('{"stack_id":', str(sid), ',"frames":"', _FRAME_SEP_JSON.join(texts),
+                        '","notes":[', ",".join(map(_json, notes)), "]}\n"))
         return sid, line
 
     def _frame(self, key: tuple, frame: Frame) -> tuple:
-        """A frame's columns as JSON, and the hash of what names it."""
+        """A frame's fields as JSON text, and the hash of what names it."""
         if len(self._frames) >= self.FRAMES_LIMIT:
             self._frames.clear()
         function = frame.function or unnamed_function(frame) or "[unknown]"
         line = str(frame.line if frame.line > 0 else 0)    # UInt32: unknown is 0
-        language = frame.kind or "native"
-        inlined = "1" if frame.inlined else "0"
-        # (unit and record separators cannot be in a name ustack keeps:
-        # names are printable)
-        named = "\x1f".join((function, frame.module, frame.file, line, language, inlined))
-        parts = self._frames[key] = (
-            _json(function), _json(frame.module), _json(frame.file), line, _json(language),
-            inlined, hashlib.blake2b(named.encode(), digest_size=8).digest())
+        named = FIELD_SEP.join((function, frame.module, frame.file, line,
+                                frame.kind or "native", "1" if frame.inlined else "0"))
+        parts = self._frames[key] = (_json(named)[1:-1],
+                                     hashlib.blake2b(named.encode(), digest_size=8).digest())
         return parts
 
 

@@ -2,9 +2,13 @@
 counted stacks become rows (samples) and each distinct stack a row
 (stacks). The sampling thread only queues an interval on disk (spool.py);
 a background thread sends the queue, oldest first, and removes an
-interval once the server has it. Sending twice is harmless: an interval
-carries a batch id, and one the server has already is not inserted again
-(its rows of one partition go in as one part, all or nothing)."""
+interval once the server has it. An interval goes in as one INSERT into
+samples_in, whose views write three parts (samples and the two sums
+tables), each all or nothing and each naming its batch; when an earlier
+try may have reached the server (no answer came, or another run queued
+it), the sender asks which of the three parts the server has and writes
+exactly the others: nothing lost, nothing counted twice, in the sums too
+(clickhouse_schema.py)."""
 from __future__ import annotations
 
 import json
@@ -16,8 +20,9 @@ import time
 from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
 
 from .clickhouse_http import Server, ServerError, quote
-from .clickhouse_schema import StackRows, create_statements
-from .spool import Spool
+from .clickhouse_schema import (MARKER_EVENT, STACKS_IN, SUMS, StackRows, create_statements,
+                                sums_select)
+from .spool import SUFFIX, Spool
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
 
@@ -155,7 +160,7 @@ def queued_interval(batch: dict) -> bytes:
     stacks = "".join(batch["stacks"].values()).encode()
     samples = _sample_lines(batch["samples"])
     header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
-              "stack_ids": list(batch["stacks"]),
+              "stack_ids": list(batch["stacks"]), "stacks_table": STACKS_IN,
               "stacks_bytes": len(stacks), "samples_bytes": len(samples)}
     return json.dumps(header, separators=(",", ":")).encode() + b"\n" + stacks + samples
 
@@ -165,6 +170,11 @@ def read_queued(data: bytes) -> tuple:
     when it is not one."""
     line, _, rest = data.partition(b"\n")
     header = json.loads(line)
+    # where its stacks rows go: a queue file of an older ustack has rows
+    # of the stacks table itself (its columns), and names no table
+    header["stacks_table"] = header.get("stacks_table", "stacks")
+    if header["stacks_table"] not in ("stacks", STACKS_IN):
+        raise ValueError("not a stacks table")
     cut = header["stacks_bytes"]
     if len(rest) != cut + header["samples_bytes"]:
         raise ValueError("truncated")
@@ -186,6 +196,7 @@ class ClickHouseSink:
         self.error = ""              # the last failure, '' once sending works again
         self.errors_said: list = []   # each new failure, said once
         self._schema_made = False
+        self._tried: set = set()     # queue names this run sent without an answer
         self._wake = threading.Event()
         self._ending = False
         self._give_up_at = 0.0
@@ -255,47 +266,80 @@ class ClickHouseSink:
         if not self._schema_made:
             for statement in create_statements(self.server.database):
                 self.server.query(statement)
+            # a server that answers anything to anything is not taken for one:
+            # the inserts' answers (empty) prove nothing
+            self.server.rows("SELECT version()")
             self._schema_made = True
-        db = self.server.database
-        if self._has(batch):
-            self.already_there += 1
-        else:
-            try:
+        # an interval this run queued and never tried cannot be on the
+        # server: it goes in with no question asked (one request fewer)
+        unsure = name in self._tried or not name.endswith(f"-{self.run_id}{SUFFIX}")
+        self._tried.add(name)
+        try:
+            missing = self._missing(batch) if unsure else None
+            if missing == []:
+                self.already_there += 1
+            else:
                 if stacks:           # none when the server has them all already
-                    self.server.query(f"INSERT INTO {db}.stacks FORMAT JSONEachRow",
-                                      stacks)
-                self.server.query(f"INSERT INTO {db}.samples FORMAT JSONEachRow",
-                                  samples)
-            except ServerError as e:
-                if e.status != 400:
-                    raise
-                # the server refuses these rows (400: a bad value), and would
-                # refuse them every time: dropped, counted, said, so that one
-                # interval does not hold up all that follow it
-                self.refused += 1
-                if len(self.errors_said) < 5:
-                    self.errors_said.append(f"{e} (an interval refused, dropped)")
-                self.spool.remove(name)
-                return
-            self.sent += 1
+                    self.server.query(f"INSERT INTO {self.server.database}."
+                                      f"{batch['stacks_table']} FORMAT JSONEachRow", stacks)
+                self._insert(batch, samples, missing)
+                self.sent += 1
+        except ServerError as e:
+            if e.status != 400:
+                raise
+            # the server refuses these rows (400: a bad value), and would
+            # refuse them every time: dropped, counted, said, so that one
+            # interval does not hold up all that follow it
+            self.refused += 1
+            if len(self.errors_said) < 5:
+                self.errors_said.append(f"{e} (an interval refused, dropped)")
+            self._done(name)
+            return
         # the server has these stacks now: later intervals name them only
         confirmed = self.stacks.confirmed
         if len(confirmed) > SentStacks.LIMIT:
             confirmed.clear()        # bounded: a stack then travels once more
         confirmed.update(batch["stack_ids"])
-        self.spool.remove(name)
+        self._done(name)
 
-    def _has(self, batch: dict) -> bool:
-        """Whether an earlier try got this interval in (its answer lost)."""
-        rows = self.server.rows(
-            f"SELECT count() FROM {self.server.database}.samples WHERE host = "
-            f"{quote(batch['host'])} AND time = toDateTime({batch['start_ns'] // 10**9}) "
-            f"AND batch = {quote(batch['batch'])}")
+    def _done(self, name: str) -> None:
+        self.spool.remove(name)
+        self._tried.discard(name)
+
+    def _insert(self, batch: dict, samples: bytes, missing: list | None) -> None:
+        """The interval's three parts (missing None: all of them, through
+        samples_in's views), or those `missing` names, each straight into
+        its table: samples first, the sums then summed from them."""
+        db = self.server.database
+        if missing is None:
+            self.server.query(f"INSERT INTO {db}.samples_in FORMAT JSONEachRow", samples)
+            return
+        if "samples" in missing:
+            self.server.query(f"INSERT INTO {db}.samples FORMAT JSONEachRow", samples)
+        for sums in SUMS:
+            if sums.table in missing:
+                self.server.query(f"INSERT INTO {db}.{sums.table} "
+                                  + sums_select(db, sums, "samples", _of_batch(batch)))
+
+    def _missing(self, batch: dict) -> list | None:
+        """The tables whose part of this interval the server lacks; None
+        when it has none of them (sent as the first time)."""
+        db, second = self.server.database, batch["start_ns"] // 10**9
+        tables = ["samples"] + [sums.table for sums in SUMS]
+        counts = [f"(SELECT count() FROM {db}.samples WHERE {_of_batch(batch)})"] + [
+            f"(SELECT count() FROM {db}.{sums.table} WHERE start = "
+            f"{sums.start_of}(toDateTime({second})) AND event = {quote(MARKER_EVENT)} "
+            f"AND comm = {quote(batch['batch'])})" for sums in SUMS]
+        rows = self.server.rows(f"SELECT {', '.join(counts)}")
         try:
-            return int(rows[0][0]) > 0
+            has = [int(n) > 0 for n in rows[0]]
         except (IndexError, ValueError, TypeError):
             raise ServerError(f"{self.server.address}: the answer is not a count: "
                               f"{rows!r:.60}") from None
+        if len(has) != len(tables):
+            raise ServerError(f"{self.server.address}: the answer is not a count: "
+                              f"{rows!r:.60}")
+        return None if not any(has) else [t for t, there in zip(tables, has) if not there]
 
     def close(self, wait_s: float = 1.0) -> int:
         """End the sender: keep sending while it succeeds (at most `wait_s`:
@@ -325,6 +369,13 @@ class ClickHouseSink:
               + (f"; {left} stay queued in {self.spool.directory} for the next run "
                  "with --to" if left else ""), file=err)
         self.spool.close()
+
+
+def _of_batch(batch: dict) -> str:
+    """The samples rows of one interval (host and time first: the sort key)."""
+    return (f"samples.host = {quote(batch['host'])} AND samples.time = "
+            f"toDateTime({batch['start_ns'] // 10**9}) AND samples.batch = "
+            f"{quote(batch['batch'])}")
 
 
 def _size(n: int) -> str:

@@ -45,7 +45,7 @@ def counted_stacks(server: Server, f: Filter, per_pid: bool = False) -> list:
             kept = where(Filter(comms=f.comms, event=f.event))
             sql = " UNION ALL ".join(
                 f"SELECT {keys}, weight AS w FROM {db}.{sums.table} "
-                f"WHERE toUInt32(start) IN ({_listed(starts)}) AND {kept}"
+                f"WHERE toUInt32(start) IN ({_listed(starts)}) AND batches = 0 AND {kept}"
                 for sums, starts in parts)
             if rest:
                 sql += (f" UNION ALL SELECT {keys}, weight AS w FROM {db}.samples "
