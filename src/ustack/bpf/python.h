@@ -79,6 +79,11 @@
 /* not a stack: a ring record of the Python frame chain of the sample whose
  * deferred record follows (python_deferred); capture/bpf_unwind.py's */
 #define PYTHON_CHAIN 0x50
+/* its words before the frames: the current frame's address, the eval
+ * function's two ranges at the process's addresses, the layout's
+ * entry_kind (what user space needs of the interpreter to merge the
+ * chain, so a process that ended before it reads the record is merged) */
+#define PY_CHAIN_HEAD 6
 
 /* how a frame says where it is (python_layout.instr_kind) */
 enum python_instr { LASTI_BYTES = 1, LASTI_UNITS = 2, INSTR_POINTER = 3 };
@@ -694,15 +699,18 @@ static __noinline void python_merge(struct walk *w)
 }
 
 /* bpf_loop's callback: one Python frame of the chain into the merged
- * words, a PY_GROUP_END after each eval call's; 1 stops */
+ * words (emit: a deep chain's outermost round the tail's ring), a
+ * PY_GROUP_END after each eval call's where a call runs more than one
+ * (3.11+: up to 3.10 every frame is its own, and the words it would take
+ * keep more frames of a deep chain); 1 stops */
 static long chain_step(__u64 index, void *unused)
 {
 	struct python_walk *p = python_state();
 	struct walk *w = scratch_value();
 
-	if (!p || !w || !p->pyframe || p->out >= MAX_FRAMES - 2)
+	if (!p || !w || !p->pyframe || p->out >= PY_MAX_WORDS)
 		return 1;
-	if (python_frame(w, p))
+	if (python_frame(w, p) && p->proc.layout.entry_kind != ONE_PER_EVAL)
 		emit(w, p, PYTHON_TAG | (PY_GROUP_END << 16));
 	return 0;
 }
@@ -751,12 +759,17 @@ static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 prob
 /* The Python frame chain of a sample the walk defers (the native stack
  * goes to user space to unwind: a new process's mappings not looked up
  * yet, rows still loading), read now, into `ring` as a PYTHON_CHAIN
- * record of w->rec's head: the current frame's address, then a word per
- * Python frame and a PY_GROUP_END after each eval call's, innermost
- * first; user space merges them with the native stack it unwinds, where
- * a read of the live process later finds the thread moved on. Only when
- * the walk met the interpreter object before it stopped, and the whole
- * chain fits MAX_FRAMES - 1 words. w's frames and head stay as walked.
+ * record of w->rec's head: PY_CHAIN_HEAD words (the current frame's
+ * address first), then a word per Python frame and (3.11+) a
+ * PY_GROUP_END after each eval call's,
+ * innermost first; user space merges them with the native stack it
+ * unwinds, where a read of the live process later finds the thread moved
+ * on. Only when the walk met the interpreter object before it stopped
+ * and read the whole chain. A chain longer than the record holds keeps
+ * its innermost and outermost words (keep_ends: a PY_CUT word counting
+ * those left out between): a deep recursion's stack copy holds its
+ * innermost eval calls only, and main and <module> are at the other end.
+ * w's frames and head stay as walked.
  * (latency.bpf.c includes this header and defers no stack) */
 static __noinline __attribute__((unused)) void python_deferred(struct walk *w, void *ring)
 {
@@ -777,6 +790,12 @@ static __noinline __attribute__((unused)) void python_deferred(struct walk *w, v
 	adjust = w->python_adjust;
 	p->proc = *py;
 	p->proc.runtime -= adjust;
+	p->proc.eval_start[0] -= adjust;
+	p->proc.eval_end[0] -= adjust;
+	if (p->proc.eval_end[1]) {
+		p->proc.eval_start[1] -= adjust;
+		p->proc.eval_end[1] -= adjust;
+	}
 	p->tgid = w->rec.pid_tgid >> 32;
 	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
 	p->fsbase = FIELD(__u64, task, task_fsbase);
@@ -792,19 +811,27 @@ static __noinline __attribute__((unused)) void python_deferred(struct walk *w, v
 		n = MAX_FRAMES;
 	if (n == 0 || bpf_probe_read_kernel(p->native, n * 8, w->frame))
 		return;
-	p->out = 1;
 	w->frame[0] = p->pyframe;
+	w->frame[1] = p->proc.eval_start[0];
+	w->frame[2] = p->proc.eval_end[0];
+	w->frame[3] = p->proc.eval_start[1];
+	w->frame[4] = p->proc.eval_end[1];
+	w->frame[5] = p->proc.layout.entry_kind;
+	p->out = PY_CHAIN_HEAD;
 	p->hash = FNV_BASIS;
 	p->unreadable = p->python_frames = 0;
 	p->steps = p->mark = p->looped = 0;
 	__builtin_memset(p->recent, 0, sizeof(p->recent));
-	bpf_loop(MAX_FRAMES, chain_step, 0, 0);
+	bpf_loop(PY_MAX_WORDS, chain_step, 0, 0);
+	keep_ends(w, p);
 	if (p->out > PY_HEAD)
 		bpf_loop(PY_TAIL, name_tail, 0, 0);
 	if (!p->pyframe && !p->unreadable && !p->looped) {
 		w->rec.head.frames = p->out;
 		w->rec.head.status = PYTHON_CHAIN;
-		n = p->out & (MAX_FRAMES - 1);		/* < MAX_FRAMES: chain_step */
+		/* PY_CHAIN_HEAD to MAX_FRAMES words (keep_ends), in a form the
+		 * verifier bounds */
+		n = ((p->out - 1) & (MAX_FRAMES - 1)) + 1;
 		bpf_ringbuf_output(ring, &w->rec, sizeof(w->rec) + 8 * n, 0);
 		python_report(ring, w->rec.pid_tgid, w->rec.probe);
 	} else {
