@@ -76,6 +76,13 @@
 /* a status of unwind_status (ustack.h): complete, but the Python frame
  * chain loops back on itself (damaged memory), so it was left there */
 #define PYTHON_LOOP 19
+/* statuses of unwind_status: complete, through an eval call, but the
+ * thread's PyThreadState was not found (a thread starting: its state not
+ * yet in the list; ending: already out of it), or it had no current frame
+ * (an interpreter starting or finishing a thread): its eval calls are
+ * shown as C frames, with a note, never as a bare eval loop */
+#define PYTHON_NO_THREAD 23
+#define PYTHON_NO_FRAME 24
 /* not a stack: a ring record of the Python frame chain of the sample whose
  * deferred record follows (python_deferred); capture/bpf_unwind.py's */
 #define PYTHON_CHAIN 0x50
@@ -186,6 +193,7 @@ struct python_walk {
 	__u64 in_group;			/* Python frames of an eval call being written */
 	__u64 out, hash;		/* the merged frames written; their hash */
 	__u64 tstate, fsbase, tgid, ctx_id;
+	__u64 tstate_cached;		/* tstate came from PYTHON_THREADS */
 	__u64 unreadable;		/* a Python frame could not be read */
 	__u64 missing;			/* eval C frames met with no Python frame left */
 	__u64 skip;			/* innermost eval C frames to leave as C */
@@ -268,8 +276,9 @@ static long thread_step(__u64 index, void *unused)
 	return 0;
 }
 
-/* p->tstate: the current thread's PyThreadState, 0 when it has none */
-static __noinline void find_thread(struct python_walk *p)
+/* p->tstate: the current thread's PyThreadState, 0 when it has none;
+ * from PYTHON_THREADS unless `search` (p->tstate_cached: whether it was) */
+static __noinline void find_thread(struct python_walk *p, int search)
 {
 	struct python_thread_key key = { .ctx_id = p->ctx_id, .fsbase = p->fsbase };
 	struct python_layout *l = &p->proc.layout;
@@ -278,12 +287,14 @@ static __noinline void find_thread(struct python_walk *p)
 
 	interp = user_word(p->proc.runtime + l->runtime_interp_head);
 	head = interp ? user_word(interp + l->interp_tstate_head) : 0;
-	cached = bpf_map_lookup_elem(&python_threads, &key);
+	cached = search ? 0 : bpf_map_lookup_elem(&python_threads, &key);
 	if (cached && cached->tstate && cached->head == head
 	    && user_word(cached->tstate + l->tstate_thread_id) == p->fsbase) {
 		p->tstate = cached->tstate;
+		p->tstate_cached = 1;
 		return;
 	}
+	p->tstate_cached = 0;
 	p->tstate = head;
 	bpf_loop(PY_MAX_THREADS, thread_step, 0, 0);
 	if (p->tstate && user_word(p->tstate + l->tstate_thread_id) != p->fsbase)
@@ -626,6 +637,38 @@ static long name_tail(__u64 index, void *unused)
 	return 0;
 }
 
+/* bpf_loop's callback: p->missing set when native frame `index` of the
+ * walked stack lies in the eval function; 1 stops */
+static long eval_step(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct walk *w = scratch_value();
+	__u64 pc;
+
+	if (!p || !w || index >= p->nnative)
+		return 1;
+	pc = w->frame[index & (MAX_FRAMES - 1)];
+	if (in_eval(&p->proc, index ? pc - 1 : pc)) {
+		p->missing = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* w's status `why` when its stack went through an eval call whose Python
+ * frames cannot be read, and nothing else cut it short */
+static __always_inline void without_python(struct walk *w, struct python_walk *p, __u32 why)
+{
+	__u64 n = w->rec.head.frames;
+
+	p->nnative = n > MAX_FRAMES ? MAX_FRAMES : n;
+	p->missing = 0;
+	bpf_loop(MAX_FRAMES, eval_step, 0, 0);
+	if (p->missing && (w->rec.head.status == COMPLETE || w->rec.head.status == THROUGH_JIT
+			   || w->rec.head.status == THROUGH_NO_CFI))
+		w->rec.head.status = why;
+}
+
 /* Python frames into the walked stack w of the current task, when the
  * walk went through an interpreter object of PYTHON_OBJECTS; the stack's
  * frames, hash and (for a note) status change. */
@@ -660,12 +703,28 @@ static __noinline void python_merge(struct walk *w)
 	p->tgid = bpf_get_current_pid_tgid() >> 32;
 	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
 	p->fsbase = FIELD(__u64, task, task_fsbase);
-	find_thread(p);
-	if (!p->tstate)
+	find_thread(p, 0);
+	if (!p->tstate) {
+		without_python(w, p, PYTHON_NO_THREAD);
 		return;
+	}
 	current_frame(p);
-	if (!p->pyframe)
+	if (!p->pyframe && p->tstate_cached) {
+		/* a state freed since (its memory still naming this thread)
+		 * at an address the list's head has again: threads that end
+		 * and start in batches get their states at the same addresses */
+		find_thread(p, 1);
+		if (p->tstate)
+			current_frame(p);
+	}
+	if (!p->tstate) {
+		without_python(w, p, PYTHON_NO_THREAD);
 		return;
+	}
+	if (!p->pyframe) {
+		without_python(w, p, PYTHON_NO_FRAME);
+		return;
+	}
 	/* An eval call starting (its frame not yet current) or ending (its
 	 * frame gone already) is the innermost one: a first pass that finds
 	 * eval C frames left without Python frames at the outer end leaves
@@ -799,11 +858,16 @@ static __noinline __attribute__((unused)) void python_deferred(struct walk *w, v
 	p->tgid = w->rec.pid_tgid >> 32;
 	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
 	p->fsbase = FIELD(__u64, task, task_fsbase);
-	find_thread(p);
+	find_thread(p, 0);
 	if (!p->tstate)
 		return;
 	current_frame(p);
-	if (!p->pyframe)
+	if (!p->pyframe && p->tstate_cached) {		/* see python_merge */
+		find_thread(p, 1);
+		if (p->tstate)
+			current_frame(p);
+	}
+	if (!p->tstate || !p->pyframe)
 		return;
 	head = w->rec.head;
 	n = head.frames;
