@@ -160,8 +160,14 @@ def short_named(src, python, command: str) -> bool:
         us = ustack(src, *args, "-f", "json", "-c", f"{python} {LIVE} short 0.05 {tmp}/ready")
         out, _err = us.communicate(timeout=120)
         pid = int(Path(tmp, "ready").read_text().split()[1])
-    stacks = ([json.loads(line) for line in out.splitlines()] if command == "trace"
-              else json.loads(out)["stacks"])
+    try:
+        stacks = ([json.loads(line) for line in out.splitlines()] if command == "trace"
+                  else json.loads(out)["stacks"])
+    except ValueError:          # kept for a look: the run counts as not named
+        kept = Path(tempfile.mkstemp(prefix=f"short-{command}-", suffix=".out")[1])
+        kept.write_text(out)
+        print(f"(not JSON: {kept})", file=sys.stderr, flush=True)
+        return False
     chains = [python_chain(s) for s in stacks if s["pid"] == pid]
     at_leaf = [c for c in chains if leaf in c]
     # the script's own frames (a module body an import ran and freed at
