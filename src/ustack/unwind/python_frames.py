@@ -226,7 +226,7 @@ def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list,
     keeps in a register (`regs`, the sampled ones) or on the stack copy
     (`stack`, from the sampled sp) at or below that frame (`sps`: each
     native frame's sp). `whole`: the native walk reached the stack's end
-    (else its eval frames cannot be counted). `copy_cut`: it stopped only
+    (else its eval frames cannot be counted). `copy_cut`: it ended only
     where the stack copy ended: its eval frames are the innermost ones,
     merged as far as they go (merge_outer_cut)."""
     groups, note, eval_ranges, current = python
