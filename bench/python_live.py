@@ -96,6 +96,25 @@ def requests(src, python) -> tuple:
         f["function"] == "start_thread" for f in s["frames"]), "request")
 
 
+def requests_by_cause(src, python) -> dict:
+    """A thread per request's samples that ran Python, by what they show:
+    "chain" (its Python chain, no eval C frame left), "bare" (an eval
+    loop, no Python frame, no note), else the note they carry."""
+    stacks, pid = profile_command(src, python, "requests", "1")
+    out: dict = {}
+    for s in stacks:
+        if s["pid"] != pid or not in_python(s) or not any(
+                f["function"] == "start_thread" for f in s["frames"]):
+            continue
+        names = [f["function"] for f in s["frames"]]
+        if python_chain(s) and EVAL not in names:
+            why = "chain"
+        else:
+            why = "; ".join(s.get("notes") or ()) or ("bare" if not python_chain(s) else "?")
+        out[why] = out.get(why, 0) + s["count"]
+    return out
+
+
 def forked(src, python) -> tuple:
     stacks, parent = profile_command(src, python, "fork", "0.5")
     return share(stacks, lambda s: s["pid"] != parent, "forked_worker")
@@ -141,8 +160,14 @@ def short_named(src, python, command: str) -> bool:
         us = ustack(src, *args, "-f", "json", "-c", f"{python} {LIVE} short 0.05 {tmp}/ready")
         out, _err = us.communicate(timeout=120)
         pid = int(Path(tmp, "ready").read_text().split()[1])
-    stacks = ([json.loads(line) for line in out.splitlines()] if command == "trace"
-              else json.loads(out)["stacks"])
+    try:
+        stacks = ([json.loads(line) for line in out.splitlines()] if command == "trace"
+                  else json.loads(out)["stacks"])
+    except ValueError:          # kept for a look: the run counts as not named
+        kept = Path(tempfile.mkstemp(prefix=f"short-{command}-", suffix=".out")[1])
+        kept.write_text(out)
+        print(f"(not JSON: {kept})", file=sys.stderr, flush=True)
+        return False
     chains = [python_chain(s) for s in stacks if s["pid"] == pid]
     at_leaf = [c for c in chains if leaf in c]
     # the script's own frames (a module body an import ran and freed at
@@ -196,6 +221,9 @@ def main() -> None:
     ap.add_argument("--short-python", default="3.12",
                     help="the short script's CPythons, comma-separated (as --versions)")
     ap.add_argument("--skip", default="", help="comma-separated: shares,short,cost,pyspy")
+    ap.add_argument("--request-runs", type=int, default=0,
+                    help="runs of the thread-per-request program per version, "
+                         "its samples counted by what they show")
     a = ap.parse_args()
     trees = [("this tree", REPO / "src")]
     if a.old:
@@ -216,6 +244,17 @@ def main() -> None:
                 print(f"| {v} | {name} | {pct(threads(src, python))} "
                       f"| {pct(requests(src, python))} | {pct(forked(src, python))} "
                       f"| {pct(later)} | {pct(before)} |", flush=True)
+    if a.request_runs:
+        print(f"\nA thread per request, {a.request_runs} runs per version: the request "
+              "threads' samples that ran Python, by what they show (chain: the Python "
+              "chain, no eval C frame left; bare: an eval loop with no Python frame and "
+              "no note; else the note):\n")
+        for v in versions:
+            for name, src in trees:
+                runs = [requests_by_cause(src, python_of(v)) for _ in range(a.request_runs)]
+                print(f"- {v}, {name}: " + "; ".join(
+                    ", ".join(f"{why}: {n}" for why, n in sorted(r.items())) or "none"
+                    for r in runs), flush=True)
     if "pyspy" not in skip:
         print("\npy-spy record -r 199 on the threads program, samples of the pool's "
               "threads with pool_worker:\n")

@@ -164,6 +164,9 @@ def main() -> int:
     ap.add_argument("--per-sample-only", action="store_true")
     ap.add_argument("--no-depth", action="store_true", help="names only (the depth part is slow)")
     ap.add_argument("--no-names", action="store_true", help="depth only")
+    ap.add_argument("--depth-runs", type=int, default=1, help="runs of the depth part per version")
+    ap.add_argument("--depth-seconds", type=float, default=3.0,
+                    help="CPU seconds the recursion spins at its bottom")
     ap.add_argument("--src", type=Path, default=REPO / "src", help="the tree's src/ to run")
     args = ap.parse_args()
     src = args.src
@@ -181,14 +184,16 @@ def names_and_depth(args, src: Path, found: list) -> None:
         names_table(args, src, found)
     if args.no_depth:
         return
-    print("\n## Depth: recursion 1,000, profile at 99 Hz, 3 s\n")
+    print(f"\n## Depth: recursion 1,000, profile at 99 Hz, {args.depth_seconds:g} s\n")
     print("| CPython | ustack samples | with dive | with main and <module> | py-spy samples "
           "| with dive | with main and <module> |")
     print("|---|---|---|---|---|---|---|")
-    for v, py in found:
-        (ua, ut, uw), (sa, st, sw) = depth_totals(src, py, 3.0)
-        print(f"| {v} | {ua} | {ut} | {uw} ({uw / max(ua, 1):.0%}) "
-              f"| {sa} | {st} | {sw} ({sw / max(sa, 1):.0%}) |", flush=True)
+    for _run in range(args.depth_runs):
+        for v, py in found:
+            (ua, ut, uw), (sa, st, sw) = depth_totals(src, py, args.depth_seconds)
+            print(f"| {v} | {ua} | {ut} | {uw} ({uw / max(ua, 1):.0%}; {uw / max(ut, 1):.0%} "
+                  f"of those with dive) | {sa} | {st} | {sw} ({sw / max(sa, 1):.0%}; "
+                  f"{sw / max(st, 1):.0%}) |", flush=True)
 
 
 def names_table(args, src: Path, found: list) -> None:

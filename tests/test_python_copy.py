@@ -202,9 +202,10 @@ EVAL_RANGE = ((0x1000, 0x2000),)
 CODE_A, CODE_B, FRAME = 0x7F0000001000, 0x7F0000002000, 0x7F00DEAD0000
 
 
-def merged(pcs, groups, regs=None, stack=b"", sps=None, whole=True, note=""):
+def merged(pcs, groups, regs=None, stack=b"", sps=None, whole=True, note="", copy_cut=False):
     return merge_read(pcs, (groups, note, EVAL_RANGE, FRAME), whole,
-                      regs or {"ip": pcs[0], "bx": FRAME}, stack, sps or list(range(len(pcs))))
+                      regs or {"ip": pcs[0], "bx": FRAME}, stack, sps or list(range(len(pcs))),
+                      copy_cut=copy_cut)
 
 
 def test_merge_read_rules():
@@ -231,3 +232,25 @@ def test_merge_read_rules():
     assert merged(pcs, (), note="x") == (pcs, ("Python frames not shown: x",))
     # no eval frame and nothing read: nothing to say
     assert merged((0x5000, 0x6000), ()) == ((0x5000, 0x6000), ())
+
+
+def test_merge_read_of_a_stack_copy_cut_short():
+    """A recursion deeper than the stack copy: its eval frames pair with
+    the innermost groups, the rest follow a mark of C frames left out."""
+    pcs = (0x5000, 0x1010, 0x6000, 0x1020)         # C, eval, C, eval; the copy ends
+    cut = python_frame_word(0, 0)                   # C frames left out
+    inner, outer = ((CODE_A, 3),), ((CODE_B, 7),)
+    main = ((CODE_B, 9),)
+    out, notes = merged(pcs, (inner, outer, main), whole=False, copy_cut=True)
+    assert notes == ()
+    assert out == (0x5000, python_frame_word(CODE_A, 3), 0x6000, python_frame_word(CODE_B, 7),
+                   cut, python_frame_word(CODE_B, 9))
+    # the kernel left the chain's middle out (a PY_CUT word of count 40)
+    # before the copy's second eval frame: it is not paired past that
+    middle = ((0, 40),)
+    out, notes = merged(pcs, (inner, middle, main), whole=False, copy_cut=True)
+    assert out == (0x5000, python_frame_word(CODE_A, 3), 0x6000, cut,
+                   python_frame_word(0, 40), python_frame_word(CODE_B, 9))
+    # more eval frames than groups, or a copy cut and another note: not merged
+    assert merged(pcs, (inner,), whole=False, copy_cut=True)[1] == (
+        "Python frames not shown: the native stack is incomplete",)

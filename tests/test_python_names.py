@@ -88,3 +88,30 @@ def test_deep_recursion_keeps_main_and_module_or_says_where_it_was_cut(python):
         else:
             assert names.count("dive") + left_out == DEPTH, (names.count("dive"), left_out)
     assert "stacks deeper than ustack keeps" in res.stderr, res.stderr
+
+
+# CPython 3.9 and 3.10: each Python call is C frames too, so a recursion
+# 1,000 deep is a native stack deeper than any stack copy
+ONE_FRAME_PER_EVAL = [p for p in PYTHONS if _label(p).startswith(("3.9.", "3.10."))]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("python", ONE_FRAME_PER_EVAL, ids=_label)
+def test_deep_recursion_handed_to_user_space_keeps_main_and_module(python):
+    # --stack-size above the default: the walk hands a stack it cut at its
+    # frame limit to user space with a copy of it, which still ends long
+    # before main (a 16 KiB copy holds ~40 of the 1,000 calls)
+    res = ok(run_ustack("trace", "syscall:getppid", "--stack-size", "16384", "-c",
+                        f"{python} {DEEP} {DEPTH} {CALLS}", timeout=120))
+    records = parse_trace(res.stdout)
+    assert len(records) == CALLS, res.stdout
+    for rec in records:
+        assert any(n.startswith("stack copy too small (16384 bytes)") for n in rec["notes"]), rec
+        names = [f["func"] for f in _python_frames(rec)]
+        assert names[-2:] == ["main", "<module>"], names
+        assert names.count(C_FRAMES_CUT) == 1, names
+        cut = [n for n in names if n.endswith("frames left out: the stack is deeper "
+                                              "than ustack keeps]")]
+        assert len(cut) == 1, names
+        # every frame is shown or counted once: no group's word is lost
+        assert names.count("dive") + int(cut[0].strip("[").split()[0]) == DEPTH, names

@@ -136,6 +136,10 @@ PYTHON_UNREADABLE_NOTE = ("a Python frame could not be read: an interpreter call
 PYTHON_LEFT_NOTE = "Python frames were left over when the native stack ended"
 PYTHON_LOOP_NOTE = ("the Python frame chain loops back on itself (damaged memory): "
                     "shown up to the loop, the interpreter calls past it as C frames")
+PYTHON_NO_THREAD_NOTE = ("the thread's Python state was not found (a thread starting or "
+                         "ending): its interpreter calls are shown as C frames")
+PYTHON_NO_FRAME_NOTE = ("the thread had no current Python frame (a thread or an interpreter "
+                        "starting or ending): its interpreter calls are shown as C frames")
 # the same of PHP frames (bpf/php.h)
 PHP_UNREADABLE_NOTE = ("a PHP frame could not be read: an executor call "
                        "is shown as its C frame")
@@ -148,7 +152,8 @@ KERNEL_UNWIND_WHOLE = {KERNEL_UNWIND_THROUGH_JIT: JIT_NOTE,
                        KERNEL_UNWIND_THROUGH_NO_CFI: NO_CFI_NOTE,
                        17: PYTHON_UNREADABLE_NOTE, 18: PYTHON_LEFT_NOTE,
                        19: PYTHON_LOOP_NOTE,
-                       21: PHP_UNREADABLE_NOTE, 22: PHP_LEFT_NOTE, 23: PASS_MISSING_NOTE}
+                       21: PHP_UNREADABLE_NOTE, 22: PHP_LEFT_NOTE, 23: PASS_MISSING_NOTE,
+                       24: PYTHON_NO_THREAD_NOTE, 25: PYTHON_NO_FRAME_NOTE}
 # A Python frame inside a native callchain: the in-kernel walk puts it where
 # the eval loop's C frame that ran it was. One word: PYTHON_FRAME_TAG, the
 # code object's address >> 3 (it is 8-aligned; 44 bits hold any user

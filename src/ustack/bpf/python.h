@@ -76,9 +76,21 @@
 /* a status of unwind_status (ustack.h): complete, but the Python frame
  * chain loops back on itself (damaged memory), so it was left there */
 #define PYTHON_LOOP 19
+/* statuses of unwind_status: complete, through an eval call, but the
+ * thread's PyThreadState was not found (a thread starting: its state not
+ * yet in the list; ending: already out of it), or it had no current frame
+ * (an interpreter starting or finishing a thread): its eval calls are
+ * shown as C frames, with a note, never as a bare eval loop */
+#define PYTHON_NO_THREAD 24	/* (23 is PASS_MISSING, ustack.h) */
+#define PYTHON_NO_FRAME 25
 /* not a stack: a ring record of the Python frame chain of the sample whose
  * deferred record follows (python_deferred); capture/bpf_unwind.py's */
 #define PYTHON_CHAIN 0x50
+/* its words before the frames: the current frame's address, the eval
+ * function's two ranges at the process's addresses, the layout's
+ * entry_kind (what user space needs of the interpreter to merge the
+ * chain, so a process that ended before it reads the record is merged) */
+#define PY_CHAIN_HEAD 6
 
 /* how a frame says where it is (python_layout.instr_kind) */
 enum python_instr { LASTI_BYTES = 1, LASTI_UNITS = 2, INSTR_POINTER = 3 };
@@ -181,6 +193,7 @@ struct python_walk {
 	__u64 in_group;			/* Python frames of an eval call being written */
 	__u64 out, hash;		/* the merged frames written; their hash */
 	__u64 tstate, fsbase, tgid, ctx_id;
+	__u64 tstate_cached;		/* tstate came from PYTHON_THREADS */
 	__u64 unreadable;		/* a Python frame could not be read */
 	__u64 missing;			/* eval C frames met with no Python frame left */
 	__u64 skip;			/* innermost eval C frames to leave as C */
@@ -263,8 +276,9 @@ static long thread_step(__u64 index, void *unused)
 	return 0;
 }
 
-/* p->tstate: the current thread's PyThreadState, 0 when it has none */
-static __noinline void find_thread(struct python_walk *p)
+/* p->tstate: the current thread's PyThreadState, 0 when it has none;
+ * from PYTHON_THREADS unless `search` (p->tstate_cached: whether it was) */
+static __noinline void find_thread(struct python_walk *p, int search)
 {
 	struct python_thread_key key = { .ctx_id = p->ctx_id, .fsbase = p->fsbase };
 	struct python_layout *l = &p->proc.layout;
@@ -273,12 +287,14 @@ static __noinline void find_thread(struct python_walk *p)
 
 	interp = user_word(p->proc.runtime + l->runtime_interp_head);
 	head = interp ? user_word(interp + l->interp_tstate_head) : 0;
-	cached = bpf_map_lookup_elem(&python_threads, &key);
+	cached = search ? 0 : bpf_map_lookup_elem(&python_threads, &key);
 	if (cached && cached->tstate && cached->head == head
 	    && user_word(cached->tstate + l->tstate_thread_id) == p->fsbase) {
 		p->tstate = cached->tstate;
+		p->tstate_cached = 1;
 		return;
 	}
+	p->tstate_cached = 0;
 	p->tstate = head;
 	bpf_loop(PY_MAX_THREADS, thread_step, 0, 0);
 	if (p->tstate && user_word(p->tstate + l->tstate_thread_id) != p->fsbase)
@@ -621,6 +637,38 @@ static long name_tail(__u64 index, void *unused)
 	return 0;
 }
 
+/* bpf_loop's callback: p->missing set when native frame `index` of the
+ * walked stack lies in the eval function; 1 stops */
+static long eval_step(__u64 index, void *unused)
+{
+	struct python_walk *p = python_state();
+	struct walk *w = scratch_value();
+	__u64 pc;
+
+	if (!p || !w || index >= p->nnative)
+		return 1;
+	pc = w->frame[index & (MAX_FRAMES - 1)];
+	if (in_eval(&p->proc, index ? pc - 1 : pc)) {
+		p->missing = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* w's status `why` when its stack went through an eval call whose Python
+ * frames cannot be read, and nothing else cut it short */
+static __always_inline void without_python(struct walk *w, struct python_walk *p, __u32 why)
+{
+	__u64 n = w->rec.head.frames;
+
+	p->nnative = n > MAX_FRAMES ? MAX_FRAMES : n;
+	p->missing = 0;
+	bpf_loop(MAX_FRAMES, eval_step, 0, 0);
+	if (p->missing && (w->rec.head.status == COMPLETE || w->rec.head.status == THROUGH_JIT
+			   || w->rec.head.status == THROUGH_NO_CFI))
+		w->rec.head.status = why;
+}
+
 /* Python frames into the walked stack w of the current task, when the
  * walk went through an interpreter object of PYTHON_OBJECTS; the stack's
  * frames, hash and (for a note) status change. */
@@ -655,12 +703,28 @@ static __noinline void python_merge(struct walk *w)
 	p->tgid = bpf_get_current_pid_tgid() >> 32;
 	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
 	p->fsbase = FIELD(__u64, task, task_fsbase);
-	find_thread(p);
-	if (!p->tstate)
+	find_thread(p, 0);
+	if (!p->tstate) {
+		without_python(w, p, PYTHON_NO_THREAD);
 		return;
+	}
 	current_frame(p);
-	if (!p->pyframe)
+	if (!p->pyframe && p->tstate_cached) {
+		/* a state freed since (its memory still naming this thread)
+		 * at an address the list's head has again: threads that end
+		 * and start in batches get their states at the same addresses */
+		find_thread(p, 1);
+		if (p->tstate)
+			current_frame(p);
+	}
+	if (!p->tstate) {
+		without_python(w, p, PYTHON_NO_THREAD);
 		return;
+	}
+	if (!p->pyframe) {
+		without_python(w, p, PYTHON_NO_FRAME);
+		return;
+	}
 	/* An eval call starting (its frame not yet current) or ending (its
 	 * frame gone already) is the innermost one: a first pass that finds
 	 * eval C frames left without Python frames at the outer end leaves
@@ -694,15 +758,18 @@ static __noinline void python_merge(struct walk *w)
 }
 
 /* bpf_loop's callback: one Python frame of the chain into the merged
- * words, a PY_GROUP_END after each eval call's; 1 stops */
+ * words (emit: a deep chain's outermost round the tail's ring), a
+ * PY_GROUP_END after each eval call's where a call runs more than one
+ * (3.11+: up to 3.10 every frame is its own, and the words it would take
+ * keep more frames of a deep chain); 1 stops */
 static long chain_step(__u64 index, void *unused)
 {
 	struct python_walk *p = python_state();
 	struct walk *w = scratch_value();
 
-	if (!p || !w || !p->pyframe || p->out >= MAX_FRAMES - 2)
+	if (!p || !w || !p->pyframe || p->out >= PY_MAX_WORDS)
 		return 1;
-	if (python_frame(w, p))
+	if (python_frame(w, p) && p->proc.layout.entry_kind != ONE_PER_EVAL)
 		emit(w, p, PYTHON_TAG | (PY_GROUP_END << 16));
 	return 0;
 }
@@ -751,12 +818,17 @@ static __always_inline void python_report(void *ring, __u64 pid_tgid, __u32 prob
 /* The Python frame chain of a sample the walk defers (the native stack
  * goes to user space to unwind: a new process's mappings not looked up
  * yet, rows still loading), read now, into `ring` as a PYTHON_CHAIN
- * record of w->rec's head: the current frame's address, then a word per
- * Python frame and a PY_GROUP_END after each eval call's, innermost
- * first; user space merges them with the native stack it unwinds, where
- * a read of the live process later finds the thread moved on. Only when
- * the walk met the interpreter object before it stopped, and the whole
- * chain fits MAX_FRAMES - 1 words. w's frames and head stay as walked.
+ * record of w->rec's head: PY_CHAIN_HEAD words (the current frame's
+ * address first), then a word per Python frame and (3.11+) a
+ * PY_GROUP_END after each eval call's,
+ * innermost first; user space merges them with the native stack it
+ * unwinds, where a read of the live process later finds the thread moved
+ * on. Only when the walk met the interpreter object before it stopped
+ * and read the whole chain. A chain longer than the record holds keeps
+ * its innermost and outermost words (keep_ends: a PY_CUT word counting
+ * those left out between): a deep recursion's stack copy holds its
+ * innermost eval calls only, and main and <module> are at the other end.
+ * w's frames and head stay as walked.
  * (latency.bpf.c includes this header and defers no stack) */
 static __noinline __attribute__((unused)) void python_deferred(struct walk *w, void *ring)
 {
@@ -777,14 +849,25 @@ static __noinline __attribute__((unused)) void python_deferred(struct walk *w, v
 	adjust = w->python_adjust;
 	p->proc = *py;
 	p->proc.runtime -= adjust;
+	p->proc.eval_start[0] -= adjust;
+	p->proc.eval_end[0] -= adjust;
+	if (p->proc.eval_end[1]) {
+		p->proc.eval_start[1] -= adjust;
+		p->proc.eval_end[1] -= adjust;
+	}
 	p->tgid = w->rec.pid_tgid >> 32;
 	p->ctx_id = KFIELD(__u64, KFIELD(void *, task, task_mm), mm_ctx_id);
 	p->fsbase = FIELD(__u64, task, task_fsbase);
-	find_thread(p);
+	find_thread(p, 0);
 	if (!p->tstate)
 		return;
 	current_frame(p);
-	if (!p->pyframe)
+	if (!p->pyframe && p->tstate_cached) {		/* see python_merge */
+		find_thread(p, 1);
+		if (p->tstate)
+			current_frame(p);
+	}
+	if (!p->tstate || !p->pyframe)
 		return;
 	head = w->rec.head;
 	n = head.frames;
@@ -792,19 +875,27 @@ static __noinline __attribute__((unused)) void python_deferred(struct walk *w, v
 		n = MAX_FRAMES;
 	if (n == 0 || bpf_probe_read_kernel(p->native, n * 8, w->frame))
 		return;
-	p->out = 1;
 	w->frame[0] = p->pyframe;
+	w->frame[1] = p->proc.eval_start[0];
+	w->frame[2] = p->proc.eval_end[0];
+	w->frame[3] = p->proc.eval_start[1];
+	w->frame[4] = p->proc.eval_end[1];
+	w->frame[5] = p->proc.layout.entry_kind;
+	p->out = PY_CHAIN_HEAD;
 	p->hash = FNV_BASIS;
 	p->unreadable = p->python_frames = 0;
 	p->steps = p->mark = p->looped = 0;
 	__builtin_memset(p->recent, 0, sizeof(p->recent));
-	bpf_loop(MAX_FRAMES, chain_step, 0, 0);
+	bpf_loop(PY_MAX_WORDS, chain_step, 0, 0);
+	keep_ends(w, p);
 	if (p->out > PY_HEAD)
 		bpf_loop(PY_TAIL, name_tail, 0, 0);
 	if (!p->pyframe && !p->unreadable && !p->looped) {
 		w->rec.head.frames = p->out;
 		w->rec.head.status = PYTHON_CHAIN;
-		n = p->out & (MAX_FRAMES - 1);		/* < MAX_FRAMES: chain_step */
+		/* PY_CHAIN_HEAD to MAX_FRAMES words (keep_ends), in a form the
+		 * verifier bounds */
+		n = ((p->out - 1) & (MAX_FRAMES - 1)) + 1;
 		bpf_ringbuf_output(ring, &w->rec, sizeof(w->rec) + 8 * n, 0);
 		python_report(ring, w->rec.pid_tgid, w->rec.probe);
 	} else {

@@ -52,8 +52,12 @@ _Q = struct.Struct("<Q")
 RAISE_STACK_SIZE = "raise --stack-size"
 
 
+# how a note of a stack the copy cut short begins
+TRUNCATED = "stack copy too small"
+
+
 def truncation_note(size: int, advice: str = RAISE_STACK_SIZE) -> str:
-    return f"stack copy too small ({size} bytes): the stack was cut short; {advice}"
+    return f"{TRUNCATED} ({size} bytes): the stack was cut short; {advice}"
 
 
 class _MapState:

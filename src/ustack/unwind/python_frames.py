@@ -31,6 +31,9 @@ FNV_BASIS, FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 _M64 = (1 << 64) - 1
 _U32 = struct.Struct("<I")
 FREE_LIST_REACH = 1 << 20       # a pymalloc arena: a free block's link points within it
+# a frame word's id (bpf/python.h): frames left out of a deep stack, their
+# count its index (0: C frames left out, the Python chain going on after)
+PY_CUT = 0
 
 
 def _mix(h: int, word: int) -> int:
@@ -189,7 +192,30 @@ def merge(pcs, groups, eval_ranges, evals: list | None = None) -> tuple:
     return tuple(out), tuple(notes)
 
 
-def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) -> tuple:
+def merge_outer_cut(pcs, groups, eval_ranges, flags: list) -> tuple:
+    """(words, notes) of a native stack whose copy ended before its
+    outermost frames (a recursion deeper than the copy): its eval frames
+    are the innermost ones and pair with the innermost groups, up to a
+    group holding a PY_CUT word (a deep chain's middle, left out by the
+    kernel); the native frames from the first eval frame left unpaired
+    are not shown, and the groups left follow a PY_CUT word of count 0
+    (C frames left out), so the outermost Python frames (main, <module>)
+    show. The caller checked the innermost eval frame ran the current
+    Python frame."""
+    evals = [n for n, is_eval in enumerate(flags) if is_eval]
+    before_cut = next((n for n, g in enumerate(groups)
+                       if any(code == PY_CUT << 3 for code, _index in g)), len(groups))
+    paired = min(len(evals), before_cut)
+    end = evals[paired] if paired < len(evals) else len(pcs)
+    words, _ = merge(pcs[:end], groups[:paired], eval_ranges, flags[:end])
+    rest = [python_frame_word(code, index) for g in groups[paired:] for code, index in g]
+    if not rest:
+        return words, ()
+    return words + (python_frame_word(PY_CUT << 3, 0),) + tuple(rest), ()
+
+
+def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list,
+               copy_cut: bool = False) -> tuple:
     """(words, notes) of a copied stack and the Python frames read from its
     process after the sample (model.PythonSample.python): merged only when
     the read agrees with the sample, else the C frames stay and a note
@@ -200,7 +226,9 @@ def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) ->
     keeps in a register (`regs`, the sampled ones) or on the stack copy
     (`stack`, from the sampled sp) at or below that frame (`sps`: each
     native frame's sp). `whole`: the native walk reached the stack's end
-    (else its eval frames cannot be counted)."""
+    (else its eval frames cannot be counted). `copy_cut`: it ended only
+    where the stack copy ended: its eval frames are the innermost ones,
+    merged as far as they go (merge_outer_cut)."""
     groups, note, eval_ranges, current = python
     flags = eval_frames(pcs, eval_ranges)
     evals = [n for n, is_eval in enumerate(flags) if is_eval]
@@ -208,9 +236,9 @@ def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) ->
         return tuple(pcs), ()
     if note:
         return tuple(pcs), (f"Python frames not shown: {note}",)
-    if not whole:
+    if not whole and not (copy_cut and evals and len(evals) <= len(groups)):
         return tuple(pcs), ("Python frames not shown: the native stack is incomplete",)
-    if len(evals) != len(groups):
+    if whole and len(evals) != len(groups):
         return tuple(pcs), (f"Python frames not shown: read after the sample, the thread "
                             f"ran {len(groups)} eval calls where the stack has {len(evals)}",)
     inner = evals[0] + 1
@@ -218,4 +246,6 @@ def merge_read(pcs, python: tuple, whole: bool, regs: dict, stack, sps: list) ->
     if current not in regs.values() and current.to_bytes(8, "little") not in bytes(stack[:end]):
         return tuple(pcs), ("Python frames not shown: read after the sample, the thread "
                             "was in another Python frame",)
+    if not whole:
+        return merge_outer_cut(pcs, groups, eval_ranges, flags)
     return merge(pcs, groups, eval_ranges, flags)

@@ -22,7 +22,7 @@ from ..kernel.procfs import ProcessMemory
 from ..model import Mapping, UstackError, python_frame_parts
 from .python_frames import (ID_CPU_BITS, USER_ID_CPU, code_identity, current_frame,
                             frame_groups, freed, identity_span, thread_states)
-from .python_runtime import CODE_OFFSETS, find_interpreter
+from .python_runtime import CODE_OFFSETS, ONE_PER_EVAL, find_interpreter
 
 TID_OFFSET = 0x2D0          # glibc 2.x, x86-64: offsetof(struct pthread, tid)
 TID_SCAN = 0x800            # else looked for in this many bytes of struct pthread
@@ -32,6 +32,8 @@ MAX_CODES = 1 << 14         # code objects remembered per process (then read ane
 TYPE_NAME = 24              # PyTypeObject.tp_name
 MAX_CHAINS = 4096           # kernel-read chains waiting for their sample's record
 PY_GROUP_END = 2            # bpf/python.h: a chain word's id after an eval call's frames
+CHAIN_HEAD = 6              # bpf/python.h PY_CHAIN_HEAD: a chain's words before its frames
+_HEAD = struct.Struct(f"<{CHAIN_HEAD}Q")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -82,12 +84,13 @@ class LiveFrames:
         """(groups, note, eval ranges, current frame) of the thread at the
         sample of time `at`, as the kernel read it then (chain()), else now
         (model.PythonSample.python); None where it runs no Python."""
+        kernel = self._chains.pop(tid, None)
+        if kernel is not None and kernel[:2] == (pid, at):
+            # all it needs is in the record: its process may have ended
+            return kernel_chain(kernel[2])
         proc = self._process(pid)
         if proc is None:
             return None
-        kernel = self._chains.pop(tid, None)
-        if kernel is not None and kernel[:2] == (pid, at):
-            return chain_groups(kernel[2]) + (proc.interp.eval_ranges, kernel_current(kernel[2]))
         try:
             tstate = proc.threads.get(tid)
             if tstate is None:
@@ -191,22 +194,33 @@ class LiveFrames:
         return "", tuple(out)
 
 
-def kernel_current(words: bytes) -> int:
-    """The current frame's address a PYTHON_CHAIN record's words start with."""
-    return _U64.unpack_from(words)[0] if len(words) >= 8 else 0
+def kernel_chain(words: bytes) -> tuple:
+    """(groups, note, eval ranges, current frame) of a PYTHON_CHAIN
+    record's words (bpf/python.h python_deferred): CHAIN_HEAD words (the
+    current frame's address, the eval function's two ranges, the layout's
+    entry_kind), then a word per Python frame (its code object named by
+    id, as LiveFrames names them), innermost first, and a PY_GROUP_END
+    after each eval call's; up to 3.10 (ONE_PER_EVAL) every frame is a
+    group of its own and has none. A deep chain's PY_CUT word (the frames
+    left out between its ends) is a frame of the group it fell in (up to
+    3.10: a group of its own)."""
+    if len(words) < 8 * CHAIN_HEAD:
+        return (), "the kernel's record of the Python frames is cut", (), 0
+    current, start0, end0, start1, end1, entry_kind = _HEAD.unpack_from(words)
+    ranges = tuple((a, b) for a, b in ((start0, end0), (start1, end1)) if b)
+    return chain_groups(words[8 * CHAIN_HEAD:], entry_kind == ONE_PER_EVAL) + (ranges, current)
 
 
-def chain_groups(words: bytes) -> tuple:
-    """(groups, "") of a PYTHON_CHAIN record's words (bpf/python.h
-    python_deferred): after the current frame's address, a word per
-    Python frame (its code object named by id, as LiveFrames names them)
-    and a PY_GROUP_END after each eval call's, innermost first."""
+def chain_groups(words: bytes, one_per_eval: bool) -> tuple:
+    """(groups, "") of a PYTHON_CHAIN record's frame words (kernel_chain)."""
     groups, group = [], []
-    for (word,) in _U64.iter_unpack(words[8:len(words) & ~7]):
+    for (word,) in _U64.iter_unpack(words[:len(words) & ~7]):
         parts = python_frame_parts(word)
         if parts is None:
             continue
-        if parts[0] == PY_GROUP_END << 3:
+        if one_per_eval:
+            groups.append((parts,))
+        elif parts[0] == PY_GROUP_END << 3:
             groups.append(tuple(group))
             group = []
         else:

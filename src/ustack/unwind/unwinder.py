@@ -83,8 +83,10 @@ class Unwinder:
                 addrs = self.v8_live.name(pid, addrs, fps, stack, sample.regs["sp"], find_pid)
             if not python:
                 return addrs, notes
+            from .dwarf import TRUNCATED      # loaded already: self.dwarf
             addrs, merged = merge_read(addrs, sample.python, not notes, sample.regs,
-                                       stack, sps)
+                                       stack, sps, copy_cut=bool(notes) and all(
+                                           n.startswith(TRUNCATED) for n in notes))
             return addrs, notes + merged
         if type(sample) is UnwoundSample:      # unwound when it was recorded
             return sample.unwound
