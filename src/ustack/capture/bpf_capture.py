@@ -181,9 +181,16 @@ class BpfCapture(Capture):
             if self.counter.objects is not None:
                 objects = self.counter.objects
                 objects.add_vdso()
+                # where stacks can be deferred, rows still to be built are
+                # built after the start (lazy_rows.py): the probes are live
+                # at once, whatever the objects' size and the cache's state
+                later, cached_only = [], self.defers_stacks and not lazy
                 for path in self._first_objects:
                     self.interrupt.check()
-                    objects.add_path(path)
+                    if not objects.add_path(path, cached_only=cached_only):
+                        later.append(path)
+                if later:
+                    self._load_later(objects, later)
                 full = objects.full_note(self.defers_table_full)
                 if full:
                     self.unwind_note += "; " + full
@@ -203,6 +210,19 @@ class BpfCapture(Capture):
             if not self.events.interrupt.requested:
                 self.close()            # else the caller does (in the background)
             raise
+
+    def _load_later(self, objects, paths: list) -> None:
+        """The rows of a -p/-c target's objects the cache does not hold,
+        built and loaded by a thread, the smallest first (libc's in a
+        fraction of a second, libLLVM's in seconds); meanwhile their
+        stacks are deferred, unwound by ustack from their copies."""
+        from .bpf_unwind import rows_estimate
+        from .lazy_rows import LazyRows, ObjectPaths
+        pid = self.target.pid
+        paths = sorted(paths, key=rows_estimate)
+        self.lazy_rows = LazyRows(objects, ObjectPaths(lambda: [pid] if pid else []),
+                                  first=paths)
+        self.lazy_rows.start()
 
     def start(self) -> None:
         self.events.start()
@@ -225,7 +245,8 @@ class BpfCapture(Capture):
         objects = self.counter.objects if self.counter is not None else None
         if objects is not None:
             # whole-machine: the loader builds what the walk wants
-            add = (self.lazy_rows.note_mapping if self.lazy_rows is not None
+            add = (self.lazy_rows.note_mapping
+                   if self.lazy_rows is not None and self.target.scope == "system"
                    else objects.add_mapping)
             for _time, event in metas[before:]:
                 if isinstance(event, MmapEvent):
@@ -395,8 +416,10 @@ class BpfCapture(Capture):
         lazy = self.lazy_rows
         if lazy is None:
             return notes
+        why = ("as their code was sampled" if self.target.scope == "system"
+               else "built after the start")
         return notes + [f"Unwind rows of {lazy.loaded} objects were loaded during the run, "
-                f"as their code was sampled"
+                f"{why}"
                 + (f" ({lazy.pending} more were wanted when it ended: their stacks "
                    f"were unwound by ustack)" if lazy.pending else "")]
 

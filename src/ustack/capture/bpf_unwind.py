@@ -278,16 +278,22 @@ class UnwindObjects:
         if path is not None:
             self.add_path(path, VDSO_KEY)
 
-    def add_path(self, path: str, key: tuple | None = None, *, run_waits: bool = True) -> None:
+    def add_path(self, path: str, key: tuple | None = None, *, run_waits: bool = True,
+                 cached_only: bool = False) -> bool:
         """Load the rows of the object at `path` (a host path), if new;
         `key`: its OBJECTS key, else its (dev, inode); run_waits=False:
-        the run goes on without them (tables' `run_waits`)."""
+        the run goes on without them (tables' `run_waits`). cached_only:
+        only rows the cache holds; False when they would have to be built
+        (nothing is loaded: lazy_rows.py builds them after the start)."""
         keys = [key] if key is not None else object_keys(path)
         if not keys or keys[0] in self.loaded:
-            return
+            return True
         try:
             image = ElfImage.open(path)
-            packed = self.tables(image, run_waits=run_waits)
+            packed = (self.tables(image, run_waits=run_waits, cached_only=True)
+                      if cached_only else self.tables(image, run_waits=run_waits))
+            if packed is tables.NOT_CACHED:
+                return False
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []
@@ -299,6 +305,7 @@ class UnwindObjects:
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
                 self._load(path, keys, packed, segs, python, v8, php, perl, ruby)
+        return True
 
     def _load(self, path: str, keys: list, packed, segs: list, python: int = 0,
               v8: int = 0, php: int = 0, perl: int = 0, ruby: int = 0) -> None:
