@@ -144,6 +144,7 @@ class BpfCapture(Capture):
         target = self.target
         events = programs = None
         pythons: list = []
+        mapped = None                       # a whole-machine run's ObjectPaths
         if self.interrupt is not None:
             self.events.interrupt = self.interrupt
         try:
@@ -160,8 +161,19 @@ class BpfCapture(Capture):
                 self._first_objects = objects_of_target(target, self.probes,
                                                         running=not lazy)
                 pythons = pythons_objects() if lazy else []
-                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory,
-                                                   pythons)
+                if lazy:
+                    # the table holds what the machine maps (a scan of
+                    # ~130 processes' maps and ~120 objects' headers: ~0.15 s),
+                    # within MAX_UNWIND_MEMORY; their rows load as sampled
+                    from .lazy_rows import ObjectPaths
+                    mapped = ObjectPaths()
+                    mapped.scan()
+                    self.rows_capacity = rows_capacity(list(dict.fromkeys(
+                        self._first_objects + pythons + list(mapped.paths.values()))),
+                        self.unwind_memory)
+                else:
+                    self.rows_capacity = rows_capacity(self._first_objects,
+                                                       self.unwind_memory, pythons)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
@@ -176,7 +188,7 @@ class BpfCapture(Capture):
                 # the loader starts on the running Pythons' objects while the
                 # programs load and attach (lazy_rows.py)
                 from .lazy_rows import LazyRows
-                self.lazy_rows = LazyRows(self.counter.objects, first=pythons)
+                self.lazy_rows = LazyRows(self.counter.objects, mapped, first=pythons)
                 self.lazy_rows.start()
             if self.counter.objects is not None:
                 objects = self.counter.objects
@@ -202,7 +214,10 @@ class BpfCapture(Capture):
             if self.counter.ring is not None:
                 self.events.wake_on(self.counter.ring.fd)   # its records end the drain's wait
             if lazy:
-                self.unwind_note += ", tables loaded as objects are sampled"
+                from .bpf_unwind import ROW_SIZE
+                self.unwind_note += (", tables loaded as objects are sampled (room for "
+                                     f"{self.rows_capacity * ROW_SIZE / (1 << 20):.0f} MiB "
+                                     "of rows: what the machine maps)")
         except BaseException:
             for job in (programs, events):  # never close what is still opening
                 if job is not None:

@@ -521,8 +521,10 @@ def _is_elf(path: str) -> bool:
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
 DEFAULT_ROWS = 1 << 20            # the table's least size, 16 MiB: libc is 28 k rows
-# the most the table takes unless --unwind-memory says otherwise: clang++'s
-# libLLVM and libclang-cpp are ~1 M rows each (16 MiB)
+# the most the table takes unless --unwind-memory says otherwise, for a
+# target or the whole machine: clang++'s libLLVM and libclang-cpp are ~1 M
+# rows each (16 MiB); a machine running clang++, chromium, node and java
+# maps ~6 M rows' worth (bench/results/machine_rows.md)
 MAX_UNWIND_MEMORY = 256 << 20
 # rows per byte of an object's .eh_frame (.debug_frame): 0.16-0.20 measured
 # on libc, libstdc++, python3.11, libLLVM-14, libclang-cpp-14
