@@ -259,13 +259,18 @@ class BpfCapture(Capture):
         offset = self.events.decode(chunk, metas, samples, offset, limit)
         objects = self.counter.objects if self.counter is not None else None
         if objects is not None:
-            # whole-machine: the loader builds what the walk wants
-            add = (self.lazy_rows.note_mapping
-                   if self.lazy_rows is not None and self.target.scope == "system"
-                   else objects.add_mapping)
+            lazy = self.lazy_rows
             for _time, event in metas[before:]:
-                if isinstance(event, MmapEvent):
-                    add(event.mapping, event.pid)
+                if not isinstance(event, MmapEvent):
+                    continue
+                if lazy is None:
+                    objects.add_mapping(event.mapping, event.pid)
+                elif self.target.scope == "system":     # the loader builds what the walk wants
+                    lazy.note_mapping(event.mapping, event.pid)
+                elif not objects.add_mapping(event.mapping, event.pid, cached_only=True):
+                    # -p/-c with rows still to build (a -c command's exec
+                    # maps them again): the loader's, not this thread's
+                    lazy.note_mapping(event.mapping, event.pid)
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
             python.follow(metas[before:])      # an exec, an exit

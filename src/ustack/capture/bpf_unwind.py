@@ -357,15 +357,15 @@ class UnwindObjects:
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         self.maps.rows.write_values(first * ROW_SIZE, data[:n * ROW_SIZE])
 
-    def add_mapping(self, mapping, pid: int) -> None:
-        """Load the object of a mapping an MMAP2 record announced."""
+    def add_mapping(self, mapping, pid: int, cached_only: bool = False) -> bool:
+        """Load the object of a mapping an MMAP2 record announced (as
+        add_path: False when cached_only and its rows must be built)."""
         if mapping.path.startswith("/") and not mapping.host_path:
             mapping = Mapping(mapping.start, mapping.end, mapping.pgoff, mapping.path,
                               procfs.host_path(pid, mapping.path, mapping.start,
                                                mapping.end))
         path = object_path(mapping)
-        if path is not None:
-            self.add_path(path)
+        return path is None or self.add_path(path, cached_only=cached_only)
 
     @property
     def bytes_loaded(self) -> int:
