@@ -215,9 +215,11 @@ class BpfCapture(Capture):
                 self.events.wake_on(self.counter.ring.fd)   # its records end the drain's wait
             if lazy:
                 from .bpf_unwind import ROW_SIZE
+                sized = ("what the machine maps" if self.unwind_memory is None
+                         else "--unwind-memory")
                 self.unwind_note += (", tables loaded as objects are sampled (room for "
                                      f"{self.rows_capacity * ROW_SIZE / (1 << 20):.0f} MiB "
-                                     "of rows: what the machine maps)")
+                                     f"of rows: {sized})")
         except BaseException:
             for job in (programs, events):  # never close what is still opening
                 if job is not None:
