@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,7 @@ def main() -> None:
                 print(rows[-1], file=sys.stderr)
     finally:
         machine.close()
+        shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()
     text = "\n".join([
         "# Kernel memory of a whole-machine run with clang++, chromium, node and java running",
