@@ -69,6 +69,35 @@ def test_whole_machine_rows_load_as_sampled(tmp_path, monkeypatch):
     assert not os.path.exists(never), sorted(os.listdir(cache / "bpfrows"))
 
 
+@pytest.mark.kernel
+def test_a_pid_run_attaches_before_the_rows_it_must_build(tmp_path):
+    """-p on a program whose rows the cache does not hold: the probes go
+    live first, the rows are built and loaded after, and the stacks of
+    the meantime (deferred, unwound by ustack) are as whole as the rest."""
+    cache = tmp_path / "cache"
+    busy = private_copy(build("busy", flags=O2_NOFP), tmp_path)     # rows never cached
+    spinner = subprocess.Popen(["nice", "-n", "-10", str(busy), "600"])
+    us = popen_ustack("profile", "-F", "99", "-d", "2", "-f", "folded", "--backend", "bpf",
+                      "-p", str(spinner.pid), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      text=True, env=dict(ustack_env(), USTACK_CACHE_DIR=str(cache)))
+    try:
+        wait_tracing(us, timeout=120)
+        out, err = finish(us, timeout=900)
+    finally:
+        stop(us)
+        stop(spinner)
+    assert us.returncode == 0, err
+    said = re.search(r"^Unwind rows of (\d+) objects were loaded during the run, built "
+                     r"after the start", err, re.M)
+    assert said and int(said[1]) >= 1, err
+    mine = [(stack, n) for stack, n in parse_folded(out)]
+    total = sum(n for _s, n in mine)
+    whole = sum(n for stack, n in mine if stack[1:7] == CHAIN)
+    print(f"{whole} of {total} samples complete")
+    assert total >= 20, out
+    assert whole >= 0.9 * total, mine
+
+
 def test_the_loader_does_not_make_the_run_wait_for_rows():
     """The lazy loader asks for rows the run goes on without (tables'
     run_waits=False: a big object's builder runs niced), most wanted

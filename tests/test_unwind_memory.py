@@ -4,13 +4,16 @@ not fit is still whole: the header names the object and the option, and
 the stack is unwound from its copy in user space."""
 from __future__ import annotations
 
+import glob
 import re
 import subprocess
+import sys
 
 import pytest
 
 from helpers import O2_NOFP, build, parse_folded, run_attached, run_ustack, stop
-from ustack.capture.bpf_unwind import DEFAULT_ROWS, ROW_SIZE, rows_capacity, rows_estimate
+from ustack.capture.bpf_unwind import (DEFAULT_ROWS, MAX_UNWIND_MEMORY, ROW_SIZE, rows_capacity,
+                                      rows_estimate)
 from ustack.objfile.elf import ElfImage
 from ustack.unwind import tables
 
@@ -84,3 +87,30 @@ def test_an_object_mapped_later_that_does_not_fit_is_named_at_the_end():
     ends = [line for line in rest if "unwind rows did not fit" in line]
     assert len(ends) == 1 and "libstdc++.so.6" in ends[0], res.stderr
     assert "--unwind-memory MIB makes it bigger" in ends[0]
+
+
+@pytest.mark.kernel
+def test_a_whole_machine_table_holds_what_the_machine_maps():
+    """A whole-machine run sizes its table by the objects every process
+    maps (within MAX_UNWIND_MEMORY), not the 16 MiB least size: a process
+    holding libLLVM (~1 M rows alone) gets room for it at the start."""
+    llvm = next(iter(sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libLLVM-*.so*"))), None)
+    if llvm is None:
+        pytest.skip("no libLLVM here (Debian's clang brings it)")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import ctypes, sys; ctypes.CDLL({llvm!r}); "
+         "print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        res = run_ustack("profile", "-F", "49", "-d", "0.5", "--backend", "bpf",
+                         "-o", "/dev/null", timeout=300)
+    finally:
+        holder.stdin.close()
+        stop(holder)
+    assert res.returncode == 0, res.stderr
+    room = re.search(r"tables loaded as objects are sampled \(room for (\d+) MiB of rows: "
+                     r"what the machine maps\)", res.stderr)
+    assert room, res.stderr
+    need = (rows_estimate(llvm) + DEFAULT_ROWS // 2) * ROW_SIZE >> 20
+    assert int(room[1]) >= min(need, MAX_UNWIND_MEMORY >> 20), (room[0], need)

@@ -144,6 +144,7 @@ class BpfCapture(Capture):
         target = self.target
         events = programs = None
         interpreters: list = []
+        mapped = None                       # a whole-machine run's ObjectPaths
         if self.interrupt is not None:
             self.events.interrupt = self.interrupt
         try:
@@ -160,8 +161,19 @@ class BpfCapture(Capture):
                 self._first_objects = objects_of_target(target, self.probes,
                                                         running=not lazy)
                 interpreters = interpreters_objects() if lazy else []
-                self.rows_capacity = rows_capacity(self._first_objects, self.unwind_memory,
-                                                   interpreters)
+                if lazy:
+                    # the table holds what the machine maps (a scan of
+                    # ~130 processes' maps and ~120 objects' headers: ~0.15 s),
+                    # within MAX_UNWIND_MEMORY; their rows load as sampled
+                    from .lazy_rows import ObjectPaths
+                    mapped = ObjectPaths()
+                    mapped.scan()
+                    self.rows_capacity = rows_capacity(list(dict.fromkeys(
+                        self._first_objects + interpreters + list(mapped.paths.values()))),
+                        self.unwind_memory)
+                else:
+                    self.rows_capacity = rows_capacity(self._first_objects,
+                                                       self.unwind_memory, interpreters)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
             self._follow_python()
@@ -176,14 +188,21 @@ class BpfCapture(Capture):
                 # the loader starts on the running Pythons' objects while the
                 # programs load and attach (lazy_rows.py)
                 from .lazy_rows import LazyRows
-                self.lazy_rows = LazyRows(self.counter.objects, first=interpreters)
+                self.lazy_rows = LazyRows(self.counter.objects, mapped, first=interpreters)
                 self.lazy_rows.start()
             if self.counter.objects is not None:
                 objects = self.counter.objects
                 objects.add_vdso()
+                # where stacks can be deferred, rows still to be built are
+                # built after the start (lazy_rows.py): the probes are live
+                # at once, whatever the objects' size and the cache's state
+                later, cached_only = [], self.defers_stacks and not lazy
                 for path in self._first_objects:
                     self.interrupt.check()
-                    objects.add_path(path)
+                    if not objects.add_path(path, cached_only=cached_only):
+                        later.append(path)
+                if later:
+                    self._load_later(objects, later)
                 full = objects.full_note(self.defers_table_full)
                 if full:
                     self.unwind_note += "; " + full
@@ -199,7 +218,12 @@ class BpfCapture(Capture):
             if self.counter.ring is not None:
                 self.events.wake_on(self.counter.ring.fd)   # its records end the drain's wait
             if lazy:
-                self.unwind_note += ", tables loaded as objects are sampled"
+                from .bpf_unwind import ROW_SIZE
+                sized = ("what the machine maps" if self.unwind_memory is None
+                         else "--unwind-memory")
+                self.unwind_note += (", tables loaded as objects are sampled (room for "
+                                     f"{self.rows_capacity * ROW_SIZE / (1 << 20):.0f} MiB "
+                                     f"of rows: {sized})")
         except BaseException:
             for job in (programs, events):  # never close what is still opening
                 if job is not None:
@@ -207,6 +231,19 @@ class BpfCapture(Capture):
             if not self.events.interrupt.requested:
                 self.close()            # else the caller does (in the background)
             raise
+
+    def _load_later(self, objects, paths: list) -> None:
+        """The rows of a -p/-c target's objects the cache does not hold,
+        built and loaded by a thread, the smallest first (libc's in a
+        fraction of a second, libLLVM's in seconds); meanwhile their
+        stacks are deferred, unwound by ustack from their copies."""
+        from .bpf_unwind import rows_estimate
+        from .lazy_rows import LazyRows, ObjectPaths
+        pid = self.target.pid
+        paths = sorted(paths, key=rows_estimate)
+        self.lazy_rows = LazyRows(objects, ObjectPaths(lambda: [pid] if pid else []),
+                                  first=paths)
+        self.lazy_rows.start()
 
     def start(self) -> None:
         self.events.start()
@@ -228,12 +265,18 @@ class BpfCapture(Capture):
         offset = self.events.decode(chunk, metas, samples, offset, limit)
         objects = self.counter.objects if self.counter is not None else None
         if objects is not None:
-            # whole-machine: the loader builds what the walk wants
-            add = (self.lazy_rows.note_mapping if self.lazy_rows is not None
-                   else objects.add_mapping)
+            lazy = self.lazy_rows
             for _time, event in metas[before:]:
-                if isinstance(event, MmapEvent):
-                    add(event.mapping, event.pid)
+                if not isinstance(event, MmapEvent):
+                    continue
+                if lazy is None:
+                    objects.add_mapping(event.mapping, event.pid)
+                elif self.target.scope == "system":     # the loader builds what the walk wants
+                    lazy.note_mapping(event.mapping, event.pid)
+                elif not objects.add_mapping(event.mapping, event.pid, cached_only=True):
+                    # -p/-c with rows still to build (a -c command's exec
+                    # maps them again): the loader's, not this thread's
+                    lazy.note_mapping(event.mapping, event.pid)
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
             python.follow(metas[before:])      # an exec, an exit
@@ -399,8 +442,10 @@ class BpfCapture(Capture):
         lazy = self.lazy_rows
         if lazy is None:
             return notes
+        why = ("as their code was sampled" if self.target.scope == "system"
+               else "built after the start")
         return notes + [f"Unwind rows of {lazy.loaded} objects were loaded during the run, "
-                f"as their code was sampled"
+                f"{why}"
                 + (f" ({lazy.pending} more were wanted when it ended: their stacks "
                    f"were unwound by ustack)" if lazy.pending else "")]
 

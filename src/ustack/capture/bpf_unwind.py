@@ -282,13 +282,16 @@ class UnwindObjects:
         if path is not None:
             self.add_path(path, VDSO_KEY)
 
-    def add_path(self, path: str, key: tuple | None = None, *, run_waits: bool = True) -> None:
+    def add_path(self, path: str, key: tuple | None = None, *, run_waits: bool = True,
+                 cached_only: bool = False) -> bool:
         """Load the rows of the object at `path` (a host path), if new;
         `key`: its OBJECTS key, else its (dev, inode); run_waits=False:
-        the run goes on without them (tables' `run_waits`)."""
+        the run goes on without them (tables' `run_waits`). cached_only:
+        only rows the cache holds; False when they would have to be built
+        (nothing is loaded: lazy_rows.py builds them after the start)."""
         keys = [key] if key is not None else object_keys(path)
         if not keys or keys[0] in self.loaded:
-            return
+            return True
         python = self.interpreters.slot_of(path) if self.interpreters is not None else 0
         v8 = self.v8.slot_of(path) if self.v8 is not None else 0
         php = self.php.slot_of(path) if self.php is not None else 0
@@ -298,13 +301,17 @@ class UnwindObjects:
             self.passes.after(_runtimes(python, v8, php, perl, ruby))
         try:
             image = ElfImage.open(path)
-            packed = self.tables(image, run_waits=run_waits)
+            packed = (self.tables(image, run_waits=run_waits, cached_only=True)
+                      if cached_only else self.tables(image, run_waits=run_waits))
+            if packed is tables.NOT_CACHED:
+                return False
             segs = image.executable_segments()
         except Exception:                # unreadable: the stack says "no CFI"
             packed, segs = None, []
         with self._lock:
             if not self.closed and keys[0] not in self.loaded:
                 self._load(path, keys, packed, segs, python, v8, php, perl, ruby)
+        return True
 
     def _load(self, path: str, keys: list, packed, segs: list, python: int = 0,
               v8: int = 0, php: int = 0, perl: int = 0, ruby: int = 0) -> None:
@@ -371,15 +378,15 @@ class UnwindObjects:
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         self.maps.rows.write_values(first * ROW_SIZE, data[:n * ROW_SIZE])
 
-    def add_mapping(self, mapping, pid: int) -> None:
-        """Load the object of a mapping an MMAP2 record announced."""
+    def add_mapping(self, mapping, pid: int, cached_only: bool = False) -> bool:
+        """Load the object of a mapping an MMAP2 record announced (as
+        add_path: False when cached_only and its rows must be built)."""
         if mapping.path.startswith("/") and not mapping.host_path:
             mapping = Mapping(mapping.start, mapping.end, mapping.pgoff, mapping.path,
                               procfs.host_path(pid, mapping.path, mapping.start,
                                                mapping.end))
         path = object_path(mapping)
-        if path is not None:
-            self.add_path(path)
+        return path is None or self.add_path(path, cached_only=cached_only)
 
     @property
     def bytes_loaded(self) -> int:
@@ -549,8 +556,10 @@ def _is_elf(path: str) -> bool:
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
 DEFAULT_ROWS = 1 << 20            # the table's least size, 16 MiB: libc is 28 k rows
-# the most the table takes unless --unwind-memory says otherwise: clang++'s
-# libLLVM and libclang-cpp are ~1 M rows each (16 MiB)
+# the most the table takes unless --unwind-memory says otherwise, for a
+# target or the whole machine: clang++'s libLLVM and libclang-cpp are ~1 M
+# rows each (16 MiB); a machine running clang++, chromium, node and java
+# maps ~6 M rows' worth (bench/results/machine_rows.md)
 MAX_UNWIND_MEMORY = 256 << 20
 # rows per byte of an object's .eh_frame (.debug_frame): 0.16-0.20 measured
 # on libc, libstdc++, python3.11, libLLVM-14, libclang-cpp-14

@@ -1,6 +1,9 @@
-"""Unwind rows loaded while the run goes on (whole-machine runs): the
-probes attach first, and a thread builds and loads the rows of the objects
-the in-kernel walk found without them, most wanted first.
+"""Unwind rows loaded while the run goes on: the probes attach first, and
+a thread builds and loads the rows of the objects the in-kernel walk
+found without them, most wanted first (whole-machine runs), or of the
+objects a -p/-c target maps whose rows the cache does not hold yet (their
+building took clang++'s run 13-31 s before its first sample: libLLVM's
+and libclang-cpp's ~1 M rows each), smallest first.
 
 The walk counts, per object it met without rows, how often (the WANTED
 map of bpf/unwind.h); the stacks it could not finish go to user space as
@@ -32,9 +35,11 @@ POLL_S = 0.05                   # how often the loader looks at WANTED when idle
 
 
 class ObjectPaths:
-    """(dev, inode) -> host path of the objects the processes map."""
+    """(dev, inode) -> host path of the objects the processes map
+    (`pids()`: those processes; every one by default)."""
 
-    def __init__(self):
+    def __init__(self, pids=procfs.pids):
+        self.pids = pids
         self.paths: dict = {}
         self._seen: set = set()         # paths already stat()ed
 
@@ -55,8 +60,8 @@ class ObjectPaths:
             self.note(path)
 
     def scan(self) -> None:
-        """Every object every process maps now."""
-        for pid in procfs.pids():
+        """Every object the processes map now."""
+        for pid in self.pids():
             for m in procfs.executable_mappings(pid):
                 path = object_path(m)
                 if path is not None:
@@ -92,14 +97,18 @@ class LazyRows:
         maps may close while it builds, and its samples are deferred)."""
         if not self._stop.is_set():
             self._stop.set()
-            self.pending = len(self.objects.wanted())
+            self.pending = len(self.objects.wanted()) or sum(
+                1 for path in self.first if object_keys(path)[:1] and
+                object_keys(path)[0] not in self.objects.loaded)
 
     def _run(self) -> None:
         try:
             for path in self.first:
                 if self._stop.is_set():
                     return
+                before = len(self.objects.loaded)
                 self.objects.add_path(path, run_waits=False)
+                self.loaded += len(self.objects.loaded) > before
             self.paths.scan()
             while not self._stop.is_set():
                 if not self.load_next():

@@ -254,7 +254,12 @@ def _go_switcher_rows(sp_deltas, code: bytes, entry: int) -> list:
                        [(start, end, by_bp) for start, end in frame_pointer_spans(code, entry)])
 
 
-def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> PackedRows | None:
+# for_image(cached_only=True)'s answer for rows that would have to be built
+NOT_CACHED = object()
+
+
+def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
+              cached_only: bool = False):
     """The packed rows of an ELF object: a Go binary's from its
     .gopclntab; others' from their CFI (.eh_frame, .debug_frame and the
     separate debug file, as the Python unwinder uses them). None when it
@@ -263,9 +268,11 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
     intermediate tables never in this process's memory. run_waits=False
     (a whole-machine run's lazy loader: the object's samples are unwound
     in user space meanwhile): that child yields the CPU to the machine's
-    work and to the run's own (BACKGROUND_NICENESS)."""
+    work and to the run's own (BACKGROUND_NICENESS). cached_only: the
+    cache's rows, else NOT_CACHED without building (a run loads those
+    after its probes are live: lazy_rows.py)."""
     if image.file.is_go:
-        return _go_packed(image)
+        return _go_packed(image, cached_only)
     # cached by what they are built from (the CFI table's key and the signal
     # trampolines): packing libc's 30 k rows costs ~0.25 s, and a launched
     # command waits for its objects' rows before it may start
@@ -273,6 +280,9 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
         st = os.stat(image.path)
     except OSError:
         st = None
+    if cached_only and (st is None or not (content_key.known(TRAMPOLINES, st)
+                                           and content_key.known("cfi", st))):
+        return NOT_CACHED               # its keys alone may scan all its code
     apart = st is not None and _worth_a_child(image)
     if apart and not (content_key.known(TRAMPOLINES, st) and content_key.known("cfi", st)):
         # a version not seen before: its keys too (a scan of all its code,
@@ -284,6 +294,8 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True) -> Pack
                                     content_key.remembered(TRAMPOLINES, st,
                                                            lambda: signals_key(image))))
     found = _cached_rows(image, cache)
+    if found is None and cached_only:
+        return NOT_CACHED
     if found is None and apart:
         _build_apart(image, debug_dirs, run_waits)
         found = _cached_rows(image, cache)      # else: built here below
@@ -371,7 +383,7 @@ def _worth_a_child(image: ElfImage) -> bool:
     return image.file.sections.get(".eh_frame", (0, 0, 0))[2] >= BUILT_APART_FROM
 
 
-def _go_packed(image: ElfImage) -> PackedRows | None:
+def _go_packed(image: ElfImage, cached_only: bool = False):
     """A Go binary's rows, cached on disk by the file's version (decoding
     every function's pcsp costs seconds on large binaries; the Go reader
     reads the file itself, so its bytes cannot be hashed as parsed)."""
@@ -380,6 +392,8 @@ def _go_packed(image: ElfImage) -> PackedRows | None:
     blob = objcache.read(cache)
     if blob and len(blob) % ROW_SIZE == 0:
         return PackedRows(image.path, blob, from_cache=True)
+    if cached_only:
+        return NOT_CACHED
     from ..objfile.gopclntab import PclntabError, go_table
     try:
         table = go_table(image)

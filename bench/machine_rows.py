@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Kernel memory of a whole-machine run while clang++-14 (compiling
+bench/big_objects.py's template-heavy file, restarted as it ends),
+a headless chromium (a page spinning in JS), node and java (spinning)
+run: the memlock of ustack's BPF maps, read from its map fds' fdinfo while
+it runs (the largest seen), the room of its row table (its header), the
+objects whose rows did not fit (its notes), and how many of clang's
+samples reach _start, for this tree and another (--before DIR/src).
+
+(--stack-size 65528: as bench/big_objects.py's whole-machine run, so
+that clang's deep stacks deferred while their rows load are whole.)
+
+    sudo python3 bench/machine_rows.py [--rounds N] [--before DIR/src]
+
+Prints Markdown and writes bench/results/machine_rows.md."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from big_objects import folded_share, map_memory  # noqa: E402
+from cold_start import Targets  # noqa: E402
+
+SECONDS = "5"
+JAVA = """public class Spin { public static void main(String[] a) {
+    double s = 0; for (long i = 0; ; i++) { s += Math.sqrt(i); if (i % 100000000 == 0)
+    System.out.println("ready"); } } }"""
+
+
+class Machine(Targets):
+    """clang++ kept compiling, chromium, node and java."""
+
+    def __init__(self, work: Path):
+        super().__init__(work)
+        (work / "Spin.java").write_text(JAVA)
+        self._stop = threading.Event()
+
+    def clang_loop(self) -> None:
+        self.clang()
+        threading.Thread(target=self._again, daemon=True).start()
+
+    def _again(self) -> None:
+        while not self._stop.is_set():
+            p = self.procs[0]
+            p.wait()
+            if self._stop.is_set():
+                return
+            self.procs[0] = subprocess.Popen(["clang++-14", "-O2", "-std=c++17", "-c",
+                                              str(self.work / "heavy.cpp"), "-o", "/dev/null"])
+
+    def java(self) -> int:
+        p = subprocess.Popen(["java", str(self.work / "Spin.java")], stdout=subprocess.PIPE,
+                             text=True)
+        self.procs.append(p)
+        p.stdout.readline()
+        return p.pid
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+
+
+def one_run(src: str, cache: str, out: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=src, USTACK_CACHE_DIR=cache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    us = subprocess.Popen([sys.executable, "-m", "ustack", "profile", "-F", "99", "-d", SECONDS,
+                           "--stack-size", "65528", "-f", "folded", "-o", str(out)],
+                          env=env, stderr=subprocess.PIPE, text=True)
+    header = us.stderr.readline()
+    peak = 0
+    while us.poll() is None:
+        peak = max(peak, map_memory(us.pid))
+        time.sleep(0.2)
+    rest = us.stderr.read()
+    room = re.search(r"room for (\d+) MiB", header)
+    full = re.search(r"(\d+) objects?'s? unwind rows did not fit the in-kernel table "
+                     r"\(([\d.]+) MiB: ([^)]*)\)", header + rest)
+    whole, total = folded_share(out)
+    return {"peak": peak, "room": room[1] if room else "16 (fixed)",
+            "full": f"{full[1]} ({full[3]})" if full else "0",
+            "whole": whole, "total": total}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--before", help="another tree's src/")
+    a = ap.parse_args()
+    trees = [("this tree", str(REPO / "src"))] + ([("before", a.before)] if a.before else [])
+    work = Path(tempfile.mkdtemp(prefix="machine_rows"))
+    cache = str(work / "cache")
+    machine = Machine(work)
+    rows = []
+    try:
+        machine.clang_loop()
+        machine.chromium()
+        machine.node()
+        machine.java()
+        for _warm in range(2):          # rows and symbols of what is sampled cached
+            one_run(trees[0][1], cache, work / "warm.folded")
+        for rnd in range(1, a.rounds + 1):
+            for tree, src in trees:
+                r = one_run(src, cache, work / "out.folded")
+                share = 100 * r["whole"] / r["total"] if r["total"] else 0
+                rows.append(f"| {rnd} | {tree} | {r['room']} | {r['peak'] / (1 << 20):.1f} | "
+                            f"{r['full']} | {r['whole']} / {r['total']} ({share:.1f} %) |")
+                print(rows[-1], file=sys.stderr)
+    finally:
+        machine.close()
+        shutil.rmtree(work, ignore_errors=True)
+    load = os.getloadavg()
+    text = "\n".join([
+        "# Kernel memory of a whole-machine run with clang++, chromium, node and java running",
+        "", f"{time.strftime('%Y-%m-%d')}, kernel {os.uname().release}, {os.cpu_count()} CPUs "
+        f"shared (load average at the end {load[0]:.1f}). `python3 bench/machine_rows.py`: "
+        f"`ustack profile -F 99 -d {SECONDS} --stack-size 65528` of the whole machine, its cache "
+        "warmed by two runs first. Memory: the memlock of ustack's BPF maps (each map once), "
+        "the largest seen while it ran. Clang's samples reach a root when their outermost frame is _start and "
+        "no frame is a cut note.", "",
+        "| round | tree | row table (MiB) | all maps (MiB) | objects that did not fit | "
+        "clang samples reaching a root |", "| --- | --- | --- | --- | --- | --- |", *rows, ""])
+    print(text)
+    (REPO / "bench" / "results" / "machine_rows.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
