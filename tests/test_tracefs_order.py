@@ -92,7 +92,7 @@ def _records(formats, watch: Watch) -> TracefsRecords:
     records.set_user_stack(formats["user_stack"])
     records.follow_processes(watch, formats["sched_process_fork"],
                              formats["sched_process_exec"])
-    records.horizon = 0                 # as the capture sets it: wait for horizons
+    records.ordered = True              # as the capture sets it: wait for horizons
     return records
 
 

@@ -163,12 +163,12 @@ class TracefsCapture(Capture):
         began, which records are all in (see read_chunks), and samples fall
         into the intervals of time.monotonic(). A kernel without it keeps
         its local clock, and a batch's records are ordered among themselves."""
+        self._records.ordered = True      # nothing goes out before a horizon
         try:
             self.instance.write("trace_clock", "mono")
         except UstackError:
             return
         self._monotonic = True
-        self._records.horizon = 0         # nothing goes out before a horizon
 
     def _filter_pids(self) -> None:
         """set_event_pid: the target's threads (-p) or the command (-c);

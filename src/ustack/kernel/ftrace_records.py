@@ -97,7 +97,9 @@ class TracefsRecords:
         # records read but not decoded: per CPU, [(time, cpu, chunk, offset,
         # length)] in the buffer's order; those before the horizon are decoded
         self._queued: dict = {}
-        self.horizon = EVERYTHING        # the capture sets 0: wait for horizon chunks
+        # False: a page's records are decoded as it is read; the capture sets
+        # True, and they wait for a horizon chunk
+        self.ordered = False
 
     def set_user_stack(self, fmt: str) -> None:
         """The ftrace/user_stack event's id and layout, from its format
@@ -213,12 +215,13 @@ class TracefsRecords:
             return 0
         cpu = CPU_PREFIX.unpack_from(chunk, 0)[0]
         if cpu == HORIZON_CPU:
-            self.horizon = max(self.horizon, _Q.unpack_from(chunk, CPU_PREFIX.size)[0])
+            self._decode_queued(_Q.unpack_from(chunk, CPU_PREFIX.size)[0], samples)
         else:
             queue = self._queued.setdefault(cpu, [])
             queue.extend((t, cpu, chunk, off, length)
                          for t, off, length in records(chunk, CPU_PREFIX.size))
-        self._decode_queued(self.horizon, samples)
+            if not self.ordered:
+                self._decode_queued(EVERYTHING, samples)
         if self._held:
             self._release_held(metas)
         return len(chunk)
