@@ -4,17 +4,23 @@ its parent wrote on a CPU read a moment before. Records are decoded in
 time order up to the time a pass over every buffer began (a horizon): the
 child's samples wait for the fork that gives them its parent's maps.
 The records are laid out by this kernel's own formats for
-sched_process_fork and ftrace's user_stack."""
+sched_process_fork and ftrace's user_stack. And a child's pre-exec
+samples decoded once it has exec'd are not given the maps /proc shows
+then, its new program's."""
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
 
 import pytest
 
-from ustack.kernel import tracefs
+from ustack.capture.tracefs_maps import ProcessWatch
+from ustack.kernel import procfs, tracefs
 from ustack.kernel.ftrace_records import (CPU_PREFIX, EventLayout, TracefsRecords,
                                           horizon_chunk)
 from ustack.kernel.trace_format import event_id, parse_format
+from ustack.model import MmapEvent, RawSample
 
 pytestmark = pytest.mark.kernel
 
@@ -127,3 +133,36 @@ def test_the_end_of_a_run_decodes_every_record_in_time_order(formats):
     samples = _read(records, [hit, fork, b""])
     assert watch.seen == [("fork", CHILD, 1100), ("sample", CHILD, 1200)]
     assert [s.callchain for s in samples] == [struct.pack("<3Q", *CHAIN)]
+
+
+def _fp_sample(pid: int, t: int, addrs) -> RawSample:
+    chain = struct.pack(f"<{len(addrs)}Q", *addrs)
+    return RawSample(0, pid, pid, t, 0, chain, b"", None, None, ())
+
+
+def test_maps_read_after_an_exec_are_not_sent_for_the_program_before_it():
+    """`cat` is forked from this process and has exec'd: a sample taken
+    in the copy of this program it ran before (decoded before its exec)
+    finds none of its addresses in cat's maps, and sends none of them;
+    once the exec is decoded, its samples get cat's maps, after it."""
+    ours = [m for m in procfs.executable_mappings(os.getpid()) if m.path]
+    before = ours[0].start + 16            # an address of this program's text
+    child = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        child.stdin.write(b"up\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"up\n"     # cat runs: exec'd and loaded
+        theirs = procfs.executable_mappings(child.pid)
+        after = next(m for m in theirs if m.path.endswith("/cat")).start + 16
+        assert not any(m.start <= before < m.end for m in theirs)
+        watch, metas = ProcessWatch(), []
+        watch.sample(_fp_sample(child.pid, 100, [before]), metas)
+        assert metas == []
+        watch.exec(200, child.pid, "/usr/bin/cat", metas)
+        watch.sample(_fp_sample(child.pid, 300, [after]), metas)
+        sent = [(t, e.mapping.path) for t, e in metas if isinstance(e, MmapEvent)]
+        assert sent and all(t == 300 for t, _ in sent), metas
+        assert any(path.endswith("/cat") for _, path in sent), metas
+    finally:
+        child.kill()
+        child.communicate()
