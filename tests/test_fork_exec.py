@@ -29,10 +29,6 @@ def test_child_stacks_before_and_after_its_exec(backend, unwind):
     assert got == sorted([(PRE, N), (POST, N)]), res.stdout
 
 
-# alone: beside three busy loops its pre-exec stacks lost in_child and ended
-# "no mapping" in 5 of 12 runs (1 of 12 on older code): a race with the exec
-# not yet understood, rare without load
-@pytest.mark.alone
 @pytest.mark.parametrize("unwind", ["dwarf", "fp"])
 def test_tracefs_child_stacks_before_and_after_its_exec(unwind):
     """ftrace has no fork, exec or mmap records: the instance's

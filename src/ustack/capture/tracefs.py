@@ -25,7 +25,9 @@ import time
 from ..defaults import DEFAULT_BUFFER_PAGES   # pages per CPU, as for perf
 from ..kernel import procfs
 from ..kernel.ftrace_instance import FtraceInstance
-from ..kernel.ftrace_records import CPU_PREFIX, EventLayout, TracefsRecords
+from ..kernel.ftrace_ring import page_time
+from ..kernel.ftrace_records import (CPU_PREFIX, EVERYTHING, EventLayout,
+                                     TracefsRecords, horizon_chunk)
 from ..kernel.perf_event import cpus_online
 from ..kernel import tracefs
 from ..kernel.tracefs import tracepoint_id
@@ -71,6 +73,8 @@ class TracefsCapture(Capture):
         self.decode = self._records.read  # see TracefsRecords.read
         self._page = 4096
         self._final = self._end_sent = False
+        self._monotonic = False           # the instance stamps with CLOCK_MONOTONIC
+        self._holding = False             # the last pass read records: see read_chunks
         self.stack_bytes = 0              # per DWARF uprobe event (for the header)
         self.cut_advice = None            # set when the kernel's limit cut the copy
 
@@ -153,6 +157,19 @@ class TracefsCapture(Capture):
         self._records.follow_processes(ProcessWatch(), *formats)
         self._enable += events
 
+    def _stamp_monotonic(self) -> None:
+        """Records stamped with CLOCK_MONOTONIC (ftrace's "mono" clock), as
+        perf's are: a pass over the buffers can then say, by the time it
+        began, which records are all in (see read_chunks), and samples fall
+        into the intervals of time.monotonic(). A kernel without it keeps
+        its local clock, and a batch's records are ordered among themselves."""
+        self._records.ordered = True      # nothing goes out before a horizon
+        try:
+            self.instance.write("trace_clock", "mono")
+        except UstackError:
+            return
+        self._monotonic = True
+
     def _filter_pids(self) -> None:
         """set_event_pid: the target's threads (-p) or the command (-c);
         event-fork adds every thread and child they create from now on."""
@@ -191,6 +208,7 @@ class TracefsCapture(Capture):
             except (OSError, ValueError):
                 pass
             self.instance.option("userstacktrace", True)
+            self._stamp_monotonic()
             self._follow_processes()
             for index, probe in enumerate(self.probes):
                 self.interrupt.check()
@@ -230,10 +248,17 @@ class TracefsCapture(Capture):
 
     # -- reading -----------------------------------------------------------------
     def read_chunks(self, timeout_ms: int) -> list:
+        """A pass over every CPU's buffer, then a horizon: the time the pass
+        began, before which every record has been read, whichever CPU
+        wrote it (a buffer left unread past PAGES_PER_READ: the time its last
+        page read begins). The pass after one that read records sends its
+        horizon even when it reads nothing, so that those records go out."""
         chunks = []
         page = self._page
+        horizon = time.monotonic_ns() if self._monotonic else EVERYTHING
         for cpu, fd in self.instance.fds.items():
             head = CPU_PREFIX.pack(cpu)
+            data = b""
             for _ in range(PAGES_PER_READ):
                 try:
                     data = os.read(fd, page)
@@ -244,14 +269,20 @@ class TracefsCapture(Capture):
                 if not data:
                     break
                 chunks.append(head + data)
-        if not chunks:
-            if self._final:
-                if not self._end_sent:    # tell the reader the run is over
-                    self._end_sent = True
-                    return [b""]
-                return []
-            if timeout_ms:
-                time.sleep(timeout_ms / 1000)
+            else:
+                if data:
+                    horizon = min(horizon, page_time(data))
+        if chunks or self._holding:
+            self._holding = bool(chunks)
+            chunks.append(horizon_chunk(horizon))
+            return chunks
+        if self._final:
+            if not self._end_sent:        # tell the reader the run is over
+                self._end_sent = True
+                return [b""]
+            return []
+        if timeout_ms:
+            time.sleep(timeout_ms / 1000)
         return chunks
 
     def flush_lost(self) -> None:

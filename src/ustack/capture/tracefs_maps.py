@@ -49,35 +49,43 @@ class ProcessWatch:
     def sample(self, sample, metas: list) -> None:
         pid = sample.pid
         known = self.known.get(pid)
-        if known is None:
-            self._read(pid, sample.time_ns, metas)
-            return
         if sample.regs is not None:
             addrs = (sample.regs["ip"],)
         else:                       # a stack repeats: checked once
             chain = sample.callchain
-            if (pid, chain) in self.seen or len(chain) % 8:
+            if known is not None and (pid, chain) in self.seen or len(chain) % 8:
                 return
             addrs = memoryview(chain).cast("Q")
+        if known is None:
+            self._read(pid, sample.time_ns, metas, addrs)
+            return
         for addr in addrs:
             if 0x1000 <= addr < _USER_END and known.find(addr) is None \
                     and known.find(addr - 1) is None:
                 missed = self.misses.setdefault(pid, set())
                 if addr >> 12 not in missed and len(missed) < MAX_MISSES:
                     missed.add(addr >> 12)
-                    self._read(pid, sample.time_ns, metas)
+                    self._read(pid, sample.time_ns, metas, addrs)
                 return
         if sample.regs is None:
             if len(self.seen) >= MAX_SEEN:
                 self.seen.clear()
             self.seen.add((pid, chain))
 
-    def _read(self, pid: int, t: int, metas: list) -> None:
+    def _read(self, pid: int, t: int, metas: list, addrs=()) -> None:
         # /proc shows the latest program: its maps go after that exec (an
         # event from before it, on another CPU, can be decoded later)
         t = max(t, self.execs.get(pid, 0))
         maps = self.known.get(pid) or ProcessMaps()
-        for m in procfs.executable_mappings(pid):
+        mappings = procfs.executable_mappings(pid)
+        if addrs and not _holds_one(ProcessMaps(mappings), addrs):
+            # none of the sample's addresses (or it is gone): /proc shows a
+            # program the process exec'd since, its exec not decoded yet;
+            # sent at the sample's time, its maps would name the program it
+            # ran before. Its exec's decoding has them read again.
+            self._remember(pid, maps)
+            return
+        for m in mappings:
             found = maps.find(m.start)
             if found is None or (found.start, found.end, found.path) != (m.start, m.end, m.path):
                 maps.add(m)
@@ -90,3 +98,10 @@ class ProcessWatch:
             self.misses.clear()
             self.execs.clear()
         self.known[pid] = maps
+
+
+def _holds_one(maps: ProcessMaps, addrs) -> bool:
+    """Whether one of a sample's addresses (return addresses: or the byte
+    before) lies in `maps`; markers above user space are none."""
+    return any(maps.find(a) is not None or maps.find(a - 1) is not None
+               for a in addrs if 0x1000 <= a < _USER_END)

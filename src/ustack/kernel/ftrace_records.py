@@ -7,14 +7,21 @@ Two kinds of records make one sample:
 - a uprobe whose fetch-args copied %ip, %sp, %bp and stack words carries
   what a DWARF unwinder needs in its own record, laid out by its format.
 The instance's sched_process_fork/exec records (see follow_processes) and
-each sample are handed, in order, to a watch that says what they mean for
-the process's maps (ftrace has no mmap records).
+each sample are handed, in time order across CPUs, to a watch that says
+what they mean for the process's maps (ftrace has no mmap records).
+Each CPU has its own buffer, read one after the other: a fork written on
+the CPU read first can be missed by a pass that finds its child's samples
+on the next one. So records wait until a horizon chunk (see
+horizon_chunk) says every CPU has been read past their time: a child's
+samples then never go out before the fork that explains them.
 Losses are counted exactly from the ring buffer's overrun totals and the
 pairs broken by an overwrite (see TracefsRecords.lost)."""
 from __future__ import annotations
 
+import bisect
 import struct
 from collections import deque
+from operator import itemgetter
 
 from ..model import FTRACE_STACK_FULL, RawSample, UstackError
 from . import procfs
@@ -24,11 +31,21 @@ from .ftrace_ring import records
 FTRACE_STACK_ENTRIES = 8
 TGID_CACHE = 65536                   # threads whose tgid the reader remembers
 CPU_PREFIX = struct.Struct("<I4x")   # chunk prefix: which CPU the page is from
+HORIZON_CPU = 0xFFFFFFFF             # a chunk of this "CPU" holds a horizon
+EVERYTHING = (1 << 64) - 1           # a horizon past every record read
 _Q = struct.Struct("<Q")
 _FULL = _Q.pack(FTRACE_STACK_FULL)
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _COMMON = struct.Struct("<HBBi")     # common_type, flags, preempt_count, pid
+_TIME = itemgetter(0)
+
+
+def horizon_chunk(ns: int) -> bytes:
+    """A chunk saying that every CPU's buffer was read after `ns` (the
+    trace clock's time when a pass over them began): the records stamped
+    before it are all in, and go out in time order."""
+    return CPU_PREFIX.pack(HORIZON_CPU) + _Q.pack(min(ns, EVERYTHING))
 
 
 class EventLayout:
@@ -77,6 +94,12 @@ class TracefsRecords:
         self._lifecycle: dict = {}
         self.watch = None
         self._out_metas: list = []       # the metadata list of the read() under way
+        # records read but not decoded: per CPU, [(time, cpu, chunk, offset,
+        # length)] in the buffer's order; those before the horizon are decoded
+        self._queued: dict = {}
+        # False: a page's records are decoded as it is read; the capture sets
+        # True, and they wait for a horizon chunk
+        self.ordered = False
 
     def set_user_stack(self, fmt: str) -> None:
         """The ftrace/user_stack event's id and layout, from its format
@@ -175,26 +198,60 @@ class TracefsRecords:
 
     def read(self, chunk, metas: list, samples: list, start: int = 0,
              budget: int = 1 << 62) -> int:
-        """Parse one chunk (a CPU's page) whole, as RecordReader.read does a
-        perf chunk; an empty chunk means the end of the run: events still
-        waiting for a user stack go out."""
+        """Take one chunk (a CPU's page, or a horizon) whole, as
+        RecordReader.read does a perf chunk, and decode the records that
+        are before the horizon; an empty chunk means the end of the run:
+        every record, and the events still waiting for a user stack, go
+        out."""
         while self.metas:
             metas.append((0, self.metas.popleft()))
         self._out_metas = metas
         if not chunk:
+            self._decode_queued(EVERYTHING, samples)
             for cpu in sorted(self._pending):
                 self.stackless += 1
                 self._emit(samples, self._pending.pop(cpu), None, b"")
             self._release_held(metas, all_of_them=True)
             return 0
         cpu = CPU_PREFIX.unpack_from(chunk, 0)[0]
+        if cpu == HORIZON_CPU:
+            self._decode_queued(_Q.unpack_from(chunk, CPU_PREFIX.size)[0], samples)
+        else:
+            queue = self._queued.setdefault(cpu, [])
+            queue.extend((t, cpu, chunk, off, length)
+                         for t, off, length in records(chunk, CPU_PREFIX.size))
+            if not self.ordered:
+                self._decode_queued(EVERYTHING, samples)
+        if self._held:
+            self._release_held(metas)
+        return len(chunk)
+
+    def _decode_queued(self, horizon: int, samples: list) -> None:
+        """Decode the queued records stamped before `horizon`, in time order
+        across CPUs (each CPU's in its buffer's order: the sort is stable,
+        and merges the CPUs' runs). An event waits for the user stack that
+        follows it on its CPU; a user stack completes its sample."""
+        ready = []
+        for queue in self._queued.values():
+            n = len(queue)
+            if n and queue[-1][0] >= horizon:
+                n = bisect.bisect_left(queue, horizon, key=_TIME)
+            if n == len(queue):
+                ready += queue
+                queue.clear()
+            elif n:
+                ready += queue[:n]
+                del queue[:n]
+        if not ready:
+            return
+        ready.sort(key=_TIME)
         pending = self._pending
-        layouts = self.layouts
+        layouts, lifecycle = self.layouts, self._lifecycle
         ustack_id = self.user_stack_id
         tgid_at, callers_at = self.tgid_at, self.callers_at
         entries = self.stack_entries
         common = _COMMON.unpack_from
-        for t, off, length in records(chunk, CPU_PREFIX.size):
+        for t, cpu, chunk, off, length in ready:
             typ, _flags, _pc, tid = common(chunk, off)
             if typ == ustack_id:
                 ev = pending.pop(cpu, None)
@@ -212,7 +269,7 @@ class TracefsRecords:
                     self.orphan_stacks += 1
                 continue
             layout = layouts.get(typ)
-            process = self._lifecycle.get(typ)
+            process = lifecycle.get(typ)
             if process is not None:
                 self._process_event(process[0], process[1:], chunk, off, t)
             elif layout is None:
@@ -224,9 +281,6 @@ class TracefsRecords:
             extra = bytes(chunk[off:off + length]) if layout is not None and layout.keep else b""
             # a process event too waits for its user stack, which is no sample's
             pending[cpu] = [layout, tid, t, cpu, extra]
-        if self._held:
-            self._release_held(metas)
-        return len(chunk)
 
     @property
     def lost(self) -> int:

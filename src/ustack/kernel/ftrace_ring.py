@@ -19,6 +19,11 @@ _U32 = struct.Struct("<I")
 PADDING, TIME_EXTEND, TIME_STAMP = 29, 30, 31
 
 
+def page_time(page, start: int = 0) -> int:
+    """The timestamp a page's records count from: none of them is older."""
+    return _PAGE_HEAD.unpack_from(page, start)[0]
+
+
 def records(page, start: int = 0):
     """Yield (timestamp ns, offset, length) of every record in a page read
     from trace_pipe_raw (`page[start:]`)."""
