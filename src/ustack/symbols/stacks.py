@@ -79,9 +79,14 @@ class StackResolver:
                                      php_functions, perl_subs, ruby_iseqs)
         if options.java:
             # a JVM's stacks come copied (no CFI in its code cache): its Java
-            # frames are walked and named as they are unwound
-            from ..unwind.hotspot_live import HotSpotLive
-            self.unwinder.hotspot = HotSpotLive(self.symbolizer.java.remember)
+            # frames are walked and named as they are unwound, by a walker
+            # made at the first copied stack (a short run spares its imports)
+            remember = self.symbolizer.java.remember
+
+            def hotspot():
+                from ..unwind.hotspot_live import HotSpotLive
+                return HotSpotLive(remember)
+            self.unwinder.hotspot_factory = hotspot
             self.symbolizer.java.active = True
         self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
 

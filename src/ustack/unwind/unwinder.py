@@ -35,6 +35,7 @@ class Unwinder:
         # a hotspot_live.HotSpotLive: a JVM's copied stacks walked through
         # its Java frames (no frame pointers, no CFI there), or None
         self.hotspot = None
+        self.hotspot_factory = None     # makes self.hotspot when a copied stack first comes
 
     @property
     def dwarf(self):
@@ -70,6 +71,8 @@ class Unwinder:
             find_pid = lambda addr: find(pid, addr)       # noqa: E731
             stack = sample.stack or b""
             python = type(sample) is PythonSample
+            if self.hotspot_factory is not None:
+                self.hotspot, self.hotspot_factory = self.hotspot_factory(), None
             if self.hotspot is not None and not python:
                 walked = self.hotspot.unwind(pid, sample.regs, stack, find_pid, self.dwarf)
                 if walked is not None:
