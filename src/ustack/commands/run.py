@@ -252,7 +252,10 @@ def _jit_hint(session: Session) -> str:
         return ""
     from ..symbols.perfmap import header_hint
     pid = session.target.pid
-    return header_hint(pid, session.tracker.current_maps(pid))
+    # where the kernel pass walks JS frames they are named from node's heap
+    v8 = getattr(session.capture, "v8_functions", None)
+    return header_hint(pid, session.tracker.current_maps(pid),
+                       js_named=v8 is not None and v8.active)
 
 
 def _header(session: Session, err: TextIOBase) -> None:

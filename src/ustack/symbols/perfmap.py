@@ -183,13 +183,14 @@ def left_before(st: os.stat_result, process_started: float | None) -> bool:
     return process_started is not None and st.st_mtime < process_started - STALE_SLACK_S
 
 
-def header_hint(pid: int, maps) -> str:
+def header_hint(pid: int, maps, js_named: bool = False) -> str:
     """What the header of a run on running process `pid` says when it runs
     JIT code (anonymous executable memory, a JVM's or node's, `maps`) with
     no perf map yet: said at the start, while a JVM can still be asked
-    for one; "" otherwise."""
+    for one; "" otherwise, and for node when the run names its JS frames
+    from its heap (`js_named`)."""
     name = runtime(m.path for m in maps)
-    if not name or not any(is_anonymous(m.path) for m in maps):
+    if not name or (name == "node" and js_named) or not any(is_anonymous(m.path) for m in maps):
         return ""
     root = foreign_root(pid)
     path = perf_map_path(pid)
