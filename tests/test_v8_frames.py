@@ -169,8 +169,11 @@ def running_node():
 def test_running_node_by_pid(running_node, tmp_path):
     """-p: a node already running, started with default flags."""
     out = tmp_path / "p.folded"
-    ok(run_ustack("profile", "-F", "199", "-d", "2", "-p", str(running_node.pid), "-o", out))
+    res = ok(run_ustack("profile", "-F", "199", "-d", "2", "-p", str(running_node.pid),
+                        "-o", out))
     assert_whole_chains(out)
+    # its JS frames are named without a perf map: no advice to write one
+    assert "perf map" not in res.stderr, res.stderr
 
 
 def test_no_js_leaves_jit_and_builtin_frames(running_node, tmp_path):
@@ -181,6 +184,7 @@ def test_no_js_leaves_jit_and_builtin_frames(running_node, tmp_path):
     text = out.read_text()
     assert "third" not in text and "Builtins_" in text, text[-2000:]
     assert "wrote no perf map" in res.stderr, res.stderr
+    assert "no perf map (node --perf-basic-prof writes one)" in res.stderr, res.stderr
 
 
 def test_node_started_during_a_whole_machine_run(tmp_path):

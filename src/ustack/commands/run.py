@@ -260,7 +260,10 @@ def _jit_hint(session: Session) -> str:
     pid = session.target.pid
     # a JVM's copied stacks are walked through its Java frames (hotspot_live.py)
     java_walked = session.opts.java_walked and session.plan.unwind == "dwarf"
-    return header_hint(pid, session.tracker.current_maps(pid), java_walked)
+    # where the kernel pass walks JS frames they are named from node's heap
+    v8 = getattr(session.capture, "v8_functions", None)
+    return header_hint(pid, session.tracker.current_maps(pid), java_walked,
+                       js_named=v8 is not None and v8.active)
 
 
 def _header(session: Session, err: TextIOBase) -> None:

@@ -183,15 +183,16 @@ def left_before(st: os.stat_result, process_started: float | None) -> bool:
     return process_started is not None and st.st_mtime < process_started - STALE_SLACK_S
 
 
-def header_hint(pid: int, maps, java_walked: bool = False) -> str:
+def header_hint(pid: int, maps, java_walked: bool = False, js_named: bool = False) -> str:
     """What the header of a run on running process `pid` says when it runs
     JIT code (anonymous executable memory, a JVM's or node's, `maps`) with
     no perf map yet: said at the start, while a JVM can still be asked
-    for one; "" otherwise, and for a JVM whose Java frames the run walks
-    and names from its own tables (`java_walked`)."""
+    for one; "" otherwise, for a JVM whose Java frames the run walks and
+    names from its own tables (`java_walked`), and for node when the run
+    names its JS frames from its heap (`js_named`)."""
     name = runtime(m.path for m in maps)
     if not name or not any(is_anonymous(m.path) for m in maps) or (
-            java_walked and name == "java"):
+            java_walked and name == "java") or (js_named and name == "node"):
         return ""
     root = foreign_root(pid)
     path = perf_map_path(pid)
