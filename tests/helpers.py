@@ -285,6 +285,21 @@ def gdb_backtrace(prog, args=(), breakpoint: str = "d", timeout: float = 60) -> 
             if (m := _GDB_FRAME.match(line))]
 
 
+def java_tool(name: str) -> str:
+    """The JDK tool `name` (java, javac, jcmd); skips the test without it."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed: no Java program to profile")
+    return path
+
+
+def compiled_java_chain(directory) -> Path:
+    """tests/programs/java/Chain.java compiled into `directory` (its classpath)."""
+    subprocess.run([java_tool("javac"), "-d", str(directory),
+                    str(PROGRAMS / "java" / "Chain.java")], check=True)
+    return directory
+
+
 def build_go_source(directory, source: str, name: str = "prog",
                     ldflags: str = "") -> str:
     """Build a one-file Go program (module example.com/t) in `directory`;

@@ -13,7 +13,6 @@ the root of the thread the launcher runs main on (JavaMain, start_thread,
 clone3). One JVM per way, shared by the tests."""
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -21,12 +20,11 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import ok, parse_folded, run_for_cpu
+from helpers import compiled_java_chain, java_tool, ok, parse_folded, run_for_cpu
 from ustack.model import SymbolOptions
 
 pytestmark = pytest.mark.kernel
 
-SOURCE = Path(__file__).parent / "programs" / "java" / "Chain.java"
 CHAIN = ["Chain.main", "Chain.outer", "Chain.middle", "Chain.leaf"]
 # Chain.java's lines of the calls down the chain, and of leaf()'s loop (0:
 # none known, at a pc with no debug info or on the method's entry)
@@ -40,18 +38,12 @@ WAYS = {
 }
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed: no Java program to profile")
-    return path
+_tool = java_tool
 
 
 @pytest.fixture(scope="module")
 def classes(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("java")
-    subprocess.run([_tool("javac"), "-d", str(out), str(SOURCE)], check=True)
-    return out
+    return compiled_java_chain(tmp_path_factory.mktemp("java"))
 
 
 def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:

@@ -10,7 +10,6 @@ start_thread, clone3). Each method is kept out of its caller
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -19,12 +18,12 @@ import pytest
 
 import ustack
 from ustack.model import SymbolOptions
-from helpers import (end_after_cpu, finish, ok, parse_folded, parse_trace, run_for_cpu,
-                     run_ustack, start_ustack, stop, wait_tracing, wait_until)
+from helpers import (compiled_java_chain, end_after_cpu, finish, java_tool, ok, parse_folded,
+                     parse_trace, run_for_cpu, run_ustack, start_ustack, stop, wait_tracing,
+                     wait_until)
 
 pytestmark = pytest.mark.kernel
 
-SOURCE = Path(__file__).parent / "programs" / "java" / "Chain.java"
 FLAGS = ("-XX:+PreserveFramePointer", "-XX:CompileCommand=quiet",
          "-XX:CompileCommand=dontinline,Chain::*")
 # the JVM's CPU time an attached run lasts: at 199 Hz about 400 samples,
@@ -34,18 +33,12 @@ CPU_SECONDS = 2
 _METHOD = re.compile(r"\w+ Chain\.(\w+)\(")
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.skip(f"{name} is not installed: no Java program to profile")
-    return path
+_tool = java_tool
 
 
 @pytest.fixture(scope="module")
 def classes(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("java")
-    subprocess.run([_tool("javac"), "-d", str(out), str(SOURCE)], check=True)
-    return out
+    return compiled_java_chain(tmp_path_factory.mktemp("java"))
 
 
 def _chain(functions) -> list:

@@ -153,21 +153,31 @@ class Btf:
                         return bits + found[0], found[1]
         return None
 
+    def _kind(self, type_id: int) -> int:
+        return self.kinds[type_id][0]
+
     def offset(self, struct_name: str, field: str) -> int:
         """The byte offset of struct_name.field (a dotted path goes into
         nested structs: "context.vdso"); UstackError if absent."""
-        tid, bits = self.by_name.get(struct_name), 0
-        for part in field.split("."):
-            found = None
-            if tid is not None and self.kinds[tid][0] in (_STRUCT, _UNION):
-                found = self._find(tid, part)
-            if found is None:
-                raise UstackError(f"kernel BTF has no {struct_name}.{field}")
-            bits += found[0]
-            tid = self._resolve(found[1])
-        if bits % 8:
-            raise UstackError(f"kernel BTF: {struct_name}.{field} is a bit field")
-        return bits // 8
+        return _path_offset(self, self.by_name.get(struct_name), struct_name, field)
+
+
+def _path_offset(types, tid: int | None, struct_name: str, field: str) -> int:
+    """The byte offset of struct_name.field (dotted: into nested structs)
+    from struct type `tid` of `types` (a Btf or a FieldOffsets); UstackError
+    if absent or a bit field."""
+    bits = 0
+    for part in field.split("."):
+        found = None
+        if tid is not None and types._kind(tid) in (_STRUCT, _UNION):
+            found = types._find(tid, part)
+        if found is None:
+            raise UstackError(f"kernel BTF has no {struct_name}.{field}")
+        bits += found[0]
+        tid = types._resolve(found[1])
+    if bits % 8:
+        raise UstackError(f"kernel BTF: {struct_name}.{field} is a bit field")
+    return bits // 8
 
 
 def vmlinux() -> Btf:
@@ -252,21 +262,13 @@ class FieldOffsets:
                         return bits + found[0], found[1]
         return None
 
+    def _kind(self, type_id: int) -> int:
+        return self._record(type_id)[0]
+
     def offset(self, struct_name: str, field: str) -> int:
         """The byte offset of struct_name.field (dotted: into nested
         structs); UstackError if absent or a bit field."""
-        tid, bits = self._struct(struct_name), 0
-        for part in field.split("."):
-            found = None
-            if tid is not None and self._record(tid)[0] in (_STRUCT, _UNION):
-                found = self._find(tid, part)
-            if found is None:
-                raise UstackError(f"kernel BTF has no {struct_name}.{field}")
-            bits += found[0]
-            tid = self._resolve(found[1])
-        if bits % 8:
-            raise UstackError(f"kernel BTF: {struct_name}.{field} is a bit field")
-        return bits // 8
+        return _path_offset(self, self._struct(struct_name), struct_name, field)
 
 
 def vmlinux_offsets() -> FieldOffsets:
