@@ -19,6 +19,8 @@ from ..output import make_directory, open_directory, write_bytes_at
 from ..report.formats import run_context
 from ..values import replace, value
 
+OFFCPU_LABEL = "offcpu"         # offcpu's one event, in every output
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 HOST_LABEL_ENV = "USTACK_HOST_LABEL"
 
@@ -156,9 +158,8 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
     opts = session.opts
     base = run_context(opts.command, session.labels, getattr(session.probes[0], "hz", None))
     if opts.command == "offcpu":         # its weight is time off the CPU, its event offcpu
-        from .offcpu import EVENT_LABEL
-        session.labels = [EVENT_LABEL] * len(session.labels)
-        base = run_context("offcpu", [EVENT_LABEL], value_unit="nanoseconds")
+        session.labels = [OFFCPU_LABEL] * len(session.labels)
+        base = run_context("offcpu", [OFFCPU_LABEL], value_unit="nanoseconds")
     cost = _OwnCost()
     # the samples' clock (CLOCK_MONOTONIC) to the wall clock pprof keeps
     to_wall_ns = time.time_ns() - time.monotonic_ns()

@@ -9,6 +9,7 @@ import sys
 from io import TextIOBase
 
 from ..capture.bpf_offcpu import ALL_STATES, OffcpuFilter
+from .every import OFFCPU_LABEL
 from .run import every_options, run_every, run_session
 from ..model import Frame, Stack, StackCount, UstackError
 from ..options import Options, check_stack_storage, run_options
@@ -18,7 +19,7 @@ from ..symbols.stacks import IDLE, SEPARATOR
 
 SWITCH = "tracepoint:sched:sched_switch"
 WAKING = "tracepoint:sched:sched_waking"
-EVENT_LABEL = "offcpu"
+EVENT_LABEL = OFFCPU_LABEL
 # Between the blocked thread's stack and its waker's (bcc's offwaketime
 # writes `--`, which here already parts kernel from user frames)
 WAKER_SEPARATOR = Frame(addr=0, module="", function="[woken by]")
