@@ -355,9 +355,11 @@ def test_bare_library_names():
 def test_library_of_a_process():
     proc = subprocess.Popen(["sleep", "30"])
     try:
-        # the dynamic loader maps libc just after exec: wait for it
-        wait_until(lambda: "/libc.so" in open(f"/proc/{proc.pid}/maps").read(),
-                   what="libc in the maps of `sleep 30`")
+        # the dynamic loader maps libc just after exec, its code after its
+        # first read-only part: wait for the code
+        wait_until(lambda: any("/libc.so" in line and line.split()[1].startswith("r-x")
+                               for line in open(f"/proc/{proc.pid}/maps")),
+                   what="libc's code in the maps of `sleep 30`")
         maps = open(f"/proc/{proc.pid}/maps").read()
         libc = next(l.split()[-1] for l in maps.splitlines() if "/libc.so" in l)
         t = one("uprobe:libc:getpid", pid=proc.pid)
