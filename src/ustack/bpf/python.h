@@ -513,6 +513,13 @@ static __always_inline int python_frame(struct walk *w, struct python_walk *p)
 	    && FRAME_FIELD(__u8, p, l->frame_entry) == PY_OWNED_BY_CSTACK)
 		return 1;		/* the shim that ends the group: not shown */
 	code = FRAME_FIELD(__u64, p, l->frame_code);
+	if (code < 0x1000) {
+		/* no code object yet (a frame being pushed): its word would
+		 * read as a PY_CUT marker, an invented "frames left out" */
+		p->unreadable = 1;
+		p->pyframe = 0;
+		return 1;
+	}
 	switch (l->instr_kind) {
 	case LASTI_BYTES:
 		at = FRAME_FIELD(__s32, p, l->frame_instr) >> 1;	/* negative: not started */
