@@ -15,7 +15,6 @@ Prints Markdown."""
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -84,7 +83,7 @@ def whole_machine(seconds: float) -> tuple:
     return in_c, whole
 
 
-from python_pass_cost import ONE_RUN  # noqa: E402 (bench/ is this script's path: one stats run for every pass)
+from script_pass_cost import one_run  # noqa: E402 (bench/ is this script's path: one stats run for every pass)
 
 
 # target: (command line, the flag that turns its pass off)
@@ -97,14 +96,8 @@ TARGETS = {
 
 
 def one_cost(cmd: str, flag: str | None) -> tuple:
-    argv = ["profile", "-F", "499", *([flag] if flag else []), "-c", cmd]
-    out = subprocess.run([sys.executable, "-c", ONE_RUN, "ustack_uw0", *argv],
-                         capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    if out.returncode not in (0, 3):
-        raise SystemExit(out.stderr)
-    runs, ns = out.stdout.split()[-2:]
-    return int(runs), float(ns)
+    """(runs, ns per run) of the unwinder program over a profile of cmd."""
+    return one_run("ustack_uw0", ["profile", "-F", "499", *([flag] if flag else []), "-c", cmd])
 
 
 def main() -> None:

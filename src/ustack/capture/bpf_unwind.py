@@ -79,11 +79,9 @@ from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_r
                           prog_type_of)
 from .fork_safe_lock import ForkSafeLock
 from .bpf_common import unwind_object
-from .bpf_php import PhpMaps, PhpObjects
 from .bpf_python import PythonMaps, PythonProcs
-from .bpf_perl import PerlMaps, PerlObjects
-from .bpf_ruby import RubyMaps, RubyObjects
 from .bpf_v8 import V8Maps, V8Objects
+from .script_passes import add_script_runtimes
 from .runtime_passes import RuntimePasses
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
@@ -646,12 +644,7 @@ class KernelUnwinder(BpfCounter):
             self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:
             self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
-        if php:
-            self.php = PhpObjects(owned.map(PhpMaps()), objects=self.objects)
-        if perl:
-            self.perl = PerlObjects(owned.map(PerlMaps()), objects=self.objects)
-        if ruby:
-            self.ruby = RubyObjects(owned.map(RubyMaps()), objects=self.objects)
+        add_script_runtimes(self, owned, php=php, perl=perl, ruby=ruby)
         # the runtimes' passes loaded as the run meets them, but where a
         # probe has fetch-args (its own program array ends its records):
         # then verified in each program, as the run starts
