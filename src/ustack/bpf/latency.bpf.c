@@ -7,7 +7,10 @@
  * cookie). An entry's stack is kept under its hash: walked on frame pointers
  * (FP_STACKS) or unwound in the kernel (unwind.h, the unwinder's STACKS),
  * then with LAT_PYTHON given a Python process's frames (python.h), whose
- * records of code objects seen first share RING with the slow calls. */
+ * records of code objects seen first share RING with the slow calls;
+ * with LAT_PASS_CALLS the runtimes' frames come from passes.h's programs,
+ * each loaded once the run meets its runtime, the last of which pushes
+ * the entry (pass_done). */
 #define FNV_PRIME 0x100000001B3ULL
 #include "unwind.h"
 #include "python.h"
@@ -15,6 +18,7 @@
 #include "php.h"
 #include "perl.h"
 #include "ruby.h"
+#include "passes.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -147,37 +151,14 @@ static __always_inline __u64 fp_stack_hash(void *ctx)
 	return hash;
 }
 
-SEC("event")
-int latency_entry(void *ctx)
+/* the entry pushed on the ENTRIES stack of `who` (entry_key's: a thread
+ * or a goroutine) for function `func`: its time and stack */
+static __always_inline int entry_pushed(__u64 who, __u32 func, __u64 now, __u64 hash)
 {
-	enum latency_option opts = options;
-	__u64 pid_tgid = bpf_get_current_pid_tgid(), now, hash = 0, level;
-	struct entry_key key;
+	struct entry_key key = { .who = who, .function = func };
 	struct entry_stack *stack;
+	__u64 level;
 
-	if (!of_the_run(opts, pid_tgid))
-		return result;
-	now = bpf_ktime_get_ns();
-	if (opts & LAT_FP_STACK)
-		hash = fp_stack_hash(ctx);
-	if (opts & LAT_DWARF_STACK) {
-		__s32 no_kernel_stack;
-		struct walk *w = walk(ctx, regs_source, 0, &no_kernel_stack);
-
-		if (w && (opts & LAT_V8))
-			v8_pass(w, pid_tgid);
-		if (w && (opts & LAT_PERL))
-			perl_merge(w, pid_tgid);
-		if (w && (opts & LAT_RUBY))
-			ruby_pass(w);
-		if (w && (opts & LAT_PYTHON))
-			python_pass(w, &ring, pid_tgid, this_function(ctx));
-		if (w && (opts & LAT_PHP))
-			php_pass(w);
-		if (!w || !store_stack(w, &hash))
-			return result;
-	}
-	entry_key(&key, ctx, opts, pid_tgid, this_function(ctx));
 	stack = lookup_or_create(&entries, &key, LAT_ENTRIES_FULL);
 	if (!stack)
 		return result;
@@ -190,6 +171,47 @@ int latency_entry(void *ctx)
 	stack->level[level & (LAT_MAX_DEPTH - 1)].time = now;
 	stack->level[level & (LAT_MAX_DEPTH - 1)].hash = hash;
 	return result;
+}
+
+SEC("event")
+int latency_entry(void *ctx)
+{
+	enum latency_option opts = options;
+	__u64 pid_tgid = bpf_get_current_pid_tgid(), now, hash = 0;
+	struct entry_key key;
+
+	if (!of_the_run(opts, pid_tgid))
+		return result;
+	now = bpf_ktime_get_ns();
+	entry_key(&key, ctx, opts, pid_tgid, this_function(ctx));
+	if (opts & LAT_FP_STACK)
+		hash = fp_stack_hash(ctx);
+	if (opts & LAT_DWARF_STACK) {
+		__s32 no_kernel_stack;
+		struct walk *w = walk(ctx, regs_source, 0, &no_kernel_stack);
+
+		if (w && (opts & LAT_PASS_CALLS)) {
+			/* the entry where the passes find it (no record of w's
+			 * is written): its function as the probe, its time, and
+			 * whose stack of entries in place of a weight */
+			keep_event(w, pid_tgid, key.function, NO_STACK, key.who);
+			w->rec.time = now;
+			passes_from(ctx, w, PASS_V8);
+		}
+		if (w && (opts & LAT_V8))
+			v8_pass(w, pid_tgid);
+		if (w && (opts & LAT_PERL))
+			perl_merge(w, pid_tgid);
+		if (w && (opts & LAT_RUBY))
+			ruby_pass(w);
+		if (w && (opts & LAT_PYTHON))
+			python_pass(w, &ring, pid_tgid, key.function);
+		if (w && (opts & LAT_PHP))
+			php_pass(w);
+		if (!w || !store_stack(w, &hash))
+			return result;
+	}
+	return entry_pushed(key.who, key.function, now, hash);
 }
 
 /* 0 for less than one unit, else 1 + floor(log2(units)) */
@@ -263,3 +285,26 @@ int latency_return(void *ctx)
 	}
 	return result;
 }
+
+/* The pass programs (passes.h): the last pushes the entry, its stack
+ * stored */
+static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot next)
+{
+	__u64 hash;
+
+	if (calls_all_text) {
+		bpf_loop(1, step, 0, 0);
+		task_registers(w);
+		v8_pass(w, 0);
+		perl_merge(w, 0);
+		ruby_pass(w);
+		python_pass(w, &ring, 0, 0);
+		php_pass(w);
+	}
+	passes_from(ctx, w, next);
+	if (!store_stack(w, &hash))
+		return result;
+	return entry_pushed(w->weight, w->rec.probe, w->rec.time, hash);
+}
+
+PASS_PROGRAMS(pass_done, result)

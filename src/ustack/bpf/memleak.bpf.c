@@ -6,13 +6,17 @@
  * memleak_free, on free and munmap, takes a block out of both. One entry
  * program per allocator kind (enum memleak_kind as read-only data). With
  * ML_PYTHON the entry's stack of a Python process gets its Python frames
- * (python.h), the code objects seen first reported by RING. */
+ * (python.h), the code objects seen first reported by RING; with
+ * ML_PASS_CALLS the runtimes' frames come from passes.h's programs, each
+ * loaded once the run meets its runtime, the last of which stores the
+ * stack under the call CALLS[tid] holds already (pass_done). */
 #include "unwind.h"
 #include "python.h"
 #include "v8.h"
 #include "php.h"
 #include "perl.h"
 #include "ruby.h"
+#include "passes.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -193,6 +197,16 @@ int memleak_entry(struct pt_regs *ctx)
 		v8_pass(w, pid_tgid);
 	if (w && defer_call(ctx, w, pid_tgid, &c.hash))
 		goto keep;
+	if (w && (ml_options & ML_PASS_CALLS) && (w->v8 || w->perl || w->ruby || w->python
+						   || w->php)) {
+		/* the call is kept now, its stack's hash by the last pass */
+		if (bpf_map_update_elem(&calls, &tid, &c, BPF_ANY)) {
+			ml_error(ML_CALLS_FULL);
+			return result;
+		}
+		keep_event(w, pid_tgid, 0, NO_STACK, 0);
+		passes_from(ctx, w, PASS_V8);
+	}
 	if (w && (ml_options & ML_PERL))
 		perl_merge(w, pid_tgid);
 	if (w && (ml_options & ML_RUBY))
@@ -257,3 +271,33 @@ int memleak_free(struct pt_regs *ctx)
 		take(pid_tgid >> 32, ctx->di, &gone);
 	return result;
 }
+
+/* The pass programs (passes.h): the last stores the stack under the call
+ * memleak_entry kept in CALLS */
+static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot next)
+{
+	__u32 tid = w->rec.pid_tgid;
+	struct memleak_call *c;
+	__u64 hash;
+
+	if (calls_all_text) {
+		bpf_loop(1, step, 0, 0);
+		v8_pass(w, 0);
+		perl_merge(w, 0);
+		ruby_pass(w);
+		python_pass(w, &ring, 0, 0);
+		php_pass(w);
+	}
+	passes_from(ctx, w, next);
+	c = bpf_map_lookup_elem(&calls, &tid);
+	if (!c)
+		return result;
+	if (!store_stack(w, &hash)) {
+		ml_error(ML_STACKS_FULL);
+		hash = 0;			/* counted without a stack */
+	}
+	c->hash = hash;
+	return result;
+}
+
+PASS_PROGRAMS(pass_done, result)

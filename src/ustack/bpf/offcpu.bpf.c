@@ -6,7 +6,9 @@
  * offcpu_waking on sched:sched_waking keeps the waker's stack in WAKERS
  * for a thread in START. With OFF_PYTHON either stack of a Python
  * process gets its Python frames (python.h), the code objects seen first
- * reported by RING. With OFF_DEFER a walk that could not finish here goes
+ * reported by RING; with OFF_PASS_CALLS the runtimes' frames come from
+ * passes.h's programs instead, each loaded once the run meets its
+ * runtime (pass_done ends the event as the walk's program would). With OFF_DEFER a walk that could not finish here goes
  * to RING as a deferred record, unwound by user space (defer_walk). */
 #include "unwind.h"
 #include "python.h"
@@ -14,6 +16,7 @@
 #include "php.h"
 #include "perl.h"
 #include "ruby.h"
+#include "passes.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -253,15 +256,62 @@ static __always_inline void interpreter_frames(struct walk *w, enum offcpu_optio
 		php_pass(w);
 }
 
+/* START[tid] = the block that begins: prev (current) leaves the CPU, its
+ * stack under `hash` */
+static __always_inline void block_begins(struct bpf_raw_tracepoint_args *ctx, __u64 pid_tgid,
+					 __s32 kernel_stack, __u64 hash)
+{
+	struct offcpu_start s = {};
+	__u32 tid = pid_tgid;
+
+	s.kernel_stack = kernel_stack;
+	s.hash = hash;
+	s.time = bpf_ktime_get_ns();
+	s.runtime = task_runtime_ns(ctx->args[1]);
+	s.pid_tgid = pid_tgid;
+	if (bpf_map_update_elem(&start, &tid, &s, BPF_ANY))
+		off_error(OFF_START_FULL);
+}
+
+/* WAKERS[the wakee's tid] = current, the waker, its stack under `hash` */
+static __always_inline void waker_kept(void *ctx, __u64 pid_tgid, __s32 kernel_stack,
+				       __u64 hash)
+{
+	struct offcpu_waker wk = {};
+	__u32 tid = 0;
+
+	/* the record's pid, where its format file puts it (a ctx access
+	 * takes no offset known only at load time) */
+	bpf_probe_read_kernel(&tid, sizeof(tid), ctx + waking_pid);
+	wk.kernel_stack = kernel_stack;
+	wk.hash = hash;
+	wk.pid_tgid = pid_tgid;
+	if (bpf_map_update_elem(&wakers, &tid, &wk, BPF_ANY))
+		off_error(OFF_WAKERS_FULL);
+}
+
+/* w's runtimes' frames (inline, or by the passes: then the last pass
+ * ends the event), its stack stored under *hash; 0 where it is not */
+static __always_inline int runtimes_stored(void *ctx, struct walk *w, enum offcpu_option opts,
+					   __u64 pid_tgid, __u32 probe, __s32 kernel_stack,
+					   __u64 *hash)
+{
+	if (opts & OFF_PASS_CALLS) {
+		keep_event(w, pid_tgid, probe, kernel_stack, 0);
+		passes_from(ctx, w, PASS_V8);
+	}
+	interpreter_frames(w, opts, pid_tgid, probe);
+	return store_stack(w, hash);
+}
+
 /* sched_switch(preempt, prev, next, prev_state): current is prev */
 SEC("raw_tracepoint/sched_switch")
 int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
 {
 	enum offcpu_option opts = off_options;
-	struct offcpu_start s = {};
-	__u64 pid_tgid;
+	__s32 kernel_stack;
+	__u64 pid_tgid, hash;
 	struct walk *w;
-	__u32 tid;
 
 	block_ended(ctx->args[2], opts, 0);
 	block_ended(ctx->args[1], opts, 1);	/* still open: its switch-in went unreported */
@@ -273,20 +323,13 @@ int offcpu_switch(struct bpf_raw_tracepoint_args *ctx)
 	if (!thread_wanted(pid_tgid, opts))
 		return PASS_ON;
 	w = walk(ctx, REGS_TASK, (opts & OFF_KERNEL_STACK) ? &kernel_stacks : 0,
-		 &s.kernel_stack);
+		 &kernel_stack);
 	if (!w)
 		return PASS_ON;
-	if (!defer_walk(ctx, w, pid_tgid, 0, s.kernel_stack, &s.hash)) {
-		interpreter_frames(w, opts, pid_tgid, 0);
-		if (!store_stack(w, &s.hash))
-			return PASS_ON;
-	}
-	s.time = bpf_ktime_get_ns();
-	s.runtime = task_runtime_ns(ctx->args[1]);
-	s.pid_tgid = pid_tgid;
-	tid = pid_tgid;
-	if (bpf_map_update_elem(&start, &tid, &s, BPF_ANY))
-		off_error(OFF_START_FULL);
+	if (!defer_walk(ctx, w, pid_tgid, 0, kernel_stack, &hash)
+	    && !runtimes_stored(ctx, w, opts, pid_tgid, 0, kernel_stack, &hash))
+		return PASS_ON;
+	block_begins(ctx, pid_tgid, kernel_stack, hash);
 	return PASS_ON;
 }
 
@@ -319,8 +362,9 @@ int offcpu_waking(void *ctx)
 {
 	enum offcpu_option opts = off_options;
 	struct offcpu_waker wk = {};
+	__s32 kernel_stack;
 	__u32 tid = 0;
-	__u64 pid_tgid;
+	__u64 pid_tgid, hash;
 	struct walk *w;
 	int irq;
 
@@ -336,17 +380,13 @@ int offcpu_waking(void *ctx)
 	pid_tgid = bpf_get_current_pid_tgid();
 	if (!irq && pid_tgid >> 32) {			/* not the idle task */
 		w = walk(ctx, REGS_TASK, (opts & OFF_KERNEL_STACK) ? &kernel_stacks : 0,
-			 &wk.kernel_stack);
+			 &kernel_stack);
 		if (!w)
 			return PASS_ON;
-		if (!defer_walk(ctx, w, pid_tgid, 1, wk.kernel_stack, &wk.hash)) {
-			interpreter_frames(w, opts, pid_tgid, 1);
-			if (!store_stack(w, &wk.hash))
-				return PASS_ON;
-		}
-		wk.pid_tgid = pid_tgid;
-		if (bpf_map_update_elem(&wakers, &tid, &wk, BPF_ANY))
-			off_error(OFF_WAKERS_FULL);
+		if (!defer_walk(ctx, w, pid_tgid, 1, kernel_stack, &hash)
+		    && !runtimes_stored(ctx, w, opts, pid_tgid, 1, kernel_stack, &hash))
+			return PASS_ON;
+		waker_kept(ctx, pid_tgid, kernel_stack, hash);
 		return PASS_ON;
 	}
 	/* an interrupt's wakeup (a timer, a device): no thread woke it; the
@@ -360,3 +400,29 @@ int offcpu_waking(void *ctx)
 	bpf_map_update_elem(&wakers, &tid, &wk, BPF_ANY);
 	return PASS_ON;
 }
+
+/* The pass programs (passes.h): loaded for sched_switch's program (a raw
+ * tracepoint's) or for sched_waking's (pass_of_waking), whose event the
+ * last pass ends: START's entry, or WAKERS' */
+const volatile __u8 pass_of_waking;
+
+static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot next)
+{
+	__u64 hash;
+
+	if (calls_all_text) {
+		bpf_loop(1, step, 0, 0);
+		task_registers(w);
+		interpreter_frames(w, OFF_V8 | OFF_PERL | OFF_RUBY | OFF_PYTHON | OFF_PHP, 0, 0);
+	}
+	passes_from(ctx, w, next);
+	if (!store_stack(w, &hash))
+		return PASS_ON;
+	if (pass_of_waking)
+		waker_kept(ctx, w->rec.pid_tgid, w->kernel_stack, hash);
+	else
+		block_begins(ctx, w->rec.pid_tgid, w->kernel_stack, hash);
+	return PASS_ON;
+}
+
+PASS_PROGRAMS(pass_done, PASS_ON)

@@ -28,6 +28,7 @@
 #include "php.h"
 #include "perl.h"
 #include "ruby.h"
+#include "passes.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -60,15 +61,6 @@ struct {
 	__type(value, struct deferred_with_args);
 	__uint(max_entries, 1);
 } deferred_scratch SEC(".maps");
-
-/* the runtimes' pass programs (enum pass_slot), loaded as the run meets
- * their runtimes */
-struct {
-	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__type(key, enum pass_slot);
-	__uint(value_size, sizeof(__u32));
-	__uint(max_entries, PASS_SLOTS);
-} passes SEC(".maps");
 
 const volatile __u32 probe_index;
 /* behind a uprobe_multi link (many uprobes, one program): the probe is the
@@ -177,46 +169,6 @@ static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack,
 	fill_deferred(ctx, regs_source, w, d, kernel_stack, weight, size);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
-}
-
-/* the pass in `slot`, tail-called: returns only when it is not loaded
- * (the run met its runtime, its pass failed to load), which the stack
- * says rather than lose its frames silently */
-static __always_inline void pass_call(void *ctx, struct walk *w, enum pass_slot slot)
-{
-	enum unwind_status status;
-
-	bpf_tail_call(ctx, &passes, slot);
-	status = w->rec.head.status;
-	if (status == COMPLETE || status == THROUGH_JIT || status == THROUGH_NO_CFI)
-		w->rec.head.status = PASS_MISSING;
-}
-
-/* goes on in the first pass from `from` on whose runtime the walk met
- * (with_python's order); returns when none is left */
-static __always_inline void passes_from(void *ctx, struct walk *w, enum pass_slot from)
-{
-	if (from <= PASS_V8 && w->v8)
-		pass_call(ctx, w, PASS_V8);
-	if (from <= PASS_PERL && w->perl)
-		pass_call(ctx, w, PASS_PERL);
-	if (from <= PASS_RUBY && w->ruby)
-		pass_call(ctx, w, PASS_RUBY);
-	if (from <= PASS_PYTHON && w->python)
-		pass_call(ctx, w, PASS_PYTHON);
-	if (from <= PASS_PHP && w->php)
-		pass_call(ctx, w, PASS_PHP);
-}
-
-/* what the pass programs need of the event, kept in w (record_head's
- * pid_tgid and probe too) */
-static __always_inline void keep_event(struct walk *w, __u64 pid_tgid, __u32 probe,
-				       __s32 kernel_stack, __u64 weight)
-{
-	w->rec.pid_tgid = pid_tgid;
-	w->rec.probe = probe;
-	w->kernel_stack = kernel_stack;
-	w->weight = weight;
 }
 
 /* w's stack counted under the event kept in w (keep_event) */
@@ -346,13 +298,6 @@ int unwind_trace(void *ctx)
  * walk needs, and the last ends the event as that program would
  * (`tracing`; a probe with fetch-args runs its passes in its own program:
  * PASSES is the run's, its fetch-args the probe's). */
-/* never set: the loader hands each program the whole of .text, and the
- * kernel wants every function there called from the program (it counts
- * them against .BTF.ext's): a pass program calls the walk's and the other
- * passes' behind it, a branch the verifier never explores (.rodata is
- * frozen) */
-const volatile __u8 calls_all_text;
-
 static __always_inline void call_all_text(struct walk *w)
 {
 	if (!calls_all_text)
@@ -374,60 +319,7 @@ static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot n
 	return result;
 }
 
-SEC("event")
-int pass_v8(void *ctx)
-{
-	struct walk *w = scratch_value();
-
-	if (!w)
-		return result;
-	v8_pass(w, w->rec.pid_tgid);
-	return pass_done(ctx, w, PASS_PERL);
-}
-
-SEC("event")
-int pass_perl(void *ctx)
-{
-	struct walk *w = scratch_value();
-
-	if (!w)
-		return result;
-	perl_merge(w, w->rec.pid_tgid);
-	return pass_done(ctx, w, PASS_RUBY);
-}
-
-SEC("event")
-int pass_ruby(void *ctx)
-{
-	struct walk *w = scratch_value();
-
-	if (!w)
-		return result;
-	ruby_pass(w);
-	return pass_done(ctx, w, PASS_PYTHON);
-}
-
-SEC("event")
-int pass_python(void *ctx)
-{
-	struct walk *w = scratch_value();
-
-	if (!w)
-		return result;
-	python_pass(w, &ring, w->rec.pid_tgid, w->rec.probe);
-	return pass_done(ctx, w, PASS_PHP);
-}
-
-SEC("event")
-int pass_php(void *ctx)
-{
-	struct walk *w = scratch_value();
-
-	if (!w)
-		return result;
-	php_pass(w);
-	return pass_done(ctx, w, PASS_SLOTS);
-}
+PASS_PROGRAMS(pass_done, result)
 
 /* a stack the walk defers, having met a Python interpreter: its Python
  * frames into the ring before its deferred record; where the ring has no

@@ -186,6 +186,7 @@ enum latency_option {
 	LAT_PHP = 1024,		/* with LAT_DWARF_STACK: PHP frames into it (php.h) */
 	LAT_PERL = 2048,	/* with LAT_DWARF_STACK: Perl frames into it (perl.h) */
 	LAT_RUBY = 4096,	/* with LAT_DWARF_STACK: Ruby frames into it (ruby.h) */
+	LAT_PASS_CALLS = 8192,	/* with LAT_DWARF_STACK: the runtimes' passes by tail calls (passes.h) */
 };
 
 /* *slot += 1 when slot is not NULL */
@@ -278,7 +279,7 @@ enum unwind_option {
 				 * when the run meets its runtime, not verified in this program */
 };
 
-/* the runtimes' pass programs a walk goes on in (unwind.bpf.c's PASSES),
+/* the runtimes' pass programs a walk goes on in (passes.h's PASSES),
  * in the order they run; each goes on in the next the walk needs */
 enum pass_slot {
 	PASS_V8 = 0,		/* v8.h */
@@ -440,6 +441,7 @@ enum offcpu_option {
 	OFF_PHP = 4096,		/* PHP frames into stacks through a PHP interpreter (php.h) */
 	OFF_PERL = 8192,	/* Perl frames into stacks through a Perl object (perl.h) */
 	OFF_RUBY = 16384,	/* Ruby frames into stacks through a Ruby VM object (ruby.h) */
+	OFF_PASS_CALLS = 32768,	/* the runtimes' passes by tail calls (passes.h), not inline */
 };
 
 /* --- memleak (memleak.bpf.c) --- */
@@ -506,6 +508,7 @@ enum memleak_option {
 	ML_PHP = 16,		/* PHP frames into stacks through a PHP interpreter (php.h) */
 	ML_PERL = 32,		/* Perl frames into stacks through a Perl object (perl.h) */
 	ML_RUBY = 64,		/* Ruby frames into stacks through a Ruby VM object (ruby.h) */
+	ML_PASS_CALLS = 128,	/* the runtimes' passes by tail calls (passes.h), not inline */
 };
 
 #endif

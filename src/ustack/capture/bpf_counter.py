@@ -176,11 +176,12 @@ class BpfCounter:
             bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
 
     def _load_c(self, obj_name: str, program: str, probe, rodata: dict, name: str,
-                attach_type: int | None = None) -> int:
+                attach_type: int | None = None, own: dict | None = None) -> int:
         """Load a C program for `probe` with the run's maps; a map it names
         and the run lacks (no -c: no `armed`) is made as the C declares it,
-        once, and closed with the rest."""
-        maps = dict(self.named)
+        once, and closed with the rest. `own`: maps of this program's
+        alone (its PASSES array)."""
+        maps = {**self.named, **(own or {})}
         for shared, m in (("armed", self.armed), ("tgids", self.tgids)):
             if m is not None:
                 maps[shared] = m

@@ -152,6 +152,9 @@ class LatencyCounter(BpfCounter):
             # PHP, Perl and Ruby frames (php.h, perl.h, ruby.h) in the same stacks
             from .script_passes import add_script_runtimes
             add_script_runtimes(self, owned, php=php, perl=perl, ruby=ruby)
+            # the runtimes' passes loaded as the run meets them
+            from .runtime_passes import mode_passes
+            self.passes = mode_passes(self, self._pass_program)
         elif fp_stacks:
             from ..kernel import perf_event as pe
             self.max_depth = max(1, min(pe.max_stack(), 127))
@@ -161,15 +164,29 @@ class LatencyCounter(BpfCounter):
             self.fp_stacks = owned.map(obj.make_map("fp_stacks", stack_storage))
         self.follow_if_traced(filter_tgid)
 
-    def _load(self, index: int, by_cookie: bool = False) -> int:
+    def _pass_program(self, program: str, passes: bpf_syscall.Map, probe,
+                      by_cookie: bool) -> int:
+        """A runtime's pass program (passes.h) for the entries' programs
+        of `probe`'s kind, the last pushing the entry (its function and
+        whose entries it is kept by the entry's program)."""
+        index = next(i for i, s in enumerate(self.sites)
+                     if s.role == "entry" and self.probes[i] is probe)
+        return self._load(index, by_cookie, program, passes)
+
+    def _load(self, index: int, by_cookie: bool = False, program: str | None = None,
+              passes=None) -> int:
         """The program of probe `index`; `by_cookie`: of every linked probe
-        of its role, the function being the link's cookie."""
+        of its role, the function being the link's cookie. `program`: a
+        pass program for the entries of its kind, going on in `passes`."""
         probe, site = self.probes[index], self.sites[index]
         tgids = self.tgids if isinstance(probe, TracepointProbe) else None
         result = program_result(probe)
         bits = latency_object().enum("latency_option")
         entry = site.role == "entry"
         dwarf = entry and self.unwind_maps is not None
+        if dwarf and program is None and self.passes is not None:
+            passes = self.passes.array_for(probe, by_cookie)
+        inline = passes is None         # the runtimes' passes verified in this program
         wanted = {"LAT_DWARF_STACK": dwarf,
                   "LAT_ONLY_TRACED": tgids is not None,
                   "LAT_WAIT_FOR_EXEC": self.armed is not None,
@@ -178,9 +195,10 @@ class LatencyCounter(BpfCounter):
                   "LAT_BY_STACK": not entry and self.by_stack,
                   "LAT_SLOWER": not entry and self.slower_ns is not None,
                   "LAT_TAIL": site.role == "tail",
-                  "LAT_PYTHON": dwarf and self.python is not None,
-                  "LAT_V8": dwarf and self.v8 is not None}
-        if dwarf:
+                  "LAT_PYTHON": dwarf and inline and self.python is not None,
+                  "LAT_V8": dwarf and inline and self.v8 is not None,
+                  "LAT_PASS_CALLS": dwarf and not inline}
+        if dwarf and inline:
             from .script_passes import script_options
             wanted.update(script_options(self, "LAT"))
         self.named.update(self.lat.by_name())
@@ -201,14 +219,16 @@ class LatencyCounter(BpfCounter):
                          "task_fsbase": Offsets.of_this_kernel().task_fsbase,
                          "regs_source": latency_object().enum("regs_source")[
                              regs_source(probe)]}
-        return self._load_c("latency", "latency_entry" if entry else "latency_return",
+        return self._load_c("latency", program or (
+                                "latency_entry" if entry else "latency_return"),
                             probe, {"function": site.function, "result": result,
                                     "options": sum(bits[k] for k, on in wanted.items() if on),
                                     "unit_ns": self.unit_ns,
                                     "slower_ns": self.slower_ns or 0,
                                     "function_by_cookie": int(by_cookie), **unwinding},
-                            f"ustack_lat{index}",
-                            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
+                            f"ustack_{program}"[:15] if program else f"ustack_lat{index}",
+                            bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None,
+                            own={"passes": passes} if passes is not None else None)
 
     def load_programs(self) -> None:
         """A program per entry; one per (function, role) for the returns;

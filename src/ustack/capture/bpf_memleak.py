@@ -41,6 +41,7 @@ from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result
 from .bpf_python import CODE_RING_BYTES, PythonMaps, PythonProcs
 from .bpf_v8 import V8Maps, V8Objects
+from .runtime_passes import mode_passes
 from .script_passes import add_script_runtimes, script_maps, script_options
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
                          UnwindObjects, kernel_rodata, ring_samples, stack_chain)
@@ -116,21 +117,40 @@ class MemleakCounter(BpfCounter):
         if self.v8 is not None:
             self.named.update(self.v8.maps.named())
         self.named.update(script_maps(self))
+        # the runtimes' passes loaded as the run meets them (runtime_passes.py)
+        self.passes = mode_passes(self, self._pass_program)
 
     def _program(self, index: int, probe) -> int:
-        obj = memleak_object()
         site = self.sites[index]
+        passes = (self.passes.array_for(probe)
+                  if self.passes is not None and site.role == "entry" else None)
+        return self._load(f"memleak_{site.role}", probe, site, f"ustack_ml{index}", passes)
+
+    def _pass_program(self, program: str, passes: bpf_syscall.Map, probe,
+                      by_cookie: bool) -> int:
+        """A runtime's pass program (passes.h) for the entries' programs,
+        the last storing the stack of the call they keep in CALLS."""
+        return self._load(program, probe, None, f"ustack_{program}"[:15], passes)
+
+    def _load(self, program: str, probe, site, name: str, passes) -> int:
+        """memleak.bpf.c's `program` for `probe` (site: an entry's kind),
+        `passes` the PASSES array it goes on in (runtime_passes.py), if any."""
+        obj = memleak_object()
         options = obj.enum("memleak_option")
+        inline = passes is None         # the runtimes' passes verified in this program
         wanted = {"ML_WAIT_FOR_EXEC": self.armed is not None,
-                  "ML_PYTHON": self.python is not None, "ML_V8": self.v8 is not None,
-                  "ML_DEFER": True, **script_options(self, "ML")}
+                  "ML_PYTHON": inline and self.python is not None,
+                  "ML_V8": inline and self.v8 is not None, "ML_DEFER": True,
+                  "ML_PASS_CALLS": not inline,
+                  **{k: inline and on for k, on in script_options(self, "ML").items()}}
         rodata = {"result": program_result(probe),
                   "ml_options": sum(options[k] for k, on in wanted.items() if on),
-                  "kind": obj.enum("memleak_kind")[site.kind] if site.role == "entry" else 0,
+                  "kind": obj.enum("memleak_kind")[site.kind]
+                  if site is not None and site.role == "entry" else 0,
                   "task_fsbase": Offsets.of_this_kernel().task_fsbase,
                   **kernel_rodata(Offsets.of_this_kernel())}
-        return self._load_c("memleak", f"memleak_{site.role}", probe, rodata,
-                            f"ustack_ml{index}")
+        return self._load_c("memleak", program, probe, rodata, name,
+                            own={"passes": passes} if passes is not None else None)
 
     def load_programs(self) -> None:
         """A program per allocator kind's entry; one for every return, one

@@ -62,7 +62,8 @@ from .bpf_python import CODE_RING_BYTES
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_STACK, KernelUnwinder, deferral_ring_bytes,
                          kernel_rodata, ring_samples)
 from .kernel_offsets import Offsets
-from .script_passes import script_maps, script_options
+from .runtime_passes import MODE_PASS_PROGRAMS, runtime_maps
+from .script_passes import script_options
 from ..values import value
 
 
@@ -173,23 +174,47 @@ class OffcpuCounter(KernelUnwinder):
         self.offcpu = owned.map(obj.make_map("offcpu", max(10240, 2 * stack_storage)))
         self.off_errors = owned.error_counters(owned.map(obj.make_map("off_errors")),
                                                _ERRORS)
+        if self.passes is not None:     # offcpu.bpf.c's own (no deferred Python pass)
+            self.passes.programs = MODE_PASS_PROGRAMS
 
     def _program(self, index: int, probe) -> int:
         """offcpu.bpf.c's offcpu_switch (probe 0) or offcpu_waking."""
+        fd = self.owned.program(self._load(
+            "offcpu_switch" if index == 0 else "offcpu_waking", index, f"ustack_off{index}"))
+        try:
+            self.verified[index] = bpf_syscall.verified_insns(fd)
+        except OSError:
+            pass
+        return fd
+
+    def _pass_program(self, program: str, passes: bpf_syscall.Map, probe,
+                      by_cookie: bool) -> int:
+        """A runtime's pass program (passes.h) for sched_switch's program
+        (a raw tracepoint's) or sched_waking's, whose event it ends."""
+        index = self.probes.index(probe)
+        return self.owned.program(self._load(
+            program, index, f"ustack_{program}"[:15], passes,
+            bpf_syscall.PROG_RAW_TRACEPOINT if index == 0 else bpf_syscall.PROG_TRACEPOINT))
+
+    def _load(self, program: str, index: int, name: str, passes=None,
+              prog_type: int | None = None) -> int:
+        """One of offcpu.bpf.c's programs for probe `index` (0
+        sched_switch, 1 sched_waking), its fd; `passes`: a pass program's
+        PASSES array, else the run's for that probe (runtime_passes.py:
+        the walk's program goes on in the passes of the runtimes met)."""
         obj = offcpu_object()
+        if passes is None and self.passes is not None:
+            passes = self.passes.array_for(self.probes[index], kind=str(index))
         named = {**self.unwind_maps.named(), "start": self.start, "wakers": self.wakers,
                  "offcpu": self.offcpu, "off_errors": self.off_errors}
         for key, m in (("kernel_stacks", self.kstacks), ("armed", self.armed),
-                       ("tgids", self.tgids), ("ring", self.ring)):
+                       ("tgids", self.tgids), ("ring", self.ring), ("passes", passes)):
             if m is not None:
                 named[key] = m
-        if self.python is not None:
-            named.update(self.python.maps.named())
-        if self.v8 is not None:
-            named.update(self.v8.maps.named())
-        named.update(script_maps(self))
+        named.update(runtime_maps(self))
         flt, off = self.filter, Offsets.of_this_kernel()
         running, bits = state_mask(flt.states)
+        inline = passes is None         # the runtimes' passes verified in this program
         wanted = {"OFF_ONLY_TRACED": self.tgids is not None,
                   "OFF_WAIT_FOR_EXEC": self.armed is not None,
                   "OFF_EXCLUDE": self.exclude_tgid is not None,
@@ -197,9 +222,10 @@ class OffcpuCounter(KernelUnwinder):
                   "OFF_KERNEL_STACK": self.kstacks is not None,
                   "OFF_WAKERS": flt.wakers, "OFF_MAX": flt.max_ns is not None,
                   "OFF_STATES": not (running and bits == sum(STATES.values())),
-                  "OFF_RUNNING": running, "OFF_PYTHON": self.python is not None,
-                  "OFF_V8": self.v8 is not None, "OFF_DEFER": self.ring is not None,
-                  **script_options(self, "OFF")}
+                  "OFF_RUNNING": running, "OFF_PYTHON": inline and self.python is not None,
+                  "OFF_V8": inline and self.v8 is not None, "OFF_DEFER": self.ring is not None,
+                  "OFF_PASS_CALLS": not inline,
+                  **{k: inline and on for k, on in script_options(self, "OFF").items()}}
         options = obj.enum("offcpu_option")
         rodata = {**kernel_rodata(off), "off_options": sum(
                       options[k] for k, on in wanted.items() if on),
@@ -209,19 +235,13 @@ class OffcpuCounter(KernelUnwinder):
                   "task_stack": off.task_stack, "task_fsbase": off.task_fsbase,
                   "task_runtime": off.task_runtime,
                   "waking_pid": _Fields("sched", "sched_waking")["pid"] if index else 0,
-                  "defer_stack": self.defer_stack}
+                  "defer_stack": self.defer_stack, "pass_of_waking": int(index == 1)}
         before = set(named)
         try:
-            fd = obj.load("offcpu_switch" if index == 0 else "offcpu_waking", named, rodata,
-                          name=f"ustack_off{index}")
+            fd = obj.load(program, named, rodata, prog_type, name=name)
         finally:
             for key in set(named) - before:     # declared maps this run does not use
                 named[key].close()
-        self.owned.program(fd)
-        try:
-            self.verified[index] = bpf_syscall.verified_insns(fd)
-        except OSError:
-            pass
         return fd
 
     def attach(self, capture) -> None:

@@ -710,11 +710,11 @@ class KernelUnwinder(BpfCounter):
                       by_cookie: bool) -> int:
         """A runtime's pass program (runtime_passes.PASS_PROGRAMS) for the
         walk programs of `probe`'s kind, which reach it through `passes`."""
-        return load_program(
+        return self.owned.program(load_program(
             program, self.unwind_maps, 0, probe, kernel_stacks=self.kstacks, ring=self.ring,
             **self._runtime_maps(), passes=passes, tracing=self.trace,
             defer_stack=self.defer_stack, name=f"ustack_{program}"[:15],
-            attach_type=bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None)
+            attach_type=bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else None))
 
     def _fetch_maps(self) -> dict:
         """A probe's array of fetch-args programs; the deferred records'
