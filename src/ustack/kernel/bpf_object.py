@@ -151,14 +151,23 @@ class BpfObject:
                 self.programs[sym.name] = _Program(
                     sym.name, sec.name, sec.data[sym.value:sym.value + sym.size],
                     sym.shndx, sym.value)
-        self._relocs: dict = {}               # section index -> [(byte offset, symbol)]
-        for sec in sections:
-            if sec.type == _SHT_REL and sec.info < len(sections):
-                self._relocs[sec.info] = [
-                    (off, self._symbols[info >> 32])
-                    for off, info in (_REL.unpack_from(sec.data, at)
-                                      for at in range(0, len(sec.data), _REL.size))]
+        # section index -> its relocation section, decoded when a program
+        # there is first loaded (all of them: ~1.5 ms of a run's start)
+        self._rel_sections = {sec.info: sec for sec in sections
+                              if sec.type == _SHT_REL and sec.info < len(sections)}
+        self._relocs_made: dict = {}
         self.maps = self._map_defs()
+
+    def _relocs(self, shndx: int) -> list:
+        """[(byte offset, symbol)] of section `shndx`'s relocations."""
+        found = self._relocs_made.get(shndx)
+        if found is None:
+            sec = self._rel_sections.get(shndx)
+            found = self._relocs_made[shndx] = [] if sec is None else [
+                (off, self._symbols[info >> 32])
+                for off, info in (_REL.unpack_from(sec.data, at)
+                                  for at in range(0, len(sec.data), _REL.size))]
+        return found
 
     # -- what the object declares -------------------------------------------
     def _map_defs(self) -> dict:
@@ -255,7 +264,7 @@ class BpfObject:
         (or takes a callback's address there), and where .text starts (in
         instructions; None when not appended)."""
         uses_text = any(sym.shndx == self._text_shndx and prog.holds(offset)
-                        for offset, sym in self._relocs.get(prog.shndx, ()))
+                        for offset, sym in self._relocs(prog.shndx))
         if not uses_text or not self._text:
             return bytearray(prog.code), None
         return bytearray(prog.code + self._text), len(prog.code) // 8
@@ -263,10 +272,10 @@ class BpfObject:
     def _relocate(self, prog: _Program, code: bytearray, text_at, maps: dict,
                   rodata: dict) -> tuple:
         ro = None
-        relocs = [(-prog.start // 8, r) for r in self._relocs.get(prog.shndx, ())
+        relocs = [(-prog.start // 8, r) for r in self._relocs(prog.shndx)
                   if prog.holds(r[0])]
         if text_at is not None:
-            relocs += [(text_at, r) for r in self._relocs.get(self._text_shndx, ())]
+            relocs += [(text_at, r) for r in self._relocs(self._text_shndx)]
         for base, (offset, sym) in relocs:
             at = base + offset // 8
             opcode, regs, off, imm = _INSN.unpack_from(code, 8 * at)
