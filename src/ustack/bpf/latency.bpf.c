@@ -295,11 +295,7 @@ static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot n
 	if (calls_all_text) {
 		bpf_loop(1, step, 0, 0);
 		task_registers(w);
-		v8_pass(w, 0);
-		perl_merge(w, 0);
-		ruby_pass(w);
-		python_pass(w, &ring, 0, 0);
-		php_pass(w);
+		CALL_EVERY_PASS(w);
 	}
 	passes_from(ctx, w, next);
 	if (!store_stack(w, &hash))

@@ -282,11 +282,7 @@ static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot n
 
 	if (calls_all_text) {
 		bpf_loop(1, step, 0, 0);
-		v8_pass(w, 0);
-		perl_merge(w, 0);
-		ruby_pass(w);
-		python_pass(w, &ring, 0, 0);
-		php_pass(w);
+		CALL_EVERY_PASS(w);
 	}
 	passes_from(ctx, w, next);
 	c = bpf_map_lookup_elem(&calls, &tid);

@@ -70,6 +70,17 @@ static __always_inline void keep_event(struct walk *w, __u64 pid_tgid, __u32 pro
  * frozen) */
 const volatile __u8 calls_all_text;
 
+/* every runtime's pass on w, for that branch (a macro: the including
+ * file declares RING after this header) */
+#define CALL_EVERY_PASS(w)						\
+	do {								\
+		v8_pass(w, 0);						\
+		perl_merge(w, 0);					\
+		ruby_pass(w);						\
+		python_pass(w, &ring, 0, 0);				\
+		php_pass(w);						\
+	} while (0)
+
 /* one program per runtime: its pass on the stack the walk's program left
  * in the scratch value, then `done` */
 #define PASS_PROGRAMS(done, none)					\
