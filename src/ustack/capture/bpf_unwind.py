@@ -586,6 +586,8 @@ def rows_capacity(paths: list, memory: int | None = None, ahead: list = ()) -> i
     those sampled stays), never more than MAX_UNWIND_MEMORY."""
     if memory is not None:
         return max(1, memory // ROW_SIZE)
+    from ..objfile.on_disk import OnDisk
+    OnDisk.read_all([*paths, *ahead])
     need = sum(rows_estimate(p) for p in paths) + DEFAULT_ROWS // 2
     return min(max(DEFAULT_ROWS, need) + sum(rows_estimate(p) for p in ahead),
                MAX_UNWIND_MEMORY // ROW_SIZE)
