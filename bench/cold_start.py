@@ -129,7 +129,14 @@ class Targets:
                 pass
             p.wait()
         self.procs.clear()
-        for pid in children():          # chromium's own, reparented here once it is killed
+        # what is left here now: ustack's builders, reaped; chromium's
+        # crashpad handlers (their own session), reparented here: ended
+        for pid in children():
+            if not ustacks(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             reap(pid)
 
 
@@ -165,11 +172,22 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def ustacks(pid: int) -> bool:
+    """Whether child `pid` is ustack's (a builder, the closer; the name
+    stays when it has exited), not a target's."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm.startswith(("python", "ustack"))
+
+
 def reap_leftovers(targets: "Targets") -> None:
-    """Wait for what a run left running (its builders), not the targets."""
+    """Wait for what a run left running (its builders), not the targets
+    nor what they started."""
     keep = {p.pid for p in targets.procs}
     for pid in children():
-        if pid not in keep:
+        if pid not in keep and ustacks(pid):
             reap(pid)
 
 
