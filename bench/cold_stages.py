@@ -53,12 +53,31 @@ def table(name: str, stages: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def startup_table(runs: dict) -> str:
+    """Per run and tree: seconds and CPU seconds from the launch to the
+    attach (the probes live), median (min-max)."""
+    import statistics
+    lines = ["| run | tree | to the attach (s) | CPU to the attach (s) |",
+             "| --- | --- | --- | --- |"]
+    for (name, tree), stamps in runs.items():
+        at = [s["attach"]["first"] for s in stamps]
+        cpu = [s["attach"]["cpu"] for s in stamps]
+        lines.append(f"| {name} | {tree} | {statistics.median(at):.2f} "
+                     f"({min(at):.2f}-{max(at):.2f}) | {statistics.median(cpu):.2f} "
+                     f"({min(cpu):.2f}-{max(cpu):.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", nargs="*", default=["clang", "node", "chromium", "machine"])
     ap.add_argument("--warm", action="store_true", help="keep one cache, page cache as is")
     ap.add_argument("--src", default=str(REPO / "src"))
+    ap.add_argument("--before", help="another tree's src/: start-up only, alternating")
+    ap.add_argument("--reps", type=int, default=1)
     a = ap.parse_args()
+    if a.before:
+        return compare(a)
     work = Path(tempfile.mkdtemp(prefix="cold_stages"))
     caches = work / "caches"
     caches.mkdir()
@@ -81,6 +100,35 @@ def main() -> None:
             print(f"load average {os.getloadavg()[0]:.1f}\n", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def compare(a) -> None:
+    """--before: each run cold, the trees alternating, --reps times; the
+    start-up table only."""
+    work = Path(tempfile.mkdtemp(prefix="cold_stages"))
+    caches = work / "caches"
+    caches.mkdir()
+    trees = [("this tree", a.src), ("before", a.before)]
+    runs: dict = {}
+    loads = []
+    try:
+        for rep in range(a.reps):
+            for name in a.runs:
+                for tree, src in (trees if rep % 2 == 0 else trees[::-1]):
+                    targets = Targets(work)
+                    try:
+                        args = ["-p", str(getattr(targets, name)())]
+                        loads.append(os.getloadavg()[0])
+                        stamps = staged_run(src, cold(caches), args, work)
+                    finally:
+                        targets.close()
+                    runs.setdefault((name, tree), []).append(stamps)
+                    print(name, tree, f"{stamps['attach']['first']:.2f} "
+                          f"cpu {stamps['attach']['cpu']:.2f}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"load average at the runs: {min(loads):.1f}-{max(loads):.1f}\n")
+    print(startup_table(dict(sorted(runs.items()))))
 
 
 if __name__ == "__main__":

@@ -216,9 +216,15 @@ def perf_run(work: Path, args: list) -> tuple:
     data = work / "perf.data"
     cpu = cpu_seconds()
     start = time.monotonic()
-    subprocess.run(["perf", "record", "-q", "-g", "-F", HZ, "-o", str(data), *args,
-                    "--", "sleep", "2"], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    for attempt in range(3):        # perf 6.1's record sometimes aborts here (build-id.c)
+        done = subprocess.run(["perf", "record", "-q", "-g", "-F", HZ, "-o", str(data),
+                               *args, "--", "sleep", "2"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        if done.returncode == 0:
+            break
+        cpu = cpu_seconds()
+        start = time.monotonic()
+    done.check_returncode()
     subprocess.run(["perf", "script", "-i", str(data)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.monotonic() - start, cpu_seconds() - cpu

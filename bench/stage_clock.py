@@ -3,7 +3,8 @@
 end stages: for each function named in STAGES, when it was first entered
 and last left (seconds from LAUNCH, the CLOCK_MONOTONIC nanoseconds the
 caller read just before starting this process), how many calls and their
-total time, across every thread. Written as one JSON object to OUT when
+total time, across every thread; and the CPU seconds the process had
+used at the first entry (its threads' together). Written as one JSON object to OUT when
 ustack ends. Used by bench/cold_start.py --stages.
 
     python3 bench/stage_clock.py LAUNCH_NS OUT ARGS...
@@ -61,12 +62,14 @@ def clocked(label, fn):
     @functools.wraps(fn)
     def run(*args, **kw):
         t0 = time.monotonic()
+        cpu = time.process_time()       # this process's CPU so far, every thread's
         try:
             return fn(*args, **kw)
         finally:
             t1 = time.monotonic()
             with lock:
-                r = records.setdefault(label, {"first": t0 - LAUNCH, "calls": 0, "total": 0.0})
+                r = records.setdefault(label, {"first": t0 - LAUNCH, "cpu": cpu,
+                                               "calls": 0, "total": 0.0})
                 r["calls"] += 1
                 r["total"] += t1 - t0
                 r["last_end"] = t1 - LAUNCH
