@@ -130,7 +130,7 @@ class Targets:
             p.wait()
         self.procs.clear()
         # what is left here now: ustack's builders, reaped; chromium's
-        # crashpad handlers (their own session), reparented here: ended
+        # crashpad handlers (a process group of their own), reparented here: ended
         for pid in children():
             if not ustacks(pid):
                 try:

@@ -25,7 +25,7 @@ AT_INTERPRETER = time.monotonic() - LAUNCH
 
 # (label, module, qualified name): the stages of a run, in their order
 STAGES = [
-    ("session set-up", "ustack.session", "Session._set_up"),
+    ("set-up", "ustack.session", "Session._set_up"),
     ("resolve probes", "ustack.session", "resolve_probes"),
     ("prepare ahead", "ustack.target.ahead", "prepare"),
     ("kernel offsets (BTF)", "ustack.capture.kernel_offsets", "Offsets.of_this_kernel"),
@@ -40,7 +40,7 @@ STAGES = [
     ("rows add_path", "ustack.capture.bpf_unwind", "UnwindObjects.add_path"),
     ("open events", "ustack.capture.perf", "PerfCapture.open"),
     ("attach", "ustack.capture.bpf_counter", "BpfCounter.attach"),
-    ("seed tracker (maps)", "ustack.target.mappings", "MappingTracker.seed_target"),
+    ("tracker from /proc", "ustack.target.mappings", "MappingTracker.seed_target"),
     ("header", "ustack.commands.run", "_header"),
     ("stream start", "ustack.session", "Session.start"),
     ("stacks resolved", "ustack.symbols.stacks", "StackResolver.stacks"),
