@@ -10,8 +10,13 @@ page cache dropped (echo 3 > /proc/sys/vm/drop_caches) before each run:
     followed by `perf script` (the wall time of both together);
   - `profile -d 2` of the whole machine against `perf record -a -g -- sleep
     2` + `perf script`, while clang++, node and chromium run.
-Runs alternate (this tree, the other tree if --before DIR, perf); ratios
-are taken pair by pair, then the median.
+Runs alternate (this tree, the other tree if --before DIR, perf; the
+first tree first every other repetition); ratios are taken pair by pair,
+then the median. CPU seconds (user + system) are counted too, ustack's
+builders included: this process reaps what a run leaves running (its
+builders finishing their object) before the next run starts, so they
+count as ustack's and take no CPU from perf's run. Where the time goes,
+stage by stage: bench/cold_stages.py.
 
     sudo python3 bench/cold_start.py [--reps N] [--before DIR/src]
 
@@ -19,7 +24,9 @@ Prints Markdown and writes bench/results/cold_start.md."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -122,12 +129,74 @@ class Targets:
                 pass
             p.wait()
         self.procs.clear()
+        # what is left here now: ustack's builders, reaped; chromium's
+        # crashpad handlers (a process group of their own), reparented here: ended
+        for pid in children():
+            if not ustacks(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            reap(pid)
 
 
-def ustack_run(src: str, cache: Path, args: list, out: Path) -> tuple:
-    """(seconds to the Tracing line, seconds to the end) of one run."""
+def subreaper() -> None:
+    """Make this process the one that reaps what ustack leaves running
+    (builders finishing their object after it exits), so their CPU time
+    counts as ustack's, and no run's leftovers burn CPU in the next run
+    (perf's above all)."""
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def children() -> list:
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            pids += map(int, Path(f"/proc/self/task/{task}/children").read_text().split())
+        except OSError:
+            pass
+    return pids
+
+
+def reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of the reaped children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def ustacks(pid: int) -> bool:
+    """Whether child `pid` is ustack's (a builder, the closer; the name
+    stays when it has exited), not a target's."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm.startswith(("python", "ustack"))
+
+
+def reap_leftovers(targets: "Targets") -> None:
+    """Wait for what a run left running (its builders), not the targets
+    nor what they started."""
+    keep = {p.pid for p in targets.procs}
+    for pid in children():
+        if pid not in keep and ustacks(pid):
+            reap(pid)
+
+
+def ustack_run(src: str, cache: Path, args: list, out: Path, targets: "Targets") -> tuple:
+    """(seconds to the Tracing line, seconds to the end, CPU seconds: its
+    own and its builders', which it leaves to finish) of one run."""
     env = dict(os.environ, PYTHONPATH=src, USTACK_CACHE_DIR=str(cache))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    cpu = cpu_seconds()
     start = time.monotonic()
     us = subprocess.Popen([sys.executable, "-m", "ustack", "profile", "-F", HZ, "-d", "2",
                            "-o", str(out), *args], env=env, stderr=subprocess.PIPE, text=True)
@@ -138,19 +207,33 @@ def ustack_run(src: str, cache: Path, args: list, out: Path) -> tuple:
     took = time.monotonic() - start
     if not line.startswith("Tracing") or us.returncode != 0:
         raise SystemExit(f"ustack failed: {line}{rest}")
-    return tracing, took
+    reap_leftovers(targets)
+    return tracing, took, cpu_seconds() - cpu
 
 
-def perf_run(work: Path, args: list) -> float:
-    """Seconds of `perf record -g ... -- sleep 2` then `perf script`."""
+def perf_run(work: Path, args: list) -> tuple:
+    """(seconds, CPU seconds) of `perf record -g ... -- sleep 2` then `perf script`."""
     data = work / "perf.data"
+    cpu = cpu_seconds()
     start = time.monotonic()
-    subprocess.run(["perf", "record", "-q", "-g", "-F", HZ, "-o", str(data), *args,
-                    "--", "sleep", "2"], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    for attempt in range(3):        # perf 6.1's record sometimes aborts here (build-id.c)
+        done = subprocess.run(["perf", "record", "-q", "-g", "-F", HZ, "-o", str(data),
+                               *args, "--", "sleep", "2"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        if done.returncode == 0:
+            break
+        cpu = cpu_seconds()
+        start = time.monotonic()
+    done.check_returncode()
     subprocess.run(["perf", "script", "-i", str(data)], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.monotonic() - start
+    return time.monotonic() - start, cpu_seconds() - cpu
+
+
+def in_turn(trees: list, rep: int) -> list:
+    """The trees in turn, the first one first every other repetition: the
+    run right after the targets start meets them busier (clang++ ends)."""
+    return trees if rep % 2 == 0 else trees[::-1]
 
 
 def median(values: list) -> str:
@@ -167,30 +250,36 @@ def main() -> None:
     ap.add_argument("--before", help="another tree's src/ (e.g. git archive main src)")
     ap.add_argument("--skip", nargs="*", default=(), help="parts to skip: p node machine")
     a = ap.parse_args()
+    subreaper()
     trees = [("this tree", str(REPO / "src"))] + ([("before", a.before)] if a.before else [])
     work = Path(tempfile.mkdtemp(prefix="cold_start"))
     caches = work / "caches"
     caches.mkdir()
     rows = []
+    loads = []                          # the 1-minute load average at each ustack run
     try:
         if "p" not in a.skip:
             for name in ("clang", "node", "chromium"):
-                results = {t: ([], []) for t, _ in trees}
-                for _rep in range(a.reps):
-                    for tree, src in trees:
+                results = {t: ([], [], []) for t, _ in trees}
+                for rep in range(a.reps):
+                    for tree, src in in_turn(trees, rep):
                         targets = Targets(work)
                         try:
                             pid = getattr(targets, name)()
-                            tracing, took = ustack_run(src, cold(caches), ["-p", str(pid)],
-                                                       work / "out.folded")
+                            loads.append(os.getloadavg()[0])
+                            tracing, took, cpu = ustack_run(src, cold(caches),
+                                                            ["-p", str(pid)],
+                                                            work / "out.folded", targets)
                         finally:
                             targets.close()
                         results[tree][0].append(tracing)
                         results[tree][1].append(took)
-                        print(name, tree, f"{tracing:.2f} {took:.2f}", file=sys.stderr)
-                for tree, (tr, took) in results.items():
+                        results[tree][2].append(cpu)
+                        print(name, tree, f"{tracing:.2f} {took:.2f} cpu {cpu:.2f}",
+                              file=sys.stderr)
+                for tree, (tr, took, cpu) in results.items():
                     rows.append(f"| `profile -p` {name} | {tree} | {median(tr)} ({spread(tr)}) "
-                                f"| {median(took)} ({spread(took)}) | |")
+                                f"| {median(took)} ({spread(took)}) | {median(cpu)} | |")
         for part, args, perf_args, needs in (
                 ("node", lambda pid: ["-p", str(pid)], lambda pid: ["-p", str(pid)], ("node",)),
                 ("machine", lambda pid: [], lambda pid: ["-a"], ("clang", "node", "chromium"))):
@@ -198,45 +287,54 @@ def main() -> None:
                 continue
             results = {t: [] for t, _ in trees}
             tracings = {t: [] for t, _ in trees}
-            perfs, ratios = [], []
-            for _rep in range(a.reps):
+            cpus = {t: [] for t, _ in trees}
+            perfs, ratios, perf_cpus, cpu_ratios = [], [], [], []
+            for rep in range(a.reps):
                 targets = Targets(work)
                 try:
                     pids = [getattr(targets, n)() for n in needs]
-                    for tree, src in trees:
-                        tracing, took = ustack_run(src, cold(caches), args(pids[-1]),
-                                                   work / "out.folded")
+                    for tree, src in in_turn(trees, rep):
+                        loads.append(os.getloadavg()[0])
+                        tracing, took, cpu = ustack_run(src, cold(caches), args(pids[-1]),
+                                                        work / "out.folded", targets)
                         results[tree].append(took)
                         tracings[tree].append(tracing)
+                        cpus[tree].append(cpu)
                         cold(caches)
-                        p = perf_run(work, perf_args(pids[-1]))
+                        p, p_cpu = perf_run(work, perf_args(pids[-1]))
                         if tree == trees[0][0]:
                             perfs.append(p)
                             ratios.append(took / p)
-                        print(part, tree, f"{tracing:.2f} {took:.2f} perf {p:.2f}",
-                              file=sys.stderr)
+                            perf_cpus.append(p_cpu)
+                            cpu_ratios.append(cpu / p_cpu)
+                        print(part, tree, f"{tracing:.2f} {took:.2f} cpu {cpu:.2f} "
+                              f"perf {p:.2f} cpu {p_cpu:.2f}", file=sys.stderr)
                 finally:
                     targets.close()
             what = "`profile -p -d 2` node" if part == "node" else "`profile -d 2` whole machine"
             for tree in results:
                 rows.append(f"| {what} | {tree} | {median(tracings[tree])} "
                             f"({spread(tracings[tree])}) | {median(results[tree])} "
-                            f"({spread(results[tree])}) | "
-                            + (f"perf {median(perfs)} ({spread(perfs)}); ratio "
-                               f"{median(ratios)} ({spread(ratios)})"
+                            f"({spread(results[tree])}) | {median(cpus[tree])} | "
+                            + (f"perf {median(perfs)} ({spread(perfs)}), CPU "
+                               f"{median(perf_cpus)}; ratio {median(ratios)} "
+                               f"({spread(ratios)}), CPU ratio {median(cpu_ratios)}"
                                if tree == trees[0][0] else "") + " |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    load = os.getloadavg()
     lines = [f"# Cold starts on big programs ({HZ} Hz)", "",
              f"{time.strftime('%Y-%m-%d')}, kernel {os.uname().release}, "
-             f"{os.cpu_count()} CPUs shared (load average at the end {load[0]:.1f}). "
+             f"{os.cpu_count()} CPUs shared (1-minute load average at ustack's runs: "
+             f"median {median(loads)}, {spread(loads)}). "
              "`python3 bench/cold_start.py`. Cold: ustack's cache directory empty "
              "(USTACK_CACHE_DIR, a new one) AND the page cache dropped before every run "
              "(perf's runs too). Seconds, median (min-max) of "
-             f"{a.reps}; the ratio is ustack's end / perf's, pair by pair.", "",
-             "| run | tree | to the Tracing line (s) | to the end (s) | perf record -g + "
-             "perf script (s) |", "| --- | --- | --- | --- | --- |", *rows, ""]
+             f"{a.reps}; the ratio is ustack's end / perf's, pair by pair. CPU: "
+             "seconds of CPU (user + system) of the run, ustack's builders included "
+             "(waited for before the next run), the median.", "",
+             "| run | tree | to the Tracing line (s) | to the end (s) | CPU (s) | "
+             "perf record -g + perf script (s) |", "| --- | --- | --- | --- | --- | --- |",
+             *rows, ""]
     text = "\n".join(lines)
     print(text)
     (REPO / "bench" / "results" / "cold_start.md").write_text(text)

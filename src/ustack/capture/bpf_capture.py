@@ -161,14 +161,13 @@ class BpfCapture(Capture):
                 from .bpf_unwind import interpreters_objects, objects_of_target, rows_capacity
                 self._first_objects = objects_of_target(target, self.probes,
                                                         running=not lazy)
-                interpreters = interpreters_objects() if lazy else []
                 if lazy:
                     # the table holds what the machine maps (a scan of
                     # ~130 processes' maps and ~120 objects' headers: ~0.15 s),
                     # within MAX_UNWIND_MEMORY; their rows load as sampled
                     from .lazy_rows import ObjectPaths
                     mapped = ObjectPaths()
-                    mapped.scan()
+                    interpreters = interpreters_objects(mapped.scan())
                     self.rows_capacity = rows_capacity(list(dict.fromkeys(
                         self._first_objects + interpreters + list(mapped.paths.values()))),
                         self.unwind_memory)

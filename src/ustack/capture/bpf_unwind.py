@@ -461,7 +461,7 @@ INTERPRETERS = ("python", "ruby", "php", "perl")
 _INTERPRETER_NAMES = tuple(p + n for n in INTERPRETERS for p in ("", "lib"))
 
 
-def interpreters_objects() -> list:
+def interpreters_objects(mapped: dict) -> list:
     """The objects every stack of a running Python, Ruby, PHP or Perl goes
     through (interpreter_paths), of each process that maps one of those
     interpreters' objects now: a system-wide run that loads rows as objects
@@ -471,19 +471,9 @@ def interpreters_objects() -> list:
     user space for three rounds of want-and-load (libpython, libc, the
     executable: ~50 ms, 5-9 % of its samples in a 1 s run), and its Python
     frames, read from the live process after the sample, often no longer
-    matched them."""
-    found: list = []
-    for pid in procfs.pids():
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                maps = f.read()
-            if not any(n in maps for n in INTERPRETERS):     # most processes: no parse
-                continue
-        except OSError:
-            continue
-        found += interpreter_paths([p for p in map(object_path,
-                                                   procfs.executable_mappings(pid)) if p])
-    return list(dict.fromkeys(found))
+    matched them. `mapped`: pid -> its objects' paths, as
+    lazy_rows.ObjectPaths.scan read them."""
+    return list(dict.fromkeys(p for paths in mapped.values() for p in interpreter_paths(paths)))
 
 
 def interpreter_paths(paths: list) -> list:
@@ -586,6 +576,8 @@ def rows_capacity(paths: list, memory: int | None = None, ahead: list = ()) -> i
     those sampled stays), never more than MAX_UNWIND_MEMORY."""
     if memory is not None:
         return max(1, memory // ROW_SIZE)
+    from ..objfile.on_disk import OnDisk
+    OnDisk.read_all([*paths, *ahead])
     need = sum(rows_estimate(p) for p in paths) + DEFAULT_ROWS // 2
     return min(max(DEFAULT_ROWS, need) + sum(rows_estimate(p) for p in ahead),
                MAX_UNWIND_MEMORY // ROW_SIZE)

@@ -1,7 +1,6 @@
 """Where the kernel fields ustack's BPF programs read lie on the running
-kernel, from its BTF, cached per kernel build: even the walk that decodes only the structs asked about
-(btf.FieldOffsets) takes 0.2-0.3 s on a busy machine, more than the rest
-of a short run's start-up."""
+kernel, from its BTF (btf.FieldOffsets: ~20 ms, it walks only the first
+~1,000 of ~125 k types), cached per kernel build (a few ms less)."""
 from __future__ import annotations
 
 import json

@@ -59,13 +59,19 @@ class ObjectPaths:
         if path is not None:
             self.note(path)
 
-    def scan(self) -> None:
-        """Every object the processes map now."""
+    def scan(self) -> dict:
+        """Every object the processes map now; pid -> the paths of its
+        objects, in the order of its maps (one read of every process's
+        maps serves bpf_unwind.interpreters_objects too)."""
+        by_pid: dict = {}
         for pid in self.pids():
+            paths = by_pid[pid] = []
             for m in procfs.executable_mappings(pid):
                 path = object_path(m)
                 if path is not None:
                     self.note(path)
+                    paths.append(path)
+        return by_pid
 
 
 class LazyRows:

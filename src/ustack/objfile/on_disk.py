@@ -40,6 +40,33 @@ class OnDisk:
             found = _memo[key] = cls(path)
         return found
 
+    @classmethod
+    def read_all(cls, paths: list, threads: int = 8) -> None:
+        """OnDisk.of each of `paths` (those unreadable skipped), by a few
+        threads at once: with the page cache cold each file's headers are
+        two or three disk reads, which wait outside the GIL (a
+        whole-machine run's ~120 objects: 0.4 s one by one at load 5)."""
+        todo = list(dict.fromkeys(paths))
+
+        def read() -> None:
+            while todo:
+                try:
+                    path = todo.pop()
+                except IndexError:              # another thread took the last
+                    return
+                try:
+                    cls.of(path)
+                except UstackError:
+                    pass
+        import threading
+        workers = [threading.Thread(target=read, daemon=True)
+                   for _ in range(min(threads, len(todo) - 1))]
+        for w in workers:
+            w.start()
+        read()
+        for w in workers:
+            w.join()
+
     def __init__(self, path: str):
         from .elf_reader import open_headers
         self.path = path

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Where a cold run's time goes, stage by stage: `profile -p -d 2` of
+clang++, node and a chromium renderer, and `profile -d 2` of the whole
+machine (with the three running), each with ustack's cache emptied and
+the page cache dropped, under bench/stage_clock.py: seconds from the
+launch to each stage's first entry and last exit, and its total time.
+
+    sudo python3 bench/cold_stages.py [--runs clang node chromium machine]
+        [--warm] [--src DIR/src]
+
+Prints one Markdown table per run."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from cold_start import HZ, Targets, cold  # noqa: E402
+
+
+def staged_run(src: str, cache: Path, args: list, work: Path) -> dict:
+    out = work / "stages.json"
+    env = dict(os.environ, PYTHONPATH=src, USTACK_CACHE_DIR=str(cache))
+    launch = time.monotonic_ns()
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "stage_clock.py"), str(launch),
+                           str(out), "profile", "-F", HZ, "-d", "2",
+                           "-o", str(work / "out.folded"), *args],
+                          env=env, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"ustack failed: {done.stderr}")
+    stages = json.loads(out.read_text())
+    stages["_header"] = done.stderr.splitlines()[0] if done.stderr else ""
+    return stages
+
+
+def table(name: str, stages: dict) -> str:
+    header = stages.pop("_header")
+    rows = sorted(stages.items(), key=lambda kv: kv[1]["first"])
+    lines = [f"### {name}", "", f"`{header[:160]}`", "",
+             "| stage | from (s) | to (s) | calls | total (s) |", "| --- | --- | --- | --- | --- |"]
+    for label, r in rows:
+        lines.append(f"| {label} | {r['first']:.3f} | "
+                     f"{r['last_end']:.3f} | {r['calls']} | {r['total']:.3f} |"
+                     if "calls" in r else f"| {label} | {r['first']:.3f} | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def startup_table(runs: dict) -> str:
+    """Per run and tree: seconds and CPU seconds from the launch to the
+    attach (the probes live), median (min-max)."""
+    import statistics
+    lines = ["| run | tree | to the attach (s) | CPU to the attach (s) |",
+             "| --- | --- | --- | --- |"]
+    for (name, tree), stamps in runs.items():
+        at = [s["attach"]["first"] for s in stamps]
+        cpu = [s["attach"]["cpu"] for s in stamps]
+        lines.append(f"| {name} | {tree} | {statistics.median(at):.2f} "
+                     f"({min(at):.2f}-{max(at):.2f}) | {statistics.median(cpu):.2f} "
+                     f"({min(cpu):.2f}-{max(cpu):.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", nargs="*", default=["clang", "node", "chromium", "machine"])
+    ap.add_argument("--warm", action="store_true", help="keep one cache, page cache as is")
+    ap.add_argument("--src", default=str(REPO / "src"))
+    ap.add_argument("--before", help="another tree's src/: start-up only, alternating")
+    ap.add_argument("--reps", type=int, default=1)
+    a = ap.parse_args()
+    if a.before:
+        return compare(a)
+    work = Path(tempfile.mkdtemp(prefix="cold_stages"))
+    caches = work / "caches"
+    caches.mkdir()
+    warm = caches / "warm"
+    try:
+        for name in a.runs:
+            targets = Targets(work)
+            try:
+                if name == "machine":
+                    for n in ("clang", "node", "chromium"):
+                        getattr(targets, n)()
+                    args = []
+                else:
+                    args = ["-p", str(getattr(targets, name)())]
+                cache = warm if a.warm else cold(caches)
+                stages = staged_run(a.src, cache, args, work)
+            finally:
+                targets.close()
+            print(table(name, stages), flush=True)
+            print(f"load average {os.getloadavg()[0]:.1f}\n", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def compare(a) -> None:
+    """--before: each run cold, the trees alternating, --reps times; the
+    start-up table only."""
+    work = Path(tempfile.mkdtemp(prefix="cold_stages"))
+    caches = work / "caches"
+    caches.mkdir()
+    trees = [("this tree", a.src), ("before", a.before)]
+    runs: dict = {}
+    loads = []
+    try:
+        for rep in range(a.reps):
+            for name in a.runs:
+                for tree, src in (trees if rep % 2 == 0 else trees[::-1]):
+                    targets = Targets(work)
+                    try:
+                        args = ["-p", str(getattr(targets, name)())]
+                        loads.append(os.getloadavg()[0])
+                        stamps = staged_run(src, cold(caches), args, work)
+                    finally:
+                        targets.close()
+                    runs.setdefault((name, tree), []).append(stamps)
+                    print(name, tree, f"{stamps['attach']['first']:.2f} "
+                          f"cpu {stamps['attach']['cpu']:.2f}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"load average at the runs: {min(loads):.1f}-{max(loads):.1f}\n")
+    print(startup_table(dict(sorted(runs.items()))))
+
+
+if __name__ == "__main__":
+    main()
