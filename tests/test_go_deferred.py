@@ -28,7 +28,7 @@ def test_deferred_samples_in_time_now_are_whole(tmp_path):
     walks onto the copy of that other stack as the kernel walks onto it."""
     gonow = build_go("gonow")
     res = ok(run_ustack("profile", "-F", str(HZ), "--unwind-memory", "0.001",
-                        "-f", "folded", "-c", f"{gonow} 3000000",
+                        "-f", "folded", "-c", f"{gonow} 6000000",
                         env=_empty_cache(tmp_path, "cache")))
     assert "did not fit the in-kernel table" in res.stderr
     in_now = [(stack, n) for stack, n in parse_folded(res.stdout) if "time.now" in stack]
