@@ -32,6 +32,7 @@ from helpers import parse_folded, perf_script_samples  # noqa: E402
 CLANG = "clang++-14"
 SECONDS = 10
 HZ = "299"
+PERF_PERIOD = 0      # perf's cpu-clock period (ns) instead of -F: --perf-period
 SOURCE = r"""
 #include <map>
 #include <string>
@@ -141,6 +142,8 @@ def leaf_key(name: str) -> str:
     if name.startswith("fn@0x") or name.startswith("[unknown"):
         return "[unknown]"
     name = re.sub(r"\+0x[0-9a-f]+$", "", name)
+    # perf keeps a symbol's version (cfree@GLIBC_2.2.5), ustack shows the name
+    name = re.sub(r"@[A-Z][\w.]*$", "", name)
     cut = re.search(r"\((?!anonymous)", name)
     return re.sub(r"[ _]", "", name[:cut.start()] if cut else name)
 
@@ -179,17 +182,21 @@ def one_round(work: Path, before: Path | None) -> tuple:
             cmd, env = ustack_cmd(src, "profile", "-F", HZ, "-d", str(SECONDS), "--backend",
                                   "bpf", "-f", "folded", "-o", str(out), *target)
             procs[name] = (subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True), out)
-        for name, mode in (("perf --call-graph dwarf", "dwarf"),
-                           (f"perf --call-graph dwarf,{DEEP}", f"dwarf,{DEEP}")):
-            data = work / (re.sub(r"\W+", "_", name) + ".data")
-            perfs[name] = (subprocess.Popen(
-                ["perf", "record", "-B", "-q", "--call-graph", mode, "-F", HZ,
-                 "-p", str(clang.pid), "-o", str(data), "--", "sleep", str(SECONDS)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), data)
         memory = {}
         for name, (p, _out) in procs.items():      # once the header is out: maps made
             header = p.stderr.readline()
             memory[name] = (map_memory(p.pid), header.strip())
+        # perf starts once every ustack run samples: the same window of the
+        # compile (its phases differ: Sema in libclang-cpp, then LLVM's
+        # passes), else a run that starts later sees more of libLLVM
+        for name, mode in (("perf --call-graph dwarf", "dwarf"),
+                           (f"perf --call-graph dwarf,{DEEP}", f"dwarf,{DEEP}")):
+            data = work / (re.sub(r"\W+", "_", name) + ".data")
+            perfs[name] = (subprocess.Popen(
+                ["perf", "record", "-B", "-q", "--call-graph", mode,
+                 *(["-e", "cpu-clock", "-c", str(PERF_PERIOD)] if PERF_PERIOD else ["-F", HZ]),
+                 "-p", str(clang.pid), "-o", str(data), "--", "sleep", str(SECONDS)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), data)
         result, leaves = {}, {}
         for name, (p, out) in procs.items():
             err = p.communicate()[1]
@@ -229,10 +236,17 @@ def top_gap(ours: dict, perf: dict, n: int = 20) -> float:
 
 
 def main() -> None:
+    global SECONDS, HZ, PERF_PERIOD
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=SECONDS, help="of sampling, each round")
+    ap.add_argument("--hz", default=HZ)
+    ap.add_argument("--perf-period", type=int, default=0, metavar="NS",
+                    help="perf samples every NS of cpu-clock instead of at --hz")
+    ap.add_argument("--out", default="big_objects.md", help="its name in bench/results/")
     ap.add_argument("--keep", metavar="DIR", help="keep the last round's outputs in DIR")
     opts = ap.parse_args()
+    SECONDS, HZ, PERF_PERIOD = opts.seconds, str(opts.hz), opts.perf_period
     before = Path(os.environ["USTACK_BEFORE"]) if os.environ.get("USTACK_BEFORE") else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,6 +262,7 @@ def main() -> None:
             perf = leaves[f"perf --call-graph dwarf,{DEEP}"]
             gaps.append((i + 1, {name: top_gap(l, perf) for name, l in leaves.items()
                                  if name.startswith("ustack")}))
+            last_leaves = leaves
     lines = [f"# Big objects: clang++-14 -O2 on a template-heavy file, {HZ} Hz, "
              f"{SECONDS} s of it, all tools at once", "",
              f"{time.strftime('%Y-%m-%d')}, kernel {os.uname().release}, 2 CPUs shared "
@@ -266,6 +281,14 @@ def main() -> None:
     for rnd, by_tool in gaps:
         lines.append(f"- round {rnd}: " + ", ".join(f"{name} {gap:.1f}"
                                                     for name, gap in by_tool.items()))
+    perf = last_leaves[f"perf --call-graph dwarf,{DEEP}"]
+    tools = [name for name in last_leaves if name.startswith("ustack")]
+    lines += ["", "The last round's top-20 leaf functions of perf (shares, %):", "",
+              "| function | perf | " + " | ".join(tools) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in tools) + " |"]
+    for f in sorted(perf, key=perf.get, reverse=True)[:20]:
+        lines.append(f"| `{f[:70]}` | {100 * perf[f]:.1f} | "
+                     + " | ".join(f"{100 * last_leaves[t].get(f, 0):.1f}" for t in tools) + " |")
     lines += ["", "Headers and summaries of the last round:", ""]
     last = max(r[0] for r in rows)
     for rnd, name, _w, _t, _m, header, err in rows:
@@ -273,7 +296,7 @@ def main() -> None:
             lines += [f"- {name}: `{header}` {err}".rstrip()]
     text = "\n".join(lines) + "\n"
     print(text)
-    (REPO / "bench" / "results" / "big_objects.md").write_text(text)
+    (REPO / "bench" / "results" / opts.out).write_text(text)
 
 
 if __name__ == "__main__":

@@ -181,8 +181,9 @@ def test_go_compressed_debug_frame(tmp_path):
 @pytest.mark.parametrize("brk", ["main.d", "*'main.d'"], ids=["body", "entry"])
 def test_go_without_cfi_or_symbols(tmp_path, brk):
     """A Go binary with neither CFI nor .symtab (objcopy --strip-all keeps
-    the code byte for byte): frames use rbp; at main.d's entry the leaf's
-    return address is found at [sp] through Go's stack-check prologue."""
+    the code and .gopclntab byte for byte): its frames follow the rows the
+    in-kernel walk uses, from .gopclntab (the SP delta at every pc, main.d's
+    entry included), so nothing falls back to the frame pointer."""
     objcopy = shutil.which("objcopy")
     if objcopy is None:
         pytest.skip("objcopy is not installed")
@@ -196,7 +197,7 @@ def test_go_without_cfi_or_symbols(tmp_path, brk):
     addrs, notes = unwind(cap)
     n = cap.gdb_names.index("main.main") + 1
     assert [hex(a) for a in addrs[:n]] == [hex(p) for p in cap.gdb_pcs[:n]]
-    assert notes == ("frame pointer used for gochain: no CFI",)
+    assert notes == ()
 
 
 def _text(path: Path) -> tuple:

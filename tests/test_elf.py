@@ -24,6 +24,11 @@ int global_alias(int x) __attribute__((alias("local_impl")));
 /* like glibc: __getpid global, getpid a weak alias */
 __attribute__((noinline)) int __impl2(int x) { return x - counter; }
 int pub2(int x) __attribute__((weak, alias("__impl2")));
+/* like glibc's __memcpy_avx512_unaligned_erms and __memmove_...: local
+ * names alike, as many underscores */
+__attribute__((noinline, used)) static int copy_impl(int x) { return x * 5 - counter; }
+static int cp(int x) __attribute__((alias("copy_impl"), used));
+static int move_longest(int x) __attribute__((alias("copy_impl"), used));
 __attribute__((noinline)) int leaf(int x) {
     int s = 0;
     for (int i = 0; i < x; i++) s += counter * i + big[i & 1023];
@@ -44,7 +49,7 @@ asm(".text\n"
 int main(int argc, char **argv) {
     big[argc] = 1;
     if (argc > 50) fatal();
-    return leaf(argc) + global_alias(argc) + pub2(argc);
+    return leaf(argc) + global_alias(argc) + pub2(argc) + cp(argc) + move_longest(argc);
 }
 """
 
@@ -185,6 +190,16 @@ def test_lookup_prefers_global_alias(bins):
     addr = nm_address(bins["pie"], "__impl2")
     assert nm_address(bins["pie"], "pub2") == addr
     assert img.lookup(addr).name == "pub2"
+
+
+def test_lookup_of_equal_aliases_names_the_longest_as_perf(bins):
+    """Of local aliases alike in all else, perf names the longest (its
+    choose_best_symbol): glibc's __memmove_avx512_unaligned_erms over
+    __memcpy_..., which share their code; ustack names it the same."""
+    img = ElfImage.open(bins["pie"])
+    addr = nm_address(bins["pie"], "cp")
+    assert nm_address(bins["pie"], "move_longest") == addr
+    assert img.lookup(addr).name == "move_longest"
 
 
 def test_flatten_nested_and_overlapping_ranges():

@@ -294,6 +294,11 @@ FTRACE_STACK_FULL_NOTE = ("stack cut at ftrace's 8-frame limit (userstacktrace):
                           "--backend bpf or perf give the whole stack")
 
 
+# a DWARF sample's regs: the address of the second copy its stack holds
+# (from rbp, a frame on another stack: Go's vDSO calls), and its offset
+OTHER_STACK, OTHER_AT = "other", "other_at"
+
+
 class RawSample(namedtuple(
         "RawSample", "probe pid tid time_ns cpu callchain return_address regs stack args kernel",
         defaults=(b"", b"", None, None, (), b""))):
@@ -306,7 +311,9 @@ class RawSample(namedtuple(
     and, at a function-entry uprobe, `return_address`: the 8 bytes at the
     probe's return_address_slot, the caller the walk cannot see yet. A DWARF
     sample carries `regs` (ip, sp, bp) and `stack`, the bytes copied from sp
-    upward, for the DWARF unwinder instead.
+    upward, for the DWARF unwinder instead; where rbp pointed to another
+    stack, `stack` ends with a copy from there: regs[OTHER_STACK] is its
+    address, regs[OTHER_AT] where it begins in `stack`.
 
     probe: index of the probe in the run's list; time_ns: CLOCK_MONOTONIC,
     as perf and ftrace stamp it; regs: {'ip', 'sp', 'bp'} or None; stack:

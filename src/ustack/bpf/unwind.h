@@ -658,7 +658,7 @@ static __always_inline void fill_deferred(void *ctx, enum regs_source source, st
 					  struct deferred_record *d, __s32 kernel_stack,
 					  __u64 weight, __u32 size)
 {
-	__u64 first, copied;
+	__u64 first, copied, other;
 
 	user_registers(ctx, source, w);
 	d->rec.time = w->rec.time;
@@ -673,24 +673,46 @@ static __always_inline void fill_deferred(void *ctx, enum regs_source source, st
 	d->bx = w->bx;
 	d->kernel_stack = kernel_stack;
 	d->weight = weight;
+	d->other = 0;
+	d->other_copied = 0;
 	if (!bpf_probe_read_user(d->stack, size, (void *)w->sp)) {
 		d->copied = size;
+	} else {
+		first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
+		if (bpf_probe_read_user(d->stack, first, (void *)w->sp)) {
+			d->copied = 0;
+			return;
+		}
+		copied = first;
+		for (int i = 0; i < MAX_DEFER_STACK / 4096; i++) {
+			if (copied > size - 4096)
+				break;
+			if (bpf_probe_read_user(d->stack + copied, 4096, (void *)(w->sp + copied)))
+				break;
+			copied += 4096;
+		}
+		d->copied = copied;
+	}
+	/* the frame-pointer chain leaving the copy within a few links: a
+	 * frame on another stack (Go's time.now runs the vDSO on the g0
+	 * stack; the vDSO's own frame links to it), whose callers only a copy
+	 * from there holds; that page alone where the stack ends sooner */
+	other = w->bp;
+	for (int i = 0; i < 3 && other - w->sp < d->copied; i++)
+		if (bpf_probe_read_user(&other, sizeof(other), (void *)other))
+			return;
+	if (other - w->sp < d->copied || other < 4096)
+		return;
+	d->other = other;
+	if (!bpf_probe_read_user(d->other_stack, SWITCH_STACK, (void *)other)) {
+		d->other_copied = SWITCH_STACK;
 		return;
 	}
-	first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
-	if (bpf_probe_read_user(d->stack, first, (void *)w->sp)) {
-		d->copied = 0;
-		return;
-	}
-	copied = first;
-	for (int i = 0; i < MAX_DEFER_STACK / 4096; i++) {
-		if (copied > size - 4096)
-			break;
-		if (bpf_probe_read_user(d->stack + copied, 4096, (void *)(w->sp + copied)))
-			break;
-		copied += 4096;
-	}
-	d->copied = copied;
+	first = 4096 - (other & 4095);
+	if (first > SWITCH_STACK)
+		first = SWITCH_STACK;
+	if (!bpf_probe_read_user(d->other_stack, first, (void *)other))
+		d->other_copied = first;
 }
 
 #endif

@@ -206,6 +206,9 @@ static __always_inline void add_one(__u64 *slot)
 #define ARGS_AREA (12 << 10)	/* a trace record's fetch-args, after its frames */
 #define DEFER_STACK 8192	/* bytes of stack a deferred record carries: two pages */
 #define MAX_DEFER_STACK 65536	/* ... at most, as deep as --stack-size (the ring's) */
+#define SWITCH_STACK 2048	/* bytes a deferred record carries from rbp when rbp is
+				 * not in the copy from sp: the frames of another stack
+				 * (Go's time.now runs the vDSO on the thread's g0 stack) */
 #define SEARCH_STEPS 22		/* binary search steps: 4 M rows */
 #define PAGE_SHIFT 12		/* the page index's granule (unwind/tables.py) */
 #define VMA_REGION_SHIFT 21	/* the VMA cache's key: (mm ctx_id, address >> 21) */
@@ -368,13 +371,18 @@ struct trace_record {
 
 /* a deferred record (head.status DEFERRED, no frames): the event's
  * registers and DEFER_STACK bytes from sp, `copied` of them read; the
- * fetch-args after the stack */
+ * fetch-args after the stack. `other_copied` bytes from rbp (`other`)
+ * where rbp points outside the copy from sp */
 struct deferred_record {
 	struct trace_record rec;
 	__u64 ip, sp, bp, bx;
 	__s32 kernel_stack;
 	__u32 copied;
 	__u64 weight;		/* what the event adds to its stack's count */
+	__u64 other;
+	__u32 other_copied;
+	__u32 pad;
+	__u8 other_stack[SWITCH_STACK];
 	__u8 stack[DEFER_STACK];
 };
 

@@ -36,7 +36,6 @@ the hit for those events. On a sampling event, 0 only keeps that event's
 own sample out of our buffer."""
 from __future__ import annotations
 
-import os
 import struct
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
@@ -199,8 +198,7 @@ class BpfCapture(Capture):
                 later, cached_only = [], self.defers_stacks and not lazy
                 for path in self._first_objects:
                     self.interrupt.check()
-                    if not objects.add_path(path, cached_only=cached_only and not (
-                            target.scope == "command" and _built_at_once(path))):
+                    if not objects.add_path(path, cached_only=cached_only):
                         later.append(path)
                 if later:
                     self._load_later(objects, later)
@@ -465,20 +463,3 @@ class BpfCapture(Capture):
 def uncounted(errors: dict, reasons: tuple) -> tuple:
     """(why, n) for each (why, error name) of `reasons` counted nonzero."""
     return tuple((why, errors[name]) for why, name in reasons if errors[name])
-
-
-# An object of a -c command this small has its rows built before the
-# command starts even when the cache lacks them (~0.1-0.3 s: a program and
-# libc): its first events are walked in the kernel, as cached rows' are
-# (a running -p process's are built after the start). Deferred instead,
-# they would be unwound by ustack without the rows, e.g. a stripped Go
-# binary's on frame pointers, with a note. Bigger objects (libLLVM, node,
-# chromium: seconds each) are built after the start.
-BUILT_AT_ONCE_BYTES = 8 << 20
-
-
-def _built_at_once(path: str) -> bool:
-    try:
-        return os.stat(path).st_size <= BUILT_AT_ONCE_BYTES
-    except OSError:
-        return False

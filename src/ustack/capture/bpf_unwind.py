@@ -64,8 +64,8 @@ from ..kernel import perf_event as pe
 from ..kernel import procfs
 from ..kernel.bpf_syscall import RING_RECORD_HEADER, ring_next
 from ..kernel.proc_root import backing_devices
-from ..model import (KERNEL_UNWIND_STOP, Mapping, ProfileProbe, RawSample, TracepointProbe,
-                     python_sample,
+from ..model import (KERNEL_UNWIND_STOP, OTHER_AT, OTHER_STACK, Mapping, ProfileProbe,
+                     RawSample, TracepointProbe, python_sample,
                      UprobeProbe, UstackError)
 from ..objfile import cache as objcache
 from ..objfile import needed
@@ -104,7 +104,12 @@ RECORD = _OBJ.layout("trace_record").struct
 _DEFERRED = _OBJ.layout("deferred_record")
 _TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
 DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "bx", "kernel_stack",
-                                                          "copied", "weight")))
+                                                          "copied", "weight", "other",
+                                                          "other_copied")))
+# where a deferred record's copies begin: from rbp (where rbp was not in
+# the copy from sp: a frame on another stack), then from sp
+DEFER_OTHER_AT = _DEFERRED.offsets["other_stack"]
+DEFER_STACK_AT = _DEFERRED.offsets["stack"]
 DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
 DEFER_RECORD = _DEFERRED.size
 MAX_DEFER_STACK = 65536          # ustack.h: a deferred record's stack, at most
@@ -912,14 +917,21 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
             continue
         fetch = fetches[probe] if probe < nfetch else None
         if status == DEFERRED:
-            ip, sp, bp, bx, kstack, size, weight = DEFER.unpack_from(chunk, rec + RECORD.size)
-            at = rec + RECORD.size + DEFER.size
+            ip, sp, bp, bx, kstack, size, weight, other, other_size = DEFER.unpack_from(
+                chunk, rec + RECORD.size)
+            at = rec + DEFER_STACK_AT
             args = fetch.decode(chunk, rec + DEFER_RECORD, rec + n, read_file) if fetch \
                 else ((WEIGHT_ARG, "dec", as_s64(weight)),) if weighted else ()
+            regs = {"ip": ip, "sp": sp, "bp": bp, "bx": bx}
+            stack = chunk[at:min(at + size, rec + n)]
+            if other_size:
+                # the unwinder goes on there when a frame switches stacks
+                regs[OTHER_STACK] = other
+                regs[OTHER_AT] = len(stack)
+                stack += chunk[rec + DEFER_OTHER_AT:rec + DEFER_OTHER_AT + other_size]
             sample = RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
-                regs={"ip": ip, "sp": sp, "bp": bp, "bx": bx},
-                stack=chunk[at:min(at + size, rec + n)], args=args,
+                regs=regs, stack=stack, args=args,
                 kernel=kernel_stack(kstack) if kstack >= 0 else b"")
             read = python_read(sample.pid, sample.tid, t) if python_read is not None else None
             append(sample if read is None else python_sample(sample, read))

@@ -9,7 +9,7 @@ import json
 from .elf_file import ElfFile
 from .elf_symbols import ElfSymbols
 
-STATE_VERSION = "v6"    # of the blob's layout; v6: framed (cache.py)
+STATE_VERSION = "v8"    # of the blob's layout; v6: framed (cache.py); v8: the longest of equal local aliases
 
 
 def pack(file: ElfFile, symbols: ElfSymbols) -> bytes:

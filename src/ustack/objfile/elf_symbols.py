@@ -345,10 +345,14 @@ class _LookupTable:
 
 def _rank(raw: dict, sym: Symbol) -> tuple:
     """Which of the names sharing an address lookup() gives: sized, then
-    exported, then fewer leading underscores, then by name."""
+    exported, then fewer leading underscores, then of local names the
+    longest (as perf chooses: glibc's __memmove_avx512_unaligned_erms, not
+    __memcpy_..., so the two tools' profiles agree; an exported name is
+    one a caller wrote: mmap, not mmap64), then by name."""
     size0, bind, _, _ = raw[(sym.address, sym.name)]
     underscores = len(sym.name) - len(sym.name.lstrip("_"))
-    return (size0 == 0, _BIND_RANK.get(bind, 2), underscores, sym.name)
+    longest = -len(sym.name) if bind == "STB_LOCAL" else 0
+    return (size0 == 0, _BIND_RANK.get(bind, 2), underscores, longest, sym.name)
 
 
 def _outside(labels: list, functions: list) -> list:

@@ -13,11 +13,11 @@ import os
 import struct
 from collections.abc import Callable
 
-from ..model import JIT_NOTE, Mapping, UstackError
+from ..model import JIT_NOTE, OTHER_AT, OTHER_STACK, Mapping, UstackError
 from ..objfile import prologue
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import file_offset, object_path
-from . import cfi, cfi_index
+from . import cfi, cfi_index, packed_lookup, tables
 from .cfi import UnwindTable
 from .restore_rt import RESTORE_RT, just_after_trampoline  # noqa: F401 (dwarf.X, as before)
 
@@ -106,6 +106,10 @@ class DwarfUnwinder:
         sp = sp0 = regs["sp"]
         bp = regs.get("bp")
         bx = regs.get("bx")     # None: not sampled (or lost): rbx-based CFAs stop
+        other_at = regs.get(OTHER_AT)       # a copy of another stack follows
+        if other_at is not None:
+            other = (regs[OTHER_STACK], stack[other_at:])
+            stack = stack[:other_at]
         top = len(stack) - 8
         addrs = [ip]
         if sps is not None:
@@ -116,6 +120,7 @@ class DwarfUnwinder:
         st = None
         lo = hi = 0
         walked_fp: dict = {}                    # frame index -> its frame pointer
+        switched = False                        # this frame ran on another stack
         for _ in range(self.max_frames - 1):
             q = ip if exact else ip - 1          # return addresses point past the call
             if not lo <= q < hi:
@@ -142,6 +147,15 @@ class DwarfUnwinder:
                 cfa = bp + cfa_off
                 if note is not None and fps is not None:     # no CFI: on the frame pointer
                     walked_fp[len(addrs) - 1] = bp
+                if aux == tables.STACK_SWITCH:
+                    # a frame on another stack than its CFA's (Go's vDSO
+                    # calls): its callers are in the copy from rbp, if any
+                    o = cfa + ra_off - sp0
+                    if not 0 <= o <= top and other_at is not None:
+                        sp0, stack = other
+                        top = len(stack) - 8
+                        other_at = None
+                    switched = True
             elif kind == _BX:
                 if bx is None:
                     if BX_UNKNOWN_NOTE not in notes:
@@ -194,8 +208,9 @@ class DwarfUnwinder:
             if bx_rule:
                 o = cfa + bx_off - sp0
                 bx = unpack(stack, o)[0] if bx_rule == cfi.BX_AT and 0 <= o <= top else None
-            if ra < 0x1000 or cfa <= sp:          # end of chain, or no progress
+            if ra < 0x1000 or (cfa <= sp and not switched):   # end of chain, or no progress
                 break
+            switched = False
             sp = cfa
             ip = ra
             exact = False
@@ -230,13 +245,16 @@ class DwarfUnwinder:
                 st.why = f"cannot read it ({e})"
             else:
                 try:
-                    st.table, found = cfi_index.for_unwinder(st.image, self.debug_dirs)
+                    # the rows the in-kernel walk uses, where built: a
+                    # deferred stack unwound as the kernel would have
+                    st.table = packed_lookup.for_unwinder(st.image, self.debug_dirs)
+                    if st.table is None:
+                        st.table, found = cfi_index.for_unwinder(st.image, self.debug_dirs)
+                        for refusal in found.refused:
+                            if refusal not in self.warnings:
+                                self.warnings.append(refusal)
                 except Exception:  # a damaged file: frame pointers, not a failed run
                     st.why = "unreadable CFI"
-                else:
-                    for refusal in found.refused:
-                        if refusal not in self.warnings:
-                            self.warnings.append(refusal)
         self._states[id(m)] = st
         return st
 

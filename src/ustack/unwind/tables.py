@@ -25,6 +25,7 @@ from array import array
 from ..bpf import object_path
 from ..kernel.bpf_object import bpf_object
 from ..objfile import builders
+from ..objfile.built_once import BuiltOnce
 from ..objfile import cache as objcache
 from ..objfile import content_key
 from ..objfile.elf import ElfImage
@@ -389,11 +390,23 @@ def _go_packed(image: ElfImage, cached_only: bool = False):
     reads the file itself, so its bytes cannot be hashed as parsed)."""
     st = os.stat(image.path)
     cache = objcache.cache_file("bpfrows", content_key.of_files(st), "go5")
+    built = _GO_BUILT.values.get(cache)
+    if built is not None:
+        return built[0]
     blob = objcache.read(cache)
     if blob and len(blob) % ROW_SIZE == 0:
         return PackedRows(image.path, blob, from_cache=True)
     if cached_only:
         return NOT_CACHED
+    # the row loader and the unwinder of a deferred stack may ask at once
+    return _GO_BUILT.get(cache, lambda: (_go_build(image, cache),))[0]
+
+
+# cache file -> (PackedRows or None,) of the Go binaries built in this process
+_GO_BUILT = BuiltOnce()
+
+
+def _go_build(image: ElfImage, cache: str):
     from ..objfile.gopclntab import PclntabError, go_table
     try:
         table = go_table(image)

@@ -1,0 +1,3 @@
+module gonow
+
+go 1.19
