@@ -47,7 +47,8 @@ def classes(tmp_path_factory) -> Path:
 
 
 def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:
-    """(counted stacks, warnings) of `profile -c java FLAGS Chain 1`."""
+    """(counted stacks, warnings, the summary's notes) of `profile -c java
+    FLAGS Chain 1`."""
     opts = ustack.Options(
         command="profile", events=["profile:hz:199"],
         cmdline=f"{_tool('java')} {' '.join(flags)} -cp {classes} Chain 1",
@@ -56,12 +57,26 @@ def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:
     with run:
         counted = run.counts()
         warnings = run.warnings
-    return counted, warnings
+        run.losses()                    # the run's counters, read for its summary
+        notes = run.capture.end_notes()
+    return counted, warnings, notes
 
 
 @pytest.fixture(scope="module", params=sorted(WAYS))
 def profiled(request, classes):
     return request.param, *_profile(classes, WAYS[request.param])
+
+
+def test_jvm_stacks_said_walked_from_copies(profiled):
+    """The kernel hands each stack through the JVM's code cache to ustack
+    with its copy (another JIT's it walks itself), and the summary says
+    how many: at least every sample in leaf()."""
+    way, counted, _warnings, notes = profiled
+    busy = sum(n for fs, n in _main_thread(counted) if any(
+        f.function == "Chain.leaf" for f in fs))
+    said = [int(n.split()[0]) for n in notes if n.endswith(
+        "through a JVM's JIT code walked by ustack from copies")]
+    assert busy >= 100 and said and said[0] >= busy, (way, busy, notes)
 
 
 def _main_thread(counted) -> list:
@@ -72,7 +87,7 @@ def _main_thread(counted) -> list:
 
 
 def test_java_methods_named_in_order_to_the_thread_root(profiled):
-    way, counted, warnings = profiled
+    way, counted, warnings, _notes = profiled
     busy = whole = 0
     lines: set = set()
     for frames, n in _main_thread(counted):
@@ -101,7 +116,7 @@ def test_java_methods_named_in_order_to_the_thread_root(profiled):
 def test_main_thread_stacks_reach_its_root(profiled):
     """Every sample of main's thread in Java code is complete, not only
     those in leaf(): none ends in the code cache."""
-    way, counted, _warnings = profiled
+    way, counted, _warnings, _notes = profiled
     java = [(fs, n) for fs, n in _main_thread(counted) if any(f.kind == "java" for f in fs)]
     total = sum(n for _fs, n in java)
     rooted = sum(n for fs, n in java if fs[0].function == "clone3")
@@ -110,7 +125,7 @@ def test_main_thread_stacks_reach_its_root(profiled):
 
 def test_no_java_leaves_the_code_cache_unnamed(classes):
     """--no-java: the Java frames are the JIT's unnamed code, as before."""
-    counted, _warnings = _profile(classes, WAYS["compiled"], no_java=True)
+    counted, _warnings, _notes = _profile(classes, WAYS["compiled"], no_java=True)
     assert counted
     assert not [f for c in counted for f in c.stack.frames if f.kind == "java"]
 

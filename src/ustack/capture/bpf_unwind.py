@@ -166,7 +166,7 @@ class UnwindMaps(bpf_syscall.MapSet):
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18,
-                 wanted: int = 1024):
+                 wanted: int = 1024, jvms: int = 1024):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
@@ -181,6 +181,7 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.vmas = self._keep(obj.make_map("vmas", vmas))
             self.wanted = self._keep(obj.make_map("wanted", wanted))
             self.scratch = self._keep(obj.make_map("scratch"))
+            self.jvms = self._keep(obj.make_map("jvm_processes", jvms))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up;
             # the counts too, so their room costs only what a run meets
@@ -200,7 +201,7 @@ class UnwindMaps(bpf_syscall.MapSet):
         """The maps by the names unwind.bpf.c gives them."""
         return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
                 "vmas": self.vmas, "wanted": self.wanted, "scratch": self.scratch, "unwound": self.stacks,
-                "counts": self.counts, "unwind_errors": self.errors}
+                "counts": self.counts, "unwind_errors": self.errors, "jvm_processes": self.jvms}
 
     @property
     def rows(self) -> bpf_syscall.Map:
@@ -334,7 +335,7 @@ class UnwindObjects:
                     self.next_page += npages      # else: whole-object searches
         self.loaded[keys[0]] = (path, n)
         entry = OBJ_VALUE.pack(first, n, adjust, page_slot, first_page, npages, python, v8,
-                               php, perl, ruby)
+                               php, perl, ruby, int(is_jvm_object(path)))
         runtimes = _runtimes(python, v8, php, perl, ruby)
         # the entry makes walks go on in its runtimes' passes: written once
         # they are loaded (till then its stacks are deferred)
@@ -376,6 +377,19 @@ class UnwindObjects:
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         self.maps.rows.write_values(first * ROW_SIZE, data[:n * ROW_SIZE])
 
+    def add_jvm(self, pid: int) -> None:
+        """pid runs a JVM: its walks through JIT code are deferred, its
+        Java frames walked in user space (unwind.h's through_jvm_jit)."""
+        with self._lock:
+            if not self.closed:
+                self.maps.jvms.update(_U32.pack(pid), b"\x01")
+
+    def note_mapping(self, mapping, pid: int) -> None:
+        """What an MMAP2 record tells of its process: a JVM's when it maps
+        libjvm."""
+        if is_jvm_object(mapping.path):
+            self.add_jvm(pid)
+
     def add_mapping(self, mapping, pid: int, cached_only: bool = False) -> bool:
         """Load the object of a mapping an MMAP2 record announced (as
         add_path: False when cached_only and its rows must be built)."""
@@ -412,6 +426,28 @@ def _runtimes(python: int, v8: int, php: int, perl: int, ruby: int) -> list:
     given its slots in their passes' objects maps (0: none)."""
     return [runtime for runtime, slot in (("python", python), ("v8", v8), ("php", php),
                                           ("perl", perl), ("ruby", ruby)) if slot]
+
+
+JVM_OBJECT = "libjvm.so"
+
+
+def is_jvm_object(path: str) -> bool:
+    """Whether the object at `path` is a JVM's libjvm (HotSpot)."""
+    return os.path.basename(path) == JVM_OBJECT
+
+
+def jvm_processes(pids) -> list:
+    """Of `pids`, those that map a libjvm now (their maps' text searched,
+    not parsed: most processes map none)."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if "/" + JVM_OBJECT + "\n" in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def _mib(size: int) -> str:
