@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import compiled_java_chain, java_tool, ok, parse_folded, run_for_cpu
+from helpers import (compiled_java_chain, java_tool, ok, parse_folded, run_for_cpu,
+                     run_ustack)
 from ustack.model import SymbolOptions
 
 pytestmark = pytest.mark.kernel
@@ -152,3 +153,28 @@ def test_attached_jvm_folded(classes, tmp_path):
                           and chain == CHAIN)
     assert busy >= 50 and whole >= 0.9 * busy, f"{whole} of {busy} samples in leaf() whole"
     assert "perf map" not in err and "PreserveFramePointer" not in err, err
+
+
+NAPS = ["Naps.main", "Naps.outer", "Naps.middle", "Naps.nap"]
+NAP_FLAGS = ("-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,Naps::*")
+
+
+def test_offcpu_java_blocks_named(tmp_path):
+    """`ustack offcpu -c java Naps`: a Java thread sleeping in main ->
+    outer -> middle -> nap has its time under those Java methods, in
+    order, down to its thread's root, though the JVM has exited when the
+    report is made (its stacks were walked as they came)."""
+    classes = compiled_java_chain(tmp_path, "Naps")
+    out = tmp_path / "naps.folded"
+    ok(run_ustack("offcpu", "-f", "folded", "-o", out, "-c",
+                  f"{_tool('java')} {' '.join(NAP_FLAGS)} -cp {classes} Naps 100"))
+    asleep = whole = 0
+    for frames, us in parse_folded(out.read_text()):
+        if "JVM_Sleep" not in frames:
+            continue
+        asleep += us
+        java = [f for f in frames if f.startswith("Naps.")]
+        whole += us * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
+                       and java == NAPS)
+    # 400 naps of at least 2 ms each
+    assert asleep >= 800_000 and whole >= 0.9 * asleep, f"{whole} of {asleep} µs named"

@@ -166,6 +166,7 @@ class OffcpuCounter(KernelUnwinder):
                                         CODE_RING_BYTES), stack_size=stack_size)
         self.deferred: dict = {}        # a deferred record's id -> its RawSample
         self.deferred_bytes = 0         # their stacks' bytes, up to MAX_DEFERRED_BYTES
+        self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
         self.not_kept: set = set()      # ids of the records past it
         obj = offcpu_object()
         self.start = owned.map(obj.make_map("start"))
@@ -246,8 +247,23 @@ class OffcpuCounter(KernelUnwinder):
             if self.deferred_bytes + len(s.stack) <= MAX_DEFERRED_BYTES:
                 self.deferred[record_id] = s
                 self.deferred_bytes += len(s.stack)
+                self.fresh.append(record_id)
             else:
                 self.not_kept.add(record_id)
+
+    def unwind_deferred(self, unwind) -> None:
+        """The deferred records kept since last time, unwound now, while
+        their processes live: a JVM's Java frames are walked from its
+        memory (unwind/hotspot_live.py), which is gone by the report once
+        a -c command has exited. `unwind(sample)`: its UnwoundSample; the
+        copy's bytes are given back."""
+        fresh, self.fresh = self.fresh, []
+        for record_id in fresh:
+            s = self.deferred.get(record_id)
+            if s is None or s.regs is None:
+                continue
+            self.deferred[record_id] = unwind(s)
+            self.deferred_bytes -= len(s.stack)
 
     def _walked_chain(self, h: int) -> bytes:
         """The stack walked in the kernel under hash `h`; for the id of a
@@ -337,6 +353,11 @@ class OffcpuCapture(UnwindCountCapture):
                               else None)
         counter.take_deferred(deferred)
         return offset
+
+    def unwind_deferred(self, unwind) -> None:
+        """OffcpuCounter.unwind_deferred, once the run has a counter."""
+        if self.counter is not None:
+            self.counter.unwind_deferred(unwind)
 
     def blocked(self, reset: bool = False) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,
