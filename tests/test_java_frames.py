@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import (compiled_java_chain, java_tool, ok, parse_folded, run_for_cpu,
-                     run_ustack)
+from helpers import (compiled_java_chain, end_after_cpu, java_tool, ok, parse_folded,
+                     run_for_cpu, run_ustack, start_ustack, stop, wait_tracing)
 from ustack.model import SymbolOptions
 
 pytestmark = pytest.mark.kernel
@@ -178,3 +178,50 @@ def test_offcpu_java_blocks_named(tmp_path):
                        and java == NAPS)
     # 400 naps of at least 2 ms each
     assert asleep >= 800_000 and whole >= 0.9 * asleep, f"{whole} of {asleep} µs named"
+
+
+def _chain_shares(folded: str, pid: int) -> tuple:
+    """(samples of process pid in leaf(), those whole: main, outer, middle,
+    leaf named in order down to the thread's root) of `-P` folded lines."""
+    busy = whole = 0
+    for frames, n in parse_folded(folded):
+        if not frames[0].endswith(f"-{pid}"):
+            continue
+        chain = [f for f in frames if f.startswith("Chain.")]
+        if chain[-1:] == ["Chain.leaf"]:
+            busy += n
+            whole += n * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
+                          and chain == CHAIN)
+    return busy, whole
+
+
+def test_whole_machine_java_before_and_during_the_run(classes, tmp_path):
+    """`ustack profile` of the whole machine: a JVM busy in its loop since
+    before the run, and one started once the run samples (its libjvm, its
+    code cache new to the run), both have their samples in leaf() whole
+    with main, outer, middle, leaf named, by process (-P)."""
+    argv = [_tool("java"), *WAYS["compiled"], "-cp", str(classes), "Chain", "600"]
+    before = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    during = None
+    out = tmp_path / "machine.folded"
+    try:
+        assert before.stdout.readline() == "ready\n"
+        us = start_ustack("profile", "-F", "199", "-P", "-f", "folded", "-o", out)
+        try:
+            wait_tracing(us)
+            during = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            assert during.stdout.readline() == "ready\n"
+            err = end_after_cpu(us, during.pid, 1.0)
+        finally:
+            stop(us)
+    finally:
+        for java in (before, during):
+            if java is not None:
+                java.send_signal(signal.SIGTERM)
+                java.wait()
+    assert us.returncode == 0, err
+    folded = out.read_text()
+    for java in (before, during):
+        busy, whole = _chain_shares(folded, java.pid)
+        assert busy >= 50 and whole >= 0.9 * busy, \
+            f"PID {java.pid}: {whole} of {busy} samples in leaf() whole"
