@@ -225,3 +225,33 @@ def test_whole_machine_java_before_and_during_the_run(classes, tmp_path):
         busy, whole = _chain_shares(folded, java.pid)
         assert busy >= 50 and whole >= 0.9 * busy, \
             f"PID {java.pid}: {whole} of {busy} samples in leaf() whole"
+
+
+LEAKS = ["Leaks.main", "Leaks.outer", "Leaks.middle", "Leaks.leak"]
+
+
+def test_memleak_java_allocations_named(tmp_path):
+    """`ustack memleak -p` of a JVM that keeps direct buffers (malloc'd by
+    the JVM under main -> outer -> middle -> leak): the outstanding bytes
+    allocated there are under those Java methods, in order, down to the
+    thread's root."""
+    classes = compiled_java_chain(tmp_path, "Leaks")
+    java = subprocess.Popen([_tool("java"), "-XX:CompileCommand=quiet",
+                             "-XX:CompileCommand=dontinline,Leaks::*", "-cp", str(classes),
+                             "Leaks"], stdout=subprocess.PIPE, text=True)
+    out = tmp_path / "leaks.folded"
+    try:
+        assert java.stdout.readline() == "ready\n"
+        ok(run_ustack("memleak", "-d", "2", "-f", "folded", "-o", out, "-p", str(java.pid)))
+    finally:
+        java.send_signal(signal.SIGTERM)
+        java.wait()
+    direct = whole = 0
+    for frames, nbytes in parse_folded(out.read_text()):
+        if "Unsafe_AllocateMemory0" not in frames:
+            continue
+        direct += nbytes
+        mine = [f for f in frames if f.startswith("Leaks.")]
+        whole += nbytes * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
+                           and mine == LEAKS)
+    assert direct >= 40 * 4096 and whole >= 0.9 * direct, f"{whole} of {direct} bytes named"

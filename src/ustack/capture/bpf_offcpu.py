@@ -60,7 +60,7 @@ from .bpf_capture import uncounted
 from .bpf_dwarf import UnwindCountCapture
 from .bpf_python import CODE_RING_BYTES
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_STACK, KernelUnwinder, deferral_ring_bytes,
-                         kernel_rodata, ring_samples)
+                         kernel_rodata, ring_samples, unwind_fresh)
 from .kernel_offsets import Offsets
 from .script_passes import script_maps, script_options
 from ..values import value
@@ -252,18 +252,9 @@ class OffcpuCounter(KernelUnwinder):
                 self.not_kept.add(record_id)
 
     def unwind_deferred(self, unwind) -> None:
-        """The deferred records kept since last time, unwound now, while
-        their processes live: a JVM's Java frames are walked from its
-        memory (unwind/hotspot_live.py), which is gone by the report once
-        a -c command has exited. `unwind(sample)`: its UnwoundSample; the
-        copy's bytes are given back."""
-        fresh, self.fresh = self.fresh, []
-        for record_id in fresh:
-            s = self.deferred.get(record_id)
-            if s is None or s.regs is None:
-                continue
-            self.deferred[record_id] = unwind(s)
-            self.deferred_bytes -= len(s.stack)
+        """The deferred records kept since last time, unwound now
+        (bpf_unwind.unwind_fresh); their copies' bytes given back."""
+        self.deferred_bytes -= unwind_fresh(self.deferred, self.fresh, unwind)
 
     def _walked_chain(self, h: int) -> bytes:
         """The stack walked in the kernel under hash `h`; for the id of a

@@ -137,6 +137,22 @@ _STACKS_ADDED = _ERRORS["UW_STACKS_ADDED"].to_bytes(4, "little")
 ERR_SLOTS = _ERRORS["UNWIND_ERROR_SLOTS"]
 
 
+def unwind_fresh(deferred: dict, fresh: list, unwind) -> int:
+    """The deferred records whose ids are in `fresh` (then emptied),
+    unwound now in `deferred` (id -> sample), while their processes live: a
+    JVM's Java frames are read from its memory (unwind/hotspot_live.py),
+    gone by the report once a -c command has exited. `unwind(sample)`: its
+    UnwoundSample. Returns the bytes of stack copies let go."""
+    freed = 0
+    for record_id in fresh:
+        s = deferred.get(record_id)
+        if s is not None and s.regs is not None:
+            deferred[record_id] = unwind(s)
+            freed += len(s.stack)
+    fresh.clear()
+    return freed
+
+
 def kernel_dev(st_dev: int) -> int:
     """A stat() st_dev in the kernel's own encoding (MAJOR << 20 | MINOR),
     as inode->i_sb->s_dev holds it."""
