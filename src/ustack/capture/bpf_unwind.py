@@ -38,7 +38,11 @@ NO_TABLE, VMA_BUSY or TABLE_FULL) is not counted cut: given a ring, the
 program writes the event's registers and stack there (a DEFERRED record) and ustack
 unwinds it as the copy path's samples (ring_samples makes it a DWARF
 RawSample), once the MMAP2 records told it the mappings. Only where the
-ring is full does the stack end cut, as walked.
+ring is full does the stack end cut, as walked. So goes a walk through a
+JVM's JIT code (its compiled code keeps no frame pointer: its Java frames
+are walked in user space, unwind/hotspot_live.py), in a process in
+JVM_PROCESSES (add_jvm: found mapping libjvm) or whose walk met libjvm;
+another process's JIT code is walked on its frame pointer in the kernel.
 
 Registers: a uprobe's context is the user pt_regs; a sample's context holds
 them when it interrupted user mode; otherwise (syscalls, tracepoints, a
