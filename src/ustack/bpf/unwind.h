@@ -377,7 +377,12 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 	w->mend = vma.end;
 	if (!w->rows) {
 		w->mend = 0;	/* not cached: each frame says why */
-		if (w->first == TABLE_FULL_MARK)
+		/* a V8 object whose rows did not fit is walked on its frame
+		 * pointer, which its code keeps (JIT, builtins, node's C++):
+		 * its JS frames are named here (v8.h); a copy handed to user
+		 * space is named only while its process lives, and at a
+		 * sample a millisecond the reader fell behind node's exit */
+		if (w->first == TABLE_FULL_MARK && !obj->v8)
 			return stop(w, TABLE_FULL), NOT_MAPPED;
 		return NO_CFI_CODE;
 	}

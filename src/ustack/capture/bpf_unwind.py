@@ -436,6 +436,11 @@ class UnwindObjects:
         what = "1 object's" if len(self.full) == 1 else f"{len(self.full)} objects'"
         then = ("their stacks unwound from copies in user space" if from_copies
                 else "their stacks cut there")
+        v8 = [os.path.basename(p) for p in self.full
+              if self.v8 is not None and p in self.v8.slot_paths]
+        if v8:          # unwind.h's find_mapping: V8's code keeps frame pointers
+            then += (f" ({', '.join(dict.fromkeys(v8))}: walked on its frame pointers "
+                     "in the kernel, JS frames named)")
         return (f"{what} unwind rows did not fit the in-kernel "
                 f"table ({_mib(size)} MiB: {names}{more}), {then}; "
                 f"--unwind-memory MIB makes it bigger")
