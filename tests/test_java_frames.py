@@ -168,31 +168,24 @@ def test_offcpu_java_blocks_named(tmp_path):
     out = tmp_path / "naps.folded"
     ok(run_ustack("offcpu", "-f", "folded", "-o", out, "-c",
                   f"{_tool('java')} {' '.join(NAP_FLAGS)} -cp {classes} Naps 100"))
-    asleep = whole = 0
-    for frames, us in parse_folded(out.read_text()):
-        if "JVM_Sleep" not in frames:
-            continue
-        asleep += us
-        java = [f for f in frames if f.startswith("Naps.")]
-        whole += us * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
-                       and java == NAPS)
+    asleep, whole = _whole_in(out.read_text(), "JVM_Sleep", NAPS)
     # 400 naps of at least 2 ms each
     assert asleep >= 800_000 and whole >= 0.9 * asleep, f"{whole} of {asleep} µs named"
 
 
-def _chain_shares(folded: str, pid: int) -> tuple:
-    """(samples of process pid in leaf(), those whole: main, outer, middle,
-    leaf named in order down to the thread's root) of `-P` folded lines."""
-    busy = whole = 0
+def _whole_in(folded: str, through: str, chain: list, pid: int | None = None) -> tuple:
+    """(the weight of the folded lines through frame `through`, of process
+    pid's (`-P` lines) where given; that of those whole: the methods of
+    `chain`'s class exactly `chain`, in order, down to the thread's root)."""
+    mine = chain[0].split(".")[0] + "."
+    total = whole = 0
     for frames, n in parse_folded(folded):
-        if not frames[0].endswith(f"-{pid}"):
+        if through not in frames or (pid is not None and not frames[0].endswith(f"-{pid}")):
             continue
-        chain = [f for f in frames if f.startswith("Chain.")]
-        if chain[-1:] == ["Chain.leaf"]:
-            busy += n
-            whole += n * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
-                          and chain == CHAIN)
-    return busy, whole
+        total += n
+        whole += n * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
+                      and [f for f in frames if f.startswith(mine)] == chain)
+    return total, whole
 
 
 def test_whole_machine_java_before_and_during_the_run(classes, tmp_path):
@@ -222,7 +215,7 @@ def test_whole_machine_java_before_and_during_the_run(classes, tmp_path):
     assert us.returncode == 0, err
     folded = out.read_text()
     for java in (before, during):
-        busy, whole = _chain_shares(folded, java.pid)
+        busy, whole = _whole_in(folded, "Chain.leaf", CHAIN, java.pid)
         assert busy >= 50 and whole >= 0.9 * busy, \
             f"PID {java.pid}: {whole} of {busy} samples in leaf() whole"
 
@@ -246,12 +239,5 @@ def test_memleak_java_allocations_named(tmp_path):
     finally:
         java.send_signal(signal.SIGTERM)
         java.wait()
-    direct = whole = 0
-    for frames, nbytes in parse_folded(out.read_text()):
-        if "Unsafe_AllocateMemory0" not in frames:
-            continue
-        direct += nbytes
-        mine = [f for f in frames if f.startswith("Leaks.")]
-        whole += nbytes * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
-                           and mine == LEAKS)
+    direct, whole = _whole_in(out.read_text(), "Unsafe_AllocateMemory0", LEAKS)
     assert direct >= 40 * 4096 and whole >= 0.9 * direct, f"{whole} of {direct} bytes named"
