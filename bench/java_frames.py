@@ -10,7 +10,9 @@ per sample.
 
 Scopes: -p (a JVM started just before, JFR started in it by `jcmd PID
 JFR.start`), -c (JFR started by the command's -XX:StartFlightRecording:
-the oracle's flag, not ustack's). Only the thread that runs main is
+the oracle's flag, not ustack's), whole machine (no target, -d: a JVM
+started before the run, JFR by jcmd; and one started 1 s into the run,
+JFR by its flag), the JVM's own stacks judged. Only the thread that runs main is
 compared (JFR's `sampledThread = "main"`; ustack's stacks through
 JavaMain). A sample is a Java sample when it holds a Java method's frame;
 it is whole when it ends at the thread's root (clone3) with every Java
@@ -51,6 +53,29 @@ def ustack_counts(**scope) -> list:
     run = ustack.Session(opts)
     with run:
         return run.counts()
+
+
+def machine_counts(proc: subprocess.Popen | None, start) -> list:
+    """Counted stacks of the JVM's process in a whole-machine run that
+    ends as it exits: the JVM `proc` running before the run, or, given
+    None, the one `start()` starts 1 s into the run."""
+    import threading
+    import ustack
+    run = ustack.Session(ustack.Options(command="profile", events=["profile:hz:199"],
+                                        backend="bpf"))
+    jvm = {"proc": proc}
+
+    def watch():
+        if jvm["proc"] is None:
+            time.sleep(1)
+            jvm["proc"] = start()
+        jvm["proc"].wait()
+        run.stop()
+    with run:
+        threading.Thread(target=watch, daemon=True).start()
+        counted = run.counts()
+    pid = jvm["proc"].pid
+    return [c for c in counted if c.pid == pid]
 
 
 def ustack_shares(counted: list) -> tuple:
@@ -113,6 +138,17 @@ def scope_run(scope: str, classes: str, seconds: float, tmp: str) -> tuple:
         cmd = (f"java -XX:StartFlightRecording=filename={recording},settings=profile "
                f"-cp {classes} JavaMix {seconds}")
         counted = ustack_counts(cmdline=cmd)
+    elif scope == "whole machine, started during":
+        counted = machine_counts(None, lambda: subprocess.Popen(
+            ["java", f"-XX:StartFlightRecording=filename={recording},settings=profile",
+             "-cp", classes, "JavaMix", str(seconds)], stdout=subprocess.DEVNULL))
+    elif scope == "whole machine":
+        proc = subprocess.Popen(["java", "-cp", classes, "JavaMix", str(seconds)],
+                                stdout=subprocess.PIPE, text=True)
+        _started(proc)
+        subprocess.run(["jcmd", str(proc.pid), "JFR.start", "name=bench", "settings=profile",
+                        f"filename={recording}"], check=True, capture_output=True)
+        counted = machine_counts(proc, None)
     else:
         proc = subprocess.Popen(["java", "-cp", classes, "JavaMix", str(seconds)],
                                 stdout=subprocess.PIPE, text=True)
@@ -160,13 +196,20 @@ def walk_cost(classes: str, seconds: float) -> tuple:
 def kernel_cost(classes: str, reps: int) -> list:
     """Rows (process, ns per run of the in-kernel walking program: medians
     of `reps` runs): a JVM (its stacks through the JIT go to user space
-    with their copy) beside a process without JIT code (walked in the
-    kernel, as before)."""
+    with their copy) beside JIT code of a process running no JVM and a
+    process without JIT code (both walked in the kernel)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from python_pass_cost import one_cost
+    jit = os.path.join(classes, "jit")
+    subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", "-o", jit,
+                    str(REPO / "tests" / "programs" / "jit.c")], check=True)
+    # ~2 s of CPU through its JIT code; the perf map it writes removed after
+    through_jit = (f"sh -c '\"$0\" 200000000 & p=$!; wait $p; rm -f /tmp/perf-$p.map' {jit}")
     rows = []
     for label, command in (("java JavaMix (deferred: stack copied)",
                             f"java -cp {classes} JavaMix 2"),
+                           ("tests/programs/jit.c, its JIT code, no JVM (walked in the kernel)",
+                            through_jit),
                            ("sh busy loop (no JIT)", "timeout 2 sh -c 'while :; do :; done'")):
         rows.append((label, statistics.median(one_cost(None, command) for _ in range(reps))))
     return rows
@@ -185,6 +228,8 @@ def run(tmp: str) -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
+    ap.add_argument("--scopes", default="-p;-c;-p, no JFR;whole machine;"
+                    "whole machine, started during", help="which, ';' between them")
     args = ap.parse_args()
     subprocess.run(["javac", "-d", tmp, str(MIX)], check=True)
     version = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
@@ -195,7 +240,7 @@ def run(tmp: str) -> None:
     print("|---|---:|---:|---:|---:|")
     tables = []
     for _rep in range(0 if args.cost_only else args.reps):
-        for scope in ("-p", "-c", "-p, no JFR"):
+        for scope in args.scopes.split(";"):
             java, whole, stub, ours, theirs = scope_run(scope, tmp, args.seconds, tmp)
             rows = compare(ours, theirs) if theirs else []
             worst = f"{max(abs(r[3]) for r in rows):.1f}" if rows else "-"

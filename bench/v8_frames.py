@@ -53,11 +53,14 @@ V8_GC = ("v8::internal::Heap::CollectGarbage", "v8::internal::IncrementalMarking
 
 
 HZ = [997]                      # ustack's sampling frequency (--hz)
+UNWIND_MEMORY: list = []        # --unwind-memory MIB given to every run (its rows not fitting)
 
 
 def ustack_counts(**scope) -> tuple:
     """(counted stacks, (first, last) CLOCK_MONOTONIC second ustack sampled)."""
     import ustack
+    if UNWIND_MEMORY:
+        scope["unwind_memory"] = UNWIND_MEMORY[0] << 20
     opts = ustack.Options(command="profile", events=[f"profile:hz:{HZ[0]}"], backend="bpf", **scope)
     run = ustack.Session(opts)
     with run:                   # the probes are live once open
@@ -150,6 +153,7 @@ def scope_run(scope: str, seconds: float, tmp: str) -> tuple:
 
 STARTED_DURING = "whole machine, node started during the run"
 NOTES: list = []                # what the last started_during run said of its rows table
+SCOPES = ("-c", "-p", "whole machine", STARTED_DURING)
 
 
 def started_during(node: list, seconds: float) -> tuple:
@@ -158,6 +162,7 @@ def started_during(node: list, seconds: float) -> tuple:
     its Tracing line says it samples."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     us = subprocess.Popen([sys.executable, "-m", "ustack", "profile", "-F", str(HZ[0]),
+                           *(("--unwind-memory", str(UNWIND_MEMORY[0])) if UNWIND_MEMORY else ()),
                            "-f", "json"], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     if not us.stderr.readline().startswith("Tracing"):
@@ -198,8 +203,13 @@ def main() -> None:
     ap.add_argument("--hz", type=int, default=HZ[0], help="ustack's samples per second "
                     "(cpu-prof takes about 1000)")
     ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
+    ap.add_argument("--unwind-memory", type=int, help="MiB of in-kernel rows for every "
+                    "run (1: node's do not fit, its stacks unwound from copies)")
+    ap.add_argument("--scopes", default=";".join(SCOPES), help="which, ';' between them")
     args = ap.parse_args()
     HZ[0] = args.hz
+    if args.unwind_memory:
+        UNWIND_MEMORY.append(args.unwind_memory)
     tmp = tempfile.mkdtemp(prefix="ustack-v8-")
     print(f"node {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}"
           f", bench/programs/v8_mix.js for {args.seconds:g} s, profile:hz:{HZ[0]}, "
@@ -208,7 +218,7 @@ def main() -> None:
     print("|---:|---|---:|---:|---|")
     tables = []
     for run in range(0 if args.cost_only else args.runs):
-        for scope in ("-c", "-p", "whole machine", STARTED_DURING):
+        for scope in args.scopes.split(";"):
             js, whole, ours, theirs = scope_run(scope, args.seconds, tmp)
             rows = compare(ours, theirs)
             worst = max(rows, key=lambda r: abs(r[3]), default=("-", 0, 0, float("nan")))

@@ -293,10 +293,11 @@ def java_tool(name: str) -> str:
     return path
 
 
-def compiled_java_chain(directory) -> Path:
-    """tests/programs/java/Chain.java compiled into `directory` (its classpath)."""
+def compiled_java_chain(directory, name: str = "Chain") -> Path:
+    """tests/programs/java/Chain.java (or NAME.java) compiled into
+    `directory` (its classpath)."""
     subprocess.run([java_tool("javac"), "-d", str(directory),
-                    str(PROGRAMS / "java" / "Chain.java")], check=True)
+                    str(PROGRAMS / "java" / f"{name}.java")], check=True)
     return directory
 
 

@@ -439,6 +439,26 @@ def test_jit_code_is_walked_on_its_frame_pointer_with_a_note():
     assert "cut short" not in res.stderr, res.stderr
 
 
+def test_jit_code_of_a_process_without_a_jvm_is_walked_in_the_kernel():
+    """Only a JVM's JIT code (no frame pointer in its compiled code) is
+    handed to ustack with a copy of the stack: another JIT's (this one
+    calls through it from a 16 KiB frame, deeper than a copy of its
+    untouched stack reaches) is walked in the kernel on its frame pointer,
+    complete to _start, and no stack is said to be walked from copies."""
+    prog = build("jit", flags=O2_NOFP)
+    res = ok(run_ustack("count", "--backend", "bpf", "--unwind", "dwarf",
+                        f"uprobe:{prog}:target", "-c", f"{prog} 2 0 16"))
+    stacks = parse_counts(res.stdout)
+    assert len(stacks) == 2 and all(s["count"] == 2 for s in stacks), res.stdout
+    for s in stacks:
+        assert names(s["frames"])[:-1] == [
+            "target", names(s["frames"])[1], "call_through", "main", "__libc_start_call_main",
+            "__libc_start_main", "_start"], s
+        assert s["frames"][1][1] == "JIT", s
+        assert s["frames"][-1] == ("(frame pointer used for code without a file (JIT?))", None), s
+    assert "JVM" not in res.stderr and "cut short" not in res.stdout, res
+
+
 def test_auto_unwinds_in_the_kernel_frame_pointers_only_when_asked(chain):
     res = ok(run_ustack("profile", "-F", "99", "-c", f"{chain} 1"))
     assert IN_KERNEL in res.stderr.splitlines()[0]

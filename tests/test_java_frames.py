@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import compiled_java_chain, java_tool, ok, parse_folded, run_for_cpu
+from helpers import (compiled_java_chain, end_after_cpu, java_tool, ok, parse_folded,
+                     run_for_cpu, run_ustack, start_ustack, stop, wait_tracing)
 from ustack.model import SymbolOptions
 
 pytestmark = pytest.mark.kernel
@@ -47,7 +48,8 @@ def classes(tmp_path_factory) -> Path:
 
 
 def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:
-    """(counted stacks, warnings) of `profile -c java FLAGS Chain 1`."""
+    """(counted stacks, warnings, the summary's notes) of `profile -c java
+    FLAGS Chain 1`."""
     opts = ustack.Options(
         command="profile", events=["profile:hz:199"],
         cmdline=f"{_tool('java')} {' '.join(flags)} -cp {classes} Chain 1",
@@ -56,12 +58,26 @@ def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:
     with run:
         counted = run.counts()
         warnings = run.warnings
-    return counted, warnings
+        run.losses()                    # the run's counters, read for its summary
+        notes = run.capture.end_notes()
+    return counted, warnings, notes
 
 
 @pytest.fixture(scope="module", params=sorted(WAYS))
 def profiled(request, classes):
     return request.param, *_profile(classes, WAYS[request.param])
+
+
+def test_jvm_stacks_said_walked_from_copies(profiled):
+    """The kernel hands each stack through the JVM's code cache to ustack
+    with its copy (another JIT's it walks itself), and the summary says
+    how many: at least every sample in leaf()."""
+    way, counted, _warnings, notes = profiled
+    busy = sum(n for fs, n in _main_thread(counted) if any(
+        f.function == "Chain.leaf" for f in fs))
+    said = [int(n.split()[0]) for n in notes if n.endswith(
+        "through a JVM's JIT code walked by ustack from copies")]
+    assert busy >= 100 and said and said[0] >= busy, (way, busy, notes)
 
 
 def _main_thread(counted) -> list:
@@ -72,7 +88,7 @@ def _main_thread(counted) -> list:
 
 
 def test_java_methods_named_in_order_to_the_thread_root(profiled):
-    way, counted, warnings = profiled
+    way, counted, warnings, _notes = profiled
     busy = whole = 0
     lines: set = set()
     for frames, n in _main_thread(counted):
@@ -101,7 +117,7 @@ def test_java_methods_named_in_order_to_the_thread_root(profiled):
 def test_main_thread_stacks_reach_its_root(profiled):
     """Every sample of main's thread in Java code is complete, not only
     those in leaf(): none ends in the code cache."""
-    way, counted, _warnings = profiled
+    way, counted, _warnings, _notes = profiled
     java = [(fs, n) for fs, n in _main_thread(counted) if any(f.kind == "java" for f in fs)]
     total = sum(n for _fs, n in java)
     rooted = sum(n for fs, n in java if fs[0].function == "clone3")
@@ -110,7 +126,7 @@ def test_main_thread_stacks_reach_its_root(profiled):
 
 def test_no_java_leaves_the_code_cache_unnamed(classes):
     """--no-java: the Java frames are the JIT's unnamed code, as before."""
-    counted, _warnings = _profile(classes, WAYS["compiled"], no_java=True)
+    counted, _warnings, _notes = _profile(classes, WAYS["compiled"], no_java=True)
     assert counted
     assert not [f for c in counted for f in c.stack.frames if f.kind == "java"]
 
@@ -137,3 +153,91 @@ def test_attached_jvm_folded(classes, tmp_path):
                           and chain == CHAIN)
     assert busy >= 50 and whole >= 0.9 * busy, f"{whole} of {busy} samples in leaf() whole"
     assert "perf map" not in err and "PreserveFramePointer" not in err, err
+
+
+NAPS = ["Naps.main", "Naps.outer", "Naps.middle", "Naps.nap"]
+NAP_FLAGS = ("-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,Naps::*")
+
+
+def test_offcpu_java_blocks_named(tmp_path):
+    """`ustack offcpu -c java Naps`: a Java thread sleeping in main ->
+    outer -> middle -> nap has its time under those Java methods, in
+    order, down to its thread's root, though the JVM has exited when the
+    report is made (its stacks were walked as they came)."""
+    classes = compiled_java_chain(tmp_path, "Naps")
+    out = tmp_path / "naps.folded"
+    ok(run_ustack("offcpu", "-f", "folded", "-o", out, "-c",
+                  f"{_tool('java')} {' '.join(NAP_FLAGS)} -cp {classes} Naps 100"))
+    asleep, whole = _whole_in(out.read_text(), "JVM_Sleep", NAPS)
+    # 400 naps of at least 2 ms each
+    assert asleep >= 800_000 and whole >= 0.9 * asleep, f"{whole} of {asleep} µs named"
+
+
+def _whole_in(folded: str, through: str, chain: list, pid: int | None = None) -> tuple:
+    """(the weight of the folded lines through frame `through`, of process
+    pid's (`-P` lines) where given; that of those whole: the methods of
+    `chain`'s class exactly `chain`, in order, down to the thread's root)."""
+    mine = chain[0].split(".")[0] + "."
+    total = whole = 0
+    for frames, n in parse_folded(folded):
+        if through not in frames or (pid is not None and not frames[0].endswith(f"-{pid}")):
+            continue
+        total += n
+        whole += n * (frames[1:4] == ["clone3", "start_thread", "ThreadJavaMain"]
+                      and [f for f in frames if f.startswith(mine)] == chain)
+    return total, whole
+
+
+def test_whole_machine_java_before_and_during_the_run(classes, tmp_path):
+    """`ustack profile` of the whole machine: a JVM busy in its loop since
+    before the run, and one started once the run samples (its libjvm, its
+    code cache new to the run), both have their samples in leaf() whole
+    with main, outer, middle, leaf named, by process (-P)."""
+    argv = [_tool("java"), *WAYS["compiled"], "-cp", str(classes), "Chain", "600"]
+    before = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    during = None
+    out = tmp_path / "machine.folded"
+    try:
+        assert before.stdout.readline() == "ready\n"
+        us = start_ustack("profile", "-F", "199", "-P", "-f", "folded", "-o", out)
+        try:
+            wait_tracing(us)
+            during = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            assert during.stdout.readline() == "ready\n"
+            err = end_after_cpu(us, during.pid, 1.0)
+        finally:
+            stop(us)
+    finally:
+        for java in (before, during):
+            if java is not None:
+                java.send_signal(signal.SIGTERM)
+                java.wait()
+    assert us.returncode == 0, err
+    folded = out.read_text()
+    for java in (before, during):
+        busy, whole = _whole_in(folded, "Chain.leaf", CHAIN, java.pid)
+        assert busy >= 50 and whole >= 0.9 * busy, \
+            f"PID {java.pid}: {whole} of {busy} samples in leaf() whole"
+
+
+LEAKS = ["Leaks.main", "Leaks.outer", "Leaks.middle", "Leaks.leak"]
+
+
+def test_memleak_java_allocations_named(tmp_path):
+    """`ustack memleak -p` of a JVM that keeps direct buffers (malloc'd by
+    the JVM under main -> outer -> middle -> leak): the outstanding bytes
+    allocated there are under those Java methods, in order, down to the
+    thread's root."""
+    classes = compiled_java_chain(tmp_path, "Leaks")
+    java = subprocess.Popen([_tool("java"), "-XX:CompileCommand=quiet",
+                             "-XX:CompileCommand=dontinline,Leaks::*", "-cp", str(classes),
+                             "Leaks"], stdout=subprocess.PIPE, text=True)
+    out = tmp_path / "leaks.folded"
+    try:
+        assert java.stdout.readline() == "ready\n"
+        ok(run_ustack("memleak", "-d", "2", "-f", "folded", "-o", out, "-p", str(java.pid)))
+    finally:
+        java.send_signal(signal.SIGTERM)
+        java.wait()
+    direct, whole = _whole_in(out.read_text(), "Unsafe_AllocateMemory0", LEAKS)
+    assert direct >= 40 * 4096 and whole >= 0.9 * direct, f"{whole} of {direct} bytes named"

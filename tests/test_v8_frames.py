@@ -228,3 +228,24 @@ def test_stacks_unwound_by_ustack_name_their_js_frames(tmp_path):
                         "-c", f"{node} {CALLS} 1500"))
     assert "did not fit" in res.stderr, res.stderr
     assert_whole_chains(out)
+
+
+def test_node_rows_not_fitting_walked_on_frame_pointers():
+    """Where node's unwind rows do not fit the in-kernel table (forced
+    with --unwind-memory 1), its stacks are walked on their frame pointers
+    in the kernel (V8's code keeps them) and their JS frames named there,
+    as the header says: a copy handed to ustack is named only while node
+    lives, which a busy machine's reader may not see."""
+    opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
+                          cmdline=f"{_node()} {CALLS} 2000", unwind_memory=1 << 20)
+    run = ustack.Session(opts)
+    with run:
+        counted = run.counts()
+        note = run.capture.unwind_note
+    assert "node: walked on its frame pointers in the kernel" in note, note
+    in_third = [c for c in counted if "third" in _chain(c.stack.frames)]
+    samples = sum(c.count for c in in_third)
+    whole = sum(c.count for c in in_third
+                if _chain(c.stack.frames) == ["first", "second", "third"]
+                and c.stack.frames[-1].function == "_start")
+    assert samples >= 20 and whole >= 0.9 * samples, f"{whole} of {samples} in third() whole"

@@ -1,4 +1,4 @@
-/* jit [N [PAD_MB]]: what a JIT does, in small. Copies a tiny trampoline (push %rbp;
+/* jit [N [PAD_MB [DEEP_KB]]]: what a JIT does, in small. Copies a tiny trampoline (push %rbp;
  * mov %rsp,%rbp; call *%rdi; pop %rbp; ret) into fresh anonymous executable
  * memory, names it in /tmp/perf-PID.map the way perf's JIT interface asks
  * ("START SIZE name", hex), and calls target() through it N times (default
@@ -6,8 +6,11 @@
  * through that one N times: a reader must notice the file changed. With
  * PAD_MB, the map first gets PAD_MB MiB of short lines naming other code
  * (what a hostile or runaway writer leaves). The map file is left behind,
- * as JITs leave theirs. Exit status 0. */
+ * as JITs leave theirs. With DEEP_KB, the calls through the copies are
+ * made from a frame of DEEP_KB KiB (deeper than a stack copy of that size
+ * reaches). Exit status 0. */
 #define _GNU_SOURCE
+#include <alloca.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,16 +65,31 @@ static void pad_map(long mib)
 	fclose(f);
 }
 
+KEEP void call_through(jitted code, long n, long deep_kb)
+{
+	volatile char *pad = alloca((deep_kb << 10) + 1);
+	pad[0] = 0;
+	for (long i = 0; i < n; i++)
+		code(target);
+}
+
 int main(int argc, char **argv)
 {
 	long n = argc > 1 ? atol(argv[1]) : 1;
 	if (argc > 2)
 		pad_map(atol(argv[2]));
+	long deep_kb = argc > 3 ? atol(argv[3]) : 0;
 	jitted first = jit("jitted_first");
-	for (long i = 0; i < n; i++)
-		first(target);
+	if (deep_kb)
+		call_through(first, n, deep_kb);
+	else
+		for (long i = 0; i < n; i++)
+			first(target);
 	jitted second = jit("Lua:jitted second trace");
-	for (long i = 0; i < n; i++)
-		second(target);
+	if (deep_kb)
+		call_through(second, n, deep_kb);
+	else
+		for (long i = 0; i < n; i++)
+			second(target);
 	return counter == 2 * n ? 0 : 3;
 }

@@ -121,7 +121,8 @@ static __always_inline void put(__u32 tgid, __u64 addr, __u64 size, __u64 hash, 
 
 /* ML_DEFER: a walk that met an object without rows yet (a library
  * dlopen'd just before: its mapping's record is still on its way to user
- * space) or whose rows did not fit goes to the ring as a deferred record,
+ * space) or whose rows did not fit, or through a JVM's JIT code (its Java
+ * frames walked in user space), goes to the ring as a deferred record,
  * unwound by user space; the block is counted under *id, the record's
  * weight, until then. 0 where it does not go (the ring is full: counted) */
 static __always_inline int defer_call(struct pt_regs *ctx, struct walk *w, __u64 pid_tgid,
@@ -130,7 +131,8 @@ static __always_inline int defer_call(struct pt_regs *ctx, struct walk *w, __u64
 	struct deferred_record *d;
 
 	if (!(ml_options & ML_DEFER) || (w->rec.head.status != NO_TABLE
-					 && w->rec.head.status != TABLE_FULL))
+					 && w->rec.head.status != TABLE_FULL
+					 && !through_jvm_jit(w)))
 		return 0;
 	d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
 	if (!d) {

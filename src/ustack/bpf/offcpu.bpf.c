@@ -95,8 +95,9 @@ static __always_inline __u32 task_u32(__u64 task, __u32 offset)
  * a second call on that CPU before the work has run answers -EBUSY
  * (VMA_BUSY), so each switch learns at most one region of a process's
  * map, and a fresh process's first blocks could not be walked. Likewise
- * an object whose rows are not loaded yet or did not fit, and a stack
- * deeper than MAX_FRAMES where the run asked for deeper copies. The block is
+ * an object whose rows are not loaded yet or did not fit, a stack
+ * deeper than MAX_FRAMES where the run asked for deeper copies, and a
+ * walk through a JVM's JIT code (its Java frames walked in user space). The block is
  * summed under *id, the record's weight: unique, its low byte the walk's
  * status (what user space says if it did not keep the record). 0 where
  * the record does not go (the ring is full: counted): the stack stays as
@@ -113,7 +114,7 @@ static __always_inline int defer_walk(void *ctx, struct walk *w, __u64 pid_tgid,
 		size = DEFER_STACK;
 	if (!(off_options & OFF_DEFER)
 	    || (status != VMA_BUSY && status != NO_TABLE && status != TABLE_FULL
-		&& (status != TRUNCATED || size == DEFER_STACK)))
+		&& (status != TRUNCATED || size == DEFER_STACK) && !through_jvm_jit(w)))
 		return 0;
 	d = bpf_ringbuf_reserve(&ring, sizeof(*d) - DEFER_STACK + size, 0);
 	if (!d) {

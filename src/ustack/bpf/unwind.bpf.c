@@ -8,8 +8,8 @@
  * into the code generated for them). Either defers a walk that ended
  * NO_TABLE, VMA_BUSY or TABLE_FULL (an object mapped before its rows were
  * loaded, a memory map locked in a sample's interrupt, an object whose
- * rows did not fit ROWS), or went through JIT code other than V8's (a
- * JVM's: unwind/hotspot_live.py), given UW_DEFER: the event's registers and stack go to the
+ * rows did not fit ROWS), or went through a JVM's JIT code (unwind.h's
+ * through_jvm_jit; unwind/hotspot_live.py), given UW_DEFER: the event's registers and stack go to the
  * ring for user space to unwind; where the ring is full the stack ends
  * cut, as walked. Given UW_PYTHON, a stack of a process running a Python
  * interpreter gets its Python frames (python.h) after the native walk; given
@@ -115,16 +115,18 @@ static __always_inline int deferrable(struct walk *w, enum unwind_option opts)
 	 * the stack copy in user space, not cut; and a stack deeper than
 	 * MAX_FRAMES where the run asked for deeper copies (--stack-size),
 	 * which a record with fetch-args does not carry (DEFER_STACK) */
-	return (opts & UW_DEFER) && (w->rec.head.status == NO_TABLE
-				     || w->rec.head.status == VMA_BUSY
-				     || w->rec.head.status == TABLE_FULL
-				     /* JIT code but no V8's (a JVM's, whose compiled
-				      * code keeps no frame pointer): its frames are
-				      * walked in user space from the copy */
-				     || ((w->fp_used & FP_FOR_NO_FILE) && !w->v8)
-				     || (w->rec.head.status == TRUNCATED
-					 && !(opts & UW_FETCH_ARGS)
-					 && ring_defer_stack() > DEFER_STACK));
+	if (!(opts & UW_DEFER))
+		return 0;
+	/* a JVM's JIT code (no frame pointer in its compiled code): its
+	 * frames are walked in user space from the copy */
+	if (through_jvm_jit(w)) {
+		count_unwind_error(UW_JVM_DEFERRED);
+		return 1;
+	}
+	return w->rec.head.status == NO_TABLE || w->rec.head.status == VMA_BUSY
+		|| w->rec.head.status == TABLE_FULL
+		|| (w->rec.head.status == TRUNCATED && !(opts & UW_FETCH_ARGS)
+		    && ring_defer_stack() > DEFER_STACK);
 }
 
 /* the Python frames of w's stack, after the native walk; new code

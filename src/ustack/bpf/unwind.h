@@ -14,7 +14,9 @@
  *   continues from the ucontext. Stack words come from a WINDOW-byte copy.
  * Code without a file (a JIT's) and a file's code without CFI (V8's
  * builtins) are walked on the frame pointer, with a note; a row whose rule
- * is not evaluated ends the stack with a note, never a guess. */
+ * is not evaluated ends the stack with a note, never a guess. A JVM's JIT
+ * code keeps no frame pointer: through_jvm_jit tells the programs to
+ * defer such a walk to user space (unwind/hotspot_live.py). */
 #ifndef UNWIND_H
 #define UNWIND_H
 
@@ -59,6 +61,7 @@ struct walk {
 	__s64 perl_adjust;	/* that object's adjust */
 	__u64 ruby;		/* object_rows.ruby of a Ruby VM object the walk met, 0 none */
 	__s64 ruby_adjust;	/* that object's adjust */
+	__u64 jvm;		/* the walk met a JVM's libjvm (object_rows.jvm) */
 	/* the event's, for the pass programs that end what the walk began
 	 * (unwind.bpf.c's: a tail call keeps only ctx) */
 	__u64 weight;
@@ -142,6 +145,17 @@ struct {
 	__uint(value_size, 8);		/* 8 bytes a frame: sized by the loader */
 	__uint(max_entries, 1);
 } kernel_stacks SEC(".maps");
+
+/* JVM_PROCESSES: the processes (tgid) known to run a JVM: user space
+ * writes those it finds mapping libjvm, a walk that meets libjvm its own.
+ * A pid reused by another process keeps the mark till it is evicted: its
+ * JIT stacks are deferred, and walked in user space as any copy. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, __u32);
+	__type(value, __u8);
+	__uint(max_entries, 1);		/* sized by the loader */
+} jvm_processes SEC(".maps");
 
 /* kernel field offsets, from the running kernel's BTF */
 const volatile __u32 task_mm, mm_ctx_id, mm_vdso;
@@ -357,11 +371,18 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 		w->ruby = obj->ruby;
 		w->ruby_adjust = w->adjust;
 	}
+	if (obj->jvm)
+		w->jvm = 1;
 	w->mstart = vma.start;
 	w->mend = vma.end;
 	if (!w->rows) {
 		w->mend = 0;	/* not cached: each frame says why */
-		if (w->first == TABLE_FULL_MARK)
+		/* a V8 object whose rows did not fit is walked on its frame
+		 * pointer, which its code keeps (JIT, builtins, node's C++):
+		 * its JS frames are named here (v8.h); a copy handed to user
+		 * space is named only while its process lives, and at a
+		 * sample a millisecond the reader fell behind node's exit */
+		if (w->first == TABLE_FULL_MARK && !obj->v8)
 			return stop(w, TABLE_FULL), NOT_MAPPED;
 		return NO_CFI_CODE;
 	}
@@ -582,6 +603,17 @@ stopped:
 #undef STOP
 }
 
+/* the current process into JVM_PROCESSES (its walk met libjvm): its
+ * walks that meet only JIT code are deferred too */
+static __always_inline void note_jvm_process(void)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u8 one = 1;
+
+	if (!bpf_map_lookup_elem(&jvm_processes, &tgid))
+		bpf_map_update_elem(&jvm_processes, &tgid, &one, BPF_ANY);
+}
+
 /* the current task's user stack into the scratch value, returned (NULL:
  * none, nothing walked); `*kernel_stack`: the kernel stack's id when
  * `stacks` is given, else NO_STACK */
@@ -599,7 +631,7 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	w->bp_ok = 1;
 	w->bx_ok = 1;
 	w->mend = w->mstart = w->win = w->fp_used = w->python = w->v8 = w->php = w->perl = 0;
-	w->ruby = 0;
+	w->ruby = w->jvm = 0;
 	w->frame[0] = w->pc;
 	w->frame_fp[0] = 0;
 	w->rec.head.frames = 1;
@@ -621,7 +653,27 @@ static __always_inline struct walk *walk(void *ctx, enum regs_source source,
 	bpf_loop(MAX_FRAMES - 1, step, 0, 0);
 	if (w->rec.head.status == RUNNING)
 		w->rec.head.status = TRUNCATED;
+	if (w->jvm)
+		note_jvm_process();
 	return w;
+}
+
+/* whether the walk went on frame pointers through the JIT code of a JVM:
+ * HotSpot's compiled code keeps none, so the programs defer it (its Java
+ * frames are walked in user space from the copy). Another process's JIT
+ * code (LuaJIT, a V8 not known by its object) stays walked on its frame
+ * pointer, as its status says: one map lookup for a walk through JIT
+ * code, nothing for the others */
+static __always_inline int through_jvm_jit(struct walk *w)
+{
+	__u32 tgid;
+
+	if (!(w->fp_used & FP_FOR_NO_FILE) || w->v8)
+		return 0;
+	if (w->jvm)
+		return 1;
+	tgid = bpf_get_current_pid_tgid() >> 32;
+	return bpf_map_lookup_elem(&jvm_processes, &tgid) != 0;
 }
 
 static __always_inline void count_unwind_error(enum unwind_error slot)

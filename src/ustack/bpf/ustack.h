@@ -263,7 +263,9 @@ enum unwind_error { UW_STACKS_FULL = 0, UW_COUNTS_FULL = 1, UW_RING_FULL = 2,
 		    UW_UNDEFERRED = 3,	/* the ring had no room: the stack ended cut */
 		    UW_STACKS_ADDED = 4,	/* not an error: stacks put in STACKS, so
 					 * user space sees it fill (bpf_unwind's spill) */
-		    UNWIND_ERROR_SLOTS = 5 };
+		    UW_JVM_DEFERRED = 5,	/* not an error: stacks through a JVM's JIT
+					 * code deferred to user space */
+		    UNWIND_ERROR_SLOTS = 6 };
 
 /* what an unwinder program does (unwind.bpf.c's options) */
 enum unwind_option {
@@ -328,6 +330,7 @@ struct object_rows {
 	__u32 php;		/* a PHP interpreter: 1 + its slot in php.h's PHP_OBJECTS; 0 none */
 	__u32 perl;		/* a Perl interpreter: 1 + its slot in perl.h's PERL_OBJECTS; 0 none */
 	__u32 ruby;		/* a Ruby VM (libruby): 1 + its slot in ruby.h's RUBY_OBJECTS; 0 none */
+	__u32 jvm;		/* a JVM's libjvm: 1; 0 none (unwind.h's through_jvm_jit) */
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */

@@ -39,7 +39,7 @@ from __future__ import annotations
 import struct
 
 from ..defaults import BPF_BUFFER_PAGES, DEFAULT_STACK_SIZE, DEFAULT_STACK_STORAGE
-from ..kernel import bpf_syscall
+from ..kernel import bpf_syscall, procfs
 from ..model import CommEvent, ExitEvent, Losses, MmapEvent, RawSample, UnwoundSample
 from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_records
 from .contract import Capture
@@ -192,6 +192,7 @@ class BpfCapture(Capture):
             if self.counter.objects is not None:
                 objects = self.counter.objects
                 objects.add_vdso()
+                note_jvms(objects, target)
                 # where stacks can be deferred, rows still to be built are
                 # built after the start (lazy_rows.py): the probes are live
                 # at once, whatever the objects' size and the cache's state
@@ -268,6 +269,7 @@ class BpfCapture(Capture):
             for _time, event in metas[before:]:
                 if not isinstance(event, MmapEvent):
                     continue
+                objects.note_mapping(event.mapping, event.pid)
                 if lazy is None:
                     objects.add_mapping(event.mapping, event.pid)
                 elif self.target.scope == "system":     # the loader builds what the walk wants
@@ -458,6 +460,17 @@ class BpfCapture(Capture):
         self.counter = None
         if self.python_frames is not None:
             self.python_frames.close()
+
+
+def note_jvms(objects, target) -> None:
+    """The JVMs running now among the run's processes into the unwinder's
+    JVM_PROCESSES (a -c command's, and those started later, come by the
+    MMAP2 record of their libjvm, or their first walk through it)."""
+    from .bpf_unwind import jvm_processes
+    pids = ([target.pid] if target.scope == "pid" else
+            procfs.pids() if target.scope == "system" else [])
+    for pid in jvm_processes(pids):
+        objects.add_jvm(pid)
 
 
 def uncounted(errors: dict, reasons: tuple) -> tuple:

@@ -22,6 +22,7 @@ class UnwindCountCapture(BpfCapture):
     links_uprobes = True    # its programs can learn the probe from a link's cookie
     defers_stacks = True    # through its ring (deferred records)
     defers_table_full = True
+    jvm_deferred = 0        # stacks through a JVM's JIT code deferred (at losses())
 
     def _new_counter(self) -> KernelUnwinder:
         return KernelUnwinder(self.probes, self.owned, self.unwind_tables,
@@ -82,7 +83,20 @@ class UnwindCountCapture(BpfCapture):
         except OSError:
             return None
 
+    def end_notes(self) -> list:
+        """BpfCapture's, and how many stacks went through a JVM's JIT
+        code, which the kernel hands over to be walked by ustack (their
+        Java frames: unwind/hotspot_live.py); another JIT's code is walked
+        on its frame pointer in the kernel."""
+        notes = super().end_notes()
+        if self.jvm_deferred:
+            n = self.jvm_deferred
+            notes.append(f"{n} stack{'s' if n != 1 else ''} through a JVM's JIT code "
+                         "walked by ustack from copies")
+        return notes
+
     def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        self.jvm_deferred = errors.get("UW_JVM_DEFERRED", 0)
         return Losses(events.lost, events.throttled, uncounted(errors, (
             ("found the stack map full", "UW_STACKS_FULL"),
             ("found the count map full", "UW_COUNTS_FULL"))),
@@ -113,6 +127,7 @@ class UnwindTraceCapture(UnwindCountCapture):
         return []
 
     def _losses(self, events: Losses, errors: dict, skipped: int) -> Losses:
+        self.jvm_deferred = errors.get("UW_JVM_DEFERRED", 0)
         return Losses(events.lost + errors["UW_RING_FULL"], events.throttled, (),
                       tuple(self.cut.items()), deferral_full=errors["UW_UNDEFERRED"],
                       skipped=skipped)

@@ -44,7 +44,8 @@ from .bpf_v8 import V8Maps, V8Objects
 from .runtime_passes import mode_passes
 from .script_passes import add_script_runtimes, script_maps, script_options
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
-                         UnwindObjects, kernel_rodata, ring_samples, stack_chain)
+                         UnwindObjects, kernel_rodata, ring_samples, stack_chain,
+                         unwind_fresh)
 from .kernel_offsets import Offsets
 
 _U64 = struct.Struct("<Q")
@@ -95,6 +96,7 @@ class MemleakCounter(BpfCounter):
         self.ring = owned.ring(bpf_syscall.RingBuf(max(DEFER_RING_BYTES, CODE_RING_BYTES),
                                                    "ustack_mlring"))
         self.deferred: dict = {}        # a deferred call's id -> its RawSample
+        self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
         if python:          # Python frames (python.h)
             self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
         if js:              # JS frames (v8.h)
@@ -213,8 +215,15 @@ class MemleakCounter(BpfCounter):
         it read), kept by id for outstanding()."""
         for s in samples:
             if s.regs is not None and s.args:
-                self.deferred[s.args[0][2] & (1 << 64) - 1] = RawSample(
+                record_id = s.args[0][2] & (1 << 64) - 1
+                self.deferred[record_id] = RawSample(
                     0, s.pid, s.tid, s.time_ns, s.cpu, regs=s.regs, stack=s.stack)
+                self.fresh.append(record_id)
+
+    def unwind_deferred(self, unwind) -> None:
+        """The deferred records kept since last time, unwound now
+        (bpf_unwind.unwind_fresh)."""
+        unwind_fresh(self.deferred, self.fresh, unwind)
 
     def in_calls(self) -> int:
         """Allocator calls entered and not returned (yet)."""
@@ -257,6 +266,11 @@ class MemleakCapture(BpfCapture):
                               weighted=True)
         self.counter.take_deferred(deferred)
         return offset
+
+    def unwind_deferred(self, unwind) -> None:
+        """MemleakCounter.unwind_deferred, once the run has a counter."""
+        if self.counter is not None:
+            self.counter.unwind_deferred(unwind)
 
     def outstanding(self, older_ns: int | None = None) -> list:
         """(RawSample of the allocating stack, bytes, blocks) per process and stack."""

@@ -60,7 +60,7 @@ from .bpf_capture import uncounted
 from .bpf_dwarf import UnwindCountCapture
 from .bpf_python import CODE_RING_BYTES
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_STACK, KernelUnwinder, deferral_ring_bytes,
-                         kernel_rodata, ring_samples)
+                         kernel_rodata, ring_samples, unwind_fresh)
 from .kernel_offsets import Offsets
 from .runtime_passes import MODE_PASS_PROGRAMS, runtime_maps
 from .script_passes import script_options
@@ -167,6 +167,7 @@ class OffcpuCounter(KernelUnwinder):
                                         CODE_RING_BYTES), stack_size=stack_size)
         self.deferred: dict = {}        # a deferred record's id -> its RawSample
         self.deferred_bytes = 0         # their stacks' bytes, up to MAX_DEFERRED_BYTES
+        self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
         self.not_kept: set = set()      # ids of the records past it
         obj = offcpu_object()
         self.start = owned.map(obj.make_map("start"))
@@ -266,8 +267,14 @@ class OffcpuCounter(KernelUnwinder):
             if self.deferred_bytes + len(s.stack) <= MAX_DEFERRED_BYTES:
                 self.deferred[record_id] = s
                 self.deferred_bytes += len(s.stack)
+                self.fresh.append(record_id)
             else:
                 self.not_kept.add(record_id)
+
+    def unwind_deferred(self, unwind) -> None:
+        """The deferred records kept since last time, unwound now
+        (bpf_unwind.unwind_fresh); their copies' bytes given back."""
+        self.deferred_bytes -= unwind_fresh(self.deferred, self.fresh, unwind)
 
     def _walked_chain(self, h: int) -> bytes:
         """The stack walked in the kernel under hash `h`; for the id of a
@@ -357,6 +364,11 @@ class OffcpuCapture(UnwindCountCapture):
                               else None)
         counter.take_deferred(deferred)
         return offset
+
+    def unwind_deferred(self, unwind) -> None:
+        """OffcpuCounter.unwind_deferred, once the run has a counter."""
+        if self.counter is not None:
+            self.counter.unwind_deferred(unwind)
 
     def blocked(self, reset: bool = False) -> list:
         """(RawSample of the blocked thread, RawSample of its waker or None,

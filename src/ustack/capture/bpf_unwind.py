@@ -38,7 +38,11 @@ NO_TABLE, VMA_BUSY or TABLE_FULL) is not counted cut: given a ring, the
 program writes the event's registers and stack there (a DEFERRED record) and ustack
 unwinds it as the copy path's samples (ring_samples makes it a DWARF
 RawSample), once the MMAP2 records told it the mappings. Only where the
-ring is full does the stack end cut, as walked.
+ring is full does the stack end cut, as walked. So goes a walk through a
+JVM's JIT code (its compiled code keeps no frame pointer: its Java frames
+are walked in user space, unwind/hotspot_live.py), in a process in
+JVM_PROCESSES (add_jvm: found mapping libjvm) or whose walk met libjvm;
+another process's JIT code is walked on its frame pointer in the kernel.
 
 Registers: a uprobe's context is the user pt_regs; a sample's context holds
 them when it interrupted user mode; otherwise (syscalls, tracepoints, a
@@ -142,6 +146,22 @@ _STACKS_ADDED = _ERRORS["UW_STACKS_ADDED"].to_bytes(4, "little")
 ERR_SLOTS = _ERRORS["UNWIND_ERROR_SLOTS"]
 
 
+def unwind_fresh(deferred: dict, fresh: list, unwind) -> int:
+    """The deferred records whose ids are in `fresh` (then emptied),
+    unwound now in `deferred` (id -> sample), while their processes live: a
+    JVM's Java frames are read from its memory (unwind/hotspot_live.py),
+    gone by the report once a -c command has exited. `unwind(sample)`: its
+    UnwoundSample. Returns the bytes of stack copies let go."""
+    freed = 0
+    for record_id in fresh:
+        s = deferred.get(record_id)
+        if s is not None and s.regs is not None:
+            deferred[record_id] = unwind(s)
+            freed += len(s.stack)
+    fresh.clear()
+    return freed
+
+
 def kernel_dev(st_dev: int) -> int:
     """A stat() st_dev in the kernel's own encoding (MAJOR << 20 | MINOR),
     as inode->i_sb->s_dev holds it."""
@@ -171,7 +191,7 @@ class UnwindMaps(bpf_syscall.MapSet):
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18,
-                 wanted: int = 1024):
+                 wanted: int = 1024, jvms: int = 1024):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
@@ -186,6 +206,7 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.vmas = self._keep(obj.make_map("vmas", vmas))
             self.wanted = self._keep(obj.make_map("wanted", wanted))
             self.scratch = self._keep(obj.make_map("scratch"))
+            self.jvms = self._keep(obj.make_map("jvm_processes", jvms))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up;
             # the counts too, so their room costs only what a run meets
@@ -205,7 +226,7 @@ class UnwindMaps(bpf_syscall.MapSet):
         """The maps by the names unwind.bpf.c gives them."""
         return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
                 "vmas": self.vmas, "wanted": self.wanted, "scratch": self.scratch, "unwound": self.stacks,
-                "counts": self.counts, "unwind_errors": self.errors}
+                "counts": self.counts, "unwind_errors": self.errors, "jvm_processes": self.jvms}
 
     @property
     def rows(self) -> bpf_syscall.Map:
@@ -339,7 +360,7 @@ class UnwindObjects:
                     self.next_page += npages      # else: whole-object searches
         self.loaded[keys[0]] = (path, n)
         entry = OBJ_VALUE.pack(first, n, adjust, page_slot, first_page, npages, python, v8,
-                               php, perl, ruby)
+                               php, perl, ruby, int(is_jvm_object(path)))
         runtimes = _runtimes(python, v8, php, perl, ruby)
         # the entry makes walks go on in its runtimes' passes: written once
         # they are loaded (till then its stacks are deferred)
@@ -381,6 +402,19 @@ class UnwindObjects:
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         self.maps.rows.write_values(first * ROW_SIZE, data[:n * ROW_SIZE])
 
+    def add_jvm(self, pid: int) -> None:
+        """pid runs a JVM: its walks through JIT code are deferred, its
+        Java frames walked in user space (unwind.h's through_jvm_jit)."""
+        with self._lock:
+            if not self.closed:
+                self.maps.jvms.update(_U32.pack(pid), b"\x01")
+
+    def note_mapping(self, mapping, pid: int) -> None:
+        """What an MMAP2 record tells of its process: a JVM's when it maps
+        libjvm."""
+        if is_jvm_object(mapping.path):
+            self.add_jvm(pid)
+
     def add_mapping(self, mapping, pid: int, cached_only: bool = False) -> bool:
         """Load the object of a mapping an MMAP2 record announced (as
         add_path: False when cached_only and its rows must be built)."""
@@ -407,6 +441,11 @@ class UnwindObjects:
         what = "1 object's" if len(self.full) == 1 else f"{len(self.full)} objects'"
         then = ("their stacks unwound from copies in user space" if from_copies
                 else "their stacks cut there")
+        v8 = [os.path.basename(p) for p in self.full
+              if self.v8 is not None and p in self.v8.slot_paths]
+        if v8:          # unwind.h's find_mapping: V8's code keeps frame pointers
+            then += (f" ({', '.join(dict.fromkeys(v8))}: walked on its frame pointers "
+                     "in the kernel, JS frames named)")
         return (f"{what} unwind rows did not fit the in-kernel "
                 f"table ({_mib(size)} MiB: {names}{more}), {then}; "
                 f"--unwind-memory MIB makes it bigger")
@@ -417,6 +456,30 @@ def _runtimes(python: int, v8: int, php: int, perl: int, ruby: int) -> list:
     given its slots in their passes' objects maps (0: none)."""
     return [runtime for runtime, slot in (("python", python), ("v8", v8), ("php", php),
                                           ("perl", perl), ("ruby", ruby)) if slot]
+
+
+# HotSpot's object (unwind/hotspot_runtime.LIBJVM, not imported: ~3 ms of
+# every run's start)
+LIBJVM = "libjvm.so"
+
+
+def is_jvm_object(path: str) -> bool:
+    """Whether the object at `path` is a JVM's libjvm (HotSpot)."""
+    return os.path.basename(path) == LIBJVM
+
+
+def jvm_processes(pids) -> list:
+    """Of `pids`, those that map a libjvm now (their maps' text searched,
+    not parsed: most processes map none)."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if "/" + LIBJVM + "\n" in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def _mib(size: int) -> str:

@@ -12,6 +12,7 @@ import time
 from io import TextIOBase
 
 from .run import _given, run_session
+from ..counting.tally import unwound_now
 from ..model import StackCount, UstackError
 from ..objfile.elf import ElfImage
 from ..options import Options, check_stack_storage, run_options
@@ -203,6 +204,9 @@ def run_memleak(opts: Options, request: MemleakRequest, out: TextIOBase | None =
             interval = request.interval
             next_print = time.monotonic() + interval if interval else None
             for _piece in session.pieces():
+                # stacks the kernel handed over, unwound while their
+                # processes live (a JVM's Java frames are read from its memory)
+                session.capture.unwind_deferred(lambda s: unwound_now(session, s)[0])
                 if next_print is not None and time.monotonic() >= next_print:
                     next_print += interval
                     w.write(format_outstanding(outstanding(session, older_ns), request.top)

@@ -12,6 +12,7 @@ from ..capture.bpf_offcpu import ALL_STATES, OffcpuFilter
 from .every import OFFCPU_LABEL
 from .run import every_options, run_every, run_session
 from ..model import Frame, Stack, StackCount, UstackError
+from ..counting.tally import unwound_now
 from ..options import Options, check_stack_storage, run_options
 from ..report.formats import FORMATS, run_context, stack_report
 from ..report.output import choose_format, open_output
@@ -90,7 +91,9 @@ def run_offcpu(opts: Options, err: TextIOBase = sys.stderr) -> int:
 
     def body(session, progress) -> int:
         for _piece in session.pieces():
-            pass
+            # stacks the kernel handed over, unwound while their processes
+            # live (a JVM's Java frames are read from its memory)
+            session.capture.unwind_deferred(lambda s: unwound_now(session, s)[0])
         context = run_context("offcpu", [EVENT_LABEL], start_ns=session.started_ns,
                               value_unit="nanoseconds")
         report = stack_report(fmt, opts.per_pid, opts.offsets, context)

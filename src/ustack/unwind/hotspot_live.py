@@ -23,6 +23,7 @@ Not thread-safe: the thread that unwinds the deferred stacks calls it all."""
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 import time
 
@@ -34,6 +35,9 @@ from .dwarf import UNMAPPED_NOTE as _UNMAPPED
 
 MAX_PROCS = 256                 # processes whose memory is kept open
 NOT_JVM_TTL = 5.0               # seconds a process found running no JVM is believed
+# ... of the `java` launcher, which maps libjvm a few ms after its exec: a
+# -c java's first copied stacks (offcpu's blocks of its start) came before
+LAUNCHER_TTL = 0.05
 MAX_JAVA_FRAMES = 1024
 _Q = struct.Struct("<Q")
 _MAX_BLOBS = 1 << 16            # cached blobs per process before the cache is dropped
@@ -84,6 +88,14 @@ class _Process:
         self.scopes: dict = {}          # (nmethod key, pc offset) -> [(Method*, bci)]
 
 
+def _launcher(pid: int) -> bool:
+    """Whether pid runs the JDK's `java` launcher (libjvm not mapped yet)."""
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "java"
+    except OSError:
+        return False
+
+
 class HotSpotLive:
     """The Java frames of copied stacks, per JVM process as each is met.
     `remember(pid, method, name)` is told each method named."""
@@ -105,7 +117,8 @@ class HotSpotLive:
 
     def process(self, pid: int) -> _Process | None:
         """pid's JVM, or None where it runs none (its maps read once, or
-        again after NOT_JVM_TTL s: a pid is reused, a process execs)."""
+        again after NOT_JVM_TTL s: a pid is reused, a process execs; after
+        LAUNCHER_TTL s for the `java` launcher, which maps libjvm soon)."""
         if pid in self._procs:
             proc = self._procs[pid]
             if type(proc) is not float:
@@ -127,7 +140,11 @@ class HotSpotLive:
                 proc = _Process(pid, layout.as_dict(), mem, bias)
         if len(self._procs) >= MAX_PROCS:
             self.forget(next(iter(self._procs)))
-        self._procs[pid] = proc if proc is not None else time.monotonic()
+        if proc is None:    # believed NOT_JVM_TTL s from now (LAUNCHER_TTL)
+            self._procs[pid] = time.monotonic() - (
+                NOT_JVM_TTL - LAUNCHER_TTL if _launcher(pid) else 0)
+            return None
+        self._procs[pid] = proc
         return proc
 
     # --- the walk ----------------------------------------------------------
