@@ -209,3 +209,33 @@ def test_methods_named_with_their_class():
                 if chain == ["<main>", "Outer::Inner.build", "Outer::Inner#run"])
     assert running >= 50, chains
     assert named >= 0.9 * running, chains
+
+
+def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path):
+    """A rows table too small for libruby's rows (--unwind-memory 1): the
+    kernel hands every stack over unwalked, and ustack reads the Ruby
+    frames from the live process as it unwinds the copy, putting them
+    where rb_vm_exec was, as the kernel's pass does. A frame read while
+    the script was elsewhere than at the sample is never shown: each
+    stack's calls.rb frames are the chain or its start, in order."""
+    out = tmp_path / "copied.folded"
+    res = ok(run_ustack("profile", "-F", "199", "--unwind-memory", "1", "-f", "folded",
+                        "-o", str(out), "-c", f"{_ruby()} {CALLS} 1"))
+    assert "did not fit" in res.stderr, res.stderr
+    rows = parse_folded(out.read_text())
+    samples = sum(n for _stack, n in rows)
+    whole = [(stack, n) for stack, n in rows if _folded_chain(stack) == CHAIN]
+    assert sum(n for _stack, n in whole) >= 0.5 * samples, rows
+    for stack, _n in rows:
+        chain = _folded_chain(stack)
+        assert chain == CHAIN[:len(chain)], stack
+    stack = max(whole, key=lambda row: row[1])[0]
+    assert stack[1] == "_start" and "rb_vm_exec" not in stack, stack
+    at = {name: stack.index(next(f for f in stack if f.startswith(name + " (calls.rb:")))
+          for name in CHAIN}
+    assert stack.index("ruby_run_node") < at["<main>"] < at["Object#a"] \
+        < stack.index("rb_rescue2") < at["block in Object#a"] < at["Object#b"] \
+        < at["Worker#c"], stack
+    lines = {(f.split(" (calls.rb:")[0], int(f.split(":")[-1].rstrip(")")))
+             for stack, _n in rows for f in stack if " (calls.rb:" in f}
+    assert lines <= {(n, line) for n, ls in LINES.items() for line in ls}, lines
