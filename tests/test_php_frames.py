@@ -201,15 +201,24 @@ def test_callbacks_from_builtins_stand_in_their_executor_calls():
     assert labels[at + 1] == f"cmp [php] {script}:6"
 
 
-def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path):
+# stacks ustack unwinds itself from their copies: every one, as the
+# kernel hands them over unwalked where an object's rows do not fit the
+# table, and as perf's DWARF samples all are
+COPIED = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
+          pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
+
+
+@pytest.mark.parametrize("copied", COPIED)
+def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     """A rows table too small for php's rows (--unwind-memory 1): the
-    kernel hands every stack over unwalked, and ustack reads the PHP
+    kernel hands every stack over unwalked; --backend perf: every sample
+    is a copy. ustack reads the PHP
     frames from the live process as it unwinds the copy, putting them
     where execute_ex was, named with their file and line."""
     out = tmp_path / "copied.folded"
-    res = ok(run_ustack("profile", "-F", "199", "--unwind-memory", "1", "-f", "folded",
+    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
                         "-o", str(out), "-c", f"{_php()} {CHAIN_PHP} 1"))
-    assert "did not fit" in res.stderr, res.stderr
+    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
     running = [(stack, n) for stack, n in parse_folded(out.read_text())
                if "php_execute_script" in stack]
     samples = sum(n for _stack, n in running)
@@ -218,7 +227,8 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path):
                 if [f.split(" (chain.php:")[0] for f in mine][:4] == CHAIN
                 and "execute_ex" not in stack)
     assert samples >= 100, running
-    assert whole >= 0.9 * samples, f"{whole} of {samples} samples show {CHAIN}"
+    # (a sample whose frames were read while php ran a builtin stays C)
+    assert whole >= 0.8 * samples, f"{whole} of {samples} samples show {CHAIN}"
     for mine in frames:
         for f in mine:
             name, line = f.split(" (chain.php:")
