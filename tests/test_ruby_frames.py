@@ -226,7 +226,8 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     frames from the live process as it unwinds the copy, putting them
     where rb_vm_exec was, as the kernel's pass does. A frame read while
     the script was elsewhere than at the sample is never shown: each
-    stack's calls.rb frames are the chain or its start, in order."""
+    stack's calls.rb frames are the chain or its start, in order (a part
+    of it where the stack was cut short)."""
     out = tmp_path / "copied.folded"
     res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
                         "-o", str(out), "-c", f"{_ruby()} {CALLS} 1"))
@@ -234,10 +235,13 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     rows = parse_folded(out.read_text())
     samples = sum(n for _stack, n in rows)
     whole = [(stack, n) for stack, n in rows if _folded_chain(stack) == CHAIN]
-    assert sum(n for _stack, n in whole) >= 0.5 * samples, rows
+    assert sum(n for _stack, n in whole) >= 0.7 * samples, rows
     for stack, _n in rows:
         chain = _folded_chain(stack)
-        assert chain == CHAIN[:len(chain)], stack
+        if stack[1] == "_start":
+            assert chain == CHAIN[:len(chain)], stack
+        else:                   # cut short (a deep C call): its outer frames are not there
+            assert any(chain == CHAIN[i:i + len(chain)] for i in range(len(CHAIN))), stack
     stack = max(whole, key=lambda row: row[1])[0]
     assert stack[1] == "_start" and "rb_vm_exec" not in stack, stack
     at = {name: stack.index(next(f for f in stack if f.startswith(name + " (calls.rb:")))

@@ -89,7 +89,8 @@ class Unwinder:
                 addrs = self.v8_live.name(pid, addrs, fps, stack, sample.regs["sp"], find_pid)
             if not python:
                 if self.script_live is not None:
-                    addrs = self.script_live.merge(pid, sample.tid, addrs, find_pid)
+                    addrs = self.script_live.merge(pid, sample.tid, addrs, find_pid,
+                                                   cut=bool(notes))
                 return addrs, notes
             from .dwarf import TRUNCATED      # loaded already: self.dwarf
             addrs, merged = merge_read(addrs, sample.python, not notes, sample.regs,
