@@ -252,3 +252,28 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     lines = {(f.split(" (calls.rb:")[0], int(f.split(":")[-1].rstrip(")")))
              for stack, _n in whole for f in stack if " (calls.rb:" in f}
     assert lines <= {(n, line) for n, ls in LINES.items() for line in ls}, lines
+
+
+def test_copied_stacks_of_other_threads_carry_their_chain(tmp_path):
+    """Every stack copied (--unwind-memory 1): each thread's Ruby frames
+    are its own, found through the VM's thread list by the thread's id
+    (the kernel reaches them through the thread's TLS, which user space
+    does not see): the two threads beside the main one spin in
+    `block in <main> -> Object#worker -> Object#spin`."""
+    script = Path(__file__).parent / "programs" / "ruby" / "threads.rb"
+    out = tmp_path / "threads.folded"
+    ok(run_ustack("profile", "-F", "199", "--unwind-memory", "1", "--per-thread", "-f",
+                  "folded", "-o", str(out), "-c", f"{_ruby()} {script} 0.5"))
+    by_thread: dict = {}
+    for stack, n in parse_folded(out.read_text()):
+        pid, tid = stack[0].rsplit("-", 1)[1].split("/")
+        chain = [f.split(" (threads.rb:")[0] for f in stack if " (threads.rb:" in f]
+        if tid != pid:
+            by_thread.setdefault(tid, []).append((chain, n))
+    assert len(by_thread) == 2, by_thread.keys()
+    for tid, rows in by_thread.items():
+        samples = sum(n for _chain, n in rows)
+        whole = sum(n for chain, n in rows
+                    if chain == ["block (2 levels) in <main>", "Object#worker", "Object#spin"])
+        assert samples >= 20, rows
+        assert whole >= 0.7 * samples, (tid, rows)
