@@ -10,7 +10,8 @@ The script: tests/programs/perl/calls.pl, <main> -> main::a -> main::b ->
 Work::c spinning. A sample is in c when a frame names Work::c; it is whole
 when its Perl frames are exactly that chain with calls.pl's lines and it
 ends at _start. Scopes: -c, -p (a perl already running), whole machine
-with the perl started once the run samples (its pid's stacks).
+with a perl running before it starts and with one started once the run
+samples (its pid's stacks).
 Prints Markdown."""
 from __future__ import annotations
 
@@ -65,6 +66,19 @@ def by_pid(seconds: float) -> tuple:
         proc.wait()
 
 
+def running_before(seconds: float) -> tuple:
+    """A perl running before a whole-machine run starts: its pid's stacks
+    (its first samples come before perl's rows are loaded: ustack unwinds
+    those from their copies, unwind/perl_live.py)."""
+    proc = subprocess.Popen(["perl", str(CALLS)], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        return shares(counts(pids=(proc.pid,), duration=seconds), proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def whole_machine(seconds: float) -> tuple:
     """The perl started once a whole-machine run samples (started_during.py)."""
     from started_during import stacks_of_program_started_during
@@ -105,6 +119,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cost-only", action="store_true")
+    ap.add_argument("--shares-only", action="store_true")
     a = ap.parse_args()
     print(f"perl {subprocess.run(['perl', '-e', 'print $^V'], capture_output=True, text=True).stdout}"
           f"; profile at 199 Hz, {a.seconds:g} s of work a run")
@@ -113,12 +128,15 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     scopes = () if a.cost_only else (
         ("-c", by_command), ("-p", by_pid),
+        ("whole machine, perl running before the run", running_before),
         ("whole machine, perl started during the run", whole_machine))
     for scope, run in scopes:
         for _ in range(a.reps):
             in_c, whole = run(a.seconds)
             print(f"| {scope} | {in_c} | {whole} | {100 * whole / max(in_c, 1):.1f} % |")
             time.sleep(0.2)
+    if a.shares_only:
+        return
     print()
     print(f"Per-sample cost of the unwinder's program (ustack_uw0, BPF_ENABLE_STATS), "
           f"median of {a.reps}, pass off and on interleaved:")

@@ -218,3 +218,35 @@ def test_reports_mark_perl_frames_as_python_frames(tmp_path):
     assert [ln.split(": ", 1)[1] for ln in locations.splitlines()[:2]] == [
         "0x0 Work::c /srv/calls.pl:11 s=0(pl::Work::c:/srv/calls.pl)",
         "0x0 main::b /srv/calls.pl:30 s=0(pl::main::b:/srv/calls.pl)"]
+
+
+# stacks ustack unwinds itself from their copies: every one, as the
+# kernel hands them over unwalked where an object's rows do not fit the
+# table, and as perf's DWARF samples all are
+COPIED = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
+          pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
+
+
+@pytest.mark.parametrize("copied", COPIED)
+def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
+    """A rows table too small for perl's rows (--unwind-memory 1): the
+    kernel hands every stack over unwalked; --backend perf: every sample
+    is a copy. ustack reads the Perl
+    frames from the live process as it unwinds the copy, putting them
+    where the run loop was, with their lines, down to _start."""
+    out = tmp_path / "copied.folded"
+    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
+                        "-o", str(out), "-c", f"{_perl()} {CALLS} 1500"))
+    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
+    rows = parse_folded(out.read_text())
+    in_c = [(stack, n) for stack, n in rows if any(f.startswith("Work::c ") for f in stack)]
+    samples = sum(n for _stack, n in in_c)
+    expected = [f"{name} (calls.pl:{line})" for name, line in CHAIN]
+    whole = sum(n for stack, n in in_c
+                if [f for f in stack if " (calls.pl:" in f][:3] == expected
+                and stack[1] == "_start" and "Perl_runops_standard" not in stack
+                and int(stack[-1 - stack[::-1].index(next(
+                    f for f in reversed(stack) if f.startswith("Work::c ")))]
+                        .split(":")[-1].rstrip(")")) in C_LINES)
+    assert samples >= 20, rows
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"

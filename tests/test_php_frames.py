@@ -199,3 +199,38 @@ def test_callbacks_from_builtins_stand_in_their_executor_calls():
     assert names[outer:outer + 4] == ["array_map", "K::run", "{main}", "zend_execute"], names
     assert "execute_ex" not in names and names[-1] == "_start", names
     assert labels[at + 1] == f"cmp [php] {script}:6"
+
+
+# stacks ustack unwinds itself from their copies: every one, as the
+# kernel hands them over unwalked where an object's rows do not fit the
+# table, and as perf's DWARF samples all are
+COPIED = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
+          pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
+
+
+@pytest.mark.parametrize("copied", COPIED)
+def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
+    """A rows table too small for php's rows (--unwind-memory 1): the
+    kernel hands every stack over unwalked; --backend perf: every sample
+    is a copy. ustack reads the PHP
+    frames from the live process as it unwinds the copy, putting them
+    where execute_ex was, named with their file and line."""
+    out = tmp_path / "copied.folded"
+    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
+                        "-o", str(out), "-c", f"{_php()} {CHAIN_PHP} 1"))
+    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
+    running = [(stack, n) for stack, n in parse_folded(out.read_text())
+               if "php_execute_script" in stack]
+    samples = sum(n for _stack, n in running)
+    frames = [[f for f in stack if " (chain.php:" in f] for stack, _n in running]
+    whole = sum(n for (stack, n), mine in zip(running, frames)
+                if [f.split(" (chain.php:")[0] for f in mine][:4] == CHAIN
+                and "execute_ex" not in stack)
+    assert samples >= 100, running
+    # (a sample whose frames were read while php ran a builtin stays C:
+    # 99-100 % carry the chain on a quiet machine, fewer under load)
+    assert whole >= 0.5 * samples, f"{whole} of {samples} samples show {CHAIN}"
+    for mine in frames:
+        for f in mine:
+            name, line = f.split(" (chain.php:")
+            assert int(line.rstrip(")")) in LINES[name], f

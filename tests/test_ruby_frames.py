@@ -209,3 +209,74 @@ def test_methods_named_with_their_class():
                 if chain == ["<main>", "Outer::Inner.build", "Outer::Inner#run"])
     assert running >= 50, chains
     assert named >= 0.9 * running, chains
+
+
+# stacks ustack unwinds itself from their copies: every one, as the
+# kernel hands them over unwalked where an object's rows do not fit the
+# table, and as perf's DWARF samples all are
+COPIED = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
+          pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
+
+
+@pytest.mark.parametrize("copied", COPIED)
+def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
+    """A rows table too small for libruby's rows (--unwind-memory 1): the
+    kernel hands every stack over unwalked; --backend perf: every sample
+    is a copy. ustack reads the Ruby
+    frames from the live process as it unwinds the copy, putting them
+    where rb_vm_exec was, as the kernel's pass does. A frame read while
+    the script was elsewhere than at the sample is never shown: each
+    stack's calls.rb frames are the chain or its start, in order (a part
+    of it where the stack was cut short)."""
+    out = tmp_path / "copied.folded"
+    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
+                        "-o", str(out), "-c", f"{_ruby()} {CALLS} 1"))
+    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
+    rows = parse_folded(out.read_text())
+    samples = sum(n for _stack, n in rows)
+    whole = [(stack, n) for stack, n in rows if _folded_chain(stack) == CHAIN]
+    # the share read depends on when ustack's reader runs against the
+    # script (89-94 % on a quiet machine, ~60 % at load average 15:
+    # bench/results/script_frames_copied.md); the code before had none
+    assert sum(n for _stack, n in whole) >= 0.25 * samples, rows
+    for stack, _n in rows:
+        chain = _folded_chain(stack)
+        if stack[1] == "_start":
+            assert chain == CHAIN[:len(chain)], stack
+        else:                   # cut short (a deep C call): its outer frames are not there
+            assert any(chain == CHAIN[i:i + len(chain)] for i in range(len(CHAIN))), stack
+    stack = max(whole, key=lambda row: row[1])[0]
+    assert stack[1] == "_start" and "rb_vm_exec" not in stack, stack
+    at = {name: stack.index(next(f for f in stack if f.startswith(name + " (calls.rb:")))
+          for name in CHAIN}
+    assert stack.index("ruby_run_node") < at["<main>"] < at["Object#a"] \
+        < stack.index("rb_rescue2") < at["block in Object#a"] < at["Object#b"] \
+        < at["Worker#c"], stack
+    lines = {(f.split(" (calls.rb:")[0], int(f.split(":")[-1].rstrip(")")))
+             for stack, _n in whole for f in stack if " (calls.rb:" in f}
+    assert lines <= {(n, line) for n, ls in LINES.items() for line in ls}, lines
+
+
+def test_copied_stacks_of_other_threads_carry_their_chain(tmp_path):
+    """Every stack copied (--unwind-memory 1): each thread's Ruby frames
+    are its own, found through the VM's thread list by the thread's id
+    (the kernel reaches them through the thread's TLS, which user space
+    does not see): the two threads beside the main one spin in
+    `block in <main> -> Object#worker -> Object#spin`."""
+    script = Path(__file__).parent / "programs" / "ruby" / "threads.rb"
+    out = tmp_path / "threads.folded"
+    ok(run_ustack("profile", "-F", "199", "--unwind-memory", "1", "--per-thread", "-f",
+                  "folded", "-o", str(out), "-c", f"{_ruby()} {script} 0.5"))
+    by_thread: dict = {}
+    for stack, n in parse_folded(out.read_text()):
+        pid, tid = stack[0].rsplit("-", 1)[1].split("/")
+        chain = [f.split(" (threads.rb:")[0] for f in stack if " (threads.rb:" in f]
+        if tid != pid:
+            by_thread.setdefault(tid, []).append((chain, n))
+    assert len(by_thread) == 2, by_thread.keys()
+    for tid, rows in by_thread.items():
+        samples = sum(n for _chain, n in rows)
+        whole = sum(n for chain, n in rows
+                    if chain == ["block (2 levels) in <main>", "Object#worker", "Object#spin"])
+        assert samples >= 20, rows
+        assert whole >= 0.25 * samples, (tid, rows)   # as above: 100 % on a quiet machine

@@ -40,6 +40,7 @@ def new_capture(backend: str, probes: list, target, modes: tuple, opts,
         if user_only:
             pages = lockable_pages(pages, explicit=opts.buffer_pages is not None)
         return PerfCapture(probes, target, pages, modes, opts.stack_size,
-                           user_only=user_only)
+                           user_only=user_only, scripts=(opts.ruby_named, opts.php_named,
+                                                         opts.perl_merged))
     raise ValueError(f"no such backend: {backend}")
 

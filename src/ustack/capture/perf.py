@@ -106,14 +106,21 @@ class PerfCapture(Capture):
     and decodes them into the run's stream (RawSamples and metadata).
     `python_frames`: an unwind.python_live.LiveFrames the session gives
     to have each DWARF sample's Python frames read as it comes off the
-    ring (a PythonSample then), or None."""
+    ring (a PythonSample then), or None. `php_functions`, `perl_subs`,
+    `ruby_iseqs`: the run's names tables (symbols/), told that the stacks
+    carry their runtime's frames where `scripts` asks for them and the
+    samples are copies: ustack unwinds those while their process lives,
+    reading its Ruby, PHP and Perl frames (unwind/script_live.py)."""
     python_frames = None
+    php_functions = perl_subs = ruby_iseqs = None
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
                  modes: tuple = (), stack_size: int = DEFAULT_STACK_SIZE,
-                 with_stacks: bool = True, user_only: bool = False):
+                 with_stacks: bool = True, user_only: bool = False,
+                 scripts: tuple = (False, False, False)):
         self.probes = probes
+        self.scripts = scripts          # (Ruby, PHP, Perl) frames wanted
         # a run without root: every event excludes the kernel (what
         # perf_event_paranoid 2 allows a user), and no tracefs is touched
         self.user_only = user_only
@@ -152,6 +159,16 @@ class PerfCapture(Capture):
         lost = self.kernel_lost if self.kernel_lost is not None else self._reader.lost
         return Losses(lost=lost, throttled=self._reader.throttled,
                       records_lost=self.records_lost)
+
+    def _follow_scripts(self) -> None:
+        """The names tables of the script runtimes asked for, told their
+        frames come: in DWARF copies, which ustack unwinds as they come."""
+        if "dwarf" not in self.modes:
+            return
+        for wanted, names in zip(self.scripts, (self.ruby_iseqs, self.php_functions,
+                                                self.perl_subs)):
+            if wanted and names is not None:
+                names.active = True
 
     # -- attributes per probe kind ---------------------------------------
     def _scope_flags(self) -> list:
@@ -297,6 +314,7 @@ class PerfCapture(Capture):
 
     def open(self) -> None:
         _raise_fd_limit()
+        self._follow_scripts()
         if not self.user_only:
             remove_stale_tracing()        # what a killed run left behind
         try:

@@ -44,6 +44,13 @@ class PhpFunctions:
         name = _text(value[at:at + NAME_COPY], name_len)
         scope = _text(value[at + NAME_COPY:at + 2 * NAME_COPY], scope_len)
         path = _text(value[at + 2 * NAME_COPY:at + 2 * NAME_COPY + FILE_COPY], file_len, tail=True)
+        self.remember_read(pid, function_id, kind, name, scope, path)
+
+    def remember_read(self, pid: int, function_id: int, kind: int, name: str, scope: str,
+                      path: str) -> None:
+        """The names of `function_id` in pid as read from the process
+        (unwind/php_live.py) or copied by the kernel: its type
+        (ZEND_USER_FUNCTION or not), name, class and file ("" where none)."""
         if not name:
             name = MAIN if kind == _USER_FUNCTION else UNNAMED
         if scope:

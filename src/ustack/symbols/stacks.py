@@ -72,6 +72,11 @@ class StackResolver:
             # hands over unwalked are named as they are unwound
             from ..unwind.v8_live import V8Live
             self.unwinder.v8_live = V8Live(v8_functions.remember)
+        if tracker.live:
+            # the kernel merges Ruby, PHP and Perl frames in the stacks it
+            # walks: those it hands over unwalked get theirs as they are unwound
+            from ..unwind.script_live import live_runtimes
+            self.unwinder.script_live = live_runtimes(ruby_iseqs, php_functions, perl_subs)
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)

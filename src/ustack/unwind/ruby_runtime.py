@@ -43,6 +43,7 @@ from ..values import value
 
 EXEC_FUNCTION = "rb_vm_exec"
 CURRENT_EC = "ruby_current_ec"
+CURRENT_VM = "ruby_current_vm_ptr"     # the VM: its threads, for a reader in user space
 _DTPMOD64 = 16                  # R_X86_64_DTPMOD64
 _SYM = struct.Struct("<IBBHQQ")
 _RELA = struct.Struct("<QQq")
@@ -56,7 +57,14 @@ LAYOUTS = {
                  body_succ_index_table=144,
                  location_pathobj=0, location_base_label=8, location_label=16,
                  location_first_lineno=24, insn_info_entry_size=12,
-                 body_local_iseq=176, me_owner=32, class_ext=24, ext_iv_tbl=8),
+                 body_local_iseq=176, me_owner=32, class_ext=24, ext_iv_tbl=8,
+                 # rb_vm_t.ractor.main_thread; rb_thread_t's lt_node (its
+                 # ractor's list), vm, ec and thread_id (a pthread_t: its
+                 # struct pthread); rb_execution_context_t.thread_ptr. Read
+                 # back from a running 3.1.2 script (each checked by pointing
+                 # back: th->vm is the VM, ec->thread_ptr the thread)
+                 vm_main_thread=40, thread_vm=32, thread_ec=40, thread_id=80,
+                 ec_thread=48),
 }
 
 
@@ -71,6 +79,7 @@ class Runtime:
     ec_tls_offset: int          # ruby_current_ec's offset in the module's TLS block
     ec_module_got: int          # the GOT slot ld.so writes the module's TLS id into
     layout: tuple               # sorted (name, value) pairs
+    vm_ptr: int                 # ruby_current_vm_ptr (0: not exported)
 
     def field(self, name: str) -> int:
         return dict(self.layout)[name]
@@ -105,8 +114,9 @@ def _read_runtime(path: str) -> Runtime | None:
             return None
         dynsym = file.section_bytes(".dynsym") or b""
         dynstr = file.section_bytes(".dynstr") or b""
-        symbols = _symbols(dynsym, dynstr, (EXEC_FUNCTION, CURRENT_EC, "ruby_version"))
-        if len(symbols) < 3:
+        symbols = _symbols(dynsym, dynstr,
+                           (EXEC_FUNCTION, CURRENT_EC, "ruby_version", CURRENT_VM))
+        if any(n not in symbols for n in (EXEC_FUNCTION, CURRENT_EC, "ruby_version")):
             return None
         version_at = symbols["ruby_version"][1]
         text = file.read(version_at, 16).split(b"\0")[0].decode("ascii", "replace")
@@ -125,7 +135,8 @@ def _read_runtime(path: str) -> Runtime | None:
     _index, exec_at, exec_size = symbols[EXEC_FUNCTION]
     return Runtime(path=path, version=version, exec_start=exec_at,
                    exec_end=exec_at + exec_size, ec_tls_offset=symbols[CURRENT_EC][1],
-                   ec_module_got=got, layout=tuple(sorted(layout.items())))
+                   ec_module_got=got, layout=tuple(sorted(layout.items())),
+                   vm_ptr=symbols[CURRENT_VM][1] if CURRENT_VM in symbols else 0)
 
 
 def _symbols(dynsym: bytes, dynstr: bytes, names: tuple) -> dict:

@@ -36,6 +36,9 @@ class Unwinder:
         # its Java frames (no frame pointers, no CFI there), or None
         self.hotspot = None
         self.hotspot_factory = None     # makes self.hotspot when a copied stack first comes
+        # a script_live.ScriptLive: the Ruby, PHP and Perl frames of copied
+        # stacks read from their process as they are unwound, or None
+        self.script_live = None
 
     @property
     def dwarf(self):
@@ -77,7 +80,7 @@ class Unwinder:
                 walked = self.hotspot.unwind(pid, sample.regs, stack, find_pid, self.dwarf)
                 if walked is not None:
                     return walked
-            if not python and self.v8_live is None:
+            if not python and self.v8_live is None and self.script_live is None:
                 return self.dwarf.unwind(sample.regs, stack, find_pid)
             sps: list = []
             fps: list | None = [] if self.v8_live is not None else None
@@ -85,6 +88,9 @@ class Unwinder:
             if fps:
                 addrs = self.v8_live.name(pid, addrs, fps, stack, sample.regs["sp"], find_pid)
             if not python:
+                if self.script_live is not None:
+                    addrs = self.script_live.merge(pid, sample.tid, addrs, find_pid,
+                                                   cut=bool(notes))
                 return addrs, notes
             from .dwarf import TRUNCATED      # loaded already: self.dwarf
             addrs, merged = merge_read(addrs, sample.python, not notes, sample.regs,
