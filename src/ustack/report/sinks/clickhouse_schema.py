@@ -201,10 +201,12 @@ class StackRows:
         found = list(map(self._frames.get, keys))
         if None in found:            # a frame never met by content: its text made
             found = [p or self._frame(k, f) for p, k, f in zip(found, keys, new)]
-        new_ids = list(map(id, new))
-        by_id.update(zip(new_ids, found))
+        by_id.update(zip(map(id, new), found))
         held.extend(new)
-        return list(map(by_id.get, ids))
+        if len(new) == len(frames):  # a process's first stack: all its Frames new
+            return found
+        fill = iter(found)
+        return [p or next(fill) for p in parts]
 
     def _frame(self, key: tuple, frame: Frame) -> tuple:
         """A frame's fields as JSON text, and the hash of what names it."""
