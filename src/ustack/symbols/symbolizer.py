@@ -37,6 +37,7 @@ _RUBY_TAG = RUBY_FRAME_TAG >> 60
 _JAVA_TAG = JAVA_FRAME_TAG >> 60
 _LOWEST_TAG = LOWEST_FRAME_TAG >> 60
 _MAX_MODULES = 1 << 12   # distinct mapped paths whose module name is kept
+_MAX_PLACES = 1 << 16    # places in mapped files whose frames are kept
 
 
 class Symbolizer:
@@ -69,6 +70,12 @@ class Symbolizer:
         # the run's names of Python code objects (those the capture saw)
         self.python_code = python_code if python_code is not None else PythonCode()
         self._modules: dict = {}          # mapping path -> module name shown
+        # (mapped path, object path, file offset, address, back) -> (frames,
+        # exact): a place in a mapped file names the same way in every stack
+        # through it (and in forked processes, at the same address): named
+        # once, and one Frame object handed out for it, which a sink can
+        # know by identity without reading it again
+        self._places: dict = {}
         # an interpreter frame's tag -> (the run's names of that kind, its parts)
         self._script_kinds = {_PHP_TAG: (self.php, php_frame_parts),
                               _RUBY_TAG: (self.ruby, ruby_frame_parts),
@@ -85,7 +92,10 @@ class Symbolizer:
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since
         last asked (names made before may be named better now)."""
-        return self._elf.refresh()
+        if not self._elf.refresh():
+            return False
+        self._places.clear()
+        return True
 
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Told a stack's frames, and whether no limit cut it short."""
@@ -135,7 +145,7 @@ class Symbolizer:
     def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
         """The frame of the function holding addr, preceded (with
         --inlines) by the calls inlined there, innermost first."""
-        return self._frames_at(pid, addr, back)[0]
+        return list(self._frames_at(pid, addr, back)[0])
 
     def _frames_at(self, pid: int, addr: int, back: int) -> tuple:
         """(frames_at(), whether addr was a signal handler's return into
@@ -148,6 +158,18 @@ class Symbolizer:
             if is_vdso(m):
                 return [unnamed_frame(m, addr)], False
             return [self._jit.frame(pid, m, addr, back)], False
+        place = (m.path, path, file_off, addr, back)
+        found = self._places.get(place)
+        if found is None:
+            if len(self._places) >= _MAX_PLACES:
+                self._places.clear()
+            found = self._places[place] = self._file_frames(pid, m, path, file_off, addr, back)
+        return found
+
+    def _file_frames(self, pid: int, m, path: str, file_off: int, addr: int,
+                     back: int) -> tuple:
+        """_frames_at() of an address in a mapped file (its frames a tuple:
+        kept and handed out again)."""
         vaddr, sym = self._elf.resolve(path, file_off)
         if back and vaddr is not None and (sym is None or vaddr + 1 >= sym.address + sym.size):
             # addr starts a function, as no return address does but the
@@ -162,8 +184,8 @@ class Symbolizer:
             go_symbols = self._go_symbols or self._go()
             go = go_symbols.table(path)           # Go names even when stripped
             if go is not None:
-                return go_symbols.frames(go, m, module, addr, vaddr, back), False
-        return self._elf.frames(m, path, module, addr, back, vaddr, sym), False
+                return tuple(go_symbols.frames(go, m, module, addr, vaddr, back)), False
+        return tuple(self._elf.frames(m, path, module, addr, back, vaddr, sym)), False
 
     def _go(self):
         """GoSymbols, made (and symbols/go.py imported) when first needed."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from itertools import compress
 from typing import NamedTuple
 from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
 
@@ -141,6 +142,7 @@ def sums_select(database: str, sums: Sums, source: str, where: str = "1") -> str
 _FRAME_FIELDS = operator.attrgetter("function", "module", "file", "line", "kind",
                                     "inlined", "objaddr", "objstart")
 _FRAME_SEP_JSON = _json(FRAME_SEP)[1:-1]
+_TEXT, _DIGEST = operator.itemgetter(0), operator.itemgetter(1)
 
 
 class StackRows:
@@ -151,32 +153,60 @@ class StackRows:
     is made once, and a stack's row is one join of them. A whole-machine
     profile meets thousands of stacks it has not seen a minute, but few new
     frames (one minute of a shared machine: 55,239 frames in 1,680 new
-    stacks, 4,179 distinct); making each stack's six columns cost ~2.5
-    times this one string.
+    stacks, 4,179 distinct).
 
-    A frame is found by its identity first (the symbolizer hands the same
-    Frame to every stack of a process that passes through its address:
-    ~26 % of them), else by its content (its fields read: the scattered
-    Frames' memory is most of a stack's cost)."""
+    A frame is found by its identity first: the symbolizer hands out one
+    Frame for a place in a mapped file (Symbolizer.frames), so most frames
+    of a new stack are Frames met before, and looking one up by id() does
+    not read the Frame at all (reading a frame's fields was most of a
+    stack's cost: scattered Frames' memory). Else by its content, read once
+    per Frame. Each stack's row is then C-level maps and joins, no Python
+    step per frame."""
 
-    FRAMES_LIMIT = 200_000           # frames kept; past it, started afresh
+    FRAMES_LIMIT = 200_000           # frames kept, by content and by identity; past it,
+                                     # started afresh
 
     def __init__(self):
         self._frames: dict = {}      # a frame's content -> (JSON text, hash)
-        self._by_id: dict = {}       # id(Frame) -> (JSON text, hash, the Frame: held, its id its)
+        self._by_id: dict = {}       # id(Frame) -> (JSON text, hash)
+        self._held: list = []        # those Frames (held: an id stays its Frame's)
 
     def row(self, stack: Stack) -> tuple:
         """(stack id, its stacks_in row's JSON line): the frames innermost
         first, by function (as the flame graphs merge them)."""
-        get = self._frames.get
-        parts = [get(key) or self._frame(key, f)
-                 for f, key in zip(stack.frames, map(_FRAME_FIELDS, stack.frames))]
-        texts, hashes = zip(*parts) if parts else ((), ())
+        frames = stack.frames
+        ids = list(map(id, frames))
+        parts = list(map(self._by_id.get, ids))
+        if None in parts:
+            parts = self._met(frames, ids, parts)
         notes = stack.notes
-        sid = _hash(b"".join(hashes) + FIELD_SEP.join(notes).encode())
-        line = "".join(('{"stack_id":', str(sid), ',"frames":"', _FRAME_SEP_JSON.join(texts),
+        sid = _hash(b"".join(map(_DIGEST, parts)) + FIELD_SEP.join(notes).encode())
+        line = "".join(('{"stack_id":', str(sid), ',"frames":"',
+                        _FRAME_SEP_JSON.join(map(_TEXT, parts)),
                         '","notes":[', ",".join(map(_json, notes)), "]}\n"))
         return sid, line
+
+    def _met(self, frames: tuple, ids: list, parts: list) -> list:
+        """The parts of a stack with Frames not met before: those Frames'
+        by content (their fields read once: ~1 us a frame, scattered in
+        memory), then kept by identity; C-level maps, no Python step per
+        frame."""
+        by_id, held = self._by_id, self._held
+        if len(held) >= self.FRAMES_LIMIT:
+            by_id.clear()
+            held.clear()
+            parts = [None] * len(frames)     # all of this stack's met again
+        new = list(compress(frames, map(operator.not_, parts)))
+        keys = list(map(_FRAME_FIELDS, new))
+        found = list(map(self._frames.get, keys))
+        if None in found:            # a frame never met by content: its text made
+            found = [p or self._frame(k, f) for p, k, f in zip(found, keys, new)]
+        by_id.update(zip(map(id, new), found))
+        held.extend(new)
+        if len(new) == len(frames):  # a process's first stack: all its Frames new
+            return found
+        fill = iter(found)
+        return [p or next(fill) for p in parts]
 
     def _frame(self, key: tuple, frame: Frame) -> tuple:
         """A frame's fields as JSON text, and the hash of what names it."""

@@ -157,19 +157,28 @@ def queued_interval(batch: dict) -> bytes:
     """An interval's queue file: a header line (batch, host, start, its
     stacks' ids and the two bodies' lengths), then the two INSERT bodies
     as they are sent (JSONEachRow): the sender parses one line only."""
+    return b"".join(queued_parts(batch))
+
+
+def queued_parts(batch: dict) -> list:
+    """queued_interval() in its three parts, as the spool writes them (a
+    whole machine's interval is megabytes: not copied to be joined)."""
     stacks = "".join(batch["stacks"].values()).encode()
     samples = _sample_lines(batch["samples"])
     header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
               "stack_ids": list(batch["stacks"]), "stacks_table": STACKS_IN,
               "stacks_bytes": len(stacks), "samples_bytes": len(samples)}
-    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + stacks + samples
+    return [json.dumps(header, separators=(",", ":")).encode() + b"\n", stacks, samples]
 
 
 def read_queued(data: bytes) -> tuple:
-    """(header, stacks body, samples body) of a queue file; ValueError
-    when it is not one."""
-    line, _, rest = data.partition(b"\n")
-    header = json.loads(line)
+    """(header, stacks body, samples body) of a queue file, the bodies
+    views of `data` (not copies); ValueError when it is not one."""
+    end = data.find(b"\n")
+    if end < 0:
+        raise ValueError("no header")
+    header = json.loads(data[:end])
+    rest = memoryview(data)[end + 1:]
     # where its stacks rows go: a queue file of an older ustack has rows
     # of the stacks table itself (its columns), and names no table
     header["stacks_table"] = header.get("stacks_table", "stacks")
@@ -218,7 +227,7 @@ class ClickHouseSink:
         if not batch["samples"]:
             return                   # nothing counted: nothing to store
         name = f"{start_ns:020d}-{self.run_id}"
-        self.spool.put(name, queued_interval(batch))
+        self.spool.put(name, queued_parts(batch))
         self.queued += 1
         self._wake.set()
 

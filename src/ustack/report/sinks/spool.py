@@ -51,13 +51,16 @@ class Spool:
                 pass
         return total
 
-    def put(self, name: str, data: bytes) -> None:
-        """Queue one interval; past the bound, drop the oldest to make room."""
+    def put(self, name: str, data) -> None:
+        """Queue one interval (bytes, or a list of them: its file's parts
+        in order, not joined first); past the bound, drop the oldest to
+        make room."""
         with self.guard:
-            self._put(name, data)
+            self._put(name, [data] if isinstance(data, bytes) else data)
 
-    def _put(self, name: str, data: bytes) -> None:
-        over = self.size() + len(data) - self.limit
+    def _put(self, name: str, parts: list) -> None:
+        size = sum(map(len, parts))
+        over = self.size() + size - self.limit
         for old in self.names():
             if over <= 0:
                 break
@@ -65,9 +68,9 @@ class Spool:
             over -= size
         if over > 0:                 # this one alone is over the bound
             self.dropped += 1
-            self.dropped_bytes += len(data)
+            self.dropped_bytes += size
             return
-        write_bytes_at(self.fd, name + SUFFIX, [data])
+        write_bytes_at(self.fd, name + SUFFIX, parts)
 
     def _drop(self, name: str) -> int:
         try:
