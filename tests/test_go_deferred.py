@@ -1,8 +1,8 @@
 """Stacks the in-kernel walk defers to ustack (an object whose rows are
 not loaded yet, or do not fit the table) are unwound with the rows the
 kernel uses: a Go binary's from its .gopclntab, with the frames that run
-on another stack. With an empty cache nothing is built before a -c
-command starts: its first events are deferred and whole."""
+on another stack. With an empty cache a -c command's first events are
+whole too."""
 from __future__ import annotations
 
 import pytest
@@ -41,9 +41,9 @@ def test_deferred_samples_in_time_now_are_whole(tmp_path):
 
 @pytest.mark.parametrize("language", ["go", "c"])
 def test_empty_cache_command_first_events_whole(language, tmp_path):
-    """-c with an empty cache: the rows are built after the start (the
-    run says so), and every write the program makes, its first included,
-    has its whole stack."""
+    """-c with an empty cache: every write the program makes, its first
+    included, has its whole stack (a small program's rows are built before
+    it starts; a burst of first events would overflow the deferral ring)."""
     if language == "go":
         target = f"{build_go('gochain')} 3 write"
         # two frameless assembly leaves first: a frame-pointer walk loses one
@@ -56,7 +56,6 @@ def test_empty_cache_command_first_events_whole(language, tmp_path):
     out = tmp_path / "trace.txt"
     res = ok(run_ustack("trace", "syscall:write", "-o", out, "-c", target,
                         env=_empty_cache(tmp_path, "cache")))
-    assert "built after the start" in res.stderr, res.stderr
     records = parse_trace(out.read_text())
     assert len(records) == 3, out.read_text()
     for rec in records:

@@ -26,6 +26,10 @@ CHAIN = ["<main>", "Object#a", "block in Object#a", "Object#b", "Worker#c"]
 # the lines each frame can be at: c's loop, b's call, the block's call, a's loop, <main>'s calls
 LINES = {"Worker#c": {7, 8, 9, 10, 11, 13}, "Object#b": {18}, "block in Object#a": {23, 24},
          "Object#a": {22}, "<main>": {29, 32}}
+# a copy's frames are read moments after the sample (~4 ms behind perf's):
+# a method may be at its return by then, the line of its `end`
+COPIED_LINES = dict(LINES, **{"Worker#c": LINES["Worker#c"] | {14},
+                              "Object#b": LINES["Object#b"] | {19}})
 
 
 def _ruby() -> str:
@@ -254,7 +258,7 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
         < at["Worker#c"], stack
     lines = {(f.split(" (calls.rb:")[0], int(f.split(":")[-1].rstrip(")")))
              for stack, _n in whole for f in stack if " (calls.rb:" in f}
-    assert lines <= {(n, line) for n, ls in LINES.items() for line in ls}, lines
+    assert lines <= {(n, line) for n, ls in COPIED_LINES.items() for line in ls}, lines
 
 
 def test_copied_stacks_of_other_threads_carry_their_chain(tmp_path):
