@@ -529,8 +529,10 @@ _TRACE_FRAME = re.compile(r"^ 0x(?P<addr>[0-9a-f]{16}) : (?:(?P<func>.+?)\+0x(?P
                           r"/0x(?P<size>[0-9a-f]+)|(?P<unknown>\[unknown\])"
                           r"|(?P<unnamed>fn@0x[0-9a-f]+|0x[0-9a-f]+)(?:\+0x(?P<uoff>[0-9a-f]+))?)"
                           r"(?: \[(?P<module>[^\]]*)\])?$")
-# a Python frame, which has no address of its own: "<19 spaces>: leaf [python] app.py:7"
-_TRACE_PYTHON = re.compile(r"^ {20}: (?P<func>.+?) \[python\](?: (?P<file>.+):(?P<line>\d+))?$")
+# an interpreter's or a runtime-named JIT frame, which has no address of
+# its own: "<19 spaces>: leaf [python] app.py:7", "... : Mix.leaf [java] Mix.java:9"
+_TRACE_PYTHON = re.compile(r"^ {20}: (?P<func>.+?) \[(?P<kind>python|php|perl|ruby|js|java)\]"
+                           r"(?: (?P<file>.+):(?P<line>\d+))?$")
 
 
 # "  func [module]" / "  func+0xOFF/0xSIZE [module]" / "  [unknown]"
@@ -571,7 +573,7 @@ def parse_trace(out: str) -> list[dict]:
         assert not cur["notes"], f"frame line after a note: {line!r}"
         py = _TRACE_PYTHON.match(line)
         if py:
-            cur["frames"].append(dict(addr=0, module="python", func=py["func"], off=None,
+            cur["frames"].append(dict(addr=0, module=py["kind"], func=py["func"], off=None,
                                       size=None, file=py["file"],
                                       line=int(py["line"]) if py["line"] else None))
             continue

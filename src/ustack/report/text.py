@@ -34,7 +34,9 @@ def python_label(f: Frame) -> str:
 
 
 def frame_line(f: Frame) -> str:
-    if f.kind in SCRIPT_KINDS:                 # no address of its own
+    if f.kind in SCRIPT_KINDS or (f.kind in ("js", "java") and not f.addr):
+        # no address of its own (a JS or Java frame named by its runtime's
+        # own structures, not by a perf map): `name [java] File.java:12`
         return f" {'':18} : {python_label(f)}"
     return f" 0x{f.addr:016x} : {frame_label(f)}"
 
