@@ -345,6 +345,7 @@ class BpfCapture(Capture):
         perl.subs = self.perl_subs
         if self.perl_subs is not None:
             self.perl_subs.active = True     # its stacks carry Perl words
+            self.perl_subs.refresh = perl.harvest
 
     def _follow_ruby(self) -> None:
         """Where the counter merges Ruby frames (bpf/ruby.h,
