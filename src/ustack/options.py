@@ -52,11 +52,9 @@ class Options:
 
     @property
     def js_named(self) -> bool:
-        """Whether the in-kernel walk names node's JS frames (bpf/v8.h):
-        not for a run that records, whose file keeps no function's name
-        yet (its JIT and builtin frames are kept as walked, for a perf map
-        to name)."""
-        return self.js and self.record is None and self.command != "record"
+        """Whether the in-kernel walk names node's JS frames (bpf/v8.h); a
+        recording keeps their names (recording/format.py's I records)."""
+        return self.js
 
     @property
     def java_walked(self) -> bool:

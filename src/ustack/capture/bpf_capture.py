@@ -335,6 +335,7 @@ class BpfCapture(Capture):
         v8.functions = self.v8_functions
         if self.v8_functions is not None:
             self.v8_functions.active = True     # its stacks carry JS words
+            self.v8_functions.refresh = v8.harvest
 
     def _follow_perl(self) -> None:
         """Where the counter merges Perl frames (bpf/perl.h, capture/bpf_perl.py):
