@@ -161,15 +161,27 @@ def test_perl_started_during_a_whole_machine_run():
     assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
 
 
-def test_a_recording_keeps_the_run_loop(tmp_path):
-    """record: the file keeps no sub's name, so the run loop's C frame
-    stays as walked, never a Perl word read back as an address."""
+def test_a_recording_keeps_the_perl_frames(tmp_path):
+    """record keeps each Perl frame's names, read while perl ran: the
+    report of the file shows the chain in order, with each frame's line,
+    where the run loop ran, down to _start."""
     rec = tmp_path / "calls.ustack"
-    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c", f"{_perl()} {CALLS} 300"))
-    res = run_ustack("report", rec)
+    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c", f"{_perl()} {CALLS} 1500"))
+    res = run_ustack("report", "-f", "folded", rec)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
-    assert "Perl_runops_standard" in res.stdout, res.stdout[-2000:]
-    assert "[unknown]" not in res.stdout, res.stdout[-2000:]
+    rows = parse_folded(res.stdout)
+    in_c = [(stack, n) for stack, n in rows if any(f.startswith("Work::c (") for f in stack)]
+    samples = sum(n for _stack, n in in_c)
+    chain = [f"{name} (calls.pl:{line})" for name, line in CHAIN]
+    c_frames = {f"Work::c (calls.pl:{line})" for line in C_LINES}
+    whole = sum(n for stack, n in in_c
+                if [f for f in stack if " (calls.pl:" in f][:3] == chain
+                and [f for f in stack if " (calls.pl:" in f][3:] in [[c] for c in c_frames]
+                and "_start" in stack)
+    assert samples >= 20, res.stdout[-2000:]
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
+    assert not [stack for stack, _n in parse_folded(res.stdout) if "Perl_runops_standard" in stack], \
+        res.stdout[-2000:]
 
 
 def test_a_required_file_runs_under_its_require():

@@ -234,3 +234,26 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
         for f in mine:
             name, line = f.split(" (chain.php:")
             assert int(line.rstrip(")")) in LINES[name], f
+
+
+def test_a_recording_keeps_the_php_frames(tmp_path):
+    """record keeps each PHP frame's names, copied while php ran: the
+    report of the file shows the chain in order with each frame's line,
+    where execute_ex was, down to _start."""
+    rec = tmp_path / "chain.ustack"
+    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c", f"{_php()} {CHAIN_PHP} 1"))
+    res = run_ustack("report", "-f", "folded", rec)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    rows = [(stack, n) for stack, n in parse_folded(res.stdout) if "php_execute_script" in stack]
+    samples = sum(n for _stack, n in rows)
+
+    def chain(stack: list) -> list:
+        return [tuple(f.removesuffix(")").split(" (chain.php:")) for f in stack
+                if " (chain.php:" in f]
+    whole = sum(n for stack, n in rows
+                if [name for name, _line in chain(stack)][:4] == CHAIN and "_start" in stack
+                and all(int(line) in LINES[name] for name, line in chain(stack)))
+    assert samples >= 100, f"only {samples} samples while the script ran"
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples show {CHAIN}"
+    assert not [stack for stack, _n in parse_folded(res.stdout) if "execute_ex" in stack], \
+        res.stdout[-2000:]

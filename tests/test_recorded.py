@@ -315,3 +315,78 @@ def test_an_exec_keeps_its_time_and_version_2_files_read_without_it():
     for e in (CommEvent(7, 7, "sh", True, 100), CommEvent(7, 7, "chain", True, 200)):
         tracker.apply(e)
     assert [tracker.generation_at(7, t) for t in (50, 150, 250, 0)] == [0, 1, 2, 2]
+
+
+# -- version 5: the names of Ruby, PHP, Perl and JS frames -------------------------
+
+def _script_recording(path: Path, header_version: int | None = None) -> list:
+    """A file of one frame-pointer event whose stack holds a Ruby, a PHP
+    and a Perl frame word (named by I records unless header_version is
+    older than them); the words, innermost first."""
+    from ustack.model import PHP_FRAME_TAG, perl_frame_word, ruby_frame_word
+    words = [ruby_frame_word(0x7f00_0000_1000, 5),
+             PHP_FRAME_TAG | 42 << 16 | 17,         # function 42 at line 17
+             perl_frame_word(0x5600_0000_2000, 30)]
+    fp = stream_pieces()[0].samples[0]
+    sample = fp._replace(callchain=b"".join(w.to_bytes(8, "little") for w in words)
+                         + fp.callchain)
+    extra = {"scripts": ["perl", "php", "ruby"]}
+    header = rf.header_record(["profile:hz:99"], ["fp"], "bpf", extra)
+    if header_version is not None:          # as an older ustack wrote it
+        header = rf.header_record(["profile:hz:99"], ["fp"], "bpf", {})
+        header = header.replace(f'"version": {rf.VERSION}'.encode(),
+                                f'"version": {header_version}'.encode())
+        header = rf.record(rf.HEADER, header[rf.RECORD.size:])
+    names = b"" if header_version is not None else b"".join((
+        rf.script_frame_record(100, words[0], "Worker#c", "/srv/calls.rb", 11),
+        rf.script_frame_record(100, words[1], "Spinner::spin", "/srv/chain.php", 17),
+        rf.script_frame_record(100, words[2], "main::b", "/srv/calls.pl", 30)))
+    with gzip.open(path, "wb") as f:
+        f.write(rf.MAGIC + header + names
+                + b"".join(rf.meta_record(e) for e in stream_pieces()[0].metas)
+                + rf.stack_record(0, sample) + rf.event_record(sample, 0)
+                + rf.losses_record(Losses()))
+    return words
+
+
+def test_script_frames_are_named_from_the_recording(tmp_path):
+    path = tmp_path / "scripts.ustack"
+    _script_recording(path)
+    with Session.replay(path, objects=(FIXTURES,)) as session:
+        events = list(session.events())
+    frames = [(f.function, f.file, f.line, f.kind) for f in events[0].stack.frames if f.kind]
+    assert frames == [("Worker#c", "/srv/calls.rb", 11, "ruby"),
+                      ("Spinner::spin", "/srv/chain.php", 17, "php"),
+                      ("main::b", "/srv/calls.pl", 30, "perl")]
+
+
+def test_a_version_4_recording_still_reports(tmp_path):
+    """A file of the previous format (no I records, no script passes):
+    read, its words no interpreter's frames."""
+    path = tmp_path / "old.ustack"
+    _script_recording(path, header_version=4)
+    with Session.replay(path, objects=(FIXTURES,)) as session:
+        events = list(session.events())
+    assert len(events) == 1
+    assert not [f for f in events[0].stack.frames if f.kind], events[0].stack.frames
+
+
+def test_a_newer_recording_is_one_line_error(tmp_path):
+    path = tmp_path / "newer.ustack"
+    _script_recording(path, header_version=rf.VERSION + 1)
+    with pytest.raises(UstackError, match=f"recording format version {rf.VERSION + 1} is "
+                                          f"newer than this ustack reads \\({rf.VERSION}\\)"):
+        with Session.replay(path) as session:
+            list(session.events())
+
+
+def test_a_script_record_of_no_interpreter_word_is_one_line_error(tmp_path):
+    path = tmp_path / "bad.ustack"
+    with gzip.open(path, "wb") as f:
+        f.write(rf.MAGIC + rf.header_record(["e"], ["fp"], "perf", {})
+                + rf.script_frame_record(1, 0x5555_0000_1100, "f", "/x.rb", 1)
+                + rf.losses_record(Losses()))
+    with pytest.raises(UstackError, match=r"corrupt recording \(an interpreter frame "
+                                          r"record of word 0x555500001100\)"):
+        with Session.replay(path) as session:
+            list(session.events())

@@ -284,3 +284,24 @@ def test_copied_stacks_of_other_threads_carry_their_chain(tmp_path):
                     if chain == ["block (2 levels) in <main>", "Object#worker", "Object#spin"])
         assert samples >= 20, rows
         assert whole >= 0.25 * samples, (tid, rows)   # as above: 100 % on a quiet machine
+
+
+def test_a_recording_keeps_the_ruby_frames(tmp_path):
+    """record keeps each Ruby frame's names and line, read while ruby ran
+    (a line is the frame's pc's): the report of the file shows the chain
+    in order with each frame's line, down to _start."""
+    rec = tmp_path / "calls.ustack"
+    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c", f"{_ruby()} {CALLS} 1"))
+    res = run_ustack("report", "-f", "folded", rec)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    rows = parse_folded(res.stdout)
+    in_c = [(stack, n) for stack, n in rows if "Worker#c" in _folded_chain(stack)]
+    samples = sum(n for _stack, n in in_c)
+    whole = sum(n for stack, n in in_c
+                if _folded_chain(stack) == CHAIN and "_start" in stack
+                and all(int(f.split(":")[-1].rstrip(")")) in LINES[f.split(" (calls.rb:")[0]]
+                        for f in stack if " (calls.rb:" in f))
+    assert samples >= 20, res.stdout[-2000:]
+    assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
+    assert not [stack for stack, _n in parse_folded(res.stdout) if "rb_vm_exec" in stack], \
+        res.stdout[-2000:]

@@ -52,11 +52,9 @@ class Options:
 
     @property
     def js_named(self) -> bool:
-        """Whether the in-kernel walk names node's JS frames (bpf/v8.h):
-        not for a run that records, whose file keeps no function's name
-        yet (its JIT and builtin frames are kept as walked, for a perf map
-        to name)."""
-        return self.js and self.record is None and self.command != "record"
+        """Whether the in-kernel walk names node's JS frames (bpf/v8.h); a
+        recording keeps their names (recording/format.py's I records)."""
+        return self.js
 
     @property
     def java_walked(self) -> bool:
@@ -67,22 +65,21 @@ class Options:
 
     @property
     def php_named(self) -> bool:
-        """Whether the in-kernel walk merges PHP frames (bpf/php.h): not
-        for a run that records, whose file keeps no PHP function's name."""
-        return self.php and self.record is None and self.command != "record"
+        """Whether the in-kernel walk merges PHP frames (bpf/php.h); a
+        recording keeps their names (recording/format.py's I records)."""
+        return self.php
 
     @property
     def perl_merged(self) -> bool:
-        """Whether the in-kernel walk merges Perl frames (bpf/perl.h): not
-        for a run that records, whose file keeps no sub's name yet (the
-        run loop's C frames are kept as walked)."""
-        return self.perl and self.record is None and self.command != "record"
+        """Whether the in-kernel walk merges Perl frames (bpf/perl.h); a
+        recording keeps their names (recording/format.py's I records)."""
+        return self.perl
 
     @property
     def ruby_named(self) -> bool:
-        """Whether the in-kernel walk merges Ruby frames (bpf/ruby.h): not
-        for a run that records, whose file keeps no iseq's name."""
-        return self.ruby and self.record is None and self.command != "record"
+        """Whether the in-kernel walk merges Ruby frames (bpf/ruby.h); a
+        recording keeps their names (recording/format.py's I records)."""
+        return self.ruby
 
     @property
     def runs_as(self) -> str:

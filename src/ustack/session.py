@@ -156,10 +156,17 @@ class Session:
         self.ruby_iseqs.live = False
         capture = self.capture = self.recording
         capture.python_code = self.python_code      # the recorded code objects' names
+        capture.script_names = self.script_names()  # the recorded frames' names
         capture.open()
         self.labels = list(capture.labels)
         self.plan = policy.Plan("recording", capture.modes)
         self.target = process.recording(capture.path)
+
+    def script_names(self) -> dict:
+        """The run's names tables of interpreter frames whose words a
+        capture's kernel pass writes, by kind (a recording lists them)."""
+        return {"ruby": self.ruby_iseqs, "php": self.php_functions,
+                "perl": self.perl_subs, "js": self.v8_functions}
 
     def _open_capture(self):
         """Plan the run and open its capture (a command with captures of

@@ -335,6 +335,7 @@ class BpfCapture(Capture):
         v8.functions = self.v8_functions
         if self.v8_functions is not None:
             self.v8_functions.active = True     # its stacks carry JS words
+            self.v8_functions.refresh = v8.harvest
 
     def _follow_perl(self) -> None:
         """Where the counter merges Perl frames (bpf/perl.h, capture/bpf_perl.py):
@@ -345,6 +346,7 @@ class BpfCapture(Capture):
         perl.subs = self.perl_subs
         if self.perl_subs is not None:
             self.perl_subs.active = True     # its stacks carry Perl words
+            self.perl_subs.refresh = perl.harvest
 
     def _follow_ruby(self) -> None:
         """Where the counter merges Ruby frames (bpf/ruby.h,

@@ -22,6 +22,10 @@ A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
   P  a Python code object's names (version 4): pid, address, first line,
      line table kind, qualified name, file, line table; before the stacks
      that hold it (the process is gone when the recording is read)
+  I  an interpreter frame's names (version 5): pid, its frame word (Ruby,
+     PHP, Perl, JS: model's *_FRAME_TAG), line, function, file; resolved
+     per word while recording (a Ruby or JS line depends on the word's pc
+     part), before the stacks that hold it
   L  the losses (JSON); the last record: a file without it was cut short
 
 An event costs ~30 bytes before compression and its stack is stored once,
@@ -33,19 +37,27 @@ from __future__ import annotations
 import json
 import struct
 
-from ..model import (CommEvent, ExitEvent, ForkEvent, Losses, Mapping,
-                     MmapEvent, PythonCodeInfo, RawSample, UnwoundSample, UstackError,
-                     unwound_sample)
+from ..model import (PERL_FRAME_TAG, PHP_FRAME_TAG, RUBY_FRAME_TAG, V8_FRAME_TAG, CommEvent,
+                     ExitEvent, ForkEvent, Losses, Mapping, MmapEvent, PythonCodeInfo,
+                     RawSample, UnwoundSample, UstackError, perl_frame_parts,
+                     php_frame_parts, ruby_frame_parts, unwound_sample, v8_frame_parts)
 
 MAGIC = b"ustack-recording\n"
-VERSION = 4                        # bumped when a reader of the old one would misread
+VERSION = 5                        # bumped when a reader of the old one would misread
 RECORD = struct.Struct("<IB")      # payload length, kind
 HEADER, MMAP, COMM, FORK, EXIT, SAMPLE, LOSSES = b"HMCFXSL"
-STACK, EVENT, COUNTED, PYCODE = b"KENP"
-KINDS = b"MCFXSLKENP"               # every kind after the header
+STACK, EVENT, COUNTED, PYCODE, SCRIPT = b"KENPI"
+KINDS = b"MCFXSLKENPI"              # every kind after the header
 # not in files: what the reader puts in a chunk where the file went wrong,
 # so the error is raised by decode, on the caller's thread, in stream order
 FAILURE = ord("!")
+
+# an interpreter frame word's tag (its top 4 bits) -> (its kind, as the
+# header's "scripts" lists the kinds whose words the run wrote, its parts)
+SCRIPT_WORDS = {RUBY_FRAME_TAG >> 60: ("ruby", ruby_frame_parts),
+                PHP_FRAME_TAG >> 60: ("php", php_frame_parts),
+                PERL_FRAME_TAG >> 60: ("perl", perl_frame_parts),
+                V8_FRAME_TAG >> 60: ("js", v8_frame_parts)}
 
 _MMAP = struct.Struct("<iiQQQH")   # pid tid start end pgoff, path length
 _COMM = struct.Struct("<iiBQ")     # version 3: an exec's time, for its generation
@@ -60,6 +72,9 @@ _COUNTED = struct.Struct("<IiiIQ")  # probe pid tid, stack id, count
 # pid, code address, first line, then the lengths of the table kind, name,
 # file and table that follow
 _PYCODE = struct.Struct("<iQiBHHI")
+# pid, frame word, line, then the lengths of the function and file that follow
+_SCRIPT = struct.Struct("<iQiHH")
+MAX_SCRIPT_TEXT = 0xFFFF // 4
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _HAS_REGS, _HAS_STACK, _HAS_ARGS, _HAS_KERNEL = 1, 2, 4, 8
@@ -144,6 +159,14 @@ def python_code_record(pid: int, code: int, info: PythonCodeInfo) -> bytes:
     return record(PYCODE, _PYCODE.pack(pid, code, info.firstlineno, len(kind), len(name),
                                        len(file), len(info.table))
                   + kind + name + file + info.table)
+
+
+def script_frame_record(pid: int, word: int, function: str, file: str, line: int) -> bytes:
+    # at most 4 bytes a character: a length fits its u16
+    function_b, file_b = (t[:MAX_SCRIPT_TEXT].encode("utf-8", "surrogatepass")
+                          for t in (function, file))
+    return record(SCRIPT, _SCRIPT.pack(pid, word, line, len(function_b), len(file_b))
+                  + function_b + file_b)
 
 
 def _s32(value: int) -> int:
@@ -280,6 +303,17 @@ def parse_python_code(payload) -> tuple:
         raise ValueError("a Python code record's parts do not add up to its length")
     kind, name, file = (p.decode("utf-8", "surrogatepass") for p in parts[:3])
     return pid, code, PythonCodeInfo(name, file, first, kind, parts[3])
+
+
+def parse_script_frame(payload) -> tuple:
+    """(pid, frame word, function, file, line) of an I record."""
+    pid, word, line, function_len, file_len = _SCRIPT.unpack_from(payload)
+    at = _SCRIPT.size
+    if at + function_len + file_len != len(payload):
+        raise ValueError("an interpreter frame record's parts do not add up to its length")
+    function = bytes(payload[at:at + function_len]).decode("utf-8", "surrogatepass")
+    file = bytes(payload[at + function_len:]).decode("utf-8", "surrogatepass")
+    return pid, word, function, file, line
 
 
 def parse_event(buf, at: int, size: int, stacks: dict) -> RawSample:

@@ -30,6 +30,9 @@ class RecordedCapture(Capture):
     `labels`, `modes` (per probe: fp | dwarf) and `backend` of the run."""
     counts_in_kernel = True             # counted(): what the recorded run counted there
     python_code = None      # the session's PythonCode: given the recorded code objects
+    # the session's names tables by kind (ruby, php, perl, js: symbols/):
+    # given the recorded interpreter frames' names
+    script_names: dict = {}
 
     def __init__(self, path: str, objects=()):
         self.path = path
@@ -89,6 +92,10 @@ class RecordedCapture(Capture):
         except (OSError, EOFError, zlib.error, ValueError, KeyError, TypeError) as e:
             raise self._fail(f"corrupt recording header ({e})") from None
         self.header = header
+        for kind in header.get("scripts", ()):
+            names = self.script_names.get(kind)
+            if names is not None:      # its stacks carry that kind's frame words
+                names.active = True
 
     def close(self) -> None:
         if self._file is not None:
@@ -189,6 +196,8 @@ class RecordedCapture(Capture):
                     pid, code, info = rf.parse_python_code(payload)
                     if self.python_code is not None:
                         self.python_code.add(pid, code, info)
+                elif kind == rf.SCRIPT:
+                    self._script_frame(*rf.parse_script_frame(payload))
                 else:
                     metas.append((0, rf.parse_meta(kind, payload, self.header["version"])))
             except (ValueError, KeyError, TypeError, IndexError) as e:
@@ -197,6 +206,15 @@ class RecordedCapture(Capture):
                 raise self._fail(f"corrupt recording ({e})") from None
             at = body + size
         return at
+
+    def _script_frame(self, pid: int, word: int, function: str, file: str,
+                      line: int) -> None:
+        kind, parts = rf.SCRIPT_WORDS.get(word >> 60, (None, None))
+        if kind is None:
+            raise ValueError(f"an interpreter frame record of word {word:#x}")
+        names = self.script_names.get(kind)
+        if names is not None:              # else a reader that names no frames
+            names.recorded(pid, parts(word), function, file, line)
 
     # -- where the recorded files are now -------------------------------------------
     def _located_event(self, event, build_id: str):

@@ -27,6 +27,8 @@ MAX_STACKS = 1 << 20               # distinct stacks remembered; then ids start 
 MAX_CODES_WRITTEN = 1 << 18        # (pid, code) of Python code records remembered
 # the high byte of a Python frame's word (model.PYTHON_FRAME_TAG: 0xE…)
 _TAGGED_HIGH_BYTE = re.compile(rb"[\xe0-\xef]")
+# of a Ruby, Perl, PHP or JS frame's word (model's *_FRAME_TAG: 0xA… to 0xD…)
+_SCRIPT_HIGH_BYTE = re.compile(rb"[\xa0-\xdf]")
 
 
 class RecordWriter:
@@ -91,6 +93,11 @@ class RecordWriter:
         """(pid, code address, PythonCodeInfo) triples, before the stacks
         that hold them."""
         self._write(b"".join(rf.python_code_record(*c) for c in codes))
+
+    def add_script_frames(self, frames) -> None:
+        """(pid, frame word, function, file, line) of interpreter frames,
+        before the stacks that hold them."""
+        self._write(b"".join(rf.script_frame_record(*f) for f in frames))
 
     def add_counted(self, counted) -> None:
         """(RawSample, count) pairs: the stacks a kernel map counted."""
@@ -177,14 +184,15 @@ def recorder_of(session, destination: str | Output) -> "Recorder":
     its capture is open; `destination`: the file, opened before the run
     armed anything."""
     opts, plan = session.opts, session.plan
+    scripts = {kind: names for kind, names in session.script_names().items() if names.active}
     return Recorder(
         destination, session.tracker, session.resolver.unwinder, session.labels,
         plan.modes, plan.backend,
         {"command": opts.runs_as, "events": list(opts.events),
          "start_ns": session.started_ns,
          "buffer_pages": session.capture.buffer_pages,
-         "stack_storage": opts.stack_storage},
-        raw_stacks=opts.raw_stacks, python_code=session.python_code)
+         "stack_storage": opts.stack_storage, "scripts": sorted(scripts)},
+        raw_stacks=opts.raw_stacks, python_code=session.python_code, scripts=scripts)
 
 
 class PendingRecording:
@@ -220,7 +228,7 @@ class Recorder:
 
     def __init__(self, path: str | Output, tracker: MappingTracker, unwinder, labels,
                  modes, backend: str, extra: dict, raw_stacks: bool = False,
-                 python_code=None):
+                 python_code=None, scripts=None):
         self.path = path.path if isinstance(path, Output) else path
         self.tracker = tracker
         self.unwinder = unwinder
@@ -233,6 +241,12 @@ class Recorder:
         self._asked: set = set()                     # tids whose name /proc was asked
         self.python_code = python_code               # names the Python frames' code
         self._codes_written: set = set()             # (pid, code) in the file
+        # the names tables of the kinds of interpreter frames the run's
+        # kernel pass writes (ruby, php, perl, js), by their words' tag
+        scripts = scripts or {}
+        self.scripts = {tag: (scripts[kind], parts)
+                        for tag, (kind, parts) in rf.SCRIPT_WORDS.items() if kind in scripts}
+        self._words_written: set = set()             # (pid, word) in the file
         try:
             self.write_known(set(pid for pid, _gen in tracker.procs))
         except BaseException:
@@ -253,6 +267,7 @@ class Recorder:
         for event in piece.metas:
             self._written.apply(event)
         self._add_python_codes(samples)
+        self._add_script_frames(samples)
         self.writer.add_piece(Piece(piece.metas + self._learned(pids), samples))
         return Piece(piece.metas, samples) if samples is not piece.samples else piece
 
@@ -262,6 +277,7 @@ class Recorder:
         pids.update(self._seeded())
         self.writer.add_piece(Piece(self._learned(pids), []))
         self._add_python_codes([s for s, _n in counted])
+        self._add_script_frames([s for s, _n in counted])
         self.writer.add_counted(counted)
 
     def _add_python_codes(self, samples) -> None:
@@ -286,6 +302,43 @@ class Recorder:
                     found.append((s.pid, parts[0], info))
         if found:
             self.writer.add_python_codes(found)
+
+    def _add_script_frames(self, samples) -> None:
+        """The names of the samples' Ruby, PHP, Perl and JS frames, read
+        now (from the process or what the kernel copied): per word, as a
+        Ruby or JS frame's line depends on its pc. A frame its table cannot
+        name yet is asked again with the next stack holding it; never
+        named, a report shows it unnamed, as the run would."""
+        if not self.scripts:
+            return
+        written, new = self._words_written, []
+        for s in samples:
+            chain = s.callchain
+            if not _SCRIPT_HIGH_BYTE.search(chain[7::8]):
+                continue
+            for (word,) in struct.iter_unpack("<Q", chain):
+                if word >> 60 in self.scripts and (s.pid, word) not in written:
+                    if len(written) >= MAX_CODES_WRITTEN:
+                        written.clear()        # bounded: a word may be written twice
+                    written.add((s.pid, word))
+                    new.append((s.pid, word))
+        if not new:
+            return
+        for names in {self.scripts[word >> 60][0] for _pid, word in new}:
+            if getattr(names, "refresh", None) is not None:
+                names.refresh()       # what the kernel saw so far, as a run names it
+        found = []
+        for pid, word in new:
+            names, parts = self.scripts[word >> 60]
+            unnamed = names.unnamed
+            frame = names.frame(pid, *parts(word))
+            if names.unnamed == unnamed:
+                found.append((pid, word, frame.function, frame.file, frame.line))
+            else:                      # its names may come later: asked again then,
+                names.unnamed = unnamed    # and no frame was shown unnamed
+                written.discard((pid, word))
+        if found:
+            self.writer.add_script_frames(found)
 
     def write_known(self, pids) -> None:
         """Write what the tracker knows of `pids` that the file does not."""

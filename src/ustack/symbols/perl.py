@@ -27,6 +27,9 @@ class PerlSubs:
         # set by a capture whose kernel pass writes Perl words (bpf/perl.h):
         # in any other stack a word with their tag is no Perl frame
         self.active = False
+        # set by that capture too: takes the subs the kernel copied since
+        # last asked (a recording names its frames as they come)
+        self.refresh = None
 
     @property
     def warnings(self) -> list:
@@ -43,6 +46,10 @@ class PerlSubs:
             if len(self._subs) >= MAX_SUBS:
                 self._subs.popitem(last=False)
             self._subs[(pid, cv)] = (printable(function), printable(file))
+
+    def recorded(self, pid: int, parts: tuple, function: str, file: str, line: int) -> None:
+        """A frame's names as a recording kept them (its line is its word's)."""
+        self.remember(pid, parts[0], function, "", file)
 
     def frame(self, pid: int, cv: int, line: int) -> Frame:
         with self._lock:

@@ -60,6 +60,10 @@ class PhpFunctions:
                 self._names.clear()
             self._names[(pid, function_id)] = (printable(name), printable(path))
 
+    def recorded(self, pid: int, parts: tuple, function: str, file: str, line: int) -> None:
+        """A frame's names as a recording kept them (its line is its word's)."""
+        self.remember_read(pid, parts[0], _USER_FUNCTION, function, "", file)
+
     def frame(self, pid: int, function_id: int, line: int) -> Frame:
         found = self._names.get((pid, function_id))
         if found is None and self.refresh is not None:

@@ -75,6 +75,8 @@ class RubyIseqs:
         self.active = False
         # set by that capture too: reads the iseqs the kernel saw, now
         self.refresh = None
+        # (pid, body, pc index) -> (function, file, line): a recording's names
+        self._recorded: dict = {}
 
     @property
     def warnings(self) -> list:
@@ -100,7 +102,20 @@ class RubyIseqs:
                     self._read.popitem(last=False)
                 self._read[(pid, body)] = (label, found, method_entry)
 
+    def recorded(self, pid: int, parts: tuple, function: str, file: str, line: int) -> None:
+        """A frame's names as a recording kept them (per pc: its line)."""
+        with self._lock:
+            if len(self._recorded) >= MAX_ISEQS * 16:
+                self._recorded.clear()
+            self._recorded[(pid, *parts)] = (function, file, line)
+
     def frame(self, pid: int, body: int, index: int) -> Frame:
+        found = self._recorded.get((pid, body, index)) if self._recorded else None
+        if found is not None:
+            function, file, line = found
+            return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
+                         function=printable(function), file=printable(file), line=line,
+                         kind="ruby")
         with self._lock:
             known = self._read.get((pid, body))
             if known is None and pid not in self._procs and self.refresh is not None:

@@ -50,7 +50,12 @@ class V8Functions:
         # any other stack (ftrace's or perf's frame-pointer walk) a word with
         # their tag is a garbage return address, not a JS frame
         self.active = False
+        # set by that capture too: reads the functions the kernel saw, now
+        self.refresh = None
         self._named_pids: set = set()
+        # (pid, function, bytecode offset) -> (function, script, line): a
+        # recording's names
+        self._recorded: dict = {}
 
     def named_in(self, pid: int) -> bool:
         """Whether a JS frame of pid was named from its heap."""
@@ -79,7 +84,20 @@ class V8Functions:
                     self._read.popitem(last=False)
                 self._read[(pid, shared)] = found
 
+    def recorded(self, pid: int, parts: tuple, function: str, file: str, line: int) -> None:
+        """A frame's names as a recording kept them (per bytecode offset: its line)."""
+        with self._lock:
+            if len(self._recorded) >= MAX_FUNCTIONS * 16:
+                self._recorded.clear()
+            self._recorded[(pid, *parts)] = (function, file, line)
+
     def frame(self, pid: int, shared: int, offset: int) -> Frame:
+        found = self._recorded.get((pid, shared, offset)) if self._recorded else None
+        if found is not None:
+            function, file, line = found
+            return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
+                         function=printable(function), file=printable(file), line=line,
+                         kind="js")
         with self._lock:
             # only a process opened by remember(), while the kernel saw its
             # frames: its /proc/PID/mem stays that process's, where a pid
