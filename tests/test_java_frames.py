@@ -173,6 +173,33 @@ def test_offcpu_java_blocks_named(tmp_path):
     assert asleep >= 800_000 and whole >= 0.9 * asleep, f"{whole} of {asleep} µs named"
 
 
+def _libjvm() -> str:
+    """The libjvm.so of the JDK whose java is on the PATH."""
+    return str(Path(_tool("java")).resolve().parents[1] / "lib" / "server" / "libjvm.so")
+
+
+def test_latency_by_stack_java_methods_named(tmp_path):
+    """`ustack latency --by-stack uprobe:libjvm.so:JVM_Sleep -c java Naps
+    25`: the 100 sleeps (4 per outer() call) are timed under one stack
+    whose Java frames are nap, middle, outer, main in order, as
+    Thread.sleep's callers, down to the thread's root (the entries'
+    stacks through the JIT code were walked while the JVM lived)."""
+    classes = compiled_java_chain(tmp_path, "Naps")
+    res = ok(run_ustack("latency", "--by-stack", f"uprobe:{_libjvm()}:JVM_Sleep", "-c",
+                        f"{_tool('java')} {' '.join(NAP_FLAGS)} -cp {classes} Naps 25"))
+    blocks = [b.splitlines() for b in res.stdout.strip().split("\n\n")]
+    napping = [b for b in blocks if "  Naps.nap [Naps.java] Naps.java:6" in b]
+    assert len(napping) == 1, res.stdout
+    # (the block after Naps' own "ok" line: the command shares ustack's stdout)
+    head, *frames = [line for line in napping[0] if line != "ok" and not line.startswith("[")]
+    assert ": count 100, " in head, res.stdout
+    assert [f.split()[0] for f in frames if f.startswith("  Naps.")] == \
+        list(reversed(NAPS)), res.stdout
+    assert [f.split()[0] for f in frames[:2] + frames[-3:]] == \
+        ["JVM_Sleep", "java.lang.Thread.sleep", "ThreadJavaMain", "start_thread",
+         "clone3"], res.stdout
+
+
 def _whole_in(folded: str, through: str, chain: list, pid: int | None = None) -> tuple:
     """(the weight of the folded lines through frame `through`, of process
     pid's (`-P` lines) where given; that of those whole: the methods of

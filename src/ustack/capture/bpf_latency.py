@@ -27,13 +27,19 @@ refused (or with --unwind fp) the kernel walks frame pointers instead
 [sp], which that walk skips at a function's entry). A Python process's
 DWARF stacks get its Python frames (bpf/python.h, capture/bpf_python.py);
 the records of their new code objects share the ring with the slow calls
-(told apart by size: bpf_unwind.code_record)."""
+(told apart by size: bpf_unwind.code_record). An entry whose walk went
+through a JVM's JIT code (which keeps no frame pointers) sends the ring a
+deferred record instead (registers and 8 KiB of stack; latency.bpf.c's
+defer_entry), whose id stands for the stack's hash: a histogram per such
+call, unwound by ustack while the JVM lives (its Java frames read from
+its memory, unwind/hotspot_live.py) and merged by printed stack at the
+report."""
 from __future__ import annotations
 
 import struct
 
 from ..kernel import bpf_syscall
-from ..model import Losses, RawSample, TracepointProbe
+from ..model import Losses, RawSample, TracepointProbe, UnwoundSample, unwound_sample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result, ring_bytes
 from . import uprobe_links
@@ -110,6 +116,7 @@ class Histogram:
     min_ns: int
     max_ns: int
     buckets: list
+    sample: object = None            # by stack through a JVM: its deferred sample (unwound)
 
 
 class LatencyCounter(BpfCounter):
@@ -135,9 +142,16 @@ class LatencyCounter(BpfCounter):
         # Python frames (python.h) in the stacks unwound in the kernel: the
         # records of new code objects share the ring with the slow calls
         python = python and tables is not None
-        self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS,
-                               ring_bytes if slower_ns is not None else
-                               CODE_RING_BYTES if python else 0)
+        # stacks unwound in the kernel: the ring takes the entries deferred
+        # through a JVM's JIT code (and slow calls, new Python code objects)
+        deferring = tables is not None
+        if deferring:
+            from .bpf_unwind import DEFER_RING_BYTES
+        self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS, max(
+            ring_bytes if slower_ns is not None else 0, CODE_RING_BYTES if python else 0,
+            DEFER_RING_BYTES if deferring else 0))
+        self.deferred: dict = {}        # a deferred entry's id (its stack hash) -> RawSample
+        self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
         self.ring = self.lat.ring
         if tables is not None:
             from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
@@ -197,7 +211,8 @@ class LatencyCounter(BpfCounter):
                   "LAT_TAIL": site.role == "tail",
                   "LAT_PYTHON": dwarf and inline and self.python is not None,
                   "LAT_V8": dwarf and inline and self.v8 is not None,
-                  "LAT_PASS_CALLS": dwarf and not inline}
+                  "LAT_PASS_CALLS": dwarf and not inline,
+                  "LAT_DEFER": dwarf}
         if dwarf and inline:
             from .script_passes import script_options
             wanted.update(script_options(self, "LAT"))
@@ -285,9 +300,11 @@ class LatencyCounter(BpfCounter):
                     buckets[i] += b
             if not count:
                 continue
-            chain, ret = self.stack_of(h) if self.by_stack else (b"", b"")
+            deferred = self.deferred.get(h) if self.by_stack else None
+            chain, ret = (b"", b"") if deferred is not None or not self.by_stack \
+                else self.stack_of(h)
             out.append(Histogram(function, tgid, chain, ret, count, total, low or 0,
-                                 high, buckets))
+                                 high, buckets, deferred))
         return out
 
     def stack_of(self, h: int) -> tuple:
@@ -301,6 +318,32 @@ class LatencyCounter(BpfCounter):
                 stack_id, _zero, ret = _layout("fp_stack").unpack(raw)
                 return self.stack_bytes(stack_id), ret.to_bytes(8, "little")
         return b"", b""
+
+    def slow_sample(self, h: int, function: int, pid_tgid: int, time_ns: int, cpu: int,
+                    args: tuple) -> RawSample:
+        """The RawSample of a slow call whose entry stack has hash `h`: its
+        callchain from the stacks, or its deferred record's copy (or the
+        stack unwound from it)."""
+        d = self.deferred.get(h)
+        pid, tid = pid_tgid >> 32, pid_tgid & 0xFFFFFFFF
+        if d is None:
+            chain, ret = self.stack_of(h)
+            return RawSample(function, pid, tid, time_ns, cpu, chain, ret, args=args)
+        if isinstance(d, UnwoundSample):
+            return unwound_sample(RawSample(function, pid, tid, time_ns, cpu, args=args),
+                                  *d.unwound)
+        return d._replace(probe=function, time_ns=time_ns, cpu=cpu, args=args)
+
+    def take_deferred(self, samples: list) -> None:
+        """The deferred entries ring_samples made, kept by id (bpf_unwind.keep_deferred)."""
+        from .bpf_unwind import keep_deferred
+        keep_deferred(samples, self.deferred, self.fresh)
+
+    def unwind_deferred(self, unwind) -> None:
+        """The deferred entries kept since last time, unwound now
+        (bpf_unwind.unwind_fresh)."""
+        from .bpf_unwind import unwind_fresh
+        unwind_fresh(self.deferred, self.fresh, unwind)
 
     def tail_exits(self) -> list:
         """Calls per function that left through a tail call (not timed)."""
@@ -349,7 +392,7 @@ class LatencyCapture(BpfCapture):
             php=self.php, perl=self.perl, ruby=self.ruby)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
-        from .bpf_unwind import code_record
+        from .bpf_unwind import DEFER_RECORD, code_record, ring_samples
         end = min(len(chunk), offset + limit)
         slow = _layout("slow_call")
         python = self.counter.python
@@ -359,13 +402,21 @@ class LatencyCapture(BpfCapture):
             if code_record(chunk, rec, n, python and python.code_seen):
                 offset = bpf_syscall.ring_next(offset, n)
                 continue
+            if n == DEFER_RECORD:       # an entry deferred: this one record
+                deferred: list = []
+                offset = ring_samples(chunk, deferred, offset, 1, weighted=True)
+                self.counter.take_deferred(deferred)
+                continue
             t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, rec)
-            chain, ret = self.counter.stack_of(h)
-            samples.append(RawSample(function, pid_tgid >> 32,
-                                     pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
-                                     args=(("duration_ns", "u64", ns),)))
+            samples.append(self.counter.slow_sample(h, function, pid_tgid, t, cpu,
+                                                    (("duration_ns", "u64", ns),)))
             offset = bpf_syscall.ring_next(offset, n)
         return offset
+
+    def unwind_deferred(self, unwind) -> None:
+        """LatencyCounter.unwind_deferred, once the run has a counter."""
+        if self.counter is not None:
+            self.counter.unwind_deferred(unwind)
 
     def histograms(self) -> list:
         return self.counter.histograms()
@@ -381,4 +432,6 @@ class LatencyCapture(BpfCapture):
             errors, ((f"were nested deeper than {MAX_DEPTH} levels (not timed)",
                       "LAT_TOO_DEEP"),
                      ("found the histogram map full", "LAT_HISTS_FULL"),
-                     ("found the entry map full", "LAT_ENTRIES_FULL"))), skipped=skipped)
+                     ("found the entry map full", "LAT_ENTRIES_FULL"),
+                     ("found the ring full (their stacks through a JVM's JIT code "
+                      "cut)", "LAT_UNDEFERRED"))), skipped=skipped)
