@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import (compiled_java_chain, end_after_cpu, java_tool, ok, parse_folded,
-                     run_for_cpu, run_ustack, start_ustack, stop, wait_tracing)
+from helpers import (compiled_java_chain, end_after_cpu, finish, java_tool, ok,
+                     parse_folded, run_for_cpu, run_ustack, start_ustack, stop,
+                     wait_tracing)
 from ustack.model import SymbolOptions
 
 pytestmark = pytest.mark.kernel
@@ -179,25 +180,42 @@ def _libjvm() -> str:
 
 
 def test_latency_by_stack_java_methods_named(tmp_path):
-    """`ustack latency --by-stack uprobe:libjvm.so:JVM_Sleep -c java Naps
-    25`: the 100 sleeps (4 per outer() call) are timed under one stack
+    """`ustack latency --by-stack uprobe:libjvm.so:JVM_Sleep -p JVM`: the
+    100 sleeps of Naps 25 (4 per outer() call) are timed under one stack
     whose Java frames are nap, middle, outer, main in order, as
-    Thread.sleep's callers, down to the thread's root (the entries'
-    stacks through the JIT code were walked while the JVM lived)."""
+    Thread.sleep's callers, down to the thread's root (the entries' stacks
+    through the JIT code walked while the JVM lives)."""
     classes = compiled_java_chain(tmp_path, "Naps")
-    res = ok(run_ustack("latency", "--by-stack", f"uprobe:{_libjvm()}:JVM_Sleep", "-c",
-                        f"{_tool('java')} {' '.join(NAP_FLAGS)} -cp {classes} Naps 25"))
-    blocks = [b.splitlines() for b in res.stdout.strip().split("\n\n")]
-    napping = [b for b in blocks if "  Naps.nap [Naps.java] Naps.java:6" in b]
-    assert len(napping) == 1, res.stdout
-    # (the block after Naps' own "ok" line: the command shares ustack's stdout)
-    head, *frames = [line for line in napping[0] if line != "ok" and not line.startswith("[")]
-    assert ": count 100, " in head, res.stdout
+    java = subprocess.Popen([_tool("java"), *NAP_FLAGS, "-cp", str(classes), "Naps", "25",
+                             "wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    us = None
+    try:
+        assert java.stdout.readline() == "ready\n"
+        us = start_ustack("latency", "--by-stack", f"uprobe:{_libjvm()}:JVM_Sleep",
+                          "-p", str(java.pid), stdout=subprocess.PIPE)
+        wait_tracing(us)
+        java.stdin.write("go\n")
+        java.stdin.flush()
+        assert java.stdout.readline() == "ok\n"
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us)
+    finally:
+        java.stdin.close()
+        java.wait()
+        if us is not None:
+            stop(us)
+    assert us.returncode == 0, err
+    blocks = [b.splitlines() for b in out.strip().split("\n\n")]
+    napping = [b for b in blocks if any(line.startswith("  Naps.nap ") for line in b)]
+    assert len(napping) == 1, out
+    head, *frames = [line for line in napping[0] if not line.startswith("[")]
+    assert ": count 100, " in head, out
     assert [f.split()[0] for f in frames if f.startswith("  Naps.")] == \
-        list(reversed(NAPS)), res.stdout
+        list(reversed(NAPS)), out
     assert [f.split()[0] for f in frames[:2] + frames[-3:]] == \
         ["JVM_Sleep", "java.lang.Thread.sleep", "ThreadJavaMain", "start_thread",
-         "clone3"], res.stdout
+         "clone3"], out
 
 
 def _whole_in(folded: str, through: str, chain: list, pid: int | None = None) -> tuple:

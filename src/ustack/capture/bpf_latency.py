@@ -32,8 +32,9 @@ through a JVM's JIT code (which keeps no frame pointers) sends the ring a
 deferred record instead (registers and 8 KiB of stack; latency.bpf.c's
 defer_entry), whose id stands for the stack's hash: a histogram per such
 call, unwound by ustack while the JVM lives (its Java frames read from
-its memory, unwind/hotspot_live.py) and merged by printed stack at the
-report."""
+its memory, unwind/hotspot_live.py); once its call has returned, its
+histogram leaves HISTS for one kept here per unwound stack (HISTS holds
+no more than the calls in flight through a JVM)."""
 from __future__ import annotations
 
 import struct
@@ -43,7 +44,7 @@ from ..model import Losses, RawSample, TracepointProbe, UnwoundSample, unwound_s
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result, ring_bytes
 from . import uprobe_links
-from ..values import value
+from ..values import replace, value
 from .bpf_python import CODE_RING_BYTES
 
 # the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
@@ -102,6 +103,10 @@ class LatencyMaps:
 
 ENTRY_SLOTS = 16384                  # (thread or goroutine, function) pairs in flight
 HIST_SLOTS = 10240                   # histograms: functions x stacks
+# deferred entries kept for a histogram or a slow call at most, the
+# oldest let go first (a call that outlives this many others through a
+# JVM shows no stack)
+MAX_DEFERRED = 16384
 
 
 @value(frozen=False)
@@ -152,6 +157,8 @@ class LatencyCounter(BpfCounter):
             DEFER_RING_BYTES if deferring else 0))
         self.deferred: dict = {}        # a deferred entry's id (its stack hash) -> RawSample
         self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
+        self.returned: set = set()      # ids whose histogram HISTS showed (fold_returned)
+        self.folded: dict = {}          # (function, pid, unwound stack) -> Histogram
         self.ring = self.lat.ring
         if tables is not None:
             from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
@@ -281,31 +288,66 @@ class LatencyCounter(BpfCounter):
 
     def histograms(self) -> list:
         out = []
-        hist_key, hist = _layout("hist_key"), _layout("hist")
+        hist_key = _layout("hist_key")
         for k in self.lat.hists.keys():
-            values = self.lat.hists.lookup_percpu(k)
-            if values is None:
-                continue
             function, tgid, h = hist_key.unpack(k)
-            count = total = high = 0
-            low = None
-            buckets = [0] * BUCKETS
-            for v in values:
-                n, s, mn, mx, counts = hist.unpack_from(v)
-                if not n:
-                    continue
-                count, total, high = count + n, total + s, max(high, mx)
-                low = mn if low is None else min(low, mn)
-                for i, b in enumerate(struct.unpack(f"<{BUCKETS}Q", counts)):
-                    buckets[i] += b
-            if not count:
-                continue
             deferred = self.deferred.get(h) if self.by_stack else None
+            summed = self._summed(k)
+            if summed is None:
+                continue
             chain, ret = (b"", b"") if deferred is not None or not self.by_stack \
                 else self.stack_of(h)
-            out.append(Histogram(function, tgid, chain, ret, count, total, low or 0,
-                                 high, buckets, deferred))
-        return out
+            out.append(Histogram(function, tgid, chain, ret, *summed, deferred))
+        return out + list(self.folded.values())
+
+    def _summed(self, key: bytes) -> tuple | None:
+        """(count, total, min, max, buckets) of HISTS[key] over the CPUs;
+        None where it holds no call."""
+        values = self.lat.hists.lookup_percpu(key)
+        if values is None:
+            return None
+        hist = _layout("hist")
+        count = total = high = 0
+        low = None
+        buckets = [0] * BUCKETS
+        for v in values:
+            n, s, mn, mx, counts = hist.unpack_from(v)
+            if not n:
+                continue
+            count, total, high = count + n, total + s, max(high, mx)
+            low = mn if low is None else min(low, mn)
+            for i, b in enumerate(struct.unpack(f"<{BUCKETS}Q", counts)):
+                buckets[i] += b
+        return (count, total, low or 0, high, buckets) if count else None
+
+    def fold_returned(self) -> None:
+        """The histograms of the deferred entries unwound whose calls have
+        returned out of HISTS, added to the one of their unwound stack:
+        an id's histogram is written by its one return, so one seen last
+        time is complete now."""
+        hist_key = _layout("hist_key")
+        for h in list(self.returned):
+            d = self.deferred.pop(h, None)
+            self.returned.discard(h)
+            if not isinstance(d, UnwoundSample):
+                continue
+            key = hist_key.pack(d.probe, d.pid, h)
+            summed = self._summed(key)
+            if summed is None:
+                continue
+            self.lat.hists.delete(key)
+            fold = (d.probe, d.pid, d.unwound)
+            m = self.folded.get(fold)
+            count, total, low, high, buckets = summed
+            self.folded[fold] = Histogram(d.probe, d.pid, b"", b"", count, total, low, high,
+                                          buckets, d) if m is None else replace(
+                m, count=m.count + count, total_ns=m.total_ns + total,
+                min_ns=min(m.min_ns, low), max_ns=max(m.max_ns, high),
+                buckets=[a + b for a, b in zip(m.buckets, buckets)])
+        for h, d in self.deferred.items():
+            if isinstance(d, UnwoundSample) and self._summed(
+                    hist_key.pack(d.probe, d.pid, h)) is not None:
+                self.returned.add(h)
 
     def stack_of(self, h: int) -> tuple:
         """(callchain, return address) of the entry stack with hash `h`."""
@@ -341,9 +383,13 @@ class LatencyCounter(BpfCounter):
 
     def unwind_deferred(self, unwind) -> None:
         """The deferred entries kept since last time, unwound now
-        (bpf_unwind.unwind_fresh)."""
+        (bpf_unwind.unwind_fresh); by stack, those returned folded."""
         from .bpf_unwind import unwind_fresh
         unwind_fresh(self.deferred, self.fresh, unwind)
+        if self.by_stack:
+            self.fold_returned()
+        while len(self.deferred) > MAX_DEFERRED:      # the oldest let go
+            del self.deferred[next(iter(self.deferred))]
 
     def tail_exits(self) -> list:
         """Calls per function that left through a tail call (not timed)."""
