@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The per-call cost of latency's entry program for a process that runs no
-JVM, this tree against another (--before DIR, a tree whose src/ holds the
+JVM, and for a JVM's calls through its JIT code (where java is installed),
+this tree against another (--before DIR, a tree whose src/ holds the
 ustack to compare), alternating A/B.
 
     sudo python3 bench/latency_entry_cost.py --before DIR [-n N] [--reps R]
@@ -10,7 +11,9 @@ chain.c, -O2 without frame pointers: the entry's stack unwound in the
 kernel) with kernel.bpf_stats_enabled on; the entry program's run time
 and runs are read from ustack's fdinfo while it runs (the entry program is
 the one the verifier processed the most instructions of: it walks the
-stack, the return program only times). Reports the median ns per entry of
+stack, the return program only times). The JVM's: `latency --by-stack
+uprobe:libjvm.so:JVM_Sleep -c "java Naps 100"` (tests/programs/java: 400
+calls under Java methods). Reports the median ns per entry of
 each tree and their ratio; the load average beside them (2 shared CPUs:
 the numbers are noisy, the ratio is what to read).
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,12 +57,12 @@ def _fdinfo_programs(pid: int) -> dict:
     return out
 
 
-def entry_ns(src: Path, chain: Path, n: int) -> tuple:
-    """(ns per run of the entry program, its runs) of one latency run with
-    the ustack of `src`."""
+def entry_ns(src: Path, event: str, command: str) -> tuple:
+    """(ns per run of the entry program, its runs) of one `latency
+    --by-stack EVENT -c COMMAND` with the ustack of `src`."""
     env = dict(os.environ, PYTHONPATH=str(src))
     proc = subprocess.Popen([sys.executable, "-m", "ustack", "latency", "--by-stack",
-                             f"uprobe:{chain}:d", "-c", f"{chain} {n}"],
+                             event, "-c", command],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     seen: dict = {}
     stop = threading.Event()
@@ -89,34 +93,50 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     chain = build("chain", flags=O2_NOFP)
+    cases = {"no JVM": (f"uprobe:{chain}:d", f"{chain} {args.n}")}
+    java = shutil.which("java")
+    if java:
+        import tempfile
+        from helpers import compiled_java_chain
+        classes = compiled_java_chain(Path(tempfile.mkdtemp(prefix="ustack-naps-")), "Naps")
+        libjvm = Path(java).resolve().parents[1] / "lib" / "server" / "libjvm.so"
+        cases["JVM, through its JIT code"] = (
+            f"uprobe:{libjvm}:JVM_Sleep",
+            f"{java} -XX:CompileCommand=quiet -XX:CompileCommand=dontinline,Naps::* "
+            f"-cp {classes} Naps 100")
     trees = {"this tree": REPO / "src", "before": Path(args.before).resolve() / "src"}
-    ns: dict = {name: [] for name in trees}
-    runs: dict = {name: [] for name in trees}
+    ns: dict = {(c, t): [] for c in cases for t in trees}
+    runs: dict = {(c, t): [] for c in cases for t in trees}
     loads = []
     was = Path(BPF_STATS).read_text()
     Path(BPF_STATS).write_text("1")
     try:
         for _ in range(args.reps):
-            for name, src in trees.items():          # alternating
-                loads.append(os.getloadavg()[0])
-                one, n = entry_ns(src, chain, args.n)
-                ns[name].append(one)
-                runs[name].append(n)
+            for case, (event, command) in cases.items():
+                for name, src in trees.items():          # alternating
+                    loads.append(os.getloadavg()[0])
+                    one, n = entry_ns(src, event, command)
+                    ns[(case, name)].append(one)
+                    runs[(case, name)].append(n)
     finally:
         Path(BPF_STATS).write_text(was)
-    mine, before = (statistics.median(ns[k]) for k in trees)
-    rows = ["| tree | entry ns/call (median) | each run | entries counted |",
-            "|---|---|---|---|"]
-    for name in trees:
-        rows.append(f"| {name} | {statistics.median(ns[name]):.0f} | "
-                    + ", ".join(f"{x:.0f}" for x in ns[name])
-                    + f" | {', '.join(map(str, runs[name]))} |")
-    text = (f"# latency's entry program, a process without a JVM\n\n"
+    rows = ["| process | tree | entry ns/call (median) | each run | entries counted |",
+            "|---|---|---|---|---|"]
+    ratios = []
+    for case in cases:
+        for name in trees:
+            rows.append(f"| {case} | {name} | {statistics.median(ns[(case, name)]):.0f} | "
+                        + ", ".join(f"{x:.0f}" for x in ns[(case, name)])
+                        + f" | {', '.join(map(str, runs[(case, name)]))} |")
+        mine, before = (statistics.median(ns[(case, t)]) for t in trees)
+        ratios.append(f"{case}: {mine / before:.2f}")
+    text = (f"# latency's entry program\n\n"
             f"`ustack latency --by-stack uprobe:chain:d -c 'chain {args.n}'` (-O2, no frame "
-            f"pointers), {args.reps} alternated pairs, load average "
+            f"pointers){' and JVM_Sleep under java Naps 100' if java else ''}, "
+            f"{args.reps} alternated pairs, load average "
             f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs, "
             f"{time.strftime('%Y-%m-%d')}.\n\n" + "\n".join(rows)
-            + f"\n\nratio this tree / before: {mine / before:.2f}\n")
+            + f"\n\nratio this tree / before: {'; '.join(ratios)}\n")
     write_report(text, REPO / "bench" / "results" / "latency_entry_cost.md")
 
 
