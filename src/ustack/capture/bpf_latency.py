@@ -149,12 +149,13 @@ class LatencyCounter(BpfCounter):
         python = python and tables is not None
         # stacks unwound in the kernel: the ring takes the entries deferred
         # through a JVM's JIT code (and slow calls, new Python code objects)
+        # (larger with --buffer-pages, as a full ring's note advises)
         deferring = tables is not None
         if deferring:
             from .bpf_unwind import DEFER_RING_BYTES
         self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS, max(
-            ring_bytes if slower_ns is not None else 0, CODE_RING_BYTES if python else 0,
-            DEFER_RING_BYTES if deferring else 0))
+            ring_bytes if slower_ns is not None or deferring else 0,
+            CODE_RING_BYTES if python else 0, DEFER_RING_BYTES if deferring else 0))
         self.deferred: dict = {}        # a deferred entry's id (its stack hash) -> RawSample
         self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
         self.returned: set = set()      # ids whose histogram HISTS showed (fold_returned)
@@ -478,6 +479,8 @@ class LatencyCapture(BpfCapture):
             errors, ((f"were nested deeper than {MAX_DEPTH} levels (not timed)",
                       "LAT_TOO_DEEP"),
                      ("found the histogram map full", "LAT_HISTS_FULL"),
-                     ("found the entry map full", "LAT_ENTRIES_FULL"),
-                     ("found the ring full (their stacks through a JVM's JIT code "
-                      "cut)", "LAT_UNDEFERRED"))), skipped=skipped)
+                     ("found the entry map full", "LAT_ENTRIES_FULL"))),
+            # counted, their stacks the kernel's walk on frame pointers
+            (("a JVM's JIT code walked on frame pointers", errors["LAT_UNDEFERRED"]),)
+            if errors["LAT_UNDEFERRED"] else (),
+            deferral_full=errors["LAT_UNDEFERRED"], skipped=skipped)
