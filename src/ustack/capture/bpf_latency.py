@@ -136,7 +136,7 @@ class LatencyCounter(BpfCounter):
                  filter_tgid=None, armed=None, stack_storage: int = 1024,
                  ring_bytes: int = 0, python: bool = False, linked: frozenset = frozenset(),
                  js: bool = False, rows: int | None = None, php: bool = False,
-                 perl: bool = False, ruby: bool = False):
+                 perl: bool = False, ruby: bool = False, buffer_pages: int | None = None):
         self._no_maps_yet(probes, owned, armed=armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.sites = sites
@@ -152,10 +152,10 @@ class LatencyCounter(BpfCounter):
         # (larger with --buffer-pages, as a full ring's note advises)
         deferring = tables is not None
         if deferring:
-            from .bpf_unwind import DEFER_RING_BYTES
+            from .bpf_unwind import deferral_ring_bytes
         self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS, max(
-            ring_bytes if slower_ns is not None or deferring else 0,
-            CODE_RING_BYTES if python else 0, DEFER_RING_BYTES if deferring else 0))
+            ring_bytes if slower_ns is not None else 0, CODE_RING_BYTES if python else 0,
+            deferral_ring_bytes(buffer_pages or 0) if deferring else 0))
         self.deferred: dict = {}        # a deferred entry's id (its stack hash) -> RawSample
         self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
         self.returned: set = set()      # ids whose histogram HISTS showed (fold_returned)
@@ -436,7 +436,7 @@ class LatencyCapture(BpfCapture):
             fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
             stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages),
             python=self.python, linked=self.linked, js=self.js, rows=self.rows_capacity,
-            php=self.php, perl=self.perl, ruby=self.ruby)
+            php=self.php, perl=self.perl, ruby=self.ruby, buffer_pages=self.buffer_pages)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
         from .bpf_unwind import DEFER_RECORD, code_record, ring_samples
