@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import (compiled_java_chain, end_after_cpu, java_tool, ok, parse_folded,
-                     run_for_cpu, run_ustack, start_ustack, stop, wait_tracing)
+from helpers import (compiled_java_chain, end_after_cpu, finish, java_tool, ok,
+                     parse_folded, run_for_cpu, run_ustack, start_ustack, stop,
+                     wait_tracing)
 from ustack.model import SymbolOptions
 
 pytestmark = pytest.mark.kernel
@@ -171,6 +172,50 @@ def test_offcpu_java_blocks_named(tmp_path):
     asleep, whole = _whole_in(out.read_text(), "JVM_Sleep", NAPS)
     # 400 naps of at least 2 ms each
     assert asleep >= 800_000 and whole >= 0.9 * asleep, f"{whole} of {asleep} µs named"
+
+
+def _libjvm() -> str:
+    """The libjvm.so of the JDK whose java is on the PATH."""
+    return str(Path(_tool("java")).resolve().parents[1] / "lib" / "server" / "libjvm.so")
+
+
+def test_latency_by_stack_java_methods_named(tmp_path):
+    """`ustack latency --by-stack uprobe:libjvm.so:JVM_Sleep -p JVM`: the
+    100 sleeps of Naps 25 (4 per outer() call) are timed under one stack
+    whose Java frames are nap, middle, outer, main in order, as
+    Thread.sleep's callers, down to the thread's root (the entries' stacks
+    through the JIT code walked while the JVM lives)."""
+    classes = compiled_java_chain(tmp_path, "Naps")
+    java = subprocess.Popen([_tool("java"), *NAP_FLAGS, "-cp", str(classes), "Naps", "25",
+                             "wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    us = None
+    try:
+        assert java.stdout.readline() == "ready\n"
+        us = start_ustack("latency", "--by-stack", f"uprobe:{_libjvm()}:JVM_Sleep",
+                          "-p", str(java.pid), stdout=subprocess.PIPE)
+        wait_tracing(us)
+        java.stdin.write("go\n")
+        java.stdin.flush()
+        assert java.stdout.readline() == "ok\n"
+        us.send_signal(signal.SIGINT)
+        out, err = finish(us)
+    finally:
+        java.stdin.close()
+        java.wait()
+        if us is not None:
+            stop(us)
+    assert us.returncode == 0, err
+    blocks = [b.splitlines() for b in out.strip().split("\n\n")]
+    napping = [b for b in blocks if any(line.startswith("  Naps.nap ") for line in b)]
+    assert len(napping) == 1, out
+    head, *frames = [line for line in napping[0] if not line.startswith("[")]
+    assert ": count 100, " in head, out
+    assert [f.split()[0] for f in frames if f.startswith("  Naps.")] == \
+        list(reversed(NAPS)), out
+    assert [f.split()[0] for f in frames[:2] + frames[-3:]] == \
+        ["JVM_Sleep", "java.lang.Thread.sleep", "ThreadJavaMain", "start_thread",
+         "clone3"], out
 
 
 def _whole_in(folded: str, through: str, chain: list, pid: int | None = None) -> tuple:

@@ -169,7 +169,7 @@ struct fp_stack {
 
 /* slots of latency's error array */
 enum latency_error { LAT_TOO_DEEP = 0, LAT_HISTS_FULL = 1, LAT_ENTRIES_FULL = 2,
-		     LAT_RING_FULL = 3, LATENCY_ERROR_SLOTS = 4 };
+		     LAT_RING_FULL = 3, LAT_UNDEFERRED = 4, LATENCY_ERROR_SLOTS = 5 };
 
 /* what a latency program does besides timing (latency.bpf.c's options) */
 enum latency_option {
@@ -187,6 +187,8 @@ enum latency_option {
 	LAT_PERL = 2048,	/* with LAT_DWARF_STACK: Perl frames into it (perl.h) */
 	LAT_RUBY = 4096,	/* with LAT_DWARF_STACK: Ruby frames into it (ruby.h) */
 	LAT_PASS_CALLS = 8192,	/* with LAT_DWARF_STACK: the runtimes' passes by tail calls (passes.h) */
+	LAT_DEFER = 16384,	/* with LAT_DWARF_STACK: a walk through a JVM's JIT code goes to
+				 * RING as a deferred record, its id the entry's stack hash */
 };
 
 /* *slot += 1 when slot is not NULL */

@@ -27,17 +27,24 @@ refused (or with --unwind fp) the kernel walks frame pointers instead
 [sp], which that walk skips at a function's entry). A Python process's
 DWARF stacks get its Python frames (bpf/python.h, capture/bpf_python.py);
 the records of their new code objects share the ring with the slow calls
-(told apart by size: bpf_unwind.code_record)."""
+(told apart by size: bpf_unwind.code_record). An entry whose walk went
+through a JVM's JIT code (which keeps no frame pointers) sends the ring a
+deferred record instead (registers and 8 KiB of stack; latency.bpf.c's
+defer_entry), whose id stands for the stack's hash: a histogram per such
+call, unwound by ustack while the JVM lives (its Java frames read from
+its memory, unwind/hotspot_live.py); once its call has returned, its
+histogram leaves HISTS for one kept here per unwound stack (HISTS holds
+no more than the calls in flight through a JVM)."""
 from __future__ import annotations
 
 import struct
 
 from ..kernel import bpf_syscall
-from ..model import Losses, RawSample, TracepointProbe
+from ..model import Losses, RawSample, TracepointProbe, UnwoundSample, unwound_sample
 from .bpf_capture import BpfCapture, uncounted
 from .bpf_counter import BpfCounter, bpf_program_object, program_result, ring_bytes
 from . import uprobe_links
-from ..values import value
+from ..values import replace, value
 from .bpf_python import CODE_RING_BYTES
 
 # the layouts are ustack.h's (struct entry_stack, hist, slow_call, fp_stack:
@@ -96,6 +103,10 @@ class LatencyMaps:
 
 ENTRY_SLOTS = 16384                  # (thread or goroutine, function) pairs in flight
 HIST_SLOTS = 10240                   # histograms: functions x stacks
+# deferred entries kept for a histogram or a slow call at most, the
+# oldest let go first (a call that outlives this many others through a
+# JVM shows no stack)
+MAX_DEFERRED = 16384
 
 
 @value(frozen=False)
@@ -110,6 +121,7 @@ class Histogram:
     min_ns: int
     max_ns: int
     buckets: list
+    sample: object = None            # by stack through a JVM: its deferred sample (unwound)
 
 
 class LatencyCounter(BpfCounter):
@@ -124,7 +136,7 @@ class LatencyCounter(BpfCounter):
                  filter_tgid=None, armed=None, stack_storage: int = 1024,
                  ring_bytes: int = 0, python: bool = False, linked: frozenset = frozenset(),
                  js: bool = False, rows: int | None = None, php: bool = False,
-                 perl: bool = False, ruby: bool = False):
+                 perl: bool = False, ruby: bool = False, buffer_pages: int | None = None):
         self._no_maps_yet(probes, owned, armed=armed)
         self.linked = linked            # behind uprobe_multi links (uprobe_links.linked)
         self.sites = sites
@@ -135,9 +147,19 @@ class LatencyCounter(BpfCounter):
         # Python frames (python.h) in the stacks unwound in the kernel: the
         # records of new code objects share the ring with the slow calls
         python = python and tables is not None
-        self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS,
-                               ring_bytes if slower_ns is not None else
-                               CODE_RING_BYTES if python else 0)
+        # stacks unwound in the kernel: the ring takes the entries deferred
+        # through a JVM's JIT code (and slow calls, new Python code objects)
+        # (larger with --buffer-pages, as a full ring's note advises)
+        deferring = tables is not None
+        if deferring:
+            from .bpf_unwind import deferral_ring_bytes
+        self.lat = LatencyMaps(owned, functions, ENTRY_SLOTS, HIST_SLOTS, max(
+            ring_bytes if slower_ns is not None else 0, CODE_RING_BYTES if python else 0,
+            deferral_ring_bytes(buffer_pages or 0) if deferring else 0))
+        self.deferred: dict = {}        # a deferred entry's id (its stack hash) -> RawSample
+        self.fresh: list = []           # ids of those not unwound yet (unwind_deferred)
+        self.returned: set = set()      # ids whose histogram HISTS showed (fold_returned)
+        self.folded: dict = {}          # (function, pid, unwound stack) -> Histogram
         self.ring = self.lat.ring
         if tables is not None:
             from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
@@ -197,7 +219,8 @@ class LatencyCounter(BpfCounter):
                   "LAT_TAIL": site.role == "tail",
                   "LAT_PYTHON": dwarf and inline and self.python is not None,
                   "LAT_V8": dwarf and inline and self.v8 is not None,
-                  "LAT_PASS_CALLS": dwarf and not inline}
+                  "LAT_PASS_CALLS": dwarf and not inline,
+                  "LAT_DEFER": dwarf}
         if dwarf and inline:
             from .script_passes import script_options
             wanted.update(script_options(self, "LAT"))
@@ -266,29 +289,66 @@ class LatencyCounter(BpfCounter):
 
     def histograms(self) -> list:
         out = []
-        hist_key, hist = _layout("hist_key"), _layout("hist")
+        hist_key = _layout("hist_key")
         for k in self.lat.hists.keys():
-            values = self.lat.hists.lookup_percpu(k)
-            if values is None:
-                continue
             function, tgid, h = hist_key.unpack(k)
-            count = total = high = 0
-            low = None
-            buckets = [0] * BUCKETS
-            for v in values:
-                n, s, mn, mx, counts = hist.unpack_from(v)
-                if not n:
-                    continue
-                count, total, high = count + n, total + s, max(high, mx)
-                low = mn if low is None else min(low, mn)
-                for i, b in enumerate(struct.unpack(f"<{BUCKETS}Q", counts)):
-                    buckets[i] += b
-            if not count:
+            deferred = self.deferred.get(h) if self.by_stack else None
+            summed = self._summed(k)
+            if summed is None:
                 continue
-            chain, ret = self.stack_of(h) if self.by_stack else (b"", b"")
-            out.append(Histogram(function, tgid, chain, ret, count, total, low or 0,
-                                 high, buckets))
-        return out
+            chain, ret = (b"", b"") if deferred is not None or not self.by_stack \
+                else self.stack_of(h)
+            out.append(Histogram(function, tgid, chain, ret, *summed, deferred))
+        return out + list(self.folded.values())
+
+    def _summed(self, key: bytes) -> tuple | None:
+        """(count, total, min, max, buckets) of HISTS[key] over the CPUs;
+        None where it holds no call."""
+        values = self.lat.hists.lookup_percpu(key)
+        if values is None:
+            return None
+        hist = _layout("hist")
+        count = total = high = 0
+        low = None
+        buckets = [0] * BUCKETS
+        for v in values:
+            n, s, mn, mx, counts = hist.unpack_from(v)
+            if not n:
+                continue
+            count, total, high = count + n, total + s, max(high, mx)
+            low = mn if low is None else min(low, mn)
+            for i, b in enumerate(struct.unpack(f"<{BUCKETS}Q", counts)):
+                buckets[i] += b
+        return (count, total, low or 0, high, buckets) if count else None
+
+    def fold_returned(self) -> None:
+        """The histograms of the deferred entries unwound whose calls have
+        returned out of HISTS, added to the one of their unwound stack:
+        an id's histogram is written by its one return, so one seen last
+        time is complete now."""
+        hist_key = _layout("hist_key")
+        for h in list(self.returned):
+            d = self.deferred.pop(h, None)
+            self.returned.discard(h)
+            if not isinstance(d, UnwoundSample):
+                continue
+            key = hist_key.pack(d.probe, d.pid, h)
+            summed = self._summed(key)
+            if summed is None:
+                continue
+            self.lat.hists.delete(key)
+            fold = (d.probe, d.pid, d.unwound)
+            m = self.folded.get(fold)
+            count, total, low, high, buckets = summed
+            self.folded[fold] = Histogram(d.probe, d.pid, b"", b"", count, total, low, high,
+                                          buckets, d) if m is None else replace(
+                m, count=m.count + count, total_ns=m.total_ns + total,
+                min_ns=min(m.min_ns, low), max_ns=max(m.max_ns, high),
+                buckets=[a + b for a, b in zip(m.buckets, buckets)])
+        for h, d in self.deferred.items():
+            if isinstance(d, UnwoundSample) and self._summed(
+                    hist_key.pack(d.probe, d.pid, h)) is not None:
+                self.returned.add(h)
 
     def stack_of(self, h: int) -> tuple:
         """(callchain, return address) of the entry stack with hash `h`."""
@@ -301,6 +361,36 @@ class LatencyCounter(BpfCounter):
                 stack_id, _zero, ret = _layout("fp_stack").unpack(raw)
                 return self.stack_bytes(stack_id), ret.to_bytes(8, "little")
         return b"", b""
+
+    def slow_sample(self, h: int, function: int, pid_tgid: int, time_ns: int, cpu: int,
+                    args: tuple) -> RawSample:
+        """The RawSample of a slow call whose entry stack has hash `h`: its
+        callchain from the stacks, or its deferred record's copy (or the
+        stack unwound from it)."""
+        d = self.deferred.get(h)
+        pid, tid = pid_tgid >> 32, pid_tgid & 0xFFFFFFFF
+        if d is None:
+            chain, ret = self.stack_of(h)
+            return RawSample(function, pid, tid, time_ns, cpu, chain, ret, args=args)
+        if isinstance(d, UnwoundSample):
+            return unwound_sample(RawSample(function, pid, tid, time_ns, cpu, args=args),
+                                  *d.unwound)
+        return d._replace(probe=function, time_ns=time_ns, cpu=cpu, args=args)
+
+    def take_deferred(self, samples: list) -> None:
+        """The deferred entries ring_samples made, kept by id (bpf_unwind.keep_deferred)."""
+        from .bpf_unwind import keep_deferred
+        keep_deferred(samples, self.deferred, self.fresh)
+
+    def unwind_deferred(self, unwind) -> None:
+        """The deferred entries kept since last time, unwound now
+        (bpf_unwind.unwind_fresh); by stack, those returned folded."""
+        from .bpf_unwind import unwind_fresh
+        unwind_fresh(self.deferred, self.fresh, unwind)
+        if self.by_stack:
+            self.fold_returned()
+        while len(self.deferred) > MAX_DEFERRED:      # the oldest let go
+            del self.deferred[next(iter(self.deferred))]
 
     def tail_exits(self) -> list:
         """Calls per function that left through a tail call (not timed)."""
@@ -346,10 +436,10 @@ class LatencyCapture(BpfCapture):
             fp_stacks=self.fp_stacks, filter_tgid=self._tgid(), armed=self.armed,
             stack_storage=self.stack_storage, ring_bytes=ring_bytes(self.buffer_pages),
             python=self.python, linked=self.linked, js=self.js, rows=self.rows_capacity,
-            php=self.php, perl=self.perl, ruby=self.ruby)
+            php=self.php, perl=self.perl, ruby=self.ruby, buffer_pages=self.buffer_pages)
 
     def _decode_ring(self, chunk, samples: list, offset: int, limit: int) -> int:
-        from .bpf_unwind import code_record
+        from .bpf_unwind import DEFER_RECORD, code_record, ring_samples
         end = min(len(chunk), offset + limit)
         slow = _layout("slow_call")
         python = self.counter.python
@@ -359,13 +449,21 @@ class LatencyCapture(BpfCapture):
             if code_record(chunk, rec, n, python and python.code_seen):
                 offset = bpf_syscall.ring_next(offset, n)
                 continue
+            if n == DEFER_RECORD:       # an entry deferred: this one record
+                deferred: list = []
+                offset = ring_samples(chunk, deferred, offset, 1, weighted=True)
+                self.counter.take_deferred(deferred)
+                continue
             t, pid_tgid, function, cpu, ns, h = slow.unpack_from(chunk, rec)
-            chain, ret = self.counter.stack_of(h)
-            samples.append(RawSample(function, pid_tgid >> 32,
-                                     pid_tgid & 0xFFFFFFFF, t, cpu, chain, ret,
-                                     args=(("duration_ns", "u64", ns),)))
+            samples.append(self.counter.slow_sample(h, function, pid_tgid, t, cpu,
+                                                    (("duration_ns", "u64", ns),)))
             offset = bpf_syscall.ring_next(offset, n)
         return offset
+
+    def unwind_deferred(self, unwind) -> None:
+        """LatencyCounter.unwind_deferred, once the run has a counter."""
+        if self.counter is not None:
+            self.counter.unwind_deferred(unwind)
 
     def histograms(self) -> list:
         return self.counter.histograms()
@@ -381,4 +479,8 @@ class LatencyCapture(BpfCapture):
             errors, ((f"were nested deeper than {MAX_DEPTH} levels (not timed)",
                       "LAT_TOO_DEEP"),
                      ("found the histogram map full", "LAT_HISTS_FULL"),
-                     ("found the entry map full", "LAT_ENTRIES_FULL"))), skipped=skipped)
+                     ("found the entry map full", "LAT_ENTRIES_FULL"))),
+            # counted, their stacks the kernel's walk on frame pointers
+            (("a JVM's JIT code walked on frame pointers", errors["LAT_UNDEFERRED"]),)
+            if errors["LAT_UNDEFERRED"] else (),
+            deferral_full=errors["LAT_UNDEFERRED"], skipped=skipped)

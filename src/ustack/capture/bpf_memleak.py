@@ -44,8 +44,8 @@ from .bpf_v8 import V8Maps, V8Objects
 from .runtime_passes import mode_passes
 from .script_passes import add_script_runtimes, script_maps, script_options
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
-                         UnwindObjects, kernel_rodata, ring_samples, stack_chain,
-                         unwind_fresh)
+                         UnwindObjects, keep_deferred, kernel_rodata, ring_samples,
+                         stack_chain, unwind_fresh)
 from .kernel_offsets import Offsets
 
 _U64 = struct.Struct("<Q")
@@ -213,12 +213,7 @@ class MemleakCounter(BpfCounter):
     def take_deferred(self, samples: list) -> None:
         """The deferred records ring_samples made (their id is the weight
         it read), kept by id for outstanding()."""
-        for s in samples:
-            if s.regs is not None and s.args:
-                record_id = s.args[0][2] & (1 << 64) - 1
-                self.deferred[record_id] = RawSample(
-                    0, s.pid, s.tid, s.time_ns, s.cpu, regs=s.regs, stack=s.stack)
-                self.fresh.append(record_id)
+        keep_deferred(samples, self.deferred, self.fresh)
 
     def unwind_deferred(self, unwind) -> None:
         """The deferred records kept since last time, unwound now

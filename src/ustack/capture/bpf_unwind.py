@@ -146,6 +146,18 @@ _STACKS_ADDED = _ERRORS["UW_STACKS_ADDED"].to_bytes(4, "little")
 ERR_SLOTS = _ERRORS["UNWIND_ERROR_SLOTS"]
 
 
+def keep_deferred(samples: list, deferred: dict, fresh: list) -> None:
+    """The deferred records ring_samples made (weighted: their id is the
+    weight it read) kept in `deferred` (id -> RawSample of the copy, its
+    probe the record's), their ids added to `fresh` for unwind_fresh."""
+    for s in samples:
+        if s.regs is not None and s.args:
+            record_id = s.args[0][2] & (1 << 64) - 1
+            deferred[record_id] = RawSample(s.probe, s.pid, s.tid, s.time_ns, s.cpu,
+                                            regs=s.regs, stack=s.stack)
+            fresh.append(record_id)
+
+
 def unwind_fresh(deferred: dict, fresh: list, unwind) -> int:
     """The deferred records whose ids are in `fresh` (then emptied),
     unwound now in `deferred` (id -> sample), while their processes live: a

@@ -16,6 +16,7 @@ import sys
 from io import TextIOBase
 
 from .run import _given, run_session
+from ..counting.tally import unwound_now
 from ..model import TracepointProbe, UprobeProbe, UstackError
 from ..objfile.elf import ElfImage
 from ..options import Options, run_options
@@ -256,6 +257,9 @@ def run_latency(opts: Options, request: LatencyRequest, out: TextIOBase | None =
         with output as w:
             w = progress.guard(w)
             for piece in session.pieces():
+                # entry stacks the kernel handed over, unwound while their
+                # processes live (a JVM's Java frames are read from its memory)
+                session.capture.unwind_deferred(lambda s: unwound_now(session, s)[0])
                 for s in piece.samples:        # --slower: a slow call
                     w.write(format_slow_call(
                         session.tracker.comm(s.pid, s.tid), s.pid, s.tid, s.cpu, s.time_ns,
@@ -295,8 +299,8 @@ def _histograms(session: LatencySession, hists: list, unit: str, unit_ns: int) -
     for h in hists:
         stack = None
         if session.request.by_stack:
-            stack = session.resolver.stack(RawSample(h.function, h.pid, h.pid, 0, -1,
-                                                     h.chain, h.return_address))
+            stack = session.resolver.stack(h.sample or RawSample(
+                h.function, h.pid, h.pid, 0, -1, h.chain, h.return_address))
         key = (h.function, stack and (tuple(map(function_label, stack.frames)),
                                       stack.notes))
         if key not in merged:
