@@ -54,7 +54,7 @@ def test_empty_cache_command_first_events_whole(language, tmp_path):
         target = f"{build('chain', flags=O2_NOFP)} 3 write"
         want = ["write", "d", "c", "b", "a", "main"]
     out = tmp_path / "trace.txt"
-    res = ok(run_ustack("trace", "syscall:write", "-o", out, "-c", target,
+    ok(run_ustack("trace", "syscall:write", "-o", out, "-c", target,
                         env=_empty_cache(tmp_path, "cache")))
     records = parse_trace(out.read_text())
     assert len(records) == 3, out.read_text()
