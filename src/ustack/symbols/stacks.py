@@ -67,16 +67,21 @@ class StackResolver:
         self.tracker = tracker
         self.fp_advice = fp_advice
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
-        if v8_functions is not None and v8_functions.active and v8_functions.live:
-            # the kernel names JS frames in the stacks it walks: those it
-            # hands over unwalked are named as they are unwound
-            from ..unwind.v8_live import V8Live
-            self.unwinder.v8_live = V8Live(v8_functions.remember)
-        if tracker.live:
-            # the kernel merges Ruby, PHP and Perl frames in the stacks it
-            # walks: those it hands over unwalked get theirs as they are unwound
-            from ..unwind.script_live import live_runtimes
-            self.unwinder.script_live = live_runtimes(ruby_iseqs, php_functions, perl_subs)
+        # the kernel names JS frames and merges Ruby, PHP and Perl frames in
+        # the stacks it walks: those it hands over unwalked get theirs as
+        # they are unwound, by readers made at the first copied stack
+        v8 = (v8_functions if v8_functions is not None and v8_functions.active
+              and v8_functions.live else None)
+        scripts = (ruby_iseqs, php_functions, perl_subs) if tracker.live else None
+        if v8 is not None or scripts is not None:
+            def live_readers(unwinder) -> None:
+                if v8 is not None:
+                    from ..unwind.v8_live import V8Live
+                    unwinder.v8_live = V8Live(v8.remember)
+                if scripts is not None:
+                    from ..unwind.script_live import live_runtimes
+                    unwinder.script_live = live_runtimes(*scripts)
+            self.unwinder.live_factory = live_readers
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)

@@ -39,6 +39,9 @@ class Unwinder:
         # a script_live.ScriptLive: the Ruby, PHP and Perl frames of copied
         # stacks read from their process as they are unwound, or None
         self.script_live = None
+        # sets v8_live and script_live when a copied stack first comes: a
+        # run whose stacks the kernel walked never imports their readers
+        self.live_factory = None
 
     @property
     def dwarf(self):
@@ -76,6 +79,9 @@ class Unwinder:
             python = type(sample) is PythonSample
             if self.hotspot_factory is not None:
                 self.hotspot, self.hotspot_factory = self.hotspot_factory(), None
+            if self.live_factory is not None:
+                factory, self.live_factory = self.live_factory, None
+                factory(self)
             if self.hotspot is not None and not python:
                 walked = self.hotspot.unwind(pid, sample.regs, stack, find_pid, self.dwarf)
                 if walked is not None:
