@@ -11,7 +11,8 @@ from helpers import ustack_env
 NOT_NEEDED = ("ustack.unwind.dwarf", "ustack.unwind.cfi", "ustack.objfile.dwarf_lines",
               "ustack.native.libelf",
               # the readers of runtimes' frames in copied stacks
-              "ustack.unwind.script_live", "ustack.unwind.v8_live")
+              "ustack.unwind.script_live", "ustack.unwind.script_readers",
+              "ustack.unwind.v8_live")
 
 
 def test_a_one_hit_trace_names_its_stack_without_unwinder_lines_or_libelf(tmp_path):

@@ -79,7 +79,7 @@ class StackResolver:
                     from ..unwind.v8_live import V8Live
                     unwinder.v8_live = V8Live(v8.remember)
                 if scripts is not None:
-                    from ..unwind.script_live import live_runtimes
+                    from ..unwind.script_readers import live_runtimes
                     unwinder.script_live = live_runtimes(*scripts)
             self.unwinder.live_factory = live_readers
         # one symbolizer (one cache) for the run, its view pinned to the

@@ -220,19 +220,3 @@ def place(addrs: tuple, at: list, groups: list) -> tuple:
         else:
             out.append(addr)
     return tuple(out)
-
-
-def live_runtimes(ruby_iseqs=None, php_functions=None, perl_subs=None) -> ScriptLive | None:
-    """A ScriptLive for the runtimes whose names tables a capture made
-    active (its stacks carry their words), or None when none is."""
-    runtimes: list = []
-    if ruby_iseqs is not None and ruby_iseqs.active and ruby_iseqs.live:
-        from .ruby_live import RubyLive
-        runtimes.append(RubyLive(ruby_iseqs))
-    if php_functions is not None and php_functions.active:
-        from .php_live import PhpLive
-        runtimes.append(PhpLive(php_functions))
-    if perl_subs is not None and perl_subs.active:
-        from .perl_live import PerlLive
-        runtimes.append(PerlLive(perl_subs))
-    return ScriptLive(runtimes) if runtimes else None
