@@ -145,6 +145,7 @@ class BpfCapture(Capture):
         target = self.target
         events = programs = None
         interpreters: list = []
+        scanned: dict | None = None     # pid -> its objects' paths (a whole machine's scan)
         mapped = None                       # a whole-machine run's ObjectPaths
         if self.interrupt is not None:
             self.events.interrupt = self.interrupt
@@ -167,7 +168,8 @@ class BpfCapture(Capture):
                     # within MAX_UNWIND_MEMORY; their rows load as sampled
                     from .lazy_rows import ObjectPaths
                     mapped = ObjectPaths()
-                    interpreters = interpreters_objects(mapped.scan())
+                    scanned = mapped.scan()
+                    interpreters = interpreters_objects(scanned)
                     self.rows_capacity = rows_capacity(list(dict.fromkeys(
                         self._first_objects + interpreters + list(mapped.paths.values()))),
                         self.unwind_memory)
@@ -193,7 +195,7 @@ class BpfCapture(Capture):
             if self.counter.objects is not None:
                 objects = self.counter.objects
                 objects.add_vdso()
-                note_jvms(objects, target)
+                note_jvms(objects, target, scanned)
                 # where stacks can be deferred, rows still to be built are
                 # built after the start (lazy_rows.py): the probes are live
                 # at once, whatever the objects' size and the cache's state
@@ -466,14 +468,20 @@ class BpfCapture(Capture):
             self.python_frames.close()
 
 
-def note_jvms(objects, target) -> None:
+def note_jvms(objects, target, scanned: dict | None = None) -> None:
     """The JVMs running now among the run's processes into the unwinder's
     JVM_PROCESSES (a -c command's, and those started later, come by the
-    MMAP2 record of their libjvm, or their first walk through it)."""
-    from .bpf_unwind import jvm_processes
-    pids = ([target.pid] if target.scope == "pid" else
-            procfs.pids() if target.scope == "system" else [])
-    for pid in jvm_processes(pids):
+    MMAP2 record of their libjvm, or their first walk through it).
+    `scanned`: pid -> its objects' paths, when the run read every
+    process's maps already (lazy_rows.ObjectPaths.scan)."""
+    from .bpf_unwind import LIBJVM, jvm_processes
+    if scanned is not None:
+        jvms = [pid for pid, paths in scanned.items()
+                if any(os.path.basename(p) == LIBJVM for p in paths)]
+    else:
+        jvms = jvm_processes([target.pid] if target.scope == "pid" else
+                             procfs.pids() if target.scope == "system" else [])
+    for pid in jvms:
         objects.add_jvm(pid)
 
 
