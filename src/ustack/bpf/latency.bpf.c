@@ -177,17 +177,19 @@ static __always_inline int entry_pushed(__u64 who, __u32 func, __u64 now, __u64 
 	return result;
 }
 
-/* LAT_DEFER: the entry's stack through a JVM's JIT code to RING as a
- * deferred record (unwind.h's fill_deferred), *hash its id (the entry
- * time and CPU mixed: one per call, as the stacks' hashes mix their
- * frames); 0 where it does not go (not through a JVM's JIT code; the
- * ring is full: counted, the kernel's cut walk kept) */
+/* LAT_DEFER: the entry's stack through a JVM's JIT code, or one whose
+ * walk found the process's memory map locked (another thread mapping:
+ * a Go program starting its threads), to RING as a deferred record
+ * (unwind.h's fill_deferred), *hash its id (the entry time and CPU
+ * mixed: one per call, as the stacks' hashes mix their frames); 0 where
+ * it does not go (neither; the ring is full: counted, the kernel's cut
+ * walk kept) */
 static __always_inline int defer_entry(void *ctx, struct walk *w, __u64 pid_tgid, __u32 func,
 				       __u64 now, __u64 *hash)
 {
 	struct deferred_record *d;
 
-	if (!through_jvm_jit(w))
+	if (!through_jvm_jit(w) && w->rec.head.status != VMA_BUSY)
 		return 0;
 	d = bpf_ringbuf_reserve(&ring, sizeof(*d), 0);
 	if (!d) {
