@@ -1357,3 +1357,20 @@ def start_waiting(python: str, mode: str) -> tuple:
     proc = subprocess.Popen([python, str(PROG), mode, "stdin"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())
+
+
+# stacks ustack unwinds itself from their copies: every one, as the kernel
+# hands them over unwalked where an object's rows do not fit the table
+# (--unwind-memory 1), and as perf's DWARF samples all are
+COPIED_STACKS = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
+                 pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
+
+
+def profile_copied(tmp_path, copied: tuple, command: str) -> list:
+    """parse_folded() of a 199 Hz profile of `command` whose every stack
+    is copied as COPIED_STACKS' `copied` asks (its rows said not to fit)."""
+    out = tmp_path / "copied.folded"
+    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
+                        "-o", str(out), "-c", command))
+    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
+    return parse_folded(out.read_text())

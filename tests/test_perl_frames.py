@@ -20,7 +20,8 @@ from ustack.report.folded import format_folded
 from ustack.report.formats import ReportContext
 from ustack.report.text import format_stack
 
-from helpers import (finish, ok, parse_folded, pprof, run_ustack, start_ustack, stop,
+from helpers import (COPIED_STACKS, profile_copied,
+                     finish, ok, parse_folded, pprof, run_ustack, start_ustack, stop,
                      wait_tracing, write_report)
 
 pytestmark = pytest.mark.kernel
@@ -232,25 +233,14 @@ def test_reports_mark_perl_frames_as_python_frames(tmp_path):
         "0x0 main::b /srv/calls.pl:30 s=0(pl::main::b:/srv/calls.pl)"]
 
 
-# stacks ustack unwinds itself from their copies: every one, as the
-# kernel hands them over unwalked where an object's rows do not fit the
-# table, and as perf's DWARF samples all are
-COPIED = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
-          pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
-
-
-@pytest.mark.parametrize("copied", COPIED)
+@pytest.mark.parametrize("copied", COPIED_STACKS)
 def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     """A rows table too small for perl's rows (--unwind-memory 1): the
     kernel hands every stack over unwalked; --backend perf: every sample
     is a copy. ustack reads the Perl
     frames from the live process as it unwinds the copy, putting them
     where the run loop was, with their lines, down to _start."""
-    out = tmp_path / "copied.folded"
-    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
-                        "-o", str(out), "-c", f"{_perl()} {CALLS} 1500"))
-    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
-    rows = parse_folded(out.read_text())
+    rows = profile_copied(tmp_path, copied, f"{_perl()} {CALLS} 1500")
     in_c = [(stack, n) for stack, n in rows if any(f.startswith("Work::c ") for f in stack)]
     samples = sum(n for _stack, n in in_c)
     expected = [f"{name} (calls.pl:{line})" for name, line in CHAIN]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import (ok, parse_folded, pprof, render, run_for_cpu, run_ustack, wait_until,
+from helpers import (COPIED_STACKS, profile_copied,
+                     ok, parse_folded, pprof, render, run_for_cpu, run_ustack, wait_until,
                      write_report)
 from ustack.model import Frame, Stack, StackCount
 from ustack.report.formats import ReportContext, stack_report
@@ -201,25 +202,15 @@ def test_callbacks_from_builtins_stand_in_their_executor_calls():
     assert labels[at + 1] == f"cmp [php] {script}:6"
 
 
-# stacks ustack unwinds itself from their copies: every one, as the
-# kernel hands them over unwalked where an object's rows do not fit the
-# table, and as perf's DWARF samples all are
-COPIED = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
-          pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
-
-
-@pytest.mark.parametrize("copied", COPIED)
+@pytest.mark.parametrize("copied", COPIED_STACKS)
 def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     """A rows table too small for php's rows (--unwind-memory 1): the
     kernel hands every stack over unwalked; --backend perf: every sample
     is a copy. ustack reads the PHP
     frames from the live process as it unwinds the copy, putting them
     where execute_ex was, named with their file and line."""
-    out = tmp_path / "copied.folded"
-    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
-                        "-o", str(out), "-c", f"{_php()} {CHAIN_PHP} 1"))
-    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
-    running = [(stack, n) for stack, n in parse_folded(out.read_text())
+    rows = profile_copied(tmp_path, copied, f"{_php()} {CHAIN_PHP} 1")
+    running = [(stack, n) for stack, n in rows
                if "php_execute_script" in stack]
     samples = sum(n for _stack, n in running)
     frames = [[f for f in stack if " (chain.php:" in f] for stack, _n in running]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import (cpu_seconds, finish, ok, parse_folded, run_ustack, start_ustack, stop,
+from helpers import (COPIED_STACKS, profile_copied,
+                     cpu_seconds, finish, ok, parse_folded, run_ustack, start_ustack, stop,
                      wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
@@ -216,14 +217,7 @@ def test_methods_named_with_their_class():
     assert named >= 0.9 * running, chains
 
 
-# stacks ustack unwinds itself from their copies: every one, as the
-# kernel hands them over unwalked where an object's rows do not fit the
-# table, and as perf's DWARF samples all are
-COPIED = [pytest.param(("--unwind-memory", "1"), id="rows-did-not-fit"),
-          pytest.param(("--backend", "perf", "--unwind", "dwarf"), id="perf")]
-
-
-@pytest.mark.parametrize("copied", COPIED)
+@pytest.mark.parametrize("copied", COPIED_STACKS)
 def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     """A rows table too small for libruby's rows (--unwind-memory 1): the
     kernel hands every stack over unwalked; --backend perf: every sample
@@ -233,11 +227,7 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
     the script was elsewhere than at the sample is never shown: each
     stack's calls.rb frames are the chain or its start, in order (a part
     of it where the stack was cut short)."""
-    out = tmp_path / "copied.folded"
-    res = ok(run_ustack("profile", "-F", "199", *copied, "-f", "folded",
-                        "-o", str(out), "-c", f"{_ruby()} {CALLS} 1"))
-    assert "did not fit" in res.stderr or "--unwind-memory" not in copied, res.stderr
-    rows = parse_folded(out.read_text())
+    rows = profile_copied(tmp_path, copied, f"{_ruby()} {CALLS} 1")
     samples = sum(n for _stack, n in rows)
     whole = [(stack, n) for stack, n in rows if _folded_chain(stack) == CHAIN]
     # the share read depends on when ustack's reader runs against the
