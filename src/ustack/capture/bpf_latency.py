@@ -28,8 +28,8 @@ refused (or with --unwind fp) the kernel walks frame pointers instead
 DWARF stacks get its Python frames (bpf/python.h, capture/bpf_python.py);
 the records of their new code objects share the ring with the slow calls
 (told apart by size: bpf_unwind.code_record). An entry whose walk went
-through a JVM's JIT code (which keeps no frame pointers) sends the ring a
-deferred record instead (registers and 8 KiB of stack; latency.bpf.c's
+through a JVM's JIT code (which keeps no frame pointers), or found the
+process's memory map locked, sends the ring a deferred record instead (registers and 8 KiB of stack; latency.bpf.c's
 defer_entry), whose id stands for the stack's hash: a histogram per such
 call, unwound by ustack while the JVM lives (its Java frames read from
 its memory, unwind/hotspot_live.py); once its call has returned, its
