@@ -1,6 +1,10 @@
 """Values built once per key in a process, even when threads ask for the
 same key at once (the row loader's thread and the unwinder open the same
-object): the first builds, the others wait for it and take its value."""
+object): the first builds, the others wait for it and take its value.
+The same thread asking again while it builds (a signal handler run in the
+middle of the build: SIGCHLD's reads the exiting command's interpreter
+facts, which opens the object being opened) builds a value of its own
+rather than wait for itself for ever."""
 from __future__ import annotations
 
 import threading
@@ -18,7 +22,7 @@ class BuiltOnce:
         if value is not None:
             return value
         with self._lock:
-            lock = self._locks.setdefault(key, threading.Lock())
+            lock = self._locks.setdefault(key, threading.RLock())
         with lock:
             value = self.values.get(key)
             if value is None:
