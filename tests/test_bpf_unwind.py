@@ -167,6 +167,9 @@ def test_profile_user_mode_samples():
                                     "__libc_start_main", "_start"], top
     total = sum(s["count"] for s in stacks)
     for s in stacks:                 # in spin_here, or the vDSO clock it reads
+        if "exit" in names(s["frames"]):     # sampled as main returned: its exit
+            assert names(s["frames"])[-3:] == names(top["frames"])[-3:], s
+            continue
         assert names(s["frames"])[-6:] == names(top["frames"]), s
     assert total >= 50
 
