@@ -48,7 +48,7 @@ def test_throwaway_functions_are_never_named_after_another(python, tmp_path):
     ran = log.read_text().split()
     records = parse_trace(res.stdout)
     assert len(ran) == FUNCTIONS and len(records) == FUNCTIONS, (len(ran), len(records))
-    wrong, unread, named = [], 0, 0
+    wrong, unread, named, lineless = [], 0, 0, 0
     for want, rec in zip(ran, records):
         if not _python_frames(rec):
             continue            # not merged (its process not followed yet): no name to judge
@@ -56,11 +56,18 @@ def test_throwaway_functions_are_never_named_after_another(python, tmp_path):
         named += leaf["func"] != NOT_READ
         if leaf["func"] == NOT_READ:
             unread += 1
-        elif leaf["func"] != want or not leaf["file"].endswith("throwaway.py"):
+        elif leaf["func"] != want:
+            wrong.append((want, leaf))
+        elif leaf["file"] is None:
+            # its code object freed and its memory reused before ustack read
+            # the line table: the name was checked, the line is not printed
+            lineless += 1
+        elif not leaf["file"].endswith("throwaway.py"):
             wrong.append((want, leaf))
     assert not wrong, wrong[:5]
     assert unread <= FUNCTIONS // 10, f"{unread} of {FUNCTIONS} leaf frames not read"
     assert named >= FUNCTIONS // 2, f"{named} of {FUNCTIONS} leaf frames named"
+    assert lineless <= FUNCTIONS // 10, f"{lineless} of {FUNCTIONS} leaf frames without a line"
     assert _printable(res.stdout) and _printable(res.stderr)
 
 

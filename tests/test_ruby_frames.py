@@ -26,7 +26,9 @@ CALLS = Path(__file__).parent / "programs" / "ruby" / "calls.rb"
 CHAIN = ["<main>", "Object#a", "block in Object#a", "Object#b", "Worker#c"]
 WARM_UP = ["<main>", "Object#b", "Worker#c"]      # calls.rb's b(w) before it says ready
 # the lines each frame can be at: c's loop, b's call, the block's call, a's loop, <main>'s calls
-LINES = {"Worker#c": {7, 8, 9, 10, 11, 13}, "Object#b": {18}, "block in Object#a": {23, 24},
+# (a block entered but not yet at its first line is at the line it opens on,
+# `loop do`, as Ruby's own backtrace says)
+LINES = {"Worker#c": {7, 8, 9, 10, 11, 13}, "Object#b": {18}, "block in Object#a": {22, 23, 24},
          "Object#a": {22}, "<main>": {29, 32}}
 # a copy's frames are read moments after the sample (~4 ms behind perf's):
 # a method may be at its return by then, the line of its `end`
