@@ -316,10 +316,13 @@ _DIRECT = {cfi.CFA_SP: _SP, cfi.CFA_BP: _BP, cfi.CFA_SP_DEREF: _SP_DEREF,
 _NO_MAPPING_LEAF = (_BP,) + _FP_RULE + ("frame pointer used for [unknown]: no mapping",)
 _NO_MAPPING = (_STOP, 0, 0, 0, 0, 0, 0, 0, None)
 # ... where the walk ends there: what tracefs gives for a library dlopen'd
-# after ustack read the maps of a process that exited before it read them again
+# after ustack read the maps of a process that exited before it read them
+# again; on perf and bpf (which see every mapping), a stack sampled inside
+# execve: the old program's registers, the new program's maps
 UNMAPPED_NOTE = ("stack cut at [unknown]: the address is in no mapping ustack saw in "
-                 "this process (mapped and gone between two reads of its maps: "
-                 "--backend perf or bpf record every mapping)")
+                 "this process (with tracefs, mapped and gone between two reads of its "
+                 "maps: --backend perf or bpf record every mapping; else sampled as "
+                 "the process exec'd)")
 
 
 def _short(notes: list, size: int, offset: int, top: int, advice: str) -> None:
