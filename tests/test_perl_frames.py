@@ -21,7 +21,7 @@ from ustack.report.formats import ReportContext
 from ustack.report.text import format_stack
 
 from helpers import (COPIED_STACKS, profile_copied,
-                     finish, ok, parse_folded, pprof, run_ustack, start_ustack, stop,
+                     finish, ok, parse_folded, pprof, run_for_cpu, run_ustack, start_ustack, stop,
                      wait_tracing, write_report)
 
 pytestmark = pytest.mark.kernel
@@ -94,7 +94,7 @@ def running_perl():
 def test_running_perl_by_pid(running_perl, tmp_path):
     """-p: a perl already running; folded frames carry file and line."""
     out = tmp_path / "p.folded"
-    ok(run_ustack("profile", "-F", "199", "-d", "1", "-p", str(running_perl.pid), "-o", out))
+    ok(run_for_cpu(running_perl.pid, "profile", "-F", "199", "-o", out))
     stacks = parse_folded(out.read_text())
     in_c = sum(n for stack, n in stacks if any(f.startswith("Work::c ") for f in stack))
     whole = sum(n for stack, n in stacks

@@ -17,7 +17,7 @@ import pytest
 
 import ustack
 from helpers import (COPIED_STACKS, profile_copied,
-                     cpu_seconds, finish, ok, parse_folded, run_ustack, start_ustack, stop,
+                     cpu_seconds, finish, ok, parse_folded, run_for_cpu, run_ustack, start_ustack, stop,
                      wait_tracing, wait_until)
 
 pytestmark = pytest.mark.kernel
@@ -111,8 +111,7 @@ def test_ruby_frames_sit_where_the_vm_ran_them(profiled):
 
 def test_running_script_by_pid(running_ruby, tmp_path):
     out = tmp_path / "p.folded"
-    ok(run_ustack("profile", "-F", "199", "-d", "1", "-f", "folded",
-                  "-p", str(running_ruby.pid), "-o", str(out)))
+    ok(run_for_cpu(running_ruby.pid, "profile", "-F", "199", "-f", "folded", "-o", str(out)))
     rows = parse_folded(out.read_text())
     samples = sum(n for _stack, n in rows)
     whole = sum(n for stack, n in rows if _folded_chain(stack) == CHAIN)
