@@ -21,13 +21,13 @@ bpf_unwind.interpreters_objects)
 while the run's programs load and attach: the walk meets a process's
 objects one at a time, so without them a busy Python's first ~50 ms of
 samples went to user space. Those whose rows the cache holds load first
-and the run's start waits for them (wait_first): on a loaded machine
-they took 0.2-0.5 s after the start, and a running Ruby's samples of
-that time, unwound by ustack from their copies, had their Ruby frames
-read from the live process moments later, which under load often no
-longer agreed with the sample (7-16 of a whole-machine run's 46 samples
-kept C frames). Rows the cache does not hold are built after the start:
-a cold cache's builds do not hold up the start."""
+and the run's start waits for them (wait_first): loaded after it, on a
+loaded machine they took 0.2-0.5 s, and a running Ruby's samples of that
+time (14-16 of a whole-machine run's 40-46) went to user space as
+copies, whose Ruby frames are read from the live process moments later:
+under load such reads often no longer fit the sample (C frames kept) or
+are of a moment later. Rows the cache does not hold are built after the
+start: a cold cache's builds do not hold up the start."""
 from __future__ import annotations
 
 import threading

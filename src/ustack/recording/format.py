@@ -40,8 +40,9 @@ import struct
 
 from ..model import (JAVA_FRAME_TAG, PERL_FRAME_TAG, PHP_FRAME_TAG, RUBY_FRAME_TAG,
                      V8_FRAME_TAG, CommEvent, ExitEvent, ForkEvent, Losses, Mapping, MmapEvent,
-                     PythonCodeInfo, RawSample, UnwoundSample, UstackError, java_frame_parts, perl_frame_parts,
-                     php_frame_parts, ruby_frame_parts, unwound_sample, v8_frame_parts)
+                     PythonCodeInfo, RawSample, UnwoundSample, UstackError, java_frame_parts,
+                     perl_frame_parts, php_frame_parts, ruby_frame_parts, unwound_sample,
+                     v8_frame_parts)
 
 MAGIC = b"ustack-recording\n"
 # bumped when a reader of the old one would misread (6: Java frames' I
