@@ -13,6 +13,7 @@ the root of the thread the launcher runs main on (JavaMain, start_thread,
 clone3). One JVM per way, shared by the tests."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from pathlib import Path
@@ -154,6 +155,35 @@ def test_attached_jvm_folded(classes, tmp_path):
                           and chain == CHAIN)
     assert busy >= 50 and whole >= 0.9 * busy, f"{whole} of {busy} samples in leaf() whole"
     assert "perf map" not in err and "PreserveFramePointer" not in err, err
+
+
+def test_a_recording_keeps_the_java_frames(classes, tmp_path):
+    """`record` walks the JVM's copied stacks while it lives and keeps each
+    Java frame's names and line (its bci's): the report of the file, the
+    JVM gone, shows main, outer, middle, leaf in order, down to the
+    thread's root, each caller at the line of its call."""
+    rec = tmp_path / "chain.ustack"
+    ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c",
+                  f"{_tool('java')} {' '.join(WAYS['compiled'])} -cp {classes} Chain 1"))
+    res = run_ustack("report", "-f", "json", rec)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    busy = whole = 0
+    lines: set = set()
+    for s in json.loads(res.stdout)["stacks"]:
+        frames = list(reversed(s["frames"]))          # outermost first
+        java = [f["function"] for f in frames
+                if f.get("kind") == "java" and f["function"][0] != "["]
+        if "Chain.leaf" not in java:
+            continue
+        busy += s["count"]
+        if [f["function"] for f in frames[:3]] == ["clone3", "start_thread",
+                                                   "ThreadJavaMain"] and java == CHAIN:
+            whole += s["count"]
+            lines |= {(f["function"], f.get("line")) for f in frames if f["function"] in CHAIN}
+    assert busy >= 100 and whole >= 0.9 * busy, \
+        f"{whole} of {busy} samples in leaf() whole, main, outer, middle, leaf named"
+    assert {(f, line) for f, line in lines if f != "Chain.leaf"} == set(CALL_LINES.items()), lines
+    assert "[java" not in res.stderr and "perf map" not in res.stderr, res.stderr
 
 
 NAPS = ["Naps.main", "Naps.outer", "Naps.middle", "Naps.nap"]

@@ -121,3 +121,48 @@ def test_the_loader_does_not_make_the_run_wait_for_rows():
     loader = LazyRows(objects, paths)
     assert loader.load_next() and loader.load_next()
     assert objects.asked == [("/b", {"run_waits": False}), ("/a", {"run_waits": False})]
+
+
+def test_the_start_waits_for_the_running_interpreters_cached_rows_only():
+    """A whole-machine run goes live once the rows the cache holds of the
+    running interpreters' objects are loaded (their stacks walked in the
+    kernel, with their script frames, from the first sample), not once
+    those it must build are: they are built after the start."""
+    import threading
+
+    from ustack.capture.lazy_rows import LazyRows, ObjectPaths
+    from ustack.interrupt import Interrupt
+
+    building = threading.Event()
+    release = threading.Event()
+
+    class Objects:
+        def __init__(self):
+            self.loaded, self.asked = {}, []
+
+        def wanted(self):
+            return {}
+
+        def add_path(self, path, key=None, **how):
+            self.asked.append((path, how))
+            if path == "/cold":
+                if how.get("cached_only"):
+                    return False        # the cache does not hold its rows
+                building.set()
+                release.wait(30)
+            self.loaded[path] = path
+            return True
+
+    objects = Objects()
+    loader = LazyRows(objects, ObjectPaths(lambda: []), first=["/cold", "/libruby"])
+    loader.start()
+    try:
+        loader.wait_first(Interrupt())
+        assert "/libruby" in objects.loaded and "/cold" not in objects.loaded, objects.asked
+        assert building.wait(30)
+    finally:
+        release.set()
+        loader.stop()
+    assert objects.asked[:3] == [("/cold", {"run_waits": False, "cached_only": True}),
+                                 ("/libruby", {"run_waits": False, "cached_only": True}),
+                                 ("/cold", {"run_waits": False, "cached_only": False})]

@@ -317,20 +317,21 @@ def test_an_exec_keeps_its_time_and_version_2_files_read_without_it():
     assert [tracker.generation_at(7, t) for t in (50, 150, 250, 0)] == [0, 1, 2, 2]
 
 
-# -- version 5: the names of Ruby, PHP, Perl and JS frames -------------------------
+# -- version 5: the names of Ruby, PHP, Perl and JS frames; 6: Java's -----------------
 
 def _script_recording(path: Path, header_version: int | None = None) -> list:
-    """A file of one frame-pointer event whose stack holds a Ruby, a PHP
-    and a Perl frame word (named by I records unless header_version is
-    older than them); the words, innermost first."""
-    from ustack.model import PHP_FRAME_TAG, perl_frame_word, ruby_frame_word
+    """A file of one frame-pointer event whose stack holds a Ruby, a PHP,
+    a Perl and a Java frame word (named by I records unless header_version
+    is older than them); the words, innermost first."""
+    from ustack.model import PHP_FRAME_TAG, java_frame_word, perl_frame_word, ruby_frame_word
     words = [ruby_frame_word(0x7f00_0000_1000, 5),
              PHP_FRAME_TAG | 42 << 16 | 17,         # function 42 at line 17
-             perl_frame_word(0x5600_0000_2000, 30)]
+             perl_frame_word(0x5600_0000_2000, 30),
+             java_frame_word(0x7f10_0000_3000, 12)]  # Method* at bci 12
     fp = stream_pieces()[0].samples[0]
     sample = fp._replace(callchain=b"".join(w.to_bytes(8, "little") for w in words)
                          + fp.callchain)
-    extra = {"scripts": ["perl", "php", "ruby"]}
+    extra = {"scripts": ["java", "perl", "php", "ruby"]}
     header = rf.header_record(["profile:hz:99"], ["fp"], "bpf", extra)
     if header_version is not None:          # as an older ustack wrote it
         header = rf.header_record(["profile:hz:99"], ["fp"], "bpf", {})
@@ -340,7 +341,8 @@ def _script_recording(path: Path, header_version: int | None = None) -> list:
     names = b"" if header_version is not None else b"".join((
         rf.script_frame_record(100, words[0], "Worker#c", "/srv/calls.rb", 11),
         rf.script_frame_record(100, words[1], "Spinner::spin", "/srv/chain.php", 17),
-        rf.script_frame_record(100, words[2], "main::b", "/srv/calls.pl", 30)))
+        rf.script_frame_record(100, words[2], "main::b", "/srv/calls.pl", 30),
+        rf.script_frame_record(100, words[3], "Chain.middle", "Chain.java", 15)))
     with gzip.open(path, "wb") as f:
         f.write(rf.MAGIC + header + names
                 + b"".join(rf.meta_record(e) for e in stream_pieces()[0].metas)
@@ -357,14 +359,16 @@ def test_script_frames_are_named_from_the_recording(tmp_path):
     frames = [(f.function, f.file, f.line, f.kind) for f in events[0].stack.frames if f.kind]
     assert frames == [("Worker#c", "/srv/calls.rb", 11, "ruby"),
                       ("Spinner::spin", "/srv/chain.php", 17, "php"),
-                      ("main::b", "/srv/calls.pl", 30, "perl")]
+                      ("main::b", "/srv/calls.pl", 30, "perl"),
+                      ("Chain.middle", "Chain.java", 15, "java")]
 
 
-def test_a_version_4_recording_still_reports(tmp_path):
-    """A file of the previous format (no I records, no script passes):
-    read, its words no interpreter's frames."""
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_older_recording_still_reports(tmp_path, version):
+    """A file of a previous format (4: no I records, no script passes; 5:
+    no Java frame's): read, its words no interpreter's frames."""
     path = tmp_path / "old.ustack"
-    _script_recording(path, header_version=4)
+    _script_recording(path, header_version=version)
     with Session.replay(path, objects=(FIXTURES,)) as session:
         events = list(session.events())
     assert len(events) == 1

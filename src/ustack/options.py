@@ -59,9 +59,9 @@ class Options:
     @property
     def java_walked(self) -> bool:
         """Whether a JVM's copied stacks are walked through its Java frames
-        (unwind/hotspot_live.py): not for a run that records, whose file
-        keeps no method's name (its frames are kept as the JIT's code)."""
-        return self.symbols.java and self.record is None and self.command != "record"
+        (unwind/hotspot_live.py); a recording keeps their names
+        (recording/format.py's I records)."""
+        return self.symbols.java
 
     @property
     def php_named(self) -> bool:

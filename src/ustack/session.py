@@ -20,6 +20,7 @@ from .probes.spec import parse_event
 from .target import ahead, process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
+from .symbols.hotspot import JavaMethods
 from .symbols.python import PythonCode
 from .symbols.php import PhpFunctions
 from .symbols.perl import PerlSubs
@@ -63,6 +64,7 @@ class Session:
         self.php_functions = PhpFunctions()     # PHP functions' names, as the kernel copied them
         self.perl_subs = PerlSubs()        # Perl subs' names, as the kernel copied them
         self.ruby_iseqs = RubyIseqs()      # Ruby methods' and blocks' names: the same
+        self.java_methods = JavaMethods()  # Java methods' names: the unwinder reads them
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
@@ -73,14 +75,11 @@ class Session:
         """Stacks from samples (unwinding, names): built at first use, so
         symbolization's imports (~20 ms) come after the probes are live."""
         from .symbols.stacks import StackResolver
-        from .values import replace
-        symbols = self.opts.symbols
-        if symbols.java and not self.opts.java_walked:      # a recording: no names kept
-            symbols = replace(symbols, java=False)
-        return StackResolver(self.tracker, symbols,
+        return StackResolver(self.tracker, self.opts.symbols,
                              getattr(self.capture, "cut_advice", None), self.python_code,
                              self.plan and self.plan.fp_advice(), self.v8_functions,
-                             self.php_functions, self.perl_subs, self.ruby_iseqs)
+                             self.php_functions, self.perl_subs, self.ruby_iseqs,
+                             self.java_methods)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -164,9 +163,10 @@ class Session:
 
     def script_names(self) -> dict:
         """The run's names tables of interpreter frames whose words a
-        capture's kernel pass writes, by kind (a recording lists them)."""
+        capture's kernel pass or ustack's walk of a JVM's copied stacks
+        writes, by kind (a recording lists them)."""
         return {"ruby": self.ruby_iseqs, "php": self.php_functions,
-                "perl": self.perl_subs, "js": self.v8_functions}
+                "perl": self.perl_subs, "js": self.v8_functions, "java": self.java_methods}
 
     def _open_capture(self):
         """Plan the run and open its capture (a command with captures of

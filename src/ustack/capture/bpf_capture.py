@@ -213,6 +213,11 @@ class BpfCapture(Capture):
                 self._full_at_start = len(objects.full)
                 self._row_objects = objects
             programs.result()
+            if lazy:
+                # the running interpreters' stacks walked in the kernel from
+                # the first sample: the Ruby, PHP and Perl frames of a copy
+                # are read later, from the live process (lazy_rows.py)
+                self.lazy_rows.wait_first(self.events.interrupt)
             if self.counter.passes is not None:
                 # the runtimes of the objects loaded so far walked from the
                 # first event, as when their passes were in every program

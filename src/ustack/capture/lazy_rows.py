@@ -20,11 +20,18 @@ a Python, Ruby, PHP or Perl running at the start goes through,
 bpf_unwind.interpreters_objects)
 while the run's programs load and attach: the walk meets a process's
 objects one at a time, so without them a busy Python's first ~50 ms of
-samples went to user space, and a cold cache's builds do not hold up the
-start."""
+samples went to user space. Those whose rows the cache holds load first
+and the run's start waits for them (wait_first): loaded after it, on a
+loaded machine they took 0.2-0.5 s, and a running Ruby's samples of that
+time (14-16 of a whole-machine run's 40-46) went to user space as
+copies, whose Ruby frames are read from the live process moments later:
+under load such reads often no longer fit the sample (C frames kept) or
+are of a moment later. Rows the cache does not hold are built after the
+start: a cold cache's builds do not hold up the start."""
 from __future__ import annotations
 
 import threading
+import time
 
 from ..kernel import procfs
 from ..model import Mapping, UstackError
@@ -32,6 +39,7 @@ from ..objfile.mapped import object_path
 from .bpf_unwind import UnwindObjects, object_keys
 
 POLL_S = 0.05                   # how often the loader looks at WANTED when idle
+FIRST_WAIT_S = 3.0              # the start waits this long at most for the cached first rows
 
 
 class ObjectPaths:
@@ -88,10 +96,21 @@ class LazyRows:
         self.pending = 0                # wanted but not loaded when the run ended
         self.unknown: set = set()
         self._stop = threading.Event()
+        self._first_cached = threading.Event()     # the cached rows of `first` are loaded
         self._thread = threading.Thread(target=self._run, name="ustack-rows", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait_first(self, interrupt) -> None:
+        """Until the rows of `first` that the cache holds are loaded (or
+        FIRST_WAIT_S passed: a machine too loaded for them starts without),
+        ending at once when the run is asked to end (`interrupt`)."""
+        deadline = time.monotonic() + FIRST_WAIT_S
+        while not self._first_cached.wait(0.05):
+            interrupt.check()
+            if time.monotonic() >= deadline:
+                return
 
     def note_mapping(self, mapping, pid: int) -> None:
         """From the reader's thread: ObjectPaths' dict and set updates
@@ -109,18 +128,30 @@ class LazyRows:
 
     def _run(self) -> None:
         try:
-            for path in self.first:
-                if self._stop.is_set():
-                    return
-                before = len(self.objects.loaded)
-                self.objects.add_path(path, run_waits=False)
-                self.loaded += len(self.objects.loaded) > before
+            to_build = [path for path in self.first if not self._add(path, cached_only=True)]
+            self._first_cached.set()
+            for path in to_build:
+                self._add(path)
+            if self._stop.is_set():
+                return
             self.paths.scan()
             while not self._stop.is_set():
                 if not self.load_next():
                     self._stop.wait(POLL_S)
         except (OSError, UstackError):
             pass                        # the run ended under the loader
+        finally:
+            self._first_cached.set()
+
+    def _add(self, path: str, cached_only: bool = False) -> bool:
+        """Load the rows of `path` (False: cached_only, and the cache does
+        not hold them)."""
+        if self._stop.is_set():
+            return True
+        before = len(self.objects.loaded)
+        added = self.objects.add_path(path, run_waits=False, cached_only=cached_only)
+        self.loaded += len(self.objects.loaded) > before
+        return added
 
     def load_next(self) -> bool:
         """Load the most wanted object not loaded yet; False if none."""

@@ -23,9 +23,10 @@ A gzip stream of MAGIC, then records, each `u32 length, u8 kind, payload`
      line table kind, qualified name, file, line table; before the stacks
      that hold it (the process is gone when the recording is read)
   I  an interpreter frame's names (version 5): pid, its frame word (Ruby,
-     PHP, Perl, JS: model's *_FRAME_TAG), line, function, file; resolved
-     per word while recording (a Ruby or JS line depends on the word's pc
-     part), before the stacks that hold it
+     PHP, Perl, JS: model's *_FRAME_TAG; version 6: Java too, its word a
+     Method* and bci), line, function, file; resolved per word while
+     recording (a Ruby or JS line depends on the word's pc part, a Java
+     line on its bci), before the stacks that hold it
   L  the losses (JSON); the last record: a file without it was cut short
 
 An event costs ~30 bytes before compression and its stack is stored once,
@@ -37,13 +38,16 @@ from __future__ import annotations
 import json
 import struct
 
-from ..model import (PERL_FRAME_TAG, PHP_FRAME_TAG, RUBY_FRAME_TAG, V8_FRAME_TAG, CommEvent,
-                     ExitEvent, ForkEvent, Losses, Mapping, MmapEvent, PythonCodeInfo,
-                     RawSample, UnwoundSample, UstackError, perl_frame_parts,
-                     php_frame_parts, ruby_frame_parts, unwound_sample, v8_frame_parts)
+from ..model import (JAVA_FRAME_TAG, PERL_FRAME_TAG, PHP_FRAME_TAG, RUBY_FRAME_TAG,
+                     V8_FRAME_TAG, CommEvent, ExitEvent, ForkEvent, Losses, Mapping, MmapEvent,
+                     PythonCodeInfo, RawSample, UnwoundSample, UstackError, java_frame_parts,
+                     perl_frame_parts, php_frame_parts, ruby_frame_parts, unwound_sample,
+                     v8_frame_parts)
 
 MAGIC = b"ustack-recording\n"
-VERSION = 5                        # bumped when a reader of the old one would misread
+# bumped when a reader of the old one would misread (6: Java frames' I
+# records, which a version 5 reader refuses as corrupt)
+VERSION = 6
 RECORD = struct.Struct("<IB")      # payload length, kind
 HEADER, MMAP, COMM, FORK, EXIT, SAMPLE, LOSSES = b"HMCFXSL"
 STACK, EVENT, COUNTED, PYCODE, SCRIPT = b"KENPI"
@@ -57,7 +61,8 @@ FAILURE = ord("!")
 SCRIPT_WORDS = {RUBY_FRAME_TAG >> 60: ("ruby", ruby_frame_parts),
                 PHP_FRAME_TAG >> 60: ("php", php_frame_parts),
                 PERL_FRAME_TAG >> 60: ("perl", perl_frame_parts),
-                V8_FRAME_TAG >> 60: ("js", v8_frame_parts)}
+                V8_FRAME_TAG >> 60: ("js", v8_frame_parts),
+                JAVA_FRAME_TAG >> 60: ("java", java_frame_parts)}
 
 _MMAP = struct.Struct("<iiQQQH")   # pid tid start end pgoff, path length
 _COMM = struct.Struct("<iiBQ")     # version 3: an exec's time, for its generation

@@ -27,8 +27,8 @@ MAX_STACKS = 1 << 20               # distinct stacks remembered; then ids start 
 MAX_CODES_WRITTEN = 1 << 18        # (pid, code) of Python code records remembered
 # the high byte of a Python frame's word (model.PYTHON_FRAME_TAG: 0xE…)
 _TAGGED_HIGH_BYTE = re.compile(rb"[\xe0-\xef]")
-# of a Ruby, Perl, PHP or JS frame's word (model's *_FRAME_TAG: 0xA… to 0xD…)
-_SCRIPT_HIGH_BYTE = re.compile(rb"[\xa0-\xdf]")
+# of a Java, Ruby, Perl, PHP or JS frame's word (model's *_FRAME_TAG: 0x9… to 0xD…)
+_SCRIPT_HIGH_BYTE = re.compile(rb"[\x90-\xdf]")
 
 
 class RecordWriter:
@@ -184,9 +184,10 @@ def recorder_of(session, destination: str | Output) -> "Recorder":
     its capture is open; `destination`: the file, opened before the run
     armed anything."""
     opts, plan = session.opts, session.plan
+    unwinder = session.resolver.unwinder    # first: it tells the Java names table it walks
     scripts = {kind: names for kind, names in session.script_names().items() if names.active}
     return Recorder(
-        destination, session.tracker, session.resolver.unwinder, session.labels,
+        destination, session.tracker, unwinder, session.labels,
         plan.modes, plan.backend,
         {"command": opts.runs_as, "events": list(opts.events),
          "start_ns": session.started_ns,
@@ -242,7 +243,8 @@ class Recorder:
         self.python_code = python_code               # names the Python frames' code
         self._codes_written: set = set()             # (pid, code) in the file
         # the names tables of the kinds of interpreter frames the run's
-        # kernel pass writes (ruby, php, perl, js), by their words' tag
+        # kernel pass writes (ruby, php, perl, js) or its walk of a JVM's
+        # copied stacks (java), by their words' tag
         scripts = scripts or {}
         self.scripts = {tag: (scripts[kind], parts)
                         for tag, (kind, parts) in rf.SCRIPT_WORDS.items() if kind in scripts}
@@ -304,9 +306,11 @@ class Recorder:
             self.writer.add_python_codes(found)
 
     def _add_script_frames(self, samples) -> None:
-        """The names of the samples' Ruby, PHP, Perl and JS frames, read
-        now (from the process or what the kernel copied): per word, as a
-        Ruby or JS frame's line depends on its pc. A frame its table cannot
+        """The names of the samples' Ruby, PHP, Perl, JS and Java frames,
+        read now (from the process or what the kernel copied; a Java
+        frame's as ustack's walk of its copied stack read them): per word,
+        as a Ruby or JS frame's line depends on its pc, a Java frame's on
+        its bci. A frame its table cannot
         name yet is asked again with the next stack holding it; never
         named, a report shows it unnamed, as the run would."""
         if not self.scripts:
@@ -333,7 +337,9 @@ class Recorder:
             unnamed = names.unnamed
             frame = names.frame(pid, *parts(word))
             if names.unnamed == unnamed:
-                found.append((pid, word, frame.function, frame.file, frame.line))
+                # a Java frame's source file is its module (its file only with a line)
+                file = frame.file or (frame.module if frame.kind == "java" else "")
+                found.append((pid, word, frame.function, file, frame.line))
             else:                      # its names may come later: asked again then,
                 names.unnamed = unnamed    # and no frame was shown unnamed
                 written.discard((pid, word))

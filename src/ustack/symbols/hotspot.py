@@ -1,9 +1,10 @@
 """Names of the Java methods of HotSpot JVMs' stacks: a Java frame is
 (Method*, bci) (model.java_frame_parts), put there by the user-space walk
 of a JVM's copied stacks (unwind/hotspot_live.py), which reads and checks
-each method's name while its process lives and tells it here. A frame
-whose method was not named then is shown as `[java 0x...]`, never with
-another method's name."""
+each method's name while its process lives and tells it here, or by a
+recording, which keeps each frame's names as they were read then
+(recording/format.py's I records). A frame whose method was not named
+then is shown as `[java 0x...]`, never with another method's name."""
 from __future__ import annotations
 
 import bisect
@@ -22,6 +23,8 @@ class JavaMethods:
         self._lock = threading.Lock()
         self._names: OrderedDict = OrderedDict()     # (pid, Method*) -> name
         self._named_pids: set = set()
+        # (pid, Method*, bci) -> (name, file, line): a recording's frames
+        self._recorded: dict = {}
         self.unnamed = 0            # frames shown as [java 0x...]
         # set when the run walks JVMs' stacks (a word with the Java tag
         # comes from that walk only)
@@ -48,7 +51,22 @@ class JavaMethods:
         """Whether a Java frame of pid was named from its JVM."""
         return pid in self._named_pids
 
+    def recorded(self, pid: int, parts: tuple, function: str, file: str, line: int) -> None:
+        """A frame's names as a recording kept them (per bci: its line);
+        `parts`: model.java_frame_parts of its word."""
+        method, bci, _inlined = parts
+        with self._lock:
+            if len(self._recorded) >= MAX_METHODS * 16:
+                self._recorded.clear()
+            self._recorded[(pid, method, bci)] = (function, file, line)
+            self._named_pids.add(pid)
+
     def frame(self, pid: int, method: int, bci: int, inlined: bool = False) -> Frame:
+        found = self._recorded.get((pid, method, bci)) if self._recorded else None
+        if found is not None:
+            name, file, line = found
+            return Frame(addr=0, module=file, function=name, file=file if line else "",
+                         line=line, kind="java", inlined=inlined)
         with self._lock:
             found = self._names.get((pid, method))
         if found is None:

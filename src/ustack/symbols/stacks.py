@@ -56,14 +56,15 @@ class StackResolver:
     `python_code` the run's PythonCode (symbols/python.py), `v8_functions`
     its V8Functions (symbols/v8.py), `php_functions` its PhpFunctions
     (symbols/php.py), `perl_subs` its PerlSubs (symbols/perl.py),
-    `ruby_iseqs` its RubyIseqs (symbols/ruby.py); `fp_advice`,
+    `ruby_iseqs` its RubyIseqs (symbols/ruby.py), `java_methods` its
+    JavaMethods (symbols/hotspot.py); `fp_advice`,
     given when the run walks frame pointers, what a stack that ends short
     of a root advises."""
 
     def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
                  cut_advice: str | None = None, python_code=None,
                  fp_advice: str | None = None, v8_functions=None, php_functions=None,
-                 perl_subs=None, ruby_iseqs=None):
+                 perl_subs=None, ruby_iseqs=None, java_methods=None):
         self.tracker = tracker
         self.fp_advice = fp_advice
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
@@ -86,11 +87,12 @@ class StackResolver:
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options, python_code, v8_functions,
-                                     php_functions, perl_subs, ruby_iseqs)
-        if options.java:
+                                     php_functions, perl_subs, ruby_iseqs, java_methods)
+        if options.java and tracker.live:
             # a JVM's stacks come copied (no CFI in its code cache): its Java
             # frames are walked and named as they are unwound, by a walker
-            # made at the first copied stack (a short run spares its imports)
+            # made at the first copied stack (a short run spares its imports);
+            # a recording's are named by what it kept (its process is gone)
             remember = self.symbolizer.java.remember
 
             def hotspot():

@@ -51,7 +51,8 @@ class Symbolizer:
                  v8_functions: V8Functions | None = None,
                  php_functions: PhpFunctions | None = None,
                  perl_subs: PerlSubs | None = None,
-                 ruby_iseqs: RubyIseqs | None = None):
+                 ruby_iseqs: RubyIseqs | None = None,
+                 java_methods: JavaMethods | None = None):
         self.mappings = mappings
         self.options = options
         self._said: list = []
@@ -62,7 +63,8 @@ class Symbolizer:
         self.php = php_functions if php_functions is not None else PhpFunctions()
         self.perl = perl_subs if perl_subs is not None else PerlSubs()
         self.ruby = ruby_iseqs if ruby_iseqs is not None else RubyIseqs()
-        self.java = JavaMethods()       # named by the walk of a JVM's stacks
+        # named by the walk of a JVM's stacks, or by a recording
+        self.java = java_methods if java_methods is not None else JavaMethods()
         self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
                                lambda pid: self.v8.named_in(pid) or self.java.named_in(pid))
         self._kernel = None               # KernelSymbols: read on first use
