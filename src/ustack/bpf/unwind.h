@@ -158,7 +158,7 @@ struct {
 } jvm_processes SEC(".maps");
 
 /* kernel field offsets, from the running kernel's BTF */
-const volatile __u32 task_mm, mm_ctx_id, mm_vdso;
+const volatile __u32 task_mm, mm_ctx_id, mm_vdso, mm_arg_start;
 const volatile __u32 vm_start, vm_end, vm_pgoff, vm_file, vm_mm;
 const volatile __u32 f_inode, i_ino, i_sb, s_dev;
 
@@ -702,15 +702,17 @@ static __always_inline int store_stack(struct walk *w, __u64 *hash)
 }
 
 /* d = the deferred record of this event: its registers (the walk moved
- * them: the event's own) and `size` bytes from sp at once (d has room for
- * them); where that fails the stack ends within them, and as it ends at a
- * page boundary (its mapping's end), sp's page and the ones after it are
- * copied one at a time. w->rec holds the record's head. */
-static __always_inline void fill_deferred(void *ctx, enum regs_source source, struct walk *w,
-					  struct deferred_record *d, __s32 kernel_stack,
-					  __u64 weight, __u32 size)
+ * them: the event's own) and up to `room` bytes from sp at once (d has
+ * room for them and SWITCH_STACK more; `room` a constant to the verifier);
+ * where that fails the stack ends within them, and as it ends at a page
+ * boundary (its mapping's end), sp's page and the ones after it are copied
+ * one at a time. w->rec holds the record's head. Returns the bytes of d
+ * used: its head and the copies, which follow one another */
+static __always_inline __u32 fill_deferred(void *ctx, enum regs_source source, struct walk *w,
+					   struct deferred_record *d, __s32 kernel_stack,
+					   __u64 weight, __u32 room)
 {
-	__u64 first, copied, other;
+	__u64 first, copied, other, want = room, strings;
 
 	user_registers(ctx, source, w);
 	d->rec.time = w->rec.time;
@@ -727,44 +729,61 @@ static __always_inline void fill_deferred(void *ctx, enum regs_source source, st
 	d->weight = weight;
 	d->other = 0;
 	d->other_copied = 0;
-	if (!bpf_probe_read_user(d->stack, size, (void *)w->sp)) {
-		d->copied = size;
+	/* no frame lies above the main thread's argument strings (the
+	 * environment's and the loader's words follow them): a copy of a
+	 * stack near its top ends there */
+	if (mm_arg_start) {
+		strings = KFIELD(__u64, KFIELD(void *, bpf_get_current_task_btf(), task_mm),
+				 mm_arg_start);
+		if (strings > w->sp && strings - w->sp < want)
+			want = (strings - w->sp) & ~7ULL;
+	}
+	if (want > room)		/* for the verifier: it does not relate them */
+		want = room;
+	if (!bpf_probe_read_user(d->stack, want, (void *)w->sp)) {
+		copied = want;
 	} else {
 		first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
+		if (first > want)
+			first = want;
 		if (bpf_probe_read_user(d->stack, first, (void *)w->sp)) {
 			d->copied = 0;
-			return;
+			return offsetof(struct deferred_record, stack);
 		}
 		copied = first;
 		for (int i = 0; i < MAX_DEFER_STACK / 4096; i++) {
-			if (copied > size - 4096)
+			if (copied > room - 4096 || copied + 4096 > want)
 				break;
 			if (bpf_probe_read_user(d->stack + copied, 4096, (void *)(w->sp + copied)))
 				break;
 			copied += 4096;
 		}
-		d->copied = copied;
 	}
+	if (copied > room)
+		copied = room;
+	d->copied = copied;
 	/* the frame-pointer chain leaving the copy within a few links: a
 	 * frame on another stack (Go's time.now runs the vDSO on the g0
 	 * stack; the vDSO's own frame links to it), whose callers only a copy
 	 * from there holds; that page alone where the stack ends sooner */
 	other = w->bp;
-	for (int i = 0; i < 3 && other - w->sp < d->copied; i++)
+	for (int i = 0; i < 3 && other - w->sp < copied; i++)
 		if (bpf_probe_read_user(&other, sizeof(other), (void *)other))
-			return;
-	if (other - w->sp < d->copied || other < 4096)
-		return;
+			return offsetof(struct deferred_record, stack) + copied;
+	if (other - w->sp < copied || other < 4096)
+		return offsetof(struct deferred_record, stack) + copied;
 	d->other = other;
-	if (!bpf_probe_read_user(d->other_stack, SWITCH_STACK, (void *)other)) {
+	if (!bpf_probe_read_user(d->stack + copied, SWITCH_STACK, (void *)other)) {
 		d->other_copied = SWITCH_STACK;
-		return;
+		return offsetof(struct deferred_record, stack) + copied + SWITCH_STACK;
 	}
 	first = 4096 - (other & 4095);
 	if (first > SWITCH_STACK)
 		first = SWITCH_STACK;
-	if (!bpf_probe_read_user(d->other_stack, first, (void *)other))
-		d->other_copied = first;
+	if (bpf_probe_read_user(d->stack + copied, first, (void *)other))
+		return offsetof(struct deferred_record, stack) + copied;
+	d->other_copied = first;
+	return offsetof(struct deferred_record, stack) + copied + first;
 }
 
 #endif
