@@ -118,12 +118,13 @@ DEFER_STACK_AT = _DEFERRED.offsets["stack"]
 DEFER_STACK = _DEFERRED.size - DEFER_STACK_AT - SWITCH_STACK
 DEFER_RECORD = _DEFERRED.size
 MAX_DEFER_STACK = 65536          # ustack.h: a deferred record's stack, at most
-DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~400-1,300)
+DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (400-7,000)
 # A -c command's first events all come before its rows are in (built after
 # it starts): a probe hit a thousand times in its first milliseconds is a
-# thousand deferred records at once, ~3 KiB each for a C program's main
-# thread (its copy ends at the argument strings), 10 KiB where the stack
-# is deeper. Room for ~5,000 of them costs ~5 ms more to make than 4 MiB.
+# thousand deferred records at once: ~600 bytes each for a C program's main
+# thread (its copy ends at the first sp of the process), up to ~10 KiB
+# where the stack is deeper. Room for thousands of those costs ~5 ms more
+# to make than 4 MiB.
 COMMAND_DEFER_RING_BYTES = 16 << 20
 COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
@@ -882,7 +883,7 @@ def regs_source(probe) -> str:
 def kernel_rodata(offsets: Offsets) -> dict:
     """unwind.h's kernel field offsets, from this kernel's BTF."""
     return {name: getattr(offsets, name) for name in (
-        "task_mm", "mm_ctx_id", "mm_vdso", "mm_arg_start", "vm_start", "vm_end", "vm_pgoff", "vm_file",
+        "task_mm", "mm_ctx_id", "mm_vdso", "mm_start_stack", "vm_start", "vm_end", "vm_pgoff", "vm_file",
         "vm_mm", "f_inode", "i_ino", "i_sb", "s_dev")}
 
 

@@ -23,7 +23,7 @@ FIELDS = {
     "vm_mm": ("vm_area_struct", "vm_mm"),
     "mm_vdso": ("mm_struct", "context.vdso"),
     "mm_ctx_id": ("mm_struct", "context.ctx_id"),
-    "mm_arg_start": ("mm_struct", "arg_start"),           # a deferred copy's end (unwind.h)
+    "mm_start_stack": ("mm_struct", "start_stack"),       # a deferred copy's end (unwind.h)
     "task_exit_state": ("task_struct", "exit_state"),    # x86: never reused, unlike the mm
     "task_stack": ("task_struct", "stack"),
     "task_pid": ("task_struct", "pid"),
