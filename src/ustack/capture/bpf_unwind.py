@@ -210,11 +210,14 @@ def defer_stack_bytes(stack_size: int) -> int:
 
 class UnwindMaps(bpf_syscall.MapSet):
     """The unwinder's maps; `rows_capacity` bounds the rows of every object
-    together (16 bytes each), `stacks` the distinct stacks."""
+    together (16 bytes each), `stacks` the distinct stacks. `deferring`:
+    with the room where unwind.bpf.c writes a deferred record (its
+    programs use it; latency's and memleak's, which reserve fixed-size
+    records, do not)."""
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18,
-                 wanted: int = 1024, jvms: int = 1024):
+                 wanted: int = 1024, jvms: int = 1024, deferring: bool = True):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
@@ -231,8 +234,8 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.scratch = self._keep(obj.make_map("scratch"))
             # a deferred record is written here before its used part goes
             # to the ring: one ~68 KiB value per CPU
-            self.deferred_room = self._keep(obj.make_map("deferred_room",
-                                                         bpf_syscall.possible_cpus()))
+            self.deferred_room = self._keep(obj.make_map(
+                "deferred_room", bpf_syscall.possible_cpus())) if deferring else None
             self.jvms = self._keep(obj.make_map("jvm_processes", jvms))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up;
@@ -253,8 +256,9 @@ class UnwindMaps(bpf_syscall.MapSet):
         """The maps by the names unwind.bpf.c gives them."""
         return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
                 "vmas": self.vmas, "wanted": self.wanted, "scratch": self.scratch,
-                "deferred_room": self.deferred_room, "unwound": self.stacks,
-                "counts": self.counts, "unwind_errors": self.errors, "jvm_processes": self.jvms}
+                "unwound": self.stacks, "counts": self.counts, "unwind_errors": self.errors,
+                "jvm_processes": self.jvms,
+                **({"deferred_room": self.deferred_room} if self.deferred_room else {})}
 
     @property
     def rows(self) -> bpf_syscall.Map:
