@@ -1,13 +1,15 @@
 """Stacks the in-kernel walk defers to ustack (an object whose rows are
 not loaded yet, or do not fit the table) are unwound with the rows the
 kernel uses: a Go binary's from its .gopclntab, with the frames that run
-on another stack. With an empty cache a -c command's first events are
-whole too."""
+on another stack. With an empty cache nothing is built before a -c
+command starts: its first events, a burst of thousands included, are
+deferred and whole."""
 from __future__ import annotations
 
 import pytest
 
-from helpers import O2_NOFP, build, build_go, funcs, ok, parse_folded, parse_trace, run_ustack
+from helpers import (O2_NOFP, build, build_go, funcs, ok, parse_counts, parse_folded, parse_trace,
+                     run_ustack)
 
 pytestmark = pytest.mark.kernel
 
@@ -41,9 +43,9 @@ def test_deferred_samples_in_time_now_are_whole(tmp_path):
 
 @pytest.mark.parametrize("language", ["go", "c"])
 def test_empty_cache_command_first_events_whole(language, tmp_path):
-    """-c with an empty cache: every write the program makes, its first
-    included, has its whole stack (a small program's rows are built before
-    it starts; a burst of first events would overflow the deferral ring)."""
+    """-c with an empty cache: the rows are built after the start (the
+    run says so), and every write the program makes, its first included,
+    has its whole stack."""
     if language == "go":
         target = f"{build_go('gochain')} 3 write"
         # two frameless assembly leaves first: a frame-pointer walk loses one
@@ -54,8 +56,9 @@ def test_empty_cache_command_first_events_whole(language, tmp_path):
         target = f"{build('chain', flags=O2_NOFP)} 3 write"
         want = ["write", "d", "c", "b", "a", "main"]
     out = tmp_path / "trace.txt"
-    ok(run_ustack("trace", "syscall:write", "-o", out, "-c", target,
+    res = ok(run_ustack("trace", "syscall:write", "-o", out, "-c", target,
                         env=_empty_cache(tmp_path, "cache")))
+    assert "built after the start" in res.stderr, res.stderr
     records = parse_trace(out.read_text())
     assert len(records) == 3, out.read_text()
     for rec in records:
@@ -66,3 +69,22 @@ def test_empty_cache_command_first_events_whole(language, tmp_path):
         else:                           # libc's start-up frames after main
             assert [n for n in names if n in want] == want, names
             assert names[0] in ("write", "__GI___libc_write"), names
+
+
+# hits of a probe in a command's first milliseconds: thrice what a ring of
+# fixed 10 KiB records held (~400), all before the command's rows are in
+BURST = 3000
+
+
+def test_a_commands_first_burst_is_counted_whole(tmp_path):
+    """-c with an empty cache: chain's d is hit 3,000 times within its
+    first milliseconds, before any row is built (every stack is deferred
+    to ustack): all 3,000 are counted with their whole stack, none cut."""
+    chain = build("chain", flags=O2_NOFP)
+    res = ok(run_ustack("count", f"uprobe:{chain}:d", "-c", f"{chain} {BURST}",
+                        env=_empty_cache(tmp_path, "cache")))
+    assert "built after the start" in res.stderr, res.stderr
+    stacks = [(funcs(s["frames"]), s["count"]) for s in parse_counts(res.stdout)]
+    assert stacks == [(["d", "c", "b", "a", "main", "__libc_start_call_main",
+                        "__libc_start_main", "_start"], BURST)], res.stdout + res.stderr
+    assert "cut short" not in res.stderr, res.stderr

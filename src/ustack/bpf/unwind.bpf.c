@@ -62,6 +62,15 @@ struct {
 	__uint(max_entries, 1);
 } deferred_scratch SEC(".maps");
 
+/* where a deferred record for the ring is written (defer), one value per
+ * CPU: a per-CPU value holds at most 32 KiB */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct deferred_longest);
+	__uint(max_entries, 1);		/* sized by the loader: the possible CPUs */
+} deferred_room SEC(".maps");
+
 const volatile __u32 probe_index;
 /* behind a uprobe_multi link (many uprobes, one program): the probe is the
  * link's cookie for the uprobe that fired, not probe_index */
@@ -156,20 +165,29 @@ static __always_inline void record_head(struct walk *w, __u64 pid_tgid, __u32 pr
 }
 
 /* A deferred record into the ring, for user space to unwind once it has
- * loaded what the walk missed; 0 when the ring is full (counted). */
+ * loaded what the walk missed; 0 when the ring is full (counted). Written
+ * whole in this CPU's room first, so the ring holds only the part it uses:
+ * a stack's copy as deep as the stack is (a short program's ~3 KiB of 8),
+ * the other stack's only where the chain switches stacks; a command's
+ * first burst of events then fits the ring whole. */
 static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack,
 				 __u64 weight)
 {
-	__u32 size = ring_defer_stack();
-	struct deferred_record *d = bpf_ringbuf_reserve(
-		&ring, sizeof(*d) - DEFER_STACK + size, 0);
+	__u32 cpu = bpf_get_smp_processor_id(), used;
+	struct deferred_longest *room = bpf_map_lookup_elem(&deferred_room, &cpu);
 
-	if (!d) {
+	if (!room) {
 		count_unwind_error(UW_UNDEFERRED);
 		return 0;
 	}
-	fill_deferred(ctx, regs_source, w, d, kernel_stack, weight, size);
-	bpf_ringbuf_submit(d, 0);
+	used = fill_deferred(ctx, regs_source, w, &room->d, kernel_stack, weight,
+			     ring_defer_stack());
+	if (used > sizeof(*room))	/* for the verifier */
+		used = sizeof(*room);
+	if (bpf_ringbuf_output(&ring, room, used, 0)) {
+		count_unwind_error(UW_UNDEFERRED);
+		return 0;
+	}
 	return 1;
 }
 

@@ -158,7 +158,7 @@ struct {
 } jvm_processes SEC(".maps");
 
 /* kernel field offsets, from the running kernel's BTF */
-const volatile __u32 task_mm, mm_ctx_id, mm_vdso;
+const volatile __u32 task_mm, mm_ctx_id, mm_vdso, mm_start_stack;
 const volatile __u32 vm_start, vm_end, vm_pgoff, vm_file, vm_mm;
 const volatile __u32 f_inode, i_ino, i_sb, s_dev;
 
@@ -701,16 +701,45 @@ static __always_inline int store_stack(struct walk *w, __u64 *hash)
 	return 1;
 }
 
-/* d = the deferred record of this event: its registers (the walk moved
- * them: the event's own) and `size` bytes from sp at once (d has room for
- * them); where that fails the stack ends within them, and as it ends at a
- * page boundary (its mapping's end), sp's page and the ones after it are
- * copied one at a time. w->rec holds the record's head. */
-static __always_inline void fill_deferred(void *ctx, enum regs_source source, struct walk *w,
-					  struct deferred_record *d, __s32 kernel_stack,
-					  __u64 weight, __u32 size)
+/* a few words past the process's first sp (argc, the first of argv):
+ * an unwinder's reads at the outermost frame */
+#define ABOVE_START_STACK 128
+
+/* the bytes of stack from sp that may hold frames, at most `room`: no
+ * frame lies above the main thread's first sp (mm->start_stack, argc's
+ * address at exec); above it come argv, the environment, up to 8 KiB of
+ * random gap and the strings. The kernel's words are read into *at (a
+ * field of d written later): on the program's stack, or known to the
+ * verifier as values, they made it walk the count program 8x longer */
+static __always_inline __u64 stack_copy_bound(__u64 sp, __u64 room, __u64 *at)
 {
-	__u64 first, copied, other;
+	__u64 start;
+
+	if (!mm_start_stack)
+		return room;
+	*at = 0;
+	bpf_probe_read_kernel(at, sizeof(*at), (void *)bpf_get_current_task_btf() + task_mm);
+	start = READ_ONCE(*at);
+	if (!start || bpf_probe_read_kernel(at, sizeof(*at), (void *)start + mm_start_stack))
+		return room;
+	start = READ_ONCE(*at) + ABOVE_START_STACK;
+	if (start > sp && start - sp < room)
+		return (start - sp) & ~7ULL;
+	return room;
+}
+
+/* d = the deferred record of this event: its registers (the walk moved
+ * them: the event's own) and up to `room` bytes from sp at once (d has
+ * room for them and SWITCH_STACK more; `room` a constant to the verifier);
+ * where that fails the stack ends within them, and as it ends at a page
+ * boundary (its mapping's end), sp's page and the ones after it are copied
+ * one at a time. w->rec holds the record's head. Returns the bytes of d
+ * used: its head and the copies, which follow one another */
+static __always_inline __u32 fill_deferred(void *ctx, enum regs_source source, struct walk *w,
+					   struct deferred_record *d, __s32 kernel_stack,
+					   __u64 weight, __u32 room)
+{
+	__u64 first, copied, other, want;
 
 	user_registers(ctx, source, w);
 	d->rec.time = w->rec.time;
@@ -725,46 +754,58 @@ static __always_inline void fill_deferred(void *ctx, enum regs_source source, st
 	d->bx = w->bx;
 	d->kernel_stack = kernel_stack;
 	d->weight = weight;
-	d->other = 0;
 	d->other_copied = 0;
-	if (!bpf_probe_read_user(d->stack, size, (void *)w->sp)) {
-		d->copied = size;
+	d->copied = stack_copy_bound(w->sp, room, &d->other);
+	want = READ_ONCE(d->copied);	/* any number to the verifier: one state */
+	if (want > room)
+		want = room;
+	d->other = 0;
+	if (!bpf_probe_read_user(d->stack, want, (void *)w->sp)) {
+		copied = want;
 	} else {
+		/* pages while they read, within `room` (a constant to the
+		 * verifier), then no more than `want` kept */
 		first = 4096 - (w->sp & 4095);		/* sp's page: 1..4096 bytes */
 		if (bpf_probe_read_user(d->stack, first, (void *)w->sp)) {
 			d->copied = 0;
-			return;
+			return offsetof(struct deferred_record, stack);
 		}
 		copied = first;
 		for (int i = 0; i < MAX_DEFER_STACK / 4096; i++) {
-			if (copied > size - 4096)
+			if (copied > room - 4096)
 				break;
 			if (bpf_probe_read_user(d->stack + copied, 4096, (void *)(w->sp + copied)))
 				break;
 			copied += 4096;
 		}
-		d->copied = copied;
+		if (copied > want)
+			copied = want;
 	}
+	if (copied > room)
+		copied = room;
+	d->copied = copied;
 	/* the frame-pointer chain leaving the copy within a few links: a
 	 * frame on another stack (Go's time.now runs the vDSO on the g0
 	 * stack; the vDSO's own frame links to it), whose callers only a copy
 	 * from there holds; that page alone where the stack ends sooner */
 	other = w->bp;
-	for (int i = 0; i < 3 && other - w->sp < d->copied; i++)
+	for (int i = 0; i < 3 && other - w->sp < copied; i++)
 		if (bpf_probe_read_user(&other, sizeof(other), (void *)other))
-			return;
-	if (other - w->sp < d->copied || other < 4096)
-		return;
+			return offsetof(struct deferred_record, stack) + copied;
+	if (other - w->sp < copied || other < 4096)
+		return offsetof(struct deferred_record, stack) + copied;
 	d->other = other;
-	if (!bpf_probe_read_user(d->other_stack, SWITCH_STACK, (void *)other)) {
+	if (!bpf_probe_read_user(d->stack + copied, SWITCH_STACK, (void *)other)) {
 		d->other_copied = SWITCH_STACK;
-		return;
+		return offsetof(struct deferred_record, stack) + copied + SWITCH_STACK;
 	}
 	first = 4096 - (other & 4095);
 	if (first > SWITCH_STACK)
 		first = SWITCH_STACK;
-	if (!bpf_probe_read_user(d->other_stack, first, (void *)other))
-		d->other_copied = first;
+	if (bpf_probe_read_user(d->stack + copied, first, (void *)other))
+		return offsetof(struct deferred_record, stack) + copied;
+	d->other_copied = first;
+	return offsetof(struct deferred_record, stack) + copied + first;
 }
 
 #endif

@@ -375,9 +375,11 @@ struct trace_record {
 };
 
 /* a deferred record (head.status DEFERRED, no frames): the event's
- * registers and DEFER_STACK bytes from sp, `copied` of them read; the
- * fetch-args after the stack. `other_copied` bytes from rbp (`other`)
- * where rbp points outside the copy from sp */
+ * registers, `copied` bytes of stack from sp, and where rbp points
+ * outside them, `other_copied` bytes from rbp (`other`) right after
+ * them. A fixed reserve has room for DEFER_STACK + SWITCH_STACK bytes
+ * (the fetch-args after them); count/trace's ring holds a record only as
+ * long as what it carries (unwind.bpf.c's defer) */
 struct deferred_record {
 	struct trace_record rec;
 	__u64 ip, sp, bp, bx;
@@ -387,8 +389,14 @@ struct deferred_record {
 	__u64 other;
 	__u32 other_copied;
 	__u32 pad;
-	__u8 other_stack[SWITCH_STACK];
-	__u8 stack[DEFER_STACK];
+	__u8 stack[DEFER_STACK + SWITCH_STACK];
+};
+
+/* the longest deferred record (--stack-size MAX_DEFER_STACK), written
+ * whole before its used part goes to the ring */
+struct deferred_longest {
+	struct deferred_record d;
+	__u8 more[MAX_DEFER_STACK - DEFER_STACK];
 };
 
 /* a deferred record being written, its fetch-args after it (trace) */

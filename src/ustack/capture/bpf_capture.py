@@ -202,8 +202,7 @@ class BpfCapture(Capture):
                 later, cached_only = [], self.defers_stacks and not lazy
                 for path in self._first_objects:
                     self.interrupt.check()
-                    if not objects.add_path(path, cached_only=cached_only and not (
-                            target.scope == "command" and _built_at_once(path))):
+                    if not objects.add_path(path, cached_only=cached_only):
                         later.append(path)
                 if later:
                     self._load_later(objects, later)
@@ -494,19 +493,3 @@ def uncounted(errors: dict, reasons: tuple) -> tuple:
     """(why, n) for each (why, error name) of `reasons` counted nonzero."""
     return tuple((why, errors[name]) for why, name in reasons if errors[name])
 
-
-# An object of a -c command this small has its rows built before the
-# command starts even when the cache lacks them (~0.1-0.3 s: a program and
-# libc): its first events are walked in the kernel, as cached rows' are.
-# Deferred instead, they would be whole too, but a command's first
-# milliseconds can hit a probe a thousand times, more than the deferral
-# ring holds (595 of 1,000 counted stacks were cut so). Bigger objects
-# (libLLVM, node, chromium: seconds each) are built after the start.
-BUILT_AT_ONCE_BYTES = 8 << 20
-
-
-def _built_at_once(path: str) -> bool:
-    try:
-        return os.stat(path).st_size <= BUILT_AT_ONCE_BYTES
-    except OSError:
-        return False

@@ -31,8 +31,9 @@ class UnwindCountCapture(BpfCapture):
                               js=self.js, php=self.php, perl=self.perl, ruby=self.ruby,
                               rows=self.rows_capacity or DEFAULT_ROWS,
                               stack_size=self.stack_size,
-                              ring_bytes=deferral_ring_bytes(self.buffer_pages,
-                                                             self.stack_size),
+                              ring_bytes=deferral_ring_bytes(
+                                  self.buffer_pages, self.stack_size,
+                                  command=self.target.scope == "command"),
                               weighted=self.weighted, linked=self.linked)
 
     def read_chunks(self, timeout_ms: int) -> list:

@@ -163,7 +163,8 @@ class LatencyCounter(BpfCounter):
         self.ring = self.lat.ring
         if tables is not None:
             from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
-            self.unwind_maps = owned.map(UnwindMaps(rows or DEFAULT_ROWS, stack_storage, 16))
+            self.unwind_maps = owned.map(UnwindMaps(rows or DEFAULT_ROWS, stack_storage, 16,
+                                                    deferring=False))
             self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
             if python:
                 from .bpf_python import PythonMaps, PythonProcs

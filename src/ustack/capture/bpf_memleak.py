@@ -90,7 +90,7 @@ class MemleakCounter(BpfCounter):
                  perl: bool = False, ruby: bool = False):
         self._no_maps_yet(probes, owned, armed=armed)
         self.sites = sites
-        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage, 16))
+        self.unwind_maps = owned.map(UnwindMaps(rows, stack_storage, 16, deferring=False))
         self.objects = UnwindObjects(self.unwind_maps, tables)    # rows: open()
         # deferred records (and with Python frames, new code objects)
         self.ring = owned.ring(bpf_syscall.RingBuf(max(DEFER_RING_BYTES, CODE_RING_BYTES),

@@ -103,21 +103,29 @@ STACK_HEAD = _OBJ.layout("stack_head").struct     # frames, status
 RECORD = _OBJ.layout("trace_record").struct
 # a deferred record (RECORD with no frames, status DEFERRED), then the
 # event's ip, sp, bp, bx, kernel stack id, bytes of stack copied, its weight
-# (count --weight), then the stack from sp (the copied ones first): DEFER_STACK
-# bytes, or in the ring as many as --stack-size (unwind.bpf.c's defer_stack)
+# (count --weight), where rbp left the copy (a frame on another stack) and
+# the bytes copied from there; then the copy from sp and the one from rbp
+# after it. A fixed-size record has room for DEFER_STACK + SWITCH_STACK
+# bytes of copies (fetch-args after them); count/trace's ring holds a record
+# as long as its copies (unwind.bpf.c's defer)
 _DEFERRED = _OBJ.layout("deferred_record")
 _TOKENS = dict(zip(_DEFERRED.fields, re.findall(r"\d*[a-zA-Z?]", _DEFERRED.struct.format[1:])))
 DEFER = struct.Struct("<" + "".join(_TOKENS[f] for f in ("ip", "sp", "bp", "bx", "kernel_stack",
                                                           "copied", "weight", "other",
                                                           "other_copied")))
-# where a deferred record's copies begin: from rbp (where rbp was not in
-# the copy from sp: a frame on another stack), then from sp
-DEFER_OTHER_AT = _DEFERRED.offsets["other_stack"]
+SWITCH_STACK = 2048              # ustack.h: bytes copied from rbp on another stack, at most
 DEFER_STACK_AT = _DEFERRED.offsets["stack"]
-DEFER_STACK = _DEFERRED.size - _DEFERRED.offsets["stack"]
+DEFER_STACK = _DEFERRED.size - DEFER_STACK_AT - SWITCH_STACK
 DEFER_RECORD = _DEFERRED.size
 MAX_DEFER_STACK = 65536          # ustack.h: a deferred record's stack, at most
-DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (~500)
+DEFER_RING_BYTES = 4 << 20       # count/profile's ring of deferred records (400-7,000)
+# A -c command's first events all come before its rows are in (built after
+# it starts): a probe hit a thousand times in its first milliseconds is a
+# thousand deferred records at once: ~600 bytes each for a C program's main
+# thread (its copy ends at the first sp of the process), up to ~10 KiB
+# where the stack is deeper. Room for thousands of those costs ~5 ms more
+# to make than 4 MiB.
+COMMAND_DEFER_RING_BYTES = 16 << 20
 COUNT_KEY = _OBJ.layout("unwind_count_key").struct  # pid_tgid, probe, kernel stack id, hash
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -180,12 +188,15 @@ def kernel_dev(st_dev: int) -> int:
     return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
-def deferral_ring_bytes(buffer_pages: int, stack_size: int = DEFER_STACK) -> int:
+def deferral_ring_bytes(buffer_pages: int, stack_size: int = DEFER_STACK,
+                        command: bool = False) -> int:
     """count/profile's ring of deferred stacks: DEFER_RING_BYTES, more as
     --buffer-pages grows, room for 256 records of `stack_size` bytes of
-    stack (--stack-size); a power of two."""
+    stack (--stack-size); a power of two. A -c `command`'s holds its first
+    burst: COMMAND_DEFER_RING_BYTES."""
     want = max(DEFER_RING_BYTES, buffer_pages * 4096 * 4,
-               256 * (DEFER_RECORD - DEFER_STACK + defer_stack_bytes(stack_size)))
+               256 * (DEFER_RECORD - DEFER_STACK + defer_stack_bytes(stack_size)),
+               COMMAND_DEFER_RING_BYTES if command else 0)
     return 1 << (want - 1).bit_length()
 
 
@@ -199,11 +210,14 @@ def defer_stack_bytes(stack_size: int) -> int:
 
 class UnwindMaps(bpf_syscall.MapSet):
     """The unwinder's maps; `rows_capacity` bounds the rows of every object
-    together (16 bytes each), `stacks` the distinct stacks."""
+    together (16 bytes each), `stacks` the distinct stacks. `deferring`:
+    with the room where unwind.bpf.c writes a deferred record (its
+    programs use it; latency's and memleak's, which reserve fixed-size
+    records, do not)."""
 
     def __init__(self, rows_capacity: int, stacks: int, counts: int,
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18,
-                 wanted: int = 1024, jvms: int = 1024):
+                 wanted: int = 1024, jvms: int = 1024, deferring: bool = True):
         super().__init__()
         # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
@@ -218,6 +232,10 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.vmas = self._keep(obj.make_map("vmas", vmas))
             self.wanted = self._keep(obj.make_map("wanted", wanted))
             self.scratch = self._keep(obj.make_map("scratch"))
+            # a deferred record is written here before its used part goes
+            # to the ring: one ~68 KiB value per CPU
+            self.deferred_room = self._keep(obj.make_map(
+                "deferred_room", bpf_syscall.possible_cpus())) if deferring else None
             self.jvms = self._keep(obj.make_map("jvm_processes", jvms))
             # elements made as stacks come (Linux 6.1+ lets tracing programs
             # use such maps): preallocating 16 MiB cost ~3.5 ms of start-up;
@@ -237,8 +255,10 @@ class UnwindMaps(bpf_syscall.MapSet):
     def named(self) -> dict:
         """The maps by the names unwind.bpf.c gives them."""
         return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
-                "vmas": self.vmas, "wanted": self.wanted, "scratch": self.scratch, "unwound": self.stacks,
-                "counts": self.counts, "unwind_errors": self.errors, "jvm_processes": self.jvms}
+                "vmas": self.vmas, "wanted": self.wanted, "scratch": self.scratch,
+                "unwound": self.stacks, "counts": self.counts, "unwind_errors": self.errors,
+                "jvm_processes": self.jvms,
+                **({"deferred_room": self.deferred_room} if self.deferred_room else {})}
 
     @property
     def rows(self) -> bpf_syscall.Map:
@@ -867,7 +887,7 @@ def regs_source(probe) -> str:
 def kernel_rodata(offsets: Offsets) -> dict:
     """unwind.h's kernel field offsets, from this kernel's BTF."""
     return {name: getattr(offsets, name) for name in (
-        "task_mm", "mm_ctx_id", "mm_vdso", "vm_start", "vm_end", "vm_pgoff", "vm_file",
+        "task_mm", "mm_ctx_id", "mm_vdso", "mm_start_stack", "vm_start", "vm_end", "vm_pgoff", "vm_file",
         "vm_mm", "f_inode", "i_ino", "i_sb", "s_dev")}
 
 
@@ -1003,7 +1023,7 @@ def ring_samples(chunk: bytes, samples: list, offset: int, limit: int,
                 # the unwinder goes on there when a frame switches stacks
                 regs[OTHER_STACK] = other
                 regs[OTHER_AT] = len(stack)
-                stack += chunk[rec + DEFER_OTHER_AT:rec + DEFER_OTHER_AT + other_size]
+                stack += chunk[at + size:min(at + size + other_size, rec + n)]
             sample = RawSample(
                 probe, pid_tgid >> 32, pid_tgid & 0xFFFFFFFF, t, cpu,
                 regs=regs, stack=stack, args=args,

@@ -23,13 +23,14 @@ FIELDS = {
     "vm_mm": ("vm_area_struct", "vm_mm"),
     "mm_vdso": ("mm_struct", "context.vdso"),
     "mm_ctx_id": ("mm_struct", "context.ctx_id"),
+    "mm_start_stack": ("mm_struct", "start_stack"),       # a deferred copy's end (unwind.h)
     "task_exit_state": ("task_struct", "exit_state"),    # x86: never reused, unlike the mm
     "task_stack": ("task_struct", "stack"),
     "task_pid": ("task_struct", "pid"),
     "task_fsbase": ("task_struct", "thread.fsbase"),     # x86-64: pthread_self()
     "task_runtime": ("task_struct", "se.sum_exec_runtime"),  # CPU time used, ns
 }
-_CACHE_LAYOUT = "offsets7"
+_CACHE_LAYOUT = "offsets8"
 
 
 class Offsets:
