@@ -248,9 +248,13 @@ def held_at_exit(command: str, backend: str, python: bool, cmdline: str | None) 
         return False
     from .objfile.needed import load_closure
     from .target import process
-    from .unwind.python_runtime import runs_python
+    from .unwind.runtime_files import may_be
     exe = process.command_executable(cmdline)
     try:
-        return exe is not None and runs_python(load_closure(exe))
+        closure = load_closure(exe) if exe is not None else []
     except OSError:
         return False
+    if not any(may_be("python", path) for path in closure):
+        return False            # (by the names alone: echo imports nothing of Python)
+    from .unwind.python_runtime import runs_python
+    return runs_python(closure)
