@@ -46,7 +46,6 @@ from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_record
 from .contract import Capture
 from .perf import PerfCapture
 from .run_objects import RunObjects
-from ..target.traced_command import TracedCommand
 from . import uprobe_links
 
 
@@ -319,6 +318,7 @@ class BpfCapture(Capture):
             python_code.by_id = True       # the kernel's ids name its frames' code
         if self.python_frames is None and self.wire_python_frames is not None:
             self.wire_python_frames()
+        from ..target.traced_command import TracedCommand
         if self.target.scope == "command" and isinstance(self.target, TracedCommand):
             self.target.on_exit = python.at_exit      # held at its exit: Session
 

@@ -8,7 +8,7 @@ from ..model import KERNEL_UNWIND_WHOLE, LOWEST_FRAME_TAG, Frame, RawSample, Sta
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
-from .perfmap import unnamed_jit
+from .normalize import unnamed_jit
 from .symbolizer import SymbolOptions, Symbolizer
 
 MAX_CACHED = 100_000               # distinct stacks kept; bounds memory

@@ -20,7 +20,6 @@ from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
 from .normalize import normalize
-from .perfmap import JitSymbols
 from .runtime_names import RuntimeNames
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
@@ -58,8 +57,8 @@ class Symbolizer:
                      ("perl", perl_subs), ("ruby", ruby_iseqs))
             names = RuntimeNames(**{kind: table for kind, table in given if table is not None})
         self.names = names
-        self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
-                               self._named_by_runtime)
+        self._name = name
+        self._jit = None                  # JitSymbols: made at the first frame in anonymous memory
         self._kernel = None               # KernelSymbols: read on first use
         self._source_wanted = options.lines or options.inlines
         self._modules: dict = {}          # mapping path -> module name shown
@@ -92,7 +91,8 @@ class Symbolizer:
     @property
     def warnings(self) -> list:
         runtimes = [self.names.made(kind) for kind in ("js", "perl", "ruby", "java")]
-        return (self._said + self._jit.notes() + self._elf.fetch_notes()
+        jit = self._jit.notes() if self._jit is not None else []
+        return (self._said + jit + self._elf.fetch_notes()
                 + self._elf.name_source_notes()
                 + [w for table in runtimes if table is not None for w in table.warnings])
 
@@ -106,11 +106,21 @@ class Symbolizer:
 
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Told a stack's frames, and whether no limit cut it short."""
-        self._jit.stack_named(pid, frames, whole)
+        if self._jit is not None:       # else no frame was in a JIT's memory
+            self._jit.stack_named(pid, frames, whole)
 
     def jit_version(self, pid: int) -> int:
         """Changes when process `pid`'s perf map does (see JitSymbols.version)."""
-        return self._jit.version(pid)
+        return self._jit.version(pid) if self._jit is not None else 0
+
+    def _jit_symbols(self):
+        """JitSymbols (perfmap.py), made (and imported) at the first frame
+        in memory without a file: a run of compiled programs never does."""
+        if self._jit is None:
+            from .perfmap import JitSymbols
+            self._jit = JitSymbols(self._name, self._said, getattr(self.mappings, "paths", None),
+                                   self._named_by_runtime)
+        return self._jit
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
@@ -165,7 +175,7 @@ class Symbolizer:
         if path is None:                          # memory without a file
             if is_vdso(m):
                 return [unnamed_frame(m, addr)], False
-            return [self._jit.frame(pid, m, addr, back)], False
+            return [self._jit_symbols().frame(pid, m, addr, back)], False
         place = (m.path, path, file_off, addr, back)
         found = self._places.get(place)
         if found is None:
