@@ -22,7 +22,9 @@ class RuntimeNames:
     def __init__(self, live: bool = True, **given):
         self.live = live
         self._made: dict = dict(given)     # kind -> its table
-        self._lock = threading.Lock()       # the rows loader's thread and the run's
+        # the rows loader's thread and the run's; reentrant: a signal handler
+        # run while this thread makes a table waits for nothing
+        self._lock = threading.RLock()
 
     def get(self, kind: str):
         """The table of `kind` ("python", "js", "php", "perl", "ruby", "java"),
