@@ -48,3 +48,28 @@ def test_replace_and_as_dict():
                     "path": "", "file": "", "line": 0, "inlined": False, "kind": "",
                     "objaddr": 0, "objstart": 0},),
         "notes": ("cut",)}
+
+
+def test_a_class_makes_the_same_values_before_and_after_its_init_is_compiled():
+    """The first COMPILE_AFTER instances are made by a generic __init__,
+    the rest by the compiled one: both take the same arguments, refuse
+    the same ones and make defaults afresh."""
+    from ustack.values import COMPILE_AFTER, factory, value
+
+    @value
+    class Spec:
+        text: str
+        seen: list = factory(list)
+        kind: str = "uprobe"
+
+    made = []
+    for _ in range(COMPILE_AFTER + 2):
+        made.append((Spec("a"), Spec("a", [1], kind="k"), Spec(text="b")))
+        for bad in (lambda: Spec(), lambda: Spec("a", [], "k", 4),
+                    lambda: Spec("a", text="b"), lambda: Spec("a", other=1)):
+            with pytest.raises(TypeError):
+                bad()
+    first, last = made[0], made[-1]
+    assert first == last == (Spec("a", [], "uprobe"), Spec("a", [1], "k"), Spec("b", [], "uprobe"))
+    assert first[0].seen is not last[0].seen is not Spec("a").seen
+    assert "seen" not in Spec.__dict__

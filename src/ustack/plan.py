@@ -228,12 +228,13 @@ def launch_target(opts):
     """The Target of a run without -p: its -c command, started held
     (under ptrace when held_at_exit), or the whole machine."""
     from .target import process
-    from .target.traced_command import launch_traced
     if opts.cmdline is None:
         return process.everything(opts.pids)
-    held = opts.backend == "tracefs" or held_at_exit(opts.command, opts.backend,
-                                                     opts.python, opts.cmdline)
-    return (launch_traced if held else process.launch)(opts.cmdline)
+    if opts.backend == "tracefs" or held_at_exit(opts.command, opts.backend,
+                                                 opts.python, opts.cmdline):
+        from .target.traced_command import launch_traced    # (ptrace: not echo's)
+        return launch_traced(opts.cmdline)
+    return process.launch(opts.cmdline)
 
 
 def held_at_exit(command: str, backend: str, python: bool, cmdline: str | None) -> bool:
@@ -248,9 +249,13 @@ def held_at_exit(command: str, backend: str, python: bool, cmdline: str | None) 
         return False
     from .objfile.needed import load_closure
     from .target import process
-    from .unwind.python_runtime import runs_python
+    from .unwind.runtime_files import may_be
     exe = process.command_executable(cmdline)
     try:
-        return exe is not None and runs_python(load_closure(exe))
+        closure = load_closure(exe) if exe is not None else []
     except OSError:
         return False
+    if not any(may_be("python", path) for path in closure):
+        return False            # (by the names alone: echo imports nothing of Python)
+    from .unwind.python_runtime import runs_python
+    return runs_python(closure)

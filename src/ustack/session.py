@@ -20,12 +20,7 @@ from .probes.spec import parse_event
 from .target import ahead, process
 from .target.mappings import MappingTracker
 from .target.sample_filter import SampleFilter
-from .symbols.hotspot import JavaMethods
-from .symbols.python import PythonCode
-from .symbols.php import PhpFunctions
-from .symbols.perl import PerlSubs
-from .symbols.ruby import RubyIseqs
-from .symbols.v8 import V8Functions
+from .symbols.runtime_names import RuntimeNames
 from . import plan as policy
 from . import unprivileged
 
@@ -59,16 +54,35 @@ class Session:
         self.recording = None              # Session.replay: a recording.reader.RecordedCapture
         self.whole = False                # the stream ran to its end
         self.deadline: float | None = None    # time.monotonic() when -d ends the events
-        self.python_code = PythonCode()    # code objects' names: the capture reads, the resolver names
-        self.v8_functions = V8Functions()  # JS functions' names: the same
-        self.php_functions = PhpFunctions()     # PHP functions' names, as the kernel copied them
-        self.perl_subs = PerlSubs()        # Perl subs' names, as the kernel copied them
-        self.ruby_iseqs = RubyIseqs()      # Ruby methods' and blocks' names: the same
-        self.java_methods = JavaMethods()  # Java methods' names: the unwinder reads them
+        # the runtimes' names tables (code objects', JS functions', PHP
+        # functions', Perl subs', Ruby iseqs'): the capture fills, the
+        # resolver names; each made as the run meets its runtime
+        self.names = RuntimeNames()
         self.weight = None                 # count --weight: probes.weight.Weight
         # which samples to keep (sample, comm) -> bool; None: all
         self.keep = SampleFilter(frozenset(opts.pids), frozenset(opts.tids),
                                  frozenset(opts.comms)) or None
+
+    @property
+    def python_code(self):
+        """The run's PythonCode (symbols/python.py), made if it is not yet."""
+        return self.names.python_code
+
+    @property
+    def v8_functions(self):
+        return self.names.v8_functions
+
+    @property
+    def php_functions(self):
+        return self.names.php_functions
+
+    @property
+    def perl_subs(self):
+        return self.names.perl_subs
+
+    @property
+    def ruby_iseqs(self):
+        return self.names.ruby_iseqs
 
     @functools.cached_property
     def resolver(self):
@@ -76,10 +90,8 @@ class Session:
         symbolization's imports (~20 ms) come after the probes are live."""
         from .symbols.stacks import StackResolver
         return StackResolver(self.tracker, self.opts.symbols,
-                             getattr(self.capture, "cut_advice", None), self.python_code,
-                             self.plan and self.plan.fp_advice(), self.v8_functions,
-                             self.php_functions, self.perl_subs, self.ruby_iseqs,
-                             self.java_methods)
+                             getattr(self.capture, "cut_advice", None),
+                             fp_advice=self.plan and self.plan.fp_advice(), names=self.names)
 
     # -- the run's lifetime ---------------------------------------------------
     def __enter__(self) -> "Session":
@@ -151,8 +163,7 @@ class Session:
 
     def _open_recording(self) -> None:
         """Session.replay: the recording's header, not the kernel (nor this host's pids)."""
-        self.tracker.live = self.python_code.live = self.v8_functions.live = False
-        self.ruby_iseqs.live = False
+        self.tracker.live = self.names.live = False
         capture = self.capture = self.recording
         capture.python_code = self.python_code      # the recorded code objects' names
         capture.script_names = self.script_names()  # the recorded frames' names
@@ -166,7 +177,8 @@ class Session:
         capture's kernel pass or ustack's walk of a JVM's copied stacks
         writes, by kind (a recording lists them)."""
         return {"ruby": self.ruby_iseqs, "php": self.php_functions,
-                "perl": self.perl_subs, "js": self.v8_functions, "java": self.java_methods}
+                "perl": self.perl_subs, "js": self.v8_functions,
+                "java": self.names.get("java")}
 
     def _open_capture(self):
         """Plan the run and open its capture (a command with captures of
@@ -179,15 +191,24 @@ class Session:
             self.plan.backend, self.probes, self.target, self.plan.modes, opts,
             self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
-        capture.python_code, capture.v8_functions = self.python_code, self.v8_functions
-        capture.php_functions = self.php_functions
-        capture.perl_subs = self.perl_subs
-        capture.ruby_iseqs = self.ruby_iseqs
+        capture.names = self.names
         if opts.python:
-            from .unwind import python_live
-            python_live.wire(capture, self.python_code, self.target, self.plan)
+            self.wire_python(capture)
         capture.open()          # closes what it opened if it fails (but when interrupted)
         return capture
+
+    def wire_python(self, capture) -> None:
+        """Where the capture's copied stacks get their Python frames
+        (unwind/python_live.wire): read with each of perf's DWARF copies,
+        wired now; a BPF capture's deferred stacks, once it meets Python
+        (a run that meets none imports nothing of it)."""
+        def wire() -> None:
+            from .unwind import python_live
+            python_live.wire(capture, self.python_code, self.target, self.plan)
+        if self.plan.backend == "perf":
+            wire()
+        else:
+            capture.wire_python_frames = wire
 
     def losses(self) -> Losses:
         """The capture's losses, and the events dropped unread at the end."""

@@ -7,12 +7,18 @@ Why not dataclasses: it sat on the path from launch to probes live, the
 start-up of every run. Importing it costs ~7 ms (it pulls inspect), and
 each class ~0.7 ms (six methods compiled one by one, on CPython 3.11): with
 ~25 classes before the first probe that was ~25 ms of a ~120 ms start.
-Here a class costs one compile of its __init__ (~0.08 ms), when first made."""
+Here a class costs one compile of its __init__ (~0.08-0.5 ms), once it is
+made often (COMPILE_AFTER): a short run makes most of its ~20 classes a
+few times each, by a generic __init__, and compiles none of those."""
 from __future__ import annotations
 
 from operator import attrgetter
 
 _MISSING = object()
+# instances a class makes by the generic __init__ before its own is
+# compiled (~0.15 ms a class on the first use's path; the generic one
+# costs ~1 us more an instance)
+COMPILE_AFTER = 32
 
 
 class factory:
@@ -123,8 +129,6 @@ def _init(cls, names: tuple, defaults: dict):
             env[f"_f_{name}"] = default.make
             params.append(f"{name}=_MISSING")
             body.append(f" d[{name!r}] = _f_{name}() if {name} is _MISSING else {name}")
-            if name in cls.__dict__:
-                delattr(cls, name)   # as dataclasses: each instance has its own
         else:
             env[f"_d_{name}"] = default
             params.append(f"{name}=_d_{name}")
@@ -132,12 +136,47 @@ def _init(cls, names: tuple, defaults: dict):
     source = "\n".join([f"def __init__(self, {', '.join(params)}):",
                         " d = self.__dict__", *body])
 
+    made = 0
+
     def __init__(self, *args, **kwargs):
-        # compiled when the class is first instantiated (~0.08 ms a class:
-        # many are never made in a given run), then in the class for good
+        # the first instances by the generic loop; then compiled (~0.15 ms
+        # a class: many are made a few times in a given run, or never),
+        # and in the class for good
+        nonlocal made
+        made += 1
+        if made <= COMPILE_AFTER:
+            return _generic_init(cls, self, names, defaults, args, kwargs)
         exec(source, env)
         init = env["__init__"]
         init.__qualname__ = f"{cls.__qualname__}.__init__"
         cls.__init__ = init
         init(self, *args, **kwargs)
+    for name in names:      # as dataclasses: each instance has its own
+        if isinstance(defaults[name], factory) and name in cls.__dict__:
+            delattr(cls, name)
     return __init__
+
+
+def _generic_init(cls, obj, names: tuple, defaults: dict, args: tuple, kwargs: dict) -> None:
+    """What the compiled __init__ does, by a loop over the fields."""
+    if len(args) > len(names):
+        raise TypeError(f"{cls.__qualname__}.__init__() takes {len(names) + 1} positional "
+                        f"arguments but {len(args) + 1} were given")
+    d = obj.__dict__
+    for name, v in zip(names, args):
+        if name in kwargs:
+            raise TypeError(f"{cls.__qualname__}.__init__() got multiple values for "
+                            f"argument {name!r}")
+        d[name] = v
+    for name in names[len(args):]:
+        if name in kwargs:
+            d[name] = kwargs.pop(name)
+            continue
+        default = defaults[name]
+        if default is _MISSING:
+            raise TypeError(f"{cls.__qualname__}.__init__() missing 1 required "
+                            f"positional argument: {name!r}")
+        d[name] = default.make() if isinstance(default, factory) else default
+    if kwargs:
+        raise TypeError(f"{cls.__qualname__}.__init__() got an unexpected keyword "
+                        f"argument {next(iter(kwargs))!r}")

@@ -46,7 +46,6 @@ from .bpf_counter import InBackground, arm_on_exec, cut_reason, with_ring_record
 from .contract import Capture
 from .perf import PerfCapture
 from .run_objects import RunObjects
-from ..target.traced_command import TracedCommand
 from . import uprobe_links
 
 
@@ -59,15 +58,16 @@ class BpfCapture(Capture):
     run is kept in `owned` and closed by close()."""
     counts_in_kernel = True
     ring_chunk = None       # the type of the counter's ring chunks, where it has one
-    python_code = None      # the run's PythonCode (symbols/python.py): names code objects
-    v8_functions = None     # the run's V8Functions (symbols/v8.py): names JS functions
-    php_functions = None    # the run's PhpFunctions (symbols/php.py): names PHP functions
-    perl_subs = None        # the run's PerlSubs (symbols/perl.py): names Perl subs
-    ruby_iseqs = None       # the run's RubyIseqs (symbols/ruby.py): names Ruby frames
+    # the run's RuntimeNames (symbols/runtime_names.py): the names tables
+    # of code objects, JS functions, PHP functions, Perl subs, Ruby iseqs,
+    # each taken (and made) when the counter meets its runtime
+    names = None
     # an unwind.python_live.LiveFrames the session gives a capture that
     # defers stacks: a deferred sample's Python frames are read from its
-    # process as its record is decoded (the kernel walked none)
+    # process as its record is decoded (the kernel walked none); made by
+    # wire_python_frames() when the run meets Python
     python_frames = None
+    wire_python_frames = None
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
@@ -178,11 +178,9 @@ class BpfCapture(Capture):
                                                        self.unwind_memory, interpreters)
             self.counter = self._new_counter()
             self.counter.interrupt = self.events.interrupt
-            self._follow_python()
-            self._follow_v8()
-            self._follow_php()
-            self._follow_perl()
-            self._follow_ruby()
+            for runtime in _FOLLOW:     # those the counter made already
+                self._follow_runtime(runtime)
+            self.counter.on_runtime = self._follow_runtime     # the rest as met
             # the verifier (~5 ms for the unwinder) works while rows load
             programs = InBackground(self.counter.load_programs)
             lazy = lazy and self.counter.objects is not None
@@ -303,6 +301,14 @@ class BpfCapture(Capture):
                     (isinstance(event, ExitEvent) and event.pid == event.tid):
                 self.python_frames.forget(event.pid)
 
+    def _names(self, kind: str):
+        """The run's names table of `kind` (RuntimeNames), or None."""
+        return self.names.get(kind) if self.names is not None else None
+
+    def _follow_runtime(self, runtime: str) -> None:
+        """Wire the counter's objects of `runtime` (made at its first object)."""
+        getattr(self, _FOLLOW[runtime])()
+
     def _follow_python(self) -> None:
         """Where the counter merges Python frames (bpf/python.h,
         capture/bpf_python.py): the interpreters are known by their objects
@@ -311,9 +317,12 @@ class BpfCapture(Capture):
         python = self.counter.python
         if python is None:
             return
-        python.python_code = self.python_code
-        if self.python_code is not None:
-            self.python_code.by_id = True       # the kernel's ids name its frames' code
+        python_code = python.python_code = self._names("python")
+        if python_code is not None:
+            python_code.by_id = True       # the kernel's ids name its frames' code
+        if self.python_frames is None and self.wire_python_frames is not None:
+            self.wire_python_frames()
+        from ..target.traced_command import TracedCommand
         if self.target.scope == "command" and isinstance(self.target, TracedCommand):
             self.target.on_exit = python.at_exit      # held at its exit: Session
 
@@ -324,10 +333,10 @@ class BpfCapture(Capture):
         php = getattr(self.counter, "php", None)
         if php is None:
             return
-        php.functions = self.php_functions
-        if self.php_functions is not None:
-            self.php_functions.active = True    # its stacks carry PHP words
-            self.php_functions.refresh = php.harvest
+        functions = php.functions = self._names("php")
+        if functions is not None:
+            functions.active = True    # its stacks carry PHP words
+            functions.refresh = php.harvest
 
     def _follow_v8(self) -> None:
         """Where the counter names JS frames (bpf/v8.h, capture/bpf_v8.py):
@@ -338,10 +347,10 @@ class BpfCapture(Capture):
         v8 = self.counter.v8
         if v8 is None:
             return
-        v8.functions = self.v8_functions
-        if self.v8_functions is not None:
-            self.v8_functions.active = True     # its stacks carry JS words
-            self.v8_functions.refresh = v8.harvest
+        functions = v8.functions = self._names("js")
+        if functions is not None:
+            functions.active = True     # its stacks carry JS words
+            functions.refresh = v8.harvest
 
     def _follow_perl(self) -> None:
         """Where the counter merges Perl frames (bpf/perl.h, capture/bpf_perl.py):
@@ -349,10 +358,10 @@ class BpfCapture(Capture):
         perl = getattr(self.counter, "perl", None)
         if perl is None:
             return
-        perl.subs = self.perl_subs
-        if self.perl_subs is not None:
-            self.perl_subs.active = True     # its stacks carry Perl words
-            self.perl_subs.refresh = perl.harvest
+        subs = perl.subs = self._names("perl")
+        if subs is not None:
+            subs.active = True     # its stacks carry Perl words
+            subs.refresh = perl.harvest
 
     def _follow_ruby(self) -> None:
         """Where the counter merges Ruby frames (bpf/ruby.h,
@@ -364,10 +373,10 @@ class BpfCapture(Capture):
         ruby = getattr(self.counter, "ruby", None)
         if ruby is None:
             return
-        ruby.iseqs = self.ruby_iseqs
-        if self.ruby_iseqs is not None:
-            self.ruby_iseqs.active = True     # its stacks carry Ruby words
-            self.ruby_iseqs.refresh = ruby.harvest
+        iseqs = ruby.iseqs = self._names("ruby")
+        if iseqs is not None:
+            iseqs.active = True     # its stacks carry Ruby words
+            iseqs.refresh = ruby.harvest
             if ruby.runtimes:
                 ruby.start_harvest()
 
@@ -493,3 +502,7 @@ def uncounted(errors: dict, reasons: tuple) -> tuple:
     """(why, n) for each (why, error name) of `reasons` counted nonzero."""
     return tuple((why, errors[name]) for why, name in reasons if errors[name])
 
+
+# a runtime (runtime_objects.RUNTIMES) -> what wires its objects to the run
+_FOLLOW = {"python": "_follow_python", "v8": "_follow_v8", "php": "_follow_php",
+           "perl": "_follow_perl", "ruby": "_follow_ruby"}

@@ -109,6 +109,9 @@ class BpfCounter:
     php = None              # bpf_php.PhpObjects: PHP frames merged into stacks
     perl = None             # bpf_perl.PerlObjects: Perl frames merged into stacks
     ruby = None             # bpf_ruby.RubyObjects: Ruby frames merged into stacks
+    # called with a runtime's name ("python", "v8", ...) once its objects
+    # above are made: at the run's first object of it (runtime_objects.py)
+    on_runtime = None
     passes = None           # runtime_passes.RuntimePasses: loaded as runtimes are met
 
     def __init__(self, probes: list, owned: RunObjects, *,

@@ -83,9 +83,7 @@ from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_r
                           prog_type_of)
 from .fork_safe_lock import ForkSafeLock
 from .bpf_common import unwind_object
-from .bpf_python import PythonMaps, PythonProcs
-from .bpf_v8 import V8Maps, V8Objects
-from .script_passes import add_script_runtimes
+from .runtime_objects import RuntimeObjects
 from .runtime_passes import RuntimePasses
 from .kernel_offsets import Offsets
 from ..probes.weight import WEIGHT_ARG, as_s64
@@ -732,18 +730,21 @@ class KernelUnwinder(BpfCounter):
         self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()
         self.spilled: dict = {}          # hash -> callchain: stacks moved out of STACKS
         self._taken = 0                  # stacks deleted from STACKS by spill()
-        if python and ring_bytes:        # new code objects come by the ring
-            self.python = PythonProcs(owned.map(PythonMaps()), objects=self.objects)
-        if js:
-            self.v8 = V8Objects(owned.map(V8Maps()), objects=self.objects)
-        add_script_runtimes(self, owned, php=php, perl=perl, ruby=ruby)
+        # the runtimes' objects made as the run meets them (python: new
+        # code objects come by the ring)
+        wanted = [runtime for runtime, asked in (("python", python and ring_bytes), ("v8", js),
+                                                 ("php", php), ("perl", perl), ("ruby", ruby))
+                  if asked]
+        self.runtimes = RuntimeObjects(self, wanted)
         # the runtimes' passes loaded as the run meets them, but where a
         # probe has fetch-args (its own program array ends its records):
-        # then verified in each program, as the run starts
+        # then verified in each program, as the run starts, with the
+        # runtimes' maps
         self.passes = None
-        if (self.python or self.v8 or self.php or self.perl or self.ruby) and not any(
-                f is not None for f in self.fetches):
+        if wanted and not any(f is not None for f in self.fetches):
             self.passes = self.objects.passes = RuntimePasses(self.owned, self._pass_program)
+        elif wanted:
+            self.runtimes.make_all()
         if weighted and not self.trace:
             self.weigh(unwind_object())
         self.follow_if_traced(filter_tgid)

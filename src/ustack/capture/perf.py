@@ -106,13 +106,14 @@ class PerfCapture(Capture):
     and decodes them into the run's stream (RawSamples and metadata).
     `python_frames`: an unwind.python_live.LiveFrames the session gives
     to have each DWARF sample's Python frames read as it comes off the
-    ring (a PythonSample then), or None. `php_functions`, `perl_subs`,
-    `ruby_iseqs`: the run's names tables (symbols/), told that the stacks
-    carry their runtime's frames where `scripts` asks for them and the
-    samples are copies: ustack unwinds those while their process lives,
-    reading its Ruby, PHP and Perl frames (unwind/script_live.py)."""
+    ring (a PythonSample then), or None. `names`: the run's RuntimeNames
+    (symbols/runtime_names.py), whose Ruby, PHP and Perl tables are told
+    that the stacks carry their runtime's frames where `scripts` asks for
+    them and the samples are copies: ustack unwinds those while their
+    process lives, reading its Ruby, PHP and Perl frames
+    (unwind/script_live.py)."""
     python_frames = None
-    php_functions = perl_subs = ruby_iseqs = None
+    names = None
 
     def __init__(self, probes: list, target: Target,
                  buffer_pages: int = DEFAULT_BUFFER_PAGES,
@@ -163,12 +164,11 @@ class PerfCapture(Capture):
     def _follow_scripts(self) -> None:
         """The names tables of the script runtimes asked for, told their
         frames come: in DWARF copies, which ustack unwinds as they come."""
-        if "dwarf" not in self.modes:
+        if "dwarf" not in self.modes or self.names is None:
             return
-        for wanted, names in zip(self.scripts, (self.ruby_iseqs, self.php_functions,
-                                                self.perl_subs)):
-            if wanted and names is not None:
-                names.active = True
+        for wanted, kind in zip(self.scripts, ("ruby", "php", "perl")):
+            if wanted:
+                self.names.get(kind).active = True
 
     # -- attributes per probe kind ---------------------------------------
     def _scope_flags(self) -> list:

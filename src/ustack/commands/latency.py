@@ -212,11 +212,7 @@ class LatencySession(Session):
             python=self.opts.python, js=self.opts.js_named, php=self.opts.php_named,
             perl=self.opts.perl_merged, ruby=self.opts.ruby_named)
         capture.interrupt = self.interrupt
-        capture.python_code = self.python_code
-        capture.v8_functions = self.v8_functions
-        capture.php_functions = self.php_functions
-        capture.perl_subs = self.perl_subs
-        capture.ruby_iseqs = self.ruby_iseqs
+        capture.names = self.names
         capture.open()
         capture.unwind_note = _returns_note(probes, sites, tables is not None)
         return capture

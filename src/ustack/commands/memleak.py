@@ -174,11 +174,7 @@ class MemleakSession(Session):
                                  php=self.opts.php_named, perl=self.opts.perl_merged,
                                  ruby=self.opts.ruby_named)
         capture.interrupt = self.interrupt
-        capture.python_code = self.python_code
-        capture.v8_functions = self.v8_functions
-        capture.php_functions = self.php_functions
-        capture.perl_subs = self.perl_subs
-        capture.ruby_iseqs = self.ruby_iseqs
+        capture.names = self.names
         capture.open()
         return capture
 

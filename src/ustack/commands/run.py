@@ -261,9 +261,8 @@ def _jit_hint(session: Session) -> str:
     # a JVM's copied stacks are walked through its Java frames (hotspot_live.py)
     java_walked = session.opts.java_walked and session.plan.unwind == "dwarf"
     # where the kernel pass walks JS frames they are named from node's heap
-    v8 = getattr(session.capture, "v8_functions", None)
     return header_hint(pid, session.tracker.current_maps(pid), java_walked,
-                       js_named=v8 is not None and v8.active)
+                       js_named=session.names.active("js") is not None)
 
 
 def _header(session: Session, err: TextIOBase) -> None:

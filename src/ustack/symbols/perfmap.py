@@ -37,6 +37,7 @@ from ..kernel.procfs import started
 from ..kernel.proc_root import foreign_root, ns_pids, open_in_root
 from ..model import Frame, Mapping, printable
 from ..objfile.elf import Symbol
+from .normalize import is_anonymous, unnamed_jit
 
 MAX_MAP_BYTES = 64 << 20           # a JIT's map is a few MB; a sparse 1 GB file is not one
 MAX_ENTRIES = 1 << 18              # functions kept per map: the newest win
@@ -204,17 +205,6 @@ def header_hint(pid: int, maps, java_walked: bool = False, js_named: bool = Fals
     if name == "java":
         return f"no perf map yet: `jcmd {pid} Compiler.perfmap` during the run names its JIT frames"
     return "no perf map (node --perf-basic-prof writes one): its JIT frames stay unnamed"
-
-
-def is_anonymous(path: str) -> bool:
-    """Whether a mapping's path is memory without a file that a JIT's code
-    may be in (perf's //anon, /proc's "" or a named [anon:…])."""
-    return path in ("", "//anon") or path.startswith("[anon")
-
-
-def unnamed_jit(frame: Frame) -> bool:
-    """Whether a frame is in such memory and no map named it."""
-    return frame.function is None and is_anonymous(frame.module)
 
 
 def _owners(pid: int) -> frozenset:

@@ -8,7 +8,7 @@ from ..model import KERNEL_UNWIND_WHOLE, LOWEST_FRAME_TAG, Frame, RawSample, Sta
 from ..target.mappings import PinnedView
 from ..unwind.fp import callchain_addresses
 from ..unwind.unwinder import Unwinder
-from .perfmap import unnamed_jit
+from .normalize import unnamed_jit
 from .symbolizer import SymbolOptions, Symbolizer
 
 MAX_CACHED = 100_000               # distinct stacks kept; bounds memory
@@ -49,6 +49,29 @@ def fp_cut_note(frames: tuple, advice: str) -> str | None:
             f"program's entry (a caller keeps no frame pointer); {advice}")
 
 
+class LiveReaders:
+    """Called at each copied stack: gives the unwinder the readers of the
+    runtimes whose names tables a capture made active since (V8's; Ruby's,
+    PHP's and Perl's together), importing them then: a run that meets no
+    runtime imports none."""
+
+    def __init__(self, names):
+        self.names = names
+        self._scripts = (None, None, None)      # the script tables the readers were made for
+
+    def __call__(self, unwinder) -> None:
+        active = self.names.active
+        v8 = active("js")
+        if v8 is not None and unwinder.v8_live is None:
+            from ..unwind.v8_live import V8Live
+            unwinder.v8_live = V8Live(v8.remember)
+        scripts = (active("ruby"), active("php"), active("perl"))
+        if scripts != self._scripts:
+            from ..unwind.script_readers import live_runtimes
+            self._scripts = scripts
+            unwinder.script_live = live_runtimes(*scripts)
+
+
 class StackResolver:
     """`tracker` is the run's MappingTracker: mappings by pid and exec
     generation; `options` what the user asked of names; `cut_advice` what
@@ -56,57 +79,47 @@ class StackResolver:
     `python_code` the run's PythonCode (symbols/python.py), `v8_functions`
     its V8Functions (symbols/v8.py), `php_functions` its PhpFunctions
     (symbols/php.py), `perl_subs` its PerlSubs (symbols/perl.py),
-    `ruby_iseqs` its RubyIseqs (symbols/ruby.py), `java_methods` its
-    JavaMethods (symbols/hotspot.py); `fp_advice`,
-    given when the run walks frame pointers, what a stack that ends short
-    of a root advises."""
+    `ruby_iseqs` its RubyIseqs (symbols/ruby.py), or `names` all of them
+    (symbols/runtime_names.py); `fp_advice`, given when the run walks
+    frame pointers, what a stack that ends short of a root advises."""
 
     def __init__(self, tracker, options: SymbolOptions = SymbolOptions(),
                  cut_advice: str | None = None, python_code=None,
                  fp_advice: str | None = None, v8_functions=None, php_functions=None,
-                 perl_subs=None, ruby_iseqs=None, java_methods=None):
+                 perl_subs=None, ruby_iseqs=None, names=None):
         self.tracker = tracker
         self.fp_advice = fp_advice
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
-        # the kernel names JS frames and merges Ruby, PHP and Perl frames in
-        # the stacks it walks: those it hands over unwalked get theirs as
-        # they are unwound, by readers made at the first copied stack
-        v8 = (v8_functions if v8_functions is not None and v8_functions.active
-              and v8_functions.live else None)
-        scripts = (ruby_iseqs, php_functions, perl_subs) if tracker.live else None
-        if v8 is not None or scripts is not None:
-            def live_readers(unwinder) -> None:
-                if v8 is not None:
-                    from ..unwind.v8_live import V8Live
-                    unwinder.v8_live = V8Live(v8.remember)
-                if scripts is not None:
-                    from ..unwind.script_readers import live_runtimes
-                    unwinder.script_live = live_runtimes(*scripts)
-            self.unwinder.live_factory = live_readers
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
         self._view = PinnedView(tracker)
         self.symbolizer = Symbolizer(self._view, options, python_code, v8_functions,
-                                     php_functions, perl_subs, ruby_iseqs, java_methods)
+                                     php_functions, perl_subs, ruby_iseqs, names)
+        names = self.symbolizer.names
+        if tracker.live:
+            # the kernel names JS frames and merges Ruby, PHP and Perl
+            # frames in the stacks it walks: those it hands over unwalked get
+            # theirs as they are unwound, by readers made at a copied stack
+            # once the capture met their runtime
+            self.unwinder.live_factory = LiveReaders(names)
         if options.java and tracker.live:
             # a JVM's stacks come copied (no CFI in its code cache): its Java
             # frames are walked and named as they are unwound, by a walker
             # made at the first copied stack (a short run spares its imports);
             # a recording's are named by what it kept (its process is gone)
-            remember = self.symbolizer.java.remember
-
             def hotspot():
                 from ..unwind.hotspot_live import HotSpotLive
-                return HotSpotLive(remember)
+                java = names.get("java")
+                java.active = True
+                return HotSpotLive(java.remember)
             self.unwinder.hotspot_factory = hotspot
-            self.symbolizer.java.active = True
         self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
 
     @property
     def warnings(self) -> list:
         """Debug files refused by the symbolizer or the unwinder."""
         return (self.symbolizer.warnings + self.unwinder.warnings
-                + self.symbolizer.python_code.warnings)
+                + python_warnings(self.symbolizer.names))
 
     def key(self, sample: RawSample) -> tuple:
         """(pid, exec generation, probe-independent stack key)."""
@@ -205,3 +218,9 @@ class StackResolver:
             frames = (self.symbolizer.kernel_frames(callchain_addresses(kernel))
                       + (SEPARATOR,) + frames)
         return Stack(frames, notes)
+
+
+def python_warnings(names) -> list:
+    """What the run's names of Python code objects said, if it has them."""
+    python_code = names.made("python")
+    return python_code.warnings if python_code is not None else []

@@ -20,13 +20,7 @@ from ..objfile.demangle import demangle
 from ..unwind.restore_rt import RESTORE_RT
 from .elf_source import ElfSource
 from .normalize import normalize
-from .perfmap import JitSymbols
-from .php import PhpFunctions
-from .perl import PerlSubs
-from .python import PythonCode
-from .ruby import RubyIseqs
-from .hotspot import JavaMethods
-from .v8 import V8Functions
+from .runtime_names import RuntimeNames
 from .vdso_source import VDSO_MODULE, is_vdso, unnamed_frame
 
 _PYTHON_TAG = PYTHON_FRAME_TAG >> 60
@@ -47,30 +41,26 @@ class Symbolizer:
     without a perf map), one sentence each."""
 
     def __init__(self, mappings, options: SymbolOptions = SymbolOptions(),
-                 python_code: PythonCode | None = None,
-                 v8_functions: V8Functions | None = None,
-                 php_functions: PhpFunctions | None = None,
-                 perl_subs: PerlSubs | None = None,
-                 ruby_iseqs: RubyIseqs | None = None,
-                 java_methods: JavaMethods | None = None):
+                 python_code=None, v8_functions=None, php_functions=None, perl_subs=None,
+                 ruby_iseqs=None, names: RuntimeNames | None = None):
+        """The runtimes' names tables: the run's `names` (RuntimeNames),
+        else those given (PythonCode, V8Functions, ...), the rest made at
+        their first use."""
         self.mappings = mappings
         self.options = options
         self._said: list = []
         name = _demangled_printable if options.demangle else printable
         self._elf = ElfSource(options, name, self._said)
         self._go_symbols = None           # Go's names: made at the first unnamed address
-        self.v8 = v8_functions if v8_functions is not None else V8Functions()
-        self.php = php_functions if php_functions is not None else PhpFunctions()
-        self.perl = perl_subs if perl_subs is not None else PerlSubs()
-        self.ruby = ruby_iseqs if ruby_iseqs is not None else RubyIseqs()
-        # named by the walk of a JVM's stacks, or by a recording
-        self.java = java_methods if java_methods is not None else JavaMethods()
-        self._jit = JitSymbols(name, self._said, getattr(mappings, "paths", None),
-                               lambda pid: self.v8.named_in(pid) or self.java.named_in(pid))
+        if names is None:
+            given = (("python", python_code), ("js", v8_functions), ("php", php_functions),
+                     ("perl", perl_subs), ("ruby", ruby_iseqs))
+            names = RuntimeNames(**{kind: table for kind, table in given if table is not None})
+        self.names = names
+        self._name = name
+        self._jit = None                  # JitSymbols: made at the first frame in anonymous memory
         self._kernel = None               # KernelSymbols: read on first use
         self._source_wanted = options.lines or options.inlines
-        # the run's names of Python code objects (those the capture saw)
-        self.python_code = python_code if python_code is not None else PythonCode()
         self._modules: dict = {}          # mapping path -> module name shown
         # (mapped path, object path, file offset, address, back) -> (frames,
         # exact): a place in a mapped file names the same way in every stack
@@ -78,18 +68,33 @@ class Symbolizer:
         # once, and one Frame object handed out for it, which a sink can
         # know by identity without reading it again
         self._places: dict = {}
-        # an interpreter frame's tag -> (the run's names of that kind, its parts)
-        self._script_kinds = {_PHP_TAG: (self.php, php_frame_parts),
-                              _RUBY_TAG: (self.ruby, ruby_frame_parts),
-                              _V8_TAG: (self.v8, v8_frame_parts),
-                              _PERL_TAG: (self.perl, perl_frame_parts),
-                              _JAVA_TAG: (self.java, java_frame_parts)}
+        # an interpreter frame's tag -> (the kind of the run's names of it, its parts)
+        self._script_kinds = {_PHP_TAG: ("php", php_frame_parts),
+                              _RUBY_TAG: ("ruby", ruby_frame_parts),
+                              _V8_TAG: ("js", v8_frame_parts),
+                              _PERL_TAG: ("perl", perl_frame_parts),
+                              _JAVA_TAG: ("java", java_frame_parts)}
+
+    # the runtimes' names tables, made if they are not yet
+    python_code = property(lambda self: self.names.get("python"))
+    v8 = property(lambda self: self.names.get("js"))
+    php = property(lambda self: self.names.get("php"))
+    perl = property(lambda self: self.names.get("perl"))
+    ruby = property(lambda self: self.names.get("ruby"))
+    java = property(lambda self: self.names.get("java"))
+
+    def _named_by_runtime(self, pid: int) -> bool:
+        """Whether a runtime's walk names process pid's JIT frames (JS, Java)."""
+        return any(table is not None and table.named_in(pid)
+                   for table in (self.names.made("js"), self.names.made("java")))
 
     @property
     def warnings(self) -> list:
-        return (self._said + self._jit.notes() + self._elf.fetch_notes()
-                + self._elf.name_source_notes() + self.v8.warnings
-                + self.perl.warnings + self.ruby.warnings + self.java.warnings)
+        runtimes = [self.names.made(kind) for kind in ("js", "perl", "ruby", "java")]
+        jit = self._jit.notes() if self._jit is not None else []
+        return (self._said + jit + self._elf.fetch_notes()
+                + self._elf.name_source_notes()
+                + [w for table in runtimes if table is not None for w in table.warnings])
 
     def debug_arrived(self) -> bool:
         """Whether a debug file arrived from a debuginfod server since
@@ -101,11 +106,21 @@ class Symbolizer:
 
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Told a stack's frames, and whether no limit cut it short."""
-        self._jit.stack_named(pid, frames, whole)
+        if self._jit is not None:       # else no frame was in a JIT's memory
+            self._jit.stack_named(pid, frames, whole)
 
     def jit_version(self, pid: int) -> int:
         """Changes when process `pid`'s perf map does (see JitSymbols.version)."""
-        return self._jit.version(pid)
+        return self._jit.version(pid) if self._jit is not None else 0
+
+    def _jit_symbols(self):
+        """JitSymbols (perfmap.py), made (and imported) at the first frame
+        in memory without a file: a run of compiled programs never does."""
+        if self._jit is None:
+            from .perfmap import JitSymbols
+            self._jit = JitSymbols(self._name, self._said, getattr(self.mappings, "paths", None),
+                                   self._named_by_runtime)
+        return self._jit
 
     def frames(self, pid: int, addrs, leaf_is_exact: bool = True) -> tuple:
         out = []
@@ -138,11 +153,12 @@ class Symbolizer:
         if tag < _LOWEST_TAG:
             return None
         if tag == _PYTHON_TAG:
-            return self.python_code, python_frame_parts
-        names_parts = self._script_kinds.get(tag)
-        if names_parts is None or not names_parts[0].active:
+            return self.names.get("python"), python_frame_parts
+        kind_parts = self._script_kinds.get(tag)
+        if kind_parts is None:
             return None
-        return names_parts
+        names = self.names.active(kind_parts[0])
+        return (names, kind_parts[1]) if names is not None else None
 
     def frames_at(self, pid: int, addr: int, back: int = 0) -> list:
         """The frame of the function holding addr, preceded (with
@@ -159,7 +175,7 @@ class Symbolizer:
         if path is None:                          # memory without a file
             if is_vdso(m):
                 return [unnamed_frame(m, addr)], False
-            return [self._jit.frame(pid, m, addr, back)], False
+            return [self._jit_symbols().frame(pid, m, addr, back)], False
         place = (m.path, path, file_off, addr, back)
         found = self._places.get(place)
         if found is None:

@@ -22,6 +22,7 @@ from ..model import UstackError
 from ..objfile import symbol_by_name
 from ..objfile.elf import ElfImage
 from ..values import value
+from .runtime_files import may_be
 
 RUN_LOOP = "Perl_runops_standard"
 SYMBOLS = ("PL_curinterp", "PL_thr_key", "PL_revision", "PL_version", "PL_subversion")
@@ -78,10 +79,7 @@ class Interpreter:
 def object_interpreter(path: str) -> Interpreter | None:
     """The Perl interpreter the object at `path` is, or None: asked of every
     object whose rows load, so a name test comes before the file."""
-    base = os.path.basename(path)
-    if not (base.startswith("perl") or base.startswith("libperl.")):
-        return None
-    return interpreter_of(path)
+    return interpreter_of(path) if may_be("perl", path) else None
 
 
 _interpreters: dict = {}

@@ -28,6 +28,7 @@ from collections import namedtuple
 from ..model import UstackError
 from ..objfile import symbol_by_name
 from ..objfile.elf import ElfImage
+from .runtime_files import may_be
 
 GLOBALS = "executor_globals"
 EXECUTE = "execute_ex"
@@ -63,9 +64,8 @@ Interpreter = namedtuple("Interpreter",
 
 
 def looks_like_php(path: str) -> bool:
-    """Cheap test before reading the file's symbols: php, php8.2, php-fpm8.2,
-    php-cgi8.2, libphp8.2.so."""
-    return "php" in os.path.basename(path)
+    """Cheap test before reading the file's symbols (runtime_files.py)."""
+    return may_be("php", path)
 
 
 def object_interpreter(path: str) -> Interpreter | None:

@@ -21,6 +21,7 @@ from ..objfile import content_key, symbol_by_name
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..values import value
+from .runtime_files import may_be
 
 NONE = 0xFFFFFFFF               # a layout field the version does not have
 
@@ -137,9 +138,8 @@ def runs_python(paths: list) -> bool:
 
 
 def _looks_like_python(path: str) -> bool:
-    """Cheap test before reading the file's symbols: python3.X, libpython3.X.so,
-    or any executable that dynamically exports the runtime (an embedding)."""
-    return "python" in os.path.basename(path)
+    """Cheap test before reading the file's symbols (runtime_files.py)."""
+    return may_be("python", path)
 
 
 def interpreter_of(path: str, mapping: Mapping) -> Interpreter | None:

@@ -40,6 +40,7 @@ import struct
 from ..model import UstackError
 from ..objfile.elf import ElfImage
 from ..values import value
+from .runtime_files import may_be
 
 EXEC_FUNCTION = "rb_vm_exec"
 CURRENT_EC = "ruby_current_ec"
@@ -88,8 +89,7 @@ class Runtime:
 def object_runtime(path: str) -> Runtime | None:
     """The Ruby VM the object at `path` is, or None: asked of every object
     whose rows load, so a name test comes before the file."""
-    base = os.path.basename(path)
-    if not (base.startswith("libruby") or base.startswith("ruby")):
+    if not may_be("ruby", path):
         return None
     try:
         st = os.stat(path)

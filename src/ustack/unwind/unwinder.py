@@ -14,7 +14,6 @@ from ..model import (FTRACE_STACK_FULL, FTRACE_STACK_FULL_NOTE,
                      UnwoundSample, perl_frame_parts, php_frame_parts, python_frame_parts,
                      ruby_frame_parts, v8_frame_parts)
 from .fp import frame_pointer_stack
-from .python_frames import merge_read
 
 FindMapping = Callable[[int, int], Mapping]     # (pid, addr) -> the mapping, or None
 
@@ -39,8 +38,9 @@ class Unwinder:
         # a script_live.ScriptLive: the Ruby, PHP and Perl frames of copied
         # stacks read from their process as they are unwound, or None
         self.script_live = None
-        # sets v8_live and script_live when a copied stack first comes: a
-        # run whose stacks the kernel walked never imports their readers
+        # sets v8_live and script_live at each copied stack, once their
+        # runtime is met: a run whose stacks the kernel walked, or that met
+        # no runtime, never imports their readers
         self.live_factory = None
 
     @property
@@ -80,8 +80,7 @@ class Unwinder:
             if self.hotspot_factory is not None:
                 self.hotspot, self.hotspot_factory = self.hotspot_factory(), None
             if self.live_factory is not None:
-                factory, self.live_factory = self.live_factory, None
-                factory(self)
+                self.live_factory(self)
             if self.hotspot is not None and not python:
                 walked = self.hotspot.unwind(pid, sample.regs, stack, find_pid, self.dwarf)
                 if walked is not None:
@@ -99,6 +98,7 @@ class Unwinder:
                                                    cut=bool(notes))
                 return addrs, notes
             from .dwarf import TRUNCATED      # loaded already: self.dwarf
+            from .python_frames import merge_read     # a Python sample's (not a short run's)
             addrs, merged = merge_read(addrs, sample.python, not notes, sample.regs,
                                        stack, sps, copy_cut=bool(notes) and all(
                                            n.startswith(TRUNCATED) for n in notes))

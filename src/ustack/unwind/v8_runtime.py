@@ -18,6 +18,7 @@ from ..objfile import symbol_by_name
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..values import value
+from .runtime_files import may_be
 
 # what the in-kernel pass and the reader need: name in LAYOUT -> v8dbg symbol
 FIELDS = {
@@ -109,10 +110,8 @@ def object_runtime(path: str) -> Runtime | None:
 
 
 def _looks_like_node(path: str) -> bool:
-    """Cheap test before reading the file's symbols: node, nodejs, node20,
-    libnode.so.NN."""
-    base = os.path.basename(path)
-    return base.startswith("node") or base.startswith("libnode.")
+    """Cheap test before reading the file's symbols (runtime_files.py)."""
+    return may_be("v8", path)
 
 
 _runtimes: dict = {}
