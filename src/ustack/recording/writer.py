@@ -184,8 +184,13 @@ def recorder_of(session, destination: str | Output) -> "Recorder":
     its capture is open; `destination`: the file, opened before the run
     armed anything."""
     opts, plan = session.opts, session.plan
-    unwinder = session.resolver.unwinder    # first: it tells the Java names table it walks
-    scripts = {kind: names for kind, names in session.script_names().items() if names.active}
+    unwinder = session.resolver.unwinder
+    # the kinds whose frame words the run's stacks will carry: those a
+    # capture met so far, and Java's where ustack walks JVMs' copied stacks
+    # (its table is told so only at the first such stack)
+    walks_java = session.opts.java_walked and session.tracker.live
+    scripts = {kind: names for kind, names in session.script_names().items()
+               if names.active or (kind == "java" and walks_java)}
     return Recorder(
         destination, session.tracker, unwinder, session.labels,
         plan.modes, plan.backend,
