@@ -87,6 +87,13 @@ def wait(key: tuple) -> None:
             pass
 
 
+def running(key: tuple) -> bool:
+    """Whether the child of `key` was started and has not ended."""
+    with _lock:
+        child = _children.get(key)
+    return child is not None and child.poll() is None
+
+
 def stop_all() -> None:
     """Stop the builders still running: the run is over (SIGTERM, then
     SIGKILL for one still there after STOP_WAIT_S)."""

@@ -34,3 +34,9 @@ def wait(path: str) -> None:
     builders.wait((_KIND, path))
 
 
+
+
+def running(path: str) -> bool:
+    """Whether a child is building the functions of the object at `path`
+    now."""
+    return builders.running((_KIND, path))

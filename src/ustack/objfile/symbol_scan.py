@@ -1,0 +1,131 @@
+"""The function at an address of an object whose whole function table a
+child is still building (objfile/function_builder.py: node's 86,000
+functions, ~1.3 s of CPU, 4-8 s of wall time on a busy machine, which a
+cold whole-machine run waited for at its end): found from the symbol
+tables' entries, indexed once by address (~0.15 s for node), with only
+the names of the entries that can own the address decoded.
+
+It names an address exactly as the whole table (ElfSymbols.lookup) does:
+the same entries enter (elf_symtab.add_function, in the same order), and
+the same ranking of aliases, filling of zero sizes and innermost-range
+rule choose (ElfSymbols.built, given every function start of the file),
+over every entry that can own the address:
+  - the entries at the greatest function start at or below it (a zero
+    size is filled to the next start, so no earlier zero-sized entry
+    reaches it);
+  - the sized entries whose range holds it, and every alias at their
+    addresses (the alias ranked first gives the range);
+  - for a code label among those, the sized entries holding the label's
+    address (a label inside a function is no owner)."""
+from __future__ import annotations
+
+import bisect
+from itertools import accumulate
+
+from .elf_symbols import ElfSymbols
+from .elf_symtab import (_FUNC_TYPES, _SHF_EXECINSTR, _STT_NOTYPE as _NOTYPE,
+                         _SYMBOL_TABLES, _ReadOnce, add_function, hidden_versions, name_at,
+                         plt_functions, symbol_entries)
+
+
+class _Names:
+    """A symbol table's entries as plt_functions reads them: [index][0] is
+    the entry's name, decoded when asked."""
+
+    def __init__(self, entries: list, text: str):
+        self.entries, self.text = entries, text
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i: int) -> tuple:
+        return (name_at(self.text, self.entries[i][0]),)
+
+
+class SymbolScan:
+    """lookup() as the whole ElfSymbols of the file at `path` answers."""
+
+    def __init__(self, path: str):
+        from .elf_reader import open_reader
+        with open(path, "rb") as f:
+            reader = open_reader(path, f)
+            try:
+                self._index(_ReadOnce(reader))
+            finally:
+                reader.close()
+
+    def _index(self, reader) -> None:
+        sections = self._sections = reader.sections
+        code = {s.index for s in sections if s.flags & _SHF_EXECINSTR}
+        self._tables = []               # (entries, string table text, hidden versions)
+        by_addr: dict = {}              # address -> (table, entry index), or a list of them
+        sized = []                      # (start, end) of every sized entry
+        names = {}
+        for sec in sections:
+            if sec.type not in _SYMBOL_TABLES:
+                continue
+            entries, strtab = symbol_entries(reader, sec)
+            text = strtab.decode("latin-1")     # as elf_symtab decodes names
+            table = len(self._tables)
+            self._tables.append((entries, text, hidden_versions(reader, sec)))
+            names[sec.index] = _Names(entries, text)
+            end = len(strtab)
+            # elf_symtab.is_function_entry, inlined: node's 185,000 entries
+            for i, (n, v, size, info, shndx) in enumerate(entries):
+                if not v or not shndx or n >= end or not strtab[n]:
+                    continue
+                kind = info & 0xF
+                if kind not in _FUNC_TYPES and not (kind == _NOTYPE and shndx in code):
+                    continue
+                old = by_addr.get(v)
+                if old is None:
+                    by_addr[v] = (table, i)
+                elif type(old) is list:
+                    old.append((table, i))
+                else:
+                    by_addr[v] = [old, (table, i)]
+                if size:
+                    sized.append((v, v + size))
+        self._plt = plt_functions(reader, names)
+        sized += [(a, a + v[0]) for (a, _), v in self._plt.items() if v[0]]
+        self._by_addr = by_addr
+        self._starts = sorted(set(by_addr).union(a for a, _ in self._plt))
+        sized.sort()
+        self._sized_starts = [s for s, _ in sized]
+        self._sized_ends = ends = [e for _, e in sized]
+        self._reach = list(accumulate(ends, max))   # the furthest end up to each
+
+    def _refs(self, address: int) -> list:
+        refs = self._by_addr.get(address, ())
+        return refs if type(refs) is list else [refs] if refs else []
+
+    def lookup(self, vaddr: int):
+        """The Symbol ElfSymbols.lookup(vaddr) gives, or None."""
+        owners: set = set()
+        self._starts_owning(vaddr, owners)
+        for address in list(owners):
+            if any(self._tables[t][0][i][3] & 0xF == _NOTYPE for t, i in self._refs(address)):
+                self._holding(address, owners)      # what may hide the label
+        raw = {key: v for key, v in self._plt.items() if key[0] in owners}
+        for t, i in sorted(ref for a in owners for ref in self._refs(a)):
+            entries, text, hidden = self._tables[t]
+            n, v, size, info, shndx = entries[i]
+            add_function(raw, self._sections, hidden, i, name_at(text, n), v, size, info,
+                         shndx)
+        return ElfSymbols.built(raw, self._sections, starts=self._starts).lookup(vaddr)
+
+    def _starts_owning(self, vaddr: int, out: set) -> None:
+        """The addresses of the entries that can own vaddr."""
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i >= 0:
+            out.add(self._starts[i])
+        self._holding(vaddr, out)
+
+    def _holding(self, vaddr: int, out: set) -> None:
+        """The addresses of the sized entries whose range holds vaddr."""
+        starts, ends, reach = self._sized_starts, self._sized_ends, self._reach
+        j = bisect.bisect_right(starts, vaddr) - 1
+        while j >= 0 and reach[j] > vaddr:
+            if ends[j] > vaddr:
+                out.add(starts[j])
+            j -= 1
