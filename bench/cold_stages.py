@@ -45,11 +45,13 @@ def table(name: str, stages: dict) -> str:
     header = stages.pop("_header")
     rows = sorted(stages.items(), key=lambda kv: kv[1]["first"])
     lines = [f"### {name}", "", f"`{header[:160]}`", "",
-             "| stage | from (s) | to (s) | calls | total (s) |", "| --- | --- | --- | --- | --- |"]
+             "| stage | from (s) | to (s) | calls | total (s) | CPU at its start (s) |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for label, r in rows:
+        cpu = f"{r['cpu']:.2f}" if r.get("cpu") is not None else ""
         lines.append(f"| {label} | {r['first']:.3f} | "
-                     f"{r['last_end']:.3f} | {r['calls']} | {r['total']:.3f} |"
-                     if "calls" in r else f"| {label} | {r['first']:.3f} | | | |")
+                     f"{r['last_end']:.3f} | {r['calls']} | {r['total']:.3f} | {cpu} |"
+                     if "calls" in r else f"| {label} | {r['first']:.3f} | | | | {cpu} |")
     return "\n".join(lines) + "\n"
 
 

@@ -112,19 +112,21 @@ class ElfImage:
 
     def function_at(self, vaddr: int):
         """symbols.lookup(vaddr), without waiting for a child still building
-        the whole table (objfile/symbol_scan.py answers as it would)."""
+        the whole table: objfile/symbol_scan.py answers as it would, and
+        goes on answering once the child is done (reading node's table
+        back costs ~17 MB read and unpacked, the scan ~40 us an address)."""
         symbols = self.symbols
-        if symbols.pending and not self.file.is_go and function_builder.running(self.path):
-            scan = self.__dict__.get("_scan")
-            if scan is None:
-                from .symbol_scan import SymbolScan
-                try:
-                    scan = self._scan = SymbolScan(self.path)
-                except Exception:       # as _functions_of_file: the whole table decides
-                    return symbols.lookup(vaddr)
-            return scan.lookup(vaddr)
-        self.__dict__.pop("_scan", None)    # the whole table is here
-        return symbols.lookup(vaddr)
+        if not symbols.pending:
+            return symbols.lookup(vaddr)
+        scan = self.__dict__.get("_scan")
+        if scan is None and not self.file.is_go and function_builder.running(self.path):
+            from .symbol_scan import SymbolScan
+            try:
+                scan = SymbolScan(self.path)
+            except Exception:           # as _functions_of_file: the whole table decides
+                scan = False
+            self._scan = scan
+        return scan.lookup(vaddr) if scan else symbols.lookup(vaddr)
 
     def _save(self) -> None:
         objcache.write(self._cache_file, elf_state.pack(self.file, self.symbols))
