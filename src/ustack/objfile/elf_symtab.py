@@ -30,6 +30,7 @@ _VERSYM_HIDDEN = 0x8000
 LABEL = "LABEL"         # the binding recorded for untyped symbols in code
 _PLT_SECTIONS = (".plt", ".plt.sec", ".plt.got")
 _JMP_RIP = b"\xff\x25"   # jmp *disp32(%rip): how every x86-64 PLT stub leaves
+_PUSH_RIP = b"\xff\x35"  # pushq disp32(%rip): how PLT0 (the lazy-binding resolver stub) starts
 _NATIVE_ORDERS = ("=", "<" if sys.byteorder == "little" else ">")
 
 
@@ -232,6 +233,8 @@ def plt_functions(reader, tables: dict) -> dict:
         step = sec.entsize or 16
         data, base = reader.data(sec), sec.addr
         for start in range(0, len(data) - step + 1, step):
+            if start == 0 and data.startswith(_PUSH_RIP):
+                continue        # PLT0, the resolver stub: GOT[2] is the loader's, never relocated
             at = data.find(_JMP_RIP, start, start + step)
             if at < 0 or at + 6 > len(data):
                 continue
@@ -248,17 +251,21 @@ def plt_functions(reader, tables: dict) -> dict:
 
 def _slot_names(reader, tables: dict, wanted: set) -> dict:
     """GOT slot -> the name its relocation gives, of the slots `wanted`
-    (the later relocation of a slot wins). The relocations are picked out
-    by offset at C speed: chromium's .rela.dyn holds millions, nearly all
-    R_X86_64_RELATIVE (~0.1 s a million in a Python loop)."""
-    if not wanted:
-        return {}
+    (the later relocation of a slot wins). Read from the last relocation
+    section back, each ending the search for the slots it names: .rela.plt
+    follows .rela.dyn and names every lazy-binding slot, so chromium's
+    1.1 M relocations of .rela.dyn (nearly all R_X86_64_RELATIVE) are not
+    read when it has no other stubs; those read are picked out by offset
+    at C speed."""
     sections = reader.sections
     rela = struct.Struct(reader.order + ("QQq" if reader.elfclass == 64 else "IIi"))
     offset_only = struct.Struct(reader.order + ("Q16x" if reader.elfclass == 64 else "I8x"))
     shift = 32 if reader.elfclass == 64 else 8
-    slots = {}
-    for sec in sections:
+    slots: dict = {}
+    wanted = set(wanted)
+    for sec in reversed(sections):
+        if not wanted:
+            break
         if sec.type != _SHT_RELA or not sec.link:
             continue
         symbols = tables.get(sec.link)
@@ -270,11 +277,14 @@ def _slot_names(reader, tables: dict, wanted: set) -> dict:
             offsets = memoryview(data).cast("Q")[0::3]      # no tuple a relocation
         else:
             offsets = map(itemgetter(0), offset_only.iter_unpack(data))
+        found = {}
         for i in compress(count(), map(wanted.__contains__, offsets)):
             offset, info, _addend = rela.unpack_from(data, i * rela.size)
             index = info >> shift
             if 0 < index < len(symbols):
                 name = symbols[index][0].split("@", 1)[0]
                 if name:
-                    slots[offset] = name
+                    found[offset] = name        # the later one in the section wins
+        slots.update(found)
+        wanted.difference_update(found)
     return slots
