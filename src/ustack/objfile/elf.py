@@ -125,6 +125,8 @@ class ElfImage:
                 scan = SymbolScan(self.path)
             except Exception:           # as _functions_of_file: the whole table decides
                 scan = False
+            else:
+                function_builder.nothing_waits(self.path)
             self._scan = scan
         return scan.lookup(vaddr) if scan else symbols.lookup(vaddr)
 
