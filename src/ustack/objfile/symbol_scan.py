@@ -20,7 +20,8 @@ over every entry that can own the address:
 from __future__ import annotations
 
 import bisect
-from itertools import accumulate
+from itertools import accumulate, compress
+from operator import add
 
 from .elf_symbols import ElfSymbols
 from .elf_symtab import (_FUNC_TYPES, _SHF_EXECINSTR, _STT_NOTYPE as _NOTYPE,
@@ -58,15 +59,14 @@ class SymbolScan:
         sections = self._sections = reader.sections
         code = {s.index for s in sections if s.flags & _SHF_EXECINSTR}
         self._tables = []               # (entries, string table text, hidden versions)
-        by_addr: dict = {}              # address -> (table, entry index), or a list of them
-        sized = []                      # (start, end) of every sized entry
+        addrs, refs, sizes = [], [], []     # of each entry add_function would enter
         names = {}
         for sec in sections:
             if sec.type not in _SYMBOL_TABLES:
                 continue
             entries, strtab = symbol_entries(reader, sec)
             text = strtab.decode("latin-1")     # as elf_symtab decodes names
-            table = len(self._tables)
+            table = len(self._tables) << 32
             self._tables.append((entries, text, hidden_versions(reader, sec)))
             names[sec.index] = _Names(entries, text)
             end = len(strtab)
@@ -75,39 +75,41 @@ class SymbolScan:
                 if not v or not shndx or n >= end or not strtab[n]:
                     continue
                 kind = info & 0xF
-                if kind not in _FUNC_TYPES and not (kind == _NOTYPE and shndx in code):
-                    continue
-                old = by_addr.get(v)
-                if old is None:
-                    by_addr[v] = (table, i)
-                elif type(old) is list:
-                    old.append((table, i))
-                else:
-                    by_addr[v] = [old, (table, i)]
-                if size:
-                    sized.append((v, v + size))
+                if kind in _FUNC_TYPES or (kind == _NOTYPE and shndx in code):
+                    addrs.append(v)
+                    refs.append(table | i)
+                    sizes.append(size)
         self._plt = plt_functions(reader, names)
-        sized += [(a, a + v[0]) for (a, _), v in self._plt.items() if v[0]]
-        self._by_addr = by_addr
-        self._starts = sorted(set(by_addr).union(a for a, _ in self._plt))
-        sized.sort()
-        self._sized_starts = [s for s, _ in sized]
-        self._sized_ends = ends = [e for _, e in sized]
+        for (a, _), v in self._plt.items():
+            addrs.append(a)
+            refs.append(-1)             # not a table's entry: self._plt holds it
+            sizes.append(v[0])
+        # in address order, then table order (sorted() is stable): by C calls
+        order = sorted(range(len(addrs)), key=addrs.__getitem__)
+        self._addrs = list(map(addrs.__getitem__, order))
+        self._refs = list(map(refs.__getitem__, order))
+        self._starts = sorted(set(addrs))
+        sized = list(compress(order, map(sizes.__getitem__, order)))
+        self._sized_starts = list(map(addrs.__getitem__, sized))
+        self._sized_ends = ends = list(map(add, self._sized_starts,
+                                           map(sizes.__getitem__, sized)))
         self._reach = list(accumulate(ends, max))   # the furthest end up to each
 
-    def _refs(self, address: int) -> list:
-        refs = self._by_addr.get(address, ())
-        return refs if type(refs) is list else [refs] if refs else []
+    def _refs_at(self, address: int) -> list:
+        """(table, entry index) of the table entries at `address`, in table order."""
+        lo = bisect.bisect_left(self._addrs, address)
+        hi = bisect.bisect_right(self._addrs, address, lo)
+        return [(r >> 32, r & 0xFFFFFFFF) for r in self._refs[lo:hi] if r >= 0]
 
     def lookup(self, vaddr: int):
         """The Symbol ElfSymbols.lookup(vaddr) gives, or None."""
         owners: set = set()
         self._starts_owning(vaddr, owners)
         for address in list(owners):
-            if any(self._tables[t][0][i][3] & 0xF == _NOTYPE for t, i in self._refs(address)):
+            if any(self._tables[t][0][i][3] & 0xF == _NOTYPE for t, i in self._refs_at(address)):
                 self._holding(address, owners)      # what may hide the label
         raw = {key: v for key, v in self._plt.items() if key[0] in owners}
-        for t, i in sorted(ref for a in owners for ref in self._refs(a)):
+        for t, i in sorted(ref for a in owners for ref in self._refs_at(a)):
             entries, text, hidden = self._tables[t]
             n, v, size, info, shndx = entries[i]
             add_function(raw, self._sections, hidden, i, name_at(text, n), v, size, info,
