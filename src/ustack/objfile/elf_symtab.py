@@ -145,17 +145,6 @@ def add_function(found: dict, sections, hidden, index: int, sym_name: str, addr:
         found[key] = (size, bind, shndx, flags)
 
 
-def is_function_entry(sections, strtab: bytes, name_offset: int, addr: int, info: int,
-                      shndx: int) -> bool:
-    """Whether add_function would enter a symbol, judged without its name
-    decoded (only whether it is empty)."""
-    if addr == 0 or shndx == _SHN_UNDEF or name_offset >= len(strtab) \
-            or not strtab[name_offset]:
-        return False
-    kind = info & 0xF
-    return kind in _FUNC_TYPES or (kind == _STT_NOTYPE and _in_code(sections, shndx))
-
-
 def _in_code(sections, shndx) -> bool:
     return 0 < shndx < len(sections) and bool(sections[shndx].flags & _SHF_EXECINSTR)
 

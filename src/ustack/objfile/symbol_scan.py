@@ -70,7 +70,8 @@ class SymbolScan:
             self._tables.append((entries, text, hidden_versions(reader, sec)))
             names[sec.index] = _Names(entries, text)
             end = len(strtab)
-            # elf_symtab.is_function_entry, inlined: node's 185,000 entries
+            # what elf_symtab.add_function enters, judged without names, in
+            # one loop without calls: node's 185,000 entries
             for i, (n, v, size, info, shndx) in enumerate(entries):
                 if not v or not shndx or n >= end or not strtab[n]:
                     continue
