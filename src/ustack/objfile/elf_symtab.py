@@ -14,15 +14,15 @@ from . import cache as objcache
 from . import content_key
 
 # the ELF spec's numbers (elf.h)
-_STT_NOTYPE, _STT_FUNC, _STT_GNU_IFUNC = 0, 2, 10
+STT_NOTYPE, _STT_FUNC, _STT_GNU_IFUNC = 0, 2, 10
 # without STT_GNU_IFUNC libc's strlen, memcpy@@GLIBC_2.14 and the like are invisible
-_FUNC_TYPES = (_STT_FUNC, _STT_GNU_IFUNC)
+FUNC_TYPES = (_STT_FUNC, _STT_GNU_IFUNC)
 _BIND_NAMES = {0: "STB_LOCAL", 1: "STB_GLOBAL", 2: "STB_WEAK", 10: "STB_GNU_UNIQUE"}
 _SHT_PROGBITS, _SHT_SYMTAB, _SHT_RELA, _SHT_DYNSYM = 1, 2, 4, 11
 _SHT_GNU_VERSYM = 0x6FFFFFFF
-_SYMBOL_TABLES = (_SHT_SYMTAB, _SHT_DYNSYM)
+SYMBOL_TABLES = (_SHT_SYMTAB, _SHT_DYNSYM)
 _SHN_UNDEF = 0
-_SHF_EXECINSTR = 0x4
+SHF_EXECINSTR = 0x4
 # flags of a raw function entry
 IFUNC = 1          # the address is a resolver; calls go to what it returns
 COMPAT = 2         # an old, non-default symbol version (memcpy@GLIBC_2.2.5)
@@ -42,7 +42,7 @@ def raw_functions(reader, keep: bool = True) -> dict:
     strings, versions, PLT and relocations and of the section headers, all
     read once here and parsed from what was hashed: a copy with the same
     build-id and renamed functions has another key."""
-    reader = _ReadOnce(reader)
+    reader = ReadOnce(reader)
     try:
         key = _tables_key(reader)
     except Exception:          # as ElfImage: a corrupt file raises many types
@@ -66,7 +66,7 @@ def raw_functions(reader, keep: bool = True) -> dict:
     return raw
 
 
-class _ReadOnce:
+class ReadOnce:
     """A reader whose section bytes are read once: the bytes parsed are
     the bytes hashed, even if the file changes meanwhile."""
 
@@ -84,7 +84,7 @@ class _ReadOnce:
         return data
 
 
-def _tables_key(reader: _ReadOnce) -> str:
+def _tables_key(reader: ReadOnce) -> str:
     """The content key of everything _raw_functions reads."""
     sections = reader.sections
     hasher = content_key.Hasher("symbols")
@@ -92,7 +92,7 @@ def _tables_key(reader: _ReadOnce) -> str:
     for sec in sections:
         hasher.add(f"{sec.index}:{sec.name}:{sec.type}:{sec.flags}:{sec.addr}:"
                    f"{sec.size}:{sec.link}:{sec.entsize}")
-    tables = {s.index for s in sections if s.type in _SYMBOL_TABLES}
+    tables = {s.index for s in sections if s.type in SYMBOL_TABLES}
     read = set(tables)
     read.update(s.link for s in sections if s.index in tables and 0 < s.link < len(sections))
     read.update(s.index for s in sections if s.type in (_SHT_RELA, _SHT_GNU_VERSYM)
@@ -108,10 +108,10 @@ def _raw_functions(reader) -> dict:
     tables and the PLT stubs (a sample can stop in one: perf names it
     foo@plt); flags: IFUNC, COMPAT."""
     sections = reader.sections
-    tables = {s.index: _symbols(reader, s) for s in sections if s.type in _SYMBOL_TABLES}
+    tables = {s.index: _symbols(reader, s) for s in sections if s.type in SYMBOL_TABLES}
     found = plt_functions(reader, tables)
     for sec in sections:
-        if sec.type not in _SYMBOL_TABLES:
+        if sec.type not in SYMBOL_TABLES:
             continue
         hidden = hidden_versions(reader, sec)
         for index, entry in enumerate(tables[sec.index]):
@@ -129,9 +129,9 @@ def add_function(found: dict, sections, hidden, index: int, sym_name: str, addr:
         return
     kind = info & 0xF
     bind = _BIND_NAMES.get(info >> 4, f"STB_{info >> 4}")
-    if kind == _STT_NOTYPE and _in_code(sections, shndx):
+    if kind == STT_NOTYPE and _in_code(sections, shndx):
         bind = LABEL           # assembly entry points: ld.so's _start
-    elif kind not in _FUNC_TYPES:
+    elif kind not in FUNC_TYPES:
         return
     # a debug file's .symtab spells versions in: memcpy@@GLIBC_2.14
     name, at, version = sym_name.partition("@")
@@ -146,7 +146,7 @@ def add_function(found: dict, sections, hidden, index: int, sym_name: str, addr:
 
 
 def _in_code(sections, shndx) -> bool:
-    return 0 < shndx < len(sections) and bool(sections[shndx].flags & _SHF_EXECINSTR)
+    return 0 < shndx < len(sections) and bool(sections[shndx].flags & SHF_EXECINSTR)
 
 
 def _symbols(reader, table) -> list:

@@ -24,8 +24,8 @@ from itertools import accumulate, compress
 from operator import add
 
 from .elf_symbols import ElfSymbols
-from .elf_symtab import (_FUNC_TYPES, _SHF_EXECINSTR, _STT_NOTYPE as _NOTYPE,
-                         _SYMBOL_TABLES, _ReadOnce, add_function, hidden_versions, name_at,
+from .elf_symtab import (FUNC_TYPES, SHF_EXECINSTR, STT_NOTYPE,
+                         SYMBOL_TABLES, ReadOnce, add_function, hidden_versions, name_at,
                          plt_functions, symbol_entries)
 
 
@@ -51,18 +51,18 @@ class SymbolScan:
         with open(path, "rb") as f:
             reader = open_reader(path, f)
             try:
-                self._index(_ReadOnce(reader))
+                self._index(ReadOnce(reader))
             finally:
                 reader.close()
 
     def _index(self, reader) -> None:
         sections = self._sections = reader.sections
-        code = {s.index for s in sections if s.flags & _SHF_EXECINSTR}
+        code = {s.index for s in sections if s.flags & SHF_EXECINSTR}
         self._tables = []               # (entries, string table text, hidden versions)
         addrs, refs, sizes = [], [], []     # of each entry add_function would enter
         names = {}
         for sec in sections:
-            if sec.type not in _SYMBOL_TABLES:
+            if sec.type not in SYMBOL_TABLES:
                 continue
             entries, strtab = symbol_entries(reader, sec)
             text = strtab.decode("latin-1")     # as elf_symtab decodes names
@@ -76,7 +76,7 @@ class SymbolScan:
                 if not v or not shndx or n >= end or not strtab[n]:
                     continue
                 kind = info & 0xF
-                if kind in _FUNC_TYPES or (kind == _NOTYPE and shndx in code):
+                if kind in FUNC_TYPES or (kind == STT_NOTYPE and shndx in code):
                     addrs.append(v)
                     refs.append(table | i)
                     sizes.append(size)
@@ -107,7 +107,7 @@ class SymbolScan:
         owners: set = set()
         self._starts_owning(vaddr, owners)
         for address in list(owners):
-            if any(self._tables[t][0][i][3] & 0xF == _NOTYPE for t, i in self._refs_at(address)):
+            if any(self._tables[t][0][i][3] & 0xF == STT_NOTYPE for t, i in self._refs_at(address)):
                 self._holding(address, owners)      # what may hide the label
         raw = {key: v for key, v in self._plt.items() if key[0] in owners}
         for t, i in sorted(ref for a in owners for ref in self._refs_at(a)):
