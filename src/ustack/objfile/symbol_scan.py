@@ -23,6 +23,7 @@ import bisect
 from itertools import accumulate, compress
 from operator import add
 
+from ..interrupt import current
 from .elf_symbols import ElfSymbols
 from .elf_symtab import (FUNC_TYPES, SHF_EXECINSTR, STT_NOTYPE,
                          SYMBOL_TABLES, ReadOnce, add_function, hidden_versions, name_at,
@@ -56,6 +57,7 @@ class SymbolScan:
                 reader.close()
 
     def _index(self, reader) -> None:
+        interrupt = current()
         sections = self._sections = reader.sections
         code = {s.index for s in sections if s.flags & SHF_EXECINSTR}
         self._tables = []               # (entries, string table text, hidden versions)
@@ -73,6 +75,8 @@ class SymbolScan:
             # what elf_symtab.add_function enters, judged without names, in
             # one loop without calls: node's 185,000 entries
             for i, (n, v, size, info, shndx) in enumerate(entries):
+                if not i & 0x3FFF:
+                    interrupt.check()   # a run asked to end ends now (node: ~0.3 s here)
                 if not v or not shndx or n >= end or not strtab[n]:
                     continue
                 kind = info & 0xF
