@@ -78,13 +78,13 @@ def hashing_ms() -> list:
     """(what, ms) of computing the content keys once, in this process."""
     from ustack.objfile.elf import ElfImage
     from ustack.objfile.elf_reader import open_reader
-    from ustack.objfile.elf_symtab import _ReadOnce, _tables_key   # the measured code
+    from ustack.objfile.elf_symtab import ReadOnce, _tables_key   # the measured code
     from ustack.unwind.cfi_key import cfi_sections, sections_key
     out = []
     for path in (LIBC, NODE):
         with open(path, "rb") as f:
             reader = open_reader(path, f)
-            best = min(_timed(lambda: _tables_key(_ReadOnce(reader))) for _ in range(3))
+            best = min(_timed(lambda: _tables_key(ReadOnce(reader))) for _ in range(3))
             reader.close()
         out.append((f"symbol tables' key, {os.path.basename(path)}", best))
         image = ElfImage.open(path)

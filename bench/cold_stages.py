@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from cold_start import HZ, Targets, cold  # noqa: E402
+from cold_start import HZ, Targets, cold, reap_leftovers, subreaper  # noqa: E402
 
 
 def staged_run(src: str, cache: Path, args: list, work: Path) -> dict:
@@ -45,11 +45,13 @@ def table(name: str, stages: dict) -> str:
     header = stages.pop("_header")
     rows = sorted(stages.items(), key=lambda kv: kv[1]["first"])
     lines = [f"### {name}", "", f"`{header[:160]}`", "",
-             "| stage | from (s) | to (s) | calls | total (s) |", "| --- | --- | --- | --- | --- |"]
+             "| stage | from (s) | to (s) | calls | total (s) | CPU at its start (s) |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for label, r in rows:
+        cpu = f"{r['cpu']:.2f}" if r.get("cpu") is not None else ""
         lines.append(f"| {label} | {r['first']:.3f} | "
-                     f"{r['last_end']:.3f} | {r['calls']} | {r['total']:.3f} |"
-                     if "calls" in r else f"| {label} | {r['first']:.3f} | | | |")
+                     f"{r['last_end']:.3f} | {r['calls']} | {r['total']:.3f} | {cpu} |"
+                     if "calls" in r else f"| {label} | {r['first']:.3f} | | | | {cpu} |")
     return "\n".join(lines) + "\n"
 
 
@@ -76,6 +78,7 @@ def main() -> None:
     ap.add_argument("--before", help="another tree's src/: start-up only, alternating")
     ap.add_argument("--reps", type=int, default=1)
     a = ap.parse_args()
+    subreaper()                 # the builders a run leaves are reparented here, waited for
     if a.before:
         return compare(a)
     work = Path(tempfile.mkdtemp(prefix="cold_stages"))
@@ -94,6 +97,7 @@ def main() -> None:
                     args = ["-p", str(getattr(targets, name)())]
                 cache = warm if a.warm else cold(caches)
                 stages = staged_run(a.src, cache, args, work)
+                reap_leftovers(targets)     # its builders end before their cache is removed
             finally:
                 targets.close()
             print(table(name, stages), flush=True)
@@ -120,6 +124,7 @@ def compare(a) -> None:
                         args = ["-p", str(getattr(targets, name)())]
                         loads.append(os.getloadavg()[0])
                         stamps = staged_run(src, cold(caches), args, work)
+                        reap_leftovers(targets)
                     finally:
                         targets.close()
                     runs.setdefault((name, tree), []).append(stamps)

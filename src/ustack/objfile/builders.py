@@ -59,13 +59,27 @@ def start(key: tuple, module: str, args: list, niceness: int = 0):
         except OSError:
             return None
         if niceness:                    # the child's alone: a nicer thread would hold the GIL
-            pid = _children[key].pid
-            try:
-                os.setpriority(os.PRIO_PROCESS, pid,
-                               min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
-            except OSError:
-                pass
+            _nicer(_children[key].pid, niceness)
         return _children[key]
+
+
+def _nicer(pid: int, niceness: int) -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid,
+                       min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
+    except OSError:
+        pass                            # it ended meanwhile
+
+
+def nothing_waits(key: tuple, niceness: int) -> None:
+    """The run no longer waits for the child of `key` (it has what it
+    needs another way): `niceness` added to the child's, so it takes the
+    CPU from the run's own work only where that leaves some; it goes on
+    for the cache."""
+    with _lock:
+        child = _children.get(key)
+    if child is not None and child.poll() is None:
+        _nicer(child.pid, niceness)
 
 
 def wait(key: tuple) -> None:
@@ -85,6 +99,13 @@ def wait(key: tuple) -> None:
             return
         except subprocess.TimeoutExpired:
             pass
+
+
+def running(key: tuple) -> bool:
+    """Whether the child of `key` was started and has not ended."""
+    with _lock:
+        child = _children.get(key)
+    return child is not None and child.poll() is None
 
 
 def stop_all() -> None:

@@ -45,11 +45,13 @@ class ElfSymbols:
         self._reparse = reparse
 
     @classmethod
-    def built(cls, raw: dict, sections, reparse=None) -> "ElfSymbols":
+    def built(cls, raw: dict, sections, reparse=None, starts=None) -> "ElfSymbols":
         """From raw functions ((address, name) -> (size, binding, section
-        index, flags)) and the reader's sections (for zero sizes)."""
+        index, flags)) and the reader's sections (for zero sizes); `starts`:
+        the sorted start addresses of all the file's functions when `raw`
+        holds only some (objfile/symbol_scan.py), else raw's."""
         self = cls(reparse)
-        named = _fill_sizes(raw, sections)
+        named = _fill_sizes(raw, sections, starts)
         # PLT stubs and code labels name addresses but are not probe
         # targets or list rows
         self.functions = [s for s in named if not s.name.endswith("@plt")
@@ -246,10 +248,11 @@ class ElfSymbols:
 _LAST_ADDRESS = (1 << 64) - 1
 
 
-def _fill_sizes(raw: dict, sections) -> list:
+def _fill_sizes(raw: dict, sections, starts=None) -> list:
     """Sorted Symbols; zero sizes extended to the next function start,
     capped at the end of the symbol's section (assembly often omits .size)."""
-    starts = sorted({addr for addr, _ in raw})
+    if starts is None:
+        starts = sorted({addr for addr, _ in raw})
     out = []
     for addr, name in sorted(raw):
         size, _bind, shndx, _flags = raw[(addr, name)]

@@ -10,6 +10,7 @@ from . import builders
 
 BIG_SYMBOL_TABLES = 512 << 10   # bytes of .symtab + .dynsym worth a child (~21,000 symbols, ~0.35 s)
 _KIND = "functions"
+NOTHING_WAITS_NICENESS = 10     # as unwind/tables.py's builders nothing waits for
 
 
 def worth_a_child(image) -> bool:
@@ -34,3 +35,16 @@ def wait(path: str) -> None:
     builders.wait((_KIND, path))
 
 
+
+
+def running(path: str) -> bool:
+    """Whether a child is building the functions of the object at `path`
+    now."""
+    return builders.running((_KIND, path))
+
+
+def nothing_waits(path: str) -> None:
+    """The run names the object at `path` without its child (a scan,
+    objfile/symbol_scan.py): the child, building for the cache now, yields
+    the CPU to the run."""
+    builders.nothing_waits((_KIND, path), NOTHING_WAITS_NICENESS)

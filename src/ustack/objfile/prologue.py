@@ -196,7 +196,7 @@ def leaf_frame(image: ElfImage, vaddr: int) -> tuple | None:
 
 
 def _function_start(image: ElfImage, vaddr: int) -> int | None:
-    sym = image.symbols.lookup(vaddr)
+    sym = image.function_at(vaddr)
     if sym is not None and sym.address <= vaddr < sym.address + max(sym.size, 1):
         return sym.address if vaddr - sym.address <= LEAF_SCAN else None
     if image.file.is_go:                              # stripped Go: find the stack check

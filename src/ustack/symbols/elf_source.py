@@ -59,11 +59,11 @@ class ElfSource:
                     sym = None
                     debug = self._debug(image)
                     if debug is not None:       # full symtab, local functions too
-                        sym = debug.symbols.lookup(vaddr)
+                        sym = debug.function_at(vaddr)
                     if sym is not None:
                         self._named(path, _DEBUG_SOURCE.get(self._debug_how.get(image.path), ""))
                     else:
-                        sym = image.symbols.lookup(vaddr)
+                        sym = image.function_at(vaddr)
                         if sym is not None:
                             self._named(path, ".symtab" if image.file.has_symtab
                                         else ".dynsym")
