@@ -25,14 +25,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from offcpu import BPF_STATS  # noqa: E402
-from latency_entry_cost import _fdinfo_programs  # noqa: E402
+from latency_entry_cost import communicate_watching_programs  # noqa: E402
 from uprobe_rate import write_report  # noqa: E402
 from helpers import O2_NOFP, build, parse_counts, funcs  # noqa: E402
 
@@ -76,22 +75,7 @@ def one_run(src: Path, chain: Path, hits: int, work: Path) -> dict:
     proc = subprocess.Popen([sys.executable, "-c", _WRAPPED, "count", f"uprobe:{chain}:d",
                              "-c", f"{chain} {hits}"], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    seen: dict = {}
-    done = threading.Event()
-
-    def poll():
-        while not done.is_set():
-            try:
-                seen.update(_fdinfo_programs(proc.pid))
-            except OSError:
-                pass
-            done.wait(0.01)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    out, err = proc.communicate(timeout=300)
-    done.set()
-    poller.join()
+    (out, err), seen = communicate_watching_programs(proc)
     sizes, rings = json.loads(err.split("SIZES ", 1)[1].splitlines()[0])
     whole = sum(s["count"] for s in parse_counts(out) if funcs(s["frames"]) == WHOLE)
     counted = [v for v in seen.values() if v[2]]

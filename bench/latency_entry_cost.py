@@ -57,6 +57,30 @@ def _fdinfo_programs(pid: int) -> dict:
     return out
 
 
+def communicate_watching_programs(proc) -> tuple:
+    """((stdout, stderr), {fd: (verified instructions, run_time_ns,
+    run_cnt)}) of the running ustack `proc`: its BPF programs' counters
+    read every 10 ms until it ends (its last reading of each program)."""
+    seen: dict = {}
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            try:
+                seen.update(_fdinfo_programs(proc.pid))
+            except OSError:
+                pass
+            done.wait(0.01)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        return proc.communicate(timeout=300), seen
+    finally:
+        done.set()
+        poller.join()
+
+
 def entry_ns(src: Path, event: str, command: str) -> tuple:
     """(ns per run of the entry program, its runs) of one `latency
     --by-stack EVENT -c COMMAND` with the ustack of `src`."""
@@ -64,22 +88,7 @@ def entry_ns(src: Path, event: str, command: str) -> tuple:
     proc = subprocess.Popen([sys.executable, "-m", "ustack", "latency", "--by-stack",
                              event, "-c", command],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    seen: dict = {}
-    stop = threading.Event()
-
-    def poll():
-        while not stop.is_set():
-            try:
-                seen.update(_fdinfo_programs(proc.pid))
-            except OSError:
-                pass
-            stop.wait(0.01)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    _out, err = proc.communicate(timeout=300)
-    stop.set()
-    poller.join()
+    (_out, err), seen = communicate_watching_programs(proc)
     if proc.returncode:
         raise SystemExit(f"ustack failed: {err.strip().splitlines()[-1:]}")
     _insns, ns, runs = max(seen.values())
