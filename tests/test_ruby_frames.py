@@ -297,5 +297,9 @@ def test_a_recording_keeps_the_ruby_frames(tmp_path):
                         for f in stack if " (calls.rb:" in f))
     assert samples >= 20, res.stdout[-2000:]
     assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
-    assert not [stack for stack, _n in parse_folded(res.stdout) if "rb_vm_exec" in stack], \
-        res.stdout[-2000:]
+    # the VM's calls replaced by the Ruby frames they ran, but in start-up
+    # (ruby_options: rubygems' requires) a sample in an object just loaded,
+    # its rows not in yet, is copied, and its frames read moments later no
+    # longer fit it: such a stack keeps its VM calls as C frames
+    assert not [stack for stack, _n in parse_folded(res.stdout)
+                if "rb_vm_exec" in stack and "ruby_options" not in stack], res.stdout[-2000:]

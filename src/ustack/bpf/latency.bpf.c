@@ -201,7 +201,7 @@ static __always_inline int defer_entry(void *ctx, struct walk *w, __u64 pid_tgid
 	w->rec.probe = func;
 	w->rec.cpu = bpf_get_smp_processor_id();
 	*hash = mix(mix(FNV_BASIS, now), w->rec.cpu);
-	fill_deferred(ctx, regs_source, w, d, NO_STACK, *hash, DEFER_STACK);
+	fill_deferred(ctx, regs_source, w, d, NO_STACK, *hash, DEFER_STACK, DEFER_STACK);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
 }

@@ -144,7 +144,7 @@ static __always_inline int defer_call(struct pt_regs *ctx, struct walk *w, __u64
 	w->rec.probe = 0;
 	w->rec.cpu = bpf_get_smp_processor_id();
 	*id = mix(mix(FNV_BASIS, w->rec.time), w->rec.cpu);
-	fill_deferred(ctx, REGS_CTX, w, d, NO_STACK, *id, DEFER_STACK);
+	fill_deferred(ctx, REGS_CTX, w, d, NO_STACK, *id, DEFER_STACK, DEFER_STACK);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
 }

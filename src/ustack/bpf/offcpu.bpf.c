@@ -126,7 +126,7 @@ static __always_inline int defer_walk(void *ctx, struct walk *w, __u64 pid_tgid,
 	w->rec.probe = probe;
 	w->rec.cpu = bpf_get_smp_processor_id();
 	*id = (mix(mix(FNV_BASIS, w->rec.time), pid_tgid) & ~0xFFULL) | status;
-	fill_deferred(ctx, REGS_TASK, w, d, kernel_stack, *id, size);
+	fill_deferred(ctx, REGS_TASK, w, d, kernel_stack, *id, size, size);
 	bpf_ringbuf_submit(d, 0);
 	return 1;
 }

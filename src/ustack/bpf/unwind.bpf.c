@@ -181,7 +181,7 @@ static __always_inline int defer(void *ctx, struct walk *w, __s32 kernel_stack,
 		return 0;
 	}
 	used = fill_deferred(ctx, regs_source, w, &room->d, kernel_stack, weight,
-			     ring_defer_stack());
+			     ring_defer_stack(), MAIN_DEFER_STACK);
 	if (used > sizeof(*room))	/* for the verifier */
 		used = sizeof(*room);
 	if (bpf_ringbuf_output(&ring, room, used, 0)) {
@@ -299,7 +299,8 @@ int unwind_trace(void *ctx)
 		} else {
 			dw = bpf_map_lookup_elem(&deferred_scratch, &zero);
 			if (dw) {
-				fill_deferred(ctx, regs_source, w, &dw->d, kernel_stack, 1, DEFER_STACK);
+				fill_deferred(ctx, regs_source, w, &dw->d, kernel_stack, 1, DEFER_STACK,
+					      DEFER_STACK);
 				/* outputs it, or counts UW_UNDEFERRED and goes on
 				 * in FETCH_STREAM with the stack as walked */
 				bpf_tail_call(ctx, &fetch_args, FETCH_DEFERRED);

@@ -705,13 +705,15 @@ static __always_inline int store_stack(struct walk *w, __u64 *hash)
  * an unwinder's reads at the outermost frame */
 #define ABOVE_START_STACK 128
 
-/* the bytes of stack from sp that may hold frames, at most `room`: no
+/* the bytes of stack from sp that may hold frames, at most `room`, or
+ * for the main thread at most `main_room` (its copy ends where its stack
+ * does, so a deep one costs only the bytes it has): no
  * frame lies above the main thread's first sp (mm->start_stack, argc's
  * address at exec); above it come argv, the environment, up to 8 KiB of
  * random gap and the strings. The kernel's words are read into *at (a
  * field of d written later): on the program's stack, or known to the
  * verifier as values, they made it walk the count program 8x longer */
-static __always_inline __u64 stack_copy_bound(__u64 sp, __u64 room, __u64 *at)
+static __always_inline __u64 stack_copy_bound(__u64 sp, __u64 room, __u64 main_room, __u64 *at)
 {
 	__u64 start;
 
@@ -723,21 +725,23 @@ static __always_inline __u64 stack_copy_bound(__u64 sp, __u64 room, __u64 *at)
 	if (!start || bpf_probe_read_kernel(at, sizeof(*at), (void *)start + mm_start_stack))
 		return room;
 	start = READ_ONCE(*at) + ABOVE_START_STACK;
-	if (start > sp && start - sp < room)
+	if (start > sp && start - sp < main_room)
 		return (start - sp) & ~7ULL;
 	return room;
 }
 
 /* d = the deferred record of this event: its registers (the walk moved
- * them: the event's own) and up to `room` bytes from sp at once (d has
- * room for them and SWITCH_STACK more; `room` a constant to the verifier);
- * where that fails the stack ends within them, and as it ends at a page
+ * them: the event's own) and up to `room` bytes from sp at once, the
+ * main thread's up to `main_room` (>= room; d has room for it and
+ * SWITCH_STACK more; both bounded constants to the verifier);
+ * where that fails the stack ends within them (a thread's: the main
+ * thread's copy ends below mapped argument strings), and as it ends at a page
  * boundary (its mapping's end), sp's page and the ones after it are copied
  * one at a time. w->rec holds the record's head. Returns the bytes of d
  * used: its head and the copies, which follow one another */
 static __always_inline __u32 fill_deferred(void *ctx, enum regs_source source, struct walk *w,
 					   struct deferred_record *d, __s32 kernel_stack,
-					   __u64 weight, __u32 room)
+					   __u64 weight, __u32 room, __u32 main_room)
 {
 	__u64 first, copied, other, want;
 
@@ -755,10 +759,12 @@ static __always_inline __u32 fill_deferred(void *ctx, enum regs_source source, s
 	d->kernel_stack = kernel_stack;
 	d->weight = weight;
 	d->other_copied = 0;
-	d->copied = stack_copy_bound(w->sp, room, &d->other);
+	if (main_room < room)
+		main_room = room;
+	d->copied = stack_copy_bound(w->sp, room, main_room, &d->other);
 	want = READ_ONCE(d->copied);	/* any number to the verifier: one state */
-	if (want > room)
-		want = room;
+	if (want > main_room)
+		want = main_room;
 	d->other = 0;
 	if (!bpf_probe_read_user(d->stack, want, (void *)w->sp)) {
 		copied = want;
@@ -781,8 +787,8 @@ static __always_inline __u32 fill_deferred(void *ctx, enum regs_source source, s
 		if (copied > want)
 			copied = want;
 	}
-	if (copied > room)
-		copied = room;
+	if (copied > main_room)
+		copied = main_room;
 	d->copied = copied;
 	/* the frame-pointer chain leaving the copy within a few links: a
 	 * frame on another stack (Go's time.now runs the vDSO on the g0

@@ -208,6 +208,10 @@ static __always_inline void add_one(__u64 *slot)
 #define ARGS_AREA (12 << 10)	/* a trace record's fetch-args, after its frames */
 #define DEFER_STACK 8192	/* bytes of stack a deferred record carries: two pages */
 #define MAX_DEFER_STACK 65536	/* ... at most, as deep as --stack-size (the ring's) */
+#define MAIN_DEFER_STACK 32768	/* ... a main thread's in the ring, at least: its copy ends
+				 * where its stack does (Ruby's runs deeper than 8 KiB:
+				 * a -c command's first samples, rows still to build,
+				 * were cut) */
 #define SWITCH_STACK 2048	/* bytes a deferred record carries from rbp when rbp is
 				 * not in the copy from sp: the frames of another stack
 				 * (Go's time.now runs the vDSO on the thread's g0 stack) */

@@ -170,6 +170,7 @@ def script_frame_record(pid: int, word: int, function: str, file: str, line: int
     # at most 4 bytes a character: a length fits its u16
     function_b, file_b = (t[:MAX_SCRIPT_TEXT].encode("utf-8", "surrogatepass")
                           for t in (function, file))
+    line = line if 0 <= line < 1 << 31 else 0        # a garbage read kept no line
     return record(SCRIPT, _SCRIPT.pack(pid, word, line, len(function_b), len(file_b))
                   + function_b + file_b)
 

@@ -201,6 +201,10 @@ class _Process:
             label = self.string(self.mem.word(loc + f["location_label"]))
             file = self.path(self.mem.word(loc + f["location_pathobj"]))
             first = self.mem.word(loc + f["location_first_lineno"]) >> 1   # a Fixnum
+            if not 0 < first < 1 << 31:
+                # not a line (an iseq freed and reused under the read):
+                # one a recording's i32, pprof and ClickHouse refuse
+                first = 0
         except (OSError, ValueError, UnicodeDecodeError):
             return None
         try:
