@@ -156,12 +156,15 @@ INSERT INTO ustack.samples_in SELECT
   concat('synthetic/', toString(intDiv(number, 200))) AS batch
 FROM numbers(10000000)
 """
+# the stacks as agents send them: frame ids (900 frames, one a function)
+SYNTHETIC_FRAMES = """
+INSERT INTO ustack.frames SELECT number AS frame_id, concat('function_', toString(number)),
+  'libsvc.so', '', 0, 'native', 0
+FROM numbers(900)
+"""
 SYNTHETIC_STACKS = """
-INSERT INTO ustack.stacks SELECT number AS stack_id,
-  arrayMap(i -> concat('function_', toString((number * 7 + i) % 900)), range(20)),
-  arrayMap(i -> 'libsvc.so', range(20)), arrayMap(i -> '', range(20)),
-  arrayMap(i -> toUInt32(0), range(20)), arrayMap(i -> 'native', range(20)),
-  arrayMap(i -> toUInt8(0), range(20)), emptyArrayString()
+INSERT INTO ustack.stack_frames SELECT number AS stack_id,
+  arrayMap(i -> toUInt64((number * 7 + i) % 900), range(20)), emptyArrayString()
 FROM numbers(5000)
 """
 
@@ -173,6 +176,7 @@ def ten_million(port: int, url: str) -> None:
         query(port, statement)
     t = time.monotonic()
     query(port, SYNTHETIC)
+    query(port, SYNTHETIC_FRAMES)
     query(port, SYNTHETIC_STACKS)
     query(port, "OPTIMIZE TABLE ustack.samples FINAL")
     query(port, "OPTIMIZE TABLE ustack.sums_hourly FINAL")

@@ -234,7 +234,11 @@ class ClickHouseSink:
         self._thread.start()
 
     # -- the sampling side: never waits for the server
-    def put(self, start_ns: int, duration_ns: int, counts) -> None:
+    def put(self, start_ns: int, duration_ns: int, counts, copied_from=None) -> None:
+        """Queue an interval's counts; `copied_from`: the symbolizer's
+        (Symbolizer.copied_from), which names copied Frames' originals."""
+        if copied_from is not None:
+            self.stacks.rows.copied_from = copied_from
         began = time.thread_time()
         try:
             self._put(start_ns, duration_ns, counts)
