@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,6 +85,15 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def stored_stacks(port: int, db: str) -> int:
+    """Distinct stacks a run stored: in stack_frames, or (an older ustack's
+    run, OTHER_SRC below) in stacks."""
+    try:
+        return int(query(port, f"SELECT uniqExact(stack_id) FROM {db}.stack_frames"))
+    except urllib.error.HTTPError:               # no such table: an older ustack
+        return int(query(port, f"SELECT uniqExact(stack_id) FROM {db}.stacks"))
+
+
 def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
     with tempfile.TemporaryDirectory() as files:     # the agent without --to first
         before = children_cpu()
@@ -100,9 +110,11 @@ def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
     if res.returncode != 0 or not sent:
         raise SystemExit(res.stderr)
     query(port, "OPTIMIZE TABLE ustack.samples FINAL")
-    query(port, "OPTIMIZE TABLE ustack.stacks FINAL")
+    for table in ("stack_frames", "frames"):
+        query(port, f"OPTIMIZE TABLE ustack.{table} FINAL")
     rows, samples = query(port, "SELECT count(), sum(weight) FROM ustack.samples").split()
-    stacks = query(port, "SELECT uniqExact(stack_id) FROM ustack.stacks").strip()
+    stacks = stored_stacks(port, "ustack")
+    frames = query(port, "SELECT uniqExact(frame_id) FROM ustack.frames").strip()
     sizes = dict(line.split("\t") for line in query(
         port, "SELECT table, sum(bytes_on_disk) FROM system.parts WHERE "
         "database = 'ustack' AND active GROUP BY table").splitlines())
@@ -114,11 +126,13 @@ def host_hour(port: int, url: str, seconds: int, queue: str) -> None:
     print("| | measured | per host-hour |")
     print("|---|---:|---:|")
     print(f"| samples rows | {rows} | {int(rows) * scale:,.0f} |")
-    print(f"| distinct stacks (stacks rows) | {stacks} | (grows slower: stacks repeat) |")
+    print(f"| distinct stacks (stack_frames rows) | {stacks} | (grows slower: stacks repeat) |")
+    print(f"| distinct frames (frames rows) | {frames} | (grows slower still) |")
     print(f"| samples bytes on disk | {sizes.get('samples', 0)} | "
           f"{int(sizes.get('samples', 0)) * scale / 1e6:.2f} MB |")
-    print(f"| stacks bytes on disk | {sizes.get('stacks', 0)} | "
-          f"at most {int(sizes.get('stacks', 0)) * scale / 1e6:.2f} MB |")
+    for table in ("stack_frames", "frames"):
+        print(f"| {table} bytes on disk | {sizes.get(table, 0)} | "
+              f"at most {int(sizes.get(table, 0)) * scale / 1e6:.2f} MB |")
     print(f"| sending CPU (queue + sender thread) | {cpu:.3f} s | "
           f"{100 * cpu / seconds:.4f} % of one CPU, "
           f"{100 * cpu / seconds / cpus:.4f} % of the machine's {cpus} |")
@@ -142,12 +156,15 @@ INSERT INTO ustack.samples_in SELECT
   concat('synthetic/', toString(intDiv(number, 200))) AS batch
 FROM numbers(10000000)
 """
+# the stacks as agents send them: frame ids (900 frames, one a function)
+SYNTHETIC_FRAMES = """
+INSERT INTO ustack.frames SELECT number AS frame_id, concat('function_', toString(number)),
+  'libsvc.so', '', 0, 'native', 0
+FROM numbers(900)
+"""
 SYNTHETIC_STACKS = """
-INSERT INTO ustack.stacks SELECT number AS stack_id,
-  arrayMap(i -> concat('function_', toString((number * 7 + i) % 900)), range(20)),
-  arrayMap(i -> 'libsvc.so', range(20)), arrayMap(i -> '', range(20)),
-  arrayMap(i -> toUInt32(0), range(20)), arrayMap(i -> 'native', range(20)),
-  arrayMap(i -> toUInt8(0), range(20)), emptyArrayString()
+INSERT INTO ustack.stack_frames SELECT number AS stack_id,
+  arrayMap(i -> toUInt64((number * 7 + i) % 900), range(20)), emptyArrayString()
 FROM numbers(5000)
 """
 
@@ -159,6 +176,7 @@ def ten_million(port: int, url: str) -> None:
         query(port, statement)
     t = time.monotonic()
     query(port, SYNTHETIC)
+    query(port, SYNTHETIC_FRAMES)
     query(port, SYNTHETIC_STACKS)
     query(port, "OPTIMIZE TABLE ustack.samples FINAL")
     query(port, "OPTIMIZE TABLE ustack.sums_hourly FINAL")
@@ -265,7 +283,7 @@ def sending_pairs(port: int, root: str, seconds: int, pairs: int, other_src) -> 
             if not sent:
                 raise SystemExit(res.stderr)
             cpu = float(sent.group(2))
-            stacks = int(query(port, f"SELECT uniqExact(stack_id) FROM {db}.stacks"))
+            stacks = stored_stacks(port, db)
             print(f"| {n} | {label} | --to | {load:.1f} | {spent:.3f} | {cpu:.3f} | {stacks} | "
                   f"{1e6 * cpu / max(stacks, 1):.0f} | {100 * cpu / seconds / cpus:.3f} |",
                   flush=True)

@@ -251,6 +251,24 @@ def test_one_flame_graph_over_four_hosts_is_the_sum_of_their_files(
         file_stacks(files).values())
 
 
+def test_stacks_travel_as_their_frames_ids_each_frame_named_once_a_run(
+        four_agents_through_a_restart):
+    """A stack is stored as its frames' ids (stack_frames) and a frame's
+    names once (frames), not a whole stack of names a row: every stack the
+    samples name is there, every frame its stacks name, and an agent sends
+    a frame's names once a run (once more for an interval it sent again
+    after the restart)."""
+    server, _runs, _errs = four_agents_through_a_restart
+    assert server.query("SELECT count() FROM ustack.samples WHERE stack_id NOT IN "
+                        "(SELECT stack_id FROM ustack.stack_frames)") == [["0"]]
+    assert server.query("SELECT count() FROM (SELECT DISTINCT arrayJoin(frame_ids) AS f "
+                        "FROM ustack.stack_frames) WHERE f NOT IN "
+                        "(SELECT frame_id FROM ustack.frames)") == [["0"]]
+    assert server.query("SELECT count() FROM ustack.stacks") == [["0"]]
+    [[rows, distinct]] = server.query("SELECT count(), uniqExact(frame_id) FROM ustack.frames")
+    assert int(distinct) > 0 and int(rows) <= 2 * AGENTS * int(distinct), (rows, distinct)
+
+
 def test_comm_and_event_filters_keep_what_they_name(four_agents_through_a_restart):
     server, runs, _errs = four_agents_through_a_restart
     files = file_stacks([p for _l, out, _q, _p in runs for p in out.iterdir()])
@@ -425,17 +443,26 @@ def test_nothing_of_clickhouse_is_imported_until_an_address_is_given():
     assert "ustack sends to clickhouse://HOST:PORT/DB" in res.stderr, res.stderr
 
 
-def test_a_report_over_many_stacks_reads_them_all(server):
+@pytest.mark.parametrize("table", ["stacks", "stack_frames"])
+def test_a_report_over_many_stacks_reads_them_all(server, table):
     """More distinct stacks than one query can list (ClickHouse parses
-    256 KiB of query text): 15,000 of them, each with its 20-digit id."""
+    256 KiB of query text): 15,000 of them, each with its 20-digit id, as
+    an older ustack stored them (stacks: the frames' names) or as frame
+    ids (stack_frames, the names in frames)."""
     from ustack.report.sinks.clickhouse_schema import create_statements
     for statement in create_statements("ustack"):
         server.query(statement)
     n = 15_000
     base = 10_000_000_000_000_000_000          # 20 digits
-    server.query(f"INSERT INTO ustack.stacks SELECT {base} + number, "
-                 "[concat('f', toString(number))], ['m'], [''], [toUInt32(0)], ['native'], "
-                 f"[toUInt8(0)], emptyArrayString() FROM numbers({n})")
+    if table == "stacks":
+        server.query(f"INSERT INTO ustack.stacks SELECT {base} + number, "
+                     "[concat('f', toString(number))], ['m'], [''], [toUInt32(0)], "
+                     f"['native'], [toUInt8(0)], emptyArrayString() FROM numbers({n})")
+    else:
+        server.query("INSERT INTO ustack.frames SELECT number, concat('f', toString(number)), "
+                     f"'m', '', 0, 'native', 0 FROM numbers({n})")
+        server.query(f"INSERT INTO ustack.stack_frames SELECT {base} + number, [number], "
+                     f"emptyArrayString() FROM numbers({n})")
     server.query("INSERT INTO ustack.samples SELECT toDateTime(1764000000), "
                  "1764000000000000000, 60000000000, 'h', '', 1, 0, 'c', '', '', "
                  f"'profile:hz:49', 1, {base} + number, 'b' FROM numbers({n})")
@@ -443,6 +470,23 @@ def test_a_report_over_many_stacks_reads_them_all(server):
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert len(lines) == n and "stack not stored" not in res.stdout, res.stdout[-300:]
+
+
+def test_a_stack_whose_frame_did_not_arrive_shows_where_it_is_missing(server):
+    """A stack stored as its frames' ids, one of whose frames rows is not
+    there (a server emptied during a run: a run sends a frame's names
+    once): the stack is read, that frame named as not stored."""
+    from ustack.report.sinks.clickhouse_schema import create_statements
+    for statement in create_statements("ustack"):
+        server.query(statement)
+    server.query("INSERT INTO ustack.frames VALUES (11, 'serve', 'm', '', 0, 'native', 0), "
+                 "(13, 'main', 'm', 'main.c', 7, 'native', 0)")
+    server.query("INSERT INTO ustack.stack_frames VALUES (5, [11, 12, 13], [])")
+    server.query("INSERT INTO ustack.samples VALUES (toDateTime(1764000000), "
+                 "1764000000000000000, 1000000000, 'h', '', 1, 0, 'web', '', '', "
+                 "'profile:hz:49', 4, 5, 'b')")
+    res = run_ustack("report", "--from", server.url, "-f", "folded")
+    assert res.stdout.splitlines() == ["web;main;(frame_not_stored);serve 4"], res.stderr
 
 
 def test_container_filter_keeps_its_container_by_id_or_prefix(server):

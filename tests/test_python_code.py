@@ -187,6 +187,22 @@ def test_memory_is_bounded():
     assert names.frame(2, 8 * ((pc.MAX_KEPT_BYTES >> 20) - 1), 0).function == "g"
 
 
+def test_a_line_of_code_in_two_processes_is_one_frame():
+    """Two processes of one Python program (its code objects at other
+    addresses in each): a line of code is one Frame for both, handed out
+    again (a sink knows it by identity); another line, or another file's
+    function of that name, is a Frame of its own."""
+    names = pc.PythonCode(live=False)
+    names.add(1, 0x1000, PythonCodeInfo("f", "/a.py", 10, pc.LOCATIONS, b""))
+    names.add(2, 0x2000, PythonCodeInfo("f", "/a.py", 10, pc.LOCATIONS, b""))
+    names.add(2, 0x3000, PythonCodeInfo("f", "/b.py", 10, pc.LOCATIONS, b""))
+    first, second = names.frame(1, 0x1000, 0), names.frame(2, 0x2000, 0)
+    assert (first.function, first.file, first.line) == ("f", "/a.py", 10)
+    assert second is first
+    other = names.frame(2, 0x3000, 0)
+    assert (other.file, other.module) == ("/b.py", "b.py") and other is not first
+
+
 @pytest.mark.parametrize("target", INTERPRETERS[:1] or ["none"], indirect=True)
 def test_what_is_no_code_object_is_not_named(target):
     """An address that holds no code object (a bytes object of zeros) or

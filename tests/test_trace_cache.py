@@ -75,3 +75,33 @@ def test_the_same_address_after_an_exec_is_named_by_the_new_program():
     assert [(f.function, f.module) for f in named] == [
         ("d", "chain"), (named[1].function, "forkexec"), ("d", "chain")]
     assert named[1].function != "d"
+
+
+def test_a_place_met_in_another_process_of_the_program_is_named_as_a_copy():
+    """Two processes of one PIE program at different bases (ASLR): the
+    second's frame is named as the first's, at its own address, and is
+    known as a copy of it (Symbolizer.copied_from: a sink knows its names
+    by its original's identity); a resolver that never saw the first
+    names it the same."""
+    chain = build("chain", flags=O2_FP)
+    vaddr, offset, size = _text(chain)
+    d = _symbol(chain, "d")
+
+    def resolver_of(*pids_bases):
+        tracker = MappingTracker(live=False)
+        for pid, base in pids_bases:
+            tracker.apply(MmapEvent(pid, pid, Mapping(base + (vaddr & ~0xFFF),
+                                                      base + vaddr + size,
+                                                      offset & ~0xFFF, str(chain))))
+        return StackResolver(tracker)
+
+    resolver = resolver_of((100, 0x5555_0000_0000), (200, 0x5600_0000_0000))
+    first, second = (resolver.stacks([RawSample(0, pid, pid, 1_000, 0, struct.pack(
+        "<Q", base + d))])[0].frames[0] for pid, base in ((100, 0x5555_0000_0000),
+                                                         (200, 0x5600_0000_0000)))
+    assert (first.function, second.function) == ("d", "d")
+    assert (first.addr, second.addr) == (0x5555_0000_0000 + d, 0x5600_0000_0000 + d)
+    assert resolver.symbolizer.copied_from[id(second)] is first
+    alone = resolver_of((200, 0x5600_0000_0000)).stacks(
+        [RawSample(0, 200, 200, 1_000, 0, struct.pack("<Q", 0x5600_0000_0000 + d))])[0]
+    assert alone.frames[0] == second

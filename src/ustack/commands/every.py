@@ -180,7 +180,8 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
         context = replace(base, start_ns=start_ns, duration_ns=duration_ns,
                           comments=comments)
         if sink is not None:
-            sink.put(start_ns, duration_ns, interval.counts)
+            sink.put(start_ns, duration_ns, interval.counts,
+                     session.resolver.symbolizer.copied_from)
         samples += sum(counted.count for counted in interval.counts)
         if dir_fd is None:
             written = now

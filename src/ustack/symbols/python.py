@@ -67,6 +67,10 @@ class PythonCode:
         self._bytes = 0                            # what _codes' entries hold
         self._versions: dict = {}                  # pid -> (major, minor)
         self._frames: dict = {}
+        # (name, file, line) -> its Frame: one Frame for a line of code in
+        # every process running it (a program started again and again), so
+        # that a sink knows it by identity without reading it
+        self._alike: dict = {}
         self._no_code: set = set()     # (pid, code): read while its process lived, no code object there
         self._unvouched: dict = {}     # (pid, id) -> a freed code object's read, awaiting the kernel's copy
         self.by_id = False         # frames name code objects by the kernel's ids, not addresses
@@ -239,8 +243,14 @@ class PythonCode:
                 self.unnamed += 1
             return Frame(addr=0, module="", function=f"[python code {code:#x}]",
                          kind="python")
-        frame = Frame(addr=0, module=os.path.basename(info.file), function=info.name,
-                      file=info.file, line=line_of(info, index), kind="python")
+        line = line_of(info, index)
+        frame = self._alike.get((info.name, info.file, line))
+        if frame is None:
+            frame = Frame(addr=0, module=os.path.basename(info.file), function=info.name,
+                          file=info.file, line=line, kind="python")
+            if len(self._alike) >= _FRAMES_KEPT:
+                self._alike.clear()
+            self._alike[(info.name, info.file, line)] = frame
         if len(self._frames) >= _FRAMES_KEPT:
             self._frames.clear()
         self._frames[key] = frame

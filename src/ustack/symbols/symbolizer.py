@@ -68,6 +68,13 @@ class Symbolizer:
         # once, and one Frame object handed out for it, which a sink can
         # know by identity without reading it again
         self._places: dict = {}
+        # (mapped path, object path, file offset, back) -> (frames, exact,
+        # address): a place named at one address; at another (another
+        # process of the program: ASLR) its frames are copies with that
+        # address, each copy's original in copied_from, so that a sink knows
+        # a copy's names by its original's identity, without reading it
+        self._named: dict = {}
+        self.copied_from: dict = {}       # id(a copied Frame) -> its original Frame
         # an interpreter frame's tag -> (the kind of the run's names of it, its parts)
         self._script_kinds = {_PHP_TAG: ("php", php_frame_parts),
                               _RUBY_TAG: ("ruby", ruby_frame_parts),
@@ -101,8 +108,15 @@ class Symbolizer:
         last asked (names made before may be named better now)."""
         if not self._elf.refresh():
             return False
-        self._places.clear()
+        self._forget_places()
         return True
+
+    def _forget_places(self) -> None:
+        """Places named afresh from now on (the copies with their
+        originals: a copy's id stays its while copied_from names it)."""
+        self._places.clear()
+        self._named.clear()
+        self.copied_from.clear()
 
     def stack_named(self, pid: int, frames, whole: bool) -> None:
         """Told a stack's frames, and whether no limit cut it short."""
@@ -180,9 +194,27 @@ class Symbolizer:
         found = self._places.get(place)
         if found is None:
             if len(self._places) >= _MAX_PLACES:
-                self._places.clear()
-            found = self._places[place] = self._file_frames(pid, m, path, file_off, addr, back)
+                self._forget_places()
+            found = self._places[place] = self._place_frames(pid, m, path, file_off, addr, back)
         return found
+
+    def _place_frames(self, pid: int, m, path: str, file_off: int, addr: int,
+                      back: int) -> tuple:
+        """_file_frames() of a place not met at this address: copies of the
+        frames named for it at another address, the address changed (every
+        other field is the place's in the file), or named afresh."""
+        content = (m.path, path, file_off, back)
+        named = self._named.get(content)
+        if named is None or named[2] is None:
+            found = self._file_frames(pid, m, path, file_off, addr, back)
+            if named is None:        # copied only where every frame is at the place's address
+                self._named[content] = (*found, addr if all(f.addr == addr for f in found[0])
+                                        else None)
+            return found
+        frames, exact, _at = named
+        copies = tuple(_moved(f, addr) for f in frames)
+        self.copied_from.update(zip(map(id, copies), frames))
+        return copies, exact
 
     def _file_frames(self, pid: int, m, path: str, file_off: int, addr: int,
                      back: int) -> tuple:
@@ -226,6 +258,17 @@ class Symbolizer:
             from .kernel import KernelSymbols   # kernel stacks only
             self._kernel = KernelSymbols()
         return tuple(self._kernel.frame(a) for a in addrs)
+
+
+def _moved(frame: Frame, addr: int) -> Frame:
+    """frame at another address: its fields copied as they are (values.replace
+    passes each through __init__: ~6 times the cost, for every frame of a
+    new process of a program met before)."""
+    copy = Frame.__new__(Frame)
+    fields = copy.__dict__
+    fields.update(frame.__dict__)
+    fields["addr"] = addr
+    return copy
 
 
 def _demangled_printable(name: str) -> str:

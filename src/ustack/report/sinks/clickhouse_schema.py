@@ -4,18 +4,22 @@ these engines and keys), created when missing, in the syntax 18.16 takes:
 samples  a row per (interval, process[, thread], event, stack): the
          counted weight; sorted by host then time, so a host's or a time
          range's flame graph reads only its granules.
-stacks   each distinct stack once, by its id (a hash of its frames):
-         ReplacingMergeTree, so the same stack sent by fifty hosts, or
-         twice by a retry, merges into one row.
+stack_frames, frames  each distinct stack once, by its id (a hash of
+         its frames' ids): its frames' ids, and each distinct frame once,
+         by its id (a hash of its names): ReplacingMergeTrees, so the same
+         stack or frame sent by fifty hosts, or twice by a retry, merges
+         into one row. A stack travels as ~8 bytes a frame, its frames'
+         names once per run (report --from joins them).
+stacks   the stacks of an older ustack, each with its frames' names
+         (arrays), by the same ids; read beside stack_frames.
 sums_daily, sums_hourly  the samples summed per day (hour), event, comm
          and stack: a query over all hosts reads the whole days and hours
          of its range there (10 M rows -> 0.7 M hourly, 75,000 daily, in
          bench/clickhouse.py's table), those whose count of rows it
          proves equal to the samples' (clickhouse_source.py).
-stacks_in  where the agent inserts stacks: a Null table whose view
+stacks_in  where an older agent inserts stacks: a Null table whose view
          (stacks_feed) splits a row's one string of frames into the stacks
-         table's columns, so the agent joins one string a stack, not six
-         arrays.
+         table's columns.
 samples_in  where an interval is inserted: a Null table whose three
          views write its rows to samples and its sums to the two tables
          above, each a part of its own. A server killed mid-insert may
@@ -28,9 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import struct
 from itertools import compress
 from typing import NamedTuple
-from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
 
 from ...model import Frame, Stack, unnamed_function
 
@@ -63,7 +67,8 @@ class Sums(NamedTuple):
 # coarsest first: a query takes the whole days it can, then the whole hours
 SUMS = (Sums("sums_daily", "toStartOfDay", 86_400, "toYYYYMM(start)"),
         Sums("sums_hourly", "toStartOfHour", 3_600, "toDate(start)"))
-STACKS_IN = "stacks_in"
+STACKS_IN = "stacks_in"             # where an older ustack's queued stacks go
+FRAMES, STACK_FRAMES = "frames", "stack_frames"
 # Between a frame's fields and between frames in stacks_in.frames (names
 # ustack keeps are printable: neither separator can be in one)
 FIELD_SEP, FRAME_SEP = "\x1f", "\x1e"
@@ -71,6 +76,9 @@ STACKS_COLUMNS = (
     "stack_id UInt64, function Array(String), module Array(String), "
     "file Array(String), line Array(UInt32), language Array(String), "
     "inlined Array(UInt8), notes Array(String)")
+FRAMES_COLUMNS = ("frame_id UInt64, function String, module String, file String, "
+                  "line UInt32, language String, inlined UInt8")
+STACK_FRAMES_COLUMNS = "stack_id UInt64, frame_ids Array(UInt64), notes Array(String)"
 
 
 def create_statements(database: str) -> list:
@@ -86,6 +94,10 @@ def create_statements(database: str) -> list:
         "(stack_id UInt64, frames String, notes Array(String)) ENGINE = Null",
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.stacks_feed TO {database}.stacks "
         f"AS {_stacks_select(database)}",
+        f"CREATE TABLE IF NOT EXISTS {database}.{FRAMES} ({FRAMES_COLUMNS}) "
+        "ENGINE = ReplacingMergeTree() ORDER BY frame_id",
+        f"CREATE TABLE IF NOT EXISTS {database}.{STACK_FRAMES} ({STACK_FRAMES_COLUMNS}) "
+        "ENGINE = ReplacingMergeTree() ORDER BY stack_id",
     ] + [f"DROP TABLE IF EXISTS {database}.{view}" for view in OLD_VIEWS] + [
         f"CREATE TABLE IF NOT EXISTS {samples_in} ({SAMPLES_COLUMNS}) ENGINE = Null",
     ] + [statement for sums in SUMS for statement in (
@@ -138,90 +150,125 @@ def sums_select(database: str, sums: Sums, source: str, where: str = "1") -> str
             "GROUP BY start, marker, event, comm, stack_id")
 
 
-# What of a frame goes into its stacks row (and so into its id).
+# What of a frame goes into its row (and so into its id).
 _FRAME_FIELDS = operator.attrgetter("function", "module", "file", "line", "kind",
                                     "inlined", "objaddr", "objstart")
-_FRAME_SEP_JSON = _json(FRAME_SEP)[1:-1]
-_TEXT, _DIGEST = operator.itemgetter(0), operator.itemgetter(1)
+_UINT32 = struct.Struct("<I").pack
 
 
 class StackRows:
-    """stacks_in rows as the INSERT sends them (JSONEachRow lines), with
-    their ids. A row carries its frames as one string, each frame's fields
-    joined by FIELD_SEP, and the server splits it into the stacks table's
-    columns (stacks_feed): each distinct frame's JSON text (and its hash)
-    is made once, and a stack's row is one join of them. A whole-machine
-    profile meets thousands of stacks it has not seen a minute, but few new
-    frames (one minute of a shared machine: 55,239 frames in 1,680 new
-    stacks, 4,179 distinct).
+    """The rows a stack travels as (RowBinary, the server's own binary
+    layout): its stack_frames row, the stack's id and its frames' ids, and
+    a frames row for each distinct frame, made once per run. A frame's id
+    is the 64-bit BLAKE2b of what names it (FIELD_SEP between its fields),
+    and a stack's id the BLAKE2b of its frames' ids and notes: the same
+    ids as when whole stacks travelled, so a stack is one row however many
+    hosts, and agents old or new, send it. A stack's row is its id, its
+    frames' ids (the hashed bytes themselves: RowBinary's UInt64s) and its
+    notes, 8 bytes a frame instead of ~100 of text.
 
     A frame is found by its identity first: the symbolizer hands out one
     Frame for a place in a mapped file (Symbolizer.frames), so most frames
     of a new stack are Frames met before, and looking one up by id() does
-    not read the Frame at all (reading a frame's fields was most of a
-    stack's cost: scattered Frames' memory). Else by its content, read once
-    per Frame. Each stack's row is then C-level maps and joins, no Python
-    step per frame."""
+    not read the Frame at all. A Frame never met may be the copy, at
+    another address, of one named for the same place in another process of
+    the program (`copied_from`: Symbolizer.copied_from): found by its
+    original's identity, unread too. Else by its content, read once per
+    Frame (~2.5 us live, scattered in memory). Each stack's row is then
+    C-level maps and joins, no Python step per frame."""
 
     FRAMES_LIMIT = 200_000           # frames kept, by content and by identity; past it,
-                                     # started afresh
+                                     # started afresh at the next interval
 
     def __init__(self):
-        self._frames: dict = {}      # a frame's content -> (JSON text, hash)
-        self._by_id: dict = {}       # id(Frame) -> (JSON text, hash)
+        self._frames: dict = {}      # a frame's content -> its id (8 bytes)
+        self._by_id: dict = {}       # id(Frame) -> its id (8 bytes)
         self._held: list = []        # those Frames (held: an id stays its Frame's)
+        self.frame_rows: dict = {}   # a frame's id (8 bytes) -> its frames row
+        self.copied_from: dict = {}  # id(a copied Frame) -> its original (the symbolizer's)
+
+    def next_interval(self) -> None:
+        """Bound the memory between intervals (within one, every frame id
+        a row names keeps its frames row)."""
+        if len(self._held) >= self.FRAMES_LIMIT or len(self.frame_rows) >= self.FRAMES_LIMIT:
+            for kept in (self._frames, self._by_id, self._held, self.frame_rows):
+                kept.clear()
 
     def row(self, stack: Stack) -> tuple:
-        """(stack id, its stacks_in row's JSON line): the frames innermost
-        first, by function (as the flame graphs merge them)."""
+        """(stack id, its stack_frames row, its frames' ids (8 bytes
+        each)): the frames innermost first, by function (as the flame
+        graphs merge them)."""
         frames = stack.frames
-        ids = list(map(id, frames))
-        parts = list(map(self._by_id.get, ids))
+        parts = list(map(self._by_id.get, map(id, frames)))
         if None in parts:
-            parts = self._met(frames, ids, parts)
+            parts = self._met(frames, parts)
         notes = stack.notes
-        sid = _hash(b"".join(map(_DIGEST, parts)) + FIELD_SEP.join(notes).encode())
-        line = "".join(('{"stack_id":', str(sid), ',"frames":"',
-                        _FRAME_SEP_JSON.join(map(_TEXT, parts)),
-                        '","notes":[', ",".join(map(_json, notes)), "]}\n"))
-        return sid, line
+        frame_ids = b"".join(parts)
+        if notes:
+            named = hashlib.blake2b(frame_ids + FIELD_SEP.join(notes).encode(),
+                                    digest_size=8).digest()
+            tail = _varint(len(notes)) + b"".join(map(_string, notes))
+        else:
+            named, tail = hashlib.blake2b(frame_ids, digest_size=8).digest(), b"\x00"
+        n = len(parts)
+        count = bytes((n,)) if n < 0x80 else _varint(n)
+        return int.from_bytes(named, "little"), b"".join((named, count, frame_ids, tail)), parts
 
-    def _met(self, frames: tuple, ids: list, parts: list) -> list:
+    def _met(self, frames: tuple, parts: list) -> list:
         """The parts of a stack with Frames not met before: those Frames'
         by content (their fields read once: ~1 us a frame, scattered in
         memory), then kept by identity; C-level maps, no Python step per
         frame."""
-        by_id, held = self._by_id, self._held
-        if len(held) >= self.FRAMES_LIMIT:
-            by_id.clear()
-            held.clear()
-            parts = [None] * len(frames)     # all of this stack's met again
         new = list(compress(frames, map(operator.not_, parts)))
-        keys = list(map(_FRAME_FIELDS, new))
-        found = list(map(self._frames.get, keys))
-        if None in found:            # a frame never met by content: its text made
-            found = [p or self._frame(k, f) for p, k, f in zip(found, keys, new)]
+        by_id = self._by_id
+        # copies of Frames met, by their originals' identity (id(None) is in no map)
+        found = list(map(by_id.get, map(id, map(self.copied_from.get, map(id, new)))))
+        if None in found:            # the rest by content
+            unread = list(compress(new, map(operator.not_, found)))
+            keys = list(map(_FRAME_FIELDS, unread))
+            read = list(map(self._frames.get, keys))
+            if None in read:         # a frame never met by content: its row made
+                read = [p or self._frame(k, f) for p, k, f in zip(read, keys, unread)]
+            if len(read) == len(found):
+                found = read
+            else:
+                fill = iter(read)
+                found = [p or next(fill) for p in found]
         by_id.update(zip(map(id, new), found))
-        held.extend(new)
+        self._held.extend(new)
         if len(new) == len(frames):  # a process's first stack: all its Frames new
             return found
-        fill = iter(found)
-        return [p or next(fill) for p in parts]
+        return list(map(by_id.get, map(id, frames)))
 
-    def _frame(self, key: tuple, frame: Frame) -> tuple:
-        """A frame's fields as JSON text, and the hash of what names it."""
-        if len(self._frames) >= self.FRAMES_LIMIT:
-            self._frames.clear()
+    def _frame(self, key: tuple, frame: Frame) -> bytes:
+        """A frame's id (the hash of what names it), its frames row kept."""
         function = frame.function or unnamed_function(frame) or "[unknown]"
-        line = str(frame.line if frame.line > 0 else 0)    # UInt32: unknown is 0
-        named = FIELD_SEP.join((function, frame.module, frame.file, line,
-                                frame.kind or "native", "1" if frame.inlined else "0"))
-        parts = self._frames[key] = (_json(named)[1:-1],
-                                     hashlib.blake2b(named.encode(), digest_size=8).digest())
-        return parts
+        line = min(frame.line, 0xFFFFFFFF) if frame.line > 0 else 0   # UInt32: unknown is 0
+        language = frame.kind or "native"
+        named = FIELD_SEP.join((function, frame.module, frame.file, str(line), language,
+                                "1" if frame.inlined else "0"))
+        digest = self._frames[key] = hashlib.blake2b(named.encode(), digest_size=8).digest()
+        self.frame_rows[digest] = b"".join((
+            digest, _string(function), _string(frame.module), _string(frame.file),
+            _UINT32(line), _string(language), b"\x01" if frame.inlined else b"\x00"))
+        return digest
 
 
-def _hash(data: bytes) -> int:
-    """A stack's id: a 64-bit hash of its frames' hashes and its notes, the
-    same on every host, so one stack is stored once however many send it."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+def _varint(n: int) -> bytes:
+    """RowBinary's length: LEB128."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(text: str) -> bytes:
+    """A String in RowBinary: its length, then its UTF-8 (a name that is
+    not valid UTF-8 text keeps its bad code points as escapes)."""
+    data = text.encode("utf-8", "backslashreplace")
+    return _varint(len(data)) + data
+

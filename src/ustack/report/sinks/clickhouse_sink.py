@@ -1,8 +1,9 @@
 """profile --every ... --to clickhouse://HOST:PORT/DB: each interval's
-counted stacks become rows (samples) and each distinct stack a row
-(stacks). The sampling thread only queues an interval on disk (spool.py);
-a background thread sends the queue, oldest first, and removes an
-interval once the server has it. An interval goes in as one INSERT into
+counted stacks become rows (samples), each distinct stack a row of its
+frames' ids (stack_frames) and each distinct frame a row (frames). The
+sampling thread only queues an interval on disk (spool.py); a background
+thread sends the queue, oldest first, and removes an interval once the
+server has it. An interval goes in as one INSERT into
 samples_in, whose views write three parts (samples and the two sums
 tables), each all or nothing and each naming its batch; when an earlier
 try may have reached the server (no answer came, or another run queued
@@ -20,8 +21,8 @@ import time
 from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
 
 from .clickhouse_http import Server, ServerError, quote
-from .clickhouse_schema import (MARKER_EVENT, STACKS_IN, SUMS, StackRows, create_statements,
-                                sums_select)
+from .clickhouse_schema import (FRAMES, MARKER_EVENT, STACK_FRAMES, STACKS_IN, SUMS, StackRows,
+                                create_statements, sums_select)
 from .spool import SUFFIX, Spool
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
@@ -89,43 +90,48 @@ class SentStacks:
     """The sink's memory of stacks: their rows' encoder; each Stack
     object's id, while it lives (the symbolizer hands out the same object
     for a stack seen again: ~20 % of a minute's, not encoded again); and
-    `confirmed`, the ids the server has (the sender adds them), whose rows
-    need not travel again."""
+    `confirmed` and `confirmed_frames`, the stacks' and frames' ids the
+    server has (the sender adds them), whose rows need not travel again."""
 
     LIMIT = 100_000                  # ids kept; past it, started afresh
 
     def __init__(self):
         self.rows = StackRows()
         self.confirmed: set = set()
+        self.confirmed_frames: set = set()  # frames' ids, as bytes
         self._ids: dict = {}         # id(Stack) -> (the Stack, held: its id stays its; stack id)
 
     def stack_id(self, stack) -> tuple:
-        """(stack id, its row's JSON line, or None when known already)."""
+        """(stack id, (its row, its frames' ids) or None when known already)."""
         held = self._ids.get(id(stack))
         if held is not None:
             return held[1], None
-        sid, line = self.rows.row(stack)
+        sid, row, parts = self.rows.row(stack)
         if len(self._ids) >= self.LIMIT:
             self._ids.clear()
         self._ids[id(stack)] = (stack, sid)
-        return sid, line
+        return sid, (row, parts)
 
 
 def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
                    counts, facts: ProcessFacts, per_thread: bool,
                    known: SentStacks | None = None) -> dict:
     """One interval as it is queued and sent: its rows, and the rows
-    (JSON lines) of the stacks they name that the server is not known to
-    have yet."""
+    (RowBinary) of the stacks they name and of those stacks' frames that
+    the server is not known to have yet."""
     known = known or SentStacks()
+    known.rows.next_interval()
     stacks: dict = {}
+    needed: set = set()              # the ids (8 bytes) of the frames of the stacks sent
     rows: dict = {}
     batch = f"{host}/{run_id}/{start_ns}"
     for sc in counts:
-        sid, line = known.stack_id(sc.stack)
+        sid, made = known.stack_id(sc.stack)
         if sid not in known.confirmed and sid not in stacks:
             # (a stack met in an earlier interval whose send is not confirmed yet)
-            stacks[sid] = line if line is not None else known.rows.row(sc.stack)[1]
+            made = made or known.rows.row(sc.stack)[1:]
+            stacks[sid] = made[0]
+            needed.update(made[1])
         tid = sc.tid if per_thread else 0
         key = (sc.pid, tid, sc.comm, sc.event, sid)
         if key in rows:
@@ -137,7 +143,10 @@ def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
                      "pid": sc.pid, "tid": tid, "comm": sc.comm, "executable": exe,
                      "build_id": build_id, "event": sc.event, "weight": sc.count,
                      "stack_id": sid, "batch": batch}
-    return {"batch": batch, "host": host, "start_ns": start_ns,
+    confirmed = known.confirmed_frames
+    rows_of = known.rows.frame_rows
+    frames = {digest: rows_of[digest] for digest in needed.difference(confirmed)}
+    return {"batch": batch, "host": host, "start_ns": start_ns, "frames": frames,
             "stacks": stacks, "samples": list(rows.values())}
 
 
@@ -155,39 +164,50 @@ def _sample_lines(rows) -> bytes:
 
 def queued_interval(batch: dict) -> bytes:
     """An interval's queue file: a header line (batch, host, start, its
-    stacks' ids and the two bodies' lengths), then the two INSERT bodies
-    as they are sent (JSONEachRow): the sender parses one line only."""
+    stacks' and frames' ids and the bodies' lengths), then the three
+    INSERT bodies as they are sent (frames and stack_frames RowBinary,
+    samples JSONEachRow): the sender parses one line only."""
     return b"".join(queued_parts(batch))
 
 
 def queued_parts(batch: dict) -> list:
-    """queued_interval() in its three parts, as the spool writes them (a
-    whole machine's interval is megabytes: not copied to be joined)."""
-    stacks = "".join(batch["stacks"].values()).encode()
+    """queued_interval() in its parts, as the spool writes them (a whole
+    machine's interval is megabytes: not copied to be joined)."""
+    frames = batch.get("frames", {})
+    frame_rows = b"".join(frames.values())
+    stacks = b"".join(batch["stacks"].values())
     samples = _sample_lines(batch["samples"])
     header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
-              "stack_ids": list(batch["stacks"]), "stacks_table": STACKS_IN,
-              "stacks_bytes": len(stacks), "samples_bytes": len(samples)}
-    return [json.dumps(header, separators=(",", ":")).encode() + b"\n", stacks, samples]
+              "stack_ids": list(batch["stacks"]), "frame_ids": [d.hex() for d in frames],
+              "stacks_table": STACK_FRAMES, "format": "RowBinary",
+              "frames_bytes": len(frame_rows), "stacks_bytes": len(stacks),
+              "samples_bytes": len(samples)}
+    return [json.dumps(header, separators=(",", ":")).encode() + b"\n", frame_rows, stacks,
+            samples]
+
+
+# an older ustack's queue file: its stacks' rows JSONEachRow, into stacks
+# itself (no table named) or stacks_in; no frames rows
+_STACKS_FORMATS = {"stacks": "JSONEachRow", STACKS_IN: "JSONEachRow", STACK_FRAMES: "RowBinary"}
 
 
 def read_queued(data: bytes) -> tuple:
-    """(header, stacks body, samples body) of a queue file, the bodies
-    views of `data` (not copies); ValueError when it is not one."""
+    """(header, frames body, stacks body, samples body) of a queue file,
+    the bodies views of `data` (not copies); ValueError when it is not one."""
     end = data.find(b"\n")
     if end < 0:
         raise ValueError("no header")
     header = json.loads(data[:end])
     rest = memoryview(data)[end + 1:]
-    # where its stacks rows go: a queue file of an older ustack has rows
-    # of the stacks table itself (its columns), and names no table
     header["stacks_table"] = header.get("stacks_table", "stacks")
-    if header["stacks_table"] not in ("stacks", STACKS_IN):
+    if _STACKS_FORMATS.get(header["stacks_table"]) != header.get("format", "JSONEachRow"):
         raise ValueError("not a stacks table")
-    cut = header["stacks_bytes"]
-    if len(rest) != cut + header["samples_bytes"]:
+    header["frame_ids"] = [bytes.fromhex(i) for i in header.get("frame_ids", ())]
+    cut = header.get("frames_bytes", 0)
+    cut2 = cut + header["stacks_bytes"]
+    if len(rest) != cut2 + header["samples_bytes"]:
         raise ValueError("truncated")
-    return header, rest[:cut], rest[cut:]
+    return header, rest[:cut], rest[cut:cut2], rest[cut2:]
 
 
 class ClickHouseSink:
@@ -214,7 +234,11 @@ class ClickHouseSink:
         self._thread.start()
 
     # -- the sampling side: never waits for the server
-    def put(self, start_ns: int, duration_ns: int, counts) -> None:
+    def put(self, start_ns: int, duration_ns: int, counts, copied_from=None) -> None:
+        """Queue an interval's counts; `copied_from`: the symbolizer's
+        (Symbolizer.copied_from), which names copied Frames' originals."""
+        if copied_from is not None:
+            self.stacks.rows.copied_from = copied_from
         began = time.thread_time()
         try:
             self._put(start_ns, duration_ns, counts)
@@ -268,7 +292,7 @@ class ClickHouseSink:
         if data is None:
             return                   # dropped past the bound meanwhile
         try:
-            batch, stacks, samples = read_queued(data)
+            batch, frames, stacks, samples = read_queued(data)
         except (ValueError, KeyError, TypeError):
             self.spool.remove(name)  # not ours to send (cannot happen: written whole)
             return
@@ -288,9 +312,14 @@ class ClickHouseSink:
             if missing == []:
                 self.already_there += 1
             else:
-                if stacks:           # none when the server has them all already
-                    self.server.query(f"INSERT INTO {self.server.database}."
-                                      f"{batch['stacks_table']} FORMAT JSONEachRow", stacks)
+                # none when the server has them all already; frames before
+                # the stacks naming them, stacks before the samples
+                db, fmt = self.server.database, batch.get("format", "JSONEachRow")
+                if frames:
+                    self.server.query(f"INSERT INTO {db}.{FRAMES} FORMAT RowBinary", frames)
+                if stacks:
+                    self.server.query(f"INSERT INTO {db}.{batch['stacks_table']} "
+                                      f"FORMAT {fmt}", stacks)
                 self._insert(batch, samples, missing)
                 self.sent += 1
         except ServerError as e:
@@ -305,10 +334,11 @@ class ClickHouseSink:
             self._done(name)
             return
         # the server has these stacks now: later intervals name them only
-        confirmed = self.stacks.confirmed
-        if len(confirmed) > SentStacks.LIMIT:
-            confirmed.clear()        # bounded: a stack then travels once more
-        confirmed.update(batch["stack_ids"])
+        for confirmed, ids in ((self.stacks.confirmed, batch["stack_ids"]),
+                               (self.stacks.confirmed_frames, batch["frame_ids"])):
+            if len(confirmed) > SentStacks.LIMIT:
+                confirmed.clear()    # bounded: a stack or frame then travels once more
+            confirmed.update(ids)
         self._done(name)
 
     def _done(self, name: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...model import Frame, Stack, StackCount, UstackError
 from .clickhouse_http import Server, ServerError, quote
-from .clickhouse_schema import SUMS
+from .clickhouse_schema import FRAMES, STACK_FRAMES, SUMS
 from .filters import Filter
 
 
@@ -150,22 +150,50 @@ _FRAMES = ("arrayStringConcat(arrayMap((f, m, fl, l, lg, i) -> concat(f, '\x1f',
            "function, module, file, line, language, inlined), '\x1e')")
 
 
+# A frames row as one text, as _FRAMES makes each frame of a stacks row
+_FRAME = ("concat(function, '\x1f', module, '\x1f', file, '\x1f', toString(line), '\x1f', "
+          "language, '\x1f', toString(inlined))")
+
+
 def stacks_of(server: Server, ids: set, chunk: int = 8_000) -> dict:
     """stack_id (its text) -> Stack, by their ids (a list, not a second
-    scan of the samples); the ReplacingMergeTree may not have merged a
-    repeat yet: LIMIT 1 BY. A query lists `chunk` ids at most: ClickHouse
-    parses 256 KiB of query text (max_query_size), and 8,000 ids of 20
-    digits are 176 KB."""
+    scan of the samples): from stack_frames and frames (the stack's frames'
+    ids, then each frame's names once), then those not there from stacks
+    (an older ustack's rows: the same ids, the frames' names in arrays);
+    the ReplacingMergeTrees may not have merged a repeat yet: LIMIT 1 BY. A
+    query lists `chunk` ids at most: ClickHouse parses 256 KiB of query
+    text (max_query_size), and 8,000 ids of 20 digits are 176 KB."""
     stacks: dict = {}
     frames: dict = {}                    # a frame's text -> its Frame: a fleet's stacks
     ordered = sorted(ids)                # share most frames (bench: 900 of 100,000)
     if not all(i.isdigit() for i in ordered):
         raise ValueError("a stack id is not a number")   # (it goes into the next query)
+    db = server.database
+    tables = {row[0] for row in server.table(
+        f"SELECT name FROM system.tables WHERE database = {quote(db)} AND name IN "
+        f"({quote(FRAMES)}, {quote(STACK_FRAMES)})", 1)}
+    if len(tables) == 2:
+        by_id: dict = {}                 # frame id -> its Frame
+        for i in range(0, len(ordered), chunk):
+            listed = ", ".join(ordered[i:i + chunk])
+            of_stacks = f"{db}.{STACK_FRAMES} WHERE stack_id IN ({listed})"
+            for fid, text in server.table(
+                    f"SELECT frame_id, {_FRAME} FROM {db}.{FRAMES} WHERE frame_id IN "
+                    f"(SELECT arrayJoin(frame_ids) FROM {of_stacks}) LIMIT 1 BY frame_id", 2):
+                by_id[fid] = frames.get(text) or _frame(text, frames)
+            for sid, fids, notes in server.table(
+                    "SELECT stack_id, arrayStringConcat(arrayMap(x -> toString(x), frame_ids), "
+                    f"','), arrayStringConcat(notes, '\x1e') FROM {of_stacks} "
+                    "LIMIT 1 BY stack_id", 3):
+                stacks[sid] = Stack(tuple(by_id.get(f, FRAME_NOT_STORED)
+                                          for f in fids.split(",") if f),
+                                    tuple(notes.split("\x1e")) if notes else ())
+        ordered = [sid for sid in ordered if sid not in stacks]
     for i in range(0, len(ordered), chunk):
         listed = ", ".join(ordered[i:i + chunk])
         for sid, texts, notes in server.table(
                 f"SELECT stack_id, {_FRAMES}, arrayStringConcat(notes, '\x1e') "
-                f"FROM {server.database}.stacks WHERE stack_id IN ({listed}) "
+                f"FROM {db}.stacks WHERE stack_id IN ({listed}) "
                 "LIMIT 1 BY stack_id", 3):
             stacks[sid] = Stack(tuple(frames.get(t) or _frame(t, frames)
                                       for t in texts.split("\x1e") if t),
@@ -174,6 +202,9 @@ def stacks_of(server: Server, ids: set, chunk: int = 8_000) -> dict:
 
 
 NOT_STORED = Stack((), ("stack not stored",))   # a row whose stack did not arrive
+# a frame of a stored stack whose frames row did not arrive (a server
+# emptied during a run: the run sends a frame's names once)
+FRAME_NOT_STORED = Frame(0, "", function="(frame not stored)")
 
 
 def _frame(text: str, frames: dict) -> Frame:
