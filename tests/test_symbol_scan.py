@@ -11,7 +11,7 @@ import random
 import pytest
 
 from helpers import build
-from ustack.objfile import function_builder
+from ustack.objfile import builders, function_builder
 from ustack.objfile.elf import ElfImage
 from ustack.objfile.symbol_scan import SymbolScan
 
@@ -21,9 +21,13 @@ LIBC_DEBUG_DIR = "/usr/lib/debug/.build-id"
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
+    # builders are started once a process: one an earlier test of this
+    # worker started for node (another cache) would stand for ours
+    builders.stop_all()
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
     ElfImage.clear_cache()
     yield
+    builders.stop_all()
     ElfImage.clear_cache()
 
 
