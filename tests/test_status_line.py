@@ -63,7 +63,11 @@ def test_results_are_not_printed_onto_the_status_line(terminal, backend):
                     f"uprobe:{chain}:d -c '{chain} 3'")
     assert not any("[ustack]" in row for row in rows), rows
     header = next(i for i, row in enumerate(rows) if row.startswith("Tracing "))
-    counted = rows[header + 1:rows.index(next(r for r in rows if DONE in r))]
+    after = rows[header + 1:rows.index(next(r for r in rows if DONE in r))]
+    # the counted stack's lines (indented), before the run's closing notes
+    # ("Unwind rows of 1 objects were loaded during the run, ...")
+    counted = after[:next((i for i, r in enumerate(after) if r and not r.startswith(" ")),
+                          len(after))]
     assert counted[0] == "  d [chain]", rows
     assert [r.strip() for r in counted if r.strip()][-1] == "3", rows
 
