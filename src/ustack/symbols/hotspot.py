@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 
 from ..model import JAVA_NO_BCI, Frame
+from .recorded_names import RecordedNames
 
 MAX_METHODS = 1 << 16           # (pid, Method*) names kept
 
@@ -23,8 +24,8 @@ class JavaMethods:
         self._lock = threading.Lock()
         self._names: OrderedDict = OrderedDict()     # (pid, Method*) -> name
         self._named_pids: set = set()
-        # (pid, Method*, bci) -> (name, file, line): a recording's frames
-        self._recorded: dict = {}
+        # (pid, Method*, bci) -> names: a recording's frames
+        self._recorded = RecordedNames(MAX_METHODS * 16)
         self.unnamed = 0            # frames shown as [java 0x...]
         # set when the run walks JVMs' stacks (a word with the Java tag
         # comes from that walk only)
@@ -55,14 +56,12 @@ class JavaMethods:
         """A frame's names as a recording kept them (per bci: its line);
         `parts`: model.java_frame_parts of its word."""
         method, bci, _inlined = parts
+        self._recorded.add((pid, method, bci), function, file, line)
         with self._lock:
-            if len(self._recorded) >= MAX_METHODS * 16:
-                self._recorded.clear()
-            self._recorded[(pid, method, bci)] = (function, file, line)
             self._named_pids.add(pid)
 
     def frame(self, pid: int, method: int, bci: int, inlined: bool = False) -> Frame:
-        found = self._recorded.get((pid, method, bci)) if self._recorded else None
+        found = self._recorded.get((pid, method, bci))
         if found is not None:
             name, file, line = found
             return Frame(addr=0, module=file, function=name, file=file if line else "",

@@ -37,6 +37,7 @@ from ..kernel.procfs import ProcessMemory
 from ..model import Frame, printable
 from ..objfile.mapped import object_path
 from ..unwind import ruby_runtime
+from .recorded_names import RecordedNames
 
 MAX_ISEQS = 1 << 16             # (pid, body) entries kept
 MAX_PROCESSES = 1024            # processes whose memory is kept open
@@ -75,8 +76,8 @@ class RubyIseqs:
         self.active = False
         # set by that capture too: reads the iseqs the kernel saw, now
         self.refresh = None
-        # (pid, body, pc index) -> (function, file, line): a recording's names
-        self._recorded: dict = {}
+        # (pid, body, pc index) -> names: a recording's
+        self._recorded = RecordedNames(MAX_ISEQS * 16)
 
     @property
     def warnings(self) -> list:
@@ -104,18 +105,12 @@ class RubyIseqs:
 
     def recorded(self, pid: int, parts: tuple, function: str, file: str, line: int) -> None:
         """A frame's names as a recording kept them (per pc: its line)."""
-        with self._lock:
-            if len(self._recorded) >= MAX_ISEQS * 16:
-                self._recorded.clear()
-            self._recorded[(pid, *parts)] = (function, file, line)
+        self._recorded.add((pid, *parts), function, file, line)
 
     def frame(self, pid: int, body: int, index: int) -> Frame:
-        found = self._recorded.get((pid, body, index)) if self._recorded else None
+        found = self._recorded.script_frame((pid, body, index), "ruby")
         if found is not None:
-            function, file, line = found
-            return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
-                         function=printable(function), file=printable(file), line=line,
-                         kind="ruby")
+            return found
         with self._lock:
             known = self._read.get((pid, body))
             if known is None and pid not in self._procs and self.refresh is not None:

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from ..kernel.procfs import ProcessMemory
 from ..model import V8_NO_OFFSET, Frame, printable
 from ..unwind import v8_runtime
+from .recorded_names import RecordedNames
 
 MAX_FUNCTIONS = 1 << 16         # (pid, function, identity) memo entries
 MAX_PROCESSES = 1024            # processes whose memory is kept open
@@ -53,9 +54,8 @@ class V8Functions:
         # set by that capture too: reads the functions the kernel saw, now
         self.refresh = None
         self._named_pids: set = set()
-        # (pid, function, bytecode offset) -> (function, script, line): a
-        # recording's names
-        self._recorded: dict = {}
+        # (pid, function, bytecode offset) -> names: a recording's
+        self._recorded = RecordedNames(MAX_FUNCTIONS * 16)
 
     def named_in(self, pid: int) -> bool:
         """Whether a JS frame of pid was named from its heap."""
@@ -86,18 +86,12 @@ class V8Functions:
 
     def recorded(self, pid: int, parts: tuple, function: str, file: str, line: int) -> None:
         """A frame's names as a recording kept them (per bytecode offset: its line)."""
-        with self._lock:
-            if len(self._recorded) >= MAX_FUNCTIONS * 16:
-                self._recorded.clear()
-            self._recorded[(pid, *parts)] = (function, file, line)
+        self._recorded.add((pid, *parts), function, file, line)
 
     def frame(self, pid: int, shared: int, offset: int) -> Frame:
-        found = self._recorded.get((pid, shared, offset)) if self._recorded else None
+        found = self._recorded.script_frame((pid, shared, offset), "js")
         if found is not None:
-            function, file, line = found
-            return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
-                         function=printable(function), file=printable(file), line=line,
-                         kind="js")
+            return found
         with self._lock:
             # only a process opened by remember(), while the kernel saw its
             # frames: its /proc/PID/mem stays that process's, where a pid
