@@ -16,8 +16,14 @@ from ustack.objfile.elf import ElfImage
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
+    # builders are started once a process: one another test of this worker
+    # started (and that ended) for another cache would stand for this one's
+    from ustack.objfile import builders
+    builders.stop_all()
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
     ElfImage.clear_cache()
+    yield
+    builders.stop_all()
 
 
 def facts(image):
