@@ -26,41 +26,50 @@ import threading
 import time
 
 from ..interrupt import current
+from .cache import cache_root
 
 STOP_WAIT_S = 0.5               # for builders to leave on SIGTERM, before SIGKILL
 WAIT_SLICE_S = 0.05             # a wait for a builder looks at Ctrl-C this often
 
-_children: dict = {}            # (kind, path) -> Popen
+_children: dict = {}            # (cache directory, (kind, path, ...)) -> Popen
 _lock = threading.Lock()
+_registered: list = []          # stop_all registered with atexit (once)
 in_builder = False              # this process is a builder: it builds what it is asked, here
 
 
 def start(key: tuple, module: str, args: list, niceness: int = 0):
-    """Run `python -m module *args` for `key` unless it was started; the
-    child (a Popen), or None when it could not start (build here).
-    `niceness`: added to the child's, as nice(1) does, for work nothing
-    waits for."""
+    """Run `python -m module *args` for `key` unless it runs already for
+    this cache directory; the child (a Popen), or None when it could not
+    start (build here). `niceness`: added to the child's, as nice(1)
+    does, for work nothing waits for."""
     if in_builder:
         return None
     with _lock:
-        if key in _children:
-            return _children[key]
+        kept = _children.get(_own(key))
+        if kept is not None and kept.poll() is None:
+            return kept
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH")) if p)
-        if not _children:
+        if not _registered:
+            _registered.append(True)
             atexit.register(stop_all)
         import subprocess           # here: a warm run starts no builder (~2 ms)
         try:
-            _children[key] = subprocess.Popen(
+            child = _children[_own(key)] = subprocess.Popen(
                 [sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except OSError:
             return None
         if niceness:                    # the child's alone: a nicer thread would hold the GIL
-            _nicer(_children[key].pid, niceness)
-        return _children[key]
+            _nicer(child.pid, niceness)
+        return child
+
+
+def _own(key: tuple) -> tuple:
+    """`key` in the cache directory this process writes to now."""
+    return (cache_root(), key)
 
 
 def _nicer(pid: int, niceness: int) -> None:
@@ -77,7 +86,7 @@ def nothing_waits(key: tuple, niceness: int) -> None:
     CPU from the run's own work only where that leaves some; it goes on
     for the cache."""
     with _lock:
-        child = _children.get(key)
+        child = _children.get(_own(key))
     if child is not None and child.poll() is None:
         _nicer(child.pid, niceness)
 
@@ -87,7 +96,7 @@ def wait(key: tuple) -> None:
     meanwhile (interrupt.current()) stops waiting at once (Interrupted);
     the child finishes its object for the next run."""
     with _lock:
-        child = _children.get(key)
+        child = _children.get(_own(key))
     if child is None:
         return
     import subprocess
@@ -104,7 +113,7 @@ def wait(key: tuple) -> None:
 def running(key: tuple) -> bool:
     """Whether the child of `key` was started and has not ended."""
     with _lock:
-        child = _children.get(key)
+        child = _children.get(_own(key))
     return child is not None and child.poll() is None
 
 
