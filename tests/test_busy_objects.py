@@ -64,3 +64,34 @@ def test_their_functions_are_built_by_a_child_before_they_are_asked(node, tmp_pa
     parsed = ElfImage.parsed_files
     assert image.find("main")            # read from what the child wrote ...
     assert ElfImage.parsed_files == parsed   # ... not parsed here
+
+
+def test_a_builder_started_ahead_yields_the_cpu_until_the_run_waits_for_it(node):
+    """Nothing waits for a head start's builder: it runs nicer than the
+    run (the machine's work first) until the run asks for the names and
+    waits, from then at the run's own niceness."""
+    import threading
+
+    from helpers import wait_until
+    from ustack.objfile import cache as objcache
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    # held as another run's builder of node would: the child waits its turn
+    # and cannot end while this test looks at it
+    other_run = objcache.hold(builders.lock_name(("functions", node)))
+    busy = started(node, "-e", SPIN)
+    try:
+        busy_objects.start_building(skip=os.getpid(), pids=[busy.pid]).join()
+        child = function_builder.start(ElfImage.open(node))    # the one running
+        assert child is not None and child.poll() is None
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == \
+            mine + function_builder.NOTHING_WAITS_NICENESS
+        run = threading.Thread(target=function_builder.wait, args=(node,))
+        run.start()
+        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, child.pid) == mine,
+                   timeout=10, what="the waited-for builder at the run's niceness")
+    finally:
+        os.close(other_run)
+        busy.kill()
+        busy.wait()
+    run.join(timeout=60)
+    assert child.wait(timeout=60) == 0

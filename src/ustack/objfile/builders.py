@@ -5,6 +5,24 @@ their memory returned when they exit. Each job is keyed (its kind and the
 object's path) and started once; whoever needs the facts waits for it and
 reads what it wrote to the cache.
 
+Which builders a run starts, and why (each builds its one object, then
+ends; none starts another):
+- rows (unwind/tables.py): a -p/-c run's for its target's objects the
+  cache lacks, waited for where the run needs them; a whole-machine run's
+  only for the objects its samples met (the in-kernel walk's WANTED map,
+  capture/lazy_rows.py) and the objects every stack of a running
+  interpreter goes through, at BACKGROUND_NICENESS: never for every
+  object the machine maps.
+- functions (objfile/function_builder.py): an object whose symbol tables
+  are big (>= 512 KiB), when it is opened: a sampled object, and, ahead
+  of their first sample, the biggest objects of the processes running as
+  a whole-machine or -p run starts (target/busy_objects.py, at most 4: a
+  cold run with busy node and CPython ended in 3.50 s vs 4.18 s, its
+  names no longer waited for at the end). Nothing waits for them when
+  they start, so they start at NOTHING_WAITS_NICENESS (a busy machine's
+  work first, an object never sampled costs it little) and get the run's
+  niceness back when the run waits for their names (wait(run_waits=True)).
+
 The `ustack` command leaves with os._exit (cli.entry) and lets a builder
 still running finish its one object and end (~1-2 s for node; a rows
 builder nothing waited for runs nicer, so longer on a busy machine): the
@@ -41,7 +59,7 @@ def start(key: tuple, module: str, args: list, niceness: int = 0):
     """Run `python -m module *args` for `key` unless it runs already for
     this cache directory; the child (a Popen), or None when it could not
     start (build here). `niceness`: added to the child's, as nice(1)
-    does, for work nothing waits for."""
+    does, for work nothing waits for (yet: see wait())."""
     if in_builder:
         return None
     with _lock:
@@ -73,16 +91,19 @@ def _own(key: tuple) -> tuple:
 
 
 def _nicer(pid: int, niceness: int) -> None:
+    """The child `pid` at least `niceness` nicer than this process (once:
+    a child started nicer is not made nicer again)."""
     try:
         os.setpriority(os.PRIO_PROCESS, pid,
-                       min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
+                       min(19, max(os.getpriority(os.PRIO_PROCESS, pid),
+                                   os.getpriority(os.PRIO_PROCESS, 0) + niceness)))
     except OSError:
         pass                            # it ended meanwhile
 
 
 def nothing_waits(key: tuple, niceness: int) -> None:
     """The run no longer waits for the child of `key` (it has what it
-    needs another way): `niceness` added to the child's, so it takes the
+    needs another way): `niceness` more than this process's, so it takes the
     CPU from the run's own work only where that leaves some; it goes on
     for the cache."""
     with _lock:
@@ -91,14 +112,22 @@ def nothing_waits(key: tuple, niceness: int) -> None:
         _nicer(child.pid, niceness)
 
 
-def wait(key: tuple) -> None:
+def wait(key: tuple, run_waits: bool = False) -> None:
     """Wait for the child of `key`, if one was started. A run asked to end
     meanwhile (interrupt.current()) stops waiting at once (Interrupted);
-    the child finishes its object for the next run."""
+    the child finishes its object for the next run. `run_waits`: the
+    run's own work waits now, so a child started nicer (ahead of need)
+    gets this process's niceness back, where it may (root: a user's
+    process cannot lower a niceness)."""
     with _lock:
         child = _children.get(_own(key))
     if child is None:
         return
+    if run_waits and child.poll() is None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, child.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        except OSError:
+            pass                        # not allowed, or it ended meanwhile
     import subprocess
     interrupt = current()
     while True:
