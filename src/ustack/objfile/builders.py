@@ -23,6 +23,11 @@ ends; none starts another):
   work first, an object never sampled costs it little) and get the run's
   niceness back when the run waits for their names (wait(run_waits=True)).
 
+A run stops, as it ends (stop_unneeded), the builders of objects it
+neither waited for nor named: a head start for an object never sampled
+(a ClickHouse server's 82 MB library, running as a whole-machine run
+began) does not outlive the run.
+
 The `ustack` command leaves with os._exit (cli.entry) and lets a builder
 still running finish its one object and end (~1-2 s for node; a rows
 builder nothing waited for runs nicer, so longer on a busy machine): the
@@ -52,6 +57,7 @@ WAIT_SLICE_S = 0.05             # a wait for a builder looks at Ctrl-C this ofte
 _children: dict = {}            # (cache directory, (kind, path, ...)) -> Popen
 _lock = threading.Lock()
 _registered: list = []          # stop_all registered with atexit (once)
+_needed: set = set()            # _own() keys the run waited for, or named the object of
 in_builder = False              # this process is a builder: it builds what it is asked, here
 
 
@@ -66,6 +72,7 @@ def start(key: tuple, module: str, args: list, niceness: int = 0):
         kept = _children.get(_own(key))
         if kept is not None and kept.poll() is None:
             return kept
+        _needed.discard(_own(key))      # a new child: not needed until asked
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -108,6 +115,7 @@ def nothing_waits(key: tuple, niceness: int) -> None:
     for the cache."""
     with _lock:
         child = _children.get(_own(key))
+        _needed.add(_own(key))
     if child is not None and child.poll() is None:
         _nicer(child.pid, niceness)
 
@@ -121,6 +129,7 @@ def wait(key: tuple, run_waits: bool = False) -> None:
     process cannot lower a niceness)."""
     with _lock:
         child = _children.get(_own(key))
+        _needed.add(_own(key))
     if child is None:
         return
     if run_waits and child.poll() is None:
@@ -146,12 +155,29 @@ def running(key: tuple) -> bool:
     return child is not None and child.poll() is None
 
 
+def stop_unneeded() -> None:
+    """The run is over: stop the builders it started ahead of need (a
+    head start for a running process's object) whose object it never
+    waited for nor named: nothing says the next run meets it either, and
+    they would outlive the run by seconds. Those it needed go on for the
+    cache."""
+    with _lock:
+        unneeded = [key for key in _children if key not in _needed]
+        children = [_children.pop(key) for key in unneeded]
+    _stop(children)
+
+
 def stop_all() -> None:
     """Stop the builders still running: the run is over (SIGTERM, then
     SIGKILL for one still there after STOP_WAIT_S)."""
     with _lock:
         children = list(_children.values())
         _children.clear()
+        _needed.clear()
+    _stop(children)
+
+
+def _stop(children: list) -> None:
     running = [child for child in children if child.poll() is None]
     import subprocess
     for child in running:
