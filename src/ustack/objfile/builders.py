@@ -2,8 +2,14 @@
 on (objfile/function_child.py: its functions; unwind/rows_builder.py:
 its CFI and in-kernel rows): on another CPU, outside this process's GIL,
 their memory returned when they exit. Each job is keyed (its kind and the
-object's path) and started once; whoever needs the facts waits for it and
-reads what it wrote to the cache.
+object's path) and the cache directory it writes to (a child inherits
+USTACK_CACHE_DIR as it was when started: one building for another
+directory is not this one's), and runs once at a time: whoever needs the
+facts waits for it and reads what it wrote to the cache. A child that
+has ended is started anew when asked again: its callers ask only while
+the cache lacks the entry (the cache emptied, the file rewritten at the
+same path), and a long-lived API user got the ended child and built
+nothing apart.
 
 Which builders a run starts, and why (each builds its one object, then
 ends; none starts another):
