@@ -293,6 +293,27 @@ def test_lost_events_counted_exactly(tmp_path):
     assert printed + int(m.group(1)) == n
 
 
+def test_lost_process_records_are_not_counted_as_lost_events(tmp_path):
+    """A shell starting the program 300 times (a fork and an exec each)
+    through a 1-page buffer: the lost count is of the probe's events
+    alone, printed + lost = every call, whatever fork and exec records
+    were lost beside them."""
+    prog = build("chain")
+    runs, calls = 300, 30
+    out = tmp_path / "trace.txt"
+    with open(out, "w") as f:
+        res = run_ustack("trace", "--backend", "tracefs", "--unwind", "fp",
+                         f"uprobe:{prog}:d", "--buffer-pages", "1", "-c",
+                         f"sh -c 'for i in $(seq {runs}); do {prog} {calls}; done'",
+                         stdout=f, timeout=120)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"^Lost (\d+) events: the tracefs buffer was full", res.stderr, re.M)
+    assert m, res.stderr
+    printed = sum(1 for line in out.read_text().splitlines()
+                  if line.startswith("chain "))
+    assert printed + int(m.group(1)) == runs * calls, res.stderr
+
+
 def test_name_of_an_exited_process_from_ftrace():
     """A process already gone from /proc when its stacks are named keeps its
     name: ftrace saved it (saved_cmdlines) when it recorded its event."""

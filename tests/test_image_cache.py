@@ -16,13 +16,12 @@ from ustack.objfile.elf import ElfImage
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
-    # builders are started once a process: one another test of this worker
-    # started (and that ended) for another cache would stand for this one's
-    from ustack.objfile import builders
-    builders.stop_all()
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
     ElfImage.clear_cache()
     yield
+    # a builder still running is this test's process: ended before the
+    # leftover check judges it
+    from ustack.objfile import builders
     builders.stop_all()
 
 
@@ -272,6 +271,29 @@ def test_builders_are_killed_when_the_run_ends(tmp_path):
     assert child.poll() is not None
     assert function_builder.start(ElfImage.open(node)) is not child
     builders.stop_all()
+
+
+def test_each_cache_directory_and_each_emptied_cache_gets_its_own_builder(tmp_path,
+                                                                          monkeypatch):
+    """A long-lived API user: node opened for one cache while its builder
+    for another still runs, then again once the cache was emptied after
+    its builder ended: each time a child builds the functions into the
+    cache in use, before they are asked for."""
+    from ustack.objfile import function_builder
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    node = os.path.realpath(node)
+    ElfImage.open(node)                         # its builder for the first cache
+    other = tmp_path / "other"
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(other))
+    for _ in range(2):
+        ElfImage.clear_cache()
+        ElfImage.open(node)
+        function_builder.wait(node)
+        images = other / "images"
+        assert images.is_dir() and any(images.iterdir())    # the child wrote them
+        shutil.rmtree(other)
 
 
 def catches_sigterm(pid: int) -> bool:

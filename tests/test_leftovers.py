@@ -87,6 +87,29 @@ def test_a_live_runs_probes_stay():
         events.close()
 
 
+def test_a_crashed_runs_processes_instance_is_removed_alone():
+    """A tracefs run keeps the processes' fork and exec records in a second
+    instance (NAME_procs): left alone, with its events on, the next run
+    removes it too."""
+    def one_call_clears() -> bool:
+        dead = _dead_pid()
+        name = f"ustack_{dead}_procs"
+        path = os.path.join(tracefs_root(), "instances", name)
+        try:
+            os.mkdir(path)
+            with open(os.path.join(path, "events", "sched", "sched_process_fork",
+                                   "enable"), "w") as f:
+                f.write("1")
+        except FileNotFoundError:
+            return False                # another run removed it at once
+        try:
+            remove_stale_tracing()
+            return name not in ftrace_instance.instance_names()
+        finally:
+            ftrace_instance.remove_instance(name)
+    assert any(one_call_clears() for _ in range(3))
+
+
 def _lock_file(name: str) -> int:
     """A lock file for run `name`, as run_lock makes it; its fd."""
     os.makedirs(run_lock.LOCK_DIR, mode=0o700, exist_ok=True)

@@ -21,12 +21,11 @@ LIBC_DEBUG_DIR = "/usr/lib/debug/.build-id"
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
-    # builders are started once a process: one an earlier test of this
-    # worker started for node (another cache) would stand for ours
-    builders.stop_all()
     monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
     ElfImage.clear_cache()
     yield
+    # a builder still running is this test's process: ended before the
+    # leftover check judges it
     builders.stop_all()
     ElfImage.clear_cache()
 

@@ -70,10 +70,10 @@ def test_a_bad_size_is_one_line(value):
 @pytest.mark.kernel
 def test_an_object_mapped_later_that_does_not_fit_is_named_at_the_end():
     """A library dlopen'd during the run (libstdc++, 34 k rows) finds the
-    table full: the summary names it, after the header named those of
-    the start."""
+    table full: the summary names it first, though the header named three
+    objects of the start (libc, ld.so and libm, linked in for that)."""
     from helpers import spawn
-    prog = build("dlopen_deep", flags=O2_NOFP)
+    prog = build("dlopen_deep", flags=(*O2_NOFP, "-Wl,--no-as-needed", "-lm"))
     stdcxx = "/lib/x86_64-linux-gnu/libstdc++.so.6"
     target = spawn(prog, stdcxx, 3, 3, "-", stdin=subprocess.PIPE)   # no plugin_back in it
     try:
@@ -87,11 +87,11 @@ def test_an_object_mapped_later_that_does_not_fit_is_named_at_the_end():
     ends = [line for line in rest if "unwind rows did not fit" in line]
     assert len(ends) == 1, res.stderr
     # the summary counts the start's objects and those mapped later (libstdc++
-    # and, as their rows come, libm and libgcc_s it needs), naming three
+    # and, as their rows come, libm and libgcc_s it needs), naming the later first
     named_first = int(header.split(" objects' unwind rows did not fit")[0].rsplit(" ", 1)[1])
     at_end = int(ends[0].split(" objects' unwind rows did not fit")[0])
     assert at_end > named_first, res.stderr
-    assert "libstdc++.so.6" in ends[0] or f"and {at_end - 3} more" in ends[0], res.stderr
+    assert "libstdc++.so.6" in ends[0], res.stderr
     assert "--unwind-memory MIB makes it bigger" in ends[0]
 
 

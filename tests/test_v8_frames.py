@@ -8,6 +8,8 @@ their script, down to _start; a frame's line is its function's first
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,21 +42,38 @@ def _chain(frames) -> list:
             if f.kind == "js" and f.file == str(CALLS) and f.function in LINES]
 
 
+def _memory_open() -> list:
+    """The /proc/PID/mem files this process holds open."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue                    # the listing's own descriptor
+        if re.fullmatch(r"/proc/\d+/mem", target):
+            found.append(target)
+    return found
+
+
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
-    """One profile of `node calls.js` with default flags: its counted stacks."""
+    """One profile of `node calls.js` with default flags: its counted
+    stacks, its warnings, and the process memory files open before it,
+    while it ran and after it closed."""
     node = _node()
     opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
                           cmdline=f"{node} {CALLS} 2000")
     run = ustack.Session(opts)
+    before = _memory_open()
     with run:
         counted = run.counts()
         warnings = run.warnings
-    return counted, warnings
+        during = _memory_open()
+    return counted, warnings, (before, during, _memory_open())
 
 
 def test_default_flags_name_the_js_chain_to_start(profiled):
-    counted, warnings = profiled
+    counted, warnings, _memory = profiled
     in_third = [c for c in counted if "third" in _chain(c.stack.frames)]
     samples = sum(c.count for c in in_third)
     whole = sum(c.count for c in in_third
@@ -72,11 +91,20 @@ def test_default_flags_name_the_js_chain_to_start(profiled):
     assert not [w for w in warnings if "perf map" in w], warnings
 
 
+def test_a_closed_run_holds_no_process_memory_open(profiled):
+    """The stacks ustack unwinds itself get their JS frames read from
+    node's memory while the run goes on; an API user's closed run keeps
+    none of those descriptors (a long-lived user runs many)."""
+    _counted, _warnings, (before, during, after) = profiled
+    assert set(during) - set(before), "nothing read node's memory: the test proves nothing"
+    assert sorted(after) == sorted(before)
+
+
 def test_js_frames_sit_where_their_jit_code_ran(profiled):
     """The JS frames replace the JIT and builtin frames that ran them:
     node's C++ entry (Builtins_JSEntry) below them, nothing of calls.js
     left unnamed above them."""
-    counted, _warnings = profiled
+    counted, _warnings, _memory = profiled
     best = max((c for c in counted if "third" in _chain(c.stack.frames)),
                key=lambda c: c.count)
     functions = [f.function for f in best.stack.frames]

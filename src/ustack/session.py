@@ -260,7 +260,20 @@ class Session:
                 # did not end at its SIGINT (Ctrl-C reached it too) is killed
                 self.target.finish(STOPPED_GRACE_S if self._stop_requested
                                    else process.FINISH_GRACE_S)
+            self._let_processes_go()
             self._dismiss_guardian()
+
+    def _let_processes_go(self) -> None:
+        """Close what read the run's processes live (the unwinder's readers,
+        the names tables': their /proc/PID/mem), once nothing more is
+        recorded: a long-lived API user runs many sessions; and stop the
+        builders of objects the run never needed (objfile/builders.py)."""
+        resolver = self.__dict__.get("resolver")    # made only if the run named stacks
+        if resolver is not None:
+            resolver.close()
+        self.names.close()
+        from .objfile import builders   # a head start for objects never met ends too
+        builders.stop_unneeded()
 
     def _dismiss_guardian(self) -> None:
         if self.guardian is not None:

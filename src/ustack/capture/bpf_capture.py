@@ -461,7 +461,7 @@ class BpfCapture(Capture):
         objects = self._row_objects
         notes = []
         if objects is not None and len(objects.full) > self._full_at_start:
-            notes.append(objects.full_note(self.defers_table_full))
+            notes.append(objects.full_note(self.defers_table_full, self._full_at_start))
         lazy = self.lazy_rows
         if lazy is None:
             return notes

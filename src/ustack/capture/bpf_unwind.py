@@ -459,13 +459,17 @@ class UnwindObjects:
     def bytes_loaded(self) -> int:
         return self.next_row * ROW_SIZE
 
-    def full_note(self, from_copies: bool = True) -> str:
+    def full_note(self, from_copies: bool = True, named_before: int = 0) -> str:
         """What the run says when objects' rows did not fit the table, else
         "": their stacks were unwound in user space, from copies, where the
-        programs defer them (`from_copies`), else cut there with a note."""
+        programs defer them (`from_copies`), else cut there with a note.
+        `named_before`: how many of them a note said already; those found
+        full since (mapped during the run: the ones the user is asking
+        about now) are named first."""
         if not self.full:
             return ""
-        names = ", ".join(os.path.basename(p) for p in self.full[:3])
+        order = self.full[named_before:] + self.full[:named_before]
+        names = ", ".join(os.path.basename(p) for p in order[:3])
         more = f" and {len(self.full) - 3} more" if len(self.full) > 3 else ""
         size = self.maps.rows.max_entries * ROW_SIZE
         what = "1 object's" if len(self.full) == 1 else f"{len(self.full)} objects'"

@@ -24,9 +24,9 @@ import time
 
 from ..defaults import DEFAULT_BUFFER_PAGES   # pages per CPU, as for perf
 from ..kernel import procfs
-from ..kernel.ftrace_instance import FtraceInstance
+from ..kernel.ftrace_instance import PROCESSES_SUFFIX, FtraceInstance
 from ..kernel.ftrace_ring import page_time
-from ..kernel.ftrace_records import (CPU_PREFIX, EVERYTHING, EventLayout,
+from ..kernel.ftrace_records import (CPU_PREFIX, EVERYTHING, PROCESSES_CPU, EventLayout,
                                      TracefsRecords, horizon_chunk)
 from ..kernel.perf_event import cpus_online
 from ..kernel import tracefs
@@ -53,6 +53,7 @@ LIMIT = "the kernel's per-event limit for a tracefs uprobe"
 # what a stack cut at that limit advises, as raising --stack-size cannot help
 CUT_AT_LIMIT = f"that is {LIMIT}: --backend perf or bpf copy deeper stacks"
 PAGES_PER_READ = 256                 # per CPU per drain pass
+PROCESSES_PAGES = 64                 # per CPU, of the processes' instance (forks, execs)
 
 
 class TracefsCapture(Capture):
@@ -66,6 +67,10 @@ class TracefsCapture(Capture):
         self.modes = tuple(modes) or ("fp",) * len(probes)
         self.stack_size = stack_size
         self.instance = FtraceInstance()
+        # the processes' fork and exec records, in an instance of their own
+        # (kernel/ftrace_instance.py): a full buffer's losses there are
+        # records, said apart from the events' (None: not followed)
+        self.processes = None
         self.uprobes = UprobeEvents()
         self.layouts: dict = {}
         self._enable: list = []           # (group, name) to switch on
@@ -77,6 +82,7 @@ class TracefsCapture(Capture):
         self._holding = False             # the last pass read records: see read_chunks
         self.stack_bytes = 0              # per DWARF uprobe event (for the header)
         self.cut_advice = None            # set when the kernel's limit cut the copy
+        self._records_lost = 0            # fork/exec records the processes' buffer lost
 
     @property
     def unwind_note(self) -> str:
@@ -102,7 +108,7 @@ class TracefsCapture(Capture):
         return f"its uprobes fire in every process that maps {named}"
 
     def losses(self) -> Losses:
-        return Losses(lost=self._records.lost)
+        return Losses(lost=self._records.lost, records_lost=self._records_lost)
 
     # -- setting up ------------------------------------------------------------
     def _uprobe(self, index: int, probe: UprobeProbe) -> None:
@@ -155,7 +161,13 @@ class TracefsCapture(Capture):
             self._records.follow_processes(ProcessWatch())
             return
         self._records.follow_processes(ProcessWatch(), *formats)
-        self._enable += events
+        self.processes = FtraceInstance(PROCESSES_SUFFIX)
+        self.processes.create()
+        self.processes.write("tracing_on", "0")
+        self.processes.write("buffer_size_kb", str(PROCESSES_PAGES * 4))
+        if self._monotonic:
+            self.processes.write("trace_clock", "mono")
+        self._processes_events = events
 
     def _stamp_monotonic(self) -> None:
         """Records stamped with CLOCK_MONOTONIC (ftrace's "mono" clock), as
@@ -176,13 +188,17 @@ class TracefsCapture(Capture):
         scope = self.target.scope
         if scope == "system":
             return
-        self.instance.option("event-fork", True)
-        if scope == "command":
-            self.instance.write("set_event_pid", str(self.target.pid))
+        for instance in self._instances():
+            self._filter_pids_of(instance)
+
+    def _filter_pids_of(self, instance: FtraceInstance) -> None:
+        instance.option("event-fork", True)
+        if self.target.scope == "command":
+            instance.write("set_event_pid", str(self.target.pid))
             return
         done = 0
         for tids in procfs.thread_batches(self.target.pid):
-            path = os.path.join(self.instance.path, "set_event_pid")
+            path = os.path.join(instance.path, "set_event_pid")
             fd = os.open(path, os.O_WRONLY | (os.O_APPEND if done else os.O_TRUNC))
             try:
                 os.write(fd, " ".join(map(str, sorted(tids))).encode())
@@ -193,6 +209,10 @@ class TracefsCapture(Capture):
             done += len(tids)
         if not done:
             raise UstackError(f"no such process: {self.target.pid}")
+
+    def _instances(self) -> list:
+        """The run's instances: its events', and its processes' if followed."""
+        return [self.instance] + ([self.processes] if self.processes is not None else [])
 
     def open(self) -> None:
         remove_stale_tracing()            # what a killed run left behind
@@ -217,7 +237,8 @@ class TracefsCapture(Capture):
                 else:
                     self._tracepoint(index, probe)
             self._filter_pids()
-            self.instance.open_pipes(cpus_online())
+            for instance in self._instances():
+                instance.open_pipes(cpus_online())
             if isinstance(self.target, TracedCommand):
                 self.target.on_exit = self._snapshot_maps
             else:
@@ -227,6 +248,10 @@ class TracefsCapture(Capture):
             raise
 
     def _switch_on(self) -> None:
+        if self.processes is not None:      # first: no event comes before its fork
+            for group, name in self._processes_events:
+                self.processes.enable(group, name)
+            self.processes.write("tracing_on", "1")
         for group, name in self._enable:
             self.instance.enable(group, name)
         self.instance.write("tracing_on", "1")
@@ -256,7 +281,7 @@ class TracefsCapture(Capture):
         chunks = []
         page = self._page
         horizon = time.monotonic_ns() if self._monotonic else EVERYTHING
-        for cpu, fd in self.instance.fds.items():
+        for cpu, fd in self._pipes():
             head = CPU_PREFIX.pack(cpu)
             data = b""
             for _ in range(PAGES_PER_READ):
@@ -285,18 +310,30 @@ class TracefsCapture(Capture):
             time.sleep(timeout_ms / 1000)
         return chunks
 
+    def _pipes(self) -> list:
+        """(chunk prefix's CPU, trace_pipe_raw fd) of every instance's CPUs."""
+        pipes = list(self.instance.fds.items())
+        if self.processes is not None:
+            pipes += [(cpu | PROCESSES_CPU, fd) for cpu, fd in self.processes.fds.items()]
+        return pipes
+
     def flush_lost(self) -> None:
         self._records.lost_entries = self.instance.lost()
+        if self.processes is not None:
+            self._records_lost = self.processes.lost()
         self._final = True
 
     def stop(self) -> None:
-        if self.instance.created:
-            try:
-                self.instance.write("tracing_on", "0")
-            except UstackError:
-                pass
+        for instance in self._instances():
+            if instance.created:
+                try:
+                    instance.write("tracing_on", "0")
+                except UstackError:
+                    pass
 
     def close(self) -> None:
+        if self.processes is not None:
+            self.processes.close()
         self.instance.close()             # before the probes: it holds them
         self.uprobes.close()
 

@@ -19,6 +19,18 @@ ENOTSUPP = 524                    # the kernel's internal 'not supported' (no li
 _STAT_RE = re.compile(r"^(overrun|dropped events|entries|commit overrun):\s*(\d+)", re.M)
 
 
+# The run's second instance, of the processes' fork and exec records
+# (capture/tracefs.py): without the user stacks of the run's own and apart
+# from its events, so a lost one is counted as such, never as an event,
+# and a flood of events cannot overwrite it
+PROCESSES_SUFFIX = "_procs"
+
+
+def run_instances(name: str) -> list:
+    """The instances run `name` makes: its events', its processes'."""
+    return [name, name + PROCESSES_SUFFIX]
+
+
 def _instances_dir() -> str:
     return os.path.join(tracefs_root(), "instances")
 
@@ -59,10 +71,10 @@ def _try_write(path: str, value: str) -> bool:
 
 
 class FtraceInstance:
-    """instances/<our tracing name>; close() removes it."""
+    """instances/<our tracing name><suffix>; close() removes it."""
 
-    def __init__(self):
-        self.name = run_lock.tracing_name()
+    def __init__(self, suffix: str = ""):
+        self.name = run_lock.tracing_name() + suffix
         self.path = os.path.join(_instances_dir(), self.name)
         self.created = False
         self._locked = False            # run_lock.hold() taken for it

@@ -6,7 +6,8 @@ Two kinds of records make one sample:
   frame-pointer walk of at most 8 return addresses, and the tgid;
 - a uprobe whose fetch-args copied %ip, %sp, %bp and stack words carries
   what a DWARF unwinder needs in its own record, laid out by its format.
-The instance's sched_process_fork/exec records (see follow_processes) and
+The sched_process_fork/exec records (see follow_processes; from the run's
+processes' instance, PROCESSES_CPU, where no user stack follows them) and
 each sample are handed, in time order across CPUs, to a watch that says
 what they mean for the process's maps (ftrace has no mmap records).
 Each CPU has its own buffer, read one after the other: a fork written on
@@ -32,6 +33,9 @@ FTRACE_STACK_ENTRIES = 8
 TGID_CACHE = 65536                   # threads whose tgid the reader remembers
 CPU_PREFIX = struct.Struct("<I4x")   # chunk prefix: which CPU the page is from
 HORIZON_CPU = 0xFFFFFFFF             # a chunk of this "CPU" holds a horizon
+# a chunk's CPU with this bit: a page of the processes' instance, whose
+# fork and exec records have no user stack after them
+PROCESSES_CPU = 1 << 16
 EVERYTHING = (1 << 64) - 1           # a horizon past every record read
 _Q = struct.Struct("<Q")
 _FULL = _Q.pack(FTRACE_STACK_FULL)
@@ -272,6 +276,8 @@ class TracefsRecords:
             process = lifecycle.get(typ)
             if process is not None:
                 self._process_event(process[0], process[1:], chunk, off, t)
+                if cpu & PROCESSES_CPU:
+                    continue                 # no user stack follows it there
             elif layout is None:
                 continue
             ev = pending.pop(cpu, None)

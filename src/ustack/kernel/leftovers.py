@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from .ftrace_instance import instance_names, remove_instance
+from .ftrace_instance import PROCESSES_SUFFIX, instance_names, remove_instance, run_instances
 from .run_lock import (GROUP_PREFIX, INIT_PID_NS_INO, forget, lock_if_dead,
                        lock_names, pid_namespace_inode, tracing_name)
 from .uprobe_events import defined_events, remove_event
@@ -26,7 +26,8 @@ def remove_stale_tracing() -> int:
     return how many were removed. What the kernel still refuses stays (and
     so does its lock file) for the next run to retry."""
     groups = _groups()
-    names = {n for n in instance_names() if _NAME.fullmatch(n)}
+    names = {n.removesuffix(PROCESSES_SUFFIX) for n in instance_names()
+             if _NAME.fullmatch(n.removesuffix(PROCESSES_SUFFIX))}
     names.update(groups)
     locked = {n for n in lock_names() if _NAME.fullmatch(n)}
     names.update(locked)
@@ -59,11 +60,13 @@ def remove_tracing(name: str, events=None, until_refused: bool = False) -> tuple
     its perf events (~0.1 s each, under the lock each refusal waits for):
     a run that met 346 of them waited seconds before its own probes."""
     gone = left = 0
-    if name in instance_names():
-        if remove_instance(name):
-            gone += 1
-        else:
-            left += 1
+    present = instance_names()
+    for instance in run_instances(name):
+        if instance in present:
+            if remove_instance(instance):
+                gone += 1
+            else:
+                left += 1
     if events is None:
         events = _groups().get(name, ())
     events = list(events)

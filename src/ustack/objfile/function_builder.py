@@ -10,7 +10,7 @@ from . import builders
 
 BIG_SYMBOL_TABLES = 512 << 10   # bytes of .symtab + .dynsym worth a child (~21,000 symbols, ~0.35 s)
 _KIND = "functions"
-NOTHING_WAITS_NICENESS = 10     # as unwind/tables.py's builders nothing waits for
+NOTHING_WAITS_NICENESS = 10     # until waited for; as unwind/tables.py's builders nothing waits for
 
 
 def worth_a_child(image) -> bool:
@@ -23,16 +23,19 @@ def worth_a_child(image) -> bool:
 def start(image):
     """Build `image`'s functions in a child, unless they are built, being
     built, or small enough to build here when asked. The child (a Popen)
-    or None."""
+    or None. Nothing waits for it yet (they are built ahead of need): it
+    yields the CPU until wait()."""
     if not image.symbols.pending or not worth_a_child(image):
         return None
-    return builders.start((_KIND, image.path), "ustack.objfile.function_child", [image.path])
+    return builders.start((_KIND, image.path), "ustack.objfile.function_child", [image.path],
+                          niceness=NOTHING_WAITS_NICENESS)
 
 
 def wait(path: str) -> None:
     """Wait for the child building the functions of the object at `path`,
-    if there is one."""
-    builders.wait((_KIND, path))
+    if there is one: the run needs them now, and the child runs at the
+    run's own niceness from here."""
+    builders.wait((_KIND, path), run_waits=True)
 
 
 

@@ -134,6 +134,15 @@ class RubyIseqs:
         return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
                      function=name, file=file, line=line, kind="ruby")
 
+    def close(self) -> None:
+        """The run is over: the processes read let go (their /proc/PID/mem
+        descriptors); one asked again is opened anew."""
+        with self._lock:
+            for kept in self._procs.values():
+                if kept is not None:
+                    kept.mem.close()
+            self._procs.clear()
+
     def _process(self, pid: int):
         if not self.live:
             return None

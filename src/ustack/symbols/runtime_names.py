@@ -39,6 +39,13 @@ class RuntimeNames:
                     table = self._made[kind] = made(self.live) if takes_live else made()
         return table
 
+    def close(self) -> None:
+        """The run is over: the tables that read processes let go of them."""
+        for table in list(self._made.values()):
+            close = getattr(table, "close", None)
+            if close is not None:
+                close()
+
     def made(self, kind: str):
         """The table of `kind` if it is made, else None."""
         return self._made.get(kind)

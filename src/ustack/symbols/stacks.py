@@ -69,6 +69,8 @@ class LiveReaders:
         if scripts != self._scripts:
             from ..unwind.script_readers import live_runtimes
             self._scripts = scripts
+            if unwinder.script_live is not None:    # its processes let go
+                unwinder.script_live.close()
             unwinder.script_live = live_runtimes(*scripts)
 
 
@@ -114,6 +116,11 @@ class StackResolver:
                 return HotSpotLive(java.remember)
             self.unwinder.hotspot_factory = hotspot
         self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
+
+    def close(self) -> None:
+        """The run is over: what the unwinder reads live processes through
+        is closed (Unwinder.close)."""
+        self.unwinder.close()
 
     @property
     def warnings(self) -> list:

@@ -113,6 +113,15 @@ class V8Functions:
         return Frame(addr=0, module=printable(os.path.basename(file)) if file else "",
                      function=name, file=file, line=line, kind="js")
 
+    def close(self) -> None:
+        """The run is over: the processes read let go (their /proc/PID/mem
+        descriptors); one asked again is opened anew."""
+        with self._lock:
+            for kept in self._procs.values():
+                if kept is not None:
+                    kept.mem.close()
+            self._procs.clear()
+
     def _process(self, pid: int):
         if not self.live:
             return None

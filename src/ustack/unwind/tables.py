@@ -285,10 +285,12 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
                                            and content_key.known("cfi", st))):
         return NOT_CACHED               # its keys alone may scan all its code
     apart = st is not None and _worth_a_child(image)
+    built_apart = False                 # a child that ended is started anew: once here
     if apart and not (content_key.known(TRAMPOLINES, st) and content_key.known("cfi", st)):
         # a version not seen before: its keys too (a scan of all its code,
         # ~0.2 s of node's) are computed by the child, which remembers them
         _build_apart(image, debug_dirs, run_waits)
+        built_apart = True
     cache = None
     if st is not None:
         cache = rows_file(rows_key(table_key(image, st, debug_file(image, st, debug_dirs)),
@@ -297,7 +299,7 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
     found = _cached_rows(image, cache)
     if found is None and cached_only:
         return NOT_CACHED
-    if found is None and apart:
+    if found is None and apart and not built_apart:
         _build_apart(image, debug_dirs, run_waits)
         found = _cached_rows(image, cache)      # else: built here below
     if found is not None:
@@ -317,7 +319,8 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
 
 
 def _build_apart(image: ElfImage, debug_dirs, run_waits: bool) -> None:
-    """Build the rows in a child (once per run) and wait for it."""
+    """Build the rows in a child (one at a time per object and cache
+    directory) and wait for it."""
     key = ("rows", image.path, tuple(debug_dirs))
     builders.start(key, "ustack.unwind.rows_builder", [image.path, *debug_dirs],
                    niceness=0 if run_waits else BACKGROUND_NICENESS)

@@ -43,6 +43,13 @@ class Unwinder:
         # no runtime, never imports their readers
         self.live_factory = None
 
+    def close(self) -> None:
+        """The run is over: the live readers let go of the processes they
+        read (their /proc/PID/mem descriptors); one asked again opens anew."""
+        for reader in (self.v8_live, self.hotspot, self.script_live):
+            if reader is not None:
+                reader.close()
+
     @property
     def dwarf(self):
         """The DWARF unwinder (dwarf.py), made for the first copied stack:
