@@ -348,3 +348,25 @@ def test_memleak_java_allocations_named(tmp_path):
         java.wait()
     direct, whole = _whole_in(out.read_text(), "Unsafe_AllocateMemory0", LEAKS)
     assert direct >= 40 * 4096 and whole >= 0.9 * direct, f"{whole} of {direct} bytes named"
+
+
+JAVA_NOT_WALKED = ("(Java frames not walked: a JVM's compiled code keeps no frame pointer, "
+                   "and this stack was walked on frame pointers with no copy to walk it by "
+                   "the JVM's own tables; --backend bpf or perf unwind with CFI)")
+
+
+def test_tracefs_stacks_through_java_code_say_it_is_not_walked(tmp_path):
+    """`count --backend tracefs syscall:futex -c java Naps`: ftrace's
+    userstacktrace walks frame pointers and copies no stack, so a JVM's
+    compiled code cannot be walked: every stack with its unnamed frames
+    says why in its note, none is a silent [unknown]."""
+    classes = compiled_java_chain(tmp_path, "Naps")
+    res = ok(run_ustack("count", "--backend", "tracefs", "syscall:futex", "-c",
+                        f"{_tool('java')} {' '.join(NAP_FLAGS)} -cp {classes} Naps 25"))
+    blocks = [b.splitlines() for b in res.stdout.strip().split("\n\n")]
+    through_jit = [b for b in blocks if "  [unknown]" in b]
+    said = [b for b in through_jit if f"  {JAVA_NOT_WALKED}" in b]
+    assert through_jit and len(said) == len(through_jit), res.stdout
+    # a stack through no JIT code has no such note
+    assert not [b for b in blocks if "  [unknown]" not in b
+                and f"  {JAVA_NOT_WALKED}" in b], res.stdout
