@@ -61,8 +61,8 @@ FIELDS = {
     "symbol_length": ("Symbol", "_length"),
     "symbol_body": ("Symbol", "_body"),
 }
-# a blob's code, one of two ways: pointers (JDK 11-22), or offsets from
-# the blob (23-: the header shrank)
+# a blob's code, one of two ways: pointers (JDK 17 and before), or offsets
+# from the blob (JDK 25: a smaller header); the tables say which
 CODE_POINTERS = {"blob_code_begin": ("CodeBlob", "_code_begin"),
                  "blob_code_end": ("CodeBlob", "_code_end")}
 CODE_OFFSETS = {"blob_code_offset": ("CodeBlob", "_code_offset"),
@@ -78,9 +78,9 @@ OPTIONAL = {
     "pool_source_file": ("ConstantPool", "_source_file_name_index"),
 }
 # an nmethod's scopes (PcDescs, then the scopes' stream) and metadata, one
-# of two ways: inside the blob (JDK 11-23), or its debug info in a block
-# of its own (_immutable_data) and its metadata after its relocations in
-# another (_mutable_data) (25-)
+# of two ways: inside the blob (JDK 17 and before), or its debug info in a
+# block of its own (_immutable_data) and its metadata after its
+# relocations in another (_mutable_data) (JDK 25)
 SCOPES_IN_BLOB = {
     "nmethod_scopes_data": (("CompiledMethod", "_scopes_data_begin"),
                             ("nmethod", "_scopes_data_begin")),
@@ -106,7 +106,7 @@ _INT_FORMATS = {"int": "i", "jint": "i", "int32_t": "i", "uint": "I", "juint": "
                 "uint16_t": "H", "u2": "H", "unsigned short": "H", "u1": "B", "uint8_t": "B",
                 "int8_t": "b"}
 # x86-64 interpreter frame slots, in words from rbp (frame_x86.hpp: the
-# same in JDK 11-21; the tables do not carry them)
+# same in JDK 11-25, walked on 17 and 25; the tables do not carry them)
 INTERP_SENDER_SP = -1
 INTERP_METHOD = -3
 INTERP_BCP = -8
