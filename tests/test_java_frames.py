@@ -49,7 +49,9 @@ def _jdks() -> list:
     """The name of each JDK under /usr/lib/jvm (once, whatever its other
     names), or ["PATH"] (the java on the PATH) where there is none."""
     homes: dict = {}
-    for home in sorted(JVM_HOMES.glob("*")) if JVM_HOMES.is_dir() else ():
+    # a JDK's own directory named before the links to it
+    for home in sorted(JVM_HOMES.glob("*"), key=lambda p: (p.is_symlink(), p.name)) \
+            if JVM_HOMES.is_dir() else ():
         if (home / "bin" / "java").is_file() and (home / "bin" / "javac").is_file():
             homes.setdefault(home.resolve(), home.name)
     return sorted(homes.values()) or ["PATH"]
