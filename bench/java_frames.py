@@ -6,7 +6,10 @@ run of bench/programs/JavaMix.java (whose second half runs methods first
 called then: compiled while the run samples); then what the walk costs
 per sample.
 
-    sudo python3 bench/java_frames.py [--seconds S] [--reps R]
+    sudo python3 bench/java_frames.py [--seconds S] [--reps R] [--jdk HOME]
+
+--jdk: the JDK whose java, javac, jcmd and jfr run (its bin/ put first on
+the PATH), e.g. /usr/lib/jvm/temurin-25-jdk-amd64; the PATH's by default.
 
 Scopes: -p (a JVM started just before, JFR started in it by `jcmd PID
 JFR.start`), -c (JFR started by the command's -XX:StartFlightRecording:
@@ -230,7 +233,10 @@ def run(tmp: str) -> None:
     ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
     ap.add_argument("--scopes", default="-p;-c;-p, no JFR;whole machine;"
                     "whole machine, started during", help="which, ';' between them")
+    ap.add_argument("--jdk", help="the JDK's home (its bin/ first on the PATH)")
     args = ap.parse_args()
+    if args.jdk:
+        os.environ["PATH"] = f"{Path(args.jdk) / 'bin'}:{os.environ.get('PATH', '')}"
     subprocess.run(["javac", "-d", tmp, str(MIX)], check=True)
     version = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     print(f"{version.splitlines()[0]}, bench/programs/JavaMix.java for {args.seconds:g} s "

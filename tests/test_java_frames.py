@@ -1,4 +1,5 @@
-"""Java (HotSpot 17) frames with the JVM's default flags and no perf map:
+"""Java (HotSpot) frames with the JVM's default flags and no perf map, on
+each JDK installed under /usr/lib/jvm (17, 25: their vmStructs differ):
 the kernel hands a JVM's stacks through its code cache to user space with
 their copy, where they are walked through the Java frames (compiled
 frames by their size, interpreted ones on the interpreter's rbp chain)
@@ -10,7 +11,7 @@ has no frame of its own, and inlined methods are not expanded) and once
 interpreted only (excluded from compilation): each sample in leaf() must
 show exactly main, outer, middle, leaf as Java frames, in order, down to
 the root of the thread the launcher runs main on (JavaMain, start_thread,
-clone3). One JVM per way, shared by the tests."""
+clone3). One JVM per way and JDK, shared by the tests."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import ustack
-from helpers import (compiled_java_chain, end_after_cpu, finish, java_tool, ok,
+from helpers import (PROGRAMS, compiled_java_chain, end_after_cpu, finish, java_tool, ok,
                      parse_folded, run_for_cpu, run_ustack, start_ustack, stop,
                      wait_tracing)
 from ustack.model import SymbolOptions
@@ -41,20 +42,49 @@ WAYS = {
 }
 
 
-_tool = java_tool
+JVM_HOMES = Path("/usr/lib/jvm")
+
+
+def _jdks() -> list:
+    """The name of each JDK under /usr/lib/jvm (once, whatever its other
+    names), or ["PATH"] (the java on the PATH) where there is none."""
+    homes: dict = {}
+    # a JDK's own directory named before the links to it
+    for home in sorted(JVM_HOMES.glob("*"), key=lambda p: (p.is_symlink(), p.name)) \
+            if JVM_HOMES.is_dir() else ():
+        if (home / "bin" / "java").is_file() and (home / "bin" / "javac").is_file():
+            homes.setdefault(home.resolve(), home.name)
+    return sorted(homes.values()) or ["PATH"]
+
+
+@pytest.fixture(scope="module", params=_jdks())
+def jdk(request) -> str:
+    return request.param
+
+
+def _tool(name: str, jdk: str = "PATH") -> str:
+    """The JDK tool `name` of JDK `jdk` ("PATH": the one on the PATH)."""
+    return java_tool(name) if jdk == "PATH" else str(JVM_HOMES / jdk / "bin" / name)
 
 
 @pytest.fixture(scope="module")
-def classes(tmp_path_factory) -> Path:
-    return compiled_java_chain(tmp_path_factory.mktemp("java"))
+def classes(tmp_path_factory, jdk) -> tuple:
+    """(the JDK, the classpath of Chain.java compiled by its javac)."""
+    directory = tmp_path_factory.mktemp("java")
+    if jdk == "PATH":
+        return jdk, compiled_java_chain(directory)
+    subprocess.run([_tool("javac", jdk), "-d", str(directory),
+                    str(PROGRAMS / "java" / "Chain.java")], check=True)
+    return jdk, directory
 
 
-def _profile(classes: Path, flags: tuple, no_java: bool = False) -> tuple:
+def _profile(classes: tuple, flags: tuple, no_java: bool = False) -> tuple:
     """(counted stacks, warnings, the summary's notes) of `profile -c java
     FLAGS Chain 1`."""
+    jdk, classpath = classes
     opts = ustack.Options(
         command="profile", events=["profile:hz:199"],
-        cmdline=f"{_tool('java')} {' '.join(flags)} -cp {classes} Chain 1",
+        cmdline=f"{_tool('java', jdk)} {' '.join(flags)} -cp {classpath} Chain 1",
         symbols=SymbolOptions(java=not no_java))
     run = ustack.Session(opts)
     with run:
@@ -113,7 +143,8 @@ def test_java_methods_named_in_order_to_the_thread_root(profiled):
     assert {line for f, line in lines if f == "Chain.leaf"} <= LEAF_LINES, lines
     stubs = {f.function for c in counted for f in c.stack.frames
              if f.kind == "java" and f.function[0] == "["}
-    assert "[StubRoutines (1)]" in stubs, stubs     # the call stub that enters main
+    # the call stub that enters main ("(1)" in JDK 17, "(initialstubs)" in 25)
+    assert {s for s in stubs if s.startswith("[StubRoutines (")}, stubs
 
 
 def test_main_thread_stacks_reach_its_root(profiled):
@@ -137,7 +168,8 @@ def test_attached_jvm_folded(classes, tmp_path):
     """`ustack profile -p PID` of a JVM already busy in its loop (its
     methods compiled or being compiled before the run): the folded stacks
     through leaf() end main, outer, middle, leaf, no perf map advised."""
-    java = subprocess.Popen([_tool("java"), *WAYS["compiled"], "-cp", str(classes),
+    jdk, classpath = classes
+    java = subprocess.Popen([_tool("java", jdk), *WAYS["compiled"], "-cp", str(classpath),
                              "Chain", "600"], stdout=subprocess.PIPE, text=True)
     try:
         assert java.stdout.readline() == "ready\n"
@@ -163,8 +195,9 @@ def test_a_recording_keeps_the_java_frames(classes, tmp_path):
     JVM gone, shows main, outer, middle, leaf in order, down to the
     thread's root, each caller at the line of its call."""
     rec = tmp_path / "chain.ustack"
+    jdk, classpath = classes
     ok(run_ustack("record", "profile:hz:199", "-o", rec, "-c",
-                  f"{_tool('java')} {' '.join(WAYS['compiled'])} -cp {classes} Chain 1"))
+                  f"{_tool('java', jdk)} {' '.join(WAYS['compiled'])} -cp {classpath} Chain 1"))
     res = run_ustack("report", "-f", "json", rec)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     busy = whole = 0
@@ -268,7 +301,8 @@ def test_whole_machine_java_before_and_during_the_run(classes, tmp_path):
     before the run, and one started once the run samples (its libjvm, its
     code cache new to the run), both have their samples in leaf() whole
     with main, outer, middle, leaf named, by process (-P)."""
-    argv = [_tool("java"), *WAYS["compiled"], "-cp", str(classes), "Chain", "600"]
+    jdk, classpath = classes
+    argv = [_tool("java", jdk), *WAYS["compiled"], "-cp", str(classpath), "Chain", "600"]
     before = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     during = None
     out = tmp_path / "machine.folded"
@@ -316,3 +350,25 @@ def test_memleak_java_allocations_named(tmp_path):
         java.wait()
     direct, whole = _whole_in(out.read_text(), "Unsafe_AllocateMemory0", LEAKS)
     assert direct >= 40 * 4096 and whole >= 0.9 * direct, f"{whole} of {direct} bytes named"
+
+
+JAVA_NOT_WALKED = ("(Java frames not walked: a JVM's compiled code keeps no frame pointer, "
+                   "and this stack was walked on frame pointers with no copy to walk it by "
+                   "the JVM's own tables; --backend bpf or perf unwind with CFI)")
+
+
+def test_tracefs_stacks_through_java_code_say_it_is_not_walked(tmp_path):
+    """`count --backend tracefs syscall:futex -c java Naps`: ftrace's
+    userstacktrace walks frame pointers and copies no stack, so a JVM's
+    compiled code cannot be walked: every stack with its unnamed frames
+    says why in its note, none is a silent [unknown]."""
+    classes = compiled_java_chain(tmp_path, "Naps")
+    res = ok(run_ustack("count", "--backend", "tracefs", "syscall:futex", "-c",
+                        f"{_tool('java')} {' '.join(NAP_FLAGS)} -cp {classes} Naps 25"))
+    blocks = [b.splitlines() for b in res.stdout.strip().split("\n\n")]
+    through_jit = [b for b in blocks if "  [unknown]" in b]
+    said = [b for b in through_jit if f"  {JAVA_NOT_WALKED}" in b]
+    assert through_jit and len(said) == len(through_jit), res.stdout
+    # a stack through no JIT code has no such note
+    assert not [b for b in blocks if "  [unknown]" not in b
+                and f"  {JAVA_NOT_WALKED}" in b], res.stdout

@@ -252,3 +252,29 @@ def test_stacks_unwound_by_ustack_carry_the_chain(tmp_path, copied):
                         .split(":")[-1].rstrip(")")) in C_LINES)
     assert samples >= 20, rows
     assert whole >= 0.9 * samples, f"{whole} of {samples} samples in c() whole"
+
+
+THREADS = Path(__file__).parent / "programs" / "perl" / "threads.pl"
+# each ithread's chain, outermost first: its interpreter's main body at
+# the threads->create line, then a() at its call of b(), b() at Work::c()'s
+THREAD_CHAIN = ["<main> (threads.pl:31)", "main::a (threads.pl:24)",
+                "main::b (threads.pl:19)"]
+
+
+@pytest.mark.parametrize("copied", COPIED_STACKS)
+def test_copied_stacks_of_ithreads_carry_their_chain(tmp_path, copied):
+    """Two ithreads (`use threads`) busy in a() -> b() -> Work::c() while
+    the main thread waits to join them: each runs an interpreter of its
+    own, found in its thread block, so the stacks ustack unwinds itself
+    carry the chain where the run loop was, down to the thread's root."""
+    rows = profile_copied(tmp_path, copied, f"{_perl()} {THREADS} 600")
+    in_c = [(stack, n) for stack, n in rows
+            if "start_thread" in stack and any(f.startswith("Work::c ") for f in stack)
+            or "start_thread" in stack and "Perl_runops_standard" in stack]
+    samples = sum(n for _stack, n in in_c)
+    whole = sum(n for stack, n in in_c
+                if stack[1:3] == ["clone3", "start_thread"]
+                and [f for f in stack if " (threads.pl:" in f] in (
+                    THREAD_CHAIN + [f"Work::c (threads.pl:{line})"] for line in (12, 13, 14)))
+    assert samples >= 20, rows
+    assert whole >= 0.9 * samples, f"{whole} of {samples} ithread samples in c() whole"

@@ -187,6 +187,22 @@ def parse_maps(text: str, strict: bool = True) -> list:
     return out
 
 
+def anonymous_writable(pid: int) -> list:
+    """(start, end) of each private writable mapping of no file (heap
+    arenas, thread stacks) of /proc/PID/maps ([] if it is gone)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) == 5 and fields[1].startswith("rw") and fields[1][3] == "p":
+                    start, end = fields[0].split("-")
+                    out.append((int(start, 16), int(end, 16)))
+    except (OSError, ValueError):
+        return out
+    return out
+
+
 def own_vdso() -> tuple | None:
     """(mapping, image bytes) of this process's own [vdso], read from
     /proc/self/mem (no ptrace rights needed), or None when there is none

@@ -28,6 +28,13 @@ KERNEL_THREAD = Frame(addr=0, module="", function="[kernel]")
 # seen (tracefs reads them from /proc: a process gone first stays unnamed)
 NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
            "could read it (--backend perf or bpf record every mapping)")
+# A JVM's stack walked on frame pointers with no copy (ftrace's
+# userstacktrace, --unwind fp): its compiled code keeps no frame pointer,
+# and the Java walk needs the copy: its JIT frames are said, not silent
+JAVA_NOT_WALKED = ("Java frames not walked: a JVM's compiled code keeps no frame pointer, and "
+                   "this stack was walked on frame pointers with no copy to walk it by the "
+                   "JVM's own tables")
+JVM_OBJECT = "/libjvm.so"       # a process that maps it runs a JVM (unwind/hotspot_runtime.py)
 # Where a frame-pointer walk ends on its own in a whole stack: the program's
 # entry, a thread's start (libc, Go's runtime), the dynamic loader's entry.
 # Ending anywhere else, it stopped at a caller that keeps no frame pointer.
@@ -91,6 +98,7 @@ class StackResolver:
                  perl_subs=None, ruby_iseqs=None, names=None):
         self.tracker = tracker
         self.fp_advice = fp_advice
+        self.java = options.java
         self.unwinder = Unwinder(options.debug_dirs, cut_advice)
         # one symbolizer (one cache) for the run, its view pinned to the
         # exec generation of the stack being named
@@ -199,6 +207,12 @@ class StackResolver:
         pm = tracker.procs.get((pid, gen))
         return pm is not None and bool(pm.maps)
 
+    def _runs_jvm(self, pid: int, generation: int | None) -> bool:
+        tracker = self.tracker
+        gen = tracker.generations.get(pid, 0) if generation is None else generation
+        pm = tracker.procs.get((pid, gen))
+        return pm is not None and any(m.path.endswith(JVM_OBJECT) for m in pm.maps)
+
     def stack_of(self, key: tuple) -> Stack:
         """The Stack of a key(), with the mappings of its exec generation
         (None: the latest), also after the process exited or exec'd."""
@@ -217,10 +231,14 @@ class StackResolver:
                 frames = (KERNEL_THREAD,)
         if addrs and pid > 0 and not self._maps_seen(pid, generation):
             notes = notes + (NO_MAPS,)
-        elif frames and not notes and self.fp_advice and isinstance(skey[0], bytes):
-            cut = fp_cut_note(frames, self.fp_advice)
-            if cut:
-                notes = (cut,)
+        elif frames and self.fp_advice and isinstance(skey[0], bytes):
+            if self.java and any(unnamed_jit(f) for f in frames) and \
+                    self._runs_jvm(pid, generation):
+                notes = notes + (f"{JAVA_NOT_WALKED}; {self.fp_advice}",)
+            elif not notes:
+                cut = fp_cut_note(frames, self.fp_advice)
+                if cut:
+                    notes = (cut,)
         if kernel:
             frames = (self.symbolizer.kernel_frames(callchain_addresses(kernel))
                       + (SEPARATOR,) + frames)

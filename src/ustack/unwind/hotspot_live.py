@@ -30,7 +30,7 @@ import time
 from ..kernel.procfs import ProcessMemory
 from ..model import JAVA_BLOB, JAVA_NO_BCI, java_frame_word
 from . import hotspot_methods, hotspot_runtime
-from .hotspot_methods import read_int
+from .hotspot_methods import int_reader
 from .dwarf import UNMAPPED_NOTE as _UNMAPPED
 
 MAX_PROCS = 256                 # processes whose memory is kept open
@@ -70,10 +70,12 @@ class _Blob:
 
 class _Process:
     __slots__ = ("pid", "f", "mem", "heaps", "low", "high", "names", "strings",
-                 "bias", "uses", "header", "pcs", "scopes", "blocks", "code")
+                 "bias", "uses", "header", "pcs", "scopes", "blocks", "code", "formats")
 
-    def __init__(self, pid: int, f: dict, mem: ProcessMemory, bias: int):
+    def __init__(self, pid: int, f: dict, mem: ProcessMemory, bias: int,
+                 formats: dict | None = None):
         self.pid, self.f, self.mem, self.bias = pid, f, mem, bias
+        self.formats = formats or {}    # an integer field's struct format where not "i"
         self.heaps: list = []
         self.low = self.high = 0
         self.names: dict = {}           # Method* -> name | None
@@ -137,7 +139,7 @@ class HotSpotLive:
             if layout is None:
                 mem.close()
             else:
-                proc = _Process(pid, layout.as_dict(), mem, bias)
+                proc = _Process(pid, layout.as_dict(), mem, bias, layout.int_formats())
         if len(self._procs) >= MAX_PROCS:
             self.forget(next(iter(self._procs)))
         if proc is None:    # believed NOT_JVM_TTL s from now (LAUNCHER_TTL)
@@ -389,12 +391,20 @@ class HotSpotLive:
             return None
         blob = block + f["heap_block"]
         o = f["heap_block"]
-        size = struct.unpack_from("<i", header, o + f["blob_size"])[0]
-        code_begin, code_end = struct.unpack_from("<QQ", header, o + f["blob_code_begin"])
+        formats = proc.formats
+
+        def get(name):                  # an integer field of the header, of its own width
+            return struct.unpack_from("<" + formats.get(name, "i"), header, o + f[name])[0]
+
+        size = get("blob_size")
+        if "blob_code_begin" in f:
+            code_begin, code_end = struct.unpack_from("<QQ", header, o + f["blob_code_begin"])
+        else:
+            code_begin, code_end = blob + get("blob_code_offset"), blob + get("blob_data_offset")
         if not code_begin <= pc < code_end or code_end > blob + size:
             return None
-        complete = struct.unpack_from("<i", header, o + f["blob_frame_complete"])[0]
-        frame_size = struct.unpack_from("<i", header, o + f["blob_frame_size"])[0]
+        complete = get("blob_frame_complete")
+        frame_size = get("blob_frame_size")
         name_ptr = _Q.unpack_from(header, o + f["blob_name"])[0]
         name = proc.strings.get(name_ptr)
         if name is None:
@@ -406,12 +416,19 @@ class HotSpotLive:
         found = _Blob(blob, code_begin, code_end, kind, frame_size * 8,
                       code_begin + complete if complete >= 0 else code_begin, method)
         found.name = name
-        if kind == _Blob.NMETHOD and "nmethod_scopes_pcs" in f:
-            i32 = lambda name: struct.unpack_from("<i", header, o + f[name])[0]  # noqa: E731
-            found.key = (blob, method, i32("nmethod_compile_id"), code_begin)
-            found.pcs = blob + i32("nmethod_scopes_pcs")
-            found.pcs_end = blob + i32("nmethod_dependencies")
-            found.metadata = blob + i32("nmethod_metadata")
+        if kind == _Blob.NMETHOD and "nmethod_immutable" in f:
+            # its debug info in a block of its own, metadata after relocations
+            found.key = (blob, method, get("nmethod_compile_id"), code_begin)
+            debug = _Q.unpack_from(header, o + f["nmethod_immutable"])[0]
+            found.pcs = debug + get("nmethod_scopes_pcs")
+            found.pcs_end = found.scopes = debug + get("nmethod_scopes_data_offset")
+            found.metadata = (_Q.unpack_from(header, o + f["blob_mutable_data"])[0]
+                              + get("blob_relocation_size"))
+        elif kind == _Blob.NMETHOD and "nmethod_scopes_pcs" in f:
+            found.key = (blob, method, get("nmethod_compile_id"), code_begin)
+            found.pcs = blob + get("nmethod_scopes_pcs")
+            found.pcs_end = blob + get("nmethod_dependencies")
+            found.metadata = blob + get("nmethod_metadata")
             at = o + f["nmethod_scopes_data"]
             found.scopes = (_Q.unpack_from(header, at)[0] if at + 8 <= len(header)
                             else mem.word(blob + f["nmethod_scopes_data"]))
@@ -463,14 +480,15 @@ class HotSpotLive:
         if at >= len(pcs):
             return []
         offset = pcs[at][1]
+        read = int_reader(f)
         out = []
         for _ in range(64):                         # inlining depth bound
             if offset <= 0:                         # serialized null: no scope
                 break
             data = mem.read(blob.scopes + offset, 16)
-            sender, at = read_int(data, 0)
-            index, at = read_int(data, at)
-            bci, at = read_int(data, at)
+            sender, at = read(data, 0)
+            index, at = read(data, at)
+            bci, at = read(data, at)
             if index <= 0:
                 break
             method = mem.word(blob.metadata + 8 * (index - 1))

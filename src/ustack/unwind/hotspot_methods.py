@@ -37,9 +37,11 @@ def read_method(f: dict, mem, method: int) -> tuple | None:
         at = u2(pool + f["pool_source_file"])
         if at:
             source = read_symbol(f, mem, word(entries + 8 * at)) or ""
+        # a u2 or a u4 (little-endian: the flag bit in its low half)
         if u2(const + f["const_flags"]) & f["has_line_table"]:
             # the compressed table follows the bytecodes
-            lines = line_table(mem, const + f["const_method"] + u2(const + f["const_code_size"]))
+            lines = line_table(mem, const + f["const_method"] + u2(const + f["const_code_size"]),
+                               int_reader(f))
     return f"{klass.replace('/', '.')}.{name}", source, lines
 
 
@@ -74,11 +76,31 @@ def read_int(data: bytes, at: int) -> tuple:
     return total, at + 5
 
 
+def read_uint5(data: bytes, at: int) -> tuple:
+    """(value, next offset) of an int of JDK 20-'s UNSIGNED5 (no zero
+    byte: each byte less one; bytes below 192 end it)."""
+    b = data[at]
+    if b < 192:
+        return b - 1, at + 1
+    total = b - 1
+    for i in range(1, 5):
+        b = data[at + i]
+        total += (b - 1) << (6 * i)
+        if b < 192 or i == 4:
+            return total, at + i + 1
+    return total, at + 5
+
+
+def int_reader(f: dict):
+    """The reader of the compressed ints of the JVM of layout f."""
+    return read_uint5 if f.get("unsigned5") else read_int
+
+
 def _signed(v: int) -> int:
     return (v >> 1) ^ -(v & 1)
 
 
-def line_table(mem, at: int) -> tuple:
+def line_table(mem, at: int, read=read_int) -> tuple:
     """((bci, line), ...) of a compressed line number table (HotSpot's
     CompressedLineNumberReadStream: a byte of bci delta << 3 | line delta,
     or 0xFF and two signed UNSIGNED5 deltas; 0 ends it)."""
@@ -94,9 +116,9 @@ def line_table(mem, at: int) -> tuple:
         if b == 0:
             break
         if b == 0xFF:
-            d, i = read_int(data, i)
+            d, i = read(data, i)
             bci += _signed(d)
-            d, i = read_int(data, i)
+            d, i = read(data, i)
             line += _signed(d)
         else:
             bci += b >> 3

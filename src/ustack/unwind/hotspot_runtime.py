@@ -26,6 +26,7 @@ _ENTRY_INTS = (
     "gHotSpotVMStructEntryTypeNameOffset", "gHotSpotVMStructEntryFieldNameOffset",
     "gHotSpotVMStructEntryIsStaticOffset", "gHotSpotVMStructEntryOffsetOffset",
     "gHotSpotVMStructEntryAddressOffset", "gHotSpotVMStructEntryArrayStride",
+    "gHotSpotVMStructEntryTypeStringOffset",
     "gHotSpotVMTypeEntryTypeNameOffset", "gHotSpotVMTypeEntrySizeOffset",
     "gHotSpotVMTypeEntryArrayStride",
     "gHotSpotVMIntConstantEntryNameOffset", "gHotSpotVMIntConstantEntryValueOffset",
@@ -49,8 +50,6 @@ FIELDS = {
     "blob_size": ("CodeBlob", "_size"),
     "blob_frame_complete": ("CodeBlob", "_frame_complete_offset"),
     "blob_frame_size": ("CodeBlob", "_frame_size"),
-    "blob_code_begin": ("CodeBlob", "_code_begin"),
-    "blob_code_end": ("CodeBlob", "_code_end"),
     "nmethod_method": (("CompiledMethod", "_method"), ("nmethod", "_method")),  # JDK 11-22; 23-
     "method_const": ("Method", "_constMethod"),
     "const_constants": ("ConstMethod", "_constants"),
@@ -62,26 +61,52 @@ FIELDS = {
     "symbol_length": ("Symbol", "_length"),
     "symbol_body": ("Symbol", "_body"),
 }
+# a blob's code, one of two ways: pointers (JDK 17 and before), or offsets
+# from the blob (JDK 25: a smaller header); the tables say which
+CODE_POINTERS = {"blob_code_begin": ("CodeBlob", "_code_begin"),
+                 "blob_code_end": ("CodeBlob", "_code_end")}
+CODE_OFFSETS = {"blob_code_offset": ("CodeBlob", "_code_offset"),
+                "blob_data_offset": ("CodeBlob", "_data_offset")}
 # what names more where the JVM has it: inlined methods (a compiled
 # frame's scopes), lines (a method's line number table), source files
 OPTIONAL = {
+    "nmethod_compile_id": ("nmethod", "_compile_id"),
+    "pc_offset": ("PcDesc", "_pc_offset"),
+    "pc_scope": ("PcDesc", "_scope_decode_offset"),
+    # a u2 in JDK 11-17, a u4 (ConstMethodFlags) in 21-
+    "const_flags": (("ConstMethod", "_flags"), ("ConstMethod", "_flags._flags")),
+    "pool_source_file": ("ConstantPool", "_source_file_name_index"),
+}
+# an nmethod's scopes (PcDescs, then the scopes' stream) and metadata, one
+# of two ways: inside the blob (JDK 17 and before), or its debug info in a
+# block of its own (_immutable_data) and its metadata after its
+# relocations in another (_mutable_data) (JDK 25)
+SCOPES_IN_BLOB = {
     "nmethod_scopes_data": (("CompiledMethod", "_scopes_data_begin"),
                             ("nmethod", "_scopes_data_begin")),
     "nmethod_scopes_pcs": ("nmethod", "_scopes_pcs_offset"),
     "nmethod_dependencies": ("nmethod", "_dependencies_offset"),
     "nmethod_metadata": ("nmethod", "_metadata_offset"),
-    "nmethod_compile_id": ("nmethod", "_compile_id"),
-    "pc_offset": ("PcDesc", "_pc_offset"),
-    "pc_scope": ("PcDesc", "_scope_decode_offset"),
-    "const_flags": ("ConstMethod", "_flags"),           # a u2 in JDK 11-17
-    "pool_source_file": ("ConstantPool", "_source_file_name_index"),
+}
+SCOPES_APART = {
+    "nmethod_immutable": ("nmethod", "_immutable_data"),
+    "nmethod_scopes_pcs": ("nmethod", "_scopes_pcs_offset"),
+    "nmethod_scopes_data_offset": ("nmethod", "_scopes_data_offset"),
+    "blob_mutable_data": ("CodeBlob", "_mutable_data"),
+    "blob_relocation_size": ("CodeBlob", "_relocation_size"),
 }
 SIZES = {"heap_block": "HeapBlock", "constant_pool": "ConstantPool",
          "const_method": "ConstMethod", "pc_desc": "PcDesc"}
-INT_CONSTANTS = {"has_line_table": "ConstMethod::_has_linenumber_table",
-                 "entry_bci": "InvocationEntryBci"}
+INT_CONSTANTS = {"has_line_table": ("ConstMethod::_has_linenumber_table",          # -17
+                                    "ConstMethodFlags::_misc_has_linenumber_table"),  # 21-
+                 "entry_bci": ("InvocationEntryBci",)}
+# the C types of the integer fields, as the tables spell them -> struct format
+_INT_FORMATS = {"int": "i", "jint": "i", "int32_t": "i", "uint": "I", "juint": "I",
+                "uint32_t": "I", "u4": "I", "int16_t": "h", "short": "h", "jshort": "h",
+                "uint16_t": "H", "u2": "H", "unsigned short": "H", "u1": "B", "uint8_t": "B",
+                "int8_t": "b"}
 # x86-64 interpreter frame slots, in words from rbp (frame_x86.hpp: the
-# same in JDK 11-21; the tables do not carry them)
+# same in JDK 11-25, walked on 17 and 25; the tables do not carry them)
 INTERP_SENDER_SP = -1
 INTERP_METHOD = -3
 INTERP_BCP = -8
@@ -94,9 +119,15 @@ class Layout:
     path: str
     fields: tuple               # sorted (name, offset or ELF address) pairs: FIELDS' names
     sizes: tuple                # sorted (name, size) pairs: SIZES' names
+    formats: tuple = ()         # sorted (name, struct format) of the integer fields
 
     def as_dict(self) -> dict:
         return dict(self.fields) | dict(self.sizes)
+
+    def int_formats(self) -> dict:
+        """name -> the struct format of that field's integer ("i" where the
+        tables name no integer type)."""
+        return dict(self.formats)
 
 
 def libjvm_of(pid: int) -> tuple | None:
@@ -141,10 +172,11 @@ def _read_layout(path: str, bias: int, mem) -> Layout | None:
     ints = {name: struct.unpack("<q", mem.read(bias + symbols[name], 8))[0]
             for name in _ENTRY_INTS}
     want = {}
-    for name, pairs in (FIELDS | OPTIONAL).items():
+    for name, pairs in (FIELDS | CODE_POINTERS | CODE_OFFSETS | OPTIONAL | SCOPES_IN_BLOB
+                        | SCOPES_APART).items():
         for rank, pair in enumerate(pairs if isinstance(pairs[0], tuple) else (pairs,)):
             want[pair] = (name, rank)
-    fields, ranks = {}, {}
+    fields, ranks, formats = {}, {}, {}
     for entry in _entries(mem, mem.word(bias + symbols["gHotSpotVMStructs"]),
                           ints["gHotSpotVMStructEntryArrayStride"]):
         type_ptr = _q(entry, ints["gHotSpotVMStructEntryTypeNameOffset"])
@@ -159,6 +191,9 @@ def _read_layout(path: str, bias: int, mem) -> Layout | None:
             fields[name] = (_q(entry, ints["gHotSpotVMStructEntryAddressOffset"]) - bias
                                   if static else
                                   _q(entry, ints["gHotSpotVMStructEntryOffsetOffset"]))
+            type_string = _q(entry, ints["gHotSpotVMStructEntryTypeStringOffset"])
+            if type_string:
+                formats[name] = _INT_FORMATS.get(c_string(mem, type_string), "i")
     sizes = {}
     wanted_types = {t: name for name, t in SIZES.items()}
     for entry in _entries(mem, mem.word(bias + symbols["gHotSpotVMTypes"]),
@@ -170,23 +205,48 @@ def _read_layout(path: str, bias: int, mem) -> Layout | None:
         if name in wanted_types:
             sizes[wanted_types[name]] = _q(entry, ints["gHotSpotVMTypeEntrySizeOffset"])
     ints_start = mem.word(bias + symbols["gHotSpotVMIntConstants"])
-    wanted_ints = {c: name for name, c in INT_CONSTANTS.items()}
+    wanted_ints = {c: name for name, cs in INT_CONSTANTS.items() for c in cs}
+    unsigned5 = False
     for entry in _entries(mem, ints_start, ints["gHotSpotVMIntConstantEntryArrayStride"]):
         name_ptr = _q(entry, ints["gHotSpotVMIntConstantEntryNameOffset"])
         if name_ptr == 0:
             break
         name = c_string(mem, name_ptr)
         if name in wanted_ints:
+            unsigned5 = unsigned5 or name.startswith("ConstMethodFlags::")
             fields[wanted_ints[name]] = struct.unpack_from(
                 "<i", entry, ints["gHotSpotVMIntConstantEntryValueOffset"])[0]
     if any(name not in fields for name in FIELDS) or any(name not in sizes for name in SIZES):
         return None
-    if not all(name in fields for name in OPTIONAL) or "entry_bci" not in fields:
-        # no inlined methods nor lines: the frames of the methods compiled
-        for name in list(OPTIONAL) + list(INT_CONSTANTS):
-            fields.pop(name, None)
+    code = _whole(fields, CODE_POINTERS, CODE_OFFSETS)
+    if code is None:
+        return None
+    for name in CODE_OFFSETS if code is CODE_POINTERS else CODE_POINTERS:
+        fields.pop(name, None)
+    scopes = _whole(fields, SCOPES_IN_BLOB, SCOPES_APART)
+    more = set(OPTIONAL) | set(INT_CONSTANTS)
+    every_way = set(SCOPES_IN_BLOB) | set(SCOPES_APART)
+    if scopes is None or any(name not in fields for name in more):
+        drop = more | every_way     # no inlined methods nor lines: the methods compiled
+    else:
+        drop = every_way - set(scopes)
+    for name in drop:
+        fields.pop(name, None)
+    # the compressed streams (scopes, line tables' escapes): UNSIGNED5
+    # without zero bytes since JDK 20; the tables do not say which, the
+    # ConstMethodFlags class (21-) tells the later JDKs from 11-17's
+    fields["unsigned5"] = int(unsigned5)
     return Layout(path=path, fields=tuple(sorted(fields.items())),
-                  sizes=tuple(sorted(sizes.items())))
+                  sizes=tuple(sorted(sizes.items())),
+                  formats=tuple(sorted((n, f) for n, f in formats.items() if n in fields)))
+
+
+def _whole(fields: dict, *ways: dict) -> dict | None:
+    """The first of `ways` (field sets) the tables hold all of, or None."""
+    for way in ways:
+        if all(name in fields for name in way):
+            return way
+    return None
 
 
 _MAX_ENTRIES = 1 << 14          # a table far longer than any JVM's is not one

@@ -3,9 +3,12 @@ unwinds itself (script_live.py): what bpf/perl.h reads in the kernel, in
 user space, with the layout of unwind/perl_runtime.py.
 
 The interpreter: the kernel takes a thread's own from its pthread keys
-(at its fsbase, which user space does not see); here PL_curinterp, the
-process's first interpreter, which is its main thread's: so only the
-main thread's frames are read (another ithread's stay C frames).
+(at its fsbase, which user space does not see). Here the main thread's is
+PL_curinterp (the process's first interpreter); another ithread's is its
+PL_thr_key value in its struct pthread, which glibc puts at the top of the
+thread's stack mapping: found there by what only a struct pthread holds
+(its tcbhead's tcb and self words point at it, its tid is the thread's),
+once per thread (perl_threads.py).
 
 Its context stack as perl.h reads it: PL_curstackinfo's contexts,
 innermost first, then each si_prev's; a run loop's native frame stands for
@@ -21,6 +24,7 @@ import struct
 from ..kernel.procfs import ProcessMemory
 from ..model import perl_frame_word
 from . import perl_runtime
+from .perl_threads import ThreadBlocks
 from .script_live import ScriptRuntime
 
 MAX_CONTEXTS = 2048             # perl.h's PERL_MAX_CONTEXTS
@@ -34,10 +38,13 @@ _U64 = struct.Struct("<Q")
 
 
 class _Process:
-    __slots__ = ("mem", "f", "curinterp_at", "subs", "fresh")
+    __slots__ = ("mem", "f", "curinterp_at", "thr_key_at", "threads", "subs", "fresh")
 
-    def __init__(self, mem: ProcessMemory, f: dict, curinterp_at: int):
+    def __init__(self, mem: ProcessMemory, f: dict, curinterp_at: int, thr_key_at: int,
+                 pid: int):
         self.mem, self.f, self.curinterp_at = mem, f, curinterp_at
+        self.thr_key_at = thr_key_at
+        self.threads = ThreadBlocks(pid, mem)   # tid -> its struct pthread
         self.subs: dict = {}            # cv -> identity, of the subs named
         self.fresh: dict = {}           # subs met, not named yet: cv -> (cop, main cv)
 
@@ -55,13 +62,26 @@ class PerlLive(ScriptRuntime):
         return interp.run_loop
 
     def open(self, pid: int, interp, bias: int, mem: ProcessMemory):
-        return _Process(mem, dict(interp.layout), bias + interp.curinterp)
+        return _Process(mem, dict(interp.layout), bias + interp.curinterp,
+                        bias + interp.thr_key, pid)
+
+    def _interpreter(self, proc: _Process, pid: int, tid: int) -> int:
+        """The thread's PerlInterpreter (0: none known): the main thread's
+        is PL_curinterp; another's, its PL_thr_key value, as perl.h reads
+        it (the first 32 keys' values are in the struct pthread)."""
+        if tid == pid:
+            return proc.mem.word(proc.curinterp_at)
+        block = proc.threads.of(tid)
+        if block is None:
+            return 0
+        key = _U32.unpack(proc.mem.read(proc.thr_key_at, 4))[0]
+        if key >= perl_runtime.PTHREAD_KEYS_1ST:
+            return 0
+        return proc.mem.word(block + proc.f["pthread_specific"] + 16 * key + 8)
 
     def read(self, proc: _Process, pid: int, tid: int) -> list | None:
-        if tid != pid:
-            return None                 # another ithread: its interpreter is not known here
         mem, f = proc.mem, proc.f
-        interp = mem.word(proc.curinterp_at)
+        interp = self._interpreter(proc, pid, tid)
         if not interp:
             return None
         si = mem.word(interp + f["interp_curstackinfo"])

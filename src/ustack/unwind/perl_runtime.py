@@ -59,6 +59,9 @@ LAYOUTS = {(5, 36): LAYOUT_5_36}
 # thread's values of the first 32 pthread keys are (seq, data) pairs; found
 # at fsbase + 0x318 holding pthread_getspecific(PL_thr_key == 0) in a perl
 PTHREAD_SPECIFIC = 0x310
+# glibc 2.36 x86-64: offsetof(struct pthread, tid)
+PTHREAD_TID = 0x2D0
+PTHREAD_KEYS_1ST = 32           # keys whose values are in the struct itself
 
 
 @value
