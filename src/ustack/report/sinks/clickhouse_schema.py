@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import struct
+from collections import deque
 from itertools import chain, compress
 from typing import NamedTuple
 
@@ -215,11 +216,12 @@ class StackRows:
         parts = list(map(by_id.get, ids))
         if None in parts:
             unmet = list(map(operator.not_, parts))
+            at = list(compress(range(len(ids)), unmet))
+            new_ids = list(compress(ids, unmet))
             # each new Frame once, by its id
-            new = dict(zip(compress(ids, unmet),
-                           compress(chain.from_iterable(frames_of), unmet)))
-            self._met(new)
-            parts = list(map(by_id.get, ids))
+            self._met(dict(zip(new_ids, compress(chain.from_iterable(frames_of), unmet))))
+            # filled in where they were missing (the whole pass again cost as much)
+            deque(map(parts.__setitem__, at, map(by_id.get, new_ids)), maxlen=0)
         out = []
         at = 0
         for stack, frames in zip(stacks, frames_of):
