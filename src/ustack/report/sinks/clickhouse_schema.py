@@ -226,8 +226,8 @@ class StackRows:
         at = 0
         for stack, frames in zip(stacks, frames_of):
             n = len(frames)
-            frame_ids = b"".join(parts[at:at + n])
             mine = parts[at:at + n]
+            frame_ids = b"".join(mine)
             at += n
             notes = stack.notes
             if notes:

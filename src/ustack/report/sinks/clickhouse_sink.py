@@ -110,11 +110,12 @@ class SentStacks:
         held = list(map(ids.get, map(id, stacks)))
         made: dict = {}
         if None in held:
+            if len(ids) >= self.LIMIT:
+                ids.clear()
+                held = [None] * len(stacks)
             new = list(compress(stacks, map(operator.not_, held)))
             # each once, by identity (a Stack's own hash reads all its frames)
             new = list(dict(zip(map(id, new), new)).values())
-            if len(ids) + len(new) > self.LIMIT:
-                ids.clear()
             for stack, (sid, row, parts) in zip(new, self.rows.rows(new)):
                 ids[id(stack)] = (stack, sid)
                 made.setdefault(sid, (row, parts))
