@@ -33,7 +33,8 @@ from __future__ import annotations
 import hashlib
 import operator
 import struct
-from itertools import compress
+from collections import deque
+from itertools import chain, compress
 from typing import NamedTuple
 
 from ...model import Frame, Stack, unnamed_function
@@ -154,6 +155,7 @@ def sums_select(database: str, sums: Sums, source: str, where: str = "1") -> str
 _FRAME_FIELDS = operator.attrgetter("function", "module", "file", "line", "kind",
                                     "inlined", "objaddr", "objstart")
 _UINT32 = struct.Struct("<I").pack
+_FRAMES_OF = operator.attrgetter("frames")
 
 
 class StackRows:
@@ -185,6 +187,7 @@ class StackRows:
         self._by_id: dict = {}       # id(Frame) -> its id (8 bytes)
         self._held: list = []        # those Frames (held: an id stays its Frame's)
         self.frame_rows: dict = {}   # a frame's id (8 bytes) -> its frames row
+        self._texts: dict = {}       # a module's, file's or language's name -> (UTF-8, String)
         self.copied_from: dict = {}  # id(a copied Frame) -> its original (the symbolizer's)
 
     def next_interval(self) -> None:
@@ -198,60 +201,100 @@ class StackRows:
         """(stack id, its stack_frames row, its frames' ids (8 bytes
         each)): the frames innermost first, by function (as the flame
         graphs merge them)."""
-        frames = stack.frames
-        parts = list(map(self._by_id.get, map(id, frames)))
-        if None in parts:
-            parts = self._met(frames, parts)
-        notes = stack.notes
-        frame_ids = b"".join(parts)
-        if notes:
-            named = hashlib.blake2b(frame_ids + FIELD_SEP.join(notes).encode(),
-                                    digest_size=8).digest()
-            tail = _varint(len(notes)) + b"".join(map(_string, notes))
-        else:
-            named, tail = hashlib.blake2b(frame_ids, digest_size=8).digest(), b"\x00"
-        n = len(parts)
-        count = bytes((n,)) if n < 0x80 else _varint(n)
-        return int.from_bytes(named, "little"), b"".join((named, count, frame_ids, tail)), parts
+        return self.rows([stack])[0]
 
-    def _met(self, frames: tuple, parts: list) -> list:
-        """The parts of a stack with Frames not met before: those Frames'
-        by content (their fields read once: ~1 us a frame, scattered in
-        memory), then kept by identity; C-level maps, no Python step per
-        frame."""
-        new = list(compress(frames, map(operator.not_, parts)))
+    def rows(self, stacks: list) -> list:
+        """row() of each stack, all at once: an interval's new stacks name
+        ~50 frames each, mostly Frames met before, and each step costs
+        ~100-200 ns on a loaded machine (the map is large, id() makes an
+        int): so every frame of every stack is looked up in one C-level
+        pass, the Frames never met are resolved once each however many
+        stacks name them, and only then is each stack's row joined."""
+        frames_of = list(map(_FRAMES_OF, stacks))
+        ids = list(map(id, chain.from_iterable(frames_of)))
         by_id = self._by_id
-        # copies of Frames met, by their originals' identity (id(None) is in no map)
-        found = list(map(by_id.get, map(id, map(self.copied_from.get, map(id, new)))))
-        if None in found:            # the rest by content
-            unread = list(compress(new, map(operator.not_, found)))
+        parts = list(map(by_id.get, ids))
+        if None in parts:
+            unmet = list(map(operator.not_, parts))
+            at = list(compress(range(len(ids)), unmet))
+            new_ids = list(compress(ids, unmet))
+            # each new Frame once, by its id
+            self._met(dict(zip(new_ids, compress(chain.from_iterable(frames_of), unmet))))
+            # filled in where they were missing (the whole pass again cost as much)
+            deque(map(parts.__setitem__, at, map(by_id.get, new_ids)), maxlen=0)
+        out = []
+        at = 0
+        for stack, frames in zip(stacks, frames_of):
+            n = len(frames)
+            mine = parts[at:at + n]
+            frame_ids = b"".join(mine)
+            at += n
+            notes = stack.notes
+            if notes:
+                named = hashlib.blake2b(frame_ids + FIELD_SEP.join(notes).encode(),
+                                        digest_size=8).digest()
+                tail = _varint(len(notes)) + b"".join(map(_string, notes))
+            else:
+                named, tail = hashlib.blake2b(frame_ids, digest_size=8).digest(), b"\x00"
+            count = bytes((n,)) if n < 0x80 else _varint(n)
+            out.append((int.from_bytes(named, "little"),
+                        b"".join((named, count, frame_ids, tail)), mine))
+        return out
+
+    def _met(self, new: dict) -> None:
+        """Learn the ids of Frames not met before (id(Frame) -> Frame): a
+        copy's by its original's identity (the original new too, as in a
+        run's first interval, where every copy's is: after it), else by
+        content (its fields read once: ~1 us a frame, scattered in memory,
+        ~2.5 us live); then each is kept by identity. C-level maps but for
+        one step per new Frame."""
+        by_id = self._by_id
+        originals = list(map(self.copied_from.get, new))
+        # (id(None) is in no map)
+        found = list(map(by_id.get, map(id, originals)))
+        if None in found:
+            later = list(map(new.__contains__, map(id, originals)))
+            unread = [f for f, p, wait in zip(new.values(), found, later) if not (p or wait)]
             keys = list(map(_FRAME_FIELDS, unread))
             read = list(map(self._frames.get, keys))
             if None in read:         # a frame never met by content: its row made
-                read = [p or self._frame(k, f) for p, k, f in zip(read, keys, unread)]
-            if len(read) == len(found):
-                found = read
-            else:
-                fill = iter(read)
-                found = [p or next(fill) for p in found]
-        by_id.update(zip(map(id, new), found))
-        self._held.extend(new)
-        if len(new) == len(frames):  # a process's first stack: all its Frames new
-            return found
-        return list(map(by_id.get, map(id, frames)))
+                read = [p or self._frames.get(k) or self._frame(k, f)
+                        for p, k, f in zip(read, keys, unread)]
+            by_id.update(zip(map(id, unread), read))
+            if True in later:        # now their originals are known
+                found = list(map(by_id.get, map(id, originals)))
+            found = [p or by_id[i] for p, i in zip(found, new)]
+        by_id.update(zip(new, found))
+        self._held.extend(new.values())
 
     def _frame(self, key: tuple, frame: Frame) -> bytes:
-        """A frame's id (the hash of what names it), its frames row kept."""
+        """A frame's id (the hash of what names it: its fields' UTF-8,
+        FIELD_SEP between them), its frames row kept. Module, file and
+        language repeat from frame to frame: encoded once each."""
         function = frame.function or unnamed_function(frame) or "[unknown]"
         line = min(frame.line, 0xFFFFFFFF) if frame.line > 0 else 0   # UInt32: unknown is 0
-        language = frame.kind or "native"
-        named = FIELD_SEP.join((function, frame.module, frame.file, str(line), language,
-                                "1" if frame.inlined else "0"))
-        digest = self._frames[key] = hashlib.blake2b(named.encode(), digest_size=8).digest()
+        texts = self._texts
+        module = texts.get(frame.module) or self._text(frame.module)
+        file = texts.get(frame.file) or self._text(frame.file)
+        language = texts.get(frame.kind or "native") or self._text(frame.kind or "native")
+        data = function.encode("utf-8", "backslashreplace")
+        inlined = b"\x01" if frame.inlined else b"\x00"
+        digest = self._frames[key] = hashlib.blake2b(
+            b"\x1f".join((data, module[0], file[0], b"%d" % line, language[0],
+                          b"1" if frame.inlined else b"0")), digest_size=8).digest()
+        n = len(data)
         self.frame_rows[digest] = b"".join((
-            digest, _string(function), _string(frame.module), _string(frame.file),
-            _UINT32(line), _string(language), b"\x01" if frame.inlined else b"\x00"))
+            digest, bytes((n,)) if n < 0x80 else _varint(n), data, module[1], file[1],
+            _UINT32(line), language[1], inlined))
         return digest
+
+    def _text(self, text: str) -> tuple:
+        """(UTF-8, RowBinary String) of a text, kept."""
+        data = text.encode("utf-8", "backslashreplace")
+        if len(self._texts) >= self.FRAMES_LIMIT:
+            self._texts.clear()
+        found = self._texts[text] = (data, _varint(len(data)) + data)
+        return found
 
 
 def _varint(n: int) -> bytes:

@@ -13,10 +13,12 @@ exactly the others: nothing lost, nothing counted twice, in the sums too
 from __future__ import annotations
 
 import json
+import operator
 import os
 import secrets
 import threading
 import time
+from itertools import compress
 
 from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
 
@@ -101,16 +103,24 @@ class SentStacks:
         self.confirmed_frames: set = set()  # frames' ids, as bytes
         self._ids: dict = {}         # id(Stack) -> (the Stack, held: its id stays its; stack id)
 
-    def stack_id(self, stack) -> tuple:
-        """(stack id, (its row, its frames' ids) or None when known already)."""
-        held = self._ids.get(id(stack))
-        if held is not None:
-            return held[1], None
-        sid, row, parts = self.rows.row(stack)
-        if len(self._ids) >= self.LIMIT:
-            self._ids.clear()
-        self._ids[id(stack)] = (stack, sid)
-        return sid, (row, parts)
+    def stack_ids(self, stacks: list) -> tuple:
+        """(each stack's id, {id: (its row, its frames' ids)} of the stacks
+        whose rows were made now: those not met before, all at once)."""
+        ids = self._ids
+        held = list(map(ids.get, map(id, stacks)))
+        made: dict = {}
+        if None in held:
+            if len(ids) >= self.LIMIT:
+                ids.clear()
+                held = [None] * len(stacks)
+            new = list(compress(stacks, map(operator.not_, held)))
+            # each once, by identity (a Stack's own hash reads all its frames)
+            new = list(dict(zip(map(id, new), new)).values())
+            for stack, (sid, row, parts) in zip(new, self.rows.rows(new)):
+                ids[id(stack)] = (stack, sid)
+                made.setdefault(sid, (row, parts))
+            held = list(map(ids.get, map(id, stacks)))
+        return [h[1] for h in held], made
 
 
 def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
@@ -125,13 +135,13 @@ def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
     needed: set = set()              # the ids (8 bytes) of the frames of the stacks sent
     rows: dict = {}
     batch = f"{host}/{run_id}/{start_ns}"
-    for sc in counts:
-        sid, made = known.stack_id(sc.stack)
+    sids, made = known.stack_ids([sc.stack for sc in counts])
+    for sc, sid in zip(counts, sids):
         if sid not in known.confirmed and sid not in stacks:
             # (a stack met in an earlier interval whose send is not confirmed yet)
-            made = made or known.rows.row(sc.stack)[1:]
-            stacks[sid] = made[0]
-            needed.update(made[1])
+            row, parts = made.get(sid) or known.rows.row(sc.stack)[1:]
+            stacks[sid] = row
+            needed.update(parts)
         tid = sc.tid if per_thread else 0
         key = (sc.pid, tid, sc.comm, sc.event, sid)
         if key in rows:
