@@ -92,12 +92,10 @@ class ElfImage:
                     self.file, self.symbols = self._parse_file(f)
                     if self.symbols.pending:
                         self._save_layout(layout)
-            # big tables pending: built apart once asked (function_at,
-            # _build_deferred), not for every object a whole-machine run
-            # opens (a cold run built libclickhouse's, libjvm's, node's...: ~1 s
-            # of CPU each, whether sampled or not)
             if not self.symbols.pending:
                 self._save()
+            else:
+                function_builder.start(self)    # big tables: built apart from now on
         except UstackError:
             raise
         except OSError as e:
@@ -121,9 +119,7 @@ class ElfImage:
         if not symbols.pending:
             return symbols.lookup(vaddr)
         scan = self.__dict__.get("_scan")
-        if scan is None and not self.file.is_go and (
-                function_builder.running(self.path)
-                or function_builder.start(self, for_the_cache=True) is not None):
+        if scan is None and not self.file.is_go and function_builder.running(self.path):
             from .symbol_scan import SymbolScan
             try:
                 scan = SymbolScan(self.path)
@@ -165,9 +161,7 @@ class ElfImage:
 
     def _build_deferred(self) -> ElfSymbols:
         """The functions of a file whose layout was parsed at open(), now
-        that they are asked for; the image cache written with them: a big
-        table's by a child (function_builder), waited for."""
-        function_builder.start(self)
+        that they are asked for; the image cache written with them."""
         function_builder.wait(self.path)
         cache = self._cache_file
         saved = elf_state.unpack(self.path, objcache.read(cache), self._reparse,

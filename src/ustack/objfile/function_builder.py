@@ -20,17 +20,12 @@ def worth_a_child(image) -> bool:
                for name in (".symtab", ".dynsym")) >= BIG_SYMBOL_TABLES
 
 
-def start(image, for_the_cache: bool = False):
+def start(image):
     """Build `image`'s functions in a child, unless they are built, being
     built, or small enough to build here when asked. The child (a Popen)
-    or None. `for_the_cache`: nothing waits for them (the run names the
-    object from a scan): built by the run's one long-lived builder of
-    functions, at NOTHING_WAITS_NICENESS."""
+    or None."""
     if not image.symbols.pending or not worth_a_child(image):
         return None
-    if for_the_cache:
-        return builders.start((_KIND, image.path), "ustack.objfile.function_child",
-                              [image.path], niceness=NOTHING_WAITS_NICENESS, shared=True)
     return builders.start((_KIND, image.path), "ustack.objfile.function_child", [image.path])
 
 

@@ -1,35 +1,15 @@
 """The child that builds a big object's functions (objfile/function_builder.py
 started it through objfile/builders.py) and writes them to the image
-cache, where the run reads them: `python -m ustack.objfile.function_child
-PATH` for one object the run waits for, or `... --jobs` for the run's
-long-lived one, fed the objects it names without them (builders.serve)."""
+cache, where the run reads them: `python -m ustack.objfile.function_child PATH`."""
 from __future__ import annotations
 
 import sys
-
-
-def build(args: list) -> None:
-    """The functions of the object at args[0] built into the image cache,
-    under that object's builder lock."""
-    from ..model import UstackError
-    from . import builders
-    from .elf import ElfImage
-    with builders.building(("functions", args[0])):
-        try:
-            ElfImage.open(args[0]).symbols.functions    # parsed, and the cache written
-        except UstackError:
-            pass
-        finally:
-            ElfImage.clear_cache()      # what a child of its own returns by ending
 
 
 def main() -> None:
     from ..model import UstackError
     from . import builders
     from .elf import ElfImage
-    if sys.argv[1:] == ["--jobs"]:
-        builders.serve(build)
-        return
     builders.become_builder(("functions", sys.argv[1]))
     try:
         ElfImage.open(sys.argv[1]).symbols.functions    # parsed, and the cache written
