@@ -13,12 +13,13 @@ builder stopped at every exit would start over each time and never
 finish within short runs.
 
 A kind of job the run asks for many objects, one after another (the lazy
-row loader's rows: libc, libpython, libstdc++, ... in a whole-machine
-run), goes to one long-lived child of its module (`shared`), fed one job
-a line over a pipe: one Python start-up and import for all of them, and
-the builds on another CPU, outside this process's GIL. It answers each
-job with its number when the job's cache entries are written; at this
-process's exit its pipe ends, and it finishes the jobs it was given. A script using the API stops them at exit
+row loader's rows: libpython, libstdc++, libcrypto, ... in a
+whole-machine run), goes to one long-lived child of its module
+(`shared`), fed one job a line over a pipe: one Python start-up and
+import for all of them, and the builds on another CPU, outside this
+process's GIL. It answers each job with its number when the job's cache
+entries are written; at this process's exit its pipe ends, and it
+finishes the jobs it was given. A script using the API stops them at exit
 (atexit: stop_all). SIGTERM ends a builder as SystemExit, so a cache file
 it was writing is removed, not left under its temporary name.
 PR_SET_PDEATHSIG was not used: it fires when the thread that started the
@@ -120,8 +121,8 @@ class _Job:
 
 class _Worker:
     """A long-lived builder child and the jobs it was given: a job is a JSON
-    line (its number, the module's arguments, its niceness); the child
-    writes the number back when it is done. The child's end (crash, kill)
+    line ([its number, the module's arguments]), its niceness set on the
+    child as it is sent; the child writes the number back when it is done. The child's end (crash, kill)
     finishes every job it still had: their callers find no cache entry
     and build here."""
 
