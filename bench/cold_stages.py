@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from cold_start import HZ, Targets, cold, reap_leftovers, subreaper  # noqa: E402
+from cold_start import HZ, Targets, cold, cpu_seconds, reap_leftovers, subreaper  # noqa: E402
 
 
 def staged_run(src: str, cache: Path, args: list, work: Path) -> dict:
@@ -43,6 +43,8 @@ def staged_run(src: str, cache: Path, args: list, work: Path) -> dict:
 
 def table(name: str, stages: dict) -> str:
     header = stages.pop("_header")
+    cpu_line = stages.pop("_cpu", "")
+    calls = stages.pop("_calls", [])
     rows = sorted(stages.items(), key=lambda kv: kv[1]["first"])
     lines = [f"### {name}", "", f"`{header[:160]}`", "",
              "| stage | from (s) | to (s) | calls | total (s) | CPU at its start (s) |",
@@ -52,6 +54,10 @@ def table(name: str, stages: dict) -> str:
         lines.append(f"| {label} | {r['first']:.3f} | "
                      f"{r['last_end']:.3f} | {r['calls']} | {r['total']:.3f} | {cpu} |"
                      if "calls" in r else f"| {label} | {r['first']:.3f} | | | | {cpu} |")
+    lines += ["", cpu_line]
+    if calls:
+        lines += ["", "| call | from (s) | to (s) | of |", "| --- | --- | --- | --- |"]
+        lines += [f"| {label} | {t0:.3f} | {t1:.3f} | {what} |" for label, t0, t1, what in calls]
     return "\n".join(lines) + "\n"
 
 
@@ -96,8 +102,12 @@ def main() -> None:
                 else:
                     args = ["-p", str(getattr(targets, name)())]
                 cache = warm if a.warm else cold(caches)
+                cpu = cpu_seconds()
                 stages = staged_run(a.src, cache, args, work)
                 reap_leftovers(targets)     # its builders end before their cache is removed
+                main_cpu = stages["end"]["cpu"]
+                stages["_cpu"] = (f"CPU: {cpu_seconds() - cpu:.2f} s, the main process "
+                                  f"{main_cpu:.2f} s, its builder children the rest")
             finally:
                 targets.close()
             print(table(name, stages), flush=True)

@@ -47,18 +47,26 @@ STAGES = [
     ("stack resolved", "ustack.symbols.stacks", "StackResolver.stack"),
     ("resolver key", "ustack.symbols.stacks", "StackResolver.key"),
     ("ELF symbol lookups", "ustack.symbols.elf_source", "ElfSource.resolve"),
-    ("wait for a function builder", "ustack.objfile.builders", "wait"),
+    ("builder child asked", "ustack.objfile.builders", "start"),
+    ("wait for a builder", "ustack.objfile.builders", "wait"),
     ("functions built or read back", "ustack.objfile.elf", "ElfImage._build_deferred"),
     ("functions scanned (index)", "ustack.objfile.symbol_scan", "SymbolScan.__init__"),
     ("CFI for the user-space unwinder", "ustack.unwind.cfi_index", "for_unwinder"),
     ("kernel counted read", "ustack.counting.tally", "kernel_counted"),
     ("stacks named (stack_counts)", "ustack.counting.tally", "stack_counts"),
     ("report finish", "ustack.report.folded", "FoldedReport.finish"),
+    ("capture stopped (sampling over)", "ustack.capture.bpf_capture", "BpfCapture.stop"),
     ("capture close", "ustack.capture.closer", "close_capture"),
 ]
 
 records: dict = {}
 lock = threading.Lock()
+# with STAGE_CALLS set: (label, from, to, first string argument) of each call
+# of these stages, which object each one was about
+CALLS_OF = {"rows add_path", "builder child asked", "functions built or read back",
+            "functions scanned (index)", "CFI for the user-space unwinder",
+            "wait for a builder"}
+calls: list = []
 
 
 def clocked(label, fn):
@@ -78,6 +86,10 @@ def clocked(label, fn):
                 r["calls"] += 1
                 r["total"] += t1 - t0
                 r["last_end"] = t1 - LAUNCH
+                if label in CALLS_OF and os.environ.get("STAGE_CALLS"):
+                    what = next((str(getattr(a, "path", a)) for a in args
+                                 if isinstance(getattr(a, "path", a), (str, tuple))), "")
+                    calls.append((label, t0 - LAUNCH, t1 - LAUNCH, what))
     return run
 
 
@@ -115,6 +127,8 @@ def first_sample_clock() -> None:
 def dump() -> None:
     records["interpreter up"] = {"first": AT_INTERPRETER}
     records["end"] = {"first": time.monotonic() - LAUNCH, "cpu": time.process_time()}
+    if calls:
+        records["_calls"] = sorted(calls, key=lambda c: c[1])
     with open(OUT, "w") as f:
         json.dump(records, f)
 

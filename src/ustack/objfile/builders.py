@@ -11,14 +11,14 @@ the cache lacks the entry (the cache emptied, the file rewritten at the
 same path), and a long-lived API user got the ended child and built
 nothing apart.
 
-Which builders a run starts, and why (each builds its one object, then
-ends; none starts another):
+Which builders a run starts, and why (none starts another):
 - rows (unwind/tables.py): a -p/-c run's for its target's objects the
   cache lacks, waited for where the run needs them; a whole-machine run's
   only for the objects its samples met (the in-kernel walk's WANTED map,
   capture/lazy_rows.py) and the objects every stack of a running
   interpreter goes through, at BACKGROUND_NICENESS: never for every
-  object the machine maps.
+  object the machine maps. The lazy loader's go to one long-lived rows
+  builder (`shared`, below); the others each have a child of their own.
 - functions (objfile/function_builder.py): an object whose symbol tables
   are big (>= 512 KiB), when it is opened: a sampled object, and, ahead
   of their first sample, the biggest objects of the processes running as
@@ -39,7 +39,16 @@ still running finish its one object and end (~1-2 s for node; a rows
 builder nothing waited for runs nicer, so longer on a busy machine): the
 next run, often the same command again, then finds it cached, where a
 builder stopped at every exit would start over each time and never
-finish within short runs. A script using the API stops them at exit
+finish within short runs.
+
+A kind of job the run asks for many objects, one after another (the lazy
+row loader's rows: libpython, libstdc++, libcrypto, ... in a
+whole-machine run), goes to one long-lived child of its module
+(`shared`), fed one job a line over a pipe: one Python start-up and
+import for all of them, and the builds on another CPU, outside this
+process's GIL. It answers each job with its number when the job's cache
+entries are written; at this process's exit its pipe ends, and it
+finishes the jobs it was given. A script using the API stops them at exit
 (atexit: stop_all). SIGTERM ends a builder as SystemExit, so a cache file
 it was writing is removed, not left under its temporary name.
 PR_SET_PDEATHSIG was not used: it fires when the thread that started the
@@ -48,54 +57,63 @@ objfile/cache.py, as this process would."""
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 from ..interrupt import current
 from .cache import cache_root
 
 STOP_WAIT_S = 0.5               # for builders to leave on SIGTERM, before SIGKILL
 WAIT_SLICE_S = 0.05             # a wait for a builder looks at Ctrl-C this often
+IDLE_S = 1.0                    # a long-lived builder with no job this long leaves
 
-_children: dict = {}            # (cache directory, (kind, path, ...)) -> Popen
+_children: dict = {}            # (cache directory, (kind, path, ...)) -> _Job
+_workers: dict = {}             # (cache directory, module) -> _Worker: its long-lived child
 _lock = threading.Lock()
 _registered: list = []          # stop_all registered with atexit (once)
 _needed: set = set()            # _own() keys the run waited for, or named the object of
 in_builder = False              # this process is a builder: it builds what it is asked, here
 
 
-def start(key: tuple, module: str, args: list, niceness: int = 0):
+def start(key: tuple, module: str, args: list, niceness: int = 0, shared: bool = False):
     """Run `python -m module *args` for `key` unless it runs already for
     this cache directory; the child (a Popen), or None when it could not
     start (build here). `niceness`: added to the child's, as nice(1)
-    does, for work nothing waits for (yet: see wait())."""
+    does, for work nothing waits for (yet: see wait()). `shared`: the job
+    goes to the one long-lived child of `module` (`python -m module
+    --jobs`, its main calling serve()), started with the first such job,
+    and its niceness is the job's while it builds."""
     if in_builder:
         return None
     with _lock:
         kept = _children.get(_own(key))
-        if kept is not None and kept.poll() is None:
-            return kept
+        if kept is not None and not kept.finished():
+            return kept.proc
         _needed.discard(_own(key))      # a new child: not needed until asked
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_root, env.get("PYTHONPATH")) if p)
         if not _registered:
             _registered.append(True)
             atexit.register(stop_all)
-        import subprocess           # here: a warm run starts no builder (~2 ms)
-        try:
-            child = _children[_own(key)] = subprocess.Popen(
-                [sys.executable, "-m", module, *args], env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError:
+        if shared:
+            worker = _workers.get((cache_root(), module))
+            if worker is None or worker.proc.poll() is not None:
+                proc = _popen(module, ["--jobs"])
+                if proc is None:
+                    return None
+                worker = _workers[(cache_root(), module)] = _Worker(proc)
+            _children[_own(key)] = worker.submit(args, niceness)
+            return worker.proc
+        proc = _popen(module, args)
+        if proc is None:
             return None
+        _children[_own(key)] = _Job(proc)
         if niceness:                    # the child's alone: a nicer thread would hold the GIL
-            _nicer(child.pid, niceness)
-        return child
+            _nicer(proc.pid, niceness)
+        return proc
 
 
 def _own(key: tuple) -> tuple:
@@ -103,15 +121,100 @@ def _own(key: tuple) -> tuple:
     return (cache_root(), key)
 
 
+def _popen(module: str, args: list):
+    """`python -m module *args` with this package first on its path; None
+    when it could not start."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, env.get("PYTHONPATH")) if p)
+    import subprocess           # here: a warm run starts no builder (~2 ms)
+    jobs = subprocess.PIPE if args == ["--jobs"] else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], env=env, stdin=jobs, stdout=jobs,
+            stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+class _Job:
+    """One object's build: a child of its own (`done` None: it is done
+    when the child ends), or a job of a worker (`done` set when answered)."""
+
+    def __init__(self, proc, done: threading.Event | None = None):
+        self.proc, self.done = proc, done
+
+    def finished(self) -> bool:
+        return self.done.is_set() if self.done is not None else self.proc.poll() is not None
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the job finished within `timeout` seconds."""
+        if self.done is not None:
+            return self.done.wait(timeout)
+        import subprocess
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+
+class _Worker:
+    """A long-lived builder child and the jobs it was given: a job is a JSON
+    line ([its number, the module's arguments]), its niceness set on the
+    child as it is sent; the child writes the number back when it is done.
+    The child's end (crash, kill) finishes every job it still had: their
+    callers find no cache entry and build here."""
+
+    def __init__(self, proc):
+        self.proc = proc
+        self.jobs: dict = {}            # number -> Event
+        self.next = 0
+        self._pipe = threading.Lock()
+        threading.Thread(target=self._answers, name="ustack-builder-answers",
+                         daemon=True).start()
+
+    def submit(self, args: list, niceness: int) -> _Job:
+        done = threading.Event()
+        with self._pipe:
+            number, self.next = self.next, self.next + 1
+            self.jobs[number] = done
+            _set_niceness(self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + niceness)
+            try:
+                self.proc.stdin.write(json.dumps([number, args]).encode() + b"\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):   # it ended: built here
+                done.set()
+        return _Job(self.proc, done)
+
+    def _answers(self) -> None:
+        try:
+            for line in self.proc.stdout:
+                done = self.jobs.pop(int(line), None)
+                if done is not None:
+                    done.set()
+        except (OSError, ValueError):
+            pass
+        for done in list(self.jobs.values()):
+            done.set()
+
+
 def _nicer(pid: int, niceness: int) -> None:
     """The child `pid` at least `niceness` nicer than this process (once:
     a child started nicer is not made nicer again)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, pid,
-                       min(19, max(os.getpriority(os.PRIO_PROCESS, pid),
-                                   os.getpriority(os.PRIO_PROCESS, 0) + niceness)))
+        _set_niceness(pid, max(os.getpriority(os.PRIO_PROCESS, pid),
+                               os.getpriority(os.PRIO_PROCESS, 0) + niceness))
     except OSError:
         pass                            # it ended meanwhile
+
+
+def _set_niceness(pid: int, niceness: int) -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, niceness))
+    except OSError:
+        pass                            # it ended meanwhile, or may not be made less nice
 
 
 def nothing_waits(key: tuple, niceness: int) -> None:
@@ -120,10 +223,10 @@ def nothing_waits(key: tuple, niceness: int) -> None:
     CPU from the run's own work only where that leaves some; it goes on
     for the cache."""
     with _lock:
-        child = _children.get(_own(key))
+        job = _children.get(_own(key))
         _needed.add(_own(key))
-    if child is not None and child.poll() is None:
-        _nicer(child.pid, niceness)
+    if job is not None and not job.finished():
+        _nicer(job.proc.pid, niceness)
 
 
 def wait(key: tuple, run_waits: bool = False) -> None:
@@ -134,31 +237,24 @@ def wait(key: tuple, run_waits: bool = False) -> None:
     gets this process's niceness back, where it may (root: a user's
     process cannot lower a niceness)."""
     with _lock:
-        child = _children.get(_own(key))
+        job = _children.get(_own(key))
         _needed.add(_own(key))
-    if child is None:
+    if job is None:
         return
-    if run_waits and child.poll() is None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, child.pid, os.getpriority(os.PRIO_PROCESS, 0))
-        except OSError:
-            pass                        # not allowed, or it ended meanwhile
-    import subprocess
+    if run_waits and not job.finished():
+        _set_niceness(job.proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
     interrupt = current()
     while True:
         interrupt.check()
-        try:
-            child.wait(WAIT_SLICE_S)
+        if job.wait(WAIT_SLICE_S):
             return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def running(key: tuple) -> bool:
     """Whether the child of `key` was started and has not ended."""
     with _lock:
-        child = _children.get(_own(key))
-    return child is not None and child.poll() is None
+        job = _children.get(_own(key))
+    return job is not None and not job.finished()
 
 
 def stop_unneeded() -> None:
@@ -166,25 +262,27 @@ def stop_unneeded() -> None:
     head start for a running process's object) whose object it never
     waited for nor named: nothing says the next run meets it either, and
     they would outlive the run by seconds. Those it needed go on for the
-    cache."""
+    cache, and so does a long-lived builder (it leaves once idle)."""
     with _lock:
         unneeded = [key for key in _children if key not in _needed]
-        children = [_children.pop(key) for key in unneeded]
-    _stop(children)
+        jobs = [_children.pop(key) for key in unneeded]
+    _stop([job.proc for job in jobs if job.done is None])
 
 
 def stop_all() -> None:
     """Stop the builders still running: the run is over (SIGTERM, then
     SIGKILL for one still there after STOP_WAIT_S)."""
     with _lock:
-        children = list(_children.values())
+        children = [job.proc for job in _children.values()]
+        children += [w.proc for w in _workers.values()]
         _children.clear()
+        _workers.clear()
         _needed.clear()
     _stop(children)
 
 
 def _stop(children: list) -> None:
-    running = [child for child in children if child.poll() is None]
+    running = list({id(c): c for c in children if c.poll() is None}.values())
     import subprocess
     for child in running:
         child.terminate()
@@ -209,6 +307,54 @@ def become_builder(key: tuple) -> None:
     signal.signal(signal.SIGTERM, _leave)
     from .cache import hold
     hold(lock_name(key))
+
+
+def serve(build) -> None:
+    """What a long-lived builder child does (started by start(shared=True)):
+    builds `build(args)` for each job read from stdin, in turn, each
+    answered on stdout when done, until its pipe ends (the run is over:
+    the jobs it was given are finished, for the next run) or no job came
+    for IDLE_S (the run asks for its objects one after another; an API
+    user's process keeps no idle builder). A job sent as it leaves finds
+    it gone: its caller builds. SIGTERM ends it as become_builder's does.
+    `build` takes its object's lock itself (building())."""
+    import select
+    global in_builder
+    in_builder = True
+    signal.signal(signal.SIGTERM, _leave)
+    pending = b""
+    while True:
+        if b"\n" not in pending:
+            if not select.select([0], [], [], IDLE_S)[0]:
+                return
+            more = os.read(0, 1 << 16)
+            if not more:
+                return
+            pending += more
+            continue
+        line, pending = pending.split(b"\n", 1)
+        number, args = json.loads(line)
+        try:
+            build(args)
+        except Exception:       # noqa: BLE001 - its caller finds no entry and builds
+            pass
+        try:
+            os.write(1, b"%d\n" % number)
+        except OSError:
+            pass                # the run is over: the next jobs are for the cache
+
+
+@contextmanager
+def building(key: tuple):
+    """While a long-lived builder builds `key`: the lock become_builder()
+    holds for a builder of its own (held until the job ends)."""
+    from .cache import hold
+    fd = hold(lock_name(key))
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def lock_name(key: tuple) -> str:

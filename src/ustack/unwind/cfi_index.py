@@ -39,16 +39,22 @@ def for_unwinder(image: ElfImage, debug_dirs=()) -> tuple:
     held = cfi.UnwindTable.in_memory(image, debug_dirs)
     if held is not None:
         return held
-    sections = image.file.sections
-    if sections.get(".eh_frame", (0, 0, 0))[2] >= INDEXED_FROM \
-            and ".debug_frame" not in sections:
-        found = find_debug_file(image, debug_dirs)
-        if found.path is None:
-            indexed = IndexedCfi.of_image(
-                image, lambda: cfi.UnwindTable.for_image(image, debug_dirs)[0])
-            if indexed is not None:
-                return indexed, found
+    if indexed_by_unwinder(image, debug_dirs):
+        indexed = IndexedCfi.of_image(
+            image, lambda: cfi.UnwindTable.for_image(image, debug_dirs)[0])
+        if indexed is not None:
+            return indexed, find_debug_file(image, debug_dirs)
     return cfi.UnwindTable.for_image(image, debug_dirs)
+
+
+def indexed_by_unwinder(image: ElfImage, debug_dirs=()) -> bool:
+    """Whether for_unwinder() looks the object's pcs up one FDE at a time
+    (a big .eh_frame, its only CFI) rather than through its whole table:
+    the run's own unwinding then never needs that table built here."""
+    sections = image.file.sections
+    return (sections.get(".eh_frame", (0, 0, 0))[2] >= INDEXED_FROM
+            and ".debug_frame" not in sections
+            and find_debug_file(image, debug_dirs).path is None)
 
 
 class IndexedCfi:

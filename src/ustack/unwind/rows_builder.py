@@ -1,10 +1,30 @@
-"""The child that builds a big object's CFI table and in-kernel rows
+"""The child that builds big objects' CFI tables and in-kernel rows
 (unwind/tables.for_image started it through objfile/builders.py) and
 writes both to the cache, where the run reads them:
-`python -m ustack.unwind.rows_builder PATH [DEBUG_DIR ...]`."""
+`python -m ustack.unwind.rows_builder PATH [DEBUG_DIR ...]` for one
+object, or `python -m ustack.unwind.rows_builder --jobs` for the run's
+long-lived one, fed objects one at a time (builders.serve)."""
 from __future__ import annotations
 
 import sys
+
+
+def build(args: list) -> None:
+    """The rows of the object at args[0] (args[1:]: its debug directories)
+    built into the cache, under that object's builder lock."""
+    from ..model import UstackError
+    from ..objfile import builders
+    from ..objfile.elf import ElfImage
+    from . import tables
+    with builders.building(("rows", *args)):
+        try:
+            tables.for_image(ElfImage.open(args[0]), tuple(args[1:]))
+        except UstackError:
+            pass
+        finally:        # what a child of its own returns by ending (libLLVM's table: ~100 MB)
+            from .cfi import UnwindTable
+            UnwindTable.clear_cache()
+            ElfImage.clear_cache()
 
 
 def main() -> None:
@@ -12,6 +32,9 @@ def main() -> None:
     from ..objfile import builders
     from ..objfile.elf import ElfImage
     from . import tables
+    if sys.argv[1:] == ["--jobs"]:
+        builders.serve(build)
+        return
     builders.become_builder(("rows", sys.argv[1], *sys.argv[2:]))
     try:
         tables.for_image(ElfImage.open(sys.argv[1]), tuple(sys.argv[2:]))

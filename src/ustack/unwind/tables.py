@@ -32,6 +32,7 @@ from ..objfile.elf import ElfImage
 # cfi, dwarf and the Go reader are imported where rows are built: a run
 # whose rows come from the cache (the common case) spares their ~4 ms
 from ..values import value
+from .cfi_index import indexed_by_unwinder
 from .cfi_key import debug_file, table_key
 
 # Row kinds as the BPF program reads them.
@@ -284,7 +285,8 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
     if cached_only and (st is None or not (content_key.known(TRAMPOLINES, st)
                                            and content_key.known("cfi", st))):
         return NOT_CACHED               # its keys alone may scan all its code
-    apart = st is not None and _worth_a_child(image)
+    apart = st is not None and (_worth_a_child(image) or (
+        not run_waits and indexed_by_unwinder(image, debug_dirs)))
     built_apart = False                 # a child that ended is started anew: once here
     if apart and not (content_key.known(TRAMPOLINES, st) and content_key.known("cfi", st)):
         # a version not seen before: its keys too (a scan of all its code,
@@ -319,11 +321,16 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
 
 
 def _build_apart(image: ElfImage, debug_dirs, run_waits: bool) -> None:
-    """Build the rows in a child (one at a time per object and cache
-    directory) and wait for it."""
+    """Build the rows in the rows builder (one long-lived child per cache
+    directory, one job at a time per object) and wait for it: a big
+    object's (node's) at BACKGROUND_NICENESS when the run goes on without
+    them; the lazy loader's others (libc, libpython: built here they took
+    this process's GIL from the unwinding of the deferred stacks, 1-3 s
+    of a loaded whole-machine run) at the run's."""
     key = ("rows", image.path, tuple(debug_dirs))
+    nicer = not run_waits and _worth_a_child(image)
     builders.start(key, "ustack.unwind.rows_builder", [image.path, *debug_dirs],
-                   niceness=0 if run_waits else BACKGROUND_NICENESS)
+                   niceness=BACKGROUND_NICENESS if nicer else 0, shared=True)
     builders.wait(key)
 
 
