@@ -17,7 +17,9 @@ NOT_NEEDED = ("ustack.unwind.dwarf", "ustack.unwind.cfi", "ustack.objfile.dwarf_
               "ustack.native.libelf",
               # the readers of runtimes' frames in copied stacks
               "ustack.unwind.script_live", "ustack.unwind.script_readers",
-              "ustack.unwind.v8_live")
+              "ustack.unwind.v8_live",
+              # argparse's translations: ustack speaks English (cli.py)
+              "gettext")
 # a runtime's own modules (capture/bpf_python, symbols/ruby, unwind/v8_runtime,
 # ...); runtime_files, runtime_objects, runtime_passes and runtime_names
 # only say whose a file is and make the rest when one is met
