@@ -61,3 +61,38 @@ def test_a_one_hit_trace_of_echo_imports_nothing_of_any_runtime(one_hit):
     assert lines[-1] == "[]", said
     # every runtime is on by default: the run met none of them
     assert lines[-2].startswith("0 "), said
+
+
+# what holds a -c command at its exit under ptrace (target/traced_command)
+PTRACE = ("ustack.target.traced_command", "ustack.kernel.ptrace")
+
+
+@pytest.fixture(scope="module")
+def python_profile(tmp_path_factory):
+    """A short profile (-p) of a busy CPython, once its cache is filled:
+    its exit status and the modules of PTRACE it imported, and what it said."""
+    busy = subprocess.Popen([sys.executable, "-c",
+                             "print('ready', flush=True)\nwhile True:\n    pass\n"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline() == "ready\n"
+        code = ("import sys; from ustack.cli import main; "
+                f"status = main(['profile', '-F', '99', '-p', '{busy.pid}', '-d', '0.3']); "
+                f"print(status, [m for m in {PTRACE!r} if m in sys.modules])")
+        cache = tmp_path_factory.mktemp("cache")
+        env = dict(ustack_env(), USTACK_CACHE_DIR=str(cache))
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+        res = subprocess.run([sys.executable, "-c", code], env=env,
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        busy.kill()
+        busy.wait()
+    return res.stdout.splitlines(), res.stdout + res.stderr
+
+
+def test_a_profile_of_a_running_python_imports_nothing_of_ptrace(python_profile):
+    lines, said = python_profile
+    # its Python frames merged in the kernel: the CPython was met
+    assert any("<module>" in line for line in lines), said
+    # only a -c command is held at its exit under ptrace
+    assert lines[-1] == "0 []", said
