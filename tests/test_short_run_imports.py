@@ -17,7 +17,9 @@ NOT_NEEDED = ("ustack.unwind.dwarf", "ustack.unwind.cfi", "ustack.objfile.dwarf_
               "ustack.native.libelf",
               # the readers of runtimes' frames in copied stacks
               "ustack.unwind.script_live", "ustack.unwind.script_readers",
-              "ustack.unwind.v8_live")
+              "ustack.unwind.v8_live",
+              # argparse's translations: ustack speaks English (cli.py)
+              "gettext")
 # a runtime's own modules (capture/bpf_python, symbols/ruby, unwind/v8_runtime,
 # ...); runtime_files, runtime_objects, runtime_passes and runtime_names
 # only say whose a file is and make the rest when one is met
@@ -59,3 +61,41 @@ def test_a_one_hit_trace_of_echo_imports_nothing_of_any_runtime(one_hit):
     assert lines[-1] == "[]", said
     # every runtime is on by default: the run met none of them
     assert lines[-2].startswith("0 "), said
+
+
+# what holds a -c command at its exit under ptrace (target/traced_command),
+# and what walks a JVM's copied stacks: a profile of a running CPython needs
+# neither, though its first deferred stacks come copied
+NOT_PYTHONS = ("ustack.target.traced_command", "ustack.kernel.ptrace",
+               "ustack.unwind.hotspot_live", "ustack.unwind.hotspot_runtime")
+
+
+@pytest.fixture(scope="module")
+def python_profile(tmp_path_factory):
+    """A short profile (-p) of a busy CPython, once its cache is filled:
+    its exit status and the modules of NOT_PYTHONS it imported, and what it said."""
+    busy = subprocess.Popen([sys.executable, "-c",
+                             "print('ready', flush=True)\nwhile True:\n    pass\n"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline() == "ready\n"
+        code = ("import sys; from ustack.cli import main; "
+                f"status = main(['profile', '-F', '99', '-p', '{busy.pid}', '-d', '0.3']); "
+                f"print(status, [m for m in {NOT_PYTHONS!r} if m in sys.modules])")
+        cache = tmp_path_factory.mktemp("cache")
+        env = dict(ustack_env(), USTACK_CACHE_DIR=str(cache))
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+        res = subprocess.run([sys.executable, "-c", code], env=env,
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        busy.kill()
+        busy.wait()
+    return res.stdout.splitlines(), res.stdout + res.stderr
+
+
+def test_a_profile_of_a_running_python_imports_nothing_of_ptrace_or_jvms(python_profile):
+    lines, said = python_profile
+    # its Python frames merged in the kernel: the CPython was met
+    assert any("<module>" in line for line in lines), said
+    # only a -c command is held at its exit under ptrace; no process maps libjvm
+    assert lines[-1] == "0 []", said

@@ -2,14 +2,35 @@
 that runs them (ustack.commands: one module per subcommand)."""
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
 import os
 import sys
 from importlib import import_module
 
-from .commands import arguments as a
+
+def _argparse_without_gettext():
+    """argparse, without the gettext it imports only to translate its words:
+    importing gettext compiles a regular expression (~1 ms of every run),
+    and ustack speaks English (see below). The stand-in is seen by
+    argparse's import alone: a gettext imported later is the real one."""
+    if "argparse" in sys.modules or "gettext" in sys.modules:
+        import argparse
+        return argparse
+    stand_in = type(sys)("gettext")
+    stand_in.gettext = str
+    stand_in.ngettext = lambda singular, plural, n: singular if n == 1 else plural
+    sys.modules["gettext"] = stand_in
+    try:
+        import argparse
+    finally:
+        del sys.modules["gettext"]
+    return argparse
+
+
+argparse = _argparse_without_gettext()
+
+from .commands import arguments as a    # noqa: E402 (argparse first, as above)
 from .interrupt import Interrupted
 from .model import UstackError
 

@@ -325,9 +325,10 @@ class BpfCapture(Capture):
             python_code.by_id = True       # the kernel's ids name its frames' code
         if self.python_frames is None and self.wire_python_frames is not None:
             self.wire_python_frames()
-        from ..target.traced_command import TracedCommand
-        if self.target.scope == "command" and isinstance(self.target, TracedCommand):
-            self.target.on_exit = python.at_exit      # held at its exit: Session
+        if self.target.scope == "command":     # (ptrace's modules: not a -p run's)
+            from ..target.traced_command import TracedCommand
+            if isinstance(self.target, TracedCommand):
+                self.target.on_exit = python.at_exit      # held at its exit: Session
 
     def _follow_php(self) -> None:
         """Where the counter merges PHP frames (bpf/php.h, capture/bpf_php.py):

@@ -16,7 +16,8 @@ from .tracefs import tracefs_root
 
 ENOTSUPP = 524                    # the kernel's internal 'not supported' (no libc name)
 
-_STAT_RE = re.compile(r"^(overrun|dropped events|entries|commit overrun):\s*(\d+)", re.M)
+# compiled at first use (re's cache): tracefs runs only
+_STAT_RE = r"(?m)^(overrun|dropped events|entries|commit overrun):\s*(\d+)"
 
 
 # The run's second instance, of the processes' fork and exec records
@@ -134,7 +135,7 @@ class FtraceInstance:
                     text = f.read()
             except OSError:
                 continue
-            stats = dict(_STAT_RE.findall(text))
+            stats = dict(re.findall(_STAT_RE, text))
             total += sum(int(stats.get(name, 0))
                          for name in ("overrun", "dropped events", "commit overrun"))
         return total

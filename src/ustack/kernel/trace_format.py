@@ -11,8 +11,10 @@ import re
 import struct
 from ..values import value
 
-_FIELD = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<off>\d+);\s*"
-                    r"size:(?P<size>\d+);\s*signed:(?P<signed>\d+);")
+# compiled at first use (re's cache): a run that reads no format file
+# (a BPF run's tracepoints) compiles nothing at import
+_FIELD = (r"field:(?P<decl>[^;]+);\s*offset:(?P<off>\d+);\s*"
+          r"size:(?P<size>\d+);\s*signed:(?P<signed>\d+);")
 
 
 @value
@@ -28,7 +30,7 @@ class Field:
 def parse_format(text: str) -> dict:
     """name -> Field for every field of a format file."""
     fields = {}
-    for m in _FIELD.finditer(text):
+    for m in re.finditer(_FIELD, text):
         decl = m["decl"].strip()
         data_loc = decl.startswith("__data_loc")
         arr = re.search(r"\[(\d*)\]$", decl)

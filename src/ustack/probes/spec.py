@@ -17,8 +17,9 @@ _KINDS = {
     "profile": "profile", "p": "profile",
 }
 # Tracepoint and syscall names: identifiers, possibly with glob characters.
-_TP_NAME = re.compile(r"[A-Za-z0-9_*?\[\]!-]+")
-_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
+# (compiled at first use, by re's cache: not every run parses both)
+_TP_NAME = r"[A-Za-z0-9_*?\[\]!-]+"
+_NUMBER = r"0[xX][0-9a-fA-F]+|[0-9]+"
 
 
 def parse_event(text: str) -> ProbeSpec:
@@ -46,7 +47,7 @@ def _fail(text: str, why: str):
 
 
 def _number(s: str):
-    if not _NUMBER.fullmatch(s):
+    if not re.fullmatch(_NUMBER, s):
         return None
     if len(s) > 1 and s[0] == "0" and s[1] not in "xX":
         raise UstackError(f"ambiguous number {s!r}: write 0x{s.lstrip('0') or '0'} "
@@ -55,14 +56,14 @@ def _number(s: str):
 
 
 def _syscall(text, kind, rest):
-    if not _TP_NAME.fullmatch(rest):
+    if not re.fullmatch(_TP_NAME, rest):
         _fail(text, "missing or invalid syscall name")
     return ProbeSpec(kind="syscall", text=text, group="syscalls", name=rest)
 
 
 def _tracepoint(text, kind, rest):
     parts = rest.split(":")
-    if len(parts) != 2 or not all(_TP_NAME.fullmatch(p) for p in parts):
+    if len(parts) != 2 or not all(re.fullmatch(_TP_NAME, p) for p in parts):
         _fail(text, "need GROUP:NAME after the probe type")
     return ProbeSpec(kind="tracepoint", text=text, group=parts[0], name=parts[1])
 
@@ -90,8 +91,8 @@ def _usdt(text, kind, rest):
     # PATH ends at the first ':'; then NAME or PROVIDER:NAME (bpftrace's)
     path, sep, probe = rest.partition(":")
     provider, _, name = probe.rpartition(":")
-    if not sep or not path or not name or not _TP_NAME.fullmatch(name) \
-            or (provider and not _TP_NAME.fullmatch(provider)):
+    if not sep or not path or not name or not re.fullmatch(_TP_NAME, name) \
+            or (provider and not re.fullmatch(_TP_NAME, provider)):
         _fail(text, "need usdt:PATH:PROVIDER:NAME or usdt:PATH:NAME")
     return ProbeSpec(kind="usdt", text=text, path=path, name=name,
                      provider=provider or None)

@@ -19,9 +19,10 @@ from ..model import TracepointProbe, UprobeProbe, UstackError
 from ..values import replace, value
 from .fetchargs import GO_ARGS, WEIGHT_ARG, parse_fetch_args, probe_kinds
 
-_ARGN = re.compile(r"arg([0-9]+)")
+# patterns compiled at first use (re's cache): --weight only
+_ARGN = r"arg([0-9]+)"
 _FETCH_STARTS = "%$@+-\\"               # how the kernel's fetch-args start
-_ARGS_PREFIX = re.compile(r"args(?:->|\.)")    # bpftrace's args->count
+_ARGS_PREFIX = r"args(?:->|\.)"    # bpftrace's args->count
 # a syscall's argument that counts bytes: the reports name the unit
 _BYTE_FIELDS = frozenset(("count", "len"))
 
@@ -56,7 +57,7 @@ def weigh_spec(spec, expr: str):
                           "(a timed sample)")
     if spec.kind in ("syscall", "tracepoint"):
         return spec
-    m = _ARGN.fullmatch(word)
+    m = re.fullmatch(_ARGN, word)
     if m and spec.kind in ("uprobe", "uretprobe"):
         n = int(m.group(1))
         if n >= len(GO_ARGS):          # said as the user spelled it, from arg0
@@ -104,7 +105,7 @@ def _field(probe: TracepointProbe, expr: str) -> str:
     """The record's field EXPR names, checked to be one number."""
     from ..kernel.trace_format import parse_format
     from ..kernel.tracefs import event_format
-    name = _ARGS_PREFIX.sub("", expr.strip(), count=1)
+    name = re.sub(_ARGS_PREFIX, "", expr.strip(), count=1)
     fields = parse_format(event_format(probe.group, probe.name))
     own = [f for f in fields if not f.startswith("common_") and f != "__syscall_nr"]
     f = fields.get(name)

@@ -81,6 +81,36 @@ class LiveReaders:
             unwinder.script_live = live_runtimes(*scripts)
 
 
+# unwind/hotspot_runtime.LIBJVM, not imported: its imports are what a run
+# of no JVM is spared
+LIBJVM = "libjvm.so"
+
+
+class JvmWalkerFactory:
+    """The unwinder's hotspot_factory: called with the pid of each copied
+    stack until it gives the HotSpot walker (unwind/hotspot_live.py), made
+    at the first that maps libjvm. A process found without one is looked
+    at again once its maps changed (the `java` launcher maps libjvm soon)."""
+
+    def __init__(self, tracker, names):
+        self.tracker = tracker
+        self.names = names
+        self._no_jvm: dict = {}         # pid -> (exec generation, mappings) seen without libjvm
+
+    def __call__(self, pid: int):
+        maps = self.tracker.current_maps(pid)
+        seen = (self.tracker.generations.get(pid, 0), len(maps))
+        if self._no_jvm.get(pid) == seen:
+            return None
+        if not any(m.path.endswith("/" + LIBJVM) for m in maps):
+            self._no_jvm[pid] = seen
+            return None
+        from ..unwind.hotspot_live import HotSpotLive
+        java = self.names.get("java")
+        java.active = True
+        return HotSpotLive(java.remember)
+
+
 class StackResolver:
     """`tracker` is the run's MappingTracker: mappings by pid and exec
     generation; `options` what the user asked of names; `cut_advice` what
@@ -115,14 +145,11 @@ class StackResolver:
         if options.java and tracker.live:
             # a JVM's stacks come copied (no CFI in its code cache): its Java
             # frames are walked and named as they are unwound, by a walker
-            # made at the first copied stack (a short run spares its imports);
-            # a recording's are named by what it kept (its process is gone)
-            def hotspot():
-                from ..unwind.hotspot_live import HotSpotLive
-                java = names.get("java")
-                java.active = True
-                return HotSpotLive(java.remember)
-            self.unwinder.hotspot_factory = hotspot
+            # made at the first copied stack of a process that maps libjvm (a
+            # run of no JVM spares its imports: a Python profile's first
+            # deferred stack made it, ~1.5 ms); a recording's are named by
+            # what it kept (its process is gone)
+            self.unwinder.hotspot_factory = JvmWalkerFactory(tracker, names)
         self._stacks: dict = {}         # key() -> (Stack, version of the JIT map naming it)
 
     def close(self) -> None:

@@ -34,7 +34,9 @@ class Unwinder:
         # a hotspot_live.HotSpotLive: a JVM's copied stacks walked through
         # its Java frames (no frame pointers, no CFI there), or None
         self.hotspot = None
-        self.hotspot_factory = None     # makes self.hotspot when a copied stack first comes
+        # hotspot_factory(pid) makes self.hotspot at a copied stack of a JVM
+        # (None for another process's: asked again at the next copy)
+        self.hotspot_factory = None
         # a script_live.ScriptLive: the Ruby, PHP and Perl frames of copied
         # stacks read from their process as they are unwound, or None
         self.script_live = None
@@ -85,7 +87,9 @@ class Unwinder:
             stack = sample.stack or b""
             python = type(sample) is PythonSample
             if self.hotspot_factory is not None:
-                self.hotspot, self.hotspot_factory = self.hotspot_factory(), None
+                self.hotspot = self.hotspot_factory(pid)
+                if self.hotspot is not None:
+                    self.hotspot_factory = None
             if self.live_factory is not None:
                 self.live_factory(self)
             if self.hotspot is not None and not python:
