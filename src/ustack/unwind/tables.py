@@ -32,7 +32,6 @@ from ..objfile.elf import ElfImage
 # cfi, dwarf and the Go reader are imported where rows are built: a run
 # whose rows come from the cache (the common case) spares their ~4 ms
 from ..values import value
-from .cfi_index import indexed_by_unwinder
 from .cfi_key import debug_file, table_key
 
 # Row kinds as the BPF program reads them.
@@ -286,7 +285,7 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
                                            and content_key.known("cfi", st))):
         return NOT_CACHED               # its keys alone may scan all its code
     apart = st is not None and (_worth_a_child(image) or (
-        not run_waits and indexed_by_unwinder(image, debug_dirs)))
+        not run_waits and _indexed_by_unwinder(image, debug_dirs)))
     built_apart = False                 # a child that ended is started anew: once here
     if apart and not (content_key.known(TRAMPOLINES, st) and content_key.known("cfi", st)):
         # a version not seen before: its keys too (a scan of all its code,
@@ -318,6 +317,13 @@ def for_image(image: ElfImage, debug_dirs=(), *, run_waits: bool = True,
         objcache.write(rows_file(rows_key(table.key, _signals_key(signals))),
                        packed.data if packed is not None else b"none")
     return packed
+
+
+def _indexed_by_unwinder(image: ElfImage, debug_dirs) -> bool:
+    """cfi_index.indexed_by_unwinder(), imported when asked: that module
+    brings the CFI interpreter, which a run reading cached rows never uses."""
+    from .cfi_index import indexed_by_unwinder
+    return indexed_by_unwinder(image, debug_dirs)
 
 
 def _build_apart(image: ElfImage, debug_dirs, run_waits: bool) -> None:
