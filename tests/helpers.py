@@ -255,6 +255,17 @@ def run_ustack_peak(*args, timeout: float = 120, discard_stdout: bool = False,
     return res, int(lines[1]) / 1024
 
 
+def catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has its SIGTERM handler set (a builder child
+    is ready to leave as Python does)."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    caught = int(status.split("SigCgt:")[1].split()[0], 16)
+    return bool(caught & 1 << (signal.SIGTERM - 1))
+
+
 def wait_until(condition, timeout: float = 10, what: str = "the condition") -> None:
     """Poll `condition()` until it is true; fail the test after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -1,12 +1,13 @@
-"""The run's long-lived builders (objfile/builders.py, shared=True): the
-lazy row loader's objects and the function tables built for the cache go
-to one child per kind, fed over a pipe, that writes what the run reads
-back, leaves when idle, and leaves as Python does on SIGTERM."""
+"""The run's long-lived rows builder (objfile/builders.py, shared=True):
+the lazy row loader's objects go to one child, fed over a pipe, that
+writes what the run reads back, leaves when idle, and leaves as Python
+does on SIGTERM."""
 import os
 import shutil
-import signal
 
 import pytest
+
+from helpers import catches_sigterm
 
 from ustack.objfile import builders
 from ustack.objfile.elf import ElfImage
@@ -66,15 +67,6 @@ def test_the_loaders_objects_go_to_one_builder():
         assert packed is not None and packed.from_cache     # read back: built apart
     pids = {builders.start(("rows", p, ()), ROWS, [p], shared=True).pid for p in paths}
     assert len(pids) == 1
-
-
-def catches_sigterm(pid: int) -> bool:
-    try:
-        status = open(f"/proc/{pid}/status").read()
-    except OSError:
-        return False
-    caught = int(status.split("SigCgt:")[1].split()[0], 16)
-    return bool(caught & 1 << (signal.SIGTERM - 1))
 
 
 def test_a_stopped_builder_leaves_its_cache_whole(tmp_path):

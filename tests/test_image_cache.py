@@ -4,11 +4,10 @@ file that someone else could have written is not believed."""
 import glob
 import os
 import shutil
-import signal
 
 import pytest
 
-from helpers import FP, build
+from helpers import FP, build, catches_sigterm
 
 from ustack.objfile import cache as objcache
 from ustack.objfile.elf import ElfImage
@@ -294,15 +293,6 @@ def test_each_cache_directory_and_each_emptied_cache_gets_its_own_builder(tmp_pa
         images = other / "images"
         assert images.is_dir() and any(images.iterdir())    # the child wrote them
         shutil.rmtree(other)
-
-
-def catches_sigterm(pid: int) -> bool:
-    try:
-        status = open(f"/proc/{pid}/status").read()
-    except OSError:
-        return False
-    caught = int(status.split("SigCgt:")[1].split()[0], 16)
-    return bool(caught & 1 << (signal.SIGTERM - 1))
 
 
 def test_a_stopped_builder_leaves_as_python_does(tmp_path):

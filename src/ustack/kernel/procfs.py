@@ -221,6 +221,16 @@ def own_vdso() -> tuple | None:
         return None
 
 
+def let_go(kept: dict) -> None:
+    """Close the /proc/PID/mem of each process in `kept` (pid -> an object
+    with `.mem`, a ProcessMemory, or None) and forget them all: a names
+    table's bound reached, or its run over."""
+    for proc in kept.values():
+        if proc is not None:
+            proc.mem.close()
+    kept.clear()
+
+
 class ProcessMemory:
     """Reads of a process's memory through /proc/PID/mem (root; no ptrace
     stop needed): an interpreter's state, its code objects."""

@@ -33,7 +33,7 @@ import struct
 import threading
 from collections import OrderedDict
 
-from ..kernel.procfs import ProcessMemory
+from ..kernel.procfs import ProcessMemory, let_go
 from ..model import Frame, printable
 from ..objfile.mapped import object_path
 from ..unwind import ruby_runtime
@@ -138,10 +138,7 @@ class RubyIseqs:
         """The run is over: the processes read let go (their /proc/PID/mem
         descriptors); one asked again is opened anew."""
         with self._lock:
-            for kept in self._procs.values():
-                if kept is not None:
-                    kept.mem.close()
-            self._procs.clear()
+            let_go(self._procs)
 
     def _process(self, pid: int):
         if not self.live:
@@ -160,10 +157,7 @@ class RubyIseqs:
         except OSError:
             proc = None
         if len(self._procs) > MAX_PROCESSES:      # bounded: each holds its /proc/PID/mem
-            for kept in self._procs.values():
-                if kept is not None:
-                    kept.mem.close()
-            self._procs.clear()
+            let_go(self._procs)
         self._procs[pid] = proc
         return proc
 

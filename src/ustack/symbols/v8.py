@@ -19,7 +19,7 @@ import struct
 import threading
 from collections import OrderedDict
 
-from ..kernel.procfs import ProcessMemory
+from ..kernel.procfs import ProcessMemory, let_go
 from ..model import V8_NO_OFFSET, Frame, printable
 from ..unwind import v8_runtime
 from .recorded_names import RecordedNames
@@ -117,10 +117,7 @@ class V8Functions:
         """The run is over: the processes read let go (their /proc/PID/mem
         descriptors); one asked again is opened anew."""
         with self._lock:
-            for kept in self._procs.values():
-                if kept is not None:
-                    kept.mem.close()
-            self._procs.clear()
+            let_go(self._procs)
 
     def _process(self, pid: int):
         if not self.live:
@@ -136,10 +133,7 @@ class V8Functions:
         except OSError:
             proc = None
         if len(self._procs) > MAX_PROCESSES:     # bounded: each holds its /proc/PID/mem
-            for kept in self._procs.values():
-                if kept is not None:
-                    kept.mem.close()
-            self._procs.clear()
+            let_go(self._procs)
         self._procs[pid] = proc
         return proc
 
