@@ -25,9 +25,10 @@ not methods, and the samples whose innermost frame is one (the math
 intrinsics, dsin or dlog, sit in StubRoutines' blobs) are left out of
 the shares: JFR's sampler cannot walk from there and records none.
 
-JFR turns on DebugNonSafepoints for what is compiled while it records,
-which gives compiled code debug info at more pcs; the walk reads it too.
-A run without JFR (`-p, no JFR`) shows what a JVM with no such flag gives.
+JFR leaves DebugNonSafepoints off (`jcmd PID VM.flags -all` while it
+records, JDK 17 and 25): it and the walk read the same PcDescs, which C2
+records only at calls and safepoint polls. A run without JFR (`-p, no
+JFR`) shows what the walk gives with no recording running.
 
 Prints Markdown."""
 from __future__ import annotations

@@ -6,14 +6,17 @@ frames by their size, interpreted ones on the interpreter's rbp chain)
 and named from libjvm's vmStructs tables (unwind/hotspot_live.py).
 
 Chain.java's main -> outer -> middle -> leaf is the oracle, once compiled
-by C2 during the run (each method kept out of its caller: an inlined call
-has no frame of its own, and inlined methods are not expanded) and once
-interpreted only (excluded from compilation): each sample in leaf() must
+by C2 during the run (each method kept out of its caller: a frame each),
+once inlined by C2 into one frame (expanded from the nmethod's scopes;
+-XX:+DebugNonSafepoints gives its loops debug info, which C2 otherwise
+records only at calls and safepoint polls) and once interpreted only
+(excluded from compilation): each sample in leaf() must
 show exactly main, outer, middle, leaf as Java frames, in order, down to
 the root of the thread the launcher runs main on (JavaMain, start_thread,
 clone3). One JVM per way and JDK, shared by the tests."""
 from __future__ import annotations
 
+import collections
 import json
 import signal
 import subprocess
@@ -37,6 +40,9 @@ LEAF_LINES = {0, 9, 10}
 WAYS = {
     # compiled while the run samples it (C1, then C2)
     "compiled": ("-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,Chain::*"),
+    # C2 inlines leaf, middle and outer into main's frame; debug info at
+    # every pc, not only at calls and safepoint polls
+    "inlined": ("-XX:+UnlockDiagnosticVMOptions", "-XX:+DebugNonSafepoints"),
     # interpreted only
     "interpreted": ("-XX:CompileCommand=quiet", "-XX:CompileCommand=exclude,Chain::*"),
 }
@@ -95,9 +101,38 @@ def _profile(classes: tuple, flags: tuple, no_java: bool = False) -> tuple:
     return counted, warnings, notes
 
 
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    """(JDK, way) -> _profile()'s result: each way's JVM run once per JDK,
+    whichever test asks first."""
+    return {}
+
+
+def _run(runs: dict, classes: tuple, way: str) -> tuple:
+    if (classes[0], way) not in runs:
+        runs[classes[0], way] = _profile(classes, WAYS[way])
+    return runs[classes[0], way]
+
+
 @pytest.fixture(scope="module", params=sorted(WAYS))
-def profiled(request, classes):
-    return request.param, *_profile(classes, WAYS[request.param])
+def profiled(request, classes, runs):
+    return request.param, *_run(runs, classes, request.param)
+
+
+def test_inlined_leaf_keeps_its_frame(classes, runs):
+    """A sample in leaf()'s loop, inlined by C2 with middle() and outer()
+    into main's compiled frame, shows leaf() under middle(): the scopes of
+    the interrupted pc (the PcDesc past it), not only its callers'. (With
+    the JVM's default flags C2 records no scope in that loop, and JFR
+    shows middle() there as the walk does.)"""
+    counted = _run(runs, classes, "inlined")[0]
+    tops = collections.Counter()
+    for frames, n in _main_thread(counted):
+        java = [f.function for f in frames if f.kind == "java" and f.function[0] != "["]
+        if java and java[-1].startswith("Chain."):
+            tops[tuple(java) if java == CHAIN else java[-1]] += n
+    total = sum(tops.values())
+    assert total >= 100 and tops[tuple(CHAIN)] >= 0.85 * total, tops
 
 
 def test_jvm_stacks_said_walked_from_copies(profiled):
