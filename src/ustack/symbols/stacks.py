@@ -34,7 +34,6 @@ NO_MAPS = ("no memory map of this process was seen: it exited before ustack "
 JAVA_NOT_WALKED = ("Java frames not walked: a JVM's compiled code keeps no frame pointer, and "
                    "this stack was walked on frame pointers with no copy to walk it by the "
                    "JVM's own tables")
-JVM_OBJECT = "/libjvm.so"       # a process that maps it runs a JVM (unwind/hotspot_runtime.py)
 # Where a frame-pointer walk ends on its own in a whole stack: the program's
 # entry, a thread's start (libc, Go's runtime), the dynamic loader's entry.
 # Ending anywhere else, it stopped at a caller that keeps no frame pointer.
@@ -81,8 +80,8 @@ class LiveReaders:
             unwinder.script_live = live_runtimes(*scripts)
 
 
-# unwind/hotspot_runtime.LIBJVM, not imported: its imports are what a run
-# of no JVM is spared
+# a process that maps it runs a JVM: unwind/hotspot_runtime.LIBJVM, not
+# imported (its imports are what a run of no JVM is spared)
 LIBJVM = "libjvm.so"
 
 
@@ -238,7 +237,7 @@ class StackResolver:
         tracker = self.tracker
         gen = tracker.generations.get(pid, 0) if generation is None else generation
         pm = tracker.procs.get((pid, gen))
-        return pm is not None and any(m.path.endswith(JVM_OBJECT) for m in pm.maps)
+        return pm is not None and any(m.path.endswith("/" + LIBJVM) for m in pm.maps)
 
     def stack_of(self, key: tuple) -> Stack:
         """The Stack of a key(), with the mappings of its exec generation
