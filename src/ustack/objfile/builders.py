@@ -283,6 +283,8 @@ def stop_all() -> None:
 
 def _stop(children: list) -> None:
     running = list({id(c): c for c in children if c.poll() is None}.values())
+    if not running:
+        return                  # every run ends here: a short one imports no subprocess
     import subprocess
     for child in running:
         child.terminate()
