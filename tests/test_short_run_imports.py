@@ -19,9 +19,7 @@ NOT_NEEDED = ("ustack.unwind.dwarf", "ustack.unwind.cfi", "ustack.objfile.dwarf_
               "ustack.unwind.script_live", "ustack.unwind.script_readers",
               "ustack.unwind.v8_live",
               # argparse's translations: ustack speaks English (cli.py)
-              "gettext",
-              # a run with no builder to stop (objfile/builders.py)
-              "subprocess")
+              "gettext")
 # a runtime's own modules (capture/bpf_python, symbols/ruby, unwind/v8_runtime,
 # ...); runtime_files, runtime_objects, runtime_passes and runtime_names
 # only say whose a file is and make the rest when one is met
