@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from ustack.objfile import builders, function_builder
+from ustack.objfile import builder_child, builders, function_builder
 from ustack.objfile.elf import ElfImage
 from ustack.target import busy_objects
 
@@ -77,7 +77,7 @@ def test_a_builder_started_ahead_yields_the_cpu_until_the_run_waits_for_it(node)
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     # held as another run's builder of node would: the child waits its turn
     # and cannot end while this test looks at it
-    other_run = objcache.hold(builders.lock_name(("functions", node)))
+    other_run = objcache.hold(builder_child.lock_name(("functions", node)))
     busy = started(node, "-e", SPIN)
     try:
         busy_objects.start_building(skip=os.getpid(), pids=[busy.pid]).join()

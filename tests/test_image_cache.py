@@ -324,11 +324,11 @@ def test_a_builder_waits_for_another_runs_builder_of_the_same_object(tmp_path):
     """Runs one after another on a busy machine: the last run's builder of
     an object may still be finishing. The next run's builder of it waits
     for that one's lock (then finds the entry built), not beside it."""
-    from ustack.objfile import builders, function_builder
+    from ustack.objfile import builder_child, builders, function_builder
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    name = builders.lock_name(("functions", node))
+    name = builder_child.lock_name(("functions", node))
     other_run = objcache.hold(name)             # as that other builder holds it
     try:
         child = function_builder.start(ElfImage.open(node))

@@ -1,7 +1,8 @@
 """Child processes that build an object's cached facts while the run goes
 on (objfile/function_child.py: its functions; unwind/rows_builder.py:
 its CFI and in-kernel rows): on another CPU, outside this process's GIL,
-their memory returned when they exit. Each job is keyed (its kind and the
+their memory returned when they exit (what a child does:
+objfile/builder_child.py). Each job is keyed (its kind and the
 object's path) and the cache directory it writes to (a child inherits
 USTACK_CACHE_DIR as it was when started: one building for another
 directory is not this one's), and runs once at a time: whoever needs the
@@ -59,18 +60,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
 
 from ..interrupt import current
 from .cache import cache_root
 
 STOP_WAIT_S = 0.5               # for builders to leave on SIGTERM, before SIGKILL
 WAIT_SLICE_S = 0.05             # a wait for a builder looks at Ctrl-C this often
-IDLE_S = 1.0                    # a long-lived builder with no job this long leaves
 
 _children: dict = {}            # (cache directory, (kind, path, ...)) -> _Job
 _workers: dict = {}             # (cache directory, module) -> _Worker: its long-lived child
@@ -86,8 +84,8 @@ def start(key: tuple, module: str, args: list, niceness: int = 0, shared: bool =
     start (build here). `niceness`: added to the child's, as nice(1)
     does, for work nothing waits for (yet: see wait()). `shared`: the job
     goes to the one long-lived child of `module` (`python -m module
-    --jobs`, its main calling serve()), started with the first such job,
-    and its niceness is the job's while it builds."""
+    --jobs`, its main calling builder_child.serve()), started with the
+    first such job, and its niceness is the job's while it builds."""
     if in_builder:
         return None
     with _lock:
@@ -295,75 +293,3 @@ def _stop(children: list) -> None:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-
-
-def become_builder(key: tuple) -> None:
-    """What a builder child does first: it builds what it is asked, here;
-    SIGTERM (stop_all) ends it as SystemExit, so the files it writes are
-    removed when unfinished (output.write_bytes_at); and it waits for a
-    builder of another run with the same `key` (one still finishing after
-    its run ended), then finds the entry built, so repeated runs on a
-    busy machine never pile builders of one object up."""
-    global in_builder
-    in_builder = True
-    signal.signal(signal.SIGTERM, _leave)
-    from .cache import hold
-    hold(lock_name(key))
-
-
-def serve(build) -> None:
-    """What a long-lived builder child does (started by start(shared=True)):
-    builds `build(args)` for each job read from stdin, in turn, each
-    answered on stdout when done, until its pipe ends (the run is over:
-    the jobs it was given are finished, for the next run) or no job came
-    for IDLE_S (the run asks for its objects one after another; an API
-    user's process keeps no idle builder). A job sent as it leaves finds
-    it gone: its caller builds. SIGTERM ends it as become_builder's does.
-    `build` takes its object's lock itself (building())."""
-    import select
-    global in_builder
-    in_builder = True
-    signal.signal(signal.SIGTERM, _leave)
-    pending = b""
-    while True:
-        if b"\n" not in pending:
-            if not select.select([0], [], [], IDLE_S)[0]:
-                return
-            more = os.read(0, 1 << 16)
-            if not more:
-                return
-            pending += more
-            continue
-        line, pending = pending.split(b"\n", 1)
-        number, args = json.loads(line)
-        try:
-            build(args)
-        except Exception:       # noqa: BLE001 - its caller finds no entry and builds
-            pass
-        try:
-            os.write(1, b"%d\n" % number)
-        except OSError:
-            pass                # the run is over: the next jobs are for the cache
-
-
-@contextmanager
-def building(key: tuple):
-    """While a long-lived builder builds `key`: the lock become_builder()
-    holds for a builder of its own (held until the job ends)."""
-    from .cache import hold
-    fd = hold(lock_name(key))
-    try:
-        yield
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def lock_name(key: tuple) -> str:
-    """The name of the lock the builder of `key` holds (objfile/cache.py's
-    hold())."""
-    return "builder\0" + "\0".join(map(str, key))
-
-
-def _leave(_signum, _frame):
-    sys.exit(1)

@@ -8,9 +8,9 @@ import sys
 
 def main() -> None:
     from ..model import UstackError
-    from . import builders
+    from . import builder_child
     from .elf import ElfImage
-    builders.become_builder(("functions", sys.argv[1]))
+    builder_child.become_builder(("functions", sys.argv[1]))
     try:
         ElfImage.open(sys.argv[1]).symbols.functions    # parsed, and the cache written
     except UstackError:

@@ -3,7 +3,7 @@
 writes both to the cache, where the run reads them:
 `python -m ustack.unwind.rows_builder PATH [DEBUG_DIR ...]` for one
 object, or `python -m ustack.unwind.rows_builder --jobs` for the run's
-long-lived one, fed objects one at a time (builders.serve)."""
+long-lived one, fed objects one at a time (builder_child.serve)."""
 from __future__ import annotations
 
 import sys
@@ -13,10 +13,10 @@ def build(args: list) -> None:
     """The rows of the object at args[0] (args[1:]: its debug directories)
     built into the cache, under that object's builder lock."""
     from ..model import UstackError
-    from ..objfile import builders
+    from ..objfile import builder_child
     from ..objfile.elf import ElfImage
     from . import tables
-    with builders.building(("rows", *args)):
+    with builder_child.building(("rows", *args)):
         try:
             tables.for_image(ElfImage.open(args[0]), tuple(args[1:]))
         except UstackError:
@@ -29,13 +29,13 @@ def build(args: list) -> None:
 
 def main() -> None:
     from ..model import UstackError
-    from ..objfile import builders
+    from ..objfile import builder_child
     from ..objfile.elf import ElfImage
     from . import tables
     if sys.argv[1:] == ["--jobs"]:
-        builders.serve(build)
+        builder_child.serve(build)
         return
-    builders.become_builder(("rows", sys.argv[1], *sys.argv[2:]))
+    builder_child.become_builder(("rows", sys.argv[1], *sys.argv[2:]))
     try:
         tables.for_image(ElfImage.open(sys.argv[1]), tuple(sys.argv[2:]))
     except UstackError:
