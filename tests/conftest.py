@@ -158,6 +158,26 @@ def _children() -> set[int]:
     return pids
 
 
+@pytest.fixture
+def own_object_cache(tmp_path, monkeypatch):
+    """A cache directory of the test's own (tmp_path/cache), with objects
+    and CFI tables read afresh; the builders the test started are stopped
+    after it (a builder still running is the test's process: ended before
+    the leftover check judges it), and any left by another test of this
+    worker before it."""
+    from ustack.objfile import builders
+    from ustack.objfile.elf import ElfImage
+    from ustack.unwind.cfi import UnwindTable
+    builders.stop_all()
+    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
+    ElfImage.clear_cache()
+    UnwindTable.clear_cache()
+    yield
+    builders.stop_all()
+    ElfImage.clear_cache()
+    UnwindTable.clear_cache()
+
+
 @pytest.fixture(autouse=True)
 def no_leftovers(monkeypatch):
     tag = uuid.uuid4().hex

@@ -22,14 +22,8 @@ LIBSTDCXX = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
 LIBCRYPTO = "/usr/lib/x86_64-linux-gnu/libcrypto.so.3"
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    builders.stop_all()         # one another test of this worker started stands for none here
-    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
-    ElfImage.clear_cache()
-    UnwindTable.clear_cache()
-    yield
-    builders.stop_all()
+# a cache of each test's own, its builders stopped after it (conftest.py)
+pytestmark = pytest.mark.usefixtures("own_object_cache")
 
 
 def objects(*paths) -> list:

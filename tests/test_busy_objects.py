@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from ustack.objfile import builder_child, builders, function_builder
+from ustack.objfile import builder_child, function_builder
 from ustack.objfile.elf import ElfImage
 from ustack.target import busy_objects
 
@@ -22,12 +22,8 @@ def node():
     return os.path.realpath(path)
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
-    ElfImage.clear_cache()
-    yield
-    builders.stop_all()
+# a cache of each test's own, its builders stopped after it (conftest.py)
+pytestmark = pytest.mark.usefixtures("own_object_cache")
 
 
 def started(*argv) -> subprocess.Popen:

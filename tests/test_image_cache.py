@@ -13,15 +13,8 @@ from ustack.objfile import cache as objcache
 from ustack.objfile.elf import ElfImage
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
-    ElfImage.clear_cache()
-    yield
-    # a builder still running is this test's process: ended before the
-    # leftover check judges it
-    from ustack.objfile import builders
-    builders.stop_all()
+# a cache of each test's own, its builders stopped after it (conftest.py)
+pytestmark = pytest.mark.usefixtures("own_object_cache")
 
 
 def facts(image):

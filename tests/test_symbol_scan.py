@@ -11,7 +11,7 @@ import random
 import pytest
 
 from helpers import build
-from ustack.objfile import builders, function_builder
+from ustack.objfile import function_builder
 from ustack.objfile.elf import ElfImage
 from ustack.objfile.symbol_scan import SymbolScan
 
@@ -19,15 +19,8 @@ NODE = "/usr/bin/node"
 LIBC_DEBUG_DIR = "/usr/lib/debug/.build-id"
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("USTACK_CACHE_DIR", str(tmp_path / "cache"))
-    ElfImage.clear_cache()
-    yield
-    # a builder still running is this test's process: ended before the
-    # leftover check judges it
-    builders.stop_all()
-    ElfImage.clear_cache()
+# a cache of each test's own, its builders stopped after it (conftest.py)
+pytestmark = pytest.mark.usefixtures("own_object_cache")
 
 
 def addresses_to_ask(symbols: list, count: int, seed: int = 35) -> list:
