@@ -162,3 +162,34 @@ def _descendant_running(pid: int, exe: str) -> int:
             with open(f"/proc/{p}/task/{t}/children") as f:
                 todo += [int(c) for c in f.read().split()]
     raise AssertionError(f"no {exe} under pid {pid}")
+
+
+class BoundRoot:
+    """A container for an interpreter that the host has: its own mount and
+    PID namespaces (`unshare`) and its own root (chroot), made of the
+    host's /usr and /etc bound read-only and an /app directory of its own
+    (the scripts, at a path the host does not have). run(argv) starts
+    argv in it; the process's host pid is `host_pid(proc)`."""
+
+    def __init__(self, base: Path):
+        if shutil.which("unshare") is None:
+            pytest.skip("unshare cannot make a container here")
+        self.root = base / "root"
+        for d in ("usr", "etc", "proc", "tmp", "app", "dev"):
+            (self.root / d).mkdir(parents=True)
+        for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+            (self.root / link).symlink_to(target)
+        self.app = self.root / "app"        # /app inside
+
+    def run(self, argv: list, **popen) -> subprocess.Popen:
+        root = str(self.root)
+        mounts = (f"mount --make-rprivate / && mount --rbind -o ro /usr {root}/usr && "
+                  f"mount --bind -o ro /etc {root}/etc && mount -t proc proc {root}/proc && "
+                  f'exec chroot {root} "$@"')
+        return subprocess.Popen(["unshare", "--pid", "--mount", "--fork", "--kill-child", "sh", "-c", mounts,
+                                 "sh", *argv], **popen)
+
+    def host_pid(self, proc: subprocess.Popen, exe: str) -> int:
+        """The host pid of the process under `proc` running `exe` (its
+        path in the container)."""
+        return _descendant_running(proc.pid, exe)

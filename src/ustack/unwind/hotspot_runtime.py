@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import struct
 
+from ..kernel import procfs
 from ..model import UstackError
 from ..objfile import symbol_by_name
 from ..objfile.elf import ElfImage
@@ -131,17 +132,16 @@ class Layout:
 
 
 def libjvm_of(pid: int) -> tuple | None:
-    """(path, load bias) of the libjvm process pid maps, or None."""
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                if line.endswith("/" + LIBJVM + "\n"):
-                    fields = line.split(None, 5)
-                    if int(fields[2], 16) == 0:
-                        path = f"/proc/{pid}/root" + fields[5].rstrip("\n")
-                        return path, int(fields[0].split("-")[0], 16)
-    except (OSError, ValueError, IndexError):
-        pass
+    """(path, load bias) of the libjvm process pid maps, or None. The path
+    is where this tool opens the file: a container's libjvm is reached
+    through the process (kernel/proc_root.py), never by its path here."""
+    for m in procfs.executable_mappings(pid):
+        if m.path.endswith("/" + LIBJVM):
+            try:
+                vaddr = ElfImage.open(m.open_path).vaddr_of_file_offset(m.pgoff)
+            except (OSError, ValueError, UstackError):
+                return None
+            return None if vaddr is None else (m.open_path, m.start - vaddr)
     return None
 
 

@@ -21,7 +21,7 @@ from ..objfile import content_key, symbol_by_name
 from ..objfile.elf import ElfImage
 from ..objfile.mapped import object_path
 from ..values import value
-from .runtime_files import may_be
+from .runtime_files import file_name, may_be
 
 NONE = 0xFFFFFFFF               # a layout field the version does not have
 
@@ -293,7 +293,7 @@ def _read_facts(path: str):
 
 
 def _version_from_name(path: str) -> tuple | None:
-    m = re.search(r"python(\d)\.(\d+)", os.path.basename(path))
+    m = re.search(r"python(\d)\.(\d+)", file_name(path))
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 

@@ -10,7 +10,19 @@ import os
 def may_be(runtime: str, path: str) -> bool:
     """Whether the file at `path` may be an object of `runtime` ("python",
     "v8", "php", "perl", "ruby"), judged by its name."""
-    return _TESTS[runtime](os.path.basename(path))
+    return _TESTS[runtime](file_name(path))
+
+
+def file_name(path: str) -> str:
+    """The name of the file at `path`. A file of a process in a container
+    is opened through the process and held open (kernel/proc_root.py):
+    its path here is /proc/self/fd/N, and the name is the held file's."""
+    if path.startswith("/proc/self/fd/"):
+        try:
+            path = os.readlink(path)
+        except OSError:
+            pass
+    return os.path.basename(path)
 
 
 def _python(base: str) -> bool:

@@ -20,13 +20,13 @@ is told of each function named, so it is read while its process lives
 Not thread-safe: the thread that unwinds the deferred stacks calls it all."""
 from __future__ import annotations
 
-import os
 import struct
 
 from ..kernel.procfs import ProcessMemory
 from ..model import V8_NO_OFFSET, v8_frame_word
 from ..objfile.mapped import object_path
 from . import v8_runtime
+from .runtime_files import may_be
 
 MAX_PROCS = 256                 # processes whose memory is kept open
 _Q = struct.Struct("<Q")
@@ -97,7 +97,7 @@ class V8Live:
         for addr, fp in zip(addrs, fps):
             m = find(addr) if fp else None
             path = object_path(m) if m is not None else None
-            if path and os.path.basename(path).startswith(("node", "libnode.")):
+            if path and may_be("v8", path):
                 runtime = v8_runtime.object_runtime(path)
                 if runtime is not None:
                     break
