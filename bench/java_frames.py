@@ -396,8 +396,9 @@ def run(tmp: str) -> None:
             print(f"| {name} | {len(ds)} | {statistics.mean(ds):+.1f} | "
                   f"{sum(d > 0 for d in ds)} / {sum(d < 0 for d in ds)} |")
     for scope, rows in tables:
-        print(f"\n{scope}: {'JFR' if rows and rows[0][2] == rows[0][2] else 'ustack'}'s "
-              "top 10, share of main's Java samples in the common window\n")
+        judged_by_jfr = bool(rows) and rows[0][2] == rows[0][2]
+        print(f"\n{scope}: {'JFR' if judged_by_jfr else 'ustack'}'s top 10, share of main's "
+              f"Java samples{' in the common window' if judged_by_jfr else ''}\n")
         print("| method | ustack % | JFR % | difference |")
         print("|---|---:|---:|---:|")
         for name, a, b, d in rows:
