@@ -25,6 +25,21 @@ not methods, and the samples whose innermost frame is one (the math
 intrinsics, dsin or dlog, sit in StubRoutines' blobs) are left out of
 the shares: JFR's sampler cannot walk from there and records none.
 
+The shares are compared over the window both sampled (from the later of
+their first samples of main to the earlier of their last; each ustack
+sample carries its time, JFR's events their startTime): a -p run's JFR
+starts before ustack is live, and JavaMix's two halves run different
+methods. Beside the comparison, the oracle's own noise: JFR's window
+dealt alternately into two halves and compared the same way; JFR of one
+run against the next's; and what sampling alone gives at these counts
+(the top-10 max difference of 2000 pairs drawn from the pooled shares,
+median and 95th percentile; the largest binomial standard error of one
+method's difference). Then, per scope, how many runs are within 5
+points and each method's mean difference and sign across runs.
+
+    sudo python3 bench/java_frames.py --seconds 16 --reps 6 --no-cost \
+        --scopes='-p;-c;whole machine;whole machine, started during'
+
 JFR leaves DebugNonSafepoints off (`jcmd PID VM.flags -all` while it
 records, JDK 17 and 25): it and the walk read the same PcDescs, which C2
 records only at calls and safepoint polls. A run without JFR (`-p, no
@@ -36,7 +51,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -59,65 +73,97 @@ def ustack_counts(**scope) -> list:
         return run.counts()
 
 
-def machine_counts(proc: subprocess.Popen | None, start) -> list:
-    """Counted stacks of the JVM's process in a whole-machine run that
-    ends as it exits: the JVM `proc` running before the run, or, given
-    None, the one `start()` starts 1 s into the run."""
+# CLOCK_MONOTONIC (the samples' clock) to the wall clock JFR stamps its events with
+WALL_MINUS_MONOTONIC = time.time_ns() - time.monotonic_ns()
+
+
+def ustack_samples(watch=None, **scope) -> tuple:
+    """(samples, untimed): each sample of the run as (wall-clock ns, pid,
+    frames), in time order, so that it can be cut to the window JFR sampled
+    too; and how many stacks the kernel counted with no time (walked there:
+    none of a JVM's Java frames are). `watch(run)`, if given, runs beside
+    the run and ends it (a whole-machine run)."""
     import threading
     import ustack
+    from ustack.counting.tally import kernel_counted
     run = ustack.Session(ustack.Options(command="profile", events=["profile:hz:199"],
-                                        backend="bpf"))
+                                        backend="bpf", **scope))
+    with run:
+        if watch is not None:
+            threading.Thread(target=watch, args=(run,), daemon=True).start()
+        samples = [(e.sample.time_ns + WALL_MINUS_MONOTONIC, e.sample.pid, e.stack.frames)
+                   for e in run.events()]
+        untimed = [(s.pid, run.resolver.stack(s).frames, n) for s, n in kernel_counted(run)]
+    return samples, untimed
+
+
+def machine_samples(proc: subprocess.Popen | None, start) -> tuple:
+    """ustack_samples of the JVM's process in a whole-machine run that
+    ends as it exits: the JVM `proc` running before the run, or, given
+    None, the one `start()` starts 1 s into the run."""
     jvm = {"proc": proc}
 
-    def watch():
+    def watch(run):
         if jvm["proc"] is None:
             time.sleep(1)
             jvm["proc"] = start()
         jvm["proc"].wait()
         run.stop()
-    with run:
-        threading.Thread(target=watch, daemon=True).start()
-        counted = run.counts()
+    samples, untimed = ustack_samples(watch)
     pid = jvm["proc"].pid
-    return [c for c in counted if c.pid == pid]
+    return [s for s in samples if s[1] == pid], [u for u in untimed if u[0] == pid]
 
 
-def ustack_shares(counted: list) -> tuple:
+def ustack_shares(stacks) -> tuple:
     """(Java samples, whole ones, in stubs, Counter of innermost Java method
-    -> samples) of main's thread."""
+    -> samples) of main's thread, from (frames, count) pairs."""
     java = whole = stub = 0
     top: collections.Counter = collections.Counter()
-    for c in counted:
-        frames = c.stack.frames
+    for frames, count in stacks:
         if not any(f.function == "JavaMain" for f in frames):
             continue
         methods = [f for f in frames if f.kind == "java" and not f.function.startswith("[")]
         if not methods:
             continue
-        java += c.count
+        java += count
         named = not any((f.function or "").startswith("[java ") for f in frames)
-        whole += c.count * (named and frames[-1].function == ROOT)
+        whole += count * (named and frames[-1].function == ROOT)
         if frames[0].kind == "java" and frames[0].function.startswith("["):
-            stub += c.count     # in the JVM's stubs: JFR records no sample there
+            stub += count     # in the JVM's stubs: JFR records no sample there
             continue
-        top[methods[0].function] += c.count
+        top[methods[0].function] += count
     return java, whole, stub, top
 
 
-_TOP = re.compile(r"^\s+stackTrace = \[\n\s+([\w.$<>]+)\(", re.M)
+def main_java_times(samples: list) -> list:
+    """The times of main's samples holding a Java method (what the shares count)."""
+    return [t for t, _pid, frames in samples
+            if any(f.function == "JavaMain" for f in frames)
+            and any(f.kind == "java" and not f.function.startswith("[") for f in frames)]
 
 
-def jfr_shares(recording: str) -> collections.Counter:
-    text = subprocess.run(["jfr", "print", "--events", "jdk.ExecutionSample", recording],
+def jfr_samples(recording: str) -> list:
+    """(wall-clock ns, top frame's method) of each of JFR's execution
+    samples of main, in time order."""
+    import datetime
+    import json
+    text = subprocess.run(["jfr", "print", "--json", "--stack-depth", "1", "--events",
+                           "jdk.ExecutionSample", recording],
                           capture_output=True, text=True, check=True).stdout
-    top: collections.Counter = collections.Counter()
-    for event in text.split("jdk.ExecutionSample {")[1:]:
-        if 'sampledThread = "main"' not in event:
+    out = []
+    for event in json.loads(text)["recording"]["events"]:
+        v = event["values"]
+        if (v["sampledThread"] or {}).get("javaName") != "main" or not v["stackTrace"]:
             continue
-        m = _TOP.search(event)
-        if m:
-            top[m[1]] += 1
-    return top
+        method = v["stackTrace"]["frames"][0]["method"]
+        stamp = v["startTime"]              # 2026-11-29T18:44:34.867170491Z
+        whole_s, _, frac = stamp.rstrip("Z").partition(".")
+        seconds = datetime.datetime.fromisoformat(whole_s).replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+        ns = int(seconds) * 10**9 + int((frac + "000000000")[:9])
+        out.append((ns, f"{method['type']['name'].replace('/', '.')}.{method['name']}"))
+    out.sort()
+    return out
 
 
 def compare(ours: collections.Counter, theirs: collections.Counter) -> list:
@@ -130,20 +176,50 @@ def compare(ours: collections.Counter, theirs: collections.Counter) -> list:
     return rows
 
 
+def worst(rows: list) -> float:
+    return max(abs(r[3]) for r in rows) if rows else float("nan")
+
+
+def sampling_noise(ours: collections.Counter, theirs: collections.Counter,
+                   draws: int = 2000) -> tuple:
+    """What top-10 max difference sampling alone gives at these counts:
+    (median, 95th percentile) over `draws` pairs of samples drawn from the
+    two samplers' pooled shares, as many as each took; and the largest
+    binomial standard error (points) of one method's difference."""
+    import math
+    import random
+    pooled = ours + theirs
+    names, weights = list(pooled), list(pooled.values())
+    n_ours, n_theirs = sum(ours.values()), sum(theirs.values())
+    if not n_ours or not n_theirs:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(36)
+    gaps = sorted(worst(compare(collections.Counter(rng.choices(names, weights, k=n_ours)),
+                                collections.Counter(rng.choices(names, weights, k=n_theirs))))
+                  for _ in range(draws))
+    total = sum(weights)
+    se = max(100 * math.sqrt(n / total * (1 - n / total) * (1 / n_ours + 1 / n_theirs))
+             for n in weights)
+    return gaps[len(gaps) // 2], gaps[int(len(gaps) * 0.95)], se
+
+
 def _started(proc: subprocess.Popen) -> None:
     if proc.stdout.readline() != "started\n":
         raise SystemExit("JavaMix did not start")
 
 
-def scope_run(scope: str, classes: str, seconds: float, tmp: str) -> tuple:
-    """(Java samples, whole, in stubs, ustack's shares, JFR's shares or None)."""
+def scope_run(scope: str, classes: str, seconds: float, tmp: str) -> dict:
+    """One run of JavaMix in `scope`, ustack's samples and JFR's judged
+    (see judged)."""
     recording = os.path.join(tmp, f"{scope.replace(' ', '_').replace(',', '')}.jfr")
+    if os.path.exists(recording):
+        os.unlink(recording)            # the last rep's
     if scope == "-c":
         cmd = (f"java -XX:StartFlightRecording=filename={recording},settings=profile "
                f"-cp {classes} JavaMix {seconds}")
-        counted = ustack_counts(cmdline=cmd)
+        samples, untimed = ustack_samples(cmdline=cmd)
     elif scope == "whole machine, started during":
-        counted = machine_counts(None, lambda: subprocess.Popen(
+        samples, untimed = machine_samples(None, lambda: subprocess.Popen(
             ["java", f"-XX:StartFlightRecording=filename={recording},settings=profile",
              "-cp", classes, "JavaMix", str(seconds)], stdout=subprocess.DEVNULL))
     elif scope == "whole machine":
@@ -152,7 +228,7 @@ def scope_run(scope: str, classes: str, seconds: float, tmp: str) -> tuple:
         _started(proc)
         subprocess.run(["jcmd", str(proc.pid), "JFR.start", "name=bench", "settings=profile",
                         f"filename={recording}"], check=True, capture_output=True)
-        counted = machine_counts(proc, None)
+        samples, untimed = machine_samples(proc, None)
     else:
         proc = subprocess.Popen(["java", "-cp", classes, "JavaMix", str(seconds)],
                                 stdout=subprocess.PIPE, text=True)
@@ -160,11 +236,43 @@ def scope_run(scope: str, classes: str, seconds: float, tmp: str) -> tuple:
         if scope == "-p":
             subprocess.run(["jcmd", str(proc.pid), "JFR.start", "name=bench", "settings=profile",
                             f"filename={recording}"], check=True, capture_output=True)
-        counted = ustack_counts(pid=proc.pid)       # until it exits
+        samples, untimed = ustack_samples(pid=proc.pid)       # until it exits
         proc.wait()
-    java, whole, stub, ours = ustack_shares(counted)
-    theirs = jfr_shares(recording) if os.path.exists(recording) else None
-    return java, whole, stub, ours, theirs
+    theirs = jfr_samples(recording) if os.path.exists(recording) else None
+    return judged(samples, untimed, theirs)
+
+
+def judged(samples: list, untimed: list, theirs: list | None) -> dict:
+    """ustack's samples against JFR's over the window both sampled: from
+    the later of the two first samples of main (in Java) to the earlier of
+    the two last. JavaMix has phases (its second half runs methods first
+    called then) and the two samplers start at different moments (a -p
+    run's JFR before ustack is live, a -c run's with the JVM), so samples
+    outside the common window would weigh one phase more for one sampler.
+    Beside it: the whole runs' comparison (the old, unwindowed one), JFR
+    against itself (its window's samples dealt alternately into two
+    halves) and what sampling noise alone gives at these counts."""
+    stacks = [(frames, 1) for _t, _pid, frames in samples]
+    java_untimed = ustack_shares((frames, n) for _pid, frames, n in untimed)[0]
+    java, whole, stub, ours_all = ustack_shares(stacks + [(f, n) for _p, f, n in untimed])
+    out = {"java": java, "whole": whole, "stub": stub, "untimed": java_untimed,
+           "ours": ours_all, "rows": [], "n_ours": 0, "n_theirs": 0}
+    if theirs is None:
+        return out
+    times = main_java_times(samples)
+    lo, hi = max(times[0], theirs[0][0]), min(times[-1], theirs[-1][0])
+    _j, _w, _s, ours = ustack_shares((f, 1) for t, _pid, f in samples if lo <= t <= hi)
+    inside = [m for t, m in theirs if lo <= t <= hi]
+    jfr = collections.Counter(inside)
+    out.update(ours=ours, theirs=jfr, rows=compare(ours, jfr),
+               n_ours=sum(ours.values()), n_theirs=len(inside),
+               window=(hi - lo) / 1e9, cut=(len(theirs) - len(inside),
+                                              len(times) - sum(lo <= t <= hi for t in times)),
+               unwindowed=worst(compare(ours_all, collections.Counter(m for _t, m in theirs))),
+               halves=worst(compare(collections.Counter(inside[0::2]),
+                                    collections.Counter(inside[1::2]))),
+               noise=sampling_noise(ours, jfr))
+    return out
 
 
 def walk_cost(classes: str, seconds: float) -> tuple:
@@ -232,6 +340,7 @@ def run(tmp: str) -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--cost-only", action="store_true", help="the cost table alone")
+    ap.add_argument("--no-cost", action="store_true", help="the comparison alone")
     ap.add_argument("--scopes", default="-p;-c;-p, no JFR;whole machine;"
                     "whole machine, started during", help="which, ';' between them")
     ap.add_argument("--jdk", help="the JDK's home (its bin/ first on the PATH)")
@@ -243,27 +352,60 @@ def run(tmp: str) -> None:
     print(f"{version.splitlines()[0]}, bench/programs/JavaMix.java for {args.seconds:g} s "
           f"of CPU, profile:hz:199, backend bpf, load average {os.getloadavg()[0]:.1f}\n")
     print("| scope | Java samples (main) | whole (named, to clone3) | in stubs | "
-          "top-10 max difference (points) |")
-    print("|---|---:|---:|---:|---:|")
-    tables = []
+          "window: s, ustack / JFR samples | top-10 max difference (points) | "
+          "whole runs, unwindowed | JFR vs JFR (halves) | sampling noise: median / 95 % | "
+          "largest SE |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    tables, by_scope = [], collections.defaultdict(list)
     for _rep in range(0 if args.cost_only else args.reps):
         for scope in args.scopes.split(";"):
-            java, whole, stub, ours, theirs = scope_run(scope, tmp, args.seconds, tmp)
-            rows = compare(ours, theirs) if theirs else []
-            worst = f"{max(abs(r[3]) for r in rows):.1f}" if rows else "-"
-            print(f"| {scope} | {java} | {100 * whole / max(java, 1):.1f} % | "
-                  f"{100 * stub / max(java, 1):.1f} % | {worst} |")
-            shared = sum(ours.values()) or 1
-            tables.append((scope, rows or [(k, 100 * n / shared, float("nan"), float("nan"))
-                                           for k, n in ours.most_common(10)]))
+            r = scope_run(scope, tmp, args.seconds, tmp)
+            by_scope[scope].append(r)
+            java = max(r["java"], 1)
+            head = (f"| {scope} | {r['java']} | {100 * r['whole'] / java:.1f} % | "
+                    f"{100 * r['stub'] / java:.1f} % | ")
+            if r["rows"]:
+                median, high, se = r["noise"]
+                print(head + f"{r['window']:.1f}, {r['n_ours']} / {r['n_theirs']} | "
+                      f"{worst(r['rows']):.1f} | {r['unwindowed']:.1f} | {r['halves']:.1f} | "
+                      f"{median:.1f} / {high:.1f} | {se:.1f} |", flush=True)
+            else:
+                print(head + "- | - | - | - | - | - |", flush=True)
+            if r["untimed"]:
+                print(f"|  (of which {r['untimed']} counted in the kernel, untimed: "
+                      "in the whole-run figures only) |||||||||", flush=True)
+            shared = sum(r["ours"].values()) or 1
+            tables.append((scope, r["rows"] or [(k, 100 * n / shared, float("nan"), float("nan"))
+                                                for k, n in r["ours"].most_common(10)]))
+    for scope, runs in by_scope.items():
+        judged_runs = [r for r in runs if r["rows"]]
+        if not judged_runs:
+            continue
+        within = sum(worst(r["rows"]) <= 5 for r in judged_runs)
+        across = [worst(compare(a["theirs"], b["theirs"]))
+                  for a, b in zip(judged_runs, judged_runs[1:])]
+        print(f"\n{scope}: {within} of {len(judged_runs)} runs within 5 points; JFR of one "
+              f"run against the next's: {' / '.join(f'{g:.1f}' for g in across) or '-'}")
+        signs = collections.defaultdict(list)
+        for r in judged_runs:
+            for name, _a, _b, d in r["rows"]:
+                signs[name].append(d)
+        print("\n| method (in JFR's top 10) | runs | mean difference | over / under |")
+        print("|---|---:|---:|---:|")
+        for name, ds in sorted(signs.items(), key=lambda kv: -abs(statistics.mean(kv[1]))):
+            print(f"| {name} | {len(ds)} | {statistics.mean(ds):+.1f} | "
+                  f"{sum(d > 0 for d in ds)} / {sum(d < 0 for d in ds)} |")
     for scope, rows in tables:
-        print(f"\n{scope}: {'JFR' if rows and rows[0][2] == rows[0][2] else 'ustack'}'s "
-              "top 10, share of main's Java samples\n")
+        judged_by_jfr = bool(rows) and rows[0][2] == rows[0][2]
+        print(f"\n{scope}: {'JFR' if judged_by_jfr else 'ustack'}'s top 10, share of main's "
+              f"Java samples{' in the common window' if judged_by_jfr else ''}\n")
         print("| method | ustack % | JFR % | difference |")
         print("|---|---:|---:|---:|")
         for name, a, b, d in rows:
             print(f"| {name} | {a:.1f} | {b:.1f} | {d:+.1f} |" if b == b
                   else f"| {name} | {a:.1f} | - | - |")
+    if args.no_cost:
+        return
     cost = walk_cost(tmp, args.seconds)
     print("\nuser-space walk per copied sample of the JVM (µs, median; -c run each)\n")
     print("| walk | µs per sample | frames per sample | samples |")
