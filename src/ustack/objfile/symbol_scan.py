@@ -96,11 +96,10 @@ class SymbolScan:
         order = sorted(range(len(addrs)), key=addrs.__getitem__)
         self._addrs = list(map(addrs.__getitem__, order))
         self._refs = list(map(refs.__getitem__, order))
-        self._starts = sorted(set(addrs))
-        sized = list(compress(order, map(sizes.__getitem__, order)))
-        self._sized_starts = list(map(addrs.__getitem__, sized))
-        self._sized_ends = ends = list(map(add, self._sized_starts,
-                                           map(sizes.__getitem__, sized)))
+        self._starts = list(dict.fromkeys(self._addrs))     # sorted already: duplicates out
+        sizes = list(map(sizes.__getitem__, order))
+        self._sized_starts = list(compress(self._addrs, sizes))
+        self._sized_ends = ends = list(map(add, self._sized_starts, filter(None, sizes)))
         self._reach = list(accumulate(ends, max))   # the furthest end up to each
 
     def _refs_at(self, address: int) -> list:
