@@ -3,7 +3,9 @@ for the objects whose symbol tables are big (node: 86,000 functions,
 ~1.3 s of Python): the child (objfile/function_child.py) parses them and
 writes the image cache while the run reads samples; ElfImage, asked for
 those functions, waits for the child and reads the cache back
-(objfile/elf.py)."""
+(objfile/elf.py), or names addresses by a scan meanwhile. A
+whole-machine run sends its middle-sized objects' to one long-lived
+child (start_shared)."""
 from __future__ import annotations
 
 from . import builders
