@@ -30,10 +30,21 @@ def staged_run(src: str, cache: Path, args: list, work: Path) -> dict:
     out = work / "stages.json"
     env = dict(os.environ, PYTHONPATH=src, USTACK_CACHE_DIR=str(cache))
     launch = time.monotonic_ns()
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "stage_clock.py"), str(launch),
-                           str(out), "profile", "-F", HZ, "-d", "2",
-                           "-o", str(work / "out.folded"), *args],
-                          env=env, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen([sys.executable, str(REPO / "bench" / "stage_clock.py"), str(launch),
+                            str(out), "profile", "-F", HZ, "-d", "2",
+                            "-o", str(work / "out.folded"), *args],
+                           env=env, stderr=subprocess.PIPE, text=True)
+    # STAGE_SPY=FILE: py-spy samples the run's process (the threads holding
+    # its GIL, folded) to FILE; --nonblocking, since stopping the process
+    # to sample it interrupts the kernel's verifier (bpf(2): EAGAIN)
+    spy = os.environ.get("STAGE_SPY") and subprocess.Popen(
+        ["py-spy", "record", "--gil", "--nonblocking", "-r", "250", "-f", "raw",
+         "-o", os.environ["STAGE_SPY"], "--pid", str(run.pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _out, err = run.communicate()
+    done = subprocess.CompletedProcess(run.args, run.returncode, stderr=err)
+    if spy:
+        spy.wait()
     if done.returncode != 0:
         raise SystemExit(f"ustack failed: {done.stderr}")
     stages = json.loads(out.read_text())

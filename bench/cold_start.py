@@ -202,7 +202,8 @@ def reap_leftovers(targets: "Targets") -> None:
 
 def ustack_run(src: str, cache: Path, args: list, out: Path, targets: "Targets") -> tuple:
     """(seconds to the Tracing line, seconds to the end, CPU seconds: its
-    own and its builders', which it leaves to finish) of one run."""
+    own and its builders', which it leaves to finish, and of its main
+    process alone) of one run."""
     env = dict(os.environ, PYTHONPATH=src, USTACK_CACHE_DIR=str(cache))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     cpu = cpu_seconds()
@@ -212,12 +213,12 @@ def ustack_run(src: str, cache: Path, args: list, out: Path, targets: "Targets")
     line = us.stderr.readline()
     tracing = time.monotonic() - start
     rest = us.stderr.read()
-    us.wait()
+    _pid, status, usage = os.wait4(us.pid, 0)      # its own CPU, apart from its builders'
     took = time.monotonic() - start
-    if not line.startswith("Tracing") or us.returncode != 0:
+    if not line.startswith("Tracing") or os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"ustack failed: {line}{rest}")
     reap_leftovers(targets)
-    return tracing, took, cpu_seconds() - cpu
+    return tracing, took, cpu_seconds() - cpu, usage.ru_utime + usage.ru_stime
 
 
 def perf_run(work: Path, args: list) -> tuple:
@@ -276,9 +277,9 @@ def main() -> None:
                         try:
                             pid = getattr(targets, name)()
                             loads.append(os.getloadavg()[0])
-                            tracing, took, cpu = ustack_run(src, cold(caches),
-                                                            ["-p", str(pid)],
-                                                            work / "out.folded", targets)
+                            tracing, took, cpu, _main = ustack_run(src, cold(caches),
+                                                                   ["-p", str(pid)],
+                                                                   work / "out.folded", targets)
                         finally:
                             targets.close()
                         results[tree][0].append(tracing)
@@ -297,6 +298,7 @@ def main() -> None:
             results = {t: [] for t, _ in trees}
             tracings = {t: [] for t, _ in trees}
             cpus = {t: [] for t, _ in trees}
+            mains = {t: [] for t, _ in trees}
             perfs, ratios, perf_cpus, cpu_ratios = [], [], [], []
             for rep in range(a.reps):
                 targets = Targets(work)
@@ -306,9 +308,10 @@ def main() -> None:
                         if "clang" in needs:
                             targets.clang_running()
                         loads.append(os.getloadavg()[0])
-                        tracing, took, cpu = ustack_run(src, cold(caches), args(pids[-1]),
-                                                        work / "out.folded", targets)
+                        tracing, took, cpu, main_cpu = ustack_run(
+                            src, cold(caches), args(pids[-1]), work / "out.folded", targets)
                         results[tree].append(took)
+                        mains[tree].append(main_cpu)
                         tracings[tree].append(tracing)
                         cpus[tree].append(cpu)
                         cold(caches)
@@ -321,6 +324,7 @@ def main() -> None:
                             perf_cpus.append(p_cpu)
                             cpu_ratios.append(cpu / p_cpu)
                         print(part, tree, f"{tracing:.2f} {took:.2f} cpu {cpu:.2f} "
+                              f"main {main_cpu:.2f} load {loads[-1]:.1f} "
                               f"perf {p:.2f} cpu {p_cpu:.2f}", file=sys.stderr)
                 finally:
                     targets.close()
@@ -328,7 +332,8 @@ def main() -> None:
             for tree in results:
                 rows.append(f"| {what} | {tree} | {median(tracings[tree])} "
                             f"({spread(tracings[tree])}) | {median(results[tree])} "
-                            f"({spread(results[tree])}) | {median(cpus[tree])} | "
+                            f"({spread(results[tree])}) | {median(cpus[tree])} "
+                            f"(main process {median(mains[tree])}) | "
                             + (f"perf {median(perfs)} ({spread(perfs)}), CPU "
                                f"{median(perf_cpus)}; ratio {median(ratios)} "
                                f"({spread(ratios)}), CPU ratio {median(cpu_ratios)}"

@@ -141,7 +141,9 @@ first_sample_clock()
 sys.argv = ["ustack", *sys.argv[3:]]
 if os.environ.get("STAGE_PROFILE"):     # cProfile of the main thread, to that file
     import cProfile
-    profile = cProfile.Profile()
+    # STAGE_PROFILE_CPU: the main thread's CPU time, not the clock's
+    profile = (cProfile.Profile(time.thread_time) if os.environ.get("STAGE_PROFILE_CPU")
+               else cProfile.Profile())
     status = profile.runcall(ustack.cli.main)
     profile.dump_stats(os.environ["STAGE_PROFILE"])
 else:

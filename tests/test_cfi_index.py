@@ -8,11 +8,13 @@ import shutil
 
 import pytest
 
+from helpers import build
 from ustack.objfile.elf import ElfImage
 from ustack.unwind.cfi import UnwindTable
 from ustack.unwind.cfi_index import INDEXED_FROM, IndexedCfi, for_unwinder
 
 OBJECTS = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+           "/usr/bin/bash",
            shutil.which("node") or "", "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so"]
 
 
@@ -50,8 +52,15 @@ def test_the_unwinder_indexes_only_big_objects_not_in_memory():
     assert big.file.sections[".eh_frame"][2] >= INDEXED_FROM
     table, _found = for_unwinder(big)
     assert isinstance(table, IndexedCfi)
-    small = ElfImage.open("/lib/x86_64-linux-gnu/libc.so.6")
-    assert isinstance(for_unwinder(small)[0], UnwindTable)
+    with_debug_file = ElfImage.open("/lib/x86_64-linux-gnu/libc.so.6")
+    assert isinstance(for_unwinder(with_debug_file)[0], UnwindTable)
+    # bash's 100 KB: a whole-machine run meets a shell's in most stacks it
+    # unwinds in user space, and building its whole table cost 0.2-1 s there
+    bash = ElfImage.open("/usr/bin/bash")
+    assert bash.file.sections[".eh_frame"][2] >= INDEXED_FROM
+    assert isinstance(for_unwinder(bash)[0], IndexedCfi)
+    tiny = ElfImage.open(build("chain", flags=("-O0",)))
+    assert isinstance(for_unwinder(tiny)[0], UnwindTable)
     whole = UnwindTable.for_image(big)[0]            # built by another path: in memory
     assert for_unwinder(big)[0] is whole
     UnwindTable.clear_cache()                        # on disk only: indexed again

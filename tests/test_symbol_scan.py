@@ -99,3 +99,29 @@ def test_node_named_while_its_child_builds():
     function_builder.wait(NODE)
     assert sum(sym is not None for sym in meanwhile) > 900
     assert meanwhile == [image.symbols.lookup(a) for a in asked]
+
+
+def test_a_whole_machine_run_builds_middle_objects_functions_apart():
+    """Named during a whole-machine run, a middle-sized object (libstdc++:
+    5,500 entries) is named by a scan while the run's long-lived builder
+    builds its whole table for the cache: this process builds none, and
+    the names are the table's."""
+    path = os.path.realpath("/usr/lib/x86_64-linux-gnu/libstdc++.so.6")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not installed")
+    function_builder.build_named_apart()
+    try:
+        image = ElfImage.open(path)
+        assert image.symbols.pending
+        image.function_at(0x1000)
+        assert image.symbols.pending            # not built here
+        function_builder.wait(path)
+        ElfImage.clear_cache()
+        parsed = ElfImage.parsed_files
+        whole = ElfImage.open(path).symbols
+        assert len(whole.functions) > 4000
+        assert ElfImage.parsed_files == parsed  # the builder's cache entry, read back
+        asked = addresses_to_ask(whole.functions, 2000)
+        assert [hex(a) for a in asked if image.function_at(a) != whole.lookup(a)] == []
+    finally:
+        function_builder.build_named_apart(False)

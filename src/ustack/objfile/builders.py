@@ -29,6 +29,10 @@ Which builders a run starts, and why (none starts another):
   they start, so they start at NOTHING_WAITS_NICENESS (a busy machine's
   work first, an object never sampled costs it little) and get the run's
   niceness back when the run waits for their names (wait(run_waits=True)).
+  A whole-machine run's middle-sized objects (symbol tables of 32-512
+  KiB: libcrypto, libpython, libc's debug file), when first named: one
+  long-lived functions builder (`shared`) builds them for the cache while
+  the run names them by a scan (function_builder.start_shared).
 
 A run stops, as it ends (stop_unneeded), the builders of objects it
 neither waited for nor named: a head start for an object never sampled
@@ -44,7 +48,8 @@ finish within short runs.
 
 A kind of job the run asks for many objects, one after another (the lazy
 row loader's rows: libpython, libstdc++, libcrypto, ... in a
-whole-machine run), goes to one long-lived child of its module
+whole-machine run; the functions of the objects it names), goes to one
+long-lived child of its module
 (`shared`), fed one job a line over a pipe: one Python start-up and
 import for all of them, and the builds on another CPU, outside this
 process's GIL. It answers each job with its number when the job's cache

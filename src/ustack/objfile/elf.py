@@ -119,7 +119,8 @@ class ElfImage:
         if not symbols.pending:
             return symbols.lookup(vaddr)
         scan = self.__dict__.get("_scan")
-        if scan is None and not self.file.is_go and function_builder.running(self.path):
+        if scan is None and not self.file.is_go and (function_builder.running(self.path)
+                                                      or function_builder.start_shared(self)):
             from .symbol_scan import SymbolScan
             try:
                 scan = SymbolScan(self.path)

@@ -177,14 +177,13 @@ def symbol_entries(reader, table) -> tuple:
     data = reader.data(table)
     sections = reader.sections
     strtab = reader.data(sections[table.link]) if 0 < table.link < len(sections) else b""
-    if reader.elfclass == 64:
-        layout = struct.Struct(reader.order + "IBBHQQ")
-        entries = [(n, v, sz, info, sh) for n, info, _o, sh, v, sz
-                   in layout.iter_unpack(data[:len(data) - len(data) % layout.size])]
-    else:
-        layout = struct.Struct(reader.order + "IIIBBH")
-        entries = [(n, v, sz, info, sh) for n, v, sz, info, _o, sh
-                   in layout.iter_unpack(data[:len(data) - len(data) % layout.size])]
+    # each entry's fields picked into that order by C calls (node's 185,000
+    # entries: ~15 ms, where a comprehension unpacking them took ~60 ms)
+    if reader.elfclass == 64:       # name, info, other, section, value, size
+        layout, fields = struct.Struct(reader.order + "IBBHQQ"), itemgetter(0, 4, 5, 1, 3)
+    else:                           # name, value, size, info, other, section
+        layout, fields = struct.Struct(reader.order + "IIIBBH"), itemgetter(0, 1, 2, 3, 5)
+    entries = list(map(fields, layout.iter_unpack(data[:len(data) - len(data) % layout.size])))
     return entries, strtab
 
 

@@ -3,7 +3,9 @@ for the objects whose symbol tables are big (node: 86,000 functions,
 ~1.3 s of Python): the child (objfile/function_child.py) parses them and
 writes the image cache while the run reads samples; ElfImage, asked for
 those functions, waits for the child and reads the cache back
-(objfile/elf.py)."""
+(objfile/elf.py), or names addresses by a scan meanwhile. A
+whole-machine run sends its middle-sized objects' to one long-lived
+child (start_shared)."""
 from __future__ import annotations
 
 from . import builders
@@ -38,6 +40,45 @@ def wait(path: str) -> None:
     builders.wait((_KIND, path), run_waits=True)
 
 
+
+
+# bytes of .symtab + .dynsym from which an object named during a
+# whole-machine run has its functions built by the run's long-lived
+# functions builder, and named meanwhile by a scan (objfile/symbol_scan.py:
+# libcrypto's 8,000 entries ~19 ms, its whole table built and saved here
+# ~57 ms; a cold whole-machine run names ~10 such objects)
+SHARED_SYMBOL_TABLES = 32 << 10
+_named_apart: list = []         # [True] once a run asked build_named_apart()
+
+
+def build_named_apart(apart: bool = True) -> None:
+    """From now on (`apart` False: no longer), start_shared() sends the
+    middle-sized objects named to one long-lived builder: a whole-machine
+    run names many of them (one builder's start-up, ~0.2 s of CPU, pays
+    off); a short -p or -c run naming libc alone builds it here."""
+    _named_apart[:] = [True] if apart else []
+
+
+def start_shared(image) -> bool:
+    """Build `image`'s functions in the run's one long-lived functions
+    builder (builders.start(shared=True): one Python start-up for all the
+    middle-sized objects a run names, libpython, libstdc++, libcrypto,
+    libc's debug file, ...), if build_named_apart() was asked, unless they
+    are built, a child of their own builds them, or they are small enough
+    to build here at once. Whether a builder has the job now; the caller
+    names the object by a scan meanwhile, and the run does not wait for
+    the builder."""
+    if not _named_apart or not image.symbols.pending or worth_a_child(image):
+        return False
+    if image.path.startswith("/proc/"):
+        return False                # a pinned /proc/self/fd/N: this process's alone
+    sections = image.file.sections
+    if sum(sections.get(name, (0, 0, 0))[2]
+           for name in (".symtab", ".dynsym")) < SHARED_SYMBOL_TABLES:
+        return False
+    proc = builders.start((_KIND, image.path), "ustack.objfile.function_child", [image.path],
+                          niceness=NOTHING_WAITS_NICENESS, shared=True)
+    return proc is not None
 
 
 def running(path: str) -> bool:

@@ -84,8 +84,11 @@ class SymbolScan:
                     addrs.append(v)
                     refs.append(table | i)
                     sizes.append(size)
-        self._plt = plt_functions(reader, names)
-        for (a, _), v in self._plt.items():
+        plt = plt_functions(reader, names)
+        self._plt = {}                  # address -> its PLT stubs' raw entries
+        for key, v in plt.items():
+            self._plt.setdefault(key[0], {})[key] = v
+        for (a, _), v in plt.items():
             addrs.append(a)
             refs.append(-1)             # not a table's entry: self._plt holds it
             sizes.append(v[0])
@@ -93,11 +96,10 @@ class SymbolScan:
         order = sorted(range(len(addrs)), key=addrs.__getitem__)
         self._addrs = list(map(addrs.__getitem__, order))
         self._refs = list(map(refs.__getitem__, order))
-        self._starts = sorted(set(addrs))
-        sized = list(compress(order, map(sizes.__getitem__, order)))
-        self._sized_starts = list(map(addrs.__getitem__, sized))
-        self._sized_ends = ends = list(map(add, self._sized_starts,
-                                           map(sizes.__getitem__, sized)))
+        self._starts = list(dict.fromkeys(self._addrs))     # sorted already: duplicates out
+        sizes = list(map(sizes.__getitem__, order))
+        self._sized_starts = list(compress(self._addrs, sizes))
+        self._sized_ends = ends = list(map(add, self._sized_starts, filter(None, sizes)))
         self._reach = list(accumulate(ends, max))   # the furthest end up to each
 
     def _refs_at(self, address: int) -> list:
@@ -113,7 +115,7 @@ class SymbolScan:
         for address in list(owners):
             if any(self._tables[t][0][i][3] & 0xF == STT_NOTYPE for t, i in self._refs_at(address)):
                 self._holding(address, owners)      # what may hide the label
-        raw = {key: v for key, v in self._plt.items() if key[0] in owners}
+        raw = {key: v for a in owners for key, v in self._plt.get(a, {}).items()}
         for t, i in sorted(ref for a in owners for ref in self._refs_at(a)):
             entries, text, hidden = self._tables[t]
             n, v, size, info, shndx = entries[i]

@@ -1,6 +1,8 @@
 """Work a run starts before its first sample, for the objects it will
 meet: a whole-machine run builds the functions of the big objects of the
-processes running now (busy_objects), a -p run those of its process, and with debuginfod servers the
+processes running now (busy_objects), and those of the middle-sized
+objects it names apart (function_builder.build_named_apart), a -p run
+those of its process, and with debuginfod servers the
 debug files of the run's objects are asked for as they are mapped
 (objfile/debuginfod.py). Both run in the background while the capture
 opens; nothing here makes the run wait."""
@@ -15,8 +17,10 @@ def prepare(target, tracker, symbols) -> None:
     """`target`: the run's Target, `tracker` its MappingTracker, `symbols`
     the SymbolOptions asked for."""
     if target.scope == "system":
+        from ..objfile import function_builder
         from . import busy_objects
         busy_objects.start_building(skip=os.getpid())
+        function_builder.build_named_apart()
     elif target.scope == "pid":
         # node's functions took a cold `-p -d 2` run 6.6 s past its end
         # when first asked for there

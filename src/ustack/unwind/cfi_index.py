@@ -25,8 +25,9 @@ from . import cfi
 
 # .eh_frame bytes from which the unwinder, meeting an object whose table is
 # not built yet, looks its pcs up through .eh_frame_hdr (libpython's: 290 KB,
-# ~0.3 s to build whole; node's: 2.7 MB, ~1 s)
-INDEXED_FROM = 128 << 10
+# ~0.3 s to build whole; node's: 2.7 MB, ~1 s; bash's and libglib's ~110 KB,
+# ~40 ms each, 0.2-1.0 s of a loaded whole-machine run's clock under its GIL)
+INDEXED_FROM = 64 << 10
 
 
 def for_unwinder(image: ElfImage, debug_dirs=()) -> tuple:
