@@ -24,10 +24,11 @@ from json.encoder import encode_basestring_ascii as _json   # json.dumps of a st
 
 from .clickhouse_http import Server, ServerError, quote
 from .clickhouse_schema import (FRAMES, MARKER_EVENT, STACK_FRAMES, STACKS_IN, SUMS, StackRows,
-                                create_statements, sums_select)
+                                create_statements, keep_sink_ids, sums_select)
 from .spool import SUFFIX, Spool
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
+_SINK_ID = operator.attrgetter("sink_id")
 
 
 class ProcessFacts:
@@ -89,38 +90,34 @@ def _container(pid: int) -> str:
 
 
 class SentStacks:
-    """The sink's memory of stacks: their rows' encoder; each Stack
-    object's id, while it lives (the symbolizer hands out the same object
-    for a stack seen again: ~20 % of a minute's, not encoded again); and
-    `confirmed` and `confirmed_frames`, the stacks' and frames' ids the
-    server has (the sender adds them), whose rows need not travel again."""
+    """The sink's memory of stacks: their rows' encoder; and `confirmed`
+    and `confirmed_frames`, the stacks' and frames' ids the server has
+    (the sender adds them), whose rows need not travel again. A Stack's
+    id is kept on the object (Stack.sink_id): the symbolizer hands out
+    the same object for a stack seen again, not encoded again."""
 
-    LIMIT = 100_000                  # ids kept; past it, started afresh
+    LIMIT = 100_000                  # ids confirmed kept; past it, started afresh
 
     def __init__(self):
         self.rows = StackRows()
         self.confirmed: set = set()
         self.confirmed_frames: set = set()  # frames' ids, as bytes
-        self._ids: dict = {}         # id(Stack) -> (the Stack, held: its id stays its; stack id)
 
     def stack_ids(self, stacks: list) -> tuple:
         """(each stack's id, {id: (its row, its frames' ids)} of the stacks
-        whose rows were made now: those not met before, all at once)."""
-        ids = self._ids
-        held = list(map(ids.get, map(id, stacks)))
+        whose rows were made now: those without an id yet, all at once)."""
+        held = list(map(_SINK_ID, stacks))
         made: dict = {}
         if None in held:
-            if len(ids) >= self.LIMIT:
-                ids.clear()
-                held = [None] * len(stacks)
             new = list(compress(stacks, map(operator.not_, held)))
             # each once, by identity (a Stack's own hash reads all its frames)
             new = list(dict(zip(map(id, new), new)).values())
-            for stack, (sid, row, parts) in zip(new, self.rows.rows(new)):
-                ids[id(stack)] = (stack, sid)
+            rows = self.rows.rows(new)
+            keep_sink_ids(new, map(operator.itemgetter(0), rows))
+            for sid, row, parts in rows:
                 made.setdefault(sid, (row, parts))
-            held = list(map(ids.get, map(id, stacks)))
-        return [h[1] for h in held], made
+            held = list(map(_SINK_ID, stacks))
+        return held, made
 
 
 def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
@@ -153,9 +150,8 @@ def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
                      "pid": sc.pid, "tid": tid, "comm": sc.comm, "executable": exe,
                      "build_id": build_id, "event": sc.event, "weight": sc.count,
                      "stack_id": sid, "batch": batch}
-    confirmed = known.confirmed_frames
-    rows_of = known.rows.frame_rows
-    frames = {digest: rows_of[digest] for digest in needed.difference(confirmed)}
+    frames = known.rows.frames_rows([sc.stack for sc in counts],
+                                    needed.difference(known.confirmed_frames))
     return {"batch": batch, "host": host, "start_ns": start_ns, "frames": frames,
             "stacks": stacks, "samples": list(rows.values())}
 
