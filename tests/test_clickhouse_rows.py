@@ -85,3 +85,19 @@ def test_another_process_s_copies_are_the_same_stack(monkeypatch):
     # before (the copies too), nothing but its samples
     assert (len(stacks), len(frames)) == (2, 1)
     assert (stacks3, frames3) == ({}, {})
+
+
+def test_frames_read_as_they_are_named_travel_as_the_same_rows(monkeypatch):
+    """The run's sink reads each place's frames as the symbolizer names
+    them (the copies then carry their originals' ids): the rows, ids and
+    frames sent are those of frames read at the interval's end."""
+    at_the_end = _sent(None, monkeypatch)
+    named_first = SentStacks.stack_ids
+
+    def named_then_ids(known, stacks):
+        originals = {id(f): f for s in stacks for f in s.frames
+                     if id(f) not in known.rows.copied_from}
+        known.rows.name([f for f in originals.values() if f.sink_id is None])
+        return named_first(known, stacks)
+    monkeypatch.setattr(SentStacks, "stack_ids", named_then_ids)
+    assert _sent(None, monkeypatch) == at_the_end

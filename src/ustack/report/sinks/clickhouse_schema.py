@@ -266,6 +266,17 @@ class StackRows:
                         b"".join((named, count, frame_ids, tail)), mine))
         return out
 
+    def name(self, frames: list) -> None:
+        """Learn the ids of Frames just named (no copies among them), read
+        while their memory is warm: ~2-3 times cheaper than at the
+        interval's end, and the copies made of them later carry the id."""
+        keys = list(map(_FRAME_FIELDS, frames))
+        read = list(map(self._frames.get, keys))
+        if None in read:             # a frame never met by content: its row made
+            read = [p or self._frames.get(k) or self._frame(k, f)
+                    for p, k, f in zip(read, keys, frames)]
+        keep_sink_ids(frames, read)
+
     def _met(self, new: list) -> None:
         """Learn the ids of Frames that have none yet (each once): a copy
         takes its original's (the original new too, as in a run's first
