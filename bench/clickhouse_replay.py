@@ -15,7 +15,10 @@ stacks' code, ~4 us a new stack live) are left out, so that both trees
 queue the same bytes whichever processes have ended since the capture.
 Offline the Frames are hot and the heap is compact: live, each new stack
 costs ~1.2-1.5 times what it costs here (bench/clickhouse.py `sending`
-measures that, but its noise from run to run is larger than a change)."""
+measures that, but its noise from run to run is larger than a change).
+What the live sink does as places are named (Symbolizer.on_named: frames
+read while warm, copies made after carrying their originals' ids) does
+not happen here: every Frame is read at its interval's end."""
 from __future__ import annotations
 
 import os
@@ -84,6 +87,13 @@ def capture(path: str, seconds: int) -> None:
             proc.wait()
     if status != 0:
         raise SystemExit(status)
+    # the ids the run's sink kept on its Frames and Stacks (sink_id) are
+    # not kept: a replay reads every one afresh, as the sink first did
+    for *_, counts, _pairs in kept:
+        for sc in counts:
+            vars(sc.stack).pop("sink_id", None)
+            for frame in sc.stack.frames:
+                vars(frame).pop("sink_id", None)
     with open(path, "wb") as f:
         pickle.dump(kept, f, protocol=pickle.HIGHEST_PROTOCOL)
     print(f"{len(kept)} intervals, {sum(len(k[2]) for k in kept)} rows kept in {path}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ustack.model import Frame, Stack, StackCount
+from ustack.report.sinks.clickhouse_schema import StackRows
 from ustack.report.sinks.clickhouse_sink import ProcessFacts, SentStacks, interval_batch
 
 
@@ -34,9 +35,13 @@ def _intervals(copied_from: dict) -> list:
     return [counts[:2] + counts2[:1], counts[1:], counts2 + counts[:1]]
 
 
-def _sent(limit: int | None, monkeypatch) -> list:
+def _sent(limit: int | None, monkeypatch, confirmed: bool = True) -> list:
+    """Each interval's rows, stacks and frames sent; `confirmed`: the
+    server says it has them after each (else it never answers, and each
+    interval sends all it names again)."""
     if limit is not None:
         monkeypatch.setattr(SentStacks, "LIMIT", limit)
+        monkeypatch.setattr(StackRows, "FRAMES_LIMIT", limit)
     copied_from: dict = {}
     intervals = _intervals(copied_from)
     known = SentStacks()
@@ -47,17 +52,21 @@ def _sent(limit: int | None, monkeypatch) -> list:
         batch = interval_batch("h1", "run", n * 10**9, 10**9, counts, facts, False, known)
         out.append(([(r["pid"], r["stack_id"], r["weight"]) for r in batch["samples"]],
                     batch["stacks"], batch["frames"]))
-        known.confirmed.update(batch["stacks"])     # as the sender, once the server has them
-        known.confirmed_frames.update(batch["frames"])
+        if confirmed:
+            known.confirmed.update(batch["stacks"])     # as the sender, once the server has them
+            known.confirmed_frames.update(batch["frames"])
     return out
 
 
+@pytest.mark.parametrize("confirmed", [True, False])
 @pytest.mark.parametrize("limit", [1, 2, 3])
-def test_stack_ids_and_rows_stay_the_same_past_the_bound(limit, monkeypatch):
-    """An agent that has met more stacks than it keeps starts afresh: the
-    stacks it meets then keep their ids, and their rows are the same
-    bytes (a reader of the tables cannot tell)."""
-    assert _sent(limit, monkeypatch) == _sent(None, monkeypatch)
+def test_stack_ids_and_rows_stay_the_same_past_the_bound(limit, confirmed, monkeypatch):
+    """An agent that has met more stacks and frames than it keeps starts
+    afresh: the stacks it meets then keep their ids, and their rows and
+    their frames' rows are the same bytes (a reader of the tables cannot
+    tell), also those sent again while the server has not answered."""
+    unbounded = _sent(None, monkeypatch, confirmed)     # (before the bound is set)
+    assert _sent(limit, monkeypatch, confirmed) == unbounded
 
 
 def test_another_process_s_copies_are_the_same_stack(monkeypatch):
@@ -76,3 +85,19 @@ def test_another_process_s_copies_are_the_same_stack(monkeypatch):
     # before (the copies too), nothing but its samples
     assert (len(stacks), len(frames)) == (2, 1)
     assert (stacks3, frames3) == ({}, {})
+
+
+def test_frames_read_as_they_are_named_travel_as_the_same_rows(monkeypatch):
+    """The run's sink reads each place's frames as the symbolizer names
+    them (the copies then carry their originals' ids): the rows, ids and
+    frames sent are those of frames read at the interval's end."""
+    at_the_end = _sent(None, monkeypatch)
+    named_first = SentStacks.stack_ids
+
+    def named_then_ids(known, stacks):
+        originals = {id(f): f for s in stacks for f in s.frames
+                     if id(f) not in known.rows.copied_from}
+        known.rows.name([f for f in originals.values() if f.sink_id is None])
+        return named_first(known, stacks)
+    monkeypatch.setattr(SentStacks, "stack_ids", named_then_ids)
+    assert _sent(None, monkeypatch) == at_the_end

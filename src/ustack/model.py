@@ -458,6 +458,14 @@ class Frame:
     objaddr: int = 0
     objstart: int = 0
 
+    # Not a field (no part of equality, hash or repr): what a sink names
+    # the frame by in its tables, a function of the fields above but the
+    # address, kept on the object by the sink that first reads them
+    # (report/sinks/clickhouse_schema.py), so that a frame met again, or
+    # its copy at another address (copied with the object's attributes),
+    # is never read again; None until then.
+    sink_id = None
+
 
 # kinds of a script's frame: no address or object of its own, named by
 # function, source file and line (reports show them alike)
@@ -505,6 +513,10 @@ class Stack:
     """A symbolized user stack, innermost frame first."""
     frames: tuple
     notes: tuple = ()              # what went wrong while unwinding, for the user
+
+    # Not a field: what a sink names the stack by (a function of its frames'
+    # names and its notes), kept on the object as Frame.sink_id is; None until then.
+    sink_id = None
 
 
 @value(frozen=False)

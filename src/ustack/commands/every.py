@@ -165,6 +165,8 @@ def write_every(session, dir_fd: int | None, seconds: float, err=None, sink=None
     to_wall_ns = time.time_ns() - time.monotonic_ns()
     written = time.monotonic()
     samples = 0
+    if sink is not None:
+        session.resolver.symbolizer.on_named = sink.named
     for interval in session.interval_counts(seconds):
         start_ns = to_wall_ns + int(interval.start * 1e9)
         duration_ns = int((interval.end - interval.start) * 1e9)

@@ -75,6 +75,10 @@ class Symbolizer:
         # a copy's names by its original's identity, without reading it
         self._named: dict = {}
         self.copied_from: dict = {}       # id(a copied Frame) -> its original Frame
+        # called with the frames of each place named afresh (not copies):
+        # a sink that reads Frames (--to) reads them now, in memory still
+        # warm, not at its interval's end; None for every other run
+        self.on_named = None
         # an interpreter frame's tag -> (the kind of the run's names of it, its parts)
         self._script_kinds = {_PHP_TAG: ("php", php_frame_parts),
                               _RUBY_TAG: ("ruby", ruby_frame_parts),
@@ -207,6 +211,8 @@ class Symbolizer:
         named = self._named.get(content)
         if named is None or named[2] is None:
             found = self._file_frames(pid, m, path, file_off, addr, back)
+            if self.on_named is not None:
+                self.on_named(found[0])
             if named is None:        # copied only where every frame is at the place's address
                 self._named[content] = (*found, addr if all(f.addr == addr for f in found[0])
                                         else None)

@@ -34,7 +34,7 @@ import hashlib
 import operator
 import struct
 from collections import deque
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from typing import NamedTuple
 
 from ...model import Frame, Stack, unnamed_function
@@ -156,6 +156,21 @@ _FRAME_FIELDS = operator.attrgetter("function", "module", "file", "line", "kind"
                                     "inlined", "objaddr", "objstart")
 _UINT32 = struct.Struct("<I").pack
 _FRAMES_OF = operator.attrgetter("frames")
+_SINK_ID = operator.attrgetter("sink_id")
+
+
+class _NoOriginal:
+    """What copied_from gives for a Frame that copies none."""
+    sink_id = None
+
+
+_NO_ORIGINAL = _NoOriginal()
+
+
+def keep_sink_ids(objects, ids) -> None:
+    """Each Frame's or Stack's sink_id kept on the object (not a field:
+    its equality and hash stay its fields'), C-level maps."""
+    deque(map(operator.setitem, map(vars, objects), repeat("sink_id"), ids), maxlen=0)
 
 
 class StackRows:
@@ -169,33 +184,46 @@ class StackRows:
     frames' ids (the hashed bytes themselves: RowBinary's UInt64s) and its
     notes, 8 bytes a frame instead of ~100 of text.
 
-    A frame is found by its identity first: the symbolizer hands out one
-    Frame for a place in a mapped file (Symbolizer.frames), so most frames
-    of a new stack are Frames met before, and looking one up by id() does
-    not read the Frame at all. A Frame never met may be the copy, at
-    another address, of one named for the same place in another process of
-    the program (`copied_from`: Symbolizer.copied_from): found by its
-    original's identity, unread too. Else by its content, read once per
-    Frame (~2.5 us live, scattered in memory). Each stack's row is then
-    C-level maps and joins, no Python step per frame."""
+    A frame's id, once known, is kept on the Frame itself (Frame.sink_id):
+    the symbolizer hands out one Frame for a place in a mapped file
+    (Symbolizer.frames), and a copy of it for the same place in another
+    process of the program carries the attribute with it, so most frames
+    of a new stack are read by one attribute lookup, no map. A Frame
+    without one may be a copy made before its original's id was known
+    (`copied_from`: Symbolizer.copied_from): it takes its original's.
+    Else its fields are read once (~2.5 us live, scattered in memory).
+    Each stack's row is then C-level maps and joins, no Python step per
+    frame."""
 
-    FRAMES_LIMIT = 200_000           # frames kept, by content and by identity; past it,
+    FRAMES_LIMIT = 200_000           # frames rows and contents kept; past it,
                                      # started afresh at the next interval
 
     def __init__(self):
         self._frames: dict = {}      # a frame's content -> its id (8 bytes)
-        self._by_id: dict = {}       # id(Frame) -> its id (8 bytes)
-        self._held: list = []        # those Frames (held: an id stays its Frame's)
         self.frame_rows: dict = {}   # a frame's id (8 bytes) -> its frames row
         self._texts: dict = {}       # a module's, file's or language's name -> (UTF-8, String)
         self.copied_from: dict = {}  # id(a copied Frame) -> its original (the symbolizer's)
 
     def next_interval(self) -> None:
         """Bound the memory between intervals (within one, every frame id
-        a row names keeps its frames row)."""
-        if len(self._held) >= self.FRAMES_LIMIT or len(self.frame_rows) >= self.FRAMES_LIMIT:
-            for kept in (self._frames, self._by_id, self._held, self.frame_rows):
-                kept.clear()
+        a row names keeps its frames row; a row dropped is made again from
+        its Frame when it must travel: frames_rows)."""
+        if len(self._frames) >= self.FRAMES_LIMIT or len(self.frame_rows) >= self.FRAMES_LIMIT:
+            self._frames.clear()
+            self.frame_rows.clear()
+
+    def frames_rows(self, stacks, ids) -> dict:
+        """{id: frames row} of these frame ids (8 bytes), named by the
+        frames of `stacks`: each kept row, else made again from a Frame
+        that has the id (its row was dropped past the bound)."""
+        rows = self.frame_rows
+        out = {digest: rows.get(digest) for digest in ids}
+        if None in out.values():
+            for frame in chain.from_iterable(map(_FRAMES_OF, stacks)):
+                if out.get(frame.sink_id, b"") is None:
+                    out[frame.sink_id] = rows.get(frame.sink_id) or \
+                        rows[self._frame(_FRAME_FIELDS(frame), frame)]
+        return out
 
     def row(self, stack: Stack) -> tuple:
         """(stack id, its stack_frames row, its frames' ids (8 bytes
@@ -206,22 +234,19 @@ class StackRows:
     def rows(self, stacks: list) -> list:
         """row() of each stack, all at once: an interval's new stacks name
         ~50 frames each, mostly Frames met before, and each step costs
-        ~100-200 ns on a loaded machine (the map is large, id() makes an
-        int): so every frame of every stack is looked up in one C-level
-        pass, the Frames never met are resolved once each however many
-        stacks name them, and only then is each stack's row joined."""
+        ~100-200 ns on a loaded machine: so every frame of every stack is
+        looked up in one C-level pass, the Frames never met are resolved
+        once each however many stacks name them, and only then is each
+        stack's row joined."""
         frames_of = list(map(_FRAMES_OF, stacks))
-        ids = list(map(id, chain.from_iterable(frames_of)))
-        by_id = self._by_id
-        parts = list(map(by_id.get, ids))
+        parts = list(map(_SINK_ID, chain.from_iterable(frames_of)))
         if None in parts:
             unmet = list(map(operator.not_, parts))
-            at = list(compress(range(len(ids)), unmet))
-            new_ids = list(compress(ids, unmet))
-            # each new Frame once, by its id
-            self._met(dict(zip(new_ids, compress(chain.from_iterable(frames_of), unmet))))
+            at = list(compress(range(len(parts)), unmet))
+            new = list(compress(chain.from_iterable(frames_of), unmet))
+            self._met(list(dict(zip(map(id, new), new)).values()))   # each once
             # filled in where they were missing (the whole pass again cost as much)
-            deque(map(parts.__setitem__, at, map(by_id.get, new_ids)), maxlen=0)
+            deque(map(parts.__setitem__, at, map(_SINK_ID, new)), maxlen=0)
         out = []
         at = 0
         for stack, frames in zip(stacks, frames_of):
@@ -241,31 +266,41 @@ class StackRows:
                         b"".join((named, count, frame_ids, tail)), mine))
         return out
 
-    def _met(self, new: dict) -> None:
-        """Learn the ids of Frames not met before (id(Frame) -> Frame): a
-        copy's by its original's identity (the original new too, as in a
-        run's first interval, where every copy's is: after it), else by
-        content (its fields read once: ~1 us a frame, scattered in memory,
-        ~2.5 us live); then each is kept by identity. C-level maps but for
-        one step per new Frame."""
-        by_id = self._by_id
-        originals = list(map(self.copied_from.get, new))
-        # (id(None) is in no map)
-        found = list(map(by_id.get, map(id, originals)))
-        if None in found:
-            later = list(map(new.__contains__, map(id, originals)))
-            unread = [f for f, p, wait in zip(new.values(), found, later) if not (p or wait)]
-            keys = list(map(_FRAME_FIELDS, unread))
-            read = list(map(self._frames.get, keys))
-            if None in read:         # a frame never met by content: its row made
-                read = [p or self._frames.get(k) or self._frame(k, f)
-                        for p, k, f in zip(read, keys, unread)]
-            by_id.update(zip(map(id, unread), read))
-            if True in later:        # now their originals are known
-                found = list(map(by_id.get, map(id, originals)))
-            found = [p or by_id[i] for p, i in zip(found, new)]
-        by_id.update(zip(new, found))
-        self._held.extend(new.values())
+    def name(self, frames: list) -> None:
+        """Learn the ids of Frames just named (no copies among them), read
+        while their memory is warm: ~2-3 times cheaper than at the
+        interval's end, and the copies made of them later carry the id."""
+        keys = list(map(_FRAME_FIELDS, frames))
+        read = list(map(self._frames.get, keys))
+        if None in read:             # a frame never met by content: its row made
+            read = [p or self._frames.get(k) or self._frame(k, f)
+                    for p, k, f in zip(read, keys, frames)]
+        keep_sink_ids(frames, read)
+
+    def _met(self, new: list) -> None:
+        """Learn the ids of Frames that have none yet (each once): a copy
+        takes its original's (the original new too, as in a run's first
+        interval, where every copy's is: after it), any other is read by
+        content (its fields once: ~1 us a frame, scattered in memory, ~2.5
+        us live); each keeps its id. C-level maps but for one step per
+        Frame read."""
+        originals = list(map(self.copied_from.get, map(id, new), repeat(_NO_ORIGINAL)))
+        found = list(map(_SINK_ID, originals))
+        if None not in found:
+            keep_sink_ids(new, found)
+            return
+        # a copy whose original is new here too: after its original
+        wait = set(map(id, new)).intersection(map(id, originals))
+        unread = [f for f, p, o in zip(new, found, originals) if not (p or id(o) in wait)]
+        keys = list(map(_FRAME_FIELDS, unread))
+        read = list(map(self._frames.get, keys))
+        if None in read:             # a frame never met by content: its row made
+            read = [p or self._frames.get(k) or self._frame(k, f)
+                    for p, k, f in zip(read, keys, unread)]
+        keep_sink_ids(unread, read)
+        # the copies: their originals' (known now)
+        copies = list(compress(new, map(operator.not_, map(_SINK_ID, new))))
+        keep_sink_ids(copies, map(_SINK_ID, map(self.copied_from.__getitem__, map(id, copies))))
 
     def _frame(self, key: tuple, frame: Frame) -> bytes:
         """A frame's id (the hash of what names it: its fields' UTF-8,

@@ -24,10 +24,11 @@ from json.encoder import encode_basestring_ascii as _json   # json.dumps of a st
 
 from .clickhouse_http import Server, ServerError, quote
 from .clickhouse_schema import (FRAMES, MARKER_EVENT, STACK_FRAMES, STACKS_IN, SUMS, StackRows,
-                                create_statements, sums_select)
+                                create_statements, keep_sink_ids, sums_select)
 from .spool import SUFFIX, Spool
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
+_SINK_ID = operator.attrgetter("sink_id")
 
 
 class ProcessFacts:
@@ -89,38 +90,34 @@ def _container(pid: int) -> str:
 
 
 class SentStacks:
-    """The sink's memory of stacks: their rows' encoder; each Stack
-    object's id, while it lives (the symbolizer hands out the same object
-    for a stack seen again: ~20 % of a minute's, not encoded again); and
-    `confirmed` and `confirmed_frames`, the stacks' and frames' ids the
-    server has (the sender adds them), whose rows need not travel again."""
+    """The sink's memory of stacks: their rows' encoder; and `confirmed`
+    and `confirmed_frames`, the stacks' and frames' ids the server has
+    (the sender adds them), whose rows need not travel again. A Stack's
+    id is kept on the object (Stack.sink_id): the symbolizer hands out
+    the same object for a stack seen again, not encoded again."""
 
-    LIMIT = 100_000                  # ids kept; past it, started afresh
+    LIMIT = 100_000                  # ids confirmed kept; past it, started afresh
 
     def __init__(self):
         self.rows = StackRows()
         self.confirmed: set = set()
         self.confirmed_frames: set = set()  # frames' ids, as bytes
-        self._ids: dict = {}         # id(Stack) -> (the Stack, held: its id stays its; stack id)
 
     def stack_ids(self, stacks: list) -> tuple:
         """(each stack's id, {id: (its row, its frames' ids)} of the stacks
-        whose rows were made now: those not met before, all at once)."""
-        ids = self._ids
-        held = list(map(ids.get, map(id, stacks)))
+        whose rows were made now: those without an id yet, all at once)."""
+        held = list(map(_SINK_ID, stacks))
         made: dict = {}
         if None in held:
-            if len(ids) >= self.LIMIT:
-                ids.clear()
-                held = [None] * len(stacks)
             new = list(compress(stacks, map(operator.not_, held)))
             # each once, by identity (a Stack's own hash reads all its frames)
             new = list(dict(zip(map(id, new), new)).values())
-            for stack, (sid, row, parts) in zip(new, self.rows.rows(new)):
-                ids[id(stack)] = (stack, sid)
+            rows = self.rows.rows(new)
+            keep_sink_ids(new, map(operator.itemgetter(0), rows))
+            for sid, row, parts in rows:
                 made.setdefault(sid, (row, parts))
-            held = list(map(ids.get, map(id, stacks)))
-        return [h[1] for h in held], made
+            held = list(map(_SINK_ID, stacks))
+        return held, made
 
 
 def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
@@ -153,9 +150,8 @@ def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
                      "pid": sc.pid, "tid": tid, "comm": sc.comm, "executable": exe,
                      "build_id": build_id, "event": sc.event, "weight": sc.count,
                      "stack_id": sid, "batch": batch}
-    confirmed = known.confirmed_frames
-    rows_of = known.rows.frame_rows
-    frames = {digest: rows_of[digest] for digest in needed.difference(confirmed)}
+    frames = known.rows.frames_rows([sc.stack for sc in counts],
+                                    needed.difference(known.confirmed_frames))
     return {"batch": batch, "host": host, "start_ns": start_ns, "frames": frames,
             "stacks": stacks, "samples": list(rows.values())}
 
@@ -230,6 +226,7 @@ class ClickHouseSink:
         self.run_id = secrets.token_hex(4)
         self.facts = ProcessFacts()
         self.stacks = SentStacks()
+        self._named: list = []       # Frames named since last read (Symbolizer.on_named)
         self.sent = self.already_there = self.queued = self.refused = 0
         self.put_cpu_s = self.sender_cpu_s = 0.0   # what sending cost, said at the end
         self.error = ""              # the last failure, '' once sending works again
@@ -244,6 +241,22 @@ class ClickHouseSink:
         self._thread.start()
 
     # -- the sampling side: never waits for the server
+    NAMED_BATCH = 256                # frames named, read together (timing each costs ~1 us)
+
+    def named(self, frames: tuple) -> None:
+        """The symbolizer's on_named: frames of a place just named, read
+        a batch at a time (their CPU counted as sending's)."""
+        self._named.extend(frames)
+        if len(self._named) >= self.NAMED_BATCH:
+            began = time.thread_time()
+            self._read_named()
+            self.put_cpu_s += time.thread_time() - began
+
+    def _read_named(self) -> None:
+        named, self._named = self._named, []
+        if named:
+            self.stacks.rows.name(named)
+
     def put(self, start_ns: int, duration_ns: int, counts, copied_from=None) -> None:
         """Queue an interval's counts; `copied_from`: the symbolizer's
         (Symbolizer.copied_from), which names copied Frames' originals."""
@@ -251,6 +264,7 @@ class ClickHouseSink:
             self.stacks.rows.copied_from = copied_from
         began = time.thread_time()
         try:
+            self._read_named()
             self._put(start_ns, duration_ns, counts)
         finally:
             self.put_cpu_s += time.thread_time() - began
