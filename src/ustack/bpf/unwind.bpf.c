@@ -349,19 +349,8 @@ int unwind_trace_lean(void *ctx)
  * walk needs, and the last ends the event as that program would
  * (`tracing`; a probe with fetch-args runs its passes in its own program:
  * PASSES is the run's, its fetch-args the probe's). */
-static __always_inline void call_all_text(struct walk *w)
-{
-	if (!calls_all_text)
-		return;
-	bpf_loop(1, step, 0, 0);
-	task_registers(w);
-	with_python(w, UW_V8 | UW_PERL | UW_RUBY | UW_PYTHON | UW_PHP, 0, 0);
-	python_deferred(w, &ring);
-}
-
 static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot next)
 {
-	call_all_text(w);
 	passes_from(ctx, w, next);
 	if (tracing)
 		output_record(ctx, w, 0);
