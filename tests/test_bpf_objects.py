@@ -2,6 +2,7 @@
 kernel/bpf_object.py places what clang leaves to it: maps declared in C,
 .rodata set at load, .bss, bpf-to-bpf calls, bpf_loop callbacks, and the
 C source line in the verifier's refusal."""
+import os
 import shutil
 import subprocess
 
@@ -39,16 +40,31 @@ def test_calls_callbacks_rodata_and_bss_run_in_the_kernel(check_object):
     maps = {}
     fd = check_object.load("loader_check", maps, {"factor": 7})
     try:
-        # scaled(5) = 35 (a bpf-to-bpf call reading .rodata), loops = 6
-        # (a bpf_loop callback writing .bss)
-        assert bpf_syscall.test_run(fd, (5).to_bytes(8, "little")) == 41
-        assert maps["out"].lookup((1).to_bytes(4, "little")) == (35).to_bytes(8, "little")
+        # scaled(5) = twice(5) * 7 = 70 (bpf-to-bpf calls, one reading
+        # .rodata), loops = 6 (a bpf_loop callback writing .bss)
+        assert bpf_syscall.test_run(fd, (5).to_bytes(8, "little")) == 76
+        assert maps["out"].lookup((1).to_bytes(4, "little")) == (70).to_bytes(8, "little")
         assert maps[".bss"].lookup(bytes(4)) == (6).to_bytes(8, "little")
     finally:
-        import os
         os.close(fd)
         for m in maps.values():
             m.close()
+
+
+def test_a_program_gets_the_functions_it_reaches_and_their_maps_alone(check_object):
+    """counted() and the map it alone names come with lonely, the program
+    that calls it, not with loader_check, which never reaches it (though
+    it sits between two functions loader_check calls)."""
+    for program, expected in (("loader_check", 76), ("lonely", 3)):
+        maps = {}
+        fd = check_object.load(program, maps, {"factor": 7})
+        try:
+            assert bpf_syscall.test_run(fd, (5).to_bytes(8, "little")) == expected
+            assert ("unreached" in maps) == (program == "lonely"), sorted(maps)
+        finally:
+            os.close(fd)
+            for m in maps.values():
+                m.close()
 
 
 def test_a_refusal_shows_the_c_line(check_object):

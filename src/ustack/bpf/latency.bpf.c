@@ -330,11 +330,6 @@ static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot n
 {
 	__u64 hash;
 
-	if (calls_all_text) {
-		bpf_loop(1, step, 0, 0);
-		task_registers(w);
-		CALL_EVERY_PASS(w);
-	}
 	passes_from(ctx, w, next);
 	if (!store_stack(w, &hash))
 		return result;

@@ -282,10 +282,6 @@ static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot n
 	struct memleak_call *c;
 	__u64 hash;
 
-	if (calls_all_text) {
-		bpf_loop(1, step, 0, 0);
-		CALL_EVERY_PASS(w);
-	}
 	passes_from(ctx, w, next);
 	c = bpf_map_lookup_elem(&calls, &tid);
 	if (!c)

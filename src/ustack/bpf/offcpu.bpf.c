@@ -411,11 +411,6 @@ static __always_inline int pass_done(void *ctx, struct walk *w, enum pass_slot n
 {
 	__u64 hash;
 
-	if (calls_all_text) {
-		bpf_loop(1, step, 0, 0);
-		task_registers(w);
-		interpreter_frames(w, OFF_V8 | OFF_PERL | OFF_RUBY | OFF_PYTHON | OFF_PHP, 0, 0);
-	}
 	passes_from(ctx, w, next);
 	if (!store_stack(w, &hash))
 		return PASS_ON;

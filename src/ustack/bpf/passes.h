@@ -63,24 +63,6 @@ static __always_inline void keep_event(struct walk *w, __u64 pid_tgid, __u32 pro
 	w->weight = weight;
 }
 
-/* never set: the loader hands each program the whole of .text, and the
- * kernel wants every function there called from the program (it counts
- * them against .BTF.ext's): a pass program calls the walk's and the
- * passes' behind it, a branch the verifier never explores (.rodata is
- * frozen) */
-const volatile __u8 calls_all_text;
-
-/* every runtime's pass on w, for that branch (a macro: the including
- * file declares RING after this header) */
-#define CALL_EVERY_PASS(w)						\
-	do {								\
-		v8_pass(w, 0);						\
-		perl_merge(w, 0);					\
-		ruby_pass(w);						\
-		python_pass(w, &ring, 0, 0);				\
-		php_pass(w);						\
-	} while (0)
-
 /* one program per runtime: its pass on the stack the walk's program left
  * in the scratch value, then `done` */
 #define PASS_PROGRAMS(done, none)					\

@@ -945,6 +945,8 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
               "UW_PHP": inline and php is not None,
               "UW_PERL": inline and perl is not None,
               "UW_RUBY": inline and ruby is not None, "UW_PASS_CALLS": not inline}
+    if program in _WALKS and not any(wanted[k] for k in _INLINE_PASSES):
+        program += "_lean"              # no runtime's pass inline: none linked in
     before = set(named)
     try:
         return obj.load(program, named, {
@@ -959,6 +961,11 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
     finally:
         for key in set(named) - before:      # declared maps a probe does not use
             named[key].close()
+
+
+# the walk's programs, and the options that run a runtime's pass inside them
+_WALKS = ("unwind_count", "unwind_trace")
+_INLINE_PASSES = ("UW_PYTHON", "UW_V8", "UW_PHP", "UW_PERL", "UW_RUBY")
 
 
 class RingChunk(bytes):

@@ -48,14 +48,16 @@ def unpack(path: str, blob: bytes | None, reparse, reread=None) -> tuple | None:
         file = ElfFile(path, json.loads(blob[:first]))
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
-    lookup = blob[second + 1:]
     if reread is not None and second - first > _KEPT_SYMBOLS:
         def symbols():
             again = reread()
             found = _lines(again)
             return again[found[0] + 1:found[1]] if found else None
-        return file, ElfSymbols.saved(symbols, lookup, reparse)
-    return file, ElfSymbols.saved(blob[first + 1:second], lookup, reparse)
+        return file, ElfSymbols.saved(symbols, blob[second + 1:], reparse)
+    # views of the blob, kept whole either way: a copy of each part cost
+    # ~0.5 MB for libc's, and naming frames decodes its symbols rarely
+    return file, ElfSymbols.saved(lambda: blob[first + 1:second],
+                                  memoryview(blob)[second + 1:], reparse)
 
 
 def _lines(blob: bytes | None) -> tuple | None:
