@@ -270,6 +270,11 @@ class StackRows:
         """Learn the ids of Frames just named (no copies among them), read
         while their memory is warm: ~2-3 times cheaper than at the
         interval's end, and the copies made of them later carry the id."""
+        self._read(frames)
+
+    def _read(self, frames: list) -> None:
+        """Each of `frames` keeps the id of its content (its row made the
+        first time a content is met)."""
         keys = list(map(_FRAME_FIELDS, frames))
         read = list(map(self._frames.get, keys))
         if None in read:             # a frame never met by content: its row made
@@ -292,12 +297,7 @@ class StackRows:
         # a copy whose original is new here too: after its original
         wait = set(map(id, new)).intersection(map(id, originals))
         unread = [f for f, p, o in zip(new, found, originals) if not (p or id(o) in wait)]
-        keys = list(map(_FRAME_FIELDS, unread))
-        read = list(map(self._frames.get, keys))
-        if None in read:             # a frame never met by content: its row made
-            read = [p or self._frames.get(k) or self._frame(k, f)
-                    for p, k, f in zip(read, keys, unread)]
-        keep_sink_ids(unread, read)
+        self._read(unread)
         # the copies: their originals' (known now)
         copies = list(compress(new, map(operator.not_, map(_SINK_ID, new))))
         keep_sink_ids(copies, map(_SINK_ID, map(self.copied_from.__getitem__, map(id, copies))))
