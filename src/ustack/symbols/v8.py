@@ -26,6 +26,7 @@ from .recorded_names import RecordedNames
 
 MAX_FUNCTIONS = 1 << 16         # (pid, function, identity) memo entries
 MAX_PROCESSES = 1024            # processes whose memory is kept open
+UNLINED_TRIES = 4               # reads of a function whose script's lines were not found
 MAX_TEXT = 1024                 # characters of a name or script name read at most
 MAX_SOURCE = 16 << 20           # bytes of a script's source scanned for its lines
 MAX_LINE_ENDS = 1 << 20         # entries of a script's line_ends read at most
@@ -148,6 +149,7 @@ class _Process:
         self.mem = ProcessMemory(pid)
         self.first = 0                 # an address read before: whether the process lives
         self.line_ends: dict = {}      # (script, source word) -> [offsets]
+        self.unlined: dict = {}        # memo key -> reads that found no lines
 
     def alive(self) -> bool:
         """Whether the process can still be read."""
@@ -175,15 +177,29 @@ class _Process:
         if found is not None:
             return found
         try:
-            found = self._read(at, nsi, script)
+            found, lined = self._read(at, nsi, script)
         except (OSError, ValueError, UnicodeDecodeError):
             return None
+        if not lined:
+            # its script's lines could not be read: a young script source
+            # is moved by V8's scavenges, and a read that meets it mid-move
+            # finds no string; read it again the next times asked (the
+            # harvest asks again while the process runs), a few times
+            tries = self.unlined.get(key, 0) + 1
+            if tries < UNLINED_TRIES:
+                if len(self.unlined) >= MAX_FUNCTIONS:
+                    self.unlined.clear()
+                self.unlined[key] = tries
+                return found
+            self.unlined.pop(key, None)
         if len(self.memo) >= MAX_FUNCTIONS:
             self.memo.popitem(last=False)
         self.memo[key] = found
         return found
 
     def _read(self, shared_at: int, nsi: int, script: int) -> tuple:
+        """((name, file, first line, bytecode lines), whether its script's
+        lines were read where they were wanted)."""
         f = self.f
         name, start = "", -1
         data = self.word(shared_at + f["shared_function_data"])
@@ -197,12 +213,16 @@ class _Process:
             named = self.word(script - 1 + f["script_name"])
             if self.is_heap(named) and self.type_of(named) < f["first_nonstring_type"]:
                 file = self.string(named)
-            ends = self.script_line_ends(script) if start >= 0 or data else []
+            wanted = start >= 0 or data
+            ends = self.script_line_ends(script) if wanted else []
             if ends and start >= 0:
                 line = bisect.bisect_left(ends, start) + 1
             if ends:
                 lines = self.bytecode_lines(data, ends)
-        return printable(name or ANONYMOUS), printable(file), line, lines
+            lined = bool(ends) or not wanted
+        else:
+            lined = True            # no script: no lines to read
+        return (printable(name or ANONYMOUS), printable(file), line, lines), lined
 
     def bytecode_lines(self, data: int, ends: list) -> tuple:
         """((bytecode offset, line), ...) rising, the offset as an
@@ -288,6 +308,8 @@ class _Process:
             ends = [i for i, c in enumerate(text) if c == "\n"]
             if text:
                 ends.append(len(text))
+        if not ends:
+            return ends             # none read: asked again, read again
         if len(self.line_ends) > 256:
             self.line_ends.clear()
         self.line_ends[key] = ends
