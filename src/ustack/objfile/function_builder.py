@@ -17,9 +17,13 @@ NOTHING_WAITS_NICENESS = 10     # until waited for; as unwind/tables.py's builde
 
 def worth_a_child(image) -> bool:
     """Whether `image`'s functions are big enough to build apart."""
+    return symbol_table_bytes(image) >= BIG_SYMBOL_TABLES
+
+
+def symbol_table_bytes(image) -> int:
+    """The size of `image`'s .symtab and .dynsym together."""
     sections = image.file.sections
-    return sum(sections.get(name, (0, 0, 0))[2]
-               for name in (".symtab", ".dynsym")) >= BIG_SYMBOL_TABLES
+    return sum(sections.get(name, (0, 0, 0))[2] for name in (".symtab", ".dynsym"))
 
 
 def start(image):
@@ -72,9 +76,7 @@ def start_shared(image) -> bool:
         return False
     if image.path.startswith("/proc/"):
         return False                # a pinned /proc/self/fd/N: this process's alone
-    sections = image.file.sections
-    if sum(sections.get(name, (0, 0, 0))[2]
-           for name in (".symtab", ".dynsym")) < SHARED_SYMBOL_TABLES:
+    if symbol_table_bytes(image) < SHARED_SYMBOL_TABLES:
         return False
     proc = builders.start((_KIND, image.path), "ustack.objfile.function_child", [image.path],
                           niceness=NOTHING_WAITS_NICENESS, shared=True)

@@ -16,11 +16,13 @@ from . import process
 def prepare(target, tracker, symbols) -> None:
     """`target`: the run's Target, `tracker` its MappingTracker, `symbols`
     the SymbolOptions asked for."""
+    from ..objfile import function_builder      # imported by every run already (elf.py)
+    # set for each run: a -p run in the same process after a whole
+    # machine's builds the few objects it names here, as it always did
+    function_builder.build_named_apart(target.scope == "system")
     if target.scope == "system":
-        from ..objfile import function_builder
         from . import busy_objects
         busy_objects.start_building(skip=os.getpid())
-        function_builder.build_named_apart()
     elif target.scope == "pid":
         # node's functions took a cold `-p -d 2` run 6.6 s past its end
         # when first asked for there

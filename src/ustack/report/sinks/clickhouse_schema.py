@@ -267,14 +267,11 @@ class StackRows:
         return out
 
     def name(self, frames: list) -> None:
-        """Learn the ids of Frames just named (no copies among them), read
-        while their memory is warm: ~2-3 times cheaper than at the
-        interval's end, and the copies made of them later carry the id."""
-        self._read(frames)
-
-    def _read(self, frames: list) -> None:
-        """Each of `frames` keeps the id of its content (its row made the
-        first time a content is met)."""
+        """Each of `frames` (no copies among them) keeps the id of its
+        content, its row made the first time a content is met. Asked of
+        Frames just named, while their memory is warm (~2-3 times cheaper
+        than at the interval's end; the copies made of them later carry
+        the id), and of those an interval meets without one (_met)."""
         keys = list(map(_FRAME_FIELDS, frames))
         read = list(map(self._frames.get, keys))
         if None in read:             # a frame never met by content: its row made
@@ -297,7 +294,7 @@ class StackRows:
         # a copy whose original is new here too: after its original
         wait = set(map(id, new)).intersection(map(id, originals))
         unread = [f for f, p, o in zip(new, found, originals) if not (p or id(o) in wait)]
-        self._read(unread)
+        self.name(unread)
         # the copies: their originals' (known now)
         copies = list(compress(new, map(operator.not_, map(_SINK_ID, new))))
         keep_sink_ids(copies, map(_SINK_ID, map(self.copied_from.__getitem__, map(id, copies))))
