@@ -283,6 +283,8 @@ static __always_inline void want(struct object_key *key)
 		bpf_map_update_elem(&wanted, key, &one, BPF_NOEXIST);
 }
 
+#define TOUCH_EPOCH_SHIFT 28	/* object_rows.touched: ns >> 28, ~0.27 s */
+
 #define VMA_SPREAD 4	/* regions of one mapping cached from one answer, at most */
 
 /* find_vma's answer kept under its key's region and the others of the
@@ -324,6 +326,7 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 	};
 	struct vma_info vma, *cached;
 	struct object_rows *obj;
+	__u32 now;
 	long err;
 
 	cached = bpf_map_lookup_elem(&vmas, &key);
@@ -347,6 +350,12 @@ static __noinline enum mapped find_mapping(struct walk *w, __u64 q)
 		want(&vma.file);
 		return stop(w, NO_TABLE), NOT_MAPPED;
 	}
+	/* stamped once per object per walk (per epoch, written only when it
+	 * changes): an entry whose rows did not fit too, so user space knows
+	 * which full objects are sampled */
+	now = bpf_ktime_get_ns() >> TOUCH_EPOCH_SHIFT;
+	if (obj->touched != now)
+		obj->touched = now;
 	w->page_slot = obj->page_slot;
 	w->first_page = obj->first_page;
 	w->pages = obj->pages;

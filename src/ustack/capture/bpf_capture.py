@@ -98,7 +98,7 @@ class BpfCapture(Capture):
         self.unwind_memory = unwind_memory
         self.rows_capacity = None
         self._first_objects: list = []     # host paths whose rows load before the start
-        self._full_at_start = 0             # objects named full in the header
+        self._full_named: list = []         # objects the header named full
         self._row_objects = None            # the counter's UnwindObjects, kept past close()
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
@@ -193,6 +193,7 @@ class BpfCapture(Capture):
                 self.lazy_rows.start()
             if self.counter.objects is not None:
                 objects = self.counter.objects
+                objects.may_evict = self.defers_stacks     # see _keep_rows
                 objects.add_vdso()
                 note_jvms(objects, target, scanned)
                 # where stacks can be deferred, rows still to be built are
@@ -210,8 +211,9 @@ class BpfCapture(Capture):
                 full = objects.full_note(self.defers_table_full)
                 if full:
                     self.unwind_note += "; " + full
-                self._full_at_start = len(objects.full)
+                self._full_named = list(objects.full)
                 self._row_objects = objects
+                self._keep_rows(objects)
             programs.result()
             if lazy:
                 # the running interpreters' stacks walked in the kernel from
@@ -254,6 +256,20 @@ class BpfCapture(Capture):
                                   first=paths)
         self.lazy_rows.start()
 
+    def _keep_rows(self, objects) -> None:
+        """Where no loader runs (-p, -c with every row at hand) and the
+        table is short of room (an object did not fit, or idle ones were
+        evicted for one): a loader that brings them back as they are
+        sampled (lazy_rows.py, UnwindObjects.retry_full)."""
+        if self.lazy_rows is not None or not self.defers_stacks or not (
+                objects.full or objects.evicted) or self.events.interrupt.requested:
+            return
+        from .lazy_rows import LazyRows, ObjectPaths
+        pid = self.target.pid
+        self.lazy_rows = LazyRows(objects, ObjectPaths(lambda: [pid] if pid else []),
+                                  keeper=True)
+        self.lazy_rows.start()
+
     def start(self) -> None:
         self.events.start()
 
@@ -287,6 +303,8 @@ class BpfCapture(Capture):
                     # -p/-c with rows still to build (a -c command's exec
                     # maps them again): the loader's, not this thread's
                     lazy.note_mapping(event.mapping, event.pid)
+            if self.lazy_rows is None:
+                self._keep_rows(objects)
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
             python.follow(metas[before:])      # an exec, an exit
@@ -461,10 +479,12 @@ class BpfCapture(Capture):
         did not fit after the header was printed, those loaded as sampled."""
         objects = self._row_objects
         notes = []
-        if objects is not None and len(objects.full) > self._full_at_start:
-            notes.append(objects.full_note(self.defers_table_full, self._full_at_start))
+        if objects is not None and not set(objects.full) <= set(self._full_named):
+            notes.append(objects.full_note(self.defers_table_full, self._full_named))
+        if objects is not None and objects.churn_note():
+            notes.append(objects.churn_note())
         lazy = self.lazy_rows
-        if lazy is None:
+        if lazy is None or lazy.keeper:
             return notes
         why = ("as their code was sampled" if self.target.scope == "system"
                else "built after the start")
