@@ -55,6 +55,16 @@ def test_a_range_free_already_or_outside_is_refused():
         space.give_back(8, 4)                        # overlaps the free [10, 15)
 
 
+def test_the_room_one_range_would_make_counts_its_free_neighbours():
+    space = RowSpace(100)
+    a, b, c = space.take(10), space.take(10), space.take(10)    # [30, 100) free
+    assert space.run_if_given_back(c, 10) == 80                 # with the tail
+    assert space.run_if_given_back(b, 10) == 10                 # held on both sides
+    space.give_back(a, 10)
+    assert space.run_if_given_back(b, 10) == 20                 # with the hole before
+    assert space.ranges() == [(0, 10), (30, 100)]               # nothing given back
+
+
 def test_a_copy_is_a_plan_that_leaves_the_space_alone():
     space = RowSpace(30)
     a = space.take(10)

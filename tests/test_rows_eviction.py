@@ -38,7 +38,8 @@ def churn_run():
     capacity = sum(map(_rows, start)) + SLACK_ROWS
     assert _rows(lib_b) > SLACK_ROWS + _rows(LD_SO)
     memory = f"{capacity * tables.ROW.size / (1 << 20):.6f}"
-    target = subprocess.Popen([str(prog), str(lib_a), str(lib_b), str(PHASE_S), "-"],
+    target = subprocess.Popen([str(prog), str(PHASE_S), "-", f"{lib_a}:work_a",
+                               f"{lib_b}:work_b", f"{lib_a}:work_a"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         res = run_attached(target, "profile", "-F", "199", "--backend", "bpf", "-f", "folded",

@@ -1,17 +1,20 @@
-/* rows_churn LIB_A LIB_B SECONDS [-]: dlopen()s LIB_A (rows_lib.so built
- * with -DLIB=a) at once, waits for a line on stdin with "-" (see
- * wait_start.h), then runs in three phases of SECONDS each: in LIB_A's
- * work, in LIB_B's (dlopen'd when the phase starts), in LIB_A's again.
- * Prints "calls A B A" (each phase's calls of its library's work) and
- * exits 0; 2 if a library fails, 4 if stdin ends before the line. */
+/* rows_churn SECONDS WAIT LIB:FUNCTION...: waits as wait_start.h says
+ * (WAIT "-": for a line on stdin), then runs in each phase in turn for
+ * SECONDS: dlopen()s LIB (again: the same handle) and calls its FUNCTION
+ * (long FUNCTION(long), a rows_lib.so's work_LIB) until the phase ends.
+ * Prints "calls" and each phase's calls, exits 0; 2 if a library or
+ * function is missing, 4 if stdin ends before the line. The first phase's
+ * library is opened before the wait: mapped when a tracer attaches. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "wait_start.h"
 
 #define KEEP __attribute__((noinline, noipa, used))
+#define MAX_PHASES 256
 
 typedef long (*work_fn)(long);
 
@@ -22,14 +25,20 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static work_fn open_work(const char *path, const char *name)
+/* "LIB:FUNCTION"'s function, its library opened */
+static work_fn open_work(char *phase)
 {
-	void *h = dlopen(path, RTLD_NOW);
+	char *colon = strrchr(phase, ':');
+	if (!colon)
+		return NULL;
+	*colon = 0;
+	void *h = dlopen(phase, RTLD_NOW);
+	*colon = ':';
 	if (!h) {
 		fprintf(stderr, "dlopen: %s\n", dlerror());
 		return NULL;
 	}
-	return (work_fn)dlsym(h, name);
+	return (work_fn)dlsym(h, colon + 1);
 }
 
 /* calls of `work` for `seconds` */
@@ -47,21 +56,25 @@ KEEP long run_in(work_fn work, double seconds)
 
 int main(int argc, char **argv)
 {
-	if (argc < 4)
+	static long calls[MAX_PHASES];
+	int phases = argc - 3;
+	if (phases < 1 || phases > MAX_PHASES)
 		return 1;
-	work_fn a = open_work(argv[1], "work_a");
-	if (!a)
+	if (!open_work(argv[3]))
 		return 2;
-	int waited = wait_start(argc > 4 ? argv[4] : "0");
+	int waited = wait_start(argv[2]);
 	if (waited)
 		return waited;
-	double seconds = atof(argv[3]);
-	long first = run_in(a, seconds);
-	work_fn b = open_work(argv[2], "work_b");
-	if (!b)
-		return 2;
-	long second = run_in(b, seconds);
-	long third = run_in(a, seconds);
-	printf("calls %ld %ld %ld\n", first, second, third);
+	double seconds = atof(argv[1]);
+	for (int i = 0; i < phases; i++) {
+		work_fn work = open_work(argv[3 + i]);
+		if (!work)
+			return 2;
+		calls[i] = run_in(work, seconds);
+	}
+	printf("calls");
+	for (int i = 0; i < phases; i++)
+		printf(" %ld", calls[i]);
+	printf("\n");
 	return 0;
 }

@@ -146,12 +146,16 @@ CODE_RECORD_SIZE = RECORD.size + CODE_ENTRY.size * PY_NEW_CODES    # struct pyth
 # a deferred record's status: the stack goes to user space to be unwound
 DEFERRED = _STATUS["DEFERRED"]
 TABLE_FULL_MARK = 0x7FFFFFFF     # an object's first row when its rows did not fit
-TOUCH_EPOCH_SHIFT = 28           # unwind.h: object_rows.touched is CLOCK_MONOTONIC ns >> 28
-# an object not met by a walk for this many epochs (0.8-1.1 s) may lose
-# its rows to one that does not fit: only under pressure, and an evicted
-# object's next samples are copies (unwound in user space: whole) until
-# its rows are back (from the cache: milliseconds), so a run whose working
-# set moves (processes coming and going) recovers within about a second
+# EPOCH (unwind.h), the clock of object_rows.touched: one tick each
+# EPOCH_S at most, from the loader's thread (lazy_rows.py). A tick, not
+# time read: a loader held up (a loaded machine) stops the clock, so an
+# object met meanwhile never looks idle for it.
+EPOCH_S = 0.25
+# an object not met by a walk for this many ticks (0.75 s or more) may
+# lose its rows to one that does not fit: only under pressure, and an
+# evicted object's next samples are copies (unwound in user space: whole)
+# until its rows are back (from the cache: milliseconds), so a run whose
+# working set moves (processes coming and going) recovers within seconds
 IDLE_EPOCHS = 4
 RETRY_FULL_S = 0.5               # how often the loader retries sampled full objects
 _RUNNING = _STATUS["RUNNING"]
@@ -240,6 +244,7 @@ class UnwindMaps(bpf_syscall.MapSet):
             self.objects = self._keep(obj.make_map("objects", objects))
             self.vmas = self._keep(obj.make_map("vmas", vmas))
             self.wanted = self._keep(obj.make_map("wanted", wanted))
+            self.epoch = self._keep(obj.make_map("epoch"))
             self.scratch = self._keep(obj.make_map("scratch"))
             # a deferred record is written here before its used part goes
             # to the ring: one ~68 KiB value per CPU
@@ -264,7 +269,8 @@ class UnwindMaps(bpf_syscall.MapSet):
     def named(self) -> dict:
         """The maps by the names unwind.bpf.c gives them."""
         return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
-                "vmas": self.vmas, "wanted": self.wanted, "scratch": self.scratch,
+                "vmas": self.vmas, "wanted": self.wanted, "epoch": self.epoch,
+                "scratch": self.scratch,
                 "unwound": self.stacks, "counts": self.counts, "unwind_errors": self.errors,
                 "jvm_processes": self.jvms,
                 **({"deferred_room": self.deferred_room} if self.deferred_room else {})}
@@ -325,7 +331,7 @@ class UnwindObjects:
 
     Rows and page-index slots come from free ranges (row_space.RowSpace).
     When an object's rows do not fit, objects no walk met for IDLE_EPOCHS
-    (object_rows.touched) are evicted, never met ones and the longest idle
+    ticks (object_rows.touched, tick) are evicted, never met ones and the longest idle
     first, until they do: their OBJECTS entries deleted and forgotten in
     `loaded` (a later walk wants them again: lazy_rows.py reloads them),
     then an RCU grace period (kernel/grace_period.py) before their rows are
@@ -348,6 +354,8 @@ class UnwindObjects:
         self._evicted_keys: set = set()
         self.evicted = self.reloaded = self.recovered = 0
         self._retried_at = 0.0
+        self.epoch = 0                  # EPOCH's value: 0 till the first tick
+        self._ticked_at = 0.0
         # set by a run whose evicted objects come back (its stacks deferred
         # meanwhile, a loader reading WANTED): off, an evicted object's
         # stacks would be cut
@@ -434,7 +442,7 @@ class UnwindObjects:
                         array("I", range(page_slot, page_slot + npages)).tobytes(), pages)
                 # else: whole-object searches
                 self._placed[key] = _Placed(
-                    keys, path, first, n, page_slot, npages, _epoch(),
+                    keys, path, first, n, page_slot, npages, self.epoch,
                     key != VDSO_KEY and not _runtimes(python, v8, php, perl, ruby))
                 if key in self._full_keys:
                     old_path = self._full_keys.pop(key)[0]
@@ -493,13 +501,14 @@ class UnwindObjects:
             self._pages_space().give_back(placed.page_slot, placed.pages)
         return space.take(n)
 
-    def _victims(self, n: int, key: tuple) -> list:
+    def _victims(self, n: int, key: tuple, stamps: dict | None = None) -> list:
         """The objects to evict so that `n` rows fit (the lock held), of
         those no walk met for IDLE_EPOCHS: one whose rows alone make room
         if any (never met first, then the longest idle), else never met
         ones and the longest idle until they do; [] when evicting all of
         them would not make room, or no grace period can be waited for
-        (their rows could not be reused).
+        (their rows could not be reused). `stamps`: (dev, ino) -> its
+        object_rows.touched, read already.
 
         One object alone where it can: a walk stops at the first object
         without rows, so while one's rows are missing the objects beneath
@@ -507,22 +516,20 @@ class UnwindObjects:
         look idle beside it."""
         if not self.may_evict or not grace_period.available():
             return []
-        now = _epoch()
+        now = self.epoch
         idle = []
         for k, placed in self._placed.items():
             if k == key or not placed.evictable:
                 continue
-            touched = self._touched(k)
+            touched = stamps[k] if stamps is not None else self._touched(k)
             last = max(touched, placed.since)
             if now - last >= IDLE_EPOCHS:
                 idle.append((touched != 0, last, k))
         idle.sort()
         space = self._rows_space()
         for _met, _last, k in idle:
-            trial = space.copy()
             placed = self._placed[k]
-            trial.give_back(placed.first, placed.rows)
-            if trial.fits(n):
+            if space.run_if_given_back(placed.first, placed.rows) >= n:
                 return [k]
         trial = space.copy()
         chosen = []
@@ -534,8 +541,19 @@ class UnwindObjects:
                 return chosen
         return []
 
+    def tick(self) -> None:
+        """EPOCH one tick on, if EPOCH_S passed since the last (from the
+        loader's thread, every few tens of ms)."""
+        if time.monotonic() - self._ticked_at < EPOCH_S:
+            return
+        with self._lock:
+            if not self.closed:
+                self._ticked_at = time.monotonic()
+                self.epoch += 1
+                self.maps.epoch.update(_U32.pack(0), _U32.pack(self.epoch))
+
     def _touched(self, key: tuple) -> int:
-        """The epoch a walk last met the object `key` (0: never, or gone)."""
+        """The tick a walk last met the object `key` at (0: never, or gone)."""
         raw = self.maps.objects.lookup(OBJ_KEY.pack(*key))
         return OBJ_VALUE.unpack(raw)[-1] if raw is not None else 0
 
@@ -551,19 +569,21 @@ class UnwindObjects:
         with self._lock:
             if self.closed:
                 return 0
-            now = _epoch()
-            todo = [(path, keys) for k, (path, keys, rows) in self._full_keys.items()
-                    if now - self._touched(k) < IDLE_EPOCHS and self._room_for(rows, k)]
+            todo = []
+            stamps = None               # read once, where a full object is sampled
+            for k, (path, keys, rows) in self._full_keys.items():
+                touched = self._touched(k)
+                if not touched or self.epoch - touched >= IDLE_EPOCHS:
+                    continue
+                if stamps is None:
+                    stamps = {p: self._touched(p) for p in self._placed}
+                if self._rows_space().fits(rows) or self._victims(rows, k, stamps):
+                    todo.append((path, keys))
         done = 0
         for path, keys in todo:
             self._build_and_load(path, keys, again=True)
             done += keys[0] in self._placed
         return done
-
-    def _room_for(self, n: int, key: tuple) -> bool:
-        """Whether `n` rows would fit now, evicting idle objects (the lock
-        held): the rows are not built again for nothing."""
-        return self._rows_space().fits(n) or bool(self._victims(n, key))
 
     def churn_note(self) -> str:
         """What the closing note says of rows evicted and loaded again, else ""."""
@@ -672,18 +692,13 @@ class UnwindObjects:
 
 class _Placed:
     """An object's rows in the table: its OBJECTS keys, path, first row and
-    rows, page-index slot and pages, the epoch they were loaded (`since`),
-    whether they may be evicted."""
+    rows, page-index slot and pages, the tick they were loaded at
+    (`since`), whether they may be evicted."""
     __slots__ = ("keys", "path", "first", "rows", "page_slot", "pages", "since", "evictable")
 
     def __init__(self, keys, path, first, rows, page_slot, pages, since, evictable):
         self.keys, self.path, self.first, self.rows = keys, path, first, rows
         self.page_slot, self.pages, self.since, self.evictable = page_slot, pages, since, evictable
-
-
-def _epoch() -> int:
-    """Now, in the epochs of object_rows.touched (bpf_ktime_get_ns's clock)."""
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) >> TOUCH_EPOCH_SHIFT
 
 
 def _runtimes(python: int, v8: int, php: int, perl: int, ruby: int) -> list:

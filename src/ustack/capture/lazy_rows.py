@@ -143,6 +143,7 @@ class LazyRows:
             while not self._stop.is_set():
                 # objects whose rows did not fit, being sampled: loaded
                 # once idle ones can make room (bpf_unwind.UnwindObjects)
+                self.objects.tick()
                 self.objects.retry_full()
                 if not self.load_next():
                     self._stop.wait(POLL_S)

@@ -49,6 +49,16 @@ class RowSpace:
     def fits(self, n: int) -> bool:
         return n <= self.largest
 
+    def run_if_given_back(self, start: int, n: int) -> int:
+        """How long the free range holding [start, start + n) would be once
+        those held slots were given back (merged with the free ranges
+        beside them): whether evicting one object makes room, without a copy."""
+        i = bisect.bisect_right(self._starts, start)
+        lo = self._starts[i - 1] if i > 0 and self._ends[i - 1] == start else start
+        hi = self._ends[i] if i < len(self._starts) and self._starts[i] == start + n \
+            else start + n
+        return hi - lo
+
     def take(self, n: int) -> int | None:
         """The first slot of `n` contiguous slots now taken (the shortest
         free range that holds them, its start), or None where none does.
