@@ -99,6 +99,7 @@ class BpfCapture(Capture):
         self.rows_capacity = None
         self._first_objects: list = []     # host paths whose rows load before the start
         self._full_named: list = []         # objects the header named full
+        self._stopped = False
         self._row_objects = None            # the counter's UnwindObjects, kept past close()
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
@@ -262,7 +263,8 @@ class BpfCapture(Capture):
         evicted for one): a loader that brings them back as they are
         sampled (lazy_rows.py, UnwindObjects.retry_full)."""
         if self.lazy_rows is not None or not self.defers_stacks or not (
-                objects.full or objects.evicted) or self.events.interrupt.requested:
+                objects.full or objects.evicted) or self._stopped \
+                or self.events.interrupt.requested:
             return
         from .lazy_rows import LazyRows, ObjectPaths
         pid = self.target.pid
@@ -421,6 +423,7 @@ class BpfCapture(Capture):
 
     def stop(self) -> None:
         """The events and the counter's ring both end here."""
+        self._stopped = True                # no loader started after this (_keep_rows)
         self.events.stop()
         if self.lazy_rows is not None:
             self.lazy_rows.stop()

@@ -591,11 +591,12 @@ class UnwindObjects:
             return ""
         size = _mib(self.maps.rows.max_entries * ROW_SIZE)
         said = (f"the in-kernel unwind table ({size} MiB) evicted the rows of "
-                f"{self.evicted} idle objects to make room, {self.reloaded} of them "
-                "loaded again as they were sampled")
+                f"{_objects(self.evicted, 'idle object')} to make room, {self.reloaded} of "
+                "them loaded again as they were sampled")
         if self.recovered:
-            said += (f"; {self.recovered} objects whose rows had not fit were loaded "
-                     "later (their stacks meanwhile unwound from copies)")
+            was = "was" if self.recovered == 1 else "were"
+            said += (f"; {_objects(self.recovered, 'object')} whose rows had not fit {was} "
+                     "loaded later (their stacks meanwhile unwound from copies)")
         return said[0].upper() + said[1:]
 
     def _enter(self, keys: list, entry: bytes, locked: bool = False) -> None:
@@ -730,6 +731,10 @@ def jvm_processes(pids) -> list:
         except OSError:
             continue
     return found
+
+
+def _objects(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _mib(size: int) -> str:
