@@ -69,6 +69,9 @@ class BpfCapture(Capture):
     # wire_python_frames() when the run meets Python
     python_frames = None
     wire_python_frames = None
+    # the run's mapping tracker (target/mappings.py), where a deferred
+    # stack's frames lie: the objects its copy went through (settle)
+    mappings = None
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
@@ -441,10 +444,26 @@ class BpfCapture(Capture):
         if sample.regs is None and not isinstance(sample, UnwoundSample):
             return sample               # walked in the kernel (trace's records)
         unwound, kernel, keyable = unwind(sample)
+        objects = self._row_objects
+        if objects is not None and self.mappings is not None and objects.short_of_room:
+            self._met_in_copy(objects, sample.pid, unwound.callchain)
         if not keyable:
             return unwound
         return RawSample(sample.probe, sample.pid, sample.tid, 0, -1, unwound.callchain,
                          kernel=kernel)
+
+    def _met_in_copy(self, objects, pid: int, callchain: bytes) -> None:
+        """The objects a deferred stack went through, as met: the walk
+        stopped at the first without rows and stamped none beneath it
+        (libc, the executable), which would look idle to eviction while
+        every stack of the process goes through them."""
+        find = self.mappings.find
+        paths = set()
+        for (addr,) in struct.iter_unpack("<Q", callchain[:len(callchain) // 8 * 8]):
+            m = find(pid, addr)
+            if m is not None:
+                paths.add(m.open_path)
+        objects.met_in_copy(paths)
 
     def losses(self) -> Losses:
         events = self.events.losses()

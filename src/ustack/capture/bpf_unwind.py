@@ -331,8 +331,8 @@ class UnwindObjects:
 
     Rows and page-index slots come from free ranges (row_space.RowSpace).
     When an object's rows do not fit, objects no walk met for IDLE_EPOCHS
-    ticks (object_rows.touched, tick) are evicted, never met ones and the longest idle
-    first, until they do: their OBJECTS entries deleted and forgotten in
+    ticks (object_rows.touched, tick) are evicted (_victims) until they do:
+    their OBJECTS entries deleted and forgotten in
     `loaded` (a later walk wants them again: lazy_rows.py reloads them),
     then an RCU grace period (kernel/grace_period.py) before their rows are
     given to another object: a walk reads an entry's rows inside one run of
@@ -355,6 +355,8 @@ class UnwindObjects:
         self.evicted = self.reloaded = self.recovered = 0
         self._retried_at = 0.0
         self.epoch = 0                  # EPOCH's value: 0 till the first tick
+        self._met_in_copies: dict = {}  # (dev, ino) -> the tick a deferred stack met it at
+        self._keys_of: dict = {}        # host path -> its OBJECTS key (met_in_copy)
         self._ticked_at = 0.0
         # set by a run whose evicted objects come back (its stacks deferred
         # meanwhile, a loader reading WANTED): off, an evicted object's
@@ -422,8 +424,6 @@ class UnwindObjects:
             vaddr, offset, _size = segs[0]
             adjust = vaddr - offset
             n = len(packed)
-            # an object of a runtime (its entry may be written later, by
-            # the passes) keeps its rows: never evicted
             got = self._place(n, key)
             if got is None:
                 first, wanted_rows, n = TABLE_FULL_MARK, n, 0    # unwound from copies
@@ -440,7 +440,9 @@ class UnwindObjects:
                     npages = len(pages) // 4
                     self.maps.pages.update_batch(
                         array("I", range(page_slot, page_slot + npages)).tobytes(), pages)
-                # else: whole-object searches
+                # else: whole-object searches. An object of a runtime keeps
+                # its rows (the passes may write its entry later), the vDSO
+                # too (no path brings it back)
                 self._placed[key] = _Placed(
                     keys, path, first, n, page_slot, npages, self.epoch,
                     key != VDSO_KEY and not _runtimes(python, v8, php, perl, ruby))
@@ -521,7 +523,8 @@ class UnwindObjects:
         for k, placed in self._placed.items():
             if k == key or not placed.evictable:
                 continue
-            touched = stamps[k] if stamps is not None else self._touched(k)
+            touched = max(stamps[k] if stamps is not None else self._touched(k),
+                          self._met_in_copies.get(k, 0))
             last = max(touched, placed.since)
             if now - last >= IDLE_EPOCHS:
                 idle.append((touched != 0, last, k))
@@ -551,6 +554,24 @@ class UnwindObjects:
                 self._ticked_at = time.monotonic()
                 self.epoch += 1
                 self.maps.epoch.update(_U32.pack(0), _U32.pack(self.epoch))
+
+    @property
+    def short_of_room(self) -> bool:
+        """Whether objects' rows are out of the table for want of room:
+        their stacks deferred, what they met beneath them not stamped."""
+        return bool(self._full_keys or self.evicted)
+
+    def met_in_copy(self, paths) -> None:
+        """The objects at host `paths` were met by a stack unwound in user
+        space (a walk stopped above them): stamped as met now, in user
+        space, for eviction's choice (_victims)."""
+        for path in paths:
+            key = self._keys_of.get(path)
+            if key is None:
+                keys = object_keys(path)
+                key = self._keys_of[path] = keys[0] if keys else ()
+            if key:
+                self._met_in_copies[key] = self.epoch
 
     def _touched(self, key: tuple) -> int:
         """The tick a walk last met the object `key` at (0: never, or gone)."""
