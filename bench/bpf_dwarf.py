@@ -347,7 +347,7 @@ def system_rows() -> str:
                 took = time.perf_counter() - t0
             finally:
                 maps.close()
-            out.append(f"| {label} | {len(loader.loaded)} | {loader.next_row:,} "
+            out.append(f"| {label} | {len(loader.loaded)} | {loader.rows_used:,} "
                        f"| {loader.bytes_loaded / 2**20:.1f} | {took:.2f} "
                        f"| {took / max(1, len(loader.loaded)) * 1e3:.0f} |")
     return ("| disk cache | objects | rows | rows MiB | load s | ms/object |\n"

@@ -192,6 +192,7 @@ class Session:
             self.plan.kernel_tables, self.plan.user_only)
         capture.interrupt = self.interrupt
         capture.names = self.names
+        capture.mappings = self.tracker
         if opts.python:
             self.wire_python(capture)
         capture.open()          # closes what it opened if it fails (but when interrupted)

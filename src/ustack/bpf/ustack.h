@@ -337,6 +337,10 @@ struct object_rows {
 	__u32 perl;		/* a Perl interpreter: 1 + its slot in perl.h's PERL_OBJECTS; 0 none */
 	__u32 ruby;		/* a Ruby VM (libruby): 1 + its slot in ruby.h's RUBY_OBJECTS; 0 none */
 	__u32 jvm;		/* a JVM's libjvm: 1; 0 none (unwind.h's through_jvm_jit) */
+	/* when a walk last met it, in unwind.h's EPOCH (~0.25 s ticks), 0
+	 * never: user space evicts the rows of objects idle longest
+	 * (capture/bpf_unwind.py) and reloads full ones being sampled */
+	__u32 touched;
 };
 
 /* VMAS: (mm ctx_id, region) -> the mapping bpf_find_vma gave */

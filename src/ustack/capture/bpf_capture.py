@@ -69,6 +69,9 @@ class BpfCapture(Capture):
     # wire_python_frames() when the run meets Python
     python_frames = None
     wire_python_frames = None
+    # the run's mapping tracker (target/mappings.py), where a deferred
+    # stack's frames lie: the objects its copy went through (settle)
+    mappings = None
     links_uprobes = False   # a mode whose programs can sit behind uprobe_multi links
     # a mode whose programs hand the stacks they cannot walk yet to user
     # space: a whole-machine run of it loads objects' rows as they are sampled
@@ -98,7 +101,8 @@ class BpfCapture(Capture):
         self.unwind_memory = unwind_memory
         self.rows_capacity = None
         self._first_objects: list = []     # host paths whose rows load before the start
-        self._full_at_start = 0             # objects named full in the header
+        self._full_named: list = []         # objects the header named full
+        self._stopped = False
         self._row_objects = None            # the counter's UnwindObjects, kept past close()
         # Python frames in the stacks it unwinds (bpf/python.h, capture/bpf_python.py)
         self.python = python
@@ -193,6 +197,7 @@ class BpfCapture(Capture):
                 self.lazy_rows.start()
             if self.counter.objects is not None:
                 objects = self.counter.objects
+                objects.may_evict = self.defers_stacks     # see _keep_rows
                 objects.add_vdso()
                 note_jvms(objects, target, scanned)
                 # where stacks can be deferred, rows still to be built are
@@ -210,8 +215,9 @@ class BpfCapture(Capture):
                 full = objects.full_note(self.defers_table_full)
                 if full:
                     self.unwind_note += "; " + full
-                self._full_at_start = len(objects.full)
+                self._full_named = list(objects.full)
                 self._row_objects = objects
+                self._keep_rows(objects)
             programs.result()
             if lazy:
                 # the running interpreters' stacks walked in the kernel from
@@ -254,6 +260,21 @@ class BpfCapture(Capture):
                                   first=paths)
         self.lazy_rows.start()
 
+    def _keep_rows(self, objects) -> None:
+        """Where no loader runs (-p, -c with every row at hand) and the
+        table is short of room (an object did not fit, or idle ones were
+        evicted for one): a loader that brings them back as they are
+        sampled (lazy_rows.py, UnwindObjects.retry_full)."""
+        if self.lazy_rows is not None or not self.defers_stacks or not (
+                objects.full or objects.evicted) or self._stopped \
+                or self.events.interrupt.requested:
+            return
+        from .lazy_rows import LazyRows, ObjectPaths
+        pid = self.target.pid
+        self.lazy_rows = LazyRows(objects, ObjectPaths(lambda: [pid] if pid else []),
+                                  keeper=True)
+        self.lazy_rows.start()
+
     def start(self) -> None:
         self.events.start()
 
@@ -287,6 +308,8 @@ class BpfCapture(Capture):
                     # -p/-c with rows still to build (a -c command's exec
                     # maps them again): the loader's, not this thread's
                     lazy.note_mapping(event.mapping, event.pid)
+            if self.lazy_rows is None:
+                self._keep_rows(objects)
         python = self.counter.python if self.counter is not None else None
         if python is not None and len(metas) > before:
             python.follow(metas[before:])      # an exec, an exit
@@ -403,6 +426,7 @@ class BpfCapture(Capture):
 
     def stop(self) -> None:
         """The events and the counter's ring both end here."""
+        self._stopped = True                # no loader started after this (_keep_rows)
         self.events.stop()
         if self.lazy_rows is not None:
             self.lazy_rows.stop()
@@ -420,10 +444,26 @@ class BpfCapture(Capture):
         if sample.regs is None and not isinstance(sample, UnwoundSample):
             return sample               # walked in the kernel (trace's records)
         unwound, kernel, keyable = unwind(sample)
+        objects = self._row_objects
+        if objects is not None and self.mappings is not None and objects.short_of_room:
+            self._met_in_copy(objects, sample.pid, unwound.callchain)
         if not keyable:
             return unwound
         return RawSample(sample.probe, sample.pid, sample.tid, 0, -1, unwound.callchain,
                          kernel=kernel)
+
+    def _met_in_copy(self, objects, pid: int, callchain: bytes) -> None:
+        """The objects a deferred stack went through, as met: the walk
+        stopped at the first without rows and stamped none beneath it
+        (libc, the executable), which would look idle to eviction while
+        every stack of the process goes through them."""
+        find = self.mappings.find
+        paths = set()
+        for (addr,) in struct.iter_unpack("<Q", callchain[:len(callchain) // 8 * 8]):
+            m = find(pid, addr)
+            if m is not None:
+                paths.add(m.open_path)
+        objects.met_in_copy(paths)
 
     def losses(self) -> Losses:
         events = self.events.losses()
@@ -461,10 +501,12 @@ class BpfCapture(Capture):
         did not fit after the header was printed, those loaded as sampled."""
         objects = self._row_objects
         notes = []
-        if objects is not None and len(objects.full) > self._full_at_start:
-            notes.append(objects.full_note(self.defers_table_full, self._full_at_start))
+        if objects is not None and not set(objects.full) <= set(self._full_named):
+            notes.append(objects.full_note(self.defers_table_full, self._full_named))
+        if objects is not None and objects.churn_note():
+            notes.append(objects.churn_note())
         lazy = self.lazy_rows
-        if lazy is None:
+        if lazy is None or lazy.keeper:
             return notes
         why = ("as their code was sampled" if self.target.scope == "system"
                else "built after the start")

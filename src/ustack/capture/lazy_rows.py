@@ -84,12 +84,17 @@ class ObjectPaths:
 
 class LazyRows:
     """The loader: a thread that loads the rows of the objects WANTED
-    names, the most wanted first, until stop(). `loaded`: how many
-    objects it loaded; `unknown`: wanted objects no process map named."""
+    names, the most wanted first, and those that did not fit once room can
+    be made (UnwindObjects.retry_full), until stop(). `loaded`: how many
+    objects it loaded; `unknown`: wanted objects no process map named;
+    `keeper`: see end_notes in bpf_capture.py."""
 
     def __init__(self, objects: UnwindObjects, paths: ObjectPaths | None = None,
-                 first: list = ()):
+                 first: list = (), keeper: bool = False):
         self.objects = objects
+        # started only to bring back the rows evicted or not fitting of a
+        # run that loads the rest itself (-p, -c): its work is churn_note's
+        self.keeper = keeper
         self.first = list(first)
         self.paths = paths or ObjectPaths()
         self.loaded = 0
@@ -136,6 +141,10 @@ class LazyRows:
                 return
             self.paths.scan()
             while not self._stop.is_set():
+                # objects whose rows did not fit, being sampled: loaded
+                # once idle ones can make room (bpf_unwind.UnwindObjects)
+                self.objects.tick()
+                self.objects.retry_full()
                 if not self.load_next():
                     self._stop.wait(POLL_S)
         except (OSError, UstackError):
