@@ -606,8 +606,9 @@ def test_an_interval_the_server_kept_in_part_is_completed_exactly(server, tmp_pa
            "container": "", "pid": 7, "tid": 0, "comm": "web", "executable": "",
            "build_id": "", "event": "profile:hz:49", "weight": 5, "stack_id": 1,
            "batch": f"h1/0ld0run0/{start * 10**9}"}
+    rows = [row, dict(row, stack_id=2, weight=3)]
     batch = {"batch": row["batch"], "host": "h1", "start_ns": row["start_ns"],
-             "stacks": {}, "samples": [row, dict(row, stack_id=2, weight=3)]}
+             "stacks": {}, "samples": "".join(json.dumps(r) + "\n" for r in rows).encode()}
     queue = tmp_path / "queue"
     queue.mkdir(mode=0o700)
     (queue / f"{start * 10**9:020d}-0ld0run0.json").write_bytes(queued_interval(batch))
@@ -615,7 +616,7 @@ def test_an_interval_the_server_kept_in_part_is_completed_exactly(server, tmp_pa
     kept_rows = "(1764000000, 'profile:hz:49', 'web', {0}, {1}, 1, 0)"
     if kept == "samples":
         server.query("INSERT INTO ustack.samples FORMAT JSONEachRow\n" + "\n".join(
-            json.dumps(r) for r in batch["samples"]))
+            json.dumps(r) for r in rows))
     else:
         server.query("INSERT INTO ustack.sums_hourly VALUES "
                      f"{kept_rows.format(1, 5)}, {kept_rows.format(2, 3)}, "

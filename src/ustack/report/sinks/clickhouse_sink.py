@@ -77,12 +77,22 @@ class ProcessFacts:
 
 def _container(pid: int) -> str:
     """The container id docker, containerd or podman put in the cgroup
-    path (64 hex digits), else ''."""
+    path (64 hex digits), else ''. Read with os.read, no file object
+    (~3 times cheaper: a shared machine starts hundreds of processes a
+    minute, each read once)."""
     try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            text = f.read()
+        fd = os.open(f"/proc/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    if len(data) < 64:
+        return ""                    # no room for an id (most processes of a host)
+    text = data.decode("utf-8", "replace")
     for part in reversed(text.replace("/", " ").replace("-", " ").replace(".", " ").split()):
         if len(part) == 64 and all(c in "0123456789abcdef" for c in part):
             return part
@@ -123,49 +133,55 @@ class SentStacks:
 def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
                    counts, facts: ProcessFacts, per_thread: bool,
                    known: SentStacks | None = None) -> dict:
-    """One interval as it is queued and sent: its rows, and the rows
-    (RowBinary) of the stacks they name and of those stacks' frames that
-    the server is not known to have yet."""
+    """One interval as it is queued and sent: its rows (the samples
+    INSERT's body), and the rows (RowBinary) of the stacks they name and
+    of those stacks' frames that the server is not known to have yet."""
     known = known or SentStacks()
     known.rows.next_interval()
     stacks: dict = {}
     needed: set = set()              # the ids (8 bytes) of the frames of the stacks sent
-    rows: dict = {}
+    weights: dict = {}               # (pid, tid, comm, event, stack id) -> weight
     batch = f"{host}/{run_id}/{start_ns}"
     sids, made = known.stack_ids([sc.stack for sc in counts])
+    confirmed = known.confirmed
     for sc, sid in zip(counts, sids):
-        if sid not in known.confirmed and sid not in stacks:
+        if sid not in confirmed and sid not in stacks:
             # (a stack met in an earlier interval whose send is not confirmed yet)
             row, parts = made.get(sid) or known.rows.row(sc.stack)[1:]
             stacks[sid] = row
             needed.update(parts)
-        tid = sc.tid if per_thread else 0
-        key = (sc.pid, tid, sc.comm, sc.event, sid)
-        if key in rows:
-            rows[key]["weight"] += sc.count
-            continue
-        exe, build_id, container = facts.of(sc.pid)
-        rows[key] = {"time": start_ns // 1_000_000_000, "start_ns": start_ns,
-                     "duration_ns": duration_ns, "host": host, "container": container,
-                     "pid": sc.pid, "tid": tid, "comm": sc.comm, "executable": exe,
-                     "build_id": build_id, "event": sc.event, "weight": sc.count,
-                     "stack_id": sid, "batch": batch}
+        key = (sc.pid, sc.tid if per_thread else 0, sc.comm, sc.event, sid)
+        weights[key] = weights.get(key, 0) + sc.count
     frames = known.rows.frames_rows([sc.stack for sc in counts],
                                     needed.difference(known.confirmed_frames))
     return {"batch": batch, "host": host, "start_ns": start_ns, "frames": frames,
-            "stacks": stacks, "samples": list(rows.values())}
+            "stacks": stacks, "samples": _sample_lines(
+                host, batch, start_ns, duration_ns, weights, facts)}
 
 
-def _sample_lines(rows) -> bytes:
-    """The samples INSERT's body (JSONEachRow): a template, not json.dumps
-    (a quarter of its cost); strings escaped as json does."""
-    return "".join(
-        f'{{"time":{r["time"]},"start_ns":{r["start_ns"]},"duration_ns":{r["duration_ns"]},'
-        f'"host":{_json(r["host"])},"container":{_json(r["container"])},"pid":{r["pid"]},'
-        f'"tid":{r["tid"]},"comm":{_json(r["comm"])},"executable":{_json(r["executable"])},'
-        f'"build_id":{_json(r["build_id"])},"event":{_json(r["event"])},'
-        f'"weight":{r["weight"]},"stack_id":{r["stack_id"]},"batch":{_json(r["batch"])}}}\n'
-        for r in rows).encode()
+def _sample_lines(host: str, batch: str, start_ns: int, duration_ns: int, weights: dict,
+                  facts: ProcessFacts) -> bytes:
+    """The samples INSERT's body (JSONEachRow), a line a row in the order
+    the rows were first counted, strings escaped as json does: what the
+    interval's rows share written once, a process's part once per
+    process, an event's once per event (a dict a row, then each row
+    written whole, cost ~2-3 times this)."""
+    head = (f'{{"time":{start_ns // 1_000_000_000},"start_ns":{start_ns},'
+            f'"duration_ns":{duration_ns},"host":{_json(host)},"container":')
+    tail = f',"batch":{_json(batch)}}}\n'
+    procs: dict = {}                 # (pid, tid, comm) -> the line from its start to event
+    events: dict = {}                # event -> the line from it to weight
+    lines = []
+    for (pid, tid, comm, event, sid), weight in weights.items():
+        proc = procs.get((pid, tid, comm))
+        if proc is None:
+            exe, build_id, container = facts.of(pid)
+            proc = procs[pid, tid, comm] = (
+                f'{head}{_json(container)},"pid":{pid},"tid":{tid},"comm":{_json(comm)},'
+                f'"executable":{_json(exe)},"build_id":{_json(build_id)},"event":')
+        ev = events.get(event) or events.setdefault(event, f'{_json(event)},"weight":')
+        lines.append(f'{proc}{ev}{weight},"stack_id":{sid}{tail}')
+    return "".join(lines).encode()
 
 
 def queued_interval(batch: dict) -> bytes:
@@ -182,7 +198,7 @@ def queued_parts(batch: dict) -> list:
     frames = batch.get("frames", {})
     frame_rows = b"".join(frames.values())
     stacks = b"".join(batch["stacks"].values())
-    samples = _sample_lines(batch["samples"])
+    samples = batch["samples"]
     header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
               "stack_ids": list(batch["stacks"]), "frame_ids": [d.hex() for d in frames],
               "stacks_table": STACK_FRAMES, "format": "RowBinary",
