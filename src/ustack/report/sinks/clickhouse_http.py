@@ -3,13 +3,13 @@ clickhouse://HOST:PORT/DB address, or clickhouses:// for HTTPS (the
 server's certificate checked against --ca FILE, else the system's CAs,
 and its name against the address's host), credentials from the
 environment or a file (never the command line), one request at a time,
-each failure one line. Only http.client and ssl: nothing to install."""
+each failure one line. Only socket and ssl: nothing to install."""
 from __future__ import annotations
 
 import base64
-import http.client
 import os
 import re
+import socket
 import ssl
 import urllib.parse
 
@@ -22,6 +22,10 @@ DEFAULT_PORTS = {"clickhouse": 8123, "clickhouses": 8443}   # ClickHouse's HTTP 
 USER_ENV, PASSWORD_ENV = "USTACK_CLICKHOUSE_USER", "USTACK_CLICKHOUSE_PASSWORD"
 CREDENTIALS_ENV = "USTACK_CLICKHOUSE_CREDENTIALS"   # a file: `user:password`
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class NotHttp(Exception):
+    """What answered is not an HTTP server."""
 
 
 class ServerError(Exception):
@@ -77,27 +81,42 @@ class Server:
         ServerError when there is none, or a refusal."""
         path = "/?" + urllib.parse.urlencode({"query": sql}) if body else "/"
         data = body if body else sql.encode()
-        headers = {"Content-Type": "text/plain"}
-        if self._auth:
-            headers["Authorization"] = self._auth
-        if self._tls is not None:
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                               context=self._tls)
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
-            conn.request("POST", path, body=data, headers=headers)
-            answer = conn.getresponse()
-            text = answer.read()
-        except (OSError, http.client.HTTPException) as e:
+            status, reason, text = self._exchange(path, data)
+        except (OSError, NotHttp) as e:
             raise ServerError(f"{self.address}: {_why(e)}") from None
-        finally:
-            conn.close()
-        if answer.status != 200:
+        if status != 200:
             first = text.decode("utf-8", "replace").strip().splitlines()
-            raise ServerError(f"{self.address}: HTTP {answer.status}: "
-                              f"{first[0][:200] if first else answer.reason}", answer.status)
+            raise ServerError(f"{self.address}: HTTP {status}: "
+                              f"{first[0][:200] if first else reason}", status)
         return text
+
+    def _exchange(self, path: str, data: bytes) -> tuple:
+        """(status, reason, body) of one POST: HTTP/1.0, so that the server
+        closes the connection after its answer and sends it whole, not in
+        chunks; the request's head and body in one send (http.client sent
+        them apart and parsed the answer's head with the email package:
+        ~250 us of CPU a request, against ~100 here)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host     # IPv6
+        head = (f"POST {path} HTTP/1.0\r\nHost: {host}:{self.port}\r\n"
+                f"Content-Type: text/plain\r\nContent-Length: {len(data)}\r\n"
+                + (f"Authorization: {self._auth}\r\n" if self._auth else "")
+                + "\r\n").encode("latin-1")
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        try:
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+                sock.sendall(head + data)
+            else:
+                sent = sock.sendmsg([head, data])
+                if sent < len(head):     # (with a timeout, a send may be partial)
+                    sock.sendall(head[sent:])
+                    sent = len(head)
+                sock.sendall(memoryview(data)[sent - len(head):])
+            answer = _read_all(sock)
+        finally:
+            sock.close()
+        return _parse_answer(answer)
 
     def rows(self, sql: str) -> list:
         """The rows of a SELECT as lists (JSONCompact's data)."""
@@ -124,6 +143,73 @@ class Server:
                 if "\\" in field:
                     row[i] = _TSV_ESCAPE.sub(_unescaped, field)
         return rows
+
+
+def _read_all(sock) -> bytes:
+    """The server's answer: until it closes the connection, or as long
+    as its Content-Length says (a server keeping the connection open)."""
+    answer = bytearray()
+    head_read, whole = False, None   # whole: the answer's length, if its head says
+    while whole is None or len(answer) < whole:
+        part = sock.recv(1 << 16)
+        if not part:
+            break
+        answer += part
+        end = -1 if head_read else answer.find(b"\r\n\r\n")
+        if end >= 0:
+            head_read = True
+            length = _CONTENT_LENGTH.search(answer, 0, end)
+            whole = end + 4 + int(length.group(1)) if length else None
+    return bytes(answer)
+
+
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.I)
+
+
+def _parse_answer(answer: bytes) -> tuple:
+    """(status, reason, body) of an HTTP answer read whole; NotHttp when
+    it is not one."""
+    end = answer.find(b"\r\n\r\n")
+    if not answer.startswith(b"HTTP/") or end < 0:
+        raise NotHttp("no status line" if answer else "no answer")
+    lines = answer[:end].decode("latin-1").split("\r\n")
+    version_status_reason = lines[0].split(" ", 2)
+    try:
+        status = int(version_status_reason[1])
+    except (IndexError, ValueError):
+        raise NotHttp("no status") from None
+    reason = version_status_reason[2] if len(version_status_reason) > 2 else ""
+    headers = dict(line.partition(":")[::2] for line in lines[1:])
+    headers = {name.strip().lower(): value.strip() for name, value in headers.items()}
+    body = answer[end + 4:]
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = _unchunked(body)
+    elif "content-length" in headers:
+        try:
+            length = int(headers["content-length"])
+        except ValueError:
+            raise NotHttp("a bad Content-Length") from None
+        if len(body) < length:
+            raise NotHttp("the answer ended early")
+        body = body[:length]
+    return status, reason, body
+
+
+def _unchunked(body: bytes) -> bytes:
+    """A chunked body's data (a server may answer HTTP/1.0 so)."""
+    out, at = [], 0
+    while True:
+        eol = body.find(b"\r\n", at)
+        try:
+            size = int(body[at:eol].split(b";")[0], 16) if eol >= 0 else -1
+        except ValueError:
+            size = -1
+        if size < 0 or eol + 2 + size > len(body):
+            raise NotHttp("a bad chunk")
+        if size == 0:
+            return b"".join(out)
+        out.append(body[eol + 2:eol + 2 + size])
+        at = eol + 2 + size + 2
 
 
 # TabSeparated's escapes (ClickHouse's writeEscapedString)
@@ -158,8 +244,8 @@ def _why(e: Exception) -> str:
         return "connection refused (is clickhouse-server running there?)"
     if isinstance(e, TimeoutError) or "timed out" in str(e):
         return "no answer in time"
-    if isinstance(e, http.client.HTTPException):
-        return f"not an HTTP answer ({type(e).__name__}): is this a ClickHouse HTTP port?"
+    if isinstance(e, NotHttp):
+        return f"not an HTTP answer ({e}): is this a ClickHouse HTTP port?"
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
