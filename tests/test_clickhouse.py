@@ -377,6 +377,46 @@ def test_a_server_answering_garbage_is_one_line_and_the_intervals_wait(server, t
     assert local.items() <= stored.items(), (local, stored)
 
 
+def test_intervals_a_server_never_answers_stay_queued_when_the_run_ends(server, tmp_path):
+    """A server that takes the request and never answers: the interval
+    the sender holds, and those after it, are in the queue when the run
+    ends (within its second), and the next run sends each of them once."""
+    held = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept_and_hold():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+    threading.Thread(target=accept_and_hold, daemon=True).start()
+    busy, out, queue = build("busy"), tmp_path / "out", tmp_path / "queue"
+    try:
+        res = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1.5", "-o", f"{out}/",
+                         "--to", f"clickhouse://127.0.0.1:{listener.getsockname()[1]}/ustack",
+                         "--host-label", "mute", "--queue", str(queue),
+                         "-c", f"{busy} 60", timeout=120)
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert res.returncode == 0, res.stderr
+    assert held, res.stderr                          # the sender was waiting for it
+    local = {s: n for s, n in interval_totals(out).items() if n}
+    assert len(queued(queue)) == len(local) > 1, res.stderr
+    assert f"{len(local)} stay queued in {queue}" in res.stderr, res.stderr
+    again = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1",
+                       "--to", server.url, "--host-label", "mute", "--queue", str(queue),
+                       "-c", f"{busy} 60", timeout=120)
+    assert again.returncode == 0 and not queued(queue), again.stderr
+    rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples "
+                        "WHERE host = 'mute' GROUP BY start_ns")
+    stored = {int(start): int(n) for start, n in rows}
+    assert local.items() <= stored.items(), (local, stored)
+
+
 @pytest.mark.parametrize("args, error", [
     (["--to", "clickhouse://u:secret@127.0.0.1:1/x"], "no credentials in the address"),
     (["--to", "http://127.0.0.1:1/x"], "ustack sends to clickhouse://HOST:PORT/DB"),

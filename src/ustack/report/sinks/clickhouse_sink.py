@@ -1,7 +1,8 @@
 """profile --every ... --to clickhouse://HOST:PORT/DB: each interval's
 counted stacks become rows (samples), each distinct stack a row of its
 frames' ids (stack_frames) and each distinct frame a row (frames). The
-sampling thread only queues an interval on disk (spool.py); a background
+sampling thread hands an interval to a background thread, which sends it
+at once if it can; else the interval waits on disk (spool.py), and the
 thread sends the queue, oldest first, and removes an interval once the
 server has it. An interval goes in as one INSERT into
 samples_in, whose views write three parts (samples and the two sums
@@ -18,6 +19,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from itertools import compress
 
 from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
@@ -195,17 +197,23 @@ def queued_interval(batch: dict) -> bytes:
 def queued_parts(batch: dict) -> list:
     """queued_interval() in its parts, as the spool writes them (a whole
     machine's interval is megabytes: not copied to be joined)."""
-    frames = batch.get("frames", {})
-    frame_rows = b"".join(frames.values())
-    stacks = b"".join(batch["stacks"].values())
-    samples = batch["samples"]
-    header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
-              "stack_ids": list(batch["stacks"]), "frame_ids": [d.hex() for d in frames],
-              "stacks_table": STACK_FRAMES, "format": "RowBinary",
-              "frames_bytes": len(frame_rows), "stacks_bytes": len(stacks),
-              "samples_bytes": len(samples)}
+    header, frame_rows, stacks, samples = sent_parts(batch)
+    header = dict(header, frame_ids=[d.hex() for d in header["frame_ids"]],
+                  frames_bytes=len(frame_rows), stacks_bytes=len(stacks),
+                  samples_bytes=len(samples))
     return [json.dumps(header, separators=(",", ":")).encode() + b"\n", frame_rows, stacks,
             samples]
+
+
+def sent_parts(batch: dict) -> tuple:
+    """(header, frames body, stacks body, samples body) of an interval, as
+    read_queued() gives them from its queue file."""
+    frames = batch.get("frames", {})
+    header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
+              "stack_ids": list(batch["stacks"]), "frame_ids": list(frames),
+              "stacks_table": STACK_FRAMES, "format": "RowBinary"}
+    return (header, b"".join(frames.values()), b"".join(batch["stacks"].values()),
+            batch["samples"])
 
 
 # an older ustack's queue file: its stacks' rows JSONEachRow, into stacks
@@ -233,8 +241,11 @@ def read_queued(data: bytes) -> tuple:
 
 
 class ClickHouseSink:
-    """Queue intervals, send them in the background; `close` sends what it
-    can before the run ends and says what stays queued."""
+    """Hand intervals to a sender thread, which sends them in the
+    background; an interval waits on disk (the queue) when the sender
+    cannot send it at once: the server down, slow, or refusing, or the run
+    ending first. `close` sends what it can before the run ends and says
+    what stays queued."""
 
     def __init__(self, server: Server, spool: Spool, host: str, per_thread: bool = False):
         self.server, self.spool, self.host = server, spool, host
@@ -249,6 +260,12 @@ class ClickHouseSink:
         self.errors_said: list = []   # each new failure, said once
         self._schema_made = False
         self._tried: set = set()     # queue names this run sent without an answer
+        # an interval handed to the sender in memory (its queue name, its
+        # batch), and the one it is sending from memory: either is written
+        # to the queue as soon as a send fails, or the run ends before it
+        self._lock = threading.Lock()
+        self._fresh: deque = deque()
+        self._in_flight = None
         self._wake = threading.Event()
         self._ending = False
         self._give_up_at = 0.0
@@ -291,7 +308,16 @@ class ClickHouseSink:
         if not batch["samples"]:
             return                   # nothing counted: nothing to store
         name = f"{start_ns:020d}-{self.run_id}"
-        self.spool.put(name, queued_parts(batch))
+        with self._lock:
+            # in memory only while the sender is idle and has sent all it
+            # had: an interval sent at once never touches the disk (its
+            # file cost ~3-4 us a new stack to write, read and parse)
+            prompt = not (self.error or self._ending or self._fresh
+                          or self._in_flight or self.spool.names())
+            if prompt:
+                self._fresh.append((name + SUFFIX, batch))
+        if not prompt:
+            self.spool.put(name, queued_parts(batch))
         self.queued += 1
         self._wake.set()
 
@@ -306,18 +332,22 @@ class ClickHouseSink:
         delay = RETRY_FIRST_S
         while True:
             self.sender_cpu_s = time.thread_time()     # this thread's, so far
-            names = self.spool.names()
-            if not names:
+            fresh = self._next_fresh()
+            names = self.spool.names() if fresh is None else []
+            if fresh is None and not names:
                 if self._ending:
                     return
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
             try:
+                if fresh is not None:
+                    self._send_fresh(*fresh)
                 for name in names:
                     self._send_one(name)
                 self.error, delay = "", RETRY_FIRST_S
             except (ServerError, OSError) as e:     # OSError: the queue's disk
+                self.queue_fresh()   # what waited in memory waits on disk now
                 if str(e) != self.error and len(self.errors_said) < 5:
                     self.errors_said.append(str(e))   # a flapping server: 5 lines at most
                 self.error = str(e)
@@ -326,6 +356,35 @@ class ClickHouseSink:
                 self._wake.wait(delay)
                 self._wake.clear()
                 delay = min(delay * 2, RETRY_MAX_S)
+
+    def _next_fresh(self):
+        """The interval handed over in memory next, now in flight; None."""
+        with self._lock:
+            self._in_flight = self._fresh.popleft() if self._fresh else None
+            return self._in_flight
+
+    def _send_fresh(self, name: str, batch: dict) -> None:
+        self._send(name, *sent_parts(batch))
+        with self._lock:
+            self._in_flight = None
+
+    def queue_fresh(self) -> None:
+        """Write the intervals held in memory (in flight or waiting) to
+        the queue, for a later try or the next run: one the sender may
+        have sent meanwhile is found on the server then, not sent twice
+        (an interval another run queued is asked about first)."""
+        with self._lock:
+            held = ([self._in_flight] if self._in_flight else []) + list(self._fresh)
+            self._in_flight = None
+            self._fresh.clear()
+            for name, batch in held:
+                try:
+                    self.spool.put(name[:-len(SUFFIX)], queued_parts(batch))
+                except OSError as e:     # the queue's disk: lost, counted, said
+                    self.spool.dropped += 1
+                    if len(self.errors_said) < 5:
+                        self.errors_said.append(f"--queue {self.spool.directory}: "
+                                                f"{e.strerror or e}")
 
     def _send_one(self, name: str) -> None:
         data = self.spool.read(name)
@@ -336,6 +395,11 @@ class ClickHouseSink:
         except (ValueError, KeyError, TypeError):
             self.spool.remove(name)  # not ours to send (cannot happen: written whole)
             return
+        self._send(name, batch, frames, stacks, samples)
+
+    def _send(self, name: str, batch: dict, frames, stacks, samples) -> None:
+        """Send one interval (its header and bodies, from its queue file or
+        from memory) and remove its queue file, if it has one."""
         if not self._schema_made:
             for statement in create_statements(self.server.database):
                 self.server.query(statement)
@@ -429,6 +493,7 @@ class ClickHouseSink:
         self._ending = True
         self._wake.set()
         self._thread.join(wait_s)
+        self.queue_fresh()           # not sent yet: on disk for the next run
         left = len(self.spool.names())
         return left
 
