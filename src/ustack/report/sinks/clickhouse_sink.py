@@ -33,6 +33,9 @@ RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
 _SINK_ID = operator.attrgetter("sink_id")
 
 
+_NO_EXECUTABLE = ("", "")
+
+
 class ProcessFacts:
     """What a row says of a process beyond pid and comm, read once per pid
     while it lives: executable, its build-id, its container."""
@@ -47,12 +50,16 @@ class ProcessFacts:
         if pid not in self._facts:
             if len(self._facts) >= self.LIMIT:
                 self._facts.clear()
-            self._facts[pid] = (self._executable(pid), _container(pid))
+            exe = self._executable(pid)
+            # a process gone (or a kernel thread) has no executable, and is
+            # in no container we could read: its cgroup is not tried
+            self._facts[pid] = (exe, _container(pid) if exe is not None else "")
         exe, container = self._facts[pid]
-        return exe[0], exe[1], container
+        return (exe or _NO_EXECUTABLE) + (container,)
 
-    def _executable(self, pid: int) -> tuple:
-        """(path, build-id) of a process's executable; the build-id read
+    def _executable(self, pid: int) -> tuple | None:
+        """(path, build-id) of a process's executable, None when the
+        process is gone (or has none: a kernel thread); the build-id read
         once per file (by device, inode, size and time): a shared machine
         starts ~300 processes a minute, mostly of a few programs, and
         opening each one's ELF cost ~200 us."""
@@ -60,6 +67,8 @@ class ProcessFacts:
         try:
             path = os.readlink(exe)
             st = os.stat(exe)
+        except FileNotFoundError:
+            return None              # gone, or a kernel thread
         except OSError:
             return "", ""
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -337,7 +346,10 @@ class ClickHouseSink:
             if fresh is None and not names:
                 if self._ending:
                     return
-                self._wake.wait(1.0)
+                # nothing to send until put() or close() wakes it: no
+                # timeout (a wake a second, listing the queue, cost ~8 ms
+                # of CPU a minute)
+                self._wake.wait()
                 self._wake.clear()
                 continue
             try:
