@@ -7,6 +7,7 @@ each failure one line. Only socket and ssl: nothing to install."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import socket
@@ -75,6 +76,28 @@ class Server:
         self.ca = ca
         self._tls = _tls_context(ca) if parsed.scheme == "clickhouses" else None
         self._auth = _authorization()
+        self._kept = 0               # kept_alive() depth: >0, one connection serves all
+        self._sock = None            # that connection, once opened
+
+    @contextlib.contextmanager
+    def kept_alive(self):
+        """Requests made inside go over one connection (HTTP/1.1
+        keep-alive), closed at the end: for requests made one after the
+        other (the schema's statements, an interval's inserts), ~3 times
+        less CPU each than a connection a request. Outside, a request has
+        its own connection (a server closes one idle for a few seconds)."""
+        self._kept += 1
+        try:
+            yield self
+        finally:
+            self._kept -= 1
+            if not self._kept:
+                self._drop()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def query(self, sql: str, body: bytes = b"") -> bytes:
         """The answer to `sql` (with `body` as the data of an INSERT);
@@ -94,18 +117,28 @@ class Server:
     def _exchange(self, path: str, data: bytes) -> tuple:
         """(status, reason, body) of one POST: HTTP/1.0, so that the server
         closes the connection after its answer and sends it whole, not in
-        chunks; the request's head and body in one send (http.client sent
-        them apart and parsed the answer's head with the email package:
-        ~250 us of CPU a request, against ~100 here)."""
+        chunks, or inside kept_alive() HTTP/1.1 over the one connection;
+        the request's head and body in one send (http.client sent them
+        apart and parsed the answer's head with the email package: ~250 us
+        of CPU a request, against ~100 here)."""
+        keep = self._kept > 0
         host = f"[{self.host}]" if ":" in self.host else self.host     # IPv6
-        head = (f"POST {path} HTTP/1.0\r\nHost: {host}:{self.port}\r\n"
+        head = (f"POST {path} HTTP/1.{int(keep)}\r\nHost: {host}:{self.port}\r\n"
                 f"Content-Type: text/plain\r\nContent-Length: {len(data)}\r\n"
                 + (f"Authorization: {self._auth}\r\n" if self._auth else "")
                 + "\r\n").encode("latin-1")
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        sock = self._sock if keep else None
+        if sock is None:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            if self._tls is not None:
+                try:
+                    sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+                except BaseException:
+                    sock.close()
+                    raise
+        self._sock = None            # back once its answer is read whole
         try:
             if self._tls is not None:
-                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
                 sock.sendall(head + data)
             else:
                 sent = sock.sendmsg([head, data])
@@ -113,8 +146,13 @@ class Server:
                     sock.sendall(head[sent:])
                     sent = len(head)
                 sock.sendall(memoryview(data)[sent - len(head):])
-            answer = _read_all(sock)
-        finally:
+            answer, reusable = _read_answer(sock)
+        except BaseException:
+            sock.close()
+            raise
+        if keep and reusable:
+            self._sock = sock
+        else:
             sock.close()
         return _parse_answer(answer)
 
@@ -145,24 +183,58 @@ class Server:
         return rows
 
 
-def _read_all(sock) -> bytes:
-    """The server's answer: until it closes the connection, or as long
-    as its Content-Length says (a server keeping the connection open)."""
+def _read_answer(sock) -> tuple:
+    """(the server's answer, whether the connection can serve another):
+    as long as its Content-Length or its chunks say, else until the
+    server closes the connection."""
     answer = bytearray()
-    head_read, whole = False, None   # whole: the answer's length, if its head says
-    while whole is None or len(answer) < whole:
+
+    def more() -> bool:
         part = sock.recv(1 << 16)
-        if not part:
-            break
-        answer += part
-        end = -1 if head_read else answer.find(b"\r\n\r\n")
-        if end >= 0:
-            head_read = True
-            length = _CONTENT_LENGTH.search(answer, 0, end)
-            whole = end + 4 + int(length.group(1)) if length else None
-    return bytes(answer)
+        answer.extend(part)
+        return bool(part)
+    end = answer.find(b"\r\n\r\n")
+    while end < 0:
+        if not more():
+            return bytes(answer), False
+        end = answer.find(b"\r\n\r\n")
+    head = bytes(answer[:end])
+    body = end + 4
+    reusable = not _CLOSE.search(head) and head.startswith(b"HTTP/1.1")
+    length = _CONTENT_LENGTH.search(head)
+    if length:
+        while len(answer) < body + int(length.group(1)):
+            if not more():
+                return bytes(answer), False
+        return bytes(answer), reusable
+    if _CHUNKED.search(head):
+        at = body                    # each chunk: its size in hex, CRLF, its bytes, CRLF
+        while True:
+            eol = answer.find(b"\r\n", at)
+            while eol < 0:
+                if not more():
+                    return bytes(answer), False
+                eol = answer.find(b"\r\n", at)
+            try:
+                size = int(bytes(answer[at:eol]).split(b";")[0], 16)
+            except ValueError:
+                return bytes(answer), False      # _parse_answer says what is wrong
+            if size == 0:            # the last, then no trailer but its CRLF
+                while len(answer) < eol + 4:
+                    if not more():
+                        return bytes(answer), False
+                return bytes(answer), reusable and answer[eol + 2:eol + 4] == b"\r\n"
+            at = eol + 2 + size + 2
+            while len(answer) < at:
+                if not more():
+                    return bytes(answer), False
+    while more():                    # neither: the answer ends with the connection
+        pass
+    return bytes(answer), False
 
 
+_CLOSE = re.compile(rb"\r\nconnection: *close", re.I)
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding: *chunked", re.I)
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.I)
 
 

@@ -411,7 +411,12 @@ class ClickHouseSink:
 
     def _send(self, name: str, batch: dict, frames, stacks, samples) -> None:
         """Send one interval (its header and bodies, from its queue file or
-        from memory) and remove its queue file, if it has one."""
+        from memory) and remove its queue file, if it has one: its
+        requests, one after the other, over one connection."""
+        with self.server.kept_alive():
+            self._send_requests(name, batch, frames, stacks, samples)
+
+    def _send_requests(self, name: str, batch: dict, frames, stacks, samples) -> None:
         if not self._schema_made:
             for statement in create_statements(self.server.database):
                 self.server.query(statement)
