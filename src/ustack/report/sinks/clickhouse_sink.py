@@ -63,6 +63,10 @@ class ProcessFacts:
         once per file (by device, inode, size and time): a shared machine
         starts ~300 processes a minute, mostly of a few programs, and
         opening each one's ELF cost ~200 us."""
+        if not os.access(f"/proc/{pid}", os.F_OK):
+            return None              # gone: most pids first counted at an interval's
+                                     # end on a machine starting many short processes
+                                     # (a failed readlink and its exception cost ~2x)
         exe = f"/proc/{pid}/exe"
         try:
             path = os.readlink(exe)
@@ -174,24 +178,24 @@ def _sample_lines(host: str, batch: str, start_ns: int, duration_ns: int, weight
                   facts: ProcessFacts) -> bytes:
     """The samples INSERT's body (JSONEachRow), a line a row in the order
     the rows were first counted, strings escaped as json does: what the
-    interval's rows share written once, a process's part once per
-    process, an event's once per event (a dict a row, then each row
-    written whole, cost ~2-3 times this)."""
+    interval's rows share written once, a process's and event's part
+    once for each (a dict a row, then each row written whole, cost ~2-3
+    times this)."""
     head = (f'{{"time":{start_ns // 1_000_000_000},"start_ns":{start_ns},'
             f'"duration_ns":{duration_ns},"host":{_json(host)},"container":')
     tail = f',"batch":{_json(batch)}}}\n'
-    procs: dict = {}                 # (pid, tid, comm) -> the line from its start to event
-    events: dict = {}                # event -> the line from it to weight
+    starts: dict = {}                # (pid, tid, comm, event) -> the line up to weight
     lines = []
-    for (pid, tid, comm, event, sid), weight in weights.items():
-        proc = procs.get((pid, tid, comm))
-        if proc is None:
+    for key, weight in weights.items():
+        start = starts.get(key[:4])
+        if start is None:
+            pid, tid, comm, event = key[:4]
             exe, build_id, container = facts.of(pid)
-            proc = procs[pid, tid, comm] = (
+            start = starts[key[:4]] = (
                 f'{head}{_json(container)},"pid":{pid},"tid":{tid},"comm":{_json(comm)},'
-                f'"executable":{_json(exe)},"build_id":{_json(build_id)},"event":')
-        ev = events.get(event) or events.setdefault(event, f'{_json(event)},"weight":')
-        lines.append(f'{proc}{ev}{weight},"stack_id":{sid}{tail}')
+                f'"executable":{_json(exe)},"build_id":{_json(build_id)},'
+                f'"event":{_json(event)},"weight":')
+        lines.append(f'{start}{weight},"stack_id":{key[4]}{tail}')
     return "".join(lines).encode()
 
 
