@@ -377,6 +377,46 @@ def test_a_server_answering_garbage_is_one_line_and_the_intervals_wait(server, t
     assert local.items() <= stored.items(), (local, stored)
 
 
+def test_intervals_a_server_never_answers_stay_queued_when_the_run_ends(server, tmp_path):
+    """A server that takes the request and never answers: the interval
+    the sender holds, and those after it, are in the queue when the run
+    ends (within its second), and the next run sends each of them once."""
+    held = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept_and_hold():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+    threading.Thread(target=accept_and_hold, daemon=True).start()
+    busy, out, queue = build("busy"), tmp_path / "out", tmp_path / "queue"
+    try:
+        res = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1.5", "-o", f"{out}/",
+                         "--to", f"clickhouse://127.0.0.1:{listener.getsockname()[1]}/ustack",
+                         "--host-label", "mute", "--queue", str(queue),
+                         "-c", f"{busy} 60", timeout=120)
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert res.returncode == 0, res.stderr
+    assert held, res.stderr                          # the sender was waiting for it
+    local = {s: n for s, n in interval_totals(out).items() if n}
+    assert len(queued(queue)) == len(local) > 1, res.stderr
+    assert f"{len(local)} stay queued in {queue}" in res.stderr, res.stderr
+    again = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1",
+                       "--to", server.url, "--host-label", "mute", "--queue", str(queue),
+                       "-c", f"{busy} 60", timeout=120)
+    assert again.returncode == 0 and not queued(queue), again.stderr
+    rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples "
+                        "WHERE host = 'mute' GROUP BY start_ns")
+    stored = {int(start): int(n) for start, n in rows}
+    assert local.items() <= stored.items(), (local, stored)
+
+
 @pytest.mark.parametrize("args, error", [
     (["--to", "clickhouse://u:secret@127.0.0.1:1/x"], "no credentials in the address"),
     (["--to", "http://127.0.0.1:1/x"], "ustack sends to clickhouse://HOST:PORT/DB"),
@@ -606,8 +646,9 @@ def test_an_interval_the_server_kept_in_part_is_completed_exactly(server, tmp_pa
            "container": "", "pid": 7, "tid": 0, "comm": "web", "executable": "",
            "build_id": "", "event": "profile:hz:49", "weight": 5, "stack_id": 1,
            "batch": f"h1/0ld0run0/{start * 10**9}"}
+    rows = [row, dict(row, stack_id=2, weight=3)]
     batch = {"batch": row["batch"], "host": "h1", "start_ns": row["start_ns"],
-             "stacks": {}, "samples": [row, dict(row, stack_id=2, weight=3)]}
+             "stacks": {}, "samples": "".join(json.dumps(r) + "\n" for r in rows).encode()}
     queue = tmp_path / "queue"
     queue.mkdir(mode=0o700)
     (queue / f"{start * 10**9:020d}-0ld0run0.json").write_bytes(queued_interval(batch))
@@ -615,7 +656,7 @@ def test_an_interval_the_server_kept_in_part_is_completed_exactly(server, tmp_pa
     kept_rows = "(1764000000, 'profile:hz:49', 'web', {0}, {1}, 1, 0)"
     if kept == "samples":
         server.query("INSERT INTO ustack.samples FORMAT JSONEachRow\n" + "\n".join(
-            json.dumps(r) for r in batch["samples"]))
+            json.dumps(r) for r in rows))
     else:
         server.query("INSERT INTO ustack.sums_hourly VALUES "
                      f"{kept_rows.format(1, 5)}, {kept_rows.format(2, 3)}, "

@@ -4,6 +4,8 @@ same for the copies another process of the program gets, and the same
 after the agent's memory of stacks starts afresh past its bound."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ustack.model import Frame, Stack, StackCount
@@ -50,7 +52,8 @@ def _sent(limit: int | None, monkeypatch, confirmed: bool = True) -> list:
     out = []
     for n, counts in enumerate(intervals):
         batch = interval_batch("h1", "run", n * 10**9, 10**9, counts, facts, False, known)
-        out.append(([(r["pid"], r["stack_id"], r["weight"]) for r in batch["samples"]],
+        rows = map(json.loads, batch["samples"].splitlines())
+        out.append(([(r["pid"], r["stack_id"], r["weight"]) for r in rows],
                     batch["stacks"], batch["frames"]))
         if confirmed:
             known.confirmed.update(batch["stacks"])     # as the sender, once the server has them

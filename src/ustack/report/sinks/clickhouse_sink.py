@@ -1,7 +1,8 @@
 """profile --every ... --to clickhouse://HOST:PORT/DB: each interval's
 counted stacks become rows (samples), each distinct stack a row of its
 frames' ids (stack_frames) and each distinct frame a row (frames). The
-sampling thread only queues an interval on disk (spool.py); a background
+sampling thread hands an interval to a background thread, which sends it
+at once if it can; else the interval waits on disk (spool.py), and the
 thread sends the queue, oldest first, and removes an interval once the
 server has it. An interval goes in as one INSERT into
 samples_in, whose views write three parts (samples and the two sums
@@ -18,6 +19,7 @@ import os
 import secrets
 import threading
 import time
+from collections import deque
 from itertools import compress
 
 from json.encoder import encode_basestring_ascii as _json   # json.dumps of a str, in C
@@ -29,6 +31,9 @@ from .spool import SUFFIX, Spool
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.2, 5.0
 _SINK_ID = operator.attrgetter("sink_id")
+
+
+_NO_EXECUTABLE = ("", "")
 
 
 class ProcessFacts:
@@ -45,19 +50,29 @@ class ProcessFacts:
         if pid not in self._facts:
             if len(self._facts) >= self.LIMIT:
                 self._facts.clear()
-            self._facts[pid] = (self._executable(pid), _container(pid))
+            exe = self._executable(pid)
+            # a process gone (or a kernel thread) has no executable, and is
+            # in no container we could read: its cgroup is not tried
+            self._facts[pid] = (exe, _container(pid) if exe is not None else "")
         exe, container = self._facts[pid]
-        return exe[0], exe[1], container
+        return (exe or _NO_EXECUTABLE) + (container,)
 
-    def _executable(self, pid: int) -> tuple:
-        """(path, build-id) of a process's executable; the build-id read
+    def _executable(self, pid: int) -> tuple | None:
+        """(path, build-id) of a process's executable, None when the
+        process is gone (or has none: a kernel thread); the build-id read
         once per file (by device, inode, size and time): a shared machine
         starts ~300 processes a minute, mostly of a few programs, and
         opening each one's ELF cost ~200 us."""
+        if not os.access(f"/proc/{pid}", os.F_OK):
+            return None              # gone: most pids first counted at an interval's
+                                     # end on a machine starting many short processes
+                                     # (a failed readlink and its exception cost ~2x)
         exe = f"/proc/{pid}/exe"
         try:
             path = os.readlink(exe)
             st = os.stat(exe)
+        except FileNotFoundError:
+            return None              # gone, or a kernel thread
         except OSError:
             return "", ""
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -77,12 +92,22 @@ class ProcessFacts:
 
 def _container(pid: int) -> str:
     """The container id docker, containerd or podman put in the cgroup
-    path (64 hex digits), else ''."""
+    path (64 hex digits), else ''. Read with os.read, no file object
+    (~3 times cheaper: a shared machine starts hundreds of processes a
+    minute, each read once)."""
     try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            text = f.read()
+        fd = os.open(f"/proc/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    if len(data) < 64:
+        return ""                    # no room for an id (most processes of a host)
+    text = data.decode("utf-8", "replace")
     for part in reversed(text.replace("/", " ").replace("-", " ").replace(".", " ").split()):
         if len(part) == 64 and all(c in "0123456789abcdef" for c in part):
             return part
@@ -123,49 +148,55 @@ class SentStacks:
 def interval_batch(host: str, run_id: str, start_ns: int, duration_ns: int,
                    counts, facts: ProcessFacts, per_thread: bool,
                    known: SentStacks | None = None) -> dict:
-    """One interval as it is queued and sent: its rows, and the rows
-    (RowBinary) of the stacks they name and of those stacks' frames that
-    the server is not known to have yet."""
+    """One interval as it is queued and sent: its rows (the samples
+    INSERT's body), and the rows (RowBinary) of the stacks they name and
+    of those stacks' frames that the server is not known to have yet."""
     known = known or SentStacks()
     known.rows.next_interval()
     stacks: dict = {}
     needed: set = set()              # the ids (8 bytes) of the frames of the stacks sent
-    rows: dict = {}
+    weights: dict = {}               # (pid, tid, comm, event, stack id) -> weight
     batch = f"{host}/{run_id}/{start_ns}"
     sids, made = known.stack_ids([sc.stack for sc in counts])
+    confirmed = known.confirmed
     for sc, sid in zip(counts, sids):
-        if sid not in known.confirmed and sid not in stacks:
+        if sid not in confirmed and sid not in stacks:
             # (a stack met in an earlier interval whose send is not confirmed yet)
             row, parts = made.get(sid) or known.rows.row(sc.stack)[1:]
             stacks[sid] = row
             needed.update(parts)
-        tid = sc.tid if per_thread else 0
-        key = (sc.pid, tid, sc.comm, sc.event, sid)
-        if key in rows:
-            rows[key]["weight"] += sc.count
-            continue
-        exe, build_id, container = facts.of(sc.pid)
-        rows[key] = {"time": start_ns // 1_000_000_000, "start_ns": start_ns,
-                     "duration_ns": duration_ns, "host": host, "container": container,
-                     "pid": sc.pid, "tid": tid, "comm": sc.comm, "executable": exe,
-                     "build_id": build_id, "event": sc.event, "weight": sc.count,
-                     "stack_id": sid, "batch": batch}
+        key = (sc.pid, sc.tid if per_thread else 0, sc.comm, sc.event, sid)
+        weights[key] = weights.get(key, 0) + sc.count
     frames = known.rows.frames_rows([sc.stack for sc in counts],
                                     needed.difference(known.confirmed_frames))
     return {"batch": batch, "host": host, "start_ns": start_ns, "frames": frames,
-            "stacks": stacks, "samples": list(rows.values())}
+            "stacks": stacks, "samples": _sample_lines(
+                host, batch, start_ns, duration_ns, weights, facts)}
 
 
-def _sample_lines(rows) -> bytes:
-    """The samples INSERT's body (JSONEachRow): a template, not json.dumps
-    (a quarter of its cost); strings escaped as json does."""
-    return "".join(
-        f'{{"time":{r["time"]},"start_ns":{r["start_ns"]},"duration_ns":{r["duration_ns"]},'
-        f'"host":{_json(r["host"])},"container":{_json(r["container"])},"pid":{r["pid"]},'
-        f'"tid":{r["tid"]},"comm":{_json(r["comm"])},"executable":{_json(r["executable"])},'
-        f'"build_id":{_json(r["build_id"])},"event":{_json(r["event"])},'
-        f'"weight":{r["weight"]},"stack_id":{r["stack_id"]},"batch":{_json(r["batch"])}}}\n'
-        for r in rows).encode()
+def _sample_lines(host: str, batch: str, start_ns: int, duration_ns: int, weights: dict,
+                  facts: ProcessFacts) -> bytes:
+    """The samples INSERT's body (JSONEachRow), a line a row in the order
+    the rows were first counted, strings escaped as json does: what the
+    interval's rows share written once, a process's and event's part
+    once for each (a dict a row, then each row written whole, cost ~2-3
+    times this)."""
+    head = (f'{{"time":{start_ns // 1_000_000_000},"start_ns":{start_ns},'
+            f'"duration_ns":{duration_ns},"host":{_json(host)},"container":')
+    tail = f',"batch":{_json(batch)}}}\n'
+    starts: dict = {}                # (pid, tid, comm, event) -> the line up to weight
+    lines = []
+    for key, weight in weights.items():
+        start = starts.get(key[:4])
+        if start is None:
+            pid, tid, comm, event = key[:4]
+            exe, build_id, container = facts.of(pid)
+            start = starts[key[:4]] = (
+                f'{head}{_json(container)},"pid":{pid},"tid":{tid},"comm":{_json(comm)},'
+                f'"executable":{_json(exe)},"build_id":{_json(build_id)},'
+                f'"event":{_json(event)},"weight":')
+        lines.append(f'{start}{weight},"stack_id":{key[4]}{tail}')
+    return "".join(lines).encode()
 
 
 def queued_interval(batch: dict) -> bytes:
@@ -179,17 +210,23 @@ def queued_interval(batch: dict) -> bytes:
 def queued_parts(batch: dict) -> list:
     """queued_interval() in its parts, as the spool writes them (a whole
     machine's interval is megabytes: not copied to be joined)."""
-    frames = batch.get("frames", {})
-    frame_rows = b"".join(frames.values())
-    stacks = b"".join(batch["stacks"].values())
-    samples = _sample_lines(batch["samples"])
-    header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
-              "stack_ids": list(batch["stacks"]), "frame_ids": [d.hex() for d in frames],
-              "stacks_table": STACK_FRAMES, "format": "RowBinary",
-              "frames_bytes": len(frame_rows), "stacks_bytes": len(stacks),
-              "samples_bytes": len(samples)}
+    header, frame_rows, stacks, samples = sent_parts(batch)
+    header = dict(header, frame_ids=[d.hex() for d in header["frame_ids"]],
+                  frames_bytes=len(frame_rows), stacks_bytes=len(stacks),
+                  samples_bytes=len(samples))
     return [json.dumps(header, separators=(",", ":")).encode() + b"\n", frame_rows, stacks,
             samples]
+
+
+def sent_parts(batch: dict) -> tuple:
+    """(header, frames body, stacks body, samples body) of an interval, as
+    read_queued() gives them from its queue file."""
+    frames = batch.get("frames", {})
+    header = {"batch": batch["batch"], "host": batch["host"], "start_ns": batch["start_ns"],
+              "stack_ids": list(batch["stacks"]), "frame_ids": list(frames),
+              "stacks_table": STACK_FRAMES, "format": "RowBinary"}
+    return (header, b"".join(frames.values()), b"".join(batch["stacks"].values()),
+            batch["samples"])
 
 
 # an older ustack's queue file: its stacks' rows JSONEachRow, into stacks
@@ -217,8 +254,11 @@ def read_queued(data: bytes) -> tuple:
 
 
 class ClickHouseSink:
-    """Queue intervals, send them in the background; `close` sends what it
-    can before the run ends and says what stays queued."""
+    """Hand intervals to a sender thread, which sends them in the
+    background; an interval waits on disk (the queue) when the sender
+    cannot send it at once: the server down, slow, or refusing, or the run
+    ending first. `close` sends what it can before the run ends and says
+    what stays queued."""
 
     def __init__(self, server: Server, spool: Spool, host: str, per_thread: bool = False):
         self.server, self.spool, self.host = server, spool, host
@@ -233,6 +273,12 @@ class ClickHouseSink:
         self.errors_said: list = []   # each new failure, said once
         self._schema_made = False
         self._tried: set = set()     # queue names this run sent without an answer
+        # an interval handed to the sender in memory (its queue name, its
+        # batch), and the one it is sending from memory: either is written
+        # to the queue as soon as a send fails, or the run ends before it
+        self._lock = threading.Lock()
+        self._fresh: deque = deque()
+        self._in_flight = None
         self._wake = threading.Event()
         self._ending = False
         self._give_up_at = 0.0
@@ -275,7 +321,16 @@ class ClickHouseSink:
         if not batch["samples"]:
             return                   # nothing counted: nothing to store
         name = f"{start_ns:020d}-{self.run_id}"
-        self.spool.put(name, queued_parts(batch))
+        with self._lock:
+            # in memory only while the sender is idle and has sent all it
+            # had: an interval sent at once never touches the disk (its
+            # file cost ~3-4 us a new stack to write, read and parse)
+            prompt = not (self.error or self._ending or self._fresh
+                          or self._in_flight or self.spool.names())
+            if prompt:
+                self._fresh.append((name + SUFFIX, batch))
+        if not prompt:
+            self.spool.put(name, queued_parts(batch))
         self.queued += 1
         self._wake.set()
 
@@ -290,18 +345,25 @@ class ClickHouseSink:
         delay = RETRY_FIRST_S
         while True:
             self.sender_cpu_s = time.thread_time()     # this thread's, so far
-            names = self.spool.names()
-            if not names:
+            fresh = self._next_fresh()
+            names = self.spool.names() if fresh is None else []
+            if fresh is None and not names:
                 if self._ending:
                     return
-                self._wake.wait(1.0)
+                # nothing to send until put() or close() wakes it: no
+                # timeout (a wake a second, listing the queue, cost ~8 ms
+                # of CPU a minute)
+                self._wake.wait()
                 self._wake.clear()
                 continue
             try:
+                if fresh is not None:
+                    self._send_fresh(*fresh)
                 for name in names:
                     self._send_one(name)
                 self.error, delay = "", RETRY_FIRST_S
             except (ServerError, OSError) as e:     # OSError: the queue's disk
+                self.queue_fresh()   # what waited in memory waits on disk now
                 if str(e) != self.error and len(self.errors_said) < 5:
                     self.errors_said.append(str(e))   # a flapping server: 5 lines at most
                 self.error = str(e)
@@ -310,6 +372,35 @@ class ClickHouseSink:
                 self._wake.wait(delay)
                 self._wake.clear()
                 delay = min(delay * 2, RETRY_MAX_S)
+
+    def _next_fresh(self):
+        """The interval handed over in memory next, now in flight; None."""
+        with self._lock:
+            self._in_flight = self._fresh.popleft() if self._fresh else None
+            return self._in_flight
+
+    def _send_fresh(self, name: str, batch: dict) -> None:
+        self._send(name, *sent_parts(batch))
+        with self._lock:
+            self._in_flight = None
+
+    def queue_fresh(self) -> None:
+        """Write the intervals held in memory (in flight or waiting) to
+        the queue, for a later try or the next run: one the sender may
+        have sent meanwhile is found on the server then, not sent twice
+        (an interval another run queued is asked about first)."""
+        with self._lock:
+            held = ([self._in_flight] if self._in_flight else []) + list(self._fresh)
+            self._in_flight = None
+            self._fresh.clear()
+            for name, batch in held:
+                try:
+                    self.spool.put(name[:-len(SUFFIX)], queued_parts(batch))
+                except OSError as e:     # the queue's disk: lost, counted, said
+                    self.spool.dropped += 1
+                    if len(self.errors_said) < 5:
+                        self.errors_said.append(f"--queue {self.spool.directory}: "
+                                                f"{e.strerror or e}")
 
     def _send_one(self, name: str) -> None:
         data = self.spool.read(name)
@@ -320,6 +411,16 @@ class ClickHouseSink:
         except (ValueError, KeyError, TypeError):
             self.spool.remove(name)  # not ours to send (cannot happen: written whole)
             return
+        self._send(name, batch, frames, stacks, samples)
+
+    def _send(self, name: str, batch: dict, frames, stacks, samples) -> None:
+        """Send one interval (its header and bodies, from its queue file or
+        from memory) and remove its queue file, if it has one: its
+        requests, one after the other, over one connection."""
+        with self.server.kept_alive():
+            self._send_requests(name, batch, frames, stacks, samples)
+
+    def _send_requests(self, name: str, batch: dict, frames, stacks, samples) -> None:
         if not self._schema_made:
             for statement in create_statements(self.server.database):
                 self.server.query(statement)
@@ -413,6 +514,7 @@ class ClickHouseSink:
         self._ending = True
         self._wake.set()
         self._thread.join(wait_s)
+        self.queue_fresh()           # not sent yet: on disk for the next run
         left = len(self.spool.names())
         return left
 
