@@ -6,7 +6,8 @@
  * through that one N times: a reader must notice the file changed. With
  * PAD_MB, the map first gets PAD_MB MiB of short lines naming other code
  * (what a hostile or runaway writer leaves). The map file is left behind,
- * as JITs leave theirs. With DEEP_KB, the calls through the copies are
+ * as JITs leave theirs; one an earlier process of the same pid left is
+ * removed first. With DEEP_KB, the calls through the copies are
  * made from a frame of DEEP_KB KiB (deeper than a stack copy of that size
  * reaches). Exit status 0. */
 #define _GNU_SOURCE
@@ -76,6 +77,11 @@ KEEP void call_through(jitted code, long n, long deep_kb)
 int main(int argc, char **argv)
 {
 	long n = argc > 1 ? atol(argv[1]) : 1;
+	/* a map an earlier process of this pid left (the lines below append):
+	 * the map is this process's alone */
+	char path[64];
+	snprintf(path, sizeof path, "/tmp/perf-%d.map", getpid());
+	unlink(path);
 	if (argc > 2)
 		pad_map(atol(argv[2]));
 	long deep_kb = argc > 3 ? atol(argv[3]) : 0;
