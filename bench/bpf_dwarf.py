@@ -281,7 +281,8 @@ def _perf_profiled(argv: list, timeout: float):
 # --- 3. tables per object -------------------------------------------------------
 
 def table_rows(prog: str) -> str:
-    from ustack.capture.bpf_unwind import UnwindMaps, UnwindObjects
+    from ustack.capture.bpf_unwind import UnwindMaps
+    from ustack.capture.unwind_objects import UnwindObjects
     from ustack.objfile.elf import ElfImage
     from ustack.unwind import tables
     from ustack.unwind.cfi import UnwindTable
@@ -326,7 +327,8 @@ def table_rows(prog: str) -> str:
 def system_rows() -> str:
     """What a system-wide run loads before it starts: every object mapped
     executable by a process now, built cold (empty disk cache) and warm."""
-    from ustack.capture.bpf_unwind import UnwindMaps, UnwindObjects, objects_of_target
+    from ustack.capture.bpf_unwind import UnwindMaps, objects_of_target
+    from ustack.capture.unwind_objects import UnwindObjects
     from ustack.objfile.elf import ElfImage
     from ustack.target import process
     from ustack.unwind import tables

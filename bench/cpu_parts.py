@@ -76,9 +76,9 @@ def main() -> None:
         bpf_syscall.load_with_btf)
     bpf_object.BpfObject._btf = measured("BTF loads", bpf_object.BpfObject._btf)
     bpf_syscall.Map.__init__ = measured("BPF maps made", bpf_syscall.Map.__init__)
-    from ustack.capture import bpf_unwind
-    bpf_unwind.UnwindObjects.add_path = measured("unwind rows",
-                                                 bpf_unwind.UnwindObjects.add_path)
+    from ustack.capture import unwind_objects
+    unwind_objects.UnwindObjects.add_path = measured("unwind rows",
+                                                     unwind_objects.UnwindObjects.add_path)
     from ustack.objfile import elf
     elf.ElfImage.open = classmethod(measured("ELF images opened", elf.ElfImage.open.__func__))
     from ustack.symbols import symbolizer

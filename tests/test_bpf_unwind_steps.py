@@ -15,6 +15,7 @@ import pytest
 from helpers import O2_NOFP, PROGRAMS, build
 from ustack.bpf import build as bpf_build
 from ustack.capture import bpf_unwind as uw
+from ustack.capture import unwind_objects
 from ustack.capture.kernel_offsets import Offsets
 from ustack.kernel import bpf_syscall
 from ustack.kernel.bpf_object import BpfObject
@@ -120,11 +121,11 @@ def test_one_step_follows_the_row(harness, which):
     ours = set(named)
     fd = -1
     try:
-        objects = uw.UnwindObjects(maps, lambda _image, **_how: packed)
+        objects = unwind_objects.UnwindObjects(maps, lambda _image, **_how: packed)
         objects.add_path(path)
         st = os.stat(path)
-        first, rows, _adj, page_slot, first_page, pages, *_runtimes = uw.OBJ_VALUE.unpack(
-            maps.objects.lookup(uw.OBJ_KEY.pack(uw.kernel_dev(st.st_dev), st.st_ino)))
+        first, rows, _adj, page_slot, first_page, pages, *_runtimes = unwind_objects.OBJ_VALUE.unpack(
+            maps.objects.lookup(unwind_objects.OBJ_KEY.pack(unwind_objects.kernel_dev(st.st_dev), st.st_ino)))
         assert pages > 0                     # the page index is searched too
         fd = harness.load("unwind_check", named, uw.kernel_rodata(Offsets.of_this_kernel()))
         window = b"".join((0x10000000 + k).to_bytes(8, "little") for k in range(0, WINDOW, 8))

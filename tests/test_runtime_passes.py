@@ -9,7 +9,8 @@ import os
 import pytest
 
 from helpers import DEBIAN_PYTHON
-from ustack.capture.bpf_unwind import OBJ_KEY, OBJ_VALUE, KernelUnwinder, object_keys
+from ustack.capture.bpf_unwind import KernelUnwinder
+from ustack.capture.unwind_objects import OBJ_KEY, OBJ_VALUE, object_keys
 from ustack.capture.run_objects import RunObjects
 from ustack.model import ProbeSpec, TracepointProbe
 from ustack.unwind import tables

@@ -162,7 +162,8 @@ class LatencyCounter(BpfCounter):
         self.folded: dict = {}          # (function, pid, unwound stack) -> Histogram
         self.ring = self.lat.ring
         if tables is not None:
-            from .bpf_unwind import DEFAULT_ROWS, UnwindMaps, UnwindObjects
+            from .bpf_unwind import DEFAULT_ROWS, UnwindMaps
+            from .unwind_objects import UnwindObjects
             self.unwind_maps = owned.map(UnwindMaps(rows or DEFAULT_ROWS, stack_storage, 16,
                                                     deferring=False))
             self.objects = UnwindObjects(self.unwind_maps, tables)   # rows: open()

@@ -44,8 +44,9 @@ from .bpf_v8 import V8Maps, V8Objects
 from .runtime_passes import mode_passes
 from .script_passes import add_script_runtimes, script_maps, script_options
 from .bpf_unwind import (DEFAULT_ROWS, DEFER_RING_BYTES, RingChunk, UnwindMaps,
-                         UnwindObjects, keep_deferred, kernel_rodata, ring_samples,
-                         stack_chain, unwind_fresh)
+                         keep_deferred, kernel_rodata, ring_samples, stack_chain,
+                         unwind_fresh)
+from .unwind_objects import UnwindObjects
 from .kernel_offsets import Offsets
 
 _U64 = struct.Struct("<Q")

@@ -5,7 +5,7 @@ The kernel merges the Perl frames of a stack that went through a Perl
 interpreter object (Debian's perl executable, or libperl) whose rows point
 at its facts in PERL_OBJECTS: its version's layout and the ELF addresses of
 PL_curinterp, PL_thr_key and the run loop (unwind/perl_runtime.py). This
-module fills that map as the run's objects load (bpf_unwind.UnwindObjects
+module fills that map as the run's objects load (unwind_objects.UnwindObjects
 asks `slot_of` of each): a -c command's load closure before it runs, what
 -p and whole-machine processes map, the objects the walk wants later (a
 perl started during the run). Nothing is done per process.
@@ -61,7 +61,7 @@ def pack_object(interp: perl_runtime.Interpreter) -> bytes:
 class PerlObjects(InterpreterObjects):
     """The run's Perl objects, in PERL_OBJECTS, and the subs the kernel
     named. `subs`: the run's PerlSubs (symbols/perl.py), or None;
-    `objects`: the run's bpf_unwind.UnwindObjects, which asks `slot_of` of
+    `objects`: the run's unwind_objects.UnwindObjects, which asks `slot_of` of
     each object it loads."""
 
     objects_map = "perl_objects"

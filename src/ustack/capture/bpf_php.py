@@ -6,7 +6,7 @@ walk went through a PHP interpreter object (the php CLI, php-fpm,
 libphp) whose rows point at its facts in PHP_OBJECTS: the executor's
 globals, execute_ex's range, the version's offsets
 (unwind/php_runtime.py). This module fills that map as the run's
-objects load (bpf_unwind.UnwindObjects asks `slot_of` of each): a -c
+objects load (unwind_objects.UnwindObjects asks `slot_of` of each): a -c
 command's load closure before it runs, what -p and whole-machine
 processes map, the objects the walk wants later. Nothing is done per
 process.
@@ -59,7 +59,7 @@ class PhpObjects(InterpreterObjects):
     """The run's PHP interpreter objects, in PHP_OBJECTS, and the names of
     the functions the kernel gave ids, taken into `functions` (the run's
     PhpFunctions, symbols/php.py, or None). `objects`: the run's
-    bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
+    unwind_objects.UnwindObjects, which asks `slot_of` of each object it loads."""
 
     objects_map = "php_objects"
     detect = staticmethod(php_runtime.object_interpreter)

@@ -6,7 +6,7 @@ walk went through an interpreter object (the python executable, or
 libpython) whose rows point at its facts in PYTHON_OBJECTS: the version's
 state layout, the ELF addresses of _PyRuntime and of the eval function,
 the version. This module fills that map as the run's objects load
-(bpf_unwind.UnwindObjects asks `slot_of` of each): a -c command's load
+(unwind_objects.UnwindObjects asks `slot_of` of each): a -c command's load
 closure before it runs, what -p and whole-machine processes map, the
 objects the walk wants later (a Python started during the run, a
 dlopen'd libpython). Nothing is done per process: a thread, a fork, a
@@ -82,7 +82,7 @@ class PythonProcs(InterpreterObjects):
     """The run's interpreter objects, in PYTHON_OBJECTS, and the Python
     processes whose code objects the kernel reported, read while they
     live. `python_code`: the run's PythonCode (symbols/python.py), or
-    None; `objects`: the run's bpf_unwind.UnwindObjects, which asks
+    None; `objects`: the run's unwind_objects.UnwindObjects, which asks
     `slot_of` of each object it loads."""
 
     objects_map = "python_objects"

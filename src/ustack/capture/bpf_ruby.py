@@ -5,7 +5,7 @@ The kernel merges the Ruby frames of a stack that went through a Ruby VM
 object (libruby) whose rows point at its facts in RUBY_OBJECTS: where
 rb_vm_exec is, how to reach the thread's execution context, and its
 version's struct offsets (unwind/ruby_runtime.py). This module fills that
-map as the run's objects load (bpf_unwind.UnwindObjects asks `slot_of` of
+map as the run's objects load (unwind_objects.UnwindObjects asks `slot_of` of
 each): a -c command's load closure before it runs, what -p and
 whole-machine processes map, the objects the walk wants later (a ruby
 started during the run). Nothing is done per process.
@@ -64,7 +64,7 @@ class RubyObjects(InterpreterObjects):
     """The run's Ruby VM objects, in RUBY_OBJECTS, and the iseqs the kernel
     saw, read while their processes live. `iseqs`: the run's RubyIseqs
     (symbols/ruby.py), or None; `objects`: the run's
-    bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
+    unwind_objects.UnwindObjects, which asks `slot_of` of each object it loads."""
 
     objects_map = "ruby_objects"
     detect = staticmethod(ruby_runtime.object_runtime)

@@ -6,7 +6,7 @@ The kernel names the JS frames of a stack that went through a V8 object
 frames keep their context, function and bytecode slots, and the offsets of
 JSFunction::shared and SharedFunctionInfo::function_data (from the object's
 v8dbg_* symbols: unwind/v8_runtime.py). This module fills that map as the
-run's objects load (bpf_unwind.UnwindObjects asks `slot_of` of each): a
+run's objects load (unwind_objects.UnwindObjects asks `slot_of` of each): a
 -c command's load closure before it runs, what -p and whole-machine
 processes map, the objects the walk wants later (a node started during
 the run). Nothing is done per process: a worker thread, a fork, a node
@@ -59,7 +59,7 @@ class V8Objects(InterpreterObjects):
     """The run's V8 objects, in V8_OBJECTS, and the functions the kernel
     saw, read while their processes live. `functions`: the run's
     V8Functions (symbols/v8.py), or None; `objects`: the run's
-    bpf_unwind.UnwindObjects, which asks `slot_of` of each object it loads."""
+    unwind_objects.UnwindObjects, which asks `slot_of` of each object it loads."""
 
     objects_map = "v8_objects"
     detect = staticmethod(v8_runtime.object_runtime)

@@ -4,7 +4,7 @@ bpf_v8, bpf_php, bpf_perl, bpf_ruby).
 Each pass has maps made together from the unwinder object, written under
 one lock (a ForkSafeLock: a forked closer finds it free), and an objects
 map the kernel reads: one slot per interpreter object, written as the
-run's objects load (bpf_unwind.UnwindObjects asks `slot_of` of each).
+run's objects load (unwind_objects.UnwindObjects asks `slot_of` of each).
 The passes whose kernel half copies what user space names later (JS
 functions, PHP names, Perl subs, Ruby iseqs) take those out every
 `harvest_every` seconds (a tenth) while the maps are open. Each pass says only what

@@ -36,7 +36,7 @@ import time
 from ..kernel import procfs
 from ..model import Mapping, UstackError
 from ..objfile.mapped import object_path
-from .bpf_unwind import UnwindObjects, object_keys
+from .unwind_objects import UnwindObjects, object_keys
 
 POLL_S = 0.05                   # how often the loader looks at WANTED when idle
 FIRST_WAIT_S = 3.0              # the start waits this long at most for the cached first rows
@@ -142,7 +142,7 @@ class LazyRows:
             self.paths.scan()
             while not self._stop.is_set():
                 # objects whose rows did not fit, being sampled: loaded
-                # once idle ones can make room (bpf_unwind.UnwindObjects)
+                # once idle ones can make room (unwind_objects.UnwindObjects)
                 self.objects.tick()
                 self.objects.retry_full()
                 if not self.load_next():

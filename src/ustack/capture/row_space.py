@@ -1,6 +1,6 @@
 """Free ranges of a fixed array: where the in-kernel unwinder's rows (and
 page-index slots) of an object go, and where an evicted object's go back
-(capture/bpf_unwind.py's UnwindObjects). A bump pointer never gave room
+(capture/unwind_objects.py's UnwindObjects). A bump pointer never gave room
 back, so a long run whose processes come and go filled the table once and
 sent every later object's stacks to user space.
 

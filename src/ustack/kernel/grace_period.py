@@ -4,7 +4,7 @@ program (perf_event, tracepoint, kprobe, raw tracepoint, non-sleepable
 uprobe) runs inside rcu_read_lock, so what it read from a map entry
 deleted before the wait is no longer in use after it: the in-kernel
 unwinder's rows of an evicted object may then be overwritten
-(capture/bpf_unwind.py).
+(capture/unwind_objects.py).
 
 membarrier(MEMBARRIER_CMD_GLOBAL) is synchronize_rcu() (kernel/sched/
 membarrier.c), but the kernel skips it with one CPU online, and refuses it
