@@ -38,10 +38,14 @@ def test_an_object_that_does_not_fit_is_named_and_its_stacks_stay_whole():
                      header), header
     mine = [(stack, n) for stack, n in parse_folded(res.stdout) if stack[0] == "busy"]
     total = sum(n for _s, n in mine)
-    whole = sum(n for stack, n in mine if stack[1:7] == CHAIN)
+    rooted = sum(n for stack, n in mine if stack[1:4] == CHAIN[:3])
+    spinning = sum(n for stack, n in mine if stack[1:7] == CHAIN)
     # 1 s of the program's own CPU time at 199 Hz
     assert total >= 100, res.stdout
-    assert whole == total, mine
+    # every stack whole to _start through libc; all in spin_here but a
+    # sample or two as the program exits (exit, __run_exit_handlers)
+    assert rooted == total, mine
+    assert spinning >= total - 2, mine
     assert "stack cut" not in res.stdout + res.stderr, res.stderr
 
 
