@@ -96,8 +96,8 @@ class UnwindObjects:
         self._rows_free = None          # RowSpace of ROWS, of PAGES: made at first load
         self._pages_free = None
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
-        self.full: list = []            # paths of the objects whose rows do not fit now
-        self._full_keys: dict = {}      # their (dev, ino) -> (path, keys, rows)
+        # the objects whose rows do not fit now: (dev, ino) -> (path, keys, rows)
+        self._full_keys: dict = {}
         self._placed: dict = {}         # (dev, ino) -> _Placed: rows held in the table
         self._evicted_keys: set = set()
         self.evicted = self.reloaded = self.recovered = 0
@@ -175,8 +175,6 @@ class UnwindObjects:
             got = self._place(n, key)
             if got is None:
                 first, wanted_rows, n = TABLE_FULL_MARK, n, 0    # unwound from copies
-                if key not in self._full_keys:
-                    self.full.append(path)
                 self._full_keys[key] = (path, keys, wanted_rows)
             else:
                 first = got
@@ -194,10 +192,7 @@ class UnwindObjects:
                 self._placed[key] = _Placed(
                     keys, path, first, n, page_slot, npages, self.epoch,
                     key != VDSO_KEY and not _runtimes(python, v8, php, perl, ruby))
-                if key in self._full_keys:
-                    old_path = self._full_keys.pop(key)[0]
-                    if old_path in self.full:
-                        self.full.remove(old_path)
+                if self._full_keys.pop(key, None) is not None:
                     self.recovered += 1
                 if key in self._evicted_keys:
                     self._evicted_keys.discard(key)
@@ -302,6 +297,11 @@ class UnwindObjects:
                 self._ticked_at = time.monotonic()
                 self.epoch += 1
                 self.maps.epoch.update(_U32.pack(0), _U32.pack(self.epoch))
+
+    @property
+    def full(self) -> list:
+        """Paths of the objects whose rows do not fit now, first found first."""
+        return [path for path, _keys, _rows in self._full_keys.values()]
 
     @property
     def short_of_room(self) -> bool:
@@ -441,16 +441,17 @@ class UnwindObjects:
         `named`: the objects a note named already; those found full since
         (mapped during the run: the ones the user is asking about now) are
         named first."""
-        if not self.full:
+        full = self.full
+        if not full:
             return ""
-        order = [p for p in self.full if p not in named] + [p for p in self.full if p in named]
+        order = [p for p in full if p not in named] + [p for p in full if p in named]
         names = ", ".join(os.path.basename(p) for p in order[:3])
-        more = f" and {len(self.full) - 3} more" if len(self.full) > 3 else ""
+        more = f" and {len(full) - 3} more" if len(full) > 3 else ""
         size = self.maps.rows.max_entries * ROW_SIZE
-        what = "1 object's" if len(self.full) == 1 else f"{len(self.full)} objects'"
+        what = "1 object's" if len(full) == 1 else f"{len(full)} objects'"
         then = ("their stacks unwound from copies in user space" if from_copies
                 else "their stacks cut there")
-        v8 = [os.path.basename(p) for p in self.full
+        v8 = [os.path.basename(p) for p in full
               if self.v8 is not None and p in self.v8.slot_paths]
         if v8:          # unwind.h's find_mapping: V8's code keeps frame pointers
             then += (f" ({', '.join(dict.fromkeys(v8))}: walked on its frame pointers "
