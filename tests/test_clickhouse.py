@@ -12,7 +12,6 @@ import http.server
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -366,13 +365,20 @@ def test_a_server_answering_garbage_is_one_line_and_the_intervals_wait(server, t
     local = {s: n for s, n in interval_totals(out).items() if n}
     assert len(queued(queue)) == len(local) > 0, res.stderr
     # the next run with the same queue and a real server sends them
+    assert_sent_by_the_next_run(server, queue, "garbled", local, busy)
+
+
+def assert_sent_by_the_next_run(server, queue, host: str, local: dict, busy) -> None:
+    """A run with the same queue and a real server empties the queue, and
+    each interval of the local files (start_ns -> samples) is stored with
+    its count: sent, and once."""
     again = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1",
-                       "--to", server.url, "--host-label", "garbled", "--queue", str(queue),
+                       "--to", server.url, "--host-label", host, "--queue", str(queue),
                        "-c", f"{busy} 60", timeout=120)
     assert again.returncode == 0, again.stderr
     assert not queued(queue), again.stderr
     rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples WHERE "
-                        "host = 'garbled' GROUP BY start_ns")
+                        f"host = '{host}' GROUP BY start_ns")
     stored = {int(start): int(n) for start, n in rows}
     assert local.items() <= stored.items(), (local, stored)
 
@@ -407,14 +413,7 @@ def test_intervals_a_server_never_answers_stay_queued_when_the_run_ends(server, 
     local = {s: n for s, n in interval_totals(out).items() if n}
     assert len(queued(queue)) == len(local) > 1, res.stderr
     assert f"{len(local)} stay queued in {queue}" in res.stderr, res.stderr
-    again = run_ustack("profile", "-F", "99", "--every", "0.5", "-d", "1",
-                       "--to", server.url, "--host-label", "mute", "--queue", str(queue),
-                       "-c", f"{busy} 60", timeout=120)
-    assert again.returncode == 0 and not queued(queue), again.stderr
-    rows = server.query("SELECT start_ns, sum(weight) FROM ustack.samples "
-                        "WHERE host = 'mute' GROUP BY start_ns")
-    stored = {int(start): int(n) for start, n in rows}
-    assert local.items() <= stored.items(), (local, stored)
+    assert_sent_by_the_next_run(server, queue, "mute", local, busy)
 
 
 @pytest.mark.parametrize("args, error", [
