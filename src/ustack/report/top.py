@@ -80,11 +80,13 @@ class FunctionTable:
         """(key, self now, total now, self in the run, total in the run),
         in the order `sort` asks: self and total hottest first (by the last
         refresh, then by the run), function by name, pid by process (each
-        process's hottest first)."""
+        process's hottest first). Equal totals put the function with fewer
+        samples of its own first: a caller above the callee it is always
+        in, as a call tree reads."""
         def hot(k):
             if sort == "total":
                 return (-self.total_now.get(k, 0), -self.total_all.get(k, 0),
-                        -self.self_now.get(k, 0))
+                        self.self_now.get(k, 0), self.self_all.get(k, 0))
             return (-self.self_now.get(k, 0), -self.self_all.get(k, 0),
                     -self.total_now.get(k, 0))
         if sort == "function":
