@@ -118,7 +118,7 @@ def test_a_sort_block_runs_a_loop_of_its_own():
     """sort's block runs in a nested run loop (a stackinfo of its own):
     weigh() stands above pp_sort, under d() and its callers."""
     opts = ustack.Options(command="profile", events=["profile:hz:199"], backend="bpf",
-                          cmdline=f"{_perl()} {CALLS} 300 sort")
+                          cmdline=f"{_perl()} {CALLS} 2000 sort")
     with ustack.Session(opts) as run:
         counted = run.counts()
     in_weigh = [c for c in counted if "Work::weigh" in [f.function for f in c.stack.frames]]
