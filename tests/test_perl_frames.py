@@ -144,7 +144,10 @@ def test_perl_started_during_a_whole_machine_run():
     us = start_ustack("profile", "-F", "199", "-f", "json", stdout=subprocess.PIPE)
     try:
         wait_tracing(us, timeout=60)
-        prog = subprocess.Popen([perl, str(CALLS), "1500"], stdout=subprocess.DEVNULL)
+        # ~1.7 s of perl's CPU here: its rows are loaded as it is sampled,
+        # after other processes' objects on a busy machine (1,500 chains
+        # took 0.5 s, and a CI run's perl ended before they were in)
+        prog = subprocess.Popen([perl, str(CALLS), "5000"], stdout=subprocess.DEVNULL)
         assert prog.wait(timeout=60) == 0
         us.send_signal(signal.SIGINT)
         out, err = finish(us, 60)
