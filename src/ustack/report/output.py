@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..model import UstackError
-from ..output import Output
+from ..output import Output, WholeWrites
 from .formats import EXTENSIONS, format_for_path
 
 
@@ -55,7 +55,9 @@ class open_output:
     (a refusal comes first, a FIFO nobody reads is never waited on); `with`
     it gives the stream, keeps the file at a normal end and drops it on an
     error. discard(): drop it when the `with` never came (the run failed
-    first); harmless after. A binary format is refused on a terminal."""
+    first); harmless after. A binary format is refused on a terminal.
+    Standard output is written through output.WholeWrites, which writes
+    all it is given when a write to a pipe returns short."""
 
     def __init__(self, path: str | None, binary: bool = False):
         self._binary = binary
@@ -71,7 +73,12 @@ class open_output:
 
     def __enter__(self):
         if self._target is None:
-            self._stream = sys.stdout.buffer if self._binary else sys.stdout
+            sys.stdout.flush()              # what was printed before comes first
+            self._stream = WholeWrites(sys.stdout.fileno(), own=False)
+            if not self._binary:
+                self._stream = io.TextIOWrapper(
+                    self._stream, encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                    line_buffering=sys.stdout.line_buffering)
         elif self._binary:
             self._stream = self._target.file
         else:
@@ -84,6 +91,13 @@ class open_output:
         if self._target is None:
             if exc_type is None:
                 self._out.flush()
+                if not self._binary:
+                    self._stream.detach()   # stdout stays open
+            else:                           # what was written goes out still
+                with contextlib.suppress(OSError, ValueError):   # said already
+                    self._stream.flush()
+                    if not self._binary:
+                        self._stream.detach()
             return False
         if exc_type is None:
             try:
