@@ -1,6 +1,8 @@
 """Objects' unwind rows in the in-kernel unwinder's maps (bpf_unwind.py's
 ROWS, PAGES, OBJECTS): loaded once per (dev, inode) whichever processes
-map the object, placed in free ranges of the table (row_space.py), and
+map the object, placed in free ranges of the table (row_space.py), the
+table grown by a chunk (row_chunks.py) when none holds them, up to the
+run's bound, and at the bound
 evicted for another object when the table is short of room: those no
 walk met lately lose their entries, and their rows are reused only after
 an RCU grace period (kernel/grace_period.py), so a walk never reads rows
@@ -78,7 +80,9 @@ class UnwindObjects:
     of an object of it is written: no walk meets the runtime before.
 
     Rows and page-index slots come from free ranges (row_space.RowSpace).
-    When an object's rows do not fit, objects no walk met for IDLE_EPOCHS
+    When an object's rows do not fit, the table grows by chunks
+    (row_chunks.RowChunks.grow) while it is within its bound; at the
+    bound, objects no walk met for IDLE_EPOCHS
     ticks (object_rows.touched, tick) are evicted (_victims) until they do:
     their OBJECTS entries deleted and forgotten in
     `loaded` (a later walk wants them again: lazy_rows.py reloads them),
@@ -94,6 +98,7 @@ class UnwindObjects:
         self.maps = maps
         self.tables = tables
         self._rows_free = None          # RowSpace of ROWS, of PAGES: made at first load
+        self.rows_at_start = None       # ROWS' rows when the run started (started())
         self._pages_free = None
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
         # the objects whose rows do not fit now: (dev, ino) -> (path, keys, rows)
@@ -209,21 +214,48 @@ class UnwindObjects:
 
     def _rows_space(self) -> RowSpace:
         if self._rows_free is None:
-            self._rows_free = RowSpace(self.maps.rows.max_entries)
+            self._rows_free = RowSpace(self.maps.rows.rows)
         return self._rows_free
+
+    def started(self) -> None:
+        """The run's first objects are loaded: growth from now on is
+        churn_note's."""
+        self.rows_at_start = self.maps.rows.rows
+
+    def _grow_for(self, n: int) -> bool:
+        """Chunks added to the table until `n` rows fit in one free range
+        (the lock held); False when the bound comes first (what was added
+        stays: the next object's)."""
+        space = self._rows_space()
+        if not self._growable(n):
+            return False               # growing would not make room: keep the memory
+        while not space.fits(n):
+            added = self.maps.rows.grow()
+            if not added:
+                return False
+            space.grow(added)
+        return True
 
     def _pages_space(self) -> RowSpace:
         if self._pages_free is None:
             self._pages_free = RowSpace(self.maps.pages.max_entries)
         return self._pages_free
 
+    def _growable(self, n: int) -> bool:
+        """Whether growing the table to its bound makes room for `n` rows
+        (the free rows at its end and the chunks still to make)."""
+        space = self._rows_space()
+        return n - space.tail <= self.maps.rows.bound - space.capacity
+
     def _place(self, n: int, key: tuple) -> int | None:
         """The first row of `n` rows for the object `key` (the lock held),
         idle objects evicted to make room; None: no room."""
         space = self._rows_space()
         first = space.take(n)
-        if first is not None or n > space.capacity:
+        if first is not None or n > self.maps.rows.bound:
             return first
+        if self._grow_for(n):
+            return space.take(n)
         victims = self._victims(n, key)
         if not victims:
             return None
@@ -346,7 +378,8 @@ class UnwindObjects:
                     continue
                 if stamps is None:
                     stamps = {p: self._touched(p) for p in self._placed}
-                if self._rows_space().fits(rows) or self._victims(rows, k, stamps):
+                if (self._rows_space().fits(rows) or self._growable(rows)
+                        or self._victims(rows, k, stamps)):
                     todo.append((path, keys))
         done = 0
         for path, keys in todo:
@@ -355,16 +388,26 @@ class UnwindObjects:
         return done
 
     def churn_note(self) -> str:
-        """What the closing note says of rows evicted and loaded again, else ""."""
-        if not (self.evicted or self.recovered):
+        """What the closing note says of the table grown during the run,
+        of rows evicted and loaded again, else ""."""
+        table = self.maps.rows
+        grew = self.rows_at_start is not None and table.rows > self.rows_at_start
+        if not (self.evicted or self.recovered or grew):
             return ""
-        size = _mib(self.maps.rows.max_entries * ROW_SIZE)
-        said = (f"the in-kernel unwind table ({size} MiB) evicted the rows of "
+        size = _mib(table.bound * ROW_SIZE)
+        said = ""
+        if grew:
+            said = (f"the in-kernel unwind table grew from {_mib(self.rows_at_start * ROW_SIZE)} "
+                    f"to {_mib(table.rows * ROW_SIZE)} MiB of rows during the run "
+                    f"(at most {size} MiB), for objects loaded meanwhile")
+        if self.evicted:
+            said += ("; t" if said else "t") + (
+                f"he in-kernel unwind table ({size} MiB) evicted the rows of "
                 f"{_objects(self.evicted, 'idle object')} to make room, {self.reloaded} of "
                 "them loaded again as they were sampled")
         if self.recovered:
             was = "was" if self.recovered == 1 else "were"
-            said += (f"; {_objects(self.recovered, 'object')} whose rows had not fit {was} "
+            said += ("; " if said else "") + (f"{_objects(self.recovered, 'object')} whose rows had not fit {was} "
                      "loaded later (their stacks meanwhile unwound from copies)")
         return said[0].upper() + said[1:]
 
@@ -401,6 +444,11 @@ class UnwindObjects:
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         self.maps.rows.write_values(first * ROW_SIZE, data[:n * ROW_SIZE])
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes of rows the table holds now (its chunks')."""
+        return self.maps.rows.rows * ROW_SIZE
 
     def add_jvm(self, pid: int) -> None:
         """pid runs a JVM: its walks through JIT code are deferred, its
@@ -447,7 +495,7 @@ class UnwindObjects:
         order = [p for p in full if p not in named] + [p for p in full if p in named]
         names = ", ".join(os.path.basename(p) for p in order[:3])
         more = f" and {len(full) - 3} more" if len(full) > 3 else ""
-        size = self.maps.rows.max_entries * ROW_SIZE
+        size = self.maps.rows.bound * ROW_SIZE
         what = "1 object's" if len(full) == 1 else f"{len(full)} objects'"
         then = ("their stacks unwound from copies in user space" if from_copies
                 else "their stacks cut there")

@@ -222,12 +222,14 @@ class BpfObject:
 
     # -- making maps and loading programs -----------------------------------
     def make_map(self, name: str, max_entries: int | None = None,
-                 value_size: int | None = None, flags: int | None = None) -> bpf_syscall.Map:
-        """The map `name` as declared, its size and flags changed if given."""
+                 value_size: int | None = None, flags: int | None = None,
+                 inner_map_fd: int = 0) -> bpf_syscall.Map:
+        """The map `name` as declared, its size and flags changed if given;
+        a map of maps needs `inner_map_fd`, its inner maps' template."""
         d = self.maps[name]
         return bpf_syscall.Map(d.map_type, d.key_size, value_size or d.value_size,
                        max_entries or d.max_entries, f"ustack_{name}"[:15],
-                       flags=d.flags if flags is None else flags)
+                       flags=d.flags if flags is None else flags, inner_map_fd=inner_map_fd)
 
     def load(self, program: str, maps: dict, rodata: dict | None = None,
              prog_type: int | None = None, name: str = "",

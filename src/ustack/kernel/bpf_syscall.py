@@ -285,8 +285,10 @@ class Map:
     """One BPF map; keys and values are bytes of the sizes it was made with."""
 
     def __init__(self, map_type: int, key_size: int, value_size: int,
-                 max_entries: int, name: str = "", flags: int = 0):
-        attr = _MapCreate(map_type, key_size, value_size, max_entries, flags, 0, 0,
+                 max_entries: int, name: str = "", flags: int = 0, inner_map_fd: int = 0):
+        """`inner_map_fd`: a map of maps' template of its inner maps (may
+        be closed once this one is made)."""
+        attr = _MapCreate(map_type, key_size, value_size, max_entries, flags, inner_map_fd, 0,
                           name.encode()[:15])
         try:
             self.fd = _bpf(MAP_CREATE, attr)
