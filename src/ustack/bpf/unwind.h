@@ -444,16 +444,21 @@ static __noinline void search_bounds(struct walk *w, __u64 vaddr)
 	}
 }
 
-/* row i of ROWS, or NULL */
-static __always_inline struct unwind_row *row_at(__u32 i)
+/* row i of ROWS, or NULL. `chunk`, `rows`: the chunk looked up last and
+ * its map (NULL: none yet), looked up again only when i is in another:
+ * the rows of a page of an object are in one chunk but where the object
+ * crosses into the next there */
+static __always_inline struct unwind_row *row_at(__u32 i, __u32 *chunk, void **rows)
 {
-	__u32 chunk = i >> row_chunk_shift;
 	__u32 key = i & ((1U << row_chunk_shift) - 1);
-	void *chunk_rows = bpf_map_lookup_elem(&row_chunks, &chunk);
 
-	if (!chunk_rows)
-		return 0;
-	return bpf_map_lookup_elem(chunk_rows, &key);
+	if (!*rows || i >> row_chunk_shift != *chunk) {
+		*chunk = i >> row_chunk_shift;
+		*rows = bpf_map_lookup_elem(&row_chunks, chunk);
+		if (!*rows)
+			return 0;
+	}
+	return bpf_map_lookup_elem(*rows, &key);
 }
 
 /* the row that covers ELF address vaddr in w's object, or NULL: a binary
@@ -461,7 +466,8 @@ static __always_inline struct unwind_row *row_at(__u32 i)
 static __noinline struct unwind_row *find_row(struct walk *w, __u64 vaddr)
 {
 	struct unwind_row *row;
-	__u32 lo, hi, mid;
+	__u32 lo, hi, mid, chunk = 0;
+	void *rows = 0;
 
 	search_bounds(w, vaddr);
 	/* lo and hi kept in the scratch value: the verifier knows nothing of
@@ -473,7 +479,7 @@ static __noinline struct unwind_row *find_row(struct walk *w, __u64 vaddr)
 		if (lo >= hi)
 			break;
 		mid = (lo + hi) >> 1;
-		row = row_at(mid);
+		row = row_at(mid, &chunk, &rows);
 		if (!row)
 			break;
 		if (row->pc > vaddr)
@@ -484,7 +490,7 @@ static __noinline struct unwind_row *find_row(struct walk *w, __u64 vaddr)
 	lo = READ_ONCE(w->lo);
 	if (lo == w->first)
 		return 0;
-	return row_at(lo - 1);
+	return row_at(lo - 1, &chunk, &rows);
 }
 
 /* one frame: bpf_loop's callback; 0 goes on, 1 stops */
