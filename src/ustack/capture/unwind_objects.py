@@ -224,11 +224,9 @@ class UnwindObjects:
 
     def _grow_for(self, n: int) -> bool:
         """Chunks added to the table until `n` rows fit in one free range
-        (the lock held); False when the bound comes first (what was added
-        stays: the next object's)."""
+        (the lock held); False when the bound comes first: the room made
+        stays, so eviction makes the rest (fewer objects evicted)."""
         space = self._rows_space()
-        if not self._growable(n):
-            return False               # growing would not make room: keep the memory
         while not space.fits(n):
             added = self.maps.rows.grow()
             if not added:
@@ -309,7 +307,8 @@ class UnwindObjects:
             placed = self._placed[k]
             if space.run_if_given_back(placed.first, placed.rows) >= n:
                 return [k]
-        trial = space.copy()
+        trial = space.copy()           # grown to the bound first, as _place does
+        trial.grow(self.maps.rows.bound - trial.capacity)
         chosen = []
         for _met, _last, k in idle:
             placed = self._placed[k]
