@@ -33,8 +33,9 @@ has an empty user stack.
 Deferred stacks: an object mapped during the run has no rows until user
 space reads its MMAP2 record (5-20 ms later; a short program's every
 event), a sample's interrupt may find the memory map locked, and an
-object's rows may not fit the table (ROWS is sized by what the targets
-map, within --unwind-memory: rows_capacity). Such a walk (status
+object's rows may not fit the table (ROWS grows in chunks up to a bound
+sized by what the targets map, or --unwind-memory: rows_capacity,
+row_chunks.py). Such a walk (status
 NO_TABLE, VMA_BUSY or TABLE_FULL) is not counted cut: given a ring, the
 program writes the event's registers and stack there (a DEFERRED record) and ustack
 unwinds it as the copy path's samples (ring_samples makes it a DWARF
@@ -403,7 +404,7 @@ def _is_elf(path: str) -> bool:
 
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
-DEFAULT_ROWS = 1 << 20            # the table's least size, 16 MiB: libc is 28 k rows
+DEFAULT_ROWS = 1 << 20            # the table's least bound, 16 MiB: libc is 28 k rows
 # the most the table takes unless --unwind-memory says otherwise, for a
 # target or the whole machine: clang++'s libLLVM and libclang-cpp are ~1 M
 # rows each (16 MiB); a machine running clang++, chromium, node and java
@@ -428,8 +429,9 @@ def rows_estimate(path: str) -> int:
 
 
 def rows_capacity(paths: list, memory: int | None = None, ahead: list = ()) -> int:
-    """How many rows the run's table holds: `memory` bytes' worth when
-    the user set it (--unwind-memory), else what the objects at `paths`
+    """How many rows the run's table may hold (its bound: the table is
+    made in chunks as objects are loaded, row_chunks.py): `memory` bytes'
+    worth when the user set it (--unwind-memory), else what the objects at `paths`
     take and half the least size again for what they map later, never
     less than DEFAULT_ROWS, and what the objects at `ahead` take (loaded
     before the run though it would load them as sampled: the room for
