@@ -88,9 +88,17 @@ struct {
 /* ROWS: every object's rows, in chunks of 1 << row_chunk_shift rows
  * added as the run needs them (capture/row_chunks.py): row i is row
  * i & (1 << row_chunk_shift) - 1 of chunk i >> row_chunk_shift, an ARRAY
- * map of struct unwind_row whose fd the loader puts in ROW_CHUNKS. The
- * loader makes the outer map from a template chunk: the verifier inlines
- * both lookups. */
+ * map of struct unwind_row (row_chunks_inner) whose fd user space puts in
+ * ROW_CHUNKS. The outer map is made from a chunk as template, without
+ * BPF_F_INNER_MAP: the verifier inlines both lookups. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+	__uint(max_entries, 1);		/* sized by the loader */
+	__uint(map_flags, BPF_F_MMAPABLE);	/* filled by a copy */
+} row_chunks_inner SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__type(key, __u32);

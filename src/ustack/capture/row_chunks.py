@@ -6,7 +6,7 @@ running, most of it never loaded), and a small program's run 16 MiB for
 
 Each chunk is an ARRAY map of `chunk_rows` rows (a power of two, the same
 for every chunk: the outer map's inner maps must match its template),
-made mmapable so rows are written by a copy; ROW_CHUNKS (an array of
+made mmapable so rows are written by a copy (unwind.h's row_chunks_inner); ROW_CHUNKS (an array of
 maps) holds their fds. Row i is row i % chunk_rows of chunk i //
 chunk_rows: an object's rows may cross from one chunk into the next.
 The programs read the chunk size from .rodata (rodata())."""
@@ -46,6 +46,7 @@ class RowChunks:
         self.chunk_rows = 1 << self.shift
         self.chunks: list = []
         self.outer = None
+        self._obj = obj
         # the first chunk is the template of the outer map's inner maps
         first = self._new_chunk()
         try:
@@ -58,8 +59,7 @@ class RowChunks:
             raise
 
     def _new_chunk(self) -> bpf_syscall.Map:
-        return bpf_syscall.Map(bpf_syscall.MAP_ARRAY, 4, ROW_SIZE, self.chunk_rows,
-                               "ustack_rows", bpf_syscall.F_MMAPABLE)
+        return self._obj.make_map("row_chunks_inner", self.chunk_rows)
 
     def _insert(self, chunk: bpf_syscall.Map) -> None:
         self.outer.update(_U32.pack(len(self.chunks)), _U32.pack(chunk.fd))

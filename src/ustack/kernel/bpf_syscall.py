@@ -33,6 +33,7 @@ OBJ_GET_INFO_BY_FD = 15
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE, MAP_LRU_HASH = 1, 2, 6, 7, 9
 MAP_PERCPU_HASH = 5
 MAP_PROG_ARRAY = 3                # tail calls' targets
+MAP_ARRAY_OF_MAPS = 12            # its values: inner maps' fds, made like its template
 # program types (and what their context is)
 PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
 PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs
