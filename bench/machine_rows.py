@@ -90,7 +90,11 @@ def one_run(src: str, cache: str, out: Path) -> dict:
     full = re.search(r"(\d+) objects?'s? unwind rows did not fit the in-kernel table "
                      r"\(([\d.]+) MiB: ([^)]*)\)", header + rest)
     whole, total = folded_share(out)
+    loaded = re.search(r"Unwind rows of (\d+) objects were loaded during the run[^(\n]*"
+                       r"(?:\((\d+) more were wanted)?", rest)
     return {"peak": peak, "room": room,
+            "loaded": (f"{loaded[1]}" + (f" ({loaded[2]} wanted)" if loaded[2] else "")
+                       if loaded else "0"),
             "full": f"{full[1]} ({full[3]})" if full else "0",
             "whole": whole, "total": total}
 
@@ -196,7 +200,8 @@ def main() -> None:
                 r = one_run(src, cache, work / "out.folded")
                 share = 100 * r["whole"] / r["total"] if r["total"] else 0
                 rows.append(f"| {rnd} | {tree} | {r['room']} | {r['peak'] / (1 << 20):.1f} | "
-                            f"{r['full']} | {r['whole']} / {r['total']} ({share:.1f} %) |")
+                            f"{r['loaded']} | {r['full']} | "
+                            f"{r['whole']} / {r['total']} ({share:.1f} %) |")
                 print(rows[-1], file=sys.stderr)
     finally:
         machine.close()
@@ -210,8 +215,9 @@ def main() -> None:
         "warmed by two runs first. Memory: the memlock of ustack's BPF maps (each map once), "
         "the largest seen while it ran. Clang's samples reach a root when their outermost frame is _start and "
         "no frame is a cut note.", "",
-        "| round | tree | row table (MiB) | all maps (MiB) | objects that did not fit | "
-        "clang samples reaching a root |", "| --- | --- | --- | --- | --- | --- |", *rows, ""])
+        "| round | tree | row table (MiB) | all maps (MiB) | objects loaded as sampled | "
+        "objects that did not fit | clang samples reaching a root |",
+        "| --- | --- | --- | --- | --- | --- | --- |", *rows, ""])
     print(text)
     results = REPO / "bench" / "results" / "machine_rows.md"
     if results.exists():                # a dated section after the earlier ones

@@ -506,8 +506,8 @@ class BpfCapture(Capture):
         notes = []
         if objects is not None and not set(objects.full) <= set(self._full_named):
             notes.append(objects.full_note(self.defers_table_full, self._full_named))
-        if objects is not None and objects.churn_note():
-            notes.append(objects.churn_note())
+        if objects is not None:
+            notes += [note for note in (objects.growth_note(), objects.churn_note()) if note]
         lazy = self.lazy_rows
         if lazy is None or lazy.keeper:
             return notes

@@ -92,7 +92,7 @@ class UnwindObjects:
     full whose entry a walk stamped lately is loaded again by retry_full
     once room can be made. `evicted`, `reloaded` (evicted, then loaded
     again) and `recovered` (full, then loaded) count them for the closing
-    note (churn_note)."""
+    note (churn_note); growth_note tells how the table grew during the run."""
 
     def __init__(self, maps, tables: TableSource):
         self.maps = maps
@@ -219,7 +219,7 @@ class UnwindObjects:
 
     def started(self) -> None:
         """The run's first objects are loaded: growth from now on is
-        churn_note's."""
+        growth_note's."""
         self.rows_at_start = self.maps.rows.rows
 
     def _grow_for(self, n: int) -> bool:
@@ -387,28 +387,28 @@ class UnwindObjects:
         return done
 
     def churn_note(self) -> str:
-        """What the closing note says of the table grown during the run,
-        of rows evicted and loaded again, else ""."""
-        table = self.maps.rows
-        grew = self.rows_at_start is not None and table.rows > self.rows_at_start
-        if not (self.evicted or self.recovered or grew):
+        """What the closing note says of rows evicted and loaded again, else ""."""
+        if not (self.evicted or self.recovered):
             return ""
-        size = _mib(table.bound * ROW_SIZE)
-        said = ""
-        if grew:
-            said = (f"the in-kernel unwind table grew from {_mib(self.rows_at_start * ROW_SIZE)} "
-                    f"to {_mib(table.rows * ROW_SIZE)} MiB of rows during the run "
-                    f"(at most {size} MiB), for objects loaded meanwhile")
-        if self.evicted:
-            said += ("; t" if said else "t") + (
-                f"he in-kernel unwind table ({size} MiB) evicted the rows of "
+        size = _mib(self.maps.rows.bound * ROW_SIZE)
+        said = (f"the in-kernel unwind table ({size} MiB) evicted the rows of "
                 f"{_objects(self.evicted, 'idle object')} to make room, {self.reloaded} of "
                 "them loaded again as they were sampled")
         if self.recovered:
             was = "was" if self.recovered == 1 else "were"
-            said += ("; " if said else "") + (f"{_objects(self.recovered, 'object')} whose rows had not fit {was} "
+            said += (f"; {_objects(self.recovered, 'object')} whose rows had not fit {was} "
                      "loaded later (their stacks meanwhile unwound from copies)")
         return said[0].upper() + said[1:]
+
+    def growth_note(self) -> str:
+        """What the closing note says of the table grown during the run
+        (after started()), else ""."""
+        table = self.maps.rows
+        if self.rows_at_start is None or table.rows <= self.rows_at_start:
+            return ""
+        return (f"The in-kernel unwind table grew from {_mib(self.rows_at_start * ROW_SIZE)} "
+                f"to {_mib(table.rows * ROW_SIZE)} MiB of rows during the run (at most "
+                f"{_mib(table.bound * ROW_SIZE)} MiB), for objects loaded meanwhile")
 
     def _enter(self, keys: list, entry: bytes, locked: bool = False) -> None:
         """The object's OBJECTS entry under each of its keys (`locked`: the
