@@ -9,7 +9,8 @@ of a run), with the load's time (the bpf(2) call, median of --reps).
     sudo python3 bench/python_pass_size.py      # src/ of this checkout
     sudo python3 bench/python_pass_size.py --passes [--reps 5]
 
-Loads each program once with maps as the C declares them; attaches nothing."""
+Loads each program once with maps as the C declares them (the unwinder's
+row table as a run makes it: UnwindMaps); attaches nothing."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from ustack.capture.bpf_unwind import kernel_rodata  # noqa: E402
+from ustack.capture.bpf_unwind import UnwindMaps, kernel_rodata  # noqa: E402
 from ustack.capture.kernel_offsets import Offsets  # noqa: E402
 from ustack.capture.bpf_counter import bpf_program_object  # noqa: E402
 from ustack.kernel import bpf_syscall  # noqa: E402
@@ -55,13 +56,14 @@ def verified(obj_name: str, program: str, prog_type, variable: str, enum: str,
     obj = bpf_program_object(obj_name)
     bits = obj.enum(enum)
     off = Offsets.of_this_kernel()
-    rodata = {**kernel_rodata(off), "task_fsbase": off.task_fsbase,
+    unwind_maps = UnwindMaps(1 << 16, 16, 16, objects=16, vmas=16, pages_capacity=16)
+    rodata = {**kernel_rodata(off, unwind_maps), "task_fsbase": off.task_fsbase,
               variable: sum(bits[b] for b in always)
               | sum(bits[p] for p in (python or "").split())}
     if obj_name == "offcpu":
         rodata.update(task_pid=off.task_pid, task_exit_state=off.task_exit_state,
                       task_stack=off.task_stack)
-    maps: dict = {}
+    maps: dict = {"row_chunks": unwind_maps.rows.outer}
     try:
         start = time.perf_counter()
         fd = obj.load(program, maps, rodata, prog_type, "ustack_pysize")
@@ -74,6 +76,7 @@ def verified(obj_name: str, program: str, prog_type, variable: str, enum: str,
     finally:
         for m in maps.values():
             m.close()
+        unwind_maps.close()
 
 
 def passes(reps: int) -> None:

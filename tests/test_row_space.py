@@ -99,3 +99,18 @@ def test_random_takes_and_gives_never_overlap():
         assert all(e < s2 for (_s, e), (s2, _e) in zip(free, free[1:]))
         for s, e in free:
             assert not any(hs < e and s < he for hs, he in spans)
+
+
+def test_growing_adds_free_slots_at_the_end_joined_to_a_free_tail():
+    space = RowSpace(10)
+    space.take(6)
+    assert space.tail == 4
+    space.grow(8)                      # the tail's 4 and the 8 new: one range
+    assert space.capacity == 18 and space.ranges() == [(6, 18)] and space.take(12) == 6
+    assert space.tail == 0
+    space.grow(5)                      # nothing free at the end: a range of its own
+    assert space.ranges() == [(18, 23)] and space.tail == 5
+    space.give_back(0, 6)
+    assert space.ranges() == [(0, 6), (18, 23)] and space.used == 12
+    with pytest.raises(ValueError):
+        space.give_back(20, 1)         # free already, grown or not

@@ -7,7 +7,7 @@
  *   ctx_id, 2 MiB region) (in a sample's interrupt find_vma answers once);
  *   consecutive frames in one mapping skip both;
  * - the object's rows: OBJECTS[(dev, inode)], a binary search over the
- *   rows of the pc's 4 KiB page (PAGES) in ROWS;
+ *   rows of the pc's 4 KiB page (PAGES) in ROWS (chunks: ROW_CHUNKS);
  * - the row's rule: CFA = sp|bp|bx + N, [sp|bp + N] + M (DRAP) or the
  *   PLT's, the return address at CFA - 8, bp and bx restored per the row
  *   (bx: ld.so's lazy-binding resolver has its CFA in rbx); a signal frame
@@ -85,12 +85,26 @@ struct {
 	__uint(max_entries, 1);
 } scratch SEC(".maps");
 
+/* ROWS: every object's rows, in chunks of 1 << row_chunk_shift rows
+ * added as the run needs them (capture/row_chunks.py): row i is row
+ * i & (1 << row_chunk_shift) - 1 of chunk i >> row_chunk_shift, an ARRAY
+ * map of struct unwind_row (row_chunks_inner) whose fd user space puts in
+ * ROW_CHUNKS. The outer map is made from a chunk as template, without
+ * BPF_F_INNER_MAP: the verifier inlines both lookups. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct unwind_row);
 	__uint(max_entries, 1);		/* sized by the loader */
-} rows SEC(".maps");
+	__uint(map_flags, BPF_F_MMAPABLE);	/* filled by a copy */
+} row_chunks_inner SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__type(value, __u32);		/* an inner map's fd, from user space */
+	__uint(max_entries, 1);		/* sized by the loader */
+} row_chunks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -172,6 +186,8 @@ struct {
 const volatile __u32 task_mm, mm_ctx_id, mm_vdso, mm_start_stack;
 const volatile __u32 vm_start, vm_end, vm_pgoff, vm_file, vm_mm;
 const volatile __u32 f_inode, i_ino, i_sb, s_dev;
+/* ROWS' chunk size, a power of two: set by the loader per run */
+const volatile __u32 row_chunk_shift = 18;
 
 #define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
 #define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
@@ -436,13 +452,30 @@ static __noinline void search_bounds(struct walk *w, __u64 vaddr)
 	}
 }
 
+/* row i of ROWS, or NULL. `chunk`, `rows`: the chunk looked up last and
+ * its map (NULL: none yet), looked up again only when i is in another:
+ * the rows of a page of an object are in one chunk but where the object
+ * crosses into the next there */
+static __always_inline struct unwind_row *row_at(__u32 i, __u32 *chunk, void **rows)
+{
+	__u32 key = i & ((1U << row_chunk_shift) - 1);
+
+	if (!*rows || i >> row_chunk_shift != *chunk) {
+		*chunk = i >> row_chunk_shift;
+		*rows = bpf_map_lookup_elem(&row_chunks, chunk);
+		if (!*rows)
+			return 0;
+	}
+	return bpf_map_lookup_elem(*rows, &key);
+}
+
 /* the row that covers ELF address vaddr in w's object, or NULL: a binary
  * search for the last row at or below it */
 static __noinline struct unwind_row *find_row(struct walk *w, __u64 vaddr)
 {
 	struct unwind_row *row;
-	__u32 lo, hi, mid;
-	__u64 key;
+	__u32 lo, hi, mid, chunk = 0;
+	void *rows = 0;
 
 	search_bounds(w, vaddr);
 	/* lo and hi kept in the scratch value: the verifier knows nothing of
@@ -454,8 +487,7 @@ static __noinline struct unwind_row *find_row(struct walk *w, __u64 vaddr)
 		if (lo >= hi)
 			break;
 		mid = (lo + hi) >> 1;
-		key = mid;
-		row = bpf_map_lookup_elem(&rows, &key);
+		row = row_at(mid, &chunk, &rows);
 		if (!row)
 			break;
 		if (row->pc > vaddr)
@@ -466,8 +498,7 @@ static __noinline struct unwind_row *find_row(struct walk *w, __u64 vaddr)
 	lo = READ_ONCE(w->lo);
 	if (lo == w->first)
 		return 0;
-	key = lo - 1;
-	return bpf_map_lookup_elem(&rows, &key);
+	return row_at(lo - 1, &chunk, &rows);
 }
 
 /* one frame: bpf_loop's callback; 0 goes on, 1 stops */

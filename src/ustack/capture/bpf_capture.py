@@ -217,6 +217,7 @@ class BpfCapture(Capture):
                     self.unwind_note += "; " + full
                 self._full_named = list(objects.full)
                 self._row_objects = objects
+                objects.started()
                 self._keep_rows(objects)
             programs.result()
             if lazy:
@@ -238,7 +239,9 @@ class BpfCapture(Capture):
                          else "--unwind-memory")
                 self.unwind_note += (", tables loaded as objects are sampled (room for "
                                      f"{self.rows_capacity * ROW_SIZE / (1 << 20):.0f} MiB "
-                                     f"of rows: {sized})")
+                                     f"of rows: {sized}; "
+                                     f"{self.counter.objects.table_bytes / (1 << 20):.0f} "
+                                     "MiB made, more as needed)")
         except BaseException:
             for job in (programs, events):  # never close what is still opening
                 if job is not None:
@@ -503,8 +506,8 @@ class BpfCapture(Capture):
         notes = []
         if objects is not None and not set(objects.full) <= set(self._full_named):
             notes.append(objects.full_note(self.defers_table_full, self._full_named))
-        if objects is not None and objects.churn_note():
-            notes.append(objects.churn_note())
+        if objects is not None:
+            notes += [note for note in (objects.growth_note(), objects.churn_note()) if note]
         lazy = self.lazy_rows
         if lazy is None or lazy.keeper:
             return notes

@@ -240,7 +240,7 @@ class LatencyCounter(BpfCounter):
                 self.named.update(self.v8.maps.named())
             from .script_passes import script_maps
             self.named.update(script_maps(self))
-            unwinding = {**kernel_rodata(Offsets.of_this_kernel()),
+            unwinding = {**kernel_rodata(Offsets.of_this_kernel(), self.unwind_maps),
                          "task_fsbase": Offsets.of_this_kernel().task_fsbase,
                          "regs_source": latency_object().enum("regs_source")[
                              regs_source(probe)]}

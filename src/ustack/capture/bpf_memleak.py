@@ -151,7 +151,7 @@ class MemleakCounter(BpfCounter):
                   "kind": obj.enum("memleak_kind")[site.kind]
                   if site is not None and site.role == "entry" else 0,
                   "task_fsbase": Offsets.of_this_kernel().task_fsbase,
-                  **kernel_rodata(Offsets.of_this_kernel())}
+                  **kernel_rodata(Offsets.of_this_kernel(), self.unwind_maps)}
         return self._load_c("memleak", program, probe, rodata, name,
                             own={"passes": passes} if passes is not None else None)
 

@@ -228,7 +228,7 @@ class OffcpuCounter(KernelUnwinder):
                   "OFF_PASS_CALLS": not inline,
                   **{k: inline and on for k, on in script_options(self, "OFF").items()}}
         options = obj.enum("offcpu_option")
-        rodata = {**kernel_rodata(off), "off_options": sum(
+        rodata = {**kernel_rodata(off, self.unwind_maps), "off_options": sum(
                       options[k] for k, on in wanted.items() if on),
                   "min_ns": flt.min_ns, "max_ns": flt.max_ns or 0,
                   "exclude_tgid": self.exclude_tgid or 0, "state_bits": bits,

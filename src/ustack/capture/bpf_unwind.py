@@ -33,8 +33,9 @@ has an empty user stack.
 Deferred stacks: an object mapped during the run has no rows until user
 space reads its MMAP2 record (5-20 ms later; a short program's every
 event), a sample's interrupt may find the memory map locked, and an
-object's rows may not fit the table (ROWS is sized by what the targets
-map, within --unwind-memory: rows_capacity). Such a walk (status
+object's rows may not fit the table (ROWS grows in chunks up to a bound
+sized by what the targets map, or --unwind-memory: rows_capacity,
+row_chunks.py). Such a walk (status
 NO_TABLE, VMA_BUSY or TABLE_FULL) is not counted cut: given a ring, the
 program writes the event's registers and stack there (a DEFERRED record) and ustack
 unwinds it as the copy path's samples (ring_samples makes it a DWARF
@@ -79,6 +80,7 @@ from .bpf_counter import (MIN_COUNT_ENTRIES, BpfCounter, InBackground, program_r
                           prog_type_of)
 from .fork_safe_lock import ForkSafeLock
 from .bpf_common import unwind_object
+from .row_chunks import RowChunks
 from .runtime_objects import RuntimeObjects
 from .unwind_objects import LIBJVM, ROW_SIZE, TableSource, UnwindObjects, object_keys
 from .runtime_passes import RuntimePasses
@@ -191,21 +193,21 @@ def defer_stack_bytes(stack_size: int) -> int:
 # --- the maps, and the objects loaded into them --------------------------------
 
 class UnwindMaps(bpf_syscall.MapSet):
-    """The unwinder's maps; `rows_capacity` bounds the rows of every object
-    together (16 bytes each), `stacks` the distinct stacks. `deferring`:
+    """The unwinder's maps; `rows_bound` bounds the rows of every object
+    together (16 bytes each; the table grows in chunks up to it:
+    row_chunks.py), `stacks` the distinct stacks. `deferring`:
     with the room where unwind.bpf.c writes a deferred record (its
     programs use it; latency's and memleak's, which reserve fixed-size
     records, do not)."""
 
-    def __init__(self, rows_capacity: int, stacks: int, counts: int,
+    def __init__(self, rows_bound: int, stacks: int, counts: int,
                  objects: int = 4096, vmas: int = 16384, pages_capacity: int = 1 << 18,
                  wanted: int = 1024, jvms: int = 1024, deferring: bool = True):
         super().__init__()
-        # the kernel zeroes the rows' 16 MiB (~4 ms) on the other CPU while
+        # the kernel zeroes the rows' first chunk on the other CPU while
         # this thread makes the rest, and the run sets up the rest: see rows
         obj = unwind_object()
-        self._rows_job = InBackground(obj.make_map, "rows", rows_capacity,
-                                      flags=bpf_syscall.F_MMAPABLE)   # filled by a copy
+        self._rows_job = InBackground(RowChunks, obj, rows_bound)
         self._rows = None
         self._rows_lock = ForkSafeLock()     # the program's thread or this one
         try:
@@ -237,7 +239,7 @@ class UnwindMaps(bpf_syscall.MapSet):
 
     def named(self) -> dict:
         """The maps by the names unwind.bpf.c gives them."""
-        return {"rows": self.rows, "pages": self.pages, "objects": self.objects,
+        return {"row_chunks": self.rows.outer, "pages": self.pages, "objects": self.objects,
                 "vmas": self.vmas, "wanted": self.wanted, "epoch": self.epoch,
                 "scratch": self.scratch,
                 "unwound": self.stacks, "counts": self.counts, "unwind_errors": self.errors,
@@ -245,8 +247,8 @@ class UnwindMaps(bpf_syscall.MapSet):
                 **({"deferred_room": self.deferred_room} if self.deferred_room else {})}
 
     @property
-    def rows(self) -> bpf_syscall.Map:
-        """The rows' array, waited for at first use (a program's code or an
+    def rows(self) -> RowChunks:
+        """The rows' table, waited for at first use (a program's code or an
         object's rows), so the maps' other users are set up meanwhile."""
         with self._rows_lock:
             if self._rows is None:
@@ -402,7 +404,7 @@ def _is_elf(path: str) -> bool:
 
 # --- the counter: BpfCounter's events and attachment, this program -------------
 
-DEFAULT_ROWS = 1 << 20            # the table's least size, 16 MiB: libc is 28 k rows
+DEFAULT_ROWS = 1 << 20            # the table's least bound, 16 MiB: libc is 28 k rows
 # the most the table takes unless --unwind-memory says otherwise, for a
 # target or the whole machine: clang++'s libLLVM and libclang-cpp are ~1 M
 # rows each (16 MiB); a machine running clang++, chromium, node and java
@@ -427,8 +429,9 @@ def rows_estimate(path: str) -> int:
 
 
 def rows_capacity(paths: list, memory: int | None = None, ahead: list = ()) -> int:
-    """How many rows the run's table holds: `memory` bytes' worth when
-    the user set it (--unwind-memory), else what the objects at `paths`
+    """How many rows the run's table may hold (its bound: the table is
+    made in chunks as objects are loaded, row_chunks.py): `memory` bytes'
+    worth when the user set it (--unwind-memory), else what the objects at `paths`
     take and half the least size again for what they map later, never
     less than DEFAULT_ROWS, and what the objects at `ahead` take (loaded
     before the run though it would load them as sampled: the room for
@@ -646,11 +649,12 @@ def regs_source(probe) -> str:
     return "REGS_SAMPLE" if isinstance(probe, ProfileProbe) else "REGS_TASK"
 
 
-def kernel_rodata(offsets: Offsets) -> dict:
-    """unwind.h's kernel field offsets, from this kernel's BTF."""
-    return {name: getattr(offsets, name) for name in (
-        "task_mm", "mm_ctx_id", "mm_vdso", "mm_start_stack", "vm_start", "vm_end", "vm_pgoff", "vm_file",
-        "vm_mm", "f_inode", "i_ino", "i_sb", "s_dev")}
+def kernel_rodata(offsets: Offsets, maps: UnwindMaps) -> dict:
+    """unwind.h's .rodata: the kernel field offsets, from this kernel's
+    BTF, and the run's row table's chunk size (`maps`')."""
+    return {**{name: getattr(offsets, name) for name in (
+        "task_mm", "mm_ctx_id", "mm_vdso", "mm_start_stack", "vm_start", "vm_end", "vm_pgoff",
+        "vm_file", "vm_mm", "f_inode", "i_ino", "i_sb", "s_dev")}, **maps.rows.rodata()}
 
 
 def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_stacks=None,
@@ -713,7 +717,7 @@ def load_program(program: str, maps: UnwindMaps, index: int, probe, *, kernel_st
             "probe_by_cookie": int(by_cookie), "defer_stack": defer_stack,
             "tracing": int(tracing),
             "task_fsbase": Offsets.of_this_kernel().task_fsbase,
-            **kernel_rodata(Offsets.of_this_kernel())}, prog_type_of(probe), name,
+            **kernel_rodata(Offsets.of_this_kernel(), maps)}, prog_type_of(probe), name,
             bpf_syscall.TRACE_UPROBE_MULTI if by_cookie else attach_type)
     finally:
         for key in set(named) - before:      # declared maps a probe does not use

@@ -1,4 +1,4 @@
-"""Free ranges of a fixed array: where the in-kernel unwinder's rows (and
+"""Free ranges of an array that may grow at its end: where the in-kernel unwinder's rows (and
 page-index slots) of an object go, and where an evicted object's go back
 (capture/unwind_objects.py's UnwindObjects). A bump pointer never gave room
 back, so a long run whose processes come and go filled the table once and
@@ -48,6 +48,25 @@ class RowSpace:
 
     def fits(self, n: int) -> bool:
         return n <= self.largest
+
+    @property
+    def tail(self) -> int:
+        """Free slots at the array's end: what a range growing it joins."""
+        if self._ends and self._ends[-1] == self.capacity:
+            return self._ends[-1] - self._starts[-1]
+        return 0
+
+    def grow(self, n: int) -> None:
+        """`n` more slots at the array's end, free (joined to a free range
+        that ends there)."""
+        if n <= 0:
+            return
+        if self.tail:
+            self._ends[-1] += n
+        else:
+            self._starts.append(self.capacity)
+            self._ends.append(self.capacity + n)
+        self.capacity += n
 
     def run_if_given_back(self, start: int, n: int) -> int:
         """How long the free range holding [start, start + n) would be once

@@ -1,6 +1,8 @@
 """Objects' unwind rows in the in-kernel unwinder's maps (bpf_unwind.py's
 ROWS, PAGES, OBJECTS): loaded once per (dev, inode) whichever processes
-map the object, placed in free ranges of the table (row_space.py), and
+map the object, placed in free ranges of the table (row_space.py), the
+table grown by a chunk (row_chunks.py) when none holds them, up to the
+run's bound, and at the bound
 evicted for another object when the table is short of room: those no
 walk met lately lose their entries, and their rows are reused only after
 an RCU grace period (kernel/grace_period.py), so a walk never reads rows
@@ -78,7 +80,9 @@ class UnwindObjects:
     of an object of it is written: no walk meets the runtime before.
 
     Rows and page-index slots come from free ranges (row_space.RowSpace).
-    When an object's rows do not fit, objects no walk met for IDLE_EPOCHS
+    When an object's rows do not fit, the table grows by chunks
+    (row_chunks.RowChunks.grow) while it is within its bound; at the
+    bound, objects no walk met for IDLE_EPOCHS
     ticks (object_rows.touched, tick) are evicted (_victims) until they do:
     their OBJECTS entries deleted and forgotten in
     `loaded` (a later walk wants them again: lazy_rows.py reloads them),
@@ -88,12 +92,13 @@ class UnwindObjects:
     full whose entry a walk stamped lately is loaded again by retry_full
     once room can be made. `evicted`, `reloaded` (evicted, then loaded
     again) and `recovered` (full, then loaded) count them for the closing
-    note (churn_note)."""
+    note (churn_note); growth_note tells how the table grew during the run."""
 
     def __init__(self, maps, tables: TableSource):
         self.maps = maps
         self.tables = tables
         self._rows_free = None          # RowSpace of ROWS, of PAGES: made at first load
+        self.rows_at_start = None       # ROWS' rows when the run started (started())
         self._pages_free = None
         self.loaded: dict = {}          # (dev, ino) -> (path, rows)
         # the objects whose rows do not fit now: (dev, ino) -> (path, keys, rows)
@@ -209,21 +214,46 @@ class UnwindObjects:
 
     def _rows_space(self) -> RowSpace:
         if self._rows_free is None:
-            self._rows_free = RowSpace(self.maps.rows.max_entries)
+            self._rows_free = RowSpace(self.maps.rows.rows)
         return self._rows_free
+
+    def started(self) -> None:
+        """The run's first objects are loaded: growth from now on is
+        growth_note's."""
+        self.rows_at_start = self.maps.rows.rows
+
+    def _grow_for(self, n: int) -> bool:
+        """Chunks added to the table until `n` rows fit in one free range
+        (the lock held); False when the bound comes first: the room made
+        stays, so eviction makes the rest (fewer objects evicted)."""
+        space = self._rows_space()
+        while not space.fits(n):
+            added = self.maps.rows.grow()
+            if not added:
+                return False
+            space.grow(added)
+        return True
 
     def _pages_space(self) -> RowSpace:
         if self._pages_free is None:
             self._pages_free = RowSpace(self.maps.pages.max_entries)
         return self._pages_free
 
+    def _growable(self, n: int) -> bool:
+        """Whether growing the table to its bound makes room for `n` rows
+        (the free rows at its end and the chunks still to make)."""
+        space = self._rows_space()
+        return n - space.tail <= self.maps.rows.bound - space.capacity
+
     def _place(self, n: int, key: tuple) -> int | None:
         """The first row of `n` rows for the object `key` (the lock held),
         idle objects evicted to make room; None: no room."""
         space = self._rows_space()
         first = space.take(n)
-        if first is not None or n > space.capacity:
+        if first is not None or n > self.maps.rows.bound:
             return first
+        if self._grow_for(n):
+            return space.take(n)
         victims = self._victims(n, key)
         if not victims:
             return None
@@ -277,7 +307,8 @@ class UnwindObjects:
             placed = self._placed[k]
             if space.run_if_given_back(placed.first, placed.rows) >= n:
                 return [k]
-        trial = space.copy()
+        trial = space.copy()           # grown to the bound first, as _place does
+        trial.grow(self.maps.rows.bound - trial.capacity)
         chosen = []
         for _met, _last, k in idle:
             placed = self._placed[k]
@@ -346,7 +377,8 @@ class UnwindObjects:
                     continue
                 if stamps is None:
                     stamps = {p: self._touched(p) for p in self._placed}
-                if self._rows_space().fits(rows) or self._victims(rows, k, stamps):
+                if (self._rows_space().fits(rows) or self._growable(rows)
+                        or self._victims(rows, k, stamps)):
                     todo.append((path, keys))
         done = 0
         for path, keys in todo:
@@ -358,7 +390,7 @@ class UnwindObjects:
         """What the closing note says of rows evicted and loaded again, else ""."""
         if not (self.evicted or self.recovered):
             return ""
-        size = _mib(self.maps.rows.max_entries * ROW_SIZE)
+        size = _mib(self.maps.rows.bound * ROW_SIZE)
         said = (f"the in-kernel unwind table ({size} MiB) evicted the rows of "
                 f"{_objects(self.evicted, 'idle object')} to make room, {self.reloaded} of "
                 "them loaded again as they were sampled")
@@ -367,6 +399,16 @@ class UnwindObjects:
             said += (f"; {_objects(self.recovered, 'object')} whose rows had not fit {was} "
                      "loaded later (their stacks meanwhile unwound from copies)")
         return said[0].upper() + said[1:]
+
+    def growth_note(self) -> str:
+        """What the closing note says of the table grown during the run
+        (after started()), else ""."""
+        table = self.maps.rows
+        if self.rows_at_start is None or table.rows <= self.rows_at_start:
+            return ""
+        return (f"The in-kernel unwind table grew from {_mib(self.rows_at_start * ROW_SIZE)} "
+                f"to {_mib(table.rows * ROW_SIZE)} MiB of rows during the run (at most "
+                f"{_mib(table.bound * ROW_SIZE)} MiB), for objects loaded meanwhile")
 
     def _enter(self, keys: list, entry: bytes, locked: bool = False) -> None:
         """The object's OBJECTS entry under each of its keys (`locked`: the
@@ -401,6 +443,11 @@ class UnwindObjects:
 
     def _write_rows(self, first: int, data: bytes, n: int) -> None:
         self.maps.rows.write_values(first * ROW_SIZE, data[:n * ROW_SIZE])
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes of rows the table holds now (its chunks')."""
+        return self.maps.rows.rows * ROW_SIZE
 
     def add_jvm(self, pid: int) -> None:
         """pid runs a JVM: its walks through JIT code are deferred, its
@@ -447,7 +494,7 @@ class UnwindObjects:
         order = [p for p in full if p not in named] + [p for p in full if p in named]
         names = ", ".join(os.path.basename(p) for p in order[:3])
         more = f" and {len(full) - 3} more" if len(full) > 3 else ""
-        size = self.maps.rows.max_entries * ROW_SIZE
+        size = self.maps.rows.bound * ROW_SIZE
         what = "1 object's" if len(full) == 1 else f"{len(full)} objects'"
         then = ("their stacks unwound from copies in user space" if from_copies
                 else "their stacks cut there")

@@ -73,8 +73,9 @@ def target_args(p: argparse.ArgumentParser) -> None:
                    help="user stack bytes copied per event for DWARF unwinding "
                         f"(default {DEFAULT_STACK_SIZE}, at most {MAX_STACK_SIZE})")
     p.add_argument("--unwind-memory", type=float, metavar="MIB",
-                   help="bpf: MiB of kernel memory for the objects' unwind rows "
-                        "(default: sized by what the targets map, 16 to 256 MiB); "
+                   help="bpf: MiB of kernel memory the objects' unwind rows may take, "
+                        "made in chunks as they are loaded (default: sized by what the "
+                        "targets map, 16 to 256 MiB); "
                         "a stack through an object whose rows do not fit is "
                         "unwound from a copy in user space")
     symbol_args(p)

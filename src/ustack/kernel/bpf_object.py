@@ -9,7 +9,8 @@ its BTF, without libbpf.
 - Maps are the variables of section .maps, their type, key, value and
   size read from BTF (libbpf's __uint/__type declarations); a run may hand
   in maps it made already (shared with another object's programs) or size
-  a declared one anew.
+  a declared one anew. An array of maps NAME is made from a template
+  declared as the map NAME_inner.
 - .rodata is one read-only ARRAY map per loaded program, filled before the
   load and frozen: the values known only at load time (a probe's index, a
   kernel struct's field offset) are constants to the verifier, which drops
@@ -222,12 +223,22 @@ class BpfObject:
 
     # -- making maps and loading programs -----------------------------------
     def make_map(self, name: str, max_entries: int | None = None,
-                 value_size: int | None = None, flags: int | None = None) -> bpf_syscall.Map:
-        """The map `name` as declared, its size and flags changed if given."""
+                 value_size: int | None = None, flags: int | None = None,
+                 inner_map_fd: int = 0) -> bpf_syscall.Map:
+        """The map `name` as declared, its size and flags changed if given.
+        A map of maps is made with `inner_map_fd`, its inner maps'
+        template; without one, with a template made (and closed) as the
+        object declares `NAME_inner`."""
         d = self.maps[name]
+        if d.map_type == bpf_syscall.MAP_ARRAY_OF_MAPS and not inner_map_fd:
+            inner = self.make_map(name + "_inner")
+            try:
+                return self.make_map(name, max_entries, value_size, flags, inner.fd)
+            finally:
+                inner.close()
         return bpf_syscall.Map(d.map_type, d.key_size, value_size or d.value_size,
                        max_entries or d.max_entries, f"ustack_{name}"[:15],
-                       flags=d.flags if flags is None else flags)
+                       flags=d.flags if flags is None else flags, inner_map_fd=inner_map_fd)
 
     def load(self, program: str, maps: dict, rodata: dict | None = None,
              prog_type: int | None = None, name: str = "",

@@ -33,6 +33,7 @@ OBJ_GET_INFO_BY_FD = 15
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_STACK_TRACE, MAP_LRU_HASH = 1, 2, 6, 7, 9
 MAP_PERCPU_HASH = 5
 MAP_PROG_ARRAY = 3                # tail calls' targets
+MAP_ARRAY_OF_MAPS = 12            # its values: inner maps' fds, made like its template
 # program types (and what their context is)
 PROG_KPROBE = 2                   # pt_regs: tracefs uprobes too
 PROG_TRACEPOINT = 5               # tracepoint record; its first word points to pt_regs
@@ -285,8 +286,10 @@ class Map:
     """One BPF map; keys and values are bytes of the sizes it was made with."""
 
     def __init__(self, map_type: int, key_size: int, value_size: int,
-                 max_entries: int, name: str = "", flags: int = 0):
-        attr = _MapCreate(map_type, key_size, value_size, max_entries, flags, 0, 0,
+                 max_entries: int, name: str = "", flags: int = 0, inner_map_fd: int = 0):
+        """`inner_map_fd`: a map of maps' template of its inner maps (may
+        be closed once this one is made)."""
+        attr = _MapCreate(map_type, key_size, value_size, max_entries, flags, inner_map_fd, 0,
                           name.encode()[:15])
         try:
             self.fd = _bpf(MAP_CREATE, attr)
