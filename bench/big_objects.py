@@ -34,6 +34,9 @@ SECONDS = 10
 HZ = "299"
 PERF_PERIOD = 0      # perf's cpu-clock period (ns) instead of -F: --perf-period
 SOURCE = r"""
+#ifndef INSTANCES
+#define INSTANCES 100
+#endif
 #include <map>
 #include <string>
 #include <tuple>
@@ -64,9 +67,14 @@ template <int I> long inst() {
 template <int... Is> long all(std::integer_sequence<int, Is...>) { return (inst<Is>() + ...); }
 int main() {
     return (int)(many(std::make_integer_sequence<int, 200>{})
-                 + all(std::make_integer_sequence<int, 100>{}));
+                 + all(std::make_integer_sequence<int, INSTANCES>{}));
 }
 """
+# 500 instances, not the source's 100: ~2,000 samples a run where 100 gave
+# ~750 on this machine (a leaf share's sampling noise, perf's against
+# ustack's, was then ~2.5 points for the 37 % of unnamed code, the bar 3);
+# a fold of 500 needs a deeper nesting limit than clang's 256
+LONGER = ("-DINSTANCES=500", "-fbracket-depth=1024")
 CUT = re.compile(r"stack.cut|too.small|\[unknown\]")
 
 
@@ -164,7 +172,7 @@ def folded_leaves(path: Path, comm_prefix: str = "clang") -> list:
 
 
 def one_round(work: Path, before: Path | None) -> tuple:
-    clang = subprocess.Popen([CLANG, "-O2", "-std=c++17", "-c", str(work / "heavy.cpp"),
+    clang = subprocess.Popen([CLANG, "-O2", "-std=c++17", *LONGER, "-c", str(work / "heavy.cpp"),
                               "-o", str(work / "heavy.o")], stderr=subprocess.DEVNULL)
     procs: dict = {}
     perfs: dict = {}
@@ -228,11 +236,11 @@ def one_round(work: Path, before: Path | None) -> tuple:
         clang.wait()
 
 
-def top_gap(ours: dict, perf: dict, n: int = 20) -> float:
+def top_gap(ours: dict, perf: dict, n: int = 20) -> tuple:
     """The largest difference, in points, between our share and perf's of
-    perf's top-n leaf functions."""
+    perf's top-n leaf functions, and that function."""
     top = sorted(perf, key=perf.get, reverse=True)[:n]
-    return max((abs(ours.get(f, 0) - perf[f]) * 100 for f in top), default=0.0)
+    return max(((abs(ours.get(f, 0) - perf[f]) * 100, f) for f in top), default=(0.0, ""))
 
 
 def main() -> None:
@@ -279,8 +287,8 @@ def main() -> None:
     lines += ["", f"Top-20 leaf functions of perf --call-graph dwarf,{DEEP}: the largest gap "
               "(points) between a tool's share and perf's:", ""]
     for rnd, by_tool in gaps:
-        lines.append(f"- round {rnd}: " + ", ".join(f"{name} {gap:.1f}"
-                                                    for name, gap in by_tool.items()))
+        lines.append(f"- round {rnd}: " + ", ".join(f"{name} {gap:.1f} (`{f[:40]}`)"
+                                                    for name, (gap, f) in by_tool.items()))
     perf = last_leaves[f"perf --call-graph dwarf,{DEEP}"]
     tools = [name for name in last_leaves if name.startswith("ustack")]
     lines += ["", "The last round's top-20 leaf functions of perf (shares, %):", "",
