@@ -460,6 +460,9 @@ class WholeWrites(io.BufferedIOBase):
     def fileno(self) -> int:
         return self._fd
 
+    def isatty(self) -> bool:
+        return self._at_once
+
     def write(self, data) -> int:
         if self.closed:
             raise ValueError("write to a closed stream")

@@ -73,12 +73,7 @@ class open_output:
 
     def __enter__(self):
         if self._target is None:
-            sys.stdout.flush()              # what was printed before comes first
-            self._stream = WholeWrites(sys.stdout.fileno(), own=False)
-            if not self._binary:
-                self._stream = io.TextIOWrapper(
-                    self._stream, encoding=sys.stdout.encoding, errors=sys.stdout.errors,
-                    line_buffering=sys.stdout.line_buffering)
+            self._stream, self._wrapped = _stdout(self._binary)
         elif self._binary:
             self._stream = self._target.file
         else:
@@ -89,15 +84,17 @@ class open_output:
 
     def __exit__(self, exc_type, exc, tb):
         if self._target is None:
+            # a text wrapper of ours over stdout's descriptor: detached, not closed
+            detach = self._stream.detach if self._wrapped and not self._binary else None
             if exc_type is None:
                 self._out.flush()
-                if not self._binary:
-                    self._stream.detach()   # stdout stays open
+                if detach is not None:
+                    detach()                # stdout stays open
             else:                           # what was written goes out still
                 with contextlib.suppress(OSError, ValueError):   # said already
                     self._stream.flush()
-                    if not self._binary:
-                        self._stream.detach()
+                    if detach is not None:
+                        detach()
             return False
         if exc_type is None:
             try:
@@ -121,6 +118,23 @@ class open_output:
     def discard(self) -> None:
         if self._target is not None:
             self._target.discard()
+
+
+def _stdout(binary: bool) -> tuple:
+    """(standard output as the report's stream, whether it is ours): through
+    WholeWrites on its descriptor (text: in stdout's encoding, line by line
+    on a terminal as stdout is), or sys.stdout itself where it has none (a
+    caller that replaced it, an in-process run's test)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):   # io.UnsupportedOperation included
+        return (sys.stdout.buffer if binary else sys.stdout), False
+    sys.stdout.flush()                  # what was printed before comes first
+    raw = WholeWrites(fd, own=False)
+    if binary:
+        return raw, True
+    return io.TextIOWrapper(raw, encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                            line_buffering=sys.stdout.line_buffering), True
 
 
 class _Checked:
