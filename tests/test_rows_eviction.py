@@ -23,23 +23,29 @@ PHASE_S = 3         # each phase: more than an object's idle time (~1 s) before 
 SLACK_ROWS = 1000   # room left beside the start's objects: less than a library's rows
 
 
-def _rows(path) -> int:
+def rows_of(path) -> int:
     return len(tables.for_image(ElfImage.open(str(path))))
 
 
-@pytest.fixture
-def churn_run():
+def churn_libraries() -> tuple:
+    """The driver and its two libraries (A, B), built."""
     lib_a = build("rows_lib", flags=(*FP, "-DLIB=a"), kind="shared")
     lib_b = build("rows_lib", flags=(*FP, "-DLIB=b"), kind="shared")
-    prog = build("rows_churn", flags=O2_NOFP)
-    # room for what the process maps at the start (its libraries, A), not
-    # for B beside them, even with ld.so's rows (never met) evicted
-    start = [prog, LIBC, LD_SO, lib_a] + ([vdso_file()] if vdso_file() else [])
-    capacity = sum(map(_rows, start)) + SLACK_ROWS
-    assert _rows(lib_b) > SLACK_ROWS + _rows(LD_SO)
-    memory = f"{capacity * tables.ROW.size / (1 << 20):.6f}"
-    target = subprocess.Popen([str(prog), str(PHASE_S), "-", f"{lib_a}:work_a",
-                               f"{lib_b}:work_b", f"{lib_a}:work_a"],
+    return build("rows_churn", flags=O2_NOFP), lib_a, lib_b
+
+
+def start_objects(prog, lib_a) -> list:
+    """What the driver maps at its start: itself, libc, ld.so, A, the vDSO."""
+    return [prog, LIBC, LD_SO, lib_a] + ([vdso_file()] if vdso_file() else [])
+
+
+def profile_churn(prog, phases: list, rows: int) -> tuple:
+    """`profile` of the driver working in each (library, its work_X) of
+    `phases` in turn, PHASE_S each, with a table of at most `rows` rows:
+    (the run's result, the driver's calls line)."""
+    memory = f"{rows * tables.ROW.size / (1 << 20):.6f}"
+    target = subprocess.Popen([str(prog), str(PHASE_S), "-",
+                               *(f"{lib}:work_{name}" for lib, name in phases)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         res = run_attached(target, "profile", "-F", "199", "--backend", "bpf", "-f", "folded",
@@ -49,6 +55,16 @@ def churn_run():
     finally:
         stop(target)
     return res, calls
+
+
+@pytest.fixture
+def churn_run():
+    prog, lib_a, lib_b = churn_libraries()
+    # room for what the process maps at the start (its libraries, A), not
+    # for B beside them, even with ld.so's rows (never met) evicted
+    capacity = sum(map(rows_of, start_objects(prog, lib_a))) + SLACK_ROWS
+    assert rows_of(lib_b) > SLACK_ROWS + rows_of(LD_SO)
+    return profile_churn(prog, [(lib_a, "a"), (lib_b, "b"), (lib_a, "a")], capacity)
 
 
 @pytest.mark.kernel

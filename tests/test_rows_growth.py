@@ -7,56 +7,31 @@ says how the table grew."""
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
-from helpers import FP, O2_NOFP, build, parse_folded, run_attached, stop
+from helpers import parse_folded
+from test_rows_eviction import (CHAIN, SLACK_ROWS, churn_libraries, profile_churn, rows_of,
+                                start_objects)
 from ustack.capture.row_chunks import chunk_shift
-from ustack.objfile.elf import ElfImage
-from ustack.objfile.vdso import vdso_file
-from ustack.unwind import tables
-
-LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
-LD_SO = "/lib64/ld-linux-x86-64.so.2"
-CHAIN = ["_start", "__libc_start_main", "__libc_start_call_main", "main", "run_in"]
-PHASE_S = 3         # each phase: more than an object's idle time (~1 s) before eviction
-SLACK_ROWS = 1000
 GREW = re.compile(r"[Tt]he in-kernel unwind table grew from ([\d.]+) to ([\d.]+) MiB of rows "
                   r"during the run \(at most ([\d.]+) MiB\), for objects loaded meanwhile")
-
-
-def _rows(path) -> int:
-    return len(tables.for_image(ElfImage.open(str(path))))
 
 
 def _churn(bound_of, phases: str):
     """A rows_churn run under profile with --unwind-memory of
     `bound_of(start rows, library B's rows)` rows: (result, its calls
     line, the bound); `phases`: "aba"-like, the libraries in turn."""
-    lib_a = build("rows_lib", flags=(*FP, "-DLIB=a"), kind="shared")
-    lib_b = build("rows_lib", flags=(*FP, "-DLIB=b"), kind="shared")
+    prog, lib_a, lib_b = churn_libraries()
     libs = {"a": lib_a, "b": lib_b}
-    prog = build("rows_churn", flags=O2_NOFP)
-    start = [prog, LIBC, LD_SO, lib_a] + ([vdso_file()] if vdso_file() else [])
-    start_rows, b_rows = sum(map(_rows, start)), _rows(lib_b)
+    start_rows, b_rows = sum(map(rows_of, start_objects(prog, lib_a))), rows_of(lib_b)
     bound = bound_of(start_rows, b_rows)
     chunk = 1 << chunk_shift(bound)
     # the chunks the start needs leave less than B's rows free: B needs more
     assert b_rows > chunk, (b_rows, chunk)
     # and they are fewer than the bound allows: the table can grow
     assert -(-start_rows // chunk) * chunk < bound, (start_rows, chunk, bound)
-    memory = f"{bound * tables.ROW.size / (1 << 20):.6f}"
-    target = subprocess.Popen([str(prog), str(PHASE_S), "-",
-                               *(f"{libs[p]}:work_{p}" for p in phases)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        res = run_attached(target, "profile", "-F", "199", "--backend", "bpf", "-f", "folded",
-                           "--unwind-memory", memory, timeout=120)
-        calls = target.stdout.read().decode()
-        assert target.wait(timeout=30) == 0
-    finally:
-        stop(target)
+    res, calls = profile_churn(prog, [(libs[p], p) for p in phases], bound)
     return res, calls, bound
 
 
