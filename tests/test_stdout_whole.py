@@ -1,8 +1,10 @@
 """A report on standard output keeps every byte when its reader is slow
 and a signal or a fork comes while ustack waits for it: a write(2) to a
 pipe then returns short (a -c command's exit, told by SIGCHLD; a builder
-started by another thread), and Python's buffered stdout lost the rest,
-8 KB or more at a time (seen as a trace missing events in its middle)."""
+started by another thread), and Python's unbuffered stdout
+(PYTHONUNBUFFERED, as containers often set it: a raw file under the text
+layer) dropped the rest, 8 KB or more at a time (seen as a trace missing
+events in its middle)."""
 from __future__ import annotations
 
 import subprocess
@@ -35,7 +37,7 @@ WRITER = textwrap.dedent(f"""
 
 def test_stdout_to_a_slow_pipe_keeps_every_byte_while_processes_start():
     writer = subprocess.Popen([sys.executable, "-c", WRITER], stdout=subprocess.PIPE,
-                              env=ustack_env())
+                              env={**ustack_env(), "PYTHONUNBUFFERED": "1"})
     got = 0
     try:
         # a slow reader (the pause is the load, not a wait for anything):

@@ -442,17 +442,21 @@ class WholeWrites(io.BufferedIOBase):
     (standard output, a FIFO or device given with -o) that writes all it
     is given. A write(2) to a pipe returns short when a signal or a fork
     comes while it waits for the reader (a -c command's SIGCHLD, a
-    builder started), and io.BufferedWriter then lost about a buffer's
-    worth: measured, 8-13 KB of a trace's 935 KB to a slow reader in 6 of
+    builder started by another thread); Python's unbuffered stdout
+    (PYTHONUNBUFFERED, -u: a raw FileIO under the text layer) dropped the
+    rest: measured, 8-13 KB of a trace's 935 KB to a slow reader in 6 of
     160 runs; 0.2-2 % of a 10 MB stream while another thread started
-    processes (CPython 3.11-3.13). Buffered up to `size` bytes, or written at each
-    write on a terminal (as a line-buffered stdout shows each event)."""
+    processes (CPython 3.11-3.13; none with stdout buffered). Buffered up
+    to `size` bytes, or written at each write where `at_once` (default:
+    on a terminal, as a line-buffered stdout shows each event)."""
 
-    def __init__(self, fd: int, *, own: bool = True, size: int = io.DEFAULT_BUFFER_SIZE):
+    def __init__(self, fd: int, *, own: bool = True, size: int = io.DEFAULT_BUFFER_SIZE,
+                 at_once: bool | None = None):
         super().__init__()
         self._fd, self._own, self._size = fd, own, size
         self._pending = bytearray()
-        self._at_once = os.isatty(fd)
+        self._tty = os.isatty(fd)
+        self._at_once = self._tty if at_once is None else at_once
 
     def writable(self) -> bool:
         return True
@@ -461,7 +465,7 @@ class WholeWrites(io.BufferedIOBase):
         return self._fd
 
     def isatty(self) -> bool:
-        return self._at_once
+        return self._tty
 
     def write(self, data) -> int:
         if self.closed:

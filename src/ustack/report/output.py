@@ -123,18 +123,23 @@ class open_output:
 def _stdout(binary: bool) -> tuple:
     """(standard output as the report's stream, whether it is ours): through
     WholeWrites on its descriptor (text: in stdout's encoding, line by line
-    on a terminal as stdout is), or sys.stdout itself where it has none (a
-    caller that replaced it, an in-process run's test)."""
+    on a terminal and each write at once unbuffered, as stdout is), or
+    sys.stdout itself where it has none (a caller that replaced it, an
+    in-process run's test)."""
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, OSError, ValueError):   # io.UnsupportedOperation included
         return (sys.stdout.buffer if binary else sys.stdout), False
     sys.stdout.flush()                  # what was printed before comes first
-    raw = WholeWrites(fd, own=False)
+    # as stdout was: each write out at once on a terminal or unbuffered
+    # (PYTHONUNBUFFERED, -u: a trace's events reach a pipe as they come)
+    at_once = sys.stdout.isatty() or sys.stdout.write_through
+    raw = WholeWrites(fd, own=False, at_once=at_once)
     if binary:
         return raw, True
     return io.TextIOWrapper(raw, encoding=sys.stdout.encoding, errors=sys.stdout.errors,
-                            line_buffering=sys.stdout.line_buffering), True
+                            line_buffering=sys.stdout.line_buffering,
+                            write_through=sys.stdout.write_through), True
 
 
 class _Checked:
