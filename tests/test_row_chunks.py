@@ -36,7 +36,7 @@ def test_the_table_grows_to_its_bound_and_rows_cross_chunks():
             want = rows[(i - 5) * ROW_SIZE:(i - 4) * ROW_SIZE] if 5 <= i < 25 \
                 else bytes(ROW_SIZE)
             assert got == want, i
-        # the outer map holds each chunk in its slot
+        # the outer map has a slot for each chunk the bound needs
         assert table.outer.max_entries == 9
     finally:
         table.close()

@@ -446,8 +446,9 @@ class UnwindObjects:
 
     @property
     def table_bytes(self) -> int:
-        """Bytes of rows the table holds now (its chunks')."""
-        return self.maps.rows.rows * ROW_SIZE
+        """Bytes the table's chunks take now (the kernel memory made; the
+        last chunk may reach past the bound)."""
+        return self.maps.rows.made_bytes
 
     def add_jvm(self, pid: int) -> None:
         """pid runs a JVM: its walks through JIT code are deferred, its
